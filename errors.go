@@ -1,0 +1,88 @@
+package stock
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by the Reserver. Each outcome of a script has its own sentinel; test for them
+// with errors.Is. An error that wraps none of them (a *rueidis.RedisError, a net.Error, a
+// context error) means the outcome is unknown: the script may or may not have run. The remedy is
+// to retry with the same request id, which is always safe: a retry of an operation that did run
+// is answered as a replay and takes nothing twice.
+var (
+	// ErrSoldOut: the item has no stock available.
+	ErrSoldOut = errors.New("stock: sold out")
+	// ErrInsufficient: the item has some stock, but less than the quantity asked for.
+	ErrInsufficient = errors.New("stock: insufficient stock")
+	// ErrNotLoaded: the item is unknown to Redis (never loaded, or its keys were lost).
+	ErrNotLoaded = errors.New("stock: item not loaded")
+	// ErrLoaded: Load was asked to create an item that already exists.
+	ErrLoaded = errors.New("stock: item already loaded")
+	// ErrConflict: the request id was already used for a different item, quantity, user or
+	// operation; nothing was changed.
+	ErrConflict = errors.New("stock: request id reused with different parameters")
+	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
+	// arrived first; the id cannot take stock again.
+	ErrRestored = errors.New("stock: request id already restored")
+	// ErrUserLimit: the request would take the user past the per-user limit.
+	ErrUserLimit = errors.New("stock: per-user limit reached")
+	// ErrUnknownID: no entry exists for the id. Restore of an unknown id returns it after leaving
+	// a tombstone, so that a late deduct with that id is refused with ErrRestored.
+	ErrUnknownID = errors.New("stock: unknown request id")
+	// ErrClosed: the item is closed for sale; restores, confirms and the relay still work.
+	ErrClosed = errors.New("stock: item closed")
+	// ErrExpired: the hold passed its deadline and its stock went back.
+	ErrExpired = errors.New("stock: hold expired")
+	// ErrConfirmed: a cancel arrived for a hold that was already confirmed.
+	ErrConfirmed = errors.New("stock: hold already confirmed")
+	// ErrInvalid: the input was rejected before anything was sent to Redis, or Redis answered
+	// with something this package does not understand. Nothing was changed.
+	ErrInvalid = errors.New("stock: invalid input")
+)
+
+// Reply codes shared with lua/lib.lua.
+const (
+	codeOK = iota
+	codeReplay
+	codeSoldOut
+	codeShort
+	codeNotLoaded
+	codeConflict
+	codeRestored
+	codeUserLimit
+	codeClosed
+	codeUnknown
+	codeExpired
+	codeConfirmed
+	codeInvalid
+)
+
+var codeErrs = [...]error{
+	codeSoldOut:   ErrSoldOut,
+	codeShort:     ErrInsufficient,
+	codeNotLoaded: ErrNotLoaded,
+	codeConflict:  ErrConflict,
+	codeRestored:  ErrRestored,
+	codeUserLimit: ErrUserLimit,
+	codeClosed:    ErrClosed,
+	codeUnknown:   ErrUnknownID,
+	codeExpired:   ErrExpired,
+	codeConfirmed: ErrConfirmed,
+	codeInvalid:   ErrInvalid,
+}
+
+// codeErr maps a script reply code to its error; codeOK and codeReplay map to nil.
+func codeErr(code int64) error {
+	if code == codeOK || code == codeReplay {
+		return nil
+	}
+	if code < 0 || code >= int64(len(codeErrs)) || codeErrs[code] == nil {
+		return fmt.Errorf("%w: unexpected reply code %d", ErrInvalid, code)
+	}
+	return codeErrs[code]
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}

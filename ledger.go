@@ -1,0 +1,151 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Kind says what operation created a ledger entry.
+type Kind string
+
+// Kinds of ledger entries.
+const (
+	KindDeduct    Kind = "deduct"    // Deduct: stock sold at once
+	KindHold      Kind = "hold"      // Hold: stock held until a deadline, then confirmed or released
+	KindRestock   Kind = "restock"   // Restock: stock added to a live item
+	KindTombstone Kind = "tombstone" // a Restore or Cancel of an id that had taken nothing
+)
+
+// State is where a ledger entry is in its life.
+type State string
+
+// States of ledger entries.
+const (
+	StateHeld      State = "held"      // a live hold
+	StateReserved  State = "reserved"  // taken in Redis, not yet applied in the Store
+	StateApplied   State = "applied"   // taken in Redis and applied in the Store
+	StateRestored  State = "restored"  // given back by Restore (tombstones too)
+	StateRefused   State = "refused"   // refused by the Store and given back
+	StateCancelled State = "cancelled" // a hold given back by Cancel
+	StateExpired   State = "expired"   // a hold given back at its deadline
+)
+
+var kindCodes = map[byte]Kind{'D': KindDeduct, 'H': KindHold, 'L': KindRestock, 'T': KindTombstone}
+
+var stateCodes = map[byte]State{
+	'h': StateHeld, 'r': StateReserved, 'a': StateApplied, 'x': StateRestored,
+	'f': StateRefused, 'c': StateCancelled, 'e': StateExpired,
+}
+
+// Entry is one ledger entry: what one request id did to one item. Entries are kept in Redis,
+// in a hash per item, for the retention period (see the package doc).
+type Entry struct {
+	ID, SKU, User string
+	Kind          Kind
+	State         State
+	Qty           int64     // units taken (or added, for a restock)
+	Before, After int64     // available stock before and after the operation
+	At            time.Time // when the operation ran, by the Redis server's clock (ms)
+	Deadline      time.Time // holds only: when the hold expires; zero otherwise
+}
+
+// Taken reports whether the entry currently holds or has sold stock (it is held, reserved or
+// applied, and not a restock).
+func (e Entry) Taken() bool {
+	return e.Kind != KindRestock && (e.State == StateHeld || e.State == StateReserved || e.State == StateApplied)
+}
+
+// parseEntry decodes the compact form written by lua/lib.lua:
+// "KS|qty|before|after|at|user[|deadline]".
+func parseEntry(sku, id, s string) (Entry, error) {
+	bad := func(why string) (Entry, error) {
+		return Entry{}, fmt.Errorf("%w: ledger entry %q of %s/%s: %s", ErrInvalid, s, sku, id, why)
+	}
+	if len(s) < 3 || s[2] != '|' {
+		return bad("no header")
+	}
+	e := Entry{ID: id, SKU: sku, Kind: kindCodes[s[0]], State: stateCodes[s[1]]}
+	if e.Kind == "" || e.State == "" {
+		return bad("unknown kind or state")
+	}
+	f := strings.Split(s[3:], "|")
+	if len(f) != 5 && len(f) != 6 {
+		return bad("wrong number of fields")
+	}
+	var n [4]int64
+	for i := range n {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || v < 0 {
+			return bad("bad number")
+		}
+		n[i] = v
+	}
+	e.Qty, e.Before, e.After = n[0], n[1], n[2]
+	e.At = time.UnixMilli(n[3])
+	e.User = f[4]
+	if len(f) == 6 {
+		d, err := strconv.ParseInt(f[5], 10, 64)
+		if err != nil || d < 0 {
+			return bad("bad deadline")
+		}
+		e.Deadline = time.UnixMilli(d)
+	}
+	return e, nil
+}
+
+// Ledger returns the ledger entry of one request id. It returns ErrUnknownID when the item has
+// no entry for the id (never used, or trimmed after the retention period).
+func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
+	if err := checkName("sku", sku); err != nil {
+		return Entry{}, err
+	}
+	if err := checkName("id", id); err != nil {
+		return Entry{}, err
+	}
+	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.key(sku, ledgerSuffix)).Field(id).Build()).ToString()
+	if rueidis.IsRedisNil(err) {
+		return Entry{}, fmt.Errorf("%w: %s/%s", ErrUnknownID, sku, id)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("stock: ledger %s/%s: %w", sku, id, err)
+	}
+	return parseEntry(sku, id, s)
+}
+
+// Entries iterates over an item's ledger in no particular order, with HSCAN in pages of about
+// 256 entries, so a ledger of millions of entries never blocks Redis. An entry changed during
+// the scan may be seen in either state; an entry added during the scan may be missed. Iteration
+// stops at the first error, which is yielded with a zero Entry.
+func (r *Reserver) Entries(ctx context.Context, sku string) iter.Seq2[Entry, error] {
+	return func(yield func(Entry, error) bool) {
+		if err := checkName("sku", sku); err != nil {
+			yield(Entry{}, err)
+			return
+		}
+		key := r.key(sku, ledgerSuffix)
+		var cursor uint64
+		for {
+			se, err := r.client.Do(ctx, r.client.B().Hscan().Key(key).Cursor(cursor).Count(256).Build()).AsScanEntry()
+			if err != nil {
+				yield(Entry{}, fmt.Errorf("stock: ledger scan %s: %w", sku, err))
+				return
+			}
+			for i := 0; i+1 < len(se.Elements); i += 2 {
+				e, err := parseEntry(sku, se.Elements[i], se.Elements[i+1])
+				if !yield(e, err) || err != nil {
+					return
+				}
+			}
+			if se.Cursor == 0 {
+				return
+			}
+			cursor = se.Cursor
+		}
+	}
+}

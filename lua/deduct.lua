@@ -1,0 +1,103 @@
+-- deduct.lua: take stock for one or more requests on one item, exactly once per id.
+-- Used by Deduct and Hold; several waiting requests for one item may share one call.
+--
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- ARGV[1] per-user limit (0 = none)
+-- ARGV[2] '1' to queue events in the outbox
+-- ARGV[3] kind: 'D' deduct (sold at once) or 'H' hold (held until now + ARGV[4] ms)
+-- ARGV[4] hold time to live in ms ('0' for deducts)
+-- ARGV[5...] one triple per request: id, qty, user ('' for none)
+-- Reply: three integers per request: code, remaining available, qty (units of the user for code 7)
+--
+-- All checks of a request happen before any write; writes of the whole call are grouped at the end.
+local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
+local now = now_ms()
+local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n')
+local avail = tonumber(st[1])
+if avail and st[3] and tonumber(st[3]) <= now then
+  avail = avail + expire_holds(KEYS, now, 64, queue)
+end
+local closed = st[2] == '1'
+local state = (kind == 'H') and 'h' or 'r'
+local deadline = (kind == 'H') and (now + ttl) or 0
+local event = (kind == 'H') and 'H:' or 'D:'
+
+local out, fresh, hset, zadd, hz, units, delta = {}, {}, {}, {}, {}, {}, {}
+local taken = 0
+for i = 5, #ARGV, 3 do
+  local id, q, u = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local code, rem, n = OK, avail or 0, q
+  local e = fresh[id] or redis.call('HGET', KEYS[2], id)
+  if e then
+    local k, s, eq, _, ea, _, eu = parse(e)
+    if k == 'T' then
+      code = RESTORED
+    elseif k ~= kind or eq ~= q or eu ~= u then
+      code, n = CONFLICT, eq
+    elseif released(s) then
+      code = RESTORED
+    else
+      code, rem = REPLAY, ea
+    end
+  else
+    local have = 0
+    if u ~= '' and limit > 0 then
+      have = units[u]
+      if not have then
+        have = tonumber(redis.call('HGET', KEYS[3], u)) or 0
+        units[u] = have
+      end
+    end
+    if u ~= '' and limit > 0 and have + q > limit then
+      code, n = USERLIMIT, have
+    elseif not avail then
+      code = NOTLOADED
+    elseif closed then
+      code = CLOSED
+    elseif avail == 0 then
+      code = SOLDOUT
+    elseif avail < q then
+      code = SHORT
+    else
+      local e2 = entry(kind, state, q, avail, avail - q, now, u, deadline)
+      fresh[id] = e2
+      hset[#hset + 1] = id
+      hset[#hset + 1] = e2
+      if queue then
+        zadd[#zadd + 1] = now
+        zadd[#zadd + 1] = event .. id
+      end
+      if kind == 'H' then
+        hz[#hz + 1] = deadline
+        hz[#hz + 1] = id
+      end
+      if u ~= '' then
+        units[u] = have + q
+        delta[u] = (delta[u] or 0) + q
+      end
+      avail = avail - q
+      taken = taken + q
+      rem = avail
+    end
+  end
+  out[#out + 1] = code
+  out[#out + 1] = rem
+  out[#out + 1] = n
+end
+
+if taken > 0 then
+  redis.call('HINCRBY', KEYS[1], 'a', -taken)
+  redis.call('HINCRBY', KEYS[1], (kind == 'H') and 'h' or 's', taken)
+  redis.call('HSET', KEYS[2], unpack(hset))
+  if #zadd > 0 then
+    redis.call('ZADD', KEYS[4], unpack(zadd))
+  end
+  if #hz > 0 then
+    redis.call('ZADD', KEYS[5], unpack(hz))
+    next_deadline(KEYS[1], KEYS[5])
+  end
+  for u, d in pairs(delta) do
+    redis.call('HINCRBY', KEYS[3], u, d)
+  end
+end
+return out

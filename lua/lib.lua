@@ -1,0 +1,98 @@
+-- lib.lua: helpers prepended to every script of this package. Not a script by itself.
+--
+-- Item hash fields:  a = available, h = held, s = sold, l = loaded, c = '1' when closed,
+--                    n = earliest hold deadline (ms), present only while holds are live.
+-- Ledger entry:      "KS|qty|before|after|at|user[|deadline]"
+--   K (kind):  D deduct, H hold, L restock, T tombstone (a restore or cancel of an unknown id)
+--   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),
+--              x restored, f refused by the store (restored), c cancelled, e expired
+--   before/after: available before and after the operation; at, deadline: ms since the epoch
+--   (Redis TIME). Numbers are written with %d: Lua numbers are doubles and tostring would print
+--   15+ digit values in exponent form on a real Redis.
+-- Outbox member:     "E:id" where E is the event: D deducted, R restored, L restocked, H held,
+--                    X cancelled, E expired; the score is the time it is due (ms).
+-- Reply codes (the third slot carries the quantity, or the user's units for code 7):
+local OK, REPLAY, SOLDOUT, SHORT, NOTLOADED, CONFLICT, RESTORED, USERLIMIT, CLOSED, UNKNOWN, EXPIRED, CONFIRMED, INVALID =
+      0,  1,      2,       3,     4,         5,        6,        7,         8,      9,       10,      11,        12
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- parse returns kind, state, qty, before, after, at, user, deadline (0 when absent).
+local function parse(e)
+  local k, s, q, b, a, t, u, d = string.match(e, '^(.)(.)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|?(%d*)$')
+  if not k then
+    error('stock: corrupt ledger entry')
+  end
+  return k, s, tonumber(q), tonumber(b), tonumber(a), tonumber(t), u, tonumber(d) or 0
+end
+
+local function entry(k, s, q, b, a, t, u, d)
+  local e = k .. s .. '|' .. fmt(q) .. '|' .. fmt(b) .. '|' .. fmt(a) .. '|' .. fmt(t) .. '|' .. u
+  if d and d > 0 then
+    e = e .. '|' .. fmt(d)
+  end
+  return e
+end
+
+local function with_state(e, s)
+  return string.sub(e, 1, 1) .. s .. string.sub(e, 3)
+end
+
+local function released(s)
+  return s == 'x' or s == 'f' or s == 'c' or s == 'e'
+end
+
+local function give_user(users, u, q)
+  if u ~= '' then
+    if redis.call('HINCRBY', users, u, -q) <= 0 then
+      redis.call('HDEL', users, u)
+    end
+  end
+end
+
+-- next_deadline keeps the item's n field equal to the earliest live hold deadline.
+local function next_deadline(item, holds)
+  local nx = redis.call('ZRANGE', holds, 0, 0, 'WITHSCORES')
+  if nx[2] then
+    redis.call('HSET', item, 'n', nx[2])
+  else
+    redis.call('HDEL', item, 'n')
+  end
+end
+
+-- expire_holds releases at most max holds whose deadline has passed and returns the units freed.
+-- K: KEYS of the item (item, ledger, users, outbox, holds).
+local function expire_holds(K, now, max, queue)
+  local ids = redis.call('ZRANGEBYSCORE', K[5], '-inf', now, 'LIMIT', 0, max)
+  local freed = 0
+  for _, id in ipairs(ids) do
+    local e = redis.call('HGET', K[2], id)
+    if e then
+      local _, s, q, _, _, _, u = parse(e)
+      if s == 'h' then
+        freed = freed + q
+        redis.call('HSET', K[2], id, with_state(e, 'e'))
+        give_user(K[3], u, q)
+        if queue then
+          redis.call('ZADD', K[4], now, 'E:' .. id)
+        end
+      end
+    end
+  end
+  if #ids > 0 then
+    redis.call('ZREM', K[5], unpack(ids))
+    next_deadline(K[1], K[5])
+  end
+  if freed > 0 then
+    redis.call('HINCRBY', K[1], 'a', freed)
+    redis.call('HINCRBY', K[1], 'h', -freed)
+  end
+  return freed
+end

@@ -1,0 +1,57 @@
+-- restore.lua: give back exactly what one id took, once. Used by Restore, Cancel and the relay
+-- when the store refuses a deduct.
+--
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- ARGV[1] id
+-- ARGV[2] reason: 'x' restore (a deduct, a confirmed hold or a live hold), 'c' cancel (holds only),
+--         'f' refused by the store (a deduct or a confirmed hold)
+-- ARGV[3] '1' to queue events in the outbox
+-- Reply: code, remaining available, qty
+--   OK given back; REPLAY already given back; UNKNOWN id never taken (a tombstone is left so a
+--   late deduct or hold with this id is refused); CONFIRMED cancel of a confirmed hold;
+--   CONFLICT the id names something this reason cannot give back; NOTLOADED item keys missing.
+local id, reason, queue = ARGV[1], ARGV[2], ARGV[3] == '1'
+local now = now_ms()
+local e = redis.call('HGET', KEYS[2], id)
+if not e then
+  redis.call('HSET', KEYS[2], id, entry('T', 'x', 0, 0, 0, now, ''))
+  return {UNKNOWN, 0, 0}
+end
+local k, s, q, _, _, _, u, d = parse(e)
+if k == 'T' then
+  return {UNKNOWN, 0, 0}
+end
+local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
+if k == 'L' or (reason == 'c' and k ~= 'H') or (reason == 'f' and s == 'h') then
+  return {CONFLICT, avail or 0, q}
+end
+if released(s) then
+  return {REPLAY, avail or 0, q}
+end
+if reason == 'c' and s ~= 'h' then
+  return {CONFIRMED, avail or 0, q}
+end
+if not avail then
+  return {NOTLOADED, 0, q}
+end
+local ev = 'R:'
+if s == 'h' then
+  redis.call('HINCRBY', KEYS[1], 'h', -q)
+  redis.call('ZREM', KEYS[5], id)
+  next_deadline(KEYS[1], KEYS[5])
+  if d <= now then
+    s, ev = 'e', 'E:'
+  else
+    s, ev = 'c', 'X:'
+  end
+else
+  redis.call('HINCRBY', KEYS[1], 's', -q)
+  s = reason
+end
+avail = redis.call('HINCRBY', KEYS[1], 'a', q)
+give_user(KEYS[3], u, q)
+redis.call('HSET', KEYS[2], id, with_state(e, s))
+if queue then
+  redis.call('ZADD', KEYS[4], now, ev .. id)
+end
+return {OK, avail, q}

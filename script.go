@@ -1,0 +1,83 @@
+package stock
+
+import (
+	"embed"
+	"fmt"
+
+	"github.com/redis/rueidis"
+)
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// Scripts. Every one is lua/lib.lua followed by the file's body; both are constants of this
+// package, never built from input. Scripts that are idempotent in their request id are marked
+// retryable, so rueidis may resend them after a broken connection.
+var (
+	deductScript  = newScript("deduct.lua", true)
+	restoreScript = newScript("restore.lua", true)
+	loadScript    = newScript("load.lua", false)
+	restockScript = newScript("restock.lua", true)
+)
+
+func newScript(name string, retryable bool) *rueidis.Lua {
+	lib, err := luaFiles.ReadFile("lua/lib.lua")
+	if err != nil {
+		panic(err)
+	}
+	body, err := luaFiles.ReadFile("lua/" + name)
+	if err != nil {
+		panic(err)
+	}
+	src := string(lib) + "\n" + string(body)
+	if retryable {
+		return rueidis.NewLuaScriptRetryable(src)
+	}
+	return rueidis.NewLuaScript(src)
+}
+
+// outcome is one request's result as a script reports it: three integers.
+type outcome struct {
+	code, remaining, qty int64
+}
+
+// decodeOutcomes checks that a script answered with n triples of integers and decodes them.
+// A transport or Redis error is returned as is (wrapped), so errors.As finds *rueidis.RedisError.
+func decodeOutcomes(res rueidis.RedisResult, dst []outcome) error {
+	msgs, err := res.ToArray()
+	if err != nil {
+		return fmt.Errorf("stock: script: %w", err)
+	}
+	if len(msgs) != 3*len(dst) {
+		return fmt.Errorf("%w: script replied %d values, want %d", ErrInvalid, len(msgs), 3*len(dst))
+	}
+	for i := range dst {
+		var v [3]int64
+		for j := range v {
+			if v[j], err = msgs[3*i+j].AsInt64(); err != nil {
+				return fmt.Errorf("%w: script reply %d: %v", ErrInvalid, 3*i+j, err)
+			}
+		}
+		dst[i] = outcome{code: v[0], remaining: v[1], qty: v[2]}
+	}
+	return nil
+}
+
+// decodeOne decodes the reply of a script that answers for one request.
+func decodeOne(res rueidis.RedisResult) (outcome, error) {
+	var o [1]outcome
+	err := decodeOutcomes(res, o[:])
+	return o[0], err
+}
+
+// decodePair decodes a two-integer reply (load.lua).
+func decodePair(res rueidis.RedisResult) (code, value int64, err error) {
+	vs, err := res.AsIntSlice()
+	if err != nil {
+		return 0, 0, fmt.Errorf("stock: script: %w", err)
+	}
+	if len(vs) != 2 {
+		return 0, 0, fmt.Errorf("%w: script replied %d values, want 2", ErrInvalid, len(vs))
+	}
+	return vs[0], vs[1], nil
+}

@@ -1,0 +1,314 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"strconv"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/redis/rueidis"
+)
+
+// MaxQty is the largest quantity, stock level or limit this package accepts: 2^53-1, the
+// largest integer a Lua number (a double) holds exactly.
+const MaxQty = 1<<53 - 1
+
+// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes.
+const MaxNameLen = 128
+
+// Key suffixes after "<prefix>:{<sku>}". Every key of one item shares the hash tag {<sku>}, so
+// every script touches a single Redis Cluster slot.
+const (
+	itemSuffix   = ""   // hash: a available, h held, s sold, l loaded, c closed, n next deadline
+	ledgerSuffix = ":l" // hash: request id -> compact entry (see lua/lib.lua)
+	usersSuffix  = ":u" // hash: user -> units held or bought
+	outboxSuffix = ":o" // sorted set: "<event>:<id>" -> due time in ms
+	holdsSuffix  = ":h" // sorted set: hold id -> deadline in ms
+)
+
+// Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
+// use by multiple goroutines. It starts no goroutines and never closes the client it was given.
+// Create one with New; the zero value is not usable.
+type Reserver struct {
+	client rueidis.Client
+	opts   options
+}
+
+// New returns a Reserver that runs its scripts on client. The client may be a standalone,
+// Sentinel or Cluster client; the caller owns it.
+func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
+	if client == nil {
+		return nil, invalid("nil client")
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	return &Reserver{client: client, opts: o}, nil
+}
+
+// Request asks to take Qty units of an item, exactly once per ID.
+type Request struct {
+	SKU  string // the item
+	ID   string // the idempotency key: an order id or request token, unique per operation
+	User string // optional: who takes the stock, counted against WithUserLimit
+	Qty  int64  // units to take, 1 to MaxQty
+}
+
+// Receipt is the outcome of one request.
+type Receipt struct {
+	SKU, ID string
+	// Qty is the number of units the id took or gave back. With ErrConflict it is the quantity
+	// the id was first used with; with ErrUserLimit, the units the user already has.
+	Qty int64
+	// Remaining is the available stock right after the operation. For a replay it is the
+	// value recorded by the original operation. With ErrSoldOut and ErrInsufficient it is the
+	// stock available at the time of the refusal.
+	Remaining int64
+	// Replayed is true when the id had already done this operation: nothing was changed and the
+	// receipt repeats the original outcome.
+	Replayed bool
+}
+
+// Levels are the counters of one item. Loaded = Available + Held + Sold at every moment.
+type Levels struct {
+	Available int64 // units that can be taken
+	Held      int64 // units in live holds
+	Sold      int64 // units deducted or confirmed, net of restores
+	Loaded    int64 // units loaded and restocked
+	Closed    bool  // the item refuses new deducts and holds
+}
+
+func checkName(what, s string) error {
+	if s == "" {
+		return invalid("empty %s", what)
+	}
+	if len(s) > MaxNameLen {
+		return invalid("%s longer than %d bytes", what, MaxNameLen)
+	}
+	if !utf8.ValidString(s) {
+		return invalid("%s is not valid UTF-8", what)
+	}
+	for _, c := range s {
+		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
+			return invalid("%s %q contains %q (braces, '|', whitespace and control characters are not allowed)", what, s, c)
+		}
+	}
+	return nil
+}
+
+func checkQty(q int64) error {
+	if q <= 0 || q > MaxQty {
+		return invalid("quantity %d out of range [1, %d]", q, MaxQty)
+	}
+	return nil
+}
+
+func (q Request) check() error {
+	if err := checkName("sku", q.SKU); err != nil {
+		return err
+	}
+	if err := checkName("id", q.ID); err != nil {
+		return err
+	}
+	if q.User != "" {
+		if err := checkName("user", q.User); err != nil {
+			return err
+		}
+	}
+	return checkQty(q.Qty)
+}
+
+func (r *Reserver) key(sku, suffix string) string {
+	return r.opts.prefix + ":{" + sku + "}" + suffix
+}
+
+// keys returns the KEYS every item script takes, in order.
+func (r *Reserver) keys(sku string) []string {
+	base := r.opts.prefix + ":{" + sku + "}"
+	return []string{base, base + ledgerSuffix, base + usersSuffix, base + outboxSuffix, base + holdsSuffix}
+}
+
+func (r *Reserver) registryKey() string {
+	return r.opts.prefix + ":items"
+}
+
+func (r *Reserver) outboxFlag() string {
+	if r.opts.outbox {
+		return "1"
+	}
+	return "0"
+}
+
+// Load creates an item with qty units available: the preheat before a sale. It returns
+// ErrLoaded, and changes nothing, when the item exists, so a re-run preheat never clobbers a
+// live sale; add stock to a live item with Restock. qty may be 0 (an item that is listed but has
+// nothing to sell yet). The item is added to the registry listed by Items.
+func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
+	if err := checkName("sku", sku); err != nil {
+		return err
+	}
+	if qty < 0 || qty > MaxQty {
+		return invalid("load quantity %d out of range [0, %d]", qty, MaxQty)
+	}
+	// Registry first: an item that is registered but not created is harmless (the reconciler
+	// reports it), one that is created but not registered would be missed by the relay.
+	if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(sku).Build()).Error(); err != nil {
+		return fmt.Errorf("stock: load %s: %w", sku, err)
+	}
+	code, _, err := decodePair(loadScript.Exec(ctx, r.client, r.keys(sku)[:1], []string{strconv.FormatInt(qty, 10)}))
+	if err != nil {
+		return fmt.Errorf("stock: load %s: %w", sku, err)
+	}
+	if code == codeReplay {
+		return fmt.Errorf("%w: %s", ErrLoaded, sku)
+	}
+	return codeErr(code)
+}
+
+// Available returns the units of an item that can be taken now. It returns ErrNotLoaded, never
+// 0, for an item Redis does not know.
+func (r *Reserver) Available(ctx context.Context, sku string) (int64, error) {
+	if err := checkName("sku", sku); err != nil {
+		return 0, err
+	}
+	n, err := r.client.Do(ctx, r.client.B().Hget().Key(r.key(sku, itemSuffix)).Field("a").Build()).AsInt64()
+	if rueidis.IsRedisNil(err) {
+		return 0, fmt.Errorf("%w: %s", ErrNotLoaded, sku)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("stock: available %s: %w", sku, err)
+	}
+	return n, nil
+}
+
+// Levels returns all counters of an item, read atomically. ErrNotLoaded for an unknown item.
+func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
+	if err := checkName("sku", sku); err != nil {
+		return Levels{}, err
+	}
+	vs, err := r.client.Do(ctx, r.client.B().Hmget().Key(r.key(sku, itemSuffix)).Field("a", "h", "s", "l", "c").Build()).ToArray()
+	if err != nil {
+		return Levels{}, fmt.Errorf("stock: levels %s: %w", sku, err)
+	}
+	if len(vs) != 5 {
+		return Levels{}, fmt.Errorf("%w: levels %s: %d values", ErrInvalid, sku, len(vs))
+	}
+	if vs[0].IsNil() {
+		return Levels{}, fmt.Errorf("%w: %s", ErrNotLoaded, sku)
+	}
+	var n [4]int64
+	for i := range n {
+		if n[i], err = vs[i].AsInt64(); err != nil {
+			return Levels{}, fmt.Errorf("%w: levels %s: field %d: %v", ErrInvalid, sku, i, err)
+		}
+	}
+	closed, _ := vs[4].ToString()
+	return Levels{Available: n[0], Held: n[1], Sold: n[2], Loaded: n[3], Closed: closed == "1"}, nil
+}
+
+// Deduct takes req.Qty units of req.SKU for req.ID, exactly once: the check of the id, the
+// per-user limit, the stock check, the decrement, the ledger entry and the outbox event are one
+// Lua script. A repeat of the same id with the same parameters returns the original receipt
+// with Replayed set and changes nothing.
+//
+// Errors: ErrInvalid (nothing sent), ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded,
+// ErrClosed, ErrSoldOut, ErrInsufficient; anything else (a timeout, a broken connection) means
+// the outcome is unknown: retry with the same id.
+func (r *Reserver) Deduct(ctx context.Context, req Request) (Receipt, error) {
+	if err := req.check(); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	return r.take(ctx, "D", req, 0)
+}
+
+func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
+	args := []string{
+		strconv.FormatInt(r.opts.userLimit, 10), r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10),
+		req.ID, strconv.FormatInt(req.Qty, 10), req.User,
+	}
+	o, err := decodeOne(deductScript.Exec(ctx, r.client, r.keys(req.SKU), args))
+	rc := Receipt{SKU: req.SKU, ID: req.ID}
+	if err != nil {
+		return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
+	}
+	return r.receipt(rc, o)
+}
+
+func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
+	rc.Qty, rc.Remaining, rc.Replayed = o.qty, o.remaining, o.code == codeReplay
+	switch o.code {
+	case codeConflict:
+		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, rc.SKU, rc.ID, o.qty)
+	case codeUserLimit:
+		return rc, fmt.Errorf("%w: the user has %d of %d units of %s", ErrUserLimit, o.qty, r.opts.userLimit, rc.SKU)
+	}
+	return rc, codeErr(o.code)
+}
+
+// Restore gives back exactly what id took from sku, once, with the user's units. A second
+// Restore of the same id is a replay (Replayed set, nothing changed). Restore of an id that
+// never took anything returns ErrUnknownID and leaves a tombstone, so that a late Deduct with
+// that id is refused with ErrRestored: a cancel that overtook its request wins. A live hold is
+// cancelled. Restocks cannot be restored (ErrConflict).
+func (r *Reserver) Restore(ctx context.Context, sku, id string) (Receipt, error) {
+	return r.giveBack(ctx, sku, id, "x")
+}
+
+func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receipt, error) {
+	rc := Receipt{SKU: sku, ID: id}
+	if err := checkName("sku", sku); err != nil {
+		return rc, err
+	}
+	if err := checkName("id", id); err != nil {
+		return rc, err
+	}
+	o, err := decodeOne(restoreScript.Exec(ctx, r.client, r.keys(sku), []string{id, reason, r.outboxFlag()}))
+	if err != nil {
+		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
+	}
+	return r.receipt(rc, o)
+}
+
+// Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
+// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist;
+// ErrInvalid when the item would hold more than MaxQty units in all.
+func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (Receipt, error) {
+	req := Request{SKU: sku, ID: id, Qty: qty}
+	if err := req.check(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
+	o, err := decodeOne(restockScript.Exec(ctx, r.client, r.keys(sku), args))
+	if err != nil {
+		return Receipt{SKU: sku, ID: id}, fmt.Errorf("stock: restock %s/%s: %w", sku, id, err)
+	}
+	return r.receipt(Receipt{SKU: sku, ID: id}, o)
+}
+
+// Items iterates over the registry of loaded items (SSCAN, in pages), in no particular order.
+func (r *Reserver) Items(ctx context.Context) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		var cursor uint64
+		for {
+			se, err := r.client.Do(ctx, r.client.B().Sscan().Key(r.registryKey()).Cursor(cursor).Count(256).Build()).AsScanEntry()
+			if err != nil {
+				yield("", fmt.Errorf("stock: items: %w", err))
+				return
+			}
+			for _, sku := range se.Elements {
+				if !yield(sku, nil) {
+					return
+				}
+			}
+			if se.Cursor == 0 {
+				return
+			}
+			cursor = se.Cursor
+		}
+	}
+}
