@@ -1,0 +1,113 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrRefused is returned by a Store whose database of record cannot cover a deduct (its
+// remaining stock is lower than the quantity, or it does not know the item). The Relay and
+// Consume then give the stock back in Redis, once, and publish an EventRefused.
+var ErrRefused = errors.New("stock: refused by the store")
+
+// EventType says what happened to an id.
+type EventType string
+
+// Event types. A Store applies EventDeducted, EventConfirmed, EventRestocked, EventRestored and
+// EventRefused; the others are for publishers only, and a Store must accept and ignore them.
+const (
+	EventDeducted  EventType = "deducted"  // Deduct took stock: decrement, conditionally
+	EventConfirmed EventType = "confirmed" // a hold was confirmed: decrement, like EventDeducted
+	EventRestocked EventType = "restocked" // Restock added stock: increment
+	EventRestored  EventType = "restored"  // an id's stock was given back: undo its decrement if applied
+	EventRefused   EventType = "refused"   // the Store refused the id and Redis gave the stock back
+	EventHeld      EventType = "held"      // Hold took stock until a deadline
+	EventCancelled EventType = "cancelled" // Cancel gave a hold back
+	EventExpired   EventType = "expired"   // a hold passed its deadline and was given back
+)
+
+// Event is one change of stock that must reach the database of record or a message queue. The
+// pair (SKU, ID) identifies the operation; each id has at most one event of each type.
+type Event struct {
+	Type EventType `json:"type"`
+	SKU  string    `json:"sku"`
+	ID   string    `json:"id"`
+	User string    `json:"user,omitempty"`
+	Qty  int64     `json:"qty"`
+	At   time.Time `json:"at"` // when the operation ran, by the Redis clock
+}
+
+// A Store is the database of record. Implementations must be safe for concurrent use and must
+// promise:
+//
+//   - Apply is idempotent in (ev.SKU, ev.ID): applying an event twice, or concurrently from
+//     several processes, has the effect of applying it once, and a repeat answers as the
+//     first application did.
+//   - EventDeducted and EventConfirmed decrement the item's remaining stock only if
+//     remaining >= ev.Qty, and record the id, in one transaction. When the stock does not
+//     cover it, Apply records the refusal and returns an error wrapping ErrRefused; so does
+//     every later Apply of that id.
+//   - EventRestored and EventRefused give back what the id's decrement took, if it was
+//     applied and not already given back; for an id the store has not seen they record a
+//     tombstone, so that a late deduct of that id changes nothing.
+//   - EventRestocked increments the remaining stock, once.
+//   - Other event types are accepted and ignored.
+//   - Remaining never goes below zero.
+//
+// Any other error is taken as temporary: the event is retried with backoff.
+type Store interface {
+	// Apply applies one event, as described above.
+	Apply(ctx context.Context, ev Event) error
+	// Remaining returns the stock of sku the database holds; ErrNotLoaded if it has no row.
+	Remaining(ctx context.Context, sku string) (int64, error)
+	// Records returns what the store recorded for the given ids of sku. Ids it has no record
+	// of are absent from the map.
+	Records(ctx context.Context, sku string, ids []string) (map[string]Record, error)
+}
+
+// RecordStatus is the state of an id in the Store.
+type RecordStatus string
+
+// Record statuses: the seed's local message table states.
+const (
+	RecordApplied  RecordStatus = "applied"  // the decrement (or restock) was applied
+	RecordRestored RecordStatus = "restored" // given back, or a tombstone of a restore seen first
+	RecordRefused  RecordStatus = "refused"  // the store could not cover the deduct
+)
+
+// Record is what a Store holds for one id of one item.
+type Record struct {
+	SKU, ID, User string
+	Type          EventType // the event that created the record
+	Qty           int64
+	Status        RecordStatus
+	At            time.Time // when the record was created, by the database's clock
+}
+
+// A RecordLister is a Store that can list an item's records, in pages ordered by id, for the
+// reconciler to find records Redis has lost. List returns up to limit records of sku whose id
+// is greater than after ("" for the first page).
+type RecordLister interface {
+	List(ctx context.Context, sku, after string, limit int) ([]Record, error)
+}
+
+// A BatchStore is a Store that can apply several events in one round trip. The result has one
+// error (or nil) per event, in order, with the same meaning as Store.Apply's.
+type BatchStore interface {
+	ApplyBatch(ctx context.Context, evs []Event) []error
+}
+
+// A Publisher hands events to a message queue or another service. Publish must be safe for
+// concurrent use. Delivery is at least once: the same event may be published more than once
+// (after a crash or a retry), so consumers deduplicate on (SKU, ID, Type). An error makes the
+// Relay retry the event later with backoff.
+type Publisher interface {
+	Publish(ctx context.Context, ev Event) error
+}
+
+// PublisherFunc adapts a function to the Publisher interface.
+type PublisherFunc func(ctx context.Context, ev Event) error
+
+// Publish calls f(ctx, ev).
+func (f PublisherFunc) Publish(ctx context.Context, ev Event) error { return f(ctx, ev) }
