@@ -1,0 +1,209 @@
+// Package redistest gives tests rueidis clients on several Redis backends.
+//
+// Every test gets an in-process miniredis. When the environment variable
+// STOCK_REDIS_SERVER is set, tests also get real redis-server processes: its
+// value is the path of a redis-server binary, or the word "path" to look
+// redis-server up on $PATH. If the variable is set but the binary is missing
+// or a server cannot start, the test fails; it is never skipped.
+//
+// Real servers listen on free 127.0.0.1 ports and keep their data and their
+// log (redis.log) in a temporary directory. The servers behind [Backends] are
+// shared by all tests of a test binary: they start on first use and stop when
+// [Run] returns, so a package using Backends must have
+//
+//	func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
+//
+// Tests of a package run one at a time against the shared servers, and each
+// [Backend.Client] call empties them first with FLUSHALL. [StartServer] and
+// [StartCluster] start private servers, owned by one test, for fault tests.
+package redistest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+)
+
+// EnvServer names the environment variable holding the redis-server binary.
+const EnvServer = "STOCK_REDIS_SERVER"
+
+// ServerBinary returns the redis-server binary named by STOCK_REDIS_SERVER,
+// or "" when the variable is unset. It fails t when the variable is set but
+// names no executable.
+func ServerBinary(t testing.TB) string {
+	t.Helper()
+	v := os.Getenv(EnvServer)
+	if v == "" {
+		return ""
+	}
+	name := v
+	if v == "path" {
+		name = "redis-server"
+	}
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("redistest: %s=%q: %v", EnvServer, v, err)
+	}
+	return bin
+}
+
+// requireBinary is ServerBinary for callers that cannot work without one.
+func requireBinary(t testing.TB) string {
+	t.Helper()
+	bin := ServerBinary(t)
+	if bin == "" {
+		t.Fatalf("redistest: %s is not set; check ServerBinary before starting servers", EnvServer)
+	}
+	return bin
+}
+
+// Backend is one kind of Redis deployment a test can run against.
+type Backend struct {
+	// Name is "miniredis", "standalone" or "cluster".
+	Name string
+	// DisableCache turns off rueidis client-side caching in clients made by
+	// Client on real servers. Miniredis clients never cache, since miniredis
+	// has no CLIENT TRACKING.
+	DisableCache bool
+
+	server  *Server
+	cluster *Cluster
+}
+
+// Backends returns the backends to run a test against: "miniredis" always,
+// plus "standalone" and "cluster" (three masters) when STOCK_REDIS_SERVER is
+// set. The real servers are shared by the test binary and started on first
+// use; see [Run].
+func Backends(t testing.TB) []Backend {
+	t.Helper()
+	bs := []Backend{{Name: "miniredis"}}
+	bin := ServerBinary(t)
+	if bin == "" {
+		return bs
+	}
+	s, c := sharedServers(t, bin)
+	return append(bs, Backend{Name: "standalone", server: s}, Backend{Name: "cluster", cluster: c})
+}
+
+// Real reports whether b runs on real redis-server processes.
+func (b Backend) Real() bool { return b.server != nil || b.cluster != nil }
+
+// Addrs returns the addresses of b's servers: one for "standalone", every
+// master for "cluster", and nil for "miniredis", which gets a new server
+// for each client.
+func (b Backend) Addrs() []string {
+	switch {
+	case b.server != nil:
+		return []string{b.server.Addr()}
+	case b.cluster != nil:
+		return b.cluster.Addrs()
+	}
+	return nil
+}
+
+// Client returns a new client on an empty database, closed when t ends. For
+// miniredis it starts a new miniredis; for real servers it runs FLUSHALL on
+// every master first.
+func (b Backend) Client(t testing.TB) rueidis.Client {
+	t.Helper()
+	switch {
+	case b.server != nil:
+		if err := b.server.flushAll(); err != nil {
+			t.Fatalf("redistest: %s: %v", b.Name, err)
+		}
+		return newClient(t, rueidis.ClientOption{InitAddress: b.Addrs(), ForceSingleClient: true, DisableCache: b.DisableCache})
+	case b.cluster != nil:
+		if err := b.cluster.flushAll(); err != nil {
+			t.Fatalf("redistest: %s: %v", b.Name, err)
+		}
+		return newClient(t, rueidis.ClientOption{InitAddress: b.Addrs(), DisableCache: b.DisableCache})
+	}
+	_, c := Miniredis(t)
+	return c
+}
+
+// Miniredis starts a miniredis for t and returns it with a client on it, for
+// tests that need the server handle (FastForward and the like). Both are
+// closed when t ends.
+func Miniredis(t testing.TB) (*miniredis.Miniredis, rueidis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	return m, newClient(t, rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
+}
+
+func newClient(t testing.TB, opt rueidis.ClientOption) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		t.Fatalf("redistest: client for %v: %v", opt.InitAddress, err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Run runs the tests and then stops the shared servers and removes their
+// directories. Use it as
+//
+//	func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
+func Run(m *testing.M) int {
+	running.Store(true)
+	defer stopShared()
+	return m.Run()
+}
+
+var (
+	running atomic.Bool // Run is active
+	shared  struct {
+		once       sync.Once
+		err        error
+		root       string
+		standalone *Server
+		cluster    *Cluster
+	}
+)
+
+// sharedServers starts the shared servers once and returns them.
+func sharedServers(t testing.TB, bin string) (*Server, *Cluster) {
+	t.Helper()
+	if !running.Load() {
+		t.Fatalf("redistest: %s is set but the tests do not run under redistest.Run; "+
+			"add func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }", EnvServer)
+	}
+	shared.once.Do(func() {
+		shared.root, shared.err = os.MkdirTemp("", "redistest-")
+		if shared.err != nil {
+			return
+		}
+		shared.standalone, shared.err = newServer(bin, filepath.Join(shared.root, "standalone"), nil, false)
+		if shared.err != nil {
+			return
+		}
+		var dirs []string
+		for _, n := range []string{"cluster0", "cluster1", "cluster2"} {
+			dirs = append(dirs, filepath.Join(shared.root, n))
+		}
+		shared.cluster, shared.err = newCluster(bin, dirs)
+	})
+	if shared.err != nil {
+		t.Fatalf("redistest: starting shared servers: %v", shared.err)
+	}
+	return shared.standalone, shared.cluster
+}
+
+func stopShared() {
+	if shared.standalone != nil {
+		shared.standalone.Kill()
+	}
+	if shared.cluster != nil {
+		shared.cluster.kill()
+	}
+	if shared.root != "" {
+		os.RemoveAll(shared.root)
+	}
+}

@@ -1,0 +1,520 @@
+package stock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+)
+
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
+
+// eachBackend runs f on miniredis and, when STOCK_REDIS_SERVER is set, on a real standalone
+// redis-server and a real 3-master cluster, each on a clean database.
+func eachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b.Client(t)) })
+	}
+}
+
+func newReserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
+	t.Helper()
+	r, err := stock.New(c, opts...)
+	require.NoError(t, err)
+	return r
+}
+
+func levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
+	t.Helper()
+	l, err := r.Levels(context.Background(), sku)
+	require.NoError(t, err)
+	require.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "loaded = available + held + sold: %+v", l)
+	require.GreaterOrEqual(t, l.Available, int64(0))
+	return l
+}
+
+// ledger returns every entry of an item by id.
+func ledger(t *testing.T, r *stock.Reserver, sku string) map[string]stock.Entry {
+	t.Helper()
+	m := map[string]stock.Entry{}
+	for e, err := range r.Entries(context.Background(), sku) {
+		require.NoError(t, err)
+		_, dup := m[e.ID]
+		require.False(t, dup, "entry %s seen twice", e.ID)
+		m[e.ID] = e
+	}
+	return m
+}
+
+// checkLedger asserts that the ledger explains the levels: the units of taken deduct entries add
+// up to Sold, and loaded = initial + restocks.
+func checkLedger(t *testing.T, r *stock.Reserver, sku string, initial int64) (l stock.Levels, entries map[string]stock.Entry) {
+	t.Helper()
+	l = levels(t, r, sku)
+	entries = ledger(t, r, sku)
+	var sold, held, restocked int64
+	for _, e := range entries {
+		switch {
+		case e.Kind == stock.KindRestock:
+			restocked += e.Qty
+		case e.Taken() && e.State == stock.StateHeld:
+			held += e.Qty
+		case e.Taken():
+			sold += e.Qty
+		}
+	}
+	assert.Equal(t, l.Sold, sold, "sold per the ledger")
+	assert.Equal(t, l.Held, held, "held per the ledger")
+	assert.Equal(t, l.Loaded, initial+restocked, "loaded per the ledger")
+	return l, entries
+}
+
+func TestLoadAvailableLevels(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+
+		_, err := r.Available(ctx, "ghost")
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		_, err = r.Levels(ctx, "ghost")
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+
+		require.NoError(t, r.Load(ctx, "sku-1", 100))
+		n, err := r.Available(ctx, "sku-1")
+		require.NoError(t, err)
+		assert.Equal(t, int64(100), n)
+
+		_, err = r.Deduct(ctx, stock.Request{SKU: "sku-1", ID: "o1", Qty: 30})
+		require.NoError(t, err)
+		// A re-run preheat never clobbers a live sale.
+		assert.ErrorIs(t, r.Load(ctx, "sku-1", 100), stock.ErrLoaded)
+		assert.Equal(t, stock.Levels{Available: 70, Sold: 30, Loaded: 100}, levels(t, r, "sku-1"))
+
+		// Zero stock is a listed item with nothing to sell, not a missing one.
+		require.NoError(t, r.Load(ctx, "empty", 0))
+		_, err = r.Deduct(ctx, stock.Request{SKU: "empty", ID: "o1", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrSoldOut)
+
+		var items []string
+		for sku, err := range r.Items(ctx) {
+			require.NoError(t, err)
+			items = append(items, sku)
+		}
+		assert.ElementsMatch(t, []string{"sku-1", "empty"}, items)
+	})
+}
+
+func TestDeductOutcomes(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 10))
+
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3})
+		require.NoError(t, err)
+		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 3, Remaining: 7}, rc)
+
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 5})
+		require.NoError(t, err)
+
+		// A replay repeats the original receipt, even though the stock moved since.
+		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3})
+		require.NoError(t, err)
+		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 3, Remaining: 7, Replayed: true}, rc)
+
+		// The same id with other parameters is a conflict, and changes nothing.
+		for _, req := range []stock.Request{
+			{SKU: "A", ID: "o1", User: "u1", Qty: 2},
+			{SKU: "A", ID: "o1", User: "u2", Qty: 3},
+			{SKU: "A", ID: "o1", Qty: 3},
+		} {
+			rc, err = r.Deduct(ctx, req)
+			assert.ErrorIs(t, err, stock.ErrConflict, "%+v", req)
+			assert.Equal(t, int64(3), rc.Qty, "conflict reports the original quantity")
+		}
+
+		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 3})
+		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		assert.Equal(t, int64(2), rc.Remaining)
+
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 2})
+		require.NoError(t, err)
+		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o5", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		assert.Equal(t, int64(0), rc.Remaining)
+
+		_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "o1", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+
+		l, entries := checkLedger(t, r, "A", 10)
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, l)
+		require.Len(t, entries, 3, "refused requests leave no entry")
+		e := entries["o1"]
+		assert.Equal(t, stock.Entry{ID: "o1", SKU: "A", User: "u1", Kind: stock.KindDeduct, State: stock.StateReserved,
+			Qty: 3, Before: 10, After: 7, At: e.At}, e)
+		assert.False(t, e.At.IsZero())
+		e2, err := r.Ledger(ctx, "A", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, e, e2)
+		_, err = r.Ledger(ctx, "A", "o5")
+		assert.ErrorIs(t, err, stock.ErrUnknownID)
+	})
+}
+
+func TestRestore(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithUserLimit(2))
+		require.NoError(t, r.Load(ctx, "A", 5))
+
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+
+		rc, err := r.Restore(ctx, "A", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 2, Remaining: 5}, rc)
+		// Once: the second restore is a replay and gives nothing.
+		rc, err = r.Restore(ctx, "A", "o1")
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		assert.Equal(t, int64(2), rc.Qty)
+		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "A"))
+
+		// The user's units came back with the stock.
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 2})
+		require.NoError(t, err)
+
+		// A restored id cannot take stock again.
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
+		assert.ErrorIs(t, err, stock.ErrRestored)
+
+		// Restore of an unknown id takes nothing (no blind INCRBY) and leaves a tombstone:
+		// the late deduct it overtook is refused.
+		_, err = r.Restore(ctx, "A", "late")
+		assert.ErrorIs(t, err, stock.ErrUnknownID)
+		_, err = r.Restore(ctx, "A", "late")
+		assert.ErrorIs(t, err, stock.ErrUnknownID)
+		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, r, "A"))
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrRestored)
+		e, err := r.Ledger(ctx, "A", "late")
+		require.NoError(t, err)
+		assert.Equal(t, stock.KindTombstone, e.Kind)
+
+		l, entries := checkLedger(t, r, "A", 5)
+		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, l)
+		assert.Equal(t, stock.StateRestored, entries["o1"].State)
+	})
+}
+
+func TestRestock(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		_, err := r.Restock(ctx, "A", "r1", 5)
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.NoError(t, r.Load(ctx, "A", 1))
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+		require.NoError(t, err)
+
+		rc, err := r.Restock(ctx, "A", "r1", 5)
+		require.NoError(t, err)
+		assert.Equal(t, stock.Receipt{SKU: "A", ID: "r1", Qty: 5, Remaining: 5}, rc)
+		rc, err = r.Restock(ctx, "A", "r1", 5)
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		_, err = r.Restock(ctx, "A", "r1", 6)
+		assert.ErrorIs(t, err, stock.ErrConflict)
+		_, err = r.Restore(ctx, "A", "r1")
+		assert.ErrorIs(t, err, stock.ErrConflict, "a restock is not a deduct")
+		_, err = r.Restock(ctx, "A", "r2", stock.MaxQty)
+		assert.ErrorIs(t, err, stock.ErrInvalid, "over MaxQty in all")
+
+		l, _ := checkLedger(t, r, "A", 1)
+		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, l)
+	})
+}
+
+func TestUserLimit(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithUserLimit(1)) // the seeds' one per user
+		require.NoError(t, r.Load(ctx, "A", 10))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
+		require.NoError(t, err)
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		assert.Equal(t, int64(1), rc.Qty, "units the user has")
+		// The replay of the admitted request is not a second unit.
+		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", User: "u2", Qty: 1})
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 5})
+		require.NoError(t, err, "requests without a user are not limited")
+		assert.Equal(t, int64(3), levels(t, r, "A").Available)
+	})
+}
+
+func TestBadInputChangesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 10))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+		require.NoError(t, err)
+		before := ledger(t, r, "A")
+
+		long := strings.Repeat("x", stock.MaxNameLen+1)
+		bad := map[string]stock.Request{
+			"empty sku":      {ID: "o", Qty: 1},
+			"empty id":       {SKU: "A", Qty: 1},
+			"zero qty":       {SKU: "A", ID: "o", Qty: 0},
+			"negative qty":   {SKU: "A", ID: "o", Qty: -1},
+			"qty over 2^53":  {SKU: "A", ID: "o", Qty: stock.MaxQty + 1},
+			"long sku":       {SKU: long, ID: "o", Qty: 1},
+			"long id":        {SKU: "A", ID: long, Qty: 1},
+			"long user":      {SKU: "A", ID: "o", User: long, Qty: 1},
+			"brace in sku":   {SKU: "A}x", ID: "o", Qty: 1},
+			"brace in id":    {SKU: "A", ID: "{o}", Qty: 1},
+			"space in id":    {SKU: "A", ID: "o 1", Qty: 1},
+			"newline in id":  {SKU: "A", ID: "o\n", Qty: 1},
+			"control in user": {SKU: "A", ID: "o", User: "u\x00", Qty: 1},
+			"pipe in user":   {SKU: "A", ID: "o", User: "u|1", Qty: 1},
+			"tab in sku":     {SKU: "A\t", ID: "o", Qty: 1},
+			"invalid utf8":   {SKU: "A", ID: "o\xff", Qty: 1},
+		}
+		for name, req := range bad {
+			_, err := r.Deduct(ctx, req)
+			assert.ErrorIs(t, err, stock.ErrInvalid, name)
+			if req.SKU != "" && req.ID != "" {
+				_, err = r.Restore(ctx, req.SKU, req.ID)
+				if name != "zero qty" && name != "negative qty" && name != "qty over 2^53" && !strings.Contains(name, "user") {
+					assert.ErrorIs(t, err, stock.ErrInvalid, "restore: "+name)
+				}
+			}
+		}
+		assert.ErrorIs(t, r.Load(ctx, "B", -1), stock.ErrInvalid)
+		assert.ErrorIs(t, r.Load(ctx, "B", stock.MaxQty+1), stock.ErrInvalid)
+		assert.ErrorIs(t, r.Load(ctx, "B{x}", 1), stock.ErrInvalid)
+		_, err = r.Restock(ctx, "A", "r1", 0)
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+		_, err = r.Ledger(ctx, "A", "")
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+		_, err = stock.New(c, stock.WithPrefix("a{b"))
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+		_, err = stock.New(c, stock.WithUserLimit(-1))
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+		_, err = stock.New(nil)
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+
+		// The zero-qty restores above were valid restores of unknown ids ("o"): they left a
+		// tombstone, which is the documented behaviour. Apart from that, nothing changed.
+		after := ledger(t, r, "A")
+		delete(after, "o")
+		assert.Equal(t, before, after)
+		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, levels(t, r, "A"))
+		_, err = r.Available(ctx, "B")
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+	})
+}
+
+// TestLargeNumbers checks amounts near 2^53 on a real Lua: real Redis prints such numbers in
+// exponent form with tostring, miniredis does not.
+func TestLargeNumbers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "big", stock.MaxQty))
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345})
+		require.NoError(t, err)
+		assert.Equal(t, int64(stock.MaxQty-123456789012345), rc.Remaining)
+		e, err := r.Ledger(ctx, "big", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, int64(stock.MaxQty), e.Before)
+		assert.Equal(t, int64(stock.MaxQty-123456789012345), e.After)
+		assert.Equal(t, int64(123456789012345), e.Qty)
+		rc, err = r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed, "the replay check compares big quantities exactly")
+		rc, err = r.Restore(ctx, "big", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, int64(stock.MaxQty), rc.Remaining)
+		checkLedger(t, r, "big", stock.MaxQty)
+	})
+}
+
+// TestScriptFlush: a SCRIPT FLUSH between calls must not surface (EVALSHA falls back to EVAL).
+func TestScriptFlush(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 10))
+		for i := range 3 {
+			for _, cmd := range c.Nodes() {
+				require.NoError(t, cmd.Do(ctx, cmd.B().ScriptFlush().Build()).Error())
+			}
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1})
+			require.NoError(t, err)
+			_, err = r.Restore(ctx, "A", "o"+strconv.Itoa(i))
+			require.NoError(t, err)
+		}
+		assert.Equal(t, int64(10), levels(t, r, "A").Available)
+	})
+}
+
+func TestKeysShareOneSlotPerItem(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithPrefix("shop"))
+		// Many items, spread over the cluster's slots; every script of an item touches one slot.
+		for i := range 20 {
+			sku := fmt.Sprintf("item-%d", i)
+			require.NoError(t, r.Load(ctx, sku, 2))
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 1})
+			require.NoError(t, err)
+			_, err = r.Restore(ctx, sku, "o")
+			require.NoError(t, err)
+		}
+		keys, err := c.Do(ctx, c.B().Keys().Pattern("shop:{item-1}*").Build()).AsStrSlice()
+		if err == nil { // KEYS on a cluster client goes to one node: only checked where it sees them
+			for _, k := range keys {
+				assert.True(t, strings.HasPrefix(k, "shop:{item-1}"), k)
+			}
+		}
+	})
+}
+
+// TestConcurrentSellOut: 1000 goroutines race over 100 units: exactly 100 succeed.
+func TestConcurrentSellOut(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "hot", 100))
+		var ok, soldOut, other atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 1000 {
+			wg.Go(func() {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "hot", ID: fmt.Sprintf("o%d", i), User: fmt.Sprintf("u%d", i%300), Qty: 1})
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, stock.ErrSoldOut):
+					soldOut.Add(1)
+				default:
+					other.Add(1)
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		assert.Equal(t, int64(100), ok.Load())
+		assert.Equal(t, int64(900), soldOut.Load())
+		assert.Zero(t, other.Load())
+		l, entries := checkLedger(t, r, "hot", 100)
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 100, Loaded: 100}, l)
+		assert.Len(t, entries, 100)
+	})
+}
+
+// TestConcurrentMixed: random quantities, retries of the same id and interleaved restores.
+// No id is applied twice and the ledger explains the levels.
+func TestConcurrentMixed(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithUserLimit(5))
+		const initial = 100
+		require.NoError(t, r.Load(ctx, "hot", initial))
+		type result struct {
+			taken, replays, restored int
+		}
+		var mu sync.Mutex
+		got := map[string]*result{}
+		qty := func(id int) int64 { return int64(id%4 + 1) }
+		var wg sync.WaitGroup
+		for g := range 1000 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(g), 7))
+				id := rng.IntN(400)
+				req := stock.Request{SKU: "hot", ID: "o" + strconv.Itoa(id), User: "u" + strconv.Itoa(id%50), Qty: qty(id)}
+				for range 1 + rng.IntN(3) { // a share of requests is sent more than once
+					rc, err := r.Deduct(ctx, req)
+					mu.Lock()
+					res := got[req.ID]
+					if res == nil {
+						res = &result{}
+						got[req.ID] = res
+					}
+					switch {
+					case err == nil && rc.Replayed:
+						res.replays++
+					case err == nil:
+						res.taken++
+					case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrInsufficient),
+						errors.Is(err, stock.ErrUserLimit), errors.Is(err, stock.ErrRestored):
+					default:
+						t.Error(err)
+					}
+					mu.Unlock()
+				}
+				if rng.IntN(4) == 0 {
+					rc, err := r.Restore(ctx, req.SKU, req.ID)
+					mu.Lock()
+					if err == nil && !rc.Replayed {
+						got[req.ID].restored++
+					} else if err != nil && !errors.Is(err, stock.ErrUnknownID) {
+						t.Error(err)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		l, entries := checkLedger(t, r, "hot", initial)
+		var sold int64
+		for id, res := range got {
+			assert.LessOrEqual(t, res.taken, 1, "id %s taken twice", id)
+			assert.LessOrEqual(t, res.restored, res.taken, "id %s restored without a take", id)
+			e, ok := entries[id]
+			if res.taken == 1 {
+				require.True(t, ok, id)
+				assert.Equal(t, qty(mustAtoi(id[1:])), e.Qty)
+				if res.restored == 1 {
+					assert.Equal(t, stock.StateRestored, e.State)
+				} else {
+					assert.Equal(t, stock.StateReserved, e.State)
+					sold += e.Qty
+				}
+			}
+		}
+		assert.Equal(t, sold, l.Sold)
+		assert.Equal(t, int64(initial), l.Available+l.Sold)
+	})
+}
+
+func mustAtoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
