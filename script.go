@@ -18,6 +18,8 @@ var (
 	restoreScript = newScript("restore.lua", true)
 	loadScript    = newScript("load.lua", false)
 	restockScript = newScript("restock.lua", true)
+	claimScript   = newScript("claim.lua", false)
+	ackScript     = newScript("ack.lua", true)
 )
 
 func newScript(name string, retryable bool) *rueidis.Lua {

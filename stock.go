@@ -26,6 +26,7 @@ const (
 	usersSuffix  = ":u" // hash: user -> units held or bought
 	outboxSuffix = ":o" // sorted set: "<event>:<id>" -> due time in ms
 	holdsSuffix  = ":h" // sorted set: hold id -> deadline in ms
+	triesSuffix  = ":r" // hash: outbox member -> delivery attempts
 )
 
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent

@@ -1,0 +1,427 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// A RelayOption configures a Relay.
+type RelayOption func(*Relay) error
+
+// WithRelayItems makes the relay drain only the given items. The default is every item in the
+// Reserver's registry (see Reserver.Items), read again on every pass.
+func WithRelayItems(skus ...string) RelayOption {
+	return func(rl *Relay) error {
+		for _, s := range skus {
+			if err := checkName("sku", s); err != nil {
+				return err
+			}
+		}
+		rl.items = append([]string(nil), skus...)
+		return nil
+	}
+}
+
+// WithBatch sets how many events the relay claims from one item at a time. The default is 128.
+func WithBatch(n int) RelayOption {
+	return func(rl *Relay) error {
+		if n < 1 || n > 10000 {
+			return invalid("relay batch %d out of range [1, 10000]", n)
+		}
+		rl.batch = n
+		return nil
+	}
+}
+
+// WithLease sets how long a claimed event stays invisible to other relays; an event whose
+// relay died is delivered again after it. It must exceed the time a Store or Publisher call may
+// take. The default is 30s.
+func WithLease(d time.Duration) RelayOption {
+	return func(rl *Relay) error {
+		if d < time.Millisecond {
+			return invalid("relay lease %v below 1ms", d)
+		}
+		rl.lease = d
+		return nil
+	}
+}
+
+// WithBackoff sets the delay before the first retry of a failed event and the most it grows
+// to; each attempt doubles it, and a random jitter of up to half spreads retries out so a
+// recovering database is not hit by every event at once. The defaults are 500ms and 1m.
+func WithBackoff(min, max time.Duration) RelayOption {
+	return func(rl *Relay) error {
+		if min <= 0 || max < min {
+			return invalid("relay backoff [%v, %v]", min, max)
+		}
+		rl.minBackoff, rl.maxBackoff = min, max
+		return nil
+	}
+}
+
+// WithPoll sets how long Run waits after a pass that found nothing to do. The default is 100ms.
+func WithPoll(d time.Duration) RelayOption {
+	return func(rl *Relay) error {
+		if d <= 0 {
+			return invalid("relay poll %v", d)
+		}
+		rl.poll = d
+		return nil
+	}
+}
+
+// A Relay drains the outboxes of a Reserver's items into a Store and/or a Publisher, at least
+// once: an event is removed from the outbox only after the Store applied it and the Publisher
+// accepted it. Several relays, in one process or many, may drain the same items: each event is
+// leased to one relay at a time, and one whose relay died is delivered again after the lease.
+// Because delivery is at least once, the Store must be idempotent (it is, per its contract) and
+// consumers of the Publisher must deduplicate on (SKU, ID, Type).
+//
+// When the Store refuses a deduct (ErrRefused), the relay gives the stock back in Redis once
+// (the ledger entry becomes refused) and an EventRefused follows through the outbox.
+//
+// A Relay is safe for concurrent use; it starts no goroutines: call Run or Once.
+type Relay struct {
+	r          *Reserver
+	store      Store
+	pub        Publisher
+	items      []string
+	batch      int
+	lease      time.Duration
+	minBackoff time.Duration
+	maxBackoff time.Duration
+	poll       time.Duration
+}
+
+// RelayStats counts what one pass of a relay did.
+type RelayStats struct {
+	Claimed   int // events leased from the outboxes
+	Delivered int // events applied and published, then removed from the outbox
+	Refused   int // deducts the Store refused and that were given back in Redis
+	Retried   int // events that failed and were put back with a backoff
+	Orphaned  int // events whose ledger entry was gone; removed and logged
+	Redelive  int // events claimed more than once (a relay died, or a retry)
+}
+
+func (s *RelayStats) add(o RelayStats) {
+	s.Claimed += o.Claimed
+	s.Delivered += o.Delivered
+	s.Refused += o.Refused
+	s.Retried += o.Retried
+	s.Orphaned += o.Orphaned
+	s.Redelive += o.Redelive
+}
+
+// NewRelay returns a relay that delivers the events of r's items to store and pub. Either may
+// be nil, not both.
+func (r *Reserver) NewRelay(store Store, pub Publisher, opts ...RelayOption) (*Relay, error) {
+	if store == nil && pub == nil {
+		return nil, invalid("relay with neither a store nor a publisher")
+	}
+	rl := &Relay{r: r, store: store, pub: pub, batch: 128, lease: 30 * time.Second,
+		minBackoff: 500 * time.Millisecond, maxBackoff: time.Minute, poll: 100 * time.Millisecond}
+	for _, o := range opts {
+		if err := o(rl); err != nil {
+			return nil, err
+		}
+	}
+	return rl, nil
+}
+
+// Run calls Once until ctx is done, waiting the poll interval after a pass with nothing to do.
+// Errors of single items are logged and retried; Run returns ctx's error.
+func (rl *Relay) Run(ctx context.Context) error {
+	for {
+		st, err := rl.Once(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			rl.r.opts.logger.WarnContext(ctx, "stock: relay pass", "err", err)
+		}
+		if st.Claimed == 0 || err != nil {
+			t := time.NewTimer(rl.poll)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// Once makes one pass over the items: it claims their due events, a batch at a time, until
+// none is due, and delivers them. It returns the first error met (after finishing the other
+// items); events that failed stay in the outbox for a later pass.
+func (rl *Relay) Once(ctx context.Context) (RelayStats, error) {
+	var st RelayStats
+	var first error
+	drain := func(sku string) {
+		for {
+			s, err := rl.drainBatch(ctx, sku)
+			st.add(s)
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				return
+			}
+			if s.Claimed < rl.batch {
+				return
+			}
+		}
+	}
+	if rl.items != nil {
+		for _, sku := range rl.items {
+			drain(sku)
+		}
+		return st, first
+	}
+	for sku, err := range rl.r.Items(ctx) {
+		if err != nil {
+			return st, err
+		}
+		drain(sku)
+	}
+	return st, first
+}
+
+type claimed struct {
+	member string
+	ev     Event
+	store  bool // the event changes the Store
+	tries  int64
+	ok     bool // no entry: orphan
+}
+
+// eventTypes maps an outbox event letter (and the entry) to the event type.
+func eventType(letter byte, e Entry) (EventType, bool) {
+	switch letter {
+	case 'D':
+		if e.Kind == KindHold {
+			return EventConfirmed, true
+		}
+		return EventDeducted, true
+	case 'R':
+		if e.State == StateRefused {
+			return EventRefused, true
+		}
+		return EventRestored, true
+	case 'L':
+		return EventRestocked, true
+	case 'H':
+		return EventHeld, true
+	case 'X':
+		return EventCancelled, true
+	case 'E':
+		return EventExpired, true
+	}
+	return "", false
+}
+
+func storeApplies(t EventType) bool {
+	switch t {
+	case EventDeducted, EventConfirmed, EventRestocked, EventRestored, EventRefused:
+		return true
+	}
+	return false
+}
+
+func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
+	k := rl.r.keys(sku)
+	keys := []string{k[3], k[1], rl.r.key(sku, triesSuffix)}
+	args := []string{strconv.Itoa(rl.batch), strconv.FormatInt(rl.lease.Milliseconds(), 10)}
+	vs, err := claimScript.Exec(ctx, rl.r.client, keys, args).AsStrSlice()
+	if err != nil {
+		return nil, fmt.Errorf("stock: relay claim %s: %w", sku, err)
+	}
+	if len(vs)%3 != 0 {
+		return nil, fmt.Errorf("%w: relay claim %s: %d values", ErrInvalid, sku, len(vs))
+	}
+	out := make([]claimed, 0, len(vs)/3)
+	for i := 0; i < len(vs); i += 3 {
+		c := claimed{member: vs[i]}
+		c.tries, _ = strconv.ParseInt(vs[i+2], 10, 64)
+		if len(c.member) < 3 || c.member[1] != ':' {
+			out = append(out, c) // not ok: dropped as an orphan
+			continue
+		}
+		id := c.member[2:]
+		if vs[i+1] != "" {
+			e, err := parseEntry(sku, id, vs[i+1])
+			if err == nil {
+				if t, known := eventType(c.member[0], e); known {
+					c.ev = Event{Type: t, SKU: sku, ID: id, User: e.User, Qty: e.Qty, At: e.At}
+					c.store, c.ok = storeApplies(t), true
+				}
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error) {
+	var st RelayStats
+	cs, err := rl.claim(ctx, sku)
+	if err != nil {
+		return st, err
+	}
+	st.Claimed = len(cs)
+	if len(cs) == 0 {
+		return st, nil
+	}
+	// Store first, in one batch when the store can.
+	errs := make([]error, len(cs))
+	if rl.store != nil {
+		rl.applyStore(ctx, cs, errs)
+	}
+	var acks []string
+	retry := map[string]int64{}
+	var first error
+	for i, c := range cs {
+		if c.tries > 1 {
+			st.Redelive++
+		}
+		if !c.ok {
+			rl.r.opts.logger.ErrorContext(ctx, "stock: outbox event without a usable ledger entry; dropped", "sku", sku, "event", c.member)
+			st.Orphaned++
+			acks = append(acks, c.member)
+			continue
+		}
+		err := errs[i]
+		publish := rl.pub != nil
+		if errors.Is(err, ErrRefused) && (c.ev.Type == EventDeducted || c.ev.Type == EventConfirmed) {
+			// The database of record cannot cover it: give the stock back, once. The restore
+			// queues an EventRefused, which tells the publisher.
+			if _, rerr := rl.r.giveBack(ctx, sku, c.ev.ID, "f"); rerr != nil && !errors.Is(rerr, ErrConflict) {
+				err = fmt.Errorf("stock: relay give back %s/%s: %w", sku, c.ev.ID, rerr)
+			} else {
+				st.Refused++
+				err, publish = nil, false
+			}
+		} else if errors.Is(err, ErrRefused) {
+			err = nil // a restore or restock the store will not take: nothing to give back
+		}
+		if err == nil && publish {
+			err = rl.pub.Publish(ctx, c.ev)
+		}
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			rl.r.opts.logger.WarnContext(ctx, "stock: relay delivery failed; retrying later", "sku", sku, "event", c.member, "tries", c.tries, "err", err)
+			retry[c.member] = c.tries
+			st.Retried++
+			continue
+		}
+		acks = append(acks, c.member)
+		st.Delivered++
+	}
+	if len(acks) > 0 {
+		k := rl.r.keys(sku)
+		if err := ackScript.Exec(ctx, rl.r.client, []string{k[3], k[1], rl.r.key(sku, triesSuffix)}, acks).Error(); err != nil {
+			// Not acked: the lease runs out and the events are delivered again (idempotent).
+			return st, fmt.Errorf("stock: relay ack %s: %w", sku, err)
+		}
+	}
+	if len(retry) > 0 {
+		if err := rl.backoff(ctx, sku, retry); err != nil && first == nil {
+			first = err
+		}
+	}
+	return st, first
+}
+
+func (rl *Relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
+	var idx []int
+	var evs []Event
+	for i, c := range cs {
+		if c.ok && c.store {
+			idx = append(idx, i)
+			evs = append(evs, c.ev)
+		}
+	}
+	if len(evs) == 0 {
+		return
+	}
+	if bs, ok := rl.store.(BatchStore); ok && len(evs) > 1 {
+		res := bs.ApplyBatch(ctx, evs)
+		if len(res) == len(evs) {
+			for j, i := range idx {
+				errs[i] = res[j]
+			}
+			return
+		}
+		err := fmt.Errorf("%w: store answered %d results for %d events", ErrInvalid, len(res), len(evs))
+		for _, i := range idx {
+			errs[i] = err
+		}
+		return
+	}
+	for j, i := range idx {
+		errs[i] = rl.store.Apply(ctx, evs[j])
+	}
+}
+
+// backoff puts failed events back with a due time that doubles with every attempt, plus jitter.
+func (rl *Relay) backoff(ctx context.Context, sku string, tries map[string]int64) error {
+	now := time.Now()
+	cmd := rl.r.client.B().Zadd().Key(rl.r.key(sku, outboxSuffix)).Xx().ScoreMember()
+	for m, n := range tries {
+		d := rl.minBackoff
+		for i := int64(1); i < n && d < rl.maxBackoff; i++ {
+			d *= 2
+		}
+		d = min(d, rl.maxBackoff)
+		d += time.Duration(rand.Int64N(int64(d)/2 + 1))
+		cmd = cmd.ScoreMember(float64(now.Add(d).UnixMilli()), m)
+	}
+	if err := rl.r.client.Do(ctx, cmd.Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+		return fmt.Errorf("stock: relay backoff %s: %w", sku, err)
+	}
+	return nil
+}
+
+// Refuse gives back the stock of an id that the database of record refused (ErrRefused), once.
+// The entry becomes refused and an EventRefused is queued for the publisher. Use it in a
+// consumer that applies events received from a queue (see Consume); the Relay calls it itself.
+func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) {
+	return r.giveBack(ctx, sku, id, "f")
+}
+
+// Consume applies one event received from a message queue to store, for the deployment in
+// which the Reserver's relay only publishes (Reserver → Publisher → queue → a consumer in the
+// service that owns the database). When the store refuses a deduct, Consume gives the stock back
+// in Redis through r, once, and returns nil: the refusal is handled, ack the message. Any other
+// error means: do not ack, the message must be delivered again. Consume is idempotent in
+// (ev.SKU, ev.ID, ev.Type), as queues redeliver.
+func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
+	if err := checkName("sku", ev.SKU); err != nil {
+		return err
+	}
+	if err := checkName("id", ev.ID); err != nil {
+		return err
+	}
+	err := store.Apply(ctx, ev)
+	if errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed) {
+		if _, rerr := r.Refuse(ctx, ev.SKU, ev.ID); rerr != nil && !errors.Is(rerr, ErrConflict) {
+			return fmt.Errorf("stock: consume %s/%s: give back: %w", ev.SKU, ev.ID, rerr)
+		}
+		return nil
+	}
+	if errors.Is(err, ErrRefused) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stock: consume %s/%s: %w", ev.SKU, ev.ID, err)
+	}
+	return nil
+}

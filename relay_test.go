@@ -1,0 +1,332 @@
+package stock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+)
+
+// recorder is a Publisher that records what it got, deduplicated, and can be made to fail.
+type recorder struct {
+	mu    sync.Mutex
+	seen  map[string]int
+	evs   []stock.Event
+	down  atomic.Bool
+	fails atomic.Int64
+}
+
+func newRecorder() *recorder { return &recorder{seen: map[string]int{}} }
+
+func (p *recorder) Publish(_ context.Context, ev stock.Event) error {
+	if p.down.Load() {
+		p.fails.Add(1)
+		return errors.New("publisher down")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := ev.SKU + "/" + ev.ID + "/" + string(ev.Type)
+	if p.seen[k] == 0 {
+		p.evs = append(p.evs, ev)
+	}
+	p.seen[k]++
+	return nil
+}
+
+func (p *recorder) count(t stock.EventType) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, ev := range p.evs {
+		if ev.Type == t {
+			n++
+		}
+	}
+	return n
+}
+
+// drain runs relay passes until one claims nothing.
+func drain(t *testing.T, rl *stock.Relay) stock.RelayStats {
+	t.Helper()
+	var all stock.RelayStats
+	for range 1000 {
+		st, err := rl.Once(context.Background())
+		require.NoError(t, err)
+		all.Claimed += st.Claimed
+		all.Delivered += st.Delivered
+		all.Refused += st.Refused
+		all.Retried += st.Retried
+		all.Redelive += st.Redelive
+		if st.Claimed == 0 {
+			return all
+		}
+	}
+	t.Fatal("relay did not drain")
+	return all
+}
+
+func outboxLen(t *testing.T, c rueidis.Client, sku string) int64 {
+	n, err := c.Do(context.Background(), c.B().Zcard().Key("stock:{"+sku+"}:o").Build()).AsInt64()
+	require.NoError(t, err)
+	return n
+}
+
+func TestRelayDeliversOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		pub := newRecorder()
+		for _, sku := range []string{"A", "B"} {
+			require.NoError(t, r.Load(ctx, sku, 100))
+			require.NoError(t, store.Load(ctx, sku, 100))
+		}
+		for i := range 60 {
+			sku := []string{"A", "B"}[i%2]
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 2})
+			require.NoError(t, err)
+		}
+		for i := 0; i < 60; i += 6 {
+			_, err := r.Restore(ctx, []string{"A", "B"}[i%2], fmt.Sprint("o", i))
+			require.NoError(t, err)
+		}
+		_, err := r.Restock(ctx, "A", "r1", 7)
+		require.NoError(t, err)
+
+		rl, err := r.NewRelay(store, pub, stock.WithBatch(16))
+		require.NoError(t, err)
+		st := drain(t, rl)
+		assert.Equal(t, 60+10+1, st.Delivered)
+		for _, sku := range []string{"A", "B"} {
+			avail, err := r.Available(ctx, sku)
+			require.NoError(t, err)
+			rem, err := store.Remaining(ctx, sku)
+			require.NoError(t, err)
+			assert.Equal(t, avail, rem, sku)
+			assert.Zero(t, outboxLen(t, c, sku))
+		}
+		assert.Equal(t, 1, store.MaxApplications())
+		assert.Equal(t, 60, pub.count(stock.EventDeducted))
+		assert.Equal(t, 10, pub.count(stock.EventRestored))
+		assert.Equal(t, 1, pub.count(stock.EventRestocked))
+		e, err := r.Ledger(ctx, "A", "o2")
+		require.NoError(t, err)
+		assert.Equal(t, stock.StateApplied, e.State)
+		e, err = r.Ledger(ctx, "A", "o0")
+		require.NoError(t, err)
+		assert.Equal(t, stock.StateRestored, e.State)
+	})
+}
+
+func TestRelayStoreRefusal(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		pub := newRecorder()
+		require.NoError(t, r.Load(ctx, "A", 20))
+		require.NoError(t, store.Load(ctx, "A", 12)) // seeded drift: the database has less
+		for i := range 20 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
+			require.NoError(t, err)
+		}
+		rl, err := r.NewRelay(store, pub, stock.WithBatch(5))
+		require.NoError(t, err)
+		st := drain(t, rl)
+		assert.Equal(t, 8, st.Refused)
+		// Refused entries were given back in Redis exactly once; a second pass changes nothing.
+		drain(t, rl)
+		l, entries := checkLedger(t, r, "A", 20)
+		assert.Equal(t, int64(8), l.Available)
+		assert.Equal(t, int64(12), l.Sold)
+		refused := 0
+		for _, e := range entries {
+			if e.State == stock.StateRefused {
+				refused++
+			}
+		}
+		assert.Equal(t, 8, refused)
+		assert.Equal(t, 8, pub.count(stock.EventRefused))
+		assert.Equal(t, 12, pub.count(stock.EventDeducted), "refused deducts are published as refusals only")
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Zero(t, rem)
+		assert.Equal(t, 1, store.MaxApplications())
+		// The refused id is done: it cannot take stock again.
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o19", User: "u", Qty: 1})
+		if e := entries["o19"]; e.State == stock.StateRefused {
+			assert.ErrorIs(t, err, stock.ErrRestored)
+		}
+	})
+}
+
+func TestRelayPublisherDown(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		pub := newRecorder()
+		require.NoError(t, r.Load(ctx, "A", 50))
+		require.NoError(t, store.Load(ctx, "A", 50))
+		rl, err := r.NewRelay(store, pub, stock.WithBackoff(time.Millisecond, 5*time.Millisecond))
+		require.NoError(t, err)
+		pub.down.Store(true)
+		for i := range 30 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		for range 3 {
+			st, err := rl.Once(ctx)
+			assert.Error(t, err)
+			assert.Zero(t, st.Delivered)
+			time.Sleep(15 * time.Millisecond)
+		}
+		assert.Positive(t, pub.fails.Load())
+		assert.Equal(t, int64(30), outboxLen(t, c, "A"), "nothing is lost while the publisher is down")
+		pub.down.Store(false)
+		time.Sleep(15 * time.Millisecond)
+		st := drain(t, rl)
+		assert.Equal(t, 30, st.Delivered)
+		assert.Positive(t, st.Redelive)
+		assert.Equal(t, 30, pub.count(stock.EventDeducted))
+		assert.Equal(t, 1, store.MaxApplications(), "the store saw retries but applied each id once")
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Equal(t, int64(20), rem)
+	})
+}
+
+// crashingPublisher ends the relay's goroutine (runtime.Goexit) at its n-th call, after the
+// store applied the batch and before the ack: the relay "dies" holding its lease.
+type crashingPublisher struct {
+	inner *recorder
+	n     atomic.Int64
+	at    int64
+}
+
+func (p *crashingPublisher) Publish(ctx context.Context, ev stock.Event) error {
+	if p.n.Add(1) == p.at {
+		runtime.Goexit()
+	}
+	return p.inner.Publish(ctx, ev)
+}
+
+func TestRelayCrashRedelivers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		rec := newRecorder()
+		require.NoError(t, r.Load(ctx, "A", 200))
+		require.NoError(t, store.Load(ctx, "A", 200))
+		for i := range 100 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		// Crash points: mid-batch after the store applied, at several positions.
+		for _, at := range []int64{1, 7, 16} {
+			pub := &crashingPublisher{inner: rec, at: at}
+			crashy, err := r.NewRelay(store, pub, stock.WithBatch(16), stock.WithLease(50*time.Millisecond))
+			require.NoError(t, err)
+			done := make(chan struct{})
+			go func() { defer close(done); _, _ = crashy.Once(ctx) }()
+			<-done
+		}
+		time.Sleep(60 * time.Millisecond) // the dead relays' leases run out
+		rl, err := r.NewRelay(store, rec, stock.WithBatch(16))
+		require.NoError(t, err)
+		st := drain(t, rl)
+		assert.Positive(t, st.Redelive, "leased events of the dead relays were delivered again")
+		assert.Equal(t, 1, store.MaxApplications())
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Equal(t, int64(100), rem)
+		assert.Equal(t, 100, rec.count(stock.EventDeducted))
+		assert.Zero(t, outboxLen(t, c, "A"))
+	})
+}
+
+func TestRelaysConcurrent(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		pub := newRecorder()
+		require.NoError(t, r.Load(ctx, "A", 300))
+		require.NoError(t, store.Load(ctx, "A", 300))
+		ctx2, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for range 3 {
+			rl, err := r.NewRelay(store, pub, stock.WithBatch(8), stock.WithPoll(time.Millisecond))
+			require.NoError(t, err)
+			wg.Go(func() { _ = rl.Run(ctx2) })
+		}
+		var dw sync.WaitGroup
+		for g := range 8 {
+			dw.Go(func() {
+				for i := range 40 {
+					id := fmt.Sprint("g", g, "-", i)
+					_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
+					assert.NoError(t, err)
+					if i%5 == 0 {
+						_, err = r.Restore(ctx, "A", id)
+						assert.NoError(t, err)
+					}
+				}
+			})
+		}
+		dw.Wait()
+		require.Eventually(t, func() bool { return outboxLen(t, c, "A") == 0 }, 10*time.Second, 5*time.Millisecond)
+		cancel()
+		wg.Wait()
+		avail, _ := r.Available(ctx, "A")
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Equal(t, avail, rem)
+		assert.Equal(t, int64(300-320+64), rem)
+		assert.Equal(t, 1, store.MaxApplications())
+	})
+}
+
+func TestConsumeGivesBackRefusals(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, store.Load(ctx, "A", 3))
+		var evs []stock.Event
+		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { evs = append(evs, ev); return nil })
+		rl, err := r.NewRelay(nil, pub)
+		require.NoError(t, err)
+		for i := range 5 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		drain(t, rl)
+		require.Len(t, evs, 5)
+		// The consumer side: each message delivered twice, as queues do.
+		for _, ev := range append(evs, evs...) {
+			require.NoError(t, stock.Consume(ctx, r, store, ev))
+		}
+		avail, _ := r.Available(ctx, "A")
+		assert.Equal(t, int64(2), avail, "two refusals given back once each")
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Zero(t, rem)
+		evs = nil
+		drain(t, rl)
+		assert.Len(t, evs, 2)
+		for _, ev := range evs {
+			assert.Equal(t, stock.EventRefused, ev.Type)
+			require.NoError(t, stock.Consume(ctx, r, store, ev))
+		}
+		assert.Equal(t, 1, store.MaxApplications())
+	})
+}
