@@ -286,22 +286,22 @@ func TestBadInputChangesNothing(t *testing.T) {
 
 		long := strings.Repeat("x", stock.MaxNameLen+1)
 		bad := map[string]stock.Request{
-			"empty sku":      {ID: "o", Qty: 1},
-			"empty id":       {SKU: "A", Qty: 1},
-			"zero qty":       {SKU: "A", ID: "o", Qty: 0},
-			"negative qty":   {SKU: "A", ID: "o", Qty: -1},
-			"qty over 2^53":  {SKU: "A", ID: "o", Qty: stock.MaxQty + 1},
-			"long sku":       {SKU: long, ID: "o", Qty: 1},
-			"long id":        {SKU: "A", ID: long, Qty: 1},
-			"long user":      {SKU: "A", ID: "o", User: long, Qty: 1},
-			"brace in sku":   {SKU: "A}x", ID: "o", Qty: 1},
-			"brace in id":    {SKU: "A", ID: "{o}", Qty: 1},
-			"space in id":    {SKU: "A", ID: "o 1", Qty: 1},
-			"newline in id":  {SKU: "A", ID: "o\n", Qty: 1},
+			"empty sku":       {ID: "o", Qty: 1},
+			"empty id":        {SKU: "A", Qty: 1},
+			"zero qty":        {SKU: "A", ID: "o", Qty: 0},
+			"negative qty":    {SKU: "A", ID: "o", Qty: -1},
+			"qty over 2^53":   {SKU: "A", ID: "o", Qty: stock.MaxQty + 1},
+			"long sku":        {SKU: long, ID: "o", Qty: 1},
+			"long id":         {SKU: "A", ID: long, Qty: 1},
+			"long user":       {SKU: "A", ID: "o", User: long, Qty: 1},
+			"brace in sku":    {SKU: "A}x", ID: "o", Qty: 1},
+			"brace in id":     {SKU: "A", ID: "{o}", Qty: 1},
+			"space in id":     {SKU: "A", ID: "o 1", Qty: 1},
+			"newline in id":   {SKU: "A", ID: "o\n", Qty: 1},
 			"control in user": {SKU: "A", ID: "o", User: "u\x00", Qty: 1},
-			"pipe in user":   {SKU: "A", ID: "o", User: "u|1", Qty: 1},
-			"tab in sku":     {SKU: "A\t", ID: "o", Qty: 1},
-			"invalid utf8":   {SKU: "A", ID: "o\xff", Qty: 1},
+			"pipe in user":    {SKU: "A", ID: "o", User: "u|1", Qty: 1},
+			"tab in sku":      {SKU: "A\t", ID: "o", Qty: 1},
+			"invalid utf8":    {SKU: "A", ID: "o\xff", Qty: 1},
 		}
 		for name, req := range bad {
 			_, err := r.Deduct(ctx, req)

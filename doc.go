@@ -1,0 +1,53 @@
+// Package stock is atomic stock reservation on Redis for flash sales, ticket drops and limited
+// releases: a checkout never sells what it does not have, never takes stock twice for one
+// request, and never loses a sale between Redis and the database of record.
+//
+// A Reserver runs Lua scripts (embedded from lua/*.lua, run with rueidis Lua.Exec: EVALSHA,
+// then EVAL when the server lost its script cache). One script call checks the request id
+// against the item's ledger, checks the per-user limit and the stock, takes the stock, writes
+// the ledger entry and queues the outbox event, atomically. A Relay drains the outbox into a
+// Store (the database of record) and/or a Publisher (a message queue).
+//
+// # Keys
+//
+// Every key of one item shares the hash tag {sku}, so one script touches one Redis Cluster
+// slot, and different items spread over the cluster. With the default prefix "stock":
+//
+//	stock:{sku}     hash   a available, h held, s sold, l loaded, c closed, n next hold deadline
+//	stock:{sku}:l   hash   ledger: request id -> "KS|qty|before|after|at_ms|user[|deadline]"
+//	stock:{sku}:u   hash   user -> units held or bought (for WithUserLimit)
+//	stock:{sku}:o   zset   outbox: "<event>:<id>" -> due time (ms)
+//	stock:{sku}:h   zset   holds: id -> deadline (ms)
+//	stock:{sku}:r   hash   outbox delivery attempts
+//	stock:items     set    registry of loaded items
+//
+// # Guarantees
+//
+//   - No oversell: for every item, loaded = available + held + sold at every moment, and
+//     available never goes below zero, whatever the number of concurrent callers.
+//   - Exactly once per request id: a repeat of an id answers with the original outcome and
+//     Replayed set; a repeat with a different item quantity or user is ErrConflict; a restore
+//     gives back exactly what its id took, once; a restore of an unknown id takes nothing and
+//     leaves a tombstone that refuses the late deduct (ErrRestored).
+//   - Nothing lost between Redis and the database: the outbox event is written by the same
+//     script as the deduct, and the Relay removes it only after the Store applied it and the
+//     Publisher accepted it (at least once; the Store is idempotent, so exactly once in
+//     effect). A deduct the Store refuses is given back in Redis, once.
+//   - Bad input is refused with ErrInvalid before anything is sent to Redis.
+//
+// # Non-guarantees
+//
+//   - Redis replication is asynchronous: a failover or a restart without persistence can lose
+//     acknowledged deducts, ledger entries and outbox events. The database of record then
+//     disagrees with Redis until reconciled; the Store's unique (sku, id) still refuses a
+//     second application of a replayed id.
+//   - An error that is not one of this package's sentinels (a timeout, a broken connection)
+//     leaves the outcome unknown: the script may have run. Retry with the same id; the retry is
+//     a replay if it did.
+//   - Idempotency lasts as long as the ledger entry: entries are kept in Redis until trimmed.
+//   - A Store refusal is found after the deduct succeeded: the buyer was told yes, and is told
+//     no later (EventRefused).
+//
+// The Reserver, Relay and their methods are safe for concurrent use. Nothing here starts a
+// goroutine: the caller runs Relay.Run and owns it.
+package stock

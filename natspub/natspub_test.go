@@ -1,0 +1,727 @@
+package natspub_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/natspub"
+)
+
+// ---- tests that need no server ----
+
+var specialSKUs = []string{
+	"a.b", "x*y", "p>q", ">", "*", "a.>", "a b", "tab\there", "a/b", "100%", "%2E", "ü.ß",
+	"", "line\nbreak", "$JS.API", "..", "sku-42_ok",
+}
+
+func TestToken(t *testing.T) {
+	assert.Equal(t, "sku-42_OK", natspub.Token("sku-42_OK"))
+	assert.Equal(t, "a%2Eb", natspub.Token("a.b"))
+	assert.Equal(t, "%2A", natspub.Token("*"))
+	assert.Equal(t, "%3E", natspub.Token(">"))
+	assert.Equal(t, "a%20b", natspub.Token("a b"))
+	assert.Equal(t, "100%25", natspub.Token("100%"))
+	assert.Equal(t, "", natspub.Token(""))
+
+	seen := map[string]string{}
+	for _, s := range specialSKUs {
+		tok := natspub.Token(s)
+		for i := 0; i < len(tok); i++ {
+			c := tok[i]
+			ok := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+				c == '-' || c == '_' || c == '%'
+			assert.Truef(t, ok, "token %q of %q has byte %q", tok, s, c)
+		}
+		back, err := url.PathUnescape(tok)
+		require.NoError(t, err, tok)
+		assert.Equal(t, s, back, "PathUnescape reverses Token")
+		if prev, dup := seen[tok]; dup {
+			t.Errorf("Token(%q) == Token(%q) == %q", s, prev, tok)
+		}
+		seen[tok] = s
+	}
+}
+
+func TestSubject(t *testing.T) {
+	assert.Equal(t, "stock.events.deducted.sku-1",
+		natspub.Subject(natspub.DefaultPrefix, stock.EventDeducted, "sku-1"))
+	assert.Equal(t, "p.q.restored.a%2Eb%2Ac%3E",
+		natspub.Subject("p.q", stock.EventRestored, "a.b*c>"))
+	for _, sku := range specialSKUs {
+		if sku == "" {
+			continue
+		}
+		subj := natspub.Subject("x.y", stock.EventHeld, sku)
+		toks := strings.Split(subj, ".")
+		require.Lenf(t, toks, 4, "subject %q of sku %q", subj, sku)
+		assert.NotContains(t, []string{"*", ">"}, toks[3])
+		assert.False(t, strings.ContainsAny(subj, " \t\r\n"), subj)
+	}
+}
+
+func TestMsgID(t *testing.T) {
+	ev := stock.Event{Type: stock.EventDeducted, SKU: "sku-1", ID: "req-9"}
+	assert.Equal(t, "sku-1/req-9/deducted", natspub.MsgID(ev))
+
+	// A '/' in a SKU or id must not make two different events share an id.
+	a := stock.Event{Type: stock.EventDeducted, SKU: "a/b", ID: "c"}
+	b := stock.Event{Type: stock.EventDeducted, SKU: "a", ID: "b/c"}
+	assert.NotEqual(t, natspub.MsgID(a), natspub.MsgID(b))
+	// Each type of one id is a different event.
+	c := a
+	c.Type = stock.EventRestored
+	assert.NotEqual(t, natspub.MsgID(a), natspub.MsgID(c))
+	// Every copy of one event has the same id.
+	d := a
+	d.Qty, d.User, d.At = 7, "u", time.Now()
+	assert.Equal(t, natspub.MsgID(a), natspub.MsgID(d))
+}
+
+func TestDecode(t *testing.T) {
+	ev := stock.Event{
+		Type: stock.EventDeducted, SKU: "a.b*c>", ID: "req/1", User: "u1", Qty: 3,
+		At: time.UnixMilli(1_700_000_000_123).UTC(),
+	}
+	data, err := json.Marshal(ev)
+	require.NoError(t, err)
+	got, err := natspub.Decode(data)
+	require.NoError(t, err)
+	assert.Equal(t, ev, got)
+
+	// Optional user, qty 0, unknown type and unknown fields are accepted.
+	got, err = natspub.Decode([]byte(`{"type":"future","sku":"s","id":"i","qty":0,"at":"2024-01-02T03:04:05Z","extra":1}`))
+	require.NoError(t, err)
+	assert.Equal(t, stock.Event{Type: "future", SKU: "s", ID: "i", At: time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)}, got)
+
+	bad := map[string]string{
+		"empty":          ``,
+		"garbage":        `garbage`,
+		"binary":         "\x00\xff\x01",
+		"array":          `[1,2]`,
+		"null":           `null`,
+		"empty object":   `{}`,
+		"string":         `"deducted"`,
+		"truncated":      `{"type":"deducted","sku":"s"`,
+		"trailing":       `{"type":"deducted","sku":"s","id":"i","qty":1,"at":"2024-01-02T03:04:05Z"} x`,
+		"no type":        `{"sku":"s","id":"i","qty":1,"at":"2024-01-02T03:04:05Z"}`,
+		"empty sku":      `{"type":"deducted","sku":"","id":"i","qty":1,"at":"2024-01-02T03:04:05Z"}`,
+		"no id":          `{"type":"deducted","sku":"s","qty":1,"at":"2024-01-02T03:04:05Z"}`,
+		"no qty":         `{"type":"deducted","sku":"s","id":"i","at":"2024-01-02T03:04:05Z"}`,
+		"no at":          `{"type":"deducted","sku":"s","id":"i","qty":1}`,
+		"negative qty":   `{"type":"deducted","sku":"s","id":"i","qty":-1,"at":"2024-01-02T03:04:05Z"}`,
+		"huge qty":       `{"type":"deducted","sku":"s","id":"i","qty":9007199254740992,"at":"2024-01-02T03:04:05Z"}`,
+		"string qty":     `{"type":"deducted","sku":"s","id":"i","qty":"1","at":"2024-01-02T03:04:05Z"}`,
+		"bad at":         `{"type":"deducted","sku":"s","id":"i","qty":1,"at":"yesterday"}`,
+		"null fields":    `{"type":null,"sku":null,"id":null,"qty":null,"at":null}`,
+		"numeric sku":    `{"type":"deducted","sku":5,"id":"i","qty":1,"at":"2024-01-02T03:04:05Z"}`,
+		"fractional qty": `{"type":"deducted","sku":"s","id":"i","qty":1.5,"at":"2024-01-02T03:04:05Z"}`,
+	}
+	for name, payload := range bad {
+		t.Run(name, func(t *testing.T) {
+			_, err := natspub.Decode([]byte(payload))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, stock.ErrInvalid)
+			assert.Contains(t, err.Error(), "natspub: decode event")
+		})
+	}
+	_, err = natspub.Decode([]byte(`{"sku":"s","id":"","qty":1}`))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "missing or empty type, id, at")
+}
+
+func TestNewValidates(t *testing.T) {
+	_, err := natspub.New(nil)
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+
+	js := &fakeJS{}
+	for _, prefix := range []string{"", ".a", "a.", "a..b", "a.*", "a.>", "a b", "a.b*", "x\ty"} {
+		_, err := natspub.New(js, natspub.WithPrefix(prefix))
+		assert.ErrorIsf(t, err, stock.ErrInvalid, "prefix %q", prefix)
+	}
+	for _, name := range []string{"", "a.b", "a*", "a>", "a/b", "a b"} {
+		_, err := natspub.New(js, natspub.WithStream(name))
+		assert.ErrorIsf(t, err, stock.ErrInvalid, "stream %q", name)
+	}
+	_, err = natspub.New(js, natspub.WithTimeout(-time.Second))
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+
+	p, err := natspub.New(js)
+	require.NoError(t, err)
+	assert.Equal(t, natspub.DefaultPrefix, p.Prefix())
+	p, err = natspub.New(js, natspub.WithPrefix("shop.stock"), natspub.WithStream("S"), natspub.WithTimeout(time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, "shop.stock", p.Prefix())
+
+	_, err = natspub.EnsureStream(context.Background(), nil, "S", "p")
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+	_, err = natspub.EnsureStream(context.Background(), js, "a.b", "p")
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+	_, err = natspub.EnsureStream(context.Background(), js, "S", "p.>")
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+}
+
+// fakeJS records Publish calls; every other method panics (nil embedded interface).
+type fakeJS struct {
+	jetstream.JetStream
+	mu       sync.Mutex
+	subjects []string
+	payloads [][]byte
+	nopts    []int
+	deadline []bool
+	err      error
+}
+
+func (f *fakeJS) Publish(ctx context.Context, subj string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := ctx.Deadline()
+	f.subjects = append(f.subjects, subj)
+	f.payloads = append(f.payloads, data)
+	f.nopts = append(f.nopts, len(opts))
+	f.deadline = append(f.deadline, ok)
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &jetstream.PubAck{Stream: "S", Sequence: 1}, nil
+}
+
+func TestPublishWithoutServer(t *testing.T) {
+	ctx := context.Background()
+	js := &fakeJS{}
+	p, err := natspub.New(js, natspub.WithPrefix("shop"))
+	require.NoError(t, err)
+
+	ev := stock.Event{Type: stock.EventRestocked, SKU: "a.b", ID: "r1", Qty: 5, At: time.UnixMilli(1).UTC()}
+	require.NoError(t, p.Publish(ctx, ev))
+	require.Len(t, js.subjects, 1)
+	assert.Equal(t, "shop.restocked.a%2Eb", js.subjects[0])
+	assert.Equal(t, 1, js.nopts[0], "the msg id option only")
+	assert.False(t, js.deadline[0], "no timeout of its own by default")
+	got, err := natspub.Decode(js.payloads[0])
+	require.NoError(t, err)
+	assert.Equal(t, ev, got)
+
+	// Invalid events never reach JetStream.
+	for _, bad := range []stock.Event{
+		{SKU: "s", ID: "i", Qty: 1},
+		{Type: stock.EventDeducted, ID: "i", Qty: 1},
+		{Type: stock.EventDeducted, SKU: "s", Qty: 1},
+		{Type: stock.EventDeducted, SKU: "s", ID: "i", Qty: -1},
+	} {
+		err := p.Publish(ctx, bad)
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+	}
+	assert.Len(t, js.subjects, 1)
+
+	// WithStream adds the expected-stream option; WithTimeout bounds the call.
+	p, err = natspub.New(js, natspub.WithStream("S"), natspub.WithTimeout(time.Second))
+	require.NoError(t, err)
+	require.NoError(t, p.Publish(ctx, ev))
+	assert.Equal(t, 2, js.nopts[1])
+	assert.True(t, js.deadline[1])
+
+	// Errors are wrapped.
+	js.err = jetstream.ErrNoStreamResponse
+	err = p.Publish(ctx, ev)
+	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
+	assert.Contains(t, err.Error(), "natspub: publish a.b/r1 restocked")
+
+	// A PublisherFunc-style use as a stock.Publisher.
+	var _ stock.Publisher = p
+}
+
+// closedPort returns a loopback address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func TestPublishServerUnreachable(t *testing.T) {
+	url := "nats://" + closedPort(t)
+
+	// A plain connect fails fast.
+	start := time.Now()
+	_, err := nats.Connect(url, nats.Timeout(500*time.Millisecond), nats.MaxReconnects(0))
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	// A connection that keeps retrying in the background: Publish fails, it does not hang.
+	nc, err := nats.Connect(url,
+		nats.Timeout(200*time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(50*time.Millisecond),
+	)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	require.False(t, nc.IsConnected())
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	p, err := natspub.New(js)
+	require.NoError(t, err)
+	ev := stock.Event{Type: stock.EventDeducted, SKU: "s", ID: "i", Qty: 1, At: time.Now()}
+	start = time.Now()
+	err = p.Publish(context.Background(), ev)
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.Contains(t, err.Error(), "natspub: publish s/i deducted")
+
+	// And on a closed connection it fails at once.
+	nc.Close()
+	start = time.Now()
+	err = p.Publish(context.Background(), ev)
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), time.Second)
+}
+
+// silentServer is a loopback NATS server that completes the handshake and answers PINGs, but
+// never answers a request: a server whose JetStream is gone. It returns its URL.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				info := `INFO {"server_id":"silent","server_name":"silent","version":"2.10.0","proto":1,` +
+					`"headers":true,"max_payload":1048576,"host":"127.0.0.1","port":0}` + "\r\n"
+				if _, err := c.Write([]byte(info)); err != nil {
+					return
+				}
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if strings.TrimRight(line, "\r\n") == "PING" {
+						if _, err := c.Write([]byte("PONG\r\n")); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return "nats://" + l.Addr().String()
+}
+
+func TestPublishServerSilent(t *testing.T) {
+	nc, err := nats.Connect(silentServer(t), nats.Timeout(2*time.Second), nats.MaxReconnects(0))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ev := stock.Event{Type: stock.EventDeducted, SKU: "s", ID: "i", Qty: 1, At: time.Now()}
+
+	// Bounded by the caller's deadline.
+	p, err := natspub.New(js)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = p.Publish(ctx, ev)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 3*time.Second)
+
+	// Bounded by WithTimeout when the context has no deadline.
+	p, err = natspub.New(js, natspub.WithTimeout(300*time.Millisecond))
+	require.NoError(t, err)
+	start = time.Now()
+	err = p.Publish(context.Background(), ev)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 3*time.Second)
+
+	// Bounded by the JetStream context's default timeout otherwise.
+	js2, err := jetstream.New(nc, jetstream.WithDefaultTimeout(300*time.Millisecond))
+	require.NoError(t, err)
+	p, err = natspub.New(js2)
+	require.NoError(t, err)
+	start = time.Now()
+	err = p.Publish(context.Background(), ev)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 3*time.Second)
+
+	// A cancelled context.
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	err = p.Publish(ctx, ev)
+	assert.ErrorIs(t, err, context.Canceled)
+}
+
+// ---- tests against a real NATS server (STOCK_TEST_NATS) ----
+
+type env struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream string
+	prefix string
+}
+
+func randSuffix(t *testing.T) string {
+	t.Helper()
+	var b [6]byte
+	_, err := rand.Read(b[:])
+	require.NoError(t, err)
+	return hex.EncodeToString(b[:])
+}
+
+// newEnv connects to STOCK_TEST_NATS and creates a stream of its own, deleted at cleanup. It
+// skips when the variable is unset, and fails (never skips) when the server is unreachable.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	url := os.Getenv("STOCK_TEST_NATS")
+	if url == "" {
+		t.Skip("STOCK_TEST_NATS not set")
+	}
+	nc, err := nats.Connect(url, nats.Timeout(3*time.Second), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("STOCK_TEST_NATS=%s: connect: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		t.Fatalf("STOCK_TEST_NATS=%s: JetStream unavailable: %v", url, err)
+	}
+	sfx := randSuffix(t)
+	e := &env{nc: nc, js: js, stream: "STOCKTEST_" + sfx, prefix: "stocktest." + sfx}
+	_, err = natspub.EnsureStream(ctx, js, e.stream, e.prefix)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, e.stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("delete stream %s: %v", e.stream, err)
+		}
+	})
+	return e
+}
+
+func (e *env) publisher(t *testing.T, opts ...natspub.Option) *natspub.Publisher {
+	t.Helper()
+	p, err := natspub.New(e.js, append([]natspub.Option{natspub.WithPrefix(e.prefix)}, opts...)...)
+	require.NoError(t, err)
+	return p
+}
+
+func (e *env) msgs(t *testing.T) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := e.js.Stream(ctx, e.stream)
+	require.NoError(t, err)
+	return s.CachedInfo().State.Msgs
+}
+
+// consume reads n messages with an ephemeral pull consumer (filtered by filter, if not
+// empty), acks them, and returns them.
+func (e *env) consume(t *testing.T, n int, filter string) []jetstream.Msg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cons, err := e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		FilterSubject: filter,
+	})
+	require.NoError(t, err)
+	var out []jetstream.Msg
+	for len(out) < n && ctx.Err() == nil {
+		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(2*time.Second))
+		require.NoError(t, err)
+		for m := range batch.Messages() {
+			require.NoError(t, m.Ack())
+			out = append(out, m)
+		}
+		require.NoError(t, batch.Error())
+	}
+	require.Len(t, out, n)
+	// Nothing more.
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(300*time.Millisecond))
+	require.NoError(t, err)
+	for m := range batch.Messages() {
+		t.Errorf("unexpected extra message on %s: %s", m.Subject(), m.Data())
+	}
+	return out
+}
+
+func event(typ stock.EventType, sku, id string, qty int64) stock.Event {
+	return stock.Event{Type: typ, SKU: sku, ID: id, User: "u-" + id, Qty: qty,
+		At: time.UnixMilli(time.Now().UnixMilli()).UTC()}
+}
+
+func TestPublishConsume(t *testing.T) {
+	e := newEnv(t)
+	p := e.publisher(t, natspub.WithStream(e.stream))
+	ctx := context.Background()
+
+	types := []stock.EventType{stock.EventDeducted, stock.EventRestored, stock.EventRestocked,
+		stock.EventHeld, stock.EventConfirmed, stock.EventCancelled, stock.EventExpired, stock.EventRefused}
+	const n = 60
+	want := make([]stock.Event, n)
+	for i := range want {
+		want[i] = event(types[i%len(types)], fmt.Sprintf("sku-%d", i%4), fmt.Sprintf("req-%03d", i), int64(i+1))
+	}
+	// Concurrently: Publish is safe for concurrent use.
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for w := 0; w < 6; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < n; i += 6 {
+				errs[i] = p.Publish(ctx, want[i])
+			}
+		}(w)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoErrorf(t, err, "event %d", i)
+	}
+	assert.EqualValues(t, n, e.msgs(t))
+
+	var got []stock.Event
+	for _, m := range e.consume(t, n, "") {
+		ev, err := natspub.Decode(m.Data())
+		require.NoError(t, err)
+		assert.Equal(t, natspub.Subject(e.prefix, ev.Type, ev.SKU), m.Subject())
+		assert.Equal(t, natspub.MsgID(ev), m.Headers().Get(jetstream.MsgIDHeader))
+		got = append(got, ev)
+	}
+	assert.ElementsMatch(t, want, got)
+
+	// A consumer filtered on one item by its token sees that item's events only.
+	filtered := e.consume(t, n/4, e.prefix+".*."+natspub.Token("sku-1"))
+	for _, m := range filtered {
+		ev, err := natspub.Decode(m.Data())
+		require.NoError(t, err)
+		assert.Equal(t, "sku-1", ev.SKU)
+	}
+}
+
+func TestPublishDeduplicates(t *testing.T) {
+	e := newEnv(t)
+	p := e.publisher(t)
+	ctx := context.Background()
+
+	ev := event(stock.EventDeducted, "sku-dup", "req-1", 2)
+	require.NoError(t, p.Publish(ctx, ev))
+	require.NoError(t, p.Publish(ctx, ev), "a duplicate is acknowledged, not an error")
+	// A repeat is the same event even if a retry re-read it with another timestamp.
+	again := ev
+	again.At = again.At.Add(time.Second)
+	require.NoError(t, p.Publish(ctx, again))
+	assert.EqualValues(t, 1, e.msgs(t), "the stream holds the event once")
+
+	// Another type of the same id is another event.
+	restored := ev
+	restored.Type = stock.EventRestored
+	require.NoError(t, p.Publish(ctx, restored))
+	require.NoError(t, p.Publish(ctx, restored))
+	assert.EqualValues(t, 2, e.msgs(t))
+
+	// SKU "a/b" id "c" and SKU "a" id "b/c" are different events.
+	require.NoError(t, p.Publish(ctx, event(stock.EventDeducted, "a/b", "c", 1)))
+	require.NoError(t, p.Publish(ctx, event(stock.EventDeducted, "a", "b/c", 1)))
+	assert.EqualValues(t, 4, e.msgs(t))
+
+	var got []stock.Event
+	for _, m := range e.consume(t, 4, "") {
+		ev, err := natspub.Decode(m.Data())
+		require.NoError(t, err)
+		got = append(got, ev)
+	}
+	assert.Equal(t, ev, got[0], "the first copy is the one kept")
+}
+
+func TestPublishSpecialSKUs(t *testing.T) {
+	e := newEnv(t)
+	p := e.publisher(t)
+	ctx := context.Background()
+
+	var want []stock.Event
+	for i, sku := range specialSKUs {
+		if sku == "" {
+			continue
+		}
+		ev := event(stock.EventDeducted, sku, fmt.Sprintf("id.%d/*>", i), int64(i+1))
+		require.NoErrorf(t, p.Publish(ctx, ev), "sku %q", sku)
+		want = append(want, ev)
+	}
+	msgs := e.consume(t, len(want), "")
+	var got []stock.Event
+	prefixToks := len(strings.Split(e.prefix, "."))
+	for _, m := range msgs {
+		ev, err := natspub.Decode(m.Data())
+		require.NoError(t, err)
+		got = append(got, ev)
+		toks := strings.Split(m.Subject(), ".")
+		require.Lenf(t, toks, prefixToks+2, "subject %q", m.Subject())
+		sku, err := url.PathUnescape(toks[len(toks)-1])
+		require.NoError(t, err)
+		assert.Equal(t, ev.SKU, sku, "the subject's last token unescapes to the sku")
+	}
+	assert.ElementsMatch(t, want, got)
+
+	// The sku ">" must not be taken as a wildcard: a filter on another sku does not see it.
+	only := e.consume(t, 1, e.prefix+".deducted."+natspub.Token("p>q"))
+	ev, err := natspub.Decode(only[0].Data())
+	require.NoError(t, err)
+	assert.Equal(t, "p>q", ev.SKU)
+}
+
+func TestPublishErrors(t *testing.T) {
+	e := newEnv(t)
+	ev := event(stock.EventDeducted, "sku-e", "req-1", 1)
+
+	// A cancelled context.
+	p := e.publisher(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := p.Publish(ctx, ev)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.Canceled)
+	// An expired one.
+	ctx, cancel = context.WithTimeout(context.Background(), time.Nanosecond)
+	defer cancel()
+	<-ctx.Done()
+	err = p.Publish(ctx, ev)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.EqualValues(t, 0, e.msgs(t))
+
+	// No stream bound to the prefix.
+	other, err := natspub.New(e.js, natspub.WithPrefix("stocktest.unbound."+randSuffix(t)),
+		natspub.WithTimeout(5*time.Second))
+	require.NoError(t, err)
+	err = other.Publish(context.Background(), ev)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
+
+	// The wrong expected stream.
+	wrong := e.publisher(t, natspub.WithStream("NOT_"+e.stream))
+	err = wrong.Publish(context.Background(), ev)
+	require.Error(t, err)
+	assert.EqualValues(t, 0, e.msgs(t))
+
+	// The right one.
+	right := e.publisher(t, natspub.WithStream(e.stream))
+	require.NoError(t, right.Publish(context.Background(), ev))
+	assert.EqualValues(t, 1, e.msgs(t))
+
+	// A closed connection.
+	nc, err := nats.Connect(e.nc.ConnectedUrl())
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	closed, err := natspub.New(js, natspub.WithPrefix(e.prefix))
+	require.NoError(t, err)
+	nc.Close()
+	start := time.Now()
+	err = closed.Publish(context.Background(), ev)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, nats.ErrConnectionClosed)
+	assert.Less(t, time.Since(start), time.Second)
+}
+
+func TestEnsureStream(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// Idempotent on the stream it created.
+	s, err := natspub.EnsureStream(ctx, e.js, e.stream, e.prefix)
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	assert.Equal(t, []string{e.prefix + ".>"}, cfg.Subjects)
+	assert.Equal(t, natspub.DefaultDuplicateWindow, cfg.Duplicates)
+
+	// An existing stream keeps its settings and gains the subjects and the window.
+	sfx := randSuffix(t)
+	name, prefix := "STOCKTEST_OLD_"+sfx, "stocktest.old."+sfx
+	_, err = e.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:       name,
+		Subjects:   []string{"stocktest.other." + sfx + ".>"},
+		Duplicates: 10 * time.Second,
+		MaxMsgs:    1000,
+		Storage:    jetstream.MemoryStorage,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.js.DeleteStream(ctx, name)
+	})
+	s, err = natspub.EnsureStream(ctx, e.js, name, prefix)
+	require.NoError(t, err)
+	cfg = s.CachedInfo().Config
+	assert.ElementsMatch(t, []string{"stocktest.other." + sfx + ".>", prefix + ".>"}, cfg.Subjects)
+	assert.Equal(t, natspub.DefaultDuplicateWindow, cfg.Duplicates)
+	assert.EqualValues(t, 1000, cfg.MaxMsgs)
+	assert.Equal(t, jetstream.MemoryStorage, cfg.Storage)
+
+	p, err := natspub.New(e.js, natspub.WithPrefix(prefix), natspub.WithStream(name))
+	require.NoError(t, err)
+	require.NoError(t, p.Publish(ctx, event(stock.EventRestocked, "s", "r", 3)))
+
+	// A subject another stream owns is an error, not a silent success.
+	clash := "STOCKTEST_CLASH_" + sfx
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.js.DeleteStream(ctx, clash)
+	})
+	_, err = natspub.EnsureStream(ctx, e.js, clash, prefix)
+	require.Error(t, err)
+}
