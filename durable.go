@@ -92,8 +92,10 @@ type RecordLister interface {
 	List(ctx context.Context, sku, after string, limit int) ([]Record, error)
 }
 
-// A BatchStore is a Store that can apply several events in one round trip. The result has one
-// error (or nil) per event, in order, with the same meaning as Store.Apply's.
+// A BatchStore is a Store that can apply several events in one round trip. It applies them in
+// order and stops at the first error that is not a refusal: the events after it must be left
+// unapplied (an item's events must reach the store in order). The result has one error (or nil)
+// per event, in order, with the same meaning as Store.Apply's; unapplied events get an error.
 type BatchStore interface {
 	ApplyBatch(ctx context.Context, evs []Event) []error
 }

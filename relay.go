@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/rueidis"
 )
 
 // A RelayOption configures a Relay.
@@ -77,9 +76,12 @@ func WithPoll(d time.Duration) RelayOption {
 }
 
 // A Relay drains the outboxes of a Reserver's items into a Store and/or a Publisher, at least
-// once: an event is removed from the outbox only after the Store applied it and the Publisher
-// accepted it. Several relays, in one process or many, may drain the same items: each event is
-// leased to one relay at a time, and one whose relay died is delivered again after the lease.
+// once and in order per item: an event is removed from the outbox only after the Store applied
+// it and the Publisher accepted it, and an item's events are delivered in the order they
+// happened (so a restore reaches the store before a later deduct of the stock it gave back).
+// Several relays, in one process or many, may drain the same items: each item is leased to one
+// relay at a time, and the events of a relay that died are delivered again after its lease.
+// A failed event holds back its item, with backoff, not the other items.
 // Because delivery is at least once, the Store must be idempotent (it is, per its contract) and
 // consumers of the Publisher must deduplicate on (SKU, ID, Type).
 //
@@ -97,6 +99,7 @@ type Relay struct {
 	minBackoff time.Duration
 	maxBackoff time.Duration
 	poll       time.Duration
+	token      string // identifies this relay's leases
 }
 
 // RelayStats counts what one pass of a relay did.
@@ -125,7 +128,8 @@ func (r *Reserver) NewRelay(store Store, pub Publisher, opts ...RelayOption) (*R
 		return nil, invalid("relay with neither a store nor a publisher")
 	}
 	rl := &Relay{r: r, store: store, pub: pub, batch: 128, lease: 30 * time.Second,
-		minBackoff: 500 * time.Millisecond, maxBackoff: time.Minute, poll: 100 * time.Millisecond}
+		minBackoff: 500 * time.Millisecond, maxBackoff: time.Minute, poll: 100 * time.Millisecond,
+		token: fmt.Sprintf("relay-%016x", rand.Uint64())}
 	for _, o := range opts {
 		if err := o(rl); err != nil {
 			return nil, err
@@ -236,8 +240,8 @@ func storeApplies(t EventType) bool {
 
 func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	k := rl.r.keys(sku)
-	keys := []string{k[3], k[1], rl.r.key(sku, triesSuffix)}
-	args := []string{strconv.Itoa(rl.batch), strconv.FormatInt(rl.lease.Milliseconds(), 10)}
+	keys := []string{k[3], k[1], rl.r.key(sku, triesSuffix), rl.r.key(sku, leaseSuffix)}
+	args := []string{strconv.Itoa(rl.batch), strconv.FormatInt(rl.lease.Milliseconds(), 10), rl.token}
 	vs, err := claimScript.Exec(ctx, rl.r.client, keys, args).AsStrSlice()
 	if err != nil {
 		return nil, fmt.Errorf("stock: relay claim %s: %w", sku, err)
@@ -268,6 +272,9 @@ func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	return out, nil
 }
 
+// drainBatch delivers the oldest events of one item, in order, and stops at the first failure:
+// the events before it are acked, it and the rest wait for a backoff that holds the whole item
+// (an item's events are never delivered out of order).
 func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error) {
 	var st RelayStats
 	cs, err := rl.claim(ctx, sku)
@@ -278,14 +285,13 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 	if len(cs) == 0 {
 		return st, nil
 	}
-	// Store first, in one batch when the store can.
 	errs := make([]error, len(cs))
 	if rl.store != nil {
 		rl.applyStore(ctx, cs, errs)
 	}
 	var acks []string
-	retry := map[string]int64{}
-	var first error
+	var failed error
+	var tries int64
 	for i, c := range cs {
 		if c.tries > 1 {
 			st.Redelive++
@@ -314,13 +320,10 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 			err = rl.pub.Publish(ctx, c.ev)
 		}
 		if err != nil {
-			if first == nil {
-				first = err
-			}
-			rl.r.opts.logger.WarnContext(ctx, "stock: relay delivery failed; retrying later", "sku", sku, "event", c.member, "tries", c.tries, "err", err)
-			retry[c.member] = c.tries
-			st.Retried++
-			continue
+			failed, tries = fmt.Errorf("stock: relay %s %s: %w", sku, c.member, err), c.tries
+			rl.r.opts.logger.WarnContext(ctx, "stock: relay delivery failed; the item backs off", "sku", sku, "event", c.member, "tries", c.tries, "err", err)
+			st.Retried = len(cs) - i
+			break
 		}
 		acks = append(acks, c.member)
 		st.Delivered++
@@ -332,14 +335,17 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 			return st, fmt.Errorf("stock: relay ack %s: %w", sku, err)
 		}
 	}
-	if len(retry) > 0 {
-		if err := rl.backoff(ctx, sku, retry); err != nil && first == nil {
-			first = err
+	if failed != nil {
+		if err := rl.backoff(ctx, sku, tries); err != nil {
+			return st, errors.Join(failed, err)
 		}
+		return st, failed
 	}
-	return st, first
+	return st, nil
 }
 
+// applyStore applies the store's events of a batch, in order, stopping at the first error that
+// is not a refusal; the events after it are left unapplied (errNotTried).
 func (rl *Relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
 	var idx []int
 	var evs []Event
@@ -354,37 +360,43 @@ func (rl *Relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
 	}
 	if bs, ok := rl.store.(BatchStore); ok && len(evs) > 1 {
 		res := bs.ApplyBatch(ctx, evs)
-		if len(res) == len(evs) {
-			for j, i := range idx {
-				errs[i] = res[j]
+		if len(res) != len(evs) {
+			err := fmt.Errorf("%w: store answered %d results for %d events", ErrInvalid, len(res), len(evs))
+			for _, i := range idx {
+				errs[i] = err
 			}
 			return
 		}
-		err := fmt.Errorf("%w: store answered %d results for %d events", ErrInvalid, len(res), len(evs))
-		for _, i := range idx {
-			errs[i] = err
+		for j, i := range idx {
+			errs[i] = res[j]
 		}
 		return
 	}
 	for j, i := range idx {
 		errs[i] = rl.store.Apply(ctx, evs[j])
+		if errs[i] != nil && !errors.Is(errs[i], ErrRefused) {
+			for _, k := range idx[j+1:] {
+				errs[k] = errNotTried
+			}
+			return
+		}
 	}
 }
 
-// backoff puts failed events back with a due time that doubles with every attempt, plus jitter.
-func (rl *Relay) backoff(ctx context.Context, sku string, tries map[string]int64) error {
-	now := time.Now()
-	cmd := rl.r.client.B().Zadd().Key(rl.r.key(sku, outboxSuffix)).Xx().ScoreMember()
-	for m, n := range tries {
-		d := rl.minBackoff
-		for i := int64(1); i < n && d < rl.maxBackoff; i++ {
-			d *= 2
-		}
-		d = min(d, rl.maxBackoff)
-		d += time.Duration(rand.Int64N(int64(d)/2 + 1))
-		cmd = cmd.ScoreMember(float64(now.Add(d).UnixMilli()), m)
+var errNotTried = errors.New("stock: not tried after an earlier failure")
+
+// backoff holds the item for a delay that doubles with every attempt of the failed event, with
+// up to half of it again as random jitter, so a recovering database is not hit by every
+// item at once.
+func (rl *Relay) backoff(ctx context.Context, sku string, tries int64) error {
+	d := rl.minBackoff
+	for i := int64(1); i < tries && d < rl.maxBackoff; i++ {
+		d *= 2
 	}
-	if err := rl.r.client.Do(ctx, cmd.Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+	d = min(d, rl.maxBackoff)
+	d += time.Duration(rand.Int64N(int64(d)/2 + 1))
+	cmd := rl.r.client.B().Set().Key(rl.r.key(sku, leaseSuffix)).Value("backoff").Px(d).Build()
+	if err := rl.r.client.Do(ctx, cmd).Error(); err != nil {
 		return fmt.Errorf("stock: relay backoff %s: %w", sku, err)
 	}
 	return nil

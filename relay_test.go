@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 )
 
@@ -189,12 +190,12 @@ func TestRelayPublisherDown(t *testing.T) {
 			st, err := rl.Once(ctx)
 			assert.Error(t, err)
 			assert.Zero(t, st.Delivered)
-			time.Sleep(15 * time.Millisecond)
+			redistest.Sleep(c, 15*time.Millisecond)
 		}
 		assert.Positive(t, pub.fails.Load())
 		assert.Equal(t, int64(30), outboxLen(t, c, "A"), "nothing is lost while the publisher is down")
 		pub.down.Store(false)
-		time.Sleep(15 * time.Millisecond)
+		redistest.Sleep(c, 15*time.Millisecond)
 		st := drain(t, rl)
 		assert.Equal(t, 30, st.Delivered)
 		assert.Positive(t, st.Redelive)
@@ -241,7 +242,7 @@ func TestRelayCrashRedelivers(t *testing.T) {
 			go func() { defer close(done); _, _ = crashy.Once(ctx) }()
 			<-done
 		}
-		time.Sleep(60 * time.Millisecond) // the dead relays' leases run out
+		redistest.Sleep(c, 60*time.Millisecond) // the dead relays' leases run out
 		rl, err := r.NewRelay(store, rec, stock.WithBatch(16))
 		require.NoError(t, err)
 		st := drain(t, rl)
@@ -328,5 +329,34 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 			require.NoError(t, stock.Consume(ctx, r, store, ev))
 		}
 		assert.Equal(t, 1, store.MaxApplications())
+	})
+}
+
+// TestRelayKeepsOrder: at the edge of the stock, a restore must reach the store before the
+// deduct that bought the unit it gave back, or the store refuses a sale Redis made correctly.
+func TestRelayKeepsOrder(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 1))
+		require.NoError(t, store.Load(ctx, "A", 1))
+		// Ids chosen so that sorting by name would put each deduct before the restore it follows.
+		for i := range 50 {
+			id := fmt.Sprintf("z%03d", 50-i)
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
+			require.NoError(t, err)
+			if i < 49 {
+				_, err = r.Restore(ctx, "A", id)
+				require.NoError(t, err)
+			}
+		}
+		rl, err := r.NewRelay(store, nil, stock.WithBatch(7))
+		require.NoError(t, err)
+		st := drain(t, rl)
+		assert.Zero(t, st.Refused, "no false refusal")
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Zero(t, rem)
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 1, Loaded: 1}, levels(t, r, "A"))
 	})
 }

@@ -21,12 +21,13 @@ const MaxNameLen = 128
 // Key suffixes after "<prefix>:{<sku>}". Every key of one item shares the hash tag {<sku>}, so
 // every script touches a single Redis Cluster slot.
 const (
-	itemSuffix   = ""   // hash: a available, h held, s sold, l loaded, c closed, n next deadline
-	ledgerSuffix = ":l" // hash: request id -> compact entry (see lua/lib.lua)
-	usersSuffix  = ":u" // hash: user -> units held or bought
-	outboxSuffix = ":o" // sorted set: "<event>:<id>" -> due time in ms
-	holdsSuffix  = ":h" // sorted set: hold id -> deadline in ms
-	triesSuffix  = ":r" // hash: outbox member -> delivery attempts
+	itemSuffix   = ""    // hash: a available, h held, s sold, l loaded, c closed, n next deadline
+	ledgerSuffix = ":l"  // hash: request id -> compact entry (see lua/lib.lua)
+	usersSuffix  = ":u"  // hash: user -> units held or bought
+	outboxSuffix = ":o"  // sorted set: "<event>:<id>" -> due time in ms
+	holdsSuffix  = ":h"  // sorted set: hold id -> deadline in ms
+	triesSuffix  = ":r"  // hash: outbox member -> delivery attempts
+	leaseSuffix  = ":rl" // string: the relay draining the item, or "backoff"; with a TTL
 )
 
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent

@@ -1,26 +1,30 @@
--- claim.lua: lease up to ARGV[1] due outbox events of one item to a relay.
+-- claim.lua: lease an item's outbox to one relay and return the oldest events.
 --
--- KEYS[1] outbox zset ("<event>:<id>" -> due ms), KEYS[2] ledger hash, KEYS[3] attempts hash
--- ARGV[1] most events to claim, ARGV[2] lease in ms
--- Reply: flat strings, three per event: member, ledger entry ('' if the entry is gone), attempts
+-- KEYS[1] outbox zset ("<event>:<id>" -> sequence), KEYS[2] ledger hash,
+-- KEYS[3] attempts hash, KEYS[4] relay lease (string: holder token, with a TTL)
+-- ARGV[1] most events to return, ARGV[2] lease in ms, ARGV[3] the relay's token
+-- Reply: flat strings, three per event, oldest first: member, ledger entry ('' if the entry is
+-- gone), attempts
 --
--- A claimed event's due time moves to now + lease: no other relay sees it until the lease runs
--- out, so a relay that dies holding it only delays it. Attempts count every claim.
-local now = now_ms()
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-local out = {}
-if #due == 0 then
-  return out
+-- One relay at a time drains an item, in order, so the store sees an item's events in the order
+-- they happened. The lease runs out if the relay dies (its events are then delivered again by
+-- the next relay) or when a backoff set after a failure ends.
+local holder = redis.call('GET', KEYS[4])
+if holder and holder ~= ARGV[3] then
+  return {}
 end
-local lease = now + tonumber(ARGV[2])
-local z = {}
-for _, m in ipairs(due) do
-  z[#z + 1] = lease
-  z[#z + 1] = m
-  local id = string.sub(m, 3)
+local ms = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+if #ms == 0 then
+  if holder then
+    redis.call('DEL', KEYS[4])
+  end
+  return {}
+end
+redis.call('SET', KEYS[4], ARGV[3], 'PX', tonumber(ARGV[2]))
+local out = {}
+for _, m in ipairs(ms) do
   out[#out + 1] = m
-  out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
+  out[#out + 1] = redis.call('HGET', KEYS[2], string.sub(m, 3)) or ''
   out[#out + 1] = fmt(redis.call('HINCRBY', KEYS[3], m, 1))
 end
-redis.call('ZADD', KEYS[1], 'XX', unpack(z))
 return out

@@ -64,7 +64,6 @@ for i = 5, #ARGV, 3 do
       hset[#hset + 1] = id
       hset[#hset + 1] = e2
       if queue then
-        zadd[#zadd + 1] = now
         zadd[#zadd + 1] = event .. id
       end
       if kind == 'H' then
@@ -90,7 +89,13 @@ if taken > 0 then
   redis.call('HINCRBY', KEYS[1], (kind == 'H') and 'h' or 's', taken)
   redis.call('HSET', KEYS[2], unpack(hset))
   if #zadd > 0 then
-    redis.call('ZADD', KEYS[4], unpack(zadd))
+    local seq = redis.call('HINCRBY', KEYS[1], 'q', #zadd) - #zadd
+    local z = {}
+    for j, m in ipairs(zadd) do
+      z[#z + 1] = seq + j
+      z[#z + 1] = m
+    end
+    redis.call('ZADD', KEYS[4], unpack(z))
   end
   if #hz > 0 then
     redis.call('ZADD', KEYS[5], unpack(hz))

@@ -10,7 +10,9 @@
 --   (Redis TIME). Numbers are written with %d: Lua numbers are doubles and tostring would print
 --   15+ digit values in exponent form on a real Redis.
 -- Outbox member:     "E:id" where E is the event: D deducted, R restored, L restocked, H held,
---                    X cancelled, E expired; the score is the time it is due (ms).
+--                    X cancelled, E expired. The score is the event's sequence number in the
+--                    item (item field q), so a relay delivers an item's events in the order
+--                    they happened: a restore always reaches the store before a later deduct.
 -- Reply codes (the third slot carries the quantity, or the user's units for code 7):
 local OK, REPLAY, SOLDOUT, SHORT, NOTLOADED, CONFLICT, RESTORED, USERLIMIT, CLOSED, UNKNOWN, EXPIRED, CONFIRMED, INVALID =
       0,  1,      2,       3,     4,         5,        6,        7,         8,      9,       10,      11,        12
@@ -67,6 +69,12 @@ local function next_deadline(item, holds)
   end
 end
 
+-- queue appends one event to the item's outbox, after every earlier one.
+-- K: KEYS of the item (item, ledger, users, outbox, holds).
+local function queue_event(K, ev, id)
+  redis.call('ZADD', K[4], redis.call('HINCRBY', K[1], 'q', 1), ev .. id)
+end
+
 -- expire_holds releases at most max holds whose deadline has passed and returns the units freed.
 -- K: KEYS of the item (item, ledger, users, outbox, holds).
 local function expire_holds(K, now, max, queue)
@@ -81,7 +89,7 @@ local function expire_holds(K, now, max, queue)
         redis.call('HSET', K[2], id, with_state(e, 'e'))
         give_user(K[3], u, q)
         if queue then
-          redis.call('ZADD', K[4], now, 'E:' .. id)
+          queue_event(K, 'E:', id)
         end
       end
     end

@@ -28,6 +28,6 @@ redis.call('HINCRBY', KEYS[1], 'a', q)
 redis.call('HINCRBY', KEYS[1], 'l', q)
 redis.call('HSET', KEYS[2], id, entry('L', 'r', q, avail, avail + q, now, ''))
 if queue then
-  redis.call('ZADD', KEYS[4], now, 'L:' .. id)
+  queue_event(KEYS, 'L:', id)
 end
 return {OK, avail + q, q}

@@ -52,6 +52,6 @@ avail = redis.call('HINCRBY', KEYS[1], 'a', q)
 give_user(KEYS[3], u, q)
 redis.call('HSET', KEYS[2], id, with_state(e, s))
 if queue then
-  redis.call('ZADD', KEYS[4], now, ev .. id)
+  queue_event(KEYS, ev, id)
 end
 return {OK, avail, q}

@@ -85,6 +85,12 @@ func (s *Store) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 	errs := make([]error, len(evs))
 	for i, ev := range evs {
 		errs[i] = s.Apply(ctx, ev)
+		if errs[i] != nil && !errors.Is(errs[i], stock.ErrRefused) {
+			for j := i + 1; j < len(evs); j++ {
+				errs[j] = fmt.Errorf("memstore: not applied after an earlier failure: %w", errs[i])
+			}
+			break
+		}
 	}
 	return errs
 }

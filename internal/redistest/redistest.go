@@ -25,6 +25,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
@@ -134,7 +135,22 @@ func (b Backend) Client(t testing.TB) rueidis.Client {
 func Miniredis(t testing.TB) (*miniredis.Miniredis, rueidis.Client) {
 	t.Helper()
 	m := miniredis.RunT(t)
-	return m, newClient(t, rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
+	c := newClient(t, rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
+	minis.Store(c, m)
+	t.Cleanup(func() { minis.Delete(c) })
+	return m, c
+}
+
+// minis maps the clients made by Miniredis to their server, for Sleep.
+var minis sync.Map
+
+// Sleep waits d and, when c is a client on a miniredis (which does not expire keys on its own),
+// moves that miniredis's clock forward by d, so TTLs behave as on a real server.
+func Sleep(c rueidis.Client, d time.Duration) {
+	time.Sleep(d)
+	if m, ok := minis.Load(c); ok {
+		m.(*miniredis.Miniredis).FastForward(d)
+	}
 }
 
 func newClient(t testing.TB, opt rueidis.ClientOption) rueidis.Client {
