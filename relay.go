@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
-
 )
 
 // A RelayOption configures a Relay.
