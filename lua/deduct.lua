@@ -34,6 +34,8 @@ for i = 5, #ARGV, 3 do
       code = RESTORED
     elseif k ~= kind or eq ~= q or eu ~= u then
       code, n = CONFLICT, eq
+    elseif s == 'e' then
+      code = EXPIRED
     elseif released(s) then
       code = RESTORED
     else

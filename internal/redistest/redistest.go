@@ -136,21 +136,38 @@ func Miniredis(t testing.TB) (*miniredis.Miniredis, rueidis.Client) {
 	t.Helper()
 	m := miniredis.RunT(t)
 	c := newClient(t, rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	minis.Store(c, m)
+	now := time.Now()
+	m.SetTime(now)
+	minis.Store(c, &miniClock{m: m, now: now})
 	t.Cleanup(func() { minis.Delete(c) })
 	return m, c
 }
 
-// minis maps the clients made by Miniredis to their server, for Sleep.
+// minis maps the clients made by Miniredis to their server and its clock, for Sleep.
 var minis sync.Map
 
-// Sleep waits d and, when c is a client on a miniredis (which does not expire keys on its own),
-// moves that miniredis's clock forward by d, so TTLs behave as on a real server.
+type miniClock struct {
+	mu  sync.Mutex
+	m   *miniredis.Miniredis
+	now time.Time
+}
+
+// Sleep lets d pass for c's server. On a real server it sleeps. A miniredis made by Miniredis
+// runs on a clock that stands still (its TIME command and its TTLs), so that tests of deadlines
+// do not depend on how fast gopher-lua runs under -race; Sleep moves that clock forward by d at
+// once, without sleeping.
 func Sleep(c rueidis.Client, d time.Duration) {
-	time.Sleep(d)
-	if m, ok := minis.Load(c); ok {
-		m.(*miniredis.Miniredis).FastForward(d)
+	v, ok := minis.Load(c)
+	if !ok {
+		time.Sleep(d)
+		return
 	}
+	mc := v.(*miniClock)
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	mc.now = mc.now.Add(d)
+	mc.m.SetTime(mc.now)
+	mc.m.FastForward(d)
 }
 
 func newClient(t testing.TB, opt rueidis.ClientOption) rueidis.Client {

@@ -1,0 +1,144 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// MaxHoldTTL is the longest time a hold may last before it must be extended.
+const MaxHoldTTL = 7 * 24 * time.Hour
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < time.Millisecond || ttl > MaxHoldTTL {
+		return invalid("hold ttl %v out of range [1ms, %v]", ttl, MaxHoldTTL)
+	}
+	return nil
+}
+
+// Hold takes req.Qty units like Deduct, but as held until now + ttl (by the Redis clock): the
+// try of a try-confirm-cancel checkout. Confirm makes it final and only then queues it for the
+// Store; Cancel gives it back; a hold past its deadline is released by Sweep, and also by the
+// item's next Deduct, Hold, Confirm or Extend, so expiry is prompt even with no sweeper.
+//
+// A repeat of the same id and parameters is a replay (of the hold, or of its confirmation);
+// after expiry it is ErrExpired, after a cancel ErrRestored. The errors are Deduct's.
+func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (Receipt, error) {
+	if err := req.check(); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	if err := checkTTL(ttl); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	return r.take(ctx, "H", req, ttl.Milliseconds())
+}
+
+// Confirm makes a live hold final: its units move from held to sold and an EventConfirmed is
+// queued for the Store. A second Confirm is a replay. A hold past its deadline is refused with
+// ErrExpired (and released, if the sweep had not yet); a cancelled one with ErrRestored; an id
+// with no hold with ErrUnknownID; an id that is not a hold with ErrConflict.
+func (r *Reserver) Confirm(ctx context.Context, sku, id string) (Receipt, error) {
+	rc := Receipt{SKU: sku, ID: id}
+	if err := checkSKUID(sku, id); err != nil {
+		return rc, err
+	}
+	o, err := decodeOne(confirmScript.Exec(ctx, r.client, r.keys(sku), []string{id, r.outboxFlag()}))
+	if err != nil {
+		return rc, fmt.Errorf("stock: confirm %s/%s: %w", sku, id, err)
+	}
+	return r.receipt(rc, o)
+}
+
+// Cancel gives a live hold back. A second Cancel, or a Cancel of a hold that already expired,
+// is a replay. A Cancel of a confirmed hold is refused with ErrConfirmed (use Restore to give
+// back a sale). A Cancel of an id that holds nothing returns ErrUnknownID and leaves a
+// tombstone, so the hold it overtook is refused with ErrRestored.
+func (r *Reserver) Cancel(ctx context.Context, sku, id string) (Receipt, error) {
+	return r.giveBack(ctx, sku, id, "c")
+}
+
+// Extend moves a live hold's deadline to now + ttl. ErrExpired past the deadline, ErrConfirmed
+// after Confirm, ErrRestored after Cancel, ErrUnknownID for no hold.
+func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration) (Receipt, error) {
+	rc := Receipt{SKU: sku, ID: id}
+	if err := checkSKUID(sku, id); err != nil {
+		return rc, err
+	}
+	if err := checkTTL(ttl); err != nil {
+		return rc, err
+	}
+	args := []string{id, strconv.FormatInt(ttl.Milliseconds(), 10), r.outboxFlag()}
+	o, err := decodeOne(extendScript.Exec(ctx, r.client, r.keys(sku), args))
+	if err != nil {
+		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)
+	}
+	return r.receipt(rc, o)
+}
+
+// sweepBatch is the most holds one sweep script releases: a bounded step that never blocks
+// Redis for long.
+const sweepBatch = 256
+
+// Sweep releases the holds of sku past their deadline, in bounded steps, and returns the units
+// released. Holds index their deadlines per item, so a sweep looks only at expired holds.
+func (r *Reserver) Sweep(ctx context.Context, sku string) (int64, error) {
+	if err := checkName("sku", sku); err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		res := sweepScript.Exec(ctx, r.client, r.keys(sku), []string{strconv.Itoa(sweepBatch), r.outboxFlag()})
+		code, more, err := decodePair(res)
+		if err != nil {
+			return total, fmt.Errorf("stock: sweep %s: %w", sku, err)
+		}
+		total += code
+		if more == 0 {
+			return total, nil
+		}
+	}
+}
+
+// SweepAll sweeps every item of the registry and returns the units released.
+func (r *Reserver) SweepAll(ctx context.Context) (int64, error) {
+	var total int64
+	for sku, err := range r.Items(ctx) {
+		if err != nil {
+			return total, err
+		}
+		n, err := r.Sweep(ctx, sku)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// RunSweeper calls SweepAll every interval until ctx is done, and returns ctx's error. Errors
+// of a pass are logged and the next pass retries.
+func (r *Reserver) RunSweeper(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		return invalid("sweep interval %v", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := r.SweepAll(ctx); err != nil && ctx.Err() == nil {
+			r.opts.logger.WarnContext(ctx, "stock: sweep", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func checkSKUID(sku, id string) error {
+	if err := checkName("sku", sku); err != nil {
+		return err
+	}
+	return checkName("id", id)
+}

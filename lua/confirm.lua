@@ -1,0 +1,46 @@
+-- confirm.lua: make a live hold final (sold), once, and queue it for the store.
+--
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- ARGV[1] id, ARGV[2] '1' to queue events in the outbox
+-- Reply: code, remaining available, qty
+--   OK confirmed; REPLAY already confirmed; EXPIRED past its deadline (the hold is released now,
+--   as the sweep would have); RESTORED cancelled; UNKNOWN no such hold; CONFLICT not a hold.
+local id, queue = ARGV[1], ARGV[2] == '1'
+local now = now_ms()
+local e = redis.call('HGET', KEYS[2], id)
+if not e then
+  return {UNKNOWN, 0, 0}
+end
+local k, s, q, _, _, _, u, d = parse(e)
+local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
+if k ~= 'H' then
+  return {CONFLICT, avail or 0, q}
+end
+if s == 'r' or s == 'a' then
+  return {REPLAY, avail or 0, q}
+elseif s == 'e' then
+  return {EXPIRED, avail or 0, q}
+elseif s ~= 'h' then
+  return {RESTORED, avail or 0, q}
+end
+if not avail then
+  return {NOTLOADED, 0, q}
+end
+redis.call('HINCRBY', KEYS[1], 'h', -q)
+redis.call('ZREM', KEYS[5], id)
+next_deadline(KEYS[1], KEYS[5])
+if d <= now then
+  avail = redis.call('HINCRBY', KEYS[1], 'a', q)
+  give_user(KEYS[3], u, q)
+  redis.call('HSET', KEYS[2], id, with_state(e, 'e'))
+  if queue then
+    queue_event(KEYS, 'E:', id)
+  end
+  return {EXPIRED, avail, q}
+end
+redis.call('HINCRBY', KEYS[1], 's', q)
+redis.call('HSET', KEYS[2], id, with_state(e, 'r'))
+if queue then
+  queue_event(KEYS, 'D:', id)
+end
+return {OK, avail, q}
