@@ -1,1 +1,532 @@
 package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A ReconcileOption configures a Reconciler.
+type ReconcileOption func(*Reconciler) error
+
+// WithDryRun makes the reconciler report only; it repairs nothing. The default is false.
+func WithDryRun(dry bool) ReconcileOption {
+	return func(rc *Reconciler) error { rc.dry = dry; return nil }
+}
+
+// WithRepairLimit leaves a drift larger than n units unrepaired and reports it as needing a
+// human (the seeds' alert threshold). The default is 0: every drift is repaired.
+func WithRepairLimit(n int64) ReconcileOption {
+	return func(rc *Reconciler) error {
+		if n < 0 {
+			return invalid("repair limit %d", n)
+		}
+		rc.limit = n
+		return nil
+	}
+}
+
+// WithRetention sets how long settled ledger entries (applied, restored, refused, cancelled,
+// expired, tombstones) are kept before a pass trims them. The idempotency of a request id lasts
+// this long in Redis; after it, a retried deduct is refused by the Store's unique (sku, id)
+// instead. 0 never trims. The default is 24h.
+func WithRetention(d time.Duration) ReconcileOption {
+	return func(rc *Reconciler) error {
+		if d < 0 {
+			return invalid("retention %v", d)
+		}
+		rc.retention = d
+		return nil
+	}
+}
+
+// WithReconcileItems limits the reconciler to the given items. The default is the registry.
+func WithReconcileItems(skus ...string) ReconcileOption {
+	return func(rc *Reconciler) error {
+		for _, s := range skus {
+			if err := checkName("sku", s); err != nil {
+				return err
+			}
+		}
+		rc.items = append([]string(nil), skus...)
+		return nil
+	}
+}
+
+// WithInterval sets the time between the passes of Run. The default is 5 minutes, as in the
+// seeds.
+func WithInterval(d time.Duration) ReconcileOption {
+	return func(rc *Reconciler) error {
+		if d <= 0 {
+			return invalid("reconcile interval %v", d)
+		}
+		rc.interval = d
+		return nil
+	}
+}
+
+// A Reconciler compares each item in Redis (available + held, and the events still pending in
+// its outbox) with the Store (remaining, and what it recorded of those events), reports drift,
+// lost keys, lost ledger entries and lost events, and repairs them.
+//
+// Repairs are safe under live traffic: while it looks at an item the reconciler holds the item's
+// relay lease, so the Store does not change under it; Redis may, and so every repair is made by
+// a script that adjusts by a delta or writes only what is missing, never by overwriting a value
+// computed before a concurrent change.
+//
+// It is safe for concurrent use and starts no goroutines.
+type Reconciler struct {
+	r         *Reserver
+	store     Store
+	dry       bool
+	limit     int64
+	retention time.Duration
+	items     []string
+	interval  time.Duration
+	token     string
+}
+
+// NewReconciler returns a reconciler of r's items against store.
+func (r *Reserver) NewReconciler(store Store, opts ...ReconcileOption) (*Reconciler, error) {
+	if store == nil {
+		return nil, invalid("reconciler without a store")
+	}
+	rc := &Reconciler{r: r, store: store, retention: 24 * time.Hour, interval: 5 * time.Minute,
+		token: fmt.Sprintf("reconcile-%016x", rand.Uint64())}
+	for _, o := range opts {
+		if err := o(rc); err != nil {
+			return nil, err
+		}
+	}
+	return rc, nil
+}
+
+// Report is what one pass found and did for one item.
+type Report struct {
+	SKU string
+	// Busy is set when a relay held the item for the whole pass: nothing was compared.
+	Busy bool
+	// Missing is set when the item's hash was not in Redis (eviction, restart without
+	// persistence, a deleted key).
+	Missing bool
+	// Available and Held are Redis's counters (before any repair).
+	Available, Held int64
+	// StoreRemaining is the Store's remaining stock.
+	StoreRemaining int64
+	// Pending counts the events waiting in the outbox; InFlight is their net effect not yet in
+	// the Store (units deducted in Redis and not in the Store, minus restores and restocks).
+	Pending  int
+	InFlight int64
+	// Drift is Available + Held − (StoreRemaining − InFlight): positive when Redis would sell
+	// more than the Store has.
+	Drift int64
+	// Repairs made (all zero in a dry run).
+	Rebuilt    bool  // the item hash was recreated from the Store
+	Adjusted   int64 // units added to (or, negative, taken from) Redis's available stock
+	Requeued   int   // lost outbox events queued again
+	Rerecorded int   // ledger entries the Store has and Redis lost, written back
+	Trimmed    int   // settled ledger entries removed after the retention
+	// NeedsHuman says why something was left for an operator ("" if nothing).
+	NeedsHuman string
+}
+
+// String is one readable line.
+func (rp Report) String() string {
+	if rp.Busy {
+		return fmt.Sprintf("%s: busy (a relay held it), not compared", rp.SKU)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: redis %d+%d held, store %d, in flight %d (%d pending), drift %d",
+		rp.SKU, rp.Available, rp.Held, rp.StoreRemaining, rp.InFlight, rp.Pending, rp.Drift)
+	if rp.Missing {
+		b.WriteString(", key missing")
+	}
+	var fixes []string
+	if rp.Rebuilt {
+		fixes = append(fixes, "rebuilt")
+	}
+	if rp.Adjusted != 0 {
+		fixes = append(fixes, fmt.Sprintf("adjusted %+d", rp.Adjusted))
+	}
+	if rp.Requeued > 0 {
+		fixes = append(fixes, fmt.Sprintf("requeued %d", rp.Requeued))
+	}
+	if rp.Rerecorded > 0 {
+		fixes = append(fixes, fmt.Sprintf("rerecorded %d", rp.Rerecorded))
+	}
+	if rp.Trimmed > 0 {
+		fixes = append(fixes, fmt.Sprintf("trimmed %d", rp.Trimmed))
+	}
+	if len(fixes) > 0 {
+		b.WriteString("; repaired: " + strings.Join(fixes, ", "))
+	}
+	if rp.NeedsHuman != "" {
+		b.WriteString("; NEEDS A HUMAN: " + rp.NeedsHuman)
+	}
+	return b.String()
+}
+
+// Run reconciles every interval until ctx is done, and returns ctx's error. Reports go to the
+// Reserver's logger; errors are logged and the next pass retries.
+func (rc *Reconciler) Run(ctx context.Context) error {
+	t := time.NewTicker(rc.interval)
+	defer t.Stop()
+	for {
+		reps, err := rc.Once(ctx)
+		if err != nil && ctx.Err() == nil {
+			rc.r.opts.logger.WarnContext(ctx, "stock: reconcile", "err", err)
+		}
+		for _, rp := range reps {
+			if rp.NeedsHuman != "" {
+				rc.r.opts.logger.ErrorContext(ctx, "stock: reconcile", "report", rp.String())
+			} else if rp.Drift != 0 || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0 {
+				rc.r.opts.logger.WarnContext(ctx, "stock: reconcile", "report", rp.String())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Once reconciles every item once (the registry, or the items given by WithReconcileItems)
+// and returns one report per item. It goes on after an item's error and returns the first.
+func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
+	skus := rc.items
+	if skus == nil {
+		for sku, err := range rc.r.Items(ctx) {
+			if err != nil {
+				return nil, err
+			}
+			skus = append(skus, sku)
+		}
+	}
+	var reps []Report
+	var first error
+	for _, sku := range skus {
+		rp, err := rc.Item(ctx, sku)
+		reps = append(reps, rp)
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return reps, first
+}
+
+// maxPending bounds the pending events a pass reads per item.
+const maxPending = 100000
+
+// Item reconciles one item.
+func (rc *Reconciler) Item(ctx context.Context, sku string) (Report, error) {
+	rp := Report{SKU: sku}
+	if err := checkName("sku", sku); err != nil {
+		return rp, err
+	}
+	ok, err := rc.lock(ctx, sku)
+	if err != nil {
+		return rp, err
+	}
+	if !ok {
+		rp.Busy = true
+		return rp, nil
+	}
+	defer rc.unlock(sku)
+
+	remaining, err := rc.store.Remaining(ctx, sku)
+	if errors.Is(err, ErrNotLoaded) {
+		rp.NeedsHuman = "the store does not know the item"
+		return rp, nil
+	}
+	if err != nil {
+		return rp, fmt.Errorf("stock: reconcile %s: store: %w", sku, err)
+	}
+	rp.StoreRemaining = remaining
+
+	// Lost events first, so that they count as in flight below; lost entries; trimming.
+	if err := rc.ledgerPass(ctx, &rp); err != nil {
+		return rp, err
+	}
+
+	vs, err := snapshotScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.Itoa(maxPending)}).AsStrSlice()
+	if err != nil {
+		return rp, fmt.Errorf("stock: reconcile %s: snapshot: %w", sku, err)
+	}
+	if len(vs) < 6 || (len(vs)-6)%2 != 0 {
+		return rp, fmt.Errorf("%w: reconcile %s: snapshot of %d values", ErrInvalid, sku, len(vs))
+	}
+	rp.Missing = vs[0] != "1"
+	rp.Available, _ = strconv.ParseInt(vs[1], 10, 64)
+	rp.Held, _ = strconv.ParseInt(vs[2], 10, 64)
+	rp.Pending, _ = strconv.Atoi(vs[5])
+	if rp.Pending > maxPending {
+		rp.NeedsHuman = fmt.Sprintf("%d events pending: is a relay running?", rp.Pending)
+		return rp, nil
+	}
+
+	// The ids with pending events: their effect in Redis (from their entry, read in the same
+	// snapshot as the counters) against their effect in the store.
+	entries := map[string]Entry{}
+	var ids []string
+	for i := 6; i < len(vs); i += 2 {
+		m, raw := vs[i], vs[i+1]
+		if len(m) < 3 || raw == "" {
+			continue
+		}
+		e, err := parseEntry(sku, m[2:], raw)
+		if err != nil {
+			continue
+		}
+		if _, dup := entries[e.ID]; !dup {
+			entries[e.ID] = e
+			ids = append(ids, e.ID)
+		}
+	}
+	recs := map[string]Record{}
+	if len(ids) > 0 {
+		if recs, err = rc.store.Records(ctx, sku, ids); err != nil {
+			return rp, fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
+		}
+	}
+	for _, id := range ids {
+		rp.InFlight += storeNet(recs[id]) - redisNet(entries[id])
+	}
+	expected := rp.StoreRemaining - rp.InFlight
+	if rp.Missing {
+		rp.Drift = -expected
+	} else {
+		rp.Drift = rp.Available + rp.Held - expected
+	}
+
+	switch {
+	case rp.Drift == 0:
+	case rc.limit > 0 && abs(rp.Drift) > rc.limit:
+		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
+	case rc.dry:
+	case rp.Missing:
+		res := rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.FormatInt(max(expected, 0), 10)})
+		code, err := decodeOne(res)
+		if err != nil {
+			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
+		}
+		rp.Rebuilt = code.code == codeOK
+		if expected < 0 {
+			rp.NeedsHuman = fmt.Sprintf("the store and the pending events say %d units: oversold", expected)
+		}
+	default:
+		o, err := decodeOne(adjustScript.Exec(ctx, rc.r.client, rc.r.keys(sku)[:1], []string{strconv.FormatInt(-rp.Drift, 10)}))
+		if err != nil {
+			return rp, fmt.Errorf("stock: reconcile %s: adjust: %w", sku, err)
+		}
+		rp.Adjusted = o.remaining
+		if o.code == codeNotLoaded {
+			rp.NeedsHuman = "the item's keys vanished during the pass"
+		} else if o.remaining != -rp.Drift {
+			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", -rp.Drift-o.remaining)
+		}
+	}
+	if rp.Missing && rp.Drift == 0 && !rc.dry {
+		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
+		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0"}))
+		if err != nil {
+			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
+		}
+		rp.Rebuilt = code.code == codeOK
+	}
+	return rp, nil
+}
+
+// redisNet is what an entry did to Redis's available + held stock.
+func redisNet(e Entry) int64 {
+	switch {
+	case e.Kind == KindRestock && (e.State == StateReserved || e.State == StateApplied):
+		return e.Qty
+	case e.Kind == KindRestock, e.State == StateHeld:
+		return 0
+	case e.State == StateReserved || e.State == StateApplied:
+		return -e.Qty
+	}
+	return 0
+}
+
+// storeNet is what a record did to the store's remaining stock (the zero Record: nothing).
+func storeNet(r Record) int64 {
+	if r.Status != RecordApplied {
+		return 0
+	}
+	if r.Type == EventRestocked {
+		return r.Qty
+	}
+	return -r.Qty
+}
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
+}
+
+// ledgerPass walks the Redis ledger in pages: it requeues events the outbox lost, trims
+// settled entries past the retention, and writes back entries the store has and Redis lost.
+func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
+	sku := rp.SKU
+	cutoff := time.Now().Add(-rc.retention).UnixMilli()
+	var reserved, restored, trim []string
+	flush := func(final bool) error {
+		if len(reserved)+len(restored)+len(trim) < 256 && !final {
+			return nil
+		}
+		if len(restored) > 0 {
+			recs, err := rc.store.Records(ctx, sku, restored)
+			if err != nil {
+				return fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
+			}
+			for _, id := range restored {
+				if rec, ok := recs[id]; ok && rec.Status == RecordApplied {
+					reserved = append(reserved, id)
+				}
+			}
+		}
+		if len(reserved) > 0 && !rc.dry {
+			n, err := requeueScript.Exec(ctx, rc.r.client, rc.r.keys(sku), reserved).AsInt64()
+			if err != nil {
+				return fmt.Errorf("stock: reconcile %s: requeue: %w", sku, err)
+			}
+			rp.Requeued += int(n)
+		}
+		if len(trim) > 0 && rc.retention > 0 && !rc.dry {
+			k := rc.r.keys(sku)
+			args := append([]string{strconv.FormatInt(cutoff, 10)}, trim...)
+			n, err := trimScript.Exec(ctx, rc.r.client, []string{k[1], k[3]}, args).AsInt64()
+			if err != nil {
+				return fmt.Errorf("stock: reconcile %s: trim: %w", sku, err)
+			}
+			rp.Trimmed += int(n)
+		}
+		reserved, restored, trim = reserved[:0], restored[:0], trim[:0]
+		return nil
+	}
+	seen := map[string]bool{}
+	lister, canList := rc.store.(RecordLister)
+	for e, err := range rc.r.Entries(ctx, sku) {
+		if err != nil {
+			return err
+		}
+		if canList {
+			seen[e.ID] = true
+		}
+		switch e.State {
+		case StateReserved:
+			reserved = append(reserved, e.ID)
+		case StateRestored, StateRefused:
+			if e.Kind != KindTombstone {
+				restored = append(restored, e.ID)
+			}
+		}
+		if e.State != StateReserved && e.State != StateHeld && e.At.UnixMilli() < cutoff {
+			trim = append(trim, e.ID)
+		}
+		if err := flush(false); err != nil {
+			return err
+		}
+	}
+	if err := flush(true); err != nil {
+		return err
+	}
+	if !canList {
+		return nil
+	}
+	// Entries the store has that Redis lost (a failover): write them back so a retry of the id
+	// is a replay and not a second sale.
+	after := ""
+	for {
+		recs, err := lister.List(ctx, sku, after, 500)
+		if err != nil {
+			return fmt.Errorf("stock: reconcile %s: store list: %w", sku, err)
+		}
+		var pairs []string
+		for _, rec := range recs {
+			after = rec.ID
+			if seen[rec.ID] || rec.At.UnixMilli() < cutoff || checkName("id", rec.ID) != nil {
+				continue
+			}
+			if e := lostEntry(rec); e != "" {
+				pairs = append(pairs, rec.ID, e)
+			}
+		}
+		if len(pairs) > 0 && !rc.dry {
+			n, err := rerecordScript.Exec(ctx, rc.r.client, []string{rc.r.key(sku, ledgerSuffix)}, pairs).AsInt64()
+			if err != nil {
+				return fmt.Errorf("stock: reconcile %s: rerecord: %w", sku, err)
+			}
+			rp.Rerecorded += int(n)
+		}
+		if len(recs) < 500 {
+			return nil
+		}
+	}
+}
+
+// lostEntry builds the ledger entry for a store record Redis lost, in lua/lib.lua's format.
+// Before and after are unknown (0).
+func lostEntry(rec Record) string {
+	kind, state := byte('D'), byte('a')
+	switch rec.Type {
+	case EventConfirmed:
+		kind = 'H'
+	case EventRestocked:
+		kind = 'L'
+	case EventDeducted:
+	default:
+		kind = 'T'
+	}
+	switch rec.Status {
+	case RecordRestored:
+		state = 'x'
+	case RecordRefused:
+		state = 'f'
+	}
+	if kind == 'T' {
+		state = 'x'
+	}
+	user := rec.User
+	if user != "" && checkName("user", user) != nil {
+		user = ""
+	}
+	return string([]byte{kind, state}) + "|" + strconv.FormatInt(rec.Qty, 10) + "|0|0|" +
+		strconv.FormatInt(rec.At.UnixMilli(), 10) + "|" + user
+}
+
+// lock takes the item's relay lease for the pass, waiting a little for a relay to finish.
+func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
+	key := rc.r.key(sku, leaseSuffix)
+	for i := range 20 {
+		ok, err := rc.r.client.Do(ctx, rc.r.client.B().Set().Key(key).Value(rc.token).Nx().Px(30*time.Second).Build()).AsBool()
+		if err != nil && !isNil(err) {
+			return false, fmt.Errorf("stock: reconcile %s: lease: %w", sku, err)
+		}
+		if ok {
+			return true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(time.Duration(5+i*5) * time.Millisecond):
+		}
+	}
+	return false, nil
+}
+
+func (rc *Reconciler) unlock(sku string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	key := rc.r.key(sku, leaseSuffix)
+	// Only our own lease: compare and delete in one step.
+	_ = unlockScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token}).Error()
+}

@@ -14,15 +14,22 @@ var luaFiles embed.FS
 // package, never built from input. Scripts that are idempotent in their request id are marked
 // retryable, so rueidis may resend them after a broken connection.
 var (
-	deductScript  = newScript("deduct.lua", true)
-	restoreScript = newScript("restore.lua", true)
-	loadScript    = newScript("load.lua", false)
-	restockScript = newScript("restock.lua", true)
-	confirmScript = newScript("confirm.lua", true)
-	extendScript  = newScript("extend.lua", true)
-	sweepScript   = newScript("sweep.lua", true)
-	claimScript   = newScript("claim.lua", false)
-	ackScript     = newScript("ack.lua", true)
+	deductScript   = newScript("deduct.lua", true)
+	restoreScript  = newScript("restore.lua", true)
+	loadScript     = newScript("load.lua", false)
+	restockScript  = newScript("restock.lua", true)
+	confirmScript  = newScript("confirm.lua", true)
+	extendScript   = newScript("extend.lua", true)
+	sweepScript    = newScript("sweep.lua", true)
+	snapshotScript = newScript("snapshot.lua", true)
+	adjustScript   = newScript("adjust.lua", false)
+	rebuildScript  = newScript("rebuild.lua", true)
+	requeueScript  = newScript("requeue.lua", true)
+	rerecordScript = newScript("rerecord.lua", true)
+	trimScript     = newScript("trim.lua", true)
+	unlockScript   = newScript("unlock.lua", true)
+	claimScript    = newScript("claim.lua", false)
+	ackScript      = newScript("ack.lua", true)
 )
 
 func newScript(name string, retryable bool) *rueidis.Lua {
@@ -86,3 +93,5 @@ func decodePair(res rueidis.RedisResult) (code, value int64, err error) {
 	}
 	return vs[0], vs[1], nil
 }
+
+func isNil(err error) bool { return rueidis.IsRedisNil(err) }

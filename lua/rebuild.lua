@@ -1,0 +1,30 @@
+-- rebuild.lua: recreate an item whose hash was lost, from the store's figure; never overwrites.
+--
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- ARGV[1] available + held as the store and the pending events say
+-- Reply: code (OK, or REPLAY if the item exists), available, held
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {REPLAY, 0, 0}
+end
+local held = 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
+  local e = redis.call('HGET', KEYS[2], id)
+  if e then
+    local _, s, q = parse(e)
+    if s == 'h' then
+      held = held + q
+    end
+  end
+end
+local a = tonumber(ARGV[1]) - held
+if a < 0 then
+  a = 0
+end
+local q = 0
+local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+if last[2] then
+  q = tonumber(last[2])
+end
+redis.call('HSET', KEYS[1], 'a', fmt(a), 'h', fmt(held), 's', '0', 'l', fmt(a + held), 'q', fmt(q))
+next_deadline(KEYS[1], KEYS[5])
+return {OK, a, held}

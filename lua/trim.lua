@@ -1,0 +1,28 @@
+-- trim.lua: remove settled ledger entries older than a cutoff.
+--
+-- KEYS[1] ledger hash, KEYS[2] outbox zset
+-- ARGV[1] cutoff (ms), ARGV[2...] candidate ids
+-- An entry is settled when it is applied, restored, refused, cancelled, expired or a tombstone,
+-- and no event of it is pending. Reply: the number of entries removed.
+local cutoff = tonumber(ARGV[1])
+local n = 0
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local e = redis.call('HGET', KEYS[1], id)
+  if e then
+    local _, s, _, _, _, t = parse(e)
+    if t < cutoff and (s == 'a' or released(s)) then
+      local pending = false
+      for _, ev in ipairs({'D:', 'R:', 'L:', 'H:', 'X:', 'E:'}) do
+        if redis.call('ZSCORE', KEYS[2], ev .. id) then
+          pending = true
+          break
+        end
+      end
+      if not pending then
+        n = n + redis.call('HDEL', KEYS[1], id)
+      end
+    end
+  end
+end
+return n

@@ -1,0 +1,303 @@
+package stock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+)
+
+type rig struct {
+	r     *stock.Reserver
+	c     rueidis.Client
+	store *memstore.Store
+	relay *stock.Relay
+	rec   *stock.Reconciler
+}
+
+func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...stock.ReconcileOption) rig {
+	t.Helper()
+	ctx := context.Background()
+	r := newReserver(t, c)
+	store := memstore.New()
+	for sku, n := range skus {
+		require.NoError(t, r.Load(ctx, sku, n))
+		require.NoError(t, store.Load(ctx, sku, n))
+	}
+	relay, err := r.NewRelay(store, nil, stock.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	require.NoError(t, err)
+	rec, err := r.NewReconciler(store, opts...)
+	require.NoError(t, err)
+	return rig{r: r, c: c, store: store, relay: relay, rec: rec}
+}
+
+func (g rig) once(t *testing.T) map[string]stock.Report {
+	t.Helper()
+	reps, err := g.rec.Once(context.Background())
+	require.NoError(t, err)
+	m := map[string]stock.Report{}
+	for _, rp := range reps {
+		m[rp.SKU] = rp
+	}
+	return m
+}
+
+// agree checks that Redis and the store agree once the outbox is drained.
+func (g rig) agree(t *testing.T, sku string) {
+	t.Helper()
+	drain(t, g.relay)
+	l, err := g.r.Levels(context.Background(), sku)
+	require.NoError(t, err)
+	rem, err := g.store.Remaining(context.Background(), sku)
+	require.NoError(t, err)
+	assert.Equal(t, rem, l.Available+l.Held, "redis available+held = store remaining")
+	assert.GreaterOrEqual(t, rem, int64(0))
+	assert.LessOrEqual(t, g.store.MaxApplications(), 1)
+}
+
+func del(t *testing.T, c rueidis.Client, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		require.NoError(t, c.Do(context.Background(), c.B().Del().Key(k).Build()).Error())
+	}
+}
+
+func TestReconcileClean(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 50})
+		for i := range 10 {
+			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 2})
+			require.NoError(t, err)
+		}
+		_, err := g.r.Restore(ctx, "A", "o1")
+		require.NoError(t, err)
+		// Pending events are in flight, not drift.
+		rp := g.once(t)["A"]
+		assert.Equal(t, stock.Report{SKU: "A", Available: 32, StoreRemaining: 50, Pending: 11, InFlight: 18}, rp)
+		drain(t, g.relay)
+		rp = g.once(t)["A"]
+		assert.Equal(t, stock.Report{SKU: "A", Available: 32, StoreRemaining: 32}, rp)
+		assert.Contains(t, rp.String(), "drift 0")
+	})
+}
+
+func TestReconcileLostKey(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 50})
+		for i := range 10 {
+			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		drain(t, g.relay)
+		for i := 10; i < 15; i++ { // in flight when the key goes
+			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		del(t, c, "stock:{A}")
+		_, err := g.r.Available(ctx, "A")
+		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrNotLoaded, "no sale on a lost item")
+
+		dry, err := g.r.NewReconciler(g.store, stock.WithDryRun(true))
+		require.NoError(t, err)
+		reps, err := dry.Once(ctx)
+		require.NoError(t, err)
+		assert.True(t, reps[0].Missing)
+		assert.False(t, reps[0].Rebuilt)
+		_, err = g.r.Available(ctx, "A")
+		require.ErrorIs(t, err, stock.ErrNotLoaded, "a dry run repairs nothing")
+
+		rp := g.once(t)["A"]
+		assert.True(t, rp.Missing)
+		assert.True(t, rp.Rebuilt)
+		assert.Equal(t, int64(5), rp.InFlight)
+		n, err := g.r.Available(ctx, "A")
+		require.NoError(t, err)
+		assert.Equal(t, int64(35), n, "store 40 minus 5 in flight")
+		// Deducts resume, and the in-flight ones still reach the store.
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "after", Qty: 1})
+		require.NoError(t, err)
+		g.agree(t, "A")
+		assert.Zero(t, g.once(t)["A"].Drift)
+	})
+}
+
+func TestReconcileRestartWithoutPersistence(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 20, "B": 30})
+		for i := range 8 {
+			sku := []string{"A", "B"}[i%2]
+			_, err := g.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		drain(t, g.relay)
+		for _, cl := range c.Nodes() { // every key gone, the registry too
+			require.NoError(t, cl.Do(ctx, cl.B().Flushall().Build()).Error())
+		}
+		rec, err := g.r.NewReconciler(g.store, stock.WithReconcileItems("A", "B"))
+		require.NoError(t, err)
+		reps, err := rec.Once(ctx)
+		require.NoError(t, err)
+		for _, rp := range reps {
+			assert.True(t, rp.Rebuilt, rp.String())
+		}
+		for sku, want := range map[string]int64{"A": 16, "B": 26} {
+			n, err := g.r.Available(ctx, sku)
+			require.NoError(t, err)
+			assert.Equal(t, want, n)
+		}
+		// A retried id whose ledger entry was lost is refused by the store's unique id:
+		// the sale is given back rather than made twice.
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o0", Qty: 1})
+		require.NoError(t, err)
+		st := drain(t, g.relay)
+		assert.Zero(t, st.Refused, "the store answers a repeated id as the first time")
+		assert.Equal(t, 1, g.store.MaxApplications())
+	})
+}
+
+func TestReconcileDrift(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 50, "B": 50, "C": 50}, stock.WithRepairLimit(100))
+		g.store.Set("A", 40)  // Redis too high: would sell 10 the store does not have
+		g.store.Set("B", 55)  // Redis too low
+		g.store.Set("C", 500) // above the repair limit
+		reps := g.once(t)
+		assert.Equal(t, int64(10), reps["A"].Drift)
+		assert.Equal(t, int64(-10), reps["A"].Adjusted)
+		assert.Equal(t, int64(5), reps["B"].Adjusted)
+		assert.Zero(t, reps["C"].Adjusted)
+		assert.Contains(t, reps["C"].NeedsHuman, "repair limit")
+		for sku, want := range map[string]int64{"A": 40, "B": 55, "C": 50} {
+			l := levels(t, g.r, sku)
+			assert.Equal(t, want, l.Available, sku)
+		}
+		// Redis sold out meanwhile: it cannot give back what it sold; that is for a human.
+		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "big", Qty: 40})
+		require.NoError(t, err)
+		g.store.Set("A", 30) // the store lost 10 more before the relay ran
+		rp := g.once(t)["A"]
+		assert.Equal(t, int64(0), rp.Adjusted, "available cannot go below zero")
+		assert.Contains(t, rp.NeedsHuman, "sold")
+	})
+}
+
+func TestReconcileLostEventsAndEntries(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 50})
+		for i := range 6 {
+			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
+			require.NoError(t, err)
+		}
+		drain(t, g.relay)
+		_, err := g.r.Restore(ctx, "A", "o1")
+		require.NoError(t, err)
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o9", Qty: 2})
+		require.NoError(t, err)
+		// The outbox loses both events (a lost message).
+		del(t, c, "stock:{A}:o")
+		rp := g.once(t)["A"]
+		assert.Equal(t, 2, rp.Requeued)
+		g.agree(t, "A")
+
+		// A failover loses a sale the store has: the ledger entry and the decrement.
+		require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}:l").Field("o2").Build()).Error())
+		require.NoError(t, c.Do(ctx, c.B().Hincrby().Key("stock:{A}").Field("a").Increment(1).Build()).Error())
+		require.NoError(t, c.Do(ctx, c.B().Hincrby().Key("stock:{A}").Field("s").Increment(-1).Build()).Error())
+		rp = g.once(t)["A"]
+		assert.Equal(t, 1, rp.Rerecorded)
+		assert.Equal(t, int64(-1), rp.Adjusted)
+		rc, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u", Qty: 1})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed, "a retry of the lost id is a replay, not a second sale")
+		g.agree(t, "A")
+	})
+}
+
+func TestReconcileTrims(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 50}, stock.WithRetention(time.Millisecond))
+		for i := range 5 {
+			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		_, err := g.r.Restore(ctx, "A", "ghost")
+		require.ErrorIs(t, err, stock.ErrUnknownID)
+		drain(t, g.relay)
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "pending", Qty: 1})
+		require.NoError(t, err)
+		time.Sleep(20 * time.Millisecond)
+		rp := g.once(t)["A"]
+		assert.Equal(t, 6, rp.Trimmed, "applied entries and the tombstone; not the pending one")
+		assert.Len(t, ledger(t, g.r, "A"), 1)
+		g.agree(t, "A")
+	})
+}
+
+// TestReconcileRace: a reconcile pass every few ms while goroutines deduct and restore and a
+// relay runs. The store never refuses (Redis never sells what the store lacks), and at the end
+// they agree.
+func TestReconcileRace(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 300})
+		ctx2, cancel := context.WithCancel(ctx)
+		var bg sync.WaitGroup
+		bg.Go(func() { _ = g.relay.Run(ctx2) })
+		var passes, drifting atomic.Int64
+		bg.Go(func() {
+			for ctx2.Err() == nil {
+				reps, err := g.rec.Once(ctx2)
+				if err == nil {
+					passes.Add(1)
+					for _, rp := range reps {
+						if rp.Drift != 0 || rp.Adjusted != 0 {
+							drifting.Add(1)
+							t.Errorf("a pass saw drift under live traffic: %s", rp)
+						}
+					}
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		var wg sync.WaitGroup
+		for w := range 16 {
+			wg.Go(func() {
+				for i := 0; i < 2000 && (i < 25 || passes.Load() < 10); i++ { // live traffic during many passes
+					id := fmt.Sprint("w", w, "-", i)
+					_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
+					if err != nil && !errors.Is(err, stock.ErrSoldOut) {
+						t.Error(err)
+					}
+					if i%3 == 0 {
+						_, _ = g.r.Restore(ctx, "A", id)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.Eventually(t, func() bool { return outboxLen(t, c, "A") == 0 }, 10*time.Second, 5*time.Millisecond)
+		cancel()
+		bg.Wait()
+		assert.Positive(t, passes.Load())
+		g.agree(t, "A")
+		assert.Zero(t, g.once(t)["A"].Drift)
+	})
+}
