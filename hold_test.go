@@ -291,3 +291,35 @@ func TestHoldConcurrent(t *testing.T) {
 		assert.Equal(t, l.Available, rem, "only confirmed holds reach the store")
 	})
 }
+
+func TestCloseReopen(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.ErrorIs(t, r.Close(ctx, "A"), stock.ErrNotLoaded)
+		require.NoError(t, r.Load(ctx, "A", 10))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "d1", Qty: 1})
+		require.NoError(t, err)
+		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, r.Close(ctx, "A"))
+		require.NoError(t, r.Close(ctx, "A"))
+		assert.True(t, levels(t, r, "A").Closed)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "d2", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrClosed)
+		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h2", Qty: 1}, time.Minute)
+		assert.ErrorIs(t, err, stock.ErrClosed)
+		// The pipeline of a closed item finishes.
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "d1", Qty: 1})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		_, err = r.Confirm(ctx, "A", "h1")
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, "A", "d1")
+		require.NoError(t, err)
+		require.NoError(t, r.Reopen(ctx, "A"))
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "d2", Qty: 1})
+		require.NoError(t, err)
+		assert.Equal(t, stock.Levels{Available: 8, Sold: 2, Loaded: 10}, levels(t, r, "A"))
+	})
+}

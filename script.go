@@ -17,6 +17,7 @@ var (
 	deductScript   = newScript("deduct.lua", true)
 	restoreScript  = newScript("restore.lua", true)
 	loadScript     = newScript("load.lua", false)
+	closeScript    = newScript("close.lua", true)
 	restockScript  = newScript("restock.lua", true)
 	confirmScript  = newScript("confirm.lua", true)
 	extendScript   = newScript("extend.lua", true)

@@ -314,3 +314,29 @@ func (r *Reserver) Items(ctx context.Context) iter.Seq2[string, error] {
 		}
 	}
 }
+
+// Close stops selling an item: Deduct and Hold are refused with ErrClosed, while Restore,
+// Confirm, Cancel, expiry, the relay and the reconciler go on, so the item's pipeline finishes.
+// Closing a closed item does nothing. ErrNotLoaded for an unknown item.
+func (r *Reserver) Close(ctx context.Context, sku string) error {
+	return r.setClosed(ctx, sku, "1")
+}
+
+// Reopen lets a closed item sell again.
+func (r *Reserver) Reopen(ctx context.Context, sku string) error {
+	return r.setClosed(ctx, sku, "0")
+}
+
+func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
+	if err := checkName("sku", sku); err != nil {
+		return err
+	}
+	code, _, err := decodePair(closeScript.Exec(ctx, r.client, r.keys(sku)[:1], []string{flag}))
+	if err != nil {
+		return fmt.Errorf("stock: close %s: %w", sku, err)
+	}
+	if code == codeNotLoaded {
+		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
+	}
+	return codeErr(code)
+}
