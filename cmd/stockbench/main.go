@@ -1,0 +1,497 @@
+// Command stockbench measures, in one run, the throughput and latency of stock.Reserver.Deduct
+// against baselines on the same Redis: the seed-002 script and a ledger-less GET/DECRBY script
+// driven by raw pipelined EVALSHA, WATCH/MULTI/EXEC, and optionally a PostgreSQL hot-row update.
+// It prints ratios between them, never absolute claims: numbers from one machine, especially one
+// where the client and Redis share the cores, only mean something against each other.
+//
+// Usage:
+//
+//	stockbench [flags]
+//
+//	# embedded miniredis (a smoke test: miniredis runs in this process, one Lua state per call)
+//	go run ./cmd/stockbench -duration 1s
+//
+//	# a real Redis; keys get a unique prefix per phase and are deleted at the end
+//	go run ./cmd/stockbench -redis 127.0.0.1:6379 -duration 5s
+//
+//	# a Redis Cluster, 64 items spread over the slots, plus the PostgreSQL baseline
+//	go run ./cmd/stockbench -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 -items 64 \
+//	    -pg 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//
+//	# only some phases, as JSON
+//	go run ./cmd/stockbench -redis 127.0.0.1:6379 -phases deduct,raw-seed002 -json
+//
+// Phases, each run for -duration with -g goroutines on a freshly loaded item set:
+//
+//	deduct        Reserver.Deduct with unique ids; a share -retry of requests repeats an earlier id
+//	soldout       Reserver.Deduct on items loaded with 0
+//	restore       Reserver.Deduct then Reserver.Restore of the same id (ops counted per call)
+//	raw-seed002   the seed-002 script (HEXISTS, GET, checks, SET, TIME, HSET of a cjson entry)
+//	raw-noledger  a GET + check + DECRBY script, no ledger
+//	watch-multi   WATCH/GET then MULTI/DECRBY/EXEC on dedicated connections, min(g, 64) goroutines
+//	pg-hotrow     with -pg: UPDATE … WHERE remain >= 1 plus a ledger INSERT in one transaction,
+//	              min(g, 64) connections, in a schema created for the run and dropped after it
+//
+// Flags: -redis addr | -cluster addr,addr,... (default: embedded miniredis), -g goroutines (256),
+// -items K (1: one hot item), -duration per phase (5s), -retry share (0.05), -pg dsn, -json,
+// -phases list, -rounds N (1), -flush, -outbox (true: stock.WithOutbox for the Reserver phases).
+//
+// For each phase it reports ops/s, latency quantiles (p50, p99, p99.9), allocations per op in
+// this process (the load generator's own id string included; with the embedded miniredis, the
+// server's too), Redis memory per ledger entry (MEMORY USAGE / HLEN of the ledger hashes), and
+// the CPU used by redis-server (INFO cpu, summed over the nodes) and by this process, as a share
+// of one core and as microseconds per op. CPU per op depends much less than ops/s on what else
+// the machine runs. Then the ratios, and the invariants of the deduct phase (loaded = available
+// + held + sold; sold = successful fresh deducts; ledger entries = successful ids; every retry
+// answered as a replay of its original receipt) and of the other phases. Operations that fail
+// with a transport error are counted as errors, not ops; each widens the tolerance of the checks
+// by one, since it may or may not have run. The exit status is 1 when a check fails or the run
+// is interrupted, 2 on bad flags.
+//
+// With -rounds N, every phase is set up first and the phases then take turns, N slices of
+// duration/N each, so that a change in the background load of a shared machine weighs on every
+// phase alike; the default, one round, runs each phase on its own and deletes its keys before the
+// next one starts.
+//
+// stockbench never flushes a Redis it was pointed at unless -flush is given (then FLUSHDB runs
+// before the phases): it writes under prefixes unique to the run ("sb-<run>-<phase>"), deletes
+// what it wrote after the phases, and at the end scans for anything left with the run's prefix.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+)
+
+// Phase names, in the order they run.
+const (
+	phDeduct    = "deduct"
+	phSoldOut   = "soldout"
+	phRestore   = "restore"
+	phSeed002   = "raw-seed002"
+	phNoLedger  = "raw-noledger"
+	phWatch     = "watch-multi"
+	phPGHotRow  = "pg-hotrow"
+	defaultMaxG = 64 // goroutines of the connection-bound phases (watch-multi, pg-hotrow)
+)
+
+var allPhases = []string{phDeduct, phSoldOut, phRestore, phSeed002, phNoLedger, phWatch, phPGHotRow}
+
+// errChecks is returned by run when an invariant check failed.
+var errChecks = errors.New("stockbench: an invariant check failed")
+
+// errUsage marks bad flags (exit status 2).
+var errUsage = errors.New("stockbench: usage")
+
+type config struct {
+	redis    string
+	cluster  []string
+	g        int
+	items    int
+	duration time.Duration
+	retry    float64
+	pg       string
+	json     bool
+	phases   []string
+	flush    bool
+	outbox   bool
+	rounds   int
+}
+
+// Report is the outcome of a run, printed as a table or, with -json, as this structure.
+type Report struct {
+	Target     string        `json:"target"`
+	Goroutines int           `json:"goroutines"`
+	Items      int           `json:"items"`
+	Duration   string        `json:"duration"` // per phase
+	Rounds     int           `json:"rounds"`
+	Retry      float64       `json:"retry"`
+	Outbox     bool          `json:"outbox"`
+	Phases     []PhaseResult `json:"phases"`
+	Ratios     []Ratio       `json:"ratios"`
+	Checks     []Check       `json:"checks"`
+	OK         bool          `json:"ok"` // every check passed
+	Notes      []string      `json:"notes,omitempty"`
+}
+
+// PhaseResult is the measurement of one phase. Pointer fields are null (n/a) when the backend
+// cannot tell.
+type PhaseResult struct {
+	Name        string  `json:"name"`
+	Goroutines  int     `json:"goroutines"`
+	Seconds     float64 `json:"seconds"`
+	Ops         int64   `json:"ops"` // completed calls: OK + Replayed + SoldOut
+	OpsPerSec   float64 `json:"ops_per_sec"`
+	P50us       float64 `json:"p50_us"`
+	P99us       float64 `json:"p99_us"`
+	P999us      float64 `json:"p999_us"`
+	AllocsPerOp float64 `json:"allocs_per_op"`
+	// LedgerBytes is the Redis memory of the ledger hashes per entry.
+	LedgerBytes *float64 `json:"ledger_bytes_per_entry"`
+	// RedisCPU is the CPU redis-server used during the phase, in cores (1 = one core busy).
+	RedisCPU *float64 `json:"redis_cpu"`
+	// ClientCPU is the CPU this process used during the phase, in cores.
+	ClientCPU *float64 `json:"client_cpu"`
+	// RedisUsPerOp and ClientUsPerOp are the CPU time used per op, in microseconds: what an op
+	// costs, whatever else was running on the machine.
+	RedisUsPerOp  *float64 `json:"redis_cpu_us_per_op"`
+	ClientUsPerOp *float64 `json:"client_cpu_us_per_op"`
+	OK            int64    `json:"ok"`       // took stock (or gave it back, for restores)
+	Replayed      int64    `json:"replayed"` // answered as a repeat of an earlier id
+	SoldOut       int64    `json:"soldout"`
+	Aborts        int64    `json:"aborts"` // watch-multi: EXEC aborted by a concurrent write
+	Errors        int64    `json:"errors"` // transport or unexpected errors: not counted in Ops
+	FirstErr      string   `json:"first_error,omitempty"`
+}
+
+// Ratio compares two phases: Value is Num's ops/s divided by Den's, RedisCPU is Num's Redis CPU
+// time per op divided by Den's. A field is null when a phase did not run or the value is n/a.
+type Ratio struct {
+	Num      string   `json:"num"`
+	Den      string   `json:"den"`
+	Value    *float64 `json:"value"`
+	RedisCPU *float64 `json:"redis_cpu_per_op"`
+}
+
+// Check is one invariant checked after a phase.
+type Check struct {
+	Phase  string `json:"phase"`
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, errUsage) || errors.Is(err, flag.ErrHelp):
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var cfg config
+	var cluster, phases string
+	fs := flag.NewFlagSet("stockbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.redis, "redis", "", "Redis address (default: an embedded miniredis)")
+	fs.StringVar(&cluster, "cluster", "", "comma-separated Redis Cluster seed addresses")
+	fs.IntVar(&cfg.g, "g", 256, "goroutines per phase")
+	fs.IntVar(&cfg.items, "items", 1, "items per phase; 1 is one hot item")
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "duration of each phase")
+	fs.Float64Var(&cfg.retry, "retry", 0.05, "share of deduct requests that repeat an earlier id")
+	fs.StringVar(&cfg.pg, "pg", "", "PostgreSQL DSN for the pg-hotrow baseline (optional)")
+	fs.BoolVar(&cfg.json, "json", false, "print JSON instead of a table")
+	fs.StringVar(&phases, "phases", "", "comma-separated phases to run (default: all; pg-hotrow needs -pg)\n"+strings.Join(allPhases, ","))
+	fs.BoolVar(&cfg.flush, "flush", false, "FLUSHDB before each phase (only for a Redis you own)")
+	fs.BoolVar(&cfg.outbox, "outbox", true, "Reserver phases queue outbox events (stock.WithOutbox)")
+	fs.IntVar(&cfg.rounds, "rounds", 1, "split each phase into this many slices, run in turn with the other phases")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	bad := func(format string, a ...any) (config, error) {
+		fmt.Fprintf(stderr, "stockbench: "+format+"\n", a...)
+		fs.Usage()
+		return cfg, errUsage
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected arguments %q", fs.Args())
+	}
+	if cluster != "" {
+		if cfg.redis != "" {
+			return bad("-redis and -cluster are exclusive")
+		}
+		for a := range strings.SplitSeq(cluster, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cfg.cluster = append(cfg.cluster, a)
+			}
+		}
+	}
+	switch {
+	case cfg.g < 1:
+		return bad("-g must be at least 1")
+	case cfg.items < 1:
+		return bad("-items must be at least 1")
+	case cfg.duration <= 0:
+		return bad("-duration must be positive")
+	case cfg.retry < 0 || cfg.retry >= 1:
+		return bad("-retry must be in [0, 1)")
+	case cfg.rounds < 1 || cfg.duration/time.Duration(cfg.rounds) <= 0:
+		return bad("-rounds must be at least 1 and at most the duration in nanoseconds")
+	}
+	if phases == "" {
+		for _, p := range allPhases {
+			if p != phPGHotRow || cfg.pg != "" {
+				cfg.phases = append(cfg.phases, p)
+			}
+		}
+		return cfg, nil
+	}
+	want := map[string]bool{}
+	for p := range strings.SplitSeq(phases, ",") {
+		p = strings.TrimSpace(p)
+		if !slices.Contains(allPhases, p) {
+			return bad("unknown phase %q (phases: %s)", p, strings.Join(allPhases, ","))
+		}
+		if p == phPGHotRow && cfg.pg == "" {
+			return bad("phase %s needs -pg", p)
+		}
+		want[p] = true
+	}
+	for _, p := range allPhases { // canonical order
+		if want[p] {
+			cfg.phases = append(cfg.phases, p)
+		}
+	}
+	return cfg, nil
+}
+
+// run parses args, runs the phases and prints the report to stdout. It returns errChecks after
+// printing the report when a check failed.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	b, err := newBench(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	rep := Report{
+		Target: b.target, Goroutines: cfg.g, Items: cfg.items, Duration: cfg.duration.String(),
+		Rounds: cfg.rounds, Retry: cfg.retry, Outbox: cfg.outbox, OK: true,
+	}
+	if b.mini != nil {
+		rep.Notes = append(rep.Notes, "embedded miniredis runs in this process: allocs/op and client CPU include the server, Redis CPU and memory are n/a")
+	}
+	results, checks, err := b.runPhases(ctx)
+	rep.Phases, rep.Checks = results, checks
+	if err != nil {
+		b.cleanupAll()
+		return fmt.Errorf("stockbench: %w", err)
+	}
+	if left := b.cleanupAll(); left > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("deleted %d leftover keys with prefix %s", left, b.runPrefix()))
+	}
+	if err := ctx.Err(); err != nil {
+		rep.Notes = append(rep.Notes, "interrupted: "+err.Error())
+	}
+	rep.Ratios = ratios(rep.Phases)
+	for _, c := range rep.Checks {
+		rep.OK = rep.OK && c.OK
+	}
+	if cfg.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := printTable(stdout, rep); err != nil {
+		return err
+	}
+	if !rep.OK {
+		return errChecks
+	}
+	return ctx.Err()
+}
+
+// bench is what every phase shares: the Redis client and the identity of the run.
+type bench struct {
+	cfg     config
+	client  rueidis.Client
+	mini    *miniredis.Miniredis // the embedded server, or nil
+	target  string
+	runID   string
+	private bool // the Redis may be flushed: embedded, or -flush
+	stderr  io.Writer
+}
+
+func newBench(cfg config, stderr io.Writer) (*bench, error) {
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	b := &bench{cfg: cfg, runID: hex.EncodeToString(id[:]), stderr: stderr, private: cfg.flush}
+	opt := rueidis.ClientOption{DisableCache: true}
+	switch {
+	case len(cfg.cluster) > 0:
+		opt.InitAddress = cfg.cluster
+		b.target = "cluster " + strings.Join(cfg.cluster, ",")
+	case cfg.redis != "":
+		opt.InitAddress = []string{cfg.redis}
+		b.target = "redis " + cfg.redis
+	default:
+		m, err := miniredis.Run()
+		if err != nil {
+			return nil, fmt.Errorf("stockbench: embedded miniredis: %w", err)
+		}
+		b.mini, b.private = m, true
+		opt.InitAddress = []string{m.Addr()}
+		opt.ForceSingleClient = true // miniredis answers CLUSTER SLOTS; it is one node
+		b.target = "embedded miniredis " + m.Addr()
+	}
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		if b.mini != nil {
+			b.mini.Close()
+		}
+		return nil, fmt.Errorf("stockbench: connect to %s: %w", b.target, err)
+	}
+	b.client = c
+	return b, nil
+}
+
+func (b *bench) close() {
+	b.client.Close()
+	if b.mini != nil {
+		b.mini.Close()
+	}
+}
+
+// runPrefix is the start of every key this run writes.
+func (b *bench) runPrefix() string { return "sb-" + b.runID + "-" }
+
+func (b *bench) prefix(phase string) string { return b.runPrefix() + phase }
+
+// ratios divides the deduct phase's ops/s by each baseline's, and the sold-out path's by the
+// deduct phase's.
+func ratios(ps []PhaseResult) []Ratio {
+	byName := map[string]PhaseResult{}
+	for _, p := range ps {
+		byName[p.Name] = p
+	}
+	pairs := [][2]string{
+		{phDeduct, phSeed002}, {phDeduct, phNoLedger}, {phDeduct, phWatch}, {phDeduct, phPGHotRow},
+		{phSoldOut, phDeduct},
+	}
+	out := make([]Ratio, 0, len(pairs))
+	for _, pair := range pairs {
+		r := Ratio{Num: pair[0], Den: pair[1]}
+		num, ok1 := byName[pair[0]]
+		den, ok2 := byName[pair[1]]
+		if ok1 && ok2 {
+			r.Value = divide(&num.OpsPerSec, &den.OpsPerSec)
+			r.RedisCPU = divide(num.RedisUsPerOp, den.RedisUsPerOp)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// divide returns a/b, or nil when either is nil or b is 0.
+func divide(a, b *float64) *float64 {
+	if a == nil || b == nil || *b == 0 {
+		return nil
+	}
+	v := *a / *b
+	return &v
+}
+
+func printTable(w io.Writer, rep Report) error {
+	fmt.Fprintf(w, "stockbench: %s, g=%d, items=%d, %s per phase in %d round(s), retry=%.2f, outbox=%t\n",
+		rep.Target, rep.Goroutines, rep.Items, rep.Duration, rep.Rounds, rep.Retry, rep.Outbox)
+	fmt.Fprintln(w, "(one run on one machine: compare the rows with each other, not with other runs)")
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	width := len("phase") // names padded: left-aligned in a right-aligned table
+	for _, p := range rep.Phases {
+		width = max(width, len(p.Name))
+	}
+	fmt.Fprintf(tw, "%-*s\tg\tops/s\tp50\tp99\tp99.9\tallocs/op\tB/entry\tredis cpu\tµs/op\tclient cpu\tµs/op\tok\treplayed\tsoldout\taborts\terrors\t\n", width, "phase")
+	for _, p := range rep.Phases {
+		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n",
+			width, p.Name, p.Goroutines, p.OpsPerSec, us(p.P50us), us(p.P99us), us(p.P999us), p.AllocsPerOp,
+			opt(p.LedgerBytes, "%.0f"), percent(p.RedisCPU), opt(p.RedisUsPerOp, "%.1f"),
+			percent(p.ClientCPU), opt(p.ClientUsPerOp, "%.1f"),
+			p.OK, p.Replayed, p.SoldOut, p.Aborts, p.Errors)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, p := range rep.Phases {
+		if p.FirstErr != "" {
+			fmt.Fprintf(w, "%s: first error: %s\n", p.Name, p.FirstErr)
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "ratios:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\tops/s\tredis cpu/op")
+	for _, r := range rep.Ratios {
+		fmt.Fprintf(tw, "  %s / %s\t%s\t%s\n", r.Num, r.Den, opt(r.Value, "%.2fx"), opt(r.RedisCPU, "%.2fx"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "checks:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, c := range rep.Checks {
+		verdict := "PASS"
+		if !c.OK {
+			verdict = "FAIL"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", verdict, c.Phase, c.Name, c.Detail)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if rep.OK {
+		fmt.Fprintln(w, "all invariants hold")
+	} else {
+		fmt.Fprintln(w, "INVARIANT CHECK FAILED")
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+	return nil
+}
+
+// us formats microseconds with a unit that keeps three significant digits or so.
+func us(v float64) string {
+	switch {
+	case v >= 10000:
+		return fmt.Sprintf("%.0fms", v/1000)
+	case v >= 1000:
+		return fmt.Sprintf("%.1fms", v/1000)
+	default:
+		return fmt.Sprintf("%.0fµs", v)
+	}
+}
+
+// percent formats a number of cores as a percentage of one core.
+func percent(cores *float64) string {
+	if cores == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f%%", *cores*100)
+}
+
+func opt(v *float64, format string) string {
+	if v == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf(format, *v)
+}

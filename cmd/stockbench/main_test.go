@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+)
+
+// TestRunJSON runs every phase briefly on the embedded miniredis (and PostgreSQL when
+// STOCK_TEST_POSTGRES names one) and checks the JSON report.
+func TestRunJSON(t *testing.T) {
+	args := []string{"-duration", "200ms", "-g", "8", "-json"}
+	want := []string{phDeduct, phSoldOut, phRestore, phSeed002, phNoLedger, phWatch}
+	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
+		args = append(args, "-pg", dsn)
+		want = append(want, phPGHotRow)
+	}
+	var out, errOut bytes.Buffer
+	require.NoError(t, run(context.Background(), args, &out, &errOut), errOut.String())
+
+	var rep Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	assert.True(t, rep.OK)
+	assert.Equal(t, 8, rep.Goroutines)
+	require.Len(t, rep.Phases, len(want))
+	for i, p := range rep.Phases {
+		assert.Equal(t, want[i], p.Name)
+		assert.Positive(t, p.Ops, p.Name)
+		assert.Positive(t, p.OpsPerSec, p.Name)
+		assert.Zero(t, p.Errors, "%s: %s", p.Name, p.FirstErr)
+		assert.Positive(t, p.P50us, p.Name)
+		assert.LessOrEqual(t, p.P50us, p.P999us, p.Name)
+		assert.Nil(t, p.RedisCPU, "miniredis has no INFO cpu")
+		assert.Nil(t, p.RedisUsPerOp)
+	}
+	assert.Positive(t, rep.Phases[0].Replayed, "the deduct phase retries earlier ids")
+	assert.Equal(t, rep.Phases[1].Ops, rep.Phases[1].SoldOut)
+
+	names := map[string]bool{}
+	for _, c := range rep.Checks {
+		assert.True(t, c.OK, "%s: %s: %s", c.Phase, c.Name, c.Detail)
+		names[c.Phase+": "+c.Name] = true
+	}
+	for _, n := range []string{
+		"deduct: loaded = available + held + sold",
+		"deduct: sold = successful fresh deducts",
+		"deduct: no id applied twice (ledger entries = successful ids)",
+		"deduct: replays repeat the original receipt",
+	} {
+		assert.True(t, names[n], "missing check %q", n)
+	}
+	require.Len(t, rep.Ratios, 5)
+	for _, r := range rep.Ratios {
+		if r.Den == phPGHotRow && len(want) == 6 {
+			assert.Nil(t, r.Value)
+			continue
+		}
+		if assert.NotNil(t, r.Value, "%s / %s", r.Num, r.Den) {
+			assert.Positive(t, *r.Value)
+		}
+	}
+}
+
+// TestRunTableRounds runs two phases in interleaved rounds and prints the table.
+func TestRunTableRounds(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"-duration", "200ms", "-g", "4", "-items", "3", "-rounds", "2",
+		"-phases", "soldout,deduct"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	s := out.String()
+	assert.Contains(t, s, "in 2 round(s)")
+	assert.Regexp(t, `deduct / raw-seed002\s+n/a\s+n/a`, s)
+	assert.Contains(t, s, "soldout / deduct")
+	assert.Contains(t, s, "all invariants hold")
+	assert.Regexp(t, `(?m)^  deduct\s+4\s+\d+`, s)
+}
+
+// TestChecksCatchAStrayDeduct takes stock behind the workers' back: the checks must say so.
+func TestChecksCatchAStrayDeduct(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := parseFlags([]string{"-duration", "100ms", "-g", "4", "-phases", "deduct"}, io.Discard)
+	require.NoError(t, err)
+	b, err := newBench(cfg, io.Discard)
+	require.NoError(t, err)
+	defer b.close()
+
+	p, err := b.newPhase(phDeduct)
+	require.NoError(t, err)
+	require.NoError(t, p.setup(ctx))
+	for i := range cfg.g {
+		p.ws = append(p.ws, newWorker(i, cfg.items, 1))
+	}
+	b.measure(ctx, p, cfg.duration)
+
+	r, err := stock.New(b.client, stock.WithPrefix(b.prefix(phDeduct)))
+	require.NoError(t, err)
+	_, err = r.Deduct(ctx, stock.Request{SKU: "item-0", ID: "stray", Qty: 1})
+	require.NoError(t, err)
+
+	res := p.result()
+	checks, err := p.finish(ctx, &res, p.ws)
+	require.NoError(t, err)
+	failed := map[string]bool{}
+	for _, c := range checks {
+		if !c.OK {
+			failed[c.Name] = true
+		}
+	}
+	assert.Equal(t, map[string]bool{
+		"sold = successful fresh deducts":                       true,
+		"no id applied twice (ledger entries = successful ids)": true,
+	}, failed)
+}
+
+func TestFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-retry", "1"},
+		{"-g", "0"},
+		{"-items", "0"},
+		{"-duration", "0s"},
+		{"-phases", "deduct,nope"},
+		{"-phases", "pg-hotrow"}, // needs -pg
+		{"-redis", "a:1", "-cluster", "b:1"},
+		{"-rounds", "0"},
+		{"extra"},
+	} {
+		_, err := parseFlags(args, io.Discard)
+		assert.ErrorIs(t, err, errUsage, "%q", args)
+	}
+	cfg, err := parseFlags([]string{"-phases", "watch-multi, deduct", "-cluster", "a:1, b:2"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []string{phDeduct, phWatch}, cfg.phases, "canonical order")
+	assert.Equal(t, []string{"a:1", "b:2"}, cfg.cluster)
+
+	cfg, err = parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.NotContains(t, cfg.phases, phPGHotRow, "pg-hotrow only with -pg")
+	assert.Equal(t, 256, cfg.g)
+	assert.Equal(t, 5*time.Second, cfg.duration)
+}
+
+func TestHistogram(t *testing.T) {
+	for _, v := range []int64{0, 1, 63, 64, 65, 127, 128, 1000, 123456789, 1 << 40, 1<<62 + 12345} {
+		low, width := bucketRange(bucketOf(v))
+		assert.True(t, low <= v && v < low+width, "%d in [%d, %d)", v, low, low+width)
+		assert.LessOrEqual(t, width, max(v/16, 1), "%d: bucket too wide", v)
+	}
+	var h histogram
+	assert.Zero(t, h.quantile(0.5))
+	for i := 1; i <= 100000; i++ {
+		h.record(time.Duration(i) * time.Microsecond)
+	}
+	for _, q := range []float64{0.5, 0.99, 0.999} {
+		want := q * 100000 * float64(time.Microsecond)
+		assert.InEpsilon(t, want, float64(h.quantile(q)), 0.03, "q=%v", q)
+	}
+	assert.Equal(t, 100000*time.Microsecond, h.quantile(1))
+
+	var m histogram
+	m.record(time.Second)
+	m.merge(&h)
+	assert.Equal(t, time.Second, m.quantile(1))
+	assert.Equal(t, uint64(100001), m.n)
+}

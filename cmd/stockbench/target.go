@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// cleanupTimeout bounds the deletion of a phase's keys, which runs even after an interrupt.
+const cleanupTimeout = 30 * time.Second
+
+// infoFields returns the "name:value" fields of an INFO section, summed over every node.
+func (b *bench) infoFields(ctx context.Context, section string, names ...string) ([]float64, error) {
+	sums := make([]float64, len(names))
+	for addr, node := range b.client.Nodes() {
+		info, err := node.Do(ctx, node.B().Info().Section(section).Build()).ToString()
+		if err != nil {
+			return nil, fmt.Errorf("INFO %s on %s: %w", section, addr, err)
+		}
+		found := 0
+		for line := range strings.SplitSeq(info, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if !ok {
+				continue
+			}
+			for i, name := range names {
+				if k == name {
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						return nil, fmt.Errorf("INFO %s on %s: %s: %w", section, addr, k, err)
+					}
+					sums[i] += f
+					found++
+				}
+			}
+		}
+		if found != len(names) {
+			return nil, fmt.Errorf("INFO %s on %s: no %v", section, addr, names)
+		}
+	}
+	return sums, nil
+}
+
+// redisCPU returns the CPU seconds (user + system) used so far by the Redis servers, summed.
+func (b *bench) redisCPU(ctx context.Context) (float64, error) {
+	v, err := b.infoFields(ctx, "cpu", "used_cpu_sys", "used_cpu_user")
+	if err != nil {
+		return 0, err
+	}
+	return v[0] + v[1], nil
+}
+
+// ledgerStats returns the number of entries of each ledger hash, and their Redis memory per
+// entry (MEMORY USAGE with 1000 samples of each hash), nil when no ledger has an entry or the
+// server has no MEMORY USAGE.
+func (b *bench) ledgerStats(ctx context.Context, keys []string) ([]int64, *float64, error) {
+	c := b.client
+	lens := make([]int64, len(keys))
+	var entries int64
+	for i, k := range keys {
+		n, err := c.Do(ctx, c.B().Hlen().Key(k).Build()).AsInt64()
+		if err != nil {
+			return nil, nil, fmt.Errorf("HLEN %s: %w", k, err)
+		}
+		lens[i] = n
+		entries += n
+	}
+	if entries == 0 {
+		return lens, nil, nil
+	}
+	var bytes int64
+	for i, k := range keys {
+		if lens[i] == 0 {
+			continue
+		}
+		n, err := c.Do(ctx, c.B().MemoryUsage().Key(k).Samples(1000).Build()).AsInt64()
+		if err != nil {
+			return lens, nil, nil // miniredis: no MEMORY USAGE
+		}
+		bytes += n
+	}
+	per := float64(bytes) / float64(entries)
+	return lens, &per, nil
+}
+
+// flushDB empties every node: only for a private Redis (embedded, or -flush).
+func (b *bench) flushDB(ctx context.Context) error {
+	for addr, node := range b.client.Nodes() {
+		if err := node.Do(ctx, node.B().Flushdb().Build()).Error(); err != nil {
+			return fmt.Errorf("FLUSHDB on %s: %w", addr, err)
+		}
+	}
+	return nil
+}
+
+// deleteKeys UNLINKs keys one by one (they may live in different cluster slots), then waits for
+// Redis to free them in the background, so that the next phase does not share the CPU with the
+// freeing of a large ledger.
+func (b *bench) deleteKeys(keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	c := b.client
+	cmds := make(rueidis.Commands, 0, len(keys))
+	for _, k := range keys {
+		cmds = append(cmds, c.B().Unlink().Key(k).Build())
+	}
+	for _, r := range c.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			fmt.Fprintf(b.stderr, "stockbench: cleanup: %v\n", err)
+			return
+		}
+	}
+	for ctx.Err() == nil {
+		v, err := b.infoFields(ctx, "memory", "lazyfree_pending_objects")
+		if err != nil || v[0] == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cleanupAll scans every node for keys of this run that are left and deletes them. It returns
+// how many it found.
+func (b *bench) cleanupAll() int {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	left := map[string]bool{}
+	for addr, node := range b.client.Nodes() {
+		var cursor uint64
+		for {
+			se, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(b.runPrefix()+"*").Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				fmt.Fprintf(b.stderr, "stockbench: cleanup: SCAN on %s: %v\n", addr, err)
+				break
+			}
+			for _, k := range se.Elements {
+				left[k] = true
+			}
+			if se.Cursor == 0 {
+				break
+			}
+			cursor = se.Cursor
+		}
+	}
+	keys := make([]string, 0, len(left))
+	for k := range left {
+		keys = append(keys, k)
+	}
+	b.deleteKeys(keys)
+	return len(keys)
+}
