@@ -1,0 +1,243 @@
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/stockres/stock"
+)
+
+// insertRows is the most records one INSERT of a batch writes (6 parameters each; SQLite
+// takes 32766 parameters, PostgreSQL and MySQL 65535).
+const insertRows = 500
+
+// errRaced aborts a batch transaction whose plan a concurrent transaction overtook: a record
+// it meant to insert appeared, or one it meant to restore changed. retryable says true, and
+// the transaction runs again with fresh reads.
+var errRaced = errors.New("a concurrent transaction changed a record the batch read")
+
+// ApplyBatch applies evs in one transaction and returns one result per event, in order, with
+// Apply's meaning. A refused event undoes nothing else. If the transaction still fails after
+// its retries, each event is applied on its own, in order.
+//
+// Rather than run Apply's statements for each event, a batch locks the rows of its items
+// (SELECT … FOR UPDATE, in SKU order, so concurrent batches queue instead of deadlocking),
+// reads the records its ids already have, works out every event's outcome in order from
+// those, and writes the result: one multi-row INSERT of the new records, one UPDATE per
+// record it restores, one UPDATE per item. Events of different items are independent, and
+// are taken in SKU order.
+func (s *Store) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+	errs := make([]error, len(evs))
+	todo := make([]int, 0, len(evs))
+	for i, ev := range evs {
+		ok, err := checkEvent(ev)
+		errs[i] = err
+		if ok {
+			todo = append(todo, i)
+		}
+	}
+	if len(todo) == 0 {
+		return errs
+	}
+	slices.SortStableFunc(todo, func(a, b int) int { return cmp.Compare(evs[a].SKU, evs[b].SKU) })
+	var outs []error
+	err := s.inTx(ctx, func(tx *sql.Tx) (err error) {
+		outs, err = s.applyBatch(ctx, tx, evs, todo)
+		return err
+	})
+	if err == nil {
+		for k, i := range todo {
+			errs[i] = outs[k]
+		}
+		return errs
+	}
+	for _, i := range todo {
+		if ctx.Err() != nil {
+			errs[i] = fmt.Errorf("sqlstore: apply batch: %w", err)
+			continue
+		}
+		errs[i] = s.Apply(ctx, evs[i])
+	}
+	return errs
+}
+
+// batchItem is an item's row as locked, and the changes a batch makes to it.
+type batchItem struct {
+	exists            bool
+	remaining         int64 // after the events planned so far
+	dRemaining, dLoad int64 // the changes to write
+}
+
+// batchRecord is a record as read or planned.
+type batchRecord struct {
+	ev     stock.Event // the event that created a new record; SKU and ID for a stored one
+	typ    stock.EventType
+	qty    int64
+	status stock.RecordStatus
+	stored bool // the row exists; else it is inserted
+}
+
+type recordKey struct{ sku, id string }
+
+// applyBatch plans and writes the events evs[todo[k]], which are sorted by SKU, and returns
+// their outcomes in todo's order.
+func (s *Store) applyBatch(ctx context.Context, tx *sql.Tx, evs []stock.Event, todo []int) ([]error, error) {
+	items := make(map[string]*batchItem)
+	recs := make(map[recordKey]*batchRecord, len(todo))
+	var skus []string // distinct, sorted
+	for _, i := range todo {
+		if sku := evs[i].SKU; len(skus) == 0 || skus[len(skus)-1] != sku {
+			skus = append(skus, sku)
+		}
+	}
+	for _, sku := range skus {
+		it, err := s.lockItem(ctx, tx, sku)
+		if err != nil {
+			return nil, err
+		}
+		if it == nil {
+			it = new(batchItem)
+		} else {
+			it.exists = true
+		}
+		items[sku] = it
+	}
+	// Read the stored records after the item locks, so that a concurrent batch of the same
+	// item has committed. A single Apply takes the record first and the item second: if one
+	// has an uncommitted record of one of these ids, the insert or flip below waits for it
+	// while it waits for the item, a deadlock the database breaks and inTx retries (a record
+	// that appeared or changed since this read fails the batch with errRaced, retried too).
+	var ids []string
+	for k, i := range todo {
+		ids = append(ids, evs[i].ID)
+		if k+1 == len(todo) || evs[todo[k+1]].SKU != evs[i].SKU {
+			sku := evs[i].SKU
+			err := s.records(ctx, tx, sku, ids, func(r stock.Record) {
+				recs[recordKey{r.SKU, r.ID}] = &batchRecord{ev: stock.Event{SKU: r.SKU, ID: r.ID}, typ: r.Type, qty: r.Qty, status: r.Status, stored: true}
+			})
+			if err != nil {
+				return nil, err
+			}
+			ids = ids[:0]
+		}
+	}
+
+	outs := make([]error, len(todo))
+	var added, flipped []*batchRecord // new records; stored records to flip to restored
+	for k, i := range todo {
+		ev := evs[i]
+		it, key := items[ev.SKU], recordKey{ev.SKU, ev.ID}
+		r := recs[key]
+		add := func(st stock.RecordStatus) {
+			r = &batchRecord{ev: ev, typ: ev.Type, qty: ev.Qty, status: st}
+			recs[key] = r
+			added = append(added, r)
+		}
+		switch ev.Type {
+		case stock.EventDeducted, stock.EventConfirmed, stock.EventRestocked:
+			if r != nil { // a repeat answers as the first
+				if r.status == stock.RecordRefused {
+					outs[k] = refused(ev)
+				}
+				continue
+			}
+			switch {
+			case ev.Type == stock.EventRestocked && !it.exists:
+				outs[k] = fmt.Errorf("sqlstore: restock %q of %q: %w", ev.ID, ev.SKU, stock.ErrNotLoaded)
+			case ev.Type == stock.EventRestocked:
+				add(stock.RecordApplied)
+				it.remaining += ev.Qty
+				it.dRemaining += ev.Qty
+				it.dLoad += ev.Qty
+			case it.exists && it.remaining >= ev.Qty:
+				add(stock.RecordApplied)
+				it.remaining -= ev.Qty
+				it.dRemaining -= ev.Qty
+			default:
+				add(stock.RecordRefused)
+				outs[k] = refused(ev)
+			}
+		default: // stock.EventRestored, stock.EventRefused
+			switch {
+			case r == nil:
+				add(stock.RecordRestored) // a tombstone
+			case r.status == stock.RecordApplied && (r.typ == stock.EventDeducted || r.typ == stock.EventConfirmed):
+				r.status = stock.RecordRestored
+				if r.stored {
+					flipped = append(flipped, r)
+				}
+				it.remaining += r.qty
+				it.dRemaining += r.qty
+			}
+		}
+	}
+
+	for chunk := range slices.Chunk(added, insertRows) {
+		if err := s.insertRecords(ctx, tx, chunk); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range flipped {
+		n, err := affected(tx.ExecContext(ctx, s.q.restore, r.ev.SKU, r.ev.ID))
+		if err == nil && n != 1 {
+			err = errRaced
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, sku := range skus {
+		it := items[sku]
+		if it.dRemaining == 0 && it.dLoad == 0 {
+			continue
+		}
+		n, err := affected(tx.ExecContext(ctx, s.q.restock, it.dRemaining, it.dLoad, sku))
+		if err == nil && n != 1 {
+			err = fmt.Errorf("item %q vanished", sku)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return outs, nil
+}
+
+// lockItem locks the row of sku (but on SQLite, whose writers take turns) and returns it; nil
+// if there is none.
+func (s *Store) lockItem(ctx context.Context, tx *sql.Tx, sku string) (*batchItem, error) {
+	it := new(batchItem)
+	var loaded int64
+	err := tx.QueryRowContext(ctx, s.q.lockItem, sku).Scan(&it.remaining, &loaded)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return it, nil
+}
+
+// insertRecords inserts new records in one statement; errRaced if any of them exists.
+func (s *Store) insertRecords(ctx context.Context, tx *sql.Tx, rs []*batchRecord) error {
+	var b strings.Builder
+	b.WriteString(s.q.insertHead)
+	args := make([]any, 0, 6*len(rs))
+	for k, r := range rs {
+		if k > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(s.q.insertRow)
+		args = append(args, r.ev.SKU, r.ev.ID, r.ev.User, string(r.typ), r.qty, string(r.status))
+	}
+	b.WriteString(s.d.onConflict())
+	n, err := affected(tx.ExecContext(ctx, s.d.rebind(b.String()), args...))
+	if isDuplicate(err) || (err == nil && n != int64(len(rs))) {
+		return errRaced
+	}
+	return err
+}

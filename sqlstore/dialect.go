@@ -1,0 +1,188 @@
+package sqlstore
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Dialect is the SQL dialect of the database a Store runs on.
+type Dialect int
+
+// The supported dialects.
+const (
+	Postgres Dialect = iota + 1 // PostgreSQL 12 or later
+	MySQL                       // MySQL 8.0.16 or later, MariaDB 10.4 or later (InnoDB)
+	SQLite                      // SQLite 3.37 or later
+)
+
+// String returns the dialect's name: "postgres", "mysql" or "sqlite".
+func (d Dialect) String() string {
+	switch d {
+	case Postgres:
+		return "postgres"
+	case MySQL:
+		return "mysql"
+	case SQLite:
+		return "sqlite"
+	}
+	return "Dialect(" + strconv.Itoa(int(d)) + ")"
+}
+
+// quote returns the identifier name quoted for the dialect. Names are built only from the
+// validated prefix and constants.
+func (d Dialect) quote(name string) string {
+	if d == MySQL {
+		return "`" + name + "`"
+	}
+	return `"` + name + `"`
+}
+
+// now is the dialect's expression for the current time in UTC.
+func (d Dialect) now() string {
+	switch d {
+	case Postgres:
+		return "CURRENT_TIMESTAMP"
+	case MySQL:
+		return "UTC_TIMESTAMP(6)"
+	}
+	return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+}
+
+// rebind turns the ? placeholders of q into $1, $2, … for PostgreSQL. q is one of this
+// package's constant statements, which have no ? inside literals.
+func (d Dialect) rebind(q string) string {
+	if d != Postgres {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
+}
+
+// schema returns the CREATE TABLE statements for the items and records tables.
+func (d Dialect) schema(items, records string) []string {
+	switch d {
+	case Postgres:
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + items + ` (
+	sku        VARCHAR(255) COLLATE "C" NOT NULL PRIMARY KEY,
+	remaining  BIGINT NOT NULL CHECK (remaining >= 0),
+	loaded     BIGINT NOT NULL,
+	updated_at TIMESTAMPTZ NOT NULL,
+	CHECK (remaining <= loaded)
+)`,
+			`CREATE TABLE IF NOT EXISTS ` + records + ` (
+	sku        VARCHAR(255) COLLATE "C" NOT NULL,
+	id         VARCHAR(255) COLLATE "C" NOT NULL,
+	user_id    VARCHAR(255) NOT NULL,
+	type       VARCHAR(16) NOT NULL,
+	qty        BIGINT NOT NULL CHECK (qty > 0),
+	status     VARCHAR(16) NOT NULL CHECK (status IN ('applied', 'restored', 'refused')),
+	created_at TIMESTAMPTZ NOT NULL,
+	updated_at TIMESTAMPTZ NOT NULL,
+	PRIMARY KEY (sku, id)
+)`,
+		}
+	case MySQL:
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + items + ` (
+	sku        VARBINARY(255) NOT NULL,
+	remaining  BIGINT NOT NULL,
+	loaded     BIGINT NOT NULL,
+	updated_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (sku),
+	CHECK (remaining >= 0),
+	CHECK (remaining <= loaded)
+) ENGINE=InnoDB`,
+			`CREATE TABLE IF NOT EXISTS ` + records + ` (
+	sku        VARBINARY(255) NOT NULL,
+	id         VARBINARY(255) NOT NULL,
+	user_id    VARBINARY(255) NOT NULL,
+	type       VARCHAR(16) NOT NULL,
+	qty        BIGINT NOT NULL,
+	status     VARCHAR(16) NOT NULL,
+	created_at DATETIME(6) NOT NULL,
+	updated_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (sku, id),
+	CHECK (qty > 0),
+	CHECK (status IN ('applied', 'restored', 'refused'))
+) ENGINE=InnoDB`,
+		}
+	}
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + items + ` (
+	sku        TEXT NOT NULL PRIMARY KEY,
+	remaining  INTEGER NOT NULL CHECK (remaining >= 0),
+	loaded     INTEGER NOT NULL,
+	updated_at TEXT NOT NULL,
+	CHECK (remaining <= loaded)
+) WITHOUT ROWID, STRICT`,
+		`CREATE TABLE IF NOT EXISTS ` + records + ` (
+	sku        TEXT NOT NULL,
+	id         TEXT NOT NULL,
+	user_id    TEXT NOT NULL,
+	type       TEXT NOT NULL,
+	qty        INTEGER NOT NULL CHECK (qty > 0),
+	status     TEXT NOT NULL CHECK (status IN ('applied', 'restored', 'refused')),
+	created_at TEXT NOT NULL,
+	updated_at TEXT NOT NULL,
+	PRIMARY KEY (sku, id)
+) WITHOUT ROWID, STRICT`,
+	}
+}
+
+// onConflict is the clause that makes an INSERT into the records table skip an existing
+// (sku, id). MySQL has none that leaves other errors alone and reports a skip reliably (INSERT
+// IGNORE turns truncation and CHECK failures into warnings; ON DUPLICATE KEY UPDATE's row
+// count depends on clientFoundRows): a plain INSERT fails with 1062 instead, see isDuplicate.
+func (d Dialect) onConflict() string {
+	if d == MySQL {
+		return ""
+	}
+	return " ON CONFLICT (sku, id) DO NOTHING"
+}
+
+// isDuplicate reports whether err is MySQL's duplicate-key error.
+func isDuplicate(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1062
+}
+
+// retryable reports whether err is a serialization failure, a deadlock or a lock timeout,
+// after which the whole transaction can run again.
+func retryable(err error) bool {
+	if errors.Is(err, errRaced) {
+		return true
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == 1213 || me.Number == 1205 // ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+	}
+	var pe interface{ SQLState() string } // pgconn.PgError, pq.Error
+	if errors.As(err, &pe) {
+		s := pe.SQLState()
+		return s == "40001" || s == "40P01" // serialization_failure, deadlock_detected
+	}
+	var se interface{ Code() int } // modernc.org/sqlite
+	if errors.As(err, &se) {
+		c := se.Code() & 0xff
+		return c == 5 || c == 6 // SQLITE_BUSY, SQLITE_LOCKED
+	}
+	return false
+}
+
+// placeholders returns "?, ?, …" with n marks (not for PostgreSQL).
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}

@@ -1,0 +1,93 @@
+// Package sqlstore is a stock.Store on database/sql: the database of record for a
+// stock.Reserver, on PostgreSQL, MySQL/MariaDB or SQLite. It also implements
+// stock.RecordLister and stock.BatchStore.
+//
+// The caller opens the *sql.DB with the driver of its choice and owns it; New never closes it.
+// Tested drivers: github.com/jackc/pgx/v5/stdlib ("pgx"), github.com/go-sql-driver/mysql
+// ("mysql") and modernc.org/sqlite ("sqlite", pure Go, the embedded default).
+//
+// # Schema
+//
+// Migrate creates two tables, named with a prefix ("stock_" unless WithTablePrefix says
+// otherwise), if they do not exist. Shown here for PostgreSQL; MySQL uses VARBINARY(255) for
+// the names (byte-exact comparison; the default collations ignore case and trailing spaces)
+// and DATETIME(6) in UTC for the times, SQLite INTEGER and TEXT columns in STRICT tables.
+//
+//	CREATE TABLE stock_items (                -- one row per item
+//	    sku        VARCHAR(255) COLLATE "C" PRIMARY KEY,
+//	    remaining  BIGINT NOT NULL CHECK (remaining >= 0),
+//	    loaded     BIGINT NOT NULL,           -- Load plus every applied restock
+//	    updated_at TIMESTAMPTZ NOT NULL,
+//	    CHECK (remaining <= loaded)
+//	);
+//	CREATE TABLE stock_records (              -- the local message table: one row per (sku, id)
+//	    sku        VARCHAR(255) COLLATE "C" NOT NULL,
+//	    id         VARCHAR(255) COLLATE "C" NOT NULL,
+//	    user_id    VARCHAR(255) NOT NULL,     -- "" when the event has no user
+//	    type       VARCHAR(16) NOT NULL,      -- the event that created the row
+//	    qty        BIGINT NOT NULL CHECK (qty > 0),
+//	    status     VARCHAR(16) NOT NULL CHECK (status IN ('applied', 'restored', 'refused')),
+//	    created_at TIMESTAMPTZ NOT NULL,
+//	    updated_at TIMESTAMPTZ NOT NULL,
+//	    PRIMARY KEY (sku, id)
+//	);
+//
+// Ids sort byte-wise in every dialect (COLLATE "C", VARBINARY, SQLite's BINARY), so List pages
+// in the order of Go's string comparison.
+//
+// Times come from the database clock, in UTC: CURRENT_TIMESTAMP on PostgreSQL (the start of
+// the transaction), UTC_TIMESTAMP(6) on MySQL, strftime('%Y-%m-%d %H:%M:%f', 'now') on SQLite
+// (milliseconds). The MySQL DSN may or may not have parseTime=true.
+//
+// # How Apply works
+//
+// Every Apply is one transaction (READ COMMITTED on PostgreSQL and MySQL). A deduct or
+// confirm inserts its record with status applied (INSERT … ON CONFLICT DO NOTHING, or a plain
+// INSERT whose duplicate-key error 1062 is caught on MySQL), then runs
+//
+//	UPDATE stock_items SET remaining = remaining - qty WHERE sku = ? AND remaining >= qty
+//
+// and, when that updates no row (too little stock, or no such item), marks the record refused
+// in the same transaction and returns an error wrapping stock.ErrRefused. When the insert finds
+// a record already there, nothing else is written and Apply answers from its status: nil for
+// applied and restored, ErrRefused for refused. Concurrent Applies of one id therefore apply
+// it once: the unique key makes all but one wait for the first and then see its record.
+//
+// A restore (EventRestored or EventRefused) flips an applied deduct or confirm to restored and
+// adds the record's quantity back, in one transaction; for an id it has no record of it
+// inserts a restored tombstone and changes no stock, so a late deduct of the id is answered
+// nil and takes nothing; otherwise it does nothing. A restock inserts its record and adds to
+// remaining and loaded; a restock of an item with no row writes nothing and returns an error
+// wrapping stock.ErrNotLoaded, which a relay retries until the item is loaded. Held,
+// cancelled and expired events are accepted and ignored.
+//
+// Serialization failures and deadlocks (PostgreSQL 40001 and 40P01, MySQL 1213 and 1205,
+// SQLite BUSY and LOCKED) roll the transaction back and retry it, up to 10 times with jittered
+// backoff. Any other error is returned as is; the outcome is then unknown and applying the
+// same event again is always safe.
+//
+// # Batches
+//
+// ApplyBatch applies its events in one transaction and one commit, in order (events of
+// different SKUs may be reordered by SKU, which changes no outcome). A refusal is an outcome
+// that is committed like any other, so it needs no savepoint and rolls back nothing. If the
+// transaction still fails after its retries, the batch falls back to one Apply per event, so
+// that one event the database rejects cannot hold back the others.
+//
+// # SQLite
+//
+// Open the file with a busy timeout, WAL and immediate transactions, for example
+//
+//	sql.Open("sqlite", "file:stock.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+//
+// Writers take turns on one database lock; the busy timeout makes them wait for it instead of
+// failing, and _txlock=immediate takes it at BEGIN, so that no transaction has to upgrade a
+// read lock. _pragma=synchronous(NORMAL) trades the durability of the last transactions
+// on power loss for fewer fsyncs. Several open connections are fine; db.SetMaxOpenConns(1)
+// also works and avoids lock waits, at the cost of queuing reads behind writes.
+//
+// # MySQL
+//
+// The tables use InnoDB. Apply uses server-side prepared statements unless the DSN has
+// interpolateParams=true, which saves a round trip per statement.
+package sqlstore
