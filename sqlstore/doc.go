@@ -62,17 +62,42 @@
 // cancelled and expired events are accepted and ignored.
 //
 // Serialization failures and deadlocks (PostgreSQL 40001 and 40P01, MySQL 1213 and 1205,
-// SQLite BUSY and LOCKED) roll the transaction back and retry it, up to 10 times with jittered
-// backoff. Any other error is returned as is; the outcome is then unknown and applying the
-// same event again is always safe.
+// SQLite BUSY and LOCKED) roll the transaction back and run it again, up to 10 times with
+// jittered backoff. Any other error is returned as is; the outcome is then unknown and
+// applying the same event again is always safe.
 //
 // # Batches
 //
-// ApplyBatch applies its events in one transaction and one commit, in order (events of
-// different SKUs may be reordered by SKU, which changes no outcome). A refusal is an outcome
-// that is committed like any other, so it needs no savepoint and rolls back nothing. If the
-// transaction still fails after its retries, the batch falls back to one Apply per event, so
-// that one event the database rejects cannot hold back the others.
+// ApplyBatch applies its events in one transaction with one commit and a handful of
+// statements, however many events: it locks the rows of the batch's items (SELECT … FOR
+// UPDATE, in SKU order), reads the records its ids already have (one query per item), works
+// out each event's outcome in order from those, exactly as Apply would, and writes the result
+// with one multi-row INSERT of the new records, one UPDATE per stored record it restores and
+// one UPDATE per item. The CHECK on remaining backs up the arithmetic. A refusal is an outcome
+// like any other and is committed with the rest; no savepoint is needed. Events of different
+// items are independent and are applied in SKU order; the results come back in the caller's
+// order. If the transaction fails after its retries, the batch applies each event on its own
+// with Apply, so that an event the database rejects cannot hold back the others.
+//
+// Concurrent batches queue on the item rows and never deadlock on each other. A batch and a
+// single Apply of the same id at the same moment can deadlock (Apply takes the record first,
+// the item second); the database breaks it (PostgreSQL after deadlock_timeout, 1 s by
+// default) and the loser runs again. Taking the item first in Apply too would avoid that, but
+// halved Apply's throughput on a hot item in our measurements, for a case that needs a
+// duplicate delivery racing itself.
+//
+// Measured with BenchmarkApplyBatch (deducts of distinct ids on one hot item, 8 goroutines,
+// 2 shared cores, PostgreSQL 15 and MariaDB 10.11 with their default durability settings,
+// SQLite in WAL with synchronous NORMAL), in events per second, noisy by ±50 %:
+//
+//	                  Apply   batches of 10   batches of 100
+//	SQLite            6–9 k        34 k            70–75 k
+//	PostgreSQL      0.5–1.2 k    1.7–5.4 k         20–24 k
+//	MariaDB         1.5–1.9 k    5.5–7 k           28–38 k
+//
+// Running Apply's statements for each event inside one transaction instead gave 4 k (batches
+// of 100 on PostgreSQL) and 3.4 k (MariaDB): fewer commits alone do not help much when each
+// event still costs two round trips under the item's lock.
 //
 // # SQLite
 //
@@ -88,6 +113,8 @@
 //
 // # MySQL
 //
-// The tables use InnoDB. Apply uses server-side prepared statements unless the DSN has
-// interpolateParams=true, which saves a round trip per statement.
+// The tables use InnoDB; MySQL 8.0.16 or MariaDB 10.4 or later, for the CHECK constraints.
+// Without interpolateParams=true in the DSN the driver prepares, runs and closes a
+// server-side statement for every query with arguments; with it, Apply ran about 1.3 times
+// as fast (2.0 k against 1.5 k events/s; batches of 10, 8.0 k against 5.7 k).
 package sqlstore
