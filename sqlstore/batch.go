@@ -23,7 +23,8 @@ var errRaced = errors.New("a concurrent transaction changed a record the batch r
 
 // ApplyBatch applies evs in one transaction and returns one result per event, in order, with
 // Apply's meaning. A refused event undoes nothing else. If the transaction still fails after
-// its retries, each event is applied on its own, in order.
+// its retries, each event is applied on its own, in order, stopping at the first failure that
+// is not a refusal (the events after it are reported unapplied), as stock.BatchStore requires.
 //
 // Rather than run Apply's statements for each event, a batch locks the rows of its items
 // (SELECT … FOR UPDATE, in SKU order, so concurrent batches queue instead of deadlocking),
@@ -56,12 +57,21 @@ func (s *Store) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 		}
 		return errs
 	}
+	// One by one, in order. After the first failure that is not a refusal the rest stay
+	// unapplied: an item's events must reach the store in order (see stock.BatchStore).
+	var failed error
 	for _, i := range todo {
-		if ctx.Err() != nil {
-			errs[i] = fmt.Errorf("sqlstore: apply batch: %w", err)
+		if failed == nil && ctx.Err() != nil {
+			failed = fmt.Errorf("sqlstore: apply batch: %w", err)
+		}
+		if failed != nil {
+			errs[i] = fmt.Errorf("sqlstore: not applied after an earlier failure: %w", failed)
 			continue
 		}
 		errs[i] = s.Apply(ctx, evs[i])
+		if errs[i] != nil && !errors.Is(errs[i], stock.ErrRefused) {
+			failed = errs[i]
+		}
 	}
 	return errs
 }
@@ -106,6 +116,14 @@ func (s *Store) applyBatch(ctx context.Context, tx *sql.Tx, evs []stock.Event, t
 			it.exists = true
 		}
 		items[sku] = it
+	}
+	if s.d == Postgres {
+		// Holding the items, a wait for a record lock is almost always a single Apply of the
+		// same id that waits for one of these items: a deadlock. Give up after 100 ms rather
+		// than after deadlock_timeout (1 s by default); inTx retries.
+		if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
+			return nil, err
+		}
 	}
 	// Read the stored records after the item locks, so that a concurrent batch of the same
 	// item has committed. A single Apply takes the record first and the item second: if one

@@ -172,7 +172,7 @@ func retryable(err error) bool {
 	var pe interface{ SQLState() string } // pgconn.PgError, pq.Error
 	if errors.As(err, &pe) {
 		s := pe.SQLState()
-		return s == "40001" || s == "40P01" // serialization_failure, deadlock_detected
+		return s == "40001" || s == "40P01" || s == "55P03" // serialization_failure, deadlock_detected, lock_not_available
 	}
 	var se interface{ Code() int } // modernc.org/sqlite
 	if errors.As(err, &se) {
