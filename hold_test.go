@@ -107,18 +107,18 @@ func TestHoldExpiry(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "A", 10))
-		_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, 30*time.Millisecond)
+		_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, 500*time.Millisecond)
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
 		for i := range 5 {
-			_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("h", i), User: fmt.Sprint("u", i), Qty: 1}, 40*time.Millisecond)
+			_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("h", i), User: fmt.Sprint("u", i), Qty: 1}, 500*time.Millisecond)
 			require.NoError(t, err)
 		}
-		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "long", Qty: 1}, 40*time.Millisecond)
+		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "long", Qty: 1}, 500*time.Millisecond)
 		require.NoError(t, err)
 		_, err = r.Extend(ctx, "A", "long", time.Minute)
 		require.NoError(t, err)
 		assert.Equal(t, int64(6), levels(t, r, "A").Held)
-		redistest.Sleep(c, 80*time.Millisecond)
+		redistest.Sleep(c, 700*time.Millisecond)
 
 		// Confirm after the deadline is refused, and the hold goes back at once.
 		_, err = r.Confirm(ctx, "A", "h0")
@@ -152,14 +152,14 @@ func TestSweep(t *testing.T) {
 		for _, sku := range []string{"A", "B"} {
 			require.NoError(t, r.Load(ctx, sku, 1000))
 			for i := range 300 { // more than one sweep step
-				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, 2*time.Second)
+				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, 3*time.Second)
 				require.NoError(t, err)
 			}
 		}
 		n, err := r.SweepAll(ctx)
 		require.NoError(t, err)
 		assert.Zero(t, n, "nothing is due yet")
-		redistest.Sleep(c, 2100*time.Millisecond)
+		redistest.Sleep(c, 3100*time.Millisecond)
 		n, err = r.SweepAll(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, int64(600), n)
