@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -21,23 +20,33 @@ const insertRows = 500
 // the transaction runs again with fresh reads.
 var errRaced = errors.New("a concurrent transaction changed a record the batch read")
 
-// ApplyBatch applies evs in one transaction and returns one result per event, in order, with
-// Apply's meaning. A refused event undoes nothing else. If the transaction still fails after
-// its retries, each event is applied on its own, in order, stopping at the first failure that
-// is not a refusal (the events after it are reported unapplied), as stock.BatchStore requires.
+// ApplyBatch applies evs in order, in one transaction, and returns one result per event with
+// Apply's meaning. A refusal undoes nothing and does not stop the batch; the first other
+// failure (an invalid event, a restock of an item with no row, a database error) does: the
+// events after it are left unapplied and get an error that wraps no sentinel, as
+// stock.BatchStore requires. If the transaction still fails after its retries, the events are
+// applied one by one with Apply, stopping the same way.
 //
 // Rather than run Apply's statements for each event, a batch locks the rows of its items
 // (SELECT … FOR UPDATE, in SKU order, so concurrent batches queue instead of deadlocking),
 // reads the records its ids already have, works out every event's outcome in order from
 // those, and writes the result: one multi-row INSERT of the new records, one UPDATE per
-// record it restores, one UPDATE per item. Events of different items are independent, and
-// are taken in SKU order.
+// record it restores, one UPDATE per item.
 func (s *Store) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 	errs := make([]error, len(evs))
-	todo := make([]int, 0, len(evs))
+	stop := func(i int, cause error) { // events after i stay unapplied
+		for j := i + 1; j < len(evs); j++ {
+			errs[j] = fmt.Errorf("sqlstore: not applied after an earlier failure (%v)", cause)
+		}
+	}
+	var todo []int // the events to write, in order
 	for i, ev := range evs {
 		ok, err := checkEvent(ev)
-		errs[i] = err
+		if err != nil {
+			errs[i] = err
+			stop(i, err)
+			break
+		}
 		if ok {
 			todo = append(todo, i)
 		}
@@ -45,32 +54,26 @@ func (s *Store) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 	if len(todo) == 0 {
 		return errs
 	}
-	slices.SortStableFunc(todo, func(a, b int) int { return cmp.Compare(evs[a].SKU, evs[b].SKU) })
 	var outs []error
 	err := s.inTx(ctx, func(tx *sql.Tx) (err error) {
 		outs, err = s.applyBatch(ctx, tx, evs, todo)
 		return err
 	})
-	if err == nil {
-		for k, i := range todo {
-			errs[i] = outs[k]
-		}
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("sqlstore: apply batch: %w", err)
+		errs[todo[0]] = err
+		stop(todo[0], err)
 		return errs
 	}
-	// One by one, in order. After the first failure that is not a refusal the rest stay
-	// unapplied: an item's events must reach the store in order (see stock.BatchStore).
-	var failed error
-	for _, i := range todo {
-		if failed == nil && ctx.Err() != nil {
-			failed = fmt.Errorf("sqlstore: apply batch: %w", err)
+	for k, i := range todo {
+		if err == nil {
+			errs[i] = outs[k]
+		} else {
+			errs[i] = s.Apply(ctx, evs[i]) // the transaction failed: one by one
 		}
-		if failed != nil {
-			errs[i] = fmt.Errorf("sqlstore: not applied after an earlier failure: %w", failed)
-			continue
-		}
-		errs[i] = s.Apply(ctx, evs[i])
 		if errs[i] != nil && !errors.Is(errs[i], stock.ErrRefused) {
-			failed = errs[i]
+			stop(i, errs[i])
+			break
 		}
 	}
 	return errs
@@ -94,17 +97,22 @@ type batchRecord struct {
 
 type recordKey struct{ sku, id string }
 
-// applyBatch plans and writes the events evs[todo[k]], which are sorted by SKU, and returns
-// their outcomes in todo's order.
+// applyBatch plans and writes the events evs[todo[k]] in order, up to the first outcome that
+// is neither nil nor a refusal, and returns their outcomes in todo's order (nil for the
+// events after that outcome, which it neither plans nor writes).
 func (s *Store) applyBatch(ctx context.Context, tx *sql.Tx, evs []stock.Event, todo []int) ([]error, error) {
 	items := make(map[string]*batchItem)
 	recs := make(map[recordKey]*batchRecord, len(todo))
-	var skus []string // distinct, sorted
+	ids := make(map[string][]string) // sku → the batch's ids of it
+	var skus []string                // distinct, sorted: the order of the item locks
 	for _, i := range todo {
-		if sku := evs[i].SKU; len(skus) == 0 || skus[len(skus)-1] != sku {
-			skus = append(skus, sku)
+		ev := evs[i]
+		if _, ok := ids[ev.SKU]; !ok {
+			skus = append(skus, ev.SKU)
 		}
+		ids[ev.SKU] = append(ids[ev.SKU], ev.ID)
 	}
+	slices.Sort(skus)
 	for _, sku := range skus {
 		it, err := s.lockItem(ctx, tx, sku)
 		if err != nil {
@@ -130,23 +138,18 @@ func (s *Store) applyBatch(ctx context.Context, tx *sql.Tx, evs []stock.Event, t
 	// has an uncommitted record of one of these ids, the insert or flip below waits for it
 	// while it waits for the item, a deadlock the database breaks and inTx retries (a record
 	// that appeared or changed since this read fails the batch with errRaced, retried too).
-	var ids []string
-	for k, i := range todo {
-		ids = append(ids, evs[i].ID)
-		if k+1 == len(todo) || evs[todo[k+1]].SKU != evs[i].SKU {
-			sku := evs[i].SKU
-			err := s.records(ctx, tx, sku, ids, func(r stock.Record) {
-				recs[recordKey{r.SKU, r.ID}] = &batchRecord{ev: stock.Event{SKU: r.SKU, ID: r.ID}, typ: r.Type, qty: r.Qty, status: r.Status, stored: true}
-			})
-			if err != nil {
-				return nil, err
-			}
-			ids = ids[:0]
+	for _, sku := range skus {
+		err := s.records(ctx, tx, sku, ids[sku], func(r stock.Record) {
+			recs[recordKey{r.SKU, r.ID}] = &batchRecord{ev: stock.Event{SKU: r.SKU, ID: r.ID}, typ: r.Type, qty: r.Qty, status: r.Status, stored: true}
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 
 	outs := make([]error, len(todo))
 	var added, flipped []*batchRecord // new records; stored records to flip to restored
+plan:
 	for k, i := range todo {
 		ev := evs[i]
 		it, key := items[ev.SKU], recordKey{ev.SKU, ev.ID}
@@ -167,6 +170,7 @@ func (s *Store) applyBatch(ctx context.Context, tx *sql.Tx, evs []stock.Event, t
 			switch {
 			case ev.Type == stock.EventRestocked && !it.exists:
 				outs[k] = fmt.Errorf("sqlstore: restock %q of %q: %w", ev.ID, ev.SKU, stock.ErrNotLoaded)
+				break plan // the events after it stay unapplied
 			case ev.Type == stock.EventRestocked:
 				add(stock.RecordApplied)
 				it.remaining += ev.Qty

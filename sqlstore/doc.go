@@ -74,10 +74,12 @@
 // out each event's outcome in order from those, exactly as Apply would, and writes the result
 // with one multi-row INSERT of the new records, one UPDATE per stored record it restores and
 // one UPDATE per item. The CHECK on remaining backs up the arithmetic. A refusal is an outcome
-// like any other and is committed with the rest; no savepoint is needed. Events of different
-// items are independent and are applied in SKU order; the results come back in the caller's
-// order. If the transaction fails after its retries, the batch applies each event on its own
-// with Apply, so that an event the database rejects cannot hold back the others.
+// like any other and is committed with the rest; no savepoint is needed. Events are applied in
+// the caller's order. The first failure that is not a refusal (an invalid event, a restock of
+// an item with no row) ends the batch, as stock.BatchStore requires: the events before it are
+// committed, the events after it are not applied and get an error that wraps no sentinel. If
+// the transaction fails after its retries, the batch applies the events one by one with
+// Apply, and stops the same way at the first that fails.
 //
 // Concurrent batches queue on the item rows and do not deadlock on each other. A batch and a
 // single Apply of the same id at the same moment can (Apply takes the record first, the item
@@ -92,8 +94,8 @@
 // SQLite in WAL with synchronous NORMAL), in events per second, noisy by ±50 %:
 //
 //	                  Apply   batches of 10   batches of 100
-//	SQLite            6–9 k        34 k            70–75 k
-//	PostgreSQL      0.5–1.2 k    1.7–5.4 k         20–24 k
+//	SQLite            6–9 k       24–34 k          63–75 k
+//	PostgreSQL      0.5–1.2 k    1.7–6.2 k         18–24 k
 //	MariaDB         1.5–1.9 k    5.5–7 k           28–38 k
 //
 // Running Apply's statements for each event inside one transaction instead gave 4 k (batches

@@ -474,37 +474,30 @@ func TestApplyBatch(t *testing.T) {
 		require.NoError(t, e.s.Load(ctx, "a", 5))
 		require.NoError(t, e.s.Load(ctx, "b", 1))
 		evs := []stock.Event{
-			ev(stock.EventDeducted, "a", "d1", 2),
 			ev(stock.EventDeducted, "b", "d1", 1),
-			ev(stock.EventDeducted, "a", "d2", 10), // refused
+			ev(stock.EventDeducted, "a", "d1", 2),
+			ev(stock.EventDeducted, "a", "d2", 10), // refused, and the batch goes on
 			ev(stock.EventDeducted, "a", "d3", 3),
 			ev(stock.EventHeld, "a", "h1", 1),      // ignored
-			ev(stock.EventDeducted, "a", "d4", 0),  // invalid
 			ev(stock.EventDeducted, "a", "d1", 2),  // repeat in the same batch
 			ev(stock.EventDeducted, "b", "d2", 1),  // refused
 			ev(stock.EventRestored, "a", "d3", 3),  // gives d3 back
 			ev(stock.EventRestored, "a", "t1", 1),  // tombstone
 			ev(stock.EventDeducted, "a", "t1", 1),  // then a no-op
 			ev(stock.EventRestocked, "b", "r1", 4), // restock
-			ev(stock.EventRestocked, "c", "r1", 4), // no such item
+			ev(stock.EventDeducted, "a", "d4", 3),  // covered after d3 came back
 		}
 		errs := e.s.ApplyBatch(ctx, evs)
 		require.Len(t, errs, len(evs))
-		assert.NoError(t, errs[0])
-		assert.NoError(t, errs[1])
-		assert.ErrorIs(t, errs[2], stock.ErrRefused)
-		assert.NoError(t, errs[3])
-		assert.NoError(t, errs[4])
-		assert.ErrorIs(t, errs[5], stock.ErrInvalid)
-		assert.NoError(t, errs[6])
-		assert.ErrorIs(t, errs[7], stock.ErrRefused)
-		assert.NoError(t, errs[8])
-		assert.NoError(t, errs[9])
-		assert.NoError(t, errs[10])
-		assert.NoError(t, errs[11])
-		assert.ErrorIs(t, errs[12], stock.ErrNotLoaded)
-
-		assert.Equal(t, int64(3), e.remaining(t, "a"), "5 - 2 (d1); d3 given back")
+		for i, err := range errs {
+			switch i {
+			case 2, 6:
+				assert.ErrorIs(t, err, stock.ErrRefused, i)
+			default:
+				assert.NoError(t, err, i)
+			}
+		}
+		assert.Equal(t, int64(0), e.remaining(t, "a"), "5 - 2 (d1) - 3 (d4); d3 given back")
 		assert.Equal(t, int64(4), e.remaining(t, "b"), "1 - 1 (d1) + 4 (r1)")
 		assert.Equal(t, int64(5), e.loaded(t, "b"))
 		m, err := e.s.Records(ctx, "a", []string{"d1", "d2", "d3", "d4", "h1", "t1"})
@@ -514,20 +507,71 @@ func TestApplyBatch(t *testing.T) {
 			status[id] = r.Status
 		}
 		assert.Equal(t, map[string]stock.RecordStatus{
-			"d1": stock.RecordApplied, "d2": stock.RecordRefused, "d3": stock.RecordRestored, "t1": stock.RecordRestored,
+			"d1": stock.RecordApplied, "d2": stock.RecordRefused, "d3": stock.RecordRestored,
+			"d4": stock.RecordApplied, "t1": stock.RecordRestored,
 		}, status)
-		m, err = e.s.Records(ctx, "c", []string{"r1"})
-		require.NoError(t, err)
-		assert.Empty(t, m)
 
 		// The same batch again answers the same and changes nothing.
 		again := e.s.ApplyBatch(ctx, evs)
 		for i := range errs {
 			assert.Equal(t, errs[i] == nil, again[i] == nil, i)
 		}
-		assert.Equal(t, int64(3), e.remaining(t, "a"))
+		assert.Equal(t, int64(0), e.remaining(t, "a"))
 		assert.Equal(t, int64(4), e.remaining(t, "b"))
 		assert.Empty(t, e.s.ApplyBatch(ctx, nil))
+	})
+}
+
+// TestApplyBatchStops: the first failure that is not a refusal (an invalid event, a restock
+// of an item with no row) stops the batch: the events after it, of any item, stay unapplied
+// and get an error that wraps no sentinel; the events before it are applied.
+func TestApplyBatchStops(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		require.NoError(t, e.s.Load(ctx, "a", 5))
+		require.NoError(t, e.s.Load(ctx, "b", 5))
+		for name, bad := range map[string]stock.Event{
+			"invalid":    ev(stock.EventDeducted, "a", "x", 0),
+			"not loaded": ev(stock.EventRestocked, "c", "x", 1),
+		} {
+			t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+				evs := []stock.Event{
+					ev(stock.EventDeducted, "b", name+"1", 1),
+					ev(stock.EventDeducted, "a", name+"2", 9), // refused: goes on
+					bad,
+					ev(stock.EventDeducted, "a", name+"3", 1), // another item, before in SKU order
+					ev(stock.EventHeld, "b", name+"4", 1),
+					ev(stock.EventRestored, "b", name+"1", 1),
+				}
+				errs := e.s.ApplyBatch(ctx, evs)
+				require.Len(t, errs, len(evs))
+				assert.NoError(t, errs[0])
+				assert.ErrorIs(t, errs[1], stock.ErrRefused)
+				if name == "invalid" {
+					assert.ErrorIs(t, errs[2], stock.ErrInvalid)
+				} else {
+					assert.ErrorIs(t, errs[2], stock.ErrNotLoaded)
+				}
+				for _, err := range errs[3:] {
+					assert.ErrorContains(t, err, "not applied after an earlier failure")
+					for _, sentinel := range []error{stock.ErrRefused, stock.ErrInvalid, stock.ErrNotLoaded} {
+						assert.NotErrorIs(t, err, sentinel)
+					}
+				}
+				m, err := e.s.Records(ctx, "a", []string{name + "2", name + "3"})
+				require.NoError(t, err)
+				assert.Len(t, m, 1)
+				assert.Equal(t, stock.RecordRefused, m[name+"2"].Status)
+				m, err = e.s.Records(ctx, "b", []string{name + "1"})
+				require.NoError(t, err)
+				assert.Equal(t, stock.RecordApplied, m[name+"1"].Status, "the restore after the failure was not applied")
+				_, err = e.s.Records(ctx, "c", []string{"x"})
+				require.NoError(t, err)
+			})
+		}
+		assert.Equal(t, int64(5), e.remaining(t, "a"))
+		assert.Equal(t, int64(3), e.remaining(t, "b"))
+		assert.Zero(t, e.scalar(t, "SELECT COUNT(*) FROM "+e.records+" WHERE sku = 'c'"))
 	})
 }
 
