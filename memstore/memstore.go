@@ -87,7 +87,7 @@ func (s *Store) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 		errs[i] = s.Apply(ctx, ev)
 		if errs[i] != nil && !errors.Is(errs[i], stock.ErrRefused) {
 			for j := i + 1; j < len(evs); j++ {
-				errs[j] = fmt.Errorf("memstore: not applied after an earlier failure: %w", errs[i])
+				errs[j] = fmt.Errorf("memstore: not applied after an earlier failure: %v", errs[i])
 			}
 			break
 		}
