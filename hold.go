@@ -24,7 +24,10 @@ func checkTTL(ttl time.Duration) error {
 //
 // A repeat of the same id and parameters is a replay (of the hold, or of its confirmation);
 // after expiry it is ErrExpired, after a cancel ErrRestored. The errors are Deduct's.
-func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (Receipt, error) {
+func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc Receipt, err error) {
+	if r.opts.observer != nil {
+		defer func(start time.Time) { r.observe(ctx, "hold", req.SKU, start, rc, err) }(time.Now())
+	}
 	if err := req.check(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
@@ -38,8 +41,11 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (Re
 // queued for the Store. A second Confirm is a replay. A hold past its deadline is refused with
 // ErrExpired (and released, if the sweep had not yet); a cancelled one with ErrRestored; an id
 // with no hold with ErrUnknownID; an id that is not a hold with ErrConflict.
-func (r *Reserver) Confirm(ctx context.Context, sku, id string) (Receipt, error) {
-	rc := Receipt{SKU: sku, ID: id}
+func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err error) {
+	if r.opts.observer != nil {
+		defer func(start time.Time) { r.observe(ctx, "confirm", sku, start, rc, err) }(time.Now())
+	}
+	rc = Receipt{SKU: sku, ID: id}
 	if err := checkSKUID(sku, id); err != nil {
 		return rc, err
 	}
@@ -54,14 +60,20 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (Receipt, error)
 // is a replay. A Cancel of a confirmed hold is refused with ErrConfirmed (use Restore to give
 // back a sale). A Cancel of an id that holds nothing returns ErrUnknownID and leaves a
 // tombstone, so the hold it overtook is refused with ErrRestored.
-func (r *Reserver) Cancel(ctx context.Context, sku, id string) (Receipt, error) {
+func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err error) {
+	if r.opts.observer != nil {
+		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
+	}
 	return r.giveBack(ctx, sku, id, "c")
 }
 
 // Extend moves a live hold's deadline to now + ttl. ErrExpired past the deadline, ErrConfirmed
 // after Confirm, ErrRestored after Cancel, ErrUnknownID for no hold.
-func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration) (Receipt, error) {
-	rc := Receipt{SKU: sku, ID: id}
+func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration) (rc Receipt, err error) {
+	if r.opts.observer != nil {
+		defer func(start time.Time) { r.observe(ctx, "extend", sku, start, rc, err) }(time.Now())
+	}
+	rc = Receipt{SKU: sku, ID: id}
 	if err := checkSKUID(sku, id); err != nil {
 		return rc, err
 	}

@@ -12,6 +12,7 @@ type options struct {
 	userLimit int64
 	outbox    bool
 	logger    *slog.Logger
+	observer  Observer
 }
 
 func defaultOptions() options {

@@ -223,8 +223,17 @@ func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
 const maxPending = 100000
 
 // Item reconciles one item.
-func (rc *Reconciler) Item(ctx context.Context, sku string) (Report, error) {
-	rp := Report{SKU: sku}
+func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err error) {
+	if o := rc.r.opts.observer; o != nil {
+		defer func(start time.Time) {
+			ob := Observation{Op: "reconcile", SKU: sku, Outcome: "ok", Duration: time.Since(start), Units: rp.Drift}
+			if err != nil {
+				ob.Outcome = "error"
+			}
+			o.Observe(ctx, ob)
+		}(time.Now())
+	}
+	rp = Report{SKU: sku}
 	if err := checkName("sku", sku); err != nil {
 		return rp, err
 	}

@@ -334,6 +334,22 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 			return st, fmt.Errorf("stock: relay ack %s: %w", sku, err)
 		}
 	}
+	if o := rl.r.opts.observer; o != nil {
+		var oldest time.Time
+		for _, c := range cs[:len(acks)] {
+			if c.ok && (oldest.IsZero() || c.ev.At.Before(oldest)) {
+				oldest = c.ev.At
+			}
+		}
+		ob := Observation{Op: "relay", SKU: sku, Outcome: "ok", Units: int64(st.Delivered)}
+		if failed != nil {
+			ob.Outcome = "error"
+		}
+		if !oldest.IsZero() {
+			ob.Lag = time.Since(oldest)
+		}
+		o.Observe(ctx, ob)
+	}
 	if failed != nil {
 		if err := rl.backoff(ctx, sku, tries); err != nil {
 			return st, errors.Join(failed, err)

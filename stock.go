@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"strconv"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -221,7 +222,10 @@ func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
 // Errors: ErrInvalid (nothing sent), ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded,
 // ErrClosed, ErrSoldOut, ErrInsufficient; anything else (a timeout, a broken connection) means
 // the outcome is unknown: retry with the same id.
-func (r *Reserver) Deduct(ctx context.Context, req Request) (Receipt, error) {
+func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
+	if r.opts.observer != nil {
+		defer func(start time.Time) { r.observe(ctx, "deduct", req.SKU, start, rc, err) }(time.Now())
+	}
 	if err := req.check(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
@@ -257,7 +261,10 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // never took anything returns ErrUnknownID and leaves a tombstone, so that a late Deduct with
 // that id is refused with ErrRestored: a cancel that overtook its request wins. A live hold is
 // cancelled. Restocks cannot be restored (ErrConflict).
-func (r *Reserver) Restore(ctx context.Context, sku, id string) (Receipt, error) {
+func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
+	if r.opts.observer != nil {
+		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
+	}
 	return r.giveBack(ctx, sku, id, "x")
 }
 
@@ -279,7 +286,10 @@ func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receip
 // Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
 // restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist;
 // ErrInvalid when the item would hold more than MaxQty units in all.
-func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (Receipt, error) {
+func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
+	if r.opts.observer != nil {
+		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
+	}
 	req := Request{SKU: sku, ID: id, Qty: qty}
 	if err := req.check(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err

@@ -1,0 +1,88 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// An Observation describes one finished operation, for metrics and traces.
+type Observation struct {
+	// Op is the operation: "deduct", "hold", "restore", "cancel", "confirm", "extend",
+	// "restock", "load", "sweep", "relay" (one delivered batch of an item), "reconcile" (one item).
+	Op string
+	// SKU is the item ("" when the input was invalid before an item was known).
+	SKU string
+	// Outcome is Outcome(err) of the operation; for "relay" and "reconcile", "ok" or "error".
+	Outcome string
+	// Replayed is set for an operation answered as a replay.
+	Replayed bool
+	// Duration is how long the call took, Redis round trips included.
+	Duration time.Duration
+	// Units: the quantity taken or given back; for "relay", the events delivered; for
+	// "reconcile", the drift found; for "sweep", the units released.
+	Units int64
+	// Lag, for "relay": how long the oldest delivered event had waited in the outbox (by the
+	// Redis clock of its ledger entry against this process's clock).
+	Lag time.Duration
+}
+
+// An Observer receives an Observation after every operation. Observe is called synchronously
+// on the caller's goroutine: it must be fast and safe for concurrent use. The stockotel
+// package adapts it to OpenTelemetry metrics.
+type Observer interface {
+	Observe(ctx context.Context, o Observation)
+}
+
+// ObserverFunc adapts a function to the Observer interface.
+type ObserverFunc func(ctx context.Context, o Observation)
+
+// Observe calls f(ctx, o).
+func (f ObserverFunc) Observe(ctx context.Context, o Observation) { f(ctx, o) }
+
+// WithObserver sets an observer of every operation. The default observes nothing.
+func WithObserver(o Observer) Option {
+	return func(opts *options) error {
+		if o == nil {
+			return invalid("nil observer")
+		}
+		opts.observer = o
+		return nil
+	}
+}
+
+var outcomeNames = []struct {
+	err  error
+	name string
+}{
+	{ErrSoldOut, "sold_out"}, {ErrInsufficient, "insufficient"}, {ErrNotLoaded, "not_loaded"},
+	{ErrLoaded, "loaded"}, {ErrConflict, "conflict"}, {ErrRestored, "restored"},
+	{ErrUserLimit, "user_limit"}, {ErrUnknownID, "unknown_id"}, {ErrClosed, "closed"},
+	{ErrExpired, "expired"}, {ErrConfirmed, "confirmed"}, {ErrInvalid, "invalid"},
+	{ErrRefused, "refused"}, {context.Canceled, "canceled"}, {context.DeadlineExceeded, "timeout"},
+}
+
+// Outcome names the outcome an error stands for, as a short label for metrics: "ok" for nil,
+// "sold_out", "insufficient", "not_loaded", "loaded", "conflict", "restored", "user_limit",
+// "unknown_id", "closed", "expired", "confirmed", "invalid", "refused", "canceled", "timeout",
+// and "error" for anything else (an unknown outcome).
+func Outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	for _, o := range outcomeNames {
+		if errors.Is(err, o.err) {
+			return o.name
+		}
+	}
+	return "error"
+}
+
+// observe reports an operation to the observer, if there is one.
+func (r *Reserver) observe(ctx context.Context, op, sku string, start time.Time, rc Receipt, err error) {
+	if r.opts.observer == nil {
+		return
+	}
+	r.opts.observer.Observe(ctx, Observation{Op: op, SKU: sku, Outcome: Outcome(err), Replayed: rc.Replayed,
+		Duration: time.Since(start), Units: rc.Qty})
+}
