@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"strconv"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -35,8 +36,10 @@ const (
 // use by multiple goroutines. It starts no goroutines and never closes the client it was given.
 // Create one with New; the zero value is not usable.
 type Reserver struct {
-	client rueidis.Client
-	opts   options
+	client   rueidis.Client
+	opts     options
+	limitArg string   // opts.userLimit, formatted once
+	lanes    sync.Map // sku -> *lane, for coalescing
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -51,7 +54,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 			return nil, err
 		}
 	}
-	return &Reserver{client: client, opts: o}, nil
+	return &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}, nil
 }
 
 // Request asks to take Qty units of an item, exactly once per ID.
@@ -229,12 +232,20 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 	if err := req.check(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
+	if r.opts.inflight > 0 {
+		o, err := r.deductCoalesced(ctx, req)
+		rc := Receipt{SKU: req.SKU, ID: req.ID}
+		if err != nil {
+			return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
+		}
+		return r.receipt(rc, o)
+	}
 	return r.take(ctx, "D", req, 0)
 }
 
 func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
 	args := []string{
-		strconv.FormatInt(r.opts.userLimit, 10), r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10),
+		r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10),
 		req.ID, strconv.FormatInt(req.Qty, 10), req.User,
 	}
 	o, err := decodeOne(deductScript.Exec(ctx, r.client, r.keys(req.SKU), args))

@@ -12,11 +12,13 @@
 -- All checks of a request happen before any write; writes of the whole call are grouped at the end.
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
-local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n')
-local avail = tonumber(st[1])
-if avail and st[3] and tonumber(st[3]) <= now then
-  avail = avail + expire_holds(KEYS, now, 64, queue)
+local cf = (kind == 'H') and 'h' or 's' -- the counter this kind of request moves
+local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q')
+if st[1] and st[3] and tonumber(st[3]) <= now then
+  expire_holds(KEYS, now, 64, queue)
+  st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q')
 end
+local avail = tonumber(st[1])
 local closed = st[2] == '1'
 local state = (kind == 'H') and 'h' or 'r'
 local deadline = (kind == 'H') and (now + ttl) or 0
@@ -87,11 +89,11 @@ for i = 5, #ARGV, 3 do
 end
 
 if taken > 0 then
-  redis.call('HINCRBY', KEYS[1], 'a', -taken)
-  redis.call('HINCRBY', KEYS[1], (kind == 'H') and 'h' or 's', taken)
+  -- One write of the counters: available, sold or held, and the outbox sequence.
+  local seq = tonumber(st[5]) or 0
+  redis.call('HSET', KEYS[1], 'a', fmt(avail), cf, fmt((tonumber(st[4]) or 0) + taken), 'q', fmt(seq + #zadd))
   redis.call('HSET', KEYS[2], unpack(hset))
   if #zadd > 0 then
-    local seq = redis.call('HINCRBY', KEYS[1], 'q', #zadd) - #zadd
     local z = {}
     for j, m in ipairs(zadd) do
       z[#z + 1] = seq + j

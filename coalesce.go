@@ -1,0 +1,142 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Hot-item coalescing. Deducts of one item wait for nothing while fewer than the configured
+// number of script calls of that item are in flight: they are sent at once, each on its own.
+// Only when that many calls are already in flight do further deducts queue; the call that
+// finishes first hands the queue, up to maxBatch requests, to the oldest waiter, which sends
+// them as one call of deduct.lua. The script applies a batch's requests in order with exactly
+// the checks and writes of one call each, so no outcome and no ledger entry changes; only the
+// number of script calls (and their fixed cost in Redis) goes down.
+
+// maxBatch is the most requests one coalesced script call carries.
+const maxBatch = 64
+
+// batchTimeout bounds a coalesced call, which runs detached from its callers' contexts.
+const batchTimeout = 10 * time.Second
+
+type lane struct {
+	mu       sync.Mutex
+	inflight int
+	queue    []*waiter
+}
+
+// waiter is a queued deduct. ch receives nil when the result is in res/err, or the batch the
+// waiter must send itself (it leads it).
+type waiter struct {
+	req Request
+	res outcome
+	err error
+	ch  chan []*waiter
+}
+
+var waiters = sync.Pool{New: func() any { return &waiter{ch: make(chan []*waiter, 1)} }}
+
+func (r *Reserver) lane(sku string) *lane {
+	if l, ok := r.lanes.Load(sku); ok {
+		return l.(*lane)
+	}
+	l, _ := r.lanes.LoadOrStore(sku, &lane{})
+	return l.(*lane)
+}
+
+// deductCoalesced runs one deduct through the item's lane.
+func (r *Reserver) deductCoalesced(ctx context.Context, req Request) (outcome, error) {
+	l := r.lane(req.SKU)
+	l.mu.Lock()
+	if l.inflight < r.opts.inflight {
+		l.inflight++
+		l.mu.Unlock()
+		var o [1]outcome
+		err := r.execDeducts(ctx, req.SKU, []Request{req}, o[:])
+		r.handoff(l)
+		return o[0], err
+	}
+	w := waiters.Get().(*waiter)
+	w.req = req
+	l.queue = append(l.queue, w)
+	l.mu.Unlock()
+
+	var batch []*waiter
+	select {
+	case batch = <-w.ch:
+	case <-ctx.Done():
+		l.mu.Lock()
+		for i, q := range l.queue {
+			if q == w { // still queued: nothing was sent for it
+				l.queue = append(l.queue[:i:i], l.queue[i+1:]...)
+				l.mu.Unlock()
+				w.req = Request{}
+				waiters.Put(w)
+				return outcome{}, ctx.Err()
+			}
+		}
+		l.mu.Unlock()
+		batch = <-w.ch // already in a batch: its outcome is coming
+	}
+	if batch != nil {
+		r.sendBatch(ctx, l, batch)
+	}
+	o, err := w.res, w.err
+	*w = waiter{ch: w.ch}
+	waiters.Put(w)
+	return o, err
+}
+
+// sendBatch sends a batch led by batch[0], hands the results out, then hands the lane on.
+func (r *Reserver) sendBatch(ctx context.Context, l *lane, batch []*waiter) {
+	reqs := make([]Request, len(batch))
+	for i, w := range batch {
+		reqs[i] = w.req
+	}
+	outs := make([]outcome, len(batch))
+	// The batch carries other callers' requests: it is not cut short by the leader's context
+	// being cancelled (the leader may have been cancelled while it waited in the queue).
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
+	err := r.execDeducts(bctx, reqs[0].SKU, reqs, outs)
+	cancel()
+	for i, w := range batch {
+		w.res, w.err = outs[i], err
+		if i > 0 {
+			w.ch <- nil
+		}
+	}
+	r.handoff(l)
+}
+
+// handoff is called when a call of the lane finished: the oldest waiters get the next batch,
+// or the lane has one call fewer in flight.
+func (r *Reserver) handoff(l *lane) {
+	l.mu.Lock()
+	if len(l.queue) == 0 {
+		l.inflight--
+		l.mu.Unlock()
+		return
+	}
+	n := min(len(l.queue), maxBatch)
+	batch := make([]*waiter, n)
+	copy(batch, l.queue)
+	l.queue = append(l.queue[:0], l.queue[n:]...)
+	l.mu.Unlock()
+	batch[0].ch <- batch
+}
+
+// execDeducts runs deduct.lua for reqs, all of one item, and decodes one outcome per request.
+func (r *Reserver) execDeducts(ctx context.Context, sku string, reqs []Request, dst []outcome) error {
+	args := make([]string, 4, 4+3*len(reqs))
+	args[0], args[1], args[2], args[3] = r.limitArg, r.outboxFlag(), "D", "0"
+	for _, q := range reqs {
+		args = append(args, q.ID, strconv.FormatInt(q.Qty, 10), q.User)
+	}
+	if err := decodeOutcomes(deductScript.Exec(ctx, r.client, r.keys(sku), args), dst); err != nil {
+		return fmt.Errorf("stock: deduct %s: %w", sku, err)
+	}
+	return nil
+}
