@@ -34,7 +34,8 @@
 //
 // Flags: -redis addr | -cluster addr,addr,... (default: embedded miniredis), -g goroutines (256),
 // -items K (1: one hot item), -duration per phase (5s), -retry share (0.05), -pg dsn, -json,
-// -phases list, -rounds N (1), -flush, -outbox (true: stock.WithOutbox for the Reserver phases).
+// -phases list, -rounds N (1), -flush, -outbox (true: stock.WithOutbox for the Reserver phases),
+// -coalesce N (4: stock.WithCoalescing for the Reserver phases; 0 = off).
 //
 // For each phase it reports ops/s, latency quantiles (p50, p99, p99.9), allocations per op in
 // this process (the load generator's own id string included; with the embedded miniredis, the
@@ -111,6 +112,7 @@ type config struct {
 	phases   []string
 	flush    bool
 	outbox   bool
+	coalesce int
 	rounds   int
 }
 
@@ -123,6 +125,7 @@ type Report struct {
 	Rounds     int           `json:"rounds"`
 	Retry      float64       `json:"retry"`
 	Outbox     bool          `json:"outbox"`
+	Coalesce   int           `json:"coalesce"`
 	Phases     []PhaseResult `json:"phases"`
 	Ratios     []Ratio       `json:"ratios"`
 	Checks     []Check       `json:"checks"`
@@ -207,6 +210,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&phases, "phases", "", "comma-separated phases to run (default: all; pg-hotrow needs -pg)\n"+strings.Join(allPhases, ","))
 	fs.BoolVar(&cfg.flush, "flush", false, "FLUSHDB before each phase (only for a Redis you own)")
 	fs.BoolVar(&cfg.outbox, "outbox", true, "Reserver phases queue outbox events (stock.WithOutbox)")
+	fs.IntVar(&cfg.coalesce, "coalesce", 4, "calls of one item in flight before deducts are coalesced (stock.WithCoalescing; 0 = off)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "split each phase into this many slices, run in turn with the other phases")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -283,7 +287,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	rep := Report{
 		Target: b.target, Goroutines: cfg.g, Items: cfg.items, Duration: cfg.duration.String(),
-		Rounds: cfg.rounds, Retry: cfg.retry, Outbox: cfg.outbox, OK: true,
+		Rounds: cfg.rounds, Retry: cfg.retry, Outbox: cfg.outbox, Coalesce: cfg.coalesce, OK: true,
 	}
 	if b.mini != nil {
 		rep.Notes = append(rep.Notes, "embedded miniredis runs in this process: allocs/op and client CPU include the server, Redis CPU and memory are n/a")
@@ -410,8 +414,8 @@ func divide(a, b *float64) *float64 {
 }
 
 func printTable(w io.Writer, rep Report) error {
-	fmt.Fprintf(w, "stockbench: %s, g=%d, items=%d, %s per phase in %d round(s), retry=%.2f, outbox=%t\n",
-		rep.Target, rep.Goroutines, rep.Items, rep.Duration, rep.Rounds, rep.Retry, rep.Outbox)
+	fmt.Fprintf(w, "stockbench: %s, g=%d, items=%d, %s per phase in %d round(s), retry=%.2f, outbox=%t, coalesce=%d\n",
+		rep.Target, rep.Goroutines, rep.Items, rep.Duration, rep.Rounds, rep.Retry, rep.Outbox, rep.Coalesce)
 	fmt.Fprintln(w, "(one run on one machine: compare the rows with each other, not with other runs)")
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -375,7 +375,7 @@ const warmSKU = "warm"
 // a prefix of its own, its items loaded with stock each, and the keys to delete afterwards.
 func (b *bench) reserverPhase(name string, stock0 int64) (*phase, *stock.Reserver, []string, error) {
 	prefix := b.prefix(name)
-	r, err := stock.New(b.client, stock.WithPrefix(prefix), stock.WithOutbox(b.cfg.outbox))
+	r, err := stock.New(b.client, stock.WithPrefix(prefix), stock.WithOutbox(b.cfg.outbox), stock.WithCoalescing(b.cfg.coalesce))
 	if err != nil {
 		return nil, nil, nil, err
 	}
