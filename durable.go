@@ -28,7 +28,10 @@ const (
 )
 
 // Event is one change of stock that must reach the database of record or a message queue. The
-// pair (SKU, ID) identifies the operation; each id has at most one event of each type.
+// pair (SKU, ID) identifies the operation (in Redis and in the Store alike): a deduct, a hold
+// or a restock, and the events that follow it (a restore, a refusal). Each id has at most one
+// event of each type; an id used for one kind of operation cannot be reused for another
+// (Redis answers ErrConflict), so a Store may key its records on (SKU, ID).
 type Event struct {
 	Type EventType `json:"type"`
 	SKU  string    `json:"sku"`
@@ -55,7 +58,10 @@ type Event struct {
 //   - Other event types are accepted and ignored.
 //   - Remaining never goes below zero.
 //
-// Any other error is taken as temporary: the event is retried with backoff.
+// An error wrapping ErrInvalid says the event can never be applied: the Relay moves it to the
+// item's dead-letter set and reports it (RelayStats.DeadLettered, Report.DeadLetters). Any
+// other error is taken as temporary: the event, and the item's later events, are retried with
+// backoff.
 type Store interface {
 	// Apply applies one event, as described above.
 	Apply(ctx context.Context, ev Event) error
@@ -85,7 +91,8 @@ type Record struct {
 	At            time.Time // when the record was created, by the database's clock
 }
 
-// A RecordLister is a Store that can list an item's records, in pages ordered by id, for the
+// A RecordLister is a Store that can list an item's records, in pages ordered by id (byte-wise,
+// as Go compares strings), for the
 // reconciler to find records Redis has lost. List returns up to limit records of sku whose id
 // is greater than after ("" for the first page).
 type RecordLister interface {

@@ -121,6 +121,9 @@ type Report struct {
 	// the Store (units deducted in Redis and not in the Store, minus restores and restocks).
 	Pending  int
 	InFlight int64
+	// DeadLetters counts events the Store rejected as invalid, set aside in
+	// "<prefix>:{sku}:dl" for an operator; they count as in flight.
+	DeadLetters int
 	// Drift is Available + Held − (StoreRemaining − InFlight): positive when Redis would sell
 	// more than the Store has.
 	Drift int64
@@ -262,19 +265,21 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 		return rp, err
 	}
 
-	vs, err := snapshotScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.Itoa(maxPending)}).AsStrSlice()
+	keys6 := append(rc.r.keys(sku), rc.r.key(sku, deadSuffix))
+	vs, err := snapshotScript.Exec(ctx, rc.r.client, keys6, []string{strconv.Itoa(maxPending)}).AsStrSlice()
 	if err != nil {
 		return rp, fmt.Errorf("stock: reconcile %s: snapshot: %w", sku, err)
 	}
-	if len(vs) < 6 || (len(vs)-6)%2 != 0 {
+	if len(vs) < 7 || (len(vs)-7)%2 != 0 {
 		return rp, fmt.Errorf("%w: reconcile %s: snapshot of %d values", ErrInvalid, sku, len(vs))
 	}
 	rp.Missing = vs[0] != "1"
 	rp.Available, _ = strconv.ParseInt(vs[1], 10, 64)
 	rp.Held, _ = strconv.ParseInt(vs[2], 10, 64)
 	rp.Pending, _ = strconv.Atoi(vs[5])
-	if rp.Pending > maxPending {
-		rp.NeedsHuman = fmt.Sprintf("%d events pending: is a relay running?", rp.Pending)
+	rp.DeadLetters, _ = strconv.Atoi(vs[6])
+	if rp.Pending > maxPending || rp.DeadLetters > maxPending {
+		rp.NeedsHuman = fmt.Sprintf("%d events pending, %d dead letters: is a relay running?", rp.Pending, rp.DeadLetters)
 		return rp, nil
 	}
 
@@ -282,7 +287,7 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 	// snapshot as the counters) against their effect in the store.
 	entries := map[string]Entry{}
 	var ids []string
-	for i := 6; i < len(vs); i += 2 {
+	for i := 7; i < len(vs); i += 2 {
 		m, raw := vs[i], vs[i+1]
 		if len(m) < 3 || raw == "" {
 			continue
@@ -347,6 +352,9 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 		}
 		rp.Rebuilt = code.code == codeOK
 	}
+	if rp.DeadLetters > 0 && rp.NeedsHuman == "" {
+		rp.NeedsHuman = fmt.Sprintf("%d events the store rejected as invalid wait in the dead-letter set", rp.DeadLetters)
+	}
 	return rp, nil
 }
 
@@ -403,7 +411,7 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 		}
 		if len(reserved) > 0 && !rc.dry {
-			n, err := requeueScript.Exec(ctx, rc.r.client, rc.r.keys(sku), reserved).AsInt64()
+			n, err := requeueScript.Exec(ctx, rc.r.client, append(rc.r.keys(sku), rc.r.key(sku, deadSuffix)), reserved).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: requeue: %w", sku, err)
 			}

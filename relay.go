@@ -109,6 +109,9 @@ type RelayStats struct {
 	Retried   int // events that failed and were put back with a backoff
 	Orphaned  int // events whose ledger entry was gone; removed and logged
 	Redelive  int // events claimed more than once (a relay died, or a retry)
+	// DeadLettered counts events the Store rejected with ErrInvalid (they can never be
+	// applied): moved to the item's dead-letter set "<prefix>:{sku}:dl" for an operator.
+	DeadLettered int
 }
 
 func (s *RelayStats) add(o RelayStats) {
@@ -118,6 +121,7 @@ func (s *RelayStats) add(o RelayStats) {
 	s.Retried += o.Retried
 	s.Orphaned += o.Orphaned
 	s.Redelive += o.Redelive
+	s.DeadLettered += o.DeadLettered
 }
 
 // NewRelay returns a relay that delivers the events of r's items to store and pub. Either may
@@ -314,6 +318,18 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 			}
 		} else if errors.Is(err, ErrRefused) {
 			err = nil // a restore or restock the store will not take: nothing to give back
+		} else if errors.Is(err, ErrInvalid) {
+			// The store can never apply it: set it aside for an operator rather than hold back
+			// the item's later events forever.
+			k := rl.r.keys(sku)
+			keys := []string{k[3], rl.r.key(sku, triesSuffix), rl.r.key(sku, deadSuffix)}
+			if derr := deadScript.Exec(ctx, rl.r.client, keys, []string{c.member}).Error(); derr != nil {
+				err = fmt.Errorf("stock: relay dead-letter %s %s: %w", sku, c.member, derr)
+			} else {
+				rl.r.opts.logger.ErrorContext(ctx, "stock: the store rejects an event as invalid; moved to the dead-letter set", "sku", sku, "event", c.member, "err", err)
+				st.DeadLettered++
+				continue
+			}
 		}
 		if err == nil && publish {
 			err = rl.pub.Publish(ctx, c.ev)
@@ -374,22 +390,35 @@ func (rl *Relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
 		return
 	}
 	if bs, ok := rl.store.(BatchStore); ok && len(evs) > 1 {
-		res := bs.ApplyBatch(ctx, evs)
-		if len(res) != len(evs) {
-			err := fmt.Errorf("%w: store answered %d results for %d events", ErrInvalid, len(res), len(evs))
-			for _, i := range idx {
-				errs[i] = err
+		for len(evs) > 0 {
+			res := bs.ApplyBatch(ctx, evs)
+			if len(res) != len(evs) {
+				err := fmt.Errorf("stock: store answered %d results for %d events", len(res), len(evs))
+				for _, i := range idx {
+					errs[i] = err
+				}
+				return
 			}
-			return
-		}
-		for j, i := range idx {
-			errs[i] = res[j]
+			next := len(evs)
+			for j, i := range idx {
+				errs[i] = res[j]
+				if res[j] != nil && !errors.Is(res[j], ErrRefused) {
+					if errors.Is(res[j], ErrInvalid) {
+						next = j + 1 // dead-lettered by the caller: the rest go on
+					}
+					break
+				}
+			}
+			if next == len(evs) {
+				return
+			}
+			idx, evs = idx[next:], evs[next:]
 		}
 		return
 	}
 	for j, i := range idx {
 		errs[i] = rl.store.Apply(ctx, evs[j])
-		if errs[i] != nil && !errors.Is(errs[i], ErrRefused) {
+		if errs[i] != nil && !errors.Is(errs[i], ErrRefused) && !errors.Is(errs[i], ErrInvalid) {
 			for _, k := range idx[j+1:] {
 				errs[k] = errNotTried
 			}

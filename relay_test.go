@@ -69,6 +69,7 @@ func drain(t *testing.T, rl *stock.Relay) stock.RelayStats {
 		all.Refused += st.Refused
 		all.Retried += st.Retried
 		all.Redelive += st.Redelive
+		all.DeadLettered += st.DeadLettered
 		if st.Claimed == 0 {
 			return all
 		}
@@ -358,5 +359,43 @@ func TestRelayKeepsOrder(t *testing.T) {
 		rem, _ := store.Remaining(ctx, "A")
 		assert.Zero(t, rem)
 		assert.Equal(t, stock.Levels{Available: 0, Sold: 1, Loaded: 1}, levels(t, r, "A"))
+	})
+}
+
+// TestRelayDeadLetters: an event the store can never apply (ErrInvalid) is set aside, does not
+// hold back the item's later events, is not requeued by the reconciler, and is reported.
+func TestRelayDeadLetters(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 10))
+		require.NoError(t, store.Load(ctx, "A", 10))
+		store.FailWith(func(ev stock.Event) error {
+			if ev.ID == "bad" {
+				return fmt.Errorf("%w: the store cannot take this one", stock.ErrInvalid)
+			}
+			return nil
+		})
+		for _, id := range []string{"o1", "bad", "o2"} {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
+			require.NoError(t, err)
+		}
+		rl, err := r.NewRelay(store, nil)
+		require.NoError(t, err)
+		st := drain(t, rl)
+		assert.Equal(t, 1, st.DeadLettered)
+		assert.Equal(t, 2, st.Delivered)
+		assert.Zero(t, outboxLen(t, c, "A"))
+		rec, err := r.NewReconciler(store)
+		require.NoError(t, err)
+		reps, err := rec.Once(ctx)
+		require.NoError(t, err)
+		rp := reps[0]
+		assert.Equal(t, 1, rp.DeadLetters)
+		assert.Zero(t, rp.Drift, "a dead letter is in flight, not drift")
+		assert.Zero(t, rp.Requeued)
+		assert.Contains(t, rp.NeedsHuman, "dead-letter")
+		assert.Zero(t, outboxLen(t, c, "A"))
 	})
 }

@@ -31,6 +31,7 @@ var (
 	unlockScript   = newScript("unlock.lua", true)
 	claimScript    = newScript("claim.lua", false)
 	ackScript      = newScript("ack.lua", true)
+	deadScript     = newScript("deadletter.lua", true)
 )
 
 func newScript(name string, retryable bool) *rueidis.Lua {

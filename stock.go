@@ -30,6 +30,7 @@ const (
 	holdsSuffix  = ":h"  // sorted set: hold id -> deadline in ms
 	triesSuffix  = ":r"  // hash: outbox member -> delivery attempts
 	leaseSuffix  = ":rl" // string: the relay draining the item, or "backoff"; with a TTL
+	deadSuffix   = ":dl" // sorted set: outbox events the store rejected as invalid
 )
 
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
