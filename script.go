@@ -32,6 +32,7 @@ var (
 	claimScript    = newScript("claim.lua", false)
 	ackScript      = newScript("ack.lua", true)
 	deadScript     = newScript("deadletter.lua", true)
+	cartScript     = newScript("cart.lua", true)
 )
 
 func newScript(name string, retryable bool) *rueidis.Lua {

@@ -281,6 +281,11 @@ func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err
 }
 
 func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receipt, error) {
+	return r.giveBackChecked(ctx, sku, id, reason, "", 0)
+}
+
+// giveBackChecked gives back only if the id took qty units as kind ("" = any).
+func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64) (Receipt, error) {
 	rc := Receipt{SKU: sku, ID: id}
 	if err := checkName("sku", sku); err != nil {
 		return rc, err
@@ -288,7 +293,11 @@ func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receip
 	if err := checkName("id", id); err != nil {
 		return rc, err
 	}
-	o, err := decodeOne(restoreScript.Exec(ctx, r.client, r.keys(sku), []string{id, reason, r.outboxFlag()}))
+	args := []string{id, reason, r.outboxFlag()}
+	if kind != "" {
+		args = append(args, kind, strconv.FormatInt(qty, 10))
+	}
+	o, err := decodeOne(restoreScript.Exec(ctx, r.client, r.keys(sku), args))
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
 	}

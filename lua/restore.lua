@@ -6,6 +6,8 @@
 -- ARGV[2] reason: 'x' restore (a deduct, a confirmed hold or a live hold), 'c' cancel (holds only),
 --         'f' refused by the store (a deduct or a confirmed hold)
 -- ARGV[3] '1' to queue events in the outbox
+-- ARGV[4] optional: the kind ('D' or 'H') and ARGV[5] the quantity the id must have taken
+--         (carts undo only what they took); an entry that differs is a CONFLICT
 -- Reply: code, remaining available, qty
 --   OK given back; REPLAY already given back; UNKNOWN id never taken (a tombstone is left so a
 --   late deduct or hold with this id is refused); CONFIRMED cancel of a confirmed hold;
@@ -20,6 +22,9 @@ end
 local k, s, q, _, _, _, u, d = parse(e)
 if k == 'T' then
   return {UNKNOWN, 0, 0}
+end
+if ARGV[4] and ARGV[4] ~= '' and (k ~= ARGV[4] or q ~= tonumber(ARGV[5])) then
+  return {CONFLICT, 0, q}
 end
 local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
 if k == 'L' or (reason == 'c' and k ~= 'H') or (reason == 'f' and s == 'h') then
