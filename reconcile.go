@@ -133,6 +133,9 @@ type Report struct {
 	Requeued   int   // lost outbox events queued again
 	Rerecorded int   // ledger entries the Store has and Redis lost, written back
 	Trimmed    int   // settled ledger entries removed after the retention
+	// Retired is set when the item was delisted and its keys are removed (by this pass or an
+	// earlier one): it is not compared any more.
+	Retired bool
 	// NeedsHuman says why something was left for an operator ("" if nothing).
 	NeedsHuman string
 }
@@ -141,6 +144,9 @@ type Report struct {
 func (rp Report) String() string {
 	if rp.Busy {
 		return fmt.Sprintf("%s: busy (a relay held it), not compared", rp.SKU)
+	}
+	if rp.Retired && rp.Trimmed == 0 {
+		return fmt.Sprintf("%s: retired", rp.SKU)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: redis %d+%d held, store %d, in flight %d (%d pending), drift %d",
@@ -163,6 +169,9 @@ func (rp Report) String() string {
 	}
 	if rp.Trimmed > 0 {
 		fixes = append(fixes, fmt.Sprintf("trimmed %d", rp.Trimmed))
+	}
+	if rp.Retired {
+		fixes = append(fixes, "retired")
 	}
 	if len(fixes) > 0 {
 		b.WriteString("; repaired: " + strings.Join(fixes, ", "))
@@ -249,6 +258,16 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 		return rp, nil
 	}
 	defer rc.unlock(sku)
+
+	life, err := rc.r.client.Do(ctx, rc.r.client.B().Hmget().Key(rc.r.key(sku, itemSuffix)).Field("x", "d").Build()).ToArray()
+	if err != nil || len(life) != 2 {
+		return rp, fmt.Errorf("stock: reconcile %s: %w", sku, err)
+	}
+	if x, _ := life[0].ToString(); x == "1" {
+		rp.Retired = true
+		return rp, nil
+	}
+	delisted, _ := life[1].AsInt64()
 
 	remaining, err := rc.store.Remaining(ctx, sku)
 	if errors.Is(err, ErrNotLoaded) {
@@ -351,6 +370,11 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
 		rp.Rebuilt = code.code == codeOK
+	}
+	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.DeadLetters == 0 && !rp.Missing {
+		if err := rc.retire(ctx, &rp, delisted); err != nil {
+			return rp, err
+		}
 	}
 	if rp.DeadLetters > 0 && rp.NeedsHuman == "" {
 		rp.NeedsHuman = fmt.Sprintf("%d events the store rejected as invalid wait in the dead-letter set", rp.DeadLetters)
@@ -518,6 +542,37 @@ func lostEntry(rec Record) string {
 	}
 	return string([]byte{kind, state}) + "|" + strconv.FormatInt(rec.Qty, 10) + "|0|0|" +
 		strconv.FormatInt(rec.At.UnixMilli(), 10) + "|" + user
+}
+
+// retire removes a delisted item's keys once its retention has passed, in bounded steps.
+func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) error {
+	cutoff := time.Now().Add(-rc.retention).UnixMilli()
+	if delisted > cutoff {
+		return nil
+	}
+	k := rc.r.keys(rp.SKU)
+	keys := append(k, rc.r.key(rp.SKU, deadSuffix), rc.r.key(rp.SKU, triesSuffix), rc.r.key(rp.SKU, leaseSuffix))
+	args := []string{strconv.FormatInt(cutoff, 10), "500"}
+	for range 10000 {
+		code, n, err := decodePair(retireScript.Exec(ctx, rc.r.client, keys, args))
+		if err != nil {
+			return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
+		}
+		rp.Trimmed += int(n)
+		switch code {
+		case codeReplay: // more ledger pages
+		case codeOK:
+			cmd := rc.r.client.B().Srem().Key(rc.r.registryKey()).Member(rp.SKU).Build()
+			if err := rc.r.client.Do(ctx, cmd).Error(); err != nil {
+				return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
+			}
+			rp.Retired = true
+			return nil
+		default: // not retirable now (something pending); a later pass tries again
+			return nil
+		}
+	}
+	return nil
 }
 
 // lock takes the item's relay lease for the pass, waiting a little for a relay to finish.

@@ -301,3 +301,45 @@ func TestReconcileRace(t *testing.T) {
 		assert.Zero(t, g.once(t)["A"].Drift)
 	})
 }
+
+func TestDelistRetires(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, stock.WithRetention(time.Millisecond))
+		for i := range 600 { // more than one retire step of the ledger
+			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		require.ErrorIs(t, g.r.Delist(ctx, "ghost"), stock.ErrNotLoaded)
+		require.NoError(t, g.r.Delist(ctx, "A"))
+		require.NoError(t, g.r.Delist(ctx, "A"))
+		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrClosed)
+		_, err = g.r.Restore(ctx, "A", "o0") // the pipeline still works
+		require.NoError(t, err)
+		time.Sleep(10 * time.Millisecond)
+		rp := g.once(t)["A"]
+		assert.False(t, rp.Retired, "events are still pending")
+		drain(t, g.relay)
+		time.Sleep(10 * time.Millisecond)
+		reps := g.once(t)
+		assert.True(t, reps["A"].Retired, reps["A"].String())
+		assert.Zero(t, reps["A"].Drift)
+		assert.False(t, reps["B"].Retired)
+		n, err := c.Do(ctx, c.B().Exists().Key("stock:{A}:l").Build()).AsInt64()
+		require.NoError(t, err)
+		assert.Zero(t, n, "the ledger is gone")
+		_, err = g.r.Available(ctx, "A")
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		reps = g.once(t)
+		_, listed := reps["A"]
+		assert.False(t, listed, "a retired item leaves the registry")
+		rec, err := g.r.NewReconciler(g.store, stock.WithReconcileItems("A"))
+		require.NoError(t, err)
+		rr, err := rec.Once(ctx)
+		require.NoError(t, err)
+		assert.True(t, rr[0].Retired)
+		assert.Contains(t, rr[0].String(), "retired")
+		require.NoError(t, g.r.Load(ctx, "A", 3), "a retired item may be listed again")
+	})
+}

@@ -33,6 +33,8 @@ var (
 	ackScript      = newScript("ack.lua", true)
 	deadScript     = newScript("deadletter.lua", true)
 	cartScript     = newScript("cart.lua", true)
+	delistScript   = newScript("delist.lua", true)
+	retireScript   = newScript("retire.lua", true)
 )
 
 func newScript(name string, retryable bool) *rueidis.Lua {

@@ -1,0 +1,34 @@
+-- retire.lua: one bounded step of removing a delisted item's keys.
+--
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
+-- KEYS[6] dead-letter zset, KEYS[7] attempts hash, KEYS[8] relay lease
+-- ARGV[1] cutoff (ms): the item must have been delisted before it; ARGV[2] most ledger entries
+-- to remove in this step
+-- Reply: code, entries removed. OK: the item is retired (its hash keeps only x = '1' and d);
+-- REPLAY: call again (more ledger entries); CONFLICT: not retirable now (not delisted long
+-- enough, events pending, holds live, dead letters); NOTLOADED: no such item.
+local d = redis.call('HGET', KEYS[1], 'd')
+if redis.call('HGET', KEYS[1], 'x') == '1' then
+  return {OK, 0}
+end
+if not redis.call('HGET', KEYS[1], 'a') then
+  return {NOTLOADED, 0}
+end
+if not d or tonumber(d) > tonumber(ARGV[1]) or redis.call('ZCARD', KEYS[4]) > 0 or
+   redis.call('ZCARD', KEYS[5]) > 0 or redis.call('ZCARD', KEYS[6]) > 0 then
+  return {CONFLICT, 0}
+end
+local page = redis.call('HSCAN', KEYS[2], '0', 'COUNT', tonumber(ARGV[2]))
+local fields = {}
+for i = 1, #page[2], 2 do
+  fields[#fields + 1] = page[2][i]
+end
+if #fields > 0 then
+  redis.call('HDEL', KEYS[2], unpack(fields))
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {REPLAY, #fields}
+end
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[7], KEYS[8])
+redis.call('HSET', KEYS[1], 'x', '1', 'd', d)
+return {OK, #fields}
