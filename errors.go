@@ -36,6 +36,9 @@ var (
 	ErrExpired = errors.New("stock: hold expired")
 	// ErrConfirmed: a cancel arrived for a hold that was already confirmed.
 	ErrConfirmed = errors.New("stock: hold already confirmed")
+	// ErrNotReplicated: the write happened, but fewer replicas than WithReplicaAck asked for
+	// acknowledged it in time; a failover could lose it. Returned with a valid receipt.
+	ErrNotReplicated = errors.New("stock: write not acknowledged by enough replicas")
 	// ErrInvalid: the input was rejected before anything was sent to Redis, or Redis answered
 	// with something this package does not understand. Nothing was changed.
 	ErrInvalid = errors.New("stock: invalid input")

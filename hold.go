@@ -49,11 +49,12 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 	if err := checkSKUID(sku, id); err != nil {
 		return rc, err
 	}
-	o, err := decodeOne(confirmScript.Exec(ctx, r.client, r.keys(sku), []string{id, r.outboxFlag()}))
+	res, ackErr := r.exec(ctx, confirmScript, r.keys(sku), []string{id, r.outboxFlag()})
+	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: confirm %s/%s: %w", sku, id, err)
 	}
-	return r.receipt(rc, o)
+	return r.receiptAck(rc, o, ackErr)
 }
 
 // Cancel gives a live hold back. A second Cancel, or a Cancel of a hold that already expired,
@@ -81,11 +82,12 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 		return rc, err
 	}
 	args := []string{id, strconv.FormatInt(ttl.Milliseconds(), 10), r.outboxFlag()}
-	o, err := decodeOne(extendScript.Exec(ctx, r.client, r.keys(sku), args))
+	res, ackErr := r.exec(ctx, extendScript, r.keys(sku), args)
+	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)
 	}
-	return r.receipt(rc, o)
+	return r.receiptAck(rc, o, ackErr)
 }
 
 // sweepBatch is the most holds one sweep script releases: a bounded step that never blocks

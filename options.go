@@ -2,6 +2,7 @@ package stock
 
 import (
 	"log/slog"
+	"time"
 )
 
 // An Option configures a Reserver. Options are applied in order by New, which validates them.
@@ -14,6 +15,9 @@ type options struct {
 	logger    *slog.Logger
 	observer  Observer
 	inflight  int
+
+	replicas    int
+	replicaWait time.Duration
 }
 
 func defaultOptions() options {
@@ -88,6 +92,25 @@ func WithCoalescing(maxInFlight int) Option {
 			return invalid("coalescing in-flight limit %d out of range [0, 1024]", maxInFlight)
 		}
 		o.inflight = maxInFlight
+		return nil
+	}
+}
+
+// WithReplicaAck makes every write (deduct, hold, confirm, restore, cancel, restock) wait until
+// n replicas acknowledged it, or timeout passed: the script and a WAIT are sent on one
+// connection. When fewer replicas answer in time, the operation still happened; it returns its
+// receipt with an error wrapping ErrNotReplicated, which the caller may treat as "done, but a
+// failover could lose it". What it guarantees: a write acknowledged by n replicas survives a
+// failover to one of them. What it does not: Redis replication stays asynchronous (the primary
+// has applied the write before any replica did, and a failover to a replica that did not
+// acknowledge loses it), and it costs a dedicated connection and a round trip to the replicas
+// per call, and disables coalescing. The default is 0: no waiting.
+func WithReplicaAck(n int, timeout time.Duration) Option {
+	return func(o *options) error {
+		if n < 0 || n > 100 || (n > 0 && timeout <= 0) {
+			return invalid("replica ack %d within %v", n, timeout)
+		}
+		o.replicas, o.replicaWait = n, timeout
 		return nil
 	}
 }

@@ -1,7 +1,10 @@
 package stock
 
 import (
+	"context"
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/redis/rueidis"
@@ -47,10 +50,48 @@ func newScript(name string, retryable bool) *rueidis.Lua {
 		panic(err)
 	}
 	src := string(lib) + "\n" + string(body)
+	var l *rueidis.Lua
 	if retryable {
-		return rueidis.NewLuaScriptRetryable(src)
+		l = rueidis.NewLuaScriptRetryable(src)
+	} else {
+		l = rueidis.NewLuaScript(src)
 	}
-	return rueidis.NewLuaScript(src)
+	sum := sha1.Sum([]byte(src))
+	sources[l] = scriptSource{src: src, sha: hex.EncodeToString(sum[:])}
+	return l
+}
+
+// scriptSource keeps a script's text and SHA-1, for the calls that must pipeline a script with
+// another command on one connection (WithReplicaAck).
+type scriptSource struct{ src, sha string }
+
+var sources = map[*rueidis.Lua]scriptSource{}
+
+// exec runs a script. With WithReplicaAck, the script and a WAIT go on one connection, one after
+// the other; ackErr then says whether enough replicas acknowledged (nil if they did).
+func (r *Reserver) exec(ctx context.Context, s *rueidis.Lua, keys, args []string) (res rueidis.RedisResult, ackErr error) {
+	if r.opts.replicas == 0 {
+		return s.Exec(ctx, r.client, keys, args), nil
+	}
+	src := sources[s]
+	_ = r.client.Dedicated(func(c rueidis.DedicatedClient) error {
+		wait := c.B().Wait().Numreplicas(int64(r.opts.replicas)).Timeout(r.opts.replicaWait.Milliseconds()).Build()
+		out := c.DoMulti(ctx, c.B().Evalsha().Sha1(src.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
+		if re, ok := rueidis.IsRedisErr(out[0].Error()); ok && re.IsNoScript() {
+			wait = c.B().Wait().Numreplicas(int64(r.opts.replicas)).Timeout(r.opts.replicaWait.Milliseconds()).Build()
+			out = c.DoMulti(ctx, c.B().Eval().Script(src.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
+		}
+		res = out[0]
+		n, err := out[1].AsInt64()
+		switch {
+		case err != nil:
+			ackErr = fmt.Errorf("%w: WAIT: %v", ErrNotReplicated, err)
+		case n < int64(r.opts.replicas):
+			ackErr = fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, n, r.opts.replicas, r.opts.replicaWait)
+		}
+		return nil
+	})
+	return res, ackErr
 }
 
 // outcome is one request's result as a script reports it: three integers.

@@ -55,6 +55,9 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 			return nil, err
 		}
 	}
+	if o.replicas > 0 {
+		o.inflight = 0 // each write waits for its own acknowledgement
+	}
 	return &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}, nil
 }
 
@@ -249,12 +252,22 @@ func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int
 		r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10),
 		req.ID, strconv.FormatInt(req.Qty, 10), req.User,
 	}
-	o, err := decodeOne(deductScript.Exec(ctx, r.client, r.keys(req.SKU), args))
+	res, ackErr := r.exec(ctx, deductScript, r.keys(req.SKU), args)
+	o, err := decodeOne(res)
 	rc := Receipt{SKU: req.SKU, ID: req.ID}
 	if err != nil {
 		return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
 	}
-	return r.receipt(rc, o)
+	return r.receiptAck(rc, o, ackErr)
+}
+
+// receiptAck is receipt, with the replica acknowledgement's error when the write was made.
+func (r *Reserver) receiptAck(rc Receipt, o outcome, ackErr error) (Receipt, error) {
+	rc, err := r.receipt(rc, o)
+	if err == nil && ackErr != nil && o.code == codeOK {
+		return rc, ackErr
+	}
+	return rc, err
 }
 
 func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
@@ -297,11 +310,12 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if kind != "" {
 		args = append(args, kind, strconv.FormatInt(qty, 10))
 	}
-	o, err := decodeOne(restoreScript.Exec(ctx, r.client, r.keys(sku), args))
+	res, ackErr := r.exec(ctx, restoreScript, r.keys(sku), args)
+	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
 	}
-	return r.receipt(rc, o)
+	return r.receiptAck(rc, o, ackErr)
 }
 
 // Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
@@ -316,11 +330,12 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 		return Receipt{SKU: sku, ID: id}, err
 	}
 	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
-	o, err := decodeOne(restockScript.Exec(ctx, r.client, r.keys(sku), args))
+	res, ackErr := r.exec(ctx, restockScript, r.keys(sku), args)
+	o, err := decodeOne(res)
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, fmt.Errorf("stock: restock %s/%s: %w", sku, id, err)
 	}
-	return r.receipt(Receipt{SKU: sku, ID: id}, o)
+	return r.receiptAck(Receipt{SKU: sku, ID: id}, o, ackErr)
 }
 
 // Items iterates over the registry of loaded items (SSCAN, in pages), in no particular order.
