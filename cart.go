@@ -179,6 +179,9 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if err != nil {
 		return out, err
 	}
+	if r.fenced.Load() {
+		return out, ErrFailover
+	}
 	code, err := r.cartLog(ctx, "begin", c.ID, encodeLines(kind, lines))
 	if err != nil {
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)

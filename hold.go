@@ -34,6 +34,9 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if err := checkTTL(ttl); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
+	if r.fenced.Load() {
+		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
+	}
 	return r.take(ctx, "H", req, ttl.Milliseconds())
 }
 

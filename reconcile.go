@@ -210,6 +210,13 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 // Once reconciles every item once (the registry, or the items given by WithReconcileItems)
 // and returns one report per item. It goes on after an item's error and returns the first.
 func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
+	var epoch string
+	if rc.r.guarded.Load() && rc.items == nil && !rc.dry {
+		var err error
+		if epoch, err = rc.r.topology(ctx); err != nil {
+			return nil, err
+		}
+	}
 	skus := rc.items
 	if skus == nil {
 		for sku, err := range rc.r.Items(ctx) {
@@ -221,11 +228,19 @@ func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
 	}
 	var reps []Report
 	var first error
+	complete := true
 	for _, sku := range skus {
 		rp, err := rc.Item(ctx, sku)
 		reps = append(reps, rp)
 		if err != nil && first == nil {
 			first = err
+		}
+		complete = complete && !rp.Busy && err == nil
+	}
+	if epoch != "" && complete {
+		// A complete pass over every item: the current primaries are reconciled.
+		if err := rc.r.markReconciled(ctx, epoch); err != nil {
+			return reps, err
 		}
 	}
 	return reps, first

@@ -181,6 +181,9 @@ func (rl *Relay) Once(ctx context.Context) (RelayStats, error) {
 				return
 			}
 			if s.Claimed < rl.batch {
+				if s.Claimed > 0 {
+					rl.release(ctx, sku) // drained: the next relay or reconciler need not wait
+				}
 				return
 			}
 		}
@@ -206,6 +209,11 @@ type claimed struct {
 	store  bool // the event changes the Store
 	tries  int64
 	ok     bool // no entry: orphan
+}
+
+// release gives back the item's lease if this relay still holds it.
+func (rl *Relay) release(ctx context.Context, sku string) {
+	_ = unlockScript.Exec(ctx, rl.r.client, []string{rl.r.key(sku, leaseSuffix)}, []string{rl.token}).Error()
 }
 
 // eventTypes maps an outbox event letter (and the entry) to the event type.

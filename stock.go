@@ -6,6 +6,7 @@ import (
 	"iter"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -39,8 +40,10 @@ const (
 type Reserver struct {
 	client   rueidis.Client
 	opts     options
-	limitArg string   // opts.userLimit, formatted once
-	lanes    sync.Map // sku -> *lane, for coalescing
+	limitArg string      // opts.userLimit, formatted once
+	lanes    sync.Map    // sku -> *lane, for coalescing
+	guarded  atomic.Bool // a FailoverGuard exists: reconcile passes record the epoch
+	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -235,6 +238,9 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 	}
 	if err := req.check(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	if r.fenced.Load() {
+		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
 	if r.opts.inflight > 0 {
 		o, err := r.deductCoalesced(ctx, req)

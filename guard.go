@@ -1,0 +1,150 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// ErrFailover is returned by Deduct, Hold and DeductMany while a FailoverGuard has seen the
+// Redis primaries change (a restart or a promoted replica) and no reconcile pass has run since:
+// Redis may have lost acknowledged writes, and selling on it before the reconciler compared it
+// with the Store could sell stock that is gone. Restores, confirms and the relay still work.
+var ErrFailover = errors.New("stock: Redis primary changed; waiting for a reconcile pass")
+
+// A FailoverGuard notices that a Redis primary restarted (its run id changed) or was replaced
+// (its replication id changed), and then fences the Reserver: new deducts and holds are refused
+// with ErrFailover until a Reconciler pass over all items completes, in this process or any
+// other one. The primaries' identities last reconciled are kept in Redis ("<prefix>:epoch"), so
+// every process sharing the Redis agrees. Create it with Reserver.NewFailoverGuard and call
+// Check (or Run) regularly; the fence is only as prompt as the checks. Safe for concurrent use.
+type FailoverGuard struct {
+	r *Reserver
+}
+
+// NewFailoverGuard returns a guard for r. It also makes r's Reconcilers record, after each
+// complete pass, that the current primaries are reconciled.
+func (r *Reserver) NewFailoverGuard() *FailoverGuard {
+	r.guarded.Store(true)
+	return &FailoverGuard{r: r}
+}
+
+// Check reads the primaries' identities and fences or unfences the Reserver. On the first check
+// of a Redis that has no recorded epoch it records the current one. It reports whether the
+// Reserver is fenced.
+func (g *FailoverGuard) Check(ctx context.Context) (fenced bool, err error) {
+	id, err := g.r.topology(ctx)
+	if err != nil {
+		return g.r.fenced.Load(), err
+	}
+	key := g.r.opts.prefix + ":epoch"
+	c := g.r.client
+	epoch, err := c.Do(ctx, c.B().Get().Key(key).Build()).ToString()
+	if rueidis.IsRedisNil(err) {
+		// Nothing recorded: a new deployment, or the key itself was lost with the data. In both
+		// cases nothing tells us which writes were lost, so record a baseline only when no item
+		// exists yet; otherwise fence until a pass.
+		n, serr := c.Do(ctx, c.B().Scard().Key(g.r.registryKey()).Build()).AsInt64()
+		if serr != nil {
+			return g.r.fenced.Load(), fmt.Errorf("stock: failover guard: %w", serr)
+		}
+		if n == 0 {
+			if err := c.Do(ctx, c.B().Set().Key(key).Value(id).Nx().Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+				return g.r.fenced.Load(), fmt.Errorf("stock: failover guard: %w", err)
+			}
+			g.r.fenced.Store(false)
+			return false, nil
+		}
+		g.fence(ctx, "no epoch recorded for existing items")
+		return true, nil
+	}
+	if err != nil {
+		return g.r.fenced.Load(), fmt.Errorf("stock: failover guard: %w", err)
+	}
+	if epoch != id {
+		g.fence(ctx, "primaries changed: was "+epoch+", now "+id)
+		return true, nil
+	}
+	if g.r.fenced.Swap(false) {
+		g.r.opts.logger.InfoContext(ctx, "stock: failover fence lifted: the current primaries were reconciled")
+	}
+	return false, nil
+}
+
+func (g *FailoverGuard) fence(ctx context.Context, why string) {
+	if !g.r.fenced.Swap(true) {
+		g.r.opts.logger.WarnContext(ctx, "stock: failover fence: deducts and holds refused until a reconcile pass", "why", why)
+	}
+}
+
+// Run calls Check every interval until ctx is done and returns ctx's error.
+func (g *FailoverGuard) Run(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		return invalid("guard interval %v", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := g.Check(ctx); err != nil && ctx.Err() == nil {
+			g.r.opts.logger.WarnContext(ctx, "stock: failover guard", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// topology identifies the current primaries: each one's run id and replication id, sorted.
+func (r *Reserver) topology(ctx context.Context) (string, error) {
+	var ids []string
+	for addr, node := range r.client.Nodes() {
+		info, err := node.Do(ctx, node.B().Info().Section("everything").Build()).ToString()
+		if err != nil && ctx.Err() == nil { // a connection broken by the restart: once more
+			info, err = node.Do(ctx, node.B().Info().Section("everything").Build()).ToString()
+		}
+		if err != nil {
+			return "", fmt.Errorf("stock: failover guard: INFO %s: %w", addr, err)
+		}
+		f := infoFields(info, "role", "run_id", "master_replid")
+		if f["role"] != "master" {
+			continue
+		}
+		ids = append(ids, f["run_id"]+"/"+f["master_replid"])
+	}
+	if len(ids) == 0 {
+		return "", fmt.Errorf("stock: failover guard: no primary answered")
+	}
+	slices.Sort(ids)
+	return strings.Join(ids, ","), nil
+}
+
+func infoFields(info string, names ...string) map[string]string {
+	m := map[string]string{}
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && slices.Contains(names, k) {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// markReconciled records, after a complete reconcile pass, that the current primaries are
+// reconciled, which lifts the fence of every guard at its next check.
+func (r *Reserver) markReconciled(ctx context.Context, before string) error {
+	after, err := r.topology(ctx)
+	if err != nil {
+		return err
+	}
+	if after != before {
+		return nil // the primaries changed during the pass: it does not count
+	}
+	return r.client.Do(ctx, r.client.B().Set().Key(r.opts.prefix+":epoch").Value(after).Build()).Error()
+}

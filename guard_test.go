@@ -1,0 +1,66 @@
+package stock_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+)
+
+// TestFailoverGuard: a restarted primary fences deducts until a reconcile pass, in this
+// process and in another one sharing the Redis.
+func TestFailoverGuard(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Log("real-server test: set STOCK_REDIS_SERVER to run it")
+		return
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	r := newReserver(t, srv.Client(t))
+	other := newReserver(t, srv.Client(t))
+	g, g2 := r.NewFailoverGuard(), other.NewFailoverGuard()
+	fenced, err := g.Check(ctx)
+	require.NoError(t, err)
+	require.False(t, fenced, "a new deployment records its baseline")
+
+	store := memstore.New()
+	require.NoError(t, r.Load(ctx, "A", 10))
+	require.NoError(t, store.Load(ctx, "A", 10))
+	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.NoError(t, err)
+	fenced, err = g2.Check(ctx)
+	require.NoError(t, err)
+	require.False(t, fenced)
+
+	srv.Kill()
+	srv.Start() // a new run id; the data survives (AOF, fsync always)
+	require.Eventually(t, func() bool {
+		fenced, err := g.Check(ctx)
+		return err == nil && fenced
+	}, 10e9, 50e6)
+	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
+	assert.ErrorIs(t, err, stock.ErrFailover)
+	_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h2", Qty: 1}, 60e9)
+	assert.ErrorIs(t, err, stock.ErrFailover)
+	_, err = r.Restore(ctx, "A", "o1")
+	require.NoError(t, err, "restores still work while fenced")
+
+	rec, err := r.NewReconciler(store)
+	require.NoError(t, err)
+	_, err = rec.Once(ctx)
+	require.NoError(t, err)
+	fenced, err = g.Check(ctx)
+	require.NoError(t, err)
+	assert.False(t, fenced, "a complete pass lifts the fence")
+	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
+	require.NoError(t, err)
+	// The other process learns of the pass from Redis.
+	fenced, err = g2.Check(ctx)
+	require.NoError(t, err)
+	assert.False(t, fenced)
+}
