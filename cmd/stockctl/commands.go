@@ -1,0 +1,833 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/stockres/stock"
+)
+
+type runFunc = func(ctx context.Context, e *env, args []string) error
+
+// commands, in the order of the usage text.
+var commands = []command{
+	{
+		name: "load", args: "SKU QTY", min: 2, max: 2,
+		short: "create an item with QTY units (and its store row, with -dsn)",
+		long: `
+Creates SKU in Redis with QTY units available: the preheat before a sale. An item that exists
+is never overwritten: add stock to a live item with restock.
+
+With -dsn it first creates the store's tables if missing and the item's row with QTY
+remaining; it loads nothing when either side already has the item.`,
+		example: "stockctl load sneaker-42 100\nstockctl -dsn sqlite:/var/lib/shop.db load sneaker-42 100",
+		setup:   func(*flag.FlagSet) runFunc { return cmdLoad },
+	},
+	{
+		name: "restock", args: "SKU ID QTY", min: 3, max: 3,
+		short: "add QTY units to a live item, once per ID",
+		long: `
+Adds QTY units to a loaded item, exactly once per ID: running it again with the same ID is a
+replay and adds nothing. The restock is ledgered and queued for the store like a sale.`,
+		example: "stockctl restock sneaker-42 po-2024-117 50",
+		setup:   func(*flag.FlagSet) runFunc { return cmdRestock },
+	},
+	{
+		name: "available", args: "SKU", min: 1, max: 1,
+		short: "print the units of an item that can be taken now",
+		long: `
+Prints the units of SKU available now (exit 1 when Redis does not know the item).`,
+		example: "stockctl available sneaker-42",
+		setup:   func(*flag.FlagSet) runFunc { return cmdAvailable },
+	},
+	{
+		name: "levels", args: "[SKU...]", min: 0, max: -1,
+		short: "available, held, sold, loaded and closed, per item (all items when none given)",
+		long: `
+Prints the counters of each item, read atomically: available + held + sold = loaded. Without
+SKUs, every item of the registry. With -dsn, a STORE column shows the store's remaining stock.
+Exit 1 when an item is not loaded (the others are still printed).`,
+		example: "stockctl levels sneaker-42 hoodie-7\nstockctl -json levels",
+		setup:   func(*flag.FlagSet) runFunc { return cmdLevels },
+	},
+	{
+		name: "items", args: "", min: 0, max: 0,
+		short: "list the registered items",
+		long: `
+Lists the items in the registry (every item ever loaded under -prefix), sorted.`,
+		example: "stockctl items",
+		setup:   func(*flag.FlagSet) runFunc { return cmdItems },
+	},
+	{
+		name: "entry", args: "SKU ID", min: 2, max: 2,
+		short: "show the ledger entry of one request id",
+		long: `
+Shows what request ID did to SKU: kind (deduct, hold, restock, tombstone), state (held,
+reserved, applied, restored, refused, cancelled, expired), quantity, stock before and after,
+time, user and, for a hold, its deadline. Exit 1 when there is no entry (never used, or trimmed
+after the retention).`,
+		example: "stockctl entry sneaker-42 order-1001",
+		setup:   func(*flag.FlagSet) runFunc { return cmdEntry },
+	},
+	{
+		name: "ledger", args: "SKU", min: 1, max: 1,
+		short: "list an item's ledger entries",
+		long: `
+Lists the ledger entries of SKU, oldest first. The ledger is read with HSCAN in pages, so even
+a large one never blocks Redis; -limit stops the scan after that many matching entries, which
+are then the first found in scan order, not the oldest.`,
+		example: "stockctl ledger sneaker-42 -state reserved -limit 20",
+		setup: func(fs *flag.FlagSet) runFunc {
+			limit := fs.Int("limit", 100, "show at most `N` entries (0: all)")
+			state := fs.String("state", "", "only entries in this `STATE`: held, reserved, applied, restored, refused, cancelled, expired")
+			return func(ctx context.Context, e *env, args []string) error {
+				return cmdLedger(ctx, e, args, *limit, *state)
+			}
+		},
+	},
+	{
+		name: "close", args: "SKU", min: 1, max: 1,
+		short: "stop selling an item (restores, the relay and the reconciler go on)",
+		long: `
+Closes SKU: deducts and holds are refused, while restores, confirms, cancels, expiry, the relay
+and the reconciler go on, so the item's pipeline finishes. Closing a closed item does nothing.`,
+		example: "stockctl close sneaker-42",
+		setup:   func(*flag.FlagSet) runFunc { return cmdClose(true) },
+	},
+	{
+		name: "reopen", args: "SKU", min: 1, max: 1,
+		short: "let a closed item sell again",
+		long: `
+Reopens a closed SKU for deducts and holds.`,
+		example: "stockctl reopen sneaker-42",
+		setup:   func(*flag.FlagSet) runFunc { return cmdClose(false) },
+	},
+	{
+		name: "restore", args: "SKU ID", min: 2, max: 2,
+		short: "give back exactly what a request id took, once",
+		long: `
+Gives back exactly what request ID took from SKU (a sale or a live hold), once: a second
+restore of the ID is a replay and changes nothing. The restore is queued for the store.
+
+An ID with no ledger entry is refused and nothing changes, unless -tombstone is given: then a
+tombstone is written, so that a late request with that ID is refused (ErrRestored).`,
+		example: "stockctl restore sneaker-42 order-1001",
+		setup: func(fs *flag.FlagSet) runFunc {
+			tomb := fs.Bool("tombstone", false, "for an ID with no entry, leave a tombstone that refuses a late request with it")
+			return func(ctx context.Context, e *env, args []string) error {
+				return cmdRestore(ctx, e, args, *tomb)
+			}
+		},
+	},
+	{
+		name: "sweep", args: "[SKU]", min: 0, max: 1,
+		short: "release expired holds (of every item when none given)",
+		long: `
+Releases the holds past their deadline, of SKU or of every registered item, and prints the
+units released. Expiry also happens on an item's next operation; sweep makes it happen now.`,
+		example: "stockctl sweep sneaker-42",
+		setup:   func(*flag.FlagSet) runFunc { return cmdSweep },
+	},
+	{
+		name: "reconcile", args: "[SKU...]", min: 0, max: -1,
+		short: "compare Redis with the store; report only unless -apply (needs -dsn)",
+		long: `
+Compares each item (SKU..., or every registered item) in Redis with the database of record,
+counting the events still pending in the outbox as in flight, and prints one line per item.
+
+By default it only reports. With -apply it repairs what it safely can: a lost item hash is
+rebuilt from the store, available stock is adjusted by the drift, lost outbox events are queued
+again, ledger entries Redis lost are written back, and settled entries older than -retention
+are trimmed. A report-only run cannot see lost outbox events or lost ledger entries; -apply
+finds and repairs them.
+
+Exit 3 when any item drifted, was missing, had lost events or entries, or needs a human
+(repaired or not, so that a cron job can alert); exit 1 when an item could not be compared and
+none drifted. An item a relay kept busy is reported and not compared.`,
+		example: "stockctl -dsn 'postgres://app@db:5432/shop' reconcile\n" +
+			"stockctl -dsn sqlite:/var/lib/shop.db reconcile -apply -repair-limit 50 sneaker-42",
+		setup: func(fs *flag.FlagSet) runFunc {
+			o := reconcileOpts{}
+			fs.BoolVar(&o.apply, "apply", false, "repair what was found (the default only reports)")
+			fs.Int64Var(&o.limit, "repair-limit", 0, "report a drift above `N` units as needing a human, and leave it unrepaired (0: no limit)")
+			fs.DurationVar(&o.retention, "retention", 24*time.Hour, "with -apply, trim settled ledger entries older than `DURATION` (0: never)")
+			return func(ctx context.Context, e *env, args []string) error {
+				return cmdReconcile(ctx, e, args, o)
+			}
+		},
+	},
+	{
+		name: "relay-once", args: "[SKU...]", min: 0, max: -1,
+		short: "deliver the pending outbox events to the store, once (needs -dsn)",
+		long: `
+Delivers the events waiting in the outboxes of SKU... (or of every registered item) to the
+database of record, in order per item, and removes them from the outbox: what a running relay
+does, once, for example while the service's relay is down. It runs passes until one finds
+nothing due (at most 5), which also hands the items' relay leases back. An item whose last
+delivery failed stays in backoff and is skipped until its backoff ends; a failed event is
+retried later, with backoff. Exit 1 when an event failed.`,
+		example: "stockctl -dsn sqlite:/var/lib/shop.db relay-once sneaker-42",
+		setup: func(fs *flag.FlagSet) runFunc {
+			batch := fs.Int("batch", 128, "claim `N` events from one item at a time")
+			lease := fs.Duration("lease", 30*time.Second, "how long (`DURATION`) claimed events stay invisible to other relays")
+			return func(ctx context.Context, e *env, args []string) error {
+				return cmdRelayOnce(ctx, e, args, *batch, *lease)
+			}
+		},
+	},
+	{
+		name: "migrate", args: "", min: 0, max: 0,
+		short: "create the store's tables if missing (needs -dsn)",
+		long: `
+Creates the store's two tables (-table-prefix + "items" and + "records") if they do not exist.
+It changes no existing table. load with -dsn does it too.`,
+		example: "stockctl -dsn 'mysql://app:secret@db:3306/shop' migrate",
+		setup:   func(*flag.FlagSet) runFunc { return cmdMigrate },
+	},
+}
+
+// emit writes v as JSON with -json, or calls text.
+func (e *env) emit(v any, text func(w io.Writer)) error {
+	if e.g.json {
+		enc := json.NewEncoder(e.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	text(e.out)
+	return nil
+}
+
+func parseQty(what, s string, zero bool) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, usagef("%s %q is not a whole number", what, s)
+	}
+	if n < 0 || (n == 0 && !zero) || n > stock.MaxQty {
+		lo := 1
+		if zero {
+			lo = 0
+		}
+		return 0, usagef("%s %d out of range [%d, %d]", what, n, lo, int64(stock.MaxQty))
+	}
+	return n, nil
+}
+
+func isInvalid(err error) bool { return errors.Is(err, stock.ErrInvalid) }
+
+type receiptJSON struct {
+	SKU       string `json:"sku"`
+	ID        string `json:"id"`
+	Qty       int64  `json:"qty"`
+	Remaining int64  `json:"remaining"`
+	Replayed  bool   `json:"replayed"`
+}
+
+func receiptOf(rc stock.Receipt) receiptJSON {
+	return receiptJSON{SKU: rc.SKU, ID: rc.ID, Qty: rc.Qty, Remaining: rc.Remaining, Replayed: rc.Replayed}
+}
+
+func cmdLoad(ctx context.Context, e *env, args []string) error {
+	sku := args[0]
+	qty, err := parseQty("QTY", args[1], true)
+	if err != nil {
+		return err
+	}
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	withStore := e.g.dsn != ""
+	if withStore {
+		st, err := e.openStore(ctx, "load")
+		if err != nil {
+			return err
+		}
+		if err := st.Migrate(ctx); err != nil {
+			return err
+		}
+		// Nothing is written unless both sides are free of the item.
+		switch _, err := r.Available(ctx, sku); {
+		case err == nil:
+			return fmt.Errorf("%w: %s in Redis; nothing loaded (add stock with restock)", stock.ErrLoaded, sku)
+		case !errors.Is(err, stock.ErrNotLoaded):
+			return err
+		}
+		switch n, err := st.Remaining(ctx, sku); {
+		case err == nil:
+			return fmt.Errorf("%w: the store has %s with %d remaining; nothing loaded "+
+				"(if Redis lost the item, 'reconcile -apply %s' rebuilds it from the store)", stock.ErrLoaded, sku, n, sku)
+		case !errors.Is(err, stock.ErrNotLoaded):
+			return err
+		}
+		if err := st.Load(ctx, sku, qty); err != nil {
+			return err
+		}
+	}
+	if err := r.Load(ctx, sku, qty); err != nil {
+		if errors.Is(err, stock.ErrLoaded) {
+			err = fmt.Errorf("%w (add stock with restock)", err)
+			if withStore {
+				err = fmt.Errorf("%w; the store row was created meanwhile: run reconcile", err)
+			}
+		}
+		return err
+	}
+	return e.emit(struct {
+		SKU    string `json:"sku"`
+		Loaded int64  `json:"loaded"`
+		Store  bool   `json:"store"`
+	}{sku, qty, withStore}, func(w io.Writer) {
+		where := "Redis"
+		if withStore {
+			where = "Redis and the store"
+		}
+		fmt.Fprintf(w, "loaded %s: %d units in %s\n", sku, qty, where)
+	})
+}
+
+func cmdRestock(ctx context.Context, e *env, args []string) error {
+	qty, err := parseQty("QTY", args[2], false)
+	if err != nil {
+		return err
+	}
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	rc, err := r.Restock(ctx, args[0], args[1], qty)
+	if err != nil {
+		return err
+	}
+	return e.emit(receiptOf(rc), func(w io.Writer) {
+		if rc.Replayed {
+			fmt.Fprintf(w, "%s/%s was already restocked (+%d): nothing changed\n", rc.SKU, rc.ID, rc.Qty)
+			return
+		}
+		fmt.Fprintf(w, "restocked %s/%s: +%d, %d available\n", rc.SKU, rc.ID, rc.Qty, rc.Remaining)
+	})
+}
+
+func cmdAvailable(ctx context.Context, e *env, args []string) error {
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	n, err := r.Available(ctx, args[0])
+	if err != nil {
+		return err
+	}
+	return e.emit(struct {
+		SKU       string `json:"sku"`
+		Available int64  `json:"available"`
+	}{args[0], n}, func(w io.Writer) { fmt.Fprintln(w, n) })
+}
+
+// items returns the registry, sorted.
+func items(ctx context.Context, r *stock.Reserver) ([]string, error) {
+	out := []string{}
+	for sku, err := range r.Items(ctx) {
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sku)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+type levelsJSON struct {
+	SKU            string `json:"sku"`
+	Available      int64  `json:"available"`
+	Held           int64  `json:"held"`
+	Sold           int64  `json:"sold"`
+	Loaded         int64  `json:"loaded"`
+	Closed         bool   `json:"closed"`
+	StoreRemaining *int64 `json:"store_remaining,omitempty"`
+	// Error is stock.Outcome's label of the error ("not_loaded", ...); Message says more.
+	Error   string `json:"error,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+func cmdLevels(ctx context.Context, e *env, args []string) error {
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	skus := args
+	if len(skus) == 0 {
+		if skus, err = items(ctx, r); err != nil {
+			return err
+		}
+	}
+	st := e.store
+	if e.g.dsn != "" {
+		if st, err = e.openStore(ctx, "levels"); err != nil {
+			return err
+		}
+	}
+	rows := make([]levelsJSON, 0, len(skus))
+	var errs []error
+	for _, sku := range skus {
+		row := levelsJSON{SKU: sku}
+		lv, err := r.Levels(ctx, sku)
+		if err != nil {
+			row.Error, row.Message = stock.Outcome(err), err.Error()
+			errs = append(errs, err)
+		} else {
+			row.Available, row.Held, row.Sold, row.Loaded, row.Closed = lv.Available, lv.Held, lv.Sold, lv.Loaded, lv.Closed
+		}
+		if st != nil {
+			n, err := st.Remaining(ctx, sku)
+			if err == nil {
+				row.StoreRemaining = &n
+			} else if !errors.Is(err, stock.ErrNotLoaded) {
+				return err
+			}
+		}
+		rows = append(rows, row)
+	}
+	err = e.emit(rows, func(w io.Writer) {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		head := []string{"SKU", "AVAILABLE", "HELD", "SOLD", "LOADED", "CLOSED"}
+		if st != nil {
+			head = append(head, "STORE")
+		}
+		fmt.Fprintln(tw, strings.Join(head, "\t"))
+		for _, row := range rows {
+			cells := []string{row.SKU, "-", "-", "-", "-", strings.ReplaceAll(row.Error, "_", " ")}
+			if row.Error == "" {
+				cells = []string{row.SKU, itoa(row.Available), itoa(row.Held), itoa(row.Sold), itoa(row.Loaded), yesNo(row.Closed)}
+			}
+			if st != nil {
+				if row.StoreRemaining != nil {
+					cells = append(cells, itoa(*row.StoreRemaining))
+				} else {
+					cells = append(cells, "-")
+				}
+			}
+			fmt.Fprintln(tw, strings.Join(cells, "\t"))
+		}
+		tw.Flush()
+	})
+	if err != nil {
+		return err
+	}
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return fmt.Errorf("%d of %d items failed: %w", len(errs), len(skus), errors.Join(errs...))
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func cmdItems(ctx context.Context, e *env, _ []string) error {
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	skus, err := items(ctx, r)
+	if err != nil {
+		return err
+	}
+	return e.emit(skus, func(w io.Writer) {
+		for _, s := range skus {
+			fmt.Fprintln(w, s)
+		}
+	})
+}
+
+type entryJSON struct {
+	SKU      string     `json:"sku"`
+	ID       string     `json:"id"`
+	User     string     `json:"user,omitempty"`
+	Kind     stock.Kind `json:"kind"`
+	State    string     `json:"state"`
+	Qty      int64      `json:"qty"`
+	Before   int64      `json:"before"`
+	After    int64      `json:"after"`
+	At       time.Time  `json:"at"`
+	Deadline *time.Time `json:"deadline,omitempty"`
+}
+
+func entryOf(en stock.Entry) entryJSON {
+	j := entryJSON{SKU: en.SKU, ID: en.ID, User: en.User, Kind: en.Kind, State: string(en.State),
+		Qty: en.Qty, Before: en.Before, After: en.After, At: en.At.UTC()}
+	if !en.Deadline.IsZero() {
+		d := en.Deadline.UTC()
+		j.Deadline = &d
+	}
+	return j
+}
+
+const timeLayout = "2006-01-02 15:04:05.000 MST"
+
+func cmdEntry(ctx context.Context, e *env, args []string) error {
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	en, err := r.Ledger(ctx, args[0], args[1])
+	if err != nil {
+		return err
+	}
+	return e.emit(entryOf(en), func(w io.Writer) {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "sku\t%s\nid\t%s\nkind\t%s\nstate\t%s\nqty\t%d\nbefore\t%d\nafter\t%d\nat\t%s\n",
+			en.SKU, en.ID, en.Kind, en.State, en.Qty, en.Before, en.After, en.At.Format(timeLayout))
+		if en.User != "" {
+			fmt.Fprintf(tw, "user\t%s\n", en.User)
+		}
+		if !en.Deadline.IsZero() {
+			fmt.Fprintf(tw, "deadline\t%s\n", en.Deadline.Format(timeLayout))
+		}
+		tw.Flush()
+	})
+}
+
+var states = []stock.State{stock.StateHeld, stock.StateReserved, stock.StateApplied, stock.StateRestored,
+	stock.StateRefused, stock.StateCancelled, stock.StateExpired}
+
+func cmdLedger(ctx context.Context, e *env, args []string, limit int, state string) error {
+	if limit < 0 {
+		return usagef("-limit %d is negative", limit)
+	}
+	if state != "" && !slices.Contains(states, stock.State(state)) {
+		return usagef("-state %q: want one of held, reserved, applied, restored, refused, cancelled, expired", state)
+	}
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	// An empty ledger and an unknown item look alike: say which.
+	var entries []stock.Entry
+	truncated := false
+	for en, err := range r.Entries(ctx, args[0]) {
+		if err != nil {
+			return err
+		}
+		if state != "" && string(en.State) != state {
+			continue
+		}
+		if limit > 0 && len(entries) == limit {
+			truncated = true
+			break
+		}
+		entries = append(entries, en)
+	}
+	if len(entries) == 0 {
+		if _, err := r.Available(ctx, args[0]); err != nil {
+			return err
+		}
+	}
+	slices.SortFunc(entries, func(a, b stock.Entry) int {
+		return cmp.Or(a.At.Compare(b.At), cmp.Compare(a.ID, b.ID))
+	})
+	if truncated {
+		fmt.Fprintf(e.errOut, "stockctl ledger: showing the first %d entries found (scan order, not the oldest); -limit 0 shows all\n", limit)
+	}
+	out := make([]entryJSON, 0, len(entries))
+	for _, en := range entries {
+		out = append(out, entryOf(en))
+	}
+	return e.emit(out, func(w io.Writer) {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "AT\tID\tKIND\tSTATE\tQTY\tBEFORE\tAFTER\tUSER\tDEADLINE")
+		for _, en := range entries {
+			dl := "-"
+			if !en.Deadline.IsZero() {
+				dl = en.Deadline.Format(timeLayout)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", en.At.Format(timeLayout), en.ID, en.Kind, en.State,
+				en.Qty, en.Before, en.After, cmp.Or(en.User, "-"), dl)
+		}
+		tw.Flush()
+	})
+}
+
+func cmdClose(closed bool) runFunc {
+	return func(ctx context.Context, e *env, args []string) error {
+		r, err := e.reserver()
+		if err != nil {
+			return err
+		}
+		verb := "closed"
+		if closed {
+			err = r.Close(ctx, args[0])
+		} else {
+			verb = "reopened"
+			err = r.Reopen(ctx, args[0])
+		}
+		if err != nil {
+			return err
+		}
+		return e.emit(struct {
+			SKU    string `json:"sku"`
+			Closed bool   `json:"closed"`
+		}{args[0], closed}, func(w io.Writer) { fmt.Fprintf(w, "%s %s\n", verb, args[0]) })
+	}
+}
+
+func cmdRestore(ctx context.Context, e *env, args []string, tombstone bool) error {
+	sku, id := args[0], args[1]
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	if !tombstone {
+		if _, err := r.Ledger(ctx, sku, id); err != nil {
+			if errors.Is(err, stock.ErrUnknownID) {
+				return fmt.Errorf("%w; nothing restored (-tombstone leaves a tombstone that refuses a late request with this id)", err)
+			}
+			return err
+		}
+	}
+	rc, err := r.Restore(ctx, sku, id)
+	if tombstone && errors.Is(err, stock.ErrUnknownID) {
+		return e.emit(struct {
+			SKU       string `json:"sku"`
+			ID        string `json:"id"`
+			Tombstone bool   `json:"tombstone"`
+		}{sku, id, true}, func(w io.Writer) {
+			fmt.Fprintf(w, "%s/%s had taken nothing: left a tombstone, a late request with this id will be refused\n", sku, id)
+		})
+	}
+	if err != nil {
+		return err
+	}
+	return e.emit(receiptOf(rc), func(w io.Writer) {
+		if rc.Replayed {
+			fmt.Fprintf(w, "%s/%s was already given back (qty %d): nothing changed\n", sku, id, rc.Qty)
+			return
+		}
+		fmt.Fprintf(w, "restored %s/%s: +%d, %d available\n", sku, id, rc.Qty, rc.Remaining)
+	})
+}
+
+func cmdSweep(ctx context.Context, e *env, args []string) error {
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	var n int64
+	if len(args) == 1 {
+		n, err = r.Sweep(ctx, args[0])
+	} else {
+		n, err = r.SweepAll(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	return e.emit(struct {
+		Released int64 `json:"released"`
+	}{n}, func(w io.Writer) { fmt.Fprintf(w, "released %d units of expired holds\n", n) })
+}
+
+type reconcileOpts struct {
+	apply     bool
+	limit     int64
+	retention time.Duration
+}
+
+type reportJSON struct {
+	SKU            string `json:"sku"`
+	Busy           bool   `json:"busy,omitempty"`
+	Missing        bool   `json:"missing,omitempty"`
+	Available      int64  `json:"available"`
+	Held           int64  `json:"held"`
+	StoreRemaining int64  `json:"store_remaining"`
+	Pending        int    `json:"pending"`
+	InFlight       int64  `json:"in_flight"`
+	Drift          int64  `json:"drift"`
+	Rebuilt        bool   `json:"rebuilt,omitempty"`
+	Adjusted       int64  `json:"adjusted,omitempty"`
+	Requeued       int    `json:"requeued,omitempty"`
+	Rerecorded     int    `json:"rerecorded,omitempty"`
+	Trimmed        int    `json:"trimmed,omitempty"`
+	NeedsHuman     string `json:"needs_human,omitempty"`
+	Error          string `json:"error,omitempty"`
+	// Found is set when the item drifted, was missing, lost events or entries, or needs a
+	// human: what makes the exit status 3.
+	Found bool `json:"found"`
+}
+
+// found reports whether a report is worth an alert.
+func found(rp stock.Report) bool {
+	return rp.Drift != 0 || rp.Missing || rp.NeedsHuman != "" || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0
+}
+
+func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) error {
+	if o.limit < 0 {
+		return usagef("-repair-limit %d is negative", o.limit)
+	}
+	if o.retention < 0 {
+		return usagef("-retention %v is negative", o.retention)
+	}
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	st, err := e.openStore(ctx, "reconcile")
+	if err != nil {
+		return err
+	}
+	rec, err := r.NewReconciler(st, stock.WithDryRun(!o.apply), stock.WithRepairLimit(o.limit), stock.WithRetention(o.retention))
+	if err != nil {
+		return err
+	}
+	skus := args
+	if len(skus) == 0 {
+		if skus, err = items(ctx, r); err != nil {
+			return err
+		}
+	}
+	var out []reportJSON
+	var lines []string
+	var nFound, nHuman, nBusy int
+	var errs []error
+	for _, sku := range skus {
+		rp, err := rec.Item(ctx, sku)
+		j := reportJSON{SKU: rp.SKU, Busy: rp.Busy, Missing: rp.Missing, Available: rp.Available, Held: rp.Held,
+			StoreRemaining: rp.StoreRemaining, Pending: rp.Pending, InFlight: rp.InFlight, Drift: rp.Drift,
+			Rebuilt: rp.Rebuilt, Adjusted: rp.Adjusted, Requeued: rp.Requeued, Rerecorded: rp.Rerecorded,
+			Trimmed: rp.Trimmed, NeedsHuman: rp.NeedsHuman, Found: found(rp)}
+		line := rp.String()
+		if err != nil {
+			j.Error = err.Error()
+			line = fmt.Sprintf("%s: ERROR: %v", sku, err)
+			errs = append(errs, err)
+		}
+		if j.Found {
+			nFound++
+		}
+		if rp.NeedsHuman != "" {
+			nHuman++
+		}
+		if rp.Busy {
+			nBusy++
+		}
+		out = append(out, j)
+		lines = append(lines, line)
+	}
+	summary := fmt.Sprintf("items: %d, with drift or losses: %d, need a human: %d, busy: %d, errors: %d", len(skus), nFound, nHuman, nBusy, len(errs))
+	if !o.apply {
+		summary += " (report only: nothing repaired; -apply repairs)"
+	}
+	err = e.emit(struct {
+		Apply   bool         `json:"apply"`
+		Found   bool         `json:"found"`
+		Reports []reportJSON `json:"reports"`
+	}{o.apply, nFound > 0, append([]reportJSON{}, out...)}, func(w io.Writer) {
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+		fmt.Fprintln(w, summary)
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case nFound > 0:
+		return driftError{fmt.Sprintf("%d of %d items drifted or need a human", nFound, len(skus))}
+	case len(errs) == 1:
+		return errs[0]
+	case len(errs) > 1:
+		return fmt.Errorf("%d items could not be compared: %w", len(errs), errors.Join(errs...))
+	}
+	return nil
+}
+
+func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease time.Duration) error {
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	st, err := e.openStore(ctx, "relay-once")
+	if err != nil {
+		return err
+	}
+	opts := []stock.RelayOption{stock.WithBatch(batch), stock.WithLease(lease)}
+	if len(args) > 0 {
+		opts = append(opts, stock.WithRelayItems(args...))
+	}
+	rl, err := r.NewRelay(st, nil, opts...)
+	if err != nil {
+		return err
+	}
+	// Once stops after a batch smaller than -batch and keeps the item's lease until it runs
+	// out; a pass that finds nothing due hands it back. Events that failed are in backoff and
+	// are not claimed again by the next pass.
+	var total stock.RelayStats
+	var first error
+	passes := 0
+	for passes < 5 {
+		s, err := rl.Once(ctx)
+		passes++
+		total.Claimed += s.Claimed
+		total.Delivered += s.Delivered
+		total.Refused += s.Refused
+		total.Retried += s.Retried
+		total.Orphaned += s.Orphaned
+		total.Redelive += s.Redelive
+		if err != nil && first == nil {
+			first = err
+		}
+		if s.Claimed == 0 || ctx.Err() != nil {
+			break
+		}
+	}
+	j := struct {
+		Claimed     int    `json:"claimed"`
+		Delivered   int    `json:"delivered"`
+		Refused     int    `json:"refused"`
+		Retried     int    `json:"retried"`
+		Orphaned    int    `json:"orphaned"`
+		Redelivered int    `json:"redelivered"`
+		Passes      int    `json:"passes"`
+		Error       string `json:"error,omitempty"`
+	}{total.Claimed, total.Delivered, total.Refused, total.Retried, total.Orphaned, total.Redelive, passes, ""}
+	if first != nil {
+		j.Error = first.Error()
+	}
+	if err := e.emit(j, func(w io.Writer) {
+		fmt.Fprintf(w, "delivered %d events (claimed %d, refused by the store %d, retried later %d, orphaned %d, redelivered %d) in %d passes\n",
+			total.Delivered, total.Claimed, total.Refused, total.Retried, total.Orphaned, total.Redelive, passes)
+	}); err != nil {
+		return err
+	}
+	return first
+}
+
+func cmdMigrate(ctx context.Context, e *env, _ []string) error {
+	st, err := e.openStore(ctx, "migrate")
+	if err != nil {
+		return err
+	}
+	if err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	return e.emit(struct {
+		Tables []string `json:"tables"`
+	}{[]string{e.g.tablePrefix + "items", e.g.tablePrefix + "records"}}, func(w io.Writer) {
+		fmt.Fprintf(w, "tables %sitems and %srecords are ready\n", e.g.tablePrefix, e.g.tablePrefix)
+	})
+}

@@ -1,0 +1,212 @@
+// Command checkout is a small net/http service that shows how to wire the stock library into
+// checkout code: hold the stock, take the payment, confirm, or cancel when the payment is
+// declined, all idempotent in the client's Idempotency-Key.
+//
+//	go run ./examples/checkout                          # embedded Redis (miniredis), :8080
+//	go run ./examples/checkout -redis 127.0.0.1:6379    # a real Redis
+//	go run ./examples/checkout -load sneaker-42=3 -decline mallory -hold-ttl 30s
+//
+//	curl -i -X POST localhost:8080/checkout -H 'Idempotency-Key: order-1' \
+//	     -d '{"sku":"sneaker-42","qty":1,"user":"alice"}'
+//	curl -i localhost:8080/stock/sneaker-42
+//
+// POST /checkout takes {"sku", "qty", "user"} and a required Idempotency-Key header (the
+// order id: unique per order, the same on every retry of it). It holds the stock for
+// -hold-ttl, charges the (fake) payment service, and confirms the hold; a declined payment
+// cancels it. A retry with the same key answers what the first attempt answered (200 with the
+// same body, or the same error); one that finds the first attempt still paying, or dead while
+// paying, finishes it. Answers:
+//
+//	200  confirmed: {"order", "sku", "user", "qty", "status": "confirmed", "remaining"}
+//	400  missing_idempotency_key, invalid (bad JSON, no user, a key, sku or qty the library refuses)
+//	402  payment_declined: the hold was cancelled, the stock is back
+//	403  user_limit: over -user-limit units of the item per user (a policy refusal, not a rate limit)
+//	404  not_found: no such item
+//	409  sold_out, insufficient, closed (the item is closed for sale), refused or cancelled (the
+//	     order was given back after it was confirmed)
+//	410  hold_expired: the payment outlasted the hold; the stock went back and the payment was refunded
+//	422  idempotency_key_reused: the key was used with another sku, qty or user
+//	503  unavailable, with Retry-After: Redis or the payment service did not answer, the outcome
+//	     is unknown; retry with the same Idempotency-Key
+//
+// Every error body is {"error": code, "message": text}. GET /stock/{sku} returns the item's
+// levels: {"sku", "available", "held", "sold", "loaded", "closed"}.
+//
+// A Relay drains the outbox into an in-memory database of record (memstore; use sqlstore in a
+// real service) and a sweeper releases expired holds. SIGINT or SIGTERM stops the server
+// gracefully: no new connections, in-flight checkouts finish (up to -shutdown-timeout), then
+// the relay delivers what is left.
+//
+// Flags: -addr (:8080), -redis (an address; default an embedded miniredis), -prefix (checkout),
+// -hold-ttl (10m), -user-limit (2), -load (sneaker-42=10,tee-7=100: items to load at start; an
+// item that is already live is kept as it is), -decline (users whose payments are declined),
+// -pay-delay (0: how long a payment takes), -shutdown-timeout (10s).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+)
+
+func main() {
+	addr := flag.String("addr", ":8080", "listen `address`")
+	redisAddr := flag.String("redis", "", "a real Redis `address` (default: an embedded miniredis)")
+	prefix := flag.String("prefix", "checkout", "Redis key prefix")
+	holdTTL := flag.Duration("hold-ttl", 10*time.Minute, "how long a hold waits for its payment")
+	userLimit := flag.Int64("user-limit", 2, "most units of one item per user (0: no limit)")
+	load := flag.String("load", "sneaker-42=10,tee-7=100", "items to load at start: `sku=qty,...`")
+	decline := flag.String("decline", "", "comma-separated `users` whose payments are declined")
+	payDelay := flag.Duration("pay-delay", 0, "how long a payment takes")
+	shutdownTimeout := flag.Duration("shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish at shutdown")
+	flag.Parse()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	slog.SetDefault(log)
+	if err := serve(*addr, *redisAddr, *prefix, *holdTTL, *userLimit, *load, *decline, *payDelay, *shutdownTimeout, log); err != nil {
+		log.Error("checkout", "err", err)
+		os.Exit(1)
+	}
+}
+
+func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int64, load, decline string,
+	payDelay, shutdownTimeout time.Duration, log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	opt := rueidis.ClientOption{InitAddress: []string{redisAddr}, ForceSingleClient: true}
+	if redisAddr == "" {
+		m := miniredis.NewMiniRedis()
+		if err := m.Start(); err != nil {
+			return err
+		}
+		defer m.Close()
+		m.ClockTTL(true) // key TTLs (the relay's lease) on the wall clock, as on a real server
+		opt = rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true}
+	}
+	client, err := rueidis.NewClient(opt)
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer client.Close()
+	r, err := stock.New(client, stock.WithPrefix(prefix), stock.WithUserLimit(userLimit), stock.WithLogger(log))
+	if err != nil {
+		return err
+	}
+
+	db := memstore.New() // the database of record: sqlstore.New(db, sqlstore.Postgres) in a real service
+	for item := range strings.SplitSeq(load, ",") {
+		if item == "" {
+			continue
+		}
+		sku, n, ok := strings.Cut(item, "=")
+		qty, err := strconv.ParseInt(n, 10, 64)
+		if !ok || err != nil {
+			return fmt.Errorf("-load %q: want sku=qty", item)
+		}
+		// The database of record first, then Redis. An item already live in Redis is kept.
+		if err := db.Load(ctx, sku, qty); err != nil {
+			return err
+		}
+		if err := r.Load(ctx, sku, qty); errors.Is(err, stock.ErrLoaded) {
+			log.Info("item already live; kept as it is", "sku", sku)
+		} else if err != nil {
+			return err
+		}
+	}
+
+	pay := NewFakePayments()
+	pay.Delay = payDelay
+	for u := range strings.SplitSeq(decline, ",") {
+		if u != "" {
+			pay.Decline(u)
+		}
+	}
+
+	relay, err := r.NewRelay(db, nil)
+	if err != nil {
+		return err
+	}
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { relay.Run(bg) })
+	wg.Go(func() { r.RunSweeper(bg, time.Second) })
+
+	srv := &http.Server{
+		Addr:              addr,
+		Handler:           NewHandler(r, pay, holdTTL),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      flowTimeout + 5*time.Second,
+		IdleTimeout:       time.Minute,
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		stopBG()
+		wg.Wait()
+		return err
+	}
+	log.Info("checkout listening", "addr", ln.Addr().String(), "redis", orDefault(redisAddr, "embedded miniredis"), "hold_ttl", holdTTL)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	select {
+	case err = <-served: // the listener failed
+	case <-ctx.Done():
+		log.Info("shutting down: finishing in-flight requests", "timeout", shutdownTimeout)
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		err = srv.Shutdown(sctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			log.Warn("shutdown timed out; closing the remaining connections")
+			srv.Close()
+		}
+		err = nil
+	}
+
+	// The HTTP side is quiet: stop the background work and deliver what is left.
+	stopBG()
+	wg.Wait()
+	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		st, derr := relay.Once(dctx)
+		if derr != nil || st.Claimed == 0 {
+			if derr != nil {
+				log.Warn("relay: events left in the outbox for the next start", "err", derr)
+			}
+			break
+		}
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	if err == nil {
+		log.Info("stopped")
+	}
+	return err
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

@@ -1,0 +1,409 @@
+// Command flashsale runs a complete flash sale through the stock library and then checks that
+// nothing was oversold, nothing was applied twice, every refusal has a reason, and Redis and
+// the database of record agree.
+//
+// With no flags it needs only Go: Redis is an embedded miniredis and the database of record is
+// SQLite (sqlstore on modernc.org/sqlite) in a file in a new temporary directory:
+//
+//	go run ./examples/flashsale
+//	go run ./examples/flashsale -buyers 20000 -items 5 -stock 500 -seed 7
+//
+// On real servers:
+//
+//	go run ./examples/flashsale -redis 127.0.0.1:6379
+//	go run ./examples/flashsale -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
+//	go run ./examples/flashsale -redis 127.0.0.1:6379 -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/flashsale -dsn 'mysql://root@tcp(127.0.0.1:3306)/test?interpolateParams=true'
+//
+// A Relay drains the outbox into the database, a Reconciler runs every 500ms and a sweeper
+// releases expired holds, all while thousands of buyers race for a few items: most buy once,
+// some retry the same request id, some try to buy more than the per-user limit (2), some hold,
+// pay and confirm, some hold and cancel or let the hold expire, some give back what they
+// bought. At the end the buyers stop, the relay drains, a last reconcile pass runs, and a
+// report table shows the checks, each PASS or FAIL.
+//
+// Flags:
+//
+//	-redis addr        a real Redis (default: an embedded miniredis)
+//	-cluster a,b,c     a real Redis Cluster, by the addresses of some of its nodes
+//	-dsn dsn           the database of record (default: a SQLite file in a temporary directory):
+//	                     postgres://… or postgresql://…  PostgreSQL, through pgx (the DSN is passed as is)
+//	                     mysql://DSN                     MySQL or MariaDB, through go-sql-driver/mysql;
+//	                                                     DSN is that driver's own form, user:pass@tcp(host:port)/db?params
+//	                     sqlite:path or file:path        a SQLite file (busy timeout, WAL, immediate transactions)
+//	-prefix p          the Redis key prefix (default: flashsale-<random>, unique per run); the tables
+//	                   are named after it (flashsale_<random>_items and _records)
+//	-keep              keep the keys, the tables and the SQLite file at the end (default: delete them)
+//	-buyers n          simulated buyers (5000)
+//	-items n           items on sale (3)
+//	-stock n           units of each item (100)
+//	-duration d        the longest the sale runs (5s); it ends earlier when every buyer is done
+//	-seed n            seed of the buyers' choices (1)
+//
+// The progress line is redrawn in place when stdout is a terminal, and printed at most once a
+// second otherwise. The exit status is 0 when every check passes, 1 when one fails, 2 when the
+// sale could not run.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/redis/rueidis"
+	_ "modernc.org/sqlite"
+
+	"github.com/stockres/stock/sqlstore"
+)
+
+// config is what a run needs; the zero values of the optional fields take the defaults.
+type config struct {
+	Redis    string   // a real Redis address; "" for the embedded miniredis
+	Cluster  []string // real Redis Cluster nodes
+	DSN      string   // the database of record; "" for a SQLite file in a temporary directory
+	Prefix   string   // Redis key prefix; "" for a unique one
+	Keep     bool     // keep keys, tables and files
+	Buyers   int
+	Items    int
+	Stock    int64
+	Duration time.Duration
+	Seed     uint64
+	TTY      bool // redraw the progress line with \r
+
+	HoldTTL   time.Duration // holds that are confirmed or cancelled (5s)
+	ExpireTTL time.Duration // holds that are left to expire (300ms)
+	Reconcile time.Duration // reconciler interval (500ms)
+
+	// tamper, for tests, runs after the relay drained and before the final reconcile pass.
+	tamper func(ctx context.Context, c rueidis.Client) error
+}
+
+func main() {
+	var cfg config
+	var cluster string
+	flag.StringVar(&cfg.Redis, "redis", "", "a real Redis `address` (default: an embedded miniredis)")
+	flag.StringVar(&cluster, "cluster", "", "a real Redis Cluster: comma-separated node `addresses`")
+	flag.StringVar(&cfg.DSN, "dsn", "", "database of record: postgres://…, mysql://user:pass@tcp(host:port)/db?…, sqlite:path (default: a SQLite file in a temp dir)")
+	flag.StringVar(&cfg.Prefix, "prefix", "", "Redis key prefix, also names the tables (default: flashsale-<random>)")
+	flag.BoolVar(&cfg.Keep, "keep", false, "keep the Redis keys, the tables and the SQLite file")
+	flag.IntVar(&cfg.Buyers, "buyers", 5000, "simulated buyers")
+	flag.IntVar(&cfg.Items, "items", 3, "items on sale")
+	flag.Int64Var(&cfg.Stock, "stock", 100, "units of each item")
+	flag.DurationVar(&cfg.Duration, "duration", 5*time.Second, "the longest the sale runs; it ends earlier when every buyer is done")
+	flag.Uint64Var(&cfg.Seed, "seed", 1, "seed of the buyers' choices")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "flashsale: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+	if cluster != "" {
+		cfg.Cluster = strings.Split(cluster, ",")
+	}
+	if fi, err := os.Stdout.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		cfg.TTY = true
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := run(ctx, cfg, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flashsale:", err)
+		os.Exit(2)
+	}
+	if !rep.Passed {
+		os.Exit(1)
+	}
+}
+
+// withDefaults fills in the defaults and checks the sizes.
+func (c config) withDefaults() (config, error) {
+	if c.Buyers == 0 {
+		c.Buyers = 5000
+	}
+	if c.Items == 0 {
+		c.Items = 3
+	}
+	if c.Stock == 0 {
+		c.Stock = 100
+	}
+	if c.Duration == 0 {
+		c.Duration = 5 * time.Second
+	}
+	if c.HoldTTL == 0 {
+		c.HoldTTL = 5 * time.Second
+	}
+	if c.ExpireTTL == 0 {
+		c.ExpireTTL = 300 * time.Millisecond
+	}
+	if c.Reconcile == 0 {
+		c.Reconcile = 500 * time.Millisecond
+	}
+	switch {
+	case c.Buyers < 0 || c.Items < 0 || c.Stock < 0 || c.Duration < 0:
+		return c, errors.New("-buyers, -items, -stock and -duration must be positive")
+	case c.Items > 1000:
+		return c, errors.New("-items: at most 1000")
+	case c.Redis != "" && len(c.Cluster) > 0:
+		return c, errors.New("-redis and -cluster: pick one")
+	}
+	if c.Prefix == "" {
+		c.Prefix = fmt.Sprintf("flashsale-%08x", rand.Uint32())
+	}
+	return c, nil
+}
+
+// tablePrefix turns a key prefix into a table prefix sqlstore accepts: ASCII letters, digits
+// and '_', not starting with a digit, at most 48 bytes, ending in '_'.
+func tablePrefix(prefix string) string {
+	var b strings.Builder
+	for _, c := range prefix {
+		if c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' {
+			b.WriteRune(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	s := b.String()
+	if s == "" || '0' <= s[0] && s[0] <= '9' {
+		s = "t" + s
+	}
+	return s[:min(len(s), 47)] + "_"
+}
+
+// openRedis returns n clients on the configured Redis (each has its own connections), a
+// description of it, and a function that closes them all.
+func openRedis(cfg config, n int) ([]rueidis.Client, string, func(), error) {
+	var opt rueidis.ClientOption
+	var desc string
+	var m *miniredis.Miniredis
+	switch {
+	case len(cfg.Cluster) > 0:
+		opt, desc = rueidis.ClientOption{InitAddress: cfg.Cluster, ShuffleInit: true}, "cluster "+strings.Join(cfg.Cluster, ",")
+	case cfg.Redis != "":
+		opt, desc = rueidis.ClientOption{InitAddress: []string{cfg.Redis}, ForceSingleClient: true}, "redis "+cfg.Redis
+	default:
+		m = miniredis.NewMiniRedis()
+		if err := m.Start(); err != nil {
+			return nil, "", nil, fmt.Errorf("miniredis: %w", err)
+		}
+		// Key TTLs (the relay's lease and backoff) run on the wall clock, as on a real
+		// server; without this, miniredis expires keys only when told to.
+		m.ClockTTL(true)
+		opt, desc = rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true}, "embedded miniredis"
+	}
+	var cs []rueidis.Client
+	closeAll := func() {
+		for _, c := range cs {
+			c.Close()
+		}
+		if m != nil {
+			m.Close()
+		}
+	}
+	for range n {
+		c, err := rueidis.NewClient(opt)
+		if err != nil {
+			closeAll()
+			return nil, "", nil, fmt.Errorf("%s: %w", desc, err)
+		}
+		cs = append(cs, c)
+	}
+	return cs, desc, closeAll, nil
+}
+
+// database is the database of record of a run.
+type database struct {
+	db      *sql.DB
+	dialect sqlstore.Dialect
+	desc    string
+	dir     string // the temporary directory of the default SQLite file, or ""
+}
+
+// openDB opens the database the DSN names (see the package doc for the schemes).
+func openDB(cfg config) (*database, error) {
+	dsn := cfg.DSN
+	d := &database{}
+	var driver string
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		driver, d.dialect, d.desc = "pgx", sqlstore.Postgres, "postgres "+redact(dsn)
+	case strings.HasPrefix(dsn, "mysql://"):
+		dsn = strings.TrimPrefix(dsn, "mysql://")
+		driver, d.dialect, d.desc = "mysql", sqlstore.MySQL, "mysql "+redact(dsn)
+	case dsn == "", strings.HasPrefix(dsn, "sqlite:"), strings.HasPrefix(dsn, "file:"):
+		path := strings.TrimPrefix(strings.TrimPrefix(dsn, "sqlite:"), "file:")
+		if path == "" {
+			dir, err := os.MkdirTemp("", "flashsale-")
+			if err != nil {
+				return nil, err
+			}
+			d.dir, path = dir, filepath.Join(dir, "stock.db")
+		}
+		driver, d.dialect, d.desc = "sqlite", sqlstore.SQLite, "sqlite "+path
+		dsn = "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	default:
+		return nil, fmt.Errorf("-dsn %q: use postgres://…, mysql://…, sqlite:path or file:path", redact(dsn))
+	}
+	db, err := sql.Open(driver, dsn)
+	if err == nil {
+		err = db.Ping()
+		if err != nil {
+			db.Close()
+		}
+	}
+	if err != nil {
+		if d.dir != "" {
+			os.RemoveAll(d.dir)
+		}
+		return nil, fmt.Errorf("database %s: %w", d.desc, err)
+	}
+	d.db = db
+	return d, nil
+}
+
+// close closes the database and removes the temporary SQLite file unless keep is set.
+func (d *database) close(keep bool, out io.Writer) {
+	d.db.Close()
+	if d.dir == "" {
+		return
+	}
+	if keep {
+		fmt.Fprintf(out, "kept the SQLite database in %s\n", d.dir)
+		return
+	}
+	os.RemoveAll(d.dir)
+}
+
+// quote quotes a table name for the dialect (names come from tablePrefix: no quotes inside).
+func (d *database) quote(name string) string {
+	if d.dialect == sqlstore.MySQL {
+		return "`" + name + "`"
+	}
+	return `"` + name + `"`
+}
+
+// placeholder is the i-th (from 1) placeholder of a statement.
+func (d *database) placeholder(i int) string {
+	if d.dialect == sqlstore.Postgres {
+		return fmt.Sprintf("$%d", i)
+	}
+	return "?"
+}
+
+// tableExists reports whether the table can be read.
+func (d *database) tableExists(ctx context.Context, table string) bool {
+	rows, err := d.db.QueryContext(ctx, "SELECT 1 FROM "+d.quote(table)+" WHERE 1 = 0")
+	if err != nil {
+		return false
+	}
+	rows.Close()
+	return true
+}
+
+// dropOrDelete removes what a run wrote: the tables if the run created them, else the rows of
+// its items.
+func (d *database) dropOrDelete(ctx context.Context, tprefix string, created bool, skus []string) error {
+	tables := []string{tprefix + "records", tprefix + "items"}
+	if created {
+		for _, t := range tables {
+			if _, err := d.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+d.quote(t)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, t := range tables {
+		for _, sku := range skus {
+			if _, err := d.db.ExecContext(ctx, "DELETE FROM "+d.quote(t)+" WHERE sku = "+d.placeholder(1), sku); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// deleteKeys removes the Redis keys of the run's items (every key of an item shares the hash
+// tag {sku}, found with SCAN on every node) and takes the items out of the registry.
+func deleteKeys(ctx context.Context, c rueidis.Client, prefix string, skus []string) error {
+	for _, sku := range skus {
+		pattern := globEscape(prefix+":{"+sku+"}") + "*"
+		keys := map[string]bool{}
+		for _, node := range c.Nodes() {
+			var cursor uint64
+			for {
+				se, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(pattern).Count(1000).Build()).AsScanEntry()
+				if err != nil {
+					return fmt.Errorf("scan %s: %w", pattern, err)
+				}
+				for _, k := range se.Elements {
+					keys[k] = true
+				}
+				if se.Cursor == 0 {
+					break
+				}
+				cursor = se.Cursor
+			}
+		}
+		for k := range keys {
+			if err := c.Do(ctx, c.B().Del().Key(k).Build()).Error(); err != nil {
+				return fmt.Errorf("del %s: %w", k, err)
+			}
+		}
+	}
+	registry := prefix + ":items"
+	if len(skus) > 0 {
+		if err := c.Do(ctx, c.B().Srem().Key(registry).Member(skus...).Build()).Error(); err != nil {
+			return fmt.Errorf("srem %s: %w", registry, err)
+		}
+	}
+	n, err := c.Do(ctx, c.B().Scard().Key(registry).Build()).AsInt64()
+	if err != nil {
+		return fmt.Errorf("scard %s: %w", registry, err)
+	}
+	if n == 0 {
+		return c.Do(ctx, c.B().Del().Key(registry).Build()).Error()
+	}
+	return nil
+}
+
+// globEscape escapes the characters SCAN MATCH treats as a pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`*?[]\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// redact hides the password of a DSN in what is printed.
+func redact(dsn string) string {
+	at := strings.LastIndex(dsn, "@")
+	if at < 0 {
+		return dsn
+	}
+	head := dsn[:at]
+	start := strings.Index(head, "://") + 3
+	if start < 3 {
+		start = 0
+	}
+	if colon := strings.Index(head[start:], ":"); colon >= 0 {
+		return head[:start+colon] + ":xxx" + dsn[at:]
+	}
+	return dsn
+}
