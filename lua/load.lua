@@ -4,11 +4,14 @@
 -- KEYS[1] item hash
 -- ARGV[1] quantity
 -- Reply: code (OK, or REPLAY when the item exists), available
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[1], 'x') ~= '1' then
-    return {REPLAY, tonumber(redis.call('HGET', KEYS[1], 'a')) or 0}
-  end
-  redis.call('DEL', KEYS[1])
+local st = redis.call('HMGET', KEYS[1], 'a', 'x', 'q')
+if st[1] and st[2] ~= '1' then
+  return {REPLAY, tonumber(st[1])}
 end
+-- A retired item, or a hash left with only its outbox sequence: start afresh, keeping q.
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'a', ARGV[1], 'h', '0', 's', '0', 'l', ARGV[1])
+if st[3] then
+  redis.call('HSET', KEYS[1], 'q', st[3])
+end
 return {OK, tonumber(ARGV[1])}

@@ -3,7 +3,7 @@
 -- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
 -- ARGV[1] available + held as the store and the pending events say
 -- Reply: code (OK, or REPLAY if the item exists), available, held
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if redis.call('HEXISTS', KEYS[1], 'a') == 1 then
   return {REPLAY, 0, 0}
 end
 local held = 0
@@ -20,9 +20,10 @@ local a = tonumber(ARGV[1]) - held
 if a < 0 then
   a = 0
 end
-local q = 0
+-- The outbox sequence continues after every event still queued (a requeue may have left q).
+local q = tonumber(redis.call('HGET', KEYS[1], 'q')) or 0
 local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-if last[2] then
+if last[2] and tonumber(last[2]) > q then
   q = tonumber(last[2])
 end
 redis.call('HSET', KEYS[1], 'a', fmt(a), 'h', fmt(held), 's', '0', 'l', fmt(a + held), 'q', fmt(q))
