@@ -54,7 +54,9 @@ type Event struct {
 //   - EventRestored and EventRefused give back what the id's decrement took, if it was
 //     applied and not already given back; for an id the store has not seen they record a
 //     tombstone, so that a late deduct of that id changes nothing.
-//   - EventRestocked increments the remaining stock, once.
+//   - EventRestocked increments the remaining stock, once. For an item the store has no row
+//     for, Apply returns an error wrapping ErrNotLoaded and the relay retries it, with backoff,
+//     until the item is loaded in the store.
 //   - Other event types are accepted and ignored.
 //   - Remaining never goes below zero.
 //

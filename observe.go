@@ -13,7 +13,8 @@ type Observation struct {
 	Op string
 	// SKU is the item ("" when the input was invalid before an item was known).
 	SKU string
-	// Outcome is Outcome(err) of the operation; for "relay" and "reconcile", "ok" or "error".
+	// Outcome is Outcome(err) of the operation; for "relay", "ok" or "error"; for "reconcile",
+	// "ok", "error" or "busy" (a relay held the item: nothing was compared).
 	Outcome string
 	// Replayed is set for an operation answered as a replay.
 	Replayed bool

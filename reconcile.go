@@ -254,8 +254,11 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 	if o := rc.r.opts.observer; o != nil {
 		defer func(start time.Time) {
 			ob := Observation{Op: "reconcile", SKU: sku, Outcome: "ok", Duration: time.Since(start), Units: rp.Drift}
-			if err != nil {
+			switch {
+			case err != nil:
 				ob.Outcome = "error"
+			case rp.Busy:
+				ob.Outcome = "busy"
 			}
 			o.Observe(ctx, ob)
 		}(time.Now())

@@ -399,3 +399,26 @@ func TestRelayDeadLetters(t *testing.T) {
 		assert.Zero(t, outboxLen(t, c, "A"))
 	})
 }
+
+func TestPending(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 5))
+		for i := range 3 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		p, d, err := r.Pending(ctx, "A")
+		require.NoError(t, err)
+		assert.Equal(t, [2]int64{3, 0}, [2]int64{p, d})
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "A", 5))
+		rl, err := r.NewRelay(store, nil)
+		require.NoError(t, err)
+		drain(t, rl)
+		p, d, err = r.Pending(ctx, "A")
+		require.NoError(t, err)
+		assert.Equal(t, [2]int64{0, 0}, [2]int64{p, d})
+	})
+}

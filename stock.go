@@ -344,6 +344,24 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	return r.receiptAck(Receipt{SKU: sku, ID: id}, o, ackErr)
 }
 
+// Pending returns the number of events waiting in an item's outbox (not yet delivered by a
+// relay) and in its dead-letter set (rejected by the store as invalid).
+func (r *Reserver) Pending(ctx context.Context, sku string) (pending, dead int64, err error) {
+	if err := checkName("sku", sku); err != nil {
+		return 0, 0, err
+	}
+	res := r.client.DoMulti(ctx,
+		r.client.B().Zcard().Key(r.key(sku, outboxSuffix)).Build(),
+		r.client.B().Zcard().Key(r.key(sku, deadSuffix)).Build())
+	if pending, err = res[0].AsInt64(); err == nil {
+		dead, err = res[1].AsInt64()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("stock: pending %s: %w", sku, err)
+	}
+	return pending, dead, nil
+}
+
 // Items iterates over the registry of loaded items (SSCAN, in pages), in no particular order.
 func (r *Reserver) Items(ctx context.Context) iter.Seq2[string, error] {
 	return func(yield func(string, error) bool) {
