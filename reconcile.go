@@ -132,6 +132,7 @@ type Report struct {
 	Adjusted   int64 // units added to (or, negative, taken from) Redis's available stock
 	Requeued   int   // lost outbox events queued again
 	Rerecorded int   // ledger entries the Store has and Redis lost, written back
+	Resynced   int   // sales Redis held that the Store had given back: given back in Redis too
 	Trimmed    int   // settled ledger entries removed after the retention
 	// Retired is set when the item was delisted and its keys are removed (by this pass or an
 	// earlier one): it is not compared any more.
@@ -166,6 +167,9 @@ func (rp Report) String() string {
 	}
 	if rp.Rerecorded > 0 {
 		fixes = append(fixes, fmt.Sprintf("rerecorded %d", rp.Rerecorded))
+	}
+	if rp.Resynced > 0 {
+		fixes = append(fixes, fmt.Sprintf("resynced %d", rp.Resynced))
 	}
 	if rp.Trimmed > 0 {
 		fixes = append(fixes, fmt.Sprintf("trimmed %d", rp.Trimmed))
@@ -366,8 +370,12 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
 		rp.Rebuilt = code.code == codeOK
-		if expected < 0 {
+		switch {
+		case expected < 0:
 			rp.NeedsHuman = fmt.Sprintf("the store and the pending events say %d units: oversold", expected)
+		case rp.Rebuilt && code.qty > expected:
+			// code.qty: the units of live holds that survived the loss of the item's hash.
+			rp.NeedsHuman = fmt.Sprintf("live holds of %d units exceed the %d units the store has: oversold by %d", code.qty, expected, code.qty-expected)
 		}
 	default:
 		o, err := decodeOne(adjustScript.Exec(ctx, rc.r.client, rc.r.keys(sku)[:1], []string{strconv.FormatInt(-rp.Drift, 10)}))
@@ -378,7 +386,7 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 		if o.code == codeNotLoaded {
 			rp.NeedsHuman = "the item's keys vanished during the pass"
 		} else if o.remaining != -rp.Drift {
-			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", -rp.Drift-o.remaining)
+			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", rp.Drift+o.remaining)
 		}
 	}
 	if rp.Missing && rp.Drift == 0 && !rc.dry {
@@ -436,10 +444,39 @@ func abs(n int64) int64 {
 func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 	sku := rp.SKU
 	cutoff := time.Now().Add(-rc.retention).UnixMilli()
-	var reserved, restored, trim []string
+	var reserved, restored, trim, sold []string
 	flush := func(final bool) error {
-		if len(reserved)+len(restored)+len(trim) < 256 && !final {
+		if len(reserved)+len(restored)+len(trim)+len(sold) < 256 && !final {
 			return nil
+		}
+		// Sales Redis holds that the store has given back (a restore or a refusal Redis lost
+		// in a failover): give them back in Redis too, without a new event (the store has it).
+		if len(sold) > 0 {
+			recs, err := rc.store.Records(ctx, sku, sold)
+			if err != nil {
+				return fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
+			}
+			for _, id := range sold {
+				rec, ok := recs[id]
+				if !ok || (rec.Status != RecordRestored && rec.Status != RecordRefused) {
+					continue
+				}
+				if rc.dry {
+					rp.Resynced++
+					continue
+				}
+				reason := "x"
+				if rec.Status == RecordRefused {
+					reason = "f"
+				}
+				o, err := decodeOne(restoreScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{id, reason, "0"}))
+				if err != nil {
+					return fmt.Errorf("stock: reconcile %s: resync %s: %w", sku, id, err)
+				}
+				if o.code == codeOK {
+					rp.Resynced++
+				}
+			}
 		}
 		if len(restored) > 0 {
 			recs, err := rc.store.Records(ctx, sku, restored)
@@ -468,7 +505,7 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 			rp.Trimmed += int(n)
 		}
-		reserved, restored, trim = reserved[:0], restored[:0], trim[:0]
+		reserved, restored, trim, sold = reserved[:0], restored[:0], trim[:0], sold[:0]
 		return nil
 	}
 	seen := map[string]bool{}
@@ -479,6 +516,9 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 		}
 		if canList {
 			seen[e.ID] = true
+		}
+		if e.Kind != KindRestock && (e.State == StateReserved || e.State == StateApplied) {
+			sold = append(sold, e.ID)
 		}
 		switch e.State {
 		case StateReserved:
