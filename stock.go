@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"strconv"
@@ -204,7 +205,11 @@ func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
 	if err := checkName("sku", sku); err != nil {
 		return Levels{}, err
 	}
-	vs, err := r.client.Do(ctx, r.client.B().Hmget().Key(r.key(sku, itemSuffix)).Field("a", "h", "s", "l", "c").Build()).ToArray()
+	return parseLevels(sku, r.client.Do(ctx, r.client.B().Hmget().Key(r.key(sku, itemSuffix)).Field("a", "h", "s", "l", "c").Build()))
+}
+
+func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
+	vs, err := res.ToArray()
 	if err != nil {
 		return Levels{}, fmt.Errorf("stock: levels %s: %w", sku, err)
 	}
@@ -222,6 +227,31 @@ func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
 	}
 	closed, _ := vs[4].ToString()
 	return Levels{Available: n[0], Held: n[1], Sold: n[2], Loaded: n[3], Closed: closed == "1"}, nil
+}
+
+// LevelsMany returns the counters of several items, read in one pipelined round trip (each
+// item atomically, not all of them at one instant). Items Redis does not know are absent from
+// the map.
+func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]Levels, error) {
+	cmds := make(rueidis.Commands, 0, len(skus))
+	for _, sku := range skus {
+		if err := checkName("sku", sku); err != nil {
+			return nil, err
+		}
+		cmds = append(cmds, r.client.B().Hmget().Key(r.key(sku, itemSuffix)).Field("a", "h", "s", "l", "c").Build())
+	}
+	out := make(map[string]Levels, len(skus))
+	for i, res := range r.client.DoMulti(ctx, cmds...) {
+		l, err := parseLevels(skus[i], res)
+		if errors.Is(err, ErrNotLoaded) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[skus[i]] = l
+	}
+	return out, nil
 }
 
 // Deduct takes req.Qty units of req.SKU for req.ID, exactly once: the check of the id, the

@@ -518,3 +518,19 @@ func mustAtoi(s string) int {
 	}
 	return n
 }
+
+func TestLevelsMany(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 3))
+		require.NoError(t, r.Load(ctx, "B", 5))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "o", Qty: 2})
+		require.NoError(t, err)
+		m, err := r.LevelsMany(ctx, "A", "B", "ghost")
+		require.NoError(t, err)
+		assert.Equal(t, map[string]stock.Levels{"A": {Available: 3, Loaded: 3}, "B": {Available: 3, Sold: 2, Loaded: 5}}, m)
+		_, err = r.LevelsMany(ctx, "A", "b{ad}")
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+	})
+}
