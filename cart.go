@@ -159,7 +159,7 @@ func encodeLines(kind string, lines []Line) string {
 	b.WriteByte('|')
 	for i, l := range lines {
 		if i > 0 {
-			b.WriteByte(',')
+			b.WriteByte('|') // '|' is the one separator no SKU may contain
 		}
 		b.WriteString(l.SKU)
 		b.WriteByte(':')
@@ -275,24 +275,36 @@ func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (i
 		if err != nil {
 			return n, fmt.Errorf("stock: recover cart %s: %w", id, err)
 		}
-		// "p|started|K|sku:qty,..."
-		parts := strings.SplitN(rec, "|", 4)
-		if len(parts) != 4 {
-			return n, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
+		kind, lines, err := parseCartRecord(rec)
+		if err != nil {
+			r.opts.logger.ErrorContext(ctx, "stock: unreadable cart record; left for an operator", "cart", id, "err", err)
+			continue
 		}
-		var lines []Line
-		for _, f := range strings.Split(parts[3], ",") {
-			i := strings.LastIndexByte(f, ':')
-			q, perr := strconv.ParseInt(f[i+1:], 10, 64)
-			if i < 0 || perr != nil {
-				return n, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
-			}
-			lines = append(lines, Line{SKU: f[:i], Qty: q})
-		}
-		if err := r.undoCart(ctx, id, parts[2], lines, nil); err != nil {
+		if err := r.undoCart(ctx, id, kind, lines, nil); err != nil {
 			return n, err
 		}
 		n++
 	}
 	return n, nil
+}
+
+// parseCartRecord reads a cart log record, "state|started|K|sku:qty|sku:qty...", as written by
+// lua/cart.lua from encodeLines. No SKU contains '|', and the quantity follows the last ':'.
+func parseCartRecord(rec string) (kind string, lines []Line, err error) {
+	parts := strings.SplitN(rec, "|", 4)
+	if len(parts) != 4 || parts[3] == "" {
+		return "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
+	}
+	for _, f := range strings.Split(parts[3], "|") {
+		i := strings.LastIndexByte(f, ':')
+		if i <= 0 {
+			return "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
+		}
+		q, perr := strconv.ParseInt(f[i+1:], 10, 64)
+		if perr != nil || q <= 0 {
+			return "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
+		}
+		lines = append(lines, Line{SKU: f[:i], Qty: q})
+	}
+	return parts[2], lines, nil
 }

@@ -100,19 +100,17 @@ type outcome struct {
 }
 
 // decodeOutcomes checks that a script answered with n triples of integers and decodes them.
-// A transport or Redis error is returned as is (wrapped), so errors.As finds *rueidis.RedisError.
+// A transport or Redis error is returned as is (wrapped), so errors.As finds *rueidis.RedisError;
+// a reply of another shape is ErrInvalid.
 func decodeOutcomes(res rueidis.RedisResult, dst []outcome) error {
-	msgs, err := res.ToArray()
+	msgs, err := replyArray(res, 3*len(dst))
 	if err != nil {
-		return fmt.Errorf("stock: script: %w", err)
-	}
-	if len(msgs) != 3*len(dst) {
-		return fmt.Errorf("%w: script replied %d values, want %d", ErrInvalid, len(msgs), 3*len(dst))
+		return err
 	}
 	for i := range dst {
 		var v [3]int64
 		for j := range v {
-			if v[j], err = msgs[3*i+j].AsInt64(); err != nil {
+			if v[j], err = replyInt(msgs[3*i+j]); err != nil {
 				return fmt.Errorf("%w: script reply %d: %v", ErrInvalid, 3*i+j, err)
 			}
 		}
@@ -128,16 +126,39 @@ func decodeOne(res rueidis.RedisResult) (outcome, error) {
 	return o[0], err
 }
 
-// decodePair decodes a two-integer reply (load.lua).
+// decodePair decodes a two-integer reply (load.lua and the like).
 func decodePair(res rueidis.RedisResult) (code, value int64, err error) {
-	vs, err := res.AsIntSlice()
+	msgs, err := replyArray(res, 2)
 	if err != nil {
-		return 0, 0, fmt.Errorf("stock: script: %w", err)
+		return 0, 0, err
 	}
-	if len(vs) != 2 {
-		return 0, 0, fmt.Errorf("%w: script replied %d values, want 2", ErrInvalid, len(vs))
+	if code, err = replyInt(msgs[0]); err == nil {
+		value, err = replyInt(msgs[1])
 	}
-	return vs[0], vs[1], nil
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: script reply: %v", ErrInvalid, err)
+	}
+	return code, value, nil
+}
+
+// replyArray returns the elements of an array reply of exactly n elements.
+func replyArray(res rueidis.RedisResult, n int) ([]rueidis.RedisMessage, error) {
+	if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
+		return nil, fmt.Errorf("stock: script: %w", err)
+	}
+	msgs, err := res.ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("%w: script reply is not an array: %v", ErrInvalid, err)
+	}
+	if len(msgs) != n {
+		return nil, fmt.Errorf("%w: script replied %d values, want %d", ErrInvalid, len(msgs), n)
+	}
+	return msgs, nil
+}
+
+// replyInt reads one integer element of a script's reply (Lua numbers arrive as integers).
+func replyInt(m rueidis.RedisMessage) (int64, error) {
+	return m.AsInt64()
 }
 
 func isNil(err error) bool { return rueidis.IsRedisNil(err) }

@@ -79,8 +79,9 @@ type Receipt struct {
 	// Qty is the number of units the id took or gave back. With ErrConflict it is the quantity
 	// the id was first used with; with ErrUserLimit, the units the user already has.
 	Qty int64
-	// Remaining is the available stock right after the operation. For a replay it is the
-	// value recorded by the original operation. With ErrSoldOut and ErrInsufficient it is the
+	// Remaining is the available stock right after the operation. For a replayed deduct or
+	// hold it is the value recorded by the original operation; for a replayed restore or
+	// cancel, the stock available now. With ErrSoldOut and ErrInsufficient it is the
 	// stock available at the time of the refusal.
 	Remaining int64
 	// Replayed is true when the id had already done this operation: nothing was changed and the

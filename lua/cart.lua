@@ -2,7 +2,7 @@
 --
 -- KEYS[1] carts hash (cart id -> "state|started_ms|kind|lines"), KEYS[2] pending zset (id -> started_ms)
 -- ARGV[1] op: 'begin' | 'end'
--- begin: ARGV[2] id, ARGV[3] kind|lines ("D|sku:qty,sku:qty" in SKU order)
+-- begin: ARGV[2] id, ARGV[3] kind|lines ("D|sku:qty|sku:qty" in SKU order)
 --   Reply {OK, 0} new; {REPLAY, 0} same cart pending (a retry: go on); {CONFLICT, 0} the id names
 --   another cart; {CONFIRMED, 0} the cart completed; {RESTORED, 0} the cart was undone.
 -- end: ARGV[2] id, ARGV[3] final state: 'd' done or 'u' undone. Reply {OK, 0}.
