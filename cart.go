@@ -182,6 +182,9 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if r.fenced.Load() {
 		return out, ErrFailover
 	}
+	if g := r.group(lines[0].SKU); g != "" && len(lines) > 1 && !slices.ContainsFunc(lines, func(l Line) bool { return r.group(l.SKU) != g }) {
+		return r.cartOneSlot(ctx, kind, c, lines, ttlMs)
+	}
 	code, err := r.cartLog(ctx, "begin", c.ID, encodeLines(kind, lines))
 	if err != nil {
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
@@ -307,4 +310,35 @@ func parseCartRecord(rec string) (kind string, lines []Line, err error) {
 		lines = append(lines, Line{SKU: f[:i], Qty: q})
 	}
 	return parts[2], lines, nil
+}
+
+// cartOneSlot takes a cart whose items are all in one group with one script: all or nothing,
+// atomically; no saga and no cart log are needed.
+func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64) (CartReceipt, error) {
+	out := CartReceipt{ID: c.ID}
+	keys := make([]string, 0, 5*len(lines))
+	args := []string{r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10), c.ID, c.User}
+	for _, l := range lines {
+		keys = append(keys, r.keys(l.SKU)...)
+		args = append(args, strconv.FormatInt(l.Qty, 10))
+	}
+	outs := make([]outcome, len(lines))
+	if err := decodeOutcomes(manyScript.Exec(ctx, r.client, keys, args), outs); err != nil {
+		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
+	}
+	replayed := true
+	for i, o := range outs {
+		if o.code == -1 || o.code == codeOK || o.code == codeReplay {
+			replayed = replayed && o.code == codeReplay
+			continue
+		}
+		_, err := r.receipt(Receipt{SKU: lines[i].SKU, ID: c.ID}, o)
+		return out, &CartError{SKU: lines[i].SKU, Err: err}
+	}
+	for i, o := range outs {
+		rc, _ := r.receipt(Receipt{SKU: lines[i].SKU, ID: c.ID}, o)
+		out.Items = append(out.Items, rc)
+	}
+	out.Replayed = replayed
+	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,9 +112,20 @@ func TestHoldMany(t *testing.T) {
 
 // TestCartsConcurrent: carts over overlapping items race; every cart is whole or absent.
 func TestCartsConcurrent(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) { cartsConcurrent(t, c) })
+}
+
+// TestGroupedCartsConcurrent: the same with every item in one group (one script per cart).
+func TestGroupedCartsConcurrent(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		cartsConcurrent(t, c, stock.WithGroups(func(string) string { return "all" }))
+	})
+}
+
+func cartsConcurrent(t *testing.T, c rueidis.Client, opts ...stock.Option) {
+	{
 		ctx := context.Background()
-		r := newReserver(t, c)
+		r := newReserver(t, c, opts...)
 		skus := []string{"A", "B", "C", "D"}
 		for _, sku := range skus {
 			require.NoError(t, r.Load(ctx, sku, 40))
@@ -167,5 +179,61 @@ func TestCartsConcurrent(t *testing.T) {
 			}
 		}
 		assert.Positive(t, okCarts)
+	}
+}
+
+func TestGroupedCartOneScript(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		shoes := func(sku string) string {
+			if strings.HasPrefix(sku, "shoe-") {
+				return "shoe"
+			}
+			return ""
+		}
+		r := newReserver(t, c, stock.WithGroups(shoes), stock.WithUserLimit(3))
+		for _, sku := range []string{"shoe-40", "shoe-41", "hat"} {
+			require.NoError(t, r.Load(ctx, sku, 4))
+		}
+		n, err := c.Do(ctx, c.B().Exists().Key("stock:{shoe}:shoe-40").Build()).AsInt64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), n, "a grouped item's keys carry the group's tag")
+
+		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "shoe-40", Qty: 2}}}
+		rc, err := r.DeductMany(ctx, cart)
+		require.NoError(t, err)
+		assert.Equal(t, []stock.Receipt{{SKU: "shoe-40", ID: "c1", Qty: 2, Remaining: 2}, {SKU: "shoe-41", ID: "c1", Qty: 1, Remaining: 3}}, rc.Items)
+		rc, err = r.DeductMany(ctx, cart)
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+
+		// A refusal writes nothing at all: no entry, no tombstone, on either item.
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 9}}})
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, "shoe-41", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		_, err = r.Ledger(ctx, "shoe-40", "c2")
+		assert.ErrorIs(t, err, stock.ErrUnknownID)
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}})
+		require.NoError(t, err, "nothing was recorded for the refused cart: the id is free")
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c3", User: "u", Lines: []stock.Line{{SKU: "shoe-40", Qty: 2}, {SKU: "shoe-41", Qty: 1}}})
+		assert.ErrorIs(t, err, stock.ErrUserLimit, "the per-user limit per item")
+
+		// Mixed with an item outside the group: the saga.
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "hat", Qty: 1}}})
+		require.NoError(t, err)
+		// Holds in one script too; single operations work on grouped items.
+		_, err = r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}, time.Minute)
+		require.NoError(t, err)
+		_, err = r.ConfirmMany(ctx, "h1", "shoe-40", "shoe-41")
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, "shoe-40", "c1")
+		require.NoError(t, err)
+		for _, sku := range []string{"shoe-40", "shoe-41", "hat"} {
+			checkLedger(t, r, sku, 4)
+		}
+		assert.Equal(t, stock.Levels{Available: 2, Sold: 2, Loaded: 4}, levels(t, r, "shoe-40"))
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 4, Loaded: 4}, levels(t, r, "shoe-41"))
 	})
 }

@@ -18,6 +18,8 @@ type options struct {
 
 	replicas    int
 	replicaWait time.Duration
+
+	group func(sku string) string
 }
 
 func defaultOptions() options {
@@ -111,6 +113,24 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 			return invalid("replica ack %d within %v", n, timeout)
 		}
 		o.replicas, o.replicaWait = n, timeout
+		return nil
+	}
+}
+
+// WithGroups puts items in groups that share one Redis Cluster slot: group(sku) names the group
+// of an item ("" for none; a name that is not valid counts as none). The keys of a grouped item
+// are "<prefix>:{<group>}:<sku>..." instead of "<prefix>:{<sku>}...", so a cart (DeductMany,
+// HoldMany) whose items are all in one group is taken by a single script, atomically, instead of
+// a saga. A group is one slot: it is served by one Redis core, so group items that sell together
+// (the pieces of a bundle, the sizes of one shoe), not a whole catalogue. The function must
+// always give the same answer for an item, in every process: changing it moves the item to other
+// keys. The default puts every item in its own slot.
+func WithGroups(group func(sku string) string) Option {
+	return func(o *options) error {
+		if group == nil {
+			return invalid("nil group function")
+		}
+		o.group = group
 		return nil
 	}
 }

@@ -36,6 +36,7 @@ var (
 	ackScript      = newScript("ack.lua", true)
 	deadScript     = newScript("deadletter.lua", true)
 	cartScript     = newScript("cart.lua", true)
+	manyScript     = newScript("deductmany.lua", true)
 	delistScript   = newScript("delist.lua", true)
 	retireScript   = newScript("retire.lua", true)
 )

@@ -138,13 +138,34 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
+// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:<sku>"
+// for an item that WithGroups puts in a group.
+func (r *Reserver) base(sku string) string {
+	if r.opts.group != nil {
+		if g := r.opts.group(sku); g != "" && checkName("group", g) == nil {
+			return r.opts.prefix + ":{" + g + "}:" + sku
+		}
+	}
+	return r.opts.prefix + ":{" + sku + "}"
+}
+
+func (r *Reserver) group(sku string) string {
+	if r.opts.group == nil {
+		return ""
+	}
+	if g := r.opts.group(sku); checkName("group", g) == nil {
+		return g
+	}
+	return ""
+}
+
 func (r *Reserver) key(sku, suffix string) string {
-	return r.opts.prefix + ":{" + sku + "}" + suffix
+	return r.base(sku) + suffix
 }
 
 // keys returns the KEYS every item script takes, in order.
 func (r *Reserver) keys(sku string) []string {
-	base := r.opts.prefix + ":{" + sku + "}"
+	base := r.base(sku)
 	return []string{base, base + ledgerSuffix, base + usersSuffix, base + outboxSuffix, base + holdsSuffix}
 }
 
