@@ -130,13 +130,20 @@ func (r *Reserver) handoff(l *lane) {
 
 // execDeducts runs deduct.lua for reqs, all of one item, and decodes one outcome per request.
 func (r *Reserver) execDeducts(ctx context.Context, sku string, reqs []Request, dst []outcome) error {
-	args := make([]string, 4, 4+3*len(reqs))
+	args := make([]string, 4, 4+4*len(reqs))
 	args[0], args[1], args[2], args[3] = r.limitArg, r.outboxFlag(), "D", "0"
 	for _, q := range reqs {
-		args = append(args, q.ID, strconv.FormatInt(q.Qty, 10), q.User)
+		args = append(args, q.ID, strconv.FormatInt(q.Qty, 10), q.User, retryFlag(q.Retry))
 	}
 	if err := decodeOutcomes(deductScript.Exec(ctx, r.client, r.keys(sku), args), dst); err != nil {
 		return fmt.Errorf("stock: deduct %s: %w", sku, err)
 	}
 	return nil
+}
+
+func retryFlag(retry bool) string {
+	if retry {
+		return "1"
+	}
+	return "0"
 }

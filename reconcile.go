@@ -273,6 +273,7 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 	}
 	ok, err := rc.lock(ctx, sku)
 	if err != nil {
+		rc.unlock(sku) // the SET may have run before the error: never leave our lock behind
 		return rp, err
 	}
 	if !ok {
@@ -658,5 +659,9 @@ func (rc *Reconciler) unlock(sku string) {
 	defer cancel()
 	key := rc.r.key(sku, leaseSuffix)
 	// Only our own lease: compare and delete in one step.
-	_ = unlockScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token}).Error()
+	for range 3 { // a broken connection: try again rather than leave the item locked
+		if err := unlockScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token}).Error(); err == nil || ctx.Err() != nil {
+			return
+		}
+	}
 }

@@ -71,6 +71,12 @@ type Request struct {
 	ID   string // the idempotency key: an order id or request token, unique per operation
 	User string // optional: who takes the stock, counted against WithUserLimit
 	Qty  int64  // units to take, 1 to MaxQty
+	// Retry marks a retry after an unknown outcome (a timeout, a broken connection). A retry's
+	// refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the id, so
+	// that the earlier attempt, should it reach Redis after the retry, is refused too: the
+	// answer the caller got stays the final one. Without it a refusal records nothing, which
+	// keeps the sold-out path free of writes.
+	Retry bool
 }
 
 // Receipt is the outcome of one request.
@@ -308,7 +314,7 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
 	args := []string{
 		r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10),
-		req.ID, strconv.FormatInt(req.Qty, 10), req.User,
+		req.ID, strconv.FormatInt(req.Qty, 10), req.User, retryFlag(req.Retry),
 	}
 	res, ackErr := r.exec(ctx, deductScript, r.keys(req.SKU), args)
 	o, err := decodeOne(res)

@@ -534,3 +534,35 @@ func TestLevelsMany(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrInvalid)
 	})
 }
+
+// TestRetryRefusalIsFinal: a retry's refusal for lack of stock is recorded, so the earlier
+// attempt of the id, arriving later, is refused too; a first attempt's refusal writes nothing.
+func TestRetryRefusalIsFinal(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 0))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		_, err = r.Ledger(ctx, "A", "first")
+		require.ErrorIs(t, err, stock.ErrUnknownID, "the sold-out path writes nothing")
+
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1, Retry: true})
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		e, err := r.Ledger(ctx, "A", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, stock.KindTombstone, e.Kind)
+		assert.Equal(t, stock.StateRefused, e.State)
+		_, err = r.Restock(ctx, "A", "r1", 5)
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}) // the late first attempt
+		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9, Retry: true})
+		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9})
+		assert.ErrorIs(t, err, stock.ErrSoldOut, "the id is closed")
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true})
+		require.NoError(t, err, "a retry that is admitted is an ordinary deduct")
+		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
+	})
+}

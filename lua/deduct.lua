@@ -6,7 +6,9 @@
 -- ARGV[2] '1' to queue events in the outbox
 -- ARGV[3] kind: 'D' deduct (sold at once) or 'H' hold (held until now + ARGV[4] ms)
 -- ARGV[4] hold time to live in ms ('0' for deducts)
--- ARGV[5...] one triple per request: id, qty, user ('' for none)
+-- ARGV[5...] four values per request: id, qty, user ('' for none), retry ('1' when the caller
+--           retries after an unknown outcome: a refusal for lack of stock is then recorded as a
+--           tombstone "Tf", so that the earlier attempt, if it arrives later, is refused too)
 -- Reply: three integers per request: code, remaining available, qty (units of the user for code 7)
 --
 -- All checks of a request happen before any write; writes of the whole call are grouped at the end.
@@ -26,14 +28,14 @@ local event = (kind == 'H') and 'H:' or 'D:'
 
 local out, fresh, hset, zadd, hz, units, delta = {}, {}, {}, {}, {}, {}, {}
 local taken = 0
-for i = 5, #ARGV, 3 do
-  local id, q, u = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+for i = 5, #ARGV, 4 do
+  local id, q, u, retry = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3] == '1'
   local code, rem, n = OK, avail or 0, q
   local e = fresh[id] or redis.call('HGET', KEYS[2], id)
   if e then
     local k, s, eq, _, ea, _, eu = parse(e)
     if k == 'T' then
-      code = RESTORED
+      code = (s == 'f') and SOLDOUT or RESTORED
     elseif k ~= kind or eq ~= q or eu ~= u then
       code, n = CONFLICT, eq
     elseif s == 'e' then
@@ -58,10 +60,14 @@ for i = 5, #ARGV, 3 do
       code = NOTLOADED
     elseif closed then
       code = CLOSED
-    elseif avail == 0 then
-      code = SOLDOUT
-    elseif avail < q then
-      code = SHORT
+    elseif avail == 0 or avail < q then
+      code = (avail == 0) and SOLDOUT or SHORT
+      if retry then
+        local t = entry('T', 'f', q, avail, avail, now, u)
+        fresh[id] = t
+        hset[#hset + 1] = id
+        hset[#hset + 1] = t
+      end
     else
       local e2 = entry(kind, state, q, avail, avail - q, now, u, deadline)
       fresh[id] = e2
@@ -88,6 +94,9 @@ for i = 5, #ARGV, 3 do
   out[#out + 1] = n
 end
 
+if #hset > 0 and taken == 0 then
+  redis.call('HSET', KEYS[2], unpack(hset)) -- only refusals of retries
+end
 if taken > 0 then
   -- One write of the counters: available, sold or held, and the outbox sequence.
   local seq = tonumber(st[5]) or 0

@@ -1,0 +1,368 @@
+package faultproxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeRedis is a RESP server for the tests: PING answers +PONG, INCR key counts, PUSHPING
+// answers a RESP3 push and then +PONG, anything else +OK. It counts the commands it ran.
+type fakeRedis struct {
+	ln  net.Listener
+	mu  sync.Mutex
+	n   map[string]int
+	ran int
+	wg  sync.WaitGroup
+}
+
+func startFake(t *testing.T) *fakeRedis {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeRedis{ln: ln, n: map[string]int{}}
+	f.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			f.wg.Go(func() { f.serve(c) })
+		}
+	})
+	t.Cleanup(func() { ln.Close(); f.wg.Wait() })
+	return f
+}
+
+func (f *fakeRedis) serve(c net.Conn) {
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for {
+		args, err := readCommand(r)
+		if err != nil {
+			return
+		}
+		f.mu.Lock()
+		f.ran++
+		var reply string
+		switch strings.ToUpper(args[0]) {
+		case "PING":
+			reply = "+PONG\r\n"
+		case "INCR":
+			f.n[args[1]]++
+			reply = ":" + strconv.Itoa(f.n[args[1]]) + "\r\n"
+		case "PUSHPING":
+			reply = ">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n+PONG\r\n"
+		default:
+			reply = "+OK\r\n"
+		}
+		f.mu.Unlock()
+		if _, err := io.WriteString(c, reply); err != nil {
+			return
+		}
+	}
+}
+
+func (f *fakeRedis) count(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n[key]
+}
+
+// readCommand reads one RESP array of bulk strings.
+func readCommand(r *bufio.Reader) ([]string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	if line[0] != '*' {
+		return strings.Fields(line), nil
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+	args := make([]string, n)
+	for i := range args {
+		if line, err = r.ReadString('\n'); err != nil {
+			return nil, err
+		}
+		l, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+		b := make([]byte, l+2)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, err
+		}
+		args[i] = string(b[:l])
+	}
+	return args, nil
+}
+
+func resp(args ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	return b.String()
+}
+
+func startProxy(t *testing.T, target string) *Proxy {
+	t.Helper()
+	p, err := Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+type client struct {
+	t *testing.T
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dial(t *testing.T, p *Proxy) *client {
+	t.Helper()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &client{t: t, c: c, r: bufio.NewReader(c)}
+}
+
+func (c *client) send(cmds ...string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.c, strings.Join(cmds, "")); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// line reads one reply line within d.
+func (c *client) line(d time.Duration) (string, error) {
+	c.c.SetReadDeadline(time.Now().Add(d))
+	s, err := c.r.ReadString('\n')
+	return strings.TrimSuffix(s, "\r\n"), err
+}
+
+func (c *client) want(want string) {
+	c.t.Helper()
+	got, err := c.line(5 * time.Second)
+	if err != nil || got != want {
+		c.t.Fatalf("reply %q, %v; want %q", got, err, want)
+	}
+}
+
+func TestForward(t *testing.T) {
+	f := startFake(t)
+	p := startProxy(t, f.ln.Addr().String())
+	c := dial(t, p)
+	c.send(resp("PING"), resp("INCR", "a"), resp("INCR", "a"), "PING\r\n") // pipelined, one inline
+	c.want("+PONG")
+	c.want(":1")
+	c.want(":2")
+	c.want("+PONG")
+	if s := p.Stats(); s.Commands != 4 || s.Replies != 4 || s.Accepted != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestLatency(t *testing.T) {
+	f := startFake(t)
+	p := startProxy(t, f.ln.Addr().String())
+	c := dial(t, p)
+	p.SetLatency(40 * time.Millisecond)
+	began := time.Now()
+	c.send(resp("PING"))
+	c.want("+PONG")
+	if rtt := time.Since(began); rtt < 80*time.Millisecond {
+		t.Errorf("round trip %v with 40ms each way", rtt)
+	}
+	// Pipelined commands overlap: the latency is not paid once per command.
+	began = time.Now()
+	for range 10 {
+		c.send(resp("PING"))
+	}
+	for range 10 {
+		c.want("+PONG")
+	}
+	if rtt := time.Since(began); rtt > 400*time.Millisecond {
+		t.Errorf("10 pipelined round trips took %v", rtt)
+	}
+	p.SetLatency(0)
+	began = time.Now()
+	c.send(resp("PING"))
+	c.want("+PONG")
+	if rtt := time.Since(began); rtt > 40*time.Millisecond {
+		t.Errorf("round trip %v without latency", rtt)
+	}
+}
+
+func TestResetAll(t *testing.T) {
+	f := startFake(t)
+	p := startProxy(t, f.ln.Addr().String())
+	c := dial(t, p)
+	c.send(resp("PING"))
+	c.want("+PONG")
+	if n := p.ResetAll(); n != 1 {
+		t.Errorf("reset %d connections, want 1", n)
+	}
+	if _, err := c.line(5 * time.Second); err == nil || errors.Is(err, errTimeout) {
+		t.Errorf("read after reset: %v, want a broken connection", err)
+	}
+	c2 := dial(t, p) // the proxy goes on
+	c2.send(resp("PING"))
+	c2.want("+PONG")
+	if s := p.Stats(); s.Reset != 1 || s.Accepted != 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+var errTimeout = errors.New("timeout")
+
+// The command whose reply is dropped runs; the client gets the replies before it and then a
+// closed connection; what it pipelined after it never reaches the server.
+func TestDropReplies(t *testing.T) {
+	f := startFake(t)
+	p := startProxy(t, f.ln.Addr().String())
+	c := dial(t, p)
+	p.DropReplies(1, "incr")
+	c.send(resp("PING"), resp("INCR", "a"), resp("INCR", "a"))
+	c.want("+PONG")
+	if got, err := c.line(5 * time.Second); err == nil {
+		t.Fatalf("reply %q delivered, want it dropped", got)
+	}
+	if n := f.count("a"); n != 1 {
+		t.Errorf("INCR ran %d times, want once (the one whose reply was dropped)", n)
+	}
+	if p.PendingDrops() != 0 {
+		t.Errorf("%d drops pending", p.PendingDrops())
+	}
+	c2 := dial(t, p)
+	c2.send(resp("INCR", "a"))
+	c2.want(":2")
+	if s := p.Stats(); s.DroppedReplies != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// Only the named commands are dropped, and pushes are not replies.
+func TestDropRepliesMatch(t *testing.T) {
+	f := startFake(t)
+	p := startProxy(t, f.ln.Addr().String())
+	c := dial(t, p)
+	p.DropReplies(2, "INCR")
+	c.send(resp("PUSHPING"), resp("PING"), resp("SET", "k", "v"))
+	c.want(">2") // the push, forwarded whole
+	c.want("$10")
+	c.want("invalidate")
+	c.want("*1")
+	c.want("$1")
+	c.want("k")
+	c.want("+PONG")
+	c.want("+PONG")
+	c.want("+OK")
+	if p.PendingDrops() != 2 {
+		t.Errorf("%d drops pending, want 2", p.PendingDrops())
+	}
+	p.CancelDrops()
+	c.send(resp("INCR", "b"))
+	c.want(":1")
+}
+
+func TestBlackhole(t *testing.T) {
+	f := startFake(t)
+	p := startProxy(t, f.ln.Addr().String())
+	c := dial(t, p)
+	c.send(resp("PING"))
+	c.want("+PONG")
+	p.Blackhole(300 * time.Millisecond)
+	began := time.Now()
+	c.send(resp("INCR", "x"))
+	if got, err := c.line(100 * time.Millisecond); err == nil {
+		t.Fatalf("reply %q during the blackhole", got)
+	}
+	if n := f.count("x"); n != 0 {
+		t.Errorf("the command reached the server during the blackhole")
+	}
+	c2 := dial(t, p) // accepted, held back
+	c2.send(resp("INCR", "x"))
+	c.want(":1") // delivered once it healed
+	c2.want(":2")
+	if d := time.Since(began); d < 250*time.Millisecond {
+		t.Errorf("replies after %v, before the blackhole ended", d)
+	}
+	p.Blackhole(time.Hour)
+	p.Heal()
+	c.send(resp("PING"))
+	c.want("+PONG")
+}
+
+func TestClose(t *testing.T) {
+	f := startFake(t)
+	p, err := Start(f.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, p)
+	c.send(resp("PING"))
+	c.want("+PONG")
+	p.Blackhole(time.Hour)
+	done := make(chan struct{})
+	go func() { p.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	if _, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+		t.Error("the proxy still accepts after Close")
+	}
+}
+
+func TestFrame(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		push bool
+		bad  bool
+	}{
+		{in: "+OK\r\n", n: 5},
+		{in: "+OK\r", n: 0},
+		{in: "-ERR x\r\n:1\r\n", n: 8},
+		{in: "$3\r\nabc\r\n", n: 9},
+		{in: "$3\r\nab", n: 0},
+		{in: "$-1\r\n", n: 5},
+		{in: "*-1\r\n", n: 5},
+		{in: "*2\r\n$1\r\na\r\n:2\r\n", n: 15},
+		{in: "*2\r\n$1\r\na\r\n", n: 0},
+		{in: "%1\r\n+k\r\n+v\r\n", n: 12},
+		{in: "~1\r\n_\r\n", n: 7},
+		{in: ",1.5\r\n", n: 6},
+		{in: "#t\r\n", n: 4},
+		{in: "(123\r\n", n: 6},
+		{in: "=7\r\ntxt:abc\r\n", n: 13},
+		{in: ">1\r\n+x\r\n", n: 8, push: true},
+		{in: "|1\r\n+a\r\n+b\r\n:1\r\n", n: 16},
+		{in: "|1\r\n+a\r\n+b\r\n", n: 0},
+		{in: "$3\r\nabcd\r\n", bad: true},
+		{in: "$?\r\n", bad: true},
+		{in: "hello\r\n", bad: true},
+	} {
+		n, push, err := frame([]byte(tc.in))
+		if (err != nil) != tc.bad || n != tc.n || push != tc.push {
+			t.Errorf("frame(%q) = %d, %v, %v; want %d, %v, bad %v", tc.in, n, push, err, tc.n, tc.push, tc.bad)
+		}
+	}
+	n, name, err := command([]byte(resp("EVALSHA", "abc", "0") + "*1\r\n"))
+	if err != nil || n != len(resp("EVALSHA", "abc", "0")) || name != "EVALSHA" {
+		t.Errorf("command = %d, %q, %v", n, name, err)
+	}
+}
