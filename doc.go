@@ -19,7 +19,13 @@
 //	stock:{sku}:o   zset   outbox: "<event>:<id>" -> due time (ms)
 //	stock:{sku}:h   zset   holds: id -> deadline (ms)
 //	stock:{sku}:r   hash   outbox delivery attempts
+//	stock:{sku}:rl  string the relay lease (one relay per item at a time)
+//	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid
 //	stock:items     set    registry of loaded items
+//	stock:{~carts}  hash   the saga log of multi-item carts (and :p, the pending ones)
+//	stock:epoch     string the primaries last reconciled (FailoverGuard)
+//
+// With WithGroups, an item in a group has keys "stock:{group}:sku..." instead.
 //
 // # Guarantees
 //
@@ -42,8 +48,11 @@
 //     disagrees with Redis until reconciled; the Store's unique (sku, id) still refuses a
 //     second application of a replayed id.
 //   - An error that is not one of this package's sentinels (a timeout, a broken connection)
-//     leaves the outcome unknown: the script may have run. Retry with the same id; the retry is
-//     a replay if it did.
+//     leaves the outcome unknown: the script may have run. Retry with the same id and
+//     Request.Retry set; the retry is a replay if it did, and a refusal of the retry is
+//     recorded so that the first attempt, should it arrive later, is refused too.
+//   - A FailoverGuard notices a restarted or replaced primary only when it checks, and
+//     WithReplicaAck bounds, but does not remove, what a failover can lose.
 //   - Idempotency lasts as long as the ledger entry: entries are kept in Redis until trimmed.
 //   - A Store refusal is found after the deduct succeeded: the buyer was told yes, and is told
 //     no later (EventRefused).
