@@ -78,7 +78,8 @@ func TestFaultStoreConnectionKills(t *testing.T) {
 
 	var mu sync.Mutex
 	sold := map[string]bool{} // id -> still sold (false once restored)
-	bg.Go(func() {            // miniredis's clock only moves when told: keep backoffs and leases expiring
+	// miniredis's clock only moves when told: keep backoffs and leases expiring.
+	bg.Go(func() {
 		for killCtx.Err() == nil {
 			time.Sleep(10 * time.Millisecond)
 			redistest.Sleep(c, 10*time.Millisecond)
