@@ -450,6 +450,9 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 		if len(reserved)+len(restored)+len(trim)+len(sold) < 256 && !final {
 			return nil
 		}
+		if !final {
+			rc.refresh(ctx, sku) // a long ledger: keep the item's lease while the pass goes on
+		}
 		// Sales Redis holds that the store has given back (a restore or a refusal Redis lost
 		// in a failover): give them back in Redis too, without a new event (the store has it).
 		if len(sold) > 0 {
@@ -638,7 +641,7 @@ func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) er
 func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
 	key := rc.r.key(sku, leaseSuffix)
 	for i := range 20 {
-		ok, err := rc.r.client.Do(ctx, rc.r.client.B().Set().Key(key).Value(rc.token).Nx().Px(30*time.Second).Build()).AsBool()
+		ok, err := rc.r.client.Do(ctx, rc.r.client.B().Set().Key(key).Value(rc.token).Nx().Px(reconcileLease).Build()).AsBool()
 		if err != nil && !isNil(err) {
 			return false, fmt.Errorf("stock: reconcile %s: lease: %w", sku, err)
 		}
@@ -652,6 +655,17 @@ func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// reconcileLease is how long the reconciler's hold on an item lasts unless refreshed: short, so
+// that a lease left behind (the server restarted during a pass and kept it in its AOF) holds
+// the item's relay and the failover fence only briefly.
+const reconcileLease = 5 * time.Second
+
+// refresh extends the item's lease if it is still ours.
+func (rc *Reconciler) refresh(ctx context.Context, sku string) {
+	key := rc.r.key(sku, leaseSuffix)
+	_ = refreshScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token, strconv.FormatInt(reconcileLease.Milliseconds(), 10)}).Error()
 }
 
 func (rc *Reconciler) unlock(sku string) {

@@ -32,6 +32,7 @@ var (
 	rerecordScript = newScript("rerecord.lua", true)
 	trimScript     = newScript("trim.lua", true)
 	unlockScript   = newScript("unlock.lua", true)
+	refreshScript  = newScript("refresh.lua", true)
 	claimScript    = newScript("claim.lua", false)
 	ackScript      = newScript("ack.lua", true)
 	deadScript     = newScript("deadletter.lua", true)
