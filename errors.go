@@ -1,8 +1,12 @@
 package stock
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"syscall"
 )
 
 // Errors returned by the Reserver. Each outcome of a script has its own sentinel; test for them
@@ -88,4 +92,16 @@ func codeErr(code int64) error {
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}
+
+// brokenConn reports whether err is a connection that broke under a command (closed by a server
+// restart, reset, refused while it comes back), as opposed to a reply or a cancelled context.
+func brokenConn(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EPIPE) || errors.As(err, &ne)
 }

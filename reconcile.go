@@ -235,6 +235,12 @@ func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
 	complete := true
 	for _, sku := range skus {
 		rp, err := rc.Item(ctx, sku)
+		// A pass is safe to run again: every repair checks the state it was computed from. A
+		// connection broken under it (the first write on each pooled connection after a Redis
+		// restart fails) is worth a second try before the item is reported as failed.
+		for try := 0; try < 2 && brokenConn(err) && ctx.Err() == nil; try++ {
+			rp, err = rc.Item(ctx, sku)
+		}
 		reps = append(reps, rp)
 		if err != nil && first == nil {
 			first = err
@@ -643,7 +649,15 @@ func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
 	for i := range 20 {
 		ok, err := rc.r.client.Do(ctx, rc.r.client.B().Set().Key(key).Value(rc.token).Nx().Px(reconcileLease).Build()).AsBool()
 		if err != nil && !isNil(err) {
-			return false, fmt.Errorf("stock: reconcile %s: lease: %w", sku, err)
+			if !brokenConn(err) || i > 0 {
+				return false, fmt.Errorf("stock: reconcile %s: lease: %w", sku, err)
+			}
+			// The SET may have run before the connection broke: the lease may be ours already.
+			owner, gerr := rc.r.client.Do(ctx, rc.r.client.B().Get().Key(key).Build()).ToString()
+			if gerr == nil && owner == rc.token {
+				return true, nil
+			}
+			continue
 		}
 		if ok {
 			return true, nil
