@@ -316,7 +316,7 @@ func parseCartRecord(rec string) (kind string, lines []Line, err error) {
 // atomically; no saga and no cart log are needed.
 func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64) (CartReceipt, error) {
 	out := CartReceipt{ID: c.ID}
-	keys := make([]string, 0, 5*len(lines))
+	keys := make([]string, 0, 6*len(lines))
 	args := []string{r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10), c.ID, c.User}
 	for _, l := range lines {
 		keys = append(keys, r.keys(l.SKU)...)

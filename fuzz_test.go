@@ -137,7 +137,7 @@ func FuzzValidation(f *testing.F) {
 			}
 			r := &Reserver{opts: o}
 			keys := r.keys(sku)
-			for _, s := range []string{itemSuffix, ledgerSuffix, usersSuffix, outboxSuffix, holdsSuffix, triesSuffix, leaseSuffix, deadSuffix} {
+			for _, s := range []string{itemSuffix, ledgerSuffix, usersSuffix, outboxSuffix, holdsSuffix, triesSuffix, leaseSuffix, deadSuffix, filterSuffix} {
 				keys = append(keys, r.key(sku, s))
 			}
 			seen := map[string]bool{}
@@ -150,8 +150,8 @@ func FuzzValidation(f *testing.F) {
 				}
 				seen[k] = true
 			}
-			if len(seen) != 8 {
-				t.Fatalf("prefix %#v sku %#v: %d distinct keys of 8 suffixes: %q", p, sku, len(seen), keys)
+			if len(seen) != 9 {
+				t.Fatalf("prefix %#v sku %#v: %d distinct keys of 9 suffixes: %q", p, sku, len(seen), keys)
 			}
 		}
 	})

@@ -37,6 +37,9 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if r.fenced.Load() {
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
+	if r.knownSoldOut(ctx, req) {
+		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, errSoldOutLocal
+	}
 	return r.take(ctx, "H", req, ttl.Milliseconds())
 }
 

@@ -18,6 +18,9 @@ type Observation struct {
 	Outcome string
 	// Replayed is set for an operation answered as a replay.
 	Replayed bool
+	// Local is set for a deduct or hold answered "sold_out" in-process by the sold-out fast
+	// path (WithSoldOutCache), without a round trip to Redis.
+	Local bool
 	// Duration is how long the call took, Redis round trips included.
 	Duration time.Duration
 	// Units: the quantity taken or given back; for "relay", the events delivered; for
@@ -85,5 +88,5 @@ func (r *Reserver) observe(ctx context.Context, op, sku string, start time.Time,
 		return
 	}
 	r.opts.observer.Observe(ctx, Observation{Op: op, SKU: sku, Outcome: Outcome(err), Replayed: rc.Replayed,
-		Duration: time.Since(start), Units: rc.Qty})
+		Local: err == errSoldOutLocal, Duration: time.Since(start), Units: rc.Qty})
 }

@@ -20,14 +20,17 @@ type options struct {
 	replicaWait time.Duration
 
 	group func(sku string) string
+
+	soldOutTTL time.Duration // 0: no sold-out fast path
 }
 
 func defaultOptions() options {
 	return options{
-		prefix:   "stock",
-		outbox:   true,
-		inflight: 4,
-		logger:   slog.New(slog.DiscardHandler),
+		prefix:     "stock",
+		outbox:     true,
+		inflight:   4,
+		soldOutTTL: time.Second,
+		logger:     slog.New(slog.DiscardHandler),
 	}
 }
 

@@ -313,7 +313,7 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 		return rp, err
 	}
 
-	keys6 := append(rc.r.keys(sku), rc.r.key(sku, deadSuffix))
+	keys6 := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix))
 	vs, err := snapshotScript.Exec(ctx, rc.r.client, keys6, []string{strconv.Itoa(maxPending)}).AsStrSlice()
 	if err != nil {
 		return rp, fmt.Errorf("stock: reconcile %s: snapshot: %w", sku, err)
@@ -500,7 +500,7 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 		}
 		if len(reserved) > 0 && !rc.dry {
-			n, err := requeueScript.Exec(ctx, rc.r.client, append(rc.r.keys(sku), rc.r.key(sku, deadSuffix)), reserved).AsInt64()
+			n, err := requeueScript.Exec(ctx, rc.r.client, append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix)), reserved).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: requeue: %w", sku, err)
 			}
@@ -570,7 +570,7 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 		}
 		if len(pairs) > 0 && !rc.dry {
-			n, err := rerecordScript.Exec(ctx, rc.r.client, []string{rc.r.key(sku, ledgerSuffix)}, pairs).AsInt64()
+			n, err := rerecordScript.Exec(ctx, rc.r.client, []string{rc.r.key(sku, ledgerSuffix), rc.r.key(sku, itemSuffix), rc.r.key(sku, filterSuffix)}, pairs).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: rerecord: %w", sku, err)
 			}
@@ -619,7 +619,7 @@ func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) er
 		return nil
 	}
 	k := rc.r.keys(rp.SKU)
-	keys := append(k, rc.r.key(rp.SKU, deadSuffix), rc.r.key(rp.SKU, triesSuffix), rc.r.key(rp.SKU, leaseSuffix))
+	keys := append(k[:5:5], rc.r.key(rp.SKU, deadSuffix), rc.r.key(rp.SKU, triesSuffix), rc.r.key(rp.SKU, leaseSuffix), k[5])
 	args := []string{strconv.FormatInt(cutoff, 10), "500"}
 	for range 10000 {
 		code, n, err := decodePair(retireScript.Exec(ctx, rc.r.client, keys, args))

@@ -38,7 +38,7 @@ func TestReplicaAck(t *testing.T) {
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	}, 10*time.Second, 20*time.Millisecond)
 
-	r, err := stock.New(primary.Client(t), stock.WithReplicaAck(1, 300*time.Millisecond))
+	r, err := stock.New(primary.Client(t), stock.WithReplicaAck(1, 2*time.Second)) // generous: a loaded machine
 	require.NoError(t, err)
 	require.NoError(t, r.Load(ctx, "A", 10))
 	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})

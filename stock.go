@@ -33,6 +33,7 @@ const (
 	triesSuffix  = ":r"  // hash: outbox member -> delivery attempts
 	leaseSuffix  = ":rl" // string: the relay draining the item, or "backoff"; with a TTL
 	deadSuffix   = ":dl" // sorted set: outbox events the store rejected as invalid
+	filterSuffix = ":b"  // string: the sold-out filter, a Bloom filter of the ledger's ids (lua/lib.lua)
 )
 
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
@@ -45,6 +46,7 @@ type Reserver struct {
 	lanes    sync.Map    // sku -> *lane, for coalescing
 	guarded  atomic.Bool // a FailoverGuard exists: reconcile passes record the epoch
 	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
+	soldOut  *soldOut    // the sold-out fast path; nil when off
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -62,7 +64,11 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	return &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}, nil
+	r := &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	if o.soldOutTTL > 0 {
+		r.soldOut = &soldOut{ttl: o.soldOutTTL}
+	}
+	return r, nil
 }
 
 // Request asks to take Qty units of an item, exactly once per ID.
@@ -169,10 +175,11 @@ func (r *Reserver) key(sku, suffix string) string {
 	return r.base(sku) + suffix
 }
 
-// keys returns the KEYS every item script takes, in order.
+// keys returns the KEYS every item script takes, in order: item, ledger, users, outbox, holds
+// and sold-out filter. Scripts that take more keys append them after the first five.
 func (r *Reserver) keys(sku string) []string {
 	base := r.base(sku)
-	return []string{base, base + ledgerSuffix, base + usersSuffix, base + outboxSuffix, base + holdsSuffix}
+	return []string{base, base + ledgerSuffix, base + usersSuffix, base + outboxSuffix, base + holdsSuffix, base + filterSuffix}
 }
 
 func (r *Reserver) registryKey() string {
@@ -202,7 +209,8 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(sku).Build()).Error(); err != nil {
 		return fmt.Errorf("stock: load %s: %w", sku, err)
 	}
-	code, _, err := decodePair(loadScript.Exec(ctx, r.client, r.keys(sku)[:1], []string{strconv.FormatInt(qty, 10)}))
+	k := r.keys(sku)
+	code, _, err := decodePair(loadScript.Exec(ctx, r.client, []string{k[0], k[5]}, []string{strconv.FormatInt(qty, 10), strconv.Itoa(filterBits(qty))}))
 	if err != nil {
 		return fmt.Errorf("stock: load %s: %w", sku, err)
 	}
@@ -300,11 +308,17 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 	if r.fenced.Load() {
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
+	if r.knownSoldOut(ctx, req) {
+		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, errSoldOutLocal
+	}
 	if r.opts.inflight > 0 {
 		o, err := r.deductCoalesced(ctx, req)
 		rc := Receipt{SKU: req.SKU, ID: req.ID}
 		if err != nil {
 			return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
+		}
+		if o.code == codeSoldOut {
+			r.markSoldOut(req.SKU)
 		}
 		return r.receipt(rc, o)
 	}
@@ -321,6 +335,9 @@ func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int
 	rc := Receipt{SKU: req.SKU, ID: req.ID}
 	if err != nil {
 		return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
+	}
+	if o.code == codeSoldOut {
+		r.markSoldOut(req.SKU)
 	}
 	return r.receiptAck(rc, o, ackErr)
 }

@@ -1,7 +1,8 @@
 -- deduct.lua: take stock for one or more requests on one item, exactly once per id.
 -- Used by Deduct and Hold; several waiting requests for one item may share one call.
 --
--- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
+-- KEYS[6] sold-out filter
 -- ARGV[1] per-user limit (0 = none)
 -- ARGV[2] '1' to queue events in the outbox
 -- ARGV[3] kind: 'D' deduct (sold at once) or 'H' hold (held until now + ARGV[4] ms)
@@ -11,14 +12,18 @@
 --           tombstone "Tf", so that the earlier attempt, if it arrives later, is refused too)
 -- Reply: three integers per request: code, remaining available, qty (units of the user for code 7)
 --
+-- A new id is checked in this order: not loaded, closed, sold out (nothing available), per-user
+-- limit, insufficient. Sold out comes before the limit so that the in-process sold-out answer
+-- (fastpath.go) is the answer this script would give.
+--
 -- All checks of a request happen before any write; writes of the whole call are grouped at the end.
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
 local cf = (kind == 'H') and 'h' or 's' -- the counter this kind of request moves
-local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q')
+local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b')
 if st[1] and st[3] and tonumber(st[3]) <= now then
   expire_holds(KEYS, now, 64, queue)
-  st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q')
+  st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b')
 end
 local avail = tonumber(st[1])
 local closed = st[2] == '1'
@@ -26,7 +31,7 @@ local state = (kind == 'H') and 'h' or 'r'
 local deadline = (kind == 'H') and (now + ttl) or 0
 local event = (kind == 'H') and 'H:' or 'D:'
 
-local out, fresh, hset, zadd, hz, units, delta = {}, {}, {}, {}, {}, {}, {}
+local out, fresh, hset, zadd, hz, units, delta, seen = {}, {}, {}, {}, {}, {}, {}, {}
 local taken = 0
 for i = 5, #ARGV, 4 do
   local id, q, u, retry = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3] == '1'
@@ -46,21 +51,22 @@ for i = 5, #ARGV, 4 do
       code, rem = REPLAY, ea
     end
   else
-    local have = 0
-    if u ~= '' and limit > 0 then
+    local have, over = 0, false
+    if avail and avail > 0 and not closed and u ~= '' and limit > 0 then
       have = units[u]
       if not have then
         have = tonumber(redis.call('HGET', KEYS[3], u)) or 0
         units[u] = have
       end
+      over = have + q > limit
     end
-    if u ~= '' and limit > 0 and have + q > limit then
-      code, n = USERLIMIT, have
-    elseif not avail then
+    if not avail then
       code = NOTLOADED
     elseif closed then
       code = CLOSED
-    elseif avail == 0 or avail < q then
+    elseif over then
+      code, n = USERLIMIT, have
+    elseif avail < q then
       code = (avail == 0) and SOLDOUT or SHORT
       if retry then
         local t = entry('T', 'f', q, avail, avail, now, u)
@@ -73,6 +79,7 @@ for i = 5, #ARGV, 4 do
       fresh[id] = e2
       hset[#hset + 1] = id
       hset[#hset + 1] = e2
+      seen[#seen + 1] = id
       if queue then
         zadd[#zadd + 1] = event .. id
       end
@@ -116,6 +123,9 @@ if taken > 0 then
   end
   for u, d in pairs(delta) do
     redis.call('HINCRBY', KEYS[3], u, d)
+  end
+  for _, id in ipairs(seen) do
+    remember(KEYS[6], st[6], id)
   end
 end
 return out

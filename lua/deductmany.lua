@@ -1,8 +1,8 @@
 -- deductmany.lua: take every line of a cart whose items share one hash tag, or none, in one
 -- script (items of one group live in one Redis Cluster slot).
 --
--- KEYS: five per item, in the order of the lines: item hash, ledger hash, user hash, outbox zset,
--- holds zset
+-- KEYS: six per item, in the order of the lines: item hash, ledger hash, user hash, outbox zset,
+-- holds zset, sold-out filter
 -- ARGV[1] per-user limit (0 = none), ARGV[2] '1' to queue events, ARGV[3] kind 'D' or 'H',
 -- ARGV[4] hold time to live in ms, ARGV[5] the cart id, ARGV[6] user ('' for none),
 -- ARGV[7...] one quantity per line
@@ -15,13 +15,13 @@ local n = (#ARGV - 6)
 local out, plan = {}, {}
 local refused, replays = false, 0
 for i = 1, n do
-  local K = {KEYS[5 * i - 4], KEYS[5 * i - 3], KEYS[5 * i - 2], KEYS[5 * i - 1], KEYS[5 * i]}
+  local K = {KEYS[6 * i - 5], KEYS[6 * i - 4], KEYS[6 * i - 3], KEYS[6 * i - 2], KEYS[6 * i - 1], KEYS[6 * i]}
   local q = tonumber(ARGV[6 + i])
   local cf = (kind == 'H') and 'h' or 's'
-  local st = redis.call('HMGET', K[1], 'a', 'c', 'n', cf, 'q')
+  local st = redis.call('HMGET', K[1], 'a', 'c', 'n', cf, 'q', 'b')
   if st[1] and st[3] and tonumber(st[3]) <= now then
     expire_holds(K, now, 64, queue)
-    st = redis.call('HMGET', K[1], 'a', 'c', 'n', cf, 'q')
+    st = redis.call('HMGET', K[1], 'a', 'c', 'n', cf, 'q', 'b')
   end
   local avail = tonumber(st[1])
   local code, rem, nq = -1, avail or 0, q
@@ -96,6 +96,7 @@ for i = 1, n do
   if u ~= '' then
     redis.call('HINCRBY', p.K[3], u, p.q)
   end
+  remember(p.K[6], p.st[6], id)
   out[3 * i - 2] = OK
   out[3 * i - 1] = after
 end

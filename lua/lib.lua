@@ -1,7 +1,8 @@
 -- lib.lua: helpers prepended to every script of this package. Not a script by itself.
 --
 -- Item hash fields:  a = available, h = held, s = sold, l = loaded, c = '1' when closed,
---                    n = earliest hold deadline (ms), present only while holds are live.
+--                    n = earliest hold deadline (ms), present only while holds are live,
+--                    b = log2 of the bits of the item's sold-out filter (see remember).
 -- Ledger entry:      "KS|qty|before|after|at|user[|deadline]"
 --   K (kind):  D deduct, H hold, L restock, T tombstone (a restore or cancel of an unknown id)
 --   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),
@@ -103,4 +104,19 @@ local function expire_holds(K, now, max, queue)
     redis.call('HINCRBY', K[1], 'h', -freed)
   end
   return freed
+end
+
+-- remember records an id in the item's sold-out filter (key "<item>:b", 2^b bits): a Bloom
+-- filter of every id the ledger has had, two positions per id from its SHA-1, plus a sentinel
+-- bit at 2^b that load.lua sets (a filter recreated by a write after its key was lost lacks
+-- it and is not trusted). A client that knows the item is sold out answers a new id the filter
+-- has surely never seen without a round trip (fastpath.go); any other id goes to the script.
+-- filter or b nil: the item has no filter (loaded by an older version, or rebuilt).
+local function remember(filter, b, id)
+  if filter and b then
+    local m = 2 ^ tonumber(b)
+    local h = redis.sha1hex(id)
+    redis.call('SETBIT', filter, fmt(tonumber(string.sub(h, 1, 8), 16) % m), 1)
+    redis.call('SETBIT', filter, fmt(tonumber(string.sub(h, 9, 16), 16) % m), 1)
+  end
 end

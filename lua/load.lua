@@ -1,16 +1,17 @@
 -- load.lua: create an item with its initial stock; never overwrites a live item. A retired
 -- item (x = '1', see retire.lua) may be loaded again.
 --
--- KEYS[1] item hash
--- ARGV[1] quantity
+-- KEYS[1] item hash, KEYS[2] sold-out filter
+-- ARGV[1] quantity, ARGV[2] log2 of the filter's bits
 -- Reply: code (OK, or REPLAY when the item exists), available
 local st = redis.call('HMGET', KEYS[1], 'a', 'x', 'q')
 if st[1] and st[2] ~= '1' then
   return {REPLAY, tonumber(st[1])}
 end
 -- A retired item, or a hash left with only its outbox sequence: start afresh, keeping q.
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'a', ARGV[1], 'h', '0', 's', '0', 'l', ARGV[1])
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], 'a', ARGV[1], 'h', '0', 's', '0', 'l', ARGV[1], 'b', ARGV[2])
+redis.call('SETBIT', KEYS[2], fmt(2 ^ tonumber(ARGV[2])), 1) -- the sentinel
 if st[3] then
   redis.call('HSET', KEYS[1], 'q', st[3])
 end

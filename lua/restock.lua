@@ -1,12 +1,13 @@
 -- restock.lua: add stock to a live item, exactly once per id, ledgered like a deduct.
 --
--- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
+-- KEYS[6] sold-out filter
 -- ARGV[1] id, ARGV[2] qty, ARGV[3] '1' to queue events, ARGV[4] the most an item may hold (2^53-1)
 -- Reply: code, remaining available, qty
 local id, q, queue, max = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
 local now = now_ms()
 local e = redis.call('HGET', KEYS[2], id)
-local st = redis.call('HMGET', KEYS[1], 'a', 'l')
+local st = redis.call('HMGET', KEYS[1], 'a', 'l', 'b')
 local avail, loaded = tonumber(st[1]), tonumber(st[2])
 if e then
   local k, s, eq, _, ea = parse(e)
@@ -27,6 +28,7 @@ end
 redis.call('HINCRBY', KEYS[1], 'a', q)
 redis.call('HINCRBY', KEYS[1], 'l', q)
 redis.call('HSET', KEYS[2], id, entry('L', 'r', q, avail, avail + q, now, ''))
+remember(KEYS[6], st[3], id)
 if queue then
   queue_event(KEYS, 'L:', id)
 end

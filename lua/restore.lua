@@ -1,7 +1,8 @@
 -- restore.lua: give back exactly what one id took, once. Used by Restore, Cancel and the relay
 -- when the store refuses a deduct.
 --
--- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
+-- KEYS[6] sold-out filter
 -- ARGV[1] id
 -- ARGV[2] reason: 'x' restore (a deduct, a confirmed hold or a live hold), 'c' cancel (holds only),
 --         'f' refused by the store (a deduct or a confirmed hold)
@@ -17,6 +18,7 @@ local now = now_ms()
 local e = redis.call('HGET', KEYS[2], id)
 if not e then
   redis.call('HSET', KEYS[2], id, entry('T', 'x', 0, 0, 0, now, ''))
+  remember(KEYS[6], redis.call('HGET', KEYS[1], 'b'), id)
   return {UNKNOWN, 0, 0}
 end
 local k, s, q, _, _, _, u, d = parse(e)

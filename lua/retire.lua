@@ -1,7 +1,7 @@
 -- retire.lua: one bounded step of removing a delisted item's keys.
 --
 -- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
--- KEYS[6] dead-letter zset, KEYS[7] attempts hash, KEYS[8] relay lease
+-- KEYS[6] dead-letter zset, KEYS[7] attempts hash, KEYS[8] relay lease, KEYS[9] sold-out filter
 -- ARGV[1] cutoff (ms): the item must have been delisted before it; ARGV[2] most ledger entries
 -- to remove in this step
 -- Reply: code, entries removed. OK: the item is retired (its hash keeps only x = '1' and d);
@@ -29,6 +29,6 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {REPLAY, #fields}
 end
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[7], KEYS[8])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[7], KEYS[8], KEYS[9])
 redis.call('HSET', KEYS[1], 'x', '1', 'd', d)
 return {OK, #fields}

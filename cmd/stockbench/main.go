@@ -83,7 +83,8 @@ import (
 // Phase names, in the order they run.
 const (
 	phDeduct    = "deduct"
-	phSoldOut   = "soldout"
+	phSoldOut   = "soldout"      // a sold-out item, the fast path off: every request runs the script
+	phFastPath  = "soldout-fast" // the same with the sold-out fast path (a client that caches)
 	phRestore   = "restore"
 	phSeed002   = "raw-seed002"
 	phNoLedger  = "raw-noledger"
@@ -92,7 +93,7 @@ const (
 	defaultMaxG = 64 // goroutines of the connection-bound phases (watch-multi, pg-hotrow)
 )
 
-var allPhases = []string{phDeduct, phSoldOut, phRestore, phSeed002, phNoLedger, phWatch, phPGHotRow}
+var allPhases = []string{phDeduct, phSoldOut, phFastPath, phRestore, phSeed002, phNoLedger, phWatch, phPGHotRow}
 
 // errChecks is returned by run when an invariant check failed.
 var errChecks = errors.New("stockbench: an invariant check failed")
@@ -327,6 +328,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 type bench struct {
 	cfg     config
 	client  rueidis.Client
+	cached  rueidis.Client       // a client with server-assisted caching, for the fast path
 	mini    *miniredis.Miniredis // the embedded server, or nil
 	target  string
 	runID   string
@@ -363,11 +365,21 @@ func newBench(cfg config, stderr io.Writer) (*bench, error) {
 		}
 		return nil, fmt.Errorf("stockbench: connect to %s: %w", b.target, err)
 	}
-	b.client = c
+	b.client, b.cached = c, c
+	if b.mini == nil { // miniredis cannot track: the fast path turns itself off there
+		opt.DisableCache = false
+		if b.cached, err = rueidis.NewClient(opt); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("stockbench: connect to %s with client-side caching: %w", b.target, err)
+		}
+	}
 	return b, nil
 }
 
 func (b *bench) close() {
+	if b.cached != b.client {
+		b.cached.Close()
+	}
 	b.client.Close()
 	if b.mini != nil {
 		b.mini.Close()
@@ -379,8 +391,8 @@ func (b *bench) runPrefix() string { return "sb-" + b.runID + "-" }
 
 func (b *bench) prefix(phase string) string { return b.runPrefix() + phase }
 
-// ratios divides the deduct phase's ops/s by each baseline's, and the sold-out path's by the
-// deduct phase's.
+// ratios divides the deduct phase's ops/s by each baseline's, the sold-out path's by the
+// deduct phase's, and the sold-out fast path's by the sold-out path's without it.
 func ratios(ps []PhaseResult) []Ratio {
 	byName := map[string]PhaseResult{}
 	for _, p := range ps {
@@ -388,7 +400,7 @@ func ratios(ps []PhaseResult) []Ratio {
 	}
 	pairs := [][2]string{
 		{phDeduct, phSeed002}, {phDeduct, phNoLedger}, {phDeduct, phWatch}, {phDeduct, phPGHotRow},
-		{phSoldOut, phDeduct},
+		{phSoldOut, phDeduct}, {phFastPath, phSoldOut},
 	}
 	out := make([]Ratio, 0, len(pairs))
 	for _, pair := range pairs {

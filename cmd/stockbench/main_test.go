@@ -19,7 +19,7 @@ import (
 // STOCK_TEST_POSTGRES names one) and checks the JSON report.
 func TestRunJSON(t *testing.T) {
 	args := []string{"-duration", "200ms", "-g", "8", "-json"}
-	want := []string{phDeduct, phSoldOut, phRestore, phSeed002, phNoLedger, phWatch}
+	want := []string{phDeduct, phSoldOut, phFastPath, phRestore, phSeed002, phNoLedger, phWatch}
 	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
 		args = append(args, "-pg", dsn)
 		want = append(want, phPGHotRow)
@@ -58,9 +58,9 @@ func TestRunJSON(t *testing.T) {
 	} {
 		assert.True(t, names[n], "missing check %q", n)
 	}
-	require.Len(t, rep.Ratios, 5)
+	require.Len(t, rep.Ratios, 6)
 	for _, r := range rep.Ratios {
-		if r.Den == phPGHotRow && len(want) == 6 {
+		if r.Den == phPGHotRow && len(want) == 7 {
 			assert.Nil(t, r.Value)
 			continue
 		}

@@ -129,6 +129,17 @@ func (b Backend) Client(t testing.TB) rueidis.Client {
 	return c
 }
 
+// Pair returns two clients on one empty database: two processes sharing a Redis.
+func (b Backend) Pair(t testing.TB) (rueidis.Client, rueidis.Client) {
+	t.Helper()
+	if !b.Real() {
+		m, c := Miniredis(t)
+		return c, newClient(t, rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
+	}
+	c := b.Client(t)
+	return c, newClient(t, rueidis.ClientOption{InitAddress: b.Addrs(), ForceSingleClient: b.server != nil, DisableCache: b.DisableCache})
+}
+
 // Miniredis starts a miniredis for t and returns it with a client on it, for
 // tests that need the server handle (FastForward and the like). Both are
 // closed when t ends.

@@ -1,0 +1,283 @@
+package stock_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+)
+
+// scriptCalls returns how many scripts (EVALSHA and EVAL) a standalone server has run.
+func scriptCalls(t *testing.T, c rueidis.Client) int64 {
+	t.Helper()
+	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	require.NoError(t, err)
+	var n int64
+	for line := range strings.SplitSeq(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
+				v, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				require.NoError(t, err)
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// TestSoldOutFastPath: once an item is sold out, new requests are answered without a round trip
+// on a server that tracks (and through Redis on miniredis, with the same answers); repeats of
+// ids the ledger has, retries, tombstoned ids, closed items and due holds still go to Redis; a
+// restore or restock made by another process ends the sold-out answers.
+func TestSoldOutFastPath(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c, c2 := b.Pair(t)
+			r := newReserver(t, c)
+			other := newReserver(t, c2)
+			require.NoError(t, r.Load(ctx, "A", 5))
+			for i := range 5 {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
+				require.NoError(t, err)
+			}
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut, "Redis answers the first sold-out request")
+			_, err = other.Restore(ctx, "A", "ghost") // a tombstone: "ghost" can never take stock
+			require.ErrorIs(t, err, stock.ErrUnknownID)
+
+			before := int64(-1)
+			if b.Name == "standalone" {
+				before = scriptCalls(t, c)
+			}
+			for i := range 200 {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1})
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+				_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("h%d", i), Qty: 1}, time.Minute)
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+			}
+			if b.Real() {
+				assert.Equal(t, int64(400), r.SoldOutAnswers(), "every new request answered in-process")
+			} else {
+				assert.Zero(t, r.SoldOutAnswers(), "miniredis does not track: every request goes to Redis")
+			}
+			if before >= 0 {
+				assert.Equal(t, before, scriptCalls(t, c), "no script ran for sold-out requests")
+			}
+
+			// Ids the ledger has are answered by Redis, as the script answers them.
+			answered := r.SoldOutAnswers()
+			for i := range 5 {
+				rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
+				require.NoError(t, err, "a repeat of a successful id is a replay, never sold out")
+				assert.True(t, rc.Replayed)
+			}
+			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrRestored)
+			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			assert.Equal(t, answered, r.SoldOutAnswers(), "ids the ledger has and retries go to Redis")
+			e, err := r.Ledger(ctx, "A", "late")
+			require.NoError(t, err, "a retry's refusal is recorded by the script")
+			assert.Equal(t, stock.KindTombstone, e.Kind)
+
+			// Stock given back by another process: the next request is taken.
+			_, err = other.Restore(ctx, "A", "o0")
+			require.NoError(t, err)
+			takeSoon(t, r, "A", "after-restore")
+			_, err = other.Restock(ctx, "A", "restock-1", 1)
+			require.NoError(t, err)
+			takeSoon(t, r, "A", "after-restock")
+			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "restock-1", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrConflict, "the restock's id is in the ledger")
+
+			// A closed item is answered "closed", as the script answers it.
+			require.NoError(t, other.Close(ctx, "A"))
+			require.Eventually(t, func() bool {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "while-closed", Qty: 1})
+				return assert.ObjectsAreEqual(true, err != nil && strings.Contains(err.Error(), stock.ErrClosed.Error()))
+			}, 2*time.Second, time.Millisecond)
+			require.NoError(t, other.Reopen(ctx, "A"))
+
+			// A hold that runs out gives its stock back on the item's next request.
+			_, err = other.Restore(ctx, "A", "o1")
+			require.NoError(t, err)
+			took := takeSoon(t, other, "A", "before-hold") // other sells it: r has not seen stock
+			_, err = other.Restore(ctx, "A", took)
+			require.NoError(t, err)
+			_, err = other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
+			require.NoError(t, err)
+			redistest.Sleep(c, 1100*time.Millisecond)
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-expiry", Qty: 1})
+			require.NoError(t, err, "the expired hold's unit is taken")
+			assert.Zero(t, rc.Remaining)
+			l := levels(t, r, "A")
+			assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 6, Loaded: 6}, l)
+		})
+	}
+}
+
+// takeSoon deducts new ids of sku until one succeeds, and returns that id: the fast path's
+// window must close.
+func takeSoon(t *testing.T, r *stock.Reserver, sku, id string) string {
+	t.Helper()
+	start := time.Now()
+	for i := 0; ; i++ {
+		took := fmt.Sprintf("%s-%d", id, i)
+		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: took, Qty: 1})
+		if err == nil {
+			return took
+		}
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		require.Less(t, time.Since(start), 2*time.Second, "still sold out 2 s after stock came back")
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// TestSoldOutWindow measures how long a process can still answer "sold out" after another one
+// gave stock back: the invalidation delay. With a cache time of a minute, only the invalidation
+// can end the sold-out answers.
+func TestSoldOutWindow(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c, c2 := b.Pair(t)
+			r := newReserver(t, c, stock.WithSoldOutCache(time.Minute))
+			other := newReserver(t, c2)
+			require.NoError(t, r.Load(ctx, "W", 1))
+			_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: "w", Qty: 1})
+			require.NoError(t, err)
+			const rounds = 100
+			var windows []time.Duration
+			last := "w"
+			for i := range rounds {
+				// r learns the item is sold out, and answers it in-process from then on.
+				_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe-%d", i), Qty: 1})
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+				_, err = r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe2-%d", i), Qty: 1})
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+				_, err = other.Restore(ctx, "W", last)
+				require.NoError(t, err)
+				start := time.Now()
+				for j := 0; ; j++ {
+					last = fmt.Sprintf("take-%d-%d", i, j)
+					_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: last, Qty: 1})
+					if err == nil {
+						break
+					}
+					require.ErrorIs(t, err, stock.ErrSoldOut)
+					require.Less(t, time.Since(start), time.Second, "round %d: sold out 1 s after a restore", i)
+				}
+				windows = append(windows, time.Since(start))
+			}
+			slices.Sort(windows)
+			t.Logf("%s: window after a restore in another process over %d rounds: p50 %v, p99 %v, max %v; %d requests answered in-process",
+				b.Name, rounds, windows[rounds/2], windows[rounds*99/100], windows[rounds-1], r.SoldOutAnswers())
+			if b.Real() {
+				assert.GreaterOrEqual(t, r.SoldOutAnswers(), int64(rounds), "the fast path answered")
+			}
+		})
+	}
+}
+
+// TestSoldOutRace: 1000 goroutines race through sell-out, restores and a restock. No oversell,
+// every unit given back is sold again (no sold-out answer outlives the window), and the ledger
+// agrees with the counts.
+func TestSoldOutRace(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c, c2 := b.Pair(t)
+			r := newReserver(t, c)
+			other := newReserver(t, c2)
+			const loaded, restored, restocked, buyers = 50, 10, 20, 1000
+			require.NoError(t, r.Load(ctx, "R", loaded))
+
+			var (
+				mu   sync.Mutex
+				won  []string
+				next atomic.Int64
+				stop = make(chan struct{})
+				wg   sync.WaitGroup
+			)
+			for g := range buyers {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						id := fmt.Sprintf("g%d-%d", g, next.Add(1))
+						_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, User: fmt.Sprintf("u%d", g), Qty: 1})
+						switch {
+						case err == nil:
+							mu.Lock()
+							won = append(won, id)
+							mu.Unlock()
+						case assert.ErrorIs(t, err, stock.ErrSoldOut):
+							time.Sleep(time.Millisecond)
+						default:
+							return
+						}
+					}
+				})
+			}
+			soldOut := func(want int) {
+				t.Helper()
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					mu.Lock()
+					n := len(won)
+					mu.Unlock()
+					if n == want {
+						return
+					}
+					require.LessOrEqual(t, n, want, "oversell")
+					require.True(t, time.Now().Before(deadline), "%d of %d units sold: stock that came back was not sold", n, want)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			soldOut(loaded)
+			mu.Lock()
+			give := slices.Clone(won[:restored])
+			mu.Unlock()
+			for _, id := range give {
+				_, err := other.Restore(ctx, "R", id)
+				require.NoError(t, err)
+			}
+			soldOut(loaded + restored)
+			_, err := other.Restock(ctx, "R", "restock", restocked)
+			require.NoError(t, err)
+			soldOut(loaded + restored + restocked)
+			time.Sleep(50 * time.Millisecond) // late requests meet a sold-out item
+			close(stop)
+			wg.Wait()
+
+			assert.Len(t, won, loaded+restored+restocked)
+			l := levels(t, r, "R")
+			assert.Equal(t, stock.Levels{Available: 0, Sold: loaded + restocked, Loaded: loaded + restocked}, l)
+			states := map[stock.State]int{}
+			for e, err := range r.Entries(ctx, "R") {
+				require.NoError(t, err)
+				if e.Kind == stock.KindDeduct {
+					states[e.State]++
+				}
+			}
+			assert.Equal(t, map[stock.State]int{stock.StateReserved: loaded + restocked, stock.StateRestored: restored}, states)
+			t.Logf("%s: %d requests answered in-process", b.Name, r.SoldOutAnswers())
+		})
+	}
+}
