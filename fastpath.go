@@ -56,15 +56,6 @@ func bitSet(f string, i uint32) bool {
 	return int(i>>3) < len(f) && f[i>>3]&(0x80>>(i&7)) != 0
 }
 
-// errSoldOutLocal is ErrSoldOut answered by the fast path.
-var errSoldOutLocal = &localError{}
-
-type localError struct{}
-
-func (*localError) Error() string        { return ErrSoldOut.Error() + " (known in-process)" }
-func (*localError) Unwrap() error        { return ErrSoldOut }
-func (*localError) Is(target error) bool { return target == ErrSoldOut }
-
 // soldOut is the Reserver's fast-path state.
 type soldOut struct {
 	ttl   time.Duration // how long a cached read is trusted without an invalidation
@@ -114,10 +105,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 		return false
 	}
 	it := v.(*soldOutItem)
-	res := r.client.DoMultiCache(ctx,
-		rueidis.CT(r.client.B().Hmget().Key(it.item).Field("a", "c", "n", "b").Cache(), so.ttl),
-		rueidis.CT(r.client.B().Get().Key(it.filter).Cache(), so.ttl))
-	st, err := res[0].ToArray()
+	st, err := r.client.DoCache(ctx, r.client.B().Hmget().Key(it.item).Field("a", "c", "n", "b").Cache(), so.ttl).ToArray()
 	if err != nil || len(st) != 4 {
 		return false
 	}
@@ -136,7 +124,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	if err != nil || b < 12 || b > 23 {
 		return false
 	}
-	f, err := res[1].ToString()
+	f, err := r.client.DoCache(ctx, r.client.B().Get().Key(it.filter).Cache(), so.ttl).ToString()
 	if err != nil || filterHas(f, int(b), req.ID) {
 		return false
 	}

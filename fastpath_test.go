@@ -46,7 +46,13 @@ func TestSoldOutFastPath(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
 			c, c2 := b.Pair(t)
-			r := newReserver(t, c)
+			var local atomic.Int64
+			r := newReserver(t, c, stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
+				if o.Local {
+					assert.Equal(t, "sold_out", o.Outcome)
+					local.Add(1)
+				}
+			})))
 			other := newReserver(t, c2)
 			require.NoError(t, r.Load(ctx, "A", 5))
 			for i := range 5 {
@@ -125,6 +131,7 @@ func TestSoldOutFastPath(t *testing.T) {
 			assert.Zero(t, rc.Remaining)
 			l := levels(t, r, "A")
 			assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 6, Loaded: 6}, l)
+			assert.Equal(t, r.SoldOutAnswers(), local.Load(), "observations of the answers given in-process")
 		})
 	}
 }

@@ -25,8 +25,9 @@ func checkTTL(ttl time.Duration) error {
 // A repeat of the same id and parameters is a replay (of the hold, or of its confirmation);
 // after expiry it is ErrExpired, after a cancel ErrRestored. The errors are Deduct's.
 func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc Receipt, err error) {
+	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
-		defer func(start time.Time) { r.observe(ctx, "hold", req.SKU, start, rc, err) }(time.Now())
+		defer func(start time.Time) { r.observeTake(ctx, "hold", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
@@ -38,7 +39,8 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
 	if r.knownSoldOut(ctx, req) {
-		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, errSoldOutLocal
+		local = true
+		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, ErrSoldOut
 	}
 	return r.take(ctx, "H", req, ttl.Milliseconds())
 }

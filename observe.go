@@ -84,9 +84,14 @@ func Outcome(err error) string {
 
 // observe reports an operation to the observer, if there is one.
 func (r *Reserver) observe(ctx context.Context, op, sku string, start time.Time, rc Receipt, err error) {
+	r.observeTake(ctx, op, sku, start, rc, err, false)
+}
+
+// observeTake is observe for deducts and holds, which the sold-out fast path may answer.
+func (r *Reserver) observeTake(ctx context.Context, op, sku string, start time.Time, rc Receipt, err error, local bool) {
 	if r.opts.observer == nil {
 		return
 	}
 	r.opts.observer.Observe(ctx, Observation{Op: op, SKU: sku, Outcome: Outcome(err), Replayed: rc.Replayed,
-		Local: err == errSoldOutLocal, Duration: time.Since(start), Units: rc.Qty})
+		Local: local, Duration: time.Since(start), Units: rc.Qty})
 }

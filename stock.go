@@ -299,8 +299,9 @@ func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]L
 // ErrClosed, ErrSoldOut, ErrInsufficient; anything else (a timeout, a broken connection) means
 // the outcome is unknown: retry with the same id.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
+	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
-		defer func(start time.Time) { r.observe(ctx, "deduct", req.SKU, start, rc, err) }(time.Now())
+		defer func(start time.Time) { r.observeTake(ctx, "deduct", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
@@ -309,7 +310,8 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
 	if r.knownSoldOut(ctx, req) {
-		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, errSoldOutLocal
+		local = true
+		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, ErrSoldOut
 	}
 	if r.opts.inflight > 0 {
 		o, err := r.deductCoalesced(ctx, req)
