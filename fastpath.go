@@ -66,8 +66,9 @@ type soldOut struct {
 	answered atomic.Int64 // requests answered in-process
 }
 
+// soldOutItem holds the two cached reads of an item, built once and pinned for reuse.
 type soldOutItem struct {
-	item, filter string // keys
+	state, filter rueidis.Cacheable
 }
 
 // SoldOutAnswers returns how many requests this Reserver answered ErrSoldOut in-process, without
@@ -88,7 +89,10 @@ func (r *Reserver) markSoldOut(sku string) {
 		return
 	}
 	k := r.keys(sku)
-	r.soldOut.items.Store(sku, &soldOutItem{item: k[0], filter: k[5]})
+	r.soldOut.items.LoadOrStore(sku, &soldOutItem{
+		state:  r.client.B().Hmget().Key(k[0]).Field("a", "c", "n", "b").Cache().Pin(),
+		filter: r.client.B().Get().Key(k[5]).Cache().Pin(),
+	})
 }
 
 // knownSoldOut reports whether req can be answered ErrSoldOut without running the script.
@@ -101,11 +105,11 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	if !ok {
 		return false
 	}
-	if !so.caches(ctx, r.client, r.opts.prefix+":probe") {
+	if !so.caches(ctx, r.client, r.opts.prefix) {
 		return false
 	}
 	it := v.(*soldOutItem)
-	st, err := r.client.DoCache(ctx, r.client.B().Hmget().Key(it.item).Field("a", "c", "n", "b").Cache(), so.ttl).ToArray()
+	st, err := r.client.DoCache(ctx, it.state, so.ttl).ToArray()
 	if err != nil || len(st) != 4 {
 		return false
 	}
@@ -124,7 +128,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	if err != nil || b < 12 || b > 23 {
 		return false
 	}
-	f, err := r.client.DoCache(ctx, r.client.B().Get().Key(it.filter).Cache(), so.ttl).ToString()
+	f, err := r.client.DoCache(ctx, it.filter, so.ttl).ToString()
 	if err != nil || filterHas(f, int(b), req.ID) {
 		return false
 	}
@@ -135,7 +139,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 // caches reports whether client keeps server-assisted cached reads (a client made with
 // DisableCache, as miniredis needs, does not: every read would be a round trip). It finds out
 // once, with two cached reads of a key nobody writes ("<prefix>:probe").
-func (so *soldOut) caches(ctx context.Context, client rueidis.Client, key string) bool {
+func (so *soldOut) caches(ctx context.Context, client rueidis.Client, prefix string) bool {
 	switch so.tracking.Load() {
 	case 1:
 		return true
@@ -148,7 +152,7 @@ func (so *soldOut) caches(ctx context.Context, client rueidis.Client, key string
 		return t == 1
 	}
 	for range 2 {
-		res := client.DoCache(ctx, client.B().Get().Key(key).Cache(), time.Minute)
+		res := client.DoCache(ctx, client.B().Get().Key(prefix+":probe").Cache(), time.Minute)
 		if err := res.Error(); err != nil && !isNil(err) {
 			return false // try again on a later call
 		}
