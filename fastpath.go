@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/binary"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,18 +26,11 @@ import (
 // refuses one the script would refuse with ErrSoldOut. Requests it does not answer go to Redis:
 // ids that may be in the ledger (a repeat of a successful id must be a replay, never "sold out"),
 // retries (Request.Retry, whose refusal the script records), items with a hold due to expire,
-// closed items, items without a filter.
+// closed items, items without a complete filter (it is built from the ledger, in bounded
+// steps, by the first refusals after the item sells out: see lua/lib.lua).
 //
 // The window: between a change in Redis and the invalidation reaching this process (one network
 // hop; measured in fastpath_test.go and by stockbench), a request can still be told "sold out".
-
-// filterBits is log2 of the bits of a new item's sold-out filter: about 16 bits per unit loaded
-// (two positions per id: under 1.5% of new ids are sent to Redis needlessly while the ledger
-// holds one id per unit), between 4 Kib and 8 Mib (1 MiB).
-func filterBits(qty int64) int {
-	b := 64 - bits.LeadingZeros64(uint64(qty)*16)
-	return min(max(b, 12), 23)
-}
 
 // filterHas reports whether the filter f (2^b bits) may hold id. A filter without its sentinel
 // bit (recreated after its key was lost) may hold anything.
@@ -90,7 +82,7 @@ func (r *Reserver) markSoldOut(sku string) {
 	}
 	k := r.keys(sku)
 	r.soldOut.items.LoadOrStore(sku, &soldOutItem{
-		state:  r.client.B().Hmget().Key(k[0]).Field("a", "c", "n", "b").Cache().Pin(),
+		state:  r.client.B().Hmget().Key(k[0]).Field("a", "c", "n", "b", "bc").Cache().Pin(),
 		filter: r.client.B().Get().Key(k[5]).Cache().Pin(),
 	})
 }
@@ -110,7 +102,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	}
 	it := v.(*soldOutItem)
 	st, err := r.client.DoCache(ctx, it.state, so.ttl).ToArray()
-	if err != nil || len(st) != 4 {
+	if err != nil || len(st) != 5 {
 		return false
 	}
 	a, err := st[0].AsInt64()
@@ -125,8 +117,8 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 		return false // a hold is due: the script releases it
 	}
 	b, err := st[3].AsInt64()
-	if err != nil || b < 12 || b > 23 {
-		return false
+	if err != nil || b < 12 || b > 23 || !st[4].IsNil() {
+		return false // no filter, or one still being built
 	}
 	f, err := r.client.DoCache(ctx, it.filter, so.ttl).ToString()
 	if err != nil || filterHas(f, int(b), req.ID) {

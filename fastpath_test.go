@@ -288,3 +288,77 @@ func TestSoldOutRace(t *testing.T) {
 		})
 	}
 }
+
+// TestSoldOutFilterBuild: the sold-out filter of an item with a large ledger is built from the
+// ledger in bounded steps by the refusals after the sell-out; ids added while it is built are
+// in it too. Only then are requests answered in-process, and never a repeat of a ledger id.
+func TestSoldOutFilterBuild(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c, c2 := b.Pair(t)
+			r := newReserver(t, c)
+			other := newReserver(t, c2, stock.WithSoldOutCache(0))
+			const units = 3000 // a hash table, not a listpack: HSCAN pages
+			require.NoError(t, r.Load(ctx, "F", units))
+			var wg sync.WaitGroup
+			for w := range 8 {
+				wg.Go(func() {
+					for i := w; i < units; i += 8 {
+						_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
+						assert.NoError(t, err)
+					}
+				})
+			}
+			wg.Wait()
+
+			// The first refusal starts the filter and scans one page: not complete.
+			_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "n0", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			item := "stock:{F}"
+			building, err := c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool()
+			require.NoError(t, err)
+			if b.Real() { // miniredis answers HSCAN in one page whatever COUNT says
+				require.True(t, building, "one step does not scan %d entries", units)
+			}
+			// While it is built, a unit comes back and is sold to a new id: the script adds it.
+			_, err = other.Restore(ctx, "F", "d0")
+			require.NoError(t, err)
+			_, err = other.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
+			require.NoError(t, err)
+
+			steps := 0
+			for ; steps < units; steps++ {
+				_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("n%d", steps+1), Qty: 1})
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+				if building, err = c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool(); err == nil && !building {
+					break
+				}
+				require.NoError(t, err)
+			}
+			require.False(t, building, "the filter is complete after %d refusals", steps)
+			t.Logf("%s: filter of %d ids built by %d refusals after the first", b.Name, units+1, steps+1)
+
+			// Every id the ledger has is answered by Redis: replays, and the restored one.
+			before := r.SoldOutAnswers()
+			for i := 1; i < units; i++ {
+				rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
+				require.NoError(t, err, "d%d", i)
+				require.True(t, rc.Replayed)
+			}
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
+			require.NoError(t, err)
+			require.True(t, rc.Replayed, "an id taken while the filter was built")
+			_, err = r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrRestored)
+			assert.Equal(t, before, r.SoldOutAnswers())
+			for i := range 100 {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1})
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+			}
+			if b.Real() {
+				assert.Greater(t, r.SoldOutAnswers(), before+90, "new ids answered in-process (a few filter false positives go to Redis)")
+			}
+		})
+	}
+}

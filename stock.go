@@ -210,7 +210,7 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 		return fmt.Errorf("stock: load %s: %w", sku, err)
 	}
 	k := r.keys(sku)
-	code, _, err := decodePair(loadScript.Exec(ctx, r.client, []string{k[0], k[5]}, []string{strconv.FormatInt(qty, 10), strconv.Itoa(filterBits(qty))}))
+	code, _, err := decodePair(loadScript.Exec(ctx, r.client, []string{k[0], k[5]}, []string{strconv.FormatInt(qty, 10)}))
 	if err != nil {
 		return fmt.Errorf("stock: load %s: %w", sku, err)
 	}

@@ -20,10 +20,10 @@
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
 local cf = (kind == 'H') and 'h' or 's' -- the counter this kind of request moves
-local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b')
+local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b', 'bc')
 if st[1] and st[3] and tonumber(st[3]) <= now then
   expire_holds(KEYS, now, 64, queue)
-  st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b')
+  st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b', 'bc')
 end
 local avail = tonumber(st[1])
 local closed = st[2] == '1'
@@ -32,7 +32,7 @@ local deadline = (kind == 'H') and (now + ttl) or 0
 local event = (kind == 'H') and 'H:' or 'D:'
 
 local out, fresh, hset, zadd, hz, units, delta, seen = {}, {}, {}, {}, {}, {}, {}, {}
-local taken = 0
+local taken, soldout = 0, false
 for i = 5, #ARGV, 4 do
   local id, q, u, retry = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3] == '1'
   local code, rem, n = OK, avail or 0, q
@@ -68,6 +68,7 @@ for i = 5, #ARGV, 4 do
       code, n = USERLIMIT, have
     elseif avail < q then
       code = (avail == 0) and SOLDOUT or SHORT
+      soldout = soldout or avail == 0
       if retry then
         local t = entry('T', 'f', q, avail, avail, now, u)
         fresh[id] = t
@@ -127,5 +128,8 @@ if taken > 0 then
   for _, id in ipairs(seen) do
     remember(KEYS[6], st[6], id)
   end
+end
+if soldout then
+  filter_step(KEYS, st[6], st[7]) -- after the ledger writes: the scan sees them
 end
 return out

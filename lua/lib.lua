@@ -2,7 +2,8 @@
 --
 -- Item hash fields:  a = available, h = held, s = sold, l = loaded, c = '1' when closed,
 --                    n = earliest hold deadline (ms), present only while holds are live,
---                    b = log2 of the bits of the item's sold-out filter (see remember).
+--                    b = log2 of the bits of the item's sold-out filter (see remember),
+--                    bc = the ledger scan's cursor while the filter is being built.
 -- Ledger entry:      "KS|qty|before|after|at|user[|deadline]"
 --   K (kind):  D deduct, H hold, L restock, T tombstone (a restore or cancel of an unknown id)
 --   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),
@@ -106,17 +107,51 @@ local function expire_holds(K, now, max, queue)
   return freed
 end
 
--- remember records an id in the item's sold-out filter (key "<item>:b", 2^b bits): a Bloom
--- filter of every id the ledger has had, two positions per id from its SHA-1, plus a sentinel
--- bit at 2^b that load.lua sets (a filter recreated by a write after its key was lost lacks
--- it and is not trusted). A client that knows the item is sold out answers a new id the filter
--- has surely never seen without a round trip (fastpath.go); any other id goes to the script.
--- filter or b nil: the item has no filter (loaded by an older version, or rebuilt).
+-- The sold-out filter (key "<item>:b", 2^b bits): a Bloom filter of every id the ledger has had,
+-- two positions per id from its SHA-1, plus a sentinel bit at 2^b (a filter recreated by a write
+-- after its key was lost lacks it and is not trusted). A client that knows the item is sold out
+-- answers a new id the filter has surely never seen without a round trip (fastpath.go); any
+-- other id goes to the scripts. The filter costs nothing while the item sells: it is started by
+-- the first request refused as sold out (filter_step), filled from the ledger in bounded steps
+-- by the refusals that follow, and from its start every script that adds an id to the ledger
+-- adds it to the filter too (remember). It is trusted once b is set and bc is gone.
+
+-- remember records an id in the item's filter if the item has one (b set).
 local function remember(filter, b, id)
   if filter and b then
     local m = 2 ^ tonumber(b)
     local h = redis.sha1hex(id)
     redis.call('SETBIT', filter, fmt(tonumber(string.sub(h, 1, 8), 16) % m), 1)
     redis.call('SETBIT', filter, fmt(tonumber(string.sub(h, 9, 16), 16) % m), 1)
+  end
+end
+
+-- filter_step starts the item's filter if it has none (b nil) and adds one page of the ledger's
+-- ids to it; the scan that ends clears bc. Ids the ledger gains after the start are added by
+-- remember, so the scan only has to cover the ids that were there before it began.
+-- K: KEYS of the item (item, ledger, users, outbox, holds, filter).
+local function filter_step(K, b, bc)
+  if not K[6] or (b and not bc) then
+    return
+  end
+  if not b then
+    local want = (tonumber(redis.call('HGET', K[1], 'l')) or 0) * 16 -- bits: 16 per unit loaded
+    b = 12
+    while b < 23 and 2 ^ b < want do
+      b = b + 1
+    end
+    bc = '0'
+    redis.call('DEL', K[6])
+    redis.call('SETBIT', K[6], fmt(2 ^ b), 1)
+    redis.call('HSET', K[1], 'b', fmt(b), 'bc', bc)
+  end
+  local page = redis.call('HSCAN', K[2], bc, 'COUNT', 256)
+  for i = 1, #page[2], 2 do
+    remember(K[6], b, page[2][i])
+  end
+  if page[1] == '0' then
+    redis.call('HDEL', K[1], 'bc')
+  else
+    redis.call('HSET', K[1], 'bc', page[1])
   end
 end

@@ -1,8 +1,8 @@
 -- load.lua: create an item with its initial stock; never overwrites a live item. A retired
 -- item (x = '1', see retire.lua) may be loaded again.
 --
--- KEYS[1] item hash, KEYS[2] sold-out filter
--- ARGV[1] quantity, ARGV[2] log2 of the filter's bits
+-- KEYS[1] item hash, KEYS[2] sold-out filter (removed: it is built when the item sells out)
+-- ARGV[1] quantity
 -- Reply: code (OK, or REPLAY when the item exists), available
 local st = redis.call('HMGET', KEYS[1], 'a', 'x', 'q')
 if st[1] and st[2] ~= '1' then
@@ -10,8 +10,7 @@ if st[1] and st[2] ~= '1' then
 end
 -- A retired item, or a hash left with only its outbox sequence: start afresh, keeping q.
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('HSET', KEYS[1], 'a', ARGV[1], 'h', '0', 's', '0', 'l', ARGV[1], 'b', ARGV[2])
-redis.call('SETBIT', KEYS[2], fmt(2 ^ tonumber(ARGV[2])), 1) -- the sentinel
+redis.call('HSET', KEYS[1], 'a', ARGV[1], 'h', '0', 's', '0', 'l', ARGV[1])
 if st[3] then
   redis.call('HSET', KEYS[1], 'q', st[3])
 end
