@@ -19,14 +19,15 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 )
 
-// scriptCalls returns how many scripts (EVALSHA and EVAL) a standalone server has run.
-func scriptCalls(t *testing.T, c rueidis.Client) int64 {
+// commandCalls returns how many times a standalone server has run the named commands.
+func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
 	t.Helper()
 	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
 	require.NoError(t, err)
 	var n int64
 	for line := range strings.SplitSeq(info, "\n") {
-		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+		for _, name := range names {
+			cmd := "cmdstat_" + name + ":calls="
 			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
 				v, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
 				require.NoError(t, err)
@@ -47,7 +48,7 @@ func TestSoldOutFastPath(t *testing.T) {
 			ctx := context.Background()
 			c, c2 := b.Pair(t)
 			var local atomic.Int64
-			r := newReserver(t, c, stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
+			r := newReserver(t, c, stock.WithSoldOutCache(time.Minute), stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
 				if o.Local {
 					assert.Equal(t, "sold_out", o.Outcome)
 					local.Add(1)
@@ -64,9 +65,9 @@ func TestSoldOutFastPath(t *testing.T) {
 			_, err = other.Restore(ctx, "A", "ghost") // a tombstone: "ghost" can never take stock
 			require.ErrorIs(t, err, stock.ErrUnknownID)
 
-			before := int64(-1)
+			scripts, reads := int64(-1), int64(-1)
 			if b.Name == "standalone" {
-				before = scriptCalls(t, c)
+				scripts, reads = commandCalls(t, c, "evalsha", "eval"), commandCalls(t, c, "hmget", "get")
 			}
 			for i := range 200 {
 				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1})
@@ -79,8 +80,10 @@ func TestSoldOutFastPath(t *testing.T) {
 			} else {
 				assert.Zero(t, r.SoldOutAnswers(), "miniredis does not track: every request goes to Redis")
 			}
-			if before >= 0 {
-				assert.Equal(t, before, scriptCalls(t, c), "no script ran for sold-out requests")
+			if scripts >= 0 {
+				assert.Equal(t, scripts, commandCalls(t, c, "evalsha", "eval"), "no script ran for sold-out requests")
+				assert.LessOrEqual(t, commandCalls(t, c, "hmget", "get"), reads+3,
+					"400 requests: the probe for client-side caching, one read of the item's state, one of its filter")
 			}
 
 			// Ids the ledger has are answered by Redis, as the script answers them.

@@ -33,10 +33,16 @@ local event = (kind == 'H') and 'H:' or 'D:'
 
 local out, fresh, hset, zadd, hz, units, delta, seen = {}, {}, {}, {}, {}, {}, {}, {}
 local taken, soldout = 0, false
+-- One read of the ledger for the whole call.
+local ids = {}
+for i = 5, #ARGV, 4 do
+  ids[#ids + 1] = ARGV[i]
+end
+local known = redis.call('HMGET', KEYS[2], unpack(ids))
 for i = 5, #ARGV, 4 do
   local id, q, u, retry = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3] == '1'
   local code, rem, n = OK, avail or 0, q
-  local e = fresh[id] or redis.call('HGET', KEYS[2], id)
+  local e = fresh[id] or known[(i - 1) / 4]
   if e then
     local k, s, eq, _, ea, _, eu = parse(e)
     if k == 'T' then

@@ -38,11 +38,10 @@ local function parse(e)
 end
 
 local function entry(k, s, q, b, a, t, u, d)
-  local e = k .. s .. '|' .. fmt(q) .. '|' .. fmt(b) .. '|' .. fmt(a) .. '|' .. fmt(t) .. '|' .. u
   if d and d > 0 then
-    e = e .. '|' .. fmt(d)
+    return string.format('%s%s|%d|%d|%d|%d|%s|%d', k, s, q, b, a, t, u, d)
   end
-  return e
+  return string.format('%s%s|%d|%d|%d|%d|%s', k, s, q, b, a, t, u)
 end
 
 local function with_state(e, s)
