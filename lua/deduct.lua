@@ -44,37 +44,26 @@ for i = 5, #ARGV, 4 do
   local code, rem, n = OK, avail or 0, q
   local e = fresh[id] or known[(i - 1) / 4]
   if e then
-    local k, s, eq, _, ea, _, eu = parse(e)
-    if k == 'T' then
-      code = (s == 'f') and SOLDOUT or RESTORED
-    elseif k ~= kind or eq ~= q or eu ~= u then
-      code, n = CONFLICT, eq
-    elseif s == 'e' then
-      code = EXPIRED
-    elseif released(s) then
-      code = RESTORED
-    else
-      code, rem = REPLAY, ea
-    end
+    code, rem, n = answer_known(e, kind, q, u, rem)
   else
-    local have, over = 0, false
-    if avail and avail > 0 and not closed and u ~= '' and limit > 0 then
+    local refusal, have = item_refusal(avail, closed), 0
+    if not refusal and u ~= '' and limit > 0 then
       have = units[u]
       if not have then
         have = tonumber(redis.call('HGET', KEYS[3], u)) or 0
         units[u] = have
       end
-      over = have + q > limit
+      if have + q > limit then
+        refusal = USERLIMIT
+      end
     end
-    if not avail then
-      code = NOTLOADED
-    elseif closed then
-      code = CLOSED
-    elseif over then
+    if refusal == NOTLOADED or refusal == CLOSED then
+      code = refusal
+    elseif refusal == USERLIMIT then
       code, n = USERLIMIT, have
-    elseif avail < q then
-      code = (avail == 0) and SOLDOUT or SHORT
-      soldout = soldout or avail == 0
+    elseif refusal == SOLDOUT or avail < q then
+      code = refusal or SHORT
+      soldout = soldout or refusal == SOLDOUT
       if retry then
         local t = entry('T', 'f', q, avail, avail, now, u)
         fresh[id] = t

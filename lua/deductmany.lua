@@ -27,33 +27,19 @@ for i = 1, n do
   local code, rem, nq = -1, avail or 0, q
   local e = redis.call('HGET', K[2], id)
   if e then
-    local k, s, eq, _, ea, _, eu = parse(e)
-    if k == 'T' then
-      code = RESTORED
-    elseif k ~= kind or eq ~= q or eu ~= u then
-      code, nq = CONFLICT, eq
-    elseif s == 'e' then
-      code = EXPIRED
-    elseif released(s) then
-      code = RESTORED
-    else
-      code, rem = REPLAY, ea
+    code, rem, nq = answer_known(e, kind, q, u, rem)
+    if code == REPLAY then
       replays = replays + 1
     end
   else
-    local have = 0
-    if u ~= '' and limit > 0 then
-      have = tonumber(redis.call('HGET', K[3], u)) or 0
+    code = item_refusal(avail, st[2] == '1') or -1
+    if code == -1 and u ~= '' and limit > 0 then
+      local have = tonumber(redis.call('HGET', K[3], u)) or 0
+      if have + q > limit then
+        code, nq = USERLIMIT, have
+      end
     end
-    if u ~= '' and limit > 0 and have + q > limit then
-      code, nq = USERLIMIT, have
-    elseif not avail then
-      code = NOTLOADED
-    elseif st[2] == '1' then
-      code = CLOSED
-    elseif avail == 0 then
-      code = SOLDOUT
-    elseif avail < q then
+    if code == -1 and avail < q then
       code = SHORT
     end
   end

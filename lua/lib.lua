@@ -52,6 +52,37 @@ local function released(s)
   return s == 'x' or s == 'f' or s == 'c' or s == 'e'
 end
 
+-- answer_known is the answer to a take (kind 'D' or 'H') of q units by user u of an id whose
+-- ledger entry e exists: the code, the remaining stock to report (the entry's for a replay,
+-- else avail) and the quantity to report.
+local function answer_known(e, kind, q, u, avail)
+  local k, s, eq, _, ea, _, eu = parse(e)
+  if k == 'T' then
+    return (s == 'f') and SOLDOUT or RESTORED, avail, q -- Tf: a retry refused for lack of stock
+  elseif k ~= kind or eq ~= q or eu ~= u then
+    return CONFLICT, avail, eq
+  elseif s == 'e' then
+    return EXPIRED, avail, q
+  elseif released(s) then
+    return RESTORED, avail, q
+  end
+  return REPLAY, ea, q
+end
+
+-- item_refusal is the refusal a new id gets from the item itself, checked before the per-user
+-- limit (sold out comes first so that the in-process sold-out answer of fastpath.go is the
+-- answer of the scripts), or nil.
+local function item_refusal(avail, closed)
+  if not avail then
+    return NOTLOADED
+  elseif closed then
+    return CLOSED
+  elseif avail == 0 then
+    return SOLDOUT
+  end
+  return nil
+end
+
 local function give_user(users, u, q)
   if u ~= '' then
     if redis.call('HINCRBY', users, u, -q) <= 0 then
