@@ -7,25 +7,11 @@
 --   as the sweep would have); RESTORED cancelled; UNKNOWN no such hold; CONFLICT not a hold.
 local id, queue = ARGV[1], ARGV[2] == '1'
 local now = now_ms()
-local e = redis.call('HGET', KEYS[2], id)
-if not e then
-  return {UNKNOWN, 0, 0}
+local h, reply = live_hold(KEYS, id, REPLAY)
+if not h then
+  return reply
 end
-local k, s, q, _, _, _, u, d = parse(e)
-local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
-if k ~= 'H' then
-  return {CONFLICT, avail or 0, q}
-end
-if s == 'r' or s == 'a' then
-  return {REPLAY, avail or 0, q}
-elseif s == 'e' then
-  return {EXPIRED, avail or 0, q}
-elseif s ~= 'h' then
-  return {RESTORED, avail or 0, q}
-end
-if not avail then
-  return {NOTLOADED, 0, q}
-end
+local e, q, u, d, avail = h.e, h.q, h.u, h.d, h.avail
 redis.call('HINCRBY', KEYS[1], 'h', -q)
 redis.call('ZREM', KEYS[5], id)
 next_deadline(KEYS[1], KEYS[5])

@@ -7,31 +7,17 @@
 --   RESTORED cancelled; UNKNOWN no such hold; CONFLICT not a hold.
 local id, ttl, queue = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local now = now_ms()
-local e = redis.call('HGET', KEYS[2], id)
-if not e then
-  return {UNKNOWN, 0, 0}
+local h, reply = live_hold(KEYS, id, CONFIRMED)
+if not h then
+  return reply
 end
-local k, s, q, b, a, t, u, d = parse(e)
-local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
-if k ~= 'H' then
-  return {CONFLICT, avail or 0, q}
-end
-if s == 'r' or s == 'a' then
-  return {CONFIRMED, avail or 0, q}
-elseif s == 'e' then
-  return {EXPIRED, avail or 0, q}
-elseif s ~= 'h' then
-  return {RESTORED, avail or 0, q}
-end
-if not avail then
-  return {NOTLOADED, 0, q}
-end
+local avail, q, d = h.avail, h.q, h.d
 if d <= now then
   local freed = expire_holds(KEYS, now, 64, queue)
   return {EXPIRED, avail + freed, q}
 end
 local nd = now + ttl
-redis.call('HSET', KEYS[2], id, entry(k, s, q, b, a, t, u, nd))
+redis.call('HSET', KEYS[2], id, entry('H', 'h', q, h.b, h.a, h.t, h.u, nd))
 redis.call('ZADD', KEYS[5], nd, id)
 next_deadline(KEYS[1], KEYS[5])
 return {OK, avail, q}

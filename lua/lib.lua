@@ -83,6 +83,31 @@ local function item_refusal(avail, closed)
   return nil
 end
 
+-- live_hold looks up id for confirm.lua and extend.lua. When id is not a live hold of a loaded
+-- item it returns nil and the reply (confirmed: the code for a hold already confirmed); else a
+-- table of the entry (e), its fields (q, b, a, t, u, d) and the item's available count.
+-- K: KEYS of the item (item, ledger, users, outbox, holds).
+local function live_hold(K, id, confirmed)
+  local e = redis.call('HGET', K[2], id)
+  if not e then
+    return nil, {UNKNOWN, 0, 0}
+  end
+  local k, s, q, b, a, t, u, d = parse(e)
+  local avail = tonumber(redis.call('HGET', K[1], 'a'))
+  if k ~= 'H' then
+    return nil, {CONFLICT, avail or 0, q}
+  elseif s == 'r' or s == 'a' then
+    return nil, {confirmed, avail or 0, q}
+  elseif s == 'e' then
+    return nil, {EXPIRED, avail or 0, q}
+  elseif s ~= 'h' then
+    return nil, {RESTORED, avail or 0, q}
+  elseif not avail then
+    return nil, {NOTLOADED, 0, q}
+  end
+  return {e = e, q = q, b = b, a = a, t = t, u = u, d = d, avail = avail}
+end
+
 local function give_user(users, u, q)
   if u ~= '' then
     if redis.call('HINCRBY', users, u, -q) <= 0 then
