@@ -13,7 +13,7 @@
 // All instruments come from the meter "github.com/stockres/stock":
 //
 //	name                      instrument        unit         attributes
-//	stock.operations          Int64Counter      {operation}  stock.op, stock.outcome, stock.replayed
+//	stock.operations          Int64Counter      {operation}  stock.op, stock.outcome, stock.replayed[, stock.local]
 //	stock.operation.duration  Float64Histogram  s            stock.op, stock.outcome
 //	stock.units               Int64Counter      {unit}       stock.op
 //	stock.relay.batches       Int64Counter      {batch}      stock.outcome
@@ -48,6 +48,8 @@
 //     a transport error, retry with the same id). Relays and reconcilers report "ok" or
 //     "error".
 //   - stock.replayed: true when the call was answered as a replay of an earlier one.
+//   - stock.local: present (true) only on deducts and holds answered "sold_out" in-process by
+//     the sold-out fast path (stock.WithSoldOutCache), without a round trip to Redis.
 //   - stock.drift.sign: "positive" (Redis would sell more than the Store has), "negative"
 //     (Redis would sell less) or "zero". A reconcile that failed records no drift.
 //   - stock.sku: the item, on every instrument, only with WithSKUAttribute(true).
@@ -91,6 +93,7 @@ const (
 	AttrOp        = attribute.Key("stock.op")
 	AttrOutcome   = attribute.Key("stock.outcome")
 	AttrReplayed  = attribute.Key("stock.replayed")
+	AttrLocal     = attribute.Key("stock.local")
 	AttrDriftSign = attribute.Key("stock.drift.sign")
 	AttrSKU       = attribute.Key("stock.sku")
 )
@@ -137,7 +140,7 @@ var _ stock.Observer = (*Observer)(nil)
 // key identifies one combination of attribute values.
 type key struct {
 	op, outcome, sku string
-	replayed         bool
+	replayed, local  bool
 	sign             int8 // reconcile: the drift's sign
 }
 
@@ -255,7 +258,7 @@ func (o *Observer) Observe(ctx context.Context, ob stock.Observation) {
 			o.drift.Record(ctx, drift, s.value...)
 		}
 	default:
-		k.replayed = ob.Replayed
+		k.replayed, k.local = ob.Replayed, ob.Local
 		s := o.sets(k)
 		o.ops.Add(ctx, 1, s.count...)
 		o.duration.Record(ctx, ob.Duration.Seconds(), s.dur...)
@@ -302,7 +305,11 @@ func build(k key) *sets {
 		}
 		s.value = []metric.RecordOption{with(AttrDriftSign.String(sign))}
 	default:
-		s.count = []metric.AddOption{with(AttrOp.String(k.op), AttrOutcome.String(k.outcome), AttrReplayed.Bool(k.replayed))}
+		kvs := []attribute.KeyValue{AttrOp.String(k.op), AttrOutcome.String(k.outcome), AttrReplayed.Bool(k.replayed)}
+		if k.local {
+			kvs = append(kvs, AttrLocal.Bool(true))
+		}
+		s.count = []metric.AddOption{with(kvs...)}
 		s.dur = []metric.RecordOption{with(AttrOp.String(k.op), AttrOutcome.String(k.outcome))}
 		s.units = []metric.AddOption{with(AttrOp.String(k.op))}
 	}

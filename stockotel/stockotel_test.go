@@ -245,3 +245,20 @@ func BenchmarkObserve(b *testing.B) {
 		})
 	}
 }
+
+// TestMetricsLocal: answers of the sold-out fast path carry stock.local.
+func TestMetricsLocal(t *testing.T) {
+	rdr := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(rdr))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	obs, err := stockotel.New(mp)
+	require.NoError(t, err)
+	ctx := context.Background()
+	obs.Observe(ctx, stock.Observation{Op: "deduct", SKU: "A", Outcome: "sold_out", Local: true})
+	obs.Observe(ctx, stock.Observation{Op: "deduct", SKU: "A", Outcome: "sold_out", Local: true})
+	obs.Observe(ctx, stock.Observation{Op: "deduct", SKU: "A", Outcome: "sold_out"})
+	assert.Equal(t, map[string]int64{
+		"stock.local=true,stock.op=deduct,stock.outcome=sold_out,stock.replayed=false": 2,
+		"stock.op=deduct,stock.outcome=sold_out,stock.replayed=false":                  1,
+	}, sums(t, collect(t, rdr)["stock.operations"]))
+}
