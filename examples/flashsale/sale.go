@@ -422,11 +422,15 @@ func (h *logCounter) Handle(ctx context.Context, r slog.Record) error {
 // observer counts the relay's and the reconciler's work.
 type observer struct {
 	reconciles, drifts, reconcileErrs, relayBatches, relayErrs atomic.Int64
+	local                                                      atomic.Int64 // sold out, answered in-process
 }
 
 func (o *observer) Observe(ctx context.Context, ob stock.Observation) {
 	if ctx.Err() != nil {
 		return // the background work being stopped at the end of the sale: not a failure
+	}
+	if ob.Local {
+		o.local.Add(1)
 	}
 	switch ob.Op {
 	case "reconcile":
@@ -835,9 +839,9 @@ func check(name, detail string, bad []string) Check {
 
 // printReport writes the report.
 func printReport(out io.Writer, rep Report, obs *observer, logs *logCounter) {
-	fmt.Fprintf(out, "\n%d buyers came (%d more would have after the end), %d calls in %.1fs (%.0f/s); relay: %d batches, %d failed and retried; %d library warnings\n\n",
+	fmt.Fprintf(out, "\n%d buyers came (%d more would have after the end), %d calls in %.1fs (%.0f/s); relay: %d batches, %d failed and retried; %d sold-out answers without a round trip; %d library warnings\n\n",
 		rep.Buyers, rep.Late, rep.Ops, rep.Elapsed.Seconds(), float64(rep.Ops)/max(rep.Elapsed.Seconds(), 1e-3),
-		obs.relayBatches.Load(), obs.relayErrs.Load(), logs.n)
+		obs.relayBatches.Load(), obs.relayErrs.Load(), obs.local.Load(), logs.n)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ITEM\tLOADED\tBOUGHT\tREDIS SOLD\tAVAILABLE\tHELD\tDB REMAINING\tDB APPLIED\t")
 	for _, it := range rep.Items {
