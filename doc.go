@@ -14,7 +14,7 @@
 // slot, and different items spread over the cluster. With the default prefix "stock":
 //
 //	stock:{sku}     hash   a available, h held, s sold, l loaded, c closed, n next hold deadline
-//	stock:{sku}:l   hash   ledger: request id -> "KS|qty|before|after|at_ms|user[|deadline]"
+//	stock:{sku}:l   hash   ledger: request id -> "KS|qty|after|at_ms|user[|deadline]"
 //	stock:{sku}:u   hash   user -> units held or bought (for WithUserLimit)
 //	stock:{sku}:o   zset   outbox: "<event>:<id>" -> due time (ms)
 //	stock:{sku}:h   zset   holds: id -> deadline (ms)

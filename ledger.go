@@ -62,7 +62,8 @@ func (e Entry) Taken() bool {
 }
 
 // parseEntry decodes the compact form written by lua/lib.lua:
-// "KS|qty|before|after|at|user[|deadline]".
+// "KS|qty|after|at|user[|deadline]". Before follows from the kind: after + qty for deducts and
+// holds, after − qty for restocks, after for tombstones.
 func parseEntry(sku, id, s string) (Entry, error) {
 	bad := func(why string) (Entry, error) {
 		return Entry{}, fmt.Errorf("%w: ledger entry %q of %s/%s: %s", ErrInvalid, s, sku, id, why)
@@ -75,10 +76,10 @@ func parseEntry(sku, id, s string) (Entry, error) {
 		return bad("unknown kind or state")
 	}
 	f := strings.Split(s[3:], "|")
-	if len(f) != 5 && len(f) != 6 {
+	if len(f) != 4 && len(f) != 5 {
 		return bad("wrong number of fields")
 	}
-	var n [4]int64
+	var n [3]int64
 	for i := range n {
 		v, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil || v < 0 {
@@ -86,11 +87,23 @@ func parseEntry(sku, id, s string) (Entry, error) {
 		}
 		n[i] = v
 	}
-	e.Qty, e.Before, e.After = n[0], n[1], n[2]
-	e.At = time.UnixMilli(n[3])
-	e.User = f[4]
-	if len(f) == 6 {
-		d, err := strconv.ParseInt(f[5], 10, 64)
+	e.Qty, e.After, e.Before = n[0], n[1], n[1]
+	switch e.Kind {
+	case KindDeduct, KindHold:
+		if e.Qty > MaxQty || e.After > MaxQty {
+			return bad("quantity out of range")
+		}
+		e.Before = e.After + e.Qty
+	case KindRestock:
+		if e.After < e.Qty {
+			return bad("restock of more than is available after it")
+		}
+		e.Before = e.After - e.Qty
+	}
+	e.At = time.UnixMilli(n[2])
+	e.User = f[3]
+	if len(f) == 5 {
+		d, err := strconv.ParseInt(f[4], 10, 64)
 		if err != nil || d < 0 {
 			return bad("bad deadline")
 		}

@@ -394,7 +394,7 @@ func (m *propMachine) loseEntry(t *rapid.T) {
 	id := rapid.SampledFrom(ids).Draw(t, "entry")
 	f := strings.Split(all[id], "|")
 	qty, _ := strconv.ParseInt(f[1], 10, 64)
-	user := f[5]
+	user := f[4] // "KS|qty|after|at|user[|deadline]"
 	m.do(t, m.c.B().Hdel().Key(m.key(sku, ":l")).Field(id).Build())
 	counters := false
 	if l, err := m.r.Levels(context.Background(), sku); err == nil && l.Sold >= qty {

@@ -608,7 +608,7 @@ func lostEntry(rec Record) string {
 	if user != "" && checkName("user", user) != nil {
 		user = ""
 	}
-	return string([]byte{kind, state}) + "|" + strconv.FormatInt(rec.Qty, 10) + "|0|0|" +
+	return string([]byte{kind, state}) + "|" + strconv.FormatInt(rec.Qty, 10) + "|0|" +
 		strconv.FormatInt(rec.At.UnixMilli(), 10) + "|" + user
 }
 

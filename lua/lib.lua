@@ -4,11 +4,12 @@
 --                    n = earliest hold deadline (ms), present only while holds are live,
 --                    b = log2 of the bits of the item's sold-out filter (see remember),
 --                    bc = the ledger scan's cursor while the filter is being built.
--- Ledger entry:      "KS|qty|before|after|at|user[|deadline]"
+-- Ledger entry:      "KS|qty|after|at|user[|deadline]"
 --   K (kind):  D deduct, H hold, L restock, T tombstone (a restore or cancel of an unknown id)
 --   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),
 --              x restored, f refused by the store (restored), c cancelled, e expired
---   before/after: available before and after the operation; at, deadline: ms since the epoch
+--   after: available after the operation (before is not stored: parse derives it from the
+--   kind, qty and after); at, deadline: ms since the epoch
 --   (Redis TIME). Numbers are written with %d: Lua numbers are doubles and tostring would print
 --   15+ digit values in exponent form on a real Redis.
 -- Outbox member:     "E:id" where E is the event: D deducted, R restored, L restocked, H held,
@@ -30,18 +31,27 @@ end
 
 -- parse returns kind, state, qty, before, after, at, user, deadline (0 when absent).
 local function parse(e)
-  local k, s, q, b, a, t, u, d = string.match(e, '^(.)(.)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|?(%d*)$')
+  local k, s, q, a, t, u, d = string.match(e, '^(.)(.)|(%d+)|(%d+)|(%d+)|([^|]*)|?(%d*)$')
   if not k then
     error('stock: corrupt ledger entry')
   end
-  return k, s, tonumber(q), tonumber(b), tonumber(a), tonumber(t), u, tonumber(d) or 0
+  q, a = tonumber(q), tonumber(a)
+  local b = a -- tombstones took nothing
+  if k == 'D' or k == 'H' then
+    b = a + q
+  elseif k == 'L' then
+    b = a - q
+  end
+  return k, s, q, b, a, tonumber(t), u, tonumber(d) or 0
 end
 
+-- entry writes a ledger entry; b (available before) is taken for symmetry with parse and not
+-- stored: it follows from the kind, q and a.
 local function entry(k, s, q, b, a, t, u, d)
   if d and d > 0 then
-    return string.format('%s%s|%d|%d|%d|%d|%s|%d', k, s, q, b, a, t, u, d)
+    return string.format('%s%s|%d|%d|%d|%s|%d', k, s, q, a, t, u, d)
   end
-  return string.format('%s%s|%d|%d|%d|%d|%s', k, s, q, b, a, t, u)
+  return string.format('%s%s|%d|%d|%d|%s', k, s, q, a, t, u)
 end
 
 local function with_state(e, s)
