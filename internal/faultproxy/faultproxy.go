@@ -2,8 +2,8 @@
 // Redis server: added latency, connections reset, replies lost after their command ran, and
 // blackholes (a partition that heals).
 //
-// A Proxy listens on a free 127.0.0.1 port and forwards every connection it accepts to one
-// target address, on a connection of its own. Faults are switched at any time, from any
+// A Proxy listens on a free 127.0.0.1 port and forwards every connection it accepts to its
+// target address (set by Start, changed by SetTarget), on a connection of its own. Faults are switched at any time, from any
 // goroutine:
 //
 //   - SetLatency delays every chunk of bytes, in each direction, by a fixed time (a slow link:
@@ -16,6 +16,8 @@
 //     the doomed one are not forwarded (they never run).
 //   - Blackhole stops every byte, in both directions and on new connections too, for a while;
 //     then everything held back flows again, in order, as TCP would after a partition heals.
+//   - SetTarget sends the connections accepted from then on to another address (a failover:
+//     clients re-pointed to a promoted replica); with ResetAll, every client reconnects there.
 //
 // The proxy frames RESP (RESP2 and RESP3) to count the commands and replies of each
 // connection, which DropReplies needs; RESP3 pushes answer no command and are not counted.
@@ -38,6 +40,7 @@ type Stats struct {
 	Reset          int   // connections reset by ResetAll
 	DroppedReplies int   // replies dropped by DropReplies (their connection was broken)
 	Blackholes     int   // calls of Blackhole
+	Retargets      int   // calls of SetTarget
 	Commands       int64 // commands forwarded to the target
 	Replies        int64 // replies delivered to clients
 }
@@ -45,10 +48,10 @@ type Stats struct {
 // Proxy forwards connections from Addr to a target with switchable faults. Its methods are
 // safe for concurrent use. Create one with Start; Close it when done.
 type Proxy struct {
-	target string
-	ln     net.Listener
+	ln net.Listener
 
 	mu        sync.Mutex
+	target    string
 	links     map[*link]struct{}
 	latency   time.Duration
 	drops     int             // replies still to drop
@@ -76,6 +79,23 @@ func Start(target string) (*Proxy, error) {
 
 // Addr is the address clients connect to.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Target is the address new connections are forwarded to.
+func (p *Proxy) Target() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target
+}
+
+// SetTarget forwards the connections accepted from now on (and those still waiting to dial,
+// e.g. held by a blackhole) to target. Open connections keep their server: ResetAll makes their
+// clients connect again, to the new target.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	p.stats.Retargets++
+}
 
 // SetLatency delays every chunk of bytes read from then on, in each direction, by d (0: none).
 func (p *Proxy) SetLatency(d time.Duration) {
@@ -290,7 +310,7 @@ func (l *link) run() {
 	if !p.open(l) {
 		return
 	}
-	s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	s, err := net.DialTimeout("tcp", p.Target(), 5*time.Second)
 	if err != nil {
 		return
 	}

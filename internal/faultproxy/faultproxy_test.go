@@ -227,6 +227,35 @@ func TestResetAll(t *testing.T) {
 
 var errTimeout = errors.New("timeout")
 
+// SetTarget moves new connections to another server; an open connection stays on its server
+// until it is reset, and then its client reconnects to the new one.
+func TestSetTarget(t *testing.T) {
+	a, b := startFake(t), startFake(t)
+	p := startProxy(t, a.ln.Addr().String())
+	c := dial(t, p)
+	c.send(resp("INCR", "k"))
+	c.want(":1")
+	p.SetTarget(b.ln.Addr().String())
+	if got := p.Target(); got != b.ln.Addr().String() {
+		t.Errorf("Target() = %s", got)
+	}
+	c.send(resp("INCR", "k")) // the open connection is still on a
+	c.want(":2")
+	c2 := dial(t, p)
+	c2.send(resp("INCR", "k"))
+	c2.want(":1")
+	p.ResetAll()
+	c3 := dial(t, p)
+	c3.send(resp("INCR", "k"))
+	c3.want(":2")
+	if na, nb := a.count("k"), b.count("k"); na != 2 || nb != 2 {
+		t.Errorf("INCR ran %d times on the old target and %d on the new one, want 2 and 2", na, nb)
+	}
+	if s := p.Stats(); s.Retargets != 1 || s.Accepted != 3 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
 // The command whose reply is dropped runs; the client gets the replies before it and then a
 // closed connection; what it pipelined after it never reaches the server.
 func TestDropReplies(t *testing.T) {
