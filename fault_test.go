@@ -169,8 +169,8 @@ type faultResult struct {
 	LostHolds    int   `json:"lost_holds"`
 	DriftFinal   int64 `json:"drift_after_final_reconcile"`
 	// HeldConfirmed are holds live in Redis that the store has confirmed at the end (see
-	// finish); in a loss scenario, the drift they leave is not flagged, the rest
-	// (DriftUnexplained) is.
+	// finish): the final reconcile must have made them final, so any is flagged.
+	// DriftUnexplained is DriftFinal (kept in the JSON for comparison with older reports).
 	HeldConfirmed      int   `json:"holds_live_in_redis_confirmed_in_store"`
 	HeldConfirmedUnits int64 `json:"holds_live_in_redis_confirmed_in_store_units"`
 	DriftUnexplained   int64 `json:"drift_after_final_reconcile_unexplained"`
@@ -344,8 +344,7 @@ func (r faultResult) line() string {
 			fo.LostExplained, fo.LostUnexplained, fo.GapTakes, fo.GapRefusedUnits, fo.FencedRefusedUnits, after)
 	}
 	if r.HeldConfirmed > 0 {
-		s += fmt.Sprintf(", holds live in Redis and confirmed in the store %d (%d units; drift not left by them %d)",
-			r.HeldConfirmed, r.HeldConfirmedUnits, r.DriftUnexplained)
+		s += fmt.Sprintf(", holds live in Redis and confirmed in the store %d (%d units)", r.HeldConfirmed, r.HeldConfirmedUnits)
 	}
 	if len(r.Flags) > 0 {
 		s += "; flagged: " + strings.Join(r.Flags, "; ")
@@ -1846,12 +1845,9 @@ func (h *faultHarness) finish(traffic time.Duration) faultResult {
 		r.BooksOff += faultAbs(h.loaded[sku] - applied[sku] - rem)
 	}
 	// Holds still live in Redis that the store has confirmed: a confirm that Redis lost (with
-	// the AOF's tail, or with an old primary) after the relay had delivered it. Their units
-	// count as held in Redis and as sold in the store, and no reconcile pass resolves them (it
-	// gives back sales the store gave back, but does not confirm holds the store confirmed):
-	// the reconciler takes the excess out of the available stock, and where there is not
-	// enough of it (a sold-out item) drift stays until the holds expire (faultHoldTTL).
-	heldConfirmed := map[string]int64{}
+	// the AOF's tail, or with an old primary) after the relay had delivered it. A reconcile
+	// pass makes such holds final (Reconciler: resyncHolds), so after the final pass there
+	// must be none.
 	for _, sku := range faultSKUs {
 		l, err := h.bc.Do(ctx, h.bc.B().Hgetall().Key("stock:{"+sku+"}:l").Build()).AsStrMap()
 		if err != nil {
@@ -1862,17 +1858,10 @@ func (h *faultHarness) finish(traffic time.Duration) faultResult {
 			if strings.HasPrefix(e, "Hh") && ok && x.typ == string(stock.EventConfirmed) && x.status == string(stock.RecordApplied) {
 				r.HeldConfirmed++
 				r.HeldConfirmedUnits += x.qty
-				heldConfirmed[sku] += x.qty
 			}
 		}
 	}
-	for _, sku := range faultSKUs {
-		d := drift[sku]
-		if d > 0 && h.sc.loss {
-			d = max(0, d-heldConfirmed[sku]) // the drift those holds leave, where writes may be lost
-		}
-		r.DriftUnexplained += faultAbs(d)
-	}
+	r.DriftUnexplained = r.DriftFinal
 	took := func(x recRow, ok bool) bool { // the id's deduct reached the store (and may have been given back since)
 		return ok && (x.typ == string(stock.EventDeducted) || x.typ == string(stock.EventConfirmed)) &&
 			(x.status == string(stock.RecordApplied) || x.status == string(stock.RecordRestored))
@@ -2061,12 +2050,9 @@ func (h *faultHarness) check(r *faultResult) []string {
 	flag(r.Phantom > 0 && !loss, "phantom takes: %d ids applied in the store that no client holds", r.Phantom)
 	flag((r.LostDeducts > 0 || r.LostRestores > 0 || r.LostHolds > 0) && !loss,
 		"lost: %d deducts, %d restores, %d holds acknowledged and lost", r.LostDeducts, r.LostRestores, r.LostHolds)
-	if r.DriftUnexplained == r.DriftFinal {
-		flag(r.DriftFinal != 0, "drift after the final reconcile: %d", r.DriftFinal)
-	} else {
-		flag(r.DriftUnexplained != 0, "drift after the final reconcile: %d (%d of it not left by holds the store confirmed)",
-			r.DriftFinal, r.DriftUnexplained)
-	}
+	flag(r.DriftFinal != 0, "drift after the final reconcile: %d", r.DriftFinal)
+	flag(r.HeldConfirmed > 0, "holds live in Redis after the final reconcile that the store confirmed: %d (%d units)",
+		r.HeldConfirmed, r.HeldConfirmedUnits)
 	flag(r.Repaired > 0 && !loss, "repairs: the reconciler repaired %d (units and entries)", r.Repaired)
 	flag(r.Refused > 0 && !loss, "refused by the store: %d units", r.Refused)
 	flag(r.BooksOff != 0, "store books: remaining != loaded - applied by %d units", r.BooksOff)
@@ -2102,14 +2088,6 @@ func (h *faultHarness) check(r *faultResult) []string {
 			"everysec): %d acknowledged deducts (%d units) the relay had not delivered, known to neither Redis nor "+
 			"the store, %d restores, %d holds; %d phantom takes; repaired into agreement (drift %d)",
 			r.LostDeducts, r.LostUnits, r.LostRestores, r.LostHolds, r.Phantom, r.DriftFinal)
-	}
-	if loss && r.HeldConfirmed > 0 {
-		r.Note += fmt.Sprintf("; %d holds whose confirm Redis lost and the store has (the relay delivered it first) are "+
-			"still live in Redis: their %d units count as held in Redis and as sold in the store, and no reconcile pass "+
-			"resolves them (the reconciler gives back sales the store gave back, but does not confirm holds the store "+
-			"confirmed); it takes the excess out of the available stock, and on a sold-out item drift stays (here %d "+
-			"units, not flagged) until the holds expire", r.HeldConfirmed, r.HeldConfirmedUnits, r.DriftFinal-r.DriftUnexplained)
-		r.Note = strings.TrimPrefix(r.Note, "; ")
 	}
 	return f
 }

@@ -132,7 +132,7 @@ type Report struct {
 	Adjusted   int64 // units added to (or, negative, taken from) Redis's available stock
 	Requeued   int   // lost outbox events queued again
 	Rerecorded int   // ledger entries the Store has and Redis lost, written back
-	Resynced   int   // sales Redis held that the Store had given back: given back in Redis too
+	Resynced   int   // sales Redis held that the Store had given back (given back in Redis too), and live holds the Store had confirmed (made final) or confirmed and given back (released)
 	Trimmed    int   // settled ledger entries removed after the retention
 	// Retired is set when the item was delisted and its keys are removed (by this pass or an
 	// earlier one): it is not compared any more.
@@ -451,9 +451,9 @@ func abs(n int64) int64 {
 func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 	sku := rp.SKU
 	cutoff := time.Now().Add(-rc.retention).UnixMilli()
-	var reserved, restored, trim, sold []string
+	var reserved, restored, trim, sold, held []string
 	flush := func(final bool) error {
-		if len(reserved)+len(restored)+len(trim)+len(sold) < 256 && !final {
+		if len(reserved)+len(restored)+len(trim)+len(sold)+len(held) < 256 && !final {
 			return nil
 		}
 		if !final {
@@ -488,6 +488,14 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 				}
 			}
 		}
+		// Live holds whose confirm the store has (Redis lost the confirm in a failover after the
+		// relay delivered it): make them final as applied, without a new event; those the store
+		// gave back after their confirm: release them, without a new event.
+		if len(held) > 0 {
+			if err := rc.resyncHolds(ctx, rp, held); err != nil {
+				return err
+			}
+		}
 		if len(restored) > 0 {
 			recs, err := rc.store.Records(ctx, sku, restored)
 			if err != nil {
@@ -515,7 +523,7 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 			rp.Trimmed += int(n)
 		}
-		reserved, restored, trim, sold = reserved[:0], restored[:0], trim[:0], sold[:0]
+		reserved, restored, trim, sold, held = reserved[:0], restored[:0], trim[:0], sold[:0], held[:0]
 		return nil
 	}
 	seen := map[string]bool{}
@@ -531,6 +539,8 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			sold = append(sold, e.ID)
 		}
 		switch e.State {
+		case StateHeld:
+			held = append(held, e.ID)
 		case StateReserved:
 			reserved = append(reserved, e.ID)
 		case StateRestored, StateRefused:
@@ -580,6 +590,40 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			return nil
 		}
 	}
+}
+
+// resyncHolds settles the live holds among ids that the store has a record of: confirmed
+// there, they are made final in Redis as applied; given back there after their confirm, they
+// are released. Neither queues an event: the store has it already.
+func (rc *Reconciler) resyncHolds(ctx context.Context, rp *Report, ids []string) error {
+	sku := rp.SKU
+	recs, err := rc.store.Records(ctx, sku, ids)
+	if err != nil {
+		return fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
+	}
+	for _, id := range ids {
+		rec, ok := recs[id]
+		if !ok || rec.Type != EventConfirmed {
+			continue // not confirmed anywhere yet: the hold is live
+		}
+		if rc.dry {
+			rp.Resynced++
+			continue
+		}
+		var o outcome
+		if rec.Status == RecordApplied {
+			o, err = decodeOne(confirmScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{id, "0", "1"}))
+		} else {
+			o, err = decodeOne(restoreScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{id, "x", "0"}))
+		}
+		if err != nil {
+			return fmt.Errorf("stock: reconcile %s: resync hold %s: %w", sku, id, err)
+		}
+		if o.code == codeOK {
+			rp.Resynced++
+		}
+	}
+	return nil
 }
 
 // lostEntry builds the ledger entry for a store record Redis lost, in lua/lib.lua's format.

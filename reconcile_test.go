@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 )
 
@@ -341,5 +342,53 @@ func TestDelistRetires(t *testing.T) {
 		assert.True(t, rr[0].Retired)
 		assert.Contains(t, rr[0].String(), "retired")
 		require.NoError(t, g.r.Load(ctx, "A", 3), "a retired item may be listed again")
+	})
+}
+
+// TestReconcileHoldConfirmedInStore: a failover lost the confirm of holds after the relay had
+// delivered it, so the holds are live in Redis and sold in the store. A pass makes them final
+// in Redis (even past their deadline, which would otherwise give the units back and sell them
+// twice); a hold the store confirmed and then gave back is released.
+func TestReconcileHoldConfirmedInStore(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 3})
+		for _, id := range []string{"h1", "h2", "h3"} {
+			_, err := g.r.Hold(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}, 2*time.Second)
+			require.NoError(t, err)
+		}
+		drain(t, g.relay)
+		// What the relay delivered before the failover: the confirms of h1 and h2, and a
+		// restore of h2 after it; Redis lost all of it.
+		at := time.Now()
+		for _, ev := range []stock.Event{
+			{Type: stock.EventConfirmed, SKU: "A", ID: "h1", User: "u", Qty: 1, At: at},
+			{Type: stock.EventConfirmed, SKU: "A", ID: "h2", User: "u", Qty: 1, At: at},
+			{Type: stock.EventRestored, SKU: "A", ID: "h2", User: "u", Qty: 1, At: at},
+		} {
+			require.NoError(t, g.store.Apply(ctx, ev))
+		}
+		redistest.Sleep(c, 2100*time.Millisecond) // past the holds' deadline
+
+		rp := g.once(t)["A"]
+		assert.Equal(t, 2, rp.Resynced, "h1 made final, h2 released")
+		assert.Zero(t, rp.Drift, "%+v", rp)
+		e, err := g.r.Ledger(ctx, "A", "h1")
+		require.NoError(t, err)
+		assert.Equal(t, stock.StateApplied, e.State)
+		l := levels(t, g.r, "A")
+		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 1, Loaded: 3}, l, "h2 released, h1 sold, h3 due")
+		_, err = g.r.Sweep(ctx, "A")
+		require.NoError(t, err)
+		l = levels(t, g.r, "A")
+		assert.Equal(t, stock.Levels{Available: 2, Held: 0, Sold: 1, Loaded: 3}, l, "h3 expired")
+		g.agree(t, "A")
+		_, err = g.r.Confirm(ctx, "A", "h1")
+		require.NoError(t, err, "a confirm of h1 now is a replay")
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n1", Qty: 2})
+		require.NoError(t, err)
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n2", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut, "the unit h1 took is not sold again")
+		g.agree(t, "A")
 	})
 }

@@ -1,11 +1,13 @@
 -- confirm.lua: make a live hold final (sold), once, and queue it for the store.
 --
 -- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
--- ARGV[1] id, ARGV[2] '1' to queue events in the outbox
+-- ARGV[1] id, ARGV[2] '1' to queue events in the outbox, ARGV[3] '1' when the store has the
+-- confirm already (the reconciler, after Redis lost it): the hold is made final whatever its
+-- deadline, as applied, with no event
 -- Reply: code, remaining available, qty
 --   OK confirmed; REPLAY already confirmed; EXPIRED past its deadline (the hold is released now,
 --   as the sweep would have); RESTORED cancelled; UNKNOWN no such hold; CONFLICT not a hold.
-local id, queue = ARGV[1], ARGV[2] == '1'
+local id, queue, stored = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
 local now = now_ms()
 local h, reply = live_hold(KEYS, id, REPLAY)
 if not h then
@@ -15,7 +17,7 @@ local e, q, u, d, avail = h.e, h.q, h.u, h.d, h.avail
 redis.call('HINCRBY', KEYS[1], 'h', -q)
 redis.call('ZREM', KEYS[5], id)
 next_deadline(KEYS[1], KEYS[5])
-if d <= now then
+if d <= now and not stored then
   avail = redis.call('HINCRBY', KEYS[1], 'a', q)
   give_user(KEYS[3], u, q)
   redis.call('HSET', KEYS[2], id, with_state(e, 'e'))
@@ -25,6 +27,10 @@ if d <= now then
   return {EXPIRED, avail, q}
 end
 redis.call('HINCRBY', KEYS[1], 's', q)
+if stored then
+  redis.call('HSET', KEYS[2], id, with_state(e, 'a'))
+  return {OK, avail, q}
+end
 redis.call('HSET', KEYS[2], id, with_state(e, 'r'))
 if queue then
   queue_event(KEYS, 'D:', id)
