@@ -311,10 +311,18 @@ func TestDelistRetires(t *testing.T) {
 			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
 			require.NoError(t, err)
 		}
+		// Sold out, and a refusal: the item gets its sold-out filter, which must go too.
+		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400})
+		require.NoError(t, err)
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "one-more", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		n, err := c.Do(ctx, c.B().Exists().Key("stock:{A}:b").Build()).AsInt64()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n, "the filter exists")
 		require.ErrorIs(t, g.r.Delist(ctx, "ghost"), stock.ErrNotLoaded)
 		require.NoError(t, g.r.Delist(ctx, "A"))
 		require.NoError(t, g.r.Delist(ctx, "A"))
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
+		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
 		require.ErrorIs(t, err, stock.ErrClosed)
 		_, err = g.r.Restore(ctx, "A", "o0") // the pipeline still works
 		require.NoError(t, err)
@@ -327,9 +335,11 @@ func TestDelistRetires(t *testing.T) {
 		assert.True(t, reps["A"].Retired, reps["A"].String())
 		assert.Zero(t, reps["A"].Drift)
 		assert.False(t, reps["B"].Retired)
-		n, err := c.Do(ctx, c.B().Exists().Key("stock:{A}:l").Build()).AsInt64()
-		require.NoError(t, err)
-		assert.Zero(t, n, "the ledger is gone")
+		for _, suffix := range []string{":l", ":u", ":o", ":h", ":r", ":rl", ":dl", ":b"} {
+			n, err := c.Do(ctx, c.B().Exists().Key("stock:{A}"+suffix).Build()).AsInt64()
+			require.NoError(t, err)
+			assert.Zero(t, n, "stock:{A}%s is gone", suffix)
+		}
 		_, err = g.r.Available(ctx, "A")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		reps = g.once(t)
