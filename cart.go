@@ -37,6 +37,7 @@ type CartError struct {
 	Err error  // why: ErrSoldOut, ErrInsufficient, ErrUserLimit, ...
 }
 
+// Error says which item refused the cart and why.
 func (e *CartError) Error() string { return fmt.Sprintf("stock: cart refused by %s: %v", e.SKU, e.Err) }
 
 // Unwrap returns the item's error, so errors.Is(err, ErrSoldOut) works on a cart's error.

@@ -439,6 +439,7 @@ type dbTime struct {
 	wall bool // a time.Time's wall clock is UTC
 }
 
+// Scan implements sql.Scanner for the time types the drivers return.
 func (d *dbTime) Scan(v any) error {
 	switch v := v.(type) {
 	case time.Time:
