@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -88,6 +89,7 @@ type Reconciler struct {
 	items     []string
 	interval  time.Duration
 	token     string
+	pass      sync.Mutex // one pass of an item at a time: the item leases carry one token
 }
 
 // NewReconciler returns a reconciler of r's items against store.
@@ -277,6 +279,8 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 	if err := checkName("sku", sku); err != nil {
 		return rp, err
 	}
+	rc.pass.Lock()
+	defer rc.pass.Unlock()
 	ok, err := rc.lock(ctx, sku)
 	if err != nil {
 		rc.unlock(sku) // the SET may have run before the error: never leave our lock behind
@@ -688,6 +692,11 @@ func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) er
 }
 
 // lock takes the item's relay lease for the pass, waiting a little for a relay to finish.
+//
+// A lease that carries this Reconciler's token is taken over: it was left by one of its own
+// passes that did not finish (the SET ran but its reply was lost, a pass cut short by a Redis
+// restart that kept the lease in its AOF, or a failover that copied it to the new primary),
+// and no other pass of this Reconciler runs (rc.pass).
 func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
 	key := rc.r.key(sku, leaseSuffix)
 	for i := range 20 {
@@ -696,14 +705,13 @@ func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
 			if !brokenConn(err) || i > 0 {
 				return false, fmt.Errorf("stock: reconcile %s: lease: %w", sku, err)
 			}
-			// The SET may have run before the connection broke: the lease may be ours already.
-			owner, gerr := rc.r.client.Do(ctx, rc.r.client.B().Get().Key(key).Build()).ToString()
-			if gerr == nil && owner == rc.token {
-				return true, nil
-			}
-			continue
+			continue // the SET may have run before the connection broke: try again
 		}
 		if ok {
+			return true, nil
+		}
+		mine, err := refreshScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token, strconv.FormatInt(reconcileLease.Milliseconds(), 10)}).AsInt64()
+		if err == nil && mine == 1 {
 			return true, nil
 		}
 		select {
