@@ -146,6 +146,10 @@ type PhaseResult struct {
 	P99us       float64 `json:"p99_us"`
 	P999us      float64 `json:"p999_us"`
 	AllocsPerOp float64 `json:"allocs_per_op"`
+	// CommandsPerOp is how many Redis commands an op cost, those its scripts ran included;
+	// ScriptsPerOp how many script calls (below 1 when coalescing batches requests).
+	CommandsPerOp *float64 `json:"redis_commands_per_op"`
+	ScriptsPerOp  *float64 `json:"redis_scripts_per_op"`
 	// LedgerBytes is the Redis memory of the ledger hashes per entry.
 	LedgerBytes *float64 `json:"ledger_bytes_per_entry"`
 	// RedisCPU is the CPU redis-server used during the phase, in cores (1 = one core busy).
@@ -435,11 +439,12 @@ func printTable(w io.Writer, rep Report) error {
 	for _, p := range rep.Phases {
 		width = max(width, len(p.Name))
 	}
-	fmt.Fprintf(tw, "%-*s\tg\tops/s\tp50\tp99\tp99.9\tallocs/op\tB/entry\tredis cpu\tµs/op\tclient cpu\tµs/op\tok\treplayed\tsoldout\taborts\terrors\t\n", width, "phase")
+	fmt.Fprintf(tw, "%-*s\tg\tops/s\tp50\tp99\tp99.9\tallocs/op\tB/entry\tcmds/op\tscripts/op\tredis cpu\tµs/op\tclient cpu\tµs/op\tok\treplayed\tsoldout\taborts\terrors\t\n", width, "phase")
 	for _, p := range rep.Phases {
-		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n",
 			width, p.Name, p.Goroutines, p.OpsPerSec, us(p.P50us), us(p.P99us), us(p.P999us), p.AllocsPerOp,
-			opt(p.LedgerBytes, "%.0f"), percent(p.RedisCPU), opt(p.RedisUsPerOp, "%.1f"),
+			opt(p.LedgerBytes, "%.0f"), opt(p.CommandsPerOp, "%.2f"), opt(p.ScriptsPerOp, "%.3f"),
+			percent(p.RedisCPU), opt(p.RedisUsPerOp, "%.1f"),
 			percent(p.ClientCPU), opt(p.ClientUsPerOp, "%.1f"),
 			p.OK, p.Replayed, p.SoldOut, p.Aborts, p.Errors)
 	}

@@ -42,6 +42,8 @@ type phase struct {
 	mallocs                   uint64
 	redisCPU                  float64 // seconds
 	clientRounds, redisRounds int     // rounds in which the CPU could be read
+	commands, scripts         float64 // Redis commands (those in scripts included) and script calls
+	commandRounds             int     // rounds in which they could be counted
 }
 
 // outcome of one operation.
@@ -265,10 +267,11 @@ func (b *bench) runGroup(ctx context.Context, group []string, slice time.Duratio
 // p's totals. An operation in flight when time is up completes and counts.
 func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 	runtime.GC()
-	var cpu0 float64
-	var cpuErr error
+	var cpu0, cmd0, scr0 float64
+	var cpuErr, cmdErr error
 	if p.redis {
 		cpu0, cpuErr = b.redisCPU(ctx)
+		cmd0, scr0, cmdErr = b.commandCalls(ctx)
 	}
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
@@ -302,6 +305,13 @@ func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 		if cpu1, err := b.redisCPU(context.WithoutCancel(ctx)); err == nil {
 			p.redisCPU += cpu1 - cpu0
 			p.redisRounds++
+		}
+	}
+	if p.redis && cmdErr == nil {
+		if cmd1, scr1, err := b.commandCalls(context.WithoutCancel(ctx)); err == nil {
+			p.commands += cmd1 - cmd0
+			p.scripts += scr1 - scr0
+			p.commandRounds++
 		}
 	}
 }
@@ -344,6 +354,10 @@ func (p *phase) result() PhaseResult {
 	res.P999us = micros(h.quantile(0.999))
 	if res.Ops > 0 {
 		res.AllocsPerOp = float64(p.mallocs) / float64(res.Ops)
+	}
+	if p.redis && p.commandRounds == p.rounds && res.Ops > 0 {
+		cmds, scripts := p.commands/float64(res.Ops), p.scripts/float64(res.Ops)
+		res.CommandsPerOp, res.ScriptsPerOp = &cmds, &scripts
 	}
 	return res
 }
