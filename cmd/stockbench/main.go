@@ -24,7 +24,8 @@
 // Phases, each run for -duration with -g goroutines on a freshly loaded item set:
 //
 //	deduct        Reserver.Deduct with unique ids; a share -retry of requests repeats an earlier id
-//	soldout       Reserver.Deduct on items loaded with 0
+//	soldout       Reserver.Deduct on items loaded with 0, the sold-out fast path off
+//	soldout-fast  the same with the fast path on (a client with client-side caching)
 //	restore       Reserver.Deduct then Reserver.Restore of the same id (ops counted per call)
 //	raw-seed002   the seed-002 script (HEXISTS, GET, checks, SET, TIME, HSET of a cjson entry)
 //	raw-noledger  a GET + check + DECRBY script, no ledger
@@ -39,7 +40,8 @@
 //
 // For each phase it reports ops/s, latency quantiles (p50, p99, p99.9), allocations per op in
 // this process (the load generator's own id string included; with the embedded miniredis, the
-// server's too), Redis memory per ledger entry (MEMORY USAGE / HLEN of the ledger hashes), and
+// server's too), Redis memory per ledger entry (MEMORY USAGE / HLEN of the ledger hashes), Redis
+// commands and script calls per op (INFO commandstats, the commands scripts run included), and
 // the CPU used by redis-server (INFO cpu, summed over the nodes) and by this process, as a share
 // of one core and as microseconds per op. CPU per op depends much less than ops/s on what else
 // the machine runs. Then the ratios, and the invariants of the deduct phase (loaded = available
