@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
@@ -110,4 +111,130 @@ func ExampleRelay() {
 	fmt.Println("delivered", st.Delivered, "database has", left)
 	// Output:
 	// delivered 4 database has 6
+}
+
+// exampleReserver starts a miniredis and returns a Reserver on it, and a function that stops
+// both. In production: your Redis, and a client with client-side caching (rueidis's default).
+func exampleReserver(opts ...stock.Option) (*stock.Reserver, func()) {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
+	if err != nil {
+		panic(err)
+	}
+	r, err := stock.New(client, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return r, func() { client.Close(); mr.Close() }
+}
+
+// A checkout holds stock while the buyer pays, then confirms it; a hold that is not confirmed
+// in time gives its stock back.
+func ExampleReserver_Hold() {
+	r, stop := exampleReserver()
+	defer stop()
+	ctx := context.Background()
+	_ = r.Load(ctx, "ticket", 2)
+
+	rc, _ := r.Hold(ctx, stock.Request{SKU: "ticket", ID: "checkout-1", Qty: 1}, 10*time.Minute)
+	fmt.Println("held", rc.Qty, "left", rc.Remaining)
+	l, _ := r.Levels(ctx, "ticket")
+	fmt.Printf("available %d, held %d, sold %d\n", l.Available, l.Held, l.Sold)
+
+	_, _ = r.Confirm(ctx, "ticket", "checkout-1") // the payment went through
+	l, _ = r.Levels(ctx, "ticket")
+	fmt.Printf("available %d, held %d, sold %d\n", l.Available, l.Held, l.Sold)
+
+	_, err := r.Cancel(ctx, "ticket", "checkout-1") // too late: it is sold
+	fmt.Println(err)
+	// Output:
+	// held 1 left 1
+	// available 1, held 1, sold 0
+	// available 1, held 0, sold 1
+	// stock: hold already confirmed
+}
+
+// A cart takes every line or none; lines of one item are summed before the check.
+func ExampleReserver_DeductMany() {
+	r, stop := exampleReserver()
+	defer stop()
+	ctx := context.Background()
+	_ = r.Load(ctx, "shirt", 5)
+	_ = r.Load(ctx, "cap", 1)
+
+	_, err := r.DeductMany(ctx, stock.Cart{ID: "cart-1", Lines: []stock.Line{
+		{SKU: "shirt", Qty: 2}, {SKU: "cap", Qty: 1}, {SKU: "cap", Qty: 1},
+	}})
+	var ce *stock.CartError
+	if errors.As(err, &ce) {
+		fmt.Println("refused by", ce.SKU+":", errors.Is(err, stock.ErrInsufficient))
+	}
+	n, _ := r.Available(ctx, "shirt")
+	fmt.Println("shirts left", n) // nothing of the cart was kept
+
+	cr, _ := r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "shirt", Qty: 2}, {SKU: "cap", Qty: 1}}})
+	for _, it := range cr.Items {
+		fmt.Println(it.SKU, it.Qty, "left", it.Remaining)
+	}
+	// Output:
+	// refused by cap: true
+	// shirts left 5
+	// cap 1 left 0
+	// shirt 2 left 3
+}
+
+// A Reconciler compares Redis with the database of record and repairs what drifted, here an
+// item whose keys were lost (a Redis restart without persistence).
+func ExampleReconciler() {
+	mr := miniredis.NewMiniRedis()
+	_ = mr.Start()
+	defer mr.Close()
+	client, _ := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
+	defer client.Close()
+	ctx := context.Background()
+	r, _ := stock.New(client)
+	db := memstore.New()
+	_ = db.Load(ctx, "ticket", 10)
+	_ = r.Load(ctx, "ticket", 10)
+	_, _ = r.Deduct(ctx, stock.Request{SKU: "ticket", ID: "o1", Qty: 3})
+	relay, _ := r.NewRelay(db, nil)
+	_, _ = relay.Once(ctx)
+
+	mr.Del("stock:{ticket}") // the item's counters are gone
+	_, err := r.Available(ctx, "ticket")
+	fmt.Println(err)
+
+	rec, _ := r.NewReconciler(db) // stock.WithDryRun(true) only reports
+	reports, _ := rec.Once(ctx)   // or go rec.Run(ctx)
+	fmt.Println(reports[0].Rebuilt)
+	n, _ := r.Available(ctx, "ticket")
+	fmt.Println("available", n)
+	// Output:
+	// stock: item not loaded: ticket
+	// true
+	// available 7
+}
+
+// The sold-out fast path is on by default: once Redis has answered "sold out" for an item, new
+// requests for it are refused in-process until Redis says the item changed. It needs a client
+// with client-side caching; on miniredis (DisableCache) every request goes to Redis.
+func ExampleWithSoldOutCache() {
+	r, stop := exampleReserver(stock.WithSoldOutCache(time.Second)) // 0 turns it off
+	defer stop()
+	ctx := context.Background()
+	_ = r.Load(ctx, "sneaker", 1)
+	_, _ = r.Deduct(ctx, stock.Request{SKU: "sneaker", ID: "o1", Qty: 1})
+	for _, id := range []string{"o2", "o3", "o1"} {
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "sneaker", ID: id, Qty: 1})
+		fmt.Println(id, err, rc.Replayed) // o1 is a replay, never "sold out"
+	}
+	fmt.Println("answered in-process:", r.SoldOutAnswers())
+	// Output:
+	// o2 stock: sold out false
+	// o3 stock: sold out false
+	// o1 <nil> true
+	// answered in-process: 0
 }
