@@ -65,17 +65,19 @@ for i = 5, #ARGV, 4 do
       code = refusal or SHORT
       soldout = soldout or refusal == SOLDOUT
       if retry then
-        local t = entry('T', 'f', q, avail, avail, now, u)
+        local t = entry('T', 'f', q, avail, now, u)
         fresh[id] = t
         hset[#hset + 1] = id
         hset[#hset + 1] = t
       end
     else
-      local e2 = entry(kind, state, q, avail, avail - q, now, u, deadline)
+      local e2 = entry(kind, state, q, avail - q, now, u, deadline)
       fresh[id] = e2
       hset[#hset + 1] = id
       hset[#hset + 1] = e2
-      seen[#seen + 1] = id
+      if st[6] then
+        seen[#seen + 1] = id -- the item has a sold-out filter: the id goes in it
+      end
       if queue then
         zadd[#zadd + 1] = event .. id
       end

@@ -71,7 +71,7 @@ for i = 1, n do
   local seq = tonumber(p.st[5]) or 0
   local after = p.avail - p.q
   redis.call('HSET', p.K[1], 'a', fmt(after), p.cf, fmt((tonumber(p.st[4]) or 0) + p.q), 'q', fmt(seq + (queue and 1 or 0)))
-  redis.call('HSET', p.K[2], id, entry(kind, state, p.q, p.avail, after, now, u, deadline))
+  redis.call('HSET', p.K[2], id, entry(kind, state, p.q, after, now, u, deadline))
   if queue then
     redis.call('ZADD', p.K[4], seq + 1, event .. id)
   end

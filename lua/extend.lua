@@ -17,7 +17,7 @@ if d <= now then
   return {EXPIRED, avail + freed, q}
 end
 local nd = now + ttl
-redis.call('HSET', KEYS[2], id, entry('H', 'h', q, h.b, h.a, h.t, h.u, nd))
+redis.call('HSET', KEYS[2], id, entry('H', 'h', q, h.a, h.t, h.u, nd))
 redis.call('ZADD', KEYS[5], nd, id)
 next_deadline(KEYS[1], KEYS[5])
 return {OK, avail, q}

@@ -8,8 +8,8 @@
 --   K (kind):  D deduct, H hold, L restock, T tombstone (a restore or cancel of an unknown id)
 --   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),
 --              x restored, f refused by the store (restored), c cancelled, e expired
---   after: available after the operation (before is not stored: parse derives it from the
---   kind, qty and after); at, deadline: ms since the epoch
+--   after: available after the operation (before is not stored: it follows from the kind, qty
+--   and after, see ledger.go); at, deadline: ms since the epoch
 --   (Redis TIME). Numbers are written with %d: Lua numbers are doubles and tostring would print
 --   15+ digit values in exponent form on a real Redis.
 -- Outbox member:     "E:id" where E is the event: D deducted, R restored, L restocked, H held,
@@ -29,25 +29,17 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- parse returns kind, state, qty, before, after, at, user, deadline (0 when absent).
+-- parse returns kind, state, qty, after, at, user, deadline (0 when absent).
 local function parse(e)
   local k, s, q, a, t, u, d = string.match(e, '^(.)(.)|(%d+)|(%d+)|(%d+)|([^|]*)|?(%d*)$')
   if not k then
     error('stock: corrupt ledger entry')
   end
-  q, a = tonumber(q), tonumber(a)
-  local b = a -- tombstones took nothing
-  if k == 'D' or k == 'H' then
-    b = a + q
-  elseif k == 'L' then
-    b = a - q
-  end
-  return k, s, q, b, a, tonumber(t), u, tonumber(d) or 0
+  return k, s, tonumber(q), tonumber(a), tonumber(t), u, tonumber(d) or 0
 end
 
--- entry writes a ledger entry; b (available before) is taken for symmetry with parse and not
--- stored: it follows from the kind, q and a.
-local function entry(k, s, q, b, a, t, u, d)
+-- entry writes a ledger entry: kind, state, qty, after, at, user, deadline (none when nil or 0).
+local function entry(k, s, q, a, t, u, d)
   if d and d > 0 then
     return string.format('%s%s|%d|%d|%d|%s|%d', k, s, q, a, t, u, d)
   end
@@ -66,7 +58,7 @@ end
 -- ledger entry e exists: the code, the remaining stock to report (the entry's for a replay,
 -- else avail) and the quantity to report.
 local function answer_known(e, kind, q, u, avail)
-  local k, s, eq, _, ea, _, eu = parse(e)
+  local k, s, eq, ea, _, eu = parse(e)
   if k == 'T' then
     return (s == 'f') and SOLDOUT or RESTORED, avail, q -- Tf: a retry refused for lack of stock
   elseif k ~= kind or eq ~= q or eu ~= u then
@@ -95,14 +87,14 @@ end
 
 -- live_hold looks up id for confirm.lua and extend.lua. When id is not a live hold of a loaded
 -- item it returns nil and the reply (confirmed: the code for a hold already confirmed); else a
--- table of the entry (e), its fields (q, b, a, t, u, d) and the item's available count.
+-- table of the entry (e), its fields (q, a, t, u, d) and the item's available count.
 -- K: KEYS of the item (item, ledger, users, outbox, holds).
 local function live_hold(K, id, confirmed)
   local e = redis.call('HGET', K[2], id)
   if not e then
     return nil, {UNKNOWN, 0, 0}
   end
-  local k, s, q, b, a, t, u, d = parse(e)
+  local k, s, q, a, t, u, d = parse(e)
   local avail = tonumber(redis.call('HGET', K[1], 'a'))
   if k ~= 'H' then
     return nil, {CONFLICT, avail or 0, q}
@@ -115,7 +107,7 @@ local function live_hold(K, id, confirmed)
   elseif not avail then
     return nil, {NOTLOADED, 0, q}
   end
-  return {e = e, q = q, b = b, a = a, t = t, u = u, d = d, avail = avail}
+  return {e = e, q = q, a = a, t = t, u = u, d = d, avail = avail}
 end
 
 local function give_user(users, u, q)
@@ -150,7 +142,7 @@ local function expire_holds(K, now, max, queue)
   for _, id in ipairs(ids) do
     local e = redis.call('HGET', K[2], id)
     if e then
-      local _, s, q, _, _, _, u = parse(e)
+      local _, s, q, _, _, u = parse(e)
       if s == 'h' then
         freed = freed + q
         redis.call('HSET', K[2], id, with_state(e, 'e'))

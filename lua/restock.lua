@@ -10,7 +10,7 @@ local e = redis.call('HGET', KEYS[2], id)
 local st = redis.call('HMGET', KEYS[1], 'a', 'l', 'b')
 local avail, loaded = tonumber(st[1]), tonumber(st[2])
 if e then
-  local k, s, eq, _, ea = parse(e)
+  local k, s, eq, ea = parse(e)
   if k == 'T' then
     return {RESTORED, avail or 0, q}
   end
@@ -27,7 +27,7 @@ if loaded + q > max then
 end
 redis.call('HINCRBY', KEYS[1], 'a', q)
 redis.call('HINCRBY', KEYS[1], 'l', q)
-redis.call('HSET', KEYS[2], id, entry('L', 'r', q, avail, avail + q, now, ''))
+redis.call('HSET', KEYS[2], id, entry('L', 'r', q, avail + q, now, ''))
 remember(KEYS[6], st[3], id)
 if queue then
   queue_event(KEYS, 'L:', id)

@@ -17,11 +17,11 @@ local id, reason, queue = ARGV[1], ARGV[2], ARGV[3] == '1'
 local now = now_ms()
 local e = redis.call('HGET', KEYS[2], id)
 if not e then
-  redis.call('HSET', KEYS[2], id, entry('T', 'x', 0, 0, 0, now, ''))
+  redis.call('HSET', KEYS[2], id, entry('T', 'x', 0, 0, now, ''))
   remember(KEYS[6], redis.call('HGET', KEYS[1], 'b'), id)
   return {UNKNOWN, 0, 0}
 end
-local k, s, q, _, _, _, u, d = parse(e)
+local k, s, q, _, _, u, d = parse(e)
 if k == 'T' then
   return {UNKNOWN, 0, 0}
 end

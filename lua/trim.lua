@@ -10,7 +10,7 @@ for i = 2, #ARGV do
   local id = ARGV[i]
   local e = redis.call('HGET', KEYS[1], id)
   if e then
-    local _, s, _, _, _, t = parse(e)
+    local _, s, _, _, t = parse(e)
     if t < cutoff and (s == 'a' or released(s)) then
       local pending = false
       for _, ev in ipairs({'D:', 'R:', 'L:', 'H:', 'X:', 'E:'}) do
