@@ -63,13 +63,9 @@ func Example() {
 
 // Restore gives back what an id took, once; a restore that arrives before its deduct wins.
 func ExampleReserver_Restore() {
-	mr := miniredis.NewMiniRedis()
-	_ = mr.Start()
-	defer mr.Close()
-	client, _ := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
-	defer client.Close()
+	r, _, stop := exampleReserver()
+	defer stop()
 	ctx := context.Background()
-	r, _ := stock.New(client)
 	_ = r.Load(ctx, "ticket", 10)
 
 	_, _ = r.Deduct(ctx, stock.Request{SKU: "ticket", ID: "o1", Qty: 3})
@@ -91,13 +87,9 @@ func ExampleReserver_Restore() {
 
 // A Relay drains the outbox into the database of record; here an in-memory Store.
 func ExampleRelay() {
-	mr := miniredis.NewMiniRedis()
-	_ = mr.Start()
-	defer mr.Close()
-	client, _ := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
-	defer client.Close()
+	r, _, stop := exampleReserver()
+	defer stop()
 	ctx := context.Background()
-	r, _ := stock.New(client)
 	db := memstore.New() // in production: sqlstore on PostgreSQL or MySQL
 	_ = db.Load(ctx, "ticket", 10)
 	_ = r.Load(ctx, "ticket", 10)
@@ -113,9 +105,10 @@ func ExampleRelay() {
 	// delivered 4 database has 6
 }
 
-// exampleReserver starts a miniredis and returns a Reserver on it, and a function that stops
-// both. In production: your Redis, and a client with client-side caching (rueidis's default).
-func exampleReserver(opts ...stock.Option) (*stock.Reserver, func()) {
+// exampleReserver starts a miniredis and returns a Reserver on it, the server, and a function
+// that stops both. In production: your Redis, and a client with client-side caching (rueidis's
+// default).
+func exampleReserver(opts ...stock.Option) (*stock.Reserver, *miniredis.Miniredis, func()) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
 		panic(err)
@@ -128,13 +121,13 @@ func exampleReserver(opts ...stock.Option) (*stock.Reserver, func()) {
 	if err != nil {
 		panic(err)
 	}
-	return r, func() { client.Close(); mr.Close() }
+	return r, mr, func() { client.Close(); mr.Close() }
 }
 
 // A checkout holds stock while the buyer pays, then confirms it; a hold that is not confirmed
 // in time gives its stock back.
 func ExampleReserver_Hold() {
-	r, stop := exampleReserver()
+	r, _, stop := exampleReserver()
 	defer stop()
 	ctx := context.Background()
 	_ = r.Load(ctx, "ticket", 2)
@@ -159,7 +152,7 @@ func ExampleReserver_Hold() {
 
 // A cart takes every line or none; lines of one item are summed before the check.
 func ExampleReserver_DeductMany() {
-	r, stop := exampleReserver()
+	r, _, stop := exampleReserver()
 	defer stop()
 	ctx := context.Background()
 	_ = r.Load(ctx, "shirt", 5)
@@ -189,13 +182,9 @@ func ExampleReserver_DeductMany() {
 // A Reconciler compares Redis with the database of record and repairs what drifted, here an
 // item whose keys were lost (a Redis restart without persistence).
 func ExampleReconciler() {
-	mr := miniredis.NewMiniRedis()
-	_ = mr.Start()
-	defer mr.Close()
-	client, _ := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
-	defer client.Close()
+	r, mr, stop := exampleReserver()
+	defer stop()
 	ctx := context.Background()
-	r, _ := stock.New(client)
 	db := memstore.New()
 	_ = db.Load(ctx, "ticket", 10)
 	_ = r.Load(ctx, "ticket", 10)
@@ -222,7 +211,7 @@ func ExampleReconciler() {
 // requests for it are refused in-process until Redis says the item changed. It needs a client
 // with client-side caching; on miniredis (DisableCache) every request goes to Redis.
 func ExampleWithSoldOutCache() {
-	r, stop := exampleReserver(stock.WithSoldOutCache(time.Second)) // 0 turns it off
+	r, _, stop := exampleReserver(stock.WithSoldOutCache(time.Second)) // 0 turns it off
 	defer stop()
 	ctx := context.Background()
 	_ = r.Load(ctx, "sneaker", 1)
