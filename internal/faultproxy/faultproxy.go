@@ -364,85 +364,84 @@ func (l *link) send(ch chan<- chunk, c chunk) bool {
 // readCommands reads the client's bytes and forwards complete commands, numbering them, until
 // a command whose reply is to be dropped: the bytes after it are not forwarded.
 func (l *link) readCommands(out chan<- chunk) {
-	defer close(out) // the writer delivers what is left, then closes the link
 	var seq int64
-	var pending []byte
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := l.client.Read(buf)
-		if n > 0 && l.doomed.Load() == 0 {
-			c := chunk{due: time.Now().Add(l.p.delay())}
-			if l.raw.Load() {
-				c.data = append([]byte(nil), buf[:n]...)
-			} else {
-				pending = append(pending, buf[:n]...)
-				used := 0
-				for {
-					m, name, ferr := command(pending[used:])
-					if ferr != nil {
-						l.raw.Store(true) // forward the rest as is, uncounted
-						used = len(pending)
-						break
-					}
-					if m == 0 {
-						break
-					}
-					used += m
-					seq++
-					l.p.commands.Add(1)
-					if l.p.takeDrop(name) {
-						l.doomed.Store(seq)
-						break
-					}
-				}
-				c.data = append([]byte(nil), pending[:used]...)
-				pending = append(pending[:0], pending[used:]...)
-			}
-			if len(c.data) > 0 && !l.send(out, c) {
-				return
-			}
+	l.pump(l.client, out, func() bool { return l.doomed.Load() == 0 }, func(b []byte) (int, verdict, error) {
+		m, name, err := command(b)
+		if err != nil || m == 0 {
+			return m, forward, err
 		}
-		if err != nil {
-			return
+		seq++
+		l.p.commands.Add(1)
+		if l.p.takeDrop(name) {
+			l.doomed.Store(seq)
+			return m, last, nil
 		}
-	}
+		return m, forward, nil
+	})
 }
 
 // readReplies reads the target's bytes and forwards complete replies, numbering them (pushes
 // are not numbered); at the doomed command's reply it forwards what came before and resets.
 func (l *link) readReplies(s net.Conn, out chan<- chunk) {
-	defer close(out) // the writer delivers what is left, then closes the link
 	var seq int64
+	l.pump(s, out, func() bool { return true }, func(b []byte) (int, verdict, error) {
+		m, push, err := frame(b)
+		if err != nil || m == 0 || push {
+			return m, forward, err
+		}
+		seq++
+		if d := l.doomed.Load(); d != 0 && seq >= d {
+			return m, cut, nil // this reply and anything after it are dropped
+		}
+		l.p.replies.Add(1)
+		return m, forward, nil
+	})
+}
+
+// verdict says what pump does with a frame.
+type verdict int
+
+const (
+	forward verdict = iota // forward it and read on
+	last                   // forward it, and end the chunk there
+	cut                    // forward nothing from it on, and reset the connection
+)
+
+// pump reads src and sends its bytes on out in chunks of whole frames, each due after the
+// proxy's delay, while open says so. next returns the length of the first frame of b (0: not
+// complete yet) and what to do with it; an error in the framing makes the link forward the
+// rest as it comes, uncounted. It closes out when src ends or a chunk cut the link.
+func (l *link) pump(src net.Conn, out chan<- chunk, open func() bool, next func(b []byte) (int, verdict, error)) {
+	defer close(out) // the writer delivers what is left, then closes the link
 	var pending []byte
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := s.Read(buf)
-		if n > 0 {
+		n, err := src.Read(buf)
+		if n > 0 && open() {
 			c := chunk{due: time.Now().Add(l.p.delay())}
 			if l.raw.Load() {
 				c.data = append([]byte(nil), buf[:n]...)
 			} else {
 				pending = append(pending, buf[:n]...)
 				used := 0
+			scan:
 				for {
-					m, push, ferr := frame(pending[used:])
-					if ferr != nil {
-						l.raw.Store(true)
+					m, v, ferr := next(pending[used:])
+					switch {
+					case ferr != nil:
+						l.raw.Store(true) // forward the rest as is, uncounted
 						used = len(pending)
-						break
-					}
-					if m == 0 {
-						break
-					}
-					if !push {
-						seq++
-						if d := l.doomed.Load(); d != 0 && seq >= d {
-							c.reset = true
-							break // this reply and anything after it are dropped
-						}
-						l.p.replies.Add(1)
+						break scan
+					case m == 0:
+						break scan
+					case v == cut:
+						c.reset = true
+						break scan
 					}
 					used += m
+					if v == last {
+						break scan
+					}
 				}
 				c.data = append([]byte(nil), pending[:used]...)
 				pending = append(pending[:0], pending[used:]...)
