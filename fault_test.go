@@ -170,10 +170,8 @@ type faultResult struct {
 	DriftFinal   int64 `json:"drift_after_final_reconcile"`
 	// HeldConfirmed are holds live in Redis that the store has confirmed at the end (see
 	// finish): the final reconcile must have made them final, so any is flagged.
-	// DriftUnexplained is DriftFinal (kept in the JSON for comparison with older reports).
 	HeldConfirmed      int   `json:"holds_live_in_redis_confirmed_in_store"`
 	HeldConfirmedUnits int64 `json:"holds_live_in_redis_confirmed_in_store_units"`
-	DriftUnexplained   int64 `json:"drift_after_final_reconcile_unexplained"`
 	DriftFound         int64 `json:"drift_found_by_final_reconcile"`
 	Repaired           int64 `json:"repaired"` // units adjusted and entries requeued, rerecorded or rebuilt
 	Refused            int64 `json:"refused_units"`
@@ -1861,7 +1859,6 @@ func (h *faultHarness) finish(traffic time.Duration) faultResult {
 			}
 		}
 	}
-	r.DriftUnexplained = r.DriftFinal
 	took := func(x recRow, ok bool) bool { // the id's deduct reached the store (and may have been given back since)
 		return ok && (x.typ == string(stock.EventDeducted) || x.typ == string(stock.EventConfirmed)) &&
 			(x.status == string(stock.RecordApplied) || x.status == string(stock.RecordRestored))
