@@ -237,12 +237,6 @@ func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
 	complete := true
 	for _, sku := range skus {
 		rp, err := rc.Item(ctx, sku)
-		// A pass is safe to run again: every repair checks the state it was computed from. A
-		// connection broken under it (the first write on each pooled connection after a Redis
-		// restart fails) is worth a second try before the item is reported as failed.
-		for try := 0; try < 2 && brokenConn(err) && ctx.Err() == nil; try++ {
-			rp, err = rc.Item(ctx, sku)
-		}
 		reps = append(reps, rp)
 		if err != nil && first == nil {
 			first = err
@@ -275,12 +269,24 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 			o.Observe(ctx, ob)
 		}(time.Now())
 	}
-	rp = Report{SKU: sku}
 	if err := checkName("sku", sku); err != nil {
-		return rp, err
+		return Report{SKU: sku}, err
 	}
 	rc.pass.Lock()
 	defer rc.pass.Unlock()
+	rp, err = rc.item(ctx, sku)
+	// A pass is safe to run again: every repair checks the state it was computed from. A
+	// connection broken under it (the first write on each pooled connection after a Redis
+	// restart fails) is worth a second try before the item is reported as failed.
+	for try := 0; try < 2 && brokenConn(err) && ctx.Err() == nil; try++ {
+		rp, err = rc.item(ctx, sku)
+	}
+	return rp, err
+}
+
+// item is one pass of Item, under rc.pass.
+func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err error) {
+	rp = Report{SKU: sku}
 	ok, err := rc.lock(ctx, sku)
 	if err != nil {
 		rc.unlock(sku) // the SET may have run before the error: never leave our lock behind
