@@ -109,6 +109,9 @@ type world struct {
 	carts map[string]*mCart
 	limit int64
 	group func(string) string
+	// oneSlotReplays: a one-slot cart takes a line whose entry is already this cart's as a
+	// replay (known: it does not look at the cart log).
+	oneSlotReplays bool
 }
 
 func newWorld(limit int64, group func(string) string) *world {
@@ -439,6 +442,10 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 	saved := w.clone()
 	for _, l := range lines {
 		o := w.take(kind, l.SKU, id, user, l.Qty, false, ttl, now)
+		if o.err == nil && o.replay != 0 && w.oneSlotReplays && w.oneSlot(lines) {
+			outs = append(outs, o)
+			continue
+		}
 		if o.err != nil || o.replay != 0 {
 			cause := o.err
 			if cause == nil { // a replay of an entry the cart log does not know: not this cart's
