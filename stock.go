@@ -150,13 +150,15 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
-// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:<sku>"
-// for an item that WithGroups puts in a group.
+// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:{<sku>}"
+// for an item that WithGroups puts in a group. No name contains a brace, so the SKU always ends
+// at the first '}' after it and the suffixes that follow (":l", ":u", ...) can never be read as
+// part of another SKU: the keys of two different items never meet, grouped or not. Every other
+// key of a prefix ("<prefix>:items", "<prefix>:epoch", "<prefix>:carts{~}") starts with
+// "<prefix>:" and a letter, so no item reaches it either.
 func (r *Reserver) base(sku string) string {
-	if r.opts.group != nil {
-		if g := r.opts.group(sku); g != "" && checkName("group", g) == nil {
-			return r.opts.prefix + ":{" + g + "}:" + sku
-		}
+	if g := r.group(sku); g != "" {
+		return r.opts.prefix + ":{" + g + "}:{" + sku + "}"
 	}
 	return r.opts.prefix + ":{" + sku + "}"
 }
@@ -377,11 +379,11 @@ func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err
 }
 
 func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receipt, error) {
-	return r.giveBackChecked(ctx, sku, id, reason, "", 0)
+	return r.giveBackChecked(ctx, sku, id, reason, "", 0, "")
 }
 
-// giveBackChecked gives back only if the id took qty units as kind ("" = any).
-func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64) (Receipt, error) {
+// giveBackChecked gives back only if the id took qty units as kind for user (kind "" = any id).
+func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64, user string) (Receipt, error) {
 	rc := Receipt{SKU: sku, ID: id}
 	if err := checkName("sku", sku); err != nil {
 		return rc, err
@@ -391,7 +393,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	}
 	args := []string{id, reason, r.outboxFlag()}
 	if kind != "" {
-		args = append(args, kind, strconv.FormatInt(qty, 10))
+		args = append(args, kind, strconv.FormatInt(qty, 10), user)
 	}
 	res, ackErr := r.exec(ctx, restoreScript, r.keys(sku), args)
 	o, err := decodeOne(res)
