@@ -8,8 +8,9 @@
 --   OK confirmed; REPLAY already confirmed; EXPIRED past its deadline (the hold is released now,
 --   as the sweep would have); RESTORED cancelled; UNKNOWN no such hold; CONFLICT not a hold.
 --
--- Like deduct.lua, every call first releases the item's other holds past their deadline (at
--- most 64). Everything is read and checked before the first write.
+-- Like deduct.lua, every call but the reconciler's (ARGV[3], which queues no events) first
+-- releases the item's other holds past their deadline (at most 64). Everything is read and
+-- checked before the first write.
 local id, queue, stored = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
 local now = now_ms()
 local h, reply, plan = hold_call(KEYS, id, now, REPLAY, stored)

@@ -220,7 +220,8 @@ end
 -- avail) or nil and the reply (its available count is before the release: the caller adds the
 -- units release frees), and the plan.
 -- confirmed: the code for a hold already confirmed. keep: the hold is made final whatever its
--- deadline (a confirm the store has), so it is never released.
+-- deadline (a confirm the store has, by the reconciler, which queues no events): nothing is
+-- released, since a release it made would never reach the store.
 -- K: KEYS of the item (item, ledger, users, outbox, holds).
 local function hold_call(K, id, now, confirmed, keep)
   local e = redis.call('HGET', K[2], id)
@@ -234,7 +235,7 @@ local function hold_call(K, id, now, confirmed, keep)
   local due = e and not keep and due_hold(k, s, d, now)
   local live = e and k == 'H' and s == 'h' and not due
   local plan
-  if avail and ((n and n <= now) or due) then
+  if avail and not keep and ((n and n <= now) or due) then
     plan = plan_expiry(K, now, 64, due and {{id, e}} or nil, live and id or nil)
   end
   if not e then
