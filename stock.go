@@ -67,6 +67,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r := &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
+		r.client = &trackedClient{Client: client, so: r.soldOut} // see fastpath.go: own writes
 	}
 	return r, nil
 }
@@ -471,7 +472,8 @@ func (r *Reserver) Close(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "1")
 }
 
-// Reopen lets a closed item sell again.
+// Reopen lets a closed item sell again. A delisted item is closed for good: Reopen refuses it
+// with ErrClosed (and changes nothing), since the reconciler is to retire it, ledger and all.
 func (r *Reserver) Reopen(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "0")
 }
@@ -487,6 +489,9 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if code == codeNotLoaded {
 		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
 	}
+	if code == codeClosed {
+		return fmt.Errorf("%w: %s is delisted and cannot be reopened", ErrClosed, sku)
+	}
 	return codeErr(code)
 }
 
@@ -495,7 +500,8 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 // (WithRetention of the Reconciler, 24h by default, as in the seeds) and a reconcile pass finds
 // Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
-// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing.
+// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
+// cannot be reopened (Reopen returns ErrClosed); only a closed, delisted item is ever retired.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
