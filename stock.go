@@ -64,7 +64,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	r := &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
 		r.client = &trackedClient{Client: client, so: r.soldOut} // see fastpath.go: own writes
@@ -298,9 +298,13 @@ func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]L
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
 // with Replayed set and changes nothing.
 //
-// Errors: ErrInvalid (nothing sent), ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded,
-// ErrClosed, ErrSoldOut, ErrInsufficient; anything else (a timeout, a broken connection) means
-// the outcome is unknown: retry with the same id.
+// Errors: ErrInvalid and ErrFailover (a FailoverGuard fenced the Reserver): nothing was sent.
+// ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
+// nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
+// receipt is valid, but fewer replicas than asked acknowledged the write in time.
+// ErrUnknownOutcome (Redis unreachable, a broken connection, the call's time ran out, a reply
+// not understood), or any other error: the outcome is unknown; retry with the same id and
+// Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
