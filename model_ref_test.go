@@ -100,6 +100,10 @@ type mCart struct {
 	user  string
 	lines []stock.Line // summed, in SKU order
 	taken bool         // false: undone (a refused saga)
+	// cause is the *CartError that undid a saga cart: every later copy answers it.
+	causeSKU string
+	cause    []error
+	oneSlot  bool // taken by one script: no cart log, checked in its own items only
 }
 
 type world struct {
@@ -109,9 +113,6 @@ type world struct {
 	carts map[string]*mCart
 	limit int64
 	group func(string) string
-	// oneSlotReplays: a one-slot cart takes a line whose entry is already this cart's as a
-	// replay (known: it does not look at the cart log).
-	oneSlotReplays bool
 }
 
 func newWorld(limit int64, group func(string) string) *world {
@@ -371,9 +372,8 @@ func (w *world) lifecycle(op, sku string) outcome {
 		it.closed, it.delisted = true, true
 	case "reopen":
 		if it.delisted {
-			// A delisted item cannot be reopened: refused (ErrClosed, or ErrInvalid), nothing
-			// changed. The harness also accepts a reopen that clears the delisting.
-			return outcome{err: stock.ErrClosed, alt: []error{stock.ErrInvalid}}
+			// A delisted item cannot be reopened: ErrClosed, nothing changed.
+			return outcome{err: stock.ErrClosed}
 		}
 		it.closed = false
 	}
@@ -426,13 +426,14 @@ func (w *world) oneSlot(lines []stock.Line) bool {
 // cart is DeductMany (kind deduct) and HoldMany (kind hold).
 func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, now int64) (outcome, []outcome) {
 	lines := sumLines(raw)
-	if c := w.carts[id]; c != nil {
+	if c := w.carts[id]; c != nil && !w.oneSlot(lines) {
 		if c.user != user || c.kind != kind || !slices.Equal(c.lines, lines) {
 			// A cart id used by another user, or with other lines: ErrConflict, nothing changed.
 			return outcome{err: stock.ErrConflict}, nil
 		}
 		if !c.taken {
-			return outcome{err: stock.ErrRestored}, nil
+			// Undone: every later copy answers the *CartError that undid the cart.
+			return outcome{err: c.cause[0], alt: c.cause[1:], cartSKU: c.causeSKU}, nil
 		}
 		// A retry of a completed cart answers the cart's outcome, even after one of its
 		// lines was given back, and never undoes the lines it took.
@@ -442,7 +443,9 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 	saved := w.clone()
 	for _, l := range lines {
 		o := w.take(kind, l.SKU, id, user, l.Qty, false, ttl, now)
-		if o.err == nil && o.replay != 0 && w.oneSlotReplays && w.oneSlot(lines) {
+		if o.err == nil && o.replay != 0 && w.oneSlot(lines) {
+			// A one-script cart is checked against the id's entries in its own items only:
+			// a line that is still this cart's entry is a replay.
 			outs = append(outs, o)
 			continue
 		}
@@ -485,10 +488,21 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 				}
 				it.avail += e.qty
 			}
-			w.carts[id] = &mCart{kind: kind, user: user, lines: lines}
+			w.carts[id] = &mCart{kind: kind, user: user, lines: lines, causeSKU: l.SKU, cause: ce.errs()}
 			return ce, nil
 		}
 		outs = append(outs, o)
+	}
+	replayed := true
+	for _, o := range outs {
+		replayed = replayed && o.replay == 1
+	}
+	if w.oneSlot(lines) {
+		w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true, oneSlot: true}
+		if replayed {
+			return outcome{replay: 1}, outs
+		}
+		return outcome{}, outs
 	}
 	w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true}
 	return outcome{}, outs
