@@ -21,8 +21,9 @@ import (
 
 const concN = 200 // goroutines per operation
 
-// concPair returns two Reservers on two clients of one empty Redis.
-func concPair(t *testing.T, b redistest.Backend) [2]*stock.Reserver {
+// concPair returns two Reservers on two clients of one empty Redis, and a sleep that lets time
+// pass for that Redis (on miniredis it moves its clock).
+func concPair(t *testing.T, b redistest.Backend) ([2]*stock.Reserver, func(time.Duration)) {
 	c1, c2 := b.Pair(t)
 	var rs [2]*stock.Reserver
 	for i, cl := range []rueidis.Client{c1, c2} {
@@ -32,7 +33,7 @@ func concPair(t *testing.T, b redistest.Backend) [2]*stock.Reserver {
 		}
 		rs[i] = r
 	}
-	return rs
+	return rs, func(d time.Duration) { redistest.Sleep(c1, d) }
 }
 
 // par runs f(i) for i in [0, n) on n goroutines started together.
@@ -84,7 +85,7 @@ func TestModelConcurrency(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			rs := concPair(t, b)
+			rs, sleep := concPair(t, b)
 			r := func(i int) *stock.Reserver { return rs[i%2] }
 			sold := []stock.State{stock.StateReserved, stock.StateApplied}
 
@@ -246,6 +247,89 @@ func TestModelConcurrency(t *testing.T) {
 					}
 				}
 				wantLevels(t, rs[0], "h", stock.Levels{Available: S - confirmed, Sold: confirmed, Loaded: S})
+			})
+
+			t.Run("DeductsRaceExpiry", func(t *testing.T) {
+				// 100 holds due at once (more than one call releases), then 200 deducts: every
+				// deduct releases due holds first, so exactly the 100 units are sold.
+				const H = 100
+				if err := rs[0].Load(ctx, "x", H); err != nil {
+					t.Fatal(err)
+				}
+				for i := range H {
+					if _, err := r(i).Hold(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("xh", i), Qty: 1}, 30*time.Millisecond); err != nil {
+						t.Fatal(err)
+					}
+				}
+				sleep(100 * time.Millisecond)
+				errs := make([]error, concN)
+				par(concN, func(i int) {
+					_, errs[i] = r(i).Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("xd", i), Qty: 1})
+				})
+				ok := int64(0)
+				for i, err := range errs {
+					switch {
+					case err == nil:
+						ok++
+					case !errors.Is(err, stock.ErrSoldOut):
+						t.Fatalf("deduct %d: %v", i, err)
+					}
+				}
+				if ok != H {
+					t.Fatalf("%d deducts acknowledged; %d units came back from expired holds", ok, H)
+				}
+				wantLevels(t, rs[0], "x", stock.Levels{Sold: H, Loaded: H})
+				for i := range H {
+					wantEntry(t, rs[1], "x", fmt.Sprint("xh", i), stock.KindHold, stock.StateExpired)
+				}
+			})
+
+			t.Run("RestockDuringSellOut", func(t *testing.T) {
+				// A sold-out item (the fast path answers in-process on a caching client) is
+				// restocked while 200 deducts run: what was acknowledged is what was sold.
+				if err := rs[0].Load(ctx, "ro", 1); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := rs[0].Deduct(ctx, stock.Request{SKU: "ro", ID: "first", Qty: 1}); err != nil {
+					t.Fatal(err)
+				}
+				for i := range 4 { // refusals that make both Reservers take the fast path
+					_, _ = r(i).Deduct(ctx, stock.Request{SKU: "ro", ID: fmt.Sprint("warm", i), Qty: 1})
+				}
+				errs := make([]error, concN)
+				par(concN+1, func(i int) {
+					if i == concN {
+						if _, err := rs[1].Restock(ctx, "ro", "more", 20); err != nil {
+							t.Error(err)
+						}
+						return
+					}
+					_, errs[i] = r(i).Deduct(ctx, stock.Request{SKU: "ro", ID: fmt.Sprint("ro", i), Qty: 1})
+				})
+				ok := int64(0)
+				for i, err := range errs {
+					id := fmt.Sprint("ro", i)
+					switch {
+					case err == nil:
+						ok++
+						wantEntry(t, rs[1], "ro", id, stock.KindDeduct, sold...)
+					case errors.Is(err, stock.ErrSoldOut):
+						wantEntry(t, rs[1], "ro", id, stock.KindDeduct)
+					default:
+						t.Fatalf("deduct %d: %v", i, err)
+					}
+				}
+				lv, err := rs[0].Levels(ctx, "ro")
+				if err != nil || lv.Sold != ok+1 || lv.Available != 21-lv.Sold || lv.Loaded != 21 {
+					t.Fatalf("Levels %+v, %v; %d deducts acknowledged after the first", lv, err, ok)
+				}
+				// The same Reserver that restocked must not answer "sold out" from before its
+				// own write while stock is left.
+				if lv.Available > 0 {
+					if _, err := rs[1].Deduct(ctx, stock.Request{SKU: "ro", ID: "after", Qty: 1}); err != nil {
+						t.Fatalf("deduct after the restock, %d available: %v", lv.Available, err)
+					}
+				}
 			})
 
 			t.Run("Carts", func(t *testing.T) {
