@@ -1072,13 +1072,6 @@ var modelRegressions = []modelCase{
 		{Op: "advance", TTL: 3 * tick},
 		{Op: "holdmany", ID: "c1", Lines: []stock.Line{{SKU: "tee", Qty: 1}}, TTL: tick},
 	}},
-	{name: "OneSlotCartIgnoresCartLog", cfg: mconfig{Groups: map[string]string{"tee": "grp", "g": "grp"}}, steps: []mstep{
-		{Op: "load", SKU: "tee", Qty: 2},
-		{Op: "load", SKU: "g", Qty: 2},
-		{Op: "load", SKU: "u", Qty: 2},
-		{Op: "deductmany", ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "u", Qty: 1}}},
-		{Op: "deductmany", ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "tee", Qty: 1}, {SKU: "g", Qty: 1}}},
-	}},
 }
 
 // TestModelRegressions runs the named counterexamples.
