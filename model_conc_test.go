@@ -371,6 +371,66 @@ func TestModelConcurrency(t *testing.T) {
 				wantLevels(t, rs[0], "cb", stock.Levels{Sold: B, Loaded: B})
 			})
 
+			t.Run("HoldManyConfirmManyCancelMany", func(t *testing.T) {
+				const A, B = 80, 33
+				if err := rs[0].Load(ctx, "ha", A); err != nil {
+					t.Fatal(err)
+				}
+				if err := rs[0].Load(ctx, "hb", B); err != nil {
+					t.Fatal(err)
+				}
+				errs := make([]error, concN)
+				par(concN, func(i int) {
+					_, errs[i] = r(i).HoldMany(ctx, stock.Cart{ID: fmt.Sprint("hc", i), Lines: []stock.Line{{SKU: "ha", Qty: 1}, {SKU: "hb", Qty: 1}}}, time.Hour)
+				})
+				var carts []string
+				for i, err := range errs {
+					switch {
+					case err == nil:
+						carts = append(carts, fmt.Sprint("hc", i))
+					case !errors.Is(err, stock.ErrSoldOut):
+						t.Fatalf("hold cart %d: %v", i, err)
+					}
+				}
+				if len(carts) != B {
+					t.Fatalf("%d held carts acknowledged, want %d", len(carts), B)
+				}
+				wantLevels(t, rs[0], "hb", stock.Levels{Held: B, Loaded: B})
+				// Per cart, 5 ConfirmMany and 2 CancelMany at once: the cart ends confirmed
+				// whole or given back whole, and a ConfirmMany that answered nil saw it confirmed.
+				const per = 7
+				cerr := make([]error, per*len(carts))
+				par(len(cerr), func(i int) {
+					id := carts[i/per]
+					if i%per < 5 {
+						_, cerr[i] = r(i).ConfirmMany(ctx, id, "ha", "hb")
+					} else {
+						_, cerr[i] = r(i).CancelMany(ctx, id, "ha", "hb")
+					}
+				})
+				confirmed := int64(0)
+				for k, id := range carts {
+					ea, err1 := rs[1].Ledger(ctx, "ha", id)
+					eb, err2 := rs[1].Ledger(ctx, "hb", id)
+					if err1 != nil || err2 != nil {
+						t.Fatalf("cart %s: ledger %v, %v", id, err1, err2)
+					}
+					if ea.Taken() != eb.Taken() || ea.State == stock.StateHeld || eb.State == stock.StateHeld {
+						t.Fatalf("cart %s ends half confirmed: %s %s / %s %s; calls %v", id, ea.Kind, ea.State, eb.Kind, eb.State, cerr[per*k:per*k+per])
+					}
+					for j := 0; j < 5; j++ {
+						if cerr[per*k+j] == nil && !ea.Taken() {
+							t.Fatalf("cart %s: a ConfirmMany answered nil, the cart ended given back (%s)", id, ea.State)
+						}
+					}
+					if ea.Taken() {
+						confirmed++
+					}
+				}
+				wantLevels(t, rs[0], "ha", stock.Levels{Available: A - confirmed, Sold: confirmed, Loaded: A})
+				wantLevels(t, rs[0], "hb", stock.Levels{Available: B - confirmed, Sold: confirmed, Loaded: B})
+			})
+
 			// Copies of one cart id (issue 12, case 3): one outcome per cart id, every caller gets
 			// it, the stock matches it.
 			for _, v := range []struct {

@@ -304,6 +304,10 @@ func (h *harness) call(s mstep) libResult {
 		lr.rcs, lr.err = r.CancelMany(ctx, s.ID, s.SKUs...)
 	case "invalid":
 		lr.rc, lr.err = r.Deduct(ctx, stock.Request{SKU: s.SKU, ID: s.ID, User: s.User, Qty: s.Qty})
+	case "recover":
+		var n int
+		n, lr.err = r.RecoverCarts(ctx, 0)
+		lr.units = int64(n)
 	default:
 		h.fail("unknown op %q", s.Op)
 	}
@@ -345,6 +349,9 @@ func apply(w *world, s mstep, now int64) (outcome, []outcome) {
 		return w.cancelMany(s.ID, s.SKUs, now), nil
 	case "invalid":
 		return outcome{err: stock.ErrInvalid}, nil
+	case "recover":
+		// Every saga of a sequence ran to its end (no process died): nothing to recover.
+		return outcome{}, nil
 	}
 	panic(s.Op)
 }
@@ -360,7 +367,7 @@ func (s mstep) touched() []string {
 		return sortedUnique(out)
 	case "confirmmany", "cancelmany":
 		return sortedUnique(s.SKUs)
-	case "sweepall":
+	case "sweepall", "recover":
 		return modelSKUs
 	case "invalid", "advance":
 		return nil
@@ -379,7 +386,7 @@ func (s mstep) expirer() bool {
 
 func (s mstep) writes() bool {
 	switch s.Op {
-	case "invalid", "advance":
+	case "invalid", "advance", "recover":
 		return false
 	}
 	return true
@@ -416,6 +423,10 @@ func check(s mstep, o outcome, outs []outcome, lr libResult, loose bool) string 
 		}
 		if lr.err == nil && o.replay != 2 && rc.Replayed != (o.replay == 1) {
 			return fmt.Sprintf("receipt %+v: Replayed %v, want %v", rc, rc.Replayed, o.replay == 1)
+		}
+	case "recover":
+		if lr.units != 0 {
+			return fmt.Sprintf("RecoverCarts undid %d carts; every cart had ended", lr.units)
 		}
 	case "sweep", "sweepall":
 		if lr.err == nil && !loose && lr.units != o.units {
@@ -825,7 +836,7 @@ var modelOps = []string{
 	"deduct", "deduct", "deduct", "hold", "hold", "hold", "load", "load", "restore", "restore",
 	"cancel", "confirm", "confirm", "extend", "restock", "advance", "advance", "deductmany",
 	"deductmany", "holdmany", "holdmany", "confirmmany", "cancelmany", "close", "reopen",
-	"delist", "sweep", "sweepall", "mass", "massreplay", "invalid",
+	"delist", "sweep", "sweepall", "mass", "massreplay", "invalid", "recover",
 }
 
 func drawTTL(t *rapid.T) time.Duration {
