@@ -31,8 +31,9 @@ import (
 // closed items, items without a complete filter (it is built from the ledger, in bounded
 // steps, by the first refusals after the item sells out: see lua/lib.lua).
 //
-// The window: between a change in Redis and the invalidation reaching this process (one network
-// hop; measured in fastpath_test.go and by stockbench), a request can still be told "sold out".
+// The window: between a change another process made in Redis and the invalidation reaching this
+// process (one network hop; measured in fastpath_test.go and by stockbench), a request can still
+// be told "sold out". Changes this Reserver made have no window: see "Own writes" below.
 
 // filterHas reports whether the filter f (2^b bits) may hold id. A filter without its sentinel
 // bit (recreated after its key was lost) may hold anything.
