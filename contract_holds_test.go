@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -358,4 +359,76 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 			assert.Equal(t, int64(100-64), l.Held, "%s: the other holds are released 64 per call, %+v", sku, l)
 		}
 	})
+}
+
+// TestFastPathConcurrentRepeats: 16 goroutines share one Reserver (the fast path on) on an item
+// that keeps selling out and coming back (a 17th gives back what they take); every deduct
+// acknowledged OK is repeated at once and must be a replay, and the counters match the
+// acknowledged deducts and restores (issue 12, case 6). It checks the fix under concurrency; the
+// regression tests that fail without it are TestFastPathTombstoneOwnWrite and
+// TestFastPathReplayOwnWrite (this one rarely catches the stale answer: the repeat must come
+// before an invalidation that is usually already there).
+func TestFastPathConcurrentRepeats(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			r := newReserver(t, b.Client(t))
+			const units, workers = 3, 16
+			rounds := 400
+			if !b.Real() {
+				rounds = 30
+			}
+			require.NoError(t, r.Load(ctx, "C", units))
+			var mu sync.Mutex
+			var took, gave, wrong int
+			var first string
+			taken := make(chan string, workers*rounds)
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range rounds {
+						id := fmt.Sprintf("w%d-%d", w, i)
+						_, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
+						if errors.Is(err, stock.ErrSoldOut) {
+							continue
+						}
+						if !assert.NoError(t, err) {
+							return
+						}
+						rc, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
+						mu.Lock()
+						took++
+						if err != nil || !rc.Replayed {
+							if wrong++; wrong == 1 {
+								first = fmt.Sprintf("%s: %+v, %v", id, rc, err)
+							}
+						}
+						mu.Unlock()
+						taken <- id
+					}
+				}()
+			}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for id := range taken {
+					_, err := r.Restore(ctx, "C", id)
+					if !assert.NoError(t, err) {
+						return
+					}
+					mu.Lock()
+					gave++
+					mu.Unlock()
+				}
+			}()
+			wg.Wait()
+			close(taken)
+			<-done
+			assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays; first: %s", wrong, took, first)
+			assert.Equal(t, stock.Levels{Available: units - int64(took-gave), Sold: int64(took - gave), Loaded: units}, levels(t, r, "C"))
+			t.Logf("%s: %d deducts acknowledged, %d restored, %d answered in-process", b.Name, took, gave, r.SoldOutAnswers())
+		})
+	}
 }
