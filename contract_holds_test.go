@@ -432,3 +432,34 @@ func TestFastPathConcurrentRepeats(t *testing.T) {
 		})
 	}
 }
+
+// TestCorruptUnitsAmongDueHolds: a user's unit count that is not a number, for a hold past its
+// deadline, stops the release before its first write (HINCRBY would fail halfway through it,
+// after the hold's entry was marked expired and before the counters were fixed).
+func TestCorruptUnitsAmongDueHolds(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithSoldOutCache(0))
+		require.NoError(t, r.Load(ctx, "U", 10))
+		for i, u := range []string{"ann", "bob"} {
+			_, err := r.Hold(ctx, stock.Request{SKU: "U", ID: fmt.Sprint("u", i), User: u, Qty: 2}, 200*time.Millisecond)
+			require.NoError(t, err)
+		}
+		k := findKey(t, c, "U", func(ctx context.Context, n rueidis.Client, key string) bool {
+			v, err := n.Do(ctx, n.B().Hget().Key(key).Field("bob").Build()).ToString()
+			return err == nil && v == "2"
+		})
+		require.NoError(t, c.Do(ctx, c.B().Hset().Key(k).FieldValue().FieldValue("bob", "two").Build()).Error())
+		redistest.Sleep(c, 300*time.Millisecond)
+		before := levels(t, r, "U")
+		_, err := r.Sweep(ctx, "U")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "corrupt units of user bob")
+		assert.Equal(t, before, levels(t, r, "U"), "nothing released")
+		for _, id := range []string{"u0", "u1"} {
+			e, err := r.Ledger(ctx, "U", id)
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateHeld, e.State, "%s is untouched", id)
+		}
+	})
+}
