@@ -43,7 +43,7 @@ type Reserver struct {
 	client   rueidis.Client
 	opts     options
 	limitArg string      // opts.userLimit, formatted once
-	lanes    sync.Map    // sku -> *lane, for coalescing
+	lanes    sync.Map    // sku -> *lane, for coalescing; only items with calls in flight
 	guarded  atomic.Bool // a FailoverGuard exists: reconcile passes record the epoch
 	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
 	soldOut  *soldOut    // the sold-out fast path; nil when off
@@ -64,7 +64,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	r := &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
 		r.client = &trackedClient{Client: client, so: r.soldOut} // see fastpath.go: own writes
@@ -151,13 +151,15 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
-// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:<sku>"
-// for an item that WithGroups puts in a group.
+// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:{<sku>}"
+// for an item that WithGroups puts in a group. No name contains a brace, so the SKU always ends
+// at the first '}' after it and the suffixes that follow (":l", ":u", ...) can never be read as
+// part of another SKU: the keys of two different items never meet, grouped or not. Every other
+// key of a prefix ("<prefix>:items", "<prefix>:epoch", "<prefix>:carts{~}") starts with
+// "<prefix>:" and a letter, so no item reaches it either.
 func (r *Reserver) base(sku string) string {
-	if r.opts.group != nil {
-		if g := r.opts.group(sku); g != "" && checkName("group", g) == nil {
-			return r.opts.prefix + ":{" + g + "}:" + sku
-		}
+	if g := r.group(sku); g != "" {
+		return r.opts.prefix + ":{" + g + "}:{" + sku + "}"
 	}
 	return r.opts.prefix + ":{" + sku + "}"
 }
@@ -296,9 +298,13 @@ func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]L
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
 // with Replayed set and changes nothing.
 //
-// Errors: ErrInvalid (nothing sent), ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded,
-// ErrClosed, ErrSoldOut, ErrInsufficient; anything else (a timeout, a broken connection) means
-// the outcome is unknown: retry with the same id.
+// Errors: ErrInvalid and ErrFailover (a FailoverGuard fenced the Reserver): nothing was sent.
+// ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
+// nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
+// receipt is valid, but fewer replicas than asked acknowledged the write in time.
+// ErrUnknownOutcome (Redis unreachable, a broken connection, the call's time ran out, a reply
+// not understood), or any other error: the outcome is unknown; retry with the same id and
+// Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
@@ -378,11 +384,11 @@ func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err
 }
 
 func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receipt, error) {
-	return r.giveBackChecked(ctx, sku, id, reason, "", 0)
+	return r.giveBackChecked(ctx, sku, id, reason, "", 0, "")
 }
 
-// giveBackChecked gives back only if the id took qty units as kind ("" = any).
-func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64) (Receipt, error) {
+// giveBackChecked gives back only if the id took qty units as kind for user (kind "" = any id).
+func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64, user string) (Receipt, error) {
 	rc := Receipt{SKU: sku, ID: id}
 	if err := checkName("sku", sku); err != nil {
 		return rc, err
@@ -392,7 +398,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	}
 	args := []string{id, reason, r.outboxFlag()}
 	if kind != "" {
-		args = append(args, kind, strconv.FormatInt(qty, 10))
+		args = append(args, kind, strconv.FormatInt(qty, 10), user)
 	}
 	res, ackErr := r.exec(ctx, restoreScript, r.keys(sku), args)
 	o, err := decodeOne(res)

@@ -7,7 +7,9 @@
 -- ARGV[4] hold time to live in ms, ARGV[5] the cart id, ARGV[6] user ('' for none),
 -- ARGV[7...] one quantity per line
 -- Reply: three integers per line: code, remaining, qty. Either every line is OK (taken), every
--- line is REPLAY (the cart was taken before), or nothing was taken and the lines that refused
+-- line is REPLAY (the cart was taken before: every line has this cart's entry, same kind,
+-- quantity and user, even one restored or expired since), or nothing was taken and the lines
+-- that refused
 -- carry their code (the others OK-but-not-taken carry code -1).
 --
 -- Every line is read and checked (entries parsed, counters checked) before the first write. The
@@ -18,7 +20,7 @@ local limit, queue, kind, ttl, id, u = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3
 local now = now_ms()
 local n = (#ARGV - 6)
 local cf = (kind == 'H') and 'h' or 's'
-local out, plan = {}, {}
+local out, plan, mine = {}, {}, {}
 local refused, replays = false, 0
 for i = 1, n do
   local K = {KEYS[6 * i - 5], KEYS[6 * i - 4], KEYS[6 * i - 3], KEYS[6 * i - 2], KEYS[6 * i - 1], KEYS[6 * i]}
@@ -54,6 +56,10 @@ for i = 1, n do
     if code == REPLAY then
       replays = replays + 1
     end
+    local ek, _, eq, ea, _, eu = parse(e, id)
+    if ek == kind and eq == q and eu == u then
+      mine[#mine + 1] = ea -- this cart's line, whatever happened to it since
+    end
   else
     code = item_refusal(avail, st[2] == '1') or -1
     if u ~= '' then
@@ -82,6 +88,14 @@ end
 for i = 1, n do
   local _, queued = release(plan[i].K, plan[i].x, queue)
   plan[i].seq = plan[i].seq + queued
+end
+if #mine == n then
+  -- Every line is this cart's: the cart was taken, and a retry answers that, even when a line was
+  -- restored or expired since. Nothing else is written.
+  for i = 1, n do
+    out[3 * i - 2], out[3 * i - 1] = REPLAY, mine[i]
+  end
+  return out
 end
 if refused or replays == n then
   return out
