@@ -53,7 +53,7 @@ func bitSet(f string, i uint32) bool {
 
 // soldOut is the Reserver's fast-path state.
 type soldOut struct {
-	ttl     time.Duration // how long a cached read is trusted without an invalidation
+	ttl time.Duration // how long a cached read is trusted without an invalidation
 	// items and byKey hold the items refused as sold out by Redis and not since seen in stock:
 	// items by SKU for the requests, byKey by item hash key for the scripts (see wrote). Both
 	// change under mu, byKey first when an item comes in and last when it goes, so an item the
