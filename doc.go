@@ -23,10 +23,13 @@
 //	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid
 //	stock:{sku}:b   string the sold-out filter: ids the ledger has had, from the first sell-out
 //	stock:items     set    registry of loaded items (a pass finds the ones it lost: ErrRegistryLost)
-//	stock:{~carts}  hash   the saga log of multi-item carts (and :p, the pending ones)
+//	stock:carts{~}  hash   the saga log of multi-item carts (and :p, the pending ones)
 //	stock:epoch     string the primaries last reconciled (FailoverGuard)
 //
-// With WithGroups, an item in a group has keys "stock:{group}:sku..." instead.
+// With WithGroups, an item in a group has keys "stock:{group}:{sku}..." instead. No name may
+// contain a brace, so the SKU in a key always ends at its closing brace: two items never share
+// a key, and no item reaches the keys that are not an item's (they start with "stock:" and a
+// letter).
 //
 // # Guarantees
 //

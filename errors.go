@@ -31,8 +31,9 @@ var (
 	ErrNotLoaded = errors.New("stock: item not loaded")
 	// ErrLoaded: Load was asked to create an item that already exists.
 	ErrLoaded = errors.New("stock: item already loaded")
-	// ErrConflict: the request id was already used for a different item, quantity, user or
-	// operation; nothing was changed.
+	// ErrConflict: the request id was already used on this item with a different quantity, user
+	// or operation (or, for a cart, with other lines or another user); nothing was changed.
+	// Request ids are scoped per item: the same id on two items names two requests.
 	ErrConflict = errors.New("stock: request id reused with different parameters")
 	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
 	// arrived first; the id cannot take stock again.

@@ -609,11 +609,12 @@ func fzLines(data []byte) []Line {
 }
 
 // fzParseCartRecord parses a cart record with the parser RecoverCarts uses.
-func fzParseCartRecord(rec string) (string, []Line, error) { return parseCartRecord(rec) }
+func fzParseCartRecord(rec string) (string, string, []Line, error) { return parseCartRecord(rec) }
 
 // FuzzCartLines: sumLines accepts exactly the carts the rules allow, sums lines per item in SKU
-// order, and the cart record written from its lines (encodeLines, the "p|started|" header of
-// lua/cart.lua) parses back, as RecoverCarts parses it, to the same lines.
+// order, and the cart record written from its lines (encodeCart, the "p|started|" header of
+// lua/cart.lua, and the cause an undone record ends with) parses back, as RecoverCarts parses
+// it, to the same kind, user and lines.
 func FuzzCartLines(f *testing.F) {
 	line := func(sku string, sel byte) []byte { return append(append([]byte{byte(len(sku))}, sku...), sel) }
 	cat := func(bs ...[]byte) []byte { return slices.Concat(bs...) }
@@ -680,13 +681,17 @@ func FuzzCartLines(f *testing.F) {
 		}
 		// The saga log's record, and RecoverCarts's reading of it.
 		for _, kind := range []string{"D", "H"} {
-			rec := "p|1700000000000|" + encodeLines(kind, got)
-			k, back, err := fzParseCartRecord(rec)
-			if err != nil {
-				t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts cannot parse it (%v): the cart can never be recovered and blocks RecoverCarts", c.ID, got, rec, err)
-			}
-			if k != kind || !slices.Equal(back, got) {
-				t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts reads kind %q lines %#v: it would undo other items than the cart took", c.ID, got, rec, k, back)
+			for _, rec := range []string{
+				"p|1700000000000|" + encodeCart(kind, user, got),
+				"u|1700000000000|" + encodeCart(kind, user, got) + "|{" + cause(got[0].SKU, ErrSoldOut) + "}",
+			} {
+				k, u, back, err := fzParseCartRecord(rec)
+				if err != nil {
+					t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts cannot parse it (%v): the cart can never be recovered and blocks RecoverCarts", c.ID, got, rec, err)
+				}
+				if k != kind || u != user || !slices.Equal(back, got) {
+					t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts reads kind %q user %q lines %#v: it would undo other items than the cart took", c.ID, got, rec, k, u, back)
+				}
 			}
 		}
 	})

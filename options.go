@@ -125,7 +125,7 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 
 // WithGroups puts items in groups that share one Redis Cluster slot: group(sku) names the group
 // of an item ("" for none; a name that is not valid counts as none). The keys of a grouped item
-// are "<prefix>:{<group>}:<sku>..." instead of "<prefix>:{<sku>}...", so a cart (DeductMany,
+// are "<prefix>:{<group>}:{<sku>}..." instead of "<prefix>:{<sku>}...", so a cart (DeductMany,
 // HoldMany) whose items are all in one group is taken by a single script, atomically, instead of
 // a saga. A group is one slot: it is served by one Redis core, so group items that sell together
 // (the pieces of a bundle, the sizes of one shoe), not a whole catalogue. The function must

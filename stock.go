@@ -43,7 +43,7 @@ type Reserver struct {
 	client   rueidis.Client
 	opts     options
 	limitArg string      // opts.userLimit, formatted once
-	lanes    sync.Map    // sku -> *lane, for coalescing
+	lanes    sync.Map    // sku -> *lane, for coalescing; only items with calls in flight
 	guarded  atomic.Bool // a FailoverGuard exists: a pass that cannot record the epoch fails
 	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
 	soldOut  *soldOut    // the sold-out fast path; nil when off
@@ -67,6 +67,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
+		r.client = &trackedClient{Client: client, so: r.soldOut} // see fastpath.go: own writes
 	}
 	return r, nil
 }
@@ -150,13 +151,15 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
-// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:<sku>"
-// for an item that WithGroups puts in a group.
+// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:{<sku>}"
+// for an item that WithGroups puts in a group. No name contains a brace, so the SKU always ends
+// at the first '}' after it and the suffixes that follow (":l", ":u", ...) can never be read as
+// part of another SKU: the keys of two different items never meet, grouped or not. Every other
+// key of a prefix ("<prefix>:items", "<prefix>:epoch", "<prefix>:carts{~}") starts with
+// "<prefix>:" and a letter, so no item reaches it either.
 func (r *Reserver) base(sku string) string {
-	if r.opts.group != nil {
-		if g := r.opts.group(sku); g != "" && checkName("group", g) == nil {
-			return r.opts.prefix + ":{" + g + "}:" + sku
-		}
+	if g := r.group(sku); g != "" {
+		return r.opts.prefix + ":{" + g + "}:{" + sku + "}"
 	}
 	return r.opts.prefix + ":{" + sku + "}"
 }
@@ -381,11 +384,11 @@ func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err
 }
 
 func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receipt, error) {
-	return r.giveBackChecked(ctx, sku, id, reason, "", 0)
+	return r.giveBackChecked(ctx, sku, id, reason, "", 0, "")
 }
 
-// giveBackChecked gives back only if the id took qty units as kind ("" = any).
-func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64) (Receipt, error) {
+// giveBackChecked gives back only if the id took qty units as kind for user (kind "" = any id).
+func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64, user string) (Receipt, error) {
 	rc := Receipt{SKU: sku, ID: id}
 	if err := checkName("sku", sku); err != nil {
 		return rc, err
@@ -395,7 +398,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	}
 	args := []string{id, reason, r.outboxFlag()}
 	if kind != "" {
-		args = append(args, kind, strconv.FormatInt(qty, 10))
+		args = append(args, kind, strconv.FormatInt(qty, 10), user)
 	}
 	res, ackErr := r.exec(ctx, restoreScript, r.keys(sku), args)
 	o, err := decodeOne(res)
@@ -473,7 +476,8 @@ func (r *Reserver) Close(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "1")
 }
 
-// Reopen lets a closed item sell again.
+// Reopen lets a closed item sell again. A delisted item is closed for good: Reopen refuses it
+// with ErrClosed (and changes nothing), since the reconciler is to retire it, ledger and all.
 func (r *Reserver) Reopen(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "0")
 }
@@ -489,6 +493,9 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if code == codeNotLoaded {
 		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
 	}
+	if code == codeClosed {
+		return fmt.Errorf("%w: %s is delisted and cannot be reopened", ErrClosed, sku)
+	}
 	return codeErr(code)
 }
 
@@ -497,7 +504,8 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 // (WithRetention of the Reconciler, 24h by default, as in the seeds) and a reconcile pass finds
 // Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
-// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing.
+// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
+// cannot be reopened (Reopen returns ErrClosed); only a closed, delisted item is ever retired.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err

@@ -7,8 +7,9 @@
 -- ARGV[2] reason: 'x' restore (a deduct, a confirmed hold or a live hold), 'c' cancel (holds only),
 --         'f' refused by the store (a deduct or a confirmed hold)
 -- ARGV[3] '1' to queue events in the outbox
--- ARGV[4] optional: the kind ('D' or 'H') and ARGV[5] the quantity the id must have taken
---         (carts undo only what they took); an entry that differs is a CONFLICT
+-- ARGV[4] optional: the kind ('D' or 'H'), ARGV[5] the quantity and ARGV[6] the user ('' for
+--         none) the id must have taken with (carts undo only what they took); an entry that
+--         differs is a CONFLICT
 -- Reply: code, remaining available, qty
 --   OK given back; REPLAY already given back; UNKNOWN id never taken (a tombstone is left so a
 --   late deduct or hold with this id is refused); CONFIRMED cancel of a confirmed hold;
@@ -25,7 +26,7 @@ local k, s, q, _, _, u, d = parse(e)
 if k == 'T' then
   return {UNKNOWN, 0, 0}
 end
-if ARGV[4] and ARGV[4] ~= '' and (k ~= ARGV[4] or q ~= tonumber(ARGV[5])) then
+if ARGV[4] and ARGV[4] ~= '' and (k ~= ARGV[4] or q ~= tonumber(ARGV[5]) or u ~= (ARGV[6] or '')) then
   return {CONFLICT, 0, q}
 end
 local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
