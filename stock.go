@@ -67,7 +67,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
-		r.client = &trackedClient{Client: client, so: r.soldOut} // see fastpath.go: own writes
+		r.client = &trackedClient{Client: r.client, so: r.soldOut} // see fastpath.go: own writes; bounded
 	}
 	return r, nil
 }
