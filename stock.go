@@ -44,7 +44,7 @@ type Reserver struct {
 	opts     options
 	limitArg string      // opts.userLimit, formatted once
 	lanes    sync.Map    // sku -> *lane, for coalescing; only items with calls in flight
-	guarded  atomic.Bool // a FailoverGuard exists: reconcile passes record the epoch
+	guarded  atomic.Bool // a FailoverGuard exists: a pass that cannot record the epoch fails
 	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
 	soldOut  *soldOut    // the sold-out fast path; nil when off
 }
