@@ -524,3 +524,44 @@ func TestModelConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// TestModelSoldOutOwnWrites: on a sold-out item, with the fast path on (a caching client), a
+// Reserver answers the ids it has just written as the ledger says, with no pause in between:
+// a tombstone left by its Restore is ErrRestored, an id it took is a replay; never "sold out".
+func TestModelSoldOutOwnWrites(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			rs, _ := concPair(t, b)
+			r := rs[0]
+			if err := r.Load(ctx, "so", 1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Deduct(ctx, stock.Request{SKU: "so", ID: "taken", Qty: 1}); err != nil {
+				t.Fatal(err)
+			}
+			bad := 0
+			for i := range 500 {
+				id := fmt.Sprint("late", i)
+				if _, err := r.Deduct(ctx, stock.Request{SKU: "so", ID: fmt.Sprint("new", i), Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
+					t.Fatalf("deduct of a new id on a sold-out item: %v", err)
+				}
+				if _, err := r.Restore(ctx, "so", id); !errors.Is(err, stock.ErrUnknownID) {
+					t.Fatalf("restore of unknown id %s: %v", id, err)
+				}
+				if _, err := r.Deduct(ctx, stock.Request{SKU: "so", ID: id, Qty: 1}); !errors.Is(err, stock.ErrRestored) {
+					bad++
+					t.Errorf("deduct of %s after its restore on the same Reserver: %v, want ErrRestored", id, err)
+				}
+				if rc, err := r.Deduct(ctx, stock.Request{SKU: "so", ID: "taken", Qty: 1}); err != nil || !rc.Replayed {
+					bad++
+					t.Errorf("repeat of the taken id: %+v, %v; want a replay", rc, err)
+				}
+				if bad > 5 {
+					t.Fatalf("%d wrong answers in %d rounds (fast path answered %d in-process)", bad, i+1, r.SoldOutAnswers())
+				}
+			}
+			t.Logf("%s: fast path answered %d requests in-process", b.Name, r.SoldOutAnswers())
+		})
+	}
+}
