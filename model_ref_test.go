@@ -440,6 +440,15 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 		return outcome{replay: 1}, nil
 	}
 	var outs []outcome
+	if w.oneSlot(lines) {
+		// One script: it releases the due holds of every item of the cart first, whatever
+		// its answer (as a refused Deduct does).
+		for _, l := range lines {
+			if it := w.item(l.SKU); it != nil {
+				it.expire(now)
+			}
+		}
+	}
 	saved := w.clone()
 	for _, l := range lines {
 		o := w.take(kind, l.SKU, id, user, l.Qty, false, ttl, now)

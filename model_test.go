@@ -74,6 +74,7 @@ type mstep struct {
 	Lines []stock.Line
 	SKUs  []string
 	N     int // mass: holds; massreplay: which
+	Burst []mstep
 }
 
 func (s mstep) String() string {
@@ -536,6 +537,10 @@ func (h *harness) run(s mstep) {
 		h.runMass(s)
 		return
 	}
+	if s.Op == "burst" {
+		h.runBurst(s)
+		return
+	}
 	h.steps = append(h.steps, s.String())
 	t0 := h.clk.now()
 	lr := h.call(s)
@@ -637,6 +642,29 @@ func (h *harness) runMass(s mstep) {
 		h.mass = append(h.mass, massHold{sku: s.SKU, id: id, ttl: s.TTL})
 	}
 	h.compare(s)
+}
+
+// runBurst runs s.Burst back to back, with no read in between (a read gives an invalidation
+// time to arrive), then judges each answer in order and compares once. Bursts are drawn only
+// on items with no live hold, so no answer depends on the script's clock.
+func (h *harness) runBurst(s mstep) {
+	h.t.Helper()
+	h.steps = append(h.steps, "burst:")
+	type done struct {
+		lr     libResult
+		t0, t1 int64
+	}
+	res := make([]done, len(s.Burst))
+	for i, b := range s.Burst {
+		res[i].t0 = h.clk.now()
+		res[i].lr = h.call(b)
+		res[i].t1 = h.clk.now()
+	}
+	for i, b := range s.Burst {
+		h.steps = append(h.steps, "  "+b.String())
+		h.judge(b, res[i].lr, res[i].t0, res[i].t1)
+	}
+	h.compare(s.Burst[len(s.Burst)-1])
 }
 
 // resync reads back the items of skus from the library where the model could not know the
@@ -836,7 +864,7 @@ var modelOps = []string{
 	"deduct", "deduct", "deduct", "hold", "hold", "hold", "load", "load", "restore", "restore",
 	"cancel", "confirm", "confirm", "extend", "restock", "advance", "advance", "deductmany",
 	"deductmany", "holdmany", "holdmany", "confirmmany", "cancelmany", "close", "reopen",
-	"delist", "sweep", "sweepall", "mass", "massreplay", "invalid", "recover",
+	"delist", "sweep", "sweepall", "mass", "massreplay", "invalid", "recover", "burst", "burst",
 }
 
 func drawTTL(t *rapid.T) time.Duration {
@@ -908,6 +936,35 @@ func (h *harness) draw(t *rapid.T) mstep {
 		}
 		s.N = rapid.IntRange(65, 80).Draw(t, "holds")
 		s.TTL = rapid.SampledFrom([]time.Duration{tick, 2 * tick}).Draw(t, "ttl")
+	case "burst":
+		var quiet []string // items loaded, with no live hold
+		for _, sku := range modelSKUs {
+			if it := h.w.item(sku); it != nil {
+				live := false
+				for _, e := range it.ledger {
+					live = live || (e.kind == stock.KindHold && e.state == stock.StateHeld)
+				}
+				if !live {
+					quiet = append(quiet, sku)
+				}
+			}
+		}
+		if len(quiet) == 0 {
+			return mstep{Op: "advance", TTL: tick}
+		}
+		sku := rapid.SampledFrom(quiet).Draw(t, "burst sku")
+		for range rapid.IntRange(2, 6).Draw(t, "burst len") {
+			b := mstep{R: rapid.IntRange(0, 2).Draw(t, "r"), SKU: sku, ID: rapid.SampledFrom(modelIDs).Draw(t, "id")}
+			switch rapid.IntRange(0, 4).Draw(t, "burst op") {
+			case 0, 1:
+				b.Op, b.Qty = "deduct", int64(rapid.IntRange(1, 2).Draw(t, "qty"))
+			case 2, 3:
+				b.Op = "restore"
+			default:
+				b.Op, b.Qty = "restock", 1
+			}
+			s.Burst = append(s.Burst, b)
+		}
 	case "massreplay":
 		if len(h.mass) == 0 {
 			return mstep{Op: "advance", TTL: tick}
