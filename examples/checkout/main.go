@@ -6,31 +6,40 @@
 //	go run ./examples/checkout -redis 127.0.0.1:6379    # a real Redis
 //	go run ./examples/checkout -load sneaker-42=3 -decline mallory -hold-ttl 30s
 //
-//	curl -i -X POST localhost:8080/checkout -H 'Idempotency-Key: order-1' \
-//	     -d '{"sku":"sneaker-42","qty":1,"user":"alice"}'
+//	curl -i -X POST localhost:8080/checkout -H 'Content-Type: application/json' \
+//	     -H 'Idempotency-Key: order-1' -d '{"sku":"sneaker-42","qty":1,"user":"alice"}'
 //	curl -i localhost:8080/stock/sneaker-42
 //
-// POST /checkout takes {"sku", "qty", "user"} and a required Idempotency-Key header (the
-// order id: unique per order, the same on every retry of it). It holds the stock for
-// -hold-ttl, charges the (fake) payment service, and confirms the hold; a declined payment
-// cancels it. A retry with the same key answers what the first attempt answered (200 with the
-// same body, or the same error); one that finds the first attempt still paying, or dead while
+// POST /checkout takes one JSON object {"sku", "qty", "user"} (Content-Type application/json,
+// at most 64 KiB, nothing after the object) and a required Idempotency-Key header: 1 to 128
+// visible ASCII characters, unique per order of a user and the same on every retry of it. The
+// key is scoped to the user: the order id is derived from the user and the key together, so
+// two users who send the same key place two separate orders, and one user's key can never
+// answer, charge or cancel another user's order. The handler holds the stock for -hold-ttl,
+// charges the (fake) payment service, and confirms the hold; a declined payment cancels it. A
+// retry with the same key and user answers what the first attempt answered (200 with the same
+// body, or the same error); one that finds the first attempt still paying, or dead while
 // paying, finishes it. Answers:
 //
 //	200  confirmed: {"order", "sku", "user", "qty", "status": "confirmed", "remaining"}
-//	400  missing_idempotency_key, invalid (bad JSON, no user, a key, sku or qty the library refuses)
+//	400  missing_idempotency_key, invalid (not one JSON object, data after it, an unknown
+//	     field, a missing or malformed sku, qty or user, a malformed Idempotency-Key)
 //	402  payment_declined: the hold was cancelled, the stock is back
 //	403  user_limit: over -user-limit units of the item per user (a policy refusal, not a rate limit)
-//	404  not_found: no such item
+//	404  not_found: no such item, or no such endpoint
+//	405  method_not_allowed, with Allow
 //	409  sold_out, insufficient, closed (the item is closed for sale), refused or cancelled (the
 //	     order was given back after it was confirmed)
 //	410  hold_expired: the payment outlasted the hold; the stock went back and the payment was refunded
-//	422  idempotency_key_reused: the key was used with another sku, qty or user
+//	413  too_large: the body is over 64 KiB
+//	415  unsupported_media_type: a Content-Type other than JSON (none at all is taken as JSON)
+//	422  idempotency_key_reused: the user used the key with another sku or qty
 //	503  unavailable, with Retry-After: Redis or the payment service did not answer, the outcome
 //	     is unknown; retry with the same Idempotency-Key
 //
-// Every error body is {"error": code, "message": text}. GET /stock/{sku} returns the item's
-// levels: {"sku", "available", "held", "sold", "loaded", "closed"}.
+// Every error body, whatever the status, is {"error": code, "message": text}. GET /stock/{sku}
+// returns the item's levels: {"sku", "available", "held", "sold", "loaded", "closed"}. Every
+// request is logged (log/slog, on stderr): method, path, status, duration, Idempotency-Key.
 //
 // A Relay drains the outbox into an in-memory database of record (memstore; use sqlstore in a
 // real service) and a sweeper releases expired holds. SIGINT or SIGTERM stops the server
@@ -151,7 +160,7 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 
 	srv := &http.Server{
 		Addr:              addr,
-		Handler:           NewHandler(r, pay, holdTTL),
+		Handler:           NewHandler(r, pay, holdTTL, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      flowTimeout + 5*time.Second,
