@@ -20,7 +20,7 @@ func WithDryRun(dry bool) ReconcileOption {
 }
 
 // WithRepairLimit leaves a drift larger than n units unrepaired and reports it as needing a
-// human (the seeds' alert threshold). The default is 0: every drift is repaired.
+// human (an alert threshold). The default is 0: every drift is repaired.
 func WithRepairLimit(n int64) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if n < 0 {
@@ -58,8 +58,7 @@ func WithReconcileItems(skus ...string) ReconcileOption {
 	}
 }
 
-// WithInterval sets the time between the passes of Run. The default is 5 minutes, as in the
-// seeds.
+// WithInterval sets the time between the passes of Run. The default is 5 minutes.
 func WithInterval(d time.Duration) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if d <= 0 {

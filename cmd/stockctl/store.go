@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"strings"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	_ "modernc.org/sqlite" // "sqlite"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/dburl"
 	"github.com/stockres/stock/sqlstore"
 )
 
@@ -135,88 +134,16 @@ func (e *env) openStore(ctx context.Context, why string) (*sqlstore.Store, error
 	return st, nil
 }
 
-// parseDSN maps -dsn to a database/sql driver, its DSN and the sqlstore dialect:
-//
-//	postgres://... or postgresql://...  pgx, as is
-//	mysql://user:pass@host:port/db?k=v  go-sql-driver/mysql: user:pass@tcp(host:port)/db?k=v
-//	mysql:user:pass@tcp(host)/db        go-sql-driver/mysql, as is
-//	sqlite:PATH                         modernc.org/sqlite, with a busy timeout, WAL and
-//	                                    immediate transactions (sqlite:file:... is kept as is)
+// parseDSN maps -dsn to a database/sql driver, its DSN and the sqlstore dialect, by the
+// parser every tool of the module shares (internal/dburl: postgres://..., mysql://...,
+// mysql:DSN, sqlite:PATH).
 func parseDSN(s string) (driver, dsn string, d sqlstore.Dialect, err error) {
-	scheme, rest, ok := strings.Cut(s, ":")
-	if !ok {
-		return "", "", 0, usagef("-dsn %q: want postgres://..., mysql://..., mysql:DSN or sqlite:PATH", redact(s))
-	}
-	switch strings.ToLower(scheme) {
-	case "postgres", "postgresql":
-		return "pgx", s, sqlstore.Postgres, nil
-	case "mysql":
-		if !strings.HasPrefix(rest, "//") {
-			return "mysql", rest, sqlstore.MySQL, nil
-		}
-		dsn, err := mysqlDSN(s)
-		return "mysql", dsn, sqlstore.MySQL, err
-	case "sqlite", "sqlite3":
-		if rest == "" {
-			return "", "", 0, usagef("-dsn %q: no file", s)
-		}
-		if strings.HasPrefix(rest, "file:") {
-			return "sqlite", rest, sqlstore.SQLite, nil
-		}
-		return "sqlite", "file:" + rest + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate", sqlstore.SQLite, nil
-	}
-	return "", "", 0, usagef("-dsn: unknown database %q: want postgres://..., mysql://..., mysql:DSN or sqlite:PATH", scheme)
-}
-
-// mysqlDSN turns mysql://user:pass@host:port/db?params into the go-sql-driver form.
-func mysqlDSN(s string) (string, error) {
-	u, err := url.Parse(s)
+	t, err := dburl.Parse(s)
 	if err != nil {
-		return "", usagef("-dsn: %v", redactErr(err, s))
+		return "", "", 0, usagef("-dsn %v", err)
 	}
-	if u.Host == "" {
-		return "", usagef("-dsn %q: no host", redact(s))
-	}
-	cfg := mysql.NewConfig()
-	cfg.Net, cfg.Addr = "tcp", u.Host
-	if u.Port() == "" {
-		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
-	}
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.DBName = strings.TrimPrefix(u.Path, "/")
-	dsn := cfg.FormatDSN()
-	if u.RawQuery != "" {
-		sep := "?"
-		if strings.Contains(dsn, "?") {
-			sep = "&"
-		}
-		dsn += sep + u.RawQuery
-	}
-	if _, err := mysql.ParseDSN(dsn); err != nil {
-		return "", usagef("-dsn %q: %v", redact(s), err)
-	}
-	return dsn, nil
+	return t.Driver, t.DSN, t.Dialect, nil
 }
 
-// redact hides the password of a URL-shaped DSN in messages.
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
-}
-
-func redactErr(err error, s string) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return errors.New(strings.ReplaceAll(ue.Err.Error(), s, redact(s)))
-	}
-	return err
-}
+// redact hides the password of a DSN in messages.
+func redact(s string) string { return dburl.Redact(s) }
