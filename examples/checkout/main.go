@@ -76,6 +76,11 @@ import (
 )
 
 func main() {
+	flag.CommandLine.Init("checkout", flag.ExitOnError) // usage says "checkout", not go run's temporary path
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), "checkout serves a demo checkout API (POST /checkout, GET /stock/{sku}) on the stock library.\n\nUsage: checkout [flags]\n\nFlags:\n")
+		flag.PrintDefaults()
+	}
 	addr := flag.String("addr", ":8080", "listen `address`")
 	redisAddr := flag.String("redis", "", "a real Redis `address` (default: an embedded miniredis)")
 	prefix := flag.String("prefix", "checkout", "Redis key prefix")
