@@ -27,6 +27,7 @@ func checkTTL(ttl time.Duration) error {
 func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "hold", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "hold", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
@@ -51,6 +52,7 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 // with no hold with ErrUnknownID; an id that is not a hold with ErrConflict.
 func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "confirm", sku)
 		defer func(start time.Time) { r.observe(ctx, "confirm", sku, start, rc, err) }(time.Now())
 	}
 	rc = Receipt{SKU: sku, ID: id}
@@ -71,6 +73,7 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 // tombstone, so the hold it overtook is refused with ErrRestored.
 func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "cancel", sku)
 		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
 	}
 	return r.giveBack(ctx, sku, id, "c")
@@ -80,6 +83,7 @@ func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err 
 // after Confirm, ErrRestored after Cancel, ErrUnknownID for no hold.
 func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "extend", sku)
 		defer func(start time.Time) { r.observe(ctx, "extend", sku, start, rc, err) }(time.Now())
 	}
 	rc = Receipt{SKU: sku, ID: id}

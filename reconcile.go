@@ -257,6 +257,7 @@ const maxPending = 100000
 // Item reconciles one item.
 func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err error) {
 	if o := rc.r.opts.observer; o != nil {
+		ctx = rc.r.startOp(ctx, "reconcile", sku)
 		defer func(start time.Time) {
 			ob := Observation{Op: "reconcile", SKU: sku, Outcome: "ok", Duration: time.Since(start), Units: rp.Drift}
 			switch {

@@ -303,6 +303,7 @@ func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]L
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "deduct", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "deduct", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
@@ -373,6 +374,7 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // cancelled. Restocks cannot be restored (ErrConflict).
 func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
 	}
 	return r.giveBack(ctx, sku, id, "x")
@@ -408,6 +410,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 // ErrInvalid when the item would hold more than MaxQty units in all.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "restock", sku)
 		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
 	}
 	req := Request{SKU: sku, ID: id, Qty: qty}
