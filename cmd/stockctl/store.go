@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
-	"net"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/dburl"
+	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/sqlstore"
 )
 
@@ -40,32 +39,14 @@ func (e *env) close() {
 	}
 }
 
-// redisOption turns -redis into a client option: a redis://, rediss:// or unix:// URL, or a
-// comma-separated list of addresses. Client-side caching is off (an operator's reads must be
+// redisOption turns -redis into a client option, by the parser the tools share
+// (internal/redisaddr): a redis://, rediss:// (TLS) or unix:// URL, with the user and password
+// of an ACL user in it, or a comma-separated list of addresses. Client-side caching is off (an operator's reads must be
 // fresh); with one address rueidis finds out whether it is a cluster node.
 func redisOption(s string, timeout time.Duration) (rueidis.ClientOption, error) {
-	var opt rueidis.ClientOption
-	s = strings.TrimSpace(s)
-	if strings.Contains(s, "://") {
-		o, err := rueidis.ParseURL(s)
-		if err != nil {
-			return opt, usagef("-redis %q: %v", s, err)
-		}
-		opt = o
-	} else {
-		for _, a := range strings.Split(s, ",") {
-			a = strings.TrimSpace(a)
-			if a == "" {
-				continue
-			}
-			if _, _, err := net.SplitHostPort(a); err != nil {
-				return opt, usagef("-redis %q: %v (want host:port)", a, err)
-			}
-			opt.InitAddress = append(opt.InitAddress, a)
-		}
-		if len(opt.InitAddress) == 0 {
-			return opt, usagef("-redis: no address")
-		}
+	opt, err := redisaddr.Parse(s)
+	if err != nil {
+		return opt, usagef("-redis %v", err)
 	}
 	opt.DisableCache = true
 	opt.Dialer.Timeout = min(timeout, 10*time.Second)

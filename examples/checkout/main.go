@@ -46,7 +46,8 @@
 // gracefully: no new connections, in-flight checkouts finish (up to -shutdown-timeout), then
 // the relay delivers what is left.
 //
-// Flags: -addr (:8080), -redis (an address; default an embedded miniredis), -prefix (checkout),
+// Flags: -addr (:8080), -redis (host:port, or redis://user:password@host:port, rediss:// for
+// TLS; default an embedded miniredis), -prefix (checkout),
 // -hold-ttl (10m), -user-limit (2), -load (sneaker-42=10,tee-7=100: items to load at start; an
 // item that is already live is kept as it is), -decline (users whose payments are declined),
 // -pay-delay (0: how long a payment takes), -shutdown-timeout (10s).
@@ -72,6 +73,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/memstore"
 )
 
@@ -82,7 +84,7 @@ func main() {
 		flag.PrintDefaults()
 	}
 	addr := flag.String("addr", ":8080", "listen `address`")
-	redisAddr := flag.String("redis", "", "a real Redis `address` (default: an embedded miniredis)")
+	redisAddr := flag.String("redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
 	prefix := flag.String("prefix", "checkout", "Redis key prefix")
 	holdTTL := flag.Duration("hold-ttl", 10*time.Minute, "how long a hold waits for its payment")
 	userLimit := flag.Int64("user-limit", 2, "most units of one item per user (0: no limit)")
@@ -105,8 +107,15 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	opt := rueidis.ClientOption{InitAddress: []string{redisAddr}, ForceSingleClient: true}
-	if redisAddr == "" {
+	var opt rueidis.ClientOption
+	if redisAddr != "" {
+		o, err := redisaddr.Parse(redisAddr)
+		if err != nil {
+			return fmt.Errorf("-redis %v", err)
+		}
+		o.ForceSingleClient = len(o.InitAddress) == 1
+		opt = o
+	} else {
 		m := miniredis.NewMiniRedis()
 		if err := m.Start(); err != nil {
 			return err
@@ -177,7 +186,7 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 		wg.Wait()
 		return err
 	}
-	log.Info("checkout listening", "addr", ln.Addr().String(), "redis", orDefault(redisAddr, "embedded miniredis"), "hold_ttl", holdTTL)
+	log.Info("checkout listening", "addr", ln.Addr().String(), "redis", orDefault(redisaddr.Redact(redisAddr), "embedded miniredis"), "hold_ttl", holdTTL)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 

@@ -220,3 +220,33 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 		})
 	}
 }
+
+// -redis takes a URL with an ACL user's name and password (redis://user:password@host:port),
+// as stockctl does; a wrong password is an error that does not show it.
+func TestFlashSaleRedisURL(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("STOCK_REDIS_SERVER is not set: no real Redis to log in to")
+	}
+	srv := redistest.StartServer(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args("sale", "on", ">p@ss", "~*", "&*", "+@all").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := smallSale()
+	cfg.Buyers, cfg.Items = 100, 1
+	cfg.Redis = "redis://sale:p%40ss@" + srv.Addr()
+	var out bytes.Buffer
+	rep, err := run(ctx, cfg, &out)
+	if err != nil || !rep.Passed {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "p@ss") || strings.Contains(out.String(), "p%40ss") {
+		t.Errorf("the report shows the password:\n%s", out.String())
+	}
+	cfg.Redis = "redis://sale:wrong-secret@" + srv.Addr()
+	_, err = run(ctx, cfg, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "wrong-secret") {
+		t.Errorf("wrong password: %v", err)
+	}
+}

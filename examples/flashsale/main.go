@@ -27,7 +27,9 @@
 //
 // Flags:
 //
-//	-redis addr        a real Redis (default: an embedded miniredis)
+//	-redis addr        a real Redis (default: an embedded miniredis): host:port, or a URL with the
+//	                   user and password of an ACL user, redis://user:password@host:port, or
+//	                   rediss://… for TLS
 //	-cluster a,b,c     a real Redis Cluster, by the addresses of some of its nodes
 //	-dsn dsn           the database of record (default: a SQLite file in a temporary directory),
 //	                   by the parser stockctl uses too:
@@ -71,6 +73,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock/internal/dburl"
+	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/sqlstore"
 )
 
@@ -126,7 +129,7 @@ func main() {
 		fmt.Fprint(flag.CommandLine.Output(), usageText)
 		flag.PrintDefaults()
 	}
-	flag.StringVar(&cfg.Redis, "redis", "", "a real Redis `address` (default: an embedded miniredis)")
+	flag.StringVar(&cfg.Redis, "redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
 	flag.StringVar(&cluster, "cluster", "", "a real Redis Cluster: comma-separated node `addresses`")
 	flag.StringVar(&cfg.DSN, "dsn", "", "the database of record: postgres://…, mysql://user:pass@host:3306/db, mysql:<go-sql-driver DSN>,\nsqlite:PATH (default: a SQLite file in a temporary directory)")
 	flag.StringVar(&cfg.Prefix, "prefix", "", "Redis key prefix, also names the tables (default: flashsale-<random>)")
@@ -225,7 +228,12 @@ func openRedis(cfg config, n int) ([]rueidis.Client, string, func(), error) {
 	case len(cfg.Cluster) > 0:
 		opt, desc = rueidis.ClientOption{InitAddress: cfg.Cluster, ShuffleInit: true}, "cluster "+strings.Join(cfg.Cluster, ",")
 	case cfg.Redis != "":
-		opt, desc = rueidis.ClientOption{InitAddress: []string{cfg.Redis}, ForceSingleClient: true}, "redis "+cfg.Redis
+		o, err := redisaddr.Parse(cfg.Redis)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("-redis %v", err)
+		}
+		o.ForceSingleClient = len(o.InitAddress) == 1
+		opt, desc = o, "redis "+redisaddr.Redact(cfg.Redis)
 	default:
 		m = miniredis.NewMiniRedis()
 		if err := m.Start(); err != nil {
