@@ -66,7 +66,9 @@ func (e *CartError) Unwrap() error { return e.Err }
 // With WithGroups, a cart whose items are all in one group is taken by one script instead,
 // atomically and with no cart log: every line or nothing. Its refusal changes nothing and, as
 // for Deduct, records nothing, so a later copy may be taken if stock came back; a retry of a
-// cart whose every line is still this cart's entry answers Replayed.
+// cart whose every line is still this cart's entry answers Replayed. Such a cart is checked
+// against the id's entries in its own items only: give every cart an id of its own (an order id),
+// as a one-script cart and a saga cart over other items under one id are not seen as a conflict.
 func (r *Reserver) DeductMany(ctx context.Context, c Cart) (CartReceipt, error) {
 	return r.observeCart(ctx, "deduct_many", c, func(ctx context.Context) (CartReceipt, error) { return r.cart(ctx, "D", c, 0) })
 }

@@ -44,6 +44,9 @@
 //     Publisher accepted it (at least once; the Store is idempotent, so exactly once in
 //     effect). A deduct the Store refuses is given back in Redis, once.
 //   - Bad input is refused with ErrInvalid before anything is sent to Redis.
+//   - Every call is bounded: each Redis command ends after WithTimeout (DefaultTimeout, 10 s)
+//     at the latest, rueidis's resends included, even when the caller's context has no
+//     deadline. A call that could not learn what happened returns ErrUnknownOutcome.
 //
 // # Non-guarantees
 //
@@ -51,9 +54,10 @@
 //     acknowledged deducts, ledger entries and outbox events. The database of record then
 //     disagrees with Redis until reconciled; the Store's unique (sku, id) still refuses a
 //     second application of a replayed id.
-//   - An error that is not one of this package's sentinels (a timeout, a broken connection)
-//     leaves the outcome unknown: the script may have run. Retry with the same id and
-//     Request.Retry set; the retry is a replay if it did, and a refusal of the retry is
+//   - ErrUnknownOutcome (Redis unreachable, a broken connection, the time ran out, a reply
+//     this package does not understand), or an error that is none of this package's
+//     sentinels, leaves the outcome unknown: the script may have run. Retry with the same id
+//     and Request.Retry set; the retry is a replay if it did, and a refusal of the retry is
 //     recorded so that the first attempt, should it arrive later, is refused too.
 //   - A FailoverGuard notices a restarted or replaced primary only when it checks, and
 //     WithReplicaAck bounds, but does not remove, what a failover can lose.

@@ -80,13 +80,16 @@ var outcomeNames = []struct {
 	{ErrLoaded, "loaded"}, {ErrConflict, "conflict"}, {ErrRestored, "restored"},
 	{ErrUserLimit, "user_limit"}, {ErrUnknownID, "unknown_id"}, {ErrClosed, "closed"},
 	{ErrExpired, "expired"}, {ErrConfirmed, "confirmed"}, {ErrInvalid, "invalid"},
-	{ErrRefused, "refused"}, {context.Canceled, "canceled"}, {context.DeadlineExceeded, "timeout"},
+	{ErrRefused, "refused"}, {ErrFailover, "failover"}, {ErrNotReplicated, "not_replicated"},
+	{context.Canceled, "canceled"}, {context.DeadlineExceeded, "timeout"},
 }
 
 // Outcome names the outcome an error stands for, as a short label for metrics: "ok" for nil,
 // "sold_out", "insufficient", "not_loaded", "loaded", "conflict", "restored", "user_limit",
-// "unknown_id", "closed", "expired", "confirmed", "invalid", "refused", "canceled", "timeout",
-// and "error" for anything else (an unknown outcome).
+// "unknown_id", "closed", "expired", "confirmed", "invalid", "refused", "failover"
+// (ErrFailover: nothing was sent), "not_replicated" (ErrNotReplicated: the write was made).
+// An unknown outcome (ErrUnknownOutcome, or an error that wraps no sentinel) is "canceled" when
+// the caller cancelled, "timeout" when the time ran out, and "error" otherwise.
 func Outcome(err error) string {
 	if err == nil {
 		return "ok"

@@ -22,6 +22,8 @@ type options struct {
 	group func(sku string) string
 
 	soldOutTTL time.Duration // 0: no sold-out fast path
+
+	timeout time.Duration // bound of every Redis command; see WithTimeout
 }
 
 func defaultOptions() options {
@@ -30,6 +32,7 @@ func defaultOptions() options {
 		outbox:     true,
 		inflight:   4,
 		soldOutTTL: time.Second,
+		timeout:    DefaultTimeout,
 		logger:     slog.New(slog.DiscardHandler),
 	}
 }
@@ -134,6 +137,26 @@ func WithGroups(group func(sku string) string) Option {
 			return invalid("nil group function")
 		}
 		o.group = group
+		return nil
+	}
+}
+
+// WithTimeout bounds every Redis command and script call the Reserver sends, and those of its
+// Relays, Reconcilers and FailoverGuards: each ends after d at the latest, or at the caller's
+// deadline if that comes first, so no call waits forever on an unreachable Redis, even with a
+// context that has no deadline. The bound covers the whole command: rueidis's resends of a
+// retryable script after a broken connection, and its dials, happen within it. A method sends
+// one command in most cases (a few for a cart, many for a relay batch or a reconcile pass,
+// each bounded); when Redis is unreachable the first one fails. A command that runs out of
+// time, or whose connection broke, returns an error wrapping ErrUnknownOutcome, the transport
+// error, and context.DeadlineExceeded when the time ran out. d is from 1 ms to 1 hour; the
+// default is DefaultTimeout (10 s).
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < time.Millisecond || d > time.Hour {
+			return invalid("timeout %v out of range [1ms, 1h]", d)
+		}
+		o.timeout = d
 		return nil
 	}
 }

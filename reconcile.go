@@ -667,6 +667,8 @@ func lostEntry(rec Record) string {
 }
 
 // retire removes a delisted item's keys once its retention has passed, in bounded steps.
+// retire.lua checks at every step, atomically, that the item is closed and delisted, with
+// nothing pending: the delisting time read by the pass is only a hint.
 func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) error {
 	cutoff := time.Now().Add(-rc.retention).UnixMilli()
 	if delisted > cutoff {
@@ -689,6 +691,9 @@ func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) er
 				return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
 			}
 			rp.Retired = true
+			return nil
+		case codeClosed: // delisted but open for sale: retire.lua never removes a live item
+			rp.NeedsHuman = "the item is delisted but open for sale (reopened before that was refused): Close it to let it retire"
 			return nil
 		default: // not retirable now (something pending); a later pass tries again
 			return nil

@@ -43,7 +43,7 @@ type Reserver struct {
 	client   rueidis.Client
 	opts     options
 	limitArg string      // opts.userLimit, formatted once
-	lanes    sync.Map    // sku -> *lane, for coalescing
+	lanes    sync.Map    // sku -> *lane, for coalescing; only items with calls in flight
 	guarded  atomic.Bool // a FailoverGuard exists: reconcile passes record the epoch
 	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
 	soldOut  *soldOut    // the sold-out fast path; nil when off
@@ -64,9 +64,10 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	r := &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
+		r.client = &trackedClient{Client: client, so: r.soldOut} // see fastpath.go: own writes
 	}
 	return r, nil
 }
@@ -297,9 +298,13 @@ func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]L
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
 // with Replayed set and changes nothing.
 //
-// Errors: ErrInvalid (nothing sent), ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded,
-// ErrClosed, ErrSoldOut, ErrInsufficient; anything else (a timeout, a broken connection) means
-// the outcome is unknown: retry with the same id.
+// Errors: ErrInvalid and ErrFailover (a FailoverGuard fenced the Reserver): nothing was sent.
+// ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
+// nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
+// receipt is valid, but fewer replicas than asked acknowledged the write in time.
+// ErrUnknownOutcome (Redis unreachable, a broken connection, the call's time ran out, a reply
+// not understood), or any other error: the outcome is unknown; retry with the same id and
+// Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
@@ -474,7 +479,8 @@ func (r *Reserver) Close(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "1")
 }
 
-// Reopen lets a closed item sell again.
+// Reopen lets a closed item sell again. A delisted item is closed for good: Reopen refuses it
+// with ErrClosed (and changes nothing), since the reconciler is to retire it, ledger and all.
 func (r *Reserver) Reopen(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "0")
 }
@@ -490,6 +496,9 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if code == codeNotLoaded {
 		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
 	}
+	if code == codeClosed {
+		return fmt.Errorf("%w: %s is delisted and cannot be reopened", ErrClosed, sku)
+	}
 	return codeErr(code)
 }
 
@@ -498,7 +507,8 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 // (WithRetention of the Reconciler, 24h by default) and a reconcile pass finds
 // Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
-// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing.
+// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
+// cannot be reopened (Reopen returns ErrClosed); only a closed, delisted item is ever retired.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err

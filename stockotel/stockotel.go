@@ -32,8 +32,9 @@
 //
 // A refusal (sold_out, conflict, user_limit, ...) is an answer, not a failure: its span's status
 // is left unset. The status is Error, with the outcome as its description, for "error",
-// "timeout" and "canceled" (the outcome is unknown: retry with the same id) and for a relay
-// batch or a reconcile that failed. Load, sweep and the reads (Levels, Ledger, ...) record no
+// "timeout" and "canceled" (the outcome is unknown: retry with the same id), "failover" (the
+// Reserver is fenced after a failover), "not_replicated" (written, but not acknowledged by
+// enough replicas) and for a relay batch or a reconcile that failed. Load, sweep and the reads (Levels, Ledger, ...) record no
 // span.
 //
 // # Metrics
@@ -326,7 +327,7 @@ func (o *Observer) endSpan(ctx context.Context, ob stock.Observation) {
 	}
 	span.SetAttributes(attrs...)
 	switch ob.Outcome {
-	case "error", "timeout", "canceled":
+	case "error", "timeout", "canceled", "failover", "not_replicated":
 		span.SetStatus(codes.Error, ob.Outcome)
 	}
 	span.End()
