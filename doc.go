@@ -22,7 +22,7 @@
 //	stock:{sku}:rl  string the relay lease (one relay per item at a time)
 //	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid
 //	stock:{sku}:b   string the sold-out filter: ids the ledger has had, from the first sell-out
-//	stock:items     set    registry of loaded items
+//	stock:items     set    registry of loaded items (a pass finds the ones it lost: ErrRegistryLost)
 //	stock:carts{~}  hash   the saga log of multi-item carts (and :p, the pending ones)
 //	stock:epoch     string the primaries last reconciled (FailoverGuard)
 //
@@ -65,9 +65,11 @@
 //   - A Store refusal is found after the deduct succeeded: the buyer was told yes, and is told
 //     no later (EventRefused).
 //   - The sold-out fast path (WithSoldOutCache, on by default with a caching client) answers
-//     ErrSoldOut from a cached read: for as long as an invalidation takes to arrive after stock
-//     came back (well under a millisecond on a quiet local network), a request can still be
-//     told "sold out". It never admits a request, and never refuses an id the ledger has.
+//     ErrSoldOut from a cached read: for as long as an invalidation takes to arrive after
+//     another process gave stock back (well under a millisecond on a quiet local network), a
+//     request can still be told "sold out". It never admits a request, and never refuses an id
+//     the ledger has; after a write of a Reserver has returned, that Reserver's answers never
+//     predate the write.
 //
 // The Reserver, Relay and their methods are safe for concurrent use. Nothing here starts a
 // goroutine: the caller runs Relay.Run and owns it.

@@ -31,8 +31,9 @@ import (
 // closed items, items without a complete filter (it is built from the ledger, in bounded
 // steps, by the first refusals after the item sells out: see lua/lib.lua).
 //
-// The window: between a change in Redis and the invalidation reaching this process (one network
-// hop; measured in fastpath_test.go and by stockbench), a request can still be told "sold out".
+// The window: between a change another process made in Redis and the invalidation reaching this
+// process (one network hop; measured in fastpath_test.go and by stockbench), a request can still
+// be told "sold out". Changes this Reserver made have no window: see "Own writes" below.
 
 // filterHas reports whether the filter f (2^b bits) may hold id. A filter without its sentinel
 // bit (recreated after its key was lost) may hold anything.
@@ -52,9 +53,14 @@ func bitSet(f string, i uint32) bool {
 
 // soldOut is the Reserver's fast-path state.
 type soldOut struct {
-	ttl     time.Duration // how long a cached read is trusted without an invalidation
-	items   sync.Map      // sku -> *soldOutItem, for the requests
-	byKey   sync.Map      // item hash key -> the same *soldOutItem, for the scripts (see wrote)
+	ttl time.Duration // how long a cached read is trusted without an invalidation
+	// items and byKey hold the items refused as sold out by Redis and not since seen in stock:
+	// items by SKU for the requests, byKey by item hash key for the scripts (see wrote). Both
+	// change under mu, byKey first when an item comes in and last when it goes, so an item the
+	// requests can find, the scripts find too.
+	items   sync.Map // sku -> *soldOutItem
+	byKey   sync.Map // item hash key -> the same *soldOutItem
+	mu      sync.Mutex
 	version atomic.Uint64 // the last version given to an item's cached reads
 	// tracking: 0 not probed yet, 1 the client caches (server-assisted), -1 it does not.
 	tracking atomic.Int32
@@ -62,11 +68,10 @@ type soldOut struct {
 	answered atomic.Int64 // requests answered in-process
 }
 
-// soldOutItem is the fast-path state of one item. Items are never removed (there are as many as
-// items that ever sold out); on says whether the fast path answers for the item.
+// soldOutItem is the fast-path state of one item, from a refusal as sold out by Redis until the
+// item is seen in stock again.
 type soldOutItem struct {
 	key, filterKey string
-	on             atomic.Bool // refused as sold out by Redis, not since seen in stock
 	reads          atomic.Pointer[soldOutReads]
 }
 
@@ -110,29 +115,36 @@ func (r *Reserver) SoldOutAnswers() int64 {
 	return r.soldOut.answered.Load()
 }
 
-// item returns the fast-path state of sku, made on first use.
-func (so *soldOut) item(r *Reserver, sku string) *soldOutItem {
-	if v, ok := so.items.Load(sku); ok {
-		return v.(*soldOutItem)
+// markSoldOut records that Redis refused a request for sku as sold out: the fast path answers
+// for the item from now on, from reads made after this refusal.
+func (r *Reserver) markSoldOut(sku string) {
+	so := r.soldOut
+	if so == nil {
+		return
+	}
+	if _, ok := so.items.Load(sku); ok {
+		return
+	}
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	if _, ok := so.items.Load(sku); ok {
+		return
 	}
 	k := r.keys(sku)
-	// byKey first: an item the requests can find, the scripts find too.
-	v, _ := so.byKey.LoadOrStore(k[0], &soldOutItem{key: k[0], filterKey: k[5]})
-	v, _ = so.items.LoadOrStore(sku, v)
-	return v.(*soldOutItem)
+	it := &soldOutItem{key: k[0], filterKey: k[5]}
+	it.renew(so, r.client, true)
+	so.byKey.Store(it.key, it)
+	so.items.Store(sku, it)
 }
 
-// markSoldOut records that Redis refused a request for sku as sold out.
-func (r *Reserver) markSoldOut(sku string) {
-	if r.soldOut == nil {
-		return
+// unmark ends the fast path's answers for sku (it is in stock again, or gone) if it is still
+// the item it.
+func (so *soldOut) unmark(sku string, it *soldOutItem) {
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	if so.items.CompareAndDelete(sku, it) {
+		so.byKey.CompareAndDelete(it.key, it)
 	}
-	it := r.soldOut.item(r, sku)
-	if it.on.Load() {
-		return
-	}
-	it.renew(r.soldOut, r.client, true) // before on: reads made before this refusal are never used
-	it.on.Store(true)
 }
 
 // knownSoldOut reports whether req can be answered ErrSoldOut without running the script.
@@ -146,7 +158,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 		return false
 	}
 	it := v.(*soldOutItem)
-	if !it.on.Load() || !so.caches(ctx, r.client, r.opts.prefix) {
+	if !so.caches(ctx, r.client, r.opts.prefix) {
 		return false
 	}
 	rd := it.reads.Load()
@@ -156,7 +168,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	}
 	a, err := st[0].AsInt64()
 	if err != nil || a != 0 {
-		it.on.Store(false) // back in stock (or gone): Redis answers from now on
+		so.unmark(req.SKU, it) // back in stock (or gone): Redis answers from now on
 		return false
 	}
 	if c, _ := st[1].ToString(); c == "1" {
@@ -249,9 +261,7 @@ func (so *soldOut) wrote(c rueidis.Client, sc scriptCall, res rueidis.RedisResul
 	}
 	for _, k := range sc.keys {
 		if v, ok := so.byKey.Load(k); ok {
-			if it := v.(*soldOutItem); it.on.Load() {
-				it.renew(so, c, filter)
-			}
+			v.(*soldOutItem).renew(so, c, filter)
 		}
 	}
 }

@@ -44,7 +44,7 @@ type Reserver struct {
 	opts     options
 	limitArg string      // opts.userLimit, formatted once
 	lanes    sync.Map    // sku -> *lane, for coalescing; only items with calls in flight
-	guarded  atomic.Bool // a FailoverGuard exists: reconcile passes record the epoch
+	guarded  atomic.Bool // a FailoverGuard exists: a pass that cannot record the epoch fails
 	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
 	soldOut  *soldOut    // the sold-out fast path; nil when off
 }
@@ -67,7 +67,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
-		r.client = &trackedClient{Client: client, so: r.soldOut} // see fastpath.go: own writes
+		r.client = &trackedClient{Client: r.client, so: r.soldOut} // bounded too; see fastpath.go: own writes
 	}
 	return r, nil
 }

@@ -28,6 +28,8 @@ local closed = st[2] == '1'
 local nd = int(st[3], 'next deadline')
 local count = int(st[4], (kind == 'H') and 'held count' or 'sold count') or 0
 local seq = int(st[5], 'outbox sequence') or 0
+int(st[6], 'sold-out filter size') -- remember and filter_step use them after the writes
+int(st[7], 'sold-out filter scan cursor')
 local state = (kind == 'H') and 'h' or 'r'
 local deadline = (kind == 'H') and (now + ttl) or 0
 local event = (kind == 'H') and 'H:' or 'D:'

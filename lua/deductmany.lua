@@ -30,6 +30,7 @@ for i = 1, n do
   local nd = int(st[3], 'next deadline')
   local count = int(st[4], (kind == 'H') and 'held count' or 'sold count') or 0
   local seq = int(st[5], 'outbox sequence') or 0
+  int(st[6], 'sold-out filter size') -- remember uses it after the writes
   local e = redis.call('HGET', K[2], id)
   local also
   if e then

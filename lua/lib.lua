@@ -4,6 +4,8 @@
 --                    n = earliest hold deadline (ms), present only while holds are live,
 --                    b = log2 of the bits of the item's sold-out filter (see remember),
 --                    bc = the ledger scan's cursor while the filter is being built.
+--                    No field named v<n> is ever written: the sold-out fast path names one in
+--                    its cached read of the hash to version that read (fastpath.go).
 -- Ledger entry:      "KS|qty|after|at|user[|deadline]"
 --   K (kind):  D deduct, H hold, L restock, T tombstone (a restore or cancel of an unknown id)
 --   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),

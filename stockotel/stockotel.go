@@ -73,9 +73,9 @@
 //     the Reserver reports appear), and "reconcile" on stock.operation.duration.
 //   - stock.outcome: stock.Outcome's labels: "ok", "sold_out", "insufficient", "not_loaded",
 //     "loaded", "conflict", "restored", "user_limit", "unknown_id", "closed", "expired",
-//     "confirmed", "invalid", "refused", "canceled", "timeout", "error" (an unknown outcome:
-//     a transport error, retry with the same id). Relays and reconcilers report "ok" or
-//     "error".
+//     "confirmed", "invalid", "refused", "failover" (fenced: nothing sent), "not_replicated"
+//     (written, too few replicas acknowledged), and for an unknown outcome (retry with the same
+//     id) "canceled", "timeout" or "error". Relays and reconcilers report "ok" or "error".
 //   - stock.replayed: true when the call was answered as a replay of an earlier one.
 //   - stock.local: present (true) only on deducts and holds answered "sold_out" in-process by
 //     the sold-out fast path (stock.WithSoldOutCache), without a round trip to Redis.
