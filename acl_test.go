@@ -40,10 +40,10 @@ var aclCommands = []string{
 	// scripts
 	"+evalsha", "+eval",
 	// reads and writes of the library and its scripts
-	"+get", "+set", "+del", "+exists", "+pexpire", "+setbit", "+time",
+	"+get", "+getrange", "+set", "+del", "+exists", "+pexpire", "+setbit", "+time",
 	"+hget", "+hmget", "+hset", "+hsetnx", "+hdel", "+hexists", "+hincrby", "+hscan",
 	"+zadd", "+zrem", "+zcard", "+zcount", "+zrange", "+zrangebyscore", "+zscore",
-	"+sadd", "+srem", "+scard", "+sscan",
+	"+sadd", "+srem", "+scard", "+sscan", "+sismember",
 	// WithReplicaAck, and the failover guard's view of the primaries
 	"+wait", "+info",
 }

@@ -27,7 +27,7 @@ func cliACL(user, password, prefix string) []string {
 		"+get", "+set", "+del", "+exists", "+pexpire", "+setbit", "+time",
 		"+hget", "+hmget", "+hset", "+hsetnx", "+hdel", "+hexists", "+hincrby", "+hscan",
 		"+zadd", "+zrem", "+zcard", "+zcount", "+zrange", "+zrangebyscore", "+zscore",
-		"+sadd", "+srem", "+sscan"}
+		"+sadd", "+srem", "+sscan", "+sismember"}
 	var out []string
 	for _, a := range args {
 		if a != os.Getenv("ACL_DROP") {
