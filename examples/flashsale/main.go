@@ -292,7 +292,7 @@ func openDB(cfg config) (*database, error) {
 		}
 		return nil, fmt.Errorf("-dsn %v", err)
 	}
-	d.dialect, d.desc = t.Dialect, t.Dialect.String()+" "+dburl.Redact(raw)
+	d.dialect, d.desc = t.Dialect, dburl.Redact(raw)
 	if d.dir != "" {
 		d.desc = "sqlite " + filepath.Join(d.dir, "stock.db")
 	}
