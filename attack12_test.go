@@ -1,0 +1,223 @@
+package stock_test
+
+// Outside tests of the contract promised by the package doc and the README, written against the
+// exported API only (issue 12's fixes, attacked as a user would). Each test names the promise
+// it checks; every one runs on miniredis and, with STOCK_REDIS_SERVER set, on a real standalone
+// server and a real 3-master cluster.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+)
+
+// a12Backends runs f on every backend with the backend handle (for Pair).
+func a12Backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+	}
+}
+
+// a12Check asserts loaded = available + held + sold, available >= 0, and that the ledger
+// explains sold, held and loaded (initial + restocks).
+func a12Check(t *testing.T, r *stock.Reserver, sku string, initial int64) stock.Levels {
+	t.Helper()
+	l, _ := checkLedger(t, r, sku, initial)
+	return l
+}
+
+func a12Load(t *testing.T, r *stock.Reserver, items map[string]int64) {
+	t.Helper()
+	for sku, q := range items {
+		require.NoError(t, r.Load(context.Background(), sku, q), sku)
+	}
+}
+
+// Promise (DeductMany doc): "The same id with other lines, another kind or another user is
+// ErrConflict and changes nothing" — across kinds (DeductMany then HoldMany) and users, with an
+// empty user on one side, and for a cart whose lines are given in another order or split.
+func TestAttack12CartIDReuseAcrossUsersKindsLines(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		a12Load(t, r, map[string]int64{"a": 10, "b": 10, "c": 10})
+		cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
+		_, err := r.DeductMany(ctx, cart)
+		require.NoError(t, err)
+
+		bad := []stock.Cart{
+			{ID: "order-7", User: "mallory", Lines: cart.Lines},
+			{ID: "order-7", User: "", Lines: cart.Lines},
+			{ID: "order-7", User: "ALICE", Lines: cart.Lines},
+			{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}}},
+			{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}, {SKU: "c", Qty: 1}}},
+			{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}},
+		}
+		for i, c := range bad {
+			_, err := r.DeductMany(ctx, c)
+			assert.ErrorIs(t, err, stock.ErrConflict, "deduct copy %d %+v", i, c)
+			_, err = r.HoldMany(ctx, c, time.Minute)
+			assert.ErrorIs(t, err, stock.ErrConflict, "hold copy %d %+v", i, c)
+		}
+		// Same lines and user, but as a hold: another kind.
+		_, err = r.HoldMany(ctx, cart, time.Minute)
+		assert.ErrorIs(t, err, stock.ErrConflict, "hold of a deducted cart")
+		_, err = r.ConfirmMany(ctx, "order-7", "a", "b")
+		assert.Error(t, err, "confirm of a deducted cart")
+		_, err = r.CancelMany(ctx, "order-7", "a", "b")
+		assert.Error(t, err, "cancel of a deducted cart")
+
+		// The same cart, lines reordered and split: the same lines after summing.
+		same := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+		rc, err := r.DeductMany(ctx, same)
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+
+		assert.Equal(t, int64(1), a12Check(t, r, "a", 10).Sold)
+		assert.Equal(t, int64(2), a12Check(t, r, "b", 10).Sold)
+		assert.Equal(t, int64(0), a12Check(t, r, "c", 10).Sold)
+		for _, sku := range []string{"a", "b"} {
+			e, err := r.Ledger(ctx, sku, "order-7")
+			require.NoError(t, err)
+			assert.Equal(t, "alice", e.User)
+			assert.True(t, e.Taken(), "%s: %+v", sku, e)
+		}
+	})
+}
+
+// Promise: "taken: a retry answers the cart's receipts, Replayed, and never takes or gives back
+// anything, even if one of its lines was restored since" and "undone: a retry gives back
+// whatever is left and answers the *CartError" — here the undone cart is retried after the
+// short item was restocked: the retry must not take anything.
+func TestAttack12CartRetryAfterRestoreAndRestock(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		a12Load(t, r, map[string]int64{"a": 5, "b": 5, "z": 0})
+		taken := stock.Cart{ID: "t1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+		_, err := r.DeductMany(ctx, taken)
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, "a", "t1")
+		require.NoError(t, err)
+		for range 3 {
+			rc, err := r.DeductMany(ctx, taken)
+			require.NoError(t, err)
+			assert.True(t, rc.Replayed)
+		}
+		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(1), a12Check(t, r, "b", 5).Sold)
+		// A single Deduct of the restored line's id is refused.
+		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrRestored)
+
+		// An undone cart: z is sold out. Restock z, retry: still the refusal, nothing taken.
+		undone := stock.Cart{ID: "u1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "z", Qty: 1}}}
+		_, err = r.DeductMany(ctx, undone)
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, "z", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		_, err = r.Restock(ctx, "z", "rs1", 5)
+		require.NoError(t, err)
+		for range 3 {
+			_, err = r.DeductMany(ctx, undone)
+			require.ErrorAs(t, err, &ce, "retry of an undone cart")
+			assert.ErrorIs(t, err, stock.ErrSoldOut)
+		}
+		_, err = r.HoldMany(ctx, undone, time.Minute)
+		assert.Error(t, err)
+		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(0), a12Check(t, r, "z", 0).Sold+a12Check(t, r, "z", 0).Held)
+		// The undone cart's lines are tombstoned: a single deduct of them is refused.
+		_, err = r.Deduct(ctx, stock.Request{SKU: "z", ID: "u1", User: "u", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrRestored)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "u1", User: "u", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrRestored)
+	})
+}
+
+// Promise (ConfirmMany doc): "A hold that expired makes it return ErrExpired after cancelling
+// the others: a cart is confirmed whole or not at all". The first hold in SKU order is live
+// (extended), the second expired: nothing may stay confirmed.
+func TestAttack12ConfirmManyWholeOrNothing(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
+		require.NoError(t, err)
+		_, err = r.Extend(ctx, "a", "h1", time.Hour)
+		require.NoError(t, err)
+		redistest.Sleep(c, 400*time.Millisecond)
+		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		la, lb := a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		assert.Equal(t, int64(0), la.Sold+lb.Sold, "nothing confirmed: a=%+v b=%+v", la, lb)
+		assert.Equal(t, int64(0), la.Held+lb.Held, "nothing held: a=%+v b=%+v", la, lb)
+		// A retry changes nothing (its answer: TestAttack12ConfirmManyRetryAnswersExpired).
+		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		assert.Error(t, err)
+		_, err = r.ConfirmMany(ctx, "h1", "b", "a")
+		assert.Error(t, err)
+		la, lb = a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held)
+
+		// The other order: the first hold expired, the second live.
+		cart2 := stock.Cart{ID: "h2", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+		_, err = r.HoldMany(ctx, cart2, 300*time.Millisecond)
+		require.NoError(t, err)
+		_, err = r.Extend(ctx, "b", "h2", time.Hour)
+		require.NoError(t, err)
+		redistest.Sleep(c, 400*time.Millisecond)
+		_, err = r.ConfirmMany(ctx, "h2", "a", "b")
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		la, lb = a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held, "a=%+v b=%+v", la, lb)
+	})
+}
+
+// Promise (ConfirmMany doc, and the error contract: "a retry of an operation that did run is
+// answered as a replay"): a ConfirmMany that answered ErrExpired, retried (as a caller does after
+// ErrUnknownOutcome), answers the same outcome. Found: the retry answers
+// "cart refused by a: ErrRestored" (the line the first call cancelled), not ErrExpired, on
+// every backend.
+func TestAttack12ConfirmManyRetryAnswersExpired(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
+		require.NoError(t, err)
+		_, err = r.Extend(ctx, "a", "h1", time.Hour)
+		require.NoError(t, err)
+		redistest.Sleep(c, 400*time.Millisecond)
+		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		require.ErrorIs(t, err, stock.ErrExpired)
+		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		assert.ErrorIs(t, err, stock.ErrExpired, "the retry answers the cart's outcome")
+	})
+}
+
+var (
+	_ = errors.Is
+	_ = fmt.Sprint
+	_ sync.Mutex
+	_ rueidis.Client
+	_ = memstore.New
+)
