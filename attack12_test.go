@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -212,6 +213,150 @@ func TestAttack12ConfirmManyRetryAnswersExpired(t *testing.T) {
 		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
 		assert.ErrorIs(t, err, stock.ErrExpired, "the retry answers the cart's outcome")
 	})
+}
+
+// a12CartRace runs many copies of one cart id at once, racing restores of its lines, a restock
+// of the short item, a close/reopen of one item and RecoverCarts(-1s), and checks that the
+// answers agree with each other and with the stock.
+func a12CartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
+	ctx := context.Background()
+	id := fmt.Sprintf("cart-%d", round)
+	skus := []string{"ra", "rb", "rc"}
+	cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "ra", Qty: 1}, {SKU: "rb", Qty: 1}, {SKU: "rc", Qty: 1}}}
+	const copies = 120
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		ok, bad  int
+		errs     = map[string]int{}
+		gaveBack = map[string]int{}
+		tomb     = map[string]int{}
+	)
+	start := make(chan struct{})
+	for i := range copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+			var err error
+			if hold {
+				_, err = r.HoldMany(ctx, cart, time.Hour)
+			} else {
+				_, err = r.DeductMany(ctx, cart)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				ok++
+			} else {
+				bad++
+				errs[err.Error()]++
+			}
+			_ = i
+		}()
+	}
+	// Racers: restores of one line, a restock of the short item, close/reopen, recover.
+	for k := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			switch k {
+			case 0, 1:
+				if round%3 != 0 {
+					return
+				}
+				sku := skus[k]
+				rc, err := r.Restore(ctx, sku, id)
+				mu.Lock()
+				if err == nil && !rc.Replayed && rc.Qty > 0 {
+					gaveBack[sku]++
+				} else if errors.Is(err, stock.ErrUnknownID) {
+					tomb[sku]++
+				}
+				mu.Unlock()
+			case 2:
+				_, err := r.Restock(ctx, "rc", fmt.Sprintf("rs-%d", round), 1)
+				assert.NoError(t, err)
+			case 3:
+				if round%3 == 0 {
+					assert.NoError(t, r.Close(ctx, "rb"))
+					assert.NoError(t, r.Reopen(ctx, "rb"))
+				}
+			case 4, 5:
+				if !grouped {
+					_, err := r.RecoverCarts(ctx, -time.Second)
+					assert.NoError(t, err)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("round %d: ok %d refused %d %v; restored %v; tombstoned %v", round, ok, bad, errs, gaveBack, tomb)
+	if !grouped {
+		assert.True(t, ok == 0 || bad == 0, "round %d: one outcome per cart id: %d ok, %d refused %v", round, ok, bad, errs)
+	}
+	for _, sku := range skus {
+		e, err := r.Ledger(ctx, sku, id)
+		taken := err == nil && e.Taken()
+		if ok > 0 {
+			assert.True(t, taken || gaveBack[sku] == 1, "round %d: a caller was told the cart was taken, but %s: %+v %v", round, sku, e, err)
+		} else {
+			assert.False(t, taken, "round %d: every caller was refused, but %s holds %+v", round, sku, e)
+		}
+		assert.LessOrEqual(t, gaveBack[sku], 1)
+	}
+}
+
+// Promise (DeductMany doc): "A cart id has one outcome, decided once by whichever copy of the
+// cart gets there first, and every copy, concurrent or later, answers it", with ≥ 100 copies
+// racing restores, a restock, close/reopen and RecoverCarts(-1s).
+func TestAttack12CartConcurrentCopies(t *testing.T) {
+	for _, hold := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
+			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+				r := newReserver(t, b.Client(t))
+				a12Load(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
+				for round := range 12 {
+					a12CartRace(t, r, round, hold, false)
+				}
+				for _, sku := range []string{"ra", "rb"} {
+					a12Check(t, r, sku, 1000)
+				}
+			})
+		})
+	}
+}
+
+// The same race with every item in one group (one script per cart, no saga) and mixed: two items
+// in a group, one not.
+func TestAttack12CartConcurrentCopiesGrouped(t *testing.T) {
+	groups := map[string]func(string) string{
+		"one-group": func(string) string { return "g" },
+		"mixed": func(sku string) string {
+			if sku == "rc" {
+				return ""
+			}
+			return "g"
+		},
+	}
+	for name, g := range groups {
+		t.Run(name, func(t *testing.T) {
+			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+				r := newReserver(t, b.Client(t), stock.WithGroups(g))
+				a12Load(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
+				for round := range 12 {
+					a12CartRace(t, r, round, round%2 == 1, name == "one-group")
+				}
+				for _, sku := range []string{"ra", "rb"} {
+					a12Check(t, r, sku, 1000)
+				}
+			})
+		})
+	}
 }
 
 var (
