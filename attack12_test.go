@@ -359,6 +359,280 @@ func TestAttack12CartConcurrentCopiesGrouped(t *testing.T) {
 	}
 }
 
+// a12Names are valid names drawn to collide with the keys and encodings of the package: key
+// suffixes, the registry, the cart log, the epoch, and the separators of ledger entries and
+// outbox members.
+var a12Names = []string{
+	"x", "x:u", "x:l", "x:o", "x:h", "x:b", "x:r", "x:rl", "x:dl", "x:p",
+	"carts", "~carts", "~", "carts:p", "items", "epoch", "stock", "stock:items",
+	":", "deducted:x", "x:deducted", "a,b", "a;b", "a=1", "%d", "nil", "0",
+}
+
+// Promise (package doc, Keys): "two items never share a key, and no item reaches the keys that
+// are not an item's": an operation on one item never changes another, whatever the names, and
+// Items lists exactly the loaded items.
+func TestAttack12KeyNamesDoNotCollide(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t), stock.WithUserLimit(1000))
+		initial := map[string]int64{}
+		for i, n := range a12Names {
+			initial[n] = int64(100 + i)
+			require.NoError(t, r.Load(ctx, n, initial[n]), n)
+		}
+		snapshot := func() map[string]stock.Levels {
+			m := map[string]stock.Levels{}
+			for _, n := range a12Names {
+				m[n] = a12Check(t, r, n, initial[n])
+			}
+			return m
+		}
+		before := snapshot()
+		for i, n := range a12Names {
+			user := a12Names[(i+7)%len(a12Names)]
+			id := a12Names[(i+3)%len(a12Names)]
+			rc, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 2})
+			require.NoError(t, err, n)
+			assert.False(t, rc.Replayed)
+			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: id + ":h", User: user, Qty: 1}, time.Hour)
+			require.NoError(t, err, n)
+			_, err = r.Restock(ctx, n, id+":rs", 3)
+			require.NoError(t, err, n)
+			after := snapshot()
+			for _, m := range a12Names {
+				if m == n {
+					want := before[n]
+					want.Available += 3 - 3
+					want.Sold += 2
+					want.Held++
+					want.Loaded += 3
+					assert.Equal(t, want, after[n], "item %s", n)
+					continue
+				}
+				assert.Equal(t, before[m], after[m], "an operation on %q changed %q", n, m)
+			}
+			before = after
+			e, err := r.Ledger(ctx, n, id)
+			require.NoError(t, err)
+			assert.Equal(t, user, e.User, "%s/%s", n, id)
+			assert.Equal(t, int64(2), e.Qty)
+			assert.Equal(t, stock.KindDeduct, e.Kind)
+			h, err := r.Ledger(ctx, n, id+":h")
+			require.NoError(t, err)
+			assert.Equal(t, user, h.User)
+			assert.Equal(t, stock.StateHeld, h.State)
+			assert.False(t, h.Deadline.IsZero())
+		}
+		// A cart over every name, as a saga: then its retry, then Restore of each line.
+		var lines []stock.Line
+		for _, n := range a12Names {
+			lines = append(lines, stock.Line{SKU: n, Qty: 1})
+		}
+		for _, user := range []string{"x:1", "~", ":"} {
+			id := "cart:" + user
+			_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
+			require.NoError(t, err)
+			rc, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
+			require.NoError(t, err)
+			assert.True(t, rc.Replayed)
+		}
+		var items []string
+		for it, err := range r.Items(ctx) {
+			require.NoError(t, err)
+			items = append(items, it)
+		}
+		assert.ElementsMatch(t, a12Names, items)
+		for _, n := range a12Names {
+			l := a12Check(t, r, n, initial[n])
+			assert.Equal(t, int64(2+3), l.Sold, n)
+		}
+	})
+}
+
+// Promise (WithGroups doc and the Keys section): grouped keys stay injective when group names
+// equal item names or key suffixes; an operation on one item never changes another.
+func TestAttack12GroupNamesDoNotCollide(t *testing.T) {
+	group := func(sku string) string {
+		switch sku {
+		case "tee":
+			return "tee" // a group named as its own item
+		case "x:u", "x:l":
+			return "x" // group = another item's name
+		case "x":
+			return "" // ungrouped
+		case "items", "carts":
+			return "~" // group named like the cart log's tag
+		case "u":
+			return "x:u" // group named like a suffixed key of item x
+		case "g:{":
+			return "g"
+		}
+		return "x:" + sku
+	}
+	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
+		r0 := newReserver(t, b.Client(t)) // an ungrouped Reserver on the same (flushed) Redis, unused
+		_ = r0
+		initial := map[string]int64{}
+		for i, n := range names {
+			initial[n] = int64(50 + i)
+			require.NoError(t, r.Load(ctx, n, initial[n]), n)
+		}
+		before := map[string]stock.Levels{}
+		for _, n := range names {
+			before[n] = a12Check(t, r, n, initial[n])
+		}
+		for i, n := range names {
+			user := names[(i+1)%len(names)]
+			id := names[(i+2)%len(names)]
+			_, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 1})
+			require.NoError(t, err, n)
+			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: user, User: id, Qty: 1}, time.Hour)
+			require.NoError(t, err, n)
+			for _, m := range names {
+				l := a12Check(t, r, m, initial[m])
+				if m == n {
+					assert.Equal(t, before[m].Sold+1, l.Sold, m)
+					assert.Equal(t, before[m].Held+1, l.Held, m)
+				} else {
+					assert.Equal(t, before[m], l, "an operation on %q changed %q", n, m)
+				}
+				before[m] = l
+			}
+		}
+		// Carts within one group, and across groups.
+		for i, c := range []stock.Cart{
+			{ID: "c1", User: "x", Lines: []stock.Line{{SKU: "x:u", Qty: 1}, {SKU: "x:l", Qty: 1}}},
+			{ID: "c2", User: "x:u", Lines: []stock.Line{{SKU: "items", Qty: 1}, {SKU: "carts", Qty: 1}}},
+			{ID: "c3", User: "tee", Lines: []stock.Line{{SKU: "tee", Qty: 1}, {SKU: "x", Qty: 1}, {SKU: "u", Qty: 1}}},
+		} {
+			_, err := r.DeductMany(ctx, c)
+			require.NoError(t, err, i)
+			rc, err := r.DeductMany(ctx, c)
+			require.NoError(t, err, i)
+			assert.True(t, rc.Replayed, i)
+			for _, ln := range c.Lines {
+				before[ln.SKU] = stock.Levels{Available: before[ln.SKU].Available - 1, Held: before[ln.SKU].Held, Sold: before[ln.SKU].Sold + 1, Loaded: before[ln.SKU].Loaded}
+			}
+			for _, m := range names {
+				assert.Equal(t, before[m], a12Check(t, r, m, initial[m]), "after cart %d: %s", i, m)
+			}
+		}
+	})
+}
+
+// Promise (WithPrefix and the Keys section): two Reservers with prefixes "a" and "a:b" (and
+// "a:items", "a:carts") on one Redis never touch each other's items, registry or cart log.
+func TestAttack12PrefixesDoNotCollide(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
+		rs := map[string]*stock.Reserver{}
+		for i, p := range prefixes {
+			rs[p] = newReserver(t, c, stock.WithPrefix(p))
+			for _, n := range []string{"x", "b", "c", "items", "carts", "b:x"} {
+				require.NoError(t, rs[p].Load(ctx, n, int64(10+i)), "%s %s", p, n)
+			}
+		}
+		for i, p := range prefixes {
+			r := rs[p]
+			_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", User: "u", Qty: int64(i + 1)})
+			require.NoError(t, err)
+			_, err = r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
+			require.NoError(t, err)
+		}
+		_, err := rs["a:b"].RecoverCarts(ctx, -time.Second)
+		require.NoError(t, err)
+		for i, p := range prefixes {
+			r := rs[p]
+			l := a12Check(t, r, "x", int64(10+i))
+			assert.Equal(t, int64(i+1), l.Sold, "%s x", p)
+			for _, n := range []string{"b", "c"} {
+				l := a12Check(t, r, n, int64(10+i))
+				assert.Equal(t, int64(1), l.Sold, "%s %s", p, n)
+			}
+			var items []string
+			for it, err := range r.Items(ctx) {
+				require.NoError(t, err)
+				items = append(items, it)
+			}
+			assert.ElementsMatch(t, []string{"x", "b", "c", "items", "carts", "b:x"}, items, p)
+		}
+	})
+}
+
+// Promise (DeductMany doc): the cart record holds "its kind, user and lines"; the same id with
+// other lines, another kind or another user is ErrConflict, the same cart is a replay. Cart ids,
+// users and SKUs are drawn from names full of separators, so that two different carts whose
+// records were encoded alike would be taken for one.
+func TestAttack12CartRecordsRandomNames(t *testing.T) {
+	skus := []string{"x", "x:u", "x:1", "1", "x,1", "x;1", "x=1", "~", ":", "x:", ":x", "1:x"}
+	ids := []string{"k", "k:", ":k", "k:1", "k,1", "k;1", "1", ":", "~", "k:p", "p"}
+	users := []string{"", "u", "u:", ":u", "u:1", "u,1", "1", "x", "x:1", ":", "~"}
+	type rec struct {
+		hold  bool
+		user  string
+		lines map[string]int64
+	}
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		for _, s := range skus {
+			require.NoError(t, r.Load(ctx, s, 1_000_000))
+		}
+		rng := rand.New(rand.NewPCG(12, 12))
+		model := map[string]rec{}
+		sold, held := map[string]int64{}, map[string]int64{}
+		for step := range 600 {
+			id := ids[rng.IntN(len(ids))]
+			c := stock.Cart{ID: id, User: users[rng.IntN(len(users))]}
+			sum := map[string]int64{}
+			for range 1 + rng.IntN(3) {
+				l := stock.Line{SKU: skus[rng.IntN(len(skus))], Qty: 1 + rng.Int64N(2)}
+				c.Lines = append(c.Lines, l)
+				sum[l.SKU] += l.Qty
+			}
+			hold := rng.IntN(3) == 0
+			var err error
+			var rc stock.CartReceipt
+			if hold {
+				rc, err = r.HoldMany(ctx, c, time.Hour)
+			} else {
+				rc, err = r.DeductMany(ctx, c)
+			}
+			prev, seen := model[id]
+			same := seen && prev.hold == hold && prev.user == c.User && fmt.Sprint(prev.lines) == fmt.Sprint(sum)
+			switch {
+			case !seen:
+				require.NoError(t, err, "step %d: first use of %q: %+v", step, id, c)
+				assert.False(t, rc.Replayed)
+				model[id] = rec{hold: hold, user: c.User, lines: sum}
+				for s, q := range sum {
+					if hold {
+						held[s] += q
+					} else {
+						sold[s] += q
+					}
+				}
+			case same:
+				require.NoError(t, err, "step %d: same cart %q again: %+v", step, id, c)
+				assert.True(t, rc.Replayed, "step %d", step)
+			default:
+				require.ErrorIs(t, err, stock.ErrConflict, "step %d: cart %q first %+v, now hold=%v %+v", step, id, prev, hold, c)
+			}
+		}
+		for _, s := range skus {
+			l := a12Check(t, r, s, 1_000_000)
+			assert.Equal(t, sold[s], l.Sold, s)
+			assert.Equal(t, held[s], l.Held, s)
+		}
+		t.Logf("%d cart ids used", len(model))
+	})
+}
+
 var (
 	_ = errors.Is
 	_ = fmt.Sprint
