@@ -633,6 +633,289 @@ func TestAttack12CartRecordsRandomNames(t *testing.T) {
 	})
 }
 
+// Promise (Hold doc): "after expiry it is ErrExpired", whatever the number of other holds due;
+// Confirm and Extend past the deadline are ErrExpired; Cancel of an expired hold is a replay.
+// 600 holds are due at once (more than any one bounded release step), and each is asked in
+// reverse order before anything else touched the item.
+func TestAttack12ManyHoldsDueAnswers(t *testing.T) {
+	const n = 600
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "h", n))
+		for i := range n {
+			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), User: "u", Qty: 1}, 500*time.Millisecond)
+			require.NoError(t, err)
+		}
+		redistest.Sleep(c, 700*time.Millisecond)
+		for i := n - 1; i >= 0; i-- {
+			id := fmt.Sprint("h", i)
+			var err error
+			switch i % 4 {
+			case 0:
+				var rc stock.Receipt
+				rc, err = r.Hold(ctx, stock.Request{SKU: "h", ID: id, User: "u", Qty: 1}, 500*time.Millisecond)
+				require.ErrorIs(t, err, stock.ErrExpired, "hold replay %s: %+v", id, rc)
+			case 1:
+				_, err = r.Confirm(ctx, "h", id)
+				require.ErrorIs(t, err, stock.ErrExpired, "confirm %s", id)
+			case 2:
+				_, err = r.Extend(ctx, "h", id, time.Hour)
+				require.ErrorIs(t, err, stock.ErrExpired, "extend %s", id)
+			case 3:
+				// Its Replayed flag: TestAttack12CancelOfDueHoldIsReplay.
+				_, err := r.Cancel(ctx, "h", id)
+				require.NoError(t, err, "cancel of an expired hold %s is a replay", id)
+			}
+		}
+		l := a12Check(t, r, "h", n)
+		assert.Equal(t, stock.Levels{Available: n, Loaded: n}, l)
+		for id, e := range ledger(t, r, "h") {
+			assert.Equal(t, stock.StateExpired, e.State, id)
+		}
+	})
+}
+
+// Promise (Hold doc, README Holds): "a hold past its deadline is released ... by the item's next
+// Deduct, Hold, Confirm or Extend" and "every deduct, hold, confirm and extend also releases
+// the item's expired holds first": with 600 holds due and no sweeper, a deduct of all 600 units
+// is not refused for want of stock that only expired holds keep. Found, on every backend: the
+// deduct releases 64 of them and answers ErrInsufficient (Remaining 64, Held 536 of expired
+// holds); a Hold of every unit likewise.
+func TestAttack12DeductAfterManyHoldsDue(t *testing.T) {
+	const n = 600
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "h", n))
+		for i := range n {
+			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, 500*time.Millisecond)
+			require.NoError(t, err)
+		}
+		redistest.Sleep(c, 700*time.Millisecond)
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "all", Qty: n})
+		assert.NoError(t, err, "every unit is free again: %+v", rc)
+		l := a12Check(t, r, "h", n)
+		t.Logf("after the deduct: %+v", l)
+		// And a hold of the whole item after the same situation.
+		require.NoError(t, r.Load(ctx, "h2", n))
+		for i := range n {
+			_, err := r.Hold(ctx, stock.Request{SKU: "h2", ID: fmt.Sprint("h", i), Qty: 1}, 500*time.Millisecond)
+			require.NoError(t, err)
+		}
+		redistest.Sleep(c, 700*time.Millisecond)
+		_, err = r.Hold(ctx, stock.Request{SKU: "h2", ID: "all", Qty: n}, time.Minute)
+		assert.NoError(t, err, "hold of every unit after 600 holds expired")
+		a12Check(t, r, "h2", n)
+	})
+}
+
+// Promise (Confirm, Extend, Cancel, Hold docs) at the deadline: on miniredis's clock, stopped
+// exactly at a hold's deadline and 1 ms either side, every operation must take the same view
+// of whether the hold is live, and the ledger must agree with the answers.
+func TestAttack12HoldDeadlineEdges(t *testing.T) {
+	ctx := context.Background()
+	for _, off := range []time.Duration{-time.Millisecond, 0, time.Millisecond} {
+		t.Run(fmt.Sprint(off), func(t *testing.T) {
+			_, c := redistest.Miniredis(t)
+			r := newReserver(t, c)
+			require.NoError(t, r.Load(ctx, "d", 10))
+			ops := []string{"replay", "confirm", "extend", "cancel", "sweep", "deduct"}
+			for _, op := range ops {
+				_, err := r.Hold(ctx, stock.Request{SKU: "d", ID: op, Qty: 1}, time.Second)
+				require.NoError(t, err)
+			}
+			redistest.Sleep(c, time.Second+off)
+			live := map[string]bool{}
+			for _, op := range ops {
+				var err error
+				switch op {
+				case "replay":
+					_, err = r.Hold(ctx, stock.Request{SKU: "d", ID: op, Qty: 1}, time.Second)
+					live[op] = err == nil
+				case "confirm":
+					_, err = r.Confirm(ctx, "d", op)
+					live[op] = err == nil
+				case "extend":
+					_, err = r.Extend(ctx, "d", op, time.Hour)
+					live[op] = err == nil
+				case "cancel":
+					// A cancel of a live hold and of an expired one both succeed: read the state.
+					e, lerr := r.Ledger(ctx, "d", op)
+					require.NoError(t, lerr)
+					live[op] = e.State == stock.StateHeld
+					continue
+				case "sweep":
+					n, serr := r.Sweep(ctx, "d")
+					require.NoError(t, serr)
+					e, lerr := r.Ledger(ctx, "d", op)
+					require.NoError(t, lerr)
+					live[op] = e.State == stock.StateHeld
+					t.Logf("sweep released %d", n)
+					continue
+				case "deduct":
+					_, err = r.Deduct(ctx, stock.Request{SKU: "d", ID: "other", Qty: 1})
+					require.NoError(t, err)
+					e, lerr := r.Ledger(ctx, "d", op)
+					require.NoError(t, lerr)
+					live[op] = e.State == stock.StateHeld
+					continue
+				}
+				if err != nil {
+					assert.ErrorIs(t, err, stock.ErrExpired, op)
+				}
+			}
+			t.Logf("offset %v: live %v", off, live)
+			for _, op := range ops {
+				assert.Equal(t, off < 0, live[op], "offset %v: %s sees the hold live=%v (all: %v)", off, op, live[op], live)
+			}
+			a12Check(t, r, "d", 10)
+		})
+	}
+}
+
+// Promise: around the deadline on real servers, Confirm racing Sweep, Extend, Cancel and a
+// replay of the Hold: the answers agree with each other and with the ledger.
+func TestAttack12HoldDeadlineRaces(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1, r2 := newReserver(t, c1), newReserver(t, c2)
+		require.NoError(t, r1.Load(ctx, "d", 1000))
+		confirmed, expired := 0, 0
+		for i := range 60 {
+			id := fmt.Sprint("d", i)
+			_, err := r1.Hold(ctx, stock.Request{SKU: "d", ID: id, User: "u", Qty: 1}, 20*time.Millisecond)
+			require.NoError(t, err)
+			redistest.Sleep(c1, time.Duration(15+i%10)*time.Millisecond)
+			var wg sync.WaitGroup
+			var cerr, xerr, herr error
+			wg.Add(4)
+			go func() { defer wg.Done(); _, cerr = r1.Confirm(ctx, "d", id) }()
+			go func() { defer wg.Done(); _, xerr = r2.Extend(ctx, "d", id, time.Hour) }()
+			go func() {
+				defer wg.Done()
+				_, herr = r2.Hold(ctx, stock.Request{SKU: "d", ID: id, User: "u", Qty: 1}, 20*time.Millisecond)
+			}()
+			go func() { defer wg.Done(); _, _ = r2.Sweep(ctx, "d") }()
+			wg.Wait()
+			e, err := r1.Ledger(ctx, "d", id)
+			require.NoError(t, err)
+			if cerr == nil {
+				confirmed++
+				assert.True(t, e.Taken() && e.State != stock.StateHeld, "%s: confirmed, ledger %+v", id, e)
+			} else {
+				expired++
+				assert.ErrorIs(t, cerr, stock.ErrExpired)
+				if xerr == nil {
+					t.Errorf("%s: Extend succeeded but Confirm said %v; ledger %+v", id, cerr, e)
+				}
+				assert.Equal(t, stock.StateExpired, e.State, "%s: %+v", id, e)
+			}
+			if herr != nil && !errors.Is(herr, stock.ErrExpired) {
+				t.Errorf("%s: hold replay: %v", id, herr)
+			}
+			if herr != nil && cerr == nil {
+				// Confirm saw the hold live; a replay of the Hold that ran before it must too,
+				// but one that ran after sees the confirmation (a replay). Either way never ErrExpired
+				// for a hold that was confirmed.
+				t.Errorf("%s: confirmed, yet its replay answered %v", id, herr)
+			}
+		}
+		t.Logf("confirmed %d, expired %d", confirmed, expired)
+		a12Check(t, r1, "d", 1000)
+	})
+}
+
+// Promise (Extend doc): "ErrExpired past the deadline"; its units went back; afterwards every
+// call on the id agrees. Reservers sharing one Redis (caching clients) answer the same.
+func TestAttack12ExtendExpiredAcrossReservers(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1, r2 := newReserver(t, c1), newReserver(t, c2)
+		require.NoError(t, r1.Load(ctx, "e", 3))
+		_, err := r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, 200*time.Millisecond)
+		require.NoError(t, err)
+		// r2 caches the item as sold out.
+		_, err = r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		redistest.Sleep(c1, 300*time.Millisecond)
+		_, err = r2.Extend(ctx, "e", "h", time.Hour)
+		require.ErrorIs(t, err, stock.ErrExpired)
+		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, a12Check(t, r1, "e", 3))
+		_, err = r1.Extend(ctx, "e", "h", time.Hour)
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		_, err = r1.Confirm(ctx, "e", "h")
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		_, err = r2.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		_, err = r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		// r2 wrote (Extend released the hold): its own next deduct is not answered sold out.
+		_, err = r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})
+		assert.NoError(t, err, "r2 released 3 units itself, then said")
+		rc, err := r1.Cancel(ctx, "e", "h")
+		assert.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		a12Check(t, r1, "e", 3)
+	})
+}
+
+// Bad hold durations are ErrInvalid and change nothing.
+func TestAttack12HoldTTLBounds(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		require.NoError(t, r.Load(ctx, "t", 3))
+		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond, 500 * time.Microsecond} {
+			_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, ttl)
+			assert.ErrorIs(t, err, stock.ErrInvalid, "ttl %v", ttl)
+		}
+		_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, time.Minute)
+		require.NoError(t, err)
+		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond} {
+			_, err := r.Extend(ctx, "t", "h", ttl)
+			assert.ErrorIs(t, err, stock.ErrInvalid, "extend ttl %v", ttl)
+		}
+		assert.Equal(t, stock.Levels{Available: 2, Held: 1, Loaded: 3}, a12Check(t, r, "t", 3))
+	})
+}
+
+// Promise (Cancel doc): "A second Cancel, or a Cancel of a hold that already expired, is a
+// replay" — and (issue 12) an id's answer must not depend on how many other holds are due.
+// Found: a Cancel of a hold past its deadline that no other call has released yet answers
+// Replayed false with the units (the entry ends expired), whatever the number of holds due; a
+// Cancel of the same hold after another call released it answers Replayed true: the answer for
+// one id depends on what else touched the item (with > 64 holds due, on how many).
+func TestAttack12CancelOfDueHoldIsReplay(t *testing.T) {
+	for _, n := range []int{1, 64, 65, 200} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				c := b.Client(t)
+				r := newReserver(t, c)
+				require.NoError(t, r.Load(ctx, "h", int64(n)))
+				for i := range n {
+					_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)
+					require.NoError(t, err)
+				}
+				redistest.Sleep(c, 500*time.Millisecond)
+				last := fmt.Sprint("h", n-1)
+				rc, err := r.Cancel(ctx, "h", last)
+				require.NoError(t, err)
+				e, err := r.Ledger(ctx, "h", last)
+				require.NoError(t, err)
+				assert.True(t, rc.Replayed, "cancel of an expired hold (%d due) is a replay; receipt %+v, entry state %s", n, rc, e.State)
+				assert.Equal(t, stock.StateExpired, e.State)
+				a12Check(t, r, "h", int64(n))
+			})
+		})
+	}
+}
+
 var (
 	_ = errors.Is
 	_ = fmt.Sprint
