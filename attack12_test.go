@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -913,6 +914,201 @@ func TestAttack12CancelOfDueHoldIsReplay(t *testing.T) {
 				a12Check(t, r, "h", int64(n))
 			})
 		})
+	}
+}
+
+// Promise (package doc, non-guarantees): the sold-out fast path "never admits a request, and
+// never refuses an id the ledger has", and (issue 12) after a write through a Reserver returned,
+// that Reserver's answers do not predate it. Ids the ledger had before the first sell-out (taken,
+// tombstoned, expired, cancelled), a large ledger, and a second Reserver whose cache is warm.
+func TestAttack12FastPathIDsBeforeSellOut(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1 := newReserver(t, c1)
+		r2 := newReserver(t, c2)
+		const n = 3000
+		require.NoError(t, r1.Load(ctx, "f", n+2))
+		_, err := r1.Restore(ctx, "f", "tomb")
+		require.ErrorIs(t, err, stock.ErrUnknownID)
+		_, err = r1.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)
+		require.NoError(t, err)
+		_, err = r1.Cancel(ctx, "f", "cancelled")
+		require.NoError(t, err)
+		_, err = r1.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, 100*time.Millisecond)
+		require.NoError(t, err)
+		redistest.Sleep(c1, 200*time.Millisecond)
+		for i := range n {
+			_, err := r1.Deduct(ctx, stock.Request{SKU: "f", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		_, err = r1.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 2})
+		require.NoError(t, err)
+		// Sold out. Warm the caches with refusals, then ask for every id the ledger has.
+		a12WarmSoldOut(t, r2, "f", b.Real())
+		a12WarmSoldOut(t, r1, "f", b.Real())
+		for _, r := range []*stock.Reserver{r2, r1} {
+			for i := range n {
+				rc, err := r.Deduct(ctx, stock.Request{SKU: "f", ID: fmt.Sprint("o", i), Qty: 1})
+				require.NoError(t, err, "replay of o%d", i)
+				require.True(t, rc.Replayed)
+			}
+			_, err = r.Deduct(ctx, stock.Request{SKU: "f", ID: "tomb", Qty: 1})
+			assert.ErrorIs(t, err, stock.ErrRestored)
+			_, err = r.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)
+			assert.ErrorIs(t, err, stock.ErrRestored)
+			_, err = r.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, time.Hour)
+			assert.ErrorIs(t, err, stock.ErrExpired)
+			_, err = r.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 3})
+			assert.ErrorIs(t, err, stock.ErrConflict)
+		}
+		t.Logf("answered in-process: r1 %d, r2 %d", r1.SoldOutAnswers(), r2.SoldOutAnswers())
+		a12Check(t, r1, "f", n+2)
+	})
+}
+
+// Promise (as above): after a Reserver's own write that gave units back has returned, that
+// Reserver does not answer "sold out" from its cache. Each write: Restock, Restore, Cancel of a
+// live hold, Sweep of an expired hold, Extend and Confirm of an expired hold (they release it),
+// Refuse. The other Reserver only reads and is refused (it takes nothing), so the unit is
+// there for the next deduct.
+func TestAttack12FastPathOwnWritesGiveBack(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1 := newReserver(t, c1)
+		r2 := newReserver(t, c2)
+		require.NoError(t, r1.Load(ctx, "g", 0))
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = r2.Available(ctx, "g")
+				_, _ = r2.Deduct(ctx, stock.Request{SKU: "g", ID: "r2-never", Qty: 1 << 40})
+			}
+		}()
+		defer func() { close(stop); wg.Wait() }()
+		writes := []string{"restock", "restore", "cancel", "sweep", "extend", "confirm", "refuse"}
+		seq := 0
+		next := func() string { seq++; return fmt.Sprint("n", seq) }
+		for round := range 6 {
+			for _, w := range writes {
+				// Set up one unit owned by an id of w, then sell out and warm the cache.
+				id := next()
+				switch w {
+				case "restock":
+				case "restore", "refuse":
+					_, err := r1.Restock(ctx, "g", next(), 1)
+					require.NoError(t, err)
+					_, err = r1.Deduct(ctx, stock.Request{SKU: "g", ID: id, Qty: 1})
+					require.NoError(t, err)
+				case "cancel", "sweep", "extend", "confirm":
+					_, err := r1.Restock(ctx, "g", next(), 1)
+					require.NoError(t, err)
+					ttl := time.Hour
+					if w != "cancel" {
+						ttl = 300 * time.Millisecond
+					}
+					_, err = r1.Hold(ctx, stock.Request{SKU: "g", ID: id, Qty: 1}, ttl)
+					require.NoError(t, err)
+				}
+				a12WarmSoldOut(t, r1, "g", false)
+				var err error
+				switch w {
+				case "restock":
+					_, err = r1.Restock(ctx, "g", id, 1)
+					require.NoError(t, err)
+				case "restore":
+					_, err = r1.Restore(ctx, "g", id)
+					require.NoError(t, err)
+				case "refuse":
+					_, err = r1.Refuse(ctx, "g", id)
+					require.NoError(t, err)
+				case "cancel":
+					_, err = r1.Cancel(ctx, "g", id)
+					require.NoError(t, err)
+				case "sweep", "extend", "confirm":
+					redistest.Sleep(c1, 350*time.Millisecond)
+					var n int64
+					switch w {
+					case "sweep":
+						// r2's refused deducts may have released it first.
+						n, err = r1.Sweep(ctx, "g")
+						require.NoError(t, err)
+						require.LessOrEqual(t, n, int64(1))
+					case "extend":
+						_, err = r1.Extend(ctx, "g", id, time.Hour)
+						require.ErrorIs(t, err, stock.ErrExpired)
+					case "confirm":
+						_, err = r1.Confirm(ctx, "g", id)
+						require.ErrorIs(t, err, stock.ErrExpired)
+					}
+				}
+				_, err = r1.Deduct(ctx, stock.Request{SKU: "g", ID: next(), Qty: 1})
+				require.NoError(t, err, "round %d: after its own %s gave a unit back, r1 said", round, w)
+			}
+		}
+		t.Logf("answered in-process: r1 %d, r2 %d", r1.SoldOutAnswers(), r2.SoldOutAnswers())
+		a12Check(t, r1, "g", 0)
+	})
+}
+
+// Promise (Hold doc: "a hold past its deadline is released ... by the item's next Deduct", and
+// the fast path "never admits a request" only errs for "as long as an invalidation takes to
+// arrive after stock came back"): an item sold out only by holds whose deadline passed has
+// stock; no write happened when the deadline passed, so no invalidation is coming. A deduct on
+// the Reserver whose cache says sold out must still reach Redis and take the unit.
+func TestAttack12FastPathHoldDeadlinePassed(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c, stock.WithSoldOutCache(time.Hour))
+		require.NoError(t, r.Load(ctx, "p", 1))
+		_, err := r.Hold(ctx, stock.Request{SKU: "p", ID: "h", Qty: 1}, 200*time.Millisecond)
+		require.NoError(t, err)
+		for i := range 20 {
+			_, err = r.Deduct(ctx, stock.Request{SKU: "p", ID: fmt.Sprint("x", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+		}
+		redistest.Sleep(c, 400*time.Millisecond)
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "after", Qty: 1})
+		assert.NoError(t, err, "the only hold expired: the unit is free (%+v); answered in-process %d", rc, r.SoldOutAnswers())
+		t.Logf("answered in-process: %d", r.SoldOutAnswers())
+		a12Check(t, r, "p", 1)
+	})
+}
+
+var a12Seq atomic.Int64
+
+// a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
+// (its fast path is warm); on a client without caching, a few times. With must, it fails the
+// test when the fast path never answers.
+func a12WarmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
+	t.Helper()
+	before := r.SoldOutAnswers()
+	tries := 200
+	if !must {
+		tries = 20
+	}
+	for range tries {
+		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("warm-", a12Seq.Add(1)), Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		if r.SoldOutAnswers() > before {
+			return
+		}
+		if !must {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if must {
+		t.Fatalf("%s: the fast path never answered in-process", sku)
 	}
 }
 
