@@ -1085,6 +1085,99 @@ func TestAttack12FastPathHoldDeadlinePassed(t *testing.T) {
 	})
 }
 
+// Promise (as above), under load: 8 goroutines of one Reserver lay tombstones (Restore of an
+// unknown id) and take units then repeat them at once, on an item that other Reservers (own
+// clients) keep selling out and restocking, so caches are invalidated and refilled all the
+// time. A tombstoned id is always ErrRestored, a taken id always a replay, on the Reserver
+// that wrote them, and on a second Reserver sharing its client.
+func TestAttack12FastPathUnderChurn(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1 := newReserver(t, c1)
+		r1b := newReserver(t, c1) // another Reserver on r1's client
+		r2 := newReserver(t, c2)
+		require.NoError(t, r1.Load(ctx, "s", 0))
+		stop := make(chan struct{})
+		var bg sync.WaitGroup
+		for k := range 2 {
+			bg.Add(1)
+			go func() {
+				defer bg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if k == 0 && i%4 == 0 {
+						_, _ = r2.Restock(ctx, "s", fmt.Sprintf("bg-rs-%d", i), 2)
+					}
+					_, _ = r2.Deduct(ctx, stock.Request{SKU: "s", ID: fmt.Sprintf("bg-%d-%d", k, i), Qty: 1})
+				}
+			}()
+		}
+		var (
+			wg        sync.WaitGroup
+			mu        sync.Mutex
+			wrong     = map[string]int{}
+			tombs, rp int
+		)
+		iters := 1500
+		if !b.Real() {
+			iters = 150
+		}
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range iters {
+					id := fmt.Sprintf("w%d-%d", g, i)
+					if i%2 == 0 {
+						_, err := r1.Restore(ctx, "s", id)
+						if !errors.Is(err, stock.ErrUnknownID) {
+							continue
+						}
+						rr := r1
+						if i%4 == 0 {
+							rr = r1b
+						}
+						_, err = rr.Deduct(ctx, stock.Request{SKU: "s", ID: id, Qty: 1})
+						mu.Lock()
+						tombs++
+						if !errors.Is(err, stock.ErrRestored) {
+							wrong[fmt.Sprintf("tombstone then deduct: %v", err)]++
+						}
+						mu.Unlock()
+						continue
+					}
+					_, err := r1.Deduct(ctx, stock.Request{SKU: "s", ID: id, Qty: 1})
+					if err != nil {
+						continue
+					}
+					rr := r1
+					if i%4 == 1 {
+						rr = r1b
+					}
+					rc, err := rr.Deduct(ctx, stock.Request{SKU: "s", ID: id, Qty: 1})
+					mu.Lock()
+					rp++
+					if err != nil || !rc.Replayed {
+						wrong[fmt.Sprintf("taken then repeated: %v replayed=%v", err, rc.Replayed)]++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		bg.Wait()
+		t.Logf("%d tombstones, %d repeats; in-process answers r1 %d r1b %d r2 %d", tombs, rp, r1.SoldOutAnswers(), r1b.SoldOutAnswers(), r2.SoldOutAnswers())
+		assert.Empty(t, wrong)
+		a12Check(t, r1, "s", 0)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
