@@ -1178,6 +1178,38 @@ func TestAttack12FastPathUnderChurn(t *testing.T) {
 	})
 }
 
+// Promise (as above, and DeductMany doc: the undo "tombstones the lines not taken"): a tombstone
+// laid by a cart's undo or by a Cancel of an unknown id, through a Reserver whose cache says the
+// item is sold out, makes that Reserver answer ErrRestored for the id, never ErrSoldOut.
+func TestAttack12FastPathTombstonesFromCartsAndCancels(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		require.NoError(t, r.Load(ctx, "a", 1000))
+		require.NoError(t, r.Load(ctx, "z1", 0))
+		require.NoError(t, r.Load(ctx, "z2", 0))
+		for i := range 100 {
+			a12WarmSoldOut(t, r, "z1", false)
+			a12WarmSoldOut(t, r, "z2", false)
+			id := fmt.Sprint("cart", i)
+			// a is taken first (SKU order), z1 refuses: z2 is tombstoned by the undo.
+			_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "z1", Qty: 1}, {SKU: "z2", Qty: 1}}})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			for _, sku := range []string{"z1", "z2", "a"} {
+				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 1})
+				assert.ErrorIs(t, err, stock.ErrRestored, "%s %s", sku, id)
+			}
+			cid := fmt.Sprint("cancel", i)
+			_, err = r.Cancel(ctx, "z1", cid)
+			require.ErrorIs(t, err, stock.ErrUnknownID)
+			_, err = r.Hold(ctx, stock.Request{SKU: "z1", ID: cid, Qty: 1}, time.Minute)
+			assert.ErrorIs(t, err, stock.ErrRestored, cid)
+		}
+		t.Logf("in-process answers %d", r.SoldOutAnswers())
+		assert.Equal(t, int64(0), a12Check(t, r, "a", 1000).Sold)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
