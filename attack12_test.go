@@ -1210,6 +1210,163 @@ func TestAttack12FastPathTombstonesFromCartsAndCancels(t *testing.T) {
 	})
 }
 
+// a12Drain runs a relay pass until nothing is pending for the items.
+func a12Drain(t *testing.T, r *stock.Reserver, store *memstore.Store) {
+	t.Helper()
+	rl, err := r.NewRelay(store, nil, stock.WithBackoff(time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
+	for range 20 {
+		st, err := rl.Once(context.Background())
+		require.NoError(t, err)
+		if st.Claimed == 0 {
+			return
+		}
+	}
+}
+
+func a12Reports(t *testing.T, rec *stock.Reconciler) map[string]stock.Report {
+	t.Helper()
+	reps, err := rec.Once(context.Background())
+	require.NoError(t, err)
+	m := map[string]stock.Report{}
+	for _, rp := range reps {
+		m[rp.SKU] = rp
+	}
+	return m
+}
+
+// Promise (Delist, Reopen, Close docs): "only a closed, delisted item is ever retired", "a
+// delisted item cannot be reopened", "Its pipeline finishes as with Close", and "A retired item
+// answers ErrNotLoaded and may be loaded again". Items: closed only, reopened, delisted with a
+// live hold, delisted with events pending, delisted with a name that prefixes others, delisted
+// and retired then loaded again (the next pass must not retire the new item).
+func TestAttack12RetireOnlyDelisted(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		store := memstore.New()
+		skus := []string{"closed", "reopened", "held", "pending", "x", "x:u", "gone"}
+		for _, sku := range skus {
+			require.NoError(t, r.Load(ctx, sku, 10))
+			require.NoError(t, store.Load(ctx, sku, 10))
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 2})
+			require.NoError(t, err)
+		}
+		_, err := r.Hold(ctx, stock.Request{SKU: "held", ID: "h1", User: "u", Qty: 1}, time.Hour)
+		require.NoError(t, err)
+		a12Drain(t, r, store)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "pending", ID: "o2", Qty: 1})
+		require.NoError(t, err)
+
+		require.NoError(t, r.Close(ctx, "closed"))
+		require.NoError(t, r.Close(ctx, "reopened"))
+		require.NoError(t, r.Reopen(ctx, "reopened"))
+		for _, sku := range []string{"held", "pending", "x", "gone"} {
+			require.NoError(t, r.Delist(ctx, sku))
+			require.NoError(t, r.Delist(ctx, sku), "delisting twice does nothing")
+			assert.ErrorIs(t, r.Reopen(ctx, sku), stock.ErrClosed, sku)
+			assert.True(t, a12Check(t, r, sku, 10).Closed, sku)
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", Qty: 1})
+			assert.ErrorIs(t, err, stock.ErrClosed, sku)
+			assert.ErrorIs(t, r.Load(ctx, sku, 5), stock.ErrLoaded, sku)
+		}
+		redistest.Sleep(c, 20*time.Millisecond)
+		rec, err := r.NewReconciler(store, stock.WithRetention(time.Millisecond))
+		require.NoError(t, err)
+		reps := a12Reports(t, rec)
+		for _, sku := range []string{"closed", "reopened", "held", "pending", "x:u"} {
+			assert.False(t, reps[sku].Retired, "%s retired: %v", sku, reps[sku])
+			levels(t, r, sku)
+		}
+		assert.True(t, reps["gone"].Retired, "gone: %v", reps["gone"])
+		assert.True(t, reps["x"].Retired, "x: %v", reps["x"])
+		_, err = r.Levels(ctx, "gone")
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		// The held item's pipeline finishes: the hold is confirmed after the delisting.
+		_, err = r.Confirm(ctx, "held", "h1")
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), levels(t, r, "held").Sold)
+		a12Drain(t, r, store)
+		redistest.Sleep(c, 20*time.Millisecond)
+		reps = a12Reports(t, rec)
+		assert.True(t, reps["held"].Retired, "held, confirmed and delivered: %v", reps["held"])
+		assert.True(t, reps["pending"].Retired, "pending, delivered: %v", reps["pending"])
+
+		// Loaded again after retirement: a new item, not retired by the next passes.
+		require.NoError(t, r.Load(ctx, "gone", 7))
+		store.Set("gone", 7)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "gone", ID: "o1", User: "u", Qty: 1})
+		require.NoError(t, err)
+		e, err := r.Ledger(ctx, "gone", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), e.Qty, "a new sale, not a replay of the retired item's o1")
+		a12Drain(t, r, store)
+		redistest.Sleep(c, 20*time.Millisecond)
+		for range 2 {
+			reps = a12Reports(t, rec)
+			assert.False(t, reps["gone"].Retired, "the reloaded item: %v", reps["gone"])
+		}
+		l := levels(t, r, "gone")
+		assert.False(t, l.Closed)
+		assert.Equal(t, int64(1), l.Sold)
+		require.NoError(t, r.Close(ctx, "gone"))
+		require.NoError(t, r.Reopen(ctx, "gone"), "a reloaded item is not delisted")
+	})
+}
+
+// Promise (Delist doc): retirement removes the keys "in bounded steps"; until it is done and
+// after, the item is gone as a whole: a large ledger (1,500 entries) retired, then loaded again
+// at once, must not lose the new item's entries to a later step of the old retirement.
+func TestAttack12RetireLargeLedgerThenReload(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		store := memstore.New()
+		const n = 1500
+		require.NoError(t, r.Load(ctx, "big", n))
+		require.NoError(t, store.Load(ctx, "big", n))
+		for i := range n {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		a12Drain(t, r, store)
+		require.NoError(t, r.Delist(ctx, "big"))
+		redistest.Sleep(c, 20*time.Millisecond)
+		rec, err := r.NewReconciler(store, stock.WithRetention(time.Millisecond))
+		require.NoError(t, err)
+		var retired bool
+		for pass := range 6 {
+			reps := a12Reports(t, rec)
+			t.Logf("pass %d: %v", pass, reps["big"])
+			if reps["big"].Retired {
+				retired = true
+				break
+			}
+		}
+		require.True(t, retired)
+		_, err = r.Levels(ctx, "big")
+		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.NoError(t, r.Load(ctx, "big", 10))
+		store.Set("big", 10)
+		for i := range 5 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		a12Drain(t, r, store)
+		assert.Len(t, ledger(t, r, "big"), 5)
+		for range 3 {
+			reps := a12Reports(t, rec)
+			assert.False(t, reps["big"].Retired, "%v", reps["big"])
+		}
+		// (the passes trim the new applied entries: the retention is 1 ms)
+		l := levels(t, r, "big")
+		assert.Equal(t, int64(5), l.Sold)
+		assert.Equal(t, int64(10), l.Loaded)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
