@@ -1370,6 +1370,149 @@ func TestAttack12RetireLargeLedgerThenReload(t *testing.T) {
 	})
 }
 
+// Promise (ConfirmMany doc): "a cart is confirmed whole or not at all" — with a CancelMany of
+// the same cart racing it, the cart ends all confirmed or all given back, never split.
+func TestAttack12ConfirmManyRacingCancelMany(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1, r2 := newReserver(t, c1), newReserver(t, c2)
+		skus := []string{"ca", "cb", "cc", "cd"}
+		for _, s := range skus {
+			require.NoError(t, r1.Load(ctx, s, 1000))
+		}
+		split := 0
+		for round := range 60 {
+			id := fmt.Sprint("k", round)
+			cart := stock.Cart{ID: id, User: "u"}
+			for _, s := range skus {
+				cart.Lines = append(cart.Lines, stock.Line{SKU: s, Qty: 1})
+			}
+			_, err := r1.HoldMany(ctx, cart, time.Hour)
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			var cerr, xerr error
+			wg.Add(2)
+			go func() { defer wg.Done(); _, cerr = r1.ConfirmMany(ctx, id, skus...) }()
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(rand.IntN(1500)) * time.Microsecond)
+				_, xerr = r2.CancelMany(ctx, id, skus...)
+			}()
+			wg.Wait()
+			states := map[stock.State]int{}
+			for _, s := range skus {
+				e, err := r1.Ledger(ctx, s, id)
+				require.NoError(t, err)
+				states[e.State]++
+			}
+			if len(states) != 1 {
+				split++
+				t.Errorf("round %d: cart split %v (confirm: %v; cancel: %v)", round, states, cerr, xerr)
+			}
+			if cerr == nil {
+				assert.Equal(t, len(skus), states[stock.StateReserved]+states[stock.StateApplied], "round %d: confirm said yes: %v", round, states)
+			}
+		}
+		for _, s := range skus {
+			a12Check(t, r1, s, 1000)
+		}
+		t.Logf("split carts: %d of 60", split)
+	})
+}
+
+// Bad carts are ErrInvalid and change nothing: 101 lines, a zero or negative line, lines that
+// sum past MaxQty, an empty id.
+func TestAttack12CartBadInput(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		require.NoError(t, r.Load(ctx, "a", 10))
+		var many []stock.Line
+		for range 101 {
+			many = append(many, stock.Line{SKU: "a", Qty: 1})
+		}
+		for i, c := range []stock.Cart{
+			{ID: "c", Lines: many},
+			{ID: "c", Lines: []stock.Line{{SKU: "a", Qty: 0}}},
+			{ID: "c", Lines: []stock.Line{{SKU: "a", Qty: -1}, {SKU: "a", Qty: 2}}},
+			{ID: "c", Lines: []stock.Line{{SKU: "a", Qty: stock.MaxQty}, {SKU: "a", Qty: stock.MaxQty}}},
+			{ID: "c", Lines: []stock.Line{{SKU: "a", Qty: stock.MaxQty}, {SKU: "a", Qty: 1}}},
+			{ID: "", Lines: []stock.Line{{SKU: "a", Qty: 1}}},
+			{ID: "c", Lines: nil},
+			{ID: "c", Lines: []stock.Line{{SKU: "", Qty: 1}}},
+		} {
+			_, err := r.DeductMany(ctx, c)
+			assert.ErrorIs(t, err, stock.ErrInvalid, "deduct cart %d", i)
+			_, err = r.HoldMany(ctx, c, time.Minute)
+			assert.ErrorIs(t, err, stock.ErrInvalid, "hold cart %d", i)
+		}
+		// 100 lines of one item summed: a valid cart.
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "c", Lines: many[:10]})
+		require.NoError(t, err)
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, a12Check(t, r, "a", 10))
+	})
+}
+
+// Promise (WithUserLimit, DeductMany): "The per-user limit applies per item", lines of one item
+// are summed before any check, restores give the user's units back, and a replay of a taken
+// cart (after one of its lines was restored) takes nothing, the user's units included.
+func TestAttack12CartUserLimit(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t), stock.WithUserLimit(1))
+		a12Load(t, r, map[string]int64{"a": 10, "b": 10})
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "c0", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "a", Qty: 1}}})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
+		require.NoError(t, err)
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "mallory", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
+		require.ErrorIs(t, err, stock.ErrConflict)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "m1", User: "mallory", Qty: 1})
+		require.NoError(t, err, "mallory's units untouched by the conflicting cart")
+		_, err = r.Restore(ctx, "a", "c1")
+		require.NoError(t, err)
+		rc, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "a2", User: "alice", Qty: 1})
+		require.NoError(t, err, "alice's unit of a came back with the restore; the replay took nothing")
+		_, err = r.Deduct(ctx, stock.Request{SKU: "b", ID: "b2", User: "alice", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		assert.Equal(t, int64(2), a12Check(t, r, "a", 10).Sold)
+		assert.Equal(t, int64(1), a12Check(t, r, "b", 10).Sold)
+	})
+}
+
+// Promise (Restore doc): "A live hold is cancelled"; a hold past its deadline is not live: a
+// Restore of it gives back nothing more (its units went back at the deadline) and the entry
+// ends expired; the item's counters stay right.
+func TestAttack12RestoreOfDueHold(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c, stock.WithUserLimit(2))
+		require.NoError(t, r.Load(ctx, "r", 5))
+		_, err := r.Hold(ctx, stock.Request{SKU: "r", ID: "h", User: "u", Qty: 2}, 200*time.Millisecond)
+		require.NoError(t, err)
+		redistest.Sleep(c, 300*time.Millisecond)
+		rc, err := r.Restore(ctx, "r", "h")
+		t.Logf("restore of a due hold: %+v %v", rc, err)
+		e, lerr := r.Ledger(ctx, "r", "h")
+		require.NoError(t, lerr)
+		assert.Equal(t, stock.StateExpired, e.State)
+		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, a12Check(t, r, "r", 5))
+		rc2, err2 := r.Restore(ctx, "r", "h")
+		t.Logf("again: %+v %v", rc2, err2)
+		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, a12Check(t, r, "r", 5))
+		// The user's units came back once: u may hold 2 again, not 4.
+		_, err = r.Deduct(ctx, stock.Request{SKU: "r", ID: "d", User: "u", Qty: 2})
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "r", ID: "d2", User: "u", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
