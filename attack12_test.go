@@ -1513,6 +1513,134 @@ func TestAttack12RestoreOfDueHold(t *testing.T) {
 	})
 }
 
+// Promise (HoldMany: "like DeductMany"; Hold: "A repeat of the same id and parameters is a
+// replay ...; after expiry it is ErrExpired, after a cancel ErrRestored"): a retry of a held
+// cart whose holds expired, or were cancelled, must not answer that the cart is held.
+// Found, on every backend: the retry answers nil, Replayed, with the original receipts (as
+// DeductMany's "taken" rule says for a deducted cart), while a single Hold's replay answers
+// ErrExpired / ErrRestored: a caller retrying after an unknown outcome is told it holds stock
+// that went back (ConfirmMany then refuses it).
+func TestAttack12HoldManyRetryAfterExpiryOrCancel(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+		_, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
+		require.NoError(t, err)
+		n, err := r.RecoverCarts(ctx, -time.Second)
+		require.NoError(t, err)
+		assert.Zero(t, n, "a held cart is not for recovery")
+		assert.Equal(t, int64(1), a12Check(t, r, "a", 5).Held)
+		redistest.Sleep(c, 300*time.Millisecond)
+		rc, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
+		assert.ErrorIs(t, err, stock.ErrExpired, "retry of an expired held cart: %+v", rc)
+		la, lb := a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		t.Logf("after the retry: a %+v b %+v", la, lb)
+
+		cart2 := stock.Cart{ID: "hc2", User: "u", Lines: cart.Lines}
+		_, err = r.HoldMany(ctx, cart2, time.Hour)
+		require.NoError(t, err)
+		_, err = r.CancelMany(ctx, "hc2", "a", "b")
+		require.NoError(t, err)
+		rc, err = r.HoldMany(ctx, cart2, time.Hour)
+		assert.ErrorIs(t, err, stock.ErrRestored, "retry of a cancelled held cart: %+v", rc)
+
+		cart3 := stock.Cart{ID: "hc3", User: "u", Lines: cart.Lines}
+		_, err = r.HoldMany(ctx, cart3, time.Hour)
+		require.NoError(t, err)
+		_, err = r.ConfirmMany(ctx, "hc3", "a", "b")
+		require.NoError(t, err)
+		n, err = r.RecoverCarts(ctx, -time.Second)
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		rc, err = r.HoldMany(ctx, cart3, time.Hour)
+		assert.NoError(t, err, "retry of a confirmed held cart is a replay")
+		assert.True(t, rc.Replayed)
+		assert.Equal(t, int64(1), a12Check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(1), a12Check(t, r, "b", 5).Sold)
+	})
+}
+
+// Promise (Delist doc, Keys): retiring a grouped item removes its keys only, never those of the
+// other items of its group (they share one slot and the "{group}" part of their keys), nor an
+// ungrouped item of the same name as the group.
+func TestAttack12RetireGroupedItem(t *testing.T) {
+	group := func(sku string) string {
+		if sku == "g" {
+			return ""
+		}
+		return "g"
+	}
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c, stock.WithGroups(group))
+		store := memstore.New()
+		skus := []string{"g", "tee", "tee:l", "tee:u", "cap"}
+		for _, sku := range skus {
+			require.NoError(t, r.Load(ctx, sku, 10))
+			require.NoError(t, store.Load(ctx, sku, 10))
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
+			require.NoError(t, err)
+			_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u", Qty: 1}, time.Hour)
+			require.NoError(t, err)
+		}
+		_, err := r.Cancel(ctx, "tee", "h1")
+		require.NoError(t, err)
+		a12Drain(t, r, store)
+		require.NoError(t, r.Delist(ctx, "tee"))
+		redistest.Sleep(c, 20*time.Millisecond)
+		rec, err := r.NewReconciler(store, stock.WithRetention(time.Hour))
+		require.NoError(t, err)
+		_ = rec
+		rec, err = r.NewReconciler(store, stock.WithRetention(time.Millisecond))
+		require.NoError(t, err)
+		reps := a12Reports(t, rec)
+		assert.True(t, reps["tee"].Retired, "%v", reps["tee"])
+		for _, sku := range []string{"g", "tee:l", "tee:u", "cap"} {
+			assert.False(t, reps[sku].Retired, sku)
+			l := levels(t, r, sku)
+			assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, l, sku)
+			e, err := r.Ledger(ctx, sku, "h1")
+			require.NoError(t, err, sku)
+			assert.Equal(t, stock.StateHeld, e.State, sku)
+			_, err = r.Confirm(ctx, sku, "h1")
+			require.NoError(t, err, sku)
+		}
+		_, err = r.Levels(ctx, "tee")
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "k", User: "u", Lines: []stock.Line{{SKU: "tee:l", Qty: 1}, {SKU: "cap", Qty: 1}}})
+		require.NoError(t, err)
+	})
+}
+
+// Promise (WithPrefix, fast path): two Reservers on one caching client, prefixes "a" and "a:b",
+// each with an item "x": one's sold-out state never answers for the other.
+func TestAttack12FastPathPerPrefix(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		ra := newReserver(t, c, stock.WithPrefix("a"))
+		rb := newReserver(t, c, stock.WithPrefix("a:b"))
+		rg := newReserver(t, c, stock.WithPrefix("a"), stock.WithGroups(func(string) string { return "x" }))
+		require.NoError(t, ra.Load(ctx, "x", 0))
+		require.NoError(t, rb.Load(ctx, "x", 5))
+		require.NoError(t, rg.Load(ctx, "x", 5))
+		a12WarmSoldOut(t, ra, "x", b.Real())
+		for i := range 5 {
+			_, err := rb.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("b", i), Qty: 1})
+			require.NoError(t, err)
+			_, err = rg.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("g", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		a12Check(t, ra, "x", 0)
+		a12Check(t, rb, "x", 5)
+		a12Check(t, rg, "x", 5)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
