@@ -1641,6 +1641,98 @@ func TestAttack12FastPathPerPrefix(t *testing.T) {
 	})
 }
 
+// Promise (DeductMany doc, issue 12 case 1): one user's cart id never reaches another user's
+// cart — with many copies of one cart id from two users at once, saga and grouped: exactly one
+// user's cart is taken, the other user gets ErrConflict, and the stock moved once.
+func TestAttack12CartIDTwoUsersConcurrent(t *testing.T) {
+	for _, grouped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
+			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				var opts []stock.Option
+				if grouped {
+					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
+				}
+				r := newReserver(t, b.Client(t), opts...)
+				a12Load(t, r, map[string]int64{"a": 10000, "b": 10000})
+				for round := range 10 {
+					id := fmt.Sprint("k", round)
+					var wg sync.WaitGroup
+					var mu sync.Mutex
+					ok := map[string]int{}
+					other := map[string]int{}
+					for i := range 100 {
+						user := []string{"alice", "mallory"}[i%2]
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							c := stock.Cart{ID: id, User: user, Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
+							var err error
+							if round%2 == 0 {
+								_, err = r.DeductMany(ctx, c)
+							} else {
+								_, err = r.HoldMany(ctx, c, time.Hour)
+							}
+							mu.Lock()
+							defer mu.Unlock()
+							switch {
+							case err == nil:
+								ok[user]++
+							case errors.Is(err, stock.ErrConflict):
+							default:
+								other[err.Error()]++
+							}
+						}()
+					}
+					wg.Wait()
+					assert.Len(t, ok, 1, "round %d: exactly one user's cart: %v", round, ok)
+					assert.Empty(t, other, "round %d", round)
+					var winner string
+					for u := range ok {
+						winner = u
+					}
+					for _, sku := range []string{"a", "b"} {
+						e, err := r.Ledger(ctx, sku, id)
+						require.NoError(t, err)
+						assert.Equal(t, winner, e.User, "round %d %s", round, sku)
+						assert.True(t, e.Taken())
+					}
+				}
+				la, lb := a12Check(t, r, "a", 10000), a12Check(t, r, "b", 10000)
+				assert.Equal(t, int64(10), la.Sold+la.Held)
+				assert.Equal(t, int64(20), lb.Sold+lb.Held)
+			})
+		})
+	}
+}
+
+// Promise (DeductMany doc, grouped carts): "a retry of a cart whose every line is still this
+// cart's entry answers Replayed"; when a line was restored since, the retry neither takes the
+// other lines again nor the restored one.
+func TestAttack12GroupedCartRetryAfterRestore(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
+		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+		_, err := r.DeductMany(ctx, cart)
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, "a", "gc")
+		require.NoError(t, err)
+		for range 3 {
+			rc, err := r.DeductMany(ctx, cart)
+			t.Logf("retry: %+v %v", rc, err)
+		}
+		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(1), a12Check(t, r, "b", 5).Sold)
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "gc", User: "v", Lines: cart.Lines})
+		assert.ErrorIs(t, err, stock.ErrConflict)
+		_, err = r.HoldMany(ctx, cart, time.Minute)
+		assert.ErrorIs(t, err, stock.ErrConflict)
+		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold+a12Check(t, r, "a", 5).Held)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
