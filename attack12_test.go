@@ -1733,6 +1733,51 @@ func TestAttack12GroupedCartRetryAfterRestore(t *testing.T) {
 	})
 }
 
+// Promise (DeductMany doc): "one user's cart id can never reach another user's cart", and the
+// undo "gives back only entries that are the cart's own line (same kind, quantity and user)":
+// an id a single Deduct or Hold of another user already used on one line's item makes the cart
+// ErrConflict; the other user's entry is untouched and the cart's other lines are not kept.
+func TestAttack12CartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
+	for _, grouped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
+			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				var opts []stock.Option
+				if grouped {
+					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
+				}
+				r := newReserver(t, b.Client(t), opts...)
+				a12Load(t, r, map[string]int64{"a": 5, "b": 5, "c": 5})
+				_, err := r.Deduct(ctx, stock.Request{SKU: "b", ID: "k", User: "mallory", Qty: 1})
+				require.NoError(t, err)
+				_, err = r.Hold(ctx, stock.Request{SKU: "c", ID: "k2", User: "mallory", Qty: 1}, time.Hour)
+				require.NoError(t, err)
+				for _, id := range []string{"k", "k2"} {
+					for _, hold := range []bool{false, true} {
+						c := stock.Cart{ID: id, User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}}
+						if hold {
+							_, err = r.HoldMany(ctx, c, time.Hour)
+						} else {
+							_, err = r.DeductMany(ctx, c)
+						}
+						assert.ErrorIs(t, err, stock.ErrConflict, "id %s hold=%v", id, hold)
+					}
+				}
+				eb, err := r.Ledger(ctx, "b", "k")
+				require.NoError(t, err)
+				assert.True(t, eb.Taken() && eb.User == "mallory", "%+v", eb)
+				ec, err := r.Ledger(ctx, "c", "k2")
+				require.NoError(t, err)
+				assert.True(t, ec.State == stock.StateHeld && ec.User == "mallory", "%+v", ec)
+				la, lb, lc := a12Check(t, r, "a", 5), a12Check(t, r, "b", 5), a12Check(t, r, "c", 5)
+				assert.Equal(t, int64(0), la.Sold+la.Held, "a: %+v", la)
+				assert.Equal(t, int64(1), lb.Sold+lb.Held, "b: %+v", lb)
+				assert.Equal(t, int64(1), lc.Sold+lc.Held, "c: %+v", lc)
+			})
+		})
+	}
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
