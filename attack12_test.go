@@ -1778,6 +1778,36 @@ func TestAttack12CartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 	}
 }
 
+// Promise (Sweep doc): "releases the holds of sku past their deadline, in bounded steps, and
+// returns the units released" — all of them, with 600 due; SweepAll likewise over items; live
+// holds stay.
+func TestAttack12SweepManyDue(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		for _, sku := range []string{"s1", "s2"} {
+			require.NoError(t, r.Load(ctx, sku, 700))
+			for i := range 600 {
+				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)
+				require.NoError(t, err)
+			}
+			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "live", Qty: 2}, time.Hour)
+			require.NoError(t, err)
+		}
+		redistest.Sleep(c, 500*time.Millisecond)
+		n, err := r.Sweep(ctx, "s1")
+		require.NoError(t, err)
+		assert.Equal(t, int64(600), n)
+		n, err = r.SweepAll(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(600), n)
+		for _, sku := range []string{"s1", "s2"} {
+			assert.Equal(t, stock.Levels{Available: 698, Held: 2, Loaded: 700}, a12Check(t, r, sku, 700), sku)
+		}
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
