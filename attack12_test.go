@@ -1808,6 +1808,157 @@ func TestAttack12SweepManyDue(t *testing.T) {
 	})
 }
 
+// Promise (WithUserLimit: "restores, cancels and expiries give units back"; Hold: expired holds
+// are released by the item's next Deduct): a user whose only hold expired, among more than 64
+// holds due, is not refused with ErrUserLimit. Found with TestAttack12DeductAfterManyHoldsDue's
+// cause: only 64 due holds are released per call, the user's is not among them.
+func TestAttack12UserLimitAfterManyHoldsDue(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c, stock.WithUserLimit(1))
+		require.NoError(t, r.Load(ctx, "h", 1000))
+		for i := range 200 {
+			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), User: fmt.Sprint("user", i), Qty: 1}, 300*time.Millisecond)
+			require.NoError(t, err)
+		}
+		redistest.Sleep(c, 500*time.Millisecond)
+		_, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "again", User: "user199", Qty: 1})
+		assert.NoError(t, err, "user199's only hold expired")
+		a12Check(t, r, "h", 1000)
+	})
+}
+
+// Promise (package doc, Guarantees; Hold, Confirm, Cancel, Restore, Extend docs): ≥ 200
+// goroutines on two Reservers (own clients, fast path on) run random operations over shared ids
+// on three items; afterwards every acknowledged answer agrees with the ledger, and the ledger
+// with the levels.
+func TestAttack12RandomOpsConcurrent(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		rs := []*stock.Reserver{newReserver(t, c1, stock.WithUserLimit(3)), newReserver(t, c2, stock.WithUserLimit(3))}
+		skus := []string{"p", "q", "r"}
+		for _, s := range skus {
+			require.NoError(t, rs[0].Load(ctx, s, 150))
+		}
+		type ack struct{ deduct, hold, confirm, cancel, restore, extend int }
+		var mu sync.Mutex
+		acks := map[string]*ack{} // sku/id -> acknowledged first-time answers
+		get := func(k string) *ack {
+			if acks[k] == nil {
+				acks[k] = &ack{}
+			}
+			return acks[k]
+		}
+		restocked := map[string]int64{}
+		goroutines, ops := 240, 30
+		if !b.Real() {
+			goroutines, ops = 200, 8
+		}
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(g), 7))
+				for range ops {
+					r := rs[rng.IntN(2)]
+					sku := skus[rng.IntN(len(skus))]
+					id := fmt.Sprint("i", rng.IntN(120))
+					user := fmt.Sprint("u", rng.IntN(40))
+					k := sku + "/" + id
+					var rc stock.Receipt
+					var err error
+					op := rng.IntN(8)
+					switch op {
+					case 0:
+						rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+					case 1:
+						rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Duration(5+rng.IntN(100))*time.Millisecond)
+					case 2:
+						rc, err = r.Confirm(ctx, sku, id)
+					case 3:
+						rc, err = r.Cancel(ctx, sku, id)
+					case 4:
+						rc, err = r.Restore(ctx, sku, id)
+					case 5:
+						rc, err = r.Extend(ctx, sku, id, time.Duration(5+rng.IntN(100))*time.Millisecond)
+					case 6:
+						rid := fmt.Sprint("rs", g, "-", rng.IntN(1000000))
+						rc, err = r.Restock(ctx, sku, rid, 1)
+						if err == nil {
+							mu.Lock()
+							restocked[sku]++
+							mu.Unlock()
+						}
+						continue
+					case 7:
+						_, err = r.Sweep(ctx, sku)
+						continue
+					}
+					if err != nil && (errors.Is(err, stock.ErrUnknownOutcome) || errors.Is(err, stock.ErrInvalid)) {
+						t.Errorf("%s op %d: %v", k, op, err)
+					}
+					if err != nil || rc.Replayed {
+						continue
+					}
+					mu.Lock()
+					a := get(k)
+					switch op {
+					case 0:
+						a.deduct++
+					case 1:
+						a.hold++
+					case 2:
+						a.confirm++
+					case 3:
+						a.cancel++
+					case 4:
+						a.restore++
+					case 5:
+						a.extend++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		for _, s := range skus {
+			a12Check(t, rs[0], s, 150)
+			entries := ledger(t, rs[0], s)
+			for _, e := range entries {
+				if e.Kind == stock.KindRestock {
+					continue
+				}
+				a := acks[s+"/"+e.ID]
+				if a == nil {
+					a = &ack{}
+				}
+				assert.LessOrEqual(t, a.deduct+a.hold, 1, "%s/%s taken twice: %+v %+v", s, e.ID, a, e)
+				assert.LessOrEqual(t, a.confirm, 1, "%s/%s confirmed twice", s, e.ID)
+				assert.False(t, a.confirm > 0 && a.cancel > 0, "%s/%s confirmed and cancelled: %+v %+v", s, e.ID, a, e)
+				if a.confirm > 0 && a.restore == 0 {
+					assert.True(t, e.Taken() && e.State != stock.StateHeld, "%s/%s confirm acknowledged: %+v", s, e.ID, e)
+				}
+				if a.deduct > 0 && a.restore == 0 {
+					assert.True(t, e.Taken(), "%s/%s deduct acknowledged, never restored: %+v", s, e.ID, e)
+				}
+				if (a.deduct+a.hold) > 0 && e.Kind == stock.KindTombstone {
+					t.Errorf("%s/%s acknowledged take but entry is a tombstone: %+v", s, e.ID, e)
+				}
+			}
+			for k, a := range acks {
+				if len(k) > len(s) && k[:len(s)+1] == s+"/" {
+					if _, ok := entries[k[len(s)+1:]]; !ok && (a.deduct+a.hold+a.confirm) > 0 {
+						t.Errorf("%s: acknowledged %+v but no ledger entry", k, a)
+					}
+				}
+			}
+		}
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
