@@ -1959,6 +1959,62 @@ func TestAttack12RandomOpsConcurrent(t *testing.T) {
 	})
 }
 
+// Promise (fast path, after an own write; Delist: "A retired item answers ErrNotLoaded and may
+// be loaded again"; Reopen): a Reserver whose cache says an item is sold out, that then retires
+// it (its reconciler), loads it again, or closes, restocks and reopens it, sells the new stock.
+// Grouped items too.
+func TestAttack12FastPathLifecycle(t *testing.T) {
+	for _, grouped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
+			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				c := b.Client(t)
+				var opts []stock.Option
+				if grouped {
+					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
+				}
+				r := newReserver(t, c, opts...)
+				store := memstore.New()
+				require.NoError(t, r.Load(ctx, "life", 1))
+				require.NoError(t, store.Load(ctx, "life", 1))
+				_, err := r.Deduct(ctx, stock.Request{SKU: "life", ID: "o1", Qty: 1})
+				require.NoError(t, err)
+				a12WarmSoldOut(t, r, "life", b.Real())
+				// Tombstone on the warm grouped/ungrouped item.
+				_, err = r.Restore(ctx, "life", "t1")
+				require.ErrorIs(t, err, stock.ErrUnknownID)
+				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "t1", Qty: 1})
+				assert.ErrorIs(t, err, stock.ErrRestored)
+				// Close, restock, reopen.
+				a12WarmSoldOut(t, r, "life", b.Real())
+				require.NoError(t, r.Close(ctx, "life"))
+				_, err = r.Restock(ctx, "life", "rs1", 1)
+				require.NoError(t, err)
+				require.NoError(t, r.Reopen(ctx, "life"))
+				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o2", Qty: 1})
+				require.NoError(t, err, "after close, restock, reopen")
+				// Delist, retire, load again.
+				a12WarmSoldOut(t, r, "life", b.Real())
+				a12Drain(t, r, store)
+				require.NoError(t, r.Delist(ctx, "life"))
+				redistest.Sleep(c, 20*time.Millisecond)
+				rec, err := r.NewReconciler(store, stock.WithRetention(time.Millisecond))
+				require.NoError(t, err)
+				reps := a12Reports(t, rec)
+				require.True(t, reps["life"].Retired, "%v", reps["life"])
+				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o3", Qty: 1})
+				assert.ErrorIs(t, err, stock.ErrNotLoaded, "a retired item")
+				require.NoError(t, r.Load(ctx, "life", 3))
+				for i := range 3 {
+					_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: fmt.Sprint("new", i), Qty: 1})
+					require.NoError(t, err, "the reloaded item, deduct %d", i)
+				}
+				levels(t, r, "life")
+			})
+		})
+	}
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
