@@ -2015,6 +2015,57 @@ func TestAttack12FastPathLifecycle(t *testing.T) {
 	}
 }
 
+// Promise (Reconciler: "the item hash is gone (eviction, restart, DEL) → rebuilt from the Store
+// minus in-flight, live holds kept"; fast path: never refuses an id the ledger has): the item
+// hash of a sold-out item is lost (a DEL, as an eviction), a Reserver's cache was warm; after the
+// rebuild, the ledger's ids are replays, its live hold is still held and confirmable, and the
+// counters are right. Found, on every backend: the rebuilt item has Loaded = the Store's
+// remaining (1) and Sold = 0 while its surviving ledger has 4 sold entries; after the confirm,
+// Levels {Sold 1, Loaded 1} against a ledger of 5 sold units: Levels and the ledger disagree
+// for good (the invariant "ledger entries agree with Levels" no longer holds; available and held
+// are right, so nothing oversells).
+func TestAttack12RebuildAfterItemHashLost(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "lost", 5))
+		require.NoError(t, store.Load(ctx, "lost", 5))
+		for i := range 4 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "lost", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
+			require.NoError(t, err)
+		}
+		_, err := r.Hold(ctx, stock.Request{SKU: "lost", ID: "h", User: "u", Qty: 1}, time.Hour)
+		require.NoError(t, err)
+		a12Drain(t, r, store)
+		a12WarmSoldOut(t, r, "lost", b.Real())
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
+		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "o0", User: "u", Qty: 1})
+		t.Logf("replay while the item hash is lost: %v", err) // a replay from the ledger: fine
+		rec, err := r.NewReconciler(store)
+		require.NoError(t, err)
+		reps := a12Reports(t, rec)
+		t.Logf("%v", reps["lost"])
+		assert.True(t, reps["lost"].Rebuilt)
+		l := levels(t, r, "lost")
+		assert.Equal(t, int64(1), l.Held, "%+v", l)
+		assert.Equal(t, int64(0), l.Available, "%+v", l)
+		for i := range 4 {
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "lost", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
+			require.NoError(t, err)
+			assert.True(t, rc.Replayed)
+		}
+		_, err = r.Confirm(ctx, "lost", "h")
+		require.NoError(t, err)
+		l = levels(t, r, "lost")
+		assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 5, Loaded: 5}, l)
+		a12Check(t, r, "lost", 5)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "more", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrSoldOut)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
