@@ -2104,6 +2104,83 @@ func TestAttack12RestoreAfterRebuild(t *testing.T) {
 	})
 }
 
+// Promise (Close: "stops selling an item"; Delist: "closed for good"; Reconciler: the lost item
+// hash is "rebuilt from the Store"): after a closed or delisted item's hash is lost and rebuilt,
+// the item still refuses new deducts with ErrClosed, and a delisted one cannot be reopened.
+// Found, on every backend: the rebuilt item is open (Closed false), sells (Deduct succeeds) and
+// a delisted one can be reopened: the closed and delisted marks live only in the lost hash.
+func TestAttack12RebuildKeepsClosed(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		store := memstore.New()
+		for _, sku := range []string{"cl", "dl"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
+			require.NoError(t, store.Load(ctx, sku, 5))
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 1})
+			require.NoError(t, err)
+		}
+		a12Drain(t, r, store)
+		require.NoError(t, r.Close(ctx, "cl"))
+		require.NoError(t, r.Delist(ctx, "dl"))
+		for _, sku := range []string{"cl", "dl"} {
+			require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{"+sku+"}").Build()).Error())
+		}
+		rec, err := r.NewReconciler(store)
+		require.NoError(t, err)
+		reps := a12Reports(t, rec)
+		for _, sku := range []string{"cl", "dl"} {
+			require.True(t, reps[sku].Rebuilt, "%v", reps[sku])
+			l := levels(t, r, sku)
+			assert.True(t, l.Closed, "%s rebuilt open: %+v", sku, l)
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "after", Qty: 1})
+			assert.ErrorIs(t, err, stock.ErrClosed, "%s sells after the rebuild", sku)
+		}
+		assert.ErrorIs(t, r.Reopen(ctx, "dl"), stock.ErrClosed, "a delisted item is closed for good")
+	})
+}
+
+// Promise (DeductMany: a cart of up to 100 lines, one outcome per id, the undo gives back every
+// line taken): 100-line carts, the last item short, many copies at once: every copy refused,
+// every line given back.
+func TestAttack12HundredLineCartCopies(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		var lines []stock.Line
+		for i := range 100 {
+			sku := fmt.Sprintf("L%03d", i)
+			q := int64(100)
+			if i == 99 {
+				q = 0
+			}
+			require.NoError(t, r.Load(ctx, sku, q))
+			lines = append(lines, stock.Line{SKU: sku, Qty: 1})
+		}
+		var wg sync.WaitGroup
+		var okN atomic.Int64
+		for range 40 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := r.DeductMany(ctx, stock.Cart{ID: "big", User: "u", Lines: lines})
+				if err == nil {
+					okN.Add(1)
+				} else if !errors.Is(err, stock.ErrSoldOut) {
+					t.Errorf("copy: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		assert.Zero(t, okN.Load())
+		for i := range 99 {
+			l := a12Check(t, r, fmt.Sprintf("L%03d", i), 100)
+			assert.Equal(t, int64(0), l.Sold, i)
+		}
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
