@@ -2185,6 +2185,48 @@ func TestAttack12HundredLineCartCopies(t *testing.T) {
 	})
 }
 
+// Promise (Request.Retry): "A retry's refusal for lack of stock (ErrSoldOut, ErrInsufficient) is
+// then recorded for the id, so that the earlier attempt, should it reach Redis after the retry,
+// is refused too: the answer the caller got stays the final one" — also when the Reserver's
+// fast path is warm (a refusal answered in-process records nothing), for Hold, and for a second
+// Reserver.
+func TestAttack12RetryRefusalRecordedWithFastPath(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1, r2 := newReserver(t, c1), newReserver(t, c2)
+		require.NoError(t, r1.Load(ctx, "rt", 0))
+		for i := range 30 {
+			a12WarmSoldOut(t, r1, "rt", b.Real())
+			id := fmt.Sprint("late", i)
+			var err error
+			if i%2 == 0 {
+				_, err = r1.Deduct(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1, Retry: true})
+			} else {
+				_, err = r1.Hold(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1, Retry: true}, time.Minute)
+			}
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			_, err = r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)
+			require.NoError(t, err)
+			// The first attempt arrives late, on either Reserver.
+			rr := []*stock.Reserver{r1, r2}[i%3%2]
+			if i%2 == 0 {
+				_, err = rr.Deduct(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1})
+			} else {
+				_, err = rr.Hold(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1}, time.Minute)
+			}
+			assert.Error(t, err, "%s: the caller was told sold out, the late first attempt took stock", id)
+			// Sell the restocked unit out again.
+			_, err = r1.Deduct(ctx, stock.Request{SKU: "rt", ID: fmt.Sprint("fill", i), Qty: 1})
+			if err != nil {
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+			}
+		}
+		t.Logf("in-process answers r1 %d", r1.SoldOutAnswers())
+		a12Check(t, r1, "rt", 0)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
