@@ -2227,6 +2227,65 @@ func TestAttack12RetryRefusalRecordedWithFastPath(t *testing.T) {
 	})
 }
 
+// Promise (Deduct: exactly once per id; "a repeat with a different item quantity or user is
+// ErrConflict"; WithCoalescing "never changes an outcome"): 200 goroutines send one id at once
+// with two users and two quantities, coalesced into batches: exactly one first answer, every
+// other copy a replay of it or ErrConflict, and the stock moved once.
+func TestAttack12SameIDCoalesced(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t), stock.WithCoalescing(2))
+		require.NoError(t, r.Load(ctx, "co", 1000))
+		for round := range 10 {
+			id := fmt.Sprint("same", round)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			first := map[string]int{}
+			replays := map[string]int{}
+			conflicts := 0
+			for i := range 200 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					user := []string{"ann", "bob"}[i%2]
+					qty := int64(1 + i%3/2)
+					rc, err := r.Deduct(ctx, stock.Request{SKU: "co", ID: id, User: user, Qty: qty})
+					mu.Lock()
+					defer mu.Unlock()
+					key := fmt.Sprint(user, "/", qty)
+					switch {
+					case err == nil && !rc.Replayed:
+						first[key]++
+					case err == nil:
+						replays[key]++
+					case errors.Is(err, stock.ErrConflict):
+						conflicts++
+					default:
+						t.Errorf("%s: %v", id, err)
+					}
+				}()
+			}
+			wg.Wait()
+			require.Len(t, first, 1, "round %d: first answers %v", round, first)
+			for k, n := range first {
+				assert.Equal(t, 1, n, "round %d", round)
+				for rk := range replays {
+					assert.Equal(t, k, rk, "round %d: a replay with other parameters", round)
+				}
+			}
+			assert.Equal(t, 200, 1+conflicts+func() int {
+				n := 0
+				for _, v := range replays {
+					n += v
+				}
+				return n
+			}())
+		}
+		l := a12Check(t, r, "co", 1000)
+		t.Logf("%+v", l)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
