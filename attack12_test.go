@@ -2286,6 +2286,45 @@ func TestAttack12SameIDCoalesced(t *testing.T) {
 	})
 }
 
+// Promise (Delist: retired only when "a reconcile pass finds Redis and the Store in agreement
+// with nothing pending"; Report.DeadLetters "count as in flight"): a delisted item with a
+// dead-lettered event (the Store rejected it as invalid) is not retired, so the operator's
+// dead letter is not deleted with it.
+func TestAttack12NoRetireWithDeadLetters(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "dlq", 5))
+		require.NoError(t, store.Load(ctx, "dlq", 5))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "dlq", ID: "bad", Qty: 1})
+		require.NoError(t, err)
+		store.FailWith(func(ev stock.Event) error {
+			if ev.ID == "bad" {
+				return fmt.Errorf("nope: %w", stock.ErrInvalid)
+			}
+			return nil
+		})
+		a12Drain(t, r, store)
+		_, dead, err := r.Pending(ctx, "dlq")
+		require.NoError(t, err)
+		require.Equal(t, int64(1), dead)
+		require.NoError(t, r.Delist(ctx, "dlq"))
+		redistest.Sleep(c, 20*time.Millisecond)
+		rec, err := r.NewReconciler(store, stock.WithRetention(time.Millisecond))
+		require.NoError(t, err)
+		reps, err := rec.Once(ctx)
+		t.Logf("%v %v", reps, err)
+		for _, rp := range reps {
+			assert.False(t, rp.Retired, "retired with a dead letter: %v", rp)
+		}
+		_, dead, err = r.Pending(ctx, "dlq")
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), dead)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
