@@ -2360,6 +2360,75 @@ func TestAttack12RestockAfterDelist(t *testing.T) {
 	})
 }
 
+// Promise (Extend, Confirm, Cancel, Restore docs): the documented answer of each operation on
+// each kind of id, and nothing changes on a refusal.
+func TestAttack12AnswerTable(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		require.NoError(t, r.Load(ctx, "t", 10))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "t", ID: "d", Qty: 1})
+		require.NoError(t, err)
+		_, err = r.Restock(ctx, "t", "rs", 1)
+		require.NoError(t, err)
+		for _, id := range []string{"hc", "hx", "hl"} {
+			_, err = r.Hold(ctx, stock.Request{SKU: "t", ID: id, Qty: 1}, time.Hour)
+			require.NoError(t, err)
+		}
+		_, err = r.Confirm(ctx, "t", "hc")
+		require.NoError(t, err)
+		_, err = r.Cancel(ctx, "t", "hx")
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, "t", "tomb")
+		require.ErrorIs(t, err, stock.ErrUnknownID)
+		before := a12Check(t, r, "t", 10)
+
+		_, err = r.Extend(ctx, "t", "hc", time.Hour)
+		assert.ErrorIs(t, err, stock.ErrConfirmed, "extend after confirm")
+		_, err = r.Extend(ctx, "t", "hx", time.Hour)
+		assert.ErrorIs(t, err, stock.ErrRestored, "extend after cancel")
+		_, err = r.Extend(ctx, "t", "none", time.Hour)
+		assert.ErrorIs(t, err, stock.ErrUnknownID, "extend of no hold")
+		_, err = r.Confirm(ctx, "t", "d")
+		assert.ErrorIs(t, err, stock.ErrConflict, "confirm of a deduct")
+		_, err = r.Confirm(ctx, "t", "hx")
+		assert.ErrorIs(t, err, stock.ErrRestored, "confirm after cancel")
+		_, err = r.Confirm(ctx, "t", "tomb")
+		assert.Error(t, err, "confirm of a tombstone")
+		_, err = r.Cancel(ctx, "t", "hc")
+		assert.ErrorIs(t, err, stock.ErrConfirmed, "cancel after confirm")
+		rc, err := r.Cancel(ctx, "t", "hx")
+		assert.NoError(t, err)
+		assert.True(t, rc.Replayed, "second cancel")
+		rc, err = r.Confirm(ctx, "t", "hc")
+		assert.NoError(t, err)
+		assert.True(t, rc.Replayed, "second confirm")
+		_, err = r.Restore(ctx, "t", "rs")
+		assert.ErrorIs(t, err, stock.ErrConflict, "restore of a restock")
+		_, err = r.Hold(ctx, stock.Request{SKU: "t", ID: "d", Qty: 1}, time.Hour)
+		assert.ErrorIs(t, err, stock.ErrConflict, "hold with a deduct's id")
+		_, err = r.Deduct(ctx, stock.Request{SKU: "t", ID: "hl", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrConflict, "deduct with a hold's id")
+		_, err = r.Deduct(ctx, stock.Request{SKU: "t", ID: "rs", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrConflict, "deduct with a restock's id")
+		_, err = r.Restock(ctx, "t", "d", 1)
+		assert.ErrorIs(t, err, stock.ErrConflict, "restock with a deduct's id")
+		_, err = r.Hold(ctx, stock.Request{SKU: "t", ID: "tomb", Qty: 1}, time.Hour)
+		assert.ErrorIs(t, err, stock.ErrRestored, "hold of a tombstoned id")
+		assert.Equal(t, before, a12Check(t, r, "t", 10), "refusals change nothing")
+		// Restore of a confirmed hold gives the sale back; of a live hold cancels it.
+		_, err = r.Restore(ctx, "t", "hc")
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, "t", "hl")
+		require.NoError(t, err)
+		e, err := r.Ledger(ctx, "t", "hl")
+		require.NoError(t, err)
+		assert.False(t, e.Taken())
+		l := a12Check(t, r, "t", 10)
+		assert.Equal(t, stock.Levels{Available: 10, Held: 0, Sold: 1, Loaded: 11}, l)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
