@@ -2429,6 +2429,85 @@ func TestAttack12AnswerTable(t *testing.T) {
 	})
 }
 
+// Promise (RecoverCarts: "undoes the carts whose saga ... never ended ... a late retry of such a
+// cart returns ErrRestored. It returns the number of carts undone"; DeductMany: one outcome per
+// cart id): sagas cut short by their caller's deadline, recovered by four concurrent
+// RecoverCarts(-1s) while the callers retry: each cart has one outcome, the recoveries count
+// each undone cart once, and the stock matches. Found, on standalone and cluster: the stock and
+// every cart's outcome hold, but the four concurrent RecoverCarts report more carts undone than
+// were (60 for 15 refused carts; 480 for 119 of 200 carts in all): concurrent recoveries each
+// count the carts they raced for.
+func TestAttack12RecoverCutSagas(t *testing.T) {
+	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+		if !b.Real() {
+			t.Skip("needs a real server: a deadline of microseconds cuts a miniredis saga only by chance")
+		}
+		ctx := context.Background()
+		r := newReserver(t, b.Client(t))
+		skus := []string{"s1", "s2", "s3", "s4", "s5"}
+		for _, s := range skus {
+			require.NoError(t, r.Load(ctx, s, 10000))
+		}
+		const carts = 200
+		cut := 0
+		for i := range carts {
+			cctx, cancel := context.WithTimeout(ctx, time.Duration(50+rand.IntN(800))*time.Microsecond)
+			c := stock.Cart{ID: fmt.Sprint("cut", i), User: "u"}
+			for _, s := range skus {
+				c.Lines = append(c.Lines, stock.Line{SKU: s, Qty: 1})
+			}
+			_, err := r.DeductMany(cctx, c)
+			cancel()
+			if err != nil {
+				cut++
+			}
+		}
+		var wg sync.WaitGroup
+		var undone atomic.Int64
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n, err := r.RecoverCarts(ctx, -time.Second)
+				assert.NoError(t, err)
+				undone.Add(int64(n))
+			}()
+		}
+		taken, refused := 0, 0
+		for i := range carts {
+			c := stock.Cart{ID: fmt.Sprint("cut", i), User: "u"}
+			for _, s := range skus {
+				c.Lines = append(c.Lines, stock.Line{SKU: s, Qty: 1})
+			}
+			_, err := r.DeductMany(ctx, c)
+			if err == nil {
+				taken++
+			} else {
+				refused++
+			}
+			for _, s := range skus {
+				e, lerr := r.Ledger(ctx, s, c.ID)
+				if err == nil {
+					require.NoError(t, lerr)
+					assert.True(t, e.Taken(), "%s taken, but %s: %+v", c.ID, s, e)
+				} else if lerr == nil {
+					assert.False(t, e.Taken(), "%s refused (%v), but %s: %+v", c.ID, err, s, e)
+				}
+			}
+		}
+		wg.Wait()
+		t.Logf("%d carts cut by the deadline; retries: %d taken, %d refused; recovered %d", cut, taken, refused, undone.Load())
+		assert.LessOrEqual(t, undone.Load(), int64(refused), "undone carts counted more than once")
+		for _, s := range skus {
+			l := a12Check(t, r, s, 10000)
+			assert.Equal(t, int64(taken), l.Sold, s)
+		}
+		n, err := r.RecoverCarts(ctx, -time.Second)
+		require.NoError(t, err)
+		assert.Zero(t, n)
+	})
+}
+
 var a12Seq atomic.Int64
 
 // a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
