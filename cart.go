@@ -70,16 +70,18 @@ func (e *CartError) Unwrap() error { return e.Err }
 // against the id's entries in its own items only: give every cart an id of its own (an order id),
 // as a one-script cart and a saga cart over other items under one id are not seen as a conflict.
 func (r *Reserver) DeductMany(ctx context.Context, c Cart) (CartReceipt, error) {
-	return r.cart(ctx, "D", c, 0)
+	return r.observeCart(ctx, "deduct_many", c, func(ctx context.Context) (CartReceipt, error) { return r.cart(ctx, "D", c, 0) })
 }
 
 // HoldMany holds every line of a cart until now + ttl, or none, like DeductMany. Confirm or
 // Cancel the items with ConfirmMany or CancelMany under the cart's id.
 func (r *Reserver) HoldMany(ctx context.Context, c Cart, ttl time.Duration) (CartReceipt, error) {
-	if err := checkTTL(ttl); err != nil {
-		return CartReceipt{ID: c.ID}, err
-	}
-	return r.cart(ctx, "H", c, ttl.Milliseconds())
+	return r.observeCart(ctx, "hold_many", c, func(ctx context.Context) (CartReceipt, error) {
+		if err := checkTTL(ttl); err != nil {
+			return CartReceipt{ID: c.ID}, err
+		}
+		return r.cart(ctx, "H", c, ttl.Milliseconds())
+	})
 }
 
 // ConfirmMany confirms the holds of a cart's items, in SKU order. A hold that expired makes it

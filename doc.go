@@ -22,7 +22,7 @@
 //	stock:{sku}:rl  string the relay lease (one relay per item at a time)
 //	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid
 //	stock:{sku}:b   string the sold-out filter: ids the ledger has had, from the first sell-out
-//	stock:items     set    registry of loaded items
+//	stock:items     set    registry of loaded items (a pass finds the ones it lost: ErrRegistryLost)
 //	stock:carts{~}  hash   the saga log of multi-item carts (and :p, the pending ones)
 //	stock:epoch     string the primaries last reconciled (FailoverGuard)
 //

@@ -30,6 +30,7 @@ func checkTTL(ttl time.Duration) error {
 func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "hold", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "hold", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
@@ -55,6 +56,7 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 // first releases the item's other holds past their deadline (at most 64).
 func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "confirm", sku)
 		defer func(start time.Time) { r.observe(ctx, "confirm", sku, start, rc, err) }(time.Now())
 	}
 	rc = Receipt{SKU: sku, ID: id}
@@ -75,6 +77,7 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 // tombstone, so the hold it overtook is refused with ErrRestored.
 func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "cancel", sku)
 		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
 	}
 	return r.giveBack(ctx, sku, id, "c")
@@ -85,6 +88,7 @@ func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err 
 // Like Deduct, it first releases the item's other holds past their deadline (at most 64).
 func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "extend", sku)
 		defer func(start time.Time) { r.observe(ctx, "extend", sku, start, rc, err) }(time.Now())
 	}
 	rc = Receipt{SKU: sku, ID: id}

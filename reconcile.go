@@ -20,7 +20,7 @@ func WithDryRun(dry bool) ReconcileOption {
 }
 
 // WithRepairLimit leaves a drift larger than n units unrepaired and reports it as needing a
-// human (the seeds' alert threshold). The default is 0: every drift is repaired.
+// human (an alert threshold). The default is 0: every drift is repaired.
 func WithRepairLimit(n int64) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if n < 0 {
@@ -58,8 +58,7 @@ func WithReconcileItems(skus ...string) ReconcileOption {
 	}
 }
 
-// WithInterval sets the time between the passes of Run. The default is 5 minutes, as in the
-// seeds.
+// WithInterval sets the time between the passes of Run. The default is 5 minutes.
 func WithInterval(d time.Duration) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if d <= 0 {
@@ -139,6 +138,9 @@ type Report struct {
 	// Retired is set when the item was delisted and its keys are removed (by this pass or an
 	// earlier one): it is not compared any more.
 	Retired bool
+	// Unregistered is set when the item was missing from Redis's registry of items (see
+	// ErrRegistryLost); a repairing pass registered it again.
+	Unregistered bool
 	// NeedsHuman says why something was left for an operator ("" if nothing).
 	NeedsHuman string
 }
@@ -156,6 +158,9 @@ func (rp Report) String() string {
 		rp.SKU, rp.Available, rp.Held, rp.StoreRemaining, rp.InFlight, rp.Pending, rp.Drift)
 	if rp.Missing {
 		b.WriteString(", key missing")
+	}
+	if rp.Unregistered {
+		b.WriteString(", NOT IN THE REGISTRY (Redis lost it)")
 	}
 	var fixes []string
 	if rp.Rebuilt {
@@ -195,7 +200,9 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		reps, err := rc.Once(ctx)
-		if err != nil && ctx.Err() == nil {
+		if errors.Is(err, ErrRegistryLost) {
+			rc.r.opts.logger.ErrorContext(ctx, "stock: reconcile", "err", err)
+		} else if err != nil && ctx.Err() == nil {
 			rc.r.opts.logger.WarnContext(ctx, "stock: reconcile", "err", err)
 		}
 		for _, rp := range reps {
@@ -213,43 +220,13 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// Once reconciles every item once (the registry, or the items given by WithReconcileItems)
-// and returns one report per item. It goes on after an item's error and returns the first.
+// Once reconciles every item once (the registry, the Store's items the registry lost when the
+// Store is an ItemLister, or the items given by WithReconcileItems) and returns one report per
+// item. It goes on after an item's error and returns the first, joined with ErrRegistryLost
+// when Redis had lost items from its registry. Pass says more, item by item.
 func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
-	var epoch string
-	if rc.r.guarded.Load() && rc.items == nil && !rc.dry {
-		var err error
-		if epoch, err = rc.r.topology(ctx); err != nil {
-			return nil, err
-		}
-	}
-	skus := rc.items
-	if skus == nil {
-		for sku, err := range rc.r.Items(ctx) {
-			if err != nil {
-				return nil, err
-			}
-			skus = append(skus, sku)
-		}
-	}
-	var reps []Report
-	var first error
-	complete := true
-	for _, sku := range skus {
-		rp, err := rc.Item(ctx, sku)
-		reps = append(reps, rp)
-		if err != nil && first == nil {
-			first = err
-		}
-		complete = complete && !rp.Busy && err == nil
-	}
-	if epoch != "" && complete {
-		// A complete pass over every item: the current primaries are reconciled.
-		if err := rc.r.markReconciled(ctx, epoch); err != nil {
-			return reps, err
-		}
-	}
-	return reps, first
+	res, err := rc.Pass(ctx)
+	return res.Reports, err
 }
 
 // maxPending bounds the pending events a pass reads per item.
@@ -258,6 +235,7 @@ const maxPending = 100000
 // Item reconciles one item.
 func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err error) {
 	if o := rc.r.opts.observer; o != nil {
+		ctx = rc.r.startOp(ctx, "reconcile", sku)
 		defer func(start time.Time) {
 			ob := Observation{Op: "reconcile", SKU: sku, Outcome: "ok", Duration: time.Since(start), Units: rp.Drift}
 			switch {
@@ -413,6 +391,9 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
 		rp.Rebuilt = code.code == codeOK
+	}
+	if err := rc.register(ctx, &rp); err != nil {
+		return rp, err
 	}
 	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.DeadLetters == 0 && !rp.Missing {
 		if err := rc.retire(ctx, &rp, delisted); err != nil {

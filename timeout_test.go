@@ -66,6 +66,15 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 		require.True(t, transportErr(err), "the transport error is wrapped: %v", err)
 		require.Equal(t, "timeout", stock.Outcome(err))
 		t.Logf("Deduct with the default timeout: %v", err)
+
+		// The caller's own deadline, shorter than the bound: rueidis gives up resending just
+		// before it and returns its dial error, which used to come back as is.
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err = r.Deduct(dctx, stock.Request{SKU: "A", ID: "o3", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrUnknownOutcome)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "%v", err)
+		require.True(t, transportErr(err), "the transport error is wrapped: %v", err)
 	})
 
 	// Every kind of call, on each deployment, with a short bound.

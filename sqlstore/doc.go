@@ -1,6 +1,6 @@
 // Package sqlstore is a stock.Store on database/sql: the database of record for a
 // stock.Reserver, on PostgreSQL, MySQL/MariaDB or SQLite. It also implements
-// stock.RecordLister and stock.BatchStore.
+// stock.RecordLister, stock.ItemLister and stock.BatchStore.
 //
 // The caller opens the *sql.DB with the driver of its choice and owns it; New never closes it.
 // Tested drivers: github.com/jackc/pgx/v5/stdlib ("pgx"), github.com/go-sql-driver/mysql
