@@ -610,7 +610,9 @@ func (rc *Reconciler) resyncHolds(ctx context.Context, rp *Report, ids []string)
 		if err != nil {
 			return fmt.Errorf("stock: reconcile %s: resync hold %s: %w", sku, id, err)
 		}
-		if o.code == codeOK {
+		// A hold past its deadline is released by the restore and answered as a replay (it had
+		// gone back, as far as its owner is concerned): settled all the same.
+		if o.code == codeOK || (o.code == codeReplay && rec.Status != RecordApplied) {
 			rp.Resynced++
 		}
 	}

@@ -227,9 +227,11 @@ end
 -- K: KEYS of the item (item, ledger, users, outbox, holds).
 local function hold_call(K, id, now, confirmed, keep)
   local e = redis.call('HGET', K[2], id)
-  local st = redis.call('HMGET', K[1], 'a', 'n', 's')
+  local st = redis.call('HMGET', K[1], 'a', 'n', 's', 'h', 'q')
   local avail, n = int(st[1], 'available count'), int(st[2], 'next deadline')
-  int(st[3], 'sold count')
+  int(st[3], 'sold count') -- the counters the caller moves: checked before its first write
+  int(st[4], 'held count')
+  int(st[5], 'outbox sequence')
   local k, s, q, a, t, u, d
   if e then
     k, s, q, a, t, u, d = parse(e, id)

@@ -11,7 +11,8 @@
 --         none) the id must have taken with (carts undo only what they took); an entry that
 --         differs is a CONFLICT
 -- Reply: code, remaining available, qty
---   OK given back; REPLAY already given back; UNKNOWN id never taken (a tombstone is left so a
+--   OK given back; REPLAY already given back (a hold past its deadline too, released now if no
+--   sweep had); UNKNOWN id never taken (a tombstone is left so a
 --   late deduct or hold with this id is refused); CONFIRMED cancel of a confirmed hold;
 --   CONFLICT the id names something this reason cannot give back; NOTLOADED item keys missing.
 local id, reason, queue = ARGV[1], ARGV[2], ARGV[3] == '1'
@@ -62,4 +63,6 @@ redis.call('HSET', KEYS[2], id, with_state(e, s))
 if queue then
   queue_event(KEYS, ev, id)
 end
-return {OK, avail, q}
+-- A hold past its deadline had gone back already, whether or not a sweep had got to it: a
+-- replay, the answer a released hold gets, however many other holds are due.
+return {(s == 'e') and REPLAY or OK, avail, q}
