@@ -90,15 +90,17 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "B"), "B restored once")
 		assert.Equal(t, stock.Levels{Available: 2, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C kept")
 
-		// The same for a cart of holds whose line was cancelled.
+		// A cart of holds whose line was cancelled: the retry says so, and gives nothing back.
 		hc := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "C", Qty: 1}}}
 		_, err = r.HoldMany(ctx, hc, time.Minute)
 		require.NoError(t, err)
 		_, err = r.Cancel(ctx, "A", "h1")
 		require.NoError(t, err)
-		rc, err = r.HoldMany(ctx, hc, time.Minute)
-		require.NoError(t, err)
-		assert.True(t, rc.Replayed)
+		_, err = r.HoldMany(ctx, hc, time.Minute)
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce, "a cart of holds answers its holds' state")
+		assert.Equal(t, "A", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrRestored)
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
 	})
 }

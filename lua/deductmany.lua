@@ -8,7 +8,7 @@
 -- ARGV[7...] one quantity per line
 -- Reply: three integers per line: code, remaining, qty. Either every line is OK (taken), every
 -- line is REPLAY (the cart was taken before: every line has this cart's entry, same kind,
--- quantity and user, even one restored or expired since), or nothing was taken and the lines
+-- quantity and user; for deducts even one restored since), or nothing was taken and the lines
 -- that refused
 -- carry their code (the others OK-but-not-taken carry code -1).
 --
@@ -89,9 +89,10 @@ for i = 1, n do
   local _, queued = release(plan[i].K, plan[i].x, queue)
   plan[i].seq = plan[i].seq + queued
 end
-if #mine == n then
+if kind == 'D' and #mine == n then
   -- Every line is this cart's: the cart was taken, and a retry answers that, even when a line was
-  -- restored or expired since. Nothing else is written.
+  -- restored since. Nothing else is written. (A cart of holds answers its holds' state, as Hold
+  -- does: a line expired or cancelled is refused below.)
   for i = 1, n do
     out[3 * i - 2], out[3 * i - 1] = REPLAY, mine[i]
   end
