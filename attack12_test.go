@@ -695,7 +695,6 @@ func TestAttack12ManyHoldsDueAnswers(t *testing.T) {
 // deduct releases 64 of them and answers ErrInsufficient (Remaining 64, Held 536 of expired
 // holds); a Hold of every unit likewise.
 func TestAttack12DeductAfterManyHoldsDue(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
 	const n = 600
 	a12Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
@@ -1821,7 +1820,6 @@ func TestAttack12SweepManyDue(t *testing.T) {
 // holds due, is not refused with ErrUserLimit. Found with TestAttack12DeductAfterManyHoldsDue's
 // cause: only 64 due holds are released per call, the user's is not among them.
 func TestAttack12UserLimitAfterManyHoldsDue(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
 	a12Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)

@@ -351,9 +351,10 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 		require.NoError(t, err)
 		redistest.Sleep(c, 1600*time.Millisecond)
 
-		rc, err := r.HoldMany(ctx, cart, 1500*time.Millisecond)
-		require.NoError(t, err, "a retry of a taken cart")
-		assert.True(t, rc.Replayed)
+		_, err = r.HoldMany(ctx, cart, 1500*time.Millisecond)
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce, "a retry of a cart of holds answers its holds' state")
+		assert.ErrorIs(t, err, stock.ErrExpired)
 		for _, sku := range []string{"g1", "g2"} {
 			e, err := r.Ledger(ctx, sku, "zcart")
 			require.NoError(t, err)

@@ -22,7 +22,9 @@ func checkTTL(ttl time.Duration) error {
 // try of a try-confirm-cancel checkout. Confirm makes it final and only then queues it for the
 // Store; Cancel gives it back; a hold past its deadline is released by Sweep, and also by the
 // item's next Deduct, Hold, Confirm or Extend (at most 64 holds per call, and always the hold
-// the call's own id names), so expiry is prompt even with no sweeper.
+// the call's own id names), so expiry is prompt even with no sweeper. A Deduct or Hold that
+// would otherwise be refused for stock or for the per-user limit first releases up to 10,000
+// due holds, so a refusal does not depend on how many holds are due.
 //
 // A repeat of the same id and parameters is a replay (of the hold, or of its confirmation);
 // past the hold's deadline it is ErrExpired (and the hold is released, however many other holds

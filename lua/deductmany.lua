@@ -42,6 +42,9 @@ for i = 1, n do
   local x
   if avail and ((nd and nd <= now) or also) then
     x = plan_expiry(K, now, 64, also)
+    if x.full and (avail + x.freed < q or (u ~= '' and limit > 0)) then
+      x = plan_expiry(K, now, MAX_EXPIRY, also) -- see deduct.lua: a refusal must not depend on it
+    end
     avail = avail + x.freed
     if kind == 'H' then
       count = count - x.freed

@@ -134,6 +134,11 @@ end
 -- item's due holds first, at most 64 per call, and always the holds its own ids name: an id's
 -- answer never depends on how many other holds are due.
 
+-- MAX_EXPIRY is how many due holds one call releases at most when it would otherwise refuse a
+-- request for stock or for the per-user limit (64 otherwise): a request is refused for lack of
+-- stock only when the due holds left cannot explain it, up to that many.
+local MAX_EXPIRY = 10000
+
 -- plan_expiry plans the release of at most max holds whose deadline (holds zset) has passed,
 -- plus the holds in also (pairs {id, entry} the caller read: live holds past their ledger
 -- deadline), never the hold skip (a hold the caller keeps). Returns the plan: zrem (ids to drop
@@ -150,7 +155,9 @@ local function plan_expiry(K, now, max, also, skip)
   if skip then
     seen[skip] = true
   end
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K[5], '-inf', now, 'LIMIT', 0, max)) do
+  local range = redis.call('ZRANGEBYSCORE', K[5], '-inf', now, 'LIMIT', 0, max)
+  p.full = #range >= max -- more holds may be due than this plan releases
+  for _, id in ipairs(range) do
     if not seen[id] then
       seen[id] = true
       due[#due + 1] = id
