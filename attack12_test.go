@@ -2032,7 +2032,6 @@ func TestAttack12FastPathLifecycle(t *testing.T) {
 // for good (the invariant "ledger entries agree with Levels" no longer holds; available and held
 // are right, so nothing oversells).
 func TestAttack12RebuildAfterItemHashLost(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
 	a12Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
@@ -2079,7 +2078,6 @@ func TestAttack12RebuildAfterItemHashLost(t *testing.T) {
 // the ledger still has. Found, on every backend: Sold goes negative (-4), since the rebuilt hash
 // starts at Sold 0 while the restores subtract the ledger's sales.
 func TestAttack12RestoreAfterRebuild(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
 	a12Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
@@ -2119,7 +2117,6 @@ func TestAttack12RestoreAfterRebuild(t *testing.T) {
 // Found, on every backend: the rebuilt item is open (Closed false), sells (Deduct succeeds) and
 // a delisted one can be reopened: the closed and delisted marks live only in the lost hash.
 func TestAttack12RebuildKeepsClosed(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
 	a12Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)

@@ -359,7 +359,11 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
 	case rc.dry:
 	case rp.Missing:
-		res := rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.FormatInt(max(expected, 0), 10)})
+		sold, err := rc.soldInLedger(ctx, sku)
+		if err != nil {
+			return rp, err
+		}
+		res := rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.FormatInt(max(expected, 0), 10), strconv.FormatInt(sold, 10)})
 		code, err := decodeOne(res)
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
@@ -386,7 +390,11 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	}
 	if rp.Missing && rp.Drift == 0 && !rc.dry {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
-		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0"}))
+		sold, err := rc.soldInLedger(ctx, sku)
+		if err != nil {
+			return rp, err
+		}
+		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0", strconv.FormatInt(sold, 10)}))
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
@@ -738,4 +746,20 @@ func (rc *Reconciler) unlock(sku string) {
 			return
 		}
 	}
+}
+
+// soldInLedger counts the units an item's surviving ledger records as sold (deducts and
+// confirmed holds, reserved or applied, not given back), for the rebuild of an item whose hash
+// was lost: while the hash is missing, no script changes these entries.
+func (rc *Reconciler) soldInLedger(ctx context.Context, sku string) (int64, error) {
+	var sold int64
+	for e, err := range rc.r.Entries(ctx, sku) {
+		if err != nil {
+			return 0, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
+		}
+		if (e.Kind == KindDeduct || e.Kind == KindHold) && (e.State == StateReserved || e.State == StateApplied) {
+			sold += e.Qty
+		}
+	}
+	return sold, nil
 }

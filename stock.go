@@ -489,7 +489,7 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	code, _, err := decodePair(closeScript.Exec(ctx, r.client, r.keys(sku)[:1], []string{flag}))
+	code, _, err := decodePair(closeScript.Exec(ctx, r.client, r.keys(sku)[:2], []string{flag}))
 	if err != nil {
 		return fmt.Errorf("stock: close %s: %w", sku, err)
 	}
@@ -513,7 +513,7 @@ func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	code, _, err := decodePair(delistScript.Exec(ctx, r.client, r.keys(sku)[:1], nil))
+	code, _, err := decodePair(delistScript.Exec(ctx, r.client, r.keys(sku)[:2], nil))
 	if err != nil {
 		return fmt.Errorf("stock: delist %s: %w", sku, err)
 	}
