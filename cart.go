@@ -53,7 +53,10 @@ func (e *CartError) Unwrap() error { return e.Err }
 // refusal. A cart id has one outcome, decided once by whichever copy of the cart gets there
 // first, and every copy, concurrent or later, answers it:
 //   - taken: a retry answers the cart's receipts, Replayed, and never takes or gives back
-//     anything, even if one of its lines was restored since;
+//     anything, even if one of its lines was restored since; for a cart of holds (HoldMany) the
+//     retry answers the holds' state, as Hold does: the receipts while every hold is live or
+//     confirmed, else a *CartError wrapping ErrExpired or ErrRestored for the first line whose
+//     hold expired or was cancelled (still giving nothing back);
 //   - undone: a retry gives back whatever is left and answers the *CartError that undid the cart
 //     (ErrRestored when RecoverCarts undid it).
 //
@@ -70,27 +73,39 @@ func (e *CartError) Unwrap() error { return e.Err }
 // against the id's entries in its own items only: give every cart an id of its own (an order id),
 // as a one-script cart and a saga cart over other items under one id are not seen as a conflict.
 func (r *Reserver) DeductMany(ctx context.Context, c Cart) (CartReceipt, error) {
-	return r.cart(ctx, "D", c, 0)
+	return r.observeCart(ctx, "deduct_many", c, func(ctx context.Context) (CartReceipt, error) { return r.cart(ctx, "D", c, 0) })
 }
 
 // HoldMany holds every line of a cart until now + ttl, or none, like DeductMany. Confirm or
 // Cancel the items with ConfirmMany or CancelMany under the cart's id.
 func (r *Reserver) HoldMany(ctx context.Context, c Cart, ttl time.Duration) (CartReceipt, error) {
-	if err := checkTTL(ttl); err != nil {
-		return CartReceipt{ID: c.ID}, err
-	}
-	return r.cart(ctx, "H", c, ttl.Milliseconds())
+	return r.observeCart(ctx, "hold_many", c, func(ctx context.Context) (CartReceipt, error) {
+		if err := checkTTL(ttl); err != nil {
+			return CartReceipt{ID: c.ID}, err
+		}
+		return r.cart(ctx, "H", c, ttl.Milliseconds())
+	})
 }
 
 // ConfirmMany confirms the holds of a cart's items, in SKU order. A hold that expired makes it
 // return ErrExpired after cancelling the others: a cart is confirmed whole or not at all...
-// except when a confirm fails for an unknown outcome, which a retry resolves.
+// except when a confirm fails for an unknown outcome, which a retry resolves. A retry of a cart
+// undone because a hold expired answers ErrExpired again.
 func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) ([]Receipt, error) {
 	skus = sortedUnique(skus)
 	var out []Receipt
 	for i, sku := range skus {
 		rc, err := r.Confirm(ctx, sku, id)
 		if err != nil && (errors.Is(err, ErrExpired) || errors.Is(err, ErrRestored)) {
+			if errors.Is(err, ErrRestored) {
+				// Maybe a retry of a cart undone because a line expired: that is its answer.
+				for _, s := range skus {
+					if e, lerr := r.Ledger(ctx, s, id); lerr == nil && e.State == StateExpired {
+						sku, err = s, ErrExpired
+						break
+					}
+				}
+			}
 			// Undo: the confirmed ones are restored, the held ones cancelled.
 			for _, s := range skus[:i] {
 				if _, uerr := r.Restore(ctx, s, id); uerr != nil {
@@ -253,9 +268,9 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	case codeRestored:
 		// Finish the undo (a crash may have cut it short; it is idempotent) and answer as every
 		// copy of the cart does.
-		return r.undoCart(ctx, c.ID, kind, c.User, lines, why, causeErr(c.ID, why))
+		return r.undoCart(ctx, kind, c, lines, ttlMs, why, causeErr(c.ID, why))
 	case codeConfirmed:
-		return r.cartDone(ctx, c.ID, lines)
+		return r.cartDone(ctx, kind, c, lines, ttlMs)
 	case codeOK, codeReplay:
 	default:
 		return out, codeErr(code)
@@ -266,7 +281,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 		rc, err := r.take(ctx, kind, req, ttlMs)
 		if err != nil {
 			if isRefusal(err) {
-				return r.undoCart(ctx, c.ID, kind, c.User, lines, cause(l.SKU, err), &CartError{SKU: l.SKU, Err: err})
+				return r.undoCart(ctx, kind, c, lines, ttlMs, cause(l.SKU, err), &CartError{SKU: l.SKU, Err: err})
 			}
 			return out, err // unknown outcome: a retry with the same cart id goes on from here
 		}
@@ -280,25 +295,40 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if code == codeRestored {
 		// A concurrent copy of the cart found a refusal and undid it first: its outcome is the
 		// cart's. Give back what this attempt took (its undo may have run before our takes).
-		return r.undoCart(ctx, c.ID, kind, c.User, lines, why, causeErr(c.ID, why))
+		return r.undoCart(ctx, kind, c, lines, ttlMs, why, causeErr(c.ID, why))
 	}
 	out.Replayed = replayed
 	return out, nil
 }
 
-// cartDone answers a retry of a cart the log records as done: the receipts of its lines, read
-// from the ledger, replayed. Nothing is taken or given back, whatever happened to a line since
-// (a line restored by Restore stays restored, the others stay taken).
-func (r *Reserver) cartDone(ctx context.Context, id string, lines []Line) (CartReceipt, error) {
-	out := CartReceipt{ID: id, Replayed: true}
+// cartDone answers a retry of a cart the log records as done. Nothing is given back, whatever
+// happened to a line since. A cart of deducts answers its receipts, read from the ledger,
+// replayed: a line restored since stays restored, the others stay taken. A cart of holds answers
+// as a Hold of each line would: its receipts while every hold is live or confirmed, else a
+// *CartError wrapping ErrExpired or ErrRestored for the first line whose hold expired or was
+// cancelled (a hold past its deadline is released as expired by that look).
+func (r *Reserver) cartDone(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64) (CartReceipt, error) {
+	out := CartReceipt{ID: c.ID, Replayed: true}
 	for _, l := range lines {
-		rc := Receipt{SKU: l.SKU, ID: id, Qty: l.Qty, Replayed: true}
-		e, err := r.Ledger(ctx, l.SKU, id)
+		if kind == "H" {
+			rc, err := r.take(ctx, "H", Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}, ttlMs)
+			if err != nil {
+				if isRefusal(err) {
+					return CartReceipt{ID: c.ID}, &CartError{SKU: l.SKU, Err: err}
+				}
+				return CartReceipt{ID: c.ID}, err
+			}
+			rc.Replayed = true
+			out.Items = append(out.Items, rc)
+			continue
+		}
+		rc := Receipt{SKU: l.SKU, ID: c.ID, Qty: l.Qty, Replayed: true}
+		e, err := r.Ledger(ctx, l.SKU, c.ID)
 		switch {
 		case err == nil:
 			rc.Remaining = e.After
 		case !errors.Is(err, ErrUnknownID) && !errors.Is(err, ErrNotLoaded):
-			return CartReceipt{ID: id}, fmt.Errorf("stock: cart %s: %w", id, err)
+			return CartReceipt{ID: c.ID}, fmt.Errorf("stock: cart %s: %w", c.ID, err)
 		}
 		out.Items = append(out.Items, rc)
 	}
@@ -322,15 +352,25 @@ func isRefusal(err error) bool {
 // slow copy of the saga that still runs cannot take it later; an entry of the same id that is
 // not this cart's line, by kind, quantity and user, is left alone), then takes the cart off the
 // pending set. It returns failed, or the refusal recorded by the copy that undid the cart first.
-func (r *Reserver) undoCart(ctx context.Context, id, kind, user string, lines []Line, why string, failed error) (CartReceipt, error) {
-	out := CartReceipt{ID: id}
+func (r *Reserver) undoCart(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64, why string, failed error) (CartReceipt, error) {
+	out, _, err := r.undoCartMoved(ctx, kind, c, lines, ttlMs, why, failed)
+	return out, err
+}
+
+// undoCartMoved is undoCart; moved reports whether this call is the one that recorded the cart
+// as undone (RecoverCarts counts those only).
+func (r *Reserver) undoCartMoved(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64, why string, failed error) (out CartReceipt, moved bool, err error) {
+	id, user := c.ID, c.User
+	out = CartReceipt{ID: id}
 	code, recorded, err := r.cartOp(ctx, "undo", id, why)
 	if err != nil {
-		return out, errors.Join(failed, fmt.Errorf("stock: cart %s: %w", id, err))
+		return out, false, errors.Join(failed, fmt.Errorf("stock: cart %s: %w", id, err))
 	}
 	if code == codeConfirmed {
-		return r.cartDone(ctx, id, lines)
+		out, err := r.cartDone(ctx, kind, c, lines, ttlMs)
+		return out, false, err
 	}
+	moved = code == codeOK
 	if recorded != why {
 		failed = causeErr(id, recorded)
 	}
@@ -345,19 +385,20 @@ func (r *Reserver) undoCart(ctx context.Context, id, kind, user string, lines []
 			_, err = r.giveBackChecked(ctx, l.SKU, id, "x", kind, l.Qty, user)
 		}
 		if err != nil && !errors.Is(err, ErrUnknownID) && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotLoaded) {
-			return out, errors.Join(failed, fmt.Errorf("stock: cart %s: undo %s: %w", id, l.SKU, err))
+			return out, moved, errors.Join(failed, fmt.Errorf("stock: cart %s: undo %s: %w", id, l.SKU, err))
 		}
 	}
 	if _, _, err := r.cartOp(ctx, "end", id, ""); err != nil {
-		return out, errors.Join(failed, fmt.Errorf("stock: cart %s: %w", id, err))
+		return out, moved, errors.Join(failed, fmt.Errorf("stock: cart %s: %w", id, err))
 	}
-	return out, failed
+	return out, moved, failed
 }
 
 // RecoverCarts undoes the carts whose saga started more than olderThan ago and never ended
 // (the process died, and nobody retried the cart id), and finishes undos that a crash cut short:
 // their items are given back, and a late retry of such a cart returns ErrRestored. It returns the
-// number of carts undone. Run it periodically with olderThan well above the longest checkout
+// number of carts this call undid (a cart undone by a concurrent call or a retry is not
+// counted, so concurrent calls add up to the carts undone). Run it periodically with olderThan well above the longest checkout
 // call.
 func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (int, error) {
 	keys := r.cartKeys()
@@ -381,10 +422,13 @@ func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (i
 			r.opts.logger.ErrorContext(ctx, "stock: unreadable cart record; left for an operator", "cart", id, "err", err)
 			continue
 		}
-		if _, err := r.undoCart(ctx, id, kind, user, lines, "", nil); err != nil && !isRefusal(err) {
+		_, moved, err := r.undoCartMoved(ctx, kind, Cart{ID: id, User: user}, lines, 0, "", nil)
+		if err != nil && !isRefusal(err) {
 			return n, err
 		}
-		n++
+		if moved {
+			n++
+		}
 	}
 	return n, nil
 }

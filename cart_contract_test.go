@@ -90,15 +90,17 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "B"), "B restored once")
 		assert.Equal(t, stock.Levels{Available: 2, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C kept")
 
-		// The same for a cart of holds whose line was cancelled.
+		// A cart of holds whose line was cancelled: the retry says so, and gives nothing back.
 		hc := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "C", Qty: 1}}}
 		_, err = r.HoldMany(ctx, hc, time.Minute)
 		require.NoError(t, err)
 		_, err = r.Cancel(ctx, "A", "h1")
 		require.NoError(t, err)
-		rc, err = r.HoldMany(ctx, hc, time.Minute)
-		require.NoError(t, err)
-		assert.True(t, rc.Replayed)
+		_, err = r.HoldMany(ctx, hc, time.Minute)
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce, "a cart of holds answers its holds' state")
+		assert.Equal(t, "A", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrRestored)
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
 	})
 }
@@ -322,4 +324,36 @@ func ExampleReserver_DeductMany_retry() {
 	// taken: true
 	// mallory: true
 	// retry: <nil> true
+}
+
+// TestRestoreChecksBeforeWriting: a corrupt counter of the item makes Restore fail with an
+// error and write nothing, not even the tombstone of an unknown id (Redis does not roll back a
+// script that fails halfway).
+func TestRestoreChecksBeforeWriting(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithSoldOutCache(0))
+		require.NoError(t, r.Load(ctx, "A", 5))
+		_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute)
+		require.NoError(t, err)
+		for _, field := range []string{"h", "s", "q"} {
+			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}").FieldValue().FieldValue(field, "x").Build()).Error())
+			_, err = r.Restore(ctx, "A", "h1")
+			require.Error(t, err, "corrupt %s", field)
+			_, err = r.Restore(ctx, "A", "unknown")
+			require.Error(t, err, "corrupt %s", field)
+			_, err = r.Ledger(ctx, "A", "unknown")
+			require.ErrorIs(t, err, stock.ErrUnknownID, "no tombstone written with %s corrupt", field)
+			e, err := r.Ledger(ctx, "A", "h1")
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateHeld, e.State, "the hold untouched with %s corrupt", field)
+			require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}").Field(field).Build()).Error())
+		}
+		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}:u").FieldValue().FieldValue("u", "x").Build()).Error())
+		_, err = r.Restore(ctx, "A", "h1")
+		require.Error(t, err, "corrupt user count")
+		a, err := c.Do(ctx, c.B().Hget().Key("stock:{A}").Field("a").Build()).AsInt64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), a, "available untouched")
+	})
 }

@@ -351,9 +351,10 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 		require.NoError(t, err)
 		redistest.Sleep(c, 1600*time.Millisecond)
 
-		rc, err := r.HoldMany(ctx, cart, 1500*time.Millisecond)
-		require.NoError(t, err, "a retry of a taken cart")
-		assert.True(t, rc.Replayed)
+		_, err = r.HoldMany(ctx, cart, 1500*time.Millisecond)
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce, "a retry of a cart of holds answers its holds' state")
+		assert.ErrorIs(t, err, stock.ErrExpired)
 		for _, sku := range []string{"g1", "g2"} {
 			e, err := r.Ledger(ctx, sku, "zcart")
 			require.NoError(t, err)
@@ -464,5 +465,37 @@ func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, stock.StateHeld, e.State, "%s is untouched", id)
 		}
+	})
+}
+
+// TestCancelExpiredHoldAnswerIndependentOfOthers: a Cancel or Restore of a hold past its
+// deadline is a replay (the hold had already gone back), whether or not an earlier call released
+// it: with more than 64 holds due, one call releases only 64 of them (issue 12, case 7).
+func TestCancelExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithSoldOutCache(0))
+		require.NoError(t, r.Load(ctx, "K", 1000))
+		const n = 100
+		holdMany(t, r, "K", "h", n, 1500*time.Millisecond)
+		redistest.Sleep(c, 1600*time.Millisecond)
+		_, err := r.Hold(ctx, stock.Request{SKU: "K", ID: "trigger", Qty: 1}, time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, int64(n-64+1), levels(t, r, "K").Held, "the Hold released 64 of the due holds")
+		for i := range n {
+			id := fmt.Sprint("h", i)
+			var rc stock.Receipt
+			if i%2 == 0 {
+				rc, err = r.Cancel(ctx, "K", id)
+			} else {
+				rc, err = r.Restore(ctx, "K", id)
+			}
+			require.NoError(t, err, id)
+			assert.True(t, rc.Replayed, "%s: a hold past its deadline had already gone back", id)
+			e, err := r.Ledger(ctx, "K", id)
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateExpired, e.State, id)
+		}
+		assert.Equal(t, stock.Levels{Available: 999, Held: 1, Loaded: 1000}, levels(t, r, "K"))
 	})
 }

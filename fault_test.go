@@ -935,7 +935,7 @@ func (c *faultClientState) ghost(sku string) {
 	c.took(o, rc, err, ok)
 }
 
-// bareDeduct is the broken variant's deduct: deduct.lua by EVALSHA only, as the seeds did,
+// bareDeduct is the broken variant's deduct: deduct.lua by EVALSHA only, with no EVAL fallback,
 // so a NOSCRIPT after a SCRIPT FLUSH reaches the caller.
 func (h *faultHarness) bareDeduct(ctx context.Context, req stock.Request) (stock.Receipt, error) {
 	base := "stock:{" + req.SKU + "}"

@@ -22,7 +22,9 @@ func checkTTL(ttl time.Duration) error {
 // try of a try-confirm-cancel checkout. Confirm makes it final and only then queues it for the
 // Store; Cancel gives it back; a hold past its deadline is released by Sweep, and also by the
 // item's next Deduct, Hold, Confirm or Extend (at most 64 holds per call, and always the hold
-// the call's own id names), so expiry is prompt even with no sweeper.
+// the call's own id names), so expiry is prompt even with no sweeper. A Deduct or Hold that
+// would otherwise be refused for stock or for the per-user limit first releases up to 10,000
+// due holds, so a refusal does not depend on how many holds are due.
 //
 // A repeat of the same id and parameters is a replay (of the hold, or of its confirmation);
 // past the hold's deadline it is ErrExpired (and the hold is released, however many other holds
@@ -30,6 +32,7 @@ func checkTTL(ttl time.Duration) error {
 func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "hold", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "hold", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
@@ -55,6 +58,7 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 // first releases the item's other holds past their deadline (at most 64).
 func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "confirm", sku)
 		defer func(start time.Time) { r.observe(ctx, "confirm", sku, start, rc, err) }(time.Now())
 	}
 	rc = Receipt{SKU: sku, ID: id}
@@ -75,6 +79,7 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 // tombstone, so the hold it overtook is refused with ErrRestored.
 func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "cancel", sku)
 		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
 	}
 	return r.giveBack(ctx, sku, id, "c")
@@ -85,6 +90,7 @@ func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err 
 // Like Deduct, it first releases the item's other holds past their deadline (at most 64).
 func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "extend", sku)
 		defer func(start time.Time) { r.observe(ctx, "extend", sku, start, rc, err) }(time.Now())
 	}
 	rc = Receipt{SKU: sku, ID: id}

@@ -150,6 +150,9 @@ func (r *Reserver) Entries(ctx context.Context, sku string) iter.Seq2[Entry, err
 				return
 			}
 			for i := 0; i+1 < len(se.Elements); i += 2 {
+				if strings.HasPrefix(se.Elements[i], "{") {
+					continue // the item's marks ("{closed}", "{delisted}"), never a request id
+				}
 				e, err := parseEntry(sku, se.Elements[i], se.Elements[i+1])
 				if !yield(e, err) || err != nil {
 					return

@@ -51,7 +51,7 @@ func WithPrefix(p string) Option {
 
 // WithUserLimit sets the most units one user may hold or have bought of one item at a time
 // (restores, cancels and expiries give units back). Requests without a User are not limited.
-// 1 is the seeds' one-per-user rule. The default is 0: no limit.
+// 1 is the usual flash-sale rule of one unit per user. The default is 0: no limit.
 func WithUserLimit(n int64) Option {
 	return func(o *options) error {
 		if n < 0 || n > MaxQty {

@@ -20,7 +20,7 @@ func WithDryRun(dry bool) ReconcileOption {
 }
 
 // WithRepairLimit leaves a drift larger than n units unrepaired and reports it as needing a
-// human (the seeds' alert threshold). The default is 0: every drift is repaired.
+// human (an alert threshold). The default is 0: every drift is repaired.
 func WithRepairLimit(n int64) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if n < 0 {
@@ -58,8 +58,7 @@ func WithReconcileItems(skus ...string) ReconcileOption {
 	}
 }
 
-// WithInterval sets the time between the passes of Run. The default is 5 minutes, as in the
-// seeds.
+// WithInterval sets the time between the passes of Run. The default is 5 minutes.
 func WithInterval(d time.Duration) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if d <= 0 {
@@ -236,6 +235,7 @@ const maxPending = 100000
 // Item reconciles one item.
 func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err error) {
 	if o := rc.r.opts.observer; o != nil {
+		ctx = rc.r.startOp(ctx, "reconcile", sku)
 		defer func(start time.Time) {
 			ob := Observation{Op: "reconcile", SKU: sku, Outcome: "ok", Duration: time.Since(start), Units: rp.Drift}
 			switch {
@@ -359,7 +359,11 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
 	case rc.dry:
 	case rp.Missing:
-		res := rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.FormatInt(max(expected, 0), 10)})
+		sold, err := rc.soldInLedger(ctx, sku)
+		if err != nil {
+			return rp, err
+		}
+		res := rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.FormatInt(max(expected, 0), 10), strconv.FormatInt(sold, 10)})
 		code, err := decodeOne(res)
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
@@ -386,7 +390,11 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	}
 	if rp.Missing && rp.Drift == 0 && !rc.dry {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
-		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0"}))
+		sold, err := rc.soldInLedger(ctx, sku)
+		if err != nil {
+			return rp, err
+		}
+		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0", strconv.FormatInt(sold, 10)}))
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
@@ -610,7 +618,9 @@ func (rc *Reconciler) resyncHolds(ctx context.Context, rp *Report, ids []string)
 		if err != nil {
 			return fmt.Errorf("stock: reconcile %s: resync hold %s: %w", sku, id, err)
 		}
-		if o.code == codeOK {
+		// A hold past its deadline is released by the restore and answered as a replay (it had
+		// gone back, as far as its owner is concerned): settled all the same.
+		if o.code == codeOK || (o.code == codeReplay && rec.Status != RecordApplied) {
 			rp.Resynced++
 		}
 	}
@@ -736,4 +746,20 @@ func (rc *Reconciler) unlock(sku string) {
 			return
 		}
 	}
+}
+
+// soldInLedger counts the units an item's surviving ledger records as sold (deducts and
+// confirmed holds, reserved or applied, not given back), for the rebuild of an item whose hash
+// was lost: while the hash is missing, no script changes these entries.
+func (rc *Reconciler) soldInLedger(ctx context.Context, sku string) (int64, error) {
+	var sold int64
+	for e, err := range rc.r.Entries(ctx, sku) {
+		if err != nil {
+			return 0, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
+		}
+		if (e.Kind == KindDeduct || e.Kind == KindHold) && (e.State == StateReserved || e.State == StateApplied) {
+			sold += e.Qty
+		}
+	}
+	return sold, nil
 }

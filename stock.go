@@ -308,6 +308,7 @@ func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]L
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "deduct", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "deduct", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
@@ -378,6 +379,7 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // cancelled. Restocks cannot be restored (ErrConflict).
 func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
 	}
 	return r.giveBack(ctx, sku, id, "x")
@@ -413,6 +415,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 // ErrInvalid when the item would hold more than MaxQty units in all.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "restock", sku)
 		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
 	}
 	req := Request{SKU: sku, ID: id, Qty: qty}
@@ -486,7 +489,7 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	code, _, err := decodePair(closeScript.Exec(ctx, r.client, r.keys(sku)[:1], []string{flag}))
+	code, _, err := decodePair(closeScript.Exec(ctx, r.client, r.keys(sku)[:2], []string{flag}))
 	if err != nil {
 		return fmt.Errorf("stock: close %s: %w", sku, err)
 	}
@@ -501,7 +504,7 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 
 // Delist ends an item's sale for good: it is closed (ErrClosed for new deducts and holds) and
 // stamped with the time. Its pipeline finishes as with Close; once the retention has passed
-// (WithRetention of the Reconciler, 24h by default, as in the seeds) and a reconcile pass finds
+// (WithRetention of the Reconciler, 24h by default) and a reconcile pass finds
 // Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
 // answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
@@ -510,7 +513,7 @@ func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	code, _, err := decodePair(delistScript.Exec(ctx, r.client, r.keys(sku)[:1], nil))
+	code, _, err := decodePair(delistScript.Exec(ctx, r.client, r.keys(sku)[:2], nil))
 	if err != nil {
 		return fmt.Errorf("stock: delist %s: %w", sku, err)
 	}

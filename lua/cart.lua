@@ -17,9 +17,9 @@
 --   CONFIRMED the cart is done; RESTORED the cart was undone (cause says why).
 -- done  ARGV[2] id. Reply {code, cause}: OK the cart is done (now or before); RESTORED it was
 --   undone first (the caller must run the undo too, and answer with cause).
--- undo  ARGV[2] id, ARGV[3] cause. Reply {code, cause}: OK the cart is undone (now, with this
---   cause, or before, with the cause it has); CONFIRMED it is done (give nothing back); UNKNOWN
---   no record.
+-- undo  ARGV[2] id, ARGV[3] cause. Reply {code, cause}: OK the cart is undone now, with this
+--   cause; REPLAY it was undone before, with the cause it has; CONFIRMED it is done (give
+--   nothing back); UNKNOWN no record.
 -- end   ARGV[2] id: the undo gave every line back; the cart leaves the pending set. Reply {OK, ''}.
 local id = ARGV[2]
 local c = redis.call('HGET', KEYS[1], id)
@@ -67,7 +67,7 @@ elseif op == 'undo' then
   elseif s == 'd' then
     return {CONFIRMED, ''}
   elseif s == 'u' then
-    return {OK, why or ''}
+    return {REPLAY, why or ''}
   end
   local rec = 'u|' .. started .. '|' .. rest
   if ARGV[3] ~= '' then

@@ -1,6 +1,7 @@
 -- close.lua: close an item for sale (or reopen it). Never creates an item.
 --
--- KEYS[1] item hash
+-- KEYS[1] item hash, KEYS[2] ledger hash (the closed mark is kept there too, as the field
+-- "{closed}", which no request id can be: if the item hash is lost, rebuild.lua restores it)
 -- ARGV[1] '1' to close, '0' to reopen
 -- Reply: code (OK, REPLAY when already so, NOTLOADED, CLOSED for a reopen of a delisted item:
 -- a delisting is for good, see delist.lua), available
@@ -18,7 +19,9 @@ if (ARGV[1] == '1') == closed then
 end
 if ARGV[1] == '1' then
   redis.call('HSET', KEYS[1], 'c', '1')
+  redis.call('HSET', KEYS[2], '{closed}', '1')
 else
   redis.call('HDEL', KEYS[1], 'c')
+  redis.call('HDEL', KEYS[2], '{closed}')
 end
 return {OK, tonumber(a) or 0}

@@ -17,8 +17,9 @@
 -- (fastpath.go) is the answer this script would give.
 --
 -- Every read is checked (entries parsed, counters checked) before the first write; the writes of
--- the whole call are grouped at the end: the release of the item's due holds (at most 64, and
--- every hold an id of the call names: such an id is answered as expired), then the takes.
+-- the whole call are grouped at the end: the release of the item's due holds (at most 64, or
+-- MAX_EXPIRY when a request could otherwise be refused for stock or its user's limit, and every
+-- hold an id of the call names: such an id is answered as expired), then the takes.
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
 local cf = (kind == 'H') and 'h' or 's' -- the counter this kind of request moves
@@ -53,6 +54,21 @@ end
 local plan
 if avail and ((nd and nd <= now) or #also > 0) then
   plan = plan_expiry(KEYS, now, 64, also)
+  if plan.full then
+    -- More holds are due than one call usually releases. If a request of this call could be
+    -- refused for stock or for the per-user limit, release more first: a refusal must not
+    -- depend on how many holds are due.
+    local need, users = 0, false
+    for j = 1, #ids do
+      if not known[j] then
+        need = need + tonumber(ARGV[4 * j + 2])
+        users = users or ARGV[4 * j + 3] ~= ''
+      end
+    end
+    if avail + plan.freed < need or (users and limit > 0) then
+      plan = plan_expiry(KEYS, now, MAX_EXPIRY, also)
+    end
+  end
   avail = avail + plan.freed
   if kind == 'H' then
     count = count - plan.freed

@@ -8,7 +8,7 @@
 -- ARGV[7...] one quantity per line
 -- Reply: three integers per line: code, remaining, qty. Either every line is OK (taken), every
 -- line is REPLAY (the cart was taken before: every line has this cart's entry, same kind,
--- quantity and user, even one restored or expired since), or nothing was taken and the lines
+-- quantity and user; for deducts even one restored since), or nothing was taken and the lines
 -- that refused
 -- carry their code (the others OK-but-not-taken carry code -1).
 --
@@ -42,6 +42,9 @@ for i = 1, n do
   local x
   if avail and ((nd and nd <= now) or also) then
     x = plan_expiry(K, now, 64, also)
+    if x.full and (avail + x.freed < q or (u ~= '' and limit > 0)) then
+      x = plan_expiry(K, now, MAX_EXPIRY, also) -- see deduct.lua: a refusal must not depend on it
+    end
     avail = avail + x.freed
     if kind == 'H' then
       count = count - x.freed
@@ -89,9 +92,10 @@ for i = 1, n do
   local _, queued = release(plan[i].K, plan[i].x, queue)
   plan[i].seq = plan[i].seq + queued
 end
-if #mine == n then
+if kind == 'D' and #mine == n then
   -- Every line is this cart's: the cart was taken, and a retry answers that, even when a line was
-  -- restored or expired since. Nothing else is written.
+  -- restored since. Nothing else is written. (A cart of holds answers its holds' state, as Hold
+  -- does: a line expired or cancelled is refused below.)
   for i = 1, n do
     out[3 * i - 2], out[3 * i - 1] = REPLAY, mine[i]
   end

@@ -2,7 +2,8 @@
 -- its keys) once the retention has passed and Redis agrees with the store. A delisted item stays
 -- closed: close.lua refuses to reopen it, and retire.lua removes only a closed, delisted item.
 --
--- KEYS[1] item hash
+-- KEYS[1] item hash, KEYS[2] ledger hash (the marks are kept there too, as the fields
+-- "{closed}" and "{delisted}", which no request id can be: see rebuild.lua)
 -- Reply: code (OK, REPLAY when already delisted, NOTLOADED), the delisting time (ms)
 if not redis.call('HGET', KEYS[1], 'a') then
   return {NOTLOADED, 0}
@@ -13,4 +14,5 @@ if d then
 end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'c', '1', 'd', fmt(now))
+redis.call('HSET', KEYS[2], '{closed}', '1', '{delisted}', fmt(now))
 return {OK, now}

@@ -134,6 +134,11 @@ end
 -- item's due holds first, at most 64 per call, and always the holds its own ids name: an id's
 -- answer never depends on how many other holds are due.
 
+-- MAX_EXPIRY is how many due holds one call releases at most when it would otherwise refuse a
+-- request for stock or for the per-user limit (64 otherwise): a request is refused for lack of
+-- stock only when the due holds left cannot explain it, up to that many.
+local MAX_EXPIRY = 10000
+
 -- plan_expiry plans the release of at most max holds whose deadline (holds zset) has passed,
 -- plus the holds in also (pairs {id, entry} the caller read: live holds past their ledger
 -- deadline), never the hold skip (a hold the caller keeps). Returns the plan: zrem (ids to drop
@@ -150,7 +155,9 @@ local function plan_expiry(K, now, max, also, skip)
   if skip then
     seen[skip] = true
   end
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K[5], '-inf', now, 'LIMIT', 0, max)) do
+  local range = redis.call('ZRANGEBYSCORE', K[5], '-inf', now, 'LIMIT', 0, max)
+  p.full = #range >= max -- more holds may be due than this plan releases
+  for _, id in ipairs(range) do
     if not seen[id] then
       seen[id] = true
       due[#due + 1] = id
@@ -227,9 +234,11 @@ end
 -- K: KEYS of the item (item, ledger, users, outbox, holds).
 local function hold_call(K, id, now, confirmed, keep)
   local e = redis.call('HGET', K[2], id)
-  local st = redis.call('HMGET', K[1], 'a', 'n', 's')
+  local st = redis.call('HMGET', K[1], 'a', 'n', 's', 'h', 'q')
   local avail, n = int(st[1], 'available count'), int(st[2], 'next deadline')
-  int(st[3], 'sold count')
+  int(st[3], 'sold count') -- the counters the caller moves: checked before its first write
+  int(st[4], 'held count')
+  int(st[5], 'outbox sequence')
   local k, s, q, a, t, u, d
   if e then
     k, s, q, a, t, u, d = parse(e, id)

@@ -2,6 +2,13 @@
 --
 -- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
 -- ARGV[1] available + held as the store and the pending events say
+-- ARGV[2] optional: the units sold that the surviving ledger records (deducts and confirmed holds
+--         not given back; reconcile.go counts them with a paged scan: while the item hash is
+--         missing no script changes them)
+-- The counters are made consistent with what survived: held from the live holds, sold from the
+-- ledger, loaded = available + held + sold, so a later restore of a surviving sale gives back
+-- what it took without driving sold below zero. The closed and delisted marks are restored from
+-- the copies close.lua and delist.lua keep in the ledger.
 -- Reply: code (OK, or REPLAY if the item exists), available, held
 if redis.call('HEXISTS', KEYS[1], 'a') == 1 then
   return {REPLAY, 0, 0}
@@ -16,6 +23,12 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
     end
   end
 end
+local sold = tonumber(ARGV[2] or '0')
+if not sold or sold < 0 then
+  return {INVALID, 0, 0}
+end
+local marks = redis.call('HMGET', KEYS[2], '{closed}', '{delisted}')
+local delisted = marks[2] and int(marks[2], 'delisting time')
 local a = tonumber(ARGV[1]) - held
 if a < 0 then
   a = 0
@@ -26,6 +39,12 @@ local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
 if last[2] and tonumber(last[2]) > q then
   q = tonumber(last[2])
 end
-redis.call('HSET', KEYS[1], 'a', fmt(a), 'h', fmt(held), 's', '0', 'l', fmt(a + held), 'q', fmt(q))
+redis.call('HSET', KEYS[1], 'a', fmt(a), 'h', fmt(held), 's', fmt(sold), 'l', fmt(a + held + sold), 'q', fmt(q))
+if marks[1] == '1' or delisted then
+  redis.call('HSET', KEYS[1], 'c', '1')
+end
+if delisted then
+  redis.call('HSET', KEYS[1], 'd', fmt(delisted))
+end
 next_deadline(KEYS[1], KEYS[5])
 return {OK, a, held}

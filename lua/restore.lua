@@ -11,25 +11,35 @@
 --         none) the id must have taken with (carts undo only what they took); an entry that
 --         differs is a CONFLICT
 -- Reply: code, remaining available, qty
---   OK given back; REPLAY already given back; UNKNOWN id never taken (a tombstone is left so a
+--   OK given back; REPLAY already given back (a hold past its deadline too, released now if no
+--   sweep had); UNKNOWN id never taken (a tombstone is left so a
 --   late deduct or hold with this id is refused); CONFIRMED cancel of a confirmed hold;
 --   CONFLICT the id names something this reason cannot give back; NOTLOADED item keys missing.
 local id, reason, queue = ARGV[1], ARGV[2], ARGV[3] == '1'
 local now = now_ms()
+-- Every value this script may use is read and checked before its first write.
+local st = redis.call('HMGET', KEYS[1], 'a', 'h', 's', 'q', 'b')
+local avail = int(st[1], 'available count')
+int(st[2], 'held count')
+int(st[3], 'sold count')
+int(st[4], 'outbox sequence')
+int(st[5], 'sold-out filter size')
 local e = redis.call('HGET', KEYS[2], id)
 if not e then
   redis.call('HSET', KEYS[2], id, entry('T', 'x', 0, 0, now, ''))
-  remember(KEYS[6], redis.call('HGET', KEYS[1], 'b'), id)
+  remember(KEYS[6], st[5], id)
   return {UNKNOWN, 0, 0}
 end
-local k, s, q, _, _, u, d = parse(e)
+local k, s, q, _, _, u, d = parse(e, id)
+if u ~= '' then
+  int(redis.call('HGET', KEYS[3], u), 'units of user ' .. u)
+end
 if k == 'T' then
   return {UNKNOWN, 0, 0}
 end
 if ARGV[4] and ARGV[4] ~= '' and (k ~= ARGV[4] or q ~= tonumber(ARGV[5]) or u ~= (ARGV[6] or '')) then
   return {CONFLICT, 0, q}
 end
-local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
 if k == 'L' or (reason == 'c' and k ~= 'H') or (reason == 'f' and s == 'h') then
   return {CONFLICT, avail or 0, q}
 end
@@ -62,4 +72,6 @@ redis.call('HSET', KEYS[2], id, with_state(e, s))
 if queue then
   queue_event(KEYS, ev, id)
 end
-return {OK, avail, q}
+-- A hold past its deadline had gone back already, whether or not a sweep had got to it: a
+-- replay, the answer a released hold gets, however many other holds are due.
+return {(s == 'e') and REPLAY or OK, avail, q}
