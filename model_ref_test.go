@@ -113,14 +113,20 @@ type world struct {
 	carts map[string]*mCart
 	limit int64
 	group func(string) string
+	// confirmExpired: cart ids whose ConfirmMany was undone because a hold expired.
+	confirmExpired map[string]bool
+	// limitReleasesAll: a request of a user under a per-user limit releases every due hold
+	// (up to 10,000) even when it would not be refused (what the code does; FINDINGS 15).
+	limitReleasesAll bool
 }
 
 func newWorld(limit int64, group func(string) string) *world {
-	return &world{items: map[string]*mItem{}, carts: map[string]*mCart{}, limit: limit, group: group}
+	return &world{items: map[string]*mItem{}, carts: map[string]*mCart{}, limit: limit, group: group, confirmExpired: map[string]bool{}}
 }
 
 func (w *world) clone() *world {
-	c := &world{items: make(map[string]*mItem, len(w.items)), carts: maps.Clone(w.carts), limit: w.limit, group: w.group}
+	c := &world{items: make(map[string]*mItem, len(w.items)), carts: maps.Clone(w.carts), limit: w.limit, group: w.group,
+		confirmExpired: maps.Clone(w.confirmExpired)}
 	for s, it := range w.items {
 		c.items[s] = it.clone()
 	}
@@ -155,6 +161,33 @@ func (it *mItem) expire(now int64) int64 {
 	return n
 }
 
+// expireN releases, as a deduct, hold, confirm or extend does, at most max of the item's due
+// holds, earliest deadline first (then by id, the order of the holds' sorted set), and always
+// the hold own names if it is due.
+func (it *mItem) expireN(now int64, max int, own string) {
+	var due []string
+	for id, e := range it.ledger {
+		if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline <= now {
+			due = append(due, id)
+		}
+	}
+	sort.Slice(due, func(i, j int) bool {
+		a, b := it.ledger[due[i]], it.ledger[due[j]]
+		if a.deadline != b.deadline {
+			return a.deadline < b.deadline
+		}
+		return due[i] < due[j]
+	})
+	for i, id := range due {
+		if i < max || id == own {
+			e := it.ledger[id]
+			e.state = stock.StateExpired
+			it.held -= e.qty
+			it.avail += e.qty
+		}
+	}
+}
+
 // take is Deduct (kind deduct) and Hold (kind hold) of one request.
 func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry bool, ttl, now int64) outcome {
 	o := outcome{rc: stock.Receipt{SKU: sku, ID: id, Qty: qty}}
@@ -168,7 +201,13 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 		}
 		return o
 	}
-	it.expire(now) // every deduct and hold releases the item's expired holds first
+	// Every deduct and hold releases the item's due holds first: at most 64, and its own id's;
+	// up to 10,000 when the request would otherwise be refused for stock or the user's limit.
+	it.expireN(now, 64, id)
+	limited := user != "" && w.limit > 0
+	if e := it.ledger[id]; e == nil && !it.closed && (it.avail < qty || (limited && (w.limitReleasesAll || it.units(user)+qty > w.limit))) {
+		it.expireN(now, 10000, id)
+	}
 	if e := it.ledger[id]; e != nil {
 		switch {
 		case e.kind == stock.KindTombstone && e.state == stock.StateRefused:
@@ -257,9 +296,9 @@ func (w *world) giveBack(sku, id string, cancel bool, now int64) outcome {
 	if e.state == stock.StateHeld {
 		it.held -= e.qty
 		if e.deadline <= now {
-			// silent: a hold past its deadline that no sweep released yet. It is released as
-			// expired; the answer may be the release (OK) or a replay of the expiry.
-			e.state, o.replay = stock.StateExpired, 2
+			// A hold past its deadline that no sweep released yet is released as expired,
+			// and Cancel and Restore answer it as a replay (it had gone back).
+			e.state, o.replay, o.rc.Replayed = stock.StateExpired, 1, true
 		} else {
 			e.state = stock.StateCancelled
 		}
@@ -283,7 +322,7 @@ func (w *world) liveHold(sku, id string, confirm bool, ttl, now int64) outcome {
 		}
 		return o
 	}
-	it.expire(now) // Confirm and Extend release the item's expired holds first
+	it.expireN(now, 64, id) // Confirm and Extend release due holds first (at most 64, and their own)
 	e := it.ledger[id]
 	if e == nil {
 		o.err = stock.ErrUnknownID
@@ -435,6 +474,26 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 			// Undone: every later copy answers the *CartError that undid the cart.
 			return outcome{err: c.cause[0], alt: c.cause[1:], cartSKU: c.causeSKU}, nil
 		}
+		if c.kind == stock.KindHold {
+			// A retry of a cart of holds answers the holds' state, as Hold does (releasing
+			// due holds first): a *CartError of the first line whose hold expired or was
+			// given back; nothing is given back.
+			for _, l := range c.lines {
+				it := w.item(l.SKU)
+				if it == nil {
+					continue
+				}
+				it.expire(now)
+				if e := it.ledger[id]; e != nil && e.kind == stock.KindHold {
+					switch {
+					case e.state == stock.StateExpired:
+						return outcome{err: stock.ErrExpired, cartSKU: l.SKU}, nil
+					case e.released():
+						return outcome{err: stock.ErrRestored, cartSKU: l.SKU}, nil
+					}
+				}
+			}
+		}
 		// A retry of a completed cart answers the cart's outcome, even after one of its
 		// lines was given back, and never undoes the lines it took.
 		return outcome{replay: 1}, nil
@@ -445,7 +504,7 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 		// its answer (as a refused Deduct does).
 		for _, l := range lines {
 			if it := w.item(l.SKU); it != nil {
-				it.expire(now)
+				it.expireN(now, 64, id)
 			}
 		}
 	}
@@ -520,6 +579,10 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 // confirmMany and cancelMany work on the holds of a cart's items, in SKU order.
 func (w *world) confirmMany(id string, skus []string, now int64) outcome {
 	skus = sortedUnique(skus)
+	if w.confirmExpired[id] {
+		// "A retry of a cart undone because a hold expired answers ErrExpired again."
+		return outcome{err: stock.ErrExpired}
+	}
 	for i, sku := range skus {
 		o := w.liveHold(sku, id, true, 0, now)
 		if o.err == nil {
@@ -533,6 +596,9 @@ func (w *world) confirmMany(id string, skus []string, now int64) outcome {
 			}
 			for _, s := range skus[i+1:] {
 				w.giveBack(s, id, true, now)
+			}
+			if errors.Is(o.err, stock.ErrExpired) {
+				w.confirmExpired[id] = true
 			}
 			return outcome{err: o.err, alt: o.alt, cartSKU: sku}
 		}
