@@ -61,6 +61,11 @@ const tick = 20 * time.Millisecond
 // script's clock and this process's are read at different moments.
 const slack = 2
 
+// staleWindow bounds how long after another client's write the sold-out fast path may still
+// answer from a read that predates it (the doc: "well under a millisecond" on a quiet network;
+// this machine is shared).
+const staleWindow = 50 * time.Millisecond
+
 // mstep is one step of a sequence.
 type mstep struct {
 	Op    string
@@ -615,7 +620,7 @@ func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 	// as long as the invalidation takes to arrive (a take through a Reserver on another client
 	// than the last write, right after it).
 	if h.real && (s.Op == "deduct" || s.Op == "hold") && errors.Is(lr.err, stock.ErrSoldOut) {
-		if lw, ok := h.writes[s.SKU]; ok && lw.client != h.clientOf[s.R] && time.Since(lw.at) < 250*time.Millisecond {
+		if lw, ok := h.writes[s.SKU]; ok && lw.client != h.clientOf[s.R] && time.Since(lw.at) < staleWindow {
 			h.t.Logf("%s: %s answered sold out from a read older than another client's write (the documented window)", h.name, s)
 			h.resync(s.touched())
 			return
@@ -669,7 +674,7 @@ func (h *harness) runBurst(s mstep) {
 	if lw, ok := h.writes[s.Burst[0].SKU]; ok && h.real && lw.client != h.clientOf[s.Burst[0].R] {
 		// Let another client's last write reach this client first (the documented window), so
 		// that no answer of the burst may come from a read that predates it.
-		if d := 250*time.Millisecond - time.Since(lw.at); d > 0 {
+		if d := staleWindow - time.Since(lw.at); d > 0 {
 			time.Sleep(d)
 		}
 	}
@@ -1173,14 +1178,3 @@ var modelRegressions = []modelCase{
 
 // TestModelRegressions runs the named counterexamples.
 func TestModelRegressions(t *testing.T) { runCases(t, modelRegressions) }
-
-func TestModelScratch(t *testing.T) {
-	if os.Getenv("STOCK_MODEL_SCRATCH") == "" {
-		t.Skip("scratch")
-	}
-	runCases(t, []modelCase{{name: "x", steps: []mstep{
-		{Op: "load", SKU: "l", Qty: 3}, {Op: "load", SKU: "u", Qty: 4}, {Op: "load", SKU: "tee", Qty: 4},
-		{Op: "holdmany", ID: "c3", User: "alice", TTL: time.Hour, Lines: []stock.Line{{SKU: "u", Qty: 2}, {SKU: "tee", Qty: 2}}}, {Op: "advance", TTL: 0},
-		{Op: "deductmany", ID: "c3", User: "alice", Lines: []stock.Line{{SKU: "l", Qty: 1}}},
-	}}})
-}
