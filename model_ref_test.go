@@ -11,7 +11,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"time"
 
 	"github.com/stockres/stock"
 )
@@ -626,4 +625,3 @@ func sortedUnique(s []string) []string {
 	return slices.Compact(s)
 }
 
-func ms(t time.Time) int64 { return t.UnixMilli() }

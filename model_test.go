@@ -559,13 +559,6 @@ func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 		nows = []int64{t0, t1 + slack, t0 - slack}
 	}
 	loose := false
-	if h.tolerate("expire64") && s.expirer() {
-		// Known: a call releases at most 64 expired holds of an item (FINDINGS.md, "64").
-		// Accept the answer of a world in which the due holds are still live, then read back.
-		if first, n := h.due(s.touched(), t1); n > 64 {
-			nows, unsure, loose = append(nows, first-1), true, true
-		}
-	}
 	if h.real {
 		// On a real server, a hold at or near its deadline makes the stock counts of the
 		// answer depend on the script's clock: compare the outcome, then read the counts back.
