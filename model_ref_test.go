@@ -624,4 +624,3 @@ func sortedUnique(s []string) []string {
 	slices.Sort(s)
 	return slices.Compact(s)
 }
-
