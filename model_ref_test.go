@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/stockres/stock"
 )
@@ -112,7 +113,7 @@ type world struct {
 	carts map[string]*mCart
 	limit int64
 	group func(string) string
-	// confirmExpired: cart ids whose ConfirmMany was undone because a hold expired.
+	// confirmExpired: ConfirmMany calls (cart id and items) undone because a hold expired.
 	confirmExpired map[string]bool
 	// limitReleasesAll: a request of a user under a per-user limit releases every due hold
 	// (up to 10,000) even when it would not be refused (what the code does; FINDINGS 15).
@@ -578,7 +579,8 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 // confirmMany and cancelMany work on the holds of a cart's items, in SKU order.
 func (w *world) confirmMany(id string, skus []string, now int64) outcome {
 	skus = sortedUnique(skus)
-	if w.confirmExpired[id] {
+	key := id + "|" + strings.Join(skus, "|") // a retry: the same cart id and items
+	if w.confirmExpired[key] {
 		// "A retry of a cart undone because a hold expired answers ErrExpired again."
 		return outcome{err: stock.ErrExpired}
 	}
@@ -597,7 +599,7 @@ func (w *world) confirmMany(id string, skus []string, now int64) outcome {
 				w.giveBack(s, id, true, now)
 			}
 			if errors.Is(o.err, stock.ErrExpired) {
-				w.confirmExpired[id] = true
+				w.confirmExpired[key] = true
 			}
 			return outcome{err: o.err, alt: o.alt, cartSKU: sku}
 		}
