@@ -141,7 +141,10 @@ type Report struct {
 	// Unregistered is set when the item was missing from Redis's registry of items (see
 	// ErrRegistryLost); a repairing pass registered it again.
 	Unregistered bool
-	// NeedsHuman says why something was left for an operator ("" if nothing).
+	// NeedsHuman says why something was left for an operator ("" if nothing). For an item the
+	// Store does not know it says so; Available, Held, Pending, DeadLetters and InFlight are then
+	// Redis's figures (every undelivered event in flight), StoreRemaining and Drift are 0, and
+	// nothing is repaired.
 	NeedsHuman string
 }
 
@@ -287,18 +290,19 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	delisted, _ := life[1].AsInt64()
 
 	remaining, err := rc.store.Remaining(ctx, sku)
-	if errors.Is(err, ErrNotLoaded) {
-		rp.NeedsHuman = "the store does not know the item"
-		return rp, nil
-	}
-	if err != nil {
+	// An item the store does not know is compared with nothing and repaired in no way, but its
+	// report has Redis's figures: the counters and what its undelivered events took.
+	unknown := errors.Is(err, ErrNotLoaded)
+	if err != nil && !unknown {
 		return rp, fmt.Errorf("stock: reconcile %s: store: %w", sku, err)
 	}
 	rp.StoreRemaining = remaining
 
 	// Lost events first, so that they count as in flight below; lost entries; trimming.
-	if err := rc.ledgerPass(ctx, &rp); err != nil {
-		return rp, err
+	if !unknown {
+		if err := rc.ledgerPass(ctx, &rp); err != nil {
+			return rp, err
+		}
 	}
 
 	keys6 := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix))
@@ -336,6 +340,14 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 			entries[e.ID] = e
 			ids = append(ids, e.ID)
 		}
+	}
+	if unknown {
+		// No row in the store, so none of the item's events applied there: all are in flight.
+		for _, id := range ids {
+			rp.InFlight -= redisNet(entries[id])
+		}
+		rp.NeedsHuman = "the store does not know the item"
+		return rp, nil
 	}
 	recs := map[string]Record{}
 	if len(ids) > 0 {
