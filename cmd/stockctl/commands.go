@@ -32,10 +32,11 @@ is never overwritten: add stock to a live item with restock.
 With -dsn it first creates the store's tables if missing and the item's row with QTY
 remaining. When Redis already has the item and the store does not (it was loaded without
 -dsn), it adds the store side only, and only when QTY is the stock Redis accounts for: its
-available and held units plus what its undelivered events will still take from the store
-(sales) or add to it (restocks), as reconcile shows them; otherwise it refuses, says the
-figure, and writes nothing. Redis is left as it is, and reconcile then finds no drift. It
-loads nothing when the store already has the item.`,
+available and held units, plus the units of sales not yet delivered to the store, minus the
+restocks not yet delivered (available + held + in flight, as reconcile shows them). Otherwise
+it refuses, says the figure, and writes nothing. Redis is left as it is; the relay delivers
+the pending events to the new row, and reconcile finds no drift. It loads nothing when the
+store already has the item.`,
 		example: "stockctl load sneaker-42 100\nstockctl -dsn sqlite:/var/lib/shop.db load sneaker-42 100",
 		setup:   func(*flag.FlagSet) runFunc { return cmdLoad },
 	},
