@@ -110,7 +110,8 @@ func (r *Reserver) NewReconciler(store Store, opts ...ReconcileOption) (*Reconci
 // Report is what one pass found and did for one item.
 type Report struct {
 	SKU string
-	// Busy is set when a relay held the item for the whole pass: nothing was compared.
+	// Busy is set when a relay held the item for the whole pass, or consumers kept changing the
+	// store's records of its events while the pass read them: nothing was compared.
 	Busy bool
 	// Missing is set when the item's hash was not in Redis (eviction, restart without
 	// persistence, a deleted key).
@@ -119,10 +120,18 @@ type Report struct {
 	Available, Held int64
 	// StoreRemaining is the Store's remaining stock.
 	StoreRemaining int64
-	// Pending counts the events waiting in the outbox; InFlight is their net effect not yet in
-	// the Store (units deducted in Redis and not in the Store, minus restores and restocks).
-	Pending  int
-	InFlight int64
+	// Pending counts the events waiting in the outbox. Published counts the events a relay
+	// without a Store handed to its Publisher that no consumer has applied yet through Consume
+	// (the queue path). InFlight is the net effect, not yet in the Store, of the events Redis
+	// has not seen applied (pending, published and dead letters): units deducted in Redis and
+	// not in the Store, minus restores and restocks.
+	Pending   int
+	Published int
+	InFlight  int64
+	// Orphaned counts undelivered events (pending, published or dead letters) whose ledger
+	// entry is gone, such as after an evicted ledger key: the units they took are counted in
+	// Redis and nowhere else, so the pass repairs nothing on the item and asks for a human.
+	Orphaned int
 	// DeadLetters counts events the Store rejected as invalid, set aside in
 	// "<prefix>:{sku}:dl" for an operator; they count as in flight.
 	DeadLetters int
@@ -135,6 +144,7 @@ type Report struct {
 	Requeued   int   // lost outbox events queued again
 	Rerecorded int   // ledger entries the Store has and Redis lost, written back
 	Resynced   int   // sales Redis held that the Store had given back (given back in Redis too), and live holds the Store had confirmed (made final) or confirmed and given back (released)
+	Settled    int   // published events the Store has applied that Redis still counted as published (it lost a consumer's acknowledgement): settled
 	Trimmed    int   // settled ledger entries removed after the retention
 	// Retired is set when the item was delisted and its keys are removed (by this pass or an
 	// earlier one): it is not compared any more.
@@ -152,8 +162,14 @@ func (rp Report) String() string {
 		return fmt.Sprintf("%s: retired", rp.SKU)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: redis %d+%d held, store %d, in flight %d (%d pending), drift %d",
-		rp.SKU, rp.Available, rp.Held, rp.StoreRemaining, rp.InFlight, rp.Pending, rp.Drift)
+	fmt.Fprintf(&b, "%s: redis %d+%d held, store %d, in flight %d (%d pending", rp.SKU, rp.Available, rp.Held, rp.StoreRemaining, rp.InFlight, rp.Pending)
+	if rp.Published > 0 {
+		fmt.Fprintf(&b, ", %d published", rp.Published)
+	}
+	if rp.DeadLetters > 0 {
+		fmt.Fprintf(&b, ", %d dead letters", rp.DeadLetters)
+	}
+	fmt.Fprintf(&b, "), drift %d", rp.Drift)
 	if rp.Missing {
 		b.WriteString(", key missing")
 	}
@@ -172,6 +188,9 @@ func (rp Report) String() string {
 	}
 	if rp.Resynced > 0 {
 		fixes = append(fixes, fmt.Sprintf("resynced %d", rp.Resynced))
+	}
+	if rp.Settled > 0 {
+		fixes = append(fixes, fmt.Sprintf("settled %d published", rp.Settled))
 	}
 	if rp.Trimmed > 0 {
 		fixes = append(fixes, fmt.Sprintf("trimmed %d", rp.Trimmed))
@@ -323,12 +342,17 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		return rp, err
 	}
 
-	keys6 := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix))
-	vs, err := snapshotScript.Exec(ctx, rc.r.client, keys6, []string{strconv.Itoa(maxPending)}).AsStrSlice()
+	// Redis first, in one script: the counters and every event Redis has not seen applied. The
+	// store is read after it: under the item's lease no relay delivers, and Consume holds the
+	// item's events back, so the store can only have moved, since the snapshot, by an event
+	// the snapshot lists (one a consumer began before the pass); the reads below see it or not,
+	// consistently.
+	keys := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix), rc.r.key(sku, publishedSuffix))
+	vs, err := snapshotScript.Exec(ctx, rc.r.client, keys, []string{strconv.Itoa(maxPending)}).AsStrSlice()
 	if err != nil {
 		return rp, fmt.Errorf("stock: reconcile %s: snapshot: %w", sku, err)
 	}
-	if len(vs) < 7 || (len(vs)-7)%2 != 0 {
+	if len(vs) < 8 || (len(vs)-8)%2 != 0 {
 		return rp, fmt.Errorf("%w: reconcile %s: snapshot of %d values", ErrInvalid, sku, len(vs))
 	}
 	rp.Missing = vs[0] != "1"
@@ -336,34 +360,43 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	rp.Held, _ = strconv.ParseInt(vs[2], 10, 64)
 	rp.Pending, _ = strconv.Atoi(vs[5])
 	rp.DeadLetters, _ = strconv.Atoi(vs[6])
-	if rp.Pending > maxPending || rp.DeadLetters > maxPending {
-		rp.NeedsHuman = fmt.Sprintf("%d events pending, %d dead letters: is a relay running?", rp.Pending, rp.DeadLetters)
+	rp.Published, _ = strconv.Atoi(vs[7])
+	if rp.Pending > maxPending || rp.DeadLetters > maxPending || rp.Published > maxPending {
+		rp.NeedsHuman = fmt.Sprintf("%d events pending, %d published, %d dead letters: are a relay and the consumers running?", rp.Pending, rp.Published, rp.DeadLetters)
 		return rp, nil
 	}
 
-	// The ids with pending events: their effect in Redis (from their entry, read in the same
-	// snapshot as the counters) against their effect in the store.
+	// The ids with undelivered events: their effect in Redis (from their entry, read in the
+	// same snapshot as the counters) against their effect in the store.
 	entries := map[string]Entry{}
 	var ids []string
-	for i := 7; i < len(vs); i += 2 {
+	var published []string // published members, to settle those the store has
+	for i := 8; i < len(vs); i += 2 {
 		m, raw := vs[i], vs[i+1]
-		if len(m) < 3 || raw == "" {
+		var e Entry
+		err := errors.New("no entry")
+		if len(m) >= 3 && raw != "" {
+			e, err = parseEntry(sku, m[2:], raw)
+		}
+		if err != nil {
+			rp.Orphaned++ // the units it took are counted nowhere else
 			continue
 		}
-		e, err := parseEntry(sku, m[2:], raw)
-		if err != nil {
-			continue
+		if i >= len(vs)-2*min(rp.Published, maxPending) {
+			published = append(published, m)
 		}
 		if _, dup := entries[e.ID]; !dup {
 			entries[e.ID] = e
 			ids = append(ids, e.ID)
 		}
 	}
-	recs := map[string]Record{}
-	if len(ids) > 0 {
-		if recs, err = rc.store.Records(ctx, sku, ids); err != nil {
-			return rp, fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
-		}
+	recs, stable, err := rc.storeState(ctx, &rp, ids)
+	if err != nil {
+		return rp, err
+	}
+	if !stable {
+		rp.Busy = true
+		return rp, nil
 	}
 	for _, id := range ids {
 		rp.InFlight += storeNet(recs[id]) - redisNet(entries[id])
@@ -374,8 +407,16 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	} else {
 		rp.Drift = rp.Available + rp.Held - expected
 	}
+	if len(published) > 0 && !rc.dry {
+		if err := rc.settle(ctx, &rp, published, entries, recs); err != nil {
+			return rp, err
+		}
+	}
 
 	switch {
+	case rp.Orphaned > 0:
+		rp.NeedsHuman = fmt.Sprintf("%d undelivered events have lost their ledger entries (see the dead-letter set): "+
+			"the units they took are counted nowhere else, so the item is not repaired until an operator settles them", rp.Orphaned)
 	case rp.Drift == 0:
 	case rc.limit > 0 && abs(rp.Drift) > rc.limit:
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
@@ -406,7 +447,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", rp.Drift+o.remaining)
 		}
 	}
-	if rp.Missing && rp.Drift == 0 && !rc.dry {
+	if rp.Missing && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
 		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0"}))
 		if err != nil {
@@ -414,7 +455,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		}
 		rp.Rebuilt = code.code == codeOK
 	}
-	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.DeadLetters == 0 && !rp.Missing {
+	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.Published == 0 && rp.DeadLetters == 0 && !rp.Missing {
 		if err := rc.retire(ctx, &rp, delisted); err != nil {
 			return rp, err
 		}
@@ -423,6 +464,101 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		rp.NeedsHuman = fmt.Sprintf("%d events the store rejected as invalid wait in the dead-letter set", rp.DeadLetters)
 	}
 	return rp, nil
+}
+
+// storeState reads the store's remaining stock and its records of ids, consistently: records,
+// remaining, records again, until both reads of the records agree (a consumer that began
+// applying one of the events before the pass may finish during it). stable is false if they
+// never did.
+func (rc *Reconciler) storeState(ctx context.Context, rp *Report, ids []string) (recs map[string]Record, stable bool, err error) {
+	records := func() (map[string]Record, error) {
+		if len(ids) == 0 {
+			return map[string]Record{}, nil
+		}
+		m, err := rc.store.Records(ctx, rp.SKU, ids)
+		if err != nil {
+			return nil, fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
+		}
+		return m, nil
+	}
+	for try := range 20 {
+		before, err := records()
+		if err != nil {
+			return nil, false, err
+		}
+		if rp.StoreRemaining, err = rc.store.Remaining(ctx, rp.SKU); err != nil {
+			return nil, false, fmt.Errorf("stock: reconcile %s: store: %w", rp.SKU, err)
+		}
+		if len(ids) == 0 {
+			return before, true, nil
+		}
+		after, err := records()
+		if err != nil {
+			return nil, false, err
+		}
+		if sameRecords(before, after) {
+			return after, true, nil
+		}
+		rc.refresh(ctx, rp.SKU)
+		select {
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		case <-time.After(time.Duration(5+5*try) * time.Millisecond):
+		}
+	}
+	return nil, false, nil
+}
+
+func sameRecords(a, b map[string]Record) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for id, ra := range a {
+		rb, ok := b[id]
+		if !ok || ra.Status != rb.Status || ra.Type != rb.Type || ra.Qty != rb.Qty {
+			return false
+		}
+	}
+	return true
+}
+
+// settle acknowledges, for a consumer, the published events the store has applied: Redis lost
+// the consumer's acknowledgement (a failover), or the consumer died between the two. Left in
+// the published set, they would hold back the item's later events in Consume forever, as the
+// queue has nothing left to deliver. A deduct the store refused is left to its consumer (Consume
+// gives the stock back first) unless Redis has given it back already.
+func (rc *Reconciler) settle(ctx context.Context, rp *Report, members []string, entries map[string]Entry, recs map[string]Record) error {
+	var done []string
+	for _, m := range members {
+		id := m[2:]
+		rec, ok := recs[id]
+		if !ok {
+			continue
+		}
+		e := entries[id]
+		switch m[0] {
+		case 'D':
+			ok = (rec.Type == EventDeducted || rec.Type == EventConfirmed) &&
+				(rec.Status != RecordRefused || e.State == StateRefused)
+		case 'L':
+			ok = rec.Type == EventRestocked
+		case 'R':
+			ok = rec.Status == RecordRestored || rec.Status == RecordRefused
+		default:
+			ok = false
+		}
+		if ok {
+			done = append(done, m)
+		}
+	}
+	if len(done) == 0 {
+		return nil
+	}
+	if err := rc.r.ack(ctx, rp.SKU, ackApplied, done); err != nil {
+		return fmt.Errorf("stock: reconcile %s: settle published events: %w", rp.SKU, err)
+	}
+	rp.Settled += len(done)
+	return nil
 }
 
 // redisNet is what an entry did to Redis's available + held stock.
@@ -518,7 +654,8 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 		}
 		if len(reserved) > 0 && !rc.dry {
-			n, err := requeueScript.Exec(ctx, rc.r.client, append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix)), reserved).AsInt64()
+			keys := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix), rc.r.key(sku, publishedSuffix))
+			n, err := requeueScript.Exec(ctx, rc.r.client, keys, reserved).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: requeue: %w", sku, err)
 			}
@@ -527,7 +664,8 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 		if len(trim) > 0 && rc.retention > 0 && !rc.dry {
 			k := rc.r.keys(sku)
 			args := append([]string{strconv.FormatInt(cutoff, 10)}, trim...)
-			n, err := trimScript.Exec(ctx, rc.r.client, []string{k[1], k[3]}, args).AsInt64()
+			keys := []string{k[1], k[3], rc.r.key(sku, publishedSuffix), rc.r.key(sku, deadSuffix)}
+			n, err := trimScript.Exec(ctx, rc.r.client, keys, args).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: trim: %w", sku, err)
 			}

@@ -9,6 +9,12 @@ import (
 	"time"
 )
 
+// publishedSuffix names an item's published set (a sorted set "<event>:<id>" -> sequence): the
+// events a relay without a store handed to its publisher that no consumer has applied yet
+// through Consume. They stay in flight for the reconciler, and they hold back the item's later
+// events in Consume, until then.
+const publishedSuffix = ":p"
+
 // A RelayOption configures a Relay.
 type RelayOption func(*Relay) error
 
@@ -107,10 +113,14 @@ type RelayStats struct {
 	Delivered int // events applied and published, then removed from the outbox
 	Refused   int // deducts the Store refused and that were given back in Redis
 	Retried   int // events that failed and were put back with a backoff
-	Orphaned  int // events whose ledger entry was gone; removed and logged
-	Redelive  int // events claimed more than once (a relay died, or a retry)
-	// DeadLettered counts events the Store rejected with ErrInvalid (they can never be
-	// applied): moved to the item's dead-letter set "<prefix>:{sku}:dl" for an operator.
+	// Orphaned counts events whose ledger entry was gone or unreadable, so that the event
+	// could not be built: moved to the dead-letter set (and counted in DeadLettered too), where
+	// the reconciler counts them and leaves the item's drift for an operator.
+	Orphaned int
+	Redelive int // events claimed more than once (a relay died, or a retry)
+	// DeadLettered counts events moved to the item's dead-letter set "<prefix>:{sku}:dl" for
+	// an operator: the Store rejected them with ErrInvalid (they can never be applied), or
+	// they are orphaned.
 	DeadLettered int
 }
 
@@ -257,15 +267,16 @@ func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stock: relay claim %s: %w", sku, err)
 	}
-	if len(vs)%3 != 0 {
+	if len(vs)%4 != 0 {
 		return nil, fmt.Errorf("%w: relay claim %s: %d values", ErrInvalid, sku, len(vs))
 	}
-	out := make([]claimed, 0, len(vs)/3)
-	for i := 0; i < len(vs); i += 3 {
+	out := make([]claimed, 0, len(vs)/4)
+	for i := 0; i < len(vs); i += 4 {
 		c := claimed{member: vs[i]}
 		c.tries, _ = strconv.ParseInt(vs[i+2], 10, 64)
+		seq, _ := strconv.ParseInt(vs[i+3], 10, 64)
 		if len(c.member) < 3 || c.member[1] != ':' {
-			out = append(out, c) // not ok: dropped as an orphan
+			out = append(out, c) // not ok: dead-lettered
 			continue
 		}
 		id := c.member[2:]
@@ -273,7 +284,7 @@ func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 			e, err := parseEntry(sku, id, vs[i+1])
 			if err == nil {
 				if t, known := eventType(c.member[0], e); known {
-					c.ev = Event{Type: t, SKU: sku, ID: id, User: e.User, Qty: e.Qty, At: e.At}
+					c.ev = Event{Type: t, SKU: sku, ID: id, User: e.User, Qty: e.Qty, At: e.At, Seq: seq}
 					c.store, c.ok = storeApplies(t), true
 				}
 			}
@@ -308,9 +319,18 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 			st.Redelive++
 		}
 		if !c.ok {
-			rl.r.opts.logger.ErrorContext(ctx, "stock: outbox event without a usable ledger entry; dropped", "sku", sku, "event", c.member)
+			// The event cannot be built: its ledger entry is gone (an evicted or deleted ledger
+			// key) or unreadable. The units it took are counted in Redis and nowhere else: set
+			// it aside in the dead-letter set, where the reconciler counts it and stops repairing
+			// the item until an operator has looked, rather than drop an acknowledged sale.
+			if derr := rl.deadLetter(ctx, sku, c.member); derr != nil {
+				failed, tries = derr, c.tries
+				st.Retried = len(cs) - i
+				break
+			}
+			rl.r.opts.logger.ErrorContext(ctx, "stock: outbox event without a usable ledger entry; moved to the dead-letter set", "sku", sku, "event", c.member)
 			st.Orphaned++
-			acks = append(acks, c.member)
+			st.DeadLettered++
 			continue
 		}
 		err := errs[i]
@@ -329,10 +349,8 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 		} else if errors.Is(err, ErrInvalid) {
 			// The store can never apply it: set it aside for an operator rather than hold back
 			// the item's later events forever.
-			k := rl.r.keys(sku)
-			keys := []string{k[3], rl.r.key(sku, triesSuffix), rl.r.key(sku, deadSuffix)}
-			if derr := deadScript.Exec(ctx, rl.r.client, keys, []string{c.member}).Error(); derr != nil {
-				err = fmt.Errorf("stock: relay dead-letter %s %s: %w", sku, c.member, derr)
+			if derr := rl.deadLetter(ctx, sku, c.member); derr != nil {
+				err = derr
 			} else {
 				rl.r.opts.logger.ErrorContext(ctx, "stock: the store rejects an event as invalid; moved to the dead-letter set", "sku", sku, "event", c.member, "err", err)
 				st.DeadLettered++
@@ -352,8 +370,14 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 		st.Delivered++
 	}
 	if len(acks) > 0 {
-		k := rl.r.keys(sku)
-		if err := ackScript.Exec(ctx, rl.r.client, []string{k[3], k[1], rl.r.key(sku, triesSuffix)}, acks).Error(); err != nil {
+		// With a store, the events are applied: they leave the outbox. On the queue path (no
+		// store) they are only published: they move to the published set, in flight until a
+		// consumer applies them through Consume.
+		mode := ackApplied
+		if rl.store == nil {
+			mode = ackPublished
+		}
+		if err := rl.r.ack(ctx, sku, mode, acks); err != nil {
 			// Not acked: the lease runs out and the events are delivered again (idempotent).
 			return st, fmt.Errorf("stock: relay ack %s: %w", sku, err)
 		}
@@ -381,6 +405,27 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 		return st, failed
 	}
 	return st, nil
+}
+
+// deadLetter moves an outbox event to the item's dead-letter set.
+func (rl *Relay) deadLetter(ctx context.Context, sku, member string) error {
+	keys := []string{rl.r.key(sku, outboxSuffix), rl.r.key(sku, triesSuffix), rl.r.key(sku, deadSuffix)}
+	if err := deadScript.Exec(ctx, rl.r.client, keys, []string{member}).Error(); err != nil {
+		return fmt.Errorf("stock: relay dead-letter %s %s: %w", sku, member, err)
+	}
+	return nil
+}
+
+// Modes of ack.lua.
+const (
+	ackApplied   = "a" // the store has the events
+	ackPublished = "p" // a publisher has them; no store was told
+)
+
+// ack settles delivered events of an item (lua/ack.lua).
+func (r *Reserver) ack(ctx context.Context, sku, mode string, members []string) error {
+	keys := []string{r.key(sku, outboxSuffix), r.key(sku, ledgerSuffix), r.key(sku, triesSuffix), r.key(sku, publishedSuffix)}
+	return ackScript.Exec(ctx, r.client, keys, append([]string{mode}, members...)).Error()
 }
 
 // applyStore applies the store's events of a batch, in order, stopping at the first error that
@@ -462,11 +507,38 @@ func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) 
 }
 
 // Consume applies one event received from a message queue to store, for the deployment in
-// which the Reserver's relay only publishes (Reserver → Publisher → queue → a consumer in the
-// service that owns the database). When the store refuses a deduct, Consume gives the stock back
-// in Redis through r, once, and returns nil: the refusal is handled, ack the message. Any other
-// error means: do not ack, the message must be delivered again. Consume is idempotent in
-// (ev.SKU, ev.ID, ev.Type), as queues redeliver.
+// which the Reserver's relay only publishes (Reserver → Relay with no Store → Publisher → queue
+// → a consumer in the service that owns the database). Its answer says what to do with the
+// message:
+//
+//   - nil: the event is applied (or is a repeat of one applied), or the store refused a deduct
+//     and Consume gave the stock back in Redis through r, once (an EventRefused follows): ack.
+//   - an error wrapping ErrHeldBack: an earlier event of the item is not applied yet (the queue
+//     redelivered out of order), or a reconcile pass holds the item. Nothing changed: deliver
+//     it again later (a negative ack with a delay of about a second).
+//   - an error wrapping ErrInvalid: the event can never be applied. It is moved to the item's
+//     dead-letter set, for the reconciler and an operator, so that it no longer holds back the
+//     item's later events: terminate the message, never redeliver it.
+//   - any other error: temporary (the store or Redis is unreachable): do not ack; the message
+//     must be delivered again.
+//
+// In order per item: the relay hands an item's events to the publisher in their sequence
+// (Event.Seq) and, once published, keeps each one in the item's published set in Redis until a
+// consumer has applied it through Consume. Before applying an event, Consume checks that no
+// earlier event of the item that a Store applies (a deduct, confirm, restore, refusal or
+// restock) is still in the outbox or the published set, and holds the event back otherwise. So
+// a queue may redeliver in any order, run several consumers, or hand one event to two of them:
+// the store still gets each item's events in the order they happened, and a restore reaches it
+// before the deduct that bought the unit it gave back. A held-back event relies on the queue to
+// deliver it again: let it redeliver without a limit (JetStream's MaxDeliver -1, the default).
+//
+// In flight for the reconciler: an event published and not yet applied through Consume stays
+// in flight for the Reconciler, so a pass while consumers are down or behind sees no drift and
+// adds no stock. While a pass holds an item, Consume holds the item's events back
+// (ErrHeldBack), so that the store stays still while the pass compares it with Redis.
+//
+// Consume is idempotent in (ev.SKU, ev.ID, ev.Type), as queues redeliver. An event without a
+// sequence (Seq 0, from an older relay) is applied as it comes, without the order check.
 func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	if err := checkName("sku", ev.SKU); err != nil {
 		return err
@@ -474,18 +546,71 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	if err := checkName("id", ev.ID); err != nil {
 		return err
 	}
+	member := eventMember(ev)
+	tracked := member != "" && storeApplies(ev.Type) // kept in the published set until applied here
+	if tracked && ev.Seq > 0 {
+		keys := []string{r.key(ev.SKU, outboxSuffix), r.key(ev.SKU, publishedSuffix), r.key(ev.SKU, leaseSuffix)}
+		turn, err := turnScript.Exec(ctx, r.client, keys, []string{strconv.FormatInt(ev.Seq, 10)}).AsInt64()
+		if err != nil {
+			return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
+		}
+		switch turn {
+		case 0:
+		case 2:
+			return fmt.Errorf("stock: consume %s %s (seq %d): a reconcile pass holds the item: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
+		default:
+			return fmt.Errorf("stock: consume %s %s (seq %d): an earlier event of the item is not applied yet: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
+		}
+	}
 	err := store.Apply(ctx, ev)
-	if errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed) {
+	switch {
+	case errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed):
 		if _, rerr := r.Refuse(ctx, ev.SKU, ev.ID); rerr != nil && !errors.Is(rerr, ErrConflict) {
 			return fmt.Errorf("stock: consume %s/%s: give back: %w", ev.SKU, ev.ID, rerr)
 		}
-		return nil
-	}
-	if errors.Is(err, ErrRefused) {
-		return nil
-	}
-	if err != nil {
+	case errors.Is(err, ErrRefused):
+	case errors.Is(err, ErrInvalid):
+		if tracked {
+			for _, from := range []string{publishedSuffix, outboxSuffix} {
+				keys := []string{r.key(ev.SKU, from), r.key(ev.SKU, triesSuffix), r.key(ev.SKU, deadSuffix)}
+				if derr := deadScript.Exec(ctx, r.client, keys, []string{member}).Error(); derr != nil {
+					return fmt.Errorf("stock: consume %s/%s: dead-letter: %w (the store said: %w)", ev.SKU, ev.ID, derr, err)
+				}
+			}
+			r.opts.logger.ErrorContext(ctx, "stock: the store rejects an event as invalid; moved to the dead-letter set", "sku", ev.SKU, "event", member, "err", err)
+		}
+		return fmt.Errorf("stock: consume %s/%s: %w", ev.SKU, ev.ID, err)
+	case err != nil:
 		return fmt.Errorf("stock: consume %s/%s: %w", ev.SKU, ev.ID, err)
 	}
+	if tracked {
+		// Applied: the event leaves the published set (and the outbox, should the relay not
+		// have moved it there yet), and a reserved deduct or restock entry becomes applied.
+		if err := r.ack(ctx, ev.SKU, ackApplied, []string{member}); err != nil {
+			return fmt.Errorf("stock: consume %s/%s: ack in Redis: %w", ev.SKU, ev.ID, err)
+		}
+	}
 	return nil
+}
+
+// eventMember returns the outbox member of ev ("<letter>:<id>"), or "" for an unknown type.
+func eventMember(ev Event) string {
+	var letter string
+	switch ev.Type {
+	case EventDeducted, EventConfirmed:
+		letter = "D"
+	case EventRestored, EventRefused:
+		letter = "R"
+	case EventRestocked:
+		letter = "L"
+	case EventHeld:
+		letter = "H"
+	case EventCancelled:
+		letter = "X"
+	case EventExpired:
+		letter = "E"
+	default:
+		return ""
+	}
+	return letter + ":" + ev.ID
 }
