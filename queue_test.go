@@ -176,7 +176,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 			}
 		})
 		var backlog []stock.Event // what the consumer has not applied; read after wg.Wait
-		wg.Go(func() { // the relay and a consumer that is sometimes behind
+		wg.Go(func() {            // the relay and a consumer that is sometimes behind
 			for n := 0; ; n++ {
 				select {
 				case <-stop:
