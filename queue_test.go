@@ -343,3 +343,145 @@ func TestRelayDeadLettersOrphans(t *testing.T) {
 		}
 	})
 }
+
+// TestConsumeHoldsBack: Consume answers ErrHeldBack, changing nothing, for an event whose
+// item has an earlier event not applied yet, and for any event of an item a reconcile pass
+// holds; events carry increasing sequences.
+func TestConsumeHoldsBack(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, store.Load(ctx, "A", 5))
+		for i := range 3 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		q := &queue{}
+		rl, err := r.NewRelay(nil, q)
+		require.NoError(t, err)
+		drain(t, rl)
+		msgs := q.take()
+		require.Len(t, msgs, 3)
+		for i := 1; i < len(msgs); i++ {
+			assert.Greater(t, msgs[i].Seq, msgs[i-1].Seq)
+		}
+		err = stock.Consume(ctx, r, store, msgs[2])
+		require.ErrorIs(t, err, stock.ErrHeldBack)
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Equal(t, int64(5), rem, "nothing applied")
+
+		// A reconcile pass holds the item: even the next event waits.
+		require.NoError(t, c.Do(ctx, c.B().Set().Key("stock:{A}:rl").Value("reconcile-test").Build()).Error())
+		require.ErrorIs(t, stock.Consume(ctx, r, store, msgs[0]), stock.ErrHeldBack)
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{A}:rl").Build()).Error())
+		// A relay's lease does not hold consumers back.
+		require.NoError(t, c.Do(ctx, c.B().Set().Key("stock:{A}:rl").Value("relay-test").Build()).Error())
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]))
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{A}:rl").Build()).Error())
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[1]))
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[2]))
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]), "a repeat is harmless")
+		rem, _ = store.Remaining(ctx, "A")
+		assert.Equal(t, int64(2), rem)
+
+		// Held, cancelled and expired events are not kept after publishing and hold nothing back.
+		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)
+		require.NoError(t, err)
+		_, err = r.Cancel(ctx, "A", "h")
+		require.NoError(t, err)
+		drain(t, rl)
+		held := q.take()
+		require.Len(t, held, 2)
+		for _, ev := range held {
+			require.NoError(t, stock.Consume(ctx, r, store, ev))
+		}
+		reps, err := mustReconciler(t, r, store).Once(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, reps[0].Published, reps[0].String())
+		assert.Zero(t, reps[0].Drift, reps[0].String())
+	})
+}
+
+func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stock.Reconciler {
+	t.Helper()
+	rec, err := r.NewReconciler(store, stock.WithReconcileItems("A"))
+	require.NoError(t, err)
+	return rec
+}
+
+// TestConsumeDeadLettersInvalid: an event the store rejects as invalid is set aside in the
+// dead-letter set by Consume, so it no longer holds back the item's later events.
+func TestConsumeDeadLettersInvalid(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, store.Load(ctx, "A", 5))
+		for i := range 2 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		q := &queue{}
+		rl, err := r.NewRelay(nil, q)
+		require.NoError(t, err)
+		drain(t, rl)
+		msgs := q.take()
+		require.Len(t, msgs, 2)
+		store.FailWith(func(ev stock.Event) error {
+			if ev.ID == "o0" {
+				return fmt.Errorf("bad row: %w", stock.ErrInvalid)
+			}
+			return nil
+		})
+		require.ErrorIs(t, stock.Consume(ctx, r, store, msgs[0]), stock.ErrInvalid)
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[1]), "not held back by a dead letter")
+		_, dead, err := r.Pending(ctx, "A")
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, dead)
+		reps, err := mustReconciler(t, r, store).Once(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, reps[0].Drift, "the dead letter is in flight: %s", reps[0])
+		assert.Zero(t, reps[0].Adjusted)
+		assert.NotEmpty(t, reps[0].NeedsHuman)
+	})
+}
+
+// TestReconcileSettlesPublished: Redis lost a consumer's acknowledgement (the event is back in
+// the published set, the queue has nothing left to deliver). The reconciler finds the event in
+// the store and settles it, so it no longer holds back the item's later events.
+func TestReconcileSettlesPublished(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, store.Load(ctx, "A", 5))
+		for i := range 2 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		q := &queue{}
+		rl, err := r.NewRelay(nil, q)
+		require.NoError(t, err)
+		drain(t, rl)
+		msgs := q.take()
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]))
+		// Lost acknowledgement: the member is back.
+		require.NoError(t, c.Do(ctx, c.B().Zadd().Key("stock:{A}:p").ScoreMember().ScoreMember(float64(msgs[0].Seq), "D:o0").Build()).Error())
+		require.ErrorIs(t, stock.Consume(ctx, r, store, msgs[1]), stock.ErrHeldBack)
+
+		reps, err := mustReconciler(t, r, store).Once(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, reps[0].Settled, reps[0].String())
+		assert.Equal(t, 2, reps[0].Published, reps[0].String())
+		assert.Zero(t, reps[0].Drift, reps[0].String())
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[1]))
+		reps, err = mustReconciler(t, r, store).Once(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, reps[0].Published)
+		assert.Zero(t, reps[0].Drift, reps[0].String())
+	})
+}

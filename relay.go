@@ -90,6 +90,16 @@ func WithPoll(d time.Duration) RelayOption {
 // Because delivery is at least once, the Store must be idempotent (it is, per its contract) and
 // consumers of the Publisher must deduplicate on (SKU, ID, Type).
 //
+// With no Store (the queue path: NewRelay(nil, publisher)), an event the Publisher accepted is
+// not applied yet: the relay moves it from the outbox to the item's published set, where it
+// stays, in flight for the Reconciler, until a consumer applies it through Consume. Consume
+// also uses that set to apply an item's events in sequence (Event.Seq) whatever order the
+// queue delivers them in. Events a Store ignores (held, cancelled, expired) leave at once.
+//
+// An event the relay cannot build, because its ledger entry is gone (an evicted ledger key) or
+// unreadable, is moved to the item's dead-letter set, never dropped: it records a sale that is
+// counted nowhere else, and the Reconciler leaves such an item for an operator.
+//
 // When the Store refuses a deduct (ErrRefused), the relay gives the stock back in Redis once
 // (the ledger entry becomes refused) and an EventRefused follows through the outbox.
 //

@@ -68,9 +68,11 @@
 //		case err == nil:
 //			m.Ack() // applied, or refused and given back in Redis
 //		case errors.Is(err, stock.ErrInvalid):
-//			m.Term()
+//			m.Term() // dead-lettered in Redis by Consume
 //		default:
-//			m.NakWithDelay(time.Second) // temporary: JetStream delivers it again
+//			// stock.ErrHeldBack (an earlier event of the item is not applied yet, or a
+//			// reconcile pass holds the item) or a temporary error: deliver it again later.
+//			m.NakWithDelay(time.Second)
 //		}
 //	})
 //	// ...
@@ -78,6 +80,17 @@
 //
 // stock.Consume is idempotent in (SKU, ID, Type), as the Store's Apply is, so a redelivery or
 // a duplicate that escaped the window is harmless.
+//
+// # Order
+//
+// JetStream redelivers a message that a consumer did not acknowledge (it crashed, or its
+// AckWait ran out) after messages delivered since, so a consumer may be handed an item's
+// events out of order: a deduct before the restore that freed its unit. The payload carries
+// the event's place in its item's sequence ("seq", [stock.Event].Seq), and stock.Consume holds
+// back an event while an earlier event of its item is not applied (stock.ErrHeldBack): nak it
+// with a delay, as above, and leave MaxDeliver unlimited (the default), so that JetStream
+// keeps delivering it until its turn comes. Several consumers, or several messages in flight
+// per consumer, are fine: the order is kept in Redis, not in the consumer.
 package natspub
 
 import (
