@@ -75,6 +75,7 @@ const (
 	ctlCutAOF                      // every kill also cuts the AOF's last second (an fsync that did not happen)
 	ctlDoubleApply                 // the relay's store applies a redelivered deduct again
 	ctlNoFence                     // the FailoverGuard fences another Reserver than the clients' one
+	ctlNoOrder                     // queue consumers apply events as the broker hands them over (their sequence dropped)
 )
 
 var faultControlNames = map[faultControl]string{
@@ -85,6 +86,7 @@ var faultControlNames = map[faultControl]string{
 	ctlCutAOF:         "AOF tail lost at each kill",
 	ctlDoubleApply:    "store applies redeliveries again",
 	ctlNoFence:        "clients not fenced (the guard fences another Reserver)",
+	ctlNoOrder:        "consumers apply in delivery order (no sequence)",
 }
 
 // faultScenario is one kind of fault.
@@ -103,8 +105,12 @@ type faultScenario struct {
 	opTimeout  time.Duration // each call's deadline
 	replays    bool          // retries after unknown outcomes must be answered as replays (> 0)
 	relayLease time.Duration
-	inject     func(h *faultHarness, ctx context.Context) // until ctx ends, then leaves things healthy
-	control    faultControl
+	// queue: the relay only publishes, to an in-process broker that redelivers what a consumer
+	// did not acknowledge after an ack wait, behind what it delivered since; consumers apply
+	// the events through stock.Consume and are killed at random moments (fault_queue_test.go).
+	queue   bool
+	inject  func(h *faultHarness, ctx context.Context) // until ctx ends, then leaves things healthy
+	control faultControl
 }
 
 var faultScenarios = []faultScenario{
@@ -124,6 +130,7 @@ var faultScenarios = []faultScenario{
 	{name: "proxy-reply-lost", proxy: true, opTimeout: time.Second, replays: true, inject: injectReplyLost, control: ctlNewID},
 	{name: "client-pause", opTimeout: 200 * time.Millisecond, inject: injectClientPause, control: ctlBlindRestore},
 	{name: "relay-crash", opTimeout: time.Second, relayLease: 500 * time.Millisecond, control: ctlDoubleApply},
+	{name: "queue-consumers-killed", opTimeout: time.Second, queue: true, control: ctlNoOrder},
 	// A caught-up replica is promoted while the primary still takes writes (clients, relay and
 	// reconciler on it) for 100-300ms; then everyone is switched to the promoted replica and
 	// the old primary is demoted to a replica of it, which discards its last writes.
@@ -387,6 +394,7 @@ type faultHarness struct {
 	aof          *aofTracker
 	relayCancel  atomic.Pointer[context.CancelFunc]
 	relay        atomic.Pointer[stock.Relay] // the running relay, which also drains at the end
+	broker       *faultBroker                // queue scenarios
 	recMu        sync.Mutex                  // held by the background reconciler during a pass
 	guard        *stock.FailoverGuard        // on the clients' Reserver (ctlNoFence: on another one)
 	guardOn      bool                        // guardLoop runs
@@ -983,6 +991,10 @@ func (h *faultHarness) newRelay(store stock.Store) *stock.Relay {
 }
 
 func (h *faultHarness) runRelay(ctx context.Context) {
+	if h.sc.queue {
+		h.runQueue(ctx)
+		return
+	}
 	if h.sc.name != "relay-crash" {
 		rl := h.newRelay(h.store)
 		h.relay.Store(rl)
@@ -1703,6 +1715,10 @@ func (a *aofTracker) cut() (int64, error) {
 
 // drain runs a relay until every outbox is empty (leases of dead relays run out).
 func (h *faultHarness) drain(ctx context.Context) {
+	if h.sc.queue {
+		h.drainQueue(ctx)
+		return
+	}
 	rl := h.relay.Load() // its own leases do not hold it up
 	if rl == nil {
 		rl = h.newRelay(h.store)

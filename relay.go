@@ -1,10 +1,12 @@
 package stock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -285,23 +287,30 @@ func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 		c := claimed{member: vs[i]}
 		c.tries, _ = strconv.ParseInt(vs[i+2], 10, 64)
 		seq, _ := strconv.ParseInt(vs[i+3], 10, 64)
-		if len(c.member) < 3 || c.member[1] != ':' {
-			out = append(out, c) // not ok: dead-lettered
-			continue
-		}
-		id := c.member[2:]
-		if vs[i+1] != "" {
-			e, err := parseEntry(sku, id, vs[i+1])
-			if err == nil {
-				if t, known := eventType(c.member[0], e); known {
-					c.ev = Event{Type: t, SKU: sku, ID: id, User: e.User, Qty: e.Qty, At: e.At, Seq: seq}
-					c.store, c.ok = storeApplies(t), true
-				}
-			}
-		}
+		c.ev, c.ok = outboxEvent(sku, c.member, vs[i+1], seq)
+		c.store = c.ok && storeApplies(c.ev.Type)
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// outboxEvent builds the event of an outbox member ("<letter>:<id>") from its ledger entry
+// (raw; "" if gone) and its sequence. ok is false when it cannot: the member is malformed, or
+// the entry is gone or unreadable.
+func outboxEvent(sku, member, raw string, seq int64) (Event, bool) {
+	if len(member) < 3 || member[1] != ':' || raw == "" {
+		return Event{}, false
+	}
+	id := member[2:]
+	e, err := parseEntry(sku, id, raw)
+	if err != nil {
+		return Event{}, false
+	}
+	t, known := eventType(member[0], e)
+	if !known {
+		return Event{}, false
+	}
+	return Event{Type: t, SKU: sku, ID: id, User: e.User, Qty: e.Qty, At: e.At, Seq: seq}, true
 }
 
 // drainBatch delivers the oldest events of one item, in order, and stops at the first failure:
@@ -559,19 +568,66 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	member := eventMember(ev)
 	tracked := member != "" && storeApplies(ev.Type) // kept in the published set until applied here
 	if tracked && ev.Seq > 0 {
-		keys := []string{r.key(ev.SKU, outboxSuffix), r.key(ev.SKU, publishedSuffix), r.key(ev.SKU, leaseSuffix)}
-		turn, err := turnScript.Exec(ctx, r.client, keys, []string{strconv.FormatInt(ev.Seq, 10)}).AsInt64()
-		if err != nil {
-			return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
-		}
-		switch turn {
-		case 0:
-		case 2:
-			return fmt.Errorf("stock: consume %s %s (seq %d): a reconcile pass holds the item: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
-		default:
-			return fmt.Errorf("stock: consume %s %s (seq %d): an earlier event of the item is not applied yet: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
+		if err := catchUp(ctx, r, store, ev, member); err != nil {
+			return err
 		}
 	}
+	return consumeOne(ctx, r, store, ev, member, tracked)
+}
+
+// catchUpMax bounds the earlier events one Consume applies from each of the outbox and the
+// published set.
+const catchUpMax = 256
+
+// catchUp applies, in sequence, the earlier events of ev's item that the store has not
+// applied through Consume yet (a queue handed ev over first), reading them from Redis: the
+// members of the published set and the outbox with a lower sequence, and their ledger
+// entries. An error wrapping ErrHeldBack means ev must wait.
+func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member string) error {
+	keys := []string{r.key(ev.SKU, outboxSuffix), r.key(ev.SKU, publishedSuffix), r.key(ev.SKU, leaseSuffix), r.key(ev.SKU, ledgerSuffix)}
+	vs, err := turnScript.Exec(ctx, r.client, keys, []string{strconv.FormatInt(ev.Seq, 10), strconv.Itoa(catchUpMax)}).AsStrSlice()
+	if err != nil {
+		return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
+	}
+	if len(vs) == 0 || (len(vs)-1)%3 != 0 {
+		return fmt.Errorf("%w: consume %s/%s: order check: %d values", ErrInvalid, ev.SKU, ev.ID, len(vs))
+	}
+	if vs[0] == "2" {
+		return fmt.Errorf("stock: consume %s %s (seq %d): a reconcile pass holds the item: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
+	}
+	type earlier struct {
+		member string
+		ev     Event
+		ok     bool
+	}
+	var todo []earlier
+	for i := 1; i < len(vs); i += 3 {
+		seq, _ := strconv.ParseInt(vs[i+2], 10, 64)
+		e, ok := outboxEvent(ev.SKU, vs[i], vs[i+1], seq)
+		todo = append(todo, earlier{member: vs[i], ev: e, ok: ok})
+		if !ok {
+			todo[len(todo)-1].ev.Seq = seq
+		}
+	}
+	slices.SortFunc(todo, func(a, b earlier) int { return cmp.Compare(a.ev.Seq, b.ev.Seq) })
+	for _, e := range todo {
+		if !e.ok {
+			// Its entry is gone: only its own message can tell what it was.
+			return fmt.Errorf("stock: consume %s %s (seq %d): the earlier event %s cannot be read from Redis: %w", ev.SKU, member, ev.Seq, e.member, ErrHeldBack)
+		}
+		if err := consumeOne(ctx, r, store, e.ev, e.member, true); err != nil && !errors.Is(err, ErrInvalid) {
+			return fmt.Errorf("stock: consume %s %s (seq %d): applying the earlier %s first: %w", ev.SKU, member, ev.Seq, e.member, err)
+		}
+	}
+	if vs[0] == "1" {
+		return fmt.Errorf("stock: consume %s %s (seq %d): more than %d earlier events not applied yet: %w", ev.SKU, member, ev.Seq, catchUpMax, ErrHeldBack)
+	}
+	return nil
+}
+
+// consumeOne applies one event to store, gives the stock back when the store refuses a deduct,
+// dead-letters it when the store rejects it as invalid, and, when tracked, settles it in Redis.
+func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member string, tracked bool) error {
 	err := store.Apply(ctx, ev)
 	switch {
 	case errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed):
