@@ -48,8 +48,8 @@
 //     given back in Redis, once.
 //   - In order per item: every event carries its place in its item's sequence (Event.Seq), and
 //     the Store gets an item's events in that order on both paths: the Relay delivers them in
-//     sequence, and Consume holds back an event while an earlier one of its item is not applied
-//     (ErrHeldBack), whatever order the queue redelivers in.
+//     sequence, and Consume applies an item's earlier events (from Redis) before the one it was
+//     handed, whatever order the queue redelivers in.
 //   - Bad input is refused with ErrInvalid before anything is sent to Redis.
 //
 // # Non-guarantees

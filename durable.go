@@ -11,11 +11,12 @@ import (
 // Consume then give the stock back in Redis, once, and publish an EventRefused.
 var ErrRefused = errors.New("stock: refused by the store")
 
-// ErrHeldBack is returned by Consume for an event it did not apply yet: an earlier event of the
-// same item (in the item's sequence, Event.Seq) has not been applied through Consume yet — the
-// queue handed the events over out of order, as a redelivery after a consumer crash does — or a
-// reconcile pass holds the item. Nothing was changed: have the queue deliver the event again
-// later (a negative acknowledgement with a short delay).
+// ErrHeldBack is returned by Consume for an event it did not apply, because it must not be
+// applied yet: a reconcile pass holds the item, or an earlier event of the item (in the item's
+// sequence, Event.Seq) is not applied and Consume cannot apply it first (its ledger entry is
+// gone from Redis, so only its own message can tell what it was; or too many are waiting).
+// Nothing was changed for the event: have the queue deliver it again later (a negative
+// acknowledgement with a short delay).
 var ErrHeldBack = errors.New("stock: held back until the item's earlier events are applied")
 
 // EventType says what happened to an id.

@@ -532,9 +532,9 @@ func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) 
 //
 //   - nil: the event is applied (or is a repeat of one applied), or the store refused a deduct
 //     and Consume gave the stock back in Redis through r, once (an EventRefused follows): ack.
-//   - an error wrapping ErrHeldBack: an earlier event of the item is not applied yet (the queue
-//     redelivered out of order), or a reconcile pass holds the item. Nothing changed: deliver
-//     it again later (a negative ack with a delay of about a second).
+//   - an error wrapping ErrHeldBack: the event must wait (a reconcile pass holds the item, or
+//     an earlier event of the item is not applied and cannot be applied from Redis). Nothing
+//     changed for it: deliver it again later (a negative ack with a delay of about a second).
 //   - an error wrapping ErrInvalid: the event can never be applied. It is moved to the item's
 //     dead-letter set, for the reconciler and an operator, so that it no longer holds back the
 //     item's later events: terminate the message, never redeliver it.
@@ -543,13 +543,16 @@ func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) 
 //
 // In order per item: the relay hands an item's events to the publisher in their sequence
 // (Event.Seq) and, once published, keeps each one in the item's published set in Redis until a
-// consumer has applied it through Consume. Before applying an event, Consume checks that no
-// earlier event of the item that a Store applies (a deduct, confirm, restore, refusal or
-// restock) is still in the outbox or the published set, and holds the event back otherwise. So
-// a queue may redeliver in any order, run several consumers, or hand one event to two of them:
-// the store still gets each item's events in the order they happened, and a restore reaches it
-// before the deduct that bought the unit it gave back. A held-back event relies on the queue to
-// deliver it again: let it redeliver without a limit (JetStream's MaxDeliver -1, the default).
+// consumer has applied it through Consume. Before applying an event, Consume looks for earlier
+// events of the item that a Store applies (deducts, confirms, restores, refusals, restocks)
+// still in the published set or the outbox, and applies them first, in sequence, built from
+// their ledger entries as the relay builds them (their own messages, when they come, are
+// repeats). So a queue may redeliver in any order, run several consumers, or hand one event to
+// two of them: the store still gets each item's events in the order they happened, a restore
+// reaches it before the deduct that bought the unit it gave back, and a consumer that died
+// holding messages does not delay its successor until the queue redelivers them. A held-back
+// event relies on the queue to deliver it again: let it redeliver without a limit
+// (JetStream's MaxDeliver -1, the default).
 //
 // In flight for the reconciler: an event published and not yet applied through Consume stays
 // in flight for the Reconciler, so a pass while consumers are down or behind sees no drift and
@@ -558,6 +561,8 @@ func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) 
 //
 // Consume is idempotent in (ev.SKU, ev.ID, ev.Type), as queues redeliver. An event without a
 // sequence (Seq 0, from an older relay) is applied as it comes, without the order check.
+// Consume costs a script call before the store's Apply and one after (more when it catches
+// up).
 func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	if err := checkName("sku", ev.SKU); err != nil {
 		return err

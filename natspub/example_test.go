@@ -68,7 +68,7 @@ func Example() {
 		case errors.Is(err, stock.ErrInvalid):
 			_ = m.Term()
 		default:
-			// stock.ErrHeldBack (an earlier event of the item is not applied yet) or a
+			// stock.ErrHeldBack (it must wait for an earlier event of the item) or a
 			// temporary error: JetStream delivers it again after the delay.
 			_ = m.NakWithDelay(time.Second)
 		}

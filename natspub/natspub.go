@@ -70,8 +70,8 @@
 //		case errors.Is(err, stock.ErrInvalid):
 //			m.Term() // dead-lettered in Redis by Consume
 //		default:
-//			// stock.ErrHeldBack (an earlier event of the item is not applied yet, or a
-//			// reconcile pass holds the item) or a temporary error: deliver it again later.
+//			// stock.ErrHeldBack (a reconcile pass holds the item, or an earlier event
+//			// cannot be applied yet) or a temporary error: deliver it again later.
 //			m.NakWithDelay(time.Second)
 //		}
 //	})
@@ -86,11 +86,12 @@
 // JetStream redelivers a message that a consumer did not acknowledge (it crashed, or its
 // AckWait ran out) after messages delivered since, so a consumer may be handed an item's
 // events out of order: a deduct before the restore that freed its unit. The payload carries
-// the event's place in its item's sequence ("seq", [stock.Event].Seq), and stock.Consume holds
-// back an event while an earlier event of its item is not applied (stock.ErrHeldBack): nak it
-// with a delay, as above, and leave MaxDeliver unlimited (the default), so that JetStream
-// keeps delivering it until its turn comes. Several consumers, or several messages in flight
-// per consumer, are fine: the order is kept in Redis, not in the consumer.
+// the event's place in its item's sequence ("seq", [stock.Event].Seq), and stock.Consume
+// applies the item's earlier events first, from Redis, so the store gets them in order; when
+// it cannot (a reconcile pass holds the item, or an earlier event's ledger entry is gone) it
+// answers stock.ErrHeldBack: nak with a delay, as above, and leave MaxDeliver unlimited (the
+// default). Several consumers, or several messages in flight per consumer, are fine: the order
+// is kept in Redis, not in the consumer.
 package natspub
 
 import (
