@@ -422,7 +422,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
 	case rc.dry:
 	case rp.Missing:
-		res := rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.FormatInt(max(expected, 0), 10)})
+		res := rebuildScript.Exec(ctx, rc.r.client, rc.rebuildKeys(sku), []string{strconv.FormatInt(max(expected, 0), 10)})
 		code, err := decodeOne(res)
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
@@ -449,7 +449,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	}
 	if rp.Missing && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
-		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0"}))
+		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.rebuildKeys(sku), []string{"0"}))
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
@@ -559,6 +559,11 @@ func (rc *Reconciler) settle(ctx context.Context, rp *Report, members []string, 
 	}
 	rp.Settled += len(done)
 	return nil
+}
+
+// rebuildKeys are the KEYS of lua/rebuild.lua.
+func (rc *Reconciler) rebuildKeys(sku string) []string {
+	return append(rc.r.keys(sku), rc.r.key(sku, publishedSuffix), rc.r.key(sku, deadSuffix))
 }
 
 // redisNet is what an entry did to Redis's available + held stock.

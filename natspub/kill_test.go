@@ -321,7 +321,8 @@ func (rg *killRig) refusals(sku string) []string {
 // TestConsumerKilledKeepsOrder: one unit; deduct a, restore a, deduct b, published to
 // JetStream. A consumer process acks D(a), takes R(a) and is killed by SIGKILL before it acks
 // it; its successor is handed D(b) first, R(a) only after the ack wait. The store must still
-// get R(a) before D(b): b's sale is applied, not refused and given back.
+// get R(a) before D(b) (Consume applies R(a) from Redis first): b's sale is applied, not
+// refused and given back.
 func TestConsumerKilledKeepsOrder(t *testing.T) {
 	rg := newKillRig(t, 2*time.Second)
 	ctx := context.Background()
