@@ -70,14 +70,20 @@ func WithInterval(d time.Duration) ReconcileOption {
 	}
 }
 
-// A Reconciler compares each item in Redis (available + held, and the events still pending in
-// its outbox) with the Store (remaining, and what it recorded of those events), reports drift,
-// lost keys, lost ledger entries and lost events, and repairs them.
+// A Reconciler compares each item in Redis (available + held, and the events Redis has not seen
+// applied: pending in its outbox, published to a queue and not yet applied through Consume, or
+// set aside as dead letters) with the Store (remaining, and what it recorded of those events),
+// reports drift, lost keys, lost ledger entries and lost events, and repairs them. Events still
+// in flight are not drift, on either path: a pass while a queue's consumers are down adds no
+// stock for the sales waiting in the queue.
 //
 // Repairs are safe under live traffic: while it looks at an item the reconciler holds the item's
-// relay lease, so the Store does not change under it; Redis may, and so every repair is made by
-// a script that adjusts by a delta or writes only what is missing, never by overwriting a value
-// computed before a concurrent change.
+// relay lease, so no relay delivers and Consume holds the item's events back, and it reads the
+// Store after Redis, until two reads of the Store's records agree, so that both describe the
+// same events; Redis may change, and so every repair is made by a script that adjusts by a
+// delta or writes only what is missing, never by overwriting a value computed before a
+// concurrent change. An item with undelivered events whose ledger entries are gone is not
+// repaired at all: their sales are counted nowhere but in Redis's counters.
 //
 // It is safe for concurrent use and starts no goroutines.
 type Reconciler struct {
@@ -132,8 +138,9 @@ type Report struct {
 	// entry is gone, such as after an evicted ledger key: the units they took are counted in
 	// Redis and nowhere else, so the pass repairs nothing on the item and asks for a human.
 	Orphaned int
-	// DeadLetters counts events the Store rejected as invalid, set aside in
-	// "<prefix>:{sku}:dl" for an operator; they count as in flight.
+	// DeadLetters counts events set aside in "<prefix>:{sku}:dl" for an operator: the Store
+	// rejected them as invalid, or the relay could not build them (their ledger entry gone).
+	// They count as in flight.
 	DeadLetters int
 	// Drift is Available + Held − (StoreRemaining − InFlight): positive when Redis would sell
 	// more than the Store has.
@@ -523,10 +530,11 @@ func sameRecords(a, b map[string]Record) bool {
 }
 
 // settle acknowledges, for a consumer, the published events the store has applied: Redis lost
-// the consumer's acknowledgement (a failover), or the consumer died between the two. Left in
-// the published set, they would hold back the item's later events in Consume forever, as the
-// queue has nothing left to deliver. A deduct the store refused is left to its consumer (Consume
-// gives the stock back first) unless Redis has given it back already.
+// the consumer's acknowledgement (a failover), or the consumer died between the two and the
+// queue will not deliver them again. Left in the published set they would be applied again
+// (harmlessly) by the next Consume of the item, and an item's last events would stay there for
+// good. A deduct the store refused is left to its consumer (Consume gives the stock back
+// first) unless Redis has given it back already.
 func (rc *Reconciler) settle(ctx context.Context, rp *Report, members []string, entries map[string]Entry, recs map[string]Record) error {
 	var done []string
 	for _, m := range members {
