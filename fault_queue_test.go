@@ -19,6 +19,7 @@ import (
 // messages delivered since; a negative ack delivers it again after its delay.
 type faultBroker struct {
 	mu      sync.Mutex
+	seqs    map[string]int64 // "sku/id/type" -> the sequence the relay gave the event
 	ready   []*faultMsg
 	out     map[*faultMsg]time.Time // delivered, not acknowledged: due again at
 	ackWait time.Duration
@@ -34,6 +35,9 @@ func (b *faultBroker) Publish(_ context.Context, ev stock.Event) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.ready = append(b.ready, &faultMsg{ev: ev})
+	if _, ok := b.seqs[faultEventKey(ev)]; !ok {
+		b.seqs[faultEventKey(ev)] = ev.Seq
+	}
 	return nil
 }
 
@@ -82,7 +86,8 @@ func (b *faultBroker) pending() int {
 // runQueue runs the publishing relay and two consumers, each started again at once after it
 // is killed, until ctx ends.
 func (h *faultHarness) runQueue(ctx context.Context) {
-	h.broker = &faultBroker{out: map[*faultMsg]time.Time{}, ackWait: 150 * time.Millisecond, h: h}
+	h.broker = &faultBroker{out: map[*faultMsg]time.Time{}, seqs: map[string]int64{}, ackWait: 150 * time.Millisecond, h: h}
+	h.seqStore = &faultSeqStore{Store: h.store, h: h, last: map[string]int64{}, seen: map[string]bool{}}
 	rl, err := h.back.NewRelay(nil, h.broker, stock.WithPoll(5*time.Millisecond),
 		stock.WithBackoff(5*time.Millisecond, 100*time.Millisecond), stock.WithLease(time.Second), stock.WithBatch(64))
 	if err != nil {
@@ -96,7 +101,7 @@ func (h *faultHarness) runQueue(ctx context.Context) {
 			for ctx.Err() == nil {
 				var killAt time.Time
 				if h.injCtx.Err() == nil {
-					killAt = time.Now().Add(100*time.Millisecond + rand.N(400*time.Millisecond))
+					killAt = time.Now().Add(50*time.Millisecond + rand.N(250*time.Millisecond))
 				}
 				h.consumer(ctx, killAt)
 			}
@@ -116,7 +121,7 @@ func (h *faultHarness) consumer(ctx context.Context, killAt time.Time) {
 		return true
 	}
 	for ctx.Err() == nil {
-		msgs := h.broker.fetch(4)
+		msgs := h.broker.fetch(8)
 		if len(msgs) == 0 {
 			sleepCtx(ctx, 2*time.Millisecond)
 			continue
@@ -139,7 +144,7 @@ func (h *faultHarness) consumeOne(ctx context.Context, m *faultMsg) {
 	if h.ctl == ctlNoOrder {
 		ev.Seq = 0 // the broken variant: applied in delivery order
 	}
-	err := stock.Consume(ctx, h.back, h.store, ev)
+	err := stock.Consume(ctx, h.back, h.seqStore, ev)
 	switch {
 	case err == nil:
 		h.broker.ack(m)
@@ -181,4 +186,43 @@ func (h *faultHarness) drainQueue(ctx context.Context) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+func faultEventKey(ev stock.Event) string { return ev.SKU + "/" + ev.ID + "/" + string(ev.Type) }
+
+// faultSeqStore is the consumers' store in queue scenarios: it counts the events whose first
+// application comes after a later event of their item (by the sequence the relay gave them).
+// It applies one event at a time, so that the order it sees is the store's.
+type faultSeqStore struct {
+	stock.Store
+	h    *faultHarness
+	mu   sync.Mutex
+	last map[string]int64 // sku -> highest sequence applied
+	seen map[string]bool  // events applied
+}
+
+func (s *faultSeqStore) Apply(ctx context.Context, ev stock.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.Store.Apply(ctx, ev)
+	if err != nil && !errors.Is(err, stock.ErrRefused) {
+		return err
+	}
+	key := faultEventKey(ev)
+	if s.seen[key] || ev.Type == stock.EventHeld || ev.Type == stock.EventCancelled || ev.Type == stock.EventExpired {
+		return err
+	}
+	s.seen[key] = true
+	s.h.broker.mu.Lock()
+	seq := s.h.broker.seqs[key]
+	s.h.broker.mu.Unlock()
+	if ev.Seq > 0 {
+		seq = ev.Seq
+	}
+	if seq < s.last[ev.SKU] {
+		s.h.outOfOrder.Add(1)
+	} else {
+		s.last[ev.SKU] = seq
+	}
+	return err
 }

@@ -189,6 +189,9 @@ type faultResult struct {
 	ResendsRetook      int64 `json:"resends_retook"`
 	Redelivered        int64 `json:"redelivered"`
 	DeadLetters        int64 `json:"dead_letters"`
+	// OutOfOrder counts events the store applied (first application) after a later event of
+	// their item (queue scenarios: the sequence the relay gave them).
+	OutOfOrder int64 `json:"applied_out_of_order"`
 
 	FirstSuccessMs []float64 `json:"first_success_after_fault_ms,omitempty"`
 
@@ -331,6 +334,9 @@ func (r faultResult) line() string {
 		r.Resends, strings.Join(kinds, " "), r.Oversell, r.InvariantBreaks, r.DoubleApplied, r.Phantom,
 		r.LateTakes, r.LostDeducts, r.LostUnits, r.LostRestores, r.LostHolds, r.DriftFound, r.DriftFinal, r.Repaired,
 		first, r.Refused, r.NoScript, r.Unresolved, r.Unexpected, r.Redelivered)
+	if r.Scenario != "" && strings.HasPrefix(r.Scenario, "queue") {
+		s += fmt.Sprintf(", applied out of order %d", r.OutOfOrder)
+	}
 	if r.FencedTakes > 0 || len(r.FencedMs) > 0 {
 		s += fmt.Sprintf(", takes while fenced %d", r.FencedTakes)
 		if n := len(r.FencedMs); n > 0 {
@@ -395,6 +401,7 @@ type faultHarness struct {
 	relayCancel  atomic.Pointer[context.CancelFunc]
 	relay        atomic.Pointer[stock.Relay] // the running relay, which also drains at the end
 	broker       *faultBroker                // queue scenarios
+	seqStore     *faultSeqStore              // queue scenarios: the consumers' store
 	recMu        sync.Mutex                  // held by the background reconciler during a pass
 	guard        *stock.FailoverGuard        // on the clients' Reserver (ctlNoFence: on another one)
 	guardOn      bool                        // guardLoop runs
@@ -416,7 +423,7 @@ type faultHarness struct {
 	ops, retries, unknown, replays, resends, resendReplays, resendRetook, waited atomic.Int64
 	noscript, unresolved, unexpected                                             atomic.Int64
 	samples, breaks, minAvail, minStore                                          atomic.Int64
-	repaired, redelivered                                                        atomic.Int64
+	repaired, redelivered, outOfOrder                                            atomic.Int64
 }
 
 // faultOrder is one order as its client knows it. Only its client goroutine touches it until
@@ -1789,7 +1796,7 @@ func (h *faultHarness) finish(traffic time.Duration) faultResult {
 		Orders: len(h.orders), Ops: h.ops.Load(), Retries: h.retries.Load(), Unknown: h.unknown.Load(),
 		Replays: h.replays.Load(), Resends: h.resends.Load(), Waited: h.waited.Load(), Faults: h.faults,
 		NoScript: h.noscript.Load() + h.log.noscript.Load(), Unresolved: h.unresolved.Load(),
-		Unexpected: h.unexpected.Load(), ResendsRetook: h.resendRetook.Load(), Redelivered: h.redelivered.Load(),
+		Unexpected: h.unexpected.Load(), ResendsRetook: h.resendRetook.Load(), Redelivered: h.redelivered.Load(), OutOfOrder: h.outOfOrder.Load(),
 		Repaired: h.repaired.Load(), DriftFound: found, InvariantBreaks: h.breaks.Load()}
 	if h.ctl != ctlNone {
 		r.Control = faultControlNames[h.ctl]
@@ -2073,6 +2080,7 @@ func (h *faultHarness) check(r *faultResult) []string {
 	flag(r.Unresolved > 0, "unresolved: %d calls without a definite answer after %v", r.Unresolved, h.settle)
 	flag(r.Unexpected > 0, "unexpected answers: %d", r.Unexpected)
 	flag(r.DeadLetters > 0, "dead letters: %d", r.DeadLetters)
+	flag(r.OutOfOrder > 0, "applied out of order: %d events reached the store after a later event of their item", r.OutOfOrder)
 	flag(h.sc.replays && r.Replays == 0, "no retry after an unknown outcome was answered as a replay")
 	flag(h.resends.Load() != h.resendReplays.Load()+h.resendRetook.Load() && !loss, "resends not answered as replays: %d",
 		h.resends.Load()-h.resendReplays.Load()-h.resendRetook.Load())
