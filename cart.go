@@ -43,37 +43,69 @@ func (e *CartError) Error() string { return fmt.Sprintf("stock: cart refused by 
 // Unwrap returns the item's error, so errors.Is(err, ErrSoldOut) works on a cart's error.
 func (e *CartError) Unwrap() error { return e.Err }
 
-// DeductMany takes every line of a cart or none. Lines of the same item are summed first (two
-// lines of one item must not each pass their own check). Items live in different Redis Cluster
-// slots, so a cart is a saga: a log record of the cart (one slot shared by all carts) is
-// written first, then each item is deducted under the cart's id, in SKU order; when an item
-// refuses, the items already taken are restored and the error is a *CartError wrapping the
-// item's refusal. The saga is idempotent: a retry of the same cart id (after a timeout or a
-// crash) replays the items already taken and finishes the cart, or, if the cart was undone,
-// undoes whatever is left and returns ErrRestored; it never takes a second cart. Carts whose
-// process died mid-saga and that nobody retries are undone by RecoverCarts.
+// DeductMany takes every line of a cart or none. A cart has 1 to 100 lines; lines naming the
+// same item are summed first (two lines of one item must not each pass their own check).
+//
+// Items live in different Redis Cluster slots, so a cart is a saga: a log record of the cart
+// (its kind, user and lines; one slot shared by all carts) is written first, then each item is
+// taken under the cart's id, in SKU order; when an item refuses, the cart is recorded as undone,
+// the items already taken are given back and the error is a *CartError wrapping the item's
+// refusal. A cart id has one outcome, decided once by whichever copy of the cart gets there
+// first, and every copy, concurrent or later, answers it:
+//   - taken: a retry answers the cart's receipts, Replayed, and never takes or gives back
+//     anything, even if one of its lines was restored since; for a cart of holds (HoldMany) the
+//     retry answers the holds' state, as Hold does: the receipts while every hold is live or
+//     confirmed, else a *CartError wrapping ErrExpired or ErrRestored for the first line whose
+//     hold expired or was cancelled (still giving nothing back);
+//   - undone: a retry gives back whatever is left and answers the *CartError that undid the cart
+//     (ErrRestored when RecoverCarts undid it).
+//
+// The same id with other lines, another kind or another user is ErrConflict and changes
+// nothing: one user's cart id can never reach another user's cart. The undo gives back only
+// entries that are the cart's own line (same kind, quantity and user) and tombstones the lines
+// not taken, so a slow copy of the saga cannot take them later. Carts whose process died
+// mid-saga and that nobody retries are undone by RecoverCarts.
+//
+// With WithGroups, a cart whose items are all in one group is taken by one script instead,
+// atomically and with no cart log: every line or nothing. Its refusal changes nothing and, as
+// for Deduct, records nothing, so a later copy may be taken if stock came back; a retry of a
+// cart whose every line is still this cart's entry answers Replayed. Such a cart is checked
+// against the id's entries in its own items only: give every cart an id of its own (an order id),
+// as a one-script cart and a saga cart over other items under one id are not seen as a conflict.
 func (r *Reserver) DeductMany(ctx context.Context, c Cart) (CartReceipt, error) {
-	return r.cart(ctx, "D", c, 0)
+	return r.observeCart(ctx, "deduct_many", c, func(ctx context.Context) (CartReceipt, error) { return r.cart(ctx, "D", c, 0) })
 }
 
 // HoldMany holds every line of a cart until now + ttl, or none, like DeductMany. Confirm or
 // Cancel the items with ConfirmMany or CancelMany under the cart's id.
 func (r *Reserver) HoldMany(ctx context.Context, c Cart, ttl time.Duration) (CartReceipt, error) {
-	if err := checkTTL(ttl); err != nil {
-		return CartReceipt{ID: c.ID}, err
-	}
-	return r.cart(ctx, "H", c, ttl.Milliseconds())
+	return r.observeCart(ctx, "hold_many", c, func(ctx context.Context) (CartReceipt, error) {
+		if err := checkTTL(ttl); err != nil {
+			return CartReceipt{ID: c.ID}, err
+		}
+		return r.cart(ctx, "H", c, ttl.Milliseconds())
+	})
 }
 
 // ConfirmMany confirms the holds of a cart's items, in SKU order. A hold that expired makes it
 // return ErrExpired after cancelling the others: a cart is confirmed whole or not at all...
-// except when a confirm fails for an unknown outcome, which a retry resolves.
+// except when a confirm fails for an unknown outcome, which a retry resolves. A retry of a cart
+// undone because a hold expired answers ErrExpired again.
 func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) ([]Receipt, error) {
 	skus = sortedUnique(skus)
 	var out []Receipt
 	for i, sku := range skus {
 		rc, err := r.Confirm(ctx, sku, id)
 		if err != nil && (errors.Is(err, ErrExpired) || errors.Is(err, ErrRestored)) {
+			if errors.Is(err, ErrRestored) {
+				// Maybe a retry of a cart undone because a line expired: that is its answer.
+				for _, s := range skus {
+					if e, lerr := r.Ledger(ctx, s, id); lerr == nil && e.State == StateExpired {
+						sku, err = s, ErrExpired
+						break
+					}
+				}
+			}
 			// Undo: the confirmed ones are restored, the held ones cancelled.
 			for _, s := range skus[:i] {
 				if _, uerr := r.Restore(ctx, s, id); uerr != nil {
@@ -114,9 +146,10 @@ func sortedUnique(s []string) []string {
 	return slices.Compact(s)
 }
 
-// cartKeys: the carts hash and the pending zset, in one slot of their own.
+// cartKeys: the carts hash and the pending zset, in one slot of their own. They start with
+// "<prefix>:c", never "<prefix>:{" as every item key does, so no item can reach them.
 func (r *Reserver) cartKeys() []string {
-	base := r.opts.prefix + ":{~carts}"
+	base := r.opts.prefix + ":carts{~}"
 	return []string{base, base + ":p"}
 }
 
@@ -154,14 +187,17 @@ func sumLines(c Cart) ([]Line, error) {
 	return lines, nil
 }
 
-func encodeLines(kind string, lines []Line) string {
+// encodeCart is a cart as the cart log records it: "K{user}|sku:qty|sku:qty..." with the lines in
+// SKU order. The user is part of it, so the same cart id with another user is another cart
+// (ErrConflict). No name contains a brace or '|'.
+func encodeCart(kind, user string, lines []Line) string {
 	var b strings.Builder
 	b.WriteString(kind)
-	b.WriteByte('|')
-	for i, l := range lines {
-		if i > 0 {
-			b.WriteByte('|') // '|' is the one separator no SKU may contain
-		}
+	b.WriteByte('{')
+	b.WriteString(user)
+	b.WriteByte('}')
+	for _, l := range lines {
+		b.WriteByte('|') // '|' is the one separator no SKU may contain
 		b.WriteString(l.SKU)
 		b.WriteByte(':')
 		b.WriteString(strconv.FormatInt(l.Qty, 10))
@@ -169,9 +205,45 @@ func encodeLines(kind string, lines []Line) string {
 	return b.String()
 }
 
-func (r *Reserver) cartLog(ctx context.Context, args ...string) (int64, error) {
-	code, _, err := decodePair(cartScript.Exec(ctx, r.client, r.cartKeys(), args))
-	return code, err
+// cartOp runs one operation of lua/cart.lua and returns its code and the cart's undo cause.
+func (r *Reserver) cartOp(ctx context.Context, op, id, arg string) (int64, string, error) {
+	msgs, err := replyArray(cartScript.Exec(ctx, r.client, r.cartKeys(), []string{op, id, arg}), 2)
+	if err != nil {
+		return 0, "", err
+	}
+	code, err := replyInt(msgs[0])
+	if err != nil {
+		return 0, "", fmt.Errorf("%w: cart log reply: %v", ErrInvalid, err)
+	}
+	why, err := msgs[1].ToString()
+	if err != nil {
+		return 0, "", fmt.Errorf("%w: cart log reply: %v", ErrInvalid, err)
+	}
+	if code == codeInvalid {
+		return 0, "", fmt.Errorf("%w: cart %s: %s", ErrInvalid, id, why)
+	}
+	return code, why, nil
+}
+
+// cause is how the cart log records why a cart was undone: "code:sku" of the refusing item.
+func cause(sku string, err error) string {
+	for code, e := range codeErrs {
+		if e != nil && errors.Is(err, e) {
+			return strconv.Itoa(code) + ":" + sku
+		}
+	}
+	return ""
+}
+
+// causeErr is the error every copy of an undone cart answers: the refusal recorded by the
+// attempt that undid it, or ErrRestored for a cart undone by RecoverCarts.
+func causeErr(id, why string) error {
+	code, sku, ok := strings.Cut(why, ":")
+	c, err := strconv.Atoi(code)
+	if !ok || err != nil || c <= codeReplay || c >= len(codeErrs) || codeErrs[c] == nil {
+		return fmt.Errorf("%w: cart %s was undone", ErrRestored, id)
+	}
+	return &CartError{SKU: sku, Err: codeErrs[c]}
 }
 
 func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (CartReceipt, error) {
@@ -186,43 +258,80 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if g := r.group(lines[0].SKU); g != "" && len(lines) > 1 && !slices.ContainsFunc(lines, func(l Line) bool { return r.group(l.SKU) != g }) {
 		return r.cartOneSlot(ctx, kind, c, lines, ttlMs)
 	}
-	code, err := r.cartLog(ctx, "begin", c.ID, encodeLines(kind, lines))
+	code, why, err := r.cartOp(ctx, "begin", c.ID, encodeCart(kind, c.User, lines))
 	if err != nil {
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
 	}
 	switch code {
 	case codeConflict:
-		return out, fmt.Errorf("%w: cart %s was used with other lines", ErrConflict, c.ID)
+		return out, fmt.Errorf("%w: cart %s was used with other lines or another user", ErrConflict, c.ID)
 	case codeRestored:
-		return out, r.undoCart(ctx, c.ID, kind, lines, ErrRestored)
-	case codeOK, codeReplay, codeConfirmed:
+		// Finish the undo (a crash may have cut it short; it is idempotent) and answer as every
+		// copy of the cart does.
+		return r.undoCart(ctx, kind, c, lines, ttlMs, why, causeErr(c.ID, why))
+	case codeConfirmed:
+		return r.cartDone(ctx, kind, c, lines, ttlMs)
+	case codeOK, codeReplay:
 	default:
 		return out, codeErr(code)
 	}
 	replayed := true
 	for _, l := range lines {
 		req := Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}
-		var rc Receipt
-		if kind == "H" {
-			rc, err = r.take(ctx, "H", req, ttlMs)
-		} else {
-			rc, err = r.take(ctx, "D", req, 0)
-		}
+		rc, err := r.take(ctx, kind, req, ttlMs)
 		if err != nil {
 			if isRefusal(err) {
-				return out, r.undoCart(ctx, c.ID, kind, lines, &CartError{SKU: l.SKU, Err: err})
+				return r.undoCart(ctx, kind, c, lines, ttlMs, cause(l.SKU, err), &CartError{SKU: l.SKU, Err: err})
 			}
 			return out, err // unknown outcome: a retry with the same cart id goes on from here
 		}
 		replayed = replayed && rc.Replayed
 		out.Items = append(out.Items, rc)
 	}
-	if code != codeConfirmed {
-		if _, err := r.cartLog(ctx, "end", c.ID, "d"); err != nil {
-			return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
-		}
+	code, why, err = r.cartOp(ctx, "done", c.ID, "")
+	if err != nil {
+		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
+	}
+	if code == codeRestored {
+		// A concurrent copy of the cart found a refusal and undid it first: its outcome is the
+		// cart's. Give back what this attempt took (its undo may have run before our takes).
+		return r.undoCart(ctx, kind, c, lines, ttlMs, why, causeErr(c.ID, why))
 	}
 	out.Replayed = replayed
+	return out, nil
+}
+
+// cartDone answers a retry of a cart the log records as done. Nothing is given back, whatever
+// happened to a line since. A cart of deducts answers its receipts, read from the ledger,
+// replayed: a line restored since stays restored, the others stay taken. A cart of holds answers
+// as a Hold of each line would: its receipts while every hold is live or confirmed, else a
+// *CartError wrapping ErrExpired or ErrRestored for the first line whose hold expired or was
+// cancelled (a hold past its deadline is released as expired by that look).
+func (r *Reserver) cartDone(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64) (CartReceipt, error) {
+	out := CartReceipt{ID: c.ID, Replayed: true}
+	for _, l := range lines {
+		if kind == "H" {
+			rc, err := r.take(ctx, "H", Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}, ttlMs)
+			if err != nil {
+				if isRefusal(err) {
+					return CartReceipt{ID: c.ID}, &CartError{SKU: l.SKU, Err: err}
+				}
+				return CartReceipt{ID: c.ID}, err
+			}
+			rc.Replayed = true
+			out.Items = append(out.Items, rc)
+			continue
+		}
+		rc := Receipt{SKU: l.SKU, ID: c.ID, Qty: l.Qty, Replayed: true}
+		e, err := r.Ledger(ctx, l.SKU, c.ID)
+		switch {
+		case err == nil:
+			rc.Remaining = e.After
+		case !errors.Is(err, ErrUnknownID) && !errors.Is(err, ErrNotLoaded):
+			return CartReceipt{ID: c.ID}, fmt.Errorf("stock: cart %s: %w", c.ID, err)
+		}
+		out.Items = append(out.Items, rc)
+	}
 	return out, nil
 }
 
@@ -237,34 +346,60 @@ func isRefusal(err error) bool {
 	return false
 }
 
-// undoCart gives back every line of a cart (a line never taken gets a tombstone, so a slow
-// saga that still runs cannot take it later; an entry of the same id that is not this cart's
-// line is left alone), marks the cart undone and returns cause.
-func (r *Reserver) undoCart(ctx context.Context, id, kind string, lines []Line, cause error) error {
+// undoCart undoes a cart and returns its outcome. It first records the cart as undone with why
+// (unless a copy of the cart recorded it done first: then the cart's receipts are the outcome and
+// nothing is given back), then gives back every line (a line never taken gets a tombstone, so a
+// slow copy of the saga that still runs cannot take it later; an entry of the same id that is
+// not this cart's line, by kind, quantity and user, is left alone), then takes the cart off the
+// pending set. It returns failed, or the refusal recorded by the copy that undid the cart first.
+func (r *Reserver) undoCart(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64, why string, failed error) (CartReceipt, error) {
+	out, _, err := r.undoCartMoved(ctx, kind, c, lines, ttlMs, why, failed)
+	return out, err
+}
+
+// undoCartMoved is undoCart; moved reports whether this call is the one that recorded the cart
+// as undone (RecoverCarts counts those only).
+func (r *Reserver) undoCartMoved(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64, why string, failed error) (out CartReceipt, moved bool, err error) {
+	id, user := c.ID, c.User
+	out = CartReceipt{ID: id}
+	code, recorded, err := r.cartOp(ctx, "undo", id, why)
+	if err != nil {
+		return out, false, errors.Join(failed, fmt.Errorf("stock: cart %s: %w", id, err))
+	}
+	if code == codeConfirmed {
+		out, err := r.cartDone(ctx, kind, c, lines, ttlMs)
+		return out, false, err
+	}
+	moved = code == codeOK
+	if recorded != why {
+		failed = causeErr(id, recorded)
+	}
 	for _, l := range lines {
 		var err error
 		if kind == "H" {
-			_, err = r.giveBackChecked(ctx, l.SKU, id, "c", kind, l.Qty)
+			_, err = r.giveBackChecked(ctx, l.SKU, id, "c", kind, l.Qty, user)
 			if errors.Is(err, ErrConfirmed) {
-				_, err = r.giveBackChecked(ctx, l.SKU, id, "x", kind, l.Qty)
+				_, err = r.giveBackChecked(ctx, l.SKU, id, "x", kind, l.Qty, user)
 			}
 		} else {
-			_, err = r.giveBackChecked(ctx, l.SKU, id, "x", kind, l.Qty)
+			_, err = r.giveBackChecked(ctx, l.SKU, id, "x", kind, l.Qty, user)
 		}
-		if err != nil && !errors.Is(err, ErrUnknownID) && !errors.Is(err, ErrConflict) {
-			return errors.Join(cause, fmt.Errorf("stock: cart %s: undo %s: %w", id, l.SKU, err))
+		if err != nil && !errors.Is(err, ErrUnknownID) && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotLoaded) {
+			return out, moved, errors.Join(failed, fmt.Errorf("stock: cart %s: undo %s: %w", id, l.SKU, err))
 		}
 	}
-	if _, err := r.cartLog(ctx, "end", id, "u"); err != nil {
-		return errors.Join(cause, fmt.Errorf("stock: cart %s: %w", id, err))
+	if _, _, err := r.cartOp(ctx, "end", id, ""); err != nil {
+		return out, moved, errors.Join(failed, fmt.Errorf("stock: cart %s: %w", id, err))
 	}
-	return cause
+	return out, moved, failed
 }
 
 // RecoverCarts undoes the carts whose saga started more than olderThan ago and never ended
-// (the process died, and nobody retried the cart id): their items are given back, and a late
-// retry of such a cart returns ErrRestored. It returns the number of carts undone. Run it
-// periodically with olderThan well above the longest checkout call.
+// (the process died, and nobody retried the cart id), and finishes undos that a crash cut short:
+// their items are given back, and a late retry of such a cart returns ErrRestored. It returns the
+// number of carts this call undid (a cart undone by a concurrent call or a retry is not
+// counted, so concurrent calls add up to the carts undone). Run it periodically with olderThan well above the longest checkout
+// call.
 func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (int, error) {
 	keys := r.cartKeys()
 	cutoff := time.Now().Add(-olderThan).UnixMilli()
@@ -276,41 +411,69 @@ func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (i
 	n := 0
 	for _, id := range ids {
 		rec, err := r.client.Do(ctx, r.client.B().Hget().Key(keys[0]).Field(id).Build()).ToString()
+		if isNil(err) {
+			continue // ended meanwhile
+		}
 		if err != nil {
 			return n, fmt.Errorf("stock: recover cart %s: %w", id, err)
 		}
-		kind, lines, err := parseCartRecord(rec)
+		kind, user, lines, err := parseCartRecord(rec)
 		if err != nil {
 			r.opts.logger.ErrorContext(ctx, "stock: unreadable cart record; left for an operator", "cart", id, "err", err)
 			continue
 		}
-		if err := r.undoCart(ctx, id, kind, lines, nil); err != nil {
+		_, moved, err := r.undoCartMoved(ctx, kind, Cart{ID: id, User: user}, lines, 0, "", nil)
+		if err != nil && !isRefusal(err) {
 			return n, err
 		}
-		n++
+		if moved {
+			n++
+		}
 	}
 	return n, nil
 }
 
-// parseCartRecord reads a cart log record, "state|started|K|sku:qty|sku:qty...", as written by
-// lua/cart.lua from encodeLines. No SKU contains '|', and the quantity follows the last ':'.
-func parseCartRecord(rec string) (kind string, lines []Line, err error) {
-	parts := strings.SplitN(rec, "|", 4)
-	if len(parts) != 4 || parts[3] == "" {
-		return "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
+// parseCartRecord reads a cart log record, "state|started|K{user}|sku:qty|sku:qty...[|{cause}]",
+// as written by lua/cart.lua from encodeCart. No SKU contains '|' or a brace, and the quantity
+// follows the last ':'.
+func parseCartRecord(rec string) (kind, user string, lines []Line, err error) {
+	bad := func() (string, string, []Line, error) {
+		return "", "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
 	}
-	for _, f := range strings.Split(parts[3], "|") {
+	parts := strings.Split(rec, "|")
+	if len(parts) < 4 {
+		return bad()
+	}
+	head, fields := parts[2], parts[3:]
+	if i := strings.IndexByte(head, '{'); i >= 0 {
+		if !strings.HasSuffix(head, "}") {
+			return bad()
+		}
+		kind, user = head[:i], head[i+1:len(head)-1]
+	} else {
+		kind = head // a record written before carts recorded their user
+	}
+	if kind != "D" && kind != "H" {
+		return bad()
+	}
+	if last := fields[len(fields)-1]; strings.HasPrefix(last, "{") {
+		fields = fields[:len(fields)-1] // the undo's cause
+	}
+	if len(fields) == 0 {
+		return bad()
+	}
+	for _, f := range fields {
 		i := strings.LastIndexByte(f, ':')
 		if i <= 0 {
-			return "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
+			return bad()
 		}
 		q, perr := strconv.ParseInt(f[i+1:], 10, 64)
 		if perr != nil || q <= 0 {
-			return "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
+			return bad()
 		}
 		lines = append(lines, Line{SKU: f[:i], Qty: q})
 	}
-	return parts[2], lines, nil
+	return kind, user, lines, nil
 }
 
 // cartOneSlot takes a cart whose items are all in one group with one script: all or nothing,
@@ -324,7 +487,8 @@ func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines [
 		args = append(args, strconv.FormatInt(l.Qty, 10))
 	}
 	outs := make([]outcome, len(lines))
-	if err := decodeOutcomes(manyScript.Exec(ctx, r.client, keys, args), outs); err != nil {
+	res, ackErr := r.exec(ctx, manyScript, keys, args)
+	if err := decodeOutcomes(res, outs); err != nil {
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
 	}
 	replayed := true
@@ -341,5 +505,8 @@ func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines [
 		out.Items = append(out.Items, rc)
 	}
 	out.Replayed = replayed
+	if !replayed && ackErr != nil {
+		return out, ackErr
+	}
 	return out, nil
 }

@@ -27,7 +27,7 @@ func TestCartSagaCrash(t *testing.T) {
 				lines, err := sumLines(c)
 				require.NoError(t, err)
 				// The saga's first steps, then the process "dies".
-				_, err = r.cartLog(ctx, "begin", c.ID, encodeLines("D", lines))
+				_, _, err = r.cartOp(ctx, "begin", c.ID, encodeCart("D", "", lines))
 				require.NoError(t, err)
 				_, err = r.take(ctx, "D", Request{SKU: "A", ID: id, Qty: 1}, 0)
 				require.NoError(t, err)

@@ -48,7 +48,8 @@ func TestDeductMany(t *testing.T) {
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 3}}})
 		assert.ErrorIs(t, err, stock.ErrConflict)
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "A", Qty: 2}}})
-		assert.ErrorIs(t, err, stock.ErrRestored, "an undone cart stays undone")
+		assert.ErrorIs(t, err, stock.ErrInsufficient, "an undone cart stays undone, with the refusal that undid it")
+		assert.ErrorAs(t, err, &ce)
 
 		// An id already used alone on an item is not the cart's line: the undo leaves it alone.
 		_, err = r.Deduct(ctx, stock.Request{SKU: "C", ID: "cart-3", Qty: 1})
@@ -195,7 +196,7 @@ func TestGroupedCartOneScript(t *testing.T) {
 		for _, sku := range []string{"shoe-40", "shoe-41", "hat"} {
 			require.NoError(t, r.Load(ctx, sku, 4))
 		}
-		n, err := c.Do(ctx, c.B().Exists().Key("stock:{shoe}:shoe-40").Build()).AsInt64()
+		n, err := c.Do(ctx, c.B().Exists().Key("stock:{shoe}:{shoe-40}").Build()).AsInt64()
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), n, "a grouped item's keys carry the group's tag")
 

@@ -22,9 +22,14 @@ const maxBatch = 64
 // batchTimeout bounds a coalesced call, which runs detached from its callers' contexts.
 const batchTimeout = 10 * time.Second
 
+// lane is the coalescing state of one item while it has calls in flight. A lane whose last call
+// finished with nobody queued is dropped from the Reserver's map (and marked gone, so that a
+// caller holding it looks again): idle items cost no memory, however many items ever sold.
 type lane struct {
+	sku      string
 	mu       sync.Mutex
 	inflight int
+	gone     bool
 	queue    []*waiter
 }
 
@@ -39,18 +44,25 @@ type waiter struct {
 
 var waiters = sync.Pool{New: func() any { return &waiter{ch: make(chan []*waiter, 1)} }}
 
-func (r *Reserver) lane(sku string) *lane {
-	if l, ok := r.lanes.Load(sku); ok {
-		return l.(*lane)
+// lockLane returns the item's live lane, locked.
+func (r *Reserver) lockLane(sku string) *lane {
+	for {
+		v, ok := r.lanes.Load(sku)
+		if !ok {
+			v, _ = r.lanes.LoadOrStore(sku, &lane{sku: sku})
+		}
+		l := v.(*lane)
+		l.mu.Lock()
+		if !l.gone {
+			return l
+		}
+		l.mu.Unlock() // dropped after we found it: a newer lane is (or will be) in the map
 	}
-	l, _ := r.lanes.LoadOrStore(sku, &lane{})
-	return l.(*lane)
 }
 
 // deductCoalesced runs one deduct through the item's lane.
 func (r *Reserver) deductCoalesced(ctx context.Context, req Request) (outcome, error) {
-	l := r.lane(req.SKU)
-	l.mu.Lock()
+	l := r.lockLane(req.SKU)
 	if l.inflight < r.opts.inflight {
 		l.inflight++
 		l.mu.Unlock()
@@ -117,6 +129,10 @@ func (r *Reserver) handoff(l *lane) {
 	l.mu.Lock()
 	if len(l.queue) == 0 {
 		l.inflight--
+		if l.inflight == 0 {
+			l.gone = true
+			r.lanes.CompareAndDelete(l.sku, l)
+		}
 		l.mu.Unlock()
 		return
 	}

@@ -81,3 +81,46 @@ func TestCoalescedBatchEqualsOneByOne(t *testing.T) {
 		})
 	}
 }
+
+// TestLanesDroppedWhenIdle: once an item has no deduct in flight its coalescing lane is gone,
+// so a Reserver's memory does not grow with the number of items it ever sold; every deduct
+// still gets its own answer.
+func TestLanesDroppedWhenIdle(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	r, err := New(c, WithCoalescing(1))
+	require.NoError(t, err)
+	ctx := context.Background()
+	const items, workers = 200, 32
+	for i := range items {
+		require.NoError(t, r.Load(ctx, fmt.Sprint("sku-", i), 3))
+	}
+	errs := make(chan error, items*4)
+	done := make(chan struct{})
+	for w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range items * 4 / workers {
+				n := w*(items*4/workers) + i
+				_, err := r.Deduct(ctx, Request{SKU: fmt.Sprint("sku-", n%items), ID: fmt.Sprint("o", n), Qty: 1})
+				if err != nil && !strings.Contains(err.Error(), "sold out") {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	n := 0
+	r.lanes.Range(func(any, any) bool { n++; return true })
+	assert.Zero(t, n, "lanes left for idle items")
+	for i := range items {
+		l, err := r.Levels(ctx, fmt.Sprint("sku-", i))
+		require.NoError(t, err)
+		assert.Equal(t, Levels{Sold: 3, Loaded: 3}, l, "sku-%d: 4 deducts over 3 units", i)
+	}
+}

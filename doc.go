@@ -24,11 +24,14 @@
 //	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid, or whose
 //	                       ledger entry is gone
 //	stock:{sku}:b   string the sold-out filter: ids the ledger has had, from the first sell-out
-//	stock:items     set    registry of loaded items
-//	stock:{~carts}  hash   the saga log of multi-item carts (and :p, the pending ones)
+//	stock:items     set    registry of loaded items (a pass finds the ones it lost: ErrRegistryLost)
+//	stock:carts{~}  hash   the saga log of multi-item carts (and :p, the pending ones)
 //	stock:epoch     string the primaries last reconciled (FailoverGuard)
 //
-// With WithGroups, an item in a group has keys "stock:{group}:sku..." instead.
+// With WithGroups, an item in a group has keys "stock:{group}:{sku}..." instead. No name may
+// contain a brace, so the SKU in a key always ends at its closing brace: two items never share
+// a key, and no item reaches the keys that are not an item's (they start with "stock:" and a
+// letter).
 //
 // # Guarantees
 //
@@ -51,6 +54,9 @@
 //     sequence, and Consume applies an item's earlier events (from Redis) before the one it was
 //     handed, whatever order the queue redelivers in.
 //   - Bad input is refused with ErrInvalid before anything is sent to Redis.
+//   - Every call is bounded: each Redis command ends after WithTimeout (DefaultTimeout, 10 s)
+//     at the latest, rueidis's resends included, even when the caller's context has no
+//     deadline. A call that could not learn what happened returns ErrUnknownOutcome.
 //
 // # Non-guarantees
 //
@@ -58,9 +64,10 @@
 //     acknowledged deducts, ledger entries and outbox events. The database of record then
 //     disagrees with Redis until reconciled; the Store's unique (sku, id) still refuses a
 //     second application of a replayed id.
-//   - An error that is not one of this package's sentinels (a timeout, a broken connection)
-//     leaves the outcome unknown: the script may have run. Retry with the same id and
-//     Request.Retry set; the retry is a replay if it did, and a refusal of the retry is
+//   - ErrUnknownOutcome (Redis unreachable, a broken connection, the time ran out, a reply
+//     this package does not understand), or an error that is none of this package's
+//     sentinels, leaves the outcome unknown: the script may have run. Retry with the same id
+//     and Request.Retry set; the retry is a replay if it did, and a refusal of the retry is
 //     recorded so that the first attempt, should it arrive later, is refused too.
 //   - A FailoverGuard notices a restarted or replaced primary only when it checks, and
 //     WithReplicaAck bounds, but does not remove, what a failover can lose.
@@ -68,9 +75,11 @@
 //   - A Store refusal is found after the deduct succeeded: the buyer was told yes, and is told
 //     no later (EventRefused).
 //   - The sold-out fast path (WithSoldOutCache, on by default with a caching client) answers
-//     ErrSoldOut from a cached read: for as long as an invalidation takes to arrive after stock
-//     came back (well under a millisecond on a quiet local network), a request can still be
-//     told "sold out". It never admits a request, and never refuses an id the ledger has.
+//     ErrSoldOut from a cached read: for as long as an invalidation takes to arrive after
+//     another process gave stock back (well under a millisecond on a quiet local network), a
+//     request can still be told "sold out". It never admits a request, and never refuses an id
+//     the ledger has; after a write of a Reserver has returned, that Reserver's answers never
+//     predate the write.
 //
 // The Reserver, Relay and their methods are safe for concurrent use. Nothing here starts a
 // goroutine: the caller runs Relay.Run and owns it.

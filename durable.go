@@ -94,7 +94,7 @@ type Store interface {
 // RecordStatus is the state of an id in the Store.
 type RecordStatus string
 
-// Record statuses: the seed's local message table states.
+// Record statuses: the states a local message table keeps per id.
 const (
 	RecordApplied  RecordStatus = "applied"  // the decrement (or restock) was applied
 	RecordRestored RecordStatus = "restored" // given back, or a tombstone of a restore seen first

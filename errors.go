@@ -10,11 +10,19 @@ import (
 )
 
 // Errors returned by the Reserver. Each outcome of a script has its own sentinel; test for them
-// with errors.Is. An error that wraps none of them (a *rueidis.RedisError, a net.Error, a
-// context error) means the outcome is unknown: the script may or may not have run. The remedy is
-// to retry with the same request id, which is always safe: a retry of an operation that did run
-// is answered as a replay and takes nothing twice.
+// with errors.Is. ErrUnknownOutcome, and an error that wraps no sentinel (a *rueidis.RedisError,
+// a context error from before anything was sent), mean the outcome is unknown: the script may or
+// may not have run. The remedy is to retry with the same request id, which is always safe: a
+// retry of an operation that did run is answered as a replay and takes nothing twice.
 var (
+	// ErrUnknownOutcome: the call could not learn what happened, so a write may or may not have
+	// been made. Redis was unreachable, the connection broke under the command, the call's time
+	// ran out (the caller's deadline, or WithTimeout's bound; rueidis resends some scripts
+	// until then), or Redis answered with a reply this package does not understand. The error
+	// also wraps the cause: the transport error (a net.Error, io.EOF, …), and
+	// context.DeadlineExceeded or context.Canceled when the time ran out or the caller
+	// cancelled. Retry with the same request id (Request.Retry set), which is always safe.
+	ErrUnknownOutcome = errors.New("stock: outcome unknown")
 	// ErrSoldOut: the item has no stock available.
 	ErrSoldOut = errors.New("stock: sold out")
 	// ErrInsufficient: the item has some stock, but less than the quantity asked for.
@@ -23,8 +31,9 @@ var (
 	ErrNotLoaded = errors.New("stock: item not loaded")
 	// ErrLoaded: Load was asked to create an item that already exists.
 	ErrLoaded = errors.New("stock: item already loaded")
-	// ErrConflict: the request id was already used for a different item, quantity, user or
-	// operation; nothing was changed.
+	// ErrConflict: the request id was already used on this item with a different quantity, user
+	// or operation (or, for a cart, with other lines or another user); nothing was changed.
+	// Request ids are scoped per item: the same id on two items names two requests.
 	ErrConflict = errors.New("stock: request id reused with different parameters")
 	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
 	// arrived first; the id cannot take stock again.
@@ -43,8 +52,9 @@ var (
 	// ErrNotReplicated: the write happened, but fewer replicas than WithReplicaAck asked for
 	// acknowledged it in time; a failover could lose it. Returned with a valid receipt.
 	ErrNotReplicated = errors.New("stock: write not acknowledged by enough replicas")
-	// ErrInvalid: the input was rejected before anything was sent to Redis, or Redis answered
-	// with something this package does not understand. Nothing was changed.
+	// ErrInvalid: the input was rejected before anything was sent to Redis, or a script refused
+	// it before writing anything. Nothing was changed. (A reply this package does not
+	// understand is ErrUnknownOutcome: the script may have run.)
 	ErrInvalid = errors.New("stock: invalid input")
 )
 
@@ -79,13 +89,14 @@ var codeErrs = [...]error{
 	codeInvalid:   ErrInvalid,
 }
 
-// codeErr maps a script reply code to its error; codeOK and codeReplay map to nil.
+// codeErr maps a script reply code to its error; codeOK and codeReplay map to nil, a code it
+// does not know to ErrUnknownOutcome (the script may have written before it answered).
 func codeErr(code int64) error {
 	if code == codeOK || code == codeReplay {
 		return nil
 	}
 	if code < 0 || code >= int64(len(codeErrs)) || codeErrs[code] == nil {
-		return fmt.Errorf("%w: unexpected reply code %d", ErrInvalid, code)
+		return fmt.Errorf("%w: malformed script reply, code %d", ErrUnknownOutcome, code)
 	}
 	return codeErrs[code]
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/binary"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,8 +31,9 @@ import (
 // closed items, items without a complete filter (it is built from the ledger, in bounded
 // steps, by the first refusals after the item sells out: see lua/lib.lua).
 //
-// The window: between a change in Redis and the invalidation reaching this process (one network
-// hop; measured in fastpath_test.go and by stockbench), a request can still be told "sold out".
+// The window: between a change another process made in Redis and the invalidation reaching this
+// process (one network hop; measured in fastpath_test.go and by stockbench), a request can still
+// be told "sold out". Changes this Reserver made have no window: see "Own writes" below.
 
 // filterHas reports whether the filter f (2^b bits) may hold id. A filter without its sentinel
 // bit (recreated after its key was lost) may hold anything.
@@ -50,17 +53,57 @@ func bitSet(f string, i uint32) bool {
 
 // soldOut is the Reserver's fast-path state.
 type soldOut struct {
-	ttl   time.Duration // how long a cached read is trusted without an invalidation
-	items sync.Map      // sku -> *soldOutItem: refused as sold out by Redis, not since seen in stock
+	ttl time.Duration // how long a cached read is trusted without an invalidation
+	// items and byKey hold the items refused as sold out by Redis and not since seen in stock:
+	// items by SKU for the requests, byKey by item hash key for the scripts (see wrote). Both
+	// change under mu, byKey first when an item comes in and last when it goes, so an item the
+	// requests can find, the scripts find too.
+	items   sync.Map // sku -> *soldOutItem
+	byKey   sync.Map // item hash key -> the same *soldOutItem
+	mu      sync.Mutex
+	version atomic.Uint64 // the last version given to an item's cached reads
 	// tracking: 0 not probed yet, 1 the client caches (server-assisted), -1 it does not.
 	tracking atomic.Int32
 	probing  sync.Mutex
 	answered atomic.Int64 // requests answered in-process
 }
 
-// soldOutItem holds the two cached reads of an item, built once and pinned for reuse.
+// soldOutItem is the fast-path state of one item, from a refusal as sold out by Redis until the
+// item is seen in stock again.
 type soldOutItem struct {
+	key, filterKey string
+	reads          atomic.Pointer[soldOutReads]
+}
+
+// soldOutReads are an item's two cached reads, of one version each (see renew).
+type soldOutReads struct {
 	state, filter rueidis.Cacheable
+}
+
+// filterEnd is past the end of the largest sold-out filter (2^23 bits and the sentinel bit), so
+// that GETRANGE filter 0 filterEnd+version reads all of it whatever the version.
+const filterEnd = 1 << 30
+
+// renew gives the item's state read (and its filter read too, with filter, or when it has none)
+// a new version: a read of a command no cached read has used, so its first use goes to Redis
+// and is answered after everything this process saw acknowledged. The version is a field the
+// item hash never has ("v<n>", read as nil) and, for the filter, the end offset of GETRANGE.
+func (it *soldOutItem) renew(so *soldOut, c rueidis.Client, filter bool) {
+	for {
+		old := it.reads.Load()
+		v := so.version.Add(1)
+		nr := &soldOutReads{
+			state: c.B().Hmget().Key(it.key).Field("a", "c", "n", "b", "bc", "v"+strconv.FormatUint(v, 10)).Cache().Pin(),
+		}
+		if filter || old == nil {
+			nr.filter = c.B().Getrange().Key(it.filterKey).Start(0).End(filterEnd + int64(v)).Cache().Pin()
+		} else {
+			nr.filter = old.filter
+		}
+		if it.reads.CompareAndSwap(old, nr) {
+			return
+		}
+	}
 }
 
 // SoldOutAnswers returns how many requests this Reserver answered ErrSoldOut in-process, without
@@ -72,19 +115,36 @@ func (r *Reserver) SoldOutAnswers() int64 {
 	return r.soldOut.answered.Load()
 }
 
-// markSoldOut records that Redis refused a request for sku as sold out.
+// markSoldOut records that Redis refused a request for sku as sold out: the fast path answers
+// for the item from now on, from reads made after this refusal.
 func (r *Reserver) markSoldOut(sku string) {
-	if r.soldOut == nil {
+	so := r.soldOut
+	if so == nil {
 		return
 	}
-	if _, ok := r.soldOut.items.Load(sku); ok {
+	if _, ok := so.items.Load(sku); ok {
+		return
+	}
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	if _, ok := so.items.Load(sku); ok {
 		return
 	}
 	k := r.keys(sku)
-	r.soldOut.items.LoadOrStore(sku, &soldOutItem{
-		state:  r.client.B().Hmget().Key(k[0]).Field("a", "c", "n", "b", "bc").Cache().Pin(),
-		filter: r.client.B().Get().Key(k[5]).Cache().Pin(),
-	})
+	it := &soldOutItem{key: k[0], filterKey: k[5]}
+	it.renew(so, r.client, true)
+	so.byKey.Store(it.key, it)
+	so.items.Store(sku, it)
+}
+
+// unmark ends the fast path's answers for sku (it is in stock again, or gone) if it is still
+// the item it.
+func (so *soldOut) unmark(sku string, it *soldOutItem) {
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	if so.items.CompareAndDelete(sku, it) {
+		so.byKey.CompareAndDelete(it.key, it)
+	}
 }
 
 // knownSoldOut reports whether req can be answered ErrSoldOut without running the script.
@@ -97,17 +157,18 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	if !ok {
 		return false
 	}
+	it := v.(*soldOutItem)
 	if !so.caches(ctx, r.client, r.opts.prefix) {
 		return false
 	}
-	it := v.(*soldOutItem)
-	st, err := r.client.DoCache(ctx, it.state, so.ttl).ToArray()
-	if err != nil || len(st) != 5 {
+	rd := it.reads.Load()
+	st, err := r.client.DoCache(ctx, rd.state, so.ttl).ToArray()
+	if err != nil || len(st) != 6 || !st[5].IsNil() {
 		return false
 	}
 	a, err := st[0].AsInt64()
 	if err != nil || a != 0 {
-		so.items.Delete(req.SKU) // back in stock (or gone): Redis answers from now on
+		so.unmark(req.SKU, it) // back in stock (or gone): Redis answers from now on
 		return false
 	}
 	if c, _ := st[1].ToString(); c == "1" {
@@ -120,12 +181,166 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	if err != nil || b < 12 || b > 23 || !st[4].IsNil() {
 		return false // no filter, or one still being built
 	}
-	f, err := r.client.DoCache(ctx, it.filter, so.ttl).ToString()
+	f, err := r.client.DoCache(ctx, rd.filter, so.ttl).ToString()
 	if err != nil || filterHas(f, int(b), req.ID) {
 		return false
 	}
 	so.answered.Add(1)
 	return true
+}
+
+// Own writes. Redis invalidates a cached read when the key changes, but the invalidation comes
+// on the connection that made the read, after the writing script's reply (Redis sends a
+// script's invalidations once it has run), and rueidis runs scripts on any of its connections.
+// So the reply of a write of this Reserver can arrive before the invalidation of the reads it
+// made stale, and a request that follows the write could be answered from them: a tombstone or a
+// deduct just acknowledged answered "sold out". Every command of a Reserver with the fast path
+// goes through trackedClient, and every script call that names an item the fast path answers
+// for renews the item's reads before it returns (wrote): what the fast path answers after a
+// write of this Reserver returned comes from reads sent after it. Only another process's
+// writes are left to the invalidation, and its window.
+
+// Script effects on the sold-out filter, to renew the filter's read only when it may have
+// changed (it is large: up to 1 MiB; the state read is renewed after every script call).
+const (
+	filterMayChange = iota // the default: the script may add ids to the filter or replace it
+	filterIfTaken          // deduct.lua, deductmany.lua: an id goes in the filter only when taken (code OK)
+	filterKept             // the script never writes the filter
+)
+
+// scriptEffects maps each script's SHA-1 and source (EVALSHA, or EVAL after NOSCRIPT) to its
+// effect on the filter.
+var scriptEffects = sync.OnceValue(func() map[string]int {
+	m := map[string]int{}
+	add := func(e int, ss ...*rueidis.Lua) {
+		for _, s := range ss {
+			m[sources[s].sha], m[sources[s].src] = e, e
+		}
+	}
+	add(filterIfTaken, deductScript, manyScript)
+	add(filterKept, confirmScript, extendScript, sweepScript, closeScript, delistScript,
+		adjustScript, requeueScript, snapshotScript, ackScript, claimScript, deadScript, trimScript)
+	return m
+})
+
+// scriptCall is what wrote needs of a script command, copied before the command is sent (rueidis
+// recycles a command once it has run).
+type scriptCall struct {
+	effect int
+	keys   []string
+}
+
+// scriptOf returns the script call cmd makes, or false if it is not one.
+func scriptOf(cmd rueidis.Completed) (scriptCall, bool) {
+	cs := cmd.Commands()
+	if len(cs) < 3 || (cs[0] != "EVALSHA" && cs[0] != "EVAL") {
+		return scriptCall{}, false
+	}
+	n, err := strconv.Atoi(cs[2])
+	if err != nil || n <= 0 || 3+n > len(cs) {
+		return scriptCall{}, false
+	}
+	e, ok := scriptEffects()[cs[1]]
+	if !ok {
+		e = filterMayChange
+	}
+	return scriptCall{effect: e, keys: slices.Clone(cs[3 : 3+n])}, true
+}
+
+// wrote renews the reads of the items the script call names, once its reply res is in.
+func (so *soldOut) wrote(c rueidis.Client, sc scriptCall, res rueidis.RedisResult) {
+	filter := sc.effect == filterMayChange
+	if sc.effect == filterIfTaken {
+		// A reply in triples (code, remaining, qty); anything else: assume an id was taken.
+		vs, err := res.ToArray()
+		filter = err != nil || len(vs)%3 != 0
+		for i := 0; !filter && i < len(vs); i += 3 {
+			code, err := vs[i].AsInt64()
+			filter = err != nil || code == codeOK
+		}
+	}
+	for _, k := range sc.keys {
+		if v, ok := so.byKey.Load(k); ok {
+			v.(*soldOutItem).renew(so, c, filter)
+		}
+	}
+}
+
+// trackedClient is the client a Reserver with the sold-out fast path runs its commands on: the
+// caller's client, with wrote after every script call.
+type trackedClient struct {
+	rueidis.Client
+	so *soldOut
+}
+
+// Do runs cmd, then renews the reads of the items a script call names.
+func (c *trackedClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	sc, ok := scriptOf(cmd)
+	res := c.Client.Do(ctx, cmd)
+	if ok {
+		c.so.wrote(c.Client, sc, res)
+	}
+	return res
+}
+
+// DoMulti runs cmds, then renews the reads of the items their script calls name.
+func (c *trackedClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	return doMultiTracked(ctx, c.so, c.Client, c.Client.DoMulti, cmds)
+}
+
+// Dedicated runs fn on a dedicated connection whose script calls are tracked too.
+func (c *trackedClient) Dedicated(fn func(rueidis.DedicatedClient) error) error {
+	return c.Client.Dedicated(func(d rueidis.DedicatedClient) error {
+		return fn(&trackedDedicated{DedicatedClient: d, so: c.so, c: c.Client})
+	})
+}
+
+// Dedicate returns a dedicated connection whose script calls are tracked too.
+func (c *trackedClient) Dedicate() (rueidis.DedicatedClient, func()) {
+	d, cancel := c.Client.Dedicate()
+	return &trackedDedicated{DedicatedClient: d, so: c.so, c: c.Client}, cancel
+}
+
+// trackedDedicated is a dedicated connection of a trackedClient.
+type trackedDedicated struct {
+	rueidis.DedicatedClient
+	so *soldOut
+	c  rueidis.Client // builds the renewed reads
+}
+
+// Do runs cmd, then renews the reads of the items a script call names.
+func (d *trackedDedicated) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	sc, ok := scriptOf(cmd)
+	res := d.DedicatedClient.Do(ctx, cmd)
+	if ok {
+		d.so.wrote(d.c, sc, res)
+	}
+	return res
+}
+
+// DoMulti runs cmds, then renews the reads of the items their script calls name.
+func (d *trackedDedicated) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	return doMultiTracked(ctx, d.so, d.c, d.DedicatedClient.DoMulti, cmds)
+}
+
+func doMultiTracked(ctx context.Context, so *soldOut, c rueidis.Client,
+	do func(context.Context, ...rueidis.Completed) []rueidis.RedisResult, cmds []rueidis.Completed) []rueidis.RedisResult {
+	var calls map[int]scriptCall
+	for i, cmd := range cmds {
+		if sc, ok := scriptOf(cmd); ok {
+			if calls == nil {
+				calls = map[int]scriptCall{}
+			}
+			calls[i] = sc
+		}
+	}
+	res := do(ctx, cmds...)
+	for i, sc := range calls {
+		if i < len(res) {
+			so.wrote(c, sc, res[i])
+		}
+	}
+	return res
 }
 
 // caches reports whether client keeps server-assisted cached reads (a client made with

@@ -240,8 +240,7 @@ type faultFoReport struct {
 // report. It needs a real redis-server (STOCK_REDIS_SERVER) and returns at once without one.
 func TestFaultInjection(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
-		t.Logf("%s is not set: the fault-injection suite needs a real redis-server", redistest.EnvServer)
-		return
+		t.Skipf("%s is not set: the fault-injection suite needs a real redis-server", redistest.EnvServer)
 	}
 	traffic, ctlTraffic, clients := faultTraffic, faultControlTraffic, faultClients
 	if os.Getenv(faultEnvLong) == "1" {
@@ -951,7 +950,7 @@ func (c *faultClientState) ghost(sku string) {
 	c.took(o, rc, err, ok)
 }
 
-// bareDeduct is the broken variant's deduct: deduct.lua by EVALSHA only, as the seeds did,
+// bareDeduct is the broken variant's deduct: deduct.lua by EVALSHA only, with no EVAL fallback,
 // so a NOSCRIPT after a SCRIPT FLUSH reaches the caller.
 func (h *faultHarness) bareDeduct(ctx context.Context, req stock.Request) (stock.Receipt, error) {
 	base := "stock:{" + req.SKU + "}"
@@ -2152,8 +2151,7 @@ func faultPair(t *testing.T) (*faultproxy.Proxy, *stock.Reserver, *stock.Reserve
 // buyer's answer, "sold out", stays the final one and no sale is made to nobody.
 func TestFaultRefusalThenLateAttempt(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
-		t.Logf("%s is not set: this check needs a real redis-server", redistest.EnvServer)
-		return
+		t.Skipf("%s is not set: this check needs a real redis-server", redistest.EnvServer)
 	}
 	ctx := context.Background()
 	px, slow, direct, _ := faultPair(t)
@@ -2201,8 +2199,7 @@ func TestFaultRefusalThenLateAttempt(t *testing.T) {
 // delayed by a proxy.
 func TestFaultReconcileLockLeak(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
-		t.Logf("%s is not set: this check needs a real redis-server", redistest.EnvServer)
-		return
+		t.Skipf("%s is not set: this check needs a real redis-server", redistest.EnvServer)
 	}
 	ctx := context.Background()
 	px, slow, direct, dc := faultPair(t)

@@ -19,16 +19,17 @@ var ErrFailover = errors.New("stock: Redis primary changed; waiting for a reconc
 
 // A FailoverGuard notices that a Redis primary restarted (its run id changed) or was replaced
 // (its replication id changed), and then fences the Reserver: new deducts and holds are refused
-// with ErrFailover until a Reconciler pass over all items completes, in this process or any
-// other one. The primaries' identities last reconciled are kept in Redis ("<prefix>:epoch"), so
+// with ErrFailover until a repairing Reconciler pass over all items completes, in this process
+// or any other one (stockctl reconcile -apply included). The primaries' identities last reconciled are kept in Redis ("<prefix>:epoch"), so
 // every process sharing the Redis agrees. Create it with Reserver.NewFailoverGuard and call
 // Check (or Run) regularly; the fence is only as prompt as the checks. Safe for concurrent use.
 type FailoverGuard struct {
 	r *Reserver
 }
 
-// NewFailoverGuard returns a guard for r. It also makes r's Reconcilers record, after each
-// complete pass, that the current primaries are reconciled.
+// NewFailoverGuard returns a guard for r. Every complete repairing Reconciler pass over every
+// item records that the current primaries are reconciled, whether its Reserver has a guard or
+// not (another process, the stockctl CLI); a guard makes r's passes fail when they cannot.
 func (r *Reserver) NewFailoverGuard() *FailoverGuard {
 	r.guarded.Store(true)
 	return &FailoverGuard{r: r}
@@ -137,14 +138,18 @@ func infoFields(info string, names ...string) map[string]string {
 }
 
 // markReconciled records, after a complete reconcile pass, that the current primaries are
-// reconciled, which lifts the fence of every guard at its next check.
-func (r *Reserver) markReconciled(ctx context.Context, before string) error {
+// reconciled, which lifts the fence of every guard at its next check. It reports whether it
+// recorded them: not when they changed since the pass began (before).
+func (r *Reserver) markReconciled(ctx context.Context, before string) (bool, error) {
 	after, err := r.topology(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if after != before {
-		return nil // the primaries changed during the pass: it does not count
+		return false, fmt.Errorf("the primaries changed during the pass: was %s, now %s", before, after)
 	}
-	return r.client.Do(ctx, r.client.B().Set().Key(r.opts.prefix+":epoch").Value(after).Build()).Error()
+	if err := r.client.Do(ctx, r.client.B().Set().Key(r.opts.prefix+":epoch").Value(after).Build()).Error(); err != nil {
+		return false, err
+	}
+	return true, nil
 }

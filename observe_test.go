@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -57,4 +58,86 @@ func TestObserver(t *testing.T) {
 	assert.Equal(t, int64(3), relayed)
 	assert.Equal(t, "error", stock.Outcome(errors.New("boom")))
 	assert.Equal(t, "sold_out", stock.Outcome(fmt.Errorf("x: %w", stock.ErrSoldOut)))
+}
+
+// startRecorder is a StartObserver that checks the contract: every Start is followed by one
+// Observe of the same op, on the context Start returned.
+type startRecorder struct {
+	mu       sync.Mutex
+	started  map[int]string // token -> op, until observed
+	next     int
+	observed []string
+	bad      []string
+}
+
+type tokenKey struct{}
+
+func (s *startRecorder) Start(ctx context.Context, op, sku string) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	s.started[s.next] = op
+	return context.WithValue(ctx, tokenKey{}, s.next)
+}
+
+func (s *startRecorder) Observe(ctx context.Context, o stock.Observation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tok, _ := ctx.Value(tokenKey{}).(int)
+	if op, ok := s.started[tok]; !ok || op != o.Op {
+		s.bad = append(s.bad, fmt.Sprintf("%s/%s observed on a context Start did not return for it (token %d, %q)", o.Op, o.Outcome, tok, op))
+	}
+	delete(s.started, tok)
+	s.observed = append(s.observed, o.Op+"/"+o.Outcome)
+}
+
+// TestStartObserver: a StartObserver is told when each operation starts, the operation runs on
+// the context it returns, and Observe gets that context once, on success, refusal, invalid
+// input and failure alike.
+func TestStartObserver(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	ctx := context.Background()
+	rec := &startRecorder{started: map[int]string{}}
+	r := newReserver(t, c, stock.WithObserver(rec), stock.WithOutbox(true))
+	require.NoError(t, r.Load(ctx, "A", 2))
+	require.NoError(t, r.Load(ctx, "B", 2))
+	_, _ = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	_, _ = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})   // replay
+	_, _ = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 5})   // insufficient
+	_, _ = r.Deduct(ctx, stock.Request{SKU: "A b", ID: "o3", Qty: 1}) // invalid
+	_, _ = r.Hold(ctx, stock.Request{SKU: "B", ID: "h1", Qty: 1}, 0)  // invalid ttl
+	_, _ = r.Hold(ctx, stock.Request{SKU: "B", ID: "h1", Qty: 1}, time.Minute)
+	_, _ = r.Extend(ctx, "B", "h1", time.Minute)
+	_, _ = r.Confirm(ctx, "B", "h1")
+	_, _ = r.Cancel(ctx, "B", "nobody")
+	_, _ = r.Restore(ctx, "A", "o1")
+	_, _ = r.Restock(ctx, "A", "r1", 1)
+	_, _ = r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}})
+	_, _ = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "A", Qty: 9}}}) // refused
+	_, _ = r.HoldMany(ctx, stock.Cart{ID: "c3", Lines: []stock.Line{{SKU: "B", Qty: 1}}}, -time.Second)
+	store := memstore.New()
+	require.NoError(t, store.Load(ctx, "A", 2))
+	require.NoError(t, store.Load(ctx, "B", 2))
+	relay, err := r.NewRelay(store, nil)
+	require.NoError(t, err)
+	_, err = relay.Once(ctx)
+	require.NoError(t, err)
+	rc, err := r.NewReconciler(store, stock.WithDryRun(true))
+	require.NoError(t, err)
+	_, err = rc.Once(ctx)
+	require.NoError(t, err)
+	dead, cancel := context.WithCancel(ctx)
+	cancel() // every call now fails before its outcome is known
+	_, _ = r.Deduct(dead, stock.Request{SKU: "A", ID: "o9", Qty: 1})
+	_, _ = r.Confirm(dead, "B", "h9")
+
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	assert.Empty(t, rec.bad)
+	assert.Empty(t, rec.started, "every Start was observed")
+	for _, want := range []string{"deduct/ok", "deduct/insufficient", "deduct/invalid", "hold/invalid", "hold/ok",
+		"extend/ok", "confirm/ok", "cancel/unknown_id", "restore/ok", "restock/ok", "deduct_many/ok",
+		"deduct_many/insufficient", "hold_many/invalid", "relay/ok", "reconcile/ok", "deduct/canceled", "confirm/canceled"} {
+		assert.Contains(t, rec.observed, want)
+	}
 }

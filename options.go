@@ -22,6 +22,8 @@ type options struct {
 	group func(sku string) string
 
 	soldOutTTL time.Duration // 0: no sold-out fast path
+
+	timeout time.Duration // bound of every Redis command; see WithTimeout
 }
 
 func defaultOptions() options {
@@ -30,6 +32,7 @@ func defaultOptions() options {
 		outbox:     true,
 		inflight:   4,
 		soldOutTTL: time.Second,
+		timeout:    DefaultTimeout,
 		logger:     slog.New(slog.DiscardHandler),
 	}
 }
@@ -48,7 +51,7 @@ func WithPrefix(p string) Option {
 
 // WithUserLimit sets the most units one user may hold or have bought of one item at a time
 // (restores, cancels and expiries give units back). Requests without a User are not limited.
-// 1 is the seeds' one-per-user rule. The default is 0: no limit.
+// 1 is the usual flash-sale rule of one unit per user. The default is 0: no limit.
 func WithUserLimit(n int64) Option {
 	return func(o *options) error {
 		if n < 0 || n > MaxQty {
@@ -122,7 +125,7 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 
 // WithGroups puts items in groups that share one Redis Cluster slot: group(sku) names the group
 // of an item ("" for none; a name that is not valid counts as none). The keys of a grouped item
-// are "<prefix>:{<group>}:<sku>..." instead of "<prefix>:{<sku>}...", so a cart (DeductMany,
+// are "<prefix>:{<group>}:{<sku>}..." instead of "<prefix>:{<sku>}...", so a cart (DeductMany,
 // HoldMany) whose items are all in one group is taken by a single script, atomically, instead of
 // a saga. A group is one slot: it is served by one Redis core, so group items that sell together
 // (the pieces of a bundle, the sizes of one shoe), not a whole catalogue. The function must
@@ -134,6 +137,26 @@ func WithGroups(group func(sku string) string) Option {
 			return invalid("nil group function")
 		}
 		o.group = group
+		return nil
+	}
+}
+
+// WithTimeout bounds every Redis command and script call the Reserver sends, and those of its
+// Relays, Reconcilers and FailoverGuards: each ends after d at the latest, or at the caller's
+// deadline if that comes first, so no call waits forever on an unreachable Redis, even with a
+// context that has no deadline. The bound covers the whole command: rueidis's resends of a
+// retryable script after a broken connection, and its dials, happen within it. A method sends
+// one command in most cases (a few for a cart, many for a relay batch or a reconcile pass,
+// each bounded); when Redis is unreachable the first one fails. A command that runs out of
+// time, or whose connection broke, returns an error wrapping ErrUnknownOutcome, the transport
+// error, and context.DeadlineExceeded when the time ran out. d is from 1 ms to 1 hour; the
+// default is DefaultTimeout (10 s).
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < time.Millisecond || d > time.Hour {
+			return invalid("timeout %v out of range [1ms, 1h]", d)
+		}
+		o.timeout = d
 		return nil
 	}
 }

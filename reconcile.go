@@ -20,7 +20,7 @@ func WithDryRun(dry bool) ReconcileOption {
 }
 
 // WithRepairLimit leaves a drift larger than n units unrepaired and reports it as needing a
-// human (the seeds' alert threshold). The default is 0: every drift is repaired.
+// human (an alert threshold). The default is 0: every drift is repaired.
 func WithRepairLimit(n int64) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if n < 0 {
@@ -58,8 +58,7 @@ func WithReconcileItems(skus ...string) ReconcileOption {
 	}
 }
 
-// WithInterval sets the time between the passes of Run. The default is 5 minutes, as in the
-// seeds.
+// WithInterval sets the time between the passes of Run. The default is 5 minutes.
 func WithInterval(d time.Duration) ReconcileOption {
 	return func(rc *Reconciler) error {
 		if d <= 0 {
@@ -156,6 +155,9 @@ type Report struct {
 	// Retired is set when the item was delisted and its keys are removed (by this pass or an
 	// earlier one): it is not compared any more.
 	Retired bool
+	// Unregistered is set when the item was missing from Redis's registry of items (see
+	// ErrRegistryLost); a repairing pass registered it again.
+	Unregistered bool
 	// NeedsHuman says why something was left for an operator ("" if nothing).
 	NeedsHuman string
 }
@@ -179,6 +181,9 @@ func (rp Report) String() string {
 	fmt.Fprintf(&b, "), drift %d", rp.Drift)
 	if rp.Missing {
 		b.WriteString(", key missing")
+	}
+	if rp.Unregistered {
+		b.WriteString(", NOT IN THE REGISTRY (Redis lost it)")
 	}
 	var fixes []string
 	if rp.Rebuilt {
@@ -221,7 +226,9 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		reps, err := rc.Once(ctx)
-		if err != nil && ctx.Err() == nil {
+		if errors.Is(err, ErrRegistryLost) {
+			rc.r.opts.logger.ErrorContext(ctx, "stock: reconcile", "err", err)
+		} else if err != nil && ctx.Err() == nil {
 			rc.r.opts.logger.WarnContext(ctx, "stock: reconcile", "err", err)
 		}
 		for _, rp := range reps {
@@ -239,43 +246,13 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// Once reconciles every item once (the registry, or the items given by WithReconcileItems)
-// and returns one report per item. It goes on after an item's error and returns the first.
+// Once reconciles every item once (the registry, the Store's items the registry lost when the
+// Store is an ItemLister, or the items given by WithReconcileItems) and returns one report per
+// item. It goes on after an item's error and returns the first, joined with ErrRegistryLost
+// when Redis had lost items from its registry. Pass says more, item by item.
 func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
-	var epoch string
-	if rc.r.guarded.Load() && rc.items == nil && !rc.dry {
-		var err error
-		if epoch, err = rc.r.topology(ctx); err != nil {
-			return nil, err
-		}
-	}
-	skus := rc.items
-	if skus == nil {
-		for sku, err := range rc.r.Items(ctx) {
-			if err != nil {
-				return nil, err
-			}
-			skus = append(skus, sku)
-		}
-	}
-	var reps []Report
-	var first error
-	complete := true
-	for _, sku := range skus {
-		rp, err := rc.Item(ctx, sku)
-		reps = append(reps, rp)
-		if err != nil && first == nil {
-			first = err
-		}
-		complete = complete && !rp.Busy && err == nil
-	}
-	if epoch != "" && complete {
-		// A complete pass over every item: the current primaries are reconciled.
-		if err := rc.r.markReconciled(ctx, epoch); err != nil {
-			return reps, err
-		}
-	}
-	return reps, first
+	res, err := rc.Pass(ctx)
+	return res.Reports, err
 }
 
 // maxPending bounds the pending events a pass reads per item.
@@ -284,6 +261,7 @@ const maxPending = 100000
 // Item reconciles one item.
 func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err error) {
 	if o := rc.r.opts.observer; o != nil {
+		ctx = rc.r.startOp(ctx, "reconcile", sku)
 		defer func(start time.Time) {
 			ob := Observation{Op: "reconcile", SKU: sku, Outcome: "ok", Duration: time.Since(start), Units: rp.Drift}
 			switch {
@@ -461,6 +439,9 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
 		rp.Rebuilt = code.code == codeOK
+	}
+	if err := rc.register(ctx, &rp); err != nil {
+		return rp, err
 	}
 	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.Published == 0 && rp.DeadLetters == 0 && !rp.Missing {
 		if err := rc.retire(ctx, &rp, delisted); err != nil {
@@ -780,7 +761,9 @@ func (rc *Reconciler) resyncHolds(ctx context.Context, rp *Report, ids []string)
 		if err != nil {
 			return fmt.Errorf("stock: reconcile %s: resync hold %s: %w", sku, id, err)
 		}
-		if o.code == codeOK {
+		// A hold past its deadline is released by the restore and answered as a replay (it had
+		// gone back, as far as its owner is concerned): settled all the same.
+		if o.code == codeOK || (o.code == codeReplay && rec.Status != RecordApplied) {
 			rp.Resynced++
 		}
 	}
@@ -818,6 +801,8 @@ func lostEntry(rec Record) string {
 }
 
 // retire removes a delisted item's keys once its retention has passed, in bounded steps.
+// retire.lua checks at every step, atomically, that the item is closed and delisted, with
+// nothing pending: the delisting time read by the pass is only a hint.
 func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) error {
 	cutoff := time.Now().Add(-rc.retention).UnixMilli()
 	if delisted > cutoff {
@@ -840,6 +825,9 @@ func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) er
 				return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
 			}
 			rp.Retired = true
+			return nil
+		case codeClosed: // delisted but open for sale: retire.lua never removes a live item
+			rp.NeedsHuman = "the item is delisted but open for sale (reopened before that was refused): Close it to let it retire"
 			return nil
 		default: // not retirable now (something pending); a later pass tries again
 			return nil

@@ -152,7 +152,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 		rec, err := g.r.NewReconciler(g.store, stock.WithReconcileItems("A", "B"))
 		require.NoError(t, err)
 		reps, err := rec.Once(ctx)
-		require.NoError(t, err)
+		require.ErrorIs(t, err, stock.ErrRegistryLost, "the registry went with the rest")
 		for _, rp := range reps {
 			assert.True(t, rp.Rebuilt, rp.String())
 		}

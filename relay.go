@@ -316,8 +316,7 @@ func outboxEvent(sku, member, raw string, seq int64) (Event, bool) {
 // drainBatch delivers the oldest events of one item, in order, and stops at the first failure:
 // the events before it are acked, it and the rest wait for a backoff that holds the whole item
 // (an item's events are never delivered out of order).
-func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error) {
-	var st RelayStats
+func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err error) {
 	cs, err := rl.claim(ctx, sku)
 	if err != nil {
 		return st, err
@@ -325,6 +324,10 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 	st.Claimed = len(cs)
 	if len(cs) == 0 {
 		return st, nil
+	}
+	if rl.r.opts.observer != nil {
+		ctx = rl.r.startOp(ctx, "relay", sku)
+		defer func(start time.Time) { rl.observeBatch(ctx, sku, start, cs, st, err) }(time.Now())
 	}
 	errs := make([]error, len(cs))
 	if rl.store != nil {
@@ -400,22 +403,6 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (RelayStats, error)
 			// Not acked: the lease runs out and the events are delivered again (idempotent).
 			return st, fmt.Errorf("stock: relay ack %s: %w", sku, err)
 		}
-	}
-	if o := rl.r.opts.observer; o != nil {
-		var oldest time.Time
-		for _, c := range cs[:len(acks)] {
-			if c.ok && (oldest.IsZero() || c.ev.At.Before(oldest)) {
-				oldest = c.ev.At
-			}
-		}
-		ob := Observation{Op: "relay", SKU: sku, Outcome: "ok", Units: int64(st.Delivered)}
-		if failed != nil {
-			ob.Outcome = "error"
-		}
-		if !oldest.IsZero() {
-			ob.Lag = time.Since(oldest)
-		}
-		o.Observe(ctx, ob)
 	}
 	if failed != nil {
 		if err := rl.backoff(ctx, sku, tries); err != nil {

@@ -103,8 +103,9 @@ type outcome struct {
 }
 
 // decodeOutcomes checks that a script answered with n triples of integers and decodes them.
-// A transport or Redis error is returned as is (wrapped), so errors.As finds *rueidis.RedisError;
-// a reply of another shape is ErrInvalid.
+// A transport or Redis error is returned as is (wrapped), so errors.As finds *rueidis.RedisError
+// and ErrUnknownOutcome; a reply of another shape is ErrUnknownOutcome: the script may have run
+// and written before it answered something this package does not understand.
 func decodeOutcomes(res rueidis.RedisResult, dst []outcome) error {
 	msgs, err := replyArray(res, 3*len(dst))
 	if err != nil {
@@ -114,7 +115,7 @@ func decodeOutcomes(res rueidis.RedisResult, dst []outcome) error {
 		var v [3]int64
 		for j := range v {
 			if v[j], err = replyInt(msgs[3*i+j]); err != nil {
-				return fmt.Errorf("%w: script reply %d: %v", ErrInvalid, 3*i+j, err)
+				return fmt.Errorf("%w: malformed script reply, value %d: %v", ErrUnknownOutcome, 3*i+j, err)
 			}
 		}
 		dst[i] = outcome{code: v[0], remaining: v[1], qty: v[2]}
@@ -139,7 +140,7 @@ func decodePair(res rueidis.RedisResult) (code, value int64, err error) {
 		value, err = replyInt(msgs[1])
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("%w: script reply: %v", ErrInvalid, err)
+		return 0, 0, fmt.Errorf("%w: malformed script reply: %v", ErrUnknownOutcome, err)
 	}
 	return code, value, nil
 }
@@ -151,10 +152,10 @@ func replyArray(res rueidis.RedisResult, n int) ([]rueidis.RedisMessage, error) 
 	}
 	msgs, err := res.ToArray()
 	if err != nil {
-		return nil, fmt.Errorf("%w: script reply is not an array: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: malformed script reply, not an array: %v", ErrUnknownOutcome, err)
 	}
 	if len(msgs) != n {
-		return nil, fmt.Errorf("%w: script replied %d values, want %d", ErrInvalid, len(msgs), n)
+		return nil, fmt.Errorf("%w: malformed script reply, %d values, want %d", ErrUnknownOutcome, len(msgs), n)
 	}
 	return msgs, nil
 }

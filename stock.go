@@ -43,8 +43,8 @@ type Reserver struct {
 	client   rueidis.Client
 	opts     options
 	limitArg string      // opts.userLimit, formatted once
-	lanes    sync.Map    // sku -> *lane, for coalescing
-	guarded  atomic.Bool // a FailoverGuard exists: reconcile passes record the epoch
+	lanes    sync.Map    // sku -> *lane, for coalescing; only items with calls in flight
+	guarded  atomic.Bool // a FailoverGuard exists: a pass that cannot record the epoch fails
 	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
 	soldOut  *soldOut    // the sold-out fast path; nil when off
 }
@@ -64,9 +64,10 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	r := &Reserver{client: client, opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
+		r.client = &trackedClient{Client: r.client, so: r.soldOut} // bounded too; see fastpath.go: own writes
 	}
 	return r, nil
 }
@@ -150,13 +151,15 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
-// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:<sku>"
-// for an item that WithGroups puts in a group.
+// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:{<sku>}"
+// for an item that WithGroups puts in a group. No name contains a brace, so the SKU always ends
+// at the first '}' after it and the suffixes that follow (":l", ":u", ...) can never be read as
+// part of another SKU: the keys of two different items never meet, grouped or not. Every other
+// key of a prefix ("<prefix>:items", "<prefix>:epoch", "<prefix>:carts{~}") starts with
+// "<prefix>:" and a letter, so no item reaches it either.
 func (r *Reserver) base(sku string) string {
-	if r.opts.group != nil {
-		if g := r.opts.group(sku); g != "" && checkName("group", g) == nil {
-			return r.opts.prefix + ":{" + g + "}:" + sku
-		}
+	if g := r.group(sku); g != "" {
+		return r.opts.prefix + ":{" + g + "}:{" + sku + "}"
 	}
 	return r.opts.prefix + ":{" + sku + "}"
 }
@@ -295,12 +298,17 @@ func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]L
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
 // with Replayed set and changes nothing.
 //
-// Errors: ErrInvalid (nothing sent), ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded,
-// ErrClosed, ErrSoldOut, ErrInsufficient; anything else (a timeout, a broken connection) means
-// the outcome is unknown: retry with the same id.
+// Errors: ErrInvalid and ErrFailover (a FailoverGuard fenced the Reserver): nothing was sent.
+// ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
+// nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
+// receipt is valid, but fewer replicas than asked acknowledged the write in time.
+// ErrUnknownOutcome (Redis unreachable, a broken connection, the call's time ran out, a reply
+// not understood), or any other error: the outcome is unknown; retry with the same id and
+// Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "deduct", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "deduct", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
@@ -371,17 +379,18 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // cancelled. Restocks cannot be restored (ErrConflict).
 func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
 	}
 	return r.giveBack(ctx, sku, id, "x")
 }
 
 func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receipt, error) {
-	return r.giveBackChecked(ctx, sku, id, reason, "", 0)
+	return r.giveBackChecked(ctx, sku, id, reason, "", 0, "")
 }
 
-// giveBackChecked gives back only if the id took qty units as kind ("" = any).
-func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64) (Receipt, error) {
+// giveBackChecked gives back only if the id took qty units as kind for user (kind "" = any id).
+func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind string, qty int64, user string) (Receipt, error) {
 	rc := Receipt{SKU: sku, ID: id}
 	if err := checkName("sku", sku); err != nil {
 		return rc, err
@@ -391,7 +400,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	}
 	args := []string{id, reason, r.outboxFlag()}
 	if kind != "" {
-		args = append(args, kind, strconv.FormatInt(qty, 10))
+		args = append(args, kind, strconv.FormatInt(qty, 10), user)
 	}
 	res, ackErr := r.exec(ctx, restoreScript, r.keys(sku), args)
 	o, err := decodeOne(res)
@@ -406,6 +415,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 // ErrInvalid when the item would hold more than MaxQty units in all.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
 	if r.opts.observer != nil {
+		ctx = r.startOp(ctx, "restock", sku)
 		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
 	}
 	req := Request{SKU: sku, ID: id, Qty: qty}
@@ -469,7 +479,8 @@ func (r *Reserver) Close(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "1")
 }
 
-// Reopen lets a closed item sell again.
+// Reopen lets a closed item sell again. A delisted item is closed for good: Reopen refuses it
+// with ErrClosed (and changes nothing), since the reconciler is to retire it, ledger and all.
 func (r *Reserver) Reopen(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "0")
 }
@@ -485,15 +496,19 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if code == codeNotLoaded {
 		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
 	}
+	if code == codeClosed {
+		return fmt.Errorf("%w: %s is delisted and cannot be reopened", ErrClosed, sku)
+	}
 	return codeErr(code)
 }
 
 // Delist ends an item's sale for good: it is closed (ErrClosed for new deducts and holds) and
 // stamped with the time. Its pipeline finishes as with Close; once the retention has passed
-// (WithRetention of the Reconciler, 24h by default, as in the seeds) and a reconcile pass finds
+// (WithRetention of the Reconciler, 24h by default) and a reconcile pass finds
 // Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
-// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing.
+// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
+// cannot be reopened (Reopen returns ErrClosed); only a closed, delisted item is ever retired.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err

@@ -254,7 +254,7 @@ func TestRestock(t *testing.T) {
 func TestUserLimit(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c, stock.WithUserLimit(1)) // the seeds' one per user
+		r := newReserver(t, c, stock.WithUserLimit(1)) // one unit per user
 		require.NoError(t, r.Load(ctx, "A", 10))
 		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)

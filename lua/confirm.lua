@@ -7,25 +7,24 @@
 -- Reply: code, remaining available, qty
 --   OK confirmed; REPLAY already confirmed; EXPIRED past its deadline (the hold is released now,
 --   as the sweep would have); RESTORED cancelled; UNKNOWN no such hold; CONFLICT not a hold.
+--
+-- Like deduct.lua, every call but the reconciler's (ARGV[3], which queues no events) first
+-- releases the item's other holds past their deadline (at most 64). Everything is read and
+-- checked before the first write.
 local id, queue, stored = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
 local now = now_ms()
-local h, reply = live_hold(KEYS, id, REPLAY)
+local h, reply, plan = hold_call(KEYS, id, now, REPLAY, stored)
+local freed = release(KEYS, plan, queue)
 if not h then
+  if reply[1] ~= UNKNOWN and reply[1] ~= NOTLOADED then
+    reply[2] = reply[2] + freed
+  end
   return reply
 end
-local e, q, u, d, avail = h.e, h.q, h.u, h.d, h.avail
+local e, q, avail = h.e, h.q, h.avail + freed
 redis.call('HINCRBY', KEYS[1], 'h', -q)
 redis.call('ZREM', KEYS[5], id)
 next_deadline(KEYS[1], KEYS[5])
-if d <= now and not stored then
-  avail = redis.call('HINCRBY', KEYS[1], 'a', q)
-  give_user(KEYS[3], u, q)
-  redis.call('HSET', KEYS[2], id, with_state(e, 'e'))
-  if queue then
-    queue_event(KEYS, 'E:', id)
-  end
-  return {EXPIRED, avail, q}
-end
 redis.call('HINCRBY', KEYS[1], 's', q)
 if stored then
   redis.call('HSET', KEYS[2], id, with_state(e, 'a'))

@@ -16,29 +16,86 @@
 -- limit, insufficient. Sold out comes before the limit so that the in-process sold-out answer
 -- (fastpath.go) is the answer this script would give.
 --
--- All checks of a request happen before any write; writes of the whole call are grouped at the end.
+-- Every read is checked (entries parsed, counters checked) before the first write; the writes of
+-- the whole call are grouped at the end: the release of the item's due holds (at most 64, or
+-- MAX_EXPIRY when a request could otherwise be refused for stock or its user's limit, and every
+-- hold an id of the call names: such an id is answered as expired), then the takes.
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
 local cf = (kind == 'H') and 'h' or 's' -- the counter this kind of request moves
 local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b', 'bc')
-if st[1] and st[3] and tonumber(st[3]) <= now then
-  expire_holds(KEYS, now, 64, queue)
-  st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b', 'bc')
-end
-local avail = tonumber(st[1])
+local avail = int(st[1], 'available count')
 local closed = st[2] == '1'
+local nd = int(st[3], 'next deadline')
+local count = int(st[4], (kind == 'H') and 'held count' or 'sold count') or 0
+local seq = int(st[5], 'outbox sequence') or 0
+int(st[6], 'sold-out filter size') -- remember and filter_step use them after the writes
+int(st[7], 'sold-out filter scan cursor')
 local state = (kind == 'H') and 'h' or 'r'
 local deadline = (kind == 'H') and (now + ttl) or 0
 local event = (kind == 'H') and 'H:' or 'D:'
 
-local out, fresh, hset, zadd, hz, units, delta, seen = {}, {}, {}, {}, {}, {}, {}, {}
-local taken, soldout = 0, false
--- One read of the ledger for the whole call.
+-- One read of the ledger for the whole call; every entry is parsed here, before any write.
 local ids = {}
 for i = 5, #ARGV, 4 do
   ids[#ids + 1] = ARGV[i]
 end
 local known = redis.call('HMGET', KEYS[2], unpack(ids))
+local also = {}
+for j, id in ipairs(ids) do
+  local e = known[j]
+  if e then
+    local k, s, _, _, _, _, d = parse(e, id)
+    if due_hold(k, s, d, now) then
+      also[#also + 1] = {id, e}
+    end
+  end
+end
+local plan
+if avail and ((nd and nd <= now) or #also > 0) then
+  plan = plan_expiry(KEYS, now, 64, also)
+  if plan.full then
+    -- More holds are due than one call usually releases. If a request of this call could be
+    -- refused for stock or for the per-user limit, release more first: a refusal must not
+    -- depend on how many holds are due.
+    local need, users = 0, false
+    for j = 1, #ids do
+      if not known[j] then
+        need = need + tonumber(ARGV[4 * j + 2])
+        users = users or ARGV[4 * j + 3] ~= ''
+      end
+    end
+    if avail + plan.freed < need or (users and limit > 0) then
+      plan = plan_expiry(KEYS, now, MAX_EXPIRY, also)
+    end
+  end
+  avail = avail + plan.freed
+  if kind == 'H' then
+    count = count - plan.freed
+  end
+  local gone = {}
+  for _, id in ipairs(plan.ids) do
+    gone[id] = true
+  end
+  for j, id in ipairs(ids) do
+    if known[j] and gone[id] then
+      known[j] = with_state(known[j], 'e')
+    end
+  end
+end
+-- units_of returns the units user u has once the plan is written, read and checked once.
+local checked = {}
+local function units_of(u)
+  if not checked[u] then
+    local have = int(redis.call('HGET', KEYS[3], u), 'units of user ' .. u) or 0
+    have = have - ((plan and plan.users[u]) or 0)
+    checked[u] = (have > 0) and have or 0
+  end
+  return checked[u]
+end
+
+local out, fresh, hset, zadd, hz, units, delta, seen = {}, {}, {}, {}, {}, {}, {}, {}
+local taken, soldout = 0, false
 for i = 5, #ARGV, 4 do
   local id, q, u, retry = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3] == '1'
   local code, rem, n = OK, avail or 0, q
@@ -50,7 +107,7 @@ for i = 5, #ARGV, 4 do
     if not refusal and u ~= '' and limit > 0 then
       have = units[u]
       if not have then
-        have = tonumber(redis.call('HGET', KEYS[3], u)) or 0
+        have = units_of(u)
         units[u] = have
       end
       if have + q > limit then
@@ -99,13 +156,20 @@ for i = 5, #ARGV, 4 do
   out[#out + 1] = n
 end
 
+-- Users whose units the takes move were checked above only under a per-user limit.
+for u in pairs(delta) do
+  units_of(u)
+end
+
+-- The writes.
+local _, queued = release(KEYS, plan, queue)
+seq = seq + queued
 if #hset > 0 and taken == 0 then
   redis.call('HSET', KEYS[2], unpack(hset)) -- only refusals of retries
 end
 if taken > 0 then
   -- One write of the counters: available, sold or held, and the outbox sequence.
-  local seq = tonumber(st[5]) or 0
-  redis.call('HSET', KEYS[1], 'a', fmt(avail), cf, fmt((tonumber(st[4]) or 0) + taken), 'q', fmt(seq + #zadd))
+  redis.call('HSET', KEYS[1], 'a', fmt(avail), cf, fmt(count + taken), 'q', fmt(seq + #zadd))
   redis.call('HSET', KEYS[2], unpack(hset))
   if #zadd > 0 then
     local z = {}

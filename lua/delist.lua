@@ -1,5 +1,6 @@
 -- delist.lua: close an item for good and stamp when (d, ms). The reconciler retires it (removes
--- its keys) once the retention has passed and Redis agrees with the store.
+-- its keys) once the retention has passed and Redis agrees with the store. A delisted item stays
+-- closed: close.lua refuses to reopen it, and retire.lua removes only a closed, delisted item.
 --
 -- KEYS[1] item hash
 -- Reply: code (OK, REPLAY when already delisted, NOTLOADED), the delisting time (ms)

@@ -5,19 +5,21 @@
 -- Reply: code, remaining available, qty
 --   OK extended; EXPIRED past its deadline (released now); CONFIRMED already confirmed;
 --   RESTORED cancelled; UNKNOWN no such hold; CONFLICT not a hold.
+--
+-- Like deduct.lua, every call first releases the item's other holds past their deadline (at
+-- most 64). Everything is read and checked before the first write.
 local id, ttl, queue = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local now = now_ms()
-local h, reply = live_hold(KEYS, id, CONFIRMED)
+local h, reply, plan = hold_call(KEYS, id, now, CONFIRMED, false)
+local freed = release(KEYS, plan, queue)
 if not h then
+  if reply[1] ~= UNKNOWN and reply[1] ~= NOTLOADED then
+    reply[2] = reply[2] + freed
+  end
   return reply
 end
-local avail, q, d = h.avail, h.q, h.d
-if d <= now then
-  local freed = expire_holds(KEYS, now, 64, queue)
-  return {EXPIRED, avail + freed, q}
-end
 local nd = now + ttl
-redis.call('HSET', KEYS[2], id, entry('H', 'h', q, h.a, h.t, h.u, nd))
+redis.call('HSET', KEYS[2], id, entry('H', 'h', h.q, h.a, h.t, h.u, nd))
 redis.call('ZADD', KEYS[5], nd, id)
 next_deadline(KEYS[1], KEYS[5])
-return {OK, avail, q}
+return {OK, h.avail + freed, h.q}

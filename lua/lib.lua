@@ -4,6 +4,8 @@
 --                    n = earliest hold deadline (ms), present only while holds are live,
 --                    b = log2 of the bits of the item's sold-out filter (see remember),
 --                    bc = the ledger scan's cursor while the filter is being built.
+--                    No field named v<n> is ever written: the sold-out fast path names one in
+--                    its cached read of the hash to version that read (fastpath.go).
 -- Ledger entry:      "KS|qty|after|at|user[|deadline]"
 --   K (kind):  D deduct, H hold, L restock, T tombstone (a restore or cancel of an unknown id)
 --   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),
@@ -29,13 +31,29 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- parse returns kind, state, qty, after, at, user, deadline (0 when absent).
-local function parse(e)
+-- parse returns kind, state, qty, after, at, user, deadline (0 when absent) of the ledger entry e
+-- of id. A corrupt entry raises an error that names the id: every script parses what it reads
+-- before its first write (Redis does not roll a script back), so the error changes nothing.
+local function parse(e, id)
   local k, s, q, a, t, u, d = string.match(e, '^(.)(.)|(%d+)|(%d+)|(%d+)|([^|]*)|?(%d*)$')
   if not k then
-    error('stock: corrupt ledger entry')
+    error('stock: corrupt ledger entry of id ' .. (id or '?') .. ': ' .. string.sub(e, 1, 64))
   end
   return k, s, tonumber(q), tonumber(a), tonumber(t), u, tonumber(d) or 0
+end
+
+-- int reads an integer value of a counter (what names it in the error): nil when absent (false,
+-- as HGET and HMGET return it), a number when it is one, else an error, raised before the
+-- script's first write like parse's (HINCRBY would fail on it halfway through the writes).
+local function int(v, what)
+  if not v then
+    return nil
+  end
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then
+    error('stock: corrupt ' .. what .. ': ' .. string.sub(tostring(v), 1, 64))
+  end
+  return n
 end
 
 -- entry writes a ledger entry: kind, state, qty, after, at, user, deadline (none when nil or 0).
@@ -58,7 +76,7 @@ end
 -- ledger entry e exists: the code, the remaining stock to report (the entry's for a replay,
 -- else avail) and the quantity to report.
 local function answer_known(e, kind, q, u, avail)
-  local k, s, eq, ea, _, eu = parse(e)
+  local k, s, eq, ea, _, eu = parse(e) -- checked by the caller before its writes
   if k == 'T' then
     return (s == 'f') and SOLDOUT or RESTORED, avail, q -- Tf: a retry refused for lack of stock
   elseif k ~= kind or eq ~= q or eu ~= u then
@@ -85,31 +103,6 @@ local function item_refusal(avail, closed)
   return nil
 end
 
--- live_hold looks up id for confirm.lua and extend.lua. When id is not a live hold of a loaded
--- item it returns nil and the reply (confirmed: the code for a hold already confirmed); else a
--- table of the entry (e), its fields (q, a, t, u, d) and the item's available count.
--- K: KEYS of the item (item, ledger, users, outbox, holds).
-local function live_hold(K, id, confirmed)
-  local e = redis.call('HGET', K[2], id)
-  if not e then
-    return nil, {UNKNOWN, 0, 0}
-  end
-  local k, s, q, a, t, u, d = parse(e)
-  local avail = tonumber(redis.call('HGET', K[1], 'a'))
-  if k ~= 'H' then
-    return nil, {CONFLICT, avail or 0, q}
-  elseif s == 'r' or s == 'a' then
-    return nil, {confirmed, avail or 0, q}
-  elseif s == 'e' then
-    return nil, {EXPIRED, avail or 0, q}
-  elseif s ~= 'h' then
-    return nil, {RESTORED, avail or 0, q}
-  elseif not avail then
-    return nil, {NOTLOADED, 0, q}
-  end
-  return {e = e, q = q, a = a, t = t, u = u, d = d, avail = avail}
-end
-
 local function give_user(users, u, q)
   if u ~= '' then
     if redis.call('HINCRBY', users, u, -q) <= 0 then
@@ -134,34 +127,144 @@ local function queue_event(K, ev, id)
   redis.call('ZADD', K[4], redis.call('HINCRBY', K[1], 'q', 1), ev .. id)
 end
 
--- expire_holds releases at most max holds whose deadline has passed and returns the units freed.
+-- Expiry is planned, then written: plan_expiry reads and checks everything releasing holds
+-- needs (the due ids, their entries, the item's counters and the users' units) and writes
+-- nothing, so a corrupt entry stops the script before its first write; release writes the plan.
+-- Every script that takes or moves held stock (deduct, deductmany, confirm, extend) releases the
+-- item's due holds first, at most 64 per call, and always the holds its own ids name: an id's
+-- answer never depends on how many other holds are due.
+
+-- MAX_EXPIRY is how many due holds one call releases at most when it would otherwise refuse a
+-- request for stock or for the per-user limit (64 otherwise): a request is refused for lack of
+-- stock only when the due holds left cannot explain it, up to that many.
+local MAX_EXPIRY = 10000
+
+-- plan_expiry plans the release of at most max holds whose deadline (holds zset) has passed,
+-- plus the holds in also (pairs {id, entry} the caller read: live holds past their ledger
+-- deadline), never the hold skip (a hold the caller keeps). Returns the plan: zrem (ids to drop
+-- from the holds zset), ids and es (the live holds to release and their entries), freed (units),
+-- users (user -> units to give back).
 -- K: KEYS of the item (item, ledger, users, outbox, holds).
-local function expire_holds(K, now, max, queue)
-  local ids = redis.call('ZRANGEBYSCORE', K[5], '-inf', now, 'LIMIT', 0, max)
-  local freed = 0
-  for _, id in ipairs(ids) do
-    local e = redis.call('HGET', K[2], id)
+local function plan_expiry(K, now, max, also, skip)
+  local p = {zrem = {}, ids = {}, es = {}, freed = 0, users = {}}
+  local st = redis.call('HMGET', K[1], 'a', 'h', 'q')
+  int(st[1], 'available count')
+  int(st[2], 'held count')
+  int(st[3], 'outbox sequence')
+  local seen, due = {}, {}
+  if skip then
+    seen[skip] = true
+  end
+  local range = redis.call('ZRANGEBYSCORE', K[5], '-inf', now, 'LIMIT', 0, max)
+  p.full = #range >= max -- more holds may be due than this plan releases
+  for _, id in ipairs(range) do
+    if not seen[id] then
+      seen[id] = true
+      due[#due + 1] = id
+    end
+  end
+  local es = (#due > 0) and redis.call('HMGET', K[2], unpack(due)) or {}
+  for _, pair in ipairs(also or {}) do
+    if not seen[pair[1]] then
+      seen[pair[1]] = true
+      due[#due + 1] = pair[1]
+      es[#due] = pair[2]
+    end
+  end
+  for i, id in ipairs(due) do
+    p.zrem[#p.zrem + 1] = id
+    local e = es[i]
     if e then
-      local _, s, q, _, _, u = parse(e)
+      local _, s, q, _, _, u = parse(e, id)
       if s == 'h' then
-        freed = freed + q
-        redis.call('HSET', K[2], id, with_state(e, 'e'))
-        give_user(K[3], u, q)
-        if queue then
-          queue_event(K, 'E:', id)
+        p.ids[#p.ids + 1] = id
+        p.es[#p.es + 1] = e
+        p.freed = p.freed + q
+        if u ~= '' then
+          p.users[u] = (p.users[u] or 0) + q
         end
       end
     end
   end
-  if #ids > 0 then
-    redis.call('ZREM', K[5], unpack(ids))
+  for u in pairs(p.users) do
+    int(redis.call('HGET', K[3], u), 'units of user ' .. u)
+  end
+  return p
+end
+
+-- release writes a plan of plan_expiry (nil: nothing) and returns the units freed and the
+-- number of events it queued.
+local function release(K, p, queue)
+  if not p then
+    return 0, 0
+  end
+  for i, id in ipairs(p.ids) do
+    redis.call('HSET', K[2], id, with_state(p.es[i], 'e'))
+    if queue then
+      queue_event(K, 'E:', id)
+    end
+  end
+  for u, q in pairs(p.users) do
+    give_user(K[3], u, q)
+  end
+  if #p.zrem > 0 then
+    redis.call('ZREM', K[5], unpack(p.zrem))
     next_deadline(K[1], K[5])
   end
-  if freed > 0 then
-    redis.call('HINCRBY', K[1], 'a', freed)
-    redis.call('HINCRBY', K[1], 'h', -freed)
+  if p.freed > 0 then
+    redis.call('HINCRBY', K[1], 'a', p.freed)
+    redis.call('HINCRBY', K[1], 'h', -p.freed)
   end
-  return freed
+  return p.freed, queue and #p.ids or 0
+end
+
+-- due_hold reports whether the entry e (of kind k, state s, deadline d) is a live hold whose
+-- deadline has passed: it must be answered, and released, as expired.
+local function due_hold(k, s, d, now)
+  return k == 'H' and s == 'h' and d > 0 and d <= now
+end
+
+-- hold_call reads and checks what confirm.lua and extend.lua need, and plans the release of the
+-- item's due holds, writing nothing. It returns the live hold id names (a table: e, q, a, t, u, d,
+-- avail) or nil and the reply (its available count is before the release: the caller adds the
+-- units release frees), and the plan.
+-- confirmed: the code for a hold already confirmed. keep: the hold is made final whatever its
+-- deadline (a confirm the store has, by the reconciler, which queues no events): nothing is
+-- released, since a release it made would never reach the store.
+-- K: KEYS of the item (item, ledger, users, outbox, holds).
+local function hold_call(K, id, now, confirmed, keep)
+  local e = redis.call('HGET', K[2], id)
+  local st = redis.call('HMGET', K[1], 'a', 'n', 's', 'h', 'q')
+  local avail, n = int(st[1], 'available count'), int(st[2], 'next deadline')
+  int(st[3], 'sold count') -- the counters the caller moves: checked before its first write
+  int(st[4], 'held count')
+  int(st[5], 'outbox sequence')
+  local k, s, q, a, t, u, d
+  if e then
+    k, s, q, a, t, u, d = parse(e, id)
+  end
+  local due = e and not keep and due_hold(k, s, d, now)
+  local live = e and k == 'H' and s == 'h' and not due
+  local plan
+  if avail and not keep and ((n and n <= now) or due) then
+    plan = plan_expiry(K, now, 64, due and {{id, e}} or nil, live and id or nil)
+  end
+  if not e then
+    return nil, {UNKNOWN, 0, 0}, plan
+  elseif k ~= 'H' then
+    return nil, {CONFLICT, avail or 0, q}, plan
+  elseif s == 'r' or s == 'a' then
+    return nil, {confirmed, avail or 0, q}, plan
+  elseif s == 'e' then
+    return nil, {EXPIRED, avail or 0, q}, plan
+  elseif s ~= 'h' then
+    return nil, {RESTORED, avail or 0, q}, plan
+  elseif not avail then
+    return nil, {NOTLOADED, 0, q}, plan
+  elseif due then
+    return nil, {EXPIRED, avail, q}, plan
+  end
+  return {e = e, q = q, a = a, t = t, u = u, d = d, avail = avail}, nil, plan
 end
 
 -- The sold-out filter (key "<item>:b", 2^b bits): a Bloom filter of every id the ledger has had,

@@ -11,7 +11,7 @@ local held = 0
 for _, id in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
   local e = redis.call('HGET', KEYS[2], id)
   if e then
-    local _, s, q = parse(e)
+    local _, s, q = parse(e, id)
     if s == 'h' then
       held = held + q
     end

@@ -7,6 +7,7 @@
 -- was restored or refused gets its 'R:' event again if it is missing (the caller passes only
 -- ids the store has applied).
 -- Reply: the number of events queued.
+int(redis.call('HGET', KEYS[1], 'q'), 'outbox sequence') -- checked before queue_event's first write
 local n = 0
 for _, id in ipairs(ARGV) do
   local e = redis.call('HGET', KEYS[2], id)

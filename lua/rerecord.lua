@@ -6,6 +6,7 @@
 -- Reply: the number of entries written.
 local n = 0
 local b = KEYS[2] and redis.call('HGET', KEYS[2], 'b')
+int(b, 'sold-out filter size') -- checked before the first write: remember uses it after it
 for i = 1, #ARGV, 2 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
     n = n + 1

@@ -8,9 +8,12 @@ local id, q, queue, max = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(A
 local now = now_ms()
 local e = redis.call('HGET', KEYS[2], id)
 local st = redis.call('HMGET', KEYS[1], 'a', 'l', 'b')
-local avail, loaded = tonumber(st[1]), tonumber(st[2])
+-- Checked before the first write: remember and HINCRBY use them after it.
+local avail, loaded = int(st[1], 'available count'), int(st[2], 'loaded count')
+int(st[3], 'sold-out filter size')
+int(redis.call('HGET', KEYS[1], 'q'), 'outbox sequence')
 if e then
-  local k, s, eq, ea = parse(e)
+  local k, s, eq, ea = parse(e, id)
   if k == 'T' then
     return {RESTORED, avail or 0, q}
   end

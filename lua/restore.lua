@@ -7,10 +7,12 @@
 -- ARGV[2] reason: 'x' restore (a deduct, a confirmed hold or a live hold), 'c' cancel (holds only),
 --         'f' refused by the store (a deduct or a confirmed hold)
 -- ARGV[3] '1' to queue events in the outbox
--- ARGV[4] optional: the kind ('D' or 'H') and ARGV[5] the quantity the id must have taken
---         (carts undo only what they took); an entry that differs is a CONFLICT
+-- ARGV[4] optional: the kind ('D' or 'H'), ARGV[5] the quantity and ARGV[6] the user ('' for
+--         none) the id must have taken with (carts undo only what they took); an entry that
+--         differs is a CONFLICT
 -- Reply: code, remaining available, qty
---   OK given back; REPLAY already given back; UNKNOWN id never taken (a tombstone is left so a
+--   OK given back; REPLAY already given back (a hold past its deadline too, released now if no
+--   sweep had); UNKNOWN id never taken (a tombstone is left so a
 --   late deduct or hold with this id is refused); CONFIRMED cancel of a confirmed hold;
 --   CONFLICT the id names something this reason cannot give back; NOTLOADED item keys missing.
 local id, reason, queue = ARGV[1], ARGV[2], ARGV[3] == '1'
@@ -25,7 +27,7 @@ local k, s, q, _, _, u, d = parse(e)
 if k == 'T' then
   return {UNKNOWN, 0, 0}
 end
-if ARGV[4] and ARGV[4] ~= '' and (k ~= ARGV[4] or q ~= tonumber(ARGV[5])) then
+if ARGV[4] and ARGV[4] ~= '' and (k ~= ARGV[4] or q ~= tonumber(ARGV[5]) or u ~= (ARGV[6] or '')) then
   return {CONFLICT, 0, q}
 end
 local avail = tonumber(redis.call('HGET', KEYS[1], 'a'))
@@ -61,4 +63,6 @@ redis.call('HSET', KEYS[2], id, with_state(e, s))
 if queue then
   queue_event(KEYS, ev, id)
 end
-return {OK, avail, q}
+-- A hold past its deadline had gone back already, whether or not a sweep had got to it: a
+-- replay, the answer a released hold gets, however many other holds are due.
+return {(s == 'e') and REPLAY or OK, avail, q}

@@ -6,13 +6,22 @@
 -- to remove in this step
 -- Reply: code, entries removed. OK: the item is retired (its hash keeps only x = '1' and d);
 -- REPLAY: call again (more ledger entries); CONFLICT: not retirable now (not delisted long
--- enough, events pending, holds live, dead letters); NOTLOADED: no such item.
-local d = redis.call('HGET', KEYS[1], 'd')
-if redis.call('HGET', KEYS[1], 'x') == '1' then
+-- enough, events pending, holds live, dead letters); CLOSED: delisted but open for sale (a
+-- reopen made before reopening a delisted item was refused): never retired; NOTLOADED: no such
+-- item.
+--
+-- Only a closed, delisted item is ever retired: this script checks it, with the rest, at each
+-- step, whatever its caller checked before.
+local st = redis.call('HMGET', KEYS[1], 'x', 'a', 'c', 'd')
+local d = st[4]
+if st[1] == '1' then
   return {OK, 0}
 end
-if not redis.call('HGET', KEYS[1], 'a') then
+if not st[2] then
   return {NOTLOADED, 0}
+end
+if d and st[3] ~= '1' then
+  return {CLOSED, 0}
 end
 if not d or tonumber(d) > tonumber(ARGV[1]) or redis.call('ZCARD', KEYS[4]) > 0 or
    redis.call('ZCARD', KEYS[5]) > 0 or redis.call('ZCARD', KEYS[6]) > 0 then

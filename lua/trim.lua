@@ -5,13 +5,14 @@
 -- ARGV[1] cutoff (ms), ARGV[2...] candidate ids
 -- An entry is settled when it is applied, restored, refused, cancelled, expired or a tombstone,
 -- and no event of it is pending. Reply: the number of entries removed.
+-- Every candidate is read and parsed before the first removal.
 local cutoff = tonumber(ARGV[1])
-local n = 0
+local gone = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
   local e = redis.call('HGET', KEYS[1], id)
   if e then
-    local _, s, _, _, t = parse(e)
+    local _, s, _, _, t = parse(e, id)
     if t < cutoff and (s == 'a' or released(s)) then
       local pending = false
       for _, key in ipairs(KEYS) do
@@ -24,9 +25,12 @@ for i = 2, #ARGV do
         end
       end
       if not pending then
-        n = n + redis.call('HDEL', KEYS[1], id)
+        gone[#gone + 1] = id
       end
     end
   end
 end
-return n
+if #gone == 0 then
+  return 0
+end
+return redis.call('HDEL', KEYS[1], unpack(gone))

@@ -16,8 +16,8 @@ import (
 	"github.com/stockres/stock"
 )
 
-// Store is an in-memory stock.Store, stock.RecordLister and stock.BatchStore. The zero value is
-// not usable; call New.
+// Store is an in-memory stock.Store, stock.RecordLister, stock.ItemLister and stock.BatchStore.
+// The zero value is not usable; call New.
 type Store struct {
 	mu        sync.Mutex
 	remaining map[string]int64

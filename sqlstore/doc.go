@@ -1,6 +1,6 @@
 // Package sqlstore is a stock.Store on database/sql: the database of record for a
 // stock.Reserver, on PostgreSQL, MySQL/MariaDB or SQLite. It also implements
-// stock.RecordLister and stock.BatchStore.
+// stock.RecordLister, stock.ItemLister and stock.BatchStore.
 //
 // The caller opens the *sql.DB with the driver of its choice and owns it; New never closes it.
 // Tested drivers: github.com/jackc/pgx/v5/stdlib ("pgx"), github.com/go-sql-driver/mysql
@@ -31,6 +31,14 @@
 //	    updated_at TIMESTAMPTZ NOT NULL,
 //	    PRIMARY KEY (sku, id)
 //	);
+//
+// Migrate is safe to run from many processes at once (every replica of a service at start-up,
+// every `stockctl load -dsn`): they take turns on a lock named after the table prefix, a
+// PostgreSQL advisory lock held by the migrating transaction, a MySQL GET_LOCK, or SQLite's
+// database write lock. The directory schema of this package holds the same statements as
+// plain SQL files, one per dialect (postgres.sql, mysql.sql, sqlite.sql, with the default
+// prefix), for deployments that run their migrations with goose, golang-migrate or by hand
+// and never call Migrate; a test checks that each creates exactly what Migrate creates.
 //
 // Ids sort byte-wise in every dialect (COLLATE "C", VARBINARY, SQLite's BINARY), so List pages
 // in the order of Go's string comparison.

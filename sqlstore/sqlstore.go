@@ -31,9 +31,10 @@ const (
 // Store is a stock.Store on a SQL database. It is safe for concurrent use by multiple
 // goroutines and processes. Create one with New; the zero value is not usable.
 type Store struct {
-	db *sql.DB
-	d  Dialect
-	q  queries
+	db     *sql.DB
+	d      Dialect
+	q      queries
+	prefix string // table prefix, which names the migration lock
 }
 
 type options struct {
@@ -76,7 +77,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	return &Store{db: db, d: d, q: newQueries(d, d.quote(o.prefix+"items"), d.quote(o.prefix+"records"))}, nil
+	return &Store{db: db, d: d, q: newQueries(d, d.quote(o.prefix+"items"), d.quote(o.prefix+"records")), prefix: o.prefix}, nil
 }
 
 // queries are the statements of a Store, in the dialect's syntax.
@@ -140,17 +141,6 @@ func newQueries(d Dialect, items, records string) queries {
 		*p = d.rebind(*p)
 	}
 	return q
-}
-
-// Migrate creates the tables if they do not exist. It is idempotent and changes no existing
-// table.
-func (s *Store) Migrate(ctx context.Context) error {
-	for _, stmt := range s.q.schema {
-		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlstore: migrate: %w", err)
-		}
-	}
-	return nil
 }
 
 // Load creates the item sku with qty units (0 to stock.MaxQty) remaining and loaded. It

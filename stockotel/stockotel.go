@@ -1,12 +1,41 @@
 // Package stockotel turns the observations of a stock.Reserver, its Relays and Reconcilers
-// into OpenTelemetry metrics. Wire it in with stock.WithObserver:
+// into OpenTelemetry metrics and, with WithTracerProvider, spans. Wire it in with
+// stock.WithObserver:
 //
-//	obs, err := stockotel.New(otel.GetMeterProvider())
+//	obs, err := stockotel.New(otel.GetMeterProvider(), stockotel.WithTracerProvider(otel.GetTracerProvider()))
 //	if err != nil { ... }
 //	r, err := stock.New(client, stock.WithObserver(obs))
 //
 // Relays and reconcilers made from r (r.NewRelay, r.NewReconciler) report through the same
 // observer.
+//
+// # Traces
+//
+// With WithTracerProvider, every operation is one span of the tracer
+// "github.com/stockres/stock", a child of the span in the caller's context: stock.deduct,
+// stock.hold, stock.confirm, stock.cancel, stock.extend, stock.restore, stock.restock,
+// stock.deduct_many and stock.hold_many (a cart), stock.relay (one batch of one item's outbox)
+// and stock.reconcile (one item of a reconcile pass). The span starts before the operation's
+// first Redis command and ends when it returns, and the operation runs on the span's context:
+// with a traced Redis client (rueidisotel.NewClient), the EVALSHA, GET and other commands of
+// the operation are children of its span. Attributes:
+//
+//	stock.op         the op ("deduct", ...)
+//	stock.outcome    stock.Outcome's label ("ok", "sold_out", ...); relays and reconcilers "ok",
+//	                 "error", or "busy" (a reconcile that found a relay holding the item)
+//	stock.replayed   true when the call was answered as a replay of an earlier one
+//	stock.local      true on a deduct or hold the sold-out fast path answered in-process
+//	stock.units      the units moved (see stock.units below); for a cart, of all its lines
+//	stock.relay.delivered, stock.relay.lag (seconds)   on stock.relay
+//	stock.reconcile.drift                              on stock.reconcile (signed, in units)
+//	stock.sku        the item, only with WithSKUAttribute(true), as for the metrics
+//
+// A refusal (sold_out, conflict, user_limit, ...) is an answer, not a failure: its span's status
+// is left unset. The status is Error, with the outcome as its description, for "error",
+// "timeout" and "canceled" (the outcome is unknown: retry with the same id), "failover" (the
+// Reserver is fenced after a failover), "not_replicated" (written, but not acknowledged by
+// enough replicas) and for a relay batch or a reconcile that failed. Load, sweep and the reads (Levels, Ledger, ...) record no
+// span.
 //
 // # Metrics
 //
@@ -40,13 +69,13 @@
 // Attribute values:
 //
 //   - stock.op: stock.Observation.Op: "deduct", "hold", "confirm", "cancel", "extend",
-//     "restore", "restock", "load", "sweep" (only the ones the Reserver reports appear), and
-//     "reconcile" on stock.operation.duration.
+//     "restore", "restock", "deduct_many", "hold_many" (carts), "load", "sweep" (only the ones
+//     the Reserver reports appear), and "reconcile" on stock.operation.duration.
 //   - stock.outcome: stock.Outcome's labels: "ok", "sold_out", "insufficient", "not_loaded",
 //     "loaded", "conflict", "restored", "user_limit", "unknown_id", "closed", "expired",
-//     "confirmed", "invalid", "refused", "canceled", "timeout", "error" (an unknown outcome:
-//     a transport error, retry with the same id). Relays and reconcilers report "ok" or
-//     "error".
+//     "confirmed", "invalid", "refused", "failover" (fenced: nothing sent), "not_replicated"
+//     (written, too few replicas acknowledged), and for an unknown outcome (retry with the same
+//     id) "canceled", "timeout" or "error". Relays and reconcilers report "ok" or "error".
 //   - stock.replayed: true when the call was answered as a replay of an earlier one.
 //   - stock.local: present (true) only on deducts and holds answered "sold_out" in-process by
 //     the sold-out fast path (stock.WithSoldOutCache), without a round trip to Redis.
@@ -54,7 +83,8 @@
 //     (Redis would sell less) or "zero". A reconcile that failed records no drift.
 //   - stock.sku: the item, on every instrument, only with WithSKUAttribute(true).
 //
-// stock.units counts what the op moved: for deduct and hold, units taken; restore and
+// stock.units counts what the op moved: for deduct and hold, units taken (for deduct_many and
+// hold_many, of all the cart's lines); restore and
 // cancel, units given back; confirm, held units made final; restock, units added; sweep,
 // expired units released; load, units loaded. Extend moves nothing and is not counted, nor are
 // replays and failed calls. Read it per stock.op: the ops move stock in different directions.
@@ -80,13 +110,18 @@ import (
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stockres/stock"
 )
 
 // MeterName is the name of the meter the instruments are created on.
 const MeterName = "github.com/stockres/stock"
+
+// TracerName is the name of the tracer the spans are created on.
+const TracerName = "github.com/stockres/stock"
 
 // Attribute keys.
 const (
@@ -96,6 +131,12 @@ const (
 	AttrLocal     = attribute.Key("stock.local")
 	AttrDriftSign = attribute.Key("stock.drift.sign")
 	AttrSKU       = attribute.Key("stock.sku")
+
+	// Span attributes only.
+	AttrUnits     = attribute.Key("stock.units")
+	AttrDelivered = attribute.Key("stock.relay.delivered")
+	AttrLag       = attribute.Key("stock.relay.lag")
+	AttrDrift     = attribute.Key("stock.reconcile.drift")
 )
 
 // Ops reported by relays and reconcilers.
@@ -110,6 +151,7 @@ type Option func(*config)
 
 type config struct {
 	sku bool
+	tp  trace.TracerProvider
 }
 
 // WithSKUAttribute adds the item (stock.sku) to every measurement. The default is false: an
@@ -118,10 +160,17 @@ func WithSKUAttribute(on bool) Option {
 	return func(c *config) { c.sku = on }
 }
 
-// Observer is a stock.Observer that records OpenTelemetry metrics. It is safe for concurrent
-// use. Create one with New.
+// WithTracerProvider records a span per operation on tp's tracer "github.com/stockres/stock"
+// (see Traces in the package doc). The default records no span.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
+}
+
+// Observer is a stock.StartObserver that records OpenTelemetry metrics and, with
+// WithTracerProvider, spans. It is safe for concurrent use. Create one with New.
 type Observer struct {
-	sku bool
+	sku    bool
+	tracer trace.Tracer // nil: no spans
 
 	ops       metric.Int64Counter
 	duration  metric.Float64Histogram
@@ -135,7 +184,7 @@ type Observer struct {
 	cache sync.Map // key -> *sets
 }
 
-var _ stock.Observer = (*Observer)(nil)
+var _ stock.StartObserver = (*Observer)(nil)
 
 // key identifies one combination of attribute values.
 type key struct {
@@ -172,6 +221,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	}
 	m := mp.Meter(MeterName)
 	o := &Observer{sku: c.sku}
+	if c.tp != nil {
+		o.tracer = c.tp.Tracer(TracerName)
+	}
 	var err error
 	mk := func(f func() error) {
 		if err == nil {
@@ -227,8 +279,65 @@ func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	return o, nil
 }
 
-// Observe records one observation. It implements stock.Observer.
+// spanKey is the context key of the span Start opened.
+type spanKey struct{}
+
+// opSpan is a span Start opened, with the op it was opened for.
+type opSpan struct {
+	span trace.Span
+	op   string
+}
+
+// Start opens the operation's span, a child of the span in ctx, and returns the context that
+// carries it (see Traces in the package doc). Without WithTracerProvider it returns ctx. It
+// implements stock.StartObserver.
+func (o *Observer) Start(ctx context.Context, op, sku string) context.Context {
+	if o.tracer == nil {
+		return ctx
+	}
+	attrs := []attribute.KeyValue{AttrOp.String(op)}
+	if o.sku && sku != "" {
+		attrs = append(attrs, AttrSKU.String(sku))
+	}
+	ctx, span := o.tracer.Start(ctx, "stock."+op, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	return context.WithValue(ctx, spanKey{}, &opSpan{span: span, op: op})
+}
+
+// endSpan ends the span Start opened for ob's operation, if there is one.
+func (o *Observer) endSpan(ctx context.Context, ob stock.Observation) {
+	os, ok := ctx.Value(spanKey{}).(*opSpan)
+	if !ok || os.op != ob.Op {
+		return // no span: an op Start was not called for (an observation of a parent op's context is not its span)
+	}
+	span := os.span
+	attrs := []attribute.KeyValue{AttrOutcome.String(ob.Outcome)}
+	switch ob.Op {
+	case opRelay:
+		attrs = append(attrs, AttrDelivered.Int64(ob.Units))
+		if ob.Lag > 0 {
+			attrs = append(attrs, AttrLag.Float64(ob.Lag.Seconds()))
+		}
+	case opReconcile:
+		attrs = append(attrs, AttrDrift.Int64(ob.Units))
+	default:
+		attrs = append(attrs, AttrReplayed.Bool(ob.Replayed), AttrUnits.Int64(ob.Units))
+		if ob.Local {
+			attrs = append(attrs, AttrLocal.Bool(true))
+		}
+	}
+	span.SetAttributes(attrs...)
+	switch ob.Outcome {
+	case "error", "timeout", "canceled", "failover", "not_replicated":
+		span.SetStatus(codes.Error, ob.Outcome)
+	}
+	span.End()
+}
+
+// Observe records one observation and ends its span. It implements stock.Observer.
 func (o *Observer) Observe(ctx context.Context, ob stock.Observation) {
+	if o.tracer != nil {
+		o.endSpan(ctx, ob)
+	}
 	k := key{op: ob.Op, outcome: ob.Outcome}
 	if o.sku {
 		k.sku = ob.SKU

@@ -14,12 +14,13 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// seed002Script is the deduct script of seed 002 as the article gives it (comments translated):
+// ledgerHashScript is a common idempotent deduct script, as a published article gives it
+// (comments translated):
 // refuse a repeated operation id, check the stock, set the new value, and write a ledger entry
 // {action, from, to, change, by, timestamp} as JSON into a hash keyed by the operation id.
 //
 // KEYS[1] the stock (a string), KEYS[2] the ledger hash; ARGV[1] quantity, ARGV[2] operation id.
-const seed002Script = `
+const ledgerHashScript = `
 -- the operation was already executed: refuse it
 if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
   return redis.error_reply('OPERATION_ALREADY_EXECUTED')
@@ -68,8 +69,8 @@ return redis.call('decrby', KEYS[1], q)
 `
 
 var (
-	seed002Lua  = rueidis.NewLuaScript(seed002Script)
-	noLedgerLua = rueidis.NewLuaScript(noLedgerScript)
+	ledgerHashLua = rueidis.NewLuaScript(ledgerHashScript)
+	noLedgerLua   = rueidis.NewLuaScript(noLedgerScript)
 )
 
 // rawPhase is the common part of the raw-script phases: for each item a stock key
@@ -95,23 +96,23 @@ func (b *bench) rawPhase(name string) (p *phase, stockKeys, ledgerKeys []string)
 	return p, stockKeys, ledgerKeys
 }
 
-// seed002Phase: the seed-002 script with unique ids and the same share of retries as deduct.
-func (b *bench) seed002Phase() *phase {
-	p, stockKeys, ledgerKeys := b.rawPhase(phSeed002)
+// ledgerHashPhase: the ledger-hash script with unique ids and the same share of retries as deduct.
+func (b *bench) ledgerHashPhase() *phase {
+	p, stockKeys, ledgerKeys := b.rawPhase(phLedgerHash)
 	items := len(stockKeys) - 1
 	load := p.setup
 	p.setup = func(ctx context.Context) error {
 		if err := load(ctx); err != nil {
 			return err
 		}
-		return seed002Lua.Exec(ctx, b.client, []string{stockKeys[items], ledgerKeys[items]}, []string{"1", "warm"}).Error()
+		return ledgerHashLua.Exec(ctx, b.client, []string{stockKeys[items], ledgerKeys[items]}, []string{"1", "warm"}).Error()
 	}
 	share := b.cfg.retry
 	qty := "1"
 	p.op = func(ctx context.Context, w *worker) {
 		if s, ok := w.retry(share); ok {
 			t0 := time.Now()
-			err := seed002Lua.Exec(ctx, b.client, []string{stockKeys[s.item], ledgerKeys[s.item]}, []string{qty, s.id}).Error()
+			err := ledgerHashLua.Exec(ctx, b.client, []string{stockKeys[s.item], ledgerKeys[s.item]}, []string{qty, s.id}).Error()
 			switch {
 			case isReply(err, "OPERATION_ALREADY_EXECUTED"):
 				w.done(t0, outReplayed)
@@ -125,7 +126,7 @@ func (b *bench) seed002Phase() *phase {
 		}
 		i, id := w.item(), w.nextID()
 		t0 := time.Now()
-		left, err := seed002Lua.Exec(ctx, b.client, []string{stockKeys[i], ledgerKeys[i]}, []string{qty, id}).AsInt64()
+		left, err := ledgerHashLua.Exec(ctx, b.client, []string{stockKeys[i], ledgerKeys[i]}, []string{qty, id}).AsInt64()
 		switch {
 		case err == nil:
 			w.done(t0, outOK)
@@ -143,7 +144,7 @@ func (b *bench) seed002Phase() *phase {
 			return nil, err
 		}
 		res.LedgerBytes = bytes
-		return b.rawChecks(ctx, phSeed002, stockKeys[:items], lens, ws)
+		return b.rawChecks(ctx, phLedgerHash, stockKeys[:items], lens, ws)
 	}
 	return p
 }

@@ -1,6 +1,7 @@
 // Command stockbench measures, in one run, the throughput and latency of stock.Reserver.Deduct
-// against baselines on the same Redis: the seed-002 script and a ledger-less GET/DECRBY script
-// driven by raw pipelined EVALSHA, WATCH/MULTI/EXEC, and optionally a PostgreSQL hot-row update.
+// against baselines on the same Redis: a common idempotent deduct script that keeps a ledger hash
+// (HEXISTS the operation id, GET/SET the stock, HSET a JSON entry) and a ledger-less GET/DECRBY
+// script, both driven by raw pipelined EVALSHA, WATCH/MULTI/EXEC, and optionally a PostgreSQL hot-row update.
 // It prints ratios between them, never absolute claims: numbers from one machine, especially one
 // where the client and Redis share the cores, only mean something against each other.
 //
@@ -19,7 +20,7 @@
 //	    -pg 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //
 //	# only some phases, as JSON
-//	go run ./cmd/stockbench -redis 127.0.0.1:6379 -phases deduct,raw-seed002 -json
+//	go run ./cmd/stockbench -redis 127.0.0.1:6379 -phases deduct,raw-ledger -json
 //
 // Phases, each run for -duration with -g goroutines on a freshly loaded item set:
 //
@@ -27,7 +28,7 @@
 //	soldout       Reserver.Deduct on items loaded with 0, the sold-out fast path off
 //	soldout-fast  the same with the fast path on (a client with client-side caching)
 //	restore       Reserver.Deduct then Reserver.Restore of the same id (ops counted per call)
-//	raw-seed002   the seed-002 script (HEXISTS, GET, checks, SET, TIME, HSET of a cjson entry)
+//	raw-ledger    the ledger-hash deduct script (HEXISTS, GET, checks, SET, TIME, HSET of a cjson entry)
 //	raw-noledger  a GET + check + DECRBY script, no ledger
 //	watch-multi   WATCH/GET then MULTI/DECRBY/EXEC on dedicated connections, min(g, 64) goroutines
 //	pg-hotrow     with -pg: UPDATE … WHERE remain >= 1 plus a ledger INSERT in one transaction,
@@ -84,18 +85,18 @@ import (
 
 // Phase names, in the order they run.
 const (
-	phDeduct    = "deduct"
-	phSoldOut   = "soldout"      // a sold-out item, the fast path off: every request runs the script
-	phFastPath  = "soldout-fast" // the same with the sold-out fast path (a client that caches)
-	phRestore   = "restore"
-	phSeed002   = "raw-seed002"
-	phNoLedger  = "raw-noledger"
-	phWatch     = "watch-multi"
-	phPGHotRow  = "pg-hotrow"
-	defaultMaxG = 64 // goroutines of the connection-bound phases (watch-multi, pg-hotrow)
+	phDeduct     = "deduct"
+	phSoldOut    = "soldout"      // a sold-out item, the fast path off: every request runs the script
+	phFastPath   = "soldout-fast" // the same with the sold-out fast path (a client that caches)
+	phRestore    = "restore"
+	phLedgerHash = "raw-ledger"
+	phNoLedger   = "raw-noledger"
+	phWatch      = "watch-multi"
+	phPGHotRow   = "pg-hotrow"
+	defaultMaxG  = 64 // goroutines of the connection-bound phases (watch-multi, pg-hotrow)
 )
 
-var allPhases = []string{phDeduct, phSoldOut, phFastPath, phRestore, phSeed002, phNoLedger, phWatch, phPGHotRow}
+var allPhases = []string{phDeduct, phSoldOut, phFastPath, phRestore, phLedgerHash, phNoLedger, phWatch, phPGHotRow}
 
 // errChecks is returned by run when an invariant check failed.
 var errChecks = errors.New("stockbench: an invariant check failed")
@@ -191,21 +192,50 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	switch {
-	case err == nil:
-	case errors.Is(err, errUsage) || errors.Is(err, flag.ErrHelp):
-		os.Exit(2)
-	default:
+	if err != nil && !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
 	}
+	os.Exit(exitCode(err))
 }
+
+// exitCode is the exit status of a run: 0 when it passed or help was asked for (-h), 2 on bad
+// flags, 1 otherwise.
+func exitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	return 1
+}
+
+// usageText heads the -h output.
+const usageText = `stockbench measures the throughput and latency of stock.Reserver.Deduct against baselines on
+the same Redis (a ledger-hash deduct script, a ledger-less GET/DECRBY script, WATCH/MULTI/EXEC,
+optionally a PostgreSQL hot row) and prints the ratios between them and the invariants it
+checked. It writes under prefixes unique to the run and deletes its keys at the end.
+
+Usage: stockbench [flags]
+
+  stockbench -duration 1s                         # embedded miniredis: a smoke test
+  stockbench -redis 127.0.0.1:6379 -duration 5s   # a real Redis
+  stockbench -redis 127.0.0.1:6379 -phases deduct,raw-ledger -json
+
+Exit status: 0 when every check holds, 1 when one fails or the run is interrupted, 2 on bad flags.
+
+Flags:
+`
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
 	var cluster, phases string
 	fs := flag.NewFlagSet("stockbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&cfg.redis, "redis", "", "Redis address (default: an embedded miniredis)")
 	fs.StringVar(&cluster, "cluster", "", "comma-separated Redis Cluster seed addresses")
 	fs.IntVar(&cfg.g, "g", 256, "goroutines per phase")
@@ -405,7 +435,7 @@ func ratios(ps []PhaseResult) []Ratio {
 		byName[p.Name] = p
 	}
 	pairs := [][2]string{
-		{phDeduct, phSeed002}, {phDeduct, phNoLedger}, {phDeduct, phWatch}, {phDeduct, phPGHotRow},
+		{phDeduct, phLedgerHash}, {phDeduct, phNoLedger}, {phDeduct, phWatch}, {phDeduct, phPGHotRow},
 		{phSoldOut, phDeduct}, {phFastPath, phSoldOut},
 	}
 	out := make([]Ratio, 0, len(pairs))

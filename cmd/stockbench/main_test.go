@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"os"
 	"testing"
@@ -19,7 +20,7 @@ import (
 // STOCK_TEST_POSTGRES names one) and checks the JSON report.
 func TestRunJSON(t *testing.T) {
 	args := []string{"-duration", "200ms", "-g", "8", "-json"}
-	want := []string{phDeduct, phSoldOut, phFastPath, phRestore, phSeed002, phNoLedger, phWatch}
+	want := []string{phDeduct, phSoldOut, phFastPath, phRestore, phLedgerHash, phNoLedger, phWatch}
 	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
 		args = append(args, "-pg", dsn)
 		want = append(want, phPGHotRow)
@@ -78,7 +79,7 @@ func TestRunTableRounds(t *testing.T) {
 	require.NoError(t, err, errOut.String())
 	s := out.String()
 	assert.Contains(t, s, "in 2 round(s)")
-	assert.Regexp(t, `deduct / raw-seed002\s+n/a\s+n/a`, s)
+	assert.Regexp(t, `deduct / raw-ledger\s+n/a\s+n/a`, s)
 	assert.Contains(t, s, "soldout / deduct")
 	assert.Contains(t, s, "all invariants hold")
 	assert.Regexp(t, `(?m)^  deduct\s+4\s+\d+`, s)
@@ -170,4 +171,18 @@ func TestHistogram(t *testing.T) {
 	m.merge(&h)
 	assert.Equal(t, time.Second, m.quantile(1))
 	assert.Equal(t, uint64(100001), m.n)
+}
+
+// stockbench -h prints what the tool does and its usage, and exits 0.
+func TestHelp(t *testing.T) {
+	var buf bytes.Buffer
+	_, err := parseFlags([]string{"-h"}, &buf)
+	assert.ErrorIs(t, err, flag.ErrHelp)
+	assert.Equal(t, 0, exitCode(err))
+	assert.Contains(t, buf.String(), "stockbench measures the throughput")
+	assert.Contains(t, buf.String(), "Usage: stockbench [flags]")
+	assert.Contains(t, buf.String(), "-duration")
+	assert.Equal(t, 2, exitCode(errUsage))
+	assert.Equal(t, 1, exitCode(errChecks))
+	assert.Equal(t, 0, exitCode(nil))
 }

@@ -16,7 +16,7 @@ import (
 
 // bigStock is the stock of the items that must not sell out during a phase. It is the same in
 // every phase so that ledger entries hold numbers of the same length, and it stays below 10^14
-// so that the seed-002 script, which formats numbers with tostring (%.14g), keeps every digit.
+// so that the ledger-hash script, which formats numbers with tostring (%.14g), keeps every digit.
 const bigStock = 1_000_000_000_000
 
 // ringSize is how many of its recent successful requests a worker remembers for retries.
@@ -164,8 +164,8 @@ func (b *bench) newPhase(name string) (*phase, error) {
 		return b.soldOutPhase(name)
 	case phRestore:
 		return b.restorePhase()
-	case phSeed002:
-		return b.seed002Phase(), nil
+	case phLedgerHash:
+		return b.ledgerHashPhase(), nil
 	case phNoLedger:
 		return b.noLedgerPhase(), nil
 	case phWatch:

@@ -151,9 +151,16 @@ again, ledger entries Redis lost are written back, and settled entries older tha
 are trimmed. A report-only run cannot see lost outbox events or lost ledger entries; -apply
 finds and repairs them.
 
-Exit 3 when any item drifted, was missing, had lost events or entries, or needs a human
-(repaired or not, so that a cron job can alert); exit 1 when an item could not be compared and
-none drifted. An item a relay kept busy is reported and not compared.`,
+Without SKUs it is one pass over every item: the registered ones, and the items of the store
+that Redis lost from its registry (a restart without persistence, FLUSHALL), which it reports
+loudly ("REDIS LOST ITS REGISTRY") and, with -apply, registers again and rebuilds from the
+store. Items the store has and Redis never had are listed and left alone. A pass with -apply
+that compared every item also records the Redis primaries as reconciled, which lifts the fence
+of every FailoverGuard on this Redis (deducts refused after a restart or failover).
+
+Exit 3 when any item drifted, was missing, was missing from the registry, had lost events or
+entries, or needs a human (repaired or not, so that a cron job can alert); exit 1 when an item
+could not be compared and none drifted. An item a relay kept busy is reported and not compared.`,
 		example: "stockctl -dsn 'postgres://app@db:5432/shop' reconcile\n" +
 			"stockctl -dsn sqlite:/var/lib/shop.db reconcile -apply -repair-limit 50 sneaker-42",
 		setup: func(fs *flag.FlagSet) runFunc {
@@ -664,6 +671,7 @@ type reportJSON struct {
 	Rerecorded     int    `json:"rerecorded,omitempty"`
 	Trimmed        int    `json:"trimmed,omitempty"`
 	NeedsHuman     string `json:"needs_human,omitempty"`
+	Unregistered   bool   `json:"unregistered,omitempty"` // Redis had lost it from its registry
 	Error          string `json:"error,omitempty"`
 	// Found is set when the item drifted, was missing, lost events or entries, or needs a
 	// human: what makes the exit status 3.
@@ -672,7 +680,7 @@ type reportJSON struct {
 
 // found reports whether a report is worth an alert.
 func found(rp stock.Report) bool {
-	return rp.Drift != 0 || rp.Missing || rp.NeedsHuman != "" || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0
+	return rp.Drift != 0 || rp.Missing || rp.NeedsHuman != "" || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0 || rp.Unregistered
 }
 
 func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) error {
@@ -694,22 +702,37 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	if err != nil {
 		return err
 	}
-	skus := args
-	if len(skus) == 0 {
-		if skus, err = items(ctx, r); err != nil {
-			return err
+	// Without SKUs, one pass over every item (which finds the items Redis lost from its registry
+	// and lifts FailoverGuard fences); with SKUs, those items one by one.
+	var pass stock.PassResult
+	if len(args) == 0 {
+		pass, err = rec.Pass(ctx)
+		if err != nil && len(pass.Reports) == 0 {
+			return err // nothing was compared
+		}
+	} else {
+		for _, sku := range args {
+			rp, err := rec.Item(ctx, sku)
+			pass.Reports = append(pass.Reports, rp)
+			pass.Errors = append(pass.Errors, err)
+			if rp.Unregistered {
+				pass.Unregistered = append(pass.Unregistered, sku)
+			}
 		}
 	}
+	skus := make([]string, len(pass.Reports))
 	var out []reportJSON
 	var lines []string
 	var nFound, nHuman, nBusy int
 	var errs []error
-	for _, sku := range skus {
-		rp, err := rec.Item(ctx, sku)
+	for i, rp := range pass.Reports {
+		err := pass.Errors[i]
+		sku := rp.SKU
+		skus[i] = sku
 		j := reportJSON{SKU: rp.SKU, Busy: rp.Busy, Missing: rp.Missing, Available: rp.Available, Held: rp.Held,
 			StoreRemaining: rp.StoreRemaining, Pending: rp.Pending, InFlight: rp.InFlight, Drift: rp.Drift,
 			Rebuilt: rp.Rebuilt, Adjusted: rp.Adjusted, Requeued: rp.Requeued, Rerecorded: rp.Rerecorded,
-			Trimmed: rp.Trimmed, NeedsHuman: rp.NeedsHuman, Found: found(rp)}
+			Trimmed: rp.Trimmed, NeedsHuman: rp.NeedsHuman, Unregistered: rp.Unregistered, Found: found(rp)}
 		line := rp.String()
 		if err != nil {
 			j.Error = err.Error()
@@ -728,15 +751,41 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 		out = append(out, j)
 		lines = append(lines, line)
 	}
+	if n := len(pass.Unregistered); n > 0 {
+		what := "registered again"
+		if !o.apply {
+			what = "-apply registers them again and rebuilds the lost ones from the store"
+		}
+		lines = append(lines, fmt.Sprintf("REDIS LOST ITS REGISTRY: %d items of the store were not in Redis's registry of items (%s): %s",
+			n, what, strings.Join(pass.Unregistered, ", ")))
+	}
+	if len(pass.StoreOnly) > 0 {
+		lines = append(lines, fmt.Sprintf("in the store only, never in Redis (left alone; 'load' puts them on sale): %s",
+			strings.Join(pass.StoreOnly, ", ")))
+	}
+	switch {
+	case pass.EpochRecorded:
+		lines = append(lines, "every item compared: the Redis primaries are recorded as reconciled (FailoverGuard fences lift)")
+	case pass.EpochErr != nil:
+		lines = append(lines, fmt.Sprintf("WARNING: FailoverGuard fences stay: %v", pass.EpochErr))
+	}
 	summary := fmt.Sprintf("items: %d, with drift or losses: %d, need a human: %d, busy: %d, errors: %d", len(skus), nFound, nHuman, nBusy, len(errs))
 	if !o.apply {
 		summary += " (report only: nothing repaired; -apply repairs)"
 	}
+	epochErr := ""
+	if pass.EpochErr != nil {
+		epochErr = pass.EpochErr.Error()
+	}
 	err = e.emit(struct {
-		Apply   bool         `json:"apply"`
-		Found   bool         `json:"found"`
-		Reports []reportJSON `json:"reports"`
-	}{o.apply, nFound > 0, append([]reportJSON{}, out...)}, func(w io.Writer) {
+		Apply         bool         `json:"apply"`
+		Found         bool         `json:"found"`
+		Reports       []reportJSON `json:"reports"`
+		Unregistered  []string     `json:"unregistered,omitempty"`
+		StoreOnly     []string     `json:"store_only,omitempty"`
+		EpochRecorded bool         `json:"epoch_recorded,omitempty"`
+		EpochError    string       `json:"epoch_error,omitempty"`
+	}{o.apply, nFound > 0, append([]reportJSON{}, out...), pass.Unregistered, pass.StoreOnly, pass.EpochRecorded, epochErr}, func(w io.Writer) {
 		for _, l := range lines {
 			fmt.Fprintln(w, l)
 		}

@@ -3,12 +3,8 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -17,6 +13,8 @@ import (
 	_ "modernc.org/sqlite" // "sqlite"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/dburl"
+	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/sqlstore"
 )
 
@@ -41,32 +39,14 @@ func (e *env) close() {
 	}
 }
 
-// redisOption turns -redis into a client option: a redis://, rediss:// or unix:// URL, or a
-// comma-separated list of addresses. Client-side caching is off (an operator's reads must be
+// redisOption turns -redis into a client option, by the parser the tools share
+// (internal/redisaddr): a redis://, rediss:// (TLS) or unix:// URL, with the user and password
+// of an ACL user in it, or a comma-separated list of addresses. Client-side caching is off (an operator's reads must be
 // fresh); with one address rueidis finds out whether it is a cluster node.
 func redisOption(s string, timeout time.Duration) (rueidis.ClientOption, error) {
-	var opt rueidis.ClientOption
-	s = strings.TrimSpace(s)
-	if strings.Contains(s, "://") {
-		o, err := rueidis.ParseURL(s)
-		if err != nil {
-			return opt, usagef("-redis %q: %v", s, err)
-		}
-		opt = o
-	} else {
-		for _, a := range strings.Split(s, ",") {
-			a = strings.TrimSpace(a)
-			if a == "" {
-				continue
-			}
-			if _, _, err := net.SplitHostPort(a); err != nil {
-				return opt, usagef("-redis %q: %v (want host:port)", a, err)
-			}
-			opt.InitAddress = append(opt.InitAddress, a)
-		}
-		if len(opt.InitAddress) == 0 {
-			return opt, usagef("-redis: no address")
-		}
+	opt, err := redisaddr.Parse(s)
+	if err != nil {
+		return opt, usagef("-redis %v", err)
 	}
 	opt.DisableCache = true
 	opt.Dialer.Timeout = min(timeout, 10*time.Second)
@@ -135,88 +115,16 @@ func (e *env) openStore(ctx context.Context, why string) (*sqlstore.Store, error
 	return st, nil
 }
 
-// parseDSN maps -dsn to a database/sql driver, its DSN and the sqlstore dialect:
-//
-//	postgres://... or postgresql://...  pgx, as is
-//	mysql://user:pass@host:port/db?k=v  go-sql-driver/mysql: user:pass@tcp(host:port)/db?k=v
-//	mysql:user:pass@tcp(host)/db        go-sql-driver/mysql, as is
-//	sqlite:PATH                         modernc.org/sqlite, with a busy timeout, WAL and
-//	                                    immediate transactions (sqlite:file:... is kept as is)
+// parseDSN maps -dsn to a database/sql driver, its DSN and the sqlstore dialect, by the
+// parser every tool of the module shares (internal/dburl: postgres://..., mysql://...,
+// mysql:DSN, sqlite:PATH).
 func parseDSN(s string) (driver, dsn string, d sqlstore.Dialect, err error) {
-	scheme, rest, ok := strings.Cut(s, ":")
-	if !ok {
-		return "", "", 0, usagef("-dsn %q: want postgres://..., mysql://..., mysql:DSN or sqlite:PATH", redact(s))
-	}
-	switch strings.ToLower(scheme) {
-	case "postgres", "postgresql":
-		return "pgx", s, sqlstore.Postgres, nil
-	case "mysql":
-		if !strings.HasPrefix(rest, "//") {
-			return "mysql", rest, sqlstore.MySQL, nil
-		}
-		dsn, err := mysqlDSN(s)
-		return "mysql", dsn, sqlstore.MySQL, err
-	case "sqlite", "sqlite3":
-		if rest == "" {
-			return "", "", 0, usagef("-dsn %q: no file", s)
-		}
-		if strings.HasPrefix(rest, "file:") {
-			return "sqlite", rest, sqlstore.SQLite, nil
-		}
-		return "sqlite", "file:" + rest + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate", sqlstore.SQLite, nil
-	}
-	return "", "", 0, usagef("-dsn: unknown database %q: want postgres://..., mysql://..., mysql:DSN or sqlite:PATH", scheme)
-}
-
-// mysqlDSN turns mysql://user:pass@host:port/db?params into the go-sql-driver form.
-func mysqlDSN(s string) (string, error) {
-	u, err := url.Parse(s)
+	t, err := dburl.Parse(s)
 	if err != nil {
-		return "", usagef("-dsn: %v", redactErr(err, s))
+		return "", "", 0, usagef("-dsn %v", err)
 	}
-	if u.Host == "" {
-		return "", usagef("-dsn %q: no host", redact(s))
-	}
-	cfg := mysql.NewConfig()
-	cfg.Net, cfg.Addr = "tcp", u.Host
-	if u.Port() == "" {
-		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
-	}
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.DBName = strings.TrimPrefix(u.Path, "/")
-	dsn := cfg.FormatDSN()
-	if u.RawQuery != "" {
-		sep := "?"
-		if strings.Contains(dsn, "?") {
-			sep = "&"
-		}
-		dsn += sep + u.RawQuery
-	}
-	if _, err := mysql.ParseDSN(dsn); err != nil {
-		return "", usagef("-dsn %q: %v", redact(s), err)
-	}
-	return dsn, nil
+	return t.Driver, t.DSN, t.Dialect, nil
 }
 
-// redact hides the password of a URL-shaped DSN in messages.
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
-}
-
-func redactErr(err error, s string) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return errors.New(strings.ReplaceAll(ue.Err.Error(), s, redact(s)))
-	}
-	return err
-}
+// redact hides the password of a DSN in messages.
+func redact(s string) string { return dburl.Redact(s) }

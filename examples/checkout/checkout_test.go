@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -39,7 +41,7 @@ func newEnv(t *testing.T, holdTTL time.Duration, items map[string]int64) *env {
 		}
 	}
 	pay := NewFakePayments()
-	return &env{t: t, client: c, r: r, pay: pay, h: NewHandler(r, pay, holdTTL)}
+	return &env{t: t, client: c, r: r, pay: pay, h: NewHandler(r, pay, holdTTL, slog.New(slog.DiscardHandler))}
 }
 
 type reply struct {
@@ -106,14 +108,14 @@ func TestCheckout(t *testing.T) {
 	if err := json.Unmarshal([]byte(rp.body), &ob); err != nil {
 		t.Fatal(err)
 	}
-	if want := (orderBody{Order: "order-1", SKU: "shoe", User: "alice", Qty: 1, Status: "confirmed", Remaining: 4}); ob != want {
+	if want := (orderBody{Order: orderID("alice", "order-1"), SKU: "shoe", User: "alice", Qty: 1, Status: "confirmed", Remaining: 4}); ob != want {
 		t.Fatalf("body %+v, want %+v", ob, want)
 	}
 	e.wantLevels("shoe", 4, 0, 1)
-	if !e.pay.Charged("order-1") || e.pay.Calls() != 1 {
-		t.Fatalf("charged %v, %d calls", e.pay.Charged("order-1"), e.pay.Calls())
+	if !e.pay.Charged(orderID("alice", "order-1")) || e.pay.Calls() != 1 {
+		t.Fatalf("charged %v, %d calls", e.pay.Charged(orderID("alice", "order-1")), e.pay.Calls())
 	}
-	if en, err := e.r.Ledger(context.Background(), "shoe", "order-1"); err != nil || en.Kind != stock.KindHold || en.State != stock.StateReserved {
+	if en, err := e.r.Ledger(context.Background(), "shoe", orderID("alice", "order-1")); err != nil || en.Kind != stock.KindHold || en.State != stock.StateReserved {
 		t.Fatalf("ledger %+v %v: want a confirmed hold waiting for the relay", en, err)
 	}
 }
@@ -140,7 +142,6 @@ func TestSameKeyDifferentBody(t *testing.T) {
 	e.want(e.post("order-1", shoe), http.StatusOK, "")
 	for _, body := range []string{
 		`{"sku":"shoe","qty":2,"user":"alice"}`, // other quantity: the ledger says conflict
-		`{"sku":"shoe","qty":1,"user":"bob"}`,   // other user: the ledger says conflict
 		`{"sku":"hat","qty":1,"user":"alice"}`,  // other item: the handler's key guard
 	} {
 		e.want(e.post("order-1", body), http.StatusUnprocessableEntity, "idempotency_key_reused")
@@ -149,12 +150,55 @@ func TestSameKeyDifferentBody(t *testing.T) {
 	e.wantLevels("hat", 5, 0, 0)
 }
 
+// The Idempotency-Key is scoped to the user: the same key sent by another user is another
+// order, never an answer (or a charge, or a cancel) of the first user's order.
+func TestIdempotencyKeyPerUser(t *testing.T) {
+	e := newEnv(t, time.Minute, map[string]int64{"shoe": 5, "hat": 5})
+	alice := e.post("order-1", shoe)
+	e.want(alice, http.StatusOK, "")
+	bobBody := `{"sku":"shoe","qty":1,"user":"bob"}`
+	bob := e.post("order-1", bobBody)
+	e.want(bob, http.StatusOK, "")
+	var a, b orderBody
+	if err := json.Unmarshal([]byte(alice.body), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(bob.body), &b); err != nil {
+		t.Fatal(err)
+	}
+	if a.Order == b.Order || b.User != "bob" || b.Remaining != 3 {
+		t.Fatalf("alice %+v, bob %+v: want two orders", a, b)
+	}
+	e.wantLevels("shoe", 3, 0, 2) // one unit each
+	if !e.pay.Charged(orderID("alice", "order-1")) || !e.pay.Charged(orderID("bob", "order-1")) || e.pay.Calls() != 2 {
+		t.Fatalf("%d charges: want one per user", e.pay.Calls())
+	}
+	// Another user's key on another item is not a reuse either.
+	e.want(e.post("order-1", `{"sku":"hat","qty":1,"user":"carol"}`), http.StatusOK, "")
+	e.wantLevels("hat", 4, 0, 1)
+	// A declined user's key does not cancel an order of the same key.
+	e.pay.Decline("mallory")
+	e.want(e.post("order-1", `{"sku":"shoe","qty":1,"user":"mallory"}`), http.StatusPaymentRequired, "payment_declined")
+	e.wantLevels("shoe", 3, 0, 2)
+	// Retries still answer each user their own order.
+	if again := e.post("order-1", bobBody); again.body != bob.body {
+		t.Fatalf("bob's retry: %s, want %s", again.body, bob.body)
+	}
+	if again := e.post("order-1", shoe); again.body != alice.body {
+		t.Fatalf("alice's retry: %s, want %s", again.body, alice.body)
+	}
+	// Users whose name and key run together differently are different orders.
+	if orderID("ab", "c") == orderID("a", "bc") {
+		t.Fatal("orderID is ambiguous")
+	}
+}
+
 func TestSoldOut(t *testing.T) {
 	e := newEnv(t, time.Minute, map[string]int64{"shoe": 1})
 	e.want(e.post("order-1", shoe), http.StatusOK, "")
 	e.want(e.post("order-2", `{"sku":"shoe","qty":1,"user":"bob"}`), http.StatusConflict, "sold_out")
 	e.wantLevels("shoe", 0, 0, 1)
-	if e.pay.Charged("order-2") {
+	if e.pay.Charged(orderID("bob", "order-2")) {
 		t.Fatal("a sold-out order was charged")
 	}
 }
@@ -181,7 +225,7 @@ func TestHoldExpiresDuringPayment(t *testing.T) {
 	first := e.post("order-1", shoe)
 	e.want(first, http.StatusGone, "hold_expired")
 	e.wantLevels("shoe", 5, 0, 0)
-	if !e.pay.Refunded("order-1") || e.pay.Charged("order-1") {
+	if !e.pay.Refunded(orderID("alice", "order-1")) || e.pay.Charged(orderID("alice", "order-1")) {
 		t.Fatal("the payment of an expired hold was not refunded")
 	}
 	again := e.post("order-1", shoe)
@@ -195,7 +239,7 @@ func TestBadRequests(t *testing.T) {
 	e := newEnv(t, time.Minute, map[string]int64{"shoe": 5})
 	e.want(e.post("", shoe), http.StatusBadRequest, "missing_idempotency_key")
 	e.want(e.post("order 1", shoe), http.StatusBadRequest, "invalid")                // whitespace: stock.ErrInvalid
-	e.want(e.post("order-{1}", shoe), http.StatusBadRequest, "invalid")              // braces
+	e.want(e.post("order-é", shoe), http.StatusBadRequest, "invalid")                // not ASCII
 	e.want(e.post(strings.Repeat("k", 129), shoe), http.StatusBadRequest, "invalid") // too long
 	e.want(e.post("order-1", `{"sku":"shoe","qty":0,"user":"alice"}`), http.StatusBadRequest, "invalid")
 	e.want(e.post("order-1", `{"sku":"shoe","qty":1}`), http.StatusBadRequest, "invalid")
@@ -231,7 +275,7 @@ func TestPaymentsDownThenRetry(t *testing.T) {
 	e.wantLevels("shoe", 4, 1, 0) // still held
 	e.want(e.post("order-1", shoe), http.StatusOK, "")
 	e.wantLevels("shoe", 4, 0, 1)
-	if !e.pay.Charged("order-1") {
+	if !e.pay.Charged(orderID("alice", "order-1")) {
 		t.Fatal("not charged")
 	}
 }
@@ -254,7 +298,7 @@ func TestRedisDown(t *testing.T) {
 	m.Close()
 	defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
 	stepTimeout = 200 * time.Millisecond
-	e := &env{t: t, h: NewHandler(r, NewFakePayments(), time.Minute)}
+	e := &env{t: t, h: NewHandler(r, NewFakePayments(), time.Minute, slog.New(slog.DiscardHandler))}
 	rp := e.post("order-1", shoe)
 	e.want(rp, http.StatusServiceUnavailable, "unavailable")
 	if rp.header.Get("Retry-After") == "" {
@@ -277,5 +321,126 @@ func TestStockLevels(t *testing.T) {
 	e.want(e.do(httptest.NewRequest(http.MethodGet, "/stock/boot", nil)), http.StatusNotFound, "not_found")
 	if rp := e.do(httptest.NewRequest(http.MethodGet, "/checkout", nil)); rp.status != http.StatusMethodNotAllowed {
 		t.Fatalf("GET /checkout: %d", rp.status)
+	}
+}
+
+func (e *env) send(method, target, contentType, key, body string) reply {
+	e.t.Helper()
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	return e.do(req)
+}
+
+// wantMessage checks the error and that its message says what it should and no Go internals.
+func (e *env) wantMessage(rp reply, status int, code, says string) {
+	e.t.Helper()
+	e.want(rp, status, code)
+	var eb errorBody
+	if err := json.Unmarshal([]byte(rp.body), &eb); err != nil {
+		e.t.Fatal(err)
+	}
+	if !strings.Contains(eb.Message, says) {
+		e.t.Errorf("%d %s: message %q does not say %q", status, code, eb.Message, says)
+	}
+	for _, internal := range []string{"Go ", "struct", "int64", "json:", "stock:", "checkoutRequest", " id "} {
+		if strings.Contains(eb.Message, internal) {
+			e.t.Errorf("message %q shows %q", eb.Message, internal)
+		}
+	}
+}
+
+// Every malformed request is refused with a JSON error that says what is wrong in the API's
+// words, and takes nothing.
+func TestRequestErrors(t *testing.T) {
+	e := newEnv(t, time.Minute, map[string]int64{"shoe": 5})
+	const js = "application/json"
+	cases := []struct {
+		name, method, target, ctype, key, body string
+		status                                 int
+		code, says                             string
+	}{
+		{"trailing data", "POST", "/checkout", js, "k1", shoe + " trailing", 400, "invalid", "after the JSON object"},
+		{"trailing data, big", "POST", "/checkout", js, "k1", shoe + strings.Repeat(" ", 70<<10) + "x", 413, "too_large", "larger than"},
+		{"second object", "POST", "/checkout", js, "k1", shoe + shoe, 400, "invalid", "after the JSON object"},
+		{"too large", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1,"user":"` + strings.Repeat("a", 70<<10) + `"}`, 413, "too_large", "larger than 65536 bytes"},
+		{"form body", "POST", "/checkout", "application/x-www-form-urlencoded", "k1", shoe, 415, "unsupported_media_type", "application/json"},
+		{"text body", "POST", "/checkout", "text/plain", "k1", shoe, 415, "unsupported_media_type", "application/json"},
+		{"bad media type", "POST", "/checkout", "json;;", "k1", shoe, 415, "unsupported_media_type", "application/json"},
+		{"huge qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1e20,"user":"alice"}`, 400, "invalid", "qty must be a whole number"},
+		{"fractional qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1.5,"user":"alice"}`, 400, "invalid", "qty must be a whole number"},
+		{"qty as text", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":"1","user":"alice"}`, 400, "invalid", "qty must be a whole number"},
+		{"missing qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","user":"alice"}`, 400, "invalid", "qty is required"},
+		{"zero qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":0,"user":"alice"}`, 400, "invalid", "qty must be a whole number from 1"},
+		{"missing sku", "POST", "/checkout", js, "k1", `{"qty":1,"user":"alice"}`, 400, "invalid", "sku is required"},
+		{"sku as number", "POST", "/checkout", js, "k1", `{"sku":7,"qty":1,"user":"alice"}`, 400, "invalid", "sku must be a string"},
+		{"sku with a space", "POST", "/checkout", js, "k1", `{"sku":"sh oe","qty":1,"user":"alice"}`, 400, "invalid", "sku may not contain"},
+		{"missing user", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1}`, 400, "invalid", "user is required"},
+		{"unknown field", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1,"user":"alice","coupon":1}`, 400, "invalid", `unknown field "coupon"`},
+		{"array", "POST", "/checkout", js, "k1", `[1]`, 400, "invalid", "JSON object"},
+		{"not JSON", "POST", "/checkout", js, "k1", `sku=shoe`, 400, "invalid", "not valid JSON"},
+		{"empty body", "POST", "/checkout", js, "k1", ``, 400, "invalid", "the body is empty"},
+		{"cut short", "POST", "/checkout", js, "k1", `{"sku":"shoe"`, 400, "invalid", "ends before"},
+		{"no key", "POST", "/checkout", js, "", shoe, 400, "missing_idempotency_key", "Idempotency-Key header is required"},
+		{"key too long", "POST", "/checkout", js, strings.Repeat("k", 129), shoe, 400, "invalid", "Idempotency-Key is longer"},
+		{"key with a space", "POST", "/checkout", js, "order 1", shoe, 400, "invalid", "Idempotency-Key may hold only"},
+		{"GET /checkout", "GET", "/checkout", "", "", "", 405, "method_not_allowed", "use POST"},
+		{"DELETE /stock", "DELETE", "/stock/shoe", "", "", "", 405, "method_not_allowed", "use GET"},
+		{"unknown path", "GET", "/nothing", "", "", "", 404, "not_found", "no such endpoint"},
+		{"bad sku in path", "GET", "/stock/a%7Bb", "", "", "", 400, "invalid", "sku may not contain"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e.t = t
+			rp := e.send(c.method, c.target, c.ctype, c.key, c.body)
+			e.wantMessage(rp, c.status, c.code, c.says)
+			if c.status == 405 && rp.header.Get("Allow") == "" {
+				t.Error("405 without Allow")
+			}
+		})
+	}
+	e.t = t
+	e.wantLevels("shoe", 5, 0, 0)
+	if e.pay.Calls() != 0 {
+		t.Fatalf("%d charges", e.pay.Calls())
+	}
+	// A JSON Content-Type with parameters, a +json type or none at all is accepted.
+	e.want(e.send("POST", "/checkout", "application/json; charset=utf-8", "k2", shoe), http.StatusOK, "")
+	e.want(e.send("POST", "/checkout", "application/vnd.api+json", "k3", `{"sku":"shoe","qty":1,"user":"bob"}`), http.StatusOK, "")
+	e.want(e.send("POST", "/checkout", "", "k2", shoe), http.StatusOK, "") // replay of k2
+	e.wantLevels("shoe", 3, 0, 2)
+}
+
+// Every request is logged: method, path, status, duration, and the Idempotency-Key.
+func TestRequestLog(t *testing.T) {
+	e := newEnv(t, time.Minute, map[string]int64{"shoe": 5})
+	var buf bytes.Buffer
+	e.h = NewHandler(e.r, e.pay, time.Minute, slog.New(slog.NewJSONHandler(&buf, nil)))
+	e.want(e.post("order-1", shoe), http.StatusOK, "")
+	e.want(e.do(httptest.NewRequest(http.MethodGet, "/nothing", nil)), http.StatusNotFound, "not_found")
+	var lines []map[string]any
+	for l := range strings.SplitSeq(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		if m["msg"] == "request" {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("%d request lines: %s", len(lines), buf.String())
+	}
+	first, second := lines[0], lines[1]
+	if first["method"] != "POST" || first["path"] != "/checkout" || first["status"] != float64(200) ||
+		first["idempotency_key"] != "order-1" || first["duration"] == nil {
+		t.Errorf("first line %v", first)
+	}
+	if second["method"] != "GET" || second["path"] != "/nothing" || second["status"] != float64(404) {
+		t.Errorf("second line %v", second)
 	}
 }

@@ -6,38 +6,48 @@
 //	go run ./examples/checkout -redis 127.0.0.1:6379    # a real Redis
 //	go run ./examples/checkout -load sneaker-42=3 -decline mallory -hold-ttl 30s
 //
-//	curl -i -X POST localhost:8080/checkout -H 'Idempotency-Key: order-1' \
-//	     -d '{"sku":"sneaker-42","qty":1,"user":"alice"}'
+//	curl -i -X POST localhost:8080/checkout -H 'Content-Type: application/json' \
+//	     -H 'Idempotency-Key: order-1' -d '{"sku":"sneaker-42","qty":1,"user":"alice"}'
 //	curl -i localhost:8080/stock/sneaker-42
 //
-// POST /checkout takes {"sku", "qty", "user"} and a required Idempotency-Key header (the
-// order id: unique per order, the same on every retry of it). It holds the stock for
-// -hold-ttl, charges the (fake) payment service, and confirms the hold; a declined payment
-// cancels it. A retry with the same key answers what the first attempt answered (200 with the
-// same body, or the same error); one that finds the first attempt still paying, or dead while
+// POST /checkout takes one JSON object {"sku", "qty", "user"} (Content-Type application/json,
+// at most 64 KiB, nothing after the object) and a required Idempotency-Key header: 1 to 128
+// visible ASCII characters, unique per order of a user and the same on every retry of it. The
+// key is scoped to the user: the order id is derived from the user and the key together, so
+// two users who send the same key place two separate orders, and one user's key can never
+// answer, charge or cancel another user's order. The handler holds the stock for -hold-ttl,
+// charges the (fake) payment service, and confirms the hold; a declined payment cancels it. A
+// retry with the same key and user answers what the first attempt answered (200 with the same
+// body, or the same error); one that finds the first attempt still paying, or dead while
 // paying, finishes it. Answers:
 //
 //	200  confirmed: {"order", "sku", "user", "qty", "status": "confirmed", "remaining"}
-//	400  missing_idempotency_key, invalid (bad JSON, no user, a key, sku or qty the library refuses)
+//	400  missing_idempotency_key, invalid (not one JSON object, data after it, an unknown
+//	     field, a missing or malformed sku, qty or user, a malformed Idempotency-Key)
 //	402  payment_declined: the hold was cancelled, the stock is back
 //	403  user_limit: over -user-limit units of the item per user (a policy refusal, not a rate limit)
-//	404  not_found: no such item
+//	404  not_found: no such item, or no such endpoint
+//	405  method_not_allowed, with Allow
 //	409  sold_out, insufficient, closed (the item is closed for sale), refused or cancelled (the
 //	     order was given back after it was confirmed)
 //	410  hold_expired: the payment outlasted the hold; the stock went back and the payment was refunded
-//	422  idempotency_key_reused: the key was used with another sku, qty or user
+//	413  too_large: the body is over 64 KiB
+//	415  unsupported_media_type: a Content-Type other than JSON (none at all is taken as JSON)
+//	422  idempotency_key_reused: the user used the key with another sku or qty
 //	503  unavailable, with Retry-After: Redis or the payment service did not answer, the outcome
 //	     is unknown; retry with the same Idempotency-Key
 //
-// Every error body is {"error": code, "message": text}. GET /stock/{sku} returns the item's
-// levels: {"sku", "available", "held", "sold", "loaded", "closed"}.
+// Every error body, whatever the status, is {"error": code, "message": text}. GET /stock/{sku}
+// returns the item's levels: {"sku", "available", "held", "sold", "loaded", "closed"}. Every
+// request is logged (log/slog, on stderr): method, path, status, duration, Idempotency-Key.
 //
 // A Relay drains the outbox into an in-memory database of record (memstore; use sqlstore in a
 // real service) and a sweeper releases expired holds. SIGINT or SIGTERM stops the server
 // gracefully: no new connections, in-flight checkouts finish (up to -shutdown-timeout), then
 // the relay delivers what is left.
 //
-// Flags: -addr (:8080), -redis (an address; default an embedded miniredis), -prefix (checkout),
+// Flags: -addr (:8080), -redis (host:port, or redis://user:password@host:port, rediss:// for
+// TLS; default an embedded miniredis), -prefix (checkout),
 // -hold-ttl (10m), -user-limit (2), -load (sneaker-42=10,tee-7=100: items to load at start; an
 // item that is already live is kept as it is), -decline (users whose payments are declined),
 // -pay-delay (0: how long a payment takes), -shutdown-timeout (10s).
@@ -63,12 +73,18 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/memstore"
 )
 
 func main() {
+	flag.CommandLine.Init("checkout", flag.ExitOnError) // usage says "checkout", not go run's temporary path
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), "checkout serves a demo checkout API (POST /checkout, GET /stock/{sku}) on the stock library.\n\nUsage: checkout [flags]\n\nFlags:\n")
+		flag.PrintDefaults()
+	}
 	addr := flag.String("addr", ":8080", "listen `address`")
-	redisAddr := flag.String("redis", "", "a real Redis `address` (default: an embedded miniredis)")
+	redisAddr := flag.String("redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
 	prefix := flag.String("prefix", "checkout", "Redis key prefix")
 	holdTTL := flag.Duration("hold-ttl", 10*time.Minute, "how long a hold waits for its payment")
 	userLimit := flag.Int64("user-limit", 2, "most units of one item per user (0: no limit)")
@@ -91,8 +107,15 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	opt := rueidis.ClientOption{InitAddress: []string{redisAddr}, ForceSingleClient: true}
-	if redisAddr == "" {
+	var opt rueidis.ClientOption
+	if redisAddr != "" {
+		o, err := redisaddr.Parse(redisAddr)
+		if err != nil {
+			return fmt.Errorf("-redis %v", err)
+		}
+		o.ForceSingleClient = len(o.InitAddress) == 1
+		opt = o
+	} else {
 		m := miniredis.NewMiniRedis()
 		if err := m.Start(); err != nil {
 			return err
@@ -151,7 +174,7 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 
 	srv := &http.Server{
 		Addr:              addr,
-		Handler:           NewHandler(r, pay, holdTTL),
+		Handler:           NewHandler(r, pay, holdTTL, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      flowTimeout + 5*time.Second,
@@ -163,7 +186,7 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 		wg.Wait()
 		return err
 	}
-	log.Info("checkout listening", "addr", ln.Addr().String(), "redis", orDefault(redisAddr, "embedded miniredis"), "hold_ttl", holdTTL)
+	log.Info("checkout listening", "addr", ln.Addr().String(), "redis", orDefault(redisaddr.Redact(redisAddr), "embedded miniredis"), "hold_ttl", holdTTL)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 

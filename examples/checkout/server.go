@@ -2,14 +2,21 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/stockres/stock"
 )
@@ -25,7 +32,7 @@ type Payments interface {
 
 // Charge is one payment.
 type Charge struct {
-	Order string // the Idempotency-Key of the checkout
+	Order string // the order id: derived from the user and the Idempotency-Key of the checkout
 	User  string
 	SKU   string
 	Qty   int64
@@ -124,7 +131,8 @@ func stockError(err error, rc stock.Receipt) apiError {
 	case "restored":
 		return errRestored
 	case "invalid":
-		return apiError{http.StatusBadRequest, "invalid", err.Error(), false}
+		// The handler checks every field first; this is a refusal it did not foresee.
+		return apiError{http.StatusBadRequest, "invalid", "the request was refused as invalid", false}
 	case "error", "timeout", "canceled":
 		return unknownOutcome("the stock service did not answer")
 	}
@@ -140,40 +148,226 @@ type handler struct {
 	log  *slog.Logger
 }
 
+// maxBody is the largest request body accepted; a larger one is answered 413.
+const maxBody = 64 << 10
+
 // NewHandler returns the checkout API:
 //
 //	POST /checkout      {"sku", "qty", "user"} with an Idempotency-Key header: hold, pay, confirm
 //	GET  /stock/{sku}   the item's levels
 //
-// A hold lasts holdTTL; a payment that outlasts it is refunded and answered 410.
-func NewHandler(r *stock.Reserver, p Payments, holdTTL time.Duration) http.Handler {
-	h := &handler{r: r, pay: p, ttl: holdTTL, keys: newKeyGuard(100000), log: slog.Default()}
+// A hold lasts holdTTL; a payment that outlasts it is refunded and answered 410. Every request
+// is logged on log (slog.Default() when nil): method, path, status, duration.
+func NewHandler(r *stock.Reserver, p Payments, holdTTL time.Duration, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.Default()
+	}
+	h := &handler{r: r, pay: p, ttl: holdTTL, keys: newKeyGuard(100000), log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /checkout", h.checkout)
 	mux.HandleFunc("GET /stock/{sku}", h.levels)
-	return mux
+	// Everything else answers in JSON too: a known path with another method is 405, any other
+	// path 404.
+	mux.HandleFunc("/checkout", methodNotAllowed("POST"))
+	mux.HandleFunc("/stock/{sku}", methodNotAllowed("GET, HEAD"))
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		writeError(w, apiError{http.StatusNotFound, "not_found", "no such endpoint: POST /checkout or GET /stock/{sku}", false})
+	})
+	return h.logRequests(mux)
+}
+
+func methodNotAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeError(w, apiError{http.StatusMethodNotAllowed, "method_not_allowed",
+			req.Method + " is not allowed here; use " + allow, false})
+	}
+}
+
+// statusWriter records the status a handler answered, for the request log.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// logRequests logs one line per request: method, path, status, duration, and the
+// Idempotency-Key when there is one.
+func (h *handler) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, req)
+		attrs := []any{"method", req.Method, "path", req.URL.Path, "status", sw.status, "duration", time.Since(start)}
+		if k := req.Header.Get("Idempotency-Key"); k != "" {
+			attrs = append(attrs, "idempotency_key", k)
+		}
+		h.log.Info("request", attrs...)
+	})
+}
+
+// orderID is the order id of a checkout: the stock library's request id, the payment's
+// idempotency key. It is derived from the user and the Idempotency-Key together, so the same
+// key sent by two users names two different orders: one user's key can never reach another
+// user's order. The user and the key are length-prefixed before hashing, so no two (user, key)
+// pairs give the same input.
+func orderID(user, key string) string {
+	sum := sha256.Sum256([]byte(strconv.Itoa(len(user)) + ":" + user + key))
+	return "order-" + hex.EncodeToString(sum[:16])
+}
+
+// checkKey checks an Idempotency-Key: 1 to stock.MaxNameLen visible ASCII characters.
+func checkKey(key string) *apiError {
+	if key == "" {
+		return &apiError{http.StatusBadRequest, "missing_idempotency_key",
+			"an Idempotency-Key header is required: a unique key per order, reused when retrying it", false}
+	}
+	if len(key) > stock.MaxNameLen {
+		return &apiError{http.StatusBadRequest, "invalid",
+			fmt.Sprintf("the Idempotency-Key is longer than %d characters", stock.MaxNameLen), false}
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] <= ' ' || key[i] > '~' {
+			return &apiError{http.StatusBadRequest, "invalid",
+				"the Idempotency-Key may hold only visible ASCII characters (no spaces)", false}
+		}
+	}
+	return nil
+}
+
+// checkName checks the sku or the user of a request, by the rules of the stock library, with a
+// message that names the field.
+func checkName(field, s string) *apiError {
+	bad := func(msg string) *apiError {
+		return &apiError{http.StatusBadRequest, "invalid", msg, false}
+	}
+	switch {
+	case s == "":
+		return bad(field + " is required")
+	case len(s) > stock.MaxNameLen:
+		return bad(fmt.Sprintf("%s is longer than %d bytes", field, stock.MaxNameLen))
+	case !utf8.ValidString(s):
+		return bad(field + " is not valid UTF-8")
+	}
+	for _, c := range s {
+		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
+			return bad(field + " may not contain braces, '|', spaces or control characters")
+		}
+	}
+	return nil
+}
+
+// decodeRequest reads the body of a checkout: one JSON object and nothing after it, at most
+// maxBody bytes, with a JSON Content-Type (or none). The messages name the field at fault and
+// never quote Go types.
+func decodeRequest(w http.ResponseWriter, req *http.Request) (checkoutRequest, *apiError) {
+	bad := func(msg string) (checkoutRequest, *apiError) {
+		return checkoutRequest{}, &apiError{http.StatusBadRequest, "invalid", msg, false}
+	}
+	if ct := req.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return checkoutRequest{}, &apiError{http.StatusUnsupportedMediaType, "unsupported_media_type",
+				"the body must be JSON: Content-Type: application/json", false}
+		}
+	}
+	var in struct {
+		SKU  *string `json:"sku"`
+		Qty  *int64  `json:"qty"`
+		User *string `json:"user"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, maxBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&in)
+	var (
+		tooBig *http.MaxBytesError
+		syntax *json.SyntaxError
+		typ    *json.UnmarshalTypeError
+	)
+	if err == nil {
+		// One JSON object and nothing after it (white space aside).
+		if _, terr := dec.Token(); terr != io.EOF {
+			if errors.As(terr, &tooBig) {
+				err = terr
+			} else {
+				return bad("unexpected data after the JSON object")
+			}
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.As(err, &tooBig):
+		return checkoutRequest{}, &apiError{http.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("the body is larger than %d bytes", maxBody), false}
+	case errors.Is(err, io.EOF):
+		return bad(`the body is empty: want {"sku": ..., "qty": ..., "user": ...}`)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return bad("the body ends before its JSON object does")
+	case errors.As(err, &syntax):
+		return bad(fmt.Sprintf("the body is not valid JSON (at byte %d)", syntax.Offset))
+	case errors.As(err, &typ):
+		switch typ.Field {
+		case "qty":
+			return bad(fmt.Sprintf("qty must be a whole number from 1 to %d", stock.MaxQty))
+		case "sku", "user":
+			return bad(typ.Field + " must be a string")
+		}
+		return bad(`the body must be a JSON object: {"sku": ..., "qty": ..., "user": ...}`)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return bad("unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ") + ": the fields are sku, qty and user")
+	default:
+		return bad("the body is not a valid JSON object")
+	}
+	var out checkoutRequest
+	if in.SKU != nil {
+		out.SKU = *in.SKU
+	}
+	if in.User != nil {
+		out.User = *in.User
+	}
+	if e := checkName("sku", out.SKU); e != nil {
+		return out, e
+	}
+	if e := checkName("user", out.User); e != nil {
+		return out, e
+	}
+	if in.Qty == nil {
+		return bad("qty is required")
+	}
+	if out.Qty = *in.Qty; out.Qty < 1 || out.Qty > stock.MaxQty {
+		return bad(fmt.Sprintf("qty must be a whole number from 1 to %d", stock.MaxQty))
+	}
+	return out, nil
 }
 
 func (h *handler) checkout(w http.ResponseWriter, req *http.Request) {
 	key := req.Header.Get("Idempotency-Key")
-	if key == "" {
-		writeError(w, apiError{http.StatusBadRequest, "missing_idempotency_key",
-			"an Idempotency-Key header is required: a unique key per order, reused when retrying it", false})
+	if e := checkKey(key); e != nil {
+		writeError(w, *e)
 		return
 	}
-	var in checkoutRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		writeError(w, apiError{http.StatusBadRequest, "invalid", "body: " + err.Error(), false})
+	in, e := decodeRequest(w, req)
+	if e != nil {
+		writeError(w, *e)
 		return
 	}
-	if in.User == "" {
-		writeError(w, apiError{http.StatusBadRequest, "invalid", "user is required", false})
-		return
-	}
-	// The stock ledger refuses a key reused with another quantity or user (ErrConflict), but
-	// ledgers are per item: a key reused for another item is caught here, in this process only.
+	// The order id is scoped to the user: the same key from another user is another order.
+	key = orderID(in.User, key)
+	// The stock ledger refuses an order id reused with another quantity (ErrConflict), but
+	// ledgers are per item: an id reused for another item is caught here, in this process only.
 	if !h.keys.fits(key, in) {
 		writeError(w, stockError(stock.ErrConflict, stock.Receipt{}))
 		return
@@ -282,6 +476,10 @@ func confirmed(o stock.Request, rc stock.Receipt) orderBody {
 
 func (h *handler) levels(w http.ResponseWriter, req *http.Request) {
 	sku := req.PathValue("sku")
+	if e := checkName("sku", sku); e != nil {
+		writeError(w, *e)
+		return
+	}
 	ctx, done := step(req.Context())
 	defer done()
 	lv, err := h.r.Levels(ctx, sku)

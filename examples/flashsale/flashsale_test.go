@@ -1,13 +1,24 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/sqlstore"
 )
 
 func smallSale() config {
@@ -117,14 +128,125 @@ func TestTablePrefix(t *testing.T) {
 	}
 }
 
-func TestRedact(t *testing.T) {
-	for in, want := range map[string]string{
-		"postgres://u:secret@host/db": "postgres://u:xxx@host/db",
-		"postgres://u@host/db":        "postgres://u@host/db",
-		"root:pw@tcp(h:3306)/test":    "root:xxx@tcp(h:3306)/test",
-	} {
-		if got := redact(in); got != want {
-			t.Errorf("redact(%q) = %q, want %q", in, got, want)
-		}
+// The -dsn URL form stockctl accepts works here too: mysql://user@host:port/db (it failed with
+// "default addr for network '127.0.0.1:3306' unknown"), when STOCK_TEST_MYSQL names a server
+// on 127.0.0.1:3306.
+func TestOpenDBMySQLURL(t *testing.T) {
+	if os.Getenv("STOCK_TEST_MYSQL") == "" {
+		t.Skip("STOCK_TEST_MYSQL is not set: no MySQL server to open")
+	}
+	d, err := openDB(config{DSN: "mysql://root@127.0.0.1:3306/test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close(false, io.Discard)
+	if d.dialect != sqlstore.MySQL || strings.Contains(d.desc, "xxxxx") {
+		t.Errorf("dialect %v, desc %q", d.dialect, d.desc)
+	}
+	if _, err := openDB(config{DSN: "oracle://x"}); err == nil {
+		t.Error("oracle://x opened")
+	}
+}
+
+// A run ended by SIGPIPE (its reader went away), SIGINT, SIGTERM or SIGHUP removes its keys,
+// its tables and its SQLite file before it exits. The run is the built command, on the real
+// Redis when STOCK_REDIS_SERVER is set (else the embedded miniredis), its SQLite file in a
+// temporary directory of its own (TMPDIR), which must be empty afterwards.
+func TestInterruptedRunCleansUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds and runs the command")
+	}
+	bin := filepath.Join(t.TempDir(), "flashsale")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	var srv *redistest.Server
+	if redistest.ServerBinary(t) != "" {
+		srv = redistest.StartServer(t)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGPIPE, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			tmp := t.TempDir()
+			prefix := "fs-sig-" + strconv.Itoa(int(sig))
+			args := []string{"-buyers", "20000", "-duration", "60s", "-prefix", prefix}
+			if srv != nil {
+				args = append(args, "-redis", srv.Addr())
+			}
+			cmd := exec.Command(bin, args...)
+			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "flash sale:") {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("first line %q, %v; stderr %s", line, err, stderr.String())
+			}
+			if sig == syscall.SIGPIPE {
+				stdout.Close() // the next progress line hits a broken pipe
+			} else if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err = <-done:
+			case <-time.After(2 * time.Minute):
+				cmd.Process.Kill()
+				t.Fatalf("still running two minutes after %v", sig)
+			}
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Errorf("exit: %v, want status 2 (interrupted); stderr %s", err, stderr.String())
+			}
+			left, _ := os.ReadDir(tmp)
+			if len(left) != 0 {
+				t.Errorf("after %v, the temporary directory holds %v", sig, left)
+			}
+			if srv != nil {
+				c := srv.Client(t)
+				keys, err := c.Do(context.Background(), c.B().Keys().Pattern(prefix+":*").Build()).AsStrSlice()
+				if err != nil || len(keys) != 0 {
+					t.Errorf("after %v, Redis keeps %v (%v)", sig, keys, err)
+				}
+			}
+		})
+	}
+}
+
+// -redis takes a URL with an ACL user's name and password (redis://user:password@host:port),
+// as stockctl does; a wrong password is an error that does not show it.
+func TestFlashSaleRedisURL(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("STOCK_REDIS_SERVER is not set: no real Redis to log in to")
+	}
+	srv := redistest.StartServer(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args("sale", "on", ">p@ss", "~*", "&*", "+@all").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := smallSale()
+	cfg.Buyers, cfg.Items = 100, 1
+	cfg.Redis = "redis://sale:p%40ss@" + srv.Addr()
+	var out bytes.Buffer
+	rep, err := run(ctx, cfg, &out)
+	if err != nil || !rep.Passed {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "p@ss") || strings.Contains(out.String(), "p%40ss") {
+		t.Errorf("the report shows the password:\n%s", out.String())
+	}
+	cfg.Redis = "redis://sale:wrong-secret@" + srv.Addr()
+	_, err = run(ctx, cfg, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "wrong-secret") {
+		t.Errorf("wrong password: %v", err)
 	}
 }

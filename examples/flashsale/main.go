@@ -13,7 +13,10 @@
 //	go run ./examples/flashsale -redis 127.0.0.1:6379
 //	go run ./examples/flashsale -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
 //	go run ./examples/flashsale -redis 127.0.0.1:6379 -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
-//	go run ./examples/flashsale -dsn 'mysql://root@tcp(127.0.0.1:3306)/test?interpolateParams=true'
+//	go run ./examples/flashsale -dsn 'mysql://root@127.0.0.1:3306/test'
+//
+// The first go run compiles the example and its dependencies (SQLite, pgx, the MySQL driver,
+// rueidis): a few minutes, silent, on a small machine; later runs start at once.
 //
 // A Relay drains the outbox into the database, a Reconciler runs every 500ms and a sweeper
 // releases expired holds, all while thousands of buyers race for a few items: most buy once,
@@ -24,13 +27,17 @@
 //
 // Flags:
 //
-//	-redis addr        a real Redis (default: an embedded miniredis)
+//	-redis addr        a real Redis (default: an embedded miniredis): host:port, or a URL with the
+//	                   user and password of an ACL user, redis://user:password@host:port, or
+//	                   rediss://… for TLS
 //	-cluster a,b,c     a real Redis Cluster, by the addresses of some of its nodes
-//	-dsn dsn           the database of record (default: a SQLite file in a temporary directory):
-//	                     postgres://… or postgresql://…  PostgreSQL, through pgx (the DSN is passed as is)
-//	                     mysql://DSN                     MySQL or MariaDB, through go-sql-driver/mysql;
-//	                                                     DSN is that driver's own form, user:pass@tcp(host:port)/db?params
-//	                     sqlite:path or file:path        a SQLite file (busy timeout, WAL, immediate transactions)
+//	-dsn dsn           the database of record (default: a SQLite file in a temporary directory),
+//	                   by the parser stockctl uses too:
+//	                     postgres://… or postgresql://…      PostgreSQL, through pgx (the DSN is passed as is)
+//	                     mysql://user:pass@host:port/db?k=v  MySQL or MariaDB, through go-sql-driver/mysql
+//	                     mysql:DSN                           the same, in that driver's own form,
+//	                                                         user:pass@tcp(host:port)/db?params
+//	                     sqlite:path                         a SQLite file (busy timeout, WAL, immediate transactions)
 //	-prefix p          the Redis key prefix (default: flashsale-<random>, unique per run); the tables
 //	                   are named after it (flashsale_<random>_items and _records)
 //	-keep              keep the keys, the tables and the SQLite file at the end (default: delete them)
@@ -42,7 +49,9 @@
 //
 // The progress line is redrawn in place when stdout is a terminal, and printed at most once a
 // second otherwise. The exit status is 0 when every check passes, 1 when one fails, 2 when the
-// sale could not run.
+// sale could not run or was interrupted. SIGINT, SIGTERM, SIGHUP and SIGPIPE (the reader of
+// its output went away) end the sale early; the keys, tables and files of the run are removed
+// on every exit path unless -keep is given.
 package main
 
 import (
@@ -61,11 +70,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	_ "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/rueidis"
-	_ "modernc.org/sqlite"
 
+	"github.com/stockres/stock/internal/dburl"
+	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/sqlstore"
 )
 
@@ -91,19 +99,46 @@ type config struct {
 	tamper func(ctx context.Context, c rueidis.Client) error
 }
 
+// usageText heads the -h output: the program's own name, not the temporary path of go run.
+const usageText = `flashsale runs a flash sale through the stock library (buyers racing for a few items, with the
+relay, the reconciler and the sweeper running) and checks that nothing was oversold, nothing
+was applied twice, every refusal has a reason, and Redis and the database of record agree.
+
+Usage: flashsale [flags]
+
+  flashsale                                   # embedded miniredis and a temporary SQLite file
+  flashsale -redis 127.0.0.1:6379 -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+  flashsale -dsn 'mysql://root@127.0.0.1:3306/test'
+
+Exit status: 0 when every check passes, 1 when one fails, 2 when the sale could not run or was
+interrupted. Keys and tables of the run are removed on every exit, interrupted or not.
+
+Flags:
+`
+
+// exitSignals end a sale early; the run then cleans up what it wrote before it exits. SIGPIPE
+// is among them: a report piped into a reader that went away (| head) makes writes fail
+// instead of killing the process before its clean-up.
+var exitSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE}
+
 func main() {
 	var cfg config
 	var cluster string
-	flag.StringVar(&cfg.Redis, "redis", "", "a real Redis `address` (default: an embedded miniredis)")
+	flag.CommandLine.Init("flashsale", flag.ExitOnError)
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), usageText)
+		flag.PrintDefaults()
+	}
+	flag.StringVar(&cfg.Redis, "redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
 	flag.StringVar(&cluster, "cluster", "", "a real Redis Cluster: comma-separated node `addresses`")
-	flag.StringVar(&cfg.DSN, "dsn", "", "database of record: postgres://…, mysql://user:pass@tcp(host:port)/db?…, sqlite:path (default: a SQLite file in a temp dir)")
+	flag.StringVar(&cfg.DSN, "dsn", "", "the database of record: postgres://…, mysql://user:pass@host:3306/db, mysql:<go-sql-driver DSN>,\nsqlite:PATH (default: a SQLite file in a temporary directory)")
 	flag.StringVar(&cfg.Prefix, "prefix", "", "Redis key prefix, also names the tables (default: flashsale-<random>)")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the Redis keys, the tables and the SQLite file")
 	flag.IntVar(&cfg.Buyers, "buyers", 5000, "simulated buyers")
 	flag.IntVar(&cfg.Items, "items", 3, "items on sale")
 	flag.Int64Var(&cfg.Stock, "stock", 100, "units of each item")
 	flag.DurationVar(&cfg.Duration, "duration", 5*time.Second, "the longest the sale runs; it ends earlier when every buyer is done")
-	flag.Uint64Var(&cfg.Seed, "seed", 1, "seed of the buyers' choices")
+	flag.Uint64Var(&cfg.Seed, "seed", 1, "seed of the buyers' random choices (the same seed, the same buyers)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "flashsale: unexpected arguments %q\n", flag.Args())
@@ -116,9 +151,9 @@ func main() {
 		cfg.TTY = true
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, stop := signal.NotifyContext(context.Background(), exitSignals...)
 	rep, err := run(ctx, cfg, os.Stdout)
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "flashsale:", err)
 		os.Exit(2)
@@ -193,7 +228,12 @@ func openRedis(cfg config, n int) ([]rueidis.Client, string, func(), error) {
 	case len(cfg.Cluster) > 0:
 		opt, desc = rueidis.ClientOption{InitAddress: cfg.Cluster, ShuffleInit: true}, "cluster "+strings.Join(cfg.Cluster, ",")
 	case cfg.Redis != "":
-		opt, desc = rueidis.ClientOption{InitAddress: []string{cfg.Redis}, ForceSingleClient: true}, "redis "+cfg.Redis
+		o, err := redisaddr.Parse(cfg.Redis)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("-redis %v", err)
+		}
+		o.ForceSingleClient = len(o.InitAddress) == 1
+		opt, desc = o, "redis "+redisaddr.Redact(cfg.Redis)
 	default:
 		m = miniredis.NewMiniRedis()
 		if err := m.Start(); err != nil {
@@ -232,38 +272,33 @@ type database struct {
 	dir     string // the temporary directory of the default SQLite file, or ""
 }
 
-// openDB opens the database the DSN names (see the package doc for the schemes).
+// openDB opens the database the DSN names, by the parser the tools share (internal/dburl:
+// postgres://…, mysql://user:pass@host:port/db, mysql:DSN, sqlite:PATH); with no DSN, a SQLite
+// file in a new temporary directory.
 func openDB(cfg config) (*database, error) {
-	dsn := cfg.DSN
+	raw := cfg.DSN
 	d := &database{}
-	var driver string
-	switch {
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
-		driver, d.dialect, d.desc = "pgx", sqlstore.Postgres, "postgres "+redact(dsn)
-	case strings.HasPrefix(dsn, "mysql://"):
-		dsn = strings.TrimPrefix(dsn, "mysql://")
-		driver, d.dialect, d.desc = "mysql", sqlstore.MySQL, "mysql "+redact(dsn)
-	case dsn == "", strings.HasPrefix(dsn, "sqlite:"), strings.HasPrefix(dsn, "file:"):
-		path := strings.TrimPrefix(strings.TrimPrefix(dsn, "sqlite:"), "file:")
-		if path == "" {
-			dir, err := os.MkdirTemp("", "flashsale-")
-			if err != nil {
-				return nil, err
-			}
-			d.dir, path = dir, filepath.Join(dir, "stock.db")
-		}
-		driver, d.dialect, d.desc = "sqlite", sqlstore.SQLite, "sqlite "+path
-		dsn = "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
-	default:
-		return nil, fmt.Errorf("-dsn %q: use postgres://…, mysql://…, sqlite:path or file:path", redact(dsn))
-	}
-	db, err := sql.Open(driver, dsn)
-	if err == nil {
-		err = db.Ping()
+	if raw == "" {
+		dir, err := os.MkdirTemp("", "flashsale-")
 		if err != nil {
-			db.Close()
+			return nil, err
 		}
+		d.dir, raw = dir, "sqlite:"+filepath.Join(dir, "stock.db")
 	}
+	t, err := dburl.Parse(raw)
+	if err != nil {
+		if d.dir != "" {
+			os.RemoveAll(d.dir)
+		}
+		return nil, fmt.Errorf("-dsn %v", err)
+	}
+	d.dialect, d.desc = t.Dialect, dburl.Redact(raw)
+	if d.dir != "" {
+		d.desc = "sqlite " + filepath.Join(d.dir, "stock.db")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := t.Open(ctx)
 	if err != nil {
 		if d.dir != "" {
 			os.RemoveAll(d.dir)
@@ -389,21 +424,4 @@ func globEscape(s string) string {
 		b.WriteRune(c)
 	}
 	return b.String()
-}
-
-// redact hides the password of a DSN in what is printed.
-func redact(dsn string) string {
-	at := strings.LastIndex(dsn, "@")
-	if at < 0 {
-		return dsn
-	}
-	head := dsn[:at]
-	start := strings.Index(head, "://") + 3
-	if start < 3 {
-		start = 0
-	}
-	if colon := strings.Index(head[start:], ":"); colon >= 0 {
-		return head[:start+colon] + ":xxx" + dsn[at:]
-	}
-	return dsn
 }

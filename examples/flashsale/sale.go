@@ -839,9 +839,14 @@ func check(name, detail string, bad []string) Check {
 
 // printReport writes the report.
 func printReport(out io.Writer, rep Report, obs *observer, logs *logCounter) {
-	fmt.Fprintf(out, "\n%d buyers came (%d more would have after the end), %d calls in %.1fs (%.0f/s); relay: %d batches, %d failed and retried; %d sold-out answers without a round trip; %d library warnings\n\n",
-		rep.Buyers, rep.Late, rep.Ops, rep.Elapsed.Seconds(), float64(rep.Ops)/max(rep.Elapsed.Seconds(), 1e-3),
-		obs.relayBatches.Load(), obs.relayErrs.Load(), obs.local.Load(), logs.n)
+	fmt.Fprintf(out, "\nbuyers: %d of %d came while the sale was open", rep.Buyers, rep.Buyers+rep.Late)
+	if rep.Late > 0 {
+		fmt.Fprintf(out, "; %d were due after it had ended and did not come", rep.Late)
+	}
+	fmt.Fprintf(out, "\ncalls: %d in %.1fs (%.0f/s); %d sold-out refusals answered in-process, without a round trip to Redis\n",
+		rep.Ops, rep.Elapsed.Seconds(), float64(rep.Ops)/max(rep.Elapsed.Seconds(), 1e-3), obs.local.Load())
+	fmt.Fprintf(out, "relay: %d batches delivered, %d failed and retried; library warnings: %d\n\n",
+		obs.relayBatches.Load(), obs.relayErrs.Load(), logs.n)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ITEM\tLOADED\tBOUGHT\tREDIS SOLD\tAVAILABLE\tHELD\tDB REMAINING\tDB APPLIED\t")
 	for _, it := range rep.Items {
@@ -849,6 +854,12 @@ func printReport(out io.Writer, rep Report, obs *observer, logs *logCounter) {
 			it.Redis.Available, it.Redis.Held, it.DBRemaining, it.DBApplied)
 	}
 	tw.Flush()
+	for _, it := range rep.Items {
+		if it.Redis.Available > 0 && it.Bought > 0 {
+			fmt.Fprintf(out, "%s ends with %d unit(s) unsold: given back (restores, cancels, expired holds) after the last buyer of it, or asked for by a buyer who wanted more than was left\n",
+				it.SKU, it.Redis.Available)
+		}
+	}
 	fmt.Fprintln(out)
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CALL\tOUTCOME\tCOUNT\tWHY")

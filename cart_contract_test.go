@@ -1,0 +1,327 @@
+package stock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+)
+
+// cartModes runs f for a saga cart (items in their own slots) and a one-script cart (items in
+// one group).
+func cartModes(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		t.Run("saga", func(t *testing.T) { f(t, newReserver(t, c, stock.WithPrefix("saga"))) })
+		t.Run("group", func(t *testing.T) {
+			f(t, newReserver(t, c, stock.WithPrefix("grp"), stock.WithGroups(func(string) string { return "g" })))
+		})
+	})
+}
+
+// TestCartOtherUserConflict: a cart id completed by one user, sent again with the same lines by
+// another user, is ErrConflict and changes nothing; the owner's retry is still a replay.
+func TestCartOtherUserConflict(t *testing.T) {
+	cartModes(t, func(t *testing.T, r *stock.Reserver) {
+		ctx := context.Background()
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, r.Load(ctx, "B", 5))
+		lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}
+		alice := stock.Cart{ID: "order-7", User: "alice", Lines: lines}
+		_, err := r.DeductMany(ctx, alice)
+		require.NoError(t, err)
+		before := []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}
+
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines})
+		require.ErrorIs(t, err, stock.ErrConflict, "another user's cart under alice's id")
+		_, err = r.HoldMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}, time.Minute)
+		require.ErrorIs(t, err, stock.ErrConflict)
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "order-7", Lines: lines})
+		require.ErrorIs(t, err, stock.ErrConflict, "the same cart without a user is another cart")
+		assert.Equal(t, before, []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}, "nothing given back")
+
+		rc, err := r.DeductMany(ctx, alice)
+		require.NoError(t, err, "alice's retry")
+		assert.True(t, rc.Replayed)
+		for _, sku := range []string{"A", "B"} {
+			e, err := r.Ledger(ctx, sku, "order-7")
+			require.NoError(t, err)
+			assert.True(t, e.Taken(), "%s still taken by alice", sku)
+			assert.Equal(t, "alice", e.User)
+		}
+	})
+}
+
+// TestCartRetryAfterPartialRestore: a completed cart, one line restored, then a retry of the
+// cart: the retry answers the cart's outcome and gives back none of the lines it kept.
+func TestCartRetryAfterPartialRestore(t *testing.T) {
+	cartModes(t, func(t *testing.T, r *stock.Reserver) {
+		ctx := context.Background()
+		for _, sku := range []string{"A", "B", "C"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
+		}
+		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
+		first, err := r.DeductMany(ctx, cart)
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, "B", "c1")
+		require.NoError(t, err)
+
+		rc, err := r.DeductMany(ctx, cart)
+		require.NoError(t, err, "a retry of a completed cart answers its outcome")
+		assert.True(t, rc.Replayed)
+		require.Len(t, rc.Items, 3)
+		for i, it := range rc.Items {
+			assert.Equal(t, first.Items[i].SKU, it.SKU)
+			assert.Equal(t, first.Items[i].Qty, it.Qty)
+			assert.Equal(t, first.Items[i].Remaining, it.Remaining, "the original receipt")
+			assert.True(t, it.Replayed)
+		}
+		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"), "A kept")
+		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "B"), "B restored once")
+		assert.Equal(t, stock.Levels{Available: 2, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C kept")
+
+		// A cart of holds whose line was cancelled: the retry says so, and gives nothing back.
+		hc := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "C", Qty: 1}}}
+		_, err = r.HoldMany(ctx, hc, time.Minute)
+		require.NoError(t, err)
+		_, err = r.Cancel(ctx, "A", "h1")
+		require.NoError(t, err)
+		_, err = r.HoldMany(ctx, hc, time.Minute)
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce, "a cart of holds answers its holds' state")
+		assert.Equal(t, "A", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrRestored)
+		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
+	})
+}
+
+// TestCartConcurrentCopies: many copies of each cart id run at once while single deducts race
+// them for the scarce item. Each cart id has one outcome: every copy is told the same (taken, or
+// refused), and the stock and the ledger match it.
+//
+// A cart taken by one script (items in one group) is atomic, and its refusal, like a refused
+// Deduct, records nothing: a copy refused while the scarce item was out may be followed by a copy
+// that finds a unit given back. There, every copy that was told "taken" must agree with the
+// stock, and the cart is taken at most once.
+func TestCartConcurrentCopies(t *testing.T) {
+	cartModes(t, func(t *testing.T, r *stock.Reserver) {
+		saga := strings.HasSuffix(t.Name(), "/saga")
+		ctx := context.Background()
+		const carts, copies = 40, 8
+		require.NoError(t, r.Load(ctx, "A", carts))
+		require.NoError(t, r.Load(ctx, "B", 3)) // scarce: carts and single deducts compete for it
+		require.NoError(t, r.Load(ctx, "C", carts))
+		type answer struct {
+			ok  bool
+			err error
+		}
+		answers := make([][]answer, carts)
+		var wg sync.WaitGroup
+		for i := range carts {
+			answers[i] = make([]answer, copies)
+			cart := stock.Cart{ID: "cart-" + strconv.Itoa(i), User: "u" + strconv.Itoa(i%3),
+				Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}, {SKU: "C", Qty: 1}}}
+			for j := range copies {
+				wg.Go(func() {
+					_, err := r.DeductMany(ctx, cart)
+					answers[i][j] = answer{ok: err == nil, err: err}
+				})
+			}
+			wg.Go(func() { // a competitor for B: takes a unit and gives it back, so B flickers
+				for k := range 4 {
+					id := "single-" + strconv.Itoa(i) + "-" + strconv.Itoa(k)
+					if _, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: id, Qty: 1}); err == nil {
+						_, _ = r.Restore(ctx, "B", id)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		taken := 0
+		for i, as := range answers {
+			for j, a := range as {
+				if a.err != nil && !errors.Is(a.err, stock.ErrSoldOut) && !errors.Is(a.err, stock.ErrInsufficient) && !errors.Is(a.err, stock.ErrRestored) {
+					t.Fatalf("cart-%d copy %d: unexpected error %v", i, j, a.err)
+				}
+				if saga {
+					require.Equal(t, as[0].ok, a.ok, "cart-%d: copy 0 got %v, copy %d got %v", i, as[0].err, j, a.err)
+				}
+				if a.ok {
+					as[0].ok = true // the cart was taken
+				}
+			}
+			for _, sku := range []string{"A", "B", "C"} {
+				e, err := r.Ledger(ctx, sku, "cart-"+strconv.Itoa(i))
+				if err == nil {
+					assert.Equal(t, as[0].ok, e.Taken(), "cart-%d: %s's entry %s/%s against the answer %v", i, sku, e.Kind, e.State, as[0].err)
+				} else {
+					require.ErrorIs(t, err, stock.ErrUnknownID)
+					assert.False(t, as[0].ok, "cart-%d was told taken but %s has no entry", i, sku)
+				}
+			}
+			if as[0].ok {
+				taken++
+			}
+		}
+		a, c := levels(t, r, "A"), levels(t, r, "C")
+		assert.Equal(t, int64(taken), a.Sold, "A sold = carts taken")
+		assert.Equal(t, int64(taken), c.Sold, "C sold = carts taken")
+		t.Logf("%d of %d carts taken, B: %+v", taken, carts, levels(t, r, "B"))
+	})
+}
+
+// TestCartRefusalSameForEveryCopy: a cart refused by an item is refused with that item's
+// refusal for every later copy too, not only for the attempt that found it.
+func TestCartRefusalSameForEveryCopy(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, r.Load(ctx, "B", 1))
+		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
+		for i := range 2 {
+			_, err := r.DeductMany(ctx, cart)
+			var ce *stock.CartError
+			require.ErrorAs(t, err, &ce, "attempt %d", i)
+			assert.Equal(t, "B", ce.SKU)
+			assert.ErrorIs(t, err, stock.ErrInsufficient, "attempt %d", i)
+		}
+		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "A"))
+	})
+}
+
+// collidingNames are SKUs built to meet other items' keys if key construction were not
+// injective: an item's name followed by each key suffix, and the cart log's old name.
+var collidingNames = []string{"tee", "tee:u", "tee:l", "tee:o", "tee:h", "tee:r", "tee:rl", "tee:dl", "tee:b",
+	"~carts", "~carts:p", "carts", "items", "epoch", "g", "g:tee"}
+
+// TestKeysInjective: with and without groups, every operation on one item leaves every other
+// item (named to collide with its keys) untouched, and the cart log is no item's key.
+func TestKeysInjective(t *testing.T) {
+	groups := map[string]func(string) string{
+		"ungrouped": nil,
+		"grouped":   func(string) string { return "g" },
+		"mixed": func(sku string) string { // half the items in group g, the other half alone
+			if len(sku)%2 == 0 {
+				return "g"
+			}
+			return ""
+		},
+	}
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		for name, group := range groups {
+			t.Run(name, func(t *testing.T) {
+				ctx := context.Background()
+				opts := []stock.Option{stock.WithPrefix("k" + name), stock.WithUserLimit(5)}
+				if group != nil {
+					opts = append(opts, stock.WithGroups(group))
+				}
+				r := newReserver(t, c, opts...)
+				// A cart first, so the cart log exists before "~carts" is loaded.
+				require.NoError(t, r.Load(ctx, "x1", 5))
+				require.NoError(t, r.Load(ctx, "x2", 5))
+				_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}})
+				require.NoError(t, err)
+				for _, sku := range collidingNames {
+					require.NoError(t, r.Load(ctx, sku, 10), "load %q", sku)
+				}
+				for _, sku := range collidingNames {
+					// Touch every key of sku: the user hash, the ledger, the outbox, holds.
+					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "a", Qty: 1})
+					require.NoError(t, err, "deduct %q", sku)
+					_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "b", Qty: 2}, time.Minute)
+					require.NoError(t, err, "hold %q", sku)
+					_, err = r.Restore(ctx, sku, "never")
+					require.ErrorIs(t, err, stock.ErrUnknownID)
+				}
+				for _, sku := range collidingNames {
+					assert.Equal(t, stock.Levels{Available: 7, Held: 2, Sold: 1, Loaded: 10}, levels(t, r, sku), "item %q", sku)
+					for _, id := range []string{"a", "h", "never"} {
+						e, err := r.Ledger(ctx, sku, id)
+						require.NoError(t, err, "ledger %q/%q", sku, id)
+						assert.Equal(t, sku, e.SKU)
+					}
+					_, err := r.Ledger(ctx, sku, "cart")
+					require.ErrorIs(t, err, stock.ErrUnknownID, "%q has no cart entry", sku)
+				}
+				rc, err := r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}})
+				require.NoError(t, err, "the cart log survives the items")
+				assert.True(t, rc.Replayed)
+				_, err = r.DeductMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "~carts", Qty: 1}, {SKU: "tee", Qty: 1}}})
+				require.NoError(t, err, "a cart of the colliding items")
+				n := 0
+				for sku, err := range r.Items(ctx) {
+					require.NoError(t, err)
+					if !strings.HasPrefix(sku, "x") {
+						n++
+					}
+				}
+				assert.Equal(t, len(collidingNames), n)
+			})
+		}
+	})
+}
+
+// TestReplicaAckGroupedCart: a cart taken by one script (items in one group) waits for the
+// replica acknowledgement like any other write.
+func TestReplicaAckGroupedCart(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("real-server test: set STOCK_REDIS_SERVER to run it")
+	}
+	ctx := context.Background()
+	primary := redistest.StartServer(t)
+	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+	rc := replica.Client(t)
+	require.Eventually(t, func() bool {
+		info, err := rc.Do(ctx, rc.B().Info().Section("replication").Build()).ToString()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	}, 10*time.Second, 20*time.Millisecond)
+	r, err := stock.New(primary.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond),
+		stock.WithGroups(func(string) string { return "g" }))
+	require.NoError(t, err)
+	require.NoError(t, r.Load(ctx, "A", 5))
+	require.NoError(t, r.Load(ctx, "B", 5))
+	lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}
+	_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines})
+	require.NoError(t, err, "the replica acknowledges")
+	replica.Kill()
+	cr, err := r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines})
+	require.ErrorIs(t, err, stock.ErrNotReplicated, "no replica left to acknowledge the grouped cart")
+	require.Len(t, cr.Items, 2, "the receipts of the write that was made")
+	cr, err = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines})
+	require.NoError(t, err, "a replay writes nothing and waits for nothing")
+	assert.True(t, cr.Replayed)
+}
+
+func ExampleReserver_DeductMany_retry() {
+	ctx := context.Background()
+	r, _, done := exampleReserver()
+	defer done()
+	for _, sku := range []string{"shirt", "cap"} {
+		_ = r.Load(ctx, sku, 10)
+	}
+	cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "shirt", Qty: 1}, {SKU: "cap", Qty: 2}}}
+	_, err := r.DeductMany(ctx, cart)
+	fmt.Println("taken:", err == nil)
+	// Another user's cart can never reach alice's order.
+	_, err = r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: cart.Lines})
+	fmt.Println("mallory:", errors.Is(err, stock.ErrConflict))
+	// A retry answers the cart's outcome, even after one of its lines was given back.
+	_, _ = r.Restore(ctx, "cap", "order-7")
+	rc, err := r.DeductMany(ctx, cart)
+	fmt.Println("retry:", err, rc.Replayed)
+	// Output:
+	// taken: true
+	// mallory: true
+	// retry: <nil> true
+}

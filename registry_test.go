@@ -1,0 +1,161 @@
+package stock_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+)
+
+// flushAll empties every node of c, as FLUSHALL on a Redis would.
+func flushAll(t *testing.T, c rueidis.Client) {
+	t.Helper()
+	for _, n := range c.Nodes() {
+		require.NoError(t, n.Do(context.Background(), n.B().Flushall().Build()).Error())
+	}
+}
+
+func registry(t *testing.T, r *stock.Reserver) []string {
+	t.Helper()
+	var out []string
+	for sku, err := range r.Items(context.Background()) {
+		require.NoError(t, err)
+		out = append(out, sku)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// lostRegistryScenario sells through Redis to the store, then loses Redis's data with lose,
+// and checks that a pass says so loudly and recovers from the store's items. Before, the pass
+// returned 0 reports and no error, and the items were never sold or relayed again.
+func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
+	ctx := context.Background()
+	r := newReserver(t, c)
+	store := memstore.New()
+	for sku, n := range map[string]int64{"A": 10, "B": 4} {
+		require.NoError(t, r.Load(ctx, sku, n))
+		require.NoError(t, store.Load(ctx, sku, n))
+	}
+	require.NoError(t, store.Load(ctx, "C", 7)) // in the store only: loaded in Redis at its sale
+	for i := range 3 {
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("a", i), Qty: 1})
+		require.NoError(t, err)
+	}
+	_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "b0", Qty: 4})
+	require.NoError(t, err)
+	rl, err := r.NewRelay(store, nil)
+	require.NoError(t, err)
+	drain(t, rl)
+
+	lose()
+	require.Empty(t, registry(t, r), "Redis lost everything")
+
+	// A dry run reports the loss and repairs nothing.
+	dry, err := r.NewReconciler(store, stock.WithDryRun(true))
+	require.NoError(t, err)
+	res, err := dry.Pass(ctx)
+	require.ErrorIs(t, err, stock.ErrRegistryLost)
+	assert.Equal(t, []string{"A", "B"}, res.Unregistered)
+	assert.Equal(t, []string{"C"}, res.StoreOnly)
+	require.Empty(t, registry(t, r))
+
+	rec, err := r.NewReconciler(store)
+	require.NoError(t, err)
+	reps, err := rec.Once(ctx)
+	require.ErrorIs(t, err, stock.ErrRegistryLost, "the pass says loudly that Redis lost its registry")
+	require.Len(t, reps, 2)
+	for _, rp := range reps {
+		assert.True(t, rp.Unregistered, "%s", rp)
+		assert.True(t, rp.Missing, "%s", rp)
+		assert.True(t, rp.Rebuilt, "%s", rp)
+		assert.Contains(t, rp.NeedsHuman, "Redis lost the item", "%s", rp)
+		assert.Contains(t, rp.String(), "NOT IN THE REGISTRY")
+	}
+	assert.Equal(t, []string{"A", "B"}, registry(t, r), "registered again")
+	n, err := r.Available(ctx, "A")
+	require.NoError(t, err)
+	assert.Equal(t, int64(7), n, "rebuilt from the store")
+	_, err = r.Available(ctx, "C")
+	require.ErrorIs(t, err, stock.ErrNotLoaded, "an item Redis never had is left alone")
+
+	// Sold and relayed again; the next pass finds nothing.
+	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "a-after", Qty: 2})
+	require.NoError(t, err)
+	require.Equal(t, 1, drain(t, rl).Delivered, "the relay drains the item again")
+	rem, err := store.Remaining(ctx, "A")
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), rem)
+	reps, err = rec.Once(ctx)
+	require.NoError(t, err)
+	for _, rp := range reps {
+		assert.False(t, rp.Unregistered || rp.Drift != 0 || rp.Missing, "%s", rp)
+	}
+}
+
+// TestRegistryLost: FLUSHALL, on every backend.
+func TestRegistryLost(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		lostRegistryScenario(t, c, func() { flushAll(t, c) })
+	})
+}
+
+// TestRegistryLostRestart: a restart of a redis-server without persistence.
+func TestRegistryLostRestart(t *testing.T) {
+	if os.Getenv(redistest.EnvServer) == "" {
+		t.Skip("needs a real redis-server to restart: set " + redistest.EnvServer)
+	}
+	srv := redistest.StartServer(t) // no AOF, no RDB
+	c := srv.Client(t)
+	lostRegistryScenario(t, c, func() {
+		srv.Kill()
+		srv.Start()
+	})
+}
+
+// TestRegistryEntryLost: an item whose keys are intact but whose registry entry is gone (a
+// deleted key, a partial loss) is registered again by a pass over every item and by a pass
+// over that item alone, and reported.
+func TestRegistryEntryLost(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		for _, sku := range []string{"A", "B"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
+			require.NoError(t, store.Load(ctx, sku, 5))
+		}
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+		require.NoError(t, err)
+		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
+
+		rec, err := r.NewReconciler(store)
+		require.NoError(t, err)
+		res, err := rec.Pass(ctx)
+		require.ErrorIs(t, err, stock.ErrRegistryLost)
+		assert.Equal(t, []string{"A"}, res.Unregistered)
+		assert.Equal(t, []string{"A", "B"}, registry(t, r))
+		rp := res.Reports[len(res.Reports)-1]
+		assert.Equal(t, "A", rp.SKU)
+		assert.False(t, rp.Missing)
+		assert.Empty(t, rp.NeedsHuman, "keys intact: registering it again was the whole repair")
+
+		// One item, as `stockctl reconcile -apply A` does.
+		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
+		one, err := r.NewReconciler(store, stock.WithReconcileItems("A"))
+		require.NoError(t, err)
+		rp, err = one.Item(ctx, "A")
+		require.NoError(t, err)
+		assert.True(t, rp.Unregistered)
+		assert.Equal(t, []string{"A", "B"}, registry(t, r))
+	})
+}
