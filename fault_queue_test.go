@@ -205,8 +205,8 @@ func (s *faultSeqStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err := s.Store.Apply(ctx, ev)
-	if err != nil && !errors.Is(err, stock.ErrRefused) {
-		return err
+	if err != nil && !errors.Is(err, stock.ErrRefused) && !s.took(ev) {
+		return err // not applied (an error after the commit, as at shutdown, did apply it)
 	}
 	key := faultEventKey(ev)
 	if s.seen[key] || ev.Type == stock.EventHeld || ev.Type == stock.EventCancelled || ev.Type == stock.EventExpired {
@@ -225,4 +225,20 @@ func (s *faultSeqStore) Apply(ctx context.Context, ev stock.Event) error {
 		s.last[ev.SKU] = seq
 	}
 	return err
+}
+
+// took reports whether the store has ev's effect, after an Apply that failed.
+func (s *faultSeqStore) took(ev stock.Event) bool {
+	recs, err := s.Store.Records(context.Background(), ev.SKU, []string{ev.ID})
+	if err != nil {
+		return false
+	}
+	rec, ok := recs[ev.ID]
+	switch ev.Type {
+	case stock.EventDeducted, stock.EventConfirmed, stock.EventRestocked:
+		return ok && rec.Type == ev.Type
+	case stock.EventRestored, stock.EventRefused:
+		return ok && rec.Status != stock.RecordApplied
+	}
+	return false
 }
