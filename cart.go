@@ -26,9 +26,11 @@ type Cart struct {
 
 // CartReceipt is the outcome of a cart: one receipt per item, in SKU order.
 type CartReceipt struct {
-	ID       string
-	Items    []Receipt
-	Replayed bool // the cart had already been taken: nothing changed
+	ID    string
+	Items []Receipt
+	// Replayed is false for the one call that completed the cart (of concurrent copies of a
+	// cart id, exactly one), true for every other answer of a taken cart.
+	Replayed bool
 }
 
 // A CartError says which line refused a cart; the lines taken before it were given back.
@@ -275,7 +277,6 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	default:
 		return out, codeErr(code)
 	}
-	replayed := true
 	for _, l := range lines {
 		req := Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}
 		rc, err := r.take(ctx, kind, req, ttlMs)
@@ -285,7 +286,6 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 			}
 			return out, err // unknown outcome: a retry with the same cart id goes on from here
 		}
-		replayed = replayed && rc.Replayed
 		out.Items = append(out.Items, rc)
 	}
 	code, why, err = r.cartOp(ctx, "done", c.ID, "")
@@ -297,7 +297,9 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 		// cart's. Give back what this attempt took (its undo may have run before our takes).
 		return r.undoCart(ctx, kind, c, lines, ttlMs, why, causeErr(c.ID, why))
 	}
-	out.Replayed = replayed
+	// The copy that completed the cart is the one not replayed, as for Deduct: of many copies of
+	// one cart id exactly one answers Replayed false, whichever took which line.
+	out.Replayed = code == codeReplay
 	return out, nil
 }
 

@@ -357,3 +357,36 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 		assert.Equal(t, int64(3), a, "available untouched")
 	})
 }
+
+// TestCartCopiesOneNotReplayed: of many concurrent copies of one cart id with enough stock,
+// exactly one answers Replayed false (the copy that completed the cart), as for Deduct, and all
+// answer the same receipts' quantities.
+func TestCartCopiesOneNotReplayed(t *testing.T) {
+	cartModes(t, func(t *testing.T, r *stock.Reserver) {
+		ctx := context.Background()
+		for _, sku := range []string{"A", "B", "C"} {
+			require.NoError(t, r.Load(ctx, sku, 1000))
+		}
+		for round := range 5 {
+			cart := stock.Cart{ID: fmt.Sprint("c", round), User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
+			const copies = 64
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			fresh := 0
+			for range copies {
+				wg.Go(func() {
+					rc, err := r.DeductMany(ctx, cart)
+					assert.NoError(t, err)
+					mu.Lock()
+					defer mu.Unlock()
+					if !rc.Replayed {
+						fresh++
+					}
+				})
+			}
+			wg.Wait()
+			assert.Equal(t, 1, fresh, "round %d: copies answering not replayed", round)
+		}
+		assert.Equal(t, int64(5), levels(t, r, "A").Sold)
+	})
+}

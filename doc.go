@@ -16,11 +16,13 @@
 //	stock:{sku}     hash   a available, h held, s sold, l loaded, c closed, n next hold deadline
 //	stock:{sku}:l   hash   ledger: request id -> "KS|qty|after|at_ms|user[|deadline]"
 //	stock:{sku}:u   hash   user -> units held or bought (for WithUserLimit)
-//	stock:{sku}:o   zset   outbox: "<event>:<id>" -> due time (ms)
+//	stock:{sku}:o   zset   outbox: "<event>:<id>" -> the event's sequence in the item
+//	stock:{sku}:p   zset   published: events handed to a Publisher, not yet applied by Consume
 //	stock:{sku}:h   zset   holds: id -> deadline (ms)
 //	stock:{sku}:r   hash   outbox delivery attempts
 //	stock:{sku}:rl  string the relay lease (one relay per item at a time)
-//	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid
+//	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid, or whose
+//	                       ledger entry is gone
 //	stock:{sku}:b   string the sold-out filter: ids the ledger has had, from the first sell-out
 //	stock:items     set    registry of loaded items (a pass finds the ones it lost: ErrRegistryLost)
 //	stock:carts{~}  hash   the saga log of multi-item carts (and :p, the pending ones)
@@ -42,7 +44,15 @@
 //   - Nothing lost between Redis and the database: the outbox event is written by the same
 //     script as the deduct, and the Relay removes it only after the Store applied it and the
 //     Publisher accepted it (at least once; the Store is idempotent, so exactly once in
-//     effect). A deduct the Store refuses is given back in Redis, once.
+//     effect). With no Store (the queue path) a published event stays in the item's published
+//     set until a consumer has applied it through Consume: the Reconciler counts it as in
+//     flight until then. An event that cannot be delivered (rejected as invalid, or its ledger
+//     entry gone) is set aside as a dead letter, never dropped. A deduct the Store refuses is
+//     given back in Redis, once.
+//   - In order per item: every event carries its place in its item's sequence (Event.Seq), and
+//     the Store gets an item's events in that order on both paths: the Relay delivers them in
+//     sequence, and Consume applies an item's earlier events (from Redis) before the one it was
+//     handed, whatever order the queue redelivers in.
 //   - Bad input is refused with ErrInvalid before anything is sent to Redis.
 //   - Every call is bounded: each Redis command ends after WithTimeout (DefaultTimeout, 10 s)
 //     at the latest, rueidis's resends included, even when the caller's context has no

@@ -11,6 +11,14 @@ import (
 // Consume then give the stock back in Redis, once, and publish an EventRefused.
 var ErrRefused = errors.New("stock: refused by the store")
 
+// ErrHeldBack is returned by Consume for an event it did not apply, because it must not be
+// applied yet: a reconcile pass holds the item, or an earlier event of the item (in the item's
+// sequence, Event.Seq) is not applied and Consume cannot apply it first (its ledger entry is
+// gone from Redis, so only its own message can tell what it was; or too many are waiting).
+// Nothing was changed for the event: have the queue deliver it again later (a negative
+// acknowledgement with a short delay).
+var ErrHeldBack = errors.New("stock: held back until the item's earlier events are applied")
+
 // EventType says what happened to an id.
 type EventType string
 
@@ -32,6 +40,14 @@ const (
 // or a restock, and the events that follow it (a restore, a refusal). Each id has at most one
 // event of each type; an id used for one kind of operation cannot be reused for another
 // (Redis answers ErrConflict), so a Store may key its records on (SKU, ID).
+//
+// Seq is the event's place in its item's sequence: the script that makes the event numbers it
+// after every earlier event of the item, so an item's events sorted by Seq are in the order they
+// happened (a restore before the deduct that bought the unit it gave back). Numbers may skip
+// (an event a relay set aside) and start again lower after Redis lost data; they are not
+// comparable across items. Consume applies an item's events in this order whatever order a
+// queue hands them over in; a publisher may use it to check or keep an item's order. 0 for an
+// event that did not come from an outbox.
 type Event struct {
 	Type EventType `json:"type"`
 	SKU  string    `json:"sku"`
@@ -39,6 +55,7 @@ type Event struct {
 	User string    `json:"user,omitempty"`
 	Qty  int64     `json:"qty"`
 	At   time.Time `json:"at"` // when the operation ran, by the Redis clock
+	Seq  int64     `json:"seq,omitempty"`
 }
 
 // A Store is the database of record. Implementations must be safe for concurrent use and must

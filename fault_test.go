@@ -75,6 +75,7 @@ const (
 	ctlCutAOF                      // every kill also cuts the AOF's last second (an fsync that did not happen)
 	ctlDoubleApply                 // the relay's store applies a redelivered deduct again
 	ctlNoFence                     // the FailoverGuard fences another Reserver than the clients' one
+	ctlNoOrder                     // queue consumers apply events as the broker hands them over (their sequence dropped)
 )
 
 var faultControlNames = map[faultControl]string{
@@ -85,6 +86,7 @@ var faultControlNames = map[faultControl]string{
 	ctlCutAOF:         "AOF tail lost at each kill",
 	ctlDoubleApply:    "store applies redeliveries again",
 	ctlNoFence:        "clients not fenced (the guard fences another Reserver)",
+	ctlNoOrder:        "consumers apply in delivery order (no sequence)",
 }
 
 // faultScenario is one kind of fault.
@@ -103,8 +105,12 @@ type faultScenario struct {
 	opTimeout  time.Duration // each call's deadline
 	replays    bool          // retries after unknown outcomes must be answered as replays (> 0)
 	relayLease time.Duration
-	inject     func(h *faultHarness, ctx context.Context) // until ctx ends, then leaves things healthy
-	control    faultControl
+	// queue: the relay only publishes, to an in-process broker that redelivers what a consumer
+	// did not acknowledge after an ack wait, behind what it delivered since; consumers apply
+	// the events through stock.Consume and are killed at random moments (fault_queue_test.go).
+	queue   bool
+	inject  func(h *faultHarness, ctx context.Context) // until ctx ends, then leaves things healthy
+	control faultControl
 }
 
 var faultScenarios = []faultScenario{
@@ -124,6 +130,7 @@ var faultScenarios = []faultScenario{
 	{name: "proxy-reply-lost", proxy: true, opTimeout: time.Second, replays: true, inject: injectReplyLost, control: ctlNewID},
 	{name: "client-pause", opTimeout: 200 * time.Millisecond, inject: injectClientPause, control: ctlBlindRestore},
 	{name: "relay-crash", opTimeout: time.Second, relayLease: 500 * time.Millisecond, control: ctlDoubleApply},
+	{name: "queue-consumers-killed", opTimeout: time.Second, queue: true, control: ctlNoOrder},
 	// A caught-up replica is promoted while the primary still takes writes (clients, relay and
 	// reconciler on it) for 100-300ms; then everyone is switched to the promoted replica and
 	// the old primary is demoted to a replica of it, which discards its last writes.
@@ -182,6 +189,9 @@ type faultResult struct {
 	ResendsRetook      int64 `json:"resends_retook"`
 	Redelivered        int64 `json:"redelivered"`
 	DeadLetters        int64 `json:"dead_letters"`
+	// OutOfOrder counts events the store applied (first application) after a later event of
+	// their item (queue scenarios: the sequence the relay gave them).
+	OutOfOrder int64 `json:"applied_out_of_order"`
 
 	FirstSuccessMs []float64 `json:"first_success_after_fault_ms,omitempty"`
 
@@ -323,6 +333,9 @@ func (r faultResult) line() string {
 		r.Resends, strings.Join(kinds, " "), r.Oversell, r.InvariantBreaks, r.DoubleApplied, r.Phantom,
 		r.LateTakes, r.LostDeducts, r.LostUnits, r.LostRestores, r.LostHolds, r.DriftFound, r.DriftFinal, r.Repaired,
 		first, r.Refused, r.NoScript, r.Unresolved, r.Unexpected, r.Redelivered)
+	if r.Scenario != "" && strings.HasPrefix(r.Scenario, "queue") {
+		s += fmt.Sprintf(", applied out of order %d", r.OutOfOrder)
+	}
 	if r.FencedTakes > 0 || len(r.FencedMs) > 0 {
 		s += fmt.Sprintf(", takes while fenced %d", r.FencedTakes)
 		if n := len(r.FencedMs); n > 0 {
@@ -386,6 +399,8 @@ type faultHarness struct {
 	aof          *aofTracker
 	relayCancel  atomic.Pointer[context.CancelFunc]
 	relay        atomic.Pointer[stock.Relay] // the running relay, which also drains at the end
+	broker       *faultBroker                // queue scenarios
+	seqStore     *faultSeqStore              // queue scenarios: the consumers' store
 	recMu        sync.Mutex                  // held by the background reconciler during a pass
 	guard        *stock.FailoverGuard        // on the clients' Reserver (ctlNoFence: on another one)
 	guardOn      bool                        // guardLoop runs
@@ -407,7 +422,7 @@ type faultHarness struct {
 	ops, retries, unknown, replays, resends, resendReplays, resendRetook, waited atomic.Int64
 	noscript, unresolved, unexpected                                             atomic.Int64
 	samples, breaks, minAvail, minStore                                          atomic.Int64
-	repaired, redelivered                                                        atomic.Int64
+	repaired, redelivered, outOfOrder                                            atomic.Int64
 }
 
 // faultOrder is one order as its client knows it. Only its client goroutine touches it until
@@ -982,6 +997,10 @@ func (h *faultHarness) newRelay(store stock.Store) *stock.Relay {
 }
 
 func (h *faultHarness) runRelay(ctx context.Context) {
+	if h.sc.queue {
+		h.runQueue(ctx)
+		return
+	}
 	if h.sc.name != "relay-crash" {
 		rl := h.newRelay(h.store)
 		h.relay.Store(rl)
@@ -1702,6 +1721,10 @@ func (a *aofTracker) cut() (int64, error) {
 
 // drain runs a relay until every outbox is empty (leases of dead relays run out).
 func (h *faultHarness) drain(ctx context.Context) {
+	if h.sc.queue {
+		h.drainQueue(ctx)
+		return
+	}
 	rl := h.relay.Load() // its own leases do not hold it up
 	if rl == nil {
 		rl = h.newRelay(h.store)
@@ -1772,7 +1795,7 @@ func (h *faultHarness) finish(traffic time.Duration) faultResult {
 		Orders: len(h.orders), Ops: h.ops.Load(), Retries: h.retries.Load(), Unknown: h.unknown.Load(),
 		Replays: h.replays.Load(), Resends: h.resends.Load(), Waited: h.waited.Load(), Faults: h.faults,
 		NoScript: h.noscript.Load() + h.log.noscript.Load(), Unresolved: h.unresolved.Load(),
-		Unexpected: h.unexpected.Load(), ResendsRetook: h.resendRetook.Load(), Redelivered: h.redelivered.Load(),
+		Unexpected: h.unexpected.Load(), ResendsRetook: h.resendRetook.Load(), Redelivered: h.redelivered.Load(), OutOfOrder: h.outOfOrder.Load(),
 		Repaired: h.repaired.Load(), DriftFound: found, InvariantBreaks: h.breaks.Load()}
 	if h.ctl != ctlNone {
 		r.Control = faultControlNames[h.ctl]
@@ -2056,6 +2079,7 @@ func (h *faultHarness) check(r *faultResult) []string {
 	flag(r.Unresolved > 0, "unresolved: %d calls without a definite answer after %v", r.Unresolved, h.settle)
 	flag(r.Unexpected > 0, "unexpected answers: %d", r.Unexpected)
 	flag(r.DeadLetters > 0, "dead letters: %d", r.DeadLetters)
+	flag(r.OutOfOrder > 0, "applied out of order: %d events reached the store after a later event of their item", r.OutOfOrder)
 	flag(h.sc.replays && r.Replays == 0, "no retry after an unknown outcome was answered as a replay")
 	flag(h.resends.Load() != h.resendReplays.Load()+h.resendRetook.Load() && !loss, "resends not answered as replays: %d",
 		h.resends.Load()-h.resendReplays.Load()-h.resendRetook.Load())

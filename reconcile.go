@@ -69,14 +69,20 @@ func WithInterval(d time.Duration) ReconcileOption {
 	}
 }
 
-// A Reconciler compares each item in Redis (available + held, and the events still pending in
-// its outbox) with the Store (remaining, and what it recorded of those events), reports drift,
-// lost keys, lost ledger entries and lost events, and repairs them.
+// A Reconciler compares each item in Redis (available + held, and the events Redis has not seen
+// applied: pending in its outbox, published to a queue and not yet applied through Consume, or
+// set aside as dead letters) with the Store (remaining, and what it recorded of those events),
+// reports drift, lost keys, lost ledger entries and lost events, and repairs them. Events still
+// in flight are not drift, on either path: a pass while a queue's consumers are down adds no
+// stock for the sales waiting in the queue.
 //
 // Repairs are safe under live traffic: while it looks at an item the reconciler holds the item's
-// relay lease, so the Store does not change under it; Redis may, and so every repair is made by
-// a script that adjusts by a delta or writes only what is missing, never by overwriting a value
-// computed before a concurrent change.
+// relay lease, so no relay delivers and Consume holds the item's events back, and it reads the
+// Store after Redis, until two reads of the Store's records agree, so that both describe the
+// same events; Redis may change, and so every repair is made by a script that adjusts by a
+// delta or writes only what is missing, never by overwriting a value computed before a
+// concurrent change. An item with undelivered events whose ledger entries are gone is not
+// repaired at all: their sales are counted nowhere but in Redis's counters.
 //
 // It is safe for concurrent use and starts no goroutines.
 type Reconciler struct {
@@ -109,7 +115,8 @@ func (r *Reserver) NewReconciler(store Store, opts ...ReconcileOption) (*Reconci
 // Report is what one pass found and did for one item.
 type Report struct {
 	SKU string
-	// Busy is set when a relay held the item for the whole pass: nothing was compared.
+	// Busy is set when a relay held the item for the whole pass, or consumers kept changing the
+	// store's records of its events while the pass read them: nothing was compared.
 	Busy bool
 	// Missing is set when the item's hash was not in Redis (eviction, restart without
 	// persistence, a deleted key).
@@ -118,12 +125,21 @@ type Report struct {
 	Available, Held int64
 	// StoreRemaining is the Store's remaining stock.
 	StoreRemaining int64
-	// Pending counts the events waiting in the outbox; InFlight is their net effect not yet in
-	// the Store (units deducted in Redis and not in the Store, minus restores and restocks).
-	Pending  int
-	InFlight int64
-	// DeadLetters counts events the Store rejected as invalid, set aside in
-	// "<prefix>:{sku}:dl" for an operator; they count as in flight.
+	// Pending counts the events waiting in the outbox. Published counts the events a relay
+	// without a Store handed to its Publisher that no consumer has applied yet through Consume
+	// (the queue path). InFlight is the net effect, not yet in the Store, of the events Redis
+	// has not seen applied (pending, published and dead letters): units deducted in Redis and
+	// not in the Store, minus restores and restocks.
+	Pending   int
+	Published int
+	InFlight  int64
+	// Orphaned counts undelivered events (pending, published or dead letters) whose ledger
+	// entry is gone, such as after an evicted ledger key: the units they took are counted in
+	// Redis and nowhere else, so the pass repairs nothing on the item and asks for a human.
+	Orphaned int
+	// DeadLetters counts events set aside in "<prefix>:{sku}:dl" for an operator: the Store
+	// rejected them as invalid, or the relay could not build them (their ledger entry gone).
+	// They count as in flight.
 	DeadLetters int
 	// Drift is Available + Held − (StoreRemaining − InFlight): positive when Redis would sell
 	// more than the Store has.
@@ -134,6 +150,7 @@ type Report struct {
 	Requeued   int   // lost outbox events queued again
 	Rerecorded int   // ledger entries the Store has and Redis lost, written back
 	Resynced   int   // sales Redis held that the Store had given back (given back in Redis too), and live holds the Store had confirmed (made final) or confirmed and given back (released)
+	Settled    int   // published events the Store has applied that Redis still counted as published (it lost a consumer's acknowledgement): settled
 	Trimmed    int   // settled ledger entries removed after the retention
 	// Retired is set when the item was delisted and its keys are removed (by this pass or an
 	// earlier one): it is not compared any more.
@@ -141,7 +158,10 @@ type Report struct {
 	// Unregistered is set when the item was missing from Redis's registry of items (see
 	// ErrRegistryLost); a repairing pass registered it again.
 	Unregistered bool
-	// NeedsHuman says why something was left for an operator ("" if nothing).
+	// NeedsHuman says why something was left for an operator ("" if nothing). For an item the
+	// Store does not know it says so; Available, Held, Pending, DeadLetters and InFlight are then
+	// Redis's figures (every undelivered event in flight), StoreRemaining and Drift are 0, and
+	// nothing is repaired.
 	NeedsHuman string
 }
 
@@ -154,8 +174,14 @@ func (rp Report) String() string {
 		return fmt.Sprintf("%s: retired", rp.SKU)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: redis %d+%d held, store %d, in flight %d (%d pending), drift %d",
-		rp.SKU, rp.Available, rp.Held, rp.StoreRemaining, rp.InFlight, rp.Pending, rp.Drift)
+	fmt.Fprintf(&b, "%s: redis %d+%d held, store %d, in flight %d (%d pending", rp.SKU, rp.Available, rp.Held, rp.StoreRemaining, rp.InFlight, rp.Pending)
+	if rp.Published > 0 {
+		fmt.Fprintf(&b, ", %d published", rp.Published)
+	}
+	if rp.DeadLetters > 0 {
+		fmt.Fprintf(&b, ", %d dead letters", rp.DeadLetters)
+	}
+	fmt.Fprintf(&b, "), drift %d", rp.Drift)
 	if rp.Missing {
 		b.WriteString(", key missing")
 	}
@@ -177,6 +203,9 @@ func (rp Report) String() string {
 	}
 	if rp.Resynced > 0 {
 		fixes = append(fixes, fmt.Sprintf("resynced %d", rp.Resynced))
+	}
+	if rp.Settled > 0 {
+		fixes = append(fixes, fmt.Sprintf("settled %d published", rp.Settled))
 	}
 	if rp.Trimmed > 0 {
 		fixes = append(fixes, fmt.Sprintf("trimmed %d", rp.Trimmed))
@@ -287,26 +316,32 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	delisted, _ := life[1].AsInt64()
 
 	remaining, err := rc.store.Remaining(ctx, sku)
-	if errors.Is(err, ErrNotLoaded) {
-		rp.NeedsHuman = "the store does not know the item"
-		return rp, nil
-	}
-	if err != nil {
+	// An item the store does not know is compared with nothing and repaired in no way, but its
+	// report has Redis's figures: the counters and what its undelivered events took.
+	unknown := errors.Is(err, ErrNotLoaded)
+	if err != nil && !unknown {
 		return rp, fmt.Errorf("stock: reconcile %s: store: %w", sku, err)
 	}
 	rp.StoreRemaining = remaining
 
 	// Lost events first, so that they count as in flight below; lost entries; trimming.
-	if err := rc.ledgerPass(ctx, &rp); err != nil {
-		return rp, err
+	if !unknown {
+		if err := rc.ledgerPass(ctx, &rp); err != nil {
+			return rp, err
+		}
 	}
 
-	keys6 := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix))
-	vs, err := snapshotScript.Exec(ctx, rc.r.client, keys6, []string{strconv.Itoa(maxPending)}).AsStrSlice()
+	// Redis first, in one script: the counters and every event Redis has not seen applied. The
+	// store is read after it: under the item's lease no relay delivers, and Consume holds the
+	// item's events back, so the store can only have moved, since the snapshot, by an event
+	// the snapshot lists (one a consumer began before the pass); the reads below see it or not,
+	// consistently.
+	keys := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix), rc.r.key(sku, publishedSuffix))
+	vs, err := snapshotScript.Exec(ctx, rc.r.client, keys, []string{strconv.Itoa(maxPending)}).AsStrSlice()
 	if err != nil {
 		return rp, fmt.Errorf("stock: reconcile %s: snapshot: %w", sku, err)
 	}
-	if len(vs) < 7 || (len(vs)-7)%2 != 0 {
+	if len(vs) < 8 || (len(vs)-8)%2 != 0 {
 		return rp, fmt.Errorf("%w: reconcile %s: snapshot of %d values", ErrInvalid, sku, len(vs))
 	}
 	rp.Missing = vs[0] != "1"
@@ -314,34 +349,51 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	rp.Held, _ = strconv.ParseInt(vs[2], 10, 64)
 	rp.Pending, _ = strconv.Atoi(vs[5])
 	rp.DeadLetters, _ = strconv.Atoi(vs[6])
-	if rp.Pending > maxPending || rp.DeadLetters > maxPending {
-		rp.NeedsHuman = fmt.Sprintf("%d events pending, %d dead letters: is a relay running?", rp.Pending, rp.DeadLetters)
+	rp.Published, _ = strconv.Atoi(vs[7])
+	if rp.Pending > maxPending || rp.DeadLetters > maxPending || rp.Published > maxPending {
+		rp.NeedsHuman = fmt.Sprintf("%d events pending, %d published, %d dead letters: are a relay and the consumers running?", rp.Pending, rp.Published, rp.DeadLetters)
 		return rp, nil
 	}
 
-	// The ids with pending events: their effect in Redis (from their entry, read in the same
-	// snapshot as the counters) against their effect in the store.
+	// The ids with undelivered events: their effect in Redis (from their entry, read in the
+	// same snapshot as the counters) against their effect in the store.
 	entries := map[string]Entry{}
 	var ids []string
-	for i := 7; i < len(vs); i += 2 {
+	var published []string // published members, to settle those the store has
+	for i := 8; i < len(vs); i += 2 {
 		m, raw := vs[i], vs[i+1]
-		if len(m) < 3 || raw == "" {
+		var e Entry
+		err := errors.New("no entry")
+		if len(m) >= 3 && raw != "" {
+			e, err = parseEntry(sku, m[2:], raw)
+		}
+		if err != nil {
+			rp.Orphaned++ // the units it took are counted nowhere else
 			continue
 		}
-		e, err := parseEntry(sku, m[2:], raw)
-		if err != nil {
-			continue
+		if i >= len(vs)-2*min(rp.Published, maxPending) {
+			published = append(published, m)
 		}
 		if _, dup := entries[e.ID]; !dup {
 			entries[e.ID] = e
 			ids = append(ids, e.ID)
 		}
 	}
-	recs := map[string]Record{}
-	if len(ids) > 0 {
-		if recs, err = rc.store.Records(ctx, sku, ids); err != nil {
-			return rp, fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
+	if unknown {
+		// No row in the store, so none of the item's events applied there: all are in flight.
+		for _, id := range ids {
+			rp.InFlight -= redisNet(entries[id])
 		}
+		rp.NeedsHuman = "the store does not know the item"
+		return rp, nil
+	}
+	recs, stable, err := rc.storeState(ctx, &rp, ids)
+	if err != nil {
+		return rp, err
+	}
+	if !stable {
+		rp.Busy = true
+		return rp, nil
 	}
 	for _, id := range ids {
 		rp.InFlight += storeNet(recs[id]) - redisNet(entries[id])
@@ -352,8 +404,16 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	} else {
 		rp.Drift = rp.Available + rp.Held - expected
 	}
+	if len(published) > 0 && !rc.dry {
+		if err := rc.settle(ctx, &rp, published, entries, recs); err != nil {
+			return rp, err
+		}
+	}
 
 	switch {
+	case rp.Orphaned > 0:
+		rp.NeedsHuman = fmt.Sprintf("%d undelivered events have lost their ledger entries (see the dead-letter set): "+
+			"the units they took are counted nowhere else, so the item is not repaired until an operator settles them", rp.Orphaned)
 	case rp.Drift == 0:
 	case rc.limit > 0 && abs(rp.Drift) > rc.limit:
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
@@ -363,7 +423,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		if err != nil {
 			return rp, err
 		}
-		res := rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{strconv.FormatInt(max(expected, 0), 10), strconv.FormatInt(sold, 10)})
+		res := rebuildScript.Exec(ctx, rc.r.client, rc.rebuildKeys(sku), []string{strconv.FormatInt(max(expected, 0), 10), strconv.FormatInt(sold, 10)})
 		code, err := decodeOne(res)
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
@@ -388,13 +448,13 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", rp.Drift+o.remaining)
 		}
 	}
-	if rp.Missing && rp.Drift == 0 && !rc.dry {
+	if rp.Missing && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
 		sold, err := rc.soldInLedger(ctx, sku)
 		if err != nil {
 			return rp, err
 		}
-		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{"0", strconv.FormatInt(sold, 10)}))
+		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.rebuildKeys(sku), []string{"0", strconv.FormatInt(sold, 10)}))
 		if err != nil {
 			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
@@ -403,7 +463,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	if err := rc.register(ctx, &rp); err != nil {
 		return rp, err
 	}
-	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.DeadLetters == 0 && !rp.Missing {
+	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.Published == 0 && rp.DeadLetters == 0 && !rp.Missing {
 		if err := rc.retire(ctx, &rp, delisted); err != nil {
 			return rp, err
 		}
@@ -412,6 +472,107 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		rp.NeedsHuman = fmt.Sprintf("%d events the store rejected as invalid wait in the dead-letter set", rp.DeadLetters)
 	}
 	return rp, nil
+}
+
+// storeState reads the store's remaining stock and its records of ids, consistently: records,
+// remaining, records again, until both reads of the records agree (a consumer that began
+// applying one of the events before the pass may finish during it). stable is false if they
+// never did.
+func (rc *Reconciler) storeState(ctx context.Context, rp *Report, ids []string) (recs map[string]Record, stable bool, err error) {
+	records := func() (map[string]Record, error) {
+		if len(ids) == 0 {
+			return map[string]Record{}, nil
+		}
+		m, err := rc.store.Records(ctx, rp.SKU, ids)
+		if err != nil {
+			return nil, fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
+		}
+		return m, nil
+	}
+	for try := range 20 {
+		before, err := records()
+		if err != nil {
+			return nil, false, err
+		}
+		if rp.StoreRemaining, err = rc.store.Remaining(ctx, rp.SKU); err != nil {
+			return nil, false, fmt.Errorf("stock: reconcile %s: store: %w", rp.SKU, err)
+		}
+		if len(ids) == 0 {
+			return before, true, nil
+		}
+		after, err := records()
+		if err != nil {
+			return nil, false, err
+		}
+		if sameRecords(before, after) {
+			return after, true, nil
+		}
+		rc.refresh(ctx, rp.SKU)
+		select {
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		case <-time.After(time.Duration(5+5*try) * time.Millisecond):
+		}
+	}
+	return nil, false, nil
+}
+
+func sameRecords(a, b map[string]Record) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for id, ra := range a {
+		rb, ok := b[id]
+		if !ok || ra.Status != rb.Status || ra.Type != rb.Type || ra.Qty != rb.Qty {
+			return false
+		}
+	}
+	return true
+}
+
+// settle acknowledges, for a consumer, the published events the store has applied: Redis lost
+// the consumer's acknowledgement (a failover), or the consumer died between the two and the
+// queue will not deliver them again. Left in the published set they would be applied again
+// (harmlessly) by the next Consume of the item, and an item's last events would stay there for
+// good. A deduct the store refused is left to its consumer (Consume gives the stock back
+// first) unless Redis has given it back already.
+func (rc *Reconciler) settle(ctx context.Context, rp *Report, members []string, entries map[string]Entry, recs map[string]Record) error {
+	var done []string
+	for _, m := range members {
+		id := m[2:]
+		rec, ok := recs[id]
+		if !ok {
+			continue
+		}
+		e := entries[id]
+		switch m[0] {
+		case 'D':
+			ok = (rec.Type == EventDeducted || rec.Type == EventConfirmed) &&
+				(rec.Status != RecordRefused || e.State == StateRefused)
+		case 'L':
+			ok = rec.Type == EventRestocked
+		case 'R':
+			ok = rec.Status == RecordRestored || rec.Status == RecordRefused
+		default:
+			ok = false
+		}
+		if ok {
+			done = append(done, m)
+		}
+	}
+	if len(done) == 0 {
+		return nil
+	}
+	if err := rc.r.ack(ctx, rp.SKU, ackApplied, done); err != nil {
+		return fmt.Errorf("stock: reconcile %s: settle published events: %w", rp.SKU, err)
+	}
+	rp.Settled += len(done)
+	return nil
+}
+
+// rebuildKeys are the KEYS of lua/rebuild.lua.
+func (rc *Reconciler) rebuildKeys(sku string) []string {
+	return append(rc.r.keys(sku), rc.r.key(sku, publishedSuffix), rc.r.key(sku, deadSuffix))
 }
 
 // redisNet is what an entry did to Redis's available + held stock.
@@ -507,7 +668,8 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 		}
 		if len(reserved) > 0 && !rc.dry {
-			n, err := requeueScript.Exec(ctx, rc.r.client, append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix)), reserved).AsInt64()
+			keys := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix), rc.r.key(sku, publishedSuffix))
+			n, err := requeueScript.Exec(ctx, rc.r.client, keys, reserved).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: requeue: %w", sku, err)
 			}
@@ -516,7 +678,8 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 		if len(trim) > 0 && rc.retention > 0 && !rc.dry {
 			k := rc.r.keys(sku)
 			args := append([]string{strconv.FormatInt(cutoff, 10)}, trim...)
-			n, err := trimScript.Exec(ctx, rc.r.client, []string{k[1], k[3]}, args).AsInt64()
+			keys := []string{k[1], k[3], rc.r.key(sku, publishedSuffix), rc.r.key(sku, deadSuffix)}
+			n, err := trimScript.Exec(ctx, rc.r.client, keys, args).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: trim: %w", sku, err)
 			}

@@ -1,13 +1,21 @@
 package stock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 )
+
+// publishedSuffix names an item's published set (a sorted set "<event>:<id>" -> sequence): the
+// events a relay without a store handed to its publisher that no consumer has applied yet
+// through Consume. They stay in flight for the reconciler, and they hold back the item's later
+// events in Consume, until then.
+const publishedSuffix = ":p"
 
 // A RelayOption configures a Relay.
 type RelayOption func(*Relay) error
@@ -84,6 +92,16 @@ func WithPoll(d time.Duration) RelayOption {
 // Because delivery is at least once, the Store must be idempotent (it is, per its contract) and
 // consumers of the Publisher must deduplicate on (SKU, ID, Type).
 //
+// With no Store (the queue path: NewRelay(nil, publisher)), an event the Publisher accepted is
+// not applied yet: the relay moves it from the outbox to the item's published set, where it
+// stays, in flight for the Reconciler, until a consumer applies it through Consume. Consume
+// also uses that set to apply an item's events in sequence (Event.Seq) whatever order the
+// queue delivers them in. Events a Store ignores (held, cancelled, expired) leave at once.
+//
+// An event the relay cannot build, because its ledger entry is gone (an evicted ledger key) or
+// unreadable, is moved to the item's dead-letter set, never dropped: it records a sale that is
+// counted nowhere else, and the Reconciler leaves such an item for an operator.
+//
 // When the Store refuses a deduct (ErrRefused), the relay gives the stock back in Redis once
 // (the ledger entry becomes refused) and an EventRefused follows through the outbox.
 //
@@ -107,10 +125,14 @@ type RelayStats struct {
 	Delivered int // events applied and published, then removed from the outbox
 	Refused   int // deducts the Store refused and that were given back in Redis
 	Retried   int // events that failed and were put back with a backoff
-	Orphaned  int // events whose ledger entry was gone; removed and logged
-	Redelive  int // events claimed more than once (a relay died, or a retry)
-	// DeadLettered counts events the Store rejected with ErrInvalid (they can never be
-	// applied): moved to the item's dead-letter set "<prefix>:{sku}:dl" for an operator.
+	// Orphaned counts events whose ledger entry was gone or unreadable, so that the event
+	// could not be built: moved to the dead-letter set (and counted in DeadLettered too), where
+	// the reconciler counts them and leaves the item's drift for an operator.
+	Orphaned int
+	Redelive int // events claimed more than once (a relay died, or a retry)
+	// DeadLettered counts events moved to the item's dead-letter set "<prefix>:{sku}:dl" for
+	// an operator: the Store rejected them with ErrInvalid (they can never be applied), or
+	// they are orphaned.
 	DeadLettered int
 }
 
@@ -257,30 +279,38 @@ func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stock: relay claim %s: %w", sku, err)
 	}
-	if len(vs)%3 != 0 {
+	if len(vs)%4 != 0 {
 		return nil, fmt.Errorf("%w: relay claim %s: %d values", ErrInvalid, sku, len(vs))
 	}
-	out := make([]claimed, 0, len(vs)/3)
-	for i := 0; i < len(vs); i += 3 {
+	out := make([]claimed, 0, len(vs)/4)
+	for i := 0; i < len(vs); i += 4 {
 		c := claimed{member: vs[i]}
 		c.tries, _ = strconv.ParseInt(vs[i+2], 10, 64)
-		if len(c.member) < 3 || c.member[1] != ':' {
-			out = append(out, c) // not ok: dropped as an orphan
-			continue
-		}
-		id := c.member[2:]
-		if vs[i+1] != "" {
-			e, err := parseEntry(sku, id, vs[i+1])
-			if err == nil {
-				if t, known := eventType(c.member[0], e); known {
-					c.ev = Event{Type: t, SKU: sku, ID: id, User: e.User, Qty: e.Qty, At: e.At}
-					c.store, c.ok = storeApplies(t), true
-				}
-			}
-		}
+		seq, _ := strconv.ParseInt(vs[i+3], 10, 64)
+		c.ev, c.ok = outboxEvent(sku, c.member, vs[i+1], seq)
+		c.store = c.ok && storeApplies(c.ev.Type)
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// outboxEvent builds the event of an outbox member ("<letter>:<id>") from its ledger entry
+// (raw; "" if gone) and its sequence. ok is false when it cannot: the member is malformed, or
+// the entry is gone or unreadable.
+func outboxEvent(sku, member, raw string, seq int64) (Event, bool) {
+	if len(member) < 3 || member[1] != ':' || raw == "" {
+		return Event{}, false
+	}
+	id := member[2:]
+	e, err := parseEntry(sku, id, raw)
+	if err != nil {
+		return Event{}, false
+	}
+	t, known := eventType(member[0], e)
+	if !known {
+		return Event{}, false
+	}
+	return Event{Type: t, SKU: sku, ID: id, User: e.User, Qty: e.Qty, At: e.At, Seq: seq}, true
 }
 
 // drainBatch delivers the oldest events of one item, in order, and stops at the first failure:
@@ -311,9 +341,18 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 			st.Redelive++
 		}
 		if !c.ok {
-			rl.r.opts.logger.ErrorContext(ctx, "stock: outbox event without a usable ledger entry; dropped", "sku", sku, "event", c.member)
+			// The event cannot be built: its ledger entry is gone (an evicted or deleted ledger
+			// key) or unreadable. The units it took are counted in Redis and nowhere else: set
+			// it aside in the dead-letter set, where the reconciler counts it and stops repairing
+			// the item until an operator has looked, rather than drop an acknowledged sale.
+			if derr := rl.deadLetter(ctx, sku, c.member); derr != nil {
+				failed, tries = derr, c.tries
+				st.Retried = len(cs) - i
+				break
+			}
+			rl.r.opts.logger.ErrorContext(ctx, "stock: outbox event without a usable ledger entry; moved to the dead-letter set", "sku", sku, "event", c.member)
 			st.Orphaned++
-			acks = append(acks, c.member)
+			st.DeadLettered++
 			continue
 		}
 		err := errs[i]
@@ -332,10 +371,8 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 		} else if errors.Is(err, ErrInvalid) {
 			// The store can never apply it: set it aside for an operator rather than hold back
 			// the item's later events forever.
-			k := rl.r.keys(sku)
-			keys := []string{k[3], rl.r.key(sku, triesSuffix), rl.r.key(sku, deadSuffix)}
-			if derr := deadScript.Exec(ctx, rl.r.client, keys, []string{c.member}).Error(); derr != nil {
-				err = fmt.Errorf("stock: relay dead-letter %s %s: %w", sku, c.member, derr)
+			if derr := rl.deadLetter(ctx, sku, c.member); derr != nil {
+				err = derr
 			} else {
 				rl.r.opts.logger.ErrorContext(ctx, "stock: the store rejects an event as invalid; moved to the dead-letter set", "sku", sku, "event", c.member, "err", err)
 				st.DeadLettered++
@@ -355,8 +392,14 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 		st.Delivered++
 	}
 	if len(acks) > 0 {
-		k := rl.r.keys(sku)
-		if err := ackScript.Exec(ctx, rl.r.client, []string{k[3], k[1], rl.r.key(sku, triesSuffix)}, acks).Error(); err != nil {
+		// With a store, the events are applied: they leave the outbox. On the queue path (no
+		// store) they are only published: they move to the published set, in flight until a
+		// consumer applies them through Consume.
+		mode := ackApplied
+		if rl.store == nil {
+			mode = ackPublished
+		}
+		if err := rl.r.ack(ctx, sku, mode, acks); err != nil {
 			// Not acked: the lease runs out and the events are delivered again (idempotent).
 			return st, fmt.Errorf("stock: relay ack %s: %w", sku, err)
 		}
@@ -368,6 +411,27 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 		return st, failed
 	}
 	return st, nil
+}
+
+// deadLetter moves an outbox event to the item's dead-letter set.
+func (rl *Relay) deadLetter(ctx context.Context, sku, member string) error {
+	keys := []string{rl.r.key(sku, outboxSuffix), rl.r.key(sku, triesSuffix), rl.r.key(sku, deadSuffix)}
+	if err := deadScript.Exec(ctx, rl.r.client, keys, []string{member}).Error(); err != nil {
+		return fmt.Errorf("stock: relay dead-letter %s %s: %w", sku, member, err)
+	}
+	return nil
+}
+
+// Modes of ack.lua.
+const (
+	ackApplied   = "a" // the store has the events
+	ackPublished = "p" // a publisher has them; no store was told
+)
+
+// ack settles delivered events of an item (lua/ack.lua).
+func (r *Reserver) ack(ctx context.Context, sku, mode string, members []string) error {
+	keys := []string{r.key(sku, outboxSuffix), r.key(sku, ledgerSuffix), r.key(sku, triesSuffix), r.key(sku, publishedSuffix)}
+	return ackScript.Exec(ctx, r.client, keys, append([]string{mode}, members...)).Error()
 }
 
 // applyStore applies the store's events of a batch, in order, stopping at the first error that
@@ -449,11 +513,43 @@ func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) 
 }
 
 // Consume applies one event received from a message queue to store, for the deployment in
-// which the Reserver's relay only publishes (Reserver → Publisher → queue → a consumer in the
-// service that owns the database). When the store refuses a deduct, Consume gives the stock back
-// in Redis through r, once, and returns nil: the refusal is handled, ack the message. Any other
-// error means: do not ack, the message must be delivered again. Consume is idempotent in
-// (ev.SKU, ev.ID, ev.Type), as queues redeliver.
+// which the Reserver's relay only publishes (Reserver → Relay with no Store → Publisher → queue
+// → a consumer in the service that owns the database). Its answer says what to do with the
+// message:
+//
+//   - nil: the event is applied (or is a repeat of one applied), or the store refused a deduct
+//     and Consume gave the stock back in Redis through r, once (an EventRefused follows): ack.
+//   - an error wrapping ErrHeldBack: the event must wait (a reconcile pass holds the item, or
+//     an earlier event of the item is not applied and cannot be applied from Redis). Nothing
+//     changed for it: deliver it again later (a negative ack with a delay of about a second).
+//   - an error wrapping ErrInvalid: the event can never be applied. It is moved to the item's
+//     dead-letter set, for the reconciler and an operator, so that it no longer holds back the
+//     item's later events: terminate the message, never redeliver it.
+//   - any other error: temporary (the store or Redis is unreachable): do not ack; the message
+//     must be delivered again.
+//
+// In order per item: the relay hands an item's events to the publisher in their sequence
+// (Event.Seq) and, once published, keeps each one in the item's published set in Redis until a
+// consumer has applied it through Consume. Before applying an event, Consume looks for earlier
+// events of the item that a Store applies (deducts, confirms, restores, refusals, restocks)
+// still in the published set or the outbox, and applies them first, in sequence, built from
+// their ledger entries as the relay builds them (their own messages, when they come, are
+// repeats). So a queue may redeliver in any order, run several consumers, or hand one event to
+// two of them: the store still gets each item's events in the order they happened, a restore
+// reaches it before the deduct that bought the unit it gave back, and a consumer that died
+// holding messages does not delay its successor until the queue redelivers them. A held-back
+// event relies on the queue to deliver it again: let it redeliver without a limit
+// (JetStream's MaxDeliver -1, the default).
+//
+// In flight for the reconciler: an event published and not yet applied through Consume stays
+// in flight for the Reconciler, so a pass while consumers are down or behind sees no drift and
+// adds no stock. While a pass holds an item, Consume holds the item's events back
+// (ErrHeldBack), so that the store stays still while the pass compares it with Redis.
+//
+// Consume is idempotent in (ev.SKU, ev.ID, ev.Type), as queues redeliver. An event without a
+// sequence (Seq 0, from an older relay) is applied as it comes, without the order check.
+// Consume costs a script call before the store's Apply and one after (more when it catches
+// up).
 func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	if err := checkName("sku", ev.SKU); err != nil {
 		return err
@@ -461,18 +557,118 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	if err := checkName("id", ev.ID); err != nil {
 		return err
 	}
+	member := eventMember(ev)
+	tracked := member != "" && storeApplies(ev.Type) // kept in the published set until applied here
+	if tracked && ev.Seq > 0 {
+		if err := catchUp(ctx, r, store, ev, member); err != nil {
+			return err
+		}
+	}
+	return consumeOne(ctx, r, store, ev, member, tracked)
+}
+
+// catchUpMax bounds the earlier events one Consume applies from each of the outbox and the
+// published set.
+const catchUpMax = 256
+
+// catchUp applies, in sequence, the earlier events of ev's item that the store has not
+// applied through Consume yet (a queue handed ev over first), reading them from Redis: the
+// members of the published set and the outbox with a lower sequence, and their ledger
+// entries. An error wrapping ErrHeldBack means ev must wait.
+func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member string) error {
+	keys := []string{r.key(ev.SKU, outboxSuffix), r.key(ev.SKU, publishedSuffix), r.key(ev.SKU, leaseSuffix), r.key(ev.SKU, ledgerSuffix)}
+	vs, err := turnScript.Exec(ctx, r.client, keys, []string{strconv.FormatInt(ev.Seq, 10), strconv.Itoa(catchUpMax)}).AsStrSlice()
+	if err != nil {
+		return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
+	}
+	if len(vs) == 0 || (len(vs)-1)%3 != 0 {
+		return fmt.Errorf("%w: consume %s/%s: order check: %d values", ErrInvalid, ev.SKU, ev.ID, len(vs))
+	}
+	if vs[0] == "2" {
+		return fmt.Errorf("stock: consume %s %s (seq %d): a reconcile pass holds the item: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
+	}
+	type earlier struct {
+		member string
+		ev     Event
+		ok     bool
+	}
+	var todo []earlier
+	for i := 1; i < len(vs); i += 3 {
+		seq, _ := strconv.ParseInt(vs[i+2], 10, 64)
+		e, ok := outboxEvent(ev.SKU, vs[i], vs[i+1], seq)
+		todo = append(todo, earlier{member: vs[i], ev: e, ok: ok})
+		if !ok {
+			todo[len(todo)-1].ev.Seq = seq
+		}
+	}
+	slices.SortFunc(todo, func(a, b earlier) int { return cmp.Compare(a.ev.Seq, b.ev.Seq) })
+	for _, e := range todo {
+		if !e.ok {
+			// Its entry is gone: only its own message can tell what it was.
+			return fmt.Errorf("stock: consume %s %s (seq %d): the earlier event %s cannot be read from Redis: %w", ev.SKU, member, ev.Seq, e.member, ErrHeldBack)
+		}
+		if err := consumeOne(ctx, r, store, e.ev, e.member, true); err != nil && !errors.Is(err, ErrInvalid) {
+			return fmt.Errorf("stock: consume %s %s (seq %d): applying the earlier %s first: %w", ev.SKU, member, ev.Seq, e.member, err)
+		}
+	}
+	if vs[0] == "1" {
+		return fmt.Errorf("stock: consume %s %s (seq %d): more than %d earlier events not applied yet: %w", ev.SKU, member, ev.Seq, catchUpMax, ErrHeldBack)
+	}
+	return nil
+}
+
+// consumeOne applies one event to store, gives the stock back when the store refuses a deduct,
+// dead-letters it when the store rejects it as invalid, and, when tracked, settles it in Redis.
+func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member string, tracked bool) error {
 	err := store.Apply(ctx, ev)
-	if errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed) {
+	switch {
+	case errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed):
 		if _, rerr := r.Refuse(ctx, ev.SKU, ev.ID); rerr != nil && !errors.Is(rerr, ErrConflict) {
 			return fmt.Errorf("stock: consume %s/%s: give back: %w", ev.SKU, ev.ID, rerr)
 		}
-		return nil
-	}
-	if errors.Is(err, ErrRefused) {
-		return nil
-	}
-	if err != nil {
+	case errors.Is(err, ErrRefused):
+	case errors.Is(err, ErrInvalid):
+		if tracked {
+			for _, from := range []string{publishedSuffix, outboxSuffix} {
+				keys := []string{r.key(ev.SKU, from), r.key(ev.SKU, triesSuffix), r.key(ev.SKU, deadSuffix)}
+				if derr := deadScript.Exec(ctx, r.client, keys, []string{member}).Error(); derr != nil {
+					return fmt.Errorf("stock: consume %s/%s: dead-letter: %w (the store said: %w)", ev.SKU, ev.ID, derr, err)
+				}
+			}
+			r.opts.logger.ErrorContext(ctx, "stock: the store rejects an event as invalid; moved to the dead-letter set", "sku", ev.SKU, "event", member, "err", err)
+		}
+		return fmt.Errorf("stock: consume %s/%s: %w", ev.SKU, ev.ID, err)
+	case err != nil:
 		return fmt.Errorf("stock: consume %s/%s: %w", ev.SKU, ev.ID, err)
 	}
+	if tracked {
+		// Applied: the event leaves the published set (and the outbox, should the relay not
+		// have moved it there yet), and a reserved deduct or restock entry becomes applied.
+		if err := r.ack(ctx, ev.SKU, ackApplied, []string{member}); err != nil {
+			return fmt.Errorf("stock: consume %s/%s: ack in Redis: %w", ev.SKU, ev.ID, err)
+		}
+	}
 	return nil
+}
+
+// eventMember returns the outbox member of ev ("<letter>:<id>"), or "" for an unknown type.
+func eventMember(ev Event) string {
+	var letter string
+	switch ev.Type {
+	case EventDeducted, EventConfirmed:
+		letter = "D"
+	case EventRestored, EventRefused:
+		letter = "R"
+	case EventRestocked:
+		letter = "L"
+	case EventHeld:
+		letter = "H"
+	case EventCancelled:
+		letter = "X"
+	case EventExpired:
+		letter = "E"
+	default:
+		return ""
+	}
+	return letter + ":" + ev.ID
 }

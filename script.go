@@ -36,6 +36,7 @@ var (
 	claimScript    = newScript("claim.lua", false)
 	ackScript      = newScript("ack.lua", true)
 	deadScript     = newScript("deadletter.lua", true)
+	turnScript     = newScript("turn.lua", true)
 	cartScript     = newScript("cart.lua", true)
 	manyScript     = newScript("deductmany.lua", true)
 	delistScript   = newScript("delist.lua", true)

@@ -15,8 +15,9 @@
 -- begin ARGV[2] id, ARGV[3] cart. Reply {code, cause}: OK new; REPLAY same cart pending (a retry
 --   or a concurrent copy: go on); CONFLICT the id names another cart (nothing changed);
 --   CONFIRMED the cart is done; RESTORED the cart was undone (cause says why).
--- done  ARGV[2] id. Reply {code, cause}: OK the cart is done (now or before); RESTORED it was
---   undone first (the caller must run the undo too, and answer with cause).
+-- done  ARGV[2] id. Reply {code, cause}: OK the cart is done now (this copy completed it);
+--   REPLAY it was done before (by another copy); RESTORED it was undone first (the caller must
+--   run the undo too, and answer with cause).
 -- undo  ARGV[2] id, ARGV[3] cause. Reply {code, cause}: OK the cart is undone now, with this
 --   cause; REPLAY it was undone before, with the cause it has; CONFIRMED it is done (give
 --   nothing back); UNKNOWN no record.
@@ -56,10 +57,11 @@ elseif op == 'done' then
     return {UNKNOWN, ''}
   elseif s == 'u' then
     return {RESTORED, why or ''}
-  elseif s == 'p' then
-    redis.call('HSET', KEYS[1], id, 'd|' .. started .. '|' .. rest)
-    redis.call('ZREM', KEYS[2], id)
+  elseif s == 'd' then
+    return {REPLAY, ''}
   end
+  redis.call('HSET', KEYS[1], id, 'd|' .. started .. '|' .. rest)
+  redis.call('ZREM', KEYS[2], id)
   return {OK, ''}
 elseif op == 'undo' then
   if not c then

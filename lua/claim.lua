@@ -3,8 +3,8 @@
 -- KEYS[1] outbox zset ("<event>:<id>" -> sequence), KEYS[2] ledger hash,
 -- KEYS[3] attempts hash, KEYS[4] relay lease (string: holder token, with a TTL)
 -- ARGV[1] most events to return, ARGV[2] lease in ms, ARGV[3] the relay's token
--- Reply: flat strings, three per event, oldest first: member, ledger entry ('' if the entry is
--- gone), attempts
+-- Reply: flat strings, four per event, oldest first: member, ledger entry ('' if the entry is
+-- gone), attempts, sequence (the member's score: the event's place in the item's sequence)
 --
 -- One relay at a time drains an item, in order, so the store sees an item's events in the order
 -- they happened. The lease runs out if the relay dies (its events are then delivered again by
@@ -13,7 +13,7 @@ local holder = redis.call('GET', KEYS[4])
 if holder and holder ~= ARGV[3] then
   return {}
 end
-local ms = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+local ms = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 if #ms == 0 then
   if holder then
     redis.call('DEL', KEYS[4])
@@ -22,9 +22,11 @@ if #ms == 0 then
 end
 redis.call('SET', KEYS[4], ARGV[3], 'PX', tonumber(ARGV[2]))
 local out = {}
-for _, m in ipairs(ms) do
+for i = 1, #ms, 2 do
+  local m = ms[i]
   out[#out + 1] = m
   out[#out + 1] = redis.call('HGET', KEYS[2], string.sub(m, 3)) or ''
   out[#out + 1] = fmt(redis.call('HINCRBY', KEYS[3], m, 1))
+  out[#out + 1] = fmt(tonumber(ms[i + 1]))
 end
 return out

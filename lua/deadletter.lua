@@ -1,7 +1,10 @@
--- deadletter.lua: move outbox events that the store rejects as invalid (they can never be
--- applied) to the item's dead-letter set, for an operator, so they stop holding back the item.
+-- deadletter.lua: set events of an item aside in its dead-letter set, for the reconciler and an
+-- operator, so they stop holding back the item's later events: events the store rejects as
+-- invalid (they can never be applied), and events whose ledger entry is gone (the relay cannot
+-- build them; the units they took are counted nowhere else, so they must not be forgotten).
 --
--- KEYS[1] outbox zset, KEYS[2] attempts hash, KEYS[3] dead-letter zset (member -> sequence)
+-- KEYS[1] the set the events are in (the outbox, or the published set), KEYS[2] attempts hash,
+-- KEYS[3] dead-letter zset (member -> sequence)
 -- ARGV[...] members
 -- Reply: the number of members moved.
 local n = 0

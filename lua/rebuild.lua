@@ -1,6 +1,7 @@
 -- rebuild.lua: recreate an item whose hash was lost, from the store's figure; never overwrites.
 --
--- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset
+-- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
+-- KEYS[6] sold-out filter (unused), KEYS[7] published zset, KEYS[8] dead-letter zset (optional)
 -- ARGV[1] available + held as the store and the pending events say
 -- ARGV[2] optional: the units sold that the surviving ledger records (deducts and confirmed holds
 --         not given back; reconcile.go counts them with a paged scan: while the item hash is
@@ -33,11 +34,16 @@ local a = tonumber(ARGV[1]) - held
 if a < 0 then
   a = 0
 end
--- The outbox sequence continues after every event still queued (a requeue may have left q).
+-- The outbox sequence continues after every event still undelivered (a requeue may have left
+-- q): queued, published and not yet applied by a consumer, or set aside.
 local q = tonumber(redis.call('HGET', KEYS[1], 'q')) or 0
-local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-if last[2] and tonumber(last[2]) > q then
-  q = tonumber(last[2])
+for _, key in ipairs({KEYS[4], KEYS[7], KEYS[8]}) do
+  if key then
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if last[2] and tonumber(last[2]) > q then
+      q = tonumber(last[2])
+    end
+  end
 end
 redis.call('HSET', KEYS[1], 'a', fmt(a), 'h', fmt(held), 's', fmt(sold), 'l', fmt(a + held + sold), 'q', fmt(q))
 if marks[1] == '1' or delisted then

@@ -1,6 +1,7 @@
 -- trim.lua: remove settled ledger entries older than a cutoff.
 --
--- KEYS[1] ledger hash, KEYS[2] outbox zset
+-- KEYS[1] ledger hash, KEYS[2] outbox zset, KEYS[3] published zset (optional), KEYS[4]
+-- dead-letter zset (optional): an event in any of them is not delivered yet
 -- ARGV[1] cutoff (ms), ARGV[2...] candidate ids
 -- An entry is settled when it is applied, restored, refused, cancelled, expired or a tombstone,
 -- and no event of it is pending. Reply: the number of entries removed.
@@ -14,10 +15,13 @@ for i = 2, #ARGV do
     local _, s, _, _, t = parse(e, id)
     if t < cutoff and (s == 'a' or released(s)) then
       local pending = false
-      for _, ev in ipairs({'D:', 'R:', 'L:', 'H:', 'X:', 'E:'}) do
-        if redis.call('ZSCORE', KEYS[2], ev .. id) then
-          pending = true
-          break
+      for _, key in ipairs(KEYS) do
+        if key ~= KEYS[1] then
+          for _, ev in ipairs({'D:', 'R:', 'L:', 'H:', 'X:', 'E:'}) do
+            if redis.call('ZSCORE', key, ev .. id) then
+              pending = true
+            end
+          end
         end
       end
       if not pending then

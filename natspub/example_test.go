@@ -68,7 +68,9 @@ func Example() {
 		case errors.Is(err, stock.ErrInvalid):
 			_ = m.Term()
 		default:
-			_ = m.NakWithDelay(time.Second) // temporary: JetStream delivers it again
+			// stock.ErrHeldBack (it must wait for an earlier event of the item) or a
+			// temporary error: JetStream delivers it again after the delay.
+			_ = m.NakWithDelay(time.Second)
 		}
 	})
 	if err != nil {

@@ -68,9 +68,11 @@
 //		case err == nil:
 //			m.Ack() // applied, or refused and given back in Redis
 //		case errors.Is(err, stock.ErrInvalid):
-//			m.Term()
+//			m.Term() // dead-lettered in Redis by Consume
 //		default:
-//			m.NakWithDelay(time.Second) // temporary: JetStream delivers it again
+//			// stock.ErrHeldBack (a reconcile pass holds the item, or an earlier event
+//			// cannot be applied yet) or a temporary error: deliver it again later.
+//			m.NakWithDelay(time.Second)
 //		}
 //	})
 //	// ...
@@ -78,6 +80,18 @@
 //
 // stock.Consume is idempotent in (SKU, ID, Type), as the Store's Apply is, so a redelivery or
 // a duplicate that escaped the window is harmless.
+//
+// # Order
+//
+// JetStream redelivers a message that a consumer did not acknowledge (it crashed, or its
+// AckWait ran out) after messages delivered since, so a consumer may be handed an item's
+// events out of order: a deduct before the restore that freed its unit. The payload carries
+// the event's place in its item's sequence ("seq", [stock.Event].Seq), and stock.Consume
+// applies the item's earlier events first, from Redis, so the store gets them in order; when
+// it cannot (a reconcile pass holds the item, or an earlier event's ledger entry is gone) it
+// answers stock.ErrHeldBack: nak with a delay, as above, and leave MaxDeliver unlimited (the
+// default). Several consumers, or several messages in flight per consumer, are fine: the order
+// is kept in Redis, not in the consumer.
 package natspub
 
 import (
@@ -344,12 +358,14 @@ type wire struct {
 	User string           `json:"user"`
 	Qty  *int64           `json:"qty"`
 	At   *time.Time       `json:"at"`
+	Seq  int64            `json:"seq"`
 }
 
 // Decode parses a message payload written by a Publisher into the event. The payload must be
 // one JSON object with a non-empty "type", "sku" and "id", a "qty" between 0 and
-// stock.MaxQty, and an "at" time; "user" is optional and unknown fields are ignored (so that
-// newer publishers can add some). Anything else gives an error wrapping stock.ErrInvalid: such
+// stock.MaxQty, and an "at" time; "user" and "seq" (the event's place in its item's sequence,
+// not negative; 0 when absent) are optional and unknown fields are ignored (so that newer
+// publishers can add some). Anything else gives an error wrapping stock.ErrInvalid: such
 // a message will never decode, so a consumer should terminate it rather than ask for
 // redelivery. Decode accepts event types it does not know, as a Store must.
 func Decode(msg []byte) (stock.Event, error) {
@@ -377,7 +393,11 @@ func Decode(msg []byte) (stock.Event, error) {
 		return stock.Event{}, fmt.Errorf("%w: natspub: decode event: missing or empty %s",
 			stock.ErrInvalid, strings.Join(missing, ", "))
 	}
-	ev := stock.Event{Type: *w.Type, SKU: *w.SKU, ID: *w.ID, User: w.User, Qty: *w.Qty, At: *w.At}
+	if w.Seq < 0 {
+		return stock.Event{}, fmt.Errorf("%w: natspub: decode event %s/%s %s: negative seq %d",
+			stock.ErrInvalid, *w.SKU, *w.ID, *w.Type, w.Seq)
+	}
+	ev := stock.Event{Type: *w.Type, SKU: *w.SKU, ID: *w.ID, User: w.User, Qty: *w.Qty, At: *w.At, Seq: w.Seq}
 	if ev.Qty < 0 || ev.Qty > stock.MaxQty {
 		return stock.Event{}, fmt.Errorf("%w: natspub: decode event %s/%s %s: qty %d out of range [0, %d]",
 			stock.ErrInvalid, ev.SKU, ev.ID, ev.Type, ev.Qty, stock.MaxQty)

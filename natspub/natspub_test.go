@@ -98,7 +98,7 @@ func TestMsgID(t *testing.T) {
 func TestDecode(t *testing.T) {
 	ev := stock.Event{
 		Type: stock.EventDeducted, SKU: "a.b*c>", ID: "req/1", User: "u1", Qty: 3,
-		At: time.UnixMilli(1_700_000_000_123).UTC(),
+		At: time.UnixMilli(1_700_000_000_123).UTC(), Seq: 42,
 	}
 	data, err := json.Marshal(ev)
 	require.NoError(t, err)
@@ -133,6 +133,8 @@ func TestDecode(t *testing.T) {
 		"null fields":    `{"type":null,"sku":null,"id":null,"qty":null,"at":null}`,
 		"numeric sku":    `{"type":"deducted","sku":5,"id":"i","qty":1,"at":"2024-01-02T03:04:05Z"}`,
 		"fractional qty": `{"type":"deducted","sku":"s","id":"i","qty":1.5,"at":"2024-01-02T03:04:05Z"}`,
+		"negative seq":   `{"type":"deducted","sku":"s","id":"i","qty":1,"at":"2024-01-02T03:04:05Z","seq":-1}`,
+		"string seq":     `{"type":"deducted","sku":"s","id":"i","qty":1,"at":"2024-01-02T03:04:05Z","seq":"1"}`,
 	}
 	for name, payload := range bad {
 		t.Run(name, func(t *testing.T) {

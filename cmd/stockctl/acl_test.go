@@ -94,6 +94,15 @@ func TestOperatorACL(t *testing.T) {
 	lv, err := lib.Levels(ctx, "A")
 	require.NoError(t, err)
 	assert.Equal(t, stock.Levels{Available: 15, Loaded: 15}, lv, "restored and swept by the operator")
+	// An item loaded in Redis only gets its store side; delist ends a sale.
+	require.NoError(t, lib.Load(ctx, "B", 3))
+	for _, args := range [][]string{{"load", "B", "3"}, {"reconcile", "-apply"}, {"delist", "A"}} {
+		code, out := stockctl(append([]string{"-prefix", "shop"}, args...)...)
+		assert.Equal(t, exitOK, code, "stockctl %s: %s", strings.Join(args, " "), out)
+	}
+	lv, err = lib.Levels(ctx, "A")
+	require.NoError(t, err)
+	assert.True(t, lv.Closed, "delisted")
 
 	// Another prefix: refused, untouched.
 	for _, args := range [][]string{{"levels", "A"}, {"items"}, {"restore", "A", "x"}, {"close", "A"}, {"load", "B", "1"}} {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/sqlstore"
 )
 
 type runFunc = func(ctx context.Context, e *env, args []string) error
@@ -29,7 +30,13 @@ Creates SKU in Redis with QTY units available: the preheat before a sale. An ite
 is never overwritten: add stock to a live item with restock.
 
 With -dsn it first creates the store's tables if missing and the item's row with QTY
-remaining; it loads nothing when either side already has the item.`,
+remaining. When Redis already has the item and the store does not (it was loaded without
+-dsn), it adds the store side only, and only when QTY is the stock Redis accounts for: its
+available and held units, plus the units of sales not yet delivered to the store, minus the
+restocks not yet delivered (available + held + in flight, as reconcile shows them). Otherwise
+it refuses, says the figure, and writes nothing. Redis is left as it is; the relay delivers
+the pending events to the new row, and reconcile finds no drift. It loads nothing when the
+store already has the item.`,
 		example: "stockctl load sneaker-42 100\nstockctl -dsn sqlite:/var/lib/shop.db load sneaker-42 100",
 		setup:   func(*flag.FlagSet) runFunc { return cmdLoad },
 	},
@@ -113,6 +120,20 @@ Reopens a closed SKU for deducts and holds.`,
 		setup:   func(*flag.FlagSet) runFunc { return cmdClose(false) },
 	},
 	{
+		name: "delist", args: "SKU", min: 1, max: 1,
+		short: "end an item's sale for good; reconcile -apply retires it later",
+		long: `
+Delists SKU: it is closed for good (reopen refuses it) and stamped with the time. Restores,
+confirms, expiry, the relay and the reconciler go on, so its pipeline finishes. Once the
+retention has passed (reconcile's -retention, 24h by default) and a reconcile -apply pass finds
+Redis and the store in agreement with nothing pending, that pass retires the item: its keys,
+ledger included, are removed, it leaves the registry and may be loaded again. An item the store
+does not know is never retired: add its store side first (load -dsn). Delisting twice does
+nothing; exit 1 when Redis does not know the item.`,
+		example: "stockctl delist sneaker-42",
+		setup:   func(*flag.FlagSet) runFunc { return cmdDelist },
+	},
+	{
 		name: "restore", args: "SKU ID", min: 2, max: 2,
 		short: "give back exactly what a request id took, once",
 		long: `
@@ -158,9 +179,16 @@ store. Items the store has and Redis never had are listed and left alone. A pass
 that compared every item also records the Redis primaries as reconciled, which lifts the fence
 of every FailoverGuard on this Redis (deducts refused after a restart or failover).
 
-Exit 3 when any item drifted, was missing, was missing from the registry, had lost events or
-entries, or needs a human (repaired or not, so that a cron job can alert); exit 1 when an item
-could not be compared and none drifted. An item a relay kept busy is reported and not compared.`,
+An item the store does not know is reported with Redis's figures and needs a human: load -dsn
+with the units Redis accounts for (available + held + in flight, which the line says) adds its
+store side; nothing else is repaired on it.
+
+Exit status: a report-only run exits 3 when any item drifted, was missing, was missing from the
+registry, had lost events or entries, or needs a human, so that a cron job can alert. With
+-apply it exits 3 only for what is left: an item that needs a human or could not be repaired;
+0 when it repaired everything it found (the lines still say what it repaired). Exit 1 when an
+item could not be compared and nothing is left for exit 3. An item a relay kept busy is
+reported and not compared.`,
 		example: "stockctl -dsn 'postgres://app@db:5432/shop' reconcile\n" +
 			"stockctl -dsn sqlite:/var/lib/shop.db reconcile -apply -repair-limit 50 sneaker-42",
 		setup: func(fs *flag.FlagSet) runFunc {
@@ -262,19 +290,23 @@ func cmdLoad(ctx context.Context, e *env, args []string) error {
 		if err := st.Migrate(ctx); err != nil {
 			return err
 		}
-		// Nothing is written unless both sides are free of the item.
-		switch _, err := r.Available(ctx, sku); {
-		case err == nil:
-			return fmt.Errorf("%w: %s in Redis; nothing loaded (add stock with restock)", stock.ErrLoaded, sku)
-		case !errors.Is(err, stock.ErrNotLoaded):
+		inRedis := true
+		if _, err := r.Available(ctx, sku); errors.Is(err, stock.ErrNotLoaded) {
+			inRedis = false
+		} else if err != nil {
 			return err
 		}
 		switch n, err := st.Remaining(ctx, sku); {
+		case err == nil && inRedis:
+			return fmt.Errorf("%w: %s in Redis and the store; nothing loaded (add stock with restock)", stock.ErrLoaded, sku)
 		case err == nil:
 			return fmt.Errorf("%w: the store has %s with %d remaining; nothing loaded "+
 				"(if Redis lost the item, 'reconcile -apply %s' rebuilds it from the store)", stock.ErrLoaded, sku, n, sku)
 		case !errors.Is(err, stock.ErrNotLoaded):
 			return err
+		}
+		if inRedis {
+			return addStoreSide(ctx, e, r, st, sku, qty)
 		}
 		if err := st.Load(ctx, sku, qty); err != nil {
 			return err
@@ -289,16 +321,73 @@ func cmdLoad(ctx context.Context, e *env, args []string) error {
 		}
 		return err
 	}
-	return e.emit(struct {
-		SKU    string `json:"sku"`
-		Loaded int64  `json:"loaded"`
-		Store  bool   `json:"store"`
-	}{sku, qty, withStore}, func(w io.Writer) {
+	return e.emit(loadJSON{sku, qty, withStore, true}, func(w io.Writer) {
 		where := "Redis"
 		if withStore {
 			where = "Redis and the store"
 		}
 		fmt.Fprintf(w, "loaded %s: %d units in %s\n", sku, qty, where)
+	})
+}
+
+// loadJSON is load's -json output: the units loaded and the sides written.
+type loadJSON struct {
+	SKU    string `json:"sku"`
+	Loaded int64  `json:"loaded"`
+	Store  bool   `json:"store"`
+	Redis  bool   `json:"redis"`
+}
+
+// storeUnknown is the reconciler's NeedsHuman for an item the store does not know.
+const storeUnknown = "the store does not know the item"
+
+// accounted is the stock Redis accounts for in a report of an item the store does not know:
+// what the store must start with so that, once Redis's undelivered events reach it, both agree.
+func accounted(rp stock.Report) int64 { return rp.Available + rp.Held + rp.InFlight }
+
+// addStoreSide creates the store row of an item Redis has and the store does not (loaded
+// without -dsn), with qty remaining, after checking that qty is the stock Redis accounts for:
+// its available and held units plus the net effect of its undelivered events, which the relay
+// will apply to the row. The sum does not change under live traffic (a sale moves units from
+// available to in flight, a delivery from in flight to the store), so the row agrees with Redis
+// whenever it is created.
+func addStoreSide(ctx context.Context, e *env, r *stock.Reserver, st *sqlstore.Store, sku string, qty int64) error {
+	rec, err := r.NewReconciler(st, stock.WithDryRun(true), stock.WithRetention(0))
+	if err != nil {
+		return err
+	}
+	rp, err := rec.Item(ctx, sku)
+	switch {
+	case err != nil:
+		return err
+	case rp.Busy:
+		return fmt.Errorf("a relay held %s while its stock was counted: nothing loaded; try again", sku)
+	case rp.Missing:
+		return fmt.Errorf("%w: %s vanished from Redis while its stock was counted: nothing loaded", stock.ErrNotLoaded, sku)
+	case rp.NeedsHuman != "" && rp.NeedsHuman != storeUnknown:
+		return fmt.Errorf("%s: %s; nothing loaded", sku, rp.NeedsHuman)
+	}
+	want := accounted(rp)
+	figures := fmt.Sprintf("%d available + %d held, %d in flight", rp.Available, rp.Held, rp.InFlight)
+	if want < 0 {
+		return fmt.Errorf("the undelivered events of %s take more than Redis has (%s): nothing loaded; this needs a human", sku, figures)
+	}
+	if qty != want {
+		return fmt.Errorf("QTY %d: Redis accounts for %d units of %s (%s), and the store side must start with that many; nothing loaded",
+			qty, want, sku, figures)
+	}
+	if err := st.Load(ctx, sku, qty); err != nil {
+		return err
+	}
+	after, err := rec.Item(ctx, sku)
+	if err == nil && !after.Busy && (after.Drift != 0 || after.NeedsHuman != "") {
+		err = fmt.Errorf("added %s to the store with %d units, but reconcile finds: %s", sku, qty, after)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (the store row was created: run reconcile)", err)
+	}
+	return e.emit(loadJSON{sku, qty, true, false}, func(w io.Writer) {
+		fmt.Fprintf(w, "added %s to the store: %d units (Redis had it: %s); reconcile finds no drift\n", sku, qty, figures)
 	})
 }
 
@@ -594,6 +683,22 @@ func cmdClose(closed bool) runFunc {
 	}
 }
 
+func cmdDelist(ctx context.Context, e *env, args []string) error {
+	r, err := e.reserver()
+	if err != nil {
+		return err
+	}
+	if err := r.Delist(ctx, args[0]); err != nil {
+		return err
+	}
+	return e.emit(struct {
+		SKU      string `json:"sku"`
+		Delisted bool   `json:"delisted"`
+	}{args[0], true}, func(w io.Writer) {
+		fmt.Fprintf(w, "delisted %s: closed for good; once the retention has passed and Redis and the store agree, reconcile -apply retires it\n", args[0])
+	})
+}
+
 func cmdRestore(ctx context.Context, e *env, args []string, tombstone bool) error {
 	sku, id := args[0], args[1]
 	r, err := e.reserver()
@@ -674,13 +779,27 @@ type reportJSON struct {
 	Unregistered   bool   `json:"unregistered,omitempty"` // Redis had lost it from its registry
 	Error          string `json:"error,omitempty"`
 	// Found is set when the item drifted, was missing, lost events or entries, or needs a
-	// human: what makes the exit status 3.
+	// human, repaired or not: what makes a report-only run exit 3.
 	Found bool `json:"found"`
+	// Left is set when something found is left: the item needs a human or was not repaired
+	// (every finding in a report-only run). It is what makes the exit status 3.
+	Left bool `json:"left"`
 }
 
 // found reports whether a report is worth an alert.
 func found(rp stock.Report) bool {
 	return rp.Drift != 0 || rp.Missing || rp.NeedsHuman != "" || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0 || rp.Unregistered
+}
+
+// left reports whether a report leaves something for the next run or a human: with -apply, an
+// item that needs a human, a lost hash not rebuilt, or a drift neither adjusted away nor rebuilt
+// (the reconciler says why in NeedsHuman in every case it knows of); in a report-only run,
+// everything found.
+func left(rp stock.Report, apply bool) bool {
+	if !apply {
+		return found(rp)
+	}
+	return rp.NeedsHuman != "" || (rp.Missing && !rp.Rebuilt) || (rp.Drift != 0 && !rp.Rebuilt && rp.Adjusted != -rp.Drift)
 }
 
 func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) error {
@@ -723,7 +842,7 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	skus := make([]string, len(pass.Reports))
 	var out []reportJSON
 	var lines []string
-	var nFound, nHuman, nBusy int
+	var nFound, nLeft, nHuman, nBusy int
 	var errs []error
 	for i, rp := range pass.Reports {
 		err := pass.Errors[i]
@@ -732,8 +851,13 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 		j := reportJSON{SKU: rp.SKU, Busy: rp.Busy, Missing: rp.Missing, Available: rp.Available, Held: rp.Held,
 			StoreRemaining: rp.StoreRemaining, Pending: rp.Pending, InFlight: rp.InFlight, Drift: rp.Drift,
 			Rebuilt: rp.Rebuilt, Adjusted: rp.Adjusted, Requeued: rp.Requeued, Rerecorded: rp.Rerecorded,
-			Trimmed: rp.Trimmed, NeedsHuman: rp.NeedsHuman, Unregistered: rp.Unregistered, Found: found(rp)}
+			Trimmed: rp.Trimmed, NeedsHuman: rp.NeedsHuman, Unregistered: rp.Unregistered, Found: found(rp), Left: left(rp, o.apply)}
 		line := rp.String()
+		if err == nil && rp.NeedsHuman == storeUnknown {
+			// The way out, with the figure load checks.
+			line += fmt.Sprintf(" (Redis accounts for %d units: 'stockctl load -dsn DSN %s %d' adds its store side; "+
+				"then 'stockctl delist %s' if it is not to be sold)", accounted(rp), sku, accounted(rp), sku)
+		}
 		if err != nil {
 			j.Error = err.Error()
 			line = fmt.Sprintf("%s: ERROR: %v", sku, err)
@@ -741,6 +865,9 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 		}
 		if j.Found {
 			nFound++
+		}
+		if j.Left {
+			nLeft++
 		}
 		if rp.NeedsHuman != "" {
 			nHuman++
@@ -770,7 +897,9 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 		lines = append(lines, fmt.Sprintf("WARNING: FailoverGuard fences stay: %v", pass.EpochErr))
 	}
 	summary := fmt.Sprintf("items: %d, with drift or losses: %d, need a human: %d, busy: %d, errors: %d", len(skus), nFound, nHuman, nBusy, len(errs))
-	if !o.apply {
+	if o.apply {
+		summary += fmt.Sprintf(", left: %d", nLeft)
+	} else {
 		summary += " (report only: nothing repaired; -apply repairs)"
 	}
 	epochErr := ""
@@ -780,12 +909,13 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	err = e.emit(struct {
 		Apply         bool         `json:"apply"`
 		Found         bool         `json:"found"`
+		Left          bool         `json:"left"`
 		Reports       []reportJSON `json:"reports"`
 		Unregistered  []string     `json:"unregistered,omitempty"`
 		StoreOnly     []string     `json:"store_only,omitempty"`
 		EpochRecorded bool         `json:"epoch_recorded,omitempty"`
 		EpochError    string       `json:"epoch_error,omitempty"`
-	}{o.apply, nFound > 0, append([]reportJSON{}, out...), pass.Unregistered, pass.StoreOnly, pass.EpochRecorded, epochErr}, func(w io.Writer) {
+	}{o.apply, nFound > 0, nLeft > 0, append([]reportJSON{}, out...), pass.Unregistered, pass.StoreOnly, pass.EpochRecorded, epochErr}, func(w io.Writer) {
 		for _, l := range lines {
 			fmt.Fprintln(w, l)
 		}
@@ -795,8 +925,10 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 		return err
 	}
 	switch {
-	case nFound > 0:
-		return driftError{fmt.Sprintf("%d of %d items drifted or need a human", nFound, len(skus))}
+	case nLeft > 0 && o.apply:
+		return driftError{fmt.Sprintf("%d of %d items left unrepaired or need a human", nLeft, len(skus))}
+	case nLeft > 0:
+		return driftError{fmt.Sprintf("%d of %d items drifted or need a human", nLeft, len(skus))}
 	case len(errs) == 1:
 		return errs[0]
 	case len(errs) > 1:

@@ -1,7 +1,8 @@
 // Command stockctl is an operator's tool for the stock reservations of github.com/stockres/stock:
-// it loads and restocks items, reads their levels and ledgers, closes and reopens them, gives
-// back a request's stock, sweeps expired holds, and, with the database of record (-dsn),
-// reconciles Redis with it and drains the outbox into it once.
+// it loads and restocks items, reads their levels and ledgers, closes, reopens and delists them,
+// gives back a request's stock, sweeps expired holds, and, with the database of record (-dsn),
+// reconciles Redis with it, adds the store side of an item loaded in Redis only, and drains the
+// outbox into it once.
 //
 // Usage:
 //
@@ -11,8 +12,8 @@
 //
 // Exit status: 0 on success; 1 when the operation failed (an item not loaded, an unknown id,
 // Redis or the database unreachable); 2 on a usage error (a bad flag, a missing argument, a name
-// the library rejects); 3 when reconcile found drift or something that needs a human, so that a
-// cron job can alert on it.
+// the library rejects); 3 when reconcile found drift or something that needs a human (with
+// -apply: only what it left unrepaired), so that a cron job can alert on it.
 package main
 
 import (
@@ -34,7 +35,7 @@ const (
 	exitOK    = 0
 	exitFail  = 1 // the operation failed
 	exitUsage = 2 // bad flags or arguments
-	exitDrift = 3 // reconcile found drift or something for a human
+	exitDrift = 3 // reconcile found drift or something for a human (with -apply: left it)
 )
 
 func main() {
@@ -287,14 +288,17 @@ Commands:
 	fs.PrintDefaults()
 	fmt.Fprint(w, `
 Exit status: 0 ok; 1 the operation failed (not loaded, unknown id, Redis or the database
-unreachable); 2 usage error; 3 reconcile found drift or something that needs a human.
+unreachable); 2 usage error; 3 reconcile found drift or something that needs a human (with
+-apply: only what it left unrepaired).
 
 Examples:
   stockctl load sneaker-42 100
   stockctl -json levels sneaker-42 hoodie-7
   stockctl ledger sneaker-42 -state reserved -limit 20
   stockctl -dsn 'postgres://app@db:5432/shop' reconcile       # report only; exit 3 on drift
-  stockctl -dsn sqlite:/var/lib/shop.db reconcile -apply sneaker-42
+  stockctl -dsn sqlite:/var/lib/shop.db reconcile -apply sneaker-42  # exit 0 once all repaired
+  stockctl -dsn sqlite:/var/lib/shop.db load sneaker-42 100   # Redis-only item: add its store side
+  stockctl delist sneaker-42
 `)
 }
 

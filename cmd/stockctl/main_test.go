@@ -356,7 +356,7 @@ func TestReconcileAndRelay(t *testing.T) {
 	assert.False(t, rep.Apply)
 	assert.True(t, rep.Found)
 	require.Len(t, rep.Reports, 1)
-	assert.Equal(t, reportJSON{SKU: "A", Available: 13, StoreRemaining: 8, Drift: 5, Found: true}, rep.Reports[0])
+	assert.Equal(t, reportJSON{SKU: "A", Available: 13, StoreRemaining: 8, Drift: 5, Found: true, Left: true}, rep.Reports[0])
 
 	res = h.store("reconcile", "-apply", "-repair-limit", "2", "A")
 	assert.Equal(t, exitDrift, res.code)
@@ -364,7 +364,7 @@ func TestReconcileAndRelay(t *testing.T) {
 	assert.Equal(t, "13\n", h.run("available", "A").stdout)
 
 	res = h.store("reconcile", "-apply", "A")
-	assert.Equal(t, exitDrift, res.code, "a repaired drift is still reported")
+	assert.Equal(t, exitOK, res.code, "a repaired drift is reported, and nothing is left")
 	assert.Contains(t, res.stdout, "drift 5; repaired: adjusted -5")
 	assert.Equal(t, "8\n", h.run("available", "A").stdout)
 	res = h.store("reconcile")
@@ -375,7 +375,7 @@ func TestReconcileAndRelay(t *testing.T) {
 	res = h.store("reconcile")
 	assert.Equal(t, exitDrift, res.code)
 	assert.Contains(t, res.stdout, "B: ")
-	assert.Contains(t, res.stdout, "NEEDS A HUMAN: the store does not know the item")
+	assert.Contains(t, res.stdout, "B: redis 1+0 held, store 0, in flight 0 (0 pending), drift 0; NEEDS A HUMAN: the store does not know the item")
 	assert.Contains(t, res.stdout, "items: 2, with drift or losses: 1, need a human: 1,")
 
 	// migrate is idempotent, with other table prefixes too.
@@ -485,9 +485,24 @@ func TestStoreBackends(t *testing.T) {
 			assert.Equal(t, exitDrift, res.code)
 			assert.Contains(t, res.stdout, "drift -3")
 			res = h.store("reconcile", "-apply")
-			assert.Equal(t, exitDrift, res.code)
+			assert.Equal(t, exitOK, res.code, "repaired: nothing left")
 			assert.Contains(t, res.stdout, "repaired: adjusted +3")
 			assert.Equal(t, exitOK, h.store("reconcile").code)
+
+			// An item loaded in Redis only: reported with Redis's figures, then given its store
+			// side by load -dsn with the stock Redis accounts for.
+			require.Equal(t, exitOK, h.run("load", "C", "6").code)
+			_, err := h.r.Deduct(ctx, stock.Request{SKU: "C", ID: "c1", Qty: 2})
+			require.NoError(t, err)
+			res = h.store("reconcile", "C")
+			assert.Equal(t, exitDrift, res.code)
+			assert.Contains(t, res.stdout, "C: redis 4+0 held, store 0, in flight 2 (1 pending)")
+			assert.Equal(t, exitFail, h.store("load", "C", "4").code)
+			require.Equal(t, exitOK, h.store("load", "C", "6").code)
+			require.Equal(t, exitOK, h.store("relay-once").code)
+			res = h.store("reconcile", "C")
+			assert.Equal(t, exitOK, res.code)
+			assert.Contains(t, res.stdout, "C: redis 4+0 held, store 4, in flight 0 (0 pending), drift 0")
 		})
 	}
 }
