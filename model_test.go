@@ -119,14 +119,6 @@ type mconfig struct {
 
 func (c mconfig) group(sku string) string { return c.Groups[sku] }
 
-// strict reports whether the known discrepancies are failures in the random run.
-var strict = os.Getenv("STOCK_MODEL_STRICT") == "1"
-
-// knownIssue lists the discrepancies found by this test and written up in FINDINGS.md. The
-// random run tolerates them (unless STOCK_MODEL_STRICT=1), so that it goes on to find others;
-// each has a named case in modelRegressions, which does not tolerate it.
-var knownIssue = map[string]bool{}
-
 type tb interface {
 	Helper()
 	Fatalf(format string, args ...any)
@@ -377,15 +369,6 @@ func (s mstep) touched() []string {
 	return []string{s.SKU}
 }
 
-// expirer reports whether the step releases its items' expired holds first.
-func (s mstep) expirer() bool {
-	switch s.Op {
-	case "deduct", "hold", "confirm", "extend", "sweep", "sweepall", "deductmany", "holdmany", "confirmmany":
-		return true
-	}
-	return false
-}
-
 func (s mstep) writes() bool {
 	switch s.Op {
 	case "invalid", "advance", "recover":
@@ -519,12 +502,6 @@ func (h *harness) due(skus []string, now int64) (int64, int) {
 	}
 	return first, n
 }
-
-// tolerate reports whether the random run tolerates a known discrepancy.
-func tolerate(issue string) bool { return !strict && knownIssue[issue] }
-
-// tolerate is tolerate for this harness: named cases (h.strict) tolerate nothing.
-func (h *harness) tolerate(issue string) bool { return !h.strict && tolerate(issue) }
 
 // run runs one step on both sides and compares.
 func (h *harness) run(s mstep) {

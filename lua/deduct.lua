@@ -58,14 +58,21 @@ if avail and ((nd and nd <= now) or #also > 0) then
     -- More holds are due than one call usually releases. If a request of this call could be
     -- refused for stock or for the per-user limit, release more first: a refusal must not
     -- depend on how many holds are due.
-    local need, users = 0, false
+    local need, per, over = 0, {}, false
     for j = 1, #ids do
       if not known[j] then
-        need = need + tonumber(ARGV[4 * j + 2])
-        users = users or ARGV[4 * j + 3] ~= ''
+        local q, u = tonumber(ARGV[4 * j + 2]), ARGV[4 * j + 3]
+        need = need + q
+        if u ~= '' and limit > 0 then
+          per[u] = (per[u] or 0) + q
+        end
       end
     end
-    if avail + plan.freed < need or (users and limit > 0) then
+    for u, q in pairs(per) do
+      local have = (int(redis.call('HGET', KEYS[3], u), 'units of user ' .. u) or 0) - (plan.users[u] or 0)
+      over = over or have + q > limit
+    end
+    if avail + plan.freed < need or over then
       plan = plan_expiry(KEYS, now, MAX_EXPIRY, also)
     end
   end
