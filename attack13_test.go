@@ -1,0 +1,484 @@
+package stock_test
+
+// Adversarial tests of the fixes of issue 13, through the exported API only.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+)
+
+type a13Queue struct {
+	mu  sync.Mutex
+	evs []stock.Event
+}
+
+func (q *a13Queue) Publish(_ context.Context, ev stock.Event) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.evs = append(q.evs, ev)
+	return nil
+}
+
+func (q *a13Queue) take() []stock.Event {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.evs
+	q.evs = nil
+	return out
+}
+
+// consumeAll delivers msgs to Consume in the given order; held-back ones are
+// redelivered (in a shuffled order) until all are acked. Returns refusals seen
+// in the store afterwards via the caller.
+func a13ConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
+	t.Helper()
+	for round := 0; len(msgs) > 0; round++ {
+		if round > 200 {
+			t.Fatalf("events still held back after 200 rounds: %v", msgs)
+		}
+		var again []stock.Event
+		for _, ev := range msgs {
+			err := stock.Consume(ctx, r, st, ev)
+			switch {
+			case err == nil:
+			case errors.Is(err, stock.ErrHeldBack):
+				again = append(again, ev)
+			default:
+				t.Fatalf("Consume(%s %s seq %d): %v", ev.Type, ev.ID, ev.Seq, err)
+			}
+		}
+		rng.Shuffle(len(again), func(i, j int) { again[i], again[j] = again[j], again[i] })
+		msgs = again
+	}
+}
+
+// Broken promise under test (issue 13 case 1/2): on the queue path a reconcile
+// pass while the consumer is down adds no stock for sales in flight, and the
+// consumer later applies every event, redelivered reversed and duplicated,
+// without the store refusing a sale Redis made correctly.
+func TestAttack13QueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := memstore.New()
+			const sku = "qa"
+			if err := r.Load(ctx, sku, 5); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Load(ctx, sku, 5); err != nil {
+				t.Fatal(err)
+			}
+			// 5 sales, restore two, two more sales that use the restored units,
+			// a restock of 3 and three sales of those.
+			for i := 0; i < 5; i++ {
+				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), Qty: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, id := range []string{"d1", "d3"} {
+				if _, err := r.Restore(ctx, sku, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, id := range []string{"e1", "e2"} {
+				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.Restock(ctx, sku, "rs", 3); err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"f1", "f2", "f3"} {
+				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			q := &a13Queue{}
+			rl, err := r.NewRelay(nil, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			msgs := q.take()
+			if len(msgs) == 0 {
+				t.Fatal("relay published nothing")
+			}
+			// Consumer down: reconcile (repairing).
+			rc, err := r.NewReconciler(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := rc.Pass(ctx)
+			if err != nil {
+				t.Fatalf("Pass: %v (%+v)", err, res)
+			}
+			for _, rp := range res.Reports {
+				if rp.Adjusted != 0 || rp.Drift != 0 || rp.Rebuilt || rp.Resynced != 0 || rp.Requeued != 0 {
+					t.Fatalf("pass with consumer down repaired in-flight sales: %s", rp)
+				}
+			}
+			lv, err := r.Levels(ctx, sku)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lv.Available != 0 {
+				t.Fatalf("available after pass = %d, want 0", lv.Available)
+			}
+			// The queue redelivers everything reversed and twice.
+			var redeliver []stock.Event
+			for i := len(msgs) - 1; i >= 0; i-- {
+				redeliver = append(redeliver, msgs[i], msgs[i])
+			}
+			a13ConsumeAll(t, ctx, r, st, redeliver, rand.New(rand.NewSource(1)))
+			// Refusal events published by Consume would show store refusals.
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range q.take() {
+				if ev.Type == stock.EventRefused {
+					t.Errorf("store refused a valid sale: %+v", ev)
+				}
+				if err := stock.Consume(ctx, r, st, ev); err != nil {
+					t.Fatalf("Consume late %v: %v", ev, err)
+				}
+			}
+			rem, err := st.Remaining(ctx, sku)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rem != 0 {
+				t.Errorf("store remaining = %d, want 0", rem)
+			}
+			if n := st.MaxApplications(); n > 1 {
+				t.Errorf("double application: %d", n)
+			}
+			res, err = rc.Pass(ctx)
+			if err != nil {
+				t.Fatalf("second Pass: %v", err)
+			}
+			for _, rp := range res.Reports {
+				if rp.Adjusted != 0 || rp.Drift != 0 || rp.Published != 0 || rp.InFlight != 0 {
+					t.Errorf("after drain: %s", rp)
+				}
+			}
+		})
+	}
+}
+
+// Broken promise under test: reconcile interleaved with a consumer that applies
+// part of the queue (a consumer behind) never adjusts stock, at every step.
+func TestAttack13QueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := memstore.New()
+			const sku = "qb"
+			const n = 30
+			if err := r.Load(ctx, sku, n); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Load(ctx, sku, n); err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewSource(7))
+			q := &a13Queue{}
+			rl, err := r.NewRelay(nil, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc, err := r.NewReconciler(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var backlog []stock.Event
+			next := 0
+			for step := 0; step < 40; step++ {
+				// a few operations
+				for k := 0; k < 3; k++ {
+					id := fmt.Sprintf("x%d", next)
+					next++
+					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
+					if err != nil && !errors.Is(err, stock.ErrSoldOut) {
+						t.Fatal(err)
+					}
+					if err == nil && rng.Intn(3) == 0 {
+						if _, err := r.Restore(ctx, sku, id); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				if _, err := rl.Once(ctx); err != nil {
+					t.Fatal(err)
+				}
+				backlog = append(backlog, q.take()...)
+				// consumer applies a random part, in random order, with duplicates
+				rng.Shuffle(len(backlog), func(i, j int) { backlog[i], backlog[j] = backlog[j], backlog[i] })
+				k := rng.Intn(len(backlog) + 1)
+				var kept []stock.Event
+				for i, ev := range backlog {
+					if i >= k {
+						kept = append(kept, ev)
+						continue
+					}
+					err := stock.Consume(ctx, r, st, ev)
+					if errors.Is(err, stock.ErrHeldBack) {
+						kept = append(kept, ev)
+						continue
+					}
+					if err != nil {
+						t.Fatalf("Consume: %v", err)
+					}
+					if rng.Intn(4) == 0 {
+						kept = append(kept, ev) // duplicate redelivery later
+					}
+				}
+				backlog = kept
+				res, err := rc.Pass(ctx)
+				if err != nil {
+					t.Fatalf("step %d Pass: %v", step, err)
+				}
+				for _, rp := range res.Reports {
+					if rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 || rp.Requeued != 0 || rp.Rebuilt {
+						t.Fatalf("step %d: pass repaired with events in flight: %s", step, rp)
+					}
+				}
+			}
+			a13ConsumeAll(t, ctx, r, st, backlog, rng)
+			for i := 0; i < 3; i++ {
+				if _, err := rl.Once(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for _, ev := range q.take() {
+					if ev.Type == stock.EventRefused {
+						t.Errorf("store refused a valid sale: %+v", ev)
+					}
+					if err := stock.Consume(ctx, r, st, ev); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			lv, err := r.Levels(ctx, sku)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rem, err := st.Remaining(ctx, sku)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lv.Available+lv.Held != rem {
+				t.Errorf("redis available %d != store remaining %d", lv.Available, rem)
+			}
+			if n := st.MaxApplications(); n > 1 {
+				t.Errorf("double application: %d", n)
+			}
+		})
+	}
+}
+
+// blackhole is a TCP proxy to a Redis that can be told to stop forwarding
+// (the connections stay open, nothing answers).
+type a13Proxy struct {
+	ln     net.Listener
+	target string
+	holed  atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func a13StartProxy(t *testing.T, target string) *a13Proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &a13Proxy{ln: ln, target: target}
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			go p.serve(c)
+		}
+	}()
+	return p
+}
+
+func (p *a13Proxy) serve(c net.Conn) {
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns = append(p.conns, up)
+	p.mu.Unlock()
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				
+				for p.holed.Load() {
+					time.Sleep(5 * time.Millisecond) // swallow: never answer
+				}
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				if err != io.EOF {
+					_ = err
+				}
+				dst.Close()
+				return
+			}
+		}
+	}
+	go pipe(up, c)
+	go pipe(c, up)
+}
+
+// Broken promise under test (issue 13 case 6): with a background context and a
+// blackholed Redis every call returns within WithTimeout (plus slack) with
+// ErrUnknownOutcome wrapping context.DeadlineExceeded; after the network heals a
+// Retry resolves it.
+func TestAttack13BlackholeEveryCallBounded(t *testing.T) {
+	mr, _ := redistest.Miniredis(t)
+	p := a13StartProxy(t, mr.Addr())
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.ln.Addr().String()}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	const bound = 300 * time.Millisecond
+	r, err := stock.New(c, stock.WithTimeout(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := r.Load(ctx, "bh", 10); err != nil {
+		t.Fatal(err)
+	}
+	st := memstore.New()
+	if err := st.Load(ctx, "bh", 10); err != nil {
+		t.Fatal(err)
+	}
+	p.holed.Store(true)
+	check := func(name string, f func() error, wantUnknown bool) {
+		t.Helper()
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			el := time.Since(start)
+			if err == nil {
+				t.Errorf("%s: nil error on a blackholed Redis", name)
+				return
+			}
+			if el > 10*bound {
+				t.Errorf("%s: took %v, bound %v", name, el, bound)
+			}
+			if wantUnknown && !errors.Is(err, stock.ErrUnknownOutcome) {
+				t.Errorf("%s: %v does not wrap ErrUnknownOutcome", name, err)
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s: %v does not wrap context.DeadlineExceeded", name, err)
+			}
+			if errors.Is(err, stock.ErrInvalid) {
+				t.Errorf("%s: %v labelled ErrInvalid", name, err)
+			}
+			t.Logf("%s: %v in %v (Outcome %s)", name, err, el, stock.Outcome(err))
+		case <-time.After(30 * bound):
+			t.Errorf("%s: did not return within %v", name, 30*bound)
+		}
+	}
+	check("Deduct", func() error {
+		_, err := r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1})
+		return err
+	}, true)
+	check("Restore", func() error { _, err := r.Restore(ctx, "bh", "a"); return err }, true)
+	check("Hold", func() error {
+		_, err := r.Hold(ctx, stock.Request{SKU: "bh", ID: "h", Qty: 1}, time.Minute)
+		return err
+	}, true)
+	check("DeductMany", func() error {
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "bh", Qty: 1}, {SKU: "bh2", Qty: 1}}})
+		return err
+	}, true)
+	check("Levels", func() error { _, err := r.Levels(ctx, "bh"); return err }, false)
+	check("Available", func() error { _, err := r.Available(ctx, "bh"); return err }, false)
+	check("Load", func() error { return r.Load(ctx, "bh3", 1) }, true)
+	check("Sweep", func() error { _, err := r.Sweep(ctx, "bh"); return err }, false)
+	check("SweepAll", func() error { _, err := r.SweepAll(ctx); return err }, false)
+	check("Pending", func() error { _, _, err := r.Pending(ctx, "bh"); return err }, false)
+	check("FailoverGuard.Check", func() error { _, err := r.NewFailoverGuard().Check(ctx); return err }, false)
+	check("Relay.Once", func() error {
+		rl, err := r.NewRelay(st, nil)
+		if err != nil {
+			return err
+		}
+		_, err = rl.Once(ctx)
+		return err
+	}, false)
+	check("Reconciler.Pass", func() error {
+		rc, err := r.NewReconciler(st)
+		if err != nil {
+			return err
+		}
+		_, err = rc.Pass(ctx)
+		return err
+	}, false)
+	check("Consume", func() error {
+		return stock.Consume(ctx, r, st, stock.Event{Type: stock.EventDeducted, SKU: "bh", ID: "zz", Qty: 1, Seq: 1, At: time.Now()})
+	}, false)
+
+	p.holed.Store(false)
+	// the blackholed Deduct may reach Redis when the network heals; a retry resolves.
+	var rc stock.Receipt
+	for i := 0; i < 50; i++ {
+		rc, err = r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1, Retry: true})
+		if err == nil || !errors.Is(err, stock.ErrUnknownOutcome) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil && !errors.Is(err, stock.ErrRestored) {
+		t.Fatalf("retry after heal: %v", err)
+	}
+	t.Logf("retry: %+v %v", rc, err)
+}
