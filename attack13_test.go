@@ -482,3 +482,321 @@ func TestAttack13BlackholeEveryCallBounded(t *testing.T) {
 	}
 	t.Logf("retry: %+v %v", rc, err)
 }
+
+// Broken promise under test (issue 13 case 4): the fence is lifted by a complete
+// pass run by another Reserver (another process), and never by an incomplete one
+// (a dry run, a pass limited to some items, a pass that found an item busy).
+func TestAttack13FenceLiftedOnlyByCompletePass(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER for a restart of a real server")
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	c1 := srv.Client(t)
+	r1, err := stock.New(c1, stock.WithTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := memstore.New()
+	for _, sku := range []string{"f1", "f2"} {
+		if err := r1.Load(ctx, sku, 10); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Load(ctx, sku, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := r1.NewFailoverGuard()
+	if fenced, err := g.Check(ctx); err != nil || fenced {
+		t.Fatalf("first check: fenced=%v err=%v", fenced, err)
+	}
+	srv.Restart()
+	var fenced bool
+	for i := 0; i < 50; i++ {
+		fenced, err = g.Check(ctx)
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil || !fenced {
+		t.Fatalf("after restart: fenced=%v err=%v", fenced, err)
+	}
+	if _, err := r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
+		t.Fatalf("deduct while fenced: %v", err)
+	}
+	// Another process.
+	r2, err := stock.New(srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stillFenced := func(what string) {
+		t.Helper()
+		fenced, err := g.Check(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fenced {
+			t.Fatalf("fence lifted by %s", what)
+		}
+	}
+	dry, _ := r2.NewReconciler(st, stock.WithDryRun(true))
+	if res, err := dry.Pass(ctx); err != nil || res.EpochRecorded {
+		t.Fatalf("dry pass: %v %+v", err, res)
+	}
+	stillFenced("a dry run")
+	lim, _ := r2.NewReconciler(st, stock.WithReconcileItems("f1"))
+	if res, err := lim.Pass(ctx); err != nil || res.EpochRecorded {
+		t.Fatalf("limited pass: %v %+v", err, res)
+	}
+	stillFenced("a pass limited to some items")
+	lim2, _ := r2.NewReconciler(st, stock.WithReconcileItems("f1", "f2"))
+	if res, err := lim2.Pass(ctx); err != nil || res.EpochRecorded {
+		t.Fatalf("limited pass over all items: %v %+v", err, res)
+	}
+	stillFenced("a pass limited to items (even all of them)")
+	// A relay holds f2 (its Publish blocks): the pass finds it busy.
+	if _, err := r2.Restock(ctx, "f2", "rs1", 1); err != nil {
+		t.Fatal(err)
+	}
+	block := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	rl, _ := r2.NewRelay(st, stock.PublisherFunc(func(ctx context.Context, ev stock.Event) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-block
+		return nil
+	}), stock.WithRelayItems("f2"))
+	relayDone := make(chan error, 1)
+	go func() { _, err := rl.Once(ctx); relayDone <- err }()
+	<-entered
+	full, _ := r2.NewReconciler(st)
+	res, err := full.Pass(ctx)
+	t.Logf("pass with a busy item: complete=%v recorded=%v err=%v", res.Complete, res.EpochRecorded, err)
+	if res.Complete || res.EpochRecorded {
+		t.Errorf("a pass that found an item busy counted as complete: %+v", res)
+	}
+	stillFenced("a pass that found an item busy")
+	close(block)
+	if err := <-relayDone; err != nil {
+		t.Fatal(err)
+	}
+	res, err = full.Pass(ctx)
+	if err != nil || !res.Complete || !res.EpochRecorded {
+		t.Fatalf("complete pass: %v %+v", err, res)
+	}
+	if fenced, err := g.Check(ctx); err != nil || fenced {
+		t.Fatalf("after a complete pass elsewhere: fenced=%v err=%v", fenced, err)
+	}
+	if _, err := r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1}); err != nil {
+		t.Fatalf("deduct after the fence lifted: %v", err)
+	}
+}
+
+// Broken promise under test (issue 13 case 3): FLUSHALL with sales in flight on
+// the queue path: Pass says so loudly (ErrRegistryLost), and rebuilds from the
+// Store; the consumer's late events do not make the store refuse sales.
+func TestAttack13FlushallWithQueueBacklogRebuildOversells(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c := b.Client(t)
+			r, err := stock.New(c, stock.WithCoalescing(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := memstore.New()
+			if err := r.Load(ctx, "fl", 4); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Load(ctx, "fl", 4); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				if _, err := r.Deduct(ctx, stock.Request{SKU: "fl", ID: fmt.Sprint("s", i), Qty: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			q := &a13Queue{}
+			rl, _ := r.NewRelay(nil, q)
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			msgs := q.take()
+			// apply one
+			if err := stock.Consume(ctx, r, st, msgs[0]); err != nil {
+				t.Fatal(err)
+			}
+			for _, cmd := range c.Nodes() {
+				_ = cmd
+			}
+			for addr, n := range c.Nodes() {
+				_ = addr
+				if err := n.Do(ctx, n.B().Flushall().Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+					// replicas refuse; masters are what matter
+					t.Logf("flushall %s: %v", addr, err)
+				}
+			}
+			rc, _ := r.NewReconciler(st)
+			_, err = rc.Once(ctx)
+			if !errors.Is(err, stock.ErrRegistryLost) {
+				t.Fatalf("Once after FLUSHALL: %v, want ErrRegistryLost", err)
+			}
+			res, err := rc.Pass(ctx)
+			t.Logf("second pass: %v %+v", err, res)
+			lv, err := r.Levels(ctx, "fl")
+			if err != nil {
+				t.Fatalf("item not rebuilt: %v", err)
+			}
+			// store remaining 3 (one applied); two sales were lost with Redis.
+			t.Logf("levels after rebuild: %+v", lv)
+			// late consumer delivers the rest: held back, applied, or invalid — never panics, and
+			// the store never goes below what Redis thinks.
+			for _, ev := range msgs[1:] {
+				err := stock.Consume(ctx, r, st, ev)
+				t.Logf("late consume %s: %v", ev.ID, err)
+			}
+			rem, _ := st.Remaining(ctx, "fl")
+			lv, _ = r.Levels(ctx, "fl")
+			if lv.Available > rem {
+				t.Errorf("after the rebuild and the consumer's late events, Redis would sell %d units, store has %d", lv.Available, rem)
+			}
+			// What that costs buyers: sell what Redis offers, deliver through the queue.
+			sold := 0
+			for i := 0; ; i++ {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "fl", ID: fmt.Sprint("n", i), Qty: 1})
+				if errors.Is(err, stock.ErrSoldOut) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				sold++
+			}
+			refused := 0
+			for round := 0; round < 3; round++ {
+				if _, err := rl.Once(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for _, ev := range q.take() {
+					if ev.Type == stock.EventRefused {
+						refused++
+					}
+					if err := stock.Consume(ctx, r, st, ev); err != nil {
+						t.Logf("consume %v: %v", ev, err)
+					}
+				}
+			}
+			if refused > 0 {
+				t.Errorf("buyers told yes then no: the store refused %d of %d sales Redis made after its rebuild", refused, sold)
+			}
+			// the registry is back: relays see the item again
+			found := false
+			for sku, err := range r.Items(ctx) {
+				if err != nil {
+					t.Fatal(err)
+				}
+				found = found || sku == "fl"
+			}
+			if !found {
+				t.Error("item not registered again after the repairing pass")
+			}
+		})
+	}
+}
+
+// Broken promise under test (issue 13 case 10): a ledger entry deleted while its
+// event is pending or published: never dropped, dead-lettered, and reconcile
+// does not give its units back.
+func TestAttack13OrphanedEventsNotGivenBack(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		for _, queue := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/queue=%v", b.Name, queue), func(t *testing.T) {
+				ctx := context.Background()
+				c := b.Client(t)
+				r, err := stock.New(c, stock.WithCoalescing(0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				st := memstore.New()
+				const sku = "or"
+				if err := r.Load(ctx, sku, 3); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Load(ctx, sku, 3); err != nil {
+					t.Fatal(err)
+				}
+				for i := 0; i < 3; i++ {
+					if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				q := &a13Queue{}
+				var msgs []stock.Event
+				if queue {
+					rl, _ := r.NewRelay(nil, q)
+					if _, err := rl.Once(ctx); err != nil {
+						t.Fatal(err)
+					}
+					msgs = q.take()
+				}
+				// lose the ledger
+				if err := c.Do(ctx, c.B().Del().Key("stock:{"+sku+"}:l").Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+				if !queue {
+					rl, _ := r.NewRelay(st, nil)
+					stats, err := rl.Once(ctx)
+					t.Logf("relay: %+v %v", stats, err)
+					if stats.Orphaned != 3 || stats.DeadLettered != 3 {
+						t.Errorf("orphans not dead-lettered: %+v", stats)
+					}
+				} else {
+					// consumer down; a second consumer gets o2 first: earlier events lost their ledger
+					err := stock.Consume(ctx, r, st, msgs[2])
+					t.Logf("Consume o2 (earlier entries gone): %v", err)
+				}
+				rc, _ := r.NewReconciler(st)
+				for i := 0; i < 2; i++ {
+					res, err := rc.Pass(ctx)
+					t.Logf("pass: %v", err)
+					for _, rp := range res.Reports {
+						t.Logf("report: %s", rp)
+						if rp.Adjusted > 0 {
+							t.Errorf("reconcile gave back units of orphaned sales: %s", rp)
+						}
+					}
+				}
+				lv, _ := r.Levels(ctx, sku)
+				if lv.Available != 0 {
+					t.Errorf("available = %d after orphaned sales, want 0", lv.Available)
+				}
+				pending, dead, err := r.Pending(ctx, sku)
+				t.Logf("pending %d dead %d err %v", pending, dead, err)
+				if queue {
+					for _, ev := range msgs {
+						err := stock.Consume(ctx, r, st, ev)
+						t.Logf("late consume %s: %v", ev.ID, err)
+					}
+					rem, _ := st.Remaining(ctx, sku)
+					lv, _ := r.Levels(ctx, sku)
+					if lv.Available > rem {
+						t.Errorf("Redis would sell %d, store has %d", lv.Available, rem)
+					}
+					res, err := rc.Pass(ctx)
+					t.Logf("final pass %v", err)
+					for _, rp := range res.Reports {
+						t.Logf("final report: %s", rp)
+						if rp.Adjusted > 0 {
+							t.Errorf("final pass gave back units: %s", rp)
+						}
+					}
+				} else if pending+dead != 3 {
+					t.Errorf("events dropped: pending %d dead %d", pending, dead)
+				}
+			})
+		}
+	}
+}
