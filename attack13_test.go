@@ -828,3 +828,77 @@ func TestAttack13GuardFirstCheckOnLiveItemsFencesContraryToDoc(t *testing.T) {
 		})
 	}
 }
+
+// Broken promise under test (issue 13 case 6): a stopped redis-server, a context
+// with no deadline: Deduct returns within WithTimeout with ErrUnknownOutcome
+// wrapping context.DeadlineExceeded; after a restart (AOF) a Retry resolves it.
+func TestAttack13StoppedServerBoundedThenRetryResolves(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	r, err := stock.New(srv.Client(t), stock.WithTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Load(ctx, "st", 3); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	start := time.Now()
+	_, err = r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1})
+	el := time.Since(start)
+	t.Logf("deduct on a stopped server: %v in %v (outcome %s)", err, el, stock.Outcome(err))
+	if !errors.Is(err, stock.ErrUnknownOutcome) {
+		t.Errorf("not ErrUnknownOutcome: %v", err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("does not wrap context.DeadlineExceeded: %v", err)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) {
+		t.Logf("no net.Error wrapped (transport cause): %v", err)
+	}
+	if el > 5*time.Second {
+		t.Errorf("took %v with a 500ms bound", el)
+	}
+	// many concurrent callers, same bound
+	var wg sync.WaitGroup
+	var slow atomic.Int64
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			s := time.Now()
+			_, err := r.Deduct(ctx, stock.Request{SKU: "st", ID: fmt.Sprint("c", i), Qty: 1})
+			if time.Since(s) > 5*time.Second || !errors.Is(err, stock.ErrUnknownOutcome) {
+				slow.Add(1)
+				t.Logf("caller %d: %v after %v", i, err, time.Since(s))
+			}
+		}(i)
+	}
+	wg.Wait()
+	if slow.Load() > 0 {
+		t.Errorf("%d callers unbounded or not ErrUnknownOutcome", slow.Load())
+	}
+	srv.Start()
+	var rc stock.Receipt
+	for i := 0; i < 40; i++ {
+		rc, err = r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1, Retry: true})
+		if !errors.Is(err, stock.ErrUnknownOutcome) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("retry after restart: %v", err)
+	}
+	lv, err := r.Levels(ctx, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lv.Available != 2 || lv.Sold != 1 {
+		t.Errorf("after the retry: %+v (receipt %+v)", lv, rc)
+	}
+}
