@@ -902,3 +902,164 @@ func TestAttack13StoppedServerBoundedThenRetryResolves(t *testing.T) {
 		t.Errorf("after the retry: %+v (receipt %+v)", lv, rc)
 	}
 }
+
+// Broken promise under test: N goroutines over S stock give exactly S
+// acknowledged successes, and ledger, Levels and the store agree after the
+// relay drains, on the direct path and on the queue path with concurrent,
+// out-of-order, duplicating consumers (and relays running concurrently).
+func TestAttack13CountingBothPaths(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		for _, queue := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/queue=%v", b.Name, queue), func(t *testing.T) {
+				ctx := context.Background()
+				r, err := stock.New(b.Client(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				st := memstore.New()
+				const sku, S, N = "cnt", 50, 200
+				if err := r.Load(ctx, sku, S); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Load(ctx, sku, S); err != nil {
+					t.Fatal(err)
+				}
+				q := &a13Queue{}
+				var rl *stock.Relay
+				if queue {
+					rl, err = r.NewRelay(nil, q)
+				} else {
+					rl, err = r.NewRelay(st, nil)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				stop := make(chan struct{})
+				var bg sync.WaitGroup
+				var consumeErr atomic.Value
+				// two relays and two consumers running during the sale
+				for k := 0; k < 2; k++ {
+					bg.Add(1)
+					go func() {
+						defer bg.Done()
+						for {
+							select {
+							case <-stop:
+								return
+							default:
+							}
+							if _, err := rl.Once(ctx); err != nil {
+								consumeErr.Store(err)
+							}
+							time.Sleep(time.Millisecond)
+						}
+					}()
+				}
+				if queue {
+					for k := 0; k < 2; k++ {
+						bg.Add(1)
+						go func(seed int64) {
+							defer bg.Done()
+							rng := rand.New(rand.NewSource(seed))
+							var mine []stock.Event
+							for {
+								select {
+								case <-stop:
+									return
+								default:
+								}
+								mine = append(mine, q.take()...)
+								rng.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+								var keep []stock.Event
+								for _, ev := range mine {
+									err := stock.Consume(ctx, r, st, ev)
+									if errors.Is(err, stock.ErrHeldBack) {
+										keep = append(keep, ev)
+									} else if err != nil {
+										consumeErr.Store(err)
+										keep = append(keep, ev)
+									} else if rng.Intn(5) == 0 {
+										keep = append(keep, ev) // redelivered duplicate
+									}
+								}
+								mine = keep
+								time.Sleep(time.Millisecond)
+							}
+						}(int64(k + 1))
+					}
+				}
+				var ok atomic.Int64
+				var wg sync.WaitGroup
+				for i := 0; i < N; i++ {
+					wg.Add(1)
+					go func(i int) {
+						defer wg.Done()
+						_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("u", i), Qty: 1})
+						switch {
+						case err == nil:
+							ok.Add(1)
+						case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrInsufficient):
+						default:
+							t.Errorf("deduct %d: %v", i, err)
+						}
+					}(i)
+				}
+				wg.Wait()
+				close(stop)
+				bg.Wait()
+				if v := consumeErr.Load(); v != nil {
+					t.Logf("an error during the run: %v", v)
+				}
+				if ok.Load() != S {
+					t.Errorf("successes = %d, want %d", ok.Load(), S)
+				}
+				// drain
+				for i := 0; i < 20; i++ {
+					if _, err := rl.Once(ctx); err != nil {
+						t.Fatal(err)
+					}
+					if queue {
+						a13ConsumeAll(t, ctx, r, st, q.take(), rand.New(rand.NewSource(int64(i))))
+					}
+				}
+				pending, dead, err := r.Pending(ctx, sku)
+				if err != nil || pending != 0 || dead != 0 {
+					t.Errorf("pending %d dead %d %v", pending, dead, err)
+				}
+				lv, err := r.Levels(ctx, sku)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rem, _ := st.Remaining(ctx, sku)
+				if lv.Available != 0 || lv.Sold != S || rem != 0 {
+					t.Errorf("levels %+v, store remaining %d", lv, rem)
+				}
+				applied, taken := 0, 0
+				for e, err := range r.Entries(ctx, sku) {
+					if err != nil {
+						t.Fatal(err)
+					}
+					if e.Taken() {
+						taken++
+					}
+					if e.State == stock.StateApplied {
+						applied++
+					}
+				}
+				if taken != S || applied != S {
+					t.Errorf("ledger: %d taken, %d applied, want %d", taken, applied, S)
+				}
+				if st.MaxApplications() > 1 {
+					t.Error("double application")
+				}
+				rc, _ := r.NewReconciler(st)
+				res, err := rc.Pass(ctx)
+				for _, rp := range res.Reports {
+					if rp.Drift != 0 || rp.Adjusted != 0 || rp.Published != 0 {
+						t.Errorf("after drain: %s (%v)", rp, err)
+					}
+				}
+			})
+		}
+	}
+}
