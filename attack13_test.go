@@ -9,6 +9,8 @@ import (
 	"io"
 	"math/rand"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1061,5 +1063,106 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Broken promises under test (issue 13 cases 3 and 4, through the CLI): after a
+// restart without persistence that lost acknowledged, undelivered sales,
+// `stockctl reconcile` says so with exit 3, `reconcile -apply` rebuilds from the
+// store, says so loudly, and lifts the FailoverGuard fence of another process.
+func TestAttack13RestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "stockctl")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/stockctl").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v %s", err, out)
+	}
+	srv := redistest.StartServer(t)
+	r, err := stock.New(srv.Client(t), stock.WithCoalescing(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := r.NewFailoverGuard()
+	if f, err := g.Check(ctx); err != nil || f {
+		t.Fatalf("check: %v %v", f, err)
+	}
+	dsn := "sqlite:" + filepath.Join(dir, "s.db")
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(bin, append([]string{"-redis", srv.Addr(), "-dsn", dsn, "-timeout", "20s"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), code
+	}
+	if out, code := run("load", "cli", "10"); code != 0 {
+		t.Fatalf("load: %d %s", code, out)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, code := run("relay-once"); code != 0 {
+		t.Fatalf("relay-once: %d %s", code, out)
+	}
+	for i := 3; i < 5; i++ { // acknowledged, never delivered
+		if _, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Restart() // no persistence: everything lost
+	var f bool
+	for i := 0; i < 50; i++ {
+		if f, err = g.Check(ctx); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f {
+		// Broken promise: "A FailoverGuard notices that a Redis primary restarted (its run id
+		// changed) ... and then fences the Reserver". A restart without persistence loses the
+		// epoch key and the registry with it, and Check takes it for a new deployment: it
+		// records the new primary as reconciled and stays unfenced, although this guard itself
+		// saw the old run id a moment ago.
+		t.Errorf("a guard that saw the primary before its restart without persistence is not fenced after it")
+	}
+	out, code := run("reconcile")
+	t.Logf("reconcile (report): exit %d\n%s", code, out)
+	if code != 3 {
+		t.Errorf("report-only reconcile after a lost registry: exit %d, want 3", code)
+	}
+	out, code = run("reconcile", "-apply")
+	t.Logf("reconcile -apply: exit %d\n%s", code, out)
+	if code == 0 {
+		t.Errorf("reconcile -apply after Redis lost 2 acknowledged undelivered sales exits 0: a cron alert never fires (ErrRegistryLost's doc: a human must look)")
+	}
+	lv, err := r.Levels(ctx, "cli")
+	if err != nil {
+		t.Fatalf("not rebuilt: %v", err)
+	}
+	if lv.Available != 7 {
+		t.Errorf("rebuilt available %d, want 7 (the store's remaining)", lv.Available)
+	}
+	if f, err := g.Check(ctx); err != nil || f {
+		t.Errorf("fence not lifted by the CLI's complete pass: fenced=%v %v", f, err)
+	}
+	if _, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: "after", Qty: 1}); err != nil {
+		t.Errorf("deduct after the CLI's repair: %v", err)
+	}
+	out, code = run("reconcile")
+	t.Logf("reconcile again: exit %d\n%s", code, out)
+	if code != 0 {
+		t.Errorf("after the repair, reconcile exits %d", code)
 	}
 }
