@@ -1166,3 +1166,195 @@ func TestAttack13RestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		t.Errorf("after the repair, reconcile exits %d", code)
 	}
 }
+
+// Broken promise under test (error contract): ErrFailover sent nothing, for
+// Deduct, Hold, DeductMany and HoldMany (saga and grouped carts), and
+// ErrNotReplicated wrote.
+func TestAttack13ErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		if !b.Real() {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c := b.Client(t)
+			group := func(sku string) string {
+				if sku == "ga" || sku == "gb" {
+					return "grp"
+				}
+				return ""
+			}
+			r, err := stock.New(c, stock.WithGroups(group))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sku := range []string{"ea", "eb", "ga", "gb"} {
+				if err := r.Load(ctx, sku, 5); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// a guard on a Redis with items and no epoch fences at once
+			if f, err := r.NewFailoverGuard().Check(ctx); err != nil || !f {
+				t.Skipf("could not fence: %v %v", f, err)
+			}
+			keysBefore := a13Keys(t, c)
+			calls := map[string]func() error{
+				"Deduct": func() error {
+					_, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})
+					return err
+				},
+				"Hold": func() error {
+					_, err := r.Hold(ctx, stock.Request{SKU: "ea", ID: "h", Qty: 1}, time.Minute)
+					return err
+				},
+				"DeductMany saga": func() error {
+					_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
+					return err
+				},
+				"HoldMany saga": func() error {
+					_, err := r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}}, time.Minute)
+					return err
+				},
+				"DeductMany grouped": func() error {
+					_, err := r.DeductMany(ctx, stock.Cart{ID: "c3", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}})
+					return err
+				},
+				"HoldMany grouped": func() error {
+					_, err := r.HoldMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}}, time.Minute)
+					return err
+				},
+			}
+			for name, f := range calls {
+				err := f()
+				if !errors.Is(err, stock.ErrFailover) {
+					t.Errorf("%s while fenced: %v, want ErrFailover", name, err)
+				}
+				if stock.Outcome(err) != "failover" {
+					t.Errorf("%s: Outcome %q", name, stock.Outcome(err))
+				}
+			}
+			keysAfter := a13Keys(t, c)
+			for k, v := range keysAfter {
+				if keysBefore[k] != v {
+					t.Errorf("ErrFailover changed key %s: %q -> %q", k, keysBefore[k], v)
+				}
+			}
+		})
+	}
+}
+
+// a13Keys dumps every key of every master (type and a digest of the value).
+func a13Keys(t *testing.T, c rueidis.Client) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	for _, n := range c.Nodes() {
+		keys, err := n.Do(ctx, n.B().Keys().Pattern("*").Build()).AsStrSlice()
+		if err != nil {
+			continue // a replica, or not ours
+		}
+		for _, k := range keys {
+			d, err := n.Do(ctx, n.B().Dump().Key(k).Build()).ToString()
+			if err != nil && !rueidis.IsRedisNil(err) {
+				t.Fatal(err)
+			}
+			out[k] = fmt.Sprintf("%x", d)
+		}
+	}
+	return out
+}
+
+// Broken promise under test (issue 13 cases 7 and 9): with WithReplicaAck and no
+// replica, a write returns ErrNotReplicated with its receipt and the write made,
+// for Deduct and for a grouped cart; Outcome says "not_replicated".
+func TestAttack13ErrNotReplicatedWrote(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	group := func(sku string) string {
+		if sku == "ga" || sku == "gb" {
+			return "grp"
+		}
+		return ""
+	}
+	r, err := stock.New(srv.Client(t), stock.WithGroups(group), stock.WithReplicaAck(1, 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sku := range []string{"ea", "eb", "ga", "gb"} {
+		if err := r.Load(ctx, sku, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 2})
+	if !errors.Is(err, stock.ErrNotReplicated) || rc.Qty != 2 || rc.Remaining != 3 {
+		t.Errorf("Deduct: %+v %v", rc, err)
+	}
+	if stock.Outcome(err) != "not_replicated" {
+		t.Errorf("Outcome %q", stock.Outcome(err))
+	}
+	crc, err := r.DeductMany(ctx, stock.Cart{ID: "g", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 2}}})
+	if !errors.Is(err, stock.ErrNotReplicated) {
+		t.Errorf("grouped DeductMany: %+v %v, want ErrNotReplicated", crc, err)
+	}
+	for sku, want := range map[string]int64{"ea": 3, "eb": 5, "ga": 4, "gb": 3} {
+		lv, err := r.Levels(ctx, sku)
+		if err != nil || lv.Available != want {
+			t.Errorf("%s: %+v %v, want available %d", sku, lv, err, want)
+		}
+	}
+	// the replay of a not-replicated write
+	rc, err = r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 2})
+	t.Logf("replay: %+v %v", rc, err)
+	if !rc.Replayed {
+		t.Errorf("replay not Replayed: %+v %v", rc, err)
+	}
+}
+
+// Broken promise: "DeductMany takes every line of a cart or none", and
+// ErrNotReplicated means "the write happened ... returned with a valid receipt"
+// ("done, but a failover could lose it"). With WithReplicaAck and too few
+// replicas, a saga cart (items in different slots) returns ErrNotReplicated with
+// no receipts after taking only its first line: the saga treats the first
+// line's ErrNotReplicated as an unknown outcome and stops (cart.go, the take
+// loop: "return out, err"). A caller that trusts ErrNotReplicated ships an order
+// whose other lines were never taken. Backend: real redis-server, no replica.
+func TestAttack13SagaCartErrNotReplicatedHalfTaken(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	r, err := stock.New(srv.Client(t), stock.WithReplicaAck(1, 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sku := range []string{"ea", "eb"} {
+		if err := r.Load(ctx, sku, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crc, err := r.DeductMany(ctx, stock.Cart{ID: "s", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
+	t.Logf("saga cart: %+v %v", crc, err)
+	if errors.Is(err, stock.ErrNotReplicated) {
+		if len(crc.Items) != 2 {
+			t.Errorf("ErrNotReplicated (\"the write was made\") with %d receipts, want 2", len(crc.Items))
+		}
+		for _, sku := range []string{"ea", "eb"} {
+			lv, err := r.Levels(ctx, sku)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lv.Available != 4 {
+				t.Errorf("%s: available %d after a cart answered ErrNotReplicated, want 4 (every line taken)", sku, lv.Available)
+			}
+		}
+	} else if err != nil && !errors.Is(err, stock.ErrUnknownOutcome) {
+		t.Errorf("unexpected: %v", err)
+	}
+	// what a retry does
+	crc, err = r.DeductMany(ctx, stock.Cart{ID: "s", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
+	t.Logf("retry: %+v %v", crc, err)
+}
