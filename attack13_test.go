@@ -353,7 +353,7 @@ func (p *a13Proxy) serve(c net.Conn) {
 		for {
 			n, err := src.Read(buf)
 			if n > 0 {
-				
+
 				for p.holed.Load() {
 					time.Sleep(5 * time.Millisecond) // swallow: never answer
 				}
