@@ -1358,3 +1358,64 @@ func TestAttack13SagaCartErrNotReplicatedHalfTaken(t *testing.T) {
 	crc, err = r.DeductMany(ctx, stock.Cart{ID: "s", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
 	t.Logf("retry: %+v %v", crc, err)
 }
+
+// Broken promise under test: Consume applies an item's events as Redis made
+// them: a message that disagrees with Redis's ledger (another quantity, a
+// restore Redis never made) is not applied to the store as if it were real,
+// and the reconciler does not then carry it back into Redis. (A queue can hold
+// such a message: a stale copy from before Redis lost data, an operator
+// republishing a dead-letter dump, another producer on the subject.)
+func TestAttack13ConsumeTrustsMessageOverLedger(t *testing.T) {
+	cases := map[string]func(ev stock.Event) stock.Event{
+		"quantity":        func(ev stock.Event) stock.Event { ev.Qty = 7; return ev },
+		"phantom restore": func(ev stock.Event) stock.Event { ev.Type = stock.EventRestored; return ev },
+		"far seq":         func(ev stock.Event) stock.Event { ev.Seq += 1000; return ev },
+	}
+	for _, b := range redistest.Backends(t) {
+		for name, forge := range cases {
+			t.Run(b.Name+"/"+name, func(t *testing.T) {
+				ctx := context.Background()
+				r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				st := memstore.New()
+				if err := r.Load(ctx, "fg", 10); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Load(ctx, "fg", 10); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := r.Deduct(ctx, stock.Request{SKU: "fg", ID: "a", User: "u", Qty: 2}); err != nil {
+					t.Fatal(err)
+				}
+				q := &a13Queue{}
+				rl, _ := r.NewRelay(nil, q)
+				if _, err := rl.Once(ctx); err != nil {
+					t.Fatal(err)
+				}
+				msgs := q.take()
+				if len(msgs) != 1 {
+					t.Fatalf("published %d", len(msgs))
+				}
+				bad := forge(msgs[0])
+				ferr := stock.Consume(ctx, r, st, bad)
+				rem, _ := st.Remaining(ctx, "fg")
+				t.Logf("forged %+v: %v; store remaining %d", bad, ferr, rem)
+				gerr := stock.Consume(ctx, r, st, msgs[0])
+				t.Logf("genuine: %v", gerr)
+				rc, _ := r.NewReconciler(st)
+				res, perr := rc.Pass(ctx)
+				for _, rp := range res.Reports {
+					t.Logf("pass: %s (%v)", rp, perr)
+				}
+				rem, _ = st.Remaining(ctx, "fg")
+				lv, _ := r.Levels(ctx, "fg")
+				e, _ := r.Ledger(ctx, "fg", "a")
+				if rem != 8 || lv.Available != 8 || !e.Taken() {
+					t.Errorf("the acknowledged sale a (2 units) is undone or misapplied by a message Redis never made: store remaining %d, Redis available %d, ledger %s; want 8, 8, taken", rem, lv.Available, e.State)
+				}
+			})
+		}
+	}
+}
