@@ -990,6 +990,27 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 						}(int64(k + 1))
 					}
 				}
+				// a reconciler running all through the sale: it must never repair anything
+				var repaired atomic.Value
+				rcBG, _ := r.NewReconciler(st)
+				bg.Add(1)
+				go func() {
+					defer bg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						res, _ := rcBG.Pass(ctx)
+						for _, rp := range res.Reports {
+							if rp.Adjusted != 0 || rp.Resynced != 0 || rp.Requeued != 0 || rp.Rerecorded != 0 || rp.Rebuilt {
+								repaired.Store(rp.String())
+							}
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+				}()
 				var ok atomic.Int64
 				var wg sync.WaitGroup
 				for i := 0; i < N; i++ {
@@ -1011,6 +1032,9 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 				bg.Wait()
 				if v := consumeErr.Load(); v != nil {
 					t.Logf("an error during the run: %v", v)
+				}
+				if v := repaired.Load(); v != nil {
+					t.Errorf("a pass during the sale repaired something: %v", v)
 				}
 				if ok.Load() != S {
 					t.Errorf("successes = %d, want %d", ok.Load(), S)
