@@ -1499,3 +1499,94 @@ func TestAttack13ErrInvalidCartChangedNothing(t *testing.T) {
 		})
 	}
 }
+
+// a13DieAfterCommit applies the event, then answers an error: a consumer killed
+// between the database commit and its acknowledgement to Redis.
+type a13DieAfterCommit struct {
+	*memstore.Store
+	die atomic.Bool
+}
+
+func (s *a13DieAfterCommit) Apply(ctx context.Context, ev stock.Event) error {
+	err := s.Store.Apply(ctx, ev)
+	if err == nil && s.die.Load() {
+		return errors.New("consumer killed after commit")
+	}
+	return err
+}
+
+// Broken promise under test: a consumer killed between the store's commit and
+// Consume's acknowledgement to Redis: a reconcile pass before the queue
+// redelivers adjusts nothing (the sale is in the store and still published in
+// Redis: counted once), and the redelivery changes nothing.
+func TestAttack13ConsumerKilledAfterCommitThenReconcile(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := &a13DieAfterCommit{Store: memstore.New()}
+			if err := r.Load(ctx, "kc", 4); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Load(ctx, "kc", 4); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 4; i++ {
+				if _, err := r.Deduct(ctx, stock.Request{SKU: "kc", ID: fmt.Sprint("k", i), Qty: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.Restore(ctx, "kc", "k0"); err != nil {
+				t.Fatal(err)
+			}
+			q := &a13Queue{}
+			rl, _ := r.NewRelay(nil, q)
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			msgs := q.take()
+			st.die.Store(true)
+			for _, ev := range msgs {
+				err := stock.Consume(ctx, r, st, ev)
+				t.Logf("consume %s %s (dies after commit): %v", ev.Type, ev.ID, err)
+			}
+			st.die.Store(false)
+			rc, _ := r.NewReconciler(st.Store)
+			for i := 0; i < 2; i++ {
+				res, err := rc.Pass(ctx)
+				for _, rp := range res.Reports {
+					t.Logf("pass %d: %s (%v)", i, rp, err)
+					if rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 || rp.Requeued != 0 {
+						t.Errorf("pass after a consumer died after its commits: %s", rp)
+					}
+				}
+			}
+			lv, _ := r.Levels(ctx, "kc")
+			if lv.Available != 1 {
+				t.Errorf("available %d, want 1", lv.Available)
+			}
+			// the queue redelivers everything, reversed
+			for i := len(msgs) - 1; i >= 0; i-- {
+				if err := stock.Consume(ctx, r, st, msgs[i]); err != nil {
+					t.Errorf("redelivery %s %s: %v", msgs[i].Type, msgs[i].ID, err)
+				}
+			}
+			rem, _ := st.Remaining(ctx, "kc")
+			lv, _ = r.Levels(ctx, "kc")
+			if rem != 1 || lv.Available != 1 || st.MaxApplications() > 1 {
+				t.Errorf("store %d, redis %d, max applications %d", rem, lv.Available, st.MaxApplications())
+			}
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range q.take() {
+				if ev.Type == stock.EventRefused {
+					t.Errorf("refusal after the redelivery: %+v", ev)
+				}
+			}
+		})
+	}
+}
