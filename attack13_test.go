@@ -1590,3 +1590,74 @@ func TestAttack13ConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 		})
 	}
 }
+
+// Broken promise under test: per-item order through Consume holds for grouped
+// items (WithGroups keys) too: deduct a, restore a, deduct b on one unit,
+// delivered b first.
+func TestAttack13GroupedItemQueueOrder(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			r, err := stock.New(b.Client(t), stock.WithCoalescing(0), stock.WithGroups(func(string) string { return "shoe" }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := memstore.New()
+			for _, sku := range []string{"s42", "s43"} {
+				if err := r.Load(ctx, sku, 1); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Load(ctx, sku, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.DeductMany(ctx, stock.Cart{ID: "a", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
+				t.Fatal(err)
+			}
+			for _, sku := range []string{"s42", "s43"} {
+				if _, err := r.Restore(ctx, sku, "a"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
+				t.Fatal(err)
+			}
+			q := &a13Queue{}
+			rl, _ := r.NewRelay(nil, q)
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			msgs := q.take()
+			rc, _ := r.NewReconciler(st)
+			if res, err := rc.Pass(ctx); err != nil {
+				t.Fatal(err)
+			} else {
+				for _, rp := range res.Reports {
+					if rp.Adjusted != 0 || rp.Drift != 0 {
+						t.Errorf("pass with the consumer down: %s", rp)
+					}
+				}
+			}
+			var rev []stock.Event
+			for i := len(msgs) - 1; i >= 0; i-- {
+				rev = append(rev, msgs[i])
+			}
+			a13ConsumeAll(t, ctx, r, st, rev, rand.New(rand.NewSource(3)))
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range q.take() {
+				if ev.Type == stock.EventRefused {
+					t.Errorf("store refused a valid sale of a grouped item: %+v", ev)
+				}
+			}
+			for _, sku := range []string{"s42", "s43"} {
+				rem, _ := st.Remaining(ctx, sku)
+				e, _ := r.Ledger(ctx, sku, "b")
+				if rem != 0 || e.State != stock.StateApplied {
+					t.Errorf("%s: store %d, ledger b %s", sku, rem, e.State)
+				}
+			}
+		})
+	}
+}
