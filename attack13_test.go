@@ -1661,3 +1661,45 @@ func TestAttack13GroupedItemQueueOrder(t *testing.T) {
 		})
 	}
 }
+
+// Broken promise under test (issue 13 case 6, slow server): a Redis busy for 2 s
+// (DEBUG SLEEP): a Deduct with a 300 ms bound returns ErrUnknownOutcome wrapping
+// context.DeadlineExceeded in time; the script then runs when Redis wakes, and
+// the Retry is answered as a replay (nothing taken twice).
+func TestAttack13SlowServerBoundedRetryReplays(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	r, err := stock.New(srv.Client(t), stock.WithTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Load(ctx, "sl", 3); err != nil {
+		t.Fatal(err)
+	}
+	other := srv.Client(t)
+	go func() { _ = other.Do(context.Background(), other.B().Arbitrary("DEBUG", "SLEEP").Args("2").Build()).Error() }()
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	_, err = r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1})
+	el := time.Since(start)
+	t.Logf("deduct on a sleeping server: %v in %v", err, el)
+	if !errors.Is(err, stock.ErrUnknownOutcome) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("want ErrUnknownOutcome and DeadlineExceeded: %v", err)
+	}
+	if el > 3*time.Second {
+		t.Errorf("took %v", el)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	rc, err := r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1, Retry: true})
+	t.Logf("retry: %+v %v", rc, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lv, _ := r.Levels(ctx, "sl")
+	if lv.Available != 2 {
+		t.Errorf("available %d, want 2 (one take, whichever attempt)", lv.Available)
+	}
+}
