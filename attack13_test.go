@@ -1680,7 +1680,9 @@ func TestAttack13SlowServerBoundedRetryReplays(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := srv.Client(t)
-	go func() { _ = other.Do(context.Background(), other.B().Arbitrary("DEBUG", "SLEEP").Args("2").Build()).Error() }()
+	go func() {
+		_ = other.Do(context.Background(), other.B().Arbitrary("DEBUG", "SLEEP").Args("2").Build()).Error()
+	}()
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	_, err = r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1})
