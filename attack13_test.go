@@ -1351,7 +1351,6 @@ func TestAttack13ErrNotReplicatedWrote(t *testing.T) {
 // loop: "return out, err"). A caller that trusts ErrNotReplicated ships an order
 // whose other lines were never taken. Backend: real redis-server, no replica.
 func TestAttack13SagaCartErrNotReplicatedHalfTaken(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("needs STOCK_REDIS_SERVER")
 	}

@@ -277,9 +277,13 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	default:
 		return out, codeErr(code)
 	}
+	var notReplicated error // WithReplicaAck: a line was taken, but not acknowledged in time
 	for _, l := range lines {
 		req := Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}
 		rc, err := r.take(ctx, kind, req, ttlMs)
+		if errors.Is(err, ErrNotReplicated) {
+			notReplicated, err = err, nil // the line was taken: go on with the others
+		}
 		if err != nil {
 			if isRefusal(err) {
 				return r.undoCart(ctx, kind, c, lines, ttlMs, cause(l.SKU, err), &CartError{SKU: l.SKU, Err: err})
@@ -300,7 +304,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	// The copy that completed the cart is the one not replayed, as for Deduct: of many copies of
 	// one cart id exactly one answers Replayed false, whichever took which line.
 	out.Replayed = code == codeReplay
-	return out, nil
+	return out, notReplicated
 }
 
 // cartDone answers a retry of a cart the log records as done. Nothing is given back, whatever
