@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -24,7 +25,9 @@ var ErrFailover = errors.New("stock: Redis primary changed; waiting for a reconc
 // every process sharing the Redis agrees. Create it with Reserver.NewFailoverGuard and call
 // Check (or Run) regularly; the fence is only as prompt as the checks. Safe for concurrent use.
 type FailoverGuard struct {
-	r *Reserver
+	r    *Reserver
+	mu   sync.Mutex
+	seen string // the primaries this guard saw at its last check ("" before the first)
 }
 
 // NewFailoverGuard returns a guard for r. Every complete repairing Reconciler pass over every
@@ -35,14 +38,21 @@ func (r *Reserver) NewFailoverGuard() *FailoverGuard {
 	return &FailoverGuard{r: r}
 }
 
-// Check reads the primaries' identities and fences or unfences the Reserver. On the first check
-// of a Redis that has no recorded epoch it records the current one. It reports whether the
-// Reserver is fenced.
+// Check reads the primaries' identities and fences or unfences the Reserver. It reports whether
+// the Reserver is fenced. A Redis with no recorded epoch is a new deployment only when no item
+// is loaded and this guard saw no other primaries before: then Check records the current
+// primaries as reconciled. Otherwise (a guard added to a live deployment, or the epoch lost with
+// the data in a restart without persistence) nothing tells which writes were lost, so it fences
+// until a complete repairing Reconciler pass records the primaries.
 func (g *FailoverGuard) Check(ctx context.Context) (fenced bool, err error) {
 	id, err := g.r.topology(ctx)
 	if err != nil {
 		return g.r.fenced.Load(), err
 	}
+	g.mu.Lock()
+	before := g.seen
+	g.seen = id
+	g.mu.Unlock()
 	key := g.r.opts.prefix + ":epoch"
 	c := g.r.client
 	epoch, err := c.Do(ctx, c.B().Get().Key(key).Build()).ToString()
@@ -54,14 +64,18 @@ func (g *FailoverGuard) Check(ctx context.Context) (fenced bool, err error) {
 		if serr != nil {
 			return g.r.fenced.Load(), fmt.Errorf("stock: failover guard: %w", serr)
 		}
-		if n == 0 {
+		if n == 0 && (before == "" || before == id) {
 			if err := c.Do(ctx, c.B().Set().Key(key).Value(id).Nx().Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
 				return g.r.fenced.Load(), fmt.Errorf("stock: failover guard: %w", err)
 			}
 			g.r.fenced.Store(false)
 			return false, nil
 		}
-		g.fence(ctx, "no epoch recorded for existing items")
+		if n == 0 {
+			g.fence(ctx, "the primaries changed and the recorded epoch is gone: was "+before+", now "+id)
+		} else {
+			g.fence(ctx, "no epoch recorded for existing items")
+		}
 		return true, nil
 	}
 	if err != nil {
