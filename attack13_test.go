@@ -1402,7 +1402,6 @@ func TestAttack13SagaCartErrNotReplicatedHalfTaken(t *testing.T) {
 // such a message: a stale copy from before Redis lost data, an operator
 // republishing a dead-letter dump, another producer on the subject.)
 func TestAttack13ConsumeTrustsMessageOverLedger(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
 	cases := map[string]func(ev stock.Event) stock.Event{
 		"quantity":        func(ev stock.Event) stock.Event { ev.Qty = 7; return ev },
 		"phantom restore": func(ev stock.Event) stock.Event { ev.Type = stock.EventRestored; return ev },

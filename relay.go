@@ -557,6 +557,11 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	if err := checkName("id", ev.ID); err != nil {
 		return err
 	}
+	if storeApplies(ev.Type) {
+		if err := checkAgainstLedger(ctx, r, ev); err != nil {
+			return err
+		}
+	}
 	member := eventMember(ev)
 	tracked := member != "" && storeApplies(ev.Type) // kept in the published set until applied here
 	if tracked && ev.Seq > 0 {
@@ -671,4 +676,37 @@ func eventMember(ev Event) string {
 		return ""
 	}
 	return letter + ":" + ev.ID
+}
+
+// checkAgainstLedger refuses, with ErrInvalid and before the store sees it, an event that
+// contradicts the ledger entry Redis has for its id: another quantity, or a kind of change the
+// entry never made (a restore of a sale Redis never gave back). A queue can hold such a message:
+// a stale copy from before Redis lost data, a dead letter republished by hand, another producer
+// on the subject. An event whose entry Redis no longer has is let through: its message is then
+// all that tells what happened.
+func checkAgainstLedger(ctx context.Context, r *Reserver, ev Event) error {
+	e, err := r.Ledger(ctx, ev.SKU, ev.ID)
+	if errors.Is(err, ErrUnknownID) || errors.Is(err, ErrNotLoaded) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stock: consume %s/%s: ledger: %w", ev.SKU, ev.ID, err)
+	}
+	ok := e.Qty == ev.Qty
+	switch ev.Type {
+	case EventDeducted:
+		ok = ok && e.Kind == KindDeduct
+	case EventConfirmed:
+		ok = ok && e.Kind == KindHold && e.State != StateHeld && e.State != StateCancelled && e.State != StateExpired
+	case EventRestocked:
+		ok = ok && e.Kind == KindRestock
+	case EventRestored:
+		ok = ok && (e.Kind == KindDeduct || e.Kind == KindHold) && e.State == StateRestored
+	case EventRefused:
+		ok = ok && (e.Kind == KindDeduct || e.Kind == KindHold) && e.State == StateRefused
+	}
+	if !ok {
+		return fmt.Errorf("%w: consume %s/%s: the event (%s of %d) contradicts Redis's ledger entry (%s, %s, %d): not applied", ErrInvalid, ev.SKU, ev.ID, ev.Type, ev.Qty, e.Kind, e.State, e.Qty)
+	}
+	return nil
 }
