@@ -601,7 +601,7 @@ func TestAttack13FenceLiftedOnlyByCompletePass(t *testing.T) {
 // the queue path: Pass says so loudly (ErrRegistryLost), and rebuilds from the
 // Store; the consumer's late events do not make the store refuse sales.
 func TestAttack13FlushallWithQueueBacklogRebuildOversells(t *testing.T) {
-	t.Skip("KNOWN-OPEN: being fixed")
+	t.Skip("open, documented in the README's non-guarantees: a rebuild after Redis lost its data cannot see sales still in the queue")
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
