@@ -13,9 +13,7 @@ package stock_test
 // ledger says.
 //
 // STOCK_MODEL_CHECKS sets the number of sequences per backend (default 200), STOCK_MODEL_STEPS
-// the most steps per sequence (default 100). STOCK_MODEL_STRICT=1 turns off the tolerance for
-// the discrepancies already listed in FINDINGS.md (see knownIssue), so that the random run
-// reports them again.
+// the most steps per sequence (default 100).
 
 import (
 	"context"
@@ -1057,7 +1055,7 @@ func runCases(t *testing.T, cases []modelCase) {
 	}
 }
 
-// modelRegressions are the shrunk counterexamples of the random run (see FINDINGS.md), as named
+// modelRegressions are the shrunk counterexamples of the random run (see testdata/model-findings.md), as named
 // cases run strictly on every backend. Each fails on the code it was found on.
 var modelRegressions = []modelCase{
 	{name: "ExpiryReleasesAtMost64DueHoldsPerCall", steps: []mstep{
