@@ -1793,22 +1793,33 @@ func TestAttack12SweepManyDue(t *testing.T) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := newReserver(t, c)
+		const ttl = 2 * time.Second
+		start := time.Now()
 		for _, sku := range []string{"s1", "s2"} {
 			require.NoError(t, r.Load(ctx, sku, 700))
 			for i := range 600 {
-				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)
+				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, ttl)
 				require.NoError(t, err)
 			}
 			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "live", Qty: 2}, time.Hour)
 			require.NoError(t, err)
 		}
-		redistest.Sleep(c, 500*time.Millisecond)
+		// On a slow machine the first holds may fall due while the last are taken, and those
+		// takes release them: the exact counts hold only when taking them all was quick.
+		exact := time.Since(start) < ttl*3/4
+		redistest.Sleep(c, ttl+200*time.Millisecond)
 		n, err := r.Sweep(ctx, "s1")
 		require.NoError(t, err)
-		assert.Equal(t, int64(600), n)
+		if exact {
+			assert.Equal(t, int64(600), n)
+		}
 		n, err = r.SweepAll(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, int64(600), n)
+		if exact {
+			assert.Equal(t, int64(600), n)
+		} else {
+			t.Logf("taking the holds took %v: counts not checked, levels are", time.Since(start))
+		}
 		for _, sku := range []string{"s1", "s2"} {
 			assert.Equal(t, stock.Levels{Available: 698, Held: 2, Loaded: 700}, a12Check(t, r, sku, 700), sku)
 		}
