@@ -1,0 +1,88 @@
+package stocktest_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/stocktest"
+)
+
+// TestAdvanceMovesHoldDeadlines: a hold expires after Advance past its ttl, not before.
+func TestAdvanceMovesHoldDeadlines(t *testing.T) {
+	ctx := context.Background()
+	e := stocktest.New(t)
+	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.Advance(59 * time.Second)
+	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute); err != nil {
+		t.Fatalf("replay before the deadline: %v", err)
+	}
+	e.Advance(2 * time.Second)
+	_, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute)
+	if !errors.Is(err, stock.ErrExpired) {
+		t.Fatalf("replay after the deadline: %v, want ErrExpired", err)
+	}
+	if n, err := e.Reserver.Available(ctx, "sku"); err != nil || n != 5 {
+		t.Fatalf("Available = %d, %v; want 5", n, err)
+	}
+}
+
+// TestAdvanceMovesTTLs: a key's TTL runs down with Advance, and the key expires.
+func TestAdvanceMovesTTLs(t *testing.T) {
+	ctx := context.Background()
+	e := stocktest.New(t)
+	if err := e.Client.Do(ctx, e.Client.B().Set().Key("lease").Value("x").Px(10*time.Second).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	e.Advance(4 * time.Second)
+	ttl, err := e.Client.Do(ctx, e.Client.B().Pttl().Key("lease").Build()).AsInt64()
+	if err != nil || ttl != 6000 {
+		t.Fatalf("PTTL after 4s = %d, %v; want 6000", ttl, err)
+	}
+	// TIME follows the same clock.
+	tm, err := e.Client.Do(ctx, e.Client.B().Time().Build()).AsStrSlice()
+	if err != nil || len(tm) != 2 {
+		t.Fatalf("TIME: %v %v", tm, err)
+	}
+	if want := e.Now().Unix(); tm[0] != itoa(want) {
+		t.Fatalf("TIME = %s, want %d", tm[0], want)
+	}
+	e.Advance(6 * time.Second)
+	if n, err := e.Client.Do(ctx, e.Client.B().Exists().Key("lease").Build()).AsInt64(); err != nil || n != 0 {
+		t.Fatalf("EXISTS after the TTL = %d, %v; want 0", n, err)
+	}
+}
+
+// TestClockStandsStill: without Advance the Redis clock does not move.
+func TestClockStandsStill(t *testing.T) {
+	ctx := context.Background()
+	e := stocktest.New(t)
+	if err := e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("x").Px(time.Second).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	ttl, err := e.Client.Do(ctx, e.Client.B().Pttl().Key("k").Build()).AsInt64()
+	if err != nil || ttl != 1000 {
+		t.Fatalf("PTTL = %d, %v; want 1000", ttl, err)
+	}
+}
+
+func itoa(n int64) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			return string(b[i:])
+		}
+	}
+}
