@@ -1,0 +1,336 @@
+package stocktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stockres/stock"
+)
+
+// Loader is what TestStore needs besides stock.Store to set a test up: Load
+// creates the item sku with qty units remaining, as memstore.Store.Load and
+// sqlstore.Store.Load do. A Store under test must implement it.
+type Loader interface {
+	Load(ctx context.Context, sku string, qty int64) error
+}
+
+// TestStore checks that the stores newStore returns keep the contract of
+// stock.Store (and of stock.BatchStore, when they implement it), in one
+// subtest per rule. newStore is called once per subtest and must return an
+// empty store that also implements Loader; it should register any clean-up
+// with t.Cleanup. Subtests run one after the other.
+//
+// The rules checked: Apply is idempotent per (SKU, ID), and a repeat answers
+// as the first application did; a deduct or confirm decrements only when the
+// remaining stock covers it, and otherwise is refused with an error wrapping
+// stock.ErrRefused, then and on every repeat; a deduct of an item the store
+// does not know is refused; a restore or refusal gives back what its id took,
+// once, and before any deduct leaves a tombstone that makes a late deduct
+// change nothing; a restock adds once, and is refused with stock.ErrNotLoaded
+// for an unknown item; held, cancelled and expired events change nothing;
+// ids are scoped per item; Remaining of an unknown item wraps
+// stock.ErrNotLoaded; Records lists what was recorded and leaves out unknown
+// ids; concurrent applies of one id apply it once, and concurrent deducts of
+// distinct ids never oversell.
+func TestStore(t *testing.T, newStore func(t *testing.T) stock.Store) {
+	t.Helper()
+	for _, c := range storeChecks {
+		t.Run(c.name, func(t *testing.T) {
+			s := newStore(t)
+			l, ok := s.(Loader)
+			if !ok {
+				t.Fatalf("stocktest: %T does not implement stocktest.Loader (Load(ctx, sku, qty) error)", s)
+			}
+			c.run(t, s, l)
+		})
+	}
+}
+
+// storeCheck is one rule of the Store contract.
+type storeCheck struct {
+	name string
+	run  func(t testing.TB, s stock.Store, l Loader)
+}
+
+func ev(typ stock.EventType, sku, id string, qty int64) stock.Event {
+	return stock.Event{Type: typ, SKU: sku, ID: id, User: "u-" + id, Qty: qty}
+}
+
+func load(t testing.TB, l Loader, sku string, qty int64) {
+	t.Helper()
+	if err := l.Load(context.Background(), sku, qty); err != nil {
+		t.Fatalf("Load(%q, %d): %v", sku, qty, err)
+	}
+}
+
+func apply(t testing.TB, s stock.Store, e stock.Event, want error) {
+	t.Helper()
+	err := s.Apply(context.Background(), e)
+	switch {
+	case want == nil && err != nil:
+		t.Fatalf("Apply(%s %s/%s qty %d) = %v, want nil", e.Type, e.SKU, e.ID, e.Qty, err)
+	case want != nil && !errors.Is(err, want):
+		t.Fatalf("Apply(%s %s/%s qty %d) = %v, want an error wrapping %v", e.Type, e.SKU, e.ID, e.Qty, err, want)
+	}
+}
+
+func remaining(t testing.TB, s stock.Store, sku string, want int64) {
+	t.Helper()
+	n, err := s.Remaining(context.Background(), sku)
+	if err != nil {
+		t.Fatalf("Remaining(%q): %v", sku, err)
+	}
+	if n != want {
+		t.Fatalf("Remaining(%q) = %d, want %d", sku, n, want)
+	}
+}
+
+func record(t testing.TB, s stock.Store, sku, id string) (stock.Record, bool) {
+	t.Helper()
+	m, err := s.Records(context.Background(), sku, []string{id})
+	if err != nil {
+		t.Fatalf("Records(%q, [%q]): %v", sku, id, err)
+	}
+	r, ok := m[id]
+	return r, ok
+}
+
+func wantRecord(t testing.TB, s stock.Store, sku, id string, typ stock.EventType, qty int64, status stock.RecordStatus) {
+	t.Helper()
+	r, ok := record(t, s, sku, id)
+	if !ok {
+		t.Fatalf("Records(%q, [%q]): no record, want one", sku, id)
+	}
+	if r.SKU != sku || r.ID != id || r.Type != typ || r.Qty != qty || r.Status != status {
+		t.Fatalf("record of %s/%s = %+v, want type %s, qty %d, status %s", sku, id, r, typ, qty, status)
+	}
+}
+
+var storeChecks = []storeCheck{
+	{"DeductDecrements", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), nil)
+		remaining(t, s, "a", 7)
+		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.RecordApplied)
+		if r, _ := record(t, s, "a", "o1"); r.User != "u-o1" {
+			t.Fatalf("record user = %q, want %q", r.User, "u-o1")
+		}
+	}},
+	{"ConfirmDecrements", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		apply(t, s, ev(stock.EventConfirmed, "a", "h1", 4), nil)
+		remaining(t, s, "a", 6)
+		wantRecord(t, s, "a", "h1", stock.EventConfirmed, 4, stock.RecordApplied)
+	}},
+	{"DeductIdempotent", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		for range 3 {
+			apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), nil)
+		}
+		remaining(t, s, "a", 7)
+	}},
+	{"DeductExactStock", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 3)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), nil)
+		remaining(t, s, "a", 0)
+		apply(t, s, ev(stock.EventDeducted, "a", "o2", 1), stock.ErrRefused)
+		remaining(t, s, "a", 0)
+	}},
+	{"RefusalIsFinal", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 2)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), stock.ErrRefused)
+		remaining(t, s, "a", 2)
+		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.RecordRefused)
+		// A repeat answers as the first application did, even once the stock covers it.
+		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), stock.ErrRefused)
+		remaining(t, s, "a", 7)
+	}},
+	{"DeductUnknownItemRefused", func(t testing.TB, s stock.Store, _ Loader) {
+		apply(t, s, ev(stock.EventDeducted, "nosuch", "o1", 1), stock.ErrRefused)
+		apply(t, s, ev(stock.EventDeducted, "nosuch", "o1", 1), stock.ErrRefused)
+	}},
+	{"RestoreGivesBackOnce", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), nil)
+		apply(t, s, ev(stock.EventRestored, "a", "o1", 3), nil)
+		remaining(t, s, "a", 10)
+		apply(t, s, ev(stock.EventRestored, "a", "o1", 3), nil)
+		apply(t, s, ev(stock.EventRefused, "a", "o1", 3), nil)
+		remaining(t, s, "a", 10)
+		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.RecordRestored {
+			t.Fatalf("record after restore = %+v (found %v), want status %s", r, ok, stock.RecordRestored)
+		}
+		// A deduct repeated after the restore takes nothing again.
+		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
+		remaining(t, s, "a", 10)
+	}},
+	{"RefusedEventGivesBack", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		apply(t, s, ev(stock.EventConfirmed, "a", "h1", 4), nil)
+		apply(t, s, ev(stock.EventRefused, "a", "h1", 4), nil)
+		remaining(t, s, "a", 10)
+	}},
+	{"RestoreBeforeDeductTombstone", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		apply(t, s, ev(stock.EventRestored, "a", "o1", 3), nil)
+		remaining(t, s, "a", 10)
+		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.RecordRestored {
+			t.Fatalf("tombstone = %+v (found %v), want status %s", r, ok, stock.RecordRestored)
+		}
+		// The late deduct changes nothing (whatever it answers).
+		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
+		remaining(t, s, "a", 10)
+		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.RecordRestored {
+			t.Fatalf("record after the late deduct = %+v (found %v), want status %s", r, ok, stock.RecordRestored)
+		}
+	}},
+	{"RestockAddsOnce", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
+		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
+		remaining(t, s, "a", 15)
+		wantRecord(t, s, "a", "r1", stock.EventRestocked, 5, stock.RecordApplied)
+		// A restore does not take back a restock.
+		apply(t, s, ev(stock.EventRestored, "a", "r1", 5), nil)
+		remaining(t, s, "a", 15)
+	}},
+	{"RestockUnknownItemNotLoaded", func(t testing.TB, s stock.Store, _ Loader) {
+		apply(t, s, ev(stock.EventRestocked, "nosuch", "r1", 5), stock.ErrNotLoaded)
+	}},
+	{"OtherEventsIgnored", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		for _, typ := range []stock.EventType{stock.EventHeld, stock.EventCancelled, stock.EventExpired} {
+			apply(t, s, ev(typ, "a", "h-"+string(typ), 2), nil)
+		}
+		remaining(t, s, "a", 10)
+	}},
+	{"IDsScopedPerItem", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		load(t, l, "b", 10)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), nil)
+		apply(t, s, ev(stock.EventDeducted, "b", "o1", 4), nil)
+		remaining(t, s, "a", 7)
+		remaining(t, s, "b", 6)
+		apply(t, s, ev(stock.EventRestored, "b", "o1", 4), nil)
+		remaining(t, s, "a", 7)
+		remaining(t, s, "b", 10)
+	}},
+	{"RemainingUnknownItem", func(t testing.TB, s stock.Store, _ Loader) {
+		_, err := s.Remaining(context.Background(), "nosuch")
+		if !errors.Is(err, stock.ErrNotLoaded) {
+			t.Fatalf("Remaining of an unknown item = %v, want an error wrapping ErrNotLoaded", err)
+		}
+	}},
+	{"RecordsUnknownIDsAbsent", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 1), nil)
+		apply(t, s, ev(stock.EventDeducted, "a", "o2", 2), nil)
+		m, err := s.Records(context.Background(), "a", []string{"o1", "nope", "o2"})
+		if err != nil {
+			t.Fatalf("Records: %v", err)
+		}
+		if len(m) != 2 || m["o1"].Qty != 1 || m["o2"].Qty != 2 {
+			t.Fatalf("Records = %+v, want o1 (qty 1) and o2 (qty 2) only", m)
+		}
+		m, err = s.Records(context.Background(), "nosuch", []string{"o1"})
+		if err != nil || len(m) != 0 {
+			t.Fatalf("Records of an unknown item = %+v, %v; want an empty map", m, err)
+		}
+	}},
+	{"ConcurrentSameID", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		errs := parallel(16, func(int) error { return s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3)) })
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("concurrent Apply %d of one id: %v", i, err)
+			}
+		}
+		remaining(t, s, "a", 7)
+	}},
+	{"ConcurrentNoOversell", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		errs := parallel(30, func(i int) error {
+			return s.Apply(context.Background(), ev(stock.EventDeducted, "a", fmt.Sprintf("o%d", i), 1))
+		})
+		ok := 0
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case !errors.Is(err, stock.ErrRefused):
+				t.Fatalf("concurrent Apply %d: %v", i, err)
+			}
+		}
+		if ok != 10 {
+			t.Fatalf("%d of 30 deducts of 1 applied on a stock of 10, want 10", ok)
+		}
+		remaining(t, s, "a", 0)
+		// Every acknowledged deduct is recorded as applied, every refusal as refused.
+		ids := make([]string, 30)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("o%d", i)
+		}
+		m, err := s.Records(context.Background(), "a", ids)
+		if err != nil {
+			t.Fatalf("Records: %v", err)
+		}
+		for i, err := range errs {
+			want := stock.RecordApplied
+			if err != nil {
+				want = stock.RecordRefused
+			}
+			if m[ids[i]].Status != want {
+				t.Fatalf("record of %s = %+v, want status %s", ids[i], m[ids[i]], want)
+			}
+		}
+	}},
+	{"Batch", func(t testing.TB, s stock.Store, l Loader) {
+		b, ok := s.(stock.BatchStore)
+		if !ok {
+			t.Skip("the store does not implement stock.BatchStore")
+		}
+		load(t, l, "a", 10)
+		evs := []stock.Event{
+			ev(stock.EventDeducted, "a", "o1", 3),
+			ev(stock.EventDeducted, "a", "o2", 100),
+			ev(stock.EventDeducted, "a", "o3", 2),
+			ev(stock.EventRestored, "a", "o1", 3),
+			ev(stock.EventRestocked, "a", "r1", 1),
+		}
+		want := []error{nil, stock.ErrRefused, nil, nil, nil}
+		for round := range 2 { // the repeat answers as the first application did
+			errs := b.ApplyBatch(context.Background(), evs)
+			if len(errs) != len(evs) {
+				t.Fatalf("ApplyBatch returned %d errors for %d events", len(errs), len(evs))
+			}
+			for i := range evs {
+				if (want[i] == nil) != (errs[i] == nil) || (want[i] != nil && !errors.Is(errs[i], want[i])) {
+					t.Fatalf("round %d: ApplyBatch error %d (%s %s) = %v, want %v", round, i, evs[i].Type, evs[i].ID, errs[i], want[i])
+				}
+			}
+			remaining(t, s, "a", 9)
+		}
+	}},
+}
+
+// parallel runs f(0..n-1) at once and returns their errors.
+func parallel(n int, f func(int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			errs[i] = f(i)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}
