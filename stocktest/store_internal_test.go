@@ -1,0 +1,330 @@
+package stocktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+)
+
+// fakeT records a check's failure instead of failing the test that runs it.
+type fakeT struct {
+	testing.TB
+	mu      sync.Mutex
+	failed  bool
+	skipped bool
+	msg     string
+}
+
+func (f *fakeT) Helper() {}
+func (f *fakeT) fail(msg string, stop bool) {
+	f.mu.Lock()
+	f.failed, f.msg = true, msg
+	f.mu.Unlock()
+	if stop {
+		runtime.Goexit()
+	}
+}
+func (f *fakeT) Fatalf(format string, a ...any) { f.fail(fmt.Sprintf(format, a...), true) }
+func (f *fakeT) Fatal(a ...any)                 { f.fail(fmt.Sprint(a...), true) }
+func (f *fakeT) FailNow()                       { f.fail("FailNow", true) }
+func (f *fakeT) Errorf(format string, a ...any) { f.fail(fmt.Sprintf(format, a...), false) }
+func (f *fakeT) Error(a ...any)                 { f.fail(fmt.Sprint(a...), false) }
+func (f *fakeT) Fail()                          { f.fail("Fail", false) }
+func (f *fakeT) Skip(a ...any)                  { f.skipped = true; runtime.Goexit() }
+func (f *fakeT) SkipNow()                       { f.skipped = true; runtime.Goexit() }
+
+// runCheck runs c on s with a fakeT and reports whether it failed, and why.
+func runCheck(t *testing.T, c storeCheck, s stock.Store) (failed bool, msg string) {
+	f := &fakeT{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(f, s, s.(Loader))
+	}()
+	<-done
+	if f.skipped {
+		t.Fatalf("check %s skipped", c.name)
+	}
+	return f.failed, f.msg
+}
+
+// hooked is a memstore with Apply, Remaining, Records or ApplyBatch replaced.
+type hooked struct {
+	*memstore.Store
+	apply     func(ctx context.Context, ev stock.Event) error
+	remaining func(ctx context.Context, sku string) (int64, error)
+	records   func(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error)
+}
+
+func (h *hooked) Apply(ctx context.Context, ev stock.Event) error {
+	if h.apply != nil {
+		return h.apply(ctx, ev)
+	}
+	return h.Store.Apply(ctx, ev)
+}
+
+func (h *hooked) Remaining(ctx context.Context, sku string) (int64, error) {
+	if h.remaining != nil {
+		return h.remaining(ctx, sku)
+	}
+	return h.Store.Remaining(ctx, sku)
+}
+
+func (h *hooked) Records(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
+	if h.records != nil {
+		return h.records(ctx, sku, ids)
+	}
+	return h.Store.Records(ctx, sku, ids)
+}
+
+// ApplyBatch applies evs one by one with h.Apply, as memstore does.
+func (h *hooked) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+	errs := make([]error, len(evs))
+	for i, ev := range evs {
+		errs[i] = h.Apply(ctx, ev)
+	}
+	return errs
+}
+
+// good is memstore, but answering ErrNotLoaded to a restock of an unknown item, as the
+// stock.Store doc says (memstore answers ErrRefused).
+func good() *hooked {
+	h := &hooked{Store: memstore.New()}
+	h.apply = func(ctx context.Context, ev stock.Event) error {
+		if ev.Type == stock.EventRestocked {
+			if _, err := h.Store.Remaining(ctx, ev.SKU); errors.Is(err, stock.ErrNotLoaded) {
+				return fmt.Errorf("restock: %w", stock.ErrNotLoaded)
+			}
+		}
+		return h.Store.Apply(ctx, ev)
+	}
+	return h
+}
+
+// broken returns, for each check, a store that breaks the rule it checks.
+func broken() map[string]func() stock.Store {
+	var n atomic.Int64
+	fresh := func(id string) string { return fmt.Sprintf("%s#%d", id, n.Add(1)) }
+	// withApply is good() with Apply replaced by f, which gets the good Apply as next.
+	withApply := func(f func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error) func() stock.Store {
+		return func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error { return f(next, ctx, ev) }
+			return h
+		}
+	}
+	retype := func(from, to stock.EventType) func() stock.Store {
+		return withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			if ev.Type == from {
+				ev.Type = to
+			}
+			return next(ctx, ev)
+		})
+	}
+	return map[string]func() stock.Store{
+		"DeductDecrements":  retype(stock.EventDeducted, stock.EventHeld),
+		"ConfirmDecrements": retype(stock.EventConfirmed, stock.EventHeld),
+		"DeductIdempotent": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventDeducted {
+				if err := next(ctx, ev); err != nil {
+					return err
+				}
+				ev.ID = fresh(ev.ID) // every repeat takes stock again
+			}
+			return next(ctx, ev)
+		}),
+		"DeductExactStock": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if rem, err := h.Store.Remaining(ctx, ev.SKU); err == nil && ev.Type == stock.EventDeducted && rem == ev.Qty {
+					return stock.ErrRefused // off by one: refuses what the stock exactly covers
+				}
+				return next(ctx, ev)
+			}
+			return h
+		},
+		"RefusalIsFinal": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if ev.Type == stock.EventDeducted {
+					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); m[ev.ID].Status == stock.RecordRefused {
+						ev.ID = fresh(ev.ID) // retries a refused id
+					}
+				}
+				return next(ctx, ev)
+			}
+			return h
+		},
+		"DeductUnknownItemRefused": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if _, err := h.Store.Remaining(ctx, ev.SKU); errors.Is(err, stock.ErrNotLoaded) {
+					return nil
+				}
+				return next(ctx, ev)
+			}
+			return h
+		},
+		"RestoreGivesBackOnce": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventRestored {
+				if err := next(ctx, ev); err != nil {
+					return err
+				}
+				return next(ctx, stock.Event{Type: stock.EventRestocked, SKU: ev.SKU, ID: fresh(ev.ID), Qty: ev.Qty})
+			}
+			return next(ctx, ev)
+		}),
+		"RefusedEventGivesBack": retype(stock.EventRefused, stock.EventCancelled),
+		"RestoreBeforeDeductTombstone": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if ev.Type == stock.EventRestored {
+					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) == 0 {
+						return nil // no tombstone
+					}
+				}
+				return next(ctx, ev)
+			}
+			return h
+		},
+		"RestockAddsOnce": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventRestocked {
+				ev.ID = fresh(ev.ID)
+			}
+			return next(ctx, ev)
+		}),
+		"RestockUnknownItemNotLoaded": func() stock.Store { return memstore.New() },
+		"OtherEventsIgnored":          retype(stock.EventHeld, stock.EventDeducted),
+		"IDsScopedPerItem": func() stock.Store {
+			var mu sync.Mutex
+			seen := map[string]string{} // id → the first sku it was seen on
+			return withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+				mu.Lock()
+				sku, ok := seen[ev.ID]
+				if !ok {
+					seen[ev.ID], sku = ev.SKU, ev.SKU
+				}
+				mu.Unlock()
+				ev.SKU = sku // keys records on the id alone
+				return next(ctx, ev)
+			})()
+		},
+		"RemainingUnknownItem": func() stock.Store {
+			h := good()
+			h.remaining = func(ctx context.Context, sku string) (int64, error) {
+				n, err := h.Store.Remaining(ctx, sku)
+				if errors.Is(err, stock.ErrNotLoaded) {
+					return 0, nil
+				}
+				return n, err
+			}
+			return h
+		},
+		"RecordsUnknownIDsAbsent": func() stock.Store {
+			h := good()
+			h.records = func(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
+				m, err := h.Store.Records(ctx, sku, ids)
+				for _, id := range ids {
+					if _, ok := m[id]; !ok && err == nil {
+						m[id] = stock.Record{SKU: sku, ID: id}
+					}
+				}
+				return m, err
+			}
+			return h
+		},
+		"ConcurrentSameID": func() stock.Store {
+			h := good()
+			next := h.apply
+			var mu sync.Mutex
+			seen := map[string]bool{}
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				mu.Lock()
+				dup := seen[ev.ID]
+				mu.Unlock()
+				if dup {
+					return nil
+				}
+				time.Sleep(5 * time.Millisecond) // check, then act: not atomic
+				mu.Lock()
+				seen[ev.ID] = true
+				mu.Unlock()
+				ev.ID = fresh(ev.ID)
+				return next(ctx, ev)
+			}
+			return h
+		},
+		"ConcurrentNoOversell": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if ev.Type != stock.EventDeducted {
+					return next(ctx, ev)
+				}
+				rem, err := h.Store.Remaining(ctx, ev.SKU)
+				if err != nil || rem < ev.Qty {
+					return stock.ErrRefused
+				}
+				time.Sleep(5 * time.Millisecond) // read, then write: not one transaction
+				h.Store.Set(ev.SKU, max(rem-ev.Qty, 0))
+				return nil
+			}
+			return h
+		},
+		"Batch": func() stock.Store {
+			h := good()
+			return &allNilBatch{h}
+		},
+	}
+}
+
+// allNilBatch answers nil to every event of a batch, refused or not.
+type allNilBatch struct{ *hooked }
+
+func (b *allNilBatch) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+	b.hooked.ApplyBatch(ctx, evs)
+	return make([]error, len(evs))
+}
+
+// TestChecksCanFail: each check passes on a store that keeps the contract and fails on one
+// that breaks the rule it checks, so no check is vacuous.
+func TestChecksCanFail(t *testing.T) {
+	bad := broken()
+	for _, c := range storeChecks {
+		t.Run(c.name, func(t *testing.T) {
+			if failed, msg := runCheck(t, c, good()); failed {
+				t.Fatalf("fails on a good store: %s", msg)
+			}
+			mk, ok := bad[c.name]
+			if !ok {
+				t.Fatalf("no broken store for check %s", c.name)
+			}
+			failed, msg := runCheck(t, c, mk())
+			if !failed {
+				t.Fatalf("passes on a store that breaks it")
+			}
+			t.Logf("broken store: %s", msg)
+		})
+	}
+	if len(bad) != len(storeChecks) {
+		t.Fatalf("%d broken stores for %d checks", len(bad), len(storeChecks))
+	}
+}
+
+// TestStoreOnGoodStore runs TestStore itself on a store that keeps the contract.
+func TestStoreOnGoodStore(t *testing.T) {
+	TestStore(t, func(*testing.T) stock.Store { return good() })
+}
