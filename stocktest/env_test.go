@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -84,5 +85,42 @@ func itoa(n int64) string {
 		if n == 0 {
 			return string(b[i:])
 		}
+	}
+}
+
+// TestAdvanceMovesRelayBackoff: an item whose event failed waits for its backoff, which only
+// Advance makes pass.
+func TestAdvanceMovesRelayBackoff(t *testing.T) {
+	ctx := context.Background()
+	e := stocktest.New(t)
+	st := memstore.New()
+	if err := st.Load(ctx, "sku", 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
+		t.Fatal(err)
+	}
+	rl, err := e.Reserver.NewRelay(st, nil, stock.WithBackoff(10*time.Second, 10*time.Second), stock.WithRelayItems("sku"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "sku", ID: "o1", Qty: 2}); err != nil {
+		t.Fatal(err)
+	}
+	st.FailWith(func(stock.Event) error { return errors.New("database down") })
+	if s, err := rl.Once(ctx); s.Retried != 1 { // Once also reports the store's error
+		t.Fatalf("first pass: %+v (%v); want 1 retried", s, err)
+	}
+	st.FailWith(nil)
+	time.Sleep(20 * time.Millisecond) // wall-clock time does not end the backoff
+	if s, err := rl.Once(ctx); err != nil || s.Delivered != 0 {
+		t.Fatalf("pass during the backoff: %+v, %v; want nothing delivered", s, err)
+	}
+	e.Advance(16 * time.Second) // the backoff, plus up to half of it as jitter
+	if s, err := rl.Once(ctx); err != nil || s.Delivered != 1 {
+		t.Fatalf("pass after the backoff: %+v, %v; want 1 delivered", s, err)
+	}
+	if n, err := st.Remaining(ctx, "sku"); err != nil || n != 3 {
+		t.Fatalf("store remaining = %d, %v; want 3", n, err)
 	}
 }
