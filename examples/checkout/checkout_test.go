@@ -11,37 +11,31 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/rueidis"
-
 	"github.com/stockres/stock"
-	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stocktest"
 )
 
 type env struct {
-	t      *testing.T
-	client rueidis.Client
-	r      *stock.Reserver
-	pay    *FakePayments
-	h      http.Handler
+	t   *testing.T
+	kit *stocktest.Env
+	r   *stock.Reserver
+	pay *FakePayments
+	h   http.Handler
 }
 
-// newEnv loads items on a fresh miniredis (clock standing still: redistest.Sleep moves it)
+// newEnv loads items on a fresh miniredis (clock standing still: kit.Advance moves it)
 // and returns the checkout handler on it.
 func newEnv(t *testing.T, holdTTL time.Duration, items map[string]int64) *env {
 	t.Helper()
-	_, c := redistest.Miniredis(t)
-	r, err := stock.New(c, stock.WithUserLimit(2))
-	if err != nil {
-		t.Fatal(err)
-	}
+	kit := stocktest.New(t, stock.WithUserLimit(2))
+	r := kit.Reserver
 	for sku, n := range items {
 		if err := r.Load(context.Background(), sku, n); err != nil {
 			t.Fatal(err)
 		}
 	}
 	pay := NewFakePayments()
-	return &env{t: t, client: c, r: r, pay: pay, h: NewHandler(r, pay, holdTTL, slog.New(slog.DiscardHandler))}
+	return &env{t: t, kit: kit, r: r, pay: pay, h: NewHandler(r, pay, holdTTL, slog.New(slog.DiscardHandler))}
 }
 
 type reply struct {
@@ -221,7 +215,7 @@ func TestHoldExpiresDuringPayment(t *testing.T) {
 	const ttl = 50 * time.Millisecond
 	e := newEnv(t, ttl, map[string]int64{"shoe": 5})
 	e.pay.Delay = 4 * ttl
-	e.pay.Sleep = func(d time.Duration) { redistest.Sleep(e.client, d) } // Redis's clock moves on
+	e.pay.Sleep = func(d time.Duration) { e.kit.Advance(d) } // Redis's clock moves on
 	first := e.post("order-1", shoe)
 	e.want(first, http.StatusGone, "hold_expired")
 	e.wantLevels("shoe", 5, 0, 0)
@@ -282,20 +276,12 @@ func TestPaymentsDownThenRetry(t *testing.T) {
 
 // Redis does not answer: 503 with Retry-After.
 func TestRedisDown(t *testing.T) {
-	m := miniredis.RunT(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r, err := stock.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kit := stocktest.New(t)
+	r := kit.Reserver
 	if err := r.Load(context.Background(), "shoe", 5); err != nil {
 		t.Fatal(err)
 	}
-	m.Close()
+	kit.Redis.Close()
 	defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
 	stepTimeout = 200 * time.Millisecond
 	e := &env{t: t, h: NewHandler(r, NewFakePayments(), time.Minute, slog.New(slog.DiscardHandler))}
