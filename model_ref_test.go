@@ -118,6 +118,9 @@ type world struct {
 	// limitReleasesAll: a request of a user under a per-user limit releases every due hold
 	// (up to 10,000) even when it would not be refused (what the code does; FINDINGS 15).
 	limitReleasesAll bool
+	// released64: the takes of a one-script cart, whose script released each item's due holds
+	// (at most 64) once, before its lines: take does not release another 64.
+	released64 bool
 }
 
 func newWorld(limit int64, group func(string) string) *world {
@@ -203,7 +206,9 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 	}
 	// Every deduct and hold releases the item's due holds first: at most 64, and its own id's;
 	// up to 10,000 when the request would otherwise be refused for stock or the user's limit.
-	it.expireN(now, 64, id)
+	if !w.released64 {
+		it.expireN(now, 64, id)
+	}
 	limited := user != "" && w.limit > 0
 	if e := it.ledger[id]; e == nil && !it.closed && (it.avail < qty || (limited && (w.limitReleasesAll || it.units(user)+qty > w.limit))) {
 		it.expireN(now, 10000, id)
@@ -509,6 +514,10 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 		}
 	}
 	saved := w.clone()
+	if w.oneSlot(lines) {
+		w.released64 = true
+		defer func() { w.released64 = false }()
+	}
 	for _, l := range lines {
 		o := w.take(kind, l.SKU, id, user, l.Qty, false, ttl, now)
 		if o.err == nil && o.replay != 0 && w.oneSlot(lines) {

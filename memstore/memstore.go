@@ -141,7 +141,7 @@ func (s *Store) apply(ev stock.Event) error {
 			return nil
 		}
 		if _, ok := s.remaining[ev.SKU]; !ok {
-			return stock.ErrRefused
+			return stock.ErrNotLoaded // as the Store doc says: the relay retries it later
 		}
 		recs[ev.ID] = stock.Record{SKU: ev.SKU, ID: ev.ID, Type: ev.Type, Qty: ev.Qty, Status: stock.RecordApplied, At: now}
 		s.remaining[ev.SKU] += ev.Qty

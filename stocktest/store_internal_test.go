@@ -206,8 +206,14 @@ func broken() map[string]func() stock.Store {
 			}
 			return next(ctx, ev)
 		}),
-		"RestockUnknownItemNotLoaded": func() stock.Store { return memstore.New() },
-		"OtherEventsIgnored":          retype(stock.EventHeld, stock.EventDeducted),
+		"RestockUnknownItemNotLoaded": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			err := next(ctx, ev)
+			if errors.Is(err, stock.ErrNotLoaded) {
+				return stock.ErrRefused // the wrong answer for a restock of an unknown item
+			}
+			return err
+		}),
+		"OtherEventsIgnored": retype(stock.EventHeld, stock.EventDeducted),
 		"IDsScopedPerItem": func() stock.Store {
 			var mu sync.Mutex
 			seen := map[string]string{} // id → the first sku it was seen on
