@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // A Line is one item of a cart.
@@ -75,7 +77,7 @@ func (e *CartError) Unwrap() error { return e.Err }
 // against the id's entries in its own items only: give every cart an id of its own (an order id),
 // as a one-script cart and a saga cart over other items under one id are not seen as a conflict.
 func (r *Reserver) DeductMany(ctx context.Context, c Cart) (CartReceipt, error) {
-	return r.observeCart(ctx, "deduct_many", c, func(ctx context.Context) (CartReceipt, error) { return r.cart(ctx, "D", c, 0) })
+	return r.observeCart(ctx, "deduct_many", c, func(ctx context.Context) (CartReceipt, error) { return r.cart(ctx, protocol.TakeDeduct, c, 0) })
 }
 
 // HoldMany holds every line of a cart until now + ttl, or none, like DeductMany. Confirm or
@@ -85,7 +87,7 @@ func (r *Reserver) HoldMany(ctx context.Context, c Cart, ttl time.Duration) (Car
 		if err := checkTTL(ttl); err != nil {
 			return CartReceipt{ID: c.ID}, err
 		}
-		return r.cart(ctx, "H", c, ttl.Milliseconds())
+		return r.cart(ctx, protocol.TakeHold, c, ttl.Milliseconds())
 	})
 }
 
@@ -151,8 +153,7 @@ func sortedUnique(s []string) []string {
 // cartKeys: the carts hash and the pending zset, in one slot of their own. They start with
 // "<prefix>:c", never "<prefix>:{" as every item key does, so no item can reach them.
 func (r *Reserver) cartKeys() []string {
-	base := r.opts.prefix + ":carts{~}"
-	return []string{base, base + ":p"}
+	return protocol.Carts(r.opts.prefix)
 }
 
 // sumLines checks a cart and sums its lines per item, in SKU order.
@@ -189,27 +190,31 @@ func sumLines(c Cart) ([]Line, error) {
 	return lines, nil
 }
 
-// encodeCart is a cart as the cart log records it: "K{user}|sku:qty|sku:qty..." with the lines in
-// SKU order. The user is part of it, so the same cart id with another user is another cart
-// (ErrConflict). No name contains a brace or '|'.
+// encodeCart is a cart as the cart log records it (protocol.EncodeCart), lines in SKU order.
 func encodeCart(kind, user string, lines []Line) string {
-	var b strings.Builder
-	b.WriteString(kind)
-	b.WriteByte('{')
-	b.WriteString(user)
-	b.WriteByte('}')
-	for _, l := range lines {
-		b.WriteByte('|') // '|' is the one separator no SKU may contain
-		b.WriteString(l.SKU)
-		b.WriteByte(':')
-		b.WriteString(strconv.FormatInt(l.Qty, 10))
+	pl := make([]protocol.CartLine, len(lines))
+	for i, l := range lines {
+		pl[i] = protocol.CartLine(l)
 	}
-	return b.String()
+	return protocol.EncodeCart(kind, user, pl)
 }
 
 // cartOp runs one operation of lua/cart.lua and returns its code and the cart's undo cause.
 func (r *Reserver) cartOp(ctx context.Context, op, id, arg string) (int64, string, error) {
-	msgs, err := replyArray(cartScript.Exec(ctx, r.client, r.cartKeys(), []string{op, id, arg}), 2)
+	code, why, _, err := r.cartOpAck(ctx, op, id, arg)
+	return code, why, err
+}
+
+// cartOpAck is cartOp, with the replica acknowledgement's error (WithReplicaAck) of the write.
+func (r *Reserver) cartOpAck(ctx context.Context, op, id, arg string) (int64, string, error, error) {
+	res, ackErr := r.exec(ctx, protocol.Cart, r.cartKeys(), []string{op, id, arg})
+	code, why, err := cartReply(res, id)
+	return code, why, ackErr, err
+}
+
+// cartReply decodes cart.lua's reply about cart id.
+func cartReply(res rueidis.RedisResult, id string) (int64, string, error) {
+	msgs, err := replyArray(res, 2)
 	if err != nil {
 		return 0, "", err
 	}
@@ -221,7 +226,7 @@ func (r *Reserver) cartOp(ctx context.Context, op, id, arg string) (int64, strin
 	if err != nil {
 		return 0, "", fmt.Errorf("%w: cart log reply: %v", ErrInvalid, err)
 	}
-	if code == codeInvalid {
+	if code == protocol.Invalid {
 		return 0, "", fmt.Errorf("%w: cart %s: %s", ErrInvalid, id, why)
 	}
 	return code, why, nil
@@ -231,7 +236,7 @@ func (r *Reserver) cartOp(ctx context.Context, op, id, arg string) (int64, strin
 func cause(sku string, err error) string {
 	for code, e := range codeErrs {
 		if e != nil && errors.Is(err, e) {
-			return strconv.Itoa(code) + ":" + sku
+			return protocol.EncodeCause(int64(code), sku)
 		}
 	}
 	return ""
@@ -240,9 +245,8 @@ func cause(sku string, err error) string {
 // causeErr is the error every copy of an undone cart answers: the refusal recorded by the
 // attempt that undid it, or ErrRestored for a cart undone by RecoverCarts.
 func causeErr(id, why string) error {
-	code, sku, ok := strings.Cut(why, ":")
-	c, err := strconv.Atoi(code)
-	if !ok || err != nil || c <= codeReplay || c >= len(codeErrs) || codeErrs[c] == nil {
+	c, sku, ok := protocol.ParseCause(why)
+	if !ok || c <= protocol.Replay || c >= int64(len(codeErrs)) || codeErrs[c] == nil {
 		return fmt.Errorf("%w: cart %s was undone", ErrRestored, id)
 	}
 	return &CartError{SKU: sku, Err: codeErrs[c]}
@@ -265,15 +269,15 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
 	}
 	switch code {
-	case codeConflict:
+	case protocol.Conflict:
 		return out, fmt.Errorf("%w: cart %s was used with other lines or another user", ErrConflict, c.ID)
-	case codeRestored:
+	case protocol.Restored:
 		// Finish the undo (a crash may have cut it short; it is idempotent) and answer as every
 		// copy of the cart does.
 		return r.undoCart(ctx, kind, c, lines, ttlMs, why, causeErr(c.ID, why))
-	case codeConfirmed:
+	case protocol.Confirmed:
 		return r.cartDone(ctx, kind, c, lines, ttlMs)
-	case codeOK, codeReplay:
+	case protocol.OK, protocol.Replay:
 	default:
 		return out, codeErr(code)
 	}
@@ -292,18 +296,23 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 		}
 		out.Items = append(out.Items, rc)
 	}
-	code, why, err = r.cartOp(ctx, "done", c.ID, "")
+	// With WithReplicaAck the done mark waits for the replicas too: a failover that lost it
+	// would leave the cart pending, and RecoverCarts would undo it.
+	code, why, ackErr, err := r.cartOpAck(ctx, "done", c.ID, "")
 	if err != nil {
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
 	}
-	if code == codeRestored {
+	if ackErr != nil && notReplicated == nil {
+		notReplicated = ackErr
+	}
+	if code == protocol.Restored {
 		// A concurrent copy of the cart found a refusal and undid it first: its outcome is the
 		// cart's. Give back what this attempt took (its undo may have run before our takes).
 		return r.undoCart(ctx, kind, c, lines, ttlMs, why, causeErr(c.ID, why))
 	}
 	// The copy that completed the cart is the one not replayed, as for Deduct: of many copies of
 	// one cart id exactly one answers Replayed false, whichever took which line.
-	out.Replayed = code == codeReplay
+	out.Replayed = code == protocol.Replay
 	return out, notReplicated
 }
 
@@ -316,8 +325,8 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 func (r *Reserver) cartDone(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64) (CartReceipt, error) {
 	out := CartReceipt{ID: c.ID, Replayed: true}
 	for _, l := range lines {
-		if kind == "H" {
-			rc, err := r.take(ctx, "H", Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}, ttlMs)
+		if kind == protocol.TakeHold {
+			rc, err := r.take(ctx, protocol.TakeHold, Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}, ttlMs)
 			if err != nil {
 				if isRefusal(err) {
 					return CartReceipt{ID: c.ID}, &CartError{SKU: l.SKU, Err: err}
@@ -372,23 +381,23 @@ func (r *Reserver) undoCartMoved(ctx context.Context, kind string, c Cart, lines
 	if err != nil {
 		return out, false, errors.Join(failed, fmt.Errorf("stock: cart %s: %w", id, err))
 	}
-	if code == codeConfirmed {
+	if code == protocol.Confirmed {
 		out, err := r.cartDone(ctx, kind, c, lines, ttlMs)
 		return out, false, err
 	}
-	moved = code == codeOK
+	moved = code == protocol.OK
 	if recorded != why {
 		failed = causeErr(id, recorded)
 	}
 	for _, l := range lines {
 		var err error
-		if kind == "H" {
-			_, err = r.giveBackChecked(ctx, l.SKU, id, "c", kind, l.Qty, user)
+		if kind == protocol.TakeHold {
+			_, err = r.giveBackChecked(ctx, l.SKU, id, protocol.ReasonCancel, kind, l.Qty, user)
 			if errors.Is(err, ErrConfirmed) {
-				_, err = r.giveBackChecked(ctx, l.SKU, id, "x", kind, l.Qty, user)
+				_, err = r.giveBackChecked(ctx, l.SKU, id, protocol.ReasonRestore, kind, l.Qty, user)
 			}
 		} else {
-			_, err = r.giveBackChecked(ctx, l.SKU, id, "x", kind, l.Qty, user)
+			_, err = r.giveBackChecked(ctx, l.SKU, id, protocol.ReasonRestore, kind, l.Qty, user)
 		}
 		if err != nil && !errors.Is(err, ErrUnknownID) && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotLoaded) {
 			return out, moved, errors.Join(failed, fmt.Errorf("stock: cart %s: undo %s: %w", id, l.SKU, err))
@@ -408,7 +417,7 @@ func (r *Reserver) undoCartMoved(ctx context.Context, kind string, c Cart, lines
 // call.
 func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (int, error) {
 	keys := r.cartKeys()
-	cutoff := time.Now().Add(-olderThan).UnixMilli()
+	cutoff := r.opts.now().Add(-olderThan).UnixMilli()
 	ids, err := r.client.Do(ctx, r.client.B().Zrangebyscore().Key(keys[1]).Min("-inf").
 		Max(strconv.FormatInt(cutoff, 10)).Limit(0, 256).Build()).AsStrSlice()
 	if err != nil {
@@ -439,45 +448,15 @@ func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (i
 	return n, nil
 }
 
-// parseCartRecord reads a cart log record, "state|started|K{user}|sku:qty|sku:qty...[|{cause}]",
-// as written by lua/cart.lua from encodeCart. No SKU contains '|' or a brace, and the quantity
-// follows the last ':'.
+// parseCartRecord reads a cart log record as lua/cart.lua writes it (protocol.ParseCartRecord).
 func parseCartRecord(rec string) (kind, user string, lines []Line, err error) {
-	bad := func() (string, string, []Line, error) {
+	kind, user, pl, err := protocol.ParseCartRecord(rec)
+	if err != nil {
 		return "", "", nil, fmt.Errorf("%w: cart record %q", ErrInvalid, rec)
 	}
-	parts := strings.Split(rec, "|")
-	if len(parts) < 4 {
-		return bad()
-	}
-	head, fields := parts[2], parts[3:]
-	if i := strings.IndexByte(head, '{'); i >= 0 {
-		if !strings.HasSuffix(head, "}") {
-			return bad()
-		}
-		kind, user = head[:i], head[i+1:len(head)-1]
-	} else {
-		kind = head // a record written before carts recorded their user
-	}
-	if kind != "D" && kind != "H" {
-		return bad()
-	}
-	if last := fields[len(fields)-1]; strings.HasPrefix(last, "{") {
-		fields = fields[:len(fields)-1] // the undo's cause
-	}
-	if len(fields) == 0 {
-		return bad()
-	}
-	for _, f := range fields {
-		i := strings.LastIndexByte(f, ':')
-		if i <= 0 {
-			return bad()
-		}
-		q, perr := strconv.ParseInt(f[i+1:], 10, 64)
-		if perr != nil || q <= 0 {
-			return bad()
-		}
-		lines = append(lines, Line{SKU: f[:i], Qty: q})
+	lines = make([]Line, len(pl))
+	for i, l := range pl {
+		lines[i] = Line(l)
 	}
 	return kind, user, lines, nil
 }
@@ -489,18 +468,25 @@ func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines [
 	keys := make([]string, 0, 6*len(lines))
 	args := []string{r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10), c.ID, c.User}
 	for _, l := range lines {
-		keys = append(keys, r.keys(l.SKU)...)
+		keys = append(keys, r.item(l.SKU).ForItem()...)
 		args = append(args, strconv.FormatInt(l.Qty, 10))
 	}
 	outs := make([]outcome, len(lines))
-	res, ackErr := r.exec(ctx, manyScript, keys, args)
+	res, ackErr := r.exec(ctx, protocol.DeductMany, keys, args)
+	for _, l := range lines {
+		if kind == protocol.TakeHold {
+			r.noteHold(l.SKU, time.Duration(ttlMs)*time.Millisecond)
+		} else {
+			r.noteEvents(l.SKU)
+		}
+	}
 	if err := decodeOutcomes(res, outs); err != nil {
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
 	}
 	replayed := true
 	for i, o := range outs {
-		if o.code == -1 || o.code == codeOK || o.code == codeReplay {
-			replayed = replayed && o.code == codeReplay
+		if o.code == protocol.Untaken || o.code == protocol.OK || o.code == protocol.Replay {
+			replayed = replayed && o.code == protocol.Replay
 			continue
 		}
 		_, err := r.receipt(Receipt{SKU: lines[i].SKU, ID: c.ID}, o)
@@ -511,7 +497,7 @@ func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines [
 		out.Items = append(out.Items, rc)
 	}
 	out.Replayed = replayed
-	if !replayed && ackErr != nil {
+	if ackErr != nil { // a replay is no safer than the write it replays
 		return out, ackErr
 	}
 	return out, nil

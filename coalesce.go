@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // Hot-item coalescing. Deducts of one item wait for nothing while fewer than the configured
@@ -27,6 +29,7 @@ const batchTimeout = 10 * time.Second
 // caller holding it looks again): idle items cost no memory, however many items ever sold.
 type lane struct {
 	sku      string
+	keys     *protocol.Keys
 	mu       sync.Mutex
 	inflight int
 	gone     bool
@@ -45,11 +48,11 @@ type waiter struct {
 var waiters = sync.Pool{New: func() any { return &waiter{ch: make(chan []*waiter, 1)} }}
 
 // lockLane returns the item's live lane, locked.
-func (r *Reserver) lockLane(sku string) *lane {
+func (r *Reserver) lockLane(k *protocol.Keys, sku string) *lane {
 	for {
 		v, ok := r.lanes.Load(sku)
 		if !ok {
-			v, _ = r.lanes.LoadOrStore(sku, &lane{sku: sku})
+			v, _ = r.lanes.LoadOrStore(sku, &lane{sku: sku, keys: k})
 		}
 		l := v.(*lane)
 		l.mu.Lock()
@@ -61,13 +64,13 @@ func (r *Reserver) lockLane(sku string) *lane {
 }
 
 // deductCoalesced runs one deduct through the item's lane.
-func (r *Reserver) deductCoalesced(ctx context.Context, req Request) (outcome, error) {
-	l := r.lockLane(req.SKU)
+func (r *Reserver) deductCoalesced(ctx context.Context, k *protocol.Keys, req Request) (outcome, error) {
+	l := r.lockLane(k, req.SKU)
 	if l.inflight < r.opts.inflight {
 		l.inflight++
 		l.mu.Unlock()
 		var o [1]outcome
-		err := r.execDeducts(ctx, req.SKU, []Request{req}, o[:])
+		err := r.execDeducts(ctx, k, []Request{req}, o[:])
 		r.handoff(l)
 		return o[0], err
 	}
@@ -112,7 +115,7 @@ func (r *Reserver) sendBatch(ctx context.Context, l *lane, batch []*waiter) {
 	// The batch carries other callers' requests: it is not cut short by the leader's context
 	// being cancelled (the leader may have been cancelled while it waited in the queue).
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
-	err := r.execDeducts(bctx, reqs[0].SKU, reqs, outs)
+	err := r.execDeducts(bctx, l.keys, reqs, outs)
 	cancel()
 	for i, w := range batch {
 		w.res, w.err = outs[i], err
@@ -144,15 +147,17 @@ func (r *Reserver) handoff(l *lane) {
 	batch[0].ch <- batch
 }
 
-// execDeducts runs deduct.lua for reqs, all of one item, and decodes one outcome per request.
-func (r *Reserver) execDeducts(ctx context.Context, sku string, reqs []Request, dst []outcome) error {
+// execDeducts runs deduct.lua for reqs, all of the item k, and decodes one outcome per request.
+func (r *Reserver) execDeducts(ctx context.Context, k *protocol.Keys, reqs []Request, dst []outcome) error {
 	args := make([]string, 4, 4+4*len(reqs))
-	args[0], args[1], args[2], args[3] = r.limitArg, r.outboxFlag(), "D", "0"
+	args[0], args[1], args[2], args[3] = r.limitArg, r.outboxFlag(), protocol.TakeDeduct, "0"
 	for _, q := range reqs {
 		args = append(args, q.ID, strconv.FormatInt(q.Qty, 10), q.User, retryFlag(q.Retry))
 	}
-	if err := decodeOutcomes(deductScript.Exec(ctx, r.client, r.keys(sku), args), dst); err != nil {
-		return fmt.Errorf("stock: deduct %s: %w", sku, err)
+	res := protocol.Deduct.Exec(ctx, r.client, k.ForItem(), args)
+	r.noteEvents(reqs[0].SKU)
+	if err := decodeOutcomes(res, dst); err != nil {
+		return fmt.Errorf("stock: deduct %s: %w", reqs[0].SKU, err)
 	}
 	return nil
 }

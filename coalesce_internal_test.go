@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock/internal/redistest"
+
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // TestCoalescedBatchEqualsOneByOne: a batch in one script call gives the same outcome per
@@ -39,20 +41,20 @@ func TestCoalescedBatchEqualsOneByOne(t *testing.T) {
 			for _, q := range reqs {
 				q.SKU = "one"
 				var o [1]outcome
-				require.NoError(t, r.execDeducts(ctx, "one", []Request{q}, o[:]))
+				require.NoError(t, r.execDeducts(ctx, r.item("one"), []Request{q}, o[:]))
 				one = append(one, o[0])
 			}
 			batch := make([]outcome, len(reqs))
 			for i := range reqs {
 				reqs[i].SKU = "batch"
 			}
-			require.NoError(t, r.execDeducts(ctx, "batch", reqs, batch))
+			require.NoError(t, r.execDeducts(ctx, r.item("batch"), reqs, batch))
 			assert.Equal(t, one, batch)
 			codes := map[int64]int{}
 			for _, o := range batch {
 				codes[o.code]++
 			}
-			for _, c := range []int64{codeOK, codeReplay, codeConflict, codeRestored} {
+			for _, c := range []int64{protocol.OK, protocol.Replay, protocol.Conflict, protocol.Restored} {
 				assert.Positive(t, codes[c], "the sequence exercises code %d: %v", c, codes)
 			}
 
@@ -73,11 +75,20 @@ func TestCoalescedBatchEqualsOneByOne(t *testing.T) {
 			assert.Equal(t, ledger("one"), ledger("batch"))
 			// The outbox holds the same events in the same order.
 			outbox := func(sku string) string {
-				ms, err := r.client.Do(ctx, r.client.B().Zrange().Key(r.key(sku, outboxSuffix)).Min("0").Max("-1").Build()).AsStrSlice()
+				ms, err := r.client.Do(ctx, r.client.B().Zrange().Key(r.item(sku).Outbox).Min("0").Max("-1").Build()).AsStrSlice()
 				require.NoError(t, err)
 				return strings.Join(ms, ",")
 			}
 			assert.Equal(t, outbox("one"), outbox("batch"))
+			// The buyers' units, which the batch reads and writes once per call.
+			users := func(sku string) map[string]string {
+				m, err := r.client.Do(ctx, r.client.B().Hgetall().Key(r.item(sku).Users).Build()).AsStrMap()
+				require.NoError(t, err)
+				return m
+			}
+			assert.NotEmpty(t, users("batch"))
+			assert.Equal(t, users("one"), users("batch"))
+			assert.Positive(t, codes[protocol.UserLimit], "the sequence exercises the per-user limit: %v", codes)
 		})
 	}
 }

@@ -208,11 +208,11 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 func TestReopenDelisted(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		g := newRig(t, c, map[string]int64{"A": 10, "B": 10}, stock.WithRetention(time.Millisecond))
+		g := newRig(t, c, map[string]int64{"A": 10, "B": 10}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1})
 		require.NoError(t, err)
 		require.NoError(t, g.r.Delist(ctx, "A"))
-		err = g.r.Reopen(ctx, "A")
+		err = g.r.ReopenItem(ctx, "A")
 		require.ErrorIs(t, err, stock.ErrClosed)
 		assert.Contains(t, err.Error(), "delisted")
 		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a2", Qty: 1})

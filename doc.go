@@ -2,36 +2,22 @@
 // releases: a checkout never sells what it does not have, never takes stock twice for one
 // request, and never loses a sale between Redis and the database of record.
 //
-// A Reserver runs Lua scripts (embedded from lua/*.lua, run with rueidis Lua.Exec: EVALSHA,
-// then EVAL when the server lost its script cache). One script call checks the request id
-// against the item's ledger, checks the per-user limit and the stock, takes the stock, writes
-// the ledger entry and queues the outbox event, atomically. A Relay drains the outbox into a
-// Store (the database of record) and/or a Publisher (a message queue).
+// The main path:
 //
-// # Keys
+//	r, err := stock.New(client, stock.WithUserLimit(2)) // client: a rueidis client you own
+//	err = r.Load(ctx, "sku-1", 100)                      // once, from the database of record
+//	rc, err := r.Deduct(ctx, stock.Request{SKU: "sku-1", ID: orderID, User: user, Qty: 1})
+//	// or r.Hold(ctx, req, 10*time.Minute), then r.Confirm or r.Cancel
+//	go r.Run(ctx, stock.RunOptions{Store: store})       // the background work, one goroutine
 //
-// Every key of one item shares the hash tag {sku}, so one script touches one Redis Cluster
-// slot, and different items spread over the cluster. With the default prefix "stock":
-//
-//	stock:{sku}     hash   a available, h held, s sold, l loaded, c closed, n next hold deadline
-//	stock:{sku}:l   hash   ledger: request id -> "KS|qty|after|at_ms|user[|deadline]"
-//	stock:{sku}:u   hash   user -> units held or bought (for WithUserLimit)
-//	stock:{sku}:o   zset   outbox: "<event>:<id>" -> the event's sequence in the item
-//	stock:{sku}:p   zset   published: events handed to a Publisher, not yet applied by Consume
-//	stock:{sku}:h   zset   holds: id -> deadline (ms)
-//	stock:{sku}:r   hash   outbox delivery attempts
-//	stock:{sku}:rl  string the relay lease (one relay per item at a time)
-//	stock:{sku}:dl  zset   dead letters: events the Store rejected as invalid, or whose
-//	                       ledger entry is gone
-//	stock:{sku}:b   string the sold-out filter: ids the ledger has had, from the first sell-out
-//	stock:items     set    registry of loaded items (a pass finds the ones it lost: ErrRegistryLost)
-//	stock:carts{~}  hash   the saga log of multi-item carts (and :p, the pending ones)
-//	stock:epoch     string the primaries last reconciled (FailoverGuard)
-//
-// With WithGroups, an item in a group has keys "stock:{group}:{sku}..." instead. No name may
-// contain a brace, so the SKU in a key always ends at its closing brace: two items never share
-// a key, and no item reaches the keys that are not an item's (they start with "stock:" and a
-// letter).
+// Each operation is one Lua script (lua/*.lua, embedded, run with rueidis: EVALSHA, then EVAL
+// when the server lost its script cache) that checks the request id against the item's ledger,
+// checks the per-user limit and the stock, takes the stock, writes the ledger entry and queues
+// the outbox event, atomically. Run drains the outbox into a Store (the database of record)
+// and/or a Publisher (a message queue), compares Redis with the Store, and releases holds past
+// their deadline. Every key of an item shares the hash tag {sku} (or {group}, see WithGroups),
+// so one script touches one Redis Cluster slot; the README lists the keys. Names may not
+// contain a brace.
 //
 // # Guarantees
 //
@@ -81,6 +67,6 @@
 //     the ledger has; after a write of a Reserver has returned, that Reserver's answers never
 //     predate the write.
 //
-// The Reserver, Relay and their methods are safe for concurrent use. Nothing here starts a
-// goroutine: the caller runs Relay.Run and owns it.
+// The Reserver, Relay, Reconciler and their methods are safe for concurrent use. Nothing here
+// starts a goroutine but Reserver.Run, which the caller runs and owns.
 package stock

@@ -91,23 +91,16 @@ type Store interface {
 	Records(ctx context.Context, sku string, ids []string) (map[string]Record, error)
 }
 
-// RecordStatus is the state of an id in the Store.
-type RecordStatus string
-
-// Record statuses: the states a local message table keeps per id.
-const (
-	RecordApplied  RecordStatus = "applied"  // the decrement (or restock) was applied
-	RecordRestored RecordStatus = "restored" // given back, or a tombstone of a restore seen first
-	RecordRefused  RecordStatus = "refused"  // the store could not cover the deduct
-)
-
 // Record is what a Store holds for one id of one item.
 type Record struct {
 	SKU, ID, User string
 	Type          EventType // the event that created the record
 	Qty           int64
-	Status        RecordStatus
-	At            time.Time // when the record was created, by the database's clock
+	// Status is StateApplied (the decrement, or restock, was applied), StateRestored (given
+	// back, or a tombstone of a restore seen first) or StateRefused (the store could not
+	// cover the deduct).
+	Status State
+	At     time.Time // when the record was created, by the database's clock
 }
 
 // A RecordLister is a Store that can list an item's records, in pages ordered by id (byte-wise,
@@ -132,6 +125,22 @@ type BatchStore interface {
 // Relay retry the event later with backoff.
 type Publisher interface {
 	Publish(ctx context.Context, ev Event) error
+}
+
+// A BatchPublisher is a Publisher that can publish several events in one round trip to its
+// queue. The Relay uses PublishBatch, when a Publisher has it, to publish the events it
+// claimed from one item together (all of one SKU, in their sequence, Event.Seq); it falls back
+// to Publish for a single event. The result has one error (or nil) per event, in order, with
+// the same meaning as Publish's: nil means the queue has that event. The Relay keeps the
+// events before the first failed one as published, and retries the failed one and those
+// after it later, with backoff, one after the other as it does with Publish: an implementation
+// that can should stop at an item's first failure and answer an error for the events after it
+// without publishing them, so that the queue gets the item's events in order (Consume keeps
+// the order for the store either way). A result of the wrong length fails the whole batch.
+// PublishBatch must be safe for concurrent use.
+type BatchPublisher interface {
+	Publisher
+	PublishBatch(ctx context.Context, evs []Event) []error
 }
 
 // PublisherFunc adapts a function to the Publisher interface.

@@ -70,10 +70,10 @@ func TestMalformedReplyIsUnknownOutcome(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrUnknownOutcome, "restore, %s", name)
 				require.NotErrorIs(t, err, stock.ErrInvalid)
 				if name != "pair, not triple" { // the shape of close.lua's reply
-					err = r.Close(ctx, "A")
+					err = r.CloseItem(ctx, "A")
 					require.ErrorIs(t, err, stock.ErrUnknownOutcome, "close, %s", name)
 					require.NotErrorIs(t, err, stock.ErrInvalid)
-					require.NoError(t, honest.Reopen(ctx, "A"))
+					require.NoError(t, honest.ReopenItem(ctx, "A"))
 				}
 			}
 		}
@@ -127,7 +127,7 @@ func TestFailoverAndNotReplicatedObserved(t *testing.T) {
 	require.True(t, fenced)
 	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
 	require.ErrorIs(t, err, stock.ErrFailover)
-	n, err := r.Available(ctx, "A")
+	n, err := available(r.Levels(ctx, "A"))
 	require.NoError(t, err)
 	assert.Equal(t, int64(8), n, "a fenced deduct takes nothing")
 

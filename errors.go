@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"syscall"
+
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // Errors returned by the Reserver. Each outcome of a script has its own sentinel; test for them
@@ -50,7 +52,8 @@ var (
 	// ErrConfirmed: a cancel arrived for a hold that was already confirmed.
 	ErrConfirmed = errors.New("stock: hold already confirmed")
 	// ErrNotReplicated: the write happened, but fewer replicas than WithReplicaAck asked for
-	// acknowledged it in time; a failover could lose it. Returned with a valid receipt.
+	// acknowledged it in time; a failover could lose it. Returned with a valid receipt, by the
+	// write and by its replays until the replicas have it.
 	ErrNotReplicated = errors.New("stock: write not acknowledged by enough replicas")
 	// ErrInvalid: the input was rejected before anything was sent to Redis, or a script refused
 	// it before writing anything. Nothing was changed. (A reply this package does not
@@ -58,41 +61,24 @@ var (
 	ErrInvalid = errors.New("stock: invalid input")
 )
 
-// Reply codes shared with lua/lib.lua.
-const (
-	codeOK = iota
-	codeReplay
-	codeSoldOut
-	codeShort
-	codeNotLoaded
-	codeConflict
-	codeRestored
-	codeUserLimit
-	codeClosed
-	codeUnknown
-	codeExpired
-	codeConfirmed
-	codeInvalid
-)
-
 var codeErrs = [...]error{
-	codeSoldOut:   ErrSoldOut,
-	codeShort:     ErrInsufficient,
-	codeNotLoaded: ErrNotLoaded,
-	codeConflict:  ErrConflict,
-	codeRestored:  ErrRestored,
-	codeUserLimit: ErrUserLimit,
-	codeClosed:    ErrClosed,
-	codeUnknown:   ErrUnknownID,
-	codeExpired:   ErrExpired,
-	codeConfirmed: ErrConfirmed,
-	codeInvalid:   ErrInvalid,
+	protocol.SoldOut:   ErrSoldOut,
+	protocol.Short:     ErrInsufficient,
+	protocol.NotLoaded: ErrNotLoaded,
+	protocol.Conflict:  ErrConflict,
+	protocol.Restored:  ErrRestored,
+	protocol.UserLimit: ErrUserLimit,
+	protocol.Closed:    ErrClosed,
+	protocol.Unknown:   ErrUnknownID,
+	protocol.Expired:   ErrExpired,
+	protocol.Confirmed: ErrConfirmed,
+	protocol.Invalid:   ErrInvalid,
 }
 
-// codeErr maps a script reply code to its error; codeOK and codeReplay map to nil, a code it
+// codeErr maps a script reply code to its error; protocol.OK and protocol.Replay map to nil, a code it
 // does not know to ErrUnknownOutcome (the script may have written before it answered).
 func codeErr(code int64) error {
-	if code == codeOK || code == codeReplay {
+	if code == protocol.OK || code == protocol.Replay {
 		return nil
 	}
 	if code < 0 || code >= int64(len(codeErrs)) || codeErrs[code] == nil {

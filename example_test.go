@@ -90,14 +90,14 @@ func ExampleRelay() {
 	r, _, stop := exampleReserver()
 	defer stop()
 	ctx := context.Background()
-	db := memstore.New() // in production: sqlstore on PostgreSQL or MySQL
+	db := memstore.New() // in production: a Store on your PostgreSQL or MySQL database
 	_ = db.Load(ctx, "ticket", 10)
 	_ = r.Load(ctx, "ticket", 10)
 
 	for i := range 4 {
 		_, _ = r.Deduct(ctx, stock.Request{SKU: "ticket", ID: fmt.Sprint("o", i), Qty: 1})
 	}
-	relay, _ := r.NewRelay(db, nil)
+	relay, _ := r.NewRelay(db, nil, nil)
 	st, _ := relay.Once(ctx) // or go relay.Run(ctx)
 	left, _ := db.Remaining(ctx, "ticket")
 	fmt.Println("delivered", st.Delivered, "database has", left)
@@ -165,8 +165,8 @@ func ExampleReserver_DeductMany() {
 	if errors.As(err, &ce) {
 		fmt.Println("refused by", ce.SKU+":", errors.Is(err, stock.ErrInsufficient))
 	}
-	n, _ := r.Available(ctx, "shirt")
-	fmt.Println("shirts left", n) // nothing of the cart was kept
+	lv, _ := r.Levels(ctx, "shirt")
+	fmt.Println("shirts left", lv.Available) // nothing of the cart was kept
 
 	cr, _ := r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "shirt", Qty: 2}, {SKU: "cap", Qty: 1}}})
 	for _, it := range cr.Items {
@@ -189,18 +189,18 @@ func ExampleReconciler() {
 	_ = db.Load(ctx, "ticket", 10)
 	_ = r.Load(ctx, "ticket", 10)
 	_, _ = r.Deduct(ctx, stock.Request{SKU: "ticket", ID: "o1", Qty: 3})
-	relay, _ := r.NewRelay(db, nil)
+	relay, _ := r.NewRelay(db, nil, nil)
 	_, _ = relay.Once(ctx)
 
 	mr.Del("stock:{ticket}") // the item's counters are gone
-	_, err := r.Available(ctx, "ticket")
+	_, err := r.Levels(ctx, "ticket")
 	fmt.Println(err)
 
-	rec, _ := r.NewReconciler(db) // stock.WithDryRun(true) only reports
-	reports, _ := rec.Once(ctx)   // or go rec.Run(ctx)
+	rec, _ := r.NewReconciler(db, nil) // &stock.ReconcileOptions{DryRun: true} only reports
+	reports, _ := rec.Once(ctx)        // Reserver.Run makes a pass every 5 minutes
 	fmt.Println(reports[0].Rebuilt)
-	n, _ := r.Available(ctx, "ticket")
-	fmt.Println("available", n)
+	lv, _ := r.Levels(ctx, "ticket")
+	fmt.Println("available", lv.Available)
 	// Output:
 	// stock: item not loaded: ticket
 	// true

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // The sold-out fast path.
@@ -117,7 +118,7 @@ func (r *Reserver) SoldOutAnswers() int64 {
 
 // markSoldOut records that Redis refused a request for sku as sold out: the fast path answers
 // for the item from now on, from reads made after this refusal.
-func (r *Reserver) markSoldOut(sku string) {
+func (r *Reserver) markSoldOut(sku string, k *protocol.Keys) {
 	so := r.soldOut
 	if so == nil {
 		return
@@ -130,8 +131,7 @@ func (r *Reserver) markSoldOut(sku string) {
 	if _, ok := so.items.Load(sku); ok {
 		return
 	}
-	k := r.keys(sku)
-	it := &soldOutItem{key: k[0], filterKey: k[5]}
+	it := &soldOutItem{key: k.Item, filterKey: k.Filter}
 	it.renew(so, r.client, true)
 	so.byKey.Store(it.key, it)
 	so.items.Store(sku, it)
@@ -174,7 +174,7 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	if c, _ := st[1].ToString(); c == "1" {
 		return false
 	}
-	if n, err := st[2].AsInt64(); err == nil && n <= time.Now().Add(time.Second).UnixMilli() {
+	if n, err := st[2].AsInt64(); err == nil && n <= r.opts.now().Add(time.Second).UnixMilli() {
 		return false // a hold is due: the script releases it
 	}
 	b, err := st[3].AsInt64()
@@ -212,14 +212,14 @@ const (
 // effect on the filter.
 var scriptEffects = sync.OnceValue(func() map[string]int {
 	m := map[string]int{}
-	add := func(e int, ss ...*rueidis.Lua) {
+	add := func(e int, ss ...*protocol.Script) {
 		for _, s := range ss {
-			m[sources[s].sha], m[sources[s].src] = e, e
+			m[s.SHA1], m[s.Source] = e, e
 		}
 	}
-	add(filterIfTaken, deductScript, manyScript)
-	add(filterKept, confirmScript, extendScript, sweepScript, closeScript, delistScript,
-		adjustScript, requeueScript, snapshotScript, ackScript, claimScript, deadScript, trimScript)
+	add(filterIfTaken, protocol.Deduct, protocol.DeductMany)
+	add(filterKept, protocol.Confirm, protocol.Extend, protocol.Sweep, protocol.Close, protocol.Delist,
+		protocol.Adjust, protocol.Requeue, protocol.Snapshot, protocol.Ack, protocol.Claim, protocol.DeadLetter, protocol.Trim)
 	return m
 })
 
@@ -256,7 +256,7 @@ func (so *soldOut) wrote(c rueidis.Client, sc scriptCall, res rueidis.RedisResul
 		filter = err != nil || len(vs)%3 != 0
 		for i := 0; !filter && i < len(vs); i += 3 {
 			code, err := vs[i].AsInt64()
-			filter = err != nil || code == codeOK
+			filter = err != nil || code == protocol.OK
 		}
 	}
 	for _, k := range sc.keys {
@@ -359,7 +359,7 @@ func (so *soldOut) caches(ctx context.Context, client rueidis.Client, prefix str
 		return t == 1
 	}
 	for range 2 {
-		res := client.DoCache(ctx, client.B().Get().Key(prefix+":probe").Cache(), time.Minute)
+		res := client.DoCache(ctx, client.B().Get().Key(protocol.Probe(prefix)).Cache(), time.Minute)
 		if err := res.Error(); err != nil && !isNil(err) {
 			return false // try again on a later call
 		}

@@ -113,12 +113,12 @@ func TestSoldOutFastPath(t *testing.T) {
 			require.ErrorIs(t, err, stock.ErrConflict, "the restock's id is in the ledger")
 
 			// A closed item is answered "closed", as the script answers it.
-			require.NoError(t, other.Close(ctx, "A"))
+			require.NoError(t, other.CloseItem(ctx, "A"))
 			require.Eventually(t, func() bool {
 				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "while-closed", Qty: 1})
 				return assert.ObjectsAreEqual(true, err != nil && strings.Contains(err.Error(), stock.ErrClosed.Error()))
 			}, 2*time.Second, time.Millisecond)
-			require.NoError(t, other.Reopen(ctx, "A"))
+			require.NoError(t, other.ReopenItem(ctx, "A"))
 
 			// A hold that runs out gives its stock back on the item's next request.
 			_, err = other.Restore(ctx, "A", "o1")

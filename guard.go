@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // ErrFailover is returned by Deduct, Hold and DeductMany while a FailoverGuard has seen the
@@ -32,10 +33,14 @@ type FailoverGuard struct {
 
 // NewFailoverGuard returns a guard for r. Every complete repairing Reconciler pass over every
 // item records that the current primaries are reconciled, whether its Reserver has a guard or
-// not (another process, the stockctl CLI); a guard makes r's passes fail when they cannot.
+// not (another process, the stockctl CLI); a guard makes r's passes fail when they cannot. A
+// pass of r's own that records them checks r's latest guard at once, which lifts r's fence
+// without waiting for the guard's next check.
 func (r *Reserver) NewFailoverGuard() *FailoverGuard {
 	r.guarded.Store(true)
-	return &FailoverGuard{r: r}
+	g := &FailoverGuard{r: r}
+	r.guard.Store(g)
+	return g
 }
 
 // Check reads the primaries' identities and fences or unfences the Reserver. It reports whether
@@ -45,15 +50,17 @@ func (r *Reserver) NewFailoverGuard() *FailoverGuard {
 // the data in a restart without persistence) nothing tells which writes were lost, so it fences
 // until a complete repairing Reconciler pass records the primaries.
 func (g *FailoverGuard) Check(ctx context.Context) (fenced bool, err error) {
+	// One check at a time: a check that read the epoch before a pass recorded it must not fence
+	// after a later check lifted the fence.
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	id, err := g.r.topology(ctx)
 	if err != nil {
 		return g.r.fenced.Load(), err
 	}
-	g.mu.Lock()
 	before := g.seen
 	g.seen = id
-	g.mu.Unlock()
-	key := g.r.opts.prefix + ":epoch"
+	key := protocol.Epoch(g.r.opts.prefix)
 	c := g.r.client
 	epoch, err := c.Do(ctx, c.B().Get().Key(key).Build()).ToString()
 	if rueidis.IsRedisNil(err) {
@@ -162,7 +169,7 @@ func (r *Reserver) markReconciled(ctx context.Context, before string) (bool, err
 	if after != before {
 		return false, fmt.Errorf("the primaries changed during the pass: was %s, now %s", before, after)
 	}
-	if err := r.client.Do(ctx, r.client.B().Set().Key(r.opts.prefix+":epoch").Value(after).Build()).Error(); err != nil {
+	if err := r.client.Do(ctx, r.client.B().Set().Key(protocol.Epoch(r.opts.prefix)).Value(after).Build()).Error(); err != nil {
 		return false, err
 	}
 	return true, nil

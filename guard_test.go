@@ -49,7 +49,7 @@ func TestFailoverGuard(t *testing.T) {
 	_, err = r.Restore(ctx, "A", "o1")
 	require.NoError(t, err, "restores still work while fenced")
 
-	rec, err := r.NewReconciler(store)
+	rec, err := r.NewReconciler(store, nil)
 	require.NoError(t, err)
 	_, err = rec.Once(ctx)
 	require.NoError(t, err)

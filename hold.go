@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/redis/rueidis"
 	"strconv"
 	"time"
+
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // MaxHoldTTL is the longest time a hold may last before it must be extended.
@@ -48,7 +51,7 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 		local = true
 		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, ErrSoldOut
 	}
-	return r.take(ctx, "H", req, ttl.Milliseconds())
+	return r.take(ctx, protocol.TakeHold, req, ttl.Milliseconds())
 }
 
 // Confirm makes a live hold final: its units move from held to sold and an EventConfirmed is
@@ -65,7 +68,8 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 	if err := checkSKUID(sku, id); err != nil {
 		return rc, err
 	}
-	res, ackErr := r.exec(ctx, confirmScript, r.keys(sku), []string{id, r.outboxFlag()})
+	res, ackErr := r.exec(ctx, protocol.Confirm, r.item(sku).ForItem(), []string{id, r.outboxFlag()})
+	r.noteEvents(sku)
 	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: confirm %s/%s: %w", sku, id, err)
@@ -82,7 +86,7 @@ func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err 
 		ctx = r.startOp(ctx, "cancel", sku)
 		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
 	}
-	return r.giveBack(ctx, sku, id, "c")
+	return r.giveBack(ctx, sku, id, protocol.ReasonCancel)
 }
 
 // Extend moves a live hold's deadline to now + ttl. ErrExpired past the deadline (the hold is
@@ -101,7 +105,8 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 		return rc, err
 	}
 	args := []string{id, strconv.FormatInt(ttl.Milliseconds(), 10), r.outboxFlag()}
-	res, ackErr := r.exec(ctx, extendScript, r.keys(sku), args)
+	res, ackErr := r.exec(ctx, protocol.Extend, r.item(sku).ForItem(), args)
+	r.noteHold(sku, ttl)
 	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)
@@ -113,65 +118,151 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 // Redis for long.
 const sweepBatch = 256
 
-// Sweep releases the holds of sku past their deadline, in bounded steps, and returns the units
-// released. Holds index their deadlines per item, so a sweep looks only at expired holds. A
-// corrupt ledger entry among them is an error that names its id, and that step releases nothing
-// (the scripts check everything they read before their first write).
-func (r *Reserver) Sweep(ctx context.Context, sku string) (int64, error) {
-	if err := checkName("sku", sku); err != nil {
-		return 0, err
+// Sweep releases the holds past their deadline of the given items, or of every item in the
+// registry when none is given, in bounded steps, and returns the units released. Holds index
+// their deadlines per item, so a sweep looks only at expired holds. An item that fails does not
+// stop the others: the errors of all items are joined. A corrupt ledger entry is an error that
+// names its id, and that step releases nothing (the scripts check everything they read before
+// their first write). Run sweeps every second; Deduct and Hold also release due holds of the
+// item they touch.
+func (r *Reserver) Sweep(ctx context.Context, skus ...string) (int64, error) {
+	for _, sku := range skus {
+		if err := checkName("sku", sku); err != nil {
+			return 0, err
+		}
 	}
 	var total int64
+	var errs []error
+	sweep := func(sku string) bool {
+		n, err := r.sweep(ctx, sku)
+		total += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		return ctx.Err() == nil
+	}
+	if len(skus) > 0 {
+		for _, sku := range skus {
+			if !sweep(sku) {
+				break
+			}
+		}
+		return total, errors.Join(errs...)
+	}
+	for sku, err := range r.Items(ctx) {
+		if err != nil {
+			return total, errors.Join(append(errs, err)...)
+		}
+		if !sweep(sku) {
+			break
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// sweepDue is Run's sweep: the items whose hold hints are due, and a step of the slow walk of
+// the registry (see hints.go). It reads the earliest deadline of each (one pipelined read),
+// sweeps those with a hold due, and records the next deadline of each in the hints.
+func (r *Reserver) sweepDue(ctx context.Context, w *registryWalk) (int64, error) {
+	var errs []error
+	// Deadlines are on Redis's clock (the scripts read TIME), and so are the hints' scores.
+	var clock serverClock
+	now := clock.read(ctx, r).UnixMilli()
+	skus, err := r.takeDue(ctx, protocol.HoldsDue, now, 256)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("stock: sweep: due-work hints: %w", err))
+	}
+	more, err := w.step(ctx, r)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("stock: sweep: %w", err))
+	}
+	skus = uniq(append(skus, more...))
+	heads, err := r.nextDeadlines(ctx, skus)
+	if err != nil {
+		return 0, errors.Join(append(errs, err)...)
+	}
+	var total int64
+	var swept []string
+	for _, sku := range skus {
+		if at, ok := heads[sku]; !ok || at > now || ctx.Err() != nil {
+			continue
+		}
+		n, err := r.sweep(ctx, sku)
+		total += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		swept = append(swept, sku)
+	}
+	if len(swept) > 0 {
+		after, err := r.nextDeadlines(ctx, swept)
+		if err != nil {
+			return total, errors.Join(append(errs, err)...)
+		}
+		for _, sku := range swept {
+			delete(heads, sku)
+			if at, ok := after[sku]; ok {
+				heads[sku] = at
+			}
+		}
+	}
+	if len(heads) > 0 {
+		if err := r.writeHints(ctx, nil, heads, 0); err != nil {
+			errs = append(errs, fmt.Errorf("stock: sweep: due-work hints: %w", err))
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// nextDeadlines returns the earliest hold deadline (ms) of each item that has a hold, in one
+// pipelined read.
+func (r *Reserver) nextDeadlines(ctx context.Context, skus []string) (map[string]int64, error) {
+	c := r.client
+	cmds := make(rueidis.Commands, len(skus))
+	for i, sku := range skus {
+		cmds[i] = c.B().Zrange().Key(r.item(sku).Holds).Min("0").Max("0").Withscores().Build()
+	}
+	out := map[string]int64{}
+	for i, res := range c.DoMulti(ctx, cmds...) {
+		vs, err := res.AsZScores()
+		if err != nil {
+			return out, fmt.Errorf("stock: sweep %s: next deadline: %w", skus[i], err)
+		}
+		if len(vs) > 0 {
+			out[skus[i]] = int64(vs[0].Score)
+		}
+	}
+	return out, nil
+}
+
+// uniq drops the repeats of s, keeping the order.
+func uniq(s []string) []string {
+	seen := make(map[string]bool, len(s))
+	out := s[:0]
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// sweep releases one item's due holds.
+func (r *Reserver) sweep(ctx context.Context, sku string) (int64, error) {
+	var total int64
 	for {
-		res := sweepScript.Exec(ctx, r.client, r.keys(sku), []string{strconv.Itoa(sweepBatch), r.outboxFlag()})
+		res := protocol.Sweep.Exec(ctx, r.client, r.item(sku).ForItem(), []string{strconv.Itoa(sweepBatch), r.outboxFlag()})
 		code, more, err := decodePair(res)
+		if err != nil || code > 0 {
+			r.noteEvents(sku) // expiries queued (or perhaps: the outcome is unknown)
+		}
 		if err != nil {
 			return total, fmt.Errorf("stock: sweep %s: %w", sku, err)
 		}
 		total += code
 		if more == 0 {
 			return total, nil
-		}
-	}
-}
-
-// SweepAll sweeps every item of the registry and returns the units released. An item that
-// fails does not stop the others: the errors of all items are joined.
-func (r *Reserver) SweepAll(ctx context.Context) (int64, error) {
-	var total int64
-	var errs []error
-	for sku, err := range r.Items(ctx) {
-		if err != nil {
-			return total, errors.Join(append(errs, err)...)
-		}
-		n, err := r.Sweep(ctx, sku)
-		total += n
-		if err != nil {
-			if ctx.Err() != nil {
-				return total, errors.Join(append(errs, err)...)
-			}
-			errs = append(errs, err)
-		}
-	}
-	return total, errors.Join(errs...)
-}
-
-// RunSweeper calls SweepAll every interval until ctx is done, and returns ctx's error. Errors
-// of a pass are logged and the next pass retries.
-func (r *Reserver) RunSweeper(ctx context.Context, interval time.Duration) error {
-	if interval <= 0 {
-		return invalid("sweep interval %v", interval)
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		if _, err := r.SweepAll(ctx); err != nil && ctx.Err() == nil {
-			r.opts.logger.WarnContext(ctx, "stock: sweep", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
 		}
 	}
 }

@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"iter"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // Kind says what operation created a ledger entry.
@@ -36,11 +35,15 @@ const (
 	StateExpired   State = "expired"   // a hold given back at its deadline
 )
 
-var kindCodes = map[byte]Kind{'D': KindDeduct, 'H': KindHold, 'L': KindRestock, 'T': KindTombstone}
+var kindCodes = map[byte]Kind{
+	protocol.KindDeduct: KindDeduct, protocol.KindHold: KindHold,
+	protocol.KindRestock: KindRestock, protocol.KindTombstone: KindTombstone,
+}
 
 var stateCodes = map[byte]State{
-	'h': StateHeld, 'r': StateReserved, 'a': StateApplied, 'x': StateRestored,
-	'f': StateRefused, 'c': StateCancelled, 'e': StateExpired,
+	protocol.StateHeld: StateHeld, protocol.StateReserved: StateReserved, protocol.StateApplied: StateApplied,
+	protocol.StateRestored: StateRestored, protocol.StateRefused: StateRefused,
+	protocol.StateCancelled: StateCancelled, protocol.StateExpired: StateExpired,
 }
 
 // Entry is one ledger entry: what one request id did to one item. Entries are kept in Redis,
@@ -61,53 +64,16 @@ func (e Entry) Taken() bool {
 	return e.Kind != KindRestock && (e.State == StateHeld || e.State == StateReserved || e.State == StateApplied)
 }
 
-// parseEntry decodes the compact form written by lua/lib.lua:
-// "KS|qty|after|at|user[|deadline]". Before follows from the kind: after + qty for deducts and
-// holds, after − qty for restocks, after for tombstones.
+// parseEntry decodes a ledger entry as lua/lib.lua writes it (protocol.ParseEntry).
 func parseEntry(sku, id, s string) (Entry, error) {
-	bad := func(why string) (Entry, error) {
-		return Entry{}, fmt.Errorf("%w: ledger entry %q of %s/%s: %s", ErrInvalid, s, sku, id, why)
+	w, err := protocol.ParseEntry(s)
+	if err != nil {
+		return Entry{}, fmt.Errorf("%w: ledger entry %q of %s/%s: %v", ErrInvalid, s, sku, id, err)
 	}
-	if len(s) < 3 || s[2] != '|' {
-		return bad("no header")
-	}
-	e := Entry{ID: id, SKU: sku, Kind: kindCodes[s[0]], State: stateCodes[s[1]]}
-	if e.Kind == "" || e.State == "" {
-		return bad("unknown kind or state")
-	}
-	f := strings.Split(s[3:], "|")
-	if len(f) != 4 && len(f) != 5 {
-		return bad("wrong number of fields")
-	}
-	var n [3]int64
-	for i := range n {
-		v, err := strconv.ParseInt(f[i], 10, 64)
-		if err != nil || v < 0 {
-			return bad("bad number")
-		}
-		n[i] = v
-	}
-	e.Qty, e.After, e.Before = n[0], n[1], n[1]
-	switch e.Kind {
-	case KindDeduct, KindHold:
-		if e.Qty > MaxQty || e.After > MaxQty {
-			return bad("quantity out of range")
-		}
-		e.Before = e.After + e.Qty
-	case KindRestock:
-		if e.After < e.Qty {
-			return bad("restock of more than is available after it")
-		}
-		e.Before = e.After - e.Qty
-	}
-	e.At = time.UnixMilli(n[2])
-	e.User = f[3]
-	if len(f) == 5 {
-		d, err := strconv.ParseInt(f[4], 10, 64)
-		if err != nil || d < 0 {
-			return bad("bad deadline")
-		}
-		e.Deadline = time.UnixMilli(d)
+	e := Entry{ID: id, SKU: sku, User: w.User, Kind: kindCodes[w.Kind], State: stateCodes[w.State],
+		Qty: w.Qty, Before: w.Before(), After: w.After, At: time.UnixMilli(w.At)}
+	if w.HasDeadline {
+		e.Deadline = time.UnixMilli(w.Deadline)
 	}
 	return e, nil
 }
@@ -121,7 +87,7 @@ func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
 	if err := checkName("id", id); err != nil {
 		return Entry{}, err
 	}
-	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.key(sku, ledgerSuffix)).Field(id).Build()).ToString()
+	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(sku).Ledger).Field(id).Build()).ToString()
 	if rueidis.IsRedisNil(err) {
 		return Entry{}, fmt.Errorf("%w: %s/%s", ErrUnknownID, sku, id)
 	}
@@ -141,7 +107,7 @@ func (r *Reserver) Entries(ctx context.Context, sku string) iter.Seq2[Entry, err
 			yield(Entry{}, err)
 			return
 		}
-		key := r.key(sku, ledgerSuffix)
+		key := r.item(sku).Ledger
 		var cursor uint64
 		for {
 			se, err := r.client.Do(ctx, r.client.B().Hscan().Key(key).Cursor(cursor).Count(256).Build()).AsScanEntry()
@@ -150,8 +116,8 @@ func (r *Reserver) Entries(ctx context.Context, sku string) iter.Seq2[Entry, err
 				return
 			}
 			for i := 0; i+1 < len(se.Elements); i += 2 {
-				if strings.HasPrefix(se.Elements[i], "{") {
-					continue // the item's marks ("{closed}", "{delisted}"), never a request id
+				if protocol.IsMark(se.Elements[i]) {
+					continue // never a request id
 				}
 				e, err := parseEntry(sku, se.Elements[i], se.Elements[i+1])
 				if !yield(e, err) || err != nil {

@@ -24,6 +24,8 @@ type options struct {
 	soldOutTTL time.Duration // 0: no sold-out fast path
 
 	timeout time.Duration // bound of every Redis command; see WithTimeout
+
+	now func() time.Time // the clock of cutoffs computed in the process; see WithClock
 }
 
 func defaultOptions() options {
@@ -34,6 +36,7 @@ func defaultOptions() options {
 		soldOutTTL: time.Second,
 		timeout:    DefaultTimeout,
 		logger:     slog.New(slog.DiscardHandler),
+		now:        time.Now,
 	}
 }
 
@@ -45,6 +48,21 @@ func WithPrefix(p string) Option {
 			return err
 		}
 		o.prefix = p
+		return nil
+	}
+}
+
+// WithClock sets the clock of the cutoffs the Reserver computes in the process and compares with
+// the times the scripts record from Redis's TIME: the age of carts (RecoverCarts), the
+// reconciler's Retention, and whether a sold-out item has a hold about to fall due. Tests whose
+// Redis runs on a clock of their own pass the same clock (stocktest does). The default is
+// time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) error {
+		if now == nil {
+			return invalid("nil clock")
+		}
+		o.now = now
 		return nil
 	}
 }
@@ -108,8 +126,9 @@ func WithCoalescing(maxInFlight int) Option {
 // n replicas acknowledged it, or timeout passed: the script and a WAIT are sent on one
 // connection. When fewer replicas answer in time, the operation still happened; it returns its
 // receipt with an error wrapping ErrNotReplicated, which the caller may treat as "done, but a
-// failover could lose it". What it guarantees: a write acknowledged by n replicas survives a
-// failover to one of them. What it does not: Redis replication stays asynchronous (the primary
+// failover could lose it". A replay of such a write (a retry with the same id) waits the same
+// way, and answers ErrNotReplicated too until the replicas have the write it replays. What it
+// guarantees: a write acknowledged by n replicas survives a failover to one of them. What it does not: Redis replication stays asynchronous (the primary
 // has applied the write before any replica did, and a failover to a replica that did not
 // acknowledge loses it), and it costs a dedicated connection and a round trip to the replicas
 // per call, and disables coalescing. The default is 0: no waiting.

@@ -9,64 +9,61 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/stockres/stock/internal/protocol"
 )
 
-// A ReconcileOption configures a Reconciler.
-type ReconcileOption func(*Reconciler) error
-
-// WithDryRun makes the reconciler report only; it repairs nothing. The default is false.
-func WithDryRun(dry bool) ReconcileOption {
-	return func(rc *Reconciler) error { rc.dry = dry; return nil }
+// ReconcileOptions configures a Reconciler. A zero field takes its default; nil options take
+// every default.
+type ReconcileOptions struct {
+	// Items limits the reconciler to these items. The default is the registry (and the
+	// Store's items the registry lost, when the Store is an ItemLister).
+	Items []string
+	// DryRun makes the reconciler report only; it repairs nothing.
+	DryRun bool
+	// RepairLimit leaves a drift larger than this many units unrepaired and reports it as
+	// needing a human (an alert threshold). The default, 0, repairs every drift.
+	RepairLimit int64
+	// Retention is how long settled ledger entries (applied, restored, refused, cancelled,
+	// expired, tombstones) are kept before a pass trims them. The idempotency of a request id
+	// lasts this long in Redis; after it, a retried deduct is refused by the Store's unique
+	// (sku, id) instead. The default is 24h; a negative Retention never trims.
+	Retention time.Duration
+	// Interval is the time between the passes of Run. The default is 5 minutes.
+	Interval time.Duration
 }
 
-// WithRepairLimit leaves a drift larger than n units unrepaired and reports it as needing a
-// human (an alert threshold). The default is 0: every drift is repaired.
-func WithRepairLimit(n int64) ReconcileOption {
-	return func(rc *Reconciler) error {
-		if n < 0 {
-			return invalid("repair limit %d", n)
-		}
-		rc.limit = n
+// apply checks o and sets its fields, or their defaults, on rc.
+func (o *ReconcileOptions) apply(rc *Reconciler) error {
+	rc.retention, rc.interval = 24*time.Hour, 5*time.Minute
+	if o == nil {
 		return nil
 	}
-}
-
-// WithRetention sets how long settled ledger entries (applied, restored, refused, cancelled,
-// expired, tombstones) are kept before a pass trims them. The idempotency of a request id lasts
-// this long in Redis; after it, a retried deduct is refused by the Store's unique (sku, id)
-// instead. 0 never trims. The default is 24h.
-func WithRetention(d time.Duration) ReconcileOption {
-	return func(rc *Reconciler) error {
-		if d < 0 {
-			return invalid("retention %v", d)
+	for _, s := range o.Items {
+		if err := checkName("sku", s); err != nil {
+			return err
 		}
-		rc.retention = d
-		return nil
 	}
-}
-
-// WithReconcileItems limits the reconciler to the given items. The default is the registry.
-func WithReconcileItems(skus ...string) ReconcileOption {
-	return func(rc *Reconciler) error {
-		for _, s := range skus {
-			if err := checkName("sku", s); err != nil {
-				return err
-			}
-		}
-		rc.items = append([]string(nil), skus...)
-		return nil
+	if o.Items != nil {
+		rc.items = append([]string{}, o.Items...)
 	}
-}
-
-// WithInterval sets the time between the passes of Run. The default is 5 minutes.
-func WithInterval(d time.Duration) ReconcileOption {
-	return func(rc *Reconciler) error {
-		if d <= 0 {
-			return invalid("reconcile interval %v", d)
-		}
-		rc.interval = d
-		return nil
+	if o.RepairLimit < 0 {
+		return invalid("repair limit %d", o.RepairLimit)
 	}
+	if o.Interval < 0 {
+		return invalid("reconcile interval %v", o.Interval)
+	}
+	rc.dry, rc.limit = o.DryRun, o.RepairLimit
+	switch {
+	case o.Retention < 0:
+		rc.retention = 0
+	case o.Retention > 0:
+		rc.retention = o.Retention
+	}
+	if o.Interval > 0 {
+		rc.interval = o.Interval
+	}
+	return nil
 }
 
 // A Reconciler compares each item in Redis (available + held, and the events Redis has not seen
@@ -97,17 +94,15 @@ type Reconciler struct {
 	pass      sync.Mutex // one pass of an item at a time: the item leases carry one token
 }
 
-// NewReconciler returns a reconciler of r's items against store.
-func (r *Reserver) NewReconciler(store Store, opts ...ReconcileOption) (*Reconciler, error) {
+// NewReconciler returns a reconciler of r's items against store. opts may be nil for the
+// defaults.
+func (r *Reserver) NewReconciler(store Store, opts *ReconcileOptions) (*Reconciler, error) {
 	if store == nil {
 		return nil, invalid("reconciler without a store")
 	}
-	rc := &Reconciler{r: r, store: store, retention: 24 * time.Hour, interval: 5 * time.Minute,
-		token: fmt.Sprintf("reconcile-%016x", rand.Uint64())}
-	for _, o := range opts {
-		if err := o(rc); err != nil {
-			return nil, err
-		}
+	rc := &Reconciler{r: r, store: store, token: fmt.Sprintf("reconcile-%016x", rand.Uint64())}
+	if err := opts.apply(rc); err != nil {
+		return nil, err
 	}
 	return rc, nil
 }
@@ -234,13 +229,7 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 		} else if err != nil && ctx.Err() == nil {
 			rc.r.opts.logger.WarnContext(ctx, "stock: reconcile", "err", err)
 		}
-		for _, rp := range reps {
-			if rp.NeedsHuman != "" {
-				rc.r.opts.logger.ErrorContext(ctx, "stock: reconcile", "report", rp.String())
-			} else if rp.Drift != 0 || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0 {
-				rc.r.opts.logger.WarnContext(ctx, "stock: reconcile", "report", rp.String())
-			}
-		}
+		rc.log(ctx, reps)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -249,8 +238,20 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
+// log logs the reports that found something: an error for those that need a human, a warning
+// for those with a repair.
+func (rc *Reconciler) log(ctx context.Context, reps []Report) {
+	for _, rp := range reps {
+		if rp.NeedsHuman != "" {
+			rc.r.opts.logger.ErrorContext(ctx, "stock: reconcile", "report", rp.String())
+		} else if rp.Drift != 0 || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0 {
+			rc.r.opts.logger.WarnContext(ctx, "stock: reconcile", "report", rp.String())
+		}
+	}
+}
+
 // Once reconciles every item once (the registry, the Store's items the registry lost when the
-// Store is an ItemLister, or the items given by WithReconcileItems) and returns one report per
+// Store is an ItemLister, or the items given by ReconcileOptions.Items) and returns one report per
 // item. It goes on after an item's error and returns the first, joined with ErrRegistryLost
 // when Redis had lost items from its registry. Pass says more, item by item.
 func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
@@ -291,7 +292,9 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 	return rp, err
 }
 
-// item is one pass of Item, under rc.pass.
+// item is one pass of Item, under rc.pass: under the item's lease, its lifecycle, the store's
+// stock, the ledger (lost events, lost entries, trimming), a snapshot of Redis, the comparison
+// with the store, the repairs, and the registry and retirement.
 func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err error) {
 	rp = Report{SKU: sku}
 	ok, err := rc.lock(ctx, sku)
@@ -305,111 +308,156 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	}
 	defer rc.unlock(sku)
 
-	life, err := rc.r.client.Do(ctx, rc.r.client.B().Hmget().Key(rc.r.key(sku, itemSuffix)).Field("x", "d").Build()).ToArray()
-	if err != nil || len(life) != 2 {
-		return rp, fmt.Errorf("stock: reconcile %s: %w", sku, err)
+	k := rc.r.item(sku)
+	delisted, err := rc.lifecycle(ctx, k, &rp)
+	if err != nil || rp.Retired {
+		return rp, err
 	}
-	if x, _ := life[0].ToString(); x == "1" {
-		rp.Retired = true
-		return rp, nil
+	unknown, err := rc.storeRemaining(ctx, &rp)
+	if err != nil {
+		return rp, err
 	}
-	delisted, _ := life[1].AsInt64()
-
-	remaining, err := rc.store.Remaining(ctx, sku)
-	// An item the store does not know is compared with nothing and repaired in no way, but its
-	// report has Redis's figures: the counters and what its undelivered events took.
-	unknown := errors.Is(err, ErrNotLoaded)
-	if err != nil && !unknown {
-		return rp, fmt.Errorf("stock: reconcile %s: store: %w", sku, err)
-	}
-	rp.StoreRemaining = remaining
-
 	// Lost events first, so that they count as in flight below; lost entries; trimming.
 	if !unknown {
-		if err := rc.ledgerPass(ctx, &rp); err != nil {
+		if err := rc.ledgerPass(ctx, k, &rp); err != nil {
 			return rp, err
 		}
 	}
-
-	// Redis first, in one script: the counters and every event Redis has not seen applied. The
-	// store is read after it: under the item's lease no relay delivers, and Consume holds the
-	// item's events back, so the store can only have moved, since the snapshot, by an event
-	// the snapshot lists (one a consumer began before the pass); the reads below see it or not,
-	// consistently.
-	keys := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix), rc.r.key(sku, publishedSuffix))
-	vs, err := snapshotScript.Exec(ctx, rc.r.client, keys, []string{strconv.Itoa(maxPending)}).AsStrSlice()
-	if err != nil {
-		return rp, fmt.Errorf("stock: reconcile %s: snapshot: %w", sku, err)
+	snap, err := rc.snapshot(ctx, k, &rp)
+	if err != nil || rp.NeedsHuman != "" {
+		return rp, err
 	}
-	if len(vs) < 8 || (len(vs)-8)%2 != 0 {
-		return rp, fmt.Errorf("%w: reconcile %s: snapshot of %d values", ErrInvalid, sku, len(vs))
-	}
-	rp.Missing = vs[0] != "1"
-	rp.Available, _ = strconv.ParseInt(vs[1], 10, 64)
-	rp.Held, _ = strconv.ParseInt(vs[2], 10, 64)
-	rp.Pending, _ = strconv.Atoi(vs[5])
-	rp.DeadLetters, _ = strconv.Atoi(vs[6])
-	rp.Published, _ = strconv.Atoi(vs[7])
-	if rp.Pending > maxPending || rp.DeadLetters > maxPending || rp.Published > maxPending {
-		rp.NeedsHuman = fmt.Sprintf("%d events pending, %d published, %d dead letters: are a relay and the consumers running?", rp.Pending, rp.Published, rp.DeadLetters)
+	if unknown {
+		// No row in the store, so none of the item's events applied there: all are in flight.
+		for _, id := range snap.ids {
+			rp.InFlight -= redisNet(snap.entries[id])
+		}
+		rp.NeedsHuman = "the store does not know the item"
 		return rp, nil
 	}
+	expected, err := rc.compare(ctx, &rp, snap)
+	if err != nil || rp.Busy {
+		return rp, err
+	}
+	if err := rc.repair(ctx, k, &rp, expected); err != nil {
+		return rp, err
+	}
+	return rp, rc.conclude(ctx, k, &rp, delisted)
+}
 
+// lifecycle reads whether the item was retired (rp.Retired) and when it was delisted (0: never).
+func (rc *Reconciler) lifecycle(ctx context.Context, k *protocol.Keys, rp *Report) (delisted int64, err error) {
+	life, err := rc.r.client.Do(ctx, rc.r.client.B().Hmget().Key(k.Item).Field("x", "d").Build()).ToArray()
+	if err != nil || len(life) != 2 {
+		return 0, fmt.Errorf("stock: reconcile %s: %w", rp.SKU, err)
+	}
+	if x, _ := life[0].ToString(); x == "1" {
+		rp.Retired = true
+		return 0, nil
+	}
+	delisted, _ = life[1].AsInt64()
+	return delisted, nil
+}
+
+// storeRemaining reads the store's stock of the item into rp. unknown: the store does not know
+// the item; it is then compared with nothing and repaired in no way, but its report has Redis's
+// figures: the counters and what its undelivered events took.
+func (rc *Reconciler) storeRemaining(ctx context.Context, rp *Report) (unknown bool, err error) {
+	remaining, err := rc.store.Remaining(ctx, rp.SKU)
+	unknown = errors.Is(err, ErrNotLoaded)
+	if err != nil && !unknown {
+		return false, fmt.Errorf("stock: reconcile %s: store: %w", rp.SKU, err)
+	}
+	rp.StoreRemaining = remaining
+	return unknown, nil
+}
+
+// itemSnapshot is what snapshot.lua read of an item besides its counters: the ids with
+// undelivered events and their entries, and the members of the published set.
+type itemSnapshot struct {
+	entries   map[string]Entry
+	ids       []string
+	published []string // published members, to settle those the store has
+}
+
+// snapshot reads, in one script, the counters and every event Redis has not seen applied. The
+// store is read after it: under the item's lease no relay delivers, and Consume holds the
+// item's events back, so the store can only have moved, since the snapshot, by an event the
+// snapshot lists (one a consumer began before the pass); the reads of compare see it or not,
+// consistently. Too many events: rp.NeedsHuman says so.
+func (rc *Reconciler) snapshot(ctx context.Context, k *protocol.Keys, rp *Report) (itemSnapshot, error) {
+	sku := rp.SKU
+	vs, err := protocol.Snapshot.Exec(ctx, rc.r.client, k.ForSnapshot(), []string{strconv.Itoa(maxPending)}).AsStrSlice()
+	if err != nil {
+		return itemSnapshot{}, fmt.Errorf("stock: reconcile %s: snapshot: %w", sku, err)
+	}
+	sr, err := protocol.ParseSnapshotReply(vs)
+	if err != nil {
+		return itemSnapshot{}, fmt.Errorf("%w: reconcile %s: %v", ErrInvalid, sku, err)
+	}
+	rp.Missing, rp.Available, rp.Held = !sr.Exists, sr.Available, sr.Held
+	rp.Pending, rp.DeadLetters, rp.Published = sr.Pending, sr.Dead, sr.Published
+	if rp.Pending > maxPending || rp.DeadLetters > maxPending || rp.Published > maxPending {
+		rp.NeedsHuman = fmt.Sprintf("%d events pending, %d published, %d dead letters: are a relay and the consumers running?", rp.Pending, rp.Published, rp.DeadLetters)
+		return itemSnapshot{}, nil
+	}
 	// The ids with undelivered events: their effect in Redis (from their entry, read in the
-	// same snapshot as the counters) against their effect in the store.
-	entries := map[string]Entry{}
-	var ids []string
-	var published []string // published members, to settle those the store has
-	for i := 8; i < len(vs); i += 2 {
-		m, raw := vs[i], vs[i+1]
+	// same snapshot as the counters).
+	snap := itemSnapshot{entries: map[string]Entry{}}
+	firstPublished := len(sr.Events) - min(rp.Published, maxPending)
+	for i, oe := range sr.Events {
 		var e Entry
 		err := errors.New("no entry")
-		if len(m) >= 3 && raw != "" {
-			e, err = parseEntry(sku, m[2:], raw)
+		if len(oe.Member) >= 3 && oe.Entry != "" {
+			e, err = parseEntry(sku, oe.Member[2:], oe.Entry)
 		}
 		if err != nil {
 			rp.Orphaned++ // the units it took are counted nowhere else
 			continue
 		}
-		if i >= len(vs)-2*min(rp.Published, maxPending) {
-			published = append(published, m)
+		if i >= firstPublished {
+			snap.published = append(snap.published, oe.Member)
 		}
-		if _, dup := entries[e.ID]; !dup {
-			entries[e.ID] = e
-			ids = append(ids, e.ID)
+		if _, dup := snap.entries[e.ID]; !dup {
+			snap.entries[e.ID] = e
+			snap.ids = append(snap.ids, e.ID)
 		}
 	}
-	if unknown {
-		// No row in the store, so none of the item's events applied there: all are in flight.
-		for _, id := range ids {
-			rp.InFlight -= redisNet(entries[id])
-		}
-		rp.NeedsHuman = "the store does not know the item"
-		return rp, nil
-	}
-	recs, stable, err := rc.storeState(ctx, &rp, ids)
+	return snap, nil
+}
+
+// compare sets rp's in-flight units and drift from the snapshot and the store's records of its
+// ids, and settles the published events the store has. expected is what Redis's available and
+// held stock should be. rp.Busy: the store's records kept changing, nothing was compared.
+func (rc *Reconciler) compare(ctx context.Context, rp *Report, snap itemSnapshot) (expected int64, err error) {
+	recs, stable, err := rc.storeState(ctx, rp, snap.ids)
 	if err != nil {
-		return rp, err
+		return 0, err
 	}
 	if !stable {
 		rp.Busy = true
-		return rp, nil
+		return 0, nil
 	}
-	for _, id := range ids {
-		rp.InFlight += storeNet(recs[id]) - redisNet(entries[id])
+	for _, id := range snap.ids {
+		rp.InFlight += storeNet(recs[id]) - redisNet(snap.entries[id])
 	}
-	expected := rp.StoreRemaining - rp.InFlight
+	expected = rp.StoreRemaining - rp.InFlight
 	if rp.Missing {
 		rp.Drift = -expected
 	} else {
 		rp.Drift = rp.Available + rp.Held - expected
 	}
-	if len(published) > 0 && !rc.dry {
-		if err := rc.settle(ctx, &rp, published, entries, recs); err != nil {
-			return rp, err
+	if len(snap.published) > 0 && !rc.dry {
+		if err := rc.settle(ctx, rp, snap.published, snap.entries, recs); err != nil {
+			return 0, err
 		}
 	}
+	return expected, nil
+}
 
+// repair mends the drift, if it may: rebuilds a lost item hash, or adjusts the available stock
+// by the drift; an item whose hash is lost with no drift is recreated all the same.
+func (rc *Reconciler) repair(ctx context.Context, k *protocol.Keys, rp *Report, expected int64) error {
 	switch {
 	case rp.Orphaned > 0:
 		rp.NeedsHuman = fmt.Sprintf("%d undelivered events have lost their ledger entries (see the dead-letter set): "+
@@ -419,30 +467,24 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
 	case rc.dry:
 	case rp.Missing:
-		sold, err := rc.soldInLedger(ctx, sku)
+		live, err := rc.rebuild(ctx, k, rp, max(expected, 0))
 		if err != nil {
-			return rp, err
+			return err
 		}
-		res := rebuildScript.Exec(ctx, rc.r.client, rc.rebuildKeys(sku), []string{strconv.FormatInt(max(expected, 0), 10), strconv.FormatInt(sold, 10)})
-		code, err := decodeOne(res)
-		if err != nil {
-			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
-		}
-		rp.Rebuilt = code.code == codeOK
 		switch {
 		case expected < 0:
 			rp.NeedsHuman = fmt.Sprintf("the store and the pending events say %d units: oversold", expected)
-		case rp.Rebuilt && code.qty > expected:
-			// code.qty: the units of live holds that survived the loss of the item's hash.
-			rp.NeedsHuman = fmt.Sprintf("live holds of %d units exceed the %d units the store has: oversold by %d", code.qty, expected, code.qty-expected)
+		case rp.Rebuilt && live > expected:
+			rp.NeedsHuman = fmt.Sprintf("live holds of %d units exceed the %d units the store has: oversold by %d", live, expected, live-expected)
 		}
 	default:
-		o, err := decodeOne(adjustScript.Exec(ctx, rc.r.client, rc.r.keys(sku)[:1], []string{strconv.FormatInt(-rp.Drift, 10)}))
+		o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, k.ForAdjust(), []string{strconv.FormatInt(-rp.Drift, 10)}))
+		rc.r.noteEvents(rp.SKU)
 		if err != nil {
-			return rp, fmt.Errorf("stock: reconcile %s: adjust: %w", sku, err)
+			return fmt.Errorf("stock: reconcile %s: adjust: %w", rp.SKU, err)
 		}
 		rp.Adjusted = o.remaining
-		if o.code == codeNotLoaded {
+		if o.code == protocol.NotLoaded {
 			rp.NeedsHuman = "the item's keys vanished during the pass"
 		} else if o.remaining != -rp.Drift {
 			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", rp.Drift+o.remaining)
@@ -450,28 +492,45 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 	}
 	if rp.Missing && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
-		sold, err := rc.soldInLedger(ctx, sku)
-		if err != nil {
-			return rp, err
+		if _, err := rc.rebuild(ctx, k, rp, 0); err != nil {
+			return err
 		}
-		code, err := decodeOne(rebuildScript.Exec(ctx, rc.r.client, rc.rebuildKeys(sku), []string{"0", strconv.FormatInt(sold, 10)}))
-		if err != nil {
-			return rp, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
-		}
-		rp.Rebuilt = code.code == codeOK
 	}
-	if err := rc.register(ctx, &rp); err != nil {
-		return rp, err
+	return nil
+}
+
+// rebuild recreates a lost item hash with available units, counting as sold what its surviving
+// ledger says. live: the units of live holds that survived the loss of the hash.
+func (rc *Reconciler) rebuild(ctx context.Context, k *protocol.Keys, rp *Report, available int64) (live int64, err error) {
+	sold, err := rc.soldInLedger(ctx, rp.SKU)
+	if err != nil {
+		return 0, err
+	}
+	args := []string{strconv.FormatInt(available, 10), strconv.FormatInt(sold, 10)}
+	o, err := decodeOne(protocol.Rebuild.Exec(ctx, rc.r.client, k.ForRebuild(), args))
+	rc.r.noteEvents(rp.SKU)
+	if err != nil {
+		return 0, fmt.Errorf("stock: reconcile %s: rebuild: %w", rp.SKU, err)
+	}
+	rp.Rebuilt = o.code == protocol.OK
+	return o.qty, nil
+}
+
+// conclude registers the item again if Redis lost it from its registry, retires a delisted
+// item whose retention has passed, and reports dead letters.
+func (rc *Reconciler) conclude(ctx context.Context, k *protocol.Keys, rp *Report, delisted int64) error {
+	if err := rc.register(ctx, rp); err != nil {
+		return err
 	}
 	if delisted > 0 && rc.retention > 0 && !rc.dry && rp.Drift == 0 && rp.Pending == 0 && rp.Published == 0 && rp.DeadLetters == 0 && !rp.Missing {
-		if err := rc.retire(ctx, &rp, delisted); err != nil {
-			return rp, err
+		if err := rc.retire(ctx, k, rp, delisted); err != nil {
+			return err
 		}
 	}
 	if rp.DeadLetters > 0 && rp.NeedsHuman == "" {
 		rp.NeedsHuman = fmt.Sprintf("%d events the store rejected as invalid wait in the dead-letter set", rp.DeadLetters)
 	}
-	return rp, nil
+	return nil
 }
 
 // storeState reads the store's remaining stock and its records of ids, consistently: records,
@@ -546,13 +605,13 @@ func (rc *Reconciler) settle(ctx context.Context, rp *Report, members []string, 
 		}
 		e := entries[id]
 		switch m[0] {
-		case 'D':
+		case protocol.EventDeducted:
 			ok = (rec.Type == EventDeducted || rec.Type == EventConfirmed) &&
-				(rec.Status != RecordRefused || e.State == StateRefused)
-		case 'L':
+				(rec.Status != StateRefused || e.State == StateRefused)
+		case protocol.EventRestocked:
 			ok = rec.Type == EventRestocked
-		case 'R':
-			ok = rec.Status == RecordRestored || rec.Status == RecordRefused
+		case protocol.EventRestored:
+			ok = rec.Status == StateRestored || rec.Status == StateRefused
 		default:
 			ok = false
 		}
@@ -570,11 +629,6 @@ func (rc *Reconciler) settle(ctx context.Context, rp *Report, members []string, 
 	return nil
 }
 
-// rebuildKeys are the KEYS of lua/rebuild.lua.
-func (rc *Reconciler) rebuildKeys(sku string) []string {
-	return append(rc.r.keys(sku), rc.r.key(sku, publishedSuffix), rc.r.key(sku, deadSuffix))
-}
-
 // redisNet is what an entry did to Redis's available + held stock.
 func redisNet(e Entry) int64 {
 	switch {
@@ -590,7 +644,7 @@ func redisNet(e Entry) int64 {
 
 // storeNet is what a record did to the store's remaining stock (the zero Record: nothing).
 func storeNet(r Record) int64 {
-	if r.Status != RecordApplied {
+	if r.Status != StateApplied {
 		return 0
 	}
 	if r.Type == EventRestocked {
@@ -607,129 +661,163 @@ func abs(n int64) int64 {
 }
 
 // ledgerPass walks the Redis ledger in pages: it requeues events the outbox lost, trims
-// settled entries past the retention, and writes back entries the store has and Redis lost.
-func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
-	sku := rp.SKU
-	cutoff := time.Now().Add(-rc.retention).UnixMilli()
-	var reserved, restored, trim, sold, held []string
-	flush := func(final bool) error {
-		if len(reserved)+len(restored)+len(trim)+len(sold)+len(held) < 256 && !final {
-			return nil
-		}
-		if !final {
-			rc.refresh(ctx, sku) // a long ledger: keep the item's lease while the pass goes on
-		}
-		// Sales Redis holds that the store has given back (a restore or a refusal Redis lost
-		// in a failover): give them back in Redis too, without a new event (the store has it).
-		if len(sold) > 0 {
-			recs, err := rc.store.Records(ctx, sku, sold)
-			if err != nil {
-				return fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
-			}
-			for _, id := range sold {
-				rec, ok := recs[id]
-				if !ok || (rec.Status != RecordRestored && rec.Status != RecordRefused) {
-					continue
-				}
-				if rc.dry {
-					rp.Resynced++
-					continue
-				}
-				reason := "x"
-				if rec.Status == RecordRefused {
-					reason = "f"
-				}
-				o, err := decodeOne(restoreScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{id, reason, "0"}))
-				if err != nil {
-					return fmt.Errorf("stock: reconcile %s: resync %s: %w", sku, id, err)
-				}
-				if o.code == codeOK {
-					rp.Resynced++
-				}
-			}
-		}
-		// Live holds whose confirm the store has (Redis lost the confirm in a failover after the
-		// relay delivered it): make them final as applied, without a new event; those the store
-		// gave back after their confirm: release them, without a new event.
-		if len(held) > 0 {
-			if err := rc.resyncHolds(ctx, rp, held); err != nil {
-				return err
-			}
-		}
-		if len(restored) > 0 {
-			recs, err := rc.store.Records(ctx, sku, restored)
-			if err != nil {
-				return fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
-			}
-			for _, id := range restored {
-				if rec, ok := recs[id]; ok && rec.Status == RecordApplied {
-					reserved = append(reserved, id)
-				}
-			}
-		}
-		if len(reserved) > 0 && !rc.dry {
-			keys := append(rc.r.keys(sku)[:5:5], rc.r.key(sku, deadSuffix), rc.r.key(sku, publishedSuffix))
-			n, err := requeueScript.Exec(ctx, rc.r.client, keys, reserved).AsInt64()
-			if err != nil {
-				return fmt.Errorf("stock: reconcile %s: requeue: %w", sku, err)
-			}
-			rp.Requeued += int(n)
-		}
-		if len(trim) > 0 && rc.retention > 0 && !rc.dry {
-			k := rc.r.keys(sku)
-			args := append([]string{strconv.FormatInt(cutoff, 10)}, trim...)
-			keys := []string{k[1], k[3], rc.r.key(sku, publishedSuffix), rc.r.key(sku, deadSuffix)}
-			n, err := trimScript.Exec(ctx, rc.r.client, keys, args).AsInt64()
-			if err != nil {
-				return fmt.Errorf("stock: reconcile %s: trim: %w", sku, err)
-			}
-			rp.Trimmed += int(n)
-		}
-		reserved, restored, trim, sold, held = reserved[:0], restored[:0], trim[:0], sold[:0], held[:0]
-		return nil
-	}
+// settled entries past the retention, resyncs sales and holds the store settled, and writes
+// back entries the store has and Redis lost.
+func (rc *Reconciler) ledgerPass(ctx context.Context, k *protocol.Keys, rp *Report) error {
+	cutoff := rc.r.opts.now().Add(-rc.retention).UnixMilli()
+	var b ledgerBatch
 	seen := map[string]bool{}
 	lister, canList := rc.store.(RecordLister)
-	for e, err := range rc.r.Entries(ctx, sku) {
+	for e, err := range rc.r.Entries(ctx, rp.SKU) {
 		if err != nil {
 			return err
 		}
 		if canList {
 			seen[e.ID] = true
 		}
-		if e.Kind != KindRestock && (e.State == StateReserved || e.State == StateApplied) {
-			sold = append(sold, e.ID)
-		}
-		switch e.State {
-		case StateHeld:
-			held = append(held, e.ID)
-		case StateReserved:
-			reserved = append(reserved, e.ID)
-		case StateRestored, StateRefused:
-			if e.Kind != KindTombstone {
-				restored = append(restored, e.ID)
+		b.add(e, cutoff)
+		if b.len() >= ledgerBatchSize {
+			rc.refresh(ctx, rp.SKU) // a long ledger: keep the item's lease while the pass goes on
+			if err := rc.settleLedger(ctx, k, rp, &b, cutoff); err != nil {
+				return err
 			}
 		}
-		if e.State != StateReserved && e.State != StateHeld && e.At.UnixMilli() < cutoff {
-			trim = append(trim, e.ID)
-		}
-		if err := flush(false); err != nil {
-			return err
-		}
 	}
-	if err := flush(true); err != nil {
+	if err := rc.settleLedger(ctx, k, rp, &b, cutoff); err != nil {
 		return err
 	}
 	if !canList {
 		return nil
 	}
-	// Entries the store has that Redis lost (a failover): write them back so a retry of the id
-	// is a replay and not a second sale.
+	return rc.rerecord(ctx, k, rp, lister, seen, cutoff)
+}
+
+// ledgerBatchSize is the number of ids a ledger pass gathers before it acts on them.
+const ledgerBatchSize = 256
+
+// ledgerBatch sorts the ids of a page of ledger entries by what a pass may have to do with them.
+type ledgerBatch struct {
+	reserved []string // taken, not in the store yet: their events must be in the outbox
+	restored []string // given back: their restore event must reach a store that applied them
+	trim     []string // settled and past the retention
+	sold     []string // sold in Redis: has the store given them back?
+	held     []string // live holds: has the store confirmed them?
+}
+
+func (b *ledgerBatch) add(e Entry, cutoff int64) {
+	if e.Kind != KindRestock && (e.State == StateReserved || e.State == StateApplied) {
+		b.sold = append(b.sold, e.ID)
+	}
+	switch e.State {
+	case StateHeld:
+		b.held = append(b.held, e.ID)
+	case StateReserved:
+		b.reserved = append(b.reserved, e.ID)
+	case StateRestored, StateRefused:
+		if e.Kind != KindTombstone {
+			b.restored = append(b.restored, e.ID)
+		}
+	}
+	if e.State != StateReserved && e.State != StateHeld && e.At.UnixMilli() < cutoff {
+		b.trim = append(b.trim, e.ID)
+	}
+}
+
+func (b *ledgerBatch) len() int {
+	return len(b.reserved) + len(b.restored) + len(b.trim) + len(b.sold) + len(b.held)
+}
+
+func (b *ledgerBatch) reset() {
+	b.reserved, b.restored, b.trim, b.sold, b.held = b.reserved[:0], b.restored[:0], b.trim[:0], b.sold[:0], b.held[:0]
+}
+
+// settleLedger acts on a batch of ledger ids, then empties it.
+func (rc *Reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *Report, b *ledgerBatch, cutoff int64) error {
+	if err := rc.resyncSold(ctx, k, rp, b.sold); err != nil {
+		return err
+	}
+	// Live holds whose confirm the store has (Redis lost the confirm in a failover after the
+	// relay delivered it): make them final as applied, without a new event; those the store
+	// gave back after their confirm: release them, without a new event.
+	if len(b.held) > 0 {
+		if err := rc.resyncHolds(ctx, rp, b.held); err != nil {
+			return err
+		}
+	}
+	// Given back in Redis, applied in the store: the restore event was lost; requeue it.
+	if len(b.restored) > 0 {
+		recs, err := rc.store.Records(ctx, rp.SKU, b.restored)
+		if err != nil {
+			return fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
+		}
+		for _, id := range b.restored {
+			if rec, ok := recs[id]; ok && rec.Status == StateApplied {
+				b.reserved = append(b.reserved, id)
+			}
+		}
+	}
+	if len(b.reserved) > 0 && !rc.dry {
+		n, err := protocol.Requeue.Exec(ctx, rc.r.client, k.ForSnapshot(), b.reserved).AsInt64()
+		rc.r.noteEvents(rp.SKU)
+		if err != nil {
+			return fmt.Errorf("stock: reconcile %s: requeue: %w", rp.SKU, err)
+		}
+		rp.Requeued += int(n)
+	}
+	if len(b.trim) > 0 && rc.retention > 0 && !rc.dry {
+		args := append([]string{strconv.FormatInt(cutoff, 10)}, b.trim...)
+		n, err := protocol.Trim.Exec(ctx, rc.r.client, k.ForTrim(), args).AsInt64()
+		if err != nil {
+			return fmt.Errorf("stock: reconcile %s: trim: %w", rp.SKU, err)
+		}
+		rp.Trimmed += int(n)
+	}
+	b.reset()
+	return nil
+}
+
+// resyncSold gives back, in Redis, the sales among ids that the store has given back (a restore
+// or a refusal Redis lost in a failover), without a new event: the store has it.
+func (rc *Reconciler) resyncSold(ctx context.Context, k *protocol.Keys, rp *Report, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	recs, err := rc.store.Records(ctx, rp.SKU, ids)
+	if err != nil {
+		return fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
+	}
+	for _, id := range ids {
+		rec, ok := recs[id]
+		if !ok || (rec.Status != StateRestored && rec.Status != StateRefused) {
+			continue
+		}
+		if rc.dry {
+			rp.Resynced++
+			continue
+		}
+		reason := protocol.ReasonRestore
+		if rec.Status == StateRefused {
+			reason = protocol.ReasonRefuse
+		}
+		o, err := decodeOne(protocol.Restore.Exec(ctx, rc.r.client, k.ForItem(), []string{id, reason, "0"}))
+		if err != nil {
+			return fmt.Errorf("stock: reconcile %s: resync %s: %w", rp.SKU, id, err)
+		}
+		if o.code == protocol.OK {
+			rp.Resynced++
+		}
+	}
+	return nil
+}
+
+// rerecord writes back the entries the store has and Redis lost (a failover), so that a retry
+// of the id is a replay and not a second sale. seen: the ids in Redis's ledger.
+func (rc *Reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *Report, lister RecordLister, seen map[string]bool, cutoff int64) error {
 	after := ""
 	for {
-		recs, err := lister.List(ctx, sku, after, 500)
+		recs, err := lister.List(ctx, rp.SKU, after, 500)
 		if err != nil {
-			return fmt.Errorf("stock: reconcile %s: store list: %w", sku, err)
+			return fmt.Errorf("stock: reconcile %s: store list: %w", rp.SKU, err)
 		}
 		var pairs []string
 		for _, rec := range recs {
@@ -742,9 +830,9 @@ func (rc *Reconciler) ledgerPass(ctx context.Context, rp *Report) error {
 			}
 		}
 		if len(pairs) > 0 && !rc.dry {
-			n, err := rerecordScript.Exec(ctx, rc.r.client, []string{rc.r.key(sku, ledgerSuffix), rc.r.key(sku, itemSuffix), rc.r.key(sku, filterSuffix)}, pairs).AsInt64()
+			n, err := protocol.Rerecord.Exec(ctx, rc.r.client, k.ForRerecord(), pairs).AsInt64()
 			if err != nil {
-				return fmt.Errorf("stock: reconcile %s: rerecord: %w", sku, err)
+				return fmt.Errorf("stock: reconcile %s: rerecord: %w", rp.SKU, err)
 			}
 			rp.Rerecorded += int(n)
 		}
@@ -773,80 +861,79 @@ func (rc *Reconciler) resyncHolds(ctx context.Context, rp *Report, ids []string)
 			continue
 		}
 		var o outcome
-		if rec.Status == RecordApplied {
-			o, err = decodeOne(confirmScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{id, "0", "1"}))
+		if rec.Status == StateApplied {
+			o, err = decodeOne(protocol.Confirm.Exec(ctx, rc.r.client, rc.r.item(sku).ForItem(), []string{id, "0", "1"}))
 		} else {
-			o, err = decodeOne(restoreScript.Exec(ctx, rc.r.client, rc.r.keys(sku), []string{id, "x", "0"}))
+			o, err = decodeOne(protocol.Restore.Exec(ctx, rc.r.client, rc.r.item(sku).ForItem(), []string{id, protocol.ReasonRestore, "0"}))
 		}
 		if err != nil {
 			return fmt.Errorf("stock: reconcile %s: resync hold %s: %w", sku, id, err)
 		}
 		// A hold past its deadline is released by the restore and answered as a replay (it had
 		// gone back, as far as its owner is concerned): settled all the same.
-		if o.code == codeOK || (o.code == codeReplay && rec.Status != RecordApplied) {
+		if o.code == protocol.OK || (o.code == protocol.Replay && rec.Status != StateApplied) {
 			rp.Resynced++
 		}
 	}
 	return nil
 }
 
-// lostEntry builds the ledger entry for a store record Redis lost, in lua/lib.lua's format.
-// Before and after are unknown (0).
+// lostEntry builds the ledger entry for a store record Redis lost. Before and after are
+// unknown (0).
 func lostEntry(rec Record) string {
-	kind, state := byte('D'), byte('a')
+	e := protocol.Entry{Kind: protocol.KindDeduct, State: protocol.StateApplied, Qty: rec.Qty, At: rec.At.UnixMilli(), User: rec.User}
 	switch rec.Type {
 	case EventConfirmed:
-		kind = 'H'
+		e.Kind = protocol.KindHold
 	case EventRestocked:
-		kind = 'L'
+		// What was available after it is lost with the entry; the least value a restock of
+		// Qty units can have left keeps the entry readable.
+		e.Kind, e.After = protocol.KindRestock, rec.Qty
 	case EventDeducted:
 	default:
-		kind = 'T'
+		e.Kind = protocol.KindTombstone
 	}
 	switch rec.Status {
-	case RecordRestored:
-		state = 'x'
-	case RecordRefused:
-		state = 'f'
+	case StateRestored:
+		e.State = protocol.StateRestored
+	case StateRefused:
+		e.State = protocol.StateRefused
 	}
-	if kind == 'T' {
-		state = 'x'
+	if e.Kind == protocol.KindTombstone {
+		e.State = protocol.StateRestored
 	}
-	user := rec.User
-	if user != "" && checkName("user", user) != nil {
-		user = ""
+	if e.User != "" && checkName("user", e.User) != nil {
+		e.User = ""
 	}
-	return string([]byte{kind, state}) + "|" + strconv.FormatInt(rec.Qty, 10) + "|0|" +
-		strconv.FormatInt(rec.At.UnixMilli(), 10) + "|" + user
+	return e.Encode()
 }
 
 // retire removes a delisted item's keys once its retention has passed, in bounded steps.
 // retire.lua checks at every step, atomically, that the item is closed and delisted, with
 // nothing pending: the delisting time read by the pass is only a hint.
-func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) error {
-	cutoff := time.Now().Add(-rc.retention).UnixMilli()
+func (rc *Reconciler) retire(ctx context.Context, k *protocol.Keys, rp *Report, delisted int64) error {
+	cutoff := rc.r.opts.now().Add(-rc.retention).UnixMilli()
 	if delisted > cutoff {
 		return nil
 	}
-	k := rc.r.keys(rp.SKU)
-	keys := append(k[:5:5], rc.r.key(rp.SKU, deadSuffix), rc.r.key(rp.SKU, triesSuffix), rc.r.key(rp.SKU, leaseSuffix), k[5])
+	keys := k.ForRetire()
 	args := []string{strconv.FormatInt(cutoff, 10), "500"}
 	for range 10000 {
-		code, n, err := decodePair(retireScript.Exec(ctx, rc.r.client, keys, args))
+		code, n, err := decodePair(protocol.Retire.Exec(ctx, rc.r.client, keys, args))
 		if err != nil {
 			return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
 		}
 		rp.Trimmed += int(n)
 		switch code {
-		case codeReplay: // more ledger pages
-		case codeOK:
+		case protocol.Replay: // more ledger pages
+		case protocol.OK:
 			cmd := rc.r.client.B().Srem().Key(rc.r.registryKey()).Member(rp.SKU).Build()
 			if err := rc.r.client.Do(ctx, cmd).Error(); err != nil {
 				return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
 			}
 			rp.Retired = true
 			return nil
-		case codeClosed: // delisted but open for sale: retire.lua never removes a live item
+		case protocol.Closed: // delisted but open for sale: retire.lua never removes a live item
 			rp.NeedsHuman = "the item is delisted but open for sale (reopened before that was refused): Close it to let it retire"
 			return nil
 		default: // not retirable now (something pending); a later pass tries again
@@ -863,7 +950,7 @@ func (rc *Reconciler) retire(ctx context.Context, rp *Report, delisted int64) er
 // restart that kept the lease in its AOF, or a failover that copied it to the new primary),
 // and no other pass of this Reconciler runs (rc.pass).
 func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
-	key := rc.r.key(sku, leaseSuffix)
+	key := rc.r.item(sku).Lease
 	for i := range 20 {
 		ok, err := rc.r.client.Do(ctx, rc.r.client.B().Set().Key(key).Value(rc.token).Nx().Px(reconcileLease).Build()).AsBool()
 		if err != nil && !isNil(err) {
@@ -875,7 +962,7 @@ func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
 		if ok {
 			return true, nil
 		}
-		mine, err := refreshScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token, strconv.FormatInt(reconcileLease.Milliseconds(), 10)}).AsInt64()
+		mine, err := protocol.Refresh.Exec(ctx, rc.r.client, []string{key}, []string{rc.token, strconv.FormatInt(reconcileLease.Milliseconds(), 10)}).AsInt64()
 		if err == nil && mine == 1 {
 			return true, nil
 		}
@@ -895,17 +982,17 @@ const reconcileLease = 5 * time.Second
 
 // refresh extends the item's lease if it is still ours.
 func (rc *Reconciler) refresh(ctx context.Context, sku string) {
-	key := rc.r.key(sku, leaseSuffix)
-	_ = refreshScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token, strconv.FormatInt(reconcileLease.Milliseconds(), 10)}).Error()
+	key := rc.r.item(sku).Lease
+	_ = protocol.Refresh.Exec(ctx, rc.r.client, []string{key}, []string{rc.token, strconv.FormatInt(reconcileLease.Milliseconds(), 10)}).Error()
 }
 
 func (rc *Reconciler) unlock(sku string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	key := rc.r.key(sku, leaseSuffix)
+	key := rc.r.item(sku).Lease
 	// Only our own lease: compare and delete in one step.
 	for range 3 { // a broken connection: try again rather than leave the item locked
-		if err := unlockScript.Exec(ctx, rc.r.client, []string{key}, []string{rc.token}).Error(); err == nil || ctx.Err() != nil {
+		if err := protocol.Unlock.Exec(ctx, rc.r.client, []string{key}, []string{rc.token}).Error(); err == nil || ctx.Err() != nil {
 			return
 		}
 	}

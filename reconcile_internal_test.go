@@ -31,11 +31,11 @@ func TestReconcileTakesBackItsOwnLease(t *testing.T) {
 			r, err := New(c)
 			require.NoError(t, err)
 			require.NoError(t, r.Load(ctx, "A", 5))
-			rc, err := r.NewReconciler(fixedStore{5})
+			rc, err := r.NewReconciler(fixedStore{5}, nil)
 			require.NoError(t, err)
-			other, err := r.NewReconciler(fixedStore{5})
+			other, err := r.NewReconciler(fixedStore{5}, nil)
 			require.NoError(t, err)
-			lease := r.key("A", leaseSuffix)
+			lease := r.item("A").Lease
 
 			require.NoError(t, c.Do(ctx, c.B().Set().Key(lease).Value(rc.token).Px(time.Minute).Build()).Error())
 			rp, err := rc.Item(ctx, "A")

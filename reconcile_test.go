@@ -26,7 +26,7 @@ type rig struct {
 	rec   *stock.Reconciler
 }
 
-func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...stock.ReconcileOption) rig {
+func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
 	t.Helper()
 	ctx := context.Background()
 	r := newReserver(t, c)
@@ -35,9 +35,13 @@ func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...stock
 		require.NoError(t, r.Load(ctx, sku, n))
 		require.NoError(t, store.Load(ctx, sku, n))
 	}
-	relay, err := r.NewRelay(store, nil, stock.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	relay, err := r.NewRelay(store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	require.NoError(t, err)
-	rec, err := r.NewReconciler(store, opts...)
+	var o *stock.ReconcileOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	rec, err := r.NewReconciler(store, o)
 	require.NoError(t, err)
 	return rig{r: r, c: c, store: store, relay: relay, rec: rec}
 }
@@ -107,25 +111,25 @@ func TestReconcileLostKey(t *testing.T) {
 			require.NoError(t, err)
 		}
 		del(t, c, "stock:{A}")
-		_, err := g.r.Available(ctx, "A")
+		_, err := available(g.r.Levels(ctx, "A"))
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1})
 		require.ErrorIs(t, err, stock.ErrNotLoaded, "no sale on a lost item")
 
-		dry, err := g.r.NewReconciler(g.store, stock.WithDryRun(true))
+		dry, err := g.r.NewReconciler(g.store, &stock.ReconcileOptions{DryRun: true})
 		require.NoError(t, err)
 		reps, err := dry.Once(ctx)
 		require.NoError(t, err)
 		assert.True(t, reps[0].Missing)
 		assert.False(t, reps[0].Rebuilt)
-		_, err = g.r.Available(ctx, "A")
+		_, err = available(g.r.Levels(ctx, "A"))
 		require.ErrorIs(t, err, stock.ErrNotLoaded, "a dry run repairs nothing")
 
 		rp := g.once(t)["A"]
 		assert.True(t, rp.Missing)
 		assert.True(t, rp.Rebuilt)
 		assert.Equal(t, int64(5), rp.InFlight)
-		n, err := g.r.Available(ctx, "A")
+		n, err := available(g.r.Levels(ctx, "A"))
 		require.NoError(t, err)
 		assert.Equal(t, int64(35), n, "store 40 minus 5 in flight")
 		// Deducts resume, and the in-flight ones still reach the store.
@@ -149,7 +153,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 		for _, cl := range c.Nodes() { // every key gone, the registry too
 			require.NoError(t, cl.Do(ctx, cl.B().Flushall().Build()).Error())
 		}
-		rec, err := g.r.NewReconciler(g.store, stock.WithReconcileItems("A", "B"))
+		rec, err := g.r.NewReconciler(g.store, &stock.ReconcileOptions{Items: []string{"A", "B"}})
 		require.NoError(t, err)
 		reps, err := rec.Once(ctx)
 		require.ErrorIs(t, err, stock.ErrRegistryLost, "the registry went with the rest")
@@ -157,7 +161,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 			assert.True(t, rp.Rebuilt, rp.String())
 		}
 		for sku, want := range map[string]int64{"A": 16, "B": 26} {
-			n, err := g.r.Available(ctx, sku)
+			n, err := available(g.r.Levels(ctx, sku))
 			require.NoError(t, err)
 			assert.Equal(t, want, n)
 		}
@@ -174,7 +178,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 func TestReconcileDrift(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		g := newRig(t, c, map[string]int64{"A": 50, "B": 50, "C": 50}, stock.WithRepairLimit(100))
+		g := newRig(t, c, map[string]int64{"A": 50, "B": 50, "C": 50}, &stock.ReconcileOptions{RepairLimit: 100})
 		g.store.Set("A", 40)  // Redis too high: would sell 10 the store does not have
 		g.store.Set("B", 55)  // Redis too low
 		g.store.Set("C", 500) // above the repair limit
@@ -234,7 +238,7 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 func TestReconcileTrims(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		g := newRig(t, c, map[string]int64{"A": 50}, stock.WithRetention(time.Millisecond))
+		g := newRig(t, c, map[string]int64{"A": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		for i := range 5 {
 			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
 			require.NoError(t, err)
@@ -306,7 +310,7 @@ func TestReconcileRace(t *testing.T) {
 func TestDelistRetires(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, stock.WithRetention(time.Millisecond))
+		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		for i := range 600 { // more than one retire step of the ledger
 			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
 			require.NoError(t, err)
@@ -340,12 +344,12 @@ func TestDelistRetires(t *testing.T) {
 			require.NoError(t, err)
 			assert.Zero(t, n, "stock:{A}%s is gone", suffix)
 		}
-		_, err = g.r.Available(ctx, "A")
+		_, err = available(g.r.Levels(ctx, "A"))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		reps = g.once(t)
 		_, listed := reps["A"]
 		assert.False(t, listed, "a retired item leaves the registry")
-		rec, err := g.r.NewReconciler(g.store, stock.WithReconcileItems("A"))
+		rec, err := g.r.NewReconciler(g.store, &stock.ReconcileOptions{Items: []string{"A"}})
 		require.NoError(t, err)
 		rr, err := rec.Once(ctx)
 		require.NoError(t, err)

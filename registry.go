@@ -59,9 +59,9 @@ const storePage = 500
 // Pass reconciles every item once, as Once does, and returns what it found item by item.
 // Besides the registry's items it reconciles the Store's items the registry lost, when the
 // Store is an ItemLister (see ErrRegistryLost and PassResult). A complete repairing pass (not
-// a dry run, not limited by WithReconcileItems) records the current Redis primaries as
+// a dry run, not limited by ReconcileOptions.Items) records the current Redis primaries as
 // reconciled, which lifts every FailoverGuard's fence, wherever the pass runs (a guard in
-// another process, the stockctl CLI). The error joins the first item's error, ErrRegistryLost
+// another process, the stockctl CLI): this Reserver's at once, the others' at their next check. The error joins the first item's error, ErrRegistryLost
 // when items were missing from the registry, and, when this Reserver has a FailoverGuard, the
 // failure to record the primaries.
 func (rc *Reconciler) Pass(ctx context.Context) (PassResult, error) {
@@ -122,6 +122,13 @@ func (rc *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 		if epochErr == nil {
 			res.EpochRecorded, epochErr = rc.r.markReconciled(ctx, epoch)
 		}
+		if g := rc.r.guard.Load(); res.EpochRecorded && g != nil {
+			// Lift this Reserver's fence now, not at its guard's next check (which may never
+			// come: a Run that ended).
+			if _, err := g.Check(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if epochErr != nil {
 			res.EpochErr = fmt.Errorf("stock: reconcile: the primaries were not recorded as reconciled: %w", epochErr)
 			if rc.r.guarded.Load() {
@@ -166,7 +173,7 @@ func (rc *Reconciler) unregistered(ctx context.Context, registered map[string]bo
 		if len(skus) > 0 {
 			cmds := make([]rueidis.Completed, len(skus))
 			for i, sku := range skus {
-				cmds[i] = c.B().Hmget().Key(rc.r.key(sku, itemSuffix)).Field("a", "x").Build()
+				cmds[i] = c.B().Hmget().Key(rc.r.item(sku).Item).Field("a", "x").Build()
 			}
 			for i, res := range c.DoMulti(ctx, cmds...) {
 				vs, err := res.ToArray()

@@ -53,7 +53,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	}
 	_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "b0", Qty: 4})
 	require.NoError(t, err)
-	rl, err := r.NewRelay(store, nil)
+	rl, err := r.NewRelay(store, nil, nil)
 	require.NoError(t, err)
 	drain(t, rl)
 
@@ -61,7 +61,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	require.Empty(t, registry(t, r), "Redis lost everything")
 
 	// A dry run reports the loss and repairs nothing.
-	dry, err := r.NewReconciler(store, stock.WithDryRun(true))
+	dry, err := r.NewReconciler(store, &stock.ReconcileOptions{DryRun: true})
 	require.NoError(t, err)
 	res, err := dry.Pass(ctx)
 	require.ErrorIs(t, err, stock.ErrRegistryLost)
@@ -69,7 +69,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	assert.Equal(t, []string{"C"}, res.StoreOnly)
 	require.Empty(t, registry(t, r))
 
-	rec, err := r.NewReconciler(store)
+	rec, err := r.NewReconciler(store, nil)
 	require.NoError(t, err)
 	reps, err := rec.Once(ctx)
 	require.ErrorIs(t, err, stock.ErrRegistryLost, "the pass says loudly that Redis lost its registry")
@@ -82,10 +82,10 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 		assert.Contains(t, rp.String(), "NOT IN THE REGISTRY")
 	}
 	assert.Equal(t, []string{"A", "B"}, registry(t, r), "registered again")
-	n, err := r.Available(ctx, "A")
+	n, err := available(r.Levels(ctx, "A"))
 	require.NoError(t, err)
 	assert.Equal(t, int64(7), n, "rebuilt from the store")
-	_, err = r.Available(ctx, "C")
+	_, err = available(r.Levels(ctx, "C"))
 	require.ErrorIs(t, err, stock.ErrNotLoaded, "an item Redis never had is left alone")
 
 	// Sold and relayed again; the next pass finds nothing.
@@ -138,7 +138,7 @@ func TestRegistryEntryLost(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
 
-		rec, err := r.NewReconciler(store)
+		rec, err := r.NewReconciler(store, nil)
 		require.NoError(t, err)
 		res, err := rec.Pass(ctx)
 		require.ErrorIs(t, err, stock.ErrRegistryLost)
@@ -151,7 +151,7 @@ func TestRegistryEntryLost(t *testing.T) {
 
 		// One item, as `stockctl reconcile -apply A` does.
 		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
-		one, err := r.NewReconciler(store, stock.WithReconcileItems("A"))
+		one, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{"A"}})
 		require.NoError(t, err)
 		rp, err = one.Item(ctx, "A")
 		require.NoError(t, err)

@@ -9,77 +9,85 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
-// publishedSuffix names an item's published set (a sorted set "<event>:<id>" -> sequence): the
-// events a relay without a store handed to its publisher that no consumer has applied yet
-// through Consume. They stay in flight for the reconciler, and they hold back the item's later
-// events in Consume, until then.
-const publishedSuffix = ":p"
-
-// A RelayOption configures a Relay.
-type RelayOption func(*Relay) error
-
-// WithRelayItems makes the relay drain only the given items. The default is every item in the
-// Reserver's registry (see Reserver.Items), read again on every pass.
-func WithRelayItems(skus ...string) RelayOption {
-	return func(rl *Relay) error {
-		for _, s := range skus {
-			if err := checkName("sku", s); err != nil {
-				return err
-			}
-		}
-		rl.items = append([]string(nil), skus...)
-		return nil
-	}
+// RelayOptions configures a Relay. A zero field takes its default; nil options take every
+// default.
+type RelayOptions struct {
+	// Items limits the relay to these items. The default is every item in the Reserver's
+	// registry (see Reserver.Items), read again on every pass.
+	Items []string
+	// Batch is how many events the relay claims from one item at a time, at most 10,000. The
+	// default is 128.
+	Batch int
+	// Lease is how long a claimed event stays invisible to other relays; an event whose relay
+	// died is delivered again after it. It must exceed the time a Store or Publisher call may
+	// take. The default is 30s.
+	Lease time.Duration
+	// MinBackoff and MaxBackoff bound the delay before a failed event is tried again: it
+	// starts at MinBackoff and doubles up to MaxBackoff, with a random jitter of up to half so
+	// that a recovering database is not hit by every event at once. The defaults are 500ms
+	// and 1m.
+	MinBackoff, MaxBackoff time.Duration
+	// Poll is how long Run waits after a pass that found nothing to do. The default is 100ms.
+	Poll time.Duration
 }
 
-// WithBatch sets how many events the relay claims from one item at a time. The default is 128.
-func WithBatch(n int) RelayOption {
-	return func(rl *Relay) error {
-		if n < 1 || n > 10000 {
-			return invalid("relay batch %d out of range [1, 10000]", n)
-		}
-		rl.batch = n
+// apply checks o and sets its fields, or their defaults, on rl.
+func (o *RelayOptions) apply(rl *Relay) error {
+	rl.batch, rl.lease, rl.poll = 128, 30*time.Second, 100*time.Millisecond
+	rl.minBackoff, rl.maxBackoff = 500*time.Millisecond, time.Minute
+	if o == nil {
 		return nil
 	}
-}
-
-// WithLease sets how long a claimed event stays invisible to other relays; an event whose
-// relay died is delivered again after it. It must exceed the time a Store or Publisher call may
-// take. The default is 30s.
-func WithLease(d time.Duration) RelayOption {
-	return func(rl *Relay) error {
-		if d < time.Millisecond {
-			return invalid("relay lease %v below 1ms", d)
+	for _, s := range o.Items {
+		if err := checkName("sku", s); err != nil {
+			return err
 		}
-		rl.lease = d
-		return nil
 	}
-}
-
-// WithBackoff sets the delay before the first retry of a failed event and the most it grows
-// to; each attempt doubles it, and a random jitter of up to half spreads retries out so a
-// recovering database is not hit by every event at once. The defaults are 500ms and 1m.
-func WithBackoff(min, max time.Duration) RelayOption {
-	return func(rl *Relay) error {
-		if min <= 0 || max < min {
-			return invalid("relay backoff [%v, %v]", min, max)
-		}
-		rl.minBackoff, rl.maxBackoff = min, max
-		return nil
+	if o.Items != nil {
+		rl.items = append([]string{}, o.Items...)
 	}
-}
-
-// WithPoll sets how long Run waits after a pass that found nothing to do. The default is 100ms.
-func WithPoll(d time.Duration) RelayOption {
-	return func(rl *Relay) error {
-		if d <= 0 {
-			return invalid("relay poll %v", d)
-		}
-		rl.poll = d
-		return nil
+	switch {
+	case o.Batch < 0 || o.Batch > 10000:
+		return invalid("relay batch %d out of range [1, 10000]", o.Batch)
+	case o.Batch > 0:
+		rl.batch = o.Batch
 	}
+	switch {
+	case o.Lease < 0 || o.Lease > 0 && o.Lease < time.Millisecond:
+		return invalid("relay lease %v below 1ms", o.Lease)
+	case o.Lease > 0:
+		rl.lease = o.Lease
+	}
+	if o.MinBackoff < 0 || o.MaxBackoff < 0 {
+		return invalid("relay backoff [%v, %v]", o.MinBackoff, o.MaxBackoff)
+	}
+	if o.MinBackoff > 0 {
+		rl.minBackoff = o.MinBackoff
+	}
+	if o.MaxBackoff > 0 {
+		rl.maxBackoff = o.MaxBackoff
+	}
+	switch { // one bound given alone moves the default of the other
+	case o.MaxBackoff == 0 && rl.minBackoff > rl.maxBackoff:
+		rl.maxBackoff = rl.minBackoff
+	case o.MinBackoff == 0 && rl.minBackoff > rl.maxBackoff:
+		rl.minBackoff = rl.maxBackoff
+	}
+	if rl.maxBackoff < rl.minBackoff {
+		return invalid("relay backoff [%v, %v]", rl.minBackoff, rl.maxBackoff)
+	}
+	switch {
+	case o.Poll < 0:
+		return invalid("relay poll %v", o.Poll)
+	case o.Poll > 0:
+		rl.poll = o.Poll
+	}
+	return nil
 }
 
 // A Relay drains the outboxes of a Reserver's items into a Store and/or a Publisher, at least
@@ -117,6 +125,9 @@ type Relay struct {
 	maxBackoff time.Duration
 	poll       time.Duration
 	token      string // identifies this relay's leases
+
+	walk  registryWalk // Run's slow walk of the registry (see hints.go)
+	clock serverClock  // Redis's clock, read at the start of each pass: the hints' scores
 }
 
 // RelayStats counts what one pass of a relay did.
@@ -147,32 +158,38 @@ func (s *RelayStats) add(o RelayStats) {
 }
 
 // NewRelay returns a relay that delivers the events of r's items to store and pub. Either may
-// be nil, not both.
-func (r *Reserver) NewRelay(store Store, pub Publisher, opts ...RelayOption) (*Relay, error) {
+// be nil, not both. opts may be nil for the defaults.
+func (r *Reserver) NewRelay(store Store, pub Publisher, opts *RelayOptions) (*Relay, error) {
 	if store == nil && pub == nil {
 		return nil, invalid("relay with neither a store nor a publisher")
 	}
-	rl := &Relay{r: r, store: store, pub: pub, batch: 128, lease: 30 * time.Second,
-		minBackoff: 500 * time.Millisecond, maxBackoff: time.Minute, poll: 100 * time.Millisecond,
-		token: fmt.Sprintf("relay-%016x", rand.Uint64())}
-	for _, o := range opts {
-		if err := o(rl); err != nil {
-			return nil, err
-		}
+	rl := &Relay{r: r, store: store, pub: pub, token: fmt.Sprintf("relay-%016x", rand.Uint64())}
+	if err := opts.apply(rl); err != nil {
+		return nil, err
 	}
 	return rl, nil
 }
 
-// Run calls Once until ctx is done, waiting the poll interval after a pass with nothing to do.
-// Errors of single items are logged and retried; Run returns ctx's error.
+// Run delivers events until ctx is done, waiting the poll interval after a pass with nothing to
+// do. Unlike Once, a pass does not visit every item: it looks at the items whose due-work hints
+// are due (the Reserver records an item in them after each of its script calls that may queue
+// an event, and the relay when it backs off), and at a few more of the registry (256 a second,
+// at least 32 a poll interval, so a catalogue of up to 32 items is looked at whole every poll),
+// which finds the events whose hints were lost. Its cost with nothing to deliver does not grow
+// with the catalogue. Errors of single items are logged and retried; Run returns ctx's error.
 func (rl *Relay) Run(ctx context.Context) error {
+	return rl.run(ctx, func(err error) { rl.r.opts.logger.WarnContext(ctx, "stock: relay pass", "err", err) })
+}
+
+// run is Run, with the errors of passes handed to failed.
+func (rl *Relay) run(ctx context.Context, failed func(error)) error {
 	for {
-		st, err := rl.Once(ctx)
+		st, err := rl.pass(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if err != nil {
-			rl.r.opts.logger.WarnContext(ctx, "stock: relay pass", "err", err)
+			failed(err)
 		}
 		if st.Claimed == 0 || err != nil {
 			t := time.NewTimer(rl.poll)
@@ -190,24 +207,12 @@ func (rl *Relay) Run(ctx context.Context) error {
 // none is due, and delivers them. It returns the first error met (after finishing the other
 // items); events that failed stay in the outbox for a later pass.
 func (rl *Relay) Once(ctx context.Context) (RelayStats, error) {
+	rl.clock.read(ctx, rl.r)
 	var st RelayStats
 	var first error
 	drain := func(sku string) {
-		for {
-			s, err := rl.drainBatch(ctx, sku)
-			st.add(s)
-			if err != nil {
-				if first == nil {
-					first = err
-				}
-				return
-			}
-			if s.Claimed < rl.batch {
-				if s.Claimed > 0 {
-					rl.release(ctx, sku) // drained: the next relay or reconciler need not wait
-				}
-				return
-			}
+		if err := rl.drainItem(ctx, sku, &st); err != nil && first == nil {
+			first = err
 		}
 	}
 	if rl.items != nil {
@@ -225,6 +230,93 @@ func (rl *Relay) Once(ctx context.Context) (RelayStats, error) {
 	return st, first
 }
 
+// drainItem delivers an item's due events a batch at a time until none is left or one fails.
+func (rl *Relay) drainItem(ctx context.Context, sku string, st *RelayStats) error {
+	for {
+		s, err := rl.drainBatch(ctx, sku)
+		st.add(s)
+		if err != nil {
+			return err
+		}
+		if s.Claimed < rl.batch {
+			if s.Claimed > 0 {
+				rl.release(ctx, sku) // drained: the next relay or reconciler need not wait
+			}
+			return nil
+		}
+	}
+}
+
+// pass is Run's pass: the items whose due-work hints are due, and a few more of the registry
+// once per poll interval (the slow walk that finds what a lost hint left). With
+// RelayOptions.Items it is Once.
+func (rl *Relay) pass(ctx context.Context) (RelayStats, error) {
+	if rl.items != nil {
+		return rl.Once(ctx)
+	}
+	var st RelayStats
+	var errs []error
+	now := rl.clock.read(ctx, rl.r)
+	skus, err := rl.r.takeDue(ctx, protocol.RelayDue, now.UnixMilli(), 256)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("stock: relay: due-work hints: %w", err))
+	}
+	if since := time.Since(rl.walk.at); since >= rl.poll || since < 0 {
+		more, err := rl.walk.step(ctx, rl.r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("stock: relay: %w", err))
+		}
+		// Only the walked items with events: one pipelined read of their outboxes' sizes.
+		busy, err := rl.r.withEvents(ctx, more)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("stock: relay: %w", err))
+		}
+		skus = append(skus, busy...)
+	}
+	seen := make(map[string]bool, len(skus))
+	for i, sku := range skus {
+		if ctx.Err() != nil {
+			// Stopping: give the hints taken and not looked at back, for the next relay.
+			left := map[string]struct{}{}
+			for _, s := range skus[i:] {
+				left[s] = struct{}{}
+			}
+			_ = rl.r.writeHints(context.WithoutCancel(ctx), left, nil, 0)
+			break
+		}
+		if seen[sku] {
+			continue
+		}
+		seen[sku] = true
+		if err := rl.drainItem(ctx, sku, &st); err != nil && len(errs) == 0 {
+			errs = append(errs, err)
+		}
+	}
+	return st, errors.Join(errs...)
+}
+
+// withEvents returns the items of skus whose outbox is not empty (all of them when the read
+// fails), in one pipelined read.
+func (r *Reserver) withEvents(ctx context.Context, skus []string) ([]string, error) {
+	c := r.client
+	cmds := make(rueidis.Commands, len(skus))
+	for i, sku := range skus {
+		cmds[i] = c.B().Zcard().Key(r.item(sku).Outbox).Build()
+	}
+	var out []string
+	var first error
+	for i, res := range c.DoMulti(ctx, cmds...) {
+		n, err := res.AsInt64()
+		if err != nil && first == nil {
+			first = err
+		}
+		if err != nil || n > 0 {
+			out = append(out, skus[i])
+		}
+	}
+	return out, first
+}
+
 type claimed struct {
 	member string
 	ev     Event
@@ -235,29 +327,29 @@ type claimed struct {
 
 // release gives back the item's lease if this relay still holds it.
 func (rl *Relay) release(ctx context.Context, sku string) {
-	_ = unlockScript.Exec(ctx, rl.r.client, []string{rl.r.key(sku, leaseSuffix)}, []string{rl.token}).Error()
+	_ = protocol.Unlock.Exec(ctx, rl.r.client, rl.r.item(sku).ForLease(), []string{rl.token}).Error()
 }
 
 // eventTypes maps an outbox event letter (and the entry) to the event type.
 func eventType(letter byte, e Entry) (EventType, bool) {
 	switch letter {
-	case 'D':
+	case protocol.EventDeducted:
 		if e.Kind == KindHold {
 			return EventConfirmed, true
 		}
 		return EventDeducted, true
-	case 'R':
+	case protocol.EventRestored:
 		if e.State == StateRefused {
 			return EventRefused, true
 		}
 		return EventRestored, true
-	case 'L':
+	case protocol.EventRestocked:
 		return EventRestocked, true
-	case 'H':
+	case protocol.EventHeld:
 		return EventHeld, true
-	case 'X':
+	case protocol.EventCancelled:
 		return EventCancelled, true
-	case 'E':
+	case protocol.EventExpired:
 		return EventExpired, true
 	}
 	return "", false
@@ -271,23 +363,33 @@ func storeApplies(t EventType) bool {
 	return false
 }
 
+// claim leases the oldest events of an item. When another holder has the item's lease while
+// its outbox has events, it returns none and records when to look again.
 func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
-	k := rl.r.keys(sku)
-	keys := []string{k[3], k[1], rl.r.key(sku, triesSuffix), rl.r.key(sku, leaseSuffix)}
 	args := []string{strconv.Itoa(rl.batch), strconv.FormatInt(rl.lease.Milliseconds(), 10), rl.token}
-	vs, err := claimScript.Exec(ctx, rl.r.client, keys, args).AsStrSlice()
+	vs, err := protocol.Claim.Exec(ctx, rl.r.client, rl.r.item(sku).ForClaim(), args).AsStrSlice()
 	if err != nil {
+		rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
 		return nil, fmt.Errorf("stock: relay claim %s: %w", sku, err)
 	}
-	if len(vs)%4 != 0 {
-		return nil, fmt.Errorf("%w: relay claim %s: %d values", ErrInvalid, sku, len(vs))
+	if b, ok := protocol.ParseClaimBusy(vs); ok {
+		wait := time.Duration(b.TTL) * time.Millisecond
+		if !b.Backoff {
+			// Another relay (or a reconcile pass) drains it: look again soon, in case it
+			// stops before events that came after its last claim.
+			wait = min(wait, 4*rl.poll)
+		}
+		rl.r.retryAt(ctx, sku, rl.clock.now().Add(max(wait, 0)))
+		return nil, nil
 	}
-	out := make([]claimed, 0, len(vs)/4)
-	for i := 0; i < len(vs); i += 4 {
-		c := claimed{member: vs[i]}
-		c.tries, _ = strconv.ParseInt(vs[i+2], 10, 64)
-		seq, _ := strconv.ParseInt(vs[i+3], 10, 64)
-		c.ev, c.ok = outboxEvent(sku, c.member, vs[i+1], seq)
+	evs, err := protocol.ParseClaimReply(vs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: relay claim %s: %v", ErrInvalid, sku, err)
+	}
+	out := make([]claimed, 0, len(evs))
+	for _, oe := range evs {
+		c := claimed{member: oe.Member, tries: oe.Tries}
+		c.ev, c.ok = outboxEvent(sku, oe.Member, oe.Entry, oe.Seq)
 		c.store = c.ok && storeApplies(c.ev.Type)
 		out = append(out, c)
 	}
@@ -298,15 +400,15 @@ func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 // (raw; "" if gone) and its sequence. ok is false when it cannot: the member is malformed, or
 // the entry is gone or unreadable.
 func outboxEvent(sku, member, raw string, seq int64) (Event, bool) {
-	if len(member) < 3 || member[1] != ':' || raw == "" {
+	letter, id, ok := protocol.ParseMember(member)
+	if !ok || raw == "" {
 		return Event{}, false
 	}
-	id := member[2:]
 	e, err := parseEntry(sku, id, raw)
 	if err != nil {
 		return Event{}, false
 	}
-	t, known := eventType(member[0], e)
+	t, known := eventType(letter, e)
 	if !known {
 		return Event{}, false
 	}
@@ -333,9 +435,15 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 	if rl.store != nil {
 		rl.applyStore(ctx, cs, errs)
 	}
+	// What the store did must be recorded even when ctx ended meanwhile (a drain cut short, a
+	// shutdown): the dead letters, give-backs, acknowledgements and backoff below are bounded
+	// by WithTimeout, not by ctx, so an applied event is not delivered again after its lease.
+	wctx := context.WithoutCancel(ctx)
 	var acks []string
 	var failed error
 	var tries int64
+	batch, _ := rl.pub.(BatchPublisher)
+	var toPublish []pending
 	for i, c := range cs {
 		if c.tries > 1 {
 			st.Redelive++
@@ -345,7 +453,7 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 			// key) or unreadable. The units it took are counted in Redis and nowhere else: set
 			// it aside in the dead-letter set, where the reconciler counts it and stops repairing
 			// the item until an operator has looked, rather than drop an acknowledged sale.
-			if derr := rl.deadLetter(ctx, sku, c.member); derr != nil {
+			if derr := rl.deadLetter(wctx, sku, c.member); derr != nil {
 				failed, tries = derr, c.tries
 				st.Retried = len(cs) - i
 				break
@@ -360,7 +468,7 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 		if errors.Is(err, ErrRefused) && (c.ev.Type == EventDeducted || c.ev.Type == EventConfirmed) {
 			// The database of record cannot cover it: give the stock back, once. The restore
 			// queues an EventRefused, which tells the publisher.
-			if _, rerr := rl.r.giveBack(ctx, sku, c.ev.ID, "f"); rerr != nil && !errors.Is(rerr, ErrConflict) {
+			if _, rerr := rl.r.giveBack(wctx, sku, c.ev.ID, protocol.ReasonRefuse); rerr != nil && !errors.Is(rerr, ErrConflict) {
 				err = fmt.Errorf("stock: relay give back %s/%s: %w", sku, c.ev.ID, rerr)
 			} else {
 				st.Refused++
@@ -371,7 +479,7 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 		} else if errors.Is(err, ErrInvalid) {
 			// The store can never apply it: set it aside for an operator rather than hold back
 			// the item's later events forever.
-			if derr := rl.deadLetter(ctx, sku, c.member); derr != nil {
+			if derr := rl.deadLetter(wctx, sku, c.member); derr != nil {
 				err = derr
 			} else {
 				rl.r.opts.logger.ErrorContext(ctx, "stock: the store rejects an event as invalid; moved to the dead-letter set", "sku", sku, "event", c.member, "err", err)
@@ -380,6 +488,13 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 			}
 		}
 		if err == nil && publish {
+			if batch != nil {
+				// Published below, with the item's other events, in one round trip.
+				toPublish = append(toPublish, pending{i: i, ack: len(acks)})
+				acks = append(acks, c.member)
+				st.Delivered++
+				continue
+			}
 			err = rl.pub.Publish(ctx, c.ev)
 		}
 		if err != nil {
@@ -391,6 +506,19 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 		acks = append(acks, c.member)
 		st.Delivered++
 	}
+	if len(toPublish) > 0 {
+		if j, err := rl.publishBatch(ctx, batch, cs, toPublish); err != nil {
+			// The events before the failed one are published; it and every event after it
+			// (whatever the store or the queue did with them) wait for the backoff and are
+			// delivered again, in order.
+			p := toPublish[j]
+			failed, tries = fmt.Errorf("stock: relay %s %s: %w", sku, cs[p.i].member, err), cs[p.i].tries
+			rl.r.opts.logger.WarnContext(ctx, "stock: relay delivery failed; the item backs off", "sku", sku, "event", cs[p.i].member, "tries", cs[p.i].tries, "err", err)
+			st.Delivered -= len(acks) - p.ack
+			st.Retried = len(cs) - p.i
+			acks = acks[:p.ack]
+		}
+	}
 	if len(acks) > 0 {
 		// With a store, the events are applied: they leave the outbox. On the queue path (no
 		// store) they are only published: they move to the published set, in flight until a
@@ -399,24 +527,61 @@ func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err
 		if rl.store == nil {
 			mode = ackPublished
 		}
-		if err := rl.r.ack(ctx, sku, mode, acks); err != nil {
+		if err := rl.r.ack(wctx, sku, mode, acks); err != nil {
 			// Not acked: the lease runs out and the events are delivered again (idempotent).
+			rl.r.retryAt(wctx, sku, rl.clock.now().Add(rl.lease))
 			return st, fmt.Errorf("stock: relay ack %s: %w", sku, err)
 		}
 	}
 	if failed != nil {
-		if err := rl.backoff(ctx, sku, tries); err != nil {
+		if ctx.Err() != nil && errors.Is(failed, ctx.Err()) {
+			// Not a failure of the store or the queue: this relay is stopping. Give the item
+			// back at once rather than hold it for a backoff, so that a last drain (Run's) or
+			// another relay delivers the rest now.
+			rl.release(wctx, sku)
+			rl.r.retryAt(wctx, sku, time.Time{})
+			return st, failed
+		}
+		d, err := rl.backoff(wctx, sku, tries)
+		if err != nil {
 			return st, errors.Join(failed, err)
 		}
+		rl.r.retryAt(wctx, sku, rl.clock.now().Add(d))
 		return st, failed
 	}
 	return st, nil
 }
 
+// pending is an event of a batch waiting to be published: its index in the claimed batch and
+// its place in the acks.
+type pending struct{ i, ack int }
+
+// publishBatch publishes the pending events of one item, in one round trip when there are
+// several, and returns the index in ps of the first that failed, and its error (nil if none).
+func (rl *Relay) publishBatch(ctx context.Context, bp BatchPublisher, cs []claimed, ps []pending) (int, error) {
+	if len(ps) == 1 {
+		return 0, bp.Publish(ctx, cs[ps[0].i].ev)
+	}
+	evs := make([]Event, len(ps))
+	for j, p := range ps {
+		evs[j] = cs[p.i].ev
+	}
+	res := bp.PublishBatch(ctx, evs)
+	if len(res) != len(evs) {
+		return 0, fmt.Errorf("stock: publisher answered %d results for %d events", len(res), len(evs))
+	}
+	for j, err := range res {
+		if err != nil {
+			return j, err
+		}
+	}
+	return 0, nil
+}
+
 // deadLetter moves an outbox event to the item's dead-letter set.
 func (rl *Relay) deadLetter(ctx context.Context, sku, member string) error {
-	keys := []string{rl.r.key(sku, outboxSuffix), rl.r.key(sku, triesSuffix), rl.r.key(sku, deadSuffix)}
-	if err := deadScript.Exec(ctx, rl.r.client, keys, []string{member}).Error(); err != nil {
+	k := rl.r.item(sku)
+	if err := protocol.DeadLetter.Exec(ctx, rl.r.client, k.ForDeadLetter(k.Outbox), []string{member}).Error(); err != nil {
 		return fmt.Errorf("stock: relay dead-letter %s %s: %w", sku, member, err)
 	}
 	return nil
@@ -430,8 +595,7 @@ const (
 
 // ack settles delivered events of an item (lua/ack.lua).
 func (r *Reserver) ack(ctx context.Context, sku, mode string, members []string) error {
-	keys := []string{r.key(sku, outboxSuffix), r.key(sku, ledgerSuffix), r.key(sku, triesSuffix), r.key(sku, publishedSuffix)}
-	return ackScript.Exec(ctx, r.client, keys, append([]string{mode}, members...)).Error()
+	return protocol.Ack.Exec(ctx, r.client, r.item(sku).ForAck(), append([]string{mode}, members...)).Error()
 }
 
 // applyStore applies the store's events of a batch, in order, stopping at the first error that
@@ -450,6 +614,12 @@ func (rl *Relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
 	}
 	if bs, ok := rl.store.(BatchStore); ok && len(evs) > 1 {
 		for len(evs) > 0 {
+			if err := ctx.Err(); err != nil { // ended: start no store call that may not return
+				for _, i := range idx {
+					errs[i] = err
+				}
+				return
+			}
 			res := bs.ApplyBatch(ctx, evs)
 			if len(res) != len(evs) {
 				err := fmt.Errorf("stock: store answered %d results for %d events", len(res), len(evs))
@@ -476,6 +646,12 @@ func (rl *Relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
 		return
 	}
 	for j, i := range idx {
+		if err := ctx.Err(); err != nil { // ended: start no store call that may not return
+			for _, k := range idx[j:] {
+				errs[k] = err
+			}
+			return
+		}
 		errs[i] = rl.store.Apply(ctx, evs[j])
 		if errs[i] != nil && !errors.Is(errs[i], ErrRefused) && !errors.Is(errs[i], ErrInvalid) {
 			for _, k := range idx[j+1:] {
@@ -491,25 +667,25 @@ var errNotTried = errors.New("stock: not tried after an earlier failure")
 // backoff holds the item for a delay that doubles with every attempt of the failed event, with
 // up to half of it again as random jitter, so a recovering database is not hit by every
 // item at once.
-func (rl *Relay) backoff(ctx context.Context, sku string, tries int64) error {
+func (rl *Relay) backoff(ctx context.Context, sku string, tries int64) (time.Duration, error) {
 	d := rl.minBackoff
 	for i := int64(1); i < tries && d < rl.maxBackoff; i++ {
 		d *= 2
 	}
 	d = min(d, rl.maxBackoff)
 	d += time.Duration(rand.Int64N(int64(d)/2 + 1))
-	cmd := rl.r.client.B().Set().Key(rl.r.key(sku, leaseSuffix)).Value("backoff").Px(d).Build()
+	cmd := rl.r.client.B().Set().Key(rl.r.item(sku).Lease).Value("backoff").Px(d).Build()
 	if err := rl.r.client.Do(ctx, cmd).Error(); err != nil {
-		return fmt.Errorf("stock: relay backoff %s: %w", sku, err)
+		return 0, fmt.Errorf("stock: relay backoff %s: %w", sku, err)
 	}
-	return nil
+	return d, nil
 }
 
 // Refuse gives back the stock of an id that the database of record refused (ErrRefused), once.
 // The entry becomes refused and an EventRefused is queued for the publisher. Use it in a
 // consumer that applies events received from a queue (see Consume); the Relay calls it itself.
 func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) {
-	return r.giveBack(ctx, sku, id, "f")
+	return r.giveBack(ctx, sku, id, protocol.ReasonRefuse)
 }
 
 // Consume applies one event received from a message queue to store, for the deployment in
@@ -581,15 +757,15 @@ const catchUpMax = 256
 // members of the published set and the outbox with a lower sequence, and their ledger
 // entries. An error wrapping ErrHeldBack means ev must wait.
 func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member string) error {
-	keys := []string{r.key(ev.SKU, outboxSuffix), r.key(ev.SKU, publishedSuffix), r.key(ev.SKU, leaseSuffix), r.key(ev.SKU, ledgerSuffix)}
-	vs, err := turnScript.Exec(ctx, r.client, keys, []string{strconv.FormatInt(ev.Seq, 10), strconv.Itoa(catchUpMax)}).AsStrSlice()
+	vs, err := protocol.Turn.Exec(ctx, r.client, r.item(ev.SKU).ForTurn(), []string{strconv.FormatInt(ev.Seq, 10), strconv.Itoa(catchUpMax)}).AsStrSlice()
 	if err != nil {
 		return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
 	}
-	if len(vs) == 0 || (len(vs)-1)%3 != 0 {
-		return fmt.Errorf("%w: consume %s/%s: order check: %d values", ErrInvalid, ev.SKU, ev.ID, len(vs))
+	turn, err := protocol.ParseTurnReply(vs)
+	if err != nil {
+		return fmt.Errorf("%w: consume %s/%s: order check: %v", ErrInvalid, ev.SKU, ev.ID, err)
 	}
-	if vs[0] == "2" {
+	if turn.Reconciling {
 		return fmt.Errorf("stock: consume %s %s (seq %d): a reconcile pass holds the item: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
 	}
 	type earlier struct {
@@ -598,12 +774,11 @@ func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member str
 		ok     bool
 	}
 	var todo []earlier
-	for i := 1; i < len(vs); i += 3 {
-		seq, _ := strconv.ParseInt(vs[i+2], 10, 64)
-		e, ok := outboxEvent(ev.SKU, vs[i], vs[i+1], seq)
-		todo = append(todo, earlier{member: vs[i], ev: e, ok: ok})
+	for _, oe := range turn.Earlier {
+		e, ok := outboxEvent(ev.SKU, oe.Member, oe.Entry, oe.Seq)
+		todo = append(todo, earlier{member: oe.Member, ev: e, ok: ok})
 		if !ok {
-			todo[len(todo)-1].ev.Seq = seq
+			todo[len(todo)-1].ev.Seq = oe.Seq
 		}
 	}
 	slices.SortFunc(todo, func(a, b earlier) int { return cmp.Compare(a.ev.Seq, b.ev.Seq) })
@@ -616,7 +791,7 @@ func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member str
 			return fmt.Errorf("stock: consume %s %s (seq %d): applying the earlier %s first: %w", ev.SKU, member, ev.Seq, e.member, err)
 		}
 	}
-	if vs[0] == "1" {
+	if turn.More {
 		return fmt.Errorf("stock: consume %s %s (seq %d): more than %d earlier events not applied yet: %w", ev.SKU, member, ev.Seq, catchUpMax, ErrHeldBack)
 	}
 	return nil
@@ -634,9 +809,9 @@ func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member 
 	case errors.Is(err, ErrRefused):
 	case errors.Is(err, ErrInvalid):
 		if tracked {
-			for _, from := range []string{publishedSuffix, outboxSuffix} {
-				keys := []string{r.key(ev.SKU, from), r.key(ev.SKU, triesSuffix), r.key(ev.SKU, deadSuffix)}
-				if derr := deadScript.Exec(ctx, r.client, keys, []string{member}).Error(); derr != nil {
+			k := r.item(ev.SKU)
+			for _, from := range []string{k.Published, k.Outbox} {
+				if derr := protocol.DeadLetter.Exec(ctx, r.client, k.ForDeadLetter(from), []string{member}).Error(); derr != nil {
 					return fmt.Errorf("stock: consume %s/%s: dead-letter: %w (the store said: %w)", ev.SKU, ev.ID, derr, err)
 				}
 			}
@@ -658,24 +833,24 @@ func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member 
 
 // eventMember returns the outbox member of ev ("<letter>:<id>"), or "" for an unknown type.
 func eventMember(ev Event) string {
-	var letter string
+	var letter byte
 	switch ev.Type {
 	case EventDeducted, EventConfirmed:
-		letter = "D"
+		letter = protocol.EventDeducted
 	case EventRestored, EventRefused:
-		letter = "R"
+		letter = protocol.EventRestored
 	case EventRestocked:
-		letter = "L"
+		letter = protocol.EventRestocked
 	case EventHeld:
-		letter = "H"
+		letter = protocol.EventHeld
 	case EventCancelled:
-		letter = "X"
+		letter = protocol.EventCancelled
 	case EventExpired:
-		letter = "E"
+		letter = protocol.EventExpired
 	default:
 		return ""
 	}
-	return letter + ":" + ev.ID
+	return protocol.Member(letter, ev.ID)
 }
 
 // checkAgainstLedger refuses, with ErrInvalid and before the store sees it, an event that

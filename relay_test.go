@@ -106,12 +106,12 @@ func TestRelayDeliversOnce(t *testing.T) {
 		_, err := r.Restock(ctx, "A", "r1", 7)
 		require.NoError(t, err)
 
-		rl, err := r.NewRelay(store, pub, stock.WithBatch(16))
+		rl, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 16})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Equal(t, 60+10+1, st.Delivered)
 		for _, sku := range []string{"A", "B"} {
-			avail, err := r.Available(ctx, sku)
+			avail, err := available(r.Levels(ctx, sku))
 			require.NoError(t, err)
 			rem, err := store.Remaining(ctx, sku)
 			require.NoError(t, err)
@@ -143,7 +143,7 @@ func TestRelayStoreRefusal(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
 			require.NoError(t, err)
 		}
-		rl, err := r.NewRelay(store, pub, stock.WithBatch(5))
+		rl, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 5})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Equal(t, 8, st.Refused)
@@ -183,7 +183,7 @@ func TestRelayPublisherDown(t *testing.T) {
 		pub := newRecorder()
 		require.NoError(t, r.Load(ctx, "A", 50))
 		require.NoError(t, store.Load(ctx, "A", 50))
-		rl, err := r.NewRelay(store, pub, stock.WithBackoff(time.Millisecond, 5*time.Millisecond))
+		rl, err := r.NewRelay(store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		require.NoError(t, err)
 		pub.down.Store(true)
 		for i := range 30 {
@@ -240,14 +240,14 @@ func TestRelayCrashRedelivers(t *testing.T) {
 		// Crash points: mid-batch after the store applied, at several positions.
 		for _, at := range []int64{1, 7, 16} {
 			pub := &crashingPublisher{inner: rec, at: at}
-			crashy, err := r.NewRelay(store, pub, stock.WithBatch(16), stock.WithLease(50*time.Millisecond))
+			crashy, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 16, Lease: 50 * time.Millisecond})
 			require.NoError(t, err)
 			done := make(chan struct{})
 			go func() { defer close(done); _, _ = crashy.Once(ctx) }()
 			<-done
 		}
 		redistest.Sleep(c, 60*time.Millisecond) // the dead relays' leases run out
-		rl, err := r.NewRelay(store, rec, stock.WithBatch(16))
+		rl, err := r.NewRelay(store, rec, &stock.RelayOptions{Batch: 16})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Positive(t, st.Redelive, "leased events of the dead relays were delivered again")
@@ -270,7 +270,7 @@ func TestRelaysConcurrent(t *testing.T) {
 		ctx2, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for range 3 {
-			rl, err := r.NewRelay(store, pub, stock.WithBatch(8), stock.WithPoll(time.Millisecond))
+			rl, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 8, Poll: time.Millisecond})
 			require.NoError(t, err)
 			wg.Go(func() { _ = rl.Run(ctx2) })
 		}
@@ -292,7 +292,7 @@ func TestRelaysConcurrent(t *testing.T) {
 		require.Eventually(t, func() bool { return outboxLen(t, c, "A") == 0 }, 10*time.Second, 5*time.Millisecond)
 		cancel()
 		wg.Wait()
-		avail, _ := r.Available(ctx, "A")
+		avail, _ := available(r.Levels(ctx, "A"))
 		rem, _ := store.Remaining(ctx, "A")
 		assert.Equal(t, avail, rem)
 		assert.Equal(t, int64(300-320+64), rem)
@@ -309,7 +309,7 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 		require.NoError(t, store.Load(ctx, "A", 3))
 		var evs []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { evs = append(evs, ev); return nil })
-		rl, err := r.NewRelay(nil, pub)
+		rl, err := r.NewRelay(nil, pub, nil)
 		require.NoError(t, err)
 		for i := range 5 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
@@ -321,7 +321,7 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 		for _, ev := range append(evs, evs...) {
 			require.NoError(t, stock.Consume(ctx, r, store, ev))
 		}
-		avail, _ := r.Available(ctx, "A")
+		avail, _ := available(r.Levels(ctx, "A"))
 		assert.Equal(t, int64(2), avail, "two refusals given back once each")
 		rem, _ := store.Remaining(ctx, "A")
 		assert.Zero(t, rem)
@@ -355,7 +355,7 @@ func TestRelayKeepsOrder(t *testing.T) {
 				require.NoError(t, err)
 			}
 		}
-		rl, err := r.NewRelay(store, nil, stock.WithBatch(7))
+		rl, err := r.NewRelay(store, nil, &stock.RelayOptions{Batch: 7})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no false refusal")
@@ -384,13 +384,13 @@ func TestRelayDeadLetters(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
 			require.NoError(t, err)
 		}
-		rl, err := r.NewRelay(store, nil)
+		rl, err := r.NewRelay(store, nil, nil)
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Equal(t, 1, st.DeadLettered)
 		assert.Equal(t, 2, st.Delivered)
 		assert.Zero(t, outboxLen(t, c, "A"))
-		rec, err := r.NewReconciler(store)
+		rec, err := r.NewReconciler(store, nil)
 		require.NoError(t, err)
 		reps, err := rec.Once(ctx)
 		require.NoError(t, err)
@@ -417,7 +417,7 @@ func TestPending(t *testing.T) {
 		assert.Equal(t, [2]int64{3, 0}, [2]int64{p, d})
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "A", 5))
-		rl, err := r.NewRelay(store, nil)
+		rl, err := r.NewRelay(store, nil, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		p, d, err = r.Pending(ctx, "A")

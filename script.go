@@ -2,90 +2,40 @@ package stock
 
 import (
 	"context"
-	"crypto/sha1"
-	"embed"
-	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
-
-//go:embed lua/*.lua
-var luaFiles embed.FS
-
-// Scripts. Every one is lua/lib.lua followed by the file's body; both are constants of this
-// package, never built from input. Scripts that are idempotent in their request id are marked
-// retryable, so rueidis may resend them after a broken connection.
-var (
-	deductScript   = newScript("deduct.lua", true)
-	restoreScript  = newScript("restore.lua", true)
-	loadScript     = newScript("load.lua", false)
-	closeScript    = newScript("close.lua", true)
-	restockScript  = newScript("restock.lua", true)
-	confirmScript  = newScript("confirm.lua", true)
-	extendScript   = newScript("extend.lua", true)
-	sweepScript    = newScript("sweep.lua", true)
-	snapshotScript = newScript("snapshot.lua", true)
-	adjustScript   = newScript("adjust.lua", false)
-	rebuildScript  = newScript("rebuild.lua", true)
-	requeueScript  = newScript("requeue.lua", true)
-	rerecordScript = newScript("rerecord.lua", true)
-	trimScript     = newScript("trim.lua", true)
-	unlockScript   = newScript("unlock.lua", true)
-	refreshScript  = newScript("refresh.lua", true)
-	claimScript    = newScript("claim.lua", false)
-	ackScript      = newScript("ack.lua", true)
-	deadScript     = newScript("deadletter.lua", true)
-	turnScript     = newScript("turn.lua", true)
-	cartScript     = newScript("cart.lua", true)
-	manyScript     = newScript("deductmany.lua", true)
-	delistScript   = newScript("delist.lua", true)
-	retireScript   = newScript("retire.lua", true)
-)
-
-func newScript(name string, retryable bool) *rueidis.Lua {
-	lib, err := luaFiles.ReadFile("lua/lib.lua")
-	if err != nil {
-		panic(err)
-	}
-	body, err := luaFiles.ReadFile("lua/" + name)
-	if err != nil {
-		panic(err)
-	}
-	src := string(lib) + "\n" + string(body)
-	var l *rueidis.Lua
-	if retryable {
-		l = rueidis.NewLuaScriptRetryable(src)
-	} else {
-		l = rueidis.NewLuaScript(src)
-	}
-	sum := sha1.Sum([]byte(src))
-	sources[l] = scriptSource{src: src, sha: hex.EncodeToString(sum[:])}
-	return l
-}
-
-// scriptSource keeps a script's text and SHA-1, for the calls that must pipeline a script with
-// another command on one connection (WithReplicaAck).
-type scriptSource struct{ src, sha string }
-
-var sources = map[*rueidis.Lua]scriptSource{}
 
 // exec runs a script. With WithReplicaAck, the script and a WAIT go on one connection, one after
 // the other; ackErr then says whether enough replicas acknowledged (nil if they did).
-func (r *Reserver) exec(ctx context.Context, s *rueidis.Lua, keys, args []string) (res rueidis.RedisResult, ackErr error) {
+func (r *Reserver) exec(ctx context.Context, s *protocol.Script, keys, args []string) (res rueidis.RedisResult, ackErr error) {
 	if r.opts.replicas == 0 {
 		return s.Exec(ctx, r.client, keys, args), nil
 	}
-	src := sources[s]
+	// WAIT waits for this connection's writes. A replay writes nothing, and its WAIT would
+	// answer at once while the original write (made before, perhaps on another connection, and
+	// answered ErrNotReplicated) is still on the primary alone; so every call also writes a
+	// mark in the item's slot, which the replicas receive after everything written before it.
+	mark := func(c rueidis.DedicatedClient) rueidis.Completed {
+		return c.B().Set().Key(protocol.AckMark(keys[0])).Value("1").Px(r.opts.replicaWait + time.Second).Build()
+	}
+	wait := func(c rueidis.DedicatedClient) rueidis.Completed {
+		return c.B().Wait().Numreplicas(int64(r.opts.replicas)).Timeout(r.opts.replicaWait.Milliseconds()).Build()
+	}
 	_ = r.client.Dedicated(func(c rueidis.DedicatedClient) error {
-		wait := c.B().Wait().Numreplicas(int64(r.opts.replicas)).Timeout(r.opts.replicaWait.Milliseconds()).Build()
-		out := c.DoMulti(ctx, c.B().Evalsha().Sha1(src.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
+		out := c.DoMulti(ctx, c.B().Evalsha().Sha1(s.SHA1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), mark(c), wait(c))
 		if re, ok := rueidis.IsRedisErr(out[0].Error()); ok && re.IsNoScript() {
-			wait = c.B().Wait().Numreplicas(int64(r.opts.replicas)).Timeout(r.opts.replicaWait.Milliseconds()).Build()
-			out = c.DoMulti(ctx, c.B().Eval().Script(src.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait)
+			out = c.DoMulti(ctx, c.B().Eval().Script(s.Source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), mark(c), wait(c))
 		}
 		res = out[0]
-		n, err := out[1].AsInt64()
+		if err := out[1].Error(); err != nil {
+			ackErr = fmt.Errorf("%w: the write mark before WAIT: %v", ErrNotReplicated, err)
+			return nil
+		}
+		n, err := out[2].AsInt64()
 		switch {
 		case err != nil:
 			ackErr = fmt.Errorf("%w: WAIT: %v", ErrNotReplicated, err)

@@ -2,7 +2,6 @@ package stock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // MaxQty is the largest quantity, stock level or limit this package accepts: 2^53-1, the
@@ -22,31 +22,37 @@ const MaxQty = 1<<53 - 1
 // MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes.
 const MaxNameLen = 128
 
-// Key suffixes after "<prefix>:{<sku>}". Every key of one item shares the hash tag {<sku>}, so
-// every script touches a single Redis Cluster slot.
-const (
-	itemSuffix   = ""    // hash: a available, h held, s sold, l loaded, c closed, n next deadline
-	ledgerSuffix = ":l"  // hash: request id -> compact entry (see lua/lib.lua)
-	usersSuffix  = ":u"  // hash: user -> units held or bought
-	outboxSuffix = ":o"  // sorted set: "<event>:<id>" -> due time in ms
-	holdsSuffix  = ":h"  // sorted set: hold id -> deadline in ms
-	triesSuffix  = ":r"  // hash: outbox member -> delivery attempts
-	leaseSuffix  = ":rl" // string: the relay draining the item, or "backoff"; with a TTL
-	deadSuffix   = ":dl" // sorted set: outbox events the store rejected as invalid
-	filterSuffix = ":b"  // string: the sold-out filter, a Bloom filter of the ledger's ids (lua/lib.lua)
-)
+// keyCacheSize bounds the items whose keys a Reserver keeps built (see protocol.KeyCache).
+const keyCacheSize = 8192
 
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
-// use by multiple goroutines. It starts no goroutines and never closes the client it was given.
-// Create one with New; the zero value is not usable.
+// use by multiple goroutines. It never closes the client it was given, and starts no
+// goroutines but Run's. Create one with New; the zero value is not usable.
+//
+// Most callers need a few methods:
+//   - Load puts an item on sale, once, with the stock the database of record holds.
+//   - Deduct takes stock for a request id, exactly once; Restore gives it back.
+//   - Hold takes stock until a deadline; Confirm keeps it, Cancel gives it back, and a hold
+//     past its deadline goes back by itself.
+//   - DeductMany and HoldMany take a cart: every line or none.
+//   - Run, in one goroutine, delivers every change to the Store (and a Publisher), checks
+//     Redis against the Store, and releases due holds.
+//   - Levels and Ledger tell an item's counters and what happened to a request id.
+//
+// The rest serve operators and tests: Restock, Refuse, Extend, ConfirmMany, CancelMany,
+// CloseItem, ReopenItem, Delist, Items, Entries, Pending, Sweep, RecoverCarts, and NewRelay,
+// NewReconciler and NewFailoverGuard for running the background work by hand.
 type Reserver struct {
 	client   rueidis.Client
 	opts     options
-	limitArg string      // opts.userLimit, formatted once
-	lanes    sync.Map    // sku -> *lane, for coalescing; only items with calls in flight
-	guarded  atomic.Bool // a FailoverGuard exists: a pass that cannot record the epoch fails
-	fenced   atomic.Bool // a FailoverGuard saw the primaries change: ErrFailover
-	soldOut  *soldOut    // the sold-out fast path; nil when off
+	limitArg string                        // opts.userLimit, formatted once
+	lanes    sync.Map                      // sku -> *lane, for coalescing; only items with calls in flight
+	guarded  atomic.Bool                   // a FailoverGuard exists: a pass that cannot record the epoch fails
+	fenced   atomic.Bool                   // a FailoverGuard saw the primaries change: ErrFailover
+	guard    atomic.Pointer[FailoverGuard] // the latest guard, which a pass that records the epoch checks
+	soldOut  *soldOut                      // the sold-out fast path; nil when off
+	keyCache *protocol.KeyCache
+	hints    *hints // the due-work hints of the background loops
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -65,6 +71,8 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
 	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
+	r.hints = newHints(r)
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
 		r.client = &trackedClient{Client: r.client, so: r.soldOut} // bounded too; see fastpath.go: own writes
@@ -151,17 +159,17 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
-// base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:{<sku>}"
-// for an item that WithGroups puts in a group. No name contains a brace, so the SKU always ends
-// at the first '}' after it and the suffixes that follow (":l", ":u", ...) can never be read as
-// part of another SKU: the keys of two different items never meet, grouped or not. Every other
-// key of a prefix ("<prefix>:items", "<prefix>:epoch", "<prefix>:carts{~}") starts with
-// "<prefix>:" and a letter, so no item reaches it either.
+// base is the common part of an item's keys, in the group WithGroups gives it (protocol.Base).
 func (r *Reserver) base(sku string) string {
-	if g := r.group(sku); g != "" {
-		return r.opts.prefix + ":{" + g + "}:{" + sku + "}"
+	return protocol.Base(r.opts.prefix, r.group(sku), sku)
+}
+
+// item returns the keys of a valid SKU, built once and cached.
+func (r *Reserver) item(sku string) *protocol.Keys {
+	if r.keyCache == nil { // a Reserver built without New, in tests
+		return protocol.NewKeys(r.base(sku))
 	}
-	return r.opts.prefix + ":{" + sku + "}"
+	return r.keyCache.Get(sku)
 }
 
 func (r *Reserver) group(sku string) string {
@@ -174,19 +182,8 @@ func (r *Reserver) group(sku string) string {
 	return ""
 }
 
-func (r *Reserver) key(sku, suffix string) string {
-	return r.base(sku) + suffix
-}
-
-// keys returns the KEYS every item script takes, in order: item, ledger, users, outbox, holds
-// and sold-out filter. Scripts that take more keys append them after the first five.
-func (r *Reserver) keys(sku string) []string {
-	base := r.base(sku)
-	return []string{base, base + ledgerSuffix, base + usersSuffix, base + outboxSuffix, base + holdsSuffix, base + filterSuffix}
-}
-
 func (r *Reserver) registryKey() string {
-	return r.opts.prefix + ":items"
+	return protocol.Registry(r.opts.prefix)
 }
 
 func (r *Reserver) outboxFlag() string {
@@ -212,39 +209,23 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(sku).Build()).Error(); err != nil {
 		return fmt.Errorf("stock: load %s: %w", sku, err)
 	}
-	k := r.keys(sku)
-	code, _, err := decodePair(loadScript.Exec(ctx, r.client, []string{k[0], k[5]}, []string{strconv.FormatInt(qty, 10)}))
+	code, _, err := decodePair(protocol.Load.Exec(ctx, r.client, r.item(sku).ForLoad(), []string{strconv.FormatInt(qty, 10)}))
 	if err != nil {
 		return fmt.Errorf("stock: load %s: %w", sku, err)
 	}
-	if code == codeReplay {
+	if code == protocol.Replay {
 		return fmt.Errorf("%w: %s", ErrLoaded, sku)
 	}
 	return codeErr(code)
 }
 
-// Available returns the units of an item that can be taken now. It returns ErrNotLoaded, never
-// 0, for an item Redis does not know.
-func (r *Reserver) Available(ctx context.Context, sku string) (int64, error) {
-	if err := checkName("sku", sku); err != nil {
-		return 0, err
-	}
-	n, err := r.client.Do(ctx, r.client.B().Hget().Key(r.key(sku, itemSuffix)).Field("a").Build()).AsInt64()
-	if rueidis.IsRedisNil(err) {
-		return 0, fmt.Errorf("%w: %s", ErrNotLoaded, sku)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("stock: available %s: %w", sku, err)
-	}
-	return n, nil
-}
-
-// Levels returns all counters of an item, read atomically. ErrNotLoaded for an unknown item.
+// Levels returns the counters of an item (Levels.Available is what can be taken now), read
+// atomically. It returns ErrNotLoaded, never zero counters, for an item Redis does not know.
 func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
 	if err := checkName("sku", sku); err != nil {
 		return Levels{}, err
 	}
-	return parseLevels(sku, r.client.Do(ctx, r.client.B().Hmget().Key(r.key(sku, itemSuffix)).Field("a", "h", "s", "l", "c").Build()))
+	return parseLevels(sku, r.client.Do(ctx, r.client.B().Hmget().Key(r.item(sku).Item).Field("a", "h", "s", "l", "c").Build()))
 }
 
 func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
@@ -268,31 +249,6 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 	return Levels{Available: n[0], Held: n[1], Sold: n[2], Loaded: n[3], Closed: closed == "1"}, nil
 }
 
-// LevelsMany returns the counters of several items, read in one pipelined round trip (each
-// item atomically, not all of them at one instant). Items Redis does not know are absent from
-// the map.
-func (r *Reserver) LevelsMany(ctx context.Context, skus ...string) (map[string]Levels, error) {
-	cmds := make(rueidis.Commands, 0, len(skus))
-	for _, sku := range skus {
-		if err := checkName("sku", sku); err != nil {
-			return nil, err
-		}
-		cmds = append(cmds, r.client.B().Hmget().Key(r.key(sku, itemSuffix)).Field("a", "h", "s", "l", "c").Build())
-	}
-	out := make(map[string]Levels, len(skus))
-	for i, res := range r.client.DoMulti(ctx, cmds...) {
-		l, err := parseLevels(skus[i], res)
-		if errors.Is(err, ErrNotLoaded) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		out[skus[i]] = l
-	}
-	return out, nil
-}
-
 // Deduct takes req.Qty units of req.SKU for req.ID, exactly once: the check of the id, the
 // per-user limit, the stock check, the decrement, the ledger entry and the outbox event are one
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
@@ -311,62 +267,86 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 		ctx = r.startOp(ctx, "deduct", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "deduct", req.SKU, start, rc, err, local) }(time.Now())
 	}
-	if err := req.check(); err != nil {
-		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	rc = Receipt{SKU: req.SKU, ID: req.ID}
+	if err := r.admit(req); err != nil {
+		return rc, err
 	}
-	if r.fenced.Load() {
-		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
-	}
+	k := r.item(req.SKU)
 	if r.knownSoldOut(ctx, req) {
 		local = true
-		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, ErrSoldOut
+		rc.Qty = req.Qty
+		return rc, ErrSoldOut
 	}
 	if r.opts.inflight > 0 {
-		o, err := r.deductCoalesced(ctx, req)
-		rc := Receipt{SKU: req.SKU, ID: req.ID}
-		if err != nil {
-			return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
-		}
-		if o.code == codeSoldOut {
-			r.markSoldOut(req.SKU)
-		}
-		return r.receipt(rc, o)
+		o, err := r.deductCoalesced(ctx, k, req)
+		return r.takeReceipt(rc, k, o, nil, err)
 	}
-	return r.take(ctx, "D", req, 0)
+	o, ackErr, err := r.takeScript(ctx, k, protocol.TakeDeduct, req, 0)
+	return r.takeReceipt(rc, k, o, ackErr, err)
 }
 
+// admit checks a request before anything is sent: valid, and the Reserver not fenced.
+func (r *Reserver) admit(req Request) error {
+	if err := req.check(); err != nil {
+		return err
+	}
+	if r.fenced.Load() {
+		return ErrFailover
+	}
+	return nil
+}
+
+// take runs one deduct (kind "D") or hold ("H", for ttlMs) of a checked request.
 func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
+	k := r.item(req.SKU)
+	o, ackErr, err := r.takeScript(ctx, k, kind, req, ttlMs)
+	return r.takeReceipt(Receipt{SKU: req.SKU, ID: req.ID}, k, o, ackErr, err)
+}
+
+// takeScript runs deduct.lua for one request.
+func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string, req Request, ttlMs int64) (o outcome, ackErr error, err error) {
 	args := []string{
 		r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10),
 		req.ID, strconv.FormatInt(req.Qty, 10), req.User, retryFlag(req.Retry),
 	}
-	res, ackErr := r.exec(ctx, deductScript, r.keys(req.SKU), args)
-	o, err := decodeOne(res)
-	rc := Receipt{SKU: req.SKU, ID: req.ID}
-	if err != nil {
-		return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
+	res, ackErr := r.exec(ctx, protocol.Deduct, k.ForItem(), args)
+	if kind == protocol.TakeHold {
+		r.noteHold(req.SKU, time.Duration(ttlMs)*time.Millisecond)
+	} else {
+		r.noteEvents(req.SKU)
 	}
-	if o.code == codeSoldOut {
-		r.markSoldOut(req.SKU)
+	o, err = decodeOne(res)
+	return o, ackErr, err
+}
+
+// takeReceipt is the receipt of a take whose script answered o (or failed with err); a refusal
+// as sold out turns the fast path on for the item.
+func (r *Reserver) takeReceipt(rc Receipt, k *protocol.Keys, o outcome, ackErr, err error) (Receipt, error) {
+	if err != nil {
+		return rc, fmt.Errorf("stock: deduct %s/%s: %w", rc.SKU, rc.ID, err)
+	}
+	if o.code == protocol.SoldOut {
+		r.markSoldOut(rc.SKU, k)
 	}
 	return r.receiptAck(rc, o, ackErr)
 }
 
-// receiptAck is receipt, with the replica acknowledgement's error when the write was made.
+// receiptAck is receipt, with the replica acknowledgement's error when the write was made, or
+// replayed: a replay is as safe as the write it replays, which the replicas may not have yet.
 func (r *Reserver) receiptAck(rc Receipt, o outcome, ackErr error) (Receipt, error) {
 	rc, err := r.receipt(rc, o)
-	if err == nil && ackErr != nil && o.code == codeOK {
+	if err == nil && ackErr != nil && (o.code == protocol.OK || o.code == protocol.Replay) {
 		return rc, ackErr
 	}
 	return rc, err
 }
 
 func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
-	rc.Qty, rc.Remaining, rc.Replayed = o.qty, o.remaining, o.code == codeReplay
+	rc.Qty, rc.Remaining, rc.Replayed = o.qty, o.remaining, o.code == protocol.Replay
 	switch o.code {
-	case codeConflict:
+	case protocol.Conflict:
 		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, rc.SKU, rc.ID, o.qty)
-	case codeUserLimit:
+	case protocol.UserLimit:
 		return rc, fmt.Errorf("%w: the user has %d of %d units of %s", ErrUserLimit, o.qty, r.opts.userLimit, rc.SKU)
 	}
 	return rc, codeErr(o.code)
@@ -382,7 +362,7 @@ func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err
 		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
 	}
-	return r.giveBack(ctx, sku, id, "x")
+	return r.giveBack(ctx, sku, id, protocol.ReasonRestore)
 }
 
 func (r *Reserver) giveBack(ctx context.Context, sku, id, reason string) (Receipt, error) {
@@ -402,7 +382,8 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if kind != "" {
 		args = append(args, kind, strconv.FormatInt(qty, 10), user)
 	}
-	res, ackErr := r.exec(ctx, restoreScript, r.keys(sku), args)
+	res, ackErr := r.exec(ctx, protocol.Restore, r.item(sku).ForItem(), args)
+	r.noteEvents(sku)
 	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
@@ -423,7 +404,8 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 		return Receipt{SKU: sku, ID: id}, err
 	}
 	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
-	res, ackErr := r.exec(ctx, restockScript, r.keys(sku), args)
+	res, ackErr := r.exec(ctx, protocol.Restock, r.item(sku).ForItem(), args)
+	r.noteEvents(sku)
 	o, err := decodeOne(res)
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, fmt.Errorf("stock: restock %s/%s: %w", sku, id, err)
@@ -437,9 +419,8 @@ func (r *Reserver) Pending(ctx context.Context, sku string) (pending, dead int64
 	if err := checkName("sku", sku); err != nil {
 		return 0, 0, err
 	}
-	res := r.client.DoMulti(ctx,
-		r.client.B().Zcard().Key(r.key(sku, outboxSuffix)).Build(),
-		r.client.B().Zcard().Key(r.key(sku, deadSuffix)).Build())
+	k := r.item(sku)
+	res := r.client.DoMulti(ctx, r.client.B().Zcard().Key(k.Outbox).Build(), r.client.B().Zcard().Key(k.Dead).Build())
 	if pending, err = res[0].AsInt64(); err == nil {
 		dead, err = res[1].AsInt64()
 	}
@@ -472,16 +453,17 @@ func (r *Reserver) Items(ctx context.Context) iter.Seq2[string, error] {
 	}
 }
 
-// Close stops selling an item: Deduct and Hold are refused with ErrClosed, while Restore,
+// CloseItem stops selling an item: Deduct and Hold are refused with ErrClosed, while Restore,
 // Confirm, Cancel, expiry, the relay and the reconciler go on, so the item's pipeline finishes.
 // Closing a closed item does nothing. ErrNotLoaded for an unknown item.
-func (r *Reserver) Close(ctx context.Context, sku string) error {
+func (r *Reserver) CloseItem(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "1")
 }
 
-// Reopen lets a closed item sell again. A delisted item is closed for good: Reopen refuses it
-// with ErrClosed (and changes nothing), since the reconciler is to retire it, ledger and all.
-func (r *Reserver) Reopen(ctx context.Context, sku string) error {
+// ReopenItem lets a closed item sell again. A delisted item is closed for good: ReopenItem
+// refuses it with ErrClosed (and changes nothing), since the reconciler is to retire it, ledger
+// and all.
+func (r *Reserver) ReopenItem(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "0")
 }
 
@@ -489,14 +471,14 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	code, _, err := decodePair(closeScript.Exec(ctx, r.client, r.keys(sku)[:2], []string{flag}))
+	code, _, err := decodePair(protocol.Close.Exec(ctx, r.client, r.item(sku).ForMarks(), []string{flag}))
 	if err != nil {
 		return fmt.Errorf("stock: close %s: %w", sku, err)
 	}
-	if code == codeNotLoaded {
+	if code == protocol.NotLoaded {
 		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
 	}
-	if code == codeClosed {
+	if code == protocol.Closed {
 		return fmt.Errorf("%w: %s is delisted and cannot be reopened", ErrClosed, sku)
 	}
 	return codeErr(code)
@@ -504,20 +486,20 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 
 // Delist ends an item's sale for good: it is closed (ErrClosed for new deducts and holds) and
 // stamped with the time. Its pipeline finishes as with Close; once the retention has passed
-// (WithRetention of the Reconciler, 24h by default) and a reconcile pass finds
+// (ReconcileOptions.Retention, 24h by default) and a reconcile pass finds
 // Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
 // answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
-// cannot be reopened (Reopen returns ErrClosed); only a closed, delisted item is ever retired.
+// cannot be reopened (ReopenItem returns ErrClosed); only a closed, delisted item is ever retired.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	code, _, err := decodePair(delistScript.Exec(ctx, r.client, r.keys(sku)[:2], nil))
+	code, _, err := decodePair(protocol.Delist.Exec(ctx, r.client, r.item(sku).ForMarks(), nil))
 	if err != nil {
 		return fmt.Errorf("stock: delist %s: %w", sku, err)
 	}
-	if code == codeNotLoaded {
+	if code == protocol.NotLoaded {
 		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
 	}
 	return codeErr(code)

@@ -88,13 +88,13 @@ func TestLoadAvailableLevels(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c)
 
-		_, err := r.Available(ctx, "ghost")
+		_, err := available(r.Levels(ctx, "ghost"))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		_, err = r.Levels(ctx, "ghost")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 
 		require.NoError(t, r.Load(ctx, "sku-1", 100))
-		n, err := r.Available(ctx, "sku-1")
+		n, err := available(r.Levels(ctx, "sku-1"))
 		require.NoError(t, err)
 		assert.Equal(t, int64(100), n)
 
@@ -333,7 +333,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		delete(after, "o")
 		assert.Equal(t, before, after)
 		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, levels(t, r, "A"))
-		_, err = r.Available(ctx, "B")
+		_, err = available(r.Levels(ctx, "B"))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 	})
 }
@@ -526,22 +526,6 @@ func mustAtoi(s string) int {
 	return n
 }
 
-func TestLevelsMany(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
-		require.NoError(t, r.Load(ctx, "A", 3))
-		require.NoError(t, r.Load(ctx, "B", 5))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "o", Qty: 2})
-		require.NoError(t, err)
-		m, err := r.LevelsMany(ctx, "A", "B", "ghost")
-		require.NoError(t, err)
-		assert.Equal(t, map[string]stock.Levels{"A": {Available: 3, Loaded: 3}, "B": {Available: 3, Sold: 2, Loaded: 5}}, m)
-		_, err = r.LevelsMany(ctx, "A", "b{ad}")
-		assert.ErrorIs(t, err, stock.ErrInvalid)
-	})
-}
-
 // TestRetryRefusalIsFinal: a retry's refusal for lack of stock is recorded, so the earlier
 // attempt of the id, arriving later, is refused too; a first attempt's refusal writes nothing.
 func TestRetryRefusalIsFinal(t *testing.T) {
@@ -573,3 +557,6 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
 	})
 }
+
+// available returns the available units of a Levels call.
+func available(l stock.Levels, err error) (int64, error) { return l.Available, err }

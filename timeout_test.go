@@ -105,7 +105,7 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 			r := newReserver(t, c, stock.WithTimeout(time.Second), stock.WithCoalescing(0))
 			rc := newReserver(t, c, stock.WithTimeout(time.Second))
 			guard := r.NewFailoverGuard()
-			rec, err := r.NewReconciler(memstore.New())
+			rec, err := r.NewReconciler(memstore.New(), nil)
 			require.NoError(t, err)
 			stop()
 			calls := []struct {
@@ -128,7 +128,7 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 				}},
 				{"Confirm", true, func() error { _, err := r.Confirm(ctx, "A0", "h1"); return err }},
 				{"Restock", true, func() error { _, err := r.Restock(ctx, "A0", "s1", 1); return err }},
-				{"Available", true, func() error { _, err := r.Available(ctx, "A0"); return err }},
+				{"Available", true, func() error { _, err := available(r.Levels(ctx, "A0")); return err }},
 				{"Levels", true, func() error { _, err := r.Levels(ctx, "A0"); return err }},
 				{"Ledger", true, func() error { _, err := r.Ledger(ctx, "A0", "o1"); return err }},
 				{"Load", false, func() error { return r.Load(ctx, "B", 1) }},

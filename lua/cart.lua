@@ -6,7 +6,7 @@
 -- that moves it decides the outcome of every copy of the cart id, concurrent or later. A cart
 -- stays in the pending zset until its undo has given every line back, so RecoverCarts finishes an
 -- undo that a crash cut short.
--- cart: "K{user}|sku:qty|sku:qty" in SKU order (cart.go encodeCart); a record is the same cart
+-- cart: "K{user}|sku:qty|sku:qty" in SKU order (internal/protocol EncodeCart); a record is the same cart
 -- only when its kind, user and lines are all equal.
 -- cause: why a cart was undone, "code:sku" (the item's refusal), or '' (RecoverCarts); an undone
 -- record keeps it after its lines: "u|started|cart|{code:sku}" (no line starts with a brace).

@@ -4,14 +4,24 @@
 -- KEYS[3] attempts hash, KEYS[4] relay lease (string: holder token, with a TTL)
 -- ARGV[1] most events to return, ARGV[2] lease in ms, ARGV[3] the relay's token
 -- Reply: flat strings, four per event, oldest first: member, ledger entry ('' if the entry is
--- gone), attempts, sequence (the member's score: the event's place in the item's sequence)
+-- gone), attempts, sequence (the member's score: the event's place in the item's sequence).
+-- When another holder has the lease and the outbox has events: two strings, the holder's kind
+-- ('b' a backoff, 'l' another relay or a reconcile pass) and the lease's remaining ms, so the
+-- relay knows when to look again.
 --
 -- One relay at a time drains an item, in order, so the store sees an item's events in the order
 -- they happened. The lease runs out if the relay dies (its events are then delivered again by
 -- the next relay) or when a backoff set after a failure ends.
 local holder = redis.call('GET', KEYS[4])
 if holder and holder ~= ARGV[3] then
-  return {}
+  if redis.call('ZCARD', KEYS[1]) == 0 then
+    return {}
+  end
+  local kind = 'l'
+  if holder == 'backoff' then
+    kind = 'b'
+  end
+  return {kind, fmt(redis.call('PTTL', KEYS[4]))}
 end
 local ms = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 if #ms == 0 then

@@ -51,6 +51,21 @@ for j, id in ipairs(ids) do
     end
   end
 end
+-- One read of the users' units for the whole call: every buyer of a new id, checked here.
+local raw, unames = {}, {}
+for j = 1, #ids do
+  local u = ARGV[4 * j + 3]
+  if not known[j] and u ~= '' and not raw[u] then
+    raw[u] = true
+    unames[#unames + 1] = u
+  end
+end
+if #unames > 0 then
+  local vs = redis.call('HMGET', KEYS[3], unpack(unames))
+  for j, u in ipairs(unames) do
+    raw[u] = int(vs[j], 'units of user ' .. u) or 0
+  end
+end
 local plan
 if avail and ((nd and nd <= now) or #also > 0) then
   plan = plan_expiry(KEYS, now, 64, also)
@@ -69,7 +84,7 @@ if avail and ((nd and nd <= now) or #also > 0) then
       end
     end
     for u, q in pairs(per) do
-      local have = (int(redis.call('HGET', KEYS[3], u), 'units of user ' .. u) or 0) - (plan.users[u] or 0)
+      local have = raw[u] - (plan.users[u] or 0)
       over = over or have + q > limit
     end
     if avail + plan.freed < need or over then
@@ -90,15 +105,10 @@ if avail and ((nd and nd <= now) or #also > 0) then
     end
   end
 end
--- units_of returns the units user u has once the plan is written, read and checked once.
-local checked = {}
+-- units_of returns the units user u (a buyer of a new id) has once the plan is written.
 local function units_of(u)
-  if not checked[u] then
-    local have = int(redis.call('HGET', KEYS[3], u), 'units of user ' .. u) or 0
-    have = have - ((plan and plan.users[u]) or 0)
-    checked[u] = (have > 0) and have or 0
-  end
-  return checked[u]
+  local have = raw[u] - ((plan and plan.users[u]) or 0)
+  return (have > 0) and have or 0
 end
 
 local out, fresh, hset, zadd, hz, units, delta, seen = {}, {}, {}, {}, {}, {}, {}, {}
@@ -163,11 +173,6 @@ for i = 5, #ARGV, 4 do
   out[#out + 1] = n
 end
 
--- Users whose units the takes move were checked above only under a per-user limit.
-for u in pairs(delta) do
-  units_of(u)
-end
-
 -- The writes.
 local _, queued = release(KEYS, plan, queue)
 seq = seq + queued
@@ -190,8 +195,14 @@ if taken > 0 then
     redis.call('ZADD', KEYS[5], unpack(hz))
     next_deadline(KEYS[1], KEYS[5])
   end
+  -- One write of the users' units: what each had once the plan is written, plus what it took.
+  local us = {}
   for u, d in pairs(delta) do
-    redis.call('HINCRBY', KEYS[3], u, d)
+    us[#us + 1] = u
+    us[#us + 1] = fmt(units_of(u) + d)
+  end
+  if #us > 0 then
+    redis.call('HSET', KEYS[3], unpack(us))
   end
   for _, id in ipairs(seen) do
     remember(KEYS[6], st[6], id)

@@ -10,7 +10,7 @@
 -- line is REPLAY (the cart was taken before: every line has this cart's entry, same kind,
 -- quantity and user; for deducts even one restored since), or nothing was taken and the lines
 -- that refused
--- carry their code (the others OK-but-not-taken carry code -1).
+-- carry their code (the others OK-but-not-taken carry code UNTAKEN).
 --
 -- Every line is read and checked (entries parsed, counters checked) before the first write. The
 -- writes: first each item's due holds are released (at most 64 per item, and the cart id's own
@@ -54,7 +54,7 @@ for i = 1, n do
       e = with_state(e, 'e')
     end
   end
-  local code, rem, nq = -1, avail or 0, q
+  local code, rem, nq = UNTAKEN, avail or 0, q
   if e then
     code, rem, nq = answer_known(e, kind, q, u, rem)
     if code == REPLAY then
@@ -65,22 +65,22 @@ for i = 1, n do
       mine[#mine + 1] = ea -- this cart's line, whatever happened to it since
     end
   else
-    code = item_refusal(avail, st[2] == '1') or -1
+    code = item_refusal(avail, st[2] == '1') or UNTAKEN
     if u ~= '' then
       local have = int(redis.call('HGET', K[3], u), 'units of user ' .. u) or 0
       have = have - ((x and x.users[u]) or 0)
       if have < 0 then
         have = 0
       end
-      if code == -1 and limit > 0 and have + q > limit then
+      if code == UNTAKEN and limit > 0 and have + q > limit then
         code, nq = USERLIMIT, have
       end
     end
-    if code == -1 and avail < q then
+    if code == UNTAKEN and avail < q then
       code = SHORT
     end
   end
-  if code ~= -1 and code ~= REPLAY then
+  if code ~= UNTAKEN and code ~= REPLAY then
     refused = true
   end
   plan[i] = {K = K, q = q, avail = avail, count = count, seq = seq, b = st[6], x = x}
@@ -108,7 +108,7 @@ end
 if replays > 0 then
   -- Some lines taken, others not: not a cart this script wrote. Refuse as a conflict.
   for i = 1, n do
-    if out[3 * i - 2] == -1 then
+    if out[3 * i - 2] == UNTAKEN then
       out[3 * i - 2] = CONFLICT
     end
   end

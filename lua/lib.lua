@@ -11,16 +11,19 @@
 --   S (state): h held, r reserved (taken, not yet in the store), a applied (in the store),
 --              x restored, f refused by the store (restored), c cancelled, e expired
 --   after: available after the operation (before is not stored: it follows from the kind, qty
---   and after, see ledger.go); at, deadline: ms since the epoch
+--   and after, see internal/protocol Entry.Before); at, deadline: ms since the epoch
 --   (Redis TIME). Numbers are written with %d: Lua numbers are doubles and tostring would print
 --   15+ digit values in exponent form on a real Redis.
 -- Outbox member:     "E:id" where E is the event: D deducted, R restored, L restocked, H held,
 --                    X cancelled, E expired. The score is the event's sequence number in the
 --                    item (item field q), so a relay delivers an item's events in the order
 --                    they happened: a restore always reaches the store before a later deduct.
--- Reply codes (the third slot carries the quantity, or the user's units for code 7):
+-- Reply codes (the third slot carries the quantity, or the user's units for code 7); the Go side
+-- is internal/protocol/codes.go, and its test fails when the two differ:
 local OK, REPLAY, SOLDOUT, SHORT, NOTLOADED, CONFLICT, RESTORED, USERLIMIT, CLOSED, UNKNOWN, EXPIRED, CONFIRMED, INVALID =
       0,  1,      2,       3,     4,         5,        6,        7,         8,      9,       10,      11,        12
+-- UNTAKEN (deductmany.lua): a line of a cart that could be taken, not taken as another line refused.
+local UNTAKEN = -1
 
 local function now_ms()
   local t = redis.call('TIME')

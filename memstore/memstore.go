@@ -109,7 +109,7 @@ func (s *Store) apply(ev stock.Event) error {
 	switch ev.Type {
 	case stock.EventDeducted, stock.EventConfirmed:
 		if seen {
-			if rec.Status == stock.RecordRefused {
+			if rec.Status == stock.StateRefused {
 				return stock.ErrRefused
 			}
 			return nil
@@ -117,21 +117,21 @@ func (s *Store) apply(ev stock.Event) error {
 		rem, ok := s.remaining[ev.SKU]
 		rec = stock.Record{SKU: ev.SKU, ID: ev.ID, User: ev.User, Type: ev.Type, Qty: ev.Qty, At: now}
 		if !ok || rem < ev.Qty {
-			rec.Status = stock.RecordRefused
+			rec.Status = stock.StateRefused
 			recs[ev.ID] = rec
 			return stock.ErrRefused
 		}
 		s.remaining[ev.SKU] = rem - ev.Qty
-		rec.Status = stock.RecordApplied
+		rec.Status = stock.StateApplied
 		recs[ev.ID] = rec
 		s.applies[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)]++
 	case stock.EventRestored, stock.EventRefused:
 		if !seen {
-			recs[ev.ID] = stock.Record{SKU: ev.SKU, ID: ev.ID, User: ev.User, Type: ev.Type, Qty: ev.Qty, Status: stock.RecordRestored, At: now}
+			recs[ev.ID] = stock.Record{SKU: ev.SKU, ID: ev.ID, User: ev.User, Type: ev.Type, Qty: ev.Qty, Status: stock.StateRestored, At: now}
 			return nil
 		}
-		if rec.Status == stock.RecordApplied && rec.Type != stock.EventRestocked {
-			rec.Status = stock.RecordRestored
+		if rec.Status == stock.StateApplied && rec.Type != stock.EventRestocked {
+			rec.Status = stock.StateRestored
 			recs[ev.ID] = rec
 			s.remaining[ev.SKU] += rec.Qty
 			s.applies[ev.SKU+"/"+ev.ID+"/"+string(stock.EventRestored)]++
@@ -143,7 +143,7 @@ func (s *Store) apply(ev stock.Event) error {
 		if _, ok := s.remaining[ev.SKU]; !ok {
 			return stock.ErrNotLoaded // as the Store doc says: the relay retries it later
 		}
-		recs[ev.ID] = stock.Record{SKU: ev.SKU, ID: ev.ID, Type: ev.Type, Qty: ev.Qty, Status: stock.RecordApplied, At: now}
+		recs[ev.ID] = stock.Record{SKU: ev.SKU, ID: ev.ID, Type: ev.Type, Qty: ev.Qty, Status: stock.StateApplied, At: now}
 		s.remaining[ev.SKU] += ev.Qty
 		s.applies[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)]++
 	case stock.EventHeld, stock.EventCancelled, stock.EventExpired:

@@ -71,7 +71,7 @@ func TestAttack13JetStreamConsumerDiesMidBatch(t *testing.T) {
 			}
 		}
 	}
-	rl, err := r.NewRelay(nil, pub)
+	rl, err := r.NewRelay(nil, pub, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestAttack13JetStreamConsumerDiesMidBatch(t *testing.T) {
 		}
 	}
 	// consumer down: reconcile
-	rc, _ := r.NewReconciler(st)
+	rc, _ := r.NewReconciler(st, nil)
 	res, err := rc.Pass(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +158,7 @@ func TestAttack13JetStreamConsumerDiesMidBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, rec := range recs {
-		if rec.Status == stock.RecordRefused {
+		if rec.Status == stock.StateRefused {
 			t.Errorf("store refused a valid sale: %+v", rec)
 		}
 	}

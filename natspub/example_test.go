@@ -41,7 +41,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := reserver.NewRelay(nil, pub)
+	relay, err := reserver.NewRelay(nil, pub, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

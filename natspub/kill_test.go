@@ -177,7 +177,7 @@ func newKillRig(t *testing.T, ackWait time.Duration) *killRig {
 	rg.store = openStore(t, rg.cfg.DB)
 	pub, err := natspub.New(e.js, natspub.WithPrefix(e.prefix), natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
 	require.NoError(t, err)
-	rg.relay, err = rg.r.NewRelay(nil, pub, stock.WithPoll(20*time.Millisecond))
+	rg.relay, err = rg.r.NewRelay(nil, pub, &stock.RelayOptions{Poll: 20 * time.Millisecond})
 	require.NoError(t, err)
 	return rg
 }
@@ -308,7 +308,7 @@ func (rg *killRig) refusals(sku string) []string {
 		require.NoError(rg.t, err)
 		for _, rec := range recs {
 			after = rec.ID
-			if rec.Status == stock.RecordRefused {
+			if rec.Status == stock.StateRefused {
 				out = append(out, rec.ID)
 			}
 		}
@@ -357,14 +357,14 @@ func TestConsumerKilledKeepsOrder(t *testing.T) {
 
 	recs, err := rg.store.Records(ctx, sku, []string{"a", "b"})
 	require.NoError(t, err)
-	assert.Equal(t, stock.RecordRestored, recs["a"].Status)
-	assert.Equal(t, stock.RecordApplied, recs["b"].Status, "b's valid sale is applied, not refused")
+	assert.Equal(t, stock.StateRestored, recs["a"].Status)
+	assert.Equal(t, stock.StateApplied, recs["b"].Status, "b's valid sale is applied, not refused")
 	e, err := rg.r.Ledger(ctx, sku, "b")
 	require.NoError(t, err)
 	assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
 	rem, err := rg.store.Remaining(ctx, sku)
 	require.NoError(t, err)
-	avail, err := rg.r.Available(ctx, sku)
+	avail, err := available(rg.r.Levels(ctx, sku))
 	require.NoError(t, err)
 	assert.Zero(t, rem)
 	assert.Zero(t, avail)
@@ -445,7 +445,7 @@ func TestConsumersKilledRandom(t *testing.T) {
 		refused = append(refused, rg.refusals(sku)...)
 		rem, err := rg.store.Remaining(context.Background(), sku)
 		require.NoError(t, err)
-		avail, err := rg.r.Available(context.Background(), sku)
+		avail, err := available(rg.r.Levels(context.Background(), sku))
 		require.NoError(t, err)
 		assert.Equal(t, avail, rem, "%s: Redis and the store agree", sku)
 	}
@@ -455,3 +455,6 @@ func TestConsumersKilledRandom(t *testing.T) {
 	assert.Positive(t, redelivered, "the kills left messages to redeliver")
 	assert.Empty(t, refused, "the store refused valid sales: an item's events were applied out of order")
 }
+
+// available returns the available units of a Levels call.
+func available(l stock.Levels, err error) (int64, error) { return l.Available, err }

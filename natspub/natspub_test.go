@@ -409,7 +409,7 @@ type env struct {
 	prefix string
 }
 
-func randSuffix(t *testing.T) string {
+func randSuffix(t testing.TB) string {
 	t.Helper()
 	var b [6]byte
 	_, err := rand.Read(b[:])
@@ -419,7 +419,7 @@ func randSuffix(t *testing.T) string {
 
 // newEnv connects to STOCK_TEST_NATS and creates a stream of its own, deleted at cleanup. It
 // skips when the variable is unset, and fails (never skips) when the server is unreachable.
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	url := os.Getenv("STOCK_TEST_NATS")
 	if url == "" {
@@ -726,4 +726,33 @@ func TestEnsureStream(t *testing.T) {
 	})
 	_, err = natspub.EnsureStream(ctx, e.js, clash, prefix)
 	require.Error(t, err)
+}
+
+// TestPublishBatch: a batch is stored in order with one error per event; an invalid event fails
+// alone and holds back the later events of its item, not those of other items; a publish the
+// stream refuses fails every event.
+func TestPublishBatch(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	p := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
+	at := time.Now().UTC()
+	mk := func(sku, id string, seq int64) stock.Event {
+		return stock.Event{Type: stock.EventDeducted, SKU: sku, ID: id, Qty: 1, At: at, Seq: seq}
+	}
+	bad := mk("a", "bad", 2)
+	bad.Qty = -1
+	errs := p.PublishBatch(ctx, []stock.Event{mk("a", "1", 1), bad, mk("b", "1", 1), mk("a", "2", 3), mk("b", "2", 2)})
+	require.Len(t, errs, 5)
+	assert.NoError(t, errs[0])
+	assert.ErrorIs(t, errs[1], stock.ErrInvalid)
+	assert.NoError(t, errs[2])
+	assert.ErrorContains(t, errs[3], "not sent after an earlier failure")
+	assert.NoError(t, errs[4])
+	assert.Equal(t, uint64(3), e.msgs(t))
+
+	wrong := e.publisher(t, natspub.WithStream("NOT_THIS_ONE"), natspub.WithTimeout(5*time.Second))
+	for _, err := range wrong.PublishBatch(ctx, []stock.Event{mk("c", "1", 1), mk("c", "2", 2)}) {
+		assert.Error(t, err)
+	}
+	assert.Equal(t, uint64(3), e.msgs(t))
 }

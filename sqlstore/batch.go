@@ -91,7 +91,7 @@ type batchRecord struct {
 	ev     stock.Event // the event that created a new record; SKU and ID for a stored one
 	typ    stock.EventType
 	qty    int64
-	status stock.RecordStatus
+	status stock.State
 	stored bool // the row exists; else it is inserted
 }
 
@@ -154,7 +154,7 @@ plan:
 		ev := evs[i]
 		it, key := items[ev.SKU], recordKey{ev.SKU, ev.ID}
 		r := recs[key]
-		add := func(st stock.RecordStatus) {
+		add := func(st stock.State) {
 			r = &batchRecord{ev: ev, typ: ev.Type, qty: ev.Qty, status: st}
 			recs[key] = r
 			added = append(added, r)
@@ -162,7 +162,7 @@ plan:
 		switch ev.Type {
 		case stock.EventDeducted, stock.EventConfirmed, stock.EventRestocked:
 			if r != nil { // a repeat answers as the first
-				if r.status == stock.RecordRefused {
+				if r.status == stock.StateRefused {
 					outs[k] = refused(ev)
 				}
 				continue
@@ -172,24 +172,24 @@ plan:
 				outs[k] = fmt.Errorf("sqlstore: restock %q of %q: %w", ev.ID, ev.SKU, stock.ErrNotLoaded)
 				break plan // the events after it stay unapplied
 			case ev.Type == stock.EventRestocked:
-				add(stock.RecordApplied)
+				add(stock.StateApplied)
 				it.remaining += ev.Qty
 				it.dRemaining += ev.Qty
 				it.dLoad += ev.Qty
 			case it.exists && it.remaining >= ev.Qty:
-				add(stock.RecordApplied)
+				add(stock.StateApplied)
 				it.remaining -= ev.Qty
 				it.dRemaining -= ev.Qty
 			default:
-				add(stock.RecordRefused)
+				add(stock.StateRefused)
 				outs[k] = refused(ev)
 			}
 		default: // stock.EventRestored, stock.EventRefused
 			switch {
 			case r == nil:
-				add(stock.RecordRestored) // a tombstone
-			case r.status == stock.RecordApplied && (r.typ == stock.EventDeducted || r.typ == stock.EventConfirmed):
-				r.status = stock.RecordRestored
+				add(stock.StateRestored) // a tombstone
+			case r.status == stock.StateApplied && (r.typ == stock.EventDeducted || r.typ == stock.EventConfirmed):
+				r.status = stock.StateRestored
 				if r.stored {
 					flipped = append(flipped, r)
 				}

@@ -2,10 +2,9 @@ package sqlstore
 
 import (
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
-
-	"github.com/go-sql-driver/mysql"
 )
 
 // Dialect is the SQL dialect of the database a Store runs on.
@@ -155,8 +154,59 @@ func (d Dialect) onConflict() string {
 
 // isDuplicate reports whether err is MySQL's duplicate-key error.
 func isDuplicate(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1062
+	n, ok := mysqlErrorNumber(err)
+	return ok && n == 1062 // ER_DUP_ENTRY
+}
+
+// mysqlErrorNumber returns the server error number of the first *mysql.MySQLError of
+// github.com/go-sql-driver/mysql in err's chain. It reads the error's Number field by reflection
+// so that this package does not import (and register) the MySQL driver for users of another
+// database.
+func mysqlErrorNumber(err error) (uint16, bool) {
+	for err != nil {
+		if n, ok := mysqlNumber(err); ok {
+			return n, true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if n, ok := mysqlErrorNumber(e); ok {
+					return n, true
+				}
+			}
+			return 0, false
+		default:
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
+// mysqlDriverPkg is the import path of the MySQL driver whose errors mysqlNumber reads.
+const mysqlDriverPkg = "github.com/go-sql-driver/mysql"
+
+// mysqlNumber returns the Number of err when err is a *MySQLError of the MySQL driver (also a
+// vendored copy of it).
+func mysqlNumber(err error) (uint16, bool) {
+	t := reflect.TypeOf(err)
+	if t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
+		return 0, false
+	}
+	t = t.Elem()
+	if pkg := t.PkgPath(); t.Name() != "MySQLError" || (pkg != mysqlDriverPkg && !strings.HasSuffix(pkg, "/vendor/"+mysqlDriverPkg)) {
+		return 0, false
+	}
+	v := reflect.ValueOf(err)
+	if v.IsNil() {
+		return 0, false
+	}
+	f := v.Elem().FieldByName("Number")
+	if !f.IsValid() || f.Kind() != reflect.Uint16 {
+		return 0, false
+	}
+	return uint16(f.Uint()), true
 }
 
 // retryable reports whether err is a serialization failure, a deadlock or a lock timeout,
@@ -165,9 +215,8 @@ func retryable(err error) bool {
 	if errors.Is(err, errRaced) {
 		return true
 	}
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number == 1213 || me.Number == 1205 // ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+	if n, ok := mysqlErrorNumber(err); ok {
+		return n == 1213 || n == 1205 // ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 	}
 	var pe interface{ SQLState() string } // pgconn.PgError, pq.Error
 	if errors.As(err, &pe) {

@@ -4,7 +4,9 @@
 //
 // The caller opens the *sql.DB with the driver of its choice and owns it; New never closes it.
 // Tested drivers: github.com/jackc/pgx/v5/stdlib ("pgx"), github.com/go-sql-driver/mysql
-// ("mysql") and modernc.org/sqlite ("sqlite", pure Go, the embedded default).
+// ("mysql") and modernc.org/sqlite ("sqlite", pure Go, the embedded default). The package
+// imports and registers no driver; on MySQL it reads the error numbers of the go-sql-driver's
+// errors (duplicate key, deadlock, lock wait timeout) without importing it.
 //
 // # Schema
 //

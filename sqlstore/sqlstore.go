@@ -217,7 +217,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ev stock.Event) (out, err
 }
 
 func (s *Store) take(ctx context.Context, tx *sql.Tx, ev stock.Event) (out, err error) {
-	if ok, err := s.insert(ctx, tx, ev, stock.RecordApplied); err != nil || !ok {
+	if ok, err := s.insert(ctx, tx, ev, stock.StateApplied); err != nil || !ok {
 		return s.answer(ctx, tx, ev, err)
 	}
 	n, err := affected(tx.ExecContext(ctx, s.q.take, ev.Qty, ev.SKU, ev.Qty))
@@ -249,12 +249,12 @@ func (s *Store) giveBack(ctx context.Context, tx *sql.Tx, ev stock.Event) error 
 			}
 			return err
 		}
-		ok, err := s.insert(ctx, tx, ev, stock.RecordRestored)
+		ok, err := s.insert(ctx, tx, ev, stock.StateRestored)
 		if err != nil || ok {
 			return err
 		}
 		st, typ, err := s.status(ctx, tx, ev)
-		if err != nil || st != stock.RecordApplied || (typ != stock.EventDeducted && typ != stock.EventConfirmed) {
+		if err != nil || st != stock.StateApplied || (typ != stock.EventDeducted && typ != stock.EventConfirmed) {
 			return err
 		}
 	}
@@ -262,7 +262,7 @@ func (s *Store) giveBack(ctx context.Context, tx *sql.Tx, ev stock.Event) error 
 }
 
 func (s *Store) restock(ctx context.Context, tx *sql.Tx, ev stock.Event) (out, err error) {
-	if ok, err := s.insert(ctx, tx, ev, stock.RecordApplied); err != nil || !ok {
+	if ok, err := s.insert(ctx, tx, ev, stock.StateApplied); err != nil || !ok {
 		return s.answer(ctx, tx, ev, err)
 	}
 	n, err := affected(tx.ExecContext(ctx, s.q.restock, ev.Qty, ev.Qty, ev.SKU))
@@ -276,7 +276,7 @@ func (s *Store) restock(ctx context.Context, tx *sql.Tx, ev stock.Event) (out, e
 }
 
 // insert inserts ev's record with status st; false if (sku, id) already has one.
-func (s *Store) insert(ctx context.Context, tx *sql.Tx, ev stock.Event, st stock.RecordStatus) (bool, error) {
+func (s *Store) insert(ctx context.Context, tx *sql.Tx, ev stock.Event, st stock.State) (bool, error) {
 	n, err := affected(tx.ExecContext(ctx, s.q.insert, ev.SKU, ev.ID, ev.User, string(ev.Type), ev.Qty, string(st)))
 	if isDuplicate(err) {
 		return false, nil
@@ -290,7 +290,7 @@ func (s *Store) answer(ctx context.Context, tx *sql.Tx, ev stock.Event, err erro
 		return nil, err
 	}
 	st, _, err := s.status(ctx, tx, ev)
-	if err != nil || st != stock.RecordRefused {
+	if err != nil || st != stock.StateRefused {
 		return nil, err
 	}
 	return refused(ev), nil
@@ -298,13 +298,13 @@ func (s *Store) answer(ctx context.Context, tx *sql.Tx, ev stock.Event, err erro
 
 // status reads the record of ev's id. Transactions run in READ COMMITTED (or serialized, on
 // SQLite), so a plain read sees the record a conflicting insert just waited for.
-func (s *Store) status(ctx context.Context, tx *sql.Tx, ev stock.Event) (stock.RecordStatus, stock.EventType, error) {
+func (s *Store) status(ctx context.Context, tx *sql.Tx, ev stock.Event) (stock.State, stock.EventType, error) {
 	var st, typ string
 	err := tx.QueryRowContext(ctx, s.q.status, ev.SKU, ev.ID).Scan(&st, &typ)
 	if errors.Is(err, sql.ErrNoRows) {
 		err = fmt.Errorf("record %q of %q vanished", ev.ID, ev.SKU)
 	}
-	return stock.RecordStatus(st), stock.EventType(typ), err
+	return stock.State(st), stock.EventType(typ), err
 }
 
 // inTx runs fn in a transaction and commits it, retrying the whole transaction when it fails
@@ -415,7 +415,7 @@ func (s *Store) query(ctx context.Context, db querier, q string, args []any, fn 
 		if err := rows.Scan(&r.SKU, &r.ID, &r.User, &typ, &r.Qty, &st, &at); err != nil {
 			return err
 		}
-		r.Type, r.Status, r.At = stock.EventType(typ), stock.RecordStatus(st), at.t
+		r.Type, r.Status, r.At = stock.EventType(typ), stock.State(st), at.t
 		fn(r)
 	}
 	return rows.Err()

@@ -222,13 +222,13 @@ func TestDeductAppliedOnce(t *testing.T) {
 
 		r, ok := e.record(t, "a", "o1")
 		require.True(t, ok)
-		assert.Equal(t, stock.Record{SKU: "a", ID: "o1", User: "u-o1", Type: stock.EventDeducted, Qty: 3, Status: stock.RecordApplied, At: r.At}, r)
+		assert.Equal(t, stock.Record{SKU: "a", ID: "o1", User: "u-o1", Type: stock.EventDeducted, Qty: 3, Status: stock.StateApplied, At: r.At}, r)
 		assert.Equal(t, time.UTC, r.At.Location())
 		assert.WithinRange(t, r.At, before, time.Now().Add(time.Minute), "the database clock, in UTC")
 		r, ok = e.record(t, "a", "h1")
 		require.True(t, ok)
 		assert.Equal(t, stock.EventConfirmed, r.Type)
-		assert.Equal(t, stock.RecordApplied, r.Status)
+		assert.Equal(t, stock.StateApplied, r.Status)
 		assert.Equal(t, int64(2), e.countRecords(t))
 	})
 }
@@ -246,7 +246,7 @@ func TestRefusal(t *testing.T) {
 		assert.Equal(t, int64(5), e.remaining(t, "a"))
 		r, ok := e.record(t, "a", "big")
 		require.True(t, ok)
-		assert.Equal(t, stock.RecordRefused, r.Status)
+		assert.Equal(t, stock.StateRefused, r.Status)
 		assert.Equal(t, int64(6), r.Qty)
 
 		// The relay gives a refused id back in Redis and sends EventRefused: nothing changes here.
@@ -254,7 +254,7 @@ func TestRefusal(t *testing.T) {
 		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "big", 6)))
 		assert.Equal(t, int64(5), e.remaining(t, "a"))
 		r, _ = e.record(t, "a", "big")
-		assert.Equal(t, stock.RecordRefused, r.Status)
+		assert.Equal(t, stock.StateRefused, r.Status)
 
 		// Exactly the remaining stock is covered; then nothing is.
 		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "all", 5)))
@@ -267,7 +267,7 @@ func TestRefusal(t *testing.T) {
 		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventDeducted, "ghost", "g1", 1)), stock.ErrRefused)
 		r, ok = e.record(t, "ghost", "g1")
 		require.True(t, ok)
-		assert.Equal(t, stock.RecordRefused, r.Status)
+		assert.Equal(t, stock.StateRefused, r.Status)
 		_, err = e.s.Remaining(ctx, "ghost")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 	})
@@ -292,7 +292,7 @@ func TestRestoreAfterDeduct(t *testing.T) {
 
 		r, ok := e.record(t, "a", "o1")
 		require.True(t, ok)
-		assert.Equal(t, stock.RecordRestored, r.Status)
+		assert.Equal(t, stock.StateRestored, r.Status)
 		assert.Equal(t, stock.EventDeducted, r.Type)
 		assert.Equal(t, int64(4), r.Qty)
 
@@ -313,7 +313,7 @@ func TestRestoreBeforeDeduct(t *testing.T) {
 		assert.Equal(t, int64(10), e.remaining(t, "a"), "a tombstone changes no stock")
 		r, ok := e.record(t, "a", "late")
 		require.True(t, ok)
-		assert.Equal(t, stock.RecordRestored, r.Status)
+		assert.Equal(t, stock.StateRestored, r.Status)
 		assert.Equal(t, stock.EventRestored, r.Type)
 
 		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "late", 4)))
@@ -321,7 +321,7 @@ func TestRestoreBeforeDeduct(t *testing.T) {
 		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "late", 4)))
 		assert.Equal(t, int64(10), e.remaining(t, "a"), "nor does a second restore give anything")
 		r, _ = e.record(t, "a", "late")
-		assert.Equal(t, stock.RecordRestored, r.Status)
+		assert.Equal(t, stock.StateRestored, r.Status)
 		assert.Equal(t, stock.EventRestored, r.Type)
 
 		// A tombstone needs no item.
@@ -344,7 +344,7 @@ func TestRestock(t *testing.T) {
 		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "r1", 5)))
 		assert.Equal(t, int64(5), e.remaining(t, "a"))
 		r, _ := e.record(t, "a", "r1")
-		assert.Equal(t, stock.RecordApplied, r.Status)
+		assert.Equal(t, stock.StateApplied, r.Status)
 		assert.Equal(t, stock.EventRestocked, r.Type)
 
 		// An item with no row: not loaded, nothing written, and a later try after Load works.
@@ -461,7 +461,7 @@ func TestRecordsList(t *testing.T) {
 		page, err := e.s.List(ctx, "b", "", 10)
 		require.NoError(t, err)
 		require.Len(t, page, 1)
-		assert.Equal(t, stock.Record{SKU: "b", ID: "id-00", User: "u-id-00", Type: stock.EventDeducted, Qty: 7, Status: stock.RecordApplied, At: page[0].At}, page[0])
+		assert.Equal(t, stock.Record{SKU: "b", ID: "id-00", User: "u-id-00", Type: stock.EventDeducted, Qty: 7, Status: stock.StateApplied, At: page[0].At}, page[0])
 		page, err = e.s.List(ctx, "nope", "", 10)
 		require.NoError(t, err)
 		assert.Empty(t, page)
@@ -502,13 +502,13 @@ func TestApplyBatch(t *testing.T) {
 		assert.Equal(t, int64(5), e.loaded(t, "b"))
 		m, err := e.s.Records(ctx, "a", []string{"d1", "d2", "d3", "d4", "h1", "t1"})
 		require.NoError(t, err)
-		status := map[string]stock.RecordStatus{}
+		status := map[string]stock.State{}
 		for id, r := range m {
 			status[id] = r.Status
 		}
-		assert.Equal(t, map[string]stock.RecordStatus{
-			"d1": stock.RecordApplied, "d2": stock.RecordRefused, "d3": stock.RecordRestored,
-			"d4": stock.RecordApplied, "t1": stock.RecordRestored,
+		assert.Equal(t, map[string]stock.State{
+			"d1": stock.StateApplied, "d2": stock.StateRefused, "d3": stock.StateRestored,
+			"d4": stock.StateApplied, "t1": stock.StateRestored,
 		}, status)
 
 		// The same batch again answers the same and changes nothing.
@@ -561,10 +561,10 @@ func TestApplyBatchStops(t *testing.T) {
 				m, err := e.s.Records(ctx, "a", []string{name + "2", name + "3"})
 				require.NoError(t, err)
 				assert.Len(t, m, 1)
-				assert.Equal(t, stock.RecordRefused, m[name+"2"].Status)
+				assert.Equal(t, stock.StateRefused, m[name+"2"].Status)
 				m, err = e.s.Records(ctx, "b", []string{name + "1"})
 				require.NoError(t, err)
-				assert.Equal(t, stock.RecordApplied, m[name+"1"].Status, "the restore after the failure was not applied")
+				assert.Equal(t, stock.StateApplied, m[name+"1"].Status, "the restore after the failure was not applied")
 				_, err = e.s.Records(ctx, "c", []string{"x"})
 				require.NoError(t, err)
 			})
@@ -673,19 +673,19 @@ func TestConcurrentSameIDs(t *testing.T) {
 			r := m[id(i)]
 			switch {
 			case restored(i):
-				assert.Contains(t, []stock.RecordStatus{stock.RecordRestored, stock.RecordRefused}, r.Status, id(i))
+				assert.Contains(t, []stock.State{stock.StateRestored, stock.StateRefused}, r.Status, id(i))
 			default:
-				assert.Contains(t, []stock.RecordStatus{stock.RecordApplied, stock.RecordRefused}, r.Status, id(i))
+				assert.Contains(t, []stock.State{stock.StateApplied, stock.StateRefused}, r.Status, id(i))
 			}
-			if r.Status == stock.RecordApplied {
+			if r.Status == stock.StateApplied {
 				applied += qty(i)
 			}
-			if r.Status == stock.RecordRefused {
+			if r.Status == stock.StateRefused {
 				refusals++
 			}
 			for w := range workers {
 				err := answers[w][i]
-				if r.Status == stock.RecordRefused {
+				if r.Status == stock.StateRefused {
 					assert.ErrorIs(t, err, stock.ErrRefused, "%s worker %d", id(i), w)
 				} else {
 					assert.NoError(t, err, "%s worker %d", id(i), w)

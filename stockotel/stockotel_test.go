@@ -38,7 +38,7 @@ func collect(t *testing.T, rdr *sdkmetric.ManualReader) map[string]metricdata.Me
 func label(s attribute.Set) string {
 	var parts []string
 	for _, kv := range s.ToSlice() {
-		parts = append(parts, string(kv.Key)+"="+kv.Value.String())
+		parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
 	}
 	return strings.Join(parts, ",")
 }
@@ -103,7 +103,7 @@ func scenario(t *testing.T, r *stock.Reserver) {
 
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
-	rl, err := r.NewRelay(store, nil)
+	rl, err := r.NewRelay(store, nil, nil)
 	require.NoError(t, err)
 	st, err := rl.Once(ctx)
 	require.NoError(t, err)
@@ -114,7 +114,7 @@ func scenario(t *testing.T, r *stock.Reserver) {
 	require.Zero(t, st.Claimed)
 
 	store.Set("A", 3) // the store lost a unit: Redis has 4 available, the store 3
-	rec, err := r.NewReconciler(store, stock.WithDryRun(true))
+	rec, err := r.NewReconciler(store, &stock.ReconcileOptions{DryRun: true})
 	require.NoError(t, err)
 	reps, err := rec.Once(ctx)
 	require.NoError(t, err)
@@ -193,7 +193,7 @@ func TestSKUAttribute(t *testing.T) {
 
 func attrValue(s attribute.Set, k attribute.Key) string {
 	v, _ := s.Value(k)
-	return v.String()
+	return v.Emit()
 }
 
 func TestSigns(t *testing.T) {

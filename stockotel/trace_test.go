@@ -85,7 +85,7 @@ func (e *traceEnv) ours() []sdktrace.ReadOnlySpan {
 func attrs(s sdktrace.ReadOnlySpan) map[string]string {
 	out := map[string]string{}
 	for _, kv := range s.Attributes() {
-		out[string(kv.Key)] = kv.Value.String()
+		out[string(kv.Key)] = kv.Value.Emit()
 	}
 	return out
 }
@@ -129,7 +129,7 @@ func TestSpans(t *testing.T) {
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, "A", 3))
 			require.NoError(t, store.Load(ctx, "B", 3))
-			relay, err := r.NewRelay(store, nil, stock.WithRelayItems("A"))
+			relay, err := r.NewRelay(store, nil, &stock.RelayOptions{Items: []string{"A"}})
 			require.NoError(t, err)
 			// The relay runs in a loop of its own: its batch span is a child of the loop's span,
 			// and the claims that look for events (before a batch starts) stay under the loop.
@@ -137,7 +137,7 @@ func TestSpans(t *testing.T) {
 			_, err = relay.Once(lctx)
 			require.NoError(t, err)
 			loop.End()
-			rec, err := r.NewReconciler(store, stock.WithReconcileItems("A"), stock.WithDryRun(true))
+			rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{"A"}, DryRun: true})
 			require.NoError(t, err)
 			_, err = rec.Once(ctx)
 			require.NoError(t, err)

@@ -2,12 +2,19 @@
 //
 // [New] gives a test a [stock.Reserver] on an in-process miniredis whose one
 // clock moves everything the Reserver depends on: hold deadlines (the scripts
-// read the Redis TIME command) and key TTLs (relay leases, retry backoff) move
-// together with [Env.Advance], and stand still otherwise, so tests of
-// deadlines do not depend on how fast the machine is.
+// read the Redis TIME command), key TTLs (relay leases, retry backoff) and the
+// Reserver's own cutoffs (the age of carts RecoverCarts undoes, the
+// reconciler's retention; see [stock.WithClock]) move together with
+// [Env.Advance], and stand still otherwise, so tests of deadlines do not
+// depend on how fast the machine is.
 //
 // [TestStore] is a conformance suite for implementations of [stock.Store]:
 // run it from a test of your Store, as memstore and sqlstore do.
+//
+// [TestPublisher] is a conformance suite for a [stock.Publisher] and its
+// consumer side (a [Consumer] that receives [Delivery] values and can be
+// killed mid-stream): run it from a test of your queue adapter, as natspub
+// and the other adapters do.
 package stocktest
 
 import (
@@ -60,11 +67,14 @@ func New(t testing.TB, opts ...stock.Option) *Env {
 		t.Fatalf("stocktest: rueidis client: %v", err)
 	}
 	t.Cleanup(c.Close)
-	r, err := stock.New(c, opts...)
+	e := &Env{Client: c, Redis: m, now: now}
+	// The Reserver's own cutoffs (cart age, retention) run on the same clock.
+	r, err := stock.New(c, append([]stock.Option{stock.WithClock(e.Now)}, opts...)...)
 	if err != nil {
 		t.Fatalf("stocktest: stock.New: %v", err)
 	}
-	return &Env{Reserver: r, Client: c, Redis: m, now: now}
+	e.Reserver = r
+	return e
 }
 
 // Now returns the current time of the Redis clock.
@@ -75,8 +85,8 @@ func (e *Env) Now() time.Time {
 }
 
 // Advance moves the Redis clock forward by d at once, without sleeping: the
-// TIME command the scripts read (hold deadlines) and every key's TTL (relay
-// leases, backoff) move by d. Keys whose TTL runs out expire. A negative d
+// TIME command the scripts read (hold deadlines), every key's TTL (relay
+// leases, backoff) and the Reserver's clock (cart age, retention) move by d. Keys whose TTL runs out expire. A negative d
 // is a test bug and panics.
 func (e *Env) Advance(d time.Duration) {
 	if d < 0 {

@@ -30,7 +30,7 @@ func TestAdvanceMovesHoldDeadlines(t *testing.T) {
 	if !errors.Is(err, stock.ErrExpired) {
 		t.Fatalf("replay after the deadline: %v, want ErrExpired", err)
 	}
-	if n, err := e.Reserver.Available(ctx, "sku"); err != nil || n != 5 {
+	if n, err := available(e.Reserver.Levels(ctx, "sku")); err != nil || n != 5 {
 		t.Fatalf("Available = %d, %v; want 5", n, err)
 	}
 }
@@ -100,7 +100,7 @@ func TestAdvanceMovesRelayBackoff(t *testing.T) {
 	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
 		t.Fatal(err)
 	}
-	rl, err := e.Reserver.NewRelay(st, nil, stock.WithBackoff(10*time.Second, 10*time.Second), stock.WithRelayItems("sku"))
+	rl, err := e.Reserver.NewRelay(st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"sku"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,3 +124,6 @@ func TestAdvanceMovesRelayBackoff(t *testing.T) {
 		t.Fatalf("store remaining = %d, %v; want 3", n, err)
 	}
 }
+
+// available returns the available units of a Levels call.
+func available(l stock.Levels, err error) (int64, error) { return l.Available, err }

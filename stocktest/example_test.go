@@ -27,15 +27,15 @@ func Example() {
 	if _, err := r.Hold(ctx, hold, 15*time.Minute); err != nil {
 		t.Fatalf("Hold: %v", err)
 	}
-	n, _ := r.Available(ctx, "tshirt")
-	fmt.Println("available while held:", n)
+	lv, _ := r.Levels(ctx, "tshirt")
+	fmt.Println("available while held:", lv.Available)
 
 	e.Advance(16 * time.Minute) // past the deadline, at once
 
 	_, err := r.Confirm(ctx, "tshirt", "cart-1")
 	fmt.Println("confirm after the deadline:", errors.Is(err, stock.ErrExpired))
-	n, _ = r.Available(ctx, "tshirt")
-	fmt.Println("available after expiry:", n)
+	lv, _ = r.Levels(ctx, "tshirt")
+	fmt.Println("available after expiry:", lv.Available)
 	// Output:
 	// available while held: 1
 	// confirm after the deadline: true

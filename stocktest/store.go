@@ -28,13 +28,18 @@ type Loader interface {
 // remaining stock covers it, and otherwise is refused with an error wrapping
 // stock.ErrRefused, then and on every repeat; a deduct of an item the store
 // does not know is refused; a restore or refusal gives back what its id took,
-// once, and before any deduct leaves a tombstone that makes a late deduct
-// change nothing; a restock adds once, and is refused with stock.ErrNotLoaded
-// for an unknown item; held, cancelled and expired events change nothing;
-// ids are scoped per item; Remaining of an unknown item wraps
+// once, gives back nothing for a deduct or confirm the store refused, and
+// before any deduct (a restore as well as a refusal) leaves a tombstone that
+// makes a late deduct change nothing; a restock adds once, and is refused with
+// stock.ErrNotLoaded for an unknown item; held, cancelled and expired events
+// change nothing; ids are scoped per item; Remaining of an unknown item wraps
 // stock.ErrNotLoaded; Records lists what was recorded and leaves out unknown
 // ids; concurrent applies of one id apply it once, and concurrent deducts of
-// distinct ids never oversell.
+// distinct ids never oversell. For a stock.BatchStore: ApplyBatch answers
+// once per event, as Apply would; a refusal does not stop the batch; the
+// first other error does, leaving the events after it unapplied (no stock
+// moved, nothing recorded, applied in full when sent again), each answered
+// with an error that wraps neither stock.ErrRefused nor stock.ErrInvalid.
 func TestStore(t *testing.T, newStore func(t *testing.T) stock.Store) {
 	t.Helper()
 	for _, c := range storeChecks {
@@ -98,7 +103,7 @@ func record(t testing.TB, s stock.Store, sku, id string) (stock.Record, bool) {
 	return r, ok
 }
 
-func wantRecord(t testing.TB, s stock.Store, sku, id string, typ stock.EventType, qty int64, status stock.RecordStatus) {
+func wantRecord(t testing.TB, s stock.Store, sku, id string, typ stock.EventType, qty int64, status stock.State) {
 	t.Helper()
 	r, ok := record(t, s, sku, id)
 	if !ok {
@@ -114,7 +119,7 @@ var storeChecks = []storeCheck{
 		load(t, l, "a", 10)
 		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), nil)
 		remaining(t, s, "a", 7)
-		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.RecordApplied)
+		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.StateApplied)
 		if r, _ := record(t, s, "a", "o1"); r.User != "u-o1" {
 			t.Fatalf("record user = %q, want %q", r.User, "u-o1")
 		}
@@ -123,7 +128,7 @@ var storeChecks = []storeCheck{
 		load(t, l, "a", 10)
 		apply(t, s, ev(stock.EventConfirmed, "a", "h1", 4), nil)
 		remaining(t, s, "a", 6)
-		wantRecord(t, s, "a", "h1", stock.EventConfirmed, 4, stock.RecordApplied)
+		wantRecord(t, s, "a", "h1", stock.EventConfirmed, 4, stock.StateApplied)
 	}},
 	{"DeductIdempotent", func(t testing.TB, s stock.Store, l Loader) {
 		load(t, l, "a", 10)
@@ -143,7 +148,7 @@ var storeChecks = []storeCheck{
 		load(t, l, "a", 2)
 		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), stock.ErrRefused)
 		remaining(t, s, "a", 2)
-		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.RecordRefused)
+		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.StateRefused)
 		// A repeat answers as the first application did, even once the stock covers it.
 		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
 		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), stock.ErrRefused)
@@ -161,8 +166,8 @@ var storeChecks = []storeCheck{
 		apply(t, s, ev(stock.EventRestored, "a", "o1", 3), nil)
 		apply(t, s, ev(stock.EventRefused, "a", "o1", 3), nil)
 		remaining(t, s, "a", 10)
-		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.RecordRestored {
-			t.Fatalf("record after restore = %+v (found %v), want status %s", r, ok, stock.RecordRestored)
+		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.StateRestored {
+			t.Fatalf("record after restore = %+v (found %v), want status %s", r, ok, stock.StateRestored)
 		}
 		// A deduct repeated after the restore takes nothing again.
 		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
@@ -178,22 +183,63 @@ var storeChecks = []storeCheck{
 		load(t, l, "a", 10)
 		apply(t, s, ev(stock.EventRestored, "a", "o1", 3), nil)
 		remaining(t, s, "a", 10)
-		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.RecordRestored {
-			t.Fatalf("tombstone = %+v (found %v), want status %s", r, ok, stock.RecordRestored)
+		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.StateRestored {
+			t.Fatalf("tombstone = %+v (found %v), want status %s", r, ok, stock.StateRestored)
 		}
 		// The late deduct changes nothing (whatever it answers).
 		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
 		remaining(t, s, "a", 10)
-		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.RecordRestored {
-			t.Fatalf("record after the late deduct = %+v (found %v), want status %s", r, ok, stock.RecordRestored)
+		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.StateRestored {
+			t.Fatalf("record after the late deduct = %+v (found %v), want status %s", r, ok, stock.StateRestored)
 		}
+	}},
+	{"RefusalBeforeDeductTombstone", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 10)
+		// EventRefused for ids never seen: tombstones, as a restore leaves.
+		apply(t, s, ev(stock.EventRefused, "a", "o1", 3), nil)
+		apply(t, s, ev(stock.EventRefused, "a", "h1", 4), nil)
+		remaining(t, s, "a", 10)
+		for _, id := range []string{"o1", "h1"} {
+			if r, ok := record(t, s, "a", id); !ok || r.Status != stock.StateRestored {
+				t.Fatalf("tombstone of %s = %+v (found %v), want status %s", id, r, ok, stock.StateRestored)
+			}
+		}
+		// The late deduct and confirm change nothing (whatever they answer).
+		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
+		_ = s.Apply(context.Background(), ev(stock.EventConfirmed, "a", "h1", 4))
+		remaining(t, s, "a", 10)
+		for _, id := range []string{"o1", "h1"} {
+			if r, ok := record(t, s, "a", id); !ok || r.Status != stock.StateRestored {
+				t.Fatalf("record of %s after the late decrement = %+v (found %v), want status %s", id, r, ok, stock.StateRestored)
+			}
+		}
+	}},
+	{"RestoreOfRefusedGivesNothing", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 2)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), stock.ErrRefused)
+		apply(t, s, ev(stock.EventConfirmed, "a", "h1", 4), stock.ErrRefused)
+		apply(t, s, ev(stock.EventDeducted, "b", "o2", 5), stock.ErrRefused) // b has no row yet
+		load(t, l, "b", 1)
+		// A restore or refusal of a refused decrement gives back nothing: it took nothing.
+		for _, typ := range []stock.EventType{stock.EventRestored, stock.EventRefused} {
+			apply(t, s, ev(typ, "a", "o1", 3), nil)
+			apply(t, s, ev(typ, "a", "h1", 4), nil)
+			apply(t, s, ev(typ, "b", "o2", 5), nil)
+			remaining(t, s, "a", 2)
+			remaining(t, s, "b", 1)
+		}
+		// And the refusal stays final.
+		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), stock.ErrRefused)
+		apply(t, s, ev(stock.EventConfirmed, "a", "h1", 4), stock.ErrRefused)
+		remaining(t, s, "a", 7)
 	}},
 	{"RestockAddsOnce", func(t testing.TB, s stock.Store, l Loader) {
 		load(t, l, "a", 10)
 		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
 		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
 		remaining(t, s, "a", 15)
-		wantRecord(t, s, "a", "r1", stock.EventRestocked, 5, stock.RecordApplied)
+		wantRecord(t, s, "a", "r1", stock.EventRestocked, 5, stock.StateApplied)
 		// A restore does not take back a restock.
 		apply(t, s, ev(stock.EventRestored, "a", "r1", 5), nil)
 		remaining(t, s, "a", 15)
@@ -279,9 +325,9 @@ var storeChecks = []storeCheck{
 			t.Fatalf("Records: %v", err)
 		}
 		for i, err := range errs {
-			want := stock.RecordApplied
+			want := stock.StateApplied
 			if err != nil {
-				want = stock.RecordRefused
+				want = stock.StateRefused
 			}
 			if m[ids[i]].Status != want {
 				t.Fatalf("record of %s = %+v, want status %s", ids[i], m[ids[i]], want)
@@ -289,10 +335,7 @@ var storeChecks = []storeCheck{
 		}
 	}},
 	{"Batch", func(t testing.TB, s stock.Store, l Loader) {
-		b, ok := s.(stock.BatchStore)
-		if !ok {
-			t.Skip("the store does not implement stock.BatchStore")
-		}
+		b := batchStore(t, s)
 		load(t, l, "a", 10)
 		evs := []stock.Event{
 			ev(stock.EventDeducted, "a", "o1", 3),
@@ -315,6 +358,89 @@ var storeChecks = []storeCheck{
 			remaining(t, s, "a", 9)
 		}
 	}},
+	{"BatchStopsAtFailure", func(t testing.TB, s stock.Store, l Loader) {
+		b := batchStore(t, s)
+		load(t, l, "a", 10)
+		errs := applyBatch(t, b, stopBatch)
+		if errs[0] != nil || !errors.Is(errs[1], stock.ErrRefused) {
+			t.Fatalf("ApplyBatch errors 0 and 1 = %v, %v; want nil and an error wrapping ErrRefused", errs[0], errs[1])
+		}
+		if !errors.Is(errs[2], stock.ErrNotLoaded) {
+			t.Fatalf("ApplyBatch error 2 (a restock of an item with no row) = %v, want an error wrapping ErrNotLoaded", errs[2])
+		}
+		// The events before the failure are applied, the refusal among them did not stop the
+		// batch, and the events after it are left unapplied: no stock moved, nothing recorded.
+		remaining(t, s, "a", 7)
+		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.StateApplied)
+		wantRecord(t, s, "a", "o2", stock.EventDeducted, 100, stock.StateRefused)
+		m, err := s.Records(context.Background(), "a", []string{"o3", "r2"})
+		if err != nil {
+			t.Fatalf("Records: %v", err)
+		}
+		if len(m) != 0 {
+			t.Fatalf("records of the events after the failure = %+v, want none (left unapplied)", m)
+		}
+		// Once the item is loaded, the rest of the batch applies in full.
+		load(t, l, "b", 1)
+		errs = applyBatch(t, b, stopBatch[2:])
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("ApplyBatch of the rest: error %d (%s %s/%s) = %v, want nil", i, stopBatch[2+i].Type, stopBatch[2+i].SKU, stopBatch[2+i].ID, err)
+			}
+		}
+		remaining(t, s, "a", 12)
+		remaining(t, s, "b", 6)
+	}},
+	{"BatchAnswersUnapplied", func(t testing.TB, s stock.Store, l Loader) {
+		b := batchStore(t, s)
+		load(t, l, "a", 10)
+		errs := applyBatch(t, b, stopBatch)
+		if errs[2] == nil {
+			t.Fatalf("ApplyBatch error 2 (a restock of an item with no row) = nil, want an error wrapping ErrNotLoaded")
+		}
+		// Every event after the failure gets an error, and not one that says it was refused
+		// (recorded for good) or invalid (never to be applied).
+		for i := 3; i < len(stopBatch); i++ {
+			e := stopBatch[i]
+			switch err := errs[i]; {
+			case err == nil:
+				t.Fatalf("ApplyBatch error %d (%s %s/%s, after the failure) = nil, want an error", i, e.Type, e.SKU, e.ID)
+			case errors.Is(err, stock.ErrRefused), errors.Is(err, stock.ErrInvalid):
+				t.Fatalf("ApplyBatch error %d (%s %s/%s, after the failure) = %v, want an error wrapping neither ErrRefused nor ErrInvalid", i, e.Type, e.SKU, e.ID, err)
+			}
+		}
+	}},
+}
+
+// stopBatch is a batch whose third event, a restock of an item with no row, fails with an
+// error that is not a refusal (its second is refused: 100 of 10).
+var stopBatch = []stock.Event{
+	ev(stock.EventDeducted, "a", "o1", 3),
+	ev(stock.EventDeducted, "a", "o2", 100),
+	ev(stock.EventRestocked, "b", "r1", 5),
+	ev(stock.EventDeducted, "a", "o3", 2),
+	ev(stock.EventRestocked, "a", "r2", 4),
+	ev(stock.EventRestored, "a", "o1", 3),
+}
+
+// batchStore returns s as a stock.BatchStore, or skips the check.
+func batchStore(t testing.TB, s stock.Store) stock.BatchStore {
+	t.Helper()
+	b, ok := s.(stock.BatchStore)
+	if !ok {
+		t.Skip("the store does not implement stock.BatchStore")
+	}
+	return b
+}
+
+// applyBatch applies evs with b, checks that it answers once per event, and returns the answers.
+func applyBatch(t testing.TB, b stock.BatchStore, evs []stock.Event) []error {
+	t.Helper()
+	errs := b.ApplyBatch(context.Background(), evs)
+	if len(errs) != len(evs) {
+		t.Fatalf("ApplyBatch returned %d errors for %d events", len(errs), len(evs))
+	}
+	return errs
 }
 
 // parallel runs f(0..n-1) at once and returns their errors.

@@ -85,11 +85,18 @@ func (h *hooked) Records(ctx context.Context, sku string, ids []string) (map[str
 	return h.Store.Records(ctx, sku, ids)
 }
 
-// ApplyBatch applies evs one by one with h.Apply, as memstore does.
+// ApplyBatch applies evs one by one with h.Apply, as memstore does, up to the first error
+// that is not a refusal; the events after it get an error.
 func (h *hooked) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 	errs := make([]error, len(evs))
 	for i, ev := range evs {
 		errs[i] = h.Apply(ctx, ev)
+		if errs[i] != nil && !errors.Is(errs[i], stock.ErrRefused) {
+			for j := i + 1; j < len(evs); j++ {
+				errs[j] = errors.New("not applied after an earlier failure")
+			}
+			break
+		}
 	}
 	return errs
 }
@@ -158,7 +165,7 @@ func broken() map[string]func() stock.Store {
 			next := h.apply
 			h.apply = func(ctx context.Context, ev stock.Event) error {
 				if ev.Type == stock.EventDeducted {
-					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); m[ev.ID].Status == stock.RecordRefused {
+					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); m[ev.ID].Status == stock.StateRefused {
 						ev.ID = fresh(ev.ID) // retries a refused id
 					}
 				}
@@ -194,6 +201,34 @@ func broken() map[string]func() stock.Store {
 				if ev.Type == stock.EventRestored {
 					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) == 0 {
 						return nil // no tombstone
+					}
+				}
+				return next(ctx, ev)
+			}
+			return h
+		},
+		"RefusalBeforeDeductTombstone": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if ev.Type == stock.EventRefused {
+					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) == 0 {
+						return nil // a restore leaves a tombstone, a refusal none
+					}
+				}
+				return next(ctx, ev)
+			}
+			return h
+		},
+		"RestoreOfRefusedGivesNothing": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if ev.Type == stock.EventRestored || ev.Type == stock.EventRefused {
+					m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID})
+					if r, ok := m[ev.ID]; ok && r.Status == stock.StateRefused {
+						// gives back what the refused decrement would have taken
+						return next(ctx, stock.Event{Type: stock.EventRestocked, SKU: ev.SKU, ID: fresh(ev.ID), Qty: r.Qty})
 					}
 				}
 				return next(ctx, ev)
@@ -294,7 +329,41 @@ func broken() map[string]func() stock.Store {
 			h := good()
 			return &allNilBatch{h}
 		},
+		"BatchStopsAtFailure": func() stock.Store {
+			h := good()
+			return &noStopBatch{h}
+		},
+		"BatchAnswersUnapplied": func() stock.Store {
+			h := good()
+			return &unappliedNilBatch{h}
+		},
 	}
+}
+
+// noStopBatch applies every event of a batch, past an error that is not a refusal.
+type noStopBatch struct{ *hooked }
+
+func (b *noStopBatch) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+	errs := make([]error, len(evs))
+	for i, ev := range evs {
+		errs[i] = b.Apply(ctx, ev)
+	}
+	return errs
+}
+
+// unappliedNilBatch stops at the first error that is not a refusal, but answers nil for the
+// events it left unapplied.
+type unappliedNilBatch struct{ *hooked }
+
+func (b *unappliedNilBatch) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+	errs := b.hooked.ApplyBatch(ctx, evs)
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, stock.ErrRefused) {
+			clear(errs[i+1:])
+			break
+		}
+	}
+	return errs
 }
 
 // allNilBatch answers nil to every event of a batch, refused or not.
@@ -333,4 +402,38 @@ func TestChecksCanFail(t *testing.T) {
 // TestStoreOnGoodStore runs TestStore itself on a store that keeps the contract.
 func TestStoreOnGoodStore(t *testing.T) {
 	TestStore(t, func(*testing.T) stock.Store { return good() })
+}
+
+// refusedUnappliedBatch stops at the first error that is not a refusal, but answers the events
+// it left unapplied as refused.
+type refusedUnappliedBatch struct{ *hooked }
+
+func (b *refusedUnappliedBatch) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+	errs := b.hooked.ApplyBatch(ctx, evs)
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, stock.ErrRefused) {
+			for j := i + 1; j < len(errs); j++ {
+				errs[j] = fmt.Errorf("not applied: %w", stock.ErrRefused)
+			}
+			break
+		}
+	}
+	return errs
+}
+
+// TestBatchAnswersUnappliedNotRefused: an unapplied event answered as refused fails the check
+// too, since a refusal says the store recorded it for good.
+func TestBatchAnswersUnappliedNotRefused(t *testing.T) {
+	for _, c := range storeChecks {
+		if c.name != "BatchAnswersUnapplied" {
+			continue
+		}
+		failed, msg := runCheck(t, c, &refusedUnappliedBatch{good()})
+		if !failed {
+			t.Fatalf("passes on a store that answers its unapplied events as refused")
+		}
+		t.Logf("broken store: %s", msg)
+		return
+	}
+	t.Fatal("no check BatchAnswersUnapplied")
 }

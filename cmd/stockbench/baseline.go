@@ -68,7 +68,29 @@ end
 return redis.call('decrby', KEYS[1], q)
 `
 
+// onePerUserScript is the common one-purchase-per-user flash-sale script: refuse a buyer already
+// in the item's set of buyers, check the stock, DECR it and add the buyer to the set.
+//
+// KEYS[1] the stock (a string), KEYS[2] the set of buyers; ARGV[1] the buyer. Reply: the stock
+// left, -1 when sold out, or the error ALREADY_BOUGHT.
+const onePerUserScript = `
+if redis.call('sismember', KEYS[2], ARGV[1]) == 1 then
+  return redis.error_reply('ALREADY_BOUGHT')
+end
+local current = tonumber(redis.call('get', KEYS[1]))
+if current == nil then
+  return redis.error_reply('KEY_NOT_FOUND')
+end
+if current < 1 then
+  return -1
+end
+local left = redis.call('decr', KEYS[1])
+redis.call('sadd', KEYS[2], ARGV[1])
+return left
+`
+
 var (
+	onePerUserLua = rueidis.NewLuaScript(onePerUserScript)
 	ledgerHashLua = rueidis.NewLuaScript(ledgerHashScript)
 	noLedgerLua   = rueidis.NewLuaScript(noLedgerScript)
 )
@@ -145,6 +167,63 @@ func (b *bench) ledgerHashPhase() *phase {
 		}
 		res.LedgerBytes = bytes
 		return b.rawChecks(ctx, phLedgerHash, stockKeys[:items], lens, ws)
+	}
+	return p
+}
+
+// onePerUserPhase: the one-per-user script, each request by a buyer of its own, with the same
+// share of retries (a buyer asking again) as deduct. The buyers' sets take the ledger keys.
+func (b *bench) onePerUserPhase() *phase {
+	p, stockKeys, setKeys := b.rawPhase(phOnePerUser)
+	items := len(stockKeys) - 1
+	load := p.setup
+	p.setup = func(ctx context.Context) error {
+		if err := load(ctx); err != nil {
+			return err
+		}
+		return onePerUserLua.Exec(ctx, b.client, []string{stockKeys[items], setKeys[items]}, []string{"uwarm"}).Error()
+	}
+	share := b.cfg.retry
+	p.op = func(ctx context.Context, w *worker) {
+		if s, ok := w.retry(share); ok {
+			t0 := time.Now()
+			err := onePerUserLua.Exec(ctx, b.client, []string{stockKeys[s.item], setKeys[s.item]}, []string{"u" + s.id}).Error()
+			switch {
+			case isReply(err, "ALREADY_BOUGHT"):
+				w.done(t0, outReplayed)
+			case err == nil: // bought twice
+				w.done(t0, outOK)
+				w.mismatch++
+			default:
+				w.fail(err)
+			}
+			return
+		}
+		i, id := w.item(), w.nextID()
+		t0 := time.Now()
+		left, err := onePerUserLua.Exec(ctx, b.client, []string{stockKeys[i], setKeys[i]}, []string{"u" + id}).AsInt64()
+		switch {
+		case err != nil:
+			w.fail(err)
+		case left < 0:
+			w.done(t0, outSoldOut)
+		default:
+			w.done(t0, outOK)
+			w.fresh[i] += w.qty
+			w.remember(sent{item: i, id: id, remaining: left})
+		}
+	}
+	p.finish = func(ctx context.Context, res *PhaseResult, ws []*worker) ([]Check, error) {
+		c := b.client
+		lens := make([]int64, items)
+		for i, k := range setKeys[:items] {
+			n, err := c.Do(ctx, c.B().Scard().Key(k).Build()).AsInt64()
+			if err != nil {
+				return nil, fmt.Errorf("SCARD %s: %w", k, err)
+			}
+			lens[i] = n
+		}
+		return b.rawChecks(ctx, phOnePerUser, stockKeys[:items], lens, ws)
 	}
 	return p
 }

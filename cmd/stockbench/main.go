@@ -24,17 +24,22 @@
 //
 // Phases, each run for -duration with -g goroutines on a freshly loaded item set:
 //
-//	deduct        Reserver.Deduct with unique ids; a share -retry of requests repeats an earlier id
+//	deduct        Reserver.Deduct with unique ids, each request by a buyer of its own, under
+//	              stock.WithUserLimit(2); a share -retry of requests repeats an earlier request
+//	deduct-nouser the same without buyers (Request.User empty)
 //	soldout       Reserver.Deduct on items loaded with 0, the sold-out fast path off
 //	soldout-fast  the same with the fast path on (a client with client-side caching)
 //	restore       Reserver.Deduct then Reserver.Restore of the same id (ops counted per call)
 //	raw-ledger    the ledger-hash deduct script (HEXISTS, GET, checks, SET, TIME, HSET of a cjson entry)
+//	raw-oneperuser a one-purchase-per-user script: SISMEMBER the buyer, GET, check, DECR, SADD
 //	raw-noledger  a GET + check + DECRBY script, no ledger
 //	watch-multi   WATCH/GET then MULTI/DECRBY/EXEC on dedicated connections, min(g, 64) goroutines
 //	pg-hotrow     with -pg: UPDATE … WHERE remain >= 1 plus a ledger INSERT in one transaction,
 //	              min(g, 64) connections, in a schema created for the run and dropped after it
 //
-// Flags: -redis addr | -cluster addr,addr,... (default: embedded miniredis), -g goroutines (256),
+// Flags: -redis addr | -cluster addr,addr,... (default: embedded miniredis), -g goroutines (256;
+// a list such as 1,16,256 makes one report per count, each with its own baselines; with -json
+// they are printed as an array),
 // -items K (1: one hot item), -duration per phase (5s), -retry share (0.05), -pg dsn, -json,
 // -phases list, -rounds N (1), -flush, -outbox (true: stock.WithOutbox for the Reserver phases),
 // -coalesce N (4: stock.WithCoalescing for the Reserver phases; 0 = off).
@@ -42,7 +47,8 @@
 // For each phase it reports ops/s, latency quantiles (p50, p99, p99.9), allocations per op in
 // this process (the load generator's own id string included; with the embedded miniredis, the
 // server's too), Redis memory per ledger entry (MEMORY USAGE / HLEN of the ledger hashes), Redis
-// commands and script calls per op (INFO commandstats, the commands scripts run included), and
+// commands and script calls per op (INFO commandstats, the commands scripts run included), the
+// Redis CPU of the script calls per call and per request (INFO commandstats usec), and
 // the CPU used by redis-server (INFO cpu, summed over the nodes) and by this process, as a share
 // of one core and as microseconds per op. CPU per op depends much less than ops/s on what else
 // the machine runs. Then the ratios, and the invariants of the deduct phase (loaded = available
@@ -74,6 +80,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -85,18 +92,20 @@ import (
 
 // Phase names, in the order they run.
 const (
-	phDeduct     = "deduct"
-	phSoldOut    = "soldout"      // a sold-out item, the fast path off: every request runs the script
-	phFastPath   = "soldout-fast" // the same with the sold-out fast path (a client that caches)
-	phRestore    = "restore"
-	phLedgerHash = "raw-ledger"
-	phNoLedger   = "raw-noledger"
-	phWatch      = "watch-multi"
-	phPGHotRow   = "pg-hotrow"
-	defaultMaxG  = 64 // goroutines of the connection-bound phases (watch-multi, pg-hotrow)
+	phDeduct       = "deduct"        // distinct buyers, a per-user limit of 2
+	phDeductNoUser = "deduct-nouser" // the same without buyers
+	phOnePerUser   = "raw-oneperuser"
+	phSoldOut      = "soldout"      // a sold-out item, the fast path off: every request runs the script
+	phFastPath     = "soldout-fast" // the same with the sold-out fast path (a client that caches)
+	phRestore      = "restore"
+	phLedgerHash   = "raw-ledger"
+	phNoLedger     = "raw-noledger"
+	phWatch        = "watch-multi"
+	phPGHotRow     = "pg-hotrow"
+	defaultMaxG    = 64 // goroutines of the connection-bound phases (watch-multi, pg-hotrow)
 )
 
-var allPhases = []string{phDeduct, phSoldOut, phFastPath, phRestore, phLedgerHash, phNoLedger, phWatch, phPGHotRow}
+var allPhases = []string{phDeduct, phDeductNoUser, phSoldOut, phFastPath, phRestore, phLedgerHash, phOnePerUser, phNoLedger, phWatch, phPGHotRow}
 
 // errChecks is returned by run when an invariant check failed.
 var errChecks = errors.New("stockbench: an invariant check failed")
@@ -107,7 +116,8 @@ var errUsage = errors.New("stockbench: usage")
 type config struct {
 	redis    string
 	cluster  []string
-	g        int
+	g        int   // goroutines of the report being made
+	gs       []int // -g: the goroutine counts, one report each
 	items    int
 	duration time.Duration
 	retry    float64
@@ -118,6 +128,7 @@ type config struct {
 	outbox   bool
 	coalesce int
 	rounds   int
+	idle     []int // -idle: catalogue sizes of the idle report
 }
 
 // Report is the outcome of a run, printed as a table or, with -json, as this structure.
@@ -153,6 +164,15 @@ type PhaseResult struct {
 	// ScriptsPerOp how many script calls (below 1 when coalescing batches requests).
 	CommandsPerOp *float64 `json:"redis_commands_per_op"`
 	ScriptsPerOp  *float64 `json:"redis_scripts_per_op"`
+	// ScriptUsPerCall is the Redis CPU of one script call (EVALSHA, EVAL, FCALL) in microseconds,
+	// from INFO commandstats (the commands the script ran included); ScriptUsPerOp the same per
+	// request (a coalesced call answers several).
+	ScriptUsPerCall *float64 `json:"redis_script_us_per_call"`
+	ScriptUsPerOp   *float64 `json:"redis_script_us_per_op"`
+	// RoundOpsPerSec and RoundScriptUsPerOp are the figures of each round, whose medians the
+	// ratios use.
+	RoundOpsPerSec     []float64 `json:"round_ops_per_sec,omitempty"`
+	RoundScriptUsPerOp []float64 `json:"round_redis_script_us_per_op,omitempty"`
 	// LedgerBytes is the Redis memory of the ledger hashes per entry.
 	LedgerBytes *float64 `json:"ledger_bytes_per_entry"`
 	// RedisCPU is the CPU redis-server used during the phase, in cores (1 = one core busy).
@@ -172,12 +192,16 @@ type PhaseResult struct {
 }
 
 // Ratio compares two phases: Value is Num's ops/s divided by Den's, RedisCPU is Num's Redis CPU
-// time per op divided by Den's. A field is null when a phase did not run or the value is n/a.
+// time per op divided by Den's, ScriptCPU the same for the CPU of the script calls alone (INFO
+// commandstats). With several rounds, Value and ScriptCPU are the medians of the rounds' ratios
+// (round i of one phase against round i of the other). A field is null when a phase did not run
+// or the value is n/a.
 type Ratio struct {
-	Num      string   `json:"num"`
-	Den      string   `json:"den"`
-	Value    *float64 `json:"value"`
-	RedisCPU *float64 `json:"redis_cpu_per_op"`
+	Num       string   `json:"num"`
+	Den       string   `json:"den"`
+	Value     *float64 `json:"value"`
+	RedisCPU  *float64 `json:"redis_cpu_per_op"`
+	ScriptCPU *float64 `json:"redis_script_cpu_per_op"`
 }
 
 // Check is one invariant checked after a phase.
@@ -229,7 +253,7 @@ Flags:
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
-	var cluster, phases string
+	var cluster, phases, gs, idle string
 	fs := flag.NewFlagSet("stockbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -238,7 +262,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.StringVar(&cfg.redis, "redis", "", "Redis address (default: an embedded miniredis)")
 	fs.StringVar(&cluster, "cluster", "", "comma-separated Redis Cluster seed addresses")
-	fs.IntVar(&cfg.g, "g", 256, "goroutines per phase")
+	fs.StringVar(&gs, "g", "256", "goroutines per phase; a comma-separated list (1,16,256) runs every phase at each count, one report each")
 	fs.IntVar(&cfg.items, "items", 1, "items per phase; 1 is one hot item")
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "duration of each phase")
 	fs.Float64Var(&cfg.retry, "retry", 0.05, "share of deduct requests that repeat an earlier id")
@@ -249,6 +273,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.outbox, "outbox", true, "Reserver phases queue outbox events (stock.WithOutbox)")
 	fs.IntVar(&cfg.coalesce, "coalesce", 4, "calls of one item in flight before deducts are coalesced (stock.WithCoalescing; 0 = off)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "split each phase into this many slices, run in turn with the other phases")
+	fs.StringVar(&idle, "idle", "", "instead of the phases: the cost of Run's background work with no traffic over catalogues of these\nsizes (comma-separated item counts), each measured for -duration, and how soon a new event is delivered")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -270,9 +295,24 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			}
 		}
 	}
+	for v := range strings.SplitSeq(gs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 {
+			return bad("-g must be goroutine counts of at least 1, comma-separated")
+		}
+		cfg.gs = append(cfg.gs, n)
+	}
+	cfg.g = cfg.gs[0]
+	if idle != "" {
+		for v := range strings.SplitSeq(idle, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 1 {
+				return bad("-idle must be item counts of at least 1, comma-separated")
+			}
+			cfg.idle = append(cfg.idle, n)
+		}
+	}
 	switch {
-	case cfg.g < 1:
-		return bad("-g must be at least 1")
 	case cfg.items < 1:
 		return bad("-items must be at least 1")
 	case cfg.duration <= 0:
@@ -321,7 +361,63 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.close()
+	if len(cfg.idle) > 0 {
+		res, err := b.idleReport(ctx, stdout)
+		if err == nil && cfg.json {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			err = enc.Encode(res)
+		}
+		if left := b.cleanupAll(); left > 0 && err == nil {
+			fmt.Fprintf(stderr, "stockbench: cleanup: %d keys of the run were left and deleted\n", left)
+		}
+		return err
+	}
 
+	// One report per goroutine count, each with its own baselines; printed as they complete.
+	var reps []Report
+	failed := false
+	for i, g := range cfg.gs {
+		if i > 0 && ctx.Err() != nil {
+			break
+		}
+		b.cfg.g = g
+		rep, err := b.report(ctx)
+		if err != nil {
+			return err
+		}
+		failed = failed || !rep.OK
+		if cfg.json {
+			reps = append(reps, rep)
+			continue
+		}
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		if err := printTable(stdout, rep); err != nil {
+			return err
+		}
+	}
+	if cfg.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		var v any = reps
+		if len(reps) == 1 {
+			v = reps[0] // one -g: the report itself
+		}
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+	}
+	if failed {
+		return errChecks
+	}
+	return ctx.Err()
+}
+
+// report runs the phases with b.cfg.g goroutines and returns their report.
+func (b *bench) report(ctx context.Context) (Report, error) {
+	cfg := b.cfg
 	rep := Report{
 		Target: b.target, Goroutines: cfg.g, Items: cfg.items, Duration: cfg.duration.String(),
 		Rounds: cfg.rounds, Retry: cfg.retry, Outbox: cfg.outbox, Coalesce: cfg.coalesce, OK: true,
@@ -333,7 +429,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep.Phases, rep.Checks = results, checks
 	if err != nil {
 		b.cleanupAll()
-		return fmt.Errorf("stockbench: %w", err)
+		return rep, fmt.Errorf("stockbench: %w", err)
 	}
 	if left := b.cleanupAll(); left > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("deleted %d leftover keys with prefix %s", left, b.runPrefix()))
@@ -345,19 +441,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, c := range rep.Checks {
 		rep.OK = rep.OK && c.OK
 	}
-	if cfg.json {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return err
-		}
-	} else if err := printTable(stdout, rep); err != nil {
-		return err
-	}
-	if !rep.OK {
-		return errChecks
-	}
-	return ctx.Err()
+	return rep, nil
 }
 
 // bench is what every phase shares: the Redis client and the identity of the run.
@@ -435,7 +519,8 @@ func ratios(ps []PhaseResult) []Ratio {
 		byName[p.Name] = p
 	}
 	pairs := [][2]string{
-		{phDeduct, phLedgerHash}, {phDeduct, phNoLedger}, {phDeduct, phWatch}, {phDeduct, phPGHotRow},
+		{phDeduct, phLedgerHash}, {phDeduct, phOnePerUser}, {phDeduct, phNoLedger}, {phDeduct, phWatch}, {phDeduct, phPGHotRow},
+		{phDeductNoUser, phLedgerHash}, {phDeduct, phDeductNoUser},
 		{phSoldOut, phDeduct}, {phFastPath, phSoldOut},
 	}
 	out := make([]Ratio, 0, len(pairs))
@@ -446,10 +531,41 @@ func ratios(ps []PhaseResult) []Ratio {
 		if ok1 && ok2 {
 			r.Value = divide(&num.OpsPerSec, &den.OpsPerSec)
 			r.RedisCPU = divide(num.RedisUsPerOp, den.RedisUsPerOp)
+			r.ScriptCPU = divide(num.ScriptUsPerOp, den.ScriptUsPerOp)
+			if m := medianRatio(num.RoundOpsPerSec, den.RoundOpsPerSec); m != nil {
+				r.Value = m
+			}
+			if m := medianRatio(num.RoundScriptUsPerOp, den.RoundScriptUsPerOp); m != nil {
+				r.ScriptCPU = m
+			}
 		}
 		out = append(out, r)
 	}
 	return out
+}
+
+// medianRatio returns the median of a[i]/b[i] over the rounds both measured, nil when they
+// measured fewer than two in common.
+func medianRatio(a, b []float64) *float64 {
+	n := min(len(a), len(b))
+	if n < 2 {
+		return nil
+	}
+	rs := make([]float64, 0, n)
+	for i := range n {
+		if b[i] > 0 {
+			rs = append(rs, a[i]/b[i])
+		}
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	slices.Sort(rs)
+	m := rs[len(rs)/2]
+	if len(rs)%2 == 0 {
+		m = (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2
+	}
+	return &m
 }
 
 // divide returns a/b, or nil when either is nil or b is 0.
@@ -471,11 +587,12 @@ func printTable(w io.Writer, rep Report) error {
 	for _, p := range rep.Phases {
 		width = max(width, len(p.Name))
 	}
-	fmt.Fprintf(tw, "%-*s\tg\tops/s\tp50\tp99\tp99.9\tallocs/op\tB/entry\tcmds/op\tscripts/op\tredis cpu\tµs/op\tclient cpu\tµs/op\tok\treplayed\tsoldout\taborts\terrors\t\n", width, "phase")
+	fmt.Fprintf(tw, "%-*s\tg\tops/s\tp50\tp99\tp99.9\tallocs/op\tB/entry\tcmds/op\tscripts/op\tµs/call\tµs/req\tredis cpu\tµs/op\tclient cpu\tµs/op\tok\treplayed\tsoldout\taborts\terrors\t\n", width, "phase")
 	for _, p := range rep.Phases {
-		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n",
 			width, p.Name, p.Goroutines, p.OpsPerSec, us(p.P50us), us(p.P99us), us(p.P999us), p.AllocsPerOp,
 			opt(p.LedgerBytes, "%.0f"), opt(p.CommandsPerOp, "%.2f"), opt(p.ScriptsPerOp, "%.3f"),
+			opt(p.ScriptUsPerCall, "%.1f"), opt(p.ScriptUsPerOp, "%.1f"),
 			percent(p.RedisCPU), opt(p.RedisUsPerOp, "%.1f"),
 			percent(p.ClientCPU), opt(p.ClientUsPerOp, "%.1f"),
 			p.OK, p.Replayed, p.SoldOut, p.Aborts, p.Errors)
@@ -491,9 +608,9 @@ func printTable(w io.Writer, rep Report) error {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "ratios:")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\tops/s\tredis cpu/op")
+	fmt.Fprintln(tw, "\tops/s\tredis cpu/op\tscript cpu/op")
 	for _, r := range rep.Ratios {
-		fmt.Fprintf(tw, "  %s / %s\t%s\t%s\n", r.Num, r.Den, opt(r.Value, "%.2fx"), opt(r.RedisCPU, "%.2fx"))
+		fmt.Fprintf(tw, "  %s / %s\t%s\t%s\t%s\n", r.Num, r.Den, opt(r.Value, "%.2fx"), opt(r.RedisCPU, "%.2fx"), opt(r.ScriptCPU, "%.2fx"))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -20,7 +20,7 @@ import (
 // STOCK_TEST_POSTGRES names one) and checks the JSON report.
 func TestRunJSON(t *testing.T) {
 	args := []string{"-duration", "200ms", "-g", "8", "-json"}
-	want := []string{phDeduct, phSoldOut, phFastPath, phRestore, phLedgerHash, phNoLedger, phWatch}
+	want := []string{phDeduct, phDeductNoUser, phSoldOut, phFastPath, phRestore, phLedgerHash, phOnePerUser, phNoLedger, phWatch}
 	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
 		args = append(args, "-pg", dsn)
 		want = append(want, phPGHotRow)
@@ -44,7 +44,7 @@ func TestRunJSON(t *testing.T) {
 		assert.Nil(t, p.RedisUsPerOp)
 	}
 	assert.Positive(t, rep.Phases[0].Replayed, "the deduct phase retries earlier ids")
-	assert.Equal(t, rep.Phases[1].Ops, rep.Phases[1].SoldOut)
+	assert.Equal(t, rep.Phases[2].Ops, rep.Phases[2].SoldOut)
 
 	names := map[string]bool{}
 	for _, c := range rep.Checks {
@@ -59,9 +59,9 @@ func TestRunJSON(t *testing.T) {
 	} {
 		assert.True(t, names[n], "missing check %q", n)
 	}
-	require.Len(t, rep.Ratios, 6)
+	require.Len(t, rep.Ratios, 9)
 	for _, r := range rep.Ratios {
-		if r.Den == phPGHotRow && len(want) == 7 {
+		if r.Den == phPGHotRow && len(want) == 9 {
 			assert.Nil(t, r.Value)
 			continue
 		}
@@ -126,6 +126,7 @@ func TestFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-retry", "1"},
 		{"-g", "0"},
+		{"-g", "1,x"},
 		{"-items", "0"},
 		{"-duration", "0s"},
 		{"-phases", "deduct,nope"},
@@ -146,6 +147,10 @@ func TestFlags(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, cfg.phases, phPGHotRow, "pg-hotrow only with -pg")
 	assert.Equal(t, 256, cfg.g)
+
+	cfg, err = parseFlags([]string{"-g", "1, 16,256"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 16, 256}, cfg.gs)
 	assert.Equal(t, 5*time.Second, cfg.duration)
 }
 

@@ -43,7 +43,25 @@ type phase struct {
 	redisCPU                  float64 // seconds
 	clientRounds, redisRounds int     // rounds in which the CPU could be read
 	commands, scripts         float64 // Redis commands (those in scripts included) and script calls
+	scriptUsec                float64 // Redis CPU of the script calls (INFO commandstats usec)
 	commandRounds             int     // rounds in which they could be counted
+	perRound                  []roundStat
+}
+
+// roundStat is what one round of a phase measured; the ratios are medians over rounds.
+type roundStat struct {
+	secs       float64
+	ops        int64
+	scriptUsec float64 // -1 when it could not be read
+}
+
+// completed is how many operations p's workers completed so far.
+func (p *phase) completed() int64 {
+	var n int64
+	for _, w := range p.ws {
+		n += w.ok + w.replayed + w.soldOut
+	}
+	return n
 }
 
 // outcome of one operation.
@@ -158,14 +176,16 @@ func (w *worker) fail(err error) {
 // newPhase builds the phase called name.
 func (b *bench) newPhase(name string) (*phase, error) {
 	switch name {
-	case phDeduct:
-		return b.deductPhase()
+	case phDeduct, phDeductNoUser:
+		return b.deductPhase(name)
 	case phSoldOut, phFastPath:
 		return b.soldOutPhase(name)
 	case phRestore:
 		return b.restorePhase()
 	case phLedgerHash:
 		return b.ledgerHashPhase(), nil
+	case phOnePerUser:
+		return b.onePerUserPhase(), nil
 	case phNoLedger:
 		return b.noLedgerPhase(), nil
 	case phWatch:
@@ -267,15 +287,16 @@ func (b *bench) runGroup(ctx context.Context, group []string, slice time.Duratio
 // p's totals. An operation in flight when time is up completes and counts.
 func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 	runtime.GC()
-	var cpu0, cmd0, scr0 float64
+	var cpu0, cmd0, scr0, usec0 float64
 	var cpuErr, cmdErr error
 	if p.redis {
 		cpu0, cpuErr = b.redisCPU(ctx)
-		cmd0, scr0, cmdErr = b.commandCalls(ctx)
+		cmd0, scr0, usec0, cmdErr = b.commandCalls(ctx)
 	}
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	cli0, cliErr := processCPU()
+	ops0 := p.completed()
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -294,6 +315,8 @@ func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 
 	runtime.ReadMemStats(&ms1)
 	cli1, cliErr1 := processCPU()
+	round := roundStat{secs: elapsed.Seconds(), ops: p.completed() - ops0, scriptUsec: -1}
+	defer func() { p.perRound = append(p.perRound, round) }()
 	p.rounds++
 	p.elapsed += elapsed
 	p.mallocs += ms1.Mallocs - ms0.Mallocs
@@ -308,9 +331,11 @@ func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 		}
 	}
 	if p.redis && cmdErr == nil {
-		if cmd1, scr1, err := b.commandCalls(context.WithoutCancel(ctx)); err == nil {
+		if cmd1, scr1, usec1, err := b.commandCalls(context.WithoutCancel(ctx)); err == nil {
 			p.commands += cmd1 - cmd0
 			p.scripts += scr1 - scr0
+			p.scriptUsec += usec1 - usec0
+			round.scriptUsec = usec1 - usec0
 			p.commandRounds++
 		}
 	}
@@ -358,6 +383,19 @@ func (p *phase) result() PhaseResult {
 	if p.redis && p.commandRounds == p.rounds && res.Ops > 0 {
 		cmds, scripts := p.commands/float64(res.Ops), p.scripts/float64(res.Ops)
 		res.CommandsPerOp, res.ScriptsPerOp = &cmds, &scripts
+		if p.scripts > 0 && p.scriptUsec > 0 {
+			perCall, perReq := p.scriptUsec/p.scripts, p.scriptUsec/float64(res.Ops)
+			res.ScriptUsPerCall, res.ScriptUsPerOp = &perCall, &perReq
+		}
+	}
+	for _, r := range p.perRound {
+		if r.secs <= 0 || r.ops <= 0 {
+			continue
+		}
+		res.RoundOpsPerSec = append(res.RoundOpsPerSec, float64(r.ops)/r.secs)
+		if r.scriptUsec > 0 {
+			res.RoundScriptUsPerOp = append(res.RoundScriptUsPerOp, r.scriptUsec/float64(r.ops))
+		}
 	}
 	return res
 }
@@ -387,13 +425,14 @@ const warmSKU = "warm"
 
 // reserverPhase is the common part of the phases that drive a stock.Reserver: the reserver, on
 // a prefix of its own, its items loaded with stock each, and the keys to delete afterwards.
-func (b *bench) reserverPhase(name string, stock0 int64) (*phase, *stock.Reserver, []string, error) {
+func (b *bench) reserverPhase(name string, stock0 int64, more ...stock.Option) (*phase, *stock.Reserver, []string, error) {
 	prefix := b.prefix(name)
 	client, fast := b.client, stock.WithSoldOutCache(0)
 	if name == phFastPath {
 		client, fast = b.cached, stock.WithSoldOutCache(time.Second)
 	}
-	r, err := stock.New(client, stock.WithPrefix(prefix), stock.WithOutbox(b.cfg.outbox), stock.WithCoalescing(b.cfg.coalesce), fast)
+	opts := append([]stock.Option{stock.WithPrefix(prefix), stock.WithOutbox(b.cfg.outbox), stock.WithCoalescing(b.cfg.coalesce), fast}, more...)
+	r, err := stock.New(client, opts...)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -429,17 +468,33 @@ func (b *bench) ledgerKey(phase, sku string) string {
 	return b.prefix(phase) + ":{" + sku + "}:l"
 }
 
-// deductPhase: unique ids on items that never sell out, a share of retries of earlier ids.
-func (b *bench) deductPhase() (*phase, error) {
-	p, r, items, err := b.reserverPhase(phDeduct, bigStock)
+// buyerLimit is the per-user limit of the deduct phase: a flash sale's "at most 2 per buyer".
+const buyerLimit = 2
+
+// deductPhase: unique ids on items that never sell out, a share of retries of earlier ids. In
+// the deduct phase every request is by a buyer of its own ("u" + the id) under a per-user limit;
+// in deduct-nouser requests have no buyer.
+func (b *bench) deductPhase(name string) (*phase, error) {
+	var more []stock.Option
+	buyers := name == phDeduct
+	if buyers {
+		more = append(more, stock.WithUserLimit(buyerLimit))
+	}
+	p, r, items, err := b.reserverPhase(name, bigStock, more...)
 	if err != nil {
 		return nil, err
+	}
+	buyer := func(id string) string {
+		if !buyers {
+			return ""
+		}
+		return "u" + id
 	}
 	share := b.cfg.retry
 	p.op = func(ctx context.Context, w *worker) {
 		if s, ok := w.retry(share); ok {
 			t0 := time.Now()
-			rc, err := r.Deduct(ctx, stock.Request{SKU: items[s.item], ID: s.id, Qty: w.qty})
+			rc, err := r.Deduct(ctx, stock.Request{SKU: items[s.item], ID: s.id, Qty: w.qty, User: buyer(s.id)})
 			if err != nil {
 				w.fail(err)
 				return
@@ -452,7 +507,7 @@ func (b *bench) deductPhase() (*phase, error) {
 		}
 		i, id := w.item(), w.nextID()
 		t0 := time.Now()
-		rc, err := r.Deduct(ctx, stock.Request{SKU: items[i], ID: id, Qty: w.qty})
+		rc, err := r.Deduct(ctx, stock.Request{SKU: items[i], ID: id, Qty: w.qty, User: buyer(id)})
 		switch {
 		case err == nil && !rc.Replayed:
 			w.done(t0, outOK)
@@ -468,7 +523,7 @@ func (b *bench) deductPhase() (*phase, error) {
 		}
 	}
 	p.finish = func(ctx context.Context, res *PhaseResult, ws []*worker) ([]Check, error) {
-		return b.reserverChecks(ctx, phDeduct, r, items, res, ws, bigStock)
+		return b.reserverChecks(ctx, name, r, items, res, ws, bigStock)
 	}
 	return p, nil
 }

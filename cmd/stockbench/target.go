@@ -55,33 +55,43 @@ func (b *bench) redisCPU(ctx context.Context) (float64, error) {
 }
 
 // commandCalls returns how many commands the Redis servers have run so far, summed over every
-// node: all of them (those scripts run included) and the script calls (EVALSHA, EVAL).
-func (b *bench) commandCalls(ctx context.Context) (all, scripts float64, err error) {
+// node: all of them (those scripts run included), the script calls (EVALSHA, EVAL, FCALL) and the
+// microseconds of Redis CPU those script calls took (INFO commandstats usec, the commands they
+// ran included).
+func (b *bench) commandCalls(ctx context.Context) (all, scripts, scriptUsec float64, err error) {
 	for addr, node := range b.client.Nodes() {
 		info, err := node.Do(ctx, node.B().Info().Section("commandstats").Build()).ToString()
 		if err != nil {
-			return 0, 0, fmt.Errorf("INFO commandstats on %s: %w", addr, err)
+			return 0, 0, 0, fmt.Errorf("INFO commandstats on %s: %w", addr, err)
 		}
 		for line := range strings.SplitSeq(info, "\n") {
 			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
 			if !ok || !strings.HasPrefix(name, "cmdstat_") {
 				continue
 			}
-			calls, _, _ := strings.Cut(rest, ",")
+			calls, rest, _ := strings.Cut(rest, ",")
 			n, err := strconv.ParseFloat(calls, 64)
 			if err != nil {
-				return 0, 0, fmt.Errorf("INFO commandstats on %s: %q: %w", addr, line, err)
+				return 0, 0, 0, fmt.Errorf("INFO commandstats on %s: %q: %w", addr, line, err)
 			}
 			switch name {
 			case "cmdstat_info", "cmdstat_client|caching":
 				continue // the tool's own reads, and rueidis's tracking opt-in
-			case "cmdstat_evalsha", "cmdstat_eval":
+			case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_fcall_ro":
 				scripts += n
+				if v, ok := strings.CutPrefix(rest, "usec="); ok {
+					v, _, _ = strings.Cut(v, ",")
+					u, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						return 0, 0, 0, fmt.Errorf("INFO commandstats on %s: %q: %w", addr, line, err)
+					}
+					scriptUsec += u
+				}
 			}
 			all += n
 		}
 	}
-	return all, scripts, nil
+	return all, scripts, scriptUsec, nil
 }
 
 // ledgerStats returns the number of entries of each ledger hash, and their Redis memory per

@@ -22,7 +22,7 @@ import (
 // client-side caching (stockctl reads fresh), no replica ack, no failover guard, no carts.
 func cliACL(user, password, prefix string) []string {
 	args := []string{user, "reset", "on", ">" + password, "resetchannels",
-		"~" + prefix + ":{*", "~" + prefix + ":items",
+		"~" + prefix + ":{*", "~" + prefix + ":items", "~" + prefix + ":due{~*", "~" + prefix + ":holdsdue{~*",
 		"-@all", "+ping", "+cluster|slots", "+cluster|shards", "+evalsha", "+eval",
 		"+get", "+set", "+del", "+exists", "+pexpire", "+setbit", "+time",
 		"+hget", "+hmget", "+hset", "+hsetnx", "+hdel", "+hexists", "+hincrby", "+hscan",

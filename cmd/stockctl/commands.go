@@ -291,7 +291,7 @@ func cmdLoad(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		inRedis := true
-		if _, err := r.Available(ctx, sku); errors.Is(err, stock.ErrNotLoaded) {
+		if _, err := r.Levels(ctx, sku); errors.Is(err, stock.ErrNotLoaded) {
 			inRedis = false
 		} else if err != nil {
 			return err
@@ -352,7 +352,7 @@ func accounted(rp stock.Report) int64 { return rp.Available + rp.Held + rp.InFli
 // available to in flight, a delivery from in flight to the store), so the row agrees with Redis
 // whenever it is created.
 func addStoreSide(ctx context.Context, e *env, r *stock.Reserver, st *sqlstore.Store, sku string, qty int64) error {
-	rec, err := r.NewReconciler(st, stock.WithDryRun(true), stock.WithRetention(0))
+	rec, err := r.NewReconciler(st, &stock.ReconcileOptions{DryRun: true, Retention: -1})
 	if err != nil {
 		return err
 	}
@@ -418,10 +418,11 @@ func cmdAvailable(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	n, err := r.Available(ctx, args[0])
+	lv, err := r.Levels(ctx, args[0])
 	if err != nil {
 		return err
 	}
+	n := lv.Available
 	return e.emit(struct {
 		SKU       string `json:"sku"`
 		Available int64  `json:"available"`
@@ -631,7 +632,7 @@ func cmdLedger(ctx context.Context, e *env, args []string, limit int, state stri
 		entries = append(entries, en)
 	}
 	if len(entries) == 0 {
-		if _, err := r.Available(ctx, args[0]); err != nil {
+		if _, err := r.Levels(ctx, args[0]); err != nil {
 			return err
 		}
 	}
@@ -668,10 +669,10 @@ func cmdClose(closed bool) runFunc {
 		}
 		verb := "closed"
 		if closed {
-			err = r.Close(ctx, args[0])
+			err = r.CloseItem(ctx, args[0])
 		} else {
 			verb = "reopened"
-			err = r.Reopen(ctx, args[0])
+			err = r.ReopenItem(ctx, args[0])
 		}
 		if err != nil {
 			return err
@@ -744,7 +745,7 @@ func cmdSweep(ctx context.Context, e *env, args []string) error {
 	if len(args) == 1 {
 		n, err = r.Sweep(ctx, args[0])
 	} else {
-		n, err = r.SweepAll(ctx)
+		n, err = r.Sweep(ctx)
 	}
 	if err != nil {
 		return err
@@ -817,7 +818,7 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	if err != nil {
 		return err
 	}
-	rec, err := r.NewReconciler(st, stock.WithDryRun(!o.apply), stock.WithRepairLimit(o.limit), stock.WithRetention(o.retention))
+	rec, err := r.NewReconciler(st, &stock.ReconcileOptions{DryRun: !o.apply, RepairLimit: o.limit, Retention: o.retention})
 	if err != nil {
 		return err
 	}
@@ -946,11 +947,11 @@ func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease t
 	if err != nil {
 		return err
 	}
-	opts := []stock.RelayOption{stock.WithBatch(batch), stock.WithLease(lease)}
+	opts := &stock.RelayOptions{Batch: batch, Lease: lease}
 	if len(args) > 0 {
-		opts = append(opts, stock.WithRelayItems(args...))
+		opts.Items = args
 	}
-	rl, err := r.NewRelay(st, nil, opts...)
+	rl, err := r.NewRelay(st, nil, opts)
 	if err != nil {
 		return err
 	}

@@ -48,6 +48,7 @@ func main() {
 // globals are the flags every command takes, before or after its name.
 type globals struct {
 	redis       string
+	sentinel    string // name@host:port,...: a Sentinel deployment instead of -redis
 	prefix      string
 	dsn         string
 	tablePrefix string
@@ -60,6 +61,9 @@ func defaultGlobals() globals {
 	if v := os.Getenv("STOCKCTL_REDIS"); v != "" {
 		g.redis = v
 	}
+	if v := os.Getenv("STOCKCTL_SENTINEL"); v != "" {
+		g.sentinel = v
+	}
 	if v := os.Getenv("STOCKCTL_DSN"); v != "" {
 		g.dsn = v
 	}
@@ -71,6 +75,8 @@ func defaultGlobals() globals {
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.redis, "redis", g.redis, "Redis at `ADDR`: host:port, a comma-separated list of cluster nodes,\n"+
 		"or a redis://, rediss:// or unix:// URL (with a password); env STOCKCTL_REDIS")
+	fs.StringVar(&g.sentinel, "sentinel", g.sentinel, "Redis behind Sentinel, at `NAME@ADDRS`: the primary's name and the sentinels'\n"+
+		"comma-separated host:port addresses (instead of -redis); env STOCKCTL_SENTINEL")
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "key `PREFIX` of the Reserver (stock.WithPrefix)")
 	fs.StringVar(&g.dsn, "dsn", g.dsn, "the database of record at `DSN`: postgres://..., mysql://user:pass@host:3306/db?params,\n"+
 		"mysql:<go-sql-driver DSN>, or sqlite:PATH; env STOCKCTL_DSN")
@@ -319,7 +325,7 @@ func printCommand(w io.Writer, c *command) {
 			fmt.Fprintf(w, "  %s\n", l)
 		}
 	}
-	fmt.Fprint(w, "\nGlobal flags (-redis, -prefix, -dsn, -table-prefix, -json, -timeout): see 'stockctl help'.\n")
+	fmt.Fprint(w, "\nGlobal flags (-redis, -sentinel, -prefix, -dsn, -table-prefix, -json, -timeout): see 'stockctl help'.\n")
 }
 
 // commandNames lists the commands, for tests.

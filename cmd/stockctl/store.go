@@ -53,18 +53,37 @@ func redisOption(s string, timeout time.Duration) (rueidis.ClientOption, error) 
 	return opt, nil
 }
 
+// sentinelOption turns -sentinel (name@host:port,...) into the options of a rueidis Sentinel
+// client, which asks the sentinels for the primary and follows a failover. Client-side caching
+// is off, as with -redis.
+func sentinelOption(s string, timeout time.Duration) (rueidis.ClientOption, error) {
+	opt, err := redisaddr.ParseSentinel(s)
+	if err != nil {
+		return opt, usagef("-sentinel %v", err)
+	}
+	opt.DisableCache = true
+	opt.Dialer.Timeout = min(timeout, 10*time.Second)
+	opt.Sentinel.Dialer.Timeout = opt.Dialer.Timeout
+	return opt, nil
+}
+
 // reserver connects to Redis.
 func (e *env) reserver() (*stock.Reserver, error) {
 	if e.r != nil {
 		return e.r, nil
 	}
 	opt, err := redisOption(e.g.redis, e.g.timeout)
+	where := e.g.redis
+	if e.g.sentinel != "" {
+		opt, err = sentinelOption(e.g.sentinel, e.g.timeout)
+		where = "the primary of Sentinel " + e.g.sentinel
+	}
 	if err != nil {
 		return nil, err
 	}
 	c, err := rueidis.NewClient(opt)
 	if err != nil {
-		return nil, fmt.Errorf("connect to Redis at %s: %w", e.g.redis, err)
+		return nil, fmt.Errorf("connect to Redis at %s: %w", where, err)
 	}
 	r, err := stock.New(c, stock.WithPrefix(e.g.prefix))
 	if err != nil {

@@ -249,7 +249,7 @@ func TestUserLimitAndUnknownItem(t *testing.T) {
 	e.want(e.post("order-1", `{"sku":"shoe","qty":2,"user":"alice"}`), http.StatusOK, "")
 	e.want(e.post("order-2", shoe), http.StatusForbidden, "user_limit")
 	e.want(e.post("order-3", `{"sku":"boot","qty":1,"user":"bob"}`), http.StatusNotFound, "not_found")
-	if err := e.r.Close(context.Background(), "shoe"); err != nil {
+	if err := e.r.CloseItem(context.Background(), "shoe"); err != nil {
 		t.Fatal(err)
 	}
 	e.want(e.post("order-4", `{"sku":"shoe","qty":1,"user":"bob"}`), http.StatusConflict, "closed")

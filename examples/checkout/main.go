@@ -41,8 +41,9 @@
 // returns the item's levels: {"sku", "available", "held", "sold", "loaded", "closed"}. Every
 // request is logged (log/slog, on stderr): method, path, status, duration, Idempotency-Key.
 //
-// A Relay drains the outbox into an in-memory database of record (memstore; use sqlstore in a
-// real service) and a sweeper releases expired holds. SIGINT or SIGTERM stops the server
+// Reserver.Run does the background work in one goroutine: a relay drains the outbox into an
+// in-memory database of record (memstore; use sqlstore in a real service), a reconciler checks
+// Redis against it, and a sweeper releases expired holds. SIGINT or SIGTERM stops the server
 // gracefully: no new connections, in-flight checkouts finish (up to -shutdown-timeout), then
 // the relay delivers what is left.
 //
@@ -163,14 +164,11 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 		}
 	}
 
-	relay, err := r.NewRelay(db, nil)
-	if err != nil {
-		return err
-	}
+	// The background work (relay, reconciler, sweeper, cart recovery, failover guard) in one
+	// goroutine; when bg ends, Run delivers what is left in the outbox and returns.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() { relay.Run(bg) })
-	wg.Go(func() { r.RunSweeper(bg, time.Second) })
+	wg.Go(func() { r.Run(bg, stock.RunOptions{Store: db}) })
 
 	srv := &http.Server{
 		Addr:              addr,
@@ -204,20 +202,9 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 		err = nil
 	}
 
-	// The HTTP side is quiet: stop the background work and deliver what is left.
+	// The HTTP side is quiet: stop the background work, which delivers what is left.
 	stopBG()
 	wg.Wait()
-	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for {
-		st, derr := relay.Once(dctx)
-		if derr != nil || st.Claimed == 0 {
-			if derr != nil {
-				log.Warn("relay: events left in the outbox for the next start", "err", derr)
-			}
-			break
-		}
-	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

@@ -250,3 +250,32 @@ func TestFlashSaleRedisURL(t *testing.T) {
 		t.Errorf("wrong password: %v", err)
 	}
 }
+
+func TestSentinelFlags(t *testing.T) {
+	for in, want := range map[string]float64{"50%": 0.5, "0.25": 0.25, "100%": 1, "0": 0} {
+		got, err := parseShare(in)
+		if err != nil || got != want {
+			t.Errorf("parseShare(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "x", "150%", "-1", "2"} {
+		if _, err := parseShare(bad); err == nil {
+			t.Errorf("parseShare(%q): no error", bad)
+		}
+	}
+	for _, c := range []config{
+		{FailoverAt: 0.5},                    // no -sentinel
+		{Sentinel: "s@h:1", Redis: "h:2"},    // two Redis
+		{Sentinel: "s@h:1", ReplicaAck: -1},  // negative
+		{Sentinel: "s@h:1", FailoverAt: 1.5}, // beyond the buyers
+		{Sentinel: "s@h:1", Cluster: []string{"h:3"}},
+	} {
+		if _, err := c.withDefaults(); err == nil {
+			t.Errorf("%+v: no error", c)
+		}
+	}
+	c, err := config{Sentinel: "s@h:1", FailoverAt: 0.5, ReplicaAck: 1}.withDefaults()
+	if err != nil || c.HoldTTL != time.Minute {
+		t.Errorf("%+v %v: want a minute of hold on Sentinel", c, err)
+	}
+}

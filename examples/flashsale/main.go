@@ -14,6 +14,7 @@
 //	go run ./examples/flashsale -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
 //	go run ./examples/flashsale -redis 127.0.0.1:6379 -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	go run ./examples/flashsale -dsn 'mysql://root@127.0.0.1:3306/test'
+//	go run ./examples/flashsale -sentinel stock@127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381 -failover-at 50% -replica-ack 1
 //
 // The first go run compiles the example and its dependencies (SQLite, pgx, the MySQL driver,
 // rueidis): a few minutes, silent, on a small machine; later runs start at once.
@@ -31,6 +32,17 @@
 //	                   user and password of an ACL user, redis://user:password@host:port, or
 //	                   rediss://… for TLS
 //	-cluster a,b,c     a real Redis Cluster, by the addresses of some of its nodes
+//	-sentinel name@a,b,c  a real Redis behind Sentinel: the name of the primary the sentinels
+//	                   monitor and their addresses (a rueidis Sentinel client, which follows a
+//	                   failover); a FailoverGuard then runs beside the relay and the reconciler
+//	-failover-at p%    with -sentinel: ask the sentinels for a failover (SENTINEL FAILOVER) once p%
+//	                   of the buyers have come; buyers retry an unknown outcome, a fenced call
+//	                   (ErrFailover) and an unreplicated write (ErrNotReplicated) with the same
+//	                   request id until they get a definite answer, and a check counts the
+//	                   acknowledged sales that are missing from both Redis and the database
+//	-replica-ack n     every write waits for n replicas (stock.WithReplicaAck, 2s); with
+//	                   min-replicas-to-write on the primary and as many replicas as n, a failover
+//	                   loses nothing the buyers were told
 //	-dsn dsn           the database of record (default: a SQLite file in a temporary directory),
 //	                   by the parser stockctl uses too:
 //	                     postgres://… or postgresql://…      PostgreSQL, through pgx (the DSN is passed as is)
@@ -65,6 +77,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -73,6 +86,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock/internal/dburl"
+	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/sqlstore"
 )
@@ -81,15 +95,20 @@ import (
 type config struct {
 	Redis    string   // a real Redis address; "" for the embedded miniredis
 	Cluster  []string // real Redis Cluster nodes
-	DSN      string   // the database of record; "" for a SQLite file in a temporary directory
-	Prefix   string   // Redis key prefix; "" for a unique one
-	Keep     bool     // keep keys, tables and files
-	Buyers   int
-	Items    int
-	Stock    int64
-	Duration time.Duration
-	Seed     uint64
-	TTY      bool // redraw the progress line with \r
+	Sentinel string   // name@host:port,...: a real Redis behind Sentinel
+	// FailoverAt, with Sentinel, is the share of the buyers (0 to 1) after whose arrival a
+	// SENTINEL FAILOVER is asked for; 0: none.
+	FailoverAt float64
+	ReplicaAck int    // WithReplicaAck(ReplicaAck, 2s); 0: off
+	DSN        string // the database of record; "" for a SQLite file in a temporary directory
+	Prefix     string // Redis key prefix; "" for a unique one
+	Keep       bool   // keep keys, tables and files
+	Buyers     int
+	Items      int
+	Stock      int64
+	Duration   time.Duration
+	Seed       uint64
+	TTY        bool // redraw the progress line with \r
 
 	HoldTTL   time.Duration // holds that are confirmed or cancelled (5s)
 	ExpireTTL time.Duration // holds that are left to expire (300ms)
@@ -109,6 +128,7 @@ Usage: flashsale [flags]
   flashsale                                   # embedded miniredis and a temporary SQLite file
   flashsale -redis 127.0.0.1:6379 -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
   flashsale -dsn 'mysql://root@127.0.0.1:3306/test'
+  flashsale -sentinel stock@127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381 -failover-at 50% -replica-ack 1
 
 Exit status: 0 when every check passes, 1 when one fails, 2 when the sale could not run or was
 interrupted. Keys and tables of the run are removed on every exit, interrupted or not.
@@ -131,6 +151,9 @@ func main() {
 	}
 	flag.StringVar(&cfg.Redis, "redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
 	flag.StringVar(&cluster, "cluster", "", "a real Redis Cluster: comma-separated node `addresses`")
+	flag.StringVar(&cfg.Sentinel, "sentinel", "", "a real Redis behind Sentinel: `name@host:port,...`, the primary's name and the sentinels")
+	failoverAt := flag.String("failover-at", "", "with -sentinel: SENTINEL FAILOVER once this `share` of the buyers came (50% or 0.5)")
+	flag.IntVar(&cfg.ReplicaAck, "replica-ack", 0, "every write waits for `n` replicas (stock.WithReplicaAck, 2s)")
 	flag.StringVar(&cfg.DSN, "dsn", "", "the database of record: postgres://…, mysql://user:pass@host:3306/db, mysql:<go-sql-driver DSN>,\nsqlite:PATH (default: a SQLite file in a temporary directory)")
 	flag.StringVar(&cfg.Prefix, "prefix", "", "Redis key prefix, also names the tables (default: flashsale-<random>)")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the Redis keys, the tables and the SQLite file")
@@ -146,6 +169,14 @@ func main() {
 	}
 	if cluster != "" {
 		cfg.Cluster = strings.Split(cluster, ",")
+	}
+	if *failoverAt != "" {
+		f, err := parseShare(*failoverAt)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "flashsale: -failover-at:", err)
+			os.Exit(2)
+		}
+		cfg.FailoverAt = f
 	}
 	if fi, err := os.Stdout.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		cfg.TTY = true
@@ -179,6 +210,11 @@ func (c config) withDefaults() (config, error) {
 	}
 	if c.HoldTTL == 0 {
 		c.HoldTTL = 5 * time.Second
+		if c.Sentinel != "" {
+			// A failover stalls writes for seconds (until a reconcile pass lifts the fence, and
+			// with replica acks until the old primary has rejoined): a buyer's hold must outlive it.
+			c.HoldTTL = time.Minute
+		}
 	}
 	if c.ExpireTTL == 0 {
 		c.ExpireTTL = 300 * time.Millisecond
@@ -191,13 +227,33 @@ func (c config) withDefaults() (config, error) {
 		return c, errors.New("-buyers, -items, -stock and -duration must be positive")
 	case c.Items > 1000:
 		return c, errors.New("-items: at most 1000")
-	case c.Redis != "" && len(c.Cluster) > 0:
-		return c, errors.New("-redis and -cluster: pick one")
+	case (c.Redis != "") && len(c.Cluster) > 0, (c.Redis != "" || len(c.Cluster) > 0) && c.Sentinel != "":
+		return c, errors.New("-redis, -cluster and -sentinel: pick one")
+	case c.FailoverAt != 0 && c.Sentinel == "":
+		return c, errors.New("-failover-at needs -sentinel: the sentinels run the failover")
+	case c.FailoverAt < 0 || c.FailoverAt > 1:
+		return c, errors.New("-failover-at: a share of the buyers, from 0% to 100%")
+	case c.ReplicaAck < 0:
+		return c, errors.New("-replica-ack: a number of replicas")
 	}
 	if c.Prefix == "" {
 		c.Prefix = fmt.Sprintf("flashsale-%08x", rand.Uint32())
 	}
 	return c, nil
+}
+
+// parseShare parses a share of the buyers: "50%" or "0.5".
+func parseShare(s string) (float64, error) {
+	s = strings.TrimSpace(s)
+	div := 1.0
+	if t, ok := strings.CutSuffix(s, "%"); ok {
+		s, div = t, 100
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f/div < 0 || f/div > 1 {
+		return 0, fmt.Errorf("%q: want a share of the buyers, 0%% to 100%% (or 0 to 1)", s)
+	}
+	return f / div, nil
 }
 
 // tablePrefix turns a key prefix into a table prefix sqlstore accepts: ASCII letters, digits
@@ -227,6 +283,12 @@ func openRedis(cfg config, n int) ([]rueidis.Client, string, func(), error) {
 	switch {
 	case len(cfg.Cluster) > 0:
 		opt, desc = rueidis.ClientOption{InitAddress: cfg.Cluster, ShuffleInit: true}, "cluster "+strings.Join(cfg.Cluster, ",")
+	case cfg.Sentinel != "":
+		o, err := redisaddr.ParseSentinel(cfg.Sentinel)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("-sentinel %v", err)
+		}
+		opt, desc = o, "sentinel "+cfg.Sentinel
 	case cfg.Redis != "":
 		o, err := redisaddr.Parse(cfg.Redis)
 		if err != nil {
@@ -402,6 +464,14 @@ func deleteKeys(ctx context.Context, c rueidis.Client, prefix string, skus []str
 	if len(skus) > 0 {
 		if err := c.Do(ctx, c.B().Srem().Key(registry).Member(skus...).Build()).Error(); err != nil {
 			return fmt.Errorf("srem %s: %w", registry, err)
+		}
+		// The items' due-work hints (a sorted set emptied of its last member goes).
+		for n := range protocol.DueShards {
+			for _, k := range []string{protocol.RelayDue(prefix, n), protocol.HoldsDue(prefix, n)} {
+				if err := c.Do(ctx, c.B().Zrem().Key(k).Member(skus...).Build()).Error(); err != nil {
+					return fmt.Errorf("zrem %s: %w", k, err)
+				}
+			}
 		}
 	}
 	n, err := c.Do(ctx, c.B().Scard().Key(registry).Build()).AsInt64()

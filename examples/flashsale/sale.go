@@ -32,7 +32,8 @@ type Report struct {
 	Outcomes  []OutcomeCount
 	Reconcile []stock.Report // the final reconcile pass
 	Checks    []Check
-	Passed    bool // every check passed
+	Passed    bool   // every check passed
+	Failover  string // what -failover-at did, or ""
 }
 
 // ItemReport is one item at the end of the sale.
@@ -78,6 +79,25 @@ var (
 	}
 )
 
+// patientExplained adds, to every call, the outcomes a failover explains: the calls were
+// retried with the same request id until they got a definite answer.
+func patientExplained() map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for op, m := range explained {
+		out[op] = with(m,
+			"error", "unknown outcome while the primary changed: retried with the same id",
+			"timeout", "unknown outcome while the primary changed: retried with the same id",
+			"failover", "fenced until a reconcile pass compared the new primary with the database: retried",
+			"not_replicated", "done, not yet acknowledged by the replicas: retried with the same id")
+		if _, ok := out[op]["replay"]; !ok {
+			out[op]["replay"] = "a retry after an unknown outcome: the first attempt had been done"
+		}
+	}
+	// A short hold (hold-expire) whose first attempt was done, retried after its deadline.
+	out["hold"]["expired"] = "a retry after an unknown outcome: the first attempt had held, and the hold expired meanwhile"
+	return out
+}
+
 func with(base map[string]string, kv ...string) map[string]string {
 	m := map[string]string{}
 	for k, v := range base {
@@ -121,11 +141,17 @@ type idRecord struct {
 }
 
 type sale struct {
-	cfg   config
-	r     *stock.Reserver
-	watch *stock.Reserver // on its own client, for the progress line
-	skus  []string
-	ctx   context.Context // for Reserver calls: not cancelled when the sale ends
+	cfg config
+	// patient: on Sentinel, where the primary can change under the sale, an unknown outcome,
+	// ErrFailover and ErrNotReplicated are retried with the same request id until a definite
+	// answer (up to 5 minutes), and explained by the failover.
+	patient   bool
+	explained map[string]map[string]string
+	fo        *failoverRun // -failover-at
+	r         *stock.Reserver
+	watch     *stock.Reserver // on its own client, for the progress line
+	skus      []string
+	ctx       context.Context // for Reserver calls: not cancelled when the sale ends
 
 	stop    chan struct{} // closed when the sale ends: buyers start nothing new
 	endOnce sync.Once
@@ -158,8 +184,13 @@ func (s *sale) anomaly(format string, args ...any) {
 // do makes one call and counts its outcome. An unknown outcome (a transport error) is retried
 // with the same request id, as the library asks; it is still counted, and fails the run.
 func (s *sale) do(op string, f func() (stock.Receipt, error)) (stock.Receipt, error) {
+	deadline := time.Now().Add(5 * time.Minute)
 	for try := 1; ; try++ {
+		start := time.Now()
 		rc, err := f()
+		if err == nil && s.fo != nil {
+			s.fo.succeeded(start)
+		}
 		out := stock.Outcome(err)
 		if err == nil && rc.Replayed {
 			out = "replay"
@@ -173,6 +204,10 @@ func (s *sale) do(op string, f func() (stock.Receipt, error)) (stock.Receipt, er
 		s.mu.Unlock()
 		if (out == "error" || out == "timeout") && try < 5 {
 			time.Sleep(time.Duration(try) * 50 * time.Millisecond)
+			continue
+		}
+		if s.patient && (out == "error" || out == "timeout" || out == "failover" || out == "not_replicated") && time.Now().Before(deadline) {
+			time.Sleep(min(time.Duration(try)*50*time.Millisecond, time.Second))
 			continue
 		}
 		return rc, err
@@ -330,7 +365,8 @@ func (s *sale) buyer(b int, arrival time.Duration) {
 		times := 1 + rng.IntN(3)/2
 		for i := range times {
 			rc, err := s.do("restore", func() (stock.Receipt, error) { return r.Restore(ctx, req.SKU, req.ID) })
-			if err != nil || rc.Replayed != (i > 0) || rc.Qty != req.Qty {
+			// (A restore retried after an unknown outcome may find its first attempt done.)
+			if err != nil || (rc.Replayed != (i > 0) && !(s.patient && rc.Replayed)) || rc.Qty != req.Qty {
 				s.anomaly("restore %d of %s/%s: qty %d replayed=%v err=%v", i+1, req.SKU, req.ID, rc.Qty, rc.Replayed, err)
 			}
 		}
@@ -477,10 +513,24 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 
 	logs := &logCounter{}
 	obs := &observer{}
-	r, err := stock.New(client, stock.WithPrefix(cfg.Prefix), stock.WithUserLimit(userLimit),
-		stock.WithLogger(slog.New(logs)), stock.WithObserver(obs))
+	ropts := []stock.Option{stock.WithPrefix(cfg.Prefix), stock.WithUserLimit(userLimit),
+		stock.WithLogger(slog.New(logs)), stock.WithObserver(obs)}
+	if cfg.ReplicaAck > 0 {
+		ropts = append(ropts, stock.WithReplicaAck(cfg.ReplicaAck, 2*time.Second))
+	}
+	r, err := stock.New(client, ropts...)
 	if err != nil {
 		return rep, err
+	}
+	// On Sentinel a FailoverGuard fences the Reserver when the primary changes, until a
+	// reconcile pass has compared the new primary with the database. Its first check, before
+	// anything is loaded under the run's prefix, records the current primary as reconciled.
+	var guard *stock.FailoverGuard
+	if cfg.Sentinel != "" {
+		guard = r.NewFailoverGuard()
+		if _, err := guard.Check(octx); err != nil {
+			return rep, err
+		}
 	}
 	watch, err := stock.New(clients[1], stock.WithPrefix(cfg.Prefix))
 	if err != nil {
@@ -529,16 +579,22 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 		loaded = append(loaded, sku)
 	}
 
-	relay, err := r.NewRelay(store, nil, stock.WithRelayItems(skus...), stock.WithBackoff(50*time.Millisecond, 2*time.Second))
+	relay, err := r.NewRelay(store, nil, &stock.RelayOptions{Items: skus, MinBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second})
 	if err != nil {
 		return rep, err
 	}
-	rec, err := r.NewReconciler(store, stock.WithReconcileItems(skus...), stock.WithInterval(cfg.Reconcile))
+	recOpts := &stock.ReconcileOptions{Items: skus, Interval: cfg.Reconcile}
+	if guard != nil {
+		// Only a pass over every item lifts the guard's fence: the run's prefix is its own,
+		// so every item is the run's.
+		recOpts.Items = nil
+	}
+	rec, err := r.NewReconciler(store, recOpts)
 	if err != nil {
 		return rep, err
 	}
 	// Only reports: used to see whether the outbox is empty.
-	peek, err := r.NewReconciler(store, stock.WithReconcileItems(skus...), stock.WithDryRun(true))
+	peek, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: skus, DryRun: true})
 	if err != nil {
 		return rep, err
 	}
@@ -550,10 +606,32 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 	var bgWG sync.WaitGroup
 	bgWG.Go(func() { relay.Run(bg) })
 	bgWG.Go(func() { rec.Run(bg) })
-	bgWG.Go(func() { r.RunSweeper(bg, 100*time.Millisecond) })
+	bgWG.Go(func() { r.Run(bg, stock.RunOptions{SweepInterval: 100 * time.Millisecond}) })
+	if guard != nil {
+		bgWG.Go(func() { guard.Run(bg, 100*time.Millisecond) })
+	}
 	defer func() { stopBG(); bgWG.Wait() }()
 
-	s := &sale{cfg: cfg, r: r, watch: watch, skus: skus, ctx: octx, stop: make(chan struct{}), counts: map[[2]string]int64{}}
+	s := &sale{cfg: cfg, r: r, watch: watch, skus: skus, ctx: octx, stop: make(chan struct{}), counts: map[[2]string]int64{},
+		patient: cfg.Sentinel != "", explained: explained}
+	if s.patient {
+		s.explained = patientExplained()
+	}
+	var foWG sync.WaitGroup
+	if cfg.FailoverAt > 0 {
+		s.fo = &failoverRun{client: client}
+		foWG.Go(func() {
+			want := int64(cfg.FailoverAt * float64(cfg.Buyers))
+			for s.arrived.Load() < want {
+				select {
+				case <-s.stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			s.fo.run(octx, cfg.Sentinel, s.arrived.Load())
+		})
+	}
 	start := time.Now()
 	timer := time.AfterFunc(cfg.Duration, s.end)
 	defer timer.Stop()
@@ -569,7 +647,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 	go func() { s.progress(out, start, shown); close(progressDone) }()
 	buyers.Wait()
 	s.end()
+	foWG.Wait()
 	rep.Elapsed = time.Since(start)
+	if s.fo != nil {
+		rep.Failover = s.fo.summary(start)
+	}
 	close(shown)
 	<-progressDone
 	if ctx.Err() != nil {
@@ -578,7 +660,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 
 	// Wind down: release the holds left to expire, stop the background work, drain the
 	// relay, reconcile once more.
-	if _, err := r.SweepAll(octx); err != nil {
+	if _, err := r.Sweep(octx); err != nil {
 		return rep, err
 	}
 	stopBG()
@@ -600,6 +682,9 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 	rep.Buyers, rep.Late, rep.Ops = int(s.arrived.Load()), int(s.late.Load()), s.ops.Load()
 	if err := s.check(octx, &rep, store, db, tprefix); err != nil {
 		return rep, err
+	}
+	if s.patient {
+		recErrs = 0 // passes that failed while the primary changed; the final pass must be clean
 	}
 	rep.Checks = append(rep.Checks, reconcileCheck(rep.Reconcile, passes, drifts, recErrs))
 	rep.Passed = true
@@ -648,7 +733,7 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 		}
 	}
 
-	var soldBad, overBad, avBad, applyBad, ledgerBad []string
+	var soldBad, overBad, avBad, applyBad, ledgerBad, lostBad []string
 	var soldIDs, restoredIDs, units int64
 	for _, sku := range s.skus {
 		it := ItemReport{SKU: sku, Loaded: s.cfg.Stock}
@@ -680,7 +765,7 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 			entries[e.ID] = e
 		}
 		for _, rc := range recs {
-			if rc.Status == stock.RecordApplied && (rc.Type == stock.EventDeducted || rc.Type == stock.EventConfirmed) {
+			if rc.Status == stock.StateApplied && (rc.Type == stock.EventDeducted || rc.Type == stock.EventConfirmed) {
 				it.DBApplied += rc.Qty
 			}
 		}
@@ -693,11 +778,14 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 			if b.hold {
 				wantType = stock.EventConfirmed
 			}
+			if (b.state == stSold || b.state == stRestored) && !has && !inLedger {
+				lostBad = append(lostBad, fmt.Sprintf("%s %s/%s: in neither the Redis ledger nor the database", b.state, sku, id))
+			}
 			switch b.state {
 			case stSold:
 				it.Bought += b.qty
 				soldIDs++
-				if !has || rc.Status != stock.RecordApplied || rc.Qty != b.qty || rc.Type != wantType {
+				if !has || rc.Status != stock.StateApplied || rc.Qty != b.qty || rc.Type != wantType {
 					applyBad = append(applyBad, fmt.Sprintf("sold %s/%s: database has %+v", sku, id, rc))
 				}
 				if !inLedger || e.State != stock.StateApplied || e.Qty != b.qty {
@@ -705,7 +793,7 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 				}
 			case stRestored:
 				restoredIDs++
-				if !has || rc.Status != stock.RecordRestored {
+				if !has || rc.Status != stock.StateRestored {
 					applyBad = append(applyBad, fmt.Sprintf("restored %s/%s: database has %+v", sku, id, rc))
 				}
 				if !inLedger || e.State != stock.StateRestored {
@@ -774,7 +862,7 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 	var total, unexplained, unknown int64
 	var bad []string
 	for k, n := range s.counts {
-		why := explained[k[0]][k[1]]
+		why := s.explained[k[0]][k[1]]
 		rep.Outcomes = append(rep.Outcomes, OutcomeCount{Op: k[0], Outcome: k[1], Count: n, Why: why})
 		if k[1] != "ok" && k[1] != "replay" {
 			total += n
@@ -807,6 +895,10 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 		check("every refusal explained",
 			fmt.Sprintf("%d refusals, %d unexplained, %d unknown outcomes", total, unexplained, unknown), bad),
 	)
+	if s.patient {
+		rep.Checks = append(rep.Checks, check("nothing acknowledged lost",
+			fmt.Sprintf("%d sales the buyers were told of (%d given back since), each in the Redis ledger or the database", soldIDs+restoredIDs, restoredIDs), lostBad))
+	}
 	return nil
 }
 
@@ -845,8 +937,12 @@ func printReport(out io.Writer, rep Report, obs *observer, logs *logCounter) {
 	}
 	fmt.Fprintf(out, "\ncalls: %d in %.1fs (%.0f/s); %d sold-out refusals answered in-process, without a round trip to Redis\n",
 		rep.Ops, rep.Elapsed.Seconds(), float64(rep.Ops)/max(rep.Elapsed.Seconds(), 1e-3), obs.local.Load())
-	fmt.Fprintf(out, "relay: %d batches delivered, %d failed and retried; library warnings: %d\n\n",
+	fmt.Fprintf(out, "relay: %d batches delivered, %d failed and retried; library warnings: %d\n",
 		obs.relayBatches.Load(), obs.relayErrs.Load(), logs.n)
+	if rep.Failover != "" {
+		fmt.Fprintln(out, rep.Failover)
+	}
+	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ITEM\tLOADED\tBOUGHT\tREDIS SOLD\tAVAILABLE\tHELD\tDB REMAINING\tDB APPLIED\t")
 	for _, it := range rep.Items {

@@ -84,7 +84,7 @@ func run() error {
 	}
 	wg.Wait()
 
-	relay, err := r.NewRelay(db, nil)
+	relay, err := r.NewRelay(db, nil, nil)
 	if err != nil {
 		return err
 	}

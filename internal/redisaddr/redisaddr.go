@@ -9,6 +9,13 @@
 //
 // The URL forms are rueidis.ParseURL's: the user and password of a Redis ACL user go in the
 // URL, URL-escaped.
+//
+// ParseSentinel parses the -sentinel flag: the name of the primary the sentinels monitor and
+// the sentinels' addresses,
+//
+//	name@host:port[,host:port...]         a rueidis Sentinel client: it asks the sentinels
+//	                                      for the primary of name and follows their
+//	                                      +switch-master announcements
 package redisaddr
 
 import (
@@ -16,6 +23,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/redis/rueidis"
@@ -45,6 +53,50 @@ func Parse(s string) (rueidis.ClientOption, error) {
 	if len(opt.InitAddress) == 0 {
 		return opt, errors.New("no address")
 	}
+	return opt, nil
+}
+
+// ParseSentinel parses a Sentinel address, name@host:port[,host:port...] (see the package doc),
+// into the options of a rueidis Sentinel client.
+func ParseSentinel(s string) (rueidis.ClientOption, error) {
+	var opt rueidis.ClientOption
+	name, addrs, ok := strings.Cut(strings.TrimSpace(s), "@")
+	name = strings.TrimSpace(name)
+	switch {
+	case !ok:
+		return opt, fmt.Errorf("%q: want name@host:port[,host:port...], the name of the primary the sentinels monitor and their addresses", s)
+	case name == "" || strings.ContainsAny(name, " \t,:/"):
+		return opt, fmt.Errorf("%q: %q is not a primary name (sentinel monitor <name> ...)", s, name)
+	}
+	if strings.TrimSpace(addrs) == "" {
+		return opt, fmt.Errorf("%q: no sentinel address", s)
+	}
+	seen := map[string]bool{}
+	for a := range strings.SplitSeq(addrs, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			return opt, fmt.Errorf("%q: an empty sentinel address (want host:port[,host:port...])", s)
+		}
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return opt, fmt.Errorf("sentinel %q: %v (want host:port)", a, err)
+		}
+		if host == "" || strings.ContainsAny(host, " \t@,/") {
+			return opt, fmt.Errorf("sentinel %q: %q is not a host name or address", a, host)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return opt, fmt.Errorf("sentinel %q: port %q is not a number in 1..65535", a, port)
+		}
+		if seen[a] {
+			return opt, fmt.Errorf("%q: sentinel %s given twice", s, a)
+		}
+		seen[a] = true
+		opt.InitAddress = append(opt.InitAddress, a)
+	}
+	if len(opt.InitAddress) == 0 {
+		return opt, fmt.Errorf("%q: no sentinel address", s)
+	}
+	opt.Sentinel.MasterSet = name
 	return opt, nil
 }
 

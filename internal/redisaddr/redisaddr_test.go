@@ -34,3 +34,22 @@ func TestParse(t *testing.T) {
 		t.Errorf("Redact: %s", got)
 	}
 }
+
+func TestParseSentinel(t *testing.T) {
+	opt, err := ParseSentinel("stock@10.0.0.1:26379, 10.0.0.2:26379,10.0.0.3:26379")
+	if err != nil || opt.Sentinel.MasterSet != "stock" || len(opt.InitAddress) != 3 || opt.InitAddress[1] != "10.0.0.2:26379" {
+		t.Fatalf("%+v %v", opt, err)
+	}
+	opt, err = ParseSentinel("mymaster@[::1]:26379")
+	if err != nil || opt.Sentinel.MasterSet != "mymaster" || opt.InitAddress[0] != "[::1]:26379" {
+		t.Fatalf("%+v %v", opt, err)
+	}
+	for _, bad := range []string{"", "stock", "@a:1", "stock@", "stock@nohost", "a b@h:1", "stock@h:1,x",
+		// found by an outside attack: each was accepted and failed later as a connection error
+		"stock@h:1,h:1", "stock@h:1,,h:2", "stock@h:1,", "stock@,h:1", "stock@h:abc", "stock@h:99999",
+		"stock@h:0", "stock@h:-1", "stock@:1", "st@ck@h:1", "stock@h x:1"} {
+		if _, err := ParseSentinel(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}

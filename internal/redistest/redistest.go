@@ -4,7 +4,9 @@
 // STOCK_REDIS_SERVER is set, tests also get real redis-server processes: its
 // value is the path of a redis-server binary, or the word "path" to look
 // redis-server up on $PATH. If the variable is set but the binary is missing
-// or a server cannot start, the test fails; it is never skipped.
+// or a server cannot start, the test fails; it is never skipped. With
+// STOCK_TEST_SENTINEL=1 as well, tests also run on a Sentinel deployment (a
+// primary, a replica and three sentinels) through a rueidis Sentinel client.
 //
 // Real servers listen on free 127.0.0.1 ports and keep their data and their
 // log (redis.log) in a temporary directory. The servers behind [Backends] are
@@ -15,7 +17,8 @@
 //
 // Tests of a package run one at a time against the shared servers, and each
 // [Backend.Client] call empties them first with FLUSHALL. [StartServer] and
-// [StartCluster] start private servers, owned by one test, for fault tests.
+// [StartCluster] and [StartSentinel] start private servers, owned by one test,
+// for fault tests.
 package redistest
 
 import (
@@ -66,47 +69,94 @@ func requireBinary(t testing.TB) string {
 
 // Backend is one kind of Redis deployment a test can run against.
 type Backend struct {
-	// Name is "miniredis", "standalone" or "cluster".
+	// Name is "miniredis", "standalone", "cluster" or "sentinel".
 	Name string
 	// DisableCache turns off rueidis client-side caching in clients made by
 	// Client on real servers. Miniredis clients never cache, since miniredis
 	// has no CLIENT TRACKING.
 	DisableCache bool
 
-	server  *Server
-	cluster *Cluster
+	server   *Server
+	cluster  *Cluster
+	sentinel *Sentinel
 }
 
 // Backends returns the backends to run a test against: "miniredis" always,
 // plus "standalone" and "cluster" (three masters) when STOCK_REDIS_SERVER is
-// set. The real servers are shared by the test binary and started on first
-// use; see [Run].
+// set, plus "sentinel" (a primary, a replica and three sentinels, reached by a
+// rueidis Sentinel client) when STOCK_TEST_SENTINEL=1 too. The real servers
+// are shared by the test binary and started on first use; see [Run].
 func Backends(t testing.TB) []Backend {
 	t.Helper()
 	bs := []Backend{{Name: "miniredis"}}
 	bin := ServerBinary(t)
 	if bin == "" {
+		SentinelEnabled(t) // fails t when STOCK_TEST_SENTINEL=1 asks for Sentinel without a binary
 		return bs
 	}
 	s, c := sharedServers(t, bin)
-	return append(bs, Backend{Name: "standalone", server: s}, Backend{Name: "cluster", cluster: c})
+	bs = append(bs, Backend{Name: "standalone", server: s}, Backend{Name: "cluster", cluster: c})
+	if SentinelEnabled(t) {
+		bs = append(bs, Backend{Name: "sentinel", sentinel: sharedSentinel(t, bin)})
+	}
+	return bs
+}
+
+// SentinelEnabled reports whether STOCK_TEST_SENTINEL=1 asks for tests on Sentinel. It fails t
+// when the variable has another value than "" or "1", or when it is set and
+// STOCK_REDIS_SERVER is not.
+func SentinelEnabled(t testing.TB) bool {
+	t.Helper()
+	switch v := os.Getenv(EnvSentinel); v {
+	case "":
+		return false
+	case "1":
+		if ServerBinary(t) == "" {
+			t.Fatalf("redistest: %s=1 needs %s (the redis-server binary that runs the sentinels)", EnvSentinel, EnvServer)
+		}
+		return true
+	default:
+		t.Fatalf("redistest: %s=%q: want 1 or nothing", EnvSentinel, v)
+		return false
+	}
 }
 
 // Real reports whether b runs on real redis-server processes.
-func (b Backend) Real() bool { return b.server != nil || b.cluster != nil }
+func (b Backend) Real() bool { return b.server != nil || b.cluster != nil || b.sentinel != nil }
 
-// Addrs returns the addresses of b's servers: one for "standalone", every
-// master for "cluster", and nil for "miniredis", which gets a new server
-// for each client.
+// Addrs returns the addresses b's clients are given: one server for
+// "standalone", every master for "cluster", the three sentinels for
+// "sentinel", and nil for "miniredis", which gets a new server for each
+// client. [Backend.Option] gives the whole client option.
 func (b Backend) Addrs() []string {
 	switch {
 	case b.server != nil:
 		return []string{b.server.Addr()}
 	case b.cluster != nil:
 		return b.cluster.Addrs()
+	case b.sentinel != nil:
+		return b.sentinel.Addrs()
 	}
 	return nil
 }
+
+// Option returns the rueidis client option of b's clients (without DisableCache): a single
+// client for "standalone", a cluster client for "cluster", a Sentinel client for "sentinel".
+// It is empty for "miniredis".
+func (b Backend) Option() rueidis.ClientOption {
+	switch {
+	case b.server != nil:
+		return rueidis.ClientOption{InitAddress: b.Addrs(), ForceSingleClient: true}
+	case b.cluster != nil:
+		return rueidis.ClientOption{InitAddress: b.Addrs()}
+	case b.sentinel != nil:
+		return b.sentinel.Option()
+	}
+	return rueidis.ClientOption{}
+}
+
+// Sentinel returns the deployment of the "sentinel" backend, nil for the others.
+func (b Backend) Sentinel() *Sentinel { return b.sentinel }
 
 // Client returns a new client on an empty database, closed when t ends. For
 // miniredis it starts a new miniredis; for real servers it runs FLUSHALL on
@@ -124,6 +174,13 @@ func (b Backend) Client(t testing.TB) rueidis.Client {
 			t.Fatalf("redistest: %s: %v", b.Name, err)
 		}
 		return newClient(t, rueidis.ClientOption{InitAddress: b.Addrs(), DisableCache: b.DisableCache})
+	case b.sentinel != nil:
+		if err := b.sentinel.flushAll(); err != nil {
+			t.Fatalf("redistest: %s: %v", b.Name, err)
+		}
+		opt := b.sentinel.Option()
+		opt.DisableCache = b.DisableCache
+		return newClient(t, opt)
 	}
 	_, c := Miniredis(t)
 	return c
@@ -137,7 +194,9 @@ func (b Backend) Pair(t testing.TB) (rueidis.Client, rueidis.Client) {
 		return c, newClient(t, rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
 	}
 	c := b.Client(t)
-	return c, newClient(t, rueidis.ClientOption{InitAddress: b.Addrs(), ForceSingleClient: b.server != nil, DisableCache: b.DisableCache})
+	opt := b.Option()
+	opt.DisableCache = b.DisableCache
+	return c, newClient(t, opt)
 }
 
 // Miniredis starts a miniredis for t and returns it with a client on it, for
@@ -209,8 +268,28 @@ var (
 		root       string
 		standalone *Server
 		cluster    *Cluster
+
+		sentinelOnce sync.Once
+		sentinelErr  error
+		sentinel     *Sentinel
 	}
 )
+
+// sharedSentinel starts the shared Sentinel deployment once and returns it. Its sentinels wait
+// 30s before they call the primary down: the shared deployment is not for failovers, and a
+// loaded test machine must not cause one.
+func sharedSentinel(t testing.TB, bin string) *Sentinel {
+	t.Helper()
+	shared.sentinelOnce.Do(func() {
+		shared.sentinel, shared.sentinelErr = newSentinel(bin, func(name string) string {
+			return filepath.Join(shared.root, "sentinel", name)
+		}, SentinelConfig{Replicas: 1, DownAfter: 30 * time.Second, FailoverTimeout: 60 * time.Second})
+	})
+	if shared.sentinelErr != nil {
+		t.Fatalf("redistest: starting the shared Sentinel deployment: %v", shared.sentinelErr)
+	}
+	return shared.sentinel
+}
 
 // sharedServers starts the shared servers once and returns them.
 func sharedServers(t testing.TB, bin string) (*Server, *Cluster) {
@@ -246,6 +325,9 @@ func stopShared() {
 	}
 	if shared.cluster != nil {
 		shared.cluster.kill()
+	}
+	if shared.sentinel != nil {
+		shared.sentinel.kill()
 	}
 	if shared.root != "" {
 		os.RemoveAll(shared.root)

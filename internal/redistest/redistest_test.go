@@ -63,6 +63,9 @@ func TestBackends(t *testing.T) {
 	if ServerBinary(t) != "" {
 		want = append(want, "standalone", "cluster")
 	}
+	if SentinelEnabled(t) {
+		want = append(want, "sentinel")
+	}
 	if !slices.Equal(names, want) {
 		t.Fatalf("backends %v, want %v", names, want)
 	}
@@ -70,7 +73,7 @@ func TestBackends(t *testing.T) {
 	for _, b := range bs {
 		t.Run(b.Name, func(t *testing.T) {
 			eq(t, b.Real(), b.Name != "miniredis", "Real()")
-			eq(t, len(b.Addrs()), map[string]int{"miniredis": 0, "standalone": 1, "cluster": 3}[b.Name], "len(Addrs())")
+			eq(t, len(b.Addrs()), map[string]int{"miniredis": 0, "standalone": 1, "cluster": 3, "sentinel": 3}[b.Name], "len(Addrs())")
 
 			c := b.Client(t)
 			set(t, c, "k", "v")

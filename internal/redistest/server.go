@@ -35,6 +35,7 @@ type Server struct {
 	port    int
 	busPort int // cluster bus port, 0 when not in cluster mode
 	args    []string
+	conf    string     // the configuration file of a sentinel (run with --sentinel); "" for a data node
 	tb      testing.TB // fails on errors of Start and Stop; nil for shared servers
 
 	mu   sync.Mutex
@@ -67,22 +68,30 @@ func newServer(bin, dir string, args []string, cluster bool) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{bin: bin, dir: dir, args: args}
+	if err := s.launch(cluster); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// launch starts s on free ports, retrying with other ports when one was taken in the meantime.
+func (s *Server) launch(cluster bool) error {
 	var err error
 	for range 5 {
 		os.Remove(s.logPath())
 		if s.port, err = freePort(); err != nil {
-			return nil, err
+			return err
 		}
 		if cluster {
 			if s.busPort, err = freePort(); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		if err = s.start(); err == nil || !strings.Contains(s.log(), "already in use") {
-			return s, err
+			return err
 		}
 	}
-	return nil, err
+	return err
 }
 
 // freePort returns a port on 127.0.0.1 that was free a moment ago.
@@ -192,14 +201,18 @@ func (s *Server) log() string {
 // start runs the process and waits until it answers PING. On error no
 // process is left running. The caller holds s.mu or owns s alone.
 func (s *Server) start() error {
-	args := []string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf, "--sentinel")
+	}
+	args = append(args,
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--logfile", "",
 		"--daemonize", "no",
 		"--enable-debug-command", "local",
-	}
+	)
 	if !slices.Contains(s.args, "--save") {
 		args = append(args, "--save", "")
 	}

@@ -1,0 +1,192 @@
+package amqppub_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/amqppub"
+	"github.com/stockres/stock/stocktest"
+)
+
+// EnvAMQP names the variable with the URL of the RabbitMQ server the tests use; they skip
+// when it is unset and fail when it is set and the server cannot be used.
+const EnvAMQP = "STOCK_TEST_AMQP"
+
+func url(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv(EnvAMQP)
+	if u == "" {
+		t.Skip(EnvAMQP + " not set (for example amqp://guest:guest@127.0.0.1:5672/)")
+	}
+	return u
+}
+
+func dial(t testing.TB, u string) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	if err != nil {
+		t.Fatalf("%s=%s: dial: %v", EnvAMQP, u, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// layout returns options for an exchange of the test's own, deleted with its queues at clean-up.
+func layout(t testing.TB, u string, queues int) []amqppub.Option {
+	t.Helper()
+	_, opts := namedLayout(t, u, queues)
+	return opts
+}
+
+// namedLayout is layout, with the exchange's name.
+func namedLayout(t testing.TB, u string, queues int) (string, []amqppub.Option) {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	ex := "stocktest." + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(u)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		for n := range queues {
+			_, _ = ch.QueueDelete(amqppub.Queue(ex, n), false, false, false)
+		}
+		_ = ch.ExchangeDelete(ex, false, false)
+	})
+	return ex, []amqppub.Option{amqppub.WithExchange(ex), amqppub.WithQueues(queues)}
+}
+
+// TestPublisherConformance runs the publisher conformance suite on the RabbitMQ server: 4
+// queues with a single active consumer each; a member is a connection of its own, and a
+// crash closes it without acknowledging what it holds.
+func TestPublisherConformance(t *testing.T) {
+	u := url(t)
+	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
+		opts := layout(t, u, 4)
+		pub, err := amqppub.New(dial(t, u), opts...)
+		require.NoError(t, err)
+		return stocktest.PublisherPair{
+			Publisher: pub,
+			NewConsumer: func(t testing.TB) stocktest.Consumer {
+				conn := dial(t, u)
+				c, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{RetryDelay: 100 * time.Millisecond, Options: opts})
+				require.NoError(t, err)
+				return &member{conn: conn, c: c}
+			},
+			Redelivery: 2 * time.Second,
+			// The consumers apply to sqlstore on a SQLite file, as in production.
+			NewStore: func(t testing.TB) stock.Store { return openStore(t, filepath.Join(t.TempDir(), "store.sqlite")) },
+		}
+	})
+}
+
+type member struct {
+	conn *amqp.Connection
+	c    *amqppub.Consumer
+	dead atomic.Bool
+}
+
+func (m *member) Receive(ctx context.Context, n int, wait time.Duration) ([]stocktest.Delivery, error) {
+	if m.dead.Load() {
+		return nil, nil
+	}
+	msgs, err := m.c.Receive(ctx, n, wait)
+	out := make([]stocktest.Delivery, len(msgs))
+	for i, msg := range msgs {
+		out[i] = delivery{c: m.c, m: msg}
+	}
+	return out, err
+}
+
+// Crash closes the member's connection, as the death of its process would.
+func (m *member) Crash() {
+	if !m.dead.Swap(true) {
+		_ = m.conn.Close()
+	}
+}
+
+type delivery struct {
+	c *amqppub.Consumer
+	m amqppub.Message
+}
+
+func (d delivery) Event() (stock.Event, error) { return d.m.Event, d.m.Err }
+func (d delivery) Ack(context.Context) error   { return d.c.Ack(d.m) }
+func (d delivery) Retry(context.Context) error { d.c.Retry(d.m); return nil }
+
+func TestOptions(t *testing.T) {
+	for _, o := range []amqppub.Option{amqppub.WithExchange(""), amqppub.WithExchange("a b"), amqppub.WithQueues(0), amqppub.WithQueues(1025)} {
+		_, err := amqppub.New(&amqp.Connection{}, o)
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+	}
+	_, err := amqppub.New(nil)
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+	assert.Equal(t, "stock.events.3", amqppub.Queue(amqppub.DefaultExchange, 3))
+	assert.Equal(t, "a%2Fb/o%201/deducted", amqppub.MsgID(stock.Event{SKU: "a/b", ID: "o 1", Type: stock.EventDeducted}))
+	for _, sku := range []string{"a", "b", "sku-42"} {
+		s := amqppub.ShardOf(sku, 4)
+		assert.True(t, s >= 0 && s < 4)
+	}
+}
+
+// TestMessages: a message carries the event, its id, headers and persistence; an item's
+// messages are in one queue, in order; an invalid event fails alone.
+func TestMessages(t *testing.T) {
+	u := url(t)
+	ctx := context.Background()
+	opts := layout(t, u, 2)
+	pub, err := amqppub.New(dial(t, u), opts...)
+	require.NoError(t, err)
+	var evs []stock.Event
+	for i := range 10 {
+		evs = append(evs, stock.Event{Type: stock.EventDeducted, SKU: []string{"a", "b"}[i%2], ID: "o" + string(rune('0'+i)), Qty: 1, At: time.Now().UTC().Truncate(time.Second), Seq: int64(i + 1)})
+	}
+	bad := evs[0]
+	bad.Qty = -1
+	errs := pub.PublishBatch(ctx, append(evs, bad))
+	for _, err := range errs[:10] {
+		require.NoError(t, err)
+	}
+	assert.ErrorIs(t, errs[10], stock.ErrInvalid)
+	c, err := amqppub.NewConsumer(dial(t, u), &amqppub.ConsumerOptions{Options: opts})
+	require.NoError(t, err)
+	defer c.Close()
+	last := map[string]int64{}
+	queue := map[string]string{}
+	for got := 0; got < 10; {
+		msgs, err := c.Receive(ctx, 10, 5*time.Second)
+		require.NoError(t, err)
+		require.NotEmpty(t, msgs)
+		for _, m := range msgs {
+			got++
+			require.NoError(t, m.Err)
+			assert.Equal(t, amqppub.MsgID(m.Event), m.Delivery.MessageId)
+			assert.Equal(t, amqp.Persistent, m.Delivery.DeliveryMode)
+			assert.Equal(t, string(m.Event.Type), m.Delivery.Headers[amqppub.HeaderType])
+			assert.Greater(t, m.Event.Seq, last[m.Event.SKU], "in order")
+			last[m.Event.SKU] = m.Event.Seq
+			if q, ok := queue[m.Event.SKU]; ok {
+				assert.Equal(t, q, m.Delivery.RoutingKey)
+			}
+			queue[m.Event.SKU] = m.Delivery.RoutingKey
+			require.NoError(t, c.Ack(m))
+		}
+	}
+}

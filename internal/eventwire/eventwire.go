@@ -1,0 +1,89 @@
+// Package eventwire is the JSON payload of a stock event as the queue adapters write and read
+// it: the JSON of stock.Event, decoded strictly.
+package eventwire
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/stockres/stock"
+)
+
+// wire is the payload as Decode reads it: pointers tell a missing field from a zero one.
+type wire struct {
+	Type *stock.EventType `json:"type"`
+	SKU  *string          `json:"sku"`
+	ID   *string          `json:"id"`
+	User string           `json:"user"`
+	Qty  *int64           `json:"qty"`
+	At   *time.Time       `json:"at"`
+	Seq  int64            `json:"seq"`
+}
+
+// Check returns an error wrapping stock.ErrInvalid for an event no adapter publishes: no type,
+// SKU or id, or a quantity out of range.
+func Check(ev stock.Event) error {
+	switch {
+	case ev.Type == "":
+		return fmt.Errorf("%w: empty event type", stock.ErrInvalid)
+	case ev.SKU == "":
+		return fmt.Errorf("%w: empty sku", stock.ErrInvalid)
+	case ev.ID == "":
+		return fmt.Errorf("%w: empty id", stock.ErrInvalid)
+	case ev.Qty < 0 || ev.Qty > stock.MaxQty:
+		return fmt.Errorf("%w: qty %d out of range [0, %d]", stock.ErrInvalid, ev.Qty, stock.MaxQty)
+	case ev.Seq < 0:
+		return fmt.Errorf("%w: negative seq %d", stock.ErrInvalid, ev.Seq)
+	}
+	return nil
+}
+
+// Encode checks ev and returns its payload. pkg names the caller in errors.
+func Encode(pkg string, ev stock.Event) ([]byte, error) {
+	if err := Check(ev); err != nil {
+		return nil, fmt.Errorf("%s: publish %s/%s %s: %w", pkg, ev.SKU, ev.ID, ev.Type, err)
+	}
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("%s: publish %s/%s %s: encode: %w", pkg, ev.SKU, ev.ID, ev.Type, err)
+	}
+	return data, nil
+}
+
+// Decode parses a payload written by Encode. The payload must be one JSON object with a
+// non-empty "type", "sku" and "id", a "qty" between 0 and stock.MaxQty, and an "at" time;
+// "user" and "seq" (not negative; 0 when absent) are optional and unknown fields are ignored.
+// Anything else gives an error wrapping stock.ErrInvalid. pkg names the caller in errors.
+func Decode(pkg string, msg []byte) (stock.Event, error) {
+	var w wire
+	if err := json.Unmarshal(msg, &w); err != nil {
+		return stock.Event{}, fmt.Errorf("%w: %s: decode event: %v", stock.ErrInvalid, pkg, err)
+	}
+	var missing []string
+	if w.Type == nil || *w.Type == "" {
+		missing = append(missing, "type")
+	}
+	if w.SKU == nil || *w.SKU == "" {
+		missing = append(missing, "sku")
+	}
+	if w.ID == nil || *w.ID == "" {
+		missing = append(missing, "id")
+	}
+	if w.Qty == nil {
+		missing = append(missing, "qty")
+	}
+	if w.At == nil {
+		missing = append(missing, "at")
+	}
+	if len(missing) > 0 {
+		return stock.Event{}, fmt.Errorf("%w: %s: decode event: missing or empty %s",
+			stock.ErrInvalid, pkg, strings.Join(missing, ", "))
+	}
+	ev := stock.Event{Type: *w.Type, SKU: *w.SKU, ID: *w.ID, User: w.User, Qty: *w.Qty, At: *w.At, Seq: w.Seq}
+	if err := Check(ev); err != nil {
+		return stock.Event{}, fmt.Errorf("%s: decode event %s/%s %s: %w", pkg, ev.SKU, ev.ID, ev.Type, err)
+	}
+	return ev, nil
+}

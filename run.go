@@ -1,0 +1,189 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// RunOptions configures Reserver.Run. A zero field takes its default; a negative interval
+// turns its loop off.
+type RunOptions struct {
+	// Store is the database of record. With a Store, Run runs a relay that applies the items'
+	// events to it, a Reconciler and a FailoverGuard. Without one, and without a Publisher,
+	// Run only sweeps holds and recovers carts.
+	Store Store
+	// Publisher, when set, receives every event the relay delivers. With no Store it is the
+	// queue path: consumers apply the events through Consume.
+	Publisher Publisher
+	// Relay configures the relay; nil takes its defaults.
+	Relay *RelayOptions
+	// Reconcile configures the Reconciler (its Interval, 5 minutes by default, is the time
+	// between passes; the first pass runs at once); nil takes its defaults.
+	Reconcile *ReconcileOptions
+	// SweepInterval is the time between sweeps of the holds past their deadline. A sweep looks
+	// at the items whose due-work hints say a hold is due and at a few more of the registry
+	// (see Relay.Run), not at every item as Sweep(ctx) does. The default is 1s.
+	SweepInterval time.Duration
+	// GuardInterval is the time between the FailoverGuard's checks (see FailoverGuard). The
+	// guard runs only with a Store, whose reconcile passes lift its fence, and only on a Redis
+	// that answers INFO (not miniredis, nor a user whose ACL denies it: Run then logs that the
+	// guard is off). The default is 1s.
+	GuardInterval time.Duration
+	// RecoverCartsAfter is the age past which a cart whose saga never ended is undone (see
+	// RecoverCarts); carts are looked at every half of it. It must be well above the longest
+	// DeductMany or HoldMany call. The default is 5 minutes.
+	RecoverCartsAfter time.Duration
+	// Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are
+	// due until none is left or Drain has passed. The default is 5s.
+	Drain time.Duration
+}
+
+// Run runs the background work of r until ctx ends: a relay (with a Store or a Publisher), a
+// Reconciler and a FailoverGuard (with a Store), a sweeper of due holds, and the recovery of
+// carts a crash left half done. One goroutine serves a whole service:
+//
+//	go r.Run(ctx, stock.RunOptions{Store: store})
+//
+// Errors of a pass are logged through WithLogger and the next pass retries. When ctx ends,
+// Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain), and returns
+// the first error a loop met, or ctx's error when none did. Options that are out of range are
+// an ErrInvalid error at once. Run may be called once per Reserver at a time; the Reserver's
+// other methods stay usable meanwhile, and more relays and reconcilers, in this process or
+// others, may run beside it.
+func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
+	every := func(d, def time.Duration) time.Duration {
+		if d == 0 {
+			return def
+		}
+		return d
+	}
+	sweep := every(opts.SweepInterval, time.Second)
+	guardEvery := every(opts.GuardInterval, time.Second)
+	cartAge := every(opts.RecoverCartsAfter, 5*time.Minute)
+	drain := every(opts.Drain, 5*time.Second)
+	var rl *Relay
+	var rc *Reconciler
+	var err error
+	if opts.Store != nil || opts.Publisher != nil {
+		if rl, err = r.NewRelay(opts.Store, opts.Publisher, opts.Relay); err != nil {
+			return err
+		}
+	}
+	if opts.Store != nil {
+		if rc, err = r.NewReconciler(opts.Store, opts.Reconcile); err != nil {
+			return err
+		}
+	}
+
+	var mu sync.Mutex
+	var first error
+	fail := func(what string, err error) {
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		level := r.opts.logger.WarnContext
+		if errors.Is(err, ErrRegistryLost) {
+			level = r.opts.logger.ErrorContext
+		}
+		level(ctx, "stock: "+what, "err", err)
+		mu.Lock()
+		if first == nil {
+			first = err
+		}
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	loop := func(interval time.Duration, step func() error, what string) {
+		if interval < 0 {
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for ctx.Err() == nil {
+				fail(what, step())
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	var walk registryWalk
+	loop(sweep, func() error { _, err := r.sweepDue(ctx, &walk); return err }, "sweep")
+	cartEvery := max(cartAge/2, time.Millisecond) // a ticker needs a positive interval
+	if cartAge < 0 {
+		cartEvery = -1
+	}
+	loop(cartEvery, func() error { _, err := r.RecoverCarts(ctx, cartAge); return err }, "recover carts")
+	if rc != nil {
+		var g *FailoverGuard
+		if guardEvery > 0 && r.guardable(ctx) {
+			g = r.NewFailoverGuard()
+			_, err := g.Check(ctx) // before the first pass, which may lift what it finds
+			fail("failover guard", err)
+			loop(guardEvery, func() error { _, err := g.Check(ctx); return err }, "failover guard")
+		}
+		loop(rc.interval, func() error {
+			res, err := rc.Pass(ctx) // a pass that records the primaries lifts g's fence at once
+			rc.log(ctx, res.Reports)
+			return err
+		}, "reconcile")
+	}
+	if rl != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rl.run(ctx, func(err error) { fail("relay", err) })
+		}()
+	}
+	<-ctx.Done() // with every loop off, Run still lasts until ctx ends
+	ended := time.Now()
+	wg.Wait()
+	// The drain's time runs from the end of ctx, not from the end of the loops (a Store call
+	// that ignores its context can hold the relay's loop past it).
+	if rl != nil && drain > 0 && time.Since(ended) < drain {
+		dctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), ended.Add(drain))
+		for {
+			st, err := rl.Once(dctx)
+			if err != nil {
+				r.opts.logger.WarnContext(dctx, "stock: relay: events left in the outbox for the next start", "err", err)
+				break
+			}
+			if st.Claimed == 0 {
+				break
+			}
+		}
+		cancel()
+	}
+	// The hints of the last calls are written before Run returns, for the next relay.
+	r.hints.flush()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
+}
+
+// guardable reports whether the servers tell their identities (INFO), which a FailoverGuard
+// needs. A server that refuses INFO (miniredis, an ACL without it) is logged and answers false;
+// a transport error answers true: the guard retries.
+func (r *Reserver) guardable(ctx context.Context) bool {
+	_, err := r.topology(ctx)
+	if isRedisErr(err) {
+		r.opts.logger.ErrorContext(ctx, "stock: failover guard off: Redis does not answer INFO", "err", err)
+		return false
+	}
+	return true
+}
+
+// isRedisErr reports whether err wraps an error reply of Redis.
+func isRedisErr(err error) bool {
+	var re *rueidis.RedisError
+	return errors.As(err, &re)
+}

@@ -1,0 +1,147 @@
+package stock_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRun: one call does the background work. While it runs, sales reach the Store and due
+// holds go back; when its context ends, it delivers what the last sales left in the outbox
+// and returns the context's error.
+func TestRun(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		db := memstore.New()
+		require.NoError(t, db.Load(ctx, "A", 10))
+		require.NoError(t, r.Load(ctx, "A", 10))
+
+		run, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- r.Run(run, stock.RunOptions{Store: db, SweepInterval: 10 * time.Millisecond,
+				Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond}})
+		}()
+		// On a real Redis, a guard added to a live deployment fences sales until Run's first
+		// reconcile pass has compared Redis with the Store (see FailoverGuard).
+		// The guard's first check runs beside the first sales, so a sale may pass before it
+		// fences: retry both until the fence is lifted (a retry of o1 is a replay).
+		var err error
+		require.Eventually(t, func() bool {
+			if _, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}); err != nil {
+				return !errors.Is(err, stock.ErrFailover)
+			}
+			_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 3}, 20*time.Millisecond)
+			return !errors.Is(err, stock.ErrFailover)
+		}, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, err)
+		redistest.Sleep(c, 30*time.Millisecond) // past the hold's deadline
+		require.Eventually(t, func() bool {
+			lv, err := r.Levels(ctx, "A")
+			n, _ := db.Remaining(ctx, "A")
+			return err == nil && lv.Held == 0 && lv.Available == 8 && n == 8
+		}, 10*time.Second, 10*time.Millisecond, "the relay applies the sale and the sweeper releases the hold")
+
+		// Sales just before the end are delivered by the drain.
+		for _, id := range []string{"o2", "o3", "o4"} {
+			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
+			require.NoError(t, err)
+		}
+		stop()
+		select {
+		case err := <-done:
+			assert.ErrorIs(t, err, context.Canceled)
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+		n, err := db.Remaining(ctx, "A")
+		require.NoError(t, err)
+		assert.Equal(t, int64(5), n, "every sale reached the store")
+		pending, dead, err := r.Pending(ctx, "A")
+		require.NoError(t, err)
+		assert.Zero(t, pending+dead)
+	})
+}
+
+// failingStore refuses every Apply with a transport error.
+type failingStore struct {
+	stock.Store
+	calls atomic.Int64
+}
+
+var errDown = errors.New("database down")
+
+func (s *failingStore) Apply(context.Context, stock.Event) error {
+	s.calls.Add(1)
+	return errDown
+}
+
+// TestRunReturnsFirstError: a loop's error is logged and retried while Run runs, and returned
+// when its context ends; bad options are an ErrInvalid error at once.
+func TestRunReturnsFirstError(t *testing.T) {
+	ctx := context.Background()
+	_, c := redistest.Miniredis(t)
+	r := newReserver(t, c)
+	st := &failingStore{Store: memstore.New()}
+	require.NoError(t, r.Load(ctx, "A", 3))
+	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.NoError(t, err)
+
+	run, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer stop()
+	go func() { // the miniredis clock stands still: move it, so that the relay's backoff passes
+		for run.Err() == nil {
+			redistest.Sleep(c, 10*time.Millisecond)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	err = r.Run(run, stock.RunOptions{Store: st, Drain: -1, Reconcile: &stock.ReconcileOptions{Items: []string{"A"}},
+		Relay: &stock.RelayOptions{Poll: time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})
+	assert.ErrorIs(t, err, errDown)
+	assert.Greater(t, st.calls.Load(), int64(1), "the relay retried while Run ran")
+
+	for _, o := range []stock.RunOptions{
+		{Store: st, Relay: &stock.RelayOptions{Batch: -1}},
+		{Store: st, Reconcile: &stock.ReconcileOptions{RepairLimit: -1}},
+		{Publisher: stock.PublisherFunc(func(context.Context, stock.Event) error { return nil }), Relay: &stock.RelayOptions{Items: []string{"a{b}"}}},
+	} {
+		start := time.Now()
+		err := r.Run(ctx, o)
+		assert.ErrorIs(t, err, stock.ErrInvalid)
+		assert.Less(t, time.Since(start), 5*time.Second)
+	}
+}
+
+// TestRelayOptionsDefaults: a zero field takes its default, and one backoff bound given alone
+// moves the other's default rather than failing.
+func TestRelayOptionsDefaults(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	r := newReserver(t, c)
+	db := memstore.New()
+	for _, o := range []*stock.RelayOptions{nil, {}, {MinBackoff: 2 * time.Minute}, {MaxBackoff: time.Millisecond}, {Lease: time.Millisecond}} {
+		_, err := r.NewRelay(db, nil, o)
+		assert.NoError(t, err, "%+v", o)
+	}
+	for _, o := range []*stock.RelayOptions{{Batch: 10001}, {Lease: time.Microsecond}, {MinBackoff: time.Second, MaxBackoff: time.Millisecond}, {Poll: -1}} {
+		_, err := r.NewRelay(db, nil, o)
+		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
+	}
+	for _, o := range []*stock.ReconcileOptions{nil, {}, {Retention: -1}, {Interval: time.Second}} {
+		_, err := r.NewReconciler(db, o)
+		assert.NoError(t, err, "%+v", o)
+	}
+	for _, o := range []*stock.ReconcileOptions{{Interval: -1}, {RepairLimit: -5}, {Items: []string{""}}} {
+		_, err := r.NewReconciler(db, o)
+		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
+	}
+}
