@@ -67,6 +67,47 @@ type soldOut struct {
 	tracking atomic.Int32
 	probing  sync.Mutex
 	answered atomic.Int64 // requests answered in-process
+	clock    redisClock   // Redis's clock, for the deadlines of a sold-out item's holds
+}
+
+// redisClock is Redis's clock as the fast path sees it: a TIME read at most redisClockAge old,
+// moved on by the process's monotonic clock since the read was sent (so it runs ahead of
+// Redis's, never behind: a hold is taken for due early, never late). The process's wall clock
+// plays no part: a process whose clock is behind Redis's would otherwise take a due hold for a
+// live one and answer "sold out" while the script would release the hold and take the request.
+type redisClock struct {
+	mu      sync.Mutex
+	base    time.Time // Redis's time at the last read
+	at      time.Time // when that read was sent, by the process's monotonic clock
+	reading atomic.Bool
+}
+
+// redisClockAge is how long a TIME read serves before the next request that needs it reads
+// again: one TIME per second at most, and only while a sold-out item has holds.
+const redisClockAge = time.Second
+
+// now returns Redis's time, reading TIME when the last read is too old. It reports false when
+// it does not know (the read failed, or another request is reading): the request goes to Redis.
+func (rc *redisClock) now(ctx context.Context, r *Reserver) (time.Time, bool) {
+	rc.mu.Lock()
+	base, at := rc.base, rc.at
+	rc.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < redisClockAge {
+		return base.Add(time.Since(at)), true
+	}
+	if !rc.reading.CompareAndSwap(false, true) {
+		return time.Time{}, false
+	}
+	defer rc.reading.Store(false)
+	sent := time.Now()
+	t, err := r.serverNow(ctx)
+	if err != nil {
+		return time.Time{}, false
+	}
+	rc.mu.Lock()
+	rc.base, rc.at = t, sent
+	rc.mu.Unlock()
+	return t.Add(time.Since(sent)), true
 }
 
 // soldOutItem is the fast-path state of one item, from a refusal as sold out by Redis until the
@@ -174,8 +215,11 @@ func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
 	if c, _ := st[1].ToString(); c == "1" {
 		return false
 	}
-	if n, err := st[2].AsInt64(); err == nil && n <= r.opts.now().Add(time.Second).UnixMilli() {
-		return false // a hold is due: the script releases it
+	if n, err := st[2].AsInt64(); err == nil {
+		now, ok := so.clock.now(ctx, r)
+		if !ok || n <= now.Add(time.Second).UnixMilli() {
+			return false // a hold is due (or about to be): the script releases it
+		}
 	}
 	b, err := st[3].AsInt64()
 	if err != nil || b < 12 || b > 23 || !st[4].IsNil() {

@@ -365,3 +365,31 @@ func TestSoldOutFilterBuild(t *testing.T) {
 		})
 	}
 }
+
+// TestSoldOutFastPathClockBehind: the fast path judges a sold-out item's due holds on Redis's
+// clock, not the process's. A process whose clock is minutes behind Redis's (WithClock stands
+// for it) must not answer "sold out" while a hold whose deadline has passed would free stock:
+// the script releases it and takes the request.
+func TestSoldOutFastPathClockBehind(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		for _, skew := range []time.Duration{-10 * time.Minute, 10 * time.Minute} {
+			t.Run(fmt.Sprintf("%s/%v", b.Name, skew), func(t *testing.T) {
+				ctx := context.Background()
+				c, c2 := b.Pair(t)
+				r := newReserver(t, c, stock.WithSoldOutCache(time.Minute),
+					stock.WithClock(func() time.Time { return time.Now().Add(skew) }))
+				other := newReserver(t, c2)
+				require.NoError(t, r.Load(ctx, "A", 1))
+				_, err := other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
+				require.NoError(t, err)
+				_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "early", Qty: 1})
+				require.ErrorIs(t, err, stock.ErrSoldOut, "the hold has the unit")
+				redistest.Sleep(c, 1100*time.Millisecond)
+				rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1})
+				require.NoError(t, err, "the hold is due on Redis's clock: the script releases it and takes the unit")
+				assert.Zero(t, rc.Remaining)
+				assert.Zero(t, r.SoldOutAnswers())
+			})
+		}
+	}
+}

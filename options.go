@@ -53,9 +53,9 @@ func WithPrefix(p string) Option {
 }
 
 // WithClock sets the clock of the cutoffs the Reserver computes in the process and compares with
-// the times the scripts record from Redis's TIME: the age of carts (RecoverCarts), the
-// reconciler's Retention, and whether a sold-out item has a hold about to fall due. Tests whose
-// Redis runs on a clock of their own pass the same clock (stocktest does). The default is
+// the times the scripts record from Redis's TIME: the age of carts (RecoverCarts) and the
+// reconciler's Retention. (Hold deadlines are judged on Redis's own clock, read with TIME.) Tests
+// whose Redis runs on a clock of their own pass the same clock (stocktest does). The default is
 // time.Now.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) error {
