@@ -475,7 +475,7 @@ func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines [
 	res, ackErr := r.exec(ctx, protocol.DeductMany, keys, args)
 	for _, l := range lines {
 		if kind == protocol.TakeHold {
-			r.noteHold(l.SKU, time.Duration(ttlMs)*time.Millisecond)
+			r.noteHold(l.SKU)
 		} else {
 			r.noteEvents(l.SKU)
 		}

@@ -28,7 +28,7 @@ type hints struct {
 	r        *Reserver
 	mu       sync.Mutex
 	relay    map[string]struct{}
-	holds    map[string]int64 // sku -> earliest deadline (ms, the Reserver's clock)
+	holds    map[string]int64 // sku -> 0: the sweeper reads the deadline (see hold)
 	flushing bool
 	rounds   uint64     // write rounds completed
 	idle     *sync.Cond // signalled at the end of every round, and when the writer stops
@@ -50,19 +50,15 @@ func (h *hints) events(skus ...string) {
 	h.mu.Unlock()
 }
 
-// hold records that sku has a hold due at deadline, and events when the outbox is on.
-func (h *hints) hold(sku string, deadline time.Time, events bool) {
-	var ms int64 // the zero time: look now
-	if !deadline.IsZero() {
-		ms = deadline.UnixMilli()
-	}
+// hold records that sku has a new hold, and events when the outbox is on. The hint is scored 0,
+// "look now": the sweeper reads the hold's deadline from Redis, on Redis's clock, and scores the
+// hint with it (this process's clock may not agree with Redis's).
+func (h *hints) hold(sku string, events bool) {
 	h.mu.Lock()
 	if events {
 		h.relay[sku] = struct{}{}
 	}
-	if old, ok := h.holds[sku]; !ok || ms < old {
-		h.holds[sku] = ms
-	}
+	h.holds[sku] = 0
 	h.kick()
 	h.mu.Unlock()
 }
@@ -274,11 +270,9 @@ func (r *Reserver) noteEvents(skus ...string) {
 	}
 }
 
-// noteHold records that sku has a new hold (due in ttl), and perhaps events. The hint asks the
-// sweeper to look at the item now: it reads the hold's deadline, on Redis's clock, and scores
-// the hint with it (this process's clock may not agree with Redis's).
-func (r *Reserver) noteHold(sku string, _ time.Duration) {
-	r.hints.hold(sku, time.Time{}, r.opts.outbox)
+// noteHold records that sku has a new hold, and perhaps events (see hints.hold).
+func (r *Reserver) noteHold(sku string) {
+	r.hints.hold(sku, r.opts.outbox)
 }
 
 // serverClock is Redis's clock as read by TIME at the start of a pass, moved on by the process

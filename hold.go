@@ -106,7 +106,7 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 	}
 	args := []string{id, strconv.FormatInt(ttl.Milliseconds(), 10), r.outboxFlag()}
 	res, ackErr := r.exec(ctx, protocol.Extend, r.item(sku).ForItem(), args)
-	r.noteHold(sku, ttl)
+	r.noteHold(sku)
 	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)

@@ -311,7 +311,7 @@ func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string
 	}
 	res, ackErr := r.exec(ctx, protocol.Deduct, k.ForItem(), args)
 	if kind == protocol.TakeHold {
-		r.noteHold(req.SKU, time.Duration(ttlMs)*time.Millisecond)
+		r.noteHold(req.SKU)
 	} else {
 		r.noteEvents(req.SKU)
 	}
