@@ -258,7 +258,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if err != nil {
 		return out, err
 	}
-	if r.fenced.Load() {
+	if r.isFenced(ctx) {
 		return out, ErrFailover
 	}
 	if g := r.group(lines[0].SKU); g != "" && len(lines) > 1 && !slices.ContainsFunc(lines, func(l Line) bool { return r.group(l.SKU) != g }) {

@@ -22,9 +22,12 @@ var ErrFailover = errors.New("stock: Redis primary changed; waiting for a reconc
 // A FailoverGuard notices that a Redis primary restarted (its run id changed) or was replaced
 // (its replication id changed), and then fences the Reserver: new deducts and holds are refused
 // with ErrFailover until a repairing Reconciler pass over all items completes, in this process
-// or any other one (stockctl reconcile -apply included). The primaries' identities last reconciled are kept in Redis ("<prefix>:epoch"), so
-// every process sharing the Redis agrees. Create it with Reserver.NewFailoverGuard and call
-// Check (or Run) regularly; the fence is only as prompt as the checks. Safe for concurrent use.
+// or any other one (stockctl reconcile -apply included). The primaries' identities last
+// reconciled are kept in Redis ("<prefix>:epoch"), so every process sharing the Redis agrees.
+// Create it with Reserver.NewFailoverGuard and call Check (or Run) regularly; the fence comes
+// only as promptly as the checks. Once fenced, the Reserver's refused requests check the guard
+// too, at most once a second, so a pass in another process lifts the fence even when nothing
+// calls Check any more (a Run that ended). Safe for concurrent use.
 type FailoverGuard struct {
 	r    *Reserver
 	mu   sync.Mutex

@@ -44,7 +44,7 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if err := checkTTL(ttl); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
-	if r.fenced.Load() {
+	if r.isFenced(ctx) {
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
 	if r.knownSoldOut(ctx, req) {

@@ -43,16 +43,17 @@ const keyCacheSize = 8192
 // CloseItem, ReopenItem, Delist, Items, Entries, Pending, Sweep, RecoverCarts, and NewRelay,
 // NewReconciler and NewFailoverGuard for running the background work by hand.
 type Reserver struct {
-	client   rueidis.Client
-	opts     options
-	limitArg string                        // opts.userLimit, formatted once
-	lanes    sync.Map                      // sku -> *lane, for coalescing; only items with calls in flight
-	guarded  atomic.Bool                   // a FailoverGuard exists: a pass that cannot record the epoch fails
-	fenced   atomic.Bool                   // a FailoverGuard saw the primaries change: ErrFailover
-	guard    atomic.Pointer[FailoverGuard] // the latest guard, which a pass that records the epoch checks
-	soldOut  *soldOut                      // the sold-out fast path; nil when off
-	keyCache *protocol.KeyCache
-	hints    *hints // the due-work hints of the background loops
+	client    rueidis.Client
+	opts      options
+	limitArg  string                        // opts.userLimit, formatted once
+	lanes     sync.Map                      // sku -> *lane, for coalescing; only items with calls in flight
+	guarded   atomic.Bool                   // a FailoverGuard exists: a pass that cannot record the epoch fails
+	fenced    atomic.Bool                   // a FailoverGuard saw the primaries change: ErrFailover
+	guard     atomic.Pointer[FailoverGuard] // the latest guard, which a pass that records the epoch checks
+	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
+	soldOut   *soldOut                      // the sold-out fast path; nil when off
+	keyCache  *protocol.KeyCache
+	hints     *hints // the due-work hints of the background loops
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -268,7 +269,7 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 		defer func(start time.Time) { r.observeTake(ctx, "deduct", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	rc = Receipt{SKU: req.SKU, ID: req.ID}
-	if err := r.admit(req); err != nil {
+	if err := r.admit(ctx, req); err != nil {
 		return rc, err
 	}
 	k := r.item(req.SKU)
@@ -286,14 +287,35 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 }
 
 // admit checks a request before anything is sent: valid, and the Reserver not fenced.
-func (r *Reserver) admit(req Request) error {
+func (r *Reserver) admit(ctx context.Context, req Request) error {
 	if err := req.check(); err != nil {
 		return err
 	}
-	if r.fenced.Load() {
+	if r.isFenced(ctx) {
 		return ErrFailover
 	}
 	return nil
+}
+
+// fenceRecheck is how often, at most, a fenced Reserver's requests check its guard themselves.
+const fenceRecheck = time.Second
+
+// isFenced reports whether a FailoverGuard fences r. A fenced Reserver checks its latest guard
+// again on the request that finds the fence, at most once per fenceRecheck (the other requests
+// are refused at once): a repairing pass in another process lifts the fence even when nothing
+// checks the guard here any more (a Run that ended), as ErrFailover's doc says.
+func (r *Reserver) isFenced(ctx context.Context) bool {
+	if !r.fenced.Load() {
+		return false
+	}
+	g := r.guard.Load()
+	now := time.Now().UnixNano()
+	last := r.rechecked.Load()
+	if g == nil || now-last < int64(fenceRecheck) || !r.rechecked.CompareAndSwap(last, now) {
+		return true
+	}
+	fenced, _ := g.Check(ctx) // an error leaves the fence as it was
+	return fenced
 }
 
 // take runs one deduct (kind "D") or hold ("H", for ttlMs) of a checked request.
