@@ -29,7 +29,9 @@ type ReconcileOptions struct {
 	// lasts this long in Redis; after it, a retried deduct is refused by the Store's unique
 	// (sku, id) instead. The default is 24h; a negative Retention never trims.
 	Retention time.Duration
-	// Interval is the time between the passes of Run. The default is 5 minutes.
+	// Interval is the time between the passes of Run (Reconciler.Run, and Reserver.Run's
+	// reconciler). The default is 5 minutes. A negative Interval turns Reserver.Run's passes off
+	// (another process reconciles); Reconciler.Run refuses it.
 	Interval time.Duration
 }
 
@@ -50,9 +52,6 @@ func (o *ReconcileOptions) apply(rc *Reconciler) error {
 	if o.RepairLimit < 0 {
 		return invalid("repair limit %d", o.RepairLimit)
 	}
-	if o.Interval < 0 {
-		return invalid("reconcile interval %v", o.Interval)
-	}
 	rc.dry, rc.limit = o.DryRun, o.RepairLimit
 	switch {
 	case o.Retention < 0:
@@ -60,7 +59,7 @@ func (o *ReconcileOptions) apply(rc *Reconciler) error {
 	case o.Retention > 0:
 		rc.retention = o.Retention
 	}
-	if o.Interval > 0 {
+	if o.Interval != 0 {
 		rc.interval = o.Interval
 	}
 	return nil
@@ -220,6 +219,9 @@ func (rp Report) String() string {
 // Run reconciles every interval until ctx is done, and returns ctx's error. Reports go to the
 // Reserver's logger; errors are logged and the next pass retries.
 func (rc *Reconciler) Run(ctx context.Context) error {
+	if rc.interval < 0 {
+		return invalid("reconcile interval %v: Reconciler.Run needs a positive one", rc.interval)
+	}
 	t := time.NewTicker(rc.interval)
 	defer t.Stop()
 	for {

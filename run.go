@@ -22,7 +22,8 @@ type RunOptions struct {
 	// Relay configures the relay; nil takes its defaults.
 	Relay *RelayOptions
 	// Reconcile configures the Reconciler (its Interval, 5 minutes by default, is the time
-	// between passes; the first pass runs at once); nil takes its defaults.
+	// between passes, the first of which runs at once; a negative Interval turns the passes
+	// off, for a deployment where another process reconciles); nil takes its defaults.
 	Reconcile *ReconcileOptions
 	// SweepInterval is the time between sweeps of the holds past their deadline. A sweep looks
 	// at the items whose due-work hints say a hold is due and at a few more of the registry

@@ -136,12 +136,48 @@ func TestRelayOptionsDefaults(t *testing.T) {
 		_, err := r.NewRelay(db, nil, o)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
 	}
-	for _, o := range []*stock.ReconcileOptions{nil, {}, {Retention: -1}, {Interval: time.Second}} {
+	for _, o := range []*stock.ReconcileOptions{nil, {}, {Retention: -1}, {Interval: time.Second}, {Interval: -1}} {
 		_, err := r.NewReconciler(db, o)
 		assert.NoError(t, err, "%+v", o)
 	}
-	for _, o := range []*stock.ReconcileOptions{{Interval: -1}, {RepairLimit: -5}, {Items: []string{""}}} {
+	for _, o := range []*stock.ReconcileOptions{{RepairLimit: -5}, {Items: []string{""}}} {
 		_, err := r.NewReconciler(db, o)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
+	}
+	rc, err := r.NewReconciler(db, &stock.ReconcileOptions{Interval: -1})
+	require.NoError(t, err)
+	assert.ErrorIs(t, rc.Run(context.Background()), stock.ErrInvalid, "Reconciler.Run needs a positive interval")
+}
+
+// TestRunReconcileOff: a negative ReconcileOptions.Interval turns Run's reconcile passes off, as
+// a negative interval of RunOptions turns its loop off; the relay still delivers.
+func TestRunReconcileOff(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	ctx := context.Background()
+	var passes atomic.Int64
+	r := newReserver(t, c, stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
+		if o.Op == "reconcile" {
+			passes.Add(1)
+		}
+	})))
+	db := memstore.New()
+	require.NoError(t, db.Load(ctx, "A", 10))
+	require.NoError(t, r.Load(ctx, "A", 10))
+	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.NoError(t, err)
+	for _, interval := range []time.Duration{-1, 0} {
+		run, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+		err := r.Run(run, stock.RunOptions{Store: db, Reconcile: &stock.ReconcileOptions{Interval: interval},
+			Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond}})
+		stop()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		if interval < 0 {
+			assert.Zero(t, passes.Load(), "no pass with a negative interval")
+			n, err := db.Remaining(ctx, "A")
+			require.NoError(t, err)
+			assert.Equal(t, int64(9), n, "the relay delivered the sale")
+		} else {
+			assert.Positive(t, passes.Load(), "the default runs a pass at once")
+		}
 	}
 }
