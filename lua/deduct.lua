@@ -19,7 +19,8 @@
 -- Every read is checked (entries parsed, counters checked) before the first write; the writes of
 -- the whole call are grouped at the end: the release of the item's due holds (at most 64, or
 -- MAX_EXPIRY when a request could otherwise be refused for stock or its user's limit, and every
--- hold an id of the call names: such an id is answered as expired), then the takes.
+-- hold an id of the call names: such an id is answered as expired), then the takes. The common
+-- call of one request that is taken writes its entry with HSETNX first (see below).
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
 local hold = kind == 'H'
@@ -36,9 +37,48 @@ local state = hold and 'h' or 'r'
 local deadline = hold and (now + ttl) or 0
 local event = hold and 'H:' or 'D:'
 
--- The tables below are made only when a call needs them: a call of one request without a buyer
--- (the common uncoalesced call) makes three.
 local nreq = (#ARGV - 4) / 4
+
+-- The common call: one request, on a loaded, open item with no hold due, that has the stock and
+-- whose buyer (if any) is within the limit: if its id is new it is taken. HSETNX writes the entry
+-- only when the id is new, and says whether it was: one command where the ledger's read and
+-- write were two. It is the call's first write; everything it depends on (the item's counters,
+-- the buyer's units) is read and checked before it. An id the ledger has (HSETNX writes
+-- nothing) goes the general way below, which answers it as before.
+if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) then
+  local id, q, u = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+  local have, ok = 0, avail >= q
+  if ok and u ~= '' then
+    local v = redis.call('HGET', KEYS[3], u)
+    if v then
+      have = tonumber(v)
+      if not have or have ~= math.floor(have) then
+        have, ok = 0, false -- corrupt: the general way raises the error, for a new id only
+      elseif have < 0 then
+        have = 0
+      end
+    end
+    ok = ok and (limit == 0 or have + q <= limit)
+  end
+  if ok and redis.call('HSETNX', KEYS[2], id, entry(kind, state, q, avail - q, now, u, deadline)) == 1 then
+    -- The writes of the general way for this one take, in its order after the ledger's.
+    redis.call('HSET', KEYS[1], 'a', fmt(avail - q), cf, fmt(count + q), 'q', fmt(queue and seq + 1 or seq))
+    if queue then
+      redis.call('ZADD', KEYS[4], seq + 1, event .. id)
+    end
+    if hold then
+      redis.call('ZADD', KEYS[5], deadline, id)
+      next_deadline(KEYS[1], KEYS[5])
+    end
+    if u ~= '' then
+      redis.call('HSET', KEYS[3], u, fmt(have + q))
+    end
+    remember(KEYS[6], st[6], id)
+    return {OK, avail - q, q}
+  end
+end
+
+-- The general way. The tables below are made only when a call needs them.
 
 -- One read of the ledger for the whole call; every entry is parsed here, before any write.
 local ids
