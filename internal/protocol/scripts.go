@@ -113,9 +113,6 @@ type Functions struct {
 // NewFunctions returns the state of a client that tries functions first.
 func NewFunctions() *Functions { return &Functions{} }
 
-// Off reports whether the client has fallen back to scripts for good.
-func (f *Functions) Off() bool { return f.off.Load() }
-
 // FunctionsHolder is a client that carries its Functions.
 type FunctionsHolder interface {
 	StockFunctions() *Functions
