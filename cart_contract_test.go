@@ -359,6 +359,33 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 	})
 }
 
+// TestDeductCorruptUserUnits: a corrupt count of a buyer's units fails a new id's deduct with
+// an error before anything is written, and leaves the replay of an id the ledger has (which
+// reads no units) answering as before, with or without a limit.
+func TestDeductCorruptUserUnits(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		for _, limit := range []int64{0, 3} {
+			sku := fmt.Sprint("cu", limit)
+			r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithUserLimit(limit), stock.WithCoalescing(0))
+			require.NoError(t, r.Load(ctx, sku, 5))
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
+			require.NoError(t, err)
+			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{"+sku+"}:u").FieldValue().FieldValue("u", "x").Build()).Error())
+			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
+			require.NoError(t, err, "limit %d: a replay reads no units", limit)
+			assert.True(t, rc.Replayed)
+			assert.Equal(t, int64(4), rc.Remaining)
+			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
+			require.Error(t, err, "limit %d: corrupt units", limit)
+			assert.Contains(t, err.Error(), "units of user u")
+			_, err = r.Ledger(ctx, sku, "o2")
+			require.ErrorIs(t, err, stock.ErrUnknownID, "limit %d: nothing written", limit)
+			assert.Equal(t, int64(4), levels(t, r, sku).Available, "limit %d", limit)
+		}
+	})
+}
+
 // TestCartCopiesOneNotReplayed: of many concurrent copies of one cart id with enough stock,
 // exactly one answers Replayed false (the copy that completed the cart), as for Deduct, and all
 // answer the same receipts' quantities.

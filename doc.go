@@ -10,7 +10,8 @@
 //	// or r.Hold(ctx, req, 10*time.Minute), then r.Confirm or r.Cancel
 //	go r.Run(ctx, stock.RunOptions{Store: store})       // the background work, one goroutine
 //
-// Each operation is one Lua script (lua/*.lua, embedded, run with rueidis: EVALSHA, then EVAL
+// Each operation is one Lua script (lua/*.lua, embedded; run as a Redis function, FCALL, where
+// the server has functions and the user may call them, else with rueidis: EVALSHA, then EVAL
 // when the server lost its script cache) that checks the request id against the item's ledger,
 // checks the per-user limit and the stock, takes the stock, writes the ledger entry and queues
 // the outbox event, atomically. Run drains the outbox into a Store (the database of record)

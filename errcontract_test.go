@@ -28,7 +28,7 @@ type corruptReplies struct {
 func (c corruptReplies) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	name := cmd.Commands()[0] // before Do, which recycles cmd
 	res := c.Client.Do(ctx, cmd)
-	if (name == "EVALSHA" || name == "EVAL") && res.Error() == nil {
+	if (name == "EVALSHA" || name == "EVAL" || name == "FCALL") && res.Error() == nil {
 		return mock.Result(c.reply)
 	}
 	return res

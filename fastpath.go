@@ -252,13 +252,13 @@ const (
 	filterKept             // the script never writes the filter
 )
 
-// scriptEffects maps each script's SHA-1 and source (EVALSHA, or EVAL after NOSCRIPT) to its
-// effect on the filter.
+// scriptEffects maps each script's SHA-1, source and function name (EVALSHA, EVAL after
+// NOSCRIPT, FCALL) to its effect on the filter.
 var scriptEffects = sync.OnceValue(func() map[string]int {
 	m := map[string]int{}
 	add := func(e int, ss ...*protocol.Script) {
 		for _, s := range ss {
-			m[s.SHA1], m[s.Source] = e, e
+			m[s.SHA1], m[s.Source], m[s.Func] = e, e, e
 		}
 	}
 	add(filterIfTaken, protocol.Deduct, protocol.DeductMany)
@@ -277,7 +277,7 @@ type scriptCall struct {
 // scriptOf returns the script call cmd makes, or false if it is not one.
 func scriptOf(cmd rueidis.Completed) (scriptCall, bool) {
 	cs := cmd.Commands()
-	if len(cs) < 3 || (cs[0] != "EVALSHA" && cs[0] != "EVAL") {
+	if len(cs) < 3 || (cs[0] != "EVALSHA" && cs[0] != "EVAL" && cs[0] != "FCALL") {
 		return scriptCall{}, false
 	}
 	n, err := strconv.Atoi(cs[2])
@@ -330,6 +330,14 @@ func (c *trackedClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.R
 // DoMulti runs cmds, then renews the reads of the items their script calls name.
 func (c *trackedClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	return doMultiTracked(ctx, c.so, c.Client, c.Client.DoMulti, cmds)
+}
+
+// StockFunctions is the wrapped client's: whether the scripts run as Redis functions.
+func (c *trackedClient) StockFunctions() *protocol.Functions {
+	if h, ok := c.Client.(protocol.FunctionsHolder); ok {
+		return h.StockFunctions()
+	}
+	return nil
 }
 
 // Dedicated runs fn on a dedicated connection whose script calls are tracked too.

@@ -26,13 +26,13 @@ type countingClient struct {
 func (c *countingClient) count(cmd rueidis.Completed) {
 	c.all.Add(1)
 	cs := cmd.Commands()
-	if len(cs) < 2 || (cs[0] != "EVALSHA" && cs[0] != "EVAL") {
+	if len(cs) < 2 || (cs[0] != "EVALSHA" && cs[0] != "EVAL" && cs[0] != "FCALL") {
 		return
 	}
 	switch cs[1] {
-	case protocol.Claim.SHA1, protocol.Claim.Source:
+	case protocol.Claim.SHA1, protocol.Claim.Source, protocol.Claim.Func:
 		c.claims.Add(1)
-	case protocol.Sweep.SHA1, protocol.Sweep.Source:
+	case protocol.Sweep.SHA1, protocol.Sweep.Source, protocol.Sweep.Func:
 		c.sweeps.Add(1)
 	}
 }

@@ -382,6 +382,37 @@ func TestScriptFlush(t *testing.T) {
 	})
 }
 
+// TestFunctionFlush: on a server with Redis functions the scripts run as FCALL; a FUNCTION FLUSH
+// between calls must not surface (the library is loaded again on "Function not found"). Where
+// there are no functions (miniredis) the scripts run as EVALSHA.
+func TestFunctionFlush(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 10))
+		functions := true
+		for i := range 3 {
+			for _, cmd := range c.Nodes() {
+				if err := cmd.Do(ctx, cmd.B().FunctionFlush().Build()).Error(); err != nil {
+					functions = false // miniredis: no functions
+				}
+			}
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1, User: "u"})
+			require.NoError(t, err)
+			_, err = r.Restore(ctx, "A", "o"+strconv.Itoa(i))
+			require.NoError(t, err)
+		}
+		assert.Equal(t, int64(10), levels(t, r, "A").Available)
+		if functions {
+			var calls int64
+			for _, n := range c.Nodes() {
+				calls += commandCalls(t, n, "fcall")
+			}
+			assert.Positive(t, calls, "the scripts ran as functions")
+		}
+	})
+}
+
 func TestKeysShareOneSlotPerItem(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // DefaultTimeout bounds every Redis command and script call a Reserver (and its Relays,
@@ -21,14 +22,18 @@ const DefaultTimeout = 10 * time.Second
 type boundedClient struct {
 	rueidis.Client
 	timeout time.Duration
+	fn      *protocol.Functions // whether the scripts run as Redis functions (protocol.Script.Exec)
 }
+
+// StockFunctions makes the scripts this client runs Redis functions where the server has them.
+func (c boundedClient) StockFunctions() *protocol.Functions { return c.fn }
 
 // bounded returns c with its commands bounded by timeout.
 func bounded(c rueidis.Client, timeout time.Duration) rueidis.Client {
 	if b, ok := c.(boundedClient); ok {
 		c = b.Client
 	}
-	return boundedClient{Client: c, timeout: timeout}
+	return boundedClient{Client: c, timeout: timeout, fn: protocol.NewFunctions()}
 }
 
 func (c boundedClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {

@@ -19,55 +19,118 @@
 -- Every read is checked (entries parsed, counters checked) before the first write; the writes of
 -- the whole call are grouped at the end: the release of the item's due holds (at most 64, or
 -- MAX_EXPIRY when a request could otherwise be refused for stock or its user's limit, and every
--- hold an id of the call names: such an id is answered as expired), then the takes.
+-- hold an id of the call names: such an id is answered as expired), then the takes. The common
+-- call of one request that is taken writes its entry with HSETNX first (see below).
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
-local cf = (kind == 'H') and 'h' or 's' -- the counter this kind of request moves
+local hold = kind == 'H'
+local cf = hold and 'h' or 's' -- the counter this kind of request moves
 local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b', 'bc')
 local avail = int(st[1], 'available count')
 local closed = st[2] == '1'
 local nd = int(st[3], 'next deadline')
-local count = int(st[4], (kind == 'H') and 'held count' or 'sold count') or 0
+local count = int(st[4], hold and 'held count' or 'sold count') or 0
 local seq = int(st[5], 'outbox sequence') or 0
 int(st[6], 'sold-out filter size') -- remember and filter_step use them after the writes
 int(st[7], 'sold-out filter scan cursor')
-local state = (kind == 'H') and 'h' or 'r'
-local deadline = (kind == 'H') and (now + ttl) or 0
-local event = (kind == 'H') and 'H:' or 'D:'
+local state = hold and 'h' or 'r'
+local deadline = hold and (now + ttl) or 0
+local event = hold and 'H:' or 'D:'
+
+local nreq = (#ARGV - 4) / 4
+
+-- The common call: one request, on a loaded, open item with no hold due, that has the stock and
+-- whose buyer (if any) is within the limit: if its id is new it is taken. HSETNX writes the entry
+-- only when the id is new, and says whether it was: one command where the ledger's read and
+-- write were two. It is the call's first write; everything it depends on (the item's counters,
+-- the buyer's units) is read and checked before it. An id the ledger has (HSETNX writes
+-- nothing) goes the general way below, which answers it as before.
+if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) then
+  local id, q, u = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+  local have, ok = 0, avail >= q
+  if ok and u ~= '' then
+    local v = redis.call('HGET', KEYS[3], u)
+    if v then
+      have = tonumber(v)
+      if not have or have ~= math.floor(have) then
+        have, ok = 0, false -- corrupt: the general way raises the error, for a new id only
+      elseif have < 0 then
+        have = 0
+      end
+    end
+    ok = ok and (limit == 0 or have + q <= limit)
+  end
+  if ok and redis.call('HSETNX', KEYS[2], id, entry(kind, state, q, avail - q, now, u, deadline)) == 1 then
+    -- The writes of the general way for this one take, in its order after the ledger's.
+    redis.call('HSET', KEYS[1], 'a', fmt(avail - q), cf, fmt(count + q), 'q', fmt(queue and seq + 1 or seq))
+    if queue then
+      redis.call('ZADD', KEYS[4], seq + 1, event .. id)
+    end
+    if hold then
+      redis.call('ZADD', KEYS[5], deadline, id)
+      next_deadline(KEYS[1], KEYS[5])
+    end
+    if u ~= '' then
+      redis.call('HSET', KEYS[3], u, fmt(have + q))
+    end
+    remember(KEYS[6], st[6], id)
+    return {OK, avail - q, q}
+  end
+end
+
+-- The general way. The tables below are made only when a call needs them.
 
 -- One read of the ledger for the whole call; every entry is parsed here, before any write.
-local ids = {}
-for i = 5, #ARGV, 4 do
-  ids[#ids + 1] = ARGV[i]
+local ids
+if nreq == 1 then
+  ids = {ARGV[5]}
+else
+  ids = {}
+  for i = 5, #ARGV, 4 do
+    ids[#ids + 1] = ARGV[i]
+  end
 end
 local known = redis.call('HMGET', KEYS[2], unpack(ids))
-local also = {}
-for j, id in ipairs(ids) do
+local also -- {id, entry} of the live holds of this call past their deadline, or nil
+for j = 1, nreq do
   local e = known[j]
   if e then
-    local k, s, _, _, _, _, d = parse(e, id)
+    local k, s, _, _, _, _, d = parse(e, ids[j])
     if due_hold(k, s, d, now) then
-      also[#also + 1] = {id, e}
+      also = also or {}
+      also[#also + 1] = {ids[j], e}
     end
   end
 end
 -- One read of the users' units for the whole call: every buyer of a new id, checked here.
-local raw, unames = {}, {}
-for j = 1, #ids do
+local raw, unames -- user -> units read, and the users read; nil when no new id has a buyer
+for j = 1, nreq do
   local u = ARGV[4 * j + 3]
-  if not known[j] and u ~= '' and not raw[u] then
-    raw[u] = true
-    unames[#unames + 1] = u
+  if u ~= '' and not known[j] then
+    if not raw then
+      raw, unames = {}, {}
+    end
+    if not raw[u] then
+      raw[u] = true
+      unames[#unames + 1] = u
+    end
   end
 end
-if #unames > 0 then
+if raw then
   local vs = redis.call('HMGET', KEYS[3], unpack(unames))
   for j, u in ipairs(unames) do
-    raw[u] = int(vs[j], 'units of user ' .. u) or 0
+    local v, n = vs[j], 0
+    if v then
+      n = tonumber(v)
+      if not n or n ~= math.floor(n) then
+        int(v, 'units of user ' .. u) -- raises the error
+      end
+    end
+    raw[u] = n
   end
 end
 local plan
-if avail and ((nd and nd <= now) or #also > 0) then
+if avail and ((nd and nd <= now) or also) then
   plan = plan_expiry(KEYS, now, 64, also)
   if plan.full then
     -- More holds are due than one call usually releases. If a request of this call could be
@@ -92,7 +155,7 @@ if avail and ((nd and nd <= now) or #also > 0) then
     end
   end
   avail = avail + plan.freed
-  if kind == 'H' then
+  if hold then
     count = count - plan.freed
   end
   local gone = {}
@@ -105,26 +168,35 @@ if avail and ((nd and nd <= now) or #also > 0) then
     end
   end
 end
+local pusers = plan and plan.users
 -- units_of returns the units user u (a buyer of a new id) has once the plan is written.
 local function units_of(u)
-  local have = raw[u] - ((plan and plan.users[u]) or 0)
+  local have = raw[u] - ((pusers and pusers[u]) or 0)
   return (have > 0) and have or 0
 end
 
-local out, fresh, hset, zadd, hz, units, delta, seen = {}, {}, {}, {}, {}, {}, {}, {}
+-- fresh: the entries this call wrote, read by a later request of the call with the same id
+-- (only a call of several requests has one). units: what each buyer has so far in this call;
+-- delta: what each took. hz: the holds' deadlines and ids; seen: the ids for the filter.
+local out, hset, zadd = {}, {}, {}
+local fresh = (nreq > 1) and {} or nil
+local units, delta, hz, seen
+local no, nh = 0, 0
 local taken, soldout = 0, false
-for i = 5, #ARGV, 4 do
-  local id, q, u, retry = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3] == '1'
+for j = 1, nreq do
+  local i = 4 * j + 1
+  local id, q, u = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local code, rem, n = OK, avail or 0, q
-  local e = fresh[id] or known[(i - 1) / 4]
+  local e = (fresh and fresh[id]) or known[j]
   if e then
     code, rem, n = answer_known(e, kind, q, u, rem)
   else
     local refusal, have = item_refusal(avail, closed), 0
     if not refusal and u ~= '' and limit > 0 then
-      have = units[u]
+      have = units and units[u]
       if not have then
         have = units_of(u)
+        units = units or {}
         units[u] = have
       end
       if have + q > limit then
@@ -138,28 +210,38 @@ for i = 5, #ARGV, 4 do
     elseif refusal == SOLDOUT or avail < q then
       code = refusal or SHORT
       soldout = soldout or refusal == SOLDOUT
-      if retry then
+      if ARGV[i + 3] == '1' then -- a retry: its refusal is recorded as a tombstone
         local t = entry('T', 'f', q, avail, now, u)
-        fresh[id] = t
-        hset[#hset + 1] = id
-        hset[#hset + 1] = t
+        if fresh then
+          fresh[id] = t
+        end
+        hset[nh + 1] = id
+        hset[nh + 2] = t
+        nh = nh + 2
       end
     else
       local e2 = entry(kind, state, q, avail - q, now, u, deadline)
-      fresh[id] = e2
-      hset[#hset + 1] = id
-      hset[#hset + 1] = e2
+      if fresh then
+        fresh[id] = e2
+      end
+      hset[nh + 1] = id
+      hset[nh + 2] = e2
+      nh = nh + 2
       if st[6] then
+        seen = seen or {}
         seen[#seen + 1] = id -- the item has a sold-out filter: the id goes in it
       end
       if queue then
         zadd[#zadd + 1] = event .. id
       end
-      if kind == 'H' then
+      if hold then
+        hz = hz or {}
         hz[#hz + 1] = deadline
         hz[#hz + 1] = id
       end
       if u ~= '' then
+        units = units or {}
+        delta = delta or {}
         units[u] = have + q
         delta[u] = (delta[u] or 0) + q
       end
@@ -168,22 +250,25 @@ for i = 5, #ARGV, 4 do
       rem = avail
     end
   end
-  out[#out + 1] = code
-  out[#out + 1] = rem
-  out[#out + 1] = n
+  out[no + 1] = code
+  out[no + 2] = rem
+  out[no + 3] = n
+  no = no + 3
 end
 
 -- The writes.
 local _, queued = release(KEYS, plan, queue)
 seq = seq + queued
-if #hset > 0 and taken == 0 then
+if nh > 0 and taken == 0 then
   redis.call('HSET', KEYS[2], unpack(hset)) -- only refusals of retries
 end
 if taken > 0 then
   -- One write of the counters: available, sold or held, and the outbox sequence.
   redis.call('HSET', KEYS[1], 'a', fmt(avail), cf, fmt(count + taken), 'q', fmt(seq + #zadd))
   redis.call('HSET', KEYS[2], unpack(hset))
-  if #zadd > 0 then
+  if #zadd == 1 then
+    redis.call('ZADD', KEYS[4], seq + 1, zadd[1])
+  elseif #zadd > 1 then
     local z = {}
     for j, m in ipairs(zadd) do
       z[#z + 1] = seq + j
@@ -191,21 +276,23 @@ if taken > 0 then
     end
     redis.call('ZADD', KEYS[4], unpack(z))
   end
-  if #hz > 0 then
+  if hz then
     redis.call('ZADD', KEYS[5], unpack(hz))
     next_deadline(KEYS[1], KEYS[5])
   end
   -- One write of the users' units: what each had once the plan is written, plus what it took.
-  local us = {}
-  for u, d in pairs(delta) do
-    us[#us + 1] = u
-    us[#us + 1] = fmt(units_of(u) + d)
-  end
-  if #us > 0 then
+  if delta then
+    local us = {}
+    for u, d in pairs(delta) do
+      us[#us + 1] = u
+      us[#us + 1] = fmt(units_of(u) + d)
+    end
     redis.call('HSET', KEYS[3], unpack(us))
   end
-  for _, id in ipairs(seen) do
-    remember(KEYS[6], st[6], id)
+  if seen then
+    for _, id in ipairs(seen) do
+      remember(KEYS[6], st[6], id)
+    end
   end
 end
 if soldout then

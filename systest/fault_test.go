@@ -1632,7 +1632,7 @@ func injectReplyLost(h *faultHarness, ctx context.Context) {
 	defer h.px.CancelDrops()
 	for sleepCtx(ctx, 20*time.Millisecond+rand.N(30*time.Millisecond)) {
 		if h.px.PendingDrops() == 0 {
-			h.px.DropReplies(1, "EVALSHA", "EVAL")
+			h.px.DropReplies(1, "EVALSHA", "EVAL", "FCALL")
 		}
 	}
 }
