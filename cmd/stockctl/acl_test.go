@@ -19,11 +19,12 @@ import (
 
 // cliACL is the ACL of an operator's stockctl user on one prefix, as the README documents it:
 // the items' keys and the registry; the scripts and the commands they run; the reads; no
-// client-side caching (stockctl reads fresh), no replica ack, no failover guard, no carts.
+// client-side caching (stockctl reads fresh), no replica ack, no failover guard, no carts; the
+// epoch key and INFO, so that reconcile -apply records the primaries and lifts the fences.
 func cliACL(user, password, prefix string) []string {
 	args := []string{user, "reset", "on", ">" + password, "resetchannels",
 		"~" + prefix + ":{*", "~" + prefix + ":items", "~" + prefix + ":due{~*", "~" + prefix + ":holdsdue{~*",
-		"-@all", "+ping", "+cluster|slots", "+cluster|shards", "+evalsha", "+eval",
+		"~" + prefix + ":epoch", "-@all", "+ping", "+info", "+cluster|slots", "+cluster|shards", "+evalsha", "+eval",
 		"+get", "+set", "+del", "+exists", "+pexpire", "+setbit", "+time",
 		"+hget", "+hmget", "+hset", "+hsetnx", "+hdel", "+hexists", "+hincrby", "+hscan",
 		"+zadd", "+zrem", "+zcard", "+zcount", "+zrange", "+zrangebyscore", "+zscore",
@@ -90,6 +91,9 @@ func TestOperatorACL(t *testing.T) {
 		}
 		code, out := stockctl(args...)
 		assert.Equal(t, exitOK, code, "stockctl %s: %s", strings.Join(args, " "), out)
+		if args[len(args)-1] == "-apply" {
+			assert.NotContains(t, out, "fences stay", "a complete repairing pass records the primaries: it lifts every fence")
+		}
 	}
 	lv, err := lib.Levels(ctx, "A")
 	require.NoError(t, err)
