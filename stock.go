@@ -507,7 +507,7 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 }
 
 // Delist ends an item's sale for good: it is closed (ErrClosed for new deducts and holds) and
-// stamped with the time. Its pipeline finishes as with Close; once the retention has passed
+// stamped with the time. Its pipeline finishes as with CloseItem; once the retention has passed
 // (ReconcileOptions.Retention, 24h by default) and a reconcile pass finds
 // Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
