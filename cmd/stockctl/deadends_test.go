@@ -199,3 +199,16 @@ func TestReconcileApplyExitsZeroWhenRepaired(t *testing.T) {
 	assert.Contains(t, res.stderr, "1 of 2 items left unrepaired or need a human")
 	assert.Equal(t, "15\n", h.run("available", "A").stdout)
 }
+
+// TestMissingTablesHint: a command that needs the store's tables, on a database without them,
+// fails and says how to create them.
+func TestMissingTablesHint(t *testing.T) {
+	h := newHarness(t)
+	res := h.store("reconcile")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.stderr, "stockctl -dsn DSN migrate", "the error names the cure")
+	res = h.store("migrate")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	res = h.store("reconcile")
+	assert.Equal(t, exitOK, res.code, res.stderr)
+}

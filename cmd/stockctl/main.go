@@ -218,7 +218,19 @@ func exitCode(stderr io.Writer, cmd *command, err error) int {
 		return exitUsage
 	}
 	fmt.Fprintf(stderr, "stockctl %s: %v\n", cmd.name, err)
+	if missingTable(err) {
+		fmt.Fprintf(stderr, "The store's tables are missing: create them once with 'stockctl -dsn DSN migrate' (the same -dsn and -table-prefix).\n")
+	}
 	return exitFail
+}
+
+// missingTable reports whether err is a database's answer that a table does not exist
+// (PostgreSQL, MySQL/MariaDB, SQLite), which migrate cures.
+func missingTable(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "no such table") || // SQLite
+		(strings.Contains(msg, "relation ") && strings.Contains(msg, "does not exist")) || // PostgreSQL
+		(strings.Contains(msg, "Table '") && strings.Contains(msg, "doesn't exist")) // MySQL, MariaDB
 }
 
 // parseInterleaved parses flags anywhere among the positional arguments ("ledger SKU -limit
