@@ -60,7 +60,9 @@ if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) t
     end
     ok = ok and (limit == 0 or have + q <= limit)
   end
-  if ok and redis.call('HSETNX', KEYS[2], id, entry(kind, state, q, avail - q, now, u, deadline)) == 1 then
+  -- pcall: a server out of memory refuses the write (nothing is written), and the general way
+  -- then answers a known id without writing (a replay still answers), a new id with the error.
+  if ok and redis.pcall('HSETNX', KEYS[2], id, entry(kind, state, q, avail - q, now, u, deadline)) == 1 then
     -- The writes of the general way for this one take, in its order after the ledger's.
     redis.call('HSET', KEYS[1], 'a', fmt(avail - q), cf, fmt(count + q), 'q', fmt(queue and seq + 1 or seq))
     if queue then

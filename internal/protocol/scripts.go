@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/redis/rueidis"
@@ -183,23 +184,29 @@ func refusedFcall(err error) int {
 	return fcallRan
 }
 
-// loadLibrary loads the library on every node of c (a replica refuses, and receives it from
-// its primary; a node that has it already says so), and reports whether a node took it or had
-// it. A refusal that says the server has no functions, or that the user may not load them,
-// turns f off.
+// loadLibrary loads the library on every node of c at once (a replica refuses, and receives it
+// from its primary; a node that has it already says so), so that the load takes one command's
+// time, not one per node, and reports whether a node took it or had it. A refusal that says the
+// server has no functions, or that the user may not load them, turns f off.
 func loadLibrary(ctx context.Context, c rueidis.Client, f *Functions) bool {
-	loaded := false
+	var loaded atomic.Bool
+	var wg sync.WaitGroup
 	for _, n := range c.Nodes() {
-		err := n.Do(ctx, n.B().FunctionLoad().FunctionCode(Library).Build()).Error()
-		re, isRedis := rueidis.IsRedisErr(err)
-		switch {
-		case err == nil:
-			loaded = true
-		case isRedis && strings.Contains(re.Error(), "already exists"):
-			loaded = true
-		case isRedis && (strings.HasPrefix(re.Error(), "NOPERM") || strings.Contains(strings.ToLower(re.Error()), "unknown command")):
-			f.off.Store(true) // FUNCTION LOAD, the only command here, is what is refused
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := n.Do(ctx, n.B().FunctionLoad().FunctionCode(Library).Build()).Error()
+			re, isRedis := rueidis.IsRedisErr(err)
+			switch {
+			case err == nil:
+				loaded.Store(true)
+			case isRedis && strings.Contains(re.Error(), "already exists"):
+				loaded.Store(true)
+			case isRedis && (strings.HasPrefix(re.Error(), "NOPERM") || strings.Contains(strings.ToLower(re.Error()), "unknown command")):
+				f.off.Store(true) // FUNCTION LOAD, the only command here, is what is refused
+			}
+		}()
 	}
-	return loaded
+	wg.Wait()
+	return loaded.Load()
 }
