@@ -685,7 +685,7 @@ func TestAttack24BoundedLoad(t *testing.T) {
 	wg.Wait()
 	assert.LessOrEqual(t, took, bound+500*time.Millisecond, "call bounded by WithTimeout (%v), took %v", bound, took)
 	// The outcome: acknowledged or unknown; a retry settles it once.
-	rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x", Qty: 1, Retry: true})
+	_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x", Qty: 1, Retry: true})
 	require.NoError(t, err)
 	l := levels(t, r, sku)
 	assert.Equal(t, int64(2), l.Sold)
