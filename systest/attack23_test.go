@@ -1132,22 +1132,6 @@ func TestAttack23StocktestLease(t *testing.T) {
 	assert.Equal(t, int64(4), n)
 }
 
-// a23SlowStore is a stock.Store whose reads wait delay, so that a reconcile pass lasts.
-type a23SlowStore struct {
-	s     *memstore.Store
-	delay time.Duration
-}
-
-func (o *a23SlowStore) Apply(ctx context.Context, ev stock.Event) error { return o.s.Apply(ctx, ev) }
-func (o *a23SlowStore) Remaining(ctx context.Context, sku string) (int64, error) {
-	time.Sleep(o.delay)
-	return o.s.Remaining(ctx, sku)
-}
-func (o *a23SlowStore) Records(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
-	time.Sleep(o.delay)
-	return o.s.Records(ctx, sku, ids)
-}
-
 // ErrFailover "is returned by Deduct, Hold and DeductMany while a FailoverGuard has seen the Redis
 // primaries change and no reconcile pass has run since"; the guard fences "until a repairing
 // Reconciler pass over all items completes, in this process or any other one". README: "Any
@@ -1168,7 +1152,7 @@ func TestAttack23FenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
 			st := memstore.New()
 			require.NoError(t, r1.Load(ctx, "fence:x", 100))
 			require.NoError(t, st.Load(ctx, "fence:x", 100))
-			stop := a23Run(t, r2, stock.RunOptions{Store: &a23SlowStore{s: st, delay: 500 * time.Millisecond},
+			stop := a23Run(t, r2, stock.RunOptions{Store: &onlyStore{s: st, delay: 500 * time.Millisecond},
 				GuardInterval: time.Millisecond, Drain: time.Millisecond}, 30*time.Second)
 			fenced := false
 			for i := 0; i < 200 && !fenced; i++ {
