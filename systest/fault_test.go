@@ -755,6 +755,14 @@ func (c *faultClientState) settle(o *faultOrder, call func(ctx context.Context) 
 		rc, err := call(ctx)
 		f1 := h.fence.Load()
 		o.callFenced = f0 == f1 && f0&3 == 1
+		if o.callFenced && err == nil {
+			// A fenced Reserver's requests check its guard too (at most once a second), and
+			// lift the fence once a complete pass has recorded the primaries, before this
+			// harness's next check: the take was made while fenced only if a check now still
+			// fences.
+			h.checkGuard(ctx)
+			o.callFenced = h.fence.Load()&1 == 1
+		}
 		cancel()
 		h.ops.Add(1)
 		if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
@@ -1551,8 +1559,8 @@ func (h *faultHarness) guardLoop(ctx context.Context) {
 	}
 }
 
-// checkGuard runs one check of the guard. Only checks raise or lift the guard's fence, and
-// they all run here, one at a time; h.fence tells what they did: the number of checks started,
+// checkGuard runs one check of the guard. The harness's checks all run here, one at a time
+// (the Reserver's own requests may check and lift the fence too: see settle); h.fence tells what they did: the number of checks started,
 // whether one is running, and whether the last one left the Reserver fenced. A call during
 // which h.fence read the same before and after, fenced and no check running, was made while
 // the Reserver was fenced from beginning to end: a deduct or hold must have been refused with
