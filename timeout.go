@@ -75,7 +75,7 @@ func (c boundedClient) Nodes() map[string]rueidis.Client {
 	nodes := c.Client.Nodes()
 	out := make(map[string]rueidis.Client, len(nodes))
 	for addr, n := range nodes {
-		out[addr] = bounded(n, c.timeout)
+		out[addr] = boundedClient{Client: n, timeout: c.timeout, fn: c.fn} // one functions state per Reserver
 	}
 	return out
 }
