@@ -53,8 +53,14 @@ func aiNew(t *testing.T, flow bool, opts ...stock.Option) *aiEnv {
 				select {
 				case <-e.ticker:
 					return
-				case now := <-tk.C:
-					e.advance(now.Sub(last))
+				case <-tk.C:
+					// A tick's value is its scheduled time, which can be
+					// before last when this goroutine started late: read
+					// the clock instead.
+					now := time.Now()
+					if d := now.Sub(last); d > 0 {
+						e.advance(d)
+					}
 					last = now
 				}
 			}
