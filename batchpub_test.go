@@ -15,6 +15,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // batchRecorder is a BatchPublisher that records every call and every event it accepted, in
@@ -69,7 +70,7 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 100))
 		pub := &batchRecorder{}
-		rl, err := r.NewRelay(nil, pub, &stock.RelayOptions{Batch: 16})
+		rl, err := stockops.NewRelay(r, nil, pub, &stock.RelayOptions{Batch: 16})
 		require.NoError(t, err)
 		for i := range 40 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
@@ -114,7 +115,7 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 			}
 			return false
 		}}
-		rl, err := r.NewRelay(store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
+		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 		require.NoError(t, err)
 		for i := range 6 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
@@ -155,7 +156,7 @@ func TestRelayBatchPublisherWrongLength(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		short := true
 		bad := &shortBatch{batchRecorder: &batchRecorder{}, short: &short}
-		rl, err := r.NewRelay(nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
+		rl, err := stockops.NewRelay(r, nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 		require.NoError(t, err)
 		for i := range 3 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})

@@ -62,13 +62,13 @@ func (e *CartError) Unwrap() error { return e.Err }
 //     confirmed, else a *CartError wrapping ErrExpired or ErrRestored for the first line whose
 //     hold expired or was cancelled (still giving nothing back);
 //   - undone: a retry gives back whatever is left and answers the *CartError that undid the cart
-//     (ErrRestored when RecoverCarts undid it).
+//     (ErrRestored when cart recovery undid it).
 //
 // The same id with other lines, another kind or another user is ErrConflict and changes
 // nothing: one user's cart id can never reach another user's cart. The undo gives back only
 // entries that are the cart's own line (same kind, quantity and user) and tombstones the lines
 // not taken, so a slow copy of the saga cannot take them later. Carts whose process died
-// mid-saga and that nobody retries are undone by RecoverCarts.
+// mid-saga and that nobody retries are undone by cart recovery (Reserver.Run, or stockops.RecoverCarts).
 //
 // With WithGroups, a cart whose items are all in one group is taken by one script instead,
 // atomically and with no cart log: every line or nothing. Its refusal changes nothing and, as
@@ -243,7 +243,7 @@ func cause(sku string, err error) string {
 }
 
 // causeErr is the error every copy of an undone cart answers: the refusal recorded by the
-// attempt that undid it, or ErrRestored for a cart undone by RecoverCarts.
+// attempt that undid it, or ErrRestored for a cart undone by cart recovery.
 func causeErr(id, why string) error {
 	c, sku, ok := protocol.ParseCause(why)
 	if !ok || c <= protocol.Replay || c >= int64(len(codeErrs)) || codeErrs[c] == nil {
@@ -297,7 +297,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 		out.Items = append(out.Items, rc)
 	}
 	// With WithReplicaAck the done mark waits for the replicas too: a failover that lost it
-	// would leave the cart pending, and RecoverCarts would undo it.
+	// would leave the cart pending, and cart recovery would undo it.
 	code, why, ackErr, err := r.cartOpAck(ctx, "done", c.ID, "")
 	if err != nil {
 		return out, fmt.Errorf("stock: cart %s: %w", c.ID, err)
@@ -373,7 +373,7 @@ func (r *Reserver) undoCart(ctx context.Context, kind string, c Cart, lines []Li
 }
 
 // undoCartMoved is undoCart; moved reports whether this call is the one that recorded the cart
-// as undone (RecoverCarts counts those only).
+// as undone (cart recovery counts those only).
 func (r *Reserver) undoCartMoved(ctx context.Context, kind string, c Cart, lines []Line, ttlMs int64, why string, failed error) (out CartReceipt, moved bool, err error) {
 	id, user := c.ID, c.User
 	out = CartReceipt{ID: id}
@@ -409,13 +409,8 @@ func (r *Reserver) undoCartMoved(ctx context.Context, kind string, c Cart, lines
 	return out, moved, failed
 }
 
-// RecoverCarts undoes the carts whose saga started more than olderThan ago and never ended
-// (the process died, and nobody retried the cart id), and finishes undos that a crash cut short:
-// their items are given back, and a late retry of such a cart returns ErrRestored. It returns the
-// number of carts this call undid (a cart undone by a concurrent call or a retry is not
-// counted, so concurrent calls add up to the carts undone). Run it periodically with olderThan well above the longest checkout
-// call.
-func (r *Reserver) RecoverCarts(ctx context.Context, olderThan time.Duration) (int, error) {
+// recoverCarts is stockops.RecoverCarts.
+func (r *Reserver) recoverCarts(ctx context.Context, olderThan time.Duration) (int, error) {
 	keys := r.cartKeys()
 	cutoff := r.opts.now().Add(-olderThan).UnixMilli()
 	ids, err := r.client.Do(ctx, r.client.B().Zrangebyscore().Key(keys[1]).Min("-inf").

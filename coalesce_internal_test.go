@@ -65,7 +65,7 @@ func TestCoalescedBatchEqualsOneByOne(t *testing.T) {
 			assert.Equal(t, la, lb)
 			ledger := func(sku string) map[string]string {
 				m := map[string]string{}
-				for e, err := range r.Entries(ctx, sku) {
+				for e, err := range r.entries(ctx, sku) {
 					require.NoError(t, err)
 					e.SKU, e.At = "", time.Time{} // one call's TIME against many
 					m[e.ID] = fmt.Sprintf("%+v", e)

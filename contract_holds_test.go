@@ -15,6 +15,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 )
 
 // Regression tests for the contract holes of holds, the item lifecycle and the sold-out fast
@@ -65,7 +66,7 @@ func TestFastPathTombstoneOwnWrite(t *testing.T) {
 			}
 			assert.Zero(t, wrong, "%d of %d deducts of a tombstoned id were not refused as restored", wrong, tries)
 			if b.Real() {
-				assert.Positive(t, r.SoldOutAnswers(), "the fast path answered new ids")
+				assert.Positive(t, stockops.SoldOutAnswers(r), "the fast path answered new ids")
 			}
 		})
 	}
@@ -155,7 +156,7 @@ func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, stock.StateExpired, e.State)
 
-		_, err = r.Sweep(ctx, "H")
+		_, err = stockops.Sweep(ctx, r, "H")
 		require.NoError(t, err)
 		assert.Equal(t, stock.Levels{Available: 1000, Loaded: 1000}, levels(t, r, "H"))
 		for id, e := range ledger(t, r, "H") {
@@ -304,7 +305,7 @@ func TestCorruptEntryAmongDueHolds(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 5, Held: 5, Loaded: 10}, before)
 
 		calls := map[string]func() error{
-			"sweep": func() error { _, err := r.Sweep(ctx, "X"); return err },
+			"sweep": func() error { _, err := stockops.Sweep(ctx, r, "X"); return err },
 			"deduct": func() error {
 				_, err := r.Deduct(ctx, stock.Request{SKU: "X", ID: "d", Qty: 1})
 				return err
@@ -432,7 +433,7 @@ func TestFastPathConcurrentRepeats(t *testing.T) {
 			<-done
 			assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays; first: %s", wrong, took, first)
 			assert.Equal(t, stock.Levels{Available: units - int64(took-gave), Sold: int64(took - gave), Loaded: units}, levels(t, r, "C"))
-			t.Logf("%s: %d deducts acknowledged, %d restored, %d answered in-process", b.Name, took, gave, r.SoldOutAnswers())
+			t.Logf("%s: %d deducts acknowledged, %d restored, %d answered in-process", b.Name, took, gave, stockops.SoldOutAnswers(r))
 		})
 	}
 }
@@ -456,7 +457,7 @@ func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key(k).FieldValue().FieldValue("bob", "two").Build()).Error())
 		redistest.Sleep(c, 300*time.Millisecond)
 		before := levels(t, r, "U")
-		_, err := r.Sweep(ctx, "U")
+		_, err := stockops.Sweep(ctx, r, "U")
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "corrupt units of user bob")
 		assert.Equal(t, before, levels(t, r, "U"), "nothing released")

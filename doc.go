@@ -56,7 +56,7 @@
 //     sentinels, leaves the outcome unknown: the script may have run. Retry with the same id
 //     and Request.Retry set; the retry is a replay if it did, and a refusal of the retry is
 //     recorded so that the first attempt, should it arrive later, is refused too.
-//   - A FailoverGuard notices a restarted or replaced primary only when it checks, and
+//   - A failover guard notices a restarted or replaced primary only when it checks, and
 //     WithReplicaAck bounds, but does not remove, what a failover can lose.
 //   - Idempotency lasts as long as the ledger entry: entries are kept in Redis until trimmed.
 //   - A Store refusal is found after the deduct succeeded: the buyer was told yes, and is told
@@ -68,6 +68,6 @@
 //     the ledger has; after a write of a Reserver has returned, that Reserver's answers never
 //     predate the write.
 //
-// The Reserver, Relay, Reconciler and their methods are safe for concurrent use. Nothing here
+// A Reserver is safe for concurrent use. Nothing here
 // starts a goroutine but Reserver.Run, which the caller runs and owns.
 package stock

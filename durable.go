@@ -78,7 +78,7 @@ type Event struct {
 //   - Remaining never goes below zero.
 //
 // An error wrapping ErrInvalid says the event can never be applied: the Relay moves it to the
-// item's dead-letter set and reports it (RelayStats.DeadLettered, Report.DeadLetters). Any
+// item's dead-letter set and reports it (stockops.RelayStats.DeadLettered, stockops.Report.DeadLetters). Any
 // other error is taken as temporary: the event, and the item's later events, are retried with
 // backoff.
 type Store interface {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 )
 
 // corruptReplies is a client whose script calls run in Redis but answer reply instead, as a
@@ -122,7 +123,7 @@ func TestFailoverAndNotReplicatedObserved(t *testing.T) {
 
 	// Items but no recorded epoch: the guard fences; Deduct sends nothing.
 	r := newReserver(t, srv.Client(t), stock.WithObserver(obs))
-	fenced, err := r.NewFailoverGuard().Check(ctx)
+	fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
 	require.NoError(t, err)
 	require.True(t, fenced)
 	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // The quickstart: preheat an item, take stock for two orders, replay one, sell out.
@@ -85,24 +86,33 @@ func ExampleReserver_Restore() {
 	// stock: request id already restored
 }
 
-// A Relay drains the outbox into the database of record; here an in-memory Store.
-func ExampleRelay() {
+// Run delivers every sale to the database of record (here an in-memory Store), checks Redis
+// against it and releases due holds, in the background: one goroutine serves a service.
+func ExampleReserver_Run() {
 	r, _, stop := exampleReserver()
 	defer stop()
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
 	db := memstore.New() // in production: a Store on your PostgreSQL or MySQL database
 	_ = db.Load(ctx, "ticket", 10)
 	_ = r.Load(ctx, "ticket", 10)
+	done := make(chan error)
+	go func() { done <- r.Run(ctx, stock.RunOptions{Store: db}) }()
 
 	for i := range 4 {
 		_, _ = r.Deduct(ctx, stock.Request{SKU: "ticket", ID: fmt.Sprint("o", i), Qty: 1})
 	}
-	relay, _ := r.NewRelay(db, nil, nil)
-	st, _ := relay.Once(ctx) // or go relay.Run(ctx)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if left, _ := db.Remaining(ctx, "ticket"); left == 6 {
+			break
+		}
+	}
 	left, _ := db.Remaining(ctx, "ticket")
-	fmt.Println("delivered", st.Delivered, "database has", left)
+	fmt.Println("database has", left)
+	cancel()
+	fmt.Println(<-done) // ctx's error, once the relay delivered what was due
 	// Output:
-	// delivered 4 database has 6
+	// database has 6
+	// context canceled
 }
 
 // exampleReserver starts a miniredis and returns a Reserver on it, the server, and a function
@@ -179,34 +189,6 @@ func ExampleReserver_DeductMany() {
 	// shirt 2 left 3
 }
 
-// A Reconciler compares Redis with the database of record and repairs what drifted, here an
-// item whose keys were lost (a Redis restart without persistence).
-func ExampleReconciler() {
-	r, mr, stop := exampleReserver()
-	defer stop()
-	ctx := context.Background()
-	db := memstore.New()
-	_ = db.Load(ctx, "ticket", 10)
-	_ = r.Load(ctx, "ticket", 10)
-	_, _ = r.Deduct(ctx, stock.Request{SKU: "ticket", ID: "o1", Qty: 3})
-	relay, _ := r.NewRelay(db, nil, nil)
-	_, _ = relay.Once(ctx)
-
-	mr.Del("stock:{ticket}") // the item's counters are gone
-	_, err := r.Levels(ctx, "ticket")
-	fmt.Println(err)
-
-	rec, _ := r.NewReconciler(db, nil) // &stock.ReconcileOptions{DryRun: true} only reports
-	reports, _ := rec.Once(ctx)        // Reserver.Run makes a pass every 5 minutes
-	fmt.Println(reports[0].Rebuilt)
-	lv, _ := r.Levels(ctx, "ticket")
-	fmt.Println("available", lv.Available)
-	// Output:
-	// stock: item not loaded: ticket
-	// true
-	// available 7
-}
-
 // The sold-out fast path is on by default: once Redis has answered "sold out" for an item, new
 // requests for it are refused in-process until Redis says the item changed. It needs a client
 // with client-side caching; on miniredis (DisableCache) every request goes to Redis.
@@ -220,7 +202,7 @@ func ExampleWithSoldOutCache() {
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "sneaker", ID: id, Qty: 1})
 		fmt.Println(id, err, rc.Replayed) // o1 is a replay, never "sold out"
 	}
-	fmt.Println("answered in-process:", r.SoldOutAnswers())
+	fmt.Println("answered in-process:", stockops.SoldOutAnswers(r))
 	// Output:
 	// o2 stock: sold out false
 	// o3 stock: sold out false

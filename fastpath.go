@@ -148,9 +148,8 @@ func (it *soldOutItem) renew(so *soldOut, c rueidis.Client, filter bool) {
 	}
 }
 
-// SoldOutAnswers returns how many requests this Reserver answered ErrSoldOut in-process, without
-// a round trip to Redis (see WithSoldOutCache).
-func (r *Reserver) SoldOutAnswers() int64 {
+// soldOutAnswers is stockops.SoldOutAnswers.
+func (r *Reserver) soldOutAnswers() int64 {
 	if r.soldOut == nil {
 		return 0
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 )
 
 // commandCalls returns how many times a standalone server has run the named commands.
@@ -76,9 +77,9 @@ func TestSoldOutFastPath(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrSoldOut)
 			}
 			if b.Real() {
-				assert.Equal(t, int64(400), r.SoldOutAnswers(), "every new request answered in-process")
+				assert.Equal(t, int64(400), stockops.SoldOutAnswers(r), "every new request answered in-process")
 			} else {
-				assert.Zero(t, r.SoldOutAnswers(), "miniredis does not track: every request goes to Redis")
+				assert.Zero(t, stockops.SoldOutAnswers(r), "miniredis does not track: every request goes to Redis")
 			}
 			if scripts >= 0 {
 				assert.Equal(t, scripts, commandCalls(t, c, "evalsha", "eval", "fcall"), "no script ran for sold-out requests")
@@ -87,7 +88,7 @@ func TestSoldOutFastPath(t *testing.T) {
 			}
 
 			// Ids the ledger has are answered by Redis, as the script answers them.
-			answered := r.SoldOutAnswers()
+			answered := stockops.SoldOutAnswers(r)
 			for i := range 5 {
 				rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
 				require.NoError(t, err, "a repeat of a successful id is a replay, never sold out")
@@ -97,7 +98,7 @@ func TestSoldOutFastPath(t *testing.T) {
 			require.ErrorIs(t, err, stock.ErrRestored)
 			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true})
 			require.ErrorIs(t, err, stock.ErrSoldOut)
-			assert.Equal(t, answered, r.SoldOutAnswers(), "ids the ledger has and retries go to Redis")
+			assert.Equal(t, answered, stockops.SoldOutAnswers(r), "ids the ledger has and retries go to Redis")
 			e, err := r.Ledger(ctx, "A", "late")
 			require.NoError(t, err, "a retry's refusal is recorded by the script")
 			assert.Equal(t, stock.KindTombstone, e.Kind)
@@ -134,7 +135,7 @@ func TestSoldOutFastPath(t *testing.T) {
 			assert.Zero(t, rc.Remaining)
 			l := levels(t, r, "A")
 			assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 6, Loaded: 6}, l)
-			assert.Equal(t, r.SoldOutAnswers(), local.Load(), "observations of the answers given in-process")
+			assert.Equal(t, stockops.SoldOutAnswers(r), local.Load(), "observations of the answers given in-process")
 		})
 	}
 }
@@ -194,9 +195,9 @@ func TestSoldOutWindow(t *testing.T) {
 			}
 			slices.Sort(windows)
 			t.Logf("%s: window after a restore in another process over %d rounds: p50 %v, p99 %v, max %v; %d requests answered in-process",
-				b.Name, rounds, windows[rounds/2], windows[rounds*99/100], windows[rounds-1], r.SoldOutAnswers())
+				b.Name, rounds, windows[rounds/2], windows[rounds*99/100], windows[rounds-1], stockops.SoldOutAnswers(r))
 			if b.Real() {
-				assert.GreaterOrEqual(t, r.SoldOutAnswers(), int64(rounds), "the fast path answered")
+				assert.GreaterOrEqual(t, stockops.SoldOutAnswers(r), int64(rounds), "the fast path answered")
 			}
 		})
 	}
@@ -280,14 +281,14 @@ func TestSoldOutRace(t *testing.T) {
 			l := levels(t, r, "R")
 			assert.Equal(t, stock.Levels{Available: 0, Sold: loaded + restocked, Loaded: loaded + restocked}, l)
 			states := map[stock.State]int{}
-			for e, err := range r.Entries(ctx, "R") {
+			for e, err := range stockops.Entries(ctx, r, "R") {
 				require.NoError(t, err)
 				if e.Kind == stock.KindDeduct {
 					states[e.State]++
 				}
 			}
 			assert.Equal(t, map[stock.State]int{stock.StateReserved: loaded + restocked, stock.StateRestored: restored}, states)
-			t.Logf("%s: %d requests answered in-process", b.Name, r.SoldOutAnswers())
+			t.Logf("%s: %d requests answered in-process", b.Name, stockops.SoldOutAnswers(r))
 		})
 	}
 }
@@ -343,7 +344,7 @@ func TestSoldOutFilterBuild(t *testing.T) {
 			t.Logf("%s: filter of %d ids built by %d refusals after the first", b.Name, units+1, steps+1)
 
 			// Every id the ledger has is answered by Redis: replays, and the restored one.
-			before := r.SoldOutAnswers()
+			before := stockops.SoldOutAnswers(r)
 			for i := 1; i < units; i++ {
 				rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
 				require.NoError(t, err, "d%d", i)
@@ -354,13 +355,13 @@ func TestSoldOutFilterBuild(t *testing.T) {
 			require.True(t, rc.Replayed, "an id taken while the filter was built")
 			_, err = r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1})
 			require.ErrorIs(t, err, stock.ErrRestored)
-			assert.Equal(t, before, r.SoldOutAnswers())
+			assert.Equal(t, before, stockops.SoldOutAnswers(r))
 			for i := range 100 {
 				_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1})
 				require.ErrorIs(t, err, stock.ErrSoldOut)
 			}
 			if b.Real() {
-				assert.Greater(t, r.SoldOutAnswers(), before+90, "new ids answered in-process (a few filter false positives go to Redis)")
+				assert.Greater(t, stockops.SoldOutAnswers(r), before+90, "new ids answered in-process (a few filter false positives go to Redis)")
 			}
 		})
 	}
@@ -388,7 +389,7 @@ func TestSoldOutFastPathClockBehind(t *testing.T) {
 				rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1})
 				require.NoError(t, err, "the hold is due on Redis's clock: the script releases it and takes the unit")
 				assert.Zero(t, rc.Remaining)
-				assert.Zero(t, r.SoldOutAnswers())
+				assert.Zero(t, stockops.SoldOutAnswers(r))
 			})
 		}
 	}

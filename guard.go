@@ -13,46 +13,29 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// ErrFailover is returned by Deduct, Hold and DeductMany while a FailoverGuard has seen the
+// ErrFailover is returned by Deduct, Hold and DeductMany while a failover guard (see stockops.FailoverGuard) has seen the
 // Redis primaries change (a restart or a promoted replica) and no reconcile pass has run since:
 // Redis may have lost acknowledged writes, and selling on it before the reconciler compared it
 // with the Store could sell stock that is gone. Restores, confirms and the relay still work.
 var ErrFailover = errors.New("stock: Redis primary changed; waiting for a reconcile pass")
 
-// A FailoverGuard notices that a Redis primary restarted (its run id changed) or was replaced
-// (its replication id changed), and then fences the Reserver: new deducts and holds are refused
-// with ErrFailover until a repairing Reconciler pass over all items completes, in this process
-// or any other one (stockctl reconcile -apply included). The primaries' identities last
-// reconciled are kept in Redis ("<prefix>:epoch"), so every process sharing the Redis agrees.
-// Create it with Reserver.NewFailoverGuard and call Check (or Run) regularly; the fence comes
-// only as promptly as the checks. Once fenced, the Reserver's refused requests check the guard
-// too, at most once a second, so a pass in another process lifts the fence even when nothing
-// calls Check any more (a Run that ended). Safe for concurrent use.
-type FailoverGuard struct {
+// failoverGuard is stockops.FailoverGuard, documented there; Reserver.Run runs one.
+type failoverGuard struct {
 	r    *Reserver
 	mu   sync.Mutex
 	seen string // the primaries this guard saw at its last check ("" before the first)
 }
 
-// NewFailoverGuard returns a guard for r. Every complete repairing Reconciler pass over every
-// item records that the current primaries are reconciled, whether its Reserver has a guard or
-// not (another process, the stockctl CLI); a guard makes r's passes fail when they cannot. A
-// pass of r's own that records them checks r's latest guard at once, which lifts r's fence
-// without waiting for the guard's next check.
-func (r *Reserver) NewFailoverGuard() *FailoverGuard {
+// newFailoverGuard is stockops.NewFailoverGuard.
+func (r *Reserver) newFailoverGuard() *failoverGuard {
 	r.guarded.Store(true)
-	g := &FailoverGuard{r: r}
+	g := &failoverGuard{r: r}
 	r.guard.Store(g)
 	return g
 }
 
-// Check reads the primaries' identities and fences or unfences the Reserver. It reports whether
-// the Reserver is fenced. A Redis with no recorded epoch is a new deployment only when no item
-// is loaded and this guard saw no other primaries before: then Check records the current
-// primaries as reconciled. Otherwise (a guard added to a live deployment, or the epoch lost with
-// the data in a restart without persistence) nothing tells which writes were lost, so it fences
-// until a complete repairing Reconciler pass records the primaries.
-func (g *FailoverGuard) Check(ctx context.Context) (fenced bool, err error) {
+// Check is stockops.FailoverGuard.Check.
+func (g *failoverGuard) Check(ctx context.Context) (fenced bool, err error) {
 	// One check at a time: a check that read the epoch before a pass recorded it must not fence
 	// after a later check lifted the fence.
 	g.mu.Lock()
@@ -101,14 +84,14 @@ func (g *FailoverGuard) Check(ctx context.Context) (fenced bool, err error) {
 	return false, nil
 }
 
-func (g *FailoverGuard) fence(ctx context.Context, why string) {
+func (g *failoverGuard) fence(ctx context.Context, why string) {
 	if !g.r.fenced.Swap(true) {
 		g.r.opts.logger.WarnContext(ctx, "stock: failover fence: deducts and holds refused until a reconcile pass", "why", why)
 	}
 }
 
-// Run calls Check every interval until ctx is done and returns ctx's error.
-func (g *FailoverGuard) Run(ctx context.Context, interval time.Duration) error {
+// Run is stockops.FailoverGuard.Run.
+func (g *failoverGuard) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		return invalid("guard interval %v", interval)
 	}

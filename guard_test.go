@@ -10,6 +10,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // TestFailoverGuard: a restarted primary fences deducts until a reconcile pass, in this
@@ -22,7 +23,7 @@ func TestFailoverGuard(t *testing.T) {
 	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 	r := newReserver(t, srv.Client(t))
 	other := newReserver(t, srv.Client(t))
-	g, g2 := r.NewFailoverGuard(), other.NewFailoverGuard()
+	g, g2 := stockops.NewFailoverGuard(r), stockops.NewFailoverGuard(other)
 	fenced, err := g.Check(ctx)
 	require.NoError(t, err)
 	require.False(t, fenced, "a new deployment records its baseline")
@@ -49,7 +50,7 @@ func TestFailoverGuard(t *testing.T) {
 	_, err = r.Restore(ctx, "A", "o1")
 	require.NoError(t, err, "restores still work while fenced")
 
-	rec, err := r.NewReconciler(store, nil)
+	rec, err := stockops.NewReconciler(r, store, nil)
 	require.NoError(t, err)
 	_, err = rec.Once(ctx)
 	require.NoError(t, err)

@@ -23,7 +23,7 @@ func checkTTL(ttl time.Duration) error {
 
 // Hold takes req.Qty units like Deduct, but as held until now + ttl (by the Redis clock): the
 // try of a try-confirm-cancel checkout. Confirm makes it final and only then queues it for the
-// Store; Cancel gives it back; a hold past its deadline is released by Sweep, and also by the
+// Store; Cancel gives it back; a hold past its deadline is released by Reserver.Run's sweeper, and also by the
 // item's next Deduct, Hold, Confirm or Extend (at most 64 holds per call, and always the hold
 // the call's own id names), so expiry is prompt even with no sweeper. A Deduct or Hold that
 // would otherwise be refused for stock or for the per-user limit first releases up to 10,000
@@ -118,14 +118,8 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 // Redis for long.
 const sweepBatch = 256
 
-// Sweep releases the holds past their deadline of the given items, or of every item in the
-// registry when none is given, in bounded steps, and returns the units released. Holds index
-// their deadlines per item, so a sweep looks only at expired holds. An item that fails does not
-// stop the others: the errors of all items are joined. A corrupt ledger entry is an error that
-// names its id, and that step releases nothing (the scripts check everything they read before
-// their first write). Run sweeps every second; Deduct and Hold also release due holds of the
-// item they touch.
-func (r *Reserver) Sweep(ctx context.Context, skus ...string) (int64, error) {
+// sweepItems is stockops.Sweep.
+func (r *Reserver) sweepItems(ctx context.Context, skus ...string) (int64, error) {
 	for _, sku := range skus {
 		if err := checkName("sku", sku); err != nil {
 			return 0, err
@@ -149,7 +143,7 @@ func (r *Reserver) Sweep(ctx context.Context, skus ...string) (int64, error) {
 		}
 		return total, errors.Join(errs...)
 	}
-	for sku, err := range r.Items(ctx) {
+	for sku, err := range r.items(ctx) {
 		if err != nil {
 			return total, errors.Join(append(errs, err)...)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 func TestHoldConfirm(t *testing.T) {
@@ -156,17 +157,17 @@ func TestSweep(t *testing.T) {
 				require.NoError(t, err)
 			}
 		}
-		n, err := r.Sweep(ctx)
+		n, err := stockops.Sweep(ctx, r)
 		require.NoError(t, err)
 		assert.Zero(t, n, "nothing is due yet")
 		redistest.Sleep(c, 3100*time.Millisecond)
-		n, err = r.Sweep(ctx)
+		n, err = stockops.Sweep(ctx, r)
 		require.NoError(t, err)
 		assert.Equal(t, int64(600), n)
 		for _, sku := range []string{"A", "B"} {
 			assert.Equal(t, stock.Levels{Available: 1000, Loaded: 1000}, levels(t, r, sku))
 		}
-		rl, err := r.NewRelay(nil, pub, nil)
+		rl, err := stockops.NewRelay(r, nil, pub, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		assert.Equal(t, 600, pub.count(stock.EventHeld))
@@ -202,11 +203,11 @@ func TestHoldRace(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			wg.Go(func() { _, _ = r.Sweep(ctx, "A") })
+			wg.Go(func() { _, _ = stockops.Sweep(ctx, r, "A") })
 		}
 		wg.Wait()
 		redistest.Sleep(c, 30*time.Millisecond)
-		_, err := r.Sweep(ctx, "A")
+		_, err := stockops.Sweep(ctx, r, "A")
 		require.NoError(t, err)
 		l, entries := checkLedger(t, r, "A", 100)
 		var sold, back int64
@@ -278,13 +279,13 @@ func TestHoldConcurrent(t *testing.T) {
 		close(stop)
 		watch.Wait()
 		redistest.Sleep(c, 50*time.Millisecond)
-		_, err := r.Sweep(ctx, "A")
+		_, err := stockops.Sweep(ctx, r, "A")
 		require.NoError(t, err)
 		l, _ := checkLedger(t, r, "A", 100)
 		assert.Zero(t, l.Held)
 		assert.Equal(t, confirmed.Load(), l.Sold)
 		assert.Positive(t, checks.Load())
-		rl, err := r.NewRelay(store, nil, nil)
+		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		rem, _ := store.Remaining(ctx, "A")

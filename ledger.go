@@ -97,11 +97,8 @@ func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
 	return parseEntry(sku, id, s)
 }
 
-// Entries iterates over an item's ledger in no particular order, with HSCAN in pages of about
-// 256 entries, so a ledger of millions of entries never blocks Redis. An entry changed during
-// the scan may be seen in either state; an entry added during the scan may be missed. Iteration
-// stops at the first error, which is yielded with a zero Entry.
-func (r *Reserver) Entries(ctx context.Context, sku string) iter.Seq2[Entry, error] {
+// entries is stockops.Entries.
+func (r *Reserver) entries(ctx context.Context, sku string) iter.Seq2[Entry, error] {
 	return func(yield func(Entry, error) bool) {
 		if err := checkName("sku", sku); err != nil {
 			yield(Entry{}, err)

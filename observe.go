@@ -144,7 +144,7 @@ func (r *Reserver) observeCart(ctx context.Context, op string, c Cart, f func(co
 
 // observeBatch reports one relay batch of an item: its events delivered, the wait of the
 // oldest of them, and "error" when the batch stopped at a failure.
-func (rl *Relay) observeBatch(ctx context.Context, sku string, start time.Time, cs []claimed, st RelayStats, err error) {
+func (rl *relay) observeBatch(ctx context.Context, sku string, start time.Time, cs []claimed, st relayStats, err error) {
 	var oldest time.Time
 	for _, c := range cs[:min(len(cs), st.Delivered+st.Orphaned)] {
 		if c.ok && (oldest.IsZero() || c.ev.At.Before(oldest)) {

@@ -14,6 +14,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 func TestObserver(t *testing.T) {
@@ -44,10 +45,10 @@ func TestObserver(t *testing.T) {
 	_, _ = r.Restore(ctx, "A", "o1")
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
-	rl, err := r.NewRelay(store, nil, nil)
+	rl, err := stockops.NewRelay(r, store, nil, nil)
 	require.NoError(t, err)
 	drain(t, rl)
-	rec, err := r.NewReconciler(store, nil)
+	rec, err := stockops.NewReconciler(r, store, nil)
 	require.NoError(t, err)
 	_, err = rec.Once(ctx)
 	require.NoError(t, err)
@@ -118,11 +119,11 @@ func TestStartObserver(t *testing.T) {
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
 	require.NoError(t, store.Load(ctx, "B", 2))
-	relay, err := r.NewRelay(store, nil, nil)
+	relay, err := stockops.NewRelay(r, store, nil, nil)
 	require.NoError(t, err)
 	_, err = relay.Once(ctx)
 	require.NoError(t, err)
-	rc, err := r.NewReconciler(store, &stock.ReconcileOptions{DryRun: true})
+	rc, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{DryRun: true})
 	require.NoError(t, err)
 	_, err = rc.Once(ctx)
 	require.NoError(t, err)

@@ -53,7 +53,7 @@ func WithPrefix(p string) Option {
 }
 
 // WithClock sets the clock of the cutoffs the Reserver computes in the process and compares with
-// the times the scripts record from Redis's TIME: the age of carts (RecoverCarts) and the
+// the times the scripts record from Redis's TIME: the age of carts (cart recovery) and the
 // reconciler's Retention. (Hold deadlines are judged on Redis's own clock, read with TIME.) Tests
 // whose Redis runs on a clock of their own pass the same clock (stocktest does). The default is
 // time.Now.

@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/stockres/stock/internal/ops"
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// ReconcileOptions configures a Reconciler. A zero field takes its default; nil options take
+// ReconcileOptions configures a reconciler (Reserver.Run's, or stockops.NewReconciler's). A zero field takes its default; nil options take
 // every default.
 type ReconcileOptions struct {
 	// Items limits the reconciler to these items. The default is the registry (and the
@@ -29,14 +29,14 @@ type ReconcileOptions struct {
 	// lasts this long in Redis; after it, a retried deduct is refused by the Store's unique
 	// (sku, id) instead. The default is 24h; a negative Retention never trims.
 	Retention time.Duration
-	// Interval is the time between the passes of Run (Reconciler.Run, and Reserver.Run's
+	// Interval is the time between the passes of Run (stockops.Reconciler.Run, and Reserver.Run's
 	// reconciler). The default is 5 minutes. A negative Interval turns Reserver.Run's passes off
-	// (another process reconciles); Reconciler.Run refuses it.
+	// (another process reconciles); stockops.Reconciler.Run refuses it.
 	Interval time.Duration
 }
 
 // apply checks o and sets its fields, or their defaults, on rc.
-func (o *ReconcileOptions) apply(rc *Reconciler) error {
+func (o *ReconcileOptions) apply(rc *reconciler) error {
 	rc.retention, rc.interval = 24*time.Hour, 5*time.Minute
 	if o == nil {
 		return nil
@@ -65,23 +65,8 @@ func (o *ReconcileOptions) apply(rc *Reconciler) error {
 	return nil
 }
 
-// A Reconciler compares each item in Redis (available + held, and the events Redis has not seen
-// applied: pending in its outbox, published to a queue and not yet applied through Consume, or
-// set aside as dead letters) with the Store (remaining, and what it recorded of those events),
-// reports drift, lost keys, lost ledger entries and lost events, and repairs them. Events still
-// in flight are not drift, on either path: a pass while a queue's consumers are down adds no
-// stock for the sales waiting in the queue.
-//
-// Repairs are safe under live traffic: while it looks at an item the reconciler holds the item's
-// relay lease, so no relay delivers and Consume holds the item's events back, and it reads the
-// Store after Redis, until two reads of the Store's records agree, so that both describe the
-// same events; Redis may change, and so every repair is made by a script that adjusts by a
-// delta or writes only what is missing, never by overwriting a value computed before a
-// concurrent change. An item with undelivered events whose ledger entries are gone is not
-// repaired at all: their sales are counted nowhere but in Redis's counters.
-//
-// It is safe for concurrent use and starts no goroutines.
-type Reconciler struct {
+// reconciler is stockops.Reconciler, documented there; Reserver.Run runs one.
+type reconciler struct {
 	r         *Reserver
 	store     Store
 	dry       bool
@@ -93,132 +78,20 @@ type Reconciler struct {
 	pass      sync.Mutex // one pass of an item at a time: the item leases carry one token
 }
 
-// NewReconciler returns a reconciler of r's items against store. opts may be nil for the
-// defaults.
-func (r *Reserver) NewReconciler(store Store, opts *ReconcileOptions) (*Reconciler, error) {
+// newReconciler is stockops.NewReconciler.
+func (r *Reserver) newReconciler(store Store, opts *ReconcileOptions) (*reconciler, error) {
 	if store == nil {
 		return nil, invalid("reconciler without a store")
 	}
-	rc := &Reconciler{r: r, store: store, token: fmt.Sprintf("reconcile-%016x", rand.Uint64())}
+	rc := &reconciler{r: r, store: store, token: fmt.Sprintf("reconcile-%016x", rand.Uint64())}
 	if err := opts.apply(rc); err != nil {
 		return nil, err
 	}
 	return rc, nil
 }
 
-// Report is what one pass found and did for one item.
-type Report struct {
-	SKU string
-	// Busy is set when a relay held the item for the whole pass, or consumers kept changing the
-	// store's records of its events while the pass read them: nothing was compared.
-	Busy bool
-	// Missing is set when the item's hash was not in Redis (eviction, restart without
-	// persistence, a deleted key).
-	Missing bool
-	// Available and Held are Redis's counters (before any repair).
-	Available, Held int64
-	// StoreRemaining is the Store's remaining stock.
-	StoreRemaining int64
-	// Pending counts the events waiting in the outbox. Published counts the events a relay
-	// without a Store handed to its Publisher that no consumer has applied yet through Consume
-	// (the queue path). InFlight is the net effect, not yet in the Store, of the events Redis
-	// has not seen applied (pending, published and dead letters): units deducted in Redis and
-	// not in the Store, minus restores and restocks.
-	Pending   int
-	Published int
-	InFlight  int64
-	// Orphaned counts undelivered events (pending, published or dead letters) whose ledger
-	// entry is gone, such as after an evicted ledger key: the units they took are counted in
-	// Redis and nowhere else, so the pass repairs nothing on the item and asks for a human.
-	Orphaned int
-	// DeadLetters counts events set aside in "<prefix>:{sku}:dl" for an operator: the Store
-	// rejected them as invalid, or the relay could not build them (their ledger entry gone).
-	// They count as in flight.
-	DeadLetters int
-	// Drift is Available + Held − (StoreRemaining − InFlight): positive when Redis would sell
-	// more than the Store has.
-	Drift int64
-	// Repairs made (all zero in a dry run).
-	Rebuilt    bool  // the item hash was recreated from the Store
-	Adjusted   int64 // units added to (or, negative, taken from) Redis's available stock
-	Requeued   int   // lost outbox events queued again
-	Rerecorded int   // ledger entries the Store has and Redis lost, written back
-	Resynced   int   // sales Redis held that the Store had given back (given back in Redis too), and live holds the Store had confirmed (made final) or confirmed and given back (released)
-	Settled    int   // published events the Store has applied that Redis still counted as published (it lost a consumer's acknowledgement): settled
-	Trimmed    int   // settled ledger entries removed after the retention
-	// Retired is set when the item was delisted and its keys are removed (by this pass or an
-	// earlier one): it is not compared any more.
-	Retired bool
-	// Unregistered is set when the item was missing from Redis's registry of items (see
-	// ErrRegistryLost); a repairing pass registered it again.
-	Unregistered bool
-	// NeedsHuman says why something was left for an operator ("" if nothing). For an item the
-	// Store does not know it says so; Available, Held, Pending, DeadLetters and InFlight are then
-	// Redis's figures (every undelivered event in flight), StoreRemaining and Drift are 0, and
-	// nothing is repaired.
-	NeedsHuman string
-}
-
-// String is one readable line.
-func (rp Report) String() string {
-	if rp.Busy {
-		return fmt.Sprintf("%s: busy (a relay held it), not compared", rp.SKU)
-	}
-	if rp.Retired && rp.Trimmed == 0 {
-		return fmt.Sprintf("%s: retired", rp.SKU)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s: redis %d+%d held, store %d, in flight %d (%d pending", rp.SKU, rp.Available, rp.Held, rp.StoreRemaining, rp.InFlight, rp.Pending)
-	if rp.Published > 0 {
-		fmt.Fprintf(&b, ", %d published", rp.Published)
-	}
-	if rp.DeadLetters > 0 {
-		fmt.Fprintf(&b, ", %d dead letters", rp.DeadLetters)
-	}
-	fmt.Fprintf(&b, "), drift %d", rp.Drift)
-	if rp.Missing {
-		b.WriteString(", key missing")
-	}
-	if rp.Unregistered {
-		b.WriteString(", NOT IN THE REGISTRY (Redis lost it)")
-	}
-	var fixes []string
-	if rp.Rebuilt {
-		fixes = append(fixes, "rebuilt")
-	}
-	if rp.Adjusted != 0 {
-		fixes = append(fixes, fmt.Sprintf("adjusted %+d", rp.Adjusted))
-	}
-	if rp.Requeued > 0 {
-		fixes = append(fixes, fmt.Sprintf("requeued %d", rp.Requeued))
-	}
-	if rp.Rerecorded > 0 {
-		fixes = append(fixes, fmt.Sprintf("rerecorded %d", rp.Rerecorded))
-	}
-	if rp.Resynced > 0 {
-		fixes = append(fixes, fmt.Sprintf("resynced %d", rp.Resynced))
-	}
-	if rp.Settled > 0 {
-		fixes = append(fixes, fmt.Sprintf("settled %d published", rp.Settled))
-	}
-	if rp.Trimmed > 0 {
-		fixes = append(fixes, fmt.Sprintf("trimmed %d", rp.Trimmed))
-	}
-	if rp.Retired {
-		fixes = append(fixes, "retired")
-	}
-	if len(fixes) > 0 {
-		b.WriteString("; repaired: " + strings.Join(fixes, ", "))
-	}
-	if rp.NeedsHuman != "" {
-		b.WriteString("; NEEDS A HUMAN: " + rp.NeedsHuman)
-	}
-	return b.String()
-}
-
-// Run reconciles every interval until ctx is done, and returns ctx's error. Reports go to the
-// Reserver's logger; errors are logged and the next pass retries.
-func (rc *Reconciler) Run(ctx context.Context) error {
+// Run is stockops.Reconciler.Run.
+func (rc *reconciler) Run(ctx context.Context) error {
 	if rc.interval < 0 {
 		return invalid("reconcile interval %v: Reconciler.Run needs a positive one", rc.interval)
 	}
@@ -242,7 +115,7 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 
 // log logs the reports that found something: an error for those that need a human, a warning
 // for those with a repair.
-func (rc *Reconciler) log(ctx context.Context, reps []Report) {
+func (rc *reconciler) log(ctx context.Context, reps []report) {
 	for _, rp := range reps {
 		if rp.NeedsHuman != "" {
 			rc.r.opts.logger.ErrorContext(ctx, "stock: reconcile", "report", rp.String())
@@ -252,11 +125,8 @@ func (rc *Reconciler) log(ctx context.Context, reps []Report) {
 	}
 }
 
-// Once reconciles every item once (the registry, the Store's items the registry lost when the
-// Store is an ItemLister, or the items given by ReconcileOptions.Items) and returns one report per
-// item. It goes on after an item's error and returns the first, joined with ErrRegistryLost
-// when Redis had lost items from its registry. Pass says more, item by item.
-func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
+// Once is stockops.Reconciler.Once.
+func (rc *reconciler) Once(ctx context.Context) ([]report, error) {
 	res, err := rc.Pass(ctx)
 	return res.Reports, err
 }
@@ -264,8 +134,8 @@ func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
 // maxPending bounds the pending events a pass reads per item.
 const maxPending = 100000
 
-// Item reconciles one item.
-func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err error) {
+// Item is stockops.Reconciler.Item.
+func (rc *reconciler) Item(ctx context.Context, sku string) (rp report, err error) {
 	if o := rc.r.opts.observer; o != nil {
 		ctx = rc.r.startOp(ctx, "reconcile", sku)
 		defer func(start time.Time) {
@@ -280,7 +150,7 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 		}(time.Now())
 	}
 	if err := checkName("sku", sku); err != nil {
-		return Report{SKU: sku}, err
+		return report{SKU: sku}, err
 	}
 	rc.pass.Lock()
 	defer rc.pass.Unlock()
@@ -297,8 +167,8 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (rp Report, err erro
 // item is one pass of Item, under rc.pass: under the item's lease, its lifecycle, the store's
 // stock, the ledger (lost events, lost entries, trimming), a snapshot of Redis, the comparison
 // with the store, the repairs, and the registry and retirement.
-func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err error) {
-	rp = Report{SKU: sku}
+func (rc *reconciler) item(ctx context.Context, sku string) (rp report, err error) {
+	rp = report{SKU: sku}
 	ok, err := rc.lock(ctx, sku)
 	if err != nil {
 		rc.unlock(sku) // the SET may have run before the error: never leave our lock behind
@@ -348,7 +218,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp Report, err erro
 }
 
 // lifecycle reads whether the item was retired (rp.Retired) and when it was delisted (0: never).
-func (rc *Reconciler) lifecycle(ctx context.Context, k *protocol.Keys, rp *Report) (delisted int64, err error) {
+func (rc *reconciler) lifecycle(ctx context.Context, k *protocol.Keys, rp *report) (delisted int64, err error) {
 	life, err := rc.r.client.Do(ctx, rc.r.client.B().Hmget().Key(k.Item).Field("x", "d").Build()).ToArray()
 	if err != nil || len(life) != 2 {
 		return 0, fmt.Errorf("stock: reconcile %s: %w", rp.SKU, err)
@@ -364,7 +234,7 @@ func (rc *Reconciler) lifecycle(ctx context.Context, k *protocol.Keys, rp *Repor
 // storeRemaining reads the store's stock of the item into rp. unknown: the store does not know
 // the item; it is then compared with nothing and repaired in no way, but its report has Redis's
 // figures: the counters and what its undelivered events took.
-func (rc *Reconciler) storeRemaining(ctx context.Context, rp *Report) (unknown bool, err error) {
+func (rc *reconciler) storeRemaining(ctx context.Context, rp *report) (unknown bool, err error) {
 	remaining, err := rc.store.Remaining(ctx, rp.SKU)
 	unknown = errors.Is(err, ErrNotLoaded)
 	if err != nil && !unknown {
@@ -387,7 +257,7 @@ type itemSnapshot struct {
 // item's events back, so the store can only have moved, since the snapshot, by an event the
 // snapshot lists (one a consumer began before the pass); the reads of compare see it or not,
 // consistently. Too many events: rp.NeedsHuman says so.
-func (rc *Reconciler) snapshot(ctx context.Context, k *protocol.Keys, rp *Report) (itemSnapshot, error) {
+func (rc *reconciler) snapshot(ctx context.Context, k *protocol.Keys, rp *report) (itemSnapshot, error) {
 	sku := rp.SKU
 	vs, err := protocol.Snapshot.Exec(ctx, rc.r.client, k.ForSnapshot(), []string{strconv.Itoa(maxPending)}).AsStrSlice()
 	if err != nil {
@@ -431,7 +301,7 @@ func (rc *Reconciler) snapshot(ctx context.Context, k *protocol.Keys, rp *Report
 // compare sets rp's in-flight units and drift from the snapshot and the store's records of its
 // ids, and settles the published events the store has. expected is what Redis's available and
 // held stock should be. rp.Busy: the store's records kept changing, nothing was compared.
-func (rc *Reconciler) compare(ctx context.Context, rp *Report, snap itemSnapshot) (expected int64, err error) {
+func (rc *reconciler) compare(ctx context.Context, rp *report, snap itemSnapshot) (expected int64, err error) {
 	recs, stable, err := rc.storeState(ctx, rp, snap.ids)
 	if err != nil {
 		return 0, err
@@ -459,7 +329,7 @@ func (rc *Reconciler) compare(ctx context.Context, rp *Report, snap itemSnapshot
 
 // repair mends the drift, if it may: rebuilds a lost item hash, or adjusts the available stock
 // by the drift; an item whose hash is lost with no drift is recreated all the same.
-func (rc *Reconciler) repair(ctx context.Context, k *protocol.Keys, rp *Report, expected int64) error {
+func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, expected int64) error {
 	switch {
 	case rp.Orphaned > 0:
 		rp.NeedsHuman = fmt.Sprintf("%d undelivered events have lost their ledger entries (see the dead-letter set): "+
@@ -503,7 +373,7 @@ func (rc *Reconciler) repair(ctx context.Context, k *protocol.Keys, rp *Report, 
 
 // rebuild recreates a lost item hash with available units, counting as sold what its surviving
 // ledger says. live: the units of live holds that survived the loss of the hash.
-func (rc *Reconciler) rebuild(ctx context.Context, k *protocol.Keys, rp *Report, available int64) (live int64, err error) {
+func (rc *reconciler) rebuild(ctx context.Context, k *protocol.Keys, rp *report, available int64) (live int64, err error) {
 	sold, err := rc.soldInLedger(ctx, rp.SKU)
 	if err != nil {
 		return 0, err
@@ -520,7 +390,7 @@ func (rc *Reconciler) rebuild(ctx context.Context, k *protocol.Keys, rp *Report,
 
 // conclude registers the item again if Redis lost it from its registry, retires a delisted
 // item whose retention has passed, and reports dead letters.
-func (rc *Reconciler) conclude(ctx context.Context, k *protocol.Keys, rp *Report, delisted int64) error {
+func (rc *reconciler) conclude(ctx context.Context, k *protocol.Keys, rp *report, delisted int64) error {
 	if err := rc.register(ctx, rp); err != nil {
 		return err
 	}
@@ -539,7 +409,7 @@ func (rc *Reconciler) conclude(ctx context.Context, k *protocol.Keys, rp *Report
 // remaining, records again, until both reads of the records agree (a consumer that began
 // applying one of the events before the pass may finish during it). stable is false if they
 // never did.
-func (rc *Reconciler) storeState(ctx context.Context, rp *Report, ids []string) (recs map[string]Record, stable bool, err error) {
+func (rc *reconciler) storeState(ctx context.Context, rp *report, ids []string) (recs map[string]Record, stable bool, err error) {
 	records := func() (map[string]Record, error) {
 		if len(ids) == 0 {
 			return map[string]Record{}, nil
@@ -597,7 +467,7 @@ func sameRecords(a, b map[string]Record) bool {
 // (harmlessly) by the next Consume of the item, and an item's last events would stay there for
 // good. A deduct the store refused is left to its consumer (Consume gives the stock back
 // first) unless Redis has given it back already.
-func (rc *Reconciler) settle(ctx context.Context, rp *Report, members []string, entries map[string]Entry, recs map[string]Record) error {
+func (rc *reconciler) settle(ctx context.Context, rp *report, members []string, entries map[string]Entry, recs map[string]Record) error {
 	var done []string
 	for _, m := range members {
 		id := m[2:]
@@ -665,12 +535,12 @@ func abs(n int64) int64 {
 // ledgerPass walks the Redis ledger in pages: it requeues events the outbox lost, trims
 // settled entries past the retention, resyncs sales and holds the store settled, and writes
 // back entries the store has and Redis lost.
-func (rc *Reconciler) ledgerPass(ctx context.Context, k *protocol.Keys, rp *Report) error {
+func (rc *reconciler) ledgerPass(ctx context.Context, k *protocol.Keys, rp *report) error {
 	cutoff := rc.r.opts.now().Add(-rc.retention).UnixMilli()
 	var b ledgerBatch
 	seen := map[string]bool{}
 	lister, canList := rc.store.(RecordLister)
-	for e, err := range rc.r.Entries(ctx, rp.SKU) {
+	for e, err := range rc.r.entries(ctx, rp.SKU) {
 		if err != nil {
 			return err
 		}
@@ -734,7 +604,7 @@ func (b *ledgerBatch) reset() {
 }
 
 // settleLedger acts on a batch of ledger ids, then empties it.
-func (rc *Reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *Report, b *ledgerBatch, cutoff int64) error {
+func (rc *reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *report, b *ledgerBatch, cutoff int64) error {
 	if err := rc.resyncSold(ctx, k, rp, b.sold); err != nil {
 		return err
 	}
@@ -780,7 +650,7 @@ func (rc *Reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *Re
 
 // resyncSold gives back, in Redis, the sales among ids that the store has given back (a restore
 // or a refusal Redis lost in a failover), without a new event: the store has it.
-func (rc *Reconciler) resyncSold(ctx context.Context, k *protocol.Keys, rp *Report, ids []string) error {
+func (rc *reconciler) resyncSold(ctx context.Context, k *protocol.Keys, rp *report, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -814,7 +684,7 @@ func (rc *Reconciler) resyncSold(ctx context.Context, k *protocol.Keys, rp *Repo
 
 // rerecord writes back the entries the store has and Redis lost (a failover), so that a retry
 // of the id is a replay and not a second sale. seen: the ids in Redis's ledger.
-func (rc *Reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *Report, lister RecordLister, seen map[string]bool, cutoff int64) error {
+func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report, lister RecordLister, seen map[string]bool, cutoff int64) error {
 	after := ""
 	for {
 		recs, err := lister.List(ctx, rp.SKU, after, 500)
@@ -847,7 +717,7 @@ func (rc *Reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *Report
 // resyncHolds settles the live holds among ids that the store has a record of: confirmed
 // there, they are made final in Redis as applied; given back there after their confirm, they
 // are released. Neither queues an event: the store has it already.
-func (rc *Reconciler) resyncHolds(ctx context.Context, rp *Report, ids []string) error {
+func (rc *reconciler) resyncHolds(ctx context.Context, rp *report, ids []string) error {
 	sku := rp.SKU
 	recs, err := rc.store.Records(ctx, sku, ids)
 	if err != nil {
@@ -913,7 +783,7 @@ func lostEntry(rec Record) string {
 // retire removes a delisted item's keys once its retention has passed, in bounded steps.
 // retire.lua checks at every step, atomically, that the item is closed and delisted, with
 // nothing pending: the delisting time read by the pass is only a hint.
-func (rc *Reconciler) retire(ctx context.Context, k *protocol.Keys, rp *Report, delisted int64) error {
+func (rc *reconciler) retire(ctx context.Context, k *protocol.Keys, rp *report, delisted int64) error {
 	cutoff := rc.r.opts.now().Add(-rc.retention).UnixMilli()
 	if delisted > cutoff {
 		return nil
@@ -951,7 +821,7 @@ func (rc *Reconciler) retire(ctx context.Context, k *protocol.Keys, rp *Report, 
 // passes that did not finish (the SET ran but its reply was lost, a pass cut short by a Redis
 // restart that kept the lease in its AOF, or a failover that copied it to the new primary),
 // and no other pass of this Reconciler runs (rc.pass).
-func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
+func (rc *reconciler) lock(ctx context.Context, sku string) (bool, error) {
 	key := rc.r.item(sku).Lease
 	for i := range 20 {
 		ok, err := rc.r.client.Do(ctx, rc.r.client.B().Set().Key(key).Value(rc.token).Nx().Px(reconcileLease).Build()).AsBool()
@@ -983,12 +853,12 @@ func (rc *Reconciler) lock(ctx context.Context, sku string) (bool, error) {
 const reconcileLease = 5 * time.Second
 
 // refresh extends the item's lease if it is still ours.
-func (rc *Reconciler) refresh(ctx context.Context, sku string) {
+func (rc *reconciler) refresh(ctx context.Context, sku string) {
 	key := rc.r.item(sku).Lease
 	_ = protocol.Refresh.Exec(ctx, rc.r.client, []string{key}, []string{rc.token, strconv.FormatInt(reconcileLease.Milliseconds(), 10)}).Error()
 }
 
-func (rc *Reconciler) unlock(sku string) {
+func (rc *reconciler) unlock(sku string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	key := rc.r.item(sku).Lease
@@ -1003,9 +873,9 @@ func (rc *Reconciler) unlock(sku string) {
 // soldInLedger counts the units an item's surviving ledger records as sold (deducts and
 // confirmed holds, reserved or applied, not given back), for the rebuild of an item whose hash
 // was lost: while the hash is missing, no script changes these entries.
-func (rc *Reconciler) soldInLedger(ctx context.Context, sku string) (int64, error) {
+func (rc *reconciler) soldInLedger(ctx context.Context, sku string) (int64, error) {
 	var sold int64
-	for e, err := range rc.r.Entries(ctx, sku) {
+	for e, err := range rc.r.entries(ctx, sku) {
 		if err != nil {
 			return 0, fmt.Errorf("stock: reconcile %s: rebuild: %w", sku, err)
 		}
@@ -1015,3 +885,5 @@ func (rc *Reconciler) soldInLedger(ctx context.Context, sku string) (int64, erro
 	}
 	return sold, nil
 }
+
+type report = ops.Report

@@ -31,9 +31,9 @@ func TestReconcileTakesBackItsOwnLease(t *testing.T) {
 			r, err := New(c)
 			require.NoError(t, err)
 			require.NoError(t, r.Load(ctx, "A", 5))
-			rc, err := r.NewReconciler(fixedStore{5}, nil)
+			rc, err := r.newReconciler(fixedStore{5}, nil)
 			require.NoError(t, err)
-			other, err := r.NewReconciler(fixedStore{5}, nil)
+			other, err := r.newReconciler(fixedStore{5}, nil)
 			require.NoError(t, err)
 			lease := r.item("A").Lease
 

@@ -16,14 +16,15 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 type rig struct {
 	r     *stock.Reserver
 	c     rueidis.Client
 	store *memstore.Store
-	relay *stock.Relay
-	rec   *stock.Reconciler
+	relay *stockops.Relay
+	rec   *stockops.Reconciler
 }
 
 func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
@@ -35,22 +36,22 @@ func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stoc
 		require.NoError(t, r.Load(ctx, sku, n))
 		require.NoError(t, store.Load(ctx, sku, n))
 	}
-	relay, err := r.NewRelay(store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	require.NoError(t, err)
 	var o *stock.ReconcileOptions
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	rec, err := r.NewReconciler(store, o)
+	rec, err := stockops.NewReconciler(r, store, o)
 	require.NoError(t, err)
 	return rig{r: r, c: c, store: store, relay: relay, rec: rec}
 }
 
-func (g rig) once(t *testing.T) map[string]stock.Report {
+func (g rig) once(t *testing.T) map[string]stockops.Report {
 	t.Helper()
 	reps, err := g.rec.Once(context.Background())
 	require.NoError(t, err)
-	m := map[string]stock.Report{}
+	m := map[string]stockops.Report{}
 	for _, rp := range reps {
 		m[rp.SKU] = rp
 	}
@@ -89,10 +90,10 @@ func TestReconcileClean(t *testing.T) {
 		require.NoError(t, err)
 		// Pending events are in flight, not drift.
 		rp := g.once(t)["A"]
-		assert.Equal(t, stock.Report{SKU: "A", Available: 32, StoreRemaining: 50, Pending: 11, InFlight: 18}, rp)
+		assert.Equal(t, stockops.Report{SKU: "A", Available: 32, StoreRemaining: 50, Pending: 11, InFlight: 18}, rp)
 		drain(t, g.relay)
 		rp = g.once(t)["A"]
-		assert.Equal(t, stock.Report{SKU: "A", Available: 32, StoreRemaining: 32}, rp)
+		assert.Equal(t, stockops.Report{SKU: "A", Available: 32, StoreRemaining: 32}, rp)
 		assert.Contains(t, rp.String(), "drift 0")
 	})
 }
@@ -116,7 +117,7 @@ func TestReconcileLostKey(t *testing.T) {
 		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1})
 		require.ErrorIs(t, err, stock.ErrNotLoaded, "no sale on a lost item")
 
-		dry, err := g.r.NewReconciler(g.store, &stock.ReconcileOptions{DryRun: true})
+		dry, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{DryRun: true})
 		require.NoError(t, err)
 		reps, err := dry.Once(ctx)
 		require.NoError(t, err)
@@ -153,7 +154,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 		for _, cl := range c.Nodes() { // every key gone, the registry too
 			require.NoError(t, cl.Do(ctx, cl.B().Flushall().Build()).Error())
 		}
-		rec, err := g.r.NewReconciler(g.store, &stock.ReconcileOptions{Items: []string{"A", "B"}})
+		rec, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{Items: []string{"A", "B"}})
 		require.NoError(t, err)
 		reps, err := rec.Once(ctx)
 		require.ErrorIs(t, err, stock.ErrRegistryLost, "the registry went with the rest")
@@ -349,7 +350,7 @@ func TestDelistRetires(t *testing.T) {
 		reps = g.once(t)
 		_, listed := reps["A"]
 		assert.False(t, listed, "a retired item leaves the registry")
-		rec, err := g.r.NewReconciler(g.store, &stock.ReconcileOptions{Items: []string{"A"}})
+		rec, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{Items: []string{"A"}})
 		require.NoError(t, err)
 		rr, err := rec.Once(ctx)
 		require.NoError(t, err)
@@ -392,7 +393,7 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		assert.Equal(t, stock.StateApplied, e.State)
 		l := levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 1, Loaded: 3}, l, "h2 released, h1 sold, h3 due")
-		_, err = g.r.Sweep(ctx, "A")
+		_, err = stockops.Sweep(ctx, g.r, "A")
 		require.NoError(t, err)
 		l = levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 2, Held: 0, Sold: 1, Loaded: 3}, l, "h3 expired")

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/ops"
 )
 
 // ErrRegistryLost is returned (joined with any other error) by a reconcile pass that found
@@ -28,44 +29,12 @@ type ItemLister interface {
 	ListItems(ctx context.Context, after string, limit int) ([]string, error)
 }
 
-// PassResult is what one reconcile pass over every item found and did.
-type PassResult struct {
-	// Reports has one report per item reconciled: the registry's items, then the Store's items
-	// the registry had lost.
-	Reports []Report
-	// Errors[i] is the error of Reports[i], or nil.
-	Errors []error
-	// Unregistered lists the items the Store has and Redis's registry did not (see
-	// ErrRegistryLost), registered again unless the pass was a dry run.
-	Unregistered []string
-	// StoreOnly lists the items the Store has and Redis never had as far as anything shows:
-	// no registry entry, no keys, and no record in the Store of an event that came through
-	// Redis (an item the Store was loaded with ahead of its sale, or one lost before its first
-	// sale). The pass leaves them alone; Reserver.Load puts them on sale.
-	StoreOnly []string
-	// Complete is set when the pass compared every item without an error and found none busy.
-	Complete bool
-	// EpochRecorded is set when a complete repairing pass recorded the Redis primaries as
-	// reconciled ("<prefix>:epoch"), which lifts the fence of every FailoverGuard on this
-	// Redis, in any process, at its next check. EpochErr says why a complete repairing pass
-	// did not (the primaries changed during the pass, or INFO failed).
-	EpochRecorded bool
-	EpochErr      error
-}
-
 // storePage is how many of the Store's SKUs a pass reads at a time.
 const storePage = 500
 
-// Pass reconciles every item once, as Once does, and returns what it found item by item.
-// Besides the registry's items it reconciles the Store's items the registry lost, when the
-// Store is an ItemLister (see ErrRegistryLost and PassResult). A complete repairing pass (not
-// a dry run, not limited by ReconcileOptions.Items) records the current Redis primaries as
-// reconciled, which lifts every FailoverGuard's fence, wherever the pass runs (a guard in
-// another process, the stockctl CLI): this Reserver's at once, the others' at their next check. The error joins the first item's error, ErrRegistryLost
-// when items were missing from the registry, and, when this Reserver has a FailoverGuard, the
-// failure to record the primaries.
-func (rc *Reconciler) Pass(ctx context.Context) (PassResult, error) {
-	var res PassResult
+// Pass is stockops.Reconciler.Pass.
+func (rc *reconciler) Pass(ctx context.Context) (passResult, error) {
+	var res passResult
 	every := rc.items == nil
 	var epoch string
 	var epochErr error
@@ -77,7 +46,7 @@ func (rc *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 	skus := rc.items
 	if every {
 		registered := map[string]bool{}
-		for sku, err := range rc.r.Items(ctx) {
+		for sku, err := range rc.r.items(ctx) {
 			if err != nil {
 				return res, err
 			}
@@ -151,7 +120,7 @@ func head(s []string, n int) []string {
 // (its item hash is live, or the Store holds records of events that came through Redis), in
 // SKU order, and those Redis never had. Items retired in Redis are neither. Without an
 // ItemLister, it finds nothing.
-func (rc *Reconciler) unregistered(ctx context.Context, registered map[string]bool) (lost, storeOnly []string, err error) {
+func (rc *reconciler) unregistered(ctx context.Context, registered map[string]bool) (lost, storeOnly []string, err error) {
 	il, ok := rc.store.(ItemLister)
 	if !ok {
 		return nil, nil, nil
@@ -212,7 +181,7 @@ func (rc *Reconciler) unregistered(ctx context.Context, registered map[string]bo
 // register makes sure an item the pass found in the Store, and that Redis has (or has again
 // after a rebuild), is in Redis's registry; a dry run only looks. It sets rp.Unregistered when
 // the item was missing from it, and says so to a human when Redis lost the item's keys too.
-func (rc *Reconciler) register(ctx context.Context, rp *Report) error {
+func (rc *reconciler) register(ctx context.Context, rp *report) error {
 	c := rc.r.client
 	var missing bool
 	if rc.dry || (rp.Missing && !rp.Rebuilt) {
@@ -245,3 +214,5 @@ func (rc *Reconciler) register(ctx context.Context, rp *Report) error {
 	}
 	return nil
 }
+
+type passResult = ops.PassResult

@@ -14,6 +14,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // flushAll empties every node of c, as FLUSHALL on a Redis would.
@@ -27,7 +28,7 @@ func flushAll(t *testing.T, c rueidis.Client) {
 func registry(t *testing.T, r *stock.Reserver) []string {
 	t.Helper()
 	var out []string
-	for sku, err := range r.Items(context.Background()) {
+	for sku, err := range stockops.Items(context.Background(), r) {
 		require.NoError(t, err)
 		out = append(out, sku)
 	}
@@ -53,7 +54,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	}
 	_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "b0", Qty: 4})
 	require.NoError(t, err)
-	rl, err := r.NewRelay(store, nil, nil)
+	rl, err := stockops.NewRelay(r, store, nil, nil)
 	require.NoError(t, err)
 	drain(t, rl)
 
@@ -61,7 +62,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	require.Empty(t, registry(t, r), "Redis lost everything")
 
 	// A dry run reports the loss and repairs nothing.
-	dry, err := r.NewReconciler(store, &stock.ReconcileOptions{DryRun: true})
+	dry, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{DryRun: true})
 	require.NoError(t, err)
 	res, err := dry.Pass(ctx)
 	require.ErrorIs(t, err, stock.ErrRegistryLost)
@@ -69,7 +70,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	assert.Equal(t, []string{"C"}, res.StoreOnly)
 	require.Empty(t, registry(t, r))
 
-	rec, err := r.NewReconciler(store, nil)
+	rec, err := stockops.NewReconciler(r, store, nil)
 	require.NoError(t, err)
 	reps, err := rec.Once(ctx)
 	require.ErrorIs(t, err, stock.ErrRegistryLost, "the pass says loudly that Redis lost its registry")
@@ -138,7 +139,7 @@ func TestRegistryEntryLost(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
 
-		rec, err := r.NewReconciler(store, nil)
+		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
 		res, err := rec.Pass(ctx)
 		require.ErrorIs(t, err, stock.ErrRegistryLost)
@@ -151,7 +152,7 @@ func TestRegistryEntryLost(t *testing.T) {
 
 		// One item, as `stockctl reconcile -apply A` does.
 		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
-		one, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{"A"}})
+		one, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 		require.NoError(t, err)
 		rp, err = one.Item(ctx, "A")
 		require.NoError(t, err)

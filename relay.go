@@ -11,14 +11,15 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/ops"
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// RelayOptions configures a Relay. A zero field takes its default; nil options take every
+// RelayOptions configures a relay (Reserver.Run's, or stockops.NewRelay's). A zero field takes its default; nil options take every
 // default.
 type RelayOptions struct {
 	// Items limits the relay to these items. The default is every item in the Reserver's
-	// registry (see Reserver.Items), read again on every pass.
+	// registry (see stockops.Items), read again on every pass.
 	Items []string
 	// Batch is how many events the relay claims from one item at a time, at most 10,000. The
 	// default is 128.
@@ -37,7 +38,7 @@ type RelayOptions struct {
 }
 
 // apply checks o and sets its fields, or their defaults, on rl.
-func (o *RelayOptions) apply(rl *Relay) error {
+func (o *RelayOptions) apply(rl *relay) error {
 	rl.batch, rl.lease, rl.poll = 128, 30*time.Second, 100*time.Millisecond
 	rl.minBackoff, rl.maxBackoff = 500*time.Millisecond, time.Minute
 	if o == nil {
@@ -90,31 +91,8 @@ func (o *RelayOptions) apply(rl *Relay) error {
 	return nil
 }
 
-// A Relay drains the outboxes of a Reserver's items into a Store and/or a Publisher, at least
-// once and in order per item: an event is removed from the outbox only after the Store applied
-// it and the Publisher accepted it, and an item's events are delivered in the order they
-// happened (so a restore reaches the store before a later deduct of the stock it gave back).
-// Several relays, in one process or many, may drain the same items: each item is leased to one
-// relay at a time, and the events of a relay that died are delivered again after its lease.
-// A failed event holds back its item, with backoff, not the other items.
-// Because delivery is at least once, the Store must be idempotent (it is, per its contract) and
-// consumers of the Publisher must deduplicate on (SKU, ID, Type).
-//
-// With no Store (the queue path: NewRelay(nil, publisher)), an event the Publisher accepted is
-// not applied yet: the relay moves it from the outbox to the item's published set, where it
-// stays, in flight for the Reconciler, until a consumer applies it through Consume. Consume
-// also uses that set to apply an item's events in sequence (Event.Seq) whatever order the
-// queue delivers them in. Events a Store ignores (held, cancelled, expired) leave at once.
-//
-// An event the relay cannot build, because its ledger entry is gone (an evicted ledger key) or
-// unreadable, is moved to the item's dead-letter set, never dropped: it records a sale that is
-// counted nowhere else, and the Reconciler leaves such an item for an operator.
-//
-// When the Store refuses a deduct (ErrRefused), the relay gives the stock back in Redis once
-// (the ledger entry becomes refused) and an EventRefused follows through the outbox.
-//
-// A Relay is safe for concurrent use; it starts no goroutines: call Run or Once.
-type Relay struct {
+// relay is stockops.Relay, documented there; Reserver.Run runs one.
+type relay struct {
 	r          *Reserver
 	store      Store
 	pub        Publisher
@@ -130,59 +108,25 @@ type Relay struct {
 	clock serverClock  // Redis's clock, read at the start of each pass: the hints' scores
 }
 
-// RelayStats counts what one pass of a relay did.
-type RelayStats struct {
-	Claimed   int // events leased from the outboxes
-	Delivered int // events applied and published, then removed from the outbox
-	Refused   int // deducts the Store refused and that were given back in Redis
-	Retried   int // events that failed and were put back with a backoff
-	// Orphaned counts events whose ledger entry was gone or unreadable, so that the event
-	// could not be built: moved to the dead-letter set (and counted in DeadLettered too), where
-	// the reconciler counts them and leaves the item's drift for an operator.
-	Orphaned int
-	Redelive int // events claimed more than once (a relay died, or a retry)
-	// DeadLettered counts events moved to the item's dead-letter set "<prefix>:{sku}:dl" for
-	// an operator: the Store rejected them with ErrInvalid (they can never be applied), or
-	// they are orphaned.
-	DeadLettered int
-}
-
-func (s *RelayStats) add(o RelayStats) {
-	s.Claimed += o.Claimed
-	s.Delivered += o.Delivered
-	s.Refused += o.Refused
-	s.Retried += o.Retried
-	s.Orphaned += o.Orphaned
-	s.Redelive += o.Redelive
-	s.DeadLettered += o.DeadLettered
-}
-
-// NewRelay returns a relay that delivers the events of r's items to store and pub. Either may
-// be nil, not both. opts may be nil for the defaults.
-func (r *Reserver) NewRelay(store Store, pub Publisher, opts *RelayOptions) (*Relay, error) {
+// newRelay is stockops.NewRelay.
+func (r *Reserver) newRelay(store Store, pub Publisher, opts *RelayOptions) (*relay, error) {
 	if store == nil && pub == nil {
 		return nil, invalid("relay with neither a store nor a publisher")
 	}
-	rl := &Relay{r: r, store: store, pub: pub, token: fmt.Sprintf("relay-%016x", rand.Uint64())}
+	rl := &relay{r: r, store: store, pub: pub, token: fmt.Sprintf("relay-%016x", rand.Uint64())}
 	if err := opts.apply(rl); err != nil {
 		return nil, err
 	}
 	return rl, nil
 }
 
-// Run delivers events until ctx is done, waiting the poll interval after a pass with nothing to
-// do. Unlike Once, a pass does not visit every item: it looks at the items whose due-work hints
-// are due (the Reserver records an item in them after each of its script calls that may queue
-// an event, and the relay when it backs off), and at a few more of the registry (256 a second,
-// at least 32 a poll interval, so a catalogue of up to 32 items is looked at whole every poll),
-// which finds the events whose hints were lost. Its cost with nothing to deliver does not grow
-// with the catalogue. Errors of single items are logged and retried; Run returns ctx's error.
-func (rl *Relay) Run(ctx context.Context) error {
+// Run is stockops.Relay.Run.
+func (rl *relay) Run(ctx context.Context) error {
 	return rl.run(ctx, func(err error) { rl.r.opts.logger.WarnContext(ctx, "stock: relay pass", "err", err) })
 }
 
 // run is Run, with the errors of passes handed to failed.
-func (rl *Relay) run(ctx context.Context, failed func(error)) error {
+func (rl *relay) run(ctx context.Context, failed func(error)) error {
 	for {
 		st, err := rl.pass(ctx)
 		if ctx.Err() != nil {
@@ -203,12 +147,10 @@ func (rl *Relay) run(ctx context.Context, failed func(error)) error {
 	}
 }
 
-// Once makes one pass over the items: it claims their due events, a batch at a time, until
-// none is due, and delivers them. It returns the first error met (after finishing the other
-// items); events that failed stay in the outbox for a later pass.
-func (rl *Relay) Once(ctx context.Context) (RelayStats, error) {
+// Once is stockops.Relay.Once.
+func (rl *relay) Once(ctx context.Context) (relayStats, error) {
 	rl.clock.read(ctx, rl.r)
-	var st RelayStats
+	var st relayStats
 	var first error
 	drain := func(sku string) {
 		if err := rl.drainItem(ctx, sku, &st); err != nil && first == nil {
@@ -221,7 +163,7 @@ func (rl *Relay) Once(ctx context.Context) (RelayStats, error) {
 		}
 		return st, first
 	}
-	for sku, err := range rl.r.Items(ctx) {
+	for sku, err := range rl.r.items(ctx) {
 		if err != nil {
 			return st, err
 		}
@@ -231,10 +173,10 @@ func (rl *Relay) Once(ctx context.Context) (RelayStats, error) {
 }
 
 // drainItem delivers an item's due events a batch at a time until none is left or one fails.
-func (rl *Relay) drainItem(ctx context.Context, sku string, st *RelayStats) error {
+func (rl *relay) drainItem(ctx context.Context, sku string, st *relayStats) error {
 	for {
 		s, err := rl.drainBatch(ctx, sku)
-		st.add(s)
+		st.Add(s)
 		if err != nil {
 			return err
 		}
@@ -250,11 +192,11 @@ func (rl *Relay) drainItem(ctx context.Context, sku string, st *RelayStats) erro
 // pass is Run's pass: the items whose due-work hints are due, and a few more of the registry
 // once per poll interval (the slow walk that finds what a lost hint left). With
 // RelayOptions.Items it is Once.
-func (rl *Relay) pass(ctx context.Context) (RelayStats, error) {
+func (rl *relay) pass(ctx context.Context) (relayStats, error) {
 	if rl.items != nil {
 		return rl.Once(ctx)
 	}
-	var st RelayStats
+	var st relayStats
 	var errs []error
 	now := rl.clock.read(ctx, rl.r)
 	skus, err := rl.r.takeDue(ctx, protocol.RelayDue, now.UnixMilli(), 256)
@@ -326,7 +268,7 @@ type claimed struct {
 }
 
 // release gives back the item's lease if this relay still holds it.
-func (rl *Relay) release(ctx context.Context, sku string) {
+func (rl *relay) release(ctx context.Context, sku string) {
 	_ = protocol.Unlock.Exec(ctx, rl.r.client, rl.r.item(sku).ForLease(), []string{rl.token}).Error()
 }
 
@@ -365,7 +307,7 @@ func storeApplies(t EventType) bool {
 
 // claim leases the oldest events of an item. When another holder has the item's lease while
 // its outbox has events, it returns none and records when to look again.
-func (rl *Relay) claim(ctx context.Context, sku string) ([]claimed, error) {
+func (rl *relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	args := []string{strconv.Itoa(rl.batch), strconv.FormatInt(rl.lease.Milliseconds(), 10), rl.token}
 	vs, err := protocol.Claim.Exec(ctx, rl.r.client, rl.r.item(sku).ForClaim(), args).AsStrSlice()
 	if err != nil {
@@ -418,7 +360,7 @@ func outboxEvent(sku, member, raw string, seq int64) (Event, bool) {
 // drainBatch delivers the oldest events of one item, in order, and stops at the first failure:
 // the events before it are acked, it and the rest wait for a backoff that holds the whole item
 // (an item's events are never delivered out of order).
-func (rl *Relay) drainBatch(ctx context.Context, sku string) (st RelayStats, err error) {
+func (rl *relay) drainBatch(ctx context.Context, sku string) (st relayStats, err error) {
 	cs, err := rl.claim(ctx, sku)
 	if err != nil {
 		return st, err
@@ -558,7 +500,7 @@ type pending struct{ i, ack int }
 
 // publishBatch publishes the pending events of one item, in one round trip when there are
 // several, and returns the index in ps of the first that failed, and its error (nil if none).
-func (rl *Relay) publishBatch(ctx context.Context, bp BatchPublisher, cs []claimed, ps []pending) (int, error) {
+func (rl *relay) publishBatch(ctx context.Context, bp BatchPublisher, cs []claimed, ps []pending) (int, error) {
 	if len(ps) == 1 {
 		return 0, bp.Publish(ctx, cs[ps[0].i].ev)
 	}
@@ -579,7 +521,7 @@ func (rl *Relay) publishBatch(ctx context.Context, bp BatchPublisher, cs []claim
 }
 
 // deadLetter moves an outbox event to the item's dead-letter set.
-func (rl *Relay) deadLetter(ctx context.Context, sku, member string) error {
+func (rl *relay) deadLetter(ctx context.Context, sku, member string) error {
 	k := rl.r.item(sku)
 	if err := protocol.DeadLetter.Exec(ctx, rl.r.client, k.ForDeadLetter(k.Outbox), []string{member}).Error(); err != nil {
 		return fmt.Errorf("stock: relay dead-letter %s %s: %w", sku, member, err)
@@ -600,7 +542,7 @@ func (r *Reserver) ack(ctx context.Context, sku, mode string, members []string) 
 
 // applyStore applies the store's events of a batch, in order, stopping at the first error that
 // is not a refusal; the events after it are left unapplied (errNotTried).
-func (rl *Relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
+func (rl *relay) applyStore(ctx context.Context, cs []claimed, errs []error) {
 	var idx []int
 	var evs []Event
 	for i, c := range cs {
@@ -667,7 +609,7 @@ var errNotTried = errors.New("stock: not tried after an earlier failure")
 // backoff holds the item for a delay that doubles with every attempt of the failed event, with
 // up to half of it again as random jitter, so a recovering database is not hit by every
 // item at once.
-func (rl *Relay) backoff(ctx context.Context, sku string, tries int64) (time.Duration, error) {
+func (rl *relay) backoff(ctx context.Context, sku string, tries int64) (time.Duration, error) {
 	d := rl.minBackoff
 	for i := int64(1); i < tries && d < rl.maxBackoff; i++ {
 		d *= 2
@@ -681,10 +623,8 @@ func (rl *Relay) backoff(ctx context.Context, sku string, tries int64) (time.Dur
 	return d, nil
 }
 
-// Refuse gives back the stock of an id that the database of record refused (ErrRefused), once.
-// The entry becomes refused and an EventRefused is queued for the publisher. Use it in a
-// consumer that applies events received from a queue (see Consume); the Relay calls it itself.
-func (r *Reserver) Refuse(ctx context.Context, sku, id string) (Receipt, error) {
+// refuse is stockops.Refuse.
+func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) {
 	return r.giveBack(ctx, sku, id, protocol.ReasonRefuse)
 }
 
@@ -803,7 +743,7 @@ func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member 
 	err := store.Apply(ctx, ev)
 	switch {
 	case errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed):
-		if _, rerr := r.Refuse(ctx, ev.SKU, ev.ID); rerr != nil && !errors.Is(rerr, ErrConflict) {
+		if _, rerr := r.refuse(ctx, ev.SKU, ev.ID); rerr != nil && !errors.Is(rerr, ErrConflict) {
 			return fmt.Errorf("stock: consume %s/%s: give back: %w", ev.SKU, ev.ID, rerr)
 		}
 	case errors.Is(err, ErrRefused):
@@ -885,3 +825,5 @@ func checkAgainstLedger(ctx context.Context, r *Reserver, ev Event) error {
 	}
 	return nil
 }
+
+type relayStats = ops.RelayStats

@@ -17,6 +17,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // recorder is a Publisher that records what it got, deduplicated, and can be made to fail.
@@ -58,9 +59,9 @@ func (p *recorder) count(t stock.EventType) int {
 }
 
 // drain runs relay passes until one claims nothing.
-func drain(t *testing.T, rl *stock.Relay) stock.RelayStats {
+func drain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
 	t.Helper()
-	var all stock.RelayStats
+	var all stockops.RelayStats
 	for range 1000 {
 		st, err := rl.Once(context.Background())
 		require.NoError(t, err)
@@ -106,7 +107,7 @@ func TestRelayDeliversOnce(t *testing.T) {
 		_, err := r.Restock(ctx, "A", "r1", 7)
 		require.NoError(t, err)
 
-		rl, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 16})
+		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 16})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Equal(t, 60+10+1, st.Delivered)
@@ -143,7 +144,7 @@ func TestRelayStoreRefusal(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
 			require.NoError(t, err)
 		}
-		rl, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 5})
+		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 5})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Equal(t, 8, st.Refused)
@@ -183,7 +184,7 @@ func TestRelayPublisherDown(t *testing.T) {
 		pub := newRecorder()
 		require.NoError(t, r.Load(ctx, "A", 50))
 		require.NoError(t, store.Load(ctx, "A", 50))
-		rl, err := r.NewRelay(store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		require.NoError(t, err)
 		pub.down.Store(true)
 		for i := range 30 {
@@ -240,14 +241,14 @@ func TestRelayCrashRedelivers(t *testing.T) {
 		// Crash points: mid-batch after the store applied, at several positions.
 		for _, at := range []int64{1, 7, 16} {
 			pub := &crashingPublisher{inner: rec, at: at}
-			crashy, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 16, Lease: 50 * time.Millisecond})
+			crashy, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 16, Lease: 50 * time.Millisecond})
 			require.NoError(t, err)
 			done := make(chan struct{})
 			go func() { defer close(done); _, _ = crashy.Once(ctx) }()
 			<-done
 		}
 		redistest.Sleep(c, 60*time.Millisecond) // the dead relays' leases run out
-		rl, err := r.NewRelay(store, rec, &stock.RelayOptions{Batch: 16})
+		rl, err := stockops.NewRelay(r, store, rec, &stock.RelayOptions{Batch: 16})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Positive(t, st.Redelive, "leased events of the dead relays were delivered again")
@@ -270,7 +271,7 @@ func TestRelaysConcurrent(t *testing.T) {
 		ctx2, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for range 3 {
-			rl, err := r.NewRelay(store, pub, &stock.RelayOptions{Batch: 8, Poll: time.Millisecond})
+			rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 8, Poll: time.Millisecond})
 			require.NoError(t, err)
 			wg.Go(func() { _ = rl.Run(ctx2) })
 		}
@@ -309,7 +310,7 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 		require.NoError(t, store.Load(ctx, "A", 3))
 		var evs []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { evs = append(evs, ev); return nil })
-		rl, err := r.NewRelay(nil, pub, nil)
+		rl, err := stockops.NewRelay(r, nil, pub, nil)
 		require.NoError(t, err)
 		for i := range 5 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
@@ -355,7 +356,7 @@ func TestRelayKeepsOrder(t *testing.T) {
 				require.NoError(t, err)
 			}
 		}
-		rl, err := r.NewRelay(store, nil, &stock.RelayOptions{Batch: 7})
+		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 7})
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no false refusal")
@@ -384,13 +385,13 @@ func TestRelayDeadLetters(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
 			require.NoError(t, err)
 		}
-		rl, err := r.NewRelay(store, nil, nil)
+		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
 		st := drain(t, rl)
 		assert.Equal(t, 1, st.DeadLettered)
 		assert.Equal(t, 2, st.Delivered)
 		assert.Zero(t, outboxLen(t, c, "A"))
-		rec, err := r.NewReconciler(store, nil)
+		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
 		reps, err := rec.Once(ctx)
 		require.NoError(t, err)
@@ -412,15 +413,15 @@ func TestPending(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
 			require.NoError(t, err)
 		}
-		p, d, err := r.Pending(ctx, "A")
+		p, d, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Equal(t, [2]int64{3, 0}, [2]int64{p, d})
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "A", 5))
-		rl, err := r.NewRelay(store, nil, nil)
+		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
 		drain(t, rl)
-		p, d, err = r.Pending(ctx, "A")
+		p, d, err = stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Equal(t, [2]int64{0, 0}, [2]int64{p, d})
 	})

@@ -13,7 +13,7 @@ import (
 // turns its loop off.
 type RunOptions struct {
 	// Store is the database of record. With a Store, Run runs a relay that applies the items'
-	// events to it, a Reconciler and a FailoverGuard. Without one, and without a Publisher,
+	// events to it, a reconciler and a failover guard. Without one, and without a Publisher,
 	// Run only sweeps holds and recovers carts.
 	Store Store
 	// Publisher, when set, receives every event the relay delivers. With no Store it is the
@@ -21,21 +21,21 @@ type RunOptions struct {
 	Publisher Publisher
 	// Relay configures the relay; nil takes its defaults.
 	Relay *RelayOptions
-	// Reconcile configures the Reconciler (its Interval, 5 minutes by default, is the time
+	// Reconcile configures the reconciler (its Interval, 5 minutes by default, is the time
 	// between passes, the first of which runs at once; a negative Interval turns the passes
 	// off, for a deployment where another process reconciles); nil takes its defaults.
 	Reconcile *ReconcileOptions
 	// SweepInterval is the time between sweeps of the holds past their deadline. A sweep looks
 	// at the items whose due-work hints say a hold is due and at a few more of the registry
-	// (see Relay.Run), not at every item as Sweep(ctx) does. The default is 1s.
+	// (see stockops.Relay.Run), not at every item as stockops.Sweep does. The default is 1s.
 	SweepInterval time.Duration
-	// GuardInterval is the time between the FailoverGuard's checks (see FailoverGuard). The
+	// GuardInterval is the time between the failover guard's checks (see stockops.FailoverGuard). The
 	// guard runs only with a Store, whose reconcile passes lift its fence, and only on a Redis
 	// that answers INFO (not miniredis, nor a user whose ACL denies it: Run then logs that the
 	// guard is off). The default is 1s.
 	GuardInterval time.Duration
 	// RecoverCartsAfter is the age past which a cart whose saga never ended is undone (see
-	// RecoverCarts); carts are looked at every half of it. It must be well above the longest
+	// stockops.RecoverCarts); carts are looked at every half of it. It must be well above the longest
 	// DeductMany or HoldMany call. The default is 5 minutes.
 	RecoverCartsAfter time.Duration
 	// Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are
@@ -44,7 +44,7 @@ type RunOptions struct {
 }
 
 // Run runs the background work of r until ctx ends: a relay (with a Store or a Publisher), a
-// Reconciler and a FailoverGuard (with a Store), a sweeper of due holds, and the recovery of
+// reconciler and a failover guard (with a Store), a sweeper of due holds, and the recovery of
 // carts a crash left half done. One goroutine serves a whole service:
 //
 //	go r.Run(ctx, stock.RunOptions{Store: store})
@@ -66,16 +66,16 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	guardEvery := every(opts.GuardInterval, time.Second)
 	cartAge := every(opts.RecoverCartsAfter, 5*time.Minute)
 	drain := every(opts.Drain, 5*time.Second)
-	var rl *Relay
-	var rc *Reconciler
+	var rl *relay
+	var rc *reconciler
 	var err error
 	if opts.Store != nil || opts.Publisher != nil {
-		if rl, err = r.NewRelay(opts.Store, opts.Publisher, opts.Relay); err != nil {
+		if rl, err = r.newRelay(opts.Store, opts.Publisher, opts.Relay); err != nil {
 			return err
 		}
 	}
 	if opts.Store != nil {
-		if rc, err = r.NewReconciler(opts.Store, opts.Reconcile); err != nil {
+		if rc, err = r.newReconciler(opts.Store, opts.Reconcile); err != nil {
 			return err
 		}
 	}
@@ -122,11 +122,11 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	if cartAge < 0 {
 		cartEvery = -1
 	}
-	loop(cartEvery, func() error { _, err := r.RecoverCarts(ctx, cartAge); return err }, "recover carts")
+	loop(cartEvery, func() error { _, err := r.recoverCarts(ctx, cartAge); return err }, "recover carts")
 	if rc != nil {
-		var g *FailoverGuard
+		var g *failoverGuard
 		if guardEvery > 0 && r.guardable(ctx) {
-			g = r.NewFailoverGuard()
+			g = r.newFailoverGuard()
 			_, err := g.Check(ctx) // before the first pass, which may lift what it finds
 			fail("failover guard", err)
 			loop(guardEvery, func() error { _, err := g.Check(ctx); return err }, "failover guard")
@@ -171,7 +171,7 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	return ctx.Err()
 }
 
-// guardable reports whether the servers tell their identities (INFO), which a FailoverGuard
+// guardable reports whether the servers tell their identities (INFO), which a failover guard
 // needs. A server that refuses INFO (miniredis, an ACL without it) is logged and answers false;
 // a transport error answers true: the guard retries.
 func (r *Reserver) guardable(ctx context.Context) bool {

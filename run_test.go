@@ -11,6 +11,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -67,7 +68,7 @@ func TestRun(t *testing.T) {
 		n, err := db.Remaining(ctx, "A")
 		require.NoError(t, err)
 		assert.Equal(t, int64(5), n, "every sale reached the store")
-		pending, dead, err := r.Pending(ctx, "A")
+		pending, dead, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Zero(t, pending+dead)
 	})
@@ -129,22 +130,22 @@ func TestRelayOptionsDefaults(t *testing.T) {
 	r := newReserver(t, c)
 	db := memstore.New()
 	for _, o := range []*stock.RelayOptions{nil, {}, {MinBackoff: 2 * time.Minute}, {MaxBackoff: time.Millisecond}, {Lease: time.Millisecond}} {
-		_, err := r.NewRelay(db, nil, o)
+		_, err := stockops.NewRelay(r, db, nil, o)
 		assert.NoError(t, err, "%+v", o)
 	}
 	for _, o := range []*stock.RelayOptions{{Batch: 10001}, {Lease: time.Microsecond}, {MinBackoff: time.Second, MaxBackoff: time.Millisecond}, {Poll: -1}} {
-		_, err := r.NewRelay(db, nil, o)
+		_, err := stockops.NewRelay(r, db, nil, o)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
 	}
 	for _, o := range []*stock.ReconcileOptions{nil, {}, {Retention: -1}, {Interval: time.Second}, {Interval: -1}} {
-		_, err := r.NewReconciler(db, o)
+		_, err := stockops.NewReconciler(r, db, o)
 		assert.NoError(t, err, "%+v", o)
 	}
 	for _, o := range []*stock.ReconcileOptions{{RepairLimit: -5}, {Items: []string{""}}} {
-		_, err := r.NewReconciler(db, o)
+		_, err := stockops.NewReconciler(r, db, o)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
 	}
-	rc, err := r.NewReconciler(db, &stock.ReconcileOptions{Interval: -1})
+	rc, err := stockops.NewReconciler(r, db, &stock.ReconcileOptions{Interval: -1})
 	require.NoError(t, err)
 	assert.ErrorIs(t, rc.Run(context.Background()), stock.ErrInvalid, "Reconciler.Run needs a positive interval")
 }

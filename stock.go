@@ -39,17 +39,17 @@ const keyCacheSize = 8192
 //     Redis against the Store, and releases due holds.
 //   - Levels and Ledger tell an item's counters and what happened to a request id.
 //
-// The rest serve operators and tests: Restock, Refuse, Extend, ConfirmMany, CancelMany,
-// CloseItem, ReopenItem, Delist, Items, Entries, Pending, Sweep, RecoverCarts, and NewRelay,
-// NewReconciler and NewFailoverGuard for running the background work by hand.
+// The rest serve the shop's operations: Restock, Extend, ConfirmMany, CancelMany, CloseItem,
+// ReopenItem and Delist. Package stockops runs the background work by hand and reads the
+// registry, the ledger and the outboxes.
 type Reserver struct {
 	client    rueidis.Client
 	opts      options
 	limitArg  string                        // opts.userLimit, formatted once
 	lanes     sync.Map                      // sku -> *lane, for coalescing; only items with calls in flight
-	guarded   atomic.Bool                   // a FailoverGuard exists: a pass that cannot record the epoch fails
-	fenced    atomic.Bool                   // a FailoverGuard saw the primaries change: ErrFailover
-	guard     atomic.Pointer[FailoverGuard] // the latest guard, which a pass that records the epoch checks
+	guarded   atomic.Bool                   // a failover guard exists: a pass that cannot record the epoch fails
+	fenced    atomic.Bool                   // a failover guard saw the primaries change: ErrFailover
+	guard     atomic.Pointer[failoverGuard] // the latest guard, which a pass that records the epoch checks
 	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
@@ -197,7 +197,7 @@ func (r *Reserver) outboxFlag() string {
 // Load creates an item with qty units available: the preheat before a sale. It returns
 // ErrLoaded, and changes nothing, when the item exists, so a re-run preheat never clobbers a
 // live sale; add stock to a live item with Restock. qty may be 0 (an item that is listed but has
-// nothing to sell yet). The item is added to the registry listed by Items.
+// nothing to sell yet). The item is added to the registry (see stockops.Items).
 func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
@@ -255,7 +255,7 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
 // with Replayed set and changes nothing.
 //
-// Errors: ErrInvalid and ErrFailover (a FailoverGuard fenced the Reserver): nothing was sent.
+// Errors: ErrInvalid and ErrFailover (a failover guard fenced the Reserver): nothing was sent.
 // ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
 // nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
 // receipt is valid, but fewer replicas than asked acknowledged the write in time.
@@ -300,7 +300,7 @@ func (r *Reserver) admit(ctx context.Context, req Request) error {
 // fenceRecheck is how often, at most, a fenced Reserver's requests check its guard themselves.
 const fenceRecheck = time.Second
 
-// isFenced reports whether a FailoverGuard fences r. A fenced Reserver checks its latest guard
+// isFenced reports whether a failover guard fences r. A fenced Reserver checks its latest guard
 // again on the request that finds the fence, at most once per fenceRecheck (the other requests
 // are refused at once): a repairing pass in another process lifts the fence even when nothing
 // checks the guard here any more (a Run that ended), as ErrFailover's doc says.
@@ -435,9 +435,8 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	return r.receiptAck(Receipt{SKU: sku, ID: id}, o, ackErr)
 }
 
-// Pending returns the number of events waiting in an item's outbox (not yet delivered by a
-// relay) and in its dead-letter set (rejected by the store as invalid).
-func (r *Reserver) Pending(ctx context.Context, sku string) (pending, dead int64, err error) {
+// pendingCounts is stockops.Pending.
+func (r *Reserver) pendingCounts(ctx context.Context, sku string) (pending, dead int64, err error) {
 	if err := checkName("sku", sku); err != nil {
 		return 0, 0, err
 	}
@@ -452,8 +451,8 @@ func (r *Reserver) Pending(ctx context.Context, sku string) (pending, dead int64
 	return pending, dead, nil
 }
 
-// Items iterates over the registry of loaded items (SSCAN, in pages), in no particular order.
-func (r *Reserver) Items(ctx context.Context) iter.Seq2[string, error] {
+// items is stockops.Items.
+func (r *Reserver) items(ctx context.Context) iter.Seq2[string, error] {
 	return func(yield func(string, error) bool) {
 		var cursor uint64
 		for {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
@@ -51,7 +52,7 @@ func levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 func ledger(t *testing.T, r *stock.Reserver, sku string) map[string]stock.Entry {
 	t.Helper()
 	m := map[string]stock.Entry{}
-	for e, err := range r.Entries(context.Background(), sku) {
+	for e, err := range stockops.Entries(context.Background(), r, sku) {
 		require.NoError(t, err)
 		_, dup := m[e.ID]
 		require.False(t, dup, "entry %s seen twice", e.ID)
@@ -110,7 +111,7 @@ func TestLoadAvailableLevels(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrSoldOut)
 
 		var items []string
-		for sku, err := range r.Items(ctx) {
+		for sku, err := range stockops.Items(ctx, r) {
 			require.NoError(t, err)
 			items = append(items, sku)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // returnsWithin runs call and fails t if it has not returned after limit: a call that would
@@ -104,8 +105,8 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 			}
 			r := newReserver(t, c, stock.WithTimeout(time.Second), stock.WithCoalescing(0))
 			rc := newReserver(t, c, stock.WithTimeout(time.Second))
-			guard := r.NewFailoverGuard()
-			rec, err := r.NewReconciler(memstore.New(), nil)
+			guard := stockops.NewFailoverGuard(r)
+			rec, err := stockops.NewReconciler(r, memstore.New(), nil)
 			require.NoError(t, err)
 			stop()
 			calls := []struct {

@@ -36,9 +36,7 @@
 //	// ...
 //	pub, err := amqppub.New(conn)
 //	// ...
-//	relay, err := reserver.NewRelay(nil, pub, nil)
-//	// ...
-//	go relay.Run(ctx)
+//	go reserver.Run(ctx, stock.RunOptions{Publisher: pub}) // the relay, with no Store: the queue path
 //
 //	// In the service that owns the database:
 //	cons, err := amqppub.NewConsumer(conn2, nil)

@@ -24,6 +24,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/amqppub"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 func a18URL(t *testing.T) string {
@@ -178,7 +179,7 @@ func TestAttack18ConsumersKilledMidStream(t *testing.T) {
 	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m/5", "m%6", "m:7", "m:8"}
 	p := newA18Pipeline(t, skus)
 	ctx := context.Background()
-	rl, err := p.r.NewRelay(nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
+	rl, err := stockops.NewRelay(p.r, nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func TestAttack18ConsumersKilledMidStream(t *testing.T) {
 	wg.Add(1)
 	go member(0)
 	p.traffic(t, 150, rng)
-	rec, err := p.r.NewReconciler(p.store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +357,7 @@ func (p *a18Pipeline) traffic(t *testing.T, n int, rng *rand.Rand) {
 func (p *a18Pipeline) verify(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	rec, err := p.r.NewReconciler(p.store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/amqppub"
+	"github.com/stockres/stock/stockops"
 )
 
 // The relay side: publish each item's events with publisher confirms.
@@ -24,7 +25,7 @@ func ExampleNew() {
 	if err != nil {
 		panic(err)
 	}
-	relay, err := reserver.NewRelay(nil, pub, nil)
+	relay, err := stockops.NewRelay(reserver, nil, pub, nil)
 	if err != nil {
 		panic(err)
 	}

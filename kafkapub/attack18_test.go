@@ -23,6 +23,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/kafkapub"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 const a18Topic = "a18-events"
@@ -118,7 +119,7 @@ func TestAttack18AwkwardSKUsOnePartition(t *testing.T) {
 	p := newA18Pipeline(t, []string{"a:b:c", "ü~ñ", "😀", "x/y%z", "-_-", "a.b", strRepeat("L", 128)})
 	rng := rand.New(rand.NewPCG(18, 3))
 	p.traffic(t, 200, rng)
-	rl, err := p.r.NewRelay(nil, pub, nil)
+	rl, err := stockops.NewRelay(p.r, nil, pub, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +270,7 @@ func TestAttack18MembersCrashMidStream(t *testing.T) {
 	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m:5", "m:6", "m:7", "m:8"}
 	p := newA18Pipeline(t, skus)
 	ctx := context.Background()
-	rl, err := p.r.NewRelay(nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
+	rl, err := stockops.NewRelay(p.r, nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +330,7 @@ func TestAttack18MembersCrashMidStream(t *testing.T) {
 	wg.Add(1)
 	go member(0)
 	p.traffic(t, 200, rng)
-	rec, err := p.r.NewReconciler(p.store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +432,7 @@ func (p *a18Pipeline) traffic(t *testing.T, n int, rng *rand.Rand) {
 	}
 }
 
-func (p *a18Pipeline) drain(t *testing.T, rl *stock.Relay) {
+func (p *a18Pipeline) drain(t *testing.T, rl *stockops.Relay) {
 	t.Helper()
 	ctx := context.Background()
 	for i := 0; i < 100; i++ {
@@ -440,7 +441,7 @@ func (p *a18Pipeline) drain(t *testing.T, rl *stock.Relay) {
 		}
 		var left int64
 		for sku := range p.initial {
-			n, _, err := p.r.Pending(ctx, sku)
+			n, _, err := stockops.Pending(ctx, p.r, sku)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -457,7 +458,7 @@ func (p *a18Pipeline) drain(t *testing.T, rl *stock.Relay) {
 func (p *a18Pipeline) verify(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	rec, err := p.r.NewReconciler(p.store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/kafkapub"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // The queue path on Kafka (here franz-go's in-process fake cluster): the relay publishes a sale,
@@ -59,7 +60,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	relay, err := reserver.NewRelay(nil, pub, nil)
+	relay, err := stockops.NewRelay(reserver, nil, pub, nil)
 	if err != nil {
 		panic(err)
 	}

@@ -38,9 +38,7 @@
 //	// ...
 //	pub, err := kafkapub.New(cl, "stock-events")
 //	// ...
-//	relay, err := reserver.NewRelay(nil, pub, nil)
-//	// ...
-//	go relay.Run(ctx)
+//	go reserver.Run(ctx, stock.RunOptions{Publisher: pub}) // the relay, with no Store: the queue path
 //
 //	// In the service that owns the database:
 //	cons, err := kafkapub.NewConsumer("stock-events", "store", nil, kgo.SeedBrokers(brokers...))

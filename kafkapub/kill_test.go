@@ -29,6 +29,7 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/kafkapub"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // The queue path with consumer processes killed by SIGKILL: Reserver → Relay (no store) →
@@ -126,7 +127,7 @@ type killRig struct {
 	client  rueidis.Client
 	r       *stock.Reserver
 	store   *sqlstore.Store
-	relay   *stock.Relay
+	relay   *stockops.Relay
 	lines   chan string
 	mu      sync.Mutex
 	results []string
@@ -155,7 +156,7 @@ func newKillRig(t *testing.T) *killRig {
 	rg.store = openStore(t, rg.cfg.DB)
 	pub, err := kafkapub.New(producer(t, rg.cfg.Brokers), topic)
 	require.NoError(t, err)
-	rg.relay, err = rg.r.NewRelay(nil, pub, &stock.RelayOptions{Poll: 20 * time.Millisecond})
+	rg.relay, err = stockops.NewRelay(rg.r, nil, pub, &stock.RelayOptions{Poll: 20 * time.Millisecond})
 	require.NoError(t, err)
 	return rg
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/natspub"
+	"github.com/stockres/stock/stockops"
 )
 
 // Broken promise under test (issue 13 case 2, with the package doc's consumer
@@ -71,7 +72,7 @@ func TestAttack13JetStreamConsumerDiesMidBatch(t *testing.T) {
 			}
 		}
 	}
-	rl, err := r.NewRelay(nil, pub, nil)
+	rl, err := stockops.NewRelay(r, nil, pub, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestAttack13JetStreamConsumerDiesMidBatch(t *testing.T) {
 		}
 	}
 	// consumer down: reconcile
-	rc, _ := r.NewReconciler(st, nil)
+	rc, _ := stockops.NewReconciler(r, st, nil)
 	res, err := rc.Pass(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +129,7 @@ func TestAttack13JetStreamConsumerDiesMidBatch(t *testing.T) {
 	// consumer 2
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		p, _, err := r.Pending(ctx, sku)
+		p, _, err := stockops.Pending(ctx, r, sku)
 		if err != nil {
 			t.Fatal(err)
 		}

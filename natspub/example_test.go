@@ -11,6 +11,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/natspub"
+	"github.com/stockres/stock/stockops"
 )
 
 // The relay publishes the Reserver's events to JetStream; a consumer in the service that owns
@@ -41,7 +42,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := reserver.NewRelay(nil, pub, nil)
+	relay, err := stockops.NewRelay(reserver, nil, pub, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/natspub"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // The queue path with consumer processes killed by SIGKILL: Reserver → Relay (no store) →
@@ -140,7 +141,7 @@ type killRig struct {
 	client  rueidis.Client
 	r       *stock.Reserver
 	store   *sqlstore.Store
-	relay   *stock.Relay
+	relay   *stockops.Relay
 	lines   chan string
 	mu      sync.Mutex
 	results []string // "MSG" lines of every child
@@ -177,7 +178,7 @@ func newKillRig(t *testing.T, ackWait time.Duration) *killRig {
 	rg.store = openStore(t, rg.cfg.DB)
 	pub, err := natspub.New(e.js, natspub.WithPrefix(e.prefix), natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
 	require.NoError(t, err)
-	rg.relay, err = rg.r.NewRelay(nil, pub, &stock.RelayOptions{Poll: 20 * time.Millisecond})
+	rg.relay, err = stockops.NewRelay(rg.r, nil, pub, &stock.RelayOptions{Poll: 20 * time.Millisecond})
 	require.NoError(t, err)
 	return rg
 }

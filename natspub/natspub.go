@@ -48,9 +48,7 @@
 //	}
 //	pub, err := natspub.New(js, natspub.WithStream("STOCK"), natspub.WithTimeout(5*time.Second))
 //	// ...
-//	relay, err := reserver.NewRelay(nil, pub) // or NewRelay(store, pub) to do both
-//	// ...
-//	go relay.Run(ctx)
+//	go reserver.Run(ctx, stock.RunOptions{Publisher: pub}) // the relay, with no Store: the queue path
 //
 // The consumer side (JetStream → durable pull consumer → stock.Consume → Store):
 //

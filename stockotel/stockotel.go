@@ -6,8 +6,8 @@
 //	if err != nil { ... }
 //	r, err := stock.New(client, stock.WithObserver(obs))
 //
-// Relays and reconcilers made from r (r.NewRelay, r.NewReconciler) report through the same
-// observer.
+// Relays and reconcilers made from r (by Reserver.Run, or stockops.NewRelay and
+// stockops.NewReconciler) report through the same observer.
 //
 // # Traces
 //

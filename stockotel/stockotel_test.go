@@ -16,6 +16,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stockotel"
 )
 
@@ -103,7 +104,7 @@ func scenario(t *testing.T, r *stock.Reserver) {
 
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
-	rl, err := r.NewRelay(store, nil, nil)
+	rl, err := stockops.NewRelay(r, store, nil, nil)
 	require.NoError(t, err)
 	st, err := rl.Once(ctx)
 	require.NoError(t, err)
@@ -114,7 +115,7 @@ func scenario(t *testing.T, r *stock.Reserver) {
 	require.Zero(t, st.Claimed)
 
 	store.Set("A", 3) // the store lost a unit: Redis has 4 available, the store 3
-	rec, err := r.NewReconciler(store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{DryRun: true})
 	require.NoError(t, err)
 	reps, err := rec.Once(ctx)
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stockotel"
 )
 
@@ -129,7 +130,7 @@ func TestSpans(t *testing.T) {
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, "A", 3))
 			require.NoError(t, store.Load(ctx, "B", 3))
-			relay, err := r.NewRelay(store, nil, &stock.RelayOptions{Items: []string{"A"}})
+			relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: []string{"A"}})
 			require.NoError(t, err)
 			// The relay runs in a loop of its own: its batch span is a child of the loop's span,
 			// and the claims that look for events (before a batch starts) stay under the loop.
@@ -137,7 +138,7 @@ func TestSpans(t *testing.T) {
 			_, err = relay.Once(lctx)
 			require.NoError(t, err)
 			loop.End()
-			rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{"A"}, DryRun: true})
+			rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}, DryRun: true})
 			require.NoError(t, err)
 			_, err = rec.Once(ctx)
 			require.NoError(t, err)

@@ -3,7 +3,7 @@
 // [New] gives a test a [stock.Reserver] on an in-process miniredis whose one
 // clock moves everything the Reserver depends on: hold deadlines (the scripts
 // read the Redis TIME command), key TTLs (relay leases, retry backoff) and the
-// Reserver's own cutoffs (the age of carts RecoverCarts undoes, the
+// Reserver's own cutoffs (the age of carts cart recovery undoes, the
 // reconciler's retention; see [stock.WithClock]) move together with
 // [Env.Advance], and stand still otherwise, so tests of deadlines do not
 // depend on how fast the machine is.

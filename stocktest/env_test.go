@@ -8,6 +8,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -100,7 +101,7 @@ func TestAdvanceMovesRelayBackoff(t *testing.T) {
 	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
 		t.Fatal(err)
 	}
-	rl, err := e.Reserver.NewRelay(st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"sku"}})
+	rl, err := stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"sku"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // A Delivery is one message a Consumer received from the queue.
@@ -108,7 +109,7 @@ type pubRig struct {
 	t     testing.TB
 	env   *Env
 	pair  PublisherPair
-	relay *stock.Relay
+	relay *stockops.Relay
 	store stock.Store
 	wait  time.Duration
 
@@ -370,7 +371,7 @@ func (rg *pubRig) recorded() *recordingPublisher {
 	if _, ok := rg.pair.Publisher.(stock.BatchPublisher); !ok {
 		pub = stock.PublisherFunc(rp.Publish) // keep the publisher's own shape
 	}
-	rl, err := rg.env.Reserver.NewRelay(nil, pub, &stock.RelayOptions{Batch: 16})
+	rl, err := stockops.NewRelay(rg.env.Reserver, nil, pub, &stock.RelayOptions{Batch: 16})
 	if err != nil {
 		rg.t.Fatalf("stocktest: NewRelay: %v", err)
 	}

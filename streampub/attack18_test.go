@@ -19,6 +19,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/streampub"
 )
 
@@ -289,7 +290,7 @@ func (p *a18Pipeline) handle(t *testing.T, cons *streampub.Consumer, msgs []stre
 func (p *a18Pipeline) verify(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	rec, err := p.r.NewReconciler(p.store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +325,7 @@ func (p *a18Pipeline) verify(t *testing.T) {
 	}
 }
 
-func a18DrainRelay(t *testing.T, p *a18Pipeline, rl *stock.Relay) {
+func a18DrainRelay(t *testing.T, p *a18Pipeline, rl *stockops.Relay) {
 	t.Helper()
 	ctx := context.Background()
 	for i := 0; i < 100; i++ {
@@ -333,7 +334,7 @@ func a18DrainRelay(t *testing.T, p *a18Pipeline, rl *stock.Relay) {
 		}
 		var left int64
 		for sku := range p.initial {
-			n, _, err := p.r.Pending(ctx, sku)
+			n, _, err := stockops.Pending(ctx, p.r, sku)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -366,7 +367,7 @@ func TestAttack18TrimmedWhilePending(t *testing.T) {
 		if err := streampub.EnsureGroup(ctx, c, "store", pub.Streams()); err != nil {
 			t.Fatal(err)
 		}
-		rl, err := p.r.NewRelay(nil, pub, nil)
+		rl, err := stockops.NewRelay(p.r, nil, pub, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -463,7 +464,7 @@ func TestAttack18ConsumersCrashMidStream(t *testing.T) {
 		if err := streampub.EnsureGroup(ctx, c, "store", pub.Streams()); err != nil {
 			t.Fatal(err)
 		}
-		rl, err := p.r.NewRelay(nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
+		rl, err := stockops.NewRelay(p.r, nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -515,7 +516,7 @@ func TestAttack18ConsumersCrashMidStream(t *testing.T) {
 		go member("a", 0) // "a" restarts under its name
 		p.traffic(t, 200, rng)
 		// Wait until every event is applied, or give up.
-		rec, err := p.r.NewReconciler(p.store, &stock.ReconcileOptions{DryRun: true})
+		rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/streampub"
 )
 
@@ -92,7 +93,7 @@ func BenchmarkRelay(b *testing.B) {
 		pub  stock.Publisher
 	}{{"one", stock.PublisherFunc(pub.Publish)}, {"batch", pub}} {
 		b.Run(tc.name, func(b *testing.B) {
-			rl, err := r.NewRelay(nil, tc.pub, &stock.RelayOptions{Batch: 128, Items: []string{"bench"}})
+			rl, err := stockops.NewRelay(r, nil, tc.pub, &stock.RelayOptions{Batch: 128, Items: []string{"bench"}})
 			require.NoError(b, err)
 			events := 0
 			var spent time.Duration

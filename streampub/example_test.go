@@ -11,6 +11,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/streampub"
 )
 
@@ -47,7 +48,7 @@ func Example() {
 	if err := streampub.EnsureGroup(ctx, client, "store", pub.Streams()); err != nil {
 		panic(err)
 	}
-	relay, err := reserver.NewRelay(nil, pub, nil)
+	relay, err := stockops.NewRelay(reserver, nil, pub, nil)
 	if err != nil {
 		panic(err)
 	}

@@ -47,9 +47,7 @@
 //
 //	pub, err := streampub.New(client)
 //	// ...
-//	relay, err := reserver.NewRelay(nil, pub, nil)
-//	// ...
-//	go relay.Run(ctx)
+//	go reserver.Run(ctx, stock.RunOptions{Publisher: pub}) // the relay, with no Store: the queue path
 //
 //	// In the service that owns the database:
 //	err = streampub.EnsureGroup(ctx, client, "store", pub.Streams())

@@ -16,6 +16,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // aclKeys are the key patterns of one prefix: the items' keys (every one starts with
@@ -98,7 +99,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			r, err := stock.New(c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
 				stock.WithSoldOutCache(time.Minute), stock.WithReplicaAck(0, time.Second), stock.WithObserver(obs))
 			require.NoError(t, err)
-			guard := r.NewFailoverGuard() // first, on a prefix with no item: it records the epoch
+			guard := stockops.NewFailoverGuard(r) // first, on a prefix with no item: it records the epoch
 			fenced, err := guard.Check(ctx)
 			require.NoError(t, err)
 			require.False(t, fenced)
@@ -122,9 +123,9 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			require.NoError(t, err)
 			_, err = r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute)
 			require.ErrorIs(t, err, stock.ErrInsufficient)
-			_, err = r.RecoverCarts(ctx, 0)
+			_, err = stockops.RecoverCarts(ctx, r, 0)
 			require.NoError(t, err)
-			_, err = r.Sweep(ctx)
+			_, err = stockops.Sweep(ctx, r)
 			require.NoError(t, err)
 			// Sell B out, then ask again: the fast path reads the sold-out filter through the
 			// client-side cache.
@@ -151,16 +152,16 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			require.NoError(t, err)
 			_, err = r.Ledger(ctx, "A", "o1")
 			require.NoError(t, err)
-			for _, err := range r.Entries(ctx, "A") {
+			for _, err := range stockops.Entries(ctx, r, "A") {
 				require.NoError(t, err)
 			}
 			var items []string
-			for sku, err := range r.Items(ctx) {
+			for sku, err := range stockops.Items(ctx, r) {
 				require.NoError(t, err)
 				items = append(items, sku)
 			}
 			assert.ElementsMatch(t, []string{"A", "B"}, items)
-			_, _, err = r.Pending(ctx, "A")
+			_, _, err = stockops.Pending(ctx, r, "A")
 			require.NoError(t, err)
 			require.NoError(t, r.CloseItem(ctx, "B"))
 			require.NoError(t, r.ReopenItem(ctx, "B"))
@@ -172,7 +173,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, "A", 3))
 			require.NoError(t, store.Load(ctx, "B", 3))
-			relay, err := r.NewRelay(store, nil, nil)
+			relay, err := stockops.NewRelay(r, store, nil, nil)
 			require.NoError(t, err)
 			for {
 				st, err := relay.Once(ctx)
@@ -181,7 +182,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 					break
 				}
 			}
-			rec, err := r.NewReconciler(store, nil)
+			rec, err := stockops.NewReconciler(r, store, nil)
 			require.NoError(t, err)
 			reps, err := rec.Once(ctx)
 			require.NoError(t, err)

@@ -22,6 +22,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // a12Backends runs f on every backend with the backend handle (for Pair).
@@ -288,7 +289,7 @@ func a12CartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool)
 				}
 			case 4, 5:
 				if !grouped {
-					_, err := r.RecoverCarts(ctx, -time.Second)
+					_, err := stockops.RecoverCarts(ctx, r, -time.Second)
 					assert.NoError(t, err)
 				}
 			}
@@ -450,7 +451,7 @@ func TestAttack12KeyNamesDoNotCollide(t *testing.T) {
 			assert.True(t, rc.Replayed)
 		}
 		var items []string
-		for it, err := range r.Items(ctx) {
+		for it, err := range stockops.Items(ctx, r) {
 			require.NoError(t, err)
 			items = append(items, it)
 		}
@@ -555,7 +556,7 @@ func TestAttack12PrefixesDoNotCollide(t *testing.T) {
 			_, err = r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
 			require.NoError(t, err)
 		}
-		_, err := rs["a:b"].RecoverCarts(ctx, -time.Second)
+		_, err := stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)
 		require.NoError(t, err)
 		for i, p := range prefixes {
 			r := rs[p]
@@ -566,7 +567,7 @@ func TestAttack12PrefixesDoNotCollide(t *testing.T) {
 				assert.Equal(t, int64(1), l.Sold, "%s %s", p, n)
 			}
 			var items []string
-			for it, err := range r.Items(ctx) {
+			for it, err := range stockops.Items(ctx, r) {
 				require.NoError(t, err)
 				items = append(items, it)
 			}
@@ -759,7 +760,7 @@ func TestAttack12HoldDeadlineEdges(t *testing.T) {
 					live[op] = e.State == stock.StateHeld
 					continue
 				case "sweep":
-					n, serr := r.Sweep(ctx, "d")
+					n, serr := stockops.Sweep(ctx, r, "d")
 					require.NoError(t, serr)
 					e, lerr := r.Ledger(ctx, "d", op)
 					require.NoError(t, lerr)
@@ -810,7 +811,7 @@ func TestAttack12HoldDeadlineRaces(t *testing.T) {
 				defer wg.Done()
 				_, herr = r2.Hold(ctx, stock.Request{SKU: "d", ID: id, User: "u", Qty: 1}, 20*time.Millisecond)
 			}()
-			go func() { defer wg.Done(); _, _ = r2.Sweep(ctx, "d") }()
+			go func() { defer wg.Done(); _, _ = stockops.Sweep(ctx, r2, "d") }()
 			wg.Wait()
 			e, err := r1.Ledger(ctx, "d", id)
 			require.NoError(t, err)
@@ -972,7 +973,7 @@ func TestAttack12FastPathIDsBeforeSellOut(t *testing.T) {
 			_, err = r.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 3})
 			assert.ErrorIs(t, err, stock.ErrConflict)
 		}
-		t.Logf("answered in-process: r1 %d, r2 %d", r1.SoldOutAnswers(), r2.SoldOutAnswers())
+		t.Logf("answered in-process: r1 %d, r2 %d", stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r2))
 		a12Check(t, r1, "f", n+2)
 	})
 }
@@ -1039,7 +1040,7 @@ func TestAttack12FastPathOwnWritesGiveBack(t *testing.T) {
 					_, err = r1.Restore(ctx, "g", id)
 					require.NoError(t, err)
 				case "refuse":
-					_, err = r1.Refuse(ctx, "g", id)
+					_, err = stockops.Refuse(ctx, r1, "g", id)
 					require.NoError(t, err)
 				case "cancel":
 					_, err = r1.Cancel(ctx, "g", id)
@@ -1050,7 +1051,7 @@ func TestAttack12FastPathOwnWritesGiveBack(t *testing.T) {
 					switch w {
 					case "sweep":
 						// r2's refused deducts may have released it first.
-						n, err = r1.Sweep(ctx, "g")
+						n, err = stockops.Sweep(ctx, r1, "g")
 						require.NoError(t, err)
 						require.LessOrEqual(t, n, int64(1))
 					case "extend":
@@ -1065,7 +1066,7 @@ func TestAttack12FastPathOwnWritesGiveBack(t *testing.T) {
 				require.NoError(t, err, "round %d: after its own %s gave a unit back, r1 said", round, w)
 			}
 		}
-		t.Logf("answered in-process: r1 %d, r2 %d", r1.SoldOutAnswers(), r2.SoldOutAnswers())
+		t.Logf("answered in-process: r1 %d, r2 %d", stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r2))
 		a12Check(t, r1, "g", 0)
 	})
 }
@@ -1089,8 +1090,8 @@ func TestAttack12FastPathHoldDeadlinePassed(t *testing.T) {
 		}
 		redistest.Sleep(c, 400*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "after", Qty: 1})
-		assert.NoError(t, err, "the only hold expired: the unit is free (%+v); answered in-process %d", rc, r.SoldOutAnswers())
-		t.Logf("answered in-process: %d", r.SoldOutAnswers())
+		assert.NoError(t, err, "the only hold expired: the unit is free (%+v); answered in-process %d", rc, stockops.SoldOutAnswers(r))
+		t.Logf("answered in-process: %d", stockops.SoldOutAnswers(r))
 		a12Check(t, r, "p", 1)
 	})
 }
@@ -1182,7 +1183,7 @@ func TestAttack12FastPathUnderChurn(t *testing.T) {
 		wg.Wait()
 		close(stop)
 		bg.Wait()
-		t.Logf("%d tombstones, %d repeats; in-process answers r1 %d r1b %d r2 %d", tombs, rp, r1.SoldOutAnswers(), r1b.SoldOutAnswers(), r2.SoldOutAnswers())
+		t.Logf("%d tombstones, %d repeats; in-process answers r1 %d r1b %d r2 %d", tombs, rp, stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r1b), stockops.SoldOutAnswers(r2))
 		assert.Empty(t, wrong)
 		a12Check(t, r1, "s", 0)
 	})
@@ -1215,7 +1216,7 @@ func TestAttack12FastPathTombstonesFromCartsAndCancels(t *testing.T) {
 			_, err = r.Hold(ctx, stock.Request{SKU: "z1", ID: cid, Qty: 1}, time.Minute)
 			assert.ErrorIs(t, err, stock.ErrRestored, cid)
 		}
-		t.Logf("in-process answers %d", r.SoldOutAnswers())
+		t.Logf("in-process answers %d", stockops.SoldOutAnswers(r))
 		assert.Equal(t, int64(0), a12Check(t, r, "a", 1000).Sold)
 	})
 }
@@ -1223,7 +1224,7 @@ func TestAttack12FastPathTombstonesFromCartsAndCancels(t *testing.T) {
 // a12Drain runs a relay pass until nothing is pending for the items.
 func a12Drain(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 	t.Helper()
-	rl, err := r.NewRelay(store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 	require.NoError(t, err)
 	for range 20 {
 		st, err := rl.Once(context.Background())
@@ -1234,11 +1235,11 @@ func a12Drain(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 	}
 }
 
-func a12Reports(t *testing.T, rec *stock.Reconciler) map[string]stock.Report {
+func a12Reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report {
 	t.Helper()
 	reps, err := rec.Once(context.Background())
 	require.NoError(t, err)
-	m := map[string]stock.Report{}
+	m := map[string]stockops.Report{}
 	for _, rp := range reps {
 		m[rp.SKU] = rp
 	}
@@ -1282,7 +1283,7 @@ func TestAttack12RetireOnlyDelisted(t *testing.T) {
 			assert.ErrorIs(t, r.Load(ctx, sku, 5), stock.ErrLoaded, sku)
 		}
 		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Retention: time.Millisecond})
+		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		reps := a12Reports(t, rec)
 		for _, sku := range []string{"closed", "reopened", "held", "pending", "x:u"} {
@@ -1344,7 +1345,7 @@ func TestAttack12RetireLargeLedgerThenReload(t *testing.T) {
 		a12Drain(t, r, store)
 		require.NoError(t, r.Delist(ctx, "big"))
 		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Retention: time.Millisecond})
+		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		var retired bool
 		for pass := range 6 {
@@ -1539,7 +1540,7 @@ func TestAttack12HoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
 		require.NoError(t, err)
-		n, err := r.RecoverCarts(ctx, -time.Second)
+		n, err := stockops.RecoverCarts(ctx, r, -time.Second)
 		require.NoError(t, err)
 		assert.Zero(t, n, "a held cart is not for recovery")
 		assert.Equal(t, int64(1), a12Check(t, r, "a", 5).Held)
@@ -1562,7 +1563,7 @@ func TestAttack12HoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 		require.NoError(t, err)
 		_, err = r.ConfirmMany(ctx, "hc3", "a", "b")
 		require.NoError(t, err)
-		n, err = r.RecoverCarts(ctx, -time.Second)
+		n, err = stockops.RecoverCarts(ctx, r, -time.Second)
 		require.NoError(t, err)
 		assert.Zero(t, n)
 		rc, err = r.HoldMany(ctx, cart3, time.Hour)
@@ -1602,7 +1603,7 @@ func TestAttack12RetireGroupedItem(t *testing.T) {
 		a12Drain(t, r, store)
 		require.NoError(t, r.Delist(ctx, "tee"))
 		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Retention: time.Millisecond})
+		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		reps := a12Reports(t, rec)
 		assert.True(t, reps["tee"].Retired, "%v", reps["tee"])
@@ -1808,12 +1809,12 @@ func TestAttack12SweepManyDue(t *testing.T) {
 		// takes release them: the exact counts hold only when taking them all was quick.
 		exact := time.Since(start) < ttl*3/4
 		redistest.Sleep(c, ttl+200*time.Millisecond)
-		n, err := r.Sweep(ctx, "s1")
+		n, err := stockops.Sweep(ctx, r, "s1")
 		require.NoError(t, err)
 		if exact {
 			assert.Equal(t, int64(600), n)
 		}
-		n, err = r.Sweep(ctx)
+		n, err = stockops.Sweep(ctx, r)
 		require.NoError(t, err)
 		if exact {
 			assert.Equal(t, int64(600), n)
@@ -1912,7 +1913,7 @@ func TestAttack12RandomOpsConcurrent(t *testing.T) {
 						}
 						continue
 					case 7:
-						if _, err := r.Sweep(ctx, sku); err != nil && errors.Is(err, stock.ErrInvalid) {
+						if _, err := stockops.Sweep(ctx, r, sku); err != nil && errors.Is(err, stock.ErrInvalid) {
 							t.Errorf("%s sweep: %v", k, err)
 						}
 						continue
@@ -2018,7 +2019,7 @@ func TestAttack12FastPathLifecycle(t *testing.T) {
 				a12Drain(t, r, store)
 				require.NoError(t, r.Delist(ctx, "life"))
 				redistest.Sleep(c, 20*time.Millisecond)
-				rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Retention: time.Millisecond})
+				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 				require.NoError(t, err)
 				reps := a12Reports(t, rec)
 				require.True(t, reps["life"].Retired, "%v", reps["life"])
@@ -2063,7 +2064,7 @@ func TestAttack12RebuildAfterItemHashLost(t *testing.T) {
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
 		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "o0", User: "u", Qty: 1})
 		t.Logf("replay while the item hash is lost: %v", err) // a replay from the ledger: fine
-		rec, err := r.NewReconciler(store, nil)
+		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
 		reps := a12Reports(t, rec)
 		t.Logf("%v", reps["lost"])
@@ -2104,7 +2105,7 @@ func TestAttack12RestoreAfterRebuild(t *testing.T) {
 		}
 		a12Drain(t, r, store)
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
-		rec, err := r.NewReconciler(store, nil)
+		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
 		reps := a12Reports(t, rec)
 		require.True(t, reps["lost"].Rebuilt, "%v", reps["lost"])
@@ -2147,7 +2148,7 @@ func TestAttack12RebuildKeepsClosed(t *testing.T) {
 		for _, sku := range []string{"cl", "dl"} {
 			require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{"+sku+"}").Build()).Error())
 		}
-		rec, err := r.NewReconciler(store, nil)
+		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
 		reps := a12Reports(t, rec)
 		for _, sku := range []string{"cl", "dl"} {
@@ -2242,7 +2243,7 @@ func TestAttack12RetryRefusalRecordedWithFastPath(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrSoldOut)
 			}
 		}
-		t.Logf("in-process answers r1 %d", r1.SoldOutAnswers())
+		t.Logf("in-process answers r1 %d", stockops.SoldOutAnswers(r1))
 		a12Check(t, r1, "rt", 0)
 	})
 }
@@ -2327,19 +2328,19 @@ func TestAttack12NoRetireWithDeadLetters(t *testing.T) {
 			return nil
 		})
 		a12Drain(t, r, store)
-		_, dead, err := r.Pending(ctx, "dlq")
+		_, dead, err := stockops.Pending(ctx, r, "dlq")
 		require.NoError(t, err)
 		require.Equal(t, int64(1), dead)
 		require.NoError(t, r.Delist(ctx, "dlq"))
 		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Retention: time.Millisecond})
+		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		reps, err := rec.Once(ctx)
 		t.Logf("%v %v", reps, err)
 		for _, rp := range reps {
 			assert.False(t, rp.Retired, "retired with a dead letter: %v", rp)
 		}
-		_, dead, err = r.Pending(ctx, "dlq")
+		_, dead, err = stockops.Pending(ctx, r, "dlq")
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), dead)
 	})
@@ -2363,14 +2364,14 @@ func TestAttack12RestockAfterDelist(t *testing.T) {
 		l := a12Check(t, r, "rd", 5)
 		if err == nil {
 			assert.Equal(t, int64(8), l.Loaded)
-			pending, _, perr := r.Pending(ctx, "rd")
+			pending, _, perr := stockops.Pending(ctx, r, "rd")
 			require.NoError(t, perr)
 			assert.Equal(t, int64(1), pending)
 		} else {
 			assert.Equal(t, int64(5), l.Loaded)
 		}
 		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Retention: time.Millisecond})
+		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		reps := a12Reports(t, rec)
 		if l.Loaded == 8 {
@@ -2494,7 +2495,7 @@ func TestAttack12RecoverCutSagas(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				n, err := r.RecoverCarts(ctx, -time.Second)
+				n, err := stockops.RecoverCarts(ctx, r, -time.Second)
 				assert.NoError(t, err)
 				undone.Add(int64(n))
 			}()
@@ -2528,7 +2529,7 @@ func TestAttack12RecoverCutSagas(t *testing.T) {
 			l := a12Check(t, r, s, 10000)
 			assert.Equal(t, int64(taken), l.Sold, s)
 		}
-		n, err := r.RecoverCarts(ctx, -time.Second)
+		n, err := stockops.RecoverCarts(ctx, r, -time.Second)
 		require.NoError(t, err)
 		assert.Zero(t, n)
 	})
@@ -2541,7 +2542,7 @@ var a12Seq atomic.Int64
 // test when the fast path never answers.
 func a12WarmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 	t.Helper()
-	before := r.SoldOutAnswers()
+	before := stockops.SoldOutAnswers(r)
 	tries := 200
 	if !must {
 		tries = 20
@@ -2549,7 +2550,7 @@ func a12WarmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 	for range tries {
 		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("warm-", a12Seq.Add(1)), Qty: 1})
 		require.ErrorIs(t, err, stock.ErrSoldOut)
-		if r.SoldOutAnswers() > before {
+		if stockops.SoldOutAnswers(r) > before {
 			return
 		}
 		if !must {

@@ -20,6 +20,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 type a13Queue struct {
@@ -113,7 +114,7 @@ func TestAttack13QueueReconcileWhileConsumerDownThenReversedRedelivery(t *testin
 				}
 			}
 			q := &a13Queue{}
-			rl, err := r.NewRelay(nil, q, nil)
+			rl, err := stockops.NewRelay(r, nil, q, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,7 +126,7 @@ func TestAttack13QueueReconcileWhileConsumerDownThenReversedRedelivery(t *testin
 				t.Fatal("relay published nothing")
 			}
 			// Consumer down: reconcile (repairing).
-			rc, err := r.NewReconciler(st, nil)
+			rc, err := stockops.NewReconciler(r, st, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -207,11 +208,11 @@ func TestAttack13QueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 			}
 			rng := rand.New(rand.NewSource(7))
 			q := &a13Queue{}
-			rl, err := r.NewRelay(nil, q, nil)
+			rl, err := stockops.NewRelay(r, nil, q, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rc, err := r.NewReconciler(st, nil)
+			rc, err := stockops.NewReconciler(r, st, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -445,12 +446,12 @@ func TestAttack13BlackholeEveryCallBounded(t *testing.T) {
 	check("Levels", func() error { _, err := r.Levels(ctx, "bh"); return err }, false)
 	check("Available", func() error { _, err := available(r.Levels(ctx, "bh")); return err }, false)
 	check("Load", func() error { return r.Load(ctx, "bh3", 1) }, true)
-	check("Sweep", func() error { _, err := r.Sweep(ctx, "bh"); return err }, false)
-	check("SweepAll", func() error { _, err := r.Sweep(ctx); return err }, false)
-	check("Pending", func() error { _, _, err := r.Pending(ctx, "bh"); return err }, false)
-	check("FailoverGuard.Check", func() error { _, err := r.NewFailoverGuard().Check(ctx); return err }, false)
+	check("Sweep", func() error { _, err := stockops.Sweep(ctx, r, "bh"); return err }, false)
+	check("SweepAll", func() error { _, err := stockops.Sweep(ctx, r); return err }, false)
+	check("Pending", func() error { _, _, err := stockops.Pending(ctx, r, "bh"); return err }, false)
+	check("FailoverGuard.Check", func() error { _, err := stockops.NewFailoverGuard(r).Check(ctx); return err }, false)
 	check("Relay.Once", func() error {
-		rl, err := r.NewRelay(st, nil, nil)
+		rl, err := stockops.NewRelay(r, st, nil, nil)
 		if err != nil {
 			return err
 		}
@@ -458,7 +459,7 @@ func TestAttack13BlackholeEveryCallBounded(t *testing.T) {
 		return err
 	}, false)
 	check("Reconciler.Pass", func() error {
-		rc, err := r.NewReconciler(st, nil)
+		rc, err := stockops.NewReconciler(r, st, nil)
 		if err != nil {
 			return err
 		}
@@ -500,7 +501,7 @@ func TestAttack13FenceLiftedOnlyByCompletePass(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := memstore.New()
-	g := r1.NewFailoverGuard()
+	g := stockops.NewFailoverGuard(r1)
 	if fenced, err := g.Check(ctx); err != nil || fenced {
 		t.Fatalf("first check: fenced=%v err=%v", fenced, err)
 	}
@@ -542,17 +543,17 @@ func TestAttack13FenceLiftedOnlyByCompletePass(t *testing.T) {
 			t.Fatalf("fence lifted by %s", what)
 		}
 	}
-	dry, _ := r2.NewReconciler(st, &stock.ReconcileOptions{DryRun: true})
+	dry, _ := stockops.NewReconciler(r2, st, &stock.ReconcileOptions{DryRun: true})
 	if res, err := dry.Pass(ctx); err != nil || res.EpochRecorded {
 		t.Fatalf("dry pass: %v %+v", err, res)
 	}
 	stillFenced("a dry run")
-	lim, _ := r2.NewReconciler(st, &stock.ReconcileOptions{Items: []string{"f1"}})
+	lim, _ := stockops.NewReconciler(r2, st, &stock.ReconcileOptions{Items: []string{"f1"}})
 	if res, err := lim.Pass(ctx); err != nil || res.EpochRecorded {
 		t.Fatalf("limited pass: %v %+v", err, res)
 	}
 	stillFenced("a pass limited to some items")
-	lim2, _ := r2.NewReconciler(st, &stock.ReconcileOptions{Items: []string{"f1", "f2"}})
+	lim2, _ := stockops.NewReconciler(r2, st, &stock.ReconcileOptions{Items: []string{"f1", "f2"}})
 	if res, err := lim2.Pass(ctx); err != nil || res.EpochRecorded {
 		t.Fatalf("limited pass over all items: %v %+v", err, res)
 	}
@@ -563,7 +564,7 @@ func TestAttack13FenceLiftedOnlyByCompletePass(t *testing.T) {
 	}
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	rl, _ := r2.NewRelay(st, stock.PublisherFunc(func(ctx context.Context, ev stock.Event) error {
+	rl, _ := stockops.NewRelay(r2, st, stock.PublisherFunc(func(ctx context.Context, ev stock.Event) error {
 		select {
 		case entered <- struct{}{}:
 		default:
@@ -571,10 +572,11 @@ func TestAttack13FenceLiftedOnlyByCompletePass(t *testing.T) {
 		<-block
 		return nil
 	}), &stock.RelayOptions{Items: []string{"f2"}})
+
 	relayDone := make(chan error, 1)
 	go func() { _, err := rl.Once(ctx); relayDone <- err }()
 	<-entered
-	full, _ := r2.NewReconciler(st, nil)
+	full, _ := stockops.NewReconciler(r2, st, nil)
 	res, err := full.Pass(ctx)
 	t.Logf("pass with a busy item: complete=%v recorded=%v err=%v", res.Complete, res.EpochRecorded, err)
 	if res.Complete || res.EpochRecorded {
@@ -623,7 +625,7 @@ func TestAttack13FlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 				}
 			}
 			q := &a13Queue{}
-			rl, _ := r.NewRelay(nil, q, nil)
+			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -642,7 +644,7 @@ func TestAttack13FlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 					t.Logf("flushall %s: %v", addr, err)
 				}
 			}
-			rc, _ := r.NewReconciler(st, nil)
+			rc, _ := stockops.NewReconciler(r, st, nil)
 			_, err = rc.Once(ctx)
 			if !errors.Is(err, stock.ErrRegistryLost) {
 				t.Fatalf("Once after FLUSHALL: %v, want ErrRegistryLost", err)
@@ -697,7 +699,7 @@ func TestAttack13FlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 			}
 			// the registry is back: relays see the item again
 			found := false
-			for sku, err := range r.Items(ctx) {
+			for sku, err := range stockops.Items(ctx, r) {
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -739,7 +741,7 @@ func TestAttack13OrphanedEventsNotGivenBack(t *testing.T) {
 				q := &a13Queue{}
 				var msgs []stock.Event
 				if queue {
-					rl, _ := r.NewRelay(nil, q, nil)
+					rl, _ := stockops.NewRelay(r, nil, q, nil)
 					if _, err := rl.Once(ctx); err != nil {
 						t.Fatal(err)
 					}
@@ -750,7 +752,7 @@ func TestAttack13OrphanedEventsNotGivenBack(t *testing.T) {
 					t.Fatal(err)
 				}
 				if !queue {
-					rl, _ := r.NewRelay(st, nil, nil)
+					rl, _ := stockops.NewRelay(r, st, nil, nil)
 					stats, err := rl.Once(ctx)
 					t.Logf("relay: %+v %v", stats, err)
 					if stats.Orphaned != 3 || stats.DeadLettered != 3 {
@@ -761,7 +763,7 @@ func TestAttack13OrphanedEventsNotGivenBack(t *testing.T) {
 					err := stock.Consume(ctx, r, st, msgs[2])
 					t.Logf("Consume o2 (earlier entries gone): %v", err)
 				}
-				rc, _ := r.NewReconciler(st, nil)
+				rc, _ := stockops.NewReconciler(r, st, nil)
 				for i := 0; i < 2; i++ {
 					res, err := rc.Pass(ctx)
 					t.Logf("pass: %v", err)
@@ -776,7 +778,7 @@ func TestAttack13OrphanedEventsNotGivenBack(t *testing.T) {
 				if lv.Available != 0 {
 					t.Errorf("available = %d after orphaned sales, want 0", lv.Available)
 				}
-				pending, dead, err := r.Pending(ctx, sku)
+				pending, dead, err := stockops.Pending(ctx, r, sku)
 				t.Logf("pending %d dead %d err %v", pending, dead, err)
 				if queue {
 					for _, ev := range msgs {
@@ -818,7 +820,7 @@ func TestAttack13GuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 			if err := r.Load(ctx, "g1", 5); err != nil {
 				t.Fatal(err)
 			}
-			g := r.NewFailoverGuard()
+			g := stockops.NewFailoverGuard(r)
 			fenced, err := g.Check(ctx)
 			if err != nil {
 				t.Skipf("guard unusable on this backend: %v", err)
@@ -829,7 +831,7 @@ func TestAttack13GuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 			if _, err := r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 				t.Fatalf("deduct while fenced: %v", err)
 			}
-			rec, err := r.NewReconciler(memstore.New(), nil)
+			rec, err := stockops.NewReconciler(r, memstore.New(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -937,11 +939,11 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 					t.Fatal(err)
 				}
 				q := &a13Queue{}
-				var rl *stock.Relay
+				var rl *stockops.Relay
 				if queue {
-					rl, err = r.NewRelay(nil, q, nil)
+					rl, err = stockops.NewRelay(r, nil, q, nil)
 				} else {
-					rl, err = r.NewRelay(st, nil, nil)
+					rl, err = stockops.NewRelay(r, st, nil, nil)
 				}
 				if err != nil {
 					t.Fatal(err)
@@ -1002,7 +1004,7 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 				}
 				// a reconciler running all through the sale: it must never repair anything
 				var repaired atomic.Value
-				rcBG, _ := r.NewReconciler(st, nil)
+				rcBG, _ := stockops.NewReconciler(r, st, nil)
 				bg.Add(1)
 				go func() {
 					defer bg.Done()
@@ -1058,7 +1060,7 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 						a13ConsumeAll(t, ctx, r, st, q.take(), rand.New(rand.NewSource(int64(i))))
 					}
 				}
-				pending, dead, err := r.Pending(ctx, sku)
+				pending, dead, err := stockops.Pending(ctx, r, sku)
 				if err != nil || pending != 0 || dead != 0 {
 					t.Errorf("pending %d dead %d %v", pending, dead, err)
 				}
@@ -1071,7 +1073,7 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 					t.Errorf("levels %+v, store remaining %d", lv, rem)
 				}
 				applied, taken := 0, 0
-				for e, err := range r.Entries(ctx, sku) {
+				for e, err := range stockops.Entries(ctx, r, sku) {
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -1088,7 +1090,7 @@ func TestAttack13CountingBothPaths(t *testing.T) {
 				if st.MaxApplications() > 1 {
 					t.Error("double application")
 				}
-				rc, _ := r.NewReconciler(st, nil)
+				rc, _ := stockops.NewReconciler(r, st, nil)
 				res, err := rc.Pass(ctx)
 				for _, rp := range res.Reports {
 					if rp.Drift != 0 || rp.Adjusted != 0 || rp.Published != 0 {
@@ -1119,7 +1121,7 @@ func TestAttack13RestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := r.NewFailoverGuard()
+	g := stockops.NewFailoverGuard(r)
 	if f, err := g.Check(ctx); err != nil || f {
 		t.Fatalf("check: %v %v", f, err)
 	}
@@ -1228,7 +1230,7 @@ func TestAttack13ErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 				}
 			}
 			// a guard on a Redis with items and no epoch fences at once
-			if f, err := r.NewFailoverGuard().Check(ctx); err != nil || !f {
+			if f, err := stockops.NewFailoverGuard(r).Check(ctx); err != nil || !f {
 				t.Skipf("could not fence: %v %v", f, err)
 			}
 			keysBefore := a13Keys(t, c)
@@ -1426,7 +1428,7 @@ func TestAttack13ConsumeTrustsMessageOverLedger(t *testing.T) {
 					t.Fatal(err)
 				}
 				q := &a13Queue{}
-				rl, _ := r.NewRelay(nil, q, nil)
+				rl, _ := stockops.NewRelay(r, nil, q, nil)
 				if _, err := rl.Once(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -1440,7 +1442,7 @@ func TestAttack13ConsumeTrustsMessageOverLedger(t *testing.T) {
 				t.Logf("forged %+v: %v; store remaining %d", bad, ferr, rem)
 				gerr := stock.Consume(ctx, r, st, msgs[0])
 				t.Logf("genuine: %v", gerr)
-				rc, _ := r.NewReconciler(st, nil)
+				rc, _ := stockops.NewReconciler(r, st, nil)
 				res, perr := rc.Pass(ctx)
 				for _, rp := range res.Reports {
 					t.Logf("pass: %s (%v)", rp, perr)
@@ -1553,7 +1555,7 @@ func TestAttack13ConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 				t.Fatal(err)
 			}
 			q := &a13Queue{}
-			rl, _ := r.NewRelay(nil, q, nil)
+			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -1564,7 +1566,7 @@ func TestAttack13ConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 				t.Logf("consume %s %s (dies after commit): %v", ev.Type, ev.ID, err)
 			}
 			st.die.Store(false)
-			rc, _ := r.NewReconciler(st.Store, nil)
+			rc, _ := stockops.NewReconciler(r, st.Store, nil)
 			for i := 0; i < 2; i++ {
 				res, err := rc.Pass(ctx)
 				for _, rp := range res.Reports {
@@ -1633,12 +1635,12 @@ func TestAttack13GroupedItemQueueOrder(t *testing.T) {
 				t.Fatal(err)
 			}
 			q := &a13Queue{}
-			rl, _ := r.NewRelay(nil, q, nil)
+			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
 			}
 			msgs := q.take()
-			rc, _ := r.NewReconciler(st, nil)
+			rc, _ := stockops.NewReconciler(r, st, nil)
 			if res, err := rc.Pass(ctx); err != nil {
 				t.Fatal(err)
 			} else {

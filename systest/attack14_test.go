@@ -26,6 +26,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -85,17 +86,17 @@ func TestAttack14RunOutOfRangeOptionsInvalidAtOnce(t *testing.T) {
 func TestAttack14NewRelayBounds(t *testing.T) {
 	e := stocktest.New(t)
 	st := memstore.New()
-	_, err := e.Reserver.NewRelay(nil, nil, nil)
+	_, err := stockops.NewRelay(e.Reserver, nil, nil, nil)
 	assert.Error(t, err, "NewRelay with neither Store nor Publisher")
-	_, err = e.Reserver.NewRelay(st, nil, &stock.RelayOptions{Batch: 10001})
+	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10001})
 	assert.Error(t, err, "Batch above 10,000")
-	_, err = e.Reserver.NewRelay(st, nil, &stock.RelayOptions{Batch: 10000})
+	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})
 	assert.NoError(t, err, "Batch of 10,000")
-	_, err = e.Reserver.NewRelay(st, nil, &stock.RelayOptions{})
+	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})
 	assert.NoError(t, err, "zero options take the defaults")
-	_, err = e.Reserver.NewReconciler(st, &stock.ReconcileOptions{Retention: -1})
+	_, err = stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})
 	assert.NoError(t, err, "a negative Retention never trims: it is valid")
-	_, err = e.Reserver.NewReconciler(st, nil)
+	_, err = stockops.NewReconciler(e.Reserver, st, nil)
 	assert.NoError(t, err)
 }
 
@@ -302,7 +303,7 @@ func TestAttack14RunDrainBoundedManyEvents(t *testing.T) {
 		// What is left is delivered later (after the lease of the events Run claimed), once in
 		// effect.
 		redistest.Sleep(c, 1100*time.Millisecond)
-		rl, err := r.NewRelay(st.s, nil, nil)
+		rl, err := stockops.NewRelay(r, st.s, nil, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		rem, err = st.s.Remaining(ctx, "slow")
@@ -466,7 +467,7 @@ func TestAttack14LevelsSweepBadSKUs(t *testing.T) {
 		for _, bad := range []string{"", "a{b", "a}b", "{a}", "a b", "a\nb", "a\x00b", strings.Repeat("x", stock.MaxNameLen+1)} {
 			_, err := r.Levels(ctx, bad)
 			assert.ErrorIs(t, err, stock.ErrInvalid, "Levels(%q)", bad)
-			_, err = r.Sweep(ctx, bad)
+			_, err = stockops.Sweep(ctx, r, bad)
 			assert.ErrorIs(t, err, stock.ErrInvalid, "Sweep(%q)", bad)
 			err = r.CloseItem(ctx, bad)
 			assert.ErrorIs(t, err, stock.ErrInvalid, "CloseItem(%q)", bad)
@@ -479,7 +480,7 @@ func TestAttack14LevelsSweepBadSKUs(t *testing.T) {
 		_, err = r.Hold(ctx, stock.Request{SKU: "ok", ID: "h", Qty: 1}, time.Millisecond)
 		require.NoError(t, err)
 		redistest.Sleep(c, 20*time.Millisecond)
-		n, err := r.Sweep(ctx, "ok", "nope")
+		n, err := stockops.Sweep(ctx, r, "ok", "nope")
 		t.Logf("Sweep(ok, nope) = %d, %v", n, err)
 		assert.Equal(t, int64(1), n, "the good item was swept")
 		assert.Equal(t, int64(0), levels(t, r, "ok").Held)
@@ -957,7 +958,7 @@ func TestAttack14CartRecoveryRacesLiveCarts(t *testing.T) {
 		err, ok := waitRun(t, done, 15*time.Second)
 		require.True(t, ok)
 		assert.ErrorIs(t, err, context.Canceled)
-		_, err = r.RecoverCarts(ctx, 0)
+		_, err = stockops.RecoverCarts(ctx, r, 0)
 		require.NoError(t, err)
 
 		var okCarts, undone int
@@ -1014,7 +1015,7 @@ func TestAttack14SweepManyDueHolds(t *testing.T) {
 		}
 	}
 	e.Advance(time.Minute + time.Millisecond)
-	n, err := r.Sweep(ctx)
+	n, err := stockops.Sweep(ctx, r)
 	require.NoError(t, err)
 	assert.Equal(t, int64(len(skus)*per*2), n, "every due hold of every item released")
 	for _, s := range skus {
@@ -1022,7 +1023,7 @@ func TestAttack14SweepManyDueHolds(t *testing.T) {
 		assert.Equal(t, int64(0), l.Held, s)
 		assert.Equal(t, int64(10*per), l.Available, s)
 	}
-	n, err = r.Sweep(ctx)
+	n, err = stockops.Sweep(ctx, r)
 	require.NoError(t, err)
 	assert.Equal(t, int64(0), n, "a second sweep finds nothing")
 }
@@ -1082,11 +1083,11 @@ func TestAttack14RetentionBounds(t *testing.T) {
 			require.NoError(t, st.Load(ctx, "ret", 10))
 			_, err := r.Deduct(ctx, stock.Request{SKU: "ret", ID: "d1", Qty: 1})
 			require.NoError(t, err)
-			rl, err := r.NewRelay(st, nil, nil)
+			rl, err := stockops.NewRelay(r, st, nil, nil)
 			require.NoError(t, err)
 			drain(t, rl)
 			e.Advance(tc.advance)
-			rec, err := r.NewReconciler(st, &stock.ReconcileOptions{Retention: tc.retention})
+			rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: tc.retention})
 			require.NoError(t, err)
 			reps, err := rec.Once(ctx)
 			require.NoError(t, err)
@@ -1118,7 +1119,7 @@ func TestAttack14RelayBatchOneDrainsInOnce(t *testing.T) {
 				require.NoError(t, err)
 			}
 		}
-		rl, err := r.NewRelay(st, nil, &stock.RelayOptions{Batch: 1})
+		rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{Batch: 1})
 		require.NoError(t, err)
 		stats, err := rl.Once(ctx)
 		require.NoError(t, err)
@@ -1131,7 +1132,7 @@ func TestAttack14RelayBatchOneDrainsInOnce(t *testing.T) {
 		require.NoError(t, err)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})
 		require.NoError(t, err)
-		rl, err = r.NewRelay(st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
+		rl, err = stockops.NewRelay(r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
 		require.NoError(t, err)
 		stats, err = rl.Once(ctx)
 		require.NoError(t, err)
@@ -1167,7 +1168,7 @@ func TestAttack14LevelsAtomicUnderLoad(t *testing.T) {
 					case 1:
 						_, _ = r.Hold(ctx, stock.Request{SKU: "lv", ID: id, Qty: 1}, time.Millisecond)
 					case 2:
-						_, _ = r.Sweep(ctx, "lv")
+						_, _ = stockops.Sweep(ctx, r, "lv")
 					}
 				}
 			}()
@@ -1211,7 +1212,7 @@ func TestAttack14StocktestClock(t *testing.T) {
 	require.NoError(t, st.Load(ctx, "clk", 5))
 	_, err = r.Deduct(ctx, stock.Request{SKU: "clk", ID: "d", Qty: 1})
 	require.NoError(t, err)
-	rl, err := r.NewRelay(st, nil, &stock.RelayOptions{MinBackoff: time.Hour, MaxBackoff: 2 * time.Hour})
+	rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{MinBackoff: time.Hour, MaxBackoff: 2 * time.Hour})
 	require.NoError(t, err)
 	st.FailWith(memstore.Down)
 	_, err = rl.Once(ctx)
@@ -1240,17 +1241,17 @@ func TestAttack14RetentionRealTime(t *testing.T) {
 		require.NoError(t, st.Load(ctx, "ret", 10))
 		_, err := r.Deduct(ctx, stock.Request{SKU: "ret", ID: "d1", Qty: 1})
 		require.NoError(t, err)
-		rl, err := r.NewRelay(st, nil, nil)
+		rl, err := stockops.NewRelay(r, st, nil, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		time.Sleep(1500 * time.Millisecond)
-		never, err := r.NewReconciler(st, &stock.ReconcileOptions{Retention: -1})
+		never, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: -1})
 		require.NoError(t, err)
 		reps, err := never.Once(ctx)
 		require.NoError(t, err)
 		require.Len(t, reps, 1)
 		assert.Equal(t, 0, reps[0].Trimmed, "a negative Retention never trims: %s", reps[0])
-		rec, err := r.NewReconciler(st, &stock.ReconcileOptions{Retention: time.Second})
+		rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Second})
 		require.NoError(t, err)
 		reps, err = rec.Once(ctx)
 		require.NoError(t, err)
@@ -1343,7 +1344,7 @@ func TestAttack14FenceAfterRunEndsLiftedByPass(t *testing.T) {
 			if !fenced {
 				t.Logf("the guard never fenced (the first pass won the race)")
 			}
-			rec, err := r.NewReconciler(st, nil)
+			rec, err := stockops.NewReconciler(r, st, nil)
 			require.NoError(t, err)
 			pr, err := rec.Pass(ctx)
 			require.NoError(t, err)
@@ -1351,7 +1352,7 @@ func TestAttack14FenceAfterRunEndsLiftedByPass(t *testing.T) {
 			_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-pass", Qty: 1})
 			assert.NoError(t, err, "a complete repairing pass ran since the guard fenced (fenced: %v)", fenced)
 			// What lifts it: a guard's next check.
-			f, err := r.NewFailoverGuard().Check(ctx)
+			f, err := stockops.NewFailoverGuard(r).Check(ctx)
 			t.Logf("a new guard's Check: fenced=%v err=%v", f, err)
 			_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-check", Qty: 1})
 			t.Logf("deduct after a new guard's check: %v", err)
@@ -1458,7 +1459,7 @@ func TestAttack14RunDryRunKeepsFence(t *testing.T) {
 			assert.ErrorIs(t, err, stock.ErrFailover, "no complete repairing pass: still fenced")
 			// Another process's complete repairing pass lifts the fence at the guard's next check.
 			r2 := newReserver(t, c)
-			rec, err := r2.NewReconciler(st, nil)
+			rec, err := stockops.NewReconciler(r2, st, nil)
 			require.NoError(t, err)
 			pr, err := rec.Pass(ctx)
 			require.NoError(t, err)
@@ -1525,7 +1526,7 @@ func TestAttack14SweepCorruptEntry(t *testing.T) {
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{bad}:l").FieldValue().FieldValue("h1", "garbage").Build()).Error())
 		redistest.Sleep(c, 200*time.Millisecond)
 		before := levels(t, r, "bad")
-		n, err := r.Sweep(ctx)
+		n, err := stockops.Sweep(ctx, r)
 		require.Error(t, err, "a corrupt entry is an error")
 		assert.Contains(t, err.Error(), "h1", "the error names the id")
 		assert.Equal(t, int64(0), levels(t, r, "good").Held, "the other item was swept")
@@ -1632,7 +1633,7 @@ func TestAttack14RunTwoPrefixes(t *testing.T) {
 		assert.Equal(t, int64(8), levels(t, ra, "~").Available)
 		assert.Equal(t, int64(15), levels(t, rb, "~").Available)
 		var items []string
-		for s, err := range rb.Items(ctx) {
+		for s, err := range stockops.Items(ctx, rb) {
 			require.NoError(t, err)
 			items = append(items, s)
 		}
@@ -1655,7 +1656,7 @@ func TestAttack14LevelsLostHash(t *testing.T) {
 		assert.ErrorIs(t, r.CloseItem(ctx, "lost"), stock.ErrNotLoaded)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "d2", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
-		n, err := r.Sweep(ctx, "lost")
+		n, err := stockops.Sweep(ctx, r, "lost")
 		t.Logf("Sweep of a lost item: %d, %v", n, err)
 		assert.Equal(t, int64(0), n)
 	})
@@ -1734,7 +1735,7 @@ func TestAttack14RunPanickingStore(t *testing.T) {
 func TestAttack14SweepEmpty(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := newReserver(t, c)
-		n, err := r.Sweep(context.Background())
+		n, err := stockops.Sweep(context.Background(), r)
 		assert.NoError(t, err)
 		assert.Equal(t, int64(0), n)
 	})
@@ -1780,7 +1781,7 @@ func TestAttack14RecordStatusStates(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.Deduct(ctx, stock.Request{SKU: "rs", ID: "refused", Qty: 2}) // the Store has 1 left
 	require.NoError(t, err)
-	rl, err := r.NewRelay(st, nil, nil)
+	rl, err := stockops.NewRelay(r, st, nil, nil)
 	require.NoError(t, err)
 	drain(t, rl)
 	drain(t, rl)
@@ -1820,7 +1821,7 @@ func TestAttack14RunPublisherDrainsOnCancelledCtx(t *testing.T) {
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Equal(t, int64(4), n.Load())
 		assert.Equal(t, int64(0), outboxLen(t, c, "qd"))
-		pending, dead, err := r.Pending(ctx, "qd")
+		pending, dead, err := stockops.Pending(ctx, r, "qd")
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), pending)
 		assert.Equal(t, int64(0), dead)
@@ -1872,7 +1873,7 @@ func TestAttack14SweepDuplicateSKUs(t *testing.T) {
 	_, err := r.Hold(ctx, stock.Request{SKU: "dup", ID: "h", Qty: 4}, time.Minute)
 	require.NoError(t, err)
 	e.Advance(2 * time.Minute)
-	n, err := r.Sweep(ctx, "dup", "dup", "dup")
+	n, err := stockops.Sweep(ctx, r, "dup", "dup", "dup")
 	require.NoError(t, err)
 	assert.Equal(t, int64(4), n)
 	assert.Equal(t, int64(10), levels(t, r, "dup").Available)
@@ -1960,7 +1961,7 @@ func TestAttack14RecoverCutCarts(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					n, err := r.RecoverCarts(ctx, 100*time.Millisecond)
+					n, err := stockops.RecoverCarts(ctx, r, 100*time.Millisecond)
 					assert.NoError(t, err)
 					undone.Add(int64(n))
 				}()
@@ -2038,16 +2039,16 @@ func TestAttack14StocktestClockCartRecovery(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // real time passes; the stocktest clock stands still
 	before := partial()
-	n0, err := r.RecoverCarts(ctx, 30*time.Minute)
+	n0, err := stockops.RecoverCarts(ctx, r, 30*time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, 0, n0, "no cart is 30 minutes old: the clock stood still")
 	e.Advance(time.Hour)
-	n1, err := r.RecoverCarts(ctx, 30*time.Minute)
+	n1, err := stockops.RecoverCarts(ctx, r, 30*time.Minute)
 	require.NoError(t, err)
 	after := partial()
 	t.Logf("%d carts half done before; RecoverCarts undid %d before Advance, %d after; %d still half done", before, n0, n1, after)
 	assert.Equal(t, 0, after, "after Advance(1h), RecoverCarts(30m) undid every cart cut short")
-	n2, err := r.RecoverCarts(ctx, 100*time.Millisecond)
+	n2, err := stockops.RecoverCarts(ctx, r, 100*time.Millisecond)
 	t.Logf("RecoverCarts(100ms), 500ms of real time after the carts: undid %d (%v); %d still half done", n2, err, partial())
 }
 

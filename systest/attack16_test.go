@@ -18,6 +18,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // a16Deploy starts a private Sentinel deployment, or skips the test with the reason.
@@ -92,7 +93,7 @@ func (a *a16Acked) count() int {
 }
 
 // a16Pass runs complete repairing passes until one records the epoch (or the time is up).
-func a16Pass(t *testing.T, ctx context.Context, rec *stock.Reconciler, within time.Duration) stock.PassResult {
+func a16Pass(t *testing.T, ctx context.Context, rec *stockops.Reconciler, within time.Duration) stockops.PassResult {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -165,7 +166,7 @@ func a16Audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore
 // a16Drain delivers the outbox of every item to the store until it is empty.
 func a16Drain(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, skus ...string) {
 	t.Helper()
-	rl, err := r.NewRelay(st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: 2 * time.Second})
+	rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: 2 * time.Second})
 	if err != nil {
 		t.Fatalf("relay: %v", err)
 	}
@@ -174,7 +175,7 @@ func a16Drain(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Sto
 		_, rerr := rl.Once(ctx)
 		left := int64(0)
 		for _, sku := range skus {
-			p, d, err := r.Pending(ctx, sku)
+			p, d, err := stockops.Pending(ctx, r, sku)
 			if err != nil {
 				left++
 				continue
@@ -390,7 +391,7 @@ func TestAttack16GuardFencesEveryFailoverABA(t *testing.T) {
 			Reconcile: &stock.ReconcileOptions{Interval: time.Hour}, Drain: 5 * time.Second,
 			Relay: &stock.RelayOptions{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
 	}()
-	rec, err := r.NewReconciler(st, nil)
+	rec, err := stockops.NewReconciler(r, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,8 +520,8 @@ func TestAttack16FailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	for _, sku := range skus {
 		a16Load(t, ctx, r, st, sku, 50)
 	}
-	g := r.NewFailoverGuard()
-	rec0, err := r.NewReconciler(st, nil)
+	g := stockops.NewFailoverGuard(r)
+	rec0, err := stockops.NewReconciler(r, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,12 +530,12 @@ func TestAttack16FailoverDuringPassDoesNotLiftFence(t *testing.T) {
 		t.Fatalf("after a complete pass: fenced=%v err=%v", fenced, err)
 	}
 	gs := &a16GateStore{Store: st, entered: make(chan struct{}), gate: make(chan struct{})}
-	rec, err := r.NewReconciler(gs, nil)
+	rec, err := stockops.NewReconciler(r, gs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	type out struct {
-		res stock.PassResult
+		res stockops.PassResult
 		err error
 	}
 	done := make(chan out, 1)
@@ -643,7 +644,7 @@ func TestAttack16CartsAcrossKill9(t *testing.T) {
 	for _, sku := range skus {
 		a16Load(t, ctx, r, st, sku, 1_000_000)
 	}
-	rec, err := r.NewReconciler(st, nil)
+	rec, err := stockops.NewReconciler(r, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -696,7 +697,7 @@ func TestAttack16CartsAcrossKill9(t *testing.T) {
 	// With min-replicas-to-write, writes fail with NOREPLICAS while the new primary has no
 	// replica in sync (documented): retry, as Run's recovery loop does.
 	for deadline := time.Now().Add(15 * time.Second); ; {
-		_, err := r.RecoverCarts(ctx, time.Millisecond)
+		_, err := stockops.RecoverCarts(ctx, r, time.Millisecond)
 		if err == nil {
 			break
 		}
@@ -776,7 +777,7 @@ func TestAttack16TwoRunsHoldsAcrossKill9(t *testing.T) {
 	st := memstore.New()
 	const sku = "a16-two"
 	a16Load(t, ctx, r1, st, sku, 1_000_000)
-	rec, err := r1.NewReconciler(st, nil)
+	rec, err := stockops.NewReconciler(r1, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -858,7 +859,7 @@ func TestAttack16TwoRunsHoldsAcrossKill9(t *testing.T) {
 	time.Sleep(2 * time.Second) // every remaining hold past its deadline; the sweepers release them
 	stopRun()
 	runs.Wait()
-	if _, err := r1.Sweep(ctx, sku); err != nil {
+	if _, err := stockops.Sweep(ctx, r1, sku); err != nil {
 		t.Errorf("sweep: %v", err)
 	}
 	a16Drain(t, ctx, r1, st, sku)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -189,13 +190,13 @@ func a18Traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *mem
 
 // a18Drain runs the relay until every item's outbox is empty, moving the Redis clock past every
 // backoff and lease between passes.
-func a18Drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stock.Relay, skus []string) {
+func a18Drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Relay, skus []string) {
 	t.Helper()
 	for pass := 0; pass < 400; pass++ {
 		_, _ = rl.Once(ctx)
 		left := int64(0)
 		for _, sku := range skus {
-			p, _, err := e.Reserver.Pending(ctx, sku)
+			p, _, err := stockops.Pending(ctx, e.Reserver, sku)
 			if err != nil {
 				t.Fatalf("Pending %q: %v", sku, err)
 			}
@@ -240,7 +241,7 @@ func a18ConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stoc
 // and the store saw each item's events in order.
 func a18Verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *a18OrderStore, a *a18Acks) {
 	t.Helper()
-	rec, err := r.NewReconciler(st.Store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(r, st.Store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +330,7 @@ func TestAttack18BatchFailsMidBatch(t *testing.T) {
 		}
 		return errs, keep
 	}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 16})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +378,7 @@ func TestAttack18BatchHoleInAnswer(t *testing.T) {
 		}
 		return errs, keep
 	}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 8})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +403,7 @@ func TestAttack18BatchWrongLength(t *testing.T) {
 			ctx, e, st, rng := a18Setup(t, 3)
 			skus := []string{"w"}
 			acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-			before, _, err := e.Reserver.Pending(ctx, "w")
+			before, _, err := stockops.Pending(ctx, e.Reserver, "w")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -417,7 +418,7 @@ func TestAttack18BatchWrongLength(t *testing.T) {
 				}
 				return nil, keep
 			}
-			rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 16})
+			rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -425,7 +426,7 @@ func TestAttack18BatchWrongLength(t *testing.T) {
 			if st1.Delivered != 0 {
 				t.Errorf("wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
 			}
-			after, _, err := e.Reserver.Pending(ctx, "w")
+			after, _, err := stockops.Pending(ctx, e.Reserver, "w")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -460,7 +461,7 @@ func TestAttack18BatchPanics(t *testing.T) {
 		}
 		return make([]error, len(evs)), keep
 	}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +513,7 @@ func TestAttack18ConsumedBeforeConfirm(t *testing.T) {
 					return nil
 				})
 			}
-			rl, err := e.Reserver.NewRelay(nil, pub, nil)
+			rl, err := stockops.NewRelay(e.Reserver, nil, pub, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -533,7 +534,7 @@ func TestAttack18ConcurrentConsumers(t *testing.T) {
 	skus := []string{"k1", "k2", "k3", "k4"}
 	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +594,7 @@ func TestAttack18StaleRedelivery(t *testing.T) {
 	skus := []string{"old"}
 	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -655,7 +656,7 @@ func TestAttack18RunCancelMidBatch(t *testing.T) {
 	}
 	var pending int64
 	for _, sku := range skus {
-		p, _, err := e.Reserver.Pending(ctx, sku)
+		p, _, err := stockops.Pending(ctx, e.Reserver, sku)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -663,7 +664,7 @@ func TestAttack18RunCancelMidBatch(t *testing.T) {
 	}
 	t.Logf("first Run: %d published, %d left in the outboxes", firstRun, pending)
 	e.Advance(2 * time.Minute) // past any lease the first Run held
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -690,7 +691,7 @@ func TestAttack18AcceptAfterContextEnd(t *testing.T) {
 		}
 		return make([]error, len(evs)), keep
 	}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 8})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -736,7 +737,7 @@ func TestAttack18ManyItemsLiveConsume(t *testing.T) {
 		}
 		return errs, keep
 	}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 4})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -825,7 +826,7 @@ func a18LedgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver,
 	t.Helper()
 	var ids []string
 	entries := map[string]stock.Entry{}
-	for e, err := range r.Entries(ctx, sku) {
+	for e, err := range stockops.Entries(ctx, r, sku) {
 		if err != nil {
 			t.Fatalf("Entries %q: %v", sku, err)
 		}
@@ -889,7 +890,7 @@ func TestAttack18RefusalsConcurrentConsumers(t *testing.T) {
 		}
 	}
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 8})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -937,11 +938,11 @@ func TestAttack18ReconcilerDuringConsume(t *testing.T) {
 	skus := []string{"c:1", "c:2", "c:3", "c:4"}
 	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 4})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := e.Reserver.NewReconciler(st, nil)
+	rec, err := stockops.NewReconciler(e.Reserver, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -998,7 +999,7 @@ func TestAttack18ReconcilerDuringConsume(t *testing.T) {
 		cwg.Wait()
 		var pending int64
 		for _, sku := range skus {
-			p, _, _ := e.Reserver.Pending(ctx, sku)
+			p, _, _ := stockops.Pending(ctx, e.Reserver, sku)
 			pending += p
 		}
 		if pending == 0 && len(held) == 0 && len(q.snapshot()) == 0 && pass > 5 {
@@ -1076,7 +1077,7 @@ func TestAttack18HoldsOnQueuePath(t *testing.T) {
 		}
 	}
 	e.Advance(2 * time.Minute)
-	if _, err := e.Reserver.Sweep(ctx); err != nil {
+	if _, err := stockops.Sweep(ctx, e.Reserver); err != nil {
 		t.Fatal(err)
 	}
 	for _, x := range expiring { // a late confirm of an expired hold changes nothing
@@ -1085,13 +1086,13 @@ func TestAttack18HoldsOnQueuePath(t *testing.T) {
 		}
 	}
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, &stock.RelayOptions{Batch: 8})
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a18Drain(t, ctx, e, rl, skus)
 	a18ConcurrentConsume(t, ctx, e.Reserver, st, q.take(), 2, 6, rng)
-	rec, err := e.Reserver.NewReconciler(st.Store, &stock.ReconcileOptions{DryRun: true})
+	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1124,7 +1125,7 @@ func TestAttack18RedeliveryAfterRetention(t *testing.T) {
 	skus := []string{"ret:1", "ret:2"}
 	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 120, rng)
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1134,7 +1135,7 @@ func TestAttack18RedeliveryAfterRetention(t *testing.T) {
 	a18Verify(t, ctx, e.Reserver, st, acks)
 	// The retention is measured on a clock Advance does not move (30h of Advance with a 1h
 	// Retention trims nothing), so a tiny Retention and a few real milliseconds stand for a day.
-	rec, err := e.Reserver.NewReconciler(st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
+	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1175,7 +1176,7 @@ func TestAttack18RedeliveryAfterRetention(t *testing.T) {
 	if answers["nil"] != len(msgs) {
 		t.Errorf("redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
 	}
-	dry, err := e.Reserver.NewReconciler(st.Store, &stock.ReconcileOptions{DryRun: true})
+	dry, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1216,7 +1217,7 @@ func TestAttack18RetentionRaisedRerecordBreaksItem(t *testing.T) {
 		t.Fatal("the traffic made no restock")
 	}
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1224,14 +1225,14 @@ func TestAttack18RetentionRaisedRerecordBreaksItem(t *testing.T) {
 	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
 	a18Verify(t, ctx, e.Reserver, st, acks)
 	e.Advance(time.Second)
-	short, err := e.Reserver.NewReconciler(st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
+	short, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := short.Once(ctx); err != nil {
 		t.Fatalf("pass with the short retention: %v", err)
 	}
-	long, err := e.Reserver.NewReconciler(st.Store, nil)
+	long, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1261,7 +1262,7 @@ func TestAttack18LedgerLostRerecordedRestockBreaksItem(t *testing.T) {
 		t.Fatal("the traffic made no restock")
 	}
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1278,7 +1279,7 @@ func TestAttack18LedgerLostRerecordedRestockBreaksItem(t *testing.T) {
 	if lost != 1 {
 		t.Fatalf("found %d ledger keys of the item to evict", lost)
 	}
-	rec, err := e.Reserver.NewReconciler(st.Store, nil)
+	rec, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1338,7 +1339,7 @@ func TestAttack18FlakyStoreAndContexts(t *testing.T) {
 	skus := []string{"f:1", "f:2", "f:3"}
 	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
 	q := &a18Queue{}
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1433,7 +1434,7 @@ func TestAttack18RunPublisherIgnoresContext(t *testing.T) {
 	}
 	e.Advance(2 * time.Minute)
 	q.batch = nil
-	rl, err := e.Reserver.NewRelay(nil, q, nil)
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

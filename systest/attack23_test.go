@@ -22,6 +22,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -132,7 +133,7 @@ func TestAttack23FastPathDifferential(t *testing.T) {
 			ids = append(ids, id)
 		}
 		redistest.Sleep(c1, 600*time.Millisecond) // the e holds pass their deadline
-		_, err := fast.Sweep(ctx, sku)
+		_, err := stockops.Sweep(ctx, fast, sku)
 		require.NoError(t, err)
 		// Sell out with fill ids.
 		for i := 0; ; i++ {
@@ -162,7 +163,7 @@ func TestAttack23FastPathDifferential(t *testing.T) {
 		// Every entry's id, asked as a deduct and as a hold, with the entry's own parameters and
 		// with others; and new ids.
 		entries := map[string]stock.Entry{}
-		for e, err := range ref.Entries(ctx, sku) {
+		for e, err := range stockops.Entries(ctx, ref, sku) {
 			require.NoError(t, err)
 			entries[e.ID] = e
 		}
@@ -213,9 +214,9 @@ func TestAttack23FastPathDifferential(t *testing.T) {
 			diffs = append(diffs[:10], fmt.Sprintf("... %d in all", len(diffs)))
 		}
 		assert.Empty(t, diffs, "the fast path answered otherwise than the script")
-		t.Logf("%s: %d questions, %d answered in-process", sku, 3*len(qs), fast.SoldOutAnswers())
+		t.Logf("%s: %d questions, %d answered in-process", sku, 3*len(qs), stockops.SoldOutAnswers(fast))
 		if real {
-			assert.Positive(t, fast.SoldOutAnswers(), "on a caching client the fast path answers some refusals in-process")
+			assert.Positive(t, stockops.SoldOutAnswers(fast), "on a caching client the fast path answers some refusals in-process")
 		}
 		a23Levels(t, fast, sku)
 	})
@@ -299,7 +300,7 @@ func TestAttack23FastPathOwnWritesWithHolds(t *testing.T) {
 			}
 			a23Levels(t, r, sku)
 		}
-		t.Logf("answered in-process: %d", r.SoldOutAnswers())
+		t.Logf("answered in-process: %d", stockops.SoldOutAnswers(r))
 	})
 }
 
@@ -362,7 +363,7 @@ func TestAttack23FastPathOtherProcessBounded(t *testing.T) {
 			case 1:
 				// restore the last sale of r1
 				var last string
-				for e, err := range r2.Entries(ctx, sku) {
+				for e, err := range stockops.Entries(ctx, r2, sku) {
 					require.NoError(t, err)
 					if e.Kind == stock.KindDeduct && e.Taken() {
 						last = e.ID
@@ -420,7 +421,7 @@ func TestAttack23UserLimitConcurrentCopies(t *testing.T) {
 		// A complete pass records the primaries as reconciled before Run starts, so that Run's
 		// guard does not fence r1 as a guard added to a live deployment (documented) while the
 		// requests run.
-		rec, err := r1.NewReconciler(store, nil)
+		rec, err := stockops.NewReconciler(r1, store, nil)
 		require.NoError(t, err)
 		pr, err := rec.Pass(ctx)
 		require.NoError(t, err)
@@ -533,7 +534,7 @@ func TestAttack23UserLimitConcurrentCopies(t *testing.T) {
 		require.NoError(t, ignoreCanceled(stop()))
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 		for _, sku := range skus {
-			p, d, err := r1.Pending(ctx, sku)
+			p, d, err := stockops.Pending(ctx, r1, sku)
 			require.NoError(t, err)
 			assert.Zero(t, p, "%s: outbox drained", sku)
 			assert.Zero(t, d)
@@ -739,7 +740,7 @@ func TestAttack23RecoverCartsSkewedClockRacesSagas(t *testing.T) {
 					return
 				default:
 				}
-				n, err := ahead.RecoverCarts(ctx, time.Minute)
+				n, err := stockops.RecoverCarts(ctx, ahead, time.Minute)
 				if err != nil {
 					t.Errorf("RecoverCarts: %v", err)
 					return
@@ -898,7 +899,7 @@ func TestAttack23RunLateItemsManyHoldsDue(t *testing.T) {
 			n, err := store.Remaining(ctx, sku)
 			require.NoError(t, err)
 			assert.Equal(t, int64(25), n, "%s: the store after Run's drain", sku)
-			p, _, err := r.Pending(ctx, sku)
+			p, _, err := stockops.Pending(ctx, r, sku)
 			require.NoError(t, err)
 			assert.Zero(t, p, "%s: outbox after Run returned", sku)
 			for h := range 8 {
@@ -1054,7 +1055,7 @@ func TestAttack23StocktestOneClock(t *testing.T) {
 
 	// Cart age: a completed cart is never undone, however old.
 	e.Advance(6 * time.Minute)
-	undone, err := r.RecoverCarts(ctx, 5*time.Minute)
+	undone, err := stockops.RecoverCarts(ctx, r, 5*time.Minute)
 	require.NoError(t, err)
 	assert.Zero(t, undone, "a completed cart is not undone")
 	assert.Equal(t, int64(2), a23Levels(t, r, skus[0]).Held, "6 minutes of 10: still held")
@@ -1078,7 +1079,7 @@ func TestAttack23StocktestOneClock(t *testing.T) {
 	assert.True(t, err == nil || errors.Is(err, context.Canceled) || errors.Is(err, memstore.ErrDown), "Run: %v", err)
 	assert.LessOrEqual(t, store.MaxApplications(), 1)
 	for _, s := range skus {
-		p, _, err := r.Pending(ctx, s)
+		p, _, err := stockops.Pending(ctx, r, s)
 		require.NoError(t, err)
 		assert.Zero(t, p)
 	}
@@ -1107,7 +1108,7 @@ func TestAttack23StocktestLease(t *testing.T) {
 		return memstore.ErrDown
 	})
 	defer close(stuck)
-	dead, err := r.NewRelay(hung, nil, &stock.RelayOptions{Lease: time.Minute})
+	dead, err := stockops.NewRelay(r, hung, nil, &stock.RelayOptions{Lease: time.Minute})
 	require.NoError(t, err)
 	go func() { _, _ = dead.Once(context.Background()) }()
 	select {
@@ -1117,7 +1118,7 @@ func TestAttack23StocktestLease(t *testing.T) {
 	}
 	good := memstore.New()
 	require.NoError(t, good.Load(ctx, "lease:x", 5))
-	rl, err := r.NewRelay(good, nil, &stock.RelayOptions{Lease: time.Minute})
+	rl, err := stockops.NewRelay(r, good, nil, &stock.RelayOptions{Lease: time.Minute})
 	require.NoError(t, err)
 	time.Sleep(200 * time.Millisecond)
 	st, err := rl.Once(ctx)
@@ -1166,9 +1167,9 @@ func TestAttack23FenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
 			if !fenced {
 				t.Skip("Run's guard never fenced (its pass won the race): nothing to check")
 			}
-			rec, err := r1.NewReconciler(st, nil)
+			rec, err := stockops.NewReconciler(r1, st, nil)
 			require.NoError(t, err)
-			var pr stock.PassResult
+			var pr stockops.PassResult
 			require.Eventually(t, func() bool { // the ended Run's lease lasts at most 5s
 				pr, err = rec.Pass(ctx)
 				return err == nil && pr.Complete && pr.EpochRecorded
@@ -1243,10 +1244,10 @@ func TestAttack23FastPathRetiredReloaded(t *testing.T) {
 			require.ErrorIs(t, err, stock.ErrSoldOut)
 		}
 		require.NoError(t, r.Delist(ctx, sku))
-		rl, err := r.NewRelay(st, nil, nil)
+		rl, err := stockops.NewRelay(r, st, nil, nil)
 		require.NoError(t, err)
 		drain(t, rl)
-		rec, err := r.NewReconciler(st, &stock.ReconcileOptions{Retention: time.Millisecond})
+		rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		redistest.Sleep(c1, 50*time.Millisecond)
 		retired := false

@@ -19,6 +19,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -156,7 +157,7 @@ func aiRun(t *testing.T, r *stock.Reserver, opts stock.RunOptions) (stop func() 
 // aiSettled says whether sku has no pending event and the store agrees with Redis
 // (store remaining == available + held).
 func aiSettled(ctx context.Context, r *stock.Reserver, store *memstore.Store, sku string) (bool, string) {
-	p, d, err := r.Pending(ctx, sku)
+	p, d, err := stockops.Pending(ctx, r, sku)
 	if err != nil {
 		return false, fmt.Sprintf("%s: Pending: %v", sku, err)
 	}
@@ -811,7 +812,7 @@ func TestAttackIdleLeaseHeldElsewhere(t *testing.T) {
 	target := skus[1777]
 	bs := &aiBlockStore{Store: e.store, sku: target, entered: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { close(bs.release) })
-	hung, err := e.r.NewRelay(bs, nil, &stock.RelayOptions{Items: []string{target}, Lease: 2 * time.Second})
+	hung, err := stockops.NewRelay(e.r, bs, nil, &stock.RelayOptions{Items: []string{target}, Lease: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -850,7 +851,7 @@ func TestAttackIdleRestrictedRelayBeside(t *testing.T) {
 	if err := other.Load(context.Background(), skus[0], 100); err != nil {
 		t.Fatal(err)
 	}
-	lim, err := e.r.NewRelay(other, nil, &stock.RelayOptions{Items: []string{skus[0]}, Poll: 10 * time.Millisecond})
+	lim, err := stockops.NewRelay(e.r, other, nil, &stock.RelayOptions{Items: []string{skus[0]}, Poll: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -977,7 +978,7 @@ func TestAttackIdleCancelRefusePrompt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, s := range p[8:] {
-		if _, err := e.r.Refuse(ctx, s, fmt.Sprintf("d-%d", i)); err != nil {
+		if _, err := stockops.Refuse(ctx, e.r, s, fmt.Sprintf("d-%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1044,7 +1045,7 @@ func TestAttackIdlePublisherOnly(t *testing.T) {
 		t.Errorf("published only after %v (want < %v)", took, aiPrompt)
 	}
 	for _, s := range picked {
-		if p, _, err := e.r.Pending(context.Background(), s); err != nil || p != 0 {
+		if p, _, err := stockops.Pending(context.Background(), e.r, s); err != nil || p != 0 {
 			t.Errorf("%s: %d still in the outbox (%v)", s, p, err)
 		}
 	}
@@ -1069,14 +1070,14 @@ func TestAttackIdleOnceAndSweepVisitAll(t *testing.T) {
 		t.Errorf("no hint keys to drop after deducts and holds")
 	}
 	e.advance(2 * time.Minute)
-	released, err := e.r.Sweep(ctx)
+	released, err := stockops.Sweep(ctx, e.r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if released != 40 {
 		t.Errorf("Sweep released %d units, want 40", released)
 	}
-	rl, err := e.r.NewRelay(e.store, nil, nil)
+	rl, err := stockops.NewRelay(e.r, e.store, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1151,7 +1152,7 @@ func TestAttackIdleRestockBeforeStoreRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1500 * time.Millisecond)
-	if p, _, _ := e.r.Pending(ctx, late); p != 1 {
+	if p, _, _ := stockops.Pending(ctx, e.r, late); p != 1 {
 		t.Fatalf("restock of an item the store lacks: pending %d, want 1", p)
 	}
 	if err := e.store.Load(ctx, late, 10); err != nil {
@@ -1517,7 +1518,7 @@ func TestAttackIdleRunRelayItems(t *testing.T) {
 		if n := e.store.Applications(a.sku, a.id, a.typ); n != 0 {
 			t.Errorf("%s is not in RelayOptions.Items, yet its event was applied %d times", a.sku, n)
 		}
-		if pend, _, _ := e.r.Pending(context.Background(), a.sku); pend != 1 {
+		if pend, _, _ := stockops.Pending(context.Background(), e.r, a.sku); pend != 1 {
 			t.Errorf("%s: pending %d, want 1 (not relayed)", a.sku, pend)
 		}
 	}
@@ -1638,7 +1639,7 @@ func TestAttackIdleFrozenClock(t *testing.T) {
 	fail = map[string]bool{}
 	mu.Unlock()
 	for _, s := range p[2:] {
-		if pend, _, _ := e.r.Pending(ctx, s); pend != 1 {
+		if pend, _, _ := stockops.Pending(ctx, e.r, s); pend != 1 {
 			t.Fatalf("%s: pending %d before the backoff ran out, want 1", s, pend)
 		}
 	}
@@ -1832,7 +1833,7 @@ func TestAttackIdleBUGRunClockBehindRedisHoldsNeverSwept(t *testing.T) {
 		t.Errorf("Run: %v", err)
 	}
 	if len(diff) > 0 {
-		n, err := other.Sweep(ctx)
+		n, err := stockops.Sweep(ctx, other)
 		t.Errorf("a hold 1 minute past its Redis deadline, 10 items, sweep every 100ms: still held after %v of Run (%v); Sweep(ctx) on the same Reserver then released %d units (%v)", took.Round(time.Millisecond), diff, n, err)
 	}
 }

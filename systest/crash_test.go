@@ -25,6 +25,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // The environment of a relay child process (see TestRelayChildProcess).
@@ -206,9 +207,9 @@ func killedRelay(t *testing.T, d crashDB) {
 	require.NoError(t, err)
 
 	// A last relay, in this process, drains the rest once the last child's lease runs out.
-	rl, err := r.NewRelay(store, nil, &stock.RelayOptions{Batch: 128, Items: []string{sku}})
+	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 128, Items: []string{sku}})
 	require.NoError(t, err)
-	var final stock.RelayStats
+	var final stockops.RelayStats
 	for end := time.Now().Add(time.Minute); ; {
 		st, err := rl.Once(ctx)
 		require.NoError(t, err)
@@ -290,7 +291,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	l := levels(t, r, sku)
 	assert.Equal(t, rem, l.Available, "Redis available = store remaining")
 	assert.Equal(t, stock.Levels{Available: rem, Sold: sold, Loaded: crashLoaded}, l)
-	for e, err := range r.Entries(ctx, sku) {
+	for e, err := range stockops.Entries(ctx, r, sku) {
 		require.NoError(t, err)
 		if e.Kind == stock.KindTombstone {
 			continue
@@ -611,7 +612,7 @@ func TestRelayChildProcess(t *testing.T) {
 	require.NoError(t, err)
 	lease, err := strconv.Atoi(os.Getenv(crashEnvLease))
 	require.NoError(t, err)
-	rl, err := r.NewRelay(&faultyStore{Store: s, p: p, c: c}, nil, &stock.RelayOptions{Batch: crashBatch, Lease: time.Duration(lease) * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Poll: 5 * time.Millisecond, Items: []string{os.Getenv(crashEnvSKU)}})
+	rl, err := stockops.NewRelay(r, &faultyStore{Store: s, p: p, c: c}, nil, &stock.RelayOptions{Batch: crashBatch, Lease: time.Duration(lease) * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Poll: 5 * time.Millisecond, Items: []string{os.Getenv(crashEnvSKU)}})
 	require.NoError(t, err)
 	require.NoError(t, c.Do(ctx, c.B().Ping().Build()).Error())
 	fmt.Fprintln(os.Stderr, "crashtest-ready")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // sqlStores returns the SQL stores to run the durable path against: SQLite always, PostgreSQL
@@ -68,7 +69,7 @@ func TestDurablePathSQL(t *testing.T) {
 						require.NoError(t, err)
 					}
 				}
-				rl, err := r.NewRelay(store, nil, &stock.RelayOptions{Batch: 32})
+				rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
 				require.NoError(t, err)
 				st := drain(t, rl)
 				assert.Zero(t, st.Retried)
@@ -90,7 +91,7 @@ func TestDurablePathSQL(t *testing.T) {
 				avail, _ = available(r.Levels(ctx, sku))
 				assert.Equal(t, int64(5), avail, "refused units given back once")
 				// The reconciler closes the remaining drift.
-				rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{sku}})
+				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
 				require.NoError(t, err)
 				reps, err := rec.Once(ctx)
 				require.NoError(t, err)

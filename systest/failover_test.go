@@ -17,6 +17,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // foOp is one deduct a buyer got an answer for.
@@ -61,9 +62,9 @@ func foLedger(t *testing.T, c rueidis.Client, sku string) (map[string]string, []
 
 // foDrain runs relay passes until one claims nothing and fails nothing, letting backoffs and
 // leases (some replicated from the old primary) run out.
-func foDrain(t *testing.T, rl *stock.Relay) stock.RelayStats {
+func foDrain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
 	t.Helper()
-	var all stock.RelayStats
+	var all stockops.RelayStats
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		st, err := rl.Once(context.Background())
@@ -83,9 +84,9 @@ func foDrain(t *testing.T, rl *stock.Relay) stock.RelayStats {
 // foReconcile reconciles every item once: it runs passes until no item is busy (a lease
 // replicated from the old primary holds an item until it runs out), and returns each item's
 // report from the pass that was not busy for it.
-func foReconcile(t *testing.T, rec *stock.Reconciler, skus []string) []stock.Report {
+func foReconcile(t *testing.T, rec *stockops.Reconciler, skus []string) []stockops.Report {
 	t.Helper()
-	done := map[string]stock.Report{}
+	done := map[string]stockops.Report{}
 	for range 20 {
 		reps, err := rec.Once(context.Background())
 		if err != nil {
@@ -97,7 +98,7 @@ func foReconcile(t *testing.T, rec *stock.Reconciler, skus []string) []stock.Rep
 			}
 		}
 		if len(done) == len(skus) {
-			var out []stock.Report
+			var out []stockops.Report
 			for _, sku := range skus {
 				out = append(out, done[sku])
 			}
@@ -151,7 +152,7 @@ func TestLossyFailover(t *testing.T) {
 	}
 
 	// The relay of the old primary drains into the store the whole time the old primary lives.
-	relayOld, err := rOld.NewRelay(store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	relayOld, err := stockops.NewRelay(rOld, store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +284,7 @@ func TestLossyFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relayNew, err := rNew.NewRelay(store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	relayNew, err := stockops.NewRelay(rNew, store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestLossyFailover(t *testing.T) {
 			}
 		})
 	}
-	rec, err := rNew.NewReconciler(store, nil)
+	rec, err := stockops.NewReconciler(rNew, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

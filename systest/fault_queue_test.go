@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/stockops"
 )
 
 // The fault suite's queue path: Reserver → Relay with no Store → faultBroker → consumer
@@ -88,7 +89,7 @@ func (b *faultBroker) pending() int {
 func (h *faultHarness) runQueue(ctx context.Context) {
 	h.broker = &faultBroker{out: map[*faultMsg]time.Time{}, seqs: map[string]int64{}, ackWait: 150 * time.Millisecond, h: h}
 	h.seqStore = &faultSeqStore{Store: h.store, h: h, last: map[string]int64{}, seen: map[string]bool{}}
-	rl, err := h.back.NewRelay(nil, h.broker, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: time.Second, Batch: 64})
+	rl, err := stockops.NewRelay(h.back, nil, h.broker, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: time.Second, Batch: 64})
 	if err != nil {
 		h.t.Fatal(err)
 	}

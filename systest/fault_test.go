@@ -29,6 +29,7 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // The fault-injection suite (issue 8). Each scenario runs clients that deduct (some requests
@@ -398,15 +399,15 @@ type faultHarness struct {
 	deductSrc    string
 	aof          *aofTracker
 	relayCancel  atomic.Pointer[context.CancelFunc]
-	relay        atomic.Pointer[stock.Relay] // the running relay, which also drains at the end
-	broker       *faultBroker                // queue scenarios
-	seqStore     *faultSeqStore              // queue scenarios: the consumers' store
-	recMu        sync.Mutex                  // held by the background reconciler during a pass
-	guard        *stock.FailoverGuard        // on the clients' Reserver (ctlNoFence: on another one)
-	guardOn      bool                        // guardLoop runs
-	guardMu      sync.Mutex                  // serializes the guard's checks (checkGuard)
-	fence        atomic.Uint64               // checks started << 2 | a check running << 1 | fenced by the last check
-	fencedAt     time.Time                   // when the fence went up (guardMu)
+	relay        atomic.Pointer[stockops.Relay] // the running relay, which also drains at the end
+	broker       *faultBroker                   // queue scenarios
+	seqStore     *faultSeqStore                 // queue scenarios: the consumers' store
+	recMu        sync.Mutex                     // held by the background reconciler during a pass
+	guard        *stockops.FailoverGuard        // on the clients' Reserver (ctlNoFence: on another one)
+	guardOn      bool                           // guardLoop runs
+	guardMu      sync.Mutex                     // serializes the guard's checks (checkGuard)
+	fence        atomic.Uint64                  // checks started << 2 | a check running << 1 | fenced by the last check
+	fencedAt     time.Time                      // when the fence went up (guardMu)
 	log          *faultLog
 	reconcileLog []string
 
@@ -511,7 +512,7 @@ func runFault(t *testing.T, sc faultScenario, db faultDB, ctl faultControl, traf
 	bg.Go(func() { h.runReconcile(ctx) })
 	bg.Go(func() { h.sample(ctx) })
 	if sc.guard && ctl != ctlNaiveReconcile {
-		h.back.NewFailoverGuard() // its reconcile passes record the reconciled primaries
+		stockops.NewFailoverGuard(h.back) // its reconcile passes record the reconciled primaries
 		h.guardOn = true
 		bg.Go(func() { h.guardLoop(ctx) })
 	}
@@ -634,7 +635,7 @@ func (h *faultHarness) setup() {
 				t.Fatal(err)
 			}
 		}
-		h.guard = gr.NewFailoverGuard()
+		h.guard = stockops.NewFailoverGuard(gr)
 		// The first check of an empty Redis records its primaries as reconciled.
 		if _, err := h.guard.Check(ctx); err != nil {
 			t.Fatal(err)
@@ -991,12 +992,12 @@ func (h *faultHarness) bareDeduct(ctx context.Context, req stock.Request) (stock
 
 // ---- the relay, the reconciler, the sampler ----
 
-func (h *faultHarness) newRelay(store stock.Store) *stock.Relay {
+func (h *faultHarness) newRelay(store stock.Store) *stockops.Relay {
 	lease := h.sc.relayLease
 	if lease == 0 {
 		lease = time.Second
 	}
-	rl, err := h.back.NewRelay(store, nil, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: lease, Batch: 64})
+	rl, err := stockops.NewRelay(h.back, store, nil, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: lease, Batch: 64})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -1169,7 +1170,7 @@ func (h *faultHarness) runReconcile(ctx context.Context) {
 		}
 		return
 	}
-	rec, err := h.back.NewReconciler(h.store, nil)
+	rec, err := stockops.NewReconciler(h.back, h.store, nil)
 	if err != nil {
 		h.t.Error(err)
 		return
@@ -1185,7 +1186,7 @@ func (h *faultHarness) runReconcile(ctx context.Context) {
 }
 
 // countRepairs adds up what reconcile passes repaired.
-func (h *faultHarness) countRepairs(reps []stock.Report) {
+func (h *faultHarness) countRepairs(reps []stockops.Report) {
 	for _, rp := range reps {
 		n := faultAbs(rp.Adjusted) + int64(rp.Requeued+rp.Rerecorded+rp.Resynced)
 		if rp.Rebuilt {
@@ -1788,14 +1789,14 @@ func (h *faultHarness) finish(traffic time.Duration) faultResult {
 	ctx := context.Background()
 	h.drain(ctx)
 	// One complete reconcile pass (an item is busy while a dead relay's lease lasts).
-	rec, err := h.back.NewReconciler(h.store, nil)
+	rec, err := stockops.NewReconciler(h.back, h.store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var found int64
 	for i := 0; ; i++ {
 		reps, err := rec.Once(ctx)
-		busy := slices.ContainsFunc(reps, func(rp stock.Report) bool { return rp.Busy })
+		busy := slices.ContainsFunc(reps, func(rp stockops.Report) bool { return rp.Busy })
 		if err == nil && !busy {
 			for _, rp := range reps {
 				found += faultAbs(rp.Drift)
@@ -2234,7 +2235,7 @@ func TestFaultReconcileLockLeak(t *testing.T) {
 	if _, err := direct.Deduct(ctx, stock.Request{SKU: sku, ID: "d-1", Qty: 1}); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := slow.NewReconciler(store, nil)
+	rec, err := stockops.NewReconciler(slow, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -2246,7 +2247,7 @@ func TestFaultReconcileLockLeak(t *testing.T) {
 		t.Fatal("the pass ended without error; the latency did not work")
 	}
 	time.Sleep(400 * time.Millisecond) // the SET has run
-	rl, err := direct.NewRelay(store, nil, nil)
+	rl, err := stockops.NewRelay(direct, store, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

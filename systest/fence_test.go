@@ -11,6 +11,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // TestFenceLiftedByAnyCompletePass: a guarded Reserver is fenced; a Reconciler on another
@@ -29,13 +30,13 @@ func TestFenceLiftedByAnyCompletePass(t *testing.T) {
 	store := memstore.New()
 	require.NoError(t, other.Load(ctx, "A", 10))
 	require.NoError(t, store.Load(ctx, "A", 10))
-	g := guarded.NewFailoverGuard()
+	g := stockops.NewFailoverGuard(guarded)
 	fenced, err := g.Check(ctx) // items, and no epoch recorded: fenced
 	require.NoError(t, err)
 	require.True(t, fenced)
 
 	for _, opts := range []*stock.ReconcileOptions{{DryRun: true}, {Items: []string{"A"}}} {
-		rec, err := other.NewReconciler(store, opts)
+		rec, err := stockops.NewReconciler(other, store, opts)
 		require.NoError(t, err)
 		res, err := rec.Pass(ctx)
 		require.NoError(t, err)
@@ -45,7 +46,7 @@ func TestFenceLiftedByAnyCompletePass(t *testing.T) {
 		require.True(t, fenced, "a dry run or a partial pass does not lift the fence")
 	}
 
-	rec, err := other.NewReconciler(store, nil)
+	rec, err := stockops.NewReconciler(other, store, nil)
 	require.NoError(t, err)
 	res, err := rec.Pass(ctx)
 	require.NoError(t, err)

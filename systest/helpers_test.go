@@ -14,6 +14,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
@@ -48,7 +49,7 @@ func levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 func ledger(t *testing.T, r *stock.Reserver, sku string) map[string]stock.Entry {
 	t.Helper()
 	m := map[string]stock.Entry{}
-	for e, err := range r.Entries(context.Background(), sku) {
+	for e, err := range stockops.Entries(context.Background(), r, sku) {
 		require.NoError(t, err)
 		_, dup := m[e.ID]
 		require.False(t, dup, "entry %s seen twice", e.ID)
@@ -81,9 +82,9 @@ func checkLedger(t *testing.T, r *stock.Reserver, sku string, initial int64) (l 
 }
 
 // drain runs relay passes until one claims nothing.
-func drain(t *testing.T, rl *stock.Relay) stock.RelayStats {
+func drain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
 	t.Helper()
-	var all stock.RelayStats
+	var all stockops.RelayStats
 	for range 1000 {
 		st, err := rl.Once(context.Background())
 		require.NoError(t, err)

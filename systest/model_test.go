@@ -35,6 +35,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 )
 
 // The pools inputs are drawn from, small so that they collide.
@@ -283,9 +284,9 @@ func (h *harness) call(s mstep) libResult {
 	case "delist":
 		lr.err = r.Delist(ctx, s.SKU)
 	case "sweep":
-		lr.units, lr.err = r.Sweep(ctx, s.SKU)
+		lr.units, lr.err = stockops.Sweep(ctx, r, s.SKU)
 	case "sweepall":
-		lr.units, lr.err = r.Sweep(ctx)
+		lr.units, lr.err = stockops.Sweep(ctx, r)
 	case "deductmany":
 		lr.cart, lr.err = r.DeductMany(ctx, stock.Cart{ID: s.ID, User: s.User, Lines: s.Lines})
 	case "holdmany":
@@ -298,7 +299,7 @@ func (h *harness) call(s mstep) libResult {
 		lr.rc, lr.err = r.Deduct(ctx, stock.Request{SKU: s.SKU, ID: s.ID, User: s.User, Qty: s.Qty})
 	case "recover":
 		var n int
-		n, lr.err = r.RecoverCarts(ctx, 0)
+		n, lr.err = stockops.RecoverCarts(ctx, r, 0)
 		lr.units = int64(n)
 	default:
 		h.fail("unknown op %q", s.Op)
@@ -703,7 +704,7 @@ func (h *harness) resync(skus []string) {
 func (h *harness) entries(sku string) map[string]stock.Entry {
 	h.t.Helper()
 	out := map[string]stock.Entry{}
-	for e, err := range h.rs[1].Entries(h.ctx, sku) {
+	for e, err := range stockops.Entries(h.ctx, h.rs[1], sku) {
 		if err != nil {
 			h.fail("Entries(%s): %v", sku, err)
 		}
@@ -825,7 +826,7 @@ func sameEntry(e *mEntry, le stock.Entry) string {
 func (h *harness) finish() {
 	h.t.Helper()
 	var got []string
-	for sku, err := range h.rs[0].Items(h.ctx) {
+	for sku, err := range stockops.Items(h.ctx, h.rs[0]) {
 		if err != nil {
 			h.fail("Items: %v", err)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // Errors of propStore's injected failures.
@@ -98,8 +99,8 @@ type propMachine struct {
 	limit   int64
 	r       *stock.Reserver
 	store   *propStore
-	relay   *stock.Relay
-	rec     *stock.Reconciler
+	relay   *stockops.Relay
+	rec     *stockops.Reconciler
 	missing map[string]bool // item hashes this run deleted and no reconcile rebuilt yet
 	lost    map[string]bool // sku/id whose ledger entry this run deleted, until a reconcile pass
 	tainted map[string]bool // sku/id used while its entry was lost: Redis and the store may disagree on it for good
@@ -278,7 +279,7 @@ func (m *propMachine) sleep(t *rapid.T) {
 }
 
 func (m *propMachine) sweep(t *rapid.T) {
-	n, err := m.r.Sweep(context.Background())
+	n, err := stockops.Sweep(context.Background(), m.r)
 	m.logf("sweep: %d released, %v", n, err)
 	if err != nil {
 		m.fail(t, "sweep: %v", err)
@@ -303,7 +304,7 @@ func (m *propMachine) relayOnce(t *rapid.T) {
 }
 
 // reconcile lets the relay leases and backoffs run out, then runs one reconcile pass.
-func (m *propMachine) reconcile(t *rapid.T) []stock.Report {
+func (m *propMachine) reconcile(t *rapid.T) []stockops.Report {
 	t.Helper()
 	redistest.Sleep(m.c, propSettle)
 	reps, err := m.rec.Once(context.Background())
@@ -504,7 +505,7 @@ func (m *propMachine) quiesce(t *rapid.T) {
 		if round > 1 {
 			// The reconciler cannot take back held units: let the holds expire.
 			redistest.Sleep(m.c, time.Second)
-			n, err := m.r.Sweep(context.Background())
+			n, err := stockops.Sweep(context.Background(), m.r)
 			m.logf("quiesce round %d: holds expire, sweep released %d %v", round, n, err)
 		}
 		m.drain(t)
@@ -607,10 +608,10 @@ func TestPropertyInvariants(t *testing.T) {
 			}
 			m.logf("load %s %d", sku, n)
 		}
-		if m.relay, err = m.r.NewRelay(m.store, nil, &stock.RelayOptions{Lease: propLease, MinBackoff: time.Millisecond, MaxBackoff: propMaxBackoff, Batch: rapid.IntRange(1, 4).Draw(rt, "batch")}); err != nil {
+		if m.relay, err = stockops.NewRelay(m.r, m.store, nil, &stock.RelayOptions{Lease: propLease, MinBackoff: time.Millisecond, MaxBackoff: propMaxBackoff, Batch: rapid.IntRange(1, 4).Draw(rt, "batch")}); err != nil {
 			rt.Fatal(err)
 		}
-		if m.rec, err = m.r.NewReconciler(m.store, nil); err != nil {
+		if m.rec, err = stockops.NewReconciler(m.r, m.store, nil); err != nil {
 			rt.Fatal(err)
 		}
 		actions := map[string]func(*rapid.T){
@@ -670,11 +671,11 @@ func propBackends(t *testing.T, n int64, f func(t *testing.T, c rueidis.Client, 
 			if err := store.Load(ctx, "A", n); err != nil {
 				t.Fatal(err)
 			}
-			relay, err := r.NewRelay(store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+			relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec, err := r.NewReconciler(store, nil)
+			rec, err := stockops.NewReconciler(r, store, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -686,11 +687,11 @@ func propBackends(t *testing.T, n int64, f func(t *testing.T, c rueidis.Client, 
 type propRig struct {
 	r     *stock.Reserver
 	store *memstore.Store
-	relay *stock.Relay
-	rec   *stock.Reconciler
+	relay *stockops.Relay
+	rec   *stockops.Reconciler
 }
 
-func (g propRig) reconcile(t *testing.T) stock.Report {
+func (g propRig) reconcile(t *testing.T) stockops.Report {
 	t.Helper()
 	reps, err := g.rec.Once(context.Background())
 	if err != nil || len(reps) != 1 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // queue is an in-memory message queue between a relay that only publishes and the consumers:
@@ -92,13 +93,13 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 					require.NoError(t, err)
 				}
 				q := &queue{}
-				rl, err := r.NewRelay(nil, q, nil)
+				rl, err := stockops.NewRelay(r, nil, q, nil)
 				require.NoError(t, err)
 				drain(t, rl)
 				msgs := q.take()
 				require.Len(t, msgs, 10)
 
-				rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{sku}})
+				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
 				require.NoError(t, err)
 				// The consumer is down: all ten sales are in the queue.
 				reps, err := rec.Once(ctx)
@@ -148,9 +149,9 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "A", 200))
 		require.NoError(t, store.Load(ctx, "A", 200))
 		q := &queue{}
-		rl, err := r.NewRelay(nil, q, &stock.RelayOptions{Lease: time.Second})
+		rl, err := stockops.NewRelay(r, nil, q, &stock.RelayOptions{Lease: time.Second})
 		require.NoError(t, err)
-		rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{"A"}})
+		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 		require.NoError(t, err)
 
 		var sold atomic.Int64
@@ -262,7 +263,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})
 				require.NoError(t, err)
 				q := &queue{}
-				rl, err := r.NewRelay(nil, q, nil)
+				rl, err := stockops.NewRelay(r, nil, q, nil)
 				require.NoError(t, err)
 				drain(t, rl)
 				msgs := q.take()
@@ -313,23 +314,23 @@ func TestRelayDeadLettersOrphans(t *testing.T) {
 				require.NoError(t, c.Do(ctx, c.B().Del().Key(prefix+":{A}:l").Build()).Error())
 
 				q := &queue{}
-				var rl *stock.Relay
+				var rl *stockops.Relay
 				var err error
 				if path == "direct" {
-					rl, err = r.NewRelay(store, nil, nil)
+					rl, err = stockops.NewRelay(r, store, nil, nil)
 				} else {
-					rl, err = r.NewRelay(nil, q, nil)
+					rl, err = stockops.NewRelay(r, nil, q, nil)
 				}
 				require.NoError(t, err)
 				st := drain(t, rl)
 				assert.Equal(t, 3, st.DeadLettered, "%+v", st)
 				assert.Zero(t, st.Delivered)
-				pending, dead, err := r.Pending(ctx, "A")
+				pending, dead, err := stockops.Pending(ctx, r, "A")
 				require.NoError(t, err)
 				assert.Zero(t, pending)
 				assert.EqualValues(t, 3, dead, "the events wait for an operator")
 
-				rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{"A"}})
+				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 				require.NoError(t, err)
 				reps, err := rec.Once(ctx)
 				require.NoError(t, err)
@@ -359,7 +360,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 			require.NoError(t, err)
 		}
 		q := &queue{}
-		rl, err := r.NewRelay(nil, q, nil)
+		rl, err := stockops.NewRelay(r, nil, q, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		msgs := q.take()
@@ -420,9 +421,9 @@ func TestConsumeCatchesUp(t *testing.T) {
 	})
 }
 
-func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stock.Reconciler {
+func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
 	t.Helper()
-	rec, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: []string{"A"}})
+	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 	require.NoError(t, err)
 	return rec
 }
@@ -441,7 +442,7 @@ func TestConsumeDeadLettersInvalid(t *testing.T) {
 			require.NoError(t, err)
 		}
 		q := &queue{}
-		rl, err := r.NewRelay(nil, q, nil)
+		rl, err := stockops.NewRelay(r, nil, q, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		msgs := q.take()
@@ -454,7 +455,7 @@ func TestConsumeDeadLettersInvalid(t *testing.T) {
 		})
 		require.ErrorIs(t, stock.Consume(ctx, r, store, msgs[0]), stock.ErrInvalid)
 		require.NoError(t, stock.Consume(ctx, r, store, msgs[1]), "not held back by a dead letter")
-		_, dead, err := r.Pending(ctx, "A")
+		_, dead, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.EqualValues(t, 1, dead)
 		reps, err := mustReconciler(t, r, store).Once(ctx)
@@ -480,7 +481,7 @@ func TestReconcileSettlesPublished(t *testing.T) {
 			require.NoError(t, err)
 		}
 		q := &queue{}
-		rl, err := r.NewRelay(nil, q, nil)
+		rl, err := stockops.NewRelay(r, nil, q, nil)
 		require.NoError(t, err)
 		drain(t, rl)
 		msgs := q.take()

@@ -15,6 +15,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // BenchmarkRelay measures how fast a Relay drains an outbox into sqlstore: b.N deducts are made
@@ -81,7 +82,7 @@ func BenchmarkRelay(b *testing.B) {
 				})
 			}
 			wg.Wait()
-			rl, err := r.NewRelay(store, nil, nil)
+			rl, err := stockops.NewRelay(r, store, nil, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

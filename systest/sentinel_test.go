@@ -17,6 +17,7 @@ import (
 	"github.com/stockres/stock/internal/faultproxy"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // Failovers under traffic on a real Sentinel deployment (a primary, two replicas, three
@@ -135,7 +136,7 @@ type snRun struct {
 	front *stock.Reserver // the buyers'
 	fc    rueidis.Client  // its client
 	back  *stock.Reserver // the relay's and the reconciler's
-	guard *stock.FailoverGuard
+	guard *stockops.FailoverGuard
 	recMu sync.Mutex
 
 	fence    atomic.Uint64 // checks << 2 | a check running << 1 | fenced
@@ -242,8 +243,8 @@ func runSentinel(t *testing.T, sc snScenario, ctl snControl) *snRun {
 		}
 	}
 	{
-		h.back.NewFailoverGuard()
-		h.guard = guarded.NewFailoverGuard()
+		stockops.NewFailoverGuard(h.back)
+		h.guard = stockops.NewFailoverGuard(guarded)
 		if _, err := h.guard.Check(ctx); err != nil { // records the first primary as reconciled
 			t.Fatal(err)
 		}
@@ -264,8 +265,9 @@ func runSentinel(t *testing.T, sc snScenario, ctl snControl) *snRun {
 	if ctl == snDoubleApply {
 		relayStore = &snDoubleStore{Store: h.store}
 	}
-	relay, err := h.back.NewRelay(relayStore, nil, &stock.RelayOptions{Poll: 5 * time.Millisecond,
+	relay, err := stockops.NewRelay(h.back, relayStore, nil, &stock.RelayOptions{Poll: 5 * time.Millisecond,
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: time.Second, Batch: 64})
+
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,7 +505,7 @@ func (h *snRun) checkGuard(ctx context.Context) {
 
 // reconcileLoop runs a reconcile pass every 200ms.
 func (h *snRun) reconcileLoop(ctx context.Context) {
-	rec, err := h.back.NewReconciler(h.store, nil)
+	rec, err := stockops.NewReconciler(h.back, h.store, nil)
 	if err != nil {
 		h.t.Error(err)
 		return
@@ -516,7 +518,7 @@ func (h *snRun) reconcileLoop(ctx context.Context) {
 	}
 }
 
-func (h *snRun) countRepairs(reps []stock.Report) {
+func (h *snRun) countRepairs(reps []stockops.Report) {
 	for _, rp := range reps {
 		n := faultAbs(rp.Adjusted) + int64(rp.Requeued+rp.Rerecorded+rp.Resynced)
 		if rp.Rebuilt {
@@ -543,23 +545,23 @@ var snFinals sync.Map // *snRun -> snFinal
 
 // quiesce drains the relay, reconciles (twice, the relay drained in between) unless the control
 // has no reconciler, and reads Redis's ledgers and the store's records.
-func (h *snRun) quiesce(relay *stock.Relay) {
+func (h *snRun) quiesce(relay *stockops.Relay) {
 	t, ctx := h.t, context.Background()
 	foDrain(t, relay)
 	f := snFinal{ledger: map[string]map[string]stock.Entry{}, records: map[string]map[string]stock.Record{}}
 	if h.ctl != snNoReconcile {
-		rec, err := h.back.NewReconciler(h.store, nil)
+		rec, err := stockops.NewReconciler(h.back, h.store, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, rp := range foReconcile(t, rec, snSKUs) {
 			f.driftFound += faultAbs(rp.Drift)
-			h.countRepairs([]stock.Report{rp})
+			h.countRepairs([]stockops.Report{rp})
 		}
 		foDrain(t, relay)
 		for _, rp := range foReconcile(t, rec, snSKUs) {
 			f.driftFinal += faultAbs(rp.Drift)
-			h.countRepairs([]stock.Report{rp})
+			h.countRepairs([]stockops.Report{rp})
 		}
 		foDrain(t, relay)
 	}

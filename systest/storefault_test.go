@@ -19,6 +19,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 // TestFaultStoreConnectionKills: the database of record loses its connections again and again
@@ -56,7 +57,7 @@ func TestFaultStoreConnectionKills(t *testing.T) {
 	const loaded = 3000
 	require.NoError(t, r.Load(ctx, "A", loaded))
 	require.NoError(t, store.Load(ctx, "A", loaded))
-	relay, err := r.NewRelay(store, nil, &stock.RelayOptions{Batch: 32, MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, Lease: 2 * time.Second})
+	relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32, MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, Lease: 2 * time.Second})
 	require.NoError(t, err)
 	rctx, stopRelay := context.WithCancel(ctx)
 	var bg sync.WaitGroup
@@ -112,7 +113,7 @@ func TestFaultStoreConnectionKills(t *testing.T) {
 	stopKills()
 	require.Eventually(t, func() bool {
 		redistest.Sleep(c, 20*time.Millisecond) // miniredis: lets backoff and lease keys expire
-		p, _, err := r.Pending(ctx, "A")
+		p, _, err := stockops.Pending(ctx, r, "A")
 		return err == nil && p == 0
 	}, 60*time.Second, 20*time.Millisecond, "the relay delivers everything once the database is back")
 	stopRelay()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/stockops"
 )
 
 // bigStock is the stock of the items that must not sell out during a phase. It is the same in
@@ -552,7 +553,7 @@ func (b *bench) soldOutPhase(name string) (*phase, error) {
 	p.finish = func(ctx context.Context, res *PhaseResult, ws []*worker) ([]Check, error) {
 		checks, err := b.reserverChecks(ctx, name, r, items, res, ws, 0)
 		checks = append(checks, Check{Phase: name, Name: "every deduct refused as sold out",
-			OK: res.OK == 0 && res.SoldOut > 0, Detail: fmt.Sprintf("%d sold out, %d taken, %d of them in-process", res.SoldOut, res.OK, r.SoldOutAnswers())})
+			OK: res.OK == 0 && res.SoldOut > 0, Detail: fmt.Sprintf("%d sold out, %d taken, %d of them in-process", res.SoldOut, res.OK, stockops.SoldOutAnswers(r))})
 		return checks, err
 	}
 	return p, nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 type runFunc = func(ctx context.Context, e *env, args []string) error
@@ -343,7 +344,7 @@ const storeUnknown = "the store does not know the item"
 
 // accounted is the stock Redis accounts for in a report of an item the store does not know:
 // what the store must start with so that, once Redis's undelivered events reach it, both agree.
-func accounted(rp stock.Report) int64 { return rp.Available + rp.Held + rp.InFlight }
+func accounted(rp stockops.Report) int64 { return rp.Available + rp.Held + rp.InFlight }
 
 // addStoreSide creates the store row of an item Redis has and the store does not (loaded
 // without -dsn), with qty remaining, after checking that qty is the stock Redis accounts for:
@@ -352,7 +353,7 @@ func accounted(rp stock.Report) int64 { return rp.Available + rp.Held + rp.InFli
 // available to in flight, a delivery from in flight to the store), so the row agrees with Redis
 // whenever it is created.
 func addStoreSide(ctx context.Context, e *env, r *stock.Reserver, st *sqlstore.Store, sku string, qty int64) error {
-	rec, err := r.NewReconciler(st, &stock.ReconcileOptions{DryRun: true, Retention: -1})
+	rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{DryRun: true, Retention: -1})
 	if err != nil {
 		return err
 	}
@@ -432,7 +433,7 @@ func cmdAvailable(ctx context.Context, e *env, args []string) error {
 // items returns the registry, sorted.
 func items(ctx context.Context, r *stock.Reserver) ([]string, error) {
 	out := []string{}
-	for sku, err := range r.Items(ctx) {
+	for sku, err := range stockops.Items(ctx, r) {
 		if err != nil {
 			return nil, err
 		}
@@ -618,7 +619,7 @@ func cmdLedger(ctx context.Context, e *env, args []string, limit int, state stri
 	// An empty ledger and an unknown item look alike: say which.
 	var entries []stock.Entry
 	truncated := false
-	for en, err := range r.Entries(ctx, args[0]) {
+	for en, err := range stockops.Entries(ctx, r, args[0]) {
 		if err != nil {
 			return err
 		}
@@ -743,9 +744,9 @@ func cmdSweep(ctx context.Context, e *env, args []string) error {
 	}
 	var n int64
 	if len(args) == 1 {
-		n, err = r.Sweep(ctx, args[0])
+		n, err = stockops.Sweep(ctx, r, args[0])
 	} else {
-		n, err = r.Sweep(ctx)
+		n, err = stockops.Sweep(ctx, r)
 	}
 	if err != nil {
 		return err
@@ -788,7 +789,7 @@ type reportJSON struct {
 }
 
 // found reports whether a report is worth an alert.
-func found(rp stock.Report) bool {
+func found(rp stockops.Report) bool {
 	return rp.Drift != 0 || rp.Missing || rp.NeedsHuman != "" || rp.Rebuilt || rp.Requeued > 0 || rp.Rerecorded > 0 || rp.Unregistered
 }
 
@@ -796,7 +797,7 @@ func found(rp stock.Report) bool {
 // item that needs a human, a lost hash not rebuilt, or a drift neither adjusted away nor rebuilt
 // (the reconciler says why in NeedsHuman in every case it knows of); in a report-only run,
 // everything found.
-func left(rp stock.Report, apply bool) bool {
+func left(rp stockops.Report, apply bool) bool {
 	if !apply {
 		return found(rp)
 	}
@@ -818,13 +819,13 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	if err != nil {
 		return err
 	}
-	rec, err := r.NewReconciler(st, &stock.ReconcileOptions{DryRun: !o.apply, RepairLimit: o.limit, Retention: o.retention})
+	rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{DryRun: !o.apply, RepairLimit: o.limit, Retention: o.retention})
 	if err != nil {
 		return err
 	}
 	// Without SKUs, one pass over every item (which finds the items Redis lost from its registry
 	// and lifts FailoverGuard fences); with SKUs, those items one by one.
-	var pass stock.PassResult
+	var pass stockops.PassResult
 	if len(args) == 0 {
 		pass, err = rec.Pass(ctx)
 		if err != nil && len(pass.Reports) == 0 {
@@ -951,14 +952,14 @@ func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease t
 	if len(args) > 0 {
 		opts.Items = args
 	}
-	rl, err := r.NewRelay(st, nil, opts)
+	rl, err := stockops.NewRelay(r, st, nil, opts)
 	if err != nil {
 		return err
 	}
 	// Once stops after a batch smaller than -batch and keeps the item's lease until it runs
 	// out; a pass that finds nothing due hands it back. Events that failed are in backoff and
 	// are not claimed again by the next pass.
-	var total stock.RelayStats
+	var total stockops.RelayStats
 	var first error
 	passes := 0
 	for passes < 5 {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/stockops"
 )
 
 // reconcileJSON is the -json output of reconcile.
@@ -59,7 +60,7 @@ func TestReconcileStoreUnknownShowsRedisFigures(t *testing.T) {
 	lv, err := h.r.Levels(context.Background(), "B")
 	require.NoError(t, err)
 	assert.Equal(t, stock.Levels{Available: 106, Held: 4, Sold: 10, Loaded: 120}, lv)
-	pending, _, err := h.r.Pending(context.Background(), "B")
+	pending, _, err := stockops.Pending(context.Background(), h.r, "B")
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), pending)
 }

@@ -9,12 +9,13 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
 )
 
 func (h *harness) registry() []string {
 	h.t.Helper()
 	var out []string
-	for sku, err := range h.r.Items(context.Background()) {
+	for sku, err := range stockops.Items(context.Background(), h.r) {
 		require.NoError(h.t, err)
 		out = append(out, sku)
 	}
@@ -70,7 +71,7 @@ func TestReconcileLiftsFence(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	require.Equal(t, exitOK, h.store("load", "A", "10").code)
-	g := h.r.NewFailoverGuard()
+	g := stockops.NewFailoverGuard(h.r)
 	fenced, err := g.Check(ctx) // items exist and no epoch was ever recorded: fenced
 	require.NoError(t, err)
 	require.True(t, fenced)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
 const userLimit = 2
@@ -30,7 +31,7 @@ type Report struct {
 	Elapsed   time.Duration // the buying phase
 	Items     []ItemReport
 	Outcomes  []OutcomeCount
-	Reconcile []stock.Report // the final reconcile pass
+	Reconcile []stockops.Report // the final reconcile pass
 	Checks    []Check
 	Passed    bool   // every check passed
 	Failover  string // what -failover-at did, or ""
@@ -525,9 +526,9 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 	// On Sentinel a FailoverGuard fences the Reserver when the primary changes, until a
 	// reconcile pass has compared the new primary with the database. Its first check, before
 	// anything is loaded under the run's prefix, records the current primary as reconciled.
-	var guard *stock.FailoverGuard
+	var guard *stockops.FailoverGuard
 	if cfg.Sentinel != "" {
-		guard = r.NewFailoverGuard()
+		guard = stockops.NewFailoverGuard(r)
 		if _, err := guard.Check(octx); err != nil {
 			return rep, err
 		}
@@ -579,7 +580,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 		loaded = append(loaded, sku)
 	}
 
-	relay, err := r.NewRelay(store, nil, &stock.RelayOptions{Items: skus, MinBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second})
+	relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: skus, MinBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second})
 	if err != nil {
 		return rep, err
 	}
@@ -589,12 +590,12 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 		// so every item is the run's.
 		recOpts.Items = nil
 	}
-	rec, err := r.NewReconciler(store, recOpts)
+	rec, err := stockops.NewReconciler(r, store, recOpts)
 	if err != nil {
 		return rep, err
 	}
 	// Only reports: used to see whether the outbox is empty.
-	peek, err := r.NewReconciler(store, &stock.ReconcileOptions{Items: skus, DryRun: true})
+	peek, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: skus, DryRun: true})
 	if err != nil {
 		return rep, err
 	}
@@ -660,7 +661,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 
 	// Wind down: release the holds left to expire, stop the background work, drain the
 	// relay, reconcile once more.
-	if _, err := r.Sweep(octx); err != nil {
+	if _, err := stockops.Sweep(octx, r); err != nil {
 		return rep, err
 	}
 	stopBG()
@@ -696,7 +697,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 }
 
 // drain runs the relay until every item's outbox is empty.
-func drain(ctx context.Context, relay *stock.Relay, peek *stock.Reconciler) error {
+func drain(ctx context.Context, relay *stockops.Relay, peek *stockops.Reconciler) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		st, err := relay.Once(ctx)
@@ -758,7 +759,7 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 			}
 		}
 		entries := map[string]stock.Entry{}
-		for e, err := range s.r.Entries(ctx, sku) {
+		for e, err := range stockops.Entries(ctx, s.r, sku) {
 			if err != nil {
 				return err
 			}
@@ -902,7 +903,7 @@ func (s *sale) check(ctx context.Context, rep *Report, store *sqlstore.Store, db
 	return nil
 }
 
-func reconcileCheck(reps []stock.Report, passes, drifts, errs int64) Check {
+func reconcileCheck(reps []stockops.Report, passes, drifts, errs int64) Check {
 	var bad []string
 	if drifts > 0 || errs > 0 {
 		bad = append(bad, fmt.Sprintf("during the sale: %d item passes found drift, %d failed", drifts, errs))

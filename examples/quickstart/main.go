@@ -19,6 +19,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 func main() {
@@ -84,7 +85,7 @@ func run() error {
 	}
 	wg.Wait()
 
-	relay, err := r.NewRelay(db, nil, nil)
+	relay, err := stockops.NewRelay(r, db, nil, nil)
 	if err != nil {
 		return err
 	}
