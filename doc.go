@@ -16,7 +16,8 @@
 // checks the per-user limit and the stock, takes the stock, writes the ledger entry and queues
 // the outbox event, atomically. Run drains the outbox into a Store (the database of record)
 // and/or a Publisher (a message queue), compares Redis with the Store, and releases holds past
-// their deadline. Every key of an item shares the hash tag {sku} (or {group}, see WithGroups),
+// their deadline (package stockops runs each of these by hand, for tools and for deployments
+// that split them over processes). Every key of an item shares the hash tag {sku} (or {group}, see WithGroups),
 // so one script touches one Redis Cluster slot; the README lists the keys. Names may not
 // contain a brace.
 //
