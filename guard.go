@@ -57,7 +57,9 @@ func (g *failoverGuard) Check(ctx context.Context) (fenced bool, err error) {
 		if serr != nil {
 			return g.r.fenced.Load(), fmt.Errorf("stock: failover guard: %w", serr)
 		}
-		if n == 0 && (before == "" || before == id) {
+		// A guard that fenced (the primaries changed under it, or the epoch went missing) stays
+		// fenced here even once it has seen the new primaries twice: only a pass lifts it.
+		if n == 0 && !g.r.fenced.Load() && (before == "" || before == id) {
 			if err := c.Do(ctx, c.B().Set().Key(key).Value(id).Nx().Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
 				return g.r.fenced.Load(), fmt.Errorf("stock: failover guard: %w", err)
 			}

@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +15,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -41,7 +38,7 @@ func miniReserver(t *testing.T, opts ...stock.Option) (*stock.Reserver, *minired
 }
 
 // realRedis starts a redis-server on a free loopback port, without persistence, and stops it
-// when the test ends.
+// when the test ends. It skips the test when STOCK_REDIS_SERVER is unset.
 func realRedis(t *testing.T) string {
 	addr, _ := realRedisRestartable(t)
 	return addr
@@ -51,42 +48,11 @@ func realRedis(t *testing.T) string {
 // on the same port (a restart without persistence: a new run id, no data).
 func realRedisRestartable(t *testing.T) (string, func()) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("no redis-server")
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs a real redis-server: set STOCK_REDIS_SERVER")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	var cmd *exec.Cmd
-	start := func() {
-		cmd = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "",
-			"--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "log"))
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		for i := 0; ; i++ {
-			c, err := net.Dial("tcp", addr)
-			if err == nil {
-				c.Close()
-				return
-			}
-			if i > 200 {
-				b, _ := os.ReadFile(filepath.Join(dir, "log"))
-				t.Fatalf("redis-server did not start: %v\n%s", err, b)
-			}
-			time.Sleep(25 * time.Millisecond)
-		}
-	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
-	start()
-	t.Cleanup(func() { stop() })
-	return addr, func() { stop(); start() }
+	s := redistest.StartServer(t, "--appendonly", "no")
+	return s.Addr(), func() { s.Kill(); s.Start() }
 }
 
 func realReserver(t *testing.T, addr string, cache bool, opts ...stock.Option) (*stock.Reserver, rueidis.Client) {

@@ -11,12 +11,16 @@ package stockops
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"time"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/ops"
 )
+
+// errNilReserver is the error of a constructor given no Reserver.
+var errNilReserver = fmt.Errorf("stockops: no Reserver: %w", stock.ErrInvalid)
 
 // A Relay drains the outboxes of a Reserver's items into a Store and/or a Publisher, at least
 // once and in order per item: an event is removed from the outbox only after the Store applied
@@ -46,6 +50,9 @@ type Relay struct{ rl ops.Relay }
 // NewRelay returns a relay that delivers the events of r's items to store and pub. Either may
 // be nil, not both. opts may be nil for the defaults.
 func NewRelay(r *stock.Reserver, store stock.Store, pub stock.Publisher, opts *stock.RelayOptions) (*Relay, error) {
+	if r == nil {
+		return nil, errNilReserver
+	}
 	rl, err := ops.Of(r).NewRelay(store, pub, opts)
 	if err != nil {
 		return nil, err
@@ -106,6 +113,9 @@ type Reconciler struct{ rc ops.Reconciler }
 // NewReconciler returns a reconciler of r's items against store. opts may be nil for the
 // defaults.
 func NewReconciler(r *stock.Reserver, store stock.Store, opts *stock.ReconcileOptions) (*Reconciler, error) {
+	if r == nil {
+		return nil, errNilReserver
+	}
 	rc, err := ops.Of(r).NewReconciler(store, opts)
 	if err != nil {
 		return nil, err
