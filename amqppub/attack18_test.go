@@ -11,20 +11,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/amqppub"
-	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/internal/queuetest"
 )
 
 func a18URL(t *testing.T) string {
@@ -92,10 +88,6 @@ func a18Get(t *testing.T, conn *amqp.Connection, queue string) []stock.Event {
 	}
 }
 
-func a18Ev(sku, id string, seq int64) stock.Event {
-	return stock.Event{Type: stock.EventDeducted, SKU: sku, ID: id, Qty: 1, At: time.UnixMilli(1_700_000_000_000).UTC(), Seq: seq}
-}
-
 // An invalid event in the middle of one item's batch: the doc says that after an event fails to
 // be sent, the later events of the same item are not sent.
 func TestAttack18InvalidMidBatchStopsTheItem(t *testing.T) {
@@ -106,7 +98,7 @@ func TestAttack18InvalidMidBatchStopsTheItem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs := []stock.Event{a18Ev("q:1", "1", 1), a18Ev("q:1", "", 2), a18Ev("q:1", "3", 3), a18Ev("other", "1", 1)}
+	evs := []stock.Event{queuetest.Ev("q:1", "1", 1), queuetest.Ev("q:1", "", 2), queuetest.Ev("q:1", "3", 3), queuetest.Ev("other", "1", 1)}
 	errs := pub.PublishBatch(context.Background(), evs)
 	if len(errs) != len(evs) {
 		t.Fatalf("%d answers for %d events", len(errs), len(evs))
@@ -177,15 +169,9 @@ func TestAttack18ConsumersKilledMidStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m/5", "m%6", "m:7", "m:8"}
-	p := newA18Pipeline(t, skus)
+	p := queuetest.NewMiniredisPipeline(t, skus)
 	ctx := context.Background()
-	rl, err := stockops.NewRelay(p.r, nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan struct{})
-	go func() { defer close(relayDone); _ = rl.Run(runCtx) }()
+	stopRelay := p.RunRelay(t, pub)
 	stopAll := make(chan struct{})
 	var wg sync.WaitGroup
 	var crashedHolding atomic.Int64
@@ -223,18 +209,9 @@ func TestAttack18ConsumersKilledMidStream(t *testing.T) {
 				return
 			}
 			for _, m := range msgs {
-				if m.Err != nil {
-					t.Errorf("message does not decode: %v", m.Err)
+				if p.Settle(t, "message", m.Event, m.Err) {
 					_ = cons.Ack(m)
-					continue
-				}
-				switch err := stock.Consume(ctx, p.r, p.store, m.Event); {
-				case err == nil:
-					_ = cons.Ack(m)
-				case errors.Is(err, stock.ErrInvalid):
-					t.Errorf("Consume: %v", err)
-					_ = cons.Ack(m)
-				default:
+				} else {
 					cons.Retry(m)
 				}
 			}
@@ -244,7 +221,7 @@ func TestAttack18ConsumersKilledMidStream(t *testing.T) {
 	// consumers of the queues; the steady one waits behind them.
 	// The queues fill up first, so that each batch a member receives is full.
 	rng := rand.New(rand.NewPCG(18, 5))
-	p.traffic(t, 300, rng)
+	p.Traffic(t, 300, rng)
 	time.Sleep(200 * time.Millisecond)
 	wg.Add(2)
 	go member(3)
@@ -254,140 +231,10 @@ func TestAttack18ConsumersKilledMidStream(t *testing.T) {
 	go member(0)
 	wg.Add(1)
 	go member(0)
-	p.traffic(t, 150, rng)
-	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
-		busy := false
-		for _, sku := range skus {
-			rp, err := rec.Item(ctx, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rp.Pending+rp.Published > 0 {
-				busy = true
-			}
-		}
-		if !busy {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p.Traffic(t, 150, rng)
+	p.WaitApplied(t, 15*time.Second, nil)
 	close(stopAll)
 	wg.Wait()
 	stopRelay()
-	<-relayDone
-	if crashedHolding.Load() == 0 {
-		t.Error("no consumer was killed holding messages: the attack did not happen")
-	}
-	t.Logf("killed consumers held %d messages", crashedHolding.Load())
-	p.verify(t)
-}
-
-// a18Pipeline is a Reserver on miniredis, a memstore and the acknowledged operations.
-type a18Pipeline struct {
-	r        *stock.Reserver
-	store    *memstore.Store
-	mu       sync.Mutex
-	deducted map[string]map[string]int64
-	restored map[string]map[string]bool
-	initial  map[string]int64
-	n        int
-}
-
-func newA18Pipeline(t *testing.T, skus []string) *a18Pipeline {
-	t.Helper()
-	m := miniredis.RunT(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	r, err := stock.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	p := &a18Pipeline{r: r, store: memstore.New(), deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, initial: map[string]int64{}}
-	for _, sku := range skus {
-		if err := r.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.store.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
-		p.initial[sku] = 100000
-		p.deducted[sku] = map[string]int64{}
-		p.restored[sku] = map[string]bool{}
-	}
-	return p
-}
-
-func (p *a18Pipeline) traffic(t *testing.T, n int, rng *rand.Rand) {
-	ctx := context.Background()
-	skus := make([]string, 0, len(p.initial))
-	for sku := range p.initial {
-		skus = append(skus, sku)
-	}
-	sort.Strings(skus)
-	for i := 0; i < n; i++ {
-		sku := skus[rng.IntN(len(skus))]
-		p.n++
-		id := fmt.Sprintf("o%d", p.n)
-		q := int64(1 + rng.IntN(3))
-		if _, err := p.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err != nil {
-			t.Fatalf("Deduct: %v", err)
-		}
-		p.mu.Lock()
-		p.deducted[sku][id] = q
-		p.mu.Unlock()
-		if i%4 == 3 {
-			if _, err := p.r.Restore(ctx, sku, id); err != nil {
-				t.Fatalf("Restore: %v", err)
-			}
-			p.mu.Lock()
-			p.restored[sku][id] = true
-			p.mu.Unlock()
-		}
-	}
-}
-
-func (p *a18Pipeline) verify(t *testing.T) {
-	t.Helper()
-	ctx := context.Background()
-	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for sku, init := range p.initial {
-		want := init
-		for id, q := range p.deducted[sku] {
-			if !p.restored[sku][id] {
-				want -= q
-			}
-		}
-		lv, err := p.r.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rem, err := p.store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rem != want || lv.Available != want {
-			t.Errorf("item %q: store %d, Redis %d, acknowledged answers %d", sku, rem, lv.Available, want)
-		}
-		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rp.Pending != 0 || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.DeadLetters != 0 {
-			t.Errorf("item %q after the drain: %s", sku, rp)
-		}
-	}
-	if m := p.store.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	p.VerifyCrashed(t, crashedHolding.Load())
 }

@@ -23,9 +23,9 @@ require (
 )
 
 require (
-	github.com/alicebob/miniredis/v2 v2.40.0
+	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/rabbitmq/amqp091-go v1.16.0
-	github.com/redis/rueidis v1.0.79
+	github.com/redis/rueidis v1.0.79 // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.49.0 // indirect

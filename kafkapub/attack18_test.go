@@ -9,20 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/rueidis"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/kafkapub"
-	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -71,10 +68,6 @@ func a18ReadAll(t *testing.T, brokers []string, want int) []*kgo.Record {
 	return out
 }
 
-func a18Ev(sku, id string, seq int64) stock.Event {
-	return stock.Event{Type: stock.EventDeducted, SKU: sku, ID: id, Qty: 1, At: time.UnixMilli(1_700_000_000_000).UTC(), Seq: seq}
-}
-
 // An invalid event in the middle of one item's batch. The BatchPublisher contract asks an
 // implementation that can to stop at the item's first failure and not publish the later events
 // (so that the queue gets them in order when the relay retries from the failed one); kafkapub's
@@ -83,7 +76,7 @@ func TestAttack18InvalidMidBatchStopsTheItem(t *testing.T) {
 	brokers := a18Cluster(t, 1)
 	pub := a18Producer(t, brokers)
 	ctx := context.Background()
-	evs := []stock.Event{a18Ev("k:1", "1", 1), a18Ev("k:1", "", 2), a18Ev("k:1", "3", 3), a18Ev("other", "1", 1)}
+	evs := []stock.Event{queuetest.Ev("k:1", "1", 1), queuetest.Ev("k:1", "", 2), queuetest.Ev("k:1", "3", 3), queuetest.Ev("other", "1", 1)}
 	errs := pub.PublishBatch(ctx, evs)
 	if len(errs) != len(evs) {
 		t.Fatalf("%d answers for %d events", len(errs), len(evs))
@@ -116,17 +109,17 @@ func TestAttack18InvalidMidBatchStopsTheItem(t *testing.T) {
 func TestAttack18AwkwardSKUsOnePartition(t *testing.T) {
 	brokers := a18Cluster(t, 8)
 	pub := a18Producer(t, brokers)
-	p := newA18Pipeline(t, []string{"a:b:c", "ü~ñ", "😀", "x/y%z", "-_-", "a.b", strRepeat("L", 128)})
+	p := queuetest.NewMiniredisPipeline(t, []string{"a:b:c", "ü~ñ", "😀", "x/y%z", "-_-", "a.b", strRepeat("L", 128)})
 	rng := rand.New(rand.NewPCG(18, 3))
-	p.traffic(t, 200, rng)
-	rl, err := stockops.NewRelay(p.r, nil, pub, nil)
+	p.Traffic(t, 200, rng)
+	rl, err := stockops.NewRelay(p.R, nil, pub, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.drain(t, rl)
-	recs := a18ReadAll(t, brokers, p.events)
-	if len(recs) < p.events {
-		t.Fatalf("read %d records, the relay published %d events", len(recs), p.events)
+	p.Drain(t, rl)
+	recs := a18ReadAll(t, brokers, p.Events())
+	if len(recs) < p.Events() {
+		t.Fatalf("read %d records, the relay published %d events", len(recs), p.Events())
 	}
 	part := map[string]int32{}
 	last := map[string]int64{}
@@ -171,7 +164,7 @@ func TestAttack18AckOutOfOrderThenCrash(t *testing.T) {
 	pub := a18Producer(t, brokers)
 	ctx := context.Background()
 	for i := 1; i <= 3; i++ {
-		if err := pub.Publish(ctx, a18Ev("o", fmt.Sprint(i), int64(i))); err != nil {
+		if err := pub.Publish(ctx, queuetest.Ev("o", fmt.Sprint(i), int64(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -222,7 +215,7 @@ func TestAttack18RetryThenCrash(t *testing.T) {
 	pub := a18Producer(t, brokers)
 	ctx := context.Background()
 	for i := 1; i <= 4; i++ {
-		if err := pub.Publish(ctx, a18Ev("r", fmt.Sprint(i), int64(i))); err != nil {
+		if err := pub.Publish(ctx, queuetest.Ev("r", fmt.Sprint(i), int64(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -268,15 +261,9 @@ func TestAttack18MembersCrashMidStream(t *testing.T) {
 	brokers := a18Cluster(t, 4)
 	pub := a18Producer(t, brokers)
 	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m:5", "m:6", "m:7", "m:8"}
-	p := newA18Pipeline(t, skus)
+	p := queuetest.NewMiniredisPipeline(t, skus)
 	ctx := context.Background()
-	rl, err := stockops.NewRelay(p.r, nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan struct{})
-	go func() { defer close(relayDone); _ = rl.Run(runCtx) }()
+	stopRelay := p.RunRelay(t, pub)
 	stopAll := make(chan struct{})
 	var wg sync.WaitGroup
 	var crashedHolding atomic.Int64
@@ -304,18 +291,9 @@ func TestAttack18MembersCrashMidStream(t *testing.T) {
 				return
 			}
 			for _, m := range msgs {
-				if m.Err != nil {
-					t.Errorf("record does not decode: %v", m.Err)
+				if p.Settle(t, "record", m.Event, m.Err) {
 					_ = cons.Ack(ctx, m)
-					continue
-				}
-				switch err := stock.Consume(ctx, p.r, p.store, m.Event); {
-				case err == nil:
-					_ = cons.Ack(ctx, m)
-				case errors.Is(err, stock.ErrInvalid):
-					t.Errorf("Consume: %v", err)
-					_ = cons.Ack(ctx, m)
-				default:
+				} else {
 					cons.Retry(m)
 				}
 			}
@@ -326,171 +304,15 @@ func TestAttack18MembersCrashMidStream(t *testing.T) {
 	go member(0)
 	go member(7)
 	rng := rand.New(rand.NewPCG(18, 4))
-	p.traffic(t, 300, rng)
+	p.Traffic(t, 300, rng)
 	wg.Add(1)
 	go member(0)
-	p.traffic(t, 200, rng)
-	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
-		busy := false
-		for _, sku := range skus {
-			rp, err := rec.Item(ctx, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rp.Pending+rp.Published > 0 {
-				busy = true
-			}
-		}
-		if !busy {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p.Traffic(t, 200, rng)
+	p.WaitApplied(t, 15*time.Second, nil)
 	close(stopAll)
 	wg.Wait()
 	stopRelay()
-	<-relayDone
-	if crashedHolding.Load() == 0 {
-		t.Error("no member crashed holding messages: the attack did not happen")
-	}
-	t.Logf("crashed members held %d messages", crashedHolding.Load())
-	p.verify(t)
-}
-
-// a18Pipeline is a Reserver on miniredis, a memstore and the acknowledged operations.
-type a18Pipeline struct {
-	r        *stock.Reserver
-	store    *memstore.Store
-	mu       sync.Mutex
-	deducted map[string]map[string]int64
-	restored map[string]map[string]bool
-	initial  map[string]int64
-	n        int
-	events   int // events the traffic queued (deducts and restores)
-}
-
-func newA18Pipeline(t *testing.T, skus []string) *a18Pipeline {
-	t.Helper()
-	m := miniredis.RunT(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	r, err := stock.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	p := &a18Pipeline{r: r, store: memstore.New(), deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, initial: map[string]int64{}}
-	for _, sku := range skus {
-		if err := r.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.store.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
-		p.initial[sku] = 100000
-		p.deducted[sku] = map[string]int64{}
-		p.restored[sku] = map[string]bool{}
-	}
-	return p
-}
-
-func (p *a18Pipeline) traffic(t *testing.T, n int, rng *rand.Rand) {
-	ctx := context.Background()
-	skus := make([]string, 0, len(p.initial))
-	for sku := range p.initial {
-		skus = append(skus, sku)
-	}
-	sort.Strings(skus)
-	for i := 0; i < n; i++ {
-		sku := skus[rng.IntN(len(skus))]
-		p.n++
-		id := fmt.Sprintf("o%d", p.n)
-		q := int64(1 + rng.IntN(3))
-		if _, err := p.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err != nil {
-			t.Fatalf("Deduct: %v", err)
-		}
-		p.mu.Lock()
-		p.deducted[sku][id] = q
-		p.events++
-		p.mu.Unlock()
-		if i%4 == 3 {
-			if _, err := p.r.Restore(ctx, sku, id); err != nil {
-				t.Fatalf("Restore: %v", err)
-			}
-			p.mu.Lock()
-			p.restored[sku][id] = true
-			p.events++
-			p.mu.Unlock()
-		}
-	}
-}
-
-func (p *a18Pipeline) drain(t *testing.T, rl *stockops.Relay) {
-	t.Helper()
-	ctx := context.Background()
-	for i := 0; i < 100; i++ {
-		if _, err := rl.Once(ctx); err != nil {
-			t.Fatalf("relay: %v", err)
-		}
-		var left int64
-		for sku := range p.initial {
-			n, _, err := stockops.Pending(ctx, p.r, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
-			left += n
-		}
-		if left == 0 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("the relay did not drain")
-}
-
-func (p *a18Pipeline) verify(t *testing.T) {
-	t.Helper()
-	ctx := context.Background()
-	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for sku, init := range p.initial {
-		want := init
-		for id, q := range p.deducted[sku] {
-			if !p.restored[sku][id] {
-				want -= q
-			}
-		}
-		lv, err := p.r.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rem, err := p.store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rem != want || lv.Available != want {
-			t.Errorf("item %q: store %d, Redis %d, acknowledged answers %d", sku, rem, lv.Available, want)
-		}
-		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rp.Pending != 0 || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.DeadLetters != 0 {
-			t.Errorf("item %q after the drain: %s", sku, rp)
-		}
-	}
-	if m := p.store.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	p.VerifyCrashed(t, crashedHolding.Load())
 }
 
 // A context that ends while a batch is produced: every event answered nil must be in the topic,
@@ -500,9 +322,9 @@ func TestAttack18ContextEndsMidBatch(t *testing.T) {
 	pub := a18Producer(t, brokers)
 	var evs []stock.Event
 	for i := 1; i <= 200; i++ {
-		evs = append(evs, a18Ev("c:1", fmt.Sprint(i), int64(i)))
+		evs = append(evs, queuetest.Ev("c:1", fmt.Sprint(i), int64(i)))
 	}
-	if err := pub.Publish(context.Background(), a18Ev("warm", "0", 1)); err != nil { // connected
+	if err := pub.Publish(context.Background(), queuetest.Ev("warm", "0", 1)); err != nil { // connected
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,12 +1,9 @@
 package natspub_test
 
 import (
-	"context"
-	"fmt"
 	"testing"
-	"time"
 
-	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/natspub"
 )
 
@@ -21,37 +18,5 @@ func BenchmarkPublish(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
-	at := time.Now().UTC()
-	n := 0
-	next := func() stock.Event {
-		n++
-		return stock.Event{Type: stock.EventDeducted, SKU: "bench", ID: fmt.Sprint("o", n), User: "u", Qty: 1, At: at, Seq: int64(n)}
-	}
-	b.Run("one", func(b *testing.B) {
-		events := 0
-		for b.Loop() {
-			if err := p.Publish(ctx, next()); err != nil {
-				b.Fatal(err)
-			}
-			events++
-		}
-		b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
-	})
-	b.Run("batch128", func(b *testing.B) {
-		events := 0
-		evs := make([]stock.Event, 128)
-		for b.Loop() {
-			for i := range evs {
-				evs[i] = next()
-			}
-			for _, err := range p.PublishBatch(ctx, evs) {
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
-			events += len(evs)
-		}
-		b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
-	})
+	queuetest.BenchPublish(b, p)
 }

@@ -4,7 +4,6 @@ go 1.25.0
 
 require (
 	github.com/nats-io/nats.go v1.52.0
-	github.com/redis/rueidis v1.0.79
 	github.com/stockres/stock v0.0.0-00010101000000-000000000000
 	github.com/stockres/stock/sqlstore v0.0.0-00010101000000-000000000000
 	github.com/stockres/stock/stocktest v0.0.0-00010101000000-000000000000
@@ -24,6 +23,7 @@ require (
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/pmezard/go-difflib v1.0.0 // indirect
+	github.com/redis/rueidis v1.0.79 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	golang.org/x/crypto v0.55.0 // indirect

@@ -17,8 +17,8 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/internal/redistest"
-	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/streampub"
 )
@@ -51,10 +51,6 @@ func a18Entries(t *testing.T, ctx context.Context, c rueidis.Client, stream stri
 	return out
 }
 
-func a18Ev(sku, id string, seq int64) stock.Event {
-	return stock.Event{Type: stock.EventDeducted, SKU: sku, ID: id, Qty: 1, At: time.UnixMilli(1_700_000_000_000).UTC(), Seq: seq}
-}
-
 // A batch of one item with an invalid event in the middle: the doc promises that an error for an
 // event means that it and every later event of the same stream in the batch were not appended.
 // Another item's events in the same batch (another stream) are unaffected.
@@ -70,8 +66,8 @@ func TestAttack18InvalidMidBatchStopsTheStream(t *testing.T) {
 		if pub.Stream(skuA) == pub.Stream(skuB) {
 			t.Fatal("pick SKUs on two shards")
 		}
-		bad := a18Ev(skuA, "", 2) // no id: invalid
-		evs := []stock.Event{a18Ev(skuA, "1", 1), a18Ev(skuB, "1", 1), bad, a18Ev(skuB, "2", 2), a18Ev(skuA, "3", 3)}
+		bad := queuetest.Ev(skuA, "", 2) // no id: invalid
+		evs := []stock.Event{queuetest.Ev(skuA, "1", 1), queuetest.Ev(skuB, "1", 1), bad, queuetest.Ev(skuB, "2", 2), queuetest.Ev(skuA, "3", 3)}
 		errs := pub.PublishBatch(ctx, evs)
 		if len(errs) != len(evs) {
 			t.Fatalf("%d answers for %d events", len(errs), len(evs))
@@ -111,12 +107,12 @@ func TestAttack18CancelledContext(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		evs := []stock.Event{a18Ev("c", "1", 1), a18Ev("c", "2", 2), a18Ev("d", "1", 1)}
+		evs := []stock.Event{queuetest.Ev("c", "1", 1), queuetest.Ev("c", "2", 2), queuetest.Ev("d", "1", 1)}
 		errs := pub.PublishBatch(ctx, evs)
 		if len(errs) != len(evs) {
 			t.Fatalf("%d answers for %d events", len(errs), len(evs))
 		}
-		perr := pub.Publish(ctx, a18Ev("c", "9", 9))
+		perr := pub.Publish(ctx, queuetest.Ev("c", "9", 9))
 		in := map[string]bool{}
 		for _, s := range pub.Streams() {
 			for _, ev := range a18Entries(t, context.Background(), c, s) {
@@ -162,7 +158,7 @@ func TestAttack18GarbageEntries(t *testing.T) {
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"1","qty":-5,"at":"2024-01-01T00:00:00Z"}`)
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"2","qty":1,"at":"2024-01-01T00:00:00Z"} {"x":1}`)
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"3","qty":1,"at":"2024-01-01T00:00:00Z"}`, "extra", "y")
-		if err := pub.Publish(ctx, a18Ev("g", "4", 4)); err != nil {
+		if err := pub.Publish(ctx, queuetest.Ev("g", "4", 4)); err != nil {
 			t.Fatal(err)
 		}
 		cons, err := streampub.NewConsumer(c, "g", "one", pub.Streams(), &streampub.ConsumerOptions{Poll: 10 * time.Millisecond})
@@ -202,150 +198,14 @@ func TestAttack18GarbageEntries(t *testing.T) {
 	})
 }
 
-// a18Pipeline is a Reserver, a store and acknowledged operations on a few items.
-type a18Pipeline struct {
-	r        *stock.Reserver
-	store    *memstore.Store
-	mu       sync.Mutex
-	deducted map[string]map[string]int64
-	restored map[string]map[string]bool
-	initial  map[string]int64
-	n        int
-}
-
-func newA18Pipeline(t *testing.T, c rueidis.Client, skus []string) *a18Pipeline {
-	ctx := context.Background()
-	r, err := stock.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &a18Pipeline{r: r, store: memstore.New(), deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, initial: map[string]int64{}}
-	for _, sku := range skus {
-		if err := r.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.store.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
-		p.initial[sku] = 100000
-		p.deducted[sku] = map[string]int64{}
-		p.restored[sku] = map[string]bool{}
-	}
-	return p
-}
-
-// traffic runs n deducts (and a restore for every fourth) spread over the items.
-func (p *a18Pipeline) traffic(t *testing.T, n int, rng *rand.Rand) {
-	ctx := context.Background()
-	skus := make([]string, 0, len(p.initial))
-	for sku := range p.initial {
-		skus = append(skus, sku)
-	}
-	for i := 0; i < n; i++ {
-		sku := skus[rng.IntN(len(skus))]
-		p.mu.Lock()
-		p.n++
-		id := fmt.Sprintf("o%d", p.n)
-		p.mu.Unlock()
-		q := int64(1 + rng.IntN(3))
-		if _, err := p.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err != nil {
-			t.Errorf("Deduct: %v", err)
-			return
-		}
-		p.mu.Lock()
-		p.deducted[sku][id] = q
-		p.mu.Unlock()
-		if i%4 == 3 {
-			if _, err := p.r.Restore(ctx, sku, id); err != nil {
-				t.Errorf("Restore: %v", err)
-				return
-			}
-			p.mu.Lock()
-			p.restored[sku][id] = true
-			p.mu.Unlock()
-		}
-	}
-}
-
-// handle applies msgs through stock.Consume and acknowledges what Consume settled.
-func (p *a18Pipeline) handle(t *testing.T, cons *streampub.Consumer, msgs []streampub.Message) {
-	ctx := context.Background()
+// a18Handle applies msgs through the pipeline's stock.Consume and acknowledges what it settled;
+// the rest stays pending, to be claimed again after MinIdle.
+func a18Handle(t *testing.T, p *queuetest.Pipeline, cons *streampub.Consumer, msgs []streampub.Message) {
 	for _, m := range msgs {
-		if m.Err != nil {
-			t.Errorf("entry %s of %s does not decode: %v", m.ID, m.Stream, m.Err)
-			_ = cons.Ack(ctx, m)
-			continue
-		}
-		switch err := stock.Consume(ctx, p.r, p.store, m.Event); {
-		case err == nil:
-			_ = cons.Ack(ctx, m)
-		case errors.Is(err, stock.ErrInvalid):
-			t.Errorf("Consume %s/%s: %v", m.Event.SKU, m.Event.ID, err)
-			_ = cons.Ack(ctx, m)
+		if p.Settle(t, fmt.Sprintf("entry %s of %s", m.ID, m.Stream), m.Event, m.Err) {
+			_ = cons.Ack(context.Background(), m)
 		}
 	}
-}
-
-// verify compares the store with Redis and with the acknowledged answers.
-func (p *a18Pipeline) verify(t *testing.T) {
-	t.Helper()
-	ctx := context.Background()
-	rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for sku, init := range p.initial {
-		want := init
-		for id, q := range p.deducted[sku] {
-			if !p.restored[sku][id] {
-				want -= q
-			}
-		}
-		lv, err := p.r.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rem, err := p.store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rem != want || lv.Available != want {
-			t.Errorf("item %q: store %d, Redis %d, acknowledged answers %d", sku, rem, lv.Available, want)
-		}
-		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rp.Pending != 0 || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.DeadLetters != 0 {
-			t.Errorf("item %q after the drain: %s", sku, rp)
-		}
-	}
-	if m := p.store.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
-}
-
-func a18DrainRelay(t *testing.T, p *a18Pipeline, rl *stockops.Relay) {
-	t.Helper()
-	ctx := context.Background()
-	for i := 0; i < 100; i++ {
-		if _, err := rl.Once(ctx); err != nil {
-			t.Fatalf("relay: %v", err)
-		}
-		var left int64
-		for sku := range p.initial {
-			n, _, err := stockops.Pending(ctx, p.r, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
-			left += n
-		}
-		if left == 0 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("the relay did not drain")
 }
 
 // A consumer dies holding entries; the streams are trimmed (MAXLEN ~ 5) far past them while it is
@@ -358,7 +218,7 @@ func TestAttack18TrimmedWhilePending(t *testing.T) {
 		ctx := context.Background()
 		c := b.Client(t)
 		skus := []string{"t:1", "t~2", "ü:3", "t.4"}
-		p := newA18Pipeline(t, c, skus)
+		p := queuetest.NewPipeline(t, c, skus)
 		rng := rand.New(rand.NewPCG(18, 1))
 		pub, err := streampub.New(c, streampub.WithShards(2), streampub.WithMaxLen(5))
 		if err != nil {
@@ -367,12 +227,12 @@ func TestAttack18TrimmedWhilePending(t *testing.T) {
 		if err := streampub.EnsureGroup(ctx, c, "store", pub.Streams()); err != nil {
 			t.Fatal(err)
 		}
-		rl, err := stockops.NewRelay(p.r, nil, pub, nil)
+		rl, err := stockops.NewRelay(p.R, nil, pub, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.traffic(t, 60, rng)
-		a18DrainRelay(t, p, rl)
+		p.Traffic(t, 60, rng)
+		p.Drain(t, rl)
 		opts := &streampub.ConsumerOptions{MinIdle: 300 * time.Millisecond, Poll: 10 * time.Millisecond}
 		dead, err := streampub.NewConsumer(c, "store", "dead", pub.Streams(), opts)
 		if err != nil {
@@ -383,19 +243,12 @@ func TestAttack18TrimmedWhilePending(t *testing.T) {
 			t.Fatalf("the first consumer received %d entries (%v)", len(held), err)
 		}
 		// It dies holding them. Much more traffic trims the streams past them.
-		p.traffic(t, 600, rng)
-		a18DrainRelay(t, p, rl)
+		p.Traffic(t, 600, rng)
+		p.Drain(t, rl)
 		for _, sku := range skus { // one last event per item, kept by any trim
-			p.mu.Lock()
-			p.n++
-			id := fmt.Sprintf("last%d", p.n)
-			p.mu.Unlock()
-			if _, err := p.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}); err != nil {
-				t.Fatal(err)
-			}
-			p.deducted[sku][id] = 1
+			p.Deduct(t, sku, "last", 1)
 		}
-		a18DrainRelay(t, p, rl)
+		p.Drain(t, rl)
 		// The trim reached the dead consumer's entries.
 		gone := 0
 		for _, m := range held {
@@ -430,7 +283,7 @@ func TestAttack18TrimmedWhilePending(t *testing.T) {
 				continue
 			}
 			quiet = 0
-			p.handle(t, next, msgs)
+			a18Handle(t, p, next, msgs)
 		}
 		if rerr != nil {
 			t.Errorf("Receive failed after the trim: %v", rerr)
@@ -444,7 +297,7 @@ func TestAttack18TrimmedWhilePending(t *testing.T) {
 				t.Errorf("stream %s: %d entries still pending in the group after the drain", s, n)
 			}
 		}
-		p.verify(t)
+		p.Verify(t)
 	})
 }
 
@@ -456,7 +309,7 @@ func TestAttack18ConsumersCrashMidStream(t *testing.T) {
 		ctx := context.Background()
 		c := b.Client(t)
 		skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m:5", "m:6"}
-		p := newA18Pipeline(t, c, skus)
+		p := queuetest.NewPipeline(t, c, skus)
 		pub, err := streampub.New(c, streampub.WithShards(3))
 		if err != nil {
 			t.Fatal(err)
@@ -464,13 +317,7 @@ func TestAttack18ConsumersCrashMidStream(t *testing.T) {
 		if err := streampub.EnsureGroup(ctx, c, "store", pub.Streams()); err != nil {
 			t.Fatal(err)
 		}
-		rl, err := stockops.NewRelay(p.r, nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		runCtx, stopRelay := context.WithCancel(ctx)
-		relayDone := make(chan struct{})
-		go func() { defer close(relayDone); _ = rl.Run(runCtx) }()
+		stopRelay := p.RunRelay(t, pub)
 		opts := &streampub.ConsumerOptions{MinIdle: 300 * time.Millisecond, Poll: 5 * time.Millisecond}
 		var wg sync.WaitGroup
 		var crashedHolding atomic.Int64
@@ -502,7 +349,7 @@ func TestAttack18ConsumersCrashMidStream(t *testing.T) {
 					crashedHolding.Add(int64(len(msgs)))
 					return // dies holding msgs
 				}
-				p.handle(t, cons, msgs)
+				a18Handle(t, p, cons, msgs)
 			}
 		}
 		wg.Add(3)
@@ -510,45 +357,19 @@ func TestAttack18ConsumersCrashMidStream(t *testing.T) {
 		go member("b", 0)
 		go member("c", 9)
 		rng := rand.New(rand.NewPCG(18, 2))
-		p.traffic(t, 400, rng)
+		p.Traffic(t, 400, rng)
 		time.Sleep(200 * time.Millisecond)
 		wg.Add(1)
 		go member("a", 0) // "a" restarts under its name
-		p.traffic(t, 200, rng)
-		// Wait until every event is applied, or give up.
-		rec, err := stockops.NewReconciler(p.r, p.store, &stock.ReconcileOptions{DryRun: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(12 * time.Second)
-		for time.Now().Before(deadline) {
-			busy := false
-			for _, sku := range skus {
-				rp, err := rec.Item(ctx, sku)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if rp.Pending+rp.Published > 0 {
-					busy = true
-				}
-			}
-			if !busy {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-			// miniredis's clock stands still until moved (redistest.Miniredis), and with it the
-			// idle time XAUTOCLAIM reads: move it, or the last events a crashed member held are
-			// never claimed again. On a real server this sleeps once more.
-			redistest.Sleep(c, 50*time.Millisecond)
-		}
+		p.Traffic(t, 200, rng)
+		// Wait until every event is applied, or give up. miniredis's clock stands still until
+		// moved (redistest.Miniredis), and with it the idle time XAUTOCLAIM reads: move it
+		// between looks, or the last events a crashed member held are never claimed again. On a
+		// real server this sleeps once more.
+		p.WaitApplied(t, 12*time.Second, func() { redistest.Sleep(c, 50*time.Millisecond) })
 		close(stopAll)
 		wg.Wait()
 		stopRelay()
-		<-relayDone
-		if crashedHolding.Load() == 0 {
-			t.Error("no consumer crashed holding messages: the attack did not happen")
-		}
-		t.Logf("crashed members held %d messages", crashedHolding.Load())
-		p.verify(t)
+		p.VerifyCrashed(t, crashedHolding.Load())
 	})
 }
