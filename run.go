@@ -3,6 +3,7 @@ package stock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -39,7 +40,9 @@ type RunOptions struct {
 	// DeductMany or HoldMany call. The default is 5 minutes.
 	RecoverCartsAfter time.Duration
 	// Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are
-	// due until none is left or Drain has passed. The default is 5s.
+	// due until none is left or Drain has passed, and returns by then. The default is 5s; a
+	// negative Drain delivers nothing more (Run still waits, up to WithTimeout's bound, for
+	// the calls in progress).
 	Drain time.Duration
 }
 
@@ -51,7 +54,10 @@ type RunOptions struct {
 //
 // Errors of a pass are logged through WithLogger and the next pass retries. When ctx ends,
 // Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain), and returns
-// the first error a loop met, or ctx's error when none did. Options that are out of range are
+// the first error a loop met, or ctx's error when none did. It returns at the latest Drain
+// after ctx ended (WithTimeout's bound when Drain is negative), even when a Store or Publisher
+// call ignores its context: such a call goes on in the background after Run returned, and
+// the error says so. Options that are out of range are
 // an ErrInvalid error at once. Run may be called once per Reserver at a time; the Reserver's
 // other methods stay usable meanwhile, and more relays and reconcilers, in this process or
 // others, may run beside it.
@@ -146,29 +152,49 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	}
 	<-ctx.Done() // with every loop off, Run still lasts until ctx ends
 	ended := time.Now()
-	wg.Wait()
-	// The drain's time runs from the end of ctx, not from the end of the loops (a Store call
-	// that ignores its context can hold the relay's loop past it).
-	if rl != nil && drain > 0 && time.Since(ended) < drain {
-		dctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), ended.Add(drain))
-		for {
-			st, err := rl.Once(dctx)
-			if err != nil {
-				r.opts.logger.WarnContext(dctx, "stock: relay: events left in the outbox for the next start", "err", err)
-				break
-			}
-			if st.Claimed == 0 {
-				break
+	// Run returns at the latest limit after ctx ended, even when a Store or Publisher call
+	// ignores its context: the loops and the drain run in a goroutine Run stops waiting for.
+	limit := drain
+	if limit <= 0 {
+		limit = r.opts.timeout
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wg.Wait()
+		// The drain's time runs from the end of ctx, not from the end of the loops.
+		if rl != nil && drain > 0 && time.Since(ended) < drain {
+			dctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), ended.Add(drain))
+			defer cancel()
+			for {
+				st, err := rl.Once(dctx)
+				if err != nil {
+					r.opts.logger.WarnContext(dctx, "stock: relay: events left in the outbox for the next start", "err", err)
+					break
+				}
+				if st.Claimed == 0 {
+					break
+				}
 			}
 		}
-		cancel()
+	}()
+	var stuck error
+	t := time.NewTimer(time.Until(ended.Add(limit)))
+	select {
+	case <-done:
+		t.Stop()
+	case <-t.C:
+		stuck = fmt.Errorf("stock: Run: a Store or Publisher call was still running %v after ctx ended; it goes on in the background, and its event stays in the outbox until it is applied", limit)
+		r.opts.logger.ErrorContext(context.WithoutCancel(ctx), stuck.Error())
 	}
 	// The hints of the last calls are written before Run returns, for the next relay.
 	r.hints.flush()
+	mu.Lock()
+	defer mu.Unlock()
 	if first != nil {
-		return first
+		return errors.Join(first, stuck)
 	}
-	return ctx.Err()
+	return errors.Join(ctx.Err(), stuck)
 }
 
 // guardable reports whether the servers tell their identities (INFO), which a failover guard

@@ -182,3 +182,57 @@ func TestRunReconcileOff(t *testing.T) {
 		}
 	}
 }
+
+// stuckStore is a Store whose Apply ignores its context and returns only when release is
+// closed, as a database driver stuck on a dead connection may.
+type stuckStore struct {
+	*memstore.Store
+	entered chan struct{}
+	release chan struct{}
+	once    atomic.Bool
+}
+
+func (s *stuckStore) Apply(ctx context.Context, ev stock.Event) error {
+	if s.once.CompareAndSwap(false, true) {
+		close(s.entered)
+	}
+	<-s.release
+	return s.Store.Apply(ctx, ev)
+}
+
+// TestRunBoundedWithStuckStore: Run returns at the latest Drain after its context ends even
+// when a Store call ignores its context, and says so; the event stays in the outbox.
+func TestRunBoundedWithStuckStore(t *testing.T) {
+	ctx := context.Background()
+	_, c := redistest.Miniredis(t)
+	r := newReserver(t, c)
+	db := &stuckStore{Store: memstore.New(), entered: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(func() { close(db.release) })
+	require.NoError(t, db.Load(ctx, "A", 10))
+	require.NoError(t, r.Load(ctx, "A", 10))
+	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.NoError(t, err)
+
+	run, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- r.Run(run, stock.RunOptions{Store: db, Drain: 100 * time.Millisecond,
+			Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond}})
+	}()
+	select {
+	case <-db.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay never called the Store")
+	}
+	stop()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second): // far above Drain: a hang, not a slow machine
+		t.Fatal("Run did not return while a Store call ignored its context")
+	}
+	require.ErrorIs(t, err, context.Canceled)
+	assert.ErrorContains(t, err, "still running")
+	pending, _, err := stockops.Pending(ctx, r, "A")
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), pending, "the event stays in the outbox")
+}
