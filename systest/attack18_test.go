@@ -1430,7 +1430,7 @@ func TestAttack18RunPublisherIgnoresContext(t *testing.T) {
 	close(release)
 	if !returned {
 		<-done
-		t.Logf("Run returned only once the hung publisher call returned (not within 3s of the cancel, Drain 200ms)")
+		t.Errorf("Run returned only once the hung publisher call returned (not within 3s of the cancel, Drain 200ms)")
 	}
 	e.Advance(2 * time.Minute)
 	q.batch = nil
