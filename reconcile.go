@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/stockres/stock/internal/ops"
 	"github.com/stockres/stock/internal/protocol"
 )
@@ -616,13 +617,22 @@ func (rc *reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *re
 			return err
 		}
 	}
-	// Given back in Redis, applied in the store: the restore event was lost; requeue it.
+	// Given back in Redis, applied in the store: the restore event was lost; requeue it. Redis
+	// is read first, the store after: a consumer that checked the item's turn before this pass
+	// took the item may still apply a restore and settle it, and it applies it to the store
+	// before it takes it out of Redis, so a restore missing from Redis is already in the store.
 	if len(b.restored) > 0 {
-		recs, err := rc.store.Records(ctx, rp.SKU, b.restored)
+		missing, err := rc.restoresMissing(ctx, k, b.restored)
 		if err != nil {
-			return fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
+			return fmt.Errorf("stock: reconcile %s: restore events: %w", rp.SKU, err)
 		}
-		for _, id := range b.restored {
+		var recs map[string]Record
+		if len(missing) > 0 {
+			if recs, err = rc.store.Records(ctx, rp.SKU, missing); err != nil {
+				return fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
+			}
+		}
+		for _, id := range missing {
 			if rec, ok := recs[id]; ok && rec.Status == StateApplied {
 				b.reserved = append(b.reserved, id)
 			}
@@ -646,6 +656,36 @@ func (rc *reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *re
 	}
 	b.reset()
 	return nil
+}
+
+// restoresMissing returns the ids among ids whose restore event is in none of the item's
+// outbox, published set and dead letters.
+func (rc *reconciler) restoresMissing(ctx context.Context, k *protocol.Keys, ids []string) ([]string, error) {
+	c := rc.r.client
+	cmds := make(rueidis.Commands, 0, 3*len(ids))
+	for _, id := range ids {
+		m := protocol.Member(protocol.EventRestored, id)
+		for _, key := range []string{k.Outbox, k.Published, k.Dead} {
+			cmds = append(cmds, c.B().Zscore().Key(key).Member(m).Build())
+		}
+	}
+	res := c.DoMulti(ctx, cmds...)
+	var missing []string
+	for i, id := range ids {
+		found := false
+		for _, r := range res[3*i : 3*i+3] {
+			err := r.Error()
+			if err == nil {
+				found = true
+			} else if !rueidis.IsRedisNil(err) {
+				return nil, err
+			}
+		}
+		if !found {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
 }
 
 // resyncSold gives back, in Redis, the sales among ids that the store has given back (a restore

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -405,5 +406,77 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n2", Qty: 1})
 		require.ErrorIs(t, err, stock.ErrSoldOut, "the unit h1 took is not sold again")
 		g.agree(t, "A")
+	})
+}
+
+// lateConsumerStore is a memstore whose first Records call that names id lets a queue consumer
+// apply and settle ev first (a consumer that checked the item's turn before the pass took the
+// item), and answers what the store held before it did.
+type lateConsumerStore struct {
+	*memstore.Store
+	r     *stock.Reserver
+	id    string
+	ev    stock.Event
+	fired atomic.Bool
+}
+
+func (s *lateConsumerStore) Records(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
+	recs, err := s.Store.Records(ctx, sku, ids)
+	if err == nil && slices.Contains(ids, s.id) && s.fired.CompareAndSwap(false, true) {
+		ev := s.ev
+		ev.Seq = 0 // its turn was checked before the pass: no order check now
+		if cerr := stock.Consume(ctx, s.r, s.Store, ev); cerr != nil {
+			return nil, cerr
+		}
+	}
+	return recs, err
+}
+
+// TestReconcileRestoreSettledDuringPass: on the queue path, a consumer that settles a restore
+// while a pass looks at the item (it checked the item's turn before) does not make the pass
+// queue that restore again: the pass reads Redis before the store.
+func TestReconcileRestoreSettledDuringPass(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		db := memstore.New()
+		require.NoError(t, db.Load(ctx, "A", 10))
+		require.NoError(t, r.Load(ctx, "A", 10))
+		var mu sync.Mutex
+		var queue []stock.Event
+		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			queue = append(queue, ev)
+			return nil
+		})
+		relay, err := stockops.NewRelay(r, nil, pub, nil)
+		require.NoError(t, err)
+
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2})
+		require.NoError(t, err)
+		_, err = relay.Once(ctx)
+		require.NoError(t, err)
+		require.Len(t, queue, 1)
+		require.NoError(t, stock.Consume(ctx, r, db, queue[0])) // the deduct is in the store
+		_, err = r.Restore(ctx, "A", "o1")
+		require.NoError(t, err)
+		_, err = relay.Once(ctx)
+		require.NoError(t, err)
+		require.Len(t, queue, 2) // the restore is published, not applied yet
+
+		store := &lateConsumerStore{Store: db, r: r, id: "o1", ev: queue[1]}
+		rec, err := stockops.NewReconciler(r, store, nil)
+		require.NoError(t, err)
+		rp, err := rec.Item(ctx, "A")
+		require.NoError(t, err)
+		assert.True(t, store.fired.Load(), "the consumer settled the restore during the pass")
+		assert.Zero(t, rp.Requeued, "the restore was not lost: %s", rp)
+		pending, _, err := stockops.Pending(ctx, r, "A")
+		require.NoError(t, err)
+		assert.Zero(t, pending, "no restore queued again")
+		left, err := db.Remaining(ctx, "A")
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), left)
 	})
 }
