@@ -30,15 +30,15 @@
 //     gives back exactly what its id took, once; a restore of an unknown id takes nothing and
 //     leaves a tombstone that refuses the late deduct (ErrRestored).
 //   - Nothing lost between Redis and the database: the outbox event is written by the same
-//     script as the deduct, and the Relay removes it only after the Store applied it and the
+//     script as the deduct, and the relay removes it only after the Store applied it and the
 //     Publisher accepted it (at least once; the Store is idempotent, so exactly once in
 //     effect). With no Store (the queue path) a published event stays in the item's published
-//     set until a consumer has applied it through Consume: the Reconciler counts it as in
+//     set until a consumer has applied it through Consume: the reconciler counts it as in
 //     flight until then. An event that cannot be delivered (rejected as invalid, or its ledger
 //     entry gone) is set aside as a dead letter, never dropped. A deduct the Store refuses is
 //     given back in Redis, once.
 //   - In order per item: every event carries its place in its item's sequence (Event.Seq), and
-//     the Store gets an item's events in that order on both paths: the Relay delivers them in
+//     the Store gets an item's events in that order on both paths: the relay delivers them in
 //     sequence, and Consume applies an item's earlier events (from Redis) before the one it was
 //     handed, whatever order the queue redelivers in.
 //   - Bad input is refused with ErrInvalid before anything is sent to Redis.

@@ -7,7 +7,7 @@ import (
 )
 
 // ErrRefused is returned by a Store whose database of record cannot cover a deduct (its
-// remaining stock is lower than the quantity, or it does not know the item). The Relay and
+// remaining stock is lower than the quantity, or it does not know the item). The relay and
 // Consume then give the stock back in Redis, once, and publish an EventRefused.
 var ErrRefused = errors.New("stock: refused by the store")
 
@@ -77,7 +77,7 @@ type Event struct {
 //   - Other event types are accepted and ignored.
 //   - Remaining never goes below zero.
 //
-// An error wrapping ErrInvalid says the event can never be applied: the Relay moves it to the
+// An error wrapping ErrInvalid says the event can never be applied: the relay moves it to the
 // item's dead-letter set and reports it (stockops.RelayStats.DeadLettered, stockops.Report.DeadLetters). Any
 // other error is taken as temporary: the event, and the item's later events, are retried with
 // backoff.
@@ -122,16 +122,16 @@ type BatchStore interface {
 // A Publisher hands events to a message queue or another service. Publish must be safe for
 // concurrent use. Delivery is at least once: the same event may be published more than once
 // (after a crash or a retry), so consumers deduplicate on (SKU, ID, Type). An error makes the
-// Relay retry the event later with backoff.
+// relay retry the event later with backoff.
 type Publisher interface {
 	Publish(ctx context.Context, ev Event) error
 }
 
 // A BatchPublisher is a Publisher that can publish several events in one round trip to its
-// queue. The Relay uses PublishBatch, when a Publisher has it, to publish the events it
+// queue. The relay uses PublishBatch, when a Publisher has it, to publish the events it
 // claimed from one item together (all of one SKU, in their sequence, Event.Seq); it falls back
 // to Publish for a single event. The result has one error (or nil) per event, in order, with
-// the same meaning as Publish's: nil means the queue has that event. The Relay keeps the
+// the same meaning as Publish's: nil means the queue has that event. The relay keeps the
 // events before the first failed one as published, and retries the failed one and those
 // after it later, with backoff, one after the other as it does with Publish: an implementation
 // that can should stop at an item's first failure and answer an error for the events after it

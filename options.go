@@ -81,7 +81,7 @@ func WithUserLimit(n int64) Option {
 }
 
 // WithOutbox decides whether deducts, restores, restocks and holds queue an event in the item's
-// outbox, in the same script that changes the stock. The outbox is what a Relay drains into a
+// outbox, in the same script that changes the stock. The outbox is what a relay drains into a
 // Store or Publisher; with it off, nothing records that Redis and the database of record must
 // agree, and the outbox never grows. Turn it off only when Redis is the only record. The default
 // is true.
@@ -161,7 +161,7 @@ func WithGroups(group func(sku string) string) Option {
 }
 
 // WithTimeout bounds every Redis command and script call the Reserver sends, and those of its
-// Relays, Reconcilers and FailoverGuards: each ends after d at the latest, or at the caller's
+// relays, reconcilers and failover guards: each ends after d at the latest, or at the caller's
 // deadline if that comes first, so no call waits forever on an unreachable Redis, even with a
 // context that has no deadline. The bound covers the whole command: rueidis's resends of a
 // retryable script after a broken connection, and its dials, happen within it. A method sends

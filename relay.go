@@ -629,7 +629,7 @@ func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) 
 }
 
 // Consume applies one event received from a message queue to store, for the deployment in
-// which the Reserver's relay only publishes (Reserver → Relay with no Store → Publisher → queue
+// which the Reserver's relay only publishes (Reserver → relay with no Store → Publisher → queue
 // → a consumer in the service that owns the database). Its answer says what to do with the
 // message:
 //
@@ -658,7 +658,7 @@ func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) 
 // (JetStream's MaxDeliver -1, the default).
 //
 // In flight for the reconciler: an event published and not yet applied through Consume stays
-// in flight for the Reconciler, so a pass while consumers are down or behind sees no drift and
+// in flight for the reconciler, so a pass while consumers are down or behind sees no drift and
 // adds no stock. While a pass holds an item, Consume holds the item's events back
 // (ErrHeldBack), so that the store stays still while the pass compares it with Redis.
 //
