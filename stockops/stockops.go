@@ -35,7 +35,7 @@ var errNilReserver = fmt.Errorf("stockops: no Reserver: %w", stock.ErrInvalid)
 // With no Store (the queue path: NewRelay(r, nil, publisher, nil)), an event the Publisher
 // accepted is not applied yet: the relay moves it from the outbox to the item's published set,
 // where it stays, in flight for the Reconciler, until a consumer applies it through
-// [stock.Consume]. Consume also uses that set to apply an item's events in sequence
+// [stock.Consume]. stock.Consume also uses that set to apply an item's events in sequence
 // (Event.Seq) whatever order the queue delivers them in. Events a Store ignores (held,
 // cancelled, expired) leave at once.
 //
@@ -43,8 +43,8 @@ var errNilReserver = fmt.Errorf("stockops: no Reserver: %w", stock.ErrInvalid)
 // unreadable, is moved to the item's dead-letter set, never dropped: it records a sale that is
 // counted nowhere else, and the Reconciler leaves such an item for an operator.
 //
-// When the Store refuses a deduct (ErrRefused), the relay gives the stock back in Redis once
-// (the ledger entry becomes refused) and an EventRefused follows through the outbox.
+// When the Store refuses a deduct (stock.ErrRefused), the relay gives the stock back in Redis once
+// (the ledger entry becomes refused) and an stock.EventRefused follows through the outbox.
 type Relay struct{ rl ops.Relay }
 
 // NewRelay returns a relay that delivers the events of r's items to store and pub. Either may
@@ -89,20 +89,20 @@ type RelayStats struct {
 	Orphaned int
 	Redelive int // events claimed more than once (a relay died, or a retry)
 	// DeadLettered counts events moved to the item's dead-letter set "<prefix>:{sku}:dl" for
-	// an operator: the Store rejected them with ErrInvalid (they can never be applied), or
+	// an operator: the Store rejected them with stock.ErrInvalid (they can never be applied), or
 	// they are orphaned.
 	DeadLettered int
 }
 
 // A Reconciler compares each item in Redis (available + held, and the events Redis has not seen
-// applied: pending in its outbox, published to a queue and not yet applied through Consume, or
+// applied: pending in its outbox, published to a queue and not yet applied through stock.Consume, or
 // set aside as dead letters) with the Store (remaining, and what it recorded of those events),
 // reports drift, lost keys, lost ledger entries and lost events, and repairs them. Events still
 // in flight are not drift, on either path: a pass while a queue's consumers are down adds no
 // stock for the sales waiting in the queue.
 //
 // Repairs are safe under live traffic: while it looks at an item the reconciler holds the item's
-// relay lease, so no relay delivers and Consume holds the item's events back, and it reads the
+// relay lease, so no relay delivers and stock.Consume holds the item's events back, and it reads the
 // Store after Redis, until two reads of the Store's records agree, so that both describe the
 // same events; Redis may change, and so every repair is made by a script that adjusts by a
 // delta or writes only what is missing, never by overwriting a value computed before a
@@ -123,15 +123,15 @@ func NewReconciler(r *stock.Reserver, store stock.Store, opts *stock.ReconcileOp
 	return &Reconciler{rc}, nil
 }
 
-// Run reconciles every interval (ReconcileOptions.Interval) until ctx is done, and returns
+// Run reconciles every interval (stock.ReconcileOptions.Interval) until ctx is done, and returns
 // ctx's error. Reports go to the Reserver's logger; errors are logged and the next pass
 // retries.
 func (rc *Reconciler) Run(ctx context.Context) error { return rc.rc.Run(ctx) }
 
 // Once reconciles every item once (the registry, the Store's items the registry lost when the
-// Store is a [stock.ItemLister], or the items given by ReconcileOptions.Items) and returns one
+// Store is a [stock.ItemLister], or the items given by stock.ReconcileOptions.Items) and returns one
 // report per item. It goes on after an item's error and returns the first, joined with
-// ErrRegistryLost when Redis had lost items from its registry. Pass says more, item by item.
+// stock.ErrRegistryLost when Redis had lost items from its registry. Pass says more, item by item.
 func (rc *Reconciler) Once(ctx context.Context) ([]Report, error) {
 	reps, err := rc.rc.Once(ctx)
 	return reports(reps), err
@@ -145,11 +145,11 @@ func (rc *Reconciler) Item(ctx context.Context, sku string) (Report, error) {
 
 // Pass reconciles every item once, as Once does, and returns what it found item by item.
 // Besides the registry's items it reconciles the Store's items the registry lost, when the
-// Store is an ItemLister (see ErrRegistryLost and PassResult). A complete repairing pass (not
-// a dry run, not limited by ReconcileOptions.Items) records the current Redis primaries as
+// Store is an stock.ItemLister (see stock.ErrRegistryLost and PassResult). A complete repairing pass (not
+// a dry run, not limited by stock.ReconcileOptions.Items) records the current Redis primaries as
 // reconciled, which lifts every FailoverGuard's fence, wherever the pass runs (a guard in
 // another process, the stockctl CLI): this Reserver's at once, the others' at their next
-// check. The error joins the first item's error, ErrRegistryLost when items were missing from
+// check. The error joins the first item's error, stock.ErrRegistryLost when items were missing from
 // the registry, and, when the Reserver has a FailoverGuard, the failure to record the
 // primaries.
 func (rc *Reconciler) Pass(ctx context.Context) (PassResult, error) {
@@ -183,7 +183,7 @@ type Report struct {
 	// StoreRemaining is the Store's remaining stock.
 	StoreRemaining int64
 	// Pending counts the events waiting in the outbox. Published counts the events a relay
-	// without a Store handed to its Publisher that no consumer has applied yet through Consume
+	// without a Store handed to its Publisher that no consumer has applied yet through stock.Consume
 	// (the queue path). InFlight is the net effect, not yet in the Store, of the events Redis
 	// has not seen applied (pending, published and dead letters): units deducted in Redis and
 	// not in the Store, minus restores and restocks.
@@ -252,7 +252,7 @@ type PassResult struct {
 
 // A FailoverGuard notices that a Redis primary restarted (its run id changed) or was replaced
 // (its replication id changed), and then fences the Reserver: new deducts and holds are refused
-// with ErrFailover until a repairing Reconciler pass over all items completes, in this process
+// with stock.ErrFailover until a repairing Reconciler pass over all items completes, in this process
 // or any other one (stockctl reconcile -apply included). The primaries' identities last
 // reconciled are kept in Redis ("<prefix>:epoch"), so every process sharing the Redis agrees.
 // Call Check (or Run) regularly; the fence comes only as promptly as the checks. Once fenced,
@@ -295,7 +295,7 @@ func Sweep(ctx context.Context, r *stock.Reserver, skus ...string) (int64, error
 
 // RecoverCarts undoes the carts whose saga started more than olderThan ago and never ended
 // (the process died, and nobody retried the cart id), and finishes undos that a crash cut short:
-// their items are given back, and a late retry of such a cart returns ErrRestored. It returns the
+// their items are given back, and a late retry of such a cart returns stock.ErrRestored. It returns the
 // number of carts this call undid (a cart undone by a concurrent call or a retry is not
 // counted, so concurrent calls add up to the carts undone). Reserver.Run calls it; a process
 // that calls it itself should do so periodically with olderThan well above the longest
@@ -304,10 +304,10 @@ func RecoverCarts(ctx context.Context, r *stock.Reserver, olderThan time.Duratio
 	return ops.Of(r).RecoverCarts(ctx, olderThan)
 }
 
-// Refuse gives back the stock of an id that the database of record refused (ErrRefused), once.
-// The entry becomes refused and an EventRefused is queued for the publisher. [stock.Consume]
+// Refuse gives back the stock of an id that the database of record refused (stock.ErrRefused), once.
+// The entry becomes refused and an stock.EventRefused is queued for the publisher. [stock.Consume]
 // and the Relay call it themselves; it is for a consumer that applies a queue's events without
-// Consume.
+// stock.Consume.
 func Refuse(ctx context.Context, r *stock.Reserver, sku, id string) (stock.Receipt, error) {
 	rc, err := ops.Of(r).Refuse(ctx, sku, id)
 	return rc.(stock.Receipt), err
@@ -332,6 +332,6 @@ func Entries(ctx context.Context, r *stock.Reserver, sku string) iter.Seq2[stock
 	return ops.Of(r).Entries(ctx, sku).(iter.Seq2[stock.Entry, error])
 }
 
-// SoldOutAnswers returns how many requests r answered ErrSoldOut in-process, without a round
+// SoldOutAnswers returns how many requests r answered stock.ErrSoldOut in-process, without a round
 // trip to Redis (see stock.WithSoldOutCache).
 func SoldOutAnswers(r *stock.Reserver) int64 { return ops.Of(r).SoldOutAnswers() }
