@@ -139,8 +139,9 @@ type snRun struct {
 	guard *stockops.FailoverGuard
 	recMu sync.Mutex
 
-	fence atomic.Uint64 // checks << 2 | a check running << 1 | fenced
-	flips []snFlip      // the fence's ups and downs the checks saw, in order (under mu)
+	fence   atomic.Uint64 // checks << 2 | a check running << 1 | fenced
+	guardMu sync.Mutex    // one check of the guard at a time (checkGuard)
+	flips   []snFlip      // the fence's ups and downs the checks saw, in order (under mu)
 
 	mu                  sync.Mutex
 	ops                 []*snOp
@@ -457,6 +458,14 @@ func (h *snRun) settle(op *snOp, r *stock.Reserver, stop *atomic.Bool, pinned bo
 		cancel()
 		h.calls.Add(1)
 		op.inFence = !pinned && f0 == f1 && f0&3 == 1
+		if op.inFence && (err == nil || errors.Is(err, stock.ErrNotReplicated)) && h.guard != nil {
+			// A fenced Reserver's requests check its guard too (at most once a second), and
+			// lift the fence once a complete pass has recorded the primaries, before this
+			// harness's next check: the take was made while fenced only if a check now still
+			// fences (as in faultHarness.settle).
+			h.checkGuard(context.Background())
+			op.inFence = h.fence.Load()&1 == 1
+		}
 		switch {
 		case err == nil || errors.Is(err, stock.ErrNotReplicated):
 			op.resolved, op.acked, op.notRepl, op.taken, op.ackedAt = true, err == nil, err != nil, !rc.Replayed, time.Now()
@@ -510,6 +519,8 @@ func (h *snRun) fenceAfterFault() (up, down time.Time, again int) {
 
 // checkGuard runs one check of the guard (see faultHarness.checkGuard).
 func (h *snRun) checkGuard(ctx context.Context) {
+	h.guardMu.Lock()
+	defer h.guardMu.Unlock()
 	v := h.fence.Load()
 	n := (v>>2 + 1) << 2
 	h.fence.Store(n | 2 | v&1)
