@@ -79,6 +79,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -114,21 +115,22 @@ var errChecks = errors.New("stockbench: an invariant check failed")
 var errUsage = errors.New("stockbench: usage")
 
 type config struct {
-	redis    string
-	cluster  []string
-	g        int   // goroutines of the report being made
-	gs       []int // -g: the goroutine counts, one report each
-	items    int
-	duration time.Duration
-	retry    float64
-	pg       string
-	json     bool
-	phases   []string
-	flush    bool
-	outbox   bool
-	coalesce int
-	rounds   int
-	idle     []int // -idle: catalogue sizes of the idle report
+	redis      string
+	cluster    []string
+	g          int   // goroutines of the report being made
+	gs         []int // -g: the goroutine counts, one report each
+	items      int
+	duration   time.Duration
+	retry      float64
+	pg         string
+	json       bool
+	phases     []string
+	flush      bool
+	outbox     bool
+	coalesce   int
+	rounds     int
+	idle       []int  // -idle: catalogue sizes of the idle report
+	cpuprofile string // -cpuprofile: where to write a CPU profile of the client
 }
 
 // Report is the outcome of a run, printed as a table or, with -json, as this structure.
@@ -273,6 +275,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.outbox, "outbox", true, "Reserver phases queue outbox events (stock.WithOutbox)")
 	fs.IntVar(&cfg.coalesce, "coalesce", 4, "calls of one item in flight before deducts are coalesced (stock.WithCoalescing; 0 = off)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "split each phase into this many slices, run in turn with the other phases")
+	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of this process (the client side) to this file")
 	fs.StringVar(&idle, "idle", "", "instead of the phases: the cost of Run's background work with no traffic over catalogues of these\nsizes (comma-separated item counts), each measured for -duration, and how soon a new event is delivered")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -361,6 +364,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.close()
+	if cfg.cpuprofile != "" {
+		f, err := os.Create(cfg.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if len(cfg.idle) > 0 {
 		res, err := b.idleReport(ctx, stdout)
 		if err == nil && cfg.json {
