@@ -710,6 +710,7 @@ func TestAttack24SquatterLibrary(t *testing.T) {
 	code := "#!lua name=squatter\nredis.register_function('" + lib + "_restock', function(KEYS, ARGV) return redis.error_reply('squatter') end)\n"
 	require.NoError(t, a24Do(t, admin, "FUNCTION", "LOAD", code).Error())
 	r2 := newReserver(t, s.Client(t))
+	loads0, fcalls0 := a24CommandCalls(t, admin, "function|load"), a24CommandCalls(t, admin, "fcall")
 	for i := 0; i < 5; i++ {
 		rc, err := r2.Deduct(ctx, stock.Request{SKU: "q", ID: fmt.Sprintf("s%d", i), Qty: 1})
 		require.NoError(t, err)
@@ -717,6 +718,14 @@ func TestAttack24SquatterLibrary(t *testing.T) {
 	}
 	l := levels(t, r2, "q")
 	assert.Equal(t, int64(5), l.Sold)
+	// The refused load ("Function ... already exists") turns functions off for the Reserver:
+	// one FCALL and one FUNCTION LOAD in all, not two of each per call.
+	assert.Equal(t, int64(1), a24CommandCalls(t, admin, "function|load")-loads0, "FUNCTION LOAD calls")
+	assert.Equal(t, int64(1), a24CommandCalls(t, admin, "fcall")-fcalls0, "FCALL calls")
+	// The squatter's function of our name is not run: a restock goes to the script.
+	rc, err := r2.Restock(ctx, "q", "rs1", 3)
+	require.NoError(t, err)
+	assert.Equal(t, int64(8), rc.Remaining)
 	t.Logf("libs now %v", a24Libs(t, admin))
 }
 

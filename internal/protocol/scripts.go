@@ -106,7 +106,8 @@ func library() (src, name string) {
 // Functions is whether a client's server runs the scripts as functions. A client that carries
 // one (FunctionsHolder) calls the scripts with FCALL, loading the library on the first "Function
 // not found", until the server shows it has no functions or the user may not use them (unknown
-// command, NOPERM): from then on that client's calls are EVALSHA, as a client without one's are.
+// command, NOPERM), or the library cannot be loaded because another library defines one of its
+// function names: from then on that client's calls are EVALSHA, as a client without one's are.
 type Functions struct {
 	off atomic.Bool
 }
@@ -187,7 +188,8 @@ func refusedFcall(err error) int {
 // loadLibrary loads the library on every node of c at once (a replica refuses, and receives it
 // from its primary; a node that has it already says so), so that the load takes one command's
 // time, not one per node, and reports whether a node took it or had it. A refusal that says the
-// server has no functions, or that the user may not load them, turns f off.
+// server has no functions, or that the user may not load them, or that another library holds one
+// of its function names, turns f off.
 func loadLibrary(ctx context.Context, c rueidis.Client, f *Functions) bool {
 	var loaded atomic.Bool
 	var wg sync.WaitGroup
@@ -200,8 +202,12 @@ func loadLibrary(ctx context.Context, c rueidis.Client, f *Functions) bool {
 			switch {
 			case err == nil:
 				loaded.Store(true)
+			case isRedis && strings.Contains(re.Error(), "Library") && strings.Contains(re.Error(), "already exists"):
+				loaded.Store(true) // ours: another process loaded it first
 			case isRedis && strings.Contains(re.Error(), "already exists"):
-				loaded.Store(true)
+				// "Function <name> already exists": another library defines a function of ours,
+				// so ours cannot be loaded, and FCALL of that name would run the other one.
+				f.off.Store(true)
 			case isRedis && (strings.HasPrefix(re.Error(), "NOPERM") || strings.Contains(strings.ToLower(re.Error()), "unknown command")):
 				f.off.Store(true) // FUNCTION LOAD, the only command here, is what is refused
 			}
