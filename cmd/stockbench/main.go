@@ -50,8 +50,9 @@
 // commands and script calls per op (INFO commandstats, the commands scripts run included), the
 // Redis CPU of the script calls per call and per request (INFO commandstats usec), and
 // the CPU used by redis-server (INFO cpu, summed over the nodes) and by this process, as a share
-// of one core and as microseconds per op. CPU per op depends much less than ops/s on what else
-// the machine runs. Then the ratios, and the invariants of the deduct phase (loaded = available
+// of one core and as microseconds per op; with more than one node (a cluster), also the Redis CPU
+// of each node, to see how the load spreads over the masters. CPU per op depends much less than
+// ops/s on what else the machine runs. Then the ratios, and the invariants of the deduct phase (loaded = available
 // + held + sold; sold = successful fresh deducts; ledger entries = successful ids; every retry
 // answered as a replay of its original receipt) and of the other phases. Operations that fail
 // with a transport error are counted as errors, not ops; each widens the tolerance of the checks
@@ -191,6 +192,14 @@ type PhaseResult struct {
 	Aborts        int64    `json:"aborts"` // watch-multi: EXEC aborted by a concurrent write
 	Errors        int64    `json:"errors"` // transport or unexpected errors: not counted in Ops
 	FirstErr      string   `json:"first_error,omitempty"`
+
+	// RedisCPUPerNode splits RedisCPU by node address (in cores, as RedisCPU: the values sum to
+	// it), RedisUsPerOpPerNode RedisUsPerOp (microseconds per op of each node), and
+	// RedisNodeRoles says which node is a "master" and which a "replica". Set only when the
+	// client reports more than one node (a cluster): how the load spreads over the masters.
+	RedisCPUPerNode     map[string]float64 `json:"redis_cpu_per_node,omitempty"`
+	RedisUsPerOpPerNode map[string]float64 `json:"redis_cpu_us_per_op_per_node,omitempty"`
+	RedisNodeRoles      map[string]string  `json:"redis_node_roles,omitempty"`
 }
 
 // Ratio compares two phases: Value is Num's ops/s divided by Den's, RedisCPU is Num's Redis CPU
@@ -619,6 +628,9 @@ func printTable(w io.Writer, rep Report) error {
 			fmt.Fprintf(w, "%s: first error: %s\n", p.Name, p.FirstErr)
 		}
 	}
+	if err := printNodeCPU(w, rep.Phases, width); err != nil {
+		return err
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "ratios:")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -651,6 +663,73 @@ func printTable(w io.Writer, rep Report) error {
 		fmt.Fprintln(w, "note:", n)
 	}
 	return nil
+}
+
+// printNodeCPU prints, when a phase measured more than one node, the Redis CPU of each node per
+// phase: a share of one core and, in parentheses, microseconds per op. Replicas are marked.
+func printNodeCPU(w io.Writer, ps []PhaseResult, width int) error {
+	seen := map[string]bool{}
+	var addrs []string
+	replica := map[string]bool{}
+	for _, p := range ps {
+		for addr := range p.RedisCPUPerNode {
+			if !seen[addr] {
+				seen[addr] = true
+				addrs = append(addrs, addr)
+			}
+			if p.RedisNodeRoles[addr] == "replica" {
+				replica[addr] = true
+			}
+		}
+	}
+	if len(addrs) < 2 {
+		return nil
+	}
+	slices.SortFunc(addrs, compareAddrs)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "redis cpu per node, % of a core (µs/op):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%-*s\t", width, "phase")
+	for _, addr := range addrs {
+		if replica[addr] {
+			addr += " (replica)"
+		}
+		fmt.Fprintf(tw, "%s\t", addr)
+	}
+	fmt.Fprintln(tw)
+	for _, p := range ps {
+		if len(p.RedisCPUPerNode) == 0 {
+			continue
+		}
+		fmt.Fprintf(tw, "%-*s\t", width, p.Name)
+		for _, addr := range addrs {
+			cell := "n/a"
+			if cores, ok := p.RedisCPUPerNode[addr]; ok {
+				cell = percent(&cores)
+				if v, ok := p.RedisUsPerOpPerNode[addr]; ok {
+					cell += fmt.Sprintf(" (%.1f)", v)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t", cell)
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// compareAddrs orders "host:port" addresses by host, then by port as a number.
+func compareAddrs(a, b string) int {
+	ha, pa, _ := strings.Cut(a, ":")
+	hb, pb, _ := strings.Cut(b, ":")
+	if c := strings.Compare(ha, hb); c != 0 {
+		return c
+	}
+	na, errA := strconv.Atoi(pa)
+	nb, errB := strconv.Atoi(pb)
+	if errA == nil && errB == nil && na != nb {
+		return na - nb
+	}
+	return strings.Compare(pa, pb)
 }
 
 // us formats microseconds with a unit that keeps three significant digits or so.

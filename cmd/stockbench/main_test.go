@@ -7,6 +7,9 @@ import (
 	"flag"
 	"io"
 	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
 )
 
 // TestRunJSON runs every phase briefly on the embedded miniredis (and PostgreSQL when
@@ -192,4 +196,104 @@ func TestHelp(t *testing.T) {
 	assert.Equal(t, 2, exitCode(errUsage))
 	assert.Equal(t, 1, exitCode(errChecks))
 	assert.Equal(t, 0, exitCode(nil))
+}
+
+// TestPrintNodeCPU checks the per-node block of the table without a server: one row per phase
+// that measured several nodes, addresses ordered by port as a number, replicas marked, and
+// nothing printed for a single node.
+func TestPrintNodeCPU(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	rep := Report{Target: "cluster x", OK: true, Phases: []PhaseResult{
+		{Name: phDeduct, Ops: 1000, Seconds: 1, RedisCPU: f(0.95), RedisUsPerOp: f(950),
+			RedisCPUPerNode:     map[string]float64{"127.0.0.1:7000": 0.93, "127.0.0.1:10000": 0.01, "127.0.0.1:7001": 0.01},
+			RedisUsPerOpPerNode: map[string]float64{"127.0.0.1:7000": 930, "127.0.0.1:10000": 10, "127.0.0.1:7001": 10},
+			RedisNodeRoles:      map[string]string{"127.0.0.1:7000": "master", "127.0.0.1:10000": "replica", "127.0.0.1:7001": "master"}},
+		{Name: phPGHotRow, Ops: 10, Seconds: 1}, // not on Redis: no row
+	}}
+	var buf bytes.Buffer
+	require.NoError(t, printTable(&buf, rep))
+	s := buf.String()
+	block := nodeBlock(t, s)
+	assert.Regexp(t, `(?m)^  phase\s+127\.0\.0\.1:7000\s+127\.0\.0\.1:7001\s+127\.0\.0\.1:10000 \(replica\)\s*$`, block)
+	assert.Regexp(t, `(?m)^  deduct\s+93% \(930\.0\)\s+1% \(10\.0\)\s+1% \(10\.0\)\s*$`, block)
+	assert.NotContains(t, block, "pg-hotrow")
+	assert.Less(t, strings.Index(s, "  pg-hotrow"), strings.Index(s, "redis cpu per node"), "after the phase table")
+
+	rep.Phases[0].RedisCPUPerNode, rep.Phases[0].RedisUsPerOpPerNode, rep.Phases[0].RedisNodeRoles = nil, nil, nil
+	buf.Reset()
+	require.NoError(t, printTable(&buf, rep))
+	assert.NotContains(t, buf.String(), "per node", "one node: nothing new")
+	js, err := json.Marshal(rep.Phases[0])
+	require.NoError(t, err)
+	assert.NotContains(t, string(js), "per_node")
+	assert.NotContains(t, string(js), "node_roles")
+}
+
+// TestRunClusterPerNode runs two phases on a private 3-master cluster and checks that the
+// report splits the Redis CPU by master, and that the parts sum to the total.
+func TestRunClusterPerNode(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skipf("needs a real Redis Cluster: set %s to the path of redis-server", redistest.EnvServer)
+	}
+	cluster := redistest.StartCluster(t, 3)
+	addrs := cluster.Addrs()
+	seeds := strings.Join(addrs, ",")
+	ctx := context.Background()
+
+	var out, errOut bytes.Buffer
+	err := run(ctx, []string{"-cluster", seeds, "-duration", "300ms", "-g", "16", "-items", "16",
+		"-phases", "deduct,raw-ledger", "-json"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	var rep Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	require.Len(t, rep.Phases, 2)
+	for _, p := range rep.Phases {
+		require.NotNil(t, p.RedisCPU, p.Name)
+		require.NotNil(t, p.RedisUsPerOp, p.Name)
+		require.Len(t, p.RedisCPUPerNode, 3, p.Name)
+		var sum, sumUs float64
+		for _, a := range addrs {
+			cores, ok := p.RedisCPUPerNode[a]
+			require.True(t, ok, "%s: no %s in %v", p.Name, a, p.RedisCPUPerNode)
+			assert.GreaterOrEqual(t, cores, 0.0, "%s: %s", p.Name, a)
+			sum += cores
+			sumUs += p.RedisUsPerOpPerNode[a]
+			assert.Equal(t, "master", p.RedisNodeRoles[a], "%s: %s", p.Name, a)
+		}
+		assert.InDelta(t, *p.RedisCPU, sum, 1e-9, p.Name)
+		assert.InDelta(t, *p.RedisUsPerOp, sumUs, 1e-6, p.Name)
+	}
+
+	// The table: one row per phase, its percentages summing to the total's within rounding.
+	out.Reset()
+	errOut.Reset()
+	err = run(ctx, []string{"-cluster", seeds, "-duration", "300ms", "-g", "16", "-items", "1",
+		"-phases", "deduct"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	s := out.String()
+	block := nodeBlock(t, s)
+	for _, a := range addrs {
+		assert.Contains(t, block, a)
+	}
+	row := regexp.MustCompile(`(?m)^  deduct\s+(\d+)% \([0-9.]+\)\s+(\d+)% \([0-9.]+\)\s+(\d+)% \([0-9.]+\)\s*$`).FindStringSubmatch(block)
+	require.NotNil(t, row, s)
+	// The phase table's row: the first "N%  x.x  N%" is redis cpu, its µs/op and client cpu.
+	total := regexp.MustCompile(`(?m)^  deduct\s+16\s.*?\s(\d+)%\s+[0-9.]+\s+\d+%`).FindStringSubmatch(s)
+	require.NotNil(t, total, s)
+	var parts int
+	for _, v := range row[1:] {
+		n, _ := strconv.Atoi(v)
+		parts += n
+	}
+	want, _ := strconv.Atoi(total[1])
+	assert.InDelta(t, want, parts, 2, "per-node percentages sum to the total within rounding:\n%s", s)
+}
+
+// nodeBlock returns the per-node block of a table: from its title to the ratios.
+func nodeBlock(t *testing.T, table string) string {
+	t.Helper()
+	i := strings.Index(table, "redis cpu per node, % of a core (µs/op):")
+	j := strings.Index(table, "ratios:")
+	require.True(t, i >= 0 && i < j, "no per-node block before the ratios:\n%s", table)
+	return table[i:j]
 }

@@ -47,6 +47,11 @@ type phase struct {
 	scriptUsec                float64 // Redis CPU of the script calls (INFO commandstats usec)
 	commandRounds             int     // rounds in which they could be counted
 	perRound                  []roundStat
+
+	// Per node, by address: the Redis CPU seconds of the nodes read both before and after a
+	// round, and, with more than one node, their role ("master" or "replica").
+	redisCPUNode map[string]float64
+	nodeRoles    map[string]string
 }
 
 // roundStat is what one round of a phase measured; the ratios are medians over rounds.
@@ -288,10 +293,11 @@ func (b *bench) runGroup(ctx context.Context, group []string, slice time.Duratio
 // p's totals. An operation in flight when time is up completes and counts.
 func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 	runtime.GC()
-	var cpu0, cmd0, scr0, usec0 float64
+	var cmd0, scr0, usec0 float64
+	var cpu0 map[string]float64 // by node
 	var cpuErr, cmdErr error
 	if p.redis {
-		cpu0, cpuErr = b.redisCPU(ctx)
+		cpu0, cpuErr = b.nodeCPU(ctx)
 		cmd0, scr0, usec0, cmdErr = b.commandCalls(ctx)
 	}
 	var ms0, ms1 runtime.MemStats
@@ -326,9 +332,17 @@ func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 		p.clientRounds++
 	}
 	if p.redis && cpuErr == nil {
-		if cpu1, err := b.redisCPU(context.WithoutCancel(ctx)); err == nil {
-			p.redisCPU += cpu1 - cpu0
+		if cpu1, err := b.nodeCPU(context.WithoutCancel(ctx)); err == nil {
+			p.redisCPU += sumValues(cpu1) - sumValues(cpu0)
 			p.redisRounds++
+			if p.redisCPUNode == nil {
+				p.redisCPUNode = map[string]float64{}
+			}
+			for addr, c1 := range cpu1 {
+				if c0, ok := cpu0[addr]; ok {
+					p.redisCPUNode[addr] += c1 - c0
+				}
+			}
 		}
 	}
 	if p.redis && cmdErr == nil {
@@ -340,6 +354,21 @@ func (b *bench) measure(ctx context.Context, p *phase, d time.Duration) {
 			p.commandRounds++
 		}
 	}
+	// The roles are read once the round is counted, so that they add nothing to its window.
+	if p.redis && len(p.redisCPUNode) > 1 {
+		if roles, err := b.nodeRoles(context.WithoutCancel(ctx)); err == nil {
+			p.nodeRoles = roles
+		}
+	}
+}
+
+// sumValues returns the sum of m's values.
+func sumValues(m map[string]float64) float64 {
+	var s float64
+	for _, v := range m {
+		s += v
+	}
+	return s
 }
 
 // result sums the measurements of p's rounds and workers.
@@ -356,6 +385,13 @@ func (p *phase) result() PhaseResult {
 	if p.redis && p.redisRounds == p.rounds {
 		v := p.redisCPU / secs
 		res.RedisCPU = &v
+		if len(p.redisCPUNode) > 1 { // a cluster: how the load spreads over the nodes
+			res.RedisCPUPerNode = make(map[string]float64, len(p.redisCPUNode))
+			for addr, s := range p.redisCPUNode {
+				res.RedisCPUPerNode[addr] = s / secs
+			}
+			res.RedisNodeRoles = p.nodeRoles
+		}
 	}
 	var h histogram
 	for _, w := range p.ws {
@@ -374,6 +410,12 @@ func (p *phase) result() PhaseResult {
 	if res.Ops > 0 {
 		res.RedisUsPerOp = perOp(res.RedisCPU, secs, res.Ops)
 		res.ClientUsPerOp = perOp(res.ClientCPU, secs, res.Ops)
+		if res.RedisCPUPerNode != nil {
+			res.RedisUsPerOpPerNode = make(map[string]float64, len(res.RedisCPUPerNode))
+			for addr, cores := range res.RedisCPUPerNode {
+				res.RedisUsPerOpPerNode[addr] = *perOp(&cores, secs, res.Ops)
+			}
+		}
 	}
 	res.P50us = micros(h.quantile(0.5))
 	res.P99us = micros(h.quantile(0.99))

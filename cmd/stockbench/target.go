@@ -15,12 +15,43 @@ const cleanupTimeout = 30 * time.Second
 
 // infoFields returns the "name:value" fields of an INFO section, summed over every node.
 func (b *bench) infoFields(ctx context.Context, section string, names ...string) ([]float64, error) {
+	perNode, err := b.nodeInfoFields(ctx, section, names...)
+	if err != nil {
+		return nil, err
+	}
 	sums := make([]float64, len(names))
-	for addr, node := range b.client.Nodes() {
+	for _, v := range perNode {
+		for i := range v {
+			sums[i] += v[i]
+		}
+	}
+	return sums, nil
+}
+
+// nodeInfo returns the text of an INFO section of every node the client knows (replicas
+// included when the cluster client reports them), by address.
+func (b *bench) nodeInfo(ctx context.Context, section string) (map[string]string, error) {
+	nodes := b.client.Nodes()
+	out := make(map[string]string, len(nodes))
+	for addr, node := range nodes {
 		info, err := node.Do(ctx, node.B().Info().Section(section).Build()).ToString()
 		if err != nil {
 			return nil, fmt.Errorf("INFO %s on %s: %w", section, addr, err)
 		}
+		out[addr] = info
+	}
+	return out, nil
+}
+
+// nodeInfoFields returns the "name:value" fields of an INFO section of every node, by address.
+func (b *bench) nodeInfoFields(ctx context.Context, section string, names ...string) (map[string][]float64, error) {
+	infos, err := b.nodeInfo(ctx, section)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]float64, len(infos))
+	for addr, info := range infos {
+		vals := make([]float64, len(names))
 		found := 0
 		for line := range strings.SplitSeq(info, "\n") {
 			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
@@ -33,7 +64,7 @@ func (b *bench) infoFields(ctx context.Context, section string, names ...string)
 					if err != nil {
 						return nil, fmt.Errorf("INFO %s on %s: %s: %w", section, addr, k, err)
 					}
-					sums[i] += f
+					vals[i] += f
 					found++
 				}
 			}
@@ -41,8 +72,9 @@ func (b *bench) infoFields(ctx context.Context, section string, names ...string)
 		if found != len(names) {
 			return nil, fmt.Errorf("INFO %s on %s: no %v", section, addr, names)
 		}
+		out[addr] = vals
 	}
-	return sums, nil
+	return out, nil
 }
 
 // redisCPU returns the CPU seconds (user + system) used so far by the Redis servers, summed.
@@ -52,6 +84,40 @@ func (b *bench) redisCPU(ctx context.Context) (float64, error) {
 		return 0, err
 	}
 	return v[0] + v[1], nil
+}
+
+// nodeCPU returns the CPU seconds (user + system) used so far by each Redis server, by address.
+func (b *bench) nodeCPU(ctx context.Context) (map[string]float64, error) {
+	perNode, err := b.nodeInfoFields(ctx, "cpu", "used_cpu_sys", "used_cpu_user")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]float64, len(perNode))
+	for addr, v := range perNode {
+		out[addr] = v[0] + v[1]
+	}
+	return out, nil
+}
+
+// nodeRoles returns the role of each node, "master" or "replica", by address (INFO replication,
+// which commandCalls does not count).
+func (b *bench) nodeRoles(ctx context.Context) (map[string]string, error) {
+	infos, err := b.nodeInfo(ctx, "replication")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(infos))
+	for addr, info := range infos {
+		for line := range strings.SplitSeq(info, "\n") {
+			if role, ok := strings.CutPrefix(strings.TrimSpace(line), "role:"); ok {
+				if role == "slave" {
+					role = "replica"
+				}
+				out[addr] = role
+			}
+		}
+	}
+	return out, nil
 }
 
 // commandCalls returns how many commands the Redis servers have run so far, summed over every
