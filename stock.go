@@ -377,8 +377,10 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // Restore gives back exactly what id took from sku, once, with the user's units. A second
 // Restore of the same id is a replay (Replayed set, nothing changed). Restore of an id that
 // never took anything returns ErrUnknownID and leaves a tombstone, so that a late Deduct with
-// that id is refused with ErrRestored: a cancel that overtook its request wins. A live hold is
-// cancelled. Restocks cannot be restored (ErrConflict).
+// that id is refused with ErrRestored: a cancel that overtook its request wins. That holds for
+// an item that is not loaded too (a cancel may overtake even the Load, or come after Redis lost
+// the item): the tombstone waits in the item's ledger. A live hold is cancelled. Restocks cannot
+// be restored (ErrConflict).
 func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restore", sku)
@@ -431,6 +433,9 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	o, err := decodeOne(res)
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, fmt.Errorf("stock: restock %s/%s: %w", sku, id, err)
+	}
+	if o.code == protocol.Invalid {
+		return Receipt{SKU: sku, ID: id}, invalid("restock %s/%s of %d units: the item would hold more than MaxQty (%d) units in all; nothing was added", sku, id, qty, int64(MaxQty))
 	}
 	return r.receiptAck(Receipt{SKU: sku, ID: id}, o, ackErr)
 }

@@ -246,6 +246,8 @@ func TestRestock(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrConflict, "a restock is not a deduct")
 		_, err = r.Restock(ctx, "A", "r2", stock.MaxQty)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "over MaxQty in all")
+		assert.ErrorContains(t, err, "A/r2", "the error names the item and the id")
+		assert.ErrorContains(t, err, "MaxQty", "and says why")
 
 		l, _ := checkLedger(t, r, "A", 1)
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, l)
