@@ -25,7 +25,8 @@ type options struct {
 
 	timeout time.Duration // bound of every Redis command; see WithTimeout
 
-	now func() time.Time // the clock of cutoffs computed in the process; see WithClock
+	now      func() time.Time // the clock of cutoffs computed in the process; see WithClock
+	clockSet bool             // WithClock was given
 }
 
 func defaultOptions() options {
@@ -56,13 +57,17 @@ func WithPrefix(p string) Option {
 // the times the scripts record from Redis's TIME: the age of carts (cart recovery) and the
 // reconciler's Retention. (Hold deadlines are judged on Redis's own clock, read with TIME.) Tests
 // whose Redis runs on a clock of their own pass the same clock (stocktest does). The default is
-// time.Now.
+// time.Now. Giving it twice is refused (ErrInvalid): one of the two clocks would be ignored
+// without a word (stocktest.New already sets its Env's clock).
 func WithClock(now func() time.Time) Option {
 	return func(o *options) error {
 		if now == nil {
 			return invalid("nil clock")
 		}
-		o.now = now
+		if o.clockSet {
+			return invalid("WithClock given twice: a Reserver has one clock")
+		}
+		o.now, o.clockSet = now, true
 		return nil
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
@@ -329,6 +330,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrInvalid)
 		_, err = stock.New(nil)
 		assert.ErrorIs(t, err, stock.ErrInvalid)
+		_, err = stock.New(c, stock.WithClock(time.Now), stock.WithClock(time.Now))
+		assert.ErrorIs(t, err, stock.ErrInvalid, "two clocks: one would be ignored")
 
 		// The zero-qty restores above were valid restores of unknown ids ("o"): they left a
 		// tombstone, which is the documented behaviour. Apart from that, nothing changed.

@@ -49,7 +49,8 @@ type Env struct {
 // New starts a miniredis, a client and a Reserver made with opts, and closes
 // them when t ends. The Redis clock starts at the current wall-clock time,
 // truncated to the microsecond, and moves only with Advance. It fails t if
-// stock.New refuses opts.
+// stock.New refuses opts; opts must not hold stock.WithClock, as the Env
+// gives the Reserver its own clock (a second clock is refused).
 func New(t testing.TB, opts ...stock.Option) *Env {
 	t.Helper()
 	m := miniredis.NewMiniRedis()
