@@ -10,8 +10,14 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// clockPoll is how often Run's loops look at a clock given with WithClock: a loop's step is due
+// when its interval has passed in real time or on that clock, so that a test clock moved
+// forward (stocktest's Env.Advance) runs the loops without waiting for their real intervals.
+const clockPoll = 50 * time.Millisecond
+
 // RunOptions configures Reserver.Run. A zero field takes its default; a negative interval
-// turns its loop off.
+// turns its loop off. The intervals are real time; with WithClock, a loop also runs once its
+// interval has passed on that clock (looked at every 50 ms).
 type RunOptions struct {
 	// Store is the database of record. With a Store, Run runs a relay that applies the items'
 	// events to it, a reconciler and a failover guard. Without one, and without a Publisher,
@@ -111,13 +117,23 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := time.NewTicker(interval)
+			// With WithClock, a step is also due when that clock has moved by interval (a test's
+			// clock moved forward), looked at every clockPoll of real time.
+			tick := interval
+			if r.opts.clockSet {
+				tick = min(interval, clockPoll)
+			}
+			t := time.NewTicker(tick)
 			defer t.Stop()
 			for ctx.Err() == nil {
+				real, clock := time.Now(), r.opts.now()
 				fail(what, step())
-				select {
-				case <-ctx.Done():
-				case <-t.C:
+				for due := false; !due && ctx.Err() == nil; {
+					select {
+					case <-ctx.Done():
+					case <-t.C:
+						due = time.Since(real) >= interval || r.opts.now().Sub(clock) >= interval
+					}
 				}
 			}
 		}()

@@ -6,7 +6,9 @@
 // Reserver's own cutoffs (the age of carts cart recovery undoes, the
 // reconciler's retention; see [stock.WithClock]) move together with
 // [Env.Advance], and stand still otherwise, so tests of deadlines do not
-// depend on how fast the machine is.
+// depend on how fast the machine is. The loops of [stock.Reserver.Run] (the
+// sweeper, cart recovery, reconcile passes) run once their interval has
+// passed on that clock, within about 50 ms of real time after an Advance.
 //
 // [TestStore] is a conformance suite for implementations of [stock.Store]:
 // run it from a test of your Store, as memstore and sqlstore do.
