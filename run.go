@@ -126,13 +126,13 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 			t := time.NewTicker(tick)
 			defer t.Stop()
 			for ctx.Err() == nil {
-				real, clock := time.Now(), r.opts.now()
+				started, clock := time.Now(), r.opts.now()
 				fail(what, step())
 				for due := false; !due && ctx.Err() == nil; {
 					select {
 					case <-ctx.Done():
 					case <-t.C:
-						due = time.Since(real) >= interval || r.opts.now().Sub(clock) >= interval
+						due = time.Since(started) >= interval || r.opts.now().Sub(clock) >= interval
 					}
 				}
 			}
