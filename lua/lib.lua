@@ -3,7 +3,8 @@
 -- Item hash fields:  a = available, h = held, s = sold, l = loaded, c = '1' when closed,
 --                    n = earliest hold deadline (ms), present only while holds are live,
 --                    b = log2 of the bits of the item's sold-out filter (see remember),
---                    bc = the ledger scan's cursor while the filter is being built.
+--                    bc = the ledger scan's cursor while the filter is being built,
+--                    t = a bucket's net units transferred (in less out; see xout.lua).
 --                    No field named v<n> is ever written: the sold-out fast path names one in
 --                    its cached read of the hash to version that read (fastpath.go).
 -- Ledger entry:      "KS|qty|after|at|user[|deadline]"
@@ -57,6 +58,17 @@ local function int(v, what)
     error('stock: corrupt ' .. what .. ': ' .. string.sub(tostring(v), 1, 64))
   end
   return n
+end
+
+-- parse_transfer returns the direction ('O' out of this bucket, 'I' into it), the other
+-- bucket's index (a string) and the units of the transfers hash entry x of transfer tid. A
+-- corrupt entry raises an error that names it, before any write.
+local function parse_transfer(x, tid)
+  local dir, other, k = string.match(x, '^([OI])|(%d+)|(%d+)|%d+$')
+  if not dir then
+    error('stock: corrupt transfer entry of ' .. (tid or '?') .. ': ' .. string.sub(x, 1, 64))
+  end
+  return dir, other, tonumber(k)
 end
 
 -- entry writes a ledger entry: kind, state, qty, after, at, user, deadline (none when nil or 0).

@@ -163,3 +163,27 @@ const (
 func IsMark(field string) bool {
 	return strings.HasPrefix(field, "{")
 }
+
+// Transfer is an entry of a bucket's transfers hash (see xout.lua): "O|target|units|at_ms" for
+// a transfer out of the bucket, "I|donor|units|at_ms" for one into it.
+type Transfer struct {
+	Dir   byte  // 'O' out of this bucket, 'I' into it
+	Other int   // the other bucket's index
+	Units int64 // the units moved
+	AtMs  int64 // when this half ran, by Redis's clock
+}
+
+// ParseTransfer reads a transfers hash entry.
+func ParseTransfer(s string) (Transfer, error) {
+	parts := strings.Split(s, "|")
+	if len(parts) != 4 || len(parts[0]) != 1 || (parts[0][0] != 'O' && parts[0][0] != 'I') {
+		return Transfer{}, errors.New("not a transfer entry")
+	}
+	other, err1 := strconv.Atoi(parts[1])
+	units, err2 := strconv.ParseInt(parts[2], 10, 64)
+	at, err3 := strconv.ParseInt(parts[3], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || other < 0 || units < 1 || at < 0 {
+		return Transfer{}, errors.New("a field of the transfer entry is not a number in range")
+	}
+	return Transfer{Dir: parts[0][0], Other: other, Units: units, AtMs: at}, nil
+}

@@ -19,10 +19,13 @@ const (
 	suffixLease     = ":rl" // string: the relay or reconciler holding the item, or "backoff"; with a TTL
 	suffixDead      = ":dl" // sorted set: events the store rejected as invalid
 	suffixPublished = ":p"  // sorted set: events handed to a publisher, not yet applied by a consumer
+	suffixTransfers = ":x"  // hash: transfer id -> transfer entry (a bucket of a bucketed item)
+	suffixInFlight  = ":xf" // sorted set: transfers out of a bucket not yet ended -> when they began
+	suffixClaims    = ":i"  // hash: request id -> its bucket (in the id's home bucket)
 )
 
 var suffixes = [...]string{"", suffixLedger, suffixUsers, suffixOutbox, suffixHolds, suffixFilter,
-	suffixTries, suffixLease, suffixDead, suffixPublished}
+	suffixTries, suffixLease, suffixDead, suffixPublished, suffixTransfers, suffixInFlight, suffixClaims}
 
 // Keys are the Redis keys of one item. A Keys is immutable once built: share it freely.
 type Keys struct {
@@ -36,6 +39,9 @@ type Keys struct {
 	Lease     string // string: the item's relay lease
 	Dead      string // sorted set: dead letters
 	Published string // sorted set: published events not yet applied
+	Transfers string // hash: transfer id -> transfer entry (a bucket's transfers; see xout.lua)
+	InFlight  string // sorted set: the bucket's transfers out not yet ended -> when they began
+	Claims    string // hash: request id -> its bucket, for the ids whose home is this bucket
 	item      [6]string
 }
 
@@ -69,14 +75,15 @@ func NewKeys(base string) *Keys {
 		ks[i], start = all[start:end], end
 	}
 	k := &Keys{Item: ks[0], Ledger: ks[1], Users: ks[2], Outbox: ks[3], Holds: ks[4], Filter: ks[5],
-		Tries: ks[6], Lease: ks[7], Dead: ks[8], Published: ks[9]}
+		Tries: ks[6], Lease: ks[7], Dead: ks[8], Published: ks[9], Transfers: ks[10], InFlight: ks[11], Claims: ks[12]}
 	k.item = [6]string{k.Item, k.Ledger, k.Users, k.Outbox, k.Holds, k.Filter}
 	return k
 }
 
 // All returns every key of the item, in a new slice.
 func (k *Keys) All() []string {
-	return []string{k.Item, k.Ledger, k.Users, k.Outbox, k.Holds, k.Filter, k.Tries, k.Lease, k.Dead, k.Published}
+	return []string{k.Item, k.Ledger, k.Users, k.Outbox, k.Holds, k.Filter, k.Tries, k.Lease, k.Dead, k.Published,
+		k.Transfers, k.InFlight, k.Claims}
 }
 
 // The KEYS of each script, in the order the script reads them. ForItem is built once per Keys
@@ -128,6 +135,18 @@ func (k *Keys) ForTurn() []string { return []string{k.Outbox, k.Published, k.Lea
 
 // ForDeadLetter: deadletter, moving events out of from (the outbox or the published set).
 func (k *Keys) ForDeadLetter(from string) []string { return []string{from, k.Tries, k.Dead} }
+
+// ForXOut: xout (a transfer's donor).
+func (k *Keys) ForXOut() []string { return []string{k.Item, k.Transfers, k.InFlight} }
+
+// ForXIn: xin (a transfer's target).
+func (k *Keys) ForXIn() []string { return []string{k.Item, k.Transfers} }
+
+// ForXDone: xdone (a transfer's donor).
+func (k *Keys) ForXDone() []string { return []string{k.Transfers, k.InFlight} }
+
+// ForRoute: route (the id's home bucket).
+func (k *Keys) ForRoute() []string { return []string{k.Claims} }
 
 // ForLease: refresh and unlock.
 func (k *Keys) ForLease() []string { return []string{k.Lease} }

@@ -11,7 +11,8 @@ func TestKeysLayout(t *testing.T) {
 	k := NewKeys(Base("stock", "", "A"))
 	want := Keys{Item: "stock:{A}", Ledger: "stock:{A}:l", Users: "stock:{A}:u", Outbox: "stock:{A}:o",
 		Holds: "stock:{A}:h", Filter: "stock:{A}:b", Tries: "stock:{A}:r", Lease: "stock:{A}:rl",
-		Dead: "stock:{A}:dl", Published: "stock:{A}:p"}
+		Dead: "stock:{A}:dl", Published: "stock:{A}:p", Transfers: "stock:{A}:x", InFlight: "stock:{A}:xf",
+		Claims: "stock:{A}:i"}
 	want.item = k.item
 	if *k != want {
 		t.Fatalf("keys %+v, want %+v", *k, want)

@@ -72,6 +72,10 @@ var (
 	DeadLetter = newScript("deadletter.lua", true)
 	Turn       = newScript("turn.lua", true)
 	Cart       = newScript("cart.lua", true)
+	XOut       = newScript("xout.lua", true)
+	XIn        = newScript("xin.lua", true)
+	XDone      = newScript("xdone.lua", true)
+	Route      = newScript("route.lua", true)
 )
 
 // Library is the source of the Redis function library (FUNCTION LOAD, Redis 7 and later) of

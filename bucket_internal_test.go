@@ -1,0 +1,231 @@
+package stock
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock/internal/protocol"
+	"github.com/stockres/stock/internal/redistest"
+)
+
+// eachBucketBackend runs f with a Reserver on every backend.
+func eachBucketBackend(t *testing.T, f func(t *testing.T, r *Reserver)) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			r, err := New(b.Client(t))
+			require.NoError(t, err)
+			f(t, r)
+		})
+	}
+}
+
+// loadBuckets loads bucket i of sku with qty[i] units.
+func loadBuckets(t *testing.T, r *Reserver, sku string, qty ...int64) {
+	t.Helper()
+	for i, q := range qty {
+		code, _, err := decodePair(protocol.Load.Exec(context.Background(), r.client, r.item(bucketName(sku, i)).ForLoad(), []string{strconv.FormatInt(q, 10)}))
+		require.NoError(t, err)
+		require.Equal(t, protocol.OK, code)
+	}
+}
+
+// bucketState reads available and t of every bucket, and checks loaded = a + h + s - t.
+func bucketState(t *testing.T, r *Reserver, sku string, n int) (avail, moved []int64) {
+	t.Helper()
+	for i := range n {
+		vs, err := r.client.Do(context.Background(), r.client.B().Hmget().Key(r.item(bucketName(sku, i)).Item).Field("a", "h", "s", "l", "t").Build()).ToArray()
+		require.NoError(t, err)
+		var f [5]int64
+		for j, v := range vs {
+			if !v.IsNil() {
+				f[j], err = v.AsInt64()
+				require.NoError(t, err)
+			}
+		}
+		require.Equal(t, f[3], f[0]+f[1]+f[2]-f[4], "bucket %d: loaded = available + held + sold - transferred in: %v", i, f)
+		avail, moved = append(avail, f[0]), append(moved, f[4])
+	}
+	return avail, moved
+}
+
+func inFlight(t *testing.T, r *Reserver, sku string, i int) int64 {
+	t.Helper()
+	n, err := r.client.Do(context.Background(), r.client.B().Zcard().Key(r.item(bucketName(sku, i)).InFlight).Build()).AsInt64()
+	require.NoError(t, err)
+	return n
+}
+
+func TestBucketTransfer(t *testing.T) {
+	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+		ctx := context.Background()
+		loadBuckets(t, r, "x:~1", 10, 0)
+		k, err := r.transfer(ctx, "x:~1", "t1", 0, 1, 4, 1)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), k)
+		a, m := bucketState(t, r, "x:~1", 2)
+		assert.Equal(t, []int64{6, 4}, a)
+		assert.Equal(t, []int64{-4, 4}, m)
+		assert.Zero(t, inFlight(t, r, "x:~1", 0))
+
+		// The same transfer id again: a replay, nothing moves twice.
+		k, err = r.transfer(ctx, "x:~1", "t1", 0, 1, 4, 1)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), k)
+		a, _ = bucketState(t, r, "x:~1", 2)
+		assert.Equal(t, []int64{6, 4}, a)
+
+		// Everything back, and more asked than there is: the donor gives what it has.
+		k, err = r.transfer(ctx, "x:~1", "t2", 1, 0, 100, 1)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), k)
+		a, m = bucketState(t, r, "x:~1", 2)
+		assert.Equal(t, []int64{10, 0}, a)
+		assert.Equal(t, []int64{0, 0}, m)
+
+		// Too little for the least worth moving: nothing is written.
+		k, err = r.transfer(ctx, "x:~1", "t3", 1, 0, 5, 1)
+		require.NoError(t, err)
+		assert.Zero(t, k)
+		k, err = r.transfer(ctx, "x:~1", "t4", 0, 1, 20, 11)
+		require.NoError(t, err)
+		assert.Zero(t, k)
+		for i := range 2 {
+			n, err := r.client.Do(ctx, r.client.B().Hlen().Key(r.item(bucketName("x:~1", i)).Transfers).Build()).AsInt64()
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), n, "bucket %d: two transfers recorded, none for the refused ones", i)
+		}
+
+		// A transfer id is one transfer: the same id between other buckets is a conflict.
+		_, err = r.transfer(ctx, "x:~1", "t1", 1, 0, 1, 1)
+		assert.ErrorIs(t, err, ErrConflict)
+		_, err = r.transfer(ctx, "x:~1", "t9", 0, 0, 1, 1)
+		assert.ErrorIs(t, err, ErrInvalid)
+		_, err = r.transfer(ctx, "nothing", "t9", 0, 1, 1, 1)
+		assert.ErrorIs(t, err, ErrNotLoaded)
+	})
+}
+
+// TestBucketTransferCutRecovered: a process dies after the donor gave its units: the transfer
+// stays in flight, and recoverTransfers completes it, once.
+func TestBucketTransferCutRecovered(t *testing.T) {
+	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+		ctx := context.Background()
+		loadBuckets(t, r, "cut", 5, 5, 5)
+		o, err := decodeOne(protocol.XOut.Exec(ctx, r.client, r.item(bucketName("cut", 2)).ForXOut(), []string{"tc", "0", "3", "1"}))
+		require.NoError(t, err)
+		require.Equal(t, protocol.OK, o.code)
+		a, m := bucketState(t, r, "cut", 3)
+		assert.Equal(t, []int64{5, 5, 2}, a, "the units are in flight")
+		assert.Equal(t, int64(-3), m[2])
+		assert.Equal(t, int64(1), inFlight(t, r, "cut", 2))
+
+		n, err := r.recoverTransfers(ctx, "cut", 2, 3, 0)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		a, m = bucketState(t, r, "cut", 3)
+		assert.Equal(t, []int64{8, 5, 2}, a)
+		assert.Equal(t, []int64{3, 0, -3}, m)
+		assert.Zero(t, inFlight(t, r, "cut", 2))
+
+		// Again, and the original process coming back to finish: nothing moves twice.
+		n, err = r.recoverTransfers(ctx, "cut", 2, 3, 0)
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		require.NoError(t, r.transferIn(ctx, "cut", "tc", 2, 0, 3))
+		a, _ = bucketState(t, r, "cut", 3)
+		assert.Equal(t, []int64{8, 5, 2}, a)
+	})
+}
+
+// TestBucketTransferConcurrent: many transfers out of one donor at once never take more than it
+// has, and every unit arrives once.
+func TestBucketTransferConcurrent(t *testing.T) {
+	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+		ctx := context.Background()
+		loadBuckets(t, r, "hot", 20, 0, 0)
+		var moved atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := range 3 {
+					k, err := r.transfer(ctx, "hot", newTransferID(), 0, 1+(g+j)%2, 3, 1)
+					assert.NoError(t, err)
+					moved.Add(k)
+				}
+			}()
+		}
+		wg.Wait()
+		assert.Equal(t, int64(20), moved.Load())
+		a, m := bucketState(t, r, "hot", 3)
+		assert.Equal(t, int64(0), a[0])
+		assert.Equal(t, int64(20), a[1]+a[2])
+		var sum int64
+		for i := range a {
+			sum += a[i] - m[i]
+		}
+		assert.Equal(t, int64(20), sum, "the sum of available - transferred in is the item's stock")
+	})
+}
+
+// TestBucketTransferCorruptChangesNothing: a corrupt transfer entry or counter is an error
+// before any write.
+func TestBucketTransferCorruptChangesNothing(t *testing.T) {
+	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+		ctx := context.Background()
+		loadBuckets(t, r, "bad", 5, 5)
+		donor := r.item(bucketName("bad", 0))
+		require.NoError(t, r.client.Do(ctx, r.client.B().Hset().Key(donor.Transfers).FieldValue().FieldValue("tb", "O|x|2|1").Build()).Error())
+		_, err := r.transfer(ctx, "bad", "tb", 0, 1, 2, 1)
+		require.Error(t, err)
+		require.NoError(t, r.client.Do(ctx, r.client.B().Hset().Key(donor.Item).FieldValue().FieldValue("t", "zz").Build()).Error())
+		_, err = r.transfer(ctx, "bad", "tz", 0, 1, 2, 1)
+		require.Error(t, err)
+		a, err := r.client.Do(ctx, r.client.B().Hmget().Key(donor.Item).Field("a").Build()).ToArray()
+		require.NoError(t, err)
+		v, _ := a[0].AsInt64()
+		assert.Equal(t, int64(5), v, "nothing was taken")
+		assert.Zero(t, inFlight(t, r, "bad", 0))
+	})
+}
+
+// TestBucketRoute: the first request of an id claims its bucket; every later one, from whatever
+// bucket it would have gone to, gets that one.
+func TestBucketRoute(t *testing.T) {
+	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+		ctx := context.Background()
+		b, err := r.route(ctx, "r", "o:1", 4, 2)
+		require.NoError(t, err)
+		assert.Equal(t, 2, b)
+		b, err = r.route(ctx, "r", "o:1", 4, 3)
+		require.NoError(t, err)
+		assert.Equal(t, 2, b, "the id's bucket, not the one asked for")
+		b, err = r.route(ctx, "r", "o:2", 4, 3)
+		require.NoError(t, err)
+		assert.Equal(t, 3, b)
+		home := r.item(bucketName("r", homeBucket("o:1", 4)))
+		require.NoError(t, r.client.Do(ctx, r.client.B().Hset().Key(home.Claims).FieldValue().FieldValue("o:1", "9").Build()).Error())
+		_, err = r.route(ctx, "r", "o:1", 4, 1)
+		assert.ErrorIs(t, err, ErrInvalid, "a claim out of range is refused")
+	})
+}
+
+func TestBucketOf(t *testing.T) {
+	counts := make([]int, 3)
+	for i := range 30000 {
+		counts[bucketOf("user-"+strconv.Itoa(i), 3)]++
+	}
+	for b, c := range counts {
+		assert.InDelta(t, 10000, c, 500, "bucket %d of 3 gets about a third of the keys", b)
+	}
+	assert.Equal(t, bucketOf("alice", 7), bucketOf("alice", 7))
+	assert.Equal(t, "x|3", bucketName("x", 3))
+	assert.Error(t, checkName("sku", bucketName("x", 3)), "no name of a user is a bucket's")
+}
