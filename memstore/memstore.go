@@ -22,17 +22,29 @@ type Store struct {
 	mu        sync.Mutex
 	remaining map[string]int64
 	records   map[string]map[string]stock.Record // sku -> id -> record
-	applies   map[string]int                     // "sku/id/type" -> times Apply changed something
+	applies   map[applyKey]int                   // times Apply changed something, per event
 	fail      func(stock.Event) error
+}
+
+// applyKey names one event for Applications: a struct, since SKUs and ids may contain any
+// separator a string key could use.
+type applyKey struct {
+	sku, id string
+	typ     stock.EventType
 }
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{remaining: map[string]int64{}, records: map[string]map[string]stock.Record{}, applies: map[string]int{}}
+	return &Store{remaining: map[string]int64{}, records: map[string]map[string]stock.Record{}, applies: map[applyKey]int{}}
 }
 
-// Load creates an item with qty remaining; stock.ErrLoaded if it exists.
+// Load creates an item with qty (0 to stock.MaxQty) remaining. It returns an error wrapping
+// stock.ErrInvalid if qty is out of that range, and stock.ErrLoaded if the item exists; it
+// changes nothing then.
 func (s *Store) Load(_ context.Context, sku string, qty int64) error {
+	if qty < 0 || qty > stock.MaxQty {
+		return fmt.Errorf("%w: load quantity %d out of range [0, %d]", stock.ErrInvalid, qty, stock.MaxQty)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.remaining[sku]; ok {
@@ -124,7 +136,7 @@ func (s *Store) apply(ev stock.Event) error {
 		s.remaining[ev.SKU] = rem - ev.Qty
 		rec.Status = stock.StateApplied
 		recs[ev.ID] = rec
-		s.applies[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)]++
+		s.applies[applyKey{ev.SKU, ev.ID, ev.Type}]++
 	case stock.EventRestored, stock.EventRefused:
 		if !seen {
 			recs[ev.ID] = stock.Record{SKU: ev.SKU, ID: ev.ID, User: ev.User, Type: ev.Type, Qty: ev.Qty, Status: stock.StateRestored, At: now}
@@ -134,7 +146,7 @@ func (s *Store) apply(ev stock.Event) error {
 			rec.Status = stock.StateRestored
 			recs[ev.ID] = rec
 			s.remaining[ev.SKU] += rec.Qty
-			s.applies[ev.SKU+"/"+ev.ID+"/"+string(stock.EventRestored)]++
+			s.applies[applyKey{ev.SKU, ev.ID, stock.EventRestored}]++
 		}
 	case stock.EventRestocked:
 		if seen {
@@ -145,7 +157,7 @@ func (s *Store) apply(ev stock.Event) error {
 		}
 		recs[ev.ID] = stock.Record{SKU: ev.SKU, ID: ev.ID, Type: ev.Type, Qty: ev.Qty, Status: stock.StateApplied, At: now}
 		s.remaining[ev.SKU] += ev.Qty
-		s.applies[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)]++
+		s.applies[applyKey{ev.SKU, ev.ID, ev.Type}]++
 	case stock.EventHeld, stock.EventCancelled, stock.EventExpired:
 	default:
 		return fmt.Errorf("%w: event type %q", stock.ErrInvalid, ev.Type)
@@ -185,7 +197,7 @@ func (s *Store) List(_ context.Context, sku, after string, limit int) ([]stock.R
 func (s *Store) Applications(sku, id string, t stock.EventType) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.applies[sku+"/"+id+"/"+string(t)]
+	return s.applies[applyKey{sku, id, t}]
 }
 
 // MaxApplications returns the highest count of Applications over all events.

@@ -24,7 +24,9 @@ type Loader interface {
 // with t.Cleanup. Subtests run one after the other.
 //
 // The rules checked: Apply is idempotent per (SKU, ID), and a repeat answers
-// as the first application did; a deduct or confirm decrements only when the
+// as the first application did (a repeat of an applied deduct or confirm
+// answers nil, changes nothing and keeps the record applied, also once the
+// remaining stock no longer covers it); a deduct or confirm decrements only when the
 // remaining stock covers it, and otherwise is refused with an error wrapping
 // stock.ErrRefused, then and on every repeat; a deduct of an item the store
 // does not know is refused; a restore or refusal gives back what its id took,
@@ -34,8 +36,9 @@ type Loader interface {
 // stock.ErrNotLoaded for an unknown item; held, cancelled and expired events
 // change nothing; ids are scoped per item; Remaining of an unknown item wraps
 // stock.ErrNotLoaded; Records lists what was recorded and leaves out unknown
-// ids; concurrent applies of one id apply it once, and concurrent deducts of
-// distinct ids never oversell. For a stock.BatchStore: ApplyBatch answers
+// ids; concurrent applies of one id apply it once (concurrent deducts, and
+// concurrent restores and refusals, each answered nil, give back exactly what
+// the id took), and concurrent deducts of distinct ids never oversell. For a stock.BatchStore: ApplyBatch answers
 // once per event, as Apply would; a refusal does not stop the batch; the
 // first other error does, leaving the events after it unapplied (no stock
 // moved, nothing recorded, applied in full when sent again), each answered
@@ -153,6 +156,35 @@ var storeChecks = []storeCheck{
 		apply(t, s, ev(stock.EventRestocked, "a", "r1", 5), nil)
 		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), stock.ErrRefused)
 		remaining(t, s, "a", 7)
+	}},
+	{"RepeatAppliedWhenLow", func(t testing.TB, s stock.Store, l Loader) {
+		// A repeat of an applied decrement answers as the first application did (nil), even
+		// once the stock no longer covers it: a store that checks the stock before it looks
+		// the id up would refuse it, and the relay would give back in Redis a sale the store
+		// keeps.
+		load(t, l, "a", 3)
+		load(t, l, "b", 5)
+		deduct, confirm := ev(stock.EventDeducted, "a", "o1", 3), ev(stock.EventConfirmed, "b", "h1", 4)
+		apply(t, s, deduct, nil)
+		apply(t, s, confirm, nil)
+		remaining(t, s, "a", 0) // none left
+		remaining(t, s, "b", 1) // less than the confirm's 4
+		for range 2 {
+			apply(t, s, deduct, nil)
+			apply(t, s, confirm, nil)
+		}
+		if b, ok := s.(stock.BatchStore); ok {
+			errs := applyBatch(t, b, []stock.Event{deduct, confirm})
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("ApplyBatch of the repeats: error %d = %v, want nil (as the first application answered)", i, err)
+				}
+			}
+		}
+		remaining(t, s, "a", 0)
+		remaining(t, s, "b", 1)
+		wantRecord(t, s, "a", "o1", stock.EventDeducted, 3, stock.StateApplied)
+		wantRecord(t, s, "b", "h1", stock.EventConfirmed, 4, stock.StateApplied)
 	}},
 	{"DeductUnknownItemRefused", func(t testing.TB, s stock.Store, _ Loader) {
 		apply(t, s, ev(stock.EventDeducted, "nosuch", "o1", 1), stock.ErrRefused)
@@ -296,6 +328,48 @@ var storeChecks = []storeCheck{
 			}
 		}
 		remaining(t, s, "a", 7)
+	}},
+	{"ConcurrentGiveBackOnce", func(t testing.TB, s stock.Store, l Loader) {
+		load(t, l, "a", 20)
+		apply(t, s, ev(stock.EventDeducted, "a", "o1", 3), nil)
+		apply(t, s, ev(stock.EventConfirmed, "a", "h1", 4), nil)
+		apply(t, s, ev(stock.EventDeducted, "a", "o2", 5), nil)
+		remaining(t, s, "a", 8)
+		b, _ := s.(stock.BatchStore) // when it is one, some of the applies go through ApplyBatch
+		want := int64(8)
+		for _, c := range []struct {
+			id    string
+			qty   int64
+			types []stock.EventType
+		}{
+			{"o1", 3, []stock.EventType{stock.EventRestored}},
+			{"h1", 4, []stock.EventType{stock.EventRefused}},
+			{"o2", 5, []stock.EventType{stock.EventRestored, stock.EventRefused}},
+		} {
+			evOf := func(i int) stock.Event { return ev(c.types[i%len(c.types)], "a", c.id, c.qty) }
+			errs := parallel(16, func(i int) error {
+				if b != nil && i%4 == 3 {
+					return b.ApplyBatch(context.Background(), []stock.Event{evOf(i)})[0]
+				}
+				return s.Apply(context.Background(), evOf(i))
+			})
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("concurrent %s %d of applied id %s: %v, want nil", evOf(i).Type, i, c.id, err)
+				}
+			}
+			want += c.qty
+			n, err := s.Remaining(context.Background(), "a")
+			if err != nil {
+				t.Fatalf("Remaining(%q): %v", "a", err)
+			}
+			if n != want {
+				t.Fatalf("after 16 concurrent %v of %s (qty %d): Remaining = %d, want %d (given back exactly once)", c.types, c.id, c.qty, n, want)
+			}
+			if r, ok := record(t, s, "a", c.id); !ok || r.Status != stock.StateRestored {
+				t.Fatalf("record of %s after the concurrent give-backs = %+v (found %v), want status %s", c.id, r, ok, stock.StateRestored)
+			}
+		}
 	}},
 	{"ConcurrentNoOversell", func(t testing.TB, s stock.Store, l Loader) {
 		load(t, l, "a", 10)

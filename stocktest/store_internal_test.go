@@ -173,6 +173,24 @@ func broken() map[string]func() stock.Store {
 			}
 			return h
 		},
+		"RepeatAppliedWhenLow": func() stock.Store {
+			h := good()
+			next := h.apply
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if ev.Type == stock.EventDeducted || ev.Type == stock.EventConfirmed {
+					// Checks the stock before it looks the id up: a repeat of an applied
+					// decrement is refused once the stock no longer covers it.
+					if rem, err := h.Store.Remaining(ctx, ev.SKU); err != nil || rem < ev.Qty {
+						if err := next(ctx, ev); err != nil { // records a new id's refusal
+							return err
+						}
+						return fmt.Errorf("low: %w", stock.ErrRefused)
+					}
+				}
+				return next(ctx, ev)
+			}
+			return h
+		},
 		"DeductUnknownItemRefused": func() stock.Store {
 			h := good()
 			next := h.apply
@@ -305,6 +323,34 @@ func broken() map[string]func() stock.Store {
 				mu.Unlock()
 				ev.ID = fresh(ev.ID)
 				return next(ctx, ev)
+			}
+			return h
+		},
+		"ConcurrentGiveBackOnce": func() stock.Store {
+			h := good()
+			next := h.apply
+			var mu sync.Mutex
+			h.apply = func(ctx context.Context, ev stock.Event) error {
+				if ev.Type != stock.EventRestored && ev.Type != stock.EventRefused {
+					return next(ctx, ev)
+				}
+				m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID})
+				r, ok := m[ev.ID]
+				if !ok || r.Status != stock.StateApplied || r.Type == stock.EventRestocked {
+					return next(ctx, ev)
+				}
+				time.Sleep(5 * time.Millisecond) // check, then act: not one transaction
+				mu.Lock()
+				defer mu.Unlock()
+				rem, err := h.Store.Remaining(ctx, ev.SKU)
+				if err != nil {
+					return err
+				}
+				if err := next(ctx, ev); err != nil { // flips the record (and gives back once)
+					return err
+				}
+				h.Store.Set(ev.SKU, rem+r.Qty) // gives back what the stale read said, again
+				return nil
 			}
 			return h
 		},
