@@ -21,10 +21,12 @@ package stock
 //     stock whatever transfers are in flight, at whatever moments the buckets are read.
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -168,4 +170,240 @@ func decodeCode(res rueidis.RedisResult) (int64, error) {
 		return 0, fmt.Errorf("%w: malformed script reply: %v", ErrUnknownOutcome, err)
 	}
 	return code, nil
+}
+
+// maxBuckets is the most buckets an item may be split into.
+const maxBuckets = 64
+
+// maxRebalance is how many times a take refused for stock in its bucket moves stock from the
+// other buckets and tries again before it answers the refusal.
+const maxRebalance = 3
+
+// bucketsOf returns the number of buckets of item sku: 0 when it is not bucketed.
+func (r *Reserver) bucketsOf(sku string) int {
+	if r.opts.buckets == nil {
+		return 0
+	}
+	if n := r.opts.buckets(sku); n >= 2 && n <= maxBuckets {
+		return n
+	}
+	return 0
+}
+
+// errBucketed refuses an operation bucketed items do not support yet.
+func errBucketed(op, sku string) error {
+	return invalid("%s of %s: not supported for an item split over buckets", op, sku)
+}
+
+// bucketFor returns the bucket that holds id of item sku (of n buckets): the one its claim names,
+// or its home bucket when no request claimed one. With claim, a missing claim is made for the
+// home bucket (a restore or a cancel of an unknown id leaves its tombstone there, where a late
+// request of the id is sent).
+func (r *Reserver) bucketFor(ctx context.Context, sku, id string, n int, claim bool) (int, error) {
+	home := homeBucket(id, n)
+	if claim {
+		return r.route(ctx, sku, id, n, home)
+	}
+	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(bucketName(sku, home)).Claims).Field(id).Build()).ToString()
+	if rueidis.IsRedisNil(err) {
+		return home, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("stock: route %s/%s: %w", sku, id, err)
+	}
+	b, err := strconv.Atoi(s)
+	if err != nil || b < 0 || b >= n {
+		return 0, fmt.Errorf("%w: route %s/%s: the claims hash names bucket %q of %d", ErrInvalid, sku, id, s, n)
+	}
+	return b, nil
+}
+
+// takeBucketed is Deduct (kind "D") and Hold ("H") of a checked request on an item of n buckets.
+// The request goes to its buyer's bucket (its id's without a buyer) unless another request
+// claimed the id for another bucket; a refusal for stock there moves stock from the other
+// buckets and tries again, so that a request is refused for stock only when the buckets as a
+// whole could not serve it. The first tries go without Request.Retry, so that a refusal they
+// get writes nothing; the last carries the caller's.
+func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, ttlMs int64, n int) (Receipt, error) {
+	rc := Receipt{SKU: req.SKU, ID: req.ID}
+	want := bucketOf(req.ID, n)
+	if req.User != "" {
+		want = bucketOf(req.User, n)
+	}
+	b, err := r.route(ctx, req.SKU, req.ID, n, want)
+	if err != nil {
+		return rc, err
+	}
+	if b != want {
+		return rc, r.claimedElsewhere(ctx, req, b)
+	}
+	bq := req
+	bq.SKU, bq.Retry = bucketName(req.SKU, b), false
+	k := r.item(bq.SKU)
+	for try := 0; ; try++ {
+		var o outcome
+		var ackErr error
+		if kind == protocol.TakeDeduct && r.opts.inflight > 0 {
+			o, err = r.deductCoalesced(ctx, k, bq)
+		} else {
+			o, ackErr, err = r.takeScript(ctx, k, kind, bq, ttlMs)
+		}
+		if err != nil {
+			return rc, fmt.Errorf("stock: deduct %s/%s: %w", rc.SKU, rc.ID, err)
+		}
+		if o.code != protocol.SoldOut && o.code != protocol.Short {
+			return r.receiptAck(rc, o, ackErr)
+		}
+		if try < maxRebalance && r.rebalance(ctx, req.SKU, n, b, req.Qty-max(o.remaining, 0)) > 0 {
+			continue
+		}
+		if req.Retry && !bq.Retry {
+			bq.Retry, try = true, maxRebalance // once more, to record the refusal of a retry
+			continue
+		}
+		return r.receiptAck(rc, o, ackErr)
+	}
+}
+
+// claimedElsewhere answers a take whose id an earlier request claimed for bucket b, another
+// than the take's own: by another buyer, or by a restore that overtook the take.
+func (r *Reserver) claimedElsewhere(ctx context.Context, req Request, b int) error {
+	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(bucketName(req.SKU, b)).Ledger).Field(req.ID).Build()).ToString()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		return fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
+	}
+	if err == nil {
+		e, err := parseEntry(req.SKU, req.ID, s)
+		if err != nil {
+			return err
+		}
+		if e.Kind == KindTombstone {
+			if e.State == StateRefused {
+				return ErrSoldOut
+			}
+			return ErrRestored
+		}
+	}
+	return fmt.Errorf("%w: %s/%s was used by another buyer", ErrConflict, req.SKU, req.ID)
+}
+
+// rebalance moves stock of item sku (of n buckets) into bucket b from the others, at least need
+// units if they have them, and returns the units moved. A donor gives what is asked or, when
+// more, a share of its stock (1/n of it), so that a bucket that runs dry does not come back at
+// once. Errors are logged: a transfer cut half way is completed by recoverTransfers.
+func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int64) int64 {
+	need = max(need, 1)
+	cmds := make(rueidis.Commands, 0, n)
+	for i := range n {
+		cmds = append(cmds, r.client.B().Hget().Key(r.item(bucketName(sku, i)).Item).Field("a").Build())
+	}
+	type donor struct {
+		i int
+		a int64
+	}
+	var donors []donor
+	for i, res := range r.client.DoMulti(ctx, cmds...) {
+		if a, err := res.AsInt64(); err == nil && a > 0 && i != b {
+			donors = append(donors, donor{i, a})
+		}
+	}
+	slices.SortFunc(donors, func(x, y donor) int { return cmp.Compare(y.a, x.a) })
+	var moved int64
+	for _, d := range donors {
+		if moved >= need {
+			break
+		}
+		k, err := r.transfer(ctx, sku, newTransferID(), d.i, b, max(need-moved, d.a/int64(n)), 1)
+		if err != nil {
+			r.opts.logger.WarnContext(ctx, "stock: moving stock between buckets", "sku", sku, "from", d.i, "to", b, "err", err)
+			continue
+		}
+		moved += k
+	}
+	return moved
+}
+
+// levelsBucketed is Levels of an item of n buckets: the sums of the buckets' counters, with
+// Available the sum of available - t (a bucket's net units transferred in), which counts the
+// units of a transfer in flight once whatever moments the buckets are read at.
+func (r *Reserver) levelsBucketed(ctx context.Context, sku string, n int) (Levels, error) {
+	cmds := make(rueidis.Commands, 0, n)
+	for i := range n {
+		cmds = append(cmds, r.client.B().Hmget().Key(r.item(bucketName(sku, i)).Item).Field("a", "h", "s", "l", "c", "t").Build())
+	}
+	var l Levels
+	for i, res := range r.client.DoMulti(ctx, cmds...) {
+		vs, err := res.ToArray()
+		if err != nil {
+			return Levels{}, fmt.Errorf("stock: levels %s: bucket %d: %w", sku, i, err)
+		}
+		if len(vs) != 6 || vs[0].IsNil() {
+			return Levels{}, fmt.Errorf("%w: %s (bucket %d)", ErrNotLoaded, sku, i)
+		}
+		var f [6]int64
+		for j, v := range vs {
+			if j == 4 || v.IsNil() {
+				continue
+			}
+			if f[j], err = v.AsInt64(); err != nil {
+				return Levels{}, fmt.Errorf("%w: levels %s: bucket %d field %d: %v", ErrInvalid, sku, i, j, err)
+			}
+		}
+		closed, _ := vs[4].ToString()
+		l.Available += f[0] - f[5]
+		l.Held += f[1]
+		l.Sold += f[2]
+		l.Loaded += f[3]
+		l.Closed = l.Closed || closed == "1"
+	}
+	return l, nil
+}
+
+// loadBucketed is Load of an item of n buckets: qty split over them, the first qty mod n
+// buckets one unit more. A load cut half way is finished by calling Load again; ErrLoaded only
+// when every bucket existed.
+func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n int) error {
+	cmds := make(rueidis.Commands, 0, n)
+	for i := range n {
+		cmds = append(cmds, r.client.B().Sadd().Key(r.registryKey()).Member(bucketName(sku, i)).Build())
+	}
+	for _, res := range r.client.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return fmt.Errorf("stock: load %s: %w", sku, err)
+		}
+	}
+	existed := 0
+	for i := range n {
+		q := qty / int64(n)
+		if int64(i) < qty%int64(n) {
+			q++
+		}
+		code, _, err := decodePair(protocol.Load.Exec(ctx, r.client, r.item(bucketName(sku, i)).ForLoad(), []string{strconv.FormatInt(q, 10)}))
+		if err != nil {
+			return fmt.Errorf("stock: load %s bucket %d: %w", sku, i, err)
+		}
+		if code == protocol.Replay {
+			existed++
+		} else if err := codeErr(code); err != nil {
+			return err
+		}
+	}
+	if existed == n {
+		return fmt.Errorf("%w: %s", ErrLoaded, sku)
+	}
+	return nil
+}
+
+// holder returns the name of the item whose keys hold id of item sku: sku itself, or the bucket
+// the id was routed to.
+func (r *Reserver) holder(ctx context.Context, sku, id string) (string, error) {
+	n := r.bucketsOf(sku)
+	if n == 0 {
+		return sku, nil
+	}
+	b, err := r.bucketFor(ctx, sku, id, n, false)
+	if err != nil {
+		return "", err
+	}
+	return bucketName(sku, b), nil
 }

@@ -2,11 +2,14 @@ package stock
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -228,4 +231,231 @@ func TestBucketOf(t *testing.T) {
 	assert.Equal(t, bucketOf("alice", 7), bucketOf("alice", 7))
 	assert.Equal(t, "x|3", bucketName("x", 3))
 	assert.Error(t, checkName("sku", bucketName("x", 3)), "no name of a user is a bucket's")
+}
+
+// bucketedReserver returns a Reserver on c whose every item is split over n buckets.
+func bucketedReserver(t *testing.T, c rueidis.Client, n int, opts ...Option) *Reserver {
+	t.Helper()
+	r, err := New(c, opts...)
+	require.NoError(t, err)
+	r.opts.buckets = func(string) int { return n }
+	return r
+}
+
+func eachBucketClient(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b.Client(t)) })
+	}
+}
+
+func bucketLevels(t *testing.T, r *Reserver, sku string) Levels {
+	t.Helper()
+	l, err := r.Levels(context.Background(), sku)
+	require.NoError(t, err)
+	require.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "loaded = available + held + sold: %+v", l)
+	return l
+}
+
+// TestBucketedSellsEveryUnit: many buyers over an item split in three: exactly its stock is sold,
+// whichever buckets the buyers land in (no unit stranded in a bucket), with coalescing on and off.
+func TestBucketedSellsEveryUnit(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		for _, inflight := range []int{0, 4} {
+			r := bucketedReserver(t, c, 3, WithCoalescing(inflight), WithPrefix("c"+strconv.Itoa(inflight)))
+			ctx := context.Background()
+			require.NoError(t, r.Load(ctx, "hot:~1", 31))
+			assert.ErrorIs(t, r.Load(ctx, "hot:~1", 31), ErrLoaded)
+			assert.Equal(t, Levels{Available: 31, Loaded: 31}, bucketLevels(t, r, "hot:~1"))
+			var ok, soldOut atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for j := range 5 {
+						id := "o" + strconv.Itoa(g*10+j)
+						_, err := r.Deduct(ctx, Request{SKU: "hot:~1", ID: id, User: "u" + id, Qty: 1})
+						switch {
+						case err == nil:
+							ok.Add(1)
+						case errors.Is(err, ErrSoldOut) || errors.Is(err, ErrInsufficient):
+							soldOut.Add(1)
+						default:
+							t.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			assert.Equal(t, int64(31), ok.Load())
+			assert.Equal(t, int64(80-31), soldOut.Load())
+			assert.Equal(t, Levels{Sold: 31, Loaded: 31}, bucketLevels(t, r, "hot:~1"))
+			entries := 0
+			for i := range 3 {
+				n, err := r.client.Do(ctx, r.client.B().Hlen().Key(r.item(bucketName("hot:~1", i)).Ledger).Build()).AsInt64()
+				require.NoError(t, err)
+				entries += int(n)
+			}
+			assert.Equal(t, 31, entries, "one ledger entry per sale, in the buckets")
+
+			// Every buyer in one bucket: the others' stock comes to them.
+			require.NoError(t, r.Load(ctx, "skew", 12))
+			sold := 0
+			for i := 0; sold < 12; i++ {
+				u := "v" + strconv.Itoa(i)
+				if bucketOf(u, 3) != 0 {
+					continue
+				}
+				_, err := r.Deduct(ctx, Request{SKU: "skew", ID: u, User: u, Qty: 1})
+				require.NoError(t, err, "unit %d of 12", sold+1)
+				sold++
+			}
+			assert.Equal(t, Levels{Sold: 12, Loaded: 12}, bucketLevels(t, r, "skew"))
+		}
+	})
+}
+
+// TestBucketedGathersScatteredUnits: the last units of an item, one per bucket, serve a request
+// for all of them.
+func TestBucketedGathersScatteredUnits(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		r := bucketedReserver(t, c, 3)
+		ctx := context.Background()
+		require.NoError(t, r.Load(ctx, "g", 3))
+		rc, err := r.Deduct(ctx, Request{SKU: "g", ID: "all", User: "ann", Qty: 3})
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), rc.Qty)
+		_, err = r.Deduct(ctx, Request{SKU: "g", ID: "more", User: "bob", Qty: 1})
+		assert.ErrorIs(t, err, ErrSoldOut)
+		rc, err = r.Deduct(ctx, Request{SKU: "g", ID: "all", User: "ann", Qty: 3})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		assert.Equal(t, Levels{Sold: 3, Loaded: 3}, bucketLevels(t, r, "g"))
+	})
+}
+
+// TestBucketedContract: the answers of a plain item, on an item split over buckets.
+func TestBucketedContract(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		r := bucketedReserver(t, c, 4, WithUserLimit(2))
+		ctx := context.Background()
+		require.NoError(t, r.Load(ctx, "s", 20))
+
+		// The per-user limit holds over the whole item: a buyer's units live in one bucket.
+		var taken int
+		for i := range 5 {
+			_, err := r.Deduct(ctx, Request{SKU: "s", ID: "lim" + strconv.Itoa(i), User: "greedy", Qty: 1})
+			if err == nil {
+				taken++
+			} else {
+				assert.ErrorIs(t, err, ErrUserLimit)
+			}
+		}
+		assert.Equal(t, 2, taken)
+
+		// Replays, and an id reused by another buyer: a conflict, never a second take.
+		_, err := r.Deduct(ctx, Request{SKU: "s", ID: "o1", User: "ann", Qty: 1})
+		require.NoError(t, err)
+		rc, err := r.Deduct(ctx, Request{SKU: "s", ID: "o1", User: "ann", Qty: 1})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		for _, u := range []string{"bob", "carl", "dora", "eve", ""} {
+			_, err = r.Deduct(ctx, Request{SKU: "s", ID: "o1", User: u, Qty: 1})
+			assert.ErrorIs(t, err, ErrConflict, "o1 reused by %q", u)
+		}
+		e, err := r.Ledger(ctx, "s", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, "ann", e.User)
+		assert.Equal(t, Levels{Available: 17, Sold: 3, Loaded: 20}, bucketLevels(t, r, "s"))
+
+		// An id claimed by a buyer whose request was refused (nothing in the ledger) is still
+		// that buyer's: another buyer's request with it is a conflict, not a take in the first
+		// buyer's bucket (where the second buyer's limit is not kept).
+		other := "y0"
+		for i := 1; bucketOf(other, 4) == bucketOf("x0", 4); i++ {
+			other = "y" + strconv.Itoa(i)
+		}
+		require.NoError(t, r.Load(ctx, "w", 0))
+		_, err = r.Deduct(ctx, Request{SKU: "w", ID: "w1", User: "x0", Qty: 1})
+		assert.ErrorIs(t, err, ErrSoldOut)
+		_, err = r.Restock(ctx, "w", "rw", 4)
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, Request{SKU: "w", ID: "w1", User: other, Qty: 1})
+		assert.ErrorIs(t, err, ErrConflict)
+		assert.Equal(t, Levels{Available: 4, Loaded: 4}, bucketLevels(t, r, "w"))
+
+		// Restore gives back once; a restore that overtakes its deduct refuses the late deduct.
+		rc, err = r.Restore(ctx, "s", "o1")
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), rc.Qty)
+		rc, err = r.Restore(ctx, "s", "o1")
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		_, err = r.Restore(ctx, "s", "early")
+		assert.ErrorIs(t, err, ErrUnknownID)
+		for _, u := range []string{"ann", "bob", ""} {
+			_, err = r.Deduct(ctx, Request{SKU: "s", ID: "early", User: u, Qty: 1})
+			assert.ErrorIs(t, err, ErrRestored, "the late deduct of %q", u)
+		}
+
+		// Holds: confirm, cancel, extend find the hold's bucket.
+		_, err = r.Hold(ctx, Request{SKU: "s", ID: "h1", User: "fay", Qty: 2}, time.Minute)
+		require.NoError(t, err)
+		_, err = r.Hold(ctx, Request{SKU: "s", ID: "h2", User: "gus", Qty: 1}, time.Minute)
+		require.NoError(t, err)
+		_, err = r.Extend(ctx, "s", "h1", 2*time.Minute)
+		require.NoError(t, err)
+		_, err = r.Confirm(ctx, "s", "h1")
+		require.NoError(t, err)
+		_, err = r.Cancel(ctx, "s", "h2")
+		require.NoError(t, err)
+		_, err = r.Confirm(ctx, "s", "h2")
+		assert.ErrorIs(t, err, ErrRestored)
+		_, err = r.Confirm(ctx, "s", "nohold")
+		assert.ErrorIs(t, err, ErrUnknownID)
+		assert.Equal(t, Levels{Available: 16, Sold: 4, Loaded: 20}, bucketLevels(t, r, "s"))
+
+		// Restock, close and reopen reach every bucket.
+		rc, err = r.Restock(ctx, "s", "po1", 10)
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), rc.Qty)
+		require.NoError(t, r.CloseItem(ctx, "s"))
+		assert.True(t, bucketLevels(t, r, "s").Closed)
+		_, err = r.Deduct(ctx, Request{SKU: "s", ID: "shut", User: "hal", Qty: 1})
+		assert.ErrorIs(t, err, ErrClosed)
+		require.NoError(t, r.ReopenItem(ctx, "s"))
+		assert.Equal(t, Levels{Available: 26, Sold: 4, Loaded: 30}, bucketLevels(t, r, "s"))
+
+		// What buckets do not support yet is refused, with nothing changed.
+		_, err = r.DeductMany(ctx, Cart{ID: "c1", Lines: []Line{{SKU: "s", Qty: 1}}})
+		assert.ErrorIs(t, err, ErrInvalid)
+		assert.ErrorIs(t, r.Delist(ctx, "s"), ErrInvalid)
+		assert.Equal(t, Levels{Available: 26, Sold: 4, Loaded: 30}, bucketLevels(t, r, "s"))
+	})
+}
+
+// TestBucketedRetryRecordsRefusal: a retry refused for lack of stock in the whole item records
+// its refusal in the id's bucket, so that the first attempt, arriving later, is refused too.
+func TestBucketedRetryRecordsRefusal(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		r := bucketedReserver(t, c, 2)
+		ctx := context.Background()
+		require.NoError(t, r.Load(ctx, "z", 1))
+		_, err := r.Deduct(ctx, Request{SKU: "z", ID: "first", User: "a", Qty: 1})
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, Request{SKU: "z", ID: "late", User: "b", Qty: 1, Retry: true})
+		assert.ErrorIs(t, err, ErrSoldOut)
+		_, err = r.Restock(ctx, "z", "r1", 5)
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, Request{SKU: "z", ID: "late", User: "b", Qty: 1})
+		assert.ErrorIs(t, err, ErrSoldOut, "the first attempt of a refused retry is refused too")
+		// A request refused without Retry records nothing: it may be taken later.
+		require.NoError(t, r.Load(ctx, "y", 0))
+		_, err = r.Deduct(ctx, Request{SKU: "y", ID: "p", User: "a", Qty: 1})
+		assert.ErrorIs(t, err, ErrSoldOut)
+		_, err = r.Restock(ctx, "y", "r1", 1)
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, Request{SKU: "y", ID: "p", User: "a", Qty: 1})
+		assert.NoError(t, err)
+	})
 }

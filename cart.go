@@ -258,6 +258,11 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if err != nil {
 		return out, err
 	}
+	for _, l := range lines {
+		if r.bucketsOf(l.SKU) > 0 {
+			return out, errBucketed("a cart", l.SKU)
+		}
+	}
 	if r.isFenced(ctx) {
 		return out, ErrFailover
 	}

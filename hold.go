@@ -47,6 +47,9 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if r.isFenced(ctx) {
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
+	if n := r.bucketsOf(req.SKU); n > 0 {
+		return r.takeBucketed(ctx, protocol.TakeHold, req, ttl.Milliseconds(), n)
+	}
 	if r.knownSoldOut(ctx, req) {
 		local = true
 		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, ErrSoldOut
@@ -68,8 +71,12 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 	if err := checkSKUID(sku, id); err != nil {
 		return rc, err
 	}
-	res, ackErr := r.exec(ctx, protocol.Confirm, r.item(sku).ForItem(), []string{id, r.outboxFlag()})
-	r.noteEvents(sku)
+	name, err := r.holder(ctx, sku, id)
+	if err != nil {
+		return rc, err
+	}
+	res, ackErr := r.exec(ctx, protocol.Confirm, r.item(name).ForItem(), []string{id, r.outboxFlag()})
+	r.noteEvents(name)
 	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: confirm %s/%s: %w", sku, id, err)
@@ -104,9 +111,13 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 	if err := checkTTL(ttl); err != nil {
 		return rc, err
 	}
+	name, err := r.holder(ctx, sku, id)
+	if err != nil {
+		return rc, err
+	}
 	args := []string{id, strconv.FormatInt(ttl.Milliseconds(), 10), r.outboxFlag()}
-	res, ackErr := r.exec(ctx, protocol.Extend, r.item(sku).ForItem(), args)
-	r.noteHold(sku)
+	res, ackErr := r.exec(ctx, protocol.Extend, r.item(name).ForItem(), args)
+	r.noteHold(name)
 	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)

@@ -87,7 +87,11 @@ func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
 	if err := checkName("id", id); err != nil {
 		return Entry{}, err
 	}
-	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(sku).Ledger).Field(id).Build()).ToString()
+	name, err := r.holder(ctx, sku, id)
+	if err != nil {
+		return Entry{}, err
+	}
+	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(name).Ledger).Field(id).Build()).ToString()
 	if rueidis.IsRedisNil(err) {
 		return Entry{}, fmt.Errorf("%w: %s/%s", ErrUnknownID, sku, id)
 	}

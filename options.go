@@ -21,6 +21,11 @@ type options struct {
 
 	group func(sku string) string
 
+	// buckets gives the number of buckets of an item (see bucket.go); nil or below 2: one.
+	// Not settable by users yet: the relay, the reconciler and the fast path do not know
+	// bucketed items.
+	buckets func(sku string) int
+
 	soldOutTTL time.Duration // 0: no sold-out fast path
 
 	timeout time.Duration // bound of every Redis command; see WithTimeout

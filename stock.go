@@ -205,6 +205,9 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if qty < 0 || qty > MaxQty {
 		return invalid("load quantity %d out of range [0, %d]", qty, MaxQty)
 	}
+	if n := r.bucketsOf(sku); n > 0 {
+		return r.loadBucketed(ctx, sku, qty, n)
+	}
 	// Registry first: an item that is registered but not created is harmless (the reconciler
 	// reports it), one that is created but not registered would be missed by the relay.
 	if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(sku).Build()).Error(); err != nil {
@@ -225,6 +228,9 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
 	if err := checkName("sku", sku); err != nil {
 		return Levels{}, err
+	}
+	if n := r.bucketsOf(sku); n > 0 {
+		return r.levelsBucketed(ctx, sku, n)
 	}
 	return parseLevels(sku, r.client.Do(ctx, r.client.B().Hmget().Key(r.item(sku).Item).Field("a", "h", "s", "l", "c").Build()))
 }
@@ -271,6 +277,9 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 	rc = Receipt{SKU: req.SKU, ID: req.ID}
 	if err := r.admit(ctx, req); err != nil {
 		return rc, err
+	}
+	if n := r.bucketsOf(req.SKU); n > 0 {
+		return r.takeBucketed(ctx, protocol.TakeDeduct, req, 0, n)
 	}
 	k := r.item(req.SKU)
 	if r.knownSoldOut(ctx, req) {
@@ -402,12 +411,23 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err := checkName("id", id); err != nil {
 		return rc, err
 	}
+	name := sku // the item whose keys hold the id: sku, or its bucket
+	if n := r.bucketsOf(sku); n > 0 {
+		if kind != "" {
+			return rc, errBucketed("cart undo", sku)
+		}
+		b, err := r.bucketFor(ctx, sku, id, n, true)
+		if err != nil {
+			return rc, err
+		}
+		name = bucketName(sku, b)
+	}
 	args := []string{id, reason, r.outboxFlag()}
 	if kind != "" {
 		args = append(args, kind, strconv.FormatInt(qty, 10), user)
 	}
-	res, ackErr := r.exec(ctx, protocol.Restore, r.item(sku).ForItem(), args)
-	r.noteEvents(sku)
+	res, ackErr := r.exec(ctx, protocol.Restore, r.item(name).ForItem(), args)
+	r.noteEvents(name)
 	o, err := decodeOne(res)
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
@@ -427,9 +447,17 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if err := req.check(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
+	name := sku // the item whose keys take the units: sku, or the bucket the id goes to
+	if n := r.bucketsOf(sku); n > 0 {
+		b, err := r.bucketFor(ctx, sku, id, n, true)
+		if err != nil {
+			return Receipt{SKU: sku, ID: id}, err
+		}
+		name = bucketName(sku, b)
+	}
 	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
-	res, ackErr := r.exec(ctx, protocol.Restock, r.item(sku).ForItem(), args)
-	r.noteEvents(sku)
+	res, ackErr := r.exec(ctx, protocol.Restock, r.item(name).ForItem(), args)
+	r.noteEvents(name)
 	o, err := decodeOne(res)
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, fmt.Errorf("stock: restock %s/%s: %w", sku, id, err)
@@ -497,7 +525,20 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	code, _, err := decodePair(protocol.Close.Exec(ctx, r.client, r.item(sku).ForMarks(), []string{flag}))
+	if n := r.bucketsOf(sku); n > 0 {
+		for i := range n {
+			if err := r.setClosedIn(ctx, sku, bucketName(sku, i), flag); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return r.setClosedIn(ctx, sku, sku, flag)
+}
+
+// setClosedIn sets the closed flag of the item name (sku, or a bucket of it).
+func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) error {
+	code, _, err := decodePair(protocol.Close.Exec(ctx, r.client, r.item(name).ForMarks(), []string{flag}))
 	if err != nil {
 		return fmt.Errorf("stock: close %s: %w", sku, err)
 	}
@@ -520,6 +561,9 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
+	}
+	if r.bucketsOf(sku) > 0 {
+		return errBucketed("delist", sku)
 	}
 	code, _, err := decodePair(protocol.Delist.Exec(ctx, r.client, r.item(sku).ForMarks(), nil))
 	if err != nil {
