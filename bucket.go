@@ -34,7 +34,6 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-
 // bucketName is the name of bucket i of item sku.
 func bucketName(sku string, i int) string {
 	return sku + "|" + strconv.Itoa(i)
