@@ -647,15 +647,42 @@ func (rc *reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *re
 		rp.Requeued += int(n)
 	}
 	if len(b.trim) > 0 && rc.retention > 0 && !rc.dry {
-		args := append([]string{strconv.FormatInt(cutoff, 10)}, b.trim...)
-		n, err := protocol.Trim.Exec(ctx, rc.r.client, k.ForTrim(), args).AsInt64()
+		trim, err := rc.trimmable(ctx, rp.SKU, b.trim, cutoff)
 		if err != nil {
-			return fmt.Errorf("stock: reconcile %s: trim: %w", rp.SKU, err)
+			return err
 		}
-		rp.Trimmed += int(n)
+		if len(trim) > 0 {
+			args := append([]string{strconv.FormatInt(cutoff, 10)}, trim...)
+			n, err := protocol.Trim.Exec(ctx, rc.r.client, k.ForTrim(), args).AsInt64()
+			if err != nil {
+				return fmt.Errorf("stock: reconcile %s: trim: %w", rp.SKU, err)
+			}
+			rp.Trimmed += int(n)
+		}
 	}
 	b.reset()
 	return nil
+}
+
+// trimmable returns the ids among ids (entries past the retention by Redis's time) whose store
+// record, if any, is past it too: rerecord judges a record by the store's time, which is later
+// (the relay applied it later), and would write back an entry trimmed before its record aged,
+// reporting as lost what a pass removed.
+func (rc *reconciler) trimmable(ctx context.Context, sku string, ids []string, cutoff int64) ([]string, error) {
+	if _, ok := rc.store.(RecordLister); !ok {
+		return ids, nil // no rerecord without a lister
+	}
+	recs, err := rc.store.Records(ctx, sku, ids)
+	if err != nil {
+		return nil, fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
+	}
+	out := ids[:0:0]
+	for _, id := range ids {
+		if rec, ok := recs[id]; !ok || rec.At.UnixMilli() < cutoff {
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }
 
 // restoresMissing returns the ids among ids whose restore event is in none of the item's

@@ -146,12 +146,32 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	}
 	loop(cartEvery, func() error { _, err := r.recoverCarts(ctx, cartAge); return err }, "recover carts")
 	if rc != nil {
-		var g *failoverGuard
-		if guardEvery > 0 && r.guardable(ctx) {
-			g = r.newFailoverGuard()
-			_, err := g.Check(ctx) // before the first pass, which may lift what it finds
-			fail("failover guard", err)
-			loop(guardEvery, func() error { _, err := g.Check(ctx); return err }, "failover guard")
+		if guardEvery > 0 {
+			// The guard needs INFO. A server that refuses it (miniredis, an ACL without it)
+			// turns the guard off; an error that says nothing of the server (unreachable, or
+			// ctx ended) leaves the question to the next check, with no guard meanwhile: a
+			// guard that cannot read INFO would fail every reconcile pass for good.
+			var g *failoverGuard
+			off := false
+			check := func() error {
+				if off {
+					return nil
+				}
+				if g == nil {
+					if _, err := r.topology(ctx); err != nil {
+						if isRedisErr(err) {
+							off = true
+							r.opts.logger.ErrorContext(ctx, "stock: failover guard off: Redis does not answer INFO", "err", err)
+						}
+						return nil
+					}
+					g = r.newFailoverGuard()
+				}
+				_, err := g.Check(ctx)
+				return err
+			}
+			fail("failover guard", check()) // before the first pass, which may lift what it finds
+			loop(guardEvery, check, "failover guard")
 		}
 		loop(rc.interval, func() error {
 			res, err := rc.Pass(ctx) // a pass that records the primaries lifts g's fence at once
@@ -211,18 +231,6 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		return errors.Join(first, stuck)
 	}
 	return errors.Join(ctx.Err(), stuck)
-}
-
-// guardable reports whether the servers tell their identities (INFO), which a failover guard
-// needs. A server that refuses INFO (miniredis, an ACL without it) is logged and answers false;
-// a transport error answers true: the guard retries.
-func (r *Reserver) guardable(ctx context.Context) bool {
-	_, err := r.topology(ctx)
-	if isRedisErr(err) {
-		r.opts.logger.ErrorContext(ctx, "stock: failover guard off: Redis does not answer INFO", "err", err)
-		return false
-	}
-	return true
 }
 
 // isRedisErr reports whether err wraps an error reply of Redis.
