@@ -24,7 +24,7 @@ type runFunc = func(ctx context.Context, e *env, args []string) error
 // commands, in the order of the usage text.
 var commands = []command{
 	{
-		name: "load", args: "SKU QTY", min: 2, max: 2,
+		name: "load", args: "SKU QTY", min: 2, max: 2, dsn: dsnOptional,
 		short: "create an item with QTY units (and its store row, with -dsn)",
 		long: `
 Creates SKU in Redis with QTY units available: the preheat before a sale. An item that exists
@@ -59,7 +59,7 @@ Prints the units of SKU available now (exit 1 when Redis does not know the item)
 		setup:   func(*flag.FlagSet) runFunc { return cmdAvailable },
 	},
 	{
-		name: "levels", args: "[SKU...]", min: 0, max: -1,
+		name: "levels", args: "[SKU...]", min: 0, max: -1, dsn: dsnOptional,
 		short: "available, held, sold, loaded and closed, per item (all items when none given)",
 		long: `
 Prints the counters of each item, read atomically: available + held + sold = loaded. Without
@@ -156,12 +156,13 @@ tombstone is written, so that a late request with that ID is refused (ErrRestore
 		short: "release expired holds (of every item when none given)",
 		long: `
 Releases the holds past their deadline, of SKU or of every registered item, and prints the
-units released. Expiry also happens on an item's next operation; sweep makes it happen now.`,
+units released. Expiry also happens on an item's next operation; sweep makes it happen now.
+Exit 1 when Redis does not know SKU.`,
 		example: "stockctl sweep sneaker-42",
 		setup:   func(*flag.FlagSet) runFunc { return cmdSweep },
 	},
 	{
-		name: "reconcile", args: "[SKU...]", min: 0, max: -1,
+		name: "reconcile", args: "[SKU...]", min: 0, max: -1, dsn: dsnRequired,
 		short: "compare Redis with the store; report only unless -apply (needs -dsn)",
 		long: `
 Compares each item (SKU..., or every registered item) in Redis with the database of record,
@@ -203,7 +204,7 @@ reported and not compared.`,
 		},
 	},
 	{
-		name: "relay-once", args: "[SKU...]", min: 0, max: -1,
+		name: "relay-once", args: "[SKU...]", min: 0, max: -1, dsn: dsnRequired,
 		short: "deliver the pending outbox events to the store, once (needs -dsn)",
 		long: `
 Delivers the events waiting in the outboxes of SKU... (or of every registered item) to the
@@ -222,7 +223,7 @@ retried later, with backoff. Exit 1 when an event failed.`,
 		},
 	},
 	{
-		name: "migrate", args: "", min: 0, max: 0,
+		name: "migrate", args: "", min: 0, max: 0, dsn: dsnRequired, noRedis: true,
 		short: "create the store's tables if missing (needs -dsn)",
 		long: `
 Creates the store's two tables (-table-prefix + "items" and + "records") if they do not exist.
@@ -244,15 +245,19 @@ func (e *env) emit(v any, text func(w io.Writer)) error {
 }
 
 func parseQty(what, s string, zero bool) (int64, error) {
+	lo := 1
+	if zero {
+		lo = 0
+	}
 	n, err := strconv.ParseInt(s, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		// A whole number, too large for int64 either way.
+		return 0, usagef("%s %s out of range [%d, %d]", what, strings.TrimPrefix(s, "+"), lo, int64(stock.MaxQty))
+	}
 	if err != nil {
 		return 0, usagef("%s %q is not a whole number", what, s)
 	}
-	if n < 0 || (n == 0 && !zero) || n > stock.MaxQty {
-		lo := 1
-		if zero {
-			lo = 0
-		}
+	if n < int64(lo) || n > stock.MaxQty {
 		return 0, usagef("%s %d out of range [%d, %d]", what, n, lo, int64(stock.MaxQty))
 	}
 	return n, nil
@@ -811,6 +816,9 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	if o.retention < 0 {
 		return usagef("-retention %v is negative", o.retention)
 	}
+	if err := e.needDSN("reconcile"); err != nil {
+		return err // before connecting to Redis
+	}
 	r, err := e.reserver()
 	if err != nil {
 		return err
@@ -940,6 +948,9 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 }
 
 func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease time.Duration) error {
+	if err := e.needDSN("relay-once"); err != nil {
+		return err // before connecting to Redis
+	}
 	r, err := e.reserver()
 	if err != nil {
 		return err
