@@ -24,7 +24,7 @@ type runFunc = func(ctx context.Context, e *env, args []string) error
 // commands, in the order of the usage text.
 var commands = []command{
 	{
-		name: "load", args: "SKU QTY", min: 2, max: 2,
+		name: "load", args: "SKU QTY", min: 2, max: 2, dsn: dsnOptional,
 		short: "create an item with QTY units (and its store row, with -dsn)",
 		long: `
 Creates SKU in Redis with QTY units available: the preheat before a sale. An item that exists
@@ -46,7 +46,11 @@ store already has the item.`,
 		short: "add QTY units to a live item, once per ID",
 		long: `
 Adds QTY units to a loaded item, exactly once per ID: running it again with the same ID is a
-replay and adds nothing. The restock is ledgered and queued for the store like a sale.`,
+replay and adds nothing. The restock is ledgered and queued for the store like a sale.
+
+Exit 1, nothing changed, when Redis does not know the item, when ID was used on it for
+something else, or when the item would then hold more than 9007199254740991 units in all
+(2^53-1, stock.MaxQty: the message gives the units loaded and available).`,
 		example: "stockctl restock sneaker-42 po-2024-117 50",
 		setup:   func(*flag.FlagSet) runFunc { return cmdRestock },
 	},
@@ -59,7 +63,7 @@ Prints the units of SKU available now (exit 1 when Redis does not know the item)
 		setup:   func(*flag.FlagSet) runFunc { return cmdAvailable },
 	},
 	{
-		name: "levels", args: "[SKU...]", min: 0, max: -1,
+		name: "levels", args: "[SKU...]", min: 0, max: -1, dsn: dsnOptional,
 		short: "available, held, sold, loaded and closed, per item (all items when none given)",
 		long: `
 Prints the counters of each item, read atomically: available + held + sold = loaded. Without
@@ -83,7 +87,7 @@ Lists the items in the registry (every item ever loaded under -prefix), sorted.`
 Shows what request ID did to SKU: kind (deduct, hold, restock, tombstone), state (held,
 reserved, applied, restored, refused, cancelled, expired), quantity, stock before and after,
 time, user and, for a hold, its deadline. Exit 1 when there is no entry (never used, or trimmed
-after the retention).`,
+after the retention) or Redis does not know the item (the message says which).`,
 		example: "stockctl entry sneaker-42 order-1001",
 		setup:   func(*flag.FlagSet) runFunc { return cmdEntry },
 	},
@@ -142,7 +146,10 @@ Gives back exactly what request ID took from SKU (a sale or a live hold), once: 
 restore of the ID is a replay and changes nothing. The restore is queued for the store.
 
 An ID with no ledger entry is refused and nothing changes, unless -tombstone is given: then a
-tombstone is written, so that a late request with that ID is refused (ErrRestored).`,
+tombstone is written, so that a late request with that ID is refused (ErrRestored).
+
+An item Redis does not know is refused with "not loaded" (exit 1), with -tombstone too: nothing
+is written and no tombstone is left, so a mistyped SKU changes nothing.`,
 		example: "stockctl restore sneaker-42 order-1001",
 		setup: func(fs *flag.FlagSet) runFunc {
 			tomb := fs.Bool("tombstone", false, "for an ID with no entry, leave a tombstone that refuses a late request with it")
@@ -156,12 +163,13 @@ tombstone is written, so that a late request with that ID is refused (ErrRestore
 		short: "release expired holds (of every item when none given)",
 		long: `
 Releases the holds past their deadline, of SKU or of every registered item, and prints the
-units released. Expiry also happens on an item's next operation; sweep makes it happen now.`,
+units released. Expiry also happens on an item's next operation; sweep makes it happen now.
+Exit 1 when Redis does not know SKU.`,
 		example: "stockctl sweep sneaker-42",
 		setup:   func(*flag.FlagSet) runFunc { return cmdSweep },
 	},
 	{
-		name: "reconcile", args: "[SKU...]", min: 0, max: -1,
+		name: "reconcile", args: "[SKU...]", min: 0, max: -1, dsn: dsnRequired,
 		short: "compare Redis with the store; report only unless -apply (needs -dsn)",
 		long: `
 Compares each item (SKU..., or every registered item) in Redis with the database of record,
@@ -203,7 +211,7 @@ reported and not compared.`,
 		},
 	},
 	{
-		name: "relay-once", args: "[SKU...]", min: 0, max: -1,
+		name: "relay-once", args: "[SKU...]", min: 0, max: -1, dsn: dsnRequired,
 		short: "deliver the pending outbox events to the store, once (needs -dsn)",
 		long: `
 Delivers the events waiting in the outboxes of SKU... (or of every registered item) to the
@@ -211,7 +219,16 @@ database of record, in order per item, and removes them from the outbox: what a 
 does, once, for example while the service's relay is down. It runs passes until one finds
 nothing due (at most 5), which also hands the items' relay leases back. An item whose last
 delivery failed stays in backoff and is skipped until its backoff ends; a failed event is
-retried later, with backoff. Exit 1 when an event failed.`,
+retried later, with backoff.
+
+It then says what is left in the items' outboxes: "NOT DRAINED" with the events still pending,
+per item (not due: in backoff after a failed delivery, leased by a running relay, or queued
+since), and "DEAD-LETTERED" with the events no relay will deliver (rejected by the store as
+invalid, or orphaned), which need a human; "the outboxes are empty" otherwise. With -json:
+pending, dead, and waiting (the items with either).
+
+Exit 1 when an event failed in this run. Events left waiting by the backoff of an earlier
+failure do not make it fail: look for NOT DRAINED, or -json's pending.`,
 		example: "stockctl -dsn sqlite:/var/lib/shop.db relay-once sneaker-42",
 		setup: func(fs *flag.FlagSet) runFunc {
 			batch := fs.Int("batch", 128, "claim `N` events from one item at a time")
@@ -222,7 +239,7 @@ retried later, with backoff. Exit 1 when an event failed.`,
 		},
 	},
 	{
-		name: "migrate", args: "", min: 0, max: 0,
+		name: "migrate", args: "", min: 0, max: 0, dsn: dsnRequired, noRedis: true,
 		short: "create the store's tables if missing (needs -dsn)",
 		long: `
 Creates the store's two tables (-table-prefix + "items" and + "records") if they do not exist.
@@ -244,15 +261,19 @@ func (e *env) emit(v any, text func(w io.Writer)) error {
 }
 
 func parseQty(what, s string, zero bool) (int64, error) {
+	lo := 1
+	if zero {
+		lo = 0
+	}
 	n, err := strconv.ParseInt(s, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		// A whole number, too large for int64 either way.
+		return 0, usagef("%s %s out of range [%d, %d]", what, strings.TrimPrefix(s, "+"), lo, int64(stock.MaxQty))
+	}
 	if err != nil {
 		return 0, usagef("%s %q is not a whole number", what, s)
 	}
-	if n < 0 || (n == 0 && !zero) || n > stock.MaxQty {
-		lo := 1
-		if zero {
-			lo = 0
-		}
+	if n < int64(lo) || n > stock.MaxQty {
 		return 0, usagef("%s %d out of range [%d, %d]", what, n, lo, int64(stock.MaxQty))
 	}
 	return n, nil
@@ -401,8 +422,14 @@ func cmdRestock(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	rc, err := r.Restock(ctx, args[0], args[1], qty)
-	if err != nil {
+	sku, id := args[0], args[1]
+	rc, err := r.Restock(ctx, sku, id, qty)
+	switch {
+	case errors.Is(err, stock.ErrNotLoaded):
+		return notLoaded(sku, "nothing restocked")
+	case isInvalid(err):
+		return restockRefused(ctx, r, sku, id, qty, err)
+	case err != nil:
 		return err
 	}
 	return e.emit(receiptOf(rc), func(w io.Writer) {
@@ -412,6 +439,40 @@ func cmdRestock(ctx context.Context, e *env, args []string) error {
 		}
 		fmt.Fprintf(w, "restocked %s/%s: +%d, %d available\n", rc.SKU, rc.ID, rc.Qty, rc.Remaining)
 	})
+}
+
+// notLoaded is the error of a command on an item Redis does not know, naming it, as the
+// library's reads do ("stock: item not loaded: SKU").
+func notLoaded(sku, what string) error {
+	return fmt.Errorf("%w: %s (%s)", stock.ErrNotLoaded, sku, what)
+}
+
+// unknownID explains an id with no ledger entry on sku: the item itself is not loaded (then
+// ifNotLoaded says what was not done), or it is and has no entry for the id (then more, if set,
+// follows). It reads the item's levels only.
+func unknownID(ctx context.Context, r *stock.Reserver, sku, id, ifNotLoaded, more string) error {
+	if _, err := r.Levels(ctx, sku); errors.Is(err, stock.ErrNotLoaded) {
+		return notLoaded(sku, ifNotLoaded)
+	}
+	msg := fmt.Sprintf("item %s has no ledger entry for id %s (never used on this item, or trimmed after the retention)", sku, id)
+	if more != "" {
+		msg += "; " + more
+	}
+	return fmt.Errorf("%w: %s", stock.ErrUnknownID, msg)
+}
+
+// restockRefused explains a restock the library refused as invalid though SKU, ID and QTY are
+// each valid: the item would hold more than stock.MaxQty units in all. It reads the item's
+// levels to say so with the figures; on any other cause it returns err as it is.
+func restockRefused(ctx context.Context, r *stock.Reserver, sku, id string, qty int64, err error) error {
+	lv, lerr := r.Levels(ctx, sku)
+	if lerr != nil || lv.Loaded <= stock.MaxQty-qty {
+		return err
+	}
+	// Not ErrInvalid: the command line is right, the item's stock is what refuses it (exit 1).
+	return fmt.Errorf("restock %s/%s refused, nothing changed: %s has %d units loaded (%d available), "+
+		"and QTY %d more would take it to %d, past the most an item can hold, %d (2^53-1, stock.MaxQty)",
+		sku, id, sku, lv.Loaded, lv.Available, qty, uint64(lv.Loaded)+uint64(qty), int64(stock.MaxQty))
 }
 
 func cmdAvailable(ctx context.Context, e *env, args []string) error {
@@ -585,6 +646,9 @@ func cmdEntry(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	en, err := r.Ledger(ctx, args[0], args[1])
+	if errors.Is(err, stock.ErrUnknownID) {
+		return unknownID(ctx, r, args[0], args[1], "no ledger to read", "")
+	}
 	if err != nil {
 		return err
 	}
@@ -710,12 +774,24 @@ func cmdRestore(ctx context.Context, e *env, args []string, tombstone bool) erro
 	if !tombstone {
 		if _, err := r.Ledger(ctx, sku, id); err != nil {
 			if errors.Is(err, stock.ErrUnknownID) {
-				return fmt.Errorf("%w; nothing restored (-tombstone leaves a tombstone that refuses a late request with this id)", err)
+				return unknownID(ctx, r, sku, id, "nothing restored", "nothing restored (-tombstone leaves a tombstone that refuses a late request with this id)")
 			}
 			return err
 		}
+	} else if _, err := r.Levels(ctx, sku); err != nil {
+		// A SKU Redis does not know is a typo far more often than a cancel that overtook the
+		// item's load: leave no tombstone on it (the library would, in the item's ledger).
+		if errors.Is(err, stock.ErrNotLoaded) {
+			return notLoaded(sku, "nothing restored, no tombstone left")
+		}
+		return err
 	}
 	rc, err := r.Restore(ctx, sku, id)
+	if errors.Is(err, stock.ErrNotLoaded) {
+		// The library writes nothing, no tombstone either, on an item it does not know: a
+		// mistyped SKU must not look like a restored id.
+		return notLoaded(sku, "nothing restored, no tombstone left")
+	}
 	if tombstone && errors.Is(err, stock.ErrUnknownID) {
 		return e.emit(struct {
 			SKU       string `json:"sku"`
@@ -745,6 +821,12 @@ func cmdSweep(ctx context.Context, e *env, args []string) error {
 	var n int64
 	if len(args) == 1 {
 		n, err = stockops.Sweep(ctx, r, args[0])
+		if err == nil && n == 0 {
+			// Nothing released: say so when it is because Redis does not know the item.
+			if _, lerr := r.Levels(ctx, args[0]); errors.Is(lerr, stock.ErrNotLoaded) {
+				return notLoaded(args[0], "nothing to sweep")
+			}
+		}
 	} else {
 		n, err = stockops.Sweep(ctx, r)
 	}
@@ -810,6 +892,9 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	}
 	if o.retention < 0 {
 		return usagef("-retention %v is negative", o.retention)
+	}
+	if err := e.needDSN("reconcile"); err != nil {
+		return err // before connecting to Redis
 	}
 	r, err := e.reserver()
 	if err != nil {
@@ -940,6 +1025,9 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 }
 
 func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease time.Duration) error {
+	if err := e.needDSN("relay-once"); err != nil {
+		return err // before connecting to Redis
+	}
 	r, err := e.reserver()
 	if err != nil {
 		return err
@@ -971,6 +1059,7 @@ func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease t
 		total.Retried += s.Retried
 		total.Orphaned += s.Orphaned
 		total.Redelive += s.Redelive
+		total.DeadLettered += s.DeadLettered
 		if err != nil && first == nil {
 			first = err
 		}
@@ -978,26 +1067,98 @@ func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease t
 			break
 		}
 	}
+	// What still waits: events not due (in backoff after a failed delivery, leased by a running
+	// relay) or queued since, and dead-lettered ones. A run that delivered nothing must not look
+	// like an empty outbox.
+	skus := args
+	if len(skus) == 0 {
+		if skus, err = items(ctx, r); err != nil {
+			return errors.Join(first, err)
+		}
+	}
+	var waiting []waitJSON
+	var pending, dead int64
+	for _, sku := range skus {
+		p, d, err := stockops.Pending(ctx, r, sku)
+		if err != nil {
+			return errors.Join(first, err)
+		}
+		if p > 0 || d > 0 {
+			waiting = append(waiting, waitJSON{SKU: sku, Pending: p, Dead: d})
+			pending += p
+			dead += d
+		}
+	}
 	j := struct {
-		Claimed     int    `json:"claimed"`
-		Delivered   int    `json:"delivered"`
-		Refused     int    `json:"refused"`
-		Retried     int    `json:"retried"`
-		Orphaned    int    `json:"orphaned"`
-		Redelivered int    `json:"redelivered"`
-		Passes      int    `json:"passes"`
-		Error       string `json:"error,omitempty"`
-	}{total.Claimed, total.Delivered, total.Refused, total.Retried, total.Orphaned, total.Redelive, passes, ""}
+		Claimed      int        `json:"claimed"`
+		Delivered    int        `json:"delivered"`
+		Refused      int        `json:"refused"`
+		Retried      int        `json:"retried"`
+		Orphaned     int        `json:"orphaned"`
+		Redelivered  int        `json:"redelivered"`
+		DeadLettered int        `json:"dead_lettered"`
+		Passes       int        `json:"passes"`
+		Pending      int64      `json:"pending"` // events still in the outboxes after the run
+		Dead         int64      `json:"dead"`    // events in the dead-letter sets
+		Waiting      []waitJSON `json:"waiting"` // the items with either
+		Error        string     `json:"error,omitempty"`
+	}{total.Claimed, total.Delivered, total.Refused, total.Retried, total.Orphaned, total.Redelive, total.DeadLettered,
+		passes, pending, dead, append([]waitJSON{}, waiting...), ""}
 	if first != nil {
 		j.Error = first.Error()
 	}
 	if err := e.emit(j, func(w io.Writer) {
-		fmt.Fprintf(w, "delivered %d events (claimed %d, refused by the store %d, retried later %d, orphaned %d, redelivered %d) in %d passes\n",
-			total.Delivered, total.Claimed, total.Refused, total.Retried, total.Orphaned, total.Redelive, passes)
+		fmt.Fprintf(w, "delivered %d events (claimed %d, refused by the store %d, retried later %d, orphaned %d, dead-lettered %d, redelivered %d) in %d passes\n",
+			total.Delivered, total.Claimed, total.Refused, total.Retried, total.Orphaned, total.DeadLettered, total.Redelive, passes)
+		var withPending, withDead []string
+		for _, wt := range waiting {
+			if wt.Pending > 0 {
+				withPending = append(withPending, fmt.Sprintf("%s (%d)", wt.SKU, wt.Pending))
+			}
+			if wt.Dead > 0 {
+				withDead = append(withDead, fmt.Sprintf("%s (%d)", wt.SKU, wt.Dead))
+			}
+		}
+		if pending > 0 {
+			fmt.Fprintf(w, "NOT DRAINED: %s of %s still in the outbox, not due (in backoff after a failed delivery, "+
+				"or leased by a running relay) or queued since: %s\n",
+				plural(pending, "event"), plural(int64(len(withPending)), "item"), listSome(withPending))
+		}
+		if dead > 0 {
+			fmt.Fprintf(w, "DEAD-LETTERED: %s of %s, never delivered (rejected by the store as invalid, or orphaned): "+
+				"they need a human; reconcile reports the items: %s\n",
+				plural(dead, "event"), plural(int64(len(withDead)), "item"), listSome(withDead))
+		}
+		if pending == 0 && dead == 0 {
+			fmt.Fprintln(w, "the outboxes are empty")
+		}
 	}); err != nil {
 		return err
 	}
 	return first
+}
+
+// waitJSON is an item with events left after relay-once.
+type waitJSON struct {
+	SKU     string `json:"sku"`
+	Pending int64  `json:"pending"`
+	Dead    int64  `json:"dead"`
+}
+
+func plural(n int64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// listSome joins the first 10 of l, and says how many more there are.
+func listSome(l []string) string {
+	const most = 10
+	if len(l) <= most {
+		return strings.Join(l, ", ")
+	}
+	return fmt.Sprintf("%s and %d more (-json lists them all)", strings.Join(l[:most], ", "), len(l)-most)
 }
 
 func cmdMigrate(ctx context.Context, e *env, _ []string) error {

@@ -12,7 +12,7 @@
 //
 // Exit status: 0 on success; 1 when the operation failed (an item not loaded, an unknown id,
 // Redis or the database unreachable); 2 on a usage error (a bad flag, a missing argument, a name
-// the library rejects); 3 when reconcile found drift or something that needs a human (with
+// or -prefix the library rejects, a missing -dsn), found before connecting to anything; 3 when reconcile found drift or something that needs a human (with
 // -apply: only what it left unrepaired), so that a cron job can alert on it.
 package main
 
@@ -28,6 +28,10 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/stockres/stock"
 )
 
 // Exit codes.
@@ -94,6 +98,11 @@ type command struct {
 	example string
 	min     int // positional arguments, at least
 	max     int // and at most; -1: no limit
+	// dsn says whether the command uses -dsn: not at all, when given, or always.
+	dsn dsnUse
+	// noRedis marks a command that never connects to Redis (migrate): -prefix is not its
+	// business.
+	noRedis bool
 	// setup defines the command's own flags on fs and returns the function that runs it with
 	// the positional arguments.
 	setup func(fs *flag.FlagSet) func(ctx context.Context, e *env, args []string) error
@@ -125,6 +134,15 @@ func (c *command) flagNames() string {
 	})
 	return strings.Join(parts, " ")
 }
+
+// dsnUse says what a command does with -dsn.
+type dsnUse int
+
+const (
+	dsnNone     dsnUse = iota // not used
+	dsnOptional               // used when given
+	dsnRequired               // a usage error without it (env.needDSN, before connecting)
+)
 
 // usageError is a mistake in the command line: exit 2.
 type usageError struct{ msg string }
@@ -191,33 +209,102 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "stockctl %s: -timeout must be positive\n", cmd.name)
 		return exitUsage
 	}
+	// What is wrong whatever Redis and the database say is a usage error before anything is
+	// connected: the names, -prefix, a missing or malformed -dsn.
+	if err := precheck(cmd, g, pos); err != nil {
+		return exitCode(stderr, cmd, err, g)
+	}
 
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	e := &env{g: g, out: stdout, errOut: stderr}
 	defer e.close()
 	err = runCmd(ctx, e, pos)
-	return exitCode(stderr, cmd, err)
+	return exitCode(stderr, cmd, err, g)
 }
 
-// exitCode reports err on stderr and returns the exit status it stands for.
-func exitCode(stderr io.Writer, cmd *command, err error) int {
+// precheck refuses, before any connection, a command line that is wrong whatever Redis and the
+// database say: a SKU or ID the library rejects, a bad -prefix, and a -dsn that does not parse. (QTY is checked by the commands, also before
+// they connect.)
+func precheck(cmd *command, g globals, pos []string) error {
+	if err := checkArgs(cmd, pos); err != nil {
+		return err
+	}
+	if !cmd.noRedis {
+		if err := checkName("-prefix", g.prefix); err != nil {
+			return err
+		}
+	}
+	if cmd.dsn != dsnNone && g.dsn != "" {
+		if _, _, _, err := parseDSN(g.dsn); err != nil {
+			return err
+		}
+	}
+	return nil // a missing -dsn: the command says it after checking its own flags (needDSN)
+}
+
+// checkArgs checks the positional arguments that are names (SKU, ID in the command's usage)
+// as the library does.
+func checkArgs(cmd *command, pos []string) error {
+	labels := strings.Fields(strings.NewReplacer("[", "", "]", "", "...", "").Replace(cmd.args))
+	for i, a := range pos {
+		if len(labels) == 0 {
+			break
+		}
+		l := labels[min(i, len(labels)-1)]
+		if l != "SKU" && l != "ID" {
+			continue
+		}
+		if err := checkName(l, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkName refuses a name (SKU, request id, -prefix) as the library does (stock's checkName,
+// README "Names"): empty, longer than stock.MaxNameLen bytes, not UTF-8, or with a brace, '|',
+// whitespace or a control character. The library checks again; this check only makes the
+// refusal a usage error before anything is connected. TestCheckNameAsTheLibrary keeps the two
+// in step.
+func checkName(what, s string) error {
+	switch {
+	case s == "":
+		return usagef("invalid %s: empty", what)
+	case len(s) > stock.MaxNameLen:
+		return usagef("invalid %s: %d bytes, longer than %d", what, len(s), stock.MaxNameLen)
+	case !utf8.ValidString(s):
+		return usagef("invalid %s %q: not valid UTF-8", what, s)
+	}
+	for _, c := range s {
+		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
+			return usagef("invalid %s %q: contains %q (braces, '|', whitespace and control characters are not allowed)", what, s, c)
+		}
+	}
+	return nil
+}
+
+// exitCode reports err on stderr, with the passwords of g's addresses hidden, and returns the
+// exit status it stands for.
+func exitCode(stderr io.Writer, cmd *command, err error, g globals) int {
+	if err == nil {
+		return exitOK
+	}
+	msg := hideSecrets(err.Error(), g)
 	var ue usageError
 	var de driftError
 	switch {
-	case err == nil:
-		return exitOK
 	case errors.As(err, &de):
-		fmt.Fprintf(stderr, "stockctl %s: %v\n", cmd.name, err)
+		fmt.Fprintf(stderr, "stockctl %s: %s\n", cmd.name, msg)
 		return exitDrift
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "stockctl %s: %v\nusage: %s\nRun 'stockctl help %s' for details.\n", cmd.name, err, cmd.usage(), cmd.name)
+		fmt.Fprintf(stderr, "stockctl %s: %s\nusage: %s\nRun 'stockctl help %s' for details.\n", cmd.name, msg, cmd.usage(), cmd.name)
 		return exitUsage
 	case isInvalid(err):
-		fmt.Fprintf(stderr, "stockctl %s: %v\n", cmd.name, err)
+		fmt.Fprintf(stderr, "stockctl %s: %s\n", cmd.name, msg)
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "stockctl %s: %v\n", cmd.name, err)
+	fmt.Fprintf(stderr, "stockctl %s: %s\n", cmd.name, msg)
 	if missingTable(err) {
 		fmt.Fprintf(stderr, "The store's tables are missing: create them once with 'stockctl -dsn DSN migrate' (the same -dsn and -table-prefix).\n")
 	}
@@ -306,8 +393,11 @@ Commands:
 	fs.PrintDefaults()
 	fmt.Fprint(w, `
 Exit status: 0 ok; 1 the operation failed (not loaded, unknown id, Redis or the database
-unreachable); 2 usage error; 3 reconcile found drift or something that needs a human (with
--apply: only what it left unrepaired).
+unreachable); 2 usage error (a bad flag or argument, a name or -prefix the library rejects, a
+missing -dsn: found before connecting); 3 reconcile found drift or something that needs a human
+(with -apply: only what it left unrepaired).
+
+stockctl prints the addresses of -redis, -sentinel and -dsn with their passwords hidden.
 
 Examples:
   stockctl load sneaker-42 100

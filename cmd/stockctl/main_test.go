@@ -326,11 +326,13 @@ func TestReconcileAndRelay(t *testing.T) {
 
 	res = h.store("relay-once", "A")
 	require.Equal(t, exitOK, res.code, res.stderr)
-	assert.Equal(t, "delivered 3 events (claimed 3, refused by the store 0, retried later 0, orphaned 0, redelivered 0) in 2 passes\n", res.stdout)
+	assert.Equal(t, "delivered 3 events (claimed 3, refused by the store 0, retried later 0, orphaned 0, dead-lettered 0, redelivered 0) in 2 passes\n"+
+		"the outboxes are empty\n", res.stdout)
 	res = h.store("-json", "relay-once")
 	require.Equal(t, exitOK, res.code)
 	assert.Equal(t, map[string]any{"claimed": 0.0, "delivered": 0.0, "refused": 0.0, "retried": 0.0, "orphaned": 0.0,
-		"redelivered": 0.0, "passes": 1.0}, decode[map[string]any](t, res.stdout))
+		"redelivered": 0.0, "dead_lettered": 0.0, "passes": 1.0, "pending": 0.0, "dead": 0.0, "waiting": []any{}},
+		decode[map[string]any](t, res.stdout))
 	assert.Equal(t, "applied", decode[entryJSON](t, h.run("-json", "entry", "A", "o1").stdout).State)
 
 	res = h.store("levels", "A")

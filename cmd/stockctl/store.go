@@ -5,6 +5,10 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -73,10 +77,10 @@ func (e *env) reserver() (*stock.Reserver, error) {
 		return e.r, nil
 	}
 	opt, err := redisOption(e.g.redis, e.g.timeout)
-	where := e.g.redis
+	where := redisaddr.Redact(e.g.redis) // the address, never its password
 	if e.g.sentinel != "" {
 		opt, err = sentinelOption(e.g.sentinel, e.g.timeout)
-		where = "the primary of Sentinel " + e.g.sentinel
+		where = "the primary of Sentinel " + redactURLs(e.g.sentinel)
 	}
 	if err != nil {
 		return nil, err
@@ -94,14 +98,23 @@ func (e *env) reserver() (*stock.Reserver, error) {
 	return r, nil
 }
 
+// needDSN is the usage error of a command that needs -dsn without it: commands that need it
+// call it before they connect to anything.
+func (e *env) needDSN(why string) error {
+	if e.g.dsn == "" {
+		return usagef("%s needs the database of record: -dsn", why)
+	}
+	return nil
+}
+
 // openStore opens the database of -dsn; it is a usage error when -dsn is not set and
 // required.
 func (e *env) openStore(ctx context.Context, why string) (*sqlstore.Store, error) {
 	if e.store != nil {
 		return e.store, nil
 	}
-	if e.g.dsn == "" {
-		return nil, usagef("%s needs the database of record: -dsn", why)
+	if err := e.needDSN(why); err != nil {
+		return nil, err
 	}
 	driver, dsn, dialect, err := parseDSN(e.g.dsn)
 	if err != nil {
@@ -147,3 +160,83 @@ func parseDSN(s string) (driver, dsn string, d sqlstore.Dialect, err error) {
 
 // redact hides the password of a DSN in messages.
 func redact(s string) string { return dburl.Redact(s) }
+
+// userinfo matches the user and password of a URL (scheme://user:password@).
+var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:"']*):([^\s/@"']*)@`)
+
+// redactURLs hides the password of every URL in s.
+func redactURLs(s string) string { return userinfo.ReplaceAllString(s, "${1}:xxxxx@") }
+
+// hideSecrets hides in a message the passwords of -redis, -sentinel and -dsn: in any URL that
+// carries one, and anywhere else (an error of a driver or client quoting its input) when it is
+// at least 4 characters long, so as not to mangle the message. stockctl's messages go to cron
+// mail and logs; the addresses it prints itself are redacted where it prints them, and this is
+// the net under that.
+func hideSecrets(msg string, g globals) string {
+	pws := passwords(g)
+	if len(pws) == 0 {
+		return msg
+	}
+	msg = userinfo.ReplaceAllStringFunc(msg, func(m string) string {
+		if sub := userinfo.FindStringSubmatch(m); sub != nil && slices.Contains(pws, sub[2]) {
+			return sub[1] + ":xxxxx@"
+		}
+		return m
+	})
+	for _, pw := range pws {
+		if len(pw) >= 4 {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
+	}
+	return msg
+}
+
+// passwords returns the passwords in g's addresses, as given (URL-escaped) and unescaped.
+func passwords(g globals) []string {
+	var out []string
+	add := func(pw string) {
+		if pw == "" {
+			return
+		}
+		out = append(out, pw)
+		if un, err := url.PathUnescape(pw); err == nil && un != pw {
+			out = append(out, un)
+		}
+		if un, err := url.QueryUnescape(pw); err == nil && un != pw {
+			out = append(out, un)
+		}
+	}
+	for _, s := range []string{g.redis, g.sentinel, g.dsn} {
+		add(urlPassword(s))
+	}
+	if opt, err := redisaddr.Parse(g.redis); err == nil {
+		add(opt.Password)
+	}
+	if t, err := dburl.Parse(g.dsn); err == nil && t.Driver == "mysql" {
+		if cfg, err := mysql.ParseDSN(t.DSN); err == nil {
+			add(cfg.Passwd)
+		}
+	}
+	return out
+}
+
+// urlPassword returns the password of the first scheme://user:password@ in s, as written.
+func urlPassword(s string) string {
+	i := strings.Index(s, "://")
+	if i < 0 {
+		return ""
+	}
+	auth := s[i+3:]
+	if j := strings.IndexAny(auth, "/?#"); j >= 0 {
+		auth = auth[:j]
+	}
+	at := strings.LastIndex(auth, "@")
+	if at < 0 {
+		return ""
+	}
+	_, pw, ok := strings.Cut(auth[:at], ":")
+	if !ok {
+		return ""
+	}
+	return pw
+}
