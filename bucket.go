@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -98,6 +99,8 @@ func (r *Reserver) transfer(ctx context.Context, sku, tid string, from, to int, 
 		return 0, fmt.Errorf("stock: transfer %s %s: out of bucket %d: %w", sku, tid, from, codeErr(o.code))
 	}
 	k := o.remaining // xout answers the units taken in the second slot
+	// Should this process die before the transfer ends, the sweeper finds it by this hint.
+	r.noteHold(bucketName(sku, from))
 	if err := r.transferIn(ctx, sku, tid, from, to, k); err != nil {
 		return 0, err
 	}
@@ -405,4 +408,218 @@ func (r *Reserver) holder(ctx context.Context, sku, id string) (string, error) {
 		return "", err
 	}
 	return bucketName(sku, b), nil
+}
+
+// parentOf returns the item a bucket belongs to ("X" for "X|2"), or name itself for an item
+// that is not a bucket.
+func parentOf(name string) string {
+	if i := strings.LastIndexByte(name, '|'); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
+// itemBucketed is one reconcile pass of an item of n buckets (Item), under every bucket's
+// lease: each bucket's ledger pass (lost events, resyncs, trimming) against the store's records
+// of the item, the entries the store has and every bucket lost written back to their buckets, a
+// snapshot of each bucket, and the comparison of their sum with the store. Each bucket's
+// snapshot is read at one instant, and the store stands still under the leases, so the sum is
+// consistent whatever the buckets sold between the snapshots; a bucket counts available - t,
+// which a transfer in flight does not change. A drift is mended in the buckets' available
+// stock; a bucket whose hash is lost is left to a human.
+func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp report, err error) {
+	rp = report{SKU: sku}
+	var locked []string
+	defer func() {
+		for _, name := range locked {
+			rc.unlock(name)
+		}
+	}()
+	for i := range n {
+		name := bucketName(sku, i)
+		ok, err := rc.lock(ctx, name)
+		if err != nil {
+			rc.unlock(name)
+			return rp, err
+		}
+		if !ok {
+			rp.Busy = true
+			return rp, nil
+		}
+		locked = append(locked, name)
+	}
+	unknown, err := rc.storeRemaining(ctx, &rp)
+	if err != nil {
+		return rp, err
+	}
+	subs := make([]report, n)
+	keys := make([]*protocol.Keys, n)
+	seen := map[string]bool{}
+	for i := range n {
+		subs[i] = report{SKU: bucketName(sku, i), StoreRemaining: rp.StoreRemaining}
+		keys[i] = rc.r.item(subs[i].SKU)
+		if !unknown {
+			if err := rc.ledgerPassIn(ctx, keys[i], &subs[i], seen, false); err != nil {
+				return rp, err
+			}
+		}
+	}
+	if lister, ok := rc.store.(RecordLister); ok && !unknown {
+		cutoff := rc.r.opts.now().Add(-rc.retention).UnixMilli()
+		if err := rc.rerecord(ctx, nil, &rp, lister, seen, cutoff, n); err != nil {
+			return rp, err
+		}
+	}
+	all := itemSnapshot{entries: map[string]Entry{}}
+	snaps := make([]itemSnapshot, n)
+	for i := range n {
+		if snaps[i], err = rc.snapshot(ctx, keys[i], &subs[i]); err != nil {
+			return rp, err
+		}
+		s := &subs[i]
+		rp.Missing = rp.Missing || s.Missing
+		rp.Available += s.Available - snaps[i].transferred
+		rp.Held += s.Held
+		rp.Pending += s.Pending
+		rp.Published += s.Published
+		rp.DeadLetters += s.DeadLetters
+		rp.Orphaned += s.Orphaned
+		if s.NeedsHuman != "" {
+			rp.NeedsHuman = fmt.Sprintf("bucket %d: %s", i, s.NeedsHuman)
+		}
+		for _, id := range snaps[i].ids {
+			all.entries[id] = snaps[i].entries[id]
+			all.ids = append(all.ids, id)
+		}
+	}
+	defer func() {
+		for _, s := range subs {
+			rp.Requeued += s.Requeued
+			rp.Rerecorded += s.Rerecorded
+			rp.Resynced += s.Resynced
+			rp.Settled += s.Settled
+			rp.Trimmed += s.Trimmed
+			rp.Unregistered = rp.Unregistered || s.Unregistered
+		}
+	}()
+	if rp.NeedsHuman != "" {
+		return rp, nil
+	}
+	if unknown {
+		for _, id := range all.ids {
+			rp.InFlight -= redisNet(all.entries[id])
+		}
+		rp.NeedsHuman = "the store does not know the item"
+		return rp, nil
+	}
+	expected, recs, err := rc.compareOnly(ctx, &rp, all)
+	if err != nil || rp.Busy {
+		return rp, err
+	}
+	if rp.Missing {
+		// Only a bucket can be missing: the others hold the rest of the item's stock.
+		rp.Drift = rp.Available + rp.Held - expected
+	}
+	for i := range n {
+		if len(snaps[i].published) > 0 && !rc.dry {
+			if err := rc.settle(ctx, &subs[i], snaps[i].published, snaps[i].entries, recs); err != nil {
+				return rp, err
+			}
+		}
+	}
+	switch {
+	case rp.Orphaned > 0:
+		rp.NeedsHuman = fmt.Sprintf("%d undelivered events have lost their ledger entries (see the dead-letter set): "+
+			"the units they took are counted nowhere else, so the item is not repaired until an operator settles them", rp.Orphaned)
+	case rp.Missing:
+		rp.NeedsHuman = "a bucket of the item lost its hash: not rebuilt (the other buckets hold the rest of its stock)"
+	case rp.Drift == 0:
+	case rc.limit > 0 && abs(rp.Drift) > rc.limit:
+		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
+	case rc.dry:
+	default:
+		// What Redis lacks goes to bucket 0; what it has too much is taken from the buckets in
+		// turn, each down to nothing at most.
+		left := -rp.Drift
+		for i := 0; i < n && left != 0; i++ {
+			o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, keys[i].ForAdjust(), []string{strconv.FormatInt(left, 10)}))
+			rc.r.noteEvents(subs[i].SKU)
+			if err != nil {
+				return rp, fmt.Errorf("stock: reconcile %s: adjust bucket %d: %w", sku, i, err)
+			}
+			if o.code == protocol.NotLoaded {
+				rp.NeedsHuman = "a bucket's keys vanished during the pass"
+				return rp, nil
+			}
+			rp.Adjusted += o.remaining
+			left -= o.remaining
+		}
+		if left != 0 {
+			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", -left)
+		}
+	}
+	for i := range n {
+		if err := rc.conclude(ctx, keys[i], &subs[i], 0); err != nil {
+			return rp, err
+		}
+		if subs[i].DeadLetters > 0 && rp.NeedsHuman == "" {
+			rp.NeedsHuman = fmt.Sprintf("bucket %d: %s", i, subs[i].NeedsHuman)
+		}
+	}
+	return rp, nil
+}
+
+// transferGrace is how long a transfer may be in flight before the sweeper completes it: far
+// more than a transfer takes, so that it completes only the transfers of a process that died.
+const transferGrace = 5 * time.Second
+
+// splitBucket returns the item and the index of bucket name, or name and -1 for an item that
+// is not a bucket.
+func splitBucket(name string) (string, int) {
+	i := strings.LastIndexByte(name, '|')
+	if i < 0 {
+		return name, -1
+	}
+	b, err := strconv.Atoi(name[i+1:])
+	if err != nil {
+		return name, -1
+	}
+	return name[:i], b
+}
+
+// transferHeads returns, for each bucket among names (of an item this Reserver splits) with a
+// transfer in flight, when its oldest one is due for recovery (ms, Redis's clock): transferGrace
+// after it began.
+func (r *Reserver) transferHeads(ctx context.Context, names []string) (map[string]int64, error) {
+	var buckets []string
+	var cmds rueidis.Commands
+	for _, name := range names {
+		parent, i := splitBucket(name)
+		if i < 0 || i >= r.bucketsOf(parent) {
+			continue
+		}
+		buckets = append(buckets, name)
+		cmds = append(cmds, r.client.B().Zrange().Key(r.item(name).InFlight).Min("0").Max("0").Withscores().Build())
+	}
+	out := map[string]int64{}
+	if len(cmds) == 0 {
+		return out, nil
+	}
+	for i, res := range r.client.DoMulti(ctx, cmds...) {
+		zs, err := res.AsZScores()
+		if err != nil {
+			return nil, fmt.Errorf("stock: sweep: transfers in flight of %s: %w", buckets[i], err)
+		}
+		if len(zs) > 0 {
+			out[buckets[i]] = int64(zs[0].Score) + transferGrace.Milliseconds()
+		}
+	}
+	return out, nil
+}
+
+// splitInRedis reports whether the registry has item sku's first bucket: the item is split over
+// buckets in Redis (an error answers yes: the caller then repairs nothing).
+func (rc *reconciler) splitInRedis(ctx context.Context, sku string) bool {
+	yes, err := rc.r.client.Do(ctx, rc.r.client.B().Sismember().Key(rc.r.registryKey()).Member(bucketName(sku, 0)).Build()).AsBool()
+	return yes || err != nil
 }

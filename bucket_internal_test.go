@@ -459,3 +459,37 @@ func TestBucketedRetryRecordsRefusal(t *testing.T) {
 		assert.NoError(t, err)
 	})
 }
+
+// TestBucketedSweeperCompletesCutTransfer: a transfer whose process died after its first half
+// is completed by the sweeper once it is older than transferGrace, and not before.
+func TestBucketedSweeperCompletesCutTransfer(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := bucketedReserver(t, c, 2)
+		require.NoError(t, r.Load(ctx, "sw", 10))
+		donor := r.item(bucketName("sw", 0))
+		o, err := decodeOne(protocol.XOut.Exec(ctx, r.client, donor.ForXOut(), []string{"cut", "1", "3", "1"}))
+		require.NoError(t, err)
+		require.Equal(t, protocol.OK, o.code)
+		r.noteHold(bucketName("sw", 0))
+		r.hints.flush()
+		var walk registryWalk
+		_, err = r.sweepDue(ctx, &walk)
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), inFlight(t, r, "sw", 0), "a young transfer is left to its process")
+		l := bucketLevels(t, r, "sw")
+		assert.Equal(t, int64(10), l.Available, "units in flight count as available")
+
+		// Make it old, as if its process died transferGrace ago.
+		old := float64(time.Now().Add(-2 * transferGrace).UnixMilli())
+		require.NoError(t, r.client.Do(ctx, r.client.B().Zadd().Key(donor.InFlight).Xx().ScoreMember().ScoreMember(old, "cut").Build()).Error())
+		require.NoError(t, r.writeHints(ctx, nil, map[string]int64{bucketName("sw", 0): 0}, 0))
+		_, err = r.sweepDue(ctx, &walk)
+		require.NoError(t, err)
+		assert.Zero(t, inFlight(t, r, "sw", 0))
+		a, m := bucketState(t, r, "sw", 2)
+		assert.Equal(t, []int64{2, 8}, a)
+		assert.Equal(t, []int64{-3, 3}, m)
+		assert.Equal(t, Levels{Available: 10, Loaded: 10}, bucketLevels(t, r, "sw"))
+	})
+}

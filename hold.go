@@ -186,6 +186,25 @@ func (r *Reserver) sweepDue(ctx context.Context, w *registryWalk) (int64, error)
 	if err != nil {
 		return 0, errors.Join(append(errs, err)...)
 	}
+	// The buckets with a transfer in flight for longer than transferGrace: a process died
+	// between its halves; the others are looked at again when they would be.
+	if xheads, err := r.transferHeads(ctx, skus); err != nil {
+		errs = append(errs, err)
+	} else {
+		for sku, at := range xheads {
+			if at > now {
+				if h, ok := heads[sku]; !ok || at < h {
+					heads[sku] = at
+				}
+				continue
+			}
+			parent, i := splitBucket(sku)
+			if _, err := r.recoverTransfers(ctx, parent, i, r.bucketsOf(parent), transferGrace); err != nil {
+				errs = append(errs, err)
+				heads[sku] = now + transferGrace.Milliseconds()
+			}
+		}
+	}
 	var total int64
 	var swept []string
 	for _, sku := range skus {

@@ -101,19 +101,41 @@ func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
 	return parseEntry(sku, id, s)
 }
 
-// entries is stockops.Entries.
+// entries is stockops.Entries: the entries of every bucket of an item split over buckets.
 func (r *Reserver) entries(ctx context.Context, sku string) iter.Seq2[Entry, error] {
 	return func(yield func(Entry, error) bool) {
 		if err := checkName("sku", sku); err != nil {
 			yield(Entry{}, err)
 			return
 		}
-		key := r.item(sku).Ledger
+		names := []string{sku}
+		if n := r.bucketsOf(sku); n > 0 {
+			names = names[:0]
+			for i := range n {
+				names = append(names, bucketName(sku, i))
+			}
+		}
+		for _, name := range names {
+			for e, err := range r.ledgerOf(ctx, name) {
+				if !yield(e, err) || err != nil {
+					return
+				}
+			}
+		}
+	}
+}
+
+// ledgerOf returns the entries of the ledger of item name (an item, or a bucket: its entries
+// name the item it belongs to).
+func (r *Reserver) ledgerOf(ctx context.Context, name string) iter.Seq2[Entry, error] {
+	return func(yield func(Entry, error) bool) {
+		sku := parentOf(name)
+		key := r.item(name).Ledger
 		var cursor uint64
 		for {
 			se, err := r.client.Do(ctx, r.client.B().Hscan().Key(key).Cursor(cursor).Count(256).Build()).AsScanEntry()
 			if err != nil {
-				yield(Entry{}, fmt.Errorf("stock: ledger scan %s: %w", sku, err))
+				yield(Entry{}, fmt.Errorf("stock: ledger scan %s: %w", name, err))
 				return
 			}
 			for i := 0; i+1 < len(se.Elements); i += 2 {

@@ -169,6 +169,9 @@ func (rc *reconciler) Item(ctx context.Context, sku string) (rp report, err erro
 // stock, the ledger (lost events, lost entries, trimming), a snapshot of Redis, the comparison
 // with the store, the repairs, and the registry and retirement.
 func (rc *reconciler) item(ctx context.Context, sku string) (rp report, err error) {
+	if n := rc.r.bucketsOf(sku); n > 0 {
+		return rc.itemBucketed(ctx, sku, n)
+	}
 	rp = report{SKU: sku}
 	ok, err := rc.lock(ctx, sku)
 	if err != nil {
@@ -208,6 +211,12 @@ func (rc *reconciler) item(ctx context.Context, sku string) (rp report, err erro
 		rp.NeedsHuman = "the store does not know the item"
 		return rp, nil
 	}
+	if rp.Missing && rc.splitInRedis(ctx, sku) {
+		// Rebuilt as a plain item from the store's stock, it would sell the stock its buckets
+		// hold a second time.
+		rp.NeedsHuman = "Redis has the item split over buckets, and this Reserver does not split it: not repaired"
+		return rp, nil
+	}
 	expected, err := rc.compare(ctx, &rp, snap)
 	if err != nil || rp.Busy {
 		return rp, err
@@ -236,7 +245,7 @@ func (rc *reconciler) lifecycle(ctx context.Context, k *protocol.Keys, rp *repor
 // the item; it is then compared with nothing and repaired in no way, but its report has Redis's
 // figures: the counters and what its undelivered events took.
 func (rc *reconciler) storeRemaining(ctx context.Context, rp *report) (unknown bool, err error) {
-	remaining, err := rc.store.Remaining(ctx, rp.SKU)
+	remaining, err := rc.store.Remaining(ctx, parentOf(rp.SKU))
 	unknown = errors.Is(err, ErrNotLoaded)
 	if err != nil && !unknown {
 		return false, fmt.Errorf("stock: reconcile %s: store: %w", rp.SKU, err)
@@ -248,9 +257,10 @@ func (rc *reconciler) storeRemaining(ctx context.Context, rp *report) (unknown b
 // itemSnapshot is what snapshot.lua read of an item besides its counters: the ids with
 // undelivered events and their entries, and the members of the published set.
 type itemSnapshot struct {
-	entries   map[string]Entry
-	ids       []string
-	published []string // published members, to settle those the store has
+	entries     map[string]Entry
+	ids         []string
+	published   []string // published members, to settle those the store has
+	transferred int64    // a bucket's net units transferred in (t), read with its counters
 }
 
 // snapshot reads, in one script, the counters and every event Redis has not seen applied. The
@@ -276,7 +286,7 @@ func (rc *reconciler) snapshot(ctx context.Context, k *protocol.Keys, rp *report
 	}
 	// The ids with undelivered events: their effect in Redis (from their entry, read in the
 	// same snapshot as the counters).
-	snap := itemSnapshot{entries: map[string]Entry{}}
+	snap := itemSnapshot{entries: map[string]Entry{}, transferred: sr.Transferred}
 	firstPublished := len(sr.Events) - min(rp.Published, maxPending)
 	for i, oe := range sr.Events {
 		var e Entry
@@ -303,13 +313,28 @@ func (rc *reconciler) snapshot(ctx context.Context, k *protocol.Keys, rp *report
 // ids, and settles the published events the store has. expected is what Redis's available and
 // held stock should be. rp.Busy: the store's records kept changing, nothing was compared.
 func (rc *reconciler) compare(ctx context.Context, rp *report, snap itemSnapshot) (expected int64, err error) {
+	expected, recs, err := rc.compareOnly(ctx, rp, snap)
+	if err != nil || rp.Busy {
+		return expected, err
+	}
+	if len(snap.published) > 0 && !rc.dry {
+		if err := rc.settle(ctx, rp, snap.published, snap.entries, recs); err != nil {
+			return 0, err
+		}
+	}
+	return expected, nil
+}
+
+// compareOnly is compare without the settling of published events; it returns the store's
+// records of the snapshot's ids.
+func (rc *reconciler) compareOnly(ctx context.Context, rp *report, snap itemSnapshot) (expected int64, recs map[string]Record, err error) {
 	recs, stable, err := rc.storeState(ctx, rp, snap.ids)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if !stable {
 		rp.Busy = true
-		return 0, nil
+		return 0, nil, nil
 	}
 	for _, id := range snap.ids {
 		rp.InFlight += storeNet(recs[id]) - redisNet(snap.entries[id])
@@ -320,12 +345,7 @@ func (rc *reconciler) compare(ctx context.Context, rp *report, snap itemSnapshot
 	} else {
 		rp.Drift = rp.Available + rp.Held - expected
 	}
-	if len(snap.published) > 0 && !rc.dry {
-		if err := rc.settle(ctx, rp, snap.published, snap.entries, recs); err != nil {
-			return 0, err
-		}
-	}
-	return expected, nil
+	return expected, recs, nil
 }
 
 // repair mends the drift, if it may: rebuilds a lost item hash, or adjusts the available stock
@@ -415,7 +435,7 @@ func (rc *reconciler) storeState(ctx context.Context, rp *report, ids []string) 
 		if len(ids) == 0 {
 			return map[string]Record{}, nil
 		}
-		m, err := rc.store.Records(ctx, rp.SKU, ids)
+		m, err := rc.store.Records(ctx, parentOf(rp.SKU), ids)
 		if err != nil {
 			return nil, fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
 		}
@@ -426,7 +446,7 @@ func (rc *reconciler) storeState(ctx context.Context, rp *report, ids []string) 
 		if err != nil {
 			return nil, false, err
 		}
-		if rp.StoreRemaining, err = rc.store.Remaining(ctx, rp.SKU); err != nil {
+		if rp.StoreRemaining, err = rc.store.Remaining(ctx, parentOf(rp.SKU)); err != nil {
 			return nil, false, fmt.Errorf("stock: reconcile %s: store: %w", rp.SKU, err)
 		}
 		if len(ids) == 0 {
@@ -537,11 +557,16 @@ func abs(n int64) int64 {
 // settled entries past the retention, resyncs sales and holds the store settled, and writes
 // back entries the store has and Redis lost.
 func (rc *reconciler) ledgerPass(ctx context.Context, k *protocol.Keys, rp *report) error {
+	return rc.ledgerPassIn(ctx, k, rp, map[string]bool{}, true)
+}
+
+// ledgerPassIn is ledgerPass, adding the ids it walks to seen; without rerecord it writes back
+// nothing (a bucketed item's pass does it once all of its buckets are walked).
+func (rc *reconciler) ledgerPassIn(ctx context.Context, k *protocol.Keys, rp *report, seen map[string]bool, rerecord bool) error {
 	cutoff := rc.r.opts.now().Add(-rc.retention).UnixMilli()
 	var b ledgerBatch
-	seen := map[string]bool{}
 	lister, canList := rc.store.(RecordLister)
-	for e, err := range rc.r.entries(ctx, rp.SKU) {
+	for e, err := range rc.r.ledgerOf(ctx, rp.SKU) {
 		if err != nil {
 			return err
 		}
@@ -559,10 +584,10 @@ func (rc *reconciler) ledgerPass(ctx context.Context, k *protocol.Keys, rp *repo
 	if err := rc.settleLedger(ctx, k, rp, &b, cutoff); err != nil {
 		return err
 	}
-	if !canList {
+	if !canList || !rerecord {
 		return nil
 	}
-	return rc.rerecord(ctx, k, rp, lister, seen, cutoff)
+	return rc.rerecord(ctx, k, rp, lister, seen, cutoff, 0)
 }
 
 // ledgerBatchSize is the number of ids a ledger pass gathers before it acts on them.
@@ -628,7 +653,7 @@ func (rc *reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *re
 		}
 		var recs map[string]Record
 		if len(missing) > 0 {
-			if recs, err = rc.store.Records(ctx, rp.SKU, missing); err != nil {
+			if recs, err = rc.store.Records(ctx, parentOf(rp.SKU), missing); err != nil {
 				return fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
 			}
 		}
@@ -672,7 +697,7 @@ func (rc *reconciler) trimmable(ctx context.Context, sku string, ids []string, c
 	if _, ok := rc.store.(RecordLister); !ok {
 		return ids, nil // no rerecord without a lister
 	}
-	recs, err := rc.store.Records(ctx, sku, ids)
+	recs, err := rc.store.Records(ctx, parentOf(sku), ids)
 	if err != nil {
 		return nil, fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
 	}
@@ -721,7 +746,7 @@ func (rc *reconciler) resyncSold(ctx context.Context, k *protocol.Keys, rp *repo
 	if len(ids) == 0 {
 		return nil
 	}
-	recs, err := rc.store.Records(ctx, rp.SKU, ids)
+	recs, err := rc.store.Records(ctx, parentOf(rp.SKU), ids)
 	if err != nil {
 		return fmt.Errorf("stock: reconcile %s: store records: %w", rp.SKU, err)
 	}
@@ -751,25 +776,36 @@ func (rc *reconciler) resyncSold(ctx context.Context, k *protocol.Keys, rp *repo
 
 // rerecord writes back the entries the store has and Redis lost (a failover), so that a retry
 // of the id is a replay and not a second sale. seen: the ids in Redis's ledger.
-func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report, lister RecordLister, seen map[string]bool, cutoff int64) error {
+func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report, lister RecordLister, seen map[string]bool, cutoff int64, buckets int) error {
 	after := ""
 	for {
-		recs, err := lister.List(ctx, rp.SKU, after, 500)
+		recs, err := lister.List(ctx, parentOf(rp.SKU), after, 500)
 		if err != nil {
 			return fmt.Errorf("stock: reconcile %s: store list: %w", rp.SKU, err)
 		}
-		var pairs []string
+		pairs := map[*protocol.Keys][]string{} // by the keys that take them: k, or the id's bucket
 		for _, rec := range recs {
 			after = rec.ID
 			if seen[rec.ID] || rec.At.UnixMilli() < cutoff || checkName("id", rec.ID) != nil {
 				continue
 			}
 			if e := lostEntry(rec); e != "" {
-				pairs = append(pairs, rec.ID, e)
+				dst := k
+				if buckets > 0 {
+					b, err := rc.r.bucketFor(ctx, rp.SKU, rec.ID, buckets, true)
+					if err != nil {
+						return err
+					}
+					dst = rc.r.item(bucketName(rp.SKU, b))
+				}
+				pairs[dst] = append(pairs[dst], rec.ID, e)
 			}
 		}
-		if len(pairs) > 0 && !rc.dry {
-			n, err := protocol.Rerecord.Exec(ctx, rc.r.client, k.ForRerecord(), pairs).AsInt64()
+		for dst, p := range pairs {
+			if rc.dry {
+				break
+			}
+			n, err := protocol.Rerecord.Exec(ctx, rc.r.client, dst.ForRerecord(), p).AsInt64()
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: rerecord: %w", rp.SKU, err)
 			}
@@ -786,7 +822,7 @@ func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report
 // are released. Neither queues an event: the store has it already.
 func (rc *reconciler) resyncHolds(ctx context.Context, rp *report, ids []string) error {
 	sku := rp.SKU
-	recs, err := rc.store.Records(ctx, sku, ids)
+	recs, err := rc.store.Records(ctx, parentOf(sku), ids)
 	if err != nil {
 		return fmt.Errorf("stock: reconcile %s: store records: %w", sku, err)
 	}

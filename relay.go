@@ -331,7 +331,7 @@ func (rl *relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	out := make([]claimed, 0, len(evs))
 	for _, oe := range evs {
 		c := claimed{member: oe.Member, tries: oe.Tries}
-		c.ev, c.ok = outboxEvent(sku, oe.Member, oe.Entry, oe.Seq)
+		c.ev, c.ok = outboxEvent(parentOf(sku), oe.Member, oe.Entry, oe.Seq)
 		c.store = c.ok && storeApplies(c.ev.Type)
 		out = append(out, c)
 	}
@@ -410,7 +410,7 @@ func (rl *relay) drainBatch(ctx context.Context, sku string) (st relayStats, err
 		if errors.Is(err, ErrRefused) && (c.ev.Type == EventDeducted || c.ev.Type == EventConfirmed) {
 			// The database of record cannot cover it: give the stock back, once. The restore
 			// queues an EventRefused, which tells the publisher.
-			if _, rerr := rl.r.giveBack(wctx, sku, c.ev.ID, protocol.ReasonRefuse); rerr != nil && !errors.Is(rerr, ErrConflict) {
+			if _, rerr := rl.r.giveBack(wctx, c.ev.SKU, c.ev.ID, protocol.ReasonRefuse); rerr != nil && !errors.Is(rerr, ErrConflict) {
 				err = fmt.Errorf("stock: relay give back %s/%s: %w", sku, c.ev.ID, rerr)
 			} else {
 				st.Refused++
@@ -680,12 +680,16 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	}
 	member := eventMember(ev)
 	tracked := member != "" && storeApplies(ev.Type) // kept in the published set until applied here
+	name, err := r.holder(ctx, ev.SKU, ev.ID) // the item whose outbox had the event: sku, or its bucket
+	if err != nil {
+		return err
+	}
 	if tracked && ev.Seq > 0 {
-		if err := catchUp(ctx, r, store, ev, member); err != nil {
+		if err := catchUp(ctx, r, store, ev, name, member); err != nil {
 			return err
 		}
 	}
-	return consumeOne(ctx, r, store, ev, member, tracked)
+	return consumeOne(ctx, r, store, ev, name, member, tracked)
 }
 
 // catchUpMax bounds the earlier events one Consume applies from each of the outbox and the
@@ -696,8 +700,8 @@ const catchUpMax = 256
 // applied through Consume yet (a queue handed ev over first), reading them from Redis: the
 // members of the published set and the outbox with a lower sequence, and their ledger
 // entries. An error wrapping ErrHeldBack means ev must wait.
-func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member string) error {
-	vs, err := protocol.Turn.Exec(ctx, r.client, r.item(ev.SKU).ForTurn(), []string{strconv.FormatInt(ev.Seq, 10), strconv.Itoa(catchUpMax)}).AsStrSlice()
+func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, name, member string) error {
+	vs, err := protocol.Turn.Exec(ctx, r.client, r.item(name).ForTurn(), []string{strconv.FormatInt(ev.Seq, 10), strconv.Itoa(catchUpMax)}).AsStrSlice()
 	if err != nil {
 		return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
 	}
@@ -727,7 +731,7 @@ func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member str
 			// Its entry is gone: only its own message can tell what it was.
 			return fmt.Errorf("stock: consume %s %s (seq %d): the earlier event %s cannot be read from Redis: %w", ev.SKU, member, ev.Seq, e.member, ErrHeldBack)
 		}
-		if err := consumeOne(ctx, r, store, e.ev, e.member, true); err != nil && !errors.Is(err, ErrInvalid) {
+		if err := consumeOne(ctx, r, store, e.ev, name, e.member, true); err != nil && !errors.Is(err, ErrInvalid) {
 			return fmt.Errorf("stock: consume %s %s (seq %d): applying the earlier %s first: %w", ev.SKU, member, ev.Seq, e.member, err)
 		}
 	}
@@ -739,7 +743,7 @@ func catchUp(ctx context.Context, r *Reserver, store Store, ev Event, member str
 
 // consumeOne applies one event to store, gives the stock back when the store refuses a deduct,
 // dead-letters it when the store rejects it as invalid, and, when tracked, settles it in Redis.
-func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member string, tracked bool) error {
+func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, name, member string, tracked bool) error {
 	err := store.Apply(ctx, ev)
 	switch {
 	case errors.Is(err, ErrRefused) && (ev.Type == EventDeducted || ev.Type == EventConfirmed):
@@ -749,7 +753,7 @@ func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member 
 	case errors.Is(err, ErrRefused):
 	case errors.Is(err, ErrInvalid):
 		if tracked {
-			k := r.item(ev.SKU)
+			k := r.item(name)
 			for _, from := range []string{k.Published, k.Outbox} {
 				if derr := protocol.DeadLetter.Exec(ctx, r.client, k.ForDeadLetter(from), []string{member}).Error(); derr != nil {
 					return fmt.Errorf("stock: consume %s/%s: dead-letter: %w (the store said: %w)", ev.SKU, ev.ID, derr, err)
@@ -764,7 +768,7 @@ func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, member 
 	if tracked {
 		// Applied: the event leaves the published set (and the outbox, should the relay not
 		// have moved it there yet), and a reserved deduct or restock entry becomes applied.
-		if err := r.ack(ctx, ev.SKU, ackApplied, []string{member}); err != nil {
+		if err := r.ack(ctx, name, ackApplied, []string{member}); err != nil {
 			return fmt.Errorf("stock: consume %s/%s: ack in Redis: %w", ev.SKU, ev.ID, err)
 		}
 	}

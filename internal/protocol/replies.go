@@ -17,16 +17,17 @@ type OutboxEvent struct {
 type SnapshotReply struct {
 	Exists                        bool
 	Available, Held, Sold, Loaded int64
-	Pending, Dead, Published      int // the sizes of the outbox, dead-letter and published sets
+	Pending, Dead, Published      int   // the sizes of the outbox, dead-letter and published sets
+	Transferred                   int64 // a bucket's net units transferred in (t)
 	// Events are the pending events, then the dead letters, then the published ones, at most
 	// the script's limit of each (Member and Entry only).
 	Events []OutboxEvent
 }
 
 // ParseSnapshotReply reads snapshot.lua's flat reply: exists, a, h, s, l, the three set sizes,
-// then member and entry per event.
+// t, then member and entry per event.
 func ParseSnapshotReply(vs []string) (SnapshotReply, error) {
-	if len(vs) < 8 || (len(vs)-8)%2 != 0 {
+	if len(vs) < 9 || (len(vs)-9)%2 != 0 {
 		return SnapshotReply{}, fmt.Errorf("snapshot of %d values", len(vs))
 	}
 	r := SnapshotReply{Exists: vs[0] == "1"}
@@ -37,8 +38,9 @@ func ParseSnapshotReply(vs []string) (SnapshotReply, error) {
 	r.Pending, _ = strconv.Atoi(vs[5])
 	r.Dead, _ = strconv.Atoi(vs[6])
 	r.Published, _ = strconv.Atoi(vs[7])
-	r.Events = make([]OutboxEvent, 0, (len(vs)-8)/2)
-	for i := 8; i < len(vs); i += 2 {
+	r.Transferred, _ = strconv.ParseInt(vs[8], 10, 64)
+	r.Events = make([]OutboxEvent, 0, (len(vs)-9)/2)
+	for i := 9; i < len(vs); i += 2 {
 		r.Events = append(r.Events, OutboxEvent{Member: vs[i], Entry: vs[i+1]})
 	}
 	return r, nil

@@ -6,16 +6,16 @@ import (
 )
 
 func TestParseSnapshotReply(t *testing.T) {
-	got, err := ParseSnapshotReply([]string{"1", "5", "2", "3", "10", "1", "0", "1", "D:a", "Dr|1|5|1|", "D:b", ""})
-	want := SnapshotReply{Exists: true, Available: 5, Held: 2, Sold: 3, Loaded: 10, Pending: 1, Published: 1,
+	got, err := ParseSnapshotReply([]string{"1", "5", "2", "3", "10", "1", "0", "1", "-4", "D:a", "Dr|1|5|1|", "D:b", ""})
+	want := SnapshotReply{Exists: true, Available: 5, Held: 2, Sold: 3, Loaded: 10, Pending: 1, Published: 1, Transferred: -4,
 		Events: []OutboxEvent{{Member: "D:a", Entry: "Dr|1|5|1|"}, {Member: "D:b"}}}
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("ParseSnapshotReply = %+v, %v", got, err)
 	}
-	if got, err := ParseSnapshotReply([]string{"0", "0", "0", "0", "0", "0", "0", "0"}); err != nil || got.Exists || len(got.Events) != 0 {
+	if got, err := ParseSnapshotReply([]string{"0", "0", "0", "0", "0", "0", "0", "0", "0"}); err != nil || got.Exists || len(got.Events) != 0 {
 		t.Fatalf("a missing item: %+v, %v", got, err)
 	}
-	for _, n := range []int{0, 7, 9} {
+	for _, n := range []int{0, 8, 10} {
 		if _, err := ParseSnapshotReply(make([]string, n)); err == nil {
 			t.Errorf("%d values accepted", n)
 		}
