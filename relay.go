@@ -680,7 +680,7 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	}
 	member := eventMember(ev)
 	tracked := member != "" && storeApplies(ev.Type) // kept in the published set until applied here
-	name, err := r.holder(ctx, ev.SKU, ev.ID) // the item whose outbox had the event: sku, or its bucket
+	name, err := r.holder(ctx, ev.SKU, ev.ID)        // the item whose outbox had the event: sku, or its bucket
 	if err != nil {
 		return err
 	}
