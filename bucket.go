@@ -186,8 +186,8 @@ func (r *Reserver) bucketsOf(sku string) int {
 	if r.opts.buckets == nil {
 		return 0
 	}
-	if n := r.opts.buckets(sku); n >= 2 && n <= maxBuckets {
-		return n
+	if n := r.opts.buckets(sku); n >= 2 {
+		return min(n, maxBuckets)
 	}
 	return 0
 }

@@ -22,8 +22,7 @@ import (
 func TestBucketedDurablePath(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c, stock.WithUserLimit(3))
-		stock.SplitForTest(r, 3)
+		r := newReserver(t, c, stock.WithUserLimit(3), stock.WithBuckets(func(string) int { return 3 }))
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "b:~x", 29)) // one unit less than Redis
 		require.NoError(t, r.Load(ctx, "b:~x", 30))
@@ -102,8 +101,7 @@ func TestBucketedDurablePath(t *testing.T) {
 func TestBucketedRefusalAndQueuePath(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		stock.SplitForTest(r, 3)
+		r := newReserver(t, c, stock.WithBuckets(func(string) int { return 3 }))
 
 		// The store has 1 unit of the 3 Redis sells: two sales are refused and given back.
 		store := memstore.New()

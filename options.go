@@ -21,10 +21,7 @@ type options struct {
 
 	group func(sku string) string
 
-	// buckets gives the number of buckets of an item (see bucket.go); nil or below 2: one.
-	// Not settable by users yet: the relay, the reconciler and the fast path do not know
-	// bucketed items.
-	buckets func(sku string) int
+	buckets func(sku string) int // see WithBuckets
 
 	soldOutTTL time.Duration // 0: no sold-out fast path
 
@@ -166,6 +163,37 @@ func WithGroups(group func(sku string) string) Option {
 			return invalid("nil group function")
 		}
 		o.group = group
+		return nil
+	}
+}
+
+// WithBuckets splits items over several Redis Cluster slots, so that one hot item is served by
+// several Redis cores: buckets(sku) is the number of buckets of an item (1 or less: not split;
+// at most 64, a larger number counts as 64). Like WithGroups' function, it must give the same
+// answer for an item in every process, from its Load to its end: a Reserver that does not
+// split an item split in Redis finds it not loaded.
+//
+// Bucket i of item X is kept as the item "X|i" with keys of its own slot ("|" is never in a
+// name). A request goes to its buyer's bucket (its id's when it has no buyer), so a buyer's
+// units and limit live in one bucket and WithUserLimit stays exact; the first request of an id
+// claims a bucket for it, so a later request of that id by another buyer is ErrConflict, never
+// a second take, and Restore, Cancel, Confirm, Extend and Ledger find it. A bucket short of stock
+// moves stock from the others (a transfer, recorded in both buckets and completed by the
+// sweeper of Run should its process die half way) before it answers ErrSoldOut or
+// ErrInsufficient: a request is refused only when the buckets together could not serve it.
+// Levels sums the buckets; Receipt.Remaining is what is left in the request's bucket. The relay
+// hands the Store and the Publisher the item, each bucket's events in order (Event.Seq orders
+// the events of one bucket), and the reconciler compares the buckets as one with the Store.
+//
+// Costs and limits: each request also claims its id (one more command, in the id's bucket);
+// the sold-out fast path does not answer for a split item; carts (DeductMany, HoldMany) and
+// Delist refuse a split item (ErrInvalid); a split item is never in a group (WithGroups).
+func WithBuckets(buckets func(sku string) int) Option {
+	return func(o *options) error {
+		if buckets == nil {
+			return invalid("nil buckets function")
+		}
+		o.buckets = buckets
 		return nil
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,7 +175,7 @@ func (r *Reserver) item(sku string) *protocol.Keys {
 }
 
 func (r *Reserver) group(sku string) string {
-	if r.opts.group == nil {
+	if r.opts.group == nil || strings.IndexByte(sku, '|') >= 0 { // a bucket: its own slot
 		return ""
 	}
 	if g := r.opts.group(sku); checkName("group", g) == nil {
