@@ -155,7 +155,17 @@ func newEnv25(t *testing.T, real bool, cfg cfg25) *env25 {
 // handler returns a new checkout handler on the env's Reserver and payments: another process
 // of the same service, sharing Redis and the payment provider.
 func (e *env25) handler() http.Handler {
-	return NewHandler(e.r, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil)))
+	return NewHandler(e.r, e.keys(), e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil)))
+}
+
+// keys returns the Idempotency-Key records on the env's Redis (through the proxy), under the
+// Reserver's prefix, as serve() makes them.
+func (e *env25) keys() *Keys {
+	k, err := NewKeys(e.c, "atk25", 24*time.Hour)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return k
 }
 
 // advance lets d pass for Redis.
@@ -685,7 +695,7 @@ func TestAttack25ConfirmAfterExpiry(t *testing.T) {
 			t.Errorf("the retry of an expired order charged again")
 		}
 		// Nothing of the slow user's stays charged.
-		order := orderID("slow", "late")
+		order := orderID("slow", "late", "sku-a", 1)
 		if e.pay.Charged(order) || !e.pay.Refunded(order) {
 			t.Errorf("order %s: charged=%v refunded=%v, want refunded", order, e.pay.Charged(order), e.pay.Refunded(order))
 		}
@@ -800,7 +810,7 @@ func TestAttack25RedisStoppedMidPayment(t *testing.T) {
 		}
 		wantError25(t, "Redis stopped mid-payment", r, 503, "unavailable")
 		wantRetryHint25(t, "Redis stopped mid-payment", r)
-		order := orderID("alice", "m1")
+		order := orderID("alice", "m1", "sku-a", 1)
 		e.startRedis()
 		var last resp25
 		for i := range 10 {
