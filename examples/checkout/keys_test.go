@@ -156,3 +156,73 @@ func TestKeysRecord(t *testing.T) {
 		}
 	})
 }
+
+// A retry after an unknown outcome is marked Request.Retry: its refusal is final. Alice's
+// first attempt is cut off from Redis (its hold waits in a partition) and answered 503; on
+// another instance, bob takes the last unit and alice's retry is refused (409 sold_out); then a
+// unit comes back, and the partition heals, and alice's first hold reaches Redis at last. It
+// must be refused: alice was told "sold out", nobody will pay for that hold, and it must not
+// take the unit from the next buyer.
+func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
+	backends25(t, cfg25{limit: 2, items: map[string]int64{"sku-a": 1}}, func(t *testing.T, e *env25) {
+		defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
+		stepTimeout = 500 * time.Millisecond
+		ctx := context.Background()
+		direct := e.client(t, true)
+		// Instance 1 holds through the proxy (e.r), with its key records straight on Redis, so
+		// that the partition cuts the hold and not the binding of the key before it.
+		keys, err := NewKeys(direct, "atk25", 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := httptest.NewServer(NewHandler(e.r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
+		defer one.Close()
+		two := e.instance(t, direct, 2, 24*time.Hour).URL
+		r, err := stock.New(direct, stock.WithPrefix("atk25"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		levels := func() stock.Levels {
+			t.Helper()
+			lv, err := r.Levels(ctx, "sku-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return lv
+		}
+
+		e.proxy.Blackhole(time.Minute)
+		wantError25(t, "alice, partitioned", buyOn(t, one.URL, "k1", "sku-a", "alice", 1), 503, "unavailable")
+		if lv := levels(); lv.Available != 1 || lv.Held != 0 {
+			t.Fatalf("levels %+v: alice's hold reached Redis; the test did not partition it", lv)
+		}
+		wantOK25(t, "bob", buyOn(t, two, "b1", "sku-a", "bob", 1), "sku-a", "bob", 1)
+		wantError25(t, "alice's retry", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		if _, err := r.Restock(ctx, "sku-a", "restock-1", 1); err != nil {
+			t.Fatal(err)
+		}
+
+		sent := e.proxy.Stats().Commands // alice's hold among them, held back
+		e.proxy.Heal()                   // it reaches Redis now
+		deadline := time.Now().Add(10 * time.Second)
+		for s := e.proxy.Stats(); s.Replies < sent; s = e.proxy.Stats() {
+			if time.Now().After(deadline) {
+				t.Fatalf("proxy stats %+v: the %d commands held back did not all run", s, sent)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if lv := levels(); lv.Held != 0 || lv.Available != 1 || lv.Sold != 1 {
+			t.Errorf("levels %+v: alice's late first hold took the unit after she was told sold out", lv)
+		}
+		order := orderID("alice", "k1", "sku-a", 1)
+		if en, err := r.Ledger(ctx, "sku-a", order); err != nil || en.Taken() {
+			t.Errorf("ledger of alice's order: %+v %v, want a refusal", en, err)
+		}
+		// The answer stays: alice's key is sold out; the unit is the next buyer's.
+		wantError25(t, "alice again", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		wantOK25(t, "carol", buyOn(t, two, "c1", "sku-a", "carol", 1), "sku-a", "carol", 1)
+		if e.pay.Charged(order) {
+			t.Errorf("alice was charged")
+		}
+	})
+}

@@ -26,7 +26,10 @@
 // The handler holds the stock for -hold-ttl, charges the (fake) payment service, and confirms
 // the hold; a declined payment cancels it. A retry with the same key and user answers what the
 // first attempt answered (200 with the same body, or the same error); one that finds the first
-// attempt still paying, or dead while paying, finishes it. Answers:
+// attempt still paying, or dead while paying, finishes it. A retry of a key used before is
+// marked as one for the stock library (stock.Request.Retry): if it is refused for stock, the
+// refusal is recorded, and an earlier attempt that reaches Redis late (after a 503) is refused
+// too, so "sold out" stays the answer for that key. Answers:
 //
 //	200  confirmed: {"order", "sku", "user", "qty", "status": "confirmed", "remaining"}
 //	400  missing_idempotency_key, invalid (not one JSON object, data after it, an unknown

@@ -383,7 +383,7 @@ func (h *handler) checkout(w http.ResponseWriter, req *http.Request) {
 	// the record's lifetime). The check and the binding are one atomic step, so of two requests
 	// racing with the same key for two purchases, on any instances, one gets 422.
 	sctx, done := step(ctx)
-	_, err := h.keys.Use(sctx, in.User, key, in.SKU, in.Qty)
+	again, err := h.keys.Use(sctx, in.User, key, in.SKU, in.Qty)
 	done()
 	switch {
 	case errors.Is(err, errKeyReused):
@@ -397,7 +397,11 @@ func (h *handler) checkout(w http.ResponseWriter, req *http.Request) {
 	// The order id is scoped to the user and to the purchase: the same key from another user is
 	// another order.
 	id := orderID(in.User, key, in.SKU, in.Qty)
-	o := stock.Request{SKU: in.SKU, ID: id, User: in.User, Qty: in.Qty}
+	// Retry: an earlier attempt of this purchase came this far, and its hold may have run, or may
+	// still reach Redis (after a 503, an unknown outcome). A refusal of this hold for stock is
+	// then recorded, so that the earlier hold, should it arrive late, is refused too and the
+	// answer given here stays the final one. (A replay is answered as without it.)
+	o := stock.Request{SKU: in.SKU, ID: id, User: in.User, Qty: in.Qty, Retry: again}
 	sctx, done = step(ctx)
 	rc, err := h.r.Hold(sctx, o, h.ttl)
 	done()
