@@ -47,9 +47,18 @@
 //	503  unavailable, with Retry-After: Redis or the payment service did not answer, the outcome
 //	     is unknown; retry with the same Idempotency-Key
 //
-// Every error body, whatever the status, is {"error": code, "message": text}. GET /stock/{sku}
-// returns the item's levels: {"sku", "available", "held", "sold", "loaded", "closed"}. Every
-// request is logged (log/slog, on stderr): method, path, status, duration, Idempotency-Key.
+// Every error the handler answers, whatever the status, has the body {"error": code,
+// "message": text}. A few requests never reach the handler: net/http refuses them while
+// reading them, with a text/plain body of its own (none for 417), and closes the connection:
+// a malformed request line or header (a control character in a header value, a missing or
+// malformed Host) 400, headers over 1 MiB (http.DefaultMaxHeaderBytes) 431, an Expect other
+// than 100-continue 417, an unknown Transfer-Encoding 501, an HTTP version it does not speak
+// 505. http.Server has no hook to change those answers. Nothing was held, charged or logged
+// for them; the same request gets the same answer, so fix it rather than retry.
+//
+// GET /stock/{sku} returns the item's levels: {"sku", "available", "held", "sold", "loaded",
+// "closed"}. Every request that reaches the handler is logged (log/slog, on stderr): method,
+// path, status, duration, Idempotency-Key.
 //
 // Reserver.Run does the background work in one goroutine: a relay drains the outbox into an
 // in-memory database of record (memstore; use sqlstore in a real service), a reconciler checks
