@@ -19,14 +19,17 @@ import (
 // A record is one Redis hash, "<prefix>|key:<len(user)>:<user>:<key>", with two fields: p, the
 // purchase ("<qty>|<sku>"), and n, the attempts that used it and did not end refused. It
 // expires ttl after the key's first use, and is not extended by retries: that is the key's
-// lifetime. The key is a stock library key of no prefix: the library's keys are
-// "<prefix>:{...}" or "<prefix>:<letter>...", and a prefix holds no '|', so a record never
-// collides with them, whatever the Reserver's prefix. The user's length comes first, so no
+// lifetime. Record keys never meet the stock library's, whatever the Reserver's prefix: the
+// library's are "<p>:" followed by '{' or one of its names (items, epoch, due{~n}, ...), with
+// p a prefix, which holds no '|'. For "<prefix>|key:..." to start with "<p>:", p must be the
+// part of prefix before one of its ':', and what follows it, the rest of prefix and "|key:",
+// is then neither a brace nor a name of the library's. The user's length comes first, so no
 // two (user, key) pairs give the same record key.
 //
 // A record is deleted early only when every attempt that used it was refused without taking
 // stock (sold out, insufficient, over the user limit, no such item, closed): such a key is
-// free again, for any purchase, as if it had never been used. An attempt that took stock, or
+// free again, for any purchase (though for the same purchase the library's ledger still has
+// its say: a refusal it recorded for a retry stays the answer). An attempt that took stock, or
 // may have (an unknown outcome, a crash), never gives its use back: the key stays bound to its
 // purchase until the record expires.
 type Keys struct {
