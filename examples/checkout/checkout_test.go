@@ -11,16 +11,29 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/stocktest"
 )
 
 type env struct {
-	t   *testing.T
-	kit *stocktest.Env
-	r   *stock.Reserver
-	pay *FakePayments
-	h   http.Handler
+	t    *testing.T
+	kit  *stocktest.Env
+	r    *stock.Reserver
+	keys *Keys
+	pay  *FakePayments
+	h    http.Handler
+}
+
+// testKeys returns the key records of a test on c.
+func testKeys(t *testing.T, c rueidis.Client) *Keys {
+	t.Helper()
+	k, err := NewKeys(c, "checkout-test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
 
 // newEnv loads items on a fresh miniredis (clock standing still: kit.Advance moves it)
@@ -35,7 +48,8 @@ func newEnv(t *testing.T, holdTTL time.Duration, items map[string]int64) *env {
 		}
 	}
 	pay := NewFakePayments()
-	return &env{t: t, kit: kit, r: r, pay: pay, h: NewHandler(r, pay, holdTTL, slog.New(slog.DiscardHandler))}
+	keys := testKeys(t, kit.Client)
+	return &env{t: t, kit: kit, r: r, keys: keys, pay: pay, h: NewHandler(r, keys, pay, holdTTL, slog.New(slog.DiscardHandler))}
 }
 
 type reply struct {
@@ -102,14 +116,14 @@ func TestCheckout(t *testing.T) {
 	if err := json.Unmarshal([]byte(rp.body), &ob); err != nil {
 		t.Fatal(err)
 	}
-	if want := (orderBody{Order: orderID("alice", "order-1"), SKU: "shoe", User: "alice", Qty: 1, Status: "confirmed", Remaining: 4}); ob != want {
+	if want := (orderBody{Order: orderID("alice", "order-1", "shoe", 1), SKU: "shoe", User: "alice", Qty: 1, Status: "confirmed", Remaining: 4}); ob != want {
 		t.Fatalf("body %+v, want %+v", ob, want)
 	}
 	e.wantLevels("shoe", 4, 0, 1)
-	if !e.pay.Charged(orderID("alice", "order-1")) || e.pay.Calls() != 1 {
-		t.Fatalf("charged %v, %d calls", e.pay.Charged(orderID("alice", "order-1")), e.pay.Calls())
+	if !e.pay.Charged(orderID("alice", "order-1", "shoe", 1)) || e.pay.Calls() != 1 {
+		t.Fatalf("charged %v, %d calls", e.pay.Charged(orderID("alice", "order-1", "shoe", 1)), e.pay.Calls())
 	}
-	if en, err := e.r.Ledger(context.Background(), "shoe", orderID("alice", "order-1")); err != nil || en.Kind != stock.KindHold || en.State != stock.StateReserved {
+	if en, err := e.r.Ledger(context.Background(), "shoe", orderID("alice", "order-1", "shoe", 1)); err != nil || en.Kind != stock.KindHold || en.State != stock.StateReserved {
 		t.Fatalf("ledger %+v %v: want a confirmed hold waiting for the relay", en, err)
 	}
 }
@@ -164,7 +178,7 @@ func TestIdempotencyKeyPerUser(t *testing.T) {
 		t.Fatalf("alice %+v, bob %+v: want two orders", a, b)
 	}
 	e.wantLevels("shoe", 3, 0, 2) // one unit each
-	if !e.pay.Charged(orderID("alice", "order-1")) || !e.pay.Charged(orderID("bob", "order-1")) || e.pay.Calls() != 2 {
+	if !e.pay.Charged(orderID("alice", "order-1", "shoe", 1)) || !e.pay.Charged(orderID("bob", "order-1", "shoe", 1)) || e.pay.Calls() != 2 {
 		t.Fatalf("%d charges: want one per user", e.pay.Calls())
 	}
 	// Another user's key on another item is not a reuse either.
@@ -182,7 +196,9 @@ func TestIdempotencyKeyPerUser(t *testing.T) {
 		t.Fatalf("alice's retry: %s, want %s", again.body, alice.body)
 	}
 	// Users whose name and key run together differently are different orders.
-	if orderID("ab", "c") == orderID("a", "bc") {
+	if orderID("ab", "c", "shoe", 1) == orderID("a", "bc", "shoe", 1) ||
+		orderID("a", "b", "c1", 1) == orderID("a", "b", "c", 11) ||
+		orderID("a", "bc", "shoe", 1) == orderID("a", "b", "cshoe", 1) {
 		t.Fatal("orderID is ambiguous")
 	}
 }
@@ -192,7 +208,7 @@ func TestSoldOut(t *testing.T) {
 	e.want(e.post("order-1", shoe), http.StatusOK, "")
 	e.want(e.post("order-2", `{"sku":"shoe","qty":1,"user":"bob"}`), http.StatusConflict, "sold_out")
 	e.wantLevels("shoe", 0, 0, 1)
-	if e.pay.Charged(orderID("bob", "order-2")) {
+	if e.pay.Charged(orderID("bob", "order-2", "shoe", 1)) {
 		t.Fatal("a sold-out order was charged")
 	}
 }
@@ -219,7 +235,7 @@ func TestHoldExpiresDuringPayment(t *testing.T) {
 	first := e.post("order-1", shoe)
 	e.want(first, http.StatusGone, "hold_expired")
 	e.wantLevels("shoe", 5, 0, 0)
-	if !e.pay.Refunded(orderID("alice", "order-1")) || e.pay.Charged(orderID("alice", "order-1")) {
+	if !e.pay.Refunded(orderID("alice", "order-1", "shoe", 1)) || e.pay.Charged(orderID("alice", "order-1", "shoe", 1)) {
 		t.Fatal("the payment of an expired hold was not refunded")
 	}
 	again := e.post("order-1", shoe)
@@ -269,7 +285,7 @@ func TestPaymentsDownThenRetry(t *testing.T) {
 	e.wantLevels("shoe", 4, 1, 0) // still held
 	e.want(e.post("order-1", shoe), http.StatusOK, "")
 	e.wantLevels("shoe", 4, 0, 1)
-	if !e.pay.Charged(orderID("alice", "order-1")) {
+	if !e.pay.Charged(orderID("alice", "order-1", "shoe", 1)) {
 		t.Fatal("not charged")
 	}
 }
@@ -284,7 +300,7 @@ func TestRedisDown(t *testing.T) {
 	kit.Redis.Close()
 	defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
 	stepTimeout = 200 * time.Millisecond
-	e := &env{t: t, h: NewHandler(r, NewFakePayments(), time.Minute, slog.New(slog.DiscardHandler))}
+	e := &env{t: t, h: NewHandler(r, testKeys(t, kit.Client), NewFakePayments(), time.Minute, slog.New(slog.DiscardHandler))}
 	rp := e.post("order-1", shoe)
 	e.want(rp, http.StatusServiceUnavailable, "unavailable")
 	if rp.header.Get("Retry-After") == "" {
@@ -405,7 +421,7 @@ func TestRequestErrors(t *testing.T) {
 func TestRequestLog(t *testing.T) {
 	e := newEnv(t, time.Minute, map[string]int64{"shoe": 5})
 	var buf bytes.Buffer
-	e.h = NewHandler(e.r, e.pay, time.Minute, slog.New(slog.NewJSONHandler(&buf, nil)))
+	e.h = NewHandler(e.r, e.keys, e.pay, time.Minute, slog.New(slog.NewJSONHandler(&buf, nil)))
 	e.want(e.post("order-1", shoe), http.StatusOK, "")
 	e.want(e.do(httptest.NewRequest(http.MethodGet, "/nothing", nil)), http.StatusNotFound, "not_found")
 	var lines []map[string]any

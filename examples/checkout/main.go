@@ -13,13 +13,23 @@
 // POST /checkout takes one JSON object {"sku", "qty", "user"} (Content-Type application/json,
 // at most 64 KiB, nothing after the object) and a required Idempotency-Key header: 1 to 128
 // visible ASCII characters, unique per order of a user and the same on every retry of it. The
-// key is scoped to the user: the order id is derived from the user and the key together, so
-// two users who send the same key place two separate orders, and one user's key can never
-// answer, charge or cancel another user's order. The handler holds the stock for -hold-ttl,
-// charges the (fake) payment service, and confirms the hold; a declined payment cancels it. A
-// retry with the same key and user answers what the first attempt answered (200 with the same
-// body, or the same error); one that finds the first attempt still paying, or dead while
-// paying, finishes it. Answers:
+// key is scoped to the user: two users who send the same key place two separate orders, and one
+// user's key can never answer, charge or cancel another user's order. Its first use binds the
+// key, in Redis, to its purchase (the sku and the qty) for -key-ttl (24h, the stock library's
+// default ledger retention): every instance of the service shares the binding and a restart
+// keeps it, so within that time the key answers only for that purchase, on any instance, and
+// another sku or qty is refused (422) before anything is held or charged. A key whose every
+// attempt was refused without taking stock (sold out, insufficient, user limit, no such item,
+// closed) is free again at once. The order id (the stock library's request id, the payment's
+// idempotency key) is derived from the user, the key, the sku and the qty, so a payment is
+// never reused for another purchase, not even after -key-ttl, when the key may name a new one.
+// The handler holds the stock for -hold-ttl, charges the (fake) payment service, and confirms
+// the hold; a declined payment cancels it. A retry with the same key and user answers what the
+// first attempt answered (200 with the same body, or the same error); one that finds the first
+// attempt still paying, or dead while paying, finishes it. A retry of a key used before is
+// marked as one for the stock library (stock.Request.Retry): if it is refused for stock, the
+// refusal is recorded, and an earlier attempt that reaches Redis late (after a 503) is refused
+// too, so "sold out" stays the answer for that key. Answers:
 //
 //	200  confirmed: {"order", "sku", "user", "qty", "status": "confirmed", "remaining"}
 //	400  missing_idempotency_key, invalid (not one JSON object, data after it, an unknown
@@ -33,13 +43,22 @@
 //	410  hold_expired: the payment outlasted the hold; the stock went back and the payment was refunded
 //	413  too_large: the body is over 64 KiB
 //	415  unsupported_media_type: a Content-Type other than JSON (none at all is taken as JSON)
-//	422  idempotency_key_reused: the user used the key with another sku or qty
+//	422  idempotency_key_reused: the user used the key with another sku or qty (within -key-ttl)
 //	503  unavailable, with Retry-After: Redis or the payment service did not answer, the outcome
 //	     is unknown; retry with the same Idempotency-Key
 //
-// Every error body, whatever the status, is {"error": code, "message": text}. GET /stock/{sku}
-// returns the item's levels: {"sku", "available", "held", "sold", "loaded", "closed"}. Every
-// request is logged (log/slog, on stderr): method, path, status, duration, Idempotency-Key.
+// Every error the handler answers, whatever the status, has the body {"error": code,
+// "message": text}. A few requests never reach the handler: net/http refuses them while
+// reading them, with a text/plain body of its own (none for 417), and closes the connection:
+// a malformed request line or header (a control character in a header value, a missing or
+// malformed Host) 400, headers over 1 MiB (http.DefaultMaxHeaderBytes) 431, an Expect other
+// than 100-continue 417, an unknown Transfer-Encoding 501, an HTTP version it does not speak
+// 505. http.Server has no hook to change those answers. Nothing was held, charged or logged
+// for them; the same request gets the same answer, so fix it rather than retry.
+//
+// GET /stock/{sku} returns the item's levels: {"sku", "available", "held", "sold", "loaded",
+// "closed"}. Every request that reaches the handler is logged (log/slog, on stderr): method,
+// path, status, duration, Idempotency-Key.
 //
 // Reserver.Run does the background work in one goroutine: a relay drains the outbox into an
 // in-memory database of record (memstore; use sqlstore in a real service), a reconciler checks
@@ -48,10 +67,11 @@
 // the relay delivers what is left.
 //
 // Flags: -addr (:8080), -redis (host:port, or redis://user:password@host:port, rediss:// for
-// TLS; default an embedded miniredis), -prefix (checkout),
-// -hold-ttl (10m), -user-limit (2), -load (sneaker-42=10,tee-7=100: items to load at start; an
-// item that is already live is kept as it is), -decline (users whose payments are declined),
-// -pay-delay (0: how long a payment takes), -shutdown-timeout (10s).
+// TLS; default an embedded miniredis), -prefix (checkout: the stock library's keys are
+// "<prefix>:...", the key bindings "<prefix>|key:..."), -hold-ttl (10m), -key-ttl (24h, at
+// least -hold-ttl plus 30s), -user-limit (2), -load (sneaker-42=10,tee-7=100: items to load at
+// start; an item that is already live is kept as it is), -decline (users whose payments are
+// declined), -pay-delay (0: how long a payment takes), -shutdown-timeout (10s).
 package main
 
 import (
@@ -88,6 +108,7 @@ func main() {
 	redisAddr := flag.String("redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
 	prefix := flag.String("prefix", "checkout", "Redis key prefix")
 	holdTTL := flag.Duration("hold-ttl", 10*time.Minute, "how long a hold waits for its payment")
+	keyTTL := flag.Duration("key-ttl", 24*time.Hour, "how long an Idempotency-Key stays bound to its purchase after its first use (at least -hold-ttl plus 30s)")
 	userLimit := flag.Int64("user-limit", 2, "most units of one item per user (0: no limit)")
 	load := flag.String("load", "sneaker-42=10,tee-7=100", "items to load at start: `sku=qty,...`")
 	decline := flag.String("decline", "", "comma-separated `users` whose payments are declined")
@@ -97,14 +118,18 @@ func main() {
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	slog.SetDefault(log)
-	if err := serve(*addr, *redisAddr, *prefix, *holdTTL, *userLimit, *load, *decline, *payDelay, *shutdownTimeout, log); err != nil {
+	if err := serve(*addr, *redisAddr, *prefix, *holdTTL, *keyTTL, *userLimit, *load, *decline, *payDelay, *shutdownTimeout, log); err != nil {
 		log.Error("checkout", "err", err)
 		os.Exit(1)
 	}
 }
 
-func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int64, load, decline string,
+func serve(addr, redisAddr, prefix string, holdTTL, keyTTL time.Duration, userLimit int64, load, decline string,
 	payDelay, shutdownTimeout time.Duration, log *slog.Logger) error {
+	if keyTTL < holdTTL+flowTimeout {
+		// A retry while the order may still be held or paying must find the key's record.
+		return fmt.Errorf("-key-ttl %v is shorter than -hold-ttl %v plus %v", keyTTL, holdTTL, flowTimeout)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -131,6 +156,11 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 	}
 	defer client.Close()
 	r, err := stock.New(client, stock.WithPrefix(prefix), stock.WithUserLimit(userLimit), stock.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	// The Idempotency-Key records, "<prefix>|key:...": beside the library's keys, never among them.
+	keys, err := NewKeys(client, prefix, keyTTL)
 	if err != nil {
 		return err
 	}
@@ -172,7 +202,7 @@ func serve(addr, redisAddr, prefix string, holdTTL time.Duration, userLimit int6
 
 	srv := &http.Server{
 		Addr:              addr,
-		Handler:           NewHandler(r, pay, holdTTL, log),
+		Handler:           NewHandler(r, keys, pay, holdTTL, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      flowTimeout + 5*time.Second,

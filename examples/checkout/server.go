@@ -32,7 +32,7 @@ type Payments interface {
 
 // Charge is one payment.
 type Charge struct {
-	Order string // the order id: derived from the user and the Idempotency-Key of the checkout
+	Order string // the order id: derived from the user, the Idempotency-Key, the sku and the qty
 	User  string
 	SKU   string
 	Qty   int64
@@ -142,9 +142,9 @@ func stockError(err error, rc stock.Receipt) apiError {
 
 type handler struct {
 	r    *stock.Reserver
+	keys *Keys
 	pay  Payments
 	ttl  time.Duration
-	keys *keyGuard
 	log  *slog.Logger
 }
 
@@ -156,13 +156,15 @@ const maxBody = 64 << 10
 //	POST /checkout      {"sku", "qty", "user"} with an Idempotency-Key header: hold, pay, confirm
 //	GET  /stock/{sku}   the item's levels
 //
-// A hold lasts holdTTL; a payment that outlasts it is refunded and answered 410. Every request
-// is logged on log (slog.Default() when nil): method, path, status, duration.
-func NewHandler(r *stock.Reserver, p Payments, holdTTL time.Duration, log *slog.Logger) http.Handler {
+// Each (user, Idempotency-Key) is bound to its first purchase (sku and qty) in keys, shared by
+// every instance of the service. A hold lasts holdTTL; a payment that outlasts it is refunded
+// and answered 410. Every request is logged on log (slog.Default() when nil): method, path,
+// status, duration.
+func NewHandler(r *stock.Reserver, keys *Keys, p Payments, holdTTL time.Duration, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &handler{r: r, pay: p, ttl: holdTTL, keys: newKeyGuard(100000), log: log}
+	h := &handler{r: r, keys: keys, pay: p, ttl: holdTTL, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /checkout", h.checkout)
 	mux.HandleFunc("GET /stock/{sku}", h.levels)
@@ -220,12 +222,21 @@ func (h *handler) logRequests(next http.Handler) http.Handler {
 }
 
 // orderID is the order id of a checkout: the stock library's request id, the payment's
-// idempotency key. It is derived from the user and the Idempotency-Key together, so the same
-// key sent by two users names two different orders: one user's key can never reach another
-// user's order. The user and the key are length-prefixed before hashing, so no two (user, key)
-// pairs give the same input.
-func orderID(user, key string) string {
-	sum := sha256.Sum256([]byte(strconv.Itoa(len(user)) + ":" + user + key))
+// idempotency key. It is derived from everything that makes the purchase: the user, the
+// Idempotency-Key, the sku and the quantity. So the same key sent by two users names two
+// different orders (one user's key can never reach another user's order), and a payment taken
+// for one purchase can never be reused for another, even where the key records (Keys) would
+// let the key through: once a record expired, or with a Keys on another Redis. Each part but
+// the last is length-prefixed before hashing, so no two purchases give the same input.
+func orderID(user, key, sku string, qty int64) string {
+	var b []byte
+	for _, s := range []string{user, key, sku} {
+		b = strconv.AppendInt(b, int64(len(s)), 10)
+		b = append(b, ':')
+		b = append(b, s...)
+	}
+	b = strconv.AppendInt(b, qty, 10)
+	sum := sha256.Sum256(b)
 	return "order-" + hex.EncodeToString(sum[:16])
 }
 
@@ -364,28 +375,44 @@ func (h *handler) checkout(w http.ResponseWriter, req *http.Request) {
 		writeError(w, *e)
 		return
 	}
-	// The order id is scoped to the user: the same key from another user is another order.
-	key = orderID(in.User, key)
-	// The stock ledger refuses an order id reused with another quantity (ErrConflict), but
-	// ledgers are per item: an id reused for another item is caught here, in this process only.
-	if !h.keys.fits(key, in) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), flowTimeout)
+	defer cancel()
+
+	// Bind the key to this purchase, in Redis, before anything is taken: a key used for another
+	// sku or qty is refused here, whichever instance saw it first and however long ago (within
+	// the record's lifetime). The check and the binding are one atomic step, so of two requests
+	// racing with the same key for two purchases, on any instances, one gets 422.
+	sctx, done := step(ctx)
+	again, err := h.keys.Use(sctx, in.User, key, in.SKU, in.Qty)
+	done()
+	switch {
+	case errors.Is(err, errKeyReused):
 		writeError(w, stockError(stock.ErrConflict, stock.Receipt{}))
+		return
+	case err != nil:
+		writeError(w, unknownOutcome("the stock service did not answer"))
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), flowTimeout)
-	defer cancel()
-	o := stock.Request{SKU: in.SKU, ID: key, User: in.User, Qty: in.Qty}
-	sctx, done := step(ctx)
+	// The order id is scoped to the user and to the purchase: the same key from another user is
+	// another order.
+	id := orderID(in.User, key, in.SKU, in.Qty)
+	// Retry: an earlier attempt of this purchase came this far, and its hold may have run, or may
+	// still reach Redis (after a 503, an unknown outcome). A refusal of this hold for stock is
+	// then recorded, so that the earlier hold, should it arrive late, is refused too and the
+	// answer given here stays the final one. (A replay is answered as without it.)
+	o := stock.Request{SKU: in.SKU, ID: id, User: in.User, Qty: in.Qty, Retry: again}
+	sctx, done = step(ctx)
 	rc, err := h.r.Hold(sctx, o, h.ttl)
 	done()
-	if err == nil && !h.keys.bind(key, in) {
-		// A request with the same key and another item got there first, in between.
-		if _, err := h.cancel(ctx, o); err != nil {
-			h.log.Warn("checkout: cancel of a hold whose key was taken", "order", key, "err", err)
+	if tookNothing(err) {
+		// Refused, and nothing taken: give the key's use back, so that the key is free again
+		// once no attempt of it holds anything (see Keys).
+		sctx, done := step(ctx)
+		if kerr := h.keys.Refused(sctx, in.User, key, in.SKU, in.Qty); kerr != nil {
+			h.log.Warn("checkout: the key record keeps a refused attempt (it expires by itself)", "order", id, "err", kerr)
 		}
-		writeError(w, stockError(stock.ErrConflict, stock.Receipt{}))
-		return
+		done()
 	}
 	if err == nil && rc.Replayed {
 		// A retry: the ledger entry says how far the first attempt went.
@@ -399,7 +426,7 @@ func (h *handler) checkout(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 		// Still held: the first attempt is paying, or died while paying. Go on: the charge is
-		// idempotent in the key, the confirm too.
+		// idempotent in the order id, the confirm too.
 	}
 	if errors.Is(err, stock.ErrRestored) {
 		// Given back: by a declined payment (cancelled), a refusal of the database of record,
@@ -416,18 +443,18 @@ func (h *handler) checkout(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if errors.Is(err, stock.ErrExpired) {
-		h.refund(ctx, key)
+		h.refund(ctx, id)
 	}
 	if err != nil {
 		writeError(w, stockError(err, rc))
 		return
 	}
 
-	err = h.pay.Charge(ctx, Charge{Order: key, User: o.User, SKU: o.SKU, Qty: o.Qty})
+	err = h.pay.Charge(ctx, Charge{Order: id, User: o.User, SKU: o.SKU, Qty: o.Qty})
 	if errors.Is(err, ErrDeclined) {
 		if _, cerr := h.cancel(ctx, o); cerr != nil {
 			// The hold expires by itself; a retry of the key cancels it again.
-			h.log.Warn("checkout: cancel after a declined payment", "order", key, "err", cerr)
+			h.log.Warn("checkout: cancel after a declined payment", "order", id, "err", cerr)
 		}
 		writeError(w, errDeclined)
 		return
@@ -443,12 +470,24 @@ func (h *handler) checkout(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		ae := stockError(err, rc)
 		if errors.Is(err, stock.ErrExpired) || errors.Is(err, stock.ErrRestored) {
-			h.refund(ctx, key) // paid, but the stock went back
+			h.refund(ctx, id) // paid, but the stock went back
 		}
 		writeError(w, ae)
 		return
 	}
 	writeJSON(w, http.StatusOK, confirmed(o, rc))
+}
+
+// tookNothing reports whether a hold was refused without taking stock, for good: the script ran
+// and refused it (not an unknown outcome, not a replay of an order that existed).
+func tookNothing(err error) bool {
+	for _, e := range []error{stock.ErrSoldOut, stock.ErrInsufficient, stock.ErrUserLimit,
+		stock.ErrNotLoaded, stock.ErrClosed, stock.ErrInvalid} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *handler) ledger(ctx context.Context, o stock.Request) (stock.Entry, error) {
@@ -506,44 +545,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(status)
 	w.Write(append(b, '\n'))
-}
-
-// keyGuard remembers which request each recent Idempotency-Key was first used with, in this
-// process, up to a number of keys (the oldest are forgotten first).
-type keyGuard struct {
-	mu    sync.Mutex
-	max   int
-	seen  map[string]checkoutRequest
-	order []string
-}
-
-func newKeyGuard(max int) *keyGuard {
-	return &keyGuard{max: max, seen: map[string]checkoutRequest{}}
-}
-
-// fits reports whether key is not bound to another request.
-func (g *keyGuard) fits(key string, req checkoutRequest) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	prev, ok := g.seen[key]
-	return !ok || prev == req
-}
-
-// bind binds key to req, once it took stock, and reports whether it was not bound to another
-// request.
-func (g *keyGuard) bind(key string, req checkoutRequest) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if prev, ok := g.seen[key]; ok {
-		return prev == req
-	}
-	g.seen[key] = req
-	g.order = append(g.order, key)
-	if len(g.order) > g.max {
-		delete(g.seen, g.order[0])
-		g.order = g.order[1:]
-	}
-	return true
 }
 
 // FakePayments is a Payments for the demo and the tests: it charges everyone, except users told

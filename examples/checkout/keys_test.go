@@ -1,0 +1,228 @@
+package main
+
+// Tests of the Idempotency-Key records (Keys) and of Request.Retry, on the attack tests' envs:
+// miniredis, and a private redis-server when STOCK_REDIS_SERVER is set.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/stockres/stock"
+)
+
+func buyOn(t *testing.T, base, key, sku, user string, qty int64) resp25 {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"sku": sku, "qty": qty, "user": user})
+	return doOn25(t, base, req25{key: key, ctype: "application/json", body: string(b)})
+}
+
+// client returns a new client of the env's Redis: through the proxy, or straight to the server.
+func (e *env25) client(t *testing.T, direct bool) rueidis.Client {
+	t.Helper()
+	addr := e.proxy.Addr()
+	if direct {
+		if e.real {
+			addr = e.srv.Addr()
+		} else {
+			addr = e.mr.Addr()
+		}
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: !e.real, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// instance starts another process of the service on c: its own Reserver (per-user limit
+// limit) and key records (key lifetime keyTTL), sharing the env's Redis and payment provider.
+func (e *env25) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL time.Duration) *httptest.Server {
+	t.Helper()
+	r, err := stock.New(c, stock.WithPrefix("atk25"), stock.WithUserLimit(limit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := NewKeys(c, "atk25", keyTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(NewHandler(r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+// Two instances, each with its own Redis client, Reserver and key records, get the same key
+// for two items at the same moment, many times: per key, exactly one order and one 422, and
+// every order paid for.
+func TestKeysSameKeyTwoItemsTwoInstancesConcurrent(t *testing.T) {
+	backends25(t, cfg25{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *env25) {
+		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(5 * time.Millisecond); return nil })
+		bases := []string{e.ts.URL, e.instance(t, e.client(t, false), 0, 24*time.Hour).URL}
+		const keys = 16
+		var wg sync.WaitGroup
+		res := make([][2]resp25, keys)
+		for k := range keys {
+			for j, sku := range []string{"sku-a", "sku-b"} {
+				// Key k: sku-a on instance k%2, sku-b on the other one.
+				wg.Go(func() { res[k][j] = buyOn(t, bases[(k+j)%2], fmt.Sprintf("dual-%d", k), sku, "mallory", 1) })
+			}
+		}
+		wg.Wait()
+		ok := 0
+		for k, pair := range res {
+			n := 0
+			for j, r := range pair {
+				if r.status == 200 {
+					n++
+					if !e.pay.Charged(r.str("order")) {
+						t.Errorf("key dual-%d: order %s not charged", k, r.str("order"))
+					}
+				} else {
+					wantError25(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
+				}
+			}
+			if n != 1 {
+				t.Errorf("key dual-%d: %d orders (%s | %s), want exactly 1", k, n, pair[0], pair[1])
+			}
+			ok += n
+		}
+		a, b := e.levels("sku-a"), e.levels("sku-b")
+		if a.Held+b.Held != 0 || a.Sold+b.Sold != int64(ok) {
+			t.Errorf("levels a %+v b %+v, want %d sold in all and nothing held", a, b, ok)
+		}
+		if e.pay.Calls() != ok {
+			t.Errorf("%d charge calls for %d orders", e.pay.Calls(), ok)
+		}
+	})
+}
+
+// The record of a key: where it is, what it holds, how long it lives; a key whose attempts
+// were all refused is free again; once its lifetime is over, the key may name another purchase,
+// which is a new order, charged anew: the first order's payment is never reused.
+func TestKeysRecord(t *testing.T) {
+	backends25(t, cfg25{limit: 10, items: map[string]int64{"sku-a": 5, "sku-b": 5}}, func(t *testing.T, e *env25) {
+		ctx := context.Background()
+		k := e.keys()
+		if a, b := k.record("a:", "b"), k.record("a", ":b"); a == b {
+			t.Errorf("record keys of (a:, b) and (a, :b) are both %q", a)
+		}
+		wantOK25(t, "first", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		rec := "atk25|key:5:alice:k1"
+		h, err := e.c.Do(ctx, e.c.B().Hgetall().Key(rec).Build()).AsStrMap()
+		if err != nil || h["p"] != "1|sku-a" || h["n"] != "1" {
+			t.Errorf("record %q = %v (%v), want p=1|sku-a n=1", rec, h, err)
+		}
+		ttl, err := e.c.Do(ctx, e.c.B().Pttl().Key(rec).Build()).AsInt64()
+		if err != nil || ttl <= 0 || ttl > (24*time.Hour).Milliseconds() {
+			t.Errorf("PTTL %q = %d (%v), want the key's lifetime, 24h", rec, ttl, err)
+		}
+		// A retry counts one more use (it may be in flight with the first).
+		wantOK25(t, "retry", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		if n, _ := e.c.Do(ctx, e.c.B().Hget().Key(rec).Field("n").Build()).ToString(); n != "2" {
+			t.Errorf("uses after a retry: %q, want 2", n)
+		}
+
+		// Refused for stock: the key is free again, for any purchase.
+		wantError25(t, "too many", e.buy(t, "k2", "sku-a", "bob", 9), 409, "insufficient")
+		if n, err := e.c.Do(ctx, e.c.B().Exists().Key("atk25|key:3:bob:k2").Build()).AsInt64(); err != nil || n != 0 {
+			t.Errorf("the record of a refused key is still there (%d, %v)", n, err)
+		}
+		wantOK25(t, "the refused key, another item", e.buy(t, "k2", "sku-b", "bob", 1), "sku-b", "bob", 1)
+
+		// A key of lifetime 1s, used for sku-a; after its lifetime, for sku-b.
+		short := e.instance(t, e.client(t, false), 2, time.Second).URL
+		first := buyOn(t, short, "k3", "sku-a", "carol", 1)
+		wantOK25(t, "short-lived key, sku-a", first, "sku-a", "carol", 1)
+		wantError25(t, "short-lived key, sku-b at once", buyOn(t, short, "k3", "sku-b", "carol", 1), 422, "idempotency_key_reused")
+		calls := e.pay.Calls()
+		e.advance(1500 * time.Millisecond)
+		second := buyOn(t, short, "k3", "sku-b", "carol", 1)
+		wantOK25(t, "short-lived key, sku-b after its lifetime", second, "sku-b", "carol", 1)
+		if second.str("order") == first.str("order") || e.pay.Calls() != calls+1 || !e.pay.Charged(second.str("order")) {
+			t.Errorf("orders %s and %s, %d charge calls after %d: the second item must be a new order, charged",
+				first.str("order"), second.str("order"), e.pay.Calls(), calls)
+		}
+		if lv := e.levels("sku-b"); lv.Sold != 2 {
+			t.Errorf("sku-b %+v, want 2 sold", lv)
+		}
+	})
+}
+
+// A retry after an unknown outcome is marked Request.Retry: its refusal is final. Alice's
+// first attempt is cut off from Redis (its hold waits in a partition) and answered 503; on
+// another instance, bob takes the last unit and alice's retry is refused (409 sold_out); then a
+// unit comes back, and the partition heals, and alice's first hold reaches Redis at last. It
+// must be refused: alice was told "sold out", nobody will pay for that hold, and it must not
+// take the unit from the next buyer.
+func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
+	backends25(t, cfg25{limit: 2, items: map[string]int64{"sku-a": 1}}, func(t *testing.T, e *env25) {
+		defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
+		stepTimeout = 500 * time.Millisecond
+		ctx := context.Background()
+		direct := e.client(t, true)
+		// Instance 1 holds through the proxy (e.r), with its key records straight on Redis, so
+		// that the partition cuts the hold and not the binding of the key before it.
+		keys, err := NewKeys(direct, "atk25", 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := httptest.NewServer(NewHandler(e.r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
+		defer one.Close()
+		two := e.instance(t, direct, 2, 24*time.Hour).URL
+		r, err := stock.New(direct, stock.WithPrefix("atk25"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		levels := func() stock.Levels {
+			t.Helper()
+			lv, err := r.Levels(ctx, "sku-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return lv
+		}
+
+		e.proxy.Blackhole(time.Minute)
+		wantError25(t, "alice, partitioned", buyOn(t, one.URL, "k1", "sku-a", "alice", 1), 503, "unavailable")
+		if lv := levels(); lv.Available != 1 || lv.Held != 0 {
+			t.Fatalf("levels %+v: alice's hold reached Redis; the test did not partition it", lv)
+		}
+		wantOK25(t, "bob", buyOn(t, two, "b1", "sku-a", "bob", 1), "sku-a", "bob", 1)
+		wantError25(t, "alice's retry", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		if _, err := r.Restock(ctx, "sku-a", "restock-1", 1); err != nil {
+			t.Fatal(err)
+		}
+
+		sent := e.proxy.Stats().Commands // alice's hold among them, held back
+		e.proxy.Heal()                   // it reaches Redis now
+		deadline := time.Now().Add(10 * time.Second)
+		for s := e.proxy.Stats(); s.Replies < sent; s = e.proxy.Stats() {
+			if time.Now().After(deadline) {
+				t.Fatalf("proxy stats %+v: the %d commands held back did not all run", s, sent)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if lv := levels(); lv.Held != 0 || lv.Available != 1 || lv.Sold != 1 {
+			t.Errorf("levels %+v: alice's late first hold took the unit after she was told sold out", lv)
+		}
+		order := orderID("alice", "k1", "sku-a", 1)
+		if en, err := r.Ledger(ctx, "sku-a", order); err != nil || en.Taken() {
+			t.Errorf("ledger of alice's order: %+v %v, want a refusal", en, err)
+		}
+		// The answer stays: alice's key is sold out; the unit is the next buyer's.
+		wantError25(t, "alice again", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		wantOK25(t, "carol", buyOn(t, two, "c1", "sku-a", "carol", 1), "sku-a", "carol", 1)
+		if e.pay.Charged(order) {
+			t.Errorf("alice was charged")
+		}
+	})
+}
