@@ -295,17 +295,46 @@ func (r *Reserver) claimedElsewhere(ctx context.Context, req Request, b int) err
 // once. Errors are logged: a transfer cut half way is completed by recoverTransfers.
 func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int64) int64 {
 	need = max(need, 1)
-	cmds := make(rueidis.Commands, 0, n)
+	// read returns each bucket's available units (-1 when unreadable) and whether it has live
+	// holds.
+	read := func() (avail []int64, holds []bool) {
+		cmds := make(rueidis.Commands, 0, n)
+		for i := range n {
+			cmds = append(cmds, r.client.B().Hmget().Key(r.item(bucketName(sku, i)).Item).Field("a", "n").Build())
+		}
+		avail, holds = make([]int64, n), make([]bool, n)
+		for i, res := range r.client.DoMulti(ctx, cmds...) {
+			avail[i] = -1
+			if vs, err := res.ToArray(); err == nil && len(vs) == 2 {
+				if a, err := vs[0].AsInt64(); err == nil {
+					avail[i] = a
+				}
+				holds[i] = !vs[1].IsNil()
+			}
+		}
+		return avail, holds
+	}
+	avail, holds := read()
+	// Holds past their deadline in the other buckets are released first, as a plain item's
+	// request releases its due holds before it refuses (a sweep releases the due ones only).
+	swept := false
 	for i := range n {
-		cmds = append(cmds, r.client.B().Hget().Key(r.item(bucketName(sku, i)).Item).Field("a").Build())
+		if i != b && holds[i] {
+			if k, err := r.sweep(ctx, bucketName(sku, i)); err == nil && k > 0 {
+				swept = true
+			}
+		}
+	}
+	if swept {
+		avail, _ = read()
 	}
 	type donor struct {
 		i int
 		a int64
 	}
 	var donors []donor
-	for i, res := range r.client.DoMulti(ctx, cmds...) {
-		if a, err := res.AsInt64(); err == nil && a > 0 && i != b {
+	for i, a := range avail {
+		if i != b && a > 0 {
 			donors = append(donors, donor{i, a})
 		}
 	}
@@ -622,4 +651,17 @@ func (r *Reserver) transferHeads(ctx context.Context, names []string) (map[strin
 func (rc *reconciler) splitInRedis(ctx context.Context, sku string) bool {
 	yes, err := rc.r.client.Do(ctx, rc.r.client.B().Sismember().Key(rc.r.registryKey()).Member(bucketName(sku, 0)).Build()).AsBool()
 	return yes || err != nil
+}
+
+// names returns the names of the items that hold sku's keys: sku, or its buckets.
+func (r *Reserver) names(sku string) []string {
+	n := r.bucketsOf(sku)
+	if n == 0 {
+		return []string{sku}
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = bucketName(sku, i)
+	}
+	return out
 }

@@ -493,3 +493,26 @@ func TestBucketedSweeperCompletesCutTransfer(t *testing.T) {
 		assert.Equal(t, Levels{Available: 10, Loaded: 10}, bucketLevels(t, r, "sw"))
 	})
 }
+
+// TestBucketedDueHoldsInOtherBuckets: the stock of holds past their deadline in another bucket
+// serves a request, as a plain item's due holds do (no phantom sold-out).
+func TestBucketedDueHoldsInOtherBuckets(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := bucketedReserver(t, c, 2)
+		require.NoError(t, r.Load(ctx, "dh", 2))
+		a, b := "a0", "b0"
+		for i := 1; bucketOf(b, 2) == bucketOf(a, 2); i++ {
+			b = "b" + strconv.Itoa(i)
+		}
+		_, err := r.Hold(ctx, Request{SKU: "dh", ID: "h", User: a, Qty: 2}, 5*time.Millisecond)
+		require.NoError(t, err)
+		redistest.Sleep(c, 50*time.Millisecond) // past the deadline; no sweep runs
+		rc, err := r.Deduct(ctx, Request{SKU: "dh", ID: "d", User: b, Qty: 2})
+		require.NoError(t, err, "the due hold's units serve the request")
+		assert.Equal(t, int64(2), rc.Qty)
+		assert.Equal(t, Levels{Sold: 2, Loaded: 2}, bucketLevels(t, r, "dh"))
+		_, err = r.Confirm(ctx, "dh", "h")
+		assert.ErrorIs(t, err, ErrExpired)
+	})
+}

@@ -148,8 +148,10 @@ func (r *Reserver) sweepItems(ctx context.Context, skus ...string) (int64, error
 	}
 	if len(skus) > 0 {
 		for _, sku := range skus {
-			if !sweep(sku) {
-				break
+			for _, name := range r.names(sku) {
+				if !sweep(name) {
+					return total, errors.Join(errs...)
+				}
 			}
 		}
 		return total, errors.Join(errs...)

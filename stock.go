@@ -474,13 +474,18 @@ func (r *Reserver) pendingCounts(ctx context.Context, sku string) (pending, dead
 	if err := checkName("sku", sku); err != nil {
 		return 0, 0, err
 	}
-	k := r.item(sku)
-	res := r.client.DoMulti(ctx, r.client.B().Zcard().Key(k.Outbox).Build(), r.client.B().Zcard().Key(k.Dead).Build())
-	if pending, err = res[0].AsInt64(); err == nil {
-		dead, err = res[1].AsInt64()
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("stock: pending %s: %w", sku, err)
+	for _, name := range r.names(sku) {
+		k := r.item(name)
+		res := r.client.DoMulti(ctx, r.client.B().Zcard().Key(k.Outbox).Build(), r.client.B().Zcard().Key(k.Dead).Build())
+		p, err := res[0].AsInt64()
+		var d int64
+		if err == nil {
+			d, err = res[1].AsInt64()
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("stock: pending %s: %w", sku, err)
+		}
+		pending, dead = pending+p, dead+d
 	}
 	return pending, dead, nil
 }
