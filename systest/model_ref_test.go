@@ -26,6 +26,10 @@ type mEntry struct {
 	deadline int64 // holds: ms
 	lack     error // tombstones of a Retry refusal (state refused): the refusal recorded
 	maybe    bool  // a tombstone the library may or may not have written (resolved by the harness)
+	// maybeExp: a due hold of a split item that this step's request may or may not have
+	// released (a request releases the due holds of its own bucket only, unless its bucket was
+	// short of stock); the harness reads the library's state back after the step.
+	maybeExp bool
 }
 
 func (e *mEntry) taken() bool {
@@ -121,15 +125,28 @@ type world struct {
 	// released64: the takes of a one-script cart, whose script released each item's due holds
 	// (at most 64) once, before its lines: take does not release another 64.
 	released64 bool
+	// buckets is the WithBuckets function of the Reservers (nil: no item is split); claims the
+	// bucket each request id of a split item is claimed for (key: sku + "\x00" + id).
+	buckets func(string) int
+	claims  map[string]int
 }
 
-func newWorld(limit int64, group func(string) string) *world {
-	return &world{items: map[string]*mItem{}, carts: map[string]*mCart{}, limit: limit, group: group, confirmExpired: map[string]bool{}}
+func newWorld(limit int64, group func(string) string, buckets func(string) int) *world {
+	w := &world{items: map[string]*mItem{}, carts: map[string]*mCart{}, limit: limit, confirmExpired: map[string]bool{},
+		buckets: buckets, claims: map[string]int{}}
+	// A split item is never in a group (WithGroups is ignored for it).
+	w.group = func(sku string) string {
+		if w.nb(sku) > 0 {
+			return ""
+		}
+		return group(sku)
+	}
+	return w
 }
 
 func (w *world) clone() *world {
 	c := &world{items: make(map[string]*mItem, len(w.items)), carts: maps.Clone(w.carts), limit: w.limit, group: w.group,
-		confirmExpired: maps.Clone(w.confirmExpired)}
+		confirmExpired: maps.Clone(w.confirmExpired), buckets: w.buckets, claims: maps.Clone(w.claims)}
 	for s, it := range w.items {
 		c.items[s] = it.clone()
 	}
@@ -146,6 +163,9 @@ type outcome struct {
 	replay   int // 0 not replayed, 1 replayed, 2 either
 	units    int64
 	cartSKU  string // a *CartError naming this SKU
+	// elsewhere: a take of a split item whose id is claimed for another bucket (known issue
+	// "bucketConflictQty": the library answers ErrConflict with Receipt.Qty 0).
+	elsewhere bool
 }
 
 func (o outcome) errs() []error { return append([]error{o.err}, o.alt...) }
@@ -194,6 +214,21 @@ func (it *mItem) expireN(now int64, max int, own string) {
 // take is Deduct (kind deduct) and Hold (kind hold) of one request.
 func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry bool, ttl, now int64) outcome {
 	o := outcome{rc: stock.Receipt{SKU: sku, ID: id, Qty: qty}}
+	bucket := -1
+	if n := w.nb(sku); n > 0 {
+		// WithBuckets: the request goes to its buyer's bucket (its id's without a buyer); the
+		// first request of an id claims a bucket for it, and a later request of the id for
+		// another bucket is ErrConflict (ErrRestored after a restore that overtook it).
+		key := id
+		if user != "" {
+			key = user
+		}
+		want := fnvBucket(key, n)
+		if b := w.claim(sku, id, want); b != want {
+			return w.claimedElsewhere(sku, id, o)
+		}
+		bucket = want
+	}
 	it := w.item(sku)
 	if it == nil {
 		o.err = stock.ErrNotLoaded
@@ -206,12 +241,24 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 	}
 	// Every deduct and hold releases the item's due holds first: at most 64, and its own id's;
 	// up to 10,000 when the request would otherwise be refused for stock or the user's limit.
-	if !w.released64 {
+	if bucket >= 0 {
+		w.expireSplit(sku, it, now, 64, id, bucket)
+	} else if !w.released64 {
 		it.expireN(now, 64, id)
 	}
 	limited := user != "" && w.limit > 0
-	if e := it.ledger[id]; e == nil && !it.closed && (it.avail < qty || (limited && (w.limitReleasesAll || it.units(user)+qty > w.limit))) {
-		it.expireN(now, 10000, id)
+	if e := it.ledger[id]; e == nil && !it.closed && (it.avail-it.maybeUnits() < qty || (limited && (w.limitReleasesAll || it.units(user)+qty > w.limit))) {
+		if bucket >= 0 {
+			// The bucket releases every due hold of its own; when the item as a whole is
+			// still short, so is the bucket, which then releases the other buckets' due
+			// holds before it moves stock from them.
+			w.expireSplit(sku, it, now, 10000, id, bucket)
+			if it.avail-it.maybeUnits() < qty {
+				it.expireAllMaybe()
+			}
+		} else {
+			it.expireN(now, 10000, id)
+		}
 	}
 	if e := it.ledger[id]; e != nil {
 		switch {
@@ -267,6 +314,9 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 // giveBack is Restore (cancel false) and Cancel (cancel true).
 func (w *world) giveBack(sku, id string, cancel bool, now int64) outcome {
 	o := outcome{rc: stock.Receipt{SKU: sku, ID: id}}
+	if n := w.nb(sku); n > 0 {
+		w.claim(sku, id, fnvBucket(id, n)) // Restore and Cancel claim the id's home bucket
+	}
 	it := w.item(sku)
 	if it == nil {
 		// silent: a restore or cancel of an item that is not loaded is the restore of an
@@ -327,7 +377,15 @@ func (w *world) liveHold(sku, id string, confirm bool, ttl, now int64) outcome {
 		}
 		return o
 	}
-	it.expireN(now, 64, id) // Confirm and Extend release due holds first (at most 64, and their own)
+	if n := w.nb(sku); n > 0 {
+		b, ok := w.claims[claimKey(sku, id)]
+		if !ok {
+			b = fnvBucket(id, n)
+		}
+		w.expireSplit(sku, it, now, 64, id, b) // the id's bucket's due holds
+	} else {
+		it.expireN(now, 64, id) // Confirm and Extend release due holds first (at most 64, and their own)
+	}
 	e := it.ledger[id]
 	if e == nil {
 		o.err = stock.ErrUnknownID
@@ -363,6 +421,9 @@ func (w *world) liveHold(sku, id string, confirm bool, ttl, now int64) outcome {
 
 func (w *world) restock(sku, id string, qty int64) outcome {
 	o := outcome{rc: stock.Receipt{SKU: sku, ID: id, Qty: qty}}
+	if n := w.nb(sku); n > 0 {
+		w.claim(sku, id, fnvBucket(id, n)) // Restock claims the id's home bucket
+	}
 	it := w.item(sku)
 	if it == nil {
 		o.err = stock.ErrNotLoaded
@@ -405,6 +466,9 @@ func (w *world) load(sku string, qty int64) outcome {
 
 // lifecycle is Close, Reopen and Delist.
 func (w *world) lifecycle(op, sku string) outcome {
+	if op == "delist" && w.nb(sku) > 0 {
+		return outcome{err: stock.ErrInvalid} // Delist refuses a split item, loaded or not
+	}
 	it := w.item(sku)
 	if it == nil {
 		return outcome{err: stock.ErrNotLoaded}
@@ -470,6 +534,11 @@ func (w *world) oneSlot(lines []stock.Line) bool {
 // cart is DeductMany (kind deduct) and HoldMany (kind hold).
 func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, now int64) (outcome, []outcome) {
 	lines := sumLines(raw)
+	for _, l := range lines {
+		if w.nb(l.SKU) > 0 {
+			return outcome{err: stock.ErrInvalid}, nil // carts refuse a split item: nothing changed
+		}
+	}
 	if c := w.carts[id]; c != nil && !w.oneSlot(lines) {
 		if c.user != user || c.kind != kind || !slices.Equal(c.lines, lines) {
 			// A cart id used by another user, or with other lines: ErrConflict, nothing changed.
@@ -634,4 +703,118 @@ func sortedUnique(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return slices.Compact(s)
+}
+
+// Items split over buckets (WithBuckets).
+
+// nb is the number of buckets of sku: 0 when it is not split.
+func (w *world) nb(sku string) int {
+	if w.buckets == nil {
+		return 0
+	}
+	if n := w.buckets(sku); n >= 2 {
+		return min(n, 64)
+	}
+	return 0
+}
+
+// fnvBucket is the bucket of n a buyer or an id goes to (README "Routing": FNV-1a, mod n).
+func fnvBucket(key string, n int) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
+func claimKey(sku, id string) string { return sku + "\x00" + id }
+
+// claim returns the bucket id is claimed for on sku, claiming want when no request did.
+func (w *world) claim(sku, id string, want int) int {
+	k := claimKey(sku, id)
+	if b, ok := w.claims[k]; ok {
+		return b
+	}
+	w.claims[k] = want
+	return want
+}
+
+// claimedElsewhere is the answer to a take of an id claimed for another bucket than the
+// request's: ErrRestored when a restore overtook it (a tombstone), the refusal of a Retry,
+// else ErrConflict (with the quantity the id was first used with, Receipt's doc).
+func (w *world) claimedElsewhere(sku, id string, o outcome) outcome {
+	var e *mEntry
+	if it := w.items[sku]; it != nil {
+		e = it.ledger[id]
+	}
+	switch {
+	case e == nil:
+		o.err = stock.ErrConflict
+	case e.kind == stock.KindTombstone && e.maybe:
+		o.err, o.alt = stock.ErrRestored, []error{stock.ErrConflict}
+	case e.kind == stock.KindTombstone && e.state == stock.StateRefused:
+		o.err, o.alt = stock.ErrSoldOut, []error{stock.ErrInsufficient, stock.ErrRestored}
+	case e.kind == stock.KindTombstone:
+		o.err = stock.ErrRestored
+	default:
+		o.err, o.rc.Qty, o.checkQty, o.elsewhere = stock.ErrConflict, e.qty, true, true
+	}
+	return o
+}
+
+// expireSplit releases, as a request on bucket b of a split item does, at most max of the
+// bucket's due holds (earliest deadline first, then by id) and always own's. The due holds of
+// the other buckets, and those of b past max, are released as maybe (maybeExp): the library
+// may have released them too (a bucket short of stock does), the harness reads them back.
+func (w *world) expireSplit(sku string, it *mItem, now int64, max int, own string, b int) {
+	var due []string
+	for id, e := range it.ledger {
+		if e.kind == stock.KindHold && (e.state == stock.StateHeld || e.maybeExp) && e.deadline <= now {
+			due = append(due, id)
+		}
+	}
+	sort.Slice(due, func(i, j int) bool {
+		x, y := it.ledger[due[i]], it.ledger[due[j]]
+		if x.deadline != y.deadline {
+			return x.deadline < y.deadline
+		}
+		return due[i] < due[j]
+	})
+	k := 0
+	for _, id := range due {
+		e := it.ledger[id]
+		cb, ok := w.claims[claimKey(sku, id)]
+		mine := ok && cb == b
+		definite := id == own || (mine && k < max)
+		if mine {
+			k++
+		}
+		if e.state == stock.StateHeld {
+			e.state = stock.StateExpired
+			it.held -= e.qty
+			it.avail += e.qty
+			e.maybeExp = !definite
+		} else if definite {
+			e.maybeExp = false
+		}
+	}
+}
+
+// maybeUnits is the units of the holds released as maybe.
+func (it *mItem) maybeUnits() int64 {
+	var n int64
+	for _, e := range it.ledger {
+		if e.maybeExp {
+			n += e.qty
+		}
+	}
+	return n
+}
+
+// expireAllMaybe makes every maybe release of the item definite.
+func (it *mItem) expireAllMaybe() {
+	for _, e := range it.ledger {
+		e.maybeExp = false
+	}
 }
