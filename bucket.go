@@ -237,7 +237,7 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 		return rc, err
 	}
 	if b != want {
-		return rc, r.claimedElsewhere(ctx, req, b)
+		return r.claimedElsewhere(ctx, rc, req, b)
 	}
 	bq := req
 	bq.SKU, bq.Retry = bucketName(req.SKU, b), false
@@ -268,25 +268,31 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 }
 
 // claimedElsewhere answers a take whose id an earlier request claimed for bucket b, another
-// than the take's own: by another buyer, or by a restore that overtook the take.
-func (r *Reserver) claimedElsewhere(ctx context.Context, req Request, b int) error {
+// than the take's own: by another buyer, or by a restore that overtook the take. As on a plain
+// item, a tombstone answers ErrRestored (ErrSoldOut for the recorded refusal of a retry), and an
+// entry ErrConflict with the quantity the id was first used with (rc.Qty); a claim whose request
+// wrote nothing (refused for stock) is another buyer's too: ErrConflict.
+func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request, b int) (Receipt, error) {
 	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(bucketName(req.SKU, b)).Ledger).Field(req.ID).Build()).ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
-		return fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
+		return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
 	}
 	if err == nil {
 		e, err := parseEntry(req.SKU, req.ID, s)
 		if err != nil {
-			return err
+			return rc, err
 		}
 		if e.Kind == KindTombstone {
+			rc.Qty = req.Qty
 			if e.State == StateRefused {
-				return ErrSoldOut
+				return rc, ErrSoldOut
 			}
-			return ErrRestored
+			return rc, ErrRestored
 		}
+		rc.Qty = e.Qty
+		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, req.SKU, req.ID, e.Qty)
 	}
-	return fmt.Errorf("%w: %s/%s was used by another buyer", ErrConflict, req.SKU, req.ID)
+	return rc, fmt.Errorf("%w: %s/%s was used by another buyer", ErrConflict, req.SKU, req.ID)
 }
 
 // rebalance moves stock of item sku (of n buckets) into bucket b from the others, at least need

@@ -176,12 +176,15 @@ func WithGroups(group func(sku string) string) Option {
 // Bucket i of item X is kept as the item "X|i" with keys of its own slot ("|" is never in a
 // name). A request goes to its buyer's bucket (its id's when it has no buyer), so a buyer's
 // units and limit live in one bucket and WithUserLimit stays exact; the first request of an id
-// claims a bucket for it, so a later request of that id by another buyer is ErrConflict, never
-// a second take, and Restore, Cancel, Confirm, Extend and Ledger find it. A bucket short of stock
-// moves stock from the others (a transfer, recorded in both buckets and completed by the
-// sweeper of Run should its process die half way) before it answers ErrSoldOut or
-// ErrInsufficient: a request is refused only when the buckets together could not serve it.
-// Levels sums the buckets; Receipt.Remaining is what is left in the request's bucket. The relay
+// claims a bucket for it (even when it is refused), so a later request of that id by a buyer
+// of another bucket is ErrConflict, never a second take, and Restore, Cancel, Confirm, Extend
+// and Ledger find it. A request releases the due holds of its own bucket, as on a plain item; a
+// bucket short of stock first releases the due holds of the others, then moves stock from them
+// (a transfer, recorded in both buckets and completed by the sweeper of Run should its process
+// die half way) before it answers ErrSoldOut or ErrInsufficient: a request is refused only when
+// the buckets together could not serve it. Levels sums the buckets (due holds of other buckets
+// count as held until a sweep or a short bucket releases them); Receipt.Remaining and
+// Entry.After are what is left in the request's bucket. The relay
 // hands the Store and the Publisher the item, each bucket's events in order (Event.Seq orders
 // the events of one bucket), and the reconciler compares the buckets as one with the Store.
 //

@@ -163,9 +163,6 @@ type outcome struct {
 	replay   int // 0 not replayed, 1 replayed, 2 either
 	units    int64
 	cartSKU  string // a *CartError naming this SKU
-	// elsewhere: a take of a split item whose id is claimed for another bucket (known issue
-	// "bucketConflictQty": the library answers ErrConflict with Receipt.Qty 0).
-	elsewhere bool
 }
 
 func (o outcome) errs() []error { return append([]error{o.err}, o.alt...) }
@@ -758,7 +755,7 @@ func (w *world) claimedElsewhere(sku, id string, o outcome) outcome {
 	case e.kind == stock.KindTombstone:
 		o.err = stock.ErrRestored
 	default:
-		o.err, o.rc.Qty, o.checkQty, o.elsewhere = stock.ErrConflict, e.qty, true, true
+		o.err, o.rc.Qty, o.checkQty = stock.ErrConflict, e.qty, true
 	}
 	return o
 }
