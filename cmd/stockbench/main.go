@@ -42,7 +42,18 @@
 // they are printed as an array),
 // -items K (1: one hot item), -duration per phase (5s), -retry share (0.05), -pg dsn, -json,
 // -phases list, -rounds N (1), -flush, -outbox (true: stock.WithOutbox for the Reserver phases),
-// -coalesce N (4: stock.WithCoalescing for the Reserver phases; 0 = off).
+// -coalesce N (4: stock.WithCoalescing for the Reserver phases; 0 = off), -buckets N (1: each
+// item of the Reserver phases in one slot; N > 1 splits it over N buckets in slots of their own
+// with stock.WithBuckets, so that one hot item is served by several masters of a cluster),
+// -stock N (10^12: units loaded per item in deduct, deduct-nouser and restore; little stock
+// makes the items sell out during the phase, and with -buckets, a bucket that runs short draws
+// stock from the others: the cost of those transfers shows in the phase's figures).
+//
+// With -buckets N the checks cover every bucket: Levels sums them, the ledger entries are
+// counted with stockops.Entries (every bucket's ledger) and must match the keys stockbench
+// reads for the memory per entry, no transfer between buckets may be left in flight, and the
+// keys of every bucket ("<prefix>:{sku|i}…") are deleted. The sold-out fast path does not answer
+// for a split item: soldout-fast then measures the same path as soldout (a note says so).
 //
 // For each phase it reports ops/s, latency quantiles (p50, p99, p99.9), allocations per op in
 // this process (the load generator's own id string included; with the embedded miniredis, the
@@ -105,6 +116,7 @@ const (
 	phWatch        = "watch-multi"
 	phPGHotRow     = "pg-hotrow"
 	defaultMaxG    = 64 // goroutines of the connection-bound phases (watch-multi, pg-hotrow)
+	maxBuckets     = 64 // the most buckets stock.WithBuckets splits an item into
 )
 
 var allPhases = []string{phDeduct, phDeductNoUser, phSoldOut, phFastPath, phRestore, phLedgerHash, phOnePerUser, phNoLedger, phWatch, phPGHotRow}
@@ -132,6 +144,8 @@ type config struct {
 	rounds     int
 	idle       []int  // -idle: catalogue sizes of the idle report
 	cpuprofile string // -cpuprofile: where to write a CPU profile of the client
+	buckets    int    // -buckets: buckets per item of the Reserver phases (stock.WithBuckets); 1 = not split
+	stock      int64  // -stock: units loaded per item in the deduct, deduct-nouser and restore phases
 }
 
 // Report is the outcome of a run, printed as a table or, with -json, as this structure.
@@ -144,6 +158,8 @@ type Report struct {
 	Retry      float64       `json:"retry"`
 	Outbox     bool          `json:"outbox"`
 	Coalesce   int           `json:"coalesce"`
+	Buckets    int           `json:"buckets"` // buckets per item of the Reserver phases (1: not split)
+	Stock      int64         `json:"stock"`   // units loaded per item in deduct, deduct-nouser and restore
 	Phases     []PhaseResult `json:"phases"`
 	Ratios     []Ratio       `json:"ratios"`
 	Checks     []Check       `json:"checks"`
@@ -192,6 +208,10 @@ type PhaseResult struct {
 	Aborts        int64    `json:"aborts"` // watch-multi: EXEC aborted by a concurrent write
 	Errors        int64    `json:"errors"` // transport or unexpected errors: not counted in Ops
 	FirstErr      string   `json:"first_error,omitempty"`
+
+	// Transfers is how many times stock moved between the buckets of the phase's items (a
+	// bucket short of stock draws on the others), set for items split over buckets (-buckets).
+	Transfers *int64 `json:"bucket_transfers,omitempty"`
 
 	// RedisCPUPerNode splits RedisCPU by node address (in cores, as RedisCPU: the values sum to
 	// it), RedisUsPerOpPerNode RedisUsPerOp (microseconds per op of each node), and
@@ -282,6 +302,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&phases, "phases", "", "comma-separated phases to run (default: all; pg-hotrow needs -pg)\n"+strings.Join(allPhases, ","))
 	fs.BoolVar(&cfg.flush, "flush", false, "FLUSHDB before each phase (only for a Redis you own)")
 	fs.BoolVar(&cfg.outbox, "outbox", true, "Reserver phases queue outbox events (stock.WithOutbox)")
+	fs.IntVar(&cfg.buckets, "buckets", 1, "split each item of the Reserver phases over this many cluster slots (stock.WithBuckets; 1 = not split, at most 64)")
+	fs.Int64Var(&cfg.stock, "stock", bigStock, "units loaded per item in the deduct, deduct-nouser and restore phases (little stock: the items sell out, and with -buckets stock moves between buckets)")
 	fs.IntVar(&cfg.coalesce, "coalesce", 4, "calls of one item in flight before deducts are coalesced (stock.WithCoalescing; 0 = off)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "split each phase into this many slices, run in turn with the other phases")
 	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of this process (the client side) to this file")
@@ -333,6 +355,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return bad("-retry must be in [0, 1)")
 	case cfg.rounds < 1 || cfg.duration/time.Duration(cfg.rounds) <= 0:
 		return bad("-rounds must be at least 1 and at most the duration in nanoseconds")
+	case cfg.buckets < 1 || cfg.buckets > maxBuckets:
+		return bad("-buckets must be from 1 to %d", maxBuckets)
+	case cfg.stock < 1 || cfg.stock > bigStock:
+		return bad("-stock must be from 1 to %d", int64(bigStock))
 	}
 	if phases == "" {
 		for _, p := range allPhases {
@@ -443,10 +469,23 @@ func (b *bench) report(ctx context.Context) (Report, error) {
 	cfg := b.cfg
 	rep := Report{
 		Target: b.target, Goroutines: cfg.g, Items: cfg.items, Duration: cfg.duration.String(),
-		Rounds: cfg.rounds, Retry: cfg.retry, Outbox: cfg.outbox, Coalesce: cfg.coalesce, OK: true,
+		Rounds: cfg.rounds, Retry: cfg.retry, Outbox: cfg.outbox, Coalesce: cfg.coalesce,
+		Buckets: cfg.buckets, Stock: cfg.stock, OK: true,
 	}
 	if b.mini != nil {
 		rep.Notes = append(rep.Notes, "embedded miniredis runs in this process: allocs/op and client CPU include the server, Redis CPU and memory are n/a")
+	}
+	if cfg.buckets > 1 {
+		if slices.Contains(cfg.phases, phFastPath) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("-buckets %d: the sold-out fast path does not answer for an item split over buckets; "+
+				"soldout-fast sends every request to Redis as soldout does (its ratio to soldout is not the fast path's gain)", cfg.buckets))
+		}
+		if pl := b.bucketPlacement(ctx); pl != "" {
+			rep.Notes = append(rep.Notes, pl)
+		}
+		if b.mini == nil && len(cfg.cluster) == 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("-buckets %d on a single Redis: the buckets share one core; they spread over cores only on a cluster", cfg.buckets))
+		}
 	}
 	results, checks, err := b.runPhases(ctx)
 	rep.Phases, rep.Checks = results, checks
@@ -601,8 +640,15 @@ func divide(a, b *float64) *float64 {
 }
 
 func printTable(w io.Writer, rep Report) error {
-	fmt.Fprintf(w, "stockbench: %s, g=%d, items=%d, %s per phase in %d round(s), retry=%.2f, outbox=%t, coalesce=%d\n",
+	fmt.Fprintf(w, "stockbench: %s, g=%d, items=%d, %s per phase in %d round(s), retry=%.2f, outbox=%t, coalesce=%d",
 		rep.Target, rep.Goroutines, rep.Items, rep.Duration, rep.Rounds, rep.Retry, rep.Outbox, rep.Coalesce)
+	if rep.Buckets > 1 {
+		fmt.Fprintf(w, ", buckets=%d", rep.Buckets)
+	}
+	if rep.Stock != 0 && rep.Stock != bigStock {
+		fmt.Fprintf(w, ", stock=%d", rep.Stock)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintln(w, "(one run on one machine: compare the rows with each other, not with other runs)")
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -626,6 +672,11 @@ func printTable(w io.Writer, rep Report) error {
 	for _, p := range rep.Phases {
 		if p.FirstErr != "" {
 			fmt.Fprintf(w, "%s: first error: %s\n", p.Name, p.FirstErr)
+		}
+	}
+	for _, p := range rep.Phases {
+		if p.Transfers != nil {
+			fmt.Fprintf(w, "%s: %d transfers of stock between buckets\n", p.Name, *p.Transfers)
 		}
 	}
 	if err := printNodeCPU(w, rep.Phases, width); err != nil {

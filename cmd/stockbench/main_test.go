@@ -297,3 +297,166 @@ func nodeBlock(t *testing.T, table string) string {
 	require.True(t, i >= 0 && i < j, "no per-node block before the ratios:\n%s", table)
 	return table[i:j]
 }
+
+// TestRunBuckets runs the Reserver phases with every item split over 3 buckets on the embedded
+// miniredis: every check holds, over every bucket, and the fast-path phase says it is moot.
+// Then a deduct phase with little stock sells out: stock moves between the buckets, no transfer
+// is left in flight, and nothing is refused while a bucket still has stock.
+func TestRunBuckets(t *testing.T) {
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	err := run(ctx, []string{"-duration", "200ms", "-g", "8", "-retry", "0.5", "-buckets", "3", "-items", "2",
+		"-phases", "deduct,deduct-nouser,soldout,soldout-fast,restore", "-json"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	var rep Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	assert.True(t, rep.OK)
+	assert.Equal(t, 3, rep.Buckets)
+	require.Len(t, rep.Phases, 5)
+	for _, p := range rep.Phases {
+		assert.Positive(t, p.Ops, p.Name)
+		assert.Zero(t, p.Errors, "%s: %s", p.Name, p.FirstErr)
+		assert.NotNil(t, p.Transfers, p.Name)
+	}
+	names := map[string]bool{}
+	for _, c := range rep.Checks {
+		assert.True(t, c.OK, "%s: %s: %s", c.Phase, c.Name, c.Detail)
+		names[c.Phase+": "+c.Name] = true
+	}
+	for _, ph := range []string{phDeduct, phDeductNoUser, phSoldOut, phFastPath, phRestore} {
+		assert.True(t, names[ph+": no id applied twice (ledger entries = successful ids)"], ph)
+		assert.True(t, names[ph+": no transfer between buckets left in flight"], ph)
+	}
+	assert.Positive(t, rep.Phases[0].OK)
+	assert.Positive(t, rep.Phases[0].Replayed)
+	assert.True(t, slicesContainsSubstr(rep.Notes, "fast path does not answer"), "%v", rep.Notes)
+
+	out.Reset()
+	errOut.Reset()
+	err = run(ctx, []string{"-duration", "1s", "-g", "8", "-buckets", "3", "-stock", "60",
+		"-phases", "deduct,deduct-nouser", "-json"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	rep = Report{}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	assert.True(t, rep.OK)
+	assert.EqualValues(t, 60, rep.Stock)
+	for _, c := range rep.Checks {
+		assert.True(t, c.OK, "%s: %s: %s", c.Phase, c.Name, c.Detail)
+	}
+	var transfers int64
+	for _, p := range rep.Phases {
+		assert.EqualValues(t, 60, p.OK, "%s sells the whole stock", p.Name)
+		assert.Positive(t, p.SoldOut, "%s sells out", p.Name)
+		if assert.NotNil(t, p.Transfers, p.Name) {
+			transfers += *p.Transfers
+		}
+	}
+	// (A phase may see its buckets run dry at the same moment; both hardly ever.)
+	assert.Positive(t, transfers, "the last units of a bucket come from the others")
+}
+
+// The stray deduct of TestChecksCatchAStrayDeduct, on an item split over buckets: the checks,
+// which count every bucket's ledger, still see it.
+func TestChecksCatchAStrayDeductBuckets(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := parseFlags([]string{"-duration", "100ms", "-g", "4", "-phases", "deduct", "-buckets", "3"}, io.Discard)
+	require.NoError(t, err)
+	b, err := newBench(cfg, io.Discard)
+	require.NoError(t, err)
+	defer b.close()
+
+	p, err := b.newPhase(phDeduct)
+	require.NoError(t, err)
+	require.NoError(t, p.setup(ctx))
+	for i := range cfg.g {
+		p.ws = append(p.ws, newWorker(i, cfg.items, 1))
+	}
+	b.measure(ctx, p, cfg.duration)
+
+	r, err := stock.New(b.client, stock.WithPrefix(b.prefix(phDeduct)), stock.WithBuckets(func(string) int { return 3 }))
+	require.NoError(t, err)
+	for _, id := range []string{"stray-1", "stray-2", "stray-3"} { // in whichever buckets they land
+		_, err = r.Deduct(ctx, stock.Request{SKU: "item-0", ID: id, Qty: 1})
+		require.NoError(t, err)
+	}
+
+	res := p.result()
+	checks, err := p.finish(ctx, &res, p.ws)
+	require.NoError(t, err)
+	failed := map[string]bool{}
+	for _, c := range checks {
+		if !c.OK {
+			failed[c.Name] = true
+		}
+	}
+	assert.Equal(t, map[string]bool{
+		"sold = successful fresh deducts":                       true,
+		"no id applied twice (ledger entries = successful ids)": true,
+	}, failed)
+
+	// The phase's keys cover every key of every bucket.
+	b.deleteKeys(p.keys)
+	var left []string
+	for _, k := range b.mini.Keys() {
+		if strings.HasPrefix(k, b.prefix(phDeduct)+":") {
+			left = append(left, k)
+		}
+	}
+	assert.Empty(t, left)
+}
+
+func TestFlagsBuckets(t *testing.T) {
+	for _, args := range [][]string{{"-buckets", "0"}, {"-buckets", "65"}, {"-stock", "0"}, {"-stock", "1000000000001"}} {
+		_, err := parseFlags(args, io.Discard)
+		assert.ErrorIs(t, err, errUsage, "%q", args)
+	}
+	cfg, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 1, cfg.buckets, "not split by default")
+	assert.EqualValues(t, bigStock, cfg.stock)
+	assert.Equal(t, uint16(0x31C3), crc16("123456789"), "CRC16/XMODEM check value")
+	assert.Equal(t, 1443, int(crc16("item-0|0")%16384))
+}
+
+// TestRunClusterBuckets runs the deduct phase on one hot item split over 3 buckets on a private
+// 3-master cluster: the Redis CPU of the phase is carried by more than one master, and every
+// check holds.
+func TestRunClusterBuckets(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skipf("needs a real Redis Cluster: set %s to the path of redis-server", redistest.EnvServer)
+	}
+	cluster := redistest.StartCluster(t, 3)
+	seeds := strings.Join(cluster.Addrs(), ",")
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"-cluster", seeds, "-duration", "500ms", "-g", "32", "-items", "1",
+		"-buckets", "3", "-phases", "deduct,restore", "-json"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	var rep Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	assert.True(t, rep.OK)
+	for _, c := range rep.Checks {
+		assert.True(t, c.OK, "%s: %s: %s", c.Phase, c.Name, c.Detail)
+	}
+	assert.True(t, slicesContainsSubstr(rep.Notes, "buckets: item-0 on "), "%v", rep.Notes)
+	d := rep.Phases[0]
+	require.Equal(t, phDeduct, d.Name)
+	require.NotNil(t, d.RedisCPU)
+	require.Len(t, d.RedisCPUPerNode, 3)
+	busy := 0
+	for addr, cores := range d.RedisCPUPerNode {
+		if cores >= 0.1**d.RedisCPU {
+			busy++
+		}
+		t.Logf("deduct: %s %.0f%% of a core", addr, cores*100)
+	}
+	assert.GreaterOrEqual(t, busy, 2, "one item over 3 buckets: more than one master carries the deduct phase: %v", d.RedisCPUPerNode)
+}
+
+func slicesContainsSubstr(ss []string, sub string) bool {
+	for _, s := range ss {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}

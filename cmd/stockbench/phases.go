@@ -7,11 +7,13 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -467,7 +469,9 @@ func skus(n int) []string {
 const warmSKU = "warm"
 
 // reserverPhase is the common part of the phases that drive a stock.Reserver: the reserver, on
-// a prefix of its own, its items loaded with stock each, and the keys to delete afterwards.
+// a prefix of its own, its items loaded with stock each, and the keys to delete afterwards. With
+// -buckets N > 1 every item (the warm-up item too) is split over N buckets, each with keys of
+// its own ("<prefix>:{sku|i}…").
 func (b *bench) reserverPhase(name string, stock0 int64, more ...stock.Option) (*phase, *stock.Reserver, []string, error) {
 	prefix := b.prefix(name)
 	client, fast := b.client, stock.WithSoldOutCache(0)
@@ -475,16 +479,23 @@ func (b *bench) reserverPhase(name string, stock0 int64, more ...stock.Option) (
 		client, fast = b.cached, stock.WithSoldOutCache(time.Second)
 	}
 	opts := append([]stock.Option{stock.WithPrefix(prefix), stock.WithOutbox(b.cfg.outbox), stock.WithCoalescing(b.cfg.coalesce), fast}, more...)
+	if n := b.cfg.buckets; n > 1 {
+		opts = append(opts, stock.WithBuckets(func(string) int { return n }))
+	}
 	r, err := stock.New(client, opts...)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	items := skus(b.cfg.items)
-	p := &phase{name: name, g: b.cfg.g, redis: true, keys: []string{prefix + ":items"}}
+	p := &phase{name: name, g: b.cfg.g, redis: true, keys: []string{prefix + ":items", protocol.Probe(prefix)}}
+	for n := range protocol.DueShards { // the relay's and the sweeper's due-work hints
+		p.keys = append(p.keys, protocol.RelayDue(prefix, n), protocol.HoldsDue(prefix, n))
+	}
 	for _, sku := range append([]string{warmSKU}, items...) {
-		base := prefix + ":{" + sku + "}"
-		for _, suffix := range []string{"", ":l", ":u", ":o", ":h", ":r", ":rl", ":b"} {
-			p.keys = append(p.keys, base+suffix)
+		for _, base := range b.itemBases(name, sku) {
+			for _, suffix := range []string{"", ":l", ":u", ":o", ":h", ":r", ":rl", ":b", ":dl", ":p", ":x", ":xf", ":i"} {
+				p.keys = append(p.keys, base+suffix)
+			}
 		}
 	}
 	p.setup = func(ctx context.Context) error {
@@ -506,9 +517,28 @@ func (b *bench) reserverPhase(name string, stock0 int64, more ...stock.Option) (
 	return p, r, items, nil
 }
 
-// ledgerKey is the ledger hash of an item (see the key layout in the README).
-func (b *bench) ledgerKey(phase, sku string) string {
-	return b.prefix(phase) + ":{" + sku + "}:l"
+// itemBases returns the bases of the keys that hold an item of a phase (see the key layout in
+// the README): "<prefix>:{sku}", or with -buckets N > 1 the bases of its N buckets,
+// "<prefix>:{sku|i}".
+func (b *bench) itemBases(phase, sku string) []string {
+	prefix := b.prefix(phase)
+	if b.cfg.buckets <= 1 {
+		return []string{prefix + ":{" + sku + "}"}
+	}
+	out := make([]string, b.cfg.buckets)
+	for i := range out {
+		out[i] = prefix + ":{" + sku + "|" + strconv.Itoa(i) + "}"
+	}
+	return out
+}
+
+// ledgerKeys returns the ledger hashes of an item: one, or one per bucket.
+func (b *bench) ledgerKeys(phase, sku string) []string {
+	bases := b.itemBases(phase, sku)
+	for i := range bases {
+		bases[i] += ":l"
+	}
+	return bases
 }
 
 // buyerLimit is the per-user limit of the deduct phase: a flash sale's "at most 2 per buyer".
@@ -523,7 +553,7 @@ func (b *bench) deductPhase(name string) (*phase, error) {
 	if buyers {
 		more = append(more, stock.WithUserLimit(buyerLimit))
 	}
-	p, r, items, err := b.reserverPhase(name, bigStock, more...)
+	p, r, items, err := b.reserverPhase(name, b.cfg.stock, more...)
 	if err != nil {
 		return nil, err
 	}
@@ -566,7 +596,7 @@ func (b *bench) deductPhase(name string) (*phase, error) {
 		}
 	}
 	p.finish = func(ctx context.Context, res *PhaseResult, ws []*worker) ([]Check, error) {
-		return b.reserverChecks(ctx, name, r, items, res, ws, bigStock)
+		return b.reserverChecks(ctx, name, r, items, res, ws, b.cfg.stock)
 	}
 	return p, nil
 }
@@ -601,9 +631,10 @@ func (b *bench) soldOutPhase(name string) (*phase, error) {
 	return p, nil
 }
 
-// restorePhase: a deduct and the restore of the same id, each call counted.
+// restorePhase: a deduct and the restore of the same id, each call counted. With little stock
+// (-stock) a deduct may be refused as sold out: counted, and nothing to restore.
 func (b *bench) restorePhase() (*phase, error) {
-	p, r, items, err := b.reserverPhase(phRestore, bigStock)
+	p, r, items, err := b.reserverPhase(phRestore, b.cfg.stock)
 	if err != nil {
 		return nil, err
 	}
@@ -611,6 +642,10 @@ func (b *bench) restorePhase() (*phase, error) {
 		i, id := w.item(), w.nextID()
 		t0 := time.Now()
 		rc, err := r.Deduct(ctx, stock.Request{SKU: items[i], ID: id, Qty: w.qty})
+		if errors.Is(err, stock.ErrSoldOut) {
+			w.done(t0, outSoldOut)
+			return
+		}
 		if err != nil {
 			w.fail(fmt.Errorf("deduct: %w", err))
 			return
@@ -636,7 +671,7 @@ func (b *bench) restorePhase() (*phase, error) {
 		}
 	}
 	p.finish = func(ctx context.Context, res *PhaseResult, ws []*worker) ([]Check, error) {
-		return b.reserverChecks(ctx, phRestore, r, items, res, ws, bigStock)
+		return b.reserverChecks(ctx, phRestore, r, items, res, ws, b.cfg.stock)
 	}
 	return p, nil
 }
@@ -645,22 +680,41 @@ func (b *bench) restorePhase() (*phase, error) {
 // memory per entry, and checks, per item:
 //   - loaded = available + held + sold, available >= 0, loaded = what was loaded;
 //   - sold = units taken by fresh requests - units given back;
-//   - ledger entries = fresh requests (one entry per id: replays and restores add none);
-//   - every replay answered with the original receipt, no fresh id answered as a replay.
+//   - ledger entries = fresh requests (one entry per id: replays and restores add none),
+//     counted with stockops.Entries, which reads every bucket of a split item; the ledger keys
+//     read for the memory per entry must hold as many entries (they cover every bucket);
+//   - every replay answered with the original receipt, no fresh id answered as a replay;
+//   - with -buckets, no transfer of stock between buckets left in flight.
 //
 // A request that failed with a transport error may or may not have run: each one widens the
 // accepted range of sold and of the ledger's length by one either way.
 func (b *bench) reserverChecks(ctx context.Context, phase string, r *stock.Reserver, items []string,
 	res *PhaseResult, ws []*worker, loaded int64) ([]Check, error) {
-	ledgers := make([]string, len(items))
-	for i, sku := range items {
-		ledgers[i] = b.ledgerKey(phase, sku)
+	var ledgers []string
+	for _, sku := range items {
+		ledgers = append(ledgers, b.ledgerKeys(phase, sku)...)
 	}
-	lens, bytes, err := b.ledgerStats(ctx, ledgers)
+	hlens, bytes, err := b.ledgerStats(ctx, ledgers)
 	if err != nil {
 		return nil, err
 	}
 	res.LedgerBytes = bytes
+	perBucket := len(ledgers) / len(items)
+	keyLens := make([]int64, len(items)) // HLEN of the item's ledger keys
+	for i := range items {
+		for _, n := range hlens[i*perBucket : (i+1)*perBucket] {
+			keyLens[i] += n
+		}
+	}
+	lens := make([]int64, len(items)) // entries stockops.Entries yields
+	for i, sku := range items {
+		for _, err := range stockops.Entries(ctx, r, sku) {
+			if err != nil {
+				return nil, err
+			}
+			lens[i]++
+		}
+	}
 
 	var fresh, undone, mismatch, slack int64
 	perFresh := make([]int64, len(items))
@@ -695,6 +749,9 @@ func (b *bench) reserverChecks(ctx context.Context, phase string, r *stock.Reser
 		if ledgered == "" && !within(lens[i], perFresh[i], slack) {
 			ledgered = fmt.Sprintf("%s: %d ledger entries, %d successful ids (%d unknown outcomes)", sku, lens[i], perFresh[i], slack)
 		}
+		if ledgered == "" && keyLens[i] != lens[i] {
+			ledgered = fmt.Sprintf("%s: %d ledger entries, but %d in the ledger keys %v", sku, lens[i], keyLens[i], ledgers[i*perBucket:(i+1)*perBucket])
+		}
 	}
 	var entries int64
 	for _, n := range lens {
@@ -704,16 +761,65 @@ func (b *bench) reserverChecks(ctx context.Context, phase string, r *stock.Reser
 	if phase == phRestore {
 		soldName = "sold = fresh deducts - restores"
 	}
-	return []Check{
+	entriesDetail := fmt.Sprintf("%d entries, %d ids", entries, fresh)
+	if b.cfg.buckets > 1 {
+		entriesDetail += fmt.Sprintf(" (over %d buckets per item)", b.cfg.buckets)
+	}
+	checks := []Check{
 		{Phase: phase, Name: "loaded = available + held + sold", OK: balanced == "",
 			Detail: orElse(balanced, fmt.Sprintf("%d = %d + %d + %d", sum.Loaded, sum.Available, sum.Held, sum.Sold))},
 		{Phase: phase, Name: soldName, OK: matched == "",
 			Detail: orElse(matched, fmt.Sprintf("sold %d, fresh %d, restored %d", sum.Sold, fresh, undone))},
 		{Phase: phase, Name: "no id applied twice (ledger entries = successful ids)", OK: ledgered == "",
-			Detail: orElse(ledgered, fmt.Sprintf("%d entries, %d ids", entries, fresh))},
+			Detail: orElse(ledgered, entriesDetail)},
 		{Phase: phase, Name: "replays repeat the original receipt", OK: mismatch == 0,
 			Detail: fmt.Sprintf("%d replays, %d mismatched", res.Replayed, mismatch)},
-	}, nil
+	}
+	if phase == phDeduct || phase == phDeductNoUser {
+		// Requests take one unit and nothing gives stock back: a refusal as sold out means
+		// the item had nothing left, split or not, and then it never has again.
+		checks = append(checks, Check{Phase: phase, Name: "sold out only when nothing is left",
+			OK:     res.SoldOut == 0 || within(sum.Available, 0, slack),
+			Detail: fmt.Sprintf("%d refused as sold out, %d available at the end", res.SoldOut, sum.Available)})
+	}
+	if b.cfg.buckets > 1 {
+		c, err := b.transferCheck(ctx, phase, items, res)
+		if err != nil {
+			return nil, err
+		}
+		checks = append(checks, c)
+	}
+	return checks, nil
+}
+
+// transferCheck counts the transfers of stock between the buckets of a phase's items (the
+// entries "O|…" of the buckets' transfers hashes, one per transfer, kept once it ended) into
+// res.Transfers, and checks that none is left in flight (the buckets' ":xf" sets are empty):
+// every transfer of the phase completed.
+func (b *bench) transferCheck(ctx context.Context, phase string, items []string, res *PhaseResult) (Check, error) {
+	c := b.client
+	var transfers, inFlight int64
+	for _, sku := range items {
+		for _, base := range b.itemBases(phase, sku) {
+			vals, err := c.Do(ctx, c.B().Hvals().Key(base+":x").Build()).AsStrSlice()
+			if err != nil {
+				return Check{}, fmt.Errorf("HVALS %s:x: %w", base, err)
+			}
+			for _, v := range vals {
+				if strings.HasPrefix(v, "O|") {
+					transfers++
+				}
+			}
+			n, err := c.Do(ctx, c.B().Zcard().Key(base+":xf").Build()).AsInt64()
+			if err != nil {
+				return Check{}, fmt.Errorf("ZCARD %s:xf: %w", base, err)
+			}
+			inFlight += n
+		}
+	}
+	res.Transfers = &transfers
+	return Check{Phase: phase, Name: "no transfer between buckets left in flight", OK: inFlight == 0,
+		Detail: fmt.Sprintf("%d transfers, %d in flight", transfers, inFlight)}, nil
 }
 
 // within reports whether got is want give or take slack (requests of unknown outcome).

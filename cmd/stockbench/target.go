@@ -262,3 +262,77 @@ func (b *bench) cleanupAll() int {
 	b.deleteKeys(keys)
 	return len(keys)
 }
+
+// bucketPlacement describes, on a cluster with -buckets N > 1, which master holds each bucket of
+// the first items of the Reserver phases: the buckets of an item are N hash tags, and two of
+// them may fall in the slots of the same master. "" when not on a cluster or not split.
+func (b *bench) bucketPlacement(ctx context.Context) string {
+	if len(b.cfg.cluster) == 0 || b.cfg.buckets <= 1 {
+		return ""
+	}
+	c := b.client
+	slots, err := c.Do(ctx, c.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		return ""
+	}
+	type rng struct {
+		lo, hi int64
+		addr   string
+	}
+	var ranges []rng
+	masters := map[string]bool{}
+	for _, s := range slots {
+		v, err := s.ToArray()
+		if err != nil || len(v) < 3 {
+			continue
+		}
+		lo, _ := v[0].AsInt64()
+		hi, _ := v[1].AsInt64()
+		m, err := v[2].ToArray()
+		if err != nil || len(m) < 2 {
+			continue
+		}
+		host, _ := m[0].ToString()
+		port, _ := m[1].AsInt64()
+		addr := host + ":" + strconv.FormatInt(port, 10)
+		ranges = append(ranges, rng{lo, hi, addr})
+		masters[addr] = true
+	}
+	var parts []string
+	for _, sku := range skus(min(b.cfg.items, 4)) {
+		on := map[string]bool{}
+		var bs []string
+		for i := range b.cfg.buckets {
+			slot := int64(crc16(sku+"|"+strconv.Itoa(i)) % 16384)
+			addr := "?"
+			for _, r := range ranges {
+				if slot >= r.lo && slot <= r.hi {
+					addr = r.addr
+				}
+			}
+			on[addr] = true
+			bs = append(bs, fmt.Sprintf("%d: slot %d on %s", i, slot, addr))
+		}
+		parts = append(parts, fmt.Sprintf("%s on %d of %d masters (bucket %s)", sku, len(on), len(masters), strings.Join(bs, ", ")))
+	}
+	if b.cfg.items > 4 {
+		parts = append(parts, "…")
+	}
+	return "buckets: " + strings.Join(parts, "; ")
+}
+
+// crc16 is the CRC16 (XMODEM) of Redis Cluster's key slots.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}

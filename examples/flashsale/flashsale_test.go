@@ -279,3 +279,47 @@ func TestSentinelFlags(t *testing.T) {
 		t.Errorf("%+v %v: want a minute of hold on Sentinel", c, err)
 	}
 }
+
+// A sale whose items are each split over 3 buckets passes every check (Levels, the ledger and
+// the database cover every bucket): on the embedded miniredis, and with STOCK_REDIS_SERVER set
+// on a private 3-master cluster too, where the buckets of an item live on different masters and
+// every key of every bucket is deleted at the end.
+func TestFlashSaleBuckets(t *testing.T) {
+	sale := func(t *testing.T, cfg config) Report {
+		t.Helper()
+		cfg.Buckets = 3
+		var out bytes.Buffer
+		rep, err := run(context.Background(), cfg, &out)
+		if err != nil {
+			t.Fatalf("run: %v\n%s", err, out.String())
+		}
+		if !rep.Passed || !strings.Contains(out.String(), "each split over 3 buckets") {
+			t.Fatalf("the report failed:\n%s", out.String())
+		}
+		var sold, loaded int64
+		for _, it := range rep.Items {
+			sold, loaded = sold+it.Redis.Sold, loaded+it.Redis.Loaded
+		}
+		if loaded != int64(cfg.Items)*cfg.Stock || sold == 0 {
+			t.Errorf("Levels of the split items: %d sold of %d loaded\n%s", sold, loaded, out.String())
+		}
+		return rep
+	}
+	t.Run("embedded", func(t *testing.T) { sale(t, smallSale()) })
+	t.Run("cluster", func(t *testing.T) {
+		if redistest.ServerBinary(t) == "" {
+			t.Skipf("%s is not set: no real Redis Cluster", redistest.EnvServer)
+		}
+		cluster := redistest.StartCluster(t, 3)
+		cfg := smallSale()
+		cfg.Cluster, cfg.Prefix = cluster.Addrs(), "fs-buckets"
+		sale(t, cfg)
+		c := cluster.Client(t)
+		for addr, node := range c.Nodes() {
+			keys, err := node.Do(context.Background(), node.B().Keys().Pattern(cfg.Prefix+":*").Build()).AsStrSlice()
+			if err != nil || len(keys) != 0 {
+				t.Errorf("%s keeps %v (%v)", addr, keys, err)
+			}
+		}
+	})
+}

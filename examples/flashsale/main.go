@@ -58,6 +58,12 @@
 //	-stock n           units of each item (100)
 //	-duration d        the longest the sale runs (5s); it ends earlier when every buyer is done
 //	-seed n            seed of the buyers' choices (1)
+//	-buckets n         split each item over n buckets in cluster slots of their own
+//	                   (stock.WithBuckets; 1, the default: not split), so that one hot item is
+//	                   served by several masters; meaningful with -cluster, allowed on any
+//	                   backend. The checks read every bucket (Levels, the ledger through
+//	                   stockops.Entries, which also must not hold an id in two buckets) and the
+//	                   clean-up deletes every bucket's keys
 //
 // The progress line is redrawn in place when stdout is a terminal, and printed at most once a
 // second otherwise. The exit status is 0 when every check passes, 1 when one fails, 2 when the
@@ -108,6 +114,7 @@ type config struct {
 	Stock      int64
 	Duration   time.Duration
 	Seed       uint64
+	Buckets    int  // stock.WithBuckets: buckets per item; 0 or 1: not split
 	TTY        bool // redraw the progress line with \r
 
 	HoldTTL   time.Duration // holds that are confirmed or cancelled (5s)
@@ -162,6 +169,7 @@ func main() {
 	flag.Int64Var(&cfg.Stock, "stock", 100, "units of each item")
 	flag.DurationVar(&cfg.Duration, "duration", 5*time.Second, "the longest the sale runs; it ends earlier when every buyer is done")
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "seed of the buyers' random choices (the same seed, the same buyers)")
+	flag.IntVar(&cfg.Buckets, "buckets", 1, "split each item over `n` buckets in cluster slots of their own (stock.WithBuckets; 1: not split; meaningful with -cluster)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "flashsale: unexpected arguments %q\n", flag.Args())
@@ -235,6 +243,8 @@ func (c config) withDefaults() (config, error) {
 		return c, errors.New("-failover-at: a share of the buyers, from 0% to 100%")
 	case c.ReplicaAck < 0:
 		return c, errors.New("-replica-ack: a number of replicas")
+	case c.Buckets < 0 || c.Buckets > maxBuckets:
+		return c, fmt.Errorf("-buckets: from 1 to %d", maxBuckets)
 	}
 	if c.Prefix == "" {
 		c.Prefix = fmt.Sprintf("flashsale-%08x", rand.Uint32())
@@ -432,8 +442,27 @@ func (d *database) dropOrDelete(ctx context.Context, tprefix string, created boo
 	return nil
 }
 
-// deleteKeys removes the Redis keys of the run's items (every key of an item shares the hash
-// tag {sku}, found with SCAN on every node) and takes the items out of the registry.
+// maxBuckets is the most buckets stock.WithBuckets splits an item into.
+const maxBuckets = 64
+
+// itemNames returns the names under which Redis keeps the items: each item itself, or with
+// buckets > 1 its buckets "sku|0" … "sku|n-1" (see stock.WithBuckets), each with keys of its own.
+func itemNames(skus []string, buckets int) []string {
+	if buckets <= 1 {
+		return skus
+	}
+	var out []string
+	for _, sku := range skus {
+		for i := range buckets {
+			out = append(out, sku+"|"+strconv.Itoa(i))
+		}
+	}
+	return out
+}
+
+// deleteKeys removes the Redis keys of the run's items, given by the names Redis keeps them
+// under (itemNames: the items, or their buckets; every key of one shares the hash tag {name},
+// found with SCAN on every node), and takes them out of the registry.
 func deleteKeys(ctx context.Context, c rueidis.Client, prefix string, skus []string) error {
 	for _, sku := range skus {
 		pattern := globEscape(prefix+":{"+sku+"}") + "*"
