@@ -55,18 +55,30 @@ func bucketOf(key string, n int) int {
 func homeBucket(id string, n int) int { return bucketOf(id, n) }
 
 // route returns the bucket of request id on item sku of n buckets: the bucket an earlier request
-// of the id claimed, or want, which this call then claims.
-func (r *Reserver) route(ctx context.Context, sku, id string, n, want int) (int, error) {
+// of the id claimed, or want, which this call then claims; and whether the claim was made by a
+// give-back (a restore or a cancel, giveBack here), whose tombstone a late take of another
+// bucket must answer with ErrRestored even before the tombstone is written.
+func (r *Reserver) route(ctx context.Context, sku, id string, n, want int, giveBack bool) (b int, byGiveBack bool, err error) {
 	home := r.item(bucketName(sku, homeBucket(id, n)))
-	s, err := protocol.Route.Exec(ctx, r.client, home.ForRoute(), []string{id, strconv.Itoa(want)}).ToString()
+	claim := strconv.Itoa(want)
+	if giveBack {
+		claim += "r"
+	}
+	s, err := protocol.Route.Exec(ctx, r.client, home.ForRoute(), []string{id, claim}).ToString()
 	if err != nil {
-		return 0, fmt.Errorf("stock: route %s/%s: %w", sku, id, err)
+		return 0, false, fmt.Errorf("stock: route %s/%s: %w", sku, id, err)
 	}
-	b, err := strconv.Atoi(s)
+	return parseClaim(sku, id, s, n)
+}
+
+// parseClaim reads a claim: the bucket's index, followed by "r" when a give-back made it.
+func parseClaim(sku, id, s string, n int) (b int, byGiveBack bool, err error) {
+	t, byGiveBack := strings.CutSuffix(s, "r")
+	b, err = strconv.Atoi(t)
 	if err != nil || b < 0 || b >= n {
-		return 0, fmt.Errorf("%w: route %s/%s: the claims hash names bucket %q of %d", ErrInvalid, sku, id, s, n)
+		return 0, false, fmt.Errorf("%w: route %s/%s: the claims hash names bucket %q of %d", ErrInvalid, sku, id, s, n)
 	}
-	return b, nil
+	return b, byGiveBack, nil
 }
 
 // newTransferID returns a new transfer id: 16 random hex digits.
@@ -178,8 +190,8 @@ func decodeCode(res rueidis.RedisResult) (int64, error) {
 const maxBuckets = 64
 
 // maxRebalance is how many times a take refused for stock in its bucket moves stock from the
-// other buckets and tries again before it answers the refusal.
-const maxRebalance = 3
+// other buckets and tries again before one last take answers.
+const maxRebalance = 8
 
 // bucketsOf returns the number of buckets of item sku: 0 when it is not bucketed.
 func (r *Reserver) bucketsOf(sku string) int {
@@ -201,10 +213,11 @@ func errBucketed(op, sku string) error {
 // or its home bucket when no request claimed one. With claim, a missing claim is made for the
 // home bucket (a restore or a cancel of an unknown id leaves its tombstone there, where a late
 // request of the id is sent).
-func (r *Reserver) bucketFor(ctx context.Context, sku, id string, n int, claim bool) (int, error) {
+func (r *Reserver) bucketFor(ctx context.Context, sku, id string, n int, claim, giveBack bool) (int, error) {
 	home := homeBucket(id, n)
 	if claim {
-		return r.route(ctx, sku, id, n, home)
+		b, _, err := r.route(ctx, sku, id, n, home, giveBack)
+		return b, err
 	}
 	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(bucketName(sku, home)).Claims).Field(id).Build()).ToString()
 	if rueidis.IsRedisNil(err) {
@@ -213,11 +226,8 @@ func (r *Reserver) bucketFor(ctx context.Context, sku, id string, n int, claim b
 	if err != nil {
 		return 0, fmt.Errorf("stock: route %s/%s: %w", sku, id, err)
 	}
-	b, err := strconv.Atoi(s)
-	if err != nil || b < 0 || b >= n {
-		return 0, fmt.Errorf("%w: route %s/%s: the claims hash names bucket %q of %d", ErrInvalid, sku, id, s, n)
-	}
-	return b, nil
+	b, _, err := parseClaim(sku, id, s, n)
+	return b, err
 }
 
 // takeBucketed is Deduct (kind "D") and Hold ("H") of a checked request on an item of n buckets.
@@ -232,16 +242,17 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 	if req.User != "" {
 		want = bucketOf(req.User, n)
 	}
-	b, err := r.route(ctx, req.SKU, req.ID, n, want)
+	b, byGiveBack, err := r.route(ctx, req.SKU, req.ID, n, want, false)
 	if err != nil {
 		return rc, err
 	}
 	if b != want {
-		return r.claimedElsewhere(ctx, rc, req, b)
+		return r.claimedElsewhere(ctx, rc, req, b, byGiveBack)
 	}
 	bq := req
 	bq.SKU, bq.Retry = bucketName(req.SKU, b), false
 	k := r.item(bq.SKU)
+	last := false // the take that decides: sent after the last move of stock, with the caller's Retry
 	for try := 0; ; try++ {
 		var o outcome
 		var ackErr error
@@ -256,23 +267,27 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 		if o.code != protocol.SoldOut && o.code != protocol.Short {
 			return r.receiptAck(rc, o, ackErr)
 		}
-		if try < maxRebalance && r.rebalance(ctx, req.SKU, n, b, req.Qty-max(o.remaining, 0)) > 0 {
-			continue
+		if last {
+			return r.receiptAck(rc, o, ackErr)
 		}
-		if req.Retry && !bq.Retry {
-			bq.Retry, try = true, maxRebalance // once more, to record the refusal of a retry
-			continue
+		// Stock is moved in while the item has enough; when it has not (or after maxRebalance
+		// rounds lost to other requests), one more take answers: it sees what other requests
+		// of the bucket moved in meanwhile, and a copy of this request that took the stock (a
+		// replay).
+		moved, item := r.rebalance(ctx, req.SKU, n, b, req.Qty-max(o.remaining, 0))
+		if (moved == 0 && item < req.Qty) || try >= maxRebalance {
+			last, bq.Retry = true, req.Retry
 		}
-		return r.receiptAck(rc, o, ackErr)
 	}
 }
 
 // claimedElsewhere answers a take whose id an earlier request claimed for bucket b, another
 // than the take's own: by another buyer, or by a restore that overtook the take. As on a plain
 // item, a tombstone answers ErrRestored (ErrSoldOut for the recorded refusal of a retry), and an
-// entry ErrConflict with the quantity the id was first used with (rc.Qty); a claim whose request
-// wrote nothing (refused for stock) is another buyer's too: ErrConflict.
-func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request, b int) (Receipt, error) {
+// entry ErrConflict with the quantity the id was first used with (rc.Qty). With no entry yet, a
+// claim of a give-back is a restore whose tombstone is on its way (ErrRestored); any other is
+// another buyer's, whose request is on its way or was refused for stock (ErrConflict).
+func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request, b int, byGiveBack bool) (Receipt, error) {
 	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(bucketName(req.SKU, b)).Ledger).Field(req.ID).Build()).ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
@@ -292,35 +307,44 @@ func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request
 		rc.Qty = e.Qty
 		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, req.SKU, req.ID, e.Qty)
 	}
+	if byGiveBack {
+		rc.Qty = req.Qty
+		return rc, ErrRestored
+	}
 	return rc, fmt.Errorf("%w: %s/%s was used by another buyer", ErrConflict, req.SKU, req.ID)
 }
 
 // rebalance moves stock of item sku (of n buckets) into bucket b from the others, at least need
-// units if they have them, and returns the units moved. A donor gives what is asked or, when
+// units if they have them, and returns the units moved and the item's available stock when read
+// (every bucket's, in flight included). A donor gives what is asked or, when
 // more, a share of its stock (1/n of it), so that a bucket that runs dry does not come back at
 // once. Errors are logged: a transfer cut half way is completed by recoverTransfers.
-func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int64) int64 {
+func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int64) (moved, item int64) {
 	need = max(need, 1)
-	// read returns each bucket's available units (-1 when unreadable) and whether it has live
-	// holds.
-	read := func() (avail []int64, holds []bool) {
+	// read returns each bucket's available units (-1 when unreadable), whether it has live
+	// holds, and the item's available stock: the sum of available - t (net units transferred
+	// in), which counts the units of a transfer in flight, whatever moments the buckets are read
+	// at.
+	read := func() (avail []int64, holds []bool, item int64) {
 		cmds := make(rueidis.Commands, 0, n)
 		for i := range n {
-			cmds = append(cmds, r.client.B().Hmget().Key(r.item(bucketName(sku, i)).Item).Field("a", "n").Build())
+			cmds = append(cmds, r.client.B().Hmget().Key(r.item(bucketName(sku, i)).Item).Field("a", "n", "t").Build())
 		}
 		avail, holds = make([]int64, n), make([]bool, n)
 		for i, res := range r.client.DoMulti(ctx, cmds...) {
 			avail[i] = -1
-			if vs, err := res.ToArray(); err == nil && len(vs) == 2 {
+			if vs, err := res.ToArray(); err == nil && len(vs) == 3 {
 				if a, err := vs[0].AsInt64(); err == nil {
 					avail[i] = a
+					t, _ := vs[2].AsInt64() // absent: 0
+					item += a - t
 				}
 				holds[i] = !vs[1].IsNil()
 			}
 		}
-		return avail, holds
+		return avail, holds, item
 	}
-	avail, holds := read()
+	avail, holds, item := read()
 	// Holds past their deadline in the other buckets are released first, as a plain item's
 	// request releases its due holds before it refuses (a sweep releases the due ones only).
 	swept := false
@@ -332,7 +356,7 @@ func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int
 		}
 	}
 	if swept {
-		avail, _ = read()
+		avail, _, item = read()
 	}
 	type donor struct {
 		i int
@@ -345,7 +369,6 @@ func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int
 		}
 	}
 	slices.SortFunc(donors, func(x, y donor) int { return cmp.Compare(y.a, x.a) })
-	var moved int64
 	for _, d := range donors {
 		if moved >= need {
 			break
@@ -357,7 +380,7 @@ func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int
 		}
 		moved += k
 	}
-	return moved
+	return moved, item
 }
 
 // levelsBucketed is Levels of an item of n buckets: the sums of the buckets' counters, with
@@ -400,6 +423,15 @@ func (r *Reserver) levelsBucketed(ctx context.Context, sku string, n int) (Level
 // buckets one unit more. A load cut half way is finished by calling Load again; ErrLoaded only
 // when every bucket existed.
 func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n int) error {
+	// An item Redis has as a plain item (loaded by a Reserver without WithBuckets) is loaded:
+	// buckets beside it would sell its stock twice.
+	plain, err := r.client.Do(ctx, r.client.B().Exists().Key(r.item(sku).Item).Build()).AsInt64()
+	if err != nil {
+		return fmt.Errorf("stock: load %s: %w", sku, err)
+	}
+	if plain > 0 {
+		return fmt.Errorf("%w: %s is an item Redis does not split over buckets", ErrLoaded, sku)
+	}
 	cmds := make(rueidis.Commands, 0, n)
 	for i := range n {
 		cmds = append(cmds, r.client.B().Sadd().Key(r.registryKey()).Member(bucketName(sku, i)).Build())
@@ -438,7 +470,7 @@ func (r *Reserver) holder(ctx context.Context, sku, id string) (string, error) {
 	if n == 0 {
 		return sku, nil
 	}
-	b, err := r.bucketFor(ctx, sku, id, n, false)
+	b, err := r.bucketFor(ctx, sku, id, n, false, false)
 	if err != nil {
 		return "", err
 	}

@@ -186,3 +186,37 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		assert.Zero(t, rp.Pending, "%v", rp)
 	})
 }
+
+// TestBucketedRelayItems: a relay limited to a split item (RelayOptions.Items) delivers the
+// events of its buckets.
+func TestBucketedRelayItems(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithBuckets(func(string) int { return 3 }))
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "ri", 10))
+		require.NoError(t, r.Load(ctx, "ri", 10))
+		for i := range 6 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "ri", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
+			require.NoError(t, err)
+		}
+		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
+		require.NoError(t, err)
+		delivered := 0
+		for range 10 {
+			st, err := rl.Once(ctx)
+			require.NoError(t, err)
+			delivered += st.Delivered
+			if st.Claimed == 0 {
+				break
+			}
+		}
+		assert.Equal(t, 6, delivered)
+		rem, err := store.Remaining(ctx, "ri")
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), rem)
+		p, _, err := stockops.Pending(ctx, r, "ri")
+		require.NoError(t, err)
+		assert.Zero(t, p)
+	})
+}

@@ -204,18 +204,25 @@ func TestBucketTransferCorruptChangesNothing(t *testing.T) {
 func TestBucketRoute(t *testing.T) {
 	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
-		b, err := r.route(ctx, "r", "o:1", 4, 2)
+		b, gb, err := r.route(ctx, "r", "o:1", 4, 2, false)
 		require.NoError(t, err)
 		assert.Equal(t, 2, b)
-		b, err = r.route(ctx, "r", "o:1", 4, 3)
+		assert.False(t, gb)
+		b, gb, err = r.route(ctx, "r", "o:1", 4, 3, true)
 		require.NoError(t, err)
 		assert.Equal(t, 2, b, "the id's bucket, not the one asked for")
-		b, err = r.route(ctx, "r", "o:2", 4, 3)
+		assert.False(t, gb, "claimed by a take")
+		b, gb, err = r.route(ctx, "r", "o:2", 4, 3, true)
 		require.NoError(t, err)
 		assert.Equal(t, 3, b)
+		assert.True(t, gb, "claimed by a give-back")
+		b, gb, err = r.route(ctx, "r", "o:2", 4, 1, false)
+		require.NoError(t, err)
+		assert.Equal(t, 3, b)
+		assert.True(t, gb)
 		home := r.item(bucketName("r", homeBucket("o:1", 4)))
 		require.NoError(t, r.client.Do(ctx, r.client.B().Hset().Key(home.Claims).FieldValue().FieldValue("o:1", "9").Build()).Error())
-		_, err = r.route(ctx, "r", "o:1", 4, 1)
+		_, _, err = r.route(ctx, "r", "o:1", 4, 1, false)
 		assert.ErrorIs(t, err, ErrInvalid, "a claim out of range is refused")
 	})
 }
@@ -514,5 +521,25 @@ func TestBucketedDueHoldsInOtherBuckets(t *testing.T) {
 		assert.Equal(t, Levels{Sold: 2, Loaded: 2}, bucketLevels(t, r, "dh"))
 		_, err = r.Confirm(ctx, "dh", "h")
 		assert.ErrorIs(t, err, ErrExpired)
+	})
+}
+
+// TestBucketedLoadRefusesTheOtherForm: an item Redis has split is loaded for a Reserver that
+// does not split it, and an item Redis has plain is loaded for one that splits it: neither
+// makes a second stock beside the first.
+func TestBucketedLoadRefusesTheOtherForm(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		split := bucketedReserver(t, c, 3)
+		plain, err := New(c)
+		require.NoError(t, err)
+		require.NoError(t, split.Load(ctx, "s", 10))
+		assert.ErrorIs(t, plain.Load(ctx, "s", 10), ErrLoaded)
+		require.NoError(t, plain.Load(ctx, "p", 10))
+		assert.ErrorIs(t, split.Load(ctx, "p", 10), ErrLoaded)
+		_, err = plain.Levels(ctx, "s")
+		assert.ErrorIs(t, err, ErrNotLoaded)
+		_, err = split.Levels(ctx, "p")
+		assert.ErrorIs(t, err, ErrNotLoaded)
 	})
 }

@@ -792,7 +792,7 @@ func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report
 			if e := lostEntry(rec); e != "" {
 				dst := k
 				if buckets > 0 {
-					b, err := rc.r.bucketFor(ctx, rp.SKU, rec.ID, buckets, true)
+					b, err := rc.r.bucketFor(ctx, rp.SKU, rec.ID, buckets, true, false)
 					if err != nil {
 						return err
 					}

@@ -50,7 +50,10 @@ func (o *RelayOptions) apply(rl *relay) error {
 		}
 	}
 	if o.Items != nil {
-		rl.items = append([]string{}, o.Items...)
+		rl.items = []string{}
+		for _, s := range o.Items {
+			rl.items = append(rl.items, rl.r.names(s)...) // a split item's events are in its buckets
+		}
 	}
 	switch {
 	case o.Batch < 0 || o.Batch > 10000:

@@ -209,6 +209,15 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if n := r.bucketsOf(sku); n > 0 {
 		return r.loadBucketed(ctx, sku, qty, n)
 	}
+	// An item Redis has split over buckets (a Reserver with WithBuckets loaded it) is loaded:
+	// a plain copy beside its buckets would sell its stock twice.
+	split, err := r.client.Do(ctx, r.client.B().Sismember().Key(r.registryKey()).Member(bucketName(sku, 0)).Build()).AsBool()
+	if err != nil {
+		return fmt.Errorf("stock: load %s: %w", sku, err)
+	}
+	if split {
+		return fmt.Errorf("%w: %s is split over buckets in Redis (WithBuckets)", ErrLoaded, sku)
+	}
 	// Registry first: an item that is registered but not created is harmless (the reconciler
 	// reports it), one that is created but not registered would be missed by the relay.
 	if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(sku).Build()).Error(); err != nil {
@@ -417,7 +426,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 		if kind != "" {
 			return rc, errBucketed("cart undo", sku)
 		}
-		b, err := r.bucketFor(ctx, sku, id, n, true)
+		b, err := r.bucketFor(ctx, sku, id, n, true, true)
 		if err != nil {
 			return rc, err
 		}
@@ -450,7 +459,7 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	}
 	name := sku // the item whose keys take the units: sku, or the bucket the id goes to
 	if n := r.bucketsOf(sku); n > 0 {
-		b, err := r.bucketFor(ctx, sku, id, n, true)
+		b, err := r.bucketFor(ctx, sku, id, n, true, false)
 		if err != nil {
 			return Receipt{SKU: sku, ID: id}, err
 		}
