@@ -49,13 +49,7 @@ func TestBucketedDurablePath(t *testing.T) {
 
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
-		for range 20 {
-			st, err := rl.Once(ctx)
-			require.NoError(t, err)
-			if st.Claimed == 0 {
-				break
-			}
-		}
+		drain(t, rl)
 		_, err = store.Remaining(ctx, "b:~x|0")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded, "the store sees the item, not its buckets")
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
@@ -113,16 +107,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		}
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
-		refused := 0
-		for range 10 {
-			st, err := rl.Once(ctx)
-			require.NoError(t, err)
-			refused += st.Refused
-			if st.Claimed == 0 {
-				break
-			}
-		}
-		assert.Equal(t, 2, refused)
+		assert.Equal(t, 2, drain(t, rl).Refused)
 		assert.Equal(t, stock.Levels{Available: 2, Sold: 1, Loaded: 3}, levels(t, r, "rf"))
 		refusals := 0
 		for i := range 3 {
@@ -153,13 +138,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		}
 		qrl, err := stockops.NewRelay(r, nil, pub, nil)
 		require.NoError(t, err)
-		for range 10 {
-			st, err := qrl.Once(ctx)
-			require.NoError(t, err)
-			if st.Claimed == 0 {
-				break
-			}
-		}
+		drain(t, qrl)
 		require.Len(t, queue, 12)
 		for _, ev := range queue {
 			assert.Equal(t, "q", ev.SKU, "the queue sees the item, not its buckets")
@@ -202,16 +181,7 @@ func TestBucketedRelayItems(t *testing.T) {
 		}
 		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
 		require.NoError(t, err)
-		delivered := 0
-		for range 10 {
-			st, err := rl.Once(ctx)
-			require.NoError(t, err)
-			delivered += st.Delivered
-			if st.Claimed == 0 {
-				break
-			}
-		}
-		assert.Equal(t, 6, delivered)
+		assert.Equal(t, 6, drain(t, rl).Delivered)
 		rem, err := store.Remaining(ctx, "ri")
 		require.NoError(t, err)
 		assert.Equal(t, int64(4), rem)
