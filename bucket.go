@@ -191,7 +191,7 @@ const maxBuckets = 64
 
 // maxRebalance is how many times a take refused for stock in its bucket moves stock from the
 // other buckets and tries again before one last take answers.
-const maxRebalance = 8
+const maxRebalance = 32
 
 // bucketsOf returns the number of buckets of item sku: 0 when it is not bucketed.
 func (r *Reserver) bucketsOf(sku string) int {
@@ -316,9 +316,9 @@ func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request
 
 // rebalance moves stock of item sku (of n buckets) into bucket b from the others, at least need
 // units if they have them, and returns the units moved and the item's available stock when read
-// (every bucket's, in flight included). A donor gives what is asked or, when
-// more, a share of its stock (1/n of it), so that a bucket that runs dry does not come back at
-// once. Errors are logged: a transfer cut half way is completed by recoverTransfers.
+// (every bucket's, in flight included). A donor gives what is asked or, when more, half of its
+// stock, so that a bucket that runs dry (its buyers outnumber the others') does not come back
+// at once. Errors are logged: a transfer cut half way is completed by recoverTransfers.
 func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int64) (moved, item int64) {
 	need = max(need, 1)
 	// read returns each bucket's available units (-1 when unreadable), whether it has live
@@ -373,7 +373,7 @@ func (r *Reserver) rebalance(ctx context.Context, sku string, n, b int, need int
 		if moved >= need {
 			break
 		}
-		k, err := r.transfer(ctx, sku, newTransferID(), d.i, b, max(need-moved, d.a/int64(n)), 1)
+		k, err := r.transfer(ctx, sku, newTransferID(), d.i, b, max(need-moved, d.a/2), 1)
 		if err != nil {
 			r.opts.logger.WarnContext(ctx, "stock: moving stock between buckets", "sku", sku, "from", d.i, "to", b, "err", err)
 			continue

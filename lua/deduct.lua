@@ -152,7 +152,7 @@ if avail and ((nd and nd <= now) or also) then
       local have = raw[u] - (plan.users[u] or 0)
       over = over or have + q > limit
     end
-    if avail + plan.freed < need or over then
+    if not closed and (avail + plan.freed < need or over) then -- closed: refused whatever is due
       plan = plan_expiry(KEYS, now, MAX_EXPIRY, also)
     end
   end

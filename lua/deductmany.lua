@@ -42,7 +42,7 @@ for i = 1, n do
   local x
   if avail and ((nd and nd <= now) or also) then
     x = plan_expiry(K, now, 64, also)
-    if x.full and (avail + x.freed < q or (u ~= '' and limit > 0 and
+    if x.full and st[2] ~= '1' and (avail + x.freed < q or (u ~= '' and limit > 0 and
         (int(redis.call('HGET', K[3], u), 'units of user ' .. u) or 0) - (x.users[u] or 0) + q > limit)) then
       x = plan_expiry(K, now, MAX_EXPIRY, also) -- see deduct.lua: a refusal must not depend on it
     end
