@@ -466,11 +466,18 @@ func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n in
 // holder returns the name of the item whose keys hold id of item sku: sku itself, or the bucket
 // the id was routed to.
 func (r *Reserver) holder(ctx context.Context, sku, id string) (string, error) {
+	return r.claimer(ctx, sku, id, false, false)
+}
+
+// claimer is holder, claiming the id's home bucket for it when no request did (claim; a
+// give-back's claim with giveBack): the item whose keys a restore, a cancel or a restock of id
+// writes to.
+func (r *Reserver) claimer(ctx context.Context, sku, id string, claim, giveBack bool) (string, error) {
 	n := r.bucketsOf(sku)
 	if n == 0 {
 		return sku, nil
 	}
-	b, err := r.bucketFor(ctx, sku, id, n, false, false)
+	b, err := r.bucketFor(ctx, sku, id, n, claim, giveBack)
 	if err != nil {
 		return "", err
 	}
@@ -480,10 +487,8 @@ func (r *Reserver) holder(ctx context.Context, sku, id string) (string, error) {
 // parentOf returns the item a bucket belongs to ("X" for "X|2"), or name itself for an item
 // that is not a bucket.
 func parentOf(name string) string {
-	if i := strings.LastIndexByte(name, '|'); i >= 0 {
-		return name[:i]
-	}
-	return name
+	sku, _ := splitBucket(name)
+	return sku
 }
 
 // itemBucketed is one reconcile pass of an item of n buckets (Item), under every bucket's

@@ -108,14 +108,7 @@ func (r *Reserver) entries(ctx context.Context, sku string) iter.Seq2[Entry, err
 			yield(Entry{}, err)
 			return
 		}
-		names := []string{sku}
-		if n := r.bucketsOf(sku); n > 0 {
-			names = names[:0]
-			for i := range n {
-				names = append(names, bucketName(sku, i))
-			}
-		}
-		for _, name := range names {
+		for _, name := range r.names(sku) {
 			for e, err := range r.ledgerOf(ctx, name) {
 				if !yield(e, err) || err != nil {
 					return

@@ -421,16 +421,12 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err := checkName("id", id); err != nil {
 		return rc, err
 	}
-	name := sku // the item whose keys hold the id: sku, or its bucket
-	if n := r.bucketsOf(sku); n > 0 {
-		if kind != "" {
-			return rc, errBucketed("cart undo", sku)
-		}
-		b, err := r.bucketFor(ctx, sku, id, n, true, true)
-		if err != nil {
-			return rc, err
-		}
-		name = bucketName(sku, b)
+	if kind != "" && r.bucketsOf(sku) > 0 {
+		return rc, errBucketed("cart undo", sku)
+	}
+	name, err := r.claimer(ctx, sku, id, true, true) // sku, or the id's bucket
+	if err != nil {
+		return rc, err
 	}
 	args := []string{id, reason, r.outboxFlag()}
 	if kind != "" {
@@ -457,13 +453,9 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if err := req.check(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	name := sku // the item whose keys take the units: sku, or the bucket the id goes to
-	if n := r.bucketsOf(sku); n > 0 {
-		b, err := r.bucketFor(ctx, sku, id, n, true, false)
-		if err != nil {
-			return Receipt{SKU: sku, ID: id}, err
-		}
-		name = bucketName(sku, b)
+	name, err := r.claimer(ctx, sku, id, true, false) // sku, or the bucket the id goes to
+	if err != nil {
+		return Receipt{SKU: sku, ID: id}, err
 	}
 	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
 	res, ackErr := r.exec(ctx, protocol.Restock, r.item(name).ForItem(), args)
@@ -540,15 +532,12 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	if n := r.bucketsOf(sku); n > 0 {
-		for i := range n {
-			if err := r.setClosedIn(ctx, sku, bucketName(sku, i), flag); err != nil {
-				return err
-			}
+	for _, name := range r.names(sku) { // the item, or every bucket of it
+		if err := r.setClosedIn(ctx, sku, name, flag); err != nil {
+			return err
 		}
-		return nil
 	}
-	return r.setClosedIn(ctx, sku, sku, flag)
+	return nil
 }
 
 // setClosedIn sets the closed flag of the item name (sku, or a bucket of it).
