@@ -1,9 +1,9 @@
 package stock
 
-// Buckets: the building blocks of an item whose stock is split over several cluster slots, so
-// that one hot item is served by several Redis cores. Not wired into the Reserver's methods yet:
-// the routing of requests, Levels, the relay, the reconciler and the fast path do not know
-// bucketed items. What is here is the part every one of them will stand on:
+// Buckets: an item whose stock is split over several cluster slots (WithBuckets), so that one
+// hot item is served by several Redis cores. The Reserver's methods send a split item's requests
+// here (takeBucketed, levelsBucketed, loadBucketed, the holder of an id); the relay, the
+// reconciler (itemBucketed) and stockops walk its buckets (names). What they stand on:
 //
 //   - A bucket is a hidden item: bucket i of item X is the item named bucketName(X, i),
 //     "X|i". Names cannot contain '|', so no item of a user ever meets a bucket, and each
