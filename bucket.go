@@ -432,6 +432,9 @@ func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n in
 	if plain > 0 {
 		return fmt.Errorf("%w: %s is an item Redis does not split over buckets", ErrLoaded, sku)
 	}
+	if err := r.refuseLoad(ctx, sku, n); err != nil {
+		return err
+	}
 	cmds := make(rueidis.Commands, 0, n)
 	for i := range n {
 		cmds = append(cmds, r.client.B().Sadd().Key(r.registryKey()).Member(bucketName(sku, i)).Build())
@@ -519,6 +522,10 @@ func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 			return rp, nil
 		}
 		locked = append(locked, name)
+	}
+	life, done, err := rc.bucketLifecycle(ctx, sku, n, &rp) // retired, or partly (bucketretire.go)
+	if err != nil || done {
+		return rp, err
 	}
 	unknown, err := rc.storeRemaining(ctx, &rp)
 	if err != nil {
@@ -638,7 +645,7 @@ func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 			rp.NeedsHuman = fmt.Sprintf("bucket %d: %s", i, subs[i].NeedsHuman)
 		}
 	}
-	return rp, nil
+	return rp, rc.concludeBucketed(ctx, sku, n, &rp, life)
 }
 
 // transferGrace is how long a transfer may be in flight before the sweeper completes it: far

@@ -532,6 +532,12 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
+	if n := r.bucketsOf(sku); n > 0 && flag == "0" {
+		// Reopened whole or not at all: a bucket delisted refuses the item.
+		if err := r.refuseReopen(ctx, sku, n); err != nil {
+			return err
+		}
+	}
 	for _, name := range r.names(sku) { // the item, or every bucket of it
 		if err := r.setClosedIn(ctx, sku, name, flag); err != nil {
 			return err
@@ -566,8 +572,8 @@ func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	if r.bucketsOf(sku) > 0 {
-		return errBucketed("delist", sku)
+	if n := r.bucketsOf(sku); n > 0 {
+		return r.delistBucketed(ctx, sku, n)
 	}
 	code, _, err := decodePair(protocol.Delist.Exec(ctx, r.client, r.item(sku).ForMarks(), nil))
 	if err != nil {
