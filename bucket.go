@@ -421,7 +421,8 @@ func (r *Reserver) levelsBucketed(ctx context.Context, sku string, n int) (Level
 
 // loadBucketed is Load of an item of n buckets: qty split over them, the first qty mod n
 // buckets one unit more. A load cut half way is finished by calling Load again; ErrLoaded only
-// when every bucket existed.
+// when every bucket existed, or (before anything is written) when a bucket is delisted and not
+// retired yet (bucketretire.go).
 func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n int) error {
 	// An item Redis has as a plain item (loaded by a Reserver without WithBuckets) is loaded:
 	// buckets beside it would sell its stock twice.
