@@ -263,3 +263,45 @@ func TestBucketedDelistCut(t *testing.T) {
 		assertRetired(t, c, "sp")
 	})
 }
+
+// TestBucketedRetireWaitsForTransfer: a transfer in flight between two buckets of a delisted
+// item (a process died between its halves) keeps every bucket from retiring; once it is
+// completed, a pass retires the item.
+func TestBucketedRetireWaitsForTransfer(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := delistedSplitItem(t, c, "sp")
+		drain(t, g.relay)
+		keys, _ := bucketKeys("sp")
+		donor := -1
+		for i, k := range keys {
+			a, err := c.Do(ctx, c.B().Hget().Key(k.Item).Field("a").Build()).AsInt64()
+			require.NoError(t, err)
+			if a > 0 {
+				donor = i
+				break
+			}
+		}
+		require.GreaterOrEqual(t, donor, 0, "a bucket with stock")
+		target := (donor + 1) % splitN
+		out, err := protocol.XOut.Exec(ctx, c, keys[donor].ForXOut(), []string{"t1", strconv.Itoa(target), "1", "1"}).AsIntSlice()
+		require.NoError(t, err)
+		require.Equal(t, protocol.OK, out[0])
+		before := levels(t, g.r, "sp")
+		time.Sleep(10 * time.Millisecond)
+
+		rp := g.once(t)["sp"]
+		assert.False(t, rp.Retired, "%v", rp)
+		assert.Equal(t, before, levels(t, g.r, "sp"), "no bucket retired")
+
+		in, err := protocol.XIn.Exec(ctx, c, keys[target].ForXIn(), []string{"t1", strconv.Itoa(donor), "1"}).AsIntSlice()
+		require.NoError(t, err)
+		require.Equal(t, protocol.OK, in[0])
+		done, err := protocol.XDone.Exec(ctx, c, keys[donor].ForXDone(), []string{"t1"}).AsIntSlice()
+		require.NoError(t, err)
+		require.Equal(t, protocol.OK, done[0])
+		rp = g.once(t)["sp"]
+		assert.True(t, rp.Retired, "%v", rp)
+		assertRetired(t, c, "sp")
+	})
+}
