@@ -421,7 +421,8 @@ func (r *Reserver) levelsBucketed(ctx context.Context, sku string, n int) (Level
 
 // loadBucketed is Load of an item of n buckets: qty split over them, the first qty mod n
 // buckets one unit more. A load cut half way is finished by calling Load again; ErrLoaded only
-// when every bucket existed.
+// when every bucket existed, or (before anything is written) when a bucket is delisted and not
+// retired yet (bucketretire.go).
 func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n int) error {
 	// An item Redis has as a plain item (loaded by a Reserver without WithBuckets) is loaded:
 	// buckets beside it would sell its stock twice.
@@ -431,6 +432,9 @@ func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n in
 	}
 	if plain > 0 {
 		return fmt.Errorf("%w: %s is an item Redis does not split over buckets", ErrLoaded, sku)
+	}
+	if err := r.refuseLoad(ctx, sku, n); err != nil {
+		return err
 	}
 	cmds := make(rueidis.Commands, 0, n)
 	for i := range n {
@@ -519,6 +523,10 @@ func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 			return rp, nil
 		}
 		locked = append(locked, name)
+	}
+	life, done, err := rc.bucketLifecycle(ctx, sku, n, &rp) // retired, or partly (bucketretire.go)
+	if err != nil || done {
+		return rp, err
 	}
 	unknown, err := rc.storeRemaining(ctx, &rp)
 	if err != nil {
@@ -638,7 +646,7 @@ func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 			rp.NeedsHuman = fmt.Sprintf("bucket %d: %s", i, subs[i].NeedsHuman)
 		}
 	}
-	return rp, nil
+	return rp, rc.concludeBucketed(ctx, sku, n, &rp, life)
 }
 
 // transferGrace is how long a transfer may be in flight before the sweeper completes it: far

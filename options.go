@@ -189,8 +189,9 @@ func WithGroups(group func(sku string) string) Option {
 // the events of one bucket), and the reconciler compares the buckets as one with the Store.
 //
 // Costs and limits: each request also claims its id (one more command, in the id's bucket);
-// the sold-out fast path does not answer for a split item; carts (DeductMany, HoldMany) and
-// Delist refuse a split item (ErrInvalid); a split item is never in a group (WithGroups).
+// the sold-out fast path does not answer for a split item; carts (DeductMany, HoldMany)
+// refuse a split item (ErrInvalid); a split item is never in a group (WithGroups). Delist
+// delists every bucket, and the reconciler retires them together (see Delist).
 func WithBuckets(buckets func(sku string) int) Option {
 	return func(o *options) error {
 		if buckets == nil {

@@ -891,31 +891,43 @@ func (rc *reconciler) retire(ctx context.Context, k *protocol.Keys, rp *report, 
 	if delisted > cutoff {
 		return nil
 	}
-	keys := k.ForRetire()
+	code, err := rc.retireSteps(ctx, rp, rp.SKU, k.ForRetire(), cutoff)
+	if err != nil {
+		return err
+	}
+	switch code {
+	case protocol.OK:
+		rp.Retired = true
+	case protocol.Closed: // delisted but open for sale: retire.lua never removes a live item
+		rp.NeedsHuman = "the item is delisted but open for sale (reopened before that was refused): Close it to let it retire"
+	}
+	// Otherwise not retirable now (something pending): a later pass tries again.
+	return nil
+}
+
+// retireSteps runs retire.lua on the item name (rp.SKU, or a bucket of it) with keys until it
+// has retired it or refuses to, and takes a retired item out of the registry. It returns the
+// script's last code: OK (retired), CLOSED, CONFLICT or NOTLOADED.
+func (rc *reconciler) retireSteps(ctx context.Context, rp *report, name string, keys []string, cutoff int64) (int64, error) {
 	args := []string{strconv.FormatInt(cutoff, 10), "500"}
 	for range 10000 {
 		code, n, err := decodePair(protocol.Retire.Exec(ctx, rc.r.client, keys, args))
 		if err != nil {
-			return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
+			return 0, fmt.Errorf("stock: reconcile %s: retire %s: %w", rp.SKU, name, err)
 		}
 		rp.Trimmed += int(n)
-		switch code {
-		case protocol.Replay: // more ledger pages
-		case protocol.OK:
-			cmd := rc.r.client.B().Srem().Key(rc.r.registryKey()).Member(rp.SKU).Build()
-			if err := rc.r.client.Do(ctx, cmd).Error(); err != nil {
-				return fmt.Errorf("stock: reconcile %s: retire: %w", rp.SKU, err)
-			}
-			rp.Retired = true
-			return nil
-		case protocol.Closed: // delisted but open for sale: retire.lua never removes a live item
-			rp.NeedsHuman = "the item is delisted but open for sale (reopened before that was refused): Close it to let it retire"
-			return nil
-		default: // not retirable now (something pending); a later pass tries again
-			return nil
+		if code == protocol.Replay { // more pages
+			continue
 		}
+		if code == protocol.OK {
+			cmd := rc.r.client.B().Srem().Key(rc.r.registryKey()).Member(name).Build()
+			if err := rc.r.client.Do(ctx, cmd).Error(); err != nil {
+				return 0, fmt.Errorf("stock: reconcile %s: retire %s: %w", rp.SKU, name, err)
+			}
+		}
+		return code, nil
 	}
-	return nil
+	return protocol.Replay, nil
 }
 
 // lock takes the item's relay lease for the pass, waiting a little for a relay to finish.

@@ -156,7 +156,12 @@ func (rc *reconciler) unregistered(ctx context.Context, registered map[string]bo
 		if len(skus) > 0 {
 			cmds := make([]rueidis.Completed, len(skus))
 			for i, sku := range skus {
-				cmds[i] = c.B().Hmget().Key(rc.r.item(sku).Item).Field("a", "x").Build()
+				name := sku
+				if rc.r.bucketsOf(sku) > 0 {
+					// A split item: its bucket 0, retired last of its buckets (bucketretire.go).
+					name = bucketName(sku, 0)
+				}
+				cmds[i] = c.B().Hmget().Key(rc.r.item(name).Item).Field("a", "x").Build()
 			}
 			for i, res := range c.DoMulti(ctx, cmds...) {
 				vs, err := res.ToArray()

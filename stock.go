@@ -532,6 +532,12 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
+	if n := r.bucketsOf(sku); n > 0 && flag == "0" {
+		// Reopened whole or not at all: a bucket delisted refuses the item.
+		if err := r.refuseReopen(ctx, sku, n); err != nil {
+			return err
+		}
+	}
 	for _, name := range r.names(sku) { // the item, or every bucket of it
 		if err := r.setClosedIn(ctx, sku, name, flag); err != nil {
 			return err
@@ -562,12 +568,18 @@ func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) erro
 // ledger included, are removed in bounded steps, and its report says Retired. A retired item
 // answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
 // cannot be reopened (ReopenItem returns ErrClosed); only a closed, delisted item is ever retired.
+//
+// An item split over buckets (WithBuckets) is delisted whole: every bucket is closed, then
+// stamped. A Delist cut half way (an error) leaves the item closed; calling Delist again
+// finishes it, and meanwhile ReopenItem refuses the item (ErrClosed) and reopens no bucket.
+// The reconciler retires the buckets together, once every one is delisted; a pass cut between
+// buckets is finished by the next pass, and until then Load refuses the item with ErrLoaded.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
-	if r.bucketsOf(sku) > 0 {
-		return errBucketed("delist", sku)
+	if n := r.bucketsOf(sku); n > 0 {
+		return r.delistBucketed(ctx, sku, n)
 	}
 	code, _, err := decodePair(protocol.Delist.Exec(ctx, r.client, r.item(sku).ForMarks(), nil))
 	if err != nil {

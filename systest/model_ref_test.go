@@ -461,11 +461,9 @@ func (w *world) load(sku string, qty int64) outcome {
 	return outcome{}
 }
 
-// lifecycle is Close, Reopen and Delist.
+// lifecycle is Close, Reopen and Delist, of a plain item or a split one alike (a split item is
+// closed, reopened and delisted whole).
 func (w *world) lifecycle(op, sku string) outcome {
-	if op == "delist" && w.nb(sku) > 0 {
-		return outcome{err: stock.ErrInvalid} // Delist refuses a split item, loaded or not
-	}
 	it := w.item(sku)
 	if it == nil {
 		return outcome{err: stock.ErrNotLoaded}

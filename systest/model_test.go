@@ -1279,9 +1279,34 @@ var modelBucketRegressions = []modelCase{
 		{Op: "load", SKU: "u", Qty: 4},
 		{Op: "deductmany", ID: "c1", Lines: []stock.Line{{SKU: "u", Qty: 1}, {SKU: "tee", Qty: 1}}},
 		{Op: "holdmany", ID: "c2", Lines: []stock.Line{{SKU: "tee", Qty: 1}}, TTL: time.Hour},
-		{Op: "delist", SKU: "tee"},
-		{Op: "delist", SKU: "p"},
 		{Op: "deductmany", ID: "c1", Lines: []stock.Line{{SKU: "u", Qty: 1}}},
+	}},
+	// Delist of a split item delists it whole, as a plain one: twice does nothing, new takes are
+	// refused with ErrClosed while give-backs and confirms go on, ReopenItem and Load are refused
+	// (ErrClosed, ErrLoaded), and an unloaded split item is not loaded (ErrNotLoaded).
+	{name: "SplitDelist", cfg: mconfig{Buckets: 3, Split: []string{"tee", "p"}}, steps: []mstep{
+		{Op: "delist", SKU: "p"},
+		{Op: "reopen", SKU: "p"},
+		{Op: "load", SKU: "tee", Qty: 4},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "alice", Qty: 1},
+		{Op: "deduct", SKU: "tee", ID: "o2", User: "bob", Qty: 2},
+		{Op: "hold", SKU: "tee", ID: "h1", User: "carol", Qty: 1, TTL: time.Hour},
+		{Op: "hold", SKU: "tee", ID: "h2", Qty: 1, TTL: tick},
+		{Op: "delist", SKU: "tee"},
+		{Op: "delist", SKU: "tee"},
+		{Op: "deduct", SKU: "tee", ID: "o3", User: "dave", Qty: 1},
+		{Op: "hold", SKU: "tee", ID: "h3", User: "alice", Qty: 1, TTL: time.Hour},
+		{Op: "reopen", SKU: "tee"},
+		{Op: "close", SKU: "tee"},
+		{Op: "reopen", SKU: "tee"},
+		{Op: "load", SKU: "tee", Qty: 9},
+		{Op: "restore", SKU: "tee", ID: "o1"},
+		{Op: "confirm", SKU: "tee", ID: "h1"},
+		{Op: "advance", TTL: 3 * tick},
+		{Op: "sweep", SKU: "tee"},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "alice", Qty: 1},
+		{Op: "restock", SKU: "tee", ID: "r1", Qty: 2},
+		{Op: "deduct", SKU: "tee", ID: "o4", User: "bob", Qty: 1},
 	}},
 	// ConfirmMany and CancelMany work on a split item's holds (Confirm and Cancel per item).
 	{name: "SplitConfirmManyCancelMany", cfg: mconfig{Buckets: 2, Split: []string{"tee"}}, steps: []mstep{
