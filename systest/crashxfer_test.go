@@ -75,6 +75,7 @@ func xferUsers() []string {
 type xferAck struct {
 	qty       int64
 	confirmed bool // its Confirm returned too
+	cancelled bool // its Cancel returned too
 }
 
 // TestTransferKilledProcess: buyers in a child process, whose requests go to bucket 0 or 1 of
@@ -257,6 +258,12 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 			if assert.NoError(t, err, id) {
 				assert.True(t, rc.Replayed, id)
 			}
+		} else if a.cancelled {
+			assert.Equal(t, stock.StateCancelled, e.State, id)
+			rc, err := r.Cancel(ctx, sku, id)
+			if assert.NoError(t, err, id) {
+				assert.True(t, rc.Replayed, id)
+			}
 		} else if e.State == stock.StateHeld || e.State == stock.StateExpired {
 			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: xferUserOf(id, users), Qty: a.qty}, xferHoldTTL)
 			assert.ErrorIs(t, err, stock.ErrExpired, "a retry of expired hold %s", id)
@@ -389,11 +396,13 @@ func (o *xferOutput) Write(p []byte) (int, error) {
 				o.fails = append(o.fails, "bad or repeated ack: "+l)
 			}
 			o.got[f[1]] = &xferAck{qty: q}
-		case len(f) == 2 && f[0] == "xfer-confirmed":
-			if a := o.got[f[1]]; a != nil {
+		case len(f) == 2 && (f[0] == "xfer-confirmed" || f[0] == "xfer-cancelled"):
+			if a := o.got[f[1]]; a == nil {
+				o.fails = append(o.fails, "before the hold: "+l)
+			} else if f[0] == "xfer-confirmed" {
 				a.confirmed = true
 			} else {
-				o.fails = append(o.fails, "confirmed before held: "+l)
+				a.cancelled = true
 			}
 		case len(f) > 0 && f[0] == "xfer-fail":
 			o.fails = append(o.fails, l)
@@ -469,6 +478,9 @@ func TestTransferChildProcess(t *testing.T) {
 			for i := 0; ; i++ {
 				id := fmt.Sprintf("k%s-%d-%d", run, g, i)
 				q := 1 + int64(i%2)
+				if g >= xferBuyers {
+					q = 4
+				}
 				rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: u, Qty: q}, xferHoldTTL)
 				switch {
 				case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrInsufficient):
@@ -482,7 +494,14 @@ func TestTransferChildProcess(t *testing.T) {
 					return
 				}
 				say("xfer-held %s %d", id, q)
-				if rng.IntN(xferConfirm) == 0 {
+				if g >= xferBuyers { // bucket 1: gives it back at once, for bucket 0 to take
+					_, err := r.Cancel(ctx, sku, id)
+					if err != nil {
+						say("xfer-fail cancel %s: %v", id, err)
+						return
+					}
+					say("xfer-cancelled %s", id)
+				} else if rng.IntN(xferConfirm) == 0 {
 					_, err := r.Confirm(ctx, sku, id)
 					switch {
 					case errors.Is(err, stock.ErrExpired): // this process was slower than the hold's ttl
