@@ -80,17 +80,18 @@ type xferAck struct {
 }
 
 // TestTransferKilledProcess: buyers in a child process, whose requests go to bucket 0 or 1 of
-// an item split over three buckets, hold short-lived units far beyond the stock and confirm a
-// few, so that the buckets run dry again and again and stock moves between them all the time;
-// the child is killed with SIGKILL at random moments, many times, and some kills cut a
-// transfer half way (after xout, or after xin and before xdone), which the test sees in the
-// buckets' in-flight sets. Then recovery runs as an operator runs it (Reserver.Run, with a
-// Store, once the 5 s transfer grace is over) and nothing is lost or doubled: no transfer is
-// left in flight; every bucket accounts for its stock (available + held + sold - t = loaded);
-// Levels add up; every hold and confirmation the child acknowledged is in the ledger with its
-// quantity, and a retry of it takes nothing more; the store agrees with Redis (a reconcile
-// pass finds no drift); and buyers who want more than is left then buy every unit
-// (Sold == Loaded: no unit stranded in a transfer).
+// an item split over three buckets, hold units far beyond the stock (those of bucket 0 let
+// their holds expire and confirm a few; those of bucket 1 cancel theirs at once), so that the
+// buckets run dry again and again and stock moves between them all the time; the child is
+// killed with SIGKILL at random moments, many times, and some kills cut a transfer half way
+// (after xout, or after xin and before xdone), which the test sees in the buckets' in-flight
+// sets. Then recovery runs as an operator runs it (Reserver.Run's sweeper, which completes a
+// transfer once the 5 s grace is over; then the relay into the Store) and nothing is lost or
+// doubled: no transfer is left in flight; every bucket accounts for its stock (available +
+// held + sold - t = loaded); Levels add up; every hold, confirmation and cancel the child
+// acknowledged is in the ledger with its quantity, and a retry of it takes nothing more;
+// buyers who want more than is left then buy every unit (Sold == Loaded: no unit stranded in a
+// transfer); and the Store agrees with Redis (a reconcile pass finds no drift).
 //
 // Standalone Redis and the 3-master cluster, with STOCK_REDIS_SERVER only: the child must
 // reach the same Redis, and miniredis lives in this process.
