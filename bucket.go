@@ -64,7 +64,14 @@ func (r *Reserver) route(ctx context.Context, sku, id string, n, want int, giveB
 	if giveBack {
 		claim += "r"
 	}
-	s, err := protocol.Route.Exec(ctx, r.client, home.ForRoute(), []string{id, claim}).ToString()
+	var s string
+	if r.opts.inflight > 0 {
+		s, err = r.claimCoalesced(ctx, home.Claims, id, claim)
+	} else {
+		var out [1]string
+		err = r.execClaims(ctx, home.Claims, []*claimCall{{id: id, claim: claim}}, out[:])
+		s = out[0]
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("stock: route %s/%s: %w", sku, id, err)
 	}

@@ -48,6 +48,7 @@ type Reserver struct {
 	opts      options
 	limitArg  string                        // opts.userLimit, formatted once
 	lanes     sync.Map                      // sku -> *lane, for coalescing; only items with calls in flight
+	claims    sync.Map                      // claims hash key -> *claimLane, for coalescing claims (route)
 	guarded   atomic.Bool                   // a failover guard exists: a pass that cannot record the epoch fails
 	fenced    atomic.Bool                   // a failover guard saw the primaries change: ErrFailover
 	guard     atomic.Pointer[failoverGuard] // the latest guard, which a pass that records the epoch checks
