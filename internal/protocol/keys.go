@@ -96,7 +96,8 @@ func BucketSlots(i, n int) (lo, hi int) {
 }
 
 // BucketTag returns the hash tag of the keys of bucket i of n of item sku (the item kept as
-// "<sku>|<i>"): "<sku>|<i>|<k>" for the first counter k >= 0 whose slot is in BucketSlots(i, n).
+// "<sku>|<i>"): "<sku>|<i>|<k>" for the first counter k >= 0 whose slot is in the middle half of
+// BucketSlots(i, n).
 // Names never contain '|', so the tag of a bucket meets no item's and no other bucket's. It is a
 // pure function of its arguments: every process finds the same keys.
 func BucketTag(sku string, i, n int) string {
@@ -105,6 +106,10 @@ func BucketTag(sku string, i, n int) string {
 		return head // not a bucket of n: no range to aim at
 	}
 	lo, hi := BucketSlots(i, n)
+	// Aim at the middle half of the range: tools deal out the slots with different roundings
+	// (redis-cli gives 0-5460, 5461-10922, 10923-16383 to three masters), never by a quarter.
+	w := (hi - lo) / 4
+	lo, hi = lo+w, hi-w
 	for k := 0; ; k++ {
 		tag := head + strconv.Itoa(k)
 		if s := int(crc16(tag) % Slots); s >= lo && s < hi {
