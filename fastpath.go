@@ -33,6 +33,10 @@ import (
 // closed items, items without a complete filter (it is built from the ledger, in bounded
 // steps, by the first refusals after the item sells out: see lua/lib.lua).
 //
+// An item split over buckets (WithBuckets) is answered from the cached state of every bucket,
+// after the request has claimed its id (one round trip: see knownSoldOutSplit); a write of this
+// Reserver to any bucket renews the reads of all of them.
+//
 // The window: between a change another process made in Redis and the invalidation reaching this
 // process (one network hop; measured in fastpath_test.go and by stockbench), a request can still
 // be told "sold out". Changes this Reserver made have no window: see "Own writes" below.
@@ -574,6 +578,11 @@ func (so *soldOut) caches(ctx context.Context, client rueidis.Client, prefix str
 // itself off after one probe and every request goes to Redis, with the same results. Do not
 // combine it with a client that sends cached reads to replicas (SendToReplicas): a lagging
 // replica widens the window.
+//
+// For an item split over buckets (WithBuckets) the answer is not in-process: the request still
+// claims its id for its bucket (one small script; a later request of the id by a buyer of
+// another bucket is ErrConflict, as after a refusal by Redis), then the cached state of every
+// bucket answers; it saves the take, the reads of the buckets and the last take.
 func WithSoldOutCache(ttl time.Duration) Option {
 	return func(o *options) error {
 		if ttl < 0 {

@@ -188,9 +188,10 @@ func WithGroups(group func(sku string) string) Option {
 // hands the Store and the Publisher the item, each bucket's events in order (Event.Seq orders
 // the events of one bucket), and the reconciler compares the buckets as one with the Store.
 //
-// Costs and limits: each request also claims its id (one more command, in the id's bucket);
-// the sold-out fast path does not answer for a split item; carts (DeductMany, HoldMany) and
-// Delist refuse a split item (ErrInvalid); a split item is never in a group (WithGroups).
+// Costs and limits: each request also claims its id (one more command, in the id's bucket), a
+// request the sold-out fast path answers for a split item too (WithSoldOutCache), so that answer
+// costs one round trip; carts (DeductMany, HoldMany) and Delist refuse a split item
+// (ErrInvalid); a split item is never in a group (WithGroups).
 func WithBuckets(buckets func(sku string) int) Option {
 	return func(o *options) error {
 		if buckets == nil {
