@@ -501,6 +501,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 				_, err = r.Deduct(ctx, req)
 				require.ErrorIs(t, err, stock.ErrConflict, "a taken id used without its buyer")
 			}
+			assert.Equal(t, answered, stockops.SoldOutAnswers(r), "taken ids go to Redis")
 			refused := stock.Request{SKU: "S", ID: "refused", User: keyIn("ua", 0, n), Qty: 1}
 			_, err := r.Deduct(ctx, refused) // claims bucket 0 for the id
 			require.ErrorIs(t, err, stock.ErrSoldOut)
