@@ -245,7 +245,12 @@ func (r *Reserver) bucketFor(ctx context.Context, sku, id string, n int, claim, 
 // buckets and tries again, so that a request is refused for stock only when the buckets as a
 // whole could not serve it. The first tries go without Request.Retry, so that a refusal they
 // get writes nothing; the last carries the caller's.
-func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, ttlMs int64, n int) (Receipt, error) {
+func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, ttlMs int64, n int) (_ Receipt, err error) {
+	known, ok, mark := r.takeBucketedFast(ctx, req, n) // the sold-out fast path (fastpath.go)
+	if ok {
+		return known, ErrSoldOut
+	}
+	defer mark(&err)
 	rc := Receipt{SKU: req.SKU, ID: req.ID}
 	want := bucketOf(req.ID, n)
 	if req.User != "" {

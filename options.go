@@ -195,10 +195,10 @@ func WithGroups(group func(sku string) string) Option {
 //
 // Costs and limits: each request also claims its id (a script call in the id's home bucket,
 // before the take; with WithCoalescing, claims of one home bucket queued behind calls in
-// flight go out as one call); the sold-out fast path does not answer for a split item; carts
-// (DeductMany, HoldMany) refuse a split item (ErrInvalid); a split item is never in a group
-// (WithGroups). Delist delists every bucket, and the reconciler retires them together (see
-// Delist).
+// flight go out as one call); the sold-out fast path (WithSoldOutCache) answers for a split
+// item too, but with that one round trip; carts (DeductMany, HoldMany) refuse a split item
+// (ErrInvalid); a split item is never in a group (WithGroups). Delist delists every bucket,
+// and the reconciler retires them together (see Delist).
 func WithBuckets(buckets func(sku string) int) Option {
 	return func(o *options) error {
 		if buckets == nil {
