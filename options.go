@@ -188,9 +188,13 @@ func WithGroups(group func(sku string) string) Option {
 // hands the Store and the Publisher the item, each bucket's events in order (Event.Seq orders
 // the events of one bucket), and the reconciler compares the buckets as one with the Store.
 //
+// Carts (DeductMany, HoldMany) take a split item's line in its buyer's bucket too, as a saga:
+// a split item is never in a group (WithGroups), so a cart with a split line is never taken by
+// one script.
+//
 // Costs and limits: each request also claims its id (one more command, in the id's bucket);
-// the sold-out fast path does not answer for a split item; carts (DeductMany, HoldMany) and
-// Delist refuse a split item (ErrInvalid); a split item is never in a group (WithGroups).
+// the sold-out fast path does not answer for a split item; Delist refuses a split item
+// (ErrInvalid).
 func WithBuckets(buckets func(sku string) int) Option {
 	return func(o *options) error {
 		if buckets == nil {
