@@ -1303,15 +1303,18 @@ var modelBucketRegressions = []modelCase{
 	}},
 	// A split line a refused cart never took gets a tombstone where the cart id is claimed: a
 	// slow copy of the saga, of any buyer's bucket, is refused (ErrRestored).
-	{name: "SplitCartSlowCopyRefused", cfg: mconfig{Buckets: 3, Split: []string{"tee"}}, steps: []mstep{
+	// Of 2 buckets, "c1"'s home bucket is 1 and "bob"'s 0; "c2"'s is 0 and "alice"'s 1.
+	{name: "SplitCartSlowCopyRefused", cfg: mconfig{Buckets: 2, Split: []string{"tee"}}, steps: []mstep{
 		{Op: "load", SKU: "tee", Qty: 4},
 		{Op: "load", SKU: "l", Qty: 0},
-		{Op: "deductmany", ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "l", Qty: 1}, {SKU: "tee", Qty: 1}}},
-		{Op: "deduct", SKU: "tee", ID: "c1", User: "alice", Qty: 1},
+		{Op: "deductmany", ID: "c1", User: "bob", Lines: []stock.Line{{SKU: "l", Qty: 1}, {SKU: "tee", Qty: 1}}},
+		{Op: "deduct", SKU: "tee", ID: "c1", User: "bob", Qty: 1},
 		{Op: "hold", SKU: "tee", ID: "c1", Qty: 1, TTL: time.Hour},
-		{Op: "deductmany", ID: "c2", User: "bob", Lines: []stock.Line{{SKU: "u", Qty: 1}, {SKU: "tee", Qty: 1}}},
-		{Op: "deduct", SKU: "tee", ID: "c2", User: "bob", Qty: 1},
-		{Op: "deductmany", ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "l", Qty: 1}, {SKU: "tee", Qty: 1}}},
+		{Op: "deductmany", ID: "c2", User: "alice", Lines: []stock.Line{{SKU: "l", Qty: 1}, {SKU: "tee", Qty: 1}}},
+		{Op: "deduct", SKU: "tee", ID: "c2", User: "alice", Qty: 1},
+		{Op: "deductmany", ID: "c3", User: "alice", Lines: []stock.Line{{SKU: "u", Qty: 1}, {SKU: "tee", Qty: 1}}},
+		{Op: "deduct", SKU: "tee", ID: "c3", User: "alice", Qty: 1},
+		{Op: "deductmany", ID: "c1", User: "bob", Lines: []stock.Line{{SKU: "l", Qty: 1}, {SKU: "tee", Qty: 1}}},
 	}},
 	// A cart of holds with a split line: a retry answers the holds' state (ErrExpired for the
 	// split line past its deadline) and ConfirmMany is all or nothing.
