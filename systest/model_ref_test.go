@@ -626,7 +626,7 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 					it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRestored, maybe: true}
 					continue
 				}
-				if e.kind != kind || e.qty != l2.Qty || !e.taken() {
+				if e.kind != kind || e.qty != l2.Qty || e.user != user || !e.taken() {
 					continue // not this cart's line
 				}
 				if e.state == stock.StateHeld {
