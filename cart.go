@@ -70,6 +70,12 @@ func (e *CartError) Unwrap() error { return e.Err }
 // not taken, so a slow copy of the saga cannot take them later. Carts whose process died
 // mid-saga and that nobody retries are undone by cart recovery (Reserver.Run, or stockops.RecoverCarts).
 //
+// A line of an item split over buckets (WithBuckets) is taken as a Deduct or a Hold of it is, in
+// its buyer's bucket (the cart id's without a buyer): it refuses the cart for stock only when
+// the buckets together could not serve it. The undo gives it back in the bucket it was taken
+// in; a line never taken gets its tombstone in the bucket the cart id is claimed for, so a slow
+// copy of the saga is refused there too (ErrRestored). Such a cart is always a saga.
+//
 // With WithGroups, a cart whose items are all in one group is taken by one script instead,
 // atomically and with no cart log: every line or nothing. Its refusal changes nothing and, as
 // for Deduct, records nothing, so a later copy may be taken if stock came back; a retry of a
@@ -258,15 +264,10 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if err != nil {
 		return out, err
 	}
-	for _, l := range lines {
-		if r.bucketsOf(l.SKU) > 0 {
-			return out, errBucketed("a cart", l.SKU)
-		}
-	}
 	if r.isFenced(ctx) {
 		return out, ErrFailover
 	}
-	if g := r.group(lines[0].SKU); g != "" && len(lines) > 1 && !slices.ContainsFunc(lines, func(l Line) bool { return r.group(l.SKU) != g }) {
+	if r.oneSlot(lines) {
 		return r.cartOneSlot(ctx, kind, c, lines, ttlMs)
 	}
 	code, why, err := r.cartOp(ctx, "begin", c.ID, encodeCart(kind, c.User, lines))
@@ -289,7 +290,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	var notReplicated error // WithReplicaAck: a line was taken, but not acknowledged in time
 	for _, l := range lines {
 		req := Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}
-		rc, err := r.take(ctx, kind, req, ttlMs)
+		rc, err := r.takeLine(ctx, kind, req, ttlMs)
 		if errors.Is(err, ErrNotReplicated) {
 			notReplicated, err = err, nil // the line was taken: go on with the others
 		}
@@ -321,6 +322,36 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	return out, notReplicated
 }
 
+// oneSlot reports whether a cart of lines is taken by one script: it has two lines or more, all
+// of items in one group (WithGroups). An item split over buckets (WithBuckets) is in no group,
+// whatever the group function says of it, so a cart with a split line is a saga.
+func (r *Reserver) oneSlot(lines []Line) bool {
+	if len(lines) < 2 {
+		return false
+	}
+	g := r.group(lines[0].SKU)
+	if g == "" {
+		return false
+	}
+	for _, l := range lines {
+		if r.bucketsOf(l.SKU) > 0 || r.group(l.SKU) != g {
+			return false
+		}
+	}
+	return true
+}
+
+// takeLine takes one line of a saga cart (or answers it again, for a retry of a done cart of
+// holds). A line of an item split over buckets goes to its buyer's bucket like a Deduct or a
+// Hold (takeBucketed): it is refused for stock only when the buckets together could not serve
+// it, and a tombstone a cart undo left for it, in whatever bucket, answers ErrRestored.
+func (r *Reserver) takeLine(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
+	if n := r.bucketsOf(req.SKU); n > 0 {
+		return r.takeBucketed(ctx, kind, req, ttlMs, n)
+	}
+	return r.take(ctx, kind, req, ttlMs)
+}
+
 // cartDone answers a retry of a cart the log records as done. Nothing is given back, whatever
 // happened to a line since. A cart of deducts answers its receipts, read from the ledger,
 // replayed: a line restored since stays restored, the others stay taken. A cart of holds answers
@@ -331,7 +362,7 @@ func (r *Reserver) cartDone(ctx context.Context, kind string, c Cart, lines []Li
 	out := CartReceipt{ID: c.ID, Replayed: true}
 	for _, l := range lines {
 		if kind == protocol.TakeHold {
-			rc, err := r.take(ctx, protocol.TakeHold, Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}, ttlMs)
+			rc, err := r.takeLine(ctx, protocol.TakeHold, Request{SKU: l.SKU, ID: c.ID, User: c.User, Qty: l.Qty}, ttlMs)
 			if err != nil {
 				if isRefusal(err) {
 					return CartReceipt{ID: c.ID}, &CartError{SKU: l.SKU, Err: err}

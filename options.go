@@ -190,15 +190,18 @@ func WithGroups(group func(sku string) string) Option {
 // hands the Store and the Publisher the item, each bucket's events in order (Event.Seq orders
 // the events of one bucket), and the reconciler compares the buckets as one with the Store.
 //
+// Carts (DeductMany, HoldMany) take a split item's line in its buyer's bucket too, as a saga:
+// a split item is never in a group (WithGroups), so a cart with a split line is never taken by
+// one script. Delist delists every bucket, and the reconciler retires them together (see
+// Delist).
+//
 // Bucket i of n keeps its keys in the i-th of n equal ranges of the cluster's slots, so that on a
 // cluster of n masters dealt equal ranges (as redis-cli deals them) each bucket has its own.
 //
 // Costs and limits: each request also claims its id (a script call in the id's home bucket,
 // before the take; with WithCoalescing, claims of one home bucket queued behind calls in
 // flight go out as one call); the sold-out fast path (WithSoldOutCache) answers for a split
-// item too, but with that one round trip; carts (DeductMany, HoldMany) refuse a split item
-// (ErrInvalid); a split item is never in a group (WithGroups). Delist delists every bucket,
-// and the reconciler retires them together (see Delist).
+// item too, but with that one round trip.
 func WithBuckets(buckets func(sku string) int) Option {
 	return func(o *options) error {
 		if buckets == nil {

@@ -429,10 +429,9 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err := checkName("id", id); err != nil {
 		return rc, err
 	}
-	if kind != "" && r.bucketsOf(sku) > 0 {
-		return rc, errBucketed("cart undo", sku)
-	}
-	name, err := r.claimer(ctx, sku, id, true, true) // sku, or the id's bucket
+	// sku, or the id's bucket: the one a take of the id claimed, else its home bucket, claimed
+	// now by this give-back so that a late take of the id in any bucket answers ErrRestored.
+	name, err := r.claimer(ctx, sku, id, true, true)
 	if err != nil {
 		return rc, err
 	}

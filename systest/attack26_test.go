@@ -815,8 +815,9 @@ func TestAttack26LevelsInvariantUnderTraffic(t *testing.T) {
 // --- Close, reopen, restock, names, bucket counts -----------------------------------------------
 
 // TestAttack26CloseReopenRestock: CloseItem refuses takes in every bucket, lets confirms,
-// cancels and restores through; ReopenItem sells again; Restock adds once per id; Delist and
-// carts refuse a split item with ErrInvalid and change nothing.
+// cancels and restores through; ReopenItem sells again; Restock adds once per id; Delist
+// refuses a split item with ErrInvalid, and carts of a closed split item are refused with
+// ErrClosed; neither changes anything.
 func TestAttack26CloseReopenRestock(t *testing.T) {
 	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
 		ctx := context.Background()
@@ -844,9 +845,9 @@ func TestAttack26CloseReopenRestock(t *testing.T) {
 		_, err = e.r.Restore(ctx, "cl", "sale")
 		require.NoError(t, err)
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "cl", Qty: 1}}})
-		require.ErrorIs(t, err, stock.ErrInvalid)
+		require.ErrorIs(t, err, stock.ErrClosed)
 		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "cl", Qty: 1}}}, time.Hour)
-		require.ErrorIs(t, err, stock.ErrInvalid)
+		require.ErrorIs(t, err, stock.ErrClosed)
 		require.NoError(t, e.r.ReopenItem(ctx, "cl"))
 		l := a26Levels(t, e.r, "cl")
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, l)

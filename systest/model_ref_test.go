@@ -529,11 +529,9 @@ func (w *world) oneSlot(lines []stock.Line) bool {
 // cart is DeductMany (kind deduct) and HoldMany (kind hold).
 func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, now int64) (outcome, []outcome) {
 	lines := sumLines(raw)
-	for _, l := range lines {
-		if w.nb(l.SKU) > 0 {
-			return outcome{err: stock.ErrInvalid}, nil // carts refuse a split item: nothing changed
-		}
-	}
+	// A line of a split item is taken as a Deduct or a Hold of it is (take: its buyer's bucket,
+	// the claims, the due holds of the other buckets); w.group puts a split item in no group,
+	// so a cart with a split line is always a saga.
 	if c := w.carts[id]; c != nil && !w.oneSlot(lines) {
 		if c.user != user || c.kind != kind || !slices.Equal(c.lines, lines) {
 			// A cart id used by another user, or with other lines: ErrConflict, nothing changed.
@@ -552,7 +550,17 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 				if it == nil {
 					continue
 				}
-				it.expire(now)
+				if n := w.nb(l.SKU); n > 0 {
+					// A split line: a Hold of it, in the bucket the cart id is claimed for,
+					// releases that bucket's due holds (at most 64, and its own).
+					b, ok := w.claims[claimKey(l.SKU, id)]
+					if !ok {
+						b = fnvBucket(id, n)
+					}
+					w.expireSplit(l.SKU, it, now, 64, id, b)
+				} else {
+					it.expire(now)
+				}
 				if e := it.ledger[id]; e != nil && e.kind == stock.KindHold {
 					switch {
 					case e.state == stock.StateExpired:
@@ -590,12 +598,8 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 			outs = append(outs, o)
 			continue
 		}
-		if o.err != nil || o.replay != 0 {
-			cause := o.err
-			if cause == nil { // a replay of an entry the cart log does not know: not this cart's
-				cause = stock.ErrConflict
-			}
-			ce := outcome{err: cause, alt: o.alt, cartSKU: l.SKU}
+		if o.err != nil {
+			ce := outcome{err: o.err, alt: o.alt, cartSKU: l.SKU}
 			if w.oneSlot(lines) {
 				// One script, checked before the first write: nothing changed, nothing recorded.
 				*w = *saved
@@ -604,6 +608,12 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 			// The saga: the lines taken before are given back, the others get a tombstone
 			// (so a slow saga cannot take them later), and the cart is undone.
 			for _, l2 := range lines {
+				if n := w.nb(l2.SKU); n > 0 {
+					// The undo's give-back claims the id's home bucket when no take did, and
+					// leaves the tombstone there: a slow copy of the saga, of whatever
+					// buyer's bucket, is refused with ErrRestored.
+					w.claim(l2.SKU, id, fnvBucket(id, n))
+				}
 				it := w.item(l2.SKU)
 				if it == nil {
 					w.ghostTombstone(l2.SKU, id)
@@ -614,11 +624,8 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 					it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRestored, maybe: true}
 					continue
 				}
-				if e.kind != kind || e.qty != l2.Qty || !e.taken() {
+				if e.kind != kind || e.qty != l2.Qty || e.user != user || !e.taken() {
 					continue // not this cart's line
-				}
-				if se := saved.item(l2.SKU); se != nil && se.ledger[id] != nil {
-					continue // there before the cart: not this cart's line
 				}
 				if e.state == stock.StateHeld {
 					it.held -= e.qty
@@ -632,6 +639,11 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 			w.carts[id] = &mCart{kind: kind, user: user, lines: lines, causeSKU: l.SKU, cause: ce.errs()}
 			return ce, nil
 		}
+		// A replay: an entry of the cart id with the line's kind, quantity and user that the
+		// cart log does not know (drawn: a Hold of a split item under a cart's id). The saga
+		// cannot tell it from its line taken by a copy of the cart: it is the cart's line,
+		// replayed, and an undo gives it back ("the cart's own line (same kind, quantity and
+		// user)").
 		outs = append(outs, o)
 	}
 	replayed := true
