@@ -213,11 +213,6 @@ func (r *Reserver) bucketsOf(sku string) int {
 	return 0
 }
 
-// errBucketed refuses an operation bucketed items do not support yet.
-func errBucketed(op, sku string) error {
-	return invalid("%s of %s: not supported for an item split over buckets", op, sku)
-}
-
 // bucketFor returns the bucket that holds id of item sku (of n buckets): the one its claim names,
 // or its home bucket when no request claimed one. With claim, a missing claim is made for the
 // home bucket (a restore or a cancel of an unknown id leaves its tombstone there, where a late
