@@ -1,0 +1,111 @@
+package stock_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
+)
+
+// fnvBucket is the bucket of n that a split item sends a user (or, without a user, a request id)
+// to: FNV-1a of it, mod n (the library's routing, restated so that a test can pick its keys).
+func fnvBucket(key string, n int) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
+// keyIn returns the first of prefix0, prefix1, ... whose bucket of n is b.
+func keyIn(t *testing.T, prefix string, b, n int) string {
+	t.Helper()
+	for i := range 10000 {
+		if k := prefix + strconv.Itoa(i); fnvBucket(k, n) == b {
+			return k
+		}
+	}
+	t.Fatalf("no key %s* in bucket %d of %d", prefix, b, n)
+	return ""
+}
+
+// storeAgrees checks that the Store and Redis tell the same story of a split item after the
+// relay delivered everything: what the Store has left is what Redis has available and held.
+func storeAgrees(t *testing.T, r *stock.Reserver, store *memstore.Store, sku string) {
+	t.Helper()
+	l := levels(t, r, sku)
+	rem, err := store.Remaining(context.Background(), sku)
+	require.NoError(t, err)
+	assert.Equal(t, l.Available+l.Held, rem, "Redis %+v, store %d", l, rem)
+}
+
+// TestBucketedOrderRestockThenSale: a restock in one bucket whose units a transfer moves to
+// another bucket, where they are sold: the Store gets the restock before the sales, whatever
+// order the relay walks the buckets in, and refuses none of the acknowledged sales.
+func TestBucketedOrderRestockThenSale(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		const n = 3
+		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "ord", 3))
+		require.NoError(t, r.Load(ctx, "ord", 3))
+		_, err := r.Restock(ctx, "ord", keyIn(t, "rs", 1, n), 5)
+		require.NoError(t, err)
+		buyer := keyIn(t, "u", 0, n)
+		for i := range 8 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "ord", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
+			require.NoError(t, err, "sale %d", i)
+		}
+		rl, err := stockops.NewRelay(r, store, nil, nil)
+		require.NoError(t, err)
+		st := drain(t, rl)
+		assert.Zero(t, st.Refused, "no acknowledged sale is refused: %+v", st)
+		assert.Equal(t, stock.Levels{Sold: 8, Loaded: 8}, levels(t, r, "ord"))
+		storeAgrees(t, r, store, "ord")
+	})
+}
+
+// TestBucketedOrderRestoreThenSale: a sale restored in one bucket, whose unit a transfer moves
+// to another bucket where it is sold again: the Store gets the restore first.
+func TestBucketedOrderRestoreThenSale(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		const n = 3
+		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "rso", 6))
+		require.NoError(t, r.Load(ctx, "rso", 6))
+		rl, err := stockops.NewRelay(r, store, nil, nil)
+		require.NoError(t, err)
+		// Everything sold in bucket 1 and delivered: the Store has nothing left.
+		seller := keyIn(t, "s", 1, n)
+		for i := range 6 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "rso", ID: "a" + strconv.Itoa(i), User: seller, Qty: 1})
+			require.NoError(t, err)
+		}
+		drain(t, rl)
+		// Four of them restored in bucket 1, then sold again to a buyer of bucket 0.
+		for i := range 4 {
+			_, err := r.Restore(ctx, "rso", "a"+strconv.Itoa(i))
+			require.NoError(t, err)
+		}
+		buyer := keyIn(t, "u", 0, n)
+		for i := range 4 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "rso", ID: "b" + strconv.Itoa(i), User: buyer, Qty: 1})
+			require.NoError(t, err, "sale %d", i)
+		}
+		st := drain(t, rl)
+		assert.Zero(t, st.Refused, "no acknowledged sale is refused: %+v", st)
+		assert.Equal(t, stock.Levels{Sold: 6, Loaded: 6}, levels(t, r, "rso"))
+		storeAgrees(t, r, store, "rso")
+	})
+}
