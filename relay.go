@@ -264,6 +264,7 @@ func (r *Reserver) withEvents(ctx context.Context, skus []string) ([]string, err
 
 type claimed struct {
 	member string
+	seq    int64 // the event's sequence in its item (its outbox score)
 	ev     Event
 	store  bool // the event changes the Store
 	tries  int64
@@ -333,12 +334,138 @@ func (rl *relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	}
 	out := make([]claimed, 0, len(evs))
 	for _, oe := range evs {
-		c := claimed{member: oe.Member, tries: oe.Tries}
+		c := claimed{member: oe.Member, seq: oe.Seq, tries: oe.Tries}
 		c.ev, c.ok = outboxEvent(parentOf(sku), oe.Member, oe.Entry, oe.Seq)
 		c.store = c.ok && storeApplies(c.ev.Type)
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// Cross-bucket order. The relay delivers each item's events in sequence; the buckets of a split
+// item are items of their own, drained independently. A transfer is the only link between
+// them: units a bucket's events gave back (a restock, a restore, a cancel, an expired hold) may
+// move to a sibling and be sold there. xin.lua records each transfer in the target as a barrier
+// (protocol.Keys.Barriers): the target's events after it may depend on the donor's events up to
+// the donor's sequence when the units left it. The relay delivers a bucket's events past a
+// barrier only once the barrier is met: the donor has no undelivered event up to that sequence
+// left in its outbox, and the donor's own barriers up to it are met (units can move on through
+// a bucket that writes no event of its own). "Delivered" is what the relay did: applied by the
+// Store, or, without a Store, handed to the Publisher (the event left the outbox for the
+// published set); on the queue path, Consume applies what a queue hands it in each bucket's
+// order only (see Consume). A barrier met is removed. Barriers cannot wait on one another in a
+// circle: a barrier waits only on events and barriers written before the transfer that set it.
+
+// maxBarriers bounds the barriers of one bucket read at a time.
+const maxBarriers = 64
+
+// maxBarrierDepth bounds how far a check follows barriers from bucket to bucket.
+const maxBarrierDepth = 256
+
+// cutAt returns how many of the claimed events cs (in sequence) have a sequence up to cut.
+func cutAt(cs []claimed, cut int64) int {
+	for i, c := range cs {
+		if c.seq > cut {
+			return i
+		}
+	}
+	return len(cs)
+}
+
+// unclaim gives events claimed and not delivered back as they were before the claim (their
+// attempt counts go back down): held back by a barrier is not a failed delivery.
+func (rl *relay) unclaim(ctx context.Context, sku string, cs []claimed) error {
+	k := rl.r.item(sku)
+	cmds := make(rueidis.Commands, 0, len(cs))
+	for _, c := range cs {
+		cmds = append(cmds, rl.r.client.B().Hincrby().Key(k.Tries).Field(c.member).Increment(-1).Build())
+	}
+	for _, res := range rl.r.client.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return fmt.Errorf("stock: relay %s: giving back events held by a transfer barrier: %w", sku, err)
+		}
+	}
+	return nil
+}
+
+// barrierCut returns the last sequence of bucket sku's events up to last that may be delivered
+// now: last when sku is not a bucket or no barrier below last is unmet, else the score of the
+// lowest unmet barrier. Met barriers on the way are removed.
+func (rl *relay) barrierCut(ctx context.Context, sku string, last int64) (int64, error) {
+	parent, b := splitBucket(sku)
+	if b < 0 || rl.r.bucketsOf(parent) == 0 {
+		return last, nil
+	}
+	k := rl.r.item(sku)
+	c := rl.r.client
+	vs, err := c.Do(ctx, c.B().Zrange().Key(k.Barriers).Min("-inf").Max("("+strconv.FormatInt(last, 10)).Byscore().Limit(0, maxBarriers).Withscores().Build()).AsZScores()
+	if err != nil {
+		return 0, fmt.Errorf("stock: relay %s: transfer barriers: %w", sku, err)
+	}
+	met := map[string]bool{}
+	for _, z := range vs {
+		ok, err := rl.barrierMet(ctx, parent, b, z.Member, met, 0)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			return int64(z.Score), nil
+		}
+		if err := c.Do(ctx, c.B().Zrem().Key(k.Barriers).Member(z.Member).Build()).Error(); err != nil {
+			return 0, fmt.Errorf("stock: relay %s: removing a met transfer barrier: %w", sku, err)
+		}
+	}
+	if len(vs) == maxBarriers {
+		// More barriers than read: the events up to the last one read are clear of them.
+		return int64(vs[len(vs)-1].Score), nil
+	}
+	return last, nil
+}
+
+// barrierMet reports whether the barrier member of bucket b of item parent is met: its donor
+// has no undelivered event up to the barrier's sequence and its own barriers up to it are met
+// (those it finds met, it removes). met remembers the answers of this check.
+func (rl *relay) barrierMet(ctx context.Context, parent string, b int, member string, met map[string]bool, depth int) (bool, error) {
+	bar, err := protocol.ParseBarrier(member)
+	if err != nil || bar.Donor == b || bar.Donor >= maxBuckets {
+		return false, fmt.Errorf("%w: relay %s: transfer barrier %q of bucket %d: %v", ErrInvalid, parent, member, b, err)
+	}
+	key := strconv.Itoa(bar.Donor) + "|" + strconv.FormatInt(bar.Seq, 10)
+	if ok, seen := met[key]; seen {
+		return ok, nil
+	}
+	if depth >= maxBarrierDepth {
+		return false, nil // checked again later, once the barriers nearer have been removed
+	}
+	met[key] = false
+	dk := rl.r.item(bucketName(parent, bar.Donor))
+	c := rl.r.client
+	seq := strconv.FormatInt(bar.Seq, 10)
+	n, err := c.Do(ctx, c.B().Zcount().Key(dk.Outbox).Min("-inf").Max(seq).Build()).AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("stock: relay %s: transfer barrier of bucket %d: %w", parent, b, err)
+	}
+	if n > 0 {
+		return false, nil
+	}
+	vs, err := c.Do(ctx, c.B().Zrange().Key(dk.Barriers).Min("-inf").Max(seq).Byscore().Limit(0, maxBarriers).Build()).AsStrSlice()
+	if err != nil {
+		return false, fmt.Errorf("stock: relay %s: transfer barriers of bucket %d: %w", parent, bar.Donor, err)
+	}
+	for _, m := range vs {
+		ok, err := rl.barrierMet(ctx, parent, bar.Donor, m, met, depth+1)
+		if err != nil || !ok {
+			return false, err
+		}
+		if err := c.Do(ctx, c.B().Zrem().Key(dk.Barriers).Member(m).Build()).Error(); err != nil {
+			return false, fmt.Errorf("stock: relay %s: removing a met transfer barrier: %w", parent, err)
+		}
+	}
+	if len(vs) == maxBarriers {
+		return false, nil // more to check: the next look goes on from where this one stopped
+	}
+	met[key] = true
+	return true, nil
 }
 
 // outboxEvent builds the event of an outbox member ("<letter>:<id>") from its ledger entry
@@ -367,6 +494,31 @@ func (rl *relay) drainBatch(ctx context.Context, sku string) (st relayStats, err
 	cs, err := rl.claim(ctx, sku)
 	if err != nil {
 		return st, err
+	}
+	// A bucket's events behind a transfer barrier wait for the donor's events (see barrierCut):
+	// only those before it are delivered now; the others go back to the outbox as they were, and
+	// the item is looked at again after a poll interval, with no backoff.
+	if len(cs) > 0 {
+		cut, cerr := rl.barrierCut(ctx, sku, cs[len(cs)-1].seq)
+		if cerr != nil {
+			rl.release(context.WithoutCancel(ctx), sku)
+			rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
+			return st, cerr
+		}
+		if keep := cutAt(cs, cut); keep < len(cs) {
+			if uerr := rl.unclaim(context.WithoutCancel(ctx), sku, cs[keep:]); uerr != nil {
+				rl.release(context.WithoutCancel(ctx), sku)
+				rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
+				return st, uerr
+			}
+			cs = cs[:keep]
+			defer func() {
+				if err == nil { // a failure set a backoff or a retry of its own instead
+					rl.release(context.WithoutCancel(ctx), sku)
+					rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
+				}
+			}()
+		}
 	}
 	st.Claimed = len(cs)
 	if len(cs) == 0 {
