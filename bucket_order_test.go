@@ -2,8 +2,11 @@ package stock_test
 
 import (
 	"context"
+	"errors"
+	"github.com/stockres/stock/internal/redistest"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
@@ -107,5 +110,59 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 		assert.Zero(t, st.Refused, "no acknowledged sale is refused: %+v", st)
 		assert.Equal(t, stock.Levels{Sold: 6, Loaded: 6}, levels(t, r, "rso"))
 		storeAgrees(t, r, store, "rso")
+	})
+}
+
+// TestBucketedOrderBarrierWaits: while the donor's restock cannot reach the Store (it fails and
+// backs off), the target's sales that may spend its units wait, neither refused nor applied;
+// once the restock is delivered they follow.
+func TestBucketedOrderBarrierWaits(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		const n = 3
+		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "bw", 3))
+		require.NoError(t, r.Load(ctx, "bw", 3))
+		_, err := r.Restock(ctx, "bw", keyIn(t, "rs", 1, n), 5)
+		require.NoError(t, err)
+		buyer := keyIn(t, "u", 0, n)
+		for i := range 8 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "bw", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
+			require.NoError(t, err, "sale %d", i)
+		}
+		down := errors.New("store down for restocks")
+		store.FailWith(func(ev stock.Event) error {
+			if ev.Type == stock.EventRestocked {
+				return down
+			}
+			return nil
+		})
+		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+		require.NoError(t, err)
+		for range 3 {
+			st, err := rl.Once(ctx)
+			require.ErrorIs(t, err, down)
+			assert.Zero(t, st.Refused, "%+v", st)
+			redistest.Sleep(c, 5*time.Millisecond)
+		}
+		rem, err := store.Remaining(ctx, "bw")
+		require.NoError(t, err)
+		applied := 0
+		for i := range 8 {
+			applied += store.Applications("bw", "o"+strconv.Itoa(i), stock.EventDeducted)
+		}
+		// Bucket 0 had one unit of its own and took one from bucket 2 before bucket 1's: the sales
+		// before the transfer from bucket 1 may go, the others wait for the restock.
+		assert.Equal(t, int64(3)-int64(applied), rem, "only sales not behind the barrier reached the store")
+		assert.LessOrEqual(t, applied, 3)
+		assert.Less(t, applied, 8, "the sales behind the barrier wait")
+
+		store.FailWith(nil)
+		redistest.Sleep(c, 5*time.Millisecond)
+		st := drain(t, rl)
+		assert.Zero(t, st.Refused, "%+v", st)
+		storeAgrees(t, r, store, "bw")
+		assert.Equal(t, int64(8), levels(t, r, "bw").Sold)
 	})
 }
