@@ -99,3 +99,57 @@ func TestBucketOrderCutTransferRecovered(t *testing.T) {
 		assert.Equal(t, Levels{Available: 1, Sold: 7, Loaded: 8}, l)
 	})
 }
+
+// TestBucketOrderChain: units restocked in bucket 2 move to bucket 1, which writes no event of
+// its own, and on to bucket 0, where they are sold: bucket 0's sales wait for bucket 2's
+// restock through bucket 1's barrier.
+func TestBucketOrderChain(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := bucketedReserver(t, c, 3)
+		require.NoError(t, r.Load(ctx, "ch", 3))
+		rs := "rs0"
+		for i := 0; homeBucket(rs, 3) != 2; i++ {
+			rs = "rs" + strconv.Itoa(i)
+		}
+		_, err := r.Restock(ctx, "ch", rs, 5)
+		require.NoError(t, err)
+		k, err := r.transfer(ctx, "ch", "t21", 2, 1, 6, 6)
+		require.NoError(t, err)
+		require.Equal(t, int64(6), k)
+		k, err = r.transfer(ctx, "ch", "t10", 1, 0, 7, 7)
+		require.NoError(t, err)
+		require.Equal(t, int64(7), k)
+		buyer := "u0"
+		for i := 0; bucketOf(buyer, 3) != 0; i++ {
+			buyer = "u" + strconv.Itoa(i)
+		}
+		for i := range 8 {
+			_, err := r.Deduct(ctx, Request{SKU: "ch", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
+			require.NoError(t, err, "sale %d", i)
+		}
+		store := &shortStore{rem: 3}
+		rl, err := r.newRelay(store, nil, &RelayOptions{Items: []string{"ch"}})
+		require.NoError(t, err)
+		st, err := rl.Once(ctx) // bucket 0 first: its sales wait
+		require.NoError(t, err)
+		assert.Zero(t, store.refused)
+		assert.Equal(t, 1, st.Claimed, "only bucket 2's restock goes in the first pass")
+		for range 10 {
+			st, err := rl.Once(ctx)
+			require.NoError(t, err)
+			if st.Claimed == 0 {
+				break
+			}
+		}
+		assert.Zero(t, store.refused, "no acknowledged sale refused")
+		rem, _ := store.Remaining(ctx, "ch")
+		assert.Zero(t, rem)
+		assert.Equal(t, Levels{Sold: 8, Loaded: 8}, bucketLevels(t, r, "ch"))
+		for i := range 3 {
+			n, err := r.client.Do(ctx, r.client.B().Zcard().Key(r.item(bucketName("ch", i)).Barriers).Build()).AsInt64()
+			require.NoError(t, err)
+			assert.Zero(t, n, "bucket %d: every barrier met is removed", i)
+		}
+	})
+}
