@@ -5,6 +5,8 @@ import (
 	"errors"
 	"github.com/stockres/stock/internal/redistest"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,5 +166,74 @@ func TestBucketedOrderBarrierWaits(t *testing.T) {
 		assert.Zero(t, st.Refused, "%+v", st)
 		storeAgrees(t, r, store, "bw")
 		assert.Equal(t, int64(8), levels(t, r, "bw").Sold)
+	})
+}
+
+// TestBucketedOrderConcurrent: buyers of every bucket buy, restore and restock at once while a
+// relay delivers, so that transfers go every way between the buckets: the Store (which refuses
+// a sale it is short for) refuses none, and ends where Redis does.
+func TestBucketedOrderConcurrent(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		const n = 3
+		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "cc", 6))
+		require.NoError(t, r.Load(ctx, "cc", 6))
+		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 4})
+		require.NoError(t, err)
+
+		var refused atomic.Int64
+		stop := make(chan struct{})
+		relayDone := make(chan struct{})
+		go func() {
+			defer close(relayDone)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st, err := rl.Once(ctx)
+				assert.NoError(t, err)
+				refused.Add(int64(st.Refused))
+			}
+		}()
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				user := keyIn(t, "w"+strconv.Itoa(w)+"-", w%n, n)
+				var mine []string
+				for i := range 40 {
+					id := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+					switch i % 5 {
+					case 0:
+						_, err := r.Restock(ctx, "cc", id, int64(1+i%3))
+						assert.NoError(t, err)
+					case 3:
+						if len(mine) > 0 {
+							_, err := r.Restore(ctx, "cc", mine[0])
+							assert.NoError(t, err)
+							mine = mine[1:]
+						}
+					default:
+						_, err := r.Deduct(ctx, stock.Request{SKU: "cc", ID: id, User: user, Qty: 1})
+						if err == nil {
+							mine = append(mine, id)
+						} else {
+							assert.ErrorIs(t, err, stock.ErrSoldOut)
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		<-relayDone
+		st := drain(t, rl)
+		assert.Zero(t, refused.Load()+int64(st.Refused), "no acknowledged sale refused")
+		storeAgrees(t, r, store, "cc")
 	})
 }
