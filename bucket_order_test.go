@@ -1,9 +1,11 @@
 package stock_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"github.com/stockres/stock/internal/redistest"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -236,4 +238,64 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 		assert.Zero(t, refused.Load()+int64(st.Refused), "no acknowledged sale refused")
 		storeAgrees(t, r, store, "cc")
 	})
+}
+
+// TestBucketedOrderConsume: on the queue path, a consumer handed a bucket's sales before the
+// restock of another bucket whose units they spend holds them back (ErrHeldBack) until the
+// restock is applied: none is refused.
+func TestBucketedOrderConsume(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		const n = 3
+		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "qo", 3))
+		require.NoError(t, r.Load(ctx, "qo", 3))
+		_, err := r.Restock(ctx, "qo", keyIn(t, "rs", 1, n), 5)
+		require.NoError(t, err)
+		buyer := keyIn(t, "u", 0, n)
+		for i := range 8 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "qo", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
+			require.NoError(t, err, "sale %d", i)
+		}
+		pub := newRecorder()
+		rl, err := stockops.NewRelay(r, nil, pub, nil)
+		require.NoError(t, err)
+		drain(t, rl)
+		pub.mu.Lock()
+		evs := slices.Clone(pub.evs)
+		pub.mu.Unlock()
+		require.Len(t, evs, 9)
+		// The queue hands the sales over first, the restock last.
+		slices.SortStableFunc(evs, func(a, b stock.Event) int {
+			return cmp.Compare(b2i(a.Type == stock.EventRestocked), b2i(b.Type == stock.EventRestocked))
+		})
+		heldBack := 0
+		for range 10 {
+			var again []stock.Event
+			for _, ev := range evs {
+				err := stock.Consume(ctx, r, store, ev)
+				if errors.Is(err, stock.ErrHeldBack) {
+					heldBack++
+					again = append(again, ev)
+					continue
+				}
+				require.NoError(t, err, "%+v", ev)
+			}
+			if evs = again; len(evs) == 0 {
+				break
+			}
+		}
+		require.Empty(t, evs, "every event applied in the end")
+		assert.Positive(t, heldBack, "sales behind the barrier waited")
+		assert.Equal(t, stock.Levels{Sold: 8, Loaded: 8}, levels(t, r, "qo"), "no sale refused")
+		storeAgrees(t, r, store, "qo")
+	})
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -390,29 +390,34 @@ func (rl *relay) unclaim(ctx context.Context, sku string, cs []claimed) error {
 
 // barrierCut returns the last sequence of bucket sku's events up to last that may be delivered
 // now: last when sku is not a bucket or no barrier below last is unmet, else the score of the
-// lowest unmet barrier. Met barriers on the way are removed.
-func (rl *relay) barrierCut(ctx context.Context, sku string, last int64) (int64, error) {
+// lowest unmet barrier. applied: an event counts as delivered once applied by the store
+// (Consume: it left the outbox and the published set), else once it left the outbox (the
+// relay: applied by its Store or handed to its Publisher). A barrier is removed once settled:
+// every event it waits for applied, whichever mode looked.
+func (r *Reserver) barrierCut(ctx context.Context, sku string, last int64, applied bool) (int64, error) {
 	parent, b := splitBucket(sku)
-	if b < 0 || rl.r.bucketsOf(parent) == 0 {
+	if b < 0 || r.bucketsOf(parent) == 0 {
 		return last, nil
 	}
-	k := rl.r.item(sku)
-	c := rl.r.client
+	k := r.item(sku)
+	c := r.client
 	vs, err := c.Do(ctx, c.B().Zrange().Key(k.Barriers).Min("-inf").Max("("+strconv.FormatInt(last, 10)).Byscore().Limit(0, maxBarriers).Withscores().Build()).AsZScores()
 	if err != nil {
-		return 0, fmt.Errorf("stock: relay %s: transfer barriers: %w", sku, err)
+		return 0, fmt.Errorf("stock: %s: transfer barriers: %w", sku, err)
 	}
-	met := map[string]bool{}
+	seen := map[string]barrierState{}
 	for _, z := range vs {
-		ok, err := rl.barrierMet(ctx, parent, b, z.Member, met, 0)
+		bs, err := r.barrierMet(ctx, parent, b, z.Member, applied, seen, 0)
 		if err != nil {
 			return 0, err
 		}
-		if !ok {
-			return int64(z.Score), nil
+		if bs.settled {
+			if err := c.Do(ctx, c.B().Zrem().Key(k.Barriers).Member(z.Member).Build()).Error(); err != nil {
+				return 0, fmt.Errorf("stock: %s: removing a settled transfer barrier: %w", sku, err)
+			}
 		}
-		if err := c.Do(ctx, c.B().Zrem().Key(k.Barriers).Member(z.Member).Build()).Error(); err != nil {
-			return 0, fmt.Errorf("stock: relay %s: removing a met transfer barrier: %w", sku, err)
+		if !bs.met {
+			return int64(z.Score), nil
 		}
 	}
 	if len(vs) == maxBarriers {
@@ -422,50 +427,66 @@ func (rl *relay) barrierCut(ctx context.Context, sku string, last int64) (int64,
 	return last, nil
 }
 
-// barrierMet reports whether the barrier member of bucket b of item parent is met: its donor
-// has no undelivered event up to the barrier's sequence and its own barriers up to it are met
-// (those it finds met, it removes). met remembers the answers of this check.
-func (rl *relay) barrierMet(ctx context.Context, parent string, b int, member string, met map[string]bool, depth int) (bool, error) {
+// barrierState is what a check found of a barrier: met (for the mode of the check: the events
+// it waits for are delivered) and settled (they are applied: the barrier can go).
+type barrierState struct{ met, settled bool }
+
+// barrierMet checks the barrier member of bucket b of item parent: its donor has no
+// undelivered (unapplied) event up to the barrier's sequence, and its own barriers up to it
+// are met (settled); those it finds settled, it removes. seen remembers the answers of this
+// check; applied: see barrierCut.
+func (r *Reserver) barrierMet(ctx context.Context, parent string, b int, member string, applied bool, seen map[string]barrierState, depth int) (barrierState, error) {
 	bar, err := protocol.ParseBarrier(member)
 	if err != nil || bar.Donor == b || bar.Donor >= maxBuckets {
-		return false, fmt.Errorf("%w: relay %s: transfer barrier %q of bucket %d: %v", ErrInvalid, parent, member, b, err)
+		return barrierState{}, fmt.Errorf("%w: %s: transfer barrier %q of bucket %d: %v", ErrInvalid, parent, member, b, err)
 	}
 	key := strconv.Itoa(bar.Donor) + "|" + strconv.FormatInt(bar.Seq, 10)
-	if ok, seen := met[key]; seen {
-		return ok, nil
+	if bs, ok := seen[key]; ok {
+		return bs, nil
 	}
 	if depth >= maxBarrierDepth {
-		return false, nil // checked again later, once the barriers nearer have been removed
+		return barrierState{}, nil // checked again later, once the barriers nearer have been removed
 	}
-	met[key] = false
-	dk := rl.r.item(bucketName(parent, bar.Donor))
-	c := rl.r.client
+	seen[key] = barrierState{}
+	dk := r.item(bucketName(parent, bar.Donor))
+	c := r.client
 	seq := strconv.FormatInt(bar.Seq, 10)
-	n, err := c.Do(ctx, c.B().Zcount().Key(dk.Outbox).Min("-inf").Max(seq).Build()).AsInt64()
-	if err != nil {
-		return false, fmt.Errorf("stock: relay %s: transfer barrier of bucket %d: %w", parent, b, err)
+	res := c.DoMulti(ctx, c.B().Zcount().Key(dk.Outbox).Min("-inf").Max(seq).Build(),
+		c.B().Zcount().Key(dk.Published).Min("-inf").Max(seq).Build())
+	var n [2]int64
+	for i := range n {
+		if n[i], err = res[i].AsInt64(); err != nil {
+			return barrierState{}, fmt.Errorf("stock: %s: transfer barrier of bucket %d: %w", parent, b, err)
+		}
 	}
-	if n > 0 {
-		return false, nil
+	bs := barrierState{met: n[0] == 0 && (!applied || n[1] == 0), settled: n[0] == 0 && n[1] == 0}
+	if !bs.met {
+		return barrierState{}, nil
 	}
 	vs, err := c.Do(ctx, c.B().Zrange().Key(dk.Barriers).Min("-inf").Max(seq).Byscore().Limit(0, maxBarriers).Build()).AsStrSlice()
 	if err != nil {
-		return false, fmt.Errorf("stock: relay %s: transfer barriers of bucket %d: %w", parent, bar.Donor, err)
+		return barrierState{}, fmt.Errorf("stock: %s: transfer barriers of bucket %d: %w", parent, bar.Donor, err)
 	}
 	for _, m := range vs {
-		ok, err := rl.barrierMet(ctx, parent, bar.Donor, m, met, depth+1)
-		if err != nil || !ok {
-			return false, err
+		sub, err := r.barrierMet(ctx, parent, bar.Donor, m, applied, seen, depth+1)
+		if err != nil {
+			return barrierState{}, err
 		}
-		if err := c.Do(ctx, c.B().Zrem().Key(dk.Barriers).Member(m).Build()).Error(); err != nil {
-			return false, fmt.Errorf("stock: relay %s: removing a met transfer barrier: %w", parent, err)
+		if sub.settled {
+			if err := c.Do(ctx, c.B().Zrem().Key(dk.Barriers).Member(m).Build()).Error(); err != nil {
+				return barrierState{}, fmt.Errorf("stock: %s: removing a settled transfer barrier: %w", parent, err)
+			}
 		}
+		if !sub.met {
+			return barrierState{}, nil
+		}
+		bs.settled = bs.settled && sub.settled
 	}
 	if len(vs) == maxBarriers {
-		return false, nil // more to check: the next look goes on from where this one stopped
+		return barrierState{}, nil // more to check: the next look goes on from where this one stopped
 	}
-	met[key] = true
-	return true, nil
+	seen[key] = bs
+	return bs, nil
 }
 
 // outboxEvent builds the event of an outbox member ("<letter>:<id>") from its ledger entry
@@ -499,7 +520,7 @@ func (rl *relay) drainBatch(ctx context.Context, sku string) (st relayStats, err
 	// only those before it are delivered now; the others go back to the outbox as they were, and
 	// the item is looked at again after a poll interval, with no backoff.
 	if len(cs) > 0 {
-		cut, cerr := rl.barrierCut(ctx, sku, cs[len(cs)-1].seq)
+		cut, cerr := rl.r.barrierCut(ctx, sku, cs[len(cs)-1].seq, false)
 		if cerr != nil {
 			rl.release(context.WithoutCancel(ctx), sku)
 			rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
@@ -808,7 +829,11 @@ func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) 
 // repeats). So a queue may redeliver in any order, run several consumers, or hand one event to
 // two of them: the store still gets each item's events in the order they happened, a restore
 // reaches it before the deduct that bought the unit it gave back, and a consumer that died
-// holding messages does not delay its successor until the queue redelivers them. A held-back
+// holding messages does not delay its successor until the queue redelivers them. For an item
+// split over buckets (WithBuckets), the order holds across buckets where it matters: an event
+// of a bucket that may spend units a transfer brought from another bucket is held back
+// (ErrHeldBack) until that bucket's events before the transfer (the restocks and restores that
+// gave those units back) are applied, so the store never refuses such a sale for want of them. A held-back
 // event relies on the queue to deliver it again: let it redeliver without a limit
 // (JetStream's MaxDeliver -1, the default).
 //
@@ -840,6 +865,18 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 		return err
 	}
 	if tracked && ev.Seq > 0 {
+		// Across the buckets of a split item: an event past a transfer barrier waits until the
+		// donor's events before the transfer are applied (see barrierCut).
+		cut, err := r.barrierCut(ctx, name, ev.Seq, true)
+		if errors.Is(err, ErrInvalid) { // a corrupt barrier, not this event: not for the dead letters
+			return fmt.Errorf("stock: consume %s/%s: order check: %v", ev.SKU, ev.ID, err)
+		}
+		if err != nil {
+			return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
+		}
+		if cut < ev.Seq {
+			return fmt.Errorf("stock: consume %s %s (seq %d): events of another bucket that gave back units it may spend are not applied yet: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
+		}
 		if err := catchUp(ctx, r, store, ev, name, member); err != nil {
 			return err
 		}
