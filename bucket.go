@@ -19,6 +19,9 @@ package stock
 //     bucket keeps t, its net units transferred in, so that available + held + sold - t is
 //     its loaded count, and the sum over the buckets of available - t is the item's available
 //     stock whatever transfers are in flight, at whatever moments the buckets are read.
+//   - A transfer is a barrier for the relay: xout records the donor's outbox sequence with it,
+//     xin adds a barrier to the target, and the relay (and Consume) delivers the target's later
+//     events only after the donor's events up to that sequence (relay.go, barrierCut).
 
 import (
 	"cmp"

@@ -186,7 +186,10 @@ func WithGroups(group func(sku string) string) Option {
 // count as held until a sweep or a short bucket releases them); Receipt.Remaining and
 // Entry.After are what is left in the request's bucket. The relay
 // hands the Store and the Publisher the item, each bucket's events in order (Event.Seq orders
-// the events of one bucket), and the reconciler compares the buckets as one with the Store.
+// the events of one bucket) and, across buckets, a bucket's events that may spend units a
+// transfer brought only after the other bucket's events that gave those units back (a restock,
+// a restore), so the Store never refuses an acknowledged sale for want of them (Consume keeps
+// the same order); the reconciler compares the buckets as one with the Store.
 //
 // Costs and limits: each request also claims its id (one more command, in the id's bucket);
 // the sold-out fast path does not answer for a split item; carts (DeductMany, HoldMany)
