@@ -7,10 +7,12 @@ package stock
 //
 //   - A bucket is a hidden item: bucket i of item X is the item named bucketName(X, i),
 //     "X|i". Names cannot contain '|', so no item of a user ever meets a bucket, and each
-//     bucket's keys carry a hash tag of their own ({X|i}): another slot.
+//     bucket's keys carry a hash tag of their own ({X|i|k}, protocol.BucketTag): a slot in the
+//     i-th of n equal ranges of the slot space, so that n buckets fall on n masters of a cluster
+//     that deals its slots out evenly.
 //   - An id lives in one bucket. route claims a bucket for an id in the claims hash of the id's
 //     home bucket (homeBucket), and answers the claimed bucket to every later request of the
-//     id, whoever sends it.
+//     id, whoever sends it. Claims of one home bucket are coalesced (coalesce.go).
 //   - A transfer moves stock from one bucket (the donor) to another (the target) exactly once
 //     and crash-safely: xout.lua takes the units from the donor and records the transfer there
 //     as in flight, xin.lua adds them to the target once per transfer id, xdone.lua ends it in
@@ -67,7 +69,14 @@ func (r *Reserver) route(ctx context.Context, sku, id string, n, want int, giveB
 	if giveBack {
 		claim += "r"
 	}
-	s, err := protocol.Route.Exec(ctx, r.client, home.ForRoute(), []string{id, claim}).ToString()
+	var s string
+	if r.opts.inflight > 0 {
+		s, err = r.claimCoalesced(ctx, home.Claims, id, claim)
+	} else {
+		var out [1]string
+		err = r.execClaims(ctx, home.Claims, []*claimCall{{id: id, claim: claim}}, out[:])
+		s = out[0]
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("stock: route %s/%s: %w", sku, id, err)
 	}
@@ -261,7 +270,12 @@ func (r *Reserver) bucketFor(ctx context.Context, sku, id string, n int, claim, 
 // buckets and tries again, so that a request is refused for stock only when the buckets as a
 // whole could not serve it. The first tries go without Request.Retry, so that a refusal they
 // get writes nothing; the last carries the caller's.
-func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, ttlMs int64, n int) (Receipt, error) {
+func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, ttlMs int64, n int) (_ Receipt, err error) {
+	known, ok, mark := r.takeBucketedFast(ctx, req, n) // the sold-out fast path (fastpath.go)
+	if ok {
+		return known, ErrSoldOut
+	}
+	defer mark(&err)
 	rc := Receipt{SKU: req.SKU, ID: req.ID}
 	want := bucketOf(req.ID, n)
 	if req.User != "" {

@@ -32,8 +32,8 @@ func fnvBucket(key string, n int) int {
 	return int(h % uint32(n))
 }
 
-// keyIn returns the first of prefix0, prefix1, ... whose bucket of n is b.
-func keyIn(t *testing.T, prefix string, b, n int) string {
+// orderKeyIn returns the first of prefix0, prefix1, ... whose bucket of n is b.
+func orderKeyIn(t *testing.T, prefix string, b, n int) string {
 	t.Helper()
 	for i := range 10000 {
 		if k := prefix + strconv.Itoa(i); fnvBucket(k, n) == b {
@@ -65,9 +65,9 @@ func TestBucketedOrderRestockThenSale(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "ord", 3))
 		require.NoError(t, r.Load(ctx, "ord", 3))
-		_, err := r.Restock(ctx, "ord", keyIn(t, "rs", 1, n), 5)
+		_, err := r.Restock(ctx, "ord", orderKeyIn(t, "rs", 1, n), 5)
 		require.NoError(t, err)
-		buyer := keyIn(t, "u", 0, n)
+		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 8 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "ord", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
 			require.NoError(t, err, "sale %d", i)
@@ -94,7 +94,7 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
 		// Everything sold in bucket 1 and delivered: the Store has nothing left.
-		seller := keyIn(t, "s", 1, n)
+		seller := orderKeyIn(t, "s", 1, n)
 		for i := range 6 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "rso", ID: "a" + strconv.Itoa(i), User: seller, Qty: 1})
 			require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 			_, err := r.Restore(ctx, "rso", "a"+strconv.Itoa(i))
 			require.NoError(t, err)
 		}
-		buyer := keyIn(t, "u", 0, n)
+		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 4 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "rso", ID: "b" + strconv.Itoa(i), User: buyer, Qty: 1})
 			require.NoError(t, err, "sale %d", i)
@@ -128,9 +128,9 @@ func TestBucketedOrderBarrierWaits(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "bw", 3))
 		require.NoError(t, r.Load(ctx, "bw", 3))
-		_, err := r.Restock(ctx, "bw", keyIn(t, "rs", 1, n), 5)
+		_, err := r.Restock(ctx, "bw", orderKeyIn(t, "rs", 1, n), 5)
 		require.NoError(t, err)
-		buyer := keyIn(t, "u", 0, n)
+		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 8 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "bw", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
 			require.NoError(t, err, "sale %d", i)
@@ -206,7 +206,7 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				user := keyIn(t, "w"+strconv.Itoa(w)+"-", w%n, n)
+				user := orderKeyIn(t, "w"+strconv.Itoa(w)+"-", w%n, n)
 				var mine []string
 				for i := range 40 {
 					id := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
@@ -251,9 +251,9 @@ func TestBucketedOrderConsume(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "qo", 3))
 		require.NoError(t, r.Load(ctx, "qo", 3))
-		_, err := r.Restock(ctx, "qo", keyIn(t, "rs", 1, n), 5)
+		_, err := r.Restock(ctx, "qo", orderKeyIn(t, "rs", 1, n), 5)
 		require.NoError(t, err)
-		buyer := keyIn(t, "u", 0, n)
+		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 8 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "qo", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
 			require.NoError(t, err, "sale %d", i)

@@ -57,7 +57,7 @@ func (g splitRig) once(t *testing.T) map[string]stockops.Report {
 func bucketKeys(sku string) (keys []*protocol.Keys, members []string) {
 	for i := range splitN {
 		name := sku + "|" + strconv.Itoa(i)
-		keys = append(keys, protocol.NewKeys(protocol.Base("stock", "", name)))
+		keys = append(keys, protocol.NewKeys(protocol.BucketBase("stock", sku, i, splitN)))
 		members = append(members, name)
 	}
 	return keys, members

@@ -168,3 +168,139 @@ func retryFlag(retry bool) string {
 	}
 	return "0"
 }
+
+// Coalesced claims. Every request of an item split over buckets first claims its id's bucket
+// (route, route.lua) in the claims hash of the id's home bucket. Claims of one home bucket are
+// coalesced as deducts are: while fewer than the configured number of route calls of that hash
+// are in flight a claim is sent at once; beyond, claims queue, and the call that finishes
+// first sends the queue (up to maxBatch) as one call of route.lua, which answers each pair in
+// order. A queued caller waits no longer than its context allows: it leaves the queue when
+// nothing was sent for it, or stops waiting for a batch already sent (whose claim is written or
+// not: the error wraps ErrUnknownOutcome; a later request of the id reads the claim). An error of
+// a batch answers every claim of it.
+
+// claimLane is the coalescing state of one claims hash while it has route calls in flight;
+// dropped, like a lane, when its last call finished with nobody queued.
+type claimLane struct {
+	key      string
+	mu       sync.Mutex
+	inflight int
+	gone     bool
+	queue    []*claimCall
+}
+
+// claimCall is one claim: the id and the claim it would make; res and err are its answer once
+// done is closed.
+type claimCall struct {
+	id, claim string
+	res       string
+	err       error
+	done      chan struct{}
+}
+
+// lockClaimLane returns the live lane of claims hash key, locked.
+func (r *Reserver) lockClaimLane(key string) *claimLane {
+	for {
+		v, ok := r.claims.Load(key)
+		if !ok {
+			v, _ = r.claims.LoadOrStore(key, &claimLane{key: key})
+		}
+		l := v.(*claimLane)
+		l.mu.Lock()
+		if !l.gone {
+			return l
+		}
+		l.mu.Unlock()
+	}
+}
+
+// claimCoalesced runs one claim of id through the lane of claims hash key and returns the id's
+// claim.
+func (r *Reserver) claimCoalesced(ctx context.Context, key, id, claim string) (string, error) {
+	l := r.lockClaimLane(key)
+	if l.inflight < r.opts.inflight {
+		l.inflight++
+		l.mu.Unlock()
+		var out [1]string
+		err := r.execClaims(ctx, key, []*claimCall{{id: id, claim: claim}}, out[:])
+		r.claimHandoff(l)
+		return out[0], err
+	}
+	c := &claimCall{id: id, claim: claim, done: make(chan struct{})}
+	l.queue = append(l.queue, c)
+	l.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	for i, q := range l.queue {
+		if q == c { // still queued: nothing was sent for it
+			l.queue = append(l.queue[:i:i], l.queue[i+1:]...)
+			l.mu.Unlock()
+			return "", ctx.Err()
+		}
+	}
+	l.mu.Unlock()
+	select {
+	case <-c.done: // answered meanwhile
+		return c.res, c.err
+	default:
+		return "", fmt.Errorf("%w: claim sent, its answer not awaited: %w", ErrUnknownOutcome, ctx.Err())
+	}
+}
+
+// claimHandoff is called when a route call of the lane finished: the queued claims (up to
+// maxBatch) go out as one call, or the lane has one call fewer in flight.
+func (r *Reserver) claimHandoff(l *claimLane) {
+	l.mu.Lock()
+	if len(l.queue) == 0 {
+		l.inflight--
+		if l.inflight == 0 {
+			l.gone = true
+			r.claims.CompareAndDelete(l.key, l)
+		}
+		l.mu.Unlock()
+		return
+	}
+	n := min(len(l.queue), maxBatch)
+	batch := make([]*claimCall, n)
+	copy(batch, l.queue)
+	l.queue = append(l.queue[:0], l.queue[n:]...)
+	l.mu.Unlock()
+	go r.sendClaims(l, batch) // the finished call's caller goes on with its own answer
+}
+
+// sendClaims sends a batch of queued claims, answers each, then hands the lane on. It runs
+// detached from its callers' contexts (each stops waiting when its own ends).
+func (r *Reserver) sendClaims(l *claimLane, batch []*claimCall) {
+	out := make([]string, len(batch))
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	err := r.execClaims(ctx, l.key, batch, out)
+	cancel()
+	for i, c := range batch {
+		c.res, c.err = out[i], err
+		close(c.done)
+	}
+	r.claimHandoff(l)
+}
+
+// execClaims runs route.lua for calls, whose ids share the claims hash key, and puts each id's
+// claim in dst.
+func (r *Reserver) execClaims(ctx context.Context, key string, calls []*claimCall, dst []string) error {
+	args := make([]string, 0, 2*len(calls))
+	for _, c := range calls {
+		args = append(args, c.id, c.claim)
+	}
+	msgs, err := replyArray(protocol.Route.Exec(ctx, r.client, []string{key}, args), len(calls))
+	if err != nil {
+		return err
+	}
+	for i, m := range msgs {
+		if dst[i], err = m.ToString(); err != nil {
+			return fmt.Errorf("%w: malformed route reply: %v", ErrUnknownOutcome, err)
+		}
+	}
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/binary"
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -31,6 +32,10 @@ import (
 // retries (Request.Retry, whose refusal the script records), items with a hold due to expire,
 // closed items, items without a complete filter (it is built from the ledger, in bounded
 // steps, by the first refusals after the item sells out: see lua/lib.lua).
+//
+// An item split over buckets (WithBuckets) is answered from the cached state of every bucket,
+// after the request has claimed its id (one round trip: see knownSoldOutSplit); a write of this
+// Reserver to any bucket renews the reads of all of them.
 //
 // The window: between a change another process made in Redis and the invalidation reaching this
 // process (one network hop; measured in fastpath_test.go and by stockbench), a request can still
@@ -111,34 +116,46 @@ func (rc *redisClock) now(ctx context.Context, r *Reserver) (time.Time, bool) {
 }
 
 // soldOutItem is the fast-path state of one item, from a refusal as sold out by Redis until the
-// item is seen in stock again.
+// item is seen in stock again: one item hash and filter, or one per bucket for an item split over
+// buckets (index i is bucket i).
 type soldOutItem struct {
-	key, filterKey string
-	reads          atomic.Pointer[soldOutReads]
+	keys, filterKeys []string
+	reads            atomic.Pointer[soldOutReads]
 }
 
-// soldOutReads are an item's two cached reads, of one version each (see renew).
+// soldOutReads are an item's cached reads (one state and one filter read per bucket), of one
+// version each (see renew).
 type soldOutReads struct {
-	state, filter rueidis.Cacheable
+	state, filter []rueidis.Cacheable
 }
 
 // filterEnd is past the end of the largest sold-out filter (2^23 bits and the sentinel bit), so
 // that GETRANGE filter 0 filterEnd+version reads all of it whatever the version.
 const filterEnd = 1 << 30
 
-// renew gives the item's state read (and its filter read too, with filter, or when it has none)
+// stateFields are the item hash fields the fast path reads (the version field is added last):
+// available, closed, next hold deadline, filter bits, filter cursor, net units transferred.
+var stateFields = []string{"a", "c", "n", "b", "bc", "t"}
+
+// renew gives the item's state reads (and its filter reads too, with filter, or when it has none)
 // a new version: a read of a command no cached read has used, so its first use goes to Redis
 // and is answered after everything this process saw acknowledged. The version is a field the
-// item hash never has ("v<n>", read as nil) and, for the filter, the end offset of GETRANGE.
+// item hash never has ("v<n>", read as nil) and, for the filter, the end offset of GETRANGE. A
+// split item's buckets are renewed together: a write to any of them renews them all.
 func (it *soldOutItem) renew(so *soldOut, c rueidis.Client, filter bool) {
 	for {
 		old := it.reads.Load()
 		v := so.version.Add(1)
-		nr := &soldOutReads{
-			state: c.B().Hmget().Key(it.key).Field("a", "c", "n", "b", "bc", "v"+strconv.FormatUint(v, 10)).Cache().Pin(),
+		vf := "v" + strconv.FormatUint(v, 10)
+		nr := &soldOutReads{state: make([]rueidis.Cacheable, len(it.keys))}
+		for i, k := range it.keys {
+			nr.state[i] = c.B().Hmget().Key(k).Field(append(slices.Clone(stateFields), vf)...).Cache().Pin()
 		}
 		if filter || old == nil {
-			nr.filter = c.B().Getrange().Key(it.filterKey).Start(0).End(filterEnd + int64(v)).Cache().Pin()
+			nr.filter = make([]rueidis.Cacheable, len(it.filterKeys))
+			for i, k := range it.filterKeys {
+				nr.filter[i] = c.B().Getrange().Key(k).Start(0).End(filterEnd + int64(v)).Cache().Pin()
+			}
 		} else {
 			nr.filter = old.filter
 		}
@@ -157,8 +174,9 @@ func (r *Reserver) soldOutAnswers() int64 {
 }
 
 // markSoldOut records that Redis refused a request for sku as sold out: the fast path answers
-// for the item from now on, from reads made after this refusal.
-func (r *Reserver) markSoldOut(sku string, k *protocol.Keys) {
+// for the item from now on, from reads made after this refusal. ks are the item's keys, or its
+// buckets' (in bucket order) for an item split over buckets.
+func (r *Reserver) markSoldOut(sku string, ks ...*protocol.Keys) {
 	so := r.soldOut
 	if so == nil {
 		return
@@ -171,9 +189,15 @@ func (r *Reserver) markSoldOut(sku string, k *protocol.Keys) {
 	if _, ok := so.items.Load(sku); ok {
 		return
 	}
-	it := &soldOutItem{key: k.Item, filterKey: k.Filter}
+	it := &soldOutItem{}
+	for _, k := range ks {
+		it.keys = append(it.keys, k.Item)
+		it.filterKeys = append(it.filterKeys, k.Filter)
+	}
 	it.renew(so, r.client, true)
-	so.byKey.Store(it.key, it)
+	for _, k := range it.keys {
+		so.byKey.Store(k, it)
+	}
 	so.items.Store(sku, it)
 }
 
@@ -183,53 +207,174 @@ func (so *soldOut) unmark(sku string, it *soldOutItem) {
 	so.mu.Lock()
 	defer so.mu.Unlock()
 	if so.items.CompareAndDelete(sku, it) {
-		so.byKey.CompareAndDelete(it.key, it)
+		for _, k := range it.keys {
+			so.byKey.CompareAndDelete(k, it)
+		}
 	}
 }
 
-// knownSoldOut reports whether req can be answered ErrSoldOut without running the script.
-func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
+// soldOutItemFor returns the fast-path state of sku if the fast path may answer for it (a
+// request that is not a retry, of an item Redis refused as sold out, with n hashes: 1, or its
+// buckets), with its current reads.
+func (r *Reserver) soldOutItemFor(ctx context.Context, req Request, n int) (*soldOutItem, *soldOutReads, bool) {
 	so := r.soldOut
 	if so == nil || req.Retry {
-		return false
+		return nil, nil, false
 	}
 	v, ok := so.items.Load(req.SKU)
 	if !ok {
-		return false
+		return nil, nil, false
 	}
 	it := v.(*soldOutItem)
-	if !so.caches(ctx, r.client, r.opts.prefix) {
-		return false
+	if len(it.keys) != n || !so.caches(ctx, r.client, r.opts.prefix) {
+		return nil, nil, false
 	}
-	rd := it.reads.Load()
-	st, err := r.client.DoCache(ctx, rd.state, so.ttl).ToArray()
-	if err != nil || len(st) != 6 || !st[5].IsNil() {
-		return false
+	return it, it.reads.Load(), true
+}
+
+// soldOutState reads the cached state of every hash of the item (one, or every bucket) and
+// reports whether it says what a take refused as sold out needs: every hash available 0 and no
+// units in a transfer between buckets (the sum of the net units transferred is 0), none closed,
+// no hold due (or about to be) anywhere. It returns each hash's filter size in bits (log2), or
+// -1 for a filter that is missing or still being built. A hash seen with stock (or gone) ends
+// the fast path's answers for the item.
+func (r *Reserver) soldOutState(ctx context.Context, sku string, it *soldOutItem, rd *soldOutReads) ([]int, bool) {
+	so := r.soldOut
+	cmds := make([]rueidis.CacheableTTL, len(rd.state))
+	for i, c := range rd.state {
+		cmds[i] = rueidis.CT(c, so.ttl)
 	}
-	a, err := st[0].AsInt64()
-	if err != nil || a != 0 {
-		so.unmark(req.SKU, it) // back in stock (or gone): Redis answers from now on
-		return false
-	}
-	if c, _ := st[1].ToString(); c == "1" {
-		return false
-	}
-	if n, err := st[2].AsInt64(); err == nil {
-		now, ok := so.clock.now(ctx, r)
-		if !ok || n <= now.Add(time.Second).UnixMilli() {
-			return false // a hold is due (or about to be): the script releases it
+	bits := make([]int, len(rd.state))
+	var moved, next int64 // next: the earliest hold deadline of the hashes (0: no live hold)
+	for i, res := range r.client.DoMultiCache(ctx, cmds...) {
+		st, err := res.ToArray()
+		if err != nil || len(st) != len(stateFields)+1 || !st[len(stateFields)].IsNil() {
+			return nil, false
+		}
+		a, err := st[0].AsInt64()
+		if err != nil || a != 0 {
+			so.unmark(sku, it) // back in stock (or gone): Redis answers from now on
+			return nil, false
+		}
+		if c, _ := st[1].ToString(); c == "1" {
+			return nil, false
+		}
+		if !st[2].IsNil() {
+			d, err := st[2].AsInt64()
+			if err != nil {
+				return nil, false
+			}
+			if next == 0 || d < next {
+				next = d
+			}
+		}
+		if !st[5].IsNil() {
+			t, err := st[5].AsInt64()
+			if err != nil {
+				return nil, false
+			}
+			moved += t
+		}
+		bits[i] = -1
+		if b, err := st[3].AsInt64(); err == nil && b >= 12 && b <= 23 && st[4].IsNil() {
+			bits[i] = int(b)
 		}
 	}
-	b, err := st[3].AsInt64()
-	if err != nil || b < 12 || b > 23 || !st[4].IsNil() {
+	if moved != 0 {
+		return nil, false // units in flight between buckets: the take moves them in
+	}
+	if next != 0 {
+		// Holds are live somewhere: answer only when none is due (or about to be). The
+		// script releases its bucket's due holds, a short bucket the others'.
+		now, ok := so.clock.now(ctx, r)
+		if !ok || next <= now.Add(time.Second).UnixMilli() {
+			return nil, false
+		}
+	}
+	return bits, true
+}
+
+// soldOutFilter reports whether hash i's filter (of 2^bits bits) shows that id was never in
+// its ledger.
+func (r *Reserver) soldOutFilter(ctx context.Context, rd *soldOutReads, i, bits int, id string) bool {
+	if bits < 0 {
 		return false // no filter, or one still being built
 	}
-	f, err := r.client.DoCache(ctx, rd.filter, so.ttl).ToString()
-	if err != nil || filterHas(f, int(b), req.ID) {
+	f, err := r.client.DoCache(ctx, rd.filter[i], r.soldOut.ttl).ToString()
+	return err == nil && !filterHas(f, bits, id)
+}
+
+// knownSoldOut reports whether req, on an item that is not split over buckets, can be answered
+// ErrSoldOut without running the script.
+func (r *Reserver) knownSoldOut(ctx context.Context, req Request) bool {
+	it, rd, ok := r.soldOutItemFor(ctx, req, 1)
+	if !ok {
 		return false
 	}
-	so.answered.Add(1)
+	bits, ok := r.soldOutState(ctx, req.SKU, it, rd)
+	if !ok || !r.soldOutFilter(ctx, rd, 0, bits[0], req.ID) {
+		return false
+	}
+	r.soldOut.answered.Add(1)
 	return true
+}
+
+// Items split over buckets (WithBuckets). Redis refuses a take of a split item as sold out
+// (takeBucketed) when the item as a whole has nothing: the take in the id's bucket is refused,
+// then no bucket has a due hold to release or stock to give. The fast path answers such a take
+// from the cached state of every bucket (soldOutState), but not in-process: the request still
+// claims its id (route.lua, one round trip), because a refused request's claim is part of the
+// contract (WithBuckets: a later request of the id by a buyer of another bucket is
+// ErrConflict), and the claim's answer says what the take would meet: an id claimed for another
+// bucket, or by a give-back, goes to Redis (ErrConflict, ErrRestored, a replay: the ledger of
+// the claimed bucket answers); an id claimed for the request's own bucket is answered from that
+// bucket's filter, whose ledger is the only one the take reads. What is saved is the take, the
+// reads of every bucket and the last take of takeBucketed: one small script call instead of
+// four or more. A request the fast path does not answer claims its id a second time (a replay
+// of the claim) on its way to Redis.
+
+// knownSoldOutSplit reports whether req, on an item split over n buckets, can be answered
+// ErrSoldOut without the take; it claims the id's bucket first (see above).
+func (r *Reserver) knownSoldOutSplit(ctx context.Context, req Request, n int) bool {
+	it, rd, ok := r.soldOutItemFor(ctx, req, n)
+	if !ok {
+		return false
+	}
+	bits, ok := r.soldOutState(ctx, req.SKU, it, rd)
+	if !ok {
+		return false
+	}
+	want := bucketOf(req.ID, n)
+	if req.User != "" {
+		want = bucketOf(req.User, n)
+	}
+	b, byGiveBack, err := r.route(ctx, req.SKU, req.ID, n, want, false)
+	if err != nil || b != want || byGiveBack || !r.soldOutFilter(ctx, rd, b, bits[b], req.ID) {
+		return false
+	}
+	r.soldOut.answered.Add(1)
+	return true
+}
+
+// takeBucketedFast is the fast path's part of takeBucketed: it answers req (true) when it is
+// known sold out, and otherwise returns a function for takeBucketed to defer, that starts the
+// fast path for the item when Redis answers ErrSoldOut (*err).
+func (r *Reserver) takeBucketedFast(ctx context.Context, req Request, n int) (Receipt, bool, func(err *error)) {
+	if r.soldOut == nil {
+		return Receipt{}, false, func(*error) {}
+	}
+	if r.knownSoldOutSplit(ctx, req, n) {
+		return Receipt{SKU: req.SKU, ID: req.ID, Qty: req.Qty}, true, nil
+	}
+	return Receipt{}, false, func(err *error) {
+		if errors.Is(*err, ErrSoldOut) {
+			ks := make([]*protocol.Keys, n)
+			for i := range ks {
+				ks[i] = r.item(bucketName(req.SKU, i))
+			}
+			r.markSoldOut(req.SKU, ks...)
+		}
+	}
 }
 
 // Own writes. Redis invalidates a cached read when the key changes, but the invalidation comes
@@ -433,6 +578,11 @@ func (so *soldOut) caches(ctx context.Context, client rueidis.Client, prefix str
 // itself off after one probe and every request goes to Redis, with the same results. Do not
 // combine it with a client that sends cached reads to replicas (SendToReplicas): a lagging
 // replica widens the window.
+//
+// For an item split over buckets (WithBuckets) the answer is not in-process: the request still
+// claims its id for its bucket (one small script; a later request of the id by a buyer of
+// another bucket is ErrConflict, as after a refusal by Redis), then the cached state of every
+// bucket answers; it saves the take, the reads of the buckets and the last take.
 func WithSoldOutCache(ttl time.Duration) Option {
 	return func(o *options) error {
 		if ttl < 0 {

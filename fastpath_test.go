@@ -2,6 +2,7 @@ package stock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -392,5 +393,195 @@ func TestSoldOutFastPathClockBehind(t *testing.T) {
 				assert.Zero(t, stockops.SoldOutAnswers(r))
 			})
 		}
+	}
+}
+
+// routeBucket is the bucket of n that a buyer (an id without one) goes to: FNV-1a, mod n
+// (README "Routing").
+func routeBucket(key string, n int) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
+// keyIn returns the first name prefix-<j> that goes to bucket b of n.
+func keyIn(prefix string, b, n int) string {
+	for j := 0; ; j++ {
+		if k := fmt.Sprintf("%s-%d", prefix, j); routeBucket(k, n) == b {
+			return k
+		}
+	}
+}
+
+// TestSoldOutFastPathSplit: the fast path answers for an item split over buckets, from the
+// cached state of every bucket, and only what Redis would answer ErrSoldOut: stock given back or
+// restocked in any bucket (by this process: at once; by another: once the invalidation is in),
+// a hold due in another bucket, an id taken in any bucket, claimed by another buyer or
+// restored, and retries all go to Redis and get its answer.
+func TestSoldOutFastPathSplit(t *testing.T) {
+	const n = 3
+	split := stock.WithBuckets(func(string) int { return n })
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c, c2 := b.Pair(t)
+			r := newReserver(t, c, split, stock.WithSoldOutCache(time.Minute))
+			other := newReserver(t, c2, split)
+			seq := 0
+			fresh := func(bk int) stock.Request { // a new id of a new buyer of bucket bk
+				seq++
+				return stock.Request{SKU: "S", ID: fmt.Sprintf("new%d", seq), User: keyIn(fmt.Sprintf("buyer%d", seq), bk, n), Qty: 1}
+			}
+			// soldOut checks that requests of every bucket are refused, and that the fast path
+			// answers them (a bucket's filter is built by a refusal of Redis in that bucket).
+			soldOut := func() {
+				t.Helper()
+				for bk := range n {
+					for range 3 {
+						_, err := r.Deduct(ctx, fresh(bk))
+						require.ErrorIs(t, err, stock.ErrSoldOut)
+					}
+				}
+				if b.Real() {
+					before := stockops.SoldOutAnswers(r)
+					for bk := range n {
+						_, err := r.Deduct(ctx, fresh(bk))
+						require.ErrorIs(t, err, stock.ErrSoldOut)
+					}
+					require.Equal(t, before+n, stockops.SoldOutAnswers(r), "every bucket's requests answered by the fast path")
+				}
+			}
+
+			require.NoError(t, r.Load(ctx, "S", 6))
+			// Six takes, two a bucket, each by a buyer of another bucket than its id's.
+			var taken []stock.Request
+			for i := range 6 {
+				req := stock.Request{SKU: "S", ID: keyIn(fmt.Sprintf("t%d", i), i%n, n), User: keyIn(fmt.Sprintf("u%d", i), (i+1)%n, n), Qty: 1}
+				_, err := r.Deduct(ctx, req)
+				require.NoError(t, err)
+				taken = append(taken, req)
+			}
+			soldOut()
+
+			scripts := int64(-1)
+			if b.Name == "standalone" {
+				scripts = commandCalls(t, c, "evalsha", "eval", "fcall")
+			}
+			answered := stockops.SoldOutAnswers(r)
+			for i := range 100 {
+				_, err := r.Deduct(ctx, fresh(i%n))
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+				req := fresh(i % n)
+				req.User = "" // routed by id
+				_, err = r.Hold(ctx, req, time.Minute)
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+			}
+			if b.Real() {
+				assert.Equal(t, answered+200, stockops.SoldOutAnswers(r), "every new request answered by the fast path")
+			} else {
+				assert.Zero(t, stockops.SoldOutAnswers(r), "miniredis does not track: every request goes to Redis")
+			}
+			if scripts >= 0 {
+				assert.Equal(t, scripts+200, commandCalls(t, c, "evalsha", "eval", "fcall"), "one script a request: the claim of its id")
+			}
+
+			// What Redis answers otherwise: replays, conflicts, restored ids, retries.
+			answered = stockops.SoldOutAnswers(r)
+			for _, req := range taken {
+				rc, err := r.Deduct(ctx, req)
+				require.NoError(t, err, "a repeat of a taken id is a replay, never sold out")
+				assert.True(t, rc.Replayed)
+				req.User = keyIn(req.ID+"-other", (routeBucket(req.User, n)+1)%n, n)
+				_, err = r.Deduct(ctx, req)
+				require.ErrorIs(t, err, stock.ErrConflict, "a taken id used by a buyer of another bucket")
+				req.User = ""
+				_, err = r.Deduct(ctx, req)
+				require.ErrorIs(t, err, stock.ErrConflict, "a taken id used without its buyer")
+			}
+			assert.Equal(t, answered, stockops.SoldOutAnswers(r), "taken ids go to Redis")
+			refused := stock.Request{SKU: "S", ID: "refused", User: keyIn("ua", 0, n), Qty: 1}
+			_, err := r.Deduct(ctx, refused) // claims bucket 0 for the id
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			answered = stockops.SoldOutAnswers(r)
+			for bk := 1; bk < n; bk++ {
+				refused.User = keyIn("ub", bk, n)
+				_, err = r.Deduct(ctx, refused)
+				require.ErrorIs(t, err, stock.ErrConflict, "an id a refused request of another buyer claimed")
+			}
+			_, err = other.Restore(ctx, "S", "ghost")
+			require.ErrorIs(t, err, stock.ErrUnknownID)
+			_, err = r.Restore(ctx, "S", "ghost2")
+			require.ErrorIs(t, err, stock.ErrUnknownID)
+			for bk := range n {
+				for _, id := range []string{"ghost", "ghost2"} {
+					_, err = r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1})
+					require.ErrorIs(t, err, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)
+				}
+			}
+			late := fresh(1)
+			late.Retry = true
+			_, err = r.Deduct(ctx, late)
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			e, err := r.Ledger(ctx, "S", late.ID)
+			require.NoError(t, err, "a retry's refusal is recorded by the script")
+			assert.Equal(t, stock.KindTombstone, e.Kind)
+			assert.Equal(t, answered, stockops.SoldOutAnswers(r), "none of these answered by the fast path")
+
+			// Stock given back or restocked in any bucket, by this Reserver: the next request,
+			// of a buyer of another bucket, is taken (no window for its own writes).
+			for i, bk := range []int{0, 1, 2} {
+				_, err := r.Restore(ctx, "S", taken[bk].ID) // taken[bk] is in bucket bk+1
+				require.NoError(t, err)
+				_, err = r.Deduct(ctx, fresh(bk))
+				require.NoError(t, err, "after a restore in bucket %d", (bk+1)%n)
+				soldOut()
+				id := keyIn(fmt.Sprintf("restock%d", i), bk, n) // a restock goes to its id's bucket
+				_, err = r.Restock(ctx, "S", id, 1)
+				require.NoError(t, err)
+				_, err = r.Hold(ctx, fresh((bk+1)%n), time.Minute)
+				require.NoError(t, err, "after a restock in bucket %d", bk)
+				soldOut()
+			}
+			// By another process: once the invalidation is in.
+			for bk := range n {
+				_, err := other.Restore(ctx, "S", taken[bk+n].ID) // taken[bk+n] is in bucket bk+1
+				require.NoError(t, err)
+				takeSoon(t, r, "S", fmt.Sprintf("after-restore%d", bk))
+				soldOut()
+				_, err = other.Restock(ctx, "S", keyIn(fmt.Sprintf("orestock%d", bk), bk, n), 1)
+				require.NoError(t, err)
+				takeSoon(t, r, "S", fmt.Sprintf("after-restock%d", bk))
+				soldOut()
+			}
+
+			// A closed item is answered "closed", as Redis answers it.
+			require.NoError(t, other.CloseItem(ctx, "S"))
+			require.Eventually(t, func() bool {
+				_, err := r.Deduct(ctx, fresh(0))
+				return errors.Is(err, stock.ErrClosed)
+			}, 2*time.Second, time.Millisecond)
+			require.NoError(t, other.ReopenItem(ctx, "S"))
+			soldOut()
+
+			// A hold due in another bucket: its unit is taken by the next request.
+			_, err = r.Restock(ctx, "S", keyIn("for-hold", 0, n), 1)
+			require.NoError(t, err)
+			hold := fresh(0)
+			hold.ID = "the-hold"
+			_, err = r.Hold(ctx, hold, 2500*time.Millisecond)
+			require.NoError(t, err)
+			soldOut() // the hold is not due yet
+			redistest.Sleep(c, 2600*time.Millisecond)
+			_, err = r.Deduct(ctx, fresh(1))
+			require.NoError(t, err, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")
+			e, err = r.Ledger(ctx, "S", "the-hold")
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateExpired, e.State)
+			l := levels(t, r, "S")
+			assert.Equal(t, int64(0), l.Available)
+		})
 	}
 }

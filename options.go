@@ -118,7 +118,9 @@ func WithLogger(l *slog.Logger) Option {
 // batch in order with the checks of one call each. It saves Redis the fixed cost of a script
 // call per deduct on a hot item. A caller whose context ends while it is queued gets the
 // context's error and nothing is sent for it; once its batch is sent, the batch runs to its
-// end (bounded by 10s) whatever the callers' contexts. 0 turns coalescing off. The default is 4.
+// end (bounded by 10s) whatever the callers' contexts. The claims of request ids on an item
+// split over buckets (WithBuckets) are coalesced the same way, per claims hash. 0 turns
+// coalescing off. The default is 4.
 func WithCoalescing(maxInFlight int) Option {
 	return func(o *options) error {
 		if maxInFlight < 0 || maxInFlight > 1024 {
@@ -191,10 +193,15 @@ func WithGroups(group func(sku string) string) Option {
 // a restore), so the Store never refuses an acknowledged sale for want of them (Consume keeps
 // the same order); the reconciler compares the buckets as one with the Store.
 //
-// Costs and limits: each request also claims its id (one more command, in the id's bucket);
-// the sold-out fast path does not answer for a split item; carts (DeductMany, HoldMany)
-// refuse a split item (ErrInvalid); a split item is never in a group (WithGroups). Delist
-// delists every bucket, and the reconciler retires them together (see Delist).
+// Bucket i of n keeps its keys in the i-th of n equal ranges of the cluster's slots, so that on a
+// cluster of n masters dealt equal ranges (as redis-cli deals them) each bucket has its own.
+//
+// Costs and limits: each request also claims its id (a script call in the id's home bucket,
+// before the take; with WithCoalescing, claims of one home bucket queued behind calls in
+// flight go out as one call); the sold-out fast path (WithSoldOutCache) answers for a split
+// item too, but with that one round trip; carts (DeductMany, HoldMany) refuse a split item
+// (ErrInvalid); a split item is never in a group (WithGroups). Delist delists every bucket,
+// and the reconciler retires them together (see Delist).
 func WithBuckets(buckets func(sku string) int) Option {
 	return func(o *options) error {
 		if buckets == nil {

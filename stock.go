@@ -48,6 +48,7 @@ type Reserver struct {
 	opts      options
 	limitArg  string                        // opts.userLimit, formatted once
 	lanes     sync.Map                      // sku -> *lane, for coalescing; only items with calls in flight
+	claims    sync.Map                      // claims hash key -> *claimLane, for coalescing claims (route)
 	guarded   atomic.Bool                   // a failover guard exists: a pass that cannot record the epoch fails
 	fenced    atomic.Bool                   // a failover guard saw the primaries change: ErrFailover
 	guard     atomic.Pointer[failoverGuard] // the latest guard, which a pass that records the epoch checks
@@ -161,8 +162,15 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
-// base is the common part of an item's keys, in the group WithGroups gives it (protocol.Base).
+// base is the common part of an item's keys, in the group WithGroups gives it (protocol.Base);
+// for bucket i of an item of n buckets, the base whose slot is in the i-th of n equal ranges of
+// the slot space (protocol.BucketBase).
 func (r *Reserver) base(sku string) string {
+	if parent, i := splitBucket(sku); i >= 0 && bucketName(parent, i) == sku {
+		if n := r.bucketsOf(parent); i < n {
+			return protocol.BucketBase(r.opts.prefix, parent, i, n)
+		}
+	}
 	return protocol.Base(r.opts.prefix, r.group(sku), sku)
 }
 

@@ -332,6 +332,7 @@ func Entries(ctx context.Context, r *stock.Reserver, sku string) iter.Seq2[stock
 	return ops.Of(r).Entries(ctx, sku).(iter.Seq2[stock.Entry, error])
 }
 
-// SoldOutAnswers returns how many requests r answered stock.ErrSoldOut in-process, without a round
-// trip to Redis (see stock.WithSoldOutCache).
+// SoldOutAnswers returns how many requests r answered stock.ErrSoldOut by the sold-out fast path:
+// in-process, without a round trip to Redis, or for an item split over buckets after the one
+// round trip of its id's claim (see stock.WithSoldOutCache).
 func SoldOutAnswers(r *stock.Reserver) int64 { return ops.Of(r).SoldOutAnswers() }

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
@@ -127,7 +128,7 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 	store := memstore.New()
 	require.NoError(t, r.Load(ctx, sku, xferLoaded))
 	require.NoError(t, store.Load(ctx, sku, xferLoaded))
-	bucketKey := func(i int) string { return "stock:{" + sku + "|" + strconv.Itoa(i) + "}" }
+	bucketKey := func(i int) string { return protocol.BucketBase("stock", sku, i, xferBuckets) }
 
 	// Children, each killed at a random moment. After each kill, the transfers in flight that
 	// were not before are the ones it cut.

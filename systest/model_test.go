@@ -611,8 +611,7 @@ func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 	// The sold-out fast path may answer from a read that predates another client's write, for
 	// as long as the invalidation takes to arrive (a take through a Reserver on another client
 	// than the last write, right after it).
-	if h.real && (s.Op == "deduct" || s.Op == "hold") && errors.Is(lr.err, stock.ErrSoldOut) && !h.cfg.split(s.SKU) {
-		// (The fast path never answers for a split item: no stale answer is allowed there.)
+	if h.real && (s.Op == "deduct" || s.Op == "hold") && errors.Is(lr.err, stock.ErrSoldOut) {
 		if lw, ok := h.writes[s.SKU]; ok && lw.client != h.clientOf[s.R] && time.Since(lw.at) < staleWindow {
 			h.t.Logf("%s: %s answered sold out from a read older than another client's write (the documented window)", h.name, s)
 			h.resync(s.touched())

@@ -52,7 +52,8 @@
 // With -buckets N the checks cover every bucket: Levels sums them, the ledger entries are
 // counted with stockops.Entries (every bucket's ledger) and must match the keys stockbench
 // reads for the memory per entry, no transfer between buckets may be left in flight, and the
-// keys of every bucket ("<prefix>:{sku|i}…") are deleted. The sold-out fast path does not answer
+// keys of every bucket ("<prefix>:{sku|i|k}…", bucket i's keys in the i-th of N equal slot
+// ranges) are deleted. The sold-out fast path does not answer
 // for a split item: soldout-fast then measures the same path as soldout (a note says so).
 //
 // For each phase it reports ops/s, latency quantiles (p50, p99, p99.9), allocations per op in

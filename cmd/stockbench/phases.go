@@ -471,7 +471,7 @@ const warmSKU = "warm"
 // reserverPhase is the common part of the phases that drive a stock.Reserver: the reserver, on
 // a prefix of its own, its items loaded with stock each, and the keys to delete afterwards. With
 // -buckets N > 1 every item (the warm-up item too) is split over N buckets, each with keys of
-// its own ("<prefix>:{sku|i}…").
+// its own ("<prefix>:{sku|i|k}…", see itemBases).
 func (b *bench) reserverPhase(name string, stock0 int64, more ...stock.Option) (*phase, *stock.Reserver, []string, error) {
 	prefix := b.prefix(name)
 	client, fast := b.client, stock.WithSoldOutCache(0)
@@ -519,7 +519,7 @@ func (b *bench) reserverPhase(name string, stock0 int64, more ...stock.Option) (
 
 // itemBases returns the bases of the keys that hold an item of a phase (see the key layout in
 // the README): "<prefix>:{sku}", or with -buckets N > 1 the bases of its N buckets,
-// "<prefix>:{sku|i}".
+// "<prefix>:{sku|i|k}" (protocol.BucketBase: bucket i's keys in the i-th of N slot ranges).
 func (b *bench) itemBases(phase, sku string) []string {
 	prefix := b.prefix(phase)
 	if b.cfg.buckets <= 1 {
@@ -527,7 +527,7 @@ func (b *bench) itemBases(phase, sku string) []string {
 	}
 	out := make([]string, b.cfg.buckets)
 	for i := range out {
-		out[i] = prefix + ":{" + sku + "|" + strconv.Itoa(i) + "}"
+		out[i] = protocol.BucketBase(prefix, sku, i, b.cfg.buckets)
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/protocol"
 )
 
 // cleanupTimeout bounds the deletion of a phase's keys, which runs even after an interrupt.
@@ -303,7 +304,7 @@ func (b *bench) bucketPlacement(ctx context.Context) string {
 		on := map[string]bool{}
 		var bs []string
 		for i := range b.cfg.buckets {
-			slot := int64(crc16(sku+"|"+strconv.Itoa(i)) % 16384)
+			slot := int64(protocol.Slot(protocol.BucketBase("p", sku, i, b.cfg.buckets)))
 			addr := "?"
 			for _, r := range ranges {
 				if slot >= r.lo && slot <= r.hi {
@@ -319,20 +320,4 @@ func (b *bench) bucketPlacement(ctx context.Context) string {
 		parts = append(parts, "…")
 	}
 	return "buckets: " + strings.Join(parts, "; ")
-}
-
-// crc16 is the CRC16 (XMODEM) of Redis Cluster's key slots.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
 }

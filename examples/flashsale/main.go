@@ -462,10 +462,12 @@ func itemNames(skus []string, buckets int) []string {
 
 // deleteKeys removes the Redis keys of the run's items, given by the names Redis keeps them
 // under (itemNames: the items, or their buckets; every key of one shares the hash tag {name},
+// {name|k} for a bucket,
 // found with SCAN on every node), and takes them out of the registry.
 func deleteKeys(ctx context.Context, c rueidis.Client, prefix string, skus []string) error {
 	for _, sku := range skus {
-		pattern := globEscape(prefix+":{"+sku+"}") + "*"
+		// "{name}" or, for a bucket "sku|i", its spread tag "{sku|i|k}" (protocol.BucketTag).
+		pattern := globEscape(prefix+":{"+sku) + "[}|]*"
 		keys := map[string]bool{}
 		for _, node := range c.Nodes() {
 			var cursor uint64

@@ -64,6 +64,73 @@ func Base(prefix, group, sku string) string {
 	return prefix + ":{" + sku + "}"
 }
 
+// Slots is the number of Redis Cluster hash slots.
+const Slots = 16384
+
+// Slot returns the Redis Cluster hash slot of key, as Redis computes it: CRC16 (XMODEM) of the
+// key's hash tag (what is between its first '{' and the first '}' after it, when not empty) or
+// of the whole key, mod Slots.
+func Slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % Slots)
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), the checksum of Redis Cluster.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// BucketSlots returns the slot range [lo, hi) of bucket i of n: the i-th of n equal contiguous
+// ranges of the slot space, so that on a cluster whose masters own equal contiguous ranges (as
+// redis-cli --cluster create deals them out) n buckets fall on n masters when n is their number.
+func BucketSlots(i, n int) (lo, hi int) {
+	return i * Slots / n, (i + 1) * Slots / n
+}
+
+// BucketTag returns the hash tag of the keys of bucket i of n of item sku (the item kept as
+// "<sku>|<i>"): "<sku>|<i>|<k>" for the first counter k >= 0 whose slot is in the middle half of
+// BucketSlots(i, n).
+// Names never contain '|', so the tag of a bucket meets no item's and no other bucket's. It is a
+// pure function of its arguments: every process finds the same keys.
+func BucketTag(sku string, i, n int) string {
+	head := sku + "|" + strconv.Itoa(i) + "|"
+	if i < 0 || i >= n || n > Slots {
+		return head // not a bucket of n: no range to aim at
+	}
+	lo, hi := BucketSlots(i, n)
+	// Aim at the middle half of the range: tools deal out the slots with different roundings
+	// (redis-cli gives 0-5460, 5461-10922, 10923-16383 to three masters), never by a quarter.
+	w := (hi - lo) / 4
+	lo, hi = lo+w, hi-w
+	for k := 0; ; k++ {
+		tag := head + strconv.Itoa(k)
+		if s := int(crc16(tag) % Slots); s >= lo && s < hi {
+			return tag
+		}
+	}
+}
+
+// BucketBase is Base for bucket i of n of item sku: "<prefix>:{<BucketTag>}". A bucket is never
+// in a group.
+func BucketBase(prefix, sku string, i, n int) string {
+	return prefix + ":{" + BucketTag(sku, i, n) + "}"
+}
+
 // NewKeys returns the keys of the item whose base is base. Every key is a slice of one string:
 // one allocation for the text.
 func NewKeys(base string) *Keys {

@@ -120,3 +120,48 @@ func BenchmarkKeysBuild(b *testing.B) {
 		_ = NewKeys(Base("stock", "", "sku-1")).ForItem()
 	}
 }
+
+// Slot agrees with Redis's own answers (CLUSTER KEYSLOT, and the CRC16 check value of the
+// Redis Cluster specification).
+func TestSlotLikeRedis(t *testing.T) {
+	if c := crc16("123456789"); c != 0x31C3 {
+		t.Fatalf("crc16(123456789) = %#x, want 0x31c3", c)
+	}
+	for key, want := range map[string]int{
+		"foo": 12182, "bar": 5061, "{user1000}.following": 3443, "{user1000}.followers": 3443,
+		"foo{}{bar}": 8363, "foo{{bar}}zap": 4015, "foo{bar}{zap}": 5061, "": 0,
+	} {
+		if got := Slot(key); got != want {
+			t.Errorf("Slot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}
+
+// Bucket i of n lands in the i-th of n equal slot ranges, for every bucket count a Reserver
+// allows, and its tag never meets another bucket's or an item's.
+func TestBucketTagInRange(t *testing.T) {
+	for _, sku := range []string{"A", "sku-1", "héllo", "x"} {
+		seen := map[string]bool{sku: true}
+		for n := 1; n <= 64; n++ {
+			for i := range n {
+				tag := BucketTag(sku, i, n)
+				lo, hi := BucketSlots(i, n)
+				if s := Slot("p:{" + tag + "}:l"); s < lo || s >= hi {
+					t.Fatalf("bucket %d of %d of %s: tag %q in slot %d, not in [%d, %d)", i, n, sku, tag, s, lo, hi)
+				}
+				if n == 64 || n == 3 {
+					if seen[tag] {
+						t.Fatalf("tag %q twice", tag)
+					}
+					seen[tag] = true
+				}
+				if tag != BucketTag(sku, i, n) {
+					t.Fatalf("BucketTag(%q, %d, %d) not deterministic", sku, i, n)
+				}
+			}
+		}
+	}
+	if lo, hi := BucketSlots(2, 3); lo != 10922 || hi != 16384 {
+		t.Fatalf("BucketSlots(2, 3) = [%d, %d)", lo, hi)
+	}
+}
