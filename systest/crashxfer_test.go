@@ -298,7 +298,9 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 				assert.True(t, rc.Replayed, id)
 			}
 		} else if a.cancelled {
-			assert.Equal(t, stock.StateCancelled, e.State, id)
+			// A Cancel that came after the hold's deadline (a slow child: -race, a loaded
+			// machine) is a replay of its expiry.
+			assert.Contains(t, []stock.State{stock.StateCancelled, stock.StateExpired}, e.State, id)
 			rc, err := r.Cancel(ctx, sku, id)
 			if assert.NoError(t, err, id) {
 				assert.True(t, rc.Replayed, id)
@@ -600,6 +602,7 @@ func TestTransferChildProcess(t *testing.T) {
 				return
 			}
 			say("xfer-restored %s", id)
+			time.Sleep(2 * time.Millisecond)
 		}
 	})
 	wg.Go(func() {
