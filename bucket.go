@@ -21,6 +21,9 @@ package stock
 //     bucket keeps t, its net units transferred in, so that available + held + sold - t is
 //     its loaded count, and the sum over the buckets of available - t is the item's available
 //     stock whatever transfers are in flight, at whatever moments the buckets are read.
+//   - A transfer is a barrier for the relay: xout records the donor's outbox sequence with it,
+//     xin adds a barrier to the target, and the relay (and Consume) delivers the target's later
+//     events only after the donor's events up to that sequence (relay.go, barrierCut).
 
 import (
 	"cmp"
@@ -108,7 +111,7 @@ func (r *Reserver) transfer(ctx context.Context, sku, tid string, from, to int, 
 	donor := r.item(bucketName(sku, from))
 	res, _ := r.exec(ctx, protocol.XOut, donor.ForXOut(),
 		[]string{tid, strconv.Itoa(to), strconv.FormatInt(want, 10), strconv.FormatInt(least, 10)})
-	o, err := decodeOne(res)
+	o, err := decodeXOut(res)
 	if err != nil {
 		return 0, fmt.Errorf("stock: transfer %s %s: out of bucket %d: %w", sku, tid, from, err)
 	}
@@ -119,20 +122,42 @@ func (r *Reserver) transfer(ctx context.Context, sku, tid string, from, to int, 
 	default:
 		return 0, fmt.Errorf("stock: transfer %s %s: out of bucket %d: %w", sku, tid, from, codeErr(o.code))
 	}
-	k := o.remaining // xout answers the units taken in the second slot
+	k, seq := o.remaining, o.seq // xout answers the units taken and the donor's sequence
 	// Should this process die before the transfer ends, the sweeper finds it by this hint.
 	r.noteHold(bucketName(sku, from))
-	if err := r.transferIn(ctx, sku, tid, from, to, k); err != nil {
+	if err := r.transferIn(ctx, sku, tid, from, to, k, seq); err != nil {
 		return 0, err
 	}
 	return k, nil
 }
 
+// xoutOutcome is xout.lua's reply.
+type xoutOutcome struct{ code, remaining, avail, seq int64 }
+
+// decodeXOut decodes xout.lua's reply: code, units taken, available left, the donor's sequence.
+func decodeXOut(res rueidis.RedisResult) (xoutOutcome, error) {
+	msgs, err := replyArray(res, 4)
+	if err != nil {
+		return xoutOutcome{}, err
+	}
+	var v [4]int64
+	for i := range v {
+		if v[i], err = replyInt(msgs[i]); err != nil {
+			return xoutOutcome{}, fmt.Errorf("%w: malformed script reply, value %d: %v", ErrUnknownOutcome, i, err)
+		}
+	}
+	if v[3] < 0 {
+		return xoutOutcome{}, fmt.Errorf("%w: malformed script reply: sequence %d", ErrUnknownOutcome, v[3])
+	}
+	return xoutOutcome{code: v[0], remaining: v[1], avail: v[2], seq: v[3]}, nil
+}
+
 // transferIn completes transfer tid of k units from bucket from to bucket to: the target adds
-// them (once), then the donor ends the transfer.
-func (r *Reserver) transferIn(ctx context.Context, sku, tid string, from, to int, k int64) error {
+// them (once), with a barrier that orders its later events after the donor's events up to seq,
+// the donor's sequence when it gave the units (see xin.lua); then the donor ends the transfer.
+func (r *Reserver) transferIn(ctx context.Context, sku, tid string, from, to int, k, seq int64) error {
 	donor, target := r.item(bucketName(sku, from)), r.item(bucketName(sku, to))
-	res, _ := r.exec(ctx, protocol.XIn, target.ForXIn(), []string{tid, strconv.Itoa(from), strconv.FormatInt(k, 10)})
+	res, _ := r.exec(ctx, protocol.XIn, target.ForXIn(), []string{tid, strconv.Itoa(from), strconv.FormatInt(k, 10), strconv.FormatInt(seq, 10)})
 	o, err := decodeOne(res)
 	if err != nil {
 		return fmt.Errorf("stock: transfer %s %s: into bucket %d: %w", sku, tid, to, err)
@@ -174,7 +199,7 @@ func (r *Reserver) recoverTransfers(ctx context.Context, sku string, from, n int
 		if err != nil || x2.Dir != 'O' || x2.Other < 0 || x2.Other >= n || x2.Other == from {
 			return done, fmt.Errorf("%w: recover transfer %s %s: entry %q in bucket %d", ErrInvalid, sku, tid, x, from)
 		}
-		if err := r.transferIn(ctx, sku, tid, from, x2.Other, x2.Units); err != nil {
+		if err := r.transferIn(ctx, sku, tid, from, x2.Other, x2.Units, x2.Seq); err != nil {
 			return done, err
 		}
 		done++

@@ -294,7 +294,7 @@ func TestBucketedRetireWaitsForTransfer(t *testing.T) {
 		assert.False(t, rp.Retired, "%v", rp)
 		assert.Equal(t, before, levels(t, g.r, "sp"), "no bucket retired")
 
-		in, err := protocol.XIn.Exec(ctx, c, keys[target].ForXIn(), []string{"t1", strconv.Itoa(donor), "1"}).AsIntSlice()
+		in, err := protocol.XIn.Exec(ctx, c, keys[target].ForXIn(), []string{"t1", strconv.Itoa(donor), "1", strconv.FormatInt(out[3], 10)}).AsIntSlice()
 		require.NoError(t, err)
 		require.Equal(t, protocol.OK, in[0])
 		done, err := protocol.XDone.Exec(ctx, c, keys[donor].ForXDone(), []string{"t1"}).AsIntSlice()

@@ -190,7 +190,7 @@ func (rc *reconciler) retireBuckets(ctx context.Context, sku string, n int, rp *
 	for i := n - 1; i >= 0; i-- {
 		name := bucketName(sku, i)
 		k := rc.r.item(name)
-		keys := append(k.ForRetire(), k.Published, k.Transfers, k.InFlight, k.Claims)
+		keys := append(k.ForRetire(), k.Published, k.Transfers, k.InFlight, k.Claims, k.Barriers)
 		code, err := rc.retireSteps(ctx, rp, name, keys, cutoff)
 		if err != nil {
 			return err

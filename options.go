@@ -188,7 +188,10 @@ func WithGroups(group func(sku string) string) Option {
 // count as held until a sweep or a short bucket releases them); Receipt.Remaining and
 // Entry.After are what is left in the request's bucket. The relay
 // hands the Store and the Publisher the item, each bucket's events in order (Event.Seq orders
-// the events of one bucket), and the reconciler compares the buckets as one with the Store.
+// the events of one bucket) and, across buckets, a bucket's events that may spend units a
+// transfer brought only after the other bucket's events that gave those units back (a restock,
+// a restore), so the Store never refuses an acknowledged sale for want of them (Consume keeps
+// the same order); the reconciler compares the buckets as one with the Store.
 //
 // Carts (DeductMany, HoldMany) take a split item's line in its buyer's bucket too, as a saga:
 // a split item is never in a group (WithGroups), so a cart with a split line is never taken by

@@ -264,6 +264,7 @@ func (r *Reserver) withEvents(ctx context.Context, skus []string) ([]string, err
 
 type claimed struct {
 	member string
+	seq    int64 // the event's sequence in its item (its outbox score)
 	ev     Event
 	store  bool // the event changes the Store
 	tries  int64
@@ -333,12 +334,159 @@ func (rl *relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	}
 	out := make([]claimed, 0, len(evs))
 	for _, oe := range evs {
-		c := claimed{member: oe.Member, tries: oe.Tries}
+		c := claimed{member: oe.Member, seq: oe.Seq, tries: oe.Tries}
 		c.ev, c.ok = outboxEvent(parentOf(sku), oe.Member, oe.Entry, oe.Seq)
 		c.store = c.ok && storeApplies(c.ev.Type)
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// Cross-bucket order. The relay delivers each item's events in sequence; the buckets of a split
+// item are items of their own, drained independently. A transfer is the only link between
+// them: units a bucket's events gave back (a restock, a restore, a cancel, an expired hold) may
+// move to a sibling and be sold there. xin.lua records each transfer in the target as a barrier
+// (protocol.Keys.Barriers): the target's events after it may depend on the donor's events up to
+// the donor's sequence when the units left it. The relay delivers a bucket's events past a
+// barrier only once the barrier is met: the donor has no undelivered event up to that sequence
+// left in its outbox, and the donor's own barriers up to it are met (units can move on through
+// a bucket that writes no event of its own). "Delivered" is what the relay did: applied by the
+// Store, or, without a Store, handed to the Publisher (the event left the outbox for the
+// published set); on the queue path, Consume applies what a queue hands it in each bucket's
+// order only (see Consume). A barrier met is removed. Barriers cannot wait on one another in a
+// circle: a barrier waits only on events and barriers written before the transfer that set it.
+
+// maxBarriers bounds the barriers of one bucket read at a time.
+const maxBarriers = 64
+
+// maxBarrierDepth bounds how far a check follows barriers from bucket to bucket.
+const maxBarrierDepth = 256
+
+// cutAt returns how many of the claimed events cs (in sequence) have a sequence up to cut.
+func cutAt(cs []claimed, cut int64) int {
+	for i, c := range cs {
+		if c.seq > cut {
+			return i
+		}
+	}
+	return len(cs)
+}
+
+// unclaim gives events claimed and not delivered back as they were before the claim (their
+// attempt counts go back down): held back by a barrier is not a failed delivery.
+func (rl *relay) unclaim(ctx context.Context, sku string, cs []claimed) error {
+	k := rl.r.item(sku)
+	cmds := make(rueidis.Commands, 0, len(cs))
+	for _, c := range cs {
+		cmds = append(cmds, rl.r.client.B().Hincrby().Key(k.Tries).Field(c.member).Increment(-1).Build())
+	}
+	for _, res := range rl.r.client.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return fmt.Errorf("stock: relay %s: giving back events held by a transfer barrier: %w", sku, err)
+		}
+	}
+	return nil
+}
+
+// barrierCut returns the last sequence of bucket sku's events up to last that may be delivered
+// now: last when sku is not a bucket or no barrier below last is unmet, else the score of the
+// lowest unmet barrier. applied: an event counts as delivered once applied by the store
+// (Consume: it left the outbox and the published set), else once it left the outbox (the
+// relay: applied by its Store or handed to its Publisher). A barrier is removed once settled:
+// every event it waits for applied, whichever mode looked.
+func (r *Reserver) barrierCut(ctx context.Context, sku string, last int64, applied bool) (int64, error) {
+	parent, b := splitBucket(sku)
+	if b < 0 || r.bucketsOf(parent) == 0 {
+		return last, nil
+	}
+	k := r.item(sku)
+	c := r.client
+	vs, err := c.Do(ctx, c.B().Zrange().Key(k.Barriers).Min("-inf").Max("("+strconv.FormatInt(last, 10)).Byscore().Limit(0, maxBarriers).Withscores().Build()).AsZScores()
+	if err != nil {
+		return 0, fmt.Errorf("stock: %s: transfer barriers: %w", sku, err)
+	}
+	seen := map[string]barrierState{}
+	for _, z := range vs {
+		bs, err := r.barrierMet(ctx, parent, b, z.Member, applied, seen, 0)
+		if err != nil {
+			return 0, err
+		}
+		if bs.settled {
+			if err := c.Do(ctx, c.B().Zrem().Key(k.Barriers).Member(z.Member).Build()).Error(); err != nil {
+				return 0, fmt.Errorf("stock: %s: removing a settled transfer barrier: %w", sku, err)
+			}
+		}
+		if !bs.met {
+			return int64(z.Score), nil
+		}
+	}
+	if len(vs) == maxBarriers {
+		// More barriers than read: the events up to the last one read are clear of them.
+		return int64(vs[len(vs)-1].Score), nil
+	}
+	return last, nil
+}
+
+// barrierState is what a check found of a barrier: met (for the mode of the check: the events
+// it waits for are delivered) and settled (they are applied: the barrier can go).
+type barrierState struct{ met, settled bool }
+
+// barrierMet checks the barrier member of bucket b of item parent: its donor has no
+// undelivered (unapplied) event up to the barrier's sequence, and its own barriers up to it
+// are met (settled); those it finds settled, it removes. seen remembers the answers of this
+// check; applied: see barrierCut.
+func (r *Reserver) barrierMet(ctx context.Context, parent string, b int, member string, applied bool, seen map[string]barrierState, depth int) (barrierState, error) {
+	bar, err := protocol.ParseBarrier(member)
+	if err != nil || bar.Donor == b || bar.Donor >= maxBuckets {
+		return barrierState{}, fmt.Errorf("%w: %s: transfer barrier %q of bucket %d: %v", ErrInvalid, parent, member, b, err)
+	}
+	key := strconv.Itoa(bar.Donor) + "|" + strconv.FormatInt(bar.Seq, 10)
+	if bs, ok := seen[key]; ok {
+		return bs, nil
+	}
+	if depth >= maxBarrierDepth {
+		return barrierState{}, nil // checked again later, once the barriers nearer have been removed
+	}
+	seen[key] = barrierState{}
+	dk := r.item(bucketName(parent, bar.Donor))
+	c := r.client
+	seq := strconv.FormatInt(bar.Seq, 10)
+	res := c.DoMulti(ctx, c.B().Zcount().Key(dk.Outbox).Min("-inf").Max(seq).Build(),
+		c.B().Zcount().Key(dk.Published).Min("-inf").Max(seq).Build())
+	var n [2]int64
+	for i := range n {
+		if n[i], err = res[i].AsInt64(); err != nil {
+			return barrierState{}, fmt.Errorf("stock: %s: transfer barrier of bucket %d: %w", parent, b, err)
+		}
+	}
+	bs := barrierState{met: n[0] == 0 && (!applied || n[1] == 0), settled: n[0] == 0 && n[1] == 0}
+	if !bs.met {
+		return barrierState{}, nil
+	}
+	vs, err := c.Do(ctx, c.B().Zrange().Key(dk.Barriers).Min("-inf").Max(seq).Byscore().Limit(0, maxBarriers).Build()).AsStrSlice()
+	if err != nil {
+		return barrierState{}, fmt.Errorf("stock: %s: transfer barriers of bucket %d: %w", parent, bar.Donor, err)
+	}
+	for _, m := range vs {
+		sub, err := r.barrierMet(ctx, parent, bar.Donor, m, applied, seen, depth+1)
+		if err != nil {
+			return barrierState{}, err
+		}
+		if sub.settled {
+			if err := c.Do(ctx, c.B().Zrem().Key(dk.Barriers).Member(m).Build()).Error(); err != nil {
+				return barrierState{}, fmt.Errorf("stock: %s: removing a settled transfer barrier: %w", parent, err)
+			}
+		}
+		if !sub.met {
+			return barrierState{}, nil
+		}
+		bs.settled = bs.settled && sub.settled
+	}
+	if len(vs) == maxBarriers {
+		return barrierState{}, nil // more to check: the next look goes on from where this one stopped
+	}
+	seen[key] = bs
+	return bs, nil
 }
 
 // outboxEvent builds the event of an outbox member ("<letter>:<id>") from its ledger entry
@@ -367,6 +515,31 @@ func (rl *relay) drainBatch(ctx context.Context, sku string) (st relayStats, err
 	cs, err := rl.claim(ctx, sku)
 	if err != nil {
 		return st, err
+	}
+	// A bucket's events behind a transfer barrier wait for the donor's events (see barrierCut):
+	// only those before it are delivered now; the others go back to the outbox as they were, and
+	// the item is looked at again after a poll interval, with no backoff.
+	if len(cs) > 0 {
+		cut, cerr := rl.r.barrierCut(ctx, sku, cs[len(cs)-1].seq, false)
+		if cerr != nil {
+			rl.release(context.WithoutCancel(ctx), sku)
+			rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
+			return st, cerr
+		}
+		if keep := cutAt(cs, cut); keep < len(cs) {
+			if uerr := rl.unclaim(context.WithoutCancel(ctx), sku, cs[keep:]); uerr != nil {
+				rl.release(context.WithoutCancel(ctx), sku)
+				rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
+				return st, uerr
+			}
+			cs = cs[:keep]
+			defer func() {
+				if err == nil { // a failure set a backoff or a retry of its own instead
+					rl.release(context.WithoutCancel(ctx), sku)
+					rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
+				}
+			}()
+		}
 	}
 	st.Claimed = len(cs)
 	if len(cs) == 0 {
@@ -656,7 +829,11 @@ func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) 
 // repeats). So a queue may redeliver in any order, run several consumers, or hand one event to
 // two of them: the store still gets each item's events in the order they happened, a restore
 // reaches it before the deduct that bought the unit it gave back, and a consumer that died
-// holding messages does not delay its successor until the queue redelivers them. A held-back
+// holding messages does not delay its successor until the queue redelivers them. For an item
+// split over buckets (WithBuckets), the order holds across buckets where it matters: an event
+// of a bucket that may spend units a transfer brought from another bucket is held back
+// (ErrHeldBack) until that bucket's events before the transfer (the restocks and restores that
+// gave those units back) are applied, so the store never refuses such a sale for want of them. A held-back
 // event relies on the queue to deliver it again: let it redeliver without a limit
 // (JetStream's MaxDeliver -1, the default).
 //
@@ -688,6 +865,18 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 		return err
 	}
 	if tracked && ev.Seq > 0 {
+		// Across the buckets of a split item: an event past a transfer barrier waits until the
+		// donor's events before the transfer are applied (see barrierCut).
+		cut, err := r.barrierCut(ctx, name, ev.Seq, true)
+		if errors.Is(err, ErrInvalid) { // a corrupt barrier, not this event: not for the dead letters
+			return fmt.Errorf("stock: consume %s/%s: order check: %v", ev.SKU, ev.ID, err)
+		}
+		if err != nil {
+			return fmt.Errorf("stock: consume %s/%s: order check: %w", ev.SKU, ev.ID, err)
+		}
+		if cut < ev.Seq {
+			return fmt.Errorf("stock: consume %s %s (seq %d): events of another bucket that gave back units it may spend are not applied yet: %w", ev.SKU, member, ev.Seq, ErrHeldBack)
+		}
 		if err := catchUp(ctx, r, store, ev, name, member); err != nil {
 			return err
 		}

@@ -61,14 +61,20 @@ local function int(v, what)
 end
 
 -- parse_transfer returns the direction ('O' out of this bucket, 'I' into it), the other
--- bucket's index (a string) and the units of the transfers hash entry x of transfer tid. A
--- corrupt entry raises an error that names it, before any write.
+-- bucket's index (a string), the units and, for a transfer out, the donor's outbox sequence when
+-- it took the units (0 in an entry written before it was recorded) of the transfers hash entry x
+-- of transfer tid: "O|target|units|at_ms|seq" or "I|donor|units|at_ms". A corrupt entry raises
+-- an error that names it, before any write.
 local function parse_transfer(x, tid)
   local dir, other, k = string.match(x, '^([OI])|(%d+)|(%d+)|%d+$')
+  local seq = '0'
+  if not dir then
+    dir, other, k, seq = string.match(x, '^(O)|(%d+)|(%d+)|%d+|(%d+)$')
+  end
   if not dir then
     error('stock: corrupt transfer entry of ' .. (tid or '?') .. ': ' .. string.sub(x, 1, 64))
   end
-  return dir, other, tonumber(k)
+  return dir, other, tonumber(k), tonumber(seq)
 end
 
 -- entry writes a ledger entry: kind, state, qty, after, at, user, deadline (none when nil or 0).

@@ -3,7 +3,8 @@
 -- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
 -- KEYS[6] dead-letter zset, KEYS[7] attempts hash, KEYS[8] relay lease, KEYS[9] sold-out filter;
 -- for a bucket of a split item also KEYS[10] published zset, KEYS[11] transfers hash, KEYS[12]
--- in-flight zset, KEYS[13] claims hash
+-- in-flight zset, KEYS[13] claims hash, KEYS[14] transfer barriers zset (deleted with the rest: with
+-- no event left anywhere, no barrier holds anything back)
 -- ARGV[1] cutoff (ms): the item must have been delisted before it; ARGV[2] most hash fields
 -- (ledger entries, and a bucket's transfers and claims) to remove in this step
 -- Reply: code, ledger entries removed. OK: the item is retired (its hash keeps only x = '1' and
@@ -62,5 +63,8 @@ for _, key in ipairs(hashes) do
   end
 end
 redis.call('DEL', KEYS[1], KEYS[3], KEYS[7], KEYS[8], KEYS[9])
+if KEYS[14] then
+  redis.call('DEL', KEYS[14])
+end
 redis.call('HSET', KEYS[1], 'x', '1', 'd', d)
 return {OK, removed}

@@ -164,26 +164,64 @@ func IsMark(field string) bool {
 	return strings.HasPrefix(field, "{")
 }
 
-// Transfer is an entry of a bucket's transfers hash (see xout.lua): "O|target|units|at_ms" for
-// a transfer out of the bucket, "I|donor|units|at_ms" for one into it.
+// Transfer is an entry of a bucket's transfers hash (see xout.lua): "O|target|units|at_ms|seq"
+// for a transfer out of the bucket ("O|target|units|at_ms" when written before transfers recorded
+// seq), "I|donor|units|at_ms" for one into it.
 type Transfer struct {
 	Dir   byte  // 'O' out of this bucket, 'I' into it
 	Other int   // the other bucket's index
 	Units int64 // the units moved
 	AtMs  int64 // when this half ran, by Redis's clock
+	// Seq is, for a transfer out, the donor's outbox sequence when it took the units: the last
+	// event the donor had written then (0: none, or an entry from before it was recorded).
+	Seq int64
 }
 
 // ParseTransfer reads a transfers hash entry.
 func ParseTransfer(s string) (Transfer, error) {
 	parts := strings.Split(s, "|")
-	if len(parts) != 4 || len(parts[0]) != 1 || (parts[0][0] != 'O' && parts[0][0] != 'I') {
+	if (len(parts) != 4 && len(parts) != 5) || len(parts[0]) != 1 || (parts[0][0] != 'O' && parts[0][0] != 'I') {
 		return Transfer{}, errors.New("not a transfer entry")
+	}
+	if len(parts) == 5 && parts[0][0] != 'O' {
+		return Transfer{}, errors.New("not a transfer entry: a sequence on a transfer in")
 	}
 	other, err1 := strconv.Atoi(parts[1])
 	units, err2 := strconv.ParseInt(parts[2], 10, 64)
 	at, err3 := strconv.ParseInt(parts[3], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || other < 0 || units < 1 || at < 0 {
+	var seq int64
+	var err4 error
+	if len(parts) == 5 {
+		seq, err4 = strconv.ParseInt(parts[4], 10, 64)
+	}
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || other < 0 || units < 1 || at < 0 || seq < 0 {
 		return Transfer{}, errors.New("a field of the transfer entry is not a number in range")
 	}
-	return Transfer{Dir: parts[0][0], Other: other, Units: units, AtMs: at}, nil
+	return Transfer{Dir: parts[0][0], Other: other, Units: units, AtMs: at, Seq: seq}, nil
+}
+
+// Barrier is a member of a bucket's barriers (Keys.Barriers): "<donor>|<donor seq>|<tid>".
+type Barrier struct {
+	Donor int    // the donor bucket's index
+	Seq   int64  // the donor's outbox sequence when the transfer took the units
+	TID   string // the transfer id
+}
+
+// BarrierMember is the member of a bucket's barriers for b (xin.lua writes it).
+func BarrierMember(b Barrier) string {
+	return strconv.Itoa(b.Donor) + "|" + strconv.FormatInt(b.Seq, 10) + "|" + b.TID
+}
+
+// ParseBarrier reads a member of a bucket's barriers.
+func ParseBarrier(s string) (Barrier, error) {
+	parts := strings.SplitN(s, "|", 3)
+	if len(parts) != 3 || parts[2] == "" {
+		return Barrier{}, errors.New("not a transfer barrier")
+	}
+	d, err1 := strconv.Atoi(parts[0])
+	seq, err2 := strconv.ParseInt(parts[1], 10, 64)
+	if err1 != nil || err2 != nil || d < 0 || seq < 1 {
+		return Barrier{}, errors.New("a field of the transfer barrier is not a number in range")
+	}
+	return Barrier{Donor: d, Seq: seq, TID: parts[2]}, nil
 }

@@ -22,10 +22,11 @@ const (
 	suffixTransfers = ":x"  // hash: transfer id -> transfer entry (a bucket of a bucketed item)
 	suffixInFlight  = ":xf" // sorted set: transfers out of a bucket not yet ended -> when they began
 	suffixClaims    = ":i"  // hash: request id -> its bucket (in the id's home bucket)
+	suffixBarriers  = ":xb" // sorted set: a bucket's transfer barriers (see Keys.Barriers)
 )
 
 var suffixes = [...]string{"", suffixLedger, suffixUsers, suffixOutbox, suffixHolds, suffixFilter,
-	suffixTries, suffixLease, suffixDead, suffixPublished, suffixTransfers, suffixInFlight, suffixClaims}
+	suffixTries, suffixLease, suffixDead, suffixPublished, suffixTransfers, suffixInFlight, suffixClaims, suffixBarriers}
 
 // Keys are the Redis keys of one item. A Keys is immutable once built: share it freely.
 type Keys struct {
@@ -42,7 +43,13 @@ type Keys struct {
 	Transfers string // hash: transfer id -> transfer entry (a bucket's transfers; see xout.lua)
 	InFlight  string // sorted set: the bucket's transfers out not yet ended -> when they began
 	Claims    string // hash: request id -> its bucket, for the ids whose home is this bucket
-	item      [6]string
+	// Barriers is a bucket's sorted set of transfer barriers: member "<donor>|<donor seq>|<tid>"
+	// (the donor bucket's index, its outbox sequence when the transfer took the units, the
+	// transfer id), scored by this bucket's own sequence when the units came in (xin.lua). This
+	// bucket's events above the score may spend units the donor's events up to donor seq gave
+	// back: the relay delivers them only after those.
+	Barriers string
+	item     [6]string
 }
 
 // Base is the common part of an item's keys: "<prefix>:{<sku>}", or "<prefix>:{<group>}:{<sku>}"
@@ -142,7 +149,8 @@ func NewKeys(base string) *Keys {
 		ks[i], start = all[start:end], end
 	}
 	k := &Keys{Item: ks[0], Ledger: ks[1], Users: ks[2], Outbox: ks[3], Holds: ks[4], Filter: ks[5],
-		Tries: ks[6], Lease: ks[7], Dead: ks[8], Published: ks[9], Transfers: ks[10], InFlight: ks[11], Claims: ks[12]}
+		Tries: ks[6], Lease: ks[7], Dead: ks[8], Published: ks[9], Transfers: ks[10], InFlight: ks[11], Claims: ks[12],
+		Barriers: ks[13]}
 	k.item = [6]string{k.Item, k.Ledger, k.Users, k.Outbox, k.Holds, k.Filter}
 	return k
 }
@@ -150,7 +158,7 @@ func NewKeys(base string) *Keys {
 // All returns every key of the item, in a new slice.
 func (k *Keys) All() []string {
 	return []string{k.Item, k.Ledger, k.Users, k.Outbox, k.Holds, k.Filter, k.Tries, k.Lease, k.Dead, k.Published,
-		k.Transfers, k.InFlight, k.Claims}
+		k.Transfers, k.InFlight, k.Claims, k.Barriers}
 }
 
 // The KEYS of each script, in the order the script reads them. ForItem is built once per Keys
@@ -207,7 +215,7 @@ func (k *Keys) ForDeadLetter(from string) []string { return []string{from, k.Tri
 func (k *Keys) ForXOut() []string { return []string{k.Item, k.Transfers, k.InFlight} }
 
 // ForXIn: xin (a transfer's target).
-func (k *Keys) ForXIn() []string { return []string{k.Item, k.Transfers} }
+func (k *Keys) ForXIn() []string { return []string{k.Item, k.Transfers, k.Barriers} }
 
 // ForXDone: xdone (a transfer's donor).
 func (k *Keys) ForXDone() []string { return []string{k.Transfers, k.InFlight} }

@@ -12,7 +12,7 @@ func TestKeysLayout(t *testing.T) {
 	want := Keys{Item: "stock:{A}", Ledger: "stock:{A}:l", Users: "stock:{A}:u", Outbox: "stock:{A}:o",
 		Holds: "stock:{A}:h", Filter: "stock:{A}:b", Tries: "stock:{A}:r", Lease: "stock:{A}:rl",
 		Dead: "stock:{A}:dl", Published: "stock:{A}:p", Transfers: "stock:{A}:x", InFlight: "stock:{A}:xf",
-		Claims: "stock:{A}:i"}
+		Claims: "stock:{A}:i", Barriers: "stock:{A}:xb"}
 	want.item = k.item
 	if *k != want {
 		t.Fatalf("keys %+v, want %+v", *k, want)
