@@ -1,0 +1,933 @@
+package systest_test
+
+// Attack 27: the features of items split over buckets (stock.WithBuckets) that landed last:
+// Delist and retirement by the reconciler, the sold-out fast path on split items, coalesced
+// claims (route.lua batches), and the buckets' keys spread over the slot space. Only the
+// exported API is used, plus raw reads of the keys the README names.
+//
+// Every test runs on a stocktest miniredis and, when STOCK_REDIS_SERVER names a redis-server,
+// on the shared real standalone server and 3-master cluster.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/stocktest"
+)
+
+type a27Env struct {
+	name    string
+	real    bool
+	c       rueidis.Client
+	r       *stock.Reserver
+	advance func(d time.Duration)
+	// another makes a second Reserver on the same data (another process).
+	another func(opts ...stock.Option) *stock.Reserver
+}
+
+// a27Split splits every item whose name does not start with "plain" into n buckets.
+func a27Split(n int) stock.Option {
+	return stock.WithBuckets(func(sku string) int {
+		if strings.HasPrefix(sku, "plain") {
+			return 1
+		}
+		return n
+	})
+}
+
+func a27Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a27Env)) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		env := stocktest.New(t, opts...)
+		f(t, &a27Env{
+			name: "miniredis", c: env.Client, r: env.Reserver, advance: env.Advance,
+			another: func(o ...stock.Option) *stock.Reserver {
+				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
+				require.NoError(t, err)
+				return r
+			},
+		})
+	})
+	for _, b := range redistest.Backends(t) {
+		if !b.Real() {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			c := b.Client(t)
+			r0, err := stock.New(c)
+			require.NoError(t, err)
+			fenced, err := stockops.NewFailoverGuard(r0).Check(context.Background())
+			require.NoError(t, err)
+			require.False(t, fenced)
+			f(t, &a27Env{
+				name: b.Name, real: true, c: c, r: newReserver(t, c, opts...), advance: time.Sleep,
+				another: func(o ...stock.Option) *stock.Reserver { return newReserver(t, c, o...) },
+			})
+		})
+	}
+}
+
+// a27Sku makes a unique item name per test and backend.
+var a27N atomic.Int64
+
+func a27Sku(prefix string) string { return fmt.Sprintf("%s-a27-%d", prefix, a27N.Add(1)) }
+
+// a27Pass runs one reconcile pass over the given items with a tiny retention.
+func a27Pass(t *testing.T, e *a27Env, r *stock.Reserver, store stock.Store, skus ...string) map[string]stockops.Report {
+	t.Helper()
+	rc, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: skus, Retention: time.Millisecond})
+	require.NoError(t, err)
+	res, err := rc.Pass(context.Background())
+	require.NoError(t, err)
+	out := map[string]stockops.Report{}
+	for i, rp := range res.Reports {
+		require.NoError(t, res.Errors[i], "%s", rp.SKU)
+		out[rp.SKU] = rp
+	}
+	return out
+}
+
+func a27Drain(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string) {
+	t.Helper()
+	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: skus})
+	require.NoError(t, err)
+	for range 50 {
+		st, err := rl.Once(context.Background())
+		require.NoError(t, err)
+		pending := int64(0)
+		for _, s := range skus {
+			p, d, err := stockops.Pending(context.Background(), r, s)
+			require.NoError(t, err)
+			require.Zero(t, d, "dead letters of %s", s)
+			pending += p
+		}
+		_ = st
+		if pending == 0 {
+			return
+		}
+	}
+	t.Fatalf("relay did not drain %v", skus)
+}
+
+// a27Keys lists every key that holds the item's name in its hash tag (standalone and
+// miniredis only: a cluster's SCAN is per node).
+func a27Keys(t *testing.T, e *a27Env, sku string) []string {
+	t.Helper()
+	var keys []string
+	if e.name == "cluster" || strings.Contains(e.name, "cluster") {
+		ctx := context.Background()
+		for _, node := range e.c.Nodes() {
+			ks, err := node.Do(ctx, node.B().Keys().Pattern("*"+sku+"*").Build()).AsStrSlice()
+			if err != nil && !rueidis.IsRedisNil(err) {
+				// a replica or a moved answer: ignore, masters answer
+				continue
+			}
+			keys = append(keys, ks...)
+		}
+		return keys
+	}
+	ks, err := e.c.Do(context.Background(), e.c.B().Keys().Pattern("*"+sku+"*").Build()).AsStrSlice()
+	require.NoError(t, err)
+	return ks
+}
+
+// a27Retire delists an item (already drained into store) and runs passes until it is retired.
+func a27Retire(t *testing.T, e *a27Env, store stock.Store, sku string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, e.r.Delist(ctx, sku))
+	e.advance(20 * time.Millisecond)
+	for range 5 {
+		rp := a27Pass(t, e, e.r, store, sku)[sku]
+		if rp.Retired {
+			return
+		}
+		e.advance(20 * time.Millisecond)
+	}
+	t.Fatalf("%s not retired", sku)
+}
+
+// a27Class names the sentinel an error wraps.
+func a27Class(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	for _, s := range []error{stock.ErrUnknownOutcome, stock.ErrSoldOut, stock.ErrInsufficient, stock.ErrNotLoaded,
+		stock.ErrLoaded, stock.ErrConflict, stock.ErrRestored, stock.ErrUserLimit, stock.ErrUnknownID, stock.ErrClosed,
+		stock.ErrExpired, stock.ErrConfirmed, stock.ErrInvalid} {
+		if errors.Is(err, s) {
+			return s.Error()
+		}
+	}
+	return "other: " + err.Error()
+}
+
+// TestA27RetireReloadOldIDs: after retire + reload, the old ids of a split item behave as those
+// of a plain item retired and reloaded the same way; no key of the item is left behind.
+func TestA27RetireReloadOldIDs(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		store := memstore.New()
+		split, plain := a27Sku("it:em~x"), a27Sku("plain:em~x")
+		type res struct {
+			err error
+			rc  stock.Receipt
+		}
+		run := func(sku string) []res {
+			var out []res
+			do := func(rc stock.Receipt, err error) { out = append(out, res{err, rc}) }
+			require.NoError(t, store.Load(ctx, sku, 10))
+			require.NoError(t, e.r.Load(ctx, sku, 10))
+			for i := range 4 {
+				do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), User: fmt.Sprintf("u%d", i), Qty: 1}))
+			}
+			do(e.r.Restore(ctx, sku, "d0"))
+			do(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u9", Qty: 2}, time.Minute))
+			do(e.r.Confirm(ctx, sku, "h1"))
+			do(e.r.Restore(ctx, sku, "ghost")) // a tombstone
+			a27Drain(t, e.r, store, sku)
+			a27Retire(t, e, store, sku)
+			_, err := e.r.Levels(ctx, sku)
+			out = append(out, res{err: err})
+			_, err = e.r.Ledger(ctx, sku, "d1")
+			out = append(out, res{err: err})
+			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", User: "u1", Qty: 1}))
+			do(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "hx", User: "u1", Qty: 1}, time.Minute))
+			do(e.r.Restore(ctx, sku, "d2"))
+			do(e.r.Cancel(ctx, sku, "h1"))
+			do(e.r.Confirm(ctx, sku, "h1"))
+			do(e.r.Extend(ctx, sku, "h1", time.Minute))
+			do(e.r.Restock(ctx, sku, "rs", 1))
+			require.ErrorIs(t, e.r.CloseItem(ctx, sku), stock.ErrNotLoaded)
+			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrNotLoaded)
+			require.NoError(t, e.r.Load(ctx, sku, 5))
+			// old ids: a deduct, a replay of a restored id, a tombstoned id, a hold confirmed
+			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", User: "u1", Qty: 1}))
+			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d0", User: "u0", Qty: 1}))
+			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "ghost", User: "u7", Qty: 1}))
+			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "h1", User: "u9", Qty: 2}))
+			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d2", User: "other", Qty: 1}))
+			l, err := e.r.Levels(ctx, sku)
+			require.NoError(t, err)
+			out = append(out, res{rc: stock.Receipt{Qty: l.Sold, Remaining: l.Available}})
+			return out
+		}
+		p := run(plain)
+		s := run(split)
+		require.Len(t, s, len(p))
+		for i := range p {
+			assert.Equal(t, a27Class(p[i].err), a27Class(s[i].err), "step %d: %v / %v", i, p[i].err, s[i].err)
+			if p[i].err == nil {
+				assert.Equal(t, p[i].rc.Qty, s[i].rc.Qty, "step %d qty", i)
+				assert.Equal(t, p[i].rc.Replayed, s[i].rc.Replayed, "step %d replayed", i)
+			}
+		}
+	})
+}
+
+// TestA27RetireLeavesNoKeys: a split item with claims, transfers and tombstones leaves no key
+// behind once retired, and is out of the registry.
+func TestA27RetireLeavesNoKeys(t *testing.T) {
+	for _, n := range []int{2, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			a27Each(t, []stock.Option{a27Split(n)}, func(t *testing.T, e *a27Env) {
+				ctx := context.Background()
+				store := memstore.New()
+				sku := a27Sku("keys:~x")
+				require.NoError(t, store.Load(ctx, sku, 20))
+				require.NoError(t, e.r.Load(ctx, sku, 20))
+				// one user takes everything: transfers from every bucket
+				for i := range 20 {
+					_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), User: "whale", Qty: 1})
+					require.NoError(t, err)
+				}
+				for i := range 5 {
+					_, err := e.r.Restore(ctx, sku, fmt.Sprintf("d%d", i))
+					require.NoError(t, err)
+					_, err = e.r.Restore(ctx, sku, fmt.Sprintf("ghost%d", i))
+					require.ErrorIs(t, err, stock.ErrUnknownID) // and a tombstone
+				}
+				a27Drain(t, e.r, store, sku)
+				require.NotEmpty(t, a27Keys(t, e, sku))
+				a27Retire(t, e, store, sku)
+				// what is left: each bucket's item hash, with only its retired mark and delist time
+				left := a27Keys(t, e, sku)
+				assert.Len(t, left, n, "%v", left)
+				for _, k := range left {
+					require.True(t, strings.HasSuffix(k, "}"), "key left behind: %s", k)
+					m, err := e.c.Do(ctx, e.c.B().Hgetall().Key(k).Build()).AsStrMap()
+					require.NoError(t, err)
+					assert.Len(t, m, 2, "%s: %v", k, m)
+					assert.Equal(t, "1", m["x"], "%s: %v", k, m)
+				}
+				for it, err := range stockops.Items(ctx, e.r) {
+					require.NoError(t, err)
+					assert.False(t, strings.HasPrefix(it, sku), "registry still has %s", it)
+				}
+			})
+		})
+	}
+}
+
+// TestA27RetireBlockedByOneBucket: a live hold in one bucket only, or one undelivered event,
+// keeps the whole item from retiring; once it ends, the item retires.
+func TestA27RetireBlockedByOneBucket(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		store := memstore.New()
+		sku := a27Sku("blk")
+		require.NoError(t, store.Load(ctx, sku, 9))
+		require.NoError(t, e.r.Load(ctx, sku, 9))
+		_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "u", Qty: 1}, time.Hour)
+		require.NoError(t, err)
+		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "v", Qty: 1})
+		require.NoError(t, err)
+		a27Drain(t, e.r, store, sku)
+		require.NoError(t, e.r.Delist(ctx, sku))
+		require.NoError(t, e.r.Delist(ctx, sku), "delisting twice does nothing")
+		assert.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
+		assert.ErrorIs(t, e.r.Load(ctx, sku, 1), stock.ErrLoaded)
+		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", User: "w", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrClosed)
+		e.advance(20 * time.Millisecond)
+		for range 2 {
+			rp := a27Pass(t, e, e.r, store, sku)[sku]
+			require.False(t, rp.Retired, "retired with a live hold: %v", rp)
+		}
+		l := levels(t, e.r, sku)
+		assert.Equal(t, int64(1), l.Held)
+		// cancel the hold: an event pending in one bucket
+		_, err = e.r.Cancel(ctx, sku, "h")
+		require.NoError(t, err)
+		rp := a27Pass(t, e, e.r, store, sku)[sku]
+		require.False(t, rp.Retired, "retired with an undelivered event: %v", rp)
+		a27Drain(t, e.r, store, sku)
+		e.advance(20 * time.Millisecond)
+		rp = a27Pass(t, e, e.r, store, sku)[sku]
+		require.True(t, rp.Retired, "%v", rp)
+		_, err = e.r.Levels(ctx, sku)
+		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		rm, err := store.Remaining(ctx, sku)
+		require.NoError(t, err)
+		assert.Equal(t, int64(8), rm)
+	})
+}
+
+// TestA27DelistRacing: Delist while buyers deduct, hold, restore and cancel on every bucket.
+// Every operation is either done or refused with ErrClosed; the counters stay whole; the item
+// retires once drained and the Store agrees with what the buyers were told.
+func TestA27DelistRacing(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(4)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		store := memstore.New()
+		sku := a27Sku("race")
+		const stockN = 200
+		require.NoError(t, store.Load(ctx, sku, stockN))
+		require.NoError(t, e.r.Load(ctx, sku, stockN))
+		var sold, bad atomic.Int64
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var errs []string
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 30 {
+					id := fmt.Sprintf("g%d-%d", g, i)
+					user := fmt.Sprintf("u%d-%d", g, i%5)
+					var err error
+					switch i % 3 {
+					case 0:
+						_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+						if err == nil {
+							sold.Add(1)
+							if i%2 == 0 {
+								if _, err = e.r.Restore(ctx, sku, id); err == nil {
+									sold.Add(-1)
+								}
+							}
+						}
+					case 1:
+						_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+						if err == nil {
+							if _, err = e.r.Confirm(ctx, sku, id); err == nil {
+								sold.Add(1)
+							} else {
+								_, err = e.r.Cancel(ctx, sku, id)
+							}
+						}
+					case 2:
+						_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+						if err == nil {
+							_, err = e.r.Cancel(ctx, sku, id)
+						}
+					}
+					if err != nil && !errors.Is(err, stock.ErrClosed) {
+						bad.Add(1)
+						mu.Lock()
+						errs = append(errs, id+": "+err.Error())
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		time.Sleep(5 * time.Millisecond)
+		require.NoError(t, e.r.Delist(ctx, sku))
+		wg.Wait()
+		require.Zero(t, bad.Load(), "%v", errs)
+		l := levels(t, e.r, sku)
+		assert.True(t, l.Closed)
+		assert.Equal(t, sold.Load(), l.Sold)
+		// cancels and confirms of live holds work after delist; no hold should be left
+		assert.Zero(t, l.Held)
+		a27Drain(t, e.r, store, sku)
+		rm, err := store.Remaining(ctx, sku)
+		require.NoError(t, err)
+		assert.Equal(t, stockN-sold.Load(), rm)
+		e.advance(20 * time.Millisecond)
+		rp := a27Pass(t, e, e.r, store, sku)[sku]
+		require.True(t, rp.Retired, "%v", rp)
+		require.NoError(t, e.r.Load(ctx, sku, 3))
+		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, e.r, sku))
+	})
+}
+
+// a27Hook is a rueidis client that calls hook once, after the first command (or pipeline) that
+// match accepts has run: a deterministic interleaving of another process's work.
+type a27Hook struct {
+	rueidis.Client
+	mu    sync.Mutex
+	match func(cmd []string) bool
+	hook  func()
+	fired bool
+}
+
+// matches says whether cmds hold a command match accepts (read before the commands run: rueidis
+// recycles them).
+func (h *a27Hook) matches(cmds ...rueidis.Completed) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fired || h.match == nil {
+		return false
+	}
+	for _, c := range cmds {
+		if cs := c.Commands(); len(cs) > 0 && h.match(cs) {
+			h.fired = true
+			return true
+		}
+	}
+	return false
+}
+
+func (h *a27Hook) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	m := h.matches(cmd)
+	res := h.Client.Do(ctx, cmd)
+	if m {
+		h.hook()
+	}
+	return res
+}
+
+func (h *a27Hook) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	m := h.matches(cmds...)
+	res := h.Client.DoMulti(ctx, cmds...)
+	if m {
+		h.hook()
+	}
+	return res
+}
+
+// a27Registry returns the registry's members that are the item or its buckets.
+func a27Registry(t *testing.T, e *a27Env, sku string) []string {
+	t.Helper()
+	var out []string
+	for it, err := range stockops.Items(context.Background(), e.r) {
+		require.NoError(t, err)
+		if it == sku || strings.HasPrefix(it, sku+"|") {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// TestA27LoadAfterRetirePassBetween: Load of a retired item, with a reconcile pass run between
+// Load's registry write and its creation of the item (another process's pass): the item must
+// end up both loaded and in the registry (else no relay delivers its events), as a plain item
+// does.
+func TestA27LoadAfterRetirePassBetween(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		for _, sku := range []string{a27Sku("plain-lb"), a27Sku("lb")} {
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 3))
+			require.NoError(t, e.r.Load(ctx, sku, 3))
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
+			require.NoError(t, err)
+			a27Drain(t, e.r, store, sku)
+			a27Retire(t, e, store, sku)
+			require.Empty(t, a27Registry(t, e, sku))
+			store2 := memstore.New() // the database's row for the item's new life
+			require.NoError(t, store2.Load(ctx, sku, 5))
+			h := &a27Hook{Client: e.c}
+			h.match = func(cmd []string) bool { return strings.EqualFold(cmd[0], "SADD") }
+			h.hook = func() {
+				rc, err := stockops.NewReconciler(e.r, store2, &stock.ReconcileOptions{Items: []string{sku}, Retention: time.Millisecond})
+				require.NoError(t, err)
+				_, err = rc.Pass(ctx)
+				require.NoError(t, err)
+			}
+			loader := newReserver(t, h, a27Split(3))
+			require.NoError(t, loader.Load(ctx, sku, 5))
+			require.True(t, h.fired)
+			l := levels(t, e.r, sku)
+			assert.Equal(t, int64(5), l.Loaded, "%s", sku)
+			reg := a27Registry(t, e, sku)
+			if strings.HasPrefix(sku, "plain") {
+				assert.Equal(t, []string{sku}, reg, "%s: loaded but not registered", sku)
+			} else {
+				assert.Len(t, reg, 3, "%s: loaded but not (all) registered: %v", sku, reg)
+			}
+			// the relay (by the registry) delivers a new sale
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "new", User: "u2", Qty: 1})
+			require.NoError(t, err)
+			rl, err := stockops.NewRelay(e.r, store2, nil, nil)
+			require.NoError(t, err)
+			_, err = rl.Once(ctx)
+			require.NoError(t, err)
+			rm, err := store2.Remaining(ctx, sku)
+			require.NoError(t, err)
+			assert.Equal(t, int64(4), rm, "%s: the new sale never reached the store", sku)
+		}
+	})
+}
+
+// TestA27LoadDuringRetirement: Load called between two buckets' retirement steps of a pass is
+// refused (ErrLoaded) and changes nothing; the pass (or the next) finishes the retirement, then
+// Load works.
+func TestA27LoadDuringRetirement(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(4)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		sku := a27Sku("ld")
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, sku, 8))
+		require.NoError(t, e.r.Load(ctx, sku, 8))
+		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
+		require.NoError(t, err)
+		a27Drain(t, e.r, store, sku)
+		require.NoError(t, e.r.Delist(ctx, sku))
+		e.advance(20 * time.Millisecond)
+		var loadErr error
+		h := &a27Hook{Client: e.c}
+		srems := 0
+		h.match = func(cmd []string) bool {
+			if strings.EqualFold(cmd[0], "SREM") {
+				srems++
+				return srems == 2 // after the second bucket's retirement
+			}
+			return false
+		}
+		h.hook = func() { loadErr = e.r.Load(ctx, sku, 4) }
+		rr := newReserver(t, h, a27Split(4))
+		rp := a27Pass(t, e, rr, store, sku)[sku]
+		require.True(t, h.fired)
+		require.ErrorIs(t, loadErr, stock.ErrLoaded)
+		if !rp.Retired {
+			rp = a27Pass(t, e, e.r, store, sku)[sku]
+		}
+		require.True(t, rp.Retired, "%v", rp)
+		_, err = e.r.Levels(ctx, sku)
+		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.NoError(t, e.r.Load(ctx, sku, 4))
+		assert.Equal(t, stock.Levels{Available: 4, Loaded: 4}, levels(t, e.r, sku))
+	})
+}
+
+// TestA27FastPathOwnWrites: on a sold-out split item, a restore, a cancel or a restock by this
+// Reserver is seen by the very next request, whatever bucket it lands in; closed items answer
+// ErrClosed; an id already taken is a replay; an id claimed by another buyer is a conflict.
+func TestA27FastPathOwnWrites(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		sku := a27Sku("fp")
+		require.NoError(t, e.r.Load(ctx, sku, 6))
+		for i := range 6 {
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("d", i), User: fmt.Sprint("u", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		seq := 0
+		soldOut := func() {
+			// sell-out is reached and the fast path primed
+			for range 5 {
+				seq++
+				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("x", seq), User: fmt.Sprint("x", seq), Qty: 1})
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+			}
+		}
+		soldOut()
+		type buyer struct{ id, user string }
+		var taken []buyer
+		for i := range 6 {
+			taken = append(taken, buyer{fmt.Sprint("d", i), fmt.Sprint("u", i)})
+		}
+		for round := range 30 {
+			var gone buyer
+			if round%3 == 1 {
+				_, err := e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)
+				require.NoError(t, err)
+			} else {
+				gone, taken = taken[0], taken[1:]
+				rc, err := e.r.Restore(ctx, sku, gone.id)
+				require.NoError(t, err)
+				require.False(t, rc.Replayed)
+			}
+			// the very next request, by a new buyer (any bucket), must be served
+			seq++
+			nb := buyer{fmt.Sprint("n", seq), fmt.Sprint("n", seq)}
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: nb.user, Qty: 1})
+			require.NoError(t, err, "round %d: phantom sold-out after own write", round)
+			taken = append(taken, nb)
+			if gone.id != "" {
+				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: gone.id, User: gone.user, Qty: 1})
+				require.ErrorIs(t, err, stock.ErrRestored, "round %d: a restored id", round)
+			}
+			soldOut()
+			// a replay of a taken id is never "sold out"; another buyer with it is a conflict
+			rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: nb.user, Qty: 1})
+			require.NoError(t, err, "round %d: replay", round)
+			require.True(t, rc.Replayed)
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: "someone", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrConflict, "round %d", round)
+		}
+		// replays of the first buyers that were never restored
+		// a taken id by another buyer: a conflict, never sold out
+		l := levels(t, e.r, sku)
+		require.Zero(t, l.Available)
+		// cancel of a hold after sell-out frees stock for the very next request
+		_, err := e.r.Restock(ctx, sku, "rsh", 1)
+		require.NoError(t, err)
+		_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "hu", Qty: 1}, time.Hour)
+		require.NoError(t, err)
+		soldOut()
+		_, err = e.r.Cancel(ctx, sku, "h")
+		require.NoError(t, err)
+		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1})
+		require.NoError(t, err, "phantom sold-out after own cancel")
+		soldOut()
+		// the taken id by its own buyer: a replay; by another buyer: a conflict
+		rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1})
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed)
+		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "other", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrConflict)
+		_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1}, time.Hour)
+		require.ErrorIs(t, err, stock.ErrConflict)
+		// closed: ErrClosed, not sold out
+		require.NoError(t, e.r.CloseItem(ctx, sku))
+		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "closed1", User: "c", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrClosed)
+		require.NoError(t, e.r.ReopenItem(ctx, sku))
+		soldOut()
+		// another process restores: within the window it may say sold out; after it, no
+		other := e.another(a27Split(3))
+		_, err = other.Restore(ctx, sku, "afterCancel")
+		require.NoError(t, err)
+		deadline := time.Now().Add(3 * time.Second)
+		for {
+			seq++
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("w", seq), User: fmt.Sprint("w", seq), Qty: 1})
+			if err == nil {
+				break
+			}
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			require.True(t, time.Now().Before(deadline), "stock given back by another process never seen")
+			time.Sleep(time.Millisecond)
+		}
+		l = levels(t, e.r, sku)
+		require.Zero(t, l.Available)
+	})
+}
+
+// TestA27FastPathHoldDueOtherBucket: a hold due in another bucket than the request's is released
+// by the request (no phantom sold-out from the fast path).
+func TestA27FastPathHoldDueOtherBucket(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		sku := a27Sku("fph")
+		require.NoError(t, e.r.Load(ctx, sku, 6))
+		for i := range 6 {
+			ttl := time.Hour
+			if i == 0 {
+				ttl = time.Second
+			}
+			_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), User: fmt.Sprint("u", i), Qty: 1}, ttl)
+			require.NoError(t, err)
+		}
+		for i := range 30 {
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("x", i), User: fmt.Sprint("x", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+		}
+		e.advance(1500 * time.Millisecond)
+		// every new buyer, whatever its bucket: the first one must get the expired hold's unit
+		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "y0", User: "y0", Qty: 1})
+		require.NoError(t, err, "phantom sold-out: a hold due in some bucket")
+		l := levels(t, e.r, sku)
+		assert.Equal(t, int64(5), l.Held)
+		assert.Zero(t, l.Available)
+	})
+}
+
+// TestA27ConcurrentCopiesOneID: many concurrent copies of one request id with different buyers
+// (so possibly different buckets) take exactly once; the rest are conflicts or, for the same
+// buyer, replays. With coalescing on and off.
+func TestA27ConcurrentCopiesOneID(t *testing.T) {
+	for _, co := range []int{0, 1, 4} {
+		t.Run(fmt.Sprint("coalesce", co), func(t *testing.T) {
+			a27Each(t, []stock.Option{a27Split(5), stock.WithCoalescing(co)}, func(t *testing.T, e *a27Env) {
+				ctx := context.Background()
+				sku := a27Sku("cp")
+				require.NoError(t, e.r.Load(ctx, sku, 1000))
+				for round := range 10 {
+					id := fmt.Sprint("id", round)
+					var ok, replay, conflict atomic.Int64
+					var wg sync.WaitGroup
+					var mu sync.Mutex
+					var other []string
+					for g := range 40 {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprint("u", g%10), Qty: 1})
+							switch {
+							case err == nil && rc.Replayed:
+								replay.Add(1)
+							case err == nil:
+								ok.Add(1)
+							case errors.Is(err, stock.ErrConflict):
+								conflict.Add(1)
+							default:
+								mu.Lock()
+								other = append(other, err.Error())
+								mu.Unlock()
+							}
+						}()
+					}
+					wg.Wait()
+					require.Empty(t, other)
+					require.Equal(t, int64(1), ok.Load(), "round %d: exactly one take", round)
+					require.Equal(t, int64(3), replay.Load(), "round %d: copies of the winner's buyer replay", round)
+					require.Equal(t, int64(36), conflict.Load())
+				}
+				l := levels(t, e.r, sku)
+				require.Equal(t, int64(10), l.Sold)
+				require.Len(t, ledger(t, e.r, sku), 10)
+			})
+		})
+	}
+}
+
+// TestA27CancelledClaims: claims whose contexts end at random moments, then retries with
+// Request.Retry: no claim lost, no double take, no goroutine left behind.
+func TestA27CancelledClaims(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3), stock.WithCoalescing(1)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		sku := a27Sku("cc")
+		const stockN, ids = 150, 300
+		require.NoError(t, e.r.Load(ctx, sku, stockN))
+		base := runtime.NumGoroutine()
+		type out struct {
+			err   error
+			taken bool
+		}
+		res := make([]out, ids)
+		var wg sync.WaitGroup
+		for i := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, cancel := context.WithTimeout(ctx, time.Duration(i%7)*200*time.Microsecond)
+				defer cancel()
+				_, err := e.r.Deduct(c, stock.Request{SKU: sku, ID: fmt.Sprint("i", i), User: fmt.Sprint("u", i%50), Qty: 1})
+				res[i] = out{err: err, taken: err == nil}
+			}()
+		}
+		wg.Wait()
+		// retry every one that did not get a definite answer
+		taken := 0
+		for i := range ids {
+			err := res[i].err
+			if err != nil && !errors.Is(err, stock.ErrSoldOut) && !errors.Is(err, stock.ErrUserLimit) {
+				require.True(t, errors.Is(err, context.DeadlineExceeded) || errors.Is(err, stock.ErrUnknownOutcome), "%v", err)
+				rc, err2 := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("i", i), User: fmt.Sprint("u", i%50), Qty: 1, Retry: true})
+				if err2 == nil {
+					_ = rc
+					res[i] = out{taken: true}
+				} else {
+					require.ErrorIs(t, err2, stock.ErrSoldOut)
+					res[i] = out{err: err2}
+				}
+			}
+			if res[i].taken {
+				taken++
+			}
+		}
+		// a second retry of every id is a replay of its answer
+		for i := range ids {
+			rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("i", i), User: fmt.Sprint("u", i%50), Qty: 1, Retry: true})
+			if res[i].taken {
+				require.NoError(t, err, "id %d", i)
+				require.True(t, rc.Replayed, "id %d", i)
+			} else {
+				require.Error(t, err, "id %d: refused, then taken on a retry", i)
+			}
+		}
+		l := levels(t, e.r, sku)
+		require.Equal(t, int64(taken), l.Sold)
+		require.Equal(t, int64(stockN), l.Sold, "stock left while requests were refused")
+		n := 0
+		for _, en := range ledger(t, e.r, sku) {
+			if en.Taken() {
+				n++
+			}
+		}
+		require.Equal(t, taken, n)
+		time.Sleep(100 * time.Millisecond)
+		require.LessOrEqual(t, runtime.NumGoroutine(), base+2, "goroutines left behind")
+	})
+}
+
+// TestA27CountingBuckets: N goroutines over S units, bucket counts 2..64 and awkward names:
+// exactly S successes, Levels and a memstore fed by the relay agree, nothing stranded.
+func TestA27CountingBuckets(t *testing.T) {
+	long := strings.Repeat("L", stock.MaxNameLen-20)
+	for _, n := range []int{2, 7, 64} {
+		for _, name := range []string{"a:b~c", long} {
+			t.Run(fmt.Sprintf("%d/%d", n, len(name)), func(t *testing.T) {
+				a27Each(t, []stock.Option{a27Split(n), stock.WithUserLimit(3)}, func(t *testing.T, e *a27Env) {
+					ctx := context.Background()
+					store := memstore.New()
+					sku := a27Sku(name)
+					const S, G, per = 97, 16, 12
+					require.NoError(t, store.Load(ctx, sku, S))
+					require.NoError(t, e.r.Load(ctx, sku, S))
+					var ok atomic.Int64
+					var wg sync.WaitGroup
+					var mu sync.Mutex
+					var bad []string
+					for g := range G {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							for i := range per {
+								_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint(g, "-", i), User: fmt.Sprint("u", g, "-", i/3), Qty: 1})
+								switch {
+								case err == nil:
+									ok.Add(1)
+								case errors.Is(err, stock.ErrSoldOut):
+								default:
+									mu.Lock()
+									bad = append(bad, err.Error())
+									mu.Unlock()
+								}
+							}
+						}()
+					}
+					wg.Wait()
+					require.Empty(t, bad)
+					require.Equal(t, int64(S), ok.Load())
+					l := levels(t, e.r, sku)
+					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
+					a27Drain(t, e.r, store, sku)
+					rm, err := store.Remaining(ctx, sku)
+					require.NoError(t, err)
+					require.Zero(t, rm)
+					rp := a27Pass(t, e, e.r, store, sku)[sku]
+					require.Zero(t, rp.Drift, "%v", rp)
+					require.Zero(t, rp.Adjusted, "%v", rp)
+				})
+			})
+		}
+	}
+}
+
+// TestA27ClientKillMidBatch: connections killed while claims and takes are in flight, then
+// every unanswered request retried with Retry: exactly once, and the counters agree.
+func TestA27ClientKillMidBatch(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3), stock.WithCoalescing(1)}, func(t *testing.T, e *a27Env) {
+		if !e.real {
+			t.Skip("CLIENT KILL needs a real server")
+		}
+		ctx := context.Background()
+		sku := a27Sku("ck")
+		const S, ids = 120, 240
+		require.NoError(t, e.r.Load(ctx, sku, S))
+		killer := func() {
+			for _, node := range e.c.Nodes() {
+				node.Do(ctx, node.B().Arbitrary("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Build())
+			}
+		}
+		res := make([]error, ids)
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(3 * time.Millisecond):
+					killer()
+				}
+			}
+		}()
+		for i := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, res[i] = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1})
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		taken := 0
+		unknown := 0
+		for i := range ids {
+			err := res[i]
+			for try := 0; err != nil && !errors.Is(err, stock.ErrSoldOut); try++ {
+				unknown++
+				require.Less(t, try, 20, "%v", err)
+				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1, Retry: true})
+				res[i] = err
+			}
+			if err == nil {
+				taken++
+			}
+		}
+		t.Logf("%d retries", unknown)
+		l := levels(t, e.r, sku)
+		require.Equal(t, int64(taken), l.Sold)
+		require.Equal(t, int64(S), l.Sold)
+		for i := range ids {
+			rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1, Retry: true})
+			if res[i] == nil {
+				require.NoError(t, err)
+				require.True(t, rc.Replayed)
+			} else {
+				require.Error(t, err)
+			}
+		}
+	})
+}
