@@ -1065,3 +1065,101 @@ func TestA27UnevenCluster(t *testing.T) {
 		require.Equal(t, stock.Levels{Available: 2, Loaded: 2}, levels(t, r, sku))
 	}
 }
+
+// a27Cut is a rueidis client whose n-th command (counting a pipeline's commands one by one)
+// fails as a broken call would: it is never sent.
+type a27Cut struct {
+	rueidis.Client
+	mu    sync.Mutex
+	n     int
+	count int
+	cut   bool
+}
+
+func (c *a27Cut) next(k int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	before := c.count
+	c.count += k
+	if c.n > before && c.n <= c.count {
+		c.cut = true
+		return true
+	}
+	return false
+}
+
+func a27Dead() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+func (c *a27Cut) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if c.next(1) {
+		return c.Client.Do(a27Dead(), cmd)
+	}
+	return c.Client.Do(ctx, cmd)
+}
+
+func (c *a27Cut) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if c.next(len(cmds)) {
+		return c.Client.DoMulti(a27Dead(), cmds...)
+	}
+	return c.Client.DoMulti(ctx, cmds...)
+}
+
+// TestA27DelistCutEverywhere: a Delist of a split item cut at each of its Redis calls in turn.
+// After the cut no bucket may sell beside a delisted one; ReopenItem either reopens the whole
+// item (nothing was delisted) or refuses (ErrClosed); a second Delist finishes the job and the
+// item retires.
+func TestA27DelistCutEverywhere(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		for n := 1; n < 40; n++ {
+			sku := a27Sku("cut")
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 100))
+			require.NoError(t, e.r.Load(ctx, sku, 100))
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
+			require.NoError(t, err)
+			a27Drain(t, e.r, store, sku)
+			cc := &a27Cut{Client: e.c, n: n}
+			cr := newReserver(t, cc, a27Split(3))
+			derr := cr.Delist(ctx, sku)
+			if !cc.cut {
+				require.NoError(t, derr)
+				t.Logf("Delist makes %d calls", cc.count)
+				break
+			}
+			require.Error(t, derr, "cut %d", n)
+			// after the cut: new buyers of every bucket
+			sold := 0
+			for i := range 12 {
+				if _, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("b", i), User: fmt.Sprint("b", i), Qty: 1}); err == nil {
+					sold++
+				} else {
+					require.ErrorIs(t, err, stock.ErrClosed, "cut %d", n)
+				}
+			}
+			l := levels(t, e.r, sku)
+			if sold > 0 {
+				t.Logf("cut %d: %d sold after the cut (closed %v)", n, sold, l.Closed)
+			}
+			rerr := e.r.ReopenItem(ctx, sku)
+			if rerr != nil {
+				require.ErrorIs(t, rerr, stock.ErrClosed, "cut %d", n)
+				// refused: nothing reopened
+				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterRefuse", User: "ar", Qty: 1})
+				require.ErrorIs(t, err, stock.ErrClosed, "cut %d: a bucket reopened by a refused ReopenItem", n)
+			}
+			a27Drain(t, e.r, store, sku)
+			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterDelist", User: "ad", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrClosed)
+			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
+			e.advance(20 * time.Millisecond)
+			rp := a27Pass(t, e, e.r, store, sku)[sku]
+			require.True(t, rp.Retired, "cut %d: %v", n, rp)
+		}
+	})
+}
