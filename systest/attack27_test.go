@@ -1163,3 +1163,80 @@ func TestA27DelistCutEverywhere(t *testing.T) {
 		}
 	})
 }
+
+// TestA27RestoreRacesDeduct: a restore of an id racing its own deduct, by buyers of several
+// buckets: either the deduct took and the restore gave it back, or the restore left a
+// tombstone and the deduct is refused with ErrRestored; never a unit lost or made.
+func TestA27RestoreRacesDeduct(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(4)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		sku := a27Sku("rr")
+		const S = 50
+		require.NoError(t, e.r.Load(ctx, sku, S))
+		for i := range 60 {
+			id := fmt.Sprint("r", i)
+			var derr, rerr error
+			var drc, rrc stock.Receipt
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); drc, derr = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprint("u", i), Qty: 1}) }()
+			go func() { defer wg.Done(); rrc, rerr = e.r.Restore(ctx, sku, id) }()
+			wg.Wait()
+			switch {
+			case derr == nil:
+				// the deduct ran first: the restore gave it back
+				require.NoError(t, rerr, "%s", id)
+				require.Equal(t, int64(1), rrc.Qty, "%s", id)
+			default:
+				require.ErrorIs(t, derr, stock.ErrRestored, "%s", id)
+				require.ErrorIs(t, rerr, stock.ErrUnknownID, "%s", id)
+			}
+			_ = drc
+			// a second restore and a second deduct change nothing
+			_, _ = e.r.Restore(ctx, sku, id)
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprint("u", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrRestored, "%s", id)
+			l := levels(t, e.r, sku)
+			require.Equal(t, stock.Levels{Available: S, Loaded: S}, l, "%s", id)
+		}
+	})
+}
+
+// TestA27ReloadInOtherForm: an item retired in one form (plain, or split over 3 buckets) answers
+// ErrNotLoaded and "may be loaded again": also in the other form, or split over another count,
+// by a Reserver configured so from then on.
+func TestA27ReloadInOtherForm(t *testing.T) {
+	a27Each(t, nil, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		forms := map[string]stock.Option{
+			"plain":  stock.WithBuckets(func(string) int { return 1 }),
+			"split3": a27Split(3),
+			"split5": a27Split(5),
+		}
+		for _, tc := range [][2]string{{"plain", "split3"}, {"split3", "plain"}, {"split3", "split5"}, {"split5", "split3"}} {
+			t.Run(tc[0]+"-"+tc[1], func(t *testing.T) {
+				sku := a27Sku("of")
+				first := e.another(forms[tc[0]])
+				store := memstore.New()
+				require.NoError(t, store.Load(ctx, sku, 4))
+				require.NoError(t, first.Load(ctx, sku, 4))
+				_, err := first.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
+				require.NoError(t, err)
+				a27Drain(t, first, store, sku)
+				fe := *e
+				fe.r = first
+				a27Retire(t, &fe, store, sku)
+				second := e.another(forms[tc[1]])
+				_, err = second.Levels(ctx, sku)
+				require.ErrorIs(t, err, stock.ErrNotLoaded)
+				require.NoError(t, second.Load(ctx, sku, 6), "%s retired, loaded again as %s", tc[0], tc[1])
+				l := levels(t, second, sku)
+				require.Equal(t, stock.Levels{Available: 6, Loaded: 6}, l)
+				for i := range 6 {
+					_, err := second.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("n", i), User: fmt.Sprint("n", i), Qty: 1})
+					require.NoError(t, err)
+				}
+			})
+		}
+	})
+}
