@@ -1179,7 +1179,10 @@ func TestA27RestoreRacesDeduct(t *testing.T) {
 			var drc, rrc stock.Receipt
 			var wg sync.WaitGroup
 			wg.Add(2)
-			go func() { defer wg.Done(); drc, derr = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprint("u", i), Qty: 1}) }()
+			go func() {
+				defer wg.Done()
+				drc, derr = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprint("u", i), Qty: 1})
+			}()
 			go func() { defer wg.Done(); rrc, rerr = e.r.Restore(ctx, sku, id) }()
 			wg.Wait()
 			switch {
