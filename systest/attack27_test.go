@@ -1243,3 +1243,67 @@ func TestA27ReloadInOtherForm(t *testing.T) {
 		}
 	})
 }
+
+// TestA27OddIDs: request ids and users with separators, braces, spaces, unicode and the maximum
+// length answer on a split item as on a plain one (taken, replayed, refused as invalid alike).
+func TestA27OddIDs(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		plain, split := a27Sku("plain-odd"), a27Sku("odd")
+		ids := []string{"a|1", "a|1|2", "{x}", "}", "a:b~c", "sp ace", "ünï", "r", strings.Repeat("i", stock.MaxNameLen),
+			strings.Repeat("j", stock.MaxNameLen+1), "", "nul\x00x", "\n"}
+		for _, sku := range []string{plain, split} {
+			require.NoError(t, e.r.Load(ctx, sku, 100))
+		}
+		for _, id := range ids {
+			for _, user := range []string{"", "u|0", id} {
+				var got [2]string
+				for j, sku := range []string{plain, split} {
+					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+					got[j] = fmt.Sprintf("%s replayed=%v", a27Class(err), rc.Replayed)
+				}
+				assert.Equal(t, got[0], got[1], "id %q user %q", id, user)
+				var gr [2]string
+				for j, sku := range []string{plain, split} {
+					_, err := e.r.Ledger(ctx, sku, id)
+					gr[j] = a27Class(err)
+				}
+				assert.Equal(t, gr[0], gr[1], "ledger of id %q", id)
+			}
+		}
+		lp, ls := levels(t, e.r, plain), levels(t, e.r, split)
+		assert.Equal(t, lp.Sold, ls.Sold)
+	})
+}
+
+// TestA27RetryRefusalSplitVsPlain: on a sold-out item (fast path primed), a Retry request is
+// refused and its refusal recorded; after a restock, the same id (its late first attempt, or a
+// new retry) is still refused, and a fresh id is served: alike on a plain and a split item.
+func TestA27RetryRefusalSplitVsPlain(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		var out [2][]string
+		for j, sku := range []string{a27Sku("plain-rt"), a27Sku("rt")} {
+			rec := func(rc stock.Receipt, err error) {
+				out[j] = append(out[j], fmt.Sprintf("%s replayed=%v qty=%d", a27Class(err), rc.Replayed, rc.Qty))
+			}
+			require.NoError(t, e.r.Load(ctx, sku, 2))
+			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}))
+			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 1}))
+			for i := range 5 {
+				rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("x", i), User: fmt.Sprint("x", i), Qty: 1}))
+			}
+			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "q", User: "uq", Qty: 1, Retry: true}))
+			rec(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "qh", User: "uqh", Qty: 1, Retry: true}, time.Minute))
+			rec(e.r.Restock(ctx, sku, "rs", 3))
+			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "q", User: "uq", Qty: 1}))
+			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "q", User: "uq", Qty: 1, Retry: true}))
+			rec(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "qh", User: "uqh", Qty: 1}, time.Minute))
+			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "fresh", User: "uf", Qty: 1}))
+			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1, Retry: true}))
+			l := levels(t, e.r, sku)
+			out[j] = append(out[j], fmt.Sprintf("%+v", l))
+		}
+		assert.Equal(t, out[0], out[1])
+	})
+}
