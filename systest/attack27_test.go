@@ -1307,3 +1307,110 @@ func TestA27RetryRefusalSplitVsPlain(t *testing.T) {
 		assert.Equal(t, out[0], out[1])
 	})
 }
+
+// TestA27TransferCutThenDelist: a deduct that needs a transfer between buckets is cut at each of
+// its Redis calls in turn, and the item delisted at once: the counters stay whole, no pass
+// retires the item while a transfer is in flight, the sweeper completes the transfer, a Retry
+// of the cut deduct is answered for good, and then the item retires with the Store in
+// agreement.
+func TestA27TransferCutThenDelist(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		for n := 1; n < 30; n++ {
+			sku := a27Sku("xc")
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 3))
+			require.NoError(t, e.r.Load(ctx, sku, 3))
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
+			require.NoError(t, err)
+			cc := &a27Cut{Client: e.c, n: n}
+			cr := newReserver(t, cc, a27Split(3))
+			_, cerr := cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
+			if !cc.cut {
+				require.NoError(t, cerr)
+				t.Logf("the deduct with a transfer makes %d calls", cc.count)
+				break
+			}
+			l := levels(t, e.r, sku)
+			require.Equal(t, int64(3), l.Loaded, "cut %d", n)
+			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
+			a27Drain(t, e.r, store, sku)
+			e.advance(20 * time.Millisecond)
+			rp := a27Pass(t, e, e.r, store, sku)[sku]
+			if rp.Retired {
+				// only when nothing was in flight: every unit accounted for
+				rm, err := store.Remaining(ctx, sku)
+				require.NoError(t, err)
+				require.Equal(t, 3-l.Sold, rm, "cut %d: retired with %+v, store %d", n, l, rm)
+				continue
+			}
+			// Run's sweeper completes a transfer in flight once it is 5 s old
+			runCtx, stopRun := context.WithCancel(ctx)
+			runDone := make(chan error, 1)
+			go func() {
+				runDone <- e.r.Run(runCtx, stock.RunOptions{Store: store, SweepInterval: 20 * time.Millisecond,
+					Reconcile: &stock.ReconcileOptions{Interval: -1}, GuardInterval: -1, RecoverCartsAfter: -1,
+					Relay: &stock.RelayOptions{Items: []string{sku}}})
+			}()
+			e.advance(6 * time.Second)
+			time.Sleep(300 * time.Millisecond)
+			stopRun()
+			<-runDone
+			rc, rerr := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1, Retry: true})
+			if rerr != nil {
+				require.ErrorIs(t, rerr, stock.ErrClosed, "cut %d", n)
+			}
+			_ = rc
+			l = levels(t, e.r, sku)
+			require.Equal(t, int64(3), l.Loaded)
+			require.Zero(t, l.Held)
+			a27Drain(t, e.r, store, sku)
+			e.advance(20 * time.Millisecond)
+			rp = a27Pass(t, e, e.r, store, sku)[sku]
+			require.True(t, rp.Retired, "cut %d: %v (levels %+v)", n, rp, l)
+			rm, err := store.Remaining(ctx, sku)
+			require.NoError(t, err)
+			require.Equal(t, 3-l.Sold, rm, "cut %d", n)
+		}
+	})
+}
+
+// TestA27StockopsAloneRecoversTransfer: a deployment that runs the background work with
+// package stockops instead of Reserver.Run (the package doc offers that) must still be able to
+// retire a delisted split item whose transfer was cut in flight: stockops.Sweep covers every
+// bucket (README), and Run's sweeper is the only other thing that completes such a transfer.
+func TestA27StockopsAloneRecoversTransfer(t *testing.T) {
+	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+		ctx := context.Background()
+		stuck := false
+		for n := 1; n < 30 && !stuck; n++ {
+			sku := a27Sku("xs")
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 3))
+			require.NoError(t, e.r.Load(ctx, sku, 3))
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
+			require.NoError(t, err)
+			cc := &a27Cut{Client: e.c, n: n}
+			cr := newReserver(t, cc, a27Split(3))
+			_, _ = cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
+			if !cc.cut {
+				break
+			}
+			require.NoError(t, e.r.Delist(ctx, sku))
+			a27Drain(t, e.r, store, sku)
+			e.advance(20 * time.Millisecond)
+			if a27Pass(t, e, e.r, store, sku)[sku].Retired {
+				continue
+			}
+			stuck = true // a transfer in flight keeps it
+			e.advance(6 * time.Second)
+			_, err = stockops.Sweep(ctx, e.r, sku)
+			require.NoError(t, err)
+			a27Drain(t, e.r, store, sku)
+			e.advance(20 * time.Millisecond)
+			rp := a27Pass(t, e, e.r, store, sku)[sku]
+			require.True(t, rp.Retired, "cut %d: a transfer cut in flight is completed by nothing in stockops: %v", n, rp)
+		}
+		require.True(t, stuck, "no cut left a transfer in flight")
+	})
+}
