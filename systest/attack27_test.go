@@ -452,6 +452,13 @@ func (h *a27Hook) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []ruei
 	return res
 }
 
+// didFire says whether the hook ran.
+func (h *a27Hook) didFire() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fired
+}
+
 // a27Registry returns the registry's members that are the item or its buckets.
 func a27Registry(t *testing.T, e *a27Env, sku string) []string {
 	t.Helper()
@@ -493,7 +500,7 @@ func TestA27LoadAfterRetirePassBetween(t *testing.T) {
 			}
 			loader := newReserver(t, h, a27Split(3))
 			require.NoError(t, loader.Load(ctx, sku, 5))
-			require.True(t, h.fired)
+			require.True(t, h.didFire())
 			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(5), l.Loaded, "%s", sku)
 			reg := a27Registry(t, e, sku)
@@ -544,7 +551,7 @@ func TestA27LoadDuringRetirement(t *testing.T) {
 		h.hook = func() { loadErr = e.r.Load(ctx, sku, 4) }
 		rr := newReserver(t, h, a27Split(4))
 		rp := a27Pass(t, e, rr, store, sku)[sku]
-		require.True(t, h.fired)
+		require.True(t, h.didFire())
 		require.ErrorIs(t, loadErr, stock.ErrLoaded)
 		if !rp.Retired {
 			rp = a27Pass(t, e, e.r, store, sku)[sku]
@@ -1088,6 +1095,14 @@ func (c *a27Cut) next(k int) bool {
 	return false
 }
 
+// state reads whether the cut happened and how many commands went through (the Reserver's
+// background hint writer uses the client too).
+func (c *a27Cut) state() (cut bool, count int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cut, c.count
+}
+
 func a27Dead() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -1126,9 +1141,9 @@ func TestA27DelistCutEverywhere(t *testing.T) {
 			cc := &a27Cut{Client: e.c, n: n}
 			cr := newReserver(t, cc, a27Split(3))
 			derr := cr.Delist(ctx, sku)
-			if !cc.cut {
+			if cut, count := cc.state(); !cut {
 				require.NoError(t, derr)
-				t.Logf("Delist makes %d calls", cc.count)
+				t.Logf("Delist makes %d calls", count)
 				break
 			}
 			require.Error(t, derr, "cut %d", n)
@@ -1328,9 +1343,9 @@ func TestA27TransferCutThenDelist(t *testing.T) {
 			cc := &a27Cut{Client: e.c, n: n}
 			cr := newReserver(t, cc, a27Split(3))
 			_, cerr := cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
-			if !cc.cut {
+			if cut, count := cc.state(); !cut {
 				require.NoError(t, cerr)
-				t.Logf("the deduct with a transfer makes %d calls", cc.count)
+				t.Logf("the deduct with a transfer makes %d calls", count)
 				break
 			}
 			l := levels(t, e.r, sku)
@@ -1395,7 +1410,7 @@ func TestA27StockopsAloneRecoversTransfer(t *testing.T) {
 			cc := &a27Cut{Client: e.c, n: n}
 			cr := newReserver(t, cc, a27Split(3))
 			_, _ = cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
-			if !cc.cut {
+			if cut, _ := cc.state(); !cut {
 				break
 			}
 			require.NoError(t, e.r.Delist(ctx, sku))
