@@ -460,24 +460,31 @@ func (r *Reserver) levelsBucketed(ctx context.Context, sku string, n int) (Level
 func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n int) error {
 	// An item Redis has as a plain item (loaded by a Reserver without WithBuckets) is loaded:
 	// buckets beside it would sell its stock twice.
-	plain, err := r.client.Do(ctx, r.client.B().Exists().Key(r.item(sku).Item).Build()).AsInt64()
+	// A plain item's hash that is retired (only its retirement mark left) or holds only its
+	// outbox sequence is no item: the stock may be loaded again, split.
+	vs, err := r.client.Do(ctx, r.client.B().Hmget().Key(r.item(sku).Item).Field("a", "x").Build()).ToArray()
 	if err != nil {
 		return fmt.Errorf("stock: load %s: %w", sku, err)
 	}
-	if plain > 0 {
-		return fmt.Errorf("%w: %s is an item Redis does not split over buckets", ErrLoaded, sku)
+	if len(vs) == 2 && !vs[0].IsNil() {
+		if x, _ := vs[1].ToString(); x != "1" {
+			return fmt.Errorf("%w: %s is an item Redis does not split over buckets", ErrLoaded, sku)
+		}
 	}
 	if err := r.refuseLoad(ctx, sku, n); err != nil {
 		return err
 	}
-	cmds := make(rueidis.Commands, 0, n)
-	for i := range n {
-		cmds = append(cmds, r.client.B().Sadd().Key(r.registryKey()).Member(bucketName(sku, i)).Build())
-	}
-	for _, res := range r.client.DoMulti(ctx, cmds...) {
-		if err := res.Error(); err != nil {
+	// Registry first (see Load), and again after the buckets are created: a reconcile pass that
+	// found them retired may have taken them out meanwhile (reconciler.unregister).
+	names := r.names(sku)
+	register := func() error {
+		if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(names...).Build()).Error(); err != nil {
 			return fmt.Errorf("stock: load %s: %w", sku, err)
 		}
+		return nil
+	}
+	if err := register(); err != nil {
+		return err
 	}
 	existed := 0
 	for i := range n {
@@ -498,7 +505,7 @@ func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n in
 	if existed == n {
 		return fmt.Errorf("%w: %s", ErrLoaded, sku)
 	}
-	return nil
+	return register()
 }
 
 // holder returns the name of the item whose keys hold id of item sku: sku itself, or the bucket

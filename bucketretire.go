@@ -2,8 +2,9 @@ package stock
 
 // Delisting and retiring an item split over buckets (WithBuckets).
 //
-// Delist closes every bucket, then stamps each as delisted: a Delist cut half way leaves the
-// item closed whole, and a second Delist finishes it. While any bucket is delisted, ReopenItem
+// Delist closes every bucket, then stamps each as delisted: a Delist cut after the buckets are
+// closed leaves the item closed whole (one cut while closing them may leave some open), and a
+// second Delist finishes it. While any bucket is delisted, ReopenItem
 // refuses the item whole (ErrClosed), and so does Load (ErrLoaded).
 //
 // A reconcile pass retires the item once every bucket is delisted, the retention has passed,
@@ -72,7 +73,8 @@ func (r *Reserver) delistBucketed(ctx context.Context, sku string, n int) error 
 		return fmt.Errorf("%w: %s", ErrNotLoaded, sku)
 	}
 	// Closed whole first: a Delist cut half way never leaves a bucket on sale beside a
-	// delisted one.
+	// delisted one (a cut while closing may leave some buckets open and none delisted; the
+	// caller's Delist again finishes it).
 	for i, s := range st {
 		if !s.retired {
 			if err := r.setClosedIn(ctx, sku, bucketName(sku, i), "1"); err != nil {
@@ -163,9 +165,8 @@ func (rc *reconciler) bucketLifecycle(ctx context.Context, sku string, n int, rp
 	case len(retired) == n:
 		rp.Retired = true
 		if !rc.dry { // a registry entry left by a pass cut after a bucket's last step
-			cmd := rc.r.client.B().Srem().Key(rc.r.registryKey()).Member(retired...).Build()
-			if err := rc.r.client.Do(ctx, cmd).Error(); err != nil {
-				return nil, true, fmt.Errorf("stock: reconcile %s: registry: %w", sku, err)
+			if err := rc.unregister(ctx, retired...); err != nil {
+				return nil, true, fmt.Errorf("stock: reconcile %s: %w", sku, err)
 			}
 		}
 		return st, true, nil

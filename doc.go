@@ -70,6 +70,8 @@
 //     the ledger has; after a write of a Reserver has returned, that Reserver's answers never
 //     predate the write.
 //
-// A Reserver is safe for concurrent use. Nothing here
-// starts a goroutine but Reserver.Run, which the caller runs and owns.
+// A Reserver is safe for concurrent use. The background work (relay, sweeper, reconciler, cart
+// recovery) runs only in Reserver.Run, which the caller runs and owns; the Reserver's methods
+// start only short-lived goroutines of their own (a coalesced batch sent for the callers queued
+// behind it, the writer of the sweeper's hints), each bounded by WithTimeout.
 package stock

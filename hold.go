@@ -144,6 +144,13 @@ func (r *Reserver) sweepItems(ctx context.Context, skus ...string) (int64, error
 		if err != nil {
 			errs = append(errs, err)
 		}
+		// A bucket of a split item: the transfers out of it that a dead process left in flight
+		// are completed too, as Run's sweeper does.
+		if parent, i := splitBucket(sku); i >= 0 && i < r.bucketsOf(parent) {
+			if _, err := r.recoverTransfers(ctx, parent, i, r.bucketsOf(parent), transferGrace); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		return ctx.Err() == nil
 	}
 	if len(skus) > 0 {

@@ -920,14 +920,45 @@ func (rc *reconciler) retireSteps(ctx context.Context, rp *report, name string, 
 			continue
 		}
 		if code == protocol.OK {
-			cmd := rc.r.client.B().Srem().Key(rc.r.registryKey()).Member(name).Build()
-			if err := rc.r.client.Do(ctx, cmd).Error(); err != nil {
+			if err := rc.unregister(ctx, name); err != nil {
 				return 0, fmt.Errorf("stock: reconcile %s: retire %s: %w", rp.SKU, name, err)
 			}
 		}
 		return code, nil
 	}
 	return protocol.Replay, nil
+}
+
+// unregister takes the retired items names out of the registry. A Load may run meanwhile: it
+// adds its item to the registry both before and after it creates it, so an item read here as
+// loaded again after the removal is put back, and one loaded after this read is put back by
+// its Load. Either way a loaded item never stays out of the registry (where the relay would
+// miss its events).
+func (rc *reconciler) unregister(ctx context.Context, names ...string) error {
+	c := rc.r.client
+	if err := c.Do(ctx, c.B().Srem().Key(rc.r.registryKey()).Member(names...).Build()).Error(); err != nil {
+		return fmt.Errorf("registry: %w", err)
+	}
+	cmds := make(rueidis.Commands, len(names))
+	for i, name := range names {
+		cmds[i] = c.B().Hexists().Key(rc.r.item(name).Item).Field("a").Build()
+	}
+	var back []string
+	for i, res := range c.DoMulti(ctx, cmds...) {
+		loaded, err := res.AsBool() // a retired hash keeps only its mark: no available count
+		if err != nil {
+			return fmt.Errorf("registry: %s: %w", names[i], err)
+		}
+		if loaded {
+			back = append(back, names[i])
+		}
+	}
+	if len(back) > 0 {
+		if err := c.Do(ctx, c.B().Sadd().Key(rc.r.registryKey()).Member(back...).Build()).Error(); err != nil {
+			return fmt.Errorf("registry: %w", err)
+		}
+	}
+	return nil
 }
 
 // lock takes the item's relay lease for the pass, waiting a little for a relay to finish.

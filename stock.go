@@ -227,9 +227,17 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 		return fmt.Errorf("%w: %s is split over buckets in Redis (WithBuckets)", ErrLoaded, sku)
 	}
 	// Registry first: an item that is registered but not created is harmless (the reconciler
-	// reports it), one that is created but not registered would be missed by the relay.
-	if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(sku).Build()).Error(); err != nil {
-		return fmt.Errorf("stock: load %s: %w", sku, err)
+	// reports it), one that is created but not registered would be missed by the relay. And
+	// again once created: a reconcile pass retiring the item's earlier life may have taken it
+	// out of the registry meanwhile (reconciler.unregister).
+	register := func() error {
+		if err := r.client.Do(ctx, r.client.B().Sadd().Key(r.registryKey()).Member(sku).Build()).Error(); err != nil {
+			return fmt.Errorf("stock: load %s: %w", sku, err)
+		}
+		return nil
+	}
+	if err := register(); err != nil {
+		return err
 	}
 	code, _, err := decodePair(protocol.Load.Exec(ctx, r.client, r.item(sku).ForLoad(), []string{strconv.FormatInt(qty, 10)}))
 	if err != nil {
@@ -238,7 +246,10 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if code == protocol.Replay {
 		return fmt.Errorf("%w: %s", ErrLoaded, sku)
 	}
-	return codeErr(code)
+	if err := codeErr(code); err != nil {
+		return err
+	}
+	return register()
 }
 
 // Levels returns the counters of an item (Levels.Available is what can be taken now), read
@@ -577,8 +588,10 @@ func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) erro
 // cannot be reopened (ReopenItem returns ErrClosed); only a closed, delisted item is ever retired.
 //
 // An item split over buckets (WithBuckets) is delisted whole: every bucket is closed, then
-// stamped. A Delist cut half way (an error) leaves the item closed; calling Delist again
-// finishes it, and meanwhile ReopenItem refuses the item (ErrClosed) and reopens no bucket.
+// stamped. The buckets are in different slots, so a Delist cut while it closes them (an error)
+// may leave some of them on sale; one cut after they are all closed leaves the item closed.
+// Either way calling Delist again finishes it, and meanwhile ReopenItem refuses an item with a
+// delisted bucket (ErrClosed) and reopens no bucket.
 // The reconciler retires the buckets together, once every one is delisted; a pass cut between
 // buckets is finished by the next pass, and until then Load refuses the item with ErrLoaded.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {

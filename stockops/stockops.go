@@ -287,8 +287,11 @@ func (g *FailoverGuard) Run(ctx context.Context, interval time.Duration) error {
 // their deadlines per item, so a sweep looks only at expired holds. An item that fails does not
 // stop the others: the errors of all items are joined. A corrupt ledger entry is an error that
 // names its id, and that step releases nothing (the scripts check everything they read before
-// their first write). Reserver.Run sweeps every second; Deduct and Hold also release due holds
-// of the item they touch.
+// their first write). For an item split over buckets (stock.WithBuckets) it sweeps every bucket
+// and also completes the transfers of stock between its buckets that began more than 5 s ago
+// and are still in flight (their process died between the two halves), as Reserver.Run's
+// sweeper does. Reserver.Run sweeps every second; Deduct and Hold also release due holds of the
+// item they touch.
 func Sweep(ctx context.Context, r *stock.Reserver, skus ...string) (int64, error) {
 	return ops.Of(r).Sweep(ctx, skus...)
 }
