@@ -1,0 +1,564 @@
+package systest_test
+
+// Attack 27: carts (DeductMany, HoldMany) with lines of items split over buckets
+// (stock.WithBuckets), through the exported API only. A split line is taken in its buyer's
+// bucket, the cart is always a saga, its undo gives back in the line's bucket and tombstones the
+// lines never taken. The tests check exactly one outcome per cart id under concurrent copies
+// (one user, several users), all or nothing when a later line refuses (Levels, ledger and a
+// memstore fed by the relay), a split line that needs the stock of every bucket, a cart id
+// reused as a plain request id (compared with the same sequence on a plain item), holds with
+// expiry, ConfirmMany and CancelMany, cart recovery after sagas cut short, user limits across
+// carts and single requests, names with ':' and '~', and sell-out under concurrent carts.
+//
+// Every test runs on a stocktest miniredis and, when STOCK_REDIS_SERVER names a redis-server,
+// on the shared real standalone server and 3-master cluster (a26Each).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
+)
+
+// a27Sold returns the units of an item's ledger entries of id that are taken (held or sold).
+func a27Taken(t *testing.T, r *stock.Reserver, sku, id string) int64 {
+	t.Helper()
+	var n int64
+	for e, err := range stockops.Entries(context.Background(), r, sku) {
+		require.NoError(t, err)
+		if e.ID == id && e.Taken() && e.Kind != stock.KindRestock {
+			n += e.Qty
+		}
+	}
+	return n
+}
+
+// --- Concurrent copies of one cart id ---------------------------------------------------------
+
+// TestAttack27CartCopiesOneUser: copies of one cart (a split line, a plain line, a second split
+// line) sent at once by one user: exactly one is the original, every other is its replay, and
+// each item lost exactly its line's units once.
+func TestAttack27CartCopiesOneUser(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for _, sku := range []string{"cc-a", "cc-b", "plain-cc"} {
+			require.NoError(t, e.r.Load(ctx, sku, 30))
+		}
+		cart := stock.Cart{ID: "cart:1", User: "u1", Lines: []stock.Line{
+			{SKU: "plain-cc", Qty: 1}, {SKU: "cc-a", Qty: 2}, {SKU: "cc-b", Qty: 4}, {SKU: "cc-a", Qty: 1},
+		}}
+		const n = 16
+		var orig, replay atomic.Int32
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for range n {
+			wg.Go(func() {
+				rc, err := e.r.DeductMany(ctx, cart)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if rc.Replayed {
+					replay.Add(1)
+				} else {
+					orig.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("copy refused: %v", err)
+		}
+		assert.Equal(t, int32(1), orig.Load(), "exactly one original")
+		assert.Equal(t, int32(n-1), replay.Load())
+		want := map[string]int64{"cc-a": 3, "cc-b": 4, "plain-cc": 1}
+		for sku, q := range want {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, q, l.Sold, sku)
+			assert.Equal(t, 30-q, l.Available, sku)
+			assert.Equal(t, q, a27Taken(t, e.r, sku, cart.ID), "ledger of %s", sku)
+		}
+	})
+}
+
+// TestAttack27CartCopiesManyUsers: one cart id sent at once by buyers of different buckets:
+// exactly one buyer's cart is taken, the others get ErrConflict, and the split lines are taken
+// once, in one bucket.
+func TestAttack27CartCopiesManyUsers(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for _, sku := range []string{"mu-a", "mu-b", "plain-mu"} {
+			require.NoError(t, e.r.Load(ctx, sku, 40))
+		}
+		for round := range 5 {
+			id := fmt.Sprintf("order-%d", round)
+			const n = 12
+			var ok, conflict atomic.Int32
+			var winner atomic.Value
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					cart := stock.Cart{ID: id, User: fmt.Sprintf("user-%d", i), Lines: []stock.Line{
+						{SKU: "mu-a", Qty: 1}, {SKU: "mu-b", Qty: 1}, {SKU: "plain-mu", Qty: 1},
+					}}
+					_, err := e.r.DeductMany(ctx, cart)
+					switch {
+					case err == nil:
+						ok.Add(1)
+						winner.Store(cart.User)
+					case errors.Is(err, stock.ErrConflict):
+						conflict.Add(1)
+					default:
+						t.Errorf("round %d user %d: %v", round, i, err)
+					}
+				})
+			}
+			wg.Wait()
+			require.Equal(t, int32(1), ok.Load(), "round %d: exactly one buyer's cart", round)
+			require.Equal(t, int32(n-1), conflict.Load(), "round %d", round)
+			for _, sku := range []string{"mu-a", "mu-b", "plain-mu"} {
+				assert.Equal(t, int64(1), a27Taken(t, e.r, sku, id), "round %d %s", round, sku)
+			}
+		}
+		for _, sku := range []string{"mu-a", "mu-b", "plain-mu"} {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, int64(5), l.Sold, sku)
+		}
+	})
+}
+
+// --- Refused after the split line was taken --------------------------------------------------
+
+// TestAttack27CartRefusedGivesBack: a cart whose split line (taken first, in SKU order) is
+// followed by a plain line that refuses: the cart is a *CartError naming the plain item, the
+// split item's Levels are back to before, its bucket's units can be sold again to the same
+// buyer, a retry answers the same refusal and takes nothing, and once the relay has drained into
+// a memstore the Store equals Redis.
+func TestAttack27CartRefusedGivesBack(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		store := memstore.New()
+		for sku, q := range map[string]int64{"gb-a": 6, "gb-b": 9, "plain-zz": 1} {
+			require.NoError(t, store.Load(ctx, sku, q))
+			require.NoError(t, e.r.Load(ctx, sku, q))
+		}
+		before := map[string]stock.Levels{}
+		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
+			before[sku] = a26Levels(t, e.r, sku)
+		}
+		cart := stock.Cart{ID: "gb:1", User: "buyer", Lines: []stock.Line{
+			{SKU: "gb-a", Qty: 5}, {SKU: "gb-b", Qty: 8}, {SKU: "plain-zz", Qty: 2},
+		}}
+		for attempt := range 3 {
+			_, err := e.r.DeductMany(ctx, cart)
+			var ce *stock.CartError
+			require.ErrorAs(t, err, &ce, "attempt %d", attempt)
+			assert.Equal(t, "plain-zz", ce.SKU)
+			assert.ErrorIs(t, err, stock.ErrInsufficient)
+			for sku, b := range before {
+				l := a26Levels(t, e.r, sku)
+				assert.Equal(t, b, l, "attempt %d: %s back to before", attempt, sku)
+				assert.Equal(t, int64(0), a27Taken(t, e.r, sku, cart.ID), "%s", sku)
+			}
+		}
+		// The units given back are sellable again, to the same buyer (its bucket).
+		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "gb:2", User: "buyer", Lines: []stock.Line{
+			{SKU: "gb-a", Qty: 6}, {SKU: "gb-b", Qty: 9}, {SKU: "plain-zz", Qty: 1},
+		}})
+		require.NoError(t, err)
+		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
+			assert.Equal(t, int64(0), a26Levels(t, e.r, sku).Available, sku)
+		}
+		rl, err := stockops.NewRelay(e.r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+		require.NoError(t, err)
+		drain(t, rl)
+		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
+			l := a26Levels(t, e.r, sku)
+			rem, err := store.Remaining(ctx, sku)
+			require.NoError(t, err)
+			assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s", sku)
+		}
+		assert.LessOrEqual(t, store.MaxApplications(), 1)
+	})
+}
+
+// TestAttack27CartSplitLineFromEveryBucket: a split line whose quantity is the whole item (every
+// bucket must give its stock) is taken; the next unit is refused for stock; nothing stranded.
+func TestAttack27CartSplitLineFromEveryBucket(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		require.NoError(t, e.r.Load(ctx, "all-a", 37))
+		require.NoError(t, e.r.Load(ctx, "plain-all", 5))
+		// Other buyers first take a little in several buckets.
+		for i := range 5 {
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: "all-a", ID: fmt.Sprintf("pre-%d", i), User: fmt.Sprintf("pre-u%d", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		rc, err := e.r.DeductMany(ctx, stock.Cart{ID: "whole", User: "whale", Lines: []stock.Line{
+			{SKU: "all-a", Qty: 32}, {SKU: "plain-all", Qty: 5},
+		}})
+		require.NoError(t, err)
+		require.Len(t, rc.Items, 2)
+		l := a26Levels(t, e.r, "all-a")
+		assert.Equal(t, int64(0), l.Available)
+		assert.Equal(t, int64(37), l.Sold)
+		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "late", User: "late", Lines: []stock.Line{{SKU: "all-a", Qty: 1}}})
+		assert.ErrorIs(t, err, stock.ErrSoldOut)
+	})
+}
+
+// TestAttack27CartWholeItemMinusOneRefused: a split line asking one unit more than the buckets
+// together hold is refused, and gives back everything (transfers included): Levels equal before
+// and the whole item is then sold to one buyer.
+func TestAttack27CartWholeItemPlusOneRefused(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		require.NoError(t, e.r.Load(ctx, "p1-a", 10))
+		require.NoError(t, e.r.Load(ctx, "p1-b", 10))
+		before := a26Levels(t, e.r, "p1-a")
+		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "p1", User: "w", Lines: []stock.Line{
+			{SKU: "p1-a", Qty: 10}, {SKU: "p1-b", Qty: 11},
+		}})
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, "p1-b", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		assert.Equal(t, before, a26Levels(t, e.r, "p1-a"))
+		assert.Equal(t, before, a26Levels(t, e.r, "p1-b"))
+		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "p2", User: "other", Lines: []stock.Line{
+			{SKU: "p1-a", Qty: 10}, {SKU: "p1-b", Qty: 10},
+		}})
+		require.NoError(t, err)
+	})
+}
+
+// --- Cart id reused as a plain request id -----------------------------------------------------
+
+// a27Outcome names an answer for comparison between a plain and a split item.
+func a27Outcome(rc stock.Receipt, err error) string {
+	if err != nil {
+		for _, k := range []error{stock.ErrConflict, stock.ErrRestored, stock.ErrUserLimit, stock.ErrSoldOut,
+			stock.ErrInsufficient, stock.ErrUnknownID, stock.ErrExpired, stock.ErrInvalid} {
+			if errors.Is(err, k) {
+				var ce *stock.CartError
+				if errors.As(err, &ce) {
+					return "cart:" + k.Error()
+				}
+				return k.Error()
+			}
+		}
+		return "other:" + err.Error()
+	}
+	return fmt.Sprintf("ok qty=%d replayed=%v", rc.Qty, rc.Replayed)
+}
+
+func a27CartOutcome(rc stock.CartReceipt, err error) string {
+	if err != nil {
+		return a27Outcome(stock.Receipt{}, err)
+	}
+	return fmt.Sprintf("ok lines=%d replayed=%v", len(rc.Items), rc.Replayed)
+}
+
+// TestAttack27CartIDReusedAsRequestID: the same sequence (a cart, then single requests under the
+// cart's id on its item, by its buyer and by another; and a single request first, then a cart
+// under its id) on a plain item and on a split one gives the same answers and the same Levels.
+func TestAttack27CartIDReusedAsRequestID(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		run := func(x string) []string {
+			require.NoError(t, e.r.Load(ctx, x, 20))
+			var out []string
+			add := func(s string) { out = append(out, s) }
+			// cart first
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o1", User: "u", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 2})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "v", Qty: 2})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 3})))
+			add(a27Outcome(e.r.Hold(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 2}, time.Minute)))
+			// single request first, then a cart under its id
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o2", User: "u", Qty: 1})))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o2", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}}})))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o2", User: "w", Lines: []stock.Line{{SKU: x, Qty: 1}}})))
+			// a restore of the cart's line by its id, then the cart again
+			add(a27Outcome(e.r.Restore(ctx, x, x+":o1")))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o1", User: "u", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
+			// a refused cart, then a single request under its id
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o3", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-none", Qty: 1}}})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "u", Qty: 1})))
+			l := a26Levels(t, e.r, x)
+			add(fmt.Sprintf("levels %d/%d/%d", l.Available, l.Held, l.Sold))
+			return out
+		}
+		require.NoError(t, e.r.Load(ctx, "plain-none", 0))
+		plain := run("plain-ri")
+		split := run("ri-split")
+		assert.Equal(t, plain, split)
+	})
+}
+
+// --- Holds -----------------------------------------------------------------------------------
+
+// TestAttack27HoldManyExpiry: a cart of holds with split lines; one buyer's holds expire; the
+// sweep (or the next request) gives them back in their bucket; ConfirmMany answers ErrExpired
+// and takes nothing; CancelMany of a live cart twice gives back once.
+func TestAttack27HoldManyExpiry(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for _, sku := range []string{"hx-a", "hx-b", "plain-hx"} {
+			require.NoError(t, e.r.Load(ctx, sku, 10))
+		}
+		lines := []stock.Line{{SKU: "hx-a", Qty: 3}, {SKU: "hx-b", Qty: 2}, {SKU: "plain-hx", Qty: 1}}
+		skus := []string{"hx-a", "hx-b", "plain-hx"}
+		_, err := e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, 500*time.Millisecond)
+		require.NoError(t, err)
+		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "h2", User: "hv", Lines: lines}, time.Hour)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), a26Levels(t, e.r, "hx-a").Available)
+		e.advance(1500 * time.Millisecond)
+		_, err = e.r.ConfirmMany(ctx, "h1", skus...)
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		_, err = e.r.ConfirmMany(ctx, "h1", skus...)
+		assert.ErrorIs(t, err, stock.ErrExpired, "retry")
+		_, err = stockops.Sweep(ctx, e.r)
+		require.NoError(t, err)
+		l := a26Levels(t, e.r, "hx-a")
+		assert.Equal(t, int64(7), l.Available, "h1 given back: %+v", l)
+		assert.Equal(t, int64(3), l.Held)
+		// CancelMany twice: one give-back.
+		_, err = e.r.CancelMany(ctx, "h2", skus...)
+		require.NoError(t, err)
+		rcs, err := e.r.CancelMany(ctx, "h2", skus...)
+		require.NoError(t, err)
+		for _, rc := range rcs {
+			assert.True(t, rc.Replayed, "second cancel is a replay: %+v", rc)
+		}
+		for _, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, int64(10), l.Available, sku)
+			assert.Equal(t, int64(0), l.Held+l.Sold, sku)
+		}
+		_, err = e.r.ConfirmMany(ctx, "h2", skus...)
+		assert.ErrorIs(t, err, stock.ErrRestored)
+		// A retry of h1's HoldMany answers the expiry, takes nothing.
+		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, time.Hour)
+		assert.ErrorIs(t, err, stock.ErrExpired)
+		assert.Equal(t, int64(10), a26Levels(t, e.r, "hx-a").Available)
+	})
+}
+
+// TestAttack27ConfirmManyRacesExpiry: ConfirmMany of carts whose holds expire about when the
+// confirm runs: each cart ends confirmed whole or given back whole, never half.
+func TestAttack27ConfirmManyRacesExpiry(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		skus := []string{"cr-a", "cr-b", "plain-cr"}
+		for _, sku := range skus {
+			require.NoError(t, e.r.Load(ctx, sku, 200))
+		}
+		const n = 20
+		for i := range n {
+			_, err := e.r.HoldMany(ctx, stock.Cart{ID: fmt.Sprintf("cr-%d", i), User: fmt.Sprintf("cu-%d", i), Lines: []stock.Line{
+				{SKU: "cr-a", Qty: 1}, {SKU: "cr-b", Qty: 2}, {SKU: "plain-cr", Qty: 3},
+			}}, 300*time.Millisecond)
+			require.NoError(t, err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { e.advance(300 * time.Millisecond) })
+		results := make([]error, n)
+		for i := range n {
+			wg.Go(func() {
+				_, results[i] = e.r.ConfirmMany(ctx, fmt.Sprintf("cr-%d", i), skus...)
+			})
+		}
+		wg.Wait()
+		e.advance(time.Second)
+		_, err := stockops.Sweep(ctx, e.r)
+		require.NoError(t, err)
+		var confirmed int64
+		for i, err := range results {
+			id := fmt.Sprintf("cr-%d", i)
+			if err != nil && !errors.Is(err, stock.ErrExpired) {
+				t.Errorf("%s: %v", id, err)
+				continue
+			}
+			taken := []int64{a27Taken(t, e.r, "cr-a", id), a27Taken(t, e.r, "cr-b", id), a27Taken(t, e.r, "plain-cr", id)}
+			if err == nil {
+				confirmed++
+				assert.Equal(t, []int64{1, 2, 3}, taken, "%s confirmed whole", id)
+			} else {
+				assert.Equal(t, []int64{0, 0, 0}, taken, "%s given back whole", id)
+			}
+		}
+		for k, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, int64(0), l.Held, sku)
+			assert.Equal(t, confirmed*int64(k+1), l.Sold, sku)
+		}
+	})
+}
+
+// --- Cart recovery ---------------------------------------------------------------------------
+
+// TestAttack27RecoverCutSagas: carts with split lines sent under contexts that end at random
+// moments (a process cut mid-saga); after cart recovery every cart is taken whole or not at
+// all, the stock adds up, and a retry of an undone cart takes nothing.
+func TestAttack27RecoverCutSagas(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		skus := []string{"rc-a", "rc-b", "rc:c~d", "plain-rc"}
+		for _, sku := range skus {
+			require.NoError(t, e.r.Load(ctx, sku, 500))
+		}
+		const n = 40
+		rng := rand.New(rand.NewPCG(27, 1))
+		var wg sync.WaitGroup
+		for i := range n {
+			d := time.Duration(rng.IntN(4000)) * time.Microsecond
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, d)
+				defer cancel()
+				_, _ = e.r.DeductMany(cctx, stock.Cart{ID: fmt.Sprintf("rc-%d", i), User: fmt.Sprintf("ru-%d", i%7), Lines: []stock.Line{
+					{SKU: "rc-a", Qty: 1}, {SKU: "rc-b", Qty: 2}, {SKU: "rc:c~d", Qty: 3}, {SKU: "plain-rc", Qty: 4},
+				}})
+			})
+		}
+		wg.Wait()
+		time.Sleep(200 * time.Millisecond) // let calls already sent land
+		e.advance(3 * time.Second)
+		_, err := stockops.RecoverCarts(ctx, e.r, 2*time.Second)
+		require.NoError(t, err)
+		var whole int64
+		for i := range n {
+			id := fmt.Sprintf("rc-%d", i)
+			var taken []int64
+			for _, sku := range skus {
+				taken = append(taken, a27Taken(t, e.r, sku, id))
+			}
+			switch {
+			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3 && taken[3] == 4:
+				whole++
+			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0 && taken[3] == 0:
+			default:
+				t.Errorf("%s half taken: %v", id, taken)
+			}
+		}
+		for k, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, whole*int64(k+1), l.Sold, "%s", sku)
+		}
+		t.Logf("%d of %d carts taken whole", whole, n)
+		// Retries: a taken cart replays, an undone one takes nothing.
+		for i := range n {
+			id := fmt.Sprintf("rc-%d", i)
+			_, _ = e.r.DeductMany(ctx, stock.Cart{ID: id, User: fmt.Sprintf("ru-%d", i%7), Lines: []stock.Line{
+				{SKU: "rc-a", Qty: 1}, {SKU: "rc-b", Qty: 2}, {SKU: "rc:c~d", Qty: 3}, {SKU: "plain-rc", Qty: 4},
+			}})
+		}
+		var whole2 int64
+		for i := range n {
+			id := fmt.Sprintf("rc-%d", i)
+			if a27Taken(t, e.r, "rc-a", id) == 1 {
+				whole2++
+			}
+			for k, sku := range skus {
+				tk := a27Taken(t, e.r, sku, id)
+				assert.True(t, tk == 0 || tk == int64(k+1), "%s %s: %d", id, sku, tk)
+			}
+		}
+		for k, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, whole2*int64(k+1), l.Sold, "%s after retries", sku)
+		}
+	})
+}
+
+// --- User limits -----------------------------------------------------------------------------
+
+// TestAttack27UserLimitCartsAndSingles: with WithUserLimit(3), carts and single deducts and
+// holds of one buyer on a split item, concurrently: the buyer never has more than 3 units.
+func TestAttack27UserLimitCartsAndSingles(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4), stock.WithUserLimit(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		require.NoError(t, e.r.Load(ctx, "ul-a", 100))
+		require.NoError(t, e.r.Load(ctx, "plain-ul", 100))
+		var wg sync.WaitGroup
+		for i := range 24 {
+			wg.Go(func() {
+				id := fmt.Sprintf("ul-%d", i)
+				switch i % 3 {
+				case 0:
+					_, _ = e.r.DeductMany(ctx, stock.Cart{ID: id, User: "greedy", Lines: []stock.Line{{SKU: "ul-a", Qty: 2}, {SKU: "plain-ul", Qty: 1}}})
+				case 1:
+					_, _ = e.r.Deduct(ctx, stock.Request{SKU: "ul-a", ID: id, User: "greedy", Qty: 1})
+				default:
+					_, _ = e.r.HoldMany(ctx, stock.Cart{ID: id, User: "greedy", Lines: []stock.Line{{SKU: "ul-a", Qty: 1}}}, time.Hour)
+				}
+			})
+		}
+		wg.Wait()
+		l := a26Levels(t, e.r, "ul-a")
+		assert.LessOrEqual(t, l.Held+l.Sold, int64(3), "%+v", l)
+		assert.Equal(t, int64(3), l.Held+l.Sold, "the buyer reached its limit: %+v", l)
+		// The limit error in a cart is a CartError wrapping ErrUserLimit.
+		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "ul-last", User: "greedy", Lines: []stock.Line{{SKU: "ul-a", Qty: 1}}})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		var ce *stock.CartError
+		assert.ErrorAs(t, err, &ce)
+	})
+}
+
+// --- Sell-out under concurrent carts ---------------------------------------------------------
+
+// TestAttack27SellOutCarts: N goroutines send carts (two split lines and a plain one) over S
+// units: exactly the carts the stock allows succeed, and at the end nothing is stranded.
+func TestAttack27SellOutCarts(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		const s = 30 // units of so-a; so-b and the plain one have more
+		require.NoError(t, e.r.Load(ctx, "so-a", s))
+		require.NoError(t, e.r.Load(ctx, "so:b~x", 3*s))
+		require.NoError(t, e.r.Load(ctx, "plain-so", 3*s))
+		var ok, out atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 24 {
+			wg.Go(func() {
+				for k := 0; ; k++ {
+					_, err := e.r.DeductMany(ctx, stock.Cart{ID: fmt.Sprintf("so-%d-%d", g, k), User: fmt.Sprintf("sb-%d-%d", g, k), Lines: []stock.Line{
+						{SKU: "so-a", Qty: 1}, {SKU: "so:b~x", Qty: 2}, {SKU: "plain-so", Qty: 1},
+					}})
+					switch {
+					case err == nil:
+						ok.Add(1)
+					case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrInsufficient):
+						out.Add(1)
+						return
+					default:
+						t.Errorf("%v", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		assert.Equal(t, int64(s), ok.Load(), "every unit of so-a sold in a cart")
+		la := a26Levels(t, e.r, "so-a")
+		assert.Equal(t, int64(0), la.Available, "stranded: %+v", la)
+		assert.Equal(t, int64(s), la.Sold)
+		lb := a26Levels(t, e.r, "so:b~x")
+		assert.Equal(t, int64(2*s), lb.Sold, "%+v", lb)
+		lp := a26Levels(t, e.r, "plain-so")
+		assert.Equal(t, int64(s), lp.Sold, "%+v", lp)
+	})
+}
