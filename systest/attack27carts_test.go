@@ -297,11 +297,30 @@ func TestAttack27CartIDReusedAsRequestID(t *testing.T) {
 			// a refused cart, then a single request under its id
 			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o3", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-none", Qty: 1}}})))
 			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "u", Qty: 1})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "w", Qty: 1})))
+			add(a27Outcome(e.r.Hold(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "u", Qty: 1}, time.Minute)))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o3", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-none", Qty: 1}}})))
+			// a cart refused after x's line was taken (zzz-none, split, sorts after x), then
+			// single requests and copies under its id
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o4", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o4", User: "u", Qty: 1})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o4", User: "w", Qty: 1})))
+			add(a27Outcome(e.r.Restore(ctx, x, x+":o4")))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o4", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			// no buyer: routed by the cart id
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o5", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o5", Qty: 1})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o5", User: "u", Qty: 1})))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o6", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o6", Qty: 2})))
+			add(a27Outcome(e.r.Restore(ctx, x, x+":o6")))
+			add(a27Outcome(e.r.Restore(ctx, x, x+":o6")))
 			l := a26Levels(t, e.r, x)
 			add(fmt.Sprintf("levels %d/%d/%d", l.Available, l.Held, l.Sold))
 			return out
 		}
 		require.NoError(t, e.r.Load(ctx, "plain-none", 0))
+		require.NoError(t, e.r.Load(ctx, "zzz-none", 0))
 		plain := run("plain-ri")
 		split := run("ri-split")
 		assert.Equal(t, plain, split)
@@ -560,5 +579,91 @@ func TestAttack27SellOutCarts(t *testing.T) {
 		assert.Equal(t, int64(2*s), lb.Sold, "%+v", lb)
 		lp := a26Levels(t, e.r, "plain-so")
 		assert.Equal(t, int64(s), lp.Sold, "%+v", lp)
+	})
+}
+
+// TestAttack27RecoverRacesSagas: cart recovery with no age bound (olderThan 0) runs in a loop
+// while buyers send carts with split lines (several copies of some cart ids): recovery may undo
+// a cart in progress, but every cart id then has one outcome that every copy answered, the
+// ledger agrees with it (every line taken or none), and the stock adds up.
+func TestAttack27RecoverRacesSagas(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		skus := []string{"rr-a", "rr:b~", "plain-rr"}
+		for _, sku := range skus {
+			require.NoError(t, e.r.Load(ctx, sku, 1000))
+		}
+		lines := []stock.Line{{SKU: "rr-a", Qty: 1}, {SKU: "rr:b~", Qty: 2}, {SKU: "plain-rr", Qty: 3}}
+		stop := make(chan struct{})
+		var recovering sync.WaitGroup
+		var undid atomic.Int64
+		for range 3 {
+			recovering.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					n, err := stockops.RecoverCarts(ctx, e.r, 0)
+					assert.NoError(t, err)
+					undid.Add(int64(n))
+				}
+			})
+		}
+		const carts, copies = 120, 3
+		outcomes := make([][copies]string, carts)
+		var wg sync.WaitGroup
+		for i := range carts {
+			for k := range copies {
+				wg.Go(func() {
+					_, err := e.r.DeductMany(ctx, stock.Cart{ID: fmt.Sprintf("rr-%d", i), User: fmt.Sprintf("rru-%d", i), Lines: lines})
+					switch {
+					case err == nil:
+						outcomes[i][k] = "taken"
+					case errors.Is(err, stock.ErrRestored):
+						outcomes[i][k] = "undone"
+					default:
+						outcomes[i][k] = err.Error()
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(stop)
+		recovering.Wait()
+		t.Logf("recovery undid %d carts", undid.Load())
+		_, err := stockops.RecoverCarts(ctx, e.r, 0)
+		require.NoError(t, err)
+		var whole int64
+		for i := range carts {
+			id := fmt.Sprintf("rr-%d", i)
+			o := outcomes[i]
+			for k := 1; k < copies; k++ {
+				assert.Equal(t, o[0], o[k], "%s: copies answered %v", id, o)
+			}
+			taken := []int64{a27Taken(t, e.r, "rr-a", id), a27Taken(t, e.r, "rr:b~", id), a27Taken(t, e.r, "plain-rr", id)}
+			switch o[0] {
+			case "taken":
+				whole++
+				assert.Equal(t, []int64{1, 2, 3}, taken, "%s answered taken", id)
+			case "undone":
+				assert.Equal(t, []int64{0, 0, 0}, taken, "%s answered undone", id)
+			default:
+				t.Errorf("%s: %v", id, o)
+			}
+			// A late copy agrees and changes nothing.
+			_, err := e.r.DeductMany(ctx, stock.Cart{ID: id, User: fmt.Sprintf("rru-%d", i), Lines: lines})
+			if o[0] == "taken" {
+				assert.NoError(t, err, id)
+			} else {
+				assert.ErrorIs(t, err, stock.ErrRestored, id)
+			}
+		}
+		for k, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, whole*int64(k+1), l.Sold, sku)
+		}
+		t.Logf("%d of %d carts taken", whole, carts)
 	})
 }
