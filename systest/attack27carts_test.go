@@ -14,19 +14,26 @@ package systest_test
 // on the shared real standalone server and 3-master cluster (a26Each).
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -666,4 +673,210 @@ func TestAttack27RecoverRacesSagas(t *testing.T) {
 		}
 		t.Logf("%d of %d carts taken", whole, carts)
 	})
+}
+
+// --- A process killed mid-saga ---------------------------------------------------------------
+
+const (
+	a27EnvChild  = "A27_CART_CHILD"
+	a27EnvAddrs  = "A27_CART_ADDRS"
+	a27EnvSingle = "A27_CART_SINGLE"
+	a27EnvTag    = "A27_CART_TAG"
+)
+
+// a27KillLines are the lines of every cart of TestAttack27CartKilledProcess.
+var a27KillLines = []stock.Line{{SKU: "kill-a", Qty: 1}, {SKU: "kill:b~", Qty: 2}, {SKU: "plain-kill", Qty: 1}}
+
+// TestAttack27CartChildProcess is the buyer process of TestAttack27CartKilledProcess: it sends
+// carts until it is killed, and prints each answer it got ("ok ID" or "no ID ERR").
+func TestAttack27CartChildProcess(t *testing.T) {
+	if os.Getenv(a27EnvChild) != "1" {
+		t.Skip("the child process of TestAttack27CartKilledProcess")
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: strings.Split(os.Getenv(a27EnvAddrs), ","),
+		ForceSingleClient: os.Getenv(a27EnvSingle) == "1", DisableCache: true})
+	require.NoError(t, err)
+	r, err := stock.New(c, a26Split(3))
+	require.NoError(t, err)
+	tag := os.Getenv(a27EnvTag)
+	fmt.Println("ready")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				id := fmt.Sprintf("%s-%d-%d", tag, g, i)
+				_, err := r.DeductMany(context.Background(), stock.Cart{ID: id, User: fmt.Sprintf("ku-%d", i%5), Lines: a27KillLines})
+				mu.Lock()
+				if err == nil {
+					fmt.Println("ok", id)
+				} else {
+					fmt.Println("no", id, strings.ReplaceAll(err.Error(), "\n", " "))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestAttack27CartKilledProcess: a buyer process sending carts with split lines is killed with
+// SIGKILL at random moments, several times; then cart recovery runs. Every cart the processes
+// started is taken whole or not at all, every cart a process was told was taken is taken, every
+// cart it was told was refused took nothing, the levels add up, and a retry of each cart
+// agrees with the ledger and takes nothing more. Real servers only (the child needs an address).
+func TestAttack27CartKilledProcess(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		if !b.Real() || b.Sentinel() != nil {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			c := b.Client(t)
+			r := newReserver(t, c, a26Split(3))
+			// A new deployment: record the primaries before any item is loaded, so that the
+			// failover guard of Run does not fence.
+			fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
+			require.NoError(t, err)
+			require.False(t, fenced)
+			store := memstore.New()
+			loads := map[string]int64{"kill-a": 1500, "kill:b~": 4000, "plain-kill": 3000}
+			for sku, q := range loads {
+				require.NoError(t, store.Load(ctx, sku, q))
+				require.NoError(t, r.Load(ctx, sku, q))
+			}
+			acked := map[string]string{}
+			const kills = 6
+			for k := range kills {
+				tag := fmt.Sprintf("kc%d", k)
+				cmd := exec.Command(os.Args[0], "-test.run=^TestAttack27CartChildProcess$", "-test.count=1", "-test.v")
+				single := "0"
+				if b.Name == "standalone" {
+					single = "1"
+				}
+				cmd.Env = append(os.Environ(), a27EnvChild+"=1", a27EnvAddrs+"="+strings.Join(b.Addrs(), ","), a27EnvSingle+"="+single, a27EnvTag+"="+tag)
+				out, err := cmd.StdoutPipe()
+				require.NoError(t, err)
+				require.NoError(t, cmd.Start())
+				lines := make(chan string, 1<<16)
+				go func() {
+					sc := bufio.NewScanner(out)
+					for sc.Scan() {
+						lines <- sc.Text()
+					}
+					close(lines)
+				}()
+				for l := range lines {
+					if l == "ready" {
+						break
+					}
+				}
+				time.Sleep(time.Duration(50+rand.IntN(400)) * time.Millisecond)
+				require.NoError(t, cmd.Process.Kill())
+				_ = cmd.Wait()
+				for l := range lines {
+					f := strings.Fields(l)
+					if len(f) >= 2 && (f[0] == "ok" || f[0] == "no") {
+						acked[f[1]] = l
+					}
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+			n, err := stockops.RecoverCarts(ctx, r, 0)
+			require.NoError(t, err)
+			// Every cart id of the children, from the ledgers and the answers.
+			taken := map[string][3]int64{}
+			skus := []string{"kill-a", "kill:b~", "plain-kill"}
+			for k, sku := range skus {
+				for e, err := range stockops.Entries(ctx, r, sku) {
+					require.NoError(t, err)
+					if e.Taken() && e.Kind != stock.KindRestock {
+						v := taken[e.ID]
+						v[k] += e.Qty
+						taken[e.ID] = v
+					}
+				}
+			}
+			var whole int64
+			for id, v := range taken {
+				if v == [3]int64{1, 2, 1} {
+					whole++
+				} else if v != [3]int64{} {
+					t.Errorf("cart %s half taken: %v", id, v)
+				}
+			}
+			var oks, nos int
+			reasons := map[string]int{}
+			for id, l := range acked {
+				if strings.HasPrefix(l, "ok ") {
+					oks++
+					assert.Equal(t, [3]int64{1, 2, 1}, taken[id], "acknowledged cart %s", id)
+				} else {
+					nos++
+					reasons[strings.Join(strings.Fields(l)[2:], " ")]++
+					assert.Equal(t, [3]int64{}, taken[id], "refused cart %s: %s", id, l)
+				}
+			}
+			for k, sku := range skus {
+				l := a26Levels(t, r, sku)
+				assert.Equal(t, whole*a27KillLines[k].Qty, l.Sold, "%s: %+v", sku, l)
+			}
+			t.Logf("%d kills, %d carts answered ok, %d refused, %d taken whole, %d undone by recovery; refusals %v", kills, oks, nos, whole, n, reasons)
+			// Retries of every cart: a taken one replays, an undone one takes nothing.
+			for id := range acked {
+				user := "ku-" + id[strings.LastIndex(id, "-")+1:]
+				i, _ := strconv.Atoi(user[3:])
+				user = fmt.Sprintf("ku-%d", i%5)
+				_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: a27KillLines})
+				if taken[id] == [3]int64{1, 2, 1} {
+					assert.NoError(t, err, id)
+				} else {
+					assert.Error(t, err, id)
+				}
+			}
+			for k, sku := range skus {
+				l := a26Levels(t, r, sku)
+				assert.Equal(t, whole*a27KillLines[k].Qty, l.Sold, "%s after retries: %+v", sku, l)
+			}
+			// Run (its sweeper completes the transfers the kills cut) and its relay into the
+			// store; then new buyers sell the rest out: nothing stranded, the store equals Redis.
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				done <- r.Run(rctx, stock.RunOptions{Store: store, SweepInterval: 100 * time.Millisecond,
+					Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
+			}()
+			time.Sleep(6 * time.Second)
+			for i := 0; ; i++ {
+				_, err := r.DeductMany(ctx, stock.Cart{ID: fmt.Sprintf("after-%d", i), User: fmt.Sprintf("late-%d", i), Lines: a27KillLines})
+				if err != nil {
+					require.ErrorIs(t, err, stock.ErrSoldOut, "after %d late carts", i)
+					break
+				}
+			}
+			la := a26Levels(t, r, "kill-a")
+			assert.Equal(t, int64(0), la.Available, "kill-a stranded: %+v", la)
+			assert.Equal(t, int64(0), la.Held, "%+v", la)
+			require.Eventually(t, func() bool {
+				for _, sku := range skus {
+					p, d, err := stockops.Pending(ctx, r, sku)
+					if err != nil || p != 0 || d != 0 {
+						return false
+					}
+				}
+				return true
+			}, 30*time.Second, 50*time.Millisecond)
+			cancel()
+			if err := <-done; err != nil {
+				require.ErrorIs(t, err, context.Canceled)
+			}
+			for _, sku := range skus {
+				l := a26Levels(t, r, sku)
+				rem, err := store.Remaining(ctx, sku)
+				require.NoError(t, err)
+				assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
+			}
+			assert.LessOrEqual(t, store.MaxApplications(), 1)
+		})
+	}
 }
