@@ -322,15 +322,44 @@ func TestAttack27CartIDReusedAsRequestID(t *testing.T) {
 			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o6", Qty: 2})))
 			add(a27Outcome(e.r.Restore(ctx, x, x+":o6")))
 			add(a27Outcome(e.r.Restore(ctx, x, x+":o6")))
+			// the cart id was first another buyer's single request (same quantity): the cart is
+			// refused and its undo leaves the other buyer's entry alone
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o7", User: "w", Qty: 1})))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o7", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+			if en, err := e.r.Ledger(ctx, x, x+":o7"); assert.NoError(t, err) {
+				add(fmt.Sprintf("o7 entry %s %s %s %d", en.User, en.Kind, en.State, en.Qty))
+			}
+			add(fmt.Sprint(a27Taken(t, e.r, x, x+":o7"), a27Taken(t, e.r, "plain-other", x+":o7")))
+			// the same buyer's single request (same quantity), then a cart under its id that
+			// another line refuses
+			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o8", User: "u", Qty: 1})))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o8", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			add(fmt.Sprint(a27Taken(t, e.r, x, x+":o8")))
+			// a give-back before the cart: Restore and Cancel of an id never used, then the cart
+			add(a27Outcome(e.r.Restore(ctx, x, x+":o9")))
+			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o9", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+			add(a27Outcome(e.r.Cancel(ctx, x, x+":o10")))
+			add(a27CartOutcome(e.r.HoldMany(ctx, stock.Cart{ID: x + ":o10", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}}, time.Minute)))
+			add(fmt.Sprint(a27Taken(t, e.r, x, x+":o9"), a27Taken(t, e.r, "plain-other", x+":o9"), a27Taken(t, e.r, x, x+":o10"), a27Taken(t, e.r, "plain-other", x+":o10")))
+			// odd cart ids
+			for _, id := range []string{x + ":{o11}|1", x + "|0", "~" + x + ":o12~", x + ":o13 ü"} {
+				add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+				add(a27Outcome(e.r.Restore(ctx, x, id)))
+				add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+			}
 			l := a26Levels(t, e.r, x)
 			add(fmt.Sprintf("levels %d/%d/%d", l.Available, l.Held, l.Sold))
 			return out
 		}
 		require.NoError(t, e.r.Load(ctx, "plain-none", 0))
 		require.NoError(t, e.r.Load(ctx, "zzz-none", 0))
+		require.NoError(t, e.r.Load(ctx, "plain-other", 100))
 		plain := run("plain-ri")
 		split := run("ri-split")
 		assert.Equal(t, plain, split)
+		po := a26Levels(t, e.r, "plain-other")
+		t.Logf("plain: %q", plain)
+		assert.Equal(t, int64(100), po.Available+po.Held+po.Sold)
 	})
 }
 
