@@ -960,3 +960,62 @@ func TestAttack27ConfirmManyOneLineGone(t *testing.T) {
 		}
 	})
 }
+
+// TestAttack27ConfirmManyRacesCancelMany: ConfirmMany and CancelMany of the same carts of holds
+// (split lines and a plain one) at once, while Levels is read in a loop: every cart ends
+// confirmed whole or given back whole, and every reading keeps loaded = available + held + sold.
+func TestAttack27ConfirmManyRacesCancelMany(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		skus := []string{"cc2-a", "cc2:b", "plain-cc2"}
+		for _, sku := range skus {
+			require.NoError(t, e.r.Load(ctx, sku, 300))
+		}
+		lines := []stock.Line{{SKU: "cc2-a", Qty: 1}, {SKU: "cc2:b", Qty: 2}, {SKU: "plain-cc2", Qty: 3}}
+		const n = 30
+		for i := range n {
+			_, err := e.r.HoldMany(ctx, stock.Cart{ID: fmt.Sprintf("cc2-%d", i), User: fmt.Sprintf("cu2-%d", i), Lines: lines}, time.Hour)
+			require.NoError(t, err)
+		}
+		stop := make(chan struct{})
+		wait := a26Watch(e.r, "cc2:b", 300, stop)
+		var wg sync.WaitGroup
+		for i := range n {
+			id := fmt.Sprintf("cc2-%d", i)
+			wg.Go(func() {
+				_, err := e.r.ConfirmMany(ctx, id, skus...)
+				if err != nil && !errors.Is(err, stock.ErrRestored) {
+					t.Errorf("confirm %s: %v", id, err)
+				}
+			})
+			wg.Go(func() {
+				_, err := e.r.CancelMany(ctx, id, skus...)
+				if err != nil && !errors.Is(err, stock.ErrConfirmed) {
+					t.Errorf("cancel %s: %v", id, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(stop)
+		reads, bad := wait()
+		assert.Empty(t, bad, "of %d readings", reads)
+		var confirmed int64
+		for i := range n {
+			id := fmt.Sprintf("cc2-%d", i)
+			taken := []int64{a27Taken(t, e.r, "cc2-a", id), a27Taken(t, e.r, "cc2:b", id), a27Taken(t, e.r, "plain-cc2", id)}
+			switch {
+			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
+				confirmed++
+			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0:
+			default:
+				t.Errorf("%s half confirmed: %v", id, taken)
+			}
+		}
+		for k, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, int64(0), l.Held, "%s: %+v", sku, l)
+			assert.Equal(t, confirmed*int64(k+1), l.Sold, "%s: %+v", sku, l)
+		}
+		t.Logf("%d of %d carts confirmed", confirmed, n)
+	})
+}
