@@ -480,7 +480,10 @@ func TestAttack27RecoverCutSagas(t *testing.T) {
 		rng := rand.New(rand.NewPCG(27, 1))
 		var wg sync.WaitGroup
 		for i := range n {
-			d := time.Duration(rng.IntN(4000)) * time.Microsecond
+			d := time.Duration(rng.IntN(25000)) * time.Microsecond
+			if !e.real {
+				d *= 6 // miniredis runs a saga in about 15 ms
+			}
 			wg.Go(func() {
 				cctx, cancel := context.WithTimeout(ctx, d)
 				defer cancel()
@@ -1017,5 +1020,103 @@ func TestAttack27ConfirmManyRacesCancelMany(t *testing.T) {
 			assert.Equal(t, confirmed*int64(k+1), l.Sold, "%s: %+v", sku, l)
 		}
 		t.Logf("%d of %d carts confirmed", confirmed, n)
+	})
+}
+
+// TestAttack27CartAfterDueHoldsElsewhere: one buyer's cart of holds takes nearly all of a split
+// item (stock moved from the other buckets); once they are due, another buyer's cart needs
+// them: its bucket releases the due holds of the other buckets and moves the stock, with no sweep.
+func TestAttack27CartAfterDueHoldsElsewhere(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		require.NoError(t, e.r.Load(ctx, "dh-a", 20))
+		require.NoError(t, e.r.Load(ctx, "plain-dh", 20))
+		_, err := e.r.HoldMany(ctx, stock.Cart{ID: "dh-1", User: "first", Lines: []stock.Line{{SKU: "dh-a", Qty: 19}, {SKU: "plain-dh", Qty: 1}}}, 300*time.Millisecond)
+		require.NoError(t, err)
+		e.advance(time.Second)
+		for i := range 4 { // buyers of several buckets
+			_, err = e.r.DeductMany(ctx, stock.Cart{ID: fmt.Sprintf("dh-next-%d", i), User: fmt.Sprintf("next-%d", i), Lines: []stock.Line{{SKU: "dh-a", Qty: 5}, {SKU: "plain-dh", Qty: 1}}})
+			require.NoError(t, err, "cart %d", i)
+		}
+		l := a26Levels(t, e.r, "dh-a")
+		assert.Equal(t, int64(20), l.Sold, "%+v", l)
+		_, err = e.r.ConfirmMany(ctx, "dh-1", "dh-a", "plain-dh")
+		assert.ErrorIs(t, err, stock.ErrExpired)
+	})
+}
+
+// TestAttack27RecoverCutHoldSagas: TestAttack27RecoverCutSagas with carts of holds: after cart
+// recovery every cart holds every line or none, and held units add up.
+func TestAttack27RecoverCutHoldSagas(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		skus := []string{"rh-a", "rh:b", "plain-rh"}
+		for _, sku := range skus {
+			require.NoError(t, e.r.Load(ctx, sku, 500))
+		}
+		lines := []stock.Line{{SKU: "rh-a", Qty: 1}, {SKU: "rh:b", Qty: 2}, {SKU: "plain-rh", Qty: 3}}
+		const n = 40
+		rng := rand.New(rand.NewPCG(27, 2))
+		var wg sync.WaitGroup
+		for i := range n {
+			d := time.Duration(rng.IntN(25000)) * time.Microsecond
+			if !e.real {
+				d *= 6 // miniredis runs a saga in about 15 ms
+			}
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, d)
+				defer cancel()
+				_, _ = e.r.HoldMany(cctx, stock.Cart{ID: fmt.Sprintf("rh-%d", i), User: fmt.Sprintf("rhu-%d", i%5), Lines: lines}, time.Hour)
+			})
+		}
+		wg.Wait()
+		time.Sleep(200 * time.Millisecond)
+		e.advance(3 * time.Second)
+		_, err := stockops.RecoverCarts(ctx, e.r, 2*time.Second)
+		require.NoError(t, err)
+		var whole int64
+		for i := range n {
+			id := fmt.Sprintf("rh-%d", i)
+			taken := []int64{a27Taken(t, e.r, "rh-a", id), a27Taken(t, e.r, "rh:b", id), a27Taken(t, e.r, "plain-rh", id)}
+			switch {
+			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
+				whole++
+			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0:
+			default:
+				t.Errorf("%s half held: %v", id, taken)
+			}
+		}
+		for k, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			assert.Equal(t, whole*int64(k+1), l.Held, "%s: %+v", sku, l)
+		}
+		t.Logf("%d of %d carts held whole", whole, n)
+	})
+}
+
+// TestAttack27CartClosedAndSummedLimit: a cart refused by a closed split item gives back the
+// lines before it; lines of one split item are summed before the user limit.
+func TestAttack27CartClosedAndSummedLimit(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3), stock.WithUserLimit(2)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		require.NoError(t, e.r.Load(ctx, "cl-a", 10))
+		require.NoError(t, e.r.Load(ctx, "cl-z", 10))
+		require.NoError(t, e.r.CloseItem(ctx, "cl-z"))
+		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "cl-1", User: "u", Lines: []stock.Line{{SKU: "cl-a", Qty: 2}, {SKU: "cl-z", Qty: 1}}})
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, "cl-z", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrClosed)
+		assert.Equal(t, int64(10), a26Levels(t, e.r, "cl-a").Available)
+		// The give-back freed the buyer's limit.
+		_, err = e.r.Deduct(ctx, stock.Request{SKU: "cl-a", ID: "cl-2", User: "u", Qty: 2})
+		require.NoError(t, err)
+		require.NoError(t, e.r.ReopenItem(ctx, "cl-z"))
+		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cl-3", User: "v", Lines: []stock.Line{{SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}}})
+		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		assert.Equal(t, int64(10), a26Levels(t, e.r, "cl-z").Available)
+		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cl-4", User: "v", Lines: []stock.Line{{SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}}})
+		require.NoError(t, err)
+		assert.Equal(t, int64(8), a26Levels(t, e.r, "cl-z").Available)
 	})
 }
