@@ -1120,3 +1120,77 @@ func TestAttack27CartClosedAndSummedLimit(t *testing.T) {
 		assert.Equal(t, int64(8), a26Levels(t, e.r, "cl-z").Available)
 	})
 }
+
+// TestAttack27MixedIntoStore: carts of deducts and holds with split lines, their confirms,
+// cancels and restores of single lines, and single requests on the split items, from several
+// goroutines while Run relays into a memstore: once drained, the Store equals Redis for every
+// item, no event was applied twice, and a reconcile pass finds no drift.
+func TestAttack27MixedIntoStore(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		store := memstore.New()
+		skus := []string{"mx-a", "mx:b~", "plain-mx"}
+		for _, sku := range skus {
+			require.NoError(t, store.Load(ctx, sku, 200))
+			require.NoError(t, e.r.Load(ctx, sku, 200))
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- e.r.Run(ctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
+		}()
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(g), 27))
+				for k := range 20 {
+					id := fmt.Sprintf("mx-%d-%d", g, k)
+					user := fmt.Sprintf("mxu-%d", rng.IntN(8))
+					lines := []stock.Line{{SKU: "mx-a", Qty: 1 + rng.Int64N(3)}, {SKU: "mx:b~", Qty: 1 + rng.Int64N(3)}, {SKU: "plain-mx", Qty: 1}}
+					switch rng.IntN(5) {
+					case 0:
+						_, _ = e.r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
+					case 1:
+						if _, err := e.r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}); err == nil {
+							_, _ = e.r.Restore(ctx, "mx:b~", id)
+						}
+					case 2:
+						if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}, time.Hour); err == nil {
+							_, _ = e.r.ConfirmMany(ctx, id, skus...)
+						}
+					case 3:
+						if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}, time.Hour); err == nil {
+							_, _ = e.r.CancelMany(ctx, id, skus...)
+						}
+					default:
+						if _, err := e.r.Deduct(ctx, stock.Request{SKU: "mx-a", ID: id, User: user, Qty: 2}); err == nil && rng.IntN(2) == 0 {
+							_, _ = e.r.Restore(ctx, "mx-a", id)
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.Eventually(t, func() bool {
+			for _, sku := range skus {
+				p, d, err := stockops.Pending(context.Background(), e.r, sku)
+				if err != nil || p != 0 || d != 0 {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 50*time.Millisecond)
+		cancel()
+		if err := <-done; err != nil {
+			require.ErrorIs(t, err, context.Canceled)
+		}
+		for _, sku := range skus {
+			l := a26Levels(t, e.r, sku)
+			rem, err := store.Remaining(context.Background(), sku)
+			require.NoError(t, err)
+			assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
+			a26Reconcile(t, e.r, store, sku)
+		}
+		assert.LessOrEqual(t, store.MaxApplications(), 1)
+	})
+}
