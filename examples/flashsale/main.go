@@ -85,6 +85,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -191,8 +192,16 @@ func main() {
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), exitSignals...)
-	rep, err := run(ctx, cfg, os.Stdout)
+	out := &errWriter{w: os.Stdout}
+	rep, err := run(ctx, cfg, out)
+	interrupted := ctx.Err() != nil // a signal came, maybe after the sale ended (a SIGPIPE of its report)
 	stop()
+	if err == nil && out.err != nil {
+		err = fmt.Errorf("writing the report: %w", out.err)
+	}
+	if err == nil && interrupted {
+		err = errors.New("interrupted")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "flashsale:", err)
 		os.Exit(2)
@@ -525,4 +534,24 @@ func globEscape(s string) string {
 		b.WriteRune(c)
 	}
 	return b.String()
+}
+
+// errWriter is stdout that keeps its first write error: a report that could not be written (the
+// reader went away) ends the run with status 2, as an interrupted sale does.
+type errWriter struct {
+	w   io.Writer
+	mu  sync.Mutex
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.mu.Lock()
+		if e.err == nil {
+			e.err = err
+		}
+		e.mu.Unlock()
+	}
+	return n, err
 }
