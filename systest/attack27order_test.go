@@ -1,0 +1,284 @@
+package systest_test
+
+// Attack 27 (order): the relay's order across the buckets of a split item. A give-back in one
+// bucket (a restock, a restore, a cancel, an expired hold) whose units a transfer moved to a
+// sibling and sold there must reach the Store before that sale: the Store (memstore, which
+// refuses a sale it is short for) then never refuses a sale Redis acknowledged. Tried with
+// small relay batches, several relays at once, a relay limited to the item, a relay restarted
+// half way, the queue path with a shuffled queue, and a bounded number of passes once activity
+// stops (barriers never block delivery forever).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
+)
+
+// a27oSales runs rounds of give-backs and sell-outs on sku (split over several buckets), so
+// that units given back in one bucket are moved by transfers and sold in others. It returns
+// the ids whose sale Redis acknowledged and that were not given back since (id → units).
+// between, when not nil, runs after each round (a relay pass, say).
+func a27oSales(t *testing.T, e *a26Env, sku string, seed uint64, rounds int, between func(round int)) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e37))
+	sold := map[string]int64{}
+	var n int
+	buy := func() {
+		// Buyers of random buckets until the item is sold out.
+		for range 200 {
+			n++
+			id := fmt.Sprintf("d%d", n)
+			q := int64(1 + rng.IntN(2))
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(50)), Qty: q})
+			if err == nil {
+				sold[id] = q
+				continue
+			}
+			if errors.Is(err, stock.ErrInsufficient) {
+				continue
+			}
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			return
+		}
+		t.Fatalf("never sold out")
+	}
+	buy()
+	for round := range rounds {
+		// Give-backs: restores of earlier sales, a restock, holds cancelled, holds left to expire.
+		ids := make([]string, 0, len(sold))
+		for id := range sold {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		for _, id := range ids[:min(len(ids), 1+rng.IntN(3))] {
+			_, err := e.r.Restore(ctx, sku, id)
+			require.NoError(t, err)
+			delete(sold, id)
+		}
+		_, err := e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))
+		require.NoError(t, err)
+		buy()
+		// Holds: taken from what a restock brings, half cancelled, half left to expire.
+		_, err = e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)
+		require.NoError(t, err)
+		for k := range 4 {
+			id := fmt.Sprintf("h%d-%d", round, k)
+			_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(50)), Qty: 1}, 2*time.Second)
+			if err != nil {
+				require.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "%v", err)
+				continue
+			}
+			if k%2 == 0 {
+				_, err = e.r.Cancel(ctx, sku, id)
+				require.NoError(t, err)
+			}
+		}
+		e.advance(3 * time.Second)
+		buy()
+		if between != nil {
+			between(round)
+		}
+	}
+	return sold
+}
+
+// a27oCheck checks that the Store applied every acknowledged sale (none refused, in the
+// ledger or in the store), and that it equals Redis.
+func a27oCheck(t *testing.T, e *a26Env, store *memstore.Store, sku string, sold map[string]int64) {
+	t.Helper()
+	ctx := context.Background()
+	ids := make([]string, 0, len(sold))
+	for id := range sold {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	recs, err := store.Records(ctx, sku, ids)
+	require.NoError(t, err)
+	var refused []string
+	for _, id := range ids {
+		ent, err := e.r.Ledger(ctx, sku, id)
+		require.NoError(t, err)
+		if ent.State == stock.StateRefused || recs[id].Status != stock.StateApplied {
+			refused = append(refused, fmt.Sprintf("%s(ledger %v, store %v)", id, ent.State, recs[id].Status))
+		}
+	}
+	assert.Empty(t, refused, "acknowledged sales the Store refused or did not apply")
+	l := a26Levels(t, e.r, sku)
+	rem, err := store.Remaining(ctx, sku)
+	require.NoError(t, err)
+	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
+	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
+}
+
+// a27oPending reports whether sku has nothing left to deliver.
+func a27oDrained(t *testing.T, e *a26Env, sku string) bool {
+	t.Helper()
+	p, d, err := stockops.Pending(context.Background(), e.r, sku)
+	require.NoError(t, err)
+	require.Zero(t, d, "dead letters")
+	return p == 0
+}
+
+// a27oDrain runs rl.Once until sku is drained and returns the number of passes; it fails after
+// limit passes (liveness: barriers never hold delivery back forever).
+func a27oDrain(t *testing.T, e *a26Env, sku string, limit int, rls ...*stockops.Relay) (passes, refused int) {
+	t.Helper()
+	for passes < limit {
+		if a27oDrained(t, e, sku) {
+			return passes, refused
+		}
+		passes++
+		var wg sync.WaitGroup
+		var ref atomic.Int64
+		for _, rl := range rls {
+			wg.Go(func() {
+				st, err := rl.Once(context.Background())
+				assert.NoError(t, err)
+				ref.Add(int64(st.Refused))
+			})
+		}
+		wg.Wait()
+		refused += int(ref.Load())
+	}
+	t.Fatalf("%s not drained after %d passes", sku, passes)
+	return
+}
+
+func a27oRelay(t *testing.T, e *a26Env, store stock.Store, o *stock.RelayOptions) *stockops.Relay {
+	t.Helper()
+	rl, err := stockops.NewRelay(e.r, store, nil, o)
+	require.NoError(t, err)
+	return rl
+}
+
+// TestA27oRelayOrderAcrossBuckets: give-backs in one bucket moved and sold in others; the
+// relay (several shapes) delivers everything after the activity; the Store refuses nothing,
+// and the item drains within a bounded number of passes.
+func TestA27oRelayOrderAcrossBuckets(t *testing.T) {
+	shapes := []struct {
+		name   string
+		relays int
+		opts   func(sku string) *stock.RelayOptions
+	}{
+		{"batch1", 1, func(string) *stock.RelayOptions { return &stock.RelayOptions{Batch: 1} }},
+		{"batch2", 1, func(string) *stock.RelayOptions { return &stock.RelayOptions{Batch: 2} }},
+		{"three-relays-batch2", 3, func(string) *stock.RelayOptions { return &stock.RelayOptions{Batch: 2} }},
+		{"items", 1, func(sku string) *stock.RelayOptions { return &stock.RelayOptions{Batch: 1, Items: []string{sku}} }},
+		{"default", 1, func(string) *stock.RelayOptions { return nil }},
+	}
+	for _, buckets := range []int{3, 5} {
+		for _, sh := range shapes {
+			t.Run(fmt.Sprintf("b%d-%s", buckets, sh.name), func(t *testing.T) {
+				a26Each(t, []stock.Option{a26Split(buckets)}, func(t *testing.T, e *a26Env) {
+					ctx := context.Background()
+					for seed := range uint64(3) {
+						sku := fmt.Sprintf("ord-%d-%s-%d", buckets, sh.name, seed)
+						store := memstore.New()
+						require.NoError(t, store.Load(ctx, sku, 6))
+						require.NoError(t, e.r.Load(ctx, sku, 6))
+						sold := a27oSales(t, e, sku, seed, 4, nil)
+						var rls []*stockops.Relay
+						for range sh.relays {
+							rls = append(rls, a27oRelay(t, e, store, sh.opts(sku)))
+						}
+						passes, refused := a27oDrain(t, e, sku, 400, rls...)
+						t.Logf("%s: %d passes, %d refused", sku, passes, refused)
+						assert.Zero(t, refused, "the relay counted refusals")
+						a27oCheck(t, e, store, sku, sold)
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestA27oRelayInterleaved: a relay pass (Batch 1) after every round of activity, and a new
+// relay (a restart) every other round; then drained.
+func TestA27oRelayInterleaved(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for seed := range uint64(3) {
+			sku := fmt.Sprintf("inter-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 5))
+			require.NoError(t, e.r.Load(ctx, sku, 5))
+			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
+			refused := 0
+			sold := a27oSales(t, e, sku, seed+10, 5, func(round int) {
+				if round%2 == 1 {
+					rl = a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
+				}
+				for range 1 + round {
+					st, err := rl.Once(ctx)
+					require.NoError(t, err)
+					refused += st.Refused
+				}
+			})
+			_, r2 := a27oDrain(t, e, sku, 400, rl)
+			assert.Zero(t, refused+r2, "the relay counted refusals")
+			a27oCheck(t, e, store, sku, sold)
+		}
+	})
+}
+
+// TestA27oQueueShuffled: the queue path. A relay with no Store publishes; the events are
+// consumed through Consume in a shuffled order, redelivered while held back: never refused.
+func TestA27oQueueShuffled(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for seed := range uint64(4) {
+			sku := fmt.Sprintf("q-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 6))
+			require.NoError(t, e.r.Load(ctx, sku, 6))
+			sold := a27oSales(t, e, sku, seed+20, 4, nil)
+			var mu sync.Mutex
+			var evs []stock.Event
+			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+				mu.Lock()
+				evs = append(evs, ev)
+				mu.Unlock()
+				return nil
+			})
+			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
+			require.NoError(t, err)
+			passes, _ := a27oDrain(t, e, sku, 400, rl)
+			queue := slices.Clone(evs)
+			rand.New(rand.NewPCG(seed, 3)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+			rounds := 0
+			held := 0
+			for len(queue) > 0 && rounds < 200 {
+				rounds++
+				var again []stock.Event
+				for _, ev := range queue {
+					err := stock.Consume(ctx, e.r, store, ev)
+					if errors.Is(err, stock.ErrHeldBack) {
+						held++
+						again = append(again, ev)
+						continue
+					}
+					require.NoError(t, err, "%+v", ev)
+				}
+				queue = again
+			}
+			require.Empty(t, queue, "events held back for ever")
+			t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
+			a27oCheck(t, e, store, sku, sold)
+		}
+	})
+}
