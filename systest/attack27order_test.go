@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -280,5 +281,299 @@ func TestA27oQueueShuffled(t *testing.T) {
 			t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
 			a27oCheck(t, e, store, sku, sold)
 		}
+	})
+}
+
+// a27oDrainAdv is a27oDrain that lets time pass between passes (backoffs), and tolerates
+// dead letters when dead is true.
+func a27oDrainAdv(t *testing.T, e *a26Env, sku string, limit int, dead bool, rl *stockops.Relay) (passes, refused int) {
+	t.Helper()
+	for passes < limit {
+		p, d, err := stockops.Pending(context.Background(), e.r, sku)
+		require.NoError(t, err)
+		if !dead {
+			require.Zero(t, d, "dead letters")
+		}
+		if p == 0 {
+			return passes, refused
+		}
+		passes++
+		st, err := rl.Once(context.Background())
+		if err != nil && !errors.Is(err, stock.ErrInvalid) {
+			require.NoError(t, err)
+		}
+		refused += st.Refused
+		e.advance(30 * time.Millisecond)
+	}
+	t.Fatalf("%s not drained after %d passes", sku, passes)
+	return
+}
+
+// TestA27oDonorRetryable: the Store fails the give-backs (restocks, restores) with a temporary
+// error for a while. The sales that spend their units in other buckets must wait (not be
+// refused), and go on once the Store is back.
+func TestA27oDonorRetryable(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for seed := range uint64(3) {
+			sku := fmt.Sprintf("retry-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 6))
+			require.NoError(t, e.r.Load(ctx, sku, 6))
+			var down atomic.Bool
+			down.Store(true)
+			var failed atomic.Int64
+			store.FailWith(func(ev stock.Event) error {
+				if down.Load() && (ev.Type == stock.EventRestocked || ev.Type == stock.EventRestored) {
+					failed.Add(1)
+					return memstore.ErrDown
+				}
+				return nil
+			})
+			sold := a27oSales(t, e, sku, seed+30, 3, nil)
+			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 2, MinBackoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+			refused := 0
+			for range 20 {
+				st, err := rl.Once(ctx)
+				if err != nil {
+					require.ErrorIs(t, err, memstore.ErrDown)
+				}
+				refused += st.Refused
+				e.advance(30 * time.Millisecond)
+			}
+			require.Positive(t, failed.Load(), "the store failed some give-backs")
+			assert.Zero(t, refused, "a sale refused while a give-back was failing")
+			down.Store(false)
+			passes, r2 := a27oDrainAdv(t, e, sku, 400, false, rl)
+			t.Logf("%s: %d give-backs failed, drained in %d passes after", sku, failed.Load(), passes)
+			assert.Zero(t, r2, "the relay counted refusals")
+			a27oCheck(t, e, store, sku, sold)
+		}
+	})
+}
+
+// TestA27oDonorInvalid: the Store rejects every restock as invalid (ErrInvalid): it is
+// dead-lettered, for an operator (documented). The relay must not be blocked by it: every
+// other event is delivered within a bounded number of passes, and the dead letter is
+// reported by Pending.
+func TestA27oDonorInvalid(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		sku := "invalid"
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, sku, 6))
+		require.NoError(t, e.r.Load(ctx, sku, 6))
+		store.FailWith(func(ev stock.Event) error {
+			if ev.Type == stock.EventRestocked {
+				return fmt.Errorf("bad restock: %w", stock.ErrInvalid)
+			}
+			return nil
+		})
+		sold := a27oSales(t, e, sku, 40, 3, nil)
+		rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 2, MinBackoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+		passes, refused := a27oDrainAdv(t, e, sku, 400, true, rl)
+		_, d, err := stockops.Pending(ctx, e.r, sku)
+		require.NoError(t, err)
+		assert.Positive(t, d, "the rejected restocks are dead letters")
+		nref := 0
+		for id := range sold {
+			ent, err := e.r.Ledger(ctx, sku, id)
+			require.NoError(t, err)
+			if ent.State == stock.StateRefused {
+				nref++
+			}
+		}
+		t.Logf("%d passes, %d dead letters, %d sales refused by the relay (%d in the ledger)", passes, d, refused, nref)
+	})
+}
+
+// TestA27oCutTransfers: buyers whose context ends at random moments (some inside a
+// rebalance, cutting a transfer half way); then the sweeper completes the cut transfers and
+// the relay delivers everything: no acknowledged sale (by Redis's ledger) refused.
+func TestA27oCutTransfers(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		sku := "cut"
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, sku, 8))
+		require.NoError(t, e.r.Load(ctx, sku, 8))
+		rng := rand.New(rand.NewPCG(5, 5))
+		var ids []string
+		n := 0
+		for round := range 30 {
+			_, err := e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))
+			require.NoError(t, err)
+			for range 6 {
+				n++
+				id := fmt.Sprintf("c%d", n)
+				ids = append(ids, id)
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(rng.IntN(400))*time.Microsecond)
+				_, _ = e.r.Deduct(cctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(40)), Qty: 1})
+				cancel()
+			}
+			if round%5 == 4 {
+				// Restores of a few sold ids: give-backs in their buckets.
+				for _, id := range ids[len(ids)-3:] {
+					_, err := e.r.Restore(ctx, sku, id)
+					if !errors.Is(err, stock.ErrUnknownID) { // a deduct cut before it ran
+						require.NoError(t, err)
+					}
+				}
+			}
+		}
+		// Cut transfers complete once 5 s old.
+		inFlight := 0
+		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		for _, k := range a27oKeysOf(t, e7, sku) {
+			if strings.HasSuffix(k, ":xf") {
+				n, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
+				require.NoError(t, err)
+				inFlight += int(n)
+			}
+		}
+		t.Logf("transfers in flight before the sweep: %d", inFlight)
+		e.advance(6 * time.Second)
+		_, err := stockops.Sweep(ctx, e.r, sku)
+		require.NoError(t, err)
+		// Sell out whatever is left, through every bucket.
+		for k := range 60 {
+			id := fmt.Sprintf("z%d", k)
+			ids = append(ids, id)
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", k), Qty: 1})
+			if errors.Is(err, stock.ErrSoldOut) {
+				break
+			}
+		}
+		sold := map[string]int64{}
+		for _, id := range ids {
+			ent, err := e.r.Ledger(ctx, sku, id)
+			if errors.Is(err, stock.ErrUnknownID) {
+				continue
+			}
+			require.NoError(t, err)
+			if ent.Taken() {
+				sold[id] = ent.Qty
+			}
+		}
+		rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1})
+		passes, refused := a27oDrain(t, e, sku, 400, rl)
+		t.Logf("%d sold, drained in %d passes", len(sold), passes)
+		assert.Zero(t, refused, "the relay counted refusals")
+		a27oCheck(t, e, store, sku, sold)
+		a26Reconcile(t, e.r, store, sku)
+	})
+}
+
+// TestA27oRetireAfterTransfers: after many transfers (and barriers), the item drains, is
+// delisted and retired: no key of it is left, barriers included.
+func TestA27oRetireAfterTransfers(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		sku := "retire-ord"
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, sku, 6))
+		require.NoError(t, e.r.Load(ctx, sku, 6))
+		sold := a27oSales(t, e, sku, 60, 4, nil)
+		rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 2})
+		_, refused := a27oDrain(t, e, sku, 400, rl)
+		assert.Zero(t, refused)
+		a27oCheck(t, e, store, sku, sold)
+		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		a27Retire(t, e7, store, sku)
+		// What is left: each bucket's item hash, with only its retired mark and delist time (as
+		// TestA27RetireLeavesNoKeys pins); no barrier, transfer or claim key.
+		left := a27oKeysOf(t, e7, sku)
+		assert.Len(t, left, 4, "%v", left)
+		for _, k := range left {
+			require.True(t, strings.HasSuffix(k, "}"), "key left behind: %s", k)
+			m, err := e.c.Do(ctx, e.c.B().Hgetall().Key(k).Build()).AsStrMap()
+			require.NoError(t, err)
+			assert.Len(t, m, 2, "%s: %v", k, m)
+			assert.Equal(t, "1", m["x"], "%s: %v", k, m)
+		}
+		_, err := e.r.Levels(ctx, sku)
+		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+	})
+}
+
+// a27oKeysOf lists the item's keys (its buckets' included, "{sku|..."), not other items'.
+func a27oKeysOf(t *testing.T, e *a27Env, sku string) []string {
+	t.Helper()
+	var mine []string
+	for _, k := range a27Keys(t, e, sku) {
+		if strings.Contains(k, "{"+sku+"}") || strings.Contains(k, "{"+sku+"|") {
+			mine = append(mine, k)
+		}
+	}
+	return mine
+}
+
+// TestA27oCutAtEachCall: a buyer's process whose n-th Redis call is cut (never sent), for n in
+// turn, while its buyers need stock a restock and a restore gave back in other buckets: some
+// cuts leave a transfer half way. The sweeper completes them; the item is sold out; the relay
+// then delivers everything with no acknowledged sale (by Redis's ledger) refused.
+func TestA27oCutAtEachCall(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		cuts, inFlightTotal := 0, 0
+		for n := 1; n <= 40; n++ {
+			sku := fmt.Sprintf("cutcall-%d", n)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 4))
+			require.NoError(t, e.r.Load(ctx, sku, 4))
+			var ids []string
+			buy := func(r *stock.Reserver, prefix string, k int) {
+				for i := range k {
+					id := fmt.Sprintf("%s%d", prefix, i)
+					ids = append(ids, id)
+					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: id, Qty: 1})
+					if r == e.r && errors.Is(err, stock.ErrSoldOut) {
+						return
+					}
+				}
+			}
+			buy(e.r, "a", 50)
+			_, err := e.r.Restock(ctx, sku, "rs", 3)
+			require.NoError(t, err)
+			_, err = e.r.Restore(ctx, sku, "a0")
+			require.NoError(t, err)
+			cc := &a27Cut{Client: e.c, n: n}
+			cr, err := stock.New(cc, a26Split(4))
+			require.NoError(t, err)
+			buy(cr, "x", 6)
+			if cut, _ := cc.state(); cut {
+				cuts++
+			}
+			for _, k := range a27oKeysOf(t, e7, sku) {
+				if strings.HasSuffix(k, ":xf") {
+					m, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
+					require.NoError(t, err)
+					inFlightTotal += int(m)
+				}
+			}
+			e.advance(6 * time.Second)
+			_, err = stockops.Sweep(ctx, e.r, sku)
+			require.NoError(t, err)
+			buy(e.r, "b", 50)
+			sold := map[string]int64{}
+			for _, id := range ids {
+				ent, err := e.r.Ledger(ctx, sku, id)
+				if errors.Is(err, stock.ErrUnknownID) {
+					continue
+				}
+				require.NoError(t, err)
+				if ent.Taken() {
+					sold[id] = ent.Qty
+				}
+			}
+			l := a26Levels(t, e.r, sku)
+			assert.Zero(t, l.Available, "cut %d: units stranded: %+v", n, l)
+			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1})
+			_, refused := a27oDrain(t, e, sku, 200, rl)
+			assert.Zero(t, refused, "cut %d: the relay counted refusals", n)
+			a27oCheck(t, e, store, sku, sold)
+		}
+		t.Logf("%d cuts, %d transfers left in flight by them", cuts, inFlightTotal)
 	})
 }
