@@ -34,6 +34,13 @@ import (
 // between, when not nil, runs after each round (a relay pass, say).
 func a27oSales(t *testing.T, e *a26Env, sku string, seed uint64, rounds int, between func(round int)) map[string]int64 {
 	t.Helper()
+	return a27oSalesQ(t, e, sku, seed, rounds, 2, between)
+}
+
+// a27oSalesQ is a27oSales with sales of 1 to maxQty units (a large one is often refused after
+// its bucket pulled units from its siblings: units then pass through a bucket with no event).
+func a27oSalesQ(t *testing.T, e *a26Env, sku string, seed uint64, rounds int, maxQty int, between func(round int)) map[string]int64 {
+	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e37))
 	sold := map[string]int64{}
@@ -43,7 +50,7 @@ func a27oSales(t *testing.T, e *a26Env, sku string, seed uint64, rounds int, bet
 		for range 200 {
 			n++
 			id := fmt.Sprintf("d%d", n)
-			q := int64(1 + rng.IntN(2))
+			q := int64(1 + rng.IntN(maxQty))
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(50)), Qty: q})
 			if err == nil {
 				sold[id] = q
@@ -575,5 +582,127 @@ func TestA27oCutAtEachCall(t *testing.T) {
 			a27oCheck(t, e, store, sku, sold)
 		}
 		t.Logf("%d cuts, %d transfers left in flight by them", cuts, inFlightTotal)
+	})
+}
+
+// TestA27oPassThrough: large sales, often refused after their bucket pulled units from its
+// siblings, so units pass on through buckets that write no event of their own; several relays
+// with Batch 1. No acknowledged sale refused.
+func TestA27oPassThrough(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(5)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for seed := range uint64(6) {
+			sku := fmt.Sprintf("pass-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 10))
+			require.NoError(t, e.r.Load(ctx, sku, 10))
+			sold := a27oSalesQ(t, e, sku, seed+70, 5, 6, nil)
+			rls := []*stockops.Relay{
+				a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1}),
+				a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1, Items: []string{sku}}),
+			}
+			passes, refused := a27oDrain(t, e, sku, 400, rls...)
+			t.Logf("%s: %d sales, %d passes", sku, len(sold), passes)
+			assert.Zero(t, refused, "the relay counted refusals")
+			a27oCheck(t, e, store, sku, sold)
+		}
+	})
+}
+
+// TestA27oRunConcurrent: Run relays into the store while buyers, restores, restocks and holds
+// run concurrently on several items; once activity stops, everything is delivered within a
+// bounded time and no acknowledged sale is refused.
+func TestA27oRunConcurrent(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		store := memstore.New()
+		skus := []string{"run-a", "run-b"}
+		for _, sku := range skus {
+			require.NoError(t, store.Load(ctx, sku, 5))
+			require.NoError(t, e.r.Load(ctx, sku, 5))
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- e.r.Run(ctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Batch: 2, Poll: 10 * time.Millisecond}})
+		}()
+		solds := make([]map[string]int64, len(skus))
+		var wg sync.WaitGroup
+		for i, sku := range skus {
+			wg.Go(func() { solds[i] = a27oSalesQ(t, e, sku, uint64(80+i), 6, 3, nil) })
+		}
+		wg.Wait()
+		start := time.Now()
+		require.Eventually(t, func() bool {
+			for _, sku := range skus {
+				p, d, err := stockops.Pending(context.Background(), e.r, sku)
+				if err != nil || p != 0 || d != 0 {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 20*time.Millisecond)
+		t.Logf("drained %v after activity stopped", time.Since(start))
+		cancel()
+		<-done
+		for i, sku := range skus {
+			a27oCheck(t, e, store, sku, solds[i])
+		}
+	})
+}
+
+// TestA27oQueueConcurrentConsumers: the queue path with the relay publishing while four
+// consumers apply a shuffled, duplicated queue concurrently; held-back events are redelivered.
+func TestA27oQueueConcurrentConsumers(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for seed := range uint64(3) {
+			sku := fmt.Sprintf("qc-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 8))
+			require.NoError(t, e.r.Load(ctx, sku, 8))
+			sold := a27oSalesQ(t, e, sku, seed+90, 4, 4, nil)
+			var mu sync.Mutex
+			var evs []stock.Event
+			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+				mu.Lock()
+				evs = append(evs, ev)
+				mu.Unlock()
+				return nil
+			})
+			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 1})
+			require.NoError(t, err)
+			a27oDrain(t, e, sku, 400, rl)
+			queue := append(slices.Clone(evs), evs...)
+			rand.New(rand.NewPCG(seed, 9)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+			for round := 0; len(queue) > 0; round++ {
+				require.Less(t, round, 200, "events held back for ever: %d", len(queue))
+				var qi atomic.Int64
+				var amu sync.Mutex
+				var again []stock.Event
+				var wg sync.WaitGroup
+				for range 4 {
+					wg.Go(func() {
+						for {
+							i := int(qi.Add(1)) - 1
+							if i >= len(queue) {
+								return
+							}
+							err := stock.Consume(ctx, e.r, store, queue[i])
+							if errors.Is(err, stock.ErrHeldBack) {
+								amu.Lock()
+								again = append(again, queue[i])
+								amu.Unlock()
+								continue
+							}
+							assert.NoError(t, err, "%+v", queue[i])
+						}
+					})
+				}
+				wg.Wait()
+				queue = again
+			}
+			a27oCheck(t, e, store, sku, sold)
+		}
 	})
 }
