@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -704,5 +705,137 @@ func TestA27oQueueConcurrentConsumers(t *testing.T) {
 			}
 			a27oCheck(t, e, store, sku, sold)
 		}
+	})
+}
+
+// a27oDie is a rueidis client of a process that dies right after its first script call that
+// touches a bucket's in-flight transfers set (xout: the first half of a transfer): every later
+// command fails as on a dead connection, never sent.
+type a27oDie struct {
+	rueidis.Client
+	mu   sync.Mutex
+	dead bool
+}
+
+func (c *a27oDie) check(cmds ...rueidis.Completed) (dead, dieAfter bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return true, false
+	}
+	for _, cmd := range cmds {
+		cs := cmd.Commands()
+		if len(cs) == 0 || !strings.HasPrefix(strings.ToUpper(cs[0]), "EVAL") {
+			continue
+		}
+		for _, a := range cs {
+			if strings.HasSuffix(a, ":xf") {
+				c.dead = true
+				return false, true
+			}
+		}
+	}
+	return false, false
+}
+
+func (c *a27oDie) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if dead, _ := c.check(cmd); dead {
+		return c.Client.Do(a27Dead(), cmd)
+	}
+	return c.Client.Do(ctx, cmd)
+}
+
+func (c *a27oDie) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if dead, _ := c.check(cmds...); dead {
+		return c.Client.DoMulti(a27Dead(), cmds...)
+	}
+	return c.Client.DoMulti(ctx, cmds...)
+}
+
+func (c *a27oDie) died() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dead
+}
+
+// TestA27oHalfTransferRecovered: a restore gives a unit back in one bucket; a buyer of another
+// bucket pulls it over and its process dies right after the transfer's first half. The sweeper
+// completes the transfer (5 s later); another buyer of that bucket buys the unit; the relay
+// must still deliver the restore before that sale (the recovered transfer keeps its barrier).
+func TestA27oHalfTransferRecovered(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		halves := 0
+		for v := range 24 {
+			sku := fmt.Sprintf("half-%d", v)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 4))
+			require.NoError(t, e.r.Load(ctx, sku, 4))
+			var ids []string
+			for i := range 50 {
+				id := fmt.Sprintf("a%d-%d", v, i)
+				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: id, Qty: 1})
+				if errors.Is(err, stock.ErrSoldOut) {
+					break
+				}
+				require.NoError(t, err)
+				ids = append(ids, id)
+			}
+			_, err := e.r.Restore(ctx, sku, ids[0])
+			require.NoError(t, err)
+			ids = ids[1:]
+			dc := &a27oDie{Client: e.c}
+			dr, err := stock.New(dc, a26Split(4))
+			require.NoError(t, err)
+			xid := fmt.Sprintf("x%d", v)
+			_, xerr := dr.Deduct(ctx, stock.Request{SKU: sku, ID: xid, User: xid, Qty: 1})
+			ids = append(ids, xid)
+			if !dc.died() {
+				require.NoError(t, xerr) // the buyer was in the restore's bucket: no transfer
+			} else {
+				inFlight := 0
+				for _, k := range a27oKeysOf(t, e7, sku) {
+					if strings.HasSuffix(k, ":xf") {
+						m, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
+						require.NoError(t, err)
+						inFlight += int(m)
+					}
+				}
+				// (a script of the dying call may touch the in-flight set without moving units)
+				halves += inFlight
+				e.advance(6 * time.Second)
+				_, err = stockops.Sweep(ctx, e.r, sku)
+				require.NoError(t, err)
+				// Buyers of every bucket, until the recovered unit is sold.
+				for i := range 50 {
+					id := fmt.Sprintf("b%d-%d", v, i)
+					_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: id, Qty: 1})
+					if errors.Is(err, stock.ErrSoldOut) {
+						break
+					}
+					require.NoError(t, err)
+					ids = append(ids, id)
+				}
+			}
+			sold := map[string]int64{}
+			for _, id := range ids {
+				ent, err := e.r.Ledger(ctx, sku, id)
+				if errors.Is(err, stock.ErrUnknownID) {
+					continue
+				}
+				require.NoError(t, err)
+				if ent.Taken() {
+					sold[id] = ent.Qty
+				}
+			}
+			assert.Zero(t, a26Levels(t, e.r, sku).Available, "v%d: units stranded", v)
+			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1})
+			_, refused := a27oDrain(t, e, sku, 200, rl)
+			assert.Zero(t, refused, "v%d: the relay counted refusals", v)
+			a27oCheck(t, e, store, sku, sold)
+		}
+		t.Logf("%d transfers cut after their first half", halves)
+		require.Positive(t, halves)
 	})
 }
