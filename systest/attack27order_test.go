@@ -839,3 +839,112 @@ func TestA27oHalfTransferRecovered(t *testing.T) {
 		require.Positive(t, halves)
 	})
 }
+
+// a27oDyingStore is a Store whose relay dies on its k-th Apply: the call's context is
+// cancelled (the relay's Run stops) and the event is not applied.
+type a27oDyingStore struct {
+	*memstore.Store
+	n      atomic.Int64
+	k      int64
+	cancel context.CancelFunc
+}
+
+func (s *a27oDyingStore) Apply(ctx context.Context, ev stock.Event) error {
+	if s.n.Add(1) == s.k {
+		s.cancel()
+		return context.Canceled
+	}
+	return s.Store.Apply(ctx, ev)
+}
+
+// TestA27oRelayDiesMidway: a relay (Run) dies on its k-th Store call, for k in turn, leaving
+// its lease; a new relay takes over after the lease: everything is delivered, nothing refused.
+func TestA27oRelayDiesMidway(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for k := int64(1); k <= 12; k++ {
+			sku := fmt.Sprintf("dies-%d", k)
+			mem := memstore.New()
+			require.NoError(t, mem.Load(ctx, sku, 6))
+			require.NoError(t, e.r.Load(ctx, sku, 6))
+			sold := a27oSales(t, e, sku, uint64(100+k), 3, nil)
+			rctx, cancel := context.WithCancel(ctx)
+			ds := &a27oDyingStore{Store: mem, k: k, cancel: cancel}
+			rl, err := stockops.NewRelay(e.r, ds, nil, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond, Items: []string{sku}})
+			require.NoError(t, err)
+			for rctx.Err() == nil {
+				if a27oDrained(t, e, sku) {
+					break
+				}
+				_, _ = rl.Once(rctx)
+			}
+			cancel()
+			e.advance(300 * time.Millisecond)
+			rl2 := a27oRelay(t, e, mem, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond})
+			passes := 0
+			for ; passes < 200 && !a27oDrained(t, e, sku); passes++ {
+				st, err := rl2.Once(ctx)
+				require.NoError(t, err)
+				assert.Zero(t, st.Refused, "k=%d: the relay counted refusals", k)
+				e.advance(50 * time.Millisecond)
+			}
+			require.True(t, a27oDrained(t, e, sku), "k=%d: not drained", k)
+			a27oCheck(t, e, mem, sku, sold)
+		}
+	})
+}
+
+// TestA27oQueueDonorDown: the queue path where the Store is down for the give-backs for a
+// while: Consume answers them with a temporary error; the sales that spend their units in
+// other buckets are held back (never refused) and go through once the Store is back.
+func TestA27oQueueDonorDown(t *testing.T) {
+	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		for seed := range uint64(3) {
+			sku := fmt.Sprintf("qdown-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 6))
+			require.NoError(t, e.r.Load(ctx, sku, 6))
+			sold := a27oSales(t, e, sku, seed+110, 3, nil)
+			var mu sync.Mutex
+			var evs []stock.Event
+			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+				mu.Lock()
+				evs = append(evs, ev)
+				mu.Unlock()
+				return nil
+			})
+			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
+			require.NoError(t, err)
+			a27oDrain(t, e, sku, 400, rl)
+			var down atomic.Bool
+			down.Store(true)
+			store.FailWith(func(ev stock.Event) error {
+				if down.Load() && (ev.Type == stock.EventRestocked || ev.Type == stock.EventRestored) {
+					return memstore.ErrDown
+				}
+				return nil
+			})
+			queue := slices.Clone(evs)
+			rand.New(rand.NewPCG(seed, 11)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+			for round := 0; len(queue) > 0; round++ {
+				require.Less(t, round, 200, "events never applied: %d", len(queue))
+				if round == 5 {
+					down.Store(false)
+				}
+				var again []stock.Event
+				for _, ev := range queue {
+					err := stock.Consume(ctx, e.r, store, ev)
+					if err != nil {
+						if !errors.Is(err, stock.ErrHeldBack) {
+							require.ErrorIs(t, err, memstore.ErrDown, "%+v", ev)
+						}
+						again = append(again, ev)
+					}
+				}
+				queue = again
+			}
+			a27oCheck(t, e, store, sku, sold)
+		}
+	})
+}
