@@ -948,3 +948,155 @@ func TestA27oQueueDonorDown(t *testing.T) {
 		}
 	})
 }
+
+// a27oBucketOf returns the bucket id's claim names (from the claims hashes of sku's buckets).
+func a27oBucketOf(t *testing.T, e *a26Env, sku, id string) int {
+	t.Helper()
+	ctx := context.Background()
+	e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+	for _, k := range a27oKeysOf(t, e7, sku) {
+		if !strings.HasSuffix(k, ":i") {
+			continue
+		}
+		v, err := e.c.Do(ctx, e.c.B().Hget().Key(k).Field(id).Build()).ToString()
+		if rueidis.IsRedisNil(err) {
+			continue
+		}
+		require.NoError(t, err)
+		var b int
+		_, err = fmt.Sscanf(v, "%d", &b)
+		require.NoError(t, err, "claim %q", v)
+		return b
+	}
+	t.Fatalf("no claim for %s", id)
+	return -1
+}
+
+// TestA27oQueueManyBarriersInDonor: the queue path (a relay with no Store) with no consumer
+// running. Bucket 0 receives 70 transfers from bucket 1 (70 barriers), then gives units to
+// bucket 1, whose buyer buys them. The README says that with no Store "delivered means left
+// the outbox: handed to the Publisher", so the relay must publish every event within a bounded
+// number of passes without waiting for a consumer to apply anything.
+func TestA27oQueueManyBarriersInDonor(t *testing.T) {
+	for _, transfers := range []int{60, 70} {
+		t.Run(fmt.Sprint(transfers), func(t *testing.T) { a27oManyBarriers(t, transfers) })
+	}
+}
+
+func a27oManyBarriers(t *testing.T, transfers int) {
+	a26Each(t, []stock.Option{a26Split(2)}, func(t *testing.T, e *a26Env) {
+		ctx := context.Background()
+		sku := fmt.Sprintf("many-%d", transfers)
+		require.NoError(t, e.r.Load(ctx, sku, 400))
+		// Buyers of each bucket.
+		var users [2]string
+		for i := 0; users[0] == "" || users[1] == ""; i++ {
+			require.Less(t, i, 50)
+			u := fmt.Sprintf("p%d", i)
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: u, User: u, Qty: 1})
+			require.NoError(t, err)
+			if b := a27oBucketOf(t, e, sku, u); users[b] == "" {
+				users[b] = u
+			}
+		}
+		n := 0
+		buy := func(b int, q int64) (stock.Receipt, error) {
+			n++
+			return e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("%s-%d", users[b], n), User: users[b], Qty: q})
+		}
+		// Bucket 1's stock, sold one unit at a time (to be given back one at a time).
+		var ones []string
+		for {
+			rc, err := buy(1, 1)
+			if err != nil {
+				t.Fatalf("%v", err)
+			}
+			ones = append(ones, rc.ID)
+			if rc.Remaining == 0 {
+				break
+			}
+		}
+		// Bucket 0 empty too.
+		rc, err := buy(0, 1)
+		require.NoError(t, err)
+		if rc.Remaining > 0 {
+			_, err = buy(0, rc.Remaining)
+			require.NoError(t, err)
+		}
+		require.Zero(t, a26Levels(t, e.r, sku).Available)
+		require.Greater(t, len(ones), transfers)
+		// transfers 1 → 0: a unit given back in bucket 1, bought by bucket 0's buyer.
+		var zeros []string
+		for i := range transfers {
+			_, err := e.r.Restore(ctx, sku, ones[i])
+			require.NoError(t, err)
+			rc, err := buy(0, 1)
+			require.NoError(t, err, "transfer %d", i)
+			zeros = append(zeros, rc.ID)
+		}
+		// Then bucket 0 gives units back, and bucket 1's buyer takes them (a transfer 0 → 1).
+		for _, id := range zeros[:3] {
+			_, err := e.r.Restore(ctx, sku, id)
+			require.NoError(t, err)
+		}
+		_, err = buy(1, 3)
+		require.NoError(t, err)
+		require.Zero(t, a26Levels(t, e.r, sku).Available)
+		var mu sync.Mutex
+		var evs []stock.Event
+		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+			mu.Lock()
+			evs = append(evs, ev)
+			mu.Unlock()
+			return nil
+		})
+		rl, err := stockops.NewRelay(e.r, nil, pub, nil)
+		require.NoError(t, err)
+		passes := 0
+		for ; passes < 50 && !a27oDrained(t, e, sku); passes++ {
+			_, err := rl.Once(ctx)
+			require.NoError(t, err)
+			e.advance(200 * time.Millisecond)
+		}
+		p, _, err := stockops.Pending(ctx, e.r, sku)
+		require.NoError(t, err)
+		t.Logf("%d published in %d passes, %d pending", len(evs), passes, p)
+		assert.Zero(t, p, "events never handed to the Publisher while no consumer runs")
+		// Consumers then apply what was published (and the relay goes on): everything is
+		// applied in the end, nothing refused.
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, sku, 400))
+		taken := 0
+		var queue []stock.Event
+		for round := 0; ; round++ {
+			require.Less(t, round, 100, "never drained")
+			mu.Lock()
+			queue = append(queue, evs[taken:]...)
+			taken = len(evs)
+			mu.Unlock()
+			var again []stock.Event
+			for _, ev := range queue {
+				err := stock.Consume(ctx, e.r, store, ev)
+				if errors.Is(err, stock.ErrHeldBack) {
+					again = append(again, ev)
+					continue
+				}
+				require.NoError(t, err)
+			}
+			queue = again
+			_, err := rl.Once(ctx)
+			require.NoError(t, err)
+			mu.Lock()
+			fresh := len(evs) - taken
+			mu.Unlock()
+			if len(queue) == 0 && fresh == 0 && a27oDrained(t, e, sku) {
+				t.Logf("drained with consumers after %d rounds", round+1)
+				break
+			}
+		}
+		l := a26Levels(t, e.r, sku)
+		rem, err := store.Remaining(ctx, sku)
+		require.NoError(t, err)
+		assert.Equal(t, l.Available+l.Held, rem, "store vs Redis (%+v)", l)
+	})
+}
