@@ -401,30 +401,41 @@ func (r *Reserver) barrierCut(ctx context.Context, sku string, last int64, appli
 	}
 	k := r.item(sku)
 	c := r.client
-	vs, err := c.Do(ctx, c.B().Zrange().Key(k.Barriers).Min("-inf").Max("("+strconv.FormatInt(last, 10)).Byscore().Limit(0, maxBarriers).Withscores().Build()).AsZScores()
-	if err != nil {
-		return 0, fmt.Errorf("stock: %s: transfer barriers: %w", sku, err)
-	}
-	seen := map[string]barrierState{}
-	for _, z := range vs {
-		bs, err := r.barrierMet(ctx, parent, b, z.Member, applied, seen, 0)
-		if err != nil {
-			return 0, err
+	// Page by page: barriers met but not settled (on the queue path, until consumers apply the
+	// donor's events) stay, and may be many; the settled ones are removed after the walk, so
+	// that the pages do not shift under it.
+	var settled []string
+	defer func() {
+		if len(settled) > 0 {
+			_ = c.Do(ctx, c.B().Zrem().Key(k.Barriers).Member(settled...).Build()).Error() // a later look removes what is left
 		}
-		if bs.settled {
-			if err := c.Do(ctx, c.B().Zrem().Key(k.Barriers).Member(z.Member).Build()).Error(); err != nil {
-				return 0, fmt.Errorf("stock: %s: removing a settled transfer barrier: %w", sku, err)
+	}()
+	seen := map[string]barrierState{}
+	for page := int64(0); ; page++ {
+		vs, err := c.Do(ctx, c.B().Zrange().Key(k.Barriers).Min("-inf").Max("("+strconv.FormatInt(last, 10)).Byscore().Limit(page*maxBarriers, maxBarriers).Withscores().Build()).AsZScores()
+		if err != nil {
+			return 0, fmt.Errorf("stock: %s: transfer barriers: %w", sku, err)
+		}
+		for _, z := range vs {
+			bs, err := r.barrierMet(ctx, parent, b, z.Member, applied, seen, 0)
+			if err != nil {
+				return 0, err
+			}
+			if bs.settled {
+				settled = append(settled, z.Member)
+			}
+			if !bs.met {
+				return int64(z.Score), nil
 			}
 		}
-		if !bs.met {
-			return int64(z.Score), nil
+		if len(vs) < maxBarriers {
+			return last, nil
+		}
+		if page+1 >= maxBarrierDepth {
+			// More barriers than a look reads: the events up to the last one read are clear.
+			return int64(vs[len(vs)-1].Score), nil
 		}
 	}
-	if len(vs) == maxBarriers {
-		// More barriers than read: the events up to the last one read are clear of them.
-		return int64(vs[len(vs)-1].Score), nil
-	}
-	return last, nil
 }
 
 // barrierState is what a check found of a barrier: met (for the mode of the check: the events
@@ -463,27 +474,39 @@ func (r *Reserver) barrierMet(ctx context.Context, parent string, b int, member 
 	if !bs.met {
 		return barrierState{}, nil
 	}
-	vs, err := c.Do(ctx, c.B().Zrange().Key(dk.Barriers).Min("-inf").Max(seq).Byscore().Limit(0, maxBarriers).Build()).AsStrSlice()
-	if err != nil {
-		return barrierState{}, fmt.Errorf("stock: %s: transfer barriers of bucket %d: %w", parent, bar.Donor, err)
-	}
-	for _, m := range vs {
-		sub, err := r.barrierMet(ctx, parent, bar.Donor, m, applied, seen, depth+1)
+	// The donor's own barriers up to seq, page by page (a donor whose barriers are met but not
+	// settled, as on the queue path until consumers apply its events, may have many); the
+	// settled ones are removed after the walk, so that the pages do not shift under it.
+	var settled []string
+	defer func() {
+		if len(settled) > 0 {
+			_ = c.Do(ctx, c.B().Zrem().Key(dk.Barriers).Member(settled...).Build()).Error() // a later look removes what is left
+		}
+	}()
+	for page := int64(0); ; page++ {
+		if page >= maxBarrierDepth {
+			return barrierState{}, nil // checked again later, once fewer are left
+		}
+		vs, err := c.Do(ctx, c.B().Zrange().Key(dk.Barriers).Min("-inf").Max(seq).Byscore().Limit(page*maxBarriers, maxBarriers).Build()).AsStrSlice()
 		if err != nil {
-			return barrierState{}, err
+			return barrierState{}, fmt.Errorf("stock: %s: transfer barriers of bucket %d: %w", parent, bar.Donor, err)
 		}
-		if sub.settled {
-			if err := c.Do(ctx, c.B().Zrem().Key(dk.Barriers).Member(m).Build()).Error(); err != nil {
-				return barrierState{}, fmt.Errorf("stock: %s: removing a settled transfer barrier: %w", parent, err)
+		for _, m := range vs {
+			sub, err := r.barrierMet(ctx, parent, bar.Donor, m, applied, seen, depth+1)
+			if err != nil {
+				return barrierState{}, err
 			}
+			if sub.settled {
+				settled = append(settled, m)
+			}
+			if !sub.met {
+				return barrierState{}, nil
+			}
+			bs.settled = bs.settled && sub.settled
 		}
-		if !sub.met {
-			return barrierState{}, nil
+		if len(vs) < maxBarriers {
+			break
 		}
-		bs.settled = bs.settled && sub.settled
-	}
-	if len(vs) == maxBarriers {
-		return barrierState{}, nil // more to check: the next look goes on from where this one stopped
 	}
 	seen[key] = bs
 	return bs, nil
