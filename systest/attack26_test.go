@@ -60,7 +60,8 @@ func a26Split(n int) stock.Option {
 
 // a26Each runs f on a stocktest miniredis and on the real backends (standalone and cluster)
 // when STOCK_REDIS_SERVER is set.
-func a26Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
+// a26Mini runs f on miniredis (stocktest), whose clock the test moves on.
+func a26Mini(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
 		env := stocktest.New(t, opts...)
@@ -73,6 +74,11 @@ func a26Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env))
 			},
 		})
 	})
+}
+
+func a26Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
+	t.Helper()
+	a26Mini(t, opts, f)
 	for _, b := range redistest.Backends(t) {
 		if !b.Real() {
 			continue

@@ -27,60 +27,12 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/stocktest"
 )
 
-type a27Env struct {
-	name    string
-	real    bool
-	c       rueidis.Client
-	r       *stock.Reserver
-	advance func(d time.Duration)
-	// another makes a second Reserver on the same data (another process).
-	another func(opts ...stock.Option) *stock.Reserver
-}
+// The attack runs on attack26's rig: the same backends, split option and environment.
+type a27Env = a26Env
 
-// a27Split splits every item whose name does not start with "plain" into n buckets.
-func a27Split(n int) stock.Option {
-	return stock.WithBuckets(func(sku string) int {
-		if strings.HasPrefix(sku, "plain") {
-			return 1
-		}
-		return n
-	})
-}
-
-func a27Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a27Env)) {
-	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		env := stocktest.New(t, opts...)
-		f(t, &a27Env{
-			name: "miniredis", c: env.Client, r: env.Reserver, advance: env.Advance,
-			another: func(o ...stock.Option) *stock.Reserver {
-				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
-				require.NoError(t, err)
-				return r
-			},
-		})
-	})
-	for _, b := range redistest.Backends(t) {
-		if !b.Real() {
-			continue
-		}
-		t.Run(b.Name, func(t *testing.T) {
-			c := b.Client(t)
-			r0, err := stock.New(c)
-			require.NoError(t, err)
-			fenced, err := stockops.NewFailoverGuard(r0).Check(context.Background())
-			require.NoError(t, err)
-			require.False(t, fenced)
-			f(t, &a27Env{
-				name: b.Name, real: true, c: c, r: newReserver(t, c, opts...), advance: time.Sleep,
-				another: func(o ...stock.Option) *stock.Reserver { return newReserver(t, c, o...) },
-			})
-		})
-	}
-}
+var a27Split, a27Each = a26Split, a26Each
 
 // a27Sku makes a unique item name per test and backend.
 var a27N atomic.Int64

@@ -29,7 +29,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/stocktest"
 )
 
 // a27oSales runs rounds of give-backs and sell-outs on sku (split over several buckets), so
@@ -1112,17 +1111,7 @@ func a27oManyBarriers(t *testing.T, transfers int) {
 func a27oEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
 	t.Helper()
 	if os.Getenv("STOCK_TEST_LONG") == "" {
-		t.Run("miniredis", func(t *testing.T) {
-			env := stocktest.New(t, opts...)
-			f(t, &a26Env{
-				name: "miniredis", c: env.Client, r: env.Reserver, advance: env.Advance,
-				another: func(o ...stock.Option) *stock.Reserver {
-					r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
-					require.NoError(t, err)
-					return r
-				},
-			})
-		})
+		a26Mini(t, opts, f)
 		if redistest.ServerBinary(t) != "" {
 			t.Log("real servers: set STOCK_TEST_LONG=1 to run this attack on them too (minutes)")
 		}
