@@ -21,6 +21,7 @@ import (
 func eachBucketBackend(t *testing.T, f func(t *testing.T, r *Reserver)) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			r, err := New(b.Client(t))
 			require.NoError(t, err)
 			f(t, r)
@@ -251,7 +252,10 @@ func bucketedReserver(t *testing.T, c rueidis.Client, n int, opts ...Option) *Re
 
 func eachBucketClient(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) { f(t, b.Client(t)) })
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b.Client(t))
+		})
 	}
 }
 

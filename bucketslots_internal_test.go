@@ -22,6 +22,7 @@ func TestBucketKeysSpreadOverSlots(t *testing.T) {
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			for _, n := range []int{2, 3, 5} {

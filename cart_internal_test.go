@@ -16,6 +16,7 @@ import (
 func TestCartSagaCrash(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r, err := New(b.Client(t))
 			require.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 func TestCoalescedBatchEqualsOneByOne(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r, err := New(b.Client(t), WithUserLimit(4), WithCoalescing(0))
 			require.NoError(t, err)

@@ -44,6 +44,7 @@ func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver
 func TestFastPathTombstoneOwnWrite(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r := soldOutReserver(t, b.Client(t), "T")
 			tries, wrong := 1000, 0
@@ -78,6 +79,7 @@ func TestFastPathTombstoneOwnWrite(t *testing.T) {
 func TestFastPathReplayOwnWrite(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r := soldOutReserver(t, b.Client(t), "R")
 			tries, wrong := 1000, 0
@@ -376,6 +378,7 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 func TestFastPathConcurrentRepeats(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r := newReserver(t, b.Client(t))
 			const units, workers = 3, 16

@@ -47,6 +47,7 @@ func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
 func TestSoldOutFastPath(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c, c2 := b.Pair(t)
 			var local atomic.Int64
@@ -164,6 +165,7 @@ func takeSoon(t *testing.T, r *stock.Reserver, sku, id string) string {
 func TestSoldOutWindow(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c, c2 := b.Pair(t)
 			r := newReserver(t, c, stock.WithSoldOutCache(time.Minute))
@@ -210,6 +212,7 @@ func TestSoldOutWindow(t *testing.T) {
 func TestSoldOutRace(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c, c2 := b.Pair(t)
 			r := newReserver(t, c)
@@ -300,6 +303,7 @@ func TestSoldOutRace(t *testing.T) {
 func TestSoldOutFilterBuild(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c, c2 := b.Pair(t)
 			r := newReserver(t, c)
@@ -426,6 +430,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 	split := stock.WithBuckets(func(string) int { return n })
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c, c2 := b.Pair(t)
 			r := newReserver(t, c, split, stock.WithSoldOutCache(time.Minute))

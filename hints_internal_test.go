@@ -120,6 +120,7 @@ func idleCalls(t *testing.T, b redistest.Backend, n int, d time.Duration) (all, 
 func TestRunIdleCostFollowsWork(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			a20, s20 := idleCalls(t, b, 20, time.Second)
 			a2k, s2k := idleCalls(t, b, 2000, time.Second)
 			t.Logf("idle 1s: 20 items: %d commands, %d scripts; 2,000 items: %d commands, %d scripts", a20, s20, a2k, s2k)
@@ -135,6 +136,7 @@ func TestRunIdleCostFollowsWork(t *testing.T) {
 func TestRunDeliversByHint(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			cc := &countingClient{Client: b.Client(t)}
 			r, err := New(cc)
@@ -166,6 +168,7 @@ func TestRunDeliversByHint(t *testing.T) {
 func TestRunFindsLostHints(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r, err := New(c)
@@ -206,6 +209,7 @@ func TestRunFindsLostHints(t *testing.T) {
 func TestRunSweepsByHint(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			cc := &countingClient{Client: b.Client(t)}
 			r, err := New(cc)

@@ -26,6 +26,7 @@ func (s fixedStore) Records(context.Context, string, []string) (map[string]Recor
 func TestReconcileTakesBackItsOwnLease(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r, err := New(c)

@@ -97,6 +97,7 @@ func attrs(s sdktrace.ReadOnlySpan) map[string]string {
 func TestSpans(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			e := newTraceEnv(t, b.Client(t))
 			ctx, r := e.ctx, e.r
 			bg := context.Background() // Load records no span: its commands are left out of the trace

@@ -29,7 +29,10 @@ func a18Backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
 			continue
 		}
 		b.DisableCache = true
-		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b)
+		})
 	}
 }
 

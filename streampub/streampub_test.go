@@ -28,6 +28,7 @@ func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 func backends(t *testing.T, f func(t *testing.T, newClient func(t testing.TB) rueidis.Client)) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			if !b.Real() {
 				f(t, func(t testing.TB) rueidis.Client {
 					m := miniredis.RunT(t)

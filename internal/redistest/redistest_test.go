@@ -72,6 +72,7 @@ func TestBackends(t *testing.T) {
 
 	for _, b := range bs {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			eq(t, b.Real(), b.Name != "miniredis", "Real()")
 			eq(t, len(b.Addrs()), map[string]int{"miniredis": 0, "standalone": 1, "cluster": 3, "sentinel": 3}[b.Name], "len(Addrs())")
 
@@ -153,6 +154,7 @@ func TestMiniredis(t *testing.T) {
 }
 
 func TestServerKillRestart(t *testing.T) {
+	t.Parallel() // private servers
 	requireServer(t)
 	s := StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 	addr, dir := s.Addr(), s.Dir()
@@ -208,6 +210,7 @@ func TestServerStartFailureShowsLog(t *testing.T) {
 }
 
 func TestStartCluster(t *testing.T) {
+	t.Parallel() // private servers
 	requireServer(t)
 	cl := StartCluster(t, 3)
 	eq(t, len(cl.Addrs()), 3, "len(Addrs())")

@@ -58,6 +58,7 @@ func retryWrite(t *testing.T, c rueidis.Client, key, value string, within time.D
 // sentinels agree on another primary, that the client follows it and reads what was written
 // (replicated before the switch), and that the old primary rejoins as a replica.
 func TestSentinelFailover(t *testing.T) {
+	t.Parallel() // private servers
 	requireSentinel(t)
 	d := StartSentinel(t, SentinelConfig{Replicas: 2})
 	eq(t, len(d.Addrs()), 3, "sentinels")
@@ -107,6 +108,7 @@ func TestSentinelFailover(t *testing.T) {
 // old primary still writes there, and after the partition heals the old primary rejoins as a
 // replica and loses what it took meanwhile.
 func TestSentinelPartition(t *testing.T) {
+	t.Parallel() // private servers
 	requireSentinel(t)
 	d := StartSentinel(t, SentinelConfig{Replicas: 1, ProxyPrimary: true})
 	old := d.Servers()[0]
