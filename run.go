@@ -56,17 +56,21 @@ type RunOptions struct {
 // reconciler and a failover guard (with a Store), a sweeper of due holds, and the recovery of
 // carts a crash left half done. One goroutine serves a whole service:
 //
-//	go r.Run(ctx, stock.RunOptions{Store: store})
+//	go func() {
+//		if err := r.Run(ctx, stock.RunOptions{Store: store}); err != nil && ctx.Err() == nil {
+//			log.Printf("stock: background work stopped: %v", err) // options out of range
+//		}
+//	}()
 //
-// Errors of a pass are logged through WithLogger and the next pass retries. When ctx ends,
-// Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain), and returns
-// the first error a loop met, or ctx's error when none did. It returns at the latest Drain
-// after ctx ended (WithTimeout's bound when Drain is negative), even when a Store or Publisher
-// call ignores its context: such a call goes on in the background after Run returned, and
-// the error says so. Options that are out of range are
-// an ErrInvalid error at once. Run may be called once per Reserver at a time; the Reserver's
-// other methods stay usable meanwhile, and more relays and reconcilers, in this process or
-// others, may run beside it.
+// Options that are out of range are an ErrInvalid error at once, and nothing runs: read
+// Run's error, or check the options first with RunOptions.Validate. Errors of a pass are
+// logged through WithLogger and the next pass retries. When ctx ends, Run stops the loops,
+// lets the relay deliver what is due (see RunOptions.Drain), and returns the first error a
+// loop met, or ctx's error when none did. It returns at the latest Drain after ctx ended
+// (WithTimeout's bound when Drain is negative), even when a Store or Publisher call ignores
+// its context: such a call goes on in the background after Run returned, and the error says
+// so. Run may be called once per Reserver at a time; the Reserver's other methods stay usable
+// meanwhile, and more relays and reconcilers, in this process or others, may run beside it.
 func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	every := func(d, def time.Duration) time.Duration {
 		if d == 0 {
@@ -78,18 +82,9 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	guardEvery := every(opts.GuardInterval, time.Second)
 	cartAge := every(opts.RecoverCartsAfter, 5*time.Minute)
 	drain := every(opts.Drain, 5*time.Second)
-	var rl *relay
-	var rc *reconciler
-	var err error
-	if opts.Store != nil || opts.Publisher != nil {
-		if rl, err = r.newRelay(opts.Store, opts.Publisher, opts.Relay); err != nil {
-			return err
-		}
-	}
-	if opts.Store != nil {
-		if rc, err = r.newReconciler(opts.Store, opts.Reconcile); err != nil {
-			return err
-		}
+	rl, rc, err := r.runParts(opts)
+	if err != nil {
+		return err
 	}
 
 	var mu sync.Mutex
@@ -231,6 +226,44 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		return errors.Join(first, stuck)
 	}
 	return errors.Join(ctx.Err(), stuck)
+}
+
+// Validate returns the error Run would return at once for o, before it starts anything: an
+// error wrapping ErrInvalid when Relay or Reconcile holds a value out of range or an invalid
+// item name, or nil. It makes the same checks as Run (Relay's with a Store or a Publisher,
+// Reconcile's with a Store) and needs no Reserver, so a service can check its options where it
+// can still refuse to start. A Run started in a goroutine whose error nobody reads would
+// otherwise run nothing and say nothing:
+//
+//	opts := stock.RunOptions{Store: store}
+//	if err := opts.Validate(); err != nil {
+//		return err // the service does not start
+//	}
+//	go func() {
+//		if err := r.Run(ctx, opts); err != nil && ctx.Err() == nil {
+//			log.Printf("stock: background work stopped: %v", err)
+//		}
+//	}()
+func (o RunOptions) Validate() error {
+	var r Reserver // the checks read no setting of a Reserver
+	_, _, err := r.runParts(o)
+	return err
+}
+
+// runParts makes the relay (with a Store or a Publisher) and the reconciler (with a Store) that
+// Run runs for opts; nil for a part opts does not ask for.
+func (r *Reserver) runParts(opts RunOptions) (rl *relay, rc *reconciler, err error) {
+	if opts.Store != nil || opts.Publisher != nil {
+		if rl, err = r.newRelay(opts.Store, opts.Publisher, opts.Relay); err != nil {
+			return nil, nil, err
+		}
+	}
+	if opts.Store != nil {
+		if rc, err = r.newReconciler(opts.Store, opts.Reconcile); err != nil {
+			return nil, nil, err
+		}
+	}
+	return rl, rc, nil
 }
 
 // isRedisErr reports whether err wraps an error reply of Redis.
