@@ -77,6 +77,9 @@ type Event struct {
 //   - Other event types are accepted and ignored.
 //   - Remaining never goes below zero.
 //
+// A Store keeps one Record per (sku, id), whose Status is StateApplied, StateRestored or
+// StateRefused: no other State (see Record).
+//
 // An error wrapping ErrInvalid says the event can never be applied: the relay moves it to the
 // item's dead-letter set and reports it (stockops.RelayStats.DeadLettered, stockops.Report.DeadLetters). Any
 // other error is taken as temporary: the event, and the item's later events, are retried with
@@ -96,9 +99,10 @@ type Record struct {
 	SKU, ID, User string
 	Type          EventType // the event that created the record
 	Qty           int64
-	// Status is StateApplied (the decrement, or restock, was applied), StateRestored (given
-	// back, or a tombstone of a restore seen first) or StateRefused (the store could not
-	// cover the deduct).
+	// Status is one of three States: StateApplied (the decrement, or restock, was applied),
+	// StateRestored (given back, or a tombstone of a restore seen first) or StateRefused (the
+	// store could not cover the deduct). A Store records no other State; the other four
+	// (held, reserved, cancelled, expired) are states of Redis's ledger entries only.
 	Status State
 	At     time.Time // when the record was created, by the database's clock
 }

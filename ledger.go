@@ -21,10 +21,17 @@ const (
 	KindTombstone Kind = "tombstone" // a Restore or Cancel of an id that had taken nothing
 )
 
-// State is where a ledger entry is in its life.
+// State is where a ledger entry is in its life (Entry.State), and what a Store recorded of an id
+// (Record.Status).
+//
+// A Redis ledger entry takes any of the seven states. A Store uses three of them only:
+// StateApplied, StateRestored and StateRefused (see Record.Status); held, reserved, cancelled
+// and expired are Redis's alone (a hold reaches the Store only once confirmed, and a Store
+// records nothing for a cancelled or expired hold).
 type State string
 
-// States of ledger entries.
+// States of ledger entries; the three a Store records are StateApplied, StateRestored and
+// StateRefused.
 const (
 	StateHeld      State = "held"      // a live hold
 	StateReserved  State = "reserved"  // taken in Redis, not yet applied in the Store

@@ -14,8 +14,9 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// ReconcileOptions configures a reconciler (Reserver.Run's, or stockops.NewReconciler's). A zero field takes its default; nil options take
-// every default.
+// ReconcileOptions configures a reconciler (Reserver.Run's, or stockops.NewReconciler's). A zero
+// field takes its default; nil options take every default. It lives in this package, not in
+// stockops, because RunOptions.Reconcile carries it.
 type ReconcileOptions struct {
 	// Items limits the reconciler to these items. The default is the registry (and the
 	// Store's items the registry lost, when the Store is an ItemLister).

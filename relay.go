@@ -15,8 +15,9 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// RelayOptions configures a relay (Reserver.Run's, or stockops.NewRelay's). A zero field takes its default; nil options take every
-// default.
+// RelayOptions configures a relay (Reserver.Run's, or stockops.NewRelay's). A zero field takes
+// its default; nil options take every default. It lives in this package, not in stockops,
+// because RunOptions.Relay carries it.
 type RelayOptions struct {
 	// Items limits the relay to these items. The default is every item in the Reserver's
 	// registry (see stockops.Items), read again on every pass.

@@ -7,6 +7,11 @@
 // guard, the sweeper and cart recovery with documented defaults in one goroutine. This
 // package is for tools (the stockctl CLI), tests, and deployments that run the pieces in
 // separate processes. Everything here is safe for concurrent use and starts no goroutines.
+//
+// The settings of NewRelay and NewReconciler are [stock.RelayOptions] and
+// [stock.ReconcileOptions], in package stock: [stock.RunOptions] carries the same structs (its
+// Relay and Reconcile fields), so that one value configures a relay whether Reserver.Run or
+// this package runs it, and package stock cannot name a type of this package, which imports it.
 package stockops
 
 import (
