@@ -1,14 +1,43 @@
 // Package stock is atomic stock reservation on Redis for flash sales, ticket drops and limited
 // releases: a checkout never sells what it does not have, never takes stock twice for one
-// request, and never loses a sale between Redis and the database of record.
+// request id, and never loses a sale between Redis and the database of record.
 //
-// The main path:
+// Most callers need a few calls:
+//   - [New] makes a [Reserver] on a rueidis client you own; [Reserver.Load] puts an item on
+//     sale, once, with the stock the database of record holds.
+//   - [Reserver.Deduct] takes stock for a request id, exactly once; [Reserver.Restore] gives
+//     it back.
+//   - [Reserver.Hold] takes stock until a deadline; [Reserver.Confirm] keeps it,
+//     [Reserver.Cancel] gives it back, and a hold not confirmed in time goes back by itself.
+//   - [Reserver.DeductMany] and [Reserver.HoldMany] take a cart: every line or none.
+//   - [Reserver.Run], in one goroutine, does the background work: it delivers every change to
+//     the [Store] (the database of record) and/or a [Publisher], checks Redis against the
+//     Store, releases due holds and recovers carts. Read its error: bad [RunOptions] stop it
+//     at once ([RunOptions.Validate] checks them first).
 //
-//	r, err := stock.New(client, stock.WithUserLimit(2)) // client: a rueidis client you own
-//	err = r.Load(ctx, "sku-1", 100)                      // once, from the database of record
+// The errors a caller handles, with errors.Is: [ErrSoldOut] and [ErrInsufficient] (no stock,
+// or less than asked), [ErrUserLimit], [ErrClosed], [ErrFailover] (Redis failed over:
+// refused until a reconcile pass), [ErrRestored] (the id was given back, or its restore came first: it takes
+// nothing again), [ErrConflict] (the id was used with other parameters), [ErrInvalid] (bad
+// input, nothing sent) and [ErrUnknownOutcome]: the call may or may not have run, so retry
+// with the same id and Request.Retry set. A cart's refusal is a [*CartError] naming the item.
+//
+//	r, err := stock.New(client, stock.WithUserLimit(1))
+//	err = r.Load(ctx, "sku-1", 100)
 //	rc, err := r.Deduct(ctx, stock.Request{SKU: "sku-1", ID: orderID, User: user, Qty: 1})
-//	// or r.Hold(ctx, req, 10*time.Minute), then r.Confirm or r.Cancel
-//	go r.Run(ctx, stock.RunOptions{Store: store})       // the background work, one goroutine
+//	// the order was cancelled: r.Restore(ctx, "sku-1", orderID)
+//	go func() {
+//		if err := r.Run(ctx, stock.RunOptions{Store: store}); err != nil && ctx.Err() == nil {
+//			log.Printf("stock: background work stopped: %v", err)
+//		}
+//	}()
+//
+// The examples show each of these on an in-process Redis. The rest of the API serves a shop's
+// operations (Restock, Extend, ConfirmMany, CancelMany, CloseItem, ReopenItem, Delist) and
+// tuning (the With options); package stockops runs the background work by hand, package
+// stocktest helps test code that uses this one, and package memstore is an in-memory Store.
+//
+// # How it works
 //
 // Each operation is one Lua script (lua/*.lua, embedded; run as a Redis function, FCALL, where
 // the server has functions and the user may call them, else with rueidis: EVALSHA, then EVAL
@@ -17,10 +46,10 @@
 // the outbox event, atomically. Run drains the outbox into a Store (the database of record)
 // and/or a Publisher (a message queue), compares Redis with the Store, and releases holds past
 // their deadline (package stockops runs each of these by hand, for tools and for deployments
-// that split them over processes). Every key of an item shares the hash tag {sku} (or {group}, see WithGroups),
-// so one script touches one Redis Cluster slot; the README lists the keys. Names may not
-// contain a brace. A hot item can be split over several slots, and so several Redis cores,
-// with WithBuckets.
+// that split them over processes). Every key of an item shares the hash tag {sku} (or {group},
+// see WithGroups), so one script touches one Redis Cluster slot; the repository's docs list the
+// keys. Names may not contain a brace. A hot item can be split over several slots, and so
+// several Redis cores, with WithBuckets.
 //
 // # Guarantees
 //
@@ -74,4 +103,11 @@
 // recovery) runs only in Reserver.Run, which the caller runs and owns; the Reserver's methods
 // start only short-lived goroutines of their own (a coalesced batch sent for the callers queued
 // behind it, the writer of the sweeper's hints), each bounded by WithTimeout.
+//
+// # Versions
+//
+// The module is before 1.0: a minor version may change the API. Every change is in the
+// repository's CHANGELOG.md, with what to write instead in docs/upgrading.md; docs/versioning.md
+// says what may change between versions and how a change of what is stored in Redis is
+// announced.
 package stock

@@ -28,7 +28,8 @@ const keyCacheSize = 8192
 
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
 // use by multiple goroutines. It never closes the client it was given, and starts no
-// goroutines but Run's. Create one with New; the zero value is not usable.
+// long-lived goroutines but Run's (its methods start only short ones, see the package doc).
+// Create one with New; the zero value is not usable.
 //
 // Most callers need a few methods:
 //   - Load puts an item on sale, once, with the stock the database of record holds.
@@ -37,7 +38,7 @@ const keyCacheSize = 8192
 //     past its deadline goes back by itself.
 //   - DeductMany and HoldMany take a cart: every line or none.
 //   - Run, in one goroutine, delivers every change to the Store (and a Publisher), checks
-//     Redis against the Store, and releases due holds.
+//     Redis against the Store, releases due holds and recovers carts.
 //   - Levels and Ledger tell an item's counters and what happened to a request id.
 //
 // The rest serve the shop's operations: Restock, Extend, ConfirmMany, CancelMany, CloseItem,
