@@ -62,6 +62,69 @@ func Example() {
 	// order-4 sold out
 }
 
+// A checkout takes one unit per order and tells the buyer what happened; a cancelled order
+// gives its unit back. Each outcome has its own error.
+func ExampleReserver_Deduct() {
+	r, _, stop := exampleReserver(stock.WithUserLimit(1))
+	defer stop()
+	ctx := context.Background()
+	_ = r.Load(ctx, "sneaker", 2) // once, from the database of record
+
+	checkout := func(orderID, user string) {
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "sneaker", ID: orderID, User: user, Qty: 1})
+		switch {
+		case err == nil:
+			fmt.Printf("%s: yours (%d left)\n", orderID, rc.Remaining)
+		case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrInsufficient):
+			fmt.Printf("%s: sold out\n", orderID)
+		case errors.Is(err, stock.ErrUserLimit):
+			fmt.Printf("%s: one per customer\n", orderID)
+		case errors.Is(err, stock.ErrRestored):
+			fmt.Printf("%s: this order was cancelled\n", orderID)
+		case errors.Is(err, stock.ErrInvalid), errors.Is(err, stock.ErrConflict):
+			fmt.Printf("%s: bad request: %v\n", orderID, err)
+		default: // ErrUnknownOutcome and the like: it may have run; retry with the same id
+			fmt.Printf("%s: try again: %v\n", orderID, err)
+		}
+	}
+	checkout("order-1", "alice")
+	checkout("order-2", "alice")
+	checkout("order-3", "bob")
+	checkout("order-4", "carol")
+
+	rc, _ := r.Restore(ctx, "sneaker", "order-3") // bob cancelled
+	fmt.Println("order-3 gave back", rc.Qty)
+	checkout("order-3", "bob") // the id cannot take stock again
+	checkout("order-5", "carol")
+	// Output:
+	// order-1: yours (1 left)
+	// order-2: one per customer
+	// order-3: yours (0 left)
+	// order-4: sold out
+	// order-3 gave back 1
+	// order-3: this order was cancelled
+	// order-5: yours (0 left)
+}
+
+// After an unknown outcome (a timeout, a broken connection) the caller cannot tell whether the
+// deduct ran: it retries with the same id and Retry set. A retry of a deduct that did run is a
+// replay and takes nothing twice; had it not run, the retry would take the stock now.
+func ExampleReserver_Deduct_retry() {
+	r, _, stop := exampleReserver()
+	defer stop()
+	ctx := context.Background()
+	_ = r.Load(ctx, "ticket", 5)
+
+	req := stock.Request{SKU: "ticket", ID: "order-7", Qty: 2}
+	_, _ = r.Deduct(ctx, req) // say this answer was lost: ErrUnknownOutcome
+
+	req.Retry = true // a refusal of the retry is then recorded, so a late first attempt is refused too
+	rc, err := r.Deduct(ctx, req)
+	fmt.Println(err, rc.Qty, rc.Remaining, rc.Replayed)
+	// Output:
+	// <nil> 2 3 true
+}
+
 // Restore gives back what an id took, once; a restore that arrives before its deduct wins.
 func ExampleReserver_Restore() {
 	r, _, stop := exampleReserver()
@@ -87,16 +150,30 @@ func ExampleReserver_Restore() {
 }
 
 // Run delivers every sale to the database of record (here an in-memory Store), checks Redis
-// against it and releases due holds, in the background: one goroutine serves a service.
+// against it and releases due holds, in the background: one goroutine serves a service. Check
+// the options before starting it, and read its error: options out of range stop Run at once.
 func ExampleReserver_Run() {
 	r, _, stop := exampleReserver()
 	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	db := memstore.New() // in production: a Store on your PostgreSQL or MySQL database
 	_ = db.Load(ctx, "ticket", 10)
 	_ = r.Load(ctx, "ticket", 10)
-	done := make(chan error)
-	go func() { done <- r.Run(ctx, stock.RunOptions{Store: db}) }()
+
+	opts := stock.RunOptions{Store: db}
+	if err := opts.Validate(); err != nil {
+		fmt.Println("not starting:", err) // in production: the service does not start
+		return
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := r.Run(ctx, opts)
+		if err != nil && ctx.Err() == nil {
+			fmt.Println("background work stopped:", err) // in production: log it, or exit
+		}
+		done <- err
+	}()
 
 	for i := range 4 {
 		_, _ = r.Deduct(ctx, stock.Request{SKU: "ticket", ID: fmt.Sprint("o", i), Qty: 1})
@@ -113,6 +190,20 @@ func ExampleReserver_Run() {
 	// Output:
 	// database has 6
 	// context canceled
+}
+
+// Validate says at once what Run would refuse, before the service starts its background work.
+func ExampleRunOptions_Validate() {
+	opts := stock.RunOptions{
+		Store: memstore.New(),
+		Relay: &stock.RelayOptions{Batch: 50000}, // at most 10,000
+	}
+	err := opts.Validate()
+	fmt.Println(errors.Is(err, stock.ErrInvalid))
+	fmt.Println(err)
+	// Output:
+	// true
+	// stock: invalid input: relay batch 50000 out of range [1, 10000]
 }
 
 // exampleReserver starts a miniredis and returns a Reserver on it, the server, and a function
@@ -187,6 +278,61 @@ func ExampleReserver_DeductMany() {
 	// shirts left 5
 	// cap 1 left 0
 	// shirt 2 left 3
+}
+
+// A cart of holds keeps every line while the buyer pays, then is confirmed as a whole under
+// the cart's id; CancelMany would give every line back.
+func ExampleReserver_HoldMany() {
+	r, _, stop := exampleReserver()
+	defer stop()
+	ctx := context.Background()
+	_ = r.Load(ctx, "shirt", 5)
+	_ = r.Load(ctx, "cap", 2)
+
+	cart := stock.Cart{ID: "cart-9", User: "alice", Lines: []stock.Line{{SKU: "shirt", Qty: 2}, {SKU: "cap", Qty: 1}}}
+	cr, err := r.HoldMany(ctx, cart, 10*time.Minute)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, it := range cr.Items { // in SKU order
+		fmt.Println("held", it.SKU, it.Qty)
+	}
+
+	rcs, err := r.ConfirmMany(ctx, cart.ID, "shirt", "cap") // the payment went through
+	fmt.Println("confirmed", len(rcs), "lines:", err)
+	l, _ := r.Levels(ctx, "shirt")
+	fmt.Printf("shirt: available %d, held %d, sold %d\n", l.Available, l.Held, l.Sold)
+	// Output:
+	// held cap 1
+	// held shirt 2
+	// confirmed 2 lines: <nil>
+	// shirt: available 3, held 0, sold 2
+}
+
+// A cart refused by one item is undone, and a retry of the same cart id answers the same
+// *CartError: the cart id has one outcome. Retry with a new id to try again.
+func ExampleCartError() {
+	r, _, stop := exampleReserver()
+	defer stop()
+	ctx := context.Background()
+	_ = r.Load(ctx, "shirt", 5)
+	_ = r.Load(ctx, "cap", 0)
+
+	cart := stock.Cart{ID: "cart-3", Lines: []stock.Line{{SKU: "shirt", Qty: 1}, {SKU: "cap", Qty: 1}}}
+	for range 2 { // the first attempt, then a retry of the same cart
+		_, err := r.DeductMany(ctx, cart)
+		var ce *stock.CartError
+		if errors.As(err, &ce) {
+			fmt.Println(ce.SKU, errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrRestored))
+		}
+	}
+	l, _ := r.Levels(ctx, "shirt")
+	fmt.Println("shirts available", l.Available)
+	// Output:
+	// cap true false
+	// cap true false
+	// shirts available 5
 }
 
 // The sold-out fast path is on by default: once Redis has answered "sold out" for an item, new
