@@ -88,10 +88,14 @@ func open(t testing.TB, b backend) *env {
 	return e
 }
 
-// forEachBackend runs test as a subtest on every backend, with its own tables.
+// forEachBackend runs test as a subtest on every backend, with its own tables. The subtests
+// run in parallel: their tables are their own.
 func forEachBackend(t *testing.T, test func(t *testing.T, e *env)) {
 	for _, b := range backends() {
-		t.Run(b.name, func(t *testing.T) { test(t, open(t, b)) })
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, open(t, b))
+		})
 	}
 }
 
@@ -99,8 +103,12 @@ func forEachBackend(t *testing.T, test func(t *testing.T, e *env)) {
 // ApplyBatch, which has its own implementation.
 func forEach(t *testing.T, test func(t *testing.T, e *env)) {
 	for _, b := range backends() {
-		t.Run(b.name+"/apply", func(t *testing.T) { test(t, open(t, b)) })
+		t.Run(b.name+"/apply", func(t *testing.T) {
+			t.Parallel() // tables of its own
+			test(t, open(t, b))
+		})
 		t.Run(b.name+"/batch", func(t *testing.T) {
+			t.Parallel()
 			e := open(t, b)
 			e.apply = func(ctx context.Context, ev stock.Event) error { return e.s.ApplyBatch(ctx, []stock.Event{ev})[0] }
 			test(t, e)
