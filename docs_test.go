@@ -1,0 +1,343 @@
+package stock_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+	"unicode"
+)
+
+// The documentation's Go snippets are compiled: every ```go block of README.md and docs/*.md is
+// type-checked (go vet) in a module of a temporary workspace that uses every module of this
+// repository's go.work, so a snippet cannot drift from the API. A block is one of:
+//
+//   - a whole file: it starts with a package clause and has its own imports;
+//   - declarations (it starts with func, type, var or const): put in a file that imports
+//     docImports;
+//   - statements: the body of a function that returns an error, with ctx context.Context,
+//     client rueidis.Client, r *stock.Reserver, store stock.Store and db *sql.DB in scope, in
+//     a file that imports docImports.
+//
+// Errors point at the Markdown file and line (//line directives). Blocks that are not Go take
+// another fence tag (```sh, ```text, ```sql); a fence without a tag is an error, so that a Go
+// block cannot go unchecked for want of one.
+
+// docImports are the packages a snippet that is not a whole file may use, each with a name of
+// it that keeps the import used.
+var docImports = [][2]string{
+	{"context", "context.Background"},
+	{"database/sql", "sql.Open"},
+	{"errors", "errors.Is"},
+	{"fmt", "fmt.Sprint"},
+	{"log", "log.Print"},
+	{"log/slog", "slog.Default"},
+	{"net/http", "http.StatusOK"},
+	{"os", "os.Getenv"},
+	{"strings", "strings.HasPrefix"},
+	{"testing", "testing.Short"},
+	{"time", "time.Second"},
+	{"github.com/redis/rueidis", "rueidis.NewClient"},
+	{"github.com/stockres/stock", "stock.New"},
+	{"github.com/stockres/stock/memstore", "memstore.New"},
+	{"github.com/stockres/stock/sqlstore", "sqlstore.New"},
+	{"github.com/stockres/stock/stockops", "stockops.Sweep"},
+	{"github.com/stockres/stock/stockotel", "stockotel.New"},
+	{"github.com/stockres/stock/stocktest", "stocktest.New"},
+	{"go.opentelemetry.io/otel", "otel.GetMeterProvider"},
+}
+
+// docBlock is one fenced block of a Markdown file.
+type docBlock struct {
+	file string // path relative to the repository's root
+	line int    // line of the block's first line of code
+	tag  string // the fence's info string, first word
+	code string
+}
+
+var fenceRE = regexp.MustCompile("^(\\s*)(```+)\\s*(\\S*)")
+
+// docFiles are the Markdown files whose snippets are checked.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{"README.md"}, pages...)
+}
+
+// readBlocks returns the fenced blocks of file, with their indentation removed.
+func readBlocks(t *testing.T, file string) []docBlock {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks []docBlock
+	var cur *docBlock
+	var indent, fence string
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if cur == nil {
+			if m := fenceRE.FindStringSubmatch(line); m != nil {
+				if m[3] == "" {
+					t.Errorf("%s:%d: a fenced block without a tag: tag Go ```go, anything else ```sh, ```text, ...", file, n)
+				}
+				cur = &docBlock{file: file, line: n + 1, tag: m[3]}
+				indent, fence = m[1], m[2]
+			}
+			continue
+		}
+		if s := strings.TrimSpace(line); strings.HasPrefix(s, fence) && strings.Trim(s, "`") == "" {
+			blocks = append(blocks, *cur)
+			cur = nil
+			continue
+		}
+		cur.code += strings.TrimPrefix(line, indent) + "\n"
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cur != nil {
+		t.Errorf("%s:%d: a fenced block is never closed", file, cur.line-1)
+	}
+	return blocks
+}
+
+// snippetSource makes a Go file of b; abs is the Markdown file's absolute path, for the
+// //line directives.
+func snippetSource(b docBlock, abs string) string {
+	first := ""
+	for _, l := range strings.Split(b.code, "\n") {
+		if s := strings.TrimSpace(l); s != "" && !strings.HasPrefix(s, "//") {
+			first = s
+			break
+		}
+	}
+	directive := fmt.Sprintf("//line %s:%d\n", abs, b.line)
+	if strings.HasPrefix(first, "package ") {
+		return directive + b.code
+	}
+	var src strings.Builder
+	src.WriteString("package snippet\n\nimport (\n")
+	for _, imp := range docImports {
+		fmt.Fprintf(&src, "\t%q\n", imp[0])
+	}
+	src.WriteString(")\n\n")
+	for _, imp := range docImports {
+		fmt.Fprintf(&src, "var _ = %s\n", imp[1])
+	}
+	src.WriteString("\n")
+	for _, kw := range []string{"func ", "type ", "var ", "const "} {
+		if strings.HasPrefix(first, kw) {
+			src.WriteString(directive + b.code)
+			return src.String()
+		}
+	}
+	// "if true": the block may end in a return, and the return after it stays reachable.
+	src.WriteString("func _(ctx context.Context, client rueidis.Client, r *stock.Reserver, store stock.Store, db *sql.DB) error {\nif true {\n")
+	src.WriteString(directive + b.code)
+	src.WriteString("}\nreturn nil\n}\n")
+	return src.String()
+}
+
+func TestDocsSnippetsCompile(t *testing.T) {
+	root, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.work")); err != nil {
+		t.Skip("no go.work: not a checkout of the repository")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go binary on PATH")
+	}
+	var blocks []docBlock
+	for _, f := range docFiles(t) {
+		for _, b := range readBlocks(t, f) {
+			if b.tag == "go" {
+				blocks = append(blocks, b)
+			}
+		}
+	}
+	if len(blocks) == 0 {
+		t.Fatal("no ```go block found in README.md and docs/")
+	}
+
+	// A workspace of its own: this repository's modules and the snippets' module.
+	out, err := exec.Command(goBin, "work", "edit", "-json", filepath.Join(root, "go.work")).Output()
+	if err != nil {
+		t.Fatalf("go work edit -json: %v", err)
+	}
+	var work struct {
+		Go  string
+		Use []struct{ DiskPath string }
+	}
+	if err := json.Unmarshal(out, &work); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var ws strings.Builder
+	fmt.Fprintf(&ws, "go %s\n\nuse (\n\t./snippets\n", work.Go)
+	for _, u := range work.Use {
+		fmt.Fprintf(&ws, "\t%s\n", filepath.Join(root, u.DiskPath))
+	}
+	ws.WriteString(")\n")
+	write := func(name, content string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.work", ws.String())
+	if sum, err := os.ReadFile(filepath.Join(root, "go.work.sum")); err == nil {
+		write("go.work.sum", string(sum))
+	}
+	write("snippets/go.mod", "module docsnippets\n\ngo "+work.Go+"\n")
+	for i, b := range blocks {
+		write(fmt.Sprintf("snippets/s%03d/snippet.go", i), snippetSource(b, filepath.Join(root, b.file)))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goBin, "vet", "./...")
+	cmd.Dir = filepath.Join(dir, "snippets")
+	cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(dir, "go.work"), "GOFLAGS=-mod=readonly")
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("the Go snippets of the documentation do not compile (%v):\n%s", err, buf.String())
+	}
+	t.Logf("%d Go snippets compiled", len(blocks))
+}
+
+// TestDocsShape checks the front door's limits: a short README that links every guide, and
+// no guide over 400 lines.
+func TestDocsShape(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(readme, []byte("\n")); n > 250 {
+		t.Errorf("README.md has %d lines, more than 250: move the depth to a page of docs/", n)
+	}
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pages {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := bytes.Count(b, []byte("\n")); n > 400 {
+			t.Errorf("%s has %d lines, more than 400: split it", p, n)
+		}
+		if !bytes.Contains(readme, []byte("("+filepath.ToSlash(p)+")")) {
+			t.Errorf("README.md does not link %s", p)
+		}
+	}
+}
+
+var (
+	linkRE    = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	headingRE = regexp.MustCompile(`^#{1,6}\s+(.*)$`)
+)
+
+// anchors returns the anchors GitHub gives the headings of a Markdown file.
+func anchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	a := map[string]bool{}
+	inFence := false
+	for _, line := range strings.Split(readFile(t, file), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+		}
+		m := headingRE.FindStringSubmatch(line)
+		if inFence || m == nil {
+			continue
+		}
+		var b strings.Builder
+		for _, c := range strings.ToLower(m[1]) {
+			switch {
+			case c == ' ':
+				b.WriteRune('-')
+			case c == '-' || c == '_' || unicode.IsLetter(c) || unicode.IsDigit(c):
+				b.WriteRune(c)
+			}
+		}
+		a[b.String()] = true
+	}
+	return a
+}
+
+func readFile(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// docsInProgress are pages the README links that are being written beside these (the upgrade
+// notes, the version policy, the changelog): a link to one is checked once it exists. Empty
+// this list when they are in.
+var docsInProgress = map[string]bool{
+	"docs/upgrading.md":  true,
+	"docs/versioning.md": true,
+	"CHANGELOG.md":       true,
+}
+
+// TestDocsLinks checks that every relative link of README.md and docs/*.md names a file of the
+// repository, and, into a Markdown file, one of its headings.
+func TestDocsLinks(t *testing.T) {
+	for _, f := range docFiles(t) {
+		inFence := false
+		for n, line := range strings.Split(readFile(t, f), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				inFence = !inFence
+			}
+			if inFence {
+				continue
+			}
+			for _, m := range linkRE.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				path, anchor, _ := strings.Cut(target, "#")
+				file := f
+				if path != "" {
+					file = filepath.Join(filepath.Dir(f), filepath.FromSlash(path))
+					if _, err := os.Stat(file); err != nil && docsInProgress[filepath.ToSlash(file)] {
+						t.Logf("%s:%d: link to %s: not written yet", f, n+1, target)
+						continue
+					} else if err != nil {
+						t.Errorf("%s:%d: link to %s: no such file", f, n+1, target)
+						continue
+					}
+				}
+				if anchor != "" && strings.HasSuffix(file, ".md") && !anchors(t, file)[anchor] {
+					t.Errorf("%s:%d: link to %s: no heading of %s has the anchor #%s", f, n+1, target, file, anchor)
+				}
+			}
+		}
+	}
+}
