@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/format"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,7 +28,8 @@ import (
 //     client rueidis.Client, r *stock.Reserver, store stock.Store and db *sql.DB in scope, in
 //     a file that imports docImports.
 //
-// Errors point at the Markdown file and line (//line directives). Blocks that are not Go take
+// Errors point at the Markdown file and line (//line directives). Every block must also be as
+// gofmt formats it (statements one tab in, as a function's body). Blocks that are not Go take
 // another fence tag (```sh, ```text, ```sql); a fence without a tag is an error, so that a Go
 // block cannot go unchecked for want of one.
 
@@ -115,18 +117,33 @@ func readBlocks(t *testing.T, file string) []docBlock {
 	return blocks
 }
 
+// snippetKind says what a Go block is: "file", "decls" or "stmts", by its first line that is
+// not blank or a comment.
+func snippetKind(code string) string {
+	for _, l := range strings.Split(code, "\n") {
+		s := strings.TrimSpace(l)
+		if s == "" || strings.HasPrefix(s, "//") {
+			continue
+		}
+		if strings.HasPrefix(s, "package ") {
+			return "file"
+		}
+		for _, kw := range []string{"func ", "type ", "var ", "const "} {
+			if strings.HasPrefix(s, kw) {
+				return "decls"
+			}
+		}
+		break
+	}
+	return "stmts"
+}
+
 // snippetSource makes a Go file of b; abs is the Markdown file's absolute path, for the
 // //line directives.
 func snippetSource(b docBlock, abs string) string {
-	first := ""
-	for _, l := range strings.Split(b.code, "\n") {
-		if s := strings.TrimSpace(l); s != "" && !strings.HasPrefix(s, "//") {
-			first = s
-			break
-		}
-	}
 	directive := fmt.Sprintf("//line %s:%d\n", abs, b.line)
-	if strings.HasPrefix(first, "package ") {
+	kind := snippetKind(b.code)
+	if kind == "file" {
 		return directive + b.code
 	}
 	var src strings.Builder
@@ -139,17 +156,52 @@ func snippetSource(b docBlock, abs string) string {
 		fmt.Fprintf(&src, "var _ = %s\n", imp[1])
 	}
 	src.WriteString("\n")
-	for _, kw := range []string{"func ", "type ", "var ", "const "} {
-		if strings.HasPrefix(first, kw) {
-			src.WriteString(directive + b.code)
-			return src.String()
-		}
+	if kind == "decls" {
+		src.WriteString(directive + b.code)
+		return src.String()
 	}
 	// "if true": the block may end in a return, and the return after it stays reachable.
 	src.WriteString("func _(ctx context.Context, client rueidis.Client, r *stock.Reserver, store stock.Store, db *sql.DB) error {\nif true {\n")
 	src.WriteString(directive + b.code)
 	src.WriteString("}\nreturn nil\n}\n")
 	return src.String()
+}
+
+// gofmtBlock says how b differs from its gofmt'ed form ("" when it does not). Statements are
+// formatted as a function's body, one tab in.
+func gofmtBlock(b docBlock) string {
+	src := b.code
+	kind := snippetKind(b.code)
+	switch kind {
+	case "decls":
+		src = "package p\n\n" + src
+	case "stmts":
+		var body strings.Builder
+		for _, l := range strings.SplitAfter(strings.TrimSuffix(src, "\n"), "\n") {
+			if strings.TrimSpace(l) != "" {
+				body.WriteString("\t")
+			}
+			body.WriteString(l)
+		}
+		src = "package p\n\nfunc _() {\n" + body.String() + "\n}\n"
+	}
+	out, err := format.Source([]byte(src))
+	if err != nil {
+		return err.Error()
+	}
+	if string(out) == src {
+		return ""
+	}
+	a, o := strings.Split(src, "\n"), strings.Split(string(out), "\n")
+	for i := range a {
+		if i >= len(o) || a[i] != o[i] {
+			if i < len(o) {
+				return fmt.Sprintf("%q should be %q", a[i], o[i])
+			}
+			return fmt.Sprintf("%q", a[i])
+		}
+	}
+	return "lines differ"
 }
 
 func TestDocsSnippetsCompile(t *testing.T) {
@@ -174,6 +226,11 @@ func TestDocsSnippetsCompile(t *testing.T) {
 	}
 	if len(blocks) == 0 {
 		t.Fatal("no ```go block found in README.md and docs/")
+	}
+	for _, b := range blocks {
+		if msg := gofmtBlock(b); msg != "" {
+			t.Errorf("%s:%d: the Go block is not gofmt'ed: %s", b.file, b.line, msg)
+		}
 	}
 
 	// A workspace of its own: this repository's modules and the snippets' module.
