@@ -237,9 +237,9 @@ func aclLog(t *testing.T, admin rueidis.Client) {
 	}
 }
 
-// The README documents the same ACL as the test runs.
+// docs/operating.md documents the same ACL as the test runs.
 func TestACLDocumented(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/operating.md")
 	require.NoError(t, err)
 	doc := strings.Join(strings.Fields(string(readme)), " ")
 	want := "ACL SETUSER " + strings.Join(aclSetUser("shop-svc", "PASSWORD", "shop"), " ")

@@ -119,9 +119,9 @@ func TestOperatorACL(t *testing.T) {
 	assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, lv)
 }
 
-// The README documents the same operator ACL as TestOperatorACL runs.
+// docs/operating.md documents the same operator ACL as TestOperatorACL runs.
 func TestOperatorACLDocumented(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/operating.md")
 	require.NoError(t, err)
 	doc := strings.Join(strings.Fields(string(readme)), " ")
 	assert.Contains(t, doc, "ACL SETUSER "+strings.Join(cliACL("shop-ops", "PASSWORD", "shop"), " "))
