@@ -70,6 +70,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		}
 		real++
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			admin := b.Client(t)
 			for addr, node := range admin.Nodes() {

@@ -29,7 +29,10 @@ import (
 func a12Backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
 	t.Helper()
 	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b)
+		})
 	}
 }
 

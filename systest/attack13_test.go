@@ -75,6 +75,7 @@ func a13ConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stoc
 func TestAttack13QueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
 			if err != nil {
@@ -192,6 +193,7 @@ func TestAttack13QueueReconcileWhileConsumerDownThenReversedRedelivery(t *testin
 func TestAttack13QueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
 			if err != nil {
@@ -606,6 +608,7 @@ func TestAttack13FlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 	t.Skip("open, documented in the README's non-guarantees: a rebuild after Redis lost its data cannot see sales still in the queue")
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r, err := stock.New(c, stock.WithCoalescing(0))
@@ -812,6 +815,7 @@ func TestAttack13OrphanedEventsNotGivenBack(t *testing.T) {
 func TestAttack13GuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r, err := stock.New(b.Client(t))
 			if err != nil {
@@ -1212,6 +1216,7 @@ func TestAttack13ErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			group := func(sku string) string {
@@ -1466,6 +1471,7 @@ func TestAttack13ConsumeTrustsMessageOverLedger(t *testing.T) {
 func TestAttack13ErrInvalidCartChangedNothing(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r, err := stock.New(c, stock.WithCoalescing(0))
@@ -1534,6 +1540,7 @@ func (s *a13DieAfterCommit) Apply(ctx context.Context, ev stock.Event) error {
 func TestAttack13ConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
 			if err != nil {
@@ -1609,6 +1616,7 @@ func TestAttack13ConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 func TestAttack13GroupedItemQueueOrder(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			r, err := stock.New(b.Client(t), stock.WithCoalescing(0), stock.WithGroups(func(string) string { return "shoe" }))
 			if err != nil {

@@ -356,6 +356,7 @@ func TestAttack14RunFirstReconcilePassAtOnce(t *testing.T) {
 func TestAttack14TwoRunsShareRedis(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
 			r1, r2 := newReserver(t, c1), newReserver(t, c2)
@@ -597,6 +598,7 @@ func TestAttack14Child(t *testing.T) {
 func TestAttack14RunOddOptionsNoPanic(t *testing.T) {
 	for name := range childRunOptions {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // a process of its own each, on its own miniredis
 			out, err := child(t, name, 60*time.Second)
 			if err != nil {
 				i := strings.Index(out, "panic:")
@@ -1274,6 +1276,7 @@ func TestAttack14RunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 			continue // the guard is off on miniredis
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r := newReserver(t, c)
@@ -1324,6 +1327,7 @@ func TestAttack14FenceAfterRunEndsLiftedByPass(t *testing.T) {
 			continue // the guard is off on miniredis
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r := newReserver(t, c)
@@ -1446,6 +1450,7 @@ func TestAttack14RunDryRunKeepsFence(t *testing.T) {
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r := newReserver(t, c)
@@ -1927,6 +1932,7 @@ func TestAttack14RunStoreIgnoringCtx(t *testing.T) {
 func TestAttack14RecoverCutCarts(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
 			r1, r2 := newReserver(t, c1), newReserver(t, c2)

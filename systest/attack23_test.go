@@ -34,6 +34,7 @@ func a23Backends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidis.Cl
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			c1, c2 := b.Pair(t)
 			f(t, b.Real(), c1, c2)
 		})
@@ -1146,6 +1147,7 @@ func TestAttack23FenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
 			continue // the guard is off on miniredis
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
 			r1 := newReserver(t, c1)

@@ -84,6 +84,7 @@ func a26Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env))
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			c := b.Client(t)
 			// A new deployment: record the primaries before any item is loaded, so that the
 			// failover guard of a Run does not fence the tests' deducts.

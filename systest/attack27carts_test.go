@@ -765,6 +765,7 @@ func TestAttack27CartKilledProcess(t *testing.T) {
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r := newReserver(t, c, a26Split(3))

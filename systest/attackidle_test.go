@@ -1182,6 +1182,7 @@ func TestAttackIdleRealBackends(t *testing.T) {
 		}
 		ran = true
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r, err := stock.New(c)

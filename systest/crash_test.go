@@ -80,6 +80,10 @@ func (d crashDB) open(t testing.TB) (*sql.DB, *sqlstore.Store) {
 // deliver everything: each deduct is applied in the store exactly once (restored ones given
 // back), and Redis and the store agree. Runs only with STOCK_REDIS_SERVER (a private server);
 // on SQLite and, with STOCK_TEST_POSTGRES, on PostgreSQL.
+//
+// In CI (.ci/test) it runs without the race detector, with the other process-kill and failover
+// suites: its subject is another process dying; the library code it drives runs under -race in
+// the other suites.
 func TestRelayKilledProcess(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the relay crash test needs a real redis-server", redistest.EnvServer)
@@ -94,7 +98,10 @@ func TestRelayKilledProcess(t *testing.T) {
 			prefix: fmt.Sprintf("stock_crash%d_%04x_", os.Getpid(), rand.IntN(1<<16))})
 	}
 	for _, d := range dbs {
-		t.Run(d.name, func(t *testing.T) { killedRelay(t, d) })
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel() // a server, tables and child processes of its own
+			killedRelay(t, d)
+		})
 	}
 }
 

@@ -102,6 +102,10 @@ type xferAck struct {
 //
 // Standalone Redis and the 3-master cluster, with STOCK_REDIS_SERVER only: the child must
 // reach the same Redis, and miniredis lives in this process.
+//
+// In CI (.ci/test) it runs without the race detector, with the other process-kill and failover
+// suites: its subject is another process dying; the library code it drives runs under -race in
+// the other suites.
 func TestTransferKilledProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the killed-transfer test runs for about half a minute a backend")
@@ -111,6 +115,7 @@ func TestTransferKilledProcess(t *testing.T) {
 	}
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			if !b.Real() {
 				t.Skip("miniredis lives in this process: a child process cannot share it")
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"time"
 
@@ -162,7 +163,11 @@ func (h *faultHarness) consumeOne(ctx context.Context, m *faultMsg) {
 // published and the broker nothing to deliver.
 func (h *faultHarness) drainQueue(ctx context.Context) {
 	rl := h.relay.Load()
-	deadline := time.Now().Add(30 * time.Second)
+	limit := 30 * time.Second
+	if os.Getenv(faultEnvLong) == "1" {
+		limit = 2 * time.Minute // five times the traffic, twice the clients: a deeper queue to drain
+	}
+	deadline := time.Now().Add(limit)
 	for {
 		st, err := rl.Once(ctx)
 		for _, m := range h.broker.fetch(64) {
@@ -172,8 +177,8 @@ func (h *faultHarness) drainQueue(ctx context.Context) {
 			return
 		}
 		if time.Now().After(deadline) {
-			h.t.Errorf("the queue did not drain in 30s (last relay error %v, %d events pending, %d published, %d messages in the broker)",
-				err, h.outboxes(ctx, ":o"), h.outboxes(ctx, ":p"), h.broker.pending())
+			h.t.Errorf("the queue did not drain in %v (last relay error %v, %d events pending, %d published, %d messages in the broker)",
+				limit, err, h.outboxes(ctx, ":o"), h.outboxes(ctx, ":p"), h.broker.pending())
 			// Why: what Consume says of one message of each item.
 			seen := map[string]bool{}
 			for _, m := range h.broker.fetch(h.broker.pending()) {

@@ -239,6 +239,10 @@ type faultFoReport struct {
 
 // TestFaultInjection runs every scenario and its negative control, and prints the reliability
 // report. It needs a real redis-server (STOCK_REDIS_SERVER) and returns at once without one.
+//
+// In CI (.ci/test) it runs without the race detector, with the other process-kill and failover
+// suites: its subject is another process dying; the library code it drives runs under -race in
+// the other suites.
 func TestFaultInjection(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the fault-injection suite needs a real redis-server", redistest.EnvServer)
@@ -252,13 +256,21 @@ func TestFaultInjection(t *testing.T) {
 		dbs = append(dbs, faultDB{name: "postgres", driver: "pgx", dialect: sqlstore.Postgres, dsn: dsn})
 	}
 	began := time.Now()
-	var results []faultResult
+	// A scenario's runs (one per store, and its control) run at once: each has its own servers,
+	// proxies and tables, and most of a run waits on faults, restarts and settling.
+	var (
+		mu      sync.Mutex
+		results []faultResult
+	)
 	for _, sc := range faultScenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			for _, db := range dbs {
 				t.Run(db.name, func(t *testing.T) {
+					t.Parallel()
 					res := runFault(t, sc, db, ctlNone, traffic, clients)
+					mu.Lock()
 					results = append(results, res)
+					mu.Unlock()
 					for _, f := range res.Flags {
 						t.Errorf("%s on %s: %s", sc.name, db.name, f)
 					}
@@ -266,8 +278,11 @@ func TestFaultInjection(t *testing.T) {
 			}
 			// The control checks the checks: SQLite is enough.
 			t.Run("control", func(t *testing.T) {
+				t.Parallel()
 				res := runFault(t, sc, dbs[0], sc.control, ctlTraffic, clients)
+				mu.Lock()
 				results = append(results, res)
+				mu.Unlock()
 				if len(res.Flags) == 0 {
 					t.Errorf("%s: the negative control (%s) was not flagged by any check", sc.name, faultControlNames[sc.control])
 				}

@@ -24,7 +24,10 @@ func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 func eachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
 	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) { f(t, b.Client(t)) })
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b.Client(t))
+		})
 	}
 }
 

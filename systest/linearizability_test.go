@@ -351,6 +351,7 @@ func linCheck(t *testing.T, history []porcupine.Operation, want porcupine.CheckR
 func TestLinearizability(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			client := b.Client(t)
 			// The sold-out fast path is off: its answers may be stale by the invalidation delay
 			// (TestSoldOutWindow measures it), which a linearizability check cannot allow for

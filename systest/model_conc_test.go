@@ -86,6 +86,7 @@ func TestModelConcurrency(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			rs, sleep := concPair(t, b)
 			r := func(i int) *stock.Reserver { return rs[i%2] }
 			sold := []stock.State{stock.StateReserved, stock.StateApplied}
@@ -533,6 +534,7 @@ func TestModelSoldOutOwnWrites(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			rs, _ := concPair(t, b)
 			r := rs[0]
 			if err := r.Load(ctx, "so", 1); err != nil {

@@ -658,6 +658,7 @@ func propBackends(t *testing.T, n int64, f func(t *testing.T, c rueidis.Client, 
 	t.Helper()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
 			r, err := stock.New(c)

@@ -166,6 +166,7 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGPIPE, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel() // its own key prefix and temporary directory
 			tmp := t.TempDir()
 			prefix := "fs-sig-" + strconv.Itoa(int(sig))
 			args := []string{"-buyers", "20000", "-duration", "60s", "-prefix", prefix}
