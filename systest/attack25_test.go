@@ -47,6 +47,7 @@ type a25Env struct {
 func a25Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a25Env)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel() // its own miniredis, beside the private server
 		env := stocktest.New(t, opts...)
 		f(t, &a25Env{
 			name: "miniredis", r: env.Reserver, c: env.Client, advance: env.Advance,
@@ -61,6 +62,7 @@ func a25Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a25Env))
 		return
 	}
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		srv := redistest.StartServer(t)
 		c := srv.Client(t)
 		// A new deployment: record the primaries before any item is loaded, so that the failover

@@ -64,6 +64,7 @@ func a26Split(n int) stock.Option {
 func a26Mini(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel() // its own miniredis, beside the real backends
 		env := stocktest.New(t, opts...)
 		f(t, &a26Env{
 			name: "miniredis", c: env.Client, r: env.Reserver, advance: env.Advance,
