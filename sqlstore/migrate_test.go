@@ -67,7 +67,7 @@ func TestMigrateConcurrentProcesses(t *testing.T) {
 	const rounds, procs = 8, 3
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			t.Parallel() // tables of its own on each server
+			t.Parallel()    // tables of its own on each server
 			dsn := b.dsn(t) // one SQLite file for all rounds and processes
 			db, err := sql.Open(b.driver, dsn)
 			require.NoError(t, err)
