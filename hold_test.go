@@ -146,7 +146,7 @@ func TestHoldExpiry(t *testing.T) {
 }
 
 func TestSweep(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+	eachBackendSerial(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := newReserver(t, c)
 		pub := newRecorder()
@@ -231,7 +231,7 @@ func TestHoldRace(t *testing.T) {
 // TestHoldConcurrent: 1000 goroutines hold and confirm or cancel over 100 units with random
 // deadlines; the level equation holds throughout and the ledger explains the end.
 func TestHoldConcurrent(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+	eachBackendSerial(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := newReserver(t, c)
 		store := memstore.New()

@@ -25,7 +25,8 @@ import (
 func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
 // eachBackend runs f on miniredis and, when STOCK_REDIS_SERVER is set, on a real standalone
-// redis-server and a real 3-master cluster, each on a clean database.
+// redis-server and a real 3-master cluster, each on a clean database. The backends run in
+// parallel: each is its own server.
 func eachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
 	for _, b := range redistest.Backends(t) {
@@ -33,6 +34,16 @@ func eachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 			t.Parallel()
 			f(t, b.Client(t))
 		})
+	}
+}
+
+// eachBackendSerial is eachBackend one backend at a time, for tests whose holds live for a
+// fraction of a second of real time: beside other backends' traffic on a loaded machine, a
+// hold can expire before the test reads it.
+func eachBackendSerial(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b.Client(t)) })
 	}
 }
 

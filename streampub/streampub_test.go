@@ -27,8 +27,7 @@ func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 // when STOCK_REDIS_SERVER is set, on a standalone redis-server and a three-master cluster.
 func backends(t *testing.T, f func(t *testing.T, newClient func(t testing.TB) rueidis.Client)) {
 	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
+		t.Run(b.Name, func(t *testing.T) { // one at a time: the conformance suite times redeliveries
 			if !b.Real() {
 				f(t, func(t testing.TB) rueidis.Client {
 					m := miniredis.RunT(t)

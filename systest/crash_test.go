@@ -81,8 +81,8 @@ func (d crashDB) open(t testing.TB) (*sql.DB, *sqlstore.Store) {
 // back), and Redis and the store agree. Runs only with STOCK_REDIS_SERVER (a private server);
 // on SQLite and, with STOCK_TEST_POSTGRES, on PostgreSQL.
 //
-// In CI (.ci/test) it runs without the race detector, with the other process-kill and failover
-// suites: its subject is another process dying; the library code it drives runs under -race in
+// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
+// its subject is another process dying; the library code it drives runs under -race in
 // the other suites.
 func TestRelayKilledProcess(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {

@@ -103,8 +103,8 @@ type xferAck struct {
 // Standalone Redis and the 3-master cluster, with STOCK_REDIS_SERVER only: the child must
 // reach the same Redis, and miniredis lives in this process.
 //
-// In CI (.ci/test) it runs without the race detector, with the other process-kill and failover
-// suites: its subject is another process dying; the library code it drives runs under -race in
+// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
+// its subject is another process dying; the library code it drives runs under -race in
 // the other suites.
 func TestTransferKilledProcess(t *testing.T) {
 	if testing.Short() {

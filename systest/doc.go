@@ -22,14 +22,14 @@
 //     adversarial reviews of the contract (attack12_test.go, attack13_test.go), and the relay
 //     benchmark into sqlstore (relay_bench_test.go).
 //
-// The full tier (.ci/test, which CI runs) runs this package as a few go test processes at once,
-// by test name, each with its own servers; the process-kill, server-kill and failover suites
-// (TestRelayKilledProcess, TestTransferKilledProcess, TestLossyFailover, TestSentinelFailovers,
-// TestFaultInjection, TestFaultStoreConnectionKills) run there without the race detector, since
-// their subject is another process dying, and the code they drive runs under -race in the other
-// suites. Per-backend subtests run in parallel: each backend is its own server. The long tier
-// (.ci/long) runs the model test, the relay-order attack on real servers and the fault suite at
-// longer sizes.
+// The full tier (.ci/test, which CI runs) runs this package as three go test processes at once,
+// by test name, each with its own servers. The model, property and linearizability tests and the
+// concurrency tests (names with Concurren… or Race…) run under the race detector; the others run
+// without it, the process-kill, server-kill and failover suites among them, since the package has
+// no code of its own and the library code they drive runs under -race in the root package's
+// tests and in those suites. Per-backend subtests run in parallel: each backend is its own
+// server. The long tier (.ci/long) runs the model test, the relay-order attack on real servers
+// and the fault suite at longer sizes.
 //
 // By default (go test ./systest/) the tests run on miniredis, SQLite and the in-memory store, and
 // the tests that need a real server are skipped. With real servers, from the module's root:

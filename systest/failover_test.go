@@ -114,8 +114,8 @@ func foReconcile(t *testing.T, rec *stockops.Reconciler, skus []string) []stocko
 // with the store: what the store has is known again to Redis (a retry is a replay, never a
 // second sale), the counters agree, and deducts resume.
 //
-// In CI (.ci/test) it runs without the race detector, with the other process-kill and failover
-// suites: its subject is another process dying; the library code it drives runs under -race in
+// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
+// its subject is another process dying; the library code it drives runs under -race in
 // the other suites.
 func TestLossyFailover(t *testing.T) {
 	if os.Getenv(redistest.EnvServer) == "" {

@@ -240,8 +240,8 @@ type faultFoReport struct {
 // TestFaultInjection runs every scenario and its negative control, and prints the reliability
 // report. It needs a real redis-server (STOCK_REDIS_SERVER) and returns at once without one.
 //
-// In CI (.ci/test) it runs without the race detector, with the other process-kill and failover
-// suites: its subject is another process dying; the library code it drives runs under -race in
+// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
+// its subject is another process dying; the library code it drives runs under -race in
 // the other suites.
 func TestFaultInjection(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
