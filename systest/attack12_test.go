@@ -1859,7 +1859,11 @@ func TestAttack12RandomOpsConcurrent(t *testing.T) {
 	a12Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		rs := []*stock.Reserver{newReserver(t, c1, stock.WithUserLimit(3)), newReserver(t, c2, stock.WithUserLimit(3))}
+		// The subject is the count of acknowledged answers, not latency: under -race on a
+		// loaded 2-core machine, 200 goroutines queued on one in-process miniredis can wait
+		// past the 10 s default, so each call gets a minute (an unknown outcome still fails).
+		opts := []stock.Option{stock.WithUserLimit(3), stock.WithTimeout(time.Minute)}
+		rs := []*stock.Reserver{newReserver(t, c1, opts...), newReserver(t, c2, opts...)}
 		skus := []string{"p", "q", "r"}
 		for _, s := range skus {
 			require.NoError(t, rs[0].Load(ctx, s, 150))

@@ -845,13 +845,21 @@ func TestAttack23RunLateItemsManyHoldsDue(t *testing.T) {
 			return false
 		}, 20*time.Second, 20*time.Millisecond)
 		ttl := 1500 * time.Millisecond
-		var holdsTaken int
+		var holdsTaken, checked int
 		for i, sku := range skus {
 			w := []*stock.Reserver{r, other}[i%2]
+			start := time.Now()
 			for h := range 8 {
 				_, err := w.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("h%d", h), User: "u", Qty: 1}, ttl)
 				require.NoError(t, err)
 				holdsTaken++
+			}
+			// Before the deadline nothing is released. Checked per item, right after its holds:
+			// all 40 items' calls can take longer than one TTL on a loaded machine, and an
+			// item whose check comes too late to mean anything is not judged.
+			if l := a23Levels(t, r, sku); time.Since(start) < ttl-200*time.Millisecond {
+				assert.Equal(t, int64(8), l.Held, "%s: held before the deadline", sku)
+				checked++
 			}
 			_, err := w.Hold(ctx, stock.Request{SKU: sku, ID: "keep", Qty: 2}, time.Hour)
 			require.NoError(t, err)
@@ -864,10 +872,7 @@ func TestAttack23RunLateItemsManyHoldsDue(t *testing.T) {
 			_, err = w.Restore(ctx, sku, "d0")
 			require.NoError(t, err)
 		}
-		// Before the deadline nothing is released.
-		for _, sku := range skus[:5] {
-			assert.Equal(t, int64(8), a23Levels(t, r, sku).Held, "%s: held before the deadline", sku)
-		}
+		require.Positive(t, checked, "no item was checked before its holds' deadline")
 		redistest.Sleep(c1, ttl+100*time.Millisecond)
 		require.Eventually(t, func() bool {
 			for _, sku := range skus {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -19,13 +20,16 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
+var sqlStoresSeq atomic.Int64
+
 // sqlStores returns the SQL stores to run the durable path against: SQLite always, PostgreSQL
 // when STOCK_TEST_POSTGRES is set (failing if it cannot be reached).
 func sqlStores(t *testing.T) map[string]*sqlstore.Store {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]*sqlstore.Store{}
-	prefix := fmt.Sprintf("stock_dur%d_", os.Getpid())
+	// Its own tables per call: the backends' subtests that call it run in parallel.
+	prefix := fmt.Sprintf("stock_dur%d_%d_", os.Getpid(), sqlStoresSeq.Add(1))
 	open := func(name, driver, dsn string, d sqlstore.Dialect) {
 		db, err := sql.Open(driver, dsn)
 		require.NoError(t, err)
