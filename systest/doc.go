@@ -22,7 +22,7 @@
 //     adversarial reviews of the contract (attack12_test.go, attack13_test.go), and the relay
 //     benchmark into sqlstore (relay_bench_test.go).
 //
-// The full tier (.ci/test, which CI runs) runs this package as three go test processes at once,
+// The full tier (.ci/test, which CI runs) runs this package as four go test processes at once,
 // by test name, each with its own servers. The model, property and linearizability tests and the
 // concurrency tests (names with Concurren… or Race…) run under the race detector; the others run
 // without it, the process-kill, server-kill and failover suites among them, since the package has
