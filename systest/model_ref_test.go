@@ -248,9 +248,12 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 		if bucket >= 0 {
 			// The bucket releases every due hold of its own; when the item as a whole is
 			// still short, so is the bucket, which then releases the other buckets' due
-			// holds before it moves stock from them.
+			// holds before it moves stock from them. A request over its buyer's limit is
+			// refused in its bucket without moving stock (unless the bucket had none at all,
+			// which the model does not track), so the other buckets' due holds stay maybe.
 			w.expireSplit(sku, it, now, 10000, id, bucket)
-			if it.avail-it.maybeUnits() < qty {
+			overLimit := limited && it.units(user)+qty > w.limit
+			if it.avail-it.maybeUnits() < qty && !overLimit {
 				it.expireAllMaybe()
 			}
 		} else {

@@ -1335,6 +1335,16 @@ var modelBucketRegressions = []modelCase{
 		{Op: "holdmany", ID: "c2", User: "bob", Lines: []stock.Line{{SKU: "tee", Qty: 2}, {SKU: "u", Qty: 1}}, TTL: time.Hour},
 		{Op: "cancelmany", ID: "c2", SKUs: []string{"tee", "u"}},
 	}},
+	// A buyer over the per-user limit on a split item is refused in its own bucket, which moves
+	// no stock: another bucket's due hold stays held until a write there or a sweep (bob's
+	// bucket is 0, o3's is 1). The model had it released; found by the long tier's run.
+	{name: "SplitOverLimitLeavesOtherBucketsDueHold", cfg: mconfig{Limit: 1, Buckets: 2, Split: []string{"u"}}, steps: []mstep{
+		{Op: "load", SKU: "u", Qty: 3},
+		{Op: "hold", SKU: "u", ID: "o3", Qty: 2, TTL: 2 * tick},
+		{Op: "advance", TTL: 6 * tick},
+		{Op: "deduct", SKU: "u", ID: "o2", User: "bob", Qty: 2},
+		{Op: "sweep", SKU: "u"},
+	}},
 	// A hold of a split item under a cart's id, with the line's quantity and buyer, is the
 	// cart's line (replayed), and the undo of a refused cart gives it back.
 	{name: "SplitCartTakesItsOwnHold", cfg: mconfig{Buckets: 2, Split: []string{"tee"}}, steps: []mstep{
