@@ -276,10 +276,19 @@ func TestFaultInjection(t *testing.T) {
 					}
 				})
 			}
-			// The control checks the checks: SQLite is enough.
+			// The control checks the checks: SQLite is enough. Some controls show their bug
+			// only when a call meets a short window (a fence up from the start to the end of
+			// a take); a loaded machine can leave no call there, so a control run that was
+			// not flagged runs again, up to 3 times, and the control fails when none was.
 			t.Run("control", func(t *testing.T) {
 				t.Parallel()
-				res := runFault(t, sc, dbs[0], sc.control, ctlTraffic, clients)
+				var res faultResult
+				for try := 0; try < 3; try++ {
+					if res = runFault(t, sc, dbs[0], sc.control, ctlTraffic, clients); len(res.Flags) > 0 {
+						break
+					}
+					t.Logf("%s: control run %d not flagged (%s); again", sc.name, try+1, faultControlNames[sc.control])
+				}
 				mu.Lock()
 				results = append(results, res)
 				mu.Unlock()
