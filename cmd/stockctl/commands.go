@@ -904,7 +904,11 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	if err != nil {
 		return err
 	}
-	rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{DryRun: !o.apply, RepairLimit: o.limit, Retention: o.retention})
+	retention := o.retention
+	if retention == 0 {
+		retention = -1 // -retention 0 is "never"; a zero ReconcileOptions.Retention is the 24h default
+	}
+	rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{DryRun: !o.apply, RepairLimit: o.limit, Retention: retention})
 	if err != nil {
 		return err
 	}
