@@ -270,3 +270,16 @@ func TestHintsFlushUnderTraffic(t *testing.T) {
 	_, err = c.Do(context.Background(), c.B().Zscore().Key(key).Member("mine").Build()).AsFloat64()
 	assert.NoError(t, err, "the hint recorded before flush is written when flush returns")
 }
+
+// TestRestockUnknownItemLeavesNoHint: a restock refused because the item is not loaded (or
+// would pass MaxQty) writes nothing, not even a relay hint: a stockctl restock of an unknown
+// item under load left one key behind (the hint writer flushed before the process ended).
+func TestRestockUnknownItemLeavesNoHint(t *testing.T) {
+	m, c := redistest.Miniredis(t)
+	r, err := New(c)
+	require.NoError(t, err)
+	_, err = r.Restock(context.Background(), "ghost", "po", 5)
+	require.ErrorIs(t, err, ErrNotLoaded)
+	r.hints.flush()
+	assert.Empty(t, m.Keys(), "a refused restock wrote keys")
+}

@@ -478,8 +478,12 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	}
 	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
 	res, ackErr := r.exec(ctx, protocol.Restock, r.item(name).ForItem(), args)
-	r.noteEvents(name)
 	o, err := decodeOne(res)
+	if err != nil || (o.code != protocol.NotLoaded && o.code != protocol.Invalid) {
+		// The restock may have written an event (a definite refusal wrote nothing, and leaves
+		// no hint behind: a restock of an unknown item changes nothing in Redis).
+		r.noteEvents(name)
+	}
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, fmt.Errorf("stock: restock %s/%s: %w", sku, id, err)
 	}
