@@ -198,9 +198,22 @@ func snControlRun(t *testing.T, sc snScenario, ctl snControl, run, kill9 *snRun)
 			t.Fatal("the kill -9 run without replica ack did not run")
 		}
 		res = kill9.result(snNoReplicaAck)
+		// A kill -9 loses writes only when some were acknowledged and not yet replicated at
+		// the kill; on a loaded machine a run can lose none. Such a control runs the kill -9
+		// without replica ack again, up to 2 more times (as the fault suite's controls do).
+		for try := 0; len(res.Flags) == 0 && try < 2; try++ {
+			t.Logf("%s: control not flagged (%s): the kill -9 without replica ack again", sc.name, snControlNames[ctl])
+			k := sc
+			k.ack = false
+			res = runSentinel(t, k, snNone).result(snNoReplicaAck)
+		}
 		res.Scenario = sc.name
 	default:
 		res = runSentinel(t, sc, ctl).result(ctl)
+		for try := 0; len(res.Flags) == 0 && try < 2; try++ {
+			t.Logf("%s: control not flagged (%s): again", sc.name, snControlNames[ctl])
+			res = runSentinel(t, sc, ctl).result(ctl)
+		}
 	}
 	if len(res.Flags) == 0 {
 		t.Errorf("%s: the negative control (%s) was not flagged by any check", sc.name, snControlNames[ctl])
