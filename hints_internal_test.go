@@ -271,8 +271,8 @@ func TestHintsFlushUnderTraffic(t *testing.T) {
 	assert.NoError(t, err, "the hint recorded before flush is written when flush returns")
 }
 
-// TestRestockUnknownItemLeavesNoHint: a restock refused because the item is not loaded (or
-// would pass MaxQty) writes nothing, not even a relay hint: a stockctl restock of an unknown
+// TestRestockUnknownItemLeavesNoHint: a restock refused because the item is not loaded writes
+// nothing, not even a relay hint: a stockctl restock of an unknown
 // item under load left one key behind (the hint writer flushed before the process ended).
 func TestRestockUnknownItemLeavesNoHint(t *testing.T) {
 	m, c := redistest.Miniredis(t)

@@ -282,13 +282,8 @@ func TestFaultInjection(t *testing.T) {
 			// not flagged runs again, up to 3 times, and the control fails when none was.
 			t.Run("control", func(t *testing.T) {
 				t.Parallel()
-				var res faultResult
-				for try := 0; try < 3; try++ {
-					if res = runFault(t, sc, dbs[0], sc.control, ctlTraffic, clients); len(res.Flags) > 0 {
-						break
-					}
-					t.Logf("%s: control run %d not flagged (%s); again", sc.name, try+1, faultControlNames[sc.control])
-				}
+				res := rerunControl(t, sc.name, faultControlNames[sc.control], runFault(t, sc, dbs[0], sc.control, ctlTraffic, clients),
+					func() faultResult { return runFault(t, sc, dbs[0], sc.control, ctlTraffic, clients) })
 				mu.Lock()
 				results = append(results, res)
 				mu.Unlock()
@@ -299,6 +294,18 @@ func TestFaultInjection(t *testing.T) {
 		})
 	}
 	faultReport(t, results, time.Since(began))
+}
+
+// rerunControl returns res, or, while it is not flagged, the result of up to 2 more runs of again:
+// a negative control that shows its bug only when a call meets a short window (a fence up for a
+// whole take, a write acknowledged and not yet replicated at a kill) can miss it on a loaded
+// machine. The control still fails when no run was flagged.
+func rerunControl(t *testing.T, scenario, control string, res faultResult, again func() faultResult) faultResult {
+	for try := 0; len(res.Flags) == 0 && try < 2; try++ {
+		t.Logf("%s: the control (%s) was not flagged; run %d of 3", scenario, control, try+2)
+		res = again()
+	}
+	return res
 }
 
 // faultReport prints the report (t.Log, and stdout with -v) and writes it as JSON to

@@ -197,23 +197,16 @@ func snControlRun(t *testing.T, sc snScenario, ctl snControl, run, kill9 *snRun)
 		if kill9 == nil {
 			t.Fatal("the kill -9 run without replica ack did not run")
 		}
-		res = kill9.result(snNoReplicaAck)
-		// A kill -9 loses writes only when some were acknowledged and not yet replicated at
-		// the kill; on a loaded machine a run can lose none. Such a control runs the kill -9
-		// without replica ack again, up to 2 more times (as the fault suite's controls do).
-		for try := 0; len(res.Flags) == 0 && try < 2; try++ {
-			t.Logf("%s: control not flagged (%s): the kill -9 without replica ack again", sc.name, snControlNames[ctl])
+		// Not flagged, it runs a kill -9 without replica ack of its own (see rerunControl).
+		res = rerunControl(t, sc.name, snControlNames[ctl], kill9.result(snNoReplicaAck), func() faultResult {
 			k := sc
 			k.ack = false
-			res = runSentinel(t, k, snNone).result(snNoReplicaAck)
-		}
+			return runSentinel(t, k, snNone).result(snNoReplicaAck)
+		})
 		res.Scenario = sc.name
 	default:
-		res = runSentinel(t, sc, ctl).result(ctl)
-		for try := 0; len(res.Flags) == 0 && try < 2; try++ {
-			t.Logf("%s: control not flagged (%s): again", sc.name, snControlNames[ctl])
-			res = runSentinel(t, sc, ctl).result(ctl)
-		}
+		res = rerunControl(t, sc.name, snControlNames[ctl], runSentinel(t, sc, ctl).result(ctl),
+			func() faultResult { return runSentinel(t, sc, ctl).result(ctl) })
 	}
 	if len(res.Flags) == 0 {
 		t.Errorf("%s: the negative control (%s) was not flagged by any check", sc.name, snControlNames[ctl])
