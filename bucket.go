@@ -317,8 +317,9 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 
 // claimedElsewhere answers a take whose id an earlier request claimed for bucket b, another
 // than the take's own: by another buyer, or by a restore that overtook the take. As on a plain
-// item, a tombstone answers ErrRestored (ErrSoldOut for the recorded refusal of a retry), and an
-// entry ErrConflict with the quantity the id was first used with (rc.Qty). With no entry yet, a
+// item, a tombstone answers ErrRestored (the recorded refusal of a retry: ErrSoldOut or
+// ErrInsufficient, as the retry was told), and an entry ErrConflict with the quantity the id
+// was first used with (rc.Qty). With no entry yet, a
 // claim of a give-back is a restore whose tombstone is on its way (ErrRestored); any other is
 // another buyer's, whose request is on its way or was refused for stock (ErrConflict).
 func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request, b int, byGiveBack bool) (Receipt, error) {
@@ -333,7 +334,11 @@ func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request
 		}
 		if e.Kind == KindTombstone {
 			rc.Qty = req.Qty
-			if e.State == StateRefused {
+			if e.State == StateRefused { // a retry's recorded refusal, answered as it was then
+				rc.Remaining = e.After
+				if e.After > 0 {
+					return rc, ErrInsufficient
+				}
 				return rc, ErrSoldOut
 			}
 			return rc, ErrRestored

@@ -93,8 +93,9 @@ type Request struct {
 	// Retry marks a retry after an unknown outcome (a timeout, a broken connection). A retry's
 	// refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the id, so
 	// that the earlier attempt, should it reach Redis after the retry, is refused too: the
-	// answer the caller got stays the final one. Without it a refusal records nothing, which
-	// keeps the sold-out path free of writes.
+	// answer the caller got stays the final one. Every later request of the id gets the same
+	// error (ErrSoldOut or ErrInsufficient) and Remaining, whatever was restocked or given back
+	// since. Without it a refusal records nothing, which keeps the sold-out path free of writes.
 	Retry bool
 }
 

@@ -9,7 +9,9 @@
 -- ARGV[4] hold time to live in ms ('0' for deducts)
 -- ARGV[5...] four values per request: id, qty, user ('' for none), retry ('1' when the caller
 --           retries after an unknown outcome: a refusal for lack of stock is then recorded as a
---           tombstone "Tf", so that the earlier attempt, if it arrives later, is refused too)
+--           tombstone "Tf" with the stock available then, so that the earlier attempt, if it
+--           arrives later, and every repeat are refused too, as sold out or insufficient as this
+--           call was)
 -- Reply: three integers per request: code, remaining available, qty (units of the user for code 7)
 --
 -- A new id is checked in this order: not loaded, closed, sold out (nothing available), per-user
@@ -220,6 +222,10 @@ for j = 1, nreq do
         hset[nh + 1] = id
         hset[nh + 2] = t
         nh = nh + 2
+        if st[6] then
+          seen = seen or {}
+          seen[#seen + 1] = id -- the filter must send the id's repeats to this script
+        end
       end
     else
       local e2 = entry(kind, state, q, avail - q, now, u, deadline)
@@ -291,10 +297,10 @@ if taken > 0 then
     end
     redis.call('HSET', KEYS[3], unpack(us))
   end
-  if seen then
-    for _, id in ipairs(seen) do
-      remember(KEYS[6], st[6], id)
-    end
+end
+if seen then
+  for _, id in ipairs(seen) do
+    remember(KEYS[6], st[6], id)
   end
 end
 if soldout then

@@ -94,12 +94,18 @@ local function released(s)
 end
 
 -- answer_known is the answer to a take (kind 'D' or 'H') of q units by user u of an id whose
--- ledger entry e exists: the code, the remaining stock to report (the entry's for a replay,
--- else avail) and the quantity to report.
+-- ledger entry e exists: the code, the remaining stock to report (the entry's for a replay and
+-- for a retry's recorded refusal, else avail) and the quantity to report.
 local function answer_known(e, kind, q, u, avail)
   local k, s, eq, ea, _, eu = parse(e) -- checked by the caller before its writes
   if k == 'T' then
-    return (s == 'f') and SOLDOUT or RESTORED, avail, q -- Tf: a retry refused for lack of stock
+    if s == 'f' then
+      -- Tf: a retry refused for lack of stock, answered as it was told, with the stock of then:
+      -- sold out when nothing was available, insufficient when some was (the script refuses a
+      -- new id as sold out exactly when nothing is available).
+      return (ea == 0) and SOLDOUT or SHORT, ea, q
+    end
+    return RESTORED, avail, q
   elseif k ~= kind or eq ~= q or eu ~= u then
     return CONFLICT, avail, eq
   elseif s == 'e' then

@@ -263,8 +263,10 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 	if e := it.ledger[id]; e != nil {
 		switch {
 		case e.kind == stock.KindTombstone && e.state == stock.StateRefused:
-			// A Retry refused for lack of stock: the answer stays the final one.
-			o.err, o.alt = stock.ErrSoldOut, []error{stock.ErrInsufficient, stock.ErrRestored}
+			// A Retry refused for lack of stock: the answer stays the final one, the refusal
+			// it was (sold out or insufficient) with the stock of then, whatever came back or
+			// was restocked since.
+			o.err, o.rc.Remaining, o.checkRem = e.lack, e.after, true
 		case e.kind == stock.KindTombstone:
 			o.err = stock.ErrRestored
 		case e.kind != kind || e.qty != qty || e.user != user:
@@ -293,7 +295,7 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 	}
 	if o.err != nil { // lack of stock
 		if retry {
-			it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRefused, qty: qty, user: user, lack: o.err}
+			it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRefused, qty: qty, after: it.avail, user: user, lack: o.err}
 		}
 		return o
 	}
@@ -764,7 +766,7 @@ func (w *world) claimedElsewhere(sku, id string, o outcome) outcome {
 	case e.kind == stock.KindTombstone && e.maybe:
 		o.err, o.alt = stock.ErrRestored, []error{stock.ErrConflict}
 	case e.kind == stock.KindTombstone && e.state == stock.StateRefused:
-		o.err, o.alt = stock.ErrSoldOut, []error{stock.ErrInsufficient, stock.ErrRestored}
+		o.err, o.rc.Remaining, o.checkRem = e.lack, e.after, true
 	case e.kind == stock.KindTombstone:
 		o.err = stock.ErrRestored
 	default:

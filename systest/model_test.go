@@ -1192,6 +1192,21 @@ func runCases(t *testing.T, cases []modelCase) {
 // modelRegressions are the shrunk counterexamples of the random run (see testdata/model-findings.md), as named
 // cases run strictly on every backend. Each fails on the code it was found on.
 var modelRegressions = []modelCase{
+	// A retry's recorded refusal keeps its kind: insufficient (3 of 5) stays insufficient with
+	// the Remaining of then after a restock that would serve it, sold out stays sold out (the
+	// library answered every recorded refusal as sold out, and the model took either).
+	{name: "RetryRefusalKeepsItsKindAfterRestock", steps: []mstep{
+		{Op: "load", SKU: "tee", Qty: 3},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "alice", Qty: 5, Retry: true},
+		{Op: "restock", SKU: "tee", ID: "r1", Qty: 4},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "alice", Qty: 5, Retry: true},
+		{Op: "hold", SKU: "tee", ID: "o1", User: "alice", Qty: 5, TTL: time.Hour},
+		{Op: "deduct", SKU: "tee", ID: "o2", User: "bob", Qty: 7},
+		{Op: "deduct", SKU: "tee", ID: "o3", User: "bob", Qty: 1, Retry: true},
+		{Op: "restock", SKU: "tee", ID: "r2", Qty: 1},
+		{Op: "deduct", SKU: "tee", ID: "o3", User: "bob", Qty: 1},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "alice", Qty: 5},
+	}},
 	{name: "ExpiryReleasesAtMost64DueHoldsPerCall", steps: []mstep{
 		{Op: "load", SKU: "tee"},
 		{Op: "mass", SKU: "tee", N: 70, TTL: tick},
@@ -1396,6 +1411,16 @@ var modelBucketRegressions = []modelCase{
 		{Op: "hold", SKU: "tee", ID: "c3", Qty: 1, TTL: tick},
 		{Op: "advance", TTL: 3 * tick},
 		{Op: "confirmmany", ID: "c3", SKUs: []string{"tee"}},
+	}},
+	// A retry's recorded refusal keeps its kind on a split item too, in its own bucket and
+	// when claimed elsewhere (another buyer's request of the id goes to another bucket).
+	{name: "SplitRetryRefusalKeepsItsKind", cfg: mconfig{Buckets: 2, Split: []string{"tee"}}, steps: []mstep{
+		{Op: "load", SKU: "tee", Qty: 3},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "alice", Qty: 5, Retry: true},
+		{Op: "restock", SKU: "tee", ID: "r1", Qty: 4},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "alice", Qty: 5, Retry: true},
+		{Op: "deduct", SKU: "tee", ID: "o1", User: "bob", Qty: 5},
+		{Op: "deduct", SKU: "tee", ID: "o1", Qty: 5},
 	}},
 	// A request its bucket can serve is not refused for the stock of the others, and stock
 	// moves between buckets: 2 buckets of 1 unit each, one buyer takes both.
