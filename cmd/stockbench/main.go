@@ -144,6 +144,7 @@ type config struct {
 	coalesce   int
 	rounds     int
 	idle       []int  // -idle: catalogue sizes of the idle report
+	layouts    int    // -layouts: calls per candidate layout of the layouts report
 	cpuprofile string // -cpuprofile: where to write a CPU profile of the client
 	buckets    int    // -buckets: buckets per item of the Reserver phases (stock.WithBuckets); 1 = not split
 	stock      int64  // -stock: units loaded per item in the deduct, deduct-nouser and restore phases
@@ -309,6 +310,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.rounds, "rounds", 1, "split each phase into this many slices, run in turn with the other phases")
 	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of this process (the client side) to this file")
 	fs.StringVar(&idle, "idle", "", "instead of the phases: the cost of Run's background work with no traffic over catalogues of these\nsizes (comma-separated item counts), each measured for -duration, and how soon a new event is delivered")
+	fs.IntVar(&cfg.layouts, "layouts", 0, "instead of the phases: this many uncoalesced deducts (new id, new buyer, limit 2) on each candidate\nstored layout, as Redis functions beside the library's Deduct and the ledger-hash script, in -rounds\nalternated rounds of the first -g goroutines: Redis time and CPU per call, bytes per entry (Redis 7 or later)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -348,6 +350,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	}
 	switch {
+	case cfg.layouts < 0 || (cfg.layouts > 0 && int64(cfg.layouts) < int64(cfg.rounds)*int64(cfg.gs[0])):
+		return bad("-layouts must be at least -rounds times the first -g")
 	case cfg.items < 1:
 		return bad("-items must be at least 1")
 	case cfg.duration <= 0:
@@ -410,6 +414,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if cfg.layouts > 0 {
+		res, err := b.layoutReport(ctx, stdout)
+		if err == nil && cfg.json {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			err = enc.Encode(res)
+		}
+		if left := b.cleanupAll(); left > 0 && err == nil {
+			fmt.Fprintf(stderr, "stockbench: cleanup: %d keys of the run were left and deleted\n", left)
+		}
+		return err
 	}
 	if len(cfg.idle) > 0 {
 		res, err := b.idleReport(ctx, stdout)

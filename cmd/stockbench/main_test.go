@@ -471,3 +471,31 @@ func slicesContainsSubstr(ss []string, sub string) bool {
 	}
 	return false
 }
+
+// TestLayouts: every candidate of -layouts takes one unit, writes one entry and one event per
+// call (the report checks it and fails otherwise), and the table has a row for each.
+func TestLayouts(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"-layouts", "100", "-g", "1"}, &out, &errOut)
+	require.ErrorContains(t, err, "real Redis 7", "miniredis has no Redis functions")
+	if redistest.ServerBinary(t) == "" {
+		t.Skipf("the rest needs a real redis-server: set %s to its path", redistest.EnvServer)
+	}
+	srv := redistest.StartServer(t)
+	out.Reset()
+	err = run(context.Background(), []string{"-redis", srv.Addr(), "-layouts", "400", "-g", "4", "-rounds", "2", "-json"}, &out, &errOut)
+	require.NoError(t, err, errOut.String())
+	var rows []LayoutResult
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rows), out.String())
+	require.Len(t, rows, len(layouts))
+	for _, x := range rows {
+		assert.Equal(t, int64(400), x.Calls, x.Name)
+		assert.Positive(t, x.UsPerCall, x.Name)
+		require.NotNil(t, x.BytesPerOp, x.Name)
+		assert.Positive(t, *x.BytesPerOp, x.Name)
+	}
+	assert.InDelta(t, 1.0, rows[len(rows)-1].VsLedgerHash, 1e-9, "the ledger-hash row is its own baseline")
+
+	_, err = parseFlags([]string{"-layouts", "3", "-g", "2", "-rounds", "2"}, io.Discard)
+	assert.ErrorIs(t, err, errUsage, "fewer calls than goroutines times rounds")
+}
