@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"strconv"
@@ -93,9 +94,11 @@ type Request struct {
 	// Retry marks a retry after an unknown outcome (a timeout, a broken connection). A retry's
 	// refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the id, so
 	// that the earlier attempt, should it reach Redis after the retry, is refused too: the
-	// answer the caller got stays the final one. Every later request of the id gets the same
-	// error (ErrSoldOut or ErrInsufficient) and Remaining, whatever was restocked or given back
-	// since. Without it a refusal records nothing, which keeps the sold-out path free of writes.
+	// answer the caller got stays the final one. Every later request of the id (whatever its
+	// quantity or user) gets the same error (ErrSoldOut or ErrInsufficient) and Remaining,
+	// whatever was restocked or given back since, for as long as the ledger keeps the id (see
+	// ReconcileOptions.Retention: the record is a ledger entry, not a Store record). Without it
+	// a refusal records nothing, which keeps the sold-out path free of writes.
 	Retry bool
 }
 
@@ -378,6 +381,7 @@ func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string
 		r.noteEvents(req.SKU)
 	}
 	o, err = decodeOne(res)
+	o.recorded = req.Retry
 	return o, ackErr, err
 }
 
@@ -394,11 +398,17 @@ func (r *Reserver) takeReceipt(rc Receipt, k *protocol.Keys, o outcome, ackErr, 
 }
 
 // receiptAck is receipt, with the replica acknowledgement's error when the write was made, or
-// replayed: a replay is as safe as the write it replays, which the replicas may not have yet.
+// replayed: a replay is as safe as the write it replays, which the replicas may not have yet. A
+// refusal the ledger keeps as the id's answer (a retry's refusal for stock, the tombstone of a
+// give-back of an unknown id) is such a write too: its error is joined with the acknowledgement's.
 func (r *Reserver) receiptAck(rc Receipt, o outcome, ackErr error) (Receipt, error) {
 	rc, err := r.receipt(rc, o)
-	if err == nil && ackErr != nil && (o.code == protocol.OK || o.code == protocol.Replay) {
+	switch {
+	case ackErr == nil:
+	case err == nil && (o.code == protocol.OK || o.code == protocol.Replay):
 		return rc, ackErr
+	case o.recorded && (o.code == protocol.SoldOut || o.code == protocol.Short || o.code == protocol.Unknown):
+		return rc, errors.Join(err, ackErr)
 	}
 	return rc, err
 }
@@ -458,6 +468,7 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
 	}
+	o.recorded = true // an unknown id gets a tombstone (or has one)
 	return r.receiptAck(rc, o, ackErr)
 }
 
