@@ -23,6 +23,13 @@
 -- MAX_EXPIRY when a request could otherwise be refused for stock or its user's limit, and every
 -- hold an id of the call names: such an id is answered as expired), then the takes. The common
 -- call of one request that is taken writes its entry with HSETNX first (see below).
+--
+-- Commands of that common call (a plain item, a new id, taken, events queued): TIME, HMGET of
+-- the item, HSETNX of the entry, HSET of the counters, ZADD of the event: 5, the ledger-hash
+-- script's count (HEXISTS, GET, SET, TIME, HSET); with a buyer 7 (HGET and HSET of its units).
+-- A hold adds ZADD to the holds and the ZRANGE and HSET of next_deadline; an item with a
+-- sold-out filter adds two SETBITs. What each costs: docs/benchmarks.md, "Choosing a stored
+-- layout" (stockbench -layouts).
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
 local now = now_ms()
 local hold = kind == 'H'
