@@ -1303,11 +1303,10 @@ func TestRetryAttackRefusalReconcile(t *testing.T) {
 
 // ---------- WithReplicaAck: the recorded refusal is a write ----------
 
-// With WithReplicaAck(1, …) and no replica, a sale answers ErrNotReplicated ("a failover could
-// lose it"). A Retry's refusal is also a write (the record that makes it final), and the call
-// does wait for the replicas, but the caller is told a bare ErrInsufficient: nothing says the
-// record that makes this answer final could be lost by a failover, after which the late first
-// attempt would be sold.
+// With WithReplicaAck(5, …) and fewer replicas (none, or the Sentinel backend's), a sale answers
+// ErrNotReplicated ("a failover could lose it"). A Retry's refusal is also a write (the record
+// that makes it final): it must say so too (it was a bare ErrInsufficient, and a failover that
+// lost the record would sell the late first attempt), as must a Restore's tombstone.
 func TestRetryAttackRefusalReplicaAck(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
@@ -1315,7 +1314,7 @@ func TestRetryAttackRefusalReplicaAck(t *testing.T) {
 			continue // miniredis has no WAIT semantics worth testing
 		}
 		t.Run(b.Name, func(t *testing.T) {
-			r, err := stock.New(b.Client(t), stock.WithReplicaAck(1, 20*time.Millisecond))
+			r, err := stock.New(b.Client(t), stock.WithReplicaAck(5, 20*time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}
