@@ -186,7 +186,7 @@ func (rl *relay) drainItem(ctx context.Context, sku string, st *relayStats) erro
 		}
 		if s.Claimed < rl.batch {
 			if s.Claimed > 0 {
-				rl.release(ctx, sku) // drained: the next relay or reconciler need not wait
+				rl.releaseDetached(ctx, sku) // drained: the next relay or reconciler need not wait
 			}
 			return nil
 		}
@@ -277,6 +277,17 @@ func (rl *relay) release(ctx context.Context, sku string) {
 	_ = protocol.Unlock.Exec(ctx, rl.r.client, rl.r.item(sku).ForLease(), []string{rl.token}).Error()
 }
 
+// releaseDetached is release that runs even when ctx is done (a relay that stops gives its
+// lease back), bounded by releaseTimeout.
+func (rl *relay) releaseDetached(ctx context.Context, sku string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	rl.release(ctx, sku)
+}
+
+// releaseTimeout bounds the give-back of a lease after the caller's context is done.
+const releaseTimeout = 2 * time.Second
+
 // eventTypes maps an outbox event letter (and the entry) to the event type.
 func eventType(letter byte, e Entry) (EventType, bool) {
 	switch letter {
@@ -316,6 +327,12 @@ func (rl *relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 	args := []string{strconv.Itoa(rl.batch), strconv.FormatInt(rl.lease.Milliseconds(), 10), rl.token}
 	vs, err := protocol.Claim.Exec(ctx, rl.r.client, rl.r.item(sku).ForClaim(), args).AsStrSlice()
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped while the claim was on its way: it may have run and taken the lease,
+			// which would hold the item from every other relay and reconciler until it runs
+			// out. Give it back (only if it is this relay's).
+			rl.releaseDetached(ctx, sku)
+		}
 		rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))
 		return nil, fmt.Errorf("stock: relay claim %s: %w", sku, err)
 	}
