@@ -392,7 +392,7 @@ func (r *Reserver) takeBucketedFast(ctx context.Context, req Request, n int) (Re
 // changed (it is large: up to 1 MiB; the state read is renewed after every script call).
 const (
 	filterMayChange = iota // the default: the script may add ids to the filter or replace it
-	filterIfTaken          // deduct.lua, deductmany.lua: an id goes in the filter only when taken (code OK)
+	filterIfTaken          // deduct.lua, deductmany.lua: an id goes in the filter when taken (code OK), or as a retry's recorded refusal (its SETBITs invalidate the cached filter)
 	filterKept             // the script never writes the filter
 )
 

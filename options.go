@@ -137,10 +137,10 @@ func WithCoalescing(maxInFlight int) Option {
 // receipt with an error wrapping ErrNotReplicated, which the caller may treat as "done, but a
 // failover could lose it". A replay of such a write (a retry with the same id) waits the same
 // way, and answers ErrNotReplicated too until the replicas have the write it replays. A refusal
-// the ledger keeps as the id's answer is a write as well: a Request.Retry refused for stock, and
-// a Restore or Cancel of an unknown id (its tombstone), return their error joined with one
-// wrapping ErrNotReplicated (errors.Is finds both) when the replicas did not acknowledge it.
-// What it guarantees: a write acknowledged by n replicas survives a failover to one of them.
+// is never ErrNotReplicated (which says the units were taken), even when it left a record the
+// replicas did not acknowledge: a Request.Retry refused for stock, a Restore or Cancel of an
+// unknown id. A failover to a replica without that record loses it, and the late first attempt
+// the record was to refuse may then be served. What it guarantees: a write acknowledged by n replicas survives a failover to one of them.
 // What it does not: Redis replication stays asynchronous (the primary has applied the write
 // before any replica did, and a failover to a replica that did not
 // acknowledge loses it), and it costs a dedicated connection and a round trip to the replicas

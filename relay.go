@@ -330,7 +330,8 @@ func (rl *relay) claim(ctx context.Context, sku string) ([]claimed, error) {
 		if ctx.Err() != nil {
 			// Stopped while the claim was on its way: it may have run and taken the lease,
 			// which would hold the item from every other relay and reconciler until it runs
-			// out. Give it back (only if it is this relay's).
+			// out. Give it back (only if it is this relay's). A claim still queued on another
+			// of the client's connections may run after this release: its lease runs out.
 			rl.releaseDetached(ctx, sku)
 		}
 		rl.r.retryAt(context.WithoutCancel(ctx), sku, rl.clock.now().Add(rl.poll))

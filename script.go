@@ -50,9 +50,6 @@ func (r *Reserver) exec(ctx context.Context, s *protocol.Script, keys, args []st
 // outcome is one request's result as a script reports it: three integers.
 type outcome struct {
 	code, remaining, qty int64
-	// recorded: a refusal of this call is kept in the ledger, so that it stays the id's answer
-	// (a retry's refusal for stock, a give-back's tombstone), and needs the replicas as a write.
-	recorded bool
 }
 
 // decodeOutcomes checks that a script answered with n triples of integers and decodes them.

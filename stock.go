@@ -2,7 +2,6 @@ package stock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"strconv"
@@ -381,7 +380,6 @@ func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string
 		r.noteEvents(req.SKU)
 	}
 	o, err = decodeOne(res)
-	o.recorded = req.Retry
 	return o, ackErr, err
 }
 
@@ -398,17 +396,12 @@ func (r *Reserver) takeReceipt(rc Receipt, k *protocol.Keys, o outcome, ackErr, 
 }
 
 // receiptAck is receipt, with the replica acknowledgement's error when the write was made, or
-// replayed: a replay is as safe as the write it replays, which the replicas may not have yet. A
-// refusal the ledger keeps as the id's answer (a retry's refusal for stock, the tombstone of a
-// give-back of an unknown id) is such a write too: its error is joined with the acknowledgement's.
+// replayed: a replay is as safe as the write it replays, which the replicas may not have yet.
+// A refusal is never ErrNotReplicated, which says the units were taken (see WithReplicaAck).
 func (r *Reserver) receiptAck(rc Receipt, o outcome, ackErr error) (Receipt, error) {
 	rc, err := r.receipt(rc, o)
-	switch {
-	case ackErr == nil:
-	case err == nil && (o.code == protocol.OK || o.code == protocol.Replay):
+	if err == nil && ackErr != nil && (o.code == protocol.OK || o.code == protocol.Replay) {
 		return rc, ackErr
-	case o.recorded && (o.code == protocol.SoldOut || o.code == protocol.Short || o.code == protocol.Unknown):
-		return rc, errors.Join(err, ackErr)
 	}
 	return rc, err
 }
@@ -468,7 +461,6 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
 	}
-	o.recorded = true // an unknown id gets a tombstone (or has one)
 	return r.receiptAck(rc, o, ackErr)
 }
 

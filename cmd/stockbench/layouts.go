@@ -118,6 +118,9 @@ func (b *bench) layoutReport(ctx context.Context, w io.Writer) ([]LayoutResult, 
 	if b.mini != nil {
 		return nil, errors.New("stockbench: -layouts needs a real Redis 7 or later (Redis functions)")
 	}
+	if len(b.cfg.cluster) > 0 {
+		return nil, errors.New("stockbench: -layouts measures one standalone Redis (-redis): its function library and its counters are one node's")
+	}
 	c := b.client
 	if err := c.Do(ctx, c.B().FunctionLoad().Replace().FunctionCode(layoutLib).Build()).Error(); err != nil {
 		return nil, fmt.Errorf("stockbench: -layouts loads a function library (Redis 7 or later): %w", err)
@@ -225,7 +228,7 @@ func (b *bench) layoutReport(ctx context.Context, w io.Writer) ([]LayoutResult, 
 	if b.cfg.json {
 		return res, nil
 	}
-	fmt.Fprintf(w, "stockbench -layouts: %s, %d calls per candidate, g=%d, %d round(s), %d listpack sub-hashes\n", b.target, n, g, b.cfg.rounds, subs)
+	fmt.Fprintf(w, "stockbench -layouts: %s, %d calls per candidate, g=%d, %d round(s), %d listpack sub-hashes\n", b.target, res[0].Calls, g, b.cfg.rounds, subs)
 	fmt.Fprintln(w, "(one run on one machine: compare the rows with each other, not with other runs)")
 	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  layout\tcalls/s\tcommands\tµs/call\tredis cpu µs/call\tB/entry\tvs ledger-hash\tvs library\twhat")

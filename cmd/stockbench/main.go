@@ -422,9 +422,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			enc.SetIndent("", "  ")
 			err = enc.Encode(res)
 		}
-		if left := b.cleanupAll(); left > 0 && err == nil {
-			fmt.Fprintf(stderr, "stockbench: cleanup: %d keys of the run were left and deleted\n", left)
-		}
+		b.cleanupAll() // the candidates' keys: every one of them is left for the end
 		return err
 	}
 	if len(cfg.idle) > 0 {
