@@ -30,45 +30,7 @@ import (
 
 // ---------- helpers ----------
 
-// zzLevels reads an item's levels and checks loaded = available + held + sold, available >= 0.
-func zzLevels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
-	t.Helper()
-	lv, err := r.Levels(context.Background(), sku)
-	if err != nil {
-		t.Fatalf("Levels(%s): %v", sku, err)
-	}
-	if lv.Loaded != lv.Available+lv.Held+lv.Sold || lv.Available < 0 {
-		t.Errorf("Levels(%s) inconsistent: %+v", sku, lv)
-	}
-	return lv
-}
-
-// zzLedgerMatchesLevels checks that the ledger accounts for the levels: the live holds sum to
-// Held, the taken non-held entries to Sold, loaded = initial + restocks.
-func zzLedgerMatchesLevels(t *testing.T, r *stock.Reserver, sku string, initial int64) {
-	t.Helper()
-	ctx := context.Background()
-	var held, sold, restocked int64
-	for e, err := range stockops.Entries(ctx, r, sku) {
-		if err != nil {
-			t.Fatalf("Entries(%s): %v", sku, err)
-		}
-		switch {
-		case e.Kind == stock.KindRestock:
-			restocked += e.Qty
-		case e.Taken() && e.State == stock.StateHeld:
-			held += e.Qty
-		case e.Taken():
-			sold += e.Qty
-		}
-	}
-	lv := zzLevels(t, r, sku)
-	if lv.Held != held || lv.Sold != sold || lv.Loaded != initial+restocked {
-		t.Errorf("ledger of %s does not match levels %+v: held %d sold %d loaded %d+%d", sku, lv, held, sold, initial, restocked)
-	}
-}
-
-func zzPending(t *testing.T, r *stock.Reserver, sku string) int64 {
+func retryPending(t *testing.T, r *stock.Reserver, sku string) int64 {
 	t.Helper()
 	p, _, err := stockops.Pending(context.Background(), r, sku)
 	if err != nil {
@@ -77,8 +39,8 @@ func zzPending(t *testing.T, r *stock.Reserver, sku string) int64 {
 	return p
 }
 
-// zzCheckRefusal checks that (rc, err) is the refusal want with Remaining rem.
-func zzCheckRefusal(t *testing.T, what string, rc stock.Receipt, err error, want error, rem int64) {
+// retryCheckRefusal checks that (rc, err) is the refusal want with Remaining rem.
+func retryCheckRefusal(t *testing.T, what string, rc stock.Receipt, err error, want error, rem int64) {
 	t.Helper()
 	if !errors.Is(err, want) {
 		t.Errorf("%s: err = %v, want %v", what, err, want)
@@ -99,7 +61,7 @@ func zzCheckRefusal(t *testing.T, what string, rc stock.Receipt, err error, want
 	}
 }
 
-func zzCheckCartRefusal(t *testing.T, what string, err error, want error, sku string) {
+func retryCheckCartRefusal(t *testing.T, what string, err error, want error, sku string) {
 	t.Helper()
 	var ce *stock.CartError
 	if !errors.As(err, &ce) {
@@ -111,12 +73,12 @@ func zzCheckCartRefusal(t *testing.T, what string, err error, want error, sku st
 	}
 }
 
-type zzConfig struct {
+type retryConfig struct {
 	name string
 	opts []stock.Option
 }
 
-var zzConfigs = []zzConfig{
+var retryConfigs = []retryConfig{
 	{"plain", nil},
 	{"nocoalesce-nocache", []stock.Option{stock.WithCoalescing(0), stock.WithSoldOutCache(0)}},
 	{"buckets4", []stock.Option{stock.WithBuckets(func(string) int { return 4 })}},
@@ -130,7 +92,7 @@ func TestRetryAttackRefusalMatrix(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			for _, cfg := range zzConfigs {
+			for _, cfg := range retryConfigs {
 				for _, op := range []string{"deduct", "hold"} {
 					for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
 						name := fmt.Sprintf("%s/%s/%s", cfg.name, op, stock.Outcome(kind))
@@ -174,7 +136,7 @@ func TestRetryAttackRefusalMatrix(t *testing.T) {
 							} else {
 								rc, err = r.Hold(ctx, req, time.Hour)
 							}
-							zzCheckRefusal(t, "the retry", rc, err, kind, rem)
+							retryCheckRefusal(t, "the retry", rc, err, kind, rem)
 							entry, err := r.Ledger(ctx, sku, id)
 							if err != nil {
 								t.Fatalf("Ledger of the refused retry: %v", err)
@@ -183,7 +145,7 @@ func TestRetryAttackRefusalMatrix(t *testing.T) {
 							if entry.Taken() {
 								t.Errorf("the refused retry's entry is Taken: %+v", entry)
 							}
-							zzLedgerMatchesLevels(t, r, sku, 3)
+							checkLedger(t, r, sku, 3)
 
 							// Stock comes back: a restore, a cancel, a restock.
 							if _, err := r.Restore(ctx, sku, "pre:1"); err != nil {
@@ -217,23 +179,23 @@ func TestRetryAttackRefusalMatrix(t *testing.T) {
 							}
 							for i := 0; i < 1; i++ {
 								for _, rp := range repeats {
-									before := zzLevels(t, r, sku)
-									pb := zzPending(t, r, sku)
+									before := levels(t, r, sku)
+									pb := retryPending(t, r, sku)
 									rc, err := rp.f()
-									zzCheckRefusal(t, rp.name, rc, err, kind, rem)
-									after := zzLevels(t, r, sku)
+									retryCheckRefusal(t, rp.name, rc, err, kind, rem)
+									after := levels(t, r, sku)
 									if before != after {
 										t.Errorf("%s changed the levels: %+v -> %+v", rp.name, before, after)
 									}
-									if pa := zzPending(t, r, sku); pa != pb {
+									if pa := retryPending(t, r, sku); pa != pb {
 										t.Errorf("%s queued events: pending %d -> %d", rp.name, pb, pa)
 									}
 								}
 							}
 							// Carts with the same id: the line of sku must refuse, and the other item is
 							// given back whole.
-							ob := zzLevels(t, r, other)
-							sb := zzLevels(t, r, sku)
+							ob := levels(t, r, other)
+							sb := levels(t, r, sku)
 							cart := stock.Cart{ID: id, User: user, Lines: []stock.Line{{SKU: other, Qty: 1}, {SKU: sku, Qty: qty}}}
 							_, err = r.HoldMany(ctx, stock.Cart{ID: id + "h", User: user, Lines: []stock.Line{{SKU: sku, Qty: qty}}}, time.Hour)
 							if err != nil {
@@ -247,19 +209,19 @@ func TestRetryAttackRefusalMatrix(t *testing.T) {
 								} else {
 									_, err = rr.HoldMany(ctx, cart, time.Hour)
 								}
-								zzCheckCartRefusal(t, fmt.Sprintf("cart of the id, copy %d", i), err, kind, sku)
+								retryCheckCartRefusal(t, fmt.Sprintf("cart of the id, copy %d", i), err, kind, sku)
 							}
-							if oa := zzLevels(t, r, other); oa != ob {
+							if oa := levels(t, r, other); oa != ob {
 								t.Errorf("the refused cart kept stock of %s: %+v -> %+v", other, ob, oa)
 							}
-							if sa := zzLevels(t, r, sku); sa != sb {
+							if sa := levels(t, r, sku); sa != sb {
 								t.Errorf("the refused carts changed %s: %+v -> %+v", sku, sb, sa)
 							}
 							// After the carts, still the same answer.
 							rc, err = r.Deduct(ctx, plain)
-							zzCheckRefusal(t, "Deduct after carts", rc, err, kind, rem)
+							retryCheckRefusal(t, "Deduct after carts", rc, err, kind, rem)
 							rc, err = r2.Hold(ctx, req, time.Hour)
-							zzCheckRefusal(t, "Hold Retry after carts", rc, err, kind, rem)
+							retryCheckRefusal(t, "Hold Retry after carts", rc, err, kind, rem)
 
 							got, err := r.Ledger(ctx, sku, id)
 							if err != nil {
@@ -268,10 +230,10 @@ func TestRetryAttackRefusalMatrix(t *testing.T) {
 							if got != entry {
 								t.Errorf("the recorded refusal changed: %+v -> %+v", entry, got)
 							}
-							zzLedgerMatchesLevels(t, r, sku, 3)
-							zzLedgerMatchesLevels(t, r, other, 5)
+							checkLedger(t, r, sku, 3)
+							checkLedger(t, r, other, 5)
 							// The stock is all there for others: the repeats took none.
-							lv := zzLevels(t, r, sku)
+							lv := levels(t, r, sku)
 							if lv.Available != 13-boolInt(kind == stock.ErrSoldOut) {
 								t.Errorf("available %d after the repeats, levels %+v", lv.Available, lv)
 							}
@@ -330,7 +292,7 @@ func TestRetryAttackFastPath(t *testing.T) {
 					// one sold out (recorded Remaining 0), then restock 2 and one insufficient.
 					idS, idI := "rt:so~1", "rt:in~1"
 					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true})
-					zzCheckRefusal(t, "retry sold out", rc, err, stock.ErrSoldOut, 0)
+					retryCheckRefusal(t, "retry sold out", rc, err, stock.ErrSoldOut, 0)
 					if _, err := r.Restock(ctx, sku, "rs:1", 2); err != nil {
 						t.Fatal(err)
 					}
@@ -361,11 +323,11 @@ func TestRetryAttackFastPath(t *testing.T) {
 					for i := 0; i < 5; i++ {
 						for j, rr := range []*stock.Reserver{r, r2} {
 							rc, err := rr.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
-							zzCheckRefusal(t, fmt.Sprintf("repeat insufficient via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
+							retryCheckRefusal(t, fmt.Sprintf("repeat insufficient via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
 							rc, err = rr.Hold(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}, time.Minute)
-							zzCheckRefusal(t, fmt.Sprintf("repeat insufficient as hold via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
+							retryCheckRefusal(t, fmt.Sprintf("repeat insufficient as hold via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
 							rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
-							zzCheckRefusal(t, fmt.Sprintf("repeat sold out via reserver %d", j), rc, err, stock.ErrSoldOut, 0)
+							retryCheckRefusal(t, fmt.Sprintf("repeat sold out via reserver %d", j), rc, err, stock.ErrSoldOut, 0)
 							rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2})
 							if err != nil || !rc.Replayed {
 								t.Errorf("replay of a sale under the fast path: %+v %v", rc, err)
@@ -377,10 +339,10 @@ func TestRetryAttackFastPath(t *testing.T) {
 						t.Fatal(err)
 					}
 					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
-					zzCheckRefusal(t, "repeat insufficient after restock", rc, err, stock.ErrInsufficient, remI)
+					retryCheckRefusal(t, "repeat insufficient after restock", rc, err, stock.ErrInsufficient, remI)
 					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
-					zzCheckRefusal(t, "repeat sold out after restock", rc, err, stock.ErrSoldOut, 0)
-					zzLedgerMatchesLevels(t, r, sku, 1)
+					retryCheckRefusal(t, "repeat sold out after restock", rc, err, stock.ErrSoldOut, 0)
+					checkLedger(t, r, sku, 1)
 				})
 			}
 		})
@@ -406,17 +368,17 @@ func TestRetryAttackRefusalLargeNumbers(t *testing.T) {
 					}
 					req := stock.Request{SKU: sku, ID: "big:id~", User: "u", Qty: stock.MaxQty, Retry: true}
 					rc, err := r.Deduct(ctx, req)
-					zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, avail)
+					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, avail)
 					e, err := r.Ledger(ctx, sku, req.ID)
 					if err != nil || e.Qty != stock.MaxQty || e.After != avail {
 						t.Errorf("ledger: %+v %v", e, err)
 					}
 					req.Retry = false
 					rc, err = r.Deduct(ctx, req)
-					zzCheckRefusal(t, "late first attempt", rc, err, stock.ErrInsufficient, avail)
+					retryCheckRefusal(t, "late first attempt", rc, err, stock.ErrInsufficient, avail)
 					rc, err = r.Hold(ctx, req, time.Minute)
-					zzCheckRefusal(t, "hold", rc, err, stock.ErrInsufficient, avail)
-					zzLedgerMatchesLevels(t, r, sku, avail)
+					retryCheckRefusal(t, "hold", rc, err, stock.ErrInsufficient, avail)
+					checkLedger(t, r, sku, avail)
 				})
 			}
 		})
@@ -427,9 +389,9 @@ func TestRetryAttackRefusalLargeNumbers(t *testing.T) {
 
 func TestRetryAttackRefusalHoldExpiry(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range zzConfigs {
+	for _, cfg := range retryConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
-			env := zzNewEnv(t, cfg.opts...)
+			env := retryNewEnv(t, cfg.opts...)
 			r := env.Reserver
 			r2, err := stock.New(env.Client, cfg.opts...)
 			if err != nil {
@@ -444,30 +406,30 @@ func TestRetryAttackRefusalHoldExpiry(t *testing.T) {
 			}
 			// Insufficient: 1 left, asks 2.
 			rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}, time.Minute)
-			zzCheckRefusal(t, "retry hold insufficient", rc, err, stock.ErrInsufficient, 1)
+			retryCheckRefusal(t, "retry hold insufficient", rc, err, stock.ErrInsufficient, 1)
 			if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:2", User: "h2", Qty: 1}, time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			// Sold out.
 			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true})
-			zzCheckRefusal(t, "retry deduct sold out", rc, err, stock.ErrSoldOut, 0)
+			retryCheckRefusal(t, "retry deduct sold out", rc, err, stock.ErrSoldOut, 0)
 			env.Advance(2 * time.Minute) // both holds are due
 			rc, err = r2.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2}, time.Minute)
-			zzCheckRefusal(t, "late hold after expiry", rc, err, stock.ErrInsufficient, 1)
+			retryCheckRefusal(t, "late hold after expiry", rc, err, stock.ErrInsufficient, 1)
 			rc, err = r2.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1})
-			zzCheckRefusal(t, "late deduct after expiry", rc, err, stock.ErrSoldOut, 0)
+			retryCheckRefusal(t, "late deduct after expiry", rc, err, stock.ErrSoldOut, 0)
 			if _, err := stockops.Sweep(ctx, r, sku); err != nil {
 				t.Fatal(err)
 			}
 			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true})
-			zzCheckRefusal(t, "deduct retry after sweep", rc, err, stock.ErrInsufficient, 1)
+			retryCheckRefusal(t, "deduct retry after sweep", rc, err, stock.ErrInsufficient, 1)
 			rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}, time.Minute)
-			zzCheckRefusal(t, "hold retry after sweep", rc, err, stock.ErrSoldOut, 0)
-			lv := zzLevels(t, r, sku)
+			retryCheckRefusal(t, "hold retry after sweep", rc, err, stock.ErrSoldOut, 0)
+			lv := levels(t, r, sku)
 			if lv.Available != 3 || lv.Held != 0 || lv.Sold != 0 {
 				t.Errorf("levels after expiry and repeats: %+v", lv)
 			}
-			zzLedgerMatchesLevels(t, r, sku, 3)
+			checkLedger(t, r, sku, 3)
 		})
 	}
 }
@@ -476,9 +438,9 @@ func TestRetryAttackRefusalHoldExpiry(t *testing.T) {
 // recorded refusal must carry the stock after that release, and so must its repeats.
 func TestRetryAttackRefusalDueHoldFirst(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range zzConfigs {
+	for _, cfg := range retryConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
-			env := zzNewEnv(t, cfg.opts...)
+			env := retryNewEnv(t, cfg.opts...)
 			r := env.Reserver
 			sku := "du:e~1"
 			if err := r.Load(ctx, sku, 2); err != nil {
@@ -489,10 +451,10 @@ func TestRetryAttackRefusalDueHoldFirst(t *testing.T) {
 			}
 			env.Advance(2 * time.Minute)
 			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3, Retry: true})
-			zzCheckRefusal(t, "retry with a due hold", rc, err, stock.ErrInsufficient, 2)
+			retryCheckRefusal(t, "retry with a due hold", rc, err, stock.ErrInsufficient, 2)
 			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3})
-			zzCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 2)
-			zzLedgerMatchesLevels(t, r, sku, 2)
+			retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 2)
+			checkLedger(t, r, sku, 2)
 		})
 	}
 }
@@ -548,7 +510,7 @@ func TestRetryAttackFastPathMidBuild(t *testing.T) {
 				for i := 0; i < 60; i++ {
 					id := fmt.Sprintf("rt:%d~x", i)
 					rc, err := r2.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5, Retry: true})
-					zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 3)
+					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 3)
 					ids = append(ids, id)
 				}
 				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3}); err != nil {
@@ -577,7 +539,7 @@ func TestRetryAttackFastPathMidBuild(t *testing.T) {
 				if bad > 0 {
 					t.Errorf("%d repeats of recorded refusals answered wrongly", bad)
 				}
-				zzLedgerMatchesLevels(t, r, sku, n)
+				checkLedger(t, r, sku, n)
 			})
 		})
 	}
@@ -602,13 +564,13 @@ func TestRetryAttackRefusalUserLimit(t *testing.T) {
 						t.Fatal(err)
 					}
 					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
-					zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
 					if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1}); err != nil {
 						t.Fatal(err)
 					}
 					// Sold out and u has 1: a retry refused as sold out.
 					rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute)
-					zzCheckRefusal(t, "retry 2", rc, err, stock.ErrSoldOut, 0)
+					retryCheckRefusal(t, "retry 2", rc, err, stock.ErrSoldOut, 0)
 					if _, err := r.Restock(ctx, sku, "rs", 10); err != nil {
 						t.Fatal(err)
 					}
@@ -617,18 +579,18 @@ func TestRetryAttackRefusalUserLimit(t *testing.T) {
 					}
 					// u is at the limit: the repeats must still answer the recorded refusals.
 					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2})
-					zzCheckRefusal(t, "repeat x:1 at the limit", rc, err, stock.ErrInsufficient, 1)
+					retryCheckRefusal(t, "repeat x:1 at the limit", rc, err, stock.ErrInsufficient, 1)
 					rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute)
-					zzCheckRefusal(t, "repeat x:2 at the limit", rc, err, stock.ErrSoldOut, 0)
+					retryCheckRefusal(t, "repeat x:2 at the limit", rc, err, stock.ErrSoldOut, 0)
 					for _, id := range []string{"y:1", "z:1"} {
 						if _, err := r.Restore(ctx, sku, id); err != nil {
 							t.Fatal(err)
 						}
 					}
 					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
-					zzCheckRefusal(t, "repeat x:1 after restores", rc, err, stock.ErrInsufficient, 1)
+					retryCheckRefusal(t, "repeat x:1 after restores", rc, err, stock.ErrInsufficient, 1)
 					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true})
-					zzCheckRefusal(t, "repeat x:2 after restores", rc, err, stock.ErrSoldOut, 0)
+					retryCheckRefusal(t, "repeat x:2 after restores", rc, err, stock.ErrSoldOut, 0)
 					// The repeats counted nothing against u: u may still take 2.
 					if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:1", User: u, Qty: 2}); err != nil {
 						t.Errorf("u cannot take 2 after the repeats: %+v %v", rc, err)
@@ -641,7 +603,7 @@ func TestRetryAttackRefusalUserLimit(t *testing.T) {
 					if e, err := r.Ledger(ctx, sku, "v:1"); !errors.Is(err, stock.ErrUnknownID) {
 						t.Logf("note: a retry refused for the limit left an entry: %+v %v", e, err)
 					}
-					zzLedgerMatchesLevels(t, r, sku, 1)
+					checkLedger(t, r, sku, 1)
 				})
 			}
 		})
@@ -655,7 +617,7 @@ func TestRetryAttackRefusalOtherOps(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			for _, cfg := range zzConfigs {
+			for _, cfg := range retryConfigs {
 				t.Run(cfg.name, func(t *testing.T) {
 					r, err := stock.New(b.Client(t), cfg.opts...)
 					if err != nil {
@@ -667,12 +629,12 @@ func TestRetryAttackRefusalOtherOps(t *testing.T) {
 						t.Fatal(err)
 					}
 					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true})
-					zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
 					entry, err := r.Ledger(ctx, sku, id)
 					if err != nil {
 						t.Fatal(err)
 					}
-					lv0 := zzLevels(t, r, sku)
+					lv0 := levels(t, r, sku)
 					steps := []struct {
 						name string
 						f    func() (stock.Receipt, error)
@@ -690,11 +652,11 @@ func TestRetryAttackRefusalOtherOps(t *testing.T) {
 						if err == nil {
 							t.Errorf("%s of a refused id succeeded: %+v", st.name, rc)
 						}
-						if lv := zzLevels(t, r, sku); lv != lv0 {
+						if lv := levels(t, r, sku); lv != lv0 {
 							t.Errorf("%s changed the levels: %+v -> %+v", st.name, lv0, lv)
 						}
 						rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
-						zzCheckRefusal(t, "repeat after "+st.name, rc, err, stock.ErrInsufficient, 1)
+						retryCheckRefusal(t, "repeat after "+st.name, rc, err, stock.ErrInsufficient, 1)
 					}
 					if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
 						t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
@@ -709,8 +671,8 @@ func TestRetryAttackRefusalOtherOps(t *testing.T) {
 						t.Fatal(err)
 					}
 					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
-					zzCheckRefusal(t, "repeat after reopen", rc, err, stock.ErrInsufficient, 1)
-					zzLedgerMatchesLevels(t, r, sku, 1)
+					retryCheckRefusal(t, "repeat after reopen", rc, err, stock.ErrInsufficient, 1)
+					checkLedger(t, r, sku, 1)
 				})
 			}
 		})
@@ -743,11 +705,11 @@ func TestRetryAttackRefusalGroupCart(t *testing.T) {
 					}
 					id := "ca:rt~1"
 					rc, err := r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true})
-					zzCheckRefusal(t, "retry", rc, err, kind, load)
+					retryCheckRefusal(t, "retry", rc, err, kind, load)
 					if _, err := r.Restock(ctx, x, "rs", 10); err != nil {
 						t.Fatal(err)
 					}
-					la := zzLevels(t, r, a)
+					la := levels(t, r, a)
 					for _, hold := range []bool{false, true} {
 						cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: a, Qty: 1}, {SKU: x, Qty: 2}}}
 						var cr stock.CartReceipt
@@ -759,16 +721,16 @@ func TestRetryAttackRefusalGroupCart(t *testing.T) {
 						if err == nil {
 							t.Errorf("group cart (hold %v) with the refused id was taken: %+v", hold, cr)
 						} else {
-							zzCheckCartRefusal(t, fmt.Sprintf("group cart (hold %v)", hold), err, kind, x)
+							retryCheckCartRefusal(t, fmt.Sprintf("group cart (hold %v)", hold), err, kind, x)
 						}
 					}
-					if lv := zzLevels(t, r, a); lv != la {
+					if lv := levels(t, r, a); lv != la {
 						t.Errorf("the group cart changed %s: %+v -> %+v", a, la, lv)
 					}
 					rc, err = r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2})
-					zzCheckRefusal(t, "repeat after the carts", rc, err, kind, load)
-					zzLedgerMatchesLevels(t, r, x, load)
-					zzLedgerMatchesLevels(t, r, a, 5)
+					retryCheckRefusal(t, "repeat after the carts", rc, err, kind, load)
+					checkLedger(t, r, x, load)
+					checkLedger(t, r, a, 5)
 				})
 			}
 		})
@@ -799,7 +761,7 @@ func TestRetryAttackBucketsNoPhantomRefusal(t *testing.T) {
 					if err != nil {
 						t.Errorf("retry of %d of %d over %d buckets refused: %+v %v", tc.qty, tc.load, tc.buckets, rc, err)
 						rc2, err2 := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty})
-						t.Logf("and it is final: %+v %v; levels %+v", rc2, err2, zzLevels(t, r, sku))
+						t.Logf("and it is final: %+v %v; levels %+v", rc2, err2, levels(t, r, sku))
 					} else if rc.Remaining != tc.load-tc.qty {
 						t.Logf("remaining in the bucket %d (item %d)", rc.Remaining, tc.load-tc.qty)
 					}
@@ -816,7 +778,7 @@ func TestRetryAttackBucketsNoPhantomRefusal(t *testing.T) {
 					if stock.Outcome(err) != stock.Outcome(kind) || rc2.Remaining != rc.Remaining {
 						t.Errorf("repeat answered %+v %v, the retry %+v %v", rc2, err, rc, kind)
 					}
-					zzLevels(t, r, sku)
+					levels(t, r, sku)
 				})
 			}
 		})
@@ -825,7 +787,7 @@ func TestRetryAttackBucketsNoPhantomRefusal(t *testing.T) {
 
 // ---------- concurrency ----------
 
-var zzConcConfigs = []zzConfig{
+var retryConcConfigs = []retryConfig{
 	{"plain", nil},
 	{"coalesce1", []stock.Option{stock.WithCoalescing(1)}},
 	{"buckets4", []stock.Option{stock.WithBuckets(func(string) int { return 4 })}},
@@ -838,7 +800,7 @@ func TestRetryAttackRepeatConcurrentRestock(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			for _, cfg := range zzConcConfigs {
+			for _, cfg := range retryConcConfigs {
 				for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
 					t.Run(cfg.name+"/"+stock.Outcome(kind), func(t *testing.T) {
 						c1, c2 := b.Pair(t)
@@ -860,7 +822,7 @@ func TestRetryAttackRepeatConcurrentRestock(t *testing.T) {
 						}
 						id, user := "x:~id", "x:~u"
 						rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: true})
-						zzCheckRefusal(t, "retry", rc, err, kind, load)
+						retryCheckRefusal(t, "retry", rc, err, kind, load)
 						entry, err := r.Ledger(ctx, sku, id)
 						if err != nil {
 							t.Fatal(err)
@@ -938,11 +900,11 @@ func TestRetryAttackRepeatConcurrentRestock(t *testing.T) {
 						if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
 							t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
 						}
-						lv := zzLevels(t, r, sku)
+						lv := levels(t, r, sku)
 						if lv.Available != load+restocks || lv.Held != 0 || lv.Sold != 0 {
 							t.Errorf("levels %+v, want available %d and nothing held or sold", lv, load+restocks)
 						}
-						zzLedgerMatchesLevels(t, r, sku, load)
+						checkLedger(t, r, sku, load)
 					})
 				}
 			}
@@ -957,7 +919,7 @@ func TestRetryAttackRaceFirstAttempt(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			for _, cfg := range zzConcConfigs {
+			for _, cfg := range retryConcConfigs {
 				for _, hold := range []bool{false, true} {
 					t.Run(fmt.Sprintf("%s/hold=%v", cfg.name, hold), func(t *testing.T) {
 						c1, c2 := b.Pair(t)
@@ -1064,7 +1026,7 @@ func TestRetryAttackRaceFirstAttempt(t *testing.T) {
 								takenRounds++
 							}
 							// Empty the item again for the next round, with a sale of its own.
-							lv := zzLevels(t, r, sku)
+							lv := levels(t, r, sku)
 							if lv.Available > 0 {
 								if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "drain:" + id, Qty: lv.Available}); err != nil {
 									t.Fatalf("drain: %v", err)
@@ -1072,7 +1034,7 @@ func TestRetryAttackRaceFirstAttempt(t *testing.T) {
 							}
 						}
 						t.Logf("rounds with a refused retry: %d, with a take: %d", refusedRounds, takenRounds)
-						zzLedgerMatchesLevels(t, r, sku, 0)
+						checkLedger(t, r, sku, 0)
 					})
 				}
 			}
@@ -1167,8 +1129,8 @@ func TestRetryAttackBucketsConcurrentRefusals(t *testing.T) {
 							}
 						}
 					}
-					zzLevels(t, r, sku)
-					zzLedgerMatchesLevels(t, r, sku, 30)
+					levels(t, r, sku)
+					checkLedger(t, r, sku, 30)
 				})
 			}
 		})
@@ -1201,7 +1163,7 @@ func TestRetryAttackBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 				}
 				big := stock.Request{SKU: sku, ID: "x:~", User: "u:~1", Qty: 1 << 40, Retry: true}
 				rc, err := r.Deduct(ctx, big)
-				zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1000)
+				retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1000)
 				big.Retry = false
 				var wg sync.WaitGroup
 				stop := make(chan struct{})
@@ -1247,11 +1209,11 @@ func TestRetryAttackBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 				if len(wrong) > 0 {
 					t.Errorf("%d repeats answered otherwise, e.g. %v", len(wrong), wrong[0])
 				}
-				lv := zzLevels(t, r, sku)
+				lv := levels(t, r, sku)
 				if lv.Sold != 120 {
 					t.Errorf("levels %+v, want 120 sold", lv)
 				}
-				zzLedgerMatchesLevels(t, r, sku, 1000)
+				checkLedger(t, r, sku, 1000)
 			})
 		})
 	}
@@ -1261,9 +1223,9 @@ func TestRetryAttackBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 
 func TestRetryAttackRefusalReconcile(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range zzConfigs {
+	for _, cfg := range retryConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
-			env := zzNewEnv(t, cfg.opts...)
+			env := retryNewEnv(t, cfg.opts...)
 			r := env.Reserver
 			store := memstore.New()
 			sku := "re:con~"
@@ -1278,7 +1240,7 @@ func TestRetryAttackRefusalReconcile(t *testing.T) {
 			}
 			id := "x:~1"
 			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
-			zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+			retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
 			if _, err := r.Restock(ctx, sku, "rs:1", 5); err != nil {
 				t.Fatal(err)
 			}
@@ -1321,12 +1283,12 @@ func TestRetryAttackRefusalReconcile(t *testing.T) {
 			}
 			pass("first pass")
 			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3})
-			zzCheckRefusal(t, "repeat after a pass", rc, err, stock.ErrInsufficient, 1)
+			retryCheckRefusal(t, "repeat after a pass", rc, err, stock.ErrInsufficient, 1)
 			env.Advance(23 * time.Hour)
 			pass("pass within the retention")
 			rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}, time.Minute)
-			zzCheckRefusal(t, "repeat within the retention", rc, err, stock.ErrInsufficient, 1)
-			zzLedgerMatchesLevels(t, r, sku, 2)
+			retryCheckRefusal(t, "repeat within the retention", rc, err, stock.ErrInsufficient, 1)
+			checkLedger(t, r, sku, 2)
 			// Past the retention the entry may be trimmed: the documented end of idempotency.
 			env.Advance(2 * time.Hour)
 			rep, err := rec.Item(ctx, sku)
@@ -1401,7 +1363,7 @@ func TestRetryAttackRefusalRepeatOtherParams(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			for _, cfg := range zzConfigs {
+			for _, cfg := range retryConfigs {
 				t.Run(cfg.name, func(t *testing.T) {
 					r, err := stock.New(b.Client(t), cfg.opts...)
 					if err != nil {
@@ -1413,8 +1375,8 @@ func TestRetryAttackRefusalRepeatOtherParams(t *testing.T) {
 					}
 					id := "x:~"
 					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
-					zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 2)
-					lv := zzLevels(t, r, sku)
+					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 2)
+					lv := levels(t, r, sku)
 					for _, req := range []stock.Request{
 						{SKU: sku, ID: id, User: "u", Qty: 1},
 						{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true},
@@ -1432,7 +1394,7 @@ func TestRetryAttackRefusalRepeatOtherParams(t *testing.T) {
 							t.Logf("note: ErrInsufficient for %d units with Remaining %d (the recorded answer, not a conflict)", req.Qty, rc.Remaining)
 						}
 					}
-					if lv2 := zzLevels(t, r, sku); lv2 != lv {
+					if lv2 := levels(t, r, sku); lv2 != lv {
 						t.Errorf("levels changed %+v -> %+v", lv, lv2)
 					}
 				})
@@ -1461,16 +1423,16 @@ func TestRetryAttackRefusalLongNames(t *testing.T) {
 						t.Fatal(err)
 					}
 					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true})
-					zzCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 5)
+					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 5)
 					if _, err := r.Restock(ctx, sku, id[:127]+"x", 3); err != nil {
 						t.Fatal(err)
 					}
 					rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
-					zzCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
+					retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
 					if e, err := r.Ledger(ctx, sku, id); err != nil || e.ID != id || e.User != user || e.SKU != sku || e.Qty != 6 || e.After != 5 {
 						t.Errorf("ledger: %+v %v", e, err)
 					}
-					zzLedgerMatchesLevels(t, r, sku, 5)
+					checkLedger(t, r, sku, 5)
 				})
 			}
 		})
@@ -1503,22 +1465,22 @@ func TestRetryAttackRefusalWithClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1, Retry: true}, time.Minute)
-	zzCheckRefusal(t, "retry", rc, err, stock.ErrSoldOut, 0)
+	retryCheckRefusal(t, "retry", rc, err, stock.ErrSoldOut, 0)
 	advance(2 * time.Second)
 	rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1}, time.Minute)
-	zzCheckRefusal(t, "late first attempt after the hold expired", rc, err, stock.ErrSoldOut, 0)
+	retryCheckRefusal(t, "late first attempt after the hold expired", rc, err, stock.ErrSoldOut, 0)
 	if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "y", Qty: 1}); err != nil {
 		t.Errorf("the expired unit is not for sale: %+v %v", rc, err)
 	}
 	if _, err := r.Confirm(ctx, sku, "h:~"); !errors.Is(err, stock.ErrExpired) {
 		t.Errorf("confirm of the expired hold: %v", err)
 	}
-	zzLedgerMatchesLevels(t, r, sku, 1)
+	checkLedger(t, r, sku, 1)
 }
 
-// zzEnv is a miniredis whose clock moves only with Advance, and a Reserver on the same clock
+// retryEnv is a miniredis whose clock moves only with Advance, and a Reserver on the same clock
 // (as package stocktest's Env, which the root module cannot import).
-type zzEnv struct {
+type retryEnv struct {
 	Client   rueidis.Client
 	Reserver *stock.Reserver
 	m        *miniredis.Miniredis
@@ -1526,10 +1488,10 @@ type zzEnv struct {
 	now      time.Time
 }
 
-func zzNewEnv(t *testing.T, opts ...stock.Option) *zzEnv {
+func retryNewEnv(t *testing.T, opts ...stock.Option) *retryEnv {
 	t.Helper()
 	m, c := redistest.Miniredis(t)
-	e := &zzEnv{Client: c, m: m, now: time.Now().Truncate(time.Microsecond)}
+	e := &retryEnv{Client: c, m: m, now: time.Now().Truncate(time.Microsecond)}
 	m.SetTime(e.now)
 	m.ClockTTL(true)
 	r, err := stock.New(c, append([]stock.Option{stock.WithClock(e.Now)}, opts...)...)
@@ -1540,13 +1502,13 @@ func zzNewEnv(t *testing.T, opts ...stock.Option) *zzEnv {
 	return e
 }
 
-func (e *zzEnv) Now() time.Time {
+func (e *retryEnv) Now() time.Time {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.now
 }
 
-func (e *zzEnv) Advance(d time.Duration) {
+func (e *retryEnv) Advance(d time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.now = e.now.Add(d)
