@@ -102,15 +102,19 @@ func (r *Reserver) HoldMany(ctx context.Context, c Cart, ttl time.Duration) (Car
 // except when a confirm fails for an unknown outcome, which a retry resolves. A retry of a cart
 // undone because a hold expired answers ErrExpired again.
 func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) ([]Receipt, error) {
+	if err := r.enter(); err != nil {
+		return nil, err
+	}
+	defer r.calls.leave()
 	skus = sortedUnique(skus)
 	var out []Receipt
 	for i, sku := range skus {
-		rc, err := r.Confirm(ctx, sku, id)
+		rc, err := r.confirm(ctx, sku, id)
 		if err != nil && (errors.Is(err, ErrExpired) || errors.Is(err, ErrRestored)) {
 			if errors.Is(err, ErrRestored) {
 				// Maybe a retry of a cart undone because a line expired: that is its answer.
 				for _, s := range skus {
-					if e, lerr := r.Ledger(ctx, s, id); lerr == nil && e.State == StateExpired {
+					if e, lerr := r.ledger(ctx, s, id); lerr == nil && e.State == StateExpired {
 						sku, err = s, ErrExpired
 						break
 					}
@@ -118,12 +122,12 @@ func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) (
 			}
 			// Undo: the confirmed ones are restored, the held ones cancelled.
 			for _, s := range skus[:i] {
-				if _, uerr := r.Restore(ctx, s, id); uerr != nil {
+				if _, uerr := r.restore(ctx, s, id); uerr != nil {
 					return out, errors.Join(&CartError{SKU: sku, Err: err}, uerr)
 				}
 			}
 			for _, s := range skus[i+1:] {
-				if _, uerr := r.Cancel(ctx, s, id); uerr != nil && !errors.Is(uerr, ErrUnknownID) {
+				if _, uerr := r.cancel(ctx, s, id); uerr != nil && !errors.Is(uerr, ErrUnknownID) {
 					return out, errors.Join(&CartError{SKU: sku, Err: err}, uerr)
 				}
 			}
@@ -139,9 +143,13 @@ func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) (
 
 // CancelMany cancels the holds of a cart's items.
 func (r *Reserver) CancelMany(ctx context.Context, id string, skus ...string) ([]Receipt, error) {
+	if err := r.enter(); err != nil {
+		return nil, err
+	}
+	defer r.calls.leave()
 	var out []Receipt
 	for _, sku := range sortedUnique(skus) {
-		rc, err := r.Cancel(ctx, sku, id)
+		rc, err := r.cancel(ctx, sku, id)
 		if err != nil && !errors.Is(err, ErrUnknownID) {
 			return out, err
 		}
@@ -259,6 +267,10 @@ func causeErr(id, why string) error {
 }
 
 func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (CartReceipt, error) {
+	if err := r.enter(); err != nil {
+		return CartReceipt{ID: c.ID}, err
+	}
+	defer r.calls.leave()
 	out := CartReceipt{ID: c.ID}
 	lines, err := sumLines(c)
 	if err != nil {
@@ -374,7 +386,7 @@ func (r *Reserver) cartDone(ctx context.Context, kind string, c Cart, lines []Li
 			continue
 		}
 		rc := Receipt{SKU: l.SKU, ID: c.ID, Qty: l.Qty, Replayed: true}
-		e, err := r.Ledger(ctx, l.SKU, c.ID)
+		e, err := r.ledger(ctx, l.SKU, c.ID)
 		switch {
 		case err == nil:
 			rc.Remaining = e.After

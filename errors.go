@@ -59,6 +59,9 @@ var (
 	// it before writing anything. Nothing was changed. (A reply this package does not
 	// understand is ErrUnknownOutcome: the script may have run.)
 	ErrInvalid = errors.New("stock: invalid input")
+	// ErrReserverClosed: the Reserver was closed (Reserver.Close); nothing was sent to Redis. It
+	// is not ErrClosed, which says that an item is closed for sale.
+	ErrReserverClosed = errors.New("stock: reserver closed")
 )
 
 var codeErrs = [...]error{

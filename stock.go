@@ -29,7 +29,9 @@ const keyCacheSize = 8192
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
 // use by multiple goroutines. It never closes the client it was given, and starts no
 // long-lived goroutines but Run's (its methods start only short ones, see the package doc).
-// Create one with New; the zero value is not usable.
+// Create one with New; the zero value is not usable. Close it when done (a service's shutdown,
+// a test's clean-up): Close waits for the writes its methods left in the background, and
+// nothing is written after it.
 //
 // Most callers need a few methods:
 //   - Load puts an item on sale, once, with the stock the database of record holds.
@@ -57,6 +59,14 @@ type Reserver struct {
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
 	hints     *hints // the due-work hints of the background loops
+
+	calls     gate  // the calls in flight (Close waits for them)
+	cmds      *gate // the Redis commands in flight, counted by the bounded client; nil without New
+	runMu     sync.Mutex
+	closing   bool                             // Close began; runMu
+	runs      map[*int]context.CancelCauseFunc // the Runs in progress, which Close stops; runMu
+	closeOnce sync.Once
+	closeDone chan struct{} // closed when Close's work is done
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -74,7 +84,8 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r := &Reserver{opts: o, limitArg: strconv.FormatInt(o.userLimit, 10), cmds: new(gate)}
+	r.client = bounded(client, o.timeout, r.cmds)
 	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
 	r.hints = newHints(r)
 	if o.soldOutTTL > 0 {
@@ -212,6 +223,10 @@ func (r *Reserver) outboxFlag() string {
 // live sale; add stock to a live item with Restock. qty may be 0 (an item that is listed but has
 // nothing to sell yet). The item is added to the registry (see stockops.Items).
 func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
@@ -259,6 +274,10 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 // Levels returns the counters of an item (Levels.Available is what can be taken now), read
 // atomically. It returns ErrNotLoaded, never zero counters, for an item Redis does not know.
 func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
+	if err := r.enter(); err != nil {
+		return Levels{}, err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return Levels{}, err
 	}
@@ -302,6 +321,10 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 // not understood), or any other error: the outcome is unknown; retry with the same id and
 // Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	defer r.calls.leave()
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "deduct", req.SKU)
@@ -424,7 +447,16 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // an item that is not loaded too (a cancel may overtake even the Load, or come after Redis lost
 // the item): the tombstone waits in the item's ledger. A live hold is cancelled. Restocks cannot
 // be restored (ErrConflict).
-func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
+func (r *Reserver) Restore(ctx context.Context, sku, id string) (Receipt, error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
+	return r.restore(ctx, sku, id)
+}
+
+// restore is Restore, for the calls of r that are in flight already.
+func (r *Reserver) restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
@@ -468,6 +500,10 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 // restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist;
 // ErrInvalid when the item would hold more than MaxQty units in all.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restock", sku)
 		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
@@ -556,6 +592,10 @@ func (r *Reserver) ReopenItem(ctx context.Context, sku string) error {
 }
 
 func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
@@ -604,6 +644,10 @@ func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) erro
 // The reconciler retires the buckets together, once every one is delisted; a pass cut between
 // buckets is finished by the next pass, and until then Load refuses the item with ErrLoaded.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
