@@ -22,7 +22,7 @@ type Line struct {
 // Cart asks to take several items at once, all or nothing, exactly once per ID.
 type Cart struct {
 	ID    string // the idempotency key of the whole cart; each item's ledger records it
-	User  string // optional; the per-user limit applies per item
+	User  string // the per-user limit applies per item; optional unless WithUserRequired
 	Lines []Line // lines naming the same item are summed before any check
 }
 
@@ -274,6 +274,9 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	out := CartReceipt{ID: c.ID}
 	lines, err := sumLines(c)
 	if err != nil {
+		return out, err
+	}
+	if err := r.checkUser("cart", "", c.ID, c.User); err != nil {
 		return out, err
 	}
 	if r.isFenced(ctx) {

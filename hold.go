@@ -45,6 +45,9 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if err := req.check(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
+	if err := r.checkUser("request", req.SKU, req.ID, req.User); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
 	if err := checkTTL(ttl); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}

@@ -99,7 +99,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 type Request struct {
 	SKU  string // the item
 	ID   string // the idempotency key: an order id or request token, unique per operation
-	User string // optional: who takes the stock, counted against WithUserLimit
+	User string // who takes the stock, counted against WithUserLimit; optional unless WithUserRequired
 	Qty  int64  // units to take, 1 to MaxQty
 	// Retry marks a retry after an unknown outcome (a timeout, a broken connection). A retry's
 	// refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the id, so
@@ -175,6 +175,17 @@ func (q Request) check() error {
 		}
 	}
 	return checkQty(q.Qty)
+}
+
+// checkUser refuses a take without a user when WithUserRequired and a per-user limit are set.
+func (r *Reserver) checkUser(what, sku, id, user string) error {
+	if user == "" && r.opts.userReq && r.opts.userLimit > 0 {
+		if what == "cart" {
+			return invalid("cart %s has no User: with a per-user limit (WithUserLimit), WithUserRequired refuses it", id)
+		}
+		return invalid("request %s/%s has no User: with a per-user limit (WithUserLimit), WithUserRequired refuses it", sku, id)
+	}
+	return nil
 }
 
 // base is the common part of an item's keys, in the group WithGroups gives it (protocol.Base);
@@ -354,6 +365,9 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 // admit checks a request before anything is sent: valid, and the Reserver not fenced.
 func (r *Reserver) admit(ctx context.Context, req Request) error {
 	if err := req.check(); err != nil {
+		return err
+	}
+	if err := r.checkUser("request", req.SKU, req.ID, req.User); err != nil {
 		return err
 	}
 	if r.isFenced(ctx) {
