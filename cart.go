@@ -291,7 +291,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	}
 	switch code {
 	case protocol.Conflict:
-		return out, fmt.Errorf("%w: cart %s was used with other lines or another user", ErrConflict, c.ID)
+		return out, r.cartConflict(ctx, kind, c, lines)
 	case protocol.Restored:
 		// Finish the undo (a crash may have cut it short; it is idempotent) and answer as every
 		// copy of the cart does.
@@ -535,7 +535,10 @@ func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines [
 			replayed = replayed && o.code == protocol.Replay
 			continue
 		}
-		_, err := r.receipt(Receipt{SKU: lines[i].SKU, ID: c.ID}, o)
+		rc, err := r.receipt(Receipt{SKU: lines[i].SKU, ID: c.ID}, o)
+		if o.code == protocol.Conflict {
+			err = r.conflict(ctx, r.item(lines[i].SKU).Ledger, rc, takeWant(kind, Request{Qty: lines[i].Qty, User: c.User}))
+		}
 		return out, &CartError{SKU: lines[i].SKU, Err: err}
 	}
 	for i, o := range outs {

@@ -97,7 +97,7 @@ func (r *Reserver) confirm(ctx context.Context, sku, id string) (rc Receipt, err
 	if err != nil {
 		return rc, fmt.Errorf("stock: confirm %s/%s: %w", sku, id, err)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	return r.conflictReceipt(ctx, name, rc, o, ackErr, conflictWant{kind: KindHold})
 }
 
 // Cancel gives a live hold back. A second Cancel, or a Cancel of a hold that already expired,
@@ -151,7 +151,7 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 	if err != nil {
 		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	return r.conflictReceipt(ctx, name, rc, o, ackErr, conflictWant{kind: KindHold})
 }
 
 // sweepBatch is the most holds one sweep script releases: a bounded step that never blocks

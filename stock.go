@@ -356,10 +356,10 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 	}
 	if r.opts.inflight > 0 {
 		o, err := r.deductCoalesced(ctx, k, req)
-		return r.takeReceipt(rc, k, o, nil, err)
+		return r.takeReceipt(ctx, rc, k, protocol.TakeDeduct, req, o, nil, err)
 	}
 	o, ackErr, err := r.takeScript(ctx, k, protocol.TakeDeduct, req, 0)
-	return r.takeReceipt(rc, k, o, ackErr, err)
+	return r.takeReceipt(ctx, rc, k, protocol.TakeDeduct, req, o, ackErr, err)
 }
 
 // admit checks a request before anything is sent: valid, and the Reserver not fenced.
@@ -401,7 +401,7 @@ func (r *Reserver) isFenced(ctx context.Context) bool {
 func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
 	k := r.item(req.SKU)
 	o, ackErr, err := r.takeScript(ctx, k, kind, req, ttlMs)
-	return r.takeReceipt(Receipt{SKU: req.SKU, ID: req.ID}, k, o, ackErr, err)
+	return r.takeReceipt(ctx, Receipt{SKU: req.SKU, ID: req.ID}, k, kind, req, o, ackErr, err)
 }
 
 // takeScript runs deduct.lua for one request.
@@ -420,16 +420,26 @@ func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string
 	return o, ackErr, err
 }
 
-// takeReceipt is the receipt of a take whose script answered o (or failed with err); a refusal
-// as sold out turns the fast path on for the item.
-func (r *Reserver) takeReceipt(rc Receipt, k *protocol.Keys, o outcome, ackErr, err error) (Receipt, error) {
+// takeReceipt is the receipt of a take of req (kind protocol.TakeDeduct or TakeHold) whose
+// script answered o (or failed with err); a refusal as sold out turns the fast path on for the
+// item.
+func (r *Reserver) takeReceipt(ctx context.Context, rc Receipt, k *protocol.Keys, kind string, req Request, o outcome, ackErr, err error) (Receipt, error) {
 	if err != nil {
 		return rc, fmt.Errorf("stock: deduct %s/%s: %w", rc.SKU, rc.ID, err)
 	}
 	if o.code == protocol.SoldOut {
 		r.markSoldOut(rc.SKU, k)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	rc, err = r.receiptAck(rc, o, ackErr)
+	if o.code == protocol.Conflict {
+		err = r.conflict(ctx, k.Ledger, rc, takeWant(kind, req))
+	}
+	return rc, err
+}
+
+// takeWant is what a take of req asks, for conflict.
+func takeWant(kind string, req Request) conflictWant {
+	return conflictWant{kind: takeKind(kind), qty: req.Qty, user: req.User, checkUser: true}
 }
 
 // receiptAck is receipt, with the replica acknowledgement's error when the write was made, or
@@ -447,7 +457,7 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 	rc.Qty, rc.Remaining, rc.Replayed = o.qty, o.remaining, o.code == protocol.Replay
 	switch o.code {
 	case protocol.Conflict:
-		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, rc.SKU, rc.ID, o.qty)
+		return rc, fmt.Errorf("%w: %s/%s was used with other parameters (quantity %d)", ErrConflict, rc.SKU, rc.ID, o.qty)
 	case protocol.UserLimit:
 		return rc, fmt.Errorf("%w: the user has %d of %d units of %s", ErrUserLimit, o.qty, r.opts.userLimit, rc.SKU)
 	}
@@ -507,7 +517,24 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	w := conflictWant{} // any entry but a restock's
+	if reason == protocol.ReasonCancel {
+		w.kind = KindHold
+	}
+	if kind != "" {
+		w = conflictWant{kind: takeKind(kind), qty: qty, user: user, checkUser: true}
+	}
+	return r.conflictReceipt(ctx, name, rc, o, ackErr, w)
+}
+
+// conflictReceipt is receiptAck, whose ErrConflict says what the request of item name (sku, or
+// a bucket of it) differs in from the id's entry (see conflict).
+func (r *Reserver) conflictReceipt(ctx context.Context, name string, rc Receipt, o outcome, ackErr error, w conflictWant) (Receipt, error) {
+	rc, err := r.receiptAck(rc, o, ackErr)
+	if o.code == protocol.Conflict {
+		err = r.conflict(ctx, r.item(name).Ledger, rc, w)
+	}
+	return rc, err
 }
 
 // Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
@@ -544,7 +571,7 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if o.code == protocol.Invalid {
 		return Receipt{SKU: sku, ID: id}, invalid("restock %s/%s of %d units: the item would hold more than MaxQty (%d) units in all; nothing was added", sku, id, qty, int64(MaxQty))
 	}
-	return r.receiptAck(Receipt{SKU: sku, ID: id}, o, ackErr)
+	return r.conflictReceipt(ctx, name, Receipt{SKU: sku, ID: id}, o, ackErr, conflictWant{kind: KindRestock, qty: qty})
 }
 
 // pendingCounts is stockops.Pending.
