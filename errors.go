@@ -35,7 +35,10 @@ var (
 	ErrLoaded = errors.New("stock: item already loaded")
 	// ErrConflict: the request id was already used on this item with a different quantity, user
 	// or operation (or, for a cart, with other lines or another user); nothing was changed.
-	// Request ids are scoped per item: the same id on two items names two requests.
+	// The message says what differs from the id's first use: "was used for a hold, not a
+	// deduct", "of 1 units, not 3", "by another user" (never naming that user), for a cart its
+	// kind, user and lines. Request ids are scoped per item: the same id on two items names two
+	// requests.
 	ErrConflict = errors.New("stock: request id reused with different parameters")
 	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
 	// arrived first; the id cannot take stock again.
@@ -59,6 +62,9 @@ var (
 	// it before writing anything. Nothing was changed. (A reply this package does not
 	// understand is ErrUnknownOutcome: the script may have run.)
 	ErrInvalid = errors.New("stock: invalid input")
+	// ErrReserverClosed: the Reserver was closed (Reserver.Close); nothing was sent to Redis. It
+	// is not ErrClosed, which says that an item is closed for sale.
+	ErrReserverClosed = errors.New("stock: reserver closed")
 )
 
 var codeErrs = [...]error{

@@ -107,6 +107,15 @@ func parseEntry(sku, id, s string) (Entry, error) {
 // Ledger returns the ledger entry of one request id. It returns ErrUnknownID when the item has
 // no entry for the id (never used, or trimmed after the retention period).
 func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
+	if err := r.enter(); err != nil {
+		return Entry{}, err
+	}
+	defer r.calls.leave()
+	return r.ledger(ctx, sku, id)
+}
+
+// ledger is Ledger, for the calls of r that are in flight already.
+func (r *Reserver) ledger(ctx context.Context, sku, id string) (Entry, error) {
 	if err := checkName("sku", sku); err != nil {
 		return Entry{}, err
 	}

@@ -71,6 +71,8 @@ type RunOptions struct {
 // its context: such a call goes on in the background after Run returned, and the error says
 // so. Run may be called once per Reserver at a time; the Reserver's other methods stay usable
 // meanwhile, and more relays and reconcilers, in this process or others, may run beside it.
+// Close stops Run as the end of ctx does (the drain included) and waits for it; Run then
+// returns ErrReserverClosed, and at once, running nothing, on a closed Reserver.
 func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	every := func(d, def time.Duration) time.Duration {
 		if d == 0 {
@@ -86,6 +88,15 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
+	ctx, stop, err := r.startRun(ctx) // Close stops Run through ctx
+	if err != nil {
+		return err
+	}
+	defer stop()
 
 	var mu sync.Mutex
 	var first error
@@ -224,6 +235,9 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	defer mu.Unlock()
 	if first != nil {
 		return errors.Join(first, stuck)
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrReserverClosed) {
+		return errors.Join(cause, stuck)
 	}
 	return errors.Join(ctx.Err(), stuck)
 }

@@ -29,7 +29,9 @@ const keyCacheSize = 8192
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
 // use by multiple goroutines. It never closes the client it was given, and starts no
 // long-lived goroutines but Run's (its methods start only short ones, see the package doc).
-// Create one with New; the zero value is not usable.
+// Create one with New; the zero value is not usable. Close it when done (a service's shutdown,
+// a test's clean-up): Close waits for the writes its methods left in the background, and
+// nothing is written after it.
 //
 // Most callers need a few methods:
 //   - Load puts an item on sale, once, with the stock the database of record holds.
@@ -57,6 +59,14 @@ type Reserver struct {
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
 	hints     *hints // the due-work hints of the background loops
+
+	calls     gate  // the calls in flight (Close waits for them)
+	cmds      *gate // the Redis commands in flight, counted by the bounded client; nil without New
+	runMu     sync.Mutex
+	closing   bool                             // Close began; runMu
+	runs      map[*int]context.CancelCauseFunc // the Runs in progress, which Close stops; runMu
+	closeOnce sync.Once
+	closeDone chan struct{} // closed when Close's work is done
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -74,7 +84,8 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r := &Reserver{opts: o, limitArg: strconv.FormatInt(o.userLimit, 10), cmds: new(gate)}
+	r.client = bounded(client, o.timeout, r.cmds)
 	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
 	r.hints = newHints(r)
 	if o.soldOutTTL > 0 {
@@ -88,7 +99,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 type Request struct {
 	SKU  string // the item
 	ID   string // the idempotency key: an order id or request token, unique per operation
-	User string // optional: who takes the stock, counted against WithUserLimit
+	User string // who takes the stock, counted against WithUserLimit; optional unless WithUserRequired
 	Qty  int64  // units to take, 1 to MaxQty
 	// Retry marks a retry after an unknown outcome (a timeout, a broken connection). A retry's
 	// refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the id, so
@@ -166,6 +177,17 @@ func (q Request) check() error {
 	return checkQty(q.Qty)
 }
 
+// checkUser refuses a take without a user when WithUserRequired and a per-user limit are set.
+func (r *Reserver) checkUser(what, sku, id, user string) error {
+	if user == "" && r.opts.userReq && r.opts.userLimit > 0 {
+		if what == "cart" {
+			return invalid("cart %s has no User: with a per-user limit (WithUserLimit), WithUserRequired refuses it", id)
+		}
+		return invalid("request %s/%s has no User: with a per-user limit (WithUserLimit), WithUserRequired refuses it", sku, id)
+	}
+	return nil
+}
+
 // base is the common part of an item's keys, in the group WithGroups gives it (protocol.Base);
 // for bucket i of an item of n buckets, the base whose slot is in the i-th of n equal ranges of
 // the slot space (protocol.BucketBase).
@@ -212,6 +234,10 @@ func (r *Reserver) outboxFlag() string {
 // live sale; add stock to a live item with Restock. qty may be 0 (an item that is listed but has
 // nothing to sell yet). The item is added to the registry (see stockops.Items).
 func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
@@ -259,6 +285,10 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 // Levels returns the counters of an item (Levels.Available is what can be taken now), read
 // atomically. It returns ErrNotLoaded, never zero counters, for an item Redis does not know.
 func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
+	if err := r.enter(); err != nil {
+		return Levels{}, err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return Levels{}, err
 	}
@@ -302,6 +332,10 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 // not understood), or any other error: the outcome is unknown; retry with the same id and
 // Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	defer r.calls.leave()
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "deduct", req.SKU)
@@ -322,15 +356,18 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 	}
 	if r.opts.inflight > 0 {
 		o, err := r.deductCoalesced(ctx, k, req)
-		return r.takeReceipt(rc, k, o, nil, err)
+		return r.takeReceipt(ctx, rc, k, protocol.TakeDeduct, req, o, nil, err)
 	}
 	o, ackErr, err := r.takeScript(ctx, k, protocol.TakeDeduct, req, 0)
-	return r.takeReceipt(rc, k, o, ackErr, err)
+	return r.takeReceipt(ctx, rc, k, protocol.TakeDeduct, req, o, ackErr, err)
 }
 
 // admit checks a request before anything is sent: valid, and the Reserver not fenced.
 func (r *Reserver) admit(ctx context.Context, req Request) error {
 	if err := req.check(); err != nil {
+		return err
+	}
+	if err := r.checkUser("request", req.SKU, req.ID, req.User); err != nil {
 		return err
 	}
 	if r.isFenced(ctx) {
@@ -364,7 +401,7 @@ func (r *Reserver) isFenced(ctx context.Context) bool {
 func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
 	k := r.item(req.SKU)
 	o, ackErr, err := r.takeScript(ctx, k, kind, req, ttlMs)
-	return r.takeReceipt(Receipt{SKU: req.SKU, ID: req.ID}, k, o, ackErr, err)
+	return r.takeReceipt(ctx, Receipt{SKU: req.SKU, ID: req.ID}, k, kind, req, o, ackErr, err)
 }
 
 // takeScript runs deduct.lua for one request.
@@ -383,16 +420,26 @@ func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string
 	return o, ackErr, err
 }
 
-// takeReceipt is the receipt of a take whose script answered o (or failed with err); a refusal
-// as sold out turns the fast path on for the item.
-func (r *Reserver) takeReceipt(rc Receipt, k *protocol.Keys, o outcome, ackErr, err error) (Receipt, error) {
+// takeReceipt is the receipt of a take of req (kind protocol.TakeDeduct or TakeHold) whose
+// script answered o (or failed with err); a refusal as sold out turns the fast path on for the
+// item.
+func (r *Reserver) takeReceipt(ctx context.Context, rc Receipt, k *protocol.Keys, kind string, req Request, o outcome, ackErr, err error) (Receipt, error) {
 	if err != nil {
 		return rc, fmt.Errorf("stock: deduct %s/%s: %w", rc.SKU, rc.ID, err)
 	}
 	if o.code == protocol.SoldOut {
 		r.markSoldOut(rc.SKU, k)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	rc, err = r.receiptAck(rc, o, ackErr)
+	if o.code == protocol.Conflict {
+		err = r.conflict(ctx, k.Ledger, rc, takeWant(kind, req))
+	}
+	return rc, err
+}
+
+// takeWant is what a take of req asks, for conflict.
+func takeWant(kind string, req Request) conflictWant {
+	return conflictWant{kind: takeKind(kind), qty: req.Qty, user: req.User, checkUser: true}
 }
 
 // receiptAck is receipt, with the replica acknowledgement's error when the write was made, or
@@ -410,7 +457,7 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 	rc.Qty, rc.Remaining, rc.Replayed = o.qty, o.remaining, o.code == protocol.Replay
 	switch o.code {
 	case protocol.Conflict:
-		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, rc.SKU, rc.ID, o.qty)
+		return rc, fmt.Errorf("%w: %s/%s was used with other parameters (quantity %d)", ErrConflict, rc.SKU, rc.ID, o.qty)
 	case protocol.UserLimit:
 		return rc, fmt.Errorf("%w: the user has %d of %d units of %s", ErrUserLimit, o.qty, r.opts.userLimit, rc.SKU)
 	}
@@ -424,7 +471,16 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // an item that is not loaded too (a cancel may overtake even the Load, or come after Redis lost
 // the item): the tombstone waits in the item's ledger. A live hold is cancelled. Restocks cannot
 // be restored (ErrConflict).
-func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
+func (r *Reserver) Restore(ctx context.Context, sku, id string) (Receipt, error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
+	return r.restore(ctx, sku, id)
+}
+
+// restore is Restore, for the calls of r that are in flight already.
+func (r *Reserver) restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
@@ -461,13 +517,34 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	w := conflictWant{} // any entry but a restock's
+	if reason == protocol.ReasonCancel {
+		w.kind = KindHold
+	}
+	if kind != "" {
+		w = conflictWant{kind: takeKind(kind), qty: qty, user: user, checkUser: true}
+	}
+	return r.conflictReceipt(ctx, name, rc, o, ackErr, w)
+}
+
+// conflictReceipt is receiptAck, whose ErrConflict says what the request of item name (sku, or
+// a bucket of it) differs in from the id's entry (see conflict).
+func (r *Reserver) conflictReceipt(ctx context.Context, name string, rc Receipt, o outcome, ackErr error, w conflictWant) (Receipt, error) {
+	rc, err := r.receiptAck(rc, o, ackErr)
+	if o.code == protocol.Conflict {
+		err = r.conflict(ctx, r.item(name).Ledger, rc, w)
+	}
+	return rc, err
 }
 
 // Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
 // restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist;
 // ErrInvalid when the item would hold more than MaxQty units in all.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restock", sku)
 		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
@@ -494,7 +571,7 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if o.code == protocol.Invalid {
 		return Receipt{SKU: sku, ID: id}, invalid("restock %s/%s of %d units: the item would hold more than MaxQty (%d) units in all; nothing was added", sku, id, qty, int64(MaxQty))
 	}
-	return r.receiptAck(Receipt{SKU: sku, ID: id}, o, ackErr)
+	return r.conflictReceipt(ctx, name, Receipt{SKU: sku, ID: id}, o, ackErr, conflictWant{kind: KindRestock, qty: qty})
 }
 
 // pendingCounts is stockops.Pending.
@@ -556,6 +633,10 @@ func (r *Reserver) ReopenItem(ctx context.Context, sku string) error {
 }
 
 func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
@@ -604,6 +685,10 @@ func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) erro
 // The reconciler retires the buckets together, once every one is delisted; a pass cut between
 // buckets is finished by the next pass, and until then Load refuses the item with ErrLoaded.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
