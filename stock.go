@@ -465,8 +465,18 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 }
 
 // Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
-// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist;
-// ErrInvalid when the item would hold more than MaxQty units in all.
+// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist
+// (for an item split over buckets, when one of its buckets does not: a Load cut half way, which
+// calling Load again finishes); ErrInvalid, and nothing written, when the item would hold more
+// than MaxQty units in all (Levels.Loaded plus qty). A repeat of a restock that was made is a
+// replay, even once the item is full.
+//
+// An item split over buckets (WithBuckets) is restocked in one bucket, against the units the
+// other buckets hold as read just before (a bucket's loaded count changes only by restocks and
+// repairs; moving stock between buckets does not change it). Restocks of the item that run at
+// the same time in different buckets may each pass that check: their sum may then take the
+// item past MaxQty by at most the restocks that overlapped. Run an item's restocks one at a
+// time when it is that close to MaxQty.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restock", sku)
@@ -480,7 +490,13 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
+	limit := int64(MaxQty) // the most name may hold after the restock
+	if n := r.bucketsOf(sku); n > 0 {
+		if limit, err = r.restockLimit(ctx, sku, name, n); err != nil {
+			return Receipt{SKU: sku, ID: id}, err
+		}
+	}
+	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(limit, 10)}
 	res, ackErr := r.exec(ctx, protocol.Restock, r.item(name).ForItem(), args)
 	o, err := decodeOne(res)
 	if err != nil || (o.code != protocol.NotLoaded && o.code != protocol.Invalid) {
