@@ -55,6 +55,9 @@ var (
 	// acknowledged it in time; a failover could lose it. Returned with a valid receipt, by the
 	// write and by its replays until the replicas have it.
 	ErrNotReplicated = errors.New("stock: write not acknowledged by enough replicas")
+	// ErrRunning: Reserver.Run was called while another Run of the same Reserver runs. The call
+	// started nothing and returned at once; the running Run goes on. Run again once it returned.
+	ErrRunning = errors.New("stock: Run is already running on this Reserver")
 	// ErrInvalid: the input was rejected before anything was sent to Redis, or a script refused
 	// it before writing anything. Nothing was changed. (A reply this package does not
 	// understand is ErrUnknownOutcome: the script may have run.)

@@ -56,7 +56,8 @@ type Reserver struct {
 	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
-	hints     *hints // the due-work hints of the background loops
+	hints     *hints      // the due-work hints of the background loops
+	running   atomic.Bool // a Run runs: another is refused with ErrRunning
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
