@@ -43,7 +43,9 @@ var (
 	// ErrUserLimit: the request would take the user past the per-user limit.
 	ErrUserLimit = errors.New("stock: per-user limit reached")
 	// ErrUnknownID: no entry exists for the id. Restore of an unknown id returns it after leaving
-	// a tombstone, so that a late deduct with that id is refused with ErrRestored.
+	// a tombstone, so that a late deduct with that id is refused with ErrRestored. Past the
+	// retention, an id that did take stock is unknown too: its entry was trimmed, and Restore
+	// gives nothing back (see Restore for what to do with a late return).
 	ErrUnknownID = errors.New("stock: unknown request id")
 	// ErrClosed: the item is closed for sale; restores, confirms and the relay still work.
 	ErrClosed = errors.New("stock: item closed")

@@ -20,7 +20,11 @@ import (
 // largest integer a Lua number (a double) holds exactly.
 const MaxQty = 1<<53 - 1
 
-// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes.
+// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes. A name is 1 to
+// MaxNameLen bytes of valid UTF-8 without braces, '|', whitespace, control characters or
+// invisible Unicode format characters (category Cf: zero-width spaces and joiners, the byte
+// order mark, the soft hyphen, bidirectional controls), else ErrInvalid before anything is
+// sent; the letters, marks and symbols of every script are accepted, compared byte for byte.
 const MaxNameLen = 128
 
 // keyCacheSize bounds the items whose keys a Reserver keeps built (see protocol.KeyCache).
@@ -127,6 +131,11 @@ type Levels struct {
 	Closed    bool  // the item refuses new deducts and holds
 }
 
+// checkName checks a name (an item, a request id, a user, a group, the prefix): 1 to MaxNameLen
+// bytes of valid UTF-8 without braces, '|', whitespace, control characters or Unicode format
+// characters (category Cf: zero-width spaces and joiners, the byte order mark, the soft hyphen,
+// bidirectional controls, tag characters), which would make names that look alike and differ.
+// Other letters, marks and symbols of any script are accepted; names are compared byte for byte.
 func checkName(what, s string) error {
 	if s == "" {
 		return invalid("empty %s", what)
@@ -137,9 +146,12 @@ func checkName(what, s string) error {
 	if !utf8.ValidString(s) {
 		return invalid("%s is not valid UTF-8", what)
 	}
-	for _, c := range s {
+	for i, c := range s {
 		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
 			return invalid("%s %q contains %q (braces, '|', whitespace and control characters are not allowed)", what, s, c)
+		}
+		if unicode.Is(unicode.Cf, c) {
+			return invalid("%s %q contains the invisible format character U+%04X at byte %d (Unicode format characters, such as zero-width spaces and joiners, the byte order mark, the soft hyphen and bidirectional controls, are not allowed)", what, s, c, i)
 		}
 	}
 	return nil
@@ -425,6 +437,18 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // an item that is not loaded too (a cancel may overtake even the Load, or come after Redis lost
 // the item): the tombstone waits in the item's ledger. A live hold is cancelled. Restocks cannot
 // be restored (ErrConflict).
+//
+// Both last as long as the ledger keeps the id (ReconcileOptions.Retention, 24h by default):
+//   - A Restore of a sale whose entry was trimmed (a return after the retention) finds no entry:
+//     it answers ErrUnknownID, leaves a tombstone, and gives nothing back, in Redis or in the
+//     Store, which keeps the sale. Take such a late return in instead: put its units back on
+//     sale with Restock (an id of its own, such as "return-" and the order id, so that a repeat
+//     is a replay) and settle the order (the refund, the sale's record) in the database of
+//     record. A Restore cannot tell this from a return of an id that never took stock; Ledger
+//     can, within the retention only.
+//   - A tombstone stays in Redis and never reaches the Store (no event carries it). Once a
+//     reconcile pass trimmed it, a deduct of that id arriving later still is a new request: it
+//     is sold, and the relay applies it to the Store.
 func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restore", sku)
