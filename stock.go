@@ -496,7 +496,8 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 // than MaxQty units in all (Levels.Loaded plus qty). A repeat of a restock that was made is a
 // replay, even once the item is full.
 //
-// An item split over buckets (WithBuckets) is restocked in one bucket, against the units the
+// An item split over buckets (WithBuckets) is restocked in the bucket its id claims (a refused
+// restock's id keeps its claim, as WithBuckets says of every request), against the units the
 // other buckets hold as read just before (a bucket's loaded count changes only by restocks and
 // repairs; moving stock between buckets does not change it). Restocks of the item that run at
 // the same time in different buckets may each pass that check: their sum may then take the
