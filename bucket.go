@@ -517,6 +517,43 @@ func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n in
 	return register()
 }
 
+// restockLimit is the most bucket name of item sku (of n buckets) may hold after a restock, for
+// the item to hold at most MaxQty: MaxQty less the loaded counts of the other buckets (negative
+// when they already hold more, which restock.lua refuses). A bucket's loaded count is its share
+// of Levels.Loaded, which transfers leave alone. ErrNotLoaded when another bucket is missing: its
+// share is unknown (a Load cut half way, which Load finishes), as Levels says too.
+func (r *Reserver) restockLimit(ctx context.Context, sku, name string, n int) (int64, error) {
+	_, own := splitBucket(name)
+	cmds := make(rueidis.Commands, 0, n-1)
+	others := make([]int, 0, n-1)
+	for i := range n {
+		if i != own {
+			cmds = append(cmds, r.client.B().Hmget().Key(r.item(bucketName(sku, i)).Item).Field("a", "l").Build())
+			others = append(others, i)
+		}
+	}
+	limit := int64(MaxQty)
+	for j, res := range r.client.DoMulti(ctx, cmds...) {
+		i := others[j]
+		vs, err := res.ToArray()
+		if err != nil {
+			return 0, fmt.Errorf("stock: restock %s: bucket %d: %w", sku, i, err)
+		}
+		if len(vs) != 2 || vs[0].IsNil() {
+			return 0, fmt.Errorf("%w: %s (bucket %d)", ErrNotLoaded, sku, i)
+		}
+		l, err := vs[1].AsInt64()
+		if err == nil && (l < 0 || l > MaxQty) {
+			err = fmt.Errorf("%d out of range [0, %d]", l, int64(MaxQty))
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%w: restock %s: bucket %d: loaded count: %v", ErrInvalid, sku, i, err)
+		}
+		limit -= l // cannot overflow: each term is in [0, MaxQty]
+	}
+	return limit, nil
+}
+
 // holder returns the name of the item whose keys hold id of item sku: sku itself, or the bucket
 // the id was routed to.
 func (r *Reserver) holder(ctx context.Context, sku, id string) (string, error) {

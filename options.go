@@ -45,7 +45,8 @@ func defaultOptions() options {
 }
 
 // WithPrefix sets the prefix of every key the Reserver writes. It must be a valid name (no
-// braces, whitespace or control characters, at most 128 bytes). The default is "stock".
+// braces, '|', whitespace, control characters or Unicode format characters, at most 128 bytes).
+// The default is "stock".
 func WithPrefix(p string) Option {
 	return func(o *options) error {
 		if err := checkName("prefix", p); err != nil {

@@ -20,7 +20,11 @@ import (
 // largest integer a Lua number (a double) holds exactly.
 const MaxQty = 1<<53 - 1
 
-// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes.
+// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes. A name is 1 to
+// MaxNameLen bytes of valid UTF-8 without braces, '|', whitespace, control characters or
+// invisible Unicode format characters (category Cf: zero-width spaces and joiners, the byte
+// order mark, the soft hyphen, bidirectional controls), else ErrInvalid before anything is
+// sent; the letters, marks and symbols of every script are accepted, compared byte for byte.
 const MaxNameLen = 128
 
 // keyCacheSize bounds the items whose keys a Reserver keeps built (see protocol.KeyCache).
@@ -58,7 +62,8 @@ type Reserver struct {
 	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
-	hints     *hints // the due-work hints of the background loops
+	hints     *hints      // the due-work hints of the background loops
+	running   atomic.Bool // a Run runs: another is refused with ErrRunning
 
 	calls     gate  // the calls in flight (Close waits for them)
 	cmds      *gate // the Redis commands in flight, counted by the bounded client; nil without New
@@ -137,6 +142,11 @@ type Levels struct {
 	Closed    bool  // the item refuses new deducts and holds
 }
 
+// checkName checks a name (an item, a request id, a user, a group, the prefix): 1 to MaxNameLen
+// bytes of valid UTF-8 without braces, '|', whitespace, control characters or Unicode format
+// characters (category Cf: zero-width spaces and joiners, the byte order mark, the soft hyphen,
+// bidirectional controls, tag characters), which would make names that look alike and differ.
+// Other letters, marks and symbols of any script are accepted; names are compared byte for byte.
 func checkName(what, s string) error {
 	if s == "" {
 		return invalid("empty %s", what)
@@ -147,9 +157,12 @@ func checkName(what, s string) error {
 	if !utf8.ValidString(s) {
 		return invalid("%s is not valid UTF-8", what)
 	}
-	for _, c := range s {
+	for i, c := range s {
 		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
 			return invalid("%s %q contains %q (braces, '|', whitespace and control characters are not allowed)", what, s, c)
+		}
+		if unicode.Is(unicode.Cf, c) {
+			return invalid("%s %q contains the invisible format character U+%04X at byte %d (Unicode format characters, such as zero-width spaces and joiners, the byte order mark, the soft hyphen and bidirectional controls, are not allowed)", what, s, c, i)
 		}
 	}
 	return nil
@@ -471,6 +484,18 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // an item that is not loaded too (a cancel may overtake even the Load, or come after Redis lost
 // the item): the tombstone waits in the item's ledger. A live hold is cancelled. Restocks cannot
 // be restored (ErrConflict).
+//
+// Both last as long as the ledger keeps the id (ReconcileOptions.Retention, 24h by default):
+//   - A Restore of a sale whose entry was trimmed (a return after the retention) finds no entry:
+//     it answers ErrUnknownID, leaves a tombstone, and gives nothing back, in Redis or in the
+//     Store, which keeps the sale. Take such a late return in instead: put its units back on
+//     sale with Restock (an id of its own, such as "return-" and the order id, so that a repeat
+//     is a replay) and settle the order (the refund, the sale's record) in the database of
+//     record. A Restore cannot tell this from a return of an id that never took stock; Ledger
+//     can, within the retention only.
+//   - A tombstone stays in Redis and never reaches the Store (no event carries it). Once a
+//     reconcile pass trimmed it, a deduct of that id arriving later still is a new request: it
+//     is sold, and the relay applies it to the Store.
 func (r *Reserver) Restore(ctx context.Context, sku, id string) (Receipt, error) {
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
@@ -538,8 +563,19 @@ func (r *Reserver) conflictReceipt(ctx context.Context, name string, rc Receipt,
 }
 
 // Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
-// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist;
-// ErrInvalid when the item would hold more than MaxQty units in all.
+// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist
+// (for an item split over buckets, when one of its buckets does not: a Load cut half way, which
+// calling Load again finishes); ErrInvalid, and nothing written, when the item would hold more
+// than MaxQty units in all (Levels.Loaded plus qty). A repeat of a restock that was made is a
+// replay, even once the item is full.
+//
+// An item split over buckets (WithBuckets) is restocked in the bucket its id claims (a refused
+// restock's id keeps its claim, as WithBuckets says of every request), against the units the
+// other buckets hold as read just before (a bucket's loaded count changes only by restocks and
+// repairs; moving stock between buckets does not change it). Restocks of the item that run at
+// the same time in different buckets may each pass that check: their sum may then take the
+// item past MaxQty by at most the restocks that overlapped. Run an item's restocks one at a
+// time when it is that close to MaxQty.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
@@ -557,7 +593,13 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
+	limit := int64(MaxQty) // the most name may hold after the restock
+	if n := r.bucketsOf(sku); n > 0 {
+		if limit, err = r.restockLimit(ctx, sku, name, n); err != nil {
+			return Receipt{SKU: sku, ID: id}, err
+		}
+	}
+	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(limit, 10)}
 	res, ackErr := r.exec(ctx, protocol.Restock, r.item(name).ForItem(), args)
 	o, err := decodeOne(res)
 	if err != nil || (o.code != protocol.NotLoaded && o.code != protocol.Invalid) {
