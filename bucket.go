@@ -668,8 +668,11 @@ func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 		// turn, each down to nothing at most.
 		left := -rp.Drift
 		for i := 0; i < n && left != 0; i++ {
-			o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, keys[i].ForAdjust(), []string{strconv.FormatInt(left, 10)}))
+			o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, keys[i].ForAdjust(), adjustArgs(left, rc.restocked)))
 			rc.r.noteEvents(subs[i].SKU)
+			if err == nil && o.code == protocol.Invalid {
+				err = fmt.Errorf("%w: adjust by %d", ErrInvalid, left)
+			}
 			if err != nil {
 				return rp, fmt.Errorf("stock: reconcile %s: adjust bucket %d: %w", sku, i, err)
 			}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -199,9 +200,11 @@ func fzEncodeEntry(t *testing.T, e Entry) string {
 	}
 	b.WriteByte('|')
 	b.WriteString(e.User)
-	if !e.Deadline.IsZero() {
-		b.WriteByte('|')
-		b.WriteString(strconv.FormatInt(e.Deadline.UnixMilli(), 10))
+	for _, last := range []time.Time{e.Deadline, e.settledAt} { // a hold's deadline, or when a sale was given back
+		if !last.IsZero() {
+			b.WriteByte('|')
+			b.WriteString(strconv.FormatInt(last.UnixMilli(), 10))
+		}
 	}
 	return b.String()
 }

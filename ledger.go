@@ -63,6 +63,21 @@ type Entry struct {
 	Before, After int64     // available stock before and after the operation
 	At            time.Time // when the operation ran, by the Redis server's clock (ms)
 	Deadline      time.Time // holds only: when the hold expires; zero otherwise
+	// settledAt is when a sale was given back (a deduct's last field, which holds use for
+	// their deadline); zero otherwise.
+	settledAt time.Time
+}
+
+// retainedFrom is when the retention of a settled entry starts: the latest of when it ran, its
+// deadline (a hold settles at the latest then) and when it was given back.
+func (e Entry) retainedFrom() time.Time {
+	t := e.At
+	for _, u := range [...]time.Time{e.Deadline, e.settledAt} {
+		if u.After(t) {
+			t = u
+		}
+	}
+	return t
 }
 
 // Taken reports whether the entry currently holds or has sold stock (it is held, reserved or
@@ -79,8 +94,12 @@ func parseEntry(sku, id, s string) (Entry, error) {
 	}
 	e := Entry{ID: id, SKU: sku, User: w.User, Kind: kindCodes[w.Kind], State: stateCodes[w.State],
 		Qty: w.Qty, Before: w.Before(), After: w.After, At: time.UnixMilli(w.At)}
-	if w.HasDeadline {
+	switch {
+	case !w.HasDeadline:
+	case w.Kind == protocol.KindHold:
 		e.Deadline = time.UnixMilli(w.Deadline)
+	default:
+		e.settledAt = time.UnixMilli(w.Deadline)
 	}
 	return e, nil
 }

@@ -27,7 +27,10 @@ type ReconcileOptions struct {
 	// needing a human (an alert threshold). The default, 0, repairs every drift.
 	RepairLimit int64
 	// Retention is how long settled ledger entries (applied, restored, refused, cancelled,
-	// expired, tombstones) are kept before a pass trims them. The idempotency of a request id
+	// expired, tombstones) are kept before a pass trims them, counted from when the entry
+	// settled: the latest of when it was written, a hold's deadline and when a sale was given
+	// back (a hold that lives longer than the retention keeps its entry for the retention after
+	// its deadline). The idempotency of a request id
 	// lasts this long in Redis; after it, a retried deduct is refused by the Store's unique
 	// (sku, id) instead. The default (a zero Retention) is 24h; a negative Retention never trims,
 	// and then no pass retires a delisted item either (WithRetention(0) of versions before the
@@ -80,6 +83,9 @@ type reconciler struct {
 	interval  time.Duration
 	token     string
 	pass      sync.Mutex // one pass of an item at a time: the item leases carry one token
+	// restocked is the units of the restocks the item's pass wrote back (rerecord), under pass:
+	// its adjust counts a rise of the available stock as loaded up to them.
+	restocked int64
 }
 
 // newReconciler is stockops.NewReconciler.
@@ -172,6 +178,7 @@ func (rc *reconciler) Item(ctx context.Context, sku string) (rp report, err erro
 // stock, the ledger (lost events, lost entries, trimming), a snapshot of Redis, the comparison
 // with the store, the repairs, and the registry and retirement.
 func (rc *reconciler) item(ctx context.Context, sku string) (rp report, err error) {
+	rc.restocked = 0
 	if n := rc.r.bucketsOf(sku); n > 0 {
 		return rc.itemBucketed(ctx, sku, n)
 	}
@@ -374,8 +381,11 @@ func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, 
 			rp.NeedsHuman = fmt.Sprintf("live holds of %d units exceed the %d units the store has: oversold by %d", live, expected, live-expected)
 		}
 	default:
-		o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, k.ForAdjust(), []string{strconv.FormatInt(-rp.Drift, 10)}))
+		o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, k.ForAdjust(), adjustArgs(-rp.Drift, rc.restocked)))
 		rc.r.noteEvents(rp.SKU)
+		if err == nil && o.code == protocol.Invalid {
+			err = fmt.Errorf("%w: adjust by %d", ErrInvalid, -rp.Drift)
+		}
 		if err != nil {
 			return fmt.Errorf("stock: reconcile %s: adjust: %w", rp.SKU, err)
 		}
@@ -393,6 +403,12 @@ func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, 
 		}
 	}
 	return nil
+}
+
+// adjustArgs are adjust.lua's arguments: the delta to the available stock, and the units of the
+// restocks the pass wrote back (a rise counts as loaded up to them, then comes back from sold).
+func adjustArgs(delta, restocked int64) []string {
+	return []string{strconv.FormatInt(delta, 10), strconv.FormatInt(restocked, 10)}
 }
 
 // rebuild recreates a lost item hash with available units, counting as sold what its surviving
@@ -619,7 +635,7 @@ func (b *ledgerBatch) add(e Entry, cutoff int64) {
 			b.restored = append(b.restored, e.ID)
 		}
 	}
-	if e.State != StateReserved && e.State != StateHeld && e.At.UnixMilli() < cutoff {
+	if e.State != StateReserved && e.State != StateHeld && e.retainedFrom().UnixMilli() < cutoff {
 		b.trim = append(b.trim, e.ID)
 	}
 }
@@ -808,11 +824,12 @@ func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report
 			if rc.dry {
 				break
 			}
-			n, err := protocol.Rerecord.Exec(ctx, rc.r.client, dst.ForRerecord(), p).AsInt64()
+			n, restocked, err := decodePair(protocol.Rerecord.Exec(ctx, rc.r.client, dst.ForRerecord(), p))
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: rerecord: %w", rp.SKU, err)
 			}
 			rp.Rerecorded += int(n)
+			rc.restocked += restocked
 		}
 		if len(recs) < 500 {
 			return nil

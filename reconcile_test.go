@@ -30,8 +30,13 @@ type rig struct {
 
 func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
 	t.Helper()
+	return newRigWith(t, c, newReserver(t, c), skus, opts...)
+}
+
+// newRigWith is newRig on a Reserver of the caller's.
+func newRigWith(t *testing.T, c rueidis.Client, r *stock.Reserver, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
+	t.Helper()
 	ctx := context.Background()
-	r := newReserver(t, c)
 	store := memstore.New()
 	for sku, n := range skus {
 		require.NoError(t, r.Load(ctx, sku, n))
@@ -479,4 +484,205 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(10), left)
 	})
+}
+
+// TestReconcileRepairKeepsCountersExact: a repair moves the counter its cause moved. Sales a
+// failover lost after the store applied them count as sold again (Loaded stays what was loaded),
+// a restock it lost as loaded, and a sale Redis counted twice (an id sold again after its entry
+// was trimmed, which the store took once) comes back from sold; every later restore gives back
+// exactly what its sale took.
+func TestReconcileRepairKeepsCountersExact(t *testing.T) {
+	hincr := func(t *testing.T, c rueidis.Client, field string, by int64) {
+		t.Helper()
+		require.NoError(t, c.Do(context.Background(), c.B().Hincrby().Key("stock:{x}").Field(field).Increment(by).Build()).Error())
+	}
+	hdel := func(t *testing.T, c rueidis.Client, ids ...string) {
+		t.Helper()
+		require.NoError(t, c.Do(context.Background(), c.B().Hdel().Key("stock:{x}:l").Field(ids...).Build()).Error())
+	}
+	want := func(t *testing.T, r *stock.Reserver, a, s, l int64) {
+		t.Helper()
+		got := levels(t, r, "x")
+		assert.Equal(t, stock.Levels{Available: a, Sold: s, Loaded: l}, got)
+	}
+	cases := []struct {
+		name string
+		// fault runs after a, b and c (1 unit each) are delivered; it returns the ids to restore
+		// at the end and the levels the repair must leave: available, sold, loaded.
+		fault   func(t *testing.T, g rig, clock *testClock) []string
+		a, s, l int64
+	}{
+		{"a failover lost two delivered sales", func(t *testing.T, g rig, _ *testClock) []string {
+			hdel(t, g.c, "b", "c") // the promoted replica never had them: no entries, their units back
+			hincr(t, g.c, "a", 2)
+			hincr(t, g.c, "s", -2)
+			return []string{"a", "b", "c"}
+		}, 97, 3, 100},
+		{"a failover lost a delivered restock", func(t *testing.T, g rig, _ *testClock) []string {
+			_, err := g.r.Restock(context.Background(), "x", "more", 10)
+			require.NoError(t, err)
+			drain(t, g.relay)
+			hdel(t, g.c, "more")
+			hincr(t, g.c, "a", -10)
+			hincr(t, g.c, "l", -10)
+			return []string{"a", "b", "c"}
+		}, 107, 3, 110},
+		{"an id sold again after its entry was trimmed", func(t *testing.T, g rig, clock *testClock) []string {
+			clock.advance(25 * time.Hour) // past the default retention of 24h
+			rp := g.once(t)["x"]
+			require.Equal(t, 3, rp.Trimmed)
+			rc, err := g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "b", Qty: 1})
+			require.NoError(t, err)
+			require.False(t, rc.Replayed, "its entry is gone: Redis sells it again")
+			drain(t, g.relay) // the store has b already: it takes nothing
+			return nil        // (the clock runs a day ahead of Redis's: every settled entry is trimmable now)
+		}, 97, 3, 100},
+		{"the ledger key lost alone (the counters kept)", func(t *testing.T, g rig, _ *testClock) []string {
+			del(t, g.c, "stock:{x}:l")
+			return []string{"a", "b", "c"}
+		}, 97, 3, 100},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, c rueidis.Client) {
+				ctx := context.Background()
+				clock := newTestClock()
+				r := newReserver(t, c, stock.WithClock(clock.now))
+				g := newRigWith(t, c, r, map[string]int64{"x": 100})
+				for _, id := range []string{"a", "b", "c"} {
+					_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 1})
+					require.NoError(t, err)
+				}
+				drain(t, g.relay)
+				restore := tc.fault(t, g, clock)
+				rp := g.once(t)["x"]
+				assert.Empty(t, rp.NeedsHuman)
+				want(t, g.r, tc.a, tc.s, tc.l)
+				assert.Zero(t, g.once(t)["x"].Drift, "a second pass finds nothing")
+				g.agree(t, "x")
+				for _, id := range restore {
+					rc, err := g.r.Restore(ctx, "x", id)
+					require.NoError(t, err, id)
+					assert.Equal(t, int64(1), rc.Qty, id)
+				}
+				g.agree(t, "x")
+				n := int64(len(restore))
+				want(t, g.r, tc.a+n, tc.s-n, tc.l)
+			})
+		})
+	}
+}
+
+// testClock is a clock for WithClock that tests move by hand.
+type testClock struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+func newTestClock() *testClock { return &testClock{at: time.Now()} }
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.at
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.at = c.at.Add(d)
+	c.mu.Unlock()
+}
+
+// TestRetentionCountsFromSettling: the retention of an entry counts from when it settled, not
+// from when it was made: a hold that lives longer than the retention, a hold that expired and a
+// sale given back late all keep answering their id (a replay or their refusal, never
+// ErrUnknownID or a second take) for the retention after they settled, and are trimmed after it.
+func TestRetentionCountsFromSettling(t *testing.T) {
+	type step func(t *testing.T, g rig, move func(time.Duration))
+	cases := []struct {
+		name      string
+		retention time.Duration
+		settle    step          // makes the entry of id "e" and settles it
+		age       time.Duration // how long after settle the first pass runs: within the retention since it settled
+		repeat    step          // what a repeat of "e" must answer while the entry is kept
+		past      time.Duration // how much later it is trimmed
+	}{
+		{"a 48h hold cancelled after 30h", 24 * time.Hour,
+			func(t *testing.T, g rig, move func(time.Duration)) {
+				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 48*time.Hour)
+				require.NoError(t, err)
+				move(30 * time.Hour)
+				_, err = g.r.Cancel(context.Background(), "x", "e")
+				require.NoError(t, err)
+			}, time.Minute,
+			func(t *testing.T, g rig, _ func(time.Duration)) {
+				rc, err := g.r.Cancel(context.Background(), "x", "e")
+				require.NoError(t, err, "a repeated cancel is a replay")
+				assert.True(t, rc.Replayed)
+				_, err = g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
+				assert.ErrorIs(t, err, stock.ErrRestored, "a repeated hold takes nothing")
+			}, 48 * time.Hour},
+		{"a hold that expired", 200 * time.Millisecond,
+			func(t *testing.T, g rig, move func(time.Duration)) {
+				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 400*time.Millisecond)
+				require.NoError(t, err)
+				move(500 * time.Millisecond)
+				_, err = g.r.Confirm(context.Background(), "x", "e")
+				require.ErrorIs(t, err, stock.ErrExpired)
+			}, 0,
+			func(t *testing.T, g rig, _ func(time.Duration)) {
+				_, err := g.r.Confirm(context.Background(), "x", "e")
+				assert.ErrorIs(t, err, stock.ErrExpired)
+				_, err = g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
+				assert.Error(t, err, "a repeated hold takes nothing")
+			}, 500 * time.Millisecond},
+		{"a sale given back late", 200 * time.Millisecond,
+			func(t *testing.T, g rig, move func(time.Duration)) {
+				_, err := g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2})
+				require.NoError(t, err)
+				drain(t, g.relay)
+				move(400 * time.Millisecond)
+				_, err = g.r.Restore(context.Background(), "x", "e")
+				require.NoError(t, err)
+				drain(t, g.relay)
+			}, 0,
+			func(t *testing.T, g rig, _ func(time.Duration)) {
+				rc, err := g.r.Restore(context.Background(), "x", "e")
+				require.NoError(t, err, "a repeated restore is a replay")
+				assert.True(t, rc.Replayed)
+				_, err = g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2})
+				assert.ErrorIs(t, err, stock.ErrRestored, "a repeated deduct takes nothing")
+			}, 500 * time.Millisecond},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, c rueidis.Client) {
+				clock := newTestClock()
+				r := newReserver(t, c, stock.WithClock(clock.now))
+				g := newRigWith(t, c, r, map[string]int64{"x": 10}, &stock.ReconcileOptions{Retention: tc.retention})
+				// move lets d pass for the reconciler's clock and, as far as it can, for Redis's:
+				// a real server's clock runs on its own, so long spans move the reconciler's only.
+				move := func(d time.Duration) {
+					clock.advance(d)
+					if d < time.Second || redistest.IsMiniredis(c) {
+						redistest.Sleep(c, d)
+					}
+				}
+				tc.settle(t, g, move)
+				drain(t, g.relay) // no event pending: only the retention keeps the entry
+				move(tc.age)
+				g.once(t)
+				_, err := g.r.Ledger(context.Background(), "x", "e")
+				require.NoError(t, err, "the entry is kept for the retention after it settled")
+				tc.repeat(t, g, move)
+				want := levels(t, g.r, "x")
+				assert.Equal(t, int64(10), want.Available, "the repeats took nothing")
+				drain(t, g.relay)
+				move(tc.past)
+				assert.Equal(t, 1, g.once(t)["x"].Trimmed, "trimmed once the retention after it settled has passed")
+				_, err = g.r.Ledger(context.Background(), "x", "e")
+				assert.ErrorIs(t, err, stock.ErrUnknownID)
+			})
+		})
+	}
 }

@@ -30,7 +30,7 @@ if not e then
   remember(KEYS[6], st[5], id)
   return {UNKNOWN, 0, 0}
 end
-local k, s, q, _, _, u, d = parse(e, id)
+local k, s, q, after, at, u, d = parse(e, id)
 if u ~= '' then
   int(redis.call('HGET', KEYS[3], u), 'units of user ' .. u)
 end
@@ -65,6 +65,9 @@ if s == 'h' then
 else
   redis.call('HINCRBY', KEYS[1], 's', -q)
   s = reason
+  -- A sale given back settles now: the retention counts from the last field (a hold's deadline,
+  -- when it is later; see trim.lua), so a late restore's entry is kept as long as any other's.
+  e = entry(k, s, q, after, at, u, math.max(d, now))
 end
 avail = redis.call('HINCRBY', KEYS[1], 'a', q)
 give_user(KEYS[3], u, q)

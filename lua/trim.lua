@@ -4,7 +4,10 @@
 -- dead-letter zset (optional): an event in any of them is not delivered yet
 -- ARGV[1] cutoff (ms), ARGV[2...] candidate ids
 -- An entry is settled when it is applied, restored, refused, cancelled, expired or a tombstone,
--- and no event of it is pending. Reply: the number of entries removed.
+-- and no event of it is pending. Its age counts from its last field when that is later than its
+-- time: a hold's deadline (a hold settles at the latest then), or when a sale was given back
+-- (restore.lua writes it): an entry that lived longer than the retention is kept for the
+-- retention after it settled. Reply: the number of entries removed.
 -- Every candidate is read and parsed before the first removal.
 local cutoff = tonumber(ARGV[1])
 local gone = {}
@@ -12,8 +15,8 @@ for i = 2, #ARGV do
   local id = ARGV[i]
   local e = redis.call('HGET', KEYS[1], id)
   if e then
-    local _, s, _, _, t = parse(e, id)
-    if t < cutoff and (s == 'a' or released(s)) then
+    local _, s, _, _, t, _, d = parse(e, id)
+    if math.max(t, d) < cutoff and (s == 'a' or released(s)) then
       local pending = false
       for _, key in ipairs(KEYS) do
         if key ~= KEYS[1] then

@@ -30,7 +30,9 @@ const (
 )
 
 // Entry is a ledger entry as lua/lib.lua writes it: "KS|qty|after|at|user[|deadline]". at and
-// deadline are milliseconds since the epoch (Redis TIME).
+// deadline are milliseconds since the epoch (Redis TIME). The last field is a hold's deadline;
+// restore.lua writes it on a sale it gives back too, as when it settled (the later of the
+// deadline and the give-back for a confirmed hold): the retention counts from it (trim.lua).
 type Entry struct {
 	Kind, State    byte
 	Qty, After, At int64

@@ -222,6 +222,13 @@ type miniClock struct {
 	now time.Time
 }
 
+// IsMiniredis reports whether c is a client of a miniredis made by Miniredis (whose clock
+// Sleep moves).
+func IsMiniredis(c rueidis.Client) bool {
+	_, ok := minis.Load(c)
+	return ok
+}
+
 // Sleep lets d pass for c's server. On a real server it sleeps. A miniredis made by Miniredis
 // runs on a clock that stands still (its TIME command and its TTLs), so that tests of deadlines
 // do not depend on how fast gopher-lua runs under -race; Sleep moves that clock forward by d at
