@@ -342,7 +342,9 @@ func (h *ptRun) buyer(w int, stop *atomic.Bool) {
 				rc, err := h.call(func(ctx context.Context) (stock.Receipt, error) {
 					return h.r.Deduct(ctx, stock.Request{SKU: prev.sku, ID: prev.id, Qty: prev.qty, Retry: true})
 				})
-				if err == nil && !rc.Replayed {
+				// An ErrNotReplicated sale may be lost with the old primary before the relay
+				// delivered it (known to no one: sold anew); an acknowledged one never.
+				if err == nil && !rc.Replayed && prev.acked {
 					h.t.Errorf("%s/%s: a repeat of an acknowledged deduct took stock again", prev.sku, prev.id)
 				}
 			}
