@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
@@ -542,12 +544,40 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 			return []string{"a", "b", "c"}
 		}, 97, 3, 100},
 	}
+	// The same failover on an item split over three buckets: each lost sale goes back in the
+	// bucket that made it, and its claim (in the id's home bucket) is lost with it.
+	split := stock.WithBuckets(func(string) int { return 3 })
+	loseSplit := func(t *testing.T, g rig, _ *testClock) []string {
+		ctx := context.Background()
+		for _, id := range []string{"b", "c"} {
+			for i := range 3 {
+				base := protocol.BucketBase("stock", "x", i, 3)
+				require.NoError(t, g.c.Do(ctx, g.c.B().Hdel().Key(base+":i").Field(id).Build()).Error())
+				n, err := g.c.Do(ctx, g.c.B().Hdel().Key(base+":l").Field(id).Build()).AsInt64()
+				require.NoError(t, err)
+				if n == 1 {
+					require.NoError(t, g.c.Do(ctx, g.c.B().Hincrby().Key(base).Field("a").Increment(1).Build()).Error())
+					require.NoError(t, g.c.Do(ctx, g.c.B().Hincrby().Key(base).Field("s").Increment(-1).Build()).Error())
+				}
+			}
+		}
+		return []string{"a", "b", "c"}
+	}
+	cases = append(cases, struct {
+		name    string
+		fault   func(t *testing.T, g rig, clock *testClock) []string
+		a, s, l int64
+	}{"a failover lost two delivered sales of a split item", loseSplit, 97, 3, 100})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, c rueidis.Client) {
 				ctx := context.Background()
 				clock := newTestClock()
-				r := newReserver(t, c, stock.WithClock(clock.now))
+				opts := []stock.Option{stock.WithClock(clock.now)}
+				if strings.HasSuffix(tc.name, "split item") {
+					opts = append(opts, split)
+				}
+				r := newReserver(t, c, opts...)
 				g := newRigWith(t, c, r, map[string]int64{"x": 100})
 				for _, id := range []string{"a", "b", "c"} {
 					_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 1})
