@@ -62,7 +62,9 @@ type Entry struct {
 	Qty           int64     // units taken (or added, for a restock)
 	Before, After int64     // available stock before and after the operation
 	At            time.Time // when the operation ran, by the Redis server's clock (ms)
-	Deadline      time.Time // holds only: when the hold expires; zero otherwise
+	// Deadline is, for holds only, when the hold expires (zero otherwise); for a confirmed hold
+	// given back after its deadline, when it was given back (the retention counts from it).
+	Deadline time.Time
 	// settledAt is when a sale was given back (a deduct's last field, which holds use for
 	// their deadline); zero otherwise.
 	settledAt time.Time
