@@ -47,6 +47,9 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if r.isFenced(ctx) {
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
 	if n := r.bucketsOf(req.SKU); n > 0 {
 		return r.takeBucketed(ctx, protocol.TakeHold, req, ttl.Milliseconds(), n)
 	}
@@ -71,6 +74,9 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 	if err := checkSKUID(sku, id); err != nil {
 		return rc, err
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return rc, err
+	}
 	name, err := r.holder(ctx, sku, id)
 	if err != nil {
 		return rc, err
@@ -93,6 +99,9 @@ func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err 
 		ctx = r.startOp(ctx, "cancel", sku)
 		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
 	}
+	if err := r.writable(ctx, sku, id); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
 	return r.giveBack(ctx, sku, id, protocol.ReasonCancel)
 }
 
@@ -109,6 +118,9 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 		return rc, err
 	}
 	if err := checkTTL(ttl); err != nil {
+		return rc, err
+	}
+	if err := r.checkEviction(ctx); err != nil {
 		return rc, err
 	}
 	name, err := r.holder(ctx, sku, id)

@@ -86,6 +86,9 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := r.awaitPolicy(ctx); err != nil {
+		return err
+	}
 
 	var mu sync.Mutex
 	var first error
@@ -226,6 +229,30 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		return errors.Join(first, stuck)
 	}
 	return errors.Join(ctx.Err(), stuck)
+}
+
+// awaitPolicy is Run's memory policy check, before it starts anything: ErrEvictionPolicy when
+// Redis may evict this package's keys, nil once the policy is known to be safe (or allowed, or
+// hidden). A Redis that cannot be reached is asked again every policyRecheck until ctx ends
+// (whose error it then returns): Run does not fail because Redis is down when it starts.
+func (r *Reserver) awaitPolicy(ctx context.Context) error {
+	for {
+		err := r.checkEviction(ctx)
+		if err == nil || errors.Is(err, ErrEvictionPolicy) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.opts.logger.WarnContext(ctx, "stock: Run waits for Redis to check its maxmemory-policy", "err", err)
+		t := time.NewTimer(policyRecheck)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // Validate returns the error Run would return at once for o, before it starts anything: an

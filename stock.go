@@ -56,7 +56,8 @@ type Reserver struct {
 	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
-	hints     *hints // the due-work hints of the background loops
+	hints     *hints      // the due-work hints of the background loops
+	policy    policyGuard // the memory policy check: eviction.go
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -218,6 +219,9 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if qty < 0 || qty > MaxQty {
 		return invalid("load quantity %d out of range [0, %d]", qty, MaxQty)
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return err
+	}
 	if n := r.bucketsOf(sku); n > 0 {
 		return r.loadBucketed(ctx, sku, qty, n)
 	}
@@ -336,7 +340,7 @@ func (r *Reserver) admit(ctx context.Context, req Request) error {
 	if r.isFenced(ctx) {
 		return ErrFailover
 	}
-	return nil
+	return r.checkEviction(ctx)
 }
 
 // fenceRecheck is how often, at most, a fenced Reserver's requests check its guard themselves.
@@ -429,6 +433,9 @@ func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err
 		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
 	}
+	if err := r.writable(ctx, sku, id); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
 	return r.giveBack(ctx, sku, id, protocol.ReasonRestore)
 }
 
@@ -474,6 +481,9 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	}
 	req := Request{SKU: sku, ID: id, Qty: qty}
 	if err := req.check(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	if err := r.checkEviction(ctx); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
 	name, err := r.claimer(ctx, sku, id, true, false) // sku, or the bucket the id goes to
@@ -559,6 +569,9 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return err
+	}
 	if n := r.bucketsOf(sku); n > 0 && flag == "0" {
 		// Reopened whole or not at all: a bucket delisted refuses the item.
 		if err := r.refuseReopen(ctx, sku, n); err != nil {
@@ -605,6 +618,9 @@ func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) erro
 // buckets is finished by the next pass, and until then Load refuses the item with ErrLoaded.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := checkName("sku", sku); err != nil {
+		return err
+	}
+	if err := r.checkEviction(ctx); err != nil {
 		return err
 	}
 	if n := r.bucketsOf(sku); n > 0 {
