@@ -116,7 +116,18 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 			assert.NotErrorIs(t, err, stock.ErrUnknownOutcome, "nothing was sent: the outcome is known")
 		}
 
+		// Concurrent first writes share one check, and every one is refused.
 		r := newReserver(t, c)
+		var wg sync.WaitGroup
+		errs := make([]error, 32)
+		for i := range errs {
+			wg.Go(func() { _, errs[i] = r.Deduct(ctx, stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1}) })
+		}
+		wg.Wait()
+		for _, err := range errs {
+			assert.ErrorIs(t, err, stock.ErrEvictionPolicy)
+		}
+
 		req := stock.Request{SKU: "x", ID: "a", User: "u", Qty: 1}
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "x", Qty: 1}, {SKU: "y", Qty: 1}}}
 		writes := map[string]func() error{
