@@ -63,8 +63,11 @@ type RunOptions struct {
 //	}()
 //
 // Options that are out of range are an ErrInvalid error at once, and nothing runs: read
-// Run's error, or check the options first with RunOptions.Validate. Errors of a pass are
-// logged through WithLogger and the next pass retries. When ctx ends, Run stops the loops,
+// Run's error, or check the options first with RunOptions.Validate. On a Redis whose
+// maxmemory-policy can evict keys, Run returns ErrEvictionPolicy at once and nothing runs
+// (unless WithEvictionAllowed); it reads the policy before it starts anything, and waits for
+// a Redis it cannot reach until it can (see docs/operating.md, "Memory policy"). Errors of a
+// pass are logged through WithLogger and the next pass retries. When ctx ends, Run stops the loops,
 // lets the relay deliver what is due (see RunOptions.Drain), and returns the first error a
 // loop met, or ctx's error when none did. It returns at the latest Drain after ctx ended
 // (WithTimeout's bound when Drain is negative), even when a Store or Publisher call ignores

@@ -298,7 +298,8 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
 // with Replayed set and changes nothing.
 //
-// Errors: ErrInvalid and ErrFailover (a failover guard fenced the Reserver): nothing was sent.
+// Errors: ErrInvalid, ErrFailover (a failover guard fenced the Reserver) and ErrEvictionPolicy
+// (Redis may evict keys): nothing was sent.
 // ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
 // nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
 // receipt is valid, but fewer replicas than asked acknowledged the write in time.
