@@ -843,6 +843,9 @@ func (rl *relay) backoff(ctx context.Context, sku string, tries int64) (time.Dur
 
 // refuse is stockops.Refuse.
 func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) {
+	if err := r.writable(ctx, sku, id); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
 	return r.giveBack(ctx, sku, id, protocol.ReasonRefuse)
 }
 

@@ -125,6 +125,7 @@ type PassResult struct {
 	Complete      bool
 	EpochRecorded bool
 	EpochErr      error
+	NeedsHuman    string
 }
 
 // Relay is a relay made by package stock.
