@@ -57,6 +57,8 @@ type Reserver struct {
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
 	hints     *hints // the due-work hints of the background loops
+
+	unknownAt sync.Map // sku -> time.Time of the last log of its events held back (notloaded.go)
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -218,6 +220,7 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if qty < 0 || qty > MaxQty {
 		return invalid("load quantity %d out of range [0, %d]", qty, MaxQty)
 	}
+	r.recordBaseline(ctx) // a new deployment records its epoch before its first item (guard.go)
 	if n := r.bucketsOf(sku); n > 0 {
 		return r.loadBucketed(ctx, sku, qty, n)
 	}

@@ -681,8 +681,7 @@ func (m *mutant) Apply(_ context.Context, ev stock.Event) error {
 				newRec(stock.StateApplied)
 				return nil
 			}
-			newRec(stock.StateRefused)
-			return fmt.Errorf("mutant: unknown item: %w", stock.ErrRefused)
+			return fmt.Errorf("mutant: unknown item: %w", stock.ErrNotLoaded) // nothing recorded
 		}
 		covers := rem >= ev.Qty
 		if m.knob == "off-by-one" {
@@ -879,7 +878,7 @@ func TestAttack14TestStoreCatchesMutants(t *testing.T) {
 		"held-decrements",            // "held, cancelled and expired events change nothing"
 		"restock-twice",              // "a restock adds once"
 		"scope-by-id",                // "ids are scoped per item"
-		"unknown-item-deduct-ok",     // "a deduct of an item the store does not know is refused"
+		"unknown-item-deduct-ok",     // "a deduct or confirm of an item the store does not know is not refused but answered stock.ErrNotLoaded"
 		"restore-twice",              // "gives back what its id took, once"
 		"restore-one",                // "gives back what its id took"
 		"refusal-not-recorded",       // "then and on every repeat"
