@@ -41,7 +41,7 @@ func defaultOptions() options {
 		inflight:   4,
 		soldOutTTL: time.Second,
 		timeout:    DefaultTimeout,
-		logger:     slog.New(slog.DiscardHandler),
+		logger:     slog.Default(),
 		now:        time.Now,
 	}
 }
@@ -134,8 +134,12 @@ func WithOutbox(enabled bool) Option {
 	}
 }
 
-// WithLogger sets the logger for rare events (script reloads, repairs, relay retries). The
-// default discards everything.
+// WithLogger sets the logger of the background work and of rare events. The default is
+// slog.Default() as it is when New is called. Normal operation logs nothing at Info or above;
+// Warn says a retry or a degraded part (a relay delivery that backs off, a failover fence, a
+// failover guard turned off for want of INFO), Error says a person must act (an event moved to
+// the dead-letter set, a reconcile report that needs a human, events held back because the
+// Store does not know their item). Pass slog.New(slog.DiscardHandler) to log nothing.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) error {
 		if l == nil {

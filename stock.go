@@ -73,6 +73,8 @@ type Reserver struct {
 	closeOnce sync.Once
 	closeDone chan struct{} // closed when Close's work is done
 	policy    policyGuard   // the memory policy check: eviction.go
+
+	unknownAt sync.Map // sku -> time.Time of the last log of its events held back (notloaded.go)
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -261,6 +263,7 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if err := r.checkEviction(ctx); err != nil {
 		return err
 	}
+	r.recordBaseline(ctx) // a new deployment records its epoch before its first item (guard.go)
 	if n := r.bucketsOf(sku); n > 0 {
 		return r.loadBucketed(ctx, sku, qty, n)
 	}

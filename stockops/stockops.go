@@ -97,6 +97,12 @@ type RelayStats struct {
 	// an operator: the Store rejected them with stock.ErrInvalid (they can never be applied), or
 	// they are orphaned.
 	DeadLettered int
+	// NotLoaded counts events the Store answered stock.ErrNotLoaded for (it does not know their
+	// item: loaded in Redis and not in the database of record), and the item's events after
+	// them: they stay in the outbox, retried with backoff until the item is loaded in the
+	// store, and are never given back (counted in Retried too). The Reserver's logger says so
+	// at Error level, once per item per minute.
+	NotLoaded int
 }
 
 // A Reconciler compares each item in Redis (available + held, and the events Redis has not seen

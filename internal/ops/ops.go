@@ -21,6 +21,7 @@ type RelayStats struct {
 	Orphaned     int
 	Redelive     int
 	DeadLettered int
+	NotLoaded    int
 }
 
 // Add adds o to s.
@@ -32,6 +33,7 @@ func (s *RelayStats) Add(o RelayStats) {
 	s.Orphaned += o.Orphaned
 	s.Redelive += o.Redelive
 	s.DeadLettered += o.DeadLettered
+	s.NotLoaded += o.NotLoaded
 }
 
 // Report mirrors stockops.Report.
