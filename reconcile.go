@@ -401,7 +401,7 @@ func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, 
 			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", rp.Drift+o.remaining)
 		}
 	}
-	if rp.Missing && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
+	if rp.Missing && !rp.Rebuilt && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
 		if _, err := rc.rebuild(ctx, k, rp, 0); err != nil {
 			return err
