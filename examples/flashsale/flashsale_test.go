@@ -222,6 +222,38 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 	}
 }
 
+// A sale that runs to its end removes every key of its prefix, the prefix's own keys included
+// (the registry, and the failover guard's epoch that the first Load records on a real Redis):
+// on the embedded miniredis, and with STOCK_REDIS_SERVER set on a private redis-server too.
+func TestFinishedRunLeavesNoKeys(t *testing.T) {
+	sale := func(t *testing.T, addr string) {
+		cfg := smallSale()
+		cfg.Buyers, cfg.Redis, cfg.Prefix = 200, addr, "fs-finished"
+		left := []string{"(the clean-up hook did not run)"}
+		cfg.cleaned = func(ctx context.Context, c rueidis.Client) {
+			var err error
+			if left, err = c.Do(ctx, c.B().Keys().Pattern(cfg.Prefix+":*").Build()).AsStrSlice(); err != nil {
+				left = []string{err.Error()}
+			}
+		}
+		var out bytes.Buffer
+		rep, err := run(context.Background(), cfg, &out)
+		if err != nil || !rep.Passed {
+			t.Fatalf("run: %v\n%s", err, out.String())
+		}
+		if len(left) != 0 {
+			t.Errorf("after the sale, Redis keeps %v", left)
+		}
+	}
+	t.Run("miniredis", func(t *testing.T) { sale(t, "") })
+	t.Run("redis-server", func(t *testing.T) {
+		if redistest.ServerBinary(t) == "" {
+			t.Skipf("%s is not set: no real Redis", redistest.EnvServer)
+		}
+		sale(t, redistest.StartServer(t).Addr())
+	})
+}
+
 // -redis takes a URL with an ACL user's name and password (redis://user:password@host:port),
 // as stockctl does; a wrong password is an error that does not show it.
 func TestFlashSaleRedisURL(t *testing.T) {

@@ -126,6 +126,9 @@ type config struct {
 
 	// tamper, for tests, runs after the relay drained and before the final reconcile pass.
 	tamper func(ctx context.Context, c rueidis.Client) error
+	// cleaned, for tests, runs after the clean-up, on the Redis of the run (the embedded
+	// miniredis included), before it is closed.
+	cleaned func(ctx context.Context, c rueidis.Client)
 }
 
 // usageText heads the -h output: the program's own name, not the temporary path of go run.
@@ -473,8 +476,9 @@ func itemNames(skus []string, buckets int) []string {
 
 // deleteKeys removes the Redis keys of the run's items, given by the names Redis keeps them
 // under (itemNames: the items, or their buckets; every key of one shares the hash tag {name},
-// {name|k} for a bucket,
-// found with SCAN on every node), and takes them out of the registry.
+// {name|k} for a bucket, found with SCAN on every node), takes them out of the registry and the
+// due-work hints, and, once no item is left under the prefix, removes the prefix's registry and
+// epoch.
 func deleteKeys(ctx context.Context, c rueidis.Client, prefix string, skus []string) error {
 	for _, sku := range skus {
 		// "{name}" or, for a bucket "sku|i", its spread tag "{sku|i|k}" (protocol.BucketTag).
@@ -520,8 +524,17 @@ func deleteKeys(ctx context.Context, c rueidis.Client, prefix string, skus []str
 	if err != nil {
 		return fmt.Errorf("scard %s: %w", registry, err)
 	}
-	if n == 0 {
-		return c.Do(ctx, c.B().Del().Key(registry).Build()).Error()
+	if n > 0 {
+		return nil // the prefix has items of others: its own keys stay
+	}
+	// No item is left under the prefix: its own keys go too, the registry and the failover
+	// guard's epoch ("<prefix>:epoch", which the first Load records on a real Redis). Were
+	// another process to load an item in between, it would find no epoch beside an item and
+	// be fenced until a reconcile pass: the safe side.
+	for _, k := range []string{registry, protocol.Epoch(prefix)} {
+		if err := c.Do(ctx, c.B().Del().Key(k).Build()).Error(); err != nil {
+			return fmt.Errorf("del %s: %w", k, err)
+		}
 	}
 	return nil
 }

@@ -572,6 +572,9 @@ func run(ctx context.Context, cfg config, out io.Writer) (rep Report, err error)
 		if err := db.dropOrDelete(cctx, tprefix, created, loaded); err != nil {
 			fmt.Fprintln(out, "clean-up of the tables:", err)
 		}
+		if cfg.cleaned != nil {
+			cfg.cleaned(cctx, client)
+		}
 	}()
 	for _, sku := range skus {
 		// The database of record first: an item in the database and not in Redis is what the
