@@ -94,6 +94,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
+	"github.com/stockres/stock/examples/internal/embedredis"
 	"github.com/stockres/stock/internal/dburl"
 	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redisaddr"
@@ -321,8 +322,10 @@ func openRedis(cfg config, n int) ([]rueidis.Client, string, func(), error) {
 		o.ForceSingleClient = len(o.InitAddress) == 1
 		opt, desc = o, "redis "+redisaddr.Redact(cfg.Redis)
 	default:
-		m = miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
+		// It tells its maxmemory-policy (noeviction: miniredis never evicts), so the library's
+		// memory-policy check passes without a warning.
+		var err error
+		if m, err = embedredis.Start(); err != nil {
 			return nil, "", nil, fmt.Errorf("miniredis: %w", err)
 		}
 		// Key TTLs (the relay's lease and backoff) run on the wall clock, as on a real

@@ -14,10 +14,10 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/examples/internal/embedredis"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -30,8 +30,10 @@ func main() {
 }
 
 func run() error {
-	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
+	// An embedded miniredis that tells its maxmemory-policy (noeviction, as it never evicts), so
+	// that the library's check that Redis cannot evict its keys passes without a warning.
+	mr, err := embedredis.Start()
+	if err != nil {
 		return err
 	}
 	defer mr.Close()
