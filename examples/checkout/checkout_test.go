@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -305,6 +306,31 @@ func TestRedisDown(t *testing.T) {
 	e.want(rp, http.StatusServiceUnavailable, "unavailable")
 	if rp.header.Get("Retry-After") == "" {
 		t.Fatal("no Retry-After")
+	}
+}
+
+// The errors that say the stock service cannot take the order now (a failover fence, a write
+// its replicas have not acknowledged, a closed Reserver, a Redis that may evict keys) are a 503
+// with Retry-After, as an unknown outcome is: the client retries the same key.
+func TestServiceNotTakingOrdersIs503(t *testing.T) {
+	for _, err := range []error{stock.ErrFailover, stock.ErrNotReplicated, stock.ErrReserverClosed, stock.ErrEvictionPolicy} {
+		if ae := stockError(fmt.Errorf("wrapped: %w", err), stock.Receipt{}); ae.status != http.StatusServiceUnavailable || ae.code != "unavailable" || !ae.retryAfter {
+			t.Errorf("%v: %d %s (Retry-After %v), want 503 unavailable with Retry-After", err, ae.status, ae.code, ae.retryAfter)
+		}
+	}
+
+	// Over HTTP: a checkout on a closed Reserver (a service shutting down) takes nothing.
+	e := newEnv(t, time.Minute, map[string]int64{"shoe": 5})
+	if err := e.r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rp := e.post("order-1", shoe)
+	e.want(rp, http.StatusServiceUnavailable, "unavailable")
+	if rp.header.Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	if e.pay.Calls() != 0 {
+		t.Errorf("%d payments charged", e.pay.Calls())
 	}
 }
 

@@ -45,7 +45,9 @@
 //	415  unsupported_media_type: a Content-Type other than JSON (none at all is taken as JSON)
 //	422  idempotency_key_reused: the user used the key with another sku or qty (within -key-ttl)
 //	503  unavailable, with Retry-After: Redis or the payment service did not answer, the outcome
-//	     is unknown; retry with the same Idempotency-Key
+//	     is unknown; or the stock service cannot take orders now (fenced after a Redis failover,
+//	     a write not yet replicated, shutting down, a Redis that may evict keys); retry with the
+//	     same Idempotency-Key
 //
 // Every error the handler answers, whatever the status, has the body {"error": code,
 // "message": text}. A few requests never reach the handler: net/http refuses them while

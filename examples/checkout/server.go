@@ -135,6 +135,17 @@ func stockError(err error, rc stock.Receipt) apiError {
 		return apiError{http.StatusBadRequest, "invalid", "the request was refused as invalid", false}
 	case "error", "timeout", "canceled":
 		return unknownOutcome("the stock service did not answer")
+	case "failover", "not_replicated":
+		// failover: Run's failover guard fences sales after a Redis failover until a reconcile
+		// pass ran; nothing was sent. not_replicated (stock.WithReplicaAck): the write was made
+		// and its replicas have not acknowledged it yet; a retry answers it as a replay.
+		return apiError{http.StatusServiceUnavailable, "unavailable",
+			"the stock service is recovering: retry with the same Idempotency-Key (it is safe: nothing is taken or charged twice)", true}
+	case "reserver_closed", "eviction_policy":
+		// The service is shutting down, or Redis may evict keys and the library refuses to write
+		// (an operator must fix maxmemory-policy); nothing was sent.
+		return apiError{http.StatusServiceUnavailable, "unavailable",
+			"the stock service cannot take orders now; nothing was taken: retry later with the same Idempotency-Key", true}
 	}
 	// unknown_id, confirmed, refused, loaded: not outcomes of this flow.
 	return apiError{http.StatusInternalServerError, "internal", "unexpected outcome " + stock.Outcome(err), false}
