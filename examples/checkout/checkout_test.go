@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -470,5 +472,55 @@ func TestRequestLog(t *testing.T) {
 	}
 	if second["method"] != "GET" || second["path"] != "/nothing" || second["status"] != float64(404) {
 		t.Errorf("second line %v", second)
+	}
+}
+
+// The service as main runs it: it takes traffic once started, and its shutdown (ctx ended, as
+// by SIGINT) delivers the sales to the database of record and closes the Reserver, which then
+// writes nothing (ErrReserverClosed) before serve returns.
+func TestServeShutdownClosesTheReserver(t *testing.T) {
+	type started struct {
+		addr string
+		r    *stock.Reserver
+		db   *memstore.Store
+	}
+	up := make(chan started, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := config{addr: "127.0.0.1:0", prefix: "checkout", holdTTL: time.Minute, keyTTL: time.Hour,
+		userLimit: 2, load: "shoe=5", shutdownTimeout: 5 * time.Second,
+		started: func(addr string, r *stock.Reserver, db *memstore.Store) { up <- started{addr, r, db} }}
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	var s started
+	select {
+	case s = <-up:
+	case err := <-served:
+		t.Fatalf("serve returned before it took traffic: %v", err)
+	}
+
+	req, err := http.NewRequest(http.MethodPost, "http://"+s.addr+"/checkout", strings.NewReader(shoe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "order-1")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("checkout: status %d", res.StatusCode)
+	}
+
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if _, err := s.r.Deduct(context.Background(), stock.Request{SKU: "shoe", ID: "after", User: "bob", Qty: 1}); !errors.Is(err, stock.ErrReserverClosed) {
+		t.Errorf("a deduct after the shutdown: %v, want ErrReserverClosed (the Reserver was not closed)", err)
+	}
+	if left, err := s.db.Remaining(context.Background(), "shoe"); err != nil || left != 4 {
+		t.Errorf("the database of record has %d left (%v), want 4: the sale was not delivered before the end", left, err)
 	}
 }

@@ -62,11 +62,22 @@
 // "closed"}. Every request that reaches the handler is logged (log/slog, on stderr): method,
 // path, status, duration, Idempotency-Key.
 //
-// Reserver.Run does the background work in one goroutine: a relay drains the outbox into an
-// in-memory database of record (memstore; use sqlstore in a real service), a reconciler checks
-// Redis against it, and a sweeper releases expired holds. SIGINT or SIGTERM stops the server
-// gracefully: no new connections, in-flight checkouts finish (up to -shutdown-timeout), then
-// the relay delivers what is left.
+// The start-up and shutdown follow the README's path. The Reserver refuses a take without a
+// user (stock.WithUserRequired), so that an empty user cannot slip past -user-limit. Each -load
+// item is put on sale with stockops.Preheat: in the database of record first, then in Redis
+// with the stock the database holds. The database of record is in memory (memstore), so that
+// the example runs with nothing but Go and forgets its sales when it stops; a real service
+// uses sqlstore there, the rest unchanged (see the comment in serve, and the README's "The
+// background work: Run"). Reserver.Run does the background work in one goroutine, with its
+// options checked first (RunOptions.Validate) and its error read: a relay delivers the sales
+// to the store, a reconciler checks Redis against it, a failover guard fences sales after a
+// Redis failover until a reconcile pass ran, and a sweeper releases expired holds. The server
+// listens only once Reserver.Ready says sales are taken (at once on a new deployment), and
+// stops if Run stops on its own (an error at its start, such as a Redis whose
+// maxmemory-policy can evict keys). SIGINT or SIGTERM stops it gracefully: no new
+// connections, in-flight checkouts finish (up to -shutdown-timeout), then Reserver.Close stops
+// Run, which delivers what is left in the outbox, and waits for it: after it nothing is
+// written to Redis.
 //
 // Flags: -addr (:8080), -redis (host:port, or redis://user:password@host:port, rediss:// for
 // TLS; default an embedded miniredis), -prefix (checkout: the stock library's keys are
@@ -88,16 +99,16 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/examples/internal/embedredis"
 	"github.com/stockres/stock/internal/redisaddr"
 	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
 )
 
 func main() {
@@ -106,46 +117,69 @@ func main() {
 		fmt.Fprint(flag.CommandLine.Output(), "checkout serves a demo checkout API (POST /checkout, GET /stock/{sku}) on the stock library.\n\nUsage: checkout [flags]\n\nFlags:\n")
 		flag.PrintDefaults()
 	}
-	addr := flag.String("addr", ":8080", "listen `address`")
-	redisAddr := flag.String("redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
-	prefix := flag.String("prefix", "checkout", "Redis key prefix")
-	holdTTL := flag.Duration("hold-ttl", 10*time.Minute, "how long a hold waits for its payment")
-	keyTTL := flag.Duration("key-ttl", 24*time.Hour, "how long an Idempotency-Key stays bound to its purchase after its first use (at least -hold-ttl plus 30s)")
-	userLimit := flag.Int64("user-limit", 2, "most units of one item per user (0: no limit)")
-	load := flag.String("load", "sneaker-42=10,tee-7=100", "items to load at start: `sku=qty,...`")
-	decline := flag.String("decline", "", "comma-separated `users` whose payments are declined")
-	payDelay := flag.Duration("pay-delay", 0, "how long a payment takes")
-	shutdownTimeout := flag.Duration("shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish at shutdown")
+	var cfg config
+	flag.StringVar(&cfg.addr, "addr", ":8080", "listen `address`")
+	flag.StringVar(&cfg.redis, "redis", "", "a real Redis: host:port, or redis://user:password@host:port (rediss:// for TLS) (default: an embedded miniredis)")
+	flag.StringVar(&cfg.prefix, "prefix", "checkout", "Redis key prefix")
+	flag.DurationVar(&cfg.holdTTL, "hold-ttl", 10*time.Minute, "how long a hold waits for its payment")
+	flag.DurationVar(&cfg.keyTTL, "key-ttl", 24*time.Hour, "how long an Idempotency-Key stays bound to its purchase after its first use (at least -hold-ttl plus 30s)")
+	flag.Int64Var(&cfg.userLimit, "user-limit", 2, "most units of one item per user (0: no limit)")
+	flag.StringVar(&cfg.load, "load", "sneaker-42=10,tee-7=100", "items to load at start: `sku=qty,...`")
+	flag.StringVar(&cfg.decline, "decline", "", "comma-separated `users` whose payments are declined")
+	flag.DurationVar(&cfg.payDelay, "pay-delay", 0, "how long a payment takes")
+	flag.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish at shutdown")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	slog.SetDefault(log)
-	if err := serve(*addr, *redisAddr, *prefix, *holdTTL, *keyTTL, *userLimit, *load, *decline, *payDelay, *shutdownTimeout, log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, log); err != nil {
 		log.Error("checkout", "err", err)
+		stop()
 		os.Exit(1)
 	}
 }
 
-func serve(addr, redisAddr, prefix string, holdTTL, keyTTL time.Duration, userLimit int64, load, decline string,
-	payDelay, shutdownTimeout time.Duration, log *slog.Logger) error {
-	if keyTTL < holdTTL+flowTimeout {
+// config is what serve needs: the flags.
+type config struct {
+	addr, redis, prefix       string
+	holdTTL, keyTTL           time.Duration
+	userLimit                 int64
+	load, decline             string
+	payDelay, shutdownTimeout time.Duration
+
+	// started, for tests, is called once the server takes traffic, with its address, its
+	// Reserver and its database of record.
+	started func(addr string, r *stock.Reserver, db *memstore.Store)
+}
+
+// closeTimeout bounds the wait of Reserver.Close at shutdown. The wait is bounded anyway (by
+// RunOptions.Drain for Run, 5s by default, and by WithTimeout for each command); this is a
+// last guard against a Redis that stopped answering.
+const closeTimeout = 30 * time.Second
+
+// serve runs the service until ctx ends (SIGINT, SIGTERM), then shuts it down: HTTP first, then
+// the stock library's background work.
+func serve(ctx context.Context, cfg config, log *slog.Logger) (err error) {
+	if cfg.keyTTL < cfg.holdTTL+flowTimeout {
 		// A retry while the order may still be held or paying must find the key's record.
-		return fmt.Errorf("-key-ttl %v is shorter than -hold-ttl %v plus %v", keyTTL, holdTTL, flowTimeout)
+		return fmt.Errorf("-key-ttl %v is shorter than -hold-ttl %v plus %v", cfg.keyTTL, cfg.holdTTL, flowTimeout)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 
 	var opt rueidis.ClientOption
-	if redisAddr != "" {
-		o, err := redisaddr.Parse(redisAddr)
+	if cfg.redis != "" {
+		o, err := redisaddr.Parse(cfg.redis)
 		if err != nil {
 			return fmt.Errorf("-redis %v", err)
 		}
 		o.ForceSingleClient = len(o.InitAddress) == 1
 		opt = o
 	} else {
-		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
+		// It tells its maxmemory-policy (noeviction: miniredis never evicts), so the library's
+		// memory-policy check passes without a warning.
+		m, err := embedredis.Start()
+		if err != nil {
 			return err
 		}
 		defer m.Close()
@@ -157,18 +191,34 @@ func serve(addr, redisAddr, prefix string, holdTTL, keyTTL time.Duration, userLi
 		return fmt.Errorf("redis: %w", err)
 	}
 	defer client.Close()
-	r, err := stock.New(client, stock.WithPrefix(prefix), stock.WithUserLimit(userLimit), stock.WithLogger(log))
+	// WithUserRequired: with a limit set, a take without a user is refused (ErrInvalid) instead
+	// of being left out of the limit. The handler checks the user first; this is the backstop.
+	r, err := stock.New(client, stock.WithPrefix(cfg.prefix), stock.WithUserLimit(cfg.userLimit),
+		stock.WithUserRequired(), stock.WithLogger(log))
 	if err != nil {
 		return err
 	}
+	// On every return, before the client closes: stop Run and wait for the Reserver's writes
+	// (the normal shutdown below closes it first; Close is idempotent).
+	defer r.Close(context.WithoutCancel(ctx))
 	// The Idempotency-Key records, "<prefix>|key:...": beside the library's keys, never among them.
-	keys, err := NewKeys(client, prefix, keyTTL)
+	keys, err := NewKeys(client, cfg.prefix, cfg.keyTTL)
 	if err != nil {
 		return err
 	}
 
-	db := memstore.New() // the database of record: sqlstore.New(db, sqlstore.Postgres) in a real service
-	for item := range strings.SplitSeq(load, ",") {
+	// The database of record. It is in memory here, so that the example runs with nothing but
+	// Go; a real service opens its database instead, and the rest stays as it is:
+	//
+	//	db, err := sqlstore.New(sqlDB, sqlstore.Postgres) // sqlDB: the service's *sql.DB
+	//	if err != nil {
+	//		return err
+	//	}
+	//	if err := db.Migrate(ctx); err != nil { // makes the two tables if they do not exist
+	//		return err
+	//	}
+	db := memstore.New()
+	for item := range strings.SplitSeq(cfg.load, ",") {
 		if item == "" {
 			continue
 		}
@@ -177,11 +227,9 @@ func serve(addr, redisAddr, prefix string, holdTTL, keyTTL time.Duration, userLi
 		if !ok || err != nil {
 			return fmt.Errorf("-load %q: want sku=qty", item)
 		}
-		// The database of record first, then Redis. An item already live in Redis is kept.
-		if err := db.Load(ctx, sku, qty); err != nil {
-			return err
-		}
-		if err := r.Load(ctx, sku, qty); errors.Is(err, stock.ErrLoaded) {
+		// The database of record first (a row it has is kept: its stock wins), then Redis with
+		// the store's stock. An item already live in Redis is kept as it is.
+		if _, err := stockops.Preheat(ctx, r, db, sku, qty); errors.Is(err, stock.ErrLoaded) {
 			log.Info("item already live; kept as it is", "sku", sku)
 		} else if err != nil {
 			return err
@@ -189,54 +237,90 @@ func serve(addr, redisAddr, prefix string, holdTTL, keyTTL time.Duration, userLi
 	}
 
 	pay := NewFakePayments()
-	pay.Delay = payDelay
-	for u := range strings.SplitSeq(decline, ",") {
+	pay.Delay = cfg.payDelay
+	for u := range strings.SplitSeq(cfg.decline, ",") {
 		if u != "" {
 			pay.Decline(u)
 		}
 	}
 
-	// The background work (relay, reconciler, sweeper, cart recovery, failover guard) in one
-	// goroutine; when bg ends, Run delivers what is left in the outbox and returns.
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	wg.Go(func() { r.Run(bg, stock.RunOptions{Store: db}) })
+	// The background work (relay, reconciler, failover guard, sweeper, cart recovery) in one
+	// goroutine, its options checked first: options out of range would make Run return at once,
+	// running nothing. It runs until r.Close stops it at shutdown, once the HTTP side is quiet,
+	// not on ctx, which a signal ends first.
+	opts := stock.RunOptions{Store: db}
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(context.WithoutCancel(ctx), opts) }()
+	running := true // Run has not returned (its error is still in runErr)
+	defer func() {
+		if running {
+			r.Close(context.WithoutCancel(ctx))
+			logRunStopped(log, <-runErr)
+		}
+	}()
+	// Take traffic once sales are taken: at once on a new deployment; after a Redis failover,
+	// once a reconcile pass compared Redis with the store (Run starts one at once).
+	if stopped, err := ready(ctx, r, runErr); err != nil {
+		running = !stopped
+		return err
+	}
 
 	srv := &http.Server{
-		Addr:              addr,
-		Handler:           NewHandler(r, keys, pay, holdTTL, log),
+		Addr:              cfg.addr,
+		Handler:           NewHandler(r, keys, pay, cfg.holdTTL, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      flowTimeout + 5*time.Second,
 		IdleTimeout:       time.Minute,
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
-		stopBG()
-		wg.Wait()
 		return err
 	}
-	log.Info("checkout listening", "addr", ln.Addr().String(), "redis", orDefault(redisaddr.Redact(redisAddr), "embedded miniredis"), "hold_ttl", holdTTL)
+	log.Info("checkout listening", "addr", ln.Addr().String(), "redis", orDefault(redisaddr.Redact(cfg.redis), "embedded miniredis"), "hold_ttl", cfg.holdTTL)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	if cfg.started != nil {
+		cfg.started(ln.Addr().String(), r, db)
+	}
 
-	select {
-	case err = <-served: // the listener failed
-	case <-ctx.Done():
-		log.Info("shutting down: finishing in-flight requests", "timeout", shutdownTimeout)
-		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-		err = srv.Shutdown(sctx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) {
+	shutdown := func() {
+		log.Info("shutting down: finishing in-flight requests", "timeout", cfg.shutdownTimeout)
+		sctx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
 			log.Warn("shutdown timed out; closing the remaining connections")
 			srv.Close()
 		}
-		err = nil
+	}
+	select {
+	case err = <-served: // the listener failed
+	case <-ctx.Done():
+		shutdown()
+	case rerr := <-runErr:
+		// Run stopped on its own: only at its start (a Redis whose maxmemory-policy can evict
+		// keys, say). Without it no sale reaches the database of record: stop taking orders.
+		running = false
+		shutdown()
+		err = fmt.Errorf("stock: the background work stopped: %w", rerr)
 	}
 
-	// The HTTP side is quiet: stop the background work, which delivers what is left.
-	stopBG()
-	wg.Wait()
+	// The HTTP side is quiet: Close stops Run, which delivers what is left in the outbox (up to
+	// RunOptions.Drain), and waits for it and for the writes the Reserver's calls left in the
+	// background. After it, nothing is written to Redis, and the Reserver answers
+	// ErrReserverClosed.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer cancel()
+	if cerr := r.Close(cctx); cerr != nil {
+		log.Error("stock: close: the background work may still be writing", "err", cerr)
+	}
+	if running {
+		running = false
+		logRunStopped(log, <-runErr)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
@@ -244,6 +328,32 @@ func serve(addr, redisAddr, prefix string, holdTTL, keyTTL time.Duration, userLi
 		log.Info("stopped")
 	}
 	return err
+}
+
+// ready waits until r takes sales (Reserver.Ready). It returns ctx's error when ctx ends first,
+// and Run's, with stopped set, when Run stops first (an error at its start, which Ready would
+// not see).
+func ready(ctx context.Context, r *stock.Reserver, runErr <-chan error) (stopped bool, err error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Ready(rctx) }()
+	select {
+	case err := <-done:
+		return false, err
+	case err := <-runErr:
+		return true, fmt.Errorf("stock: the background work stopped before the service was ready: %w", err)
+	}
+}
+
+// logRunStopped logs what Run returned once Close stopped it: ErrReserverClosed, or the first
+// error one of its loops met.
+func logRunStopped(log *slog.Logger, err error) {
+	if errors.Is(err, stock.ErrReserverClosed) {
+		log.Info("stock: background work stopped")
+		return
+	}
+	log.Warn("stock: background work stopped", "err", err)
 }
 
 func orDefault(s, def string) string {
