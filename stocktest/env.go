@@ -21,11 +21,13 @@ package stocktest
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
@@ -61,6 +63,21 @@ func New(t testing.TB, opts ...stock.Option) *Env {
 		t.Fatalf("stocktest: start miniredis: %v", err)
 	}
 	t.Cleanup(m.Close)
+	// miniredis has no CONFIG command, and never evicts: it answers the Reserver's memory policy
+	// check as a Redis set to noeviction would (without it, every Reserver logs a warning that
+	// it could not check), and refuses every other CONFIG call.
+	err := m.Server().Register("CONFIG", func(c *server.Peer, _ string, args []string) {
+		if len(args) == 2 && strings.EqualFold(args[0], "GET") && strings.EqualFold(args[1], "maxmemory-policy") {
+			c.WriteMapLen(1)
+			c.WriteBulk("maxmemory-policy")
+			c.WriteBulk("noeviction")
+			return
+		}
+		c.WriteError("ERR stocktest's miniredis answers only CONFIG GET maxmemory-policy")
+	})
+	if err != nil {
+		t.Fatalf("stocktest: miniredis CONFIG: %v", err)
+	}
 	now := time.Now().Truncate(time.Microsecond)
 	m.SetTime(now)
 	// With ClockTTL, TTLs run on the clock set by SetTime: one clock for

@@ -1,8 +1,11 @@
 package stocktest_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,3 +131,21 @@ func TestAdvanceMovesRelayBackoff(t *testing.T) {
 
 // available returns the available units of a Levels call.
 func available(l stock.Levels, err error) (int64, error) { return l.Available, err }
+
+// TestEnvPassesTheMemoryPolicyCheckQuietly: the Env's miniredis answers the Reserver's memory
+// policy check as a Redis set to noeviction, so a test's first write logs no warning that the
+// policy could not be read.
+func TestEnvPassesTheMemoryPolicyCheckQuietly(t *testing.T) {
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	env := stocktest.New(t, stock.WithLogger(logger))
+	if err := env.Reserver.Load(context.Background(), "quiet", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Reserver.Deduct(context.Background(), stock.Request{SKU: "quiet", ID: "o1", Qty: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "maxmemory-policy") {
+		t.Errorf("the first write logged about the memory policy:\n%s", buf.String())
+	}
+}
