@@ -410,9 +410,9 @@ func parse(path string) ([]*mutant, error) {
 		}
 		switch {
 		case m.file == "":
-			return fmt.Errorf("%s:%d: mutant %s has no file:", path, m.at, m.name)
+			return fmt.Errorf("%s:%d: mutant %s has no line \"file: PATH\"", path, m.at, m.name)
 		case m.promise == "":
-			return fmt.Errorf("%s:%d: mutant %s has no promise:", path, m.at, m.name)
+			return fmt.Errorf("%s:%d: mutant %s has no line \"promise: TEXT\"", path, m.at, m.name)
 		case !haveOrig || m.orig == "":
 			return fmt.Errorf("%s:%d: mutant %s has no original text (a line \"- TEXT\")", path, m.at, m.name)
 		case !haveRepl:
@@ -446,7 +446,7 @@ func parse(path string) ([]*mutant, error) {
 			continue
 		}
 		if m == nil {
-			return nil, fmt.Errorf("%s:%d: %q before the first name:", path, ln, l)
+			return nil, fmt.Errorf("%s:%d: %q before the first line \"name: NAME\"", path, ln, l)
 		}
 		switch {
 		case strings.HasPrefix(l, "file:"):
