@@ -281,7 +281,7 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 		return rc, err
 	}
 	if b != want {
-		return r.claimedElsewhere(ctx, rc, req, b, byGiveBack)
+		return r.claimedElsewhere(ctx, rc, kind, req, b, byGiveBack)
 	}
 	bq := req
 	bq.SKU, bq.Retry = bucketName(req.SKU, b), false
@@ -298,10 +298,11 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 		if err != nil {
 			return rc, fmt.Errorf("stock: deduct %s/%s: %w", rc.SKU, rc.ID, err)
 		}
-		if o.code != protocol.SoldOut && o.code != protocol.Short {
-			return r.receiptAck(rc, o, ackErr)
+		if o.code == protocol.Conflict {
+			rc, _ = r.receiptAck(rc, o, ackErr)
+			return rc, r.conflict(ctx, k.Ledger, rc, takeWant(kind, req))
 		}
-		if last {
+		if o.code != protocol.SoldOut && o.code != protocol.Short || last {
 			return r.receiptAck(rc, o, ackErr)
 		}
 		// Stock is moved in while the item has enough; when it has not (or after maxRebalance
@@ -322,7 +323,7 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 // was first used with (rc.Qty). With no entry yet, a
 // claim of a give-back is a restore whose tombstone is on its way (ErrRestored); any other is
 // another buyer's, whose request is on its way or was refused for stock (ErrConflict).
-func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request, b int, byGiveBack bool) (Receipt, error) {
+func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, kind string, req Request, b int, byGiveBack bool) (Receipt, error) {
 	s, err := r.client.Do(ctx, r.client.B().Hget().Key(r.item(bucketName(req.SKU, b)).Ledger).Field(req.ID).Build()).ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return rc, fmt.Errorf("stock: deduct %s/%s: %w", req.SKU, req.ID, err)
@@ -344,13 +345,16 @@ func (r *Reserver) claimedElsewhere(ctx context.Context, rc Receipt, req Request
 			return rc, ErrRestored
 		}
 		rc.Qty = e.Qty
-		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, req.SKU, req.ID, e.Qty)
+		if d := conflictDetail(e, takeWant(kind, req)); d != "" {
+			return rc, fmt.Errorf("%w: %s/%s %s", ErrConflict, req.SKU, req.ID, d)
+		}
+		return rc, fmt.Errorf("%w: %s/%s was used with other parameters (quantity %d)", ErrConflict, req.SKU, req.ID, e.Qty)
 	}
 	if byGiveBack {
 		rc.Qty = req.Qty
 		return rc, ErrRestored
 	}
-	return rc, fmt.Errorf("%w: %s/%s was used by another buyer", ErrConflict, req.SKU, req.ID)
+	return rc, fmt.Errorf("%w: %s/%s was used by another user", ErrConflict, req.SKU, req.ID)
 }
 
 // rebalance moves stock of item sku (of n buckets) into bucket b from the others, at least need
@@ -511,6 +515,43 @@ func (r *Reserver) loadBucketed(ctx context.Context, sku string, qty int64, n in
 		return fmt.Errorf("%w: %s", ErrLoaded, sku)
 	}
 	return register()
+}
+
+// restockLimit is the most bucket name of item sku (of n buckets) may hold after a restock, for
+// the item to hold at most MaxQty: MaxQty less the loaded counts of the other buckets (negative
+// when they already hold more, which restock.lua refuses). A bucket's loaded count is its share
+// of Levels.Loaded, which transfers leave alone. ErrNotLoaded when another bucket is missing: its
+// share is unknown (a Load cut half way, which Load finishes), as Levels says too.
+func (r *Reserver) restockLimit(ctx context.Context, sku, name string, n int) (int64, error) {
+	_, own := splitBucket(name)
+	cmds := make(rueidis.Commands, 0, n-1)
+	others := make([]int, 0, n-1)
+	for i := range n {
+		if i != own {
+			cmds = append(cmds, r.client.B().Hmget().Key(r.item(bucketName(sku, i)).Item).Field("a", "l").Build())
+			others = append(others, i)
+		}
+	}
+	limit := int64(MaxQty)
+	for j, res := range r.client.DoMulti(ctx, cmds...) {
+		i := others[j]
+		vs, err := res.ToArray()
+		if err != nil {
+			return 0, fmt.Errorf("stock: restock %s: bucket %d: %w", sku, i, err)
+		}
+		if len(vs) != 2 || vs[0].IsNil() {
+			return 0, fmt.Errorf("%w: %s (bucket %d)", ErrNotLoaded, sku, i)
+		}
+		l, err := vs[1].AsInt64()
+		if err == nil && (l < 0 || l > MaxQty) {
+			err = fmt.Errorf("%d out of range [0, %d]", l, int64(MaxQty))
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%w: restock %s: bucket %d: loaded count: %v", ErrInvalid, sku, i, err)
+		}
+		limit -= l // cannot overflow: each term is in [0, MaxQty]
+	}
+	return limit, nil
 }
 
 // holder returns the name of the item whose keys hold id of item sku: sku itself, or the bucket

@@ -22,7 +22,7 @@ type Line struct {
 // Cart asks to take several items at once, all or nothing, exactly once per ID.
 type Cart struct {
 	ID    string // the idempotency key of the whole cart; each item's ledger records it
-	User  string // optional; the per-user limit applies per item
+	User  string // the per-user limit applies per item; optional unless WithUserRequired
 	Lines []Line // lines naming the same item are summed before any check
 }
 
@@ -102,15 +102,19 @@ func (r *Reserver) HoldMany(ctx context.Context, c Cart, ttl time.Duration) (Car
 // except when a confirm fails for an unknown outcome, which a retry resolves. A retry of a cart
 // undone because a hold expired answers ErrExpired again.
 func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) ([]Receipt, error) {
+	if err := r.enter(); err != nil {
+		return nil, err
+	}
+	defer r.calls.leave()
 	skus = sortedUnique(skus)
 	var out []Receipt
 	for i, sku := range skus {
-		rc, err := r.Confirm(ctx, sku, id)
+		rc, err := r.confirm(ctx, sku, id)
 		if err != nil && (errors.Is(err, ErrExpired) || errors.Is(err, ErrRestored)) {
 			if errors.Is(err, ErrRestored) {
 				// Maybe a retry of a cart undone because a line expired: that is its answer.
 				for _, s := range skus {
-					if e, lerr := r.Ledger(ctx, s, id); lerr == nil && e.State == StateExpired {
+					if e, lerr := r.ledger(ctx, s, id); lerr == nil && e.State == StateExpired {
 						sku, err = s, ErrExpired
 						break
 					}
@@ -118,12 +122,12 @@ func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) (
 			}
 			// Undo: the confirmed ones are restored, the held ones cancelled.
 			for _, s := range skus[:i] {
-				if _, uerr := r.Restore(ctx, s, id); uerr != nil {
+				if _, uerr := r.restore(ctx, s, id); uerr != nil {
 					return out, errors.Join(&CartError{SKU: sku, Err: err}, uerr)
 				}
 			}
 			for _, s := range skus[i+1:] {
-				if _, uerr := r.Cancel(ctx, s, id); uerr != nil && !errors.Is(uerr, ErrUnknownID) {
+				if _, uerr := r.cancel(ctx, s, id); uerr != nil && !errors.Is(uerr, ErrUnknownID) {
 					return out, errors.Join(&CartError{SKU: sku, Err: err}, uerr)
 				}
 			}
@@ -139,9 +143,13 @@ func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) (
 
 // CancelMany cancels the holds of a cart's items.
 func (r *Reserver) CancelMany(ctx context.Context, id string, skus ...string) ([]Receipt, error) {
+	if err := r.enter(); err != nil {
+		return nil, err
+	}
+	defer r.calls.leave()
 	var out []Receipt
 	for _, sku := range sortedUnique(skus) {
-		rc, err := r.Cancel(ctx, sku, id)
+		rc, err := r.cancel(ctx, sku, id)
 		if err != nil && !errors.Is(err, ErrUnknownID) {
 			return out, err
 		}
@@ -259,9 +267,16 @@ func causeErr(id, why string) error {
 }
 
 func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (CartReceipt, error) {
+	if err := r.enter(); err != nil {
+		return CartReceipt{ID: c.ID}, err
+	}
+	defer r.calls.leave()
 	out := CartReceipt{ID: c.ID}
 	lines, err := sumLines(c)
 	if err != nil {
+		return out, err
+	}
+	if err := r.checkUser("cart", "", c.ID, c.User); err != nil {
 		return out, err
 	}
 	if r.isFenced(ctx) {
@@ -276,7 +291,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	}
 	switch code {
 	case protocol.Conflict:
-		return out, fmt.Errorf("%w: cart %s was used with other lines or another user", ErrConflict, c.ID)
+		return out, r.cartConflict(ctx, kind, c, lines)
 	case protocol.Restored:
 		// Finish the undo (a crash may have cut it short; it is idempotent) and answer as every
 		// copy of the cart does.
@@ -374,7 +389,7 @@ func (r *Reserver) cartDone(ctx context.Context, kind string, c Cart, lines []Li
 			continue
 		}
 		rc := Receipt{SKU: l.SKU, ID: c.ID, Qty: l.Qty, Replayed: true}
-		e, err := r.Ledger(ctx, l.SKU, c.ID)
+		e, err := r.ledger(ctx, l.SKU, c.ID)
 		switch {
 		case err == nil:
 			rc.Remaining = e.After
@@ -520,7 +535,10 @@ func (r *Reserver) cartOneSlot(ctx context.Context, kind string, c Cart, lines [
 			replayed = replayed && o.code == protocol.Replay
 			continue
 		}
-		_, err := r.receipt(Receipt{SKU: lines[i].SKU, ID: c.ID}, o)
+		rc, err := r.receipt(Receipt{SKU: lines[i].SKU, ID: c.ID}, o)
+		if o.code == protocol.Conflict {
+			err = r.conflict(ctx, r.item(lines[i].SKU).Ledger, rc, takeWant(kind, Request{Qty: lines[i].Qty, User: c.User}))
+		}
 		return out, &CartError{SKU: lines[i].SKU, Err: err}
 	}
 	for i, o := range outs {

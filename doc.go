@@ -48,8 +48,8 @@
 // their deadline (package stockops runs each of these by hand, for tools and for deployments
 // that split them over processes). Every key of an item shares the hash tag {sku} (or {group},
 // see WithGroups), so one script touches one Redis Cluster slot; the repository's docs list the
-// keys. Names may not contain a brace. A hot item can be split over several slots, and so
-// several Redis cores, with WithBuckets.
+// keys. Names may not contain a brace, nor an invisible format character (see MaxNameLen). A
+// hot item can be split over several slots, and so several Redis cores, with WithBuckets.
 //
 // # Guarantees
 //

@@ -35,7 +35,10 @@ var (
 	ErrLoaded = errors.New("stock: item already loaded")
 	// ErrConflict: the request id was already used on this item with a different quantity, user
 	// or operation (or, for a cart, with other lines or another user); nothing was changed.
-	// Request ids are scoped per item: the same id on two items names two requests.
+	// The message says what differs from the id's first use: "was used for a hold, not a
+	// deduct", "of 1 units, not 3", "by another user" (never naming that user), for a cart its
+	// kind, user and lines. Request ids are scoped per item: the same id on two items names two
+	// requests.
 	ErrConflict = errors.New("stock: request id reused with different parameters")
 	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
 	// arrived first; the id cannot take stock again.
@@ -43,7 +46,9 @@ var (
 	// ErrUserLimit: the request would take the user past the per-user limit.
 	ErrUserLimit = errors.New("stock: per-user limit reached")
 	// ErrUnknownID: no entry exists for the id. Restore of an unknown id returns it after leaving
-	// a tombstone, so that a late deduct with that id is refused with ErrRestored.
+	// a tombstone, so that a late deduct with that id is refused with ErrRestored. Past the
+	// retention, an id that did take stock is unknown too: its entry was trimmed, and Restore
+	// gives nothing back (see Restore for what to do with a late return).
 	ErrUnknownID = errors.New("stock: unknown request id")
 	// ErrClosed: the item is closed for sale; restores, confirms and the relay still work.
 	ErrClosed = errors.New("stock: item closed")
@@ -55,10 +60,16 @@ var (
 	// acknowledged it in time; a failover could lose it. Returned with a valid receipt, by the
 	// write and by its replays until the replicas have it.
 	ErrNotReplicated = errors.New("stock: write not acknowledged by enough replicas")
+	// ErrRunning: Reserver.Run was called while another Run of the same Reserver runs. The call
+	// started nothing and returned at once; the running Run goes on. Run again once it returned.
+	ErrRunning = errors.New("stock: Run is already running on this Reserver")
 	// ErrInvalid: the input was rejected before anything was sent to Redis, or a script refused
 	// it before writing anything. Nothing was changed. (A reply this package does not
 	// understand is ErrUnknownOutcome: the script may have run.)
 	ErrInvalid = errors.New("stock: invalid input")
+	// ErrReserverClosed: the Reserver was closed (Reserver.Close); nothing was sent to Redis. It
+	// is not ErrClosed, which says that an item is closed for sale.
+	ErrReserverClosed = errors.New("stock: reserver closed")
 )
 
 var codeErrs = [...]error{

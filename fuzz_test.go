@@ -25,8 +25,8 @@ import (
 )
 
 // fzValidName is the documented rule for SKUs, ids, users and prefixes, written from the README
-// ("empty or >128-byte names, braces, |, whitespace, control characters, invalid UTF-8"), not
-// from checkName.
+// ("empty or >128-byte names, braces, |, whitespace, control characters, Unicode format
+// characters, invalid UTF-8"), not from checkName.
 func fzValidName(s string) bool {
 	if len(s) < 1 || len(s) > 128 || !utf8.ValidString(s) {
 		return false
@@ -35,7 +35,7 @@ func fzValidName(s string) bool {
 		switch {
 		case c == '{', c == '}', c == '|':
 			return false
-		case unicode.IsSpace(c), unicode.IsControl(c), unicode.In(c, unicode.White_Space):
+		case unicode.IsSpace(c), unicode.IsControl(c), unicode.In(c, unicode.White_Space), unicode.In(c, unicode.Cf):
 			return false
 		}
 	}

@@ -30,6 +30,7 @@ type hints struct {
 	relay    map[string]struct{}
 	holds    map[string]int64 // sku -> 0: the sweeper reads the deadline (see hold)
 	flushing bool
+	stopped  bool       // Reserver.Close: no hint is written any more
 	rounds   uint64     // write rounds completed
 	idle     *sync.Cond // signalled at the end of every round, and when the writer stops
 }
@@ -63,8 +64,13 @@ func (h *hints) hold(sku string, events bool) {
 	h.mu.Unlock()
 }
 
-// kick starts the writer unless it runs. h.mu is held.
+// kick starts the writer unless it runs. h.mu is held. After stop, the hints are dropped.
 func (h *hints) kick() {
+	if h.stopped {
+		clear(h.relay)
+		clear(h.holds)
+		return
+	}
 	if !h.flushing {
 		h.flushing = true
 		go h.writer()
@@ -105,6 +111,17 @@ func (h *hints) flush() {
 	defer h.mu.Unlock()
 	target := h.rounds + 2
 	for h.flushing && h.rounds < target {
+		h.idle.Wait()
+	}
+}
+
+// stop waits until the writer wrote what it has and stopped, and keeps it from starting again
+// (Reserver.Close): the hints recorded from then on are dropped.
+func (h *hints) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = true
+	for h.flushing {
 		h.idle.Wait()
 	}
 }

@@ -33,12 +33,19 @@ func checkTTL(ttl time.Duration) error {
 // past the hold's deadline it is ErrExpired (and the hold is released, however many other holds
 // are due), after a cancel ErrRestored. The errors are Deduct's.
 func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	defer r.calls.leave()
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "hold", req.SKU)
 		defer func(start time.Time) { r.observeTake(ctx, "hold", req.SKU, start, rc, err, local) }(time.Now())
 	}
 	if err := req.check(); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	if err := r.checkUser("request", req.SKU, req.ID, req.User); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
 	if err := checkTTL(ttl); err != nil {
@@ -62,7 +69,16 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 // ErrExpired (and released, if the sweep had not yet); a cancelled one with ErrRestored; an id
 // with no hold with ErrUnknownID; an id that is not a hold with ErrConflict. Like Deduct, it
 // first releases the item's other holds past their deadline (at most 64).
-func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err error) {
+func (r *Reserver) Confirm(ctx context.Context, sku, id string) (Receipt, error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
+	return r.confirm(ctx, sku, id)
+}
+
+// confirm is Confirm, for the calls of r that are in flight already (a cart's).
+func (r *Reserver) confirm(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "confirm", sku)
 		defer func(start time.Time) { r.observe(ctx, "confirm", sku, start, rc, err) }(time.Now())
@@ -81,14 +97,23 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (rc Receipt, err
 	if err != nil {
 		return rc, fmt.Errorf("stock: confirm %s/%s: %w", sku, id, err)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	return r.conflictReceipt(ctx, name, rc, o, ackErr, conflictWant{kind: KindHold})
 }
 
 // Cancel gives a live hold back. A second Cancel, or a Cancel of a hold that already expired,
 // is a replay. A Cancel of a confirmed hold is refused with ErrConfirmed (use Restore to give
 // back a sale). A Cancel of an id that holds nothing returns ErrUnknownID and leaves a
 // tombstone, so the hold it overtook is refused with ErrRestored.
-func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err error) {
+func (r *Reserver) Cancel(ctx context.Context, sku, id string) (Receipt, error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
+	return r.cancel(ctx, sku, id)
+}
+
+// cancel is Cancel, for the calls of r that are in flight already.
+func (r *Reserver) cancel(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "cancel", sku)
 		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
@@ -100,6 +125,10 @@ func (r *Reserver) Cancel(ctx context.Context, sku, id string) (rc Receipt, err 
 // released), ErrConfirmed after Confirm, ErrRestored after Cancel, ErrUnknownID for no hold.
 // Like Deduct, it first releases the item's other holds past their deadline (at most 64).
 func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "extend", sku)
 		defer func(start time.Time) { r.observe(ctx, "extend", sku, start, rc, err) }(time.Now())
@@ -122,7 +151,7 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 	if err != nil {
 		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	return r.conflictReceipt(ctx, name, rc, o, ackErr, conflictWant{kind: KindHold})
 }
 
 // sweepBatch is the most holds one sweep script releases: a bounded step that never blocks

@@ -62,7 +62,9 @@ type Entry struct {
 	Qty           int64     // units taken (or added, for a restock)
 	Before, After int64     // available stock before and after the operation
 	At            time.Time // when the operation ran, by the Redis server's clock (ms)
-	Deadline      time.Time // holds only: when the hold expires; zero otherwise
+	// Deadline is, for holds only, when the hold expires (zero otherwise); for a confirmed hold
+	// given back after its deadline, when it was given back (the retention counts from it).
+	Deadline time.Time
 	// settledAt is when a sale was given back (a deduct's last field, which holds use for
 	// their deadline); zero otherwise.
 	settledAt time.Time
@@ -107,6 +109,15 @@ func parseEntry(sku, id, s string) (Entry, error) {
 // Ledger returns the ledger entry of one request id. It returns ErrUnknownID when the item has
 // no entry for the id (never used, or trimmed after the retention period).
 func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
+	if err := r.enter(); err != nil {
+		return Entry{}, err
+	}
+	defer r.calls.leave()
+	return r.ledger(ctx, sku, id)
+}
+
+// ledger is Ledger, for the calls of r that are in flight already.
+func (r *Reserver) ledger(ctx context.Context, sku, id string) (Entry, error) {
 	if err := checkName("sku", sku); err != nil {
 		return Entry{}, err
 	}

@@ -21,6 +21,9 @@ func (o operations) NewRelay(store, pub, opts any) (ops.Relay, error) {
 	s, _ := store.(Store)
 	p, _ := pub.(Publisher)
 	op, _ := opts.(*RelayOptions)
+	if o.r.isClosed() {
+		return nil, ErrReserverClosed
+	}
 	rl, err := o.r.newRelay(s, p, op)
 	if err != nil {
 		return nil, err
@@ -31,6 +34,9 @@ func (o operations) NewRelay(store, pub, opts any) (ops.Relay, error) {
 func (o operations) NewReconciler(store, opts any) (ops.Reconciler, error) {
 	s, _ := store.(Store)
 	op, _ := opts.(*ReconcileOptions)
+	if o.r.isClosed() {
+		return nil, ErrReserverClosed
+	}
 	rc, err := o.r.newReconciler(s, op)
 	if err != nil {
 		return nil, err
@@ -41,6 +47,10 @@ func (o operations) NewReconciler(store, opts any) (ops.Reconciler, error) {
 func (o operations) NewFailoverGuard() ops.Guard { return o.r.newFailoverGuard() }
 
 func (o operations) Pending(ctx context.Context, sku string) (int64, int64, error) {
+	if err := o.r.enter(); err != nil {
+		return 0, 0, err
+	}
+	defer o.r.calls.leave()
 	return o.r.pendingCounts(ctx, sku)
 }
 
@@ -49,14 +59,26 @@ func (o operations) Items(ctx context.Context) iter.Seq2[string, error] { return
 func (o operations) Entries(ctx context.Context, sku string) any { return o.r.entries(ctx, sku) }
 
 func (o operations) Sweep(ctx context.Context, skus ...string) (int64, error) {
+	if err := o.r.enter(); err != nil {
+		return 0, err
+	}
+	defer o.r.calls.leave()
 	return o.r.sweepItems(ctx, skus...)
 }
 
 func (o operations) RecoverCarts(ctx context.Context, olderThan time.Duration) (int, error) {
+	if err := o.r.enter(); err != nil {
+		return 0, err
+	}
+	defer o.r.calls.leave()
 	return o.r.recoverCarts(ctx, olderThan)
 }
 
 func (o operations) Refuse(ctx context.Context, sku, id string) (any, error) {
+	if err := o.r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer o.r.calls.leave()
 	return o.r.refuse(ctx, sku, id)
 }
 

@@ -11,6 +11,7 @@ type Option func(*options) error
 type options struct {
 	prefix    string
 	userLimit int64
+	userReq   bool // WithUserRequired
 	outbox    bool
 	logger    *slog.Logger
 	observer  Observer
@@ -44,7 +45,8 @@ func defaultOptions() options {
 }
 
 // WithPrefix sets the prefix of every key the Reserver writes. It must be a valid name (no
-// braces, whitespace or control characters, at most 128 bytes). The default is "stock".
+// braces, '|', whitespace, control characters or Unicode format characters, at most 128 bytes).
+// The default is "stock".
 func WithPrefix(p string) Option {
 	return func(o *options) error {
 		if err := checkName("prefix", p); err != nil {
@@ -75,14 +77,30 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithUserLimit sets the most units one user may hold or have bought of one item at a time
-// (restores, cancels and expiries give units back). Requests without a User are not limited.
-// 1 is the usual flash-sale rule of one unit per user. The default is 0: no limit.
+// (restores, cancels and expiries give units back). Requests without a User are not limited,
+// unless WithUserRequired refuses them. 1 is the usual flash-sale rule of one unit per user.
+// The default is 0: no limit.
 func WithUserLimit(n int64) Option {
 	return func(o *options) error {
 		if n < 0 || n > MaxQty {
 			return invalid("user limit %d out of range [0, %d]", n, MaxQty)
 		}
 		o.userLimit = n
+		return nil
+	}
+}
+
+// WithUserRequired refuses, while a per-user limit is set (WithUserLimit above 0), every take
+// without a User: a Deduct, a Hold, a DeductMany or a HoldMany whose Request.User or Cart.User
+// is empty gets an error wrapping ErrInvalid that names the field, and nothing is sent. Without
+// it such a request is taken without being counted against any limit, which is what a service
+// that sells to anonymous buyers wants, and a silent hole in the limit when the field is empty
+// by mistake. It changes nothing without a limit, nor for Restore, Confirm, Cancel, Extend and
+// Restock, which take nothing for a user. The default is off: a request without a User is not
+// limited.
+func WithUserRequired() Option {
+	return func(o *options) error {
+		o.userReq = true
 		return nil
 	}
 }

@@ -32,9 +32,13 @@ type ReconcileOptions struct {
 	// back (a hold that lives longer than the retention keeps its entry for the retention after
 	// its deadline). The idempotency of a request id
 	// lasts this long in Redis; after it, a retried deduct is refused by the Store's unique
-	// (sku, id) instead. The default (a zero Retention) is 24h; a negative Retention never trims,
-	// and then no pass retires a delisted item either (WithRetention(0) of versions before the
-	// options structs did both).
+	// (sku, id) instead. Two things end with it: a Restore (or Cancel) of a trimmed sale answers
+	// ErrUnknownID and gives nothing back, the Store keeping the sale (Restock the units
+	// instead, see Reserver.Restore); and a tombstone, which lives in Redis only (no event takes
+	// it to the Store), no longer refuses a late deduct of its id, which is then sold and
+	// applied to the Store. The default (a zero Retention) is 24h; a negative Retention never
+	// trims, and then no pass retires a delisted item either (WithRetention(0) of versions
+	// before the options structs did both).
 	Retention time.Duration
 	// Interval is the time between the passes of Run (stockops.Reconciler.Run, and Reserver.Run's
 	// reconciler). The default is 5 minutes. A negative Interval turns Reserver.Run's passes off

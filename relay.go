@@ -889,6 +889,10 @@ func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) 
 // Consume costs a script call before the store's Apply and one after (more when it catches
 // up).
 func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", ev.SKU); err != nil {
 		return err
 	}
@@ -1038,7 +1042,7 @@ func eventMember(ev Event) string {
 // on the subject. An event whose entry Redis no longer has is let through: its message is then
 // all that tells what happened.
 func checkAgainstLedger(ctx context.Context, r *Reserver, ev Event) error {
-	e, err := r.Ledger(ctx, ev.SKU, ev.ID)
+	e, err := r.ledger(ctx, ev.SKU, ev.ID)
 	if errors.Is(err, ErrUnknownID) || errors.Is(err, ErrNotLoaded) {
 		return nil
 	}

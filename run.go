@@ -69,8 +69,13 @@ type RunOptions struct {
 // loop met, or ctx's error when none did. It returns at the latest Drain after ctx ended
 // (WithTimeout's bound when Drain is negative), even when a Store or Publisher call ignores
 // its context: such a call goes on in the background after Run returned, and the error says
-// so. Run may be called once per Reserver at a time; the Reserver's other methods stay usable
-// meanwhile, and more relays and reconcilers, in this process or others, may run beside it.
+// so. Run may be called once per Reserver at a time: a Run called while another Run of the
+// Reserver runs returns ErrRunning at once and starts nothing (the running one goes on); once
+// that one returned, Run may be called again. The Reserver's other methods stay usable
+// meanwhile, and more relays and reconcilers (stockops), in this process or others, and Runs of
+// other Reservers, may run beside it. Close stops Run as the end of ctx does (the drain
+// included) and waits for it; Run then returns ErrReserverClosed, and at once, running nothing,
+// on a closed Reserver.
 func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	every := func(d, def time.Duration) time.Duration {
 		if d == 0 {
@@ -86,6 +91,19 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: one Run per Reserver at a time; this call started nothing", ErrRunning)
+	}
+	defer r.running.Store(false)
+	ctx, stop, err := r.startRun(ctx) // Close stops Run through ctx
+	if err != nil {
+		return err
+	}
+	defer stop()
 
 	var mu sync.Mutex
 	var first error
@@ -225,12 +243,16 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	if first != nil {
 		return errors.Join(first, stuck)
 	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrReserverClosed) {
+		return errors.Join(cause, stuck)
+	}
 	return errors.Join(ctx.Err(), stuck)
 }
 
 // Validate returns the error Run would return at once for o, before it starts anything: an
 // error wrapping ErrInvalid when Relay or Reconcile holds a value out of range or an invalid
-// item name, or nil. It makes the same checks as Run (Relay's with a Store or a Publisher,
+// item name, or nil. (Run also returns ErrRunning at once while another Run of its Reserver
+// runs, which depends on the Reserver, not on o.) It makes the same checks as Run (Relay's with a Store or a Publisher,
 // Reconcile's with a Store) and needs no Reserver, so a service can check its options where it
 // can still refuse to start. A Run started in a goroutine whose error nobody reads would
 // otherwise run nothing and say nothing:

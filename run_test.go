@@ -241,3 +241,64 @@ func TestRunBoundedWithStuckStore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), pending, "the event stays in the outbox")
 }
+
+// touchStore counts every call made to it.
+type touchStore struct{ calls atomic.Int64 }
+
+func (s *touchStore) Apply(context.Context, stock.Event) error {
+	s.calls.Add(1)
+	return nil
+}
+
+func (s *touchStore) Remaining(context.Context, string) (int64, error) {
+	s.calls.Add(1)
+	return 0, stock.ErrNotLoaded
+}
+
+func (s *touchStore) Records(context.Context, string, []string) (map[string]stock.Record, error) {
+	s.calls.Add(1)
+	return nil, nil
+}
+
+// TestRunOneAtATime: of the Run calls of one Reserver made at once, one runs and every other is
+// refused at once with ErrRunning; a Run called while one runs is refused too, and starts
+// nothing (its Store is never called, though a reconciler's first pass runs at once). Once the
+// running Run returned, Run runs again.
+func TestRunOneAtATime(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		opts := stock.RunOptions{SweepInterval: 10 * time.Millisecond}
+		const callers = 8
+		for round := range 2 {
+			run, stop := context.WithCancel(ctx)
+			results := make(chan error, callers)
+			for range callers {
+				go func() { results <- r.Run(run, opts) }()
+			}
+			for range callers - 1 {
+				select {
+				case err := <-results:
+					require.ErrorIs(t, err, stock.ErrRunning, "round %d", round)
+					assert.ErrorContains(t, err, "running")
+				case <-time.After(20 * time.Second):
+					stop()
+					t.Fatalf("round %d: a Run called while another runs did not return", round)
+				}
+			}
+			var st touchStore
+			late, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := r.Run(late, stock.RunOptions{Store: &st})
+			cancel()
+			require.ErrorIs(t, err, stock.ErrRunning, "round %d: a Run called while another runs", round)
+			stop()
+			select {
+			case err := <-results:
+				assert.ErrorIs(t, err, context.Canceled, "round %d: the one Run that ran", round)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("round %d: Run did not return after its context ended", round)
+			}
+			assert.Zero(t, st.calls.Load(), "round %d: the refused Run started nothing", round)
+		}
+	})
+}

@@ -20,7 +20,11 @@ import (
 // largest integer a Lua number (a double) holds exactly.
 const MaxQty = 1<<53 - 1
 
-// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes.
+// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes. A name is 1 to
+// MaxNameLen bytes of valid UTF-8 without braces, '|', whitespace, control characters or
+// invisible Unicode format characters (category Cf: zero-width spaces and joiners, the byte
+// order mark, the soft hyphen, bidirectional controls), else ErrInvalid before anything is
+// sent; the letters, marks and symbols of every script are accepted, compared byte for byte.
 const MaxNameLen = 128
 
 // keyCacheSize bounds the items whose keys a Reserver keeps built (see protocol.KeyCache).
@@ -29,7 +33,9 @@ const keyCacheSize = 8192
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
 // use by multiple goroutines. It never closes the client it was given, and starts no
 // long-lived goroutines but Run's (its methods start only short ones, see the package doc).
-// Create one with New; the zero value is not usable.
+// Create one with New; the zero value is not usable. Close it when done (a service's shutdown,
+// a test's clean-up): Close waits for the writes its methods left in the background, and
+// nothing is written after it.
 //
 // Most callers need a few methods:
 //   - Load puts an item on sale, once, with the stock the database of record holds.
@@ -56,7 +62,16 @@ type Reserver struct {
 	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
-	hints     *hints // the due-work hints of the background loops
+	hints     *hints      // the due-work hints of the background loops
+	running   atomic.Bool // a Run runs: another is refused with ErrRunning
+
+	calls     gate  // the calls in flight (Close waits for them)
+	cmds      *gate // the Redis commands in flight, counted by the bounded client; nil without New
+	runMu     sync.Mutex
+	closing   bool                             // Close began; runMu
+	runs      map[*int]context.CancelCauseFunc // the Runs in progress, which Close stops; runMu
+	closeOnce sync.Once
+	closeDone chan struct{} // closed when Close's work is done
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -74,7 +89,8 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if o.replicas > 0 {
 		o.inflight = 0 // each write waits for its own acknowledgement
 	}
-	r := &Reserver{client: bounded(client, o.timeout), opts: o, limitArg: strconv.FormatInt(o.userLimit, 10)}
+	r := &Reserver{opts: o, limitArg: strconv.FormatInt(o.userLimit, 10), cmds: new(gate)}
+	r.client = bounded(client, o.timeout, r.cmds)
 	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
 	r.hints = newHints(r)
 	if o.soldOutTTL > 0 {
@@ -88,7 +104,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 type Request struct {
 	SKU  string // the item
 	ID   string // the idempotency key: an order id or request token, unique per operation
-	User string // optional: who takes the stock, counted against WithUserLimit
+	User string // who takes the stock, counted against WithUserLimit; optional unless WithUserRequired
 	Qty  int64  // units to take, 1 to MaxQty
 	// Retry marks a retry after an unknown outcome (a timeout, a broken connection). A retry's
 	// refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the id, so
@@ -126,6 +142,11 @@ type Levels struct {
 	Closed    bool  // the item refuses new deducts and holds
 }
 
+// checkName checks a name (an item, a request id, a user, a group, the prefix): 1 to MaxNameLen
+// bytes of valid UTF-8 without braces, '|', whitespace, control characters or Unicode format
+// characters (category Cf: zero-width spaces and joiners, the byte order mark, the soft hyphen,
+// bidirectional controls, tag characters), which would make names that look alike and differ.
+// Other letters, marks and symbols of any script are accepted; names are compared byte for byte.
 func checkName(what, s string) error {
 	if s == "" {
 		return invalid("empty %s", what)
@@ -136,9 +157,12 @@ func checkName(what, s string) error {
 	if !utf8.ValidString(s) {
 		return invalid("%s is not valid UTF-8", what)
 	}
-	for _, c := range s {
+	for i, c := range s {
 		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
 			return invalid("%s %q contains %q (braces, '|', whitespace and control characters are not allowed)", what, s, c)
+		}
+		if unicode.Is(unicode.Cf, c) {
+			return invalid("%s %q contains the invisible format character U+%04X at byte %d (Unicode format characters, such as zero-width spaces and joiners, the byte order mark, the soft hyphen and bidirectional controls, are not allowed)", what, s, c, i)
 		}
 	}
 	return nil
@@ -164,6 +188,17 @@ func (q Request) check() error {
 		}
 	}
 	return checkQty(q.Qty)
+}
+
+// checkUser refuses a take without a user when WithUserRequired and a per-user limit are set.
+func (r *Reserver) checkUser(what, sku, id, user string) error {
+	if user == "" && r.opts.userReq && r.opts.userLimit > 0 {
+		if what == "cart" {
+			return invalid("cart %s has no User: with a per-user limit (WithUserLimit), WithUserRequired refuses it", id)
+		}
+		return invalid("request %s/%s has no User: with a per-user limit (WithUserLimit), WithUserRequired refuses it", sku, id)
+	}
+	return nil
 }
 
 // base is the common part of an item's keys, in the group WithGroups gives it (protocol.Base);
@@ -212,6 +247,10 @@ func (r *Reserver) outboxFlag() string {
 // live sale; add stock to a live item with Restock. qty may be 0 (an item that is listed but has
 // nothing to sell yet). The item is added to the registry (see stockops.Items).
 func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
@@ -259,6 +298,10 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 // Levels returns the counters of an item (Levels.Available is what can be taken now), read
 // atomically. It returns ErrNotLoaded, never zero counters, for an item Redis does not know.
 func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
+	if err := r.enter(); err != nil {
+		return Levels{}, err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return Levels{}, err
 	}
@@ -302,6 +345,10 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 // not understood), or any other error: the outcome is unknown; retry with the same id and
 // Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
+	defer r.calls.leave()
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "deduct", req.SKU)
@@ -322,15 +369,18 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 	}
 	if r.opts.inflight > 0 {
 		o, err := r.deductCoalesced(ctx, k, req)
-		return r.takeReceipt(rc, k, o, nil, err)
+		return r.takeReceipt(ctx, rc, k, protocol.TakeDeduct, req, o, nil, err)
 	}
 	o, ackErr, err := r.takeScript(ctx, k, protocol.TakeDeduct, req, 0)
-	return r.takeReceipt(rc, k, o, ackErr, err)
+	return r.takeReceipt(ctx, rc, k, protocol.TakeDeduct, req, o, ackErr, err)
 }
 
 // admit checks a request before anything is sent: valid, and the Reserver not fenced.
 func (r *Reserver) admit(ctx context.Context, req Request) error {
 	if err := req.check(); err != nil {
+		return err
+	}
+	if err := r.checkUser("request", req.SKU, req.ID, req.User); err != nil {
 		return err
 	}
 	if r.isFenced(ctx) {
@@ -364,7 +414,7 @@ func (r *Reserver) isFenced(ctx context.Context) bool {
 func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int64) (Receipt, error) {
 	k := r.item(req.SKU)
 	o, ackErr, err := r.takeScript(ctx, k, kind, req, ttlMs)
-	return r.takeReceipt(Receipt{SKU: req.SKU, ID: req.ID}, k, o, ackErr, err)
+	return r.takeReceipt(ctx, Receipt{SKU: req.SKU, ID: req.ID}, k, kind, req, o, ackErr, err)
 }
 
 // takeScript runs deduct.lua for one request.
@@ -383,16 +433,26 @@ func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string
 	return o, ackErr, err
 }
 
-// takeReceipt is the receipt of a take whose script answered o (or failed with err); a refusal
-// as sold out turns the fast path on for the item.
-func (r *Reserver) takeReceipt(rc Receipt, k *protocol.Keys, o outcome, ackErr, err error) (Receipt, error) {
+// takeReceipt is the receipt of a take of req (kind protocol.TakeDeduct or TakeHold) whose
+// script answered o (or failed with err); a refusal as sold out turns the fast path on for the
+// item.
+func (r *Reserver) takeReceipt(ctx context.Context, rc Receipt, k *protocol.Keys, kind string, req Request, o outcome, ackErr, err error) (Receipt, error) {
 	if err != nil {
 		return rc, fmt.Errorf("stock: deduct %s/%s: %w", rc.SKU, rc.ID, err)
 	}
 	if o.code == protocol.SoldOut {
 		r.markSoldOut(rc.SKU, k)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	rc, err = r.receiptAck(rc, o, ackErr)
+	if o.code == protocol.Conflict {
+		err = r.conflict(ctx, k.Ledger, rc, takeWant(kind, req))
+	}
+	return rc, err
+}
+
+// takeWant is what a take of req asks, for conflict.
+func takeWant(kind string, req Request) conflictWant {
+	return conflictWant{kind: takeKind(kind), qty: req.Qty, user: req.User, checkUser: true}
 }
 
 // receiptAck is receipt, with the replica acknowledgement's error when the write was made, or
@@ -410,7 +470,7 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 	rc.Qty, rc.Remaining, rc.Replayed = o.qty, o.remaining, o.code == protocol.Replay
 	switch o.code {
 	case protocol.Conflict:
-		return rc, fmt.Errorf("%w: %s/%s was used with quantity %d", ErrConflict, rc.SKU, rc.ID, o.qty)
+		return rc, fmt.Errorf("%w: %s/%s was used with other parameters (quantity %d)", ErrConflict, rc.SKU, rc.ID, o.qty)
 	case protocol.UserLimit:
 		return rc, fmt.Errorf("%w: the user has %d of %d units of %s", ErrUserLimit, o.qty, r.opts.userLimit, rc.SKU)
 	}
@@ -424,7 +484,28 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 // an item that is not loaded too (a cancel may overtake even the Load, or come after Redis lost
 // the item): the tombstone waits in the item's ledger. A live hold is cancelled. Restocks cannot
 // be restored (ErrConflict).
-func (r *Reserver) Restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
+//
+// Both last as long as the ledger keeps the id (ReconcileOptions.Retention, 24h by default):
+//   - A Restore of a sale whose entry was trimmed (a return after the retention) finds no entry:
+//     it answers ErrUnknownID, leaves a tombstone, and gives nothing back, in Redis or in the
+//     Store, which keeps the sale. Take such a late return in instead: put its units back on
+//     sale with Restock (an id of its own, such as "return-" and the order id, so that a repeat
+//     is a replay) and settle the order (the refund, the sale's record) in the database of
+//     record. A Restore cannot tell this from a return of an id that never took stock; Ledger
+//     can, within the retention only.
+//   - A tombstone stays in Redis and never reaches the Store (no event carries it). Once a
+//     reconcile pass trimmed it, a deduct of that id arriving later still is a new request: it
+//     is sold, and the relay applies it to the Store.
+func (r *Reserver) Restore(ctx context.Context, sku, id string) (Receipt, error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
+	return r.restore(ctx, sku, id)
+}
+
+// restore is Restore, for the calls of r that are in flight already.
+func (r *Reserver) restore(ctx context.Context, sku, id string) (rc Receipt, err error) {
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
@@ -461,13 +542,45 @@ func (r *Reserver) giveBackChecked(ctx context.Context, sku, id, reason, kind st
 	if err != nil {
 		return rc, fmt.Errorf("stock: restore %s/%s: %w", sku, id, err)
 	}
-	return r.receiptAck(rc, o, ackErr)
+	w := conflictWant{} // any entry but a restock's
+	if reason == protocol.ReasonCancel {
+		w.kind = KindHold
+	}
+	if kind != "" {
+		w = conflictWant{kind: takeKind(kind), qty: qty, user: user, checkUser: true}
+	}
+	return r.conflictReceipt(ctx, name, rc, o, ackErr, w)
+}
+
+// conflictReceipt is receiptAck, whose ErrConflict says what the request of item name (sku, or
+// a bucket of it) differs in from the id's entry (see conflict).
+func (r *Reserver) conflictReceipt(ctx context.Context, name string, rc Receipt, o outcome, ackErr error, w conflictWant) (Receipt, error) {
+	rc, err := r.receiptAck(rc, o, ackErr)
+	if o.code == protocol.Conflict {
+		err = r.conflict(ctx, r.item(name).Ledger, rc, w)
+	}
+	return rc, err
 }
 
 // Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
-// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist;
-// ErrInvalid when the item would hold more than MaxQty units in all.
+// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist
+// (for an item split over buckets, when one of its buckets does not: a Load cut half way, which
+// calling Load again finishes); ErrInvalid, and nothing written, when the item would hold more
+// than MaxQty units in all (Levels.Loaded plus qty). A repeat of a restock that was made is a
+// replay, even once the item is full.
+//
+// An item split over buckets (WithBuckets) is restocked in the bucket its id claims (a refused
+// restock's id keeps its claim, as WithBuckets says of every request), against the units the
+// other buckets hold as read just before (a bucket's loaded count changes only by restocks and
+// repairs; moving stock between buckets does not change it). Restocks of the item that run at
+// the same time in different buckets may each pass that check: their sum may then take the
+// item past MaxQty by at most the restocks that overlapped. Run an item's restocks one at a
+// time when it is that close to MaxQty.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
+	if err := r.enter(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	defer r.calls.leave()
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "restock", sku)
 		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
@@ -480,7 +593,13 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(MaxQty, 10)}
+	limit := int64(MaxQty) // the most name may hold after the restock
+	if n := r.bucketsOf(sku); n > 0 {
+		if limit, err = r.restockLimit(ctx, sku, name, n); err != nil {
+			return Receipt{SKU: sku, ID: id}, err
+		}
+	}
+	args := []string{id, strconv.FormatInt(qty, 10), r.outboxFlag(), strconv.FormatInt(limit, 10)}
 	res, ackErr := r.exec(ctx, protocol.Restock, r.item(name).ForItem(), args)
 	o, err := decodeOne(res)
 	if err != nil || (o.code != protocol.NotLoaded && o.code != protocol.Invalid) {
@@ -494,7 +613,7 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	if o.code == protocol.Invalid {
 		return Receipt{SKU: sku, ID: id}, invalid("restock %s/%s of %d units: the item would hold more than MaxQty (%d) units in all; nothing was added", sku, id, qty, int64(MaxQty))
 	}
-	return r.receiptAck(Receipt{SKU: sku, ID: id}, o, ackErr)
+	return r.conflictReceipt(ctx, name, Receipt{SKU: sku, ID: id}, o, ackErr, conflictWant{kind: KindRestock, qty: qty})
 }
 
 // pendingCounts is stockops.Pending.
@@ -556,6 +675,10 @@ func (r *Reserver) ReopenItem(ctx context.Context, sku string) error {
 }
 
 func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
@@ -604,6 +727,10 @@ func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) erro
 // The reconciler retires the buckets together, once every one is delisted; a pass cut between
 // buckets is finished by the next pass, and until then Load refuses the item with ErrLoaded.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}

@@ -293,6 +293,69 @@ func TestUserLimit(t *testing.T) {
 	})
 }
 
+// TestUserRequiredRefusesTakesWithoutUser: with WithUserRequired and a per-user limit, a
+// deduct, a hold and a cart (one-slot and saga, plain and split items) without a user are
+// ErrInvalid naming the field, and change nothing; without a limit the option changes nothing.
+func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		split := stock.WithBuckets(func(sku string) int {
+			if strings.HasPrefix(sku, "S") {
+				return 3
+			}
+			return 0
+		})
+		r := newReserver(t, c, stock.WithUserLimit(2), stock.WithUserRequired(), split,
+			stock.WithGroups(func(sku string) string {
+				if strings.HasPrefix(sku, "G") {
+					return "g"
+				}
+				return ""
+			}))
+		for _, sku := range []string{"A", "B", "G1", "G2", "S"} {
+			require.NoError(t, r.Load(ctx, sku, 10))
+		}
+		refused := func(what string, err error, field string) {
+			t.Helper()
+			assert.ErrorIs(t, err, stock.ErrInvalid, what)
+			assert.ErrorContains(t, err, field, what)
+			assert.ErrorContains(t, err, "WithUserRequired", what)
+		}
+		for _, sku := range []string{"A", "S"} {
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", Qty: 1})
+			refused("deduct "+sku, err, "has no User")
+			_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", Qty: 1}, time.Minute)
+			refused("hold "+sku, err, "has no User")
+		}
+		for name, lines := range map[string][]stock.Line{
+			"saga":     {{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}},
+			"one slot": {{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}},
+			"split":    {{SKU: "A", Qty: 1}, {SKU: "S", Qty: 1}},
+		} {
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines})
+			refused("deduct many "+name, err, "cart c1 has no User")
+			_, err = r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: lines}, time.Minute)
+			refused("hold many "+name, err, "cart c2 has no User")
+		}
+		for _, sku := range []string{"A", "B", "G1", "G2", "S"} {
+			l, entries := checkLedger(t, r, sku, 10)
+			assert.Equal(t, stock.Levels{Available: 10, Loaded: 10}, l, sku)
+			assert.Empty(t, entries, "%s: nothing recorded", sku)
+		}
+		// With a user, the same requests are taken.
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
+		require.NoError(t, err)
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: []stock.Line{{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}}})
+		require.NoError(t, err)
+
+		// Without a limit, the option refuses nothing.
+		free := newReserver(t, c, stock.WithUserRequired(), stock.WithPrefix("free"))
+		require.NoError(t, free.Load(ctx, "A", 10))
+		_, err = free.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+		require.NoError(t, err)
+	})
+}
+
 func TestBadInputChangesNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()

@@ -23,59 +23,89 @@ type boundedClient struct {
 	rueidis.Client
 	timeout time.Duration
 	fn      *protocol.Functions // whether the scripts run as Redis functions (protocol.Script.Exec)
+	gate    *gate               // the commands in flight; shut by Reserver.Close
 }
 
 // StockFunctions makes the scripts this client runs Redis functions where the server has them.
 func (c boundedClient) StockFunctions() *protocol.Functions { return c.fn }
 
-// bounded returns c with its commands bounded by timeout.
-func bounded(c rueidis.Client, timeout time.Duration) rueidis.Client {
+// bounded returns c with its commands bounded by timeout, and refused once g is shut.
+func bounded(c rueidis.Client, timeout time.Duration, g *gate) rueidis.Client {
 	if b, ok := c.(boundedClient); ok {
 		c = b.Client
 	}
-	return boundedClient{Client: c, timeout: timeout, fn: protocol.NewFunctions()}
+	return boundedClient{Client: c, timeout: timeout, fn: protocol.NewFunctions(), gate: g}
+}
+
+// closedResults is the answer to n commands refused by a closed Reserver: none was sent.
+func closedResults(n int) []rueidis.RedisResult {
+	out := make([]rueidis.RedisResult, n)
+	for i := range out {
+		out[i] = rueidis.NewErrorResult(ErrReserverClosed)
+	}
+	return out
 }
 
 func (c boundedClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if !c.gate.enter() {
+		return rueidis.NewErrorResult(ErrReserverClosed)
+	}
+	defer c.gate.leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return unknownResult(ctx, c.Client.Do(ctx, cmd))
 }
 
 func (c boundedClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if !c.gate.enter() {
+		return closedResults(len(cmds))
+	}
+	defer c.gate.leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return unknownResults(ctx, c.Client.DoMulti(ctx, cmds...))
 }
 
 func (c boundedClient) DoCache(ctx context.Context, cmd rueidis.Cacheable, ttl time.Duration) rueidis.RedisResult {
+	if !c.gate.enter() {
+		return rueidis.NewErrorResult(ErrReserverClosed)
+	}
+	defer c.gate.leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return unknownResult(ctx, c.Client.DoCache(ctx, cmd, ttl))
 }
 
 func (c boundedClient) DoMultiCache(ctx context.Context, cmds ...rueidis.CacheableTTL) []rueidis.RedisResult {
+	if !c.gate.enter() {
+		return closedResults(len(cmds))
+	}
+	defer c.gate.leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return unknownResults(ctx, c.Client.DoMultiCache(ctx, cmds...))
 }
 
 func (c boundedClient) Dedicated(fn func(rueidis.DedicatedClient) error) error {
+	if !c.gate.enter() {
+		return ErrReserverClosed
+	}
+	defer c.gate.leave()
 	return c.Client.Dedicated(func(d rueidis.DedicatedClient) error {
-		return fn(boundedDedicated{DedicatedClient: d, timeout: c.timeout})
+		return fn(boundedDedicated{DedicatedClient: d, timeout: c.timeout, gate: c.gate})
 	})
 }
 
 func (c boundedClient) Dedicate() (rueidis.DedicatedClient, func()) {
 	d, cancel := c.Client.Dedicate()
-	return boundedDedicated{DedicatedClient: d, timeout: c.timeout}, cancel
+	return boundedDedicated{DedicatedClient: d, timeout: c.timeout, gate: c.gate}, cancel
 }
 
 func (c boundedClient) Nodes() map[string]rueidis.Client {
 	nodes := c.Client.Nodes()
 	out := make(map[string]rueidis.Client, len(nodes))
 	for addr, n := range nodes {
-		out[addr] = boundedClient{Client: n, timeout: c.timeout, fn: c.fn} // one functions state per Reserver
+		out[addr] = boundedClient{Client: n, timeout: c.timeout, fn: c.fn, gate: c.gate} // one functions state per Reserver
 	}
 	return out
 }
@@ -84,15 +114,24 @@ func (c boundedClient) Nodes() map[string]rueidis.Client {
 type boundedDedicated struct {
 	rueidis.DedicatedClient
 	timeout time.Duration
+	gate    *gate
 }
 
 func (c boundedDedicated) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if !c.gate.enter() {
+		return rueidis.NewErrorResult(ErrReserverClosed)
+	}
+	defer c.gate.leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return unknownResult(ctx, c.DedicatedClient.Do(ctx, cmd))
 }
 
 func (c boundedDedicated) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if !c.gate.enter() {
+		return closedResults(len(cmds))
+	}
+	defer c.gate.leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return unknownResults(ctx, c.DedicatedClient.DoMulti(ctx, cmds...))

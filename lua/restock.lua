@@ -2,7 +2,8 @@
 --
 -- KEYS[1] item hash, KEYS[2] ledger hash, KEYS[3] user hash, KEYS[4] outbox zset, KEYS[5] holds zset,
 -- KEYS[6] sold-out filter
--- ARGV[1] id, ARGV[2] qty, ARGV[3] '1' to queue events, ARGV[4] the most an item may hold (2^53-1)
+-- ARGV[1] id, ARGV[2] qty, ARGV[3] '1' to queue events, ARGV[4] the most the item may hold after
+-- the restock (2^53-1; for a bucket, that less the other buckets' loaded counts)
 -- Reply: code, remaining available, qty
 local id, q, queue, max = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4])
 local now = now_ms()

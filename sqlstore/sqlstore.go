@@ -494,7 +494,9 @@ func checkEvent(ev stock.Event) (ok bool, err error) {
 }
 
 // checkName accepts what every dialect stores and compares exactly: 1 to stock.MaxNameLen
-// bytes of UTF-8 without control characters.
+// bytes of UTF-8 without control characters. It accepts more than the library's names (braces,
+// '|', whitespace, Unicode format characters): a Store records what it is given, including the
+// events of items named under earlier, looser rules, and a name the library sends always passes.
 func checkName(what, v string) error {
 	if v == "" {
 		return invalid("empty %s", what)

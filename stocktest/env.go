@@ -20,6 +20,7 @@
 package stocktest
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -77,6 +78,9 @@ func New(t testing.TB, opts ...stock.Option) *Env {
 		t.Fatalf("stocktest: stock.New: %v", err)
 	}
 	e.Reserver = r
+	// Before the client closes (clean-ups run last first): the Reserver's background writes
+	// end, and nothing is written after the test.
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
 	return e
 }
 

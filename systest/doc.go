@@ -12,8 +12,10 @@
 //     (fault_test.go, fault_queue_test.go, storefault_test.go);
 //   - relay processes killed with SIGKILL (crash_test.go), failover and replicas
 //     (failover_test.go, replica_test.go, fence_test.go), failovers under traffic on a real
-//     Sentinel deployment, each with a negative control (sentinel_test.go), least-privilege ACLs
-//     (acl_test.go);
+//     Sentinel deployment, each with a negative control (sentinel_test.go), a partition on a
+//     real Sentinel deployment after which every counter of every item must be exact
+//     (partition_test.go), the repair after a failover that lost writes the store already has,
+//     on every backend (repair_after_failover_test.go), least-privilege ACLs (acl_test.go);
 //   - a model-based randomized test against a reference model of the documented contract
 //     (model_test.go, model_ref_test.go, model_conc_test.go; its findings are in
 //     testdata/model-findings.md), a property test of random interleavings (property_test.go)

@@ -24,8 +24,12 @@ type mEntry struct {
 	after    int64 // available after the operation (deducts, holds, restocks)
 	user     string
 	deadline int64 // holds: ms
-	lack     error // tombstones of a Retry refusal (state refused): the refusal recorded
-	maybe    bool  // a tombstone the library may or may not have written (resolved by the harness)
+	// at is when the entry was made; settled when a sale was given back (or refused by the
+	// store), 0 otherwise: windows [at, atHi] and [settled, settledHi] on a real server, whose
+	// scripts read their own clock (sequences that reconcile only).
+	at, atHi, settled, settledHi int64
+	lack                         error // tombstones of a Retry refusal (state refused): the refusal recorded
+	maybe                        bool  // a tombstone the library may or may not have written (resolved by the harness)
 	// maybeExp: a due hold of a split item that this step's request may or may not have
 	// released (a request releases the due holds of its own bucket only, unless its bucket was
 	// short of stock); the harness reads the library's state back after the step.

@@ -118,6 +118,10 @@ type mconfig struct {
 	// (every Reserver gets the same WithBuckets function).
 	Buckets int
 	Split   []string
+	// Retention: the sequence has a store, a relay and a reconciler (Retention modelRetention),
+	// and draws drains, reconcile passes, clock moves past the retention and holds longer than
+	// it (model_retention_test.go).
+	Retention bool
 }
 
 func (c mconfig) group(sku string) string { return c.Groups[sku] }
@@ -146,13 +150,16 @@ type clock interface {
 }
 
 type miniClock struct {
-	m *miniredis.Miniredis
-	t time.Time
+	m  *miniredis.Miniredis
+	t  time.Time
+	ms atomic.Int64 // t, for the reconciler's clock and its store (read by the relay)
 }
 
-func (c *miniClock) now() int64 { return c.t.UnixMilli() }
+func (c *miniClock) now() int64         { return c.ms.Load() }
+func (c *miniClock) nowTime() time.Time { return time.UnixMilli(c.ms.Load()) }
 func (c *miniClock) advance(d time.Duration) {
 	c.t = c.t.Add(d)
+	c.ms.Store(c.t.UnixMilli())
 	c.m.SetTime(c.t)
 	c.m.FastForward(d)
 }
@@ -201,6 +208,7 @@ type harness struct {
 	// splitSteps counts the steps that touched a split item; splitMaybe the due holds of other
 	// buckets read back.
 	splitSteps, splitMaybe int
+	rc                     *reconcileRig // sequences with a Retention: the store and reconciler
 }
 
 type lastWrite struct {
@@ -237,6 +245,7 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 			h.closers = append(h.closers, c.Close)
 		}
 		mc := &miniClock{m: m, t: time.UnixMilli(1_767_225_600_000)}
+		mc.ms.Store(mc.t.UnixMilli())
 		m.SetTime(mc.t)
 		h.clk = mc
 	}
@@ -253,6 +262,9 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		h.rs = append(h.rs, r)
 		h.clientOf = append(h.clientOf, ci)
 	}
+	if cfg.Retention {
+		h.setupReconcile(clients[0], []stock.Option{stock.WithPrefix(prefix), stock.WithUserLimit(cfg.Limit), stock.WithGroups(cfg.group)})
+	}
 	return h
 }
 
@@ -267,8 +279,8 @@ func (h *harness) fail(format string, args ...any) {
 	if h.real { // a failure on a real server may not replay (timing): keep the first report
 		fmt.Fprintf(os.Stderr, "MODEL FAILURE %s: %s\n  %s\n", h.name, fmt.Sprintf(format, args...), strings.Join(h.steps, "\n  "))
 	}
-	h.t.Fatalf("%s: %s\nconfig: limit=%d groups=%v buckets=%d split=%q\nsteps:\n  %s", h.name, fmt.Sprintf(format, args...),
-		h.cfg.Limit, h.cfg.Groups, h.cfg.Buckets, h.cfg.Split, strings.Join(h.steps, "\n  "))
+	h.t.Fatalf("%s: %s\nconfig: limit=%d groups=%v buckets=%d split=%q retention=%v\nsteps:\n  %s", h.name, fmt.Sprintf(format, args...),
+		h.cfg.Limit, h.cfg.Groups, h.cfg.Buckets, h.cfg.Split, h.cfg.Retention, strings.Join(h.steps, "\n  "))
 }
 
 // libResult is what the library answered to a step.
@@ -386,7 +398,7 @@ func (s mstep) touched() []string {
 		return sortedUnique(s.SKUs)
 	case "sweepall", "recover":
 		return modelSKUs
-	case "invalid", "advance":
+	case "invalid", "advance", "drain", "pass":
 		return nil
 	}
 	return []string{s.SKU}
@@ -542,6 +554,14 @@ func (h *harness) run(s mstep) {
 		h.runBurst(s)
 		return
 	}
+	if s.Op == "drain" {
+		h.runDrain(s)
+		return
+	}
+	if s.Op == "pass" {
+		h.runPass(s)
+		return
+	}
 	h.steps = append(h.steps, s.String())
 	h.countSplit(s)
 	t0 := h.clk.now()
@@ -592,6 +612,7 @@ func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 		}
 	}
 	var first string
+	old := h.w
 	for _, b := range bs {
 		now := b.now
 		w := h.w.clone()
@@ -616,6 +637,7 @@ func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 			if unsure {
 				h.resync(s.touched())
 			}
+			h.noteEvents(s, old, t0, t1)
 			h.noteWrite(s)
 			return
 		}
@@ -955,6 +977,7 @@ func drawConfig(t *rapid.T) mconfig {
 			}
 		}
 	}
+	cfg.Retention = cfg.Buckets == 0 && rapid.IntRange(0, 1).Draw(t, "retention") == 0
 	return cfg
 }
 
@@ -978,8 +1001,27 @@ func drawLines(t *rapid.T) []stock.Line {
 	return ls
 }
 
+// modelReconcileOps are drawn besides modelOps in sequences with a Retention.
+var modelReconcileOps = []string{"drain", "pass", "pass", "pass", "pass", "pass", "advance", "advance", "hold", "restore", "deduct"}
+
+// longTTL draws, in sequences with a Retention, now and then a hold time (or a clock move)
+// longer than the retention instead of d.
+func (h *harness) longTTL(t *rapid.T, d time.Duration) time.Duration {
+	if h.rc == nil || rapid.IntRange(0, 2).Draw(t, "long") > 0 {
+		return d
+	}
+	return rapid.SampledFrom([]time.Duration{modelRetention + tick, 2 * modelRetention}).Draw(t, "long ttl")
+}
+
 func (h *harness) draw(t *rapid.T) mstep {
-	s := mstep{Op: rapid.SampledFrom(modelOps).Draw(t, "op"), R: rapid.IntRange(0, 2).Draw(t, "r")}
+	ops := modelOps
+	if h.rc != nil {
+		ops = append(slices.Clone(modelOps), modelReconcileOps...)
+	}
+	s := mstep{Op: rapid.SampledFrom(ops).Draw(t, "op"), R: rapid.IntRange(0, 2).Draw(t, "r")}
+	if s.Op == "delist" && h.rc != nil {
+		s.Op = "close" // a pass would retire a delisted item: not modelled
+	}
 	sku := func() string { return rapid.SampledFrom(modelSKUs).Draw(t, "sku") }
 	anyID := func() string {
 		return rapid.SampledFrom(append(append(slices.Clone(modelIDs), modelCarts...), modelOneSlotCarts...)).Draw(t, "id")
@@ -991,7 +1033,7 @@ func (h *harness) draw(t *rapid.T) mstep {
 		s.Qty = int64(rapid.IntRange(1, 3).Draw(t, "qty"))
 		s.Retry = rapid.IntRange(0, 9).Draw(t, "retry") == 0
 		if s.Op == "hold" {
-			s.TTL = drawTTL(t)
+			s.TTL = h.longTTL(t, drawTTL(t))
 			if h.cfg.split(s.SKU) && rapid.IntRange(0, 2).Draw(t, "cart hold") == 0 {
 				// A hold of a split item under a cart's id: ConfirmMany and CancelMany
 				// (Confirm and Cancel per item) work on it, and a cart of that id with the
@@ -1002,7 +1044,7 @@ func (h *harness) draw(t *rapid.T) mstep {
 	case "restore", "cancel", "confirm":
 		s.SKU, s.ID = sku(), anyID()
 	case "extend":
-		s.SKU, s.ID, s.TTL = sku(), anyID(), drawTTL(t)
+		s.SKU, s.ID, s.TTL = sku(), anyID(), h.longTTL(t, drawTTL(t))
 	case "restock":
 		s.SKU, s.ID, s.Qty = sku(), rapid.SampledFrom(modelIDs).Draw(t, "id"), int64(rapid.IntRange(1, 4).Draw(t, "qty"))
 	case "load":
@@ -1010,7 +1052,7 @@ func (h *harness) draw(t *rapid.T) mstep {
 	case "close", "reopen", "delist", "sweep":
 		s.SKU = sku()
 	case "advance":
-		s.TTL = time.Duration(rapid.SampledFrom([]int{1, 2, 3, 6}).Draw(t, "ticks")) * tick
+		s.TTL = h.longTTL(t, time.Duration(rapid.SampledFrom([]int{1, 2, 3, 6}).Draw(t, "ticks"))*tick)
 	case "deductmany", "holdmany":
 		s.ID = rapid.SampledFrom(modelCarts).Draw(t, "cart")
 		s.User = rapid.SampledFrom(modelUsers).Draw(t, "user")
@@ -1114,6 +1156,7 @@ func TestModel(t *testing.T) {
 			mb := newModelBackend(t, b)
 			start := time.Now()
 			var seqs, splitSeqs, splitAll, splitSteps, splitMaybe int
+			var retSeqs, passes, trims, repairs, resynced int
 			rapid.Check(t, func(rt *rapid.T) {
 				cfg := drawConfig(rt)
 				h := mb.harness(rt, cfg)
@@ -1133,10 +1176,19 @@ func TestModel(t *testing.T) {
 				}
 				splitSteps += h.splitSteps
 				splitMaybe += h.splitMaybe
+				if h.rc != nil {
+					retSeqs++
+					passes += h.rc.passes
+					trims += h.rc.trims
+					repairs += h.rc.repairs
+					resynced += h.rc.resynced
+				}
 			})
 			t.Logf("%s: %d sequences of up to %d steps in %v", b.Name, checks, steps, time.Since(start).Round(time.Millisecond))
 			t.Logf("%s: WithBuckets: %d of %d sequences split items (%d every item); %d steps on split items; %d due holds of other buckets read back",
 				b.Name, splitSeqs, seqs, splitAll, splitSteps, splitMaybe)
+			t.Logf("%s: Retention: %d of %d sequences reconcile; %d passes trimmed %d entries, repaired %d drifts, resynced %d sales and holds",
+				b.Name, retSeqs, seqs, passes, trims, repairs, resynced)
 		})
 	}
 }

@@ -264,7 +264,7 @@ func checkArgs(cmd *command, pos []string) error {
 
 // checkName refuses a name (SKU, request id, -prefix) as the library does (stock's checkName,
 // README "Names"): empty, longer than stock.MaxNameLen bytes, not UTF-8, or with a brace, '|',
-// whitespace or a control character. The library checks again; this check only makes the
+// whitespace, a control character or a Unicode format character (category Cf). The library checks again; this check only makes the
 // refusal a usage error before anything is connected. TestCheckNameAsTheLibrary keeps the two
 // in step.
 func checkName(what, s string) error {
@@ -276,9 +276,12 @@ func checkName(what, s string) error {
 	case !utf8.ValidString(s):
 		return usagef("invalid %s %q: not valid UTF-8", what, s)
 	}
-	for _, c := range s {
+	for i, c := range s {
 		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
 			return usagef("invalid %s %q: contains %q (braces, '|', whitespace and control characters are not allowed)", what, s, c)
+		}
+		if unicode.Is(unicode.Cf, c) {
+			return usagef("invalid %s %q: contains the invisible format character U+%04X at byte %d (Unicode format characters are not allowed)", what, s, c, i)
 		}
 	}
 	return nil

@@ -972,9 +972,11 @@ func TestAttack25OutcomeCount(t *testing.T) {
 	})
 }
 
-// Names with ':' '~' and non-ASCII characters work and stay apart; no odd name gets a 5xx.
+// Names with ':' '~' and non-ASCII characters (combining marks too) work and stay apart; no odd
+// name gets a 5xx; a name with an invisible format character (zero-width space, BOM, soft
+// hyphen, bidi override) is refused as invalid (400).
 func TestAttack25OddNames(t *testing.T) {
-	skus := []string{"a:b", "a", "b", "x~y", "スニーカー", "ü:~", strings.Repeat("é", 64), "a\u200bb", "a%2Fb", "..", "a/b"}
+	skus := []string{"a:b", "a", "b", "x~y", "スニーカー", "ü:~", strings.Repeat("é", 64), "e\u0301", "a%2Fb", "..", "a/b"}
 	items := map[string]int64{}
 	for _, s := range skus {
 		items[s] = 3
@@ -988,6 +990,11 @@ func TestAttack25OddNames(t *testing.T) {
 				continue
 			}
 			wantOK25(t, fmt.Sprintf("sku %q", sku), r, sku, user, int64(1+i%3))
+		}
+		for _, sku := range []string{"a\u200bb", "\ufeffa", "a\u00adb", "\u202ea"} {
+			if r := e.buy(t, "odd-format", sku, "u", 1); r.status != 400 {
+				t.Errorf("sku %q: %s, want 400", sku, r)
+			}
 		}
 		for i, sku := range skus {
 			want := int64(1 + i%3)

@@ -274,8 +274,8 @@ func checkName(field, s string) *apiError {
 		return bad(field + " is not valid UTF-8")
 	}
 	for _, c := range s {
-		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
-			return bad(field + " may not contain braces, '|', spaces or control characters")
+		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) || unicode.Is(unicode.Cf, c) {
+			return bad(field + " may not contain braces, '|', spaces, control characters or invisible format characters")
 		}
 	}
 	return nil
