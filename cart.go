@@ -282,6 +282,9 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if r.isFenced(ctx) {
 		return out, ErrFailover
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return out, err
+	}
 	if r.oneSlot(lines) {
 		return r.cartOneSlot(ctx, kind, c, lines, ttlMs)
 	}

@@ -7,8 +7,9 @@ import (
 )
 
 // ErrRefused is returned by a Store whose database of record cannot cover a deduct (its
-// remaining stock is lower than the quantity, or it does not know the item). The relay and
-// Consume then give the stock back in Redis, once, and publish an EventRefused.
+// remaining stock is lower than the quantity). The relay and Consume then give the stock back
+// in Redis, once, and publish an EventRefused. An item the store does not know is not a
+// refusal: its Apply answers ErrNotLoaded (see Store).
 var ErrRefused = errors.New("stock: refused by the store")
 
 // ErrHeldBack is returned by Consume for an event it did not apply, because it must not be
@@ -68,12 +69,17 @@ type Event struct {
 //     remaining >= ev.Qty, and record the id, in one transaction. When the stock does not
 //     cover it, Apply records the refusal and returns an error wrapping ErrRefused; so does
 //     every later Apply of that id.
+//   - An item the store has no row for is a setup error, not a refusal: Apply of its
+//     EventDeducted, EventConfirmed or EventRestocked records nothing and returns an error
+//     wrapping ErrNotLoaded. The relay (and Consume) then keep the event, and the item's later
+//     events, in Redis, retried with backoff until the item is loaded in the store: nothing is
+//     given back in Redis, nothing is dead-lettered, and the Reserver's logger says so at
+//     Error level, once per item per minute (stockops.RelayStats.NotLoaded counts them). Load
+//     an item in the store before, or with, Redis: stockops.Preheat does both.
 //   - EventRestored and EventRefused give back what the id's decrement took, if it was
 //     applied and not already given back; for an id the store has not seen they record a
 //     tombstone, so that a late deduct of that id changes nothing.
-//   - EventRestocked increments the remaining stock, once. For an item the store has no row
-//     for, Apply returns an error wrapping ErrNotLoaded and the relay retries it, with backoff,
-//     until the item is loaded in the store.
+//   - EventRestocked increments the remaining stock, once.
 //   - Other event types are accepted and ignored.
 //   - Remaining never goes below zero.
 //

@@ -121,8 +121,11 @@ func TestFailoverAndNotReplicatedObserved(t *testing.T) {
 	assert.Equal(t, int64(2), rc.Qty)
 	assert.Equal(t, int64(8), rc.Remaining)
 
-	// Items but no recorded epoch: the guard fences; Deduct sends nothing.
-	r := newReserver(t, srv.Client(t), stock.WithObserver(obs))
+	// Items but no recorded epoch (the first Load's is lost): the guard fences; Deduct sends
+	// nothing.
+	c := srv.Client(t)
+	require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
+	r := newReserver(t, c, stock.WithObserver(obs))
 	fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
 	require.NoError(t, err)
 	require.True(t, fenced)

@@ -162,3 +162,104 @@ func (r *Reserver) markReconciled(ctx context.Context, before string) (bool, err
 	}
 	return true, nil
 }
+
+// recordBaseline records the current primaries as reconciled (the epoch) when Redis has no
+// epoch and no item yet: the first Load of a new deployment, before its item exists, so that
+// a failover guard started after it does not take the new deployment for a live one whose
+// epoch was lost (which it fences until a reconcile pass). It is the guard's own baseline
+// (see failoverGuard.Check), taken earlier. It does nothing when an epoch is recorded, when
+// items exist (a live deployment without an epoch: a guard fences it), or when Redis does not
+// answer INFO (no guard can run); its errors are dropped, as Load does not depend on it: a
+// guard then decides as it did before.
+func (r *Reserver) recordBaseline(ctx context.Context) {
+	c := r.client
+	key := protocol.Epoch(r.opts.prefix)
+	if err := c.Do(ctx, c.B().Get().Key(key).Build()).Error(); !rueidis.IsRedisNil(err) {
+		return // recorded, or unreadable
+	}
+	if n, err := c.Do(ctx, c.B().Scard().Key(r.registryKey()).Build()).AsInt64(); err != nil || n > 0 {
+		return
+	}
+	id, err := r.topology(ctx)
+	if err != nil {
+		return
+	}
+	_ = c.Do(ctx, c.B().Set().Key(key).Value(id).Nx().Build()).Error()
+}
+
+// readyPoll is how often Ready looks again while sales are fenced.
+const readyPoll = 50 * time.Millisecond
+
+// Ready waits until Deduct, Hold and DeductMany can take sales as far as a failover guard is
+// concerned, and returns nil then, or ctx's error (joined with the reason it waited) when ctx
+// ends first. A service calls it after starting Run and before taking traffic, rather than
+// guess how long the fence lasts:
+//
+//	go r.Run(ctx, opts)
+//	if err := r.Ready(startCtx); err != nil { // startCtx: a deadline for the start
+//		return err // fenced: Redis lost data, and no reconcile pass has run yet
+//	}
+//
+// Sales are taken when Redis's current primaries are the ones recorded as reconciled (the
+// epoch, "<prefix>:epoch"), and this Reserver's guard, if it has one, is not fenced. A new
+// deployment has its epoch from its first Load (or its guard's first check), so Ready returns
+// at once there. After a failover, a restart, or on a deployment with items and no epoch (one
+// loaded by an earlier version), it waits for a complete repairing reconcile pass, which Run's
+// reconciler starts at once (in this process, or in any other). On a Redis that does not answer
+// INFO (miniredis, an ACL without it) no guard can run and Ready returns nil at once. Other
+// errors (Redis unreachable) are retried until ctx ends.
+func (r *Reserver) Ready(ctx context.Context) error {
+	for {
+		why, err := r.notReady(ctx)
+		if err == nil && why == "" {
+			return nil
+		}
+		if err != nil {
+			why = err.Error()
+		}
+		t := time.NewTimer(readyPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("stock: not ready: %s: %w", why, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// notReady says why sales are fenced ("" when they are not).
+func (r *Reserver) notReady(ctx context.Context) (string, error) {
+	if r.fenced.Load() {
+		if g := r.guard.Load(); g != nil {
+			if fenced, err := g.Check(ctx); err != nil || fenced {
+				return "the failover guard fences sales until a reconcile pass", err
+			}
+		}
+	}
+	id, err := r.topology(ctx)
+	if isRedisErr(err) {
+		return "", nil // no INFO: no guard can run
+	}
+	if err != nil {
+		return "", err
+	}
+	c := r.client
+	epoch, err := c.Do(ctx, c.B().Get().Key(protocol.Epoch(r.opts.prefix)).Build()).ToString()
+	if rueidis.IsRedisNil(err) {
+		n, err := c.Do(ctx, c.B().Scard().Key(r.registryKey()).Build()).AsInt64()
+		if err != nil {
+			return "", err
+		}
+		if n == 0 {
+			return "", nil // a new deployment: its first Load or check records the epoch
+		}
+		return "no epoch recorded for existing items", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if epoch != id {
+		return "the primaries changed since the last reconcile pass", nil
+	}
+	return "", nil
+}

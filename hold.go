@@ -54,6 +54,9 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if r.isFenced(ctx) {
 		return Receipt{SKU: req.SKU, ID: req.ID}, ErrFailover
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return Receipt{SKU: req.SKU, ID: req.ID}, err
+	}
 	if n := r.bucketsOf(req.SKU); n > 0 {
 		return r.takeBucketed(ctx, protocol.TakeHold, req, ttl.Milliseconds(), n)
 	}
@@ -87,6 +90,9 @@ func (r *Reserver) confirm(ctx context.Context, sku, id string) (rc Receipt, err
 	if err := checkSKUID(sku, id); err != nil {
 		return rc, err
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return rc, err
+	}
 	name, err := r.holder(ctx, sku, id)
 	if err != nil {
 		return rc, err
@@ -118,6 +124,9 @@ func (r *Reserver) cancel(ctx context.Context, sku, id string) (rc Receipt, err 
 		ctx = r.startOp(ctx, "cancel", sku)
 		defer func(start time.Time) { r.observe(ctx, "cancel", sku, start, rc, err) }(time.Now())
 	}
+	if err := r.writable(ctx, sku, id); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
 	return r.giveBack(ctx, sku, id, protocol.ReasonCancel)
 }
 
@@ -138,6 +147,9 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 		return rc, err
 	}
 	if err := checkTTL(ttl); err != nil {
+		return rc, err
+	}
+	if err := r.checkEviction(ctx); err != nil {
 		return rc, err
 	}
 	name, err := r.holder(ctx, sku, id)

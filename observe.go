@@ -81,14 +81,16 @@ var outcomeNames = []struct {
 	{ErrUserLimit, "user_limit"}, {ErrUnknownID, "unknown_id"}, {ErrClosed, "closed"},
 	{ErrExpired, "expired"}, {ErrConfirmed, "confirmed"}, {ErrInvalid, "invalid"},
 	{ErrRefused, "refused"}, {ErrFailover, "failover"}, {ErrNotReplicated, "not_replicated"},
-	{ErrReserverClosed, "reserver_closed"}, {context.Canceled, "canceled"}, {context.DeadlineExceeded, "timeout"},
+	{ErrReserverClosed, "reserver_closed"}, {ErrEvictionPolicy, "eviction_policy"},
+	{context.Canceled, "canceled"}, {context.DeadlineExceeded, "timeout"},
 }
 
 // Outcome names the outcome an error stands for, as a short label for metrics: "ok" for nil,
 // "sold_out", "insufficient", "not_loaded", "loaded", "conflict", "restored", "user_limit",
 // "unknown_id", "closed", "expired", "confirmed", "invalid", "refused", "failover"
 // (ErrFailover: nothing was sent), "not_replicated" (ErrNotReplicated: the write was made),
-// "reserver_closed" (ErrReserverClosed: nothing was sent).
+// "reserver_closed" (ErrReserverClosed: nothing was sent) or
+// "eviction_policy" (ErrEvictionPolicy: nothing was sent).
 // An unknown outcome (ErrUnknownOutcome, or an error that wraps no sentinel) is "canceled" when
 // the caller cancelled, "timeout" when the time ran out, and "error" otherwise.
 func Outcome(err error) string {

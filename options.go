@@ -30,6 +30,8 @@ type options struct {
 
 	now      func() time.Time // the clock of cutoffs computed in the process; see WithClock
 	clockSet bool             // WithClock was given
+
+	evictionAllowed bool // see WithEvictionAllowed
 }
 
 func defaultOptions() options {
@@ -39,7 +41,7 @@ func defaultOptions() options {
 		inflight:   4,
 		soldOutTTL: time.Second,
 		timeout:    DefaultTimeout,
-		logger:     slog.New(slog.DiscardHandler),
+		logger:     slog.Default(),
 		now:        time.Now,
 	}
 }
@@ -72,6 +74,21 @@ func WithClock(now func() time.Time) Option {
 			return invalid("WithClock given twice: a Reserver has one clock")
 		}
 		o.now, o.clockSet = now, true
+		return nil
+	}
+}
+
+// WithEvictionAllowed lets the Reserver write on a Redis whose maxmemory-policy can evict keys
+// (every allkeys-* and volatile-* policy), which it otherwise refuses with ErrEvictionPolicy. It
+// logs a warning once, through WithLogger's logger, when it finds such a policy. Use it only for
+// a Redis that never reaches its maxmemory, and know what an eviction costs: an evicted ledger
+// entry sells a repeat of an acknowledged request id again, an evicted buyers' count lets a buyer
+// past WithUserLimit, an evicted lease lets two relays deliver one item's events at once. The
+// reconciler reports keys Redis evicted as needing a human (stockops.PassResult.NeedsHuman). The
+// default is to refuse: see docs/operating.md, "Memory policy".
+func WithEvictionAllowed() Option {
+	return func(o *options) error {
+		o.evictionAllowed = true
 		return nil
 	}
 }
@@ -117,8 +134,12 @@ func WithOutbox(enabled bool) Option {
 	}
 }
 
-// WithLogger sets the logger for rare events (script reloads, repairs, relay retries). The
-// default discards everything.
+// WithLogger sets the logger of the background work and of rare events. The default is
+// slog.Default() as it is when New is called. Normal operation logs nothing at Info or above;
+// Warn says a retry or a degraded part (a relay delivery that backs off, a failover fence, a
+// failover guard turned off for want of INFO), Error says a person must act (an event moved to
+// the dead-letter set, a reconcile report that needs a human, events held back because the
+// Store does not know their item). Pass slog.New(slog.DiscardHandler) to log nothing.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) error {
 		if l == nil {

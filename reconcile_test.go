@@ -744,3 +744,61 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 		})
 	}
 }
+
+// TestDelistThenRetireRemovesAnItem: the documented way to remove an item's keys (tests,
+// operators): Delist, deliver its events, and a reconcile pass with a retention shorter than the
+// time since the delisting retires it. Only the retired mark stays (a hash of two fields), the
+// item leaves the registry, and it may be loaded again. On an item split over buckets too.
+func TestDelistThenRetireRemovesAnItem(t *testing.T) {
+	for _, buckets := range []int{0, 3} {
+		t.Run(fmt.Sprint("buckets=", buckets), func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, c rueidis.Client) {
+				ctx := context.Background()
+				var opts []stock.Option
+				if buckets > 0 {
+					opts = append(opts, stock.WithBuckets(func(string) int { return buckets }))
+				}
+				clock := newTestClock()
+				opts = append(opts, stock.WithClock(clock.now))
+				g := newRigWith(t, c, newReserver(t, c, opts...), map[string]int64{"x": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
+				for i := range 20 {
+					_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("o", i), User: fmt.Sprint("u", i%3), Qty: 1})
+					require.NoError(t, err)
+				}
+				_, err := g.r.Hold(ctx, stock.Request{SKU: "x", ID: "h", Qty: 1}, time.Hour)
+				require.NoError(t, err)
+				require.NoError(t, g.r.Delist(ctx, "x"))
+				drain(t, g.relay)
+				clock.advance(time.Second)
+				assert.False(t, g.once(t)["x"].Retired, "a live hold keeps the item")
+				_, err = g.r.Cancel(ctx, "x", "h")
+				require.NoError(t, err)
+				drain(t, g.relay)
+				rp := g.once(t)["x"]
+				require.True(t, rp.Retired, rp.String())
+
+				bases := []string{"stock:{x}"}
+				if buckets > 0 {
+					bases = nil
+					for i := range buckets {
+						bases = append(bases, protocol.BucketBase("stock", "x", i, buckets))
+					}
+				}
+				for _, base := range bases {
+					for _, suffix := range []string{":l", ":u", ":o", ":h", ":b", ":r", ":rl", ":dl", ":p", ":x", ":xf", ":i", ":xb"} {
+						n, err := c.Do(ctx, c.B().Exists().Key(base+suffix).Build()).AsInt64()
+						require.NoError(t, err)
+						assert.Zero(t, n, "%s%s is gone", base, suffix)
+					}
+					fields, err := c.Do(ctx, c.B().Hkeys().Key(base).Build()).AsStrSlice()
+					require.NoError(t, err)
+					assert.LessOrEqual(t, len(fields), 2, "%s keeps only its retired mark: %v", base, fields)
+				}
+				_, err = g.r.Levels(ctx, "x")
+				assert.ErrorIs(t, err, stock.ErrNotLoaded)
+				require.NoError(t, g.r.Load(ctx, "x", 3), "a retired item may be loaded again")
+				assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, g.r, "x"))
+			})
+		})
+	}
+}

@@ -92,6 +92,7 @@ func (rc *reconciler) Pass(ctx context.Context) (passResult, error) {
 		complete = complete && !rp.Busy && err == nil
 	}
 	res.Complete = every && complete
+	res.NeedsHuman = rc.evictionReport(ctx)
 	errs := []error{first}
 	if n := len(res.Unregistered); n > 0 {
 		what := "registered again"

@@ -659,8 +659,16 @@ func (rl *relay) drainBatch(ctx context.Context, sku string) (st relayStats, err
 		}
 		if err != nil {
 			failed, tries = fmt.Errorf("stock: relay %s %s: %w", sku, c.member, err), c.tries
-			rl.r.opts.logger.WarnContext(ctx, "stock: relay delivery failed; the item backs off", "sku", sku, "event", c.member, "tries", c.tries, "err", err)
 			st.Retried = len(cs) - i
+			if c.store && errors.Is(errs[i], ErrNotLoaded) {
+				// The store does not know the item: a setup error, not a refusal. The sale
+				// stays in the outbox (no give-back, no dead letter) until the item is loaded
+				// in the store; said loudly, once per item per interval.
+				st.NotLoaded = len(cs) - i
+				rl.r.storeUnknown(ctx, sku, err)
+			} else {
+				rl.r.opts.logger.WarnContext(ctx, "stock: relay delivery failed; the item backs off", "sku", sku, "event", c.member, "tries", c.tries, "err", err)
+			}
 			break
 		}
 		acks = append(acks, c.member)
@@ -843,6 +851,9 @@ func (rl *relay) backoff(ctx context.Context, sku string, tries int64) (time.Dur
 
 // refuse is stockops.Refuse.
 func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) {
+	if err := r.writable(ctx, sku, id); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
 	return r.giveBack(ctx, sku, id, protocol.ReasonRefuse)
 }
 
@@ -859,8 +870,9 @@ func (r *Reserver) refuse(ctx context.Context, sku, id string) (Receipt, error) 
 //   - an error wrapping ErrInvalid: the event can never be applied. It is moved to the item's
 //     dead-letter set, for the reconciler and an operator, so that it no longer holds back the
 //     item's later events: terminate the message, never redeliver it.
-//   - any other error: temporary (the store or Redis is unreachable): do not ack; the message
-//     must be delivered again.
+//   - any other error: temporary (the store or Redis is unreachable, or the store does not know
+//     the item: an error wrapping ErrNotLoaded, logged at Error level once per item per minute):
+//     do not ack; the message must be delivered again. Nothing is given back in Redis.
 //
 // In order per item: the relay hands an item's events to the publisher in their sequence
 // (Event.Seq) and, once published, keeps each one in the item's published set in Redis until a
@@ -1001,6 +1013,9 @@ func consumeOne(ctx context.Context, r *Reserver, store Store, ev Event, name, m
 		}
 		return fmt.Errorf("stock: consume %s/%s: %w", ev.SKU, ev.ID, err)
 	case err != nil:
+		if errors.Is(err, ErrNotLoaded) {
+			r.storeUnknown(ctx, ev.SKU, err) // kept in Redis and in the queue, never given back
+		}
 		return fmt.Errorf("stock: consume %s/%s: %w", ev.SKU, ev.ID, err)
 	}
 	if tracked {

@@ -63,8 +63,11 @@ type RunOptions struct {
 //	}()
 //
 // Options that are out of range are an ErrInvalid error at once, and nothing runs: read
-// Run's error, or check the options first with RunOptions.Validate. Errors of a pass are
-// logged through WithLogger and the next pass retries. When ctx ends, Run stops the loops,
+// Run's error, or check the options first with RunOptions.Validate. On a Redis whose
+// maxmemory-policy can evict keys, Run returns ErrEvictionPolicy at once and nothing runs
+// (unless WithEvictionAllowed); it reads the policy before it starts anything, and waits for
+// a Redis it cannot reach until it can (see docs/operating.md, "Memory policy"). Errors of a
+// pass are logged through WithLogger and the next pass retries. When ctx ends, Run stops the loops,
 // lets the relay deliver what is due (see RunOptions.Drain), and returns the first error a
 // loop met, or ctx's error when none did. It returns at the latest Drain after ctx ended
 // (WithTimeout's bound when Drain is negative), even when a Store or Publisher call ignores
@@ -104,6 +107,9 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		return err
 	}
 	defer stop()
+	if err := r.awaitPolicy(ctx); err != nil {
+		return err
+	}
 
 	var mu sync.Mutex
 	var first error
@@ -247,6 +253,30 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		return errors.Join(cause, stuck)
 	}
 	return errors.Join(ctx.Err(), stuck)
+}
+
+// awaitPolicy is Run's memory policy check, before it starts anything: ErrEvictionPolicy when
+// Redis may evict this package's keys, nil once the policy is known to be safe (or allowed, or
+// hidden). A Redis that cannot be reached is asked again every policyRecheck until ctx ends
+// (whose error it then returns): Run does not fail because Redis is down when it starts.
+func (r *Reserver) awaitPolicy(ctx context.Context) error {
+	for {
+		err := r.checkEviction(ctx)
+		if err == nil || errors.Is(err, ErrEvictionPolicy) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.opts.logger.WarnContext(ctx, "stock: Run waits for Redis to check its maxmemory-policy", "err", err)
+		t := time.NewTimer(policyRecheck)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // Validate returns the error Run would return at once for o, before it starts anything: an

@@ -72,6 +72,9 @@ type Reserver struct {
 	runs      map[*int]context.CancelCauseFunc // the Runs in progress, which Close stops; runMu
 	closeOnce sync.Once
 	closeDone chan struct{} // closed when Close's work is done
+	policy    policyGuard   // the memory policy check: eviction.go
+
+	unknownAt sync.Map // sku -> time.Time of the last log of its events held back (notloaded.go)
 }
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -257,6 +260,10 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if qty < 0 || qty > MaxQty {
 		return invalid("load quantity %d out of range [0, %d]", qty, MaxQty)
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return err
+	}
+	r.recordBaseline(ctx) // a new deployment records its epoch before its first item (guard.go)
 	if n := r.bucketsOf(sku); n > 0 {
 		return r.loadBucketed(ctx, sku, qty, n)
 	}
@@ -337,7 +344,8 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 // Lua script. A repeat of the same id with the same parameters returns the original receipt
 // with Replayed set and changes nothing.
 //
-// Errors: ErrInvalid and ErrFailover (a failover guard fenced the Reserver): nothing was sent.
+// Errors: ErrInvalid, ErrFailover (a failover guard fenced the Reserver) and ErrEvictionPolicy
+// (Redis may evict keys): nothing was sent.
 // ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
 // nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
 // receipt is valid, but fewer replicas than asked acknowledged the write in time.
@@ -386,7 +394,7 @@ func (r *Reserver) admit(ctx context.Context, req Request) error {
 	if r.isFenced(ctx) {
 		return ErrFailover
 	}
-	return nil
+	return r.checkEviction(ctx)
 }
 
 // fenceRecheck is how often, at most, a fenced Reserver's requests check its guard themselves.
@@ -510,6 +518,9 @@ func (r *Reserver) restore(ctx context.Context, sku, id string) (rc Receipt, err
 		ctx = r.startOp(ctx, "restore", sku)
 		defer func(start time.Time) { r.observe(ctx, "restore", sku, start, rc, err) }(time.Now())
 	}
+	if err := r.writable(ctx, sku, id); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
 	return r.giveBack(ctx, sku, id, protocol.ReasonRestore)
 }
 
@@ -587,6 +598,9 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 	}
 	req := Request{SKU: sku, ID: id, Qty: qty}
 	if err := req.check(); err != nil {
+		return Receipt{SKU: sku, ID: id}, err
+	}
+	if err := r.checkEviction(ctx); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
 	name, err := r.claimer(ctx, sku, id, true, false) // sku, or the bucket the id goes to
@@ -682,6 +696,9 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 	if err := checkName("sku", sku); err != nil {
 		return err
 	}
+	if err := r.checkEviction(ctx); err != nil {
+		return err
+	}
 	if n := r.bucketsOf(sku); n > 0 && flag == "0" {
 		// Reopened whole or not at all: a bucket delisted refuses the item.
 		if err := r.refuseReopen(ctx, sku, n); err != nil {
@@ -732,6 +749,9 @@ func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	}
 	defer r.calls.leave()
 	if err := checkName("sku", sku); err != nil {
+		return err
+	}
+	if err := r.checkEviction(ctx); err != nil {
 		return err
 	}
 	if n := r.bucketsOf(sku); n > 0 {

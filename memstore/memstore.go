@@ -127,8 +127,11 @@ func (s *Store) apply(ev stock.Event) error {
 			return nil
 		}
 		rem, ok := s.remaining[ev.SKU]
+		if !ok {
+			return stock.ErrNotLoaded // as the Store doc says: not a refusal; the relay retries it later
+		}
 		rec = stock.Record{SKU: ev.SKU, ID: ev.ID, User: ev.User, Type: ev.Type, Qty: ev.Qty, At: now}
-		if !ok || rem < ev.Qty {
+		if rem < ev.Qty {
 			rec.Status = stock.StateRefused
 			recs[ev.ID] = rec
 			return stock.ErrRefused

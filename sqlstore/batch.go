@@ -22,9 +22,9 @@ var errRaced = errors.New("a concurrent transaction changed a record the batch r
 
 // ApplyBatch applies evs in order, in one transaction, and returns one result per event with
 // Apply's meaning. A refusal undoes nothing and does not stop the batch; the first other
-// failure (an invalid event, a restock of an item with no row, a database error) does: the
-// events after it are left unapplied and get an error that wraps no sentinel, as
-// stock.BatchStore requires. If the transaction still fails after its retries, the events are
+// failure (an invalid event, a deduct, confirm or restock of an item with no row, a database
+// error) does: the events after it are left unapplied and get an error that wraps no
+// sentinel, as stock.BatchStore requires. If the transaction still fails after its retries, the events are
 // applied one by one with Apply, stopping the same way.
 //
 // Rather than run Apply's statements for each event, a batch locks the rows of its items
@@ -168,8 +168,9 @@ plan:
 				continue
 			}
 			switch {
-			case ev.Type == stock.EventRestocked && !it.exists:
-				outs[k] = fmt.Errorf("sqlstore: restock %q of %q: %w", ev.ID, ev.SKU, stock.ErrNotLoaded)
+			case !it.exists:
+				// Not a refusal: the item is not loaded here yet, and the relay keeps the event.
+				outs[k] = fmt.Errorf("sqlstore: %s %q of %q: %w", ev.Type, ev.ID, ev.SKU, stock.ErrNotLoaded)
 				break plan // the events after it stay unapplied
 			case ev.Type == stock.EventRestocked:
 				add(stock.StateApplied)

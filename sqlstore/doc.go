@@ -57,8 +57,11 @@
 //
 //	UPDATE stock_items SET remaining = remaining - qty WHERE sku = ? AND remaining >= qty
 //
-// and, when that updates no row (too little stock, or no such item), marks the record refused
-// in the same transaction and returns an error wrapping stock.ErrRefused. When the insert finds
+// and, when that updates no row for too little stock, marks the record refused in the same
+// transaction and returns an error wrapping stock.ErrRefused. When the item has no row, it
+// writes nothing and returns an error wrapping stock.ErrNotLoaded: a setup error, not a
+// refusal, which a relay retries (never giving the sale back) until the item is loaded in the
+// store (Store.Load, or stockops.Preheat). When the insert finds
 // a record already there, nothing else is written and Apply answers from its status: nil for
 // applied and restored, ErrRefused for refused. Concurrent Applies of one id therefore apply
 // it once: the unique key makes all but one wait for the first and then see its record.

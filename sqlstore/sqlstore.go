@@ -224,6 +224,17 @@ func (s *Store) take(ctx context.Context, tx *sql.Tx, ev stock.Event) (out, err 
 	if err != nil || n == 1 {
 		return nil, err
 	}
+	var rem int64
+	if err := tx.QueryRowContext(ctx, s.q.remaining, ev.SKU).Scan(&rem); errors.Is(err, sql.ErrNoRows) {
+		// The item has no row: a setup error, not a refusal. Nothing is recorded, and the
+		// relay keeps the event until the item is loaded.
+		if _, err := tx.ExecContext(ctx, s.q.drop, ev.SKU, ev.ID); err != nil {
+			return nil, err
+		}
+		return fmt.Errorf("sqlstore: %s %q of %q: %w", ev.Type, ev.ID, ev.SKU, stock.ErrNotLoaded), nil
+	} else if err != nil {
+		return nil, err
+	}
 	if _, err := tx.ExecContext(ctx, s.q.refuse, ev.SKU, ev.ID); err != nil {
 		return nil, err
 	}

@@ -270,14 +270,20 @@ func TestRefusal(t *testing.T) {
 		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventConfirmed, "a", "one", 1)), stock.ErrRefused)
 		assert.Equal(t, int64(0), e.remaining(t, "a"))
 
-		// An unknown item refuses, and records it.
-		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventDeducted, "ghost", "g1", 1)), stock.ErrRefused)
-		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventDeducted, "ghost", "g1", 1)), stock.ErrRefused)
-		r, ok = e.record(t, "ghost", "g1")
-		require.True(t, ok)
-		assert.Equal(t, stock.StateRefused, r.Status)
+		// An unknown item is not a refusal: not loaded, nothing recorded, and the sale applies
+		// once the item is loaded.
+		for range 2 {
+			err := e.apply(ctx, ev(stock.EventDeducted, "ghost", "g1", 1))
+			assert.ErrorIs(t, err, stock.ErrNotLoaded)
+			assert.NotErrorIs(t, err, stock.ErrRefused)
+		}
+		_, ok = e.record(t, "ghost", "g1")
+		require.False(t, ok)
 		_, err = e.s.Remaining(ctx, "ghost")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.NoError(t, e.s.Load(ctx, "ghost", 1))
+		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "ghost", "g1", 1)))
+		assert.Equal(t, int64(0), e.remaining(t, "ghost"))
 	})
 }
 

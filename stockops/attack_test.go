@@ -395,10 +395,15 @@ func TestAtkGuardFenceLiftedByStockopsPass(t *testing.T) {
 func TestAtkGuardLiftedByAnotherProcessPass(t *testing.T) {
 	ctx := context.Background()
 	addr := realRedis(t)
-	r1, _ := realReserver(t, addr, false)
+	r1, c := realReserver(t, addr, false)
 	r2, _ := realReserver(t, addr, false)
 	db := memstore.New()
 	load(t, r1, db, "a", 10)
+	// The first Load recorded the epoch (a new deployment is not fenced): its loss, with the
+	// item still there, is what fences.
+	if err := c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
 	g := stockops.NewFailoverGuard(r1)
 	if fenced, err := g.Check(ctx); err != nil || !fenced {
 		t.Fatalf("items loaded, no epoch: fenced %v, %v; want fenced", fenced, err)

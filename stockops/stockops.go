@@ -97,6 +97,12 @@ type RelayStats struct {
 	// an operator: the Store rejected them with stock.ErrInvalid (they can never be applied), or
 	// they are orphaned.
 	DeadLettered int
+	// NotLoaded counts events the Store answered stock.ErrNotLoaded for (it does not know their
+	// item: loaded in Redis and not in the database of record), and the item's events after
+	// them: they stay in the outbox, retried with backoff until the item is loaded in the
+	// store, and are never given back (counted in Retried too). The Reserver's logger says so
+	// at Error level, once per item per minute.
+	NotLoaded int
 }
 
 // A Reconciler compares each item in Redis (available + held, and the events Redis has not seen
@@ -162,7 +168,7 @@ func (rc *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 	return PassResult{
 		Reports: reports(res.Reports), Errors: res.Errors, Unregistered: res.Unregistered,
 		StoreOnly: res.StoreOnly, Complete: res.Complete, EpochRecorded: res.EpochRecorded,
-		EpochErr: res.EpochErr,
+		EpochErr: res.EpochErr, NeedsHuman: res.NeedsHuman,
 	}, err
 }
 
@@ -253,6 +259,14 @@ type PassResult struct {
 	// did not (the primaries changed during the pass, or INFO failed).
 	EpochRecorded bool
 	EpochErr      error
+	// NeedsHuman says what the pass found of Redis as a whole that an operator must look at
+	// ("" if nothing): a maxmemory-policy that can evict keys (the Reserver's writes are then
+	// refused with stock.ErrEvictionPolicy, unless stock.WithEvictionAllowed), and keys Redis
+	// evicted (INFO stats evicted_keys grew since the Reserver's last pass, or is above zero at
+	// its first): ledger entries (idempotency records) and per-user counts may be lost, so a
+	// repeated request id may have sold again and a buyer may have passed the limit. The pass
+	// logs it as an error too.
+	NeedsHuman string
 }
 
 // A FailoverGuard notices that a Redis primary restarted (its run id changed) or was replaced

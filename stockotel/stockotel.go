@@ -33,8 +33,8 @@
 // A refusal (sold_out, conflict, user_limit, ...) is an answer, not a failure: its span's status
 // is left unset. The status is Error, with the outcome as its description, for "error",
 // "timeout" and "canceled" (the outcome is unknown: retry with the same id), "failover" (the
-// Reserver is fenced after a failover), "not_replicated" (written, but not acknowledged by
-// enough replicas) and for a relay batch or a reconcile that failed. Load, sweep and the reads (Levels, Ledger, ...) record no
+// Reserver is fenced after a failover), "eviction_policy" (Redis may evict keys: writes are
+// refused), "not_replicated" (written, but not acknowledged by enough replicas) and for a relay batch or a reconcile that failed. Load, sweep and the reads (Levels, Ledger, ...) record no
 // span.
 //
 // # Metrics
@@ -73,8 +73,9 @@
 //     the Reserver reports appear), and "reconcile" on stock.operation.duration.
 //   - stock.outcome: stock.Outcome's labels: "ok", "sold_out", "insufficient", "not_loaded",
 //     "loaded", "conflict", "restored", "user_limit", "unknown_id", "closed", "expired",
-//     "confirmed", "invalid", "refused", "failover" (fenced: nothing sent), "not_replicated"
-//     (written, too few replicas acknowledged), and for an unknown outcome (retry with the same
+//     "confirmed", "invalid", "refused", "failover" (fenced: nothing sent), "eviction_policy"
+//     (Redis may evict keys: nothing sent), "not_replicated" (written, too few replicas
+//     acknowledged), and for an unknown outcome (retry with the same
 //     id) "canceled", "timeout" or "error". Relays and reconcilers report "ok" or "error".
 //   - stock.replayed: true when the call was answered as a replay of an earlier one.
 //   - stock.local: present (true) only on deducts and holds answered "sold_out" in-process by
@@ -327,7 +328,7 @@ func (o *Observer) endSpan(ctx context.Context, ob stock.Observation) {
 	}
 	span.SetAttributes(attrs...)
 	switch ob.Outcome {
-	case "error", "timeout", "canceled", "failover", "not_replicated":
+	case "error", "timeout", "canceled", "failover", "not_replicated", "eviction_policy":
 		span.SetStatus(codes.Error, ob.Outcome)
 	}
 	span.End()

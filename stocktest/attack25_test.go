@@ -827,6 +827,9 @@ func (s *a25Store) Apply(_ context.Context, ev stock.Event) error {
 			}
 			return stock.ErrRefused
 		}
+		if !seen && !loaded {
+			return stock.ErrNotLoaded // a setup error, not a refusal: nothing recorded
+		}
 		if seen && s.mode != "non-idempotent" {
 			if rec.Status == stock.StateRefused {
 				if s.mode == "refusal-not-sticky" && covers() {

@@ -101,8 +101,8 @@ func (h *hooked) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 	return errs
 }
 
-// good is memstore, but answering ErrNotLoaded to a restock of an unknown item, as the
-// stock.Store doc says (memstore answers ErrRefused).
+// good is memstore, answering ErrNotLoaded to a restock of an unknown item, as the stock.Store
+// doc says.
 func good() *hooked {
 	h := &hooked{Store: memstore.New()}
 	h.apply = func(ctx context.Context, ev stock.Event) error {
@@ -191,12 +191,12 @@ func broken() map[string]func() stock.Store {
 			}
 			return h
 		},
-		"DeductUnknownItemRefused": func() stock.Store {
+		"DeductUnknownItemNotLoaded": func() stock.Store {
 			h := good()
 			next := h.apply
 			h.apply = func(ctx context.Context, ev stock.Event) error {
 				if _, err := h.Store.Remaining(ctx, ev.SKU); errors.Is(err, stock.ErrNotLoaded) {
-					return nil
+					return stock.ErrRefused // a refusal, which would make the relay give the sale back
 				}
 				return next(ctx, ev)
 			}

@@ -987,6 +987,9 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	case pass.EpochErr != nil:
 		lines = append(lines, fmt.Sprintf("WARNING: FailoverGuard fences stay: %v", pass.EpochErr))
 	}
+	if pass.NeedsHuman != "" {
+		lines = append(lines, "REDIS NEEDS A HUMAN: "+pass.NeedsHuman)
+	}
 	summary := fmt.Sprintf("items: %d, with drift or losses: %d, need a human: %d, busy: %d, errors: %d", len(skus), nFound, nHuman, nBusy, len(errs))
 	if o.apply {
 		summary += fmt.Sprintf(", left: %d", nLeft)
@@ -1006,7 +1009,8 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 		StoreOnly     []string     `json:"store_only,omitempty"`
 		EpochRecorded bool         `json:"epoch_recorded,omitempty"`
 		EpochError    string       `json:"epoch_error,omitempty"`
-	}{o.apply, nFound > 0, nLeft > 0, append([]reportJSON{}, out...), pass.Unregistered, pass.StoreOnly, pass.EpochRecorded, epochErr}, func(w io.Writer) {
+		NeedsHuman    string       `json:"needs_human,omitempty"` // of Redis as a whole: evictions
+	}{o.apply, nFound > 0 || pass.NeedsHuman != "", nLeft > 0 || pass.NeedsHuman != "", append([]reportJSON{}, out...), pass.Unregistered, pass.StoreOnly, pass.EpochRecorded, epochErr, pass.NeedsHuman}, func(w io.Writer) {
 		for _, l := range lines {
 			fmt.Fprintln(w, l)
 		}
@@ -1020,6 +1024,8 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 		return driftError{fmt.Sprintf("%d of %d items left unrepaired or need a human", nLeft, len(skus))}
 	case nLeft > 0:
 		return driftError{fmt.Sprintf("%d of %d items drifted or need a human", nLeft, len(skus))}
+	case pass.NeedsHuman != "":
+		return driftError{"Redis needs a human: " + pass.NeedsHuman}
 	case len(errs) == 1:
 		return errs[0]
 	case len(errs) > 1:

@@ -21,6 +21,7 @@ type RelayStats struct {
 	Orphaned     int
 	Redelive     int
 	DeadLettered int
+	NotLoaded    int
 }
 
 // Add adds o to s.
@@ -32,6 +33,7 @@ func (s *RelayStats) Add(o RelayStats) {
 	s.Orphaned += o.Orphaned
 	s.Redelive += o.Redelive
 	s.DeadLettered += o.DeadLettered
+	s.NotLoaded += o.NotLoaded
 }
 
 // Report mirrors stockops.Report.
@@ -125,6 +127,7 @@ type PassResult struct {
 	Complete      bool
 	EpochRecorded bool
 	EpochErr      error
+	NeedsHuman    string
 }
 
 // Relay is a relay made by package stock.

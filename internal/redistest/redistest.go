@@ -22,6 +22,7 @@
 package redistest
 
 import (
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -262,6 +263,11 @@ func newClient(t testing.TB, opt rueidis.ClientOption) rueidis.Client {
 //
 //	func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 func Run(m *testing.M) int {
+	// A Reserver logs to slog.Default() unless given WithLogger: the suites' hundreds of
+	// Reservers stay quiet (their faults are injected on purpose) unless STOCK_TEST_LOG is set.
+	if os.Getenv("STOCK_TEST_LOG") == "" {
+		slog.SetDefault(slog.New(slog.DiscardHandler))
+	}
 	running.Store(true)
 	defer stopShared()
 	return m.Run()
