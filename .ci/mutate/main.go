@@ -145,6 +145,10 @@ func run(listFile string, list bool, out string, timeout time.Duration, baseline
 		for _, p := range defaultPkgs {
 			t0 := time.Now()
 			failed, first, logf, err := goTest(ctx, scratch, out, "baseline", p, nil, timeout)
+			if ctx.Err() != nil {
+				fmt.Fprintln(os.Stderr, "mutants: interrupted; the scratch copy is removed, the working tree was never changed")
+				return 1
+			}
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "mutants:", err)
 				return 2
@@ -303,7 +307,7 @@ func goTest(ctx context.Context, dir, out, name, pkg string, env []string, timeo
 	case panicLine.Match(buf.Bytes()):
 		first = "panic: " + string(panicLine.FindSubmatch(buf.Bytes())[1])
 	default:
-		first = "go test failed (" + ee.String() + "), see " + logf
+		first = "go test failed (" + ee.String() + ")"
 	}
 	return true, first, logf, nil
 }
