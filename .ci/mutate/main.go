@@ -64,7 +64,7 @@ func main() {
 	list := flag.Bool("list", false, "print the mutants (name, file:line, the promise each breaks) and exit")
 	listFile := flag.String("mutants", ".ci/mutants.txt", "the list of mutants")
 	out := flag.String("out", "", "where to keep each go test's output (default: a temporary directory)")
-	timeout := flag.Duration("timeout", 15*time.Minute, "go test -timeout of each package run")
+	timeout := flag.Duration("timeout", 15*time.Minute, "go test -timeout of each package run (after a baseline, a mutant's run of a package gets 3 times the package's baseline time, at least 2 minutes, at most this)")
 	noBaseline := flag.Bool("nobaseline", false, "skip the run of the unmutated copy (it checks that every package passes before any mutant runs)")
 	flag.StringVar(&runPattern, "run", "", "go test -run of every package run: while writing a mutant, the test you expect to catch it")
 	flag.Usage = func() {
@@ -140,6 +140,10 @@ func run(listFile string, list bool, out string, timeout time.Duration, baseline
 	}
 	fmt.Printf("mutants: %d mutants from %s, in a copy of the tree at %s; go test output in %s\n", len(ms), listFile, scratch, out)
 
+	// limit is each package's go test -timeout for the mutants: a mutant that makes a test hang
+	// (a wait for a hold that never expires) is caught by the timeout, in a few times the
+	// package's own time rather than the whole -timeout.
+	limit := map[string]time.Duration{}
 	if baseline {
 		fmt.Printf("mutants: baseline: the unmutated copy must pass %s\n", strings.Join(defaultPkgs, " "))
 		for _, p := range defaultPkgs {
@@ -157,7 +161,8 @@ func run(listFile string, list bool, out string, timeout time.Duration, baseline
 				fmt.Fprintf(os.Stderr, "mutants: the baseline fails in %s (%s; see %s): fix that before judging any mutant\n", p, first, logf)
 				return 1
 			}
-			fmt.Printf("mutants: baseline: %s ok in %s\n", p, time.Since(t0).Round(time.Second))
+			limit[p] = min(timeout, max(2*time.Minute, 3*time.Since(t0).Round(time.Second)))
+			fmt.Printf("mutants: baseline: %s ok in %s (a mutant's run of it times out after %s)\n", p, time.Since(t0).Round(time.Second), limit[p])
 		}
 	}
 
@@ -166,7 +171,7 @@ func run(listFile string, list bool, out string, timeout time.Duration, baseline
 		if ctx.Err() != nil {
 			break
 		}
-		r := check(ctx, scratch, out, m, timeout)
+		r := check(ctx, scratch, out, m, limit, timeout)
 		if ctx.Err() != nil {
 			break
 		}
@@ -207,7 +212,7 @@ func run(listFile string, list bool, out string, timeout time.Duration, baseline
 
 // check applies m in the scratch copy, runs its packages' tests until one fails, and puts the
 // file back.
-func check(ctx context.Context, scratch, out string, m *mutant, timeout time.Duration) result {
+func check(ctx context.Context, scratch, out string, m *mutant, limit map[string]time.Duration, timeout time.Duration) result {
 	t0 := time.Now()
 	r := result{m: m}
 	path := filepath.Join(scratch, m.file)
@@ -237,7 +242,11 @@ func check(ctx context.Context, scratch, out string, m *mutant, timeout time.Dur
 		pkgs = defaultPkgs
 	}
 	for _, p := range pkgs {
-		failed, first, logf, err := goTest(ctx, scratch, out, m.name, p, m.env, timeout)
+		d, ok := limit[p]
+		if !ok {
+			d = timeout
+		}
+		failed, first, logf, err := goTest(ctx, scratch, out, m.name, p, m.env, d)
 		if err != nil {
 			r.status, r.by = "BROKEN", err.Error()
 			break
@@ -261,6 +270,7 @@ func check(ctx context.Context, scratch, out string, m *mutant, timeout time.Dur
 var (
 	failLine  = regexp.MustCompile(`(?m)^--- FAIL: (\S+)`)
 	failAt    = regexp.MustCompile(`(?m)^\s+(\w+_test\.go:\d+): `)
+	timedOut  = regexp.MustCompile(`(?m)^panic: test timed out after .*\n\s+running tests:\n\s+(\S+)`)
 	panicLine = regexp.MustCompile(`(?m)^panic: (.*)$`)
 	buildFail = regexp.MustCompile(`(?m)\[(build|setup) failed\]`)
 )
@@ -304,6 +314,8 @@ func goTest(ctx context.Context, dir, out, name, pkg string, env []string, timeo
 		if at := failAt.FindSubmatch(buf.Bytes()[loc[1]:]); at != nil {
 			first += " at " + string(at[1])
 		}
+	case timedOut.Match(buf.Bytes()):
+		first = "timed out in " + string(timedOut.FindSubmatch(buf.Bytes())[1])
 	case panicLine.Match(buf.Bytes()):
 		first = "panic: " + string(panicLine.FindSubmatch(buf.Bytes())[1])
 	default:
