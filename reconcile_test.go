@@ -268,34 +268,6 @@ func TestReconcileTrims(t *testing.T) {
 // TestReconcileRace: a reconcile pass every few ms while goroutines deduct and restore and a
 // relay runs. The store never refuses (Redis never sells what the store lacks), and at the end
 // they agree.
-// TestTrimKeepsEntryWhoseEventIsPending: an entry past the retention whose event the store has
-// not had yet (a restore still in the outbox) is kept by a pass, whatever its state says; once
-// the relay has delivered the event, and the store has given the units back, a pass trims it.
-func TestTrimKeepsEntryWhoseEventIsPending(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		g := newRig(t, c, map[string]int64{"A": 10}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2})
-		require.NoError(t, err)
-		drain(t, g.relay)
-		_, err = g.r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
-		time.Sleep(20 * time.Millisecond) // past the retention, by Redis's clock and the pass's
-
-		assert.Zero(t, g.once(t)["A"].Trimmed, "the restore's event is still in the outbox")
-		e, err := g.r.Ledger(ctx, "A", "o1")
-		require.NoError(t, err, "kept while its event is pending")
-		assert.Equal(t, stock.StateRestored, e.State)
-
-		g.agree(t, "A") // the relay delivers the restore: the store has the 2 units back
-		rem, err := g.store.Remaining(ctx, "A")
-		require.NoError(t, err)
-		assert.Equal(t, int64(10), rem)
-		time.Sleep(20 * time.Millisecond)
-		assert.Equal(t, 1, g.once(t)["A"].Trimmed, "delivered and past the retention: trimmed")
-	})
-}
-
 func TestReconcileRace(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
