@@ -700,7 +700,7 @@ func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 			"the units they took are counted nowhere else, so the item is not repaired until an operator settles them", rp.Orphaned)
 	case rp.Missing:
 		rp.NeedsHuman = "a bucket of the item lost its hash: not rebuilt (the other buckets hold the rest of its stock)"
-	case rp.Drift == 0:
+	case rp.Drift == 0 && rc.restocked == 0 && rc.sold == 0:
 	case rc.limit > 0 && abs(rp.Drift) > rc.limit:
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
 	case rc.dry:
@@ -708,8 +708,8 @@ func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 		// What Redis lacks goes to bucket 0; what it has too much is taken from the buckets in
 		// turn, each down to nothing at most.
 		left := -rp.Drift
-		for i := 0; i < n && left != 0; i++ {
-			o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, keys[i].ForAdjust(), adjustArgs(left, rc.restocked)))
+		for i := 0; i < n && (i == 0 || left != 0); i++ { // bucket 0 counts what the pass wrote back, even with no drift
+			o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, keys[i].ForAdjust(), rc.adjustArgs(left)))
 			rc.r.noteEvents(subs[i].SKU)
 			if err == nil && o.code == protocol.Invalid {
 				err = fmt.Errorf("%w: adjust by %d", ErrInvalid, left)

@@ -27,7 +27,7 @@ type conflictWant struct {
 }
 
 // conflictDetail says how the id's entry e differs from what the request wanted, e.g. "was
-// used for a hold, not a deduct; of 2 units, not 1; by another user", or "" when nothing
+// used for a hold, not a deduct; with quantity 2, not 1; by another user", or "" when nothing
 // differs. It never names the other user.
 func conflictDetail(e Entry, w conflictWant) string {
 	var d []string
@@ -38,7 +38,7 @@ func conflictDetail(e Entry, w conflictWant) string {
 		d = append(d, "was used for a restock, which cannot be given back")
 	}
 	if w.qty > 0 && e.Qty != w.qty {
-		d = append(d, fmt.Sprintf("of %d units, not %d", e.Qty, w.qty))
+		d = append(d, fmt.Sprintf("with quantity %d, not %d", e.Qty, w.qty))
 	}
 	if w.checkUser && e.User != w.user {
 		switch {
@@ -110,7 +110,7 @@ func (r *Reserver) cartConflict(ctx context.Context, kind string, c Cart, lines 
 }
 
 // lineDiff says how the lines asked differ from the lines recorded (both summed per item), at
-// most three items: "item B: 2 units, not 1; item C not in it".
+// most three items: "item B: quantity 2, not 1; item C not in it".
 func lineDiff(recorded, asked []Line) string {
 	had := map[string]int64{}
 	for _, l := range recorded {
@@ -122,7 +122,7 @@ func lineDiff(recorded, asked []Line) string {
 		case !ok:
 			d = append(d, fmt.Sprintf("item %s not in it", l.SKU))
 		case q != l.Qty:
-			d = append(d, fmt.Sprintf("item %s: %d units, not %d", l.SKU, q, l.Qty))
+			d = append(d, fmt.Sprintf("item %s: quantity %d, not %d", l.SKU, q, l.Qty))
 		}
 		delete(had, l.SKU)
 	}

@@ -58,10 +58,10 @@ func TestConflictSaysWhatDiffers(t *testing.T) {
 			t.Run(sku, func(t *testing.T) {
 				require.NoError(t, deduct(sku, "d1", "u1", 1))
 				conflictSays(t, deduct(sku, "d1", "u2", 1), []string{sku + "/d1 was used by another user"}, "units", "quantity", "u1")
-				conflictSays(t, deduct(sku, "d1", "u1", 3), []string{"of 1 units, not 3"}, "user")
+				conflictSays(t, deduct(sku, "d1", "u1", 3), []string{"with quantity 1, not 3"}, "user")
 				conflictSays(t, deduct(sku, "d1", "", 1), []string{"by a user, not without one"}, "units")
 				conflictSays(t, hold(sku, "d1", "u1", 1), []string{"was used for a deduct, not a hold"}, "units", "user")
-				conflictSays(t, hold(sku, "d1", "u1", 2), []string{"was used for a deduct, not a hold; of 1 units, not 2"}, "user")
+				conflictSays(t, hold(sku, "d1", "u1", 2), []string{"was used for a deduct, not a hold; with quantity 1, not 2"}, "user")
 
 				require.NoError(t, hold(sku, "h1", "u1", 2))
 				conflictSays(t, deduct(sku, "h1", "u1", 2), []string{"was used for a hold, not a deduct"}, "units", "user")
@@ -80,7 +80,7 @@ func TestConflictSaysWhatDiffers(t *testing.T) {
 				require.NoError(t, err)
 				conflictSays(t, deduct(sku, "r1", "u1", 5), []string{"was used for a restock, not a deduct"}, "units")
 				_, err = r.Restock(ctx, sku, "r1", 6)
-				conflictSays(t, err, []string{"of 5 units, not 6"}, "restock, not")
+				conflictSays(t, err, []string{"with quantity 5, not 6"}, "restock, not")
 				_, err = r.Restock(ctx, sku, "d1", 1)
 				conflictSays(t, err, []string{"was used for a deduct, not a restock"}, "units")
 				if sku == "A" { // a split item's restock goes to a bucket the restore does not look in
@@ -99,7 +99,7 @@ func TestConflictSaysWhatDiffers(t *testing.T) {
 			_, err = r.HoldMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: lines}, time.Minute)
 			conflictSays(t, err, []string{"cart c1 was used for a deduct cart, not a hold cart"}, "user", "lines")
 			_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: []stock.Line{{SKU: "A", Qty: 2}}})
-			conflictSays(t, err, []string{"with other lines (item A: 1 units, not 2; item B in it too)"}, "user")
+			conflictSays(t, err, []string{"with other lines (item A: quantity 1, not 2; item B in it too)"}, "user")
 		})
 		t.Run("one-slot cart", func(t *testing.T) {
 			lines := []stock.Line{{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}}

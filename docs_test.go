@@ -6,7 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
 	"go/format"
+	"go/parser"
+	"go/token"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -384,5 +388,195 @@ func TestDocsLinks(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestHTTPCheckoutMatchesExample keeps docs/http-checkout.md and examples/checkout saying the
+// same: for every outcome the example's stockError maps, the page's table gives the same HTTP
+// status and error code, and the page's status function the same status; and the page names
+// no outcome the example does not map.
+func TestHTTPCheckoutMatchesExample(t *testing.T) {
+	const page = "docs/http-checkout.md"
+	statusOf := map[string]int{}
+	for code := 100; code < 600; code++ {
+		if text := http.StatusText(code); text != "" {
+			statusOf["Status"+strings.NewReplacer(" ", "", "-", "", "'", "").Replace(text)] = code
+		}
+	}
+	statusOf["StatusRequestEntityTooLarge"] = http.StatusRequestEntityTooLarge
+	// status returns the HTTP status a composite literal's first element names (http.StatusX).
+	status := func(e ast.Expr) int {
+		if sel, ok := e.(*ast.SelectorExpr); ok {
+			if n, ok := statusOf[sel.Sel.Name]; ok {
+				return n
+			}
+			t.Fatalf("unknown status %s", sel.Sel.Name)
+		}
+		t.Fatalf("not a status: %T", e)
+		return 0
+	}
+
+	// The example: outcome -> status and code, from stockError's switch.
+	fset := token.NewFileSet()
+	src, err := parser.ParseFile(fset, "examples/checkout/server.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars, funcs := map[string]ast.Expr{}, map[string]*ast.FuncDecl{}
+	for _, d := range src.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			funcs[d.Name.Name] = d
+		case *ast.GenDecl:
+			for _, s := range d.Specs {
+				if vs, ok := s.(*ast.ValueSpec); ok {
+					for i, n := range vs.Names {
+						if i < len(vs.Values) {
+							vars[n.Name] = vs.Values[i]
+						}
+					}
+				}
+			}
+		}
+	}
+	// lit resolves what a case returns to its apiError literal: a literal, a variable, or a call
+	// of a function of the file that returns one.
+	var lit func(e ast.Expr) *ast.CompositeLit
+	lit = func(e ast.Expr) *ast.CompositeLit {
+		switch e := e.(type) {
+		case *ast.CompositeLit:
+			return e
+		case *ast.Ident:
+			if v, ok := vars[e.Name]; ok {
+				return lit(v)
+			}
+		case *ast.CallExpr:
+			if id, ok := e.Fun.(*ast.Ident); ok && funcs[id.Name] != nil {
+				for _, s := range funcs[id.Name].Body.List {
+					if r, ok := s.(*ast.ReturnStmt); ok {
+						return lit(r.Results[0])
+					}
+				}
+			}
+		}
+		t.Fatalf("examples/checkout/server.go:%v: cannot resolve %T to an apiError", fset.Position(e.Pos()), e)
+		return nil
+	}
+	type mapping struct {
+		status int
+		code   string
+	}
+	example := map[string]mapping{}
+	stockError := funcs["stockError"]
+	if stockError == nil {
+		t.Fatal("examples/checkout/server.go has no func stockError")
+	}
+	for _, s := range stockError.Body.List {
+		sw, ok := s.(*ast.SwitchStmt)
+		if !ok {
+			if r, ok := s.(*ast.ReturnStmt); ok { // after the switch: every other outcome
+				l := lit(r.Results[0])
+				example["other"] = mapping{status(l.Elts[0]), strings.Trim(l.Elts[1].(*ast.BasicLit).Value, `"`)}
+			}
+			continue
+		}
+		for _, c := range sw.Body.List {
+			cc := c.(*ast.CaseClause)
+			r, ok := cc.Body[len(cc.Body)-1].(*ast.ReturnStmt)
+			if !ok {
+				t.Fatalf("stockError: a case that does not end in a return")
+			}
+			l := lit(r.Results[0])
+			m := mapping{status(l.Elts[0]), strings.Trim(l.Elts[1].(*ast.BasicLit).Value, `"`)}
+			for _, v := range cc.List {
+				example[strings.Trim(v.(*ast.BasicLit).Value, `"`)] = m
+			}
+		}
+	}
+	if len(example) < 10 {
+		t.Fatalf("read %d outcomes from the example's stockError: %v", len(example), example)
+	}
+
+	// The page's table: | `outcome`, ... | status | `code` | ...
+	rowRE := regexp.MustCompile("^\\| (.*?) \\| `?(\\d{3})[^|]*\\| (?:`([a-z_]+)`|—) \\|")
+	tickRE := regexp.MustCompile("`([a-z_]+)`")
+	table := map[string]mapping{}
+	for _, line := range strings.Split(readFile(t, page), "\n") {
+		m := rowRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		var code int
+		fmt.Sscan(m[2], &code)
+		names := tickRE.FindAllStringSubmatch(m[1], -1)
+		if strings.HasPrefix(m[1], "anything else") {
+			names = [][]string{{"", "other"}}
+		}
+		for _, n := range names {
+			table[n[1]] = mapping{code, m[3]}
+		}
+	}
+
+	// The page's status function.
+	var fn *ast.FuncDecl
+	for _, b := range readBlocks(t, page) {
+		if b.tag != "go" || !strings.Contains(b.code, "func status(") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, page, b.code, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			if d, ok := d.(*ast.FuncDecl); ok && d.Name.Name == "status" {
+				fn = d
+			}
+		}
+	}
+	if fn == nil {
+		t.Fatalf("%s: no Go block with func status", page)
+	}
+	code := map[string]int{}
+	for _, s := range fn.Body.List {
+		switch s := s.(type) {
+		case *ast.SwitchStmt:
+			for _, c := range s.Body.List {
+				cc := c.(*ast.CaseClause)
+				n := status(cc.Body[0].(*ast.ReturnStmt).Results[0])
+				for _, v := range cc.List {
+					code[strings.Trim(v.(*ast.BasicLit).Value, `"`)] = n
+				}
+			}
+		case *ast.ReturnStmt:
+			code["other"] = status(s.Results[0])
+		}
+	}
+
+	for outcome, want := range example {
+		if got, ok := table[outcome]; !ok {
+			t.Errorf("%s: the table has no row for the outcome %q (the example answers %d %s)", page, outcome, want.status, want.code)
+		} else if got != want {
+			t.Errorf("%s: the table answers %q with %d %s, the example with %d %s", page, outcome, got.status, got.code, want.status, want.code)
+		}
+		if got, ok := code[outcome]; !ok && outcome != "other" {
+			if code["other"] != want.status {
+				t.Errorf("%s: func status answers %q with %d (its default), the example with %d", page, outcome, code["other"], want.status)
+			}
+		} else if got != want.status {
+			t.Errorf("%s: func status answers %q with %d, the example with %d", page, outcome, got, want.status)
+		}
+	}
+	for outcome := range table {
+		if _, ok := example[outcome]; !ok && outcome != "ok" {
+			t.Errorf("%s: the table maps %q, which the example's stockError does not", page, outcome)
+		}
+	}
+	for outcome := range code {
+		if _, ok := example[outcome]; !ok && outcome != "ok" {
+			t.Errorf("%s: func status maps %q, which the example's stockError does not", page, outcome)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("%d outcomes: the page's table and status function agree with examples/checkout", len(example))
 	}
 }

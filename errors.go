@@ -36,7 +36,7 @@ var (
 	// ErrConflict: the request id was already used on this item with a different quantity, user
 	// or operation (or, for a cart, with other lines or another user); nothing was changed.
 	// The message says what differs from the id's first use: "was used for a hold, not a
-	// deduct", "of 1 units, not 3", "by another user" (never naming that user), for a cart its
+	// deduct", "with quantity 1, not 3", "by another user" (never naming that user), for a cart its
 	// kind, user and lines. Request ids are scoped per item: the same id on two items names two
 	// requests.
 	ErrConflict = errors.New("stock: request id reused with different parameters")

@@ -87,9 +87,10 @@ type reconciler struct {
 	interval  time.Duration
 	token     string
 	pass      sync.Mutex // one pass of an item at a time: the item leases carry one token
-	// restocked is the units of the restocks the item's pass wrote back (rerecord), under pass:
-	// its adjust counts a rise of the available stock as loaded up to them.
-	restocked int64
+	// restocked and sold are the units of the restocks and of the sales the item's pass wrote
+	// back (rerecord), under pass: its adjust counts them as loaded and as sold (a failover lost
+	// their counts with them), and the rest of the drift by its sign.
+	restocked, sold int64
 }
 
 // newReconciler is stockops.NewReconciler.
@@ -182,7 +183,7 @@ func (rc *reconciler) Item(ctx context.Context, sku string) (rp report, err erro
 // stock, the ledger (lost events, lost entries, trimming), a snapshot of Redis, the comparison
 // with the store, the repairs, and the registry and retirement.
 func (rc *reconciler) item(ctx context.Context, sku string) (rp report, err error) {
-	rc.restocked = 0
+	rc.restocked, rc.sold = 0, 0
 	if n := rc.r.bucketsOf(sku); n > 0 {
 		return rc.itemBucketed(ctx, sku, n)
 	}
@@ -369,7 +370,7 @@ func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, 
 	case rp.Orphaned > 0:
 		rp.NeedsHuman = fmt.Sprintf("%d undelivered events have lost their ledger entries (see the dead-letter set): "+
 			"the units they took are counted nowhere else, so the item is not repaired until an operator settles them", rp.Orphaned)
-	case rp.Drift == 0:
+	case rp.Drift == 0 && rc.restocked == 0 && rc.sold == 0:
 	case rc.limit > 0 && abs(rp.Drift) > rc.limit:
 		rp.NeedsHuman = fmt.Sprintf("drift %d above the repair limit %d", rp.Drift, rc.limit)
 	case rc.dry:
@@ -385,7 +386,7 @@ func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, 
 			rp.NeedsHuman = fmt.Sprintf("live holds of %d units exceed the %d units the store has: oversold by %d", live, expected, live-expected)
 		}
 	default:
-		o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, k.ForAdjust(), adjustArgs(-rp.Drift, rc.restocked)))
+		o, err := decodeOne(protocol.Adjust.Exec(ctx, rc.r.client, k.ForAdjust(), rc.adjustArgs(-rp.Drift)))
 		rc.r.noteEvents(rp.SKU)
 		if err == nil && o.code == protocol.Invalid {
 			err = fmt.Errorf("%w: adjust by %d", ErrInvalid, -rp.Drift)
@@ -400,7 +401,7 @@ func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, 
 			rp.NeedsHuman = fmt.Sprintf("Redis had sold %d units more than the store has", rp.Drift+o.remaining)
 		}
 	}
-	if rp.Missing && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
+	if rp.Missing && !rp.Rebuilt && rp.Drift == 0 && !rc.dry && rp.Orphaned == 0 {
 		// An empty item (the store has 0 and nothing is pending): recreate it all the same.
 		if _, err := rc.rebuild(ctx, k, rp, 0); err != nil {
 			return err
@@ -410,9 +411,27 @@ func (rc *reconciler) repair(ctx context.Context, k *protocol.Keys, rp *report, 
 }
 
 // adjustArgs are adjust.lua's arguments: the delta to the available stock, and the units of the
-// restocks the pass wrote back (a rise counts as loaded up to them, then comes back from sold).
-func adjustArgs(delta, restocked int64) []string {
-	return []string{strconv.FormatInt(delta, 10), strconv.FormatInt(restocked, 10)}
+// restocks and of the sales the pass wrote back, which it counts first; once given, they are
+// spent (a split item's later buckets get the rest of the delta alone).
+func (rc *reconciler) adjustArgs(delta int64) []string {
+	args := []string{strconv.FormatInt(delta, 10), strconv.FormatInt(rc.restocked, 10), strconv.FormatInt(rc.sold, 10)}
+	rc.restocked, rc.sold = 0, 0
+	return args
+}
+
+// decodeInts decodes a reply of n integers.
+func decodeInts(res rueidis.RedisResult, n int) ([]int64, error) {
+	msgs, err := replyArray(res, n)
+	if err != nil {
+		return nil, err
+	}
+	v := make([]int64, n)
+	for i, m := range msgs {
+		if v[i], err = replyInt(m); err != nil {
+			return nil, fmt.Errorf("%w: malformed script reply: %v", ErrUnknownOutcome, err)
+		}
+	}
+	return v, nil
 }
 
 // rebuild recreates a lost item hash with available units, counting as sold what its surviving
@@ -828,12 +847,13 @@ func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report
 			if rc.dry {
 				break
 			}
-			n, restocked, err := decodePair(protocol.Rerecord.Exec(ctx, rc.r.client, dst.ForRerecord(), p))
+			v, err := decodeInts(protocol.Rerecord.Exec(ctx, rc.r.client, dst.ForRerecord(), p), 3)
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: rerecord: %w", rp.SKU, err)
 			}
-			rp.Rerecorded += int(n)
-			rc.restocked += restocked
+			rp.Rerecorded += int(v[0])
+			rc.restocked += v[1]
+			rc.sold += v[2]
 		}
 		if len(recs) < 500 {
 			return nil
