@@ -2,12 +2,14 @@ package stock
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
 )
 
@@ -53,6 +55,55 @@ func TestReconcileTakesBackItsOwnLease(t *testing.T) {
 			owner, err := c.Do(ctx, c.B().Get().Key(lease).Build()).ToString()
 			require.NoError(t, err)
 			assert.Equal(t, other.token, owner, "and is left alone")
+		})
+	}
+}
+
+// TestTrimCountsRetentionFromSettling: the trim script judges each candidate by itself, whatever
+// the pass that chose it read before (an entry can settle between the pass's read and its trim):
+// an entry is removed only once it settled before the cutoff, counted from its last field when
+// that is later than its time (a hold's deadline, the moment a sale was given back), and never
+// while it is reserved or held.
+func TestTrimCountsRetentionFromSettling(t *testing.T) {
+	const cutoff = 3000 // ms since the epoch: the entries below are written by hand
+	entries := []struct {
+		id, entry string
+		kept      bool
+	}{
+		{"sold-settled", "Da|2|8|1000|", false},
+		{"restored-early", "Dx|2|8|1000|u", false},
+		{"restored-late", "Dx|2|8|1000|u|5000", true}, // given back at 5000: settled after the cutoff
+		{"hold-cancelled", "Hc|2|8|1000||5000", true}, // a hold settles at its deadline at the latest
+		{"hold-expired", "He|2|8|1000||2000", false},
+		{"tombstone", "Tx|0|0|1000|", false},
+		{"reserved", "Dr|2|8|1000|", true}, // not settled: its sale is not in the store yet
+		{"held", "Hh|2|8|1000||2000", true},
+	}
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c := b.Client(t)
+			r, err := New(c)
+			require.NoError(t, err)
+			k := r.item("A")
+			args := []string{strconv.Itoa(cutoff)}
+			want := 0
+			for _, e := range entries {
+				require.NoError(t, c.Do(ctx, c.B().Hset().Key(k.Ledger).FieldValue().FieldValue(e.id, e.entry).Build()).Error())
+				args = append(args, e.id)
+				if !e.kept {
+					want++
+				}
+			}
+			n, err := protocol.Trim.Exec(ctx, c, k.ForTrim(), args).AsInt64()
+			require.NoError(t, err)
+			assert.Equal(t, int64(want), n, "entries removed")
+			for _, e := range entries {
+				got, err := c.Do(ctx, c.B().Hexists().Key(k.Ledger).Field(e.id).Build()).AsBool()
+				require.NoError(t, err)
+				assert.Equal(t, e.kept, got, "%s (%s) kept", e.id, e.entry)
+			}
 		})
 	}
 }
