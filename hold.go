@@ -338,6 +338,14 @@ func (r *Reserver) sweep(ctx context.Context, sku string) (int64, error) {
 		if more == 0 {
 			return total, nil
 		}
+		if code == 0 {
+			// A batch that released nothing and says more are due would say so again: stop,
+			// and let the next sweep try (every call is bounded).
+			return total, fmt.Errorf("stock: sweep %s: a batch released no hold though more are due", sku)
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
 	}
 }
 
