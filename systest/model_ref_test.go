@@ -55,6 +55,21 @@ type mItem struct {
 	closed, delisted          bool
 	ghost                     bool // not loaded: only ledger entries left by give-backs
 	ledger                    map[string]*mEntry
+	// kept is what each user still has of the item through entries the retention trimmed: a
+	// trim gives no unit back (only restores, cancels and expiries do), and no give-back of a
+	// trimmed id can reach it any more.
+	kept map[string]int64
+}
+
+// trim removes the entry of id after the retention; the units its user took stay counted.
+func (it *mItem) trim(id string) {
+	if e := it.ledger[id]; e != nil && e.user != "" && e.taken() {
+		if it.kept == nil {
+			it.kept = map[string]int64{}
+		}
+		it.kept[e.user] += e.qty
+	}
+	delete(it.ledger, id)
 }
 
 // item returns the loaded item sku, or nil.
@@ -84,6 +99,7 @@ func (it *mItem) clone() *mItem {
 		ce := *e
 		c.ledger[id] = &ce
 	}
+	c.kept = maps.Clone(it.kept)
 	return &c
 }
 
@@ -91,9 +107,10 @@ func (it *mItem) levels() stock.Levels {
 	return stock.Levels{Available: it.avail, Held: it.held, Sold: it.sold, Loaded: it.loaded, Closed: it.closed}
 }
 
-// units is what user holds or has bought of the item: the sum of its taken entries.
+// units is what user holds or has bought of the item: the sum of its taken entries, and of
+// those trimmed.
 func (it *mItem) units(user string) int64 {
-	var n int64
+	n := it.kept[user]
 	for _, e := range it.ledger {
 		if e.user == user && e.taken() {
 			n += e.qty

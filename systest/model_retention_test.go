@@ -378,7 +378,7 @@ func (h *harness) runPass(s mstep) {
 	for k := range h.rc.unsure {
 		sku, id := k[0], k[1]
 		if _, err := h.rs[0].Ledger(h.ctx, sku, id); err != nil {
-			delete(h.w.items[sku].ledger, id)
+			h.w.items[sku].trim(id)
 		}
 	}
 	h.compare(s)
@@ -472,7 +472,7 @@ func (h *harness) passItem(s mstep, sku string, it *mItem, p0, p1 int64) {
 			h.rc.unsure[[2]string{sku, c.id}] = true
 			continue
 		}
-		delete(it.ledger, c.id)
+		it.trim(c.id)
 		h.rc.trims++
 	}
 	// Records the store has and Redis lost would be written back: with no fault, a record
