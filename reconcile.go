@@ -847,11 +847,7 @@ func (rc *reconciler) rerecord(ctx context.Context, k *protocol.Keys, rp *report
 			if rc.dry {
 				break
 			}
-			keys := dst.ForRerecord()
-			if buckets > 0 {
-				keys = keys[:3] // a split item's buyers count in their own buckets: not rewritten here
-			}
-			v, err := decodeInts(protocol.Rerecord.Exec(ctx, rc.r.client, keys, p), 3)
+			v, err := decodeInts(protocol.Rerecord.Exec(ctx, rc.r.client, dst.ForRerecord(), p), 3)
 			if err != nil {
 				return fmt.Errorf("stock: reconcile %s: rerecord: %w", rp.SKU, err)
 			}

@@ -197,7 +197,7 @@ func (k *Keys) ForRetire() []string {
 func (k *Keys) ForTrim() []string { return []string{k.Ledger, k.Outbox, k.Published, k.Dead} }
 
 // ForRerecord: rerecord.
-func (k *Keys) ForRerecord() []string { return []string{k.Ledger, k.Item, k.Filter, k.Users} }
+func (k *Keys) ForRerecord() []string { return []string{k.Ledger, k.Item, k.Filter} }
 
 // ForClaim: claim.
 func (k *Keys) ForClaim() []string { return []string{k.Outbox, k.Ledger, k.Tries, k.Lease} }
