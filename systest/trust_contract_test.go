@@ -292,6 +292,21 @@ func (e *outsideEnv) rollback(pattern string, snap map[string]outsideKey) {
 
 func outsideItemKeys(sku string) string { return "stock:{" + sku + "}*" }
 
+// mustRestore, mustCancel, mustConfirm and mustRestock make the call and fail the test on an error.
+func (e *outsideEnv) mustRestore(sku, id string) { e.must(e.r.Restore(e.ctx, sku, id)) }
+func (e *outsideEnv) mustCancel(sku, id string)  { e.must(e.r.Cancel(e.ctx, sku, id)) }
+func (e *outsideEnv) mustConfirm(sku, id string) { e.must(e.r.Confirm(e.ctx, sku, id)) }
+func (e *outsideEnv) mustRestock(sku, id string, qty int64) {
+	e.must(e.r.Restock(e.ctx, sku, id, qty))
+}
+
+func (e *outsideEnv) must(_ stock.Receipt, err error) {
+	e.t.Helper()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *outsideEnv) deduct(sku, id string, qty int64) stock.Receipt {
 	e.t.Helper()
 	rc, err := e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: id, User: "u-" + id, Qty: qty})
@@ -369,9 +384,7 @@ func TestContractRepairAfterLostRestockKeepsLoaded(t *testing.T) {
 		e.deduct("a", "d1", 2)
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 5); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 5)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
@@ -382,9 +395,7 @@ func TestContractRepairAfterLostRestockKeepsLoaded(t *testing.T) {
 			t.Errorf("repeat of restock r1 after repair: %+v, %v; want a replay", rc, err)
 		}
 		e.want("a", 15, 2, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 15, 0, 0)
@@ -395,18 +406,14 @@ func TestContractRepairAfterLostRestockAndDeductKeepsLoaded(t *testing.T) {
 	outsideEach(t, func(t *testing.T, e *outsideEnv) {
 		e.load("a", 10)
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 5); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 5)
 		e.deduct("a", "d1", 12)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
 		outsideNoNeedsHuman(t, res)
 		e.want("a", 15, 12, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 15, 0, 0)
@@ -419,9 +426,7 @@ func TestContractRepairAfterLostRestoreGivesBack(t *testing.T) {
 		e.deduct("a", "d1", 3)
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
@@ -447,9 +452,7 @@ func TestContractRepairAfterLostConfirmMakesHoldFinal(t *testing.T) {
 		}
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Confirm(e.ctx, "a", "h1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustConfirm("a", "h1")
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
@@ -462,9 +465,7 @@ func TestContractRepairAfterLostConfirmMakesHoldFinal(t *testing.T) {
 		if _, err := e.r.Cancel(e.ctx, "a", "h1"); !errors.Is(err, stock.ErrConfirmed) {
 			t.Errorf("cancel of a confirmed hold after repair: %v, want ErrConfirmed", err)
 		}
-		if _, err := e.r.Restore(e.ctx, "a", "h1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "h1")
 		e.relay()
 		e.want("a", 10, 0, 0)
 		e.pass(nil)
@@ -480,12 +481,8 @@ func TestContractRepairAfterLostConfirmAndRestoreReleasesHold(t *testing.T) {
 		}
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Confirm(e.ctx, "a", "h1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.Restore(e.ctx, "a", "h1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustConfirm("a", "h1")
+		e.mustRestore("a", "h1")
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
@@ -506,17 +503,11 @@ func TestContractRepairAfterLostMixKeepsBooks(t *testing.T) {
 		e.deduct("a", "d0", 1)
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 7); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 7)
 		e.deduct("a", "d1", 6)
 		e.deduct("a", "d2", 2)
-		if _, err := e.r.Restore(e.ctx, "a", "d0"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.Restore(e.ctx, "a", "d2"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d0")
+		e.mustRestore("a", "d2")
 		e.relay()
 		e.want("a", 12, 6, 0)
 		e.rollback(outsideItemKeys("a"), snap)
@@ -528,9 +519,7 @@ func TestContractRepairAfterLostMixKeepsBooks(t *testing.T) {
 				t.Errorf("deduct of restored %s after repair: %v, want ErrRestored", id, err)
 			}
 		}
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 12, 0, 0)
@@ -542,9 +531,7 @@ func TestContractRepairAfterLostMixKeepsBooks(t *testing.T) {
 func TestContractRebuildAfterLostItemKeepsLoadedAndSold(t *testing.T) {
 	outsideEach(t, func(t *testing.T, e *outsideEnv) {
 		e.load("a", 10)
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 5); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 5)
 		e.deduct("a", "d1", 4)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), map[string]outsideKey{})
@@ -566,17 +553,13 @@ func TestContractRepairAfterLostRestockAndEqualSaleKeepsLoaded(t *testing.T) {
 	outsideEach(t, func(t *testing.T, e *outsideEnv) {
 		e.load("a", 10)
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 5); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 5)
 		e.deduct("a", "d1", 5)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		e.pass(nil)
 		e.want("a", 15, 5, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 15, 0, 0)
@@ -590,18 +573,14 @@ func TestContractRepairAfterLostRestoreAndLostSaleKeepsBooks(t *testing.T) {
 		e.deduct("a", "d1", 3)
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.deduct("a", "d2", 4)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
 		outsideNoNeedsHuman(t, res)
 		e.want("a", 10, 4, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d2"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d2")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 10, 0, 0)
@@ -615,12 +594,8 @@ func TestContractRepairAfterLostRestockAndLostRestoreKeepsBooks(t *testing.T) {
 		e.deduct("a", "d1", 3)
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 5); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
+		e.mustRestock("a", "r1", 5)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
@@ -636,18 +611,14 @@ func TestContractRepairAfterLostRestoreAndEqualLostSaleKeepsBooks(t *testing.T) 
 		e.deduct("a", "d1", 3)
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.deduct("a", "d2", 3)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
 		outsideNoNeedsHuman(t, res)
 		e.want("a", 10, 3, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d2"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d2")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 10, 0, 0)
@@ -663,20 +634,14 @@ func TestContractRepairAfterLostConfirmAndRestockKeepsBooks(t *testing.T) {
 		}
 		e.relay()
 		snap := e.snapshot(outsideItemKeys("a"))
-		if _, err := e.r.Confirm(e.ctx, "a", "h1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 4); err != nil {
-			t.Fatal(err)
-		}
+		e.mustConfirm("a", "h1")
+		e.mustRestock("a", "r1", 4)
 		e.relay()
 		e.rollback(outsideItemKeys("a"), snap)
 		res := e.pass(nil)
 		outsideNoNeedsHuman(t, res)
 		e.want("a", 14, 2, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "h1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "h1")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 14, 0, 0)
@@ -722,12 +687,8 @@ func TestContractBucketsRepairAfterLostRestockKeepsLoaded(t *testing.T) {
 	outsideEach(t, func(t *testing.T, e *outsideEnv) {
 		e.load("a", 10)
 		snap := e.snapshot("stock:{a|*")
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 6); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.Restock(e.ctx, "a", "r2", 4); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 6)
+		e.mustRestock("a", "r2", 4)
 		e.relay()
 		e.rollback("stock:{a|*", snap)
 		res := e.pass(nil)
@@ -772,9 +733,7 @@ func TestContractBucketsRepairAfterOneBucketLostRestockAndDeductKeepsLoaded(t *t
 		for i := 0; i < 6; i++ {
 			e.deduct("a", fmt.Sprintf("d%d", i), 1)
 		}
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 3); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 3)
 		e.relay()
 		e.want("a", 13, 6, 0)
 		e.rollback("stock:{a|0|*", snap)
@@ -808,9 +767,7 @@ func TestContractGroupsRepairAfterLostDeductKeepsLoaded(t *testing.T) {
 		outsideNoNeedsHuman(t, res)
 		e.want("a", 10, 5, 0)
 		e.want("b", 10, 0, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d2"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d2")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 10, 2, 0)
@@ -825,18 +782,14 @@ func TestContractGroupsRepairAfterLostRestockAndDeductKeepsLoaded(t *testing.T) 
 		e.relay()
 		snap := e.snapshot("stock:{g}:{a}*")
 		e.deduct("a", "d2", 3)
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 2); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 2)
 		e.relay()
 		e.rollback("stock:{g}:{a}*", snap)
 		res := e.pass(nil)
 		outsideNoNeedsHuman(t, res)
 		e.want("a", 12, 5, 0)
 		e.want("b", 10, 0, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d2"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d2")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 12, 2, 0)
@@ -889,9 +842,7 @@ func TestContractCartRepairAfterOneLineLostKeepsBooks(t *testing.T) {
 			t.Errorf("repeat of cart after repair: %+v %v, want a replay", rc, err)
 		}
 		e.want("b", 10, 3, 0)
-		if _, err := e.r.Restore(e.ctx, "b", "c1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("b", "c1")
 		e.relay()
 		e.want("b", 10, 0, 0)
 	})
@@ -948,9 +899,7 @@ func TestContractRetentionKeepsLongHoldCancelledLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.advance(30 * time.Hour)
-	if _, err := e.r.Cancel(e.ctx, "a", "h1"); err != nil {
-		t.Fatal(err)
-	}
+	e.mustCancel("a", "h1")
 	e.relay()
 	e.advance(41 * time.Hour) // 71 h: 23 h past the deadline
 	e.pass(outsideRet)
@@ -1005,9 +954,7 @@ func TestContractRetentionKeepsLateRestore(t *testing.T) {
 	e.deduct("a", "d1", 2)
 	e.relay()
 	e.advance(23 * time.Hour)
-	if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-		t.Fatal(err)
-	}
+	e.mustRestore("a", "d1")
 	e.relay()
 	e.advance(20 * time.Hour) // 43 h; 20 h after the restore
 	e.pass(outsideRet)
@@ -1036,14 +983,10 @@ func TestContractRetentionKeepsConfirmedHoldRestoredLate(t *testing.T) {
 	if _, err := e.r.Hold(e.ctx, req, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.r.Confirm(e.ctx, "a", "h1"); err != nil {
-		t.Fatal(err)
-	}
+	e.mustConfirm("a", "h1")
 	e.relay()
 	e.advance(30 * time.Hour)
-	if _, err := e.r.Restore(e.ctx, "a", "h1"); err != nil {
-		t.Fatal(err)
-	}
+	e.mustRestore("a", "h1")
 	e.relay()
 	e.advance(20 * time.Hour)
 	e.pass(outsideRet)
@@ -1109,9 +1052,7 @@ func TestContractRetentionKeepsTombstoneAndRetryRefusal(t *testing.T) {
 	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1}); !errors.Is(err, stock.ErrRestored) {
 		t.Errorf("deduct of tombstoned id within retention: %v, want ErrRestored", err)
 	}
-	if _, err := e.r.Restore(e.ctx, "a", "d0"); err != nil {
-		t.Fatal(err)
-	}
+	e.mustRestore("a", "d0")
 	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
 		t.Errorf("repeat of a refused retry within retention: %v, want ErrSoldOut", err)
 	}
@@ -1136,9 +1077,7 @@ func TestContractRetentionKeepsExtendedHoldCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.advance(50 * time.Hour)
-	if _, err := e.r.Cancel(e.ctx, "a", "h1"); err != nil {
-		t.Fatal(err)
-	}
+	e.mustCancel("a", "h1")
 	e.relay()
 	e.advance(40 * time.Hour) // 90.5 h: 18 h past the extended deadline
 	e.pass(outsideRet)
@@ -1472,9 +1411,7 @@ func TestContractBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 			t.Errorf("repeat of a made restock once full: %+v %v, want a replay", rc, err)
 		}
 		e.deduct("a", "d1", 3)
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestore("a", "d1")
 		e.relay()
 		e.want("a", stock.MaxQty, 0, 0)
 	}, stock.WithBuckets(func(string) int { return 4 }))
@@ -1988,9 +1925,7 @@ func TestContractRepairOfSaleCountedTwiceAfterTrim(t *testing.T) {
 	res := e.pass(outsideRet)
 	outsideNoNeedsHuman(t, res)
 	e.want("a", 10, 2, 0)
-	if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-		t.Fatal(err)
-	}
+	e.mustRestore("a", "d1")
 	e.relay()
 	e.pass(outsideRet)
 	e.want("a", 10, 0, 0)
@@ -2000,9 +1935,7 @@ func TestContractRepairOfSaleCountedTwiceAfterTrim(t *testing.T) {
 func TestContractRebuildOfItemHashKeepsLoadedSoldHeld(t *testing.T) {
 	outsideEach(t, func(t *testing.T, e *outsideEnv) {
 		e.load("a", 10)
-		if _, err := e.r.Restock(e.ctx, "a", "r1", 5); err != nil {
-			t.Fatal(err)
-		}
+		e.mustRestock("a", "r1", 5)
 		e.deduct("a", "d1", 4)
 		if _, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 2}, time.Hour); err != nil {
 			t.Fatal(err)
@@ -2014,12 +1947,8 @@ func TestContractRebuildOfItemHashKeepsLoadedSoldHeld(t *testing.T) {
 		res := e.pass(nil)
 		outsideNoNeedsHuman(t, res)
 		e.want("a", 15, 4, 2)
-		if _, err := e.r.Confirm(e.ctx, "a", "h1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatal(err)
-		}
+		e.mustConfirm("a", "h1")
+		e.mustRestore("a", "d1")
 		e.relay()
 		e.pass(nil)
 		e.want("a", 15, 2, 0)
