@@ -352,7 +352,7 @@ func (rc *reconciler) compareOnly(ctx context.Context, rp *report, snap itemSnap
 		return 0, nil, nil
 	}
 	for _, id := range snap.ids {
-		rp.InFlight += storeNet(recs[id]) - redisNet(snap.entries[id])
+		rp.InFlight += stillToApply(recs[id], snap.entries[id])
 	}
 	expected = rp.StoreRemaining - rp.InFlight
 	if rp.Missing {
@@ -577,6 +577,22 @@ func redisNet(e Entry) int64 {
 	return 0
 }
 
+// stillToApply is what delivering the events of e will still change in the store: e's effect in
+// Redis less what the store's record of the id did. A record of the other kind (a restock's id
+// reused by a sale after its entry was trimmed, or a sale's by a restock) is of an earlier use of
+// the id: the store keeps it and ignores the new use's events, so they change nothing there.
+func stillToApply(rec Record, e Entry) int64 {
+	if rec.ID != "" && otherUse(rec, e) {
+		return 0
+	}
+	return storeNet(rec) - redisNet(e)
+}
+
+// otherUse tells whether rec records another kind of request than e: a restock and a sale.
+func otherUse(rec Record, e Entry) bool {
+	return (rec.Type == EventRestocked) != (e.Kind == KindRestock)
+}
+
 // storeNet is what a record did to the store's remaining stock (the zero Record: nothing).
 func storeNet(r Record) int64 {
 	if r.Status != StateApplied {
@@ -700,7 +716,9 @@ func (rc *reconciler) settleLedger(ctx context.Context, k *protocol.Keys, rp *re
 			}
 		}
 		for _, id := range missing {
-			if rec, ok := recs[id]; ok && rec.Status == StateApplied {
+			// A restock's record is of an earlier use of the id (the sale reused it after
+			// its trim): the store ignores a restore of it.
+			if rec, ok := recs[id]; ok && rec.Status == StateApplied && rec.Type != EventRestocked {
 				b.reserved = append(b.reserved, id)
 			}
 		}

@@ -785,3 +785,86 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 		})
 	}
 }
+
+// TestReconcileIDReusedAfterTrimAcrossKinds: an id trimmed after its retention may come back as
+// another kind of request: a restock's id reused by a sale, a sale's id reused by a restock. The
+// store keeps its record of the first use and ignores the second use's events, so a pass neither
+// requeues them nor counts them as in flight: a pass run while they are undelivered, and passes
+// after their delivery, leave the counters where a pass after the delivery alone leaves them,
+// with Redis's available stock on the store's books and Loaded at what was loaded and restocked.
+func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name         string
+		first, again func(t *testing.T, r *stock.Reserver)
+	}{
+		{"a restock's id reused by a sale given back",
+			func(t *testing.T, r *stock.Reserver) {
+				_, err := r.Restock(ctx, "x", "e", 1)
+				require.NoError(t, err)
+			},
+			func(t *testing.T, r *stock.Reserver) {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 1})
+				require.NoError(t, err, "the id is free again after its trim")
+				_, err = r.Restore(ctx, "x", "e")
+				require.NoError(t, err)
+			}},
+		{"a sale's id reused by a restock",
+			func(t *testing.T, r *stock.Reserver) {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 2})
+				require.NoError(t, err)
+			},
+			func(t *testing.T, r *stock.Reserver) {
+				_, err := r.Restock(ctx, "x", "e", 1)
+				require.NoError(t, err, "the id is free again after its trim")
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, c rueidis.Client) {
+				var ends []stock.Levels
+				clock := newTestClock() // one clock for both runs: it moves with miniredis's
+				for _, early := range []bool{false, true} {
+					r := newReserver(t, c, stock.WithPrefix(fmt.Sprintf("reuse%v:", early)), stock.WithClock(clock.now))
+					g := newRigWith(t, c, r, map[string]int64{"x": 10}, &stock.ReconcileOptions{Retention: 200 * time.Millisecond})
+					tc.first(t, r)
+					drain(t, g.relay)
+					clock.advance(400 * time.Millisecond)
+					redistest.Sleep(c, 400*time.Millisecond)
+					for i := 0; ; i++ { // the first pass settles the delivered event, a later one trims it
+						g.once(t)
+						if _, err := r.Ledger(ctx, "x", "e"); errors.Is(err, stock.ErrUnknownID) {
+							break
+						}
+						require.Less(t, i, 3, "the entry of e is not trimmed")
+					}
+					tc.again(t, r)
+					if early {
+						rp := g.once(t)["x"]
+						assert.Zero(t, rp.Requeued, "nothing to requeue: %v", rp)
+						assert.Empty(t, rp.NeedsHuman)
+						lv := levels(t, r, "x")
+						rem, err := g.store.Remaining(ctx, "x")
+						require.NoError(t, err)
+						assert.Equal(t, rem, lv.Available+lv.Held, "the store will apply none of the events in flight: %v", rp)
+					}
+					drain(t, g.relay)
+					for range 2 {
+						rp := g.once(t)["x"]
+						assert.Zero(t, rp.Requeued, "the store ignored the second use's events: nothing to requeue: %v", rp)
+						assert.Empty(t, rp.NeedsHuman)
+						drain(t, g.relay)
+					}
+					lv := levels(t, r, "x")
+					rem, err := g.store.Remaining(ctx, "x")
+					require.NoError(t, err)
+					assert.Equal(t, rem, lv.Available+lv.Held, "Redis's stock is on the store's books")
+					assert.Equal(t, int64(11), lv.Loaded, "loaded and restocked")
+					assert.GreaterOrEqual(t, lv.Sold, int64(0))
+					ends = append(ends, lv)
+				}
+				assert.Equal(t, ends[0], ends[1], "a pass while the second use's events were in flight changed the outcome")
+			})
+		})
+	}
+}
