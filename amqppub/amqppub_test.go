@@ -255,8 +255,8 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 	}
 }
 
-// TestMsgIDInjective: for awkward SKUs and ids, distinct events must have distinct ids, and the escaping
-// must leave only letters, digits, '-', '_', '%' and the two '/' separators.
+// TestMsgIDInjective: for awkward SKUs and ids, distinct events must have distinct ids, and the
+// escaping must leave only letters, digits, '-', '_', '%' and the two '/' separators.
 func TestMsgIDInjective(t *testing.T) {
 	parts := []string{"a", "a/b", "a%2Fb", "b", "%", "/", "", "ü", "😀", "a b", "-_", "%25", "x/y/z"}
 	seen := map[string]string{}

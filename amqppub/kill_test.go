@@ -97,10 +97,11 @@ func TestConsumersKilledRandom(t *testing.T) {
 		PauseMin: 2, PauseSpread: 5, AliveMin: 1500, AliveSpread: 1500})
 }
 
-// TestConsumersClosedMidStream: a live relay, traffic, and three consumer processes (connections) on four queues; two are killed
-// (their connection closed) mid-stream while holding unacknowledged messages, one comes back.
-// RabbitMQ requeues what they held for the next active consumer. The store must end equal to
-// Redis and to the acknowledged answers, nothing applied twice.
+// TestConsumersClosedMidStream: a live relay, traffic, and three consumer processes
+// (connections) on four queues; two are killed (their connection closed) mid-stream while
+// holding unacknowledged messages, one comes back. RabbitMQ requeues what they held for the
+// next active consumer. The store must end equal to Redis and to the acknowledged answers,
+// nothing applied twice.
 func TestConsumersClosedMidStream(t *testing.T) {
 	u := url(t)
 	_, opts := namedLayout(t, u, 4)

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/natspub"
 )
 
@@ -780,18 +781,13 @@ func (e *env) stored(t *testing.T) []*jetstream.RawStreamMsg {
 	return out
 }
 
-// seqEvent is a sale of one unit of sku with id and sequence seq, at a fixed time.
-func seqEvent(sku, id string, seq int64) stock.Event {
-	return stock.Event{Type: stock.EventDeducted, SKU: sku, ID: id, Qty: 1, At: time.UnixMilli(1_700_000_000_000).UTC(), Seq: seq}
-}
-
 // TestPublishBatchInvalidStopsItem: an invalid event in the middle of one item's batch fails
 // with ErrInvalid, and (as the doc says) the later events of the same item are not sent, while
 // another item's event is.
 func TestPublishBatchInvalidStopsItem(t *testing.T) {
 	e := newEnv(t)
 	pub := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
-	evs := []stock.Event{seqEvent("n:1", "1", 1), seqEvent("n:1", "", 2), seqEvent("n:1", "3", 3), seqEvent("other", "1", 1)}
+	evs := []stock.Event{queuetest.Ev("n:1", "1", 1), queuetest.Ev("n:1", "", 2), queuetest.Ev("n:1", "3", 3), queuetest.Ev("other", "1", 1)}
 	errs := pub.PublishBatch(context.Background(), evs)
 	if len(errs) != len(evs) {
 		t.Fatalf("%d answers for %d events", len(errs), len(evs))
@@ -819,9 +815,10 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 	}
 }
 
-// TestPublishBatchAwkwardSKUs: with awkward SKUs and ids, every event is stored once, on the subject Subject names (whose last token
-// unescapes to the SKU), with its Nats-Msg-Id, and a second publish of the batch is dropped as a
-// duplicate (within the window) while distinct events whose parts share a '/' are not.
+// TestPublishBatchAwkwardSKUs: with awkward SKUs and ids, every event is stored once, on the
+// subject Subject names (whose last token unescapes to the SKU), with its Nats-Msg-Id, and a
+// second publish of the batch is dropped as a duplicate (within the window) while distinct
+// events whose parts share a '/' are not.
 func TestPublishBatchAwkwardSKUs(t *testing.T) {
 	e := newEnv(t)
 	prefix := e.prefix
@@ -829,7 +826,7 @@ func TestPublishBatchAwkwardSKUs(t *testing.T) {
 	skus := []string{"a.b", "a*b", "a>b", "a/b", "a", "b/c", "ü~ñ", "😀", "%2E", "x y"}
 	var evs []stock.Event
 	for i, sku := range skus {
-		evs = append(evs, seqEvent(sku, "b/c", int64(i+1)), seqEvent(sku, "b", int64(i+100)), seqEvent(sku, "c", int64(i+200)))
+		evs = append(evs, queuetest.Ev(sku, "b/c", int64(i+1)), queuetest.Ev(sku, "b", int64(i+100)), queuetest.Ev(sku, "c", int64(i+200)))
 	}
 	// ("a", "b/c") and ("a/b", "c") must stay two events.
 	ctx := context.Background()
