@@ -490,7 +490,7 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 			}
 		}
 		if gone == 0 {
-			t.Fatalf("none of the %d entries the dead consumer holds was trimmed: the attack did not happen", len(held))
+			t.Fatalf("none of the %d entries the dead consumer holds was trimmed: the trim did not happen", len(held))
 		}
 		t.Logf("the dead consumer holds %d entries, %d of them trimmed", len(held), gone)
 		time.Sleep(400 * time.Millisecond) // past MinIdle for the dead consumer's entries
