@@ -40,7 +40,7 @@ func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver
 
 // TestFastPathTombstoneOwnWrite: a Restore of an unknown id leaves a tombstone; the same
 // Reserver must then answer a Deduct of that id ErrRestored, as the ledger says, never
-// ErrSoldOut from a cached read that predates the tombstone (issue 12, case 6).
+// ErrSoldOut from a cached read that predates the tombstone.
 func TestFastPathTombstoneOwnWrite(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -74,8 +74,7 @@ func TestFastPathTombstoneOwnWrite(t *testing.T) {
 }
 
 // TestFastPathReplayOwnWrite: a deduct acknowledged OK on a sold-out item (stock came back and
-// was taken again) and repeated at once on the same Reserver is a replay, never ErrSoldOut
-// (issue 12, case 6).
+// was taken again) and repeated at once on the same Reserver is a replay, never ErrSoldOut.
 func TestFastPathReplayOwnWrite(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -122,7 +121,7 @@ func holdMany(t *testing.T, r *stock.Reserver, sku, prefix string, n int, ttl ti
 // TestExpiredHoldAnswerIndependentOfOthers: with more than 64 holds past their deadline, a
 // replay of the last one's Hold is ErrExpired (not a replay of a live hold), and Extend and
 // Confirm of late ones release them: an id's answer does not depend on how many other holds are
-// due (issue 12, case 7).
+// due.
 func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
@@ -132,7 +131,7 @@ func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 		holdMany(t, r, "H", "h", n, 300*time.Millisecond)
 		redistest.Sleep(c, 400*time.Millisecond)
 
-		// Coalesced deducts and holds share deduct.lua; Hold is the one the issue names.
+		// Coalesced deducts and holds share deduct.lua; Hold is the one under test.
 		_, err := r.Hold(ctx, stock.Request{SKU: "H", ID: fmt.Sprint("h", n-1), Qty: 1}, time.Minute)
 		require.ErrorIs(t, err, stock.ErrExpired, "a replay of an expired hold")
 		e, err := r.Ledger(ctx, "H", fmt.Sprint("h", n-1))
@@ -168,7 +167,7 @@ func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 }
 
 // TestConfirmExtendReleaseExpired: Confirm and Extend release the item's other holds past their
-// deadline, as Deduct and Hold do (issue 12, case 8).
+// deadline, as Deduct and Hold do.
 func TestConfirmExtendReleaseExpired(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
@@ -207,7 +206,7 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 
 // TestReopenDelisted: a delisted item cannot be reopened (it would sell again and then be
 // retired, its ledger deleted), and the retire script removes only a closed, delisted item,
-// whatever the caller checked before (issue 12, case 9).
+// whatever the caller checked before.
 func TestReopenDelisted(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
@@ -292,7 +291,7 @@ func plantEntry(t *testing.T, c rueidis.Client, sku, id, v string) {
 
 // TestCorruptEntryAmongDueHolds: a corrupt ledger entry among holds past their deadline makes
 // every script that would release them fail with a clear error before it writes anything, so
-// loaded = available + held + sold still holds and no hold is half released (issue 13, case 8).
+// loaded = available + held + sold still holds and no hold is half released.
 func TestCorruptEntryAmongDueHolds(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
@@ -338,7 +337,7 @@ func TestCorruptEntryAmongDueHolds(t *testing.T) {
 // releases the holds of a cart past their deadline when the cart is retried, even with more than
 // 64 other holds of its items due, and answers the retry as it answers it with none due: a
 // replay of the cart (a retry of a taken cart answers that the cart was taken, see the cart
-// tests) (issue 12, case 7).
+// tests).
 func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
@@ -371,7 +370,7 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 // TestFastPathConcurrentRepeats: 16 goroutines share one Reserver (the fast path on) on an item
 // that keeps selling out and coming back (a 17th gives back what they take); every deduct
 // acknowledged OK is repeated at once and must be a replay, and the counters match the
-// acknowledged deducts and restores (issue 12, case 6). It checks the fix under concurrency; the
+// acknowledged deducts and restores. It checks the fix under concurrency; the
 // regression tests that fail without it are TestFastPathTombstoneOwnWrite and
 // TestFastPathReplayOwnWrite (this one rarely catches the stale answer: the repeat must come
 // before an invalidation that is usually already there).
@@ -474,7 +473,7 @@ func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 
 // TestCancelExpiredHoldAnswerIndependentOfOthers: a Cancel or Restore of a hold past its
 // deadline is a replay (the hold had already gone back), whether or not an earlier call released
-// it: with more than 64 holds due, one call releases only 64 of them (issue 12, case 7).
+// it: with more than 64 holds due, one call releases only 64 of them.
 func TestCancelExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/amqppub"
+	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -187,6 +190,100 @@ func TestMessages(t *testing.T) {
 			}
 			queue[m.Event.SKU] = m.Delivery.RoutingKey
 			require.NoError(t, c.Ack(m))
+		}
+	}
+}
+
+// queued takes every message of a queue (auto ack) and decodes them.
+func queued(t *testing.T, conn *amqp.Connection, queue string) []stock.Event {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	var out []stock.Event
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		ev, err := amqppub.Decode(d.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+}
+
+// TestPublishBatchInvalidStopsItem: an invalid event in the middle of one item's batch fails
+// with ErrInvalid, and (as the doc says) the later events of the same item are not sent, while
+// another item's event is.
+func TestPublishBatchInvalidStopsItem(t *testing.T) {
+	u := url(t)
+	ex, opts := namedLayout(t, u, 1)
+	conn := dial(t, u)
+	pub, err := amqppub.New(conn, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := []stock.Event{queuetest.Ev("q:1", "1", 1), queuetest.Ev("q:1", "", 2), queuetest.Ev("q:1", "3", 3), queuetest.Ev("other", "1", 1)}
+	errs := pub.PublishBatch(context.Background(), evs)
+	if len(errs) != len(evs) {
+		t.Fatalf("%d answers for %d events", len(errs), len(evs))
+	}
+	if errs[0] != nil || errs[3] != nil {
+		t.Errorf("the valid first event or another item's event failed: %v", errs)
+	}
+	if !errors.Is(errs[1], stock.ErrInvalid) {
+		t.Errorf("the invalid event: %v, want ErrInvalid", errs[1])
+	}
+	time.Sleep(100 * time.Millisecond)
+	var ids []string
+	for _, ev := range queued(t, conn, amqppub.Queue(ex, 0)) {
+		if ev.SKU == "q:1" {
+			ids = append(ids, ev.ID)
+		}
+	}
+	if errs[2] == nil {
+		t.Errorf("the event after the item's invalid one was sent and answered nil (the queue has %v)", ids)
+	} else if len(ids) != 1 {
+		t.Errorf("answered %v for the event after the invalid one, but the queue has %v", errs[2], ids)
+	}
+}
+
+// TestMsgIDInjective: for awkward SKUs and ids, distinct events must have distinct ids, and the
+// escaping must leave only letters, digits, '-', '_', '%' and the two '/' separators.
+func TestMsgIDInjective(t *testing.T) {
+	parts := []string{"a", "a/b", "a%2Fb", "b", "%", "/", "", "ü", "😀", "a b", "-_", "%25", "x/y/z"}
+	seen := map[string]string{}
+	for _, sku := range parts {
+		for _, id := range parts {
+			for _, typ := range []stock.EventType{stock.EventDeducted, stock.EventRestored} {
+				ev := stock.Event{Type: typ, SKU: sku, ID: id}
+				m := amqppub.MsgID(ev)
+				k := fmt.Sprintf("%q %q %q", sku, id, typ)
+				if prev, ok := seen[m]; ok {
+					t.Errorf("MsgID %q for both %s and %s", m, prev, k)
+				}
+				seen[m] = k
+				slashes := 0
+				for _, r := range m {
+					switch {
+					case r == '/':
+						slashes++
+					case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '%':
+					default:
+						t.Errorf("MsgID %q of %s holds %q", m, k, r)
+					}
+				}
+				if slashes != 2 {
+					t.Errorf("MsgID %q of %s has %d separators", m, k, slashes)
+				}
+			}
 		}
 	}
 }

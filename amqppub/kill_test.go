@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"iter"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,4 +95,88 @@ func TestConsumerKilledKeepsOrder(t *testing.T) {
 func TestConsumersKilledRandom(t *testing.T) {
 	queuetest.ConsumersKilledRandom(t, newKillRig(t), queuetest.Random{Buyers: 3, Seed: 11,
 		PauseMin: 2, PauseSpread: 5, AliveMin: 1500, AliveSpread: 1500})
+}
+
+// TestConsumersClosedMidStream: a live relay, traffic, and three consumer processes
+// (connections) on four queues; two are killed (their connection closed) mid-stream while
+// holding unacknowledged messages, one comes back. RabbitMQ requeues what they held for the
+// next active consumer. The store must end equal to Redis and to the acknowledged answers,
+// nothing applied twice.
+func TestConsumersClosedMidStream(t *testing.T) {
+	u := url(t)
+	_, opts := namedLayout(t, u, 4)
+	pubConn := dial(t, u)
+	pub, err := amqppub.New(pubConn, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m/5", "m%6", "m:7", "m:8"}
+	p := queuetest.NewMiniredisPipeline(t, skus)
+	ctx := context.Background()
+	stopRelay := p.RunRelay(t, pub)
+	stopAll := make(chan struct{})
+	var wg sync.WaitGroup
+	var crashedHolding atomic.Int64
+	member := func(crashAfter int) {
+		defer wg.Done()
+		conn, err := amqp.Dial(u)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		cons, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{Prefetch: 8, RetryDelay: 50 * time.Millisecond, Options: opts})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for batch := 0; ; batch++ {
+			select {
+			case <-stopAll:
+				_ = cons.Close()
+				return
+			default:
+			}
+			msgs, err := cons.Receive(ctx, 8, 100*time.Millisecond)
+			if err != nil {
+				t.Errorf("Receive: %v", err)
+				return
+			}
+			if len(msgs) == 0 {
+				continue
+			}
+			if crashAfter > 0 && batch >= crashAfter {
+				crashedHolding.Add(int64(len(msgs)))
+				_ = conn.Close() // the process dies: the broker requeues what it held
+				return
+			}
+			for _, m := range msgs {
+				if p.Settle(t, "message", m.Event, m.Err) {
+					_ = cons.Ack(m)
+				} else {
+					cons.Retry(m)
+				}
+			}
+		}
+	}
+	// The members that will be killed start first, so that the broker makes them the active
+	// consumers of the queues; the steady one waits behind them.
+	// The queues fill up first, so that each batch a member receives is full.
+	rng := rand.New(rand.NewPCG(18, 5))
+	p.Traffic(t, 300, rng)
+	time.Sleep(200 * time.Millisecond)
+	wg.Add(2)
+	go member(3)
+	go member(6)
+	time.Sleep(300 * time.Millisecond)
+	wg.Add(1)
+	go member(0)
+	wg.Add(1)
+	go member(0)
+	p.Traffic(t, 150, rng)
+	p.WaitApplied(t, 15*time.Second, nil)
+	close(stopAll)
+	wg.Wait()
+	stopRelay()
+	p.VerifyCrashed(t, crashedHolding.Load())
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/natspub"
 )
 
@@ -755,4 +756,111 @@ func TestPublishBatch(t *testing.T) {
 		assert.Error(t, err)
 	}
 	assert.Equal(t, uint64(3), e.msgs(t))
+}
+
+// stored reads every message the env's stream stores, in stream order.
+func (e *env) stored(t *testing.T) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := context.Background()
+	st, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			continue // deleted
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestPublishBatchInvalidStopsItem: an invalid event in the middle of one item's batch fails
+// with ErrInvalid, and (as the doc says) the later events of the same item are not sent, while
+// another item's event is.
+func TestPublishBatchInvalidStopsItem(t *testing.T) {
+	e := newEnv(t)
+	pub := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
+	evs := []stock.Event{queuetest.Ev("n:1", "1", 1), queuetest.Ev("n:1", "", 2), queuetest.Ev("n:1", "3", 3), queuetest.Ev("other", "1", 1)}
+	errs := pub.PublishBatch(context.Background(), evs)
+	if len(errs) != len(evs) {
+		t.Fatalf("%d answers for %d events", len(errs), len(evs))
+	}
+	if errs[0] != nil || errs[3] != nil {
+		t.Errorf("the valid first event or another item's event failed: %v", errs)
+	}
+	if !errors.Is(errs[1], stock.ErrInvalid) {
+		t.Errorf("the invalid event: %v, want ErrInvalid", errs[1])
+	}
+	var ids []string
+	for _, m := range e.stored(t) {
+		ev, err := natspub.Decode(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.SKU == "n:1" {
+			ids = append(ids, ev.ID)
+		}
+	}
+	if errs[2] == nil {
+		t.Errorf("the event after the item's invalid one was sent and answered nil (the stream has %v)", ids)
+	} else if len(ids) != 1 {
+		t.Errorf("answered %v for the event after the invalid one, but the stream has %v", errs[2], ids)
+	}
+}
+
+// TestPublishBatchAwkwardSKUs: with awkward SKUs and ids, every event is stored once, on the
+// subject Subject names (whose last token unescapes to the SKU), with its Nats-Msg-Id, and a
+// second publish of the batch is dropped as a duplicate (within the window) while distinct
+// events whose parts share a '/' are not.
+func TestPublishBatchAwkwardSKUs(t *testing.T) {
+	e := newEnv(t)
+	prefix := e.prefix
+	pub := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
+	skus := []string{"a.b", "a*b", "a>b", "a/b", "a", "b/c", "ü~ñ", "😀", "%2E", "x y"}
+	var evs []stock.Event
+	for i, sku := range skus {
+		evs = append(evs, queuetest.Ev(sku, "b/c", int64(i+1)), queuetest.Ev(sku, "b", int64(i+100)), queuetest.Ev(sku, "c", int64(i+200)))
+	}
+	// ("a", "b/c") and ("a/b", "c") must stay two events.
+	ctx := context.Background()
+	for round := 0; round < 2; round++ {
+		for i, err := range pub.PublishBatch(ctx, evs) {
+			if err != nil {
+				t.Fatalf("round %d: %s/%s: %v", round, evs[i].SKU, evs[i].ID, err)
+			}
+		}
+	}
+	msgs := e.stored(t)
+	if len(msgs) != len(evs) {
+		t.Errorf("the stream stores %d messages for %d distinct events published twice", len(msgs), len(evs))
+	}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		ev, err := natspub.Decode(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Subject != natspub.Subject(prefix, ev.Type, ev.SKU) {
+			t.Errorf("event of %q on subject %q, want %q", ev.SKU, m.Subject, natspub.Subject(prefix, ev.Type, ev.SKU))
+		}
+		last := m.Subject[strings.LastIndex(m.Subject, ".")+1:]
+		if sku, err := url.PathUnescape(last); err != nil || sku != ev.SKU {
+			t.Errorf("subject token %q unescapes to %q (%v), SKU %q", last, sku, err, ev.SKU)
+		}
+		if id := m.Header.Get("Nats-Msg-Id"); id != natspub.MsgID(ev) {
+			t.Errorf("Nats-Msg-Id %q, MsgID %q", id, natspub.MsgID(ev))
+		}
+		k := ev.SKU + "\x00" + ev.ID
+		if seen[k] {
+			t.Errorf("event %q/%q stored twice", ev.SKU, ev.ID)
+		}
+		seen[k] = true
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/stockres/stock"
 	"github.com/stockres/stock/sqlstore"
 )
 
@@ -195,5 +196,82 @@ func TestMigrateWaitsForLock(t *testing.T) {
 	}
 	if !ran {
 		t.Skip("needs PostgreSQL or MySQL/MariaDB: set STOCK_TEST_POSTGRES or STOCK_TEST_MYSQL")
+	}
+}
+
+// TestMigrateConcurrentPools runs Migrate at the same moment from eight stores on separate
+// *sql.DB pools (as separate processes would), on fresh tables and then again on existing
+// ones, on every backend: every call must succeed and the store must work afterwards.
+func TestMigrateConcurrentPools(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := b.dsn(t)
+			prefix := fmt.Sprintf("migp%d_", time.Now().UnixNano()%1e9)
+			const procs = 8
+			var wg sync.WaitGroup
+			errs := make([]error, procs)
+			dbs := make([]*sql.DB, procs)
+			for i := range dbs {
+				db, err := sql.Open(b.driver, dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { db.Close() })
+				dbs[i] = db
+			}
+			start := make(chan struct{})
+			for i := 0; i < procs; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					s, err := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					<-start
+					errs[i] = s.Migrate(ctx)
+				}(i)
+			}
+			close(start)
+			wg.Wait()
+			t.Cleanup(func() {
+				if b.name != "sqlite" {
+					dbs[0].Exec("DROP TABLE " + prefix + "records")
+					dbs[0].Exec("DROP TABLE " + prefix + "items")
+				}
+			})
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("process %d: Migrate: %v", i, err)
+				}
+			}
+			s, _ := sqlstore.New(dbs[0], b.dialect, sqlstore.WithTablePrefix(prefix))
+			if err := s.Load(ctx, "m", 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "m", ID: "a", Qty: 1, Seq: 1, At: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+			if rem, err := s.Remaining(ctx, "m"); err != nil || rem != 1 {
+				t.Fatalf("remaining %d %v", rem, err)
+			}
+			// and again, concurrently, on existing tables
+			for i := 0; i < procs; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					s, _ := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
+					errs[i] = s.Migrate(ctx)
+				}(i)
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("process %d: second Migrate: %v", i, err)
+				}
+			}
+		})
 	}
 }

@@ -26,7 +26,7 @@ type offlineClient struct{ rueidis.Client }
 func TestCheckNameAsTheLibrary(t *testing.T) {
 	names := []string{"a", "sneaker-42", "b:c", "~", ":", "ünïcødé", "日本語", "-dash", "a.b", "a/b", "a@b", "a%b",
 		strings.Repeat("x", 128), strings.Repeat("é", 64), "a\u200bb", "a\u00adb", "\U0001F600"}
-	for _, n := range a25BadNames() {
+	for _, n := range badNames() {
 		names = append(names, n)
 	}
 	names = append(names, "a\u2028b", "a\u0085b", "a\ufeffb", "a\x00b", strings.Repeat("é", 65))
@@ -49,9 +49,9 @@ func TestCheckNameAsTheLibrary(t *testing.T) {
 // Every name argument (SKU, ID) of every command, and -prefix, is refused before connecting
 // (exit 2, the port given is closed); a malformed -dsn too, for the commands that use it.
 func TestNamesRefusedBeforeConnecting(t *testing.T) {
-	a25Env(t)
-	closed := a25ClosedAddr(t)
-	dsn := a25SQLite(t)
+	clearEnv(t)
+	closed := closedAddr(t)
+	dsn := sqliteDSN(t)
 	for _, args := range [][]string{
 		{"load", "a b", "5"}, {"restock", "a b", "po", "5"}, {"restock", "x", "p|o", "5"}, {"available", "{x}"},
 		{"levels", "x", "a b"}, {"entry", "x", ""}, {"ledger", "a\tb"}, {"close", "a}"}, {"reopen", "a{"},
@@ -61,27 +61,27 @@ func TestNamesRefusedBeforeConnecting(t *testing.T) {
 		{"-dsn", "oracle://x/y", "load", "x", "5"}, {"-dsn", "sqlite:", "levels"}, {"-dsn", "oracle://x/y", "relay-once"},
 		{"reconcile", "x"}, {"relay-once"},
 	} {
-		res := a25Run(t, append([]string{"-redis", closed}, args...)...)
+		res := runCLI(t, append([]string{"-redis", closed}, args...)...)
 		if res.code != exitUsage || strings.Contains(res.err, "connect") {
 			t.Errorf("%q: want exit 2 before connecting\n%v", args, res)
 		}
 	}
 	// -prefix is not migrate's business.
-	if res := a25Run(t, "-prefix", "a b", "-dsn", dsn, "migrate"); res.code != exitOK {
+	if res := runCLI(t, "-prefix", "a b", "-dsn", dsn, "migrate"); res.code != exitOK {
 		t.Errorf("migrate with a -prefix it does not use: %v", res)
 	}
 }
 
 func TestQtyTooLargeForInt64(t *testing.T) {
-	a25Env(t)
-	closed := a25ClosedAddr(t)
+	clearEnv(t)
+	closed := closedAddr(t)
 	for _, tc := range []struct{ args []string }{
 		{[]string{"load", "x", "99999999999999999999"}},
 		{[]string{"load", "x", "+99999999999999999999"}},
 		{[]string{"load", "--", "x", "-99999999999999999999"}},
 		{[]string{"restock", "x", "po", "99999999999999999999"}},
 	} {
-		res := a25Run(t, append([]string{"-redis", closed}, tc.args...)...)
+		res := runCLI(t, append([]string{"-redis", closed}, tc.args...)...)
 		if res.code != exitUsage || !strings.Contains(res.err, "99999999999999999999 out of range [") ||
 			!strings.Contains(res.err, ", 9007199254740991]") {
 			t.Errorf("%q: want exit 2 and out of range\n%v", tc.args, res)
@@ -91,9 +91,9 @@ func TestQtyTooLargeForInt64(t *testing.T) {
 
 // Passwords of -redis, -sentinel and -dsn never reach stderr, whatever the message.
 func TestPasswordsNotPrinted(t *testing.T) {
-	a25Env(t)
+	clearEnv(t)
 	const secret = "Pw-0ps-Secret"
-	closed := a25ClosedAddr(t)
+	closed := closedAddr(t)
 	for _, args := range [][]string{
 		{"-redis", "redis://ops:" + secret + "@" + closed, "items"},
 		{"-redis", "redis://ops:Pw%2D0ps%2DSecret@" + closed, "items"},
@@ -108,7 +108,7 @@ func TestPasswordsNotPrinted(t *testing.T) {
 		{"-dsn", "postgres://u:" + secret + "@" + closed + "/x?sslmode=disable", "migrate"},
 		{"-dsn", "postgres://u:" + secret + "@" + closed + "/x?sslmode=bogus", "migrate"},
 	} {
-		res := a25Run(t, append(args, "-timeout", "5s")...)
+		res := runCLI(t, append(args, "-timeout", "5s")...)
 		if res.code == exitOK || res.err == "" {
 			t.Errorf("%q: want a failure\n%v", args, res)
 		}
@@ -194,7 +194,7 @@ func TestRelayOnceSaysWhatIsLeft(t *testing.T) {
 	require.Equal(t, exitOK, h.run("load", "A", "10").code)
 	require.Equal(t, exitOK, h.run("load", "B", "10").code)
 	h.deduct("o1", "", 2)
-	h.dsn = a25SQLite(t) // no tables: the delivery fails
+	h.dsn = sqliteDSN(t) // no tables: the delivery fails
 	res := h.store("relay-once")
 	assert.Equal(t, exitFail, res.code)
 	assert.Contains(t, res.stdout, "NOT DRAINED: 1 event of 1 item still in the outbox")

@@ -1,6 +1,6 @@
 package main
 
-// Tests of the Idempotency-Key records (Keys) and of Request.Retry, on the attack tests' envs:
+// Tests of the Idempotency-Key records (Keys) and of Request.Retry, on server_test.go's envs:
 // miniredis, and a private redis-server when STOCK_REDIS_SERVER is set.
 
 import (
@@ -18,14 +18,14 @@ import (
 	"github.com/stockres/stock"
 )
 
-func buyOn(t *testing.T, base, key, sku, user string, qty int64) resp25 {
+func buyOn(t *testing.T, base, key, sku, user string, qty int64) httpResp {
 	t.Helper()
 	b, _ := json.Marshal(map[string]any{"sku": sku, "qty": qty, "user": user})
-	return doOn25(t, base, req25{key: key, ctype: "application/json", body: string(b)})
+	return doOn(t, base, httpReq{key: key, ctype: "application/json", body: string(b)})
 }
 
 // client returns a new client of the env's Redis: through the proxy, or straight to the server.
-func (e *env25) client(t *testing.T, direct bool) rueidis.Client {
+func (e *httpEnv) client(t *testing.T, direct bool) rueidis.Client {
 	t.Helper()
 	addr := e.proxy.Addr()
 	if direct {
@@ -45,13 +45,13 @@ func (e *env25) client(t *testing.T, direct bool) rueidis.Client {
 
 // instance starts another process of the service on c: its own Reserver (per-user limit
 // limit) and key records (key lifetime keyTTL), sharing the env's Redis and payment provider.
-func (e *env25) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL time.Duration) *httptest.Server {
+func (e *httpEnv) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL time.Duration) *httptest.Server {
 	t.Helper()
-	r, err := stock.New(c, stock.WithPrefix("atk25"), stock.WithUserLimit(limit))
+	r, err := stock.New(c, stock.WithPrefix("shop"), stock.WithUserLimit(limit))
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := NewKeys(c, "atk25", keyTTL)
+	keys, err := NewKeys(c, "shop", keyTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,16 +60,16 @@ func (e *env25) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL tim
 	return ts
 }
 
-// Two instances, each with its own Redis client, Reserver and key records, get the same key
-// for two items at the same moment, many times: per key, exactly one order and one 422, and
-// every order paid for.
+// Two instances, each with its own Redis client, Reserver and key records, get the same key for
+// two items at the same moment, many times: per key, exactly one order and one 422, and every
+// order paid for.
 func TestKeysSameKeyTwoItemsTwoInstancesConcurrent(t *testing.T) {
-	backends25(t, cfg25{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *env25) {
+	onBackends(t, envConfig{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *httpEnv) {
 		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(5 * time.Millisecond); return nil })
 		bases := []string{e.ts.URL, e.instance(t, e.client(t, false), 0, 24*time.Hour).URL}
 		const keys = 16
 		var wg sync.WaitGroup
-		res := make([][2]resp25, keys)
+		res := make([][2]httpResp, keys)
 		for k := range keys {
 			for j, sku := range []string{"sku-a", "sku-b"} {
 				// Key k: sku-a on instance k%2, sku-b on the other one.
@@ -87,7 +87,7 @@ func TestKeysSameKeyTwoItemsTwoInstancesConcurrent(t *testing.T) {
 						t.Errorf("key dual-%d: order %s not charged", k, r.str("order"))
 					}
 				} else {
-					wantError25(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
+					wantError(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
 				}
 			}
 			if n != 1 {
@@ -109,14 +109,14 @@ func TestKeysSameKeyTwoItemsTwoInstancesConcurrent(t *testing.T) {
 // were all refused is free again; once its lifetime is over, the key may name another purchase,
 // which is a new order, charged anew: the first order's payment is never reused.
 func TestKeysRecord(t *testing.T) {
-	backends25(t, cfg25{limit: 10, items: map[string]int64{"sku-a": 5, "sku-b": 5}}, func(t *testing.T, e *env25) {
+	onBackends(t, envConfig{limit: 10, items: map[string]int64{"sku-a": 5, "sku-b": 5}}, func(t *testing.T, e *httpEnv) {
 		ctx := context.Background()
 		k := e.keys()
 		if a, b := k.record("a:", "b"), k.record("a", ":b"); a == b {
 			t.Errorf("record keys of (a:, b) and (a, :b) are both %q", a)
 		}
-		wantOK25(t, "first", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
-		rec := "atk25|key:5:alice:k1"
+		wantOK(t, "first", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		rec := "shop|key:5:alice:k1"
 		h, err := e.c.Do(ctx, e.c.B().Hgetall().Key(rec).Build()).AsStrMap()
 		if err != nil || h["p"] != "1|sku-a" || h["n"] != "1" {
 			t.Errorf("record %q = %v (%v), want p=1|sku-a n=1", rec, h, err)
@@ -126,27 +126,27 @@ func TestKeysRecord(t *testing.T) {
 			t.Errorf("PTTL %q = %d (%v), want the key's lifetime, 24h", rec, ttl, err)
 		}
 		// A retry counts one more use (it may be in flight with the first).
-		wantOK25(t, "retry", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		wantOK(t, "retry", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
 		if n, _ := e.c.Do(ctx, e.c.B().Hget().Key(rec).Field("n").Build()).ToString(); n != "2" {
 			t.Errorf("uses after a retry: %q, want 2", n)
 		}
 
 		// Refused for stock: the key is free again, for any purchase.
-		wantError25(t, "too many", e.buy(t, "k2", "sku-a", "bob", 9), 409, "insufficient")
-		if n, err := e.c.Do(ctx, e.c.B().Exists().Key("atk25|key:3:bob:k2").Build()).AsInt64(); err != nil || n != 0 {
+		wantError(t, "too many", e.buy(t, "k2", "sku-a", "bob", 9), 409, "insufficient")
+		if n, err := e.c.Do(ctx, e.c.B().Exists().Key("shop|key:3:bob:k2").Build()).AsInt64(); err != nil || n != 0 {
 			t.Errorf("the record of a refused key is still there (%d, %v)", n, err)
 		}
-		wantOK25(t, "the refused key, another item", e.buy(t, "k2", "sku-b", "bob", 1), "sku-b", "bob", 1)
+		wantOK(t, "the refused key, another item", e.buy(t, "k2", "sku-b", "bob", 1), "sku-b", "bob", 1)
 
 		// A key of lifetime 1s, used for sku-a; after its lifetime, for sku-b.
 		short := e.instance(t, e.client(t, false), 2, time.Second).URL
 		first := buyOn(t, short, "k3", "sku-a", "carol", 1)
-		wantOK25(t, "short-lived key, sku-a", first, "sku-a", "carol", 1)
-		wantError25(t, "short-lived key, sku-b at once", buyOn(t, short, "k3", "sku-b", "carol", 1), 422, "idempotency_key_reused")
+		wantOK(t, "short-lived key, sku-a", first, "sku-a", "carol", 1)
+		wantError(t, "short-lived key, sku-b at once", buyOn(t, short, "k3", "sku-b", "carol", 1), 422, "idempotency_key_reused")
 		calls := e.pay.Calls()
 		e.advance(1500 * time.Millisecond)
 		second := buyOn(t, short, "k3", "sku-b", "carol", 1)
-		wantOK25(t, "short-lived key, sku-b after its lifetime", second, "sku-b", "carol", 1)
+		wantOK(t, "short-lived key, sku-b after its lifetime", second, "sku-b", "carol", 1)
 		if second.str("order") == first.str("order") || e.pay.Calls() != calls+1 || !e.pay.Charged(second.str("order")) {
 			t.Errorf("orders %s and %s, %d charge calls after %d: the second item must be a new order, charged",
 				first.str("order"), second.str("order"), e.pay.Calls(), calls)
@@ -164,21 +164,21 @@ func TestKeysRecord(t *testing.T) {
 // must be refused: alice was told "sold out", nobody will pay for that hold, and it must not
 // take the unit from the next buyer.
 func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
-	backends25(t, cfg25{limit: 2, items: map[string]int64{"sku-a": 1}}, func(t *testing.T, e *env25) {
+	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 1}}, func(t *testing.T, e *httpEnv) {
 		defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
 		stepTimeout = 500 * time.Millisecond
 		ctx := context.Background()
 		direct := e.client(t, true)
 		// Instance 1 holds through the proxy (e.r), with its key records straight on Redis, so
 		// that the partition cuts the hold and not the binding of the key before it.
-		keys, err := NewKeys(direct, "atk25", 24*time.Hour)
+		keys, err := NewKeys(direct, "shop", 24*time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
 		one := httptest.NewServer(NewHandler(e.r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
 		defer one.Close()
 		two := e.instance(t, direct, 2, 24*time.Hour).URL
-		r, err := stock.New(direct, stock.WithPrefix("atk25"))
+		r, err := stock.New(direct, stock.WithPrefix("shop"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,12 +192,12 @@ func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
 		}
 
 		e.proxy.Blackhole(time.Minute)
-		wantError25(t, "alice, partitioned", buyOn(t, one.URL, "k1", "sku-a", "alice", 1), 503, "unavailable")
+		wantError(t, "alice, partitioned", buyOn(t, one.URL, "k1", "sku-a", "alice", 1), 503, "unavailable")
 		if lv := levels(); lv.Available != 1 || lv.Held != 0 {
 			t.Fatalf("levels %+v: alice's hold reached Redis; the test did not partition it", lv)
 		}
-		wantOK25(t, "bob", buyOn(t, two, "b1", "sku-a", "bob", 1), "sku-a", "bob", 1)
-		wantError25(t, "alice's retry", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		wantOK(t, "bob", buyOn(t, two, "b1", "sku-a", "bob", 1), "sku-a", "bob", 1)
+		wantError(t, "alice's retry", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
 		if _, err := r.Restock(ctx, "sku-a", "restock-1", 1); err != nil {
 			t.Fatal(err)
 		}
@@ -219,8 +219,8 @@ func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
 			t.Errorf("ledger of alice's order: %+v %v, want a refusal", en, err)
 		}
 		// The answer stays: alice's key is sold out; the unit is the next buyer's.
-		wantError25(t, "alice again", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
-		wantOK25(t, "carol", buyOn(t, two, "c1", "sku-a", "carol", 1), "sku-a", "carol", 1)
+		wantError(t, "alice again", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		wantOK(t, "carol", buyOn(t, two, "c1", "sku-a", "carol", 1), "sku-a", "carol", 1)
 		if e.pay.Charged(order) {
 			t.Errorf("alice was charged")
 		}

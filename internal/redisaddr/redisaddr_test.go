@@ -45,7 +45,7 @@ func TestParseSentinel(t *testing.T) {
 		t.Fatalf("%+v %v", opt, err)
 	}
 	for _, bad := range []string{"", "stock", "@a:1", "stock@", "stock@nohost", "a b@h:1", "stock@h:1,x",
-		// found by an outside attack: each was accepted and failed later as a connection error
+		// each was once accepted, to fail later as a connection error
 		"stock@h:1,h:1", "stock@h:1,,h:2", "stock@h:1,", "stock@,h:1", "stock@h:abc", "stock@h:99999",
 		"stock@h:0", "stock@h:-1", "stock@:1", "st@ck@h:1", "stock@h x:1"} {
 		if _, err := ParseSentinel(bad); err == nil {

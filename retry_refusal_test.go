@@ -1,6 +1,6 @@
 package stock_test
 
-// Outside attack on the documented promise of Request.Retry:
+// The documented promise of Request.Retry, checked case by case:
 //
 //	A retry's refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the
 //	id, so that the earlier attempt, should it reach Redis after the retry, is refused too: the
@@ -8,7 +8,7 @@ package stock_test
 //	error (ErrSoldOut or ErrInsufficient) and Remaining, whatever was restocked or given back
 //	since.
 //
-// Only the exported API and the docs are used.
+// The tests use only the exported API and what the docs say.
 
 import (
 	"context"
@@ -87,7 +87,7 @@ var retryConfigs = []retryConfig{
 
 // ---------- the matrix: Deduct/Hold retry refused, then give back and restock, then every repeat ----------
 
-func TestRetryAttackRefusalMatrix(t *testing.T) {
+func TestRetryRefusalMatrix(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -254,7 +254,7 @@ func boolInt(b bool) int64 {
 
 // ---------- the sold-out fast path sees an ErrInsufficient refusal recorded after the filter started ----------
 
-func TestRetryAttackFastPath(t *testing.T) {
+func TestRetryRefusalFastPath(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -351,7 +351,7 @@ func TestRetryAttackFastPath(t *testing.T) {
 
 // ---------- large numbers: the Remaining a refusal recorded must come back exactly ----------
 
-func TestRetryAttackRefusalLargeNumbers(t *testing.T) {
+func TestRetryRefusalLargeNumbers(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -387,7 +387,7 @@ func TestRetryAttackRefusalLargeNumbers(t *testing.T) {
 
 // ---------- holds that expire: the refusal stays, whatever the expiry gave back ----------
 
-func TestRetryAttackRefusalHoldExpiry(t *testing.T) {
+func TestRetryRefusalHoldExpiry(t *testing.T) {
 	ctx := context.Background()
 	for _, cfg := range retryConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
@@ -436,7 +436,7 @@ func TestRetryAttackRefusalHoldExpiry(t *testing.T) {
 
 // A retry refused while a hold is due: the due hold goes back first (documented), so the
 // recorded refusal must carry the stock after that release, and so must its repeats.
-func TestRetryAttackRefusalDueHoldFirst(t *testing.T) {
+func TestRetryRefusalDueHoldFirst(t *testing.T) {
 	ctx := context.Background()
 	for _, cfg := range retryConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
@@ -462,7 +462,7 @@ func TestRetryAttackRefusalDueHoldFirst(t *testing.T) {
 // The filter is built from the ledger in HSCAN steps after the first sell-out. Retry refusals
 // recorded while that build is under way (stock came back in between) must still be seen by
 // the fast path once the item is sold out again and the build is complete.
-func TestRetryAttackFastPathMidBuild(t *testing.T) {
+func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -547,7 +547,7 @@ func TestRetryAttackFastPathMidBuild(t *testing.T) {
 
 // ---------- the per-user limit ----------
 
-func TestRetryAttackRefusalUserLimit(t *testing.T) {
+func TestRetryRefusalUserLimit(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -612,7 +612,7 @@ func TestRetryAttackRefusalUserLimit(t *testing.T) {
 
 // ---------- other operations on the refused id ----------
 
-func TestRetryAttackRefusalOtherOps(t *testing.T) {
+func TestRetryRefusalOtherOps(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -681,7 +681,7 @@ func TestRetryAttackRefusalOtherOps(t *testing.T) {
 
 // ---------- a one-script cart (WithGroups) with the refused id ----------
 
-func TestRetryAttackRefusalGroupCart(t *testing.T) {
+func TestRetryRefusalGroupCart(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -739,7 +739,7 @@ func TestRetryAttackRefusalGroupCart(t *testing.T) {
 
 // ---------- split items: a refusal must only come when the buckets together cannot serve ----------
 
-func TestRetryAttackBucketsNoPhantomRefusal(t *testing.T) {
+func TestRetryRefusalBucketsNoPhantomRefusal(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -795,7 +795,7 @@ var retryConcConfigs = []retryConfig{
 
 // Many goroutines repeat one refused id (Deduct, Hold, with and without Retry, from two
 // Reservers) while another restocks and another sells and gives back other ids.
-func TestRetryAttackRepeatConcurrentRestock(t *testing.T) {
+func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -914,7 +914,7 @@ func TestRetryAttackRepeatConcurrentRestock(t *testing.T) {
 
 // The first attempt and its retry race each other while stock comes back: the retry's refusal,
 // if there is one, must be final: no copy of the id takes stock.
-func TestRetryAttackRaceFirstAttempt(t *testing.T) {
+func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -1044,7 +1044,7 @@ func TestRetryAttackRaceFirstAttempt(t *testing.T) {
 
 // Retries refused on a split item while transfers move stock between buckets: every repeat
 // answers what its retry got.
-func TestRetryAttackBucketsConcurrentRefusals(t *testing.T) {
+func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -1141,7 +1141,7 @@ func TestRetryAttackBucketsConcurrentRefusals(t *testing.T) {
 // other buyers of other buckets buy with Retry: the repeats pull the item's stock into their
 // bucket (transfers), and no buyer may be refused while the item has plenty (a refused Retry
 // would be final).
-func TestRetryAttackBucketsRepeatsNoPhantomForOthers(t *testing.T) {
+func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -1221,7 +1221,7 @@ func TestRetryAttackBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 
 // ---------- the relay, the reconciler and the retention ----------
 
-func TestRetryAttackRefusalReconcile(t *testing.T) {
+func TestRetryRefusalReconcile(t *testing.T) {
 	ctx := context.Background()
 	for _, cfg := range retryConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
@@ -1306,7 +1306,7 @@ func TestRetryAttackRefusalReconcile(t *testing.T) {
 // one that left a record the replicas lack (a Retry's, a Restore's tombstone): a caller that
 // treats ErrNotReplicated as "taken" must not ship a refused order (WithReplicaAck's doc says
 // what a failover can lose of such a record).
-func TestRetryAttackRefusalReplicaAck(t *testing.T) {
+func TestRetryRefusalReplicaAck(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -1358,7 +1358,7 @@ func TestRetryAttackRefusalReplicaAck(t *testing.T) {
 
 // The guarantees say a repeat with another quantity or user is ErrConflict; the Retry doc says
 // every later request of the id gets the recorded refusal. Either way it must take nothing.
-func TestRetryAttackRefusalRepeatOtherParams(t *testing.T) {
+func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -1405,7 +1405,7 @@ func TestRetryAttackRefusalRepeatOtherParams(t *testing.T) {
 
 // ---------- long names full of ':' and '~', on split items ----------
 
-func TestRetryAttackRefusalLongNames(t *testing.T) {
+func TestRetryRefusalLongNames(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -1441,7 +1441,7 @@ func TestRetryAttackRefusalLongNames(t *testing.T) {
 
 // ---------- time moved by hand: WithClock on a miniredis whose clock stands still ----------
 
-func TestRetryAttackRefusalWithClock(t *testing.T) {
+func TestRetryRefusalWithClock(t *testing.T) {
 	ctx := context.Background()
 	_, c := redistest.Miniredis(t)
 	var mu sync.Mutex

@@ -1,7 +1,7 @@
 package main
 
-// Outside attack on stockctl, from its help text and the README's "Operating it": bad flags and
-// arguments, bad names and quantities, unknown items, unreachable services, bad DSNs, JSON
+// stockctl as an operator types it, checked against its help text and the README's "Operating
+// it": bad flags and arguments, bad names and quantities, unknown items, unreachable services, bad DSNs, JSON
 // output, read-only commands, and commands over every item. Tests that need a private
 // redis-server skip without STOCK_REDIS_SERVER; the PostgreSQL and MariaDB cases skip when
 // those servers do not answer.
@@ -31,46 +31,46 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-type a25Result struct {
+type cliResult struct {
 	code     int
 	out, err string
 	took     time.Duration
 }
 
-func (r a25Result) String() string {
+func (r cliResult) String() string {
 	return fmt.Sprintf("exit %d after %v\nstdout:\n%s\nstderr:\n%s", r.code, r.took.Round(time.Millisecond), r.out, r.err)
 }
 
-// a25Env clears the environment variables stockctl reads, so that the flags given are all.
-func a25Env(t *testing.T) {
+// clearEnv clears the environment variables stockctl reads, so that the flags given are all.
+func clearEnv(t *testing.T) {
 	t.Helper()
 	for _, k := range []string{"STOCKCTL_REDIS", "STOCKCTL_SENTINEL", "STOCKCTL_DSN"} {
 		t.Setenv(k, "")
 	}
 }
 
-func a25Run(t *testing.T, args ...string) a25Result {
+func runCLI(t *testing.T, args ...string) cliResult {
 	t.Helper()
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
 	code := run(ctx, args, &out, &errb)
-	return a25Result{code, out.String(), errb.String(), time.Since(start)}
+	return cliResult{code, out.String(), errb.String(), time.Since(start)}
 }
 
-// a25Server starts a private redis-server, or skips.
-func a25Server(t *testing.T, args ...string) *redistest.Server {
+// privateServer starts a private redis-server, or skips.
+func privateServer(t *testing.T, args ...string) *redistest.Server {
 	t.Helper()
 	if os.Getenv(redistest.EnvServer) == "" {
 		t.Skip("needs a private redis-server: set STOCK_REDIS_SERVER to the path of redis-server (or \"path\")")
 	}
-	a25Env(t)
+	clearEnv(t)
 	return redistest.StartServer(t, args...)
 }
 
-// a25Client is a fresh-reading client (no client-side caching) on addr.
-func a25Client(t *testing.T, addr string) rueidis.Client {
+// serverClient is a fresh-reading client (no client-side caching) on addr.
+func serverClient(t *testing.T, addr string) rueidis.Client {
 	t.Helper()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
 	if err != nil {
@@ -80,7 +80,7 @@ func a25Client(t *testing.T, addr string) rueidis.Client {
 	return c
 }
 
-func a25Reserver(t *testing.T, c rueidis.Client, prefix string) *stock.Reserver {
+func serverReserver(t *testing.T, c rueidis.Client, prefix string) *stock.Reserver {
 	t.Helper()
 	r, err := stock.New(c, stock.WithPrefix(prefix))
 	if err != nil {
@@ -89,9 +89,9 @@ func a25Reserver(t *testing.T, c rueidis.Client, prefix string) *stock.Reserver 
 	return r
 }
 
-// a25Dump returns every key of the server with its DUMP and its PTTL (-1 or -2 as is; a
+// dumpKeys returns every key of the server with its DUMP and its PTTL (-1 or -2 as is; a
 // positive PTTL only as "ttl"), so that two dumps are equal when nothing was written.
-func a25Dump(t *testing.T, c rueidis.Client) map[string]string {
+func dumpKeys(t *testing.T, c rueidis.Client) map[string]string {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]string{}
@@ -133,15 +133,15 @@ func a25Dump(t *testing.T, c rueidis.Client) map[string]string {
 	}
 }
 
-// a25StableDump waits until the library's asynchronous writes (due-work hints) are done and
+// stableDump waits until the library's asynchronous writes (due-work hints) are done and
 // returns the dump.
-func a25StableDump(t *testing.T, c rueidis.Client) map[string]string {
+func stableDump(t *testing.T, c rueidis.Client) map[string]string {
 	t.Helper()
-	prev := a25Dump(t, c)
+	prev := dumpKeys(t, c)
 	for range 50 {
 		time.Sleep(150 * time.Millisecond)
-		cur := a25Dump(t, c)
-		if a25SameDump(prev, cur) {
+		cur := dumpKeys(t, c)
+		if sameDump(prev, cur) {
 			return cur
 		}
 		prev = cur
@@ -150,7 +150,7 @@ func a25StableDump(t *testing.T, c rueidis.Client) map[string]string {
 	return nil
 }
 
-func a25SameDump(a, b map[string]string) bool {
+func sameDump(a, b map[string]string) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -162,7 +162,7 @@ func a25SameDump(a, b map[string]string) bool {
 	return true
 }
 
-func a25DiffDump(a, b map[string]string) string {
+func diffDump(a, b map[string]string) string {
 	var d []string
 	for k, v := range a {
 		if w, ok := b[k]; !ok {
@@ -180,7 +180,7 @@ func a25DiffDump(a, b map[string]string) string {
 	return strings.Join(d, "\n")
 }
 
-func a25DBSize(t *testing.T, c rueidis.Client) int64 {
+func dbSize(t *testing.T, c rueidis.Client) int64 {
 	t.Helper()
 	n, err := c.Do(context.Background(), c.B().Dbsize().Build()).AsInt64()
 	if err != nil {
@@ -189,8 +189,8 @@ func a25DBSize(t *testing.T, c rueidis.Client) int64 {
 	return n
 }
 
-// a25ClosedAddr is a 127.0.0.1 address nothing listens on.
-func a25ClosedAddr(t *testing.T) string {
+// closedAddr is a 127.0.0.1 address nothing listens on.
+func closedAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -201,8 +201,8 @@ func a25ClosedAddr(t *testing.T) string {
 	return addr
 }
 
-// a25Silent is a TCP server that accepts connections and never answers: a hung Redis.
-func a25Silent(t *testing.T) string {
+// silentAddr is a TCP server that accepts connections and never answers: a hung Redis.
+func silentAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -232,16 +232,16 @@ func a25Silent(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func a25SQLite(t *testing.T) string {
+func sqliteDSN(t *testing.T) string {
 	return "sqlite:" + filepath.Join(t.TempDir(), "store.db")
 }
 
 // ---------------------------------------------------------------------------------------------
 // Usage: help, unknown commands, bad flags, missing arguments. No Redis needed.
 
-func TestAttack25HelpAndUsageExitCodes(t *testing.T) {
-	a25Env(t)
-	closed := a25ClosedAddr(t) // nothing of these must reach Redis
+func TestHelpAndUsageExitCodes(t *testing.T) {
+	clearEnv(t)
+	closed := closedAddr(t) // nothing of these must reach Redis
 	for _, tc := range []struct {
 		args   []string
 		code   int
@@ -291,7 +291,7 @@ func TestAttack25HelpAndUsageExitCodes(t *testing.T) {
 		{[]string{"-dsn", "sqlite:", "migrate"}, 2, "", "-dsn"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			res := a25Run(t, tc.args...)
+			res := runCLI(t, tc.args...)
 			if res.code != tc.code {
 				t.Fatalf("want exit %d\n%v", tc.code, res)
 			}
@@ -311,9 +311,9 @@ func TestAttack25HelpAndUsageExitCodes(t *testing.T) {
 // A command line that is wrong whatever Redis says is a usage error (exit 2, "2 usage error"
 // in the help), also when Redis is down: reconcile and relay-once "(needs -dsn)", a -prefix
 // the library refuses, a SKU with '|'.
-func TestAttack25UsageErrorsBeforeConnecting(t *testing.T) {
-	a25Env(t)
-	closed := a25ClosedAddr(t)
+func TestUsageErrorsBeforeConnecting(t *testing.T) {
+	clearEnv(t)
+	closed := closedAddr(t)
 	for _, args := range [][]string{
 		{"-redis", closed, "reconcile"},
 		{"-redis", closed, "relay-once"},
@@ -321,7 +321,7 @@ func TestAttack25UsageErrorsBeforeConnecting(t *testing.T) {
 		{"-redis", closed, "load", "a|b", "5"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
-			res := a25Run(t, args...)
+			res := runCLI(t, args...)
 			if res.code != exitUsage {
 				t.Errorf("want exit 2 (usage error): the command line is wrong whatever Redis says\n%v", res)
 			}
@@ -332,10 +332,10 @@ func TestAttack25UsageErrorsBeforeConnecting(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Redis unreachable: a closed port and a server that never answers.
 
-func TestAttack25UnreachableRedisIsBounded(t *testing.T) {
-	a25Env(t)
-	dsn := a25SQLite(t)
-	if res := a25Run(t, "-dsn", dsn, "migrate"); res.code != 0 {
+func TestUnreachableRedisIsBounded(t *testing.T) {
+	clearEnv(t)
+	dsn := sqliteDSN(t)
+	if res := runCLI(t, "-dsn", dsn, "migrate"); res.code != 0 {
 		t.Fatalf("migrate: %v", res)
 	}
 	cmds := [][]string{
@@ -345,9 +345,9 @@ func TestAttack25UnreachableRedisIsBounded(t *testing.T) {
 		{"-dsn", dsn, "load", "x", "5"},
 	}
 	t.Run("closed port", func(t *testing.T) {
-		addr := a25ClosedAddr(t)
+		addr := closedAddr(t)
 		for _, c := range cmds {
-			res := a25Run(t, append([]string{"-redis", addr}, c...)...)
+			res := runCLI(t, append([]string{"-redis", addr}, c...)...)
 			if res.code != exitFail || res.took > 30*time.Second || !strings.Contains(res.err, "Redis") {
 				t.Errorf("%v: want exit 1 within 30s and an error naming Redis\n%v", c, res)
 			}
@@ -357,13 +357,13 @@ func TestAttack25UnreachableRedisIsBounded(t *testing.T) {
 		}
 	})
 	t.Run("server that never answers", func(t *testing.T) {
-		addr := a25Silent(t)
+		addr := silentAddr(t)
 		var wg sync.WaitGroup
 		for _, c := range cmds {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res := a25Run(t, append([]string{"-redis", addr, "-timeout", "3s"}, c...)...)
+				res := runCLI(t, append([]string{"-redis", addr, "-timeout", "3s"}, c...)...)
 				if res.code != exitFail || res.took > 30*time.Second || res.err == "" {
 					t.Errorf("%v -timeout 3s: want exit 1 within 30s with an error\n%v", c, res)
 				}
@@ -372,8 +372,8 @@ func TestAttack25UnreachableRedisIsBounded(t *testing.T) {
 		wg.Wait()
 	})
 	t.Run("server that never answers, default timeout", func(t *testing.T) {
-		addr := a25Silent(t)
-		res := a25Run(t, "-redis", addr, "levels")
+		addr := silentAddr(t)
+		res := runCLI(t, "-redis", addr, "levels")
 		if res.code != exitFail || res.took > 70*time.Second || res.err == "" {
 			t.Errorf("want exit 1 within the 1m default -timeout (70s allowed)\n%v", res)
 		}
@@ -383,11 +383,11 @@ func TestAttack25UnreachableRedisIsBounded(t *testing.T) {
 // The password of a redis:// URL must not be printed: stockctl redacts a DSN's password, and
 // internal/redisaddr, the -redis parser, promises "Its errors never show a password". An
 // operator's stderr goes to cron mail and logs.
-func TestAttack25RedisPasswordNotShown(t *testing.T) {
-	a25Env(t)
-	const secret = "S3cretPW-a25"
+func TestRedisPasswordNotShown(t *testing.T) {
+	clearEnv(t)
+	const secret = "S3cretPW-op"
 	t.Run("closed port", func(t *testing.T) {
-		res := a25Run(t, "-redis", "redis://ops:"+secret+"@"+a25ClosedAddr(t), "levels")
+		res := runCLI(t, "-redis", "redis://ops:"+secret+"@"+closedAddr(t), "levels")
 		if res.code != exitFail {
 			t.Fatalf("want exit 1\n%v", res)
 		}
@@ -396,12 +396,12 @@ func TestAttack25RedisPasswordNotShown(t *testing.T) {
 		}
 	})
 	t.Run("wrong password", func(t *testing.T) {
-		s := a25Server(t)
-		c := a25Client(t, s.Addr())
+		s := privateServer(t)
+		c := serverClient(t, s.Addr())
 		if err := c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("requirepass", "right-one").Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
-		res := a25Run(t, "-redis", "redis://:"+secret+"@"+s.Addr(), "levels")
+		res := runCLI(t, "-redis", "redis://:"+secret+"@"+s.Addr(), "levels")
 		if res.code != exitFail || !strings.Contains(res.err, "WRONGPASS") {
 			t.Fatalf("want exit 1 with WRONGPASS\n%v", res)
 		}
@@ -414,7 +414,7 @@ func TestAttack25RedisPasswordNotShown(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Names: refused wholly, or handled as distinct items.
 
-func a25BadNames() map[string]string {
+func badNames() map[string]string {
 	return map[string]string{
 		"open brace":     "a{b",
 		"close brace":    "a}b",
@@ -435,20 +435,20 @@ func a25BadNames() map[string]string {
 	}
 }
 
-func TestAttack25BadNamesRefusedWholly(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestBadNamesRefusedWholly(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	dsn := a25SQLite(t)
-	if res := a25Run(t, "-redis", addr, "-dsn", dsn, "load", "good", "10"); res.code != 0 {
+	dsn := sqliteDSN(t)
+	if res := runCLI(t, "-redis", addr, "-dsn", dsn, "load", "good", "10"); res.code != 0 {
 		t.Fatalf("load good: %v", res)
 	}
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	if _, err := r.Deduct(context.Background(), stock.Request{SKU: "good", ID: "o1", Qty: 2}); err != nil {
 		t.Fatal(err)
 	}
-	before := a25StableDump(t, c)
-	for what, bad := range a25BadNames() {
+	before := stableDump(t, c)
+	for what, bad := range badNames() {
 		for _, cmd := range [][]string{
 			{"load", bad, "5"}, {"-dsn", dsn, "load", bad, "5"}, {"restock", bad, "po", "5"}, {"restock", "good", bad, "5"},
 			{"available", bad}, {"levels", bad}, {"levels", "good", bad}, {"entry", bad, "o1"}, {"entry", "good", bad},
@@ -466,7 +466,7 @@ func TestAttack25BadNamesRefusedWholly(t *testing.T) {
 			} else {
 				args = append(args, cmd...)
 			}
-			res := a25Run(t, args...)
+			res := runCLI(t, args...)
 			if res.code != exitUsage {
 				t.Errorf("%s: %q: want exit 2 (a name the library rejects)\n%v", what, args, res)
 			}
@@ -475,9 +475,9 @@ func TestAttack25BadNamesRefusedWholly(t *testing.T) {
 			}
 		}
 	}
-	after := a25Dump(t, c)
-	if !a25SameDump(before, after) {
-		t.Errorf("refused commands wrote to Redis:\n%s", a25DiffDump(before, after))
+	after := dumpKeys(t, c)
+	if !sameDump(before, after) {
+		t.Errorf("refused commands wrote to Redis:\n%s", diffDump(before, after))
 	}
 	// The store has nothing but "good".
 	db, err := sql.Open("sqlite", strings.TrimPrefix(dsn, "sqlite:"))
@@ -493,16 +493,16 @@ func TestAttack25BadNamesRefusedWholly(t *testing.T) {
 
 // ':' '~', non-ASCII letters and 128 bytes are valid names (the README lists what is refused):
 // each must be its own item, never sharing keys with another.
-func TestAttack25OddValidNamesAreDistinctItems(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestOddValidNamesAreDistinctItems(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
 	names := []string{"tee", "tee:u", "tee:l", "tee:o", "~carts", "carts", "items", ":", "~", "ünïcødé",
 		"日本語", "-dash", strings.Repeat("x", 128), strings.Repeat("é", 64), "due", "holdsdue", "epoch", "tee~"}
 	want := map[string]int64{}
 	for i, n := range names {
 		q := int64(10 + i)
-		res := a25Run(t, "-redis", addr, "load", "--", n, strconv.FormatInt(q, 10))
+		res := runCLI(t, "-redis", addr, "load", "--", n, strconv.FormatInt(q, 10))
 		if res.code != 0 {
 			t.Fatalf("load %q: %v", n, res)
 		}
@@ -510,13 +510,13 @@ func TestAttack25OddValidNamesAreDistinctItems(t *testing.T) {
 	}
 	// A restock and a sale of each, with ids that look like keys.
 	for i, n := range names {
-		res := a25Run(t, "-redis", addr, "restock", "--", n, "po:"+strconv.Itoa(i), strconv.Itoa(i+1))
+		res := runCLI(t, "-redis", addr, "restock", "--", n, "po:"+strconv.Itoa(i), strconv.Itoa(i+1))
 		if res.code != 0 {
 			t.Fatalf("restock %q: %v", n, res)
 		}
 		want[n] += int64(i + 1)
 	}
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
 	for _, n := range names {
 		if _, err := r.Deduct(ctx, stock.Request{SKU: n, ID: "o~1", Qty: 1}); err != nil {
@@ -531,7 +531,7 @@ func TestAttack25OddValidNamesAreDistinctItems(t *testing.T) {
 		if lv.Loaded != want[n] || lv.Available != want[n]-1 || lv.Sold != 1 {
 			t.Errorf("%q: %+v, want loaded %d, available %d, sold 1", n, lv, want[n], want[n]-1)
 		}
-		res := a25Run(t, "-redis", addr, "-json", "ledger", "--", n)
+		res := runCLI(t, "-redis", addr, "-json", "ledger", "--", n)
 		if res.code != 0 {
 			t.Fatalf("ledger %q: %v", n, res)
 		}
@@ -539,7 +539,7 @@ func TestAttack25OddValidNamesAreDistinctItems(t *testing.T) {
 		if err := json.Unmarshal([]byte(res.out), &es); err != nil || len(es) != 2 {
 			t.Errorf("ledger %q: %d entries, %v; want 2\n%v", n, len(es), err, res)
 		}
-		res = a25Run(t, "-redis", addr, "-json", "available", "--", n)
+		res = runCLI(t, "-redis", addr, "-json", "available", "--", n)
 		var av struct {
 			SKU       string `json:"sku"`
 			Available int64  `json:"available"`
@@ -548,7 +548,7 @@ func TestAttack25OddValidNamesAreDistinctItems(t *testing.T) {
 			t.Errorf("available %q: %+v %v\n%v", n, av, err, res)
 		}
 	}
-	res := a25Run(t, "-redis", addr, "-json", "items")
+	res := runCLI(t, "-redis", addr, "-json", "items")
 	var got []string
 	if err := json.Unmarshal([]byte(res.out), &got); err != nil {
 		t.Fatalf("items: %v\n%v", err, res)
@@ -559,7 +559,7 @@ func TestAttack25OddValidNamesAreDistinctItems(t *testing.T) {
 		t.Errorf("items %q, want %q", got, wantItems)
 	}
 	// Closing one item closes no other.
-	if res := a25Run(t, "-redis", addr, "close", "tee:u"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "close", "tee:u"); res.code != 0 {
 		t.Fatal(res)
 	}
 	for _, n := range names {
@@ -573,11 +573,11 @@ func TestAttack25OddValidNamesAreDistinctItems(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Quantities.
 
-func TestAttack25Quantities(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestQuantities(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
 	for i, tc := range []struct {
 		qty  string
@@ -606,7 +606,7 @@ func TestAttack25Quantities(t *testing.T) {
 		{"٣", 2, 0}, // an Arabic-Indic digit
 	} {
 		sku := fmt.Sprintf("q%d", i)
-		res := a25Run(t, "-redis", addr, "load", "--", sku, tc.qty)
+		res := runCLI(t, "-redis", addr, "load", "--", sku, tc.qty)
 		if res.code != tc.code {
 			t.Errorf("load %s %q: want exit %d\n%v", sku, tc.qty, tc.code, res)
 			continue
@@ -627,25 +627,25 @@ func TestAttack25Quantities(t *testing.T) {
 	}
 	// A restock that would take the item past 2^53-1 is refused and changes nothing; the id
 	// stays free.
-	if res := a25Run(t, "-redis", addr, "restock", "q1", "po-max", "9007199254740991"); res.code == 0 {
+	if res := runCLI(t, "-redis", addr, "restock", "q1", "po-max", "9007199254740991"); res.code == 0 {
 		t.Errorf("restock past 2^53-1 accepted\n%v", res)
 	}
 	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 1 {
 		t.Errorf("after a refused restock: %+v", lv)
 	}
-	if res := a25Run(t, "-redis", addr, "restock", "q1", "po-max", "5"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "restock", "q1", "po-max", "5"); res.code != 0 {
 		t.Errorf("the id of a refused restock cannot be used: %v", res)
 	}
 	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 6 || lv.Available != 6 {
 		t.Errorf("after restock 5: %+v", lv)
 	}
 	// Replaying the restock adds nothing; the same id with another quantity is refused.
-	res := a25Run(t, "-redis", addr, "-json", "restock", "q1", "po-max", "5")
+	res := runCLI(t, "-redis", addr, "-json", "restock", "q1", "po-max", "5")
 	var rc receiptJSON
 	if err := json.Unmarshal([]byte(res.out), &rc); err != nil || res.code != 0 || !rc.Replayed {
 		t.Errorf("replayed restock: %+v %v\n%v", rc, err, res)
 	}
-	if res := a25Run(t, "-redis", addr, "restock", "q1", "po-max", "6"); res.code == 0 {
+	if res := runCLI(t, "-redis", addr, "restock", "q1", "po-max", "6"); res.code == 0 {
 		t.Errorf("the same restock id with another QTY accepted\n%v", res)
 	}
 	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 6 {
@@ -654,9 +654,9 @@ func TestAttack25Quantities(t *testing.T) {
 }
 
 // "99999999999999999999" is a whole number: too large, not "not a whole number".
-func TestAttack25HugeQtyMessage(t *testing.T) {
-	a25Env(t)
-	res := a25Run(t, "-redis", a25ClosedAddr(t), "load", "x", "99999999999999999999")
+func TestHugeQtyMessage(t *testing.T) {
+	clearEnv(t)
+	res := runCLI(t, "-redis", closedAddr(t), "load", "x", "99999999999999999999")
 	if res.code != exitUsage {
 		t.Fatalf("want exit 2\n%v", res)
 	}
@@ -667,13 +667,13 @@ func TestAttack25HugeQtyMessage(t *testing.T) {
 
 // A restock refused because the item would pass 2^53-1 must say why; "stock: invalid input"
 // tells the operator nothing (and QTY itself is within the range the help states).
-func TestAttack25RestockOverflowExplained(t *testing.T) {
-	s := a25Server(t)
+func TestRestockOverflowExplained(t *testing.T) {
+	s := privateServer(t)
 	addr := s.Addr()
-	if res := a25Run(t, "-redis", addr, "load", "big", "9007199254740991"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "load", "big", "9007199254740991"); res.code != 0 {
 		t.Fatal(res)
 	}
-	res := a25Run(t, "-redis", addr, "restock", "big", "po1", "1")
+	res := runCLI(t, "-redis", addr, "restock", "big", "po1", "1")
 	if res.code == 0 {
 		t.Fatalf("restock past 2^53-1 accepted\n%v", res)
 	}
@@ -686,42 +686,42 @@ func TestAttack25RestockOverflowExplained(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Items that do not exist.
 
-func TestAttack25UnknownItemChangesNothing(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestUnknownItemChangesNothing(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
 	for _, cmd := range [][]string{
 		{"available", "ghost"}, {"levels", "ghost"}, {"close", "ghost"}, {"reopen", "ghost"}, {"delist", "ghost"},
 		{"restock", "ghost", "po", "5"}, {"entry", "ghost", "id"}, {"ledger", "ghost"}, {"restore", "ghost", "id"},
 	} {
-		res := a25Run(t, append([]string{"-redis", addr}, cmd...)...)
+		res := runCLI(t, append([]string{"-redis", addr}, cmd...)...)
 		if res.code != exitFail {
 			t.Errorf("%v: want exit 1\n%v", cmd, res)
 		}
-		if n := a25DBSize(t, c); n != 0 {
+		if n := dbSize(t, c); n != 0 {
 			t.Fatalf("%v on an unknown item wrote %d keys", cmd, n)
 		}
 	}
 	for _, cmd := range [][]string{{"available", "ghost"}, {"levels", "ghost"}, {"close", "ghost"},
 		{"reopen", "ghost"}, {"delist", "ghost"}, {"restock", "ghost", "po", "5"}, {"ledger", "ghost"}} {
-		res := a25Run(t, append([]string{"-redis", addr}, cmd...)...)
+		res := runCLI(t, append([]string{"-redis", addr}, cmd...)...)
 		if !strings.Contains(res.err, "not loaded") {
 			t.Errorf("%v: the error does not say the item is not loaded\n%v", cmd, res)
 		}
 	}
 	// -json levels of a missing item: still JSON, with the error labelled.
-	res := a25Run(t, "-redis", addr, "-json", "levels", "ghost")
+	res := runCLI(t, "-redis", addr, "-json", "levels", "ghost")
 	var rows []levelsJSON
 	if err := json.Unmarshal([]byte(res.out), &rows); err != nil || res.code != 1 || len(rows) != 1 || rows[0].Error != "not_loaded" {
 		t.Errorf("-json levels ghost: %+v %v\n%v", rows, err, res)
 	}
 	// sweep of an unknown item writes nothing.
-	if res := a25Run(t, "-redis", addr, "sweep", "ghost"); res.code == 2 || res.code == 3 {
+	if res := runCLI(t, "-redis", addr, "sweep", "ghost"); res.code == 2 || res.code == 3 {
 		t.Errorf("sweep ghost: %v", res)
 	}
 	// (A refused restock records a due-work hint for the relay from a goroutine, which the
 	// closing client usually, not always, cuts off: the hint sets are not the item's keys.)
-	for k := range a25Dump(t, c) {
+	for k := range dumpKeys(t, c) {
 		if strings.Contains(k, "ghost") {
 			t.Errorf("commands on an unknown item wrote %q", k)
 		}
@@ -732,45 +732,45 @@ func TestAttack25UnknownItemChangesNothing(t *testing.T) {
 // item is not loaded and write nothing. It says "unknown request id" and advises -tombstone;
 // with -tombstone it writes a ledger key for the non-existent item, exits 0 and tells the
 // operator a late request will be refused, which is true of no item that sells.
-func TestAttack25RestoreUnknownItem(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestRestoreUnknownItem(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	if res := a25Run(t, "-redis", addr, "load", "sneaker-42", "10"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "load", "sneaker-42", "10"); res.code != 0 {
 		t.Fatal(res)
 	}
-	before := a25StableDump(t, c)
-	res := a25Run(t, "-redis", addr, "restore", "sneakr-42", "order-1001")
+	before := stableDump(t, c)
+	res := runCLI(t, "-redis", addr, "restore", "sneakr-42", "order-1001")
 	if res.code != exitFail || !strings.Contains(res.err, "not loaded") {
 		t.Errorf("restore on an unknown item: want exit 1 and \"not loaded\"\n%v", res)
 	}
-	res = a25Run(t, "-redis", addr, "restore", "-tombstone", "sneakr-42", "order-1001")
+	res = runCLI(t, "-redis", addr, "restore", "-tombstone", "sneakr-42", "order-1001")
 	if res.code != exitFail {
 		t.Errorf("restore -tombstone on an unknown item (a typo): want exit 1, nothing written\n%v", res)
 	}
-	after := a25Dump(t, c)
-	if !a25SameDump(before, after) {
-		t.Errorf("restore on an unknown item wrote:\n%s", a25DiffDump(before, after))
+	after := dumpKeys(t, c)
+	if !sameDump(before, after) {
+		t.Errorf("restore on an unknown item wrote:\n%s", diffDump(before, after))
 	}
 }
 
 // ---------------------------------------------------------------------------------------------
 // Read-only commands write nothing.
 
-func TestAttack25ReadOnlyCommandsWriteNothing(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestReadOnlyCommandsWriteNothing(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	dsn := a25SQLite(t)
+	dsn := sqliteDSN(t)
 	for _, sku := range []string{"a", "b:c", "ünï"} {
-		if res := a25Run(t, "-redis", addr, "-dsn", dsn, "load", sku, "50"); res.code != 0 {
+		if res := runCLI(t, "-redis", addr, "-dsn", dsn, "load", sku, "50"); res.code != 0 {
 			t.Fatal(res)
 		}
 	}
-	if res := a25Run(t, "-redis", addr, "load", "redis-only", "7"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "load", "redis-only", "7"); res.code != 0 {
 		t.Fatal(res)
 	}
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
 	must := func(_ stock.Receipt, err error) {
 		t.Helper()
@@ -791,7 +791,7 @@ func TestAttack25ReadOnlyCommandsWriteNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond) // the holds h-exp are past their deadline, not swept
-	before := a25StableDump(t, c)
+	before := stableDump(t, c)
 	for _, cmd := range [][]string{
 		{"available", "a"}, {"available", "b:c"}, {"levels"}, {"levels", "a", "b:c", "ghost"}, {"items"},
 		{"entry", "a", "h-exp"}, {"entry", "a", "o1"}, {"entry", "ünï", "never"}, {"entry", "a", "nope"},
@@ -804,13 +804,13 @@ func TestAttack25ReadOnlyCommandsWriteNothing(t *testing.T) {
 			if j {
 				args = append([]string{"-json"}, args...)
 			}
-			res := a25Run(t, args...)
+			res := runCLI(t, args...)
 			if res.code == exitUsage {
 				t.Errorf("%v: %v", args, res)
 			}
-			after := a25Dump(t, c)
-			if !a25SameDump(before, after) {
-				t.Fatalf("read-only %v wrote to Redis:\n%s\n%v", args, a25DiffDump(before, after), res)
+			after := dumpKeys(t, c)
+			if !sameDump(before, after) {
+				t.Fatalf("read-only %v wrote to Redis:\n%s\n%v", args, diffDump(before, after), res)
 			}
 		}
 	}
@@ -819,10 +819,10 @@ func TestAttack25ReadOnlyCommandsWriteNothing(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // JSON output parses, on stdout only, for every command.
 
-func TestAttack25JSONOutputParses(t *testing.T) {
-	s := a25Server(t)
+func TestJSONOutputParses(t *testing.T) {
+	s := privateServer(t)
 	addr := s.Addr()
-	dsn := a25SQLite(t)
+	dsn := sqliteDSN(t)
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -859,7 +859,7 @@ func TestAttack25JSONOutputParses(t *testing.T) {
 		{[]string{"delist", "k"}, 0, &map[string]any{}},
 	} {
 		args := append([]string{"-redis", addr, "-json"}, tc.args...)
-		res := a25Run(t, args...)
+		res := runCLI(t, args...)
 		if res.code != tc.code {
 			t.Errorf("%v: want exit %d\n%v", tc.args, tc.code, res)
 			continue
@@ -875,9 +875,9 @@ func TestAttack25JSONOutputParses(t *testing.T) {
 		}
 	}
 	// An empty registry is [] and not null.
-	s2 := a25Server(t)
+	s2 := privateServer(t)
 	for _, cmd := range []string{"items", "levels"} {
-		res := a25Run(t, "-redis", s2.Addr(), "-json", cmd)
+		res := runCLI(t, "-redis", s2.Addr(), "-json", cmd)
 		if strings.TrimSpace(res.out) != "[]" || res.code != 0 {
 			t.Errorf("-json %s on an empty Redis: want []\n%v", cmd, res)
 		}
@@ -887,21 +887,21 @@ func TestAttack25JSONOutputParses(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // The store: migrate twice, no tables, bad DSNs.
 
-func TestAttack25StoreWithoutTables(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestStoreWithoutTables(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
-	if res := a25Run(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
 		t.Fatal(res)
 	}
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", Qty: 3}); err != nil {
 		t.Fatal(err)
 	}
-	dsn := a25SQLite(t)
+	dsn := sqliteDSN(t)
 	for _, cmd := range [][]string{{"reconcile"}, {"reconcile", "x"}, {"levels", "x"}, {"relay-once", "x"}} {
-		res := a25Run(t, append([]string{"-redis", addr, "-dsn", dsn}, cmd...)...)
+		res := runCLI(t, append([]string{"-redis", addr, "-dsn", dsn}, cmd...)...)
 		if res.code != exitFail {
 			t.Errorf("%v on a store without tables: want exit 1\n%v", cmd, res)
 		}
@@ -915,29 +915,29 @@ func TestAttack25StoreWithoutTables(t *testing.T) {
 	}
 	// Migrate twice.
 	for i := range 2 {
-		if res := a25Run(t, "-dsn", dsn, "migrate"); res.code != 0 || !strings.Contains(res.out, "ready") {
+		if res := runCLI(t, "-dsn", dsn, "migrate"); res.code != 0 || !strings.Contains(res.out, "ready") {
 			t.Fatalf("migrate #%d: %v", i+1, res)
 		}
 	}
 	// A different -table-prefix has no tables.
-	res := a25Run(t, "-redis", addr, "-dsn", dsn, "-table-prefix", "other_", "reconcile", "x")
+	res := runCLI(t, "-redis", addr, "-dsn", dsn, "-table-prefix", "other_", "reconcile", "x")
 	if res.code != exitFail || !strings.Contains(res.err, "migrate") {
 		t.Errorf("reconcile with another -table-prefix: %v", res)
 	}
 	// Now the documented way out: load -dsn with the units Redis accounts for (7 + 3 in flight).
-	if res := a25Run(t, "-redis", addr, "-dsn", dsn, "load", "x", "9"); res.code == 0 {
+	if res := runCLI(t, "-redis", addr, "-dsn", dsn, "load", "x", "9"); res.code == 0 {
 		t.Errorf("load -dsn with the wrong figure accepted: %v", res)
 	}
-	if res := a25Run(t, "-redis", addr, "-dsn", dsn, "load", "x", "10"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "-dsn", dsn, "load", "x", "10"); res.code != 0 {
 		t.Fatalf("load -dsn x 10: %v", res)
 	}
-	if res := a25Run(t, "-redis", addr, "-dsn", dsn, "relay-once"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "-dsn", dsn, "relay-once"); res.code != 0 {
 		t.Fatalf("relay-once: %v", res)
 	}
-	if res := a25Run(t, "-redis", addr, "-dsn", dsn, "reconcile"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "-dsn", dsn, "reconcile"); res.code != 0 {
 		t.Errorf("reconcile after the store side was added: %v", res)
 	}
-	if res := a25Run(t, "-redis", addr, "-dsn", dsn, "-json", "levels", "x"); res.code == 0 {
+	if res := runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "levels", "x"); res.code == 0 {
 		var rows []levelsJSON
 		if err := json.Unmarshal([]byte(res.out), &rows); err != nil || len(rows) != 1 || rows[0].StoreRemaining == nil || *rows[0].StoreRemaining != 7 {
 			t.Errorf("levels -dsn x: %v\n%v", err, res)
@@ -951,24 +951,24 @@ func TestAttack25StoreWithoutTables(t *testing.T) {
 // skipped by the backoff of the first failure (as the help says), but it must not look like
 // an empty outbox: it says "delivered 0 events (claimed 0 ...)" and exits 0 while the sale
 // still waits, so the operator, or a script, believes the outbox is drained.
-func TestAttack25RelayOnceRerunHidesPending(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestRelayOnceRerunHidesPending(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
-	if res := a25Run(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
 		t.Fatal(res)
 	}
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", Qty: 3}); err != nil {
 		t.Fatal(err)
 	}
-	dsn := a25SQLite(t)
-	first := a25Run(t, "-redis", addr, "-dsn", dsn, "relay-once")
+	dsn := sqliteDSN(t)
+	first := runCLI(t, "-redis", addr, "-dsn", dsn, "relay-once")
 	if first.code != exitFail {
 		t.Fatalf("relay-once into a store without tables: want exit 1\n%v", first)
 	}
-	second := a25Run(t, "-redis", addr, "-dsn", dsn, "relay-once")
+	second := runCLI(t, "-redis", addr, "-dsn", dsn, "relay-once")
 	p, d, err := stockops.Pending(ctx, r, "x")
 	if err != nil || p != 1 || d != 0 {
 		t.Fatalf("pending %d, dead %d, %v; want 1, 0", p, d, err)
@@ -980,11 +980,11 @@ func TestAttack25RelayOnceRerunHidesPending(t *testing.T) {
 }
 
 // A table prefix that would be SQL is refused before any statement.
-func TestAttack25TablePrefixInjection(t *testing.T) {
-	a25Env(t)
-	dsn := a25SQLite(t)
+func TestTablePrefixInjection(t *testing.T) {
+	clearEnv(t)
+	dsn := sqliteDSN(t)
 	for _, p := range []string{"x; DROP TABLE y; --", "a b", "a\"b", "a`b", "a'b", "a.b", strings.Repeat("p", 200)} {
-		res := a25Run(t, "-dsn", dsn, "-table-prefix", p, "migrate")
+		res := runCLI(t, "-dsn", dsn, "-table-prefix", p, "migrate")
 		if res.code != exitUsage || !strings.Contains(res.err, "-table-prefix") {
 			t.Errorf("-table-prefix %q: want exit 2 naming -table-prefix\n%v", p, res)
 		}
@@ -1001,15 +1001,15 @@ func TestAttack25TablePrefixInjection(t *testing.T) {
 }
 
 const (
-	a25PG    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	a25MySQL = "mysql://root@127.0.0.1:3306/test"
+	testPG    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	testMySQL = "mysql://root@127.0.0.1:3306/test"
 )
 
-// a25DB opens a DSN of stockctl's forms through stockctl's own parser. It skips when env, the
+// openDB opens a DSN of stockctl's forms through stockctl's own parser. It skips when env, the
 // variable that turns this server's suites on, is unset, and fails when it is set and the
 // server does not answer. The DSNs are stockctl's own forms on this machine's services, whatever
 // the variable's value: the test is about how stockctl reads them.
-func a25DB(t *testing.T, env, dsn string) *sql.DB {
+func openDB(t *testing.T, env, dsn string) *sql.DB {
 	t.Helper()
 	if os.Getenv(env) == "" {
 		t.Skipf("real-server test: set %s to run it", env)
@@ -1032,26 +1032,26 @@ func a25DB(t *testing.T, env, dsn string) *sql.DB {
 	return db
 }
 
-func TestAttack25ServerDatabases(t *testing.T) {
-	a25Env(t)
+func TestServerDatabases(t *testing.T) {
+	clearEnv(t)
 	for _, tc := range []struct{ name, env, dsn, wrongDB, wrongPW string }{
-		{"postgres", "STOCK_TEST_POSTGRES", a25PG, "postgres://postgres@127.0.0.1:5432/no_such_db_a25?sslmode=disable",
-			"postgres://no_such_user_a25:S3cretPW-a25@127.0.0.1:5432/test?sslmode=disable"},
-		{"mariadb", "STOCK_TEST_MYSQL", a25MySQL, "mysql://root@127.0.0.1:3306/no_such_db_a25",
-			"mysql://root:S3cretPW-a25@127.0.0.1:3306/test"},
-		{"mariadb go-sql-driver form", "STOCK_TEST_MYSQL", "mysql:root@tcp(127.0.0.1:3306)/test", "mysql:root@tcp(127.0.0.1:3306)/no_such_db_a25",
-			"mysql:root:S3cretPW-a25@tcp(127.0.0.1:3306)/test"},
+		{"postgres", "STOCK_TEST_POSTGRES", testPG, "postgres://postgres@127.0.0.1:5432/no_such_db_op?sslmode=disable",
+			"postgres://no_such_user_op:S3cretPW-op@127.0.0.1:5432/test?sslmode=disable"},
+		{"mariadb", "STOCK_TEST_MYSQL", testMySQL, "mysql://root@127.0.0.1:3306/no_such_db_op",
+			"mysql://root:S3cretPW-op@127.0.0.1:3306/test"},
+		{"mariadb go-sql-driver form", "STOCK_TEST_MYSQL", "mysql:root@tcp(127.0.0.1:3306)/test", "mysql:root@tcp(127.0.0.1:3306)/no_such_db_op",
+			"mysql:root:S3cretPW-op@tcp(127.0.0.1:3306)/test"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := a25DB(t, tc.env, tc.dsn)
-			prefix := fmt.Sprintf("a25_%d_", time.Now().UnixNano()%1e9)
+			db := openDB(t, tc.env, tc.dsn)
+			prefix := fmt.Sprintf("op_%d_", time.Now().UnixNano()%1e9)
 			t.Cleanup(func() {
 				for _, tb := range []string{"items", "records"} {
 					_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + tb)
 				}
 			})
 			for i := range 2 {
-				res := a25Run(t, "-dsn", tc.dsn, "-table-prefix", prefix, "-json", "migrate")
+				res := runCLI(t, "-dsn", tc.dsn, "-table-prefix", prefix, "-json", "migrate")
 				var m struct{ Tables []string }
 				if res.code != 0 || json.Unmarshal([]byte(res.out), &m) != nil || len(m.Tables) != 2 {
 					t.Fatalf("migrate #%d: %v", i+1, res)
@@ -1064,24 +1064,24 @@ func TestAttack25ServerDatabases(t *testing.T) {
 				}
 			}
 			for what, dsn := range map[string]string{"wrong database": tc.wrongDB, "wrong password or user": tc.wrongPW} {
-				res := a25Run(t, "-dsn", dsn, "-table-prefix", prefix, "migrate")
+				res := runCLI(t, "-dsn", dsn, "-table-prefix", prefix, "migrate")
 				if res.code != exitFail || res.took > 30*time.Second {
 					t.Errorf("%s: want exit 1 within 30s\n%v", what, res)
 				}
 				if !strings.Contains(res.err, "database") {
 					t.Errorf("%s: the error does not say the database failed\n%v", what, res)
 				}
-				if strings.Contains(res.err+res.out, "S3cretPW-a25") {
+				if strings.Contains(res.err+res.out, "S3cretPW-op") {
 					t.Errorf("%s: the password is printed\n%v", what, res)
 				}
 			}
 			// A store without tables (another prefix) is named with the way out.
 			if s := os.Getenv(redistest.EnvServer); s != "" {
 				srv := redistest.StartServer(t)
-				if res := a25Run(t, "-redis", srv.Addr(), "load", "x", "3"); res.code != 0 {
+				if res := runCLI(t, "-redis", srv.Addr(), "load", "x", "3"); res.code != 0 {
 					t.Fatal(res)
 				}
-				res := a25Run(t, "-redis", srv.Addr(), "-dsn", tc.dsn, "-table-prefix", prefix+"none_", "reconcile")
+				res := runCLI(t, "-redis", srv.Addr(), "-dsn", tc.dsn, "-table-prefix", prefix+"none_", "reconcile")
 				if res.code != exitFail || !strings.Contains(res.err, "migrate") {
 					t.Errorf("reconcile on a database without the tables: want exit 1 and the migrate hint\n%v", res)
 				}
@@ -1093,42 +1093,42 @@ func TestAttack25ServerDatabases(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Commands over every item: 0 items and many.
 
-func TestAttack25EveryItemEmpty(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestEveryItemEmpty(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	dsn := a25SQLite(t)
-	if res := a25Run(t, "-dsn", dsn, "migrate"); res.code != 0 {
+	dsn := sqliteDSN(t)
+	if res := runCLI(t, "-dsn", dsn, "migrate"); res.code != 0 {
 		t.Fatal(res)
 	}
 	for _, cmd := range [][]string{{"levels"}, {"items"}, {"sweep"}, {"-dsn", dsn, "reconcile"},
 		{"-dsn", dsn, "reconcile", "-apply"}, {"-dsn", dsn, "relay-once"}, {"-dsn", dsn, "levels"}} {
-		res := a25Run(t, append([]string{"-redis", addr}, cmd...)...)
+		res := runCLI(t, append([]string{"-redis", addr}, cmd...)...)
 		if res.code != 0 {
 			t.Errorf("%v on an empty Redis: %v", cmd, res)
 		}
 	}
-	res := a25Run(t, "-redis", addr, "sweep")
+	res := runCLI(t, "-redis", addr, "sweep")
 	if !strings.Contains(res.out, "released 0 units") {
 		t.Errorf("sweep: %v", res)
 	}
-	res = a25Run(t, "-redis", addr, "-dsn", dsn, "reconcile")
+	res = runCLI(t, "-redis", addr, "-dsn", dsn, "reconcile")
 	if !strings.Contains(res.out, "items: 0,") {
 		t.Errorf("reconcile: %v", res)
 	}
 	// Nothing but what a reconcile -apply pass records (the epoch) may be there: no item keys.
-	for k := range a25Dump(t, c) {
+	for k := range dumpKeys(t, c) {
 		if strings.Contains(k, "{") && !strings.Contains(k, "{~") {
 			t.Errorf("an item key appeared on an empty Redis: %q", k)
 		}
 	}
 }
 
-func TestAttack25EveryItemMany(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestEveryItemMany(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "many.db")
 	dsn := "sqlite:" + path
@@ -1174,12 +1174,12 @@ func TestAttack25EveryItemMany(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond)
 
-	res := a25Run(t, "-redis", addr, "-json", "items")
+	res := runCLI(t, "-redis", addr, "-json", "items")
 	var items []string
 	if err := json.Unmarshal([]byte(res.out), &items); err != nil || len(items) != n || !slices.IsSorted(items) {
 		t.Fatalf("items: %d, sorted %v, %v", len(items), slices.IsSorted(items), err)
 	}
-	res = a25Run(t, "-redis", addr, "-json", "levels")
+	res = runCLI(t, "-redis", addr, "-json", "levels")
 	var rows []levelsJSON
 	if err := json.Unmarshal([]byte(res.out), &rows); err != nil || res.code != 0 || len(rows) != n {
 		t.Fatalf("levels: %d rows, %v\n%s", len(rows), err, res.err)
@@ -1190,7 +1190,7 @@ func TestAttack25EveryItemMany(t *testing.T) {
 		}
 	}
 	// Report-only reconcile: the sales are in flight, no drift.
-	res = a25Run(t, "-redis", addr, "-dsn", dsn, "-json", "reconcile")
+	res = runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "reconcile")
 	var rep struct {
 		Found, Left bool
 		Reports     []reportJSON
@@ -1199,7 +1199,7 @@ func TestAttack25EveryItemMany(t *testing.T) {
 		t.Errorf("reconcile: exit %d, %d reports, found %v, %v\n%s", res.code, len(rep.Reports), rep.Found, err, res.err)
 	}
 	// sweep releases every expired hold, of every item.
-	res = a25Run(t, "-redis", addr, "-json", "sweep")
+	res = runCLI(t, "-redis", addr, "-json", "sweep")
 	var sw struct{ Released int64 }
 	if err := json.Unmarshal([]byte(res.out), &sw); err != nil || res.code != 0 || sw.Released != expiring {
 		t.Errorf("sweep: released %d, want %d; %v\n%v", sw.Released, expiring, err, res.err)
@@ -1215,13 +1215,13 @@ func TestAttack25EveryItemMany(t *testing.T) {
 	if held != 0 {
 		t.Errorf("held after sweep: %d", held)
 	}
-	res = a25Run(t, "-redis", addr, "-json", "sweep")
+	res = runCLI(t, "-redis", addr, "-json", "sweep")
 	if err := json.Unmarshal([]byte(res.out), &sw); err != nil || sw.Released != 0 {
 		t.Errorf("second sweep: released %d, %v", sw.Released, err)
 	}
 	// relay-once delivers every sale (the expired holds queue nothing for the store, or their
 	// release with them).
-	res = a25Run(t, "-redis", addr, "-dsn", dsn, "-json", "relay-once")
+	res = runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "relay-once")
 	var rl struct{ Delivered, Claimed, Refused int }
 	if err := json.Unmarshal([]byte(res.out), &rl); err != nil || res.code != 0 || rl.Refused != 0 {
 		t.Fatalf("relay-once: %+v %v\n%v", rl, err, res)
@@ -1238,7 +1238,7 @@ func TestAttack25EveryItemMany(t *testing.T) {
 	if want := int64(n*20) - 2*sales; remaining != want {
 		t.Errorf("store remaining %d, want %d", remaining, want)
 	}
-	res = a25Run(t, "-redis", addr, "-dsn", dsn, "reconcile", "-apply")
+	res = runCLI(t, "-redis", addr, "-dsn", dsn, "reconcile", "-apply")
 	if res.code != 0 || !strings.Contains(res.out, fmt.Sprintf("items: %d, with drift or losses: 0", n)) {
 		t.Errorf("reconcile -apply after relay: %v", res.code)
 		t.Log(res.err, lastLines(res.out, 3))
@@ -1253,20 +1253,20 @@ func lastLines(s string, n int) string {
 // ---------------------------------------------------------------------------------------------
 // Closing, delisting and restoring do what the help says, no more.
 
-func TestAttack25CloseDelistRestore(t *testing.T) {
-	s := a25Server(t)
-	c := a25Client(t, s.Addr())
+func TestCloseDelistRestore(t *testing.T) {
+	s := privateServer(t)
+	c := serverClient(t, s.Addr())
 	addr := s.Addr()
-	r := a25Reserver(t, c, "stock")
+	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
-	if res := a25Run(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
 		t.Fatal(res)
 	}
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", Qty: 4}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		if res := a25Run(t, "-redis", addr, "close", "x"); res.code != 0 {
+		if res := runCLI(t, "-redis", addr, "close", "x"); res.code != 0 {
 			t.Fatalf("close #%d: %v", i+1, res)
 		}
 	}
@@ -1274,12 +1274,12 @@ func TestAttack25CloseDelistRestore(t *testing.T) {
 		t.Errorf("deduct on a closed item: %v", err)
 	}
 	// restore goes on while closed, once.
-	res := a25Run(t, "-redis", addr, "-json", "restore", "x", "o1")
+	res := runCLI(t, "-redis", addr, "-json", "restore", "x", "o1")
 	var rc receiptJSON
 	if err := json.Unmarshal([]byte(res.out), &rc); err != nil || res.code != 0 || rc.Qty != 4 || rc.Replayed {
 		t.Errorf("restore: %+v %v\n%v", rc, err, res)
 	}
-	res = a25Run(t, "-redis", addr, "-json", "restore", "x", "o1")
+	res = runCLI(t, "-redis", addr, "-json", "restore", "x", "o1")
 	if err := json.Unmarshal([]byte(res.out), &rc); err != nil || res.code != 0 || !rc.Replayed {
 		t.Errorf("restore replay: %+v %v\n%v", rc, err, res)
 	}
@@ -1287,17 +1287,17 @@ func TestAttack25CloseDelistRestore(t *testing.T) {
 		t.Errorf("after restore and its replay: %+v", lv)
 	}
 	// restore of an unknown id: refused, nothing written; with -tombstone a late deduct is refused.
-	before := a25StableDump(t, c)
-	if res := a25Run(t, "-redis", addr, "restore", "x", "late"); res.code != exitFail || !strings.Contains(res.err, "-tombstone") {
+	before := stableDump(t, c)
+	if res := runCLI(t, "-redis", addr, "restore", "x", "late"); res.code != exitFail || !strings.Contains(res.err, "-tombstone") {
 		t.Errorf("restore of an unknown id: %v", res)
 	}
-	if after := a25Dump(t, c); !a25SameDump(before, after) {
-		t.Errorf("restore without -tombstone wrote:\n%s", a25DiffDump(before, after))
+	if after := dumpKeys(t, c); !sameDump(before, after) {
+		t.Errorf("restore without -tombstone wrote:\n%s", diffDump(before, after))
 	}
-	if res := a25Run(t, "-redis", addr, "reopen", "x"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "reopen", "x"); res.code != 0 {
 		t.Fatal(res)
 	}
-	if res := a25Run(t, "-redis", addr, "restore", "-tombstone", "x", "late"); res.code != 0 {
+	if res := runCLI(t, "-redis", addr, "restore", "-tombstone", "x", "late"); res.code != 0 {
 		t.Fatal(res)
 	}
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "late", Qty: 1}); !errors.Is(err, stock.ErrRestored) {
@@ -1305,18 +1305,18 @@ func TestAttack25CloseDelistRestore(t *testing.T) {
 	}
 	// delist: reopen refuses, delist twice does nothing.
 	for i := range 2 {
-		if res := a25Run(t, "-redis", addr, "delist", "x"); res.code != 0 {
+		if res := runCLI(t, "-redis", addr, "delist", "x"); res.code != 0 {
 			t.Fatalf("delist #%d: %v", i+1, res)
 		}
 	}
-	if res := a25Run(t, "-redis", addr, "reopen", "x"); res.code == 0 {
+	if res := runCLI(t, "-redis", addr, "reopen", "x"); res.code == 0 {
 		t.Errorf("reopen of a delisted item accepted: %v", res)
 	}
 	if lv, _ := r.Levels(ctx, "x"); !lv.Closed {
 		t.Errorf("delisted item open: %+v", lv)
 	}
 	// load of a live item never overwrites.
-	if res := a25Run(t, "-redis", addr, "load", "x", "999"); res.code != exitFail || !strings.Contains(res.err, "restock") {
+	if res := runCLI(t, "-redis", addr, "load", "x", "999"); res.code != exitFail || !strings.Contains(res.err, "restock") {
 		t.Errorf("load of a live item: %v", res)
 	}
 	if lv, _ := r.Levels(ctx, "x"); lv.Loaded != 10 {
@@ -1325,9 +1325,9 @@ func TestAttack25CloseDelistRestore(t *testing.T) {
 }
 
 // -timeout bounds a run even when Redis answers slowly: a tiny timeout fails cleanly.
-func TestAttack25TinyTimeout(t *testing.T) {
-	s := a25Server(t)
-	res := a25Run(t, "-redis", s.Addr(), "-timeout", "1ns", "load", "x", "5")
+func TestTinyTimeout(t *testing.T) {
+	s := privateServer(t)
+	res := runCLI(t, "-redis", s.Addr(), "-timeout", "1ns", "load", "x", "5")
 	if res.code != exitFail || res.took > 30*time.Second {
 		t.Errorf("-timeout 1ns: want exit 1 quickly\n%v", res)
 	}

@@ -95,7 +95,7 @@ func deduct(t *testing.T, r *stock.Reserver, sku, id string, qty int64) stock.Re
 
 // NewRelay: "Either [store or pub] may be nil, not both. opts may be nil for the defaults."
 // A bad option is ErrInvalid (the package's "bad input is refused with ErrInvalid").
-func TestAtkNewRelayArguments(t *testing.T) {
+func TestNewRelayArguments(t *testing.T) {
 	r, _ := miniReserver(t)
 	db := memstore.New()
 	if rl, err := stockops.NewRelay(r, nil, nil, nil); !errors.Is(err, stock.ErrInvalid) || rl != nil {
@@ -125,7 +125,7 @@ func TestAtkNewRelayArguments(t *testing.T) {
 
 // NewReconciler: a reconciler needs a store; opts may be nil; Run refuses a negative Interval
 // ("stockops.Reconciler.Run refuses it"); FailoverGuard.Run refuses a non-positive interval.
-func TestAtkNewReconcilerArguments(t *testing.T) {
+func TestNewReconcilerArguments(t *testing.T) {
 	r, _ := miniReserver(t)
 	var noStore stock.Store
 	if rc, err := stockops.NewReconciler(r, noStore, nil); !errors.Is(err, stock.ErrInvalid) || rc != nil {
@@ -163,7 +163,7 @@ func TestAtkNewReconcilerArguments(t *testing.T) {
 // reconciler passes, sweeps, cart recovery and the reads run beside Run: no event is applied
 // twice, no pass finds drift or repairs anything (nothing drifted), and at the end Redis and
 // the Store agree.
-func TestAtkConcurrentBesideRun(t *testing.T) {
+func TestConcurrentBesideRun(t *testing.T) {
 	r, _ := miniReserver(t)
 	db := memstore.New()
 	skus := []string{"p0", "p1", "p2", "p3"}
@@ -329,7 +329,7 @@ func TestAtkConcurrentBesideRun(t *testing.T) {
 // answer ErrFailover (restores go on). A dry run or a pass limited by ReconcileOptions.Items
 // does not lift it; a complete repairing stockops pass records the primaries
 // (PassResult.EpochRecorded) and lifts this Reserver's fence "at once", without a Check.
-func TestAtkGuardFenceLiftedByStockopsPass(t *testing.T) {
+func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 	ctx := context.Background()
 	addr := realRedis(t)
 	r, c := realReserver(t, addr, false)
@@ -392,7 +392,7 @@ func TestAtkGuardFenceLiftedByStockopsPass(t *testing.T) {
 // "Once fenced, the Reserver's refused requests check the guard too, at most once a second, so
 // a pass in another process lifts the fence even when nothing calls Check any more." Here the
 // other process is a second Reserver with no guard on the same Redis.
-func TestAtkGuardLiftedByAnotherProcessPass(t *testing.T) {
+func TestGuardLiftedByAnotherProcessPass(t *testing.T) {
 	ctx := context.Background()
 	addr := realRedis(t)
 	r1, c := realReserver(t, addr, false)
@@ -438,7 +438,7 @@ func TestAtkGuardLiftedByAnotherProcessPass(t *testing.T) {
 // carried over through the stockops types. A dry run, so the situation stays put between the
 // three calls. The situation sets most fields: drift, pending and dead-letter events, a
 // registry entry lost (Unregistered, ErrRegistryLost on Once and Pass alike).
-func TestAtkReportSameThroughOncePassItem(t *testing.T) {
+func TestReportSameThroughOncePassItem(t *testing.T) {
 	ctx := context.Background()
 	r, mr := miniReserver(t)
 	db := memstore.New()
@@ -518,7 +518,7 @@ func TestAtkReportSameThroughOncePassItem(t *testing.T) {
 // all items are joined. A corrupt ledger entry is an error that names its id, and that step
 // releases nothing." Bad names are ErrInvalid before anything is sent; an item named twice is
 // not released twice.
-func TestAtkSweep(t *testing.T) {
+func TestSweep(t *testing.T) {
 	ctx := context.Background()
 	r, mr := miniReserver(t)
 	now := time.Now()
@@ -563,7 +563,7 @@ func TestAtkSweep(t *testing.T) {
 // more than one page) must not panic ("range function continued iteration"), and they list
 // every item and entry once. Entries: "Iteration stops at the first error, which is yielded
 // with a zero Entry."
-func TestAtkItemsEntriesIteration(t *testing.T) {
+func TestItemsEntriesIteration(t *testing.T) {
 	ctx := context.Background()
 	r, mr := miniReserver(t)
 	const n = 700
@@ -660,7 +660,7 @@ func TestAtkItemsEntriesIteration(t *testing.T) {
 // The entry becomes refused and an EventRefused is queued for the publisher." The Receipt of the
 // stock package comes through the forwarding layer whole, on success and on error, and errors
 // keep their sentinels.
-func TestAtkRefuse(t *testing.T) {
+func TestRefuse(t *testing.T) {
 	ctx := context.Background()
 	r, _ := miniReserver(t)
 	load(t, r, nil, "a", 10)
@@ -718,7 +718,7 @@ func TestAtkRefuse(t *testing.T) {
 
 // "When the Store refuses a deduct (ErrRefused), the relay gives the stock back in Redis once
 // (the ledger entry becomes refused) and an EventRefused follows through the outbox."
-func TestAtkRelayRefusal(t *testing.T) {
+func TestRelayRefusal(t *testing.T) {
 	ctx := context.Background()
 	r, _ := miniReserver(t)
 	db := memstore.New()
@@ -759,7 +759,7 @@ func TestAtkRelayRefusal(t *testing.T) {
 // a late retry of such a cart returns ErrRestored. It returns the number of carts this call
 // undid (... concurrent calls add up to the carts undone)". The sagas are cut short by an
 // error injected on the second item's script, as if the process had died there.
-func TestAtkRecoverCartsConcurrent(t *testing.T) {
+func TestRecoverCartsConcurrent(t *testing.T) {
 	ctx := context.Background()
 	r, mr := miniReserver(t)
 	load(t, r, nil, "a", 100)
@@ -828,7 +828,7 @@ func TestAtkRecoverCartsConcurrent(t *testing.T) {
 // accepted ... stays, in flight for the Reconciler, until a consumer applies it through
 // stock.Consume." and "a pass while a queue's consumers are down adds no stock for the sales
 // waiting in the queue". Report.Published and InFlight say so.
-func TestAtkQueuePathInFlight(t *testing.T) {
+func TestQueuePathInFlight(t *testing.T) {
 	ctx := context.Background()
 	r, _ := miniReserver(t)
 	db := memstore.New()
@@ -869,23 +869,21 @@ func TestAtkQueuePathInFlight(t *testing.T) {
 	}
 }
 
-// BUG. FailoverGuard.Check promises: "A Redis with no recorded epoch is a new deployment only
-// when no item is loaded and this guard saw no other primaries before ... Otherwise (... the
-// epoch lost with the data in a restart without persistence) nothing tells which writes were
-// lost, so it fences until a complete repairing Reconciler pass records the primaries." And
-// ErrFailover: Deduct is refused "while a failover guard has seen the Redis primaries change
-// ... and no reconcile pass has run since".
+// TestGuardRestartWithoutPersistenceStaysFenced: FailoverGuard.Check promises "A Redis with no
+// recorded epoch is a new deployment only when no item is loaded and this guard saw no other
+// primaries before ... Otherwise (... the epoch lost with the data in a restart without
+// persistence) nothing tells which writes were lost, so it fences until a complete repairing
+// Reconciler pass records the primaries." And ErrFailover: Deduct is refused "while a failover
+// guard has seen the Redis primaries change ... and no reconcile pass has run since".
 //
-// Observed: after a restart without persistence (the registry and the epoch are lost with the
-// data) the guard's first Check fences, but its second Check, with no pass in between, takes
-// the empty Redis for a new deployment (it compares only with the primaries of its last check,
-// which are already the new ones), records the new primaries as reconciled in "<prefix>:epoch"
-// and lifts the fence. Recording the epoch also lifts the fences of every other process's guard
-// at their next check. With Reserver.Run's guard (every second) the fence after such a restart
-// lasts about a second instead of until the first reconcile pass. Deduct then answers
-// ErrNotLoaded instead of ErrFailover, and an operator's re-run preheat (Load) sells again on
-// Redis before any pass compared it with the Store.
-func TestAtkGuardRestartWithoutPersistenceStaysFenced(t *testing.T) {
+// After a restart without persistence (the registry and the epoch lost with the data) the
+// guard's first Check fences, and its later Checks, with no pass in between, must not take the
+// empty Redis for a new deployment: comparing only with the primaries of its last check would
+// record the new primaries as reconciled in "<prefix>:epoch" and lift the fence (and every
+// other process's guard's at their next check) about a second after the restart, so that
+// Deduct would answer ErrNotLoaded instead of ErrFailover and an operator's re-run preheat
+// (Load) would sell again on Redis before any pass compared it with the Store.
+func TestGuardRestartWithoutPersistenceStaysFenced(t *testing.T) {
 	ctx := context.Background()
 	addr, restart := realRedisRestartable(t)
 	r, _ := realReserver(t, addr, false)
@@ -960,7 +958,7 @@ func TestAtkGuardRestartWithoutPersistenceStaysFenced(t *testing.T) {
 // DeadLetters and InFlight are then Redis's figures (every undelivered event in flight),
 // StoreRemaining and Drift are 0, and nothing is repaired." Report.String is one line that
 // carries the figures and the call for a human.
-func TestAtkReportItemUnknownToStore(t *testing.T) {
+func TestReportItemUnknownToStore(t *testing.T) {
 	ctx := context.Background()
 	r, _ := miniReserver(t)
 	db := memstore.New()
@@ -999,14 +997,13 @@ func TestAtkReportItemUnknownToStore(t *testing.T) {
 	}
 }
 
-// Lower severity. The package promises "Bad input is refused with ErrInvalid before anything is
-// sent to Redis", and NewRelay and NewReconciler check their other arguments that way (a relay
-// with neither store nor publisher, a reconciler without a store). A nil *stock.Reserver is
-// not checked: NewRelay and NewReconciler return a relay and a reconciler with a nil error, and
-// their first Once/Pass panics with a nil pointer dereference far from the mistake (the other
-// functions panic at once). Wanted: an error wrapping ErrInvalid at construction (or at least a
-// panic there).
-func TestAtkNilReserverRefusedAtConstruction(t *testing.T) {
+// TestNilReserverRefusedAtConstruction: the package promises "Bad input is refused with
+// ErrInvalid before anything is sent to Redis", and NewRelay and NewReconciler check their
+// other arguments that way (a relay with neither store nor publisher, a reconciler without a
+// store). A nil *stock.Reserver must be refused the same way, with an error wrapping
+// ErrInvalid at construction, not by a nil pointer dereference in the first Once or Pass, far
+// from the mistake.
+func TestNilReserverRefusedAtConstruction(t *testing.T) {
 	ctx := context.Background()
 	db := memstore.New()
 	mustFailFast := func(name string, construct func() (bool, error), use func()) {
@@ -1045,7 +1042,7 @@ func TestAtkNilReserverRefusedAtConstruction(t *testing.T) {
 // Relay.Once "returns the first error met (after finishing the other items); events that
 // failed stay in the outbox for a later pass", and "A failed event holds back its item, with
 // backoff, not the other items". RelayOptions.Items limits the relay to those items.
-func TestAtkRelayOnceFailingItem(t *testing.T) {
+func TestRelayOnceFailingItem(t *testing.T) {
 	ctx := context.Background()
 	r, _ := miniReserver(t)
 	db := memstore.New()
