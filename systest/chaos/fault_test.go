@@ -19,9 +19,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/rueidis"
-	_ "modernc.org/sqlite"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
