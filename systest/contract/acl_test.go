@@ -248,16 +248,16 @@ func TestACLDocumented(t *testing.T) {
 	assert.Contains(t, doc, want)
 }
 
-// a24ACL is the README's least-privilege user for prefix shop, plus extra.
-func a24ACL(t *testing.T, admin rueidis.Client, user, extra string) {
+// acl is the README's least-privilege user for prefix shop, plus extra.
+func acl(t *testing.T, admin rueidis.Client, user, extra string) {
 	t.Helper()
 	rule := "reset on >pw resetchannels ~shop:{* ~shop:items ~shop:epoch ~shop:carts{~} ~shop:carts{~}:p ~shop:carts{~}:w ~shop:probe ~shop:due{~* ~shop:holdsdue{~* -@all +ping +client|tracking +client|caching +multi +exec +pttl +cluster|slots +cluster|shards +role +evalsha +eval +get +getrange +set +del +exists +pexpire +setbit +time +hget +hmget +hset +hsetnx +hdel +hexists +hincrby +hscan +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore +sadd +srem +scard +sscan +sismember +wait +info " + extra
 	args := append([]string{"ACL", "SETUSER", user}, strings.Fields(rule)...)
-	require.NoError(t, a24Do(t, admin, args...).Error())
+	require.NoError(t, faultDo(t, admin, args...).Error())
 }
 
-// a24Ops runs every exported operation once and asserts their answers.
-func a24Ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
+// ops runs every exported operation once and asserts their answers.
+func ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 	t.Helper()
 	ctx := context.Background()
 	sku := "acl-" + tag
@@ -299,11 +299,11 @@ func a24Ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 // +function|load, with both, and a user whose +fcall is taken away mid-run. Every operation
 // must work in each case, with the library flushed between calls.
 func TestACL(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	flush := func() {
-		a24Do(t, admin, "FUNCTION", "FLUSH", "SYNC")
+		faultDo(t, admin, "FUNCTION", "FLUSH", "SYNC")
 	}
 	noop := func() {}
 	userClient := func(user string) rueidis.Client {
@@ -321,44 +321,44 @@ func TestACL(t *testing.T) {
 	}
 	for _, cs := range cases {
 		t.Run(cs.user, func(t *testing.T) {
-			a24ACL(t, admin, cs.user, cs.extra)
+			acl(t, admin, cs.user, cs.extra)
 			r := kit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
-			a24Ops(t, r, cs.user+"1", noop)
+			ops(t, r, cs.user+"1", noop)
 			r2 := kit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
-			a24Ops(t, r2, cs.user+"2", flush)
+			ops(t, r2, cs.user+"2", flush)
 			// The library loaded by an admin, the user may only call it.
 			r3 := kit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
-			a24Ops(t, r3, cs.user+"3", func() {
+			ops(t, r3, cs.user+"3", func() {
 				ra := kit.NewReserver(t, admin, stock.WithPrefix("other"))
 				_ = ra.Load(context.Background(), "x", 1) // loads the library as admin
 			})
 		})
 	}
 	t.Run("revoked", func(t *testing.T) {
-		a24ACL(t, admin, "rev", "+fcall +function|load")
+		acl(t, admin, "rev", "+fcall +function|load")
 		r := kit.NewReserver(t, userClient("rev"), stock.WithPrefix("shop"), stock.WithTimeout(3*time.Second))
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "rev", 500))
-		st := newA24Stats()
+		st := newStats()
 		stop := make(chan struct{})
-		rounds := a24Chaos(stop, func(i int) {
+		rounds := chaos(stop, func(i int) {
 			switch i % 4 {
 			case 0:
-				a24Do(t, admin, "ACL", "SETUSER", "rev", "-fcall")
+				faultDo(t, admin, "ACL", "SETUSER", "rev", "-fcall")
 			case 1:
-				a24Do(t, admin, "FUNCTION", "FLUSH")
+				faultDo(t, admin, "FUNCTION", "FLUSH")
 			case 2:
-				a24Do(t, admin, "ACL", "SETUSER", "rev", "+fcall", "-function|load")
+				faultDo(t, admin, "ACL", "SETUSER", "rev", "+fcall", "-function|load")
 			case 3:
-				a24Do(t, admin, "ACL", "SETUSER", "rev", "+fcall", "+function|load")
+				faultDo(t, admin, "ACL", "SETUSER", "rev", "+fcall", "+function|load")
 			}
 			time.Sleep(3 * time.Millisecond)
 		})
-		a24Traffic([]*stock.Reserver{r}, st, "v", []string{"rev"}, 4, 80, 3)
+		faultTraffic([]*stock.Reserver{r}, st, "v", []string{"rev"}, 4, 80, 3)
 		close(stop)
 		<-rounds
 		t.Logf("raw %v", st.raw)
 		assert.Empty(t, st.raw)
-		a24Check(t, r, st, map[string]int64{"rev": 500})
+		faultCheck(t, r, st, map[string]int64{"rev": 500})
 	})
 }

@@ -27,8 +27,8 @@ import (
 	"github.com/stockres/stock/systest/internal/kit"
 )
 
-// a12Backends runs f on every backend with the backend handle (for Pair).
-func a12Backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+// backends runs f on every backend with the backend handle (for Pair).
+func backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
 	t.Helper()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -38,15 +38,15 @@ func a12Backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
 	}
 }
 
-// a12Check asserts loaded = available + held + sold, available >= 0, and that the ledger
+// check asserts loaded = available + held + sold, available >= 0, and that the ledger
 // explains sold, held and loaded (initial + restocks).
-func a12Check(t *testing.T, r *stock.Reserver, sku string, initial int64) stock.Levels {
+func check(t *testing.T, r *stock.Reserver, sku string, initial int64) stock.Levels {
 	t.Helper()
 	l, _ := kit.CheckLedger(t, r, sku, initial)
 	return l
 }
 
-func a12Load(t *testing.T, r *stock.Reserver, items map[string]int64) {
+func cartLoad(t *testing.T, r *stock.Reserver, items map[string]int64) {
 	t.Helper()
 	for sku, q := range items {
 		require.NoError(t, r.Load(context.Background(), sku, q), sku)
@@ -57,10 +57,10 @@ func a12Load(t *testing.T, r *stock.Reserver, items map[string]int64) {
 // ErrConflict and changes nothing" — across kinds (DeductMany then HoldMany) and users, with an
 // empty user on one side, and for a cart whose lines are given in another order or split.
 func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
-		a12Load(t, r, map[string]int64{"a": 10, "b": 10, "c": 10})
+		cartLoad(t, r, map[string]int64{"a": 10, "b": 10, "c": 10})
 		cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
 		_, err := r.DeductMany(ctx, cart)
 		require.NoError(t, err)
@@ -93,9 +93,9 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, rc.Replayed)
 
-		assert.Equal(t, int64(1), a12Check(t, r, "a", 10).Sold)
-		assert.Equal(t, int64(2), a12Check(t, r, "b", 10).Sold)
-		assert.Equal(t, int64(0), a12Check(t, r, "c", 10).Sold)
+		assert.Equal(t, int64(1), check(t, r, "a", 10).Sold)
+		assert.Equal(t, int64(2), check(t, r, "b", 10).Sold)
+		assert.Equal(t, int64(0), check(t, r, "c", 10).Sold)
 		for _, sku := range []string{"a", "b"} {
 			e, err := r.Ledger(ctx, sku, "order-7")
 			require.NoError(t, err)
@@ -110,10 +110,10 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 // whatever is left and answers the *CartError" — here the undone cart is retried after the
 // short item was restocked: the retry must not take anything.
 func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
-		a12Load(t, r, map[string]int64{"a": 5, "b": 5, "z": 0})
+		cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "z": 0})
 		taken := stock.Cart{ID: "t1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.DeductMany(ctx, taken)
 		require.NoError(t, err)
@@ -124,8 +124,8 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, rc.Replayed)
 		}
-		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold)
-		assert.Equal(t, int64(1), a12Check(t, r, "b", 5).Sold)
+		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
 		// A single Deduct of the restored line's id is refused.
 		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrRestored)
@@ -146,8 +146,8 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 		}
 		_, err = r.HoldMany(ctx, undone, time.Minute)
 		assert.Error(t, err)
-		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold)
-		assert.Equal(t, int64(0), a12Check(t, r, "z", 0).Sold+a12Check(t, r, "z", 0).Held)
+		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(0), check(t, r, "z", 0).Sold+check(t, r, "z", 0).Held)
 		// The undone cart's lines are tombstoned: a single deduct of them is refused.
 		_, err = r.Deduct(ctx, stock.Request{SKU: "z", ID: "u1", User: "u", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrRestored)
@@ -160,11 +160,11 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 // the others: a cart is confirmed whole or not at all". The first hold in SKU order is live
 // (extended), the second expired: nothing may stay confirmed.
 func TestConfirmManyWholeOrNothing(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
-		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
 		require.NoError(t, err)
@@ -173,7 +173,7 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 		redistest.Sleep(c, 400*time.Millisecond)
 		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
 		assert.ErrorIs(t, err, stock.ErrExpired)
-		la, lb := a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
 		assert.Equal(t, int64(0), la.Sold+lb.Sold, "nothing confirmed: a=%+v b=%+v", la, lb)
 		assert.Equal(t, int64(0), la.Held+lb.Held, "nothing held: a=%+v b=%+v", la, lb)
 		// A retry changes nothing (its answer: TestConfirmManyRetryAnswersExpired).
@@ -181,7 +181,7 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 		assert.Error(t, err)
 		_, err = r.ConfirmMany(ctx, "h1", "b", "a")
 		assert.Error(t, err)
-		la, lb = a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		la, lb = check(t, r, "a", 5), check(t, r, "b", 5)
 		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held)
 
 		// The other order: the first hold expired, the second live.
@@ -193,7 +193,7 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 		redistest.Sleep(c, 400*time.Millisecond)
 		_, err = r.ConfirmMany(ctx, "h2", "a", "b")
 		assert.ErrorIs(t, err, stock.ErrExpired)
-		la, lb = a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		la, lb = check(t, r, "a", 5), check(t, r, "b", 5)
 		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held, "a=%+v b=%+v", la, lb)
 	})
 }
@@ -204,11 +204,11 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 // "cart refused by a: ErrRestored" (the line the first call cancelled), not ErrExpired, on
 // every backend.
 func TestConfirmManyRetryAnswersExpired(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
-		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
 		require.NoError(t, err)
@@ -222,10 +222,10 @@ func TestConfirmManyRetryAnswersExpired(t *testing.T) {
 	})
 }
 
-// a12CartRace runs many copies of one cart id at once, racing restores of its lines, a restock
+// cartRace runs many copies of one cart id at once, racing restores of its lines, a restock
 // of the short item, a close/reopen of one item and RecoverCarts(-1s), and checks that the
 // answers agree with each other and with the stock.
-func a12CartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
+func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 	ctx := context.Background()
 	id := fmt.Sprintf("cart-%d", round)
 	skus := []string{"ra", "rb", "rc"}
@@ -336,14 +336,14 @@ func a12CartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool)
 func TestCartConcurrentCopies(t *testing.T) {
 	for _, hold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
-			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
 				r := kit.NewReserver(t, b.Client(t))
-				a12Load(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
+				cartLoad(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
 				for round := range 12 {
-					a12CartRace(t, r, round, hold, false)
+					cartRace(t, r, round, hold, false)
 				}
 				for _, sku := range []string{"ra", "rb"} {
-					a12Check(t, r, sku, 1000)
+					check(t, r, sku, 1000)
 				}
 			})
 		})
@@ -364,14 +364,14 @@ func TestCartConcurrentCopiesGrouped(t *testing.T) {
 	}
 	for name, g := range groups {
 		t.Run(name, func(t *testing.T) {
-			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
 				r := kit.NewReserver(t, b.Client(t), stock.WithGroups(g))
-				a12Load(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
+				cartLoad(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
 				for round := range 12 {
-					a12CartRace(t, r, round, round%2 == 1, name == "one-group")
+					cartRace(t, r, round, round%2 == 1, name == "one-group")
 				}
 				for _, sku := range []string{"ra", "rb"} {
-					a12Check(t, r, sku, 1000)
+					check(t, r, sku, 1000)
 				}
 			})
 		})
@@ -391,7 +391,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 		user  string
 		lines map[string]int64
 	}
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
 		for _, s := range skus {
@@ -439,7 +439,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 			}
 		}
 		for _, s := range skus {
-			l := a12Check(t, r, s, 1_000_000)
+			l := check(t, r, s, 1_000_000)
 			assert.Equal(t, sold[s], l.Sold, s)
 			assert.Equal(t, held[s], l.Held, s)
 		}
@@ -451,15 +451,15 @@ func TestCartRecordsRandomNames(t *testing.T) {
 // laid by a cart's undo or by a Cancel of an unknown id, through a Reserver whose cache says the
 // item is sold out, makes that Reserver answer ErrRestored for the id, never ErrSoldOut.
 func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 1000))
 		require.NoError(t, r.Load(ctx, "z1", 0))
 		require.NoError(t, r.Load(ctx, "z2", 0))
 		for i := range 100 {
-			a12WarmSoldOut(t, r, "z1", false)
-			a12WarmSoldOut(t, r, "z2", false)
+			warmSoldOut(t, r, "z1", false)
+			warmSoldOut(t, r, "z2", false)
 			id := fmt.Sprint("cart", i)
 			// a is taken first (SKU order), z1 refuses: z2 is tombstoned by the undo.
 			_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "z1", Qty: 1}, {SKU: "z2", Qty: 1}}})
@@ -475,14 +475,14 @@ func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 			assert.ErrorIs(t, err, stock.ErrRestored, cid)
 		}
 		t.Logf("in-process answers %d", stockops.SoldOutAnswers(r))
-		assert.Equal(t, int64(0), a12Check(t, r, "a", 1000).Sold)
+		assert.Equal(t, int64(0), check(t, r, "a", 1000).Sold)
 	})
 }
 
 // Promise (ConfirmMany doc): "a cart is confirmed whole or not at all" — with a CancelMany of
 // the same cart racing it, the cart ends all confirmed or all given back, never split.
 func TestConfirmManyRacingCancelMany(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
@@ -524,7 +524,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 			}
 		}
 		for _, s := range skus {
-			a12Check(t, r1, s, 1000)
+			check(t, r1, s, 1000)
 		}
 		t.Logf("split carts: %d of 60", split)
 	})
@@ -533,7 +533,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 // Bad carts are ErrInvalid and change nothing: 101 lines, a zero or negative line, lines that
 // sum past MaxQty, an empty id.
 func TestCartBadInput(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 10))
@@ -559,7 +559,7 @@ func TestCartBadInput(t *testing.T) {
 		// 100 lines of one item summed: a valid cart.
 		_, err := r.DeductMany(ctx, stock.Cart{ID: "c", Lines: many[:10]})
 		require.NoError(t, err)
-		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, a12Check(t, r, "a", 10))
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, check(t, r, "a", 10))
 	})
 }
 
@@ -567,10 +567,10 @@ func TestCartBadInput(t *testing.T) {
 // are summed before any check, restores give the user's units back, and a replay of a taken
 // cart (after one of its lines was restored) takes nothing, the user's units included.
 func TestCartUserLimit(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t), stock.WithUserLimit(1))
-		a12Load(t, r, map[string]int64{"a": 10, "b": 10})
+		cartLoad(t, r, map[string]int64{"a": 10, "b": 10})
 		_, err := r.DeductMany(ctx, stock.Cart{ID: "c0", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "a", Qty: 1}}})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
@@ -588,8 +588,8 @@ func TestCartUserLimit(t *testing.T) {
 		require.NoError(t, err, "alice's unit of a came back with the restore; the replay took nothing")
 		_, err = r.Deduct(ctx, stock.Request{SKU: "b", ID: "b2", User: "alice", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
-		assert.Equal(t, int64(2), a12Check(t, r, "a", 10).Sold)
-		assert.Equal(t, int64(1), a12Check(t, r, "b", 10).Sold)
+		assert.Equal(t, int64(2), check(t, r, "a", 10).Sold)
+		assert.Equal(t, int64(1), check(t, r, "b", 10).Sold)
 	})
 }
 
@@ -601,22 +601,22 @@ func TestCartUserLimit(t *testing.T) {
 // ErrExpired / ErrRestored: a caller retrying after an unknown outcome is told it holds stock
 // that went back (ConfirmMany then refuses it).
 func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
-		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
 		require.NoError(t, err)
 		n, err := stockops.RecoverCarts(ctx, r, -time.Second)
 		require.NoError(t, err)
 		assert.Zero(t, n, "a held cart is not for recovery")
-		assert.Equal(t, int64(1), a12Check(t, r, "a", 5).Held)
+		assert.Equal(t, int64(1), check(t, r, "a", 5).Held)
 		redistest.Sleep(c, 300*time.Millisecond)
 		rc, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
 		assert.ErrorIs(t, err, stock.ErrExpired, "retry of an expired held cart: %+v", rc)
-		la, lb := a12Check(t, r, "a", 5), a12Check(t, r, "b", 5)
+		la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
 		t.Logf("after the retry: a %+v b %+v", la, lb)
 
 		cart2 := stock.Cart{ID: "hc2", User: "u", Lines: cart.Lines}
@@ -638,25 +638,25 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 		rc, err = r.HoldMany(ctx, cart3, time.Hour)
 		assert.NoError(t, err, "retry of a confirmed held cart is a replay")
 		assert.True(t, rc.Replayed)
-		assert.Equal(t, int64(1), a12Check(t, r, "a", 5).Sold)
-		assert.Equal(t, int64(1), a12Check(t, r, "b", 5).Sold)
+		assert.Equal(t, int64(1), check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
 	})
 }
 
-// Promise (DeductMany doc, issue 12 case 1): one user's cart id never reaches another user's
+// Promise (DeductMany doc): one user's cart id never reaches another user's
 // cart — with many copies of one cart id from two users at once, saga and grouped: exactly one
 // user's cart is taken, the other user gets ErrConflict, and the stock moved once.
 func TestCartIDTwoUsersConcurrent(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				var opts []stock.Option
 				if grouped {
 					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
 				}
 				r := kit.NewReserver(t, b.Client(t), opts...)
-				a12Load(t, r, map[string]int64{"a": 10000, "b": 10000})
+				cartLoad(t, r, map[string]int64{"a": 10000, "b": 10000})
 				for round := range 10 {
 					id := fmt.Sprint("k", round)
 					var wg sync.WaitGroup
@@ -700,7 +700,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 						assert.True(t, e.Taken())
 					}
 				}
-				la, lb := a12Check(t, r, "a", 10000), a12Check(t, r, "b", 10000)
+				la, lb := check(t, r, "a", 10000), check(t, r, "b", 10000)
 				assert.Equal(t, int64(10), la.Sold+la.Held)
 				assert.Equal(t, int64(20), lb.Sold+lb.Held)
 			})
@@ -712,10 +712,10 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 // cart's entry answers Replayed"; when a line was restored since, the retry neither takes the
 // other lines again nor the restored one.
 func TestGroupedCartRetryAfterRestore(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
-		a12Load(t, r, map[string]int64{"a": 5, "b": 5})
+		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.DeductMany(ctx, cart)
 		require.NoError(t, err)
@@ -725,13 +725,13 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 			rc, err := r.DeductMany(ctx, cart)
 			t.Logf("retry: %+v %v", rc, err)
 		}
-		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold)
-		assert.Equal(t, int64(1), a12Check(t, r, "b", 5).Sold)
+		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
+		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "gc", User: "v", Lines: cart.Lines})
 		assert.ErrorIs(t, err, stock.ErrConflict)
 		_, err = r.HoldMany(ctx, cart, time.Minute)
 		assert.ErrorIs(t, err, stock.ErrConflict)
-		assert.Equal(t, int64(0), a12Check(t, r, "a", 5).Sold+a12Check(t, r, "a", 5).Held)
+		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold+check(t, r, "a", 5).Held)
 	})
 }
 
@@ -742,14 +742,14 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				var opts []stock.Option
 				if grouped {
 					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
 				}
 				r := kit.NewReserver(t, b.Client(t), opts...)
-				a12Load(t, r, map[string]int64{"a": 5, "b": 5, "c": 5})
+				cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "c": 5})
 				_, err := r.Deduct(ctx, stock.Request{SKU: "b", ID: "k", User: "mallory", Qty: 1})
 				require.NoError(t, err)
 				_, err = r.Hold(ctx, stock.Request{SKU: "c", ID: "k2", User: "mallory", Qty: 1}, time.Hour)
@@ -771,7 +771,7 @@ func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 				ec, err := r.Ledger(ctx, "c", "k2")
 				require.NoError(t, err)
 				assert.True(t, ec.State == stock.StateHeld && ec.User == "mallory", "%+v", ec)
-				la, lb, lc := a12Check(t, r, "a", 5), a12Check(t, r, "b", 5), a12Check(t, r, "c", 5)
+				la, lb, lc := check(t, r, "a", 5), check(t, r, "b", 5), check(t, r, "c", 5)
 				assert.Equal(t, int64(0), la.Sold+la.Held, "a: %+v", la)
 				assert.Equal(t, int64(1), lb.Sold+lb.Held, "b: %+v", lb)
 				assert.Equal(t, int64(1), lc.Sold+lc.Held, "c: %+v", lc)
@@ -784,7 +784,7 @@ func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 // line taken): 100-line carts, the last item short, many copies at once: every copy refused,
 // every line given back.
 func TestHundredLineCartCopies(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
 		var lines []stock.Line
@@ -818,7 +818,7 @@ func TestHundredLineCartCopies(t *testing.T) {
 		wg.Wait()
 		assert.Zero(t, okN.Load())
 		for i := range 99 {
-			l := a12Check(t, r, fmt.Sprintf("L%03d", i), 100)
+			l := check(t, r, fmt.Sprintf("L%03d", i), 100)
 			assert.Equal(t, int64(0), l.Sold, i)
 		}
 	})
@@ -833,7 +833,7 @@ func TestHundredLineCartCopies(t *testing.T) {
 // were (60 for 15 refused carts; 480 for 119 of 200 carts in all): concurrent recoveries each
 // count the carts they raced for.
 func TestRecoverCutSagas(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		if !b.Real() {
 			t.Skip("needs a real server: a deadline of microseconds cuts a miniredis saga only by chance")
 		}
@@ -894,7 +894,7 @@ func TestRecoverCutSagas(t *testing.T) {
 		t.Logf("%d carts cut by the deadline; retries: %d taken, %d refused; recovered %d", cut, taken, refused, undone.Load())
 		assert.LessOrEqual(t, undone.Load(), int64(refused), "undone carts counted more than once")
 		for _, s := range skus {
-			l := a12Check(t, r, s, 10000)
+			l := check(t, r, s, 10000)
 			assert.Equal(t, int64(taken), l.Sold, s)
 		}
 		n, err := stockops.RecoverCarts(ctx, r, -time.Second)
@@ -972,13 +972,13 @@ func TestErrInvalidCartChangedNothing(t *testing.T) {
 			if err := c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "garbage").Build()).Error(); err != nil {
 				t.Fatal(err)
 			}
-			before := a13Keys(t, c)
+			before := faultKeys(t, c)
 			_, err = r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
 			t.Logf("cart over a corrupt item: %v (outcome %s)", err, stock.Outcome(err))
 			_, derr := r.Deduct(ctx, stock.Request{SKU: "ib", ID: "single", Qty: 1})
 			t.Logf("deduct of the corrupt item: %v (outcome %s)", derr, stock.Outcome(derr))
 			if errors.Is(derr, stock.ErrInvalid) {
-				after := a13Keys(t, c)
+				after := faultKeys(t, c)
 				for _, k := range []string{"stock:{ib}", "stock:{ib}:l", "stock:{ib}:o"} {
 					if before[k] != after[k] {
 						t.Errorf("Deduct labelled ErrInvalid changed %s", k)
@@ -1316,16 +1316,16 @@ func TestConfirmManyPartlyExpiredUnderRun(t *testing.T) {
 	}
 }
 
-// a16Cart is one cart a buyer sent and the answer it settled on.
-type a16Cart struct {
+// cart is one cart a buyer sent and the answer it settled on.
+type cart struct {
 	id     string
 	lines  []stock.Line
 	acked  bool // a definite yes that was not a bare replay after ErrNotReplicated
 	refuse bool // a *CartError
 }
 
-// a16Shopper sends a cart until a definite answer.
-func a16Shopper(ctx context.Context, r *stock.Reserver, c *a16Cart, replayAcks *atomic.Int64) {
+// shopper sends a cart until a definite answer.
+func shopper(ctx context.Context, r *stock.Reserver, c *cart, replayAcks *atomic.Int64) {
 	notRepl := false
 	for ctx.Err() == nil {
 		rc, err := r.DeductMany(ctx, stock.Cart{ID: c.id, Lines: c.lines})
@@ -1355,7 +1355,7 @@ func a16Shopper(ctx context.Context, r *stock.Reserver, c *a16Cart, replayAcks *
 // and a drain: every cart is whole or gone (never some of its lines taken), every cart the buyer
 // was told of is whole, nothing is applied twice and the store agrees with Redis.
 func TestCartsAcrossKill9(t *testing.T) {
-	d := a16Deploy(t, redistest.SentinelConfig{
+	d := deploy(t, redistest.SentinelConfig{
 		Replicas:        2,
 		Args:            []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"},
 		ReplicaLatency:  30 * time.Millisecond,
@@ -1363,17 +1363,17 @@ func TestCartsAcrossKill9(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	r := a16Reserver(t, d.Client(t), stock.WithReplicaAck(1, time.Second), stock.WithTimeout(3*time.Second))
+	r := reserver(t, d.Client(t), stock.WithReplicaAck(1, time.Second), stock.WithTimeout(3*time.Second))
 	st := memstore.New()
 	skus := []string{"a16-c0", "a16-c1", "a16-c2", "a16-c3", "a16-c4"}
 	for _, sku := range skus {
-		a16Load(t, ctx, r, st, sku, 1_000_000)
+		faultLoad(t, ctx, r, st, sku, 1_000_000)
 	}
 	rec, err := stockops.NewReconciler(r, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a16Pass(t, ctx, rec, 10*time.Second)
+	faultPass(t, ctx, rec, 10*time.Second)
 	runCtx, stopRun := context.WithCancel(ctx)
 	runDone := make(chan error, 1)
 	go func() {
@@ -1382,7 +1382,7 @@ func TestCartsAcrossKill9(t *testing.T) {
 			Relay: &stock.RelayOptions{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
 	}()
 	var mu sync.Mutex
-	var carts []*a16Cart
+	var carts []*cart
 	var replayAcks atomic.Int64
 	tctx, stopTraffic := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -1391,14 +1391,14 @@ func TestCartsAcrossKill9(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; tctx.Err() == nil; i++ {
-				c := &a16Cart{id: fmt.Sprintf("cart-%d-%d", w, i)}
+				c := &cart{id: fmt.Sprintf("cart-%d-%d", w, i)}
 				for j := 0; j < 3; j++ {
 					c.lines = append(c.lines, stock.Line{SKU: skus[(w+i+j)%len(skus)], Qty: int64(1 + j)})
 				}
 				mu.Lock()
 				carts = append(carts, c)
 				mu.Unlock()
-				a16Shopper(tctx, r, c, &replayAcks)
+				shopper(tctx, r, c, &replayAcks)
 			}
 		}()
 	}
@@ -1413,7 +1413,7 @@ func TestCartsAcrossKill9(t *testing.T) {
 		t.Fatalf("no failover after kill -9: %v", err)
 	}
 	time.Sleep(time.Second)
-	a16Pass(t, ctx, rec, 15*time.Second)
+	faultPass(t, ctx, rec, 15*time.Second)
 	time.Sleep(2 * time.Second) // carts again on the new primary
 	stopTraffic()
 	wg.Wait()
@@ -1432,10 +1432,10 @@ func TestCartsAcrossKill9(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	a16Drain(t, ctx, r, st, skus...)
-	a16Pass(t, ctx, rec, 15*time.Second)
+	faultDrain(t, ctx, r, st, skus...)
+	faultPass(t, ctx, rec, 15*time.Second)
 
-	acked := &a16Acked{}
+	acked := &acked{}
 	half, lostAcked, nAcked := 0, 0, 0
 	for _, c := range carts {
 		taken := 0
@@ -1478,11 +1478,11 @@ func TestCartsAcrossKill9(t *testing.T) {
 	if lostAcked > 0 {
 		t.Errorf("%d acknowledged carts are not whole", lostAcked)
 	}
-	a16Audit(t, ctx, r, st, acked)
+	audit(t, ctx, r, st, acked)
 }
 
 func TestCartsGroupedAndSaga(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		group := func(sku string) string {
 			if len(sku) > 2 && sku[:2] == "g-" {
@@ -1565,7 +1565,7 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 			assert.LessOrEqual(t, n, 1, "per-user limit per item: %s", k)
 		}
 		for _, s := range skus {
-			l := a23Levels(t, r1, s)
+			l := soldOutLevels(t, r1, s)
 			assert.Equal(t, sold[s], l.Sold, "%s: sold = units of the acknowledged carts", s)
 			assert.Equal(t, int64(0), l.Held)
 			e := kit.Ledger(t, r1, s)
@@ -1585,7 +1585,7 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 		for _, s := range skus {
 			require.NoError(t, store.Load(ctx, s, S))
 		}
-		stop := a23Run(t, r2, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond}}, 30*time.Second)
+		stop := requestRun(t, r2, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond}}, 30*time.Second)
 		require.Eventually(t, func() bool {
 			for _, s := range skus {
 				n, err := store.Remaining(ctx, s)
@@ -1605,7 +1605,7 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 // undoes carts while their sagas run. Whatever it undoes, a cart acknowledged as taken keeps
 // every line, a refused one keeps none, and the counters hold.
 func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		buyer := kit.NewReserver(t, c1)
 		ahead := kit.NewReserver(t, c2, stock.WithClock(func() time.Time { return time.Now().Add(time.Hour) }))
@@ -1661,7 +1661,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 		ents := map[string]map[string]stock.Entry{}
 		for _, s := range skus {
 			ents[s] = kit.Ledger(t, buyer, s)
-			a23Levels(t, buyer, s)
+			soldOutLevels(t, buyer, s)
 		}
 		var sold [3]int64
 		for _, o := range out {
@@ -1687,7 +1687,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 			}
 		}
 		for i, s := range skus {
-			l := a23Levels(t, buyer, s)
+			l := soldOutLevels(t, buyer, s)
 			assert.Equal(t, sold[i], l.Sold, "%s", s)
 		}
 	})
@@ -1696,7 +1696,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 // Lines of one item are summed before any check, on both cart paths, for the per-user limit as
 // for the stock: a cart that would take a user past the limit on one item is refused whole.
 func TestCartLinesSummedForLimit(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
 		group := func(sku string) string {
 			if len(sku) > 2 && sku[:2] == "g-" {
@@ -1725,7 +1725,7 @@ func TestCartLinesSummedForLimit(t *testing.T) {
 				require.ErrorAs(t, err, &ce, "cart %d hold=%v", i, hold)
 				assert.ErrorIs(t, err, stock.ErrUserLimit, "cart %d hold=%v", i, hold)
 				for _, s := range []string{"g-a", "g-b", "plain"} {
-					l := a23Levels(t, r, s)
+					l := soldOutLevels(t, r, s)
 					assert.Equal(t, int64(10), l.Available, "cart %d hold=%v: %s: nothing kept", i, hold, s)
 				}
 			}
@@ -1736,8 +1736,8 @@ func TestCartLinesSummedForLimit(t *testing.T) {
 	})
 }
 
-// a27Sold returns the units of an item's ledger entries of id that are taken (held or sold).
-func a27Taken(t *testing.T, r *stock.Reserver, sku, id string) int64 {
+// cartTaken returns the units of an item's ledger entries of id that are taken (held or sold).
+func cartTaken(t *testing.T, r *stock.Reserver, sku, id string) int64 {
 	t.Helper()
 	var n int64
 	for e, err := range stockops.Entries(context.Background(), r, sku) {
@@ -1753,7 +1753,7 @@ func a27Taken(t *testing.T, r *stock.Reserver, sku, id string) int64 {
 // line) sent at once by one user: exactly one is the original, every other is its replay, and
 // each item lost exactly its line's units once.
 func TestCartCopiesOneUser(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for _, sku := range []string{"cc-a", "cc-b", "plain-cc"} {
 			require.NoError(t, e.r.Load(ctx, sku, 30))
@@ -1788,10 +1788,10 @@ func TestCartCopiesOneUser(t *testing.T) {
 		assert.Equal(t, int32(n-1), replay.Load())
 		want := map[string]int64{"cc-a": 3, "cc-b": 4, "plain-cc": 1}
 		for sku, q := range want {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, q, l.Sold, sku)
 			assert.Equal(t, 30-q, l.Available, sku)
-			assert.Equal(t, q, a27Taken(t, e.r, sku, cart.ID), "ledger of %s", sku)
+			assert.Equal(t, q, cartTaken(t, e.r, sku, cart.ID), "ledger of %s", sku)
 		}
 	})
 }
@@ -1800,7 +1800,7 @@ func TestCartCopiesOneUser(t *testing.T) {
 // exactly one buyer's cart is taken, the others get ErrConflict, and the split lines are taken
 // once, in one bucket.
 func TestCartCopiesManyUsers(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for _, sku := range []string{"mu-a", "mu-b", "plain-mu"} {
 			require.NoError(t, e.r.Load(ctx, sku, 40))
@@ -1832,11 +1832,11 @@ func TestCartCopiesManyUsers(t *testing.T) {
 			require.Equal(t, int32(1), ok.Load(), "round %d: exactly one buyer's cart", round)
 			require.Equal(t, int32(n-1), conflict.Load(), "round %d", round)
 			for _, sku := range []string{"mu-a", "mu-b", "plain-mu"} {
-				assert.Equal(t, int64(1), a27Taken(t, e.r, sku, id), "round %d %s", round, sku)
+				assert.Equal(t, int64(1), cartTaken(t, e.r, sku, id), "round %d %s", round, sku)
 			}
 		}
 		for _, sku := range []string{"mu-a", "mu-b", "plain-mu"} {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(5), l.Sold, sku)
 		}
 	})
@@ -1848,7 +1848,7 @@ func TestCartCopiesManyUsers(t *testing.T) {
 // buyer, a retry answers the same refusal and takes nothing, and once the relay has drained into
 // a memstore the Store equals Redis.
 func TestCartRefusedGivesBack(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		store := memstore.New()
 		for sku, q := range map[string]int64{"gb-a": 6, "gb-b": 9, "plain-zz": 1} {
@@ -1857,7 +1857,7 @@ func TestCartRefusedGivesBack(t *testing.T) {
 		}
 		before := map[string]stock.Levels{}
 		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
-			before[sku] = a26Levels(t, e.r, sku)
+			before[sku] = levels(t, e.r, sku)
 		}
 		cart := stock.Cart{ID: "gb:1", User: "buyer", Lines: []stock.Line{
 			{SKU: "gb-a", Qty: 5}, {SKU: "gb-b", Qty: 8}, {SKU: "plain-zz", Qty: 2},
@@ -1869,9 +1869,9 @@ func TestCartRefusedGivesBack(t *testing.T) {
 			assert.Equal(t, "plain-zz", ce.SKU)
 			assert.ErrorIs(t, err, stock.ErrInsufficient)
 			for sku, b := range before {
-				l := a26Levels(t, e.r, sku)
+				l := levels(t, e.r, sku)
 				assert.Equal(t, b, l, "attempt %d: %s back to before", attempt, sku)
-				assert.Equal(t, int64(0), a27Taken(t, e.r, sku, cart.ID), "%s", sku)
+				assert.Equal(t, int64(0), cartTaken(t, e.r, sku, cart.ID), "%s", sku)
 			}
 		}
 		// The units given back are sellable again, to the same buyer (its bucket).
@@ -1880,13 +1880,13 @@ func TestCartRefusedGivesBack(t *testing.T) {
 		}})
 		require.NoError(t, err)
 		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
-			assert.Equal(t, int64(0), a26Levels(t, e.r, sku).Available, sku)
+			assert.Equal(t, int64(0), levels(t, e.r, sku).Available, sku)
 		}
 		rl, err := stockops.NewRelay(e.r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 		require.NoError(t, err)
 		kit.Drain(t, rl)
 		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			rem, err := store.Remaining(ctx, sku)
 			require.NoError(t, err)
 			assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s", sku)
@@ -1898,7 +1898,7 @@ func TestCartRefusedGivesBack(t *testing.T) {
 // TestCartSplitLineFromEveryBucket: a split line whose quantity is the whole item (every
 // bucket must give its stock) is taken; the next unit is refused for stock; nothing stranded.
 func TestCartSplitLineFromEveryBucket(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "all-a", 37))
 		require.NoError(t, e.r.Load(ctx, "plain-all", 5))
@@ -1912,7 +1912,7 @@ func TestCartSplitLineFromEveryBucket(t *testing.T) {
 		}})
 		require.NoError(t, err)
 		require.Len(t, rc.Items, 2)
-		l := a26Levels(t, e.r, "all-a")
+		l := levels(t, e.r, "all-a")
 		assert.Equal(t, int64(0), l.Available)
 		assert.Equal(t, int64(37), l.Sold)
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "late", User: "late", Lines: []stock.Line{{SKU: "all-a", Qty: 1}}})
@@ -1924,11 +1924,11 @@ func TestCartSplitLineFromEveryBucket(t *testing.T) {
 // together hold is refused, and gives back everything (transfers included): Levels equal before
 // and the whole item is then sold to one buyer.
 func TestCartWholeItemPlusOneRefused(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "p1-a", 10))
 		require.NoError(t, e.r.Load(ctx, "p1-b", 10))
-		before := a26Levels(t, e.r, "p1-a")
+		before := levels(t, e.r, "p1-a")
 		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "p1", User: "w", Lines: []stock.Line{
 			{SKU: "p1-a", Qty: 10}, {SKU: "p1-b", Qty: 11},
 		}})
@@ -1936,8 +1936,8 @@ func TestCartWholeItemPlusOneRefused(t *testing.T) {
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, "p1-b", ce.SKU)
 		assert.ErrorIs(t, err, stock.ErrInsufficient)
-		assert.Equal(t, before, a26Levels(t, e.r, "p1-a"))
-		assert.Equal(t, before, a26Levels(t, e.r, "p1-b"))
+		assert.Equal(t, before, levels(t, e.r, "p1-a"))
+		assert.Equal(t, before, levels(t, e.r, "p1-b"))
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "p2", User: "other", Lines: []stock.Line{
 			{SKU: "p1-a", Qty: 10}, {SKU: "p1-b", Qty: 10},
 		}})
@@ -1945,8 +1945,8 @@ func TestCartWholeItemPlusOneRefused(t *testing.T) {
 	})
 }
 
-// a27Outcome names an answer for comparison between a plain and a split item.
-func a27Outcome(rc stock.Receipt, err error) string {
+// outcome names an answer for comparison between a plain and a split item.
+func outcome(rc stock.Receipt, err error) string {
 	if err != nil {
 		for _, k := range []error{stock.ErrConflict, stock.ErrRestored, stock.ErrUserLimit, stock.ErrSoldOut,
 			stock.ErrInsufficient, stock.ErrUnknownID, stock.ErrExpired, stock.ErrInvalid} {
@@ -1963,9 +1963,9 @@ func a27Outcome(rc stock.Receipt, err error) string {
 	return fmt.Sprintf("ok qty=%d replayed=%v", rc.Qty, rc.Replayed)
 }
 
-func a27CartOutcome(rc stock.CartReceipt, err error) string {
+func cartOutcome(rc stock.CartReceipt, err error) string {
 	if err != nil {
-		return a27Outcome(stock.Receipt{}, err)
+		return outcome(stock.Receipt{}, err)
 	}
 	return fmt.Sprintf("ok lines=%d replayed=%v", len(rc.Items), rc.Replayed)
 }
@@ -1974,72 +1974,72 @@ func a27CartOutcome(rc stock.CartReceipt, err error) string {
 // cart's id on its item, by its buyer and by another; and a single request first, then a cart
 // under its id) on a plain item and on a split one gives the same answers and the same Levels.
 func TestCartIDReusedAsRequestID(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		run := func(x string) []string {
 			require.NoError(t, e.r.Load(ctx, x, 20))
 			var out []string
 			add := func(s string) { out = append(out, s) }
 			// cart first
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o1", User: "u", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 2})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "v", Qty: 2})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 3})))
-			add(a27Outcome(e.r.Hold(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 2}, time.Minute)))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o1", User: "u", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 2})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "v", Qty: 2})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 3})))
+			add(outcome(e.r.Hold(ctx, stock.Request{SKU: x, ID: x + ":o1", User: "u", Qty: 2}, time.Minute)))
 			// single request first, then a cart under its id
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o2", User: "u", Qty: 1})))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o2", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}}})))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o2", User: "w", Lines: []stock.Line{{SKU: x, Qty: 1}}})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o2", User: "u", Qty: 1})))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o2", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}}})))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o2", User: "w", Lines: []stock.Line{{SKU: x, Qty: 1}}})))
 			// a restore of the cart's line by its id, then the cart again
-			add(a27Outcome(e.r.Restore(ctx, x, x+":o1")))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o1", User: "u", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
+			add(outcome(e.r.Restore(ctx, x, x+":o1")))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o1", User: "u", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
 			// a refused cart, then a single request under its id
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o3", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-none", Qty: 1}}})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "u", Qty: 1})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "w", Qty: 1})))
-			add(a27Outcome(e.r.Hold(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "u", Qty: 1}, time.Minute)))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o3", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-none", Qty: 1}}})))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o3", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-none", Qty: 1}}})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "u", Qty: 1})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "w", Qty: 1})))
+			add(outcome(e.r.Hold(ctx, stock.Request{SKU: x, ID: x + ":o3", User: "u", Qty: 1}, time.Minute)))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o3", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-none", Qty: 1}}})))
 			// a cart refused after x's line was taken (zzz-none, split, sorts after x), then
 			// single requests and copies under its id
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o4", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o4", User: "u", Qty: 1})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o4", User: "w", Qty: 1})))
-			add(a27Outcome(e.r.Restore(ctx, x, x+":o4")))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o4", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o4", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o4", User: "u", Qty: 1})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o4", User: "w", Qty: 1})))
+			add(outcome(e.r.Restore(ctx, x, x+":o4")))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o4", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
 			// no buyer: routed by the cart id
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o5", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o5", Qty: 1})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o5", User: "u", Qty: 1})))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o6", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o6", Qty: 2})))
-			add(a27Outcome(e.r.Restore(ctx, x, x+":o6")))
-			add(a27Outcome(e.r.Restore(ctx, x, x+":o6")))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o5", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o5", Qty: 1})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o5", User: "u", Qty: 1})))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o6", Lines: []stock.Line{{SKU: x, Qty: 2}}})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o6", Qty: 2})))
+			add(outcome(e.r.Restore(ctx, x, x+":o6")))
+			add(outcome(e.r.Restore(ctx, x, x+":o6")))
 			// the cart id was first another buyer's single request (same quantity): the cart is
 			// refused and its undo leaves the other buyer's entry alone
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o7", User: "w", Qty: 1})))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o7", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o7", User: "w", Qty: 1})))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o7", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
 			if en, err := e.r.Ledger(ctx, x, x+":o7"); assert.NoError(t, err) {
 				add(fmt.Sprintf("o7 entry %s %s %s %d", en.User, en.Kind, en.State, en.Qty))
 			}
-			add(fmt.Sprint(a27Taken(t, e.r, x, x+":o7"), a27Taken(t, e.r, "plain-other", x+":o7")))
+			add(fmt.Sprint(cartTaken(t, e.r, x, x+":o7"), cartTaken(t, e.r, "plain-other", x+":o7")))
 			// the same buyer's single request (same quantity), then a cart under its id that
 			// another line refuses
-			add(a27Outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o8", User: "u", Qty: 1})))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o8", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
-			add(fmt.Sprint(a27Taken(t, e.r, x, x+":o8")))
+			add(outcome(e.r.Deduct(ctx, stock.Request{SKU: x, ID: x + ":o8", User: "u", Qty: 1})))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o8", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "zzz-none", Qty: 1}}})))
+			add(fmt.Sprint(cartTaken(t, e.r, x, x+":o8")))
 			// a give-back before the cart: Restore and Cancel of an id never used, then the cart
-			add(a27Outcome(e.r.Restore(ctx, x, x+":o9")))
-			add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o9", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
-			add(a27Outcome(e.r.Cancel(ctx, x, x+":o10")))
-			add(a27CartOutcome(e.r.HoldMany(ctx, stock.Cart{ID: x + ":o10", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}}, time.Minute)))
-			add(fmt.Sprint(a27Taken(t, e.r, x, x+":o9"), a27Taken(t, e.r, "plain-other", x+":o9"), a27Taken(t, e.r, x, x+":o10"), a27Taken(t, e.r, "plain-other", x+":o10")))
+			add(outcome(e.r.Restore(ctx, x, x+":o9")))
+			add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: x + ":o9", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+			add(outcome(e.r.Cancel(ctx, x, x+":o10")))
+			add(cartOutcome(e.r.HoldMany(ctx, stock.Cart{ID: x + ":o10", User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}}, time.Minute)))
+			add(fmt.Sprint(cartTaken(t, e.r, x, x+":o9"), cartTaken(t, e.r, "plain-other", x+":o9"), cartTaken(t, e.r, x, x+":o10"), cartTaken(t, e.r, "plain-other", x+":o10")))
 			// odd cart ids
 			for _, id := range []string{x + ":{o11}|1", x + "|0", "~" + x + ":o12~", x + ":o13 ü"} {
-				add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
-				add(a27Outcome(e.r.Restore(ctx, x, id)))
-				add(a27CartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+				add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
+				add(outcome(e.r.Restore(ctx, x, id)))
+				add(cartOutcome(e.r.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: x, Qty: 1}, {SKU: "plain-other", Qty: 1}}})))
 			}
-			l := a26Levels(t, e.r, x)
+			l := levels(t, e.r, x)
 			add(fmt.Sprintf("levels %d/%d/%d", l.Available, l.Held, l.Sold))
 			return out
 		}
@@ -2049,7 +2049,7 @@ func TestCartIDReusedAsRequestID(t *testing.T) {
 		plain := run("plain-ri")
 		split := run("ri-split")
 		assert.Equal(t, plain, split)
-		po := a26Levels(t, e.r, "plain-other")
+		po := levels(t, e.r, "plain-other")
 		t.Logf("plain: %q", plain)
 		assert.Equal(t, int64(100), po.Available+po.Held+po.Sold)
 	})
@@ -2059,7 +2059,7 @@ func TestCartIDReusedAsRequestID(t *testing.T) {
 // sweep (or the next request) gives them back in their bucket; ConfirmMany answers ErrExpired
 // and takes nothing; CancelMany of a live cart twice gives back once.
 func TestHoldManyExpiry(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for _, sku := range []string{"hx-a", "hx-b", "plain-hx"} {
 			require.NoError(t, e.r.Load(ctx, sku, 10))
@@ -2070,7 +2070,7 @@ func TestHoldManyExpiry(t *testing.T) {
 		require.NoError(t, err)
 		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "h2", User: "hv", Lines: lines}, time.Hour)
 		require.NoError(t, err)
-		assert.Equal(t, int64(4), a26Levels(t, e.r, "hx-a").Available)
+		assert.Equal(t, int64(4), levels(t, e.r, "hx-a").Available)
 		e.advance(1500 * time.Millisecond)
 		_, err = e.r.ConfirmMany(ctx, "h1", skus...)
 		assert.ErrorIs(t, err, stock.ErrExpired)
@@ -2078,7 +2078,7 @@ func TestHoldManyExpiry(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrExpired, "retry")
 		_, err = stockops.Sweep(ctx, e.r)
 		require.NoError(t, err)
-		l := a26Levels(t, e.r, "hx-a")
+		l := levels(t, e.r, "hx-a")
 		assert.Equal(t, int64(7), l.Available, "h1 given back: %+v", l)
 		assert.Equal(t, int64(3), l.Held)
 		// CancelMany twice: one give-back.
@@ -2090,7 +2090,7 @@ func TestHoldManyExpiry(t *testing.T) {
 			assert.True(t, rc.Replayed, "second cancel is a replay: %+v", rc)
 		}
 		for _, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(10), l.Available, sku)
 			assert.Equal(t, int64(0), l.Held+l.Sold, sku)
 		}
@@ -2099,14 +2099,14 @@ func TestHoldManyExpiry(t *testing.T) {
 		// A retry of h1's HoldMany answers the expiry, takes nothing.
 		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, time.Hour)
 		assert.ErrorIs(t, err, stock.ErrExpired)
-		assert.Equal(t, int64(10), a26Levels(t, e.r, "hx-a").Available)
+		assert.Equal(t, int64(10), levels(t, e.r, "hx-a").Available)
 	})
 }
 
 // TestConfirmManyRacesExpiry: ConfirmMany of carts whose holds expire about when the
 // confirm runs: each cart ends confirmed whole or given back whole, never half.
 func TestConfirmManyRacesExpiry(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		skus := []string{"cr-a", "cr-b", "plain-cr"}
 		for _, sku := range skus {
@@ -2138,7 +2138,7 @@ func TestConfirmManyRacesExpiry(t *testing.T) {
 				t.Errorf("%s: %v", id, err)
 				continue
 			}
-			taken := []int64{a27Taken(t, e.r, "cr-a", id), a27Taken(t, e.r, "cr-b", id), a27Taken(t, e.r, "plain-cr", id)}
+			taken := []int64{cartTaken(t, e.r, "cr-a", id), cartTaken(t, e.r, "cr-b", id), cartTaken(t, e.r, "plain-cr", id)}
 			if err == nil {
 				confirmed++
 				assert.Equal(t, []int64{1, 2, 3}, taken, "%s confirmed whole", id)
@@ -2147,7 +2147,7 @@ func TestConfirmManyRacesExpiry(t *testing.T) {
 			}
 		}
 		for k, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, sku)
 			assert.Equal(t, confirmed*int64(k+1), l.Sold, sku)
 		}
@@ -2158,7 +2158,7 @@ func TestConfirmManyRacesExpiry(t *testing.T) {
 // moments (a process cut mid-saga); after cart recovery every cart is taken whole or not at
 // all, the stock adds up, and a retry of an undone cart takes nothing.
 func TestRecoverCutSagasOnSplitItems(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		skus := []string{"rc-a", "rc-b", "rc:c~d", "plain-rc"}
 		for _, sku := range skus {
@@ -2190,7 +2190,7 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 			id := fmt.Sprintf("rc-%d", i)
 			var taken []int64
 			for _, sku := range skus {
-				taken = append(taken, a27Taken(t, e.r, sku, id))
+				taken = append(taken, cartTaken(t, e.r, sku, id))
 			}
 			switch {
 			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3 && taken[3] == 4:
@@ -2201,7 +2201,7 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 			}
 		}
 		for k, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, whole*int64(k+1), l.Sold, "%s", sku)
 		}
 		t.Logf("%d of %d carts taken whole", whole, n)
@@ -2215,16 +2215,16 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 		var whole2 int64
 		for i := range n {
 			id := fmt.Sprintf("rc-%d", i)
-			if a27Taken(t, e.r, "rc-a", id) == 1 {
+			if cartTaken(t, e.r, "rc-a", id) == 1 {
 				whole2++
 			}
 			for k, sku := range skus {
-				tk := a27Taken(t, e.r, sku, id)
+				tk := cartTaken(t, e.r, sku, id)
 				assert.True(t, tk == 0 || tk == int64(k+1), "%s %s: %d", id, sku, tk)
 			}
 		}
 		for k, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, whole2*int64(k+1), l.Sold, "%s after retries", sku)
 		}
 	})
@@ -2233,7 +2233,7 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 // TestUserLimitCartsAndSingles: with WithUserLimit(3), carts and single deducts and
 // holds of one buyer on a split item, concurrently: the buyer never has more than 3 units.
 func TestUserLimitCartsAndSingles(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4), stock.WithUserLimit(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4), stock.WithUserLimit(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "ul-a", 100))
 		require.NoError(t, e.r.Load(ctx, "plain-ul", 100))
@@ -2252,7 +2252,7 @@ func TestUserLimitCartsAndSingles(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		l := a26Levels(t, e.r, "ul-a")
+		l := levels(t, e.r, "ul-a")
 		assert.LessOrEqual(t, l.Held+l.Sold, int64(3), "%+v", l)
 		assert.Equal(t, int64(3), l.Held+l.Sold, "the buyer reached its limit: %+v", l)
 		// The limit error in a cart is a CartError wrapping ErrUserLimit.
@@ -2268,7 +2268,7 @@ func TestUserLimitCartsAndSingles(t *testing.T) {
 // refusal: exactly the carts the stock allows succeed (the other buckets' stock moves to the
 // buyers'), and at the end nothing is stranded.
 func TestSellOutCarts(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		const s = 30 // units of so-a; so-b and the plain one have more
 		require.NoError(t, e.r.Load(ctx, "so-a", s))
@@ -2297,12 +2297,12 @@ func TestSellOutCarts(t *testing.T) {
 		}
 		wg.Wait()
 		assert.Equal(t, int64(s), ok.Load(), "every unit of so-a sold in a cart")
-		la := a26Levels(t, e.r, "so-a")
+		la := levels(t, e.r, "so-a")
 		assert.Equal(t, int64(0), la.Available, "stranded: %+v", la)
 		assert.Equal(t, int64(s), la.Sold)
-		lb := a26Levels(t, e.r, "so:b~x")
+		lb := levels(t, e.r, "so:b~x")
 		assert.Equal(t, int64(2*s), lb.Sold, "%+v", lb)
-		lp := a26Levels(t, e.r, "plain-so")
+		lp := levels(t, e.r, "plain-so")
 		assert.Equal(t, int64(s), lp.Sold, "%+v", lp)
 	})
 }
@@ -2312,7 +2312,7 @@ func TestSellOutCarts(t *testing.T) {
 // a cart in progress, but every cart id then has one outcome that every copy answered, the
 // ledger agrees with it (every line taken or none), and the stock adds up.
 func TestRecoverRacesSagas(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		skus := []string{"rr-a", "rr:b~", "plain-rr"}
 		for _, sku := range skus {
@@ -2367,7 +2367,7 @@ func TestRecoverRacesSagas(t *testing.T) {
 			for k := 1; k < copies; k++ {
 				assert.Equal(t, o[0], o[k], "%s: copies answered %v", id, o)
 			}
-			taken := []int64{a27Taken(t, e.r, "rr-a", id), a27Taken(t, e.r, "rr:b~", id), a27Taken(t, e.r, "plain-rr", id)}
+			taken := []int64{cartTaken(t, e.r, "rr-a", id), cartTaken(t, e.r, "rr:b~", id), cartTaken(t, e.r, "plain-rr", id)}
 			switch o[0] {
 			case "taken":
 				whole++
@@ -2386,7 +2386,7 @@ func TestRecoverRacesSagas(t *testing.T) {
 			}
 		}
 		for k, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, whole*int64(k+1), l.Sold, sku)
 		}
 		t.Logf("%d of %d carts taken", whole, carts)
@@ -2394,27 +2394,27 @@ func TestRecoverRacesSagas(t *testing.T) {
 }
 
 const (
-	a27EnvChild  = "A27_CART_CHILD"
-	a27EnvAddrs  = "A27_CART_ADDRS"
-	a27EnvSingle = "A27_CART_SINGLE"
-	a27EnvTag    = "A27_CART_TAG"
+	envChild  = "A27_CART_CHILD"
+	envAddrs  = "A27_CART_ADDRS"
+	envSingle = "A27_CART_SINGLE"
+	envTag    = "A27_CART_TAG"
 )
 
-// a27KillLines are the lines of every cart of TestCartKilledProcess.
-var a27KillLines = []stock.Line{{SKU: "kill-a", Qty: 1}, {SKU: "kill:b~", Qty: 2}, {SKU: "plain-kill", Qty: 1}}
+// killLines are the lines of every cart of TestCartKilledProcess.
+var killLines = []stock.Line{{SKU: "kill-a", Qty: 1}, {SKU: "kill:b~", Qty: 2}, {SKU: "plain-kill", Qty: 1}}
 
 // TestCartChildProcess is the buyer process of TestCartKilledProcess: it sends
 // carts until it is killed, and prints each answer it got ("ok ID" or "no ID ERR").
 func TestCartChildProcess(t *testing.T) {
-	if os.Getenv(a27EnvChild) != "1" {
+	if os.Getenv(envChild) != "1" {
 		t.Skip("the child process of TestCartKilledProcess")
 	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: strings.Split(os.Getenv(a27EnvAddrs), ","),
-		ForceSingleClient: os.Getenv(a27EnvSingle) == "1", DisableCache: true})
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: strings.Split(os.Getenv(envAddrs), ","),
+		ForceSingleClient: os.Getenv(envSingle) == "1", DisableCache: true})
 	require.NoError(t, err)
-	r, err := stock.New(c, a26Split(3))
+	r, err := stock.New(c, split(3))
 	require.NoError(t, err)
-	tag := os.Getenv(a27EnvTag)
+	tag := os.Getenv(envTag)
 	fmt.Println("ready")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -2422,7 +2422,7 @@ func TestCartChildProcess(t *testing.T) {
 		wg.Go(func() {
 			for i := 0; ; i++ {
 				id := fmt.Sprintf("%s-%d-%d", tag, g, i)
-				_, err := r.DeductMany(context.Background(), stock.Cart{ID: id, User: fmt.Sprintf("ku-%d", i%5), Lines: a27KillLines})
+				_, err := r.DeductMany(context.Background(), stock.Cart{ID: id, User: fmt.Sprintf("ku-%d", i%5), Lines: killLines})
 				mu.Lock()
 				if err == nil {
 					fmt.Println("ok", id)
@@ -2450,7 +2450,7 @@ func TestCartKilledProcess(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
-			r := kit.NewReserver(t, c, a26Split(3))
+			r := kit.NewReserver(t, c, split(3))
 			// A new deployment: record the primaries before any item is loaded, so that the
 			// failover guard of Run does not fence.
 			fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
@@ -2471,7 +2471,7 @@ func TestCartKilledProcess(t *testing.T) {
 				if b.Name == "standalone" {
 					single = "1"
 				}
-				cmd.Env = append(os.Environ(), a27EnvChild+"=1", a27EnvAddrs+"="+strings.Join(b.Addrs(), ","), a27EnvSingle+"="+single, a27EnvTag+"="+tag)
+				cmd.Env = append(os.Environ(), envChild+"=1", envAddrs+"="+strings.Join(b.Addrs(), ","), envSingle+"="+single, envTag+"="+tag)
 				out, err := cmd.StdoutPipe()
 				require.NoError(t, err)
 				require.NoError(t, cmd.Start())
@@ -2535,8 +2535,8 @@ func TestCartKilledProcess(t *testing.T) {
 				}
 			}
 			for k, sku := range skus {
-				l := a26Levels(t, r, sku)
-				assert.Equal(t, whole*a27KillLines[k].Qty, l.Sold, "%s: %+v", sku, l)
+				l := levels(t, r, sku)
+				assert.Equal(t, whole*killLines[k].Qty, l.Sold, "%s: %+v", sku, l)
 			}
 			t.Logf("%d kills, %d carts answered ok, %d refused, %d taken whole, %d undone by recovery; refusals %v", kills, oks, nos, whole, n, reasons)
 			// Retries of every cart: a taken one replays, an undone one takes nothing.
@@ -2544,7 +2544,7 @@ func TestCartKilledProcess(t *testing.T) {
 				user := "ku-" + id[strings.LastIndex(id, "-")+1:]
 				i, _ := strconv.Atoi(user[3:])
 				user = fmt.Sprintf("ku-%d", i%5)
-				_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: a27KillLines})
+				_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: killLines})
 				if taken[id] == [3]int64{1, 2, 1} {
 					assert.NoError(t, err, id)
 				} else {
@@ -2552,8 +2552,8 @@ func TestCartKilledProcess(t *testing.T) {
 				}
 			}
 			for k, sku := range skus {
-				l := a26Levels(t, r, sku)
-				assert.Equal(t, whole*a27KillLines[k].Qty, l.Sold, "%s after retries: %+v", sku, l)
+				l := levels(t, r, sku)
+				assert.Equal(t, whole*killLines[k].Qty, l.Sold, "%s after retries: %+v", sku, l)
 			}
 			// Run (its sweeper completes the transfers the kills cut) and its relay into the
 			// store; then new buyers sell the rest out: nothing stranded, the store equals Redis.
@@ -2565,13 +2565,13 @@ func TestCartKilledProcess(t *testing.T) {
 			}()
 			time.Sleep(6 * time.Second)
 			for i := 0; ; i++ {
-				_, err := r.DeductMany(ctx, stock.Cart{ID: fmt.Sprintf("after-%d", i), User: fmt.Sprintf("late-%d", i), Lines: a27KillLines})
+				_, err := r.DeductMany(ctx, stock.Cart{ID: fmt.Sprintf("after-%d", i), User: fmt.Sprintf("late-%d", i), Lines: killLines})
 				if err != nil {
 					require.ErrorIs(t, err, stock.ErrSoldOut, "after %d late carts", i)
 					break
 				}
 			}
-			la := a26Levels(t, r, "kill-a")
+			la := levels(t, r, "kill-a")
 			assert.Equal(t, int64(0), la.Available, "kill-a stranded: %+v", la)
 			assert.Equal(t, int64(0), la.Held, "%+v", la)
 			require.Eventually(t, func() bool {
@@ -2588,7 +2588,7 @@ func TestCartKilledProcess(t *testing.T) {
 				require.ErrorIs(t, err, context.Canceled)
 			}
 			for _, sku := range skus {
-				l := a26Levels(t, r, sku)
+				l := levels(t, r, sku)
 				rem, err := store.Remaining(ctx, sku)
 				require.NoError(t, err)
 				assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
@@ -2603,7 +2603,7 @@ func TestCartKilledProcess(t *testing.T) {
 // the last one gone, and must give the confirmed ones back in their buckets: the cart is
 // confirmed whole or not at all, and a retry answers the same and takes nothing.
 func TestConfirmManyOneLineGone(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		skus := []string{"cg-a", "cg:b", "cg~z"}
 		for _, sku := range skus {
@@ -2636,12 +2636,12 @@ func TestConfirmManyOneLineGone(t *testing.T) {
 					assert.Equal(t, "cg~z", ce.SKU, "%s attempt %d", c.id, attempt)
 				}
 				for _, sku := range skus {
-					assert.Equal(t, int64(0), a27Taken(t, e.r, sku, c.id), "%s %s attempt %d", c.id, sku, attempt)
+					assert.Equal(t, int64(0), cartTaken(t, e.r, sku, c.id), "%s %s attempt %d", c.id, sku, attempt)
 				}
 			}
 		}
 		for _, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(10), l.Available, "%s: %+v", sku, l)
 		}
 	})
@@ -2651,7 +2651,7 @@ func TestConfirmManyOneLineGone(t *testing.T) {
 // (split lines and a plain one) at once, while Levels is read in a loop: every cart ends
 // confirmed whole or given back whole, and every reading keeps loaded = available + held + sold.
 func TestConfirmManyRacesCancelMany(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		skus := []string{"cc2-a", "cc2:b", "plain-cc2"}
 		for _, sku := range skus {
@@ -2664,7 +2664,7 @@ func TestConfirmManyRacesCancelMany(t *testing.T) {
 			require.NoError(t, err)
 		}
 		stop := make(chan struct{})
-		wait := a26Watch(e.r, "cc2:b", 300, stop)
+		wait := watch(e.r, "cc2:b", 300, stop)
 		var wg sync.WaitGroup
 		for i := range n {
 			id := fmt.Sprintf("cc2-%d", i)
@@ -2688,7 +2688,7 @@ func TestConfirmManyRacesCancelMany(t *testing.T) {
 		var confirmed int64
 		for i := range n {
 			id := fmt.Sprintf("cc2-%d", i)
-			taken := []int64{a27Taken(t, e.r, "cc2-a", id), a27Taken(t, e.r, "cc2:b", id), a27Taken(t, e.r, "plain-cc2", id)}
+			taken := []int64{cartTaken(t, e.r, "cc2-a", id), cartTaken(t, e.r, "cc2:b", id), cartTaken(t, e.r, "plain-cc2", id)}
 			switch {
 			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
 				confirmed++
@@ -2698,7 +2698,7 @@ func TestConfirmManyRacesCancelMany(t *testing.T) {
 			}
 		}
 		for k, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, "%s: %+v", sku, l)
 			assert.Equal(t, confirmed*int64(k+1), l.Sold, "%s: %+v", sku, l)
 		}
@@ -2710,7 +2710,7 @@ func TestConfirmManyRacesCancelMany(t *testing.T) {
 // item (stock moved from the other buckets); once they are due, another buyer's cart needs
 // them: its bucket releases the due holds of the other buckets and moves the stock, with no sweep.
 func TestCartAfterDueHoldsElsewhere(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "dh-a", 20))
 		require.NoError(t, e.r.Load(ctx, "plain-dh", 20))
@@ -2721,7 +2721,7 @@ func TestCartAfterDueHoldsElsewhere(t *testing.T) {
 			_, err = e.r.DeductMany(ctx, stock.Cart{ID: fmt.Sprintf("dh-next-%d", i), User: fmt.Sprintf("next-%d", i), Lines: []stock.Line{{SKU: "dh-a", Qty: 5}, {SKU: "plain-dh", Qty: 1}}})
 			require.NoError(t, err, "cart %d", i)
 		}
-		l := a26Levels(t, e.r, "dh-a")
+		l := levels(t, e.r, "dh-a")
 		assert.Equal(t, int64(20), l.Sold, "%+v", l)
 		_, err = e.r.ConfirmMany(ctx, "dh-1", "dh-a", "plain-dh")
 		assert.ErrorIs(t, err, stock.ErrExpired)
@@ -2731,7 +2731,7 @@ func TestCartAfterDueHoldsElsewhere(t *testing.T) {
 // TestRecoverCutHoldSagas: TestRecoverCutSagasOnSplitItems with carts of holds: after cart
 // recovery every cart holds every line or none, and held units add up.
 func TestRecoverCutHoldSagas(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		skus := []string{"rh-a", "rh:b", "plain-rh"}
 		for _, sku := range skus {
@@ -2760,7 +2760,7 @@ func TestRecoverCutHoldSagas(t *testing.T) {
 		var whole int64
 		for i := range n {
 			id := fmt.Sprintf("rh-%d", i)
-			taken := []int64{a27Taken(t, e.r, "rh-a", id), a27Taken(t, e.r, "rh:b", id), a27Taken(t, e.r, "plain-rh", id)}
+			taken := []int64{cartTaken(t, e.r, "rh-a", id), cartTaken(t, e.r, "rh:b", id), cartTaken(t, e.r, "plain-rh", id)}
 			switch {
 			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
 				whole++
@@ -2770,7 +2770,7 @@ func TestRecoverCutHoldSagas(t *testing.T) {
 			}
 		}
 		for k, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, whole*int64(k+1), l.Held, "%s: %+v", sku, l)
 		}
 		t.Logf("%d of %d carts held whole", whole, n)
@@ -2780,7 +2780,7 @@ func TestRecoverCutHoldSagas(t *testing.T) {
 // TestCartClosedAndSummedLimit: a cart refused by a closed split item gives back the
 // lines before it; lines of one split item are summed before the user limit.
 func TestCartClosedAndSummedLimit(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3), stock.WithUserLimit(2)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3), stock.WithUserLimit(2)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "cl-a", 10))
 		require.NoError(t, e.r.Load(ctx, "cl-z", 10))
@@ -2790,16 +2790,16 @@ func TestCartClosedAndSummedLimit(t *testing.T) {
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, "cl-z", ce.SKU)
 		assert.ErrorIs(t, err, stock.ErrClosed)
-		assert.Equal(t, int64(10), a26Levels(t, e.r, "cl-a").Available)
+		assert.Equal(t, int64(10), levels(t, e.r, "cl-a").Available)
 		// The give-back freed the buyer's limit.
 		_, err = e.r.Deduct(ctx, stock.Request{SKU: "cl-a", ID: "cl-2", User: "u", Qty: 2})
 		require.NoError(t, err)
 		require.NoError(t, e.r.ReopenItem(ctx, "cl-z"))
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cl-3", User: "v", Lines: []stock.Line{{SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}}})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
-		assert.Equal(t, int64(10), a26Levels(t, e.r, "cl-z").Available)
+		assert.Equal(t, int64(10), levels(t, e.r, "cl-z").Available)
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cl-4", User: "v", Lines: []stock.Line{{SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}}})
 		require.NoError(t, err)
-		assert.Equal(t, int64(8), a26Levels(t, e.r, "cl-z").Available)
+		assert.Equal(t, int64(8), levels(t, e.r, "cl-z").Available)
 	})
 }

@@ -30,7 +30,7 @@ import (
 
 // blackhole is a TCP proxy to a Redis that can be told to stop forwarding
 // (the connections stay open, nothing answers).
-type a13Proxy struct {
+type proxy struct {
 	ln     net.Listener
 	target string
 	holed  atomic.Bool
@@ -38,12 +38,12 @@ type a13Proxy struct {
 	conns  []net.Conn
 }
 
-func a13StartProxy(t *testing.T, target string) *a13Proxy {
+func startProxy(t *testing.T, target string) *proxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &a13Proxy{ln: ln, target: target}
+	p := &proxy{ln: ln, target: target}
 	t.Cleanup(func() {
 		ln.Close()
 		p.mu.Lock()
@@ -67,7 +67,7 @@ func a13StartProxy(t *testing.T, target string) *a13Proxy {
 	return p
 }
 
-func (p *a13Proxy) serve(c net.Conn) {
+func (p *proxy) serve(c net.Conn) {
 	up, err := net.Dial("tcp", p.target)
 	if err != nil {
 		c.Close()
@@ -102,13 +102,13 @@ func (p *a13Proxy) serve(c net.Conn) {
 	go pipe(c, up)
 }
 
-// Broken promise under test (issue 13 case 6): with a background context and a
+// Promise under test: with a background context and a
 // blackholed Redis every call returns within WithTimeout (plus slack) with
 // ErrUnknownOutcome wrapping context.DeadlineExceeded; after the network heals a
 // Retry resolves it.
 func TestBlackholeEveryCallBounded(t *testing.T) {
 	mr, _ := redistest.Miniredis(t)
-	p := a13StartProxy(t, mr.Addr())
+	p := startProxy(t, mr.Addr())
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.ln.Addr().String()}, DisableCache: true, ForceSingleClient: true})
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	t.Logf("retry: %+v %v", rc, err)
 }
 
-// Broken promise under test (issue 13 case 4): the fence is lifted by a complete
+// Promise under test: the fence is lifted by a complete
 // pass run by another Reserver (another process), and never by an incomplete one
 // (a dry run, a pass limited to some items, a pass that found an item busy).
 func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
@@ -328,7 +328,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 
 // FailoverGuard.Check documents that a guard added to a live deployment (items loaded, no epoch
 // recorded) fences until a complete repairing pass: nothing tells which writes a restart lost.
-// (The attack found the doc saying it records the epoch; the doc now says what the code does.)
+// (A test found the doc saying it records the epoch; the doc now says what the code does.)
 func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -373,7 +373,7 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 	}
 }
 
-// Broken promise under test (issue 13 case 6): a stopped redis-server, a context
+// Promise under test: a stopped redis-server, a context
 // with no deadline: Deduct returns within WithTimeout with ErrUnknownOutcome
 // wrapping context.DeadlineExceeded; after a restart (AOF) a Retry resolves it.
 func TestStoppedServerBoundedThenRetryResolves(t *testing.T) {
@@ -447,7 +447,7 @@ func TestStoppedServerBoundedThenRetryResolves(t *testing.T) {
 	}
 }
 
-// Broken promises under test (issue 13 cases 3 and 4, through the CLI): after a
+// Promise under test: after a
 // restart without persistence that lost acknowledged, undelivered sales,
 // `stockctl reconcile` says so with exit 3, `reconcile -apply` rebuilds from the
 // store, says so loudly, and lifts the FailoverGuard fence of another process.
@@ -582,7 +582,7 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 			if f, err := stockops.NewFailoverGuard(r).Check(ctx); err != nil || !f {
 				t.Fatalf("a guard on a real Redis with items and no epoch did not fence: fenced %v, %v", f, err)
 			}
-			keysBefore := a13Keys(t, c)
+			keysBefore := faultKeys(t, c)
 			calls := map[string]func() error{
 				"Deduct": func() error {
 					_, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})
@@ -618,7 +618,7 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 					t.Errorf("%s: Outcome %q", name, stock.Outcome(err))
 				}
 			}
-			keysAfter := a13Keys(t, c)
+			keysAfter := faultKeys(t, c)
 			for k, v := range keysAfter {
 				if keysBefore[k] != v {
 					t.Errorf("ErrFailover changed key %s: %q -> %q", k, keysBefore[k], v)
@@ -628,8 +628,8 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 	}
 }
 
-// a13Keys dumps every key of every master (type and a digest of the value).
-func a13Keys(t *testing.T, c rueidis.Client) map[string]string {
+// faultKeys dumps every key of every master (type and a digest of the value).
+func faultKeys(t *testing.T, c rueidis.Client) map[string]string {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]string{}
@@ -651,7 +651,7 @@ func a13Keys(t *testing.T, c rueidis.Client) map[string]string {
 	return out
 }
 
-// Broken promise under test (issue 13 cases 7 and 9): with WithReplicaAck and no
+// Promise under test: with WithReplicaAck and no
 // replica, a write returns ErrNotReplicated with its receipt and the write made,
 // for Deduct and for a grouped cart; Outcome says "not_replicated".
 func TestErrNotReplicatedWrote(t *testing.T) {
@@ -700,7 +700,7 @@ func TestErrNotReplicatedWrote(t *testing.T) {
 	}
 }
 
-// Broken promise under test (issue 13 case 6, slow server): a Redis busy for 2 s
+// Promise under test: a Redis busy for 2 s
 // (DEBUG SLEEP): a Deduct with a 300 ms bound returns ErrUnknownOutcome wrapping
 // context.DeadlineExceeded in time; the script then runs when Redis wakes, and
 // the Retry is answered as a replay (nothing taken twice).
@@ -1038,19 +1038,19 @@ func TestRunLogsGuardOffOnMiniredis(t *testing.T) {
 	assert.Contains(t, strings.ToLower(out), "guard", "Run logged that the guard is off:\n%s", out)
 }
 
-// a16Deploy starts a private Sentinel deployment, or skips the test with the reason.
-func a16Deploy(t *testing.T, cfg redistest.SentinelConfig) *redistest.Sentinel {
+// deploy starts a private Sentinel deployment, or skips the test with the reason.
+func deploy(t *testing.T, cfg redistest.SentinelConfig) *redistest.Sentinel {
 	t.Helper()
 	if redistest.ServerBinary(t) == "" {
-		t.Skip("attack16: needs STOCK_REDIS_SERVER (a redis-server binary) for a Sentinel deployment")
+		t.Skip("Sentinel: needs STOCK_REDIS_SERVER (a redis-server binary) for a Sentinel deployment")
 	}
 	if !redistest.SentinelEnabled(t) {
-		t.Skip("attack16: needs STOCK_TEST_SENTINEL=1")
+		t.Skip("Sentinel: needs STOCK_TEST_SENTINEL=1")
 	}
 	return redistest.StartSentinel(t, cfg)
 }
 
-func a16Reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
+func reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
 	t.Helper()
 	r, err := stock.New(c, opts...)
 	if err != nil {
@@ -1059,9 +1059,9 @@ func a16Reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Re
 	return r
 }
 
-// a16Load loads sku with qty units into Redis and the store. A Load answered ErrNotReplicated
+// faultLoad loads sku with qty units into Redis and the store. A Load answered ErrNotReplicated
 // (or an unknown outcome) is retried until the item is there.
-func a16Load(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.Store, sku string, qty int64) {
+func faultLoad(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.Store, sku string, qty int64) {
 	t.Helper()
 	if err := st.Load(ctx, sku, qty); err != nil {
 		t.Fatalf("store load %s: %v", sku, err)
@@ -1081,13 +1081,13 @@ func a16Load(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.
 	}
 }
 
-// a16Acked records the request ids whose deduct got a definite yes.
-type a16Acked struct {
+// acked records the request ids whose deduct got a definite yes.
+type acked struct {
 	mu  sync.Mutex
 	ids map[string]map[string]int64 // sku -> id -> qty
 }
 
-func (a *a16Acked) add(sku, id string, qty int64) {
+func (a *acked) add(sku, id string, qty int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.ids == nil {
@@ -1099,7 +1099,7 @@ func (a *a16Acked) add(sku, id string, qty int64) {
 	a.ids[sku][id] = qty
 }
 
-func (a *a16Acked) count() int {
+func (a *acked) count() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := 0
@@ -1109,8 +1109,8 @@ func (a *a16Acked) count() int {
 	return n
 }
 
-// a16Pass runs complete repairing passes until one records the epoch (or the time is up).
-func a16Pass(t *testing.T, ctx context.Context, rec *stockops.Reconciler, within time.Duration) stockops.PassResult {
+// faultPass runs complete repairing passes until one records the epoch (or the time is up).
+func faultPass(t *testing.T, ctx context.Context, rec *stockops.Reconciler, within time.Duration) stockops.PassResult {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -1126,10 +1126,10 @@ func a16Pass(t *testing.T, ctx context.Context, rec *stockops.Reconciler, within
 	}
 }
 
-// a16Audit checks, after the relay drained and a pass reconciled: every acknowledged deduct is in
+// audit checks, after the relay drained and a pass reconciled: every acknowledged deduct is in
 // the Redis ledger (taken) or applied in the store; nothing was applied twice; the store's
 // remaining stock equals Redis's available + held for every item.
-func a16Audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.Store, acked *a16Acked) {
+func audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.Store, acked *acked) {
 	t.Helper()
 	acked.mu.Lock()
 	defer acked.mu.Unlock()
@@ -1180,8 +1180,8 @@ func a16Audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore
 	}
 }
 
-// a16Drain delivers the outbox of every item to the store until it is empty.
-func a16Drain(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, skus ...string) {
+// faultDrain delivers the outbox of every item to the store until it is empty.
+func faultDrain(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, skus ...string) {
 	t.Helper()
 	rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: 2 * time.Second})
 	if err != nil {
@@ -1214,7 +1214,7 @@ func a16Drain(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Sto
 // ErrNotReplicated, the write must really be on the replica by then (the caller now takes the
 // sale as safe against a failover).
 func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
-	d := a16Deploy(t, redistest.SentinelConfig{
+	d := deploy(t, redistest.SentinelConfig{
 		Replicas:        1,
 		ReplicaLatency:  1500 * time.Millisecond,
 		FailoverTimeout: 120 * time.Second,
@@ -1223,11 +1223,11 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	c := d.Client(t)
-	r := a16Reserver(t, c, stock.WithReplicaAck(1, 200*time.Millisecond))
+	r := reserver(t, c, stock.WithReplicaAck(1, 200*time.Millisecond))
 	st := memstore.New()
-	a16Load(t, ctx, r, st, "a16-nr", 100)
+	faultLoad(t, ctx, r, st, "a16-nr", 100)
 	replica := d.Servers()[1]
-	rr := a16Reserver(t, replica.Client(t))
+	rr := reserver(t, replica.Client(t))
 	// Wait until the replica has the item, so that only the deducts lag.
 	for {
 		if _, err := rr.Levels(ctx, "a16-nr"); err == nil {
@@ -1294,12 +1294,12 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	}
 }
 
-// a16Buyer deducts one unit under id until it gets a definite answer: a sale (recorded in acked
+// buyer deducts one unit under id until it gets a definite answer: a sale (recorded in acked
 // when the answer is trustworthy, see below) or a refusal. ErrFailover, ErrNotReplicated and
 // unknown outcomes are retried with the same id. A nil answer that is a replay after an
 // ErrNotReplicated is not recorded as acknowledged (TestNotReplicatedRetryAckedBeforeReplication
 // shows it is not a replica's acknowledgement); it goes to replayAcks.
-func a16Buyer(ctx context.Context, r *stock.Reserver, sku, id string, acked *a16Acked, replayAcks, fenced *atomic.Int64) {
+func buyer(ctx context.Context, r *stock.Reserver, sku, id string, acked *acked, replayAcks, fenced *atomic.Int64) {
 	req := stock.Request{SKU: sku, ID: id, Qty: 1}
 	notRepl := false
 	for ctx.Err() == nil {
@@ -1327,8 +1327,8 @@ func a16Buyer(ctx context.Context, r *stock.Reserver, sku, id string, acked *a16
 	}
 }
 
-// a16Traffic runs n buyers until stop is closed.
-func a16Traffic(ctx context.Context, r *stock.Reserver, sku, tag string, n int, acked *a16Acked, replayAcks, fenced *atomic.Int64) (stop func()) {
+// trafficOfFaults runs n buyers until stop is closed.
+func trafficOfFaults(ctx context.Context, r *stock.Reserver, sku, tag string, n int, acked *acked, replayAcks, fenced *atomic.Int64) (stop func()) {
 	tctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for w := 0; w < n; w++ {
@@ -1336,7 +1336,7 @@ func a16Traffic(ctx context.Context, r *stock.Reserver, sku, tag string, n int, 
 		go func() {
 			defer wg.Done()
 			for i := 0; tctx.Err() == nil; i++ {
-				a16Buyer(tctx, r, sku, fmt.Sprintf("%s-%d-%d", tag, w, i), acked, replayAcks, fenced)
+				buyer(tctx, r, sku, fmt.Sprintf("%s-%d-%d", tag, w, i), acked, replayAcks, fenced)
 				time.Sleep(5 * time.Millisecond)
 			}
 		}()
@@ -1344,13 +1344,13 @@ func a16Traffic(ctx context.Context, r *stock.Reserver, sku, tag string, n int, 
 	return func() { cancel(); wg.Wait() }
 }
 
-// a16Recon records when reconcile observations (one item of a pass) end.
-type a16Recon struct {
+// recon records when reconcile observations (one item of a pass) end.
+type recon struct {
 	mu    sync.Mutex
 	times []time.Time
 }
 
-func (o *a16Recon) Observe(_ context.Context, ob stock.Observation) {
+func (o *recon) Observe(_ context.Context, ob stock.Observation) {
 	if ob.Op == "reconcile" && ob.Outcome == "ok" {
 		o.mu.Lock()
 		o.times = append(o.times, time.Now())
@@ -1358,7 +1358,7 @@ func (o *a16Recon) Observe(_ context.Context, ob stock.Observation) {
 	}
 }
 
-func (o *a16Recon) between(a, b time.Time) int {
+func (o *recon) between(a, b time.Time) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	n := 0
@@ -1370,8 +1370,8 @@ func (o *a16Recon) between(a, b time.Time) int {
 	return n
 }
 
-// a16Probe deducts one unit under a fresh id and returns its answer (a sale is recorded).
-func a16Probe(ctx context.Context, r *stock.Reserver, sku string, k *int, acked *a16Acked) error {
+// probe deducts one unit under a fresh id and returns its answer (a sale is recorded).
+func probe(ctx context.Context, r *stock.Reserver, sku string, k *int, acked *acked) error {
 	*k++
 	id := fmt.Sprintf("probe-%d", *k)
 	_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
@@ -1381,8 +1381,8 @@ func a16Probe(ctx context.Context, r *stock.Reserver, sku string, k *int, acked 
 	return err
 }
 
-// a16Sold reports whether a probe's answer says it sold (so no fence is up).
-func a16Sold(err error) bool { return err == nil || errors.Is(err, stock.ErrNotReplicated) }
+// sold reports whether a probe's answer says it sold (so no fence is up).
+func sold(err error) bool { return err == nil || errors.Is(err, stock.ErrNotReplicated) }
 
 // TestGuardFencesEveryFailoverABA: planned failovers back and forth (A→B→A) under
 // traffic, with Reserver.Run (relay, reconciler every hour after its first pass, guard every
@@ -1391,14 +1391,14 @@ func a16Sold(err error) bool { return err == nil || errors.Is(err, stock.ErrNotR
 // acknowledged by the replica (WithReplicaAck(1), the only replica) is in the ledger or the
 // store, nothing is applied twice, and the store agrees with Redis.
 func TestGuardFencesEveryFailoverABA(t *testing.T) {
-	d := a16Deploy(t, redistest.SentinelConfig{Replicas: 1})
+	d := deploy(t, redistest.SentinelConfig{Replicas: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	obs := &a16Recon{}
-	r := a16Reserver(t, d.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond), stock.WithTimeout(3*time.Second), stock.WithObserver(obs))
+	obs := &recon{}
+	r := reserver(t, d.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond), stock.WithTimeout(3*time.Second), stock.WithObserver(obs))
 	st := memstore.New()
 	const sku = "a16-aba"
-	a16Load(t, ctx, r, st, sku, 1_000_000)
+	faultLoad(t, ctx, r, st, sku, 1_000_000)
 	runCtx, stopRun := context.WithCancel(ctx)
 	runDone := make(chan error, 1)
 	go func() {
@@ -1410,19 +1410,19 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acked := &a16Acked{}
+	acked := &acked{}
 	var replayAcks, fencedAnswers atomic.Int64
 	k := 0
 	// Wait for the first pass of Run to lift the initial fence.
 	for start := time.Now(); ; {
-		if err := a16Probe(ctx, r, sku, &k, acked); a16Sold(err) {
+		if err := probe(ctx, r, sku, &k, acked); sold(err) {
 			break
 		} else if time.Since(start) > 10*time.Second {
 			t.Fatalf("Run never started selling: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	stop := a16Traffic(ctx, r, sku, "aba", 2, acked, &replayAcks, &fencedAnswers)
+	stop := trafficOfFaults(ctx, r, sku, "aba", 2, acked, &replayAcks, &fencedAnswers)
 	for round := 1; round <= 2; round++ {
 		old, err := d.Primary()
 		if err != nil {
@@ -1438,7 +1438,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 		// The guard must fence.
 		var fencedAt time.Time
 		for time.Since(switched) < 8*time.Second {
-			if err := a16Probe(ctx, r, sku, &k, acked); errors.Is(err, stock.ErrFailover) {
+			if err := probe(ctx, r, sku, &k, acked); errors.Is(err, stock.ErrFailover) {
 				fencedAt = time.Now()
 				break
 			}
@@ -1454,17 +1454,17 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 		// No pass is due (Interval 1h): the fence must hold until we run one.
 		var liftedAt time.Time
 		for time.Since(fencedAt) < 2*time.Second {
-			if err := a16Probe(ctx, r, sku, &k, acked); a16Sold(err) {
+			if err := probe(ctx, r, sku, &k, acked); sold(err) {
 				liftedAt = time.Now()
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		if liftedAt.IsZero() {
-			a16Pass(t, ctx, rec, 15*time.Second)
+			faultPass(t, ctx, rec, 15*time.Second)
 			var last error
 			for start := time.Now(); time.Since(start) < 5*time.Second; {
-				if last = a16Probe(ctx, r, sku, &k, acked); a16Sold(last) {
+				if last = probe(ctx, r, sku, &k, acked); sold(last) {
 					liftedAt = time.Now()
 					break
 				}
@@ -1490,23 +1490,23 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 	stop()
 	stopRun()
 	<-runDone
-	a16Drain(t, ctx, r, st, sku)
-	a16Pass(t, ctx, rec, 15*time.Second)
+	faultDrain(t, ctx, r, st, sku)
+	faultPass(t, ctx, rec, 15*time.Second)
 	t.Logf("acknowledged %d, acknowledged only by a replay after ErrNotReplicated %d, ErrFailover answers %d",
 		acked.count(), replayAcks.Load(), fencedAnswers.Load())
-	a16Audit(t, ctx, r, st, acked)
+	audit(t, ctx, r, st, acked)
 }
 
-// a16GateStore is a memstore whose first Remaining call waits for the gate: a reconcile pass
+// gateStore is a memstore whose first Remaining call waits for the gate: a reconcile pass
 // stopped in the middle.
-type a16GateStore struct {
+type gateStore struct {
 	*memstore.Store
 	once    sync.Once
 	entered chan struct{}
 	gate    chan struct{}
 }
 
-func (g *a16GateStore) Remaining(ctx context.Context, sku string) (int64, error) {
+func (g *gateStore) Remaining(ctx context.Context, sku string) (int64, error) {
 	first := false
 	g.once.Do(func() { first = true })
 	if first {
@@ -1526,25 +1526,25 @@ func (g *a16GateStore) Remaining(ctx context.Context, sku string) (int64, error)
 // not record the new primary as reconciled: the guard stays fenced until a pass that ran
 // wholly on the new primary.
 func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
-	d := a16Deploy(t, redistest.SentinelConfig{Replicas: 1})
+	d := deploy(t, redistest.SentinelConfig{Replicas: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	r := a16Reserver(t, d.Client(t), stock.WithTimeout(3*time.Second))
+	r := reserver(t, d.Client(t), stock.WithTimeout(3*time.Second))
 	st := memstore.New()
 	skus := []string{"a16-p1", "a16-p2", "a16-p3", "a16-p4"}
 	for _, sku := range skus {
-		a16Load(t, ctx, r, st, sku, 50)
+		faultLoad(t, ctx, r, st, sku, 50)
 	}
 	g := stockops.NewFailoverGuard(r)
 	rec0, err := stockops.NewReconciler(r, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a16Pass(t, ctx, rec0, 10*time.Second)
+	faultPass(t, ctx, rec0, 10*time.Second)
 	if fenced, err := g.Check(ctx); err != nil || fenced {
 		t.Fatalf("after a complete pass: fenced=%v err=%v", fenced, err)
 	}
-	gs := &a16GateStore{Store: st, entered: make(chan struct{}), gate: make(chan struct{})}
+	gs := &gateStore{Store: st, entered: make(chan struct{}), gate: make(chan struct{})}
 	rec, err := stockops.NewReconciler(r, gs, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1597,7 +1597,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 		t.Errorf("deduct after the straddling pass: %v, want ErrFailover", err)
 	}
 	// A pass wholly on the new primary lifts it.
-	a16Pass(t, ctx, rec0, 10*time.Second)
+	faultPass(t, ctx, rec0, 10*time.Second)
 	if f, err := g.Check(ctx); err != nil || f {
 		t.Errorf("after a pass on the new primary: fenced=%v err=%v", f, err)
 	}
@@ -1606,22 +1606,22 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	}
 }
 
-// a18FlakyStore applies and then, now and then, answers an error anyway (the commit went through,
+// flakyStore applies and then, now and then, answers an error anyway (the commit went through,
 // its answer was lost), or fails before applying.
-type a18FlakyStore struct {
-	*a18OrderStore
+type flakyStore struct {
+	*orderStore
 	mu  sync.Mutex
 	rng *rand.Rand
 }
 
-func (s *a18FlakyStore) Apply(ctx context.Context, ev stock.Event) error {
+func (s *flakyStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	p := s.rng.IntN(10)
 	s.mu.Unlock()
 	if p == 0 {
 		return errors.New("store: connection reset before the commit")
 	}
-	err := s.a18OrderStore.Apply(ctx, ev)
+	err := s.orderStore.Apply(ctx, ev)
 	if p <= 2 && err == nil {
 		return errors.New("store: connection reset after the commit")
 	}
@@ -1633,16 +1633,16 @@ func (s *a18FlakyStore) Apply(ctx context.Context, ev stock.Event) error {
 // failed delivery is redelivered until Consume answers nil. The store must end exactly where the
 // acknowledged answers put it, each event applied once.
 func TestFlakyStoreAndContexts(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 15)
+	ctx, e, st, rng := setup(t, 15)
 	skus := []string{"f:1", "f:2", "f:3"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
-	flaky := &a18FlakyStore{a18OrderStore: st, rng: rand.New(rand.NewPCG(15, 15))}
+	drain(t, ctx, e, rl, skus)
+	flaky := &flakyStore{orderStore: st, rng: rand.New(rand.NewPCG(15, 15))}
 	msgs := q.take()
 	all := append(append([]stock.Event(nil), msgs...), msgs...)
 	rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
@@ -1688,13 +1688,13 @@ func TestFlakyStoreAndContexts(t *testing.T) {
 	if n := left.Load(); n > 0 {
 		t.Fatalf("%d deliveries never settled", n)
 	}
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // Two Runs on one Redis, one of them restarted mid-work several times, while two processes
 // sell: the store ends equal to Redis, every id applied once.
 func TestTwoRunsRestarted(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		r1 := kit.NewReserver(t, c1)
 		r2 := kit.NewReserver(t, c2)
@@ -1706,7 +1706,7 @@ func TestTwoRunsRestarted(t *testing.T) {
 		}
 		opts := stock.RunOptions{Store: store, SweepInterval: 30 * time.Millisecond,
 			Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond, Batch: 7}, Reconcile: &stock.ReconcileOptions{Interval: 200 * time.Millisecond}}
-		stop1 := a23Run(t, r1, opts, 30*time.Second)
+		stop1 := requestRun(t, r1, opts, 30*time.Second)
 		var sells sync.WaitGroup
 		var fail atomic.Value
 		var fenced atomic.Int64
@@ -1755,7 +1755,7 @@ func TestTwoRunsRestarted(t *testing.T) {
 		go sell(r1, "p1")
 		go sell(r2, "p2")
 		for range 4 { // r2's Run, restarted mid-work
-			stop2 := a23Run(t, r2, opts, 30*time.Second)
+			stop2 := requestRun(t, r2, opts, 30*time.Second)
 			time.Sleep(150 * time.Millisecond)
 			require.NoError(t, ignoreCanceled(stop2()))
 		}
@@ -1814,7 +1814,7 @@ func TestFenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
 			st := memstore.New()
 			require.NoError(t, r1.Load(ctx, "fence:x", 100))
 			require.NoError(t, st.Load(ctx, "fence:x", 100))
-			stop := a23Run(t, r2, stock.RunOptions{Store: &onlyStore{s: st, delay: 500 * time.Millisecond},
+			stop := requestRun(t, r2, stock.RunOptions{Store: &onlyStore{s: st, delay: 500 * time.Millisecond},
 				GuardInterval: time.Millisecond, Drain: time.Millisecond}, 30*time.Second)
 			fenced := false
 			for i := 0; i < 200 && !fenced; i++ {
@@ -1842,15 +1842,15 @@ func TestFenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
 	}
 }
 
-func a24Real(t *testing.T) {
+func faultReal(t *testing.T) {
 	t.Helper()
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("needs STOCK_REDIS_SERVER")
 	}
 }
 
-// a24Stats collects what a traffic run saw.
-type a24Stats struct {
+// stats collects what a traffic run saw.
+type stats struct {
 	mu       sync.Mutex
 	acked    map[string]string // id -> sku, a deduct answered success (first or replay)
 	unknown  map[string]string // id -> sku, still unknown after the retries
@@ -1862,11 +1862,11 @@ type a24Stats struct {
 	fenced   atomic.Int64
 }
 
-func newA24Stats() *a24Stats {
-	return &a24Stats{acked: map[string]string{}, unknown: map[string]string{}, raw: map[string]int{}}
+func newStats() *stats {
+	return &stats{acked: map[string]string{}, unknown: map[string]string{}, raw: map[string]int{}}
 }
 
-func (s *a24Stats) dur(d time.Duration) {
+func (s *stats) dur(d time.Duration) {
 	s.mu.Lock()
 	if d > s.maxDur {
 		s.maxDur = d
@@ -1874,9 +1874,9 @@ func (s *a24Stats) dur(d time.Duration) {
 	s.mu.Unlock()
 }
 
-// a24Deduct deducts one unit for id, retrying with Retry set after an unclassified error, up to
+// deduct deducts one unit for id, retrying with Retry set after an unclassified error, up to
 // tries times, with a short pause.
-func a24Deduct(r *stock.Reserver, st *a24Stats, sku, id string, tries int) {
+func deduct(r *stock.Reserver, st *stats, sku, id string, tries int) {
 	retry := false
 	for i := 0; i < tries; i++ {
 		start := time.Now()
@@ -1929,9 +1929,9 @@ func a24Deduct(r *stock.Reserver, st *a24Stats, sku, id string, tries int) {
 	}
 }
 
-// a24Check checks the contract on the items: invariant, ledger = levels, every acked id taken
+// faultCheck checks the contract on the items: invariant, ledger = levels, every acked id taken
 // in the ledger, sold between acked and acked+unknown.
-func a24Check(t *testing.T, r *stock.Reserver, st *a24Stats, loaded map[string]int64) {
+func faultCheck(t *testing.T, r *stock.Reserver, st *stats, loaded map[string]int64) {
 	t.Helper()
 	ctx := context.Background()
 	st.mu.Lock()
@@ -1970,15 +1970,15 @@ func a24Check(t *testing.T, r *stock.Reserver, st *a24Stats, loaded map[string]i
 	}
 }
 
-func a24Do(t *testing.T, c rueidis.Client, args ...string) rueidis.RedisResult {
+func faultDo(t *testing.T, c rueidis.Client, args ...string) rueidis.RedisResult {
 	t.Helper()
 	return c.Do(context.Background(), c.B().Arbitrary(args...).Build())
 }
 
-// a24Libs returns the names of the function libraries on c's node.
-func a24Libs(t *testing.T, c rueidis.Client) []string {
+// faultLibs returns the names of the function libraries on c's node.
+func faultLibs(t *testing.T, c rueidis.Client) []string {
 	t.Helper()
-	v, err := a24Do(t, c, "FUNCTION", "LIST").ToArray()
+	v, err := faultDo(t, c, "FUNCTION", "LIST").ToArray()
 	require.NoError(t, err)
 	var names []string
 	for _, lib := range v {
@@ -1991,9 +1991,9 @@ func a24Libs(t *testing.T, c rueidis.Client) []string {
 	return names
 }
 
-func a24CommandCalls(t *testing.T, c rueidis.Client, cmd string) int64 {
+func commandCalls(t *testing.T, c rueidis.Client, cmd string) int64 {
 	t.Helper()
-	info, err := a24Do(t, c, "INFO", "commandstats").ToString()
+	info, err := faultDo(t, c, "INFO", "commandstats").ToString()
 	require.NoError(t, err)
 	for _, line := range strings.Split(info, "\n") {
 		if strings.HasPrefix(line, "cmdstat_"+cmd+":calls=") {
@@ -2008,7 +2008,7 @@ func a24CommandCalls(t *testing.T, c rueidis.Client, cmd string) int64 {
 // TestLibraryActuallyLoaded: on Redis 7 the scripts run as functions (README How it
 // works): after a deduct the library stock_<digest> is on the server and FCALL was used.
 func TestLibraryActuallyLoaded(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	r := kit.NewReserver(t, s.Client(t))
@@ -2016,16 +2016,16 @@ func TestLibraryActuallyLoaded(t *testing.T) {
 	require.NoError(t, r.Load(ctx, "a", 5))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "o1", Qty: 1})
 	require.NoError(t, err)
-	libs := a24Libs(t, admin)
+	libs := faultLibs(t, admin)
 	require.Len(t, libs, 1, "libraries: %v", libs)
 	assert.True(t, strings.HasPrefix(libs[0], "stock_"), libs[0])
-	assert.Greater(t, a24CommandCalls(t, admin, "fcall"), int64(1), "FCALL used")
-	assert.Equal(t, int64(0), a24CommandCalls(t, admin, "evalsha"), "no EVALSHA")
-	assert.Equal(t, int64(0), a24CommandCalls(t, admin, "eval"), "no EVAL")
+	assert.Greater(t, commandCalls(t, admin, "fcall"), int64(1), "FCALL used")
+	assert.Equal(t, int64(0), commandCalls(t, admin, "evalsha"), "no EVALSHA")
+	assert.Equal(t, int64(0), commandCalls(t, admin, "eval"), "no EVAL")
 }
 
-// a24Traffic runs g goroutines of n deducts each over skus.
-func a24Traffic(rs []*stock.Reserver, st *a24Stats, prefix string, skus []string, g, n, tries int) {
+// faultTraffic runs g goroutines of n deducts each over skus.
+func faultTraffic(rs []*stock.Reserver, st *stats, prefix string, skus []string, g, n, tries int) {
 	var wg sync.WaitGroup
 	for w := 0; w < g; w++ {
 		wg.Add(1)
@@ -2034,15 +2034,15 @@ func a24Traffic(rs []*stock.Reserver, st *a24Stats, prefix string, skus []string
 			r := rs[w%len(rs)]
 			for i := 0; i < n; i++ {
 				sku := skus[(w+i)%len(skus)]
-				a24Deduct(r, st, sku, fmt.Sprintf("%s-%d-%d", prefix, w, i), tries)
+				deduct(r, st, sku, fmt.Sprintf("%s-%d-%d", prefix, w, i), tries)
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-// a24Chaos runs f in a loop until stop is closed, returning the number of rounds.
-func a24Chaos(stop <-chan struct{}, f func(i int)) <-chan int {
+// chaos runs f in a loop until stop is closed, returning the number of rounds.
+func chaos(stop <-chan struct{}, f func(i int)) <-chan int {
 	done := make(chan int, 1)
 	go func() {
 		i := 0
@@ -2066,7 +2066,7 @@ func a24Chaos(stop <-chan struct{}, f func(i int)) <-chan int {
 // finds it missing; the scripts give the answer otherwise. No call should fail at all (Redis
 // answers every command), no oversell, exactly once.
 func TestFlushLoop(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	for _, kind := range []string{"standalone", "cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			var client func() rueidis.Client
@@ -2093,35 +2093,35 @@ func TestFlushLoop(t *testing.T) {
 			// Find the library's name.
 			_, err := rs[0].Deduct(ctx, stock.Request{SKU: "f1", ID: "warm", Qty: 1})
 			require.NoError(t, err)
-			st := newA24Stats()
+			st := newStats()
 			st.acked["warm"] = "f1"
-			lib := a24Libs(t, admins[0])
+			lib := faultLibs(t, admins[0])
 			stop := make(chan struct{})
-			rounds := a24Chaos(stop, func(i int) {
+			rounds := chaos(stop, func(i int) {
 				a := admins[i%len(admins)]
 				switch i % 5 {
 				case 0:
-					a24Do(t, a, "FUNCTION", "FLUSH", "SYNC")
+					faultDo(t, a, "FUNCTION", "FLUSH", "SYNC")
 				case 1:
-					a24Do(t, a, "FUNCTION", "FLUSH", "ASYNC")
+					faultDo(t, a, "FUNCTION", "FLUSH", "ASYNC")
 				case 2:
 					if len(lib) > 0 {
-						a24Do(t, a, "FUNCTION", "DELETE", lib[0])
+						faultDo(t, a, "FUNCTION", "DELETE", lib[0])
 					}
 				case 3:
-					a24Do(t, a, "SCRIPT", "FLUSH", "ASYNC")
+					faultDo(t, a, "SCRIPT", "FLUSH", "ASYNC")
 				case 4:
-					a24Do(t, a, "FUNCTION", "FLUSH")
-					a24Do(t, a, "SCRIPT", "FLUSH")
+					faultDo(t, a, "FUNCTION", "FLUSH")
+					faultDo(t, a, "SCRIPT", "FLUSH")
 				}
 			})
-			a24Traffic(rs, st, "o", skus, 6, 120, 5)
+			faultTraffic(rs, st, "o", skus, 6, 120, 5)
 			close(stop)
 			n := <-rounds
 			t.Logf("%s: %d chaos rounds, %d calls, %d replays, %d sold out, max %v, raw errors %v", kind, n, st.calls.Load(), st.replays.Load(), st.soldOuts.Load(), st.maxDur, st.raw)
 			assert.Empty(t, st.raw, "errors under FUNCTION/SCRIPT FLUSH")
 			assert.Empty(t, st.unknown)
-			a24Check(t, rs[0], st, loaded)
+			faultCheck(t, rs[0], st, loaded)
 			// Retries of every acked id are replays.
 			for id, sku := range st.acked {
 				rc, err := rs[1].Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1, Retry: true})
@@ -2129,7 +2129,7 @@ func TestFlushLoop(t *testing.T) {
 					assert.True(t, rc.Replayed, id)
 				}
 			}
-			a24Check(t, rs[0], st, loaded)
+			faultCheck(t, rs[0], st, loaded)
 		})
 	}
 }
@@ -2138,12 +2138,12 @@ func TestFlushLoop(t *testing.T) {
 // the data are gone. Calls fail (not loaded) or are unknown; once the item is loaded again
 // every call works through the function path again.
 func TestRestart(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t, "--appendonly", "no")
 	ctx := context.Background()
 	r := kit.NewReserver(t, s.Client(t), stock.WithTimeout(2*time.Second))
 	require.NoError(t, r.Load(ctx, "rs", 400))
-	st := newA24Stats()
+	st := newStats()
 	var restarted atomic.Bool
 	var reloaded sync.WaitGroup
 	reloaded.Add(1)
@@ -2166,7 +2166,7 @@ func TestRestart(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 400 && !restarted.Load(); i++ {
-				a24Deduct(r, st, "rs", fmt.Sprintf("a-%d-%d", w, i), 3)
+				deduct(r, st, "rs", fmt.Sprintf("a-%d-%d", w, i), 3)
 				time.Sleep(2 * time.Millisecond)
 			}
 		}()
@@ -2175,8 +2175,8 @@ func TestRestart(t *testing.T) {
 	reloaded.Wait()
 	require.True(t, restarted.Load())
 	// After the restart and the reload: a fresh run, every call must succeed, exactly once.
-	st2 := newA24Stats()
-	a24Traffic([]*stock.Reserver{r}, st2, "b", []string{"rs"}, 4, 60, 3)
+	st2 := newStats()
+	faultTraffic([]*stock.Reserver{r}, st2, "b", []string{"rs"}, 4, 60, 3)
 	t.Logf("before: raw %v max %v; after: raw %v max %v", st.raw, st.maxDur, st2.raw, st2.maxDur)
 	assert.Empty(t, st2.raw)
 	assert.LessOrEqual(t, st.maxDur, 3*time.Second, "bounded by WithTimeout")
@@ -2197,16 +2197,16 @@ func TestRestart(t *testing.T) {
 	}
 	st2.mu.Unlock()
 	admin := s.Client(t)
-	assert.NotEmpty(t, a24Libs(t, admin))
+	assert.NotEmpty(t, faultLibs(t, admin))
 }
 
-// a24OwnerSKU returns a SKU whose keys live on server i of the cluster.
-func a24OwnerSKU(t *testing.T, c *redistest.Cluster, i int, base string) string {
+// ownerSKU returns a SKU whose keys live on server i of the cluster.
+func ownerSKU(t *testing.T, c *redistest.Cluster, i int, base string) string {
 	t.Helper()
 	admin := c.Servers()[i].Client(t)
 	for n := 0; n < 10000; n++ {
 		sku := fmt.Sprintf("%s%d", base, n)
-		err := a24Do(t, admin, "HGET", "stock:{"+sku+"}", "a").Error()
+		err := faultDo(t, admin, "HGET", "stock:{"+sku+"}", "a").Error()
 		if err == nil || rueidis.IsRedisNil(err) {
 			return sku
 		}
@@ -2218,44 +2218,44 @@ func a24OwnerSKU(t *testing.T, c *redistest.Cluster, i int, base string) string 
 // TestClusterNodeLostFunctions: one master of three lost its functions (FUNCTION FLUSH on
 // that node only) while the others keep the library; deducts on items of every master work.
 func TestClusterNodeLostFunctions(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	c := redistest.StartCluster(t, 3)
 	ctx := context.Background()
 	r := kit.NewReserver(t, c.Client(t), stock.WithTimeout(3*time.Second))
 	var skus []string
 	loaded := map[string]int64{}
 	for i := range c.Servers() {
-		sku := a24OwnerSKU(t, c, i, fmt.Sprintf("n%d-", i))
+		sku := ownerSKU(t, c, i, fmt.Sprintf("n%d-", i))
 		skus = append(skus, sku)
 		require.NoError(t, r.Load(ctx, sku, 100))
 		loaded[sku] = 100
 	}
-	st := newA24Stats()
-	a24Traffic([]*stock.Reserver{r}, st, "w", skus, 3, 10, 1)
+	st := newStats()
+	faultTraffic([]*stock.Reserver{r}, st, "w", skus, 3, 10, 1)
 	victim := c.Servers()[1].Client(t)
-	require.NoError(t, a24Do(t, victim, "FUNCTION", "FLUSH").Error())
-	require.Empty(t, a24Libs(t, victim))
-	a24Traffic([]*stock.Reserver{r}, st, "x", skus, 6, 30, 3)
+	require.NoError(t, faultDo(t, victim, "FUNCTION", "FLUSH").Error())
+	require.Empty(t, faultLibs(t, victim))
+	faultTraffic([]*stock.Reserver{r}, st, "x", skus, 6, 30, 3)
 	t.Logf("raw %v max %v", st.raw, st.maxDur)
 	assert.Empty(t, st.raw)
-	a24Check(t, r, st, loaded)
-	assert.NotEmpty(t, a24Libs(t, victim), "library loaded again on the node that lost it")
+	faultCheck(t, r, st, loaded)
+	assert.NotEmpty(t, faultLibs(t, victim), "library loaded again on the node that lost it")
 }
 
 // TestBoundedLoad: WithTimeout bounds the whole call. Master A lost its functions; masters
 // B and C hang (DEBUG SLEEP). A deduct of an item on A finds the function missing and loads the
 // library "on every node": must it wait for the hung nodes beyond WithTimeout?
 func TestBoundedLoad(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	c := redistest.StartCluster(t, 3)
 	ctx := context.Background()
 	const bound = time.Second
 	r := kit.NewReserver(t, c.Client(t), stock.WithTimeout(bound))
-	sku := a24OwnerSKU(t, c, 0, "b")
+	sku := ownerSKU(t, c, 0, "b")
 	require.NoError(t, r.Load(ctx, sku, 100))
 	_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "w", Qty: 1})
 	require.NoError(t, err)
-	require.NoError(t, a24Do(t, c.Servers()[0].Client(t), "FUNCTION", "FLUSH").Error())
+	require.NoError(t, faultDo(t, c.Servers()[0].Client(t), "FUNCTION", "FLUSH").Error())
 	var wg sync.WaitGroup
 	for _, i := range []int{1, 2} {
 		sl := c.Servers()[i].Client(t)
@@ -2284,21 +2284,21 @@ func TestBoundedLoad(t *testing.T) {
 // the calls must still work with the right semantics (fall back to the scripts) and not run the
 // squatter.
 func TestSquatterLibrary(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
 	r := kit.NewReserver(t, s.Client(t))
 	require.NoError(t, r.Load(ctx, "q", 10))
-	libs := a24Libs(t, admin)
+	libs := faultLibs(t, admin)
 	require.Len(t, libs, 1)
 	lib := libs[0]
-	require.NoError(t, a24Do(t, admin, "FUNCTION", "DELETE", lib).Error())
+	require.NoError(t, faultDo(t, admin, "FUNCTION", "DELETE", lib).Error())
 	// An unrelated library that happens to define lib_load (e.g. an operator's copy).
 	code := "#!lua name=squatter\nredis.register_function('" + lib + "_restock', function(KEYS, ARGV) return redis.error_reply('squatter') end)\n"
-	require.NoError(t, a24Do(t, admin, "FUNCTION", "LOAD", code).Error())
+	require.NoError(t, faultDo(t, admin, "FUNCTION", "LOAD", code).Error())
 	r2 := kit.NewReserver(t, s.Client(t))
-	loads0, fcalls0 := a24CommandCalls(t, admin, "function|load"), a24CommandCalls(t, admin, "fcall")
+	loads0, fcalls0 := commandCalls(t, admin, "function|load"), commandCalls(t, admin, "fcall")
 	for i := 0; i < 5; i++ {
 		rc, err := r2.Deduct(ctx, stock.Request{SKU: "q", ID: fmt.Sprintf("s%d", i), Qty: 1})
 		require.NoError(t, err)
@@ -2308,20 +2308,20 @@ func TestSquatterLibrary(t *testing.T) {
 	assert.Equal(t, int64(5), l.Sold)
 	// The refused load ("Function ... already exists") turns functions off for the Reserver:
 	// one FCALL and one FUNCTION LOAD in all, not two of each per call.
-	assert.Equal(t, int64(1), a24CommandCalls(t, admin, "function|load")-loads0, "FUNCTION LOAD calls")
-	assert.Equal(t, int64(1), a24CommandCalls(t, admin, "fcall")-fcalls0, "FCALL calls")
+	assert.Equal(t, int64(1), commandCalls(t, admin, "function|load")-loads0, "FUNCTION LOAD calls")
+	assert.Equal(t, int64(1), commandCalls(t, admin, "fcall")-fcalls0, "FCALL calls")
 	// The squatter's function of our name is not run: a restock goes to the script.
 	rc, err := r2.Restock(ctx, "q", "rs1", 3)
 	require.NoError(t, err)
 	assert.Equal(t, int64(8), rc.Remaining)
-	t.Logf("libs now %v", a24Libs(t, admin))
+	t.Logf("libs now %v", faultLibs(t, admin))
 }
 
 // TestMixedOpsFlush: holds, confirms, cancels, restores and carts under a FUNCTION FLUSH /
 // SCRIPT FLUSH loop, on a standalone server and a cluster: every acknowledged operation holds,
 // the invariant and the ledger agree, retries are replays.
 func TestMixedOpsFlush(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	for _, kind := range []string{"standalone", "cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			var client rueidis.Client
@@ -2344,12 +2344,12 @@ func TestMixedOpsFlush(t *testing.T) {
 				require.NoError(t, r.Load(ctx, sku, 150))
 			}
 			stop := make(chan struct{})
-			rounds := a24Chaos(stop, func(i int) {
+			rounds := chaos(stop, func(i int) {
 				a := admins[i%len(admins)]
 				if i%3 == 2 {
-					a24Do(t, a, "SCRIPT", "FLUSH")
+					faultDo(t, a, "SCRIPT", "FLUSH")
 				} else {
-					a24Do(t, a, "FUNCTION", "FLUSH", []string{"SYNC", "ASYNC"}[i%2])
+					faultDo(t, a, "FUNCTION", "FLUSH", []string{"SYNC", "ASYNC"}[i%2])
 				}
 			})
 			var mu sync.Mutex
@@ -2453,7 +2453,7 @@ func TestGuardLatchedByCancelledRun(t *testing.T) {
 		runCtx, cancel := context.WithCancel(ctx)
 		cancel()
 		ended := time.Now()
-		res := a25Wait(t, a25Run(runCtx, r, stock.RunOptions{Store: mem, Reconcile: &stock.ReconcileOptions{Interval: -1}}), ended, 5*time.Second+3*time.Second)
+		res := wait(t, run(runCtx, r, stock.RunOptions{Store: mem, Reconcile: &stock.ReconcileOptions{Interval: -1}}), ended, 5*time.Second+3*time.Second)
 		assert.ErrorIs(t, res.err, context.Canceled)
 
 		mem.Set(sku, 7) // the database of record says 7: Redis would sell 3 units too many
@@ -2469,7 +2469,7 @@ func TestGuardLatchedByCancelledRun(t *testing.T) {
 		// Run's own passes too.
 		mem.Set(sku, 5)
 		runCtx2, cancel2 := context.WithCancel(ctx)
-		ch := a25Run(runCtx2, r, stock.RunOptions{Store: mem, Drain: time.Second})
+		ch := run(runCtx2, r, stock.RunOptions{Store: mem, Drain: time.Second})
 		deadline := time.Now().Add(5 * time.Second)
 		for time.Now().Before(deadline) {
 			if lv, _ = r.Levels(ctx, sku); lv.Available == 5 {
@@ -2478,7 +2478,7 @@ func TestGuardLatchedByCancelledRun(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		cancel2()
-		res = a25Wait(t, ch, time.Now(), time.Second+3*time.Second)
+		res = wait(t, ch, time.Now(), time.Second+3*time.Second)
 		assert.EqualValues(t, 5, lv.Available, "Run's first reconcile pass repairs the drift")
 		assert.ErrorIs(t, res.err, context.Canceled, "Run's passes met no error")
 	}

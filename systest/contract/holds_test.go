@@ -28,7 +28,7 @@ import (
 // reverse order before anything else touched the item.
 func TestManyHoldsDueAnswers(t *testing.T) {
 	const n = 600
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -58,7 +58,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 				require.NoError(t, err, "cancel of an expired hold %s is a replay", id)
 			}
 		}
-		l := a12Check(t, r, "h", n)
+		l := check(t, r, "h", n)
 		assert.Equal(t, stock.Levels{Available: n, Loaded: n}, l)
 		for id, e := range kit.Ledger(t, r, "h") {
 			assert.Equal(t, stock.StateExpired, e.State, id)
@@ -74,7 +74,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 // holds); a Hold of every unit likewise.
 func TestDeductAfterManyHoldsDue(t *testing.T) {
 	const n = 600
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -86,7 +86,7 @@ func TestDeductAfterManyHoldsDue(t *testing.T) {
 		redistest.Sleep(c, 700*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "all", Qty: n})
 		assert.NoError(t, err, "every unit is free again: %+v", rc)
-		l := a12Check(t, r, "h", n)
+		l := check(t, r, "h", n)
 		t.Logf("after the deduct: %+v", l)
 		// And a hold of the whole item after the same situation.
 		require.NoError(t, r.Load(ctx, "h2", n))
@@ -97,7 +97,7 @@ func TestDeductAfterManyHoldsDue(t *testing.T) {
 		redistest.Sleep(c, 700*time.Millisecond)
 		_, err = r.Hold(ctx, stock.Request{SKU: "h2", ID: "all", Qty: n}, time.Minute)
 		assert.NoError(t, err, "hold of every unit after 600 holds expired")
-		a12Check(t, r, "h2", n)
+		check(t, r, "h2", n)
 	})
 }
 
@@ -160,7 +160,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 			for _, op := range ops {
 				assert.Equal(t, off < 0, live[op], "offset %v: %s sees the hold live=%v (all: %v)", off, op, live[op], live)
 			}
-			a12Check(t, r, "d", 10)
+			check(t, r, "d", 10)
 		})
 	}
 }
@@ -168,7 +168,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 // Promise: around the deadline on real servers, Confirm racing Sweep, Extend, Cancel and a
 // replay of the Hold: the answers agree with each other and with the ledger.
 func TestHoldDeadlineRaces(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
@@ -214,14 +214,14 @@ func TestHoldDeadlineRaces(t *testing.T) {
 			}
 		}
 		t.Logf("confirmed %d, expired %d", confirmed, expired)
-		a12Check(t, r1, "d", 1000)
+		check(t, r1, "d", 1000)
 	})
 }
 
 // Promise (Extend doc): "ErrExpired past the deadline"; its units went back; afterwards every
 // call on the id agrees. Reservers sharing one Redis (caching clients) answer the same.
 func TestExtendExpiredAcrossReservers(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
@@ -234,7 +234,7 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 		redistest.Sleep(c1, 300*time.Millisecond)
 		_, err = r2.Extend(ctx, "e", "h", time.Hour)
 		require.ErrorIs(t, err, stock.ErrExpired)
-		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, a12Check(t, r1, "e", 3))
+		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, check(t, r1, "e", 3))
 		_, err = r1.Extend(ctx, "e", "h", time.Hour)
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		_, err = r1.Confirm(ctx, "e", "h")
@@ -249,13 +249,13 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 		rc, err := r1.Cancel(ctx, "e", "h")
 		assert.NoError(t, err)
 		assert.True(t, rc.Replayed)
-		a12Check(t, r1, "e", 3)
+		check(t, r1, "e", 3)
 	})
 }
 
 // Bad hold durations are ErrInvalid and change nothing.
 func TestHoldTTLBounds(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 3))
@@ -269,12 +269,12 @@ func TestHoldTTLBounds(t *testing.T) {
 			_, err := r.Extend(ctx, "t", "h", ttl)
 			assert.ErrorIs(t, err, stock.ErrInvalid, "extend ttl %v", ttl)
 		}
-		assert.Equal(t, stock.Levels{Available: 2, Held: 1, Loaded: 3}, a12Check(t, r, "t", 3))
+		assert.Equal(t, stock.Levels{Available: 2, Held: 1, Loaded: 3}, check(t, r, "t", 3))
 	})
 }
 
 // Promise (Cancel doc): "A second Cancel, or a Cancel of a hold that already expired, is a
-// replay" — and (issue 12) an id's answer must not depend on how many other holds are due.
+// replay" — and an id's answer must not depend on how many other holds are due.
 // Found: a Cancel of a hold past its deadline that no other call has released yet answers
 // Replayed false with the units (the entry ends expired), whatever the number of holds due; a
 // Cancel of the same hold after another call released it answers Replayed true: the answer for
@@ -282,7 +282,7 @@ func TestHoldTTLBounds(t *testing.T) {
 func TestCancelOfDueHoldIsReplay(t *testing.T) {
 	for _, n := range []int{1, 64, 65, 200} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				c := b.Client(t)
 				r := kit.NewReserver(t, c)
@@ -299,7 +299,7 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 				require.NoError(t, err)
 				assert.True(t, rc.Replayed, "cancel of an expired hold (%d due) is a replay; receipt %+v, entry state %s", n, rc, e.State)
 				assert.Equal(t, stock.StateExpired, e.State)
-				a12Check(t, r, "h", int64(n))
+				check(t, r, "h", int64(n))
 			})
 		})
 	}
@@ -309,7 +309,7 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 // Restore of it gives back nothing more (its units went back at the deadline) and the entry
 // ends expired; the item's counters stay right.
 func TestRestoreOfDueHold(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c, stock.WithUserLimit(2))
@@ -322,10 +322,10 @@ func TestRestoreOfDueHold(t *testing.T) {
 		e, lerr := r.Ledger(ctx, "r", "h")
 		require.NoError(t, lerr)
 		assert.Equal(t, stock.StateExpired, e.State)
-		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, a12Check(t, r, "r", 5))
+		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, check(t, r, "r", 5))
 		rc2, err2 := r.Restore(ctx, "r", "h")
 		t.Logf("again: %+v %v", rc2, err2)
-		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, a12Check(t, r, "r", 5))
+		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, check(t, r, "r", 5))
 		// The user's units came back once: u may hold 2 again, not 4.
 		_, err = r.Deduct(ctx, stock.Request{SKU: "r", ID: "d", User: "u", Qty: 2})
 		require.NoError(t, err)
@@ -338,7 +338,7 @@ func TestRestoreOfDueHold(t *testing.T) {
 // returns the units released" — all of them, with 600 due; SweepAll likewise over items; live
 // holds stay.
 func TestSweepManyDue(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -370,7 +370,7 @@ func TestSweepManyDue(t *testing.T) {
 			t.Logf("taking the holds took %v: counts not checked, levels are", time.Since(start))
 		}
 		for _, sku := range []string{"s1", "s2"} {
-			assert.Equal(t, stock.Levels{Available: 698, Held: 2, Loaded: 700}, a12Check(t, r, sku, 700), sku)
+			assert.Equal(t, stock.Levels{Available: 698, Held: 2, Loaded: 700}, check(t, r, sku, 700), sku)
 		}
 	})
 }
@@ -380,7 +380,7 @@ func TestSweepManyDue(t *testing.T) {
 // holds due, is not refused with ErrUserLimit. Found with TestDeductAfterManyHoldsDue's
 // cause: only 64 due holds are released per call, the user's is not among them.
 func TestUserLimitAfterManyHoldsDue(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c, stock.WithUserLimit(1))
@@ -392,7 +392,7 @@ func TestUserLimitAfterManyHoldsDue(t *testing.T) {
 		redistest.Sleep(c, 500*time.Millisecond)
 		_, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "again", User: "user199", Qty: 1})
 		assert.NoError(t, err, "user199's only hold expired")
-		a12Check(t, r, "h", 1000)
+		check(t, r, "h", 1000)
 	})
 }
 
@@ -658,7 +658,7 @@ func TestSweepDuplicateSKUs(t *testing.T) {
 // the holds' deadlines, a sweep, a drain and a pass: no live hold is left, every acknowledged
 // sale and confirm is in the ledger or the store, nothing is applied twice, the store agrees.
 func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
-	d := a16Deploy(t, redistest.SentinelConfig{
+	d := deploy(t, redistest.SentinelConfig{
 		Replicas:        2,
 		Args:            []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"},
 		ReplicaLatency:  30 * time.Millisecond,
@@ -667,16 +667,16 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 	opts := []stock.Option{stock.WithReplicaAck(1, time.Second), stock.WithTimeout(3 * time.Second)}
-	r1 := a16Reserver(t, d.Client(t), opts...)
-	r2 := a16Reserver(t, d.Client(t), opts...)
+	r1 := reserver(t, d.Client(t), opts...)
+	r2 := reserver(t, d.Client(t), opts...)
 	st := memstore.New()
 	const sku = "a16-two"
-	a16Load(t, ctx, r1, st, sku, 1_000_000)
+	faultLoad(t, ctx, r1, st, sku, 1_000_000)
 	rec, err := stockops.NewReconciler(r1, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a16Pass(t, ctx, rec, 10*time.Second)
+	faultPass(t, ctx, rec, 10*time.Second)
 	runCtx, stopRun := context.WithCancel(ctx)
 	var runs sync.WaitGroup
 	for _, r := range []*stock.Reserver{r1, r2} {
@@ -688,10 +688,10 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 				Relay:     &stock.RelayOptions{Batch: 16, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
 		}()
 	}
-	acked := &a16Acked{}
+	acked := &acked{}
 	var replayAcks, fenced1, fenced2 atomic.Int64
-	stop1 := a16Traffic(ctx, r1, sku, "one", 2, acked, &replayAcks, &fenced1)
-	stop2 := a16Traffic(ctx, r2, sku, "two", 1, acked, &replayAcks, &fenced2)
+	stop1 := trafficOfFaults(ctx, r1, sku, "one", 2, acked, &replayAcks, &fenced1)
+	stop2 := trafficOfFaults(ctx, r2, sku, "two", 1, acked, &replayAcks, &fenced2)
 	// Holds on r2: confirm the even ones, let the odd ones expire.
 	hctx, stopHolds := context.WithCancel(ctx)
 	holdsDone := make(chan struct{})
@@ -731,7 +731,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 		t.Errorf("after the failover, ErrFailover answers: instance one %d, instance two %d: both must fence",
 			fenced1.Load()-before1, fenced2.Load()-before2)
 	}
-	a16Pass(t, ctx, rec, 15*time.Second)
+	faultPass(t, ctx, rec, 15*time.Second)
 	// Both instances sell again after the one pass.
 	for i, r := range []*stock.Reserver{r1, r2} {
 		ok := false
@@ -757,8 +757,8 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	if _, err := stockops.Sweep(ctx, r1, sku); err != nil {
 		t.Errorf("sweep: %v", err)
 	}
-	a16Drain(t, ctx, r1, st, sku)
-	a16Pass(t, ctx, rec, 15*time.Second)
+	faultDrain(t, ctx, r1, st, sku)
+	faultPass(t, ctx, rec, 15*time.Second)
 	lv, err := r1.Levels(ctx, sku)
 	if err != nil {
 		t.Fatal(err)
@@ -768,14 +768,14 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	}
 	t.Logf("acknowledged %d (holds %d, confirmed %d), bare replays after ErrNotReplicated %d, fenced answers %d/%d",
 		acked.count(), heldAcked.Load(), confirmed.Load(), replayAcks.Load(), fenced1.Load(), fenced2.Load())
-	a16Audit(t, ctx, r1, st, acked)
+	audit(t, ctx, r1, st, acked)
 }
 
 // Holds on the queue path: holds confirmed, cancelled and expired (by Sweep), mixed with deducts
 // and restores, published through a batch publisher and consumed with duplicates by concurrent
 // consumers. The store must count confirmed holds as sold and nothing else of a hold.
 func TestHoldsOnQueuePath(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 13)
+	ctx, e, st, rng := setup(t, 13)
 	skus := []string{"h:1", "h:2"}
 	initial := map[string]int64{}
 	for _, sku := range skus {
@@ -836,13 +836,13 @@ func TestHoldsOnQueuePath(t *testing.T) {
 			t.Errorf("Confirm of expired hold %s/%s succeeded", x.sku, x.id)
 		}
 	}
-	q := &a18Queue{}
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
-	a18ConcurrentConsume(t, ctx, e.Reserver, st, q.take(), 2, 6, rng)
+	drain(t, ctx, e, rl, skus)
+	concurrentConsume(t, ctx, e.Reserver, st, q.take(), 2, 6, rng)
 	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
@@ -872,12 +872,12 @@ func TestHoldsOnQueuePath(t *testing.T) {
 // the store once, every hold is released at its deadline without any further call, and Run
 // returns after its ctx ends with the outbox drained.
 func TestRunLateItemsManyHoldsDue(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, c1)
 		other := kit.NewReserver(t, c2)
 		store := memstore.New()
-		stop := a23Run(t, r, stock.RunOptions{Store: store, SweepInterval: 50 * time.Millisecond,
+		stop := requestRun(t, r, stock.RunOptions{Store: store, SweepInterval: 50 * time.Millisecond,
 			Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}, Drain: 10 * time.Second}, 30*time.Second)
 		time.Sleep(100 * time.Millisecond) // Run is up before the items exist
 		var skus []string
@@ -912,7 +912,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 			// Before the deadline nothing is released. Checked per item, right after its holds:
 			// all 40 items' calls can take longer than one TTL on a loaded machine, and an
 			// item whose check comes too late to mean anything is not judged.
-			if l := a23Levels(t, r, sku); time.Since(start) < ttl-200*time.Millisecond {
+			if l := soldOutLevels(t, r, sku); time.Since(start) < ttl-200*time.Millisecond {
 				assert.Equal(t, int64(8), l.Held, "%s: held before the deadline", sku)
 				checked++
 			}
@@ -955,7 +955,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 		}
 		require.NoError(t, ignoreCanceled(stop()))
 		for _, sku := range skus {
-			l := a23Levels(t, r, sku)
+			l := soldOutLevels(t, r, sku)
 			assert.Equal(t, int64(25), l.Available, sku)
 			n, err := store.Remaining(ctx, sku)
 			require.NoError(t, err)
@@ -979,7 +979,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 // prompt even with no sweeper". On a split item a take in another bucket, with stock to spare,
 // must release the due holds as on a plain item.
 func TestDueHoldsReleasedByNextTake(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for _, sku := range []string{"plain-due", "split-due"} {
 			require.NoError(t, e.r.Load(ctx, sku, 100))
@@ -994,7 +994,7 @@ func TestDueHoldsReleasedByNextTake(t *testing.T) {
 				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), User: fmt.Sprintf("buyer%d", i), Qty: 1})
 				require.NoError(t, err)
 			}
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, "%s: the due holds are released by the item's next takes: %+v", sku, l)
 		}
 	})
@@ -1002,7 +1002,7 @@ func TestDueHoldsReleasedByNextTake(t *testing.T) {
 
 // TestHoldsExpireUnderRun: holds on a split item expire by Run's sweeper alone.
 func TestHoldsExpireUnderRun(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		require.NoError(t, e.r.Load(ctx, "hrun", 30))
@@ -1019,7 +1019,7 @@ func TestHoldsExpireUnderRun(t *testing.T) {
 		}, 20*time.Second, 50*time.Millisecond)
 		cancel()
 		<-done
-		l := a26Levels(t, e.r, "hrun")
+		l := levels(t, e.r, "hrun")
 		assert.Equal(t, stock.Levels{Available: 30, Loaded: 30}, l)
 		for i := range 12 {
 			ent, err := e.r.Ledger(context.Background(), "hrun", fmt.Sprintf("h%d", i))

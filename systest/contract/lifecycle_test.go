@@ -21,8 +21,8 @@ import (
 	"github.com/stockres/stock/systest/internal/kit"
 )
 
-// a12Drain runs a relay pass until nothing is pending for the items.
-func a12Drain(t *testing.T, r *stock.Reserver, store *memstore.Store) {
+// drainOfLifecycle runs a relay pass until nothing is pending for the items.
+func drainOfLifecycle(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 	t.Helper()
 	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 	require.NoError(t, err)
@@ -35,7 +35,7 @@ func a12Drain(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 	}
 }
 
-func a12Reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report {
+func reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report {
 	t.Helper()
 	reps, err := rec.Once(context.Background())
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func a12Reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Repo
 // live hold, delisted with events pending, delisted with a name that prefixes others, delisted
 // and retired then loaded again (the next pass must not retire the new item).
 func TestRetireOnlyDelisted(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -66,7 +66,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		}
 		_, err := r.Hold(ctx, stock.Request{SKU: "held", ID: "h1", User: "u", Qty: 1}, time.Hour)
 		require.NoError(t, err)
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "pending", ID: "o2", Qty: 1})
 		require.NoError(t, err)
 
@@ -77,7 +77,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 			require.NoError(t, r.Delist(ctx, sku))
 			require.NoError(t, r.Delist(ctx, sku), "delisting twice does nothing")
 			assert.ErrorIs(t, r.ReopenItem(ctx, sku), stock.ErrClosed, sku)
-			assert.True(t, a12Check(t, r, sku, 10).Closed, sku)
+			assert.True(t, check(t, r, sku, 10).Closed, sku)
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", Qty: 1})
 			assert.ErrorIs(t, err, stock.ErrClosed, sku)
 			assert.ErrorIs(t, r.Load(ctx, sku, 5), stock.ErrLoaded, sku)
@@ -85,7 +85,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		redistest.Sleep(c, 20*time.Millisecond)
 		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
-		reps := a12Reports(t, rec)
+		reps := reports(t, rec)
 		for _, sku := range []string{"closed", "reopened", "held", "pending", "x:u"} {
 			assert.False(t, reps[sku].Retired, "%s retired: %v", sku, reps[sku])
 			kit.Levels(t, r, sku)
@@ -98,9 +98,9 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		_, err = r.Confirm(ctx, "held", "h1")
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), kit.Levels(t, r, "held").Sold)
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
-		reps = a12Reports(t, rec)
+		reps = reports(t, rec)
 		assert.True(t, reps["held"].Retired, "held, confirmed and delivered: %v", reps["held"])
 		assert.True(t, reps["pending"].Retired, "pending, delivered: %v", reps["pending"])
 
@@ -112,10 +112,10 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		e, err := r.Ledger(ctx, "gone", "o1")
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), e.Qty, "a new sale, not a replay of the retired item's o1")
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
 		for range 2 {
-			reps = a12Reports(t, rec)
+			reps = reports(t, rec)
 			assert.False(t, reps["gone"].Retired, "the reloaded item: %v", reps["gone"])
 		}
 		l := kit.Levels(t, r, "gone")
@@ -133,7 +133,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 // after, the item is gone as a whole: a large ledger (1,500 entries) retired, then loaded again
 // at once, must not lose the new item's entries to a later step of the old retirement.
 func TestRetireLargeLedgerThenReload(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -145,14 +145,14 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprint("o", i), Qty: 1})
 			require.NoError(t, err)
 		}
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		require.NoError(t, r.Delist(ctx, "big"))
 		redistest.Sleep(c, 20*time.Millisecond)
 		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		var retired bool
 		for pass := range 6 {
-			reps := a12Reports(t, rec)
+			reps := reports(t, rec)
 			t.Logf("pass %d: %v", pass, reps["big"])
 			if reps["big"].Retired {
 				retired = true
@@ -171,10 +171,10 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprint("n", i), Qty: 1})
 			require.NoError(t, err)
 		}
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		assert.Len(t, kit.Ledger(t, r, "big"), 5)
 		for range 3 {
-			reps := a12Reports(t, rec)
+			reps := reports(t, rec)
 			assert.False(t, reps["big"].Retired, "%v", reps["big"])
 		}
 		// (the passes trim the new applied entries: the retention is 1 ms)
@@ -194,7 +194,7 @@ func TestRetireGroupedItem(t *testing.T) {
 		}
 		return "g"
 	}
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c, stock.WithGroups(group))
@@ -210,12 +210,12 @@ func TestRetireGroupedItem(t *testing.T) {
 		}
 		_, err := r.Cancel(ctx, "tee", "h1")
 		require.NoError(t, err)
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		require.NoError(t, r.Delist(ctx, "tee"))
 		redistest.Sleep(c, 20*time.Millisecond)
 		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
-		reps := a12Reports(t, rec)
+		reps := reports(t, rec)
 		assert.True(t, reps["tee"].Retired, "%v", reps["tee"])
 		for _, sku := range []string{"g", "tee:l", "tee:u", "cap"} {
 			assert.False(t, reps[sku].Retired, sku)
@@ -239,7 +239,7 @@ func TestRetireGroupedItem(t *testing.T) {
 // dead-lettered event (the Store rejected it as invalid) is not retired, so the operator's
 // dead letter is not deleted with it.
 func TestNoRetireWithDeadLetters(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -254,7 +254,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 			}
 			return nil
 		})
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		_, dead, err := stockops.Pending(ctx, r, "dlq")
 		require.NoError(t, err)
 		require.Equal(t, int64(1), dead)
@@ -277,7 +277,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 // item exists"): after Delist, Load is ErrLoaded; a Restock either is refused and changes nothing
 // or is ledgered and delivered before the item retires; the store and Redis agree at the end.
 func TestRestockAfterDelist(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -288,7 +288,7 @@ func TestRestockAfterDelist(t *testing.T) {
 		assert.ErrorIs(t, r.Load(ctx, "rd", 5), stock.ErrLoaded)
 		_, err := r.Restock(ctx, "rd", "rs", 3)
 		t.Logf("restock after delist: %v", err)
-		l := a12Check(t, r, "rd", 5)
+		l := check(t, r, "rd", 5)
 		if err == nil {
 			assert.Equal(t, int64(8), l.Loaded)
 			pending, _, perr := stockops.Pending(ctx, r, "rd")
@@ -300,13 +300,13 @@ func TestRestockAfterDelist(t *testing.T) {
 		redistest.Sleep(c, 20*time.Millisecond)
 		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
-		reps := a12Reports(t, rec)
+		reps := reports(t, rec)
 		if l.Loaded == 8 {
 			assert.False(t, reps["rd"].Retired, "retired with the restock pending: %v", reps["rd"])
 		}
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
-		reps = a12Reports(t, rec)
+		reps = reports(t, rec)
 		assert.True(t, reps["rd"].Retired, "%v", reps["rd"])
 		rem, err := store.Remaining(ctx, "rd")
 		require.NoError(t, err)
@@ -391,7 +391,7 @@ func TestRunRetiresDelistedItem(t *testing.T) {
 // a server without the library: concurrent FUNCTION LOADs, all but one answered "already
 // exists". No call may fail.
 func TestConcurrentFirstLoad(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
@@ -401,10 +401,10 @@ func TestConcurrentFirstLoad(t *testing.T) {
 		rs[i] = kit.NewReserver(t, s.Client(t))
 	}
 	require.NoError(t, rs[0].Load(ctx, "c", 1000))
-	st := newA24Stats()
+	st := newStats()
 	for round := 0; round < 6; round++ {
-		require.NoError(t, a24Do(t, admin, "FUNCTION", "FLUSH", "SYNC").Error())
-		require.NoError(t, a24Do(t, admin, "SCRIPT", "FLUSH", "SYNC").Error())
+		require.NoError(t, faultDo(t, admin, "FUNCTION", "FLUSH", "SYNC").Error())
+		require.NoError(t, faultDo(t, admin, "SCRIPT", "FLUSH", "SYNC").Error())
 		// New Reservers each round, so each starts with functions on.
 		for i := range rs {
 			rs[i] = kit.NewReserver(t, s.Client(t))
@@ -416,7 +416,7 @@ func TestConcurrentFirstLoad(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-gate
-				a24Deduct(rs[i], st, "c", fmt.Sprintf("r%d-%d", round, i), 1)
+				deduct(rs[i], st, "c", fmt.Sprintf("r%d-%d", round, i), 1)
 			}()
 		}
 		close(gate)
@@ -424,14 +424,14 @@ func TestConcurrentFirstLoad(t *testing.T) {
 	}
 	t.Logf("raw %v, max %v", st.raw, st.maxDur)
 	assert.Empty(t, st.raw)
-	a24Check(t, rs[0], st, map[string]int64{"c": 1000})
-	assert.Len(t, a24Libs(t, admin), 1)
+	faultCheck(t, rs[0], st, map[string]int64{"c": 1000})
+	assert.Len(t, faultLibs(t, admin), 1)
 }
 
 // TestHoldsLifecycle: Hold, Confirm, Cancel, Extend and expiry on a split item, with
 // the stock moved between buckets, and sweeps by stockops.Sweep.
 func TestHoldsLifecycle(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		ttl := time.Hour
 		short := 2 * time.Second
@@ -440,7 +440,7 @@ func TestHoldsLifecycle(t *testing.T) {
 			_, err := e.r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprintf("h%d", i), User: "same", Qty: 2}, ttl)
 			require.NoError(t, err, "hold %d: the user's bucket borrows", i)
 		}
-		l := a26Levels(t, e.r, "h")
+		l := levels(t, e.r, "h")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 8, Loaded: 9}, l)
 		_, err := e.r.Hold(ctx, stock.Request{SKU: "h", ID: "h9", User: "x", Qty: 2}, ttl)
 		require.ErrorIs(t, err, stock.ErrInsufficient)
@@ -473,7 +473,7 @@ func TestHoldsLifecycle(t *testing.T) {
 		require.ErrorIs(t, err, stock.ErrConfirmed)
 		_, err = e.r.Extend(ctx, "h", "nohold", time.Hour)
 		require.ErrorIs(t, err, stock.ErrUnknownID)
-		l = a26Levels(t, e.r, "h")
+		l = levels(t, e.r, "h")
 		assert.Equal(t, stock.Levels{Available: 3, Held: 4, Sold: 2, Loaded: 9}, l)
 
 		e.advance(short + 1500*time.Millisecond)
@@ -488,7 +488,7 @@ func TestHoldsLifecycle(t *testing.T) {
 		require.ErrorIs(t, err, stock.ErrExpired)
 		_, err = e.r.Cancel(ctx, "h", "h3")
 		require.NoError(t, err, "a cancel of an expired hold is a replay")
-		l = a26Levels(t, e.r, "h")
+		l = levels(t, e.r, "h")
 		assert.Equal(t, stock.Levels{Available: 7, Sold: 2, Loaded: 9}, l)
 		for _, id := range []string{"h2", "h3"} {
 			ent, err := e.r.Ledger(ctx, "h", id)
@@ -510,7 +510,7 @@ func TestHoldsLifecycle(t *testing.T) {
 // refuses a split item with ErrInvalid, and carts of a closed split item are refused with
 // ErrClosed; neither changes anything.
 func TestCloseReopenRestock(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "cl", 6))
 		require.ErrorIs(t, e.r.Load(ctx, "cl", 6), stock.ErrLoaded)
@@ -522,7 +522,7 @@ func TestCloseReopenRestock(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, e.r.CloseItem(ctx, "cl"))
 		require.NoError(t, e.r.CloseItem(ctx, "cl"))
-		assert.True(t, a26Levels(t, e.r, "cl").Closed)
+		assert.True(t, levels(t, e.r, "cl").Closed)
 		for i := range 10 {
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: fmt.Sprintf("x%d", i), User: fmt.Sprintf("z%d", i), Qty: 1})
 			require.ErrorIs(t, err, stock.ErrClosed)
@@ -540,7 +540,7 @@ func TestCloseReopenRestock(t *testing.T) {
 		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "cl", Qty: 1}}}, time.Hour)
 		require.ErrorIs(t, err, stock.ErrClosed)
 		require.NoError(t, e.r.ReopenItem(ctx, "cl"))
-		l := a26Levels(t, e.r, "cl")
+		l := levels(t, e.r, "cl")
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, l)
 		for i := range 3 {
 			rc, err := e.r.Restock(ctx, "cl", "rs", 4)
@@ -549,7 +549,7 @@ func TestCloseReopenRestock(t *testing.T) {
 		}
 		_, err = e.r.Restore(ctx, "cl", "rs")
 		require.ErrorIs(t, err, stock.ErrConflict, "restocks cannot be restored")
-		l = a26Levels(t, e.r, "cl")
+		l = levels(t, e.r, "cl")
 		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, l)
 		for i := range 9 {
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: fmt.Sprintf("after%d", i), User: "one", Qty: 1})
@@ -565,18 +565,18 @@ func TestCloseReopenRestock(t *testing.T) {
 	})
 }
 
-// The attack runs on attack26's rig: the same backends, split option and environment.
-type a27Env = a26Env
+// It runs on the split items' rig: the same backends, split option and environment.
+type env = requestEnv
 
-var a27Split, a27Each = a26Split, a26Each
+var lifecycleSplit, lifecycleEach = split, each
 
-// a27Sku makes a unique item name per test and backend.
-var a27N atomic.Int64
+// sku makes a unique item name per test and backend.
+var lifecycleN atomic.Int64
 
-func a27Sku(prefix string) string { return fmt.Sprintf("%s-a27-%d", prefix, a27N.Add(1)) }
+func sku(prefix string) string { return fmt.Sprintf("%s-a27-%d", prefix, lifecycleN.Add(1)) }
 
-// a27Pass runs one reconcile pass over the given items with a tiny retention.
-func a27Pass(t *testing.T, e *a27Env, r *stock.Reserver, store stock.Store, skus ...string) map[string]stockops.Report {
+// pass runs one reconcile pass over the given items with a tiny retention.
+func pass(t *testing.T, e *env, r *stock.Reserver, store stock.Store, skus ...string) map[string]stockops.Report {
 	t.Helper()
 	rc, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: skus, Retention: time.Millisecond})
 	require.NoError(t, err)
@@ -590,7 +590,7 @@ func a27Pass(t *testing.T, e *a27Env, r *stock.Reserver, store stock.Store, skus
 	return out
 }
 
-func a27Drain(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string) {
+func lifecycleDrain(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string) {
 	t.Helper()
 	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: skus})
 	require.NoError(t, err)
@@ -612,9 +612,9 @@ func a27Drain(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string
 	t.Fatalf("relay did not drain %v", skus)
 }
 
-// a27Keys lists every key that holds the item's name in its hash tag (standalone and
+// lifecycleKeys lists every key that holds the item's name in its hash tag (standalone and
 // miniredis only: a cluster's SCAN is per node).
-func a27Keys(t *testing.T, e *a27Env, sku string) []string {
+func lifecycleKeys(t *testing.T, e *env, sku string) []string {
 	t.Helper()
 	var keys []string
 	if e.name == "cluster" || strings.Contains(e.name, "cluster") {
@@ -634,14 +634,14 @@ func a27Keys(t *testing.T, e *a27Env, sku string) []string {
 	return ks
 }
 
-// a27Retire delists an item (already drained into store) and runs passes until it is retired.
-func a27Retire(t *testing.T, e *a27Env, store stock.Store, sku string) {
+// retire delists an item (already drained into store) and runs passes until it is retired.
+func retire(t *testing.T, e *env, store stock.Store, sku string) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, e.r.Delist(ctx, sku))
 	e.advance(20 * time.Millisecond)
 	for range 5 {
-		rp := a27Pass(t, e, e.r, store, sku)[sku]
+		rp := pass(t, e, e.r, store, sku)[sku]
 		if rp.Retired {
 			return
 		}
@@ -650,8 +650,8 @@ func a27Retire(t *testing.T, e *a27Env, store stock.Store, sku string) {
 	t.Fatalf("%s not retired", sku)
 }
 
-// a27Class names the sentinel an error wraps.
-func a27Class(err error) string {
+// class names the sentinel an error wraps.
+func class(err error) string {
 	if err == nil {
 		return "nil"
 	}
@@ -668,10 +668,10 @@ func a27Class(err error) string {
 // TestRetireReloadOldIDs: after retire + reload, the old ids of a split item behave as those
 // of a plain item retired and reloaded the same way; no key of the item is left behind.
 func TestRetireReloadOldIDs(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		store := memstore.New()
-		split, plain := a27Sku("it:em~x"), a27Sku("plain:em~x")
+		split, plain := sku("it:em~x"), sku("plain:em~x")
 		type res struct {
 			err error
 			rc  stock.Receipt
@@ -688,8 +688,8 @@ func TestRetireReloadOldIDs(t *testing.T) {
 			do(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u9", Qty: 2}, time.Minute))
 			do(e.r.Confirm(ctx, sku, "h1"))
 			do(e.r.Restore(ctx, sku, "ghost")) // a tombstone
-			a27Drain(t, e.r, store, sku)
-			a27Retire(t, e, store, sku)
+			lifecycleDrain(t, e.r, store, sku)
+			retire(t, e, store, sku)
 			_, err := e.r.Levels(ctx, sku)
 			out = append(out, res{err: err})
 			_, err = e.r.Ledger(ctx, sku, "d1")
@@ -719,7 +719,7 @@ func TestRetireReloadOldIDs(t *testing.T) {
 		s := run(split)
 		require.Len(t, s, len(p))
 		for i := range p {
-			assert.Equal(t, a27Class(p[i].err), a27Class(s[i].err), "step %d: %v / %v", i, p[i].err, s[i].err)
+			assert.Equal(t, class(p[i].err), class(s[i].err), "step %d: %v / %v", i, p[i].err, s[i].err)
 			if p[i].err == nil {
 				assert.Equal(t, p[i].rc.Qty, s[i].rc.Qty, "step %d qty", i)
 				assert.Equal(t, p[i].rc.Replayed, s[i].rc.Replayed, "step %d replayed", i)
@@ -733,10 +733,10 @@ func TestRetireReloadOldIDs(t *testing.T) {
 func TestRetireLeavesNoKeys(t *testing.T) {
 	for _, n := range []int{2, 5} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			a27Each(t, []stock.Option{a27Split(n)}, func(t *testing.T, e *a27Env) {
+			lifecycleEach(t, []stock.Option{lifecycleSplit(n)}, func(t *testing.T, e *env) {
 				ctx := context.Background()
 				store := memstore.New()
-				sku := a27Sku("keys:~x")
+				sku := sku("keys:~x")
 				require.NoError(t, store.Load(ctx, sku, 20))
 				require.NoError(t, e.r.Load(ctx, sku, 20))
 				// one user takes everything: transfers from every bucket
@@ -750,11 +750,11 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 					_, err = e.r.Restore(ctx, sku, fmt.Sprintf("ghost%d", i))
 					require.ErrorIs(t, err, stock.ErrUnknownID) // and a tombstone
 				}
-				a27Drain(t, e.r, store, sku)
-				require.NotEmpty(t, a27Keys(t, e, sku))
-				a27Retire(t, e, store, sku)
+				lifecycleDrain(t, e.r, store, sku)
+				require.NotEmpty(t, lifecycleKeys(t, e, sku))
+				retire(t, e, store, sku)
 				// what is left: each bucket's item hash, with only its retired mark and delist time
-				left := a27Keys(t, e, sku)
+				left := lifecycleKeys(t, e, sku)
 				assert.Len(t, left, n, "%v", left)
 				for _, k := range left {
 					require.True(t, strings.HasSuffix(k, "}"), "key left behind: %s", k)
@@ -776,10 +776,10 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 // Every operation is either done or refused with ErrClosed; the counters stay whole; the item
 // retires once drained and the Store agrees with what the buyers were told.
 func TestDelistRacing(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(4)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		store := memstore.New()
-		sku := a27Sku("race")
+		sku := sku("race")
 		const stockN = 200
 		require.NoError(t, store.Load(ctx, sku, stockN))
 		require.NoError(t, e.r.Load(ctx, sku, stockN))
@@ -839,21 +839,21 @@ func TestDelistRacing(t *testing.T) {
 		assert.Equal(t, sold.Load(), l.Sold)
 		// cancels and confirms of live holds work after delist; no hold should be left
 		assert.Zero(t, l.Held)
-		a27Drain(t, e.r, store, sku)
+		lifecycleDrain(t, e.r, store, sku)
 		rm, err := store.Remaining(ctx, sku)
 		require.NoError(t, err)
 		assert.Equal(t, stockN-sold.Load(), rm)
 		e.advance(20 * time.Millisecond)
-		rp := a27Pass(t, e, e.r, store, sku)[sku]
+		rp := pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
 		require.NoError(t, e.r.Load(ctx, sku, 3))
 		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, kit.Levels(t, e.r, sku))
 	})
 }
 
-// a27Hook is a rueidis client that calls hook once, after the first command (or pipeline) that
+// hook is a rueidis client that calls hook once, after the first command (or pipeline) that
 // match accepts has run: a deterministic interleaving of another process's work.
-type a27Hook struct {
+type hook struct {
 	rueidis.Client
 	mu    sync.Mutex
 	match func(cmd []string) bool
@@ -863,7 +863,7 @@ type a27Hook struct {
 
 // matches says whether cmds hold a command match accepts (read before the commands run: rueidis
 // recycles them).
-func (h *a27Hook) matches(cmds ...rueidis.Completed) bool {
+func (h *hook) matches(cmds ...rueidis.Completed) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fired || h.match == nil {
@@ -878,7 +878,7 @@ func (h *a27Hook) matches(cmds ...rueidis.Completed) bool {
 	return false
 }
 
-func (h *a27Hook) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+func (h *hook) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	m := h.matches(cmd)
 	res := h.Client.Do(ctx, cmd)
 	if m {
@@ -887,7 +887,7 @@ func (h *a27Hook) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisRe
 	return res
 }
 
-func (h *a27Hook) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+func (h *hook) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	m := h.matches(cmds...)
 	res := h.Client.DoMulti(ctx, cmds...)
 	if m {
@@ -897,14 +897,14 @@ func (h *a27Hook) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []ruei
 }
 
 // didFire says whether the hook ran.
-func (h *a27Hook) didFire() bool {
+func (h *hook) didFire() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.fired
 }
 
-// a27Registry returns the registry's members that are the item or its buckets.
-func a27Registry(t *testing.T, e *a27Env, sku string) []string {
+// registry returns the registry's members that are the item or its buckets.
+func registry(t *testing.T, e *env, sku string) []string {
 	t.Helper()
 	var out []string
 	for it, err := range stockops.Items(context.Background(), e.r) {
@@ -921,20 +921,20 @@ func a27Registry(t *testing.T, e *a27Env, sku string) []string {
 // end up both loaded and in the registry (else no relay delivers its events), as a plain item
 // does.
 func TestLoadAfterRetirePassBetween(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		for _, sku := range []string{a27Sku("plain-lb"), a27Sku("lb")} {
+		for _, sku := range []string{sku("plain-lb"), sku("lb")} {
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 3))
 			require.NoError(t, e.r.Load(ctx, sku, 3))
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
 			require.NoError(t, err)
-			a27Drain(t, e.r, store, sku)
-			a27Retire(t, e, store, sku)
-			require.Empty(t, a27Registry(t, e, sku))
+			lifecycleDrain(t, e.r, store, sku)
+			retire(t, e, store, sku)
+			require.Empty(t, registry(t, e, sku))
 			store2 := memstore.New() // the database's row for the item's new life
 			require.NoError(t, store2.Load(ctx, sku, 5))
-			h := &a27Hook{Client: e.c}
+			h := &hook{Client: e.c}
 			h.match = func(cmd []string) bool { return strings.EqualFold(cmd[0], "SADD") }
 			h.hook = func() {
 				rc, err := stockops.NewReconciler(e.r, store2, &stock.ReconcileOptions{Items: []string{sku}, Retention: time.Millisecond})
@@ -942,12 +942,12 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 				_, err = rc.Pass(ctx)
 				require.NoError(t, err)
 			}
-			loader := kit.NewReserver(t, h, a27Split(3))
+			loader := kit.NewReserver(t, h, lifecycleSplit(3))
 			require.NoError(t, loader.Load(ctx, sku, 5))
 			require.True(t, h.didFire())
 			l := kit.Levels(t, e.r, sku)
 			assert.Equal(t, int64(5), l.Loaded, "%s", sku)
-			reg := a27Registry(t, e, sku)
+			reg := registry(t, e, sku)
 			if strings.HasPrefix(sku, "plain") {
 				assert.Equal(t, []string{sku}, reg, "%s: loaded but not registered", sku)
 			} else {
@@ -971,19 +971,19 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 // refused (ErrLoaded) and changes nothing; the pass (or the next) finishes the retirement, then
 // Load works.
 func TestLoadDuringRetirement(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(4)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		sku := a27Sku("ld")
+		sku := sku("ld")
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, sku, 8))
 		require.NoError(t, e.r.Load(ctx, sku, 8))
 		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
 		require.NoError(t, err)
-		a27Drain(t, e.r, store, sku)
+		lifecycleDrain(t, e.r, store, sku)
 		require.NoError(t, e.r.Delist(ctx, sku))
 		e.advance(20 * time.Millisecond)
 		var loadErr error
-		h := &a27Hook{Client: e.c}
+		h := &hook{Client: e.c}
 		srems := 0
 		h.match = func(cmd []string) bool {
 			if strings.EqualFold(cmd[0], "SREM") {
@@ -993,12 +993,12 @@ func TestLoadDuringRetirement(t *testing.T) {
 			return false
 		}
 		h.hook = func() { loadErr = e.r.Load(ctx, sku, 4) }
-		rr := kit.NewReserver(t, h, a27Split(4))
-		rp := a27Pass(t, e, rr, store, sku)[sku]
+		rr := kit.NewReserver(t, h, lifecycleSplit(4))
+		rp := pass(t, e, rr, store, sku)[sku]
 		require.True(t, h.didFire())
 		require.ErrorIs(t, loadErr, stock.ErrLoaded)
 		if !rp.Retired {
-			rp = a27Pass(t, e, e.r, store, sku)[sku]
+			rp = pass(t, e, e.r, store, sku)[sku]
 		}
 		require.True(t, rp.Retired, "%v", rp)
 		_, err = e.r.Levels(ctx, sku)
@@ -1008,9 +1008,9 @@ func TestLoadDuringRetirement(t *testing.T) {
 	})
 }
 
-// a27Cut is a rueidis client whose n-th command (counting a pipeline's commands one by one)
+// cut is a rueidis client whose n-th command (counting a pipeline's commands one by one)
 // fails as a broken call would: it is never sent.
-type a27Cut struct {
+type cut struct {
 	rueidis.Client
 	mu    sync.Mutex
 	n     int
@@ -1018,7 +1018,7 @@ type a27Cut struct {
 	cut   bool
 }
 
-func (c *a27Cut) next(k int) bool {
+func (c *cut) next(k int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	before := c.count
@@ -1032,28 +1032,28 @@ func (c *a27Cut) next(k int) bool {
 
 // state reads whether the cut happened and how many commands went through (the Reserver's
 // background hint writer uses the client too).
-func (c *a27Cut) state() (cut bool, count int) {
+func (c *cut) state() (cut bool, count int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.cut, c.count
 }
 
-func a27Dead() context.Context {
+func lifecycleDead() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return ctx
 }
 
-func (c *a27Cut) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+func (c *cut) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	if c.next(1) {
-		return c.Client.Do(a27Dead(), cmd)
+		return c.Client.Do(lifecycleDead(), cmd)
 	}
 	return c.Client.Do(ctx, cmd)
 }
 
-func (c *a27Cut) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+func (c *cut) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	if c.next(len(cmds)) {
-		return c.Client.DoMulti(a27Dead(), cmds...)
+		return c.Client.DoMulti(lifecycleDead(), cmds...)
 	}
 	return c.Client.DoMulti(ctx, cmds...)
 }
@@ -1063,18 +1063,18 @@ func (c *a27Cut) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueid
 // item (nothing was delisted) or refuses (ErrClosed); a second Delist finishes the job and the
 // item retires.
 func TestDelistCutEverywhere(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		for n := 1; n < 40; n++ {
-			sku := a27Sku("cut")
+			sku := sku("cut")
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 100))
 			require.NoError(t, e.r.Load(ctx, sku, 100))
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
 			require.NoError(t, err)
-			a27Drain(t, e.r, store, sku)
-			cc := &a27Cut{Client: e.c, n: n}
-			cr := kit.NewReserver(t, cc, a27Split(3))
+			lifecycleDrain(t, e.r, store, sku)
+			cc := &cut{Client: e.c, n: n}
+			cr := kit.NewReserver(t, cc, lifecycleSplit(3))
 			derr := cr.Delist(ctx, sku)
 			if cut, count := cc.state(); !cut {
 				require.NoError(t, derr)
@@ -1104,13 +1104,13 @@ func TestDelistCutEverywhere(t *testing.T) {
 					require.ErrorIs(t, err, stock.ErrClosed, "cut %d: a bucket reopened by a refused ReopenItem", n)
 				}
 			}
-			a27Drain(t, e.r, store, sku)
+			lifecycleDrain(t, e.r, store, sku)
 			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
 			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterDelist", User: "ad", Qty: 1})
 			require.ErrorIs(t, err, stock.ErrClosed)
 			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
 			e.advance(20 * time.Millisecond)
-			rp := a27Pass(t, e, e.r, store, sku)[sku]
+			rp := pass(t, e, e.r, store, sku)[sku]
 			require.True(t, rp.Retired, "cut %d: %v", n, rp)
 		}
 	})
@@ -1120,26 +1120,26 @@ func TestDelistCutEverywhere(t *testing.T) {
 // ErrNotLoaded and "may be loaded again": also in the other form, or split over another count,
 // by a Reserver configured so from then on.
 func TestReloadInOtherForm(t *testing.T) {
-	a27Each(t, nil, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, nil, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		forms := map[string]stock.Option{
 			"plain":  stock.WithBuckets(func(string) int { return 1 }),
-			"split3": a27Split(3),
-			"split5": a27Split(5),
+			"split3": lifecycleSplit(3),
+			"split5": lifecycleSplit(5),
 		}
 		for _, tc := range [][2]string{{"plain", "split3"}, {"split3", "plain"}, {"split3", "split5"}, {"split5", "split3"}} {
 			t.Run(tc[0]+"-"+tc[1], func(t *testing.T) {
-				sku := a27Sku("of")
+				sku := sku("of")
 				first := e.another(forms[tc[0]])
 				store := memstore.New()
 				require.NoError(t, store.Load(ctx, sku, 4))
 				require.NoError(t, first.Load(ctx, sku, 4))
 				_, err := first.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
 				require.NoError(t, err)
-				a27Drain(t, first, store, sku)
+				lifecycleDrain(t, first, store, sku)
 				fe := *e
 				fe.r = first
-				a27Retire(t, &fe, store, sku)
+				retire(t, &fe, store, sku)
 				second := e.another(forms[tc[1]])
 				_, err = second.Levels(ctx, sku)
 				require.ErrorIs(t, err, stock.ErrNotLoaded)

@@ -24,7 +24,7 @@ import (
 // it runs; the script path answers. Replays and sold-out answers still work; new takes fail
 // with an error (not an acknowledgement). Then memory is raised and retries take exactly once.
 func TestOOM(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
@@ -33,16 +33,16 @@ func TestOOM(t *testing.T) {
 	require.NoError(t, r.Load(ctx, "z", 1))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1})
 	require.NoError(t, err)
-	st := newA24Stats()
+	st := newStats()
 	st.acked["z1"] = "z"
-	a24Traffic([]*stock.Reserver{r}, st, "pre", []string{"m"}, 4, 25, 1)
+	faultTraffic([]*stock.Reserver{r}, st, "pre", []string{"m"}, 4, 25, 1)
 	require.Empty(t, st.raw)
 	// Go OOM: fill with a big value, then cap memory below the use.
-	require.NoError(t, a24Do(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
-	require.NoError(t, a24Do(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
-	require.NoError(t, a24Do(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
 	// A flushed library must be loaded again: FUNCTION LOAD is itself refused under OOM.
-	require.NoError(t, a24Do(t, admin, "FUNCTION", "FLUSH").Error())
+	require.NoError(t, faultDo(t, admin, "FUNCTION", "FLUSH").Error())
 	// Replays: on the sold-out item they answer; on the item with stock, see TestOOMReplay.
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1, Retry: true})
 	if assert.NoError(t, err, "replay of z1 under OOM") {
@@ -75,9 +75,9 @@ func TestOOM(t *testing.T) {
 	_, err = r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1}, time.Minute)
 	t.Logf("hold under OOM: %v", err)
 	assert.Equal(t, l.Sold, kit.Levels(t, r, "m").Sold+0, "nothing taken under OOM")
-	require.NoError(t, a24Do(t, admin, "CONFIG", "SET", "maxmemory", "0").Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0").Error())
 	for _, id := range failed {
-		a24Deduct(r, st, "m", id, 3)
+		deduct(r, st, "m", id, 3)
 	}
 	_, err = r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1, Retry: true}, time.Minute)
 	require.NoError(t, err)
@@ -88,8 +88,8 @@ func TestOOM(t *testing.T) {
 	st.mu.Unlock()
 	t.Logf("raw %v max %v", st.raw, st.maxDur)
 	assert.Empty(t, st.unknown)
-	a24Check(t, r, st, map[string]int64{"m": 300, "z": 1})
-	assert.NotEmpty(t, a24Libs(t, admin), "library loaded again after the OOM")
+	faultCheck(t, r, st, map[string]int64{"m": 300, "z": 1})
+	assert.NotEmpty(t, faultLibs(t, admin), "library loaded again after the OOM")
 }
 
 // TestOOMReplay: scripts.go (refusedFcall) says an FCALL refused for OOM falls back to the
@@ -97,7 +97,7 @@ func TestOOM(t *testing.T) {
 // answer)". A replay of an acknowledged deduct (Retry set, after an unknown outcome) on an item
 // that still has stock, under OOM: does it answer Replayed?
 func TestOOMReplay(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
@@ -105,10 +105,10 @@ func TestOOMReplay(t *testing.T) {
 	require.NoError(t, r.Load(ctx, "p", 10))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1})
 	require.NoError(t, err)
-	require.NoError(t, a24Do(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
-	require.NoError(t, a24Do(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
-	require.NoError(t, a24Do(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
-	defer a24Do(t, admin, "CONFIG", "SET", "maxmemory", "0")
+	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+	defer faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0")
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1, Retry: true})
 	require.NoError(t, err, "replay of an acknowledged deduct under OOM")
 	assert.True(t, rc.Replayed)

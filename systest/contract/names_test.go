@@ -18,10 +18,10 @@ import (
 	"github.com/stockres/stock/systest/internal/kit"
 )
 
-// a12Names are valid names drawn to collide with the keys and encodings of the package: key
+// names are valid names drawn to collide with the keys and encodings of the package: key
 // suffixes, the registry, the cart log, the epoch, and the separators of ledger entries and
 // outbox members.
-var a12Names = []string{
+var names = []string{
 	"x", "x:u", "x:l", "x:o", "x:h", "x:b", "x:r", "x:rl", "x:dl", "x:p",
 	"carts", "~carts", "~", "carts:p", "items", "epoch", "stock", "stock:items",
 	":", "deducted:x", "x:deducted", "a,b", "a;b", "a=1", "%d", "nil", "0",
@@ -31,25 +31,25 @@ var a12Names = []string{
 // are not an item's": an operation on one item never changes another, whatever the names, and
 // Items lists exactly the loaded items.
 func TestKeyNamesDoNotCollide(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
-		for i, n := range a12Names {
+		for i, n := range names {
 			initial[n] = int64(100 + i)
 			require.NoError(t, r.Load(ctx, n, initial[n]), n)
 		}
 		snapshot := func() map[string]stock.Levels {
 			m := map[string]stock.Levels{}
-			for _, n := range a12Names {
-				m[n] = a12Check(t, r, n, initial[n])
+			for _, n := range names {
+				m[n] = check(t, r, n, initial[n])
 			}
 			return m
 		}
 		before := snapshot()
-		for i, n := range a12Names {
-			user := a12Names[(i+7)%len(a12Names)]
-			id := a12Names[(i+3)%len(a12Names)]
+		for i, n := range names {
+			user := names[(i+7)%len(names)]
+			id := names[(i+3)%len(names)]
 			rc, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 2})
 			require.NoError(t, err, n)
 			assert.False(t, rc.Replayed)
@@ -58,7 +58,7 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 			_, err = r.Restock(ctx, n, id+":rs", 3)
 			require.NoError(t, err, n)
 			after := snapshot()
-			for _, m := range a12Names {
+			for _, m := range names {
 				if m == n {
 					want := before[n]
 					// +3 restocked, -2 deducted, -1 held
@@ -84,7 +84,7 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		}
 		// A cart over every name, as a saga: then its retry, then Restore of each line.
 		var lines []stock.Line
-		for _, n := range a12Names {
+		for _, n := range names {
 			lines = append(lines, stock.Line{SKU: n, Qty: 1})
 		}
 		for _, user := range []string{"x:1", "~", ":"} {
@@ -100,9 +100,9 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 			require.NoError(t, err)
 			items = append(items, it)
 		}
-		assert.ElementsMatch(t, a12Names, items)
-		for _, n := range a12Names {
-			l := a12Check(t, r, n, initial[n])
+		assert.ElementsMatch(t, names, items)
+		for _, n := range names {
+			l := check(t, r, n, initial[n])
 			assert.Equal(t, int64(2+3), l.Sold, n)
 		}
 	})
@@ -129,7 +129,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		return "x:" + sku
 	}
 	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
@@ -139,7 +139,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		}
 		before := map[string]stock.Levels{}
 		for _, n := range names {
-			before[n] = a12Check(t, r, n, initial[n])
+			before[n] = check(t, r, n, initial[n])
 		}
 		for i, n := range names {
 			user := names[(i+1)%len(names)]
@@ -149,7 +149,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: user, User: id, Qty: 1}, time.Hour)
 			require.NoError(t, err, n)
 			for _, m := range names {
-				l := a12Check(t, r, m, initial[m])
+				l := check(t, r, m, initial[m])
 				if m == n {
 					assert.Equal(t, before[m].Sold+1, l.Sold, m)
 					assert.Equal(t, before[m].Held+1, l.Held, m)
@@ -174,7 +174,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 				before[ln.SKU] = stock.Levels{Available: before[ln.SKU].Available - 1, Held: before[ln.SKU].Held, Sold: before[ln.SKU].Sold + 1, Loaded: before[ln.SKU].Loaded}
 			}
 			for _, m := range names {
-				assert.Equal(t, before[m], a12Check(t, r, m, initial[m]), "after cart %d: %s", i, m)
+				assert.Equal(t, before[m], check(t, r, m, initial[m]), "after cart %d: %s", i, m)
 			}
 		}
 	})
@@ -183,7 +183,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 // Promise (WithPrefix and the Keys section): two Reservers with prefixes "a" and "a:b" (and
 // "a:items", "a:carts") on one Redis never touch each other's items, registry or cart log.
 func TestPrefixesDoNotCollide(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
@@ -205,10 +205,10 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 		require.NoError(t, err)
 		for i, p := range prefixes {
 			r := rs[p]
-			l := a12Check(t, r, "x", int64(10+i))
+			l := check(t, r, "x", int64(10+i))
 			assert.Equal(t, int64(i+1), l.Sold, "%s x", p)
 			for _, n := range []string{"b", "c"} {
-				l := a12Check(t, r, n, int64(10+i))
+				l := check(t, r, n, int64(10+i))
 				assert.Equal(t, int64(1), l.Sold, "%s %s", p, n)
 			}
 			var items []string
@@ -224,7 +224,7 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 // TestNames: names with ':' '~', unicode, and the longest SKU and id (MaxNameLen bytes)
 // work on a split item as on a plain one.
 func TestNames(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(64)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(64)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		long := strings.Repeat("é", stock.MaxNameLen/2) // 128 bytes
 		for _, sku := range []string{"a:b:c", "x~1~2", "商品-ü-🙂", "s:~0", long} {
@@ -245,7 +245,7 @@ func TestNames(t *testing.T) {
 				}
 				_, err := e.r.Restore(ctx, sku, "id:0~ü")
 				require.NoError(t, err)
-				l := a26Levels(t, e.r, sku)
+				l := levels(t, e.r, sku)
 				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, l)
 				require.NoError(t, e.r.CloseItem(ctx, sku))
 				require.NoError(t, e.r.ReopenItem(ctx, sku))
@@ -259,9 +259,9 @@ func TestNames(t *testing.T) {
 // TestOddIDs: request ids and users with separators, braces, spaces, unicode and the maximum
 // length answer on a split item as on a plain one (taken, replayed, refused as invalid alike).
 func TestOddIDs(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		plain, split := a27Sku("plain-odd"), a27Sku("odd")
+		plain, split := sku("plain-odd"), sku("odd")
 		ids := []string{"a|1", "a|1|2", "{x}", "}", "a:b~c", "sp ace", "ünï", "r", strings.Repeat("i", stock.MaxNameLen),
 			strings.Repeat("j", stock.MaxNameLen+1), "", "nul\x00x", "\n"}
 		for _, sku := range []string{plain, split} {
@@ -272,13 +272,13 @@ func TestOddIDs(t *testing.T) {
 				var got [2]string
 				for j, sku := range []string{plain, split} {
 					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
-					got[j] = fmt.Sprintf("%s replayed=%v", a27Class(err), rc.Replayed)
+					got[j] = fmt.Sprintf("%s replayed=%v", class(err), rc.Replayed)
 				}
 				assert.Equal(t, got[0], got[1], "id %q user %q", id, user)
 				var gr [2]string
 				for j, sku := range []string{plain, split} {
 					_, err := e.r.Ledger(ctx, sku, id)
-					gr[j] = a27Class(err)
+					gr[j] = class(err)
 				}
 				assert.Equal(t, gr[0], gr[1], "ledger of id %q", id)
 			}

@@ -33,7 +33,7 @@ import (
 // for good (the invariant "ledger entries agree with Levels" no longer holds; available and held
 // are right, so nothing oversells).
 func TestRebuildAfterItemHashLost(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -46,14 +46,14 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 		}
 		_, err := r.Hold(ctx, stock.Request{SKU: "lost", ID: "h", User: "u", Qty: 1}, time.Hour)
 		require.NoError(t, err)
-		a12Drain(t, r, store)
-		a12WarmSoldOut(t, r, "lost", b.Real())
+		drainOfLifecycle(t, r, store)
+		warmSoldOut(t, r, "lost", b.Real())
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
 		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "o0", User: "u", Qty: 1})
 		t.Logf("replay while the item hash is lost: %v", err) // a replay from the ledger: fine
 		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
-		reps := a12Reports(t, rec)
+		reps := reports(t, rec)
 		t.Logf("%v", reps["lost"])
 		assert.True(t, reps["lost"].Rebuilt)
 		l := kit.Levels(t, r, "lost")
@@ -68,7 +68,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 		require.NoError(t, err)
 		l = kit.Levels(t, r, "lost")
 		assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 5, Loaded: 5}, l)
-		a12Check(t, r, "lost", 5)
+		check(t, r, "lost", 5)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "more", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrSoldOut)
 	})
@@ -79,7 +79,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 // the ledger still has. Found, on every backend: Sold goes negative (-4), since the rebuilt hash
 // starts at Sold 0 while the restores subtract the ledger's sales.
 func TestRestoreAfterRebuild(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -90,11 +90,11 @@ func TestRestoreAfterRebuild(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "lost", ID: fmt.Sprint("o", i), Qty: 1})
 			require.NoError(t, err)
 		}
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
 		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
-		reps := a12Reports(t, rec)
+		reps := reports(t, rec)
 		require.True(t, reps["lost"].Rebuilt, "%v", reps["lost"])
 		for i := range 4 {
 			rc, err := r.Restore(ctx, "lost", fmt.Sprint("o", i))
@@ -105,7 +105,7 @@ func TestRestoreAfterRebuild(t *testing.T) {
 		t.Logf("after the restores: %+v", l)
 		assert.GreaterOrEqual(t, l.Sold, int64(0), "sold below zero: %+v", l)
 		assert.Equal(t, int64(5), l.Available)
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		rem, err := store.Remaining(ctx, "lost")
 		require.NoError(t, err)
 		assert.Equal(t, int64(5), rem)
@@ -118,7 +118,7 @@ func TestRestoreAfterRebuild(t *testing.T) {
 // Found, on every backend: the rebuilt item is open (Closed false), sells (Deduct succeeds) and
 // a delisted one can be reopened: the closed and delisted marks live only in the lost hash.
 func TestRebuildKeepsClosed(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
@@ -129,7 +129,7 @@ func TestRebuildKeepsClosed(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 1})
 			require.NoError(t, err)
 		}
-		a12Drain(t, r, store)
+		drainOfLifecycle(t, r, store)
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		require.NoError(t, r.Delist(ctx, "dl"))
 		for _, sku := range []string{"cl", "dl"} {
@@ -137,7 +137,7 @@ func TestRebuildKeepsClosed(t *testing.T) {
 		}
 		rec, err := stockops.NewReconciler(r, store, nil)
 		require.NoError(t, err)
-		reps := a12Reports(t, rec)
+		reps := reports(t, rec)
 		for _, sku := range []string{"cl", "dl"} {
 			require.True(t, reps[sku].Rebuilt, "%v", reps[sku])
 			l := kit.Levels(t, r, sku)
@@ -149,19 +149,19 @@ func TestRebuildKeepsClosed(t *testing.T) {
 	})
 }
 
-type a13Queue struct {
+type repairQueue struct {
 	mu  sync.Mutex
 	evs []stock.Event
 }
 
-func (q *a13Queue) Publish(_ context.Context, ev stock.Event) error {
+func (q *repairQueue) Publish(_ context.Context, ev stock.Event) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.evs = append(q.evs, ev)
 	return nil
 }
 
-func (q *a13Queue) take() []stock.Event {
+func (q *repairQueue) take() []stock.Event {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := q.evs
@@ -172,7 +172,7 @@ func (q *a13Queue) take() []stock.Event {
 // consumeAll delivers msgs to Consume in the given order; held-back ones are
 // redelivered (in a shuffled order) until all are acked. Returns refusals seen
 // in the store afterwards via the caller.
-func a13ConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
+func repairConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
 	t.Helper()
 	for round := 0; len(msgs) > 0; round++ {
 		if round > 200 {
@@ -194,7 +194,7 @@ func a13ConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stoc
 	}
 }
 
-// Broken promise under test (issue 13 case 1/2): on the queue path a reconcile
+// Promise under test: on the queue path a reconcile
 // pass while the consumer is down adds no stock for sales in flight, and the
 // consumer later applies every event, redelivered reversed and duplicated,
 // without the store refusing a sale Redis made correctly.
@@ -240,7 +240,7 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			q := &a13Queue{}
+			q := &repairQueue{}
 			rl, err := stockops.NewRelay(r, nil, q, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -278,7 +278,7 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 			for i := len(msgs) - 1; i >= 0; i-- {
 				redeliver = append(redeliver, msgs[i], msgs[i])
 			}
-			a13ConsumeAll(t, ctx, r, st, redeliver, rand.New(rand.NewPCG(uint64(1), 0)))
+			repairConsumeAll(t, ctx, r, st, redeliver, rand.New(rand.NewPCG(uint64(1), 0)))
 			// Refusal events published by Consume would show store refusals.
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
@@ -335,7 +335,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 			rng := rand.New(rand.NewPCG(uint64(7), 0))
-			q := &a13Queue{}
+			q := &repairQueue{}
 			rl, err := stockops.NewRelay(r, nil, q, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -397,7 +397,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 					}
 				}
 			}
-			a13ConsumeAll(t, ctx, r, st, backlog, rng)
+			repairConsumeAll(t, ctx, r, st, backlog, rng)
 			for i := 0; i < 3; i++ {
 				if _, err := rl.Once(ctx); err != nil {
 					t.Fatal(err)
@@ -429,7 +429,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 	}
 }
 
-// Broken promise under test (issue 13 case 3): FLUSHALL with sales in flight on
+// Promise under test: FLUSHALL with sales in flight on
 // the queue path: Pass says so loudly (ErrRegistryLost), and rebuilds from the
 // Store; the consumer's late events do not make the store refuse sales.
 func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
@@ -455,7 +455,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			q := &a13Queue{}
+			q := &repairQueue{}
 			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
@@ -543,7 +543,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 	}
 }
 
-// Broken promise under test (issue 13 case 10): a ledger entry deleted while its
+// Promise under test: a ledger entry deleted while its
 // event is pending or published: never dropped, dead-lettered, and reconcile
 // does not give its units back.
 func TestOrphanedEventsNotGivenBack(t *testing.T) {
@@ -569,7 +569,7 @@ func TestOrphanedEventsNotGivenBack(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				q := &a13Queue{}
+				q := &repairQueue{}
 				var msgs []stock.Event
 				if queue {
 					rl, _ := stockops.NewRelay(r, nil, q, nil)
@@ -637,14 +637,14 @@ func TestOrphanedEventsNotGivenBack(t *testing.T) {
 	}
 }
 
-// a13DieAfterCommit applies the event, then answers an error: a consumer killed
+// dieAfterCommit applies the event, then answers an error: a consumer killed
 // between the database commit and its acknowledgement to Redis.
-type a13DieAfterCommit struct {
+type dieAfterCommit struct {
 	*memstore.Store
 	die atomic.Bool
 }
 
-func (s *a13DieAfterCommit) Apply(ctx context.Context, ev stock.Event) error {
+func (s *dieAfterCommit) Apply(ctx context.Context, ev stock.Event) error {
 	err := s.Store.Apply(ctx, ev)
 	if err == nil && s.die.Load() {
 		return errors.New("consumer killed after commit")
@@ -665,7 +665,7 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			st := &a13DieAfterCommit{Store: memstore.New()}
+			st := &dieAfterCommit{Store: memstore.New()}
 			if err := r.Load(ctx, "kc", 4); err != nil {
 				t.Fatal(err)
 			}
@@ -680,7 +680,7 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 			if _, err := r.Restore(ctx, "kc", "k0"); err != nil {
 				t.Fatal(err)
 			}
-			q := &a13Queue{}
+			q := &repairQueue{}
 			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
@@ -771,10 +771,10 @@ func TestLevelsLostHash(t *testing.T) {
 // duplicates. There is no drift to repair: no pass may adjust Redis, and the store must end equal
 // to Redis and to the acknowledged answers.
 func TestReconcilerDuringConsume(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 12)
+	ctx, e, st, rng := setup(t, 12)
 	skus := []string{"c:1", "c:2", "c:3", "c:4"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -846,7 +846,7 @@ func TestReconcilerDuringConsume(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	a18ConsumeAll(t, ctx, e.Reserver, st, held, rng)
+	relayConsumeAll(t, ctx, e.Reserver, st, held, rng)
 	if passes.Load() == 0 {
 		t.Fatal("no reconcile pass ran")
 	}
@@ -854,10 +854,10 @@ func TestReconcilerDuringConsume(t *testing.T) {
 		repairs.Range(func(k, v any) bool { t.Errorf("item %v repaired with no drift: %v", k, v); return true })
 	}
 	t.Logf("%d reconcile passes ran during the drain", passes.Load())
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
-// Found while attacking the retention above: a pass trims the settled ledger entries of an item
+// Found while testing the retention above: a pass trims the settled ledger entries of an item
 // whose events all went through the queue (a short Retention), then a Reconciler with the default
 // Retention (an operator raised it, or a second service runs with its own) takes the store's
 // records of the trimmed ids for entries Redis lost and writes them back ("rerecorded"). The
@@ -865,20 +865,20 @@ func TestReconcilerDuringConsume(t *testing.T) {
 // over the item fails with ErrInvalid ("restock of more than is available after it"): the item is
 // never reconciled again.
 func TestRetentionRaisedRerecordBreaksItem(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 14)
+	ctx, e, st, rng := setup(t, 14)
 	skus := []string{"ret:1"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
 	if len(acks.restock["ret:1"]) == 0 {
 		t.Fatal("the traffic made no restock")
 	}
-	q := &a18Queue{}
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 	e.Advance(time.Second)
 	short, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
 	if err != nil {
@@ -902,7 +902,7 @@ func TestRetentionRaisedRerecordBreaksItem(t *testing.T) {
 	if lv.Available != rem {
 		t.Errorf("Redis %d, store %d", lv.Available, rem)
 	}
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // The same flaw by the documented road: Redis loses an item's ledger hash (an evicted key) after
@@ -910,20 +910,20 @@ func TestRetentionRaisedRerecordBreaksItem(t *testing.T) {
 // from the store; the re-recorded entry of a restock fails the scripts' own checks, so every later
 // pass over the item fails with ErrInvalid, and Ledger cannot read that id.
 func TestLedgerLostRerecordedRestockBreaksItem(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 14)
+	ctx, e, st, rng := setup(t, 14)
 	skus := []string{"ev:1"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
 	if len(acks.restock["ev:1"]) == 0 {
 		t.Fatal("the traffic made no restock")
 	}
-	q := &a18Queue{}
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 	lost := 0
 	for _, k := range e.Redis.Keys() { // the item's ledger: the hash whose key ends in ":l"
 		if strings.HasSuffix(k, ":l") && strings.Contains(k, "{ev:1}") {
@@ -963,14 +963,14 @@ func TestLedgerLostRerecordedRestockBreaksItem(t *testing.T) {
 	}
 }
 
-// a25Drift collects the reconcile observations that report drift.
-type a25Drift struct {
+// drift collects the reconcile observations that report drift.
+type drift struct {
 	mu    sync.Mutex
 	seen  []string
 	count atomic.Int64
 }
 
-func (d *a25Drift) Observe(_ context.Context, o stock.Observation) {
+func (d *drift) Observe(_ context.Context, o stock.Observation) {
 	if o.Op != "reconcile" {
 		return
 	}
@@ -982,7 +982,7 @@ func (d *a25Drift) Observe(_ context.Context, o stock.Observation) {
 	}
 }
 
-func (d *a25Drift) check(t *testing.T) {
+func (d *drift) check(t *testing.T) {
 	t.Helper()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -991,14 +991,14 @@ func (d *a25Drift) check(t *testing.T) {
 
 // checkReports fails t on a report that found drift or repaired anything while the sale was
 // consistent. Settled (a consumer's acknowledgement taken for it) and Busy are allowed.
-func a25CheckReports(t *testing.T, res stockops.PassResult, err error) {
+func checkReports(t *testing.T, res stockops.PassResult, err error) {
 	t.Helper()
-	a25CheckReportsExcept(t, res, err, false)
+	checkReportsExcept(t, res, err, false)
 }
 
-// a25CheckReportsExcept is a25CheckReports; with rerecords, rewritten ledger entries are let
+// checkReportsExcept is checkReports; with rerecords, rewritten ledger entries are let
 // through (see TestTrimThenRerecord).
-func a25CheckReportsExcept(t *testing.T, res stockops.PassResult, err error, rerecords bool) {
+func checkReportsExcept(t *testing.T, res stockops.PassResult, err error, rerecords bool) {
 	t.Helper()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("reconcile pass: %v", err)
@@ -1013,9 +1013,9 @@ func a25CheckReportsExcept(t *testing.T, res stockops.PassResult, err error, rer
 	}
 }
 
-// a25Queue is an in-memory queue with several consumers that take messages in random order,
+// queueOfReconcile is an in-memory queue with several consumers that take messages in random order,
 // redeliver some twice, and retry held-back ones later.
-type a25Queue struct {
+type queueOfReconcile struct {
 	mu       sync.Mutex
 	msgs     []stock.Event
 	busy     int
@@ -1023,7 +1023,7 @@ type a25Queue struct {
 	heldBack atomic.Int64
 }
 
-func (q *a25Queue) push(ev stock.Event) {
+func (q *queueOfReconcile) push(ev stock.Event) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.msgs = append(q.msgs, ev)
@@ -1032,7 +1032,7 @@ func (q *a25Queue) push(ev stock.Event) {
 	}
 }
 
-func (q *a25Queue) take() (stock.Event, bool) {
+func (q *queueOfReconcile) take() (stock.Event, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.msgs) == 0 {
@@ -1049,7 +1049,7 @@ func (q *a25Queue) take() (stock.Event, bool) {
 	return ev, true
 }
 
-func (q *a25Queue) done(ev stock.Event, again bool) {
+func (q *queueOfReconcile) done(ev stock.Event, again bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.busy--
@@ -1058,13 +1058,13 @@ func (q *a25Queue) done(ev stock.Event, again bool) {
 	}
 }
 
-func (q *a25Queue) idle() bool {
+func (q *queueOfReconcile) idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.msgs) == 0 && q.busy == 0
 }
 
-func (q *a25Queue) consumers(ctx context.Context, t *testing.T, n int, r *stock.Reserver, store stock.Store) *sync.WaitGroup {
+func (q *queueOfReconcile) consumers(ctx context.Context, t *testing.T, n int, r *stock.Reserver, store stock.Store) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
@@ -1103,10 +1103,10 @@ func (q *a25Queue) consumers(ctx context.Context, t *testing.T, n int, r *stock.
 	return &wg
 }
 
-// a25Traffic runs deducts then restores of the same ids on the items from several goroutines:
+// repairTraffic runs deducts then restores of the same ids on the items from several goroutines:
 // ids are reused across items, some restores come first (tombstones), and the small item sells
 // out so that restores free the units later deducts take.
-func a25Traffic(t *testing.T, r *stock.Reserver, sale *a25Sale, skus []string, workers, per int) {
+func repairTraffic(t *testing.T, r *stock.Reserver, sale *sale, skus []string, workers, per int) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -1143,12 +1143,12 @@ func a25Traffic(t *testing.T, r *stock.Reserver, sale *a25Sale, skus []string, w
 	wg.Wait()
 }
 
-// a25Reconciling runs passes of rc back to back until ctx ends, checking each.
-func a25Reconciling(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64) *sync.WaitGroup {
-	return a25ReconcilingExcept(ctx, t, rc, passes, false)
+// reconciling runs passes of rc back to back until ctx ends, checking each.
+func reconciling(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64) *sync.WaitGroup {
+	return reconcilingExcept(ctx, t, rc, passes, false)
 }
 
-func a25ReconcilingExcept(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64, rerecords bool) *sync.WaitGroup {
+func reconcilingExcept(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64, rerecords bool) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -1159,14 +1159,14 @@ func a25ReconcilingExcept(ctx context.Context, t *testing.T, rc *stockops.Reconc
 				return
 			}
 			passes.Add(1)
-			a25CheckReportsExcept(t, res, err, rerecords)
+			checkReportsExcept(t, res, err, rerecords)
 			time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
 		}
 	}()
 	return &wg
 }
 
-var a25Items = map[string]int64{"q:1": 400, "sku:with:colons": 400, "tilde~sku": 400, "x:~:y": 400, "small~1": 12}
+var items = map[string]int64{"q:1": 400, "sku:with:colons": 400, "tilde~sku": 400, "x:~:y": 400, "small~1": 12}
 
 // TestReconcileQueuePathConcurrentRestores: the queue path. Run publishes only; several
 // consumers apply the events through Consume, out of order and some twice, while deducts and
@@ -1189,27 +1189,27 @@ func TestReconcileQueuePathConcurrentRestores(t *testing.T) {
 		{"short-retention", false, 1, 200 * time.Millisecond},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			a25Each(t, nil, func(t *testing.T, e *a25Env) {
-				a25QueuePath(t, e, v.slow, v.reconcilers, v.retention)
+			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+				queuePath(t, e, v.slow, v.reconcilers, v.retention)
 			})
 		})
 	}
 }
 
-func a25QueuePath(t *testing.T, e *a25Env, slow bool, reconcilers int, retention time.Duration) {
+func queuePath(t *testing.T, e *relayEnv, slow bool, reconcilers int, retention time.Duration) {
 	{
-		drift := &a25Drift{}
+		drift := &drift{}
 		r := e.another(stock.WithObserver(drift))
 		mem := memstore.New()
-		a25Load(t, r, mem, a25Items)
-		q := &a25Queue{}
-		pub := &a25Pub{push: q.push}
+		load(t, r, mem, items)
+		q := &queueOfReconcile{}
+		pub := &relayPub{push: q.push}
 		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
-		run := a25Run(ctx, r, stock.RunOptions{Publisher: a25BatchPub{pub}, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 8}})
+		run := run(ctx, r, stock.RunOptions{Publisher: batchPub{pub}, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 8}})
 		var consStore stock.Store = mem
 		if slow {
-			consStore = &a25Store{a25Base: mem, delay: func() time.Duration { return time.Duration(rand.IntN(4)) * time.Millisecond }}
+			consStore = &requestStore{base: mem, delay: func() time.Duration { return time.Duration(rand.IntN(4)) * time.Millisecond }}
 		}
 		cons := q.consumers(ctx, t, 6, r, consStore)
 		var passes atomic.Int64
@@ -1223,7 +1223,7 @@ func a25QueuePath(t *testing.T, e *a25Env, slow bool, reconcilers int, retention
 			require.NoError(t, err)
 			// A short retention trims entries that the store's records then write back:
 			// TestTrimThenRerecord; here only drift and stock repairs count.
-			recs = append(recs, a25ReconcilingExcept(ctx, t, rc, &passes, retention > 0))
+			recs = append(recs, reconcilingExcept(ctx, t, rc, &passes, retention > 0))
 		}
 		recDone := &sync.WaitGroup{}
 		recDone.Add(1)
@@ -1245,14 +1245,14 @@ func a25QueuePath(t *testing.T, e *a25Env, slow bool, reconcilers int, retention
 			}()
 		}
 
-		sale := newA25Sale()
-		a25Traffic(t, r, sale, a25Keys(a25Items), 8, 60)
+		sale := newSale()
+		repairTraffic(t, r, sale, keys(items), 8, 60)
 
 		// Wait until every event is published and consumed.
 		deadline := time.Now().Add(90 * time.Second)
 		for {
 			quiet := q.idle()
-			for sku := range a25Items {
+			for sku := range items {
 				p, d, err := stockops.Pending(context.Background(), r, sku)
 				require.NoError(t, err)
 				quiet = quiet && p == 0 && d == 0
@@ -1275,7 +1275,7 @@ func a25QueuePath(t *testing.T, e *a25Env, slow bool, reconcilers int, retention
 			time.Sleep(50 * time.Millisecond)
 		}
 		stop()
-		res := a25Wait(t, run, time.Now(), 2*time.Second+3*time.Second)
+		res := wait(t, run, time.Now(), 2*time.Second+3*time.Second)
 		assert.ErrorIs(t, res.err, context.Canceled)
 		cons.Wait()
 		recDone.Wait()
@@ -1285,13 +1285,13 @@ func a25QueuePath(t *testing.T, e *a25Env, slow bool, reconcilers int, retention
 		final, err := stockops.NewReconciler(r, mem, &stock.ReconcileOptions{Retention: retention})
 		require.NoError(t, err)
 		fres, err := final.Pass(context.Background())
-		a25CheckReportsExcept(t, fres, err, retention > 0)
+		checkReportsExcept(t, fres, err, retention > 0)
 		for _, rp := range fres.Reports {
 			assert.False(t, rp.Busy, "%s busy at the end", rp.SKU)
 			assert.Zero(t, rp.Published, "%s: published set empty", rp.SKU)
 		}
 		drift.check(t)
-		sale.checkStore(t, r, mem, a25Items)
+		sale.checkStore(t, r, mem, items)
 	}
 }
 
@@ -1301,13 +1301,13 @@ func a25QueuePath(t *testing.T, e *a25Env, slow bool, reconcilers int, retention
 // same ids run meanwhile. No pass (Run's, observed, or the reconciler's) may find drift; at the
 // end the levels and the store match the acknowledged answers.
 func TestReconcileStorePathConcurrentRestores(t *testing.T) {
-	a25Each(t, nil, func(t *testing.T, e *a25Env) {
-		drift := &a25Drift{}
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+		drift := &drift{}
 		r := e.another(stock.WithObserver(drift))
 		r2 := e.another(stock.WithObserver(drift))
 		mem := memstore.New()
-		a25Load(t, r, mem, a25Items)
-		st := &a25Store{a25Base: mem, delay: func() time.Duration {
+		load(t, r, mem, items)
+		st := &requestStore{base: mem, delay: func() time.Duration {
 			if rand.IntN(4) == 0 {
 				return time.Duration(rand.IntN(3)) * time.Millisecond
 			}
@@ -1317,21 +1317,21 @@ func TestReconcileStorePathConcurrentRestores(t *testing.T) {
 		defer stop()
 		ro := stock.RunOptions{Store: st, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 4},
 			Reconcile: &stock.ReconcileOptions{Interval: 15 * time.Millisecond}}
-		run1 := a25Run(ctx, r, ro)
-		run2 := a25Run(ctx, r2, stock.RunOptions{Store: a25BatchStore{st}, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 16},
+		run1 := run(ctx, r, ro)
+		run2 := run(ctx, r2, stock.RunOptions{Store: batchStore{st}, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 16},
 			Reconcile: &stock.ReconcileOptions{Interval: 25 * time.Millisecond}})
 		rc, err := stockops.NewReconciler(r, mem, nil)
 		require.NoError(t, err)
 		var passes atomic.Int64
-		recDone := a25Reconciling(ctx, t, rc, &passes)
+		recDone := reconciling(ctx, t, rc, &passes)
 
-		sale := newA25Sale()
-		a25Traffic(t, r, sale, a25Keys(a25Items), 8, 60)
+		sale := newSale()
+		repairTraffic(t, r, sale, keys(items), 8, 60)
 
 		deadline := time.Now().Add(90 * time.Second)
 		for {
 			left := int64(0)
-			for sku := range a25Items {
+			for sku := range items {
 				p, d, err := stockops.Pending(context.Background(), r, sku)
 				require.NoError(t, err)
 				left += p + d
@@ -1347,8 +1347,8 @@ func TestReconcileStorePathConcurrentRestores(t *testing.T) {
 		time.Sleep(200 * time.Millisecond) // a few more of Run's passes on the settled items
 		stop()
 		now := time.Now()
-		res1 := a25Wait(t, run1, now, 2*time.Second+3*time.Second)
-		res2 := a25Wait(t, run2, now, 2*time.Second+3*time.Second)
+		res1 := wait(t, run1, now, 2*time.Second+3*time.Second)
+		res2 := wait(t, run2, now, 2*time.Second+3*time.Second)
 		assert.ErrorIs(t, res1.err, context.Canceled)
 		assert.ErrorIs(t, res2.err, context.Canceled)
 		recDone.Wait()
@@ -1358,12 +1358,12 @@ func TestReconcileStorePathConcurrentRestores(t *testing.T) {
 		final, err := stockops.NewReconciler(r, mem, nil)
 		require.NoError(t, err)
 		fres, err := final.Pass(context.Background())
-		a25CheckReports(t, fres, err)
+		checkReports(t, fres, err)
 		for _, rp := range fres.Reports {
 			assert.False(t, rp.Busy, "%s busy at the end", rp.SKU)
 		}
 		drift.check(t)
-		sale.checkStore(t, r, mem, a25Items)
+		sale.checkStore(t, r, mem, items)
 	})
 }
 
@@ -1375,7 +1375,7 @@ func TestReconcileStorePathConcurrentRestores(t *testing.T) {
 // deduct 5 units; 2s later the relay applies them to a memstore; 0.5s later two passes with
 // Retention 1s, back to back. Expected: the first trims 5, the second rerecords nothing.
 func TestTrimThenRerecord(t *testing.T) {
-	a25Each(t, nil, func(t *testing.T, e *a25Env) {
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 		ctx := context.Background()
 		pass := func(d time.Duration) { // let d pass on both clocks: the store's and Redis's
 			time.Sleep(d)
@@ -1387,7 +1387,7 @@ func TestTrimThenRerecord(t *testing.T) {
 		sku := "trim:re~1"
 		require.NoError(t, e.r.Load(ctx, sku, 10))
 		require.NoError(t, mem.Load(ctx, sku, 10))
-		sale := newA25Sale()
+		sale := newSale()
 		for i := range 5 {
 			sale.deduct(t, ctx, e.r, sku, fmt.Sprint("t:", i), 1)
 		}
@@ -1419,16 +1419,16 @@ func TestTrimThenRerecord(t *testing.T) {
 	})
 }
 
-// a27oDie is a rueidis client of a process that dies right after its first script call
+// die is a rueidis client of a process that dies right after its first script call
 // (EVAL*, FCALL*) that touches a bucket's in-flight transfers set (xout: the first half of a
 // transfer): every later command fails as on a dead connection, never sent.
-type a27oDie struct {
+type die struct {
 	rueidis.Client
 	mu   sync.Mutex
 	dead bool
 }
 
-func (c *a27oDie) check(cmds ...rueidis.Completed) (dead, dieAfter bool) {
+func (c *die) check(cmds ...rueidis.Completed) (dead, dieAfter bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.dead {
@@ -1449,21 +1449,21 @@ func (c *a27oDie) check(cmds ...rueidis.Completed) (dead, dieAfter bool) {
 	return false, false
 }
 
-func (c *a27oDie) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+func (c *die) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	if dead, _ := c.check(cmd); dead {
-		return c.Client.Do(a27Dead(), cmd)
+		return c.Client.Do(lifecycleDead(), cmd)
 	}
 	return c.Client.Do(ctx, cmd)
 }
 
-func (c *a27oDie) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+func (c *die) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	if dead, _ := c.check(cmds...); dead {
-		return c.Client.DoMulti(a27Dead(), cmds...)
+		return c.Client.DoMulti(lifecycleDead(), cmds...)
 	}
 	return c.Client.DoMulti(ctx, cmds...)
 }
 
-func (c *a27oDie) died() bool {
+func (c *die) died() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.dead
@@ -1474,9 +1474,9 @@ func (c *a27oDie) died() bool {
 // completes the transfer (5 s later); another buyer of that bucket buys the unit; the relay
 // must still deliver the restore before that sale (the recovered transfer keeps its barrier).
 func TestHalfTransferRecovered(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
 		halves := 0
 		for v := range 24 {
 			sku := fmt.Sprintf("half-%d", v)
@@ -1496,8 +1496,8 @@ func TestHalfTransferRecovered(t *testing.T) {
 			_, err := e.r.Restore(ctx, sku, ids[0])
 			require.NoError(t, err)
 			ids = ids[1:]
-			dc := &a27oDie{Client: e.c}
-			dr, err := stock.New(dc, a26Split(4))
+			dc := &die{Client: e.c}
+			dr, err := stock.New(dc, split(4))
 			require.NoError(t, err)
 			xid := fmt.Sprintf("x%d", v)
 			_, xerr := dr.Deduct(ctx, stock.Request{SKU: sku, ID: xid, User: xid, Qty: 1})
@@ -1506,7 +1506,7 @@ func TestHalfTransferRecovered(t *testing.T) {
 				require.NoError(t, xerr) // the buyer was in the restore's bucket: no transfer
 			} else {
 				inFlight := 0
-				for _, k := range a27oKeysOf(t, e7, sku) {
+				for _, k := range keysOf(t, e7, sku) {
 					if strings.HasSuffix(k, ":xf") {
 						m, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
 						require.NoError(t, err)
@@ -1540,11 +1540,11 @@ func TestHalfTransferRecovered(t *testing.T) {
 					sold[id] = ent.Qty
 				}
 			}
-			assert.Zero(t, a26Levels(t, e.r, sku).Available, "v%d: units stranded", v)
-			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1})
-			_, refused := a27oDrain(t, e, sku, 200, rl)
+			assert.Zero(t, levels(t, e.r, sku).Available, "v%d: units stranded", v)
+			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1})
+			_, refused := splitDrain(t, e, sku, 200, rl)
 			assert.Zero(t, refused, "v%d: the relay counted refusals", v)
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 		t.Logf("%d transfers cut after their first half", halves)
 		require.Positive(t, halves)

@@ -59,7 +59,7 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 				if _, err := r.Deduct(ctx, stock.Request{SKU: "fg", ID: "a", User: "u", Qty: 2}); err != nil {
 					t.Fatal(err)
 				}
-				q := &a13Queue{}
+				q := &repairQueue{}
 				rl, _ := stockops.NewRelay(r, nil, q, nil)
 				if _, err := rl.Once(ctx); err != nil {
 					t.Fatal(err)
@@ -122,7 +122,7 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 			if _, err := r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
 				t.Fatal(err)
 			}
-			q := &a13Queue{}
+			q := &repairQueue{}
 			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
@@ -142,7 +142,7 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 			for i := len(msgs) - 1; i >= 0; i-- {
 				rev = append(rev, msgs[i])
 			}
-			a13ConsumeAll(t, ctx, r, st, rev, rand.New(rand.NewPCG(uint64(3), 0)))
+			repairConsumeAll(t, ctx, r, st, rev, rand.New(rand.NewPCG(uint64(3), 0)))
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -544,8 +544,8 @@ func TestRunPublisherDrainsOnCancelledCtx(t *testing.T) {
 	})
 }
 
-// a18Queue is an in-memory broker: what the publisher accepted, in the order it accepted it.
-type a18Queue struct {
+// relayQueue is an in-memory broker: what the publisher accepted, in the order it accepted it.
+type relayQueue struct {
 	mu   sync.Mutex
 	msgs []stock.Event
 	// batch, when set, decides what PublishBatch does with a batch: it returns the answer and
@@ -556,7 +556,7 @@ type a18Queue struct {
 	single func(ev stock.Event) error
 }
 
-func (q *a18Queue) Publish(ctx context.Context, ev stock.Event) error {
+func (q *relayQueue) Publish(ctx context.Context, ev stock.Event) error {
 	if q.single != nil {
 		if err := q.single(ev); err != nil {
 			return err
@@ -568,7 +568,7 @@ func (q *a18Queue) Publish(ctx context.Context, ev stock.Event) error {
 	return nil
 }
 
-func (q *a18Queue) PublishBatch(ctx context.Context, evs []stock.Event) []error {
+func (q *relayQueue) PublishBatch(ctx context.Context, evs []stock.Event) []error {
 	call := int(q.calls.Add(1))
 	if q.batch == nil {
 		for _, ev := range evs {
@@ -587,7 +587,7 @@ func (q *a18Queue) PublishBatch(ctx context.Context, evs []stock.Event) []error 
 	return errs
 }
 
-func (q *a18Queue) take() []stock.Event {
+func (q *relayQueue) take() []stock.Event {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := q.msgs
@@ -595,26 +595,26 @@ func (q *a18Queue) take() []stock.Event {
 	return out
 }
 
-func (q *a18Queue) snapshot() []stock.Event {
+func (q *relayQueue) snapshot() []stock.Event {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return append([]stock.Event(nil), q.msgs...)
 }
 
-// a18OrderStore wraps a memstore and records, per item, every event that changed something, to
+// orderStore wraps a memstore and records, per item, every event that changed something, to
 // find events applied out of their item's order.
-type a18OrderStore struct {
+type orderStore struct {
 	*memstore.Store
 	mu      sync.Mutex
 	applied map[string][]stock.Event // per sku, first applications in the order they came
 	seen    map[string]bool
 }
 
-func newA18OrderStore() *a18OrderStore {
-	return &a18OrderStore{Store: memstore.New(), applied: map[string][]stock.Event{}, seen: map[string]bool{}}
+func newOrderStore() *orderStore {
+	return &orderStore{Store: memstore.New(), applied: map[string][]stock.Event{}, seen: map[string]bool{}}
 }
 
-func (s *a18OrderStore) Apply(ctx context.Context, ev stock.Event) error {
+func (s *orderStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock() // serialise, so the recorded order is the order of application
 	err := s.Store.Apply(ctx, ev)
@@ -630,7 +630,7 @@ func (s *a18OrderStore) Apply(ctx context.Context, ev stock.Event) error {
 }
 
 // checkOrder fails t for an item whose events reached the store out of sequence.
-func (s *a18OrderStore) checkOrder(t *testing.T) {
+func (s *orderStore) checkOrder(t *testing.T) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -645,19 +645,19 @@ func (s *a18OrderStore) checkOrder(t *testing.T) {
 	}
 }
 
-// a18Acks is what the Reserver acknowledged: the ids it deducted and those it gave back.
-type a18Acks struct {
+// acks is what the Reserver acknowledged: the ids it deducted and those it gave back.
+type acks struct {
 	deducted map[string]map[string]int64 // sku → id → qty
 	restored map[string]map[string]bool
 	restock  map[string]map[string]int64
 	initial  map[string]int64
 }
 
-// a18Traffic loads skus (in Redis and in the store) and runs n random deducts, restores and
+// traffic loads skus (in Redis and in the store) and runs n random deducts, restores and
 // restocks on them, returning what was acknowledged.
-func a18Traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memstore.Store, skus []string, n int, rng *rand.Rand) *a18Acks {
+func traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memstore.Store, skus []string, n int, rng *rand.Rand) *acks {
 	t.Helper()
-	a := &a18Acks{deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, restock: map[string]map[string]int64{}, initial: map[string]int64{}}
+	a := &acks{deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, restock: map[string]map[string]int64{}, initial: map[string]int64{}}
 	for _, sku := range skus {
 		qty := int64(20 + rng.IntN(30))
 		if err := r.Load(ctx, sku, qty); err != nil {
@@ -708,9 +708,9 @@ func a18Traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *mem
 	return a
 }
 
-// a18Drain runs the relay until every item's outbox is empty, moving the Redis clock past every
+// drain runs the relay until every item's outbox is empty, moving the Redis clock past every
 // backoff and lease between passes.
-func a18Drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Relay, skus []string) {
+func drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Relay, skus []string) {
 	t.Helper()
 	for pass := 0; pass < 400; pass++ {
 		_, _ = rl.Once(ctx)
@@ -730,9 +730,9 @@ func a18Drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.
 	t.Fatalf("the relay did not drain the outboxes in 400 passes")
 }
 
-// a18ConsumeAll hands msgs to stock.Consume in a random order, redelivering every message Consume
+// relayConsumeAll hands msgs to stock.Consume in a random order, redelivering every message Consume
 // did not settle (ErrHeldBack or a temporary error), until all are settled.
-func a18ConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
+func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
 	t.Helper()
 	rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	var lastErr error
@@ -756,10 +756,10 @@ func a18ConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stoc
 	}
 }
 
-// a18Verify checks the end state: the store equals Redis for every item, nothing is applied twice,
+// verify checks the end state: the store equals Redis for every item, nothing is applied twice,
 // every acknowledged deduct and restore has its record, no outbox or published set holds anything,
 // and the store saw each item's events in order.
-func a18Verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *a18OrderStore, a *a18Acks) {
+func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore, a *acks) {
 	t.Helper()
 	rec, err := stockops.NewReconciler(r, st.Store, &stock.ReconcileOptions{DryRun: true})
 	if err != nil {
@@ -821,20 +821,20 @@ func a18Verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *a18Orde
 	st.checkOrder(t)
 }
 
-// a18Setup is a Reserver on stocktest's miniredis, a store and a seeded rng.
-func a18Setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *a18OrderStore, *rand.Rand) {
-	return context.Background(), stocktest.New(t), newA18OrderStore(), rand.New(rand.NewPCG(seed, 18))
+// setup is a Reserver on stocktest's miniredis, a store and a seeded rng.
+func setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *orderStore, *rand.Rand) {
+	return context.Background(), stocktest.New(t), newOrderStore(), rand.New(rand.NewPCG(seed, 18))
 }
 
 // A batch that fails at event k of n (the queue took the first k, the relay is told so), a
 // different k every call: the relay must keep the first k and retry from k, in order, and through
 // Consume the store must end exactly where the acknowledged answers put it.
 func TestBatchFailsMidBatch(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 1)
+	ctx, e, st, rng := setup(t, 1)
 	skus := []string{"a", "b", "c"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
 	var mu sync.Mutex
-	q := &a18Queue{}
+	q := &relayQueue{}
 	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		mu.Lock()
 		k := rng.IntN(len(evs) + 1)
@@ -854,7 +854,7 @@ func TestBatchFailsMidBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
+	drain(t, ctx, e, rl, skus)
 	if q.calls.Load() == 0 {
 		t.Fatal("the relay never called PublishBatch")
 	}
@@ -874,18 +874,18 @@ func TestBatchFailsMidBatch(t *testing.T) {
 		}
 		last[ev.SKU] = ev.Seq
 	}
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // A batch publisher whose answer is not a prefix: nil, error, nil, nil... (the queue took every
 // event answered nil). The relay must not count the events after the first failure as published
 // (it retries them: duplicates), and the store must still end right.
 func TestBatchHoleInAnswer(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 2)
+	ctx, e, st, rng := setup(t, 2)
 	skus := []string{"x", "y"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 200, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 200, rng)
+	q := &relayQueue{}
 	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		errs := make([]error, len(evs))
 		keep := make([]bool, len(evs))
@@ -902,10 +902,10 @@ func TestBatchHoleInAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
+	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
-	a18ConsumeAll(t, ctx, e.Reserver, st, msgs, rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	relayConsumeAll(t, ctx, e.Reserver, st, msgs, rng)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // Answers of the wrong length (one error short, one nil too many, none at all) fail the whole
@@ -920,14 +920,14 @@ func TestBatchWrongLength(t *testing.T) {
 		{"nil", func(int) int { return 0 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, e, st, rng := a18Setup(t, 3)
+			ctx, e, st, rng := setup(t, 3)
 			skus := []string{"w"}
-			acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
+			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
 			before, _, err := stockops.Pending(ctx, e.Reserver, "w")
 			if err != nil {
 				t.Fatal(err)
 			}
-			q := &a18Queue{}
+			q := &relayQueue{}
 			q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 				keep := make([]bool, len(evs))
 				for i := range keep {
@@ -954,9 +954,9 @@ func TestBatchWrongLength(t *testing.T) {
 				t.Errorf("outbox: %d events before, %d after a pass of wrong-length answers", before, after)
 			}
 			q.batch = nil
-			a18Drain(t, ctx, e, rl, skus)
-			a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-			a18Verify(t, ctx, e.Reserver, st, acks)
+			drain(t, ctx, e, rl, skus)
+			relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+			verify(t, ctx, e.Reserver, st, acks)
 		})
 	}
 }
@@ -964,10 +964,10 @@ func TestBatchWrongLength(t *testing.T) {
 // A PublishBatch that panics (after the queue took half the batch). Whatever the relay does with
 // the panic, nothing may be lost: the events come back after the lease and are delivered.
 func TestBatchPanics(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 4)
+	ctx, e, st, rng := setup(t, 4)
 	skus := []string{"p"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
+	q := &relayQueue{}
 	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		if call == 1 {
 			q.mu.Lock()
@@ -990,9 +990,9 @@ func TestBatchPanics(t *testing.T) {
 		_, _ = rl.Once(ctx)
 	}()
 	e.Advance(10 * time.Second)
-	a18Drain(t, ctx, e, rl, skus)
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // A broker that delivers a message to a consumer before it confirms it to the publisher (as every
@@ -1003,9 +1003,9 @@ func TestBatchPanics(t *testing.T) {
 func TestConsumedBeforeConfirm(t *testing.T) {
 	for _, batch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
-			ctx, e, st, rng := a18Setup(t, 5)
+			ctx, e, st, rng := setup(t, 5)
 			skus := []string{"fast", "quick"}
-			acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 80, rng)
+			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 80, rng)
 			var mu sync.Mutex
 			var consumeErrs []error
 			var redeliver []stock.Event // what the broker must hand over again
@@ -1019,7 +1019,7 @@ func TestConsumedBeforeConfirm(t *testing.T) {
 			}
 			var pub stock.Publisher
 			if batch {
-				q := &a18Queue{}
+				q := &relayQueue{}
 				q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 					for _, ev := range evs {
 						deliver(ev)
@@ -1037,12 +1037,12 @@ func TestConsumedBeforeConfirm(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a18Drain(t, ctx, e, rl, skus)
+			drain(t, ctx, e, rl, skus)
 			if len(consumeErrs) > 0 {
 				t.Logf("Consume answered %d errors during delivery, first: %v", len(consumeErrs), consumeErrs[0])
 			}
-			a18ConsumeAll(t, ctx, e.Reserver, st, redeliver, rng)
-			a18Verify(t, ctx, e.Reserver, st, acks)
+			relayConsumeAll(t, ctx, e.Reserver, st, redeliver, rng)
+			verify(t, ctx, e.Reserver, st, acks)
 		})
 	}
 }
@@ -1050,15 +1050,15 @@ func TestConsumedBeforeConfirm(t *testing.T) {
 // Every event delivered three times, to eight consumers at once, in a random order: concurrent
 // Consume calls of one event and of neighbouring events of one item.
 func TestConcurrentConsumers(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 6)
+	ctx, e, st, rng := setup(t, 6)
 	skus := []string{"k1", "k2", "k3", "k4"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
+	drain(t, ctx, e, rl, skus)
 	one := q.take()
 	var all []stock.Event
 	for i := 0; i < 3; i++ {
@@ -1104,28 +1104,28 @@ func TestConcurrentConsumers(t *testing.T) {
 	if n := bad.Load(); n > 0 {
 		t.Errorf("%d valid deliveries answered ErrInvalid", n)
 	}
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // The old events of an item delivered again after its later ones were applied (a redelivery of a
 // dead consumer's messages, or a relay's republish): repeats, answered nil, changing nothing.
 func TestStaleRedelivery(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 7)
+	ctx, e, st, rng := setup(t, 7)
 	skus := []string{"old"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
+	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
 	sort.Slice(msgs, func(i, j int) bool { return msgs[i].Seq < msgs[j].Seq })
 	// Apply only the last: Consume must apply all earlier ones first, from Redis.
 	if err := stock.Consume(ctx, e.Reserver, st, msgs[len(msgs)-1]); err != nil {
 		t.Fatalf("Consume of the last event: %v", err)
 	}
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, e.Reserver, st, acks)
 	rem, _ := st.Remaining(ctx, "old")
 	for i := len(msgs) - 1; i >= 0; i-- {
 		if err := stock.Consume(ctx, e.Reserver, st, msgs[i]); err != nil {
@@ -1135,17 +1135,17 @@ func TestStaleRedelivery(t *testing.T) {
 	if got, _ := st.Remaining(ctx, "old"); got != rem {
 		t.Errorf("stale redeliveries moved the store from %d to %d", rem, got)
 	}
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // Run with only a Publisher, a slow one, and the context cancelled in the middle of a batch; the
 // publisher's last answers come after the context ended (it accepted them anyway). Then a second
 // Run drains the rest. Every acknowledged operation must reach the store once.
 func TestRunCancelMidBatch(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 8)
+	ctx, e, st, rng := setup(t, 8)
 	skus := []string{"s:1", "s%7B2%7D", "s~3", "сток-4", "s/5", "😀:6"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
+	q := &relayQueue{}
 	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		time.Sleep(30 * time.Millisecond) // the broker is slow; ctx may end meanwhile
 		keep := make([]bool, len(evs))
@@ -1189,19 +1189,19 @@ func TestRunCancelMidBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	q.batch = nil
-	a18Drain(t, ctx, e, rl, skus)
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // A publisher that accepts every event after the relay's context ended (a confirm that arrives
 // late): the relay cannot know whether it may trust the answer, but nothing may be lost either
 // way, and nothing applied twice.
 func TestAcceptAfterContextEnd(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 9)
+	ctx, e, st, rng := setup(t, 9)
 	skus := []string{"late"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
+	q := &relayQueue{}
 	var cancel context.CancelFunc
 	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		cancel() // the context ends while the broker works on the batch
@@ -1223,21 +1223,21 @@ func TestAcceptAfterContextEnd(t *testing.T) {
 	}
 	e.Advance(2 * time.Minute)
 	q.batch = nil
-	a18Drain(t, ctx, e, rl, skus)
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // Many items with awkward SKUs, through Run's queue path with a flaky batch publisher (every
 // third batch fails in the middle), consumed concurrently while the relay still publishes.
 func TestManyItemsLiveConsume(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 10)
+	ctx, e, st, rng := setup(t, 10)
 	var skus []string
 	for i := 0; i < 24; i++ {
 		skus = append(skus, fmt.Sprintf("it:%d:%d~ü%d", i, i%3, i))
 	}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 600, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 600, rng)
+	q := &relayQueue{}
 	var mu sync.Mutex
 	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		mu.Lock()
@@ -1286,16 +1286,16 @@ func TestManyItemsLiveConsume(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	a18Drain(t, ctx, e, rl, skus)
+	drain(t, ctx, e, rl, skus)
 	close(stop)
 	wg.Wait()
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
-// a18ConcurrentConsume consumes msgs with w goroutines, each message delivered dup times, until
+// concurrentConsume consumes msgs with w goroutines, each message delivered dup times, until
 // every delivery is settled (ErrHeldBack and temporary errors are redelivered).
-func a18ConcurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, dup, w int, rng *rand.Rand) {
+func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, dup, w int, rng *rand.Rand) {
 	t.Helper()
 	var all []stock.Event
 	for i := 0; i < dup; i++ {
@@ -1339,10 +1339,10 @@ func a18ConcurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, 
 	}
 }
 
-// a18LedgerMatchesStore checks every ledger entry of sku against the store's record of its id:
+// ledgerMatchesStore checks every ledger entry of sku against the store's record of its id:
 // applied in Redis ↔ applied in the store, refused ↔ refused, restored ↔ restored (or refused: a
 // deduct the store refused, then restored in Redis before the refusal reached it).
-func a18LedgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, sku string) (refused int) {
+func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, sku string) (refused int) {
 	t.Helper()
 	var ids []string
 	entries := map[string]stock.Entry{}
@@ -1384,7 +1384,7 @@ func a18LedgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver,
 // consumers at once. Each refusal must be given back exactly once (Redis available == store
 // remaining), and Redis's ledger and the store must agree on every id.
 func TestRefusalsConcurrentConsumers(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 11)
+	ctx, e, st, rng := setup(t, 11)
 	skus := []string{"r:1", "r:2", "r~3"}
 	for _, sku := range skus {
 		if err := e.Reserver.Load(ctx, sku, 80); err != nil {
@@ -1409,18 +1409,18 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 			}
 		}
 	}
-	q := &a18Queue{}
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for round := 0; round < 20; round++ {
-		a18Drain(t, ctx, e, rl, skus)
+		drain(t, ctx, e, rl, skus)
 		msgs := q.take()
 		if len(msgs) == 0 {
 			break
 		}
-		a18ConcurrentConsume(t, ctx, e.Reserver, st, msgs, 2, 8, rng)
+		concurrentConsume(t, ctx, e.Reserver, st, msgs, 2, 8, rng)
 	}
 	refusedAll := 0
 	for _, sku := range skus {
@@ -1436,13 +1436,13 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 			// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
 			t.Errorf("item %q: Redis available %d, store remaining %d: Redis should have exactly 40 more", sku, lv.Available, rem)
 		}
-		refusedAll += a18LedgerMatchesStore(t, ctx, e.Reserver, st, sku)
+		refusedAll += ledgerMatchesStore(t, ctx, e.Reserver, st, sku)
 		if lv.Loaded-lv.Available-lv.Held != lv.Sold {
 			t.Errorf("item %q: levels do not add up: %+v", sku, lv)
 		}
 	}
 	if refusedAll == 0 {
-		t.Error("the store refused nothing: the attack did not happen")
+		t.Error("the store refused nothing: the scenario did not happen")
 	}
 	if m := st.MaxApplications(); m > 1 {
 		t.Errorf("an event changed the store %d times", m)
@@ -1454,12 +1454,12 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 // context ends: Run promises to stop after its Drain bound; when the call finally returns, nothing
 // is lost, and the next relay delivers everything once.
 func TestRunPublisherIgnoresContext(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 16)
+	ctx, e, st, rng := setup(t, 16)
 	skus := []string{"hang:1"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
 	release := make(chan struct{})
 	var entered atomic.Bool
-	q := &a18Queue{}
+	q := &relayQueue{}
 	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		entered.Store(true)
 		<-release // ignores ctx
@@ -1495,14 +1495,14 @@ func TestRunPublisherIgnoresContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
-	a18ConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 }
 
-// a25Env is a Reserver on one backend, with a way to let time pass for that backend's Redis
+// relayEnv is a Reserver on one backend, with a way to let time pass for that backend's Redis
 // (miniredis: its clock stands still until Advance; a real server: sleep).
-type a25Env struct {
+type relayEnv struct {
 	name    string
 	real    bool
 	r       *stock.Reserver
@@ -1512,14 +1512,14 @@ type a25Env struct {
 	another func(opts ...stock.Option) *stock.Reserver
 }
 
-// a25Each runs f on a stocktest miniredis and, with STOCK_REDIS_SERVER set, on a private
+// relayEach runs f on a stocktest miniredis and, with STOCK_REDIS_SERVER set, on a private
 // redis-server.
-func a25Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a25Env)) {
+func relayEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *relayEnv)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
 		t.Parallel() // its own miniredis, beside the private server
 		env := stocktest.New(t, opts...)
-		f(t, &a25Env{
+		f(t, &relayEnv{
 			name: "miniredis", r: env.Reserver, c: env.Client, advance: env.Advance,
 			another: func(o ...stock.Option) *stock.Reserver {
 				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
@@ -1545,7 +1545,7 @@ func a25Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a25Env))
 		require.False(t, fenced)
 		r, err := stock.New(c, opts...)
 		require.NoError(t, err)
-		f(t, &a25Env{
+		f(t, &relayEnv{
 			name: "redis", real: true, r: r, c: c, advance: time.Sleep,
 			another: func(o ...stock.Option) *stock.Reserver {
 				r, err := stock.New(c, o...)
@@ -1556,23 +1556,23 @@ func a25Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a25Env))
 	})
 }
 
-// a25Run runs r.Run in a goroutine and returns a channel with its result and when it returned.
-type a25Result struct {
+// run runs r.Run in a goroutine and returns a channel with its result and when it returned.
+type result struct {
 	err error
 	at  time.Time
 }
 
-func a25Run(ctx context.Context, r *stock.Reserver, opts stock.RunOptions) <-chan a25Result {
-	ch := make(chan a25Result, 1)
+func run(ctx context.Context, r *stock.Reserver, opts stock.RunOptions) <-chan result {
+	ch := make(chan result, 1)
 	go func() {
 		err := r.Run(ctx, opts)
-		ch <- a25Result{err: err, at: time.Now()}
+		ch <- result{err: err, at: time.Now()}
 	}()
 	return ch
 }
 
-// a25Wait waits for Run's result, failing t if it has not come within bound of ended.
-func a25Wait(t *testing.T, ch <-chan a25Result, ended time.Time, bound time.Duration) a25Result {
+// wait waits for Run's result, failing t if it has not come within bound of ended.
+func wait(t *testing.T, ch <-chan result, ended time.Time, bound time.Duration) result {
 	t.Helper()
 	select {
 	case res := <-ch:
@@ -1580,22 +1580,22 @@ func a25Wait(t *testing.T, ch <-chan a25Result, ended time.Time, bound time.Dura
 		return res
 	case <-time.After(time.Until(ended.Add(bound + 30*time.Second))):
 		t.Fatalf("Run did not return within %v (and 30s more) after ctx ended", bound)
-		return a25Result{}
+		return result{}
 	}
 }
 
-// a25Sale is the acknowledged outcome of the sales of a test.
-type a25Sale struct {
+// sale is the acknowledged outcome of the sales of a test.
+type sale struct {
 	mu       sync.Mutex
 	deducted map[[2]string]int64 // acknowledged deducts: (sku, id) -> qty
 	restored map[[2]string]int64 // acknowledged restores of acknowledged deducts
 }
 
-func newA25Sale() *a25Sale {
-	return &a25Sale{deducted: map[[2]string]int64{}, restored: map[[2]string]int64{}}
+func newSale() *sale {
+	return &sale{deducted: map[[2]string]int64{}, restored: map[[2]string]int64{}}
 }
 
-func (s *a25Sale) deduct(t *testing.T, ctx context.Context, r *stock.Reserver, sku, id string, qty int64) bool {
+func (s *sale) deduct(t *testing.T, ctx context.Context, r *stock.Reserver, sku, id string, qty int64) bool {
 	rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: qty})
 	switch {
 	case err == nil:
@@ -1614,7 +1614,7 @@ func (s *a25Sale) deduct(t *testing.T, ctx context.Context, r *stock.Reserver, s
 	}
 }
 
-func (s *a25Sale) restore(t *testing.T, ctx context.Context, r *stock.Reserver, sku, id string) {
+func (s *sale) restore(t *testing.T, ctx context.Context, r *stock.Reserver, sku, id string) {
 	rc, err := r.Restore(ctx, sku, id)
 	switch {
 	case err == nil && !rc.Replayed:
@@ -1639,7 +1639,7 @@ func (s *a25Sale) restore(t *testing.T, ctx context.Context, r *stock.Reserver, 
 }
 
 // sold returns the units the acknowledged answers imply are sold of sku.
-func (s *a25Sale) sold(sku string) int64 {
+func (s *sale) sold(sku string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var n int64
@@ -1658,7 +1658,7 @@ func (s *a25Sale) sold(sku string) int64 {
 
 // checkStore asserts that every acknowledged deduct (and restore) of the sale was applied to the
 // store exactly once, and that the store, Redis's levels and the outboxes agree with the answers.
-func (s *a25Sale) checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[string]int64) {
+func (s *sale) checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[string]int64) {
 	t.Helper()
 	ctx := context.Background()
 	s.mu.Lock()
@@ -1687,19 +1687,19 @@ func (s *a25Sale) checkStore(t *testing.T, r *stock.Reserver, store *memstore.St
 	}
 }
 
-// a25Gate blocks the calls that enter it, ignoring their context, until it is opened.
-type a25Gate struct {
+// gate blocks the calls that enter it, ignoring their context, until it is opened.
+type gate struct {
 	once    sync.Once
 	open    chan struct{}
 	entered chan struct{}
 	n       atomic.Int64
 }
 
-func newA25Gate() *a25Gate {
-	return &a25Gate{open: make(chan struct{}), entered: make(chan struct{}, 1000)}
+func newGate() *gate {
+	return &gate{open: make(chan struct{}), entered: make(chan struct{}, 1000)}
 }
 
-func (g *a25Gate) wait() {
+func (g *gate) wait() {
 	g.n.Add(1)
 	select {
 	case g.entered <- struct{}{}:
@@ -1708,20 +1708,20 @@ func (g *a25Gate) wait() {
 	<-g.open
 }
 
-func (g *a25Gate) release() { g.once.Do(func() { close(g.open) }) }
+func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
 
-// a25Pub is a Publisher (and, with batch, a BatchPublisher) that records what it accepted, and
+// relayPub is a Publisher (and, with batch, a BatchPublisher) that records what it accepted, and
 // that blocks, ignoring its context, while stuck says so for the call's context.
-type a25Pub struct {
+type relayPub struct {
 	mu    sync.Mutex
 	got   map[string]int // "sku/id/type" -> times accepted
 	stuck func(ctx context.Context) bool
-	gate  *a25Gate
+	gate  *gate
 	after error // what a blocked call answers once released (nil: the queue took it)
 	push  func(stock.Event)
 }
 
-func (p *a25Pub) accept(ev stock.Event) {
+func (p *relayPub) accept(ev stock.Event) {
 	p.mu.Lock()
 	if p.got == nil {
 		p.got = map[string]int{}
@@ -1733,13 +1733,13 @@ func (p *a25Pub) accept(ev stock.Event) {
 	}
 }
 
-func (p *a25Pub) count(sku, id string, t stock.EventType) int {
+func (p *relayPub) count(sku, id string, t stock.EventType) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.got[sku+"/"+id+"/"+string(t)]
 }
 
-func (p *a25Pub) Publish(ctx context.Context, ev stock.Event) error {
+func (p *relayPub) Publish(ctx context.Context, ev stock.Event) error {
 	if p.stuck != nil && p.stuck(ctx) {
 		p.gate.wait()
 		if p.after != nil {
@@ -1750,9 +1750,9 @@ func (p *a25Pub) Publish(ctx context.Context, ev stock.Event) error {
 	return nil
 }
 
-type a25BatchPub struct{ *a25Pub }
+type batchPub struct{ *relayPub }
 
-func (p a25BatchPub) PublishBatch(ctx context.Context, evs []stock.Event) []error {
+func (p batchPub) PublishBatch(ctx context.Context, evs []stock.Event) []error {
 	errs := make([]error, len(evs))
 	if p.stuck != nil && p.stuck(ctx) {
 		p.gate.wait()
@@ -1773,21 +1773,21 @@ func (p a25BatchPub) PublishBatch(ctx context.Context, evs []stock.Event) []erro
 // than the main loop (whose ctx, in these tests, has none).
 func hasDeadline(ctx context.Context) bool { _, ok := ctx.Deadline(); return ok }
 
-// a25Relay is the relay configuration of the drain tests: a lease and backoffs short enough
+// relay is the relay configuration of the drain tests: a lease and backoffs short enough
 // for a real server, which a miniredis test passes by advancing its clock.
-func a25Relay() *stock.RelayOptions {
+func relay() *stock.RelayOptions {
 	return &stock.RelayOptions{Lease: 2 * time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, Poll: 10 * time.Millisecond}
 }
 
-// a25Settle lets the leases and backoffs of a25Relay run out.
-func (e *a25Env) settle() { e.advance(3 * time.Second) }
+// settle lets the leases and backoffs of relay run out.
+func (e *relayEnv) settle() { e.advance(3 * time.Second) }
 
-// a25Finish runs a second Run with a store that never blocks until every item's outbox is empty
+// finish runs a second Run with a store that never blocks until every item's outbox is empty
 // (or 60s pass), then stops it and checks that it returned in bounds.
-func a25Finish(t *testing.T, e *a25Env, r *stock.Reserver, opts stock.RunOptions, skus []string) {
+func finish(t *testing.T, e *relayEnv, r *stock.Reserver, opts stock.RunOptions, skus []string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ch := a25Run(ctx, r, opts)
+	ch := run(ctx, r, opts)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		left := int64(0)
@@ -1809,11 +1809,11 @@ func a25Finish(t *testing.T, e *a25Env, r *stock.Reserver, opts stock.RunOptions
 		}
 	}
 	cancel()
-	res := a25Wait(t, ch, time.Now(), opts.Drain+5*time.Second+3*time.Second)
+	res := wait(t, ch, time.Now(), opts.Drain+5*time.Second+3*time.Second)
 	assert.ErrorIs(t, res.err, context.Canceled)
 }
 
-func a25Load(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[string]int64) {
+func load(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[string]int64) {
 	t.Helper()
 	for sku, n := range loaded {
 		require.NoError(t, r.Load(context.Background(), sku, n))
@@ -1823,7 +1823,7 @@ func a25Load(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[
 	}
 }
 
-func a25Keys(m map[string]int64) []string {
+func keys(m map[string]int64) []string {
 	var out []string
 	for k := range m {
 		out = append(out, k)
@@ -1849,30 +1849,30 @@ func TestDrainStuckPublisher(t *testing.T) {
 		{"single/succeeds-late", false, nil},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			a25Each(t, nil, func(t *testing.T, e *a25Env) {
+			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 				ctx := context.Background()
 				loaded := map[string]int64{"drain:pub~1": 50, "drain:pub~2": 50}
 				store := memstore.New()
-				a25Load(t, e.r, store, loaded)
-				sale := newA25Sale()
+				load(t, e.r, store, loaded)
+				sale := newSale()
 				for i := range 30 {
 					for sku := range loaded {
 						sale.deduct(t, ctx, e.r, sku, fmt.Sprintf("o:%d~x", i), 1)
 					}
 				}
-				gate := newA25Gate()
+				gate := newGate()
 				defer gate.release()
-				p := &a25Pub{stuck: func(context.Context) bool { return true }, gate: gate, after: v.after}
+				p := &relayPub{stuck: func(context.Context) bool { return true }, gate: gate, after: v.after}
 				var pub stock.Publisher = p
 				if v.batch {
-					pub = a25BatchPub{p}
+					pub = batchPub{p}
 				}
 				runCtx, cancel := context.WithCancel(ctx)
 				cancel()
 				ended := time.Now()
 				drain := 800 * time.Millisecond
-				ch := a25Run(runCtx, e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
-				res := a25Wait(t, ch, ended, drain+3*time.Second)
+				ch := run(runCtx, e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+				res := wait(t, ch, ended, drain+3*time.Second)
 				require.Error(t, res.err)
 				assert.ErrorIs(t, res.err, context.Canceled)
 				assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
@@ -1880,13 +1880,13 @@ func TestDrainStuckPublisher(t *testing.T) {
 
 				// The second Run; the blocked call ends while it runs.
 				e.settle()
-				p2 := &a25Pub{}
+				p2 := &relayPub{}
 				var pub2 stock.Publisher = p2
 				if v.batch {
-					pub2 = a25BatchPub{p2}
+					pub2 = batchPub{p2}
 				}
 				go func() { time.Sleep(200 * time.Millisecond); gate.release() }()
-				a25Finish(t, e, e.r, stock.RunOptions{Store: store, Publisher: pub2, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, a25Keys(loaded))
+				finish(t, e, e.r, stock.RunOptions{Store: store, Publisher: pub2, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 				sale.checkStore(t, e.r, store, loaded)
 				for k := range sale.deducted {
 					assert.GreaterOrEqual(t, p.count(k[0], k[1], stock.EventDeducted)+p2.count(k[0], k[1], stock.EventDeducted), 1, "deduct %s/%s published", k[0], k[1])
@@ -1900,23 +1900,23 @@ func TestDrainStuckPublisher(t *testing.T) {
 // publisher blocks in the drain; a second Run publishes; consumers apply through Consume. Every
 // acknowledged deduct reaches the store once and the published sets empty.
 func TestDrainStuckPublisherQueuePath(t *testing.T) {
-	a25Each(t, nil, func(t *testing.T, e *a25Env) {
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 		ctx := context.Background()
 		loaded := map[string]int64{"q:drain~a": 40}
 		store := memstore.New()
-		a25Load(t, e.r, store, loaded)
-		sale := newA25Sale()
+		load(t, e.r, store, loaded)
+		sale := newSale()
 		for i := range 25 {
 			sale.deduct(t, ctx, e.r, "q:drain~a", fmt.Sprintf("id:%d", i), 1)
 		}
-		gate := newA25Gate()
+		gate := newGate()
 		defer gate.release()
-		p := &a25Pub{stuck: hasDeadline, gate: gate, after: errors.New("a25: queue timed out")}
+		p := &relayPub{stuck: hasDeadline, gate: gate, after: errors.New("a25: queue timed out")}
 		runCtx, cancel := context.WithCancel(ctx)
 		cancel()
 		ended := time.Now()
-		ch := a25Run(runCtx, e.r, stock.RunOptions{Publisher: a25BatchPub{p}, Drain: 500 * time.Millisecond, Relay: a25Relay()})
-		res := a25Wait(t, ch, ended, 500*time.Millisecond+3*time.Second)
+		ch := run(runCtx, e.r, stock.RunOptions{Publisher: batchPub{p}, Drain: 500 * time.Millisecond, Relay: relay()})
+		res := wait(t, ch, ended, 500*time.Millisecond+3*time.Second)
 		assert.Error(t, res.err)
 		gate.release()
 		time.Sleep(300 * time.Millisecond) // the released call backs the item off
@@ -1924,8 +1924,8 @@ func TestDrainStuckPublisherQueuePath(t *testing.T) {
 
 		var mu sync.Mutex
 		var queue []stock.Event
-		p2 := &a25Pub{push: func(ev stock.Event) { mu.Lock(); queue = append(queue, ev); mu.Unlock() }}
-		a25Finish(t, e, e.r, stock.RunOptions{Publisher: a25BatchPub{p2}, Drain: time.Second, Relay: a25Relay()}, a25Keys(loaded))
+		p2 := &relayPub{push: func(ev stock.Event) { mu.Lock(); queue = append(queue, ev); mu.Unlock() }}
+		finish(t, e, e.r, stock.RunOptions{Publisher: batchPub{p2}, Drain: time.Second, Relay: relay()}, keys(loaded))
 		// Consume in reverse order (the queue redelivers out of order), each twice.
 		mu.Lock()
 		evs := append([]stock.Event{}, queue...)
@@ -1950,21 +1950,21 @@ func TestDrainStuckPublisherQueuePath(t *testing.T) {
 // context has a deadline). Run returns within Drain; a second Run delivers the rest; every
 // acknowledged deduct and restore is applied exactly once.
 func TestStoreBlocksOnlyInDrain(t *testing.T) {
-	a25Each(t, nil, func(t *testing.T, e *a25Env) {
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 		ctx := context.Background()
 		loaded := map[string]int64{"dr:a": 200, "dr:b~": 200, "dr::c": 200}
 		mem := memstore.New()
-		a25Load(t, e.r, mem, loaded)
-		gate := newA25Gate()
+		load(t, e.r, mem, loaded)
+		gate := newGate()
 		defer gate.release()
-		st := &a25Store{a25Base: mem, gate: gate,
+		st := &requestStore{base: mem, gate: gate,
 			stuck: func(ctx context.Context, _ stock.Event) bool { return hasDeadline(ctx) },
 			delay: func() time.Duration { return time.Duration(rand.IntN(2)) * time.Millisecond }}
-		sale := newA25Sale()
+		sale := newSale()
 		runCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		drain := time.Second
-		ch := a25Run(runCtx, e.r, stock.RunOptions{Store: st, Drain: drain, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+		ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 		var wg sync.WaitGroup
 		var ended atomic.Int64
 		for w := range 6 {
@@ -1972,7 +1972,7 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := range 40 {
-					sku := a25Keys(loaded)[(w+i)%len(loaded)]
+					sku := keys(loaded)[(w+i)%len(loaded)]
 					id := fmt.Sprintf("w%d:%d", w, i)
 					if sale.deduct(t, ctx, e.r, sku, id, int64(1+i%2)) && i%3 == 0 {
 						sale.restore(t, ctx, e.r, sku, id)
@@ -1985,11 +1985,11 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		res := a25Wait(t, ch, time.Unix(0, ended.Load()), drain+3*time.Second)
+		res := wait(t, ch, time.Unix(0, ended.Load()), drain+3*time.Second)
 		assert.ErrorIs(t, res.err, context.Canceled)
 
 		e.settle()
-		a25Finish(t, e, e.r, stock.RunOptions{Store: &a25Store{a25Base: mem}, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, a25Keys(loaded))
+		finish(t, e, e.r, stock.RunOptions{Store: &requestStore{base: mem}, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 		gate.release()
 		time.Sleep(300 * time.Millisecond)
 		sale.checkStore(t, e.r, mem, loaded)
@@ -2002,42 +2002,42 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 // drain can deliver.
 func TestDrainValues(t *testing.T) {
 	t.Run("negative", func(t *testing.T) {
-		a25Each(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *a25Env) {
+		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
 			loaded := map[string]int64{"neg:1": 10}
 			mem := memstore.New()
-			a25Load(t, e.r, mem, loaded)
-			sale := newA25Sale()
+			load(t, e.r, mem, loaded)
+			sale := newSale()
 			for i := range 5 {
 				sale.deduct(t, ctx, e.r, "neg:1", fmt.Sprint("n", i), 1)
 			}
 			runCtx, cancel := context.WithCancel(ctx)
 			cancel()
 			ended := time.Now()
-			ch := a25Run(runCtx, e.r, stock.RunOptions{Store: mem, Drain: -1, Relay: a25Relay()})
-			res := a25Wait(t, ch, ended, 2*time.Second+3*time.Second)
+			ch := run(runCtx, e.r, stock.RunOptions{Store: mem, Drain: -1, Relay: relay()})
+			res := wait(t, ch, ended, 2*time.Second+3*time.Second)
 			assert.ErrorIs(t, res.err, context.Canceled)
 			pending, _, err := stockops.Pending(ctx, e.r, "neg:1")
 			require.NoError(t, err)
 			assert.EqualValues(t, 5, pending, "a negative Drain delivers nothing more")
 			assert.Zero(t, mem.MaxApplications())
 			e.settle()
-			a25Finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, a25Keys(loaded))
+			finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 			sale.checkStore(t, e.r, mem, loaded)
 		})
 	})
 	t.Run("negative-stuck-main-loop", func(t *testing.T) {
-		a25Each(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *a25Env) {
+		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
 			loaded := map[string]int64{"neg:2": 10}
 			mem := memstore.New()
-			a25Load(t, e.r, mem, loaded)
-			gate := newA25Gate()
+			load(t, e.r, mem, loaded)
+			gate := newGate()
 			defer gate.release()
-			st := &a25Store{a25Base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
 			runCtx, cancel := context.WithCancel(ctx)
-			ch := a25Run(runCtx, e.r, stock.RunOptions{Store: st, Drain: -time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
-			sale := newA25Sale()
+			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: -time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+			sale := newSale()
 			sale.deduct(t, ctx, e.r, "neg:2", "only", 2)
 			select {
 			case <-gate.entered:
@@ -2046,53 +2046,53 @@ func TestDrainValues(t *testing.T) {
 			}
 			cancel()
 			ended := time.Now()
-			res := a25Wait(t, ch, ended, 2*time.Second+3*time.Second)
+			res := wait(t, ch, ended, 2*time.Second+3*time.Second)
 			require.Error(t, res.err)
 			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
 			gate.release()
 			time.Sleep(300 * time.Millisecond)
 			e.settle()
-			a25Finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, a25Keys(loaded))
+			finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 			sale.checkStore(t, e.r, mem, loaded)
 		})
 	})
 	t.Run("zero-is-default", func(t *testing.T) {
-		a25Each(t, nil, func(t *testing.T, e *a25Env) {
+		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
 			loaded := map[string]int64{"zero:1": 100}
 			mem := memstore.New()
-			a25Load(t, e.r, mem, loaded)
-			sale := newA25Sale()
+			load(t, e.r, mem, loaded)
+			sale := newSale()
 			for i := range 40 {
 				sale.deduct(t, ctx, e.r, "zero:1", fmt.Sprint("z", i), 1)
 			}
-			st := &a25Store{a25Base: mem, delay: func() time.Duration { return 5 * time.Millisecond }}
+			st := &requestStore{base: mem, delay: func() time.Duration { return 5 * time.Millisecond }}
 			runCtx, cancel := context.WithCancel(ctx)
 			cancel()
 			ended := time.Now()
-			ch := a25Run(runCtx, e.r, stock.RunOptions{Store: st, Relay: &stock.RelayOptions{Batch: 4}})
-			res := a25Wait(t, ch, ended, 5*time.Second+3*time.Second)
+			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Relay: &stock.RelayOptions{Batch: 4}})
+			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
 			assert.ErrorIs(t, res.err, context.Canceled)
 			// 40 events of 5ms each fit well in the default 5s drain.
 			sale.checkStore(t, e.r, mem, loaded)
 		})
 	})
 	t.Run("zero-stuck-waits-default", func(t *testing.T) {
-		a25Each(t, nil, func(t *testing.T, e *a25Env) {
+		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
 			loaded := map[string]int64{"zero:2": 10}
 			mem := memstore.New()
-			a25Load(t, e.r, mem, loaded)
-			sale := newA25Sale()
+			load(t, e.r, mem, loaded)
+			sale := newSale()
 			sale.deduct(t, ctx, e.r, "zero:2", "z", 1)
-			gate := newA25Gate()
+			gate := newGate()
 			defer gate.release()
-			st := &a25Store{a25Base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
 			runCtx, cancel := context.WithCancel(ctx)
 			cancel()
 			ended := time.Now()
-			ch := a25Run(runCtx, e.r, stock.RunOptions{Store: st, Relay: a25Relay()})
-			res := a25Wait(t, ch, ended, 5*time.Second+3*time.Second)
+			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Relay: relay()})
+			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
 			require.Error(t, res.err)
 			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
 			assert.GreaterOrEqual(t, res.at.Sub(ended), 3*time.Second, "Drain 0 is the default 5s, not no drain")
@@ -2100,27 +2100,27 @@ func TestDrainValues(t *testing.T) {
 	})
 	for _, d := range []time.Duration{time.Nanosecond, time.Millisecond} {
 		t.Run(fmt.Sprintf("tiny-%v", d), func(t *testing.T) {
-			a25Each(t, nil, func(t *testing.T, e *a25Env) {
+			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 				ctx := context.Background()
 				loaded := map[string]int64{"tiny:1": 10}
 				mem := memstore.New()
-				a25Load(t, e.r, mem, loaded)
-				sale := newA25Sale()
+				load(t, e.r, mem, loaded)
+				sale := newSale()
 				for i := range 5 {
 					sale.deduct(t, ctx, e.r, "tiny:1", fmt.Sprint("t", i), 1)
 				}
-				gate := newA25Gate()
+				gate := newGate()
 				defer gate.release()
-				st := &a25Store{a25Base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+				st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
 				runCtx, cancel := context.WithCancel(ctx)
 				cancel()
 				ended := time.Now()
-				ch := a25Run(runCtx, e.r, stock.RunOptions{Store: st, Drain: d, Relay: a25Relay()})
-				a25Wait(t, ch, ended, 3*time.Second)
+				ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: d, Relay: relay()})
+				wait(t, ch, ended, 3*time.Second)
 				gate.release()
 				time.Sleep(200 * time.Millisecond)
 				e.settle()
-				a25Finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, a25Keys(loaded))
+				finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 				sale.checkStore(t, e.r, mem, loaded)
 			})
 		})
@@ -2131,7 +2131,7 @@ func TestDrainValues(t *testing.T) {
 // stock.Consume in a shuffled order, each twice, by concurrent consumers: the store ends equal
 // to Redis, each event applied once; a pass sees no drift.
 func TestQueuePath(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx, cancel := context.WithCancel(context.Background())
 		store := memstore.New()
 		const sku = "queue"
@@ -2149,7 +2149,7 @@ func TestQueuePath(t *testing.T) {
 		go func() {
 			done <- e.r.Run(ctx, stock.RunOptions{Publisher: pub, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 		}()
-		acked := a26Traffic(t, e.r, sku, 5, 16)
+		acked := runTraffic(t, e.r, sku, 5, 16)
 		require.Eventually(t, func() bool {
 			p, _, err := stockops.Pending(context.Background(), e.r, sku)
 			return err == nil && p == 0
@@ -2163,7 +2163,7 @@ func TestQueuePath(t *testing.T) {
 			assert.Equal(t, sku, ev.SKU, "events name the item, not its bucket")
 		}
 		// A pass while nothing is consumed yet sees the sales in flight: no drift.
-		a26Reconcile(t, e.r, store, sku)
+		reconcile(t, e.r, store, sku)
 
 		queue := append(slices.Clone(evs), evs...)
 		rand.New(rand.NewPCG(7, 7)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
@@ -2206,20 +2206,20 @@ func TestQueuePath(t *testing.T) {
 		}
 		assert.Empty(t, retry, "events still held back")
 		t.Logf("%d events, %d held back once", len(evs), heldBack.Load())
-		a26CheckStore(t, e.r, store, sku, acked)
-		a26Reconcile(t, e.r, store, sku)
+		checkStore(t, e.r, store, sku, acked)
+		reconcile(t, e.r, store, sku)
 	})
 }
 
 // TestClientKillMidBatch: connections killed while claims and takes are in flight, then
 // every unanswered request retried with Retry: exactly once, and the counters agree.
 func TestClientKillMidBatch(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3), stock.WithCoalescing(1)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3), stock.WithCoalescing(1)}, func(t *testing.T, e *env) {
 		if !e.real {
 			t.Skip("CLIENT KILL needs a real server")
 		}
 		ctx := context.Background()
-		sku := a27Sku("ck")
+		sku := sku("ck")
 		const S, ids = 120, 240
 		require.NoError(t, e.r.Load(ctx, sku, S))
 		killer := func() {
@@ -2282,18 +2282,18 @@ func TestClientKillMidBatch(t *testing.T) {
 // TestRelayInterleaved: a relay pass (Batch 1) after every round of activity, and a new
 // relay (a restart) every other round; then drained.
 func TestRelayInterleaved(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for seed := range uint64(3) {
 			sku := fmt.Sprintf("inter-%d", seed)
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 5))
 			require.NoError(t, e.r.Load(ctx, sku, 5))
-			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
+			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
 			refused := 0
-			sold := a27oSales(t, e, sku, seed+10, 5, func(round int) {
+			sold := sales(t, e, sku, seed+10, 5, func(round int) {
 				if round%2 == 1 {
-					rl = a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
+					rl = splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
 				}
 				for range 1 + round {
 					st, err := rl.Once(ctx)
@@ -2301,9 +2301,9 @@ func TestRelayInterleaved(t *testing.T) {
 					refused += st.Refused
 				}
 			})
-			_, r2 := a27oDrain(t, e, sku, 400, rl)
+			_, r2 := splitDrain(t, e, sku, 400, rl)
 			assert.Zero(t, refused+r2, "the relay counted refusals")
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 	})
 }
@@ -2311,14 +2311,14 @@ func TestRelayInterleaved(t *testing.T) {
 // TestQueueShuffled: the queue path. A relay with no Store publishes; the events are
 // consumed through Consume in a shuffled order, redelivered while held back: never refused.
 func TestQueueShuffled(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for seed := range uint64(4) {
 			sku := fmt.Sprintf("q-%d", seed)
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 6))
 			require.NoError(t, e.r.Load(ctx, sku, 6))
-			sold := a27oSales(t, e, sku, seed+20, 4, nil)
+			sold := sales(t, e, sku, seed+20, 4, nil)
 			var mu sync.Mutex
 			var evs []stock.Event
 			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -2329,7 +2329,7 @@ func TestQueueShuffled(t *testing.T) {
 			})
 			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
 			require.NoError(t, err)
-			passes, _ := a27oDrain(t, e, sku, 400, rl)
+			passes, _ := splitDrain(t, e, sku, 400, rl)
 			queue := slices.Clone(evs)
 			rand.New(rand.NewPCG(seed, 3)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
 			rounds := 0
@@ -2350,7 +2350,7 @@ func TestQueueShuffled(t *testing.T) {
 			}
 			require.Empty(t, queue, "events held back for ever")
 			t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 	})
 }
@@ -2359,22 +2359,22 @@ func TestQueueShuffled(t *testing.T) {
 // siblings, so units pass on through buckets that write no event of their own; several relays
 // with Batch 1. No acknowledged sale refused.
 func TestPassThrough(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(5)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(5)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for seed := range uint64(6) {
 			sku := fmt.Sprintf("pass-%d", seed)
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 10))
 			require.NoError(t, e.r.Load(ctx, sku, 10))
-			sold := a27oSalesQ(t, e, sku, seed+70, 5, 6, nil)
+			sold := salesQ(t, e, sku, seed+70, 5, 6, nil)
 			rls := []*stockops.Relay{
-				a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1}),
-				a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1, Items: []string{sku}}),
+				splitRelay(t, e, store, &stock.RelayOptions{Batch: 1}),
+				splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Items: []string{sku}}),
 			}
-			passes, refused := a27oDrain(t, e, sku, 400, rls...)
+			passes, refused := splitDrain(t, e, sku, 400, rls...)
 			t.Logf("%s: %d sales, %d passes", sku, len(sold), passes)
 			assert.Zero(t, refused, "the relay counted refusals")
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 	})
 }
@@ -2382,14 +2382,14 @@ func TestPassThrough(t *testing.T) {
 // TestQueueConcurrentConsumers: the queue path with the relay publishing while four
 // consumers apply a shuffled, duplicated queue concurrently; held-back events are redelivered.
 func TestQueueConcurrentConsumers(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for seed := range uint64(3) {
 			sku := fmt.Sprintf("qc-%d", seed)
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 8))
 			require.NoError(t, e.r.Load(ctx, sku, 8))
-			sold := a27oSalesQ(t, e, sku, seed+90, 4, 4, nil)
+			sold := salesQ(t, e, sku, seed+90, 4, 4, nil)
 			var mu sync.Mutex
 			var evs []stock.Event
 			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -2400,7 +2400,7 @@ func TestQueueConcurrentConsumers(t *testing.T) {
 			})
 			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 1})
 			require.NoError(t, err)
-			a27oDrain(t, e, sku, 400, rl)
+			splitDrain(t, e, sku, 400, rl)
 			queue := append(slices.Clone(evs), evs...)
 			rand.New(rand.NewPCG(seed, 9)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
 			for round := 0; len(queue) > 0; round++ {
@@ -2430,21 +2430,21 @@ func TestQueueConcurrentConsumers(t *testing.T) {
 				wg.Wait()
 				queue = again
 			}
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 	})
 }
 
-// a27oDyingStore is a Store whose relay dies on its k-th Apply: the call's context is
+// dyingStore is a Store whose relay dies on its k-th Apply: the call's context is
 // cancelled (the relay's Run stops) and the event is not applied.
-type a27oDyingStore struct {
+type dyingStore struct {
 	*memstore.Store
 	n      atomic.Int64
 	k      int64
 	cancel context.CancelFunc
 }
 
-func (s *a27oDyingStore) Apply(ctx context.Context, ev stock.Event) error {
+func (s *dyingStore) Apply(ctx context.Context, ev stock.Event) error {
 	if s.n.Add(1) == s.k {
 		s.cancel()
 		return context.Canceled
@@ -2455,36 +2455,36 @@ func (s *a27oDyingStore) Apply(ctx context.Context, ev stock.Event) error {
 // TestRelayDiesMidway: a relay (Run) dies on its k-th Store call, for k in turn, leaving
 // its lease; a new relay takes over after the lease: everything is delivered, nothing refused.
 func TestRelayDiesMidway(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for k := int64(1); k <= 12; k++ {
 			sku := fmt.Sprintf("dies-%d", k)
 			mem := memstore.New()
 			require.NoError(t, mem.Load(ctx, sku, 6))
 			require.NoError(t, e.r.Load(ctx, sku, 6))
-			sold := a27oSales(t, e, sku, uint64(100+k), 3, nil)
+			sold := sales(t, e, sku, uint64(100+k), 3, nil)
 			rctx, cancel := context.WithCancel(ctx)
-			ds := &a27oDyingStore{Store: mem, k: k, cancel: cancel}
+			ds := &dyingStore{Store: mem, k: k, cancel: cancel}
 			rl, err := stockops.NewRelay(e.r, ds, nil, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond, Items: []string{sku}})
 			require.NoError(t, err)
 			for rctx.Err() == nil {
-				if a27oDrained(t, e, sku) {
+				if drained(t, e, sku) {
 					break
 				}
 				_, _ = rl.Once(rctx)
 			}
 			cancel()
 			e.advance(300 * time.Millisecond)
-			rl2 := a27oRelay(t, e, mem, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond})
+			rl2 := splitRelay(t, e, mem, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond})
 			passes := 0
-			for ; passes < 200 && !a27oDrained(t, e, sku); passes++ {
+			for ; passes < 200 && !drained(t, e, sku); passes++ {
 				st, err := rl2.Once(ctx)
 				require.NoError(t, err)
 				assert.Zero(t, st.Refused, "k=%d: the relay counted refusals", k)
 				e.advance(50 * time.Millisecond)
 			}
-			require.True(t, a27oDrained(t, e, sku), "k=%d: not drained", k)
-			a27oCheck(t, e, mem, sku, sold)
+			require.True(t, drained(t, e, sku), "k=%d: not drained", k)
+			splitCheck(t, e, mem, sku, sold)
 		}
 	})
 }

@@ -29,7 +29,7 @@ import (
 // on three items; afterwards every acknowledged answer agrees with the ledger, and the ledger
 // with the levels.
 func TestRandomOpsConcurrent(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		// The subject is the count of acknowledged answers, not latency: under -race on a
@@ -126,7 +126,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 		}
 		wg.Wait()
 		for _, s := range skus {
-			a12Check(t, rs[0], s, 150)
+			check(t, rs[0], s, 150)
 			entries := kit.Ledger(t, rs[0], s)
 			for _, e := range entries {
 				if e.Kind == stock.KindRestock {
@@ -165,7 +165,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 // with two users and two quantities, coalesced into batches: exactly one first answer, every
 // other copy a replay of it or ErrConflict, and the stock moved once.
 func TestSameIDCoalesced(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t), stock.WithCoalescing(2))
 		require.NoError(t, r.Load(ctx, "co", 1000))
@@ -214,7 +214,7 @@ func TestSameIDCoalesced(t *testing.T) {
 				return n
 			}())
 		}
-		l := a12Check(t, r, "co", 1000)
+		l := check(t, r, "co", 1000)
 		t.Logf("%+v", l)
 	})
 }
@@ -222,7 +222,7 @@ func TestSameIDCoalesced(t *testing.T) {
 // Promise (Extend, Confirm, Cancel, Restore docs): the documented answer of each operation on
 // each kind of id, and nothing changes on a refusal.
 func TestAnswerTable(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 10))
@@ -240,7 +240,7 @@ func TestAnswerTable(t *testing.T) {
 		require.NoError(t, err)
 		_, err = r.Restore(ctx, "t", "tomb")
 		require.ErrorIs(t, err, stock.ErrUnknownID)
-		before := a12Check(t, r, "t", 10)
+		before := check(t, r, "t", 10)
 
 		_, err = r.Extend(ctx, "t", "hc", time.Hour)
 		assert.ErrorIs(t, err, stock.ErrConfirmed, "extend after confirm")
@@ -274,7 +274,7 @@ func TestAnswerTable(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrConflict, "restock with a deduct's id")
 		_, err = r.Hold(ctx, stock.Request{SKU: "t", ID: "tomb", Qty: 1}, time.Hour)
 		assert.ErrorIs(t, err, stock.ErrRestored, "hold of a tombstoned id")
-		assert.Equal(t, before, a12Check(t, r, "t", 10), "refusals change nothing")
+		assert.Equal(t, before, check(t, r, "t", 10), "refusals change nothing")
 		// Restore of a confirmed hold gives the sale back; of a live hold cancels it.
 		_, err = r.Restore(ctx, "t", "hc")
 		require.NoError(t, err)
@@ -283,7 +283,7 @@ func TestAnswerTable(t *testing.T) {
 		e, err := r.Ledger(ctx, "t", "hl")
 		require.NoError(t, err)
 		assert.False(t, e.Taken())
-		l := a12Check(t, r, "t", 10)
+		l := check(t, r, "t", 10)
 		assert.Equal(t, stock.Levels{Available: 10, Held: 0, Sold: 1, Loaded: 11}, l)
 	})
 }
@@ -309,7 +309,7 @@ func TestCountingBothPaths(t *testing.T) {
 				if err := st.Load(ctx, sku, S); err != nil {
 					t.Fatal(err)
 				}
-				q := &a13Queue{}
+				q := &repairQueue{}
 				var rl *stockops.Relay
 				if queue {
 					rl, err = stockops.NewRelay(r, nil, q, nil)
@@ -428,7 +428,7 @@ func TestCountingBothPaths(t *testing.T) {
 						t.Fatal(err)
 					}
 					if queue {
-						a13ConsumeAll(t, ctx, r, st, q.take(), rand.New(rand.NewPCG(uint64(i), 0)))
+						repairConsumeAll(t, ctx, r, st, q.take(), rand.New(rand.NewPCG(uint64(i), 0)))
 					}
 				}
 				pending, dead, err := stockops.Pending(ctx, r, sku)
@@ -554,9 +554,9 @@ func TestRecordStatusStates(t *testing.T) {
 	assert.Equal(t, int64(1), rem)
 }
 
-// a23Run starts r.Run and returns a stop function that cancels it and returns its error, failing
+// requestRun starts r.Run and returns a stop function that cancels it and returns its error, failing
 // the test if it does not return within bound.
-func a23Run(t *testing.T, r *stock.Reserver, opts stock.RunOptions, bound time.Duration) func() error {
+func requestRun(t *testing.T, r *stock.Reserver, opts stock.RunOptions, bound time.Duration) func() error {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -583,7 +583,7 @@ func a23Run(t *testing.T, r *stock.Reserver, opts stock.RunOptions, bound time.D
 // request take once; the same id across users on one item: one wins, the others ErrConflict;
 // the same id on two items names two requests. The ledger, Levels and the Store agree.
 func TestUserLimitConcurrentCopies(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		const limit = 2
 		r1 := kit.NewReserver(t, c1, stock.WithUserLimit(limit))
@@ -606,7 +606,7 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 		pr, err := rec.Pass(ctx)
 		require.NoError(t, err)
 		require.True(t, pr.Complete)
-		stop := a23Run(t, r1, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond},
+		stop := requestRun(t, r1, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond},
 			Reconcile: &stock.ReconcileOptions{Interval: time.Hour}}, 30*time.Second)
 
 		type res struct {
@@ -688,7 +688,7 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 			for u, ids := range perUser {
 				assert.LessOrEqual(t, len(ids), limit, "%s: user %s acknowledged %d ids", sku, u, len(ids))
 			}
-			l := a23Levels(t, r1, sku)
+			l := soldOutLevels(t, r1, sku)
 			assert.Equal(t, int64(S), l.Sold)
 			assert.Equal(t, int64(0), l.Available)
 			entries := kit.Ledger(t, r1, sku)
@@ -733,7 +733,7 @@ func ignoreCanceled(err error) error {
 // unit back (restore, cancel, an expired hold) may take one more, once, even under concurrent
 // copies of the next request with distinct ids.
 func TestUserLimitGiveBackRace(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		r1 := kit.NewReserver(t, c1, stock.WithUserLimit(2))
 		r2 := kit.NewReserver(t, c2, stock.WithUserLimit(2))
@@ -767,49 +767,49 @@ func TestUserLimitGiveBackRace(t *testing.T) {
 			wg.Wait()
 			assert.Equal(t, int32(1), ok.Load(), "round %d: one unit given back, one more taken", round)
 		}
-		l := a23Levels(t, r1, sku)
+		l := soldOutLevels(t, r1, sku)
 		assert.Equal(t, int64(2), l.Sold)
 		assert.Equal(t, int64(0), l.Held)
 	})
 }
 
-// a25Store wraps a memstore: its Apply blocks, ignoring its context, while stuck says so for
+// requestStore wraps a memstore: its Apply blocks, ignoring its context, while stuck says so for
 // the call's context; once released the blocked call applies the event (a slow database).
-// It is not a BatchStore unless wrapped in a25BatchStore.
-type a25Store struct {
-	a25Base // the memstore, without its ApplyBatch: a plain Store unless wrapped
-	stuck   func(ctx context.Context, ev stock.Event) bool
-	gate    *a25Gate
-	delay   func() time.Duration
+// It is not a BatchStore unless wrapped in batchStore.
+type requestStore struct {
+	base  // the memstore, without its ApplyBatch: a plain Store unless wrapped
+	stuck func(ctx context.Context, ev stock.Event) bool
+	gate  *gate
+	delay func() time.Duration
 }
 
-// a25Base is what a25Store passes through to its memstore.
-type a25Base interface {
+// base is what requestStore passes through to its memstore.
+type base interface {
 	stock.Store
 	stock.RecordLister
 	stock.ItemLister
 }
 
-func (s *a25Store) Apply(ctx context.Context, ev stock.Event) error {
+func (s *requestStore) Apply(ctx context.Context, ev stock.Event) error {
 	if s.stuck != nil && s.stuck(ctx, ev) {
 		s.gate.wait()
 	}
 	if s.delay != nil {
 		time.Sleep(s.delay())
 	}
-	return s.a25Base.Apply(ctx, ev)
+	return s.base.Apply(ctx, ev)
 }
 
-type a25BatchStore struct{ *a25Store }
+type batchStore struct{ *requestStore }
 
-func (s a25BatchStore) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+func (s batchStore) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 	if s.stuck != nil && len(evs) > 0 && s.stuck(ctx, evs[0]) {
 		s.gate.wait()
 	}
 	if s.delay != nil {
 		time.Sleep(s.delay())
 	}
-	return s.a25Base.(*memstore.Store).ApplyBatch(ctx, evs)
+	return s.base.(*memstore.Store).ApplyBatch(ctx, evs)
 }
 
 // TestStoreApplyBlocksForever: the store blocks in Apply (and ApplyBatch) from the first
@@ -819,22 +819,22 @@ func (s a25BatchStore) ApplyBatch(ctx context.Context, evs []stock.Event) []erro
 func TestStoreApplyBlocksForever(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
-			a25Each(t, nil, func(t *testing.T, e *a25Env) {
+			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 				ctx := context.Background()
 				loaded := map[string]int64{"blk:1": 30, "blk:2": 30, "blk~3": 30}
 				mem := memstore.New()
-				a25Load(t, e.r, mem, loaded)
-				gate := newA25Gate()
+				load(t, e.r, mem, loaded)
+				gate := newGate()
 				defer gate.release()
-				st := &a25Store{a25Base: mem, stuck: func(context.Context, stock.Event) bool { return true }, gate: gate}
+				st := &requestStore{base: mem, stuck: func(context.Context, stock.Event) bool { return true }, gate: gate}
 				var store stock.Store = st
 				if batch {
-					store = a25BatchStore{st}
+					store = batchStore{st}
 				}
-				sale := newA25Sale()
+				sale := newSale()
 				runCtx, cancel := context.WithCancel(ctx)
 				drain := 700 * time.Millisecond
-				ch := a25Run(runCtx, e.r, stock.RunOptions{Store: store, Drain: drain, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+				ch := run(runCtx, e.r, stock.RunOptions{Store: store, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 				for i := range 20 {
 					for sku := range loaded {
 						sale.deduct(t, ctx, e.r, sku, fmt.Sprintf("o%d", i), 1)
@@ -853,17 +853,17 @@ func TestStoreApplyBlocksForever(t *testing.T) {
 				}
 				cancel()
 				ended := time.Now()
-				res := a25Wait(t, ch, ended, drain+3*time.Second)
+				res := wait(t, ch, ended, drain+3*time.Second)
 				require.Error(t, res.err)
 				assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
 
 				e.settle()
-				st2 := &a25Store{a25Base: mem}
+				st2 := &requestStore{base: mem}
 				var store2 stock.Store = st2
 				if batch {
-					store2 = a25BatchStore{st2}
+					store2 = batchStore{st2}
 				}
-				a25Finish(t, e, e.r, stock.RunOptions{Store: store2, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, a25Keys(loaded))
+				finish(t, e, e.r, stock.RunOptions{Store: store2, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 				gate.release() // the stuck calls apply their events now: repeats
 				time.Sleep(300 * time.Millisecond)
 				sale.checkStore(t, e.r, mem, loaded)
@@ -872,8 +872,8 @@ func TestStoreApplyBlocksForever(t *testing.T) {
 	}
 }
 
-// a26Env is a Reserver on one backend, with the backend's way to let time pass.
-type a26Env struct {
+// requestEnv is a Reserver on one backend, with the backend's way to let time pass.
+type requestEnv struct {
 	name    string
 	real    bool
 	c       rueidis.Client
@@ -883,8 +883,8 @@ type a26Env struct {
 	another func(opts ...stock.Option) *stock.Reserver
 }
 
-// a26Split splits every item whose name does not start with "plain" into n buckets.
-func a26Split(n int) stock.Option {
+// split splits every item whose name does not start with "plain" into n buckets.
+func split(n int) stock.Option {
 	return stock.WithBuckets(func(sku string) int {
 		if strings.HasPrefix(sku, "plain") {
 			return 1
@@ -893,15 +893,15 @@ func a26Split(n int) stock.Option {
 	})
 }
 
-// a26Each runs f on a stocktest miniredis and on the real backends (standalone and cluster)
+// each runs f on a stocktest miniredis and on the real backends (standalone and cluster)
 // when STOCK_REDIS_SERVER is set.
-// a26Mini runs f on miniredis (stocktest), whose clock the test moves on.
-func a26Mini(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
+// mini runs f on miniredis (stocktest), whose clock the test moves on.
+func mini(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
 		t.Parallel() // its own miniredis, beside the real backends
 		env := stocktest.New(t, opts...)
-		f(t, &a26Env{
+		f(t, &requestEnv{
 			name: "miniredis", c: env.Client, r: env.Reserver, advance: env.Advance,
 			another: func(o ...stock.Option) *stock.Reserver {
 				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
@@ -912,9 +912,9 @@ func a26Mini(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env))
 	})
 }
 
-func a26Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
+func each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)) {
 	t.Helper()
-	a26Mini(t, opts, f)
+	mini(t, opts, f)
 	for _, b := range redistest.Backends(t) {
 		if !b.Real() {
 			continue
@@ -929,7 +929,7 @@ func a26Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env))
 			fenced, err := stockops.NewFailoverGuard(r0).Check(context.Background())
 			require.NoError(t, err)
 			require.False(t, fenced)
-			f(t, &a26Env{
+			f(t, &requestEnv{
 				name: b.Name, real: true, c: c, r: kit.NewReserver(t, c, opts...), advance: time.Sleep,
 				another: func(o ...stock.Option) *stock.Reserver { return kit.NewReserver(t, c, o...) },
 			})
@@ -937,8 +937,8 @@ func a26Each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env))
 	}
 }
 
-// a26Levels reads an item's levels and checks the invariant a plain item keeps at every moment.
-func a26Levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
+// levels reads an item's levels and checks the invariant a plain item keeps at every moment.
+func levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 	t.Helper()
 	l, err := r.Levels(context.Background(), sku)
 	require.NoError(t, err)
@@ -949,9 +949,9 @@ func a26Levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 	return l
 }
 
-// a26Watch reads an item's levels in a loop until stop is closed and reports every reading that
+// watch reads an item's levels in a loop until stop is closed and reports every reading that
 // breaks loaded = available + held + sold, a negative counter, or a Loaded other than loaded.
-func a26Watch(r *stock.Reserver, sku string, loaded int64, stop <-chan struct{}) (wait func() (reads int, bad []string)) {
+func watch(r *stock.Reserver, sku string, loaded int64, stop <-chan struct{}) (wait func() (reads int, bad []string)) {
 	var reads int
 	var bad []string
 	done := make(chan struct{})
@@ -989,7 +989,7 @@ func a26Watch(r *stock.Reserver, sku string, loaded int64, stop <-chan struct{})
 func TestOneShotBuyersGetEveryUnit(t *testing.T) {
 	for _, n := range []int{2, 3, 64, 100} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
-			a26Each(t, []stock.Option{a26Split(n)}, func(t *testing.T, e *a26Env) {
+			each(t, []stock.Option{split(n)}, func(t *testing.T, e *requestEnv) {
 				ctx := context.Background()
 				for _, skew := range []bool{false, true} {
 					for round := range 3 {
@@ -997,7 +997,7 @@ func TestOneShotBuyersGetEveryUnit(t *testing.T) {
 						const S, extra = 40, 8
 						require.NoError(t, e.r.Load(ctx, sku, S))
 						stop := make(chan struct{})
-						wait := a26Watch(e.r, sku, S, stop)
+						wait := watch(e.r, sku, S, stop)
 						var ok, refused, other atomic.Int64
 						var wg sync.WaitGroup
 						for i := range S + extra {
@@ -1024,7 +1024,7 @@ func TestOneShotBuyersGetEveryUnit(t *testing.T) {
 						close(stop)
 						reads, bad := wait()
 						assert.Empty(t, bad, "levels readings that break the invariant (of %d)", reads)
-						l := a26Levels(t, e.r, sku)
+						l := levels(t, e.r, sku)
 						assert.Equal(t, int64(S), ok.Load(), "successes (skew=%v): a refusal while units were left is a phantom sold-out; levels %+v", skew, l)
 						assert.Equal(t, int64(extra), refused.Load(), "refusals")
 						assert.Equal(t, int64(0), l.Available, "units left unsold: %+v", l)
@@ -1046,7 +1046,7 @@ func TestOneShotBuyersGetEveryUnit(t *testing.T) {
 // a small stock: the units sold never exceed the stock, and once any buyer was refused (nothing
 // was given back, so stock only falls) fewer units than that buyer asked for are left.
 func TestConcurrentMultiUnitNoPhantom(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(8)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(8)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for round := range 4 {
 			sku := fmt.Sprintf("multi%d", round)
@@ -1075,7 +1075,7 @@ func TestConcurrentMultiUnitNoPhantom(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, sold.Load(), l.Sold, "sold per the receipts")
 			assert.LessOrEqual(t, l.Sold, int64(S))
 			if minRefused < 1<<40 {
@@ -1089,7 +1089,7 @@ func TestConcurrentMultiUnitNoPhantom(t *testing.T) {
 // holds of one unit, with the stock spread over the buckets so that transfers run: each user
 // gets exactly 2 units while stock lasts, and the rest of the users' requests are ErrUserLimit.
 func TestUserLimitExact(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4), stock.WithUserLimit(2)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4), stock.WithUserLimit(2)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		const users, per = 12, 8
 		require.NoError(t, e.r.Load(ctx, "lim", 100))
@@ -1128,7 +1128,7 @@ func TestUserLimitExact(t *testing.T) {
 			assert.Equal(t, int64(2), got[u].Load(), "user%d", u)
 		}
 		assert.Equal(t, int64(users*(per-2)), limited.Load())
-		l := a26Levels(t, e.r, "lim")
+		l := levels(t, e.r, "lim")
 		assert.Equal(t, int64(2*users), l.Held+l.Sold)
 		// A restore gives one unit back to a user: exactly one more take passes.
 		id, ok := firstDeduct.Load(0)
@@ -1166,7 +1166,7 @@ func TestUserLimitExact(t *testing.T) {
 // TestConcurrentCopiesOfOneRequest: many copies of one request at once, on a stock that
 // must move between buckets: one take, every other copy a replay of it.
 func TestConcurrentCopiesOfOneRequest(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for round, user := range []string{"alice", "", "bob"} {
 			sku := fmt.Sprintf("copies%d", round)
@@ -1196,7 +1196,7 @@ func TestConcurrentCopiesOfOneRequest(t *testing.T) {
 			assert.Empty(t, refusals, "copies of a request that took were refused (user %q)", user)
 			assert.Equal(t, int64(1), fresh.Load(), "exactly one copy takes")
 			assert.Equal(t, int64(15), replays.Load())
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(2), l.Sold)
 			assert.Equal(t, int64(1), l.Available)
 		}
@@ -1207,7 +1207,7 @@ func TestConcurrentCopiesOfOneRequest(t *testing.T) {
 // buyer, with another quantity, or as a hold: ErrConflict, never a second take, concurrently
 // too. Receipt.Qty of ErrConflict is "the quantity the id was first used with".
 func TestIDReusedByAnotherBuyer(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "reuse", 50))
 		_, err := e.r.Deduct(ctx, stock.Request{SKU: "reuse", ID: "ord", User: "alice", Qty: 2})
@@ -1236,7 +1236,7 @@ func TestIDReusedByAnotherBuyer(t *testing.T) {
 		}
 		wg.Wait()
 		assert.Equal(t, int64(24), conflicts.Load())
-		l := a26Levels(t, e.r, "reuse")
+		l := levels(t, e.r, "reuse")
 		assert.Equal(t, int64(2), l.Sold, "no second take")
 		ent, err := e.r.Ledger(ctx, "reuse", "ord")
 		require.NoError(t, err)
@@ -1251,7 +1251,7 @@ func TestIDReusedByAnotherBuyer(t *testing.T) {
 // TestConflictReceiptQty: Receipt.Qty with ErrConflict is the quantity the id was first
 // used with (the Receipt doc), as on a plain item, whichever buyer sends the reused id.
 func TestConflictReceiptQty(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for _, sku := range []string{"plain-cq", "split-cq"} {
 			require.NoError(t, e.r.Load(ctx, sku, 50))
@@ -1280,7 +1280,7 @@ func TestConflictReceiptQty(t *testing.T) {
 // nothing. Concurrent races of restore and deduct take at most once and give back exactly what
 // was taken.
 func TestRestoreOvertakesDeduct(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(5)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(5)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "late", 100))
 		for i := range 20 {
@@ -1306,7 +1306,7 @@ func TestRestoreOvertakesDeduct(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, stock.KindTombstone, ent.Kind)
 		}
-		l := a26Levels(t, e.r, "late")
+		l := levels(t, e.r, "late")
 		assert.Equal(t, int64(100), l.Available)
 
 		// Races: a restore and a deduct of one id at once. Whatever order they run in, the id
@@ -1337,7 +1337,7 @@ func TestRestoreOvertakesDeduct(t *testing.T) {
 				require.NoError(t, err)
 			}
 		}
-		l = a26Levels(t, e.r, "late")
+		l = levels(t, e.r, "late")
 		assert.Equal(t, int64(100), l.Available, "every race ends with its unit back: %+v", l)
 		assert.Equal(t, int64(0), l.Sold)
 	})
@@ -1347,7 +1347,7 @@ func TestRestoreOvertakesDeduct(t *testing.T) {
 // first attempt, arriving after stock came back, is refused too; without Retry a refusal records
 // nothing and a later attempt may take. Compared with a plain item.
 func TestRetryRefusalIsFinal(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for _, sku := range []string{"plain-retry", "split-retry"} {
 			require.NoError(t, e.r.Load(ctx, sku, 3))
@@ -1372,7 +1372,7 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("plainref%d", i), User: user, Qty: 1})
 				require.NoError(t, err, "%s: a refusal without Retry records nothing", sku)
 			}
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(7), l.Sold)
 			t.Logf("%s: late first attempts answered %v", sku, outcomes)
 		}
@@ -1386,12 +1386,12 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 func TestLevelsInvariantUnderTraffic(t *testing.T) {
 	for _, n := range []int{2, 64} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
-			a26Each(t, []stock.Option{a26Split(n)}, func(t *testing.T, e *a26Env) {
+			each(t, []stock.Option{split(n)}, func(t *testing.T, e *requestEnv) {
 				ctx := context.Background()
 				const S = 20
 				require.NoError(t, e.r.Load(ctx, "traffic", S))
 				stop := make(chan struct{})
-				wait := a26Watch(e.r, "traffic", -1, stop)
+				wait := watch(e.r, "traffic", -1, stop)
 				var restocked atomic.Int64
 				type fate struct {
 					qty  int64
@@ -1471,7 +1471,7 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 						held += f.qty
 					}
 				}
-				l := a26Levels(t, e.r, "traffic")
+				l := levels(t, e.r, "traffic")
 				assert.Equal(t, S+restocked.Load(), l.Loaded)
 				assert.Equal(t, sold, l.Sold, "sold per the acknowledged answers")
 				assert.Equal(t, held, l.Held, "held per the acknowledged answers")
@@ -1485,7 +1485,7 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 // given back in Redis exactly once (Redis ends equal to the store, the refused ids refused),
 // and a reconcile pass finds no drift.
 func TestStoreRefuses(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "short", 7))
@@ -1525,7 +1525,7 @@ func TestStoreRefuses(t *testing.T) {
 		wg.Wait()
 		kit.Drain(t, rls[0])
 		assert.Equal(t, int64(5), refused.Load(), "refusals counted by the relays")
-		l := a26Levels(t, e.r, "short")
+		l := levels(t, e.r, "short")
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 7, Loaded: 12}, l, "the 5 refused units back in Redis, once")
 		rem, err := store.Remaining(ctx, "short")
 		require.NoError(t, err)
@@ -1547,11 +1547,11 @@ func TestStoreRefuses(t *testing.T) {
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: "short", ID: fmt.Sprintf("s%d", i), User: fmt.Sprintf("u%d", i%4), Qty: 1})
 			assert.NotErrorIs(t, err, stock.ErrUnknownOutcome)
 		}
-		assert.Equal(t, l, a26Levels(t, e.r, "short"), "replays of settled ids take nothing")
+		assert.Equal(t, l, levels(t, e.r, "short"), "replays of settled ids take nothing")
 		// Put the missing units into the store, as an operator would after a count: the
 		// reconciler then sees no drift.
 		store.Set("short", 5)
-		a26Reconcile(t, e.r, store, "short")
+		reconcile(t, e.r, store, "short")
 	})
 }
 
@@ -1561,9 +1561,9 @@ func TestStoreRefuses(t *testing.T) {
 func TestConcurrentCopiesOneID(t *testing.T) {
 	for _, co := range []int{0, 1, 4} {
 		t.Run(fmt.Sprint("coalesce", co), func(t *testing.T) {
-			a27Each(t, []stock.Option{a27Split(5), stock.WithCoalescing(co)}, func(t *testing.T, e *a27Env) {
+			lifecycleEach(t, []stock.Option{lifecycleSplit(5), stock.WithCoalescing(co)}, func(t *testing.T, e *env) {
 				ctx := context.Background()
-				sku := a27Sku("cp")
+				sku := sku("cp")
 				require.NoError(t, e.r.Load(ctx, sku, 1000))
 				for round := range 10 {
 					id := fmt.Sprint("id", round)
@@ -1607,7 +1607,7 @@ func TestConcurrentCopiesOneID(t *testing.T) {
 // TestCancelledClaims: claims whose contexts end at random moments, then retries with
 // Request.Retry: no claim lost, no double take, no goroutine left behind.
 func TestCancelledClaims(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3), stock.WithCoalescing(1)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3), stock.WithCoalescing(1)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		base := 0
 		for rnd := range 4 {
@@ -1616,7 +1616,7 @@ func TestCancelledClaims(t *testing.T) {
 				time.Sleep(200 * time.Millisecond)
 				base = runtime.NumGoroutine()
 			}
-			sku := a27Sku("cc")
+			sku := sku("cc")
 			const stockN, ids = 150, 300
 			require.NoError(t, e.r.Load(ctx, sku, stockN))
 			type out struct {
@@ -1695,9 +1695,9 @@ func TestCancelledClaims(t *testing.T) {
 // buckets: either the deduct took and the restore gave it back, or the restore left a
 // tombstone and the deduct is refused with ErrRestored; never a unit lost or made.
 func TestRestoreRacesDeduct(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(4)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		sku := a27Sku("rr")
+		sku := sku("rr")
 		const S = 50
 		require.NoError(t, e.r.Load(ctx, sku, S))
 		for i := range 60 {
@@ -1737,9 +1737,9 @@ func TestRestoreRacesDeduct(t *testing.T) {
 // cuts leave a transfer half way. The sweeper completes them; the item is sold out; the relay
 // then delivers everything with no acknowledged sale (by Redis's ledger) refused.
 func TestCutAtEachCall(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
 		cuts, inFlightTotal := 0, 0
 		for n := 1; n <= 40; n++ {
 			sku := fmt.Sprintf("cutcall-%d", n)
@@ -1762,14 +1762,14 @@ func TestCutAtEachCall(t *testing.T) {
 			require.NoError(t, err)
 			_, err = e.r.Restore(ctx, sku, "a0")
 			require.NoError(t, err)
-			cc := &a27Cut{Client: e.c, n: n}
-			cr, err := stock.New(cc, a26Split(4))
+			cc := &cut{Client: e.c, n: n}
+			cr, err := stock.New(cc, split(4))
 			require.NoError(t, err)
 			buy(cr, "x", 6)
 			if cut, _ := cc.state(); cut {
 				cuts++
 			}
-			for _, k := range a27oKeysOf(t, e7, sku) {
+			for _, k := range keysOf(t, e7, sku) {
 				if strings.HasSuffix(k, ":xf") {
 					m, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
 					require.NoError(t, err)
@@ -1791,12 +1791,12 @@ func TestCutAtEachCall(t *testing.T) {
 					sold[id] = ent.Qty
 				}
 			}
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			assert.Zero(t, l.Available, "cut %d: units stranded: %+v", n, l)
-			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1})
-			_, refused := a27oDrain(t, e, sku, 200, rl)
+			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1})
+			_, refused := splitDrain(t, e, sku, 200, rl)
 			assert.Zero(t, refused, "cut %d: the relay counted refusals", n)
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 		t.Logf("%d cuts, %d transfers left in flight by them", cuts, inFlightTotal)
 	})

@@ -100,18 +100,18 @@ func TestRetentionRealTime(t *testing.T) {
 // store applied. Consume must answer them without changing anything: no store change, nothing
 // dead-lettered or held back forever, and no item left for an operator.
 func TestRedeliveryAfterRetention(t *testing.T) {
-	ctx, e, st, rng := a18Setup(t, 14)
+	ctx, e, st, rng := setup(t, 14)
 	skus := []string{"ret:1", "ret:2"}
-	acks := a18Traffic(t, ctx, e.Reserver, st.Store, skus, 120, rng)
-	q := &a18Queue{}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 120, rng)
+	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a18Drain(t, ctx, e, rl, skus)
+	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
-	a18ConsumeAll(t, ctx, e.Reserver, st, append([]stock.Event(nil), msgs...), rng)
-	a18Verify(t, ctx, e.Reserver, st, acks)
+	relayConsumeAll(t, ctx, e.Reserver, st, append([]stock.Event(nil), msgs...), rng)
+	verify(t, ctx, e.Reserver, st, acks)
 	// The retention is measured on a clock Advance does not move (30h of Advance with a 1h
 	// Retention trims nothing), so a tiny Retention and a few real milliseconds stand for a day.
 	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
@@ -131,7 +131,7 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 		}
 	}
 	if trimmed == 0 {
-		t.Fatal("the reconciler trimmed no ledger entry: the attack did not happen")
+		t.Fatal("the reconciler trimmed no ledger entry: the scenario did not happen")
 	}
 	before := map[string]int64{}
 	for _, sku := range skus {

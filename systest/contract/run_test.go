@@ -245,7 +245,7 @@ func TestRunTwoPrefixes(t *testing.T) {
 // TestRunMemstore: Run with a memstore while the library is flushed in a loop: every
 // acknowledged deduct reaches the store exactly once.
 func TestRunMemstore(t *testing.T) {
-	a24Real(t)
+	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
@@ -258,17 +258,17 @@ func TestRunMemstore(t *testing.T) {
 	go func() {
 		done <- r.Run(rctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 	}()
-	st := newA24Stats()
+	st := newStats()
 	stop := make(chan struct{})
-	rounds := a24Chaos(stop, func(i int) {
+	rounds := chaos(stop, func(i int) {
 		if i%2 == 0 {
-			a24Do(t, admin, "FUNCTION", "FLUSH", "ASYNC")
+			faultDo(t, admin, "FUNCTION", "FLUSH", "ASYNC")
 		} else {
-			a24Do(t, admin, "SCRIPT", "FLUSH")
+			faultDo(t, admin, "SCRIPT", "FLUSH")
 		}
 		time.Sleep(2 * time.Millisecond)
 	})
-	a24Traffic([]*stock.Reserver{r}, st, "rm", []string{"rm"}, 4, 100, 3)
+	faultTraffic([]*stock.Reserver{r}, st, "rm", []string{"rm"}, 4, 100, 3)
 	// Some restores too.
 	var restored int
 	st.mu.Lock()
@@ -322,16 +322,16 @@ func TestRunMemstore(t *testing.T) {
 // One of them is refused with ErrRunning, the other runs; both return in bounds, and nothing
 // is lost or doubled (-race finds shared-state races).
 func TestRunTwiceConcurrently(t *testing.T) {
-	a25Each(t, nil, func(t *testing.T, e *a25Env) {
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 		ctx := context.Background()
 		loaded := map[string]int64{"two:a": 300, "two:b~b": 300}
 		mem := memstore.New()
-		a25Load(t, e.r, mem, loaded)
-		sale := newA25Sale()
+		load(t, e.r, mem, loaded)
+		sale := newSale()
 		runCtx, cancel := context.WithCancel(ctx)
-		opts := stock.RunOptions{Store: mem, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: 30 * time.Millisecond}}
-		ch1 := a25Run(runCtx, e.r, opts)
-		ch2 := a25Run(runCtx, e.r, opts)
+		opts := stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: 30 * time.Millisecond}}
+		ch1 := run(runCtx, e.r, opts)
+		ch2 := run(runCtx, e.r, opts)
 		var wg sync.WaitGroup
 		for w := range 4 {
 			wg.Add(1)
@@ -353,22 +353,22 @@ func TestRunTwiceConcurrently(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		cancel()
 		ended := time.Now()
-		r1 := a25Wait(t, ch1, ended, time.Second+3*time.Second)
-		r2 := a25Wait(t, ch2, ended, time.Second+3*time.Second)
+		r1 := wait(t, ch1, ended, time.Second+3*time.Second)
+		r2 := wait(t, ch2, ended, time.Second+3*time.Second)
 		if errors.Is(r1.err, stock.ErrRunning) {
 			r1, r2 = r2, r1
 		}
 		assert.ErrorIs(t, r1.err, context.Canceled, "the Run that ran")
 		assert.ErrorIs(t, r2.err, stock.ErrRunning, "the other was refused")
 		e.settle()
-		a25Finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: a25Relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, a25Keys(loaded))
+		finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 		sale.checkStore(t, e.r, mem, loaded)
 	})
 }
 
-// a26Traffic runs mixed concurrent traffic on sku and returns the ids whose sale was
+// runTraffic runs mixed concurrent traffic on sku and returns the ids whose sale was
 // acknowledged and not given back (by the answers the callers got), with their quantities.
-func a26Traffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) map[string]int64 {
+func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) map[string]int64 {
 	ctx := context.Background()
 	var mu sync.Mutex
 	sold := map[string]int64{}
@@ -422,12 +422,12 @@ func a26Traffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 	return sold
 }
 
-// a26CheckStore checks the store against Redis and the acknowledged answers: remaining =
+// checkStore checks the store against Redis and the acknowledged answers: remaining =
 // available + held, each sale applied once, each given-back id not counted.
-func a26CheckStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku string, acked map[string]int64) {
+func checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku string, acked map[string]int64) {
 	t.Helper()
 	ctx := context.Background()
-	l := a26Levels(t, r, sku)
+	l := levels(t, r, sku)
 	rem, err := store.Remaining(ctx, sku)
 	require.NoError(t, err)
 	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
@@ -457,8 +457,8 @@ func a26CheckStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku s
 	}
 }
 
-// a26Reconcile runs a reconcile pass and checks one report for the item with no drift.
-func a26Reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string) {
+// reconcile runs a reconcile pass and checks one report for the item with no drift.
+func reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string) {
 	t.Helper()
 	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: -1})
 	require.NoError(t, err)
@@ -477,7 +477,7 @@ func a26Reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string
 	assert.Equal(t, int64(0), rp.Adjusted, "%+v", rp)
 	assert.Empty(t, rp.NeedsHuman, "%+v", rp)
 	assert.False(t, rp.Missing)
-	l := a26Levels(t, r, sku)
+	l := levels(t, r, sku)
 	assert.Equal(t, l.Available, rp.Available, "%+v", rp)
 	assert.Equal(t, l.Held, rp.Held, "%+v", rp)
 }
@@ -486,7 +486,7 @@ func a26Reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string
 // memstore; once drained, the store equals Redis, every acknowledged sale is applied once, and a
 // reconcile pass finds no drift, with one report per item.
 func TestRunIntoStore(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx, cancel := context.WithCancel(context.Background())
 		store := memstore.New()
 		skus := []string{"dur-a", "dur:b~ü", "plain-dur"}
@@ -503,7 +503,7 @@ func TestRunIntoStore(t *testing.T) {
 		var wg sync.WaitGroup
 		for _, sku := range skus {
 			wg.Go(func() {
-				a := a26Traffic(t, e.r, sku, 6, 20)
+				a := runTraffic(t, e.r, sku, 6, 20)
 				mu.Lock()
 				acked[sku] = a
 				mu.Unlock()
@@ -522,8 +522,8 @@ func TestRunIntoStore(t *testing.T) {
 		cancel()
 		<-done
 		for _, sku := range skus {
-			a26CheckStore(t, e.r, store, sku, acked[sku])
-			a26Reconcile(t, e.r, store, sku)
+			checkStore(t, e.r, store, sku, acked[sku])
+			reconcile(t, e.r, store, sku)
 		}
 		items, err := store.ListItems(context.Background(), "", 100)
 		require.NoError(t, err)
@@ -535,7 +535,7 @@ func TestRunIntoStore(t *testing.T) {
 // run concurrently on several items; once activity stops, everything is delivered within a
 // bounded time and no acknowledged sale is refused.
 func TestRunConcurrent(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		store := memstore.New()
@@ -551,7 +551,7 @@ func TestRunConcurrent(t *testing.T) {
 		solds := make([]map[string]int64, len(skus))
 		var wg sync.WaitGroup
 		for i, sku := range skus {
-			wg.Go(func() { solds[i] = a27oSalesQ(t, e, sku, uint64(80+i), 6, 3, nil) })
+			wg.Go(func() { solds[i] = salesQ(t, e, sku, uint64(80+i), 6, 3, nil) })
 		}
 		wg.Wait()
 		start := time.Now()
@@ -568,7 +568,7 @@ func TestRunConcurrent(t *testing.T) {
 		cancel()
 		<-done
 		for i, sku := range skus {
-			a27oCheck(t, e, store, sku, solds[i])
+			splitCheck(t, e, store, sku, solds[i])
 		}
 	})
 }

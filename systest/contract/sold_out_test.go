@@ -22,11 +22,11 @@ import (
 )
 
 // Promise (package doc, non-guarantees): the sold-out fast path "never admits a request, and
-// never refuses an id the ledger has", and (issue 12) after a write through a Reserver returned,
+// never refuses an id the ledger has", and after a write through a Reserver returned,
 // that Reserver's answers do not predate it. Ids the ledger had before the first sell-out (taken,
 // tombstoned, expired, cancelled), a large ledger, and a second Reserver whose cache is warm.
 func TestFastPathIDsBeforeSellOut(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1 := kit.NewReserver(t, c1)
@@ -49,8 +49,8 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 		_, err = r1.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 2})
 		require.NoError(t, err)
 		// Sold out. Warm the caches with refusals, then ask for every id the ledger has.
-		a12WarmSoldOut(t, r2, "f", b.Real())
-		a12WarmSoldOut(t, r1, "f", b.Real())
+		warmSoldOut(t, r2, "f", b.Real())
+		warmSoldOut(t, r1, "f", b.Real())
 		for _, r := range []*stock.Reserver{r2, r1} {
 			for i := range n {
 				rc, err := r.Deduct(ctx, stock.Request{SKU: "f", ID: fmt.Sprint("o", i), Qty: 1})
@@ -67,7 +67,7 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 			assert.ErrorIs(t, err, stock.ErrConflict)
 		}
 		t.Logf("answered in-process: r1 %d, r2 %d", stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r2))
-		a12Check(t, r1, "f", n+2)
+		check(t, r1, "f", n+2)
 	})
 }
 
@@ -77,7 +77,7 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 // Refuse. The other Reserver only reads and is refused (it takes nothing), so the unit is
 // there for the next deduct.
 func TestFastPathOwnWritesGiveBack(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1 := kit.NewReserver(t, c1)
@@ -123,7 +123,7 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 					_, err = r1.Hold(ctx, stock.Request{SKU: "g", ID: id, Qty: 1}, ttl)
 					require.NoError(t, err)
 				}
-				a12WarmSoldOut(t, r1, "g", false)
+				warmSoldOut(t, r1, "g", false)
 				var err error
 				switch w {
 				case "restock":
@@ -160,7 +160,7 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 			}
 		}
 		t.Logf("answered in-process: r1 %d, r2 %d", stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r2))
-		a12Check(t, r1, "g", 0)
+		check(t, r1, "g", 0)
 	})
 }
 
@@ -170,7 +170,7 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 // stock; no write happened when the deadline passed, so no invalidation is coming. A deduct on
 // the Reserver whose cache says sold out must still reach Redis and take the unit.
 func TestFastPathHoldDeadlinePassed(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r := kit.NewReserver(t, c, stock.WithSoldOutCache(time.Hour))
@@ -185,7 +185,7 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "after", Qty: 1})
 		assert.NoError(t, err, "the only hold expired: the unit is free (%+v); answered in-process %d", rc, stockops.SoldOutAnswers(r))
 		t.Logf("answered in-process: %d", stockops.SoldOutAnswers(r))
-		a12Check(t, r, "p", 1)
+		check(t, r, "p", 1)
 	})
 }
 
@@ -195,7 +195,7 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 // time. A tombstoned id is always ErrRestored, a taken id always a replay, on the Reserver
 // that wrote them, and on a second Reserver sharing its client.
 func TestFastPathUnderChurn(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1 := kit.NewReserver(t, c1)
@@ -278,14 +278,14 @@ func TestFastPathUnderChurn(t *testing.T) {
 		bg.Wait()
 		t.Logf("%d tombstones, %d repeats; in-process answers r1 %d r1b %d r2 %d", tombs, rp, stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r1b), stockops.SoldOutAnswers(r2))
 		assert.Empty(t, wrong)
-		a12Check(t, r1, "s", 0)
+		check(t, r1, "s", 0)
 	})
 }
 
 // Promise (WithPrefix, fast path): two Reservers on one caching client, prefixes "a" and "a:b",
 // each with an item "x": one's sold-out state never answers for the other.
 func TestFastPathPerPrefix(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		ra := kit.NewReserver(t, c, stock.WithPrefix("a"))
@@ -294,16 +294,16 @@ func TestFastPathPerPrefix(t *testing.T) {
 		require.NoError(t, ra.Load(ctx, "x", 0))
 		require.NoError(t, rb.Load(ctx, "x", 5))
 		require.NoError(t, rg.Load(ctx, "x", 5))
-		a12WarmSoldOut(t, ra, "x", b.Real())
+		warmSoldOut(t, ra, "x", b.Real())
 		for i := range 5 {
 			_, err := rb.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("b", i), Qty: 1})
 			require.NoError(t, err)
 			_, err = rg.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("g", i), Qty: 1})
 			require.NoError(t, err)
 		}
-		a12Check(t, ra, "x", 0)
-		a12Check(t, rb, "x", 5)
-		a12Check(t, rg, "x", 5)
+		check(t, ra, "x", 0)
+		check(t, rb, "x", 5)
+		check(t, rg, "x", 5)
 	})
 }
 
@@ -314,7 +314,7 @@ func TestFastPathPerPrefix(t *testing.T) {
 func TestFastPathLifecycle(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			a12Backends(t, func(t *testing.T, b redistest.Backend) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				c := b.Client(t)
 				var opts []stock.Option
@@ -327,14 +327,14 @@ func TestFastPathLifecycle(t *testing.T) {
 				require.NoError(t, store.Load(ctx, "life", 1))
 				_, err := r.Deduct(ctx, stock.Request{SKU: "life", ID: "o1", Qty: 1})
 				require.NoError(t, err)
-				a12WarmSoldOut(t, r, "life", b.Real())
+				warmSoldOut(t, r, "life", b.Real())
 				// Tombstone on the warm grouped/ungrouped item.
 				_, err = r.Restore(ctx, "life", "t1")
 				require.ErrorIs(t, err, stock.ErrUnknownID)
 				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "t1", Qty: 1})
 				assert.ErrorIs(t, err, stock.ErrRestored)
 				// Close, restock, reopen.
-				a12WarmSoldOut(t, r, "life", b.Real())
+				warmSoldOut(t, r, "life", b.Real())
 				require.NoError(t, r.CloseItem(ctx, "life"))
 				_, err = r.Restock(ctx, "life", "rs1", 1)
 				require.NoError(t, err)
@@ -342,13 +342,13 @@ func TestFastPathLifecycle(t *testing.T) {
 				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o2", Qty: 1})
 				require.NoError(t, err, "after close, restock, reopen")
 				// Delist, retire, load again.
-				a12WarmSoldOut(t, r, "life", b.Real())
-				a12Drain(t, r, store)
+				warmSoldOut(t, r, "life", b.Real())
+				drainOfLifecycle(t, r, store)
 				require.NoError(t, r.Delist(ctx, "life"))
 				redistest.Sleep(c, 20*time.Millisecond)
 				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 				require.NoError(t, err)
-				reps := a12Reports(t, rec)
+				reps := reports(t, rec)
 				require.True(t, reps["life"].Retired, "%v", reps["life"])
 				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o3", Qty: 1})
 				assert.ErrorIs(t, err, stock.ErrNotLoaded, "a retired item")
@@ -369,13 +369,13 @@ func TestFastPathLifecycle(t *testing.T) {
 // fast path is warm (a refusal answered in-process records nothing), for Hold, and for a second
 // Reserver.
 func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
-	a12Backends(t, func(t *testing.T, b redistest.Backend) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "rt", 0))
 		for i := range 30 {
-			a12WarmSoldOut(t, r1, "rt", b.Real())
+			warmSoldOut(t, r1, "rt", b.Real())
 			id := fmt.Sprint("late", i)
 			var err error
 			if i%2 == 0 {
@@ -401,16 +401,16 @@ func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 			}
 		}
 		t.Logf("in-process answers r1 %d", stockops.SoldOutAnswers(r1))
-		a12Check(t, r1, "rt", 0)
+		check(t, r1, "rt", 0)
 	})
 }
 
-var a12Seq atomic.Int64
+var seq atomic.Int64
 
-// a12WarmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
+// warmSoldOut asks for a sold-out item with new ids until the Reserver answers in-process
 // (its fast path is warm); on a client without caching, a few times. With must, it fails the
 // test when the fast path never answers.
-func a12WarmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
+func warmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 	t.Helper()
 	before := stockops.SoldOutAnswers(r)
 	tries := 200
@@ -418,7 +418,7 @@ func a12WarmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 		tries = 20
 	}
 	for range tries {
-		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("warm-", a12Seq.Add(1)), Qty: 1})
+		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("warm-", seq.Add(1)), Qty: 1})
 		require.ErrorIs(t, err, stock.ErrSoldOut)
 		if stockops.SoldOutAnswers(r) > before {
 			return
@@ -432,8 +432,8 @@ func a12WarmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 	}
 }
 
-// a23Backends runs f on every backend with two clients on one database (two processes).
-func a23Backends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidis.Client)) {
+// soldOutBackends runs f on every backend with two clients on one database (two processes).
+func soldOutBackends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidis.Client)) {
 	t.Helper()
 	for _, b := range redistest.Backends(t) {
 		if b.Name == "sentinel" {
@@ -447,8 +447,8 @@ func a23Backends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidis.Cl
 	}
 }
 
-// a23Levels asserts the invariant and returns the levels.
-func a23Levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
+// soldOutLevels asserts the invariant and returns the levels.
+func soldOutLevels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 	t.Helper()
 	l, err := r.Levels(context.Background(), sku)
 	require.NoError(t, err, sku)
@@ -458,7 +458,7 @@ func a23Levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 }
 
 func TestFastPathDifferential(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		const limit = 3
 		fast := kit.NewReserver(t, c1, stock.WithUserLimit(limit))
@@ -532,7 +532,7 @@ func TestFastPathDifferential(t *testing.T) {
 			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("warm%d", i), Qty: 1})
 			require.ErrorIs(t, err, stock.ErrSoldOut)
 		}
-		a23Levels(t, fast, sku)
+		soldOutLevels(t, fast, sku)
 
 		// Every entry's id, asked as a deduct and as a hold, with the entry's own parameters and
 		// with others; and new ids.
@@ -592,7 +592,7 @@ func TestFastPathDifferential(t *testing.T) {
 		if real {
 			assert.Positive(t, stockops.SoldOutAnswers(fast), "on a caching client the fast path answers some refusals in-process")
 		}
-		a23Levels(t, fast, sku)
+		soldOutLevels(t, fast, sku)
 	})
 }
 
@@ -601,7 +601,7 @@ func TestFastPathDifferential(t *testing.T) {
 // extend to a near deadline, close, reopen, a tombstone), each followed at once by a request
 // that the fast path must not refuse as sold out. Many rounds, to hit the invalidation race.
 func TestFastPathOwnWritesWithHolds(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, c1)
 		sku := "own:holds~é"
@@ -672,7 +672,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: the restored id again", i)
 			}
-			a23Levels(t, r, sku)
+			soldOutLevels(t, r, sku)
 		}
 		t.Logf("answered in-process: %d", stockops.SoldOutAnswers(r))
 	})
@@ -682,7 +682,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 // past its deadline is released by the item's next deduct. A hold extended from an hour to 1.2s
 // must free its unit for a new request once due, whatever the fast path cached before.
 func TestFastPathExtendShortens(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, c1, stock.WithClock(func() time.Time { return time.Now().Add(-20 * time.Minute) }))
 		sku := "ext:short"
@@ -707,14 +707,14 @@ func TestFastPathExtendShortens(t *testing.T) {
 		assert.Equal(t, int64(0), rc.Remaining)
 		_, err = r.Confirm(ctx, sku, "H1")
 		require.ErrorIs(t, err, stock.ErrExpired)
-		a23Levels(t, r, sku)
+		soldOutLevels(t, r, sku)
 	})
 }
 
 // Another process gives stock back: "The cache time (WithSoldOutCache, 1 s) bounds it should an
 // invalidation be lost". A request with a new id must be taken within a few seconds at most.
 func TestFastPathOtherProcessBounded(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		r1 := kit.NewReserver(t, c1)
 		r2 := kit.NewReserver(t, c2)
@@ -765,7 +765,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			require.True(t, taken, "round %d (%s by another process): still sold out after 4s", round, gave)
-			a23Levels(t, r1, sku)
+			soldOutLevels(t, r1, sku)
 		}
 	})
 }
@@ -774,7 +774,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 // "A retired item answers ErrNotLoaded and may be loaded again." The fast path that answered for
 // its first life must not answer for the second.
 func TestFastPathRetiredReloaded(t *testing.T) {
-	a23Backends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
+	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
 		r := kit.NewReserver(t, c1)
 		st := memstore.New()
@@ -829,7 +829,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		require.NoError(t, err)
 		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "after-restock", Qty: 1})
 		require.NoError(t, err)
-		a23Levels(t, r, sku)
+		soldOutLevels(t, r, sku)
 	})
 }
 
@@ -837,9 +837,9 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 // Reserver is seen by the very next request, whatever bucket it lands in; closed items answer
 // ErrClosed; an id already taken is a replay; an id claimed by another buyer is a conflict.
 func TestFastPathOwnWrites(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		sku := a27Sku("fp")
+		sku := sku("fp")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
 		for i := range 6 {
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("d", i), User: fmt.Sprint("u", i), Qty: 1})
@@ -919,7 +919,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 		require.NoError(t, e.r.ReopenItem(ctx, sku))
 		soldOut()
 		// another process restores: within the window it may say sold out; after it, no
-		other := e.another(a27Split(3))
+		other := e.another(lifecycleSplit(3))
 		_, err = other.Restore(ctx, sku, "afterCancel")
 		require.NoError(t, err)
 		deadline := time.Now().Add(3 * time.Second)
@@ -941,9 +941,9 @@ func TestFastPathOwnWrites(t *testing.T) {
 // TestFastPathHoldDueOtherBucket: a hold due in another bucket than the request's is released
 // by the request (no phantom sold-out from the fast path).
 func TestFastPathHoldDueOtherBucket(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		sku := a27Sku("fph")
+		sku := sku("fph")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
 		for i := range 6 {
 			ttl := time.Hour

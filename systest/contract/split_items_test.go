@@ -30,7 +30,7 @@ import (
 func TestScatteredLastUnits(t *testing.T) {
 	for _, n := range []int{2, 3, 64} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
-			a26Each(t, []stock.Option{a26Split(n)}, func(t *testing.T, e *a26Env) {
+			each(t, []stock.Option{split(n)}, func(t *testing.T, e *requestEnv) {
 				ctx := context.Background()
 				for round, user := range []string{"a", "b", "", "zz"} {
 					sku := fmt.Sprintf("scatter%d", round)
@@ -41,7 +41,7 @@ func TestScatteredLastUnits(t *testing.T) {
 					rc, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: int64(n)})
 					require.NoError(t, err, "the buckets together hold %d units", n)
 					assert.Equal(t, int64(n), rc.Qty)
-					l := a26Levels(t, e.r, sku)
+					l := levels(t, e.r, sku)
 					assert.Equal(t, stock.Levels{Available: 0, Sold: int64(n), Loaded: int64(n)}, l)
 					_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id + "y", User: user, Qty: 1})
 					require.ErrorIs(t, err, stock.ErrSoldOut)
@@ -60,7 +60,7 @@ func TestScatteredLastUnits(t *testing.T) {
 // the item; 2, 3, 64 split; 100 counts as 64: a Reserver with 64 sees the same item and its
 // answers.
 func TestBucketCounts(t *testing.T) {
-	a26Each(t, nil, func(t *testing.T, e *a26Env) {
+	each(t, nil, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		plain := e.r
 		for _, n := range []int{-3, 0, 1} {
@@ -69,7 +69,7 @@ func TestBucketCounts(t *testing.T) {
 			require.NoError(t, r.Load(ctx, sku, 5))
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "u", Qty: 2})
 			require.NoError(t, err)
-			l := a26Levels(t, plain, sku)
+			l := levels(t, plain, sku)
 			assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, l, "%d buckets: not split", n)
 		}
 		r100 := e.another(stock.WithBuckets(func(string) int { return 100 }))
@@ -94,8 +94,8 @@ func TestBucketCounts(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, rc.Replayed)
 		}
-		assert.Equal(t, a26Levels(t, r100, "big"), a26Levels(t, r64, "big"))
-		assert.Equal(t, stock.Levels{Available: 68, Sold: 60, Loaded: 128}, a26Levels(t, r100, "big"))
+		assert.Equal(t, levels(t, r100, "big"), levels(t, r64, "big"))
+		assert.Equal(t, stock.Levels{Available: 68, Sold: 60, Loaded: 128}, levels(t, r100, "big"))
 	})
 }
 
@@ -109,7 +109,7 @@ func TestBucketCounts(t *testing.T) {
 // never sell the item's stock a second time: the units sold through both Reservers together
 // never exceed what was loaded.
 func TestUnsplitReserverOnSplitItem(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "twice", 10))
 		plain := e.another()
@@ -143,20 +143,20 @@ func TestUnsplitReserverOnSplitItem(t *testing.T) {
 func TestDifferentialPlainVsSplit(t *testing.T) {
 	for _, n := range []int{2, 5} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
-			a26Each(t, []stock.Option{a26Split(n), stock.WithUserLimit(3)}, func(t *testing.T, e *a26Env) {
+			each(t, []stock.Option{split(n), stock.WithUserLimit(3)}, func(t *testing.T, e *requestEnv) {
 				steps := 300
 				if e.real {
 					steps = 150
 				}
 				for seed := range uint64(3) {
-					a26Differential(t, e, n, seed, steps)
+					differential(t, e, n, seed, steps)
 				}
 			})
 		})
 	}
 }
 
-func a26Differential(t *testing.T, e *a26Env, n int, seed uint64, steps int) {
+func differential(t *testing.T, e *requestEnv, n int, seed uint64, steps int) {
 	ctx := context.Background()
 	plainSKU, splitSKU := fmt.Sprintf("plain-d%d", seed), fmt.Sprintf("split-d%d", seed)
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
@@ -245,7 +245,7 @@ func a26Differential(t *testing.T, e *a26Env, n int, seed uint64, steps int) {
 		}
 		pl, err := e.r.Levels(ctx, plainSKU)
 		require.NoError(t, err)
-		sl := a26Levels(t, e.r, splitSKU)
+		sl := levels(t, e.r, splitSKU)
 		if pl != sl {
 			t.Fatalf("seed %d step %d: %s: levels plain %+v, split %+v\n%s", seed, step, desc, pl, sl, strings.Join(log[max(0, len(log)-25):], "\n"))
 		}
@@ -260,17 +260,17 @@ func a26Differential(t *testing.T, e *a26Env, n int, seed uint64, steps int) {
 // TestRetireBlockedByOneBucket: a live hold in one bucket only, or one undelivered event,
 // keeps the whole item from retiring; once it ends, the item retires.
 func TestRetireBlockedByOneBucket(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		store := memstore.New()
-		sku := a27Sku("blk")
+		sku := sku("blk")
 		require.NoError(t, store.Load(ctx, sku, 9))
 		require.NoError(t, e.r.Load(ctx, sku, 9))
 		_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "u", Qty: 1}, time.Hour)
 		require.NoError(t, err)
 		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "v", Qty: 1})
 		require.NoError(t, err)
-		a27Drain(t, e.r, store, sku)
+		lifecycleDrain(t, e.r, store, sku)
 		require.NoError(t, e.r.Delist(ctx, sku))
 		require.NoError(t, e.r.Delist(ctx, sku), "delisting twice does nothing")
 		assert.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
@@ -279,7 +279,7 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrClosed)
 		e.advance(20 * time.Millisecond)
 		for range 2 {
-			rp := a27Pass(t, e, e.r, store, sku)[sku]
+			rp := pass(t, e, e.r, store, sku)[sku]
 			require.False(t, rp.Retired, "retired with a live hold: %v", rp)
 		}
 		l := kit.Levels(t, e.r, sku)
@@ -287,11 +287,11 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 		// cancel the hold: an event pending in one bucket
 		_, err = e.r.Cancel(ctx, sku, "h")
 		require.NoError(t, err)
-		rp := a27Pass(t, e, e.r, store, sku)[sku]
+		rp := pass(t, e, e.r, store, sku)[sku]
 		require.False(t, rp.Retired, "retired with an undelivered event: %v", rp)
-		a27Drain(t, e.r, store, sku)
+		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
-		rp = a27Pass(t, e, e.r, store, sku)[sku]
+		rp = pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
 		_, err = e.r.Levels(ctx, sku)
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
@@ -308,10 +308,10 @@ func TestCountingBuckets(t *testing.T) {
 	for _, n := range []int{2, 7, 64} {
 		for _, name := range []string{"a:b~c", long} {
 			t.Run(fmt.Sprintf("%d/%d", n, len(name)), func(t *testing.T) {
-				a27Each(t, []stock.Option{a27Split(n), stock.WithUserLimit(3)}, func(t *testing.T, e *a27Env) {
+				lifecycleEach(t, []stock.Option{lifecycleSplit(n), stock.WithUserLimit(3)}, func(t *testing.T, e *env) {
 					ctx := context.Background()
 					store := memstore.New()
-					sku := a27Sku(name)
+					sku := sku(name)
 					const S, G, per = 97, 16, 12
 					require.NoError(t, store.Load(ctx, sku, S))
 					require.NoError(t, e.r.Load(ctx, sku, S))
@@ -342,11 +342,11 @@ func TestCountingBuckets(t *testing.T) {
 					require.Equal(t, int64(S), ok.Load())
 					l := kit.Levels(t, e.r, sku)
 					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
-					a27Drain(t, e.r, store, sku)
+					lifecycleDrain(t, e.r, store, sku)
 					rm, err := store.Remaining(ctx, sku)
 					require.NoError(t, err)
 					require.Zero(t, rm)
-					rp := a27Pass(t, e, e.r, store, sku)[sku]
+					rp := pass(t, e, e.r, store, sku)[sku]
 					require.Zero(t, rp.Drift, "%v", rp)
 					require.Zero(t, rp.Adjusted, "%v", rp)
 				})
@@ -404,14 +404,14 @@ func TestUnevenCluster(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	c := cl.Client(t)
-	r := kit.NewReserver(t, c, a27Split(3), stock.WithUserLimit(2))
-	e := &a27Env{name: "uneven-cluster", real: true, c: c, r: r, advance: time.Sleep,
+	r := kit.NewReserver(t, c, lifecycleSplit(3), stock.WithUserLimit(2))
+	e := &env{name: "uneven-cluster", real: true, c: c, r: r, advance: time.Sleep,
 		another: func(o ...stock.Option) *stock.Reserver { return kit.NewReserver(t, c, o...) }}
 	fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
 	require.NoError(t, err)
 	require.False(t, fenced)
 	for _, name := range []string{"un:ev~en", strings.Repeat("Z", 100)} {
-		sku := a27Sku(name)
+		sku := sku(name)
 		store := memstore.New()
 		const S = 60
 		require.NoError(t, store.Load(ctx, sku, S))
@@ -460,11 +460,11 @@ func TestUnevenCluster(t *testing.T) {
 			l = kit.Levels(t, r, sku)
 		}
 		require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
-		a27Drain(t, r, store, sku)
+		lifecycleDrain(t, r, store, sku)
 		rm, err := store.Remaining(ctx, sku)
 		require.NoError(t, err)
 		require.Zero(t, rm)
-		a27Retire(t, e, store, sku)
+		retire(t, e, store, sku)
 		_, err = r.Levels(ctx, sku)
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, sku, 2))
@@ -476,12 +476,12 @@ func TestUnevenCluster(t *testing.T) {
 // refused and its refusal recorded; after a restock, the same id (its late first attempt, or a
 // new retry) is still refused, and a fresh id is served: alike on a plain and a split item.
 func TestRetryRefusalSplitVsPlain(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		var out [2][]string
-		for j, sku := range []string{a27Sku("plain-rt"), a27Sku("rt")} {
+		for j, sku := range []string{sku("plain-rt"), sku("rt")} {
 			rec := func(rc stock.Receipt, err error) {
-				out[j] = append(out[j], fmt.Sprintf("%s replayed=%v qty=%d", a27Class(err), rc.Replayed, rc.Qty))
+				out[j] = append(out[j], fmt.Sprintf("%s replayed=%v qty=%d", class(err), rc.Replayed, rc.Qty))
 			}
 			require.NoError(t, e.r.Load(ctx, sku, 2))
 			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}))
@@ -510,17 +510,17 @@ func TestRetryRefusalSplitVsPlain(t *testing.T) {
 // of the cut deduct is answered for good, and then the item retires with the Store in
 // agreement.
 func TestTransferCutThenDelist(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		for n := 1; n < 30; n++ {
-			sku := a27Sku("xc")
+			sku := sku("xc")
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 3))
 			require.NoError(t, e.r.Load(ctx, sku, 3))
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
 			require.NoError(t, err)
-			cc := &a27Cut{Client: e.c, n: n}
-			cr := kit.NewReserver(t, cc, a27Split(3))
+			cc := &cut{Client: e.c, n: n}
+			cr := kit.NewReserver(t, cc, lifecycleSplit(3))
 			_, cerr := cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
 			if cut, count := cc.state(); !cut {
 				require.NoError(t, cerr)
@@ -530,9 +530,9 @@ func TestTransferCutThenDelist(t *testing.T) {
 			l := kit.Levels(t, e.r, sku)
 			require.Equal(t, int64(3), l.Loaded, "cut %d", n)
 			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
-			a27Drain(t, e.r, store, sku)
+			lifecycleDrain(t, e.r, store, sku)
 			e.advance(20 * time.Millisecond)
-			rp := a27Pass(t, e, e.r, store, sku)[sku]
+			rp := pass(t, e, e.r, store, sku)[sku]
 			if rp.Retired {
 				// only when nothing was in flight: every unit accounted for
 				rm, err := store.Remaining(ctx, sku)
@@ -560,9 +560,9 @@ func TestTransferCutThenDelist(t *testing.T) {
 			l = kit.Levels(t, e.r, sku)
 			require.Equal(t, int64(3), l.Loaded)
 			require.Zero(t, l.Held)
-			a27Drain(t, e.r, store, sku)
+			lifecycleDrain(t, e.r, store, sku)
 			e.advance(20 * time.Millisecond)
-			rp = a27Pass(t, e, e.r, store, sku)[sku]
+			rp = pass(t, e, e.r, store, sku)[sku]
 			require.True(t, rp.Retired, "cut %d: %v (levels %+v)", n, rp, l)
 			rm, err := store.Remaining(ctx, sku)
 			require.NoError(t, err)
@@ -576,49 +576,49 @@ func TestTransferCutThenDelist(t *testing.T) {
 // retire a delisted split item whose transfer was cut in flight: stockops.Sweep covers every
 // bucket (README), and Run's sweeper is the only other thing that completes such a transfer.
 func TestStockopsAloneRecoversTransfer(t *testing.T) {
-	a27Each(t, []stock.Option{a27Split(3)}, func(t *testing.T, e *a27Env) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		stuck := false
 		// The cut counts the Reserver's background commands too (its hint writer shares the
 		// client), so on a loaded machine a pass over the cuts may land none between the two
 		// halves of a transfer: up to 3 passes before the test says no cut could.
 		for pass := 0; pass < 3 && !stuck; pass++ {
-			stuck = a27CutTransfer(t, e)
+			stuck = cutTransfer(t, e)
 		}
 		require.True(t, stuck, "no cut left a transfer in flight")
 	})
 }
 
-// a27CutTransfer cuts a split item's take after its n-th command, for n = 1, 2, ..., until a
+// cutTransfer cuts a split item's take after its n-th command, for n = 1, 2, ..., until a
 // cut leaves a transfer in flight that keeps the delisted item from retiring; then checks that
 // stockops.Sweep completes it and the item retires. It reports whether a cut did.
-func a27CutTransfer(t *testing.T, e *a27Env) (stuck bool) {
+func cutTransfer(t *testing.T, e *env) (stuck bool) {
 	ctx := context.Background()
 	for n := 1; n < 30 && !stuck; n++ {
-		sku := a27Sku("xs")
+		sku := sku("xs")
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, sku, 3))
 		require.NoError(t, e.r.Load(ctx, sku, 3))
 		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
 		require.NoError(t, err)
-		cc := &a27Cut{Client: e.c, n: n}
-		cr := kit.NewReserver(t, cc, a27Split(3))
+		cc := &cut{Client: e.c, n: n}
+		cr := kit.NewReserver(t, cc, lifecycleSplit(3))
 		_, _ = cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
 		if cut, _ := cc.state(); !cut {
 			break
 		}
 		require.NoError(t, e.r.Delist(ctx, sku))
-		a27Drain(t, e.r, store, sku)
+		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
-		if a27Pass(t, e, e.r, store, sku)[sku].Retired {
+		if pass(t, e, e.r, store, sku)[sku].Retired {
 			continue
 		}
 		stuck = true // a transfer in flight keeps it
 		e.advance(6 * time.Second)
 		_, err = stockops.Sweep(ctx, e.r, sku)
 		require.NoError(t, err)
-		a27Drain(t, e.r, store, sku)
+		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
-		rp := a27Pass(t, e, e.r, store, sku)[sku]
+		rp := pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "cut %d: a transfer cut in flight is completed by nothing in stockops: %v", n, rp)
 	}
 	return stuck
@@ -629,7 +629,7 @@ func a27CutTransfer(t *testing.T, e *a27Env) (stuck bool) {
 // goroutines while Run relays into a memstore: once drained, the Store equals Redis for every
 // item, no event was applied twice, and a reconcile pass finds no drift.
 func TestMixedIntoStore(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		store := memstore.New()
@@ -688,28 +688,28 @@ func TestMixedIntoStore(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 		}
 		for _, sku := range skus {
-			l := a26Levels(t, e.r, sku)
+			l := levels(t, e.r, sku)
 			rem, err := store.Remaining(context.Background(), sku)
 			require.NoError(t, err)
 			assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
-			a26Reconcile(t, e.r, store, sku)
+			reconcile(t, e.r, store, sku)
 		}
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 	})
 }
 
-// a27oSales runs rounds of give-backs and sell-outs on sku (split over several buckets), so
+// sales runs rounds of give-backs and sell-outs on sku (split over several buckets), so
 // that units given back in one bucket are moved by transfers and sold in others. It returns
 // the ids whose sale Redis acknowledged and that were not given back since (id → units).
 // between, when not nil, runs after each round (a relay pass, say).
-func a27oSales(t *testing.T, e *a26Env, sku string, seed uint64, rounds int, between func(round int)) map[string]int64 {
+func sales(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, between func(round int)) map[string]int64 {
 	t.Helper()
-	return a27oSalesQ(t, e, sku, seed, rounds, 2, between)
+	return salesQ(t, e, sku, seed, rounds, 2, between)
 }
 
-// a27oSalesQ is a27oSales with sales of 1 to maxQty units (a large one is often refused after
+// salesQ is sales with sales of 1 to maxQty units (a large one is often refused after
 // its bucket pulled units from its siblings: units then pass through a bucket with no event).
-func a27oSalesQ(t *testing.T, e *a26Env, sku string, seed uint64, rounds int, maxQty int, between func(round int)) map[string]int64 {
+func salesQ(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, maxQty int, between func(round int)) map[string]int64 {
 	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e37))
@@ -775,9 +775,9 @@ func a27oSalesQ(t *testing.T, e *a26Env, sku string, seed uint64, rounds int, ma
 	return sold
 }
 
-// a27oCheck checks that the Store applied every acknowledged sale (none refused, in the
+// splitCheck checks that the Store applied every acknowledged sale (none refused, in the
 // ledger or in the store), and that it equals Redis.
-func a27oCheck(t *testing.T, e *a26Env, store *memstore.Store, sku string, sold map[string]int64) {
+func splitCheck(t *testing.T, e *requestEnv, store *memstore.Store, sku string, sold map[string]int64) {
 	t.Helper()
 	ctx := context.Background()
 	ids := make([]string, 0, len(sold))
@@ -796,15 +796,15 @@ func a27oCheck(t *testing.T, e *a26Env, store *memstore.Store, sku string, sold 
 		}
 	}
 	assert.Empty(t, refused, "acknowledged sales the Store refused or did not apply")
-	l := a26Levels(t, e.r, sku)
+	l := levels(t, e.r, sku)
 	rem, err := store.Remaining(ctx, sku)
 	require.NoError(t, err)
 	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
 }
 
-// a27oPending reports whether sku has nothing left to deliver.
-func a27oDrained(t *testing.T, e *a26Env, sku string) bool {
+// drained reports whether sku has nothing left to deliver.
+func drained(t *testing.T, e *requestEnv, sku string) bool {
 	t.Helper()
 	p, d, err := stockops.Pending(context.Background(), e.r, sku)
 	require.NoError(t, err)
@@ -812,12 +812,12 @@ func a27oDrained(t *testing.T, e *a26Env, sku string) bool {
 	return p == 0
 }
 
-// a27oDrain runs rl.Once until sku is drained and returns the number of passes; it fails after
+// splitDrain runs rl.Once until sku is drained and returns the number of passes; it fails after
 // limit passes (liveness: barriers never hold delivery back forever).
-func a27oDrain(t *testing.T, e *a26Env, sku string, limit int, rls ...*stockops.Relay) (passes, refused int) {
+func splitDrain(t *testing.T, e *requestEnv, sku string, limit int, rls ...*stockops.Relay) (passes, refused int) {
 	t.Helper()
 	for passes < limit {
-		if a27oDrained(t, e, sku) {
+		if drained(t, e, sku) {
 			return passes, refused
 		}
 		passes++
@@ -837,7 +837,7 @@ func a27oDrain(t *testing.T, e *a26Env, sku string, limit int, rls ...*stockops.
 	return
 }
 
-func a27oRelay(t *testing.T, e *a26Env, store stock.Store, o *stock.RelayOptions) *stockops.Relay {
+func splitRelay(t *testing.T, e *requestEnv, store stock.Store, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
 	rl, err := stockops.NewRelay(e.r, store, nil, o)
 	require.NoError(t, err)
@@ -862,22 +862,22 @@ func TestRelayOrderAcrossBuckets(t *testing.T) {
 	for _, buckets := range []int{3, 5} {
 		for _, sh := range shapes {
 			t.Run(fmt.Sprintf("b%d-%s", buckets, sh.name), func(t *testing.T) {
-				a27oEach(t, []stock.Option{a26Split(buckets)}, func(t *testing.T, e *a26Env) {
+				splitEach(t, []stock.Option{split(buckets)}, func(t *testing.T, e *requestEnv) {
 					ctx := context.Background()
 					for seed := range uint64(3) {
 						sku := fmt.Sprintf("ord-%d-%s-%d", buckets, sh.name, seed)
 						store := memstore.New()
 						require.NoError(t, store.Load(ctx, sku, 6))
 						require.NoError(t, e.r.Load(ctx, sku, 6))
-						sold := a27oSales(t, e, sku, seed, 4, nil)
+						sold := sales(t, e, sku, seed, 4, nil)
 						var rls []*stockops.Relay
 						for range sh.relays {
-							rls = append(rls, a27oRelay(t, e, store, sh.opts(sku)))
+							rls = append(rls, splitRelay(t, e, store, sh.opts(sku)))
 						}
-						passes, refused := a27oDrain(t, e, sku, 400, rls...)
+						passes, refused := splitDrain(t, e, sku, 400, rls...)
 						t.Logf("%s: %d passes, %d refused", sku, passes, refused)
 						assert.Zero(t, refused, "the relay counted refusals")
-						a27oCheck(t, e, store, sku, sold)
+						splitCheck(t, e, store, sku, sold)
 					}
 				})
 			})
@@ -885,9 +885,9 @@ func TestRelayOrderAcrossBuckets(t *testing.T) {
 	}
 }
 
-// a27oDrainAdv is a27oDrain that lets time pass between passes (backoffs), and tolerates
+// drainAdv is splitDrain that lets time pass between passes (backoffs), and tolerates
 // dead letters when dead is true.
-func a27oDrainAdv(t *testing.T, e *a26Env, sku string, limit int, dead bool, rl *stockops.Relay) (passes, refused int) {
+func drainAdv(t *testing.T, e *requestEnv, sku string, limit int, dead bool, rl *stockops.Relay) (passes, refused int) {
 	t.Helper()
 	for passes < limit {
 		p, d, err := stockops.Pending(context.Background(), e.r, sku)
@@ -914,7 +914,7 @@ func a27oDrainAdv(t *testing.T, e *a26Env, sku string, limit int, dead bool, rl 
 // error for a while. The sales that spend their units in other buckets must wait (not be
 // refused), and go on once the Store is back.
 func TestDonorRetryable(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for seed := range uint64(3) {
 			sku := fmt.Sprintf("retry-%d", seed)
@@ -931,8 +931,8 @@ func TestDonorRetryable(t *testing.T) {
 				}
 				return nil
 			})
-			sold := a27oSales(t, e, sku, seed+30, 3, nil)
-			rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 2, MinBackoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+			sold := sales(t, e, sku, seed+30, 3, nil)
+			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 2, MinBackoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 			refused := 0
 			for range 20 {
 				st, err := rl.Once(ctx)
@@ -945,10 +945,10 @@ func TestDonorRetryable(t *testing.T) {
 			require.Positive(t, failed.Load(), "the store failed some give-backs")
 			assert.Zero(t, refused, "a sale refused while a give-back was failing")
 			down.Store(false)
-			passes, r2 := a27oDrainAdv(t, e, sku, 400, false, rl)
+			passes, r2 := drainAdv(t, e, sku, 400, false, rl)
 			t.Logf("%s: %d give-backs failed, drained in %d passes after", sku, failed.Load(), passes)
 			assert.Zero(t, r2, "the relay counted refusals")
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 	})
 }
@@ -958,7 +958,7 @@ func TestDonorRetryable(t *testing.T) {
 // other event is delivered within a bounded number of passes, and the dead letter is
 // reported by Pending.
 func TestDonorInvalid(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		sku := "invalid"
 		store := memstore.New()
@@ -970,9 +970,9 @@ func TestDonorInvalid(t *testing.T) {
 			}
 			return nil
 		})
-		sold := a27oSales(t, e, sku, 40, 3, nil)
-		rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 2, MinBackoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-		passes, refused := a27oDrainAdv(t, e, sku, 400, true, rl)
+		sold := sales(t, e, sku, 40, 3, nil)
+		rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 2, MinBackoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+		passes, refused := drainAdv(t, e, sku, 400, true, rl)
 		_, d, err := stockops.Pending(ctx, e.r, sku)
 		require.NoError(t, err)
 		assert.Positive(t, d, "the rejected restocks are dead letters")
@@ -992,7 +992,7 @@ func TestDonorInvalid(t *testing.T) {
 // rebalance, cutting a transfer half way); then the sweeper completes the cut transfers and
 // the relay delivers everything: no acknowledged sale (by Redis's ledger) refused.
 func TestCutTransfers(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		sku := "cut"
 		store := memstore.New()
@@ -1024,8 +1024,8 @@ func TestCutTransfers(t *testing.T) {
 		}
 		// Cut transfers complete once 5 s old.
 		inFlight := 0
-		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
-		for _, k := range a27oKeysOf(t, e7, sku) {
+		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		for _, k := range keysOf(t, e7, sku) {
 			if strings.HasSuffix(k, ":xf") {
 				n, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
 				require.NoError(t, err)
@@ -1056,34 +1056,34 @@ func TestCutTransfers(t *testing.T) {
 				sold[id] = ent.Qty
 			}
 		}
-		rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 1})
-		passes, refused := a27oDrain(t, e, sku, 400, rl)
+		rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1})
+		passes, refused := splitDrain(t, e, sku, 400, rl)
 		t.Logf("%d sold, drained in %d passes", len(sold), passes)
 		assert.Zero(t, refused, "the relay counted refusals")
-		a27oCheck(t, e, store, sku, sold)
-		a26Reconcile(t, e.r, store, sku)
+		splitCheck(t, e, store, sku, sold)
+		reconcile(t, e.r, store, sku)
 	})
 }
 
 // TestRetireAfterTransfers: after many transfers (and barriers), the item drains, is
 // delisted and retired: no key of it is left, barriers included.
 func TestRetireAfterTransfers(t *testing.T) {
-	a26Each(t, []stock.Option{a26Split(4)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		sku := "retire-ord"
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, sku, 6))
 		require.NoError(t, e.r.Load(ctx, sku, 6))
-		sold := a27oSales(t, e, sku, 60, 4, nil)
-		rl := a27oRelay(t, e, store, &stock.RelayOptions{Batch: 2})
-		_, refused := a27oDrain(t, e, sku, 400, rl)
+		sold := sales(t, e, sku, 60, 4, nil)
+		rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 2})
+		_, refused := splitDrain(t, e, sku, 400, rl)
 		assert.Zero(t, refused)
-		a27oCheck(t, e, store, sku, sold)
-		e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
-		a27Retire(t, e7, store, sku)
+		splitCheck(t, e, store, sku, sold)
+		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+		retire(t, e7, store, sku)
 		// What is left: each bucket's item hash, with only its retired mark and delist time (as
 		// TestRetireLeavesNoKeys pins); no barrier, transfer or claim key.
-		left := a27oKeysOf(t, e7, sku)
+		left := keysOf(t, e7, sku)
 		assert.Len(t, left, 4, "%v", left)
 		for _, k := range left {
 			require.True(t, strings.HasSuffix(k, "}"), "key left behind: %s", k)
@@ -1097,11 +1097,11 @@ func TestRetireAfterTransfers(t *testing.T) {
 	})
 }
 
-// a27oKeysOf lists the item's keys (its buckets' included, "{sku|..."), not other items'.
-func a27oKeysOf(t *testing.T, e *a27Env, sku string) []string {
+// keysOf lists the item's keys (its buckets' included, "{sku|..."), not other items'.
+func keysOf(t *testing.T, e *env, sku string) []string {
 	t.Helper()
 	var mine []string
-	for _, k := range a27Keys(t, e, sku) {
+	for _, k := range lifecycleKeys(t, e, sku) {
 		if strings.Contains(k, "{"+sku+"}") || strings.Contains(k, "{"+sku+"|") {
 			mine = append(mine, k)
 		}
@@ -1113,14 +1113,14 @@ func a27oKeysOf(t *testing.T, e *a27Env, sku string) []string {
 // while: Consume answers them with a temporary error; the sales that spend their units in
 // other buckets are held back (never refused) and go through once the Store is back.
 func TestQueueDonorDown(t *testing.T) {
-	a27oEach(t, []stock.Option{a26Split(3)}, func(t *testing.T, e *a26Env) {
+	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		for seed := range uint64(3) {
 			sku := fmt.Sprintf("qdown-%d", seed)
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, sku, 6))
 			require.NoError(t, e.r.Load(ctx, sku, 6))
-			sold := a27oSales(t, e, sku, seed+110, 3, nil)
+			sold := sales(t, e, sku, seed+110, 3, nil)
 			var mu sync.Mutex
 			var evs []stock.Event
 			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -1131,7 +1131,7 @@ func TestQueueDonorDown(t *testing.T) {
 			})
 			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
 			require.NoError(t, err)
-			a27oDrain(t, e, sku, 400, rl)
+			splitDrain(t, e, sku, 400, rl)
 			var down atomic.Bool
 			down.Store(true)
 			store.FailWith(func(ev stock.Event) error {
@@ -1159,17 +1159,17 @@ func TestQueueDonorDown(t *testing.T) {
 				}
 				queue = again
 			}
-			a27oCheck(t, e, store, sku, sold)
+			splitCheck(t, e, store, sku, sold)
 		}
 	})
 }
 
-// a27oBucketOf returns the bucket id's claim names (from the claims hashes of sku's buckets).
-func a27oBucketOf(t *testing.T, e *a26Env, sku, id string) int {
+// bucketOf returns the bucket id's claim names (from the claims hashes of sku's buckets).
+func bucketOf(t *testing.T, e *requestEnv, sku, id string) int {
 	t.Helper()
 	ctx := context.Background()
-	e7 := &a27Env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
-	for _, k := range a27oKeysOf(t, e7, sku) {
+	e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
+	for _, k := range keysOf(t, e7, sku) {
 		if !strings.HasSuffix(k, ":i") {
 			continue
 		}
@@ -1194,14 +1194,14 @@ func a27oBucketOf(t *testing.T, e *a26Env, sku, id string) int {
 // number of passes without waiting for a consumer to apply anything.
 func TestQueueManyBarriersInDonor(t *testing.T) {
 	for _, transfers := range []int{60, 70} {
-		t.Run(fmt.Sprint(transfers), func(t *testing.T) { a27oManyBarriers(t, transfers) })
+		t.Run(fmt.Sprint(transfers), func(t *testing.T) { manyBarriers(t, transfers) })
 	}
 }
 
-func a27oManyBarriers(t *testing.T, transfers int) {
+func manyBarriers(t *testing.T, transfers int) {
 	if transfers > 64 {
 	}
-	a26Each(t, []stock.Option{a26Split(2)}, func(t *testing.T, e *a26Env) {
+	each(t, []stock.Option{split(2)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		sku := fmt.Sprintf("many-%d", transfers)
 		require.NoError(t, e.r.Load(ctx, sku, 400))
@@ -1212,7 +1212,7 @@ func a27oManyBarriers(t *testing.T, transfers int) {
 			u := fmt.Sprintf("p%d", i)
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: u, User: u, Qty: 1})
 			require.NoError(t, err)
-			if b := a27oBucketOf(t, e, sku, u); users[b] == "" {
+			if b := bucketOf(t, e, sku, u); users[b] == "" {
 				users[b] = u
 			}
 		}
@@ -1240,7 +1240,7 @@ func a27oManyBarriers(t *testing.T, transfers int) {
 			_, err = buy(0, rc.Remaining)
 			require.NoError(t, err)
 		}
-		require.Zero(t, a26Levels(t, e.r, sku).Available)
+		require.Zero(t, levels(t, e.r, sku).Available)
 		require.Greater(t, len(ones), transfers)
 		// transfers 1 → 0: a unit given back in bucket 1, bought by bucket 0's buyer.
 		var zeros []string
@@ -1258,7 +1258,7 @@ func a27oManyBarriers(t *testing.T, transfers int) {
 		}
 		_, err = buy(1, 3)
 		require.NoError(t, err)
-		require.Zero(t, a26Levels(t, e.r, sku).Available)
+		require.Zero(t, levels(t, e.r, sku).Available)
 		var mu sync.Mutex
 		var evs []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -1270,7 +1270,7 @@ func a27oManyBarriers(t *testing.T, transfers int) {
 		rl, err := stockops.NewRelay(e.r, nil, pub, nil)
 		require.NoError(t, err)
 		passes := 0
-		for ; passes < 50 && !a27oDrained(t, e, sku); passes++ {
+		for ; passes < 50 && !drained(t, e, sku); passes++ {
 			_, err := rl.Once(ctx)
 			require.NoError(t, err)
 			e.advance(200 * time.Millisecond)
@@ -1306,31 +1306,31 @@ func a27oManyBarriers(t *testing.T, transfers int) {
 			mu.Lock()
 			fresh := len(evs) - taken
 			mu.Unlock()
-			if len(queue) == 0 && fresh == 0 && a27oDrained(t, e, sku) {
+			if len(queue) == 0 && fresh == 0 && drained(t, e, sku) {
 				t.Logf("drained with consumers after %d rounds", round+1)
 				break
 			}
 		}
-		l := a26Levels(t, e.r, sku)
+		l := levels(t, e.r, sku)
 		rem, err := store.Remaining(ctx, sku)
 		require.NoError(t, err)
 		assert.Equal(t, l.Available+l.Held, rem, "store vs Redis (%+v)", l)
 	})
 }
 
-// a27oEach is a26Each with the real servers only when STOCK_TEST_LONG is set: these attacks
+// splitEach is each with the real servers only when STOCK_TEST_LONG is set: these tests
 // wait on real time there (sweeps after the transfer grace, relay backoffs), minutes each, too
 // long for every CI run; on miniredis they run always, with its clock moved on instead.
-func a27oEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *a26Env)) {
+func splitEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)) {
 	t.Helper()
 	if os.Getenv("STOCK_TEST_LONG") == "" {
-		a26Mini(t, opts, f)
+		mini(t, opts, f)
 		if redistest.ServerBinary(t) != "" {
-			t.Log("real servers: set STOCK_TEST_LONG=1 to run this attack on them too (minutes)")
+			t.Log("real servers: set STOCK_TEST_LONG=1 to run this test on them too (minutes)")
 		}
 		return
 	}
-	a26Each(t, opts, f)
+	each(t, opts, f)
 }
 
 func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {

@@ -478,7 +478,7 @@ func TestStocktestOneClock(t *testing.T) {
 		require.NoError(t, r.Load(ctx, s, 10))
 		require.NoError(t, store.Load(ctx, s, 10))
 	}
-	stop := a23Run(t, r, stock.RunOptions{Store: store, SweepInterval: 20 * time.Millisecond,
+	stop := requestRun(t, r, stock.RunOptions{Store: store, SweepInterval: 20 * time.Millisecond,
 		Relay:     &stock.RelayOptions{Poll: 10 * time.Millisecond, MinBackoff: 10 * time.Minute, MaxBackoff: 20 * time.Minute},
 		Reconcile: &stock.ReconcileOptions{Interval: time.Hour}, RecoverCartsAfter: 5 * time.Minute}, 30*time.Second)
 
@@ -488,7 +488,7 @@ func TestStocktestOneClock(t *testing.T) {
 	_, err = r.Deduct(ctx, stock.Request{SKU: skus[0], ID: "sale", Qty: 1})
 	require.NoError(t, err)
 	time.Sleep(400 * time.Millisecond)
-	assert.Equal(t, int64(2), a23Levels(t, r, skus[0]).Held, "the clock stands still: the hold is live")
+	assert.Equal(t, int64(2), soldOutLevels(t, r, skus[0]).Held, "the clock stands still: the hold is live")
 	// The store is down: the relay backs off for 10-20 minutes of the kit's clock.
 	n, err := store.Remaining(ctx, skus[0])
 	require.NoError(t, err)
@@ -499,7 +499,7 @@ func TestStocktestOneClock(t *testing.T) {
 	undone, err := stockops.RecoverCarts(ctx, r, 5*time.Minute)
 	require.NoError(t, err)
 	assert.Zero(t, undone, "a completed cart is not undone")
-	assert.Equal(t, int64(2), a23Levels(t, r, skus[0]).Held, "6 minutes of 10: still held")
+	assert.Equal(t, int64(2), soldOutLevels(t, r, skus[0]).Held, "6 minutes of 10: still held")
 
 	// The store comes back; the backoff passes only with Advance.
 	down.Store(false)

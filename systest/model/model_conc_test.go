@@ -428,7 +428,7 @@ func TestModelConcurrency(t *testing.T) {
 				wantLevels(t, rs[0], "hb", stock.Levels{Available: B - confirmed, Sold: confirmed, Loaded: B})
 			})
 
-			// Copies of one cart id (issue 12, case 3): one outcome per cart id, every caller gets
+			// Copies of one cart id: one outcome per cart id, every caller gets
 			// it, the stock matches it.
 			for _, v := range []struct {
 				name  string

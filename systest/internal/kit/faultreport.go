@@ -18,7 +18,7 @@ import (
 	"github.com/stockres/stock"
 )
 
-// The fault-injection suite (issue 8). Each scenario runs clients that deduct (some requests
+// The fault-injection suite. Each scenario runs clients that deduct (some requests
 // sent again with the same id), hold and confirm or cancel, restore, and cancel orders that
 // never arrived, through the whole path: Reserver → outbox → Relay (running) → sqlstore on
 // SQLite (and PostgreSQL with STOCK_TEST_POSTGRES), with a Reconciler running, while one kind
