@@ -40,7 +40,7 @@ import (
 var runPattern string
 
 // defaultPkgs are the packages whose quick-tier tests run against a mutant, in this order.
-var defaultPkgs = []string{".", "./stockops", "./systest"}
+var defaultPkgs = []string{".", "./stockops", "./systest/..."}
 
 type mutant struct {
 	name, file, promise string
@@ -405,7 +405,7 @@ func lineOf(src []byte, s string) int {
 //	file: PATH            relative to the root of the tree
 //	promise: TEXT         the promise the mutant breaks
 //	env: K=V              optional, repeatable: a variable the tests of this mutant get
-//	pkgs: PKG...          optional: the packages to run, in order (default: . ./stockops ./systest)
+//	pkgs: PKG...          optional: the packages to run, in order (default: . ./stockops ./systest/...)
 //	- TEXT                the original text, exactly (after "- "), within one line of the file
 //	+ TEXT                its replacement (after "+ "; "+" alone removes the text)
 //

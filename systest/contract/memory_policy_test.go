@@ -1,0 +1,366 @@
+package contract_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/systest/internal/kit"
+)
+
+// TestOOM: maxmemory below the used memory with noeviction. FCALL is refused (OOM) before
+// it runs; the script path answers. Replays and sold-out answers still work; new takes fail
+// with an error (not an acknowledgement). Then memory is raised and retries take exactly once.
+func TestOOM(t *testing.T) {
+	faultReal(t)
+	s := redistest.StartServer(t)
+	admin := s.Client(t)
+	ctx := context.Background()
+	r := kit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
+	require.NoError(t, r.Load(ctx, "m", 300))
+	require.NoError(t, r.Load(ctx, "z", 1))
+	_, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1})
+	require.NoError(t, err)
+	st := newStats()
+	st.acked["z1"] = "z"
+	faultTraffic([]*stock.Reserver{r}, st, "pre", []string{"m"}, 4, 25, 1)
+	require.Empty(t, st.raw)
+	// Go OOM: fill with a big value, then cap memory below the use.
+	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+	// A flushed library must be loaded again: FUNCTION LOAD is itself refused under OOM.
+	require.NoError(t, faultDo(t, admin, "FUNCTION", "FLUSH").Error())
+	// Replays: on the sold-out item they answer; on the item with stock, see TestOOMReplay.
+	rc, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1, Retry: true})
+	if assert.NoError(t, err, "replay of z1 under OOM") {
+		assert.True(t, rc.Replayed)
+	}
+	// Sold out answers (without Retry: no write).
+	_, err = r.Deduct(ctx, stock.Request{SKU: "z", ID: "z2", Qty: 1})
+	assert.ErrorIs(t, err, stock.ErrSoldOut, "sold out under OOM")
+	l := kit.Levels(t, r, "m")
+	// New takes fail, and are retried later.
+	var failed []string
+	for i := 0; i < 20; i++ {
+		id := fmt.Sprintf("oom-%d", i)
+		start := time.Now()
+		_, err := r.Deduct(ctx, stock.Request{SKU: "m", ID: id, Qty: 1})
+		st.dur(time.Since(start))
+		if err == nil {
+			st.mu.Lock()
+			st.acked[id] = "m"
+			st.mu.Unlock()
+			continue
+		}
+		t.Logf("deduct under OOM: %v", err)
+		assert.NotErrorIs(t, err, stock.ErrSoldOut)
+		failed = append(failed, id)
+		st.mu.Lock()
+		st.unknown[id] = "m"
+		st.mu.Unlock()
+	}
+	_, err = r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1}, time.Minute)
+	t.Logf("hold under OOM: %v", err)
+	assert.Equal(t, l.Sold, kit.Levels(t, r, "m").Sold+0, "nothing taken under OOM")
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0").Error())
+	for _, id := range failed {
+		deduct(r, st, "m", id, 3)
+	}
+	_, err = r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1, Retry: true}, time.Minute)
+	require.NoError(t, err)
+	_, err = r.Confirm(ctx, "m", "oomhold")
+	require.NoError(t, err)
+	st.mu.Lock()
+	st.acked["oomhold"] = "m"
+	st.mu.Unlock()
+	t.Logf("raw %v max %v", st.raw, st.maxDur)
+	assert.Empty(t, st.unknown)
+	faultCheck(t, r, st, map[string]int64{"m": 300, "z": 1})
+	assert.NotEmpty(t, faultLibs(t, admin), "library loaded again after the OOM")
+}
+
+// TestOOMReplay: scripts.go (refusedFcall) says an FCALL refused for OOM falls back to the
+// script because "a script runs and is refused at its first write (replays and refusals still
+// answer)". A replay of an acknowledged deduct (Retry set, after an unknown outcome) on an item
+// that still has stock, under OOM: does it answer Replayed?
+func TestOOMReplay(t *testing.T) {
+	faultReal(t)
+	s := redistest.StartServer(t)
+	admin := s.Client(t)
+	ctx := context.Background()
+	r := kit.NewReserver(t, s.Client(t))
+	require.NoError(t, r.Load(ctx, "p", 10))
+	_, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1})
+	require.NoError(t, err)
+	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+	defer faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0")
+	rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1, Retry: true})
+	require.NoError(t, err, "replay of an acknowledged deduct under OOM")
+	assert.True(t, rc.Replayed)
+}
+
+func outsideKeys(t *testing.T, c rueidis.Client) []string {
+	t.Helper()
+	ks, err := c.Do(context.Background(), c.B().Keys().Pattern("*").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+func outsideConfigSet(t *testing.T, c rueidis.Client, policy string) {
+	t.Helper()
+	if err := c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", policy).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// every write of the Reserver, with the results wanted.
+func outsideAllWrites(ctx context.Context, r *stock.Reserver) map[string]error {
+	out := map[string]error{}
+	out["Load"] = r.Load(ctx, "a", 10)
+	_, out["Deduct"] = r.Deduct(ctx, stock.Request{SKU: "a", ID: "d1", User: "u", Qty: 1})
+	_, out["Hold"] = r.Hold(ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}, time.Minute)
+	_, out["DeductMany"] = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
+	_, out["HoldMany"] = r.HoldMany(ctx, stock.Cart{ID: "c2", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}, time.Minute)
+	_, out["Restore"] = r.Restore(ctx, "a", "unknown")
+	_, out["Cancel"] = r.Cancel(ctx, "a", "unknown2")
+	_, out["Confirm"] = r.Confirm(ctx, "a", "h1")
+	_, out["Extend"] = r.Extend(ctx, "a", "h1", time.Minute)
+	_, out["Restock"] = r.Restock(ctx, "a", "r1", 1)
+	out["CloseItem"] = r.CloseItem(ctx, "a")
+	out["ReopenItem"] = r.ReopenItem(ctx, "a")
+	out["Delist"] = r.Delist(ctx, "a")
+	_, out["ConfirmMany"] = r.ConfirmMany(ctx, "c2", "a", "b")
+	_, out["CancelMany"] = r.CancelMany(ctx, "c2", "a", "b")
+	_, out["Refuse"] = stockops.Refuse(ctx, r, "a", "d1")
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	out["Run"] = r.Run(rctx, stock.RunOptions{Store: memstore.New()})
+	out["RunNoStore"] = r.Run(rctx, stock.RunOptions{})
+	return out
+}
+
+func outsideEvictingServers(t *testing.T) map[string]rueidis.Client {
+	out := map[string]rueidis.Client{}
+	m := miniredis.RunT(t)
+	if err := redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "volatile-lru"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	out["miniredis-volatile-lru"] = c
+	if redistest.ServerBinary(t) != "" {
+		for _, p := range []string{"allkeys-lru", "volatile-ttl", "allkeys-random", "volatile-lfu"} {
+			s := redistest.StartServer(t, "--maxmemory-policy", p)
+			out["standalone-"+p] = s.Client(t)
+		}
+	}
+	return out
+}
+
+func TestEvictionPolicyRefusesEveryWriteAndRun(t *testing.T) {
+	for name, c := range outsideEvictingServers(t) {
+		t.Run(name, func(t *testing.T) {
+			r, err := stock.New(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close(context.Background())
+			start := time.Now()
+			for op, err := range outsideAllWrites(context.Background(), r) {
+				if !errors.Is(err, stock.ErrEvictionPolicy) {
+					t.Errorf("%s on an evicting policy: %v, want ErrEvictionPolicy", op, err)
+				} else if stock.Outcome(err) != "eviction_policy" {
+					t.Errorf("%s: Outcome %q", op, stock.Outcome(err))
+				}
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("refusals took %v (Run should return at once)", d)
+			}
+			if ks := outsideKeys(t, c); len(ks) != 0 {
+				t.Errorf("keys written on an evicting policy: %v", ks)
+			}
+		})
+	}
+}
+
+func TestEvictionPolicyErrorNamesNodePolicyAndFix(t *testing.T) {
+	m := miniredis.RunT(t)
+	if err := redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "allkeys-lfu"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, _ := stock.New(c)
+	defer r.Close(context.Background())
+	err = r.Load(context.Background(), "a", 1)
+	msg := fmt.Sprint(err)
+	if !strings.Contains(msg, "allkeys-lfu") || !strings.Contains(msg, m.Addr()) || !strings.Contains(msg, "noeviction") {
+		t.Errorf("error %q does not name the node %s, its policy and the fix", msg, m.Addr())
+	}
+}
+
+func TestEvictionAllowedWrites(t *testing.T) {
+	for name, c := range outsideEvictingServers(t) {
+		t.Run(name, func(t *testing.T) {
+			r, err := stock.New(c, stock.WithEvictionAllowed())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close(context.Background())
+			if err := r.Load(context.Background(), "a", 3); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Deduct(context.Background(), stock.Request{SKU: "a", ID: "d", Qty: 1}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	s := redistest.StartServer(t, "--maxmemory-policy", "allkeys-lru")
+	c := s.Client(t)
+	r, _ := stock.New(c)
+	defer r.Close(context.Background())
+	if err := r.Load(context.Background(), "a", 3); !errors.Is(err, stock.ErrEvictionPolicy) {
+		t.Fatalf("Load: %v", err)
+	}
+	outsideConfigSet(t, c, "noeviction")
+	deadline := time.Now().Add(3 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = r.Load(context.Background(), "a", 3); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("Load after the policy was fixed: %v", err)
+	}
+}
+
+func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	s := redistest.StartServer(t)
+	c := s.Client(t)
+	r, _ := stock.New(c)
+	defer r.Close(context.Background())
+	ctx := context.Background()
+	store := memstore.New()
+	if err := r.Load(ctx, "a", 3); err != nil {
+		t.Fatal(err)
+	}
+	_ = store.Load(ctx, "a", 3)
+	outsideConfigSet(t, c, "volatile-lru")
+	rec, err := stockops.NewReconciler(r, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := rec.Pass(ctx)
+	if res.NeedsHuman == "" {
+		t.Errorf("a pass after the policy turned evicting reports nothing: %+v", res)
+	}
+	if _, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", Qty: 1}); !errors.Is(err, stock.ErrEvictionPolicy) {
+		t.Errorf("deduct after a pass saw an evicting policy: %v, want ErrEvictionPolicy", err)
+	}
+	lv, _ := r.Levels(ctx, "a")
+	if lv.Available != 3 {
+		t.Errorf("levels %+v", lv)
+	}
+}
+
+func TestEvictedKeysReportedByPass(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	s := redistest.StartServer(t)
+	c := s.Client(t)
+	ctx := context.Background()
+	r, _ := stock.New(c, stock.WithEvictionAllowed())
+	defer r.Close(ctx)
+	store := memstore.New()
+	if err := r.Load(ctx, "a", 3); err != nil {
+		t.Fatal(err)
+	}
+	_ = store.Load(ctx, "a", 3)
+	rec, _ := stockops.NewReconciler(r, store, nil)
+	if res, _ := rec.Pass(ctx); res.NeedsHuman != "" {
+		t.Fatalf("first pass needs a human: %s", res.NeedsHuman)
+	}
+	// Fill a small maxmemory with volatile keys of our own until Redis evicts some.
+	outsideConfigSet(t, c, "volatile-random")
+	used, _ := c.Do(ctx, c.B().Info().Section("memory").Build()).ToString()
+	var usedBytes int64
+	for _, l := range strings.Split(used, "\r\n") {
+		if strings.HasPrefix(l, "used_memory:") {
+			fmt.Sscan(strings.TrimPrefix(l, "used_memory:"), &usedBytes)
+		}
+	}
+	if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", fmt.Sprint(usedBytes+200000)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 10000)
+	for i := 0; i < 100; i++ {
+		_ = c.Do(ctx, c.B().Set().Key(fmt.Sprintf("filler:%d", i)).Value(big).ExSeconds(3600).Build()).Error()
+	}
+	_ = c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build()).Error()
+	info, _ := c.Do(ctx, c.B().Info().Section("stats").Build()).ToString()
+	if !strings.Contains(info, "evicted_keys:") || strings.Contains(info, "evicted_keys:0\r\n") {
+		t.Fatalf("nothing evicted: %s", info)
+	}
+	res, _ := rec.Pass(ctx)
+	if !strings.Contains(strings.ToLower(res.NeedsHuman), "evict") {
+		t.Errorf("a pass after evictions: NeedsHuman %q", res.NeedsHuman)
+	}
+}
+
+// One master of a cluster with an evicting policy refuses the Reserver's writes everywhere.
+func TestEvictionPolicyOnOneClusterMasterRefused(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER")
+	}
+	cl := redistest.StartCluster(t, 3)
+	last := cl.Servers()[2].Client(t)
+	outsideConfigSet(t, last, "allkeys-lru")
+	c := cl.Client(t)
+	r, _ := stock.New(c)
+	defer r.Close(context.Background())
+	for op, err := range outsideAllWrites(context.Background(), r) {
+		if !errors.Is(err, stock.ErrEvictionPolicy) {
+			t.Errorf("%s with one master evicting: %v, want ErrEvictionPolicy", op, err)
+		}
+	}
+	for i, s := range cl.Servers() {
+		if ks := outsideKeys(t, s.Client(t)); len(ks) != 0 {
+			t.Errorf("master %d has keys: %v", i, ks)
+		}
+	}
+}

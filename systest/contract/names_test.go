@@ -1,0 +1,484 @@
+package contract_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+	"unicode"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/systest/internal/kit"
+)
+
+// names are valid names drawn to collide with the keys and encodings of the package: key
+// suffixes, the registry, the cart log, the epoch, and the separators of ledger entries and
+// outbox members.
+var names = []string{
+	"x", "x:u", "x:l", "x:o", "x:h", "x:b", "x:r", "x:rl", "x:dl", "x:p",
+	"carts", "~carts", "~", "carts:p", "items", "epoch", "stock", "stock:items",
+	":", "deducted:x", "x:deducted", "a,b", "a;b", "a=1", "%d", "nil", "0",
+}
+
+// Promise (package doc, Keys): "two items never share a key, and no item reaches the keys that
+// are not an item's": an operation on one item never changes another, whatever the names, and
+// Items lists exactly the loaded items.
+func TestKeyNamesDoNotCollide(t *testing.T) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
+		initial := map[string]int64{}
+		for i, n := range names {
+			initial[n] = int64(100 + i)
+			require.NoError(t, r.Load(ctx, n, initial[n]), n)
+		}
+		snapshot := func() map[string]stock.Levels {
+			m := map[string]stock.Levels{}
+			for _, n := range names {
+				m[n] = check(t, r, n, initial[n])
+			}
+			return m
+		}
+		before := snapshot()
+		for i, n := range names {
+			user := names[(i+7)%len(names)]
+			id := names[(i+3)%len(names)]
+			rc, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 2})
+			require.NoError(t, err, n)
+			assert.False(t, rc.Replayed)
+			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: id + ":h", User: user, Qty: 1}, time.Hour)
+			require.NoError(t, err, n)
+			_, err = r.Restock(ctx, n, id+":rs", 3)
+			require.NoError(t, err, n)
+			after := snapshot()
+			for _, m := range names {
+				if m == n {
+					want := before[n]
+					// +3 restocked, -2 deducted, -1 held
+					want.Sold += 2
+					want.Held++
+					want.Loaded += 3
+					assert.Equal(t, want, after[n], "item %s", n)
+					continue
+				}
+				assert.Equal(t, before[m], after[m], "an operation on %q changed %q", n, m)
+			}
+			before = after
+			e, err := r.Ledger(ctx, n, id)
+			require.NoError(t, err)
+			assert.Equal(t, user, e.User, "%s/%s", n, id)
+			assert.Equal(t, int64(2), e.Qty)
+			assert.Equal(t, stock.KindDeduct, e.Kind)
+			h, err := r.Ledger(ctx, n, id+":h")
+			require.NoError(t, err)
+			assert.Equal(t, user, h.User)
+			assert.Equal(t, stock.StateHeld, h.State)
+			assert.False(t, h.Deadline.IsZero())
+		}
+		// A cart over every name, as a saga: then its retry, then Restore of each line.
+		var lines []stock.Line
+		for _, n := range names {
+			lines = append(lines, stock.Line{SKU: n, Qty: 1})
+		}
+		for _, user := range []string{"x:1", "~", ":"} {
+			id := "cart:" + user
+			_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
+			require.NoError(t, err)
+			rc, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
+			require.NoError(t, err)
+			assert.True(t, rc.Replayed)
+		}
+		var items []string
+		for it, err := range stockops.Items(ctx, r) {
+			require.NoError(t, err)
+			items = append(items, it)
+		}
+		assert.ElementsMatch(t, names, items)
+		for _, n := range names {
+			l := check(t, r, n, initial[n])
+			assert.Equal(t, int64(2+3), l.Sold, n)
+		}
+	})
+}
+
+// Promise (WithGroups doc and the Keys section): grouped keys stay injective when group names
+// equal item names or key suffixes; an operation on one item never changes another.
+func TestGroupNamesDoNotCollide(t *testing.T) {
+	group := func(sku string) string {
+		switch sku {
+		case "tee":
+			return "tee" // a group named as its own item
+		case "x:u", "x:l":
+			return "x" // group = another item's name
+		case "x":
+			return "" // ungrouped
+		case "items", "carts":
+			return "~" // group named like the cart log's tag
+		case "u":
+			return "x:u" // group named like a suffixed key of item x
+		case "g:{":
+			return "g"
+		}
+		return "x:" + sku
+	}
+	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
+	backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
+		initial := map[string]int64{}
+		for i, n := range names {
+			initial[n] = int64(50 + i)
+			require.NoError(t, r.Load(ctx, n, initial[n]), n)
+		}
+		before := map[string]stock.Levels{}
+		for _, n := range names {
+			before[n] = check(t, r, n, initial[n])
+		}
+		for i, n := range names {
+			user := names[(i+1)%len(names)]
+			id := names[(i+2)%len(names)]
+			_, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 1})
+			require.NoError(t, err, n)
+			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: user, User: id, Qty: 1}, time.Hour)
+			require.NoError(t, err, n)
+			for _, m := range names {
+				l := check(t, r, m, initial[m])
+				if m == n {
+					assert.Equal(t, before[m].Sold+1, l.Sold, m)
+					assert.Equal(t, before[m].Held+1, l.Held, m)
+				} else {
+					assert.Equal(t, before[m], l, "an operation on %q changed %q", n, m)
+				}
+				before[m] = l
+			}
+		}
+		// Carts within one group, and across groups.
+		for i, c := range []stock.Cart{
+			{ID: "c1", User: "x", Lines: []stock.Line{{SKU: "x:u", Qty: 1}, {SKU: "x:l", Qty: 1}}},
+			{ID: "c2", User: "x:u", Lines: []stock.Line{{SKU: "items", Qty: 1}, {SKU: "carts", Qty: 1}}},
+			{ID: "c3", User: "tee", Lines: []stock.Line{{SKU: "tee", Qty: 1}, {SKU: "x", Qty: 1}, {SKU: "u", Qty: 1}}},
+		} {
+			_, err := r.DeductMany(ctx, c)
+			require.NoError(t, err, i)
+			rc, err := r.DeductMany(ctx, c)
+			require.NoError(t, err, i)
+			assert.True(t, rc.Replayed, i)
+			for _, ln := range c.Lines {
+				before[ln.SKU] = stock.Levels{Available: before[ln.SKU].Available - 1, Held: before[ln.SKU].Held, Sold: before[ln.SKU].Sold + 1, Loaded: before[ln.SKU].Loaded}
+			}
+			for _, m := range names {
+				assert.Equal(t, before[m], check(t, r, m, initial[m]), "after cart %d: %s", i, m)
+			}
+		}
+	})
+}
+
+// Promise (WithPrefix and the Keys section): two Reservers with prefixes "a" and "a:b" (and
+// "a:items", "a:carts") on one Redis never touch each other's items, registry or cart log.
+func TestPrefixesDoNotCollide(t *testing.T) {
+	backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
+		rs := map[string]*stock.Reserver{}
+		for i, p := range prefixes {
+			rs[p] = kit.NewReserver(t, c, stock.WithPrefix(p))
+			for _, n := range []string{"x", "b", "c", "items", "carts", "b:x"} {
+				require.NoError(t, rs[p].Load(ctx, n, int64(10+i)), "%s %s", p, n)
+			}
+		}
+		for i, p := range prefixes {
+			r := rs[p]
+			_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", User: "u", Qty: int64(i + 1)})
+			require.NoError(t, err)
+			_, err = r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
+			require.NoError(t, err)
+		}
+		_, err := stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)
+		require.NoError(t, err)
+		for i, p := range prefixes {
+			r := rs[p]
+			l := check(t, r, "x", int64(10+i))
+			assert.Equal(t, int64(i+1), l.Sold, "%s x", p)
+			for _, n := range []string{"b", "c"} {
+				l := check(t, r, n, int64(10+i))
+				assert.Equal(t, int64(1), l.Sold, "%s %s", p, n)
+			}
+			var items []string
+			for it, err := range stockops.Items(ctx, r) {
+				require.NoError(t, err)
+				items = append(items, it)
+			}
+			assert.ElementsMatch(t, []string{"x", "b", "c", "items", "carts", "b:x"}, items, p)
+		}
+	})
+}
+
+// TestNames: names with ':' '~', unicode, and the longest SKU and id (MaxNameLen bytes)
+// work on a split item as on a plain one.
+func TestNames(t *testing.T) {
+	each(t, []stock.Option{split(64)}, func(t *testing.T, e *requestEnv) {
+		ctx := context.Background()
+		long := strings.Repeat("é", stock.MaxNameLen/2) // 128 bytes
+		for _, sku := range []string{"a:b:c", "x~1~2", "商品-ü-🙂", "s:~0", long} {
+			t.Run(fmt.Sprintf("%.12s", sku), func(t *testing.T) {
+				require.NoError(t, e.r.Load(ctx, sku, 70), "Load of %d-byte sku", len(sku))
+				for i, user := range []string{"u:1", "u~2", "ユーザー", long, ""} {
+					id := fmt.Sprintf("id:%d~ü", i)
+					if i == 3 {
+						id = strings.Repeat("i", stock.MaxNameLen)
+					}
+					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2})
+					require.NoError(t, err)
+					assert.Equal(t, sku, rc.SKU)
+					ent, err := e.r.Ledger(ctx, sku, id)
+					require.NoError(t, err)
+					assert.Equal(t, sku, ent.SKU)
+					assert.Equal(t, user, ent.User)
+				}
+				_, err := e.r.Restore(ctx, sku, "id:0~ü")
+				require.NoError(t, err)
+				l := levels(t, e.r, sku)
+				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, l)
+				require.NoError(t, e.r.CloseItem(ctx, sku))
+				require.NoError(t, e.r.ReopenItem(ctx, sku))
+				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "all", Qty: 62})
+				require.NoError(t, err)
+			})
+		}
+	})
+}
+
+// TestOddIDs: request ids and users with separators, braces, spaces, unicode and the maximum
+// length answer on a split item as on a plain one (taken, replayed, refused as invalid alike).
+func TestOddIDs(t *testing.T) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		plain, split := sku("plain-odd"), sku("odd")
+		ids := []string{"a|1", "a|1|2", "{x}", "}", "a:b~c", "sp ace", "ünï", "r", strings.Repeat("i", stock.MaxNameLen),
+			strings.Repeat("j", stock.MaxNameLen+1), "", "nul\x00x", "\n"}
+		for _, sku := range []string{plain, split} {
+			require.NoError(t, e.r.Load(ctx, sku, 100))
+		}
+		for _, id := range ids {
+			for _, user := range []string{"", "u|0", id} {
+				var got [2]string
+				for j, sku := range []string{plain, split} {
+					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+					got[j] = fmt.Sprintf("%s replayed=%v", class(err), rc.Replayed)
+				}
+				assert.Equal(t, got[0], got[1], "id %q user %q", id, user)
+				var gr [2]string
+				for j, sku := range []string{plain, split} {
+					_, err := e.r.Ledger(ctx, sku, id)
+					gr[j] = class(err)
+				}
+				assert.Equal(t, gr[0], gr[1], "ledger of id %q", id)
+			}
+		}
+		lp, ls := kit.Levels(t, e.r, plain), kit.Levels(t, e.r, split)
+		assert.Equal(t, lp.Sold, ls.Sold)
+	})
+}
+
+// every rune of Unicode category Cf that Go knows.
+func outsideCfRunes() []rune {
+	var out []rune
+	for _, rg := range unicode.Cf.R16 {
+		for r := rune(rg.Lo); r <= rune(rg.Hi); r += rune(rg.Stride) {
+			out = append(out, r)
+		}
+	}
+	for _, rg := range unicode.Cf.R32 {
+		for r := rune(rg.Lo); r <= rune(rg.Hi); r += rune(rg.Stride) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestNamesWithFormatCharactersRefused(t *testing.T) {
+	e := outsideMini(t, stock.WithUserLimit(5))
+	e.load("ok", 100)
+	cfs := outsideCfRunes()
+	if len(cfs) < 100 {
+		t.Fatalf("only %d Cf runes", len(cfs))
+	}
+	for _, cf := range cfs {
+		bad := "x" + string(cf) + "y"
+		code := fmt.Sprintf("U+%04X", cf)
+		check := func(what string, err error) {
+			t.Helper()
+			if !errors.Is(err, stock.ErrInvalid) {
+				t.Errorf("%s with %s: %v, want ErrInvalid", what, code, err)
+				return
+			}
+			if !strings.Contains(err.Error(), code) || !strings.Contains(err.Error(), "1") {
+				t.Errorf("%s with %s: message %q names no code point or offset", what, code, err)
+			}
+		}
+		check("Load sku", e.r.Load(e.ctx, bad, 1))
+		_, err := e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: bad, User: "u", Qty: 1})
+		check("Deduct id", err)
+		_, err = e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: "i", User: bad, Qty: 1})
+		check("Deduct user", err)
+		_, err = e.r.Restore(e.ctx, "ok", bad)
+		check("Restore id", err)
+		_, err = e.r.Restock(e.ctx, "ok", bad, 1)
+		check("Restock id", err)
+		_, err = e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})
+		check("DeductMany id", err)
+		_, err = e.r.HoldMany(e.ctx, stock.Cart{ID: "c", User: bad, Lines: []stock.Line{{SKU: "ok", Qty: 1}}}, time.Minute)
+		check("HoldMany user", err)
+		_, err = e.r.Ledger(e.ctx, "ok", bad)
+		check("Ledger id", err)
+		_, err = stock.New(e.c, stock.WithPrefix(bad))
+		check("WithPrefix", err)
+		check("RunOptions.Reconcile.Items", stock.RunOptions{Store: e.store, Reconcile: &stock.ReconcileOptions{Items: []string{bad}}}.Validate())
+		check("RunOptions.Relay.Items", stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{Items: []string{bad}}}.Validate())
+	}
+	if lv := e.levels("ok"); lv.Sold != 0 || lv.Loaded != 100 {
+		t.Errorf("levels %+v", lv)
+	}
+	ks := outsideKeys(t, e.c)
+	for _, k := range ks {
+		for _, r := range k {
+			if unicode.Is(unicode.Cf, r) {
+				t.Errorf("key with a format character: %q", k)
+			}
+		}
+	}
+}
+
+// The offset named is the byte offset of the character.
+func TestNameFormatCharacterOffsetIsByteOffset(t *testing.T) {
+	e := outsideMini(t)
+	err := e.r.Load(e.ctx, "日本\u200Bx", 1) // 日本 is 6 bytes
+	if !errors.Is(err, stock.ErrInvalid) || !strings.Contains(err.Error(), "6") || !strings.Contains(err.Error(), "U+200B") {
+		t.Errorf("error %v: want U+200B at byte offset 6", err)
+	}
+}
+
+func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
+	e := outsideMini(t, stock.WithGroups(func(sku string) string { return "g\u200Dh" }))
+	e.load("a", 5)
+	e.load("b", 5)
+	for _, k := range outsideKeys(t, e.c) {
+		if strings.Contains(k, "\u200D") {
+			t.Errorf("a key holds the group's format character: %q", k)
+		}
+	}
+	if _, err := e.r.Levels(e.ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.relay()
+	e.want("a", 5, 1, 0)
+}
+
+// Look-alike names stay distinct: a name with letters that are not format characters works.
+func TestNamesOfOtherScriptsAccepted(t *testing.T) {
+	e := outsideMini(t)
+	for _, n := range []string{"café", "cafe\u0301", "日本", "😀", "ㅤ", "a\uFE0F"} {
+		if err := e.r.Load(e.ctx, n, 1); err != nil {
+			t.Errorf("Load %q: %v", n, err)
+		}
+	}
+}
+
+func TestConflictMessagesNameWhatDiffers(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		t.Run(fmt.Sprint("split=", split), func(t *testing.T) {
+			var opts []stock.Option
+			if split {
+				opts = append(opts, stock.WithBuckets(outsideTwoBuckets))
+			}
+			e := outsideMini(t, opts...)
+			e.load("a", 100)
+			e.load("b", 100)
+			ctx := e.ctx
+			must := func(err error) {
+				t.Helper()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1})
+			must(err)
+			_, err = e.r.Hold(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2}, time.Hour)
+			must(err)
+			_, err = e.r.Restock(ctx, "a", "r", 5)
+			must(err)
+			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})
+			must(err)
+
+			type tc struct {
+				name    string
+				err     error
+				want    []string
+				notWant []string
+			}
+			var cases []tc
+			add := func(name string, err error, want []string, notWant ...string) {
+				cases = append(cases, tc{name, err, want, notWant})
+			}
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 3})
+			add("deduct other qty", err, []string{"with quantity 1, not 3"}, "another user", "hold")
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "bob", Qty: 1})
+			add("deduct other user", err, []string{"another user"}, "units", "alice", "bob")
+			_, err = e.r.Hold(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1}, time.Hour)
+			add("hold of a deduct", err, []string{"deduct", "not a hold"}, "units", "another user")
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2})
+			add("deduct of a hold", err, []string{"hold", "not a deduct"}, "units", "another user")
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 1})
+			add("deduct of a hold, other qty", err, []string{"hold", "not a deduct", "with quantity 2, not 1"}, "another user")
+			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "r", User: "alice", Qty: 5})
+			add("deduct of a restock", err, []string{"restock"}, "another user")
+			_, err = e.r.Restock(ctx, "a", "d", 1)
+			add("restock of a deduct", err, []string{"deduct"}, "another user")
+			_, err = e.r.Restock(ctx, "a", "r", 6)
+			add("restock other qty", err, []string{"with quantity 5, not 6"})
+			_, err = e.r.Confirm(ctx, "a", "d")
+			add("confirm of a deduct", err, []string{"used for a deduct", "not a hold"}, "another user", "units")
+			_, err = e.r.Cancel(ctx, "a", "d")
+			add("cancel of a deduct", err, []string{"used for a deduct", "not a hold"}, "another user", "units")
+			_, err = e.r.Restore(ctx, "a", "r")
+			add("restore of a restock", err, []string{"restock"})
+			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})
+			add("cart other user", err, []string{"another user"}, "alice", "bob")
+			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})
+			add("cart other lines", err, []string{"line"}, "another user")
+			_, err = e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)
+			add("cart other kind", err, []string{"hold"}, "another user")
+			for _, c := range cases {
+				if !errors.Is(c.err, stock.ErrConflict) {
+					t.Errorf("%s: %v, want ErrConflict", c.name, c.err)
+					continue
+				}
+				msg := c.err.Error()
+				for _, w := range c.want {
+					if !strings.Contains(msg, w) {
+						t.Errorf("%s: message %q lacks %q", c.name, msg, w)
+					}
+				}
+				for _, w := range c.notWant {
+					if strings.Contains(msg, w) {
+						t.Errorf("%s: message %q says %q", c.name, msg, w)
+					}
+				}
+			}
+			if lv := e.levels("a"); lv.Sold != 2 || lv.Held != 2 || lv.Loaded != 105 {
+				t.Errorf("levels after conflicts %+v", lv)
+			}
+		})
+	}
+}

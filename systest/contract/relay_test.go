@@ -1,0 +1,2753 @@
+package contract_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/stocktest"
+	"github.com/stockres/stock/systest/internal/kit"
+)
+
+// Broken promise under test: Consume applies an item's events as Redis made
+// them: a message that disagrees with Redis's ledger (another quantity, a
+// restore Redis never made) is not applied to the store as if it were real,
+// and the reconciler does not then carry it back into Redis. (A queue can hold
+// such a message: a stale copy from before Redis lost data, an operator
+// republishing a dead-letter dump, another producer on the subject.)
+func TestConsumeTrustsMessageOverLedger(t *testing.T) {
+	cases := map[string]func(ev stock.Event) stock.Event{
+		"quantity":        func(ev stock.Event) stock.Event { ev.Qty = 7; return ev },
+		"phantom restore": func(ev stock.Event) stock.Event { ev.Type = stock.EventRestored; return ev },
+		"far seq":         func(ev stock.Event) stock.Event { ev.Seq += 1000; return ev },
+	}
+	for _, b := range redistest.Backends(t) {
+		for name, forge := range cases {
+			t.Run(b.Name+"/"+name, func(t *testing.T) {
+				ctx := context.Background()
+				r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				st := memstore.New()
+				if err := r.Load(ctx, "fg", 10); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Load(ctx, "fg", 10); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := r.Deduct(ctx, stock.Request{SKU: "fg", ID: "a", User: "u", Qty: 2}); err != nil {
+					t.Fatal(err)
+				}
+				q := &repairQueue{}
+				rl, _ := stockops.NewRelay(r, nil, q, nil)
+				if _, err := rl.Once(ctx); err != nil {
+					t.Fatal(err)
+				}
+				msgs := q.take()
+				if len(msgs) != 1 {
+					t.Fatalf("published %d", len(msgs))
+				}
+				bad := forge(msgs[0])
+				ferr := stock.Consume(ctx, r, st, bad)
+				rem, _ := st.Remaining(ctx, "fg")
+				t.Logf("forged %+v: %v; store remaining %d", bad, ferr, rem)
+				gerr := stock.Consume(ctx, r, st, msgs[0])
+				t.Logf("genuine: %v", gerr)
+				rc, _ := stockops.NewReconciler(r, st, nil)
+				res, perr := rc.Pass(ctx)
+				for _, rp := range res.Reports {
+					t.Logf("pass: %s (%v)", rp, perr)
+				}
+				rem, _ = st.Remaining(ctx, "fg")
+				lv, _ := r.Levels(ctx, "fg")
+				e, _ := r.Ledger(ctx, "fg", "a")
+				if rem != 8 || lv.Available != 8 || !e.Taken() {
+					t.Errorf("the acknowledged sale a (2 units) is undone or misapplied by a message Redis never made: store remaining %d, Redis available %d, ledger %s; want 8, 8, taken", rem, lv.Available, e.State)
+				}
+			})
+		}
+	}
+}
+
+// Broken promise under test: per-item order through Consume holds for grouped
+// items (WithGroups keys) too: deduct a, restore a, deduct b on one unit,
+// delivered b first.
+func TestGroupedItemQueueOrder(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			r, err := stock.New(b.Client(t), stock.WithCoalescing(0), stock.WithGroups(func(string) string { return "shoe" }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := memstore.New()
+			for _, sku := range []string{"s42", "s43"} {
+				if err := r.Load(ctx, sku, 1); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Load(ctx, sku, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.DeductMany(ctx, stock.Cart{ID: "a", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
+				t.Fatal(err)
+			}
+			for _, sku := range []string{"s42", "s43"} {
+				if _, err := r.Restore(ctx, sku, "a"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
+				t.Fatal(err)
+			}
+			q := &repairQueue{}
+			rl, _ := stockops.NewRelay(r, nil, q, nil)
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			msgs := q.take()
+			rc, _ := stockops.NewReconciler(r, st, nil)
+			if res, err := rc.Pass(ctx); err != nil {
+				t.Fatal(err)
+			} else {
+				for _, rp := range res.Reports {
+					if rp.Adjusted != 0 || rp.Drift != 0 {
+						t.Errorf("pass with the consumer down: %s", rp)
+					}
+				}
+			}
+			var rev []stock.Event
+			for i := len(msgs) - 1; i >= 0; i-- {
+				rev = append(rev, msgs[i])
+			}
+			repairConsumeAll(t, ctx, r, st, rev, rand.New(rand.NewPCG(uint64(3), 0)))
+			if _, err := rl.Once(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range q.take() {
+				if ev.Type == stock.EventRefused {
+					t.Errorf("store refused a valid sale of a grouped item: %+v", ev)
+				}
+			}
+			for _, sku := range []string{"s42", "s43"} {
+				rem, _ := st.Remaining(ctx, sku)
+				e, _ := r.Ledger(ctx, sku, "b")
+				if rem != 0 || e.State != stock.StateApplied {
+					t.Errorf("%s: store %d, ledger b %s", sku, rem, e.State)
+				}
+			}
+		})
+	}
+}
+
+// NewRelay: "Either may be nil, not both." RelayOptions.Batch: "at most 10,000".
+func TestNewRelayBounds(t *testing.T) {
+	e := stocktest.New(t)
+	st := memstore.New()
+	_, err := stockops.NewRelay(e.Reserver, nil, nil, nil)
+	assert.Error(t, err, "NewRelay with neither Store nor Publisher")
+	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10001})
+	assert.Error(t, err, "Batch above 10,000")
+	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})
+	assert.NoError(t, err, "Batch of 10,000")
+	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})
+	assert.NoError(t, err, "zero options take the defaults")
+	_, err = stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})
+	assert.NoError(t, err, "a negative Retention never trims: it is valid")
+	_, err = stockops.NewReconciler(e.Reserver, st, nil)
+	assert.NoError(t, err)
+}
+
+// "When ctx ends, Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain),
+// and returns ... ctx's error": with a ctx cancelled before the call, the events already in the
+// outbox are still delivered.
+func TestRunCancelledCtxStillDrains(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		require.NoError(t, r.Load(ctx, "cc", 10))
+		require.NoError(t, st.Load(ctx, "cc", 10))
+		for i := range 5 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "cc", ID: fmt.Sprint("d", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		start := time.Now()
+		err := r.Run(cctx, stock.RunOptions{Store: st})
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Less(t, time.Since(start), 7*time.Second, "bounded by Drain (5s)")
+		assert.Equal(t, int64(0), kit.OutboxLen(t, c, "cc"), "what was due was delivered")
+		rem, err := st.Remaining(ctx, "cc")
+		require.NoError(t, err)
+		assert.Equal(t, int64(5), rem)
+	})
+}
+
+// Sales made right up to the moment ctx ends are delivered by the drain: "Run delivers the
+// events that are due until none is left or Drain has passed." Items with ':' and '~' in their
+// names, and names of the non-item keys, take part.
+func TestRunDrainsLastSales(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		skus := []string{"a:b", "a", "~", "~carts", "carts", "items", "epoch", "x:l", "x", "a:b:o"}
+		// Run first, on an empty Redis, so that its guard does not fence the sales (see
+		// TestRunStartOnLiveDeploymentFenceLifts).
+		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 10 * time.Second})
+		time.Sleep(200 * time.Millisecond)
+		for _, s := range skus {
+			require.NoError(t, r.Load(ctx, s, 1000))
+			require.NoError(t, st.Load(ctx, s, 1000))
+		}
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		var n atomic.Int64
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					s := skus[(i+w)%len(skus)]
+					if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: fmt.Sprintf("w%d-%d", w, i), Qty: 1}); err == nil {
+						n.Add(1)
+					}
+				}
+			}()
+		}
+		time.Sleep(500 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		cancel() // right after the last sale
+		err, ok := waitRun(t, done, 15*time.Second)
+		require.True(t, ok, "Run returned")
+		assert.ErrorIs(t, err, context.Canceled)
+		var sold int64
+		for _, s := range skus {
+			l := kit.Levels(t, r, s)
+			sold += l.Sold
+			assert.Equal(t, int64(0), kit.OutboxLen(t, c, s), "%s: outbox drained", s)
+			rem, err := st.Remaining(ctx, s)
+			require.NoError(t, err)
+			assert.Equal(t, l.Available, rem, "%s: the Store got every sale", s)
+		}
+		assert.Equal(t, n.Load(), sold)
+		assert.LessOrEqual(t, st.MaxApplications(), 1)
+		t.Logf("%d sales", sold)
+	})
+}
+
+// blockingStore blocks in Apply until its context ends (a hung database honouring ctx). It is a
+// plain stock.Store (memstore's ApplyBatch is not promoted), so the relay calls its Apply.
+type blockingStore struct {
+	onlyStore
+	calls atomic.Int64
+}
+
+func (s *blockingStore) Apply(ctx context.Context, ev stock.Event) error {
+	s.calls.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// "Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are due
+// until none is left or Drain has passed." With a Store that hangs (honouring its context), Run
+// returns about Drain after ctx ends, and returns the error a loop met.
+func TestRunHungStoreDrainBounded(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := &blockingStore{onlyStore: onlyStore{s: memstore.New()}}
+		require.NoError(t, r.Load(ctx, "hung", 10))
+		require.NoError(t, st.s.Load(ctx, "hung", 10))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "hung", ID: "d1", Qty: 1})
+		require.NoError(t, err)
+		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 500 * time.Millisecond,
+			Relay: &stock.RelayOptions{Lease: time.Hour}})
+		require.True(t, eventually(3*time.Second, func() bool { return st.calls.Load() > 0 }), "the relay called Apply")
+		cancel()
+		start := time.Now()
+		err, ok := waitRun(t, done, 10*time.Second)
+		require.True(t, ok, "Run returned after ctx ended with a hung Store")
+		assert.Less(t, time.Since(start), 3*time.Second, "Run returned about Drain (500ms) after ctx ended")
+		assert.Error(t, err)
+		// The event is not lost: it is still in the outbox.
+		assert.Equal(t, int64(1), kit.OutboxLen(t, c, "hung"))
+	})
+}
+
+// sleepyStore ignores ctx and sleeps in Apply (a database call with no deadline); a plain
+// stock.Store.
+type sleepyStore struct {
+	onlyStore
+	d      time.Duration
+	calls  atomic.Int64
+	mu     sync.Mutex
+	starts []time.Time // when each Apply call began
+}
+
+func (s *sleepyStore) Apply(ctx context.Context, ev stock.Event) error {
+	s.calls.Add(1)
+	s.mu.Lock()
+	s.starts = append(s.starts, time.Now())
+	s.mu.Unlock()
+	time.Sleep(s.d)
+	return s.s.Apply(ctx, ev)
+}
+
+// A slow store with many events due: the drain stops at Drain, not when the outbox is empty.
+func TestRunDrainBoundedManyEvents(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: 5 * time.Millisecond}
+		require.NoError(t, r.Load(ctx, "slow", 5000))
+		require.NoError(t, st.s.Load(ctx, "slow", 5000))
+		for i := range 1500 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "slow", ID: fmt.Sprint("d", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		start := time.Now()
+		err := r.Run(cctx, stock.RunOptions{Store: st, Drain: 300 * time.Millisecond, Relay: &stock.RelayOptions{Lease: time.Second}})
+		took := time.Since(start)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Less(t, took, 3*time.Second, "Drain (300ms) bounds the last delivery")
+		left := kit.OutboxLen(t, c, "slow")
+		rem, err := st.Remaining(ctx, "slow")
+		require.NoError(t, err)
+		assert.LessOrEqual(t, 1500-left, 5000-rem, "every event left the outbox only after the Store applied it")
+		t.Logf("took %v, %d applied, %d left", took, st.calls.Load(), left)
+		// What is left is delivered later (after the lease of the events Run claimed), once in
+		// effect.
+		redistest.Sleep(c, 1100*time.Millisecond)
+		rl, err := stockops.NewRelay(r, st.s, nil, nil)
+		require.NoError(t, err)
+		kit.Drain(t, rl)
+		rem, err = st.s.Remaining(ctx, "slow")
+		require.NoError(t, err)
+		assert.Equal(t, int64(3500), rem)
+		assert.LessOrEqual(t, st.s.MaxApplications(), 1)
+	})
+}
+
+// The queue path through Run: "With no Store it is the queue path: consumers apply the events
+// through Consume." Every published event, applied through Consume, makes the Store agree.
+func TestRunPublisherOnly(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		require.NoError(t, r.Load(ctx, "q:1", 20))
+		require.NoError(t, st.Load(ctx, "q:1", 20))
+		var mu sync.Mutex
+		var got []stock.Event
+		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+			mu.Lock()
+			got = append(got, ev)
+			mu.Unlock()
+			return nil
+		})
+		cancel, done := runAsync(r, stock.RunOptions{Publisher: pub})
+		for i := range 6 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "q:1", ID: fmt.Sprint("d", i), Qty: 2})
+			require.NoError(t, err)
+		}
+		_, err := r.Restore(ctx, "q:1", "d0")
+		require.NoError(t, err)
+		cancel()
+		err, ok := waitRun(t, done, 10*time.Second)
+		require.True(t, ok)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, int64(0), kit.OutboxLen(t, c, "q:1"))
+		mu.Lock()
+		evs := append([]stock.Event(nil), got...)
+		mu.Unlock()
+		require.Len(t, evs, 7)
+		// Deliver in reverse: Consume keeps the item's order.
+		for i := len(evs) - 1; i >= 0; i-- {
+			require.NoError(t, stock.Consume(ctx, r, st, evs[i]))
+		}
+		rem, err := st.Remaining(ctx, "q:1")
+		require.NoError(t, err)
+		assert.Equal(t, kit.Levels(t, r, "q:1").Available, rem)
+		assert.Equal(t, int64(10), rem)
+	})
+}
+
+// RelayOptions.Batch: Once "claims their due events, a batch at a time, until none is due": a
+// Batch of 1 still delivers everything in one Once.
+func TestRelayBatchOneDrainsInOnce(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		for _, s := range []string{"b1", "b:2"} {
+			require.NoError(t, r.Load(ctx, s, 100))
+			require.NoError(t, st.Load(ctx, s, 100))
+			for i := range 40 {
+				_, err := r.Deduct(ctx, stock.Request{SKU: s, ID: fmt.Sprint("d", i), Qty: 1})
+				require.NoError(t, err)
+			}
+		}
+		rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{Batch: 1})
+		require.NoError(t, err)
+		stats, err := rl.Once(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 80, stats.Delivered, "%+v", stats)
+		for _, s := range []string{"b1", "b:2"} {
+			assert.Equal(t, int64(0), kit.OutboxLen(t, c, s))
+		}
+		// RelayOptions.Items: "limits the relay to these items".
+		_, err = r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})
+		require.NoError(t, err)
+		rl, err = stockops.NewRelay(r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
+		require.NoError(t, err)
+		stats, err = rl.Once(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, stats.Delivered)
+		assert.Equal(t, int64(1), kit.OutboxLen(t, c, "b1"), "b1 is not the relay's")
+	})
+}
+
+// onlyStore is a stock.Store and nothing more (no BatchStore, RecordLister or ItemLister), whose
+// Records and Remaining wait delay.
+type onlyStore struct {
+	s     *memstore.Store
+	delay time.Duration
+}
+
+func (o *onlyStore) Apply(ctx context.Context, ev stock.Event) error { return o.s.Apply(ctx, ev) }
+
+func (o *onlyStore) Remaining(ctx context.Context, sku string) (int64, error) {
+	time.Sleep(o.delay)
+	return o.s.Remaining(ctx, sku)
+}
+
+func (o *onlyStore) Records(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
+	time.Sleep(o.delay)
+	return o.s.Records(ctx, sku, ids)
+}
+
+// Run with a Store and a Publisher that fails: "an event is removed from the outbox only after
+// the Store applied it and the Publisher accepted it"; once the Publisher recovers, each event
+// reaches it and the Store applies it once in effect.
+func TestRunStoreAndFailingPublisher(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		require.NoError(t, r.Load(ctx, "sp", 10))
+		require.NoError(t, st.Load(ctx, "sp", 10))
+		var down atomic.Bool
+		down.Store(true)
+		var mu sync.Mutex
+		seen := map[string]int{}
+		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+			if down.Load() {
+				return errors.New("queue down")
+			}
+			mu.Lock()
+			seen[string(ev.Type)+":"+ev.ID]++
+			mu.Unlock()
+			return nil
+		})
+		for i := range 3 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "sp", ID: fmt.Sprint("d", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		relay := &stock.RelayOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+		cancel, done := runAsync(r, stock.RunOptions{Store: st, Publisher: pub, Relay: relay, Drain: 200 * time.Millisecond})
+		time.Sleep(300 * time.Millisecond)
+		cancel()
+		err, ok := waitRun(t, done, 5*time.Second)
+		require.True(t, ok)
+		assert.Error(t, err)
+		assert.False(t, errors.Is(err, context.Canceled) && !strings.Contains(err.Error(), "queue down"), "the loop's error, not only ctx's: %v", err)
+		assert.Equal(t, int64(3), kit.OutboxLen(t, c, "sp"), "nothing left the outbox while the Publisher refused")
+
+		down.Store(false)
+		redistest.Sleep(c, 100*time.Millisecond)
+		cancel, done = runAsync(r, stock.RunOptions{Store: st, Publisher: pub, Relay: relay})
+		ok = eventually(5*time.Second, func() bool { return kit.OutboxLen(t, c, "sp") == 0 })
+		cancel()
+		<-done
+		assert.True(t, ok, "delivered once the Publisher is back")
+		mu.Lock()
+		for i := range 3 {
+			assert.GreaterOrEqual(t, seen["deducted:"+fmt.Sprint("d", i)], 1)
+		}
+		mu.Unlock()
+		rem, err := st.Remaining(ctx, "sp")
+		require.NoError(t, err)
+		assert.Equal(t, int64(7), rem)
+		assert.LessOrEqual(t, st.MaxApplications(), 1)
+	})
+}
+
+// The queue path drains on a cancelled ctx too: "lets the relay deliver what is due".
+func TestRunPublisherDrainsOnCancelledCtx(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		require.NoError(t, r.Load(ctx, "qd", 10))
+		for i := range 4 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "qd", ID: fmt.Sprint("d", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		var n atomic.Int64
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		err := r.Run(cctx, stock.RunOptions{Publisher: stock.PublisherFunc(func(context.Context, stock.Event) error {
+			n.Add(1)
+			return nil
+		})})
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, int64(4), n.Load())
+		assert.Equal(t, int64(0), kit.OutboxLen(t, c, "qd"))
+		pending, dead, err := stockops.Pending(ctx, r, "qd")
+		require.NoError(t, err)
+		assert.Equal(t, int64(0), pending)
+		assert.Equal(t, int64(0), dead)
+	})
+}
+
+// relayQueue is an in-memory broker: what the publisher accepted, in the order it accepted it.
+type relayQueue struct {
+	mu   sync.Mutex
+	msgs []stock.Event
+	// batch, when set, decides what PublishBatch does with a batch: it returns the answer and
+	// says how many of the first events the queue really takes.
+	batch func(call int, evs []stock.Event) (errs []error, keep []bool)
+	calls atomic.Int64
+	// single, when set, decides Publish's answer (nil keeps the event).
+	single func(ev stock.Event) error
+}
+
+func (q *relayQueue) Publish(ctx context.Context, ev stock.Event) error {
+	if q.single != nil {
+		if err := q.single(ev); err != nil {
+			return err
+		}
+	}
+	q.mu.Lock()
+	q.msgs = append(q.msgs, ev)
+	q.mu.Unlock()
+	return nil
+}
+
+func (q *relayQueue) PublishBatch(ctx context.Context, evs []stock.Event) []error {
+	call := int(q.calls.Add(1))
+	if q.batch == nil {
+		for _, ev := range evs {
+			_ = q.Publish(ctx, ev)
+		}
+		return make([]error, len(evs))
+	}
+	errs, keep := q.batch(call, evs)
+	q.mu.Lock()
+	for i, ev := range evs {
+		if keep[i] {
+			q.msgs = append(q.msgs, ev)
+		}
+	}
+	q.mu.Unlock()
+	return errs
+}
+
+func (q *relayQueue) take() []stock.Event {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.msgs
+	q.msgs = nil
+	return out
+}
+
+func (q *relayQueue) snapshot() []stock.Event {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]stock.Event(nil), q.msgs...)
+}
+
+// orderStore wraps a memstore and records, per item, every event that changed something, to
+// find events applied out of their item's order.
+type orderStore struct {
+	*memstore.Store
+	mu      sync.Mutex
+	applied map[string][]stock.Event // per sku, first applications in the order they came
+	seen    map[string]bool
+}
+
+func newOrderStore() *orderStore {
+	return &orderStore{Store: memstore.New(), applied: map[string][]stock.Event{}, seen: map[string]bool{}}
+}
+
+func (s *orderStore) Apply(ctx context.Context, ev stock.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock() // serialise, so the recorded order is the order of application
+	err := s.Store.Apply(ctx, ev)
+	k := ev.SKU + "\x00" + ev.ID + "\x00" + string(ev.Type)
+	if (err == nil || errors.Is(err, stock.ErrRefused)) && !s.seen[k] {
+		switch ev.Type {
+		case stock.EventDeducted, stock.EventConfirmed, stock.EventRestored, stock.EventRefused, stock.EventRestocked:
+			s.seen[k] = true
+			s.applied[ev.SKU] = append(s.applied[ev.SKU], ev)
+		}
+	}
+	return err
+}
+
+// checkOrder fails t for an item whose events reached the store out of sequence.
+func (s *orderStore) checkOrder(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sku, evs := range s.applied {
+		for i := 1; i < len(evs); i++ {
+			if evs[i].Seq != 0 && evs[i-1].Seq != 0 && evs[i].Seq < evs[i-1].Seq {
+				t.Errorf("item %q: %s %s (seq %d) reached the store after %s %s (seq %d)",
+					sku, evs[i].Type, evs[i].ID, evs[i].Seq, evs[i-1].Type, evs[i-1].ID, evs[i-1].Seq)
+				break
+			}
+		}
+	}
+}
+
+// acks is what the Reserver acknowledged: the ids it deducted and those it gave back.
+type acks struct {
+	deducted map[string]map[string]int64 // sku → id → qty
+	restored map[string]map[string]bool
+	restock  map[string]map[string]int64
+	initial  map[string]int64
+}
+
+// traffic loads skus (in Redis and in the store) and runs n random deducts, restores and
+// restocks on them, returning what was acknowledged.
+func traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memstore.Store, skus []string, n int, rng *rand.Rand) *acks {
+	t.Helper()
+	a := &acks{deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, restock: map[string]map[string]int64{}, initial: map[string]int64{}}
+	for _, sku := range skus {
+		qty := int64(20 + rng.IntN(30))
+		if err := r.Load(ctx, sku, qty); err != nil {
+			t.Fatalf("Load %q: %v", sku, err)
+		}
+		if err := store.Load(ctx, sku, qty); err != nil {
+			t.Fatalf("store.Load %q: %v", sku, err)
+		}
+		a.initial[sku] = qty
+		a.deducted[sku] = map[string]int64{}
+		a.restored[sku] = map[string]bool{}
+		a.restock[sku] = map[string]int64{}
+	}
+	for i := 0; i < n; i++ {
+		sku := skus[rng.IntN(len(skus))]
+		switch p := rng.IntN(10); {
+		case p < 6:
+			id := fmt.Sprintf("d%d", i)
+			q := int64(1 + rng.IntN(3))
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q})
+			switch {
+			case err == nil:
+				a.deducted[sku][id] = q
+			case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrInsufficient):
+			default:
+				t.Fatalf("Deduct %q %s: %v", sku, id, err)
+			}
+		case p < 9:
+			for id := range a.deducted[sku] {
+				if a.restored[sku][id] {
+					continue
+				}
+				if _, err := r.Restore(ctx, sku, id); err != nil {
+					t.Fatalf("Restore %q %s: %v", sku, id, err)
+				}
+				a.restored[sku][id] = true
+				break
+			}
+		default:
+			id := fmt.Sprintf("r%d", i)
+			q := int64(1 + rng.IntN(4))
+			if _, err := r.Restock(ctx, sku, id, q); err != nil {
+				t.Fatalf("Restock %q %s: %v", sku, id, err)
+			}
+			a.restock[sku][id] = q
+		}
+	}
+	return a
+}
+
+// drain runs the relay until every item's outbox is empty, moving the Redis clock past every
+// backoff and lease between passes.
+func drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Relay, skus []string) {
+	t.Helper()
+	for pass := 0; pass < 400; pass++ {
+		_, _ = rl.Once(ctx)
+		left := int64(0)
+		for _, sku := range skus {
+			p, _, err := stockops.Pending(ctx, e.Reserver, sku)
+			if err != nil {
+				t.Fatalf("Pending %q: %v", sku, err)
+			}
+			left += p
+		}
+		if left == 0 {
+			return
+		}
+		e.Advance(2 * time.Minute)
+	}
+	t.Fatalf("the relay did not drain the outboxes in 400 passes")
+}
+
+// relayConsumeAll hands msgs to stock.Consume in a random order, redelivering every message Consume
+// did not settle (ErrHeldBack or a temporary error), until all are settled.
+func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
+	t.Helper()
+	rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	var lastErr error
+	for round := 0; len(msgs) > 0; round++ {
+		if round > 200 {
+			t.Fatalf("%d messages still unsettled after 200 rounds (last error: %v)", len(msgs), lastErr)
+		}
+		var again []stock.Event
+		for _, ev := range msgs {
+			err := stock.Consume(ctx, r, st, ev)
+			switch {
+			case err == nil:
+			case errors.Is(err, stock.ErrInvalid):
+				t.Errorf("Consume %s %s %s: %v (a valid event)", ev.SKU, ev.Type, ev.ID, err)
+			default:
+				lastErr = err
+				again = append(again, ev)
+			}
+		}
+		msgs = again
+	}
+}
+
+// verify checks the end state: the store equals Redis for every item, nothing is applied twice,
+// every acknowledged deduct and restore has its record, no outbox or published set holds anything,
+// and the store saw each item's events in order.
+func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore, a *acks) {
+	t.Helper()
+	rec, err := stockops.NewReconciler(r, st.Store, &stock.ReconcileOptions{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sku := range a.initial {
+		lv, err := r.Levels(ctx, sku)
+		if err != nil {
+			t.Fatalf("Levels %q: %v", sku, err)
+		}
+		rem, err := st.Remaining(ctx, sku)
+		if err != nil {
+			t.Fatalf("Remaining %q: %v", sku, err)
+		}
+		if rem != lv.Available+lv.Held {
+			t.Errorf("item %q: store remaining %d, Redis available %d held %d", sku, rem, lv.Available, lv.Held)
+		}
+		// The expected figure from the acknowledged answers alone.
+		want := a.initial[sku]
+		for id, q := range a.deducted[sku] {
+			if !a.restored[sku][id] {
+				want -= q
+			}
+		}
+		for _, q := range a.restock[sku] {
+			want += q
+		}
+		if rem != want {
+			t.Errorf("item %q: store remaining %d, the acknowledged answers make %d", sku, rem, want)
+		}
+		ids := make([]string, 0, len(a.deducted[sku]))
+		for id := range a.deducted[sku] {
+			ids = append(ids, id)
+		}
+		recs, err := st.Records(ctx, sku, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			want := stock.StateApplied
+			if a.restored[sku][id] {
+				want = stock.StateRestored
+			}
+			if got := recs[id]; got.Status != want {
+				t.Errorf("item %q id %s: store record %q, want %q (acknowledged)", sku, id, got.Status, want)
+			}
+		}
+		rp, err := rec.Item(ctx, sku)
+		if err != nil {
+			t.Fatalf("reconcile %q: %v", sku, err)
+		}
+		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 {
+			t.Errorf("item %q after the drain: %s", sku, rp)
+		}
+	}
+	if m := st.MaxApplications(); m > 1 {
+		t.Errorf("an event changed the store %d times", m)
+	}
+	st.checkOrder(t)
+}
+
+// setup is a Reserver on stocktest's miniredis, a store and a seeded rng.
+func setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *orderStore, *rand.Rand) {
+	return context.Background(), stocktest.New(t), newOrderStore(), rand.New(rand.NewPCG(seed, 18))
+}
+
+// A batch that fails at event k of n (the queue took the first k, the relay is told so), a
+// different k every call: the relay must keep the first k and retry from k, in order, and through
+// Consume the store must end exactly where the acknowledged answers put it.
+func TestBatchFailsMidBatch(t *testing.T) {
+	ctx, e, st, rng := setup(t, 1)
+	skus := []string{"a", "b", "c"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
+	var mu sync.Mutex
+	q := &relayQueue{}
+	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+		mu.Lock()
+		k := rng.IntN(len(evs) + 1)
+		mu.Unlock()
+		errs := make([]error, len(evs))
+		keep := make([]bool, len(evs))
+		for i := range evs {
+			if i < k {
+				keep[i] = true
+			} else {
+				errs[i] = errors.New("broker: not appended")
+			}
+		}
+		return errs, keep
+	}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, e, rl, skus)
+	if q.calls.Load() == 0 {
+		t.Fatal("the relay never called PublishBatch")
+	}
+	msgs := q.snapshot()
+	// The queue got each item's events in sequence, each once (the relay never republished one
+	// the queue had taken).
+	last := map[string]int64{}
+	seen := map[string]bool{}
+	for _, ev := range msgs {
+		k := ev.SKU + "/" + ev.ID + "/" + string(ev.Type)
+		if seen[k] {
+			t.Errorf("event %s was published again after the queue took it", k)
+		}
+		seen[k] = true
+		if ev.Seq <= last[ev.SKU] {
+			t.Errorf("item %q: seq %d published after %d", ev.SKU, ev.Seq, last[ev.SKU])
+		}
+		last[ev.SKU] = ev.Seq
+	}
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// A batch publisher whose answer is not a prefix: nil, error, nil, nil... (the queue took every
+// event answered nil). The relay must not count the events after the first failure as published
+// (it retries them: duplicates), and the store must still end right.
+func TestBatchHoleInAnswer(t *testing.T) {
+	ctx, e, st, rng := setup(t, 2)
+	skus := []string{"x", "y"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 200, rng)
+	q := &relayQueue{}
+	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+		errs := make([]error, len(evs))
+		keep := make([]bool, len(evs))
+		for i := range evs {
+			keep[i] = true
+		}
+		if len(evs) > 1 && call%3 != 0 {
+			errs[1] = errors.New("broker: lost confirm for the second")
+			keep[1] = false
+		}
+		return errs, keep
+	}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, e, rl, skus)
+	msgs := q.take()
+	relayConsumeAll(t, ctx, e.Reserver, st, msgs, rng)
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// Answers of the wrong length (one error short, one nil too many, none at all) fail the whole
+// batch: no event of it may leave the outbox. Then a sound publisher delivers them all.
+func TestBatchWrongLength(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		n    func(int) int
+	}{
+		{"short", func(n int) int { return n - 1 }},
+		{"long", func(n int) int { return n + 1 }},
+		{"nil", func(int) int { return 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, e, st, rng := setup(t, 3)
+			skus := []string{"w"}
+			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
+			before, _, err := stockops.Pending(ctx, e.Reserver, "w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := &relayQueue{}
+			q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+				keep := make([]bool, len(evs))
+				for i := range keep {
+					keep[i] = true // the queue has them all: the answer is wrong, not the queue
+				}
+				if n := tc.n(len(evs)); n > 0 {
+					return make([]error, n), keep
+				}
+				return nil, keep
+			}
+			rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st1, err := rl.Once(ctx)
+			if st1.Delivered != 0 {
+				t.Errorf("wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
+			}
+			after, _, err := stockops.Pending(ctx, e.Reserver, "w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after != before {
+				t.Errorf("outbox: %d events before, %d after a pass of wrong-length answers", before, after)
+			}
+			q.batch = nil
+			drain(t, ctx, e, rl, skus)
+			relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+			verify(t, ctx, e.Reserver, st, acks)
+		})
+	}
+}
+
+// A PublishBatch that panics (after the queue took half the batch). Whatever the relay does with
+// the panic, nothing may be lost: the events come back after the lease and are delivered.
+func TestBatchPanics(t *testing.T) {
+	ctx, e, st, rng := setup(t, 4)
+	skus := []string{"p"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
+	q := &relayQueue{}
+	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+		if call == 1 {
+			q.mu.Lock()
+			q.msgs = append(q.msgs, evs[:len(evs)/2]...)
+			q.mu.Unlock()
+			panic("publisher bug")
+		}
+		keep := make([]bool, len(evs))
+		for i := range keep {
+			keep[i] = true
+		}
+		return make([]error, len(evs)), keep
+	}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = rl.Once(ctx)
+	}()
+	e.Advance(10 * time.Second)
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// A broker that delivers a message to a consumer before it confirms it to the publisher (as every
+// real broker may): the consumer runs stock.Consume on the event while the relay still holds it
+// claimed in the outbox, then the relay hears the confirm and moves it to the published set.
+// Nothing may be left in flight afterwards: the event is applied, and Redis must not count it
+// as published-and-unapplied forever.
+func TestConsumedBeforeConfirm(t *testing.T) {
+	for _, batch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			ctx, e, st, rng := setup(t, 5)
+			skus := []string{"fast", "quick"}
+			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 80, rng)
+			var mu sync.Mutex
+			var consumeErrs []error
+			var redeliver []stock.Event // what the broker must hand over again
+			deliver := func(ev stock.Event) {
+				if err := stock.Consume(ctx, e.Reserver, st, ev); err != nil {
+					mu.Lock()
+					consumeErrs = append(consumeErrs, err)
+					redeliver = append(redeliver, ev)
+					mu.Unlock()
+				}
+			}
+			var pub stock.Publisher
+			if batch {
+				q := &relayQueue{}
+				q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+					for _, ev := range evs {
+						deliver(ev)
+					}
+					return make([]error, len(evs)), make([]bool, len(evs))
+				}
+				pub = q
+			} else {
+				pub = stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+					deliver(ev)
+					return nil
+				})
+			}
+			rl, err := stockops.NewRelay(e.Reserver, nil, pub, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			drain(t, ctx, e, rl, skus)
+			if len(consumeErrs) > 0 {
+				t.Logf("Consume answered %d errors during delivery, first: %v", len(consumeErrs), consumeErrs[0])
+			}
+			relayConsumeAll(t, ctx, e.Reserver, st, redeliver, rng)
+			verify(t, ctx, e.Reserver, st, acks)
+		})
+	}
+}
+
+// Every event delivered three times, to eight consumers at once, in a random order: concurrent
+// Consume calls of one event and of neighbouring events of one item.
+func TestConcurrentConsumers(t *testing.T) {
+	ctx, e, st, rng := setup(t, 6)
+	skus := []string{"k1", "k2", "k3", "k4"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
+	q := &relayQueue{}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, e, rl, skus)
+	one := q.take()
+	var all []stock.Event
+	for i := 0; i < 3; i++ {
+		all = append(all, one...)
+	}
+	rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	work := make(chan stock.Event, len(all))
+	for _, ev := range all {
+		work <- ev
+	}
+	var pending atomic.Int64
+	pending.Store(int64(len(all)))
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	deadline := time.Now().Add(15 * time.Second)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for pending.Load() > 0 && time.Now().Before(deadline) {
+				select {
+				case ev := <-work:
+					err := stock.Consume(ctx, e.Reserver, st, ev)
+					switch {
+					case err == nil:
+						pending.Add(-1)
+					case errors.Is(err, stock.ErrInvalid):
+						bad.Add(1)
+						pending.Add(-1)
+					default:
+						work <- ev
+					}
+				default:
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := pending.Load(); n > 0 {
+		t.Fatalf("%d deliveries never settled", n)
+	}
+	if n := bad.Load(); n > 0 {
+		t.Errorf("%d valid deliveries answered ErrInvalid", n)
+	}
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// The old events of an item delivered again after its later ones were applied (a redelivery of a
+// dead consumer's messages, or a relay's republish): repeats, answered nil, changing nothing.
+func TestStaleRedelivery(t *testing.T) {
+	ctx, e, st, rng := setup(t, 7)
+	skus := []string{"old"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
+	q := &relayQueue{}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, e, rl, skus)
+	msgs := q.take()
+	sort.Slice(msgs, func(i, j int) bool { return msgs[i].Seq < msgs[j].Seq })
+	// Apply only the last: Consume must apply all earlier ones first, from Redis.
+	if err := stock.Consume(ctx, e.Reserver, st, msgs[len(msgs)-1]); err != nil {
+		t.Fatalf("Consume of the last event: %v", err)
+	}
+	verify(t, ctx, e.Reserver, st, acks)
+	rem, _ := st.Remaining(ctx, "old")
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if err := stock.Consume(ctx, e.Reserver, st, msgs[i]); err != nil {
+			t.Errorf("stale redelivery of %s %s (seq %d): %v", msgs[i].Type, msgs[i].ID, msgs[i].Seq, err)
+		}
+	}
+	if got, _ := st.Remaining(ctx, "old"); got != rem {
+		t.Errorf("stale redeliveries moved the store from %d to %d", rem, got)
+	}
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// Run with only a Publisher, a slow one, and the context cancelled in the middle of a batch; the
+// publisher's last answers come after the context ended (it accepted them anyway). Then a second
+// Run drains the rest. Every acknowledged operation must reach the store once.
+func TestRunCancelMidBatch(t *testing.T) {
+	ctx, e, st, rng := setup(t, 8)
+	skus := []string{"s:1", "s%7B2%7D", "s~3", "сток-4", "s/5", "😀:6"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
+	q := &relayQueue{}
+	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+		time.Sleep(30 * time.Millisecond) // the broker is slow; ctx may end meanwhile
+		keep := make([]bool, len(evs))
+		for i := range keep {
+			keep[i] = true
+		}
+		return make([]error, len(evs)), keep
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- e.Reserver.Run(runCtx, stock.RunOptions{Publisher: q, Relay: &stock.RelayOptions{Batch: 8, Poll: time.Millisecond}, Drain: time.Millisecond})
+	}()
+	for len(q.snapshot()) < 20 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return 10s after its context ended")
+	}
+	firstRun := len(q.snapshot())
+	// Everything the Reserver acknowledged is in the queue or still in an outbox.
+	inQueue := map[string]bool{}
+	for _, ev := range q.snapshot() {
+		inQueue[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)] = true
+	}
+	var pending int64
+	for _, sku := range skus {
+		p, _, err := stockops.Pending(ctx, e.Reserver, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending += p
+	}
+	t.Logf("first Run: %d published, %d left in the outboxes", firstRun, pending)
+	e.Advance(2 * time.Minute) // past any lease the first Run held
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.batch = nil
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// A publisher that accepts every event after the relay's context ended (a confirm that arrives
+// late): the relay cannot know whether it may trust the answer, but nothing may be lost either
+// way, and nothing applied twice.
+func TestAcceptAfterContextEnd(t *testing.T) {
+	ctx, e, st, rng := setup(t, 9)
+	skus := []string{"late"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
+	q := &relayQueue{}
+	var cancel context.CancelFunc
+	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+		cancel() // the context ends while the broker works on the batch
+		keep := make([]bool, len(evs))
+		for i := range keep {
+			keep[i] = true
+		}
+		return make([]error, len(evs)), keep
+	}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		var c context.Context
+		c, cancel = context.WithCancel(ctx)
+		_, _ = rl.Once(c)
+		cancel()
+	}
+	e.Advance(2 * time.Minute)
+	q.batch = nil
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// Many items with awkward SKUs, through Run's queue path with a flaky batch publisher (every
+// third batch fails in the middle), consumed concurrently while the relay still publishes.
+func TestManyItemsLiveConsume(t *testing.T) {
+	ctx, e, st, rng := setup(t, 10)
+	var skus []string
+	for i := 0; i < 24; i++ {
+		skus = append(skus, fmt.Sprintf("it:%d:%d~ü%d", i, i%3, i))
+	}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 600, rng)
+	q := &relayQueue{}
+	var mu sync.Mutex
+	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+		mu.Lock()
+		k := len(evs)
+		if call%3 == 0 {
+			k = rng.IntN(len(evs) + 1)
+		}
+		mu.Unlock()
+		errs := make([]error, len(evs))
+		keep := make([]bool, len(evs))
+		for i := range evs {
+			if i < k {
+				keep[i] = true
+			} else {
+				errs[i] = errors.New("broker busy")
+			}
+		}
+		return errs, keep
+	}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // a live consumer, racing with the relay
+		defer wg.Done()
+		var held []stock.Event
+		for {
+			select {
+			case <-stop:
+				q.mu.Lock()
+				q.msgs = append(q.msgs, held...)
+				q.mu.Unlock()
+				return
+			default:
+			}
+			msgs := append(held, q.take()...)
+			held = nil
+			for _, ev := range msgs {
+				if err := stock.Consume(ctx, e.Reserver, st, ev); err != nil && !errors.Is(err, stock.ErrInvalid) {
+					held = append(held, ev)
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	drain(t, ctx, e, rl, skus)
+	close(stop)
+	wg.Wait()
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// concurrentConsume consumes msgs with w goroutines, each message delivered dup times, until
+// every delivery is settled (ErrHeldBack and temporary errors are redelivered).
+func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, dup, w int, rng *rand.Rand) {
+	t.Helper()
+	var all []stock.Event
+	for i := 0; i < dup; i++ {
+		all = append(all, msgs...)
+	}
+	rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	work := make(chan stock.Event, len(all))
+	for _, ev := range all {
+		work <- ev
+	}
+	var left atomic.Int64
+	left.Store(int64(len(all)))
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(15 * time.Second)
+	for i := 0; i < w; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Load() > 0 && time.Now().Before(deadline) {
+				select {
+				case ev := <-work:
+					err := stock.Consume(ctx, r, st, ev)
+					switch {
+					case err == nil:
+						left.Add(-1)
+					case errors.Is(err, stock.ErrInvalid):
+						t.Errorf("Consume %s %s %s: %v", ev.SKU, ev.Type, ev.ID, err)
+						left.Add(-1)
+					default:
+						work <- ev
+					}
+				default:
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := left.Load(); n > 0 {
+		t.Fatalf("%d deliveries never settled", n)
+	}
+}
+
+// ledgerMatchesStore checks every ledger entry of sku against the store's record of its id:
+// applied in Redis ↔ applied in the store, refused ↔ refused, restored ↔ restored (or refused: a
+// deduct the store refused, then restored in Redis before the refusal reached it).
+func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, sku string) (refused int) {
+	t.Helper()
+	var ids []string
+	entries := map[string]stock.Entry{}
+	for e, err := range stockops.Entries(ctx, r, sku) {
+		if err != nil {
+			t.Fatalf("Entries %q: %v", sku, err)
+		}
+		if e.Kind != stock.KindDeduct {
+			continue
+		}
+		entries[e.ID] = e
+		ids = append(ids, e.ID)
+	}
+	recs, err := st.Records(ctx, sku, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, e := range entries {
+		got := recs[id].Status
+		want := e.State
+		if want == stock.StateReserved {
+			want = stock.StateApplied // on the queue path Redis may not have heard the ack; the store has it
+		}
+		if want == stock.StateRestored && got == stock.StateRefused {
+			continue // the store refused the deduct, and the restore that followed gave nothing back
+		}
+		if got != want {
+			t.Errorf("item %q id %s: Redis says %q, the store %q", sku, id, e.State, got)
+		}
+		if e.State == stock.StateRefused {
+			refused++
+		}
+	}
+	return refused
+}
+
+// The store has fewer units than Redis: Consume refuses deducts and gives them back in Redis; the
+// EventRefused events follow through the queue. Every delivery is duplicated and handed to eight
+// consumers at once. Each refusal must be given back exactly once (Redis available == store
+// remaining), and Redis's ledger and the store must agree on every id.
+func TestRefusalsConcurrentConsumers(t *testing.T) {
+	ctx, e, st, rng := setup(t, 11)
+	skus := []string{"r:1", "r:2", "r~3"}
+	for _, sku := range skus {
+		if err := e.Reserver.Load(ctx, sku, 80); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Load(ctx, sku, 40); err != nil { // the database has half
+			t.Fatal(err)
+		}
+	}
+	taken := map[string]int64{}
+	for i := 0; i < 150; i++ {
+		sku := skus[rng.IntN(len(skus))]
+		id := fmt.Sprintf("d%d", i)
+		q := int64(1 + rng.IntN(3))
+		if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err == nil {
+			taken[sku] += q
+			if i%5 == 4 {
+				if _, err := e.Reserver.Restore(ctx, sku, id); err != nil {
+					t.Fatal(err)
+				}
+				taken[sku] -= q
+			}
+		}
+	}
+	q := &relayQueue{}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 20; round++ {
+		drain(t, ctx, e, rl, skus)
+		msgs := q.take()
+		if len(msgs) == 0 {
+			break
+		}
+		concurrentConsume(t, ctx, e.Reserver, st, msgs, 2, 8, rng)
+	}
+	refusedAll := 0
+	for _, sku := range skus {
+		lv, err := e.Reserver.Levels(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rem, err := st.Remaining(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lv.Available != rem+40 {
+			// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
+			t.Errorf("item %q: Redis available %d, store remaining %d: Redis should have exactly 40 more", sku, lv.Available, rem)
+		}
+		refusedAll += ledgerMatchesStore(t, ctx, e.Reserver, st, sku)
+		if lv.Loaded-lv.Available-lv.Held != lv.Sold {
+			t.Errorf("item %q: levels do not add up: %+v", sku, lv)
+		}
+	}
+	if refusedAll == 0 {
+		t.Error("the store refused nothing: the scenario did not happen")
+	}
+	if m := st.MaxApplications(); m > 1 {
+		t.Errorf("an event changed the store %d times", m)
+	}
+	st.checkOrder(t)
+}
+
+// A publisher whose call hangs past the context (a broker client that ignores ctx) while Run's
+// context ends: Run promises to stop after its Drain bound; when the call finally returns, nothing
+// is lost, and the next relay delivers everything once.
+func TestRunPublisherIgnoresContext(t *testing.T) {
+	ctx, e, st, rng := setup(t, 16)
+	skus := []string{"hang:1"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
+	release := make(chan struct{})
+	var entered atomic.Bool
+	q := &relayQueue{}
+	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+		entered.Store(true)
+		<-release // ignores ctx
+		keep := make([]bool, len(evs))
+		for i := range keep {
+			keep[i] = true
+		}
+		return make([]error, len(evs)), keep
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- e.Reserver.Run(runCtx, stock.RunOptions{Publisher: q, Drain: 200 * time.Millisecond, Relay: &stock.RelayOptions{Poll: time.Millisecond}})
+	}()
+	for !entered.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	var returned bool
+	select {
+	case <-done:
+		returned = true
+	case <-time.After(3 * time.Second):
+	}
+	close(release)
+	if !returned {
+		<-done
+		t.Errorf("Run returned only once the hung publisher call returned (not within 3s of the cancel, Drain 200ms)")
+	}
+	e.Advance(2 * time.Minute)
+	q.batch = nil
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, e, rl, skus)
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, acks)
+}
+
+// relayEnv is a Reserver on one backend, with a way to let time pass for that backend's Redis
+// (miniredis: its clock stands still until Advance; a real server: sleep).
+type relayEnv struct {
+	name    string
+	real    bool
+	r       *stock.Reserver
+	c       rueidis.Client
+	advance func(d time.Duration)
+	// another makes a second Reserver on the same data (another process).
+	another func(opts ...stock.Option) *stock.Reserver
+}
+
+// relayEach runs f on a stocktest miniredis and, with STOCK_REDIS_SERVER set, on a private
+// redis-server.
+func relayEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *relayEnv)) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel() // its own miniredis, beside the private server
+		env := stocktest.New(t, opts...)
+		f(t, &relayEnv{
+			name: "miniredis", r: env.Reserver, c: env.Client, advance: env.Advance,
+			another: func(o ...stock.Option) *stock.Reserver {
+				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
+				require.NoError(t, err)
+				return r
+			},
+		})
+	})
+	if redistest.ServerBinary(t) == "" {
+		return
+	}
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.StartServer(t)
+		c := srv.Client(t)
+		// A new deployment: record the primaries before any item is loaded, so that the failover
+		// guard of a Run (which fences a Redis with items and no recorded epoch, as for a guard
+		// added to a live deployment) does not refuse the tests' deducts.
+		r0, err := stock.New(c)
+		require.NoError(t, err)
+		fenced, err := stockops.NewFailoverGuard(r0).Check(context.Background())
+		require.NoError(t, err)
+		require.False(t, fenced)
+		r, err := stock.New(c, opts...)
+		require.NoError(t, err)
+		f(t, &relayEnv{
+			name: "redis", real: true, r: r, c: c, advance: time.Sleep,
+			another: func(o ...stock.Option) *stock.Reserver {
+				r, err := stock.New(c, o...)
+				require.NoError(t, err)
+				return r
+			},
+		})
+	})
+}
+
+// run runs r.Run in a goroutine and returns a channel with its result and when it returned.
+type result struct {
+	err error
+	at  time.Time
+}
+
+func run(ctx context.Context, r *stock.Reserver, opts stock.RunOptions) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		err := r.Run(ctx, opts)
+		ch <- result{err: err, at: time.Now()}
+	}()
+	return ch
+}
+
+// wait waits for Run's result, failing t if it has not come within bound of ended.
+func wait(t *testing.T, ch <-chan result, ended time.Time, bound time.Duration) result {
+	t.Helper()
+	select {
+	case res := <-ch:
+		assert.LessOrEqual(t, res.at.Sub(ended), bound, "Run returned %v after ctx ended", res.at.Sub(ended))
+		return res
+	case <-time.After(time.Until(ended.Add(bound + 30*time.Second))):
+		t.Fatalf("Run did not return within %v (and 30s more) after ctx ended", bound)
+		return result{}
+	}
+}
+
+// sale is the acknowledged outcome of the sales of a test.
+type sale struct {
+	mu       sync.Mutex
+	deducted map[[2]string]int64 // acknowledged deducts: (sku, id) -> qty
+	restored map[[2]string]int64 // acknowledged restores of acknowledged deducts
+}
+
+func newSale() *sale {
+	return &sale{deducted: map[[2]string]int64{}, restored: map[[2]string]int64{}}
+}
+
+func (s *sale) deduct(t *testing.T, ctx context.Context, r *stock.Reserver, sku, id string, qty int64) bool {
+	rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: qty})
+	switch {
+	case err == nil:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if old, ok := s.deducted[[2]string{sku, id}]; ok && !rc.Replayed {
+			t.Errorf("deduct %s/%s answered not replayed a second time (first qty %d)", sku, id, old)
+		}
+		s.deducted[[2]string{sku, id}] = qty
+		return true
+	case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrInsufficient), errors.Is(err, stock.ErrRestored):
+		return false
+	default:
+		t.Errorf("deduct %s/%s: unexpected error %v", sku, id, err)
+		return false
+	}
+}
+
+func (s *sale) restore(t *testing.T, ctx context.Context, r *stock.Reserver, sku, id string) {
+	rc, err := r.Restore(ctx, sku, id)
+	switch {
+	case err == nil && !rc.Replayed:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		q, ok := s.deducted[[2]string{sku, id}]
+		if !ok {
+			t.Errorf("restore %s/%s gave back %d units of an id with no acknowledged deduct", sku, id, rc.Qty)
+			return
+		}
+		if q != rc.Qty {
+			t.Errorf("restore %s/%s gave back %d units, the deduct took %d", sku, id, rc.Qty, q)
+		}
+		if _, dup := s.restored[[2]string{sku, id}]; dup {
+			t.Errorf("restore %s/%s gave back twice", sku, id)
+		}
+		s.restored[[2]string{sku, id}] = rc.Qty
+	case err == nil, errors.Is(err, stock.ErrUnknownID):
+	default:
+		t.Errorf("restore %s/%s: unexpected error %v", sku, id, err)
+	}
+}
+
+// sold returns the units the acknowledged answers imply are sold of sku.
+func (s *sale) sold(sku string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for k, q := range s.deducted {
+		if k[0] == sku {
+			n += q
+		}
+	}
+	for k, q := range s.restored {
+		if k[0] == sku {
+			n -= q
+		}
+	}
+	return n
+}
+
+// checkStore asserts that every acknowledged deduct (and restore) of the sale was applied to the
+// store exactly once, and that the store, Redis's levels and the outboxes agree with the answers.
+func (s *sale) checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[string]int64) {
+	t.Helper()
+	ctx := context.Background()
+	s.mu.Lock()
+	for k := range s.deducted {
+		assert.Equal(t, 1, store.Applications(k[0], k[1], stock.EventDeducted), "deduct %s/%s applied once", k[0], k[1])
+	}
+	for k := range s.restored {
+		assert.Equal(t, 1, store.Applications(k[0], k[1], stock.EventRestored), "restore %s/%s applied once", k[0], k[1])
+	}
+	s.mu.Unlock()
+	assert.LessOrEqual(t, store.MaxApplications(), 1, "no event applied twice")
+	for sku, l := range loaded {
+		sold := s.sold(sku)
+		rem, err := store.Remaining(ctx, sku)
+		require.NoError(t, err)
+		assert.Equal(t, l-sold, rem, "%s: store remaining = loaded - net sold", sku)
+		lv, err := r.Levels(ctx, sku)
+		require.NoError(t, err)
+		assert.Equal(t, sold, lv.Sold, "%s: Redis sold", sku)
+		assert.Equal(t, l-sold, lv.Available, "%s: Redis available", sku)
+		assert.Equal(t, lv.Loaded, lv.Available+lv.Held+lv.Sold, "%s: loaded = available + held + sold", sku)
+		pending, dead, err := stockops.Pending(ctx, r, sku)
+		require.NoError(t, err)
+		assert.Zero(t, pending, "%s: outbox empty", sku)
+		assert.Zero(t, dead, "%s: no dead letters", sku)
+	}
+}
+
+// gate blocks the calls that enter it, ignoring their context, until it is opened.
+type gate struct {
+	once    sync.Once
+	open    chan struct{}
+	entered chan struct{}
+	n       atomic.Int64
+}
+
+func newGate() *gate {
+	return &gate{open: make(chan struct{}), entered: make(chan struct{}, 1000)}
+}
+
+func (g *gate) wait() {
+	g.n.Add(1)
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	<-g.open
+}
+
+func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
+
+// relayPub is a Publisher (and, with batch, a BatchPublisher) that records what it accepted, and
+// that blocks, ignoring its context, while stuck says so for the call's context.
+type relayPub struct {
+	mu    sync.Mutex
+	got   map[string]int // "sku/id/type" -> times accepted
+	stuck func(ctx context.Context) bool
+	gate  *gate
+	after error // what a blocked call answers once released (nil: the queue took it)
+	push  func(stock.Event)
+}
+
+func (p *relayPub) accept(ev stock.Event) {
+	p.mu.Lock()
+	if p.got == nil {
+		p.got = map[string]int{}
+	}
+	p.got[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)]++
+	p.mu.Unlock()
+	if p.push != nil {
+		p.push(ev)
+	}
+}
+
+func (p *relayPub) count(sku, id string, t stock.EventType) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.got[sku+"/"+id+"/"+string(t)]
+}
+
+func (p *relayPub) Publish(ctx context.Context, ev stock.Event) error {
+	if p.stuck != nil && p.stuck(ctx) {
+		p.gate.wait()
+		if p.after != nil {
+			return p.after
+		}
+	}
+	p.accept(ev)
+	return nil
+}
+
+type batchPub struct{ *relayPub }
+
+func (p batchPub) PublishBatch(ctx context.Context, evs []stock.Event) []error {
+	errs := make([]error, len(evs))
+	if p.stuck != nil && p.stuck(ctx) {
+		p.gate.wait()
+		if p.after != nil {
+			for i := range errs {
+				errs[i] = p.after
+			}
+			return errs
+		}
+	}
+	for _, ev := range evs {
+		p.accept(ev)
+	}
+	return errs
+}
+
+// hasDeadline says whether a call runs under Run's drain (whose context has a deadline) rather
+// than the main loop (whose ctx, in these tests, has none).
+func hasDeadline(ctx context.Context) bool { _, ok := ctx.Deadline(); return ok }
+
+// relay is the relay configuration of the drain tests: a lease and backoffs short enough
+// for a real server, which a miniredis test passes by advancing its clock.
+func relay() *stock.RelayOptions {
+	return &stock.RelayOptions{Lease: 2 * time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, Poll: 10 * time.Millisecond}
+}
+
+// settle lets the leases and backoffs of relay run out.
+func (e *relayEnv) settle() { e.advance(3 * time.Second) }
+
+// finish runs a second Run with a store that never blocks until every item's outbox is empty
+// (or 60s pass), then stops it and checks that it returned in bounds.
+func finish(t *testing.T, e *relayEnv, r *stock.Reserver, opts stock.RunOptions, skus []string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := run(ctx, r, opts)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		left := int64(0)
+		for _, sku := range skus {
+			p, _, err := stockops.Pending(context.Background(), r, sku)
+			require.NoError(t, err)
+			left += p
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the second Run left %d events in the outboxes after 60s", left)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+		if !e.real {
+			e.advance(20 * time.Millisecond) // let leases and backoffs run out as on a real server
+		}
+	}
+	cancel()
+	res := wait(t, ch, time.Now(), opts.Drain+5*time.Second+3*time.Second)
+	assert.ErrorIs(t, res.err, context.Canceled)
+}
+
+func load(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[string]int64) {
+	t.Helper()
+	for sku, n := range loaded {
+		require.NoError(t, r.Load(context.Background(), sku, n))
+		if store != nil {
+			require.NoError(t, store.Load(context.Background(), sku, n))
+		}
+	}
+}
+
+func keys(m map[string]int64) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// TestDrainStuckPublisher: ctx ends before Run starts, so every event is delivered by
+// the drain, and the Publisher blocks in the drain ignoring its context (PublishBatch, or Publish
+// for a plain Publisher). Run must return within Drain (+ slack) with an error that says a call
+// is still running; the events stay for a later Run, which delivers each one, and the store
+// applies each acknowledged deduct exactly once. Variants: the blocked call ends with an error,
+// or with success after Run returned (during the second Run).
+func TestDrainStuckPublisher(t *testing.T) {
+	for _, v := range []struct {
+		name  string
+		batch bool
+		after error
+	}{
+		{"batch/fails-late", true, errors.New("a25: queue timed out")},
+		{"batch/succeeds-late", true, nil},
+		{"single/fails-late", false, errors.New("a25: queue timed out")},
+		{"single/succeeds-late", false, nil},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+				ctx := context.Background()
+				loaded := map[string]int64{"drain:pub~1": 50, "drain:pub~2": 50}
+				store := memstore.New()
+				load(t, e.r, store, loaded)
+				sale := newSale()
+				for i := range 30 {
+					for sku := range loaded {
+						sale.deduct(t, ctx, e.r, sku, fmt.Sprintf("o:%d~x", i), 1)
+					}
+				}
+				gate := newGate()
+				defer gate.release()
+				p := &relayPub{stuck: func(context.Context) bool { return true }, gate: gate, after: v.after}
+				var pub stock.Publisher = p
+				if v.batch {
+					pub = batchPub{p}
+				}
+				runCtx, cancel := context.WithCancel(ctx)
+				cancel()
+				ended := time.Now()
+				drain := 800 * time.Millisecond
+				ch := run(runCtx, e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+				res := wait(t, ch, ended, drain+3*time.Second)
+				require.Error(t, res.err)
+				assert.ErrorIs(t, res.err, context.Canceled)
+				assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
+				assert.Positive(t, gate.n.Load(), "the drain called the publisher")
+
+				// The second Run; the blocked call ends while it runs.
+				e.settle()
+				p2 := &relayPub{}
+				var pub2 stock.Publisher = p2
+				if v.batch {
+					pub2 = batchPub{p2}
+				}
+				go func() { time.Sleep(200 * time.Millisecond); gate.release() }()
+				finish(t, e, e.r, stock.RunOptions{Store: store, Publisher: pub2, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+				sale.checkStore(t, e.r, store, loaded)
+				for k := range sale.deducted {
+					assert.GreaterOrEqual(t, p.count(k[0], k[1], stock.EventDeducted)+p2.count(k[0], k[1], stock.EventDeducted), 1, "deduct %s/%s published", k[0], k[1])
+				}
+			})
+		})
+	}
+}
+
+// TestDrainStuckPublisherQueuePath: the queue path (Run with only a Publisher). The
+// publisher blocks in the drain; a second Run publishes; consumers apply through Consume. Every
+// acknowledged deduct reaches the store once and the published sets empty.
+func TestDrainStuckPublisherQueuePath(t *testing.T) {
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+		ctx := context.Background()
+		loaded := map[string]int64{"q:drain~a": 40}
+		store := memstore.New()
+		load(t, e.r, store, loaded)
+		sale := newSale()
+		for i := range 25 {
+			sale.deduct(t, ctx, e.r, "q:drain~a", fmt.Sprintf("id:%d", i), 1)
+		}
+		gate := newGate()
+		defer gate.release()
+		p := &relayPub{stuck: hasDeadline, gate: gate, after: errors.New("a25: queue timed out")}
+		runCtx, cancel := context.WithCancel(ctx)
+		cancel()
+		ended := time.Now()
+		ch := run(runCtx, e.r, stock.RunOptions{Publisher: batchPub{p}, Drain: 500 * time.Millisecond, Relay: relay()})
+		res := wait(t, ch, ended, 500*time.Millisecond+3*time.Second)
+		assert.Error(t, res.err)
+		gate.release()
+		time.Sleep(300 * time.Millisecond) // the released call backs the item off
+		e.settle()
+
+		var mu sync.Mutex
+		var queue []stock.Event
+		p2 := &relayPub{push: func(ev stock.Event) { mu.Lock(); queue = append(queue, ev); mu.Unlock() }}
+		finish(t, e, e.r, stock.RunOptions{Publisher: batchPub{p2}, Drain: time.Second, Relay: relay()}, keys(loaded))
+		// Consume in reverse order (the queue redelivers out of order), each twice.
+		mu.Lock()
+		evs := append([]stock.Event{}, queue...)
+		mu.Unlock()
+		for round := 0; round < 2; round++ {
+			for i := len(evs) - 1; i >= 0; i-- {
+				assert.NoError(t, stock.Consume(ctx, e.r, store, evs[i]))
+			}
+		}
+		sale.checkStore(t, e.r, store, loaded)
+		rc, err := stockops.NewReconciler(e.r, store, nil)
+		require.NoError(t, err)
+		rep, err := rc.Item(ctx, "q:drain~a")
+		require.NoError(t, err)
+		assert.Zero(t, rep.Drift)
+		assert.Zero(t, rep.Published, "published set empty after every event was consumed")
+	})
+}
+
+// TestStoreBlocksOnlyInDrain: deducts run from several goroutines while Run delivers
+// them; ctx ends in the middle; the store blocks only for calls made under the drain (their
+// context has a deadline). Run returns within Drain; a second Run delivers the rest; every
+// acknowledged deduct and restore is applied exactly once.
+func TestStoreBlocksOnlyInDrain(t *testing.T) {
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+		ctx := context.Background()
+		loaded := map[string]int64{"dr:a": 200, "dr:b~": 200, "dr::c": 200}
+		mem := memstore.New()
+		load(t, e.r, mem, loaded)
+		gate := newGate()
+		defer gate.release()
+		st := &requestStore{base: mem, gate: gate,
+			stuck: func(ctx context.Context, _ stock.Event) bool { return hasDeadline(ctx) },
+			delay: func() time.Duration { return time.Duration(rand.IntN(2)) * time.Millisecond }}
+		sale := newSale()
+		runCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		drain := time.Second
+		ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+		var wg sync.WaitGroup
+		var ended atomic.Int64
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 40 {
+					sku := keys(loaded)[(w+i)%len(loaded)]
+					id := fmt.Sprintf("w%d:%d", w, i)
+					if sale.deduct(t, ctx, e.r, sku, id, int64(1+i%2)) && i%3 == 0 {
+						sale.restore(t, ctx, e.r, sku, id)
+					}
+					if w == 0 && i == 20 {
+						cancel()
+						ended.Store(time.Now().UnixNano())
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		res := wait(t, ch, time.Unix(0, ended.Load()), drain+3*time.Second)
+		assert.ErrorIs(t, res.err, context.Canceled)
+
+		e.settle()
+		finish(t, e, e.r, stock.RunOptions{Store: &requestStore{base: mem}, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+		gate.release()
+		time.Sleep(300 * time.Millisecond)
+		sale.checkStore(t, e.r, mem, loaded)
+	})
+}
+
+// TestDrainValues: Drain negative delivers nothing more and returns within WithTimeout's
+// bound even with a store that blocks; Drain zero is the default (5s): the drain delivers what
+// is due; a tiny Drain returns at once. ctx ends before Run starts in each case, so only the
+// drain can deliver.
+func TestDrainValues(t *testing.T) {
+	t.Run("negative", func(t *testing.T) {
+		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
+			ctx := context.Background()
+			loaded := map[string]int64{"neg:1": 10}
+			mem := memstore.New()
+			load(t, e.r, mem, loaded)
+			sale := newSale()
+			for i := range 5 {
+				sale.deduct(t, ctx, e.r, "neg:1", fmt.Sprint("n", i), 1)
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			cancel()
+			ended := time.Now()
+			ch := run(runCtx, e.r, stock.RunOptions{Store: mem, Drain: -1, Relay: relay()})
+			res := wait(t, ch, ended, 2*time.Second+3*time.Second)
+			assert.ErrorIs(t, res.err, context.Canceled)
+			pending, _, err := stockops.Pending(ctx, e.r, "neg:1")
+			require.NoError(t, err)
+			assert.EqualValues(t, 5, pending, "a negative Drain delivers nothing more")
+			assert.Zero(t, mem.MaxApplications())
+			e.settle()
+			finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+			sale.checkStore(t, e.r, mem, loaded)
+		})
+	})
+	t.Run("negative-stuck-main-loop", func(t *testing.T) {
+		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
+			ctx := context.Background()
+			loaded := map[string]int64{"neg:2": 10}
+			mem := memstore.New()
+			load(t, e.r, mem, loaded)
+			gate := newGate()
+			defer gate.release()
+			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			runCtx, cancel := context.WithCancel(ctx)
+			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: -time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+			sale := newSale()
+			sale.deduct(t, ctx, e.r, "neg:2", "only", 2)
+			select {
+			case <-gate.entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the relay never called the store")
+			}
+			cancel()
+			ended := time.Now()
+			res := wait(t, ch, ended, 2*time.Second+3*time.Second)
+			require.Error(t, res.err)
+			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
+			gate.release()
+			time.Sleep(300 * time.Millisecond)
+			e.settle()
+			finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+			sale.checkStore(t, e.r, mem, loaded)
+		})
+	})
+	t.Run("zero-is-default", func(t *testing.T) {
+		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+			ctx := context.Background()
+			loaded := map[string]int64{"zero:1": 100}
+			mem := memstore.New()
+			load(t, e.r, mem, loaded)
+			sale := newSale()
+			for i := range 40 {
+				sale.deduct(t, ctx, e.r, "zero:1", fmt.Sprint("z", i), 1)
+			}
+			st := &requestStore{base: mem, delay: func() time.Duration { return 5 * time.Millisecond }}
+			runCtx, cancel := context.WithCancel(ctx)
+			cancel()
+			ended := time.Now()
+			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Relay: &stock.RelayOptions{Batch: 4}})
+			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
+			assert.ErrorIs(t, res.err, context.Canceled)
+			// 40 events of 5ms each fit well in the default 5s drain.
+			sale.checkStore(t, e.r, mem, loaded)
+		})
+	})
+	t.Run("zero-stuck-waits-default", func(t *testing.T) {
+		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+			ctx := context.Background()
+			loaded := map[string]int64{"zero:2": 10}
+			mem := memstore.New()
+			load(t, e.r, mem, loaded)
+			sale := newSale()
+			sale.deduct(t, ctx, e.r, "zero:2", "z", 1)
+			gate := newGate()
+			defer gate.release()
+			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			runCtx, cancel := context.WithCancel(ctx)
+			cancel()
+			ended := time.Now()
+			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Relay: relay()})
+			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
+			require.Error(t, res.err)
+			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
+			assert.GreaterOrEqual(t, res.at.Sub(ended), 3*time.Second, "Drain 0 is the default 5s, not no drain")
+		})
+	})
+	for _, d := range []time.Duration{time.Nanosecond, time.Millisecond} {
+		t.Run(fmt.Sprintf("tiny-%v", d), func(t *testing.T) {
+			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+				ctx := context.Background()
+				loaded := map[string]int64{"tiny:1": 10}
+				mem := memstore.New()
+				load(t, e.r, mem, loaded)
+				sale := newSale()
+				for i := range 5 {
+					sale.deduct(t, ctx, e.r, "tiny:1", fmt.Sprint("t", i), 1)
+				}
+				gate := newGate()
+				defer gate.release()
+				st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+				runCtx, cancel := context.WithCancel(ctx)
+				cancel()
+				ended := time.Now()
+				ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: d, Relay: relay()})
+				wait(t, ch, ended, 3*time.Second)
+				gate.release()
+				time.Sleep(200 * time.Millisecond)
+				e.settle()
+				finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+				sale.checkStore(t, e.r, mem, loaded)
+			})
+		})
+	}
+}
+
+// TestQueuePath: Run with only a Publisher; the events are consumed through
+// stock.Consume in a shuffled order, each twice, by concurrent consumers: the store ends equal
+// to Redis, each event applied once; a pass sees no drift.
+func TestQueuePath(t *testing.T) {
+	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
+		ctx, cancel := context.WithCancel(context.Background())
+		store := memstore.New()
+		const sku = "queue"
+		require.NoError(t, store.Load(ctx, sku, 40))
+		require.NoError(t, e.r.Load(ctx, sku, 40))
+		var mu sync.Mutex
+		var events []stock.Event
+		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+			mu.Lock()
+			events = append(events, ev)
+			mu.Unlock()
+			return nil
+		})
+		done := make(chan error, 1)
+		go func() {
+			done <- e.r.Run(ctx, stock.RunOptions{Publisher: pub, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
+		}()
+		acked := runTraffic(t, e.r, sku, 5, 16)
+		require.Eventually(t, func() bool {
+			p, _, err := stockops.Pending(context.Background(), e.r, sku)
+			return err == nil && p == 0
+		}, 30*time.Second, 50*time.Millisecond)
+		cancel()
+		<-done
+		mu.Lock()
+		evs := slices.Clone(events)
+		mu.Unlock()
+		for _, ev := range evs {
+			assert.Equal(t, sku, ev.SKU, "events name the item, not its bucket")
+		}
+		// A pass while nothing is consumed yet sees the sales in flight: no drift.
+		reconcile(t, e.r, store, sku)
+
+		queue := append(slices.Clone(evs), evs...)
+		rand.New(rand.NewPCG(7, 7)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+		var qi atomic.Int64
+		var wg sync.WaitGroup
+		var heldBack atomic.Int64
+		var retryMu sync.Mutex
+		var retry []stock.Event
+		for range 4 {
+			wg.Go(func() {
+				for {
+					i := int(qi.Add(1)) - 1
+					if i >= len(queue) {
+						return
+					}
+					err := stock.Consume(context.Background(), e.r, store, queue[i])
+					if errors.Is(err, stock.ErrHeldBack) {
+						heldBack.Add(1)
+						retryMu.Lock()
+						retry = append(retry, queue[i])
+						retryMu.Unlock()
+						continue
+					}
+					assert.NoError(t, err, "consume %+v", queue[i])
+				}
+			})
+		}
+		wg.Wait()
+		for round := 0; len(retry) > 0 && round < 100; round++ {
+			var again []stock.Event
+			for _, ev := range retry {
+				err := stock.Consume(context.Background(), e.r, store, ev)
+				if errors.Is(err, stock.ErrHeldBack) {
+					again = append(again, ev)
+					continue
+				}
+				assert.NoError(t, err)
+			}
+			retry = again
+		}
+		assert.Empty(t, retry, "events still held back")
+		t.Logf("%d events, %d held back once", len(evs), heldBack.Load())
+		checkStore(t, e.r, store, sku, acked)
+		reconcile(t, e.r, store, sku)
+	})
+}
+
+// TestClientKillMidBatch: connections killed while claims and takes are in flight, then
+// every unanswered request retried with Retry: exactly once, and the counters agree.
+func TestClientKillMidBatch(t *testing.T) {
+	lifecycleEach(t, []stock.Option{lifecycleSplit(3), stock.WithCoalescing(1)}, func(t *testing.T, e *env) {
+		if !e.real {
+			t.Skip("CLIENT KILL needs a real server")
+		}
+		ctx := context.Background()
+		sku := sku("ck")
+		const S, ids = 120, 240
+		require.NoError(t, e.r.Load(ctx, sku, S))
+		killer := func() {
+			for _, node := range e.c.Nodes() {
+				node.Do(ctx, node.B().Arbitrary("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Build())
+			}
+		}
+		res := make([]error, ids)
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(3 * time.Millisecond):
+					killer()
+				}
+			}
+		}()
+		for i := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, res[i] = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1})
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		taken := 0
+		unknown := 0
+		for i := range ids {
+			err := res[i]
+			for try := 0; err != nil && !errors.Is(err, stock.ErrSoldOut); try++ {
+				unknown++
+				require.Less(t, try, 20, "%v", err)
+				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1, Retry: true})
+				res[i] = err
+			}
+			if err == nil {
+				taken++
+			}
+		}
+		t.Logf("%d retries", unknown)
+		l := kit.Levels(t, e.r, sku)
+		require.Equal(t, int64(taken), l.Sold)
+		require.Equal(t, int64(S), l.Sold)
+		for i := range ids {
+			rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1, Retry: true})
+			if res[i] == nil {
+				require.NoError(t, err)
+				require.True(t, rc.Replayed)
+			} else {
+				require.Error(t, err)
+			}
+		}
+	})
+}
+
+// TestRelayInterleaved: a relay pass (Batch 1) after every round of activity, and a new
+// relay (a restart) every other round; then drained.
+func TestRelayInterleaved(t *testing.T) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
+		ctx := context.Background()
+		for seed := range uint64(3) {
+			sku := fmt.Sprintf("inter-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 5))
+			require.NoError(t, e.r.Load(ctx, sku, 5))
+			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
+			refused := 0
+			sold := sales(t, e, sku, seed+10, 5, func(round int) {
+				if round%2 == 1 {
+					rl = splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
+				}
+				for range 1 + round {
+					st, err := rl.Once(ctx)
+					require.NoError(t, err)
+					refused += st.Refused
+				}
+			})
+			_, r2 := splitDrain(t, e, sku, 400, rl)
+			assert.Zero(t, refused+r2, "the relay counted refusals")
+			splitCheck(t, e, store, sku, sold)
+		}
+	})
+}
+
+// TestQueueShuffled: the queue path. A relay with no Store publishes; the events are
+// consumed through Consume in a shuffled order, redelivered while held back: never refused.
+func TestQueueShuffled(t *testing.T) {
+	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
+		ctx := context.Background()
+		for seed := range uint64(4) {
+			sku := fmt.Sprintf("q-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 6))
+			require.NoError(t, e.r.Load(ctx, sku, 6))
+			sold := sales(t, e, sku, seed+20, 4, nil)
+			var mu sync.Mutex
+			var evs []stock.Event
+			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+				mu.Lock()
+				evs = append(evs, ev)
+				mu.Unlock()
+				return nil
+			})
+			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
+			require.NoError(t, err)
+			passes, _ := splitDrain(t, e, sku, 400, rl)
+			queue := slices.Clone(evs)
+			rand.New(rand.NewPCG(seed, 3)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+			rounds := 0
+			held := 0
+			for len(queue) > 0 && rounds < 200 {
+				rounds++
+				var again []stock.Event
+				for _, ev := range queue {
+					err := stock.Consume(ctx, e.r, store, ev)
+					if errors.Is(err, stock.ErrHeldBack) {
+						held++
+						again = append(again, ev)
+						continue
+					}
+					require.NoError(t, err, "%+v", ev)
+				}
+				queue = again
+			}
+			require.Empty(t, queue, "events held back for ever")
+			t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
+			splitCheck(t, e, store, sku, sold)
+		}
+	})
+}
+
+// TestPassThrough: large sales, often refused after their bucket pulled units from its
+// siblings, so units pass on through buckets that write no event of their own; several relays
+// with Batch 1. No acknowledged sale refused.
+func TestPassThrough(t *testing.T) {
+	splitEach(t, []stock.Option{split(5)}, func(t *testing.T, e *requestEnv) {
+		ctx := context.Background()
+		for seed := range uint64(6) {
+			sku := fmt.Sprintf("pass-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 10))
+			require.NoError(t, e.r.Load(ctx, sku, 10))
+			sold := salesQ(t, e, sku, seed+70, 5, 6, nil)
+			rls := []*stockops.Relay{
+				splitRelay(t, e, store, &stock.RelayOptions{Batch: 1}),
+				splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Items: []string{sku}}),
+			}
+			passes, refused := splitDrain(t, e, sku, 400, rls...)
+			t.Logf("%s: %d sales, %d passes", sku, len(sold), passes)
+			assert.Zero(t, refused, "the relay counted refusals")
+			splitCheck(t, e, store, sku, sold)
+		}
+	})
+}
+
+// TestQueueConcurrentConsumers: the queue path with the relay publishing while four
+// consumers apply a shuffled, duplicated queue concurrently; held-back events are redelivered.
+func TestQueueConcurrentConsumers(t *testing.T) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
+		ctx := context.Background()
+		for seed := range uint64(3) {
+			sku := fmt.Sprintf("qc-%d", seed)
+			store := memstore.New()
+			require.NoError(t, store.Load(ctx, sku, 8))
+			require.NoError(t, e.r.Load(ctx, sku, 8))
+			sold := salesQ(t, e, sku, seed+90, 4, 4, nil)
+			var mu sync.Mutex
+			var evs []stock.Event
+			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+				mu.Lock()
+				evs = append(evs, ev)
+				mu.Unlock()
+				return nil
+			})
+			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 1})
+			require.NoError(t, err)
+			splitDrain(t, e, sku, 400, rl)
+			queue := append(slices.Clone(evs), evs...)
+			rand.New(rand.NewPCG(seed, 9)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+			for round := 0; len(queue) > 0; round++ {
+				require.Less(t, round, 200, "events held back for ever: %d", len(queue))
+				var qi atomic.Int64
+				var amu sync.Mutex
+				var again []stock.Event
+				var wg sync.WaitGroup
+				for range 4 {
+					wg.Go(func() {
+						for {
+							i := int(qi.Add(1)) - 1
+							if i >= len(queue) {
+								return
+							}
+							err := stock.Consume(ctx, e.r, store, queue[i])
+							if errors.Is(err, stock.ErrHeldBack) {
+								amu.Lock()
+								again = append(again, queue[i])
+								amu.Unlock()
+								continue
+							}
+							assert.NoError(t, err, "%+v", queue[i])
+						}
+					})
+				}
+				wg.Wait()
+				queue = again
+			}
+			splitCheck(t, e, store, sku, sold)
+		}
+	})
+}
+
+// dyingStore is a Store whose relay dies on its k-th Apply: the call's context is
+// cancelled (the relay's Run stops) and the event is not applied.
+type dyingStore struct {
+	*memstore.Store
+	n      atomic.Int64
+	k      int64
+	cancel context.CancelFunc
+}
+
+func (s *dyingStore) Apply(ctx context.Context, ev stock.Event) error {
+	if s.n.Add(1) == s.k {
+		s.cancel()
+		return context.Canceled
+	}
+	return s.Store.Apply(ctx, ev)
+}
+
+// TestRelayDiesMidway: a relay (Run) dies on its k-th Store call, for k in turn, leaving
+// its lease; a new relay takes over after the lease: everything is delivered, nothing refused.
+func TestRelayDiesMidway(t *testing.T) {
+	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
+		ctx := context.Background()
+		for k := int64(1); k <= 12; k++ {
+			sku := fmt.Sprintf("dies-%d", k)
+			mem := memstore.New()
+			require.NoError(t, mem.Load(ctx, sku, 6))
+			require.NoError(t, e.r.Load(ctx, sku, 6))
+			sold := sales(t, e, sku, uint64(100+k), 3, nil)
+			rctx, cancel := context.WithCancel(ctx)
+			ds := &dyingStore{Store: mem, k: k, cancel: cancel}
+			rl, err := stockops.NewRelay(e.r, ds, nil, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond, Items: []string{sku}})
+			require.NoError(t, err)
+			for rctx.Err() == nil {
+				if drained(t, e, sku) {
+					break
+				}
+				_, _ = rl.Once(rctx)
+			}
+			cancel()
+			e.advance(300 * time.Millisecond)
+			rl2 := splitRelay(t, e, mem, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond})
+			passes := 0
+			for ; passes < 200 && !drained(t, e, sku); passes++ {
+				st, err := rl2.Once(ctx)
+				require.NoError(t, err)
+				assert.Zero(t, st.Refused, "k=%d: the relay counted refusals", k)
+				e.advance(50 * time.Millisecond)
+			}
+			require.True(t, drained(t, e, sku), "k=%d: not drained", k)
+			splitCheck(t, e, mem, sku, sold)
+		}
+	})
+}
+
+var sqlStoresSeq atomic.Int64
+
+// sqlStores returns the SQL stores to run the durable path against: SQLite always, PostgreSQL
+// when STOCK_TEST_POSTGRES is set (failing if it cannot be reached).
+func sqlStores(t *testing.T) map[string]*sqlstore.Store {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]*sqlstore.Store{}
+	// Its own tables per call: the backends' subtests that call it run in parallel.
+	prefix := fmt.Sprintf("stock_dur%d_%d_", os.Getpid(), sqlStoresSeq.Add(1))
+	open := func(name, driver, dsn string, d sqlstore.Dialect) {
+		db, err := sql.Open(driver, dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { db.Close() })
+		require.NoError(t, db.PingContext(ctx), "%s is configured but cannot be reached", name)
+		s, err := sqlstore.New(db, d, sqlstore.WithTablePrefix(prefix))
+		require.NoError(t, err)
+		require.NoError(t, s.Migrate(ctx))
+		if d != sqlstore.SQLite {
+			t.Cleanup(func() {
+				_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "items")
+				_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "records")
+			})
+		}
+		out[name] = s
+	}
+	open("sqlite", "sqlite", "file:"+filepath.Join(t.TempDir(), "db.sqlite")+
+		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate", sqlstore.SQLite)
+	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
+		open("postgres", "pgx", dsn, sqlstore.Postgres)
+	}
+	return out
+}
+
+// TestDurablePathSQL: deducts, restores and a restock go through the relay into a real SQL
+// store; the store ends equal to Redis, each id applied once, refusals given back.
+func TestDurablePathSQL(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		for name, store := range sqlStores(t) {
+			t.Run(name, func(t *testing.T) {
+				ctx := context.Background()
+				r := kit.NewReserver(t, c, stock.WithPrefix("dur-"+name))
+				sku := "sku-" + name
+				require.NoError(t, r.Load(ctx, sku, 100))
+				require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
+				for i := range 100 {
+					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
+					require.NoError(t, err)
+					if i%10 == 0 {
+						_, err = r.Restore(ctx, sku, fmt.Sprint("o", i))
+						require.NoError(t, err)
+					}
+				}
+				rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
+				require.NoError(t, err)
+				st := kit.Drain(t, rl)
+				assert.Zero(t, st.Retried)
+				// 90 sold in Redis, the store had 95: no refusal. Now drift the other way.
+				avail, err := kit.Available(r.Levels(ctx, sku))
+				require.NoError(t, err)
+				rem, err := store.Remaining(ctx, sku)
+				require.NoError(t, err)
+				assert.Equal(t, int64(10), avail)
+				assert.Equal(t, int64(5), rem)
+				for i := 100; i < 110; i++ {
+					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
+					require.NoError(t, err)
+				}
+				st = kit.Drain(t, rl)
+				assert.Equal(t, 5, st.Refused)
+				rem, _ = store.Remaining(ctx, sku)
+				assert.Zero(t, rem)
+				avail, _ = kit.Available(r.Levels(ctx, sku))
+				assert.Equal(t, int64(5), avail, "refused units given back once")
+				// The reconciler closes the remaining drift.
+				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
+				require.NoError(t, err)
+				reps, err := rec.Once(ctx)
+				require.NoError(t, err)
+				assert.Equal(t, int64(-5), reps[0].Adjusted)
+				avail, _ = kit.Available(r.Levels(ctx, sku))
+				assert.Equal(t, rem, avail)
+				recs, err := store.Records(ctx, sku, []string{"o0", "o1", "o105"})
+				require.NoError(t, err)
+				assert.Equal(t, stock.StateRestored, recs["o0"].Status)
+				assert.Equal(t, stock.StateApplied, recs["o1"].Status)
+			})
+		}
+	})
+}
+
+// TestConsumeInOrderAfterRedelivery: one unit; deduct a, restore a, deduct b. The consumer
+// applies D(a) and dies before R(a); the queue hands its successor D(b) before the redelivered
+// R(a). Consume must not apply D(b) before R(a) (the store would refuse a valid sale and Consume
+// give b's stock back): it applies R(a), read from Redis, first.
+func TestConsumeInOrderAfterRedelivery(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		for name, store := range queueStores(t) {
+			t.Run(name, func(t *testing.T) {
+				ctx := context.Background()
+				r := kit.NewReserver(t, c, stock.WithPrefix("order-"+name))
+				sku := "one-" + name
+				require.NoError(t, r.Load(ctx, sku, 1))
+				require.NoError(t, store.Load(ctx, sku, 1))
+				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
+				require.NoError(t, err)
+				_, err = r.Restore(ctx, sku, "a")
+				require.NoError(t, err)
+				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})
+				require.NoError(t, err)
+				q := &queue{}
+				rl, err := stockops.NewRelay(r, nil, q, nil)
+				require.NoError(t, err)
+				kit.Drain(t, rl)
+				msgs := q.take()
+				require.Len(t, msgs, 3)
+				da, ra, db := msgs[0], msgs[1], msgs[2]
+				require.Equal(t, stock.EventDeducted, da.Type)
+				require.Equal(t, stock.EventRestored, ra.Type)
+				require.Equal(t, "b", db.ID)
+
+				require.NoError(t, stock.Consume(ctx, r, store, da)) // acked; the consumer dies
+				consumeAll(t, r, store, []stock.Event{db, ra, da})
+
+				recs, err := store.Records(ctx, sku, []string{"a", "b"})
+				require.NoError(t, err)
+				assert.Equal(t, stock.StateRestored, recs["a"].Status)
+				assert.Equal(t, stock.StateApplied, recs["b"].Status, "b's valid sale is applied, not refused")
+				e, err := r.Ledger(ctx, sku, "b")
+				require.NoError(t, err)
+				assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
+				rem, err := store.Remaining(ctx, sku)
+				require.NoError(t, err)
+				assert.Zero(t, rem)
+				assert.Zero(t, kit.Levels(t, r, sku).Available)
+				assert.Empty(t, q.take(), "no refusal event")
+			})
+		}
+	})
+}
+
+// TestConsumeCatchesUp: handed an event whose item has earlier events not applied yet, Consume
+// applies those first, in sequence, from Redis; it answers ErrHeldBack, changing nothing,
+// while a reconcile pass holds the item, or when an earlier event cannot be read from Redis.
+// Events carry increasing sequences.
+func TestConsumeCatchesUp(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 7))
+		require.NoError(t, store.Load(ctx, "A", 7))
+		for i := range 3 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		q := &queue{}
+		rl, err := stockops.NewRelay(r, nil, q, nil)
+		require.NoError(t, err)
+		kit.Drain(t, rl)
+		msgs := q.take()
+		require.Len(t, msgs, 3)
+		for i := 1; i < len(msgs); i++ {
+			assert.Greater(t, msgs[i].Seq, msgs[i-1].Seq)
+		}
+		// A reconcile pass holds the item: even the first event waits, and nothing changes.
+		require.NoError(t, c.Do(ctx, c.B().Set().Key("stock:{A}:rl").Value("reconcile-test").Build()).Error())
+		require.ErrorIs(t, stock.Consume(ctx, r, store, msgs[0]), stock.ErrHeldBack)
+		require.ErrorIs(t, stock.Consume(ctx, r, store, msgs[2]), stock.ErrHeldBack)
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Equal(t, int64(7), rem, "nothing applied")
+		// A relay's lease does not hold consumers back.
+		require.NoError(t, c.Do(ctx, c.B().Set().Key("stock:{A}:rl").Value("relay-test").Build()).Error())
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]))
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{A}:rl").Build()).Error())
+
+		// The third before the second: the second is applied first, from Redis.
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[2]))
+		recs, err := store.Records(ctx, "A", []string{"o1", "o2"})
+		require.NoError(t, err)
+		assert.Len(t, recs, 2)
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[1]), "a repeat is harmless")
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]), "a repeat is harmless")
+		rem, _ = store.Remaining(ctx, "A")
+		assert.Equal(t, int64(4), rem)
+		assert.Equal(t, 1, store.MaxApplications())
+
+		// An earlier event whose entry Redis lost cannot be applied from Redis: wait for it.
+		for i := 3; i < 5; i++ {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		kit.Drain(t, rl)
+		more := q.take()
+		require.Len(t, more, 2)
+		require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}:l").Field("o3").Build()).Error())
+		require.ErrorIs(t, stock.Consume(ctx, r, store, more[1]), stock.ErrHeldBack)
+		require.NoError(t, stock.Consume(ctx, r, store, more[0]), "its own message carries it")
+		require.NoError(t, stock.Consume(ctx, r, store, more[1]))
+
+		// Held, cancelled and expired events are not kept after publishing and hold nothing back.
+		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)
+		require.NoError(t, err)
+		_, err = r.Cancel(ctx, "A", "h")
+		require.NoError(t, err)
+		kit.Drain(t, rl)
+		held := q.take()
+		require.Len(t, held, 2)
+		for _, ev := range held {
+			require.NoError(t, stock.Consume(ctx, r, store, ev))
+		}
+		reps, err := mustReconciler(t, r, store).Once(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, reps[0].Published, reps[0].String())
+		assert.Zero(t, reps[0].Drift, reps[0].String())
+	})
+}
+
+func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
+	t.Helper()
+	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
+	require.NoError(t, err)
+	return rec
+}
+
+// TestConsumeDeadLettersInvalid: an event the store rejects as invalid is set aside in the
+// dead-letter set by Consume, so it no longer holds back the item's later events.
+func TestConsumeDeadLettersInvalid(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, store.Load(ctx, "A", 5))
+		for i := range 2 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+		}
+		q := &queue{}
+		rl, err := stockops.NewRelay(r, nil, q, nil)
+		require.NoError(t, err)
+		kit.Drain(t, rl)
+		msgs := q.take()
+		require.Len(t, msgs, 2)
+		store.FailWith(func(ev stock.Event) error {
+			if ev.ID == "o0" {
+				return fmt.Errorf("bad row: %w", stock.ErrInvalid)
+			}
+			return nil
+		})
+		require.ErrorIs(t, stock.Consume(ctx, r, store, msgs[0]), stock.ErrInvalid)
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[1]), "not held back by a dead letter")
+		_, dead, err := stockops.Pending(ctx, r, "A")
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, dead)
+		reps, err := mustReconciler(t, r, store).Once(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, reps[0].Drift, "the dead letter is in flight: %s", reps[0])
+		assert.Zero(t, reps[0].Adjusted)
+		assert.NotEmpty(t, reps[0].NeedsHuman)
+	})
+}

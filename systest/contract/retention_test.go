@@ -1,0 +1,410 @@
+package contract_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/stocktest"
+	"github.com/stockres/stock/systest/internal/kit"
+)
+
+// ReconcileOptions.Retention: "The default is 24h; a negative Retention never trims." Under
+// stocktest, whose "one clock moves everything the Reserver depends on", a pass after Advance past
+// the retention trims the settled entry, and not before. (It once did not: the retention was
+// measured on the process's clock, which Advance did not reach; stocktest now passes its clock
+// to the Reserver with stock.WithClock.)
+func TestRetentionBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		retention time.Duration
+		advance   time.Duration
+		trimmed   bool
+	}{
+		{"default before 24h", 0, 23 * time.Hour, false},
+		{"default after 24h", 0, 25 * time.Hour, true},
+		{"negative never", -1, 1000 * time.Hour, false},
+		{"1h after 2h", time.Hour, 2 * time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := stocktest.New(t)
+			ctx := context.Background()
+			r := e.Reserver
+			st := memstore.New()
+			require.NoError(t, r.Load(ctx, "ret", 10))
+			require.NoError(t, st.Load(ctx, "ret", 10))
+			_, err := r.Deduct(ctx, stock.Request{SKU: "ret", ID: "d1", Qty: 1})
+			require.NoError(t, err)
+			rl, err := stockops.NewRelay(r, st, nil, nil)
+			require.NoError(t, err)
+			kit.Drain(t, rl)
+			e.Advance(tc.advance)
+			rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: tc.retention})
+			require.NoError(t, err)
+			reps, err := rec.Once(ctx)
+			require.NoError(t, err)
+			require.Len(t, reps, 1)
+			_, err = r.Ledger(ctx, "ret", "d1")
+			if tc.trimmed {
+				assert.Equal(t, 1, reps[0].Trimmed, "%s", reps[0])
+				assert.ErrorIs(t, err, stock.ErrUnknownID)
+			} else {
+				assert.Equal(t, 0, reps[0].Trimmed, "%s", reps[0])
+				assert.NoError(t, err)
+			}
+		})
+	}
+}
+
+// Retention on real time: a pass after the retention trims the settled entry.
+func TestRetentionRealTime(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		require.NoError(t, r.Load(ctx, "ret", 10))
+		require.NoError(t, st.Load(ctx, "ret", 10))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "ret", ID: "d1", Qty: 1})
+		require.NoError(t, err)
+		rl, err := stockops.NewRelay(r, st, nil, nil)
+		require.NoError(t, err)
+		kit.Drain(t, rl)
+		time.Sleep(1500 * time.Millisecond)
+		never, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: -1})
+		require.NoError(t, err)
+		reps, err := never.Once(ctx)
+		require.NoError(t, err)
+		require.Len(t, reps, 1)
+		assert.Equal(t, 0, reps[0].Trimmed, "a negative Retention never trims: %s", reps[0])
+		rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Second})
+		require.NoError(t, err)
+		reps, err = rec.Once(ctx)
+		require.NoError(t, err)
+		require.Len(t, reps, 1)
+		assert.Equal(t, 1, reps[0].Trimmed, "%s", reps[0])
+		_, err = r.Ledger(ctx, "ret", "d1")
+		assert.ErrorIs(t, err, stock.ErrUnknownID)
+	})
+}
+
+// Old messages come back after their ledger entries were trimmed (a queue that redelivers a dead
+// consumer's messages a day late, after the reconciler's retention): they are repeats of events the
+// store applied. Consume must answer them without changing anything: no store change, nothing
+// dead-lettered or held back forever, and no item left for an operator.
+func TestRedeliveryAfterRetention(t *testing.T) {
+	ctx, e, st, rng := setup(t, 14)
+	skus := []string{"ret:1", "ret:2"}
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 120, rng)
+	q := &relayQueue{}
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, e, rl, skus)
+	msgs := q.take()
+	relayConsumeAll(t, ctx, e.Reserver, st, append([]stock.Event(nil), msgs...), rng)
+	verify(t, ctx, e.Reserver, st, acks)
+	// The retention is measured on a clock Advance does not move (30h of Advance with a 1h
+	// Retention trims nothing), so a tiny Retention and a few real milliseconds stand for a day.
+	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Advance(time.Second)
+	time.Sleep(5 * time.Millisecond)
+	trimmed := 0
+	for i := 0; i < 3; i++ {
+		reps, err := rec.Once(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rp := range reps {
+			trimmed += rp.Trimmed
+		}
+	}
+	if trimmed == 0 {
+		t.Fatal("the reconciler trimmed no ledger entry: the scenario did not happen")
+	}
+	before := map[string]int64{}
+	for _, sku := range skus {
+		before[sku], _ = st.Remaining(ctx, sku)
+	}
+	rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	answers := map[string]int{}
+	for _, ev := range msgs {
+		err := stock.Consume(ctx, e.Reserver, st, ev)
+		switch {
+		case err == nil:
+			answers["nil"]++
+		case errors.Is(err, stock.ErrHeldBack):
+			answers["held back"]++
+		case errors.Is(err, stock.ErrInvalid):
+			answers["invalid"]++
+		default:
+			answers[err.Error()]++
+		}
+	}
+	if answers["nil"] != len(msgs) {
+		t.Errorf("redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
+	}
+	dry, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sku := range skus {
+		rem, _ := st.Remaining(ctx, sku)
+		if rem != before[sku] {
+			t.Errorf("item %q: stale redeliveries moved the store from %d to %d", sku, before[sku], rem)
+		}
+		lv, _ := e.Reserver.Levels(ctx, sku)
+		if lv.Available != rem {
+			t.Errorf("item %q: Redis %d, store %d", sku, lv.Available, rem)
+		}
+		rp, err := dry.Item(ctx, sku)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.NeedsHuman != "" {
+			t.Errorf("item %q after the stale redeliveries: %s", sku, rp)
+		}
+	}
+	if m := st.MaxApplications(); m > 1 {
+		t.Errorf("an event changed the store %d times", m)
+	}
+}
+
+var outsideRet = &stock.ReconcileOptions{Retention: 24 * time.Hour}
+
+func TestRetentionKeepsLongHoldCancelledLate(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 10)
+	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
+	if _, err := e.r.Hold(e.ctx, req, 48*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(30 * time.Hour)
+	e.mustCancel("a", "h1")
+	e.relay()
+	e.advance(41 * time.Hour) // 71 h: 23 h past the deadline
+	e.pass(outsideRet)
+	if e.trimmed("a", "h1") {
+		t.Fatalf("a cancelled 48h hold trimmed 23h after its deadline")
+	}
+	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("repeat of the cancelled hold: %v, want ErrRestored", err)
+	}
+	e.advance(2 * time.Hour) // 73 h
+	e.pass(outsideRet)
+	if !e.trimmed("a", "h1") {
+		t.Errorf("a cancelled hold kept 25h after its deadline")
+	}
+	e.want("a", 10, 0, 0)
+}
+
+func TestRetentionKeepsExpiredLongHold(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 10)
+	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
+	if _, err := e.r.Hold(e.ctx, req, 48*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(49 * time.Hour)
+	if _, err := stockops.Sweep(e.ctx, e.r); err != nil {
+		t.Fatal(err)
+	}
+	e.relay()
+	e.advance(22 * time.Hour) // 71 h
+	e.pass(outsideRet)
+	if e.trimmed("a", "h1") {
+		t.Fatalf("an expired 48h hold trimmed 23h after its deadline")
+	}
+	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrExpired) {
+		t.Errorf("repeat of the expired hold: %v, want ErrExpired", err)
+	}
+	if _, err := e.r.Confirm(e.ctx, "a", "h1"); !errors.Is(err, stock.ErrExpired) {
+		t.Errorf("confirm of the expired hold: %v, want ErrExpired", err)
+	}
+	e.advance(2 * time.Hour)
+	e.pass(outsideRet)
+	if !e.trimmed("a", "h1") {
+		t.Errorf("an expired hold kept 25h after its deadline")
+	}
+	e.want("a", 10, 0, 0)
+}
+
+func TestRetentionKeepsLateRestore(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 10)
+	e.deduct("a", "d1", 2)
+	e.relay()
+	e.advance(23 * time.Hour)
+	e.mustRestore("a", "d1")
+	e.relay()
+	e.advance(20 * time.Hour) // 43 h; 20 h after the restore
+	e.pass(outsideRet)
+	if e.trimmed("a", "d1") {
+		t.Fatalf("a sale restored 20h ago was trimmed")
+	}
+	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d1", User: "u-d1", Qty: 2}); !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("repeat of a restored deduct: %v, want ErrRestored", err)
+	}
+	rc, err := e.r.Restore(e.ctx, "a", "d1")
+	if err != nil || !rc.Replayed {
+		t.Errorf("repeat restore: %+v %v, want a replay", rc, err)
+	}
+	e.advance(5 * time.Hour)
+	e.pass(outsideRet)
+	if !e.trimmed("a", "d1") {
+		t.Errorf("a sale restored 25h ago is still kept")
+	}
+	e.want("a", 10, 0, 0)
+}
+
+func TestRetentionKeepsConfirmedHoldRestoredLate(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 10)
+	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 3}
+	if _, err := e.r.Hold(e.ctx, req, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.mustConfirm("a", "h1")
+	e.relay()
+	e.advance(30 * time.Hour)
+	e.mustRestore("a", "h1")
+	e.relay()
+	e.advance(20 * time.Hour)
+	e.pass(outsideRet)
+	if e.trimmed("a", "h1") {
+		t.Fatalf("a confirmed hold restored 20h ago was trimmed")
+	}
+	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("repeat of the hold: %v, want ErrRestored", err)
+	}
+	if _, err := e.r.Confirm(e.ctx, "a", "h1"); !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("confirm of the restored hold: %v, want ErrRestored", err)
+	}
+	rc, err := e.r.Restore(e.ctx, "a", "h1")
+	if err != nil || !rc.Replayed {
+		t.Errorf("repeat restore: %+v %v, want a replay", rc, err)
+	}
+	e.advance(5 * time.Hour)
+	e.pass(outsideRet)
+	if !e.trimmed("a", "h1") {
+		t.Errorf("kept 25h after its return")
+	}
+	e.want("a", 10, 0, 0)
+}
+
+func TestRetentionKeepsStoreRefusalGivenBackLate(t *testing.T) {
+	e := outsideMini(t)
+	if err := e.r.Load(e.ctx, "a", 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Load(e.ctx, "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	e.deduct("a", "d1", 2)
+	e.advance(23 * time.Hour)
+	st := e.relay() // the store refuses: given back at 23 h
+	if st.Refused != 1 {
+		t.Fatalf("relay stats %+v, want one refusal", st)
+	}
+	e.relay()
+	e.advance(20 * time.Hour)
+	e.pass(&stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000})
+	if e.trimmed("a", "d1") {
+		t.Fatalf("a sale refused 20h ago was trimmed")
+	}
+	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d1", User: "u-d1", Qty: 2}); !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("repeat of a refused deduct: %v, want ErrRestored", err)
+	}
+}
+
+func TestRetentionKeepsTombstoneAndRetryRefusal(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 1)
+	e.deduct("a", "d0", 1)
+	if _, err := e.r.Restore(e.ctx, "a", "t1"); !errors.Is(err, stock.ErrUnknownID) {
+		t.Fatalf("restore of unknown: %v", err)
+	}
+	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true}); !errors.Is(err, stock.ErrSoldOut) {
+		t.Fatalf("retry on sold out: %v", err)
+	}
+	e.relay()
+	e.advance(23 * time.Hour)
+	e.pass(outsideRet)
+	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1}); !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("deduct of tombstoned id within retention: %v, want ErrRestored", err)
+	}
+	e.mustRestore("a", "d0")
+	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
+		t.Errorf("repeat of a refused retry within retention: %v, want ErrSoldOut", err)
+	}
+	e.relay()
+	e.advance(2 * time.Hour)
+	e.pass(outsideRet)
+	if !e.trimmed("a", "t1") || !e.trimmed("a", "x1") {
+		t.Errorf("tombstone or refusal kept past the retention")
+	}
+	e.want("a", 1, 0, 0)
+}
+
+func TestRetentionKeepsExtendedHoldCancelled(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 10)
+	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
+	if _, err := e.r.Hold(e.ctx, req, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(30 * time.Minute)
+	if _, err := e.r.Extend(e.ctx, "a", "h1", 72*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(50 * time.Hour)
+	e.mustCancel("a", "h1")
+	e.relay()
+	e.advance(40 * time.Hour) // 90.5 h: 18 h past the extended deadline
+	e.pass(outsideRet)
+	if e.trimmed("a", "h1") {
+		t.Fatalf("an extended hold trimmed 18h after its deadline")
+	}
+	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("repeat of the cancelled hold: %v, want ErrRestored", err)
+	}
+	e.want("a", 10, 0, 0)
+}
+
+func TestRetentionKeepsLongHoldCartCancelled(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 10)
+	e.load("b", 10)
+	cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
+	if _, err := e.r.HoldMany(e.ctx, cart, 48*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(30 * time.Hour)
+	if _, err := e.r.CancelMany(e.ctx, "c1", "a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	e.relay()
+	e.advance(41 * time.Hour)
+	e.pass(outsideRet)
+	if _, err := stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.r.HoldMany(e.ctx, cart, time.Hour)
+	var ce *stock.CartError
+	if !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored) {
+		t.Errorf("repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)
+	}
+	e.want("a", 10, 0, 0)
+	e.want("b", 10, 0, 0)
+}

@@ -1,0 +1,617 @@
+package contract_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
+	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/systest/internal/kit"
+)
+
+// "Options that are out of range are an ErrInvalid error at once." RelayOptions.Batch is "at
+// most 10,000".
+func TestRunOutOfRangeOptionsInvalidAtOnce(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		for name, o := range map[string]stock.RunOptions{
+			"batch 10001": {Store: st, Relay: &stock.RelayOptions{Batch: 10001}},
+			"batch -1":    {Store: st, Relay: &stock.RelayOptions{Batch: -1}},
+			"lease -1s":   {Store: st, Relay: &stock.RelayOptions{Lease: -time.Second}},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			start := time.Now()
+			err := r.Run(ctx, o)
+			cancel()
+			assert.ErrorIs(t, err, stock.ErrInvalid, "%s", name)
+			assert.Less(t, time.Since(start), time.Second, "%s: an ErrInvalid error at once", name)
+		}
+	})
+}
+
+// A Store that fails every event: Run "returns the first error a loop met" when ctx ends.
+func TestRunReturnsLoopError(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		require.NoError(t, r.Load(ctx, "down", 10))
+		require.NoError(t, st.Load(ctx, "down", 10))
+		st.FailWith(memstore.Down)
+		_, err := r.Deduct(ctx, stock.Request{SKU: "down", ID: "d1", Qty: 1})
+		require.NoError(t, err)
+		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 200 * time.Millisecond})
+		time.Sleep(700 * time.Millisecond)
+		cancel()
+		err, ok := waitRun(t, done, 10*time.Second)
+		require.True(t, ok)
+		assert.ErrorIs(t, err, memstore.ErrDown, "the first error a loop met")
+		assert.Equal(t, int64(1), kit.OutboxLen(t, c, "down"), "the failed event stays in the outbox")
+	})
+}
+
+// Two Reservers sharing one Redis, each with its own Run on one Store: "more relays and
+// reconcilers, in this process or others, may run beside it." Every sale reaches the Store once.
+func TestTwoRunsShareRedis(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c1, c2 := b.Pair(t)
+			r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
+			st := memstore.New()
+			skus := []string{"p1", "p2", "p3"}
+			opts := stock.RunOptions{Store: st, Reconcile: &stock.ReconcileOptions{Interval: 50 * time.Millisecond},
+				Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 3}}
+			cancel1, done1 := runAsync(r1, opts)
+			cancel2, done2 := runAsync(r2, opts)
+			time.Sleep(200 * time.Millisecond)
+			for _, s := range skus {
+				require.NoError(t, r1.Load(ctx, s, 300))
+				require.NoError(t, st.Load(ctx, s, 300))
+			}
+			var sold atomic.Int64
+			var wg sync.WaitGroup
+			for w, r := range []*stock.Reserver{r1, r2, r1, r2} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 120 {
+						id := fmt.Sprintf("w%d-%d", w, i)
+						s := skus[i%len(skus)]
+						if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: id, Qty: 1}); err != nil {
+							continue
+						}
+						sold.Add(1)
+						if i%5 == 0 {
+							_, _ = r.Restore(ctx, s, id)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			cancel1()
+			cancel2()
+			for _, d := range []<-chan error{done1, done2} {
+				err, ok := waitRun(t, d, 15*time.Second)
+				require.True(t, ok)
+				assert.ErrorIs(t, err, context.Canceled)
+			}
+			for _, s := range skus {
+				l := kit.Levels(t, r1, s)
+				assert.Equal(t, int64(0), kit.OutboxLen(t, c1, s), "%s drained", s)
+				rem, err := st.Remaining(ctx, s)
+				require.NoError(t, err)
+				assert.Equal(t, l.Available, rem, "%s: Redis and the Store agree", s)
+			}
+			assert.LessOrEqual(t, st.MaxApplications(), 1, "no event applied twice")
+			t.Logf("%d sales", sold.Load())
+		})
+	}
+}
+
+// child runs this test binary again with only TestChild, which runs the case named by
+// A14_CHILD, so that a panic or a hang is seen from outside. It returns the combined output and
+// the exit error.
+func child(t *testing.T, name string, timeout time.Duration) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "A14_CHILD="+name)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return string(out), fmt.Errorf("child %s did not end within %v", name, timeout)
+	}
+	return string(out), err
+}
+
+// "A zero field takes its default; a negative interval turns its loop off", "Options that are out
+// of range are an ErrInvalid error at once": whatever the options, Run neither panics nor hangs;
+// it returns ErrInvalid at once or runs until ctx ends and returns ctx's error.
+func TestRunOddOptionsNoPanic(t *testing.T) {
+	for name := range childRunOptions {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // a process of its own each, on its own miniredis
+			out, err := child(t, name, 60*time.Second)
+			if err != nil {
+				i := strings.Index(out, "panic:")
+				if i >= 0 {
+					out = out[i:min(len(out), i+600)]
+				} else if len(out) > 1500 {
+					out = out[len(out)-1500:]
+				}
+			}
+			assert.NoError(t, err, "Run with %s: %s", name, out)
+		})
+	}
+}
+
+// "Run may be called once per Reserver at a time": a second concurrent Run on the same Reserver.
+// Nothing promises what it answers; whatever it does, the Reserver's data stay right.
+func TestSecondRunSameReserver(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := kit.NewReserver(t, c)
+		st := memstore.New()
+		require.NoError(t, r.Load(ctx, "two", 100))
+		require.NoError(t, st.Load(ctx, "two", 100))
+		cancel1, done1 := runAsync(r, stock.RunOptions{Store: st})
+		cancel2, done2 := runAsync(r, stock.RunOptions{Store: st})
+		// One of the two runs; the other is refused at once (ErrRunning), whichever came second.
+		var refused error
+		select {
+		case refused = <-done1:
+			done1 = done2
+		case refused = <-done2:
+		case <-time.After(10 * time.Second):
+			t.Fatal("neither Run was refused")
+		}
+		assert.ErrorIs(t, refused, stock.ErrRunning)
+		for i := range 50 {
+			_, _ = r.Deduct(ctx, stock.Request{SKU: "two", ID: fmt.Sprint("d", i), Qty: 1})
+		}
+		cancel1()
+		cancel2()
+		err1, ok := waitRun(t, done1, 10*time.Second)
+		require.True(t, ok)
+		assert.ErrorIs(t, err1, context.Canceled)
+		l := kit.Levels(t, r, "two")
+		rem, err := st.Remaining(ctx, "two")
+		require.NoError(t, err)
+		assert.Equal(t, l.Available, rem)
+		assert.LessOrEqual(t, st.MaxApplications(), 1)
+	})
+}
+
+// Two Reservers with different prefixes on one Redis, each with its own Run and Store: "WithPrefix
+// sets the prefix of every key the Reserver writes": neither sees the other's items.
+func TestRunTwoPrefixes(t *testing.T) {
+	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		ra := kit.NewReserver(t, c)
+		rb := kit.NewReserver(t, c, stock.WithPrefix("stock:carts"))
+		sa, sb := memstore.New(), memstore.New()
+		// Runs first, on an empty Redis, so that their guards do not fence (see
+		// TestRunStartOnLiveDeploymentFenceLifts).
+		ca, da := runAsync(ra, stock.RunOptions{Store: sa})
+		cb, db := runAsync(rb, stock.RunOptions{Store: sb})
+		time.Sleep(200 * time.Millisecond)
+		require.NoError(t, ra.Load(ctx, "~", 10))
+		require.NoError(t, sa.Load(ctx, "~", 10))
+		require.NoError(t, rb.Load(ctx, "~", 20))
+		require.NoError(t, sb.Load(ctx, "~", 20))
+		_, err := ra.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 2}}})
+		require.NoError(t, err)
+		_, err = rb.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 5}}})
+		require.NoError(t, err, "the same cart id under another prefix is another cart")
+		ok := eventually(5*time.Second, func() bool {
+			a, _ := sa.Remaining(ctx, "~")
+			b, _ := sb.Remaining(ctx, "~")
+			return a == 8 && b == 15
+		})
+		ca()
+		cb()
+		<-da
+		<-db
+		assert.True(t, ok, "each Run delivered its own prefix's sale")
+		assert.Equal(t, int64(8), kit.Levels(t, ra, "~").Available)
+		assert.Equal(t, int64(15), kit.Levels(t, rb, "~").Available)
+		var items []string
+		for s, err := range stockops.Items(ctx, rb) {
+			require.NoError(t, err)
+			items = append(items, s)
+		}
+		assert.Equal(t, []string{"~"}, items)
+	})
+}
+
+// TestRunMemstore: Run with a memstore while the library is flushed in a loop: every
+// acknowledged deduct reaches the store exactly once.
+func TestRunMemstore(t *testing.T) {
+	faultReal(t)
+	s := redistest.StartServer(t)
+	admin := s.Client(t)
+	ctx := context.Background()
+	r := kit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
+	store := memstore.New()
+	require.NoError(t, store.Load(ctx, "rm", 300))
+	require.NoError(t, r.Load(ctx, "rm", 300))
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- r.Run(rctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
+	}()
+	st := newStats()
+	stop := make(chan struct{})
+	rounds := chaos(stop, func(i int) {
+		if i%2 == 0 {
+			faultDo(t, admin, "FUNCTION", "FLUSH", "ASYNC")
+		} else {
+			faultDo(t, admin, "SCRIPT", "FLUSH")
+		}
+		time.Sleep(2 * time.Millisecond)
+	})
+	faultTraffic([]*stock.Reserver{r}, st, "rm", []string{"rm"}, 4, 100, 3)
+	// Some restores too.
+	var restored int
+	st.mu.Lock()
+	var ids []string
+	for id := range st.acked {
+		ids = append(ids, id)
+	}
+	st.mu.Unlock()
+	for _, id := range ids[:min(20, len(ids))] {
+		if _, err := r.Restore(ctx, "rm", id); err == nil {
+			restored++
+		} else {
+			t.Logf("restore %s: %v", id, err)
+		}
+	}
+	close(stop)
+	<-rounds
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if kit.OutboxLen(t, s.Client(t), "rm") == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Logf("Run: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	t.Logf("raw %v fenced %d", st.raw, st.fenced.Load())
+	assert.Empty(t, st.raw)
+	l := kit.Levels(t, r, "rm")
+	rem, err := store.Remaining(ctx, "rm")
+	require.NoError(t, err)
+	assert.Equal(t, l.Available, rem, "store remaining = redis available")
+	assert.LessOrEqual(t, store.MaxApplications(), 1, "each event applied at most once")
+	assert.Equal(t, int64(0), kit.OutboxLen(t, s.Client(t), "rm"))
+	// Restores count back.
+	st.mu.Lock()
+	acked := int64(len(st.acked))
+	st.mu.Unlock()
+	assert.Equal(t, acked-int64(restored), l.Sold)
+}
+
+// TestRunTwiceConcurrently: two Runs of one Reserver at once (the docs allow one at a
+// time; a mistake a user can make), with deducts and restores under way; then both stop.
+// One of them is refused with ErrRunning, the other runs; both return in bounds, and nothing
+// is lost or doubled (-race finds shared-state races).
+func TestRunTwiceConcurrently(t *testing.T) {
+	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
+		ctx := context.Background()
+		loaded := map[string]int64{"two:a": 300, "two:b~b": 300}
+		mem := memstore.New()
+		load(t, e.r, mem, loaded)
+		sale := newSale()
+		runCtx, cancel := context.WithCancel(ctx)
+		opts := stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: 30 * time.Millisecond}}
+		ch1 := run(runCtx, e.r, opts)
+		ch2 := run(runCtx, e.r, opts)
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					sku := "two:a"
+					if i%2 == 1 {
+						sku = "two:b~b"
+					}
+					id := fmt.Sprintf("w%d-%d", w, i)
+					if sale.deduct(t, ctx, e.r, sku, id, 1) && i%4 == 0 {
+						sale.restore(t, ctx, e.r, sku, id)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		time.Sleep(300 * time.Millisecond)
+		cancel()
+		ended := time.Now()
+		r1 := wait(t, ch1, ended, time.Second+3*time.Second)
+		r2 := wait(t, ch2, ended, time.Second+3*time.Second)
+		if errors.Is(r1.err, stock.ErrRunning) {
+			r1, r2 = r2, r1
+		}
+		assert.ErrorIs(t, r1.err, context.Canceled, "the Run that ran")
+		assert.ErrorIs(t, r2.err, stock.ErrRunning, "the other was refused")
+		e.settle()
+		finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+		sale.checkStore(t, e.r, mem, loaded)
+	})
+}
+
+// runTraffic runs mixed concurrent traffic on sku and returns the ids whose sale was
+// acknowledged and not given back (by the answers the callers got), with their quantities.
+func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) map[string]int64 {
+	ctx := context.Background()
+	var mu sync.Mutex
+	sold := map[string]int64{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 99))
+			for k := range each {
+				id := fmt.Sprintf("%s-w%d-%d", sku, w, k)
+				q := int64(1 + rng.IntN(3))
+				req := stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(7)), Qty: q}
+				switch rng.IntN(4) {
+				case 0, 1:
+					if _, err := r.Deduct(ctx, req); err != nil {
+						assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "deduct: %v", err)
+						continue
+					}
+					if rng.IntN(3) == 0 {
+						_, err := r.Restore(ctx, sku, id)
+						require.NoError(t, err)
+						continue
+					}
+				case 2:
+					if _, err := r.Hold(ctx, req, time.Hour); err != nil {
+						assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "hold: %v", err)
+						continue
+					}
+					if rng.IntN(2) == 0 {
+						_, err := r.Cancel(ctx, sku, id)
+						require.NoError(t, err)
+						continue
+					}
+					_, err := r.Confirm(ctx, sku, id)
+					require.NoError(t, err)
+				default:
+					if _, err := r.Hold(ctx, req, time.Hour); err != nil {
+						continue
+					}
+					mu.Lock()
+					sold[id] = -q // a live hold: not sold
+					mu.Unlock()
+					continue
+				}
+				mu.Lock()
+				sold[id] = q
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return sold
+}
+
+// checkStore checks the store against Redis and the acknowledged answers: remaining =
+// available + held, each sale applied once, each given-back id not counted.
+func checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku string, acked map[string]int64) {
+	t.Helper()
+	ctx := context.Background()
+	l := levels(t, r, sku)
+	rem, err := store.Remaining(ctx, sku)
+	require.NoError(t, err)
+	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
+	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
+	var ids []string
+	var soldAcked int64
+	for id, q := range acked {
+		if q > 0 {
+			ids = append(ids, id)
+			soldAcked += q
+		}
+	}
+	assert.Equal(t, soldAcked, l.Sold, "Redis sold vs acknowledged sales")
+	recs, err := store.Records(ctx, sku, ids)
+	require.NoError(t, err)
+	for _, id := range ids {
+		rec, ok := recs[id]
+		if assert.True(t, ok, "acknowledged sale %s missing from the store", id) {
+			assert.Equal(t, stock.StateApplied, rec.Status, id)
+			assert.Equal(t, acked[id], rec.Qty, id)
+		}
+		typ := stock.EventDeducted
+		if recs[id].Type == stock.EventConfirmed {
+			typ = stock.EventConfirmed
+		}
+		assert.Equal(t, 1, store.Applications(sku, id, typ), "applications of %s", id)
+	}
+}
+
+// reconcile runs a reconcile pass and checks one report for the item with no drift.
+func reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string) {
+	t.Helper()
+	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: -1})
+	require.NoError(t, err)
+	reports, err := rec.Once(context.Background())
+	require.NoError(t, err)
+	var mine []stockops.Report
+	for _, rp := range reports {
+		assert.NotContains(t, rp.SKU, "|", "a report names a bucket, not the item: %+v", rp)
+		if rp.SKU == sku {
+			mine = append(mine, rp)
+		}
+	}
+	require.Len(t, mine, 1, "one report per item: %+v", reports)
+	rp := mine[0]
+	assert.Equal(t, int64(0), rp.Drift, "%+v", rp)
+	assert.Equal(t, int64(0), rp.Adjusted, "%+v", rp)
+	assert.Empty(t, rp.NeedsHuman, "%+v", rp)
+	assert.False(t, rp.Missing)
+	l := levels(t, r, sku)
+	assert.Equal(t, l.Available, rp.Available, "%+v", rp)
+	assert.Equal(t, l.Held, rp.Held, "%+v", rp)
+}
+
+// TestRunIntoStore: traffic on split items (and a plain one) while Run relays into a
+// memstore; once drained, the store equals Redis, every acknowledged sale is applied once, and a
+// reconcile pass finds no drift, with one report per item.
+func TestRunIntoStore(t *testing.T) {
+	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
+		ctx, cancel := context.WithCancel(context.Background())
+		store := memstore.New()
+		skus := []string{"dur-a", "dur:b~ü", "plain-dur"}
+		for _, sku := range skus {
+			require.NoError(t, store.Load(ctx, sku, 60))
+			require.NoError(t, e.r.Load(ctx, sku, 60))
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- e.r.Run(ctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
+		}()
+		acked := map[string]map[string]int64{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, sku := range skus {
+			wg.Go(func() {
+				a := runTraffic(t, e.r, sku, 6, 20)
+				mu.Lock()
+				acked[sku] = a
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		require.Eventually(t, func() bool {
+			for _, sku := range skus {
+				p, d, err := stockops.Pending(context.Background(), e.r, sku)
+				if err != nil || p != 0 || d != 0 {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 50*time.Millisecond)
+		cancel()
+		<-done
+		for _, sku := range skus {
+			checkStore(t, e.r, store, sku, acked[sku])
+			reconcile(t, e.r, store, sku)
+		}
+		items, err := store.ListItems(context.Background(), "", 100)
+		require.NoError(t, err)
+		assert.ElementsMatch(t, skus, items, "the store knows the items, not their buckets")
+	})
+}
+
+// TestRunConcurrent: Run relays into the store while buyers, restores, restocks and holds
+// run concurrently on several items; once activity stops, everything is delivered within a
+// bounded time and no acknowledged sale is refused.
+func TestRunConcurrent(t *testing.T) {
+	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		store := memstore.New()
+		skus := []string{"run-a", "run-b"}
+		for _, sku := range skus {
+			require.NoError(t, store.Load(ctx, sku, 5))
+			require.NoError(t, e.r.Load(ctx, sku, 5))
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- e.r.Run(ctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Batch: 2, Poll: 10 * time.Millisecond}})
+		}()
+		solds := make([]map[string]int64, len(skus))
+		var wg sync.WaitGroup
+		for i, sku := range skus {
+			wg.Go(func() { solds[i] = salesQ(t, e, sku, uint64(80+i), 6, 3, nil) })
+		}
+		wg.Wait()
+		start := time.Now()
+		require.Eventually(t, func() bool {
+			for _, sku := range skus {
+				p, d, err := stockops.Pending(context.Background(), e.r, sku)
+				if err != nil || p != 0 || d != 0 {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 20*time.Millisecond)
+		t.Logf("drained %v after activity stopped", time.Since(start))
+		cancel()
+		<-done
+		for i, sku := range skus {
+			splitCheck(t, e, store, sku, solds[i])
+		}
+	})
+}
+
+func TestRunTwiceConcurrentlyOneRuns(t *testing.T) {
+	e := outsideMini(t)
+	e.load("a", 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 6
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- e.r.Run(ctx, stock.RunOptions{Store: e.store, Drain: -1})
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	running := 0
+	for len(errs) > 0 {
+		if err := <-errs; !errors.Is(err, stock.ErrRunning) {
+			t.Errorf("a concurrent Run returned %v, want ErrRunning", err)
+		}
+	}
+	cancel()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if errors.Is(err, context.Canceled) {
+			running++
+		} else {
+			t.Errorf("the running Run returned %v", err)
+		}
+	}
+	if running != 1 {
+		t.Errorf("%d Runs ran, want 1", running)
+	}
+	// Run again once it returned.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if err := e.r.Run(ctx2, stock.RunOptions{Store: e.store, Drain: -1}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run after the first returned: %v", err)
+	}
+}

@@ -1,0 +1,112 @@
+// Package kit is the harness the system tests share: the backends, a Reserver, levels and
+// ledger checks, draining a relay, and the report of the fault suites.
+package kit
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/stockops"
+)
+
+// EachBackend runs f on miniredis and, when STOCK_REDIS_SERVER is set, on a real standalone
+// redis-server and a real 3-master cluster, each on a clean database.
+func EachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b.Client(t))
+		})
+	}
+}
+
+func NewReserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
+	t.Helper()
+	r, err := stock.New(c, opts...)
+	require.NoError(t, err)
+	return r
+}
+
+// Levels returns an item's levels, asserting loaded = available + held + sold.
+func Levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
+	t.Helper()
+	l, err := r.Levels(context.Background(), sku)
+	require.NoError(t, err)
+	require.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "loaded = available + held + sold: %+v", l)
+	require.GreaterOrEqual(t, l.Available, int64(0))
+	return l
+}
+
+// Ledger returns every entry of an item by id.
+func Ledger(t *testing.T, r *stock.Reserver, sku string) map[string]stock.Entry {
+	t.Helper()
+	m := map[string]stock.Entry{}
+	for e, err := range stockops.Entries(context.Background(), r, sku) {
+		require.NoError(t, err)
+		_, dup := m[e.ID]
+		require.False(t, dup, "entry %s seen twice", e.ID)
+		m[e.ID] = e
+	}
+	return m
+}
+
+// CheckLedger asserts that the ledger explains the levels: the units of taken deduct entries add
+// up to Sold, and loaded = initial + restocks.
+func CheckLedger(t *testing.T, r *stock.Reserver, sku string, initial int64) (l stock.Levels, entries map[string]stock.Entry) {
+	t.Helper()
+	l = Levels(t, r, sku)
+	entries = Ledger(t, r, sku)
+	var sold, held, restocked int64
+	for _, e := range entries {
+		switch {
+		case e.Kind == stock.KindRestock:
+			restocked += e.Qty
+		case e.Taken() && e.State == stock.StateHeld:
+			held += e.Qty
+		case e.Taken():
+			sold += e.Qty
+		}
+	}
+	assert.Equal(t, l.Sold, sold, "sold per the ledger")
+	assert.Equal(t, l.Held, held, "held per the ledger")
+	assert.Equal(t, l.Loaded, initial+restocked, "loaded per the ledger")
+	return l, entries
+}
+
+// Drain runs relay passes until one claims nothing.
+func Drain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
+	t.Helper()
+	var all stockops.RelayStats
+	for range 1000 {
+		st, err := rl.Once(context.Background())
+		require.NoError(t, err)
+		all.Claimed += st.Claimed
+		all.Delivered += st.Delivered
+		all.Refused += st.Refused
+		all.Retried += st.Retried
+		all.Redelive += st.Redelive
+		all.DeadLettered += st.DeadLettered
+		if st.Claimed == 0 {
+			return all
+		}
+	}
+	t.Fatal("relay did not drain")
+	return all
+}
+
+// OutboxLen returns the number of events in an item's outbox (default prefix).
+func OutboxLen(t *testing.T, c rueidis.Client, sku string) int64 {
+	n, err := c.Do(context.Background(), c.B().Zcard().Key("stock:{"+sku+"}:o").Build()).AsInt64()
+	require.NoError(t, err)
+	return n
+}
+
+// Available returns the available units of a Levels call.
+func Available(l stock.Levels, err error) (int64, error) { return l.Available, err }
