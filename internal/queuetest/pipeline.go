@@ -24,7 +24,7 @@ func Ev(sku, id string, seq int64) stock.Event {
 }
 
 // Pipeline is a Reserver, a memstore and the operations Redis acknowledged on a few items of
-// 100,000 units each: the queue path of the attack-18 tests, whose consumers the adapter runs.
+// 100,000 units each: the queue path of the adapters' crash tests, whose consumers the adapter runs.
 type Pipeline struct {
 	R     *stock.Reserver
 	Store *memstore.Store
@@ -210,7 +210,7 @@ func (p *Pipeline) WaitApplied(t *testing.T, d time.Duration, between func()) {
 func (p *Pipeline) VerifyCrashed(t *testing.T, held int64) {
 	t.Helper()
 	if held == 0 {
-		t.Error("no consumer crashed holding messages: the attack did not happen")
+		t.Error("no consumer crashed holding messages: the scenario did not happen")
 	}
 	t.Logf("crashed consumers held %d messages", held)
 	p.Verify(t)
