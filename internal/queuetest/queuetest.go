@@ -1,7 +1,7 @@
 // Package queuetest holds the test code the publisher adapters (amqppub, kafkapub, natspub,
-// streampub) share: the publishing benchmark, a queue pipeline that checks a store against Redis
-// and the acknowledged answers (the adapters' batch and crash tests), and a rig whose consumers are child
-// processes killed by SIGKILL (the kill tests). Each adapter's tests keep only what is its
+// streampub) share: the publishing benchmark, a queue pipeline that checks a store against
+// Redis and the acknowledged answers (the adapters' batch and crash tests), and a rig whose
+// consumers are child processes killed by SIGKILL (the kill tests). Each adapter's tests keep only what is its
 // broker's: how to publish, how to start a consumer, how to receive and acknowledge.
 //
 // It is internal to github.com/stockres/stock and imported only by tests; it needs nothing the
