@@ -1920,7 +1920,7 @@ func TestCartSplitLineFromEveryBucket(t *testing.T) {
 	})
 }
 
-// TestAttack27CartWholeItemMinusOneRefused: a split line asking one unit more than the buckets
+// TestCartWholeItemPlusOneRefused: a split line asking one unit more than the buckets
 // together hold is refused, and gives back everything (transfers included): Levels equal before
 // and the whole item is then sold to one buyer.
 func TestCartWholeItemPlusOneRefused(t *testing.T) {
