@@ -58,33 +58,6 @@ func (p *recorder) count(t stock.EventType) int {
 	return n
 }
 
-// drain runs relay passes until one claims nothing.
-func drain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
-	t.Helper()
-	var all stockops.RelayStats
-	for range 1000 {
-		st, err := rl.Once(context.Background())
-		require.NoError(t, err)
-		all.Claimed += st.Claimed
-		all.Delivered += st.Delivered
-		all.Refused += st.Refused
-		all.Retried += st.Retried
-		all.Redelive += st.Redelive
-		all.DeadLettered += st.DeadLettered
-		if st.Claimed == 0 {
-			return all
-		}
-	}
-	t.Fatal("relay did not drain")
-	return all
-}
-
-func outboxLen(t *testing.T, c rueidis.Client, sku string) int64 {
-	n, err := c.Do(context.Background(), c.B().Zcard().Key("stock:{"+sku+"}:o").Build()).AsInt64()
-	require.NoError(t, err)
-	return n
-}
-
 func TestRelayDeliversOnce(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()

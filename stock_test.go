@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,80 +26,19 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
-// eachBackend runs f on miniredis and, when STOCK_REDIS_SERVER is set, on a real standalone
-// redis-server and a real 3-master cluster, each on a clean database. The backends run in
-// parallel: each is its own server.
-func eachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, b.Client(t))
-		})
-	}
-}
-
-// eachBackendSerial is eachBackend one backend at a time, for tests whose holds live for a
-// fraction of a second of real time: beside other backends' traffic on a loaded machine, a
-// hold can expire before the test reads it.
-func eachBackendSerial(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) { f(t, b.Client(t)) })
-	}
-}
-
-func newReserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
-	t.Helper()
-	r, err := stock.New(c, opts...)
-	require.NoError(t, err)
-	return r
-}
-
-func levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
-	t.Helper()
-	l, err := r.Levels(context.Background(), sku)
-	require.NoError(t, err)
-	require.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "loaded = available + held + sold: %+v", l)
-	require.GreaterOrEqual(t, l.Available, int64(0))
-	return l
-}
-
-// ledger returns every entry of an item by id.
-func ledger(t *testing.T, r *stock.Reserver, sku string) map[string]stock.Entry {
-	t.Helper()
-	m := map[string]stock.Entry{}
-	for e, err := range stockops.Entries(context.Background(), r, sku) {
-		require.NoError(t, err)
-		_, dup := m[e.ID]
-		require.False(t, dup, "entry %s seen twice", e.ID)
-		m[e.ID] = e
-	}
-	return m
-}
-
-// checkLedger asserts that the ledger explains the levels: the units of taken deduct entries add
-// up to Sold, and loaded = initial + restocks.
-func checkLedger(t *testing.T, r *stock.Reserver, sku string, initial int64) (l stock.Levels, entries map[string]stock.Entry) {
-	t.Helper()
-	l = levels(t, r, sku)
-	entries = ledger(t, r, sku)
-	var sold, held, restocked int64
-	for _, e := range entries {
-		switch {
-		case e.Kind == stock.KindRestock:
-			restocked += e.Qty
-		case e.Taken() && e.State == stock.StateHeld:
-			held += e.Qty
-		case e.Taken():
-			sold += e.Qty
-		}
-	}
-	assert.Equal(t, l.Sold, sold, "sold per the ledger")
-	assert.Equal(t, l.Held, held, "held per the ledger")
-	assert.Equal(t, l.Loaded, initial+restocked, "loaded per the ledger")
-	return l, entries
-}
+// The helpers every test of the package uses, shared with the other packages' tests and the
+// system tests (internal/testkit).
+var (
+	eachBackend       = testkit.EachBackend
+	eachBackendSerial = testkit.EachBackendSerial
+	newReserver       = testkit.NewReserver
+	levels            = testkit.Levels
+	ledger            = testkit.Ledger
+	checkLedger       = testkit.CheckLedger
+	drain             = testkit.Drain
+	outboxLen         = testkit.OutboxLen
+	available         = testkit.Available
+)
 
 func TestLoadAvailableLevels(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
@@ -674,4 +615,3 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 }
 
 // available returns the available units of a Levels call.
-func available(l stock.Levels, err error) (int64, error) { return l.Available, err }

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,7 +28,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // The environment of a relay child process (see TestRelayChildProcess).
@@ -133,7 +134,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	began := time.Now()
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	r := kit.NewReserver(t, c)
+	r := testkit.NewReserver(t, c)
 	db, store := d.open(t)
 	require.NoError(t, store.Migrate(ctx))
 	if d.dialect != sqlstore.SQLite {
@@ -194,7 +195,7 @@ func killedRelay(t *testing.T, d crashDB) {
 		if done.Load() && deductsFor == 0 {
 			deductsFor = time.Since(began)
 		}
-		if kids.kills >= crashMinKills && done.Load() && (kit.OutboxLen(t, c, sku) == 0 || time.Now().After(deadline)) {
+		if kids.kills >= crashMinKills && done.Load() && (testkit.OutboxLen(t, c, sku) == 0 || time.Now().After(deadline)) {
 			break
 		}
 		next := kids.start()
@@ -210,7 +211,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	require.False(t, t.Failed())
 
 	// What the dead relays left: events in the outbox, of which some claimed and not acked.
-	pending := kit.OutboxLen(t, c, sku)
+	pending := testkit.OutboxLen(t, c, sku)
 	unacked, err := c.Do(ctx, c.B().Hlen().Key("stock:{"+sku+"}:r").Build()).AsInt64()
 	require.NoError(t, err)
 
@@ -228,7 +229,7 @@ func killedRelay(t *testing.T, d crashDB) {
 		final.Orphaned += st.Orphaned
 		final.Redelive += st.Redelive
 		if st.Claimed == 0 {
-			if kit.OutboxLen(t, c, sku) == 0 {
+			if testkit.OutboxLen(t, c, sku) == 0 {
 				break
 			}
 			require.True(t, time.Now().Before(end), "the outbox did not drain")
@@ -296,7 +297,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	rem, err := store.Remaining(ctx, sku)
 	require.NoError(t, err)
 	assert.Equal(t, int64(crashLoaded)-sold, rem, "store remaining = loaded - applied")
-	l := kit.Levels(t, r, sku)
+	l := testkit.Levels(t, r, sku)
 	assert.Equal(t, rem, l.Available, "Redis available = store remaining")
 	assert.Equal(t, stock.Levels{Available: rem, Sold: sold, Loaded: crashLoaded}, l)
 	for e, err := range stockops.Entries(ctx, r, sku) {
@@ -313,7 +314,7 @@ func killedRelay(t *testing.T, d crashDB) {
 		}
 		assert.Equal(t, want, e.State, e.ID)
 	}
-	assert.Zero(t, kit.OutboxLen(t, c, sku))
+	assert.Zero(t, testkit.OutboxLen(t, c, sku))
 
 	t.Logf("deducts: %d calls, %d took stock (%d units sold after %d restores, %d restore replays), "+
 		"%d replays, %d conflicts, %d tombstones, %d sold out; done after %v",
@@ -605,7 +606,7 @@ func TestRelayChildProcess(t *testing.T) {
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{os.Getenv(crashEnvRedis)},
 		ForceSingleClient: true, DisableCache: true})
 	require.NoError(t, err)
-	r := kit.NewReserver(t, c)
+	r := testkit.NewReserver(t, c)
 	d := crashDB{name: os.Getenv(crashEnvDialect), dsn: os.Getenv(crashEnvDSN), prefix: os.Getenv(crashEnvPrefix)}
 	switch d.name {
 	case "sqlite":

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,7 +27,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // The environment of a buyer child process (see TestTransferChildProcess).
@@ -132,7 +133,7 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 	ctx := context.Background()
 	began := time.Now()
 	c := b.Client(t)
-	r := kit.NewReserver(t, c, stock.WithBuckets(func(string) int { return xferBuckets }))
+	r := testkit.NewReserver(t, c, stock.WithBuckets(func(string) int { return xferBuckets }))
 	const sku = "xfer"
 	store := memstore.New()
 	require.NoError(t, r.Load(ctx, sku, xferLoaded))
@@ -219,7 +220,7 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 
 	// The cut transfers are still in flight: the stock they carry is counted, not sellable.
 	before := inFlight()
-	kit.Levels(t, r, sku)
+	testkit.Levels(t, r, sku)
 
 	// Recovery, as an operator runs it: Reserver.Run's sweeper (without a Store, so that no
 	// reconcile pass mends what the checks below look for; the relay runs after), until no
@@ -244,7 +245,7 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 
 	// Every bucket accounts for its stock; the item as a whole too.
 	var sumLoaded int64
-	loaded := kit.Levels(t, r, sku).Loaded // the restocks add to xferLoaded
+	loaded := testkit.Levels(t, r, sku).Loaded // the restocks add to xferLoaded
 	for i := range xferBuckets {
 		vs, err := c.Do(ctx, c.B().Hmget().Key(bucketKey(i)).Field("a", "h", "s", "l", "t").Build()).ToArray()
 		require.NoError(t, err)
@@ -259,7 +260,7 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 		sumLoaded += f[3]
 	}
 	assert.Equal(t, loaded, sumLoaded)
-	l, entries := kit.CheckLedger(t, r, sku, xferLoaded)
+	l, entries := testkit.CheckLedger(t, r, sku, xferLoaded)
 	assert.Equal(t, loaded, l.Loaded)
 
 	// Every acknowledged hold is in the ledger with its quantity, every acknowledged
@@ -319,7 +320,7 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 			assert.ErrorIs(t, err, stock.ErrExpired, "a retry of expired hold %s", id)
 		}
 	}
-	l2 := kit.Levels(t, r, sku)
+	l2 := testkit.Levels(t, r, sku)
 	assert.Equal(t, l.Sold, l2.Sold, "retries of acknowledged holds sold nothing")
 
 	// Buyers who want more than is left buy every unit: none is stranded in a transfer.
@@ -334,14 +335,14 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 		bought++
 		require.LessOrEqual(t, bought, loaded, "sold more than loaded")
 	}
-	l = kit.Levels(t, r, sku)
+	l = testkit.Levels(t, r, sku)
 	assert.Equal(t, stock.Levels{Sold: loaded, Loaded: loaded}, l, "every unit sold after recovery (%d bought at the end)", bought)
 
 	// The store, once the relay has delivered everything, agrees with Redis.
 	require.NoError(t, stopRun())
 	rl, err := stockops.NewRelay(r, store, nil, nil)
 	require.NoError(t, err)
-	st := kit.Drain(t, rl)
+	st := testkit.Drain(t, rl)
 	assert.Zero(t, st.Refused, "sales the store refused")
 	rem, err := store.Remaining(ctx, sku)
 	require.NoError(t, err)
@@ -517,7 +518,7 @@ func TestTransferChildProcess(t *testing.T) {
 	opt.ForceSingleClient = os.Getenv(xferEnvCluster) != "1"
 	c, err := rueidis.NewClient(opt)
 	require.NoError(t, err)
-	r := kit.NewReserver(t, c, stock.WithBuckets(func(string) int { return xferBuckets }))
+	r := testkit.NewReserver(t, c, stock.WithBuckets(func(string) int { return xferBuckets }))
 	sku, run := os.Getenv(xferEnvSKU), os.Getenv(xferEnvRun)
 	require.NoError(t, c.Do(ctx, c.B().Ping().Build()).Error())
 	var mu sync.Mutex

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
@@ -1961,7 +1963,7 @@ func TestFaultRefusalThenLateAttempt(t *testing.T) {
 	if err != nil || e.Taken() {
 		t.Errorf("order-1 was answered ErrSoldOut and then took stock: ledger %+v, %v", e, err)
 	}
-	if n, err := kit.Available(direct.Levels(ctx, sku)); err != nil || n != 1 {
+	if n, err := testkit.Available(direct.Levels(ctx, sku)); err != nil || n != 1 {
 		t.Errorf("the unit that came back was taken by the late attempt: available %d, %v", n, err)
 	}
 }

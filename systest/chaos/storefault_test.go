@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -20,7 +22,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // TestFaultStoreConnectionKills: the database of record loses its connections again and again
@@ -58,7 +59,7 @@ func TestFaultStoreConnectionKills(t *testing.T) {
 	})
 
 	_, c := redistest.Miniredis(t)
-	r := kit.NewReserver(t, c)
+	r := testkit.NewReserver(t, c)
 	const loaded = 3000
 	require.NoError(t, r.Load(ctx, "A", loaded))
 	require.NoError(t, store.Load(ctx, "A", loaded))
@@ -149,7 +150,7 @@ func TestFaultStoreConnectionKills(t *testing.T) {
 	rem, err := store.Remaining(ctx, "A")
 	require.NoError(t, err)
 	assert.Equal(t, int64(loaded)-want, rem)
-	l := kit.Levels(t, r, "A")
+	l := testkit.Levels(t, r, "A")
 	assert.Equal(t, rem, l.Available, "Redis and the store agree")
 	assert.Positive(t, kills.Load(), "connections were killed")
 	t.Logf("store connection kills: %d sessions killed; %d deducts, %d kept, store remaining %d = Redis available %d",

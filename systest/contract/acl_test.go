@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,7 +19,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // aclKeys are the key patterns of one prefix: the items' keys (every one starts with
@@ -288,7 +289,7 @@ func ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 	_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-" + tag, Lines: []stock.Line{{SKU: sku, Qty: 1}, {SKU: sku + "b", Qty: 1}}})
 	require.NoError(t, err, "DeductMany")
 	between()
-	l := kit.Levels(t, r, sku)
+	l := testkit.Levels(t, r, sku)
 	assert.Equal(t, int64(8), l.Available, "%+v", l)
 	e, err := r.Ledger(ctx, sku, "h1")
 	require.NoError(t, err)
@@ -322,21 +323,21 @@ func TestACL(t *testing.T) {
 	for _, cs := range cases {
 		t.Run(cs.user, func(t *testing.T) {
 			acl(t, admin, cs.user, cs.extra)
-			r := kit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
+			r := testkit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
 			ops(t, r, cs.user+"1", noop)
-			r2 := kit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
+			r2 := testkit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
 			ops(t, r2, cs.user+"2", flush)
 			// The library loaded by an admin, the user may only call it.
-			r3 := kit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
+			r3 := testkit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
 			ops(t, r3, cs.user+"3", func() {
-				ra := kit.NewReserver(t, admin, stock.WithPrefix("other"))
+				ra := testkit.NewReserver(t, admin, stock.WithPrefix("other"))
 				_ = ra.Load(context.Background(), "x", 1) // loads the library as admin
 			})
 		})
 	}
 	t.Run("revoked", func(t *testing.T) {
 		acl(t, admin, "rev", "+fcall +function|load")
-		r := kit.NewReserver(t, userClient("rev"), stock.WithPrefix("shop"), stock.WithTimeout(3*time.Second))
+		r := testkit.NewReserver(t, userClient("rev"), stock.WithPrefix("shop"), stock.WithTimeout(3*time.Second))
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "rev", 500))
 		st := newStats()

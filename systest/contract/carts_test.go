@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,7 +26,6 @@ import (
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // backends runs f on every backend with the backend handle (for Pair).
@@ -42,7 +43,7 @@ func backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
 // explains sold, held and loaded (initial + restocks).
 func check(t *testing.T, r *stock.Reserver, sku string, initial int64) stock.Levels {
 	t.Helper()
-	l, _ := kit.CheckLedger(t, r, sku, initial)
+	l, _ := testkit.CheckLedger(t, r, sku, initial)
 	return l
 }
 
@@ -59,7 +60,7 @@ func cartLoad(t *testing.T, r *stock.Reserver, items map[string]int64) {
 func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		cartLoad(t, r, map[string]int64{"a": 10, "b": 10, "c": 10})
 		cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
 		_, err := r.DeductMany(ctx, cart)
@@ -112,7 +113,7 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "z": 0})
 		taken := stock.Cart{ID: "t1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.DeductMany(ctx, taken)
@@ -163,7 +164,7 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
@@ -207,7 +208,7 @@ func TestConfirmManyRetryAnswersExpired(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
@@ -337,7 +338,7 @@ func TestCartConcurrentCopies(t *testing.T) {
 	for _, hold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				r := kit.NewReserver(t, b.Client(t))
+				r := testkit.NewReserver(t, b.Client(t))
 				cartLoad(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
 				for round := range 12 {
 					cartRace(t, r, round, hold, false)
@@ -365,7 +366,7 @@ func TestCartConcurrentCopiesGrouped(t *testing.T) {
 	for name, g := range groups {
 		t.Run(name, func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				r := kit.NewReserver(t, b.Client(t), stock.WithGroups(g))
+				r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(g))
 				cartLoad(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
 				for round := range 12 {
 					cartRace(t, r, round, round%2 == 1, name == "one-group")
@@ -393,7 +394,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 	}
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		for _, s := range skus {
 			require.NoError(t, r.Load(ctx, s, 1_000_000))
 		}
@@ -453,7 +454,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 1000))
 		require.NoError(t, r.Load(ctx, "z1", 0))
 		require.NoError(t, r.Load(ctx, "z2", 0))
@@ -485,7 +486,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
+		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		skus := []string{"ca", "cb", "cc", "cd"}
 		for _, s := range skus {
 			require.NoError(t, r1.Load(ctx, s, 1000))
@@ -535,7 +536,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 func TestCartBadInput(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 10))
 		var many []stock.Line
 		for range 101 {
@@ -569,7 +570,7 @@ func TestCartBadInput(t *testing.T) {
 func TestCartUserLimit(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t), stock.WithUserLimit(1))
+		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1))
 		cartLoad(t, r, map[string]int64{"a": 10, "b": 10})
 		_, err := r.DeductMany(ctx, stock.Cart{ID: "c0", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "a", Qty: 1}}})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
@@ -604,7 +605,7 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
@@ -655,7 +656,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 				if grouped {
 					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
 				}
-				r := kit.NewReserver(t, b.Client(t), opts...)
+				r := testkit.NewReserver(t, b.Client(t), opts...)
 				cartLoad(t, r, map[string]int64{"a": 10000, "b": 10000})
 				for round := range 10 {
 					id := fmt.Sprint("k", round)
@@ -714,7 +715,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 func TestGroupedCartRetryAfterRestore(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
+		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.DeductMany(ctx, cart)
@@ -748,7 +749,7 @@ func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 				if grouped {
 					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
 				}
-				r := kit.NewReserver(t, b.Client(t), opts...)
+				r := testkit.NewReserver(t, b.Client(t), opts...)
 				cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "c": 5})
 				_, err := r.Deduct(ctx, stock.Request{SKU: "b", ID: "k", User: "mallory", Qty: 1})
 				require.NoError(t, err)
@@ -786,7 +787,7 @@ func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 func TestHundredLineCartCopies(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		var lines []stock.Line
 		for i := range 100 {
 			sku := fmt.Sprintf("L%03d", i)
@@ -838,7 +839,7 @@ func TestRecoverCutSagas(t *testing.T) {
 			t.Skip("needs a real server: a deadline of microseconds cuts a miniredis saga only by chance")
 		}
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		skus := []string{"s1", "s2", "s3", "s4", "s5"}
 		for _, s := range skus {
 			require.NoError(t, r.Load(ctx, s, 10000))
@@ -1010,9 +1011,9 @@ func TestErrInvalidCartChangedNothing(t *testing.T) {
 // copy of the cart gets there first, and every copy, concurrent or later, answers it", and
 // DeductMany "takes every line of a cart or none".
 func TestCartRecoveryRacesLiveCarts(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		skus := []string{"~", "carts", "c:1", "~carts"}
 		// Run first, on an empty Redis: its guard records a new deployment and does not fence
@@ -1082,7 +1083,7 @@ func TestCartRecoveryRacesLiveCarts(t *testing.T) {
 			}
 		}
 		for _, s := range skus {
-			l := kit.Levels(t, r, s)
+			l := testkit.Levels(t, r, s)
 			assert.Equal(t, taken[s], l.Sold, "%s: sold = the lines of taken carts", s)
 		}
 		t.Logf("%d carts taken, %d undone", okCarts, undone)
@@ -1100,7 +1101,7 @@ func TestRecoverCutCarts(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
-			r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
+			r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 			var skus []string
 			for i := range 30 {
 				s := fmt.Sprintf("cut:%d", i)
@@ -1165,7 +1166,7 @@ func TestRecoverCutCarts(t *testing.T) {
 				}
 			}
 			for _, s := range skus {
-				kit.CheckLedger(t, r1, s, 1000)
+				testkit.CheckLedger(t, r1, s, 1000)
 			}
 			t.Logf("%d carts cut short; the direct RecoverCarts calls undid %d", cut, undone.Load())
 		})
@@ -1228,9 +1229,9 @@ func TestStocktestClockCartRecovery(t *testing.T) {
 // RecoverCartsAfter 100ms, none is left half done after one second of real time (and of the
 // server's clock), or within 30 s on a loaded machine.
 func TestRunAloneRecoversCutCarts(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		var skus []string
 		for i := range 30 {
 			s := fmt.Sprintf("ra:%d", i)
@@ -1311,7 +1312,7 @@ func TestConfirmManyPartlyExpiredUnderRun(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrExpired, "a retry answers ErrExpired again")
 	}
 	for _, s := range skus {
-		l := kit.Levels(t, r, s)
+		l := testkit.Levels(t, r, s)
 		assert.Equal(t, int64(5), l.Available, s)
 	}
 }
@@ -1490,8 +1491,8 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 			}
 			return ""
 		}
-		r1 := kit.NewReserver(t, c1, stock.WithGroups(group), stock.WithUserLimit(1))
-		r2 := kit.NewReserver(t, c2, stock.WithGroups(group), stock.WithUserLimit(1))
+		r1 := testkit.NewReserver(t, c1, stock.WithGroups(group), stock.WithUserLimit(1))
+		r2 := testkit.NewReserver(t, c2, stock.WithGroups(group), stock.WithUserLimit(1))
 		rs := []*stock.Reserver{r1, r2}
 		const S = 9
 		skus := []string{"g-shirt", "g-cap", "plain:mug", "bundle"} // "bundle" shares its name with the group
@@ -1568,7 +1569,7 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 			l := soldOutLevels(t, r1, s)
 			assert.Equal(t, sold[s], l.Sold, "%s: sold = units of the acknowledged carts", s)
 			assert.Equal(t, int64(0), l.Held)
-			e := kit.Ledger(t, r1, s)
+			e := testkit.Ledger(t, r1, s)
 			var taken int64
 			for id, en := range e {
 				if en.Taken() {
@@ -1607,8 +1608,8 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
-		buyer := kit.NewReserver(t, c1)
-		ahead := kit.NewReserver(t, c2, stock.WithClock(func() time.Time { return time.Now().Add(time.Hour) }))
+		buyer := testkit.NewReserver(t, c1)
+		ahead := testkit.NewReserver(t, c2, stock.WithClock(func() time.Time { return time.Now().Add(time.Hour) }))
 		skus := []string{"rc:a", "rc:b", "rc:c"}
 		for _, s := range skus {
 			require.NoError(t, buyer.Load(ctx, s, 1000))
@@ -1660,7 +1661,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 		t.Logf("carts undone by the skewed RecoverCarts: %d", recovered.Load())
 		ents := map[string]map[string]stock.Entry{}
 		for _, s := range skus {
-			ents[s] = kit.Ledger(t, buyer, s)
+			ents[s] = testkit.Ledger(t, buyer, s)
 			soldOutLevels(t, buyer, s)
 		}
 		var sold [3]int64
@@ -1704,7 +1705,7 @@ func TestCartLinesSummedForLimit(t *testing.T) {
 			}
 			return ""
 		}
-		r := kit.NewReserver(t, c1, stock.WithGroups(group), stock.WithUserLimit(1))
+		r := testkit.NewReserver(t, c1, stock.WithGroups(group), stock.WithUserLimit(1))
 		for _, s := range []string{"g-a", "g-b", "plain"} {
 			require.NoError(t, r.Load(ctx, s, 10))
 		}
@@ -1884,7 +1885,7 @@ func TestCartRefusedGivesBack(t *testing.T) {
 		}
 		rl, err := stockops.NewRelay(e.r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
 			l := levels(t, e.r, sku)
 			rem, err := store.Remaining(ctx, sku)
@@ -2450,7 +2451,7 @@ func TestCartKilledProcess(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
-			r := kit.NewReserver(t, c, split(3))
+			r := testkit.NewReserver(t, c, split(3))
 			// A new deployment: record the primaries before any item is loaded, so that the
 			// failover guard of Run does not fence.
 			fenced, err := stockops.NewFailoverGuard(r).Check(ctx)

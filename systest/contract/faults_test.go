@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,7 +27,6 @@ import (
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // blackhole is a TCP proxy to a Redis that can be told to stop forwarding
@@ -171,7 +172,7 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 		return err
 	}, true)
 	check("Levels", func() error { _, err := r.Levels(ctx, "bh"); return err }, false)
-	check("Available", func() error { _, err := kit.Available(r.Levels(ctx, "bh")); return err }, false)
+	check("Available", func() error { _, err := testkit.Available(r.Levels(ctx, "bh")); return err }, false)
 	check("Load", func() error { return r.Load(ctx, "bh3", 1) }, true)
 	check("Sweep", func() error { _, err := stockops.Sweep(ctx, r, "bh"); return err }, false)
 	check("SweepAll", func() error { _, err := stockops.Sweep(ctx, r); return err }, false)
@@ -759,7 +760,7 @@ func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
-			r := kit.NewReserver(t, c)
+			r := testkit.NewReserver(t, c)
 			st := memstore.New()
 			skus := []string{"f1", "f:2", "f~3"}
 			for _, s := range skus {
@@ -810,7 +811,7 @@ func TestFenceAfterRunEndsLiftedByPass(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
-			r := kit.NewReserver(t, c)
+			r := testkit.NewReserver(t, c)
 			st := memstore.New()
 			require.NoError(t, r.Load(ctx, "g", 1000))
 			require.NoError(t, st.Load(ctx, "g", 1000))
@@ -859,7 +860,7 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 			ctx := context.Background()
 			srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 			c := srv.Client(t)
-			r := kit.NewReserver(t, c)
+			r := testkit.NewReserver(t, c)
 			st := memstore.New()
 			cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond,
 				Reconcile: &stock.ReconcileOptions{Interval: interval}})
@@ -896,7 +897,7 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 				// guard's check saw them: no deduct was refused, and none needed to be.
 				t.Logf("a pass recorded the restarted primary before any deduct met the fence")
 			}
-			l := kit.Levels(t, r, "rs")
+			l := testkit.Levels(t, r, "rs")
 			rem, err := st.Remaining(ctx, "rs")
 			require.NoError(t, err)
 			assert.GreaterOrEqual(t, rem, l.Available, "Redis never offers more than the Store has")
@@ -916,7 +917,7 @@ func TestRunDryRunKeepsFence(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
-			r := kit.NewReserver(t, c)
+			r := testkit.NewReserver(t, c)
 			st := memstore.New()
 			require.NoError(t, r.Load(ctx, "dr", 10))
 			require.NoError(t, st.Load(ctx, "dr", 10))
@@ -928,7 +929,7 @@ func TestRunDryRunKeepsFence(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "dr", ID: "x", Qty: 1})
 			assert.ErrorIs(t, err, stock.ErrFailover, "no complete repairing pass: still fenced")
 			// Another process's complete repairing pass lifts the fence at the guard's next check.
-			r2 := kit.NewReserver(t, c)
+			r2 := testkit.NewReserver(t, c)
 			rec, err := stockops.NewReconciler(r2, st, nil)
 			require.NoError(t, err)
 			pr, err := rec.Pass(ctx)
@@ -963,9 +964,9 @@ func TestRunPanickingStore(t *testing.T) {
 // has passed." The call in flight when ctx ends cannot be cut short, but no new delivery may begin
 // once Drain has passed; and no event is applied twice.
 func TestRunStoreIgnoringCtx(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: time.Second}
 		require.NoError(t, r.Load(ctx, "ig", 10))
 		require.NoError(t, st.s.Load(ctx, "ig", 10))
@@ -1696,8 +1697,8 @@ func TestFlakyStoreAndContexts(t *testing.T) {
 func TestTwoRunsRestarted(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
-		r1 := kit.NewReserver(t, c1)
-		r2 := kit.NewReserver(t, c2)
+		r1 := testkit.NewReserver(t, c1)
+		r2 := testkit.NewReserver(t, c2)
 		store := memstore.New()
 		skus := []string{"two:a", "two:b~", "two:ç"}
 		for _, s := range skus {
@@ -1785,7 +1786,7 @@ func TestTwoRunsRestarted(t *testing.T) {
 		require.NoError(t, ignoreCanceled(stop1()))
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 		for _, s := range skus {
-			l, _ := kit.CheckLedger(t, r1, s, 500)
+			l, _ := testkit.CheckLedger(t, r1, s, 500)
 			n, err := store.Remaining(ctx, s)
 			require.NoError(t, err)
 			assert.Equal(t, l.Available, n, s)
@@ -1809,8 +1810,8 @@ func TestFenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
-			r1 := kit.NewReserver(t, c1)
-			r2 := kit.NewReserver(t, c2)
+			r1 := testkit.NewReserver(t, c1)
+			r2 := testkit.NewReserver(t, c2)
 			st := memstore.New()
 			require.NoError(t, r1.Load(ctx, "fence:x", 100))
 			require.NoError(t, st.Load(ctx, "fence:x", 100))
@@ -1937,7 +1938,7 @@ func faultCheck(t *testing.T, r *stock.Reserver, st *stats, loaded map[string]in
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for sku, initial := range loaded {
-		l, entries := kit.CheckLedger(t, r, sku, initial)
+		l, entries := testkit.CheckLedger(t, r, sku, initial)
 		var acked, unknown int64
 		for id, s := range st.acked {
 			if s != sku {
@@ -2011,7 +2012,7 @@ func TestLibraryActuallyLoaded(t *testing.T) {
 	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
-	r := kit.NewReserver(t, s.Client(t))
+	r := testkit.NewReserver(t, s.Client(t))
 	ctx := context.Background()
 	require.NoError(t, r.Load(ctx, "a", 5))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "o1", Qty: 1})
@@ -2082,7 +2083,7 @@ func TestFlushLoop(t *testing.T) {
 					admins = append(admins, s.Client(t))
 				}
 			}
-			rs := []*stock.Reserver{kit.NewReserver(t, client(), stock.WithTimeout(3*time.Second)), kit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))}
+			rs := []*stock.Reserver{testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second)), testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))}
 			ctx := context.Background()
 			skus := []string{"f1", "f2", "f3"}
 			loaded := map[string]int64{}
@@ -2141,7 +2142,7 @@ func TestRestart(t *testing.T) {
 	faultReal(t)
 	s := redistest.StartServer(t, "--appendonly", "no")
 	ctx := context.Background()
-	r := kit.NewReserver(t, s.Client(t), stock.WithTimeout(2*time.Second))
+	r := testkit.NewReserver(t, s.Client(t), stock.WithTimeout(2*time.Second))
 	require.NoError(t, r.Load(ctx, "rs", 400))
 	st := newStats()
 	var restarted atomic.Bool
@@ -2180,9 +2181,9 @@ func TestRestart(t *testing.T) {
 	t.Logf("before: raw %v max %v; after: raw %v max %v", st.raw, st.maxDur, st2.raw, st2.maxDur)
 	assert.Empty(t, st2.raw)
 	assert.LessOrEqual(t, st.maxDur, 3*time.Second, "bounded by WithTimeout")
-	l := kit.Levels(t, r, "rs")
+	l := testkit.Levels(t, r, "rs")
 	var taken int64
-	for _, e := range kit.Ledger(t, r, "rs") {
+	for _, e := range testkit.Ledger(t, r, "rs") {
 		if e.Taken() {
 			taken += e.Qty
 		}
@@ -2221,7 +2222,7 @@ func TestClusterNodeLostFunctions(t *testing.T) {
 	faultReal(t)
 	c := redistest.StartCluster(t, 3)
 	ctx := context.Background()
-	r := kit.NewReserver(t, c.Client(t), stock.WithTimeout(3*time.Second))
+	r := testkit.NewReserver(t, c.Client(t), stock.WithTimeout(3*time.Second))
 	var skus []string
 	loaded := map[string]int64{}
 	for i := range c.Servers() {
@@ -2250,7 +2251,7 @@ func TestBoundedLoad(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	ctx := context.Background()
 	const bound = time.Second
-	r := kit.NewReserver(t, c.Client(t), stock.WithTimeout(bound))
+	r := testkit.NewReserver(t, c.Client(t), stock.WithTimeout(bound))
 	sku := ownerSKU(t, c, 0, "b")
 	require.NoError(t, r.Load(ctx, sku, 100))
 	_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "w", Qty: 1})
@@ -2275,7 +2276,7 @@ func TestBoundedLoad(t *testing.T) {
 	// The outcome: acknowledged or unknown; a retry settles it once.
 	_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x", Qty: 1, Retry: true})
 	require.NoError(t, err)
-	l := kit.Levels(t, r, sku)
+	l := testkit.Levels(t, r, sku)
 	assert.Equal(t, int64(2), l.Sold)
 }
 
@@ -2288,7 +2289,7 @@ func TestSquatterLibrary(t *testing.T) {
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
-	r := kit.NewReserver(t, s.Client(t))
+	r := testkit.NewReserver(t, s.Client(t))
 	require.NoError(t, r.Load(ctx, "q", 10))
 	libs := faultLibs(t, admin)
 	require.Len(t, libs, 1)
@@ -2297,14 +2298,14 @@ func TestSquatterLibrary(t *testing.T) {
 	// An unrelated library that happens to define lib_load (e.g. an operator's copy).
 	code := "#!lua name=squatter\nredis.register_function('" + lib + "_restock', function(KEYS, ARGV) return redis.error_reply('squatter') end)\n"
 	require.NoError(t, faultDo(t, admin, "FUNCTION", "LOAD", code).Error())
-	r2 := kit.NewReserver(t, s.Client(t))
+	r2 := testkit.NewReserver(t, s.Client(t))
 	loads0, fcalls0 := commandCalls(t, admin, "function|load"), commandCalls(t, admin, "fcall")
 	for i := 0; i < 5; i++ {
 		rc, err := r2.Deduct(ctx, stock.Request{SKU: "q", ID: fmt.Sprintf("s%d", i), Qty: 1})
 		require.NoError(t, err)
 		assert.Equal(t, int64(9-i), rc.Remaining)
 	}
-	l := kit.Levels(t, r2, "q")
+	l := testkit.Levels(t, r2, "q")
 	assert.Equal(t, int64(5), l.Sold)
 	// The refused load ("Function ... already exists") turns functions off for the Reserver:
 	// one FCALL and one FUNCTION LOAD in all, not two of each per call.
@@ -2337,7 +2338,7 @@ func TestMixedOpsFlush(t *testing.T) {
 					admins = append(admins, s.Client(t))
 				}
 			}
-			r := kit.NewReserver(t, client, stock.WithTimeout(3*time.Second))
+			r := testkit.NewReserver(t, client, stock.WithTimeout(3*time.Second))
 			ctx := context.Background()
 			skus := []string{"m1", "m2", "m3", "m4"}
 			for _, sku := range skus {
@@ -2421,7 +2422,7 @@ func TestMixedOpsFlush(t *testing.T) {
 			t.Logf("%d chaos rounds", n)
 			assert.Empty(t, bad)
 			for _, sku := range skus {
-				kit.CheckLedger(t, r, sku, 150)
+				testkit.CheckLedger(t, r, sku, 150)
 			}
 		})
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,7 +21,6 @@ import (
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // Promise (Hold doc): "after expiry it is ErrExpired", whatever the number of other holds due;
@@ -31,7 +32,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "h", n))
 		for i := range n {
 			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), User: "u", Qty: 1}, 500*time.Millisecond)
@@ -60,7 +61,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 		}
 		l := check(t, r, "h", n)
 		assert.Equal(t, stock.Levels{Available: n, Loaded: n}, l)
-		for id, e := range kit.Ledger(t, r, "h") {
+		for id, e := range testkit.Ledger(t, r, "h") {
 			assert.Equal(t, stock.StateExpired, e.State, id)
 		}
 	})
@@ -77,7 +78,7 @@ func TestDeductAfterManyHoldsDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "h", n))
 		for i := range n {
 			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, 500*time.Millisecond)
@@ -109,7 +110,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 	for _, off := range []time.Duration{-time.Millisecond, 0, time.Millisecond} {
 		t.Run(fmt.Sprint(off), func(t *testing.T) {
 			_, c := redistest.Miniredis(t)
-			r := kit.NewReserver(t, c)
+			r := testkit.NewReserver(t, c)
 			require.NoError(t, r.Load(ctx, "d", 10))
 			ops := []string{"replay", "confirm", "extend", "cancel", "sweep", "deduct"}
 			for _, op := range ops {
@@ -171,7 +172,7 @@ func TestHoldDeadlineRaces(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
+		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "d", 1000))
 		confirmed, expired := 0, 0
 		for i := range 60 {
@@ -224,7 +225,7 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
+		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "e", 3))
 		_, err := r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, 200*time.Millisecond)
 		require.NoError(t, err)
@@ -257,7 +258,7 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 func TestHoldTTLBounds(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 3))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond, 500 * time.Microsecond} {
 			_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, ttl)
@@ -285,7 +286,7 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				c := b.Client(t)
-				r := kit.NewReserver(t, c)
+				r := testkit.NewReserver(t, c)
 				require.NoError(t, r.Load(ctx, "h", int64(n)))
 				for i := range n {
 					_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)
@@ -312,7 +313,7 @@ func TestRestoreOfDueHold(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c, stock.WithUserLimit(2))
+		r := testkit.NewReserver(t, c, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "r", 5))
 		_, err := r.Hold(ctx, stock.Request{SKU: "r", ID: "h", User: "u", Qty: 2}, 200*time.Millisecond)
 		require.NoError(t, err)
@@ -341,7 +342,7 @@ func TestSweepManyDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		const ttl = 2 * time.Second
 		start := time.Now()
 		for _, sku := range []string{"s1", "s2"} {
@@ -383,7 +384,7 @@ func TestUserLimitAfterManyHoldsDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c, stock.WithUserLimit(1))
+		r := testkit.NewReserver(t, c, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "h", 1000))
 		for i := range 200 {
 			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), User: fmt.Sprint("user", i), Qty: 1}, 300*time.Millisecond)
@@ -439,8 +440,8 @@ func TestRunBothNilSweeps(t *testing.T) {
 	require.NoError(t, err)
 	cancel, done := runAsync(r, stock.RunOptions{SweepInterval: 10 * time.Millisecond})
 	e.Advance(2 * time.Minute)
-	ok := eventually(3*time.Second, func() bool { return kit.Levels(t, r, "h").Held == 0 })
-	assert.True(t, ok, "Run's sweeper released the due hold: %+v", kit.Levels(t, r, "h"))
+	ok := eventually(3*time.Second, func() bool { return testkit.Levels(t, r, "h").Held == 0 })
+	assert.True(t, ok, "Run's sweeper released the due hold: %+v", testkit.Levels(t, r, "h"))
 	cancel()
 	err, ok = waitRun(t, done, 5*time.Second)
 	require.True(t, ok, "Run returned after ctx ended")
@@ -452,7 +453,7 @@ func TestRunBothNilSweeps(t *testing.T) {
 	cancel, done = runAsync(r, stock.RunOptions{SweepInterval: -1})
 	e.Advance(2 * time.Minute)
 	time.Sleep(300 * time.Millisecond)
-	assert.Equal(t, int64(2), kit.Levels(t, r, "h").Held, "a negative SweepInterval turns the sweeper off")
+	assert.Equal(t, int64(2), testkit.Levels(t, r, "h").Held, "a negative SweepInterval turns the sweeper off")
 	cancel()
 	err, ok = waitRun(t, done, 5*time.Second)
 	require.True(t, ok)
@@ -463,9 +464,9 @@ func TestRunBothNilSweeps(t *testing.T) {
 // anything is sent to Redis"; Levels "returns ErrNotLoaded, never zero counters, for an item
 // Redis does not know"; "No name may contain a brace".
 func TestLevelsSweepBadSKUs(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "ok", 1))
 		_, err := r.Levels(ctx, "nope")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
@@ -488,24 +489,24 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		n, err := stockops.Sweep(ctx, r, "ok", "nope")
 		t.Logf("Sweep(ok, nope) = %d, %v", n, err)
 		assert.Equal(t, int64(1), n, "the good item was swept")
-		assert.Equal(t, int64(0), kit.Levels(t, r, "ok").Held)
+		assert.Equal(t, int64(0), testkit.Levels(t, r, "ok").Held)
 		// CloseItem: "ErrNotLoaded for an unknown item."
 		assert.ErrorIs(t, r.CloseItem(ctx, "nope"), stock.ErrNotLoaded)
 		// Closing a closed item does nothing; ReopenItem lets it sell again.
 		require.NoError(t, r.Load(ctx, "cl", 5))
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		require.NoError(t, r.CloseItem(ctx, "cl"))
-		assert.True(t, kit.Levels(t, r, "cl").Closed)
+		assert.True(t, testkit.Levels(t, r, "cl").Closed)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "cl", ID: "x", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrClosed)
 		require.NoError(t, r.ReopenItem(ctx, "cl"))
-		assert.False(t, kit.Levels(t, r, "cl").Closed)
+		assert.False(t, testkit.Levels(t, r, "cl").Closed)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "cl", ID: "x", Qty: 1})
 		assert.NoError(t, err, "a deduct refused while closed recorded nothing")
 		// "A delisted item cannot be reopened (ReopenItem returns ErrClosed)".
 		require.NoError(t, r.Delist(ctx, "cl"))
 		assert.ErrorIs(t, r.ReopenItem(ctx, "cl"), stock.ErrClosed)
-		assert.True(t, kit.Levels(t, r, "cl").Closed)
+		assert.True(t, testkit.Levels(t, r, "cl").Closed)
 	})
 }
 
@@ -530,7 +531,7 @@ func TestSweepManyDueHolds(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(len(skus)*per*2), n, "every due hold of every item released")
 	for _, s := range skus {
-		l := kit.Levels(t, r, s)
+		l := testkit.Levels(t, r, s)
 		assert.Equal(t, int64(0), l.Held, s)
 		assert.Equal(t, int64(10*per), l.Available, s)
 	}
@@ -541,9 +542,9 @@ func TestSweepManyDueHolds(t *testing.T) {
 
 // The same on a real server, through Run's sweeper.
 func TestRunSweepsManyDueHolds(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		const n = 3000
 		require.NoError(t, r.Load(ctx, "many", n))
 		var wg sync.WaitGroup
@@ -560,11 +561,11 @@ func TestRunSweepsManyDueHolds(t *testing.T) {
 		wg.Wait()
 		redistest.Sleep(c, time.Second)
 		cancel, done := runAsync(r, stock.RunOptions{SweepInterval: 20 * time.Millisecond})
-		ok := eventually(10*time.Second, func() bool { return kit.Levels(t, r, "many").Held == 0 })
+		ok := eventually(10*time.Second, func() bool { return testkit.Levels(t, r, "many").Held == 0 })
 		cancel()
 		<-done
-		assert.True(t, ok, "Run's sweeper released every due hold: %+v", kit.Levels(t, r, "many"))
-		assert.Equal(t, int64(n), kit.Levels(t, r, "many").Available)
+		assert.True(t, ok, "Run's sweeper released every due hold: %+v", testkit.Levels(t, r, "many"))
+		assert.Equal(t, int64(n), testkit.Levels(t, r, "many").Available)
 	})
 }
 
@@ -573,9 +574,9 @@ func TestRunSweepsManyDueHolds(t *testing.T) {
 // does not stop the others: the errors of all items are joined." The corruption is made through
 // the documented key layout (stock:{sku}:l is the ledger hash).
 func TestSweepCorruptEntry(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		for _, s := range []string{"bad", "good"} {
 			require.NoError(t, r.Load(ctx, s, 10))
 			for _, id := range []string{"h1", "h2"} {
@@ -585,13 +586,13 @@ func TestSweepCorruptEntry(t *testing.T) {
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{bad}:l").FieldValue().FieldValue("h1", "garbage").Build()).Error())
 		redistest.Sleep(c, 200*time.Millisecond)
-		before := kit.Levels(t, r, "bad")
+		before := testkit.Levels(t, r, "bad")
 		n, err := stockops.Sweep(ctx, r)
 		require.Error(t, err, "a corrupt entry is an error")
 		assert.Contains(t, err.Error(), "h1", "the error names the id")
-		assert.Equal(t, int64(0), kit.Levels(t, r, "good").Held, "the other item was swept")
+		assert.Equal(t, int64(0), testkit.Levels(t, r, "good").Held, "the other item was swept")
 		assert.GreaterOrEqual(t, n, int64(2), "the good item's units are counted")
-		after := kit.Levels(t, r, "bad")
+		after := testkit.Levels(t, r, "bad")
 		assert.Equal(t, before, after, "that step released nothing")
 		t.Logf("Sweep: %d, %v", n, err)
 		// What a corrupt due hold does to the item's sales (nothing is promised; recorded here).
@@ -599,14 +600,14 @@ func TestSweepCorruptEntry(t *testing.T) {
 		t.Logf("Deduct on the item with a corrupt due hold: %v", err)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "bad", ID: "d", Qty: 1})
 		t.Logf("again: %v", err)
-		kit.CheckLedger(t, r, "good", 10)
+		testkit.CheckLedger(t, r, "good", 10)
 	})
 }
 
 // Sweep with no items in the registry: nothing to do.
 func TestSweepEmpty(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := kit.NewReserver(t, c)
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		r := testkit.NewReserver(t, c)
 		n, err := stockops.Sweep(context.Background(), r)
 		assert.NoError(t, err)
 		assert.Equal(t, int64(0), n)
@@ -631,7 +632,7 @@ func TestDeductReleasesManyDueHolds(t *testing.T) {
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "due", ID: "all", Qty: n})
 	require.NoError(t, err, "every due hold released before the refusal")
 	assert.Equal(t, int64(0), rc.Remaining)
-	l := kit.Levels(t, r, "due")
+	l := testkit.Levels(t, r, "due")
 	assert.Equal(t, int64(0), l.Held)
 	assert.Equal(t, int64(n), l.Sold)
 }
@@ -648,7 +649,7 @@ func TestSweepDuplicateSKUs(t *testing.T) {
 	n, err := stockops.Sweep(ctx, r, "dup", "dup", "dup")
 	require.NoError(t, err)
 	assert.Equal(t, int64(4), n)
-	assert.Equal(t, int64(10), kit.Levels(t, r, "dup").Available)
+	assert.Equal(t, int64(10), testkit.Levels(t, r, "dup").Available)
 }
 
 // TestTwoRunsHoldsAcrossKill9: two service instances (two clients, two Reservers, each
@@ -874,8 +875,8 @@ func TestHoldsOnQueuePath(t *testing.T) {
 func TestRunLateItemsManyHoldsDue(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c1)
-		other := kit.NewReserver(t, c2)
+		r := testkit.NewReserver(t, c1)
+		other := testkit.NewReserver(t, c2)
 		store := memstore.New()
 		stop := requestRun(t, r, stock.RunOptions{Store: store, SweepInterval: 50 * time.Millisecond,
 			Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}, Drain: 10 * time.Second}, 30*time.Second)

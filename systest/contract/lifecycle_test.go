@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,7 +20,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // drainOfLifecycle runs a relay pass until nothing is pending for the items.
@@ -55,7 +56,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		skus := []string{"closed", "reopened", "held", "pending", "x", "x:u", "gone"}
 		for _, sku := range skus {
@@ -88,7 +89,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		reps := reports(t, rec)
 		for _, sku := range []string{"closed", "reopened", "held", "pending", "x:u"} {
 			assert.False(t, reps[sku].Retired, "%s retired: %v", sku, reps[sku])
-			kit.Levels(t, r, sku)
+			testkit.Levels(t, r, sku)
 		}
 		assert.True(t, reps["gone"].Retired, "gone: %v", reps["gone"])
 		assert.True(t, reps["x"].Retired, "x: %v", reps["x"])
@@ -97,7 +98,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		// The held item's pipeline finishes: the hold is confirmed after the delisting.
 		_, err = r.Confirm(ctx, "held", "h1")
 		require.NoError(t, err)
-		assert.Equal(t, int64(3), kit.Levels(t, r, "held").Sold)
+		assert.Equal(t, int64(3), testkit.Levels(t, r, "held").Sold)
 		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
 		reps = reports(t, rec)
@@ -118,7 +119,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 			reps = reports(t, rec)
 			assert.False(t, reps["gone"].Retired, "the reloaded item: %v", reps["gone"])
 		}
-		l := kit.Levels(t, r, "gone")
+		l := testkit.Levels(t, r, "gone")
 		assert.False(t, l.Closed)
 		// The store took nothing for the new o1 (it has the retired item's o1): the repair gives
 		// the unit back from Sold, and Loaded stays what was loaded (it was raised to 8, a
@@ -136,7 +137,7 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		const n = 1500
 		require.NoError(t, r.Load(ctx, "big", n))
@@ -172,13 +173,13 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 			require.NoError(t, err)
 		}
 		drainOfLifecycle(t, r, store)
-		assert.Len(t, kit.Ledger(t, r, "big"), 5)
+		assert.Len(t, testkit.Ledger(t, r, "big"), 5)
 		for range 3 {
 			reps := reports(t, rec)
 			assert.False(t, reps["big"].Retired, "%v", reps["big"])
 		}
 		// (the passes trim the new applied entries: the retention is 1 ms)
-		l := kit.Levels(t, r, "big")
+		l := testkit.Levels(t, r, "big")
 		assert.Equal(t, int64(5), l.Sold)
 		assert.Equal(t, int64(10), l.Loaded)
 	})
@@ -197,7 +198,7 @@ func TestRetireGroupedItem(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c, stock.WithGroups(group))
+		r := testkit.NewReserver(t, c, stock.WithGroups(group))
 		store := memstore.New()
 		skus := []string{"g", "tee", "tee:l", "tee:u", "cap"}
 		for _, sku := range skus {
@@ -219,7 +220,7 @@ func TestRetireGroupedItem(t *testing.T) {
 		assert.True(t, reps["tee"].Retired, "%v", reps["tee"])
 		for _, sku := range []string{"g", "tee:l", "tee:u", "cap"} {
 			assert.False(t, reps[sku].Retired, sku)
-			l := kit.Levels(t, r, sku)
+			l := testkit.Levels(t, r, sku)
 			assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, l, sku)
 			e, err := r.Ledger(ctx, sku, "h1")
 			require.NoError(t, err, sku)
@@ -242,7 +243,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "dlq", 5))
 		require.NoError(t, store.Load(ctx, "dlq", 5))
@@ -280,7 +281,7 @@ func TestRestockAfterDelist(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "rd", 5))
 		require.NoError(t, store.Load(ctx, "rd", 5))
@@ -317,9 +318,9 @@ func TestRestockAfterDelist(t *testing.T) {
 // CloseItem under Run: "Deduct and Hold are refused with ErrClosed, while Restore, Confirm,
 // Cancel, expiry, the relay and the reconciler go on, so the item's pipeline finishes."
 func TestRunClosedItemPipelineFinishes(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "shut", 10))
 		require.NoError(t, st.Load(ctx, "shut", 10))
@@ -340,12 +341,12 @@ func TestRunClosedItemPipelineFinishes(t *testing.T) {
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, SweepInterval: 10 * time.Millisecond})
 		ok := eventually(5*time.Second, func() bool {
 			rem, _ := st.Remaining(ctx, "shut")
-			return kit.Levels(t, r, "shut").Held == 0 && kit.OutboxLen(t, c, "shut") == 0 && rem == 9
+			return testkit.Levels(t, r, "shut").Held == 0 && testkit.OutboxLen(t, c, "shut") == 0 && rem == 9
 		})
 		cancel()
 		<-done
-		assert.True(t, ok, "the closed item's pipeline finished: %+v", kit.Levels(t, r, "shut"))
-		l := kit.Levels(t, r, "shut")
+		assert.True(t, ok, "the closed item's pipeline finished: %+v", testkit.Levels(t, r, "shut"))
+		l := testkit.Levels(t, r, "shut")
 		assert.Equal(t, int64(9), l.Available)
 		assert.True(t, l.Closed)
 	})
@@ -355,9 +356,9 @@ func TestRunClosedItemPipelineFinishes(t *testing.T) {
 // reconcile pass finds Redis and the Store in agreement with nothing pending, that pass retires
 // the item ... A retired item answers ErrNotLoaded and may be loaded again."
 func TestRunRetiresDelistedItem(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		cancel, done := runAsync(r, stock.RunOptions{Store: st,
 			Reconcile: &stock.ReconcileOptions{Retention: 10 * time.Millisecond, Interval: 50 * time.Millisecond}})
@@ -380,7 +381,7 @@ func TestRunRetiresDelistedItem(t *testing.T) {
 		_, err := r.Ledger(ctx, "old:1", "d0")
 		assert.ErrorIs(t, err, stock.ErrUnknownID, "ledger included")
 		require.NoError(t, r.Load(ctx, "old:1", 3), "a retired item may be loaded again")
-		assert.Equal(t, int64(3), kit.Levels(t, r, "old:1").Available)
+		assert.Equal(t, int64(3), testkit.Levels(t, r, "old:1").Available)
 		cancel()
 		err, _ = waitRun(t, done, 10*time.Second)
 		assert.ErrorIs(t, err, context.Canceled)
@@ -398,7 +399,7 @@ func TestConcurrentFirstLoad(t *testing.T) {
 	const n = 8
 	rs := make([]*stock.Reserver, n)
 	for i := range rs {
-		rs[i] = kit.NewReserver(t, s.Client(t))
+		rs[i] = testkit.NewReserver(t, s.Client(t))
 	}
 	require.NoError(t, rs[0].Load(ctx, "c", 1000))
 	st := newStats()
@@ -407,7 +408,7 @@ func TestConcurrentFirstLoad(t *testing.T) {
 		require.NoError(t, faultDo(t, admin, "SCRIPT", "FLUSH", "SYNC").Error())
 		// New Reservers each round, so each starts with functions on.
 		for i := range rs {
-			rs[i] = kit.NewReserver(t, s.Client(t))
+			rs[i] = testkit.NewReserver(t, s.Client(t))
 		}
 		var wg sync.WaitGroup
 		gate := make(chan struct{})
@@ -834,7 +835,7 @@ func TestDelistRacing(t *testing.T) {
 		require.NoError(t, e.r.Delist(ctx, sku))
 		wg.Wait()
 		require.Zero(t, bad.Load(), "%v", errs)
-		l := kit.Levels(t, e.r, sku)
+		l := testkit.Levels(t, e.r, sku)
 		assert.True(t, l.Closed)
 		assert.Equal(t, sold.Load(), l.Sold)
 		// cancels and confirms of live holds work after delist; no hold should be left
@@ -847,7 +848,7 @@ func TestDelistRacing(t *testing.T) {
 		rp := pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
 		require.NoError(t, e.r.Load(ctx, sku, 3))
-		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, kit.Levels(t, e.r, sku))
+		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, testkit.Levels(t, e.r, sku))
 	})
 }
 
@@ -942,10 +943,10 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 				_, err = rc.Pass(ctx)
 				require.NoError(t, err)
 			}
-			loader := kit.NewReserver(t, h, lifecycleSplit(3))
+			loader := testkit.NewReserver(t, h, lifecycleSplit(3))
 			require.NoError(t, loader.Load(ctx, sku, 5))
 			require.True(t, h.didFire())
-			l := kit.Levels(t, e.r, sku)
+			l := testkit.Levels(t, e.r, sku)
 			assert.Equal(t, int64(5), l.Loaded, "%s", sku)
 			reg := registry(t, e, sku)
 			if strings.HasPrefix(sku, "plain") {
@@ -993,7 +994,7 @@ func TestLoadDuringRetirement(t *testing.T) {
 			return false
 		}
 		h.hook = func() { loadErr = e.r.Load(ctx, sku, 4) }
-		rr := kit.NewReserver(t, h, lifecycleSplit(4))
+		rr := testkit.NewReserver(t, h, lifecycleSplit(4))
 		rp := pass(t, e, rr, store, sku)[sku]
 		require.True(t, h.didFire())
 		require.ErrorIs(t, loadErr, stock.ErrLoaded)
@@ -1004,7 +1005,7 @@ func TestLoadDuringRetirement(t *testing.T) {
 		_, err = e.r.Levels(ctx, sku)
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.NoError(t, e.r.Load(ctx, sku, 4))
-		assert.Equal(t, stock.Levels{Available: 4, Loaded: 4}, kit.Levels(t, e.r, sku))
+		assert.Equal(t, stock.Levels{Available: 4, Loaded: 4}, testkit.Levels(t, e.r, sku))
 	})
 }
 
@@ -1074,7 +1075,7 @@ func TestDelistCutEverywhere(t *testing.T) {
 			require.NoError(t, err)
 			lifecycleDrain(t, e.r, store, sku)
 			cc := &cut{Client: e.c, n: n}
-			cr := kit.NewReserver(t, cc, lifecycleSplit(3))
+			cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
 			derr := cr.Delist(ctx, sku)
 			if cut, count := cc.state(); !cut {
 				require.NoError(t, derr)
@@ -1091,7 +1092,7 @@ func TestDelistCutEverywhere(t *testing.T) {
 					require.ErrorIs(t, err, stock.ErrClosed, "cut %d", n)
 				}
 			}
-			l := kit.Levels(t, e.r, sku)
+			l := testkit.Levels(t, e.r, sku)
 			if sold > 0 {
 				t.Logf("cut %d: %d sold after the cut (closed %v)", n, sold, l.Closed)
 			}
@@ -1144,7 +1145,7 @@ func TestReloadInOtherForm(t *testing.T) {
 				_, err = second.Levels(ctx, sku)
 				require.ErrorIs(t, err, stock.ErrNotLoaded)
 				require.NoError(t, second.Load(ctx, sku, 6), "%s retired, loaded again as %s", tc[0], tc[1])
-				l := kit.Levels(t, second, sku)
+				l := testkit.Levels(t, second, sku)
 				require.Equal(t, stock.Levels{Available: 6, Loaded: 6}, l)
 				for i := range 6 {
 					_, err := second.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("n", i), User: fmt.Sprint("n", i), Qty: 1})

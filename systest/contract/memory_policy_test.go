@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
@@ -17,7 +19,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // TestOOM: maxmemory below the used memory with noeviction. FCALL is refused (OOM) before
@@ -28,7 +29,7 @@ func TestOOM(t *testing.T) {
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
-	r := kit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
+	r := testkit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
 	require.NoError(t, r.Load(ctx, "m", 300))
 	require.NoError(t, r.Load(ctx, "z", 1))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1})
@@ -51,7 +52,7 @@ func TestOOM(t *testing.T) {
 	// Sold out answers (without Retry: no write).
 	_, err = r.Deduct(ctx, stock.Request{SKU: "z", ID: "z2", Qty: 1})
 	assert.ErrorIs(t, err, stock.ErrSoldOut, "sold out under OOM")
-	l := kit.Levels(t, r, "m")
+	l := testkit.Levels(t, r, "m")
 	// New takes fail, and are retried later.
 	var failed []string
 	for i := 0; i < 20; i++ {
@@ -74,7 +75,7 @@ func TestOOM(t *testing.T) {
 	}
 	_, err = r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1}, time.Minute)
 	t.Logf("hold under OOM: %v", err)
-	assert.Equal(t, l.Sold, kit.Levels(t, r, "m").Sold+0, "nothing taken under OOM")
+	assert.Equal(t, l.Sold, testkit.Levels(t, r, "m").Sold+0, "nothing taken under OOM")
 	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0").Error())
 	for _, id := range failed {
 		deduct(r, st, "m", id, 3)
@@ -101,7 +102,7 @@ func TestOOMReplay(t *testing.T) {
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
-	r := kit.NewReserver(t, s.Client(t))
+	r := testkit.NewReserver(t, s.Client(t))
 	require.NoError(t, r.Load(ctx, "p", 10))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1})
 	require.NoError(t, err)

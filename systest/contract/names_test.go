@@ -9,13 +9,14 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // names are valid names drawn to collide with the keys and encodings of the package: key
@@ -33,7 +34,7 @@ var names = []string{
 func TestKeyNamesDoNotCollide(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
+		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
 			initial[n] = int64(100 + i)
@@ -131,7 +132,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
+		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
 			initial[n] = int64(50 + i)
@@ -189,7 +190,7 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
 		rs := map[string]*stock.Reserver{}
 		for i, p := range prefixes {
-			rs[p] = kit.NewReserver(t, c, stock.WithPrefix(p))
+			rs[p] = testkit.NewReserver(t, c, stock.WithPrefix(p))
 			for _, n := range []string{"x", "b", "c", "items", "carts", "b:x"} {
 				require.NoError(t, rs[p].Load(ctx, n, int64(10+i)), "%s %s", p, n)
 			}
@@ -283,7 +284,7 @@ func TestOddIDs(t *testing.T) {
 				assert.Equal(t, gr[0], gr[1], "ledger of id %q", id)
 			}
 		}
-		lp, ls := kit.Levels(t, e.r, plain), kit.Levels(t, e.r, split)
+		lp, ls := testkit.Levels(t, e.r, plain), testkit.Levels(t, e.r, split)
 		assert.Equal(t, lp.Sold, ls.Sold)
 	})
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
@@ -20,7 +22,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // Promise (Reconciler: "the item hash is gone (eviction, restart, DEL) → rebuilt from the Store
@@ -36,7 +37,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "lost", 5))
 		require.NoError(t, store.Load(ctx, "lost", 5))
@@ -56,7 +57,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 		reps := reports(t, rec)
 		t.Logf("%v", reps["lost"])
 		assert.True(t, reps["lost"].Rebuilt)
-		l := kit.Levels(t, r, "lost")
+		l := testkit.Levels(t, r, "lost")
 		assert.Equal(t, int64(1), l.Held, "%+v", l)
 		assert.Equal(t, int64(0), l.Available, "%+v", l)
 		for i := range 4 {
@@ -66,7 +67,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 		}
 		_, err = r.Confirm(ctx, "lost", "h")
 		require.NoError(t, err)
-		l = kit.Levels(t, r, "lost")
+		l = testkit.Levels(t, r, "lost")
 		assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 5, Loaded: 5}, l)
 		check(t, r, "lost", 5)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "more", Qty: 1})
@@ -82,7 +83,7 @@ func TestRestoreAfterRebuild(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "lost", 5))
 		require.NoError(t, store.Load(ctx, "lost", 5))
@@ -101,7 +102,7 @@ func TestRestoreAfterRebuild(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), rc.Qty)
 		}
-		l := kit.Levels(t, r, "lost")
+		l := testkit.Levels(t, r, "lost")
 		t.Logf("after the restores: %+v", l)
 		assert.GreaterOrEqual(t, l.Sold, int64(0), "sold below zero: %+v", l)
 		assert.Equal(t, int64(5), l.Available)
@@ -121,7 +122,7 @@ func TestRebuildKeepsClosed(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		for _, sku := range []string{"cl", "dl"} {
 			require.NoError(t, r.Load(ctx, sku, 5))
@@ -140,7 +141,7 @@ func TestRebuildKeepsClosed(t *testing.T) {
 		reps := reports(t, rec)
 		for _, sku := range []string{"cl", "dl"} {
 			require.True(t, reps[sku].Rebuilt, "%v", reps[sku])
-			l := kit.Levels(t, r, sku)
+			l := testkit.Levels(t, r, sku)
 			assert.True(t, l.Closed, "%s rebuilt open: %+v", sku, l)
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "after", Qty: 1})
 			assert.ErrorIs(t, err, stock.ErrClosed, "%s sells after the rebuild", sku)
@@ -732,26 +733,26 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 // "the first pass runs at once": Run's reconciler repairs drift right away, even with a long
 // Interval.
 func TestRunFirstReconcilePassAtOnce(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "drift", 10))
 		require.NoError(t, st.Load(ctx, "drift", 10))
 		st.Set("drift", 7) // the database of record has 3 fewer
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Reconcile: &stock.ReconcileOptions{Interval: time.Hour}})
 		defer func() { cancel(); <-done }()
-		ok := eventually(5*time.Second, func() bool { return kit.Levels(t, r, "drift").Available == 7 })
-		assert.True(t, ok, "the first reconcile pass ran at once: %+v", kit.Levels(t, r, "drift"))
+		ok := eventually(5*time.Second, func() bool { return testkit.Levels(t, r, "drift").Available == 7 })
+		assert.True(t, ok, "the first reconcile pass ran at once: %+v", testkit.Levels(t, r, "drift"))
 	})
 }
 
 // Levels "returns ErrNotLoaded, never zero counters, for an item Redis does not know", also when
 // the item's hash was lost (a deleted key); CloseItem then answers ErrNotLoaded too.
 func TestLevelsLostHash(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "lost", 10))
 		_, err := r.Deduct(ctx, stock.Request{SKU: "lost", ID: "d", Qty: 1})
 		require.NoError(t, err)
@@ -1613,11 +1614,11 @@ func queueStores(t *testing.T) map[string]interface {
 // consumer is down finds no drift and adds no stock, so Redis does not sell the units again;
 // once the consumer has caught up, Redis and the store agree.
 func TestQueuePathReconcileConsumerDown(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for name, store := range queueStores(t) {
 			t.Run(name, func(t *testing.T) {
 				ctx := context.Background()
-				r := kit.NewReserver(t, c, stock.WithPrefix("q-"+name))
+				r := testkit.NewReserver(t, c, stock.WithPrefix("q-"+name))
 				sku := "sku-" + name
 				require.NoError(t, r.Load(ctx, sku, 10))
 				require.NoError(t, store.Load(ctx, sku, 10))
@@ -1628,7 +1629,7 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 				q := &queue{}
 				rl, err := stockops.NewRelay(r, nil, q, nil)
 				require.NoError(t, err)
-				kit.Drain(t, rl)
+				testkit.Drain(t, rl)
 				msgs := q.take()
 				require.Len(t, msgs, 10)
 
@@ -1641,7 +1642,7 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 				assert.Zero(t, reps[0].Drift, reps[0].String())
 				assert.Zero(t, reps[0].Adjusted, reps[0].String())
 				assert.Empty(t, reps[0].NeedsHuman)
-				assert.Zero(t, kit.Levels(t, r, sku).Available, "no stock added for sales still in the queue")
+				assert.Zero(t, testkit.Levels(t, r, sku).Available, "no stock added for sales still in the queue")
 				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", Qty: 1})
 				require.ErrorIs(t, err, stock.ErrSoldOut, "Redis must not sell the queued units again")
 
@@ -1662,8 +1663,8 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 				rem, err := store.Remaining(ctx, sku)
 				require.NoError(t, err)
 				assert.Zero(t, rem, "every sale applied in the store, none refused")
-				assert.Zero(t, kit.Levels(t, r, sku).Available)
-				for id, e := range kit.Ledger(t, r, sku) {
+				assert.Zero(t, testkit.Levels(t, r, sku).Available)
+				for id, e := range testkit.Ledger(t, r, sku) {
 					assert.Equal(t, stock.StateApplied, e.State, id)
 				}
 			})
@@ -1675,9 +1676,9 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 // and buyers keep deducting and restoring; no pass adds or removes stock (nothing drifted),
 // and at the end Redis and the store agree.
 func TestQueuePathReconcileWhileConsuming(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "A", 200))
 		require.NoError(t, store.Load(ctx, "A", 200))
@@ -1756,7 +1757,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 		// Drain what is left and compare.
 		consumeAll(t, r, store, backlog)
 		for range 100 {
-			kit.Drain(t, rl)
+			testkit.Drain(t, rl)
 			msgs := q.take()
 			if len(msgs) == 0 {
 				break
@@ -1769,7 +1770,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 		assert.Zero(t, reps[0].Adjusted)
 		rem, err := store.Remaining(ctx, "A")
 		require.NoError(t, err)
-		assert.Equal(t, kit.Levels(t, r, "A").Available, rem)
+		assert.Equal(t, testkit.Levels(t, r, "A").Available, rem)
 		assert.Positive(t, sold.Load())
 		assert.Equal(t, 1, store.MaxApplications())
 		t.Logf("%d reconcile passes while consuming, %d sales", passes, sold.Load())
@@ -1781,12 +1782,12 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 // nowhere else), and the reconciler must not give their units back: they go to the dead-letter
 // set and the item is left for an operator.
 func TestRelayDeadLettersOrphans(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for _, path := range []string{"direct", "queue"} {
 			t.Run(path, func(t *testing.T) {
 				ctx := context.Background()
 				prefix := "orph-" + path
-				r := kit.NewReserver(t, c, stock.WithPrefix(prefix))
+				r := testkit.NewReserver(t, c, stock.WithPrefix(prefix))
 				store := memstore.New()
 				require.NoError(t, r.Load(ctx, "A", 10))
 				require.NoError(t, store.Load(ctx, "A", 10))
@@ -1805,7 +1806,7 @@ func TestRelayDeadLettersOrphans(t *testing.T) {
 					rl, err = stockops.NewRelay(r, nil, q, nil)
 				}
 				require.NoError(t, err)
-				st := kit.Drain(t, rl)
+				st := testkit.Drain(t, rl)
 				assert.Equal(t, 3, st.DeadLettered, "%+v", st)
 				assert.Zero(t, st.Delivered)
 				pending, dead, err := stockops.Pending(ctx, r, "A")
@@ -1819,7 +1820,7 @@ func TestRelayDeadLettersOrphans(t *testing.T) {
 				require.NoError(t, err)
 				assert.Zero(t, reps[0].Adjusted, "the units of acknowledged sales are not given back: %s", reps[0])
 				assert.NotEmpty(t, reps[0].NeedsHuman)
-				assert.Equal(t, int64(4), kit.Levels(t, r, "A").Available)
+				assert.Equal(t, int64(4), testkit.Levels(t, r, "A").Available)
 				_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "more", Qty: 5})
 				assert.ErrorIs(t, err, stock.ErrInsufficient)
 			})
@@ -1831,9 +1832,9 @@ func TestRelayDeadLettersOrphans(t *testing.T) {
 // event (it is back in the published set, and the queue has nothing left to deliver). The
 // reconciler finds the event in the store and settles it.
 func TestReconcileSettlesPublished(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "A", 5))
 		require.NoError(t, store.Load(ctx, "A", 5))
@@ -1844,7 +1845,7 @@ func TestReconcileSettlesPublished(t *testing.T) {
 		q := &queue{}
 		rl, err := stockops.NewRelay(r, nil, q, nil)
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		msgs := q.take()
 		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]))
 		require.NoError(t, stock.Consume(ctx, r, store, msgs[1]))

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,7 +28,6 @@ import (
 	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // Broken promise under test: Consume applies an item's events as Redis made
@@ -184,9 +185,9 @@ func TestNewRelayBounds(t *testing.T) {
 // and returns ... ctx's error": with a ctx cancelled before the call, the events already in the
 // outbox are still delivered.
 func TestRunCancelledCtxStillDrains(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "cc", 10))
 		require.NoError(t, st.Load(ctx, "cc", 10))
@@ -200,7 +201,7 @@ func TestRunCancelledCtxStillDrains(t *testing.T) {
 		err := r.Run(cctx, stock.RunOptions{Store: st})
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Less(t, time.Since(start), 7*time.Second, "bounded by Drain (5s)")
-		assert.Equal(t, int64(0), kit.OutboxLen(t, c, "cc"), "what was due was delivered")
+		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "cc"), "what was due was delivered")
 		rem, err := st.Remaining(ctx, "cc")
 		require.NoError(t, err)
 		assert.Equal(t, int64(5), rem)
@@ -211,9 +212,9 @@ func TestRunCancelledCtxStillDrains(t *testing.T) {
 // events that are due until none is left or Drain has passed." Items with ':' and '~' in their
 // names, and names of the non-item keys, take part.
 func TestRunDrainsLastSales(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		skus := []string{"a:b", "a", "~", "~carts", "carts", "items", "epoch", "x:l", "x", "a:b:o"}
 		// Run first, on an empty Redis, so that its guard does not fence the sales (see
@@ -253,9 +254,9 @@ func TestRunDrainsLastSales(t *testing.T) {
 		assert.ErrorIs(t, err, context.Canceled)
 		var sold int64
 		for _, s := range skus {
-			l := kit.Levels(t, r, s)
+			l := testkit.Levels(t, r, s)
 			sold += l.Sold
-			assert.Equal(t, int64(0), kit.OutboxLen(t, c, s), "%s: outbox drained", s)
+			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s), "%s: outbox drained", s)
 			rem, err := st.Remaining(ctx, s)
 			require.NoError(t, err)
 			assert.Equal(t, l.Available, rem, "%s: the Store got every sale", s)
@@ -283,9 +284,9 @@ func (s *blockingStore) Apply(ctx context.Context, ev stock.Event) error {
 // until none is left or Drain has passed." With a Store that hangs (honouring its context), Run
 // returns about Drain after ctx ends, and returns the error a loop met.
 func TestRunHungStoreDrainBounded(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := &blockingStore{onlyStore: onlyStore{s: memstore.New()}}
 		require.NoError(t, r.Load(ctx, "hung", 10))
 		require.NoError(t, st.s.Load(ctx, "hung", 10))
@@ -301,7 +302,7 @@ func TestRunHungStoreDrainBounded(t *testing.T) {
 		assert.Less(t, time.Since(start), 3*time.Second, "Run returned about Drain (500ms) after ctx ended")
 		assert.Error(t, err)
 		// The event is not lost: it is still in the outbox.
-		assert.Equal(t, int64(1), kit.OutboxLen(t, c, "hung"))
+		assert.Equal(t, int64(1), testkit.OutboxLen(t, c, "hung"))
 	})
 }
 
@@ -326,9 +327,9 @@ func (s *sleepyStore) Apply(ctx context.Context, ev stock.Event) error {
 
 // A slow store with many events due: the drain stops at Drain, not when the outbox is empty.
 func TestRunDrainBoundedManyEvents(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: 5 * time.Millisecond}
 		require.NoError(t, r.Load(ctx, "slow", 5000))
 		require.NoError(t, st.s.Load(ctx, "slow", 5000))
@@ -343,7 +344,7 @@ func TestRunDrainBoundedManyEvents(t *testing.T) {
 		took := time.Since(start)
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Less(t, took, 3*time.Second, "Drain (300ms) bounds the last delivery")
-		left := kit.OutboxLen(t, c, "slow")
+		left := testkit.OutboxLen(t, c, "slow")
 		rem, err := st.Remaining(ctx, "slow")
 		require.NoError(t, err)
 		assert.LessOrEqual(t, 1500-left, 5000-rem, "every event left the outbox only after the Store applied it")
@@ -353,7 +354,7 @@ func TestRunDrainBoundedManyEvents(t *testing.T) {
 		redistest.Sleep(c, 1100*time.Millisecond)
 		rl, err := stockops.NewRelay(r, st.s, nil, nil)
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		rem, err = st.s.Remaining(ctx, "slow")
 		require.NoError(t, err)
 		assert.Equal(t, int64(3500), rem)
@@ -364,9 +365,9 @@ func TestRunDrainBoundedManyEvents(t *testing.T) {
 // The queue path through Run: "With no Store it is the queue path: consumers apply the events
 // through Consume." Every published event, applied through Consume, makes the Store agree.
 func TestRunPublisherOnly(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "q:1", 20))
 		require.NoError(t, st.Load(ctx, "q:1", 20))
@@ -389,7 +390,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		err, ok := waitRun(t, done, 10*time.Second)
 		require.True(t, ok)
 		assert.ErrorIs(t, err, context.Canceled)
-		assert.Equal(t, int64(0), kit.OutboxLen(t, c, "q:1"))
+		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "q:1"))
 		mu.Lock()
 		evs := append([]stock.Event(nil), got...)
 		mu.Unlock()
@@ -400,7 +401,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		}
 		rem, err := st.Remaining(ctx, "q:1")
 		require.NoError(t, err)
-		assert.Equal(t, kit.Levels(t, r, "q:1").Available, rem)
+		assert.Equal(t, testkit.Levels(t, r, "q:1").Available, rem)
 		assert.Equal(t, int64(10), rem)
 	})
 }
@@ -408,9 +409,9 @@ func TestRunPublisherOnly(t *testing.T) {
 // RelayOptions.Batch: Once "claims their due events, a batch at a time, until none is due": a
 // Batch of 1 still delivers everything in one Once.
 func TestRelayBatchOneDrainsInOnce(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		for _, s := range []string{"b1", "b:2"} {
 			require.NoError(t, r.Load(ctx, s, 100))
@@ -426,7 +427,7 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 80, stats.Delivered, "%+v", stats)
 		for _, s := range []string{"b1", "b:2"} {
-			assert.Equal(t, int64(0), kit.OutboxLen(t, c, s))
+			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s))
 		}
 		// RelayOptions.Items: "limits the relay to these items".
 		_, err = r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})
@@ -438,7 +439,7 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 		stats, err = rl.Once(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, 1, stats.Delivered)
-		assert.Equal(t, int64(1), kit.OutboxLen(t, c, "b1"), "b1 is not the relay's")
+		assert.Equal(t, int64(1), testkit.OutboxLen(t, c, "b1"), "b1 is not the relay's")
 	})
 }
 
@@ -465,9 +466,9 @@ func (o *onlyStore) Records(ctx context.Context, sku string, ids []string) (map[
 // the Store applied it and the Publisher accepted it"; once the Publisher recovers, each event
 // reaches it and the Store applies it once in effect.
 func TestRunStoreAndFailingPublisher(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "sp", 10))
 		require.NoError(t, st.Load(ctx, "sp", 10))
@@ -496,12 +497,12 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 		require.True(t, ok)
 		assert.Error(t, err)
 		assert.False(t, errors.Is(err, context.Canceled) && !strings.Contains(err.Error(), "queue down"), "the loop's error, not only ctx's: %v", err)
-		assert.Equal(t, int64(3), kit.OutboxLen(t, c, "sp"), "nothing left the outbox while the Publisher refused")
+		assert.Equal(t, int64(3), testkit.OutboxLen(t, c, "sp"), "nothing left the outbox while the Publisher refused")
 
 		down.Store(false)
 		redistest.Sleep(c, 100*time.Millisecond)
 		cancel, done = runAsync(r, stock.RunOptions{Store: st, Publisher: pub, Relay: relay})
-		ok = eventually(5*time.Second, func() bool { return kit.OutboxLen(t, c, "sp") == 0 })
+		ok = eventually(5*time.Second, func() bool { return testkit.OutboxLen(t, c, "sp") == 0 })
 		cancel()
 		<-done
 		assert.True(t, ok, "delivered once the Publisher is back")
@@ -519,9 +520,9 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 
 // The queue path drains on a cancelled ctx too: "lets the relay deliver what is due".
 func TestRunPublisherDrainsOnCancelledCtx(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "qd", 10))
 		for i := range 4 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "qd", ID: fmt.Sprint("d", i), Qty: 1})
@@ -536,7 +537,7 @@ func TestRunPublisherDrainsOnCancelledCtx(t *testing.T) {
 		})})
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Equal(t, int64(4), n.Load())
-		assert.Equal(t, int64(0), kit.OutboxLen(t, c, "qd"))
+		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "qd"))
 		pending, dead, err := stockops.Pending(ctx, r, "qd")
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), pending)
@@ -2264,7 +2265,7 @@ func TestClientKillMidBatch(t *testing.T) {
 			}
 		}
 		t.Logf("%d retries", unknown)
-		l := kit.Levels(t, e.r, sku)
+		l := testkit.Levels(t, e.r, sku)
 		require.Equal(t, int64(taken), l.Sold)
 		require.Equal(t, int64(S), l.Sold)
 		for i := range ids {
@@ -2526,11 +2527,11 @@ func sqlStores(t *testing.T) map[string]*sqlstore.Store {
 // TestDurablePathSQL: deducts, restores and a restock go through the relay into a real SQL
 // store; the store ends equal to Redis, each id applied once, refusals given back.
 func TestDurablePathSQL(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for name, store := range sqlStores(t) {
 			t.Run(name, func(t *testing.T) {
 				ctx := context.Background()
-				r := kit.NewReserver(t, c, stock.WithPrefix("dur-"+name))
+				r := testkit.NewReserver(t, c, stock.WithPrefix("dur-"+name))
 				sku := "sku-" + name
 				require.NoError(t, r.Load(ctx, sku, 100))
 				require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
@@ -2544,10 +2545,10 @@ func TestDurablePathSQL(t *testing.T) {
 				}
 				rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
 				require.NoError(t, err)
-				st := kit.Drain(t, rl)
+				st := testkit.Drain(t, rl)
 				assert.Zero(t, st.Retried)
 				// 90 sold in Redis, the store had 95: no refusal. Now drift the other way.
-				avail, err := kit.Available(r.Levels(ctx, sku))
+				avail, err := testkit.Available(r.Levels(ctx, sku))
 				require.NoError(t, err)
 				rem, err := store.Remaining(ctx, sku)
 				require.NoError(t, err)
@@ -2557,11 +2558,11 @@ func TestDurablePathSQL(t *testing.T) {
 					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
 					require.NoError(t, err)
 				}
-				st = kit.Drain(t, rl)
+				st = testkit.Drain(t, rl)
 				assert.Equal(t, 5, st.Refused)
 				rem, _ = store.Remaining(ctx, sku)
 				assert.Zero(t, rem)
-				avail, _ = kit.Available(r.Levels(ctx, sku))
+				avail, _ = testkit.Available(r.Levels(ctx, sku))
 				assert.Equal(t, int64(5), avail, "refused units given back once")
 				// The reconciler closes the remaining drift.
 				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
@@ -2569,7 +2570,7 @@ func TestDurablePathSQL(t *testing.T) {
 				reps, err := rec.Once(ctx)
 				require.NoError(t, err)
 				assert.Equal(t, int64(-5), reps[0].Adjusted)
-				avail, _ = kit.Available(r.Levels(ctx, sku))
+				avail, _ = testkit.Available(r.Levels(ctx, sku))
 				assert.Equal(t, rem, avail)
 				recs, err := store.Records(ctx, sku, []string{"o0", "o1", "o105"})
 				require.NoError(t, err)
@@ -2585,11 +2586,11 @@ func TestDurablePathSQL(t *testing.T) {
 // R(a). Consume must not apply D(b) before R(a) (the store would refuse a valid sale and Consume
 // give b's stock back): it applies R(a), read from Redis, first.
 func TestConsumeInOrderAfterRedelivery(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for name, store := range queueStores(t) {
 			t.Run(name, func(t *testing.T) {
 				ctx := context.Background()
-				r := kit.NewReserver(t, c, stock.WithPrefix("order-"+name))
+				r := testkit.NewReserver(t, c, stock.WithPrefix("order-"+name))
 				sku := "one-" + name
 				require.NoError(t, r.Load(ctx, sku, 1))
 				require.NoError(t, store.Load(ctx, sku, 1))
@@ -2602,7 +2603,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 				q := &queue{}
 				rl, err := stockops.NewRelay(r, nil, q, nil)
 				require.NoError(t, err)
-				kit.Drain(t, rl)
+				testkit.Drain(t, rl)
 				msgs := q.take()
 				require.Len(t, msgs, 3)
 				da, ra, db := msgs[0], msgs[1], msgs[2]
@@ -2623,7 +2624,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 				rem, err := store.Remaining(ctx, sku)
 				require.NoError(t, err)
 				assert.Zero(t, rem)
-				assert.Zero(t, kit.Levels(t, r, sku).Available)
+				assert.Zero(t, testkit.Levels(t, r, sku).Available)
 				assert.Empty(t, q.take(), "no refusal event")
 			})
 		}
@@ -2635,9 +2636,9 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 // while a reconcile pass holds the item, or when an earlier event cannot be read from Redis.
 // Events carry increasing sequences.
 func TestConsumeCatchesUp(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "A", 7))
 		require.NoError(t, store.Load(ctx, "A", 7))
@@ -2648,7 +2649,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 		q := &queue{}
 		rl, err := stockops.NewRelay(r, nil, q, nil)
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		msgs := q.take()
 		require.Len(t, msgs, 3)
 		for i := 1; i < len(msgs); i++ {
@@ -2681,7 +2682,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
 			require.NoError(t, err)
 		}
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		more := q.take()
 		require.Len(t, more, 2)
 		require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}:l").Field("o3").Build()).Error())
@@ -2694,7 +2695,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 		require.NoError(t, err)
 		_, err = r.Cancel(ctx, "A", "h")
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		held := q.take()
 		require.Len(t, held, 2)
 		for _, ev := range held {
@@ -2717,9 +2718,9 @@ func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockop
 // TestConsumeDeadLettersInvalid: an event the store rejects as invalid is set aside in the
 // dead-letter set by Consume, so it no longer holds back the item's later events.
 func TestConsumeDeadLettersInvalid(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "A", 5))
 		require.NoError(t, store.Load(ctx, "A", 5))
@@ -2730,7 +2731,7 @@ func TestConsumeDeadLettersInvalid(t *testing.T) {
 		q := &queue{}
 		rl, err := stockops.NewRelay(r, nil, q, nil)
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		msgs := q.take()
 		require.Len(t, msgs, 2)
 		store.FailWith(func(ev stock.Event) error {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,7 +23,6 @@ import (
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // Promise (package doc, Guarantees; Hold, Confirm, Cancel, Restore, Extend docs): ≥ 200
@@ -36,7 +37,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 		// loaded 2-core machine, 200 goroutines queued on one in-process miniredis can wait
 		// past the 10 s default, so each call gets a minute (an unknown outcome still fails).
 		opts := []stock.Option{stock.WithUserLimit(3), stock.WithTimeout(time.Minute)}
-		rs := []*stock.Reserver{kit.NewReserver(t, c1, opts...), kit.NewReserver(t, c2, opts...)}
+		rs := []*stock.Reserver{testkit.NewReserver(t, c1, opts...), testkit.NewReserver(t, c2, opts...)}
 		skus := []string{"p", "q", "r"}
 		for _, s := range skus {
 			require.NoError(t, rs[0].Load(ctx, s, 150))
@@ -127,7 +128,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 		wg.Wait()
 		for _, s := range skus {
 			check(t, rs[0], s, 150)
-			entries := kit.Ledger(t, rs[0], s)
+			entries := testkit.Ledger(t, rs[0], s)
 			for _, e := range entries {
 				if e.Kind == stock.KindRestock {
 					continue
@@ -167,7 +168,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 func TestSameIDCoalesced(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t), stock.WithCoalescing(2))
+		r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(2))
 		require.NoError(t, r.Load(ctx, "co", 1000))
 		for round := range 10 {
 			id := fmt.Sprint("same", round)
@@ -224,7 +225,7 @@ func TestSameIDCoalesced(t *testing.T) {
 func TestAnswerTable(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, b.Client(t))
+		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 10))
 		_, err := r.Deduct(ctx, stock.Request{SKU: "t", ID: "d", Qty: 1})
 		require.NoError(t, err)
@@ -476,9 +477,9 @@ func TestCountingBothPaths(t *testing.T) {
 // Levels is "read atomically": Loaded = Available + Held + Sold in every read under concurrent
 // deducts, holds, restores and sweeps.
 func TestLevelsAtomicUnderLoad(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "lv", 200))
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -536,8 +537,8 @@ func TestRecordStatusStates(t *testing.T) {
 	require.NoError(t, err)
 	rl, err := stockops.NewRelay(r, st, nil, nil)
 	require.NoError(t, err)
-	kit.Drain(t, rl)
-	kit.Drain(t, rl)
+	testkit.Drain(t, rl)
+	testkit.Drain(t, rl)
 	recs, err := st.Records(ctx, "rs", []string{"ok", "refused", "back", "never"})
 	require.NoError(t, err)
 	assert.Equal(t, stock.StateApplied, recs["ok"].Status)
@@ -548,7 +549,7 @@ func TestRecordStatusStates(t *testing.T) {
 	e2, err := r.Ledger(ctx, "rs", "refused")
 	require.NoError(t, err)
 	assert.Equal(t, stock.StateRefused, e2.State)
-	assert.Equal(t, int64(9), kit.Levels(t, r, "rs").Available, "only the applied sale stays sold")
+	assert.Equal(t, int64(9), testkit.Levels(t, r, "rs").Available, "only the applied sale stays sold")
 	rem, err := st.Remaining(ctx, "rs")
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), rem)
@@ -586,8 +587,8 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		const limit = 2
-		r1 := kit.NewReserver(t, c1, stock.WithUserLimit(limit))
-		r2 := kit.NewReserver(t, c2, stock.WithUserLimit(limit))
+		r1 := testkit.NewReserver(t, c1, stock.WithUserLimit(limit))
+		r2 := testkit.NewReserver(t, c2, stock.WithUserLimit(limit))
 		rs := []*stock.Reserver{r1, r2}
 		const S = 37
 		skus := []string{"lim:a", "lim:b~ü"}
@@ -691,7 +692,7 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 			l := soldOutLevels(t, r1, sku)
 			assert.Equal(t, int64(S), l.Sold)
 			assert.Equal(t, int64(0), l.Available)
-			entries := kit.Ledger(t, r1, sku)
+			entries := testkit.Ledger(t, r1, sku)
 			taken := 0
 			for id, e := range entries {
 				if e.Taken() {
@@ -735,8 +736,8 @@ func ignoreCanceled(err error) error {
 func TestUserLimitGiveBackRace(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
-		r1 := kit.NewReserver(t, c1, stock.WithUserLimit(2))
-		r2 := kit.NewReserver(t, c2, stock.WithUserLimit(2))
+		r1 := testkit.NewReserver(t, c1, stock.WithUserLimit(2))
+		r2 := testkit.NewReserver(t, c2, stock.WithUserLimit(2))
 		sku := "lim:give"
 		require.NoError(t, r1.Load(ctx, sku, 100))
 		_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "bob", Qty: 1})
@@ -930,8 +931,8 @@ func each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)
 			require.NoError(t, err)
 			require.False(t, fenced)
 			f(t, &requestEnv{
-				name: b.Name, real: true, c: c, r: kit.NewReserver(t, c, opts...), advance: time.Sleep,
-				another: func(o ...stock.Option) *stock.Reserver { return kit.NewReserver(t, c, o...) },
+				name: b.Name, real: true, c: c, r: testkit.NewReserver(t, c, opts...), advance: time.Sleep,
+				another: func(o ...stock.Option) *stock.Reserver { return testkit.NewReserver(t, c, o...) },
 			})
 		})
 	}
@@ -1475,7 +1476,7 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 				assert.Equal(t, S+restocked.Load(), l.Loaded)
 				assert.Equal(t, sold, l.Sold, "sold per the acknowledged answers")
 				assert.Equal(t, held, l.Held, "held per the acknowledged answers")
-				kit.CheckLedger(t, e.r, "traffic", S)
+				testkit.CheckLedger(t, e.r, "traffic", S)
 			})
 		})
 	}
@@ -1523,7 +1524,7 @@ func TestStoreRefuses(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		kit.Drain(t, rls[0])
+		testkit.Drain(t, rls[0])
 		assert.Equal(t, int64(5), refused.Load(), "refusals counted by the relays")
 		l := levels(t, e.r, "short")
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 7, Loaded: 12}, l, "the 5 refused units back in Redis, once")
@@ -1596,9 +1597,9 @@ func TestConcurrentCopiesOneID(t *testing.T) {
 					require.Equal(t, int64(3), replay.Load(), "round %d: copies of the winner's buyer replay", round)
 					require.Equal(t, int64(36), conflict.Load())
 				}
-				l := kit.Levels(t, e.r, sku)
+				l := testkit.Levels(t, e.r, sku)
 				require.Equal(t, int64(10), l.Sold)
-				require.Len(t, kit.Ledger(t, e.r, sku), 10)
+				require.Len(t, testkit.Ledger(t, e.r, sku), 10)
 			})
 		})
 	}
@@ -1665,11 +1666,11 @@ func TestCancelledClaims(t *testing.T) {
 					require.Error(t, err, "id %d: refused, then taken on a retry", i)
 				}
 			}
-			l := kit.Levels(t, e.r, sku)
+			l := testkit.Levels(t, e.r, sku)
 			require.Equal(t, int64(taken), l.Sold)
 			require.Equal(t, int64(stockN), l.Sold, "stock left while requests were refused")
 			n := 0
-			for _, en := range kit.Ledger(t, e.r, sku) {
+			for _, en := range testkit.Ledger(t, e.r, sku) {
 				if en.Taken() {
 					n++
 				}
@@ -1726,7 +1727,7 @@ func TestRestoreRacesDeduct(t *testing.T) {
 			_, _ = e.r.Restore(ctx, sku, id)
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprint("u", i), Qty: 1})
 			require.ErrorIs(t, err, stock.ErrRestored, "%s", id)
-			l := kit.Levels(t, e.r, sku)
+			l := testkit.Levels(t, e.r, sku)
 			require.Equal(t, stock.Levels{Available: S, Loaded: S}, l, "%s", id)
 		}
 	})

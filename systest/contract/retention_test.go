@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,7 +16,6 @@ import (
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // ReconcileOptions.Retention: "The default is 24h; a negative Retention never trims." Under
@@ -45,7 +46,7 @@ func TestRetentionBounds(t *testing.T) {
 			require.NoError(t, err)
 			rl, err := stockops.NewRelay(r, st, nil, nil)
 			require.NoError(t, err)
-			kit.Drain(t, rl)
+			testkit.Drain(t, rl)
 			e.Advance(tc.advance)
 			rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: tc.retention})
 			require.NoError(t, err)
@@ -66,9 +67,9 @@ func TestRetentionBounds(t *testing.T) {
 
 // Retention on real time: a pass after the retention trims the settled entry.
 func TestRetentionRealTime(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "ret", 10))
 		require.NoError(t, st.Load(ctx, "ret", 10))
@@ -76,7 +77,7 @@ func TestRetentionRealTime(t *testing.T) {
 		require.NoError(t, err)
 		rl, err := stockops.NewRelay(r, st, nil, nil)
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		time.Sleep(1500 * time.Millisecond)
 		never, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: -1})
 		require.NoError(t, err)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,14 +23,13 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // "Options that are out of range are an ErrInvalid error at once." RelayOptions.Batch is "at
 // most 10,000".
 func TestRunOutOfRangeOptionsInvalidAtOnce(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := kit.NewReserver(t, c)
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		for name, o := range map[string]stock.RunOptions{
 			"batch 10001": {Store: st, Relay: &stock.RelayOptions{Batch: 10001}},
@@ -47,9 +48,9 @@ func TestRunOutOfRangeOptionsInvalidAtOnce(t *testing.T) {
 
 // A Store that fails every event: Run "returns the first error a loop met" when ctx ends.
 func TestRunReturnsLoopError(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "down", 10))
 		require.NoError(t, st.Load(ctx, "down", 10))
@@ -62,7 +63,7 @@ func TestRunReturnsLoopError(t *testing.T) {
 		err, ok := waitRun(t, done, 10*time.Second)
 		require.True(t, ok)
 		assert.ErrorIs(t, err, memstore.ErrDown, "the first error a loop met")
-		assert.Equal(t, int64(1), kit.OutboxLen(t, c, "down"), "the failed event stays in the outbox")
+		assert.Equal(t, int64(1), testkit.OutboxLen(t, c, "down"), "the failed event stays in the outbox")
 	})
 }
 
@@ -74,7 +75,7 @@ func TestTwoRunsShareRedis(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
-			r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
+			r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 			st := memstore.New()
 			skus := []string{"p1", "p2", "p3"}
 			opts := stock.RunOptions{Store: st, Reconcile: &stock.ReconcileOptions{Interval: 50 * time.Millisecond},
@@ -114,8 +115,8 @@ func TestTwoRunsShareRedis(t *testing.T) {
 				assert.ErrorIs(t, err, context.Canceled)
 			}
 			for _, s := range skus {
-				l := kit.Levels(t, r1, s)
-				assert.Equal(t, int64(0), kit.OutboxLen(t, c1, s), "%s drained", s)
+				l := testkit.Levels(t, r1, s)
+				assert.Equal(t, int64(0), testkit.OutboxLen(t, c1, s), "%s drained", s)
 				rem, err := st.Remaining(ctx, s)
 				require.NoError(t, err)
 				assert.Equal(t, l.Available, rem, "%s: Redis and the Store agree", s)
@@ -166,9 +167,9 @@ func TestRunOddOptionsNoPanic(t *testing.T) {
 // "Run may be called once per Reserver at a time": a second concurrent Run on the same Reserver.
 // Nothing promises what it answers; whatever it does, the Reserver's data stay right.
 func TestSecondRunSameReserver(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
+		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		require.NoError(t, r.Load(ctx, "two", 100))
 		require.NoError(t, st.Load(ctx, "two", 100))
@@ -192,7 +193,7 @@ func TestSecondRunSameReserver(t *testing.T) {
 		err1, ok := waitRun(t, done1, 10*time.Second)
 		require.True(t, ok)
 		assert.ErrorIs(t, err1, context.Canceled)
-		l := kit.Levels(t, r, "two")
+		l := testkit.Levels(t, r, "two")
 		rem, err := st.Remaining(ctx, "two")
 		require.NoError(t, err)
 		assert.Equal(t, l.Available, rem)
@@ -203,10 +204,10 @@ func TestSecondRunSameReserver(t *testing.T) {
 // Two Reservers with different prefixes on one Redis, each with its own Run and Store: "WithPrefix
 // sets the prefix of every key the Reserver writes": neither sees the other's items.
 func TestRunTwoPrefixes(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		ra := kit.NewReserver(t, c)
-		rb := kit.NewReserver(t, c, stock.WithPrefix("stock:carts"))
+		ra := testkit.NewReserver(t, c)
+		rb := testkit.NewReserver(t, c, stock.WithPrefix("stock:carts"))
 		sa, sb := memstore.New(), memstore.New()
 		// Runs first, on an empty Redis, so that their guards do not fence (see
 		// TestRunStartOnLiveDeploymentFenceLifts).
@@ -231,8 +232,8 @@ func TestRunTwoPrefixes(t *testing.T) {
 		<-da
 		<-db
 		assert.True(t, ok, "each Run delivered its own prefix's sale")
-		assert.Equal(t, int64(8), kit.Levels(t, ra, "~").Available)
-		assert.Equal(t, int64(15), kit.Levels(t, rb, "~").Available)
+		assert.Equal(t, int64(8), testkit.Levels(t, ra, "~").Available)
+		assert.Equal(t, int64(15), testkit.Levels(t, rb, "~").Available)
 		var items []string
 		for s, err := range stockops.Items(ctx, rb) {
 			require.NoError(t, err)
@@ -249,7 +250,7 @@ func TestRunMemstore(t *testing.T) {
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
 	ctx := context.Background()
-	r := kit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
+	r := testkit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "rm", 300))
 	require.NoError(t, r.Load(ctx, "rm", 300))
@@ -288,7 +289,7 @@ func TestRunMemstore(t *testing.T) {
 	<-rounds
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
-		if kit.OutboxLen(t, s.Client(t), "rm") == 0 {
+		if testkit.OutboxLen(t, s.Client(t), "rm") == 0 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -304,12 +305,12 @@ func TestRunMemstore(t *testing.T) {
 	}
 	t.Logf("raw %v fenced %d", st.raw, st.fenced.Load())
 	assert.Empty(t, st.raw)
-	l := kit.Levels(t, r, "rm")
+	l := testkit.Levels(t, r, "rm")
 	rem, err := store.Remaining(ctx, "rm")
 	require.NoError(t, err)
 	assert.Equal(t, l.Available, rem, "store remaining = redis available")
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "each event applied at most once")
-	assert.Equal(t, int64(0), kit.OutboxLen(t, s.Client(t), "rm"))
+	assert.Equal(t, int64(0), testkit.OutboxLen(t, s.Client(t), "rm"))
 	// Restores count back.
 	st.mu.Lock()
 	acked := int64(len(st.acked))

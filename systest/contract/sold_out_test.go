@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,7 +20,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // Promise (package doc, non-guarantees): the sold-out fast path "never admits a request, and
@@ -29,8 +30,8 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		r1 := kit.NewReserver(t, c1)
-		r2 := kit.NewReserver(t, c2)
+		r1 := testkit.NewReserver(t, c1)
+		r2 := testkit.NewReserver(t, c2)
 		const n = 3000
 		require.NoError(t, r1.Load(ctx, "f", n+2))
 		_, err := r1.Restore(ctx, "f", "tomb")
@@ -80,8 +81,8 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		r1 := kit.NewReserver(t, c1)
-		r2 := kit.NewReserver(t, c2)
+		r1 := testkit.NewReserver(t, c1)
+		r2 := testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "g", 0))
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -94,7 +95,7 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 					return
 				default:
 				}
-				_, _ = kit.Available(r2.Levels(ctx, "g"))
+				_, _ = testkit.Available(r2.Levels(ctx, "g"))
 				_, _ = r2.Deduct(ctx, stock.Request{SKU: "g", ID: "r2-never", Qty: 1 << 40})
 			}
 		}()
@@ -173,7 +174,7 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := kit.NewReserver(t, c, stock.WithSoldOutCache(time.Hour))
+		r := testkit.NewReserver(t, c, stock.WithSoldOutCache(time.Hour))
 		require.NoError(t, r.Load(ctx, "p", 1))
 		_, err := r.Hold(ctx, stock.Request{SKU: "p", ID: "h", Qty: 1}, 200*time.Millisecond)
 		require.NoError(t, err)
@@ -198,9 +199,9 @@ func TestFastPathUnderChurn(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		r1 := kit.NewReserver(t, c1)
-		r1b := kit.NewReserver(t, c1) // another Reserver on r1's client
-		r2 := kit.NewReserver(t, c2)
+		r1 := testkit.NewReserver(t, c1)
+		r1b := testkit.NewReserver(t, c1) // another Reserver on r1's client
+		r2 := testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "s", 0))
 		stop := make(chan struct{})
 		var bg sync.WaitGroup
@@ -288,9 +289,9 @@ func TestFastPathPerPrefix(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		ra := kit.NewReserver(t, c, stock.WithPrefix("a"))
-		rb := kit.NewReserver(t, c, stock.WithPrefix("a:b"))
-		rg := kit.NewReserver(t, c, stock.WithPrefix("a"), stock.WithGroups(func(string) string { return "x" }))
+		ra := testkit.NewReserver(t, c, stock.WithPrefix("a"))
+		rb := testkit.NewReserver(t, c, stock.WithPrefix("a:b"))
+		rg := testkit.NewReserver(t, c, stock.WithPrefix("a"), stock.WithGroups(func(string) string { return "x" }))
 		require.NoError(t, ra.Load(ctx, "x", 0))
 		require.NoError(t, rb.Load(ctx, "x", 5))
 		require.NoError(t, rg.Load(ctx, "x", 5))
@@ -321,7 +322,7 @@ func TestFastPathLifecycle(t *testing.T) {
 				if grouped {
 					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
 				}
-				r := kit.NewReserver(t, c, opts...)
+				r := testkit.NewReserver(t, c, opts...)
 				store := memstore.New()
 				require.NoError(t, r.Load(ctx, "life", 1))
 				require.NoError(t, store.Load(ctx, "life", 1))
@@ -357,7 +358,7 @@ func TestFastPathLifecycle(t *testing.T) {
 					_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: fmt.Sprint("new", i), Qty: 1})
 					require.NoError(t, err, "the reloaded item, deduct %d", i)
 				}
-				kit.Levels(t, r, "life")
+				testkit.Levels(t, r, "life")
 			})
 		})
 	}
@@ -372,7 +373,7 @@ func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
-		r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
+		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "rt", 0))
 		for i := range 30 {
 			warmSoldOut(t, r1, "rt", b.Real())
@@ -461,8 +462,8 @@ func TestFastPathDifferential(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		const limit = 3
-		fast := kit.NewReserver(t, c1, stock.WithUserLimit(limit))
-		ref := kit.NewReserver(t, c2, stock.WithUserLimit(limit), stock.WithSoldOutCache(0))
+		fast := testkit.NewReserver(t, c1, stock.WithUserLimit(limit))
+		ref := testkit.NewReserver(t, c2, stock.WithUserLimit(limit), stock.WithSoldOutCache(0))
 		sku := "fp:~ü-Ω"
 		require.NoError(t, fast.Load(ctx, sku, 330))
 
@@ -603,7 +604,7 @@ func TestFastPathDifferential(t *testing.T) {
 func TestFastPathOwnWritesWithHolds(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c1)
+		r := testkit.NewReserver(t, c1)
 		sku := "own:holds~é"
 		require.NoError(t, r.Load(ctx, sku, 4))
 		for i := range 4 {
@@ -684,7 +685,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 func TestFastPathExtendShortens(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c1, stock.WithClock(func() time.Time { return time.Now().Add(-20 * time.Minute) }))
+		r := testkit.NewReserver(t, c1, stock.WithClock(func() time.Time { return time.Now().Add(-20 * time.Minute) }))
 		sku := "ext:short"
 		require.NoError(t, r.Load(ctx, sku, 2))
 		for i := range 2 {
@@ -716,8 +717,8 @@ func TestFastPathExtendShortens(t *testing.T) {
 func TestFastPathOtherProcessBounded(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
-		r1 := kit.NewReserver(t, c1)
-		r2 := kit.NewReserver(t, c2)
+		r1 := testkit.NewReserver(t, c1)
+		r2 := testkit.NewReserver(t, c2)
 		sku := "other:proc"
 		require.NoError(t, r1.Load(ctx, sku, 1))
 		_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
@@ -776,7 +777,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 func TestFastPathRetiredReloaded(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c1)
+		r := testkit.NewReserver(t, c1)
 		st := memstore.New()
 		sku := "ret:ü"
 		require.NoError(t, r.Load(ctx, sku, 2))
@@ -792,7 +793,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		require.NoError(t, r.Delist(ctx, sku))
 		rl, err := stockops.NewRelay(r, st, nil, nil)
 		require.NoError(t, err)
-		kit.Drain(t, rl)
+		testkit.Drain(t, rl)
 		rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		redistest.Sleep(c1, 50*time.Millisecond)
@@ -891,7 +892,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 		}
 		// replays of the first buyers that were never restored
 		// a taken id by another buyer: a conflict, never sold out
-		l := kit.Levels(t, e.r, sku)
+		l := testkit.Levels(t, e.r, sku)
 		require.Zero(t, l.Available)
 		// cancel of a hold after sell-out frees stock for the very next request
 		_, err := e.r.Restock(ctx, sku, "rsh", 1)
@@ -933,7 +934,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "stock given back by another process never seen")
 			time.Sleep(time.Millisecond)
 		}
-		l = kit.Levels(t, e.r, sku)
+		l = testkit.Levels(t, e.r, sku)
 		require.Zero(t, l.Available)
 	})
 }
@@ -961,7 +962,7 @@ func TestFastPathHoldDueOtherBucket(t *testing.T) {
 		// every new buyer, whatever its bucket: the first one must get the expired hold's unit
 		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "y0", User: "y0", Qty: 1})
 		require.NoError(t, err, "phantom sold-out: a hold due in some bucket")
-		l := kit.Levels(t, e.r, sku)
+		l := testkit.Levels(t, e.r, sku)
 		assert.Equal(t, int64(5), l.Held)
 		assert.Zero(t, l.Available)
 	})

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,7 +23,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // TestScatteredLastUnits: the last units are scattered one per bucket; a request for
@@ -282,7 +283,7 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 			rp := pass(t, e, e.r, store, sku)[sku]
 			require.False(t, rp.Retired, "retired with a live hold: %v", rp)
 		}
-		l := kit.Levels(t, e.r, sku)
+		l := testkit.Levels(t, e.r, sku)
 		assert.Equal(t, int64(1), l.Held)
 		// cancel the hold: an event pending in one bucket
 		_, err = e.r.Cancel(ctx, sku, "h")
@@ -340,7 +341,7 @@ func TestCountingBuckets(t *testing.T) {
 					wg.Wait()
 					require.Empty(t, bad)
 					require.Equal(t, int64(S), ok.Load())
-					l := kit.Levels(t, e.r, sku)
+					l := testkit.Levels(t, e.r, sku)
 					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
 					lifecycleDrain(t, e.r, store, sku)
 					rm, err := store.Remaining(ctx, sku)
@@ -404,9 +405,9 @@ func TestUnevenCluster(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	c := cl.Client(t)
-	r := kit.NewReserver(t, c, lifecycleSplit(3), stock.WithUserLimit(2))
+	r := testkit.NewReserver(t, c, lifecycleSplit(3), stock.WithUserLimit(2))
 	e := &env{name: "uneven-cluster", real: true, c: c, r: r, advance: time.Sleep,
-		another: func(o ...stock.Option) *stock.Reserver { return kit.NewReserver(t, c, o...) }}
+		another: func(o ...stock.Option) *stock.Reserver { return testkit.NewReserver(t, c, o...) }}
 	fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
 	require.NoError(t, err)
 	require.False(t, fenced)
@@ -450,14 +451,14 @@ func TestUnevenCluster(t *testing.T) {
 		}
 		wg.Wait()
 		require.Empty(t, bad)
-		l := kit.Levels(t, r, sku)
+		l := testkit.Levels(t, r, sku)
 		require.Equal(t, ok.Load(), l.Sold)
 		require.Equal(t, int64(S)-ok.Load(), l.Available)
 		// sell the rest: nothing stranded in any bucket
 		for i := 0; l.Available > 0 && i < 200; i++ {
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("rest", i), User: fmt.Sprint("r", i), Qty: 1})
 			require.NoError(t, err)
-			l = kit.Levels(t, r, sku)
+			l = testkit.Levels(t, r, sku)
 		}
 		require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
 		lifecycleDrain(t, r, store, sku)
@@ -468,7 +469,7 @@ func TestUnevenCluster(t *testing.T) {
 		_, err = r.Levels(ctx, sku)
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, sku, 2))
-		require.Equal(t, stock.Levels{Available: 2, Loaded: 2}, kit.Levels(t, r, sku))
+		require.Equal(t, stock.Levels{Available: 2, Loaded: 2}, testkit.Levels(t, r, sku))
 	}
 }
 
@@ -497,7 +498,7 @@ func TestRetryRefusalSplitVsPlain(t *testing.T) {
 			rec(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "qh", User: "uqh", Qty: 1}, time.Minute))
 			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "fresh", User: "uf", Qty: 1}))
 			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1, Retry: true}))
-			l := kit.Levels(t, e.r, sku)
+			l := testkit.Levels(t, e.r, sku)
 			out[j] = append(out[j], fmt.Sprintf("%+v", l))
 		}
 		assert.Equal(t, out[0], out[1])
@@ -520,14 +521,14 @@ func TestTransferCutThenDelist(t *testing.T) {
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
 			require.NoError(t, err)
 			cc := &cut{Client: e.c, n: n}
-			cr := kit.NewReserver(t, cc, lifecycleSplit(3))
+			cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
 			_, cerr := cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
 			if cut, count := cc.state(); !cut {
 				require.NoError(t, cerr)
 				t.Logf("the deduct with a transfer makes %d calls", count)
 				break
 			}
-			l := kit.Levels(t, e.r, sku)
+			l := testkit.Levels(t, e.r, sku)
 			require.Equal(t, int64(3), l.Loaded, "cut %d", n)
 			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
 			lifecycleDrain(t, e.r, store, sku)
@@ -557,7 +558,7 @@ func TestTransferCutThenDelist(t *testing.T) {
 				require.ErrorIs(t, rerr, stock.ErrClosed, "cut %d", n)
 			}
 			_ = rc
-			l = kit.Levels(t, e.r, sku)
+			l = testkit.Levels(t, e.r, sku)
 			require.Equal(t, int64(3), l.Loaded)
 			require.Zero(t, l.Held)
 			lifecycleDrain(t, e.r, store, sku)
@@ -601,7 +602,7 @@ func cutTransfer(t *testing.T, e *env) (stuck bool) {
 		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
 		require.NoError(t, err)
 		cc := &cut{Client: e.c, n: n}
-		cr := kit.NewReserver(t, cc, lifecycleSplit(3))
+		cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
 		_, _ = cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
 		if cut, _ := cc.state(); !cut {
 			break

@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -12,7 +14,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // TestFenceLiftedByAnyCompletePass: a guarded Reserver is fenced; a Reconciler on another
@@ -27,8 +28,8 @@ func TestFenceLiftedByAnyCompletePass(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	guarded := kit.NewReserver(t, c)
-	other := kit.NewReserver(t, srv.Client(t))
+	guarded := testkit.NewReserver(t, c)
+	other := testkit.NewReserver(t, srv.Client(t))
 	store := memstore.New()
 	require.NoError(t, other.Load(ctx, "A", 10))
 	require.NoError(t, store.Load(ctx, "A", 10))

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -169,7 +171,7 @@ func TestSentinelPartitionKeepsCountersExact(t *testing.T) {
 
 	// Every sale given back.
 	for _, sku := range ptSKUs {
-		for id, e := range kit.Ledger(t, r, sku) {
+		for id, e := range testkit.Ledger(t, r, sku) {
 			switch {
 			case e.Kind == stock.KindRestock || !e.Taken():
 			case e.State == stock.StateHeld:
@@ -183,7 +185,7 @@ func TestSentinelPartitionKeepsCountersExact(t *testing.T) {
 	}
 	h.settle(relay, rec)
 	for _, sku := range ptSKUs {
-		l := kit.Levels(t, r, sku)
+		l := testkit.Levels(t, r, sku)
 		assert.Equal(t, stock.Levels{Available: loaded[sku], Loaded: loaded[sku]}, l, "%s: every sale given back", sku)
 		assert.Zero(t, storeTaken(t, store, sku), "%s: the store holds nothing taken", sku)
 		rem, err := store.Remaining(ctx, sku)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,7 +14,6 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // itemKeySuffixes are the suffixes of an item's keys (docs/reference.md's key table) after
@@ -114,7 +115,7 @@ func newRepairRig(t *testing.T, c rueidis.Client, sku string, loaded int64) *rep
 	t.Helper()
 	ctx := context.Background()
 	g := &repairRig{c: c, store: memstore.New()}
-	g.r = kit.NewReserver(t, c, stock.WithClock(func() time.Time { return time.Now().Add(g.offset) }))
+	g.r = testkit.NewReserver(t, c, stock.WithClock(func() time.Time { return time.Now().Add(g.offset) }))
 	require.NoError(t, g.r.Load(ctx, sku, loaded))
 	require.NoError(t, g.store.Load(ctx, sku, loaded))
 	var err error
@@ -160,7 +161,7 @@ func storeTaken(t *testing.T, s stock.RecordLister, sku string) int64 {
 func (g *repairRig) exact(t *testing.T, sku string, want stock.Levels) {
 	t.Helper()
 	ctx := context.Background()
-	kit.Drain(t, g.relay)
+	testkit.Drain(t, g.relay)
 	l, err := g.r.Levels(ctx, sku)
 	require.NoError(t, err)
 	assert.Equal(t, want, l, "levels")
@@ -178,27 +179,27 @@ func (g *repairRig) exact(t *testing.T, sku string, want stock.Levels) {
 // nothing after). The repair writes b and c back as sold: {97, Sold 3, Loaded 100}. Restoring
 // a, b and c gives everything back: {100, 0, 100}, in Redis and in the store.
 func TestRepairAfterFailoverKeepsLoaded(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		g := newRepairRig(t, c, "x", 100)
 		_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 1})
 		require.NoError(t, err)
-		kit.Drain(t, g.relay)
+		testkit.Drain(t, g.relay)
 		replica := snapshotItem(t, c, "x") // the replica stops receiving here
 		for _, id := range []string{"b", "c"} {
 			_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 1})
 			require.NoError(t, err)
 		}
-		kit.Drain(t, g.relay)
+		testkit.Drain(t, g.relay)
 		g.exact(t, "x", stock.Levels{Available: 97, Sold: 3, Loaded: 100})
 
 		replica.rollback(t, c) // the failover: the replica takes over
-		require.Equal(t, stock.Levels{Available: 99, Sold: 1, Loaded: 100}, kit.Levels(t, g.r, "x"), "the promoted replica has a only")
+		require.Equal(t, stock.Levels{Available: 99, Sold: 1, Loaded: 100}, testkit.Levels(t, g.r, "x"), "the promoted replica has a only")
 		rp := g.reconcile(t, "x")
 		assert.Equal(t, 2, rp.Rerecorded, "b and c written back from the store")
 		assert.Empty(t, rp.NeedsHuman)
 		g.exact(t, "x", stock.Levels{Available: 97, Sold: 3, Loaded: 100})
-		entries := kit.Ledger(t, g.r, "x")
+		entries := testkit.Ledger(t, g.r, "x")
 		for _, id := range []string{"a", "b", "c"} {
 			assert.True(t, entries[id].Taken(), "%s is sold in the ledger: %+v", id, entries[id])
 		}
@@ -222,7 +223,7 @@ func TestRepairAfterFailoverKeepsLoaded(t *testing.T) {
 // with holds and a restore among the lost writes. Loaded stays what was loaded and restocked;
 // the lost hold's confirmation is sold, the lost restore is given back.
 func TestRepairAfterFailoverKeepsLoadedWithRestocks(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		g := newRepairRig(t, c, "x", 50)
 		_, err := g.r.Restock(ctx, "x", "in-1", 30)
@@ -231,7 +232,7 @@ func TestRepairAfterFailoverKeepsLoadedWithRestocks(t *testing.T) {
 			_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 4})
 			require.NoError(t, err)
 		}
-		kit.Drain(t, g.relay)
+		testkit.Drain(t, g.relay)
 		replica := snapshotItem(t, c, "x")
 		_, err = g.r.Restore(ctx, "x", "a") // lost: a given back
 		require.NoError(t, err)
@@ -241,11 +242,11 @@ func TestRepairAfterFailoverKeepsLoadedWithRestocks(t *testing.T) {
 		require.NoError(t, err)
 		_, err = g.r.Confirm(ctx, "x", "h") // lost: h sold
 		require.NoError(t, err)
-		kit.Drain(t, g.relay)
+		testkit.Drain(t, g.relay)
 		g.exact(t, "x", stock.Levels{Available: 71, Sold: 9, Loaded: 80})
 
 		replica.rollback(t, c)
-		require.Equal(t, stock.Levels{Available: 72, Sold: 8, Loaded: 80}, kit.Levels(t, g.r, "x"), "the promoted replica has a and b sold")
+		require.Equal(t, stock.Levels{Available: 72, Sold: 8, Loaded: 80}, testkit.Levels(t, g.r, "x"), "the promoted replica has a and b sold")
 		rp := g.reconcile(t, "x")
 		assert.Empty(t, rp.NeedsHuman)
 		g.exact(t, "x", stock.Levels{Available: 71, Sold: 9, Loaded: 80})
@@ -267,20 +268,20 @@ func TestRepairAfterFailoverKeepsLoadedWithRestocks(t *testing.T) {
 // repair gives them back to available: Loaded stays 100 (no restock that never happened), Sold
 // is what the store holds.
 func TestRepairAfterRepeatPastRetentionKeepsLoaded(t *testing.T) {
-	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		g := newRepairRig(t, c, "x", 100)
 		_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 2})
 		require.NoError(t, err)
 		_, err = g.r.Deduct(ctx, stock.Request{SKU: "x", ID: "k", Qty: 1})
 		require.NoError(t, err)
-		kit.Drain(t, g.relay)
+		testkit.Drain(t, g.relay)
 		g.exact(t, "x", stock.Levels{Available: 97, Sold: 3, Loaded: 100})
 
 		g.offset = 25 * time.Hour // past the default retention of 24h
 		rp := g.reconcile(t, "x")
 		require.Equal(t, 2, rp.Trimmed, "a and k trimmed")
-		require.Empty(t, kit.Ledger(t, g.r, "x"))
+		require.Empty(t, testkit.Ledger(t, g.r, "x"))
 		g.exact(t, "x", stock.Levels{Available: 97, Sold: 3, Loaded: 100})
 		// The clock only moved the cutoff of that pass: the entries made from here on are as
 		// young as Redis's clock says (which the test cannot move on a real server).
@@ -289,7 +290,7 @@ func TestRepairAfterRepeatPastRetentionKeepsLoaded(t *testing.T) {
 		rc, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 2})
 		require.NoError(t, err, "past the retention the id is new to Redis")
 		require.False(t, rc.Replayed)
-		kit.Drain(t, g.relay) // the store has a already: it takes nothing more
+		testkit.Drain(t, g.relay) // the store has a already: it takes nothing more
 		require.Equal(t, int64(3), storeTaken(t, g.store, "x"))
 
 		rp = g.reconcile(t, "x")
@@ -305,8 +306,8 @@ func TestRepairAfterRepeatPastRetentionKeepsLoaded(t *testing.T) {
 				t.Logf("restore %s: %v", id, err)
 			}
 		}
-		kit.Drain(t, g.relay)
-		l := kit.Levels(t, g.r, "x")
+		testkit.Drain(t, g.relay)
+		l := testkit.Levels(t, g.r, "x")
 		assert.Equal(t, int64(100), l.Loaded, "loaded after the restores: %+v", l)
 		assert.GreaterOrEqual(t, l.Sold, int64(0), "sold after the restores: %+v", l)
 		assert.Equal(t, storeTaken(t, g.store, "x"), l.Sold, "sold = what the store holds after the restores")

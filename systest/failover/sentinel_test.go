@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
@@ -621,7 +623,7 @@ func (h *snRun) quiesce(relay *stockops.Relay) {
 		if kit.FaultDeep-applied != rem {
 			f.booksOff += kit.FaultAbs(kit.FaultDeep - applied - rem)
 		}
-		f.ledger[sku] = kit.Ledger(t, h.front, sku)
+		f.ledger[sku] = testkit.Ledger(t, h.front, sku)
 		recs, err := h.store.List(ctx, sku, "", 1<<30)
 		if err != nil {
 			t.Fatal(err)

@@ -14,12 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 const (
@@ -256,7 +257,7 @@ func linRecord(t *testing.T, target linTarget, sku string, seed uint64, workers 
 		case linRestore:
 			out = linClassify(target.Restore(ctx, sku, id))
 		default:
-			n, err := kit.Available(target.Levels(ctx, sku))
+			n, err := testkit.Available(target.Levels(ctx, sku))
 			out = linClassify(stock.Receipt{Remaining: n}, err)
 		}
 		op.Return = now()

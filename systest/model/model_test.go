@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stockres/stock/internal/testkit"
+
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 	"pgregory.net/rapid"
@@ -21,7 +23,6 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/stockops"
-	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // The pools inputs are drawn from, small so that they collide.
@@ -886,7 +887,7 @@ func (h *harness) compareLedger(s mstep, sku string) {
 		}
 	}
 	if it := h.w.item(sku); it != nil {
-		a, err := kit.Available(h.rs[s.R].Levels(h.ctx, sku))
+		a, err := testkit.Available(h.rs[s.R].Levels(h.ctx, sku))
 		if err != nil || a != it.avail {
 			h.fail("after %s: Available(%s) = %d, %v; want %d", s, sku, a, err, it.avail)
 		}

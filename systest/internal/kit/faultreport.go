@@ -1,3 +1,5 @@
+// Package kit is what the system tests' fault suites share: their report, the clients they open
+// and the errors that count as answers. The helpers every test uses are package testkit's.
 package kit
 
 import (

@@ -1,6 +1,7 @@
-// Package kit is the harness the system tests share: the backends, a Reserver, levels and
-// ledger checks, draining a relay, and the report of the fault suites.
-package kit
+// Package testkit holds the helpers the tests of every package of this repository share: the
+// backends a test runs on (miniredis and, with STOCK_REDIS_SERVER set, a real standalone server
+// and a real 3-master cluster), a Reserver, the levels and ledger checks, and draining a relay.
+package testkit
 
 import (
 	"context"
@@ -27,6 +28,17 @@ func EachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	}
 }
 
+// EachBackendSerial is EachBackend one backend at a time, for tests whose holds live for a
+// fraction of a second of real time: beside other backends' traffic on a loaded machine, a
+// hold can expire before the test reads it.
+func EachBackendSerial(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b.Client(t)) })
+	}
+}
+
+// NewReserver returns a Reserver on c with opts, failing the test on an error.
 func NewReserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
 	t.Helper()
 	r, err := stock.New(c, opts...)
