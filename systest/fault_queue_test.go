@@ -3,6 +3,7 @@ package systest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -89,7 +90,8 @@ func (b *faultBroker) pending() int {
 // is killed, until ctx ends.
 func (h *faultHarness) runQueue(ctx context.Context) {
 	h.broker = &faultBroker{out: map[*faultMsg]time.Time{}, seqs: map[string]int64{}, ackWait: 150 * time.Millisecond, h: h}
-	h.seqStore = &faultSeqStore{Store: h.store, h: h, last: map[string]int64{}, seen: map[string]bool{}}
+	h.seqStore = &faultSeqStore{Store: h.store, h: h, last: map[string]int64{}, lastKey: map[string]string{},
+		seen: map[string]bool{}, failed: map[string]string{}}
 	rl, err := stockops.NewRelay(h.back, nil, h.broker, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: time.Second, Batch: 64})
 	if err != nil {
 		h.t.Fatal(err)
@@ -197,23 +199,32 @@ func faultEventKey(ev stock.Event) string { return ev.SKU + "/" + ev.ID + "/" + 
 
 // faultSeqStore is the consumers' store in queue scenarios: it counts the events whose first
 // application comes after a later event of their item (by the sequence the relay gave them).
-// It applies one event at a time, so that the order it sees is the store's.
+// It applies one event at a time, so that the order it sees is the store's, and each to the
+// end: the consumers' context ends when the traffic does, and an Apply it cut short may have
+// committed anyway (the commit on its way when the driver gave up waiting), visible to others a
+// moment after the error came back. Counted as not applied, that event's first application
+// would seem to come when its message is delivered again, after later events of its item (a
+// reconcile pass may have settled it in Redis meanwhile, so that no Consume applies it first).
 type faultSeqStore struct {
 	stock.Store
-	h    *faultHarness
-	mu   sync.Mutex
-	last map[string]int64 // sku -> highest sequence applied
-	seen map[string]bool  // events applied
+	h        *faultHarness
+	mu       sync.Mutex
+	last     map[string]int64  // sku -> highest sequence applied
+	lastKey  map[string]string // sku -> the event of that sequence
+	seen     map[string]bool   // events applied
+	failed   map[string]string // events whose Apply failed, not applied: the last error
+	outOrder []string          // the first events applied out of order, and what came before them
 }
 
 func (s *faultSeqStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.Store.Apply(ctx, ev)
-	if err != nil && !errors.Is(err, stock.ErrRefused) && !s.took(ev) {
-		return err // not applied (an error after the commit, as at shutdown, did apply it)
-	}
+	err := s.Store.Apply(context.WithoutCancel(ctx), ev)
 	key := faultEventKey(ev)
+	if err != nil && !errors.Is(err, stock.ErrRefused) && !s.took(ev) {
+		s.failed[key] = err.Error()
+		return err // not applied (an error after the commit did apply it)
+	}
 	if s.seen[key] || ev.Type == stock.EventHeld || ev.Type == stock.EventCancelled || ev.Type == stock.EventExpired {
 		return err
 	}
@@ -226,8 +237,15 @@ func (s *faultSeqStore) Apply(ctx context.Context, ev stock.Event) error {
 	}
 	if seq < s.last[ev.SKU] {
 		s.h.outOfOrder.Add(1)
+		if len(s.outOrder) < 5 {
+			d := fmt.Sprintf("%s (seq %d) after %s (seq %d)", key, seq, s.lastKey[ev.SKU], s.last[ev.SKU])
+			if f := s.failed[key]; f != "" {
+				d += fmt.Sprintf(" (an earlier Apply of it failed: %s)", f)
+			}
+			s.outOrder = append(s.outOrder, d)
+		}
 	} else {
-		s.last[ev.SKU] = seq
+		s.last[ev.SKU], s.lastKey[ev.SKU] = seq, key
 	}
 	return err
 }
