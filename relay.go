@@ -942,8 +942,10 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	return consumeOne(ctx, r, store, ev, name, member, tracked)
 }
 
-// catchUpMax bounds the earlier events one Consume applies from each of the outbox and the
-// published set.
+// catchUpMax bounds the earlier events one Consume reads from each of the outbox and the
+// published set. When a set has more, turn.lua returns only the events up to the last one it
+// read from that set: the item's first earlier events, never the other set's later ones ahead
+// of those it did not read.
 const catchUpMax = 256
 
 // catchUp applies, in sequence, the earlier events of ev's item that the store has not

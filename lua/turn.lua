@@ -9,24 +9,35 @@
 -- Redis and needs the store still: apply nothing); else '0' ('1' when a set had more earlier
 -- events than ARGV[2]), then three per earlier event that the store applies (D, R or L) still
 -- in the published set or the outbox, not applied yet: member, ledger entry ('' if gone),
--- sequence. The caller applies them first, in sequence.
+-- sequence. The caller applies them first, in sequence. They are always the first of the
+-- item's earlier events: when a set has more than ARGV[2], the events of the other set past the
+-- last one read from it are left out (applied first, they would overtake the ones not read).
 local holder = redis.call('GET', KEYS[3])
 if holder and string.sub(holder, 1, 10) == 'reconcile-' then
   return {'2'}
 end
 local out = {'0'}
+local sets, upto = {}, nil
 for _, key in ipairs({KEYS[2], KEYS[1]}) do
   local ms = redis.call('ZRANGEBYSCORE', key, '-inf', '(' .. ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
   if #ms == 2 * tonumber(ARGV[2]) then
     out[1] = '1'
+    local last = tonumber(ms[#ms])
+    if not upto or last < upto then
+      upto = last
+    end
   end
+  sets[#sets + 1] = ms
+end
+for _, ms in ipairs(sets) do
   for i = 1, #ms, 2 do
     local m = ms[i]
     local ev = string.sub(m, 1, 1)
-    if ev == 'D' or ev == 'R' or ev == 'L' then
+    local seq = tonumber(ms[i + 1])
+    if (ev == 'D' or ev == 'R' or ev == 'L') and (not upto or seq <= upto) then
       out[#out + 1] = m
       out[#out + 1] = redis.call('HGET', KEYS[4], string.sub(m, 3)) or ''
-      out[#out + 1] = fmt(tonumber(ms[i + 1]))
+      out[#out + 1] = fmt(seq)
     end
   end
 end

@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -22,6 +23,7 @@ type faultBroker struct {
 	ready   []*faultMsg
 	out     map[*faultMsg]time.Time // delivered, not acknowledged: due again at
 	ackWait time.Duration
+	acked   int64 // messages acknowledged so far
 	h       *faultHarness
 }
 
@@ -68,6 +70,7 @@ func (b *faultBroker) ack(m *faultMsg) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.out, m)
+	b.acked++
 }
 
 func (b *faultBroker) nak(m *faultMsg, delay time.Duration) {
@@ -82,11 +85,18 @@ func (b *faultBroker) pending() int {
 	return len(b.ready) + len(b.out)
 }
 
+func (b *faultBroker) acks() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.acked
+}
+
 // runQueue runs the publishing relay and two consumers, each started again at once after it
 // is killed, until ctx ends.
 func (h *faultHarness) runQueue(ctx context.Context) {
 	h.broker = &faultBroker{out: map[*faultMsg]time.Time{}, seqs: map[string]int64{}, ackWait: 150 * time.Millisecond, h: h}
-	h.seqStore = &faultSeqStore{Store: h.store, h: h, last: map[string]int64{}, seen: map[string]bool{}}
+	h.seqStore = &faultSeqStore{Store: h.store, h: h, last: map[string]int64{}, lastKey: map[string]string{},
+		seen: map[string]bool{}, failed: map[string]string{}}
 	rl, err := stockops.NewRelay(h.back, nil, h.broker, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: time.Second, Batch: 64})
 	if err != nil {
 		h.t.Fatal(err)
@@ -157,31 +167,45 @@ func (h *faultHarness) consumeOne(ctx context.Context, m *faultMsg) {
 }
 
 // drainQueue publishes what is left and consumes until Redis has nothing pending or
-// published and the broker nothing to deliver.
+// published and the broker nothing to deliver. It consumes one message at a time, each a store
+// transaction and a few Redis round trips or more: the backlog the traffic left (thousands of
+// events) takes 10s on an idle 2-core machine and several times that on a loaded one, so the
+// drain fails when it stops making progress (no message acknowledged, no event applied) for
+// stall, not at a fixed deadline; limit only bounds a drain that never ends.
 func (h *faultHarness) drainQueue(ctx context.Context) {
 	rl := h.relay.Load()
-	limit := 30 * time.Second
+	stall, limit := 30*time.Second, 5*time.Minute
 	if os.Getenv(kit.FaultEnvLong) == "1" {
-		limit = 2 * time.Minute // five times the traffic, twice the clients: a deeper queue to drain
+		limit = 10 * time.Minute // five times the traffic, twice the clients: a deeper queue to drain
 	}
-	deadline := time.Now().Add(limit)
+	began := time.Now()
+	progressAt, acked, unapplied := began, int64(-1), int64(-1)
 	for {
 		st, err := rl.Once(ctx)
 		for _, m := range h.broker.fetch(64) {
 			h.consumeOne(ctx, m)
 		}
-		if err == nil && st.Claimed == 0 && h.outboxes(ctx, ":o") == 0 && h.outboxes(ctx, ":p") == 0 && h.broker.pending() == 0 {
+		pending, published := h.outboxes(ctx, ":o"), h.outboxes(ctx, ":p")
+		if err == nil && st.Claimed == 0 && pending == 0 && published == 0 && h.broker.pending() == 0 {
 			return
 		}
-		if time.Now().After(deadline) {
-			h.t.Errorf("the queue did not drain in %v (last relay error %v, %d events pending, %d published, %d messages in the broker)",
-				limit, err, h.outboxes(ctx, ":o"), h.outboxes(ctx, ":p"), h.broker.pending())
-			// Why: what Consume says of one message of each item.
+		if a := h.broker.acks(); a > acked {
+			progressAt, acked = time.Now(), a
+		}
+		if u := pending + published; pending >= 0 && published >= 0 && (unapplied < 0 || u < unapplied) {
+			progressAt, unapplied = time.Now(), u
+		}
+		if time.Since(progressAt) > stall || time.Since(began) > limit {
+			h.t.Errorf("the queue did not drain: %v since the drain began, the last %v of it with no message acknowledged and no event applied "+
+				"(last relay error %v, %d events pending, %d published, %d messages in the broker)",
+				time.Since(began).Round(time.Millisecond), time.Since(progressAt).Round(time.Millisecond), err, pending, published, h.broker.pending())
+			// Why: what Consume says of one message of each item (through the consumers'
+			// store, which keeps count of the order it applies events in).
 			seen := map[string]bool{}
 			for _, m := range h.broker.fetch(h.broker.pending()) {
 				if !seen[m.ev.SKU] {
 					seen[m.ev.SKU] = true
-					h.t.Logf("%s: consume %+v: %v", m.ev.SKU, m.ev, stock.Consume(ctx, h.back, h.store, m.ev))
+					h.t.Logf("%s: consume %+v: %v", m.ev.SKU, m.ev, stock.Consume(ctx, h.back, h.seqStore, m.ev))
 				}
 			}
 			return
@@ -194,23 +218,32 @@ func faultEventKey(ev stock.Event) string { return ev.SKU + "/" + ev.ID + "/" + 
 
 // faultSeqStore is the consumers' store in queue scenarios: it counts the events whose first
 // application comes after a later event of their item (by the sequence the relay gave them).
-// It applies one event at a time, so that the order it sees is the store's.
+// It applies one event at a time, so that the order it sees is the store's, and each to the
+// end: the consumers' context ends when the traffic does, and an Apply it cut short may have
+// committed anyway (the commit on its way when the driver gave up waiting), visible to others a
+// moment after the error came back. Counted as not applied, that event's first application
+// would seem to come when its message is delivered again, after later events of its item (a
+// reconcile pass may have settled it in Redis meanwhile, so that no Consume applies it first).
 type faultSeqStore struct {
 	stock.Store
-	h    *faultHarness
-	mu   sync.Mutex
-	last map[string]int64 // sku -> highest sequence applied
-	seen map[string]bool  // events applied
+	h        *faultHarness
+	mu       sync.Mutex
+	last     map[string]int64  // sku -> highest sequence applied
+	lastKey  map[string]string // sku -> the event of that sequence
+	seen     map[string]bool   // events applied
+	failed   map[string]string // events whose Apply failed, not applied: the last error
+	outOrder []string          // the first events applied out of order, and what came before them
 }
 
 func (s *faultSeqStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.Store.Apply(ctx, ev)
-	if err != nil && !errors.Is(err, stock.ErrRefused) && !s.took(ev) {
-		return err // not applied (an error after the commit, as at shutdown, did apply it)
-	}
+	err := s.Store.Apply(context.WithoutCancel(ctx), ev)
 	key := faultEventKey(ev)
+	if err != nil && !errors.Is(err, stock.ErrRefused) && !s.took(ev) {
+		s.failed[key] = err.Error()
+		return err // not applied (an error after the commit did apply it)
+	}
 	if s.seen[key] || ev.Type == stock.EventHeld || ev.Type == stock.EventCancelled || ev.Type == stock.EventExpired {
 		return err
 	}
@@ -223,8 +256,15 @@ func (s *faultSeqStore) Apply(ctx context.Context, ev stock.Event) error {
 	}
 	if seq < s.last[ev.SKU] {
 		s.h.outOfOrder.Add(1)
+		if len(s.outOrder) < 5 {
+			d := fmt.Sprintf("%s (seq %d) after %s (seq %d)", key, seq, s.lastKey[ev.SKU], s.last[ev.SKU])
+			if f := s.failed[key]; f != "" {
+				d += fmt.Sprintf(" (an earlier Apply of it failed: %s)", f)
+			}
+			s.outOrder = append(s.outOrder, d)
+		}
 	} else {
-		s.last[ev.SKU] = seq
+		s.last[ev.SKU], s.lastKey[ev.SKU] = seq, key
 	}
 	return err
 }

@@ -1576,6 +1576,11 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	if h.ctl != ctlNone {
 		r.Control = faultControlNames[h.ctl]
 	}
+	if s := h.seqStore; s != nil {
+		s.mu.Lock()
+		r.OutOfOrderEvents = slices.Clone(s.outOrder)
+		s.mu.Unlock()
+	}
 	if h.px != nil {
 		st := h.px.Stats()
 		if st.DroppedReplies > 0 {
@@ -1862,7 +1867,8 @@ func (h *faultHarness) check(r *kit.FaultResult) []string {
 	flag(r.Unresolved > 0, "unresolved: %d calls without a definite answer after %v", r.Unresolved, h.settle)
 	flag(r.Unexpected > 0, "unexpected answers: %d", r.Unexpected)
 	flag(r.DeadLetters > 0, "dead letters: %d", r.DeadLetters)
-	flag(r.OutOfOrder > 0, "applied out of order: %d events reached the store after a later event of their item", r.OutOfOrder)
+	flag(r.OutOfOrder > 0, "applied out of order: %d events reached the store after a later event of their item: %s",
+		r.OutOfOrder, strings.Join(r.OutOfOrderEvents, "; "))
 	flag(h.sc.replays && r.Replays == 0, "no retry after an unknown outcome was answered as a replay")
 	flag(h.resends.Load() != h.resendReplays.Load()+h.resendRetook.Load() && !loss, "resends not answered as replays: %d",
 		h.resends.Load()-h.resendReplays.Load()-h.resendRetook.Load())

@@ -2715,6 +2715,90 @@ func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockop
 	return rec
 }
 
+// TestConsumeInOrderBehindManyPublished: an item has more earlier events not applied yet than
+// Consume reads at once (256 from each set): 300 published (the consumers are behind) and a
+// few more still in the outbox, because the relay is publishing their batch when a consumer
+// gets its last event. That Consume applies the item's first 256 events and holds its own back;
+// it never applies the batch's events ahead of the published ones it did not read. Redelivered,
+// every event reaches the store once, in sequence.
+func TestConsumeInOrderBehindManyPublished(t *testing.T) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := testkit.NewReserver(t, c)
+		store := &firstOrderStore{Store: memstore.New(), seen: map[string]bool{}}
+		const published, batch = 300, 10
+		require.NoError(t, r.Load(ctx, "A", 1000))
+		require.NoError(t, store.Load(ctx, "A", 1000))
+		id := func(i int) string { return fmt.Sprintf("o%04d", i) }
+		for i := range published {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})
+			require.NoError(t, err)
+		}
+		q := &hookQueue{on: id(published + batch - 1)}
+		rl, err := stockops.NewRelay(r, nil, q, nil)
+		require.NoError(t, err)
+		testkit.Drain(t, rl)
+		for i := published; i < published+batch; i++ {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})
+			require.NoError(t, err)
+		}
+		var consumeErr error
+		q.hook = func(ev stock.Event) { consumeErr = stock.Consume(ctx, r, store, ev) }
+		testkit.Drain(t, rl)
+		require.ErrorIs(t, consumeErr, stock.ErrHeldBack)
+		inOrder := func(want int) {
+			t.Helper()
+			for i, got := range store.order {
+				require.Equal(t, id(i), got, "the store's event %d (of %d applied; then %v)", i, len(store.order),
+					store.order[i:min(len(store.order), i+4)])
+			}
+			require.Len(t, store.order, want)
+		}
+		inOrder(256)
+		consumeAll(t, r, store, q.take())
+		inOrder(published + batch)
+		assert.Equal(t, 1, store.MaxApplications())
+	})
+}
+
+// firstOrderStore records the ids of an item's events in the order they first reach the store.
+type firstOrderStore struct {
+	*memstore.Store
+	mu    sync.Mutex
+	seen  map[string]bool
+	order []string
+}
+
+func (s *firstOrderStore) Apply(ctx context.Context, ev stock.Event) error {
+	err := s.Store.Apply(ctx, ev)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && !s.seen[ev.ID] {
+		s.seen[ev.ID] = true
+		s.order = append(s.order, ev.ID)
+	}
+	return err
+}
+
+// hookQueue is a queue that runs hook on the message of id on as it is published: a waiting
+// consumer gets it while the relay is still publishing its batch (the batch's events are in
+// the outbox until the relay has published them all).
+type hookQueue struct {
+	queue
+	on   string
+	hook func(ev stock.Event)
+}
+
+func (q *hookQueue) Publish(ctx context.Context, ev stock.Event) error {
+	if err := q.queue.Publish(ctx, ev); err != nil {
+		return err
+	}
+	if ev.ID == q.on && q.hook != nil {
+		q.hook(ev)
+	}
+	return nil
+}
+
 // TestConsumeDeadLettersInvalid: an event the store rejects as invalid is set aside in the
 // dead-letter set by Consume, so it no longer holds back the item's later events.
 func TestConsumeDeadLettersInvalid(t *testing.T) {

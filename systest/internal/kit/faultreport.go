@@ -102,6 +102,8 @@ type FaultResult struct {
 	// OutOfOrder counts events the store applied (first application) after a later event of
 	// their item (queue scenarios: the sequence the relay gave them).
 	OutOfOrder int64 `json:"applied_out_of_order"`
+	// OutOfOrderEvents are the first of them: the event, the later one applied before it.
+	OutOfOrderEvents []string `json:"applied_out_of_order_events,omitempty"`
 
 	FirstSuccessMs []float64 `json:"first_success_after_fault_ms,omitempty"`
 
