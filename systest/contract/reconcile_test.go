@@ -2164,550 +2164,463 @@ func outsideNoNeedsHuman(t *testing.T, res stockops.PassResult) {
 	}
 }
 
-func TestRepairAfterLostDeductKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 2)
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.deduct("a", "d2", 3)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 5, 0)
-		// d2 is a replay now: its entry is written back.
-		rc, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d2", User: "u-d2", Qty: 3})
-		if err != nil || !rc.Replayed {
-			t.Errorf("repeat of d2 after repair: %+v, %v; want a replay", rc, err)
-		}
-		if _, err := e.r.Restore(e.ctx, "a", "d2"); err != nil {
-			t.Fatalf("Restore d2: %v", err)
-		}
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatalf("Restore d1: %v", err)
-		}
-		e.relay()
-		e.want("a", 10, 0, 0)
-		res = e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 0, 0)
-	})
-}
-
-func TestRepairAfterLostFirstDeductThenRestoreKeepsSoldNonNegative(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.deduct("a", "d1", 4)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		e.pass(nil)
-		e.want("a", 10, 4, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatalf("Restore d1: %v", err)
-		}
-		e.relay()
-		e.want("a", 10, 0, 0)
-		e.pass(nil)
-		e.want("a", 10, 0, 0)
-	})
-}
-
-func TestRepairAfterLostRestockKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 2)
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestock("a", "r1", 5)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 15, 2, 0)
-		rc, err := e.r.Restock(e.ctx, "a", "r1", 5)
-		if err != nil || !rc.Replayed {
-			t.Errorf("repeat of restock r1 after repair: %+v, %v; want a replay", rc, err)
-		}
-		e.want("a", 15, 2, 0)
-		e.mustRestore("a", "d1")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 15, 0, 0)
-	})
-}
-
-func TestRepairAfterLostRestockAndDeductKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestock("a", "r1", 5)
-		e.deduct("a", "d1", 12)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 15, 12, 0)
-		e.mustRestore("a", "d1")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 15, 0, 0)
-	})
-}
-
-func TestRepairAfterLostRestoreGivesBack(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 3)
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestore("a", "d1")
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 0, 0)
-		if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d1", User: "u-d1", Qty: 3}); !errors.Is(err, stock.ErrRestored) {
-			t.Errorf("deduct of restored d1 after repair: %v, want ErrRestored", err)
-		}
-		rc, err := e.r.Restore(e.ctx, "a", "d1")
-		if err != nil || !rc.Replayed {
-			t.Errorf("second restore of d1: %+v %v, want a replay", rc, err)
-		}
-		e.relay()
-		e.want("a", 10, 0, 0)
-	})
-}
-
-func TestRepairAfterLostConfirmMakesHoldFinal(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		if _, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 2}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustConfirm("a", "h1")
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 2, 0)
-		rc, err := e.r.Confirm(e.ctx, "a", "h1")
-		if err != nil || !rc.Replayed {
-			t.Errorf("repeat confirm after repair: %+v %v, want a replay", rc, err)
-		}
-		if _, err := e.r.Cancel(e.ctx, "a", "h1"); !errors.Is(err, stock.ErrConfirmed) {
-			t.Errorf("cancel of a confirmed hold after repair: %v, want ErrConfirmed", err)
-		}
-		e.mustRestore("a", "h1")
-		e.relay()
-		e.want("a", 10, 0, 0)
-		e.pass(nil)
-		e.want("a", 10, 0, 0)
-	})
-}
-
-func TestRepairAfterLostConfirmAndRestoreReleasesHold(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		if _, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 2}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustConfirm("a", "h1")
-		e.mustRestore("a", "h1")
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 0, 0)
-		if _, err := e.r.Confirm(e.ctx, "a", "h1"); !errors.Is(err, stock.ErrRestored) {
-			t.Errorf("confirm of a released hold after repair: %v, want ErrRestored", err)
-		}
-		e.pass(nil)
-		e.want("a", 10, 0, 0)
-	})
-}
-
-// A lost restock, a lost deduct and a lost restore at once.
-func TestRepairAfterLostMixKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 5)
-		e.deduct("a", "d0", 1)
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestock("a", "r1", 7)
-		e.deduct("a", "d1", 6)
-		e.deduct("a", "d2", 2)
-		e.mustRestore("a", "d0")
-		e.mustRestore("a", "d2")
-		e.relay()
-		e.want("a", 12, 6, 0)
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 12, 6, 0)
-		for _, id := range []string{"d0", "d2"} {
-			if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: id, User: "u-" + id, Qty: map[string]int64{"d0": 1, "d2": 2}[id]}); !errors.Is(err, stock.ErrRestored) {
-				t.Errorf("deduct of restored %s after repair: %v, want ErrRestored", id, err)
-			}
-		}
-		e.mustRestore("a", "d1")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 12, 0, 0)
-	})
-}
-
-// The item hash itself lost with everything else (a restart without persistence of the
-// item's keys) after restocks: the rebuild must count the restocks as loaded.
-func TestRebuildAfterLostItemKeepsLoadedAndSold(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.mustRestock("a", "r1", 5)
-		e.deduct("a", "d1", 4)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), map[string]outsideKey{})
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 15, 4, 0)
-		if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-			t.Fatalf("Restore d1 after rebuild: %v", err)
-		}
-		e.relay()
-		e.pass(nil)
-		e.want("a", 15, 0, 0)
-	})
-}
-
-// A lost restock and a lost sale of the same size: Redis's available equals the Store's
-// remaining (no drift), yet Redis lacks both entries' effects on Loaded and Sold.
-func TestRepairAfterLostRestockAndEqualSaleKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestock("a", "r1", 5)
-		e.deduct("a", "d1", 5)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		e.pass(nil)
-		e.want("a", 15, 5, 0)
-		e.mustRestore("a", "d1")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 15, 0, 0)
-	})
-}
-
-// A lost restore of an old sale and a lost new sale.
-func TestRepairAfterLostRestoreAndLostSaleKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 3)
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestore("a", "d1")
-		e.deduct("a", "d2", 4)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 4, 0)
-		e.mustRestore("a", "d2")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 10, 0, 0)
-	})
-}
-
-// A lost restock and a lost restore.
-func TestRepairAfterLostRestockAndLostRestoreKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 3)
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestore("a", "d1")
-		e.mustRestock("a", "r1", 5)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 15, 0, 0)
-	})
-}
-
-// A lost restore of an old sale and a lost new sale of the same size (no drift).
-func TestRepairAfterLostRestoreAndEqualLostSaleKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 3)
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustRestore("a", "d1")
-		e.deduct("a", "d2", 3)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 3, 0)
-		e.mustRestore("a", "d2")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 10, 0, 0)
-	})
-}
-
-// A lost confirm of a hold and a lost restock.
-func TestRepairAfterLostConfirmAndRestockKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		if _, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 2}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		snap := e.snapshot(outsideItemKeys("a"))
-		e.mustConfirm("a", "h1")
-		e.mustRestock("a", "r1", 4)
-		e.relay()
-		e.rollback(outsideItemKeys("a"), snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 14, 2, 0)
-		e.mustRestore("a", "h1")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 14, 0, 0)
-	})
-}
-
 func outsideTwoBuckets(string) int { return 2 }
-
-func TestBucketsRepairAfterLostDeductKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 2)
-		e.relay()
-		snap := e.snapshot("stock:{a|*")
-		e.deduct("a", "d2", 3)
-		e.deduct("a", "d3", 1)
-		e.relay()
-		e.want("a", 10, 6, 0)
-		e.rollback("stock:{a|*", snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 6, 0)
-		for _, id := range []string{"d2", "d3"} {
-			q := map[string]int64{"d2": 3, "d3": 1}[id]
-			rc, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: id, User: "u-" + id, Qty: q})
-			if err != nil || !rc.Replayed {
-				t.Errorf("repeat of %s after repair: %+v, %v; want a replay", id, rc, err)
-			}
-		}
-		for _, id := range []string{"d1", "d2", "d3"} {
-			if _, err := e.r.Restore(e.ctx, "a", id); err != nil {
-				t.Fatalf("Restore %s: %v", id, err)
-			}
-		}
-		e.relay()
-		e.want("a", 10, 0, 0)
-		e.pass(nil)
-		e.want("a", 10, 0, 0)
-	}, stock.WithBuckets(outsideTwoBuckets))
-}
-
-func TestBucketsRepairAfterLostRestockKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		snap := e.snapshot("stock:{a|*")
-		e.mustRestock("a", "r1", 6)
-		e.mustRestock("a", "r2", 4)
-		e.relay()
-		e.rollback("stock:{a|*", snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 20, 0, 0)
-		rc, err := e.r.Restock(e.ctx, "a", "r1", 6)
-		if err != nil || !rc.Replayed {
-			t.Errorf("repeat of restock r1 after repair: %+v, %v; want a replay", rc, err)
-		}
-		e.want("a", 20, 0, 0)
-	}, stock.WithBuckets(outsideTwoBuckets))
-}
-
-func TestBucketsRepairAfterLostRestoreGivesBack(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 3)
-		e.deduct("a", "d2", 2)
-		e.relay()
-		snap := e.snapshot("stock:{a|*")
-		for _, id := range []string{"d1", "d2"} {
-			if _, err := e.r.Restore(e.ctx, "a", id); err != nil {
-				t.Fatal(err)
-			}
-		}
-		e.relay()
-		e.rollback("stock:{a|*", snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 0, 0)
-		if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d1", User: "u-d1", Qty: 3}); !errors.Is(err, stock.ErrRestored) {
-			t.Errorf("deduct of restored d1: %v, want ErrRestored", err)
-		}
-	}, stock.WithBuckets(outsideTwoBuckets))
-}
-
-// Only one bucket's shard failed over (a cluster with one master behind).
-func TestBucketsRepairAfterOneBucketLostRestockAndDeductKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		snap := e.snapshot("stock:{a|0|*")
-		for i := 0; i < 6; i++ {
-			e.deduct("a", fmt.Sprintf("d%d", i), 1)
-		}
-		e.mustRestock("a", "r1", 3)
-		e.relay()
-		e.want("a", 13, 6, 0)
-		e.rollback("stock:{a|0|*", snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 13, 6, 0)
-		for i := 0; i < 6; i++ {
-			if _, err := e.r.Restore(e.ctx, "a", fmt.Sprintf("d%d", i)); err != nil {
-				t.Fatalf("restore d%d: %v", i, err)
-			}
-		}
-		e.relay()
-		e.pass(nil)
-		e.want("a", 13, 0, 0)
-	}, stock.WithBuckets(outsideTwoBuckets))
-}
 
 func outsideGroup(sku string) string { return "g" }
 
-func TestGroupsRepairAfterLostDeductKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.load("b", 10)
-		e.deduct("a", "d1", 2)
-		e.relay()
-		snap := e.snapshot("stock:{g}:{a}*")
-		e.deduct("a", "d2", 3)
-		e.relay()
-		e.rollback("stock:{g}:{a}*", snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 5, 0)
-		e.want("b", 10, 0, 0)
-		e.mustRestore("a", "d2")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 10, 2, 0)
-	}, stock.WithGroups(outsideGroup))
+// outsideLevels is what want checks of one item: Loaded, Sold and Held.
+type outsideLevels struct {
+	sku                string
+	loaded, sold, held int64
 }
 
-func TestGroupsRepairAfterLostRestockAndDeductKeepsLoaded(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.load("b", 10)
-		e.deduct("a", "d1", 2)
-		e.relay()
-		snap := e.snapshot("stock:{g}:{a}*")
-		e.deduct("a", "d2", 3)
-		e.mustRestock("a", "r1", 2)
-		e.relay()
-		e.rollback("stock:{g}:{a}*", snap)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 12, 5, 0)
-		e.want("b", 10, 0, 0)
-		e.mustRestore("a", "d2")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 12, 2, 0)
-	}, stock.WithGroups(outsideGroup))
+func (e *outsideEnv) wantAll(lvs []outsideLevels) {
+	e.t.Helper()
+	for _, lv := range lvs {
+		e.want(lv.sku, lv.loaded, lv.sold, lv.held)
+	}
 }
 
-func TestGroupCartRepairAfterLostCartKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.load("b", 10)
-		snapA := e.snapshot("stock:{g}:{a}*")
-		snapB := e.snapshot("stock:{g}:{b}*")
-		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
-		if _, err := e.r.DeductMany(e.ctx, cart); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		e.rollback("stock:{g}:{a}*", snapA)
-		e.rollback("stock:{g}:{b}*", snapB)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 2, 0)
-		e.want("b", 10, 3, 0)
-		rc, err := e.r.DeductMany(e.ctx, cart)
-		if err != nil || !rc.Replayed {
-			t.Errorf("repeat of cart after repair: %+v %v, want a replay", rc, err)
-		}
-		e.want("a", 10, 2, 0)
-		e.want("b", 10, 3, 0)
-	}, stock.WithGroups(outsideGroup))
+// wantReplay fails the test unless a repeated call was answered as a replay.
+func (e *outsideEnv) wantReplay(what string, replayed bool, rc any, err error) {
+	e.t.Helper()
+	if err != nil || !replayed {
+		e.t.Errorf("%s after the repair: %+v, %v; want a replay", what, rc, err)
+	}
 }
 
-func TestCartRepairAfterOneLineLostKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.load("b", 10)
-		snapB := e.snapshot(outsideItemKeys("b"))
-		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
-		if _, err := e.r.DeductMany(e.ctx, cart); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		e.rollback(outsideItemKeys("b"), snapB)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 2, 0)
-		e.want("b", 10, 3, 0)
-		rc, err := e.r.DeductMany(e.ctx, cart)
-		if err != nil || !rc.Replayed {
-			t.Errorf("repeat of cart after repair: %+v %v, want a replay", rc, err)
-		}
-		e.want("b", 10, 3, 0)
-		e.mustRestore("b", "c1")
-		e.relay()
-		e.want("b", 10, 0, 0)
-	})
+// wantErr fails the test unless err is want.
+func (e *outsideEnv) wantErr(what string, err, want error) {
+	e.t.Helper()
+	if !errors.Is(err, want) {
+		e.t.Errorf("%s after the repair: %v, want %v", what, err, want)
+	}
 }
 
-func TestHoldCartRepairAfterLostConfirmKeepsBooks(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.load("b", 10)
-		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
-		if _, err := e.r.HoldMany(e.ctx, cart, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		snapB := e.snapshot(outsideItemKeys("b"))
-		if _, err := e.r.ConfirmMany(e.ctx, "c1", "a", "b"); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		e.rollback(outsideItemKeys("b"), snapB)
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 10, 2, 0)
-		e.want("b", 10, 3, 0)
-		if _, err := e.r.ConfirmMany(e.ctx, "c1", "a", "b"); err != nil {
-			t.Errorf("repeat ConfirmMany after repair: %v", err)
-		}
-		e.want("b", 10, 3, 0)
-	})
+// deductAgain repeats the deduct of id (the same user and quantity as deduct's).
+func (e *outsideEnv) deductAgain(sku, id string, qty int64) (stock.Receipt, error) {
+	return e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: id, User: "u-" + id, Qty: qty})
+}
+
+func (e *outsideEnv) hold(sku, id string, qty int64) {
+	e.t.Helper()
+	if _, err := e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: qty}, time.Hour); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *outsideEnv) mustCart(_ stock.CartReceipt, err error) {
+	e.t.Helper()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *outsideEnv) do(cmd rueidis.Completed) {
+	e.t.Helper()
+	if err := e.c.Do(e.ctx, cmd).Error(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+var outsideCart = stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
+
+// Reconciler: Redis lost writes the Store has (a failover to a replica that was behind, an
+// eviction, a restart without persistence), and a repairing pass brings them back. Every case:
+// before the loss, the relay delivered everything and the levels are the case's; the keys are
+// rolled back (or deleted); a pass, which needs no human, brings back those very levels
+// (Loaded counts the lost restocks, Sold the lost sales, net of the lost restores, Held the live
+// holds); the lost ids answer as before the loss (a replay, ErrRestored, ErrConfirmed); and after
+// the case's settling calls (restores) and a relay, Redis and the Store agree on the final
+// levels, before and after one more pass.
+func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []stock.Option
+		// before runs before the loss; its effects survive it.
+		before func(e *outsideEnv)
+		// keys are the patterns snapshotted after before and rolled back after lost: a
+		// promoted replica that was behind. With no keys, wipe is the loss.
+		keys []string
+		wipe func(e *outsideEnv)
+		// lost runs (and is relayed to the Store) between the snapshot and the loss.
+		lost func(e *outsideEnv)
+		want []outsideLevels
+		// check makes the repeated calls after the repair.
+		check func(t *testing.T, e *outsideEnv)
+		// settle runs after check; then a relay, and final is checked before and after a pass.
+		settle func(e *outsideEnv)
+		final  []outsideLevels
+		// needsHuman: the pass is allowed to leave the item for an operator.
+		needsHuman bool
+	}{
+		{
+			name:   "lost deduct keeps Loaded",
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 2); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3) },
+			want:   []outsideLevels{{"a", 10, 5, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				// d2 is a replay now: its entry is written back.
+				rc, err := e.deductAgain("a", "d2", 3)
+				e.wantReplay("repeat of d2", rc.Replayed, rc, err)
+			},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d2"); e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			name:   "lost first deduct then restore keeps Sold non-negative",
+			before: func(e *outsideEnv) { e.load("a", 10) },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.deduct("a", "d1", 4) },
+			want:   []outsideLevels{{"a", 10, 4, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			name:   "lost restock keeps Loaded",
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 2); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5) },
+			want:   []outsideLevels{{"a", 15, 2, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				rc, err := e.r.Restock(e.ctx, "a", "r1", 5)
+				e.wantReplay("repeat of restock r1", rc.Replayed, rc, err)
+				e.want("a", 15, 2, 0)
+			},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 15, 0, 0}},
+		},
+		{
+			name:   "lost restock and deduct keep Loaded",
+			before: func(e *outsideEnv) { e.load("a", 10) },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5); e.deduct("a", "d1", 12) },
+			want:   []outsideLevels{{"a", 15, 12, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 15, 0, 0}},
+		},
+		{
+			name:   "lost restore gives back",
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1") },
+			want:   []outsideLevels{{"a", 10, 0, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				_, err := e.deductAgain("a", "d1", 3)
+				e.wantErr("deduct of restored d1", err, stock.ErrRestored)
+				rc, err := e.r.Restore(e.ctx, "a", "d1")
+				e.wantReplay("second restore of d1", rc.Replayed, rc, err)
+			},
+			final: []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			name:   "lost confirm makes the hold final",
+			before: func(e *outsideEnv) { e.load("a", 10); e.hold("a", "h1", 2); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustConfirm("a", "h1") },
+			want:   []outsideLevels{{"a", 10, 2, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				rc, err := e.r.Confirm(e.ctx, "a", "h1")
+				e.wantReplay("repeat confirm", rc.Replayed, rc, err)
+				_, err = e.r.Cancel(e.ctx, "a", "h1")
+				e.wantErr("cancel of a confirmed hold", err, stock.ErrConfirmed)
+			},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "h1") },
+			final:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			name:   "lost confirm and restore release the hold",
+			before: func(e *outsideEnv) { e.load("a", 10); e.hold("a", "h1", 2); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustConfirm("a", "h1"); e.mustRestore("a", "h1") },
+			want:   []outsideLevels{{"a", 10, 0, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				_, err := e.r.Confirm(e.ctx, "a", "h1")
+				e.wantErr("confirm of a released hold", err, stock.ErrRestored)
+			},
+			final: []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			// A lost restock, a lost deduct and a lost restore at once.
+			name:   "lost restock, deduct and restore at once",
+			before: func(e *outsideEnv) { e.load("a", 5); e.deduct("a", "d0", 1); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost: func(e *outsideEnv) {
+				e.mustRestock("a", "r1", 7)
+				e.deduct("a", "d1", 6)
+				e.deduct("a", "d2", 2)
+				e.mustRestore("a", "d0")
+				e.mustRestore("a", "d2")
+			},
+			want: []outsideLevels{{"a", 12, 6, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				for id, qty := range map[string]int64{"d0": 1, "d2": 2} {
+					_, err := e.deductAgain("a", id, qty)
+					e.wantErr("deduct of restored "+id, err, stock.ErrRestored)
+				}
+			},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 12, 0, 0}},
+		},
+		{
+			// The item hash itself lost with everything else (a restart without persistence of
+			// the item's keys) after restocks: the rebuild must count the restocks as loaded.
+			name:   "rebuild after the whole item lost keeps Loaded and Sold",
+			before: func(e *outsideEnv) { e.load("a", 10) },
+			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5); e.deduct("a", "d1", 4) },
+			wipe:   func(e *outsideEnv) { e.rollback(outsideItemKeys("a"), map[string]outsideKey{}) },
+			want:   []outsideLevels{{"a", 15, 4, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 15, 0, 0}},
+		},
+		{
+			// The item hash alone lost (an eviction of one key) with a live hold and a restock.
+			name:   "rebuild of the item hash keeps Loaded, Sold and Held",
+			before: func(e *outsideEnv) { e.load("a", 10) },
+			lost: func(e *outsideEnv) {
+				e.mustRestock("a", "r1", 5)
+				e.deduct("a", "d1", 4)
+				e.hold("a", "h1", 2)
+			},
+			wipe:   func(e *outsideEnv) { e.do(e.c.B().Del().Key("stock:{a}").Build()) },
+			want:   []outsideLevels{{"a", 15, 4, 2}},
+			settle: func(e *outsideEnv) { e.mustConfirm("a", "h1"); e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 15, 2, 0}},
+		},
+		{
+			// Every key lost (FLUSHALL) on a plain item.
+			name:       "plain item recovered after FLUSHALL",
+			before:     func(e *outsideEnv) { e.load("a", 10) },
+			lost:       func(e *outsideEnv) { e.deduct("a", "d1", 4) },
+			wipe:       func(e *outsideEnv) { e.do(e.c.B().Flushall().Build()) },
+			want:       []outsideLevels{{"a", 10, 4, 0}},
+			needsHuman: true,
+		},
+		{
+			// A lost restock and a lost sale of the same size: Redis's available equals the
+			// Store's remaining (no drift), yet Redis lacks both entries' effects on Loaded and
+			// Sold.
+			name:   "lost restock and equal sale keep Loaded",
+			before: func(e *outsideEnv) { e.load("a", 10) },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5); e.deduct("a", "d1", 5) },
+			want:   []outsideLevels{{"a", 15, 5, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
+			final:  []outsideLevels{{"a", 15, 0, 0}},
+		},
+		{
+			// A lost restore of an old sale and a lost new sale.
+			name:   "lost restore and lost sale",
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.deduct("a", "d2", 4) },
+			want:   []outsideLevels{{"a", 10, 4, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
+			final:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			// A lost restock and a lost restore.
+			name:   "lost restock and lost restore",
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.mustRestock("a", "r1", 5) },
+			want:   []outsideLevels{{"a", 15, 0, 0}},
+		},
+		{
+			// A lost restore of an old sale and a lost new sale of the same size (no drift).
+			name:   "lost restore and equal lost sale",
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.deduct("a", "d2", 3) },
+			want:   []outsideLevels{{"a", 10, 3, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
+			final:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			// A lost confirm of a hold and a lost restock.
+			name:   "lost confirm and lost restock",
+			before: func(e *outsideEnv) { e.load("a", 10); e.hold("a", "h1", 2); e.relay() },
+			keys:   []string{outsideItemKeys("a")},
+			lost:   func(e *outsideEnv) { e.mustConfirm("a", "h1"); e.mustRestock("a", "r1", 4) },
+			want:   []outsideLevels{{"a", 14, 2, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "h1") },
+			final:  []outsideLevels{{"a", 14, 0, 0}},
+		},
+		{
+			name:   "buckets: lost deducts keep Loaded",
+			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 2); e.relay() },
+			keys:   []string{"stock:{a|*"},
+			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3); e.deduct("a", "d3", 1) },
+			want:   []outsideLevels{{"a", 10, 6, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				for id, qty := range map[string]int64{"d2": 3, "d3": 1} {
+					rc, err := e.deductAgain("a", id, qty)
+					e.wantReplay("repeat of "+id, rc.Replayed, rc, err)
+				}
+			},
+			settle: func(e *outsideEnv) {
+				for _, id := range []string{"d1", "d2", "d3"} {
+					e.mustRestore("a", id)
+				}
+			},
+			final: []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			name:   "buckets: lost restocks keep Loaded",
+			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
+			before: func(e *outsideEnv) { e.load("a", 10) },
+			keys:   []string{"stock:{a|*"},
+			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 6); e.mustRestock("a", "r2", 4) },
+			want:   []outsideLevels{{"a", 20, 0, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				rc, err := e.r.Restock(e.ctx, "a", "r1", 6)
+				e.wantReplay("repeat of restock r1", rc.Replayed, rc, err)
+			},
+			final: []outsideLevels{{"a", 20, 0, 0}},
+		},
+		{
+			name:   "buckets: lost restores give back",
+			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
+			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.deduct("a", "d2", 2); e.relay() },
+			keys:   []string{"stock:{a|*"},
+			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.mustRestore("a", "d2") },
+			want:   []outsideLevels{{"a", 10, 0, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				_, err := e.deductAgain("a", "d1", 3)
+				e.wantErr("deduct of restored d1", err, stock.ErrRestored)
+			},
+		},
+		{
+			// Only one bucket's shard failed over (a cluster with one master behind).
+			name:   "buckets: one bucket lost a restock and deducts",
+			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
+			before: func(e *outsideEnv) { e.load("a", 10) },
+			keys:   []string{"stock:{a|0|*"},
+			lost: func(e *outsideEnv) {
+				for i := 0; i < 6; i++ {
+					e.deduct("a", fmt.Sprintf("d%d", i), 1)
+				}
+				e.mustRestock("a", "r1", 3)
+			},
+			want: []outsideLevels{{"a", 13, 6, 0}},
+			settle: func(e *outsideEnv) {
+				for i := 0; i < 6; i++ {
+					e.mustRestore("a", fmt.Sprintf("d%d", i))
+				}
+			},
+			final: []outsideLevels{{"a", 13, 0, 0}},
+		},
+		{
+			name:   "groups: lost deduct keeps Loaded",
+			opts:   []stock.Option{stock.WithGroups(outsideGroup)},
+			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10); e.deduct("a", "d1", 2); e.relay() },
+			keys:   []string{"stock:{g}:{a}*"},
+			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3) },
+			want:   []outsideLevels{{"a", 10, 5, 0}, {"b", 10, 0, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
+			final:  []outsideLevels{{"a", 10, 2, 0}},
+		},
+		{
+			name:   "groups: lost restock and deduct keep Loaded",
+			opts:   []stock.Option{stock.WithGroups(outsideGroup)},
+			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10); e.deduct("a", "d1", 2); e.relay() },
+			keys:   []string{"stock:{g}:{a}*"},
+			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3); e.mustRestock("a", "r1", 2) },
+			want:   []outsideLevels{{"a", 12, 5, 0}, {"b", 10, 0, 0}},
+			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
+			final:  []outsideLevels{{"a", 12, 2, 0}},
+		},
+		{
+			name:   "groups: lost cart",
+			opts:   []stock.Option{stock.WithGroups(outsideGroup)},
+			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10) },
+			keys:   []string{"stock:{g}:{a}*", "stock:{g}:{b}*"},
+			lost:   func(e *outsideEnv) { e.mustCart(e.r.DeductMany(e.ctx, outsideCart)) },
+			want:   []outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				rc, err := e.r.DeductMany(e.ctx, outsideCart)
+				e.wantReplay("repeat of the cart", rc.Replayed, rc, err)
+				e.wantAll([]outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}})
+			},
+		},
+		{
+			name:   "cart with one line lost",
+			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10) },
+			keys:   []string{outsideItemKeys("b")},
+			lost:   func(e *outsideEnv) { e.mustCart(e.r.DeductMany(e.ctx, outsideCart)) },
+			want:   []outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				rc, err := e.r.DeductMany(e.ctx, outsideCart)
+				e.wantReplay("repeat of the cart", rc.Replayed, rc, err)
+				e.want("b", 10, 3, 0)
+			},
+			settle: func(e *outsideEnv) { e.mustRestore("b", "c1") },
+			final:  []outsideLevels{{"b", 10, 0, 0}},
+		},
+		{
+			name: "hold cart with a lost confirm",
+			before: func(e *outsideEnv) {
+				e.load("a", 10)
+				e.load("b", 10)
+				e.mustCart(e.r.HoldMany(e.ctx, outsideCart, time.Hour))
+				e.relay()
+			},
+			keys: []string{outsideItemKeys("b")},
+			lost: func(e *outsideEnv) {
+				if _, err := e.r.ConfirmMany(e.ctx, "c1", "a", "b"); err != nil {
+					e.t.Fatal(err)
+				}
+			},
+			want: []outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
+			check: func(t *testing.T, e *outsideEnv) {
+				if _, err := e.r.ConfirmMany(e.ctx, "c1", "a", "b"); err != nil {
+					t.Errorf("repeat ConfirmMany after repair: %v", err)
+				}
+				e.want("b", 10, 3, 0)
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			outsideEach(t, func(t *testing.T, e *outsideEnv) {
+				tc.before(e)
+				snaps := make([]map[string]outsideKey, len(tc.keys))
+				for i, k := range tc.keys {
+					snaps[i] = e.snapshot(k)
+				}
+				tc.lost(e)
+				e.relay()
+				e.wantAll(tc.want)
+				for i, k := range tc.keys {
+					e.rollback(k, snaps[i])
+				}
+				if tc.wipe != nil {
+					tc.wipe(e)
+				}
+				res := e.pass(nil)
+				if tc.needsHuman {
+					t.Logf("unregistered %v, store only %v, needs human %q", res.Unregistered, res.StoreOnly, res.NeedsHuman)
+				} else {
+					outsideNoNeedsHuman(t, res)
+				}
+				e.wantAll(tc.want)
+				if tc.check != nil {
+					tc.check(t, e)
+				}
+				if tc.settle != nil {
+					tc.settle(e)
+				}
+				if tc.final == nil {
+					return
+				}
+				e.relay()
+				e.wantAll(tc.final)
+				outsideNoNeedsHuman(t, e.pass(nil))
+				e.wantAll(tc.final)
+			}, tc.opts...)
+		})
+	}
 }
 
 func (e *outsideEnv) trimmed(sku, id string) bool {
@@ -2745,43 +2658,4 @@ func TestRepairOfSaleCountedTwiceAfterTrim(t *testing.T) {
 	e.relay()
 	e.pass(outsideRet)
 	e.want("a", 10, 0, 0)
-}
-
-// The item hash alone lost (an eviction of one key) with a live hold and a restock.
-func TestRebuildOfItemHashKeepsLoadedSoldHeld(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.mustRestock("a", "r1", 5)
-		e.deduct("a", "d1", 4)
-		if _, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 2}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		e.relay()
-		if err := e.c.Do(e.ctx, e.c.B().Del().Key("stock:{a}").Build()).Error(); err != nil {
-			t.Fatal(err)
-		}
-		res := e.pass(nil)
-		outsideNoNeedsHuman(t, res)
-		e.want("a", 15, 4, 2)
-		e.mustConfirm("a", "h1")
-		e.mustRestore("a", "d1")
-		e.relay()
-		e.pass(nil)
-		e.want("a", 15, 2, 0)
-	})
-}
-
-// The same on a plain item, for comparison.
-func TestPlainRecoveredAfterFlushall(t *testing.T) {
-	outsideEach(t, func(t *testing.T, e *outsideEnv) {
-		e.load("a", 10)
-		e.deduct("a", "d1", 4)
-		e.relay()
-		if err := e.c.Do(e.ctx, e.c.B().Flushall().Build()).Error(); err != nil {
-			t.Fatal(err)
-		}
-		res := e.pass(nil)
-		t.Logf("unregistered %v, store only %v, needs human %q", res.Unregistered, res.StoreOnly, res.NeedsHuman)
-		e.want("a", 10, 4, 0)
-	})
 }
