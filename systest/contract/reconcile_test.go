@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -2225,6 +2226,57 @@ func (e *outsideEnv) do(cmd rueidis.Completed) {
 
 var outsideCart = stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
 
+// run makes the calls of steps, separated by ";": "load SKU QTY" (Redis and the store),
+// "deduct SKU ID QTY", "restock SKU ID QTY", "hold SKU ID QTY" (for an hour), "confirm SKU ID",
+// "restore SKU ID", "relay", and on outsideCart "deduct cart", "hold cart", "confirm cart". A
+// call that fails fails the test.
+func (e *outsideEnv) run(steps string) {
+	e.t.Helper()
+	for _, step := range strings.Split(steps, ";") {
+		f := strings.Fields(step)
+		if len(f) == 0 {
+			continue
+		}
+		qty := func() int64 {
+			e.t.Helper()
+			n, err := strconv.ParseInt(f[len(f)-1], 10, 64)
+			if err != nil {
+				e.t.Fatalf("step %q: %v", step, err)
+			}
+			return n
+		}
+		switch strings.Join(f[:min(len(f), 2)], " ") {
+		case "deduct cart":
+			e.mustCart(e.r.DeductMany(e.ctx, outsideCart))
+		case "hold cart":
+			e.mustCart(e.r.HoldMany(e.ctx, outsideCart, time.Hour))
+		case "confirm cart":
+			if _, err := e.r.ConfirmMany(e.ctx, outsideCart.ID, "a", "b"); err != nil {
+				e.t.Fatal(err)
+			}
+		default:
+			switch {
+			case f[0] == "relay" && len(f) == 1:
+				e.relay()
+			case f[0] == "load" && len(f) == 3:
+				e.load(f[1], qty())
+			case f[0] == "deduct" && len(f) == 4:
+				e.deduct(f[1], f[2], qty())
+			case f[0] == "restock" && len(f) == 4:
+				e.mustRestock(f[1], f[2], qty())
+			case f[0] == "hold" && len(f) == 4:
+				e.hold(f[1], f[2], qty())
+			case f[0] == "confirm" && len(f) == 3:
+				e.mustConfirm(f[1], f[2])
+			case f[0] == "restore" && len(f) == 3:
+				e.mustRestore(f[1], f[2])
+			default:
+				e.t.Fatalf("unknown step %q", step)
+			}
+		}
+	}
+}
+
 // Reconciler: Redis lost writes the Store has (a failover to a replica that was behind, an
 // eviction, a restart without persistence), and a repairing pass brings them back. Every case:
 // before the loss, the relay delivered everything and the levels are the case's; the keys are
@@ -2234,259 +2286,182 @@ var outsideCart = stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a",
 // the case's settling calls (restores) and a relay, Redis and the Store agree on the final
 // levels, before and after one more pass.
 func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
+	type lv = outsideLevels
+	buckets := []stock.Option{stock.WithBuckets(outsideTwoBuckets)}
+	groups := []stock.Option{stock.WithGroups(outsideGroup)}
 	for _, tc := range []struct {
 		name string
 		opts []stock.Option
-		// before runs before the loss; its effects survive it.
-		before func(e *outsideEnv)
-		// keys are the patterns snapshotted after before and rolled back after lost: a
-		// promoted replica that was behind. With no keys, wipe is the loss.
+		// before (steps for run) runs before the loss; its effects survive it.
+		before string
+		// keys are the patterns snapshotted after before and rolled back after lost: a promoted
+		// replica that was behind (item "a"'s keys when there are no keys and no wipe). With
+		// wipe, wipe is the loss.
 		keys []string
 		wipe func(e *outsideEnv)
-		// lost runs (and is relayed to the Store) between the snapshot and the loss.
-		lost func(e *outsideEnv)
+		// lost runs, and is relayed to the Store, between the snapshot and the loss.
+		lost string
 		want []outsideLevels
 		// check makes the repeated calls after the repair.
 		check func(t *testing.T, e *outsideEnv)
 		// settle runs after check; then a relay, and final is checked before and after a pass.
-		settle func(e *outsideEnv)
+		settle string
 		final  []outsideLevels
-		// needsHuman: the pass is allowed to leave the item for an operator.
+		// needsHuman: the pass may leave the item for an operator.
 		needsHuman bool
 	}{
 		{
-			name:   "lost deduct keeps Loaded",
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 2); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3) },
-			want:   []outsideLevels{{"a", 10, 5, 0}},
+			name: "lost deduct keeps Loaded", before: "load a 10; deduct a d1 2; relay",
+			lost: "deduct a d2 3", want: []lv{{"a", 10, 5, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				// d2 is a replay now: its entry is written back.
 				rc, err := e.deductAgain("a", "d2", 3)
 				e.wantReplay("repeat of d2", rc.Replayed, rc, err)
 			},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d2"); e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 10, 0, 0}},
+			settle: "restore a d2; restore a d1", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
-			name:   "lost first deduct then restore keeps Sold non-negative",
-			before: func(e *outsideEnv) { e.load("a", 10) },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.deduct("a", "d1", 4) },
-			want:   []outsideLevels{{"a", 10, 4, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 10, 0, 0}},
+			name: "lost first deduct then restore keeps Sold non-negative", before: "load a 10",
+			lost: "deduct a d1 4", want: []lv{{"a", 10, 4, 0}},
+			settle: "restore a d1", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
-			name:   "lost restock keeps Loaded",
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 2); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5) },
-			want:   []outsideLevels{{"a", 15, 2, 0}},
+			name: "lost restock keeps Loaded", before: "load a 10; deduct a d1 2; relay",
+			lost: "restock a r1 5", want: []lv{{"a", 15, 2, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				rc, err := e.r.Restock(e.ctx, "a", "r1", 5)
 				e.wantReplay("repeat of restock r1", rc.Replayed, rc, err)
 				e.want("a", 15, 2, 0)
 			},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 15, 0, 0}},
+			settle: "restore a d1", final: []lv{{"a", 15, 0, 0}},
 		},
 		{
-			name:   "lost restock and deduct keep Loaded",
-			before: func(e *outsideEnv) { e.load("a", 10) },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5); e.deduct("a", "d1", 12) },
-			want:   []outsideLevels{{"a", 15, 12, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 15, 0, 0}},
+			name: "lost restock and deduct keep Loaded", before: "load a 10",
+			lost: "restock a r1 5; deduct a d1 12", want: []lv{{"a", 15, 12, 0}},
+			settle: "restore a d1", final: []lv{{"a", 15, 0, 0}},
 		},
 		{
-			name:   "lost restore gives back",
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1") },
-			want:   []outsideLevels{{"a", 10, 0, 0}},
+			name: "lost restore gives back", before: "load a 10; deduct a d1 3; relay",
+			lost: "restore a d1", want: []lv{{"a", 10, 0, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				_, err := e.deductAgain("a", "d1", 3)
 				e.wantErr("deduct of restored d1", err, stock.ErrRestored)
 				rc, err := e.r.Restore(e.ctx, "a", "d1")
 				e.wantReplay("second restore of d1", rc.Replayed, rc, err)
 			},
-			final: []outsideLevels{{"a", 10, 0, 0}},
+			final: []lv{{"a", 10, 0, 0}},
 		},
 		{
-			name:   "lost confirm makes the hold final",
-			before: func(e *outsideEnv) { e.load("a", 10); e.hold("a", "h1", 2); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustConfirm("a", "h1") },
-			want:   []outsideLevels{{"a", 10, 2, 0}},
+			name: "lost confirm makes the hold final", before: "load a 10; hold a h1 2; relay",
+			lost: "confirm a h1", want: []lv{{"a", 10, 2, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				rc, err := e.r.Confirm(e.ctx, "a", "h1")
 				e.wantReplay("repeat confirm", rc.Replayed, rc, err)
 				_, err = e.r.Cancel(e.ctx, "a", "h1")
 				e.wantErr("cancel of a confirmed hold", err, stock.ErrConfirmed)
 			},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "h1") },
-			final:  []outsideLevels{{"a", 10, 0, 0}},
+			settle: "restore a h1", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
-			name:   "lost confirm and restore release the hold",
-			before: func(e *outsideEnv) { e.load("a", 10); e.hold("a", "h1", 2); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustConfirm("a", "h1"); e.mustRestore("a", "h1") },
-			want:   []outsideLevels{{"a", 10, 0, 0}},
+			name: "lost confirm and restore release the hold", before: "load a 10; hold a h1 2; relay",
+			lost: "confirm a h1; restore a h1", want: []lv{{"a", 10, 0, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				_, err := e.r.Confirm(e.ctx, "a", "h1")
 				e.wantErr("confirm of a released hold", err, stock.ErrRestored)
 			},
-			final: []outsideLevels{{"a", 10, 0, 0}},
+			final: []lv{{"a", 10, 0, 0}},
 		},
 		{
 			// A lost restock, a lost deduct and a lost restore at once.
-			name:   "lost restock, deduct and restore at once",
-			before: func(e *outsideEnv) { e.load("a", 5); e.deduct("a", "d0", 1); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost: func(e *outsideEnv) {
-				e.mustRestock("a", "r1", 7)
-				e.deduct("a", "d1", 6)
-				e.deduct("a", "d2", 2)
-				e.mustRestore("a", "d0")
-				e.mustRestore("a", "d2")
-			},
-			want: []outsideLevels{{"a", 12, 6, 0}},
+			name: "lost restock, deduct and restore at once", before: "load a 5; deduct a d0 1; relay",
+			lost: "restock a r1 7; deduct a d1 6; deduct a d2 2; restore a d0; restore a d2",
+			want: []lv{{"a", 12, 6, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				for id, qty := range map[string]int64{"d0": 1, "d2": 2} {
 					_, err := e.deductAgain("a", id, qty)
 					e.wantErr("deduct of restored "+id, err, stock.ErrRestored)
 				}
 			},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 12, 0, 0}},
+			settle: "restore a d1", final: []lv{{"a", 12, 0, 0}},
 		},
 		{
 			// The item hash itself lost with everything else (a restart without persistence of
 			// the item's keys) after restocks: the rebuild must count the restocks as loaded.
-			name:   "rebuild after the whole item lost keeps Loaded and Sold",
-			before: func(e *outsideEnv) { e.load("a", 10) },
-			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5); e.deduct("a", "d1", 4) },
+			name: "rebuild after the whole item lost keeps Loaded and Sold", before: "load a 10",
+			lost: "restock a r1 5; deduct a d1 4", want: []lv{{"a", 15, 4, 0}},
 			wipe:   func(e *outsideEnv) { e.rollback(outsideItemKeys("a"), map[string]outsideKey{}) },
-			want:   []outsideLevels{{"a", 15, 4, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 15, 0, 0}},
+			settle: "restore a d1", final: []lv{{"a", 15, 0, 0}},
 		},
 		{
 			// The item hash alone lost (an eviction of one key) with a live hold and a restock.
-			name:   "rebuild of the item hash keeps Loaded, Sold and Held",
-			before: func(e *outsideEnv) { e.load("a", 10) },
-			lost: func(e *outsideEnv) {
-				e.mustRestock("a", "r1", 5)
-				e.deduct("a", "d1", 4)
-				e.hold("a", "h1", 2)
-			},
+			name: "rebuild of the item hash keeps Loaded, Sold and Held", before: "load a 10",
+			lost: "restock a r1 5; deduct a d1 4; hold a h1 2", want: []lv{{"a", 15, 4, 2}},
 			wipe:   func(e *outsideEnv) { e.do(e.c.B().Del().Key("stock:{a}").Build()) },
-			want:   []outsideLevels{{"a", 15, 4, 2}},
-			settle: func(e *outsideEnv) { e.mustConfirm("a", "h1"); e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 15, 2, 0}},
+			settle: "confirm a h1; restore a d1", final: []lv{{"a", 15, 2, 0}},
 		},
 		{
 			// Every key lost (FLUSHALL) on a plain item.
-			name:       "plain item recovered after FLUSHALL",
-			before:     func(e *outsideEnv) { e.load("a", 10) },
-			lost:       func(e *outsideEnv) { e.deduct("a", "d1", 4) },
+			name: "plain item recovered after FLUSHALL", before: "load a 10",
+			lost: "deduct a d1 4", want: []lv{{"a", 10, 4, 0}},
 			wipe:       func(e *outsideEnv) { e.do(e.c.B().Flushall().Build()) },
-			want:       []outsideLevels{{"a", 10, 4, 0}},
 			needsHuman: true,
 		},
 		{
 			// A lost restock and a lost sale of the same size: Redis's available equals the
 			// Store's remaining (no drift), yet Redis lacks both entries' effects on Loaded and
 			// Sold.
-			name:   "lost restock and equal sale keep Loaded",
-			before: func(e *outsideEnv) { e.load("a", 10) },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 5); e.deduct("a", "d1", 5) },
-			want:   []outsideLevels{{"a", 15, 5, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d1") },
-			final:  []outsideLevels{{"a", 15, 0, 0}},
+			name: "lost restock and equal sale keep Loaded", before: "load a 10",
+			lost: "restock a r1 5; deduct a d1 5", want: []lv{{"a", 15, 5, 0}},
+			settle: "restore a d1", final: []lv{{"a", 15, 0, 0}},
 		},
 		{
 			// A lost restore of an old sale and a lost new sale.
-			name:   "lost restore and lost sale",
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.deduct("a", "d2", 4) },
-			want:   []outsideLevels{{"a", 10, 4, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
-			final:  []outsideLevels{{"a", 10, 0, 0}},
+			name: "lost restore and lost sale", before: "load a 10; deduct a d1 3; relay",
+			lost: "restore a d1; deduct a d2 4", want: []lv{{"a", 10, 4, 0}},
+			settle: "restore a d2", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
 			// A lost restock and a lost restore.
-			name:   "lost restock and lost restore",
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.mustRestock("a", "r1", 5) },
-			want:   []outsideLevels{{"a", 15, 0, 0}},
+			name: "lost restock and lost restore", before: "load a 10; deduct a d1 3; relay",
+			lost: "restore a d1; restock a r1 5", want: []lv{{"a", 15, 0, 0}},
 		},
 		{
 			// A lost restore of an old sale and a lost new sale of the same size (no drift).
-			name:   "lost restore and equal lost sale",
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.deduct("a", "d2", 3) },
-			want:   []outsideLevels{{"a", 10, 3, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
-			final:  []outsideLevels{{"a", 10, 0, 0}},
+			name: "lost restore and equal lost sale", before: "load a 10; deduct a d1 3; relay",
+			lost: "restore a d1; deduct a d2 3", want: []lv{{"a", 10, 3, 0}},
+			settle: "restore a d2", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
 			// A lost confirm of a hold and a lost restock.
-			name:   "lost confirm and lost restock",
-			before: func(e *outsideEnv) { e.load("a", 10); e.hold("a", "h1", 2); e.relay() },
-			keys:   []string{outsideItemKeys("a")},
-			lost:   func(e *outsideEnv) { e.mustConfirm("a", "h1"); e.mustRestock("a", "r1", 4) },
-			want:   []outsideLevels{{"a", 14, 2, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "h1") },
-			final:  []outsideLevels{{"a", 14, 0, 0}},
+			name: "lost confirm and lost restock", before: "load a 10; hold a h1 2; relay",
+			lost: "confirm a h1; restock a r1 4", want: []lv{{"a", 14, 2, 0}},
+			settle: "restore a h1", final: []lv{{"a", 14, 0, 0}},
 		},
 		{
-			name:   "buckets: lost deducts keep Loaded",
-			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 2); e.relay() },
-			keys:   []string{"stock:{a|*"},
-			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3); e.deduct("a", "d3", 1) },
-			want:   []outsideLevels{{"a", 10, 6, 0}},
+			name: "buckets: lost deducts keep Loaded", opts: buckets, keys: []string{"stock:{a|*"},
+			before: "load a 10; deduct a d1 2; relay",
+			lost:   "deduct a d2 3; deduct a d3 1", want: []lv{{"a", 10, 6, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				for id, qty := range map[string]int64{"d2": 3, "d3": 1} {
 					rc, err := e.deductAgain("a", id, qty)
 					e.wantReplay("repeat of "+id, rc.Replayed, rc, err)
 				}
 			},
-			settle: func(e *outsideEnv) {
-				for _, id := range []string{"d1", "d2", "d3"} {
-					e.mustRestore("a", id)
-				}
-			},
-			final: []outsideLevels{{"a", 10, 0, 0}},
+			settle: "restore a d1; restore a d2; restore a d3", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
-			name:   "buckets: lost restocks keep Loaded",
-			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
-			before: func(e *outsideEnv) { e.load("a", 10) },
-			keys:   []string{"stock:{a|*"},
-			lost:   func(e *outsideEnv) { e.mustRestock("a", "r1", 6); e.mustRestock("a", "r2", 4) },
-			want:   []outsideLevels{{"a", 20, 0, 0}},
+			name: "buckets: lost restocks keep Loaded", opts: buckets, keys: []string{"stock:{a|*"},
+			before: "load a 10", lost: "restock a r1 6; restock a r2 4", want: []lv{{"a", 20, 0, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				rc, err := e.r.Restock(e.ctx, "a", "r1", 6)
 				e.wantReplay("repeat of restock r1", rc.Replayed, rc, err)
 			},
-			final: []outsideLevels{{"a", 20, 0, 0}},
+			final: []lv{{"a", 20, 0, 0}},
 		},
 		{
-			name:   "buckets: lost restores give back",
-			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
-			before: func(e *outsideEnv) { e.load("a", 10); e.deduct("a", "d1", 3); e.deduct("a", "d2", 2); e.relay() },
-			keys:   []string{"stock:{a|*"},
-			lost:   func(e *outsideEnv) { e.mustRestore("a", "d1"); e.mustRestore("a", "d2") },
-			want:   []outsideLevels{{"a", 10, 0, 0}},
+			name: "buckets: lost restores give back", opts: buckets, keys: []string{"stock:{a|*"},
+			before: "load a 10; deduct a d1 3; deduct a d2 2; relay",
+			lost:   "restore a d1; restore a d2", want: []lv{{"a", 10, 0, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				_, err := e.deductAgain("a", "d1", 3)
 				e.wantErr("deduct of restored d1", err, stock.ErrRestored)
@@ -2494,86 +2469,50 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 		},
 		{
 			// Only one bucket's shard failed over (a cluster with one master behind).
-			name:   "buckets: one bucket lost a restock and deducts",
-			opts:   []stock.Option{stock.WithBuckets(outsideTwoBuckets)},
-			before: func(e *outsideEnv) { e.load("a", 10) },
-			keys:   []string{"stock:{a|0|*"},
-			lost: func(e *outsideEnv) {
-				for i := 0; i < 6; i++ {
-					e.deduct("a", fmt.Sprintf("d%d", i), 1)
-				}
-				e.mustRestock("a", "r1", 3)
-			},
-			want: []outsideLevels{{"a", 13, 6, 0}},
-			settle: func(e *outsideEnv) {
-				for i := 0; i < 6; i++ {
-					e.mustRestore("a", fmt.Sprintf("d%d", i))
-				}
-			},
-			final: []outsideLevels{{"a", 13, 0, 0}},
+			name: "buckets: one bucket lost a restock and deducts", opts: buckets, keys: []string{"stock:{a|0|*"},
+			before: "load a 10",
+			lost:   "deduct a d0 1; deduct a d1 1; deduct a d2 1; deduct a d3 1; deduct a d4 1; deduct a d5 1; restock a r1 3",
+			want:   []lv{{"a", 13, 6, 0}},
+			settle: "restore a d0; restore a d1; restore a d2; restore a d3; restore a d4; restore a d5",
+			final:  []lv{{"a", 13, 0, 0}},
 		},
 		{
-			name:   "groups: lost deduct keeps Loaded",
-			opts:   []stock.Option{stock.WithGroups(outsideGroup)},
-			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10); e.deduct("a", "d1", 2); e.relay() },
-			keys:   []string{"stock:{g}:{a}*"},
-			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3) },
-			want:   []outsideLevels{{"a", 10, 5, 0}, {"b", 10, 0, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
-			final:  []outsideLevels{{"a", 10, 2, 0}},
+			name: "groups: lost deduct keeps Loaded", opts: groups, keys: []string{"stock:{g}:{a}*"},
+			before: "load a 10; load b 10; deduct a d1 2; relay",
+			lost:   "deduct a d2 3", want: []lv{{"a", 10, 5, 0}, {"b", 10, 0, 0}},
+			settle: "restore a d2", final: []lv{{"a", 10, 2, 0}},
 		},
 		{
-			name:   "groups: lost restock and deduct keep Loaded",
-			opts:   []stock.Option{stock.WithGroups(outsideGroup)},
-			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10); e.deduct("a", "d1", 2); e.relay() },
-			keys:   []string{"stock:{g}:{a}*"},
-			lost:   func(e *outsideEnv) { e.deduct("a", "d2", 3); e.mustRestock("a", "r1", 2) },
-			want:   []outsideLevels{{"a", 12, 5, 0}, {"b", 10, 0, 0}},
-			settle: func(e *outsideEnv) { e.mustRestore("a", "d2") },
-			final:  []outsideLevels{{"a", 12, 2, 0}},
+			name: "groups: lost restock and deduct keep Loaded", opts: groups, keys: []string{"stock:{g}:{a}*"},
+			before: "load a 10; load b 10; deduct a d1 2; relay",
+			lost:   "deduct a d2 3; restock a r1 2", want: []lv{{"a", 12, 5, 0}, {"b", 10, 0, 0}},
+			settle: "restore a d2", final: []lv{{"a", 12, 2, 0}},
 		},
 		{
-			name:   "groups: lost cart",
-			opts:   []stock.Option{stock.WithGroups(outsideGroup)},
-			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10) },
-			keys:   []string{"stock:{g}:{a}*", "stock:{g}:{b}*"},
-			lost:   func(e *outsideEnv) { e.mustCart(e.r.DeductMany(e.ctx, outsideCart)) },
-			want:   []outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
+			name: "groups: lost cart", opts: groups, keys: []string{"stock:{g}:{a}*", "stock:{g}:{b}*"},
+			before: "load a 10; load b 10",
+			lost:   "deduct cart", want: []lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				rc, err := e.r.DeductMany(e.ctx, outsideCart)
 				e.wantReplay("repeat of the cart", rc.Replayed, rc, err)
-				e.wantAll([]outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}})
+				e.wantAll([]lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}})
 			},
 		},
 		{
-			name:   "cart with one line lost",
-			before: func(e *outsideEnv) { e.load("a", 10); e.load("b", 10) },
-			keys:   []string{outsideItemKeys("b")},
-			lost:   func(e *outsideEnv) { e.mustCart(e.r.DeductMany(e.ctx, outsideCart)) },
-			want:   []outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
+			name: "cart with one line lost", keys: []string{outsideItemKeys("b")},
+			before: "load a 10; load b 10",
+			lost:   "deduct cart", want: []lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				rc, err := e.r.DeductMany(e.ctx, outsideCart)
 				e.wantReplay("repeat of the cart", rc.Replayed, rc, err)
 				e.want("b", 10, 3, 0)
 			},
-			settle: func(e *outsideEnv) { e.mustRestore("b", "c1") },
-			final:  []outsideLevels{{"b", 10, 0, 0}},
+			settle: "restore b c1", final: []lv{{"b", 10, 0, 0}},
 		},
 		{
-			name: "hold cart with a lost confirm",
-			before: func(e *outsideEnv) {
-				e.load("a", 10)
-				e.load("b", 10)
-				e.mustCart(e.r.HoldMany(e.ctx, outsideCart, time.Hour))
-				e.relay()
-			},
-			keys: []string{outsideItemKeys("b")},
-			lost: func(e *outsideEnv) {
-				if _, err := e.r.ConfirmMany(e.ctx, "c1", "a", "b"); err != nil {
-					e.t.Fatal(err)
-				}
-			},
-			want: []outsideLevels{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
+			name: "hold cart with a lost confirm", keys: []string{outsideItemKeys("b")},
+			before: "load a 10; load b 10; hold cart; relay",
+			lost:   "confirm cart", want: []lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
 			check: func(t *testing.T, e *outsideEnv) {
 				if _, err := e.r.ConfirmMany(e.ctx, "c1", "a", "b"); err != nil {
 					t.Errorf("repeat ConfirmMany after repair: %v", err)
@@ -2584,15 +2523,18 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			outsideEach(t, func(t *testing.T, e *outsideEnv) {
-				tc.before(e)
-				snaps := make([]map[string]outsideKey, len(tc.keys))
-				for i, k := range tc.keys {
+				keys := tc.keys
+				if keys == nil && tc.wipe == nil {
+					keys = []string{outsideItemKeys("a")}
+				}
+				e.run(tc.before)
+				snaps := make([]map[string]outsideKey, len(keys))
+				for i, k := range keys {
 					snaps[i] = e.snapshot(k)
 				}
-				tc.lost(e)
-				e.relay()
+				e.run(tc.lost + "; relay")
 				e.wantAll(tc.want)
-				for i, k := range tc.keys {
+				for i, k := range keys {
 					e.rollback(k, snaps[i])
 				}
 				if tc.wipe != nil {
@@ -2608,13 +2550,10 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 				if tc.check != nil {
 					tc.check(t, e)
 				}
-				if tc.settle != nil {
-					tc.settle(e)
-				}
 				if tc.final == nil {
 					return
 				}
-				e.relay()
+				e.run(tc.settle + "; relay")
 				e.wantAll(tc.final)
 				outsideNoNeedsHuman(t, e.pass(nil))
 				e.wantAll(tc.final)
