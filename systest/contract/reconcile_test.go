@@ -21,6 +21,7 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/stocktest"
 	"github.com/stockres/stock/systest/internal/kit"
 )
 
@@ -858,109 +859,105 @@ func TestReconcilerDuringConsume(t *testing.T) {
 	verify(t, ctx, e.Reserver, st, acks)
 }
 
-// Found while testing the retention above: a pass trims the settled ledger entries of an item
-// whose events all went through the queue (a short Retention), then a Reconciler with the default
-// Retention (an operator raised it, or a second service runs with its own) takes the store's
-// records of the trimmed ids for entries Redis lost and writes them back ("rerecorded"). The
-// rewritten entry of a restock does not pass the scripts' own checks, so from then on every pass
-// over the item fails with ErrInvalid ("restock of more than is available after it"): the item is
-// never reconciled again.
-func TestRetentionRaisedRerecordBreaksItem(t *testing.T) {
-	ctx, e, st, rng := setup(t, 14)
-	skus := []string{"ret:1"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	if len(acks.restock["ret:1"]) == 0 {
-		t.Fatal("the traffic made no restock")
-	}
-	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
-	e.Advance(time.Second)
-	short, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := short.Once(ctx); err != nil {
-		t.Fatalf("pass with the short retention: %v", err)
-	}
-	long, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 3; i++ {
-		reps, err := long.Once(ctx)
-		if err != nil {
-			t.Errorf("pass %d with the default retention after the trim: %v (reports %v)", i, err, reps)
-		}
-	}
-	lv, _ := e.Reserver.Levels(ctx, "ret:1")
-	rem, _ := st.Remaining(ctx, "ret:1")
-	if lv.Available != rem {
-		t.Errorf("Redis %d, store %d", lv.Available, rem)
-	}
-	verify(t, ctx, e.Reserver, st, acks)
-}
-
-// The same flaw by the documented road: Redis loses an item's ledger hash (an evicted key) after
-// every event went through the queue and was applied. A repairing pass re-records the entries
-// from the store; the re-recorded entry of a restock fails the scripts' own checks, so every later
-// pass over the item fails with ErrInvalid, and Ledger cannot read that id.
-func TestLedgerLostRerecordedRestockBreaksItem(t *testing.T) {
-	ctx, e, st, rng := setup(t, 14)
-	skus := []string{"ev:1"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	if len(acks.restock["ev:1"]) == 0 {
-		t.Fatal("the traffic made no restock")
-	}
-	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
-	lost := 0
-	for _, k := range e.Redis.Keys() { // the item's ledger: the hash whose key ends in ":l"
-		if strings.HasSuffix(k, ":l") && strings.Contains(k, "{ev:1}") {
-			e.Redis.Del(k)
-			lost++
-		}
-	}
-	if lost != 1 {
-		t.Fatalf("found %d ledger keys of the item to evict", lost)
-	}
-	rec, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rerecorded := 0
-	for i := 0; i < 3; i++ {
-		reps, err := rec.Once(ctx)
-		if err != nil {
-			t.Errorf("pass %d after the ledger was lost: %v", i, err)
-		}
-		for _, rp := range reps {
-			rerecorded += rp.Rerecorded
-		}
-	}
-	if rerecorded == 0 {
-		t.Error("no pass re-recorded the lost entries")
-	}
-	for id := range acks.restock["ev:1"] {
-		if _, err := e.Reserver.Ledger(ctx, "ev:1", id); err != nil {
-			t.Errorf("Ledger of re-recorded restock %s: %v", id, err)
-		}
-	}
-	lv, _ := e.Reserver.Levels(ctx, "ev:1")
-	rem, _ := st.Remaining(ctx, "ev:1")
-	if lv.Available != rem {
-		t.Errorf("Redis %d, store %d", lv.Available, rem)
+// Redis no longer has ledger entries the store has, after every event of an item went through the
+// queue and was applied, and a repairing pass writes them back from the store's records
+// ("rerecorded"). Found while testing the retention: the rewritten entry of a restock did not
+// pass the scripts' own checks, so from then on every pass over the item failed with ErrInvalid
+// ("restock of more than is available after it") and Ledger could not read that id: the item
+// was never reconciled again. Two roads lead there:
+//   - a pass trims the settled entries (a short Retention), then a Reconciler with the default
+//     Retention (an operator raised it, or a second service runs with its own) takes the store's
+//     records of the trimmed ids for entries Redis lost;
+//   - the documented one: Redis loses the item's ledger hash (an evicted key).
+//
+// Three passes with the default Retention then succeed, every restock id reads in the Ledger,
+// Redis's available equals the store's remaining, and the books match the acknowledged answers.
+func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sku  string
+		// lose makes Redis lose the item's settled entries.
+		lose func(t *testing.T, ctx context.Context, e *stocktest.Env, st *orderStore)
+		// rerecords: the passes must report rewritten entries.
+		rerecords bool
+	}{
+		{
+			name: "retention raised after a trim",
+			sku:  "ret:1",
+			lose: func(t *testing.T, ctx context.Context, e *stocktest.Env, st *orderStore) {
+				e.Advance(time.Second)
+				short, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := short.Once(ctx); err != nil {
+					t.Fatalf("pass with the short retention: %v", err)
+				}
+			},
+		},
+		{
+			name: "ledger hash evicted",
+			sku:  "ev:1",
+			lose: func(t *testing.T, ctx context.Context, e *stocktest.Env, st *orderStore) {
+				lost := 0
+				for _, k := range e.Redis.Keys() { // the item's ledger: the hash whose key ends in ":l"
+					if strings.HasSuffix(k, ":l") && strings.Contains(k, "{ev:1}") {
+						e.Redis.Del(k)
+						lost++
+					}
+				}
+				if lost != 1 {
+					t.Fatalf("found %d ledger keys of the item to evict", lost)
+				}
+			},
+			rerecords: true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, e, st, rng := setup(t, 14)
+			skus := []string{tc.sku}
+			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
+			if len(acks.restock[tc.sku]) == 0 {
+				t.Fatal("the traffic made no restock")
+			}
+			q := &relayQueue{}
+			rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			drain(t, ctx, e, rl, skus)
+			relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+			verify(t, ctx, e.Reserver, st, acks)
+			tc.lose(t, ctx, e, st)
+			rec, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rerecorded := 0
+			for i := 0; i < 3; i++ {
+				reps, err := rec.Once(ctx)
+				if err != nil {
+					t.Errorf("pass %d with the default retention after the loss: %v (reports %v)", i, err, reps)
+				}
+				for _, rp := range reps {
+					rerecorded += rp.Rerecorded
+				}
+			}
+			if tc.rerecords && rerecorded == 0 {
+				t.Error("no pass re-recorded the lost entries")
+			}
+			for id := range acks.restock[tc.sku] {
+				if _, err := e.Reserver.Ledger(ctx, tc.sku, id); err != nil {
+					t.Errorf("Ledger of re-recorded restock %s: %v", id, err)
+				}
+			}
+			lv, _ := e.Reserver.Levels(ctx, tc.sku)
+			rem, _ := st.Remaining(ctx, tc.sku)
+			if lv.Available != rem {
+				t.Errorf("Redis %d, store %d", lv.Available, rem)
+			}
+			verify(t, ctx, e.Reserver, st, acks)
+		})
 	}
 }
 
