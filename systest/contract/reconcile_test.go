@@ -151,25 +151,8 @@ func TestRebuildKeepsClosed(t *testing.T) {
 	})
 }
 
-type repairQueue struct {
-	mu  sync.Mutex
-	evs []stock.Event
-}
-
-func (q *repairQueue) Publish(_ context.Context, ev stock.Event) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.evs = append(q.evs, ev)
-	return nil
-}
-
-func (q *repairQueue) take() []stock.Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	out := q.evs
-	q.evs = nil
-	return out
-}
+// repairQueue is queue (below), under the name other files' queue-path tests use.
+type repairQueue = queue
 
 // consumeAll delivers msgs to Consume in the given order; held-back ones are
 // redelivered (in a shuffled order) until all are acked. Returns refusals seen
@@ -242,7 +225,7 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			q := &repairQueue{}
+			q := &queue{}
 			rl, err := stockops.NewRelay(r, nil, q, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -337,7 +320,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 			rng := rand.New(rand.NewPCG(uint64(7), 0))
-			q := &repairQueue{}
+			q := &queue{}
 			rl, err := stockops.NewRelay(r, nil, q, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -457,7 +440,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			q := &repairQueue{}
+			q := &queue{}
 			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
@@ -682,7 +665,7 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 			if _, err := r.Restore(ctx, "kc", "k0"); err != nil {
 				t.Fatal(err)
 			}
-			q := &repairQueue{}
+			q := &queue{}
 			rl, _ := stockops.NewRelay(r, nil, q, nil)
 			if _, err := rl.Once(ctx); err != nil {
 				t.Fatal(err)
