@@ -2183,9 +2183,9 @@ func (e *outsideEnv) deductAgain(sku, id string, qty int64) (stock.Receipt, erro
 	return e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: id, User: "u-" + id, Qty: qty})
 }
 
-func (e *outsideEnv) hold(sku, id string, qty int64) {
+func (e *outsideEnv) hold(sku, id string, qty int64, ttl time.Duration) {
 	e.t.Helper()
-	if _, err := e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: qty}, time.Hour); err != nil {
+	if _, err := e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: qty}, ttl); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -2207,9 +2207,10 @@ func (e *outsideEnv) do(cmd rueidis.Completed) {
 var outsideCart = stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
 
 // run makes the calls of steps, separated by ";": "load SKU QTY" (Redis and the store),
-// "deduct SKU ID QTY", "restock SKU ID QTY", "hold SKU ID QTY" (for an hour), "confirm SKU ID",
-// "restore SKU ID", "relay", and on outsideCart "deduct cart", "hold cart", "confirm cart". A
-// call that fails fails the test.
+// "deduct SKU ID QTY", "restock SKU ID QTY", "hold SKU ID QTY [TTL]" (an hour by default),
+// "extend SKU ID TTL", "confirm SKU ID", "cancel SKU ID", "restore SKU ID", "relay", "sweep", "advance DURATION"
+// (miniredis), and on outsideCart "deduct cart", "hold cart", "confirm cart". A call that fails
+// fails the test.
 func (e *outsideEnv) run(steps string) {
 	e.t.Helper()
 	for _, step := range strings.Split(steps, ";") {
@@ -2217,42 +2218,61 @@ func (e *outsideEnv) run(steps string) {
 		if len(f) == 0 {
 			continue
 		}
-		qty := func() int64 {
+		num := func(i int) int64 {
 			e.t.Helper()
-			n, err := strconv.ParseInt(f[len(f)-1], 10, 64)
+			n, err := strconv.ParseInt(f[i], 10, 64)
 			if err != nil {
 				e.t.Fatalf("step %q: %v", step, err)
 			}
 			return n
 		}
-		switch strings.Join(f[:min(len(f), 2)], " ") {
-		case "deduct cart":
+		dur := func(i int) time.Duration {
+			e.t.Helper()
+			d, err := time.ParseDuration(f[i])
+			if err != nil {
+				e.t.Fatalf("step %q: %v", step, err)
+			}
+			return d
+		}
+		switch verb := strings.Join(f[:min(len(f), 2)], " "); {
+		case verb == "deduct cart":
 			e.mustCart(e.r.DeductMany(e.ctx, outsideCart))
-		case "hold cart":
+		case verb == "hold cart":
 			e.mustCart(e.r.HoldMany(e.ctx, outsideCart, time.Hour))
-		case "confirm cart":
+		case verb == "confirm cart":
 			if _, err := e.r.ConfirmMany(e.ctx, outsideCart.ID, "a", "b"); err != nil {
 				e.t.Fatal(err)
 			}
-		default:
-			switch {
-			case f[0] == "relay" && len(f) == 1:
-				e.relay()
-			case f[0] == "load" && len(f) == 3:
-				e.load(f[1], qty())
-			case f[0] == "deduct" && len(f) == 4:
-				e.deduct(f[1], f[2], qty())
-			case f[0] == "restock" && len(f) == 4:
-				e.mustRestock(f[1], f[2], qty())
-			case f[0] == "hold" && len(f) == 4:
-				e.hold(f[1], f[2], qty())
-			case f[0] == "confirm" && len(f) == 3:
-				e.mustConfirm(f[1], f[2])
-			case f[0] == "restore" && len(f) == 3:
-				e.mustRestore(f[1], f[2])
-			default:
-				e.t.Fatalf("unknown step %q", step)
+		case f[0] == "relay" && len(f) == 1:
+			e.relay()
+		case f[0] == "sweep" && len(f) == 1:
+			if _, err := stockops.Sweep(e.ctx, e.r); err != nil {
+				e.t.Fatal(err)
 			}
+		case f[0] == "advance" && len(f) == 2:
+			e.advance(dur(1))
+		case f[0] == "load" && len(f) == 3:
+			e.load(f[1], num(2))
+		case f[0] == "deduct" && len(f) == 4:
+			e.deduct(f[1], f[2], num(3))
+		case f[0] == "restock" && len(f) == 4:
+			e.mustRestock(f[1], f[2], num(3))
+		case f[0] == "hold" && len(f) == 4:
+			e.hold(f[1], f[2], num(3), time.Hour)
+		case f[0] == "hold" && len(f) == 5:
+			e.hold(f[1], f[2], num(3), dur(4))
+		case f[0] == "confirm" && len(f) == 3:
+			e.mustConfirm(f[1], f[2])
+		case f[0] == "extend" && len(f) == 4:
+			if _, err := e.r.Extend(e.ctx, f[1], f[2], dur(3)); err != nil {
+				e.t.Fatal(err)
+			}
+		case f[0] == "cancel" && len(f) == 3:
+			e.mustCancel(f[1], f[2])
+		case f[0] == "restore" && len(f) == 3:
+			e.mustRestore(f[1], f[2])
+		default:
+			e.t.Fatalf("unknown step %q", step)
 		}
 	}
 }

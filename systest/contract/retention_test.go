@@ -195,9 +195,11 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 	cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
 	for _, tc := range []struct {
 		name string
-		// steps run up to the first pass, which opts (outsideRet when nil) makes.
-		steps func(t *testing.T, e *outsideEnv)
-		opts  *stock.ReconcileOptions
+		// before (when set), then steps (for outsideEnv.run), run up to the first pass, which
+		// opts (outsideRet when nil) makes.
+		before func(t *testing.T, e *outsideEnv)
+		steps  string
+		opts   *stock.ReconcileOptions
 		// kept are the ids of item "a" the first pass must not trim (and the pass after later
 		// must).
 		kept []string
@@ -207,40 +209,22 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 		want    []outsideLevels
 	}{
 		{
-			name: "long hold cancelled late",
-			steps: func(t *testing.T, e *outsideEnv) {
-				e.load("a", 10)
-				if _, err := e.r.Hold(e.ctx, holdReq, 48*time.Hour); err != nil {
-					t.Fatal(err)
-				}
-				e.advance(30 * time.Hour)
-				e.mustCancel("a", "h1")
-				e.relay()
-				e.advance(41 * time.Hour) // 71 h: 23 h past the deadline
-			},
-			kept: []string{"h1"},
+			// At 71 h: 23 h past the deadline; later, 25 h past it.
+			name:  "long hold cancelled late",
+			steps: "load a 10; hold a h1 1 48h; advance 30h; cancel a h1; relay; advance 41h",
+			kept:  []string{"h1"},
 			repeats: func(t *testing.T, e *outsideEnv) {
 				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
 				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
 			},
-			later: 2 * time.Hour, // 73 h: 25 h past the deadline
+			later: 2 * time.Hour,
 			want:  []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
-			name: "expired long hold",
-			steps: func(t *testing.T, e *outsideEnv) {
-				e.load("a", 10)
-				if _, err := e.r.Hold(e.ctx, holdReq, 48*time.Hour); err != nil {
-					t.Fatal(err)
-				}
-				e.advance(49 * time.Hour)
-				if _, err := stockops.Sweep(e.ctx, e.r); err != nil {
-					t.Fatal(err)
-				}
-				e.relay()
-				e.advance(22 * time.Hour) // 71 h: 23 h past the deadline
-			},
-			kept: []string{"h1"},
+			// At 71 h: 23 h past the deadline; later, 25 h past it.
+			name:  "expired long hold",
+			steps: "load a 10; hold a h1 1 48h; advance 49h; sweep; relay; advance 22h",
+			kept:  []string{"h1"},
 			repeats: func(t *testing.T, e *outsideEnv) {
 				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
 				e.wantErr("repeat of the expired hold", err, stock.ErrExpired)
@@ -251,39 +235,24 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			want:  []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
-			name: "late restore",
-			steps: func(t *testing.T, e *outsideEnv) {
-				e.load("a", 10)
-				e.deduct("a", "d1", 2)
-				e.relay()
-				e.advance(23 * time.Hour)
-				e.mustRestore("a", "d1")
-				e.relay()
-				e.advance(20 * time.Hour) // 43 h; 20 h after the restore
-			},
-			kept: []string{"d1"},
+			// At 43 h: 20 h after the restore; later, 25 h after it.
+			name:  "late restore",
+			steps: "load a 10; deduct a d1 2; relay; advance 23h; restore a d1; relay; advance 20h",
+			kept:  []string{"d1"},
 			repeats: func(t *testing.T, e *outsideEnv) {
 				_, err := e.deductAgain("a", "d1", 2)
 				e.wantErr("repeat of a restored deduct", err, stock.ErrRestored)
 				rc, err := e.r.Restore(e.ctx, "a", "d1")
 				e.wantReplay("repeat restore", rc.Replayed, rc, err)
 			},
-			later: 5 * time.Hour, // 25 h after the restore
+			later: 5 * time.Hour,
 			want:  []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
-			name: "confirmed hold restored late",
-			steps: func(t *testing.T, e *outsideEnv) {
-				e.load("a", 10)
-				e.hold("a", "h1", 3)
-				e.mustConfirm("a", "h1")
-				e.relay()
-				e.advance(30 * time.Hour)
-				e.mustRestore("a", "h1")
-				e.relay()
-				e.advance(20 * time.Hour) // 20 h after the restore
-			},
-			kept: []string{"h1"},
+			// 20 h after the restore; later, 25 h after it.
+			name:  "confirmed hold restored late",
+			steps: "load a 10; hold a h1 3; confirm a h1; relay; advance 30h; restore a h1; relay; advance 20h",
+			kept:  []string{"h1"},
 			repeats: func(t *testing.T, e *outsideEnv) {
 				_, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 3}, time.Hour)
 				e.wantErr("repeat of the hold", err, stock.ErrRestored)
@@ -292,28 +261,27 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				rc, err := e.r.Restore(e.ctx, "a", "h1")
 				e.wantReplay("repeat restore", rc.Replayed, rc, err)
 			},
-			later: 5 * time.Hour, // 25 h after the restore
+			later: 5 * time.Hour,
 			want:  []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
+			// The store refuses the sale, given back at 23 h; the pass 20 h after the refusal.
 			name: "store refusal given back late",
-			steps: func(t *testing.T, e *outsideEnv) {
+			before: func(t *testing.T, e *outsideEnv) {
 				if err := e.r.Load(e.ctx, "a", 10); err != nil {
 					t.Fatal(err)
 				}
 				if err := e.store.Load(e.ctx, "a", 1); err != nil {
 					t.Fatal(err)
 				}
-				e.deduct("a", "d1", 2)
-				e.advance(23 * time.Hour)
-				if st := e.relay(); st.Refused != 1 { // the store refuses: given back at 23 h
+				e.run("deduct a d1 2; advance 23h")
+				if st := e.relay(); st.Refused != 1 {
 					t.Fatalf("relay stats %+v, want one refusal", st)
 				}
-				e.relay()
-				e.advance(20 * time.Hour) // 20 h after the refusal
 			},
-			opts: &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
-			kept: []string{"d1"},
+			steps: "relay; advance 20h",
+			opts:  &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
+			kept:  []string{"d1"},
 			repeats: func(t *testing.T, e *outsideEnv) {
 				_, err := e.deductAgain("a", "d1", 2)
 				e.wantErr("repeat of a refused deduct", err, stock.ErrRestored)
@@ -321,19 +289,17 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 		},
 		{
 			name: "tombstone and retry refusal",
-			steps: func(t *testing.T, e *outsideEnv) {
-				e.load("a", 1)
-				e.deduct("a", "d0", 1)
+			before: func(t *testing.T, e *outsideEnv) {
+				e.run("load a 1; deduct a d0 1")
 				if _, err := e.r.Restore(e.ctx, "a", "t1"); !errors.Is(err, stock.ErrUnknownID) {
 					t.Fatalf("restore of unknown: %v", err)
 				}
 				if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true}); !errors.Is(err, stock.ErrSoldOut) {
 					t.Fatalf("retry on sold out: %v", err)
 				}
-				e.relay()
-				e.advance(23 * time.Hour)
 			},
-			kept: []string{"t1", "x1"},
+			steps: "relay; advance 23h",
+			kept:  []string{"t1", "x1"},
 			repeats: func(t *testing.T, e *outsideEnv) {
 				_, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})
 				e.wantErr("deduct of tombstoned id within retention", err, stock.ErrRestored)
@@ -346,22 +312,10 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			want:  []outsideLevels{{"a", 1, 0, 0}},
 		},
 		{
-			name: "extended hold cancelled",
-			steps: func(t *testing.T, e *outsideEnv) {
-				e.load("a", 10)
-				if _, err := e.r.Hold(e.ctx, holdReq, time.Hour); err != nil {
-					t.Fatal(err)
-				}
-				e.advance(30 * time.Minute)
-				if _, err := e.r.Extend(e.ctx, "a", "h1", 72*time.Hour); err != nil {
-					t.Fatal(err)
-				}
-				e.advance(50 * time.Hour)
-				e.mustCancel("a", "h1")
-				e.relay()
-				e.advance(40 * time.Hour) // 90.5 h: 18 h past the extended deadline
-			},
-			kept: []string{"h1"},
+			// At 90.5 h: 18 h past the extended deadline.
+			name:  "extended hold cancelled",
+			steps: "load a 10; hold a h1 1; advance 30m; extend a h1 72h; advance 50h; cancel a h1; relay; advance 40h",
+			kept:  []string{"h1"},
 			repeats: func(t *testing.T, e *outsideEnv) {
 				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
 				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
@@ -370,17 +324,15 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 		},
 		{
 			name: "long hold cart cancelled",
-			steps: func(t *testing.T, e *outsideEnv) {
-				e.load("a", 10)
-				e.load("b", 10)
+			before: func(t *testing.T, e *outsideEnv) {
+				e.run("load a 10; load b 10")
 				e.mustCart(e.r.HoldMany(e.ctx, cart, 48*time.Hour))
 				e.advance(30 * time.Hour)
 				if _, err := e.r.CancelMany(e.ctx, "c1", "a", "b"); err != nil {
 					t.Fatal(err)
 				}
-				e.relay()
-				e.advance(41 * time.Hour)
 			},
+			steps: "relay; advance 41h",
 			repeats: func(t *testing.T, e *outsideEnv) {
 				if _, err := stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute); err != nil {
 					t.Fatal(err)
@@ -400,7 +352,10 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			if opts == nil {
 				opts = outsideRet
 			}
-			tc.steps(t, e)
+			if tc.before != nil {
+				tc.before(t, e)
+			}
+			e.run(tc.steps)
 			e.pass(opts)
 			for _, id := range tc.kept {
 				if e.trimmed("a", id) {
