@@ -184,228 +184,196 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 
 var outsideRet = &stock.ReconcileOptions{Retention: 24 * time.Hour}
 
-func TestRetentionKeepsLongHoldCancelledLate(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
-	if _, err := e.r.Hold(e.ctx, req, 48*time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	e.advance(30 * time.Hour)
-	e.mustCancel("a", "h1")
-	e.relay()
-	e.advance(41 * time.Hour) // 71 h: 23 h past the deadline
-	e.pass(outsideRet)
-	if e.trimmed("a", "h1") {
-		t.Fatalf("a cancelled 48h hold trimmed 23h after its deadline")
-	}
-	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("repeat of the cancelled hold: %v, want ErrRestored", err)
-	}
-	e.advance(2 * time.Hour) // 73 h
-	e.pass(outsideRet)
-	if !e.trimmed("a", "h1") {
-		t.Errorf("a cancelled hold kept 25h after its deadline")
-	}
-	e.want("a", 10, 0, 0)
-}
-
-func TestRetentionKeepsExpiredLongHold(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
-	if _, err := e.r.Hold(e.ctx, req, 48*time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	e.advance(49 * time.Hour)
-	if _, err := stockops.Sweep(e.ctx, e.r); err != nil {
-		t.Fatal(err)
-	}
-	e.relay()
-	e.advance(22 * time.Hour) // 71 h
-	e.pass(outsideRet)
-	if e.trimmed("a", "h1") {
-		t.Fatalf("an expired 48h hold trimmed 23h after its deadline")
-	}
-	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrExpired) {
-		t.Errorf("repeat of the expired hold: %v, want ErrExpired", err)
-	}
-	if _, err := e.r.Confirm(e.ctx, "a", "h1"); !errors.Is(err, stock.ErrExpired) {
-		t.Errorf("confirm of the expired hold: %v, want ErrExpired", err)
-	}
-	e.advance(2 * time.Hour)
-	e.pass(outsideRet)
-	if !e.trimmed("a", "h1") {
-		t.Errorf("an expired hold kept 25h after its deadline")
-	}
-	e.want("a", 10, 0, 0)
-}
-
-func TestRetentionKeepsLateRestore(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	e.deduct("a", "d1", 2)
-	e.relay()
-	e.advance(23 * time.Hour)
-	e.mustRestore("a", "d1")
-	e.relay()
-	e.advance(20 * time.Hour) // 43 h; 20 h after the restore
-	e.pass(outsideRet)
-	if e.trimmed("a", "d1") {
-		t.Fatalf("a sale restored 20h ago was trimmed")
-	}
-	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d1", User: "u-d1", Qty: 2}); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("repeat of a restored deduct: %v, want ErrRestored", err)
-	}
-	rc, err := e.r.Restore(e.ctx, "a", "d1")
-	if err != nil || !rc.Replayed {
-		t.Errorf("repeat restore: %+v %v, want a replay", rc, err)
-	}
-	e.advance(5 * time.Hour)
-	e.pass(outsideRet)
-	if !e.trimmed("a", "d1") {
-		t.Errorf("a sale restored 25h ago is still kept")
-	}
-	e.want("a", 10, 0, 0)
-}
-
-func TestRetentionKeepsConfirmedHoldRestoredLate(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 3}
-	if _, err := e.r.Hold(e.ctx, req, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	e.mustConfirm("a", "h1")
-	e.relay()
-	e.advance(30 * time.Hour)
-	e.mustRestore("a", "h1")
-	e.relay()
-	e.advance(20 * time.Hour)
-	e.pass(outsideRet)
-	if e.trimmed("a", "h1") {
-		t.Fatalf("a confirmed hold restored 20h ago was trimmed")
-	}
-	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("repeat of the hold: %v, want ErrRestored", err)
-	}
-	if _, err := e.r.Confirm(e.ctx, "a", "h1"); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("confirm of the restored hold: %v, want ErrRestored", err)
-	}
-	rc, err := e.r.Restore(e.ctx, "a", "h1")
-	if err != nil || !rc.Replayed {
-		t.Errorf("repeat restore: %+v %v, want a replay", rc, err)
-	}
-	e.advance(5 * time.Hour)
-	e.pass(outsideRet)
-	if !e.trimmed("a", "h1") {
-		t.Errorf("kept 25h after its return")
-	}
-	e.want("a", 10, 0, 0)
-}
-
-func TestRetentionKeepsStoreRefusalGivenBackLate(t *testing.T) {
-	e := outsideMini(t)
-	if err := e.r.Load(e.ctx, "a", 10); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.store.Load(e.ctx, "a", 1); err != nil {
-		t.Fatal(err)
-	}
-	e.deduct("a", "d1", 2)
-	e.advance(23 * time.Hour)
-	st := e.relay() // the store refuses: given back at 23 h
-	if st.Refused != 1 {
-		t.Fatalf("relay stats %+v, want one refusal", st)
-	}
-	e.relay()
-	e.advance(20 * time.Hour)
-	e.pass(&stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000})
-	if e.trimmed("a", "d1") {
-		t.Fatalf("a sale refused 20h ago was trimmed")
-	}
-	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d1", User: "u-d1", Qty: 2}); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("repeat of a refused deduct: %v, want ErrRestored", err)
-	}
-}
-
-func TestRetentionKeepsTombstoneAndRetryRefusal(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 1)
-	e.deduct("a", "d0", 1)
-	if _, err := e.r.Restore(e.ctx, "a", "t1"); !errors.Is(err, stock.ErrUnknownID) {
-		t.Fatalf("restore of unknown: %v", err)
-	}
-	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true}); !errors.Is(err, stock.ErrSoldOut) {
-		t.Fatalf("retry on sold out: %v", err)
-	}
-	e.relay()
-	e.advance(23 * time.Hour)
-	e.pass(outsideRet)
-	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1}); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("deduct of tombstoned id within retention: %v, want ErrRestored", err)
-	}
-	e.mustRestore("a", "d0")
-	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
-		t.Errorf("repeat of a refused retry within retention: %v, want ErrSoldOut", err)
-	}
-	e.relay()
-	e.advance(2 * time.Hour)
-	e.pass(outsideRet)
-	if !e.trimmed("a", "t1") || !e.trimmed("a", "x1") {
-		t.Errorf("tombstone or refusal kept past the retention")
-	}
-	e.want("a", 1, 0, 0)
-}
-
-func TestRetentionKeepsExtendedHoldCancelled(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	req := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
-	if _, err := e.r.Hold(e.ctx, req, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	e.advance(30 * time.Minute)
-	if _, err := e.r.Extend(e.ctx, "a", "h1", 72*time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	e.advance(50 * time.Hour)
-	e.mustCancel("a", "h1")
-	e.relay()
-	e.advance(40 * time.Hour) // 90.5 h: 18 h past the extended deadline
-	e.pass(outsideRet)
-	if e.trimmed("a", "h1") {
-		t.Fatalf("an extended hold trimmed 18h after its deadline")
-	}
-	if _, err := e.r.Hold(e.ctx, req, time.Hour); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("repeat of the cancelled hold: %v, want ErrRestored", err)
-	}
-	e.want("a", 10, 0, 0)
-}
-
-func TestRetentionKeepsLongHoldCartCancelled(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	e.load("b", 10)
+// ReconcileOptions.Retention counts from when an entry was settled, not from when it was made: a
+// pass keeps an entry that a late cancel, expiry, restore, refusal or extension settled less than
+// the retention ago, so that a repeat of its id still gets the answer it got (ErrRestored,
+// ErrExpired, a replay), and trims it once the retention has passed since then. Each case runs its
+// steps on a moved clock up to the first pass (inside the retention), checks that the kept ids are
+// not trimmed and that their repeats answer as before, then (where later is set) moves the clock
+// past the retention, passes again and checks that they are trimmed; and checks the levels.
+func TestRetentionKeepsLateSettledEntries(t *testing.T) {
+	holdReq := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
 	cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
-	if _, err := e.r.HoldMany(e.ctx, cart, 48*time.Hour); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		// before (when set), then steps (for outsideEnv.run), run up to the first pass, which
+		// opts (outsideRet when nil) makes.
+		before func(t *testing.T, e *outsideEnv)
+		steps  string
+		opts   *stock.ReconcileOptions
+		// kept are the ids of item "a" the first pass must not trim (and the pass after later
+		// must).
+		kept []string
+		// repeats are the calls made within the retention, after the first pass.
+		repeats func(t *testing.T, e *outsideEnv)
+		later   time.Duration
+		want    []outsideLevels
+	}{
+		{
+			// At 71 h: 23 h past the deadline; later, 25 h past it.
+			name:  "long hold cancelled late",
+			steps: "load a 10; hold a h1 1 48h; advance 30h; cancel a h1; relay; advance 41h",
+			kept:  []string{"h1"},
+			repeats: func(t *testing.T, e *outsideEnv) {
+				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
+				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
+			},
+			later: 2 * time.Hour,
+			want:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			// At 71 h: 23 h past the deadline; later, 25 h past it.
+			name:  "expired long hold",
+			steps: "load a 10; hold a h1 1 48h; advance 49h; sweep; relay; advance 22h",
+			kept:  []string{"h1"},
+			repeats: func(t *testing.T, e *outsideEnv) {
+				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
+				e.wantErr("repeat of the expired hold", err, stock.ErrExpired)
+				_, err = e.r.Confirm(e.ctx, "a", "h1")
+				e.wantErr("confirm of the expired hold", err, stock.ErrExpired)
+			},
+			later: 2 * time.Hour,
+			want:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			// At 43 h: 20 h after the restore; later, 25 h after it.
+			name:  "late restore",
+			steps: "load a 10; deduct a d1 2; relay; advance 23h; restore a d1; relay; advance 20h",
+			kept:  []string{"d1"},
+			repeats: func(t *testing.T, e *outsideEnv) {
+				_, err := e.deductAgain("a", "d1", 2)
+				e.wantErr("repeat of a restored deduct", err, stock.ErrRestored)
+				rc, err := e.r.Restore(e.ctx, "a", "d1")
+				e.wantReplay("repeat restore", rc.Replayed, rc, err)
+			},
+			later: 5 * time.Hour,
+			want:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			// 20 h after the restore; later, 25 h after it.
+			name:  "confirmed hold restored late",
+			steps: "load a 10; hold a h1 3; confirm a h1; relay; advance 30h; restore a h1; relay; advance 20h",
+			kept:  []string{"h1"},
+			repeats: func(t *testing.T, e *outsideEnv) {
+				_, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 3}, time.Hour)
+				e.wantErr("repeat of the hold", err, stock.ErrRestored)
+				_, err = e.r.Confirm(e.ctx, "a", "h1")
+				e.wantErr("confirm of the restored hold", err, stock.ErrRestored)
+				rc, err := e.r.Restore(e.ctx, "a", "h1")
+				e.wantReplay("repeat restore", rc.Replayed, rc, err)
+			},
+			later: 5 * time.Hour,
+			want:  []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			// The store refuses the sale, given back at 23 h; the pass 20 h after the refusal.
+			name: "store refusal given back late",
+			before: func(t *testing.T, e *outsideEnv) {
+				if err := e.r.Load(e.ctx, "a", 10); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.store.Load(e.ctx, "a", 1); err != nil {
+					t.Fatal(err)
+				}
+				e.run("deduct a d1 2; advance 23h")
+				if st := e.relay(); st.Refused != 1 {
+					t.Fatalf("relay stats %+v, want one refusal", st)
+				}
+			},
+			steps: "relay; advance 20h",
+			opts:  &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
+			kept:  []string{"d1"},
+			repeats: func(t *testing.T, e *outsideEnv) {
+				_, err := e.deductAgain("a", "d1", 2)
+				e.wantErr("repeat of a refused deduct", err, stock.ErrRestored)
+			},
+		},
+		{
+			name: "tombstone and retry refusal",
+			before: func(t *testing.T, e *outsideEnv) {
+				e.run("load a 1; deduct a d0 1")
+				if _, err := e.r.Restore(e.ctx, "a", "t1"); !errors.Is(err, stock.ErrUnknownID) {
+					t.Fatalf("restore of unknown: %v", err)
+				}
+				if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true}); !errors.Is(err, stock.ErrSoldOut) {
+					t.Fatalf("retry on sold out: %v", err)
+				}
+			},
+			steps: "relay; advance 23h",
+			kept:  []string{"t1", "x1"},
+			repeats: func(t *testing.T, e *outsideEnv) {
+				_, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})
+				e.wantErr("deduct of tombstoned id within retention", err, stock.ErrRestored)
+				e.mustRestore("a", "d0")
+				_, err = e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1})
+				e.wantErr("repeat of a refused retry within retention", err, stock.ErrSoldOut)
+				e.relay()
+			},
+			later: 2 * time.Hour,
+			want:  []outsideLevels{{"a", 1, 0, 0}},
+		},
+		{
+			// At 90.5 h: 18 h past the extended deadline.
+			name:  "extended hold cancelled",
+			steps: "load a 10; hold a h1 1; advance 30m; extend a h1 72h; advance 50h; cancel a h1; relay; advance 40h",
+			kept:  []string{"h1"},
+			repeats: func(t *testing.T, e *outsideEnv) {
+				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
+				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
+			},
+			want: []outsideLevels{{"a", 10, 0, 0}},
+		},
+		{
+			name: "long hold cart cancelled",
+			before: func(t *testing.T, e *outsideEnv) {
+				e.run("load a 10; load b 10")
+				e.mustCart(e.r.HoldMany(e.ctx, cart, 48*time.Hour))
+				e.advance(30 * time.Hour)
+				if _, err := e.r.CancelMany(e.ctx, "c1", "a", "b"); err != nil {
+					t.Fatal(err)
+				}
+			},
+			steps: "relay; advance 41h",
+			repeats: func(t *testing.T, e *outsideEnv) {
+				if _, err := stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				_, err := e.r.HoldMany(e.ctx, cart, time.Hour)
+				var ce *stock.CartError
+				if !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored) {
+					t.Errorf("repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)
+				}
+			},
+			want: []outsideLevels{{"a", 10, 0, 0}, {"b", 10, 0, 0}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := outsideMini(t)
+			opts := tc.opts
+			if opts == nil {
+				opts = outsideRet
+			}
+			if tc.before != nil {
+				tc.before(t, e)
+			}
+			e.run(tc.steps)
+			e.pass(opts)
+			for _, id := range tc.kept {
+				if e.trimmed("a", id) {
+					t.Fatalf("%s trimmed within the retention", id)
+				}
+			}
+			tc.repeats(t, e)
+			if tc.later > 0 {
+				e.advance(tc.later)
+				e.pass(opts)
+				for _, id := range tc.kept {
+					if !e.trimmed("a", id) {
+						t.Errorf("%s kept past the retention", id)
+					}
+				}
+			}
+			e.wantAll(tc.want)
+		})
 	}
-	e.advance(30 * time.Hour)
-	if _, err := e.r.CancelMany(e.ctx, "c1", "a", "b"); err != nil {
-		t.Fatal(err)
-	}
-	e.relay()
-	e.advance(41 * time.Hour)
-	e.pass(outsideRet)
-	if _, err := stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	_, err := e.r.HoldMany(e.ctx, cart, time.Hour)
-	var ce *stock.CartError
-	if !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)
-	}
-	e.want("a", 10, 0, 0)
-	e.want("b", 10, 0, 0)
 }
