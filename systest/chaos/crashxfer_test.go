@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockres/stock/internal/testkit"
-
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,6 +23,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )

@@ -19,13 +19,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockres/stock/internal/testkit"
-
 	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"

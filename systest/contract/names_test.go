@@ -9,13 +9,12 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/stockres/stock/internal/testkit"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 

@@ -5,13 +5,12 @@ import (
 	"os"
 	"testing"
 
-	"github.com/stockres/stock/internal/testkit"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )

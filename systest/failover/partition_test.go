@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockres/stock/internal/testkit"
-
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,6 +16,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/systest/internal/kit"

@@ -14,13 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockres/stock/internal/testkit"
-
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 )
 
 const (

@@ -14,14 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stockres/stock/internal/testkit"
-
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 	"pgregory.net/rapid"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
