@@ -74,7 +74,7 @@ func (r *Reserver) route(ctx context.Context, sku, id string, n, want int, giveB
 		s, err = r.claimCoalesced(ctx, home.Claims, id, claim)
 	} else {
 		var out [1]string
-		err = r.execClaims(ctx, home.Claims, []*claimCall{{id: id, claim: claim}}, out[:])
+		err = r.execClaims(ctx, home.Claims, []claimReq{{id, claim}}, out[:])
 		s = out[0]
 	}
 	if err != nil {

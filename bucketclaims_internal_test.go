@@ -68,11 +68,11 @@ func queued(t *testing.T, r *Reserver, sku string, h, nb, n int) {
 	t.Helper()
 	key := r.item(bucketName(sku, h)).Claims
 	require.Eventually(t, func() bool {
-		v, ok := r.claims.Load(key)
+		v, ok := r.claims.live.Load(key)
 		if !ok {
 			return false
 		}
-		l := v.(*claimLane)
+		l := v.(*lane[claimReq, string])
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return len(l.queue) == n

@@ -24,62 +24,75 @@ const maxBatch = 64
 // batchTimeout bounds a coalesced call, which runs detached from its callers' contexts.
 const batchTimeout = 10 * time.Second
 
-// lane is the coalescing state of one item while it has calls in flight. A lane whose last call
-// finished with nobody queued is dropped from the Reserver's map (and marked gone, so that a
-// caller holding it looks again): idle items cost no memory, however many items ever sold.
-type lane struct {
-	sku      string
-	keys     *protocol.Keys
+// lanes coalesces one kind of script call (an item's deducts, a claims hash's claims) per key:
+// the lanes of the keys with calls in flight, and how a batch of queued requests is sent.
+type lanes[Req, Res any] struct {
+	live    sync.Map  // key -> *lane[Req, Res]
+	waiters sync.Pool // of *waiter[Req, Res], each with its channel
+	// send sends reqs, all of key, as one script call and puts one answer per request in dst;
+	// an error answers them all.
+	send func(ctx context.Context, key string, reqs []Req, dst []Res) error
+	// unawaited, when set, makes a caller whose context ends once its request is in a batch stop
+	// waiting, with the error unawaited makes of the context's; when nil, such a caller waits
+	// for the batch's answer (the batch is bounded by batchTimeout).
+	unawaited func(ctxErr error) error
+}
+
+// lane is the coalescing state of one key while it has calls in flight. A lane whose last call
+// finished with nobody queued is dropped from the map (and marked gone, so that a caller holding
+// it looks again): idle keys cost no memory, however many keys ever had calls.
+type lane[Req, Res any] struct {
+	key      string
 	mu       sync.Mutex
 	inflight int
 	gone     bool
-	queue    []*waiter
+	queue    []*waiter[Req, Res]
 }
 
-// waiter is a queued deduct. ch receives nil when the result is in res/err, or the batch the
+// waiter is a queued request. ch receives nil when the answer is in res/err, or the batch the
 // waiter must send itself (it leads it).
-type waiter struct {
-	req Request
-	res outcome
+type waiter[Req, Res any] struct {
+	req Req
+	res Res
 	err error
-	ch  chan []*waiter
+	ch  chan []*waiter[Req, Res]
 }
 
-var waiters = sync.Pool{New: func() any { return &waiter{ch: make(chan []*waiter, 1)} }}
-
-// lockLane returns the item's live lane, locked.
-func (r *Reserver) lockLane(k *protocol.Keys, sku string) *lane {
+// join enters the lane of key. While fewer than limit calls of the key are in flight the caller
+// sends its own call at once: w is nil, and the caller calls done when its call returned.
+// Otherwise req is queued as w, whose answer wait returns.
+func (ls *lanes[Req, Res]) join(key string, req Req, limit int) (l *lane[Req, Res], w *waiter[Req, Res]) {
 	for {
-		v, ok := r.lanes.Load(sku)
+		v, ok := ls.live.Load(key)
 		if !ok {
-			v, _ = r.lanes.LoadOrStore(sku, &lane{sku: sku, keys: k})
+			v, _ = ls.live.LoadOrStore(key, &lane[Req, Res]{key: key})
 		}
-		l := v.(*lane)
+		l = v.(*lane[Req, Res])
 		l.mu.Lock()
 		if !l.gone {
-			return l
+			break
 		}
 		l.mu.Unlock() // dropped after we found it: a newer lane is (or will be) in the map
 	}
-}
-
-// deductCoalesced runs one deduct through the item's lane.
-func (r *Reserver) deductCoalesced(ctx context.Context, k *protocol.Keys, req Request) (outcome, error) {
-	l := r.lockLane(k, req.SKU)
-	if l.inflight < r.opts.inflight {
+	defer l.mu.Unlock()
+	if l.inflight < limit {
 		l.inflight++
-		l.mu.Unlock()
-		var o [1]outcome
-		err := r.execDeducts(ctx, k, []Request{req}, o[:])
-		r.handoff(l)
-		return o[0], err
+		return l, nil
 	}
-	w := waiters.Get().(*waiter)
+	w, _ = ls.waiters.Get().(*waiter[Req, Res])
+	if w == nil {
+		w = &waiter[Req, Res]{ch: make(chan []*waiter[Req, Res], 1)}
+	}
 	w.req = req
 	l.queue = append(l.queue, w)
-	l.mu.Unlock()
+	return l, w
+}
 
-	var batch []*waiter
+// wait returns the answer of w, queued on l: sent in a batch that another waiter leads, or in
+// the batch w is handed to lead. A caller whose context ends while w is queued leaves the queue
+// with the context's error, and nothing is sent for it.
+func (ls *lanes[Req, Res]) wait(ctx context.Context, l *lane[Req, Res], w *waiter[Req, Res]) (res Res, err error) {
+	var batch []*waiter[Req, Res]
 	select {
 	case batch = <-w.ch:
 	case <-ctx.Done():
@@ -88,63 +101,97 @@ func (r *Reserver) deductCoalesced(ctx context.Context, k *protocol.Keys, req Re
 			if q == w { // still queued: nothing was sent for it
 				l.queue = append(l.queue[:i:i], l.queue[i+1:]...)
 				l.mu.Unlock()
-				w.req = Request{}
-				waiters.Put(w)
-				return outcome{}, ctx.Err()
+				ls.put(w)
+				return res, ctx.Err()
 			}
 		}
-		l.mu.Unlock()
-		batch = <-w.ch // already in a batch: its outcome is coming
+		if ls.unawaited == nil {
+			l.mu.Unlock()
+			batch = <-w.ch // already in a batch: its answer is coming
+			break
+		}
+		select {
+		case batch = <-w.ch: // done hands a batch to its leader under l.mu: it is here already
+			l.mu.Unlock()
+			if batch != nil { // w leads it: sent without w waiting (w, in it, stays with it)
+				go ls.sendBatch(context.Background(), l, batch)
+				return res, ls.unawaited(ctx.Err())
+			}
+		default: // in a batch another waiter leads, not answered: w stays with it
+			l.mu.Unlock()
+			return res, ls.unawaited(ctx.Err())
+		}
 	}
 	if batch != nil {
-		r.sendBatch(ctx, l, batch)
+		ls.sendBatch(ctx, l, batch)
 	}
-	o, err := w.res, w.err
-	*w = waiter{ch: w.ch}
-	waiters.Put(w)
-	return o, err
+	res, err = w.res, w.err
+	ls.put(w)
+	return res, err
 }
 
-// sendBatch sends a batch led by batch[0], hands the results out, then hands the lane on.
-func (r *Reserver) sendBatch(ctx context.Context, l *lane, batch []*waiter) {
-	reqs := make([]Request, len(batch))
+// put returns w, answered or never sent, to the pool.
+func (ls *lanes[Req, Res]) put(w *waiter[Req, Res]) {
+	*w = waiter[Req, Res]{ch: w.ch}
+	ls.waiters.Put(w)
+}
+
+// sendBatch sends a batch led by batch[0], hands the answers out, then hands the lane on.
+func (ls *lanes[Req, Res]) sendBatch(ctx context.Context, l *lane[Req, Res], batch []*waiter[Req, Res]) {
+	reqs := make([]Req, len(batch))
 	for i, w := range batch {
 		reqs[i] = w.req
 	}
-	outs := make([]outcome, len(batch))
+	dst := make([]Res, len(batch))
 	// The batch carries other callers' requests: it is not cut short by the leader's context
 	// being cancelled (the leader may have been cancelled while it waited in the queue).
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
-	err := r.execDeducts(bctx, l.keys, reqs, outs)
+	err := ls.send(bctx, l.key, reqs, dst)
 	cancel()
 	for i, w := range batch {
-		w.res, w.err = outs[i], err
+		w.res, w.err = dst[i], err
 		if i > 0 {
 			w.ch <- nil
 		}
 	}
-	r.handoff(l)
+	ls.done(l)
 }
 
-// handoff is called when a call of the lane finished: the oldest waiters get the next batch,
-// or the lane has one call fewer in flight.
-func (r *Reserver) handoff(l *lane) {
+// done is called when a call of the lane finished: the oldest waiters (up to maxBatch) are handed
+// the next batch, or the lane has one call fewer in flight.
+func (ls *lanes[Req, Res]) done(l *lane[Req, Res]) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if len(l.queue) == 0 {
 		l.inflight--
 		if l.inflight == 0 {
 			l.gone = true
-			r.lanes.CompareAndDelete(l.sku, l)
+			ls.live.CompareAndDelete(l.key, l)
 		}
-		l.mu.Unlock()
 		return
 	}
 	n := min(len(l.queue), maxBatch)
-	batch := make([]*waiter, n)
+	batch := make([]*waiter[Req, Res], n)
 	copy(batch, l.queue)
 	l.queue = append(l.queue[:0], l.queue[n:]...)
-	l.mu.Unlock()
-	batch[0].ch <- batch
+	batch[0].ch <- batch // never blocks: a queued waiter's channel is empty
+}
+
+// deductCoalesced runs one deduct through the item's lane.
+func (r *Reserver) deductCoalesced(ctx context.Context, k *protocol.Keys, req Request) (outcome, error) {
+	l, w := r.deducts.join(req.SKU, req, r.opts.inflight)
+	if w != nil {
+		return r.deducts.wait(ctx, l, w)
+	}
+	var o [1]outcome
+	err := r.execDeducts(ctx, k, []Request{req}, o[:])
+	r.deducts.done(l)
+	return o[0], err
+}
+
+// sendDeducts is the deducts' lanes' send: deducts of item sku.
+func (r *Reserver) sendDeducts(ctx context.Context, sku string, reqs []Request, dst []outcome) error {
+	return r.execDeducts(ctx, r.item(sku), reqs, dst)
 }
 
 // execDeducts runs deduct.lua for reqs, all of the item k, and decodes one outcome per request.
@@ -179,121 +226,35 @@ func retryFlag(retry bool) string {
 // not: the error wraps ErrUnknownOutcome; a later request of the id reads the claim). An error of
 // a batch answers every claim of it.
 
-// claimLane is the coalescing state of one claims hash while it has route calls in flight;
-// dropped, like a lane, when its last call finished with nobody queued.
-type claimLane struct {
-	key      string
-	mu       sync.Mutex
-	inflight int
-	gone     bool
-	queue    []*claimCall
-}
-
-// claimCall is one claim: the id and the claim it would make; res and err are its answer once
-// done is closed.
-type claimCall struct {
-	id, claim string
-	res       string
-	err       error
-	done      chan struct{}
-}
-
-// lockClaimLane returns the live lane of claims hash key, locked.
-func (r *Reserver) lockClaimLane(key string) *claimLane {
-	for {
-		v, ok := r.claims.Load(key)
-		if !ok {
-			v, _ = r.claims.LoadOrStore(key, &claimLane{key: key})
-		}
-		l := v.(*claimLane)
-		l.mu.Lock()
-		if !l.gone {
-			return l
-		}
-		l.mu.Unlock()
-	}
-}
+// claimReq is one claim of a claims hash: the id, and the claim it would make.
+type claimReq struct{ id, claim string }
 
 // claimCoalesced runs one claim of id through the lane of claims hash key and returns the id's
 // claim.
-func (r *Reserver) claimCoalesced(ctx context.Context, key, id, claim string) (string, error) {
-	l := r.lockClaimLane(key)
-	if l.inflight < r.opts.inflight {
-		l.inflight++
-		l.mu.Unlock()
-		var out [1]string
-		err := r.execClaims(ctx, key, []*claimCall{{id: id, claim: claim}}, out[:])
-		r.claimHandoff(l)
-		return out[0], err
+func (r *Reserver) claimCoalesced(ctx context.Context, key, id, c string) (string, error) {
+	l, w := r.claims.join(key, claimReq{id, c}, r.opts.inflight)
+	if w != nil {
+		return r.claims.wait(ctx, l, w)
 	}
-	c := &claimCall{id: id, claim: claim, done: make(chan struct{})}
-	l.queue = append(l.queue, c)
-	l.mu.Unlock()
-	select {
-	case <-c.done:
-		return c.res, c.err
-	case <-ctx.Done():
-	}
-	l.mu.Lock()
-	for i, q := range l.queue {
-		if q == c { // still queued: nothing was sent for it
-			l.queue = append(l.queue[:i:i], l.queue[i+1:]...)
-			l.mu.Unlock()
-			return "", ctx.Err()
-		}
-	}
-	l.mu.Unlock()
-	select {
-	case <-c.done: // answered meanwhile
-		return c.res, c.err
-	default:
-		return "", fmt.Errorf("%w: claim sent, its answer not awaited: %w", ErrUnknownOutcome, ctx.Err())
-	}
+	var out [1]string
+	err := r.execClaims(ctx, key, []claimReq{{id, c}}, out[:])
+	r.claims.done(l)
+	return out[0], err
 }
 
-// claimHandoff is called when a route call of the lane finished: the queued claims (up to
-// maxBatch) go out as one call, or the lane has one call fewer in flight.
-func (r *Reserver) claimHandoff(l *claimLane) {
-	l.mu.Lock()
-	if len(l.queue) == 0 {
-		l.inflight--
-		if l.inflight == 0 {
-			l.gone = true
-			r.claims.CompareAndDelete(l.key, l)
-		}
-		l.mu.Unlock()
-		return
-	}
-	n := min(len(l.queue), maxBatch)
-	batch := make([]*claimCall, n)
-	copy(batch, l.queue)
-	l.queue = append(l.queue[:0], l.queue[n:]...)
-	l.mu.Unlock()
-	go r.sendClaims(l, batch) // the finished call's caller goes on with its own answer
+// claimUnawaited is the error of a claim whose caller stopped waiting for its batch.
+func claimUnawaited(ctxErr error) error {
+	return fmt.Errorf("%w: claim sent, its answer not awaited: %w", ErrUnknownOutcome, ctxErr)
 }
 
-// sendClaims sends a batch of queued claims, answers each, then hands the lane on. It runs
-// detached from its callers' contexts (each stops waiting when its own ends).
-func (r *Reserver) sendClaims(l *claimLane, batch []*claimCall) {
-	out := make([]string, len(batch))
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-	err := r.execClaims(ctx, l.key, batch, out)
-	cancel()
-	for i, c := range batch {
-		c.res, c.err = out[i], err
-		close(c.done)
-	}
-	r.claimHandoff(l)
-}
-
-// execClaims runs route.lua for calls, whose ids share the claims hash key, and puts each id's
+// execClaims runs route.lua for claims, whose ids share the claims hash key, and puts each id's
 // claim in dst.
-func (r *Reserver) execClaims(ctx context.Context, key string, calls []*claimCall, dst []string) error {
-	args := make([]string, 0, 2*len(calls))
-	for _, c := range calls {
+func (r *Reserver) execClaims(ctx context.Context, key string, claims []claimReq, dst []string) error {
+	args := make([]string, 0, 2*len(claims))
+	for _, c := range claims {
 		args = append(args, c.id, c.claim)
 	}
-	msgs, err := replyArray(protocol.Route.Exec(ctx, r.client, []string{key}, args), len(calls))
+	msgs, err := replyArray(protocol.Route.Exec(ctx, r.client, []string{key}, args), len(claims))
 	if err != nil {
 		return err
 	}

@@ -128,7 +128,7 @@ func TestLanesDroppedWhenIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	r.lanes.Range(func(any, any) bool { n++; return true })
+	r.deducts.live.Range(func(any, any) bool { n++; return true })
 	assert.Zero(t, n, "lanes left for idle items")
 	for i := range items {
 		l, err := r.Levels(ctx, fmt.Sprint("sku-", i))

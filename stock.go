@@ -54,8 +54,8 @@ type Reserver struct {
 	client    rueidis.Client
 	opts      options
 	limitArg  string                        // opts.userLimit, formatted once
-	lanes     sync.Map                      // sku -> *lane, for coalescing; only items with calls in flight
-	claims    sync.Map                      // claims hash key -> *claimLane, for coalescing claims (route)
+	deducts   lanes[Request, outcome]       // the coalescing of deducts, per item
+	claims    lanes[claimReq, string]       // the coalescing of claims (route), per claims hash
 	guarded   atomic.Bool                   // a failover guard exists: a pass that cannot record the epoch fails
 	fenced    atomic.Bool                   // a failover guard saw the primaries change: ErrFailover
 	guard     atomic.Pointer[failoverGuard] // the latest guard, which a pass that records the epoch checks
@@ -96,6 +96,8 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r.client = bounded(client, o.timeout, r.cmds)
 	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
 	r.hints = newHints(r)
+	r.deducts.send = r.sendDeducts
+	r.claims.send, r.claims.unawaited = r.execClaims, claimUnawaited
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
 		r.client = &trackedClient{Client: r.client, so: r.soldOut} // bounded too; see fastpath.go: own writes
