@@ -1,0 +1,61 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestLaneUnawaitedCallerStopsWaiting: with unawaited set (claims), a caller whose context ends
+// while the batch it is in is being sent stops waiting at once with unawaited's error, and the
+// batch goes on; the batch's leader gets its answer.
+func TestLaneUnawaitedCallerStopsWaiting(t *testing.T) {
+	release := make(chan struct{})
+	var sends atomic.Int64
+	var ls lanes[int, int]
+	ls.send = func(_ context.Context, _ string, reqs []int, dst []int) error {
+		sends.Add(1)
+		<-release
+		for i, q := range reqs {
+			dst[i] = q * 10
+		}
+		return nil
+	}
+	ls.unawaited = claimUnawaited
+	l, w := ls.join("k", 0, 1)
+	require.Nil(t, w, "the first call goes at once")
+	_, lead := ls.join("k", 1, 1)
+	_, follow := ls.join("k", 2, 1)
+	require.NotNil(t, lead)
+	require.NotNil(t, follow)
+	leadDone := make(chan int, 1)
+	go func() {
+		res, err := ls.wait(context.Background(), l, lead)
+		assert.NoError(t, err)
+		leadDone <- res
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	followErr := make(chan error, 1)
+	go func() {
+		_, err := ls.wait(ctx, l, follow)
+		followErr <- err
+	}()
+	ls.done(l) // the first call returned: the queue is handed to its oldest waiter
+	require.Eventually(t, func() bool { return sends.Load() == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	select {
+	case err := <-followErr:
+		assert.ErrorIs(t, err, ErrUnknownOutcome)
+		assert.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a caller whose context ended still waits for its batch")
+	}
+	close(release)
+	assert.Equal(t, 10, <-leadDone)
+	assert.True(t, errors.Is(claimUnawaited(context.Canceled), ErrUnknownOutcome))
+}
