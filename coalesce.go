@@ -50,12 +50,14 @@ type lane[Req, Res any] struct {
 }
 
 // waiter is a queued request. ch receives nil when the answer is in res/err, or the batch the
-// waiter must send itself (it leads it).
+// waiter must send itself (it leads it). reqs and dst are a leader's buffers, kept in the pool.
 type waiter[Req, Res any] struct {
-	req Req
-	res Res
-	err error
-	ch  chan []*waiter[Req, Res]
+	req  Req
+	res  Res
+	err  error
+	ch   chan []*waiter[Req, Res]
+	reqs []Req
+	dst  []Res
 }
 
 // join enters the lane of key. While fewer than limit calls of the key are in flight the caller
@@ -132,17 +134,20 @@ func (ls *lanes[Req, Res]) wait(ctx context.Context, l *lane[Req, Res], w *waite
 
 // put returns w, answered or never sent, to the pool.
 func (ls *lanes[Req, Res]) put(w *waiter[Req, Res]) {
-	*w = waiter[Req, Res]{ch: w.ch}
+	clear(w.reqs) // no request's strings kept alive by the pool
+	*w = waiter[Req, Res]{ch: w.ch, reqs: w.reqs[:0], dst: w.dst[:0]}
 	ls.waiters.Put(w)
 }
 
 // sendBatch sends a batch led by batch[0], hands the answers out, then hands the lane on.
 func (ls *lanes[Req, Res]) sendBatch(ctx context.Context, l *lane[Req, Res], batch []*waiter[Req, Res]) {
-	reqs := make([]Req, len(batch))
-	for i, w := range batch {
-		reqs[i] = w.req
+	lead := batch[0]
+	reqs := lead.reqs[:0]
+	for _, w := range batch {
+		reqs = append(reqs, w.req)
 	}
-	dst := make([]Res, len(batch))
+	dst := append(lead.dst[:0], make([]Res, len(batch))...)
+	lead.reqs, lead.dst = reqs, dst
 	// The batch carries other callers' requests: it is not cut short by the leader's context
 	// being cancelled (the leader may have been cancelled while it waited in the queue).
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
