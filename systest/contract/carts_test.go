@@ -1101,23 +1101,8 @@ func TestRecoverCutCarts(t *testing.T) {
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
 			r1, r2 := kit.NewReserver(t, c1), kit.NewReserver(t, c2)
-			var skus []string
-			for i := range 30 {
-				s := fmt.Sprintf("cut:%d", i)
-				skus = append(skus, s)
-				require.NoError(t, r1.Load(ctx, s, 1000))
-			}
-			lines := make([]stock.Line, len(skus))
-			for i, s := range skus {
-				lines[i] = stock.Line{SKU: s, Qty: 1}
-			}
-			const carts = 40
-			errs := make([]error, carts)
-			for i := range carts {
-				cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
-				_, errs[i] = r1.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
-				cancel()
-			}
+			skus, lines, errs := cutCarts(t, r1, "cut")
+			carts := len(errs)
 			// Two Runs (no Store: sweeping and cart recovery only) and two direct calls.
 			opts := stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond}
 			cancel1, done1 := runAsync(r1, opts)
@@ -1172,6 +1157,50 @@ func TestRecoverCutCarts(t *testing.T) {
 	}
 }
 
+// cutCarts loads 30 items (prefix:0 to prefix:29) with 1000 units each and sends 40 carts
+// (cart0 to cart39) of one unit of each item, most of them cut short by a deadline of up to
+// 2.1 ms (the closest the exported API gets to a process that died mid-saga). It returns the
+// items, a cart's lines and each cart's DeductMany error.
+func cutCarts(t *testing.T, r *stock.Reserver, prefix string) (skus []string, lines []stock.Line, errs []error) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 30 {
+		s := fmt.Sprintf("%s:%d", prefix, i)
+		skus = append(skus, s)
+		require.NoError(t, r.Load(ctx, s, 1000))
+	}
+	lines = make([]stock.Line, len(skus))
+	for i, s := range skus {
+		lines[i] = stock.Line{SKU: s, Qty: 1}
+	}
+	errs = make([]error, 40)
+	for i := range errs {
+		cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
+		_, errs[i] = r.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
+		cancel()
+	}
+	return skus, lines, errs
+}
+
+// halfDoneCarts counts the carts of cutCarts (cart0 to cart<carts-1>) that hold some of the
+// items' lines but not all.
+func halfDoneCarts(t *testing.T, r *stock.Reserver, skus []string, carts int) (n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range carts {
+		taken := 0
+		for _, s := range skus {
+			if en, err := r.Ledger(ctx, s, fmt.Sprint("cart", i)); err == nil && en.Taken() {
+				taken++
+			}
+		}
+		if taken != 0 && taken != len(skus) {
+			n++
+		}
+	}
+	return n
+}
+
 // Cart recovery under stocktest's one clock ("moves everything the Reserver depends on ... and
 // stand still otherwise"): carts cut short are undone by RecoverCarts(olderThan) once Advance has
 // moved the clock past olderThan, and not before.
@@ -1179,35 +1208,8 @@ func TestStocktestClockCartRecovery(t *testing.T) {
 	e := stocktest.New(t)
 	ctx := context.Background()
 	r := e.Reserver
-	var skus []string
-	for i := range 30 {
-		s := fmt.Sprintf("sc:%d", i)
-		skus = append(skus, s)
-		require.NoError(t, r.Load(ctx, s, 1000))
-	}
-	lines := make([]stock.Line, len(skus))
-	for i, s := range skus {
-		lines[i] = stock.Line{SKU: s, Qty: 1}
-	}
-	partial := func() (n int) {
-		for i := range 40 {
-			taken := 0
-			for _, s := range skus {
-				if en, err := r.Ledger(ctx, s, fmt.Sprint("cart", i)); err == nil && en.Taken() {
-					taken++
-				}
-			}
-			if taken != 0 && taken != len(skus) {
-				n++
-			}
-		}
-		return n
-	}
-	for i := range 40 {
-		cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
-		_, _ = r.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
-		cancel()
-	}
+	skus, _, errs := cutCarts(t, r, "sc")
+	partial := func() int { return halfDoneCarts(t, r, skus, len(errs)) }
 	time.Sleep(500 * time.Millisecond) // real time passes; the stocktest clock stands still
 	before := partial()
 	n0, err := stockops.RecoverCarts(ctx, r, 30*time.Minute)
@@ -1229,37 +1231,9 @@ func TestStocktestClockCartRecovery(t *testing.T) {
 // server's clock), or within 30 s on a loaded machine.
 func TestRunAloneRecoversCutCarts(t *testing.T) {
 	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := kit.NewReserver(t, c)
-		var skus []string
-		for i := range 30 {
-			s := fmt.Sprintf("ra:%d", i)
-			skus = append(skus, s)
-			require.NoError(t, r.Load(ctx, s, 1000))
-		}
-		lines := make([]stock.Line, len(skus))
-		for i, s := range skus {
-			lines[i] = stock.Line{SKU: s, Qty: 1}
-		}
-		partial := func() (n int) {
-			for i := range 40 {
-				taken := 0
-				for _, s := range skus {
-					if en, err := r.Ledger(ctx, s, fmt.Sprint("cart", i)); err == nil && en.Taken() {
-						taken++
-					}
-				}
-				if taken != 0 && taken != len(skus) {
-					n++
-				}
-			}
-			return n
-		}
-		for i := range 40 {
-			cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
-			_, _ = r.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
-			cancel()
-		}
+		skus, _, errs := cutCarts(t, r, "ra")
+		partial := func() int { return halfDoneCarts(t, r, skus, len(errs)) }
 		before := partial()
 		cancel, done := runAsync(r, stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond})
 		// One second of both clocks, then as long again as a loaded machine needs (a bound,

@@ -2284,11 +2284,7 @@ func TestClientKillMidBatch(t *testing.T) {
 func TestRelayInterleaved(t *testing.T) {
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		for seed := range uint64(3) {
-			sku := fmt.Sprintf("inter-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 5))
-			require.NoError(t, e.r.Load(ctx, sku, 5))
+		splitSeeds(t, e, "inter", 3, 5, func(seed uint64, sku string, store *memstore.Store) {
 			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
 			refused := 0
 			sold := sales(t, e, sku, seed+10, 5, func(round int) {
@@ -2304,55 +2300,48 @@ func TestRelayInterleaved(t *testing.T) {
 			_, r2 := splitDrain(t, e, sku, 400, rl)
 			assert.Zero(t, refused+r2, "the relay counted refusals")
 			splitCheck(t, e, store, sku, sold)
-		}
+		})
 	})
 }
 
-// TestQueueShuffled: the queue path. A relay with no Store publishes; the events are
+// TestQueueRedelivered: the queue path. A relay with no Store publishes; the events are
 // consumed through Consume in a shuffled order, redelivered while held back: never refused.
-func TestQueueShuffled(t *testing.T) {
-	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
-		for seed := range uint64(4) {
-			sku := fmt.Sprintf("q-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 6))
-			require.NoError(t, e.r.Load(ctx, sku, 6))
-			sold := sales(t, e, sku, seed+20, 4, nil)
-			var mu sync.Mutex
-			var evs []stock.Event
-			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-				mu.Lock()
-				evs = append(evs, ev)
-				mu.Unlock()
-				return nil
-			})
-			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
-			require.NoError(t, err)
-			passes, _ := splitDrain(t, e, sku, 400, rl)
-			queue := slices.Clone(evs)
-			rand.New(rand.NewPCG(seed, 3)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
-			rounds := 0
-			held := 0
-			for len(queue) > 0 && rounds < 200 {
-				rounds++
-				var again []stock.Event
-				for _, ev := range queue {
-					err := stock.Consume(ctx, e.r, store, ev)
-					if errors.Is(err, stock.ErrHeldBack) {
-						held++
-						again = append(again, ev)
-						continue
+// Once by one consumer; once duplicated (every event delivered twice) to four consumers
+// applying the queue concurrently.
+func TestQueueRedelivered(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		buckets   int
+		prefix    string
+		seeds     uint64
+		load      int64
+		salesSeed uint64 // added to the seed
+		maxQty    int
+		batch     int
+		twice     bool // every event queued twice
+		shuffle   uint64
+		consumers int
+	}{
+		{"shuffled_one_consumer", 3, "q", 4, 6, 20, 2, 2, false, 3, 1},
+		{"shuffled_twice_four_concurrent_consumers", 4, "qc", 3, 8, 90, 4, 1, true, 9, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			splitEach(t, []stock.Option{split(tc.buckets)}, func(t *testing.T, e *requestEnv) {
+				splitSeeds(t, e, tc.prefix, tc.seeds, tc.load, func(seed uint64, sku string, store *memstore.Store) {
+					sold := salesQ(t, e, sku, seed+tc.salesSeed, 4, tc.maxQty, nil)
+					evs, passes := publishAll(t, e, sku, tc.batch)
+					queue := slices.Clone(evs)
+					if tc.twice {
+						queue = append(queue, evs...)
 					}
-					require.NoError(t, err, "%+v", ev)
-				}
-				queue = again
-			}
-			require.Empty(t, queue, "events held back for ever")
-			t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
-			splitCheck(t, e, store, sku, sold)
-		}
-	})
+					rand.New(rand.NewPCG(seed, tc.shuffle)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+					rounds, held := consumeRedelivering(t, e, store, queue, tc.consumers)
+					t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
+					splitCheck(t, e, store, sku, sold)
+				})
+			})
+		})
+	}
 }
 
 // TestPassThrough: large sales, often refused after their bucket pulled units from its
@@ -2360,12 +2349,7 @@ func TestQueueShuffled(t *testing.T) {
 // with Batch 1. No acknowledged sale refused.
 func TestPassThrough(t *testing.T) {
 	splitEach(t, []stock.Option{split(5)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
-		for seed := range uint64(6) {
-			sku := fmt.Sprintf("pass-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 10))
-			require.NoError(t, e.r.Load(ctx, sku, 10))
+		splitSeeds(t, e, "pass", 6, 10, func(seed uint64, sku string, store *memstore.Store) {
 			sold := salesQ(t, e, sku, seed+70, 5, 6, nil)
 			rls := []*stockops.Relay{
 				splitRelay(t, e, store, &stock.RelayOptions{Batch: 1}),
@@ -2375,64 +2359,85 @@ func TestPassThrough(t *testing.T) {
 			t.Logf("%s: %d sales, %d passes", sku, len(sold), passes)
 			assert.Zero(t, refused, "the relay counted refusals")
 			splitCheck(t, e, store, sku, sold)
-		}
+		})
 	})
 }
 
-// TestQueueConcurrentConsumers: the queue path with the relay publishing while four
-// consumers apply a shuffled, duplicated queue concurrently; held-back events are redelivered.
-func TestQueueConcurrentConsumers(t *testing.T) {
-	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
-		for seed := range uint64(3) {
-			sku := fmt.Sprintf("qc-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 8))
-			require.NoError(t, e.r.Load(ctx, sku, 8))
-			sold := salesQ(t, e, sku, seed+90, 4, 4, nil)
-			var mu sync.Mutex
-			var evs []stock.Event
-			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-				mu.Lock()
-				evs = append(evs, ev)
-				mu.Unlock()
-				return nil
-			})
-			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 1})
-			require.NoError(t, err)
-			splitDrain(t, e, sku, 400, rl)
-			queue := append(slices.Clone(evs), evs...)
-			rand.New(rand.NewPCG(seed, 9)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
-			for round := 0; len(queue) > 0; round++ {
-				require.Less(t, round, 200, "events held back for ever: %d", len(queue))
-				var qi atomic.Int64
-				var amu sync.Mutex
-				var again []stock.Event
-				var wg sync.WaitGroup
-				for range 4 {
-					wg.Go(func() {
-						for {
-							i := int(qi.Add(1)) - 1
-							if i >= len(queue) {
-								return
-							}
-							err := stock.Consume(ctx, e.r, store, queue[i])
-							if errors.Is(err, stock.ErrHeldBack) {
-								amu.Lock()
-								again = append(again, queue[i])
-								amu.Unlock()
-								continue
-							}
-							assert.NoError(t, err, "%+v", queue[i])
-						}
-					})
-				}
-				wg.Wait()
-				queue = again
-			}
-			splitCheck(t, e, store, sku, sold)
-		}
+// splitSeeds runs f for the seeds 0 to n-1, each on its own item prefix-seed, loaded with load
+// units in the Reserver and in a new memstore.
+func splitSeeds(t *testing.T, e *requestEnv, prefix string, n uint64, load int64, f func(seed uint64, sku string, store *memstore.Store)) {
+	t.Helper()
+	ctx := context.Background()
+	for seed := range n {
+		sku := fmt.Sprintf("%s-%d", prefix, seed)
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, sku, load))
+		require.NoError(t, e.r.Load(ctx, sku, load))
+		f(seed, sku, store)
+	}
+}
+
+// publishAll drains sku through a relay with no Store (Batch batch) whose publisher keeps
+// every event: it returns the events in the order published and the relay's passes.
+func publishAll(t *testing.T, e *requestEnv, sku string, batch int) (evs []stock.Event, passes int) {
+	t.Helper()
+	var mu sync.Mutex
+	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+		mu.Lock()
+		evs = append(evs, ev)
+		mu.Unlock()
+		return nil
 	})
+	rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: batch})
+	require.NoError(t, err)
+	passes, _ = splitDrain(t, e, sku, 400, rl)
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(evs), passes
+}
+
+// consumeRedelivering applies queue through Consume with consumers concurrent consumers,
+// round after round, redelivering in the next round what was held back: every other error
+// fails, and so does a queue not applied within 200 rounds. It returns the rounds and the
+// deliveries held back.
+func consumeRedelivering(t *testing.T, e *requestEnv, store stock.Store, queue []stock.Event, consumers int) (rounds, held int) {
+	t.Helper()
+	ctx := context.Background()
+	for ; len(queue) > 0; rounds++ {
+		require.Less(t, rounds, 200, "events held back for ever: %d", len(queue))
+		var next atomic.Int64
+		var failed atomic.Bool
+		var mu sync.Mutex
+		var again []stock.Event
+		var wg sync.WaitGroup
+		for range consumers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= len(queue) {
+						return
+					}
+					err := stock.Consume(ctx, e.r, store, queue[i])
+					if errors.Is(err, stock.ErrHeldBack) {
+						mu.Lock()
+						again = append(again, queue[i])
+						mu.Unlock()
+						continue
+					}
+					if !assert.NoError(t, err, "%+v", queue[i]) {
+						failed.Store(true)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if failed.Load() {
+			t.FailNow()
+		}
+		held += len(again)
+		queue = again
+	}
+	return rounds, held
 }
 
 // dyingStore is a Store whose relay dies on its k-th Apply: the call's context is
@@ -2457,11 +2462,8 @@ func (s *dyingStore) Apply(ctx context.Context, ev stock.Event) error {
 func TestRelayDiesMidway(t *testing.T) {
 	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		for k := int64(1); k <= 12; k++ {
-			sku := fmt.Sprintf("dies-%d", k)
-			mem := memstore.New()
-			require.NoError(t, mem.Load(ctx, sku, 6))
-			require.NoError(t, e.r.Load(ctx, sku, 6))
+		splitSeeds(t, e, "dies", 12, 6, func(seed uint64, sku string, mem *memstore.Store) {
+			k := int64(seed) + 1
 			sold := sales(t, e, sku, uint64(100+k), 3, nil)
 			rctx, cancel := context.WithCancel(ctx)
 			ds := &dyingStore{Store: mem, k: k, cancel: cancel}
@@ -2485,7 +2487,7 @@ func TestRelayDiesMidway(t *testing.T) {
 			}
 			require.True(t, drained(t, e, sku), "k=%d: not drained", k)
 			splitCheck(t, e, mem, sku, sold)
-		}
+		})
 	})
 }
 
