@@ -821,6 +821,38 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 	st.checkOrder(t)
 }
 
+// queueRelay is a relay with no Store that publishes to q.
+func queueRelay(t *testing.T, e *stocktest.Env, q *relayQueue, o *stock.RelayOptions) *stockops.Relay {
+	t.Helper()
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rl
+}
+
+// consumeVerify hands what q took to Consume (relayConsumeAll) and checks the end state (verify).
+func consumeVerify(t *testing.T, ctx context.Context, e *stocktest.Env, st *orderStore, q *relayQueue, rng *rand.Rand, a *acks) {
+	t.Helper()
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, a)
+}
+
+// keepFirst is the answer to a batch of n events of which the queue took the first k: nil for
+// those, err for the rest.
+func keepFirst(n, k int, err error) ([]error, []bool) {
+	errs := make([]error, n)
+	keep := make([]bool, n)
+	for i := range n {
+		if i < k {
+			keep[i] = true
+		} else {
+			errs[i] = err
+		}
+	}
+	return errs, keep
+}
+
 // setup is a Reserver on stocktest's miniredis, a store and a seeded rng.
 func setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *orderStore, *rand.Rand) {
 	return context.Background(), stocktest.New(t), newOrderStore(), rand.New(rand.NewPCG(seed, 18))
@@ -839,21 +871,9 @@ func TestBatchFailsMidBatch(t *testing.T) {
 		mu.Lock()
 		k := rng.IntN(len(evs) + 1)
 		mu.Unlock()
-		errs := make([]error, len(evs))
-		keep := make([]bool, len(evs))
-		for i := range evs {
-			if i < k {
-				keep[i] = true
-			} else {
-				errs[i] = errors.New("broker: not appended")
-			}
-		}
-		return errs, keep
+		return keepFirst(len(evs), k, errors.New("broker: not appended"))
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
 	drain(t, ctx, e, rl, skus)
 	if q.calls.Load() == 0 {
 		t.Fatal("the relay never called PublishBatch")
@@ -874,8 +894,7 @@ func TestBatchFailsMidBatch(t *testing.T) {
 		}
 		last[ev.SKU] = ev.Seq
 	}
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // A batch publisher whose answer is not a prefix: nil, error, nil, nil... (the queue took every
@@ -898,10 +917,7 @@ func TestBatchHoleInAnswer(t *testing.T) {
 		}
 		return errs, keep
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
 	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
 	relayConsumeAll(t, ctx, e.Reserver, st, msgs, rng)
@@ -938,10 +954,7 @@ func TestBatchWrongLength(t *testing.T) {
 				}
 				return nil, keep
 			}
-			rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
+			rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
 			st1, err := rl.Once(ctx)
 			if st1.Delivered != 0 {
 				t.Errorf("wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
@@ -955,8 +968,7 @@ func TestBatchWrongLength(t *testing.T) {
 			}
 			q.batch = nil
 			drain(t, ctx, e, rl, skus)
-			relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-			verify(t, ctx, e.Reserver, st, acks)
+			consumeVerify(t, ctx, e, st, q, rng, acks)
 		})
 	}
 }
@@ -975,24 +987,16 @@ func TestBatchPanics(t *testing.T) {
 			q.mu.Unlock()
 			panic("publisher bug")
 		}
-		keep := make([]bool, len(evs))
-		for i := range keep {
-			keep[i] = true
-		}
-		return make([]error, len(evs)), keep
+		return keepFirst(len(evs), len(evs), nil)
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
 	func() {
 		defer func() { _ = recover() }()
 		_, _ = rl.Once(ctx)
 	}()
 	e.Advance(10 * time.Second)
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // A broker that delivers a message to a consumer before it confirms it to the publisher (as every
@@ -1054,10 +1058,7 @@ func TestConcurrentConsumers(t *testing.T) {
 	skus := []string{"k1", "k2", "k3", "k4"}
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	drain(t, ctx, e, rl, skus)
 	one := q.take()
 	var all []stock.Event
@@ -1114,10 +1115,7 @@ func TestStaleRedelivery(t *testing.T) {
 	skus := []string{"old"}
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
 	sort.Slice(msgs, func(i, j int) bool { return msgs[i].Seq < msgs[j].Seq })
@@ -1184,14 +1182,10 @@ func TestRunCancelMidBatch(t *testing.T) {
 	}
 	t.Logf("first Run: %d published, %d left in the outboxes", firstRun, pending)
 	e.Advance(2 * time.Minute) // past any lease the first Run held
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	q.batch = nil
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // A publisher that accepts every event after the relay's context ended (a confirm that arrives
@@ -1211,10 +1205,7 @@ func TestAcceptAfterContextEnd(t *testing.T) {
 		}
 		return make([]error, len(evs)), keep
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
 	for i := 0; i < 5; i++ {
 		var c context.Context
 		c, cancel = context.WithCancel(ctx)
@@ -1224,8 +1215,7 @@ func TestAcceptAfterContextEnd(t *testing.T) {
 	e.Advance(2 * time.Minute)
 	q.batch = nil
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // Many items with awkward SKUs, through Run's queue path with a flaky batch publisher (every
@@ -1246,21 +1236,9 @@ func TestManyItemsLiveConsume(t *testing.T) {
 			k = rng.IntN(len(evs) + 1)
 		}
 		mu.Unlock()
-		errs := make([]error, len(evs))
-		keep := make([]bool, len(evs))
-		for i := range evs {
-			if i < k {
-				keep[i] = true
-			} else {
-				errs[i] = errors.New("broker busy")
-			}
-		}
-		return errs, keep
+		return keepFirst(len(evs), k, errors.New("broker busy"))
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 4})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -1289,8 +1267,7 @@ func TestManyItemsLiveConsume(t *testing.T) {
 	drain(t, ctx, e, rl, skus)
 	close(stop)
 	wg.Wait()
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // concurrentConsume consumes msgs with w goroutines, each message delivered dup times, until
@@ -1410,10 +1387,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 		}
 	}
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
 	for round := 0; round < 20; round++ {
 		drain(t, ctx, e, rl, skus)
 		msgs := q.take()
@@ -1491,13 +1465,9 @@ func TestRunPublisherIgnoresContext(t *testing.T) {
 	}
 	e.Advance(2 * time.Minute)
 	q.batch = nil
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // relayEnv is a Reserver on one backend, with a way to let time pass for that backend's Redis
