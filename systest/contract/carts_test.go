@@ -165,13 +165,7 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
-		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
-		require.NoError(t, err)
-		_, err = r.Extend(ctx, "a", "h1", time.Hour)
-		require.NoError(t, err)
-		redistest.Sleep(c, 400*time.Millisecond)
-		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		err := confirmPartlyExpired(t, c, r, "h1", "a")
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
 		assert.Equal(t, int64(0), la.Sold+lb.Sold, "nothing confirmed: a=%+v b=%+v", la, lb)
@@ -185,17 +179,26 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held)
 
 		// The other order: the first hold expired, the second live.
-		cart2 := stock.Cart{ID: "h2", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err = r.HoldMany(ctx, cart2, 300*time.Millisecond)
-		require.NoError(t, err)
-		_, err = r.Extend(ctx, "b", "h2", time.Hour)
-		require.NoError(t, err)
-		redistest.Sleep(c, 400*time.Millisecond)
-		_, err = r.ConfirmMany(ctx, "h2", "a", "b")
+		err = confirmPartlyExpired(t, c, r, "h2", "b")
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		la, lb = check(t, r, "a", 5), check(t, r, "b", 5)
 		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held, "a=%+v b=%+v", la, lb)
 	})
+}
+
+// confirmPartlyExpired holds the cart id (one unit of "a" and of "b") for 300ms, extends its
+// line of live by an hour, lets the other line expire and answers ConfirmMany(id, "a", "b").
+func confirmPartlyExpired(t *testing.T, c rueidis.Client, r *stock.Reserver, id, live string) error {
+	t.Helper()
+	ctx := context.Background()
+	cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+	_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
+	require.NoError(t, err)
+	_, err = r.Extend(ctx, live, id, time.Hour)
+	require.NoError(t, err)
+	redistest.Sleep(c, 400*time.Millisecond)
+	_, err = r.ConfirmMany(ctx, id, "a", "b")
+	return err
 }
 
 // Promise (ConfirmMany doc, and the error contract: "a retry of an operation that did run is
@@ -209,13 +212,7 @@ func TestConfirmManyRetryAnswersExpired(t *testing.T) {
 		c := b.Client(t)
 		r := kit.NewReserver(t, c)
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
-		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
-		require.NoError(t, err)
-		_, err = r.Extend(ctx, "a", "h1", time.Hour)
-		require.NoError(t, err)
-		redistest.Sleep(c, 400*time.Millisecond)
-		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		err := confirmPartlyExpired(t, c, r, "h1", "a")
 		require.ErrorIs(t, err, stock.ErrExpired)
 		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
 		assert.ErrorIs(t, err, stock.ErrExpired, "the retry answers the cart's outcome")
