@@ -1708,6 +1708,32 @@ func TestCartLinesSummedForLimit(t *testing.T) {
 }
 
 // cartTaken returns the units of an item's ledger entries of id that are taken (held or sold).
+// wholeCarts counts the carts prefix-0 to prefix-<n-1> whose line of skus[k] has k+1 units
+// (what: taken, held or confirmed), and fails for every cart with some of its lines and not
+// the others.
+func wholeCarts(t *testing.T, r *stock.Reserver, prefix string, n int, skus []string, what string) (whole int64) {
+	t.Helper()
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		var taken []int64
+		all, none := true, true
+		for k, sku := range skus {
+			got := cartTaken(t, r, sku, id)
+			taken = append(taken, got)
+			all = all && got == int64(k+1)
+			none = none && got == 0
+		}
+		switch {
+		case all:
+			whole++
+		case none:
+		default:
+			t.Errorf("%s half %s: %v", id, what, taken)
+		}
+	}
+	return whole
+}
+
 func cartTaken(t *testing.T, r *stock.Reserver, sku, id string) int64 {
 	t.Helper()
 	var n int64
@@ -2156,21 +2182,7 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 		e.advance(3 * time.Second)
 		_, err := stockops.RecoverCarts(ctx, e.r, 2*time.Second)
 		require.NoError(t, err)
-		var whole int64
-		for i := range n {
-			id := fmt.Sprintf("rc-%d", i)
-			var taken []int64
-			for _, sku := range skus {
-				taken = append(taken, cartTaken(t, e.r, sku, id))
-			}
-			switch {
-			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3 && taken[3] == 4:
-				whole++
-			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0 && taken[3] == 0:
-			default:
-				t.Errorf("%s half taken: %v", id, taken)
-			}
-		}
+		whole := wholeCarts(t, e.r, "rc", n, skus, "taken")
 		for k, sku := range skus {
 			l := levels(t, e.r, sku)
 			assert.Equal(t, whole*int64(k+1), l.Sold, "%s", sku)
@@ -2656,18 +2668,7 @@ func TestConfirmManyRacesCancelMany(t *testing.T) {
 		close(stop)
 		reads, bad := wait()
 		assert.Empty(t, bad, "of %d readings", reads)
-		var confirmed int64
-		for i := range n {
-			id := fmt.Sprintf("cc2-%d", i)
-			taken := []int64{cartTaken(t, e.r, "cc2-a", id), cartTaken(t, e.r, "cc2:b", id), cartTaken(t, e.r, "plain-cc2", id)}
-			switch {
-			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
-				confirmed++
-			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0:
-			default:
-				t.Errorf("%s half confirmed: %v", id, taken)
-			}
-		}
+		confirmed := wholeCarts(t, e.r, "cc2", n, skus, "confirmed")
 		for k, sku := range skus {
 			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, "%s: %+v", sku, l)
@@ -2728,18 +2729,7 @@ func TestRecoverCutHoldSagas(t *testing.T) {
 		e.advance(3 * time.Second)
 		_, err := stockops.RecoverCarts(ctx, e.r, 2*time.Second)
 		require.NoError(t, err)
-		var whole int64
-		for i := range n {
-			id := fmt.Sprintf("rh-%d", i)
-			taken := []int64{cartTaken(t, e.r, "rh-a", id), cartTaken(t, e.r, "rh:b", id), cartTaken(t, e.r, "plain-rh", id)}
-			switch {
-			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
-				whole++
-			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0:
-			default:
-				t.Errorf("%s half held: %v", id, taken)
-			}
-		}
+		whole := wholeCarts(t, e.r, "rh", n, skus, "held")
 		for k, sku := range skus {
 			l := levels(t, e.r, sku)
 			assert.Equal(t, whole*int64(k+1), l.Held, "%s: %+v", sku, l)

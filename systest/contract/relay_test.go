@@ -2609,20 +2609,8 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 func TestConsumeCatchesUp(t *testing.T) {
 	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 7))
-		require.NoError(t, store.Load(ctx, "A", 7))
-		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
-		q := &queue{}
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
-		kit.Drain(t, rl)
-		msgs := q.take()
-		require.Len(t, msgs, 3)
+		r, store, q, rl, msgs := queuedSalesOfA(t, c, 7, 3)
+		var err error
 		for i := 1; i < len(msgs); i++ {
 			assert.Greater(t, msgs[i].Seq, msgs[i-1].Seq)
 		}
@@ -2679,6 +2667,29 @@ func TestConsumeCatchesUp(t *testing.T) {
 	})
 }
 
+// queuedSalesOfA loads the item "A" with load units in a new Reserver on c and in a new
+// memstore, sells n units (ids o0 to o<n-1>) and drains them through a relay with no Store into a
+// queue. It returns those and the n events published.
+func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.Reserver, *memstore.Store, *queue, *stockops.Relay, []stock.Event) {
+	t.Helper()
+	ctx := context.Background()
+	r := kit.NewReserver(t, c)
+	store := memstore.New()
+	require.NoError(t, r.Load(ctx, "A", load))
+	require.NoError(t, store.Load(ctx, "A", load))
+	for i := range n {
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+		require.NoError(t, err)
+	}
+	q := &queue{}
+	rl, err := stockops.NewRelay(r, nil, q, nil)
+	require.NoError(t, err)
+	kit.Drain(t, rl)
+	msgs := q.take()
+	require.Len(t, msgs, n)
+	return r, store, q, rl, msgs
+}
+
 func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
 	t.Helper()
 	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
@@ -2691,20 +2702,7 @@ func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockop
 func TestConsumeDeadLettersInvalid(t *testing.T) {
 	kit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := kit.NewReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 5))
-		require.NoError(t, store.Load(ctx, "A", 5))
-		for i := range 2 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
-		q := &queue{}
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
-		kit.Drain(t, rl)
-		msgs := q.take()
-		require.Len(t, msgs, 2)
+		r, store, _, _, msgs := queuedSalesOfA(t, c, 5, 2)
 		store.FailWith(func(ev stock.Event) error {
 			if ev.ID == "o0" {
 				return fmt.Errorf("bad row: %w", stock.ErrInvalid)
