@@ -89,160 +89,157 @@ var retryConfigs = []retryConfig{
 
 func TestRetryRefusalMatrix(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, cfg := range retryConfigs {
-				for _, op := range []string{"deduct", "hold"} {
-					for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
-						name := fmt.Sprintf("%s/%s/%s", cfg.name, op, stock.Outcome(kind))
-						t.Run(name, func(t *testing.T) {
-							c1, c2 := b.Pair(t)
-							r, err := stock.New(c1, cfg.opts...)
-							if err != nil {
-								t.Fatal(err)
-							}
-							r2, err := stock.New(c2, cfg.opts...)
-							if err != nil {
-								t.Fatal(err)
-							}
-							sku := "it:em~X"
-							other := "aa:other~" // sorts before sku: a cart takes it first
-							id := "ord:1~retry"
-							user := "us:er~1"
-							if err := r.Load(ctx, sku, 3); err != nil {
-								t.Fatal(err)
-							}
-							if err := r.Load(ctx, other, 5); err != nil {
-								t.Fatal(err)
-							}
-							if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "pre:1", User: "p:1", Qty: 1}); err != nil {
-								t.Fatal(err)
-							}
-							if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "pre:h~", User: "p:2", Qty: 1}, time.Hour); err != nil {
-								t.Fatal(err)
-							}
-							qty, rem := int64(2), int64(1)
-							if kind == stock.ErrSoldOut {
-								if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "fill~", User: "p:3", Qty: 1}); err != nil {
-									t.Fatal(err)
-								}
-								qty, rem = 1, 0
-							}
-							req := stock.Request{SKU: sku, ID: id, User: user, Qty: qty, Retry: true}
-							var rc stock.Receipt
-							if op == "deduct" {
-								rc, err = r.Deduct(ctx, req)
-							} else {
-								rc, err = r.Hold(ctx, req, time.Hour)
-							}
-							retryCheckRefusal(t, "the retry", rc, err, kind, rem)
-							entry, err := r.Ledger(ctx, sku, id)
-							if err != nil {
-								t.Fatalf("Ledger of the refused retry: %v", err)
-							}
-							t.Logf("recorded: %+v", entry)
-							if entry.Taken() {
-								t.Errorf("the refused retry's entry is Taken: %+v", entry)
-							}
-							checkLedger(t, r, sku, 3)
+	type matrixCase struct {
+		cfg  retryConfig
+		op   string
+		kind error
+	}
+	var cases []matrixCase
+	var names []string
+	for _, cfg := range retryConfigs {
+		for _, op := range []string{"deduct", "hold"} {
+			for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
+				cases = append(cases, matrixCase{cfg, op, kind})
+				names = append(names, fmt.Sprintf("%s/%s/%s", cfg.name, op, stock.Outcome(kind)))
+			}
+		}
+	}
+	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
+		cfg, op, kind := cases[i].cfg, cases[i].op, cases[i].kind
+		r, r2 := retryPair(t, b, cfg.opts...)
+		var err error
+		sku := "it:em~X"
+		other := "aa:other~" // sorts before sku: a cart takes it first
+		id := "ord:1~retry"
+		user := "us:er~1"
+		if err := r.Load(ctx, sku, 3); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Load(ctx, other, 5); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "pre:1", User: "p:1", Qty: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "pre:h~", User: "p:2", Qty: 1}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		qty, rem := int64(2), int64(1)
+		if kind == stock.ErrSoldOut {
+			if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "fill~", User: "p:3", Qty: 1}); err != nil {
+				t.Fatal(err)
+			}
+			qty, rem = 1, 0
+		}
+		req := stock.Request{SKU: sku, ID: id, User: user, Qty: qty, Retry: true}
+		var rc stock.Receipt
+		if op == "deduct" {
+			rc, err = r.Deduct(ctx, req)
+		} else {
+			rc, err = r.Hold(ctx, req, time.Hour)
+		}
+		retryCheckRefusal(t, "the retry", rc, err, kind, rem)
+		entry, err := r.Ledger(ctx, sku, id)
+		if err != nil {
+			t.Fatalf("Ledger of the refused retry: %v", err)
+		}
+		t.Logf("recorded: %+v", entry)
+		if entry.Taken() {
+			t.Errorf("the refused retry's entry is Taken: %+v", entry)
+		}
+		checkLedger(t, r, sku, 3)
 
-							// Stock comes back: a restore, a cancel, a restock.
-							if _, err := r.Restore(ctx, sku, "pre:1"); err != nil {
-								t.Fatal(err)
-							}
-							if _, err := r.Cancel(ctx, sku, "pre:h~"); err != nil {
-								t.Fatal(err)
-							}
-							if _, err := r.Restock(ctx, sku, "rs:1~", 10); err != nil {
-								t.Fatal(err)
-							}
+		// Stock comes back: a restore, a cancel, a restock.
+		if _, err := r.Restore(ctx, sku, "pre:1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Cancel(ctx, sku, "pre:h~"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Restock(ctx, sku, "rs:1~", 10); err != nil {
+			t.Fatal(err)
+		}
 
-							plain := req
-							plain.Retry = false
-							repeats := []struct {
-								name string
-								f    func() (stock.Receipt, error)
-							}{
-								{"late first attempt (Deduct, no Retry)", func() (stock.Receipt, error) {
-									if op == "hold" {
-										return r.Hold(ctx, plain, time.Hour)
-									}
-									return r.Deduct(ctx, plain)
-								}},
-								{"Deduct", func() (stock.Receipt, error) { return r.Deduct(ctx, plain) }},
-								{"Deduct Retry", func() (stock.Receipt, error) { return r.Deduct(ctx, req) }},
-								{"Hold", func() (stock.Receipt, error) { return r.Hold(ctx, plain, time.Hour) }},
-								{"Hold Retry", func() (stock.Receipt, error) { return r.Hold(ctx, req, time.Hour) }},
-								{"second Reserver Deduct", func() (stock.Receipt, error) { return r2.Deduct(ctx, plain) }},
-								{"second Reserver Hold Retry", func() (stock.Receipt, error) { return r2.Hold(ctx, req, time.Minute) }},
-							}
-							for i := 0; i < 1; i++ {
-								for _, rp := range repeats {
-									before := levels(t, r, sku)
-									pb := retryPending(t, r, sku)
-									rc, err := rp.f()
-									retryCheckRefusal(t, rp.name, rc, err, kind, rem)
-									after := levels(t, r, sku)
-									if before != after {
-										t.Errorf("%s changed the levels: %+v -> %+v", rp.name, before, after)
-									}
-									if pa := retryPending(t, r, sku); pa != pb {
-										t.Errorf("%s queued events: pending %d -> %d", rp.name, pb, pa)
-									}
-								}
-							}
-							// Carts with the same id: the line of sku must refuse, and the other item is
-							// given back whole.
-							ob := levels(t, r, other)
-							sb := levels(t, r, sku)
-							cart := stock.Cart{ID: id, User: user, Lines: []stock.Line{{SKU: other, Qty: 1}, {SKU: sku, Qty: qty}}}
-							_, err = r.HoldMany(ctx, stock.Cart{ID: id + "h", User: user, Lines: []stock.Line{{SKU: sku, Qty: qty}}}, time.Hour)
-							if err != nil {
-								t.Errorf("HoldMany of another id: %v", err) // sanity: there is stock
-							} else if _, err := r.CancelMany(ctx, id+"h", sku); err != nil {
-								t.Fatal(err)
-							}
-							for i, rr := range []*stock.Reserver{r2, r} {
-								if op == "deduct" {
-									_, err = rr.DeductMany(ctx, cart)
-								} else {
-									_, err = rr.HoldMany(ctx, cart, time.Hour)
-								}
-								retryCheckCartRefusal(t, fmt.Sprintf("cart of the id, copy %d", i), err, kind, sku)
-							}
-							if oa := levels(t, r, other); oa != ob {
-								t.Errorf("the refused cart kept stock of %s: %+v -> %+v", other, ob, oa)
-							}
-							if sa := levels(t, r, sku); sa != sb {
-								t.Errorf("the refused carts changed %s: %+v -> %+v", sku, sb, sa)
-							}
-							// After the carts, still the same answer.
-							rc, err = r.Deduct(ctx, plain)
-							retryCheckRefusal(t, "Deduct after carts", rc, err, kind, rem)
-							rc, err = r2.Hold(ctx, req, time.Hour)
-							retryCheckRefusal(t, "Hold Retry after carts", rc, err, kind, rem)
-
-							got, err := r.Ledger(ctx, sku, id)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if got != entry {
-								t.Errorf("the recorded refusal changed: %+v -> %+v", entry, got)
-							}
-							checkLedger(t, r, sku, 3)
-							checkLedger(t, r, other, 5)
-							// The stock is all there for others: the repeats took none.
-							lv := levels(t, r, sku)
-							if lv.Available != 13-boolInt(kind == stock.ErrSoldOut) {
-								t.Errorf("available %d after the repeats, levels %+v", lv.Available, lv)
-							}
-						})
-					}
+		plain := req
+		plain.Retry = false
+		repeats := []struct {
+			name string
+			f    func() (stock.Receipt, error)
+		}{
+			{"late first attempt (Deduct, no Retry)", func() (stock.Receipt, error) {
+				if op == "hold" {
+					return r.Hold(ctx, plain, time.Hour)
+				}
+				return r.Deduct(ctx, plain)
+			}},
+			{"Deduct", func() (stock.Receipt, error) { return r.Deduct(ctx, plain) }},
+			{"Deduct Retry", func() (stock.Receipt, error) { return r.Deduct(ctx, req) }},
+			{"Hold", func() (stock.Receipt, error) { return r.Hold(ctx, plain, time.Hour) }},
+			{"Hold Retry", func() (stock.Receipt, error) { return r.Hold(ctx, req, time.Hour) }},
+			{"second Reserver Deduct", func() (stock.Receipt, error) { return r2.Deduct(ctx, plain) }},
+			{"second Reserver Hold Retry", func() (stock.Receipt, error) { return r2.Hold(ctx, req, time.Minute) }},
+		}
+		for i := 0; i < 1; i++ {
+			for _, rp := range repeats {
+				before := levels(t, r, sku)
+				pb := retryPending(t, r, sku)
+				rc, err := rp.f()
+				retryCheckRefusal(t, rp.name, rc, err, kind, rem)
+				after := levels(t, r, sku)
+				if before != after {
+					t.Errorf("%s changed the levels: %+v -> %+v", rp.name, before, after)
+				}
+				if pa := retryPending(t, r, sku); pa != pb {
+					t.Errorf("%s queued events: pending %d -> %d", rp.name, pb, pa)
 				}
 			}
-		})
-	}
+		}
+		// Carts with the same id: the line of sku must refuse, and the other item is
+		// given back whole.
+		ob := levels(t, r, other)
+		sb := levels(t, r, sku)
+		cart := stock.Cart{ID: id, User: user, Lines: []stock.Line{{SKU: other, Qty: 1}, {SKU: sku, Qty: qty}}}
+		_, err = r.HoldMany(ctx, stock.Cart{ID: id + "h", User: user, Lines: []stock.Line{{SKU: sku, Qty: qty}}}, time.Hour)
+		if err != nil {
+			t.Errorf("HoldMany of another id: %v", err) // sanity: there is stock
+		} else if _, err := r.CancelMany(ctx, id+"h", sku); err != nil {
+			t.Fatal(err)
+		}
+		for i, rr := range []*stock.Reserver{r2, r} {
+			if op == "deduct" {
+				_, err = rr.DeductMany(ctx, cart)
+			} else {
+				_, err = rr.HoldMany(ctx, cart, time.Hour)
+			}
+			retryCheckCartRefusal(t, fmt.Sprintf("cart of the id, copy %d", i), err, kind, sku)
+		}
+		if oa := levels(t, r, other); oa != ob {
+			t.Errorf("the refused cart kept stock of %s: %+v -> %+v", other, ob, oa)
+		}
+		if sa := levels(t, r, sku); sa != sb {
+			t.Errorf("the refused carts changed %s: %+v -> %+v", sku, sb, sa)
+		}
+		// After the carts, still the same answer.
+		rc, err = r.Deduct(ctx, plain)
+		retryCheckRefusal(t, "Deduct after carts", rc, err, kind, rem)
+		rc, err = r2.Hold(ctx, req, time.Hour)
+		retryCheckRefusal(t, "Hold Retry after carts", rc, err, kind, rem)
+
+		got, err := r.Ledger(ctx, sku, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != entry {
+			t.Errorf("the recorded refusal changed: %+v -> %+v", entry, got)
+		}
+		checkLedger(t, r, sku, 3)
+		checkLedger(t, r, other, 5)
+		// The stock is all there for others: the repeats took none.
+		lv := levels(t, r, sku)
+		if lv.Available != 13-boolInt(kind == stock.ErrSoldOut) {
+			t.Errorf("available %d after the repeats, levels %+v", lv.Available, lv)
+		}
+	})
 }
 
 func boolInt(b bool) int64 {
@@ -256,133 +253,114 @@ func boolInt(b bool) int64 {
 
 func TestRetryRefusalFastPath(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if !b.Real() {
-				return // the fast path needs client-side caching
+	splits := []int{1, 3}
+	// The fast path needs client-side caching: miniredis runs none.
+	retryEach(t, true, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
+		split := splits[i]
+		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return split }))
+		var err error
+		sku := "fa:st~1"
+		if err := r.Load(ctx, sku, 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}); err != nil {
+			t.Fatal(err)
+		}
+		// Sold out: refusals start and complete the filter.
+		for i := 0; i < 10; i++ {
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
+			if !errors.Is(err, stock.ErrSoldOut) {
+				t.Fatalf("sold-out refusal %d: %v", i, err)
 			}
-			for _, split := range []int{1, 3} {
-				t.Run(fmt.Sprintf("buckets%d", split), func(t *testing.T) {
-					c1, c2 := b.Pair(t)
-					opts := []stock.Option{stock.WithBuckets(func(string) int { return split })}
-					r, err := stock.New(c1, opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					r2, err := stock.New(c2, opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := "fa:st~1"
-					if err := r.Load(ctx, sku, 1); err != nil {
-						t.Fatal(err)
-					}
-					if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}); err != nil {
-						t.Fatal(err)
-					}
-					// Sold out: refusals start and complete the filter.
-					for i := 0; i < 10; i++ {
-						_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
-						if !errors.Is(err, stock.ErrSoldOut) {
-							t.Fatalf("sold-out refusal %d: %v", i, err)
-						}
-					}
-					// Two ids refused for stock by a Retry while the item is short, the filter running:
-					// one sold out (recorded Remaining 0), then restock 2 and one insufficient.
-					idS, idI := "rt:so~1", "rt:in~1"
-					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true})
-					retryCheckRefusal(t, "retry sold out", rc, err, stock.ErrSoldOut, 0)
-					if _, err := r.Restock(ctx, sku, "rs:1", 2); err != nil {
-						t.Fatal(err)
-					}
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})
-					remI := rc.Remaining
-					if !errors.Is(err, stock.ErrInsufficient) || remI <= 0 {
-						t.Fatalf("retry insufficient: %+v %v", rc, err)
-					}
-					// Sold out again.
-					if _, err := r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}); err != nil {
-						t.Fatal(err)
-					}
-					for i := 0; i < 10; i++ {
-						_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
-						if !errors.Is(err, stock.ErrSoldOut) {
-							t.Fatalf("sold-out refusal %d: %v", i, err)
-						}
-					}
-					before := stockops.SoldOutAnswers(r)
-					for i := 0; i < 20; i++ {
-						_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so3:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
-						_, _ = r2.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so4:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
-					}
-					t.Logf("fast-path answers: %d more", stockops.SoldOutAnswers(r)-before)
-					if stockops.SoldOutAnswers(r) == before {
-						t.Logf("note: the fast path did not answer on this backend")
-					}
-					for i := 0; i < 5; i++ {
-						for j, rr := range []*stock.Reserver{r, r2} {
-							rc, err := rr.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
-							retryCheckRefusal(t, fmt.Sprintf("repeat insufficient via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
-							rc, err = rr.Hold(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}, time.Minute)
-							retryCheckRefusal(t, fmt.Sprintf("repeat insufficient as hold via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
-							rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
-							retryCheckRefusal(t, fmt.Sprintf("repeat sold out via reserver %d", j), rc, err, stock.ErrSoldOut, 0)
-							rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2})
-							if err != nil || !rc.Replayed {
-								t.Errorf("replay of a sale under the fast path: %+v %v", rc, err)
-							}
-						}
-					}
-					// Stock back: the recorded ids stay refused, with the recorded Remaining.
-					if _, err := r2.Restock(ctx, sku, "rs:2", 50); err != nil {
-						t.Fatal(err)
-					}
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
-					retryCheckRefusal(t, "repeat insufficient after restock", rc, err, stock.ErrInsufficient, remI)
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
-					retryCheckRefusal(t, "repeat sold out after restock", rc, err, stock.ErrSoldOut, 0)
-					checkLedger(t, r, sku, 1)
-				})
+		}
+		// Two ids refused for stock by a Retry while the item is short, the filter running:
+		// one sold out (recorded Remaining 0), then restock 2 and one insufficient.
+		idS, idI := "rt:so~1", "rt:in~1"
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true})
+		retryCheckRefusal(t, "retry sold out", rc, err, stock.ErrSoldOut, 0)
+		if _, err := r.Restock(ctx, sku, "rs:1", 2); err != nil {
+			t.Fatal(err)
+		}
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})
+		remI := rc.Remaining
+		if !errors.Is(err, stock.ErrInsufficient) || remI <= 0 {
+			t.Fatalf("retry insufficient: %+v %v", rc, err)
+		}
+		// Sold out again.
+		if _, err := r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 10; i++ {
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
+			if !errors.Is(err, stock.ErrSoldOut) {
+				t.Fatalf("sold-out refusal %d: %v", i, err)
 			}
-		})
-	}
+		}
+		before := stockops.SoldOutAnswers(r)
+		for i := 0; i < 20; i++ {
+			_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so3:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
+			_, _ = r2.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so4:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
+		}
+		t.Logf("fast-path answers: %d more", stockops.SoldOutAnswers(r)-before)
+		if stockops.SoldOutAnswers(r) == before {
+			t.Logf("note: the fast path did not answer on this backend")
+		}
+		for i := 0; i < 5; i++ {
+			for j, rr := range []*stock.Reserver{r, r2} {
+				rc, err := rr.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
+				retryCheckRefusal(t, fmt.Sprintf("repeat insufficient via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
+				rc, err = rr.Hold(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}, time.Minute)
+				retryCheckRefusal(t, fmt.Sprintf("repeat insufficient as hold via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
+				rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
+				retryCheckRefusal(t, fmt.Sprintf("repeat sold out via reserver %d", j), rc, err, stock.ErrSoldOut, 0)
+				rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2})
+				if err != nil || !rc.Replayed {
+					t.Errorf("replay of a sale under the fast path: %+v %v", rc, err)
+				}
+			}
+		}
+		// Stock back: the recorded ids stay refused, with the recorded Remaining.
+		if _, err := r2.Restock(ctx, sku, "rs:2", 50); err != nil {
+			t.Fatal(err)
+		}
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
+		retryCheckRefusal(t, "repeat insufficient after restock", rc, err, stock.ErrInsufficient, remI)
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
+		retryCheckRefusal(t, "repeat sold out after restock", rc, err, stock.ErrSoldOut, 0)
+		checkLedger(t, r, sku, 1)
+	})
 }
 
 // ---------- large numbers: the Remaining a refusal recorded must come back exactly ----------
 
 func TestRetryRefusalLargeNumbers(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, avail := range []int64{999_999_999_999_999, 1_000_000_000_000_003, 4_503_599_627_370_497, stock.MaxQty - 1} {
-				t.Run(fmt.Sprintf("%d", avail), func(t *testing.T) {
-					r, err := stock.New(b.Client(t))
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := "big:~1"
-					if err := r.Load(ctx, sku, avail); err != nil {
-						t.Fatal(err)
-					}
-					req := stock.Request{SKU: sku, ID: "big:id~", User: "u", Qty: stock.MaxQty, Retry: true}
-					rc, err := r.Deduct(ctx, req)
-					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, avail)
-					e, err := r.Ledger(ctx, sku, req.ID)
-					if err != nil || e.Qty != stock.MaxQty || e.After != avail {
-						t.Errorf("ledger: %+v %v", e, err)
-					}
-					req.Retry = false
-					rc, err = r.Deduct(ctx, req)
-					retryCheckRefusal(t, "late first attempt", rc, err, stock.ErrInsufficient, avail)
-					rc, err = r.Hold(ctx, req, time.Minute)
-					retryCheckRefusal(t, "hold", rc, err, stock.ErrInsufficient, avail)
-					checkLedger(t, r, sku, avail)
-				})
-			}
-		})
+	avails := []int64{999_999_999_999_999, 1_000_000_000_000_003, 4_503_599_627_370_497, stock.MaxQty - 1}
+	var names []string
+	for _, avail := range avails {
+		names = append(names, fmt.Sprintf("%d", avail))
 	}
+	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
+		avail := avails[i]
+		r := retryNew(t, b.Client(t))
+		sku := "big:~1"
+		if err := r.Load(ctx, sku, avail); err != nil {
+			t.Fatal(err)
+		}
+		req := stock.Request{SKU: sku, ID: "big:id~", User: "u", Qty: stock.MaxQty, Retry: true}
+		rc, err := r.Deduct(ctx, req)
+		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, avail)
+		e, err := r.Ledger(ctx, sku, req.ID)
+		if err != nil || e.Qty != stock.MaxQty || e.After != avail {
+			t.Errorf("ledger: %+v %v", e, err)
+		}
+		req.Retry = false
+		rc, err = r.Deduct(ctx, req)
+		retryCheckRefusal(t, "late first attempt", rc, err, stock.ErrInsufficient, avail)
+		rc, err = r.Hold(ctx, req, time.Minute)
+		retryCheckRefusal(t, "hold", rc, err, stock.ErrInsufficient, avail)
+		checkLedger(t, r, sku, avail)
+	})
 }
 
 // ---------- holds that expire: the refusal stays, whatever the expiry gave back ----------
@@ -393,10 +371,7 @@ func TestRetryRefusalHoldExpiry(t *testing.T) {
 		t.Run(cfg.name, func(t *testing.T) {
 			env := retryNewEnv(t, cfg.opts...)
 			r := env.Reserver
-			r2, err := stock.New(env.Client, cfg.opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r2 := retryNew(t, env.Client, cfg.opts...)
 			sku := "ex:p~1"
 			if err := r.Load(ctx, sku, 3); err != nil {
 				t.Fatal(err)
@@ -464,325 +439,281 @@ func TestRetryRefusalDueHoldFirst(t *testing.T) {
 // the fast path once the item is sold out again and the build is complete.
 func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if !b.Real() {
-				return
-			}
-			t.Run("all", func(t *testing.T) {
-				c1, c2 := b.Pair(t)
-				r, err := stock.New(c1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r2, err := stock.New(c2)
-				if err != nil {
-					t.Fatal(err)
-				}
-				sku := "mid:bu~ild"
-				const n = 700
-				if err := r.Load(ctx, sku, n); err != nil {
-					t.Fatal(err)
-				}
-				var wg sync.WaitGroup
-				for g := 0; g < 8; g++ {
-					wg.Add(1)
-					go func(g int) {
-						defer wg.Done()
-						for i := g; i < n; i += 8 {
-							if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("s:%d~", i), User: fmt.Sprintf("u%d", i), Qty: 1}); err != nil {
-								t.Error(err)
-								return
-							}
-						}
-					}(g)
-				}
-				wg.Wait()
-				// The first sold-out refusal starts the filter; its build has a long way to go.
-				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "so:0", User: "z", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
-					t.Fatalf("first sold out: %v", err)
-				}
-				if _, err := r.Restock(ctx, sku, "rs:1", 3); err != nil {
-					t.Fatal(err)
-				}
-				var ids []string
-				for i := 0; i < 60; i++ {
-					id := fmt.Sprintf("rt:%d~x", i)
-					rc, err := r2.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5, Retry: true})
-					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 3)
-					ids = append(ids, id)
-				}
-				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3}); err != nil {
-					t.Fatal(err)
-				}
-				for i := 0; i < 40; i++ { // complete the build
-					_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: "z", Qty: 1})
-				}
-				before := stockops.SoldOutAnswers(r)
-				for i := 0; i < 20; i++ {
-					_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so3:%d", i), User: "z", Qty: 1})
-				}
-				t.Logf("fast path answered %d of 20 new ids", stockops.SoldOutAnswers(r)-before)
-				bad := 0
-				for _, id := range ids {
-					for _, rr := range []*stock.Reserver{r, r2} {
-						rc, err := rr.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5})
-						if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 3 {
-							bad++
-							if bad < 5 {
-								t.Errorf("repeat of %s: %+v %v, want ErrInsufficient Remaining 3", id, rc, err)
-							}
-						}
+	retryEach(t, true, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
+		r, r2 := retryPair(t, b)
+		sku := "mid:bu~ild"
+		const n = 700
+		if err := r.Load(ctx, sku, n); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				for i := g; i < n; i += 8 {
+					if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("s:%d~", i), User: fmt.Sprintf("u%d", i), Qty: 1}); err != nil {
+						t.Error(err)
+						return
 					}
 				}
-				if bad > 0 {
-					t.Errorf("%d repeats of recorded refusals answered wrongly", bad)
+			}(g)
+		}
+		wg.Wait()
+		// The first sold-out refusal starts the filter; its build has a long way to go.
+		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "so:0", User: "z", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
+			t.Fatalf("first sold out: %v", err)
+		}
+		if _, err := r.Restock(ctx, sku, "rs:1", 3); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for i := 0; i < 60; i++ {
+			id := fmt.Sprintf("rt:%d~x", i)
+			rc, err := r2.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5, Retry: true})
+			retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 3)
+			ids = append(ids, id)
+		}
+		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 40; i++ { // complete the build
+			_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: "z", Qty: 1})
+		}
+		before := stockops.SoldOutAnswers(r)
+		for i := 0; i < 20; i++ {
+			_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so3:%d", i), User: "z", Qty: 1})
+		}
+		t.Logf("fast path answered %d of 20 new ids", stockops.SoldOutAnswers(r)-before)
+		bad := 0
+		for _, id := range ids {
+			for _, rr := range []*stock.Reserver{r, r2} {
+				rc, err := rr.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5})
+				if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 3 {
+					bad++
+					if bad < 5 {
+						t.Errorf("repeat of %s: %+v %v, want ErrInsufficient Remaining 3", id, rc, err)
+					}
 				}
-				checkLedger(t, r, sku, n)
-			})
-		})
-	}
+			}
+		}
+		if bad > 0 {
+			t.Errorf("%d repeats of recorded refusals answered wrongly", bad)
+		}
+		checkLedger(t, r, sku, n)
+	})
 }
 
 // ---------- the per-user limit ----------
 
 func TestRetryRefusalUserLimit(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, split := range []int{1, 4} {
-				t.Run(fmt.Sprintf("buckets%d", split), func(t *testing.T) {
-					r, err := stock.New(b.Client(t), stock.WithUserLimit(2), stock.WithBuckets(func(string) int { return split }))
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := "li:mit~"
-					u := "al:ice~"
-					if err := r.Load(ctx, sku, 1); err != nil {
-						t.Fatal(err)
-					}
-					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
-					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
-					if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1}); err != nil {
-						t.Fatal(err)
-					}
-					// Sold out and u has 1: a retry refused as sold out.
-					rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute)
-					retryCheckRefusal(t, "retry 2", rc, err, stock.ErrSoldOut, 0)
-					if _, err := r.Restock(ctx, sku, "rs", 10); err != nil {
-						t.Fatal(err)
-					}
-					if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1}); err != nil {
-						t.Fatal(err)
-					}
-					// u is at the limit: the repeats must still answer the recorded refusals.
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2})
-					retryCheckRefusal(t, "repeat x:1 at the limit", rc, err, stock.ErrInsufficient, 1)
-					rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute)
-					retryCheckRefusal(t, "repeat x:2 at the limit", rc, err, stock.ErrSoldOut, 0)
-					for _, id := range []string{"y:1", "z:1"} {
-						if _, err := r.Restore(ctx, sku, id); err != nil {
-							t.Fatal(err)
-						}
-					}
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
-					retryCheckRefusal(t, "repeat x:1 after restores", rc, err, stock.ErrInsufficient, 1)
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true})
-					retryCheckRefusal(t, "repeat x:2 after restores", rc, err, stock.ErrSoldOut, 0)
-					// The repeats counted nothing against u: u may still take 2.
-					if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:1", User: u, Qty: 2}); err != nil {
-						t.Errorf("u cannot take 2 after the repeats: %+v %v", rc, err)
-					}
-					// A retry refused for the limit records nothing (only stock refusals are recorded).
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "v:1", User: u, Qty: 1, Retry: true})
-					if !errors.Is(err, stock.ErrUserLimit) {
-						t.Errorf("retry over the limit: %+v %v", rc, err)
-					}
-					if e, err := r.Ledger(ctx, sku, "v:1"); !errors.Is(err, stock.ErrUnknownID) {
-						t.Logf("note: a retry refused for the limit left an entry: %+v %v", e, err)
-					}
-					checkLedger(t, r, sku, 1)
-				})
+	splits := []int{1, 4}
+	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
+		split := splits[i]
+		r := retryNew(t, b.Client(t), stock.WithUserLimit(2), stock.WithBuckets(func(string) int { return split }))
+		sku := "li:mit~"
+		u := "al:ice~"
+		if err := r.Load(ctx, sku, 1); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
+		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1}); err != nil {
+			t.Fatal(err)
+		}
+		// Sold out and u has 1: a retry refused as sold out.
+		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute)
+		retryCheckRefusal(t, "retry 2", rc, err, stock.ErrSoldOut, 0)
+		if _, err := r.Restock(ctx, sku, "rs", 10); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1}); err != nil {
+			t.Fatal(err)
+		}
+		// u is at the limit: the repeats must still answer the recorded refusals.
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2})
+		retryCheckRefusal(t, "repeat x:1 at the limit", rc, err, stock.ErrInsufficient, 1)
+		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute)
+		retryCheckRefusal(t, "repeat x:2 at the limit", rc, err, stock.ErrSoldOut, 0)
+		for _, id := range []string{"y:1", "z:1"} {
+			if _, err := r.Restore(ctx, sku, id); err != nil {
+				t.Fatal(err)
 			}
-		})
-	}
+		}
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
+		retryCheckRefusal(t, "repeat x:1 after restores", rc, err, stock.ErrInsufficient, 1)
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true})
+		retryCheckRefusal(t, "repeat x:2 after restores", rc, err, stock.ErrSoldOut, 0)
+		// The repeats counted nothing against u: u may still take 2.
+		if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:1", User: u, Qty: 2}); err != nil {
+			t.Errorf("u cannot take 2 after the repeats: %+v %v", rc, err)
+		}
+		// A retry refused for the limit records nothing (only stock refusals are recorded).
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "v:1", User: u, Qty: 1, Retry: true})
+		if !errors.Is(err, stock.ErrUserLimit) {
+			t.Errorf("retry over the limit: %+v %v", rc, err)
+		}
+		if e, err := r.Ledger(ctx, sku, "v:1"); !errors.Is(err, stock.ErrUnknownID) {
+			t.Logf("note: a retry refused for the limit left an entry: %+v %v", e, err)
+		}
+		checkLedger(t, r, sku, 1)
+	})
 }
 
 // ---------- other operations on the refused id ----------
 
 func TestRetryRefusalOtherOps(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, cfg := range retryConfigs {
-				t.Run(cfg.name, func(t *testing.T) {
-					r, err := stock.New(b.Client(t), cfg.opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := "op:s~"
-					id := "x:~1"
-					if err := r.Load(ctx, sku, 1); err != nil {
-						t.Fatal(err)
-					}
-					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true})
-					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
-					entry, err := r.Ledger(ctx, sku, id)
-					if err != nil {
-						t.Fatal(err)
-					}
-					lv0 := levels(t, r, sku)
-					steps := []struct {
-						name string
-						f    func() (stock.Receipt, error)
-					}{
-						{"Restock with the id", func() (stock.Receipt, error) { return r.Restock(ctx, sku, id, 5) }},
-						{"Restore", func() (stock.Receipt, error) { return r.Restore(ctx, sku, id) }},
-						{"Cancel", func() (stock.Receipt, error) { return r.Cancel(ctx, sku, id) }},
-						{"Confirm", func() (stock.Receipt, error) { return r.Confirm(ctx, sku, id) }},
-						{"Extend", func() (stock.Receipt, error) { return r.Extend(ctx, sku, id, time.Minute) }},
-						{"stockops.Refuse", func() (stock.Receipt, error) { return stockops.Refuse(ctx, r, sku, id) }},
-					}
-					for _, st := range steps {
-						rc, err := st.f()
-						t.Logf("%s: %+v %v", st.name, rc, err)
-						if err == nil {
-							t.Errorf("%s of a refused id succeeded: %+v", st.name, rc)
-						}
-						if lv := levels(t, r, sku); lv != lv0 {
-							t.Errorf("%s changed the levels: %+v -> %+v", st.name, lv0, lv)
-						}
-						rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
-						retryCheckRefusal(t, "repeat after "+st.name, rc, err, stock.ErrInsufficient, 1)
-					}
-					if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
-						t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
-					}
-					// A closed item: what does the repeat answer?
-					if err := r.CloseItem(ctx, sku); err != nil {
-						t.Fatal(err)
-					}
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
-					t.Logf("repeat on a closed item: %+v %v", rc, err)
-					if err := r.ReopenItem(ctx, sku); err != nil {
-						t.Fatal(err)
-					}
-					rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
-					retryCheckRefusal(t, "repeat after reopen", rc, err, stock.ErrInsufficient, 1)
-					checkLedger(t, r, sku, 1)
-				})
+	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
+		cfg := retryConfigs[i]
+		r := retryNew(t, b.Client(t), cfg.opts...)
+		sku := "op:s~"
+		id := "x:~1"
+		if err := r.Load(ctx, sku, 1); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true})
+		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+		entry, err := r.Ledger(ctx, sku, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lv0 := levels(t, r, sku)
+		steps := []struct {
+			name string
+			f    func() (stock.Receipt, error)
+		}{
+			{"Restock with the id", func() (stock.Receipt, error) { return r.Restock(ctx, sku, id, 5) }},
+			{"Restore", func() (stock.Receipt, error) { return r.Restore(ctx, sku, id) }},
+			{"Cancel", func() (stock.Receipt, error) { return r.Cancel(ctx, sku, id) }},
+			{"Confirm", func() (stock.Receipt, error) { return r.Confirm(ctx, sku, id) }},
+			{"Extend", func() (stock.Receipt, error) { return r.Extend(ctx, sku, id, time.Minute) }},
+			{"stockops.Refuse", func() (stock.Receipt, error) { return stockops.Refuse(ctx, r, sku, id) }},
+		}
+		for _, st := range steps {
+			rc, err := st.f()
+			t.Logf("%s: %+v %v", st.name, rc, err)
+			if err == nil {
+				t.Errorf("%s of a refused id succeeded: %+v", st.name, rc)
 			}
-		})
-	}
+			if lv := levels(t, r, sku); lv != lv0 {
+				t.Errorf("%s changed the levels: %+v -> %+v", st.name, lv0, lv)
+			}
+			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
+			retryCheckRefusal(t, "repeat after "+st.name, rc, err, stock.ErrInsufficient, 1)
+		}
+		if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
+			t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
+		}
+		// A closed item: what does the repeat answer?
+		if err := r.CloseItem(ctx, sku); err != nil {
+			t.Fatal(err)
+		}
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
+		t.Logf("repeat on a closed item: %+v %v", rc, err)
+		if err := r.ReopenItem(ctx, sku); err != nil {
+			t.Fatal(err)
+		}
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
+		retryCheckRefusal(t, "repeat after reopen", rc, err, stock.ErrInsufficient, 1)
+		checkLedger(t, r, sku, 1)
+	})
 }
 
 // ---------- a one-script cart (WithGroups) with the refused id ----------
 
 func TestRetryRefusalGroupCart(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
-				t.Run(stock.Outcome(kind), func(t *testing.T) {
-					r, err := stock.New(b.Client(t), stock.WithGroups(func(string) string { return "gr:p~" }))
-					if err != nil {
-						t.Fatal(err)
-					}
-					a, x := "a:item~", "x:item~"
-					if err := r.Load(ctx, a, 5); err != nil {
-						t.Fatal(err)
-					}
-					load := int64(1)
-					if kind == stock.ErrSoldOut {
-						load = 0
-					}
-					if err := r.Load(ctx, x, load); err != nil {
-						t.Fatal(err)
-					}
-					id := "ca:rt~1"
-					rc, err := r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true})
-					retryCheckRefusal(t, "retry", rc, err, kind, load)
-					if _, err := r.Restock(ctx, x, "rs", 10); err != nil {
-						t.Fatal(err)
-					}
-					la := levels(t, r, a)
-					for _, hold := range []bool{false, true} {
-						cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: a, Qty: 1}, {SKU: x, Qty: 2}}}
-						var cr stock.CartReceipt
-						if hold {
-							cr, err = r.HoldMany(ctx, cart, time.Minute)
-						} else {
-							cr, err = r.DeductMany(ctx, cart)
-						}
-						if err == nil {
-							t.Errorf("group cart (hold %v) with the refused id was taken: %+v", hold, cr)
-						} else {
-							retryCheckCartRefusal(t, fmt.Sprintf("group cart (hold %v)", hold), err, kind, x)
-						}
-					}
-					if lv := levels(t, r, a); lv != la {
-						t.Errorf("the group cart changed %s: %+v -> %+v", a, la, lv)
-					}
-					rc, err = r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2})
-					retryCheckRefusal(t, "repeat after the carts", rc, err, kind, load)
-					checkLedger(t, r, x, load)
-					checkLedger(t, r, a, 5)
-				})
+	kinds := []error{stock.ErrSoldOut, stock.ErrInsufficient}
+	retryEach(t, false, []string{stock.Outcome(kinds[0]), stock.Outcome(kinds[1])}, func(t *testing.T, b redistest.Backend, i int) {
+		kind := kinds[i]
+		r := retryNew(t, b.Client(t), stock.WithGroups(func(string) string { return "gr:p~" }))
+		var err error
+		a, x := "a:item~", "x:item~"
+		if err := r.Load(ctx, a, 5); err != nil {
+			t.Fatal(err)
+		}
+		load := int64(1)
+		if kind == stock.ErrSoldOut {
+			load = 0
+		}
+		if err := r.Load(ctx, x, load); err != nil {
+			t.Fatal(err)
+		}
+		id := "ca:rt~1"
+		rc, err := r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true})
+		retryCheckRefusal(t, "retry", rc, err, kind, load)
+		if _, err := r.Restock(ctx, x, "rs", 10); err != nil {
+			t.Fatal(err)
+		}
+		la := levels(t, r, a)
+		for _, hold := range []bool{false, true} {
+			cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: a, Qty: 1}, {SKU: x, Qty: 2}}}
+			var cr stock.CartReceipt
+			if hold {
+				cr, err = r.HoldMany(ctx, cart, time.Minute)
+			} else {
+				cr, err = r.DeductMany(ctx, cart)
 			}
-		})
-	}
+			if err == nil {
+				t.Errorf("group cart (hold %v) with the refused id was taken: %+v", hold, cr)
+			} else {
+				retryCheckCartRefusal(t, fmt.Sprintf("group cart (hold %v)", hold), err, kind, x)
+			}
+		}
+		if lv := levels(t, r, a); lv != la {
+			t.Errorf("the group cart changed %s: %+v -> %+v", a, la, lv)
+		}
+		rc, err = r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2})
+		retryCheckRefusal(t, "repeat after the carts", rc, err, kind, load)
+		checkLedger(t, r, x, load)
+		checkLedger(t, r, a, 5)
+	})
 }
 
 // ---------- split items: a refusal must only come when the buckets together cannot serve ----------
 
 func TestRetryRefusalBucketsNoPhantomRefusal(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, tc := range []struct {
-				buckets   int
-				load, qty int64
-			}{{64, 64, 64}, {64, 640, 600}, {16, 33, 33}, {7, 100, 99}} {
-				t.Run(fmt.Sprintf("%d-%d-%d", tc.buckets, tc.load, tc.qty), func(t *testing.T) {
-					r, err := stock.New(b.Client(t), stock.WithBuckets(func(string) int { return tc.buckets }))
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := "sp:lit~"
-					if err := r.Load(ctx, sku, tc.load); err != nil {
-						t.Fatal(err)
-					}
-					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty, Retry: true})
-					if err != nil {
-						t.Errorf("retry of %d of %d over %d buckets refused: %+v %v", tc.qty, tc.load, tc.buckets, rc, err)
-						rc2, err2 := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty})
-						t.Logf("and it is final: %+v %v; levels %+v", rc2, err2, levels(t, r, sku))
-					} else if rc.Remaining != tc.load-tc.qty {
-						t.Logf("remaining in the bucket %d (item %d)", rc.Remaining, tc.load-tc.qty)
-					}
-					// Over: one more than the whole.
-					rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1, Retry: true}, time.Minute)
-					if !errors.Is(err, stock.ErrInsufficient) && !errors.Is(err, stock.ErrSoldOut) {
-						t.Errorf("over-ask: %+v %v", rc, err)
-					}
-					if errors.Is(err, stock.ErrSoldOut) && rc.Remaining != 0 || errors.Is(err, stock.ErrInsufficient) && rc.Remaining == 0 {
-						t.Errorf("refusal kind does not match its Remaining: %+v %v", rc, err)
-					}
-					kind := err
-					rc2, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1})
-					if stock.Outcome(err) != stock.Outcome(kind) || rc2.Remaining != rc.Remaining {
-						t.Errorf("repeat answered %+v %v, the retry %+v %v", rc2, err, rc, kind)
-					}
-					levels(t, r, sku)
-				})
-			}
-		})
+	tcs := []struct {
+		buckets   int
+		load, qty int64
+	}{{64, 64, 64}, {64, 640, 600}, {16, 33, 33}, {7, 100, 99}}
+	var names []string
+	for _, tc := range tcs {
+		names = append(names, fmt.Sprintf("%d-%d-%d", tc.buckets, tc.load, tc.qty))
 	}
+	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
+		tc := tcs[i]
+		r := retryNew(t, b.Client(t), stock.WithBuckets(func(string) int { return tc.buckets }))
+		sku := "sp:lit~"
+		if err := r.Load(ctx, sku, tc.load); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty, Retry: true})
+		if err != nil {
+			t.Errorf("retry of %d of %d over %d buckets refused: %+v %v", tc.qty, tc.load, tc.buckets, rc, err)
+			rc2, err2 := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty})
+			t.Logf("and it is final: %+v %v; levels %+v", rc2, err2, levels(t, r, sku))
+		} else if rc.Remaining != tc.load-tc.qty {
+			t.Logf("remaining in the bucket %d (item %d)", rc.Remaining, tc.load-tc.qty)
+		}
+		// Over: one more than the whole.
+		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1, Retry: true}, time.Minute)
+		if !errors.Is(err, stock.ErrInsufficient) && !errors.Is(err, stock.ErrSoldOut) {
+			t.Errorf("over-ask: %+v %v", rc, err)
+		}
+		if errors.Is(err, stock.ErrSoldOut) && rc.Remaining != 0 || errors.Is(err, stock.ErrInsufficient) && rc.Remaining == 0 {
+			t.Errorf("refusal kind does not match its Remaining: %+v %v", rc, err)
+		}
+		kind := err
+		rc2, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1})
+		if stock.Outcome(err) != stock.Outcome(kind) || rc2.Remaining != rc.Remaining {
+			t.Errorf("repeat answered %+v %v, the retry %+v %v", rc2, err, rc, kind)
+		}
+		levels(t, r, sku)
+	})
 }
 
 // ---------- concurrency ----------
@@ -797,344 +728,322 @@ var retryConcConfigs = []retryConfig{
 // Reservers) while another restocks and another sells and gives back other ids.
 func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, cfg := range retryConcConfigs {
-				for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
-					t.Run(cfg.name+"/"+stock.Outcome(kind), func(t *testing.T) {
-						c1, c2 := b.Pair(t)
-						r, err := stock.New(c1, cfg.opts...)
-						if err != nil {
-							t.Fatal(err)
-						}
-						r2, err := stock.New(c2, cfg.opts...)
-						if err != nil {
-							t.Fatal(err)
-						}
-						sku := "co:nc~1"
-						load := int64(2)
-						if kind == stock.ErrSoldOut {
-							load = 0
-						}
-						if err := r.Load(ctx, sku, load); err != nil {
-							t.Fatal(err)
-						}
-						id, user := "x:~id", "x:~u"
-						rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: true})
-						retryCheckRefusal(t, "retry", rc, err, kind, load)
-						entry, err := r.Ledger(ctx, sku, id)
-						if err != nil {
-							t.Fatal(err)
-						}
-						const restocks = 15
-						var wg sync.WaitGroup
-						var mu sync.Mutex
-						var bad []string
-						stop := make(chan struct{})
-						wg.Add(1)
-						go func() { // restocker
-							defer wg.Done()
-							for i := 0; i < restocks; i++ {
-								if _, err := r2.Restock(ctx, sku, fmt.Sprintf("rs:%d~", i), 1); err != nil {
-									t.Error(err)
-								}
-							}
-						}()
-						var churned int64
-						wg.Add(1)
-						go func() { // churn: others sell and give back
-							defer wg.Done()
-							for i := 0; ; i++ {
-								select {
-								case <-stop:
-									return
-								default:
-								}
-								oid := fmt.Sprintf("o:%d~", i)
-								if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: oid, User: fmt.Sprintf("o%d", i%5), Qty: 1}); err == nil {
-									if _, err := r2.Restore(ctx, sku, oid); err != nil {
-										t.Error(err)
-									}
-									churned++
-								}
-							}
-						}()
-						goroutines, per := 10, 12
-						if cfg.name == "buckets4" {
-							goroutines, per = 6, 10 // split items are slow under contention
-						}
-						var rep sync.WaitGroup
-						for g := 0; g < goroutines; g++ {
-							rep.Add(1)
-							go func(g int) {
-								defer rep.Done()
-								rr := r
-								if g%2 == 1 {
-									rr = r2
-								}
-								for i := 0; i < per; i++ {
-									req := stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: i%3 == 0}
-									var rc stock.Receipt
-									var err error
-									if (g+i)%2 == 0 {
-										rc, err = rr.Deduct(ctx, req)
-									} else {
-										rc, err = rr.Hold(ctx, req, time.Minute)
-									}
-									if !errors.Is(err, kind) || rc.Remaining != load || rc.Replayed {
-										mu.Lock()
-										bad = append(bad, fmt.Sprintf("g%d i%d: %+v %v", g, i, rc, err))
-										mu.Unlock()
-									}
-								}
-							}(g)
-						}
-						rep.Wait()
-						close(stop)
-						wg.Wait()
-						t.Logf("churned %d other sales", churned)
-						if len(bad) > 0 {
-							t.Errorf("%d repeats answered otherwise than %v Remaining %d, e.g. %v", len(bad), kind, load, bad[:min(len(bad), 5)])
-						}
-						if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
-							t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
-						}
-						lv := levels(t, r, sku)
-						if lv.Available != load+restocks || lv.Held != 0 || lv.Sold != 0 {
-							t.Errorf("levels %+v, want available %d and nothing held or sold", lv, load+restocks)
-						}
-						checkLedger(t, r, sku, load)
-					})
+	type concCase struct {
+		cfg  retryConfig
+		kind error
+	}
+	var cases []concCase
+	var names []string
+	for _, cfg := range retryConcConfigs {
+		for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
+			cases = append(cases, concCase{cfg, kind})
+			names = append(names, cfg.name+"/"+stock.Outcome(kind))
+		}
+	}
+	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
+		cfg, kind := cases[i].cfg, cases[i].kind
+		r, r2 := retryPair(t, b, cfg.opts...)
+		sku := "co:nc~1"
+		load := int64(2)
+		if kind == stock.ErrSoldOut {
+			load = 0
+		}
+		if err := r.Load(ctx, sku, load); err != nil {
+			t.Fatal(err)
+		}
+		id, user := "x:~id", "x:~u"
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: true})
+		retryCheckRefusal(t, "retry", rc, err, kind, load)
+		entry, err := r.Ledger(ctx, sku, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const restocks = 15
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var bad []string
+		stop := make(chan struct{})
+		wg.Add(1)
+		go func() { // restocker
+			defer wg.Done()
+			for i := 0; i < restocks; i++ {
+				if _, err := r2.Restock(ctx, sku, fmt.Sprintf("rs:%d~", i), 1); err != nil {
+					t.Error(err)
 				}
 			}
-		})
-	}
+		}()
+		var churned int64
+		wg.Add(1)
+		go func() { // churn: others sell and give back
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				oid := fmt.Sprintf("o:%d~", i)
+				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: oid, User: fmt.Sprintf("o%d", i%5), Qty: 1}); err == nil {
+					if _, err := r2.Restore(ctx, sku, oid); err != nil {
+						t.Error(err)
+					}
+					churned++
+				}
+			}
+		}()
+		goroutines, per := 10, 12
+		if cfg.name == "buckets4" {
+			goroutines, per = 6, 10 // split items are slow under contention
+		}
+		var rep sync.WaitGroup
+		for g := 0; g < goroutines; g++ {
+			rep.Add(1)
+			go func(g int) {
+				defer rep.Done()
+				rr := r
+				if g%2 == 1 {
+					rr = r2
+				}
+				for i := 0; i < per; i++ {
+					req := stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: i%3 == 0}
+					var rc stock.Receipt
+					var err error
+					if (g+i)%2 == 0 {
+						rc, err = rr.Deduct(ctx, req)
+					} else {
+						rc, err = rr.Hold(ctx, req, time.Minute)
+					}
+					if !errors.Is(err, kind) || rc.Remaining != load || rc.Replayed {
+						mu.Lock()
+						bad = append(bad, fmt.Sprintf("g%d i%d: %+v %v", g, i, rc, err))
+						mu.Unlock()
+					}
+				}
+			}(g)
+		}
+		rep.Wait()
+		close(stop)
+		wg.Wait()
+		t.Logf("churned %d other sales", churned)
+		if len(bad) > 0 {
+			t.Errorf("%d repeats answered otherwise than %v Remaining %d, e.g. %v", len(bad), kind, load, bad[:min(len(bad), 5)])
+		}
+		if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
+			t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
+		}
+		lv := levels(t, r, sku)
+		if lv.Available != load+restocks || lv.Held != 0 || lv.Sold != 0 {
+			t.Errorf("levels %+v, want available %d and nothing held or sold", lv, load+restocks)
+		}
+		checkLedger(t, r, sku, load)
+	})
 }
 
 // The first attempt and its retry race each other while stock comes back: the retry's refusal,
 // if there is one, must be final: no copy of the id takes stock.
 func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, cfg := range retryConcConfigs {
-				for _, hold := range []bool{false, true} {
-					t.Run(fmt.Sprintf("%s/hold=%v", cfg.name, hold), func(t *testing.T) {
-						c1, c2 := b.Pair(t)
-						r, err := stock.New(c1, cfg.opts...)
-						if err != nil {
-							t.Fatal(err)
-						}
-						r2, err := stock.New(c2, cfg.opts...)
-						if err != nil {
-							t.Fatal(err)
-						}
-						sku := "ra:ce~"
-						if err := r.Load(ctx, sku, 0); err != nil {
-							t.Fatal(err)
-						}
-						var refusedRounds, takenRounds int
-						for round := 0; round < 25; round++ {
-							id := fmt.Sprintf("x:%d~", round)
-							user := fmt.Sprintf("u:%d", round)
-							type ans struct {
-								retry bool
-								rc    stock.Receipt
-								err   error
-							}
-							var mu sync.Mutex
-							var answers []ans
-							var wg sync.WaitGroup
-							start := make(chan struct{})
-							for g := 0; g < 8; g++ {
-								wg.Add(1)
-								go func(g int) {
-									defer wg.Done()
-									<-start
-									rr := r
-									if g%2 == 1 {
-										rr = r2
-									}
-									req := stock.Request{SKU: sku, ID: id, User: user, Qty: 2, Retry: g >= 4}
-									var rc stock.Receipt
-									var err error
-									if hold {
-										rc, err = rr.Hold(ctx, req, time.Hour)
-									} else {
-										rc, err = rr.Deduct(ctx, req)
-									}
-									mu.Lock()
-									answers = append(answers, ans{req.Retry, rc, err})
-									mu.Unlock()
-								}(g)
-							}
-							wg.Add(1)
-							go func() {
-								defer wg.Done()
-								<-start
-								if _, err := r2.Restock(ctx, sku, "rs:"+id, int64(1+round%2)); err != nil {
-									t.Error(err)
-								}
-							}()
-							close(start)
-							wg.Wait()
-							var retryRefused []ans
-							var taken, fresh int
-							for _, a := range answers {
-								switch {
-								case a.err == nil:
-									taken++
-									if !a.rc.Replayed {
-										fresh++
-									}
-								case errors.Is(a.err, stock.ErrSoldOut) || errors.Is(a.err, stock.ErrInsufficient):
-									if a.retry {
-										retryRefused = append(retryRefused, a)
-									}
-								default:
-									t.Errorf("round %d: unexpected answer %+v %v", round, a.rc, a.err)
-								}
-							}
-							if fresh > 1 {
-								t.Errorf("round %d: %d fresh takes of one id", round, fresh)
-							}
-							if len(retryRefused) > 0 && taken > 0 {
-								t.Errorf("round %d: a retry was refused (%v, Remaining %d) yet the id took stock: %+v", round, retryRefused[0].err, retryRefused[0].rc.Remaining, answers)
-							}
-							// Every refused retry told the same thing, and so does a late copy now.
-							if len(retryRefused) > 0 {
-								refusedRounds++
-								// The retries refused before the record answer the record, so all alike.
-								first := retryRefused[0]
-								late, lerr := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2})
-								if hold {
-									late, lerr = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2}, time.Hour)
-								}
-								matched := false
-								for _, a := range retryRefused {
-									if stock.Outcome(a.err) == stock.Outcome(lerr) && a.rc.Remaining == late.Remaining {
-										matched = true
-									}
-								}
-								if !matched {
-									t.Errorf("round %d: a late copy answered %+v %v; the refused retries got e.g. %+v %v", round, late, lerr, first.rc, first.err)
-								}
-							}
-							if taken > 0 {
-								takenRounds++
-							}
-							// Empty the item again for the next round, with a sale of its own.
-							lv := levels(t, r, sku)
-							if lv.Available > 0 {
-								if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "drain:" + id, Qty: lv.Available}); err != nil {
-									t.Fatalf("drain: %v", err)
-								}
-							}
-						}
-						t.Logf("rounds with a refused retry: %d, with a take: %d", refusedRounds, takenRounds)
-						checkLedger(t, r, sku, 0)
-					})
+	type raceCase struct {
+		cfg  retryConfig
+		hold bool
+	}
+	var cases []raceCase
+	var names []string
+	for _, cfg := range retryConcConfigs {
+		for _, hold := range []bool{false, true} {
+			cases = append(cases, raceCase{cfg, hold})
+			names = append(names, fmt.Sprintf("%s/hold=%v", cfg.name, hold))
+		}
+	}
+	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
+		cfg, hold := cases[i].cfg, cases[i].hold
+		r, r2 := retryPair(t, b, cfg.opts...)
+		sku := "ra:ce~"
+		if err := r.Load(ctx, sku, 0); err != nil {
+			t.Fatal(err)
+		}
+		var refusedRounds, takenRounds int
+		for round := 0; round < 25; round++ {
+			id := fmt.Sprintf("x:%d~", round)
+			user := fmt.Sprintf("u:%d", round)
+			type ans struct {
+				retry bool
+				rc    stock.Receipt
+				err   error
+			}
+			var mu sync.Mutex
+			var answers []ans
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func(g int) {
+					defer wg.Done()
+					<-start
+					rr := r
+					if g%2 == 1 {
+						rr = r2
+					}
+					req := stock.Request{SKU: sku, ID: id, User: user, Qty: 2, Retry: g >= 4}
+					var rc stock.Receipt
+					var err error
+					if hold {
+						rc, err = rr.Hold(ctx, req, time.Hour)
+					} else {
+						rc, err = rr.Deduct(ctx, req)
+					}
+					mu.Lock()
+					answers = append(answers, ans{req.Retry, rc, err})
+					mu.Unlock()
+				}(g)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if _, err := r2.Restock(ctx, sku, "rs:"+id, int64(1+round%2)); err != nil {
+					t.Error(err)
+				}
+			}()
+			close(start)
+			wg.Wait()
+			var retryRefused []ans
+			var taken, fresh int
+			for _, a := range answers {
+				switch {
+				case a.err == nil:
+					taken++
+					if !a.rc.Replayed {
+						fresh++
+					}
+				case errors.Is(a.err, stock.ErrSoldOut) || errors.Is(a.err, stock.ErrInsufficient):
+					if a.retry {
+						retryRefused = append(retryRefused, a)
+					}
+				default:
+					t.Errorf("round %d: unexpected answer %+v %v", round, a.rc, a.err)
 				}
 			}
-		})
-	}
+			if fresh > 1 {
+				t.Errorf("round %d: %d fresh takes of one id", round, fresh)
+			}
+			if len(retryRefused) > 0 && taken > 0 {
+				t.Errorf("round %d: a retry was refused (%v, Remaining %d) yet the id took stock: %+v", round, retryRefused[0].err, retryRefused[0].rc.Remaining, answers)
+			}
+			// Every refused retry told the same thing, and so does a late copy now.
+			if len(retryRefused) > 0 {
+				refusedRounds++
+				// The retries refused before the record answer the record, so all alike.
+				first := retryRefused[0]
+				late, lerr := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2})
+				if hold {
+					late, lerr = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2}, time.Hour)
+				}
+				matched := false
+				for _, a := range retryRefused {
+					if stock.Outcome(a.err) == stock.Outcome(lerr) && a.rc.Remaining == late.Remaining {
+						matched = true
+					}
+				}
+				if !matched {
+					t.Errorf("round %d: a late copy answered %+v %v; the refused retries got e.g. %+v %v", round, late, lerr, first.rc, first.err)
+				}
+			}
+			if taken > 0 {
+				takenRounds++
+			}
+			// Empty the item again for the next round, with a sale of its own.
+			lv := levels(t, r, sku)
+			if lv.Available > 0 {
+				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "drain:" + id, Qty: lv.Available}); err != nil {
+					t.Fatalf("drain: %v", err)
+				}
+			}
+		}
+		t.Logf("rounds with a refused retry: %d, with a take: %d", refusedRounds, takenRounds)
+		checkLedger(t, r, sku, 0)
+	})
 }
 
 // Retries refused on a split item while transfers move stock between buckets: every repeat
 // answers what its retry got.
 func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, n := range []int{3} {
-				t.Run(fmt.Sprintf("buckets%d", n), func(t *testing.T) {
-					c1, c2 := b.Pair(t)
-					opts := []stock.Option{stock.WithBuckets(func(string) int { return n })}
-					r, err := stock.New(c1, opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					r2, err := stock.New(c2, opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := "bu:ck~"
-					if err := r.Load(ctx, sku, 30); err != nil {
-						t.Fatal(err)
-					}
-					type refusal struct {
-						req stock.Request
-						rc  stock.Receipt
-						err error
-					}
-					var mu sync.Mutex
-					var refusals []refusal
-					var wg sync.WaitGroup
-					for g := 0; g < 6; g++ {
-						wg.Add(1)
-						go func(g int) {
-							defer wg.Done()
-							rr := r
-							if g%2 == 1 {
-								rr = r2
-							}
-							for i := 0; i < 8; i++ {
-								req := stock.Request{SKU: sku, ID: fmt.Sprintf("g%d:%d~", g, i), User: fmt.Sprintf("u:%d~%d", g, i%3), Qty: int64(1 + (g*7+i)%6), Retry: true}
-								rc, err := rr.Deduct(ctx, req)
-								switch {
-								case err == nil:
-									if i%4 == 0 {
-										if _, err := rr.Restore(ctx, sku, req.ID); err != nil {
-											t.Error(err)
-										}
-									}
-								case errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient):
-									mu.Lock()
-									refusals = append(refusals, refusal{req, rc, err})
-									mu.Unlock()
-								default:
-									t.Errorf("%+v: %v", req, err)
-								}
-							}
-						}(g)
-					}
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := 0; i < 10; i++ {
-							if _, err := r2.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 2); err != nil {
+	splits := []int{3}
+	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
+		n := splits[i]
+		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return n }))
+		sku := "bu:ck~"
+		if err := r.Load(ctx, sku, 30); err != nil {
+			t.Fatal(err)
+		}
+		type refusal struct {
+			req stock.Request
+			rc  stock.Receipt
+			err error
+		}
+		var mu sync.Mutex
+		var refusals []refusal
+		var wg sync.WaitGroup
+		for g := 0; g < 6; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				rr := r
+				if g%2 == 1 {
+					rr = r2
+				}
+				for i := 0; i < 8; i++ {
+					req := stock.Request{SKU: sku, ID: fmt.Sprintf("g%d:%d~", g, i), User: fmt.Sprintf("u:%d~%d", g, i%3), Qty: int64(1 + (g*7+i)%6), Retry: true}
+					rc, err := rr.Deduct(ctx, req)
+					switch {
+					case err == nil:
+						if i%4 == 0 {
+							if _, err := rr.Restore(ctx, sku, req.ID); err != nil {
 								t.Error(err)
 							}
-							time.Sleep(time.Millisecond)
 						}
-					}()
-					wg.Wait()
-					if _, err := r.Restock(ctx, sku, "rs:big", 1000); err != nil {
-						t.Fatal(err)
+					case errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient):
+						mu.Lock()
+						refusals = append(refusals, refusal{req, rc, err})
+						mu.Unlock()
+					default:
+						t.Errorf("%+v: %v", req, err)
 					}
-					t.Logf("%d refusals", len(refusals))
-					for _, f := range refusals {
-						if errors.Is(f.err, stock.ErrSoldOut) != (f.rc.Remaining == 0) {
-							t.Logf("note: refusal %v with Remaining %d", f.err, f.rc.Remaining)
-						}
-						req := f.req
-						req.Retry = false
-						for _, rr := range []*stock.Reserver{r, r2} {
-							rc, err := rr.Deduct(ctx, req)
-							if stock.Outcome(err) != stock.Outcome(f.err) || rc.Remaining != f.rc.Remaining {
-								t.Errorf("%s: the retry got %v Remaining %d, a repeat %v Remaining %d", req.ID, f.err, f.rc.Remaining, err, rc.Remaining)
-							}
-						}
-					}
-					levels(t, r, sku)
-					checkLedger(t, r, sku, 30)
-				})
+				}
+			}(g)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 10; i++ {
+				if _, err := r2.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 2); err != nil {
+					t.Error(err)
+				}
+				time.Sleep(time.Millisecond)
 			}
-		})
-	}
+		}()
+		wg.Wait()
+		if _, err := r.Restock(ctx, sku, "rs:big", 1000); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d refusals", len(refusals))
+		for _, f := range refusals {
+			if errors.Is(f.err, stock.ErrSoldOut) != (f.rc.Remaining == 0) {
+				t.Logf("note: refusal %v with Remaining %d", f.err, f.rc.Remaining)
+			}
+			req := f.req
+			req.Retry = false
+			for _, rr := range []*stock.Reserver{r, r2} {
+				rc, err := rr.Deduct(ctx, req)
+				if stock.Outcome(err) != stock.Outcome(f.err) || rc.Remaining != f.rc.Remaining {
+					t.Errorf("%s: the retry got %v Remaining %d, a repeat %v Remaining %d", req.ID, f.err, f.rc.Remaining, err, rc.Remaining)
+				}
+			}
+		}
+		levels(t, r, sku)
+		checkLedger(t, r, sku, 30)
+	})
 }
 
 // Repeats of a refusal recorded on a split item, asking more than the whole item, run while
@@ -1143,80 +1052,66 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 // would be final).
 func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			t.Run("all", func(t *testing.T) {
-				c1, c2 := b.Pair(t)
-				opts := []stock.Option{stock.WithBuckets(func(string) int { return 4 })}
-				r, err := stock.New(c1, opts...)
-				if err != nil {
-					t.Fatal(err)
+	retryEach(t, false, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
+		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return 4 }))
+		sku := "ph:an~tom"
+		if err := r.Load(ctx, sku, 1000); err != nil {
+			t.Fatal(err)
+		}
+		big := stock.Request{SKU: sku, ID: "x:~", User: "u:~1", Qty: 1 << 40, Retry: true}
+		rc, err := r.Deduct(ctx, big)
+		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1000)
+		big.Retry = false
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		var mu sync.Mutex
+		var wrong []string
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				rr := []*stock.Reserver{r, r2}[g%2]
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					rc, err := rr.Deduct(ctx, big)
+					if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 1000 {
+						mu.Lock()
+						wrong = append(wrong, fmt.Sprintf("%+v %v", rc, err))
+						mu.Unlock()
+					}
 				}
-				r2, err := stock.New(c2, opts...)
-				if err != nil {
-					t.Fatal(err)
+			}(g)
+		}
+		var lw sync.WaitGroup
+		for g := 0; g < 6; g++ {
+			lw.Add(1)
+			go func(g int) {
+				defer lw.Done()
+				rr := []*stock.Reserver{r, r2}[g%2]
+				for i := 0; i < 10; i++ {
+					req := stock.Request{SKU: sku, ID: fmt.Sprintf("l%d:%d", g, i), User: fmt.Sprintf("v%d~%d", g, i), Qty: 2, Retry: true}
+					if rc, err := rr.Deduct(ctx, req); err != nil {
+						t.Errorf("%s refused while the item has %d+: %+v %v", req.ID, 1000-120, rc, err)
+					}
 				}
-				sku := "ph:an~tom"
-				if err := r.Load(ctx, sku, 1000); err != nil {
-					t.Fatal(err)
-				}
-				big := stock.Request{SKU: sku, ID: "x:~", User: "u:~1", Qty: 1 << 40, Retry: true}
-				rc, err := r.Deduct(ctx, big)
-				retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1000)
-				big.Retry = false
-				var wg sync.WaitGroup
-				stop := make(chan struct{})
-				var mu sync.Mutex
-				var wrong []string
-				for g := 0; g < 4; g++ {
-					wg.Add(1)
-					go func(g int) {
-						defer wg.Done()
-						rr := []*stock.Reserver{r, r2}[g%2]
-						for {
-							select {
-							case <-stop:
-								return
-							default:
-							}
-							rc, err := rr.Deduct(ctx, big)
-							if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 1000 {
-								mu.Lock()
-								wrong = append(wrong, fmt.Sprintf("%+v %v", rc, err))
-								mu.Unlock()
-							}
-						}
-					}(g)
-				}
-				var lw sync.WaitGroup
-				for g := 0; g < 6; g++ {
-					lw.Add(1)
-					go func(g int) {
-						defer lw.Done()
-						rr := []*stock.Reserver{r, r2}[g%2]
-						for i := 0; i < 10; i++ {
-							req := stock.Request{SKU: sku, ID: fmt.Sprintf("l%d:%d", g, i), User: fmt.Sprintf("v%d~%d", g, i), Qty: 2, Retry: true}
-							if rc, err := rr.Deduct(ctx, req); err != nil {
-								t.Errorf("%s refused while the item has %d+: %+v %v", req.ID, 1000-120, rc, err)
-							}
-						}
-					}(g)
-				}
-				lw.Wait()
-				close(stop)
-				wg.Wait()
-				if len(wrong) > 0 {
-					t.Errorf("%d repeats answered otherwise, e.g. %v", len(wrong), wrong[0])
-				}
-				lv := levels(t, r, sku)
-				if lv.Sold != 120 {
-					t.Errorf("levels %+v, want 120 sold", lv)
-				}
-				checkLedger(t, r, sku, 1000)
-			})
-		})
-	}
+			}(g)
+		}
+		lw.Wait()
+		close(stop)
+		wg.Wait()
+		if len(wrong) > 0 {
+			t.Errorf("%d repeats answered otherwise, e.g. %v", len(wrong), wrong[0])
+		}
+		lv := levels(t, r, sku)
+		if lv.Sold != 120 {
+			t.Errorf("levels %+v, want 120 sold", lv)
+		}
+		checkLedger(t, r, sku, 1000)
+	})
 }
 
 // ---------- the relay, the reconciler and the retention ----------
@@ -1308,50 +1203,40 @@ func TestRetryRefusalReconcile(t *testing.T) {
 // what a failover can lose of such a record).
 func TestRetryRefusalReplicaAck(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if !b.Real() {
-				return // miniredis has no WAIT semantics worth testing
-			}
-			t.Run("all", func(t *testing.T) {
-				r, err := stock.New(b.Client(t), stock.WithReplicaAck(5, 20*time.Millisecond))
-				if err != nil {
-					t.Fatal(err)
-				}
-				sku := "ack:~1"
-				if err := r.Load(ctx, sku, 1); err != nil {
-					t.Fatal(err)
-				}
-				t0 := time.Now()
-				rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:~", User: "u", Qty: 2, Retry: true})
-				el := time.Since(t0)
-				if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 1 {
-					t.Fatalf("retry: %+v %v", rc, err)
-				}
-				t.Logf("retry refusal: %v in %v", err, el)
-				if _, err := r.Ledger(ctx, sku, "x:~"); err != nil {
-					t.Fatalf("the refusal was not recorded: %v", err)
-				}
-				_, serr := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "v", Qty: 1})
-				t.Logf("a sale: %v", serr)
-				if !errors.Is(serr, stock.ErrNotReplicated) {
-					t.Fatalf("a sale without a replica: %v, want ErrNotReplicated", serr)
-				}
-				if errors.Is(err, stock.ErrNotReplicated) {
-					t.Errorf("a Retry refused for stock says ErrNotReplicated (the units were taken): %v", err)
-				}
-				_, err = r.Restore(ctx, sku, "z:~")
-				if !errors.Is(err, stock.ErrUnknownID) || errors.Is(err, stock.ErrNotReplicated) {
-					t.Errorf("restore of an unknown id without a replica: %v, want a bare ErrUnknownID", err)
-				}
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:~", User: "w", Qty: 5})
-				if !errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotReplicated) {
-					t.Errorf("a first refusal without Retry (the sale took the last unit): %v, want a bare ErrSoldOut", err)
-				}
-			})
-		})
-	}
+	// miniredis has no WAIT semantics worth testing: it runs none.
+	retryEach(t, true, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
+		r := retryNew(t, b.Client(t), stock.WithReplicaAck(5, 20*time.Millisecond))
+		sku := "ack:~1"
+		if err := r.Load(ctx, sku, 1); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:~", User: "u", Qty: 2, Retry: true})
+		el := time.Since(t0)
+		if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 1 {
+			t.Fatalf("retry: %+v %v", rc, err)
+		}
+		t.Logf("retry refusal: %v in %v", err, el)
+		if _, err := r.Ledger(ctx, sku, "x:~"); err != nil {
+			t.Fatalf("the refusal was not recorded: %v", err)
+		}
+		_, serr := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "v", Qty: 1})
+		t.Logf("a sale: %v", serr)
+		if !errors.Is(serr, stock.ErrNotReplicated) {
+			t.Fatalf("a sale without a replica: %v, want ErrNotReplicated", serr)
+		}
+		if errors.Is(err, stock.ErrNotReplicated) {
+			t.Errorf("a Retry refused for stock says ErrNotReplicated (the units were taken): %v", err)
+		}
+		_, err = r.Restore(ctx, sku, "z:~")
+		if !errors.Is(err, stock.ErrUnknownID) || errors.Is(err, stock.ErrNotReplicated) {
+			t.Errorf("restore of an unknown id without a replica: %v, want a bare ErrUnknownID", err)
+		}
+		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:~", User: "w", Qty: 5})
+		if !errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotReplicated) {
+			t.Errorf("a first refusal without Retry (the sale took the last unit): %v, want a bare ErrSoldOut", err)
+		}
+	})
 }
 
 // ---------- a repeat with another quantity or user ----------
@@ -1360,83 +1245,66 @@ func TestRetryRefusalReplicaAck(t *testing.T) {
 // every later request of the id gets the recorded refusal. Either way it must take nothing.
 func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, cfg := range retryConfigs {
-				t.Run(cfg.name, func(t *testing.T) {
-					r, err := stock.New(b.Client(t), cfg.opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := "pa:ram~"
-					if err := r.Load(ctx, sku, 2); err != nil {
-						t.Fatal(err)
-					}
-					id := "x:~"
-					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
-					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 2)
-					lv := levels(t, r, sku)
-					for _, req := range []stock.Request{
-						{SKU: sku, ID: id, User: "u", Qty: 1},
-						{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true},
-						{SKU: sku, ID: id, User: "other", Qty: 3},
-						{SKU: sku, ID: id, Qty: 3},
-					} {
-						rc, err := r.Deduct(ctx, req)
-						t.Logf("%+v -> %+v %v", req, rc, err)
-						if err == nil {
-							t.Errorf("a copy of the refused id with other parameters took stock: %+v", rc)
-						} else if !errors.Is(err, stock.ErrConflict) && !(errors.Is(err, stock.ErrInsufficient) && rc.Remaining == 2) {
-							t.Errorf("%+v answered %v Remaining %d", req, err, rc.Remaining)
-						}
-						if errors.Is(err, stock.ErrInsufficient) && rc.Remaining >= req.Qty {
-							t.Logf("note: ErrInsufficient for %d units with Remaining %d (the recorded answer, not a conflict)", req.Qty, rc.Remaining)
-						}
-					}
-					if lv2 := levels(t, r, sku); lv2 != lv {
-						t.Errorf("levels changed %+v -> %+v", lv, lv2)
-					}
-				})
+	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
+		cfg := retryConfigs[i]
+		r := retryNew(t, b.Client(t), cfg.opts...)
+		sku := "pa:ram~"
+		if err := r.Load(ctx, sku, 2); err != nil {
+			t.Fatal(err)
+		}
+		id := "x:~"
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
+		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 2)
+		lv := levels(t, r, sku)
+		for _, req := range []stock.Request{
+			{SKU: sku, ID: id, User: "u", Qty: 1},
+			{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true},
+			{SKU: sku, ID: id, User: "other", Qty: 3},
+			{SKU: sku, ID: id, Qty: 3},
+		} {
+			rc, err := r.Deduct(ctx, req)
+			t.Logf("%+v -> %+v %v", req, rc, err)
+			if err == nil {
+				t.Errorf("a copy of the refused id with other parameters took stock: %+v", rc)
+			} else if !errors.Is(err, stock.ErrConflict) && !(errors.Is(err, stock.ErrInsufficient) && rc.Remaining == 2) {
+				t.Errorf("%+v answered %v Remaining %d", req, err, rc.Remaining)
 			}
-		})
-	}
+			if errors.Is(err, stock.ErrInsufficient) && rc.Remaining >= req.Qty {
+				t.Logf("note: ErrInsufficient for %d units with Remaining %d (the recorded answer, not a conflict)", req.Qty, rc.Remaining)
+			}
+		}
+		if lv2 := levels(t, r, sku); lv2 != lv {
+			t.Errorf("levels changed %+v -> %+v", lv, lv2)
+		}
+	})
 }
 
 // ---------- long names full of ':' and '~', on split items ----------
 
 func TestRetryRefusalLongNames(t *testing.T) {
 	ctx := context.Background()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, split := range []int{1, 64} {
-				t.Run(fmt.Sprintf("buckets%d", split), func(t *testing.T) {
-					r, err := stock.New(b.Client(t), stock.WithBuckets(func(string) int { return split }), stock.WithPrefix("p:~x"))
-					if err != nil {
-						t.Fatal(err)
-					}
-					sku := strings.Repeat("s:~", 42) + "zz" // 128 bytes
-					id := strings.Repeat("~:", 64)
-					user := strings.Repeat("u~", 64)
-					if err := r.Load(ctx, sku, 5); err != nil {
-						t.Fatal(err)
-					}
-					rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true})
-					retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 5)
-					if _, err := r.Restock(ctx, sku, id[:127]+"x", 3); err != nil {
-						t.Fatal(err)
-					}
-					rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
-					retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
-					if e, err := r.Ledger(ctx, sku, id); err != nil || e.ID != id || e.User != user || e.SKU != sku || e.Qty != 6 || e.After != 5 {
-						t.Errorf("ledger: %+v %v", e, err)
-					}
-					checkLedger(t, r, sku, 5)
-				})
-			}
-		})
-	}
+	splits := []int{1, 64}
+	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
+		split := splits[i]
+		r := retryNew(t, b.Client(t), stock.WithBuckets(func(string) int { return split }), stock.WithPrefix("p:~x"))
+		sku := strings.Repeat("s:~", 42) + "zz" // 128 bytes
+		id := strings.Repeat("~:", 64)
+		user := strings.Repeat("u~", 64)
+		if err := r.Load(ctx, sku, 5); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true})
+		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 5)
+		if _, err := r.Restock(ctx, sku, id[:127]+"x", 3); err != nil {
+			t.Fatal(err)
+		}
+		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
+		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
+		if e, err := r.Ledger(ctx, sku, id); err != nil || e.ID != id || e.User != user || e.SKU != sku || e.Qty != 6 || e.After != 5 {
+			t.Errorf("ledger: %+v %v", e, err)
+		}
+		checkLedger(t, r, sku, 5)
+	})
 }
 
 // ---------- time moved by hand: WithClock on a miniredis whose clock stands still ----------
@@ -1513,4 +1381,56 @@ func (e *retryEnv) Advance(d time.Duration) {
 	defer e.mu.Unlock()
 	e.now = e.now.Add(d)
 	e.m.SetTime(e.now)
+}
+
+// retryEach runs f for every case (named by names) on every backend, the backends in
+// parallel; with realOnly, a miniredis backend runs none of them (its leaf passes empty).
+func retryEach(t *testing.T, realOnly bool, names []string, f func(t *testing.T, b redistest.Backend, i int)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			if realOnly && !b.Real() {
+				return
+			}
+			for i, name := range names {
+				t.Run(name, func(t *testing.T) { f(t, b, i) })
+			}
+		})
+	}
+}
+
+// retryNew is a Reserver on c with opts.
+func retryNew(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
+	t.Helper()
+	r, err := stock.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// retryPair is two Reservers with opts on two clients of one backend.
+func retryPair(t *testing.T, b redistest.Backend, opts ...stock.Option) (*stock.Reserver, *stock.Reserver) {
+	t.Helper()
+	c1, c2 := b.Pair(t)
+	return retryNew(t, c1, opts...), retryNew(t, c2, opts...)
+}
+
+// retryConfigNames names the cases of a config table.
+func retryConfigNames(cfgs []retryConfig) []string {
+	names := make([]string, len(cfgs))
+	for i, c := range cfgs {
+		names[i] = c.name
+	}
+	return names
+}
+
+// retrySplitNames names the cases of a bucket count table.
+func retrySplitNames(splits []int) []string {
+	names := make([]string, len(splits))
+	for i, n := range splits {
+		names[i] = fmt.Sprintf("buckets%d", n)
+	}
+	return names
 }

@@ -165,13 +165,7 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
-		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
-		require.NoError(t, err)
-		_, err = r.Extend(ctx, "a", "h1", time.Hour)
-		require.NoError(t, err)
-		redistest.Sleep(c, 400*time.Millisecond)
-		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		err := confirmPartlyExpired(t, c, r, "h1", "a")
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
 		assert.Equal(t, int64(0), la.Sold+lb.Sold, "nothing confirmed: a=%+v b=%+v", la, lb)
@@ -185,17 +179,26 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held)
 
 		// The other order: the first hold expired, the second live.
-		cart2 := stock.Cart{ID: "h2", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err = r.HoldMany(ctx, cart2, 300*time.Millisecond)
-		require.NoError(t, err)
-		_, err = r.Extend(ctx, "b", "h2", time.Hour)
-		require.NoError(t, err)
-		redistest.Sleep(c, 400*time.Millisecond)
-		_, err = r.ConfirmMany(ctx, "h2", "a", "b")
+		err = confirmPartlyExpired(t, c, r, "h2", "b")
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		la, lb = check(t, r, "a", 5), check(t, r, "b", 5)
 		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held, "a=%+v b=%+v", la, lb)
 	})
+}
+
+// confirmPartlyExpired holds the cart id (one unit of "a" and of "b") for 300ms, extends its
+// line of live by an hour, lets the other line expire and answers ConfirmMany(id, "a", "b").
+func confirmPartlyExpired(t *testing.T, c rueidis.Client, r *stock.Reserver, id, live string) error {
+	t.Helper()
+	ctx := context.Background()
+	cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
+	_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
+	require.NoError(t, err)
+	_, err = r.Extend(ctx, live, id, time.Hour)
+	require.NoError(t, err)
+	redistest.Sleep(c, 400*time.Millisecond)
+	_, err = r.ConfirmMany(ctx, id, "a", "b")
+	return err
 }
 
 // Promise (ConfirmMany doc, and the error contract: "a retry of an operation that did run is
@@ -209,13 +212,7 @@ func TestConfirmManyRetryAnswersExpired(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
-		cart := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
-		require.NoError(t, err)
-		_, err = r.Extend(ctx, "a", "h1", time.Hour)
-		require.NoError(t, err)
-		redistest.Sleep(c, 400*time.Millisecond)
-		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
+		err := confirmPartlyExpired(t, c, r, "h1", "a")
 		require.ErrorIs(t, err, stock.ErrExpired)
 		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
 		assert.ErrorIs(t, err, stock.ErrExpired, "the retry answers the cart's outcome")
@@ -1101,23 +1098,8 @@ func TestRecoverCutCarts(t *testing.T) {
 			ctx := context.Background()
 			c1, c2 := b.Pair(t)
 			r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
-			var skus []string
-			for i := range 30 {
-				s := fmt.Sprintf("cut:%d", i)
-				skus = append(skus, s)
-				require.NoError(t, r1.Load(ctx, s, 1000))
-			}
-			lines := make([]stock.Line, len(skus))
-			for i, s := range skus {
-				lines[i] = stock.Line{SKU: s, Qty: 1}
-			}
-			const carts = 40
-			errs := make([]error, carts)
-			for i := range carts {
-				cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
-				_, errs[i] = r1.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
-				cancel()
-			}
+			skus, lines, errs := cutCarts(t, r1, "cut")
+			carts := len(errs)
 			// Two Runs (no Store: sweeping and cart recovery only) and two direct calls.
 			opts := stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond}
 			cancel1, done1 := runAsync(r1, opts)
@@ -1172,6 +1154,50 @@ func TestRecoverCutCarts(t *testing.T) {
 	}
 }
 
+// cutCarts loads 30 items (prefix:0 to prefix:29) with 1000 units each and sends 40 carts
+// (cart0 to cart39) of one unit of each item, most of them cut short by a deadline of up to
+// 2.1 ms (the closest the exported API gets to a process that died mid-saga). It returns the
+// items, a cart's lines and each cart's DeductMany error.
+func cutCarts(t *testing.T, r *stock.Reserver, prefix string) (skus []string, lines []stock.Line, errs []error) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 30 {
+		s := fmt.Sprintf("%s:%d", prefix, i)
+		skus = append(skus, s)
+		require.NoError(t, r.Load(ctx, s, 1000))
+	}
+	lines = make([]stock.Line, len(skus))
+	for i, s := range skus {
+		lines[i] = stock.Line{SKU: s, Qty: 1}
+	}
+	errs = make([]error, 40)
+	for i := range errs {
+		cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
+		_, errs[i] = r.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
+		cancel()
+	}
+	return skus, lines, errs
+}
+
+// halfDoneCarts counts the carts of cutCarts (cart0 to cart<carts-1>) that hold some of the
+// items' lines but not all.
+func halfDoneCarts(t *testing.T, r *stock.Reserver, skus []string, carts int) (n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range carts {
+		taken := 0
+		for _, s := range skus {
+			if en, err := r.Ledger(ctx, s, fmt.Sprint("cart", i)); err == nil && en.Taken() {
+				taken++
+			}
+		}
+		if taken != 0 && taken != len(skus) {
+			n++
+		}
+	}
+	return n
+}
+
 // Cart recovery under stocktest's one clock ("moves everything the Reserver depends on ... and
 // stand still otherwise"): carts cut short are undone by RecoverCarts(olderThan) once Advance has
 // moved the clock past olderThan, and not before.
@@ -1179,35 +1205,8 @@ func TestStocktestClockCartRecovery(t *testing.T) {
 	e := stocktest.New(t)
 	ctx := context.Background()
 	r := e.Reserver
-	var skus []string
-	for i := range 30 {
-		s := fmt.Sprintf("sc:%d", i)
-		skus = append(skus, s)
-		require.NoError(t, r.Load(ctx, s, 1000))
-	}
-	lines := make([]stock.Line, len(skus))
-	for i, s := range skus {
-		lines[i] = stock.Line{SKU: s, Qty: 1}
-	}
-	partial := func() (n int) {
-		for i := range 40 {
-			taken := 0
-			for _, s := range skus {
-				if en, err := r.Ledger(ctx, s, fmt.Sprint("cart", i)); err == nil && en.Taken() {
-					taken++
-				}
-			}
-			if taken != 0 && taken != len(skus) {
-				n++
-			}
-		}
-		return n
-	}
-	for i := range 40 {
-		cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
-		_, _ = r.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
-		cancel()
-	}
+	skus, _, errs := cutCarts(t, r, "sc")
+	partial := func() int { return halfDoneCarts(t, r, skus, len(errs)) }
 	time.Sleep(500 * time.Millisecond) // real time passes; the stocktest clock stands still
 	before := partial()
 	n0, err := stockops.RecoverCarts(ctx, r, 30*time.Minute)
@@ -1229,37 +1228,9 @@ func TestStocktestClockCartRecovery(t *testing.T) {
 // server's clock), or within 30 s on a loaded machine.
 func TestRunAloneRecoversCutCarts(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
-		var skus []string
-		for i := range 30 {
-			s := fmt.Sprintf("ra:%d", i)
-			skus = append(skus, s)
-			require.NoError(t, r.Load(ctx, s, 1000))
-		}
-		lines := make([]stock.Line, len(skus))
-		for i, s := range skus {
-			lines[i] = stock.Line{SKU: s, Qty: 1}
-		}
-		partial := func() (n int) {
-			for i := range 40 {
-				taken := 0
-				for _, s := range skus {
-					if en, err := r.Ledger(ctx, s, fmt.Sprint("cart", i)); err == nil && en.Taken() {
-						taken++
-					}
-				}
-				if taken != 0 && taken != len(skus) {
-					n++
-				}
-			}
-			return n
-		}
-		for i := range 40 {
-			cctx, cancel := context.WithTimeout(ctx, time.Duration(i%8)*300*time.Microsecond)
-			_, _ = r.DeductMany(cctx, stock.Cart{ID: fmt.Sprint("cart", i), User: "u", Lines: lines})
-			cancel()
-		}
+		skus, _, errs := cutCarts(t, r, "ra")
+		partial := func() int { return halfDoneCarts(t, r, skus, len(errs)) }
 		before := partial()
 		cancel, done := runAsync(r, stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond})
 		// One second of both clocks, then as long again as a loaded machine needs (a bound,
@@ -1737,6 +1708,32 @@ func TestCartLinesSummedForLimit(t *testing.T) {
 }
 
 // cartTaken returns the units of an item's ledger entries of id that are taken (held or sold).
+// wholeCarts counts the carts prefix-0 to prefix-<n-1> whose line of skus[k] has k+1 units
+// (what: taken, held or confirmed), and fails for every cart with some of its lines and not
+// the others.
+func wholeCarts(t *testing.T, r *stock.Reserver, prefix string, n int, skus []string, what string) (whole int64) {
+	t.Helper()
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		var taken []int64
+		all, none := true, true
+		for k, sku := range skus {
+			got := cartTaken(t, r, sku, id)
+			taken = append(taken, got)
+			all = all && got == int64(k+1)
+			none = none && got == 0
+		}
+		switch {
+		case all:
+			whole++
+		case none:
+		default:
+			t.Errorf("%s half %s: %v", id, what, taken)
+		}
+	}
+	return whole
+}
+
 func cartTaken(t *testing.T, r *stock.Reserver, sku, id string) int64 {
 	t.Helper()
 	var n int64
@@ -2185,21 +2182,7 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 		e.advance(3 * time.Second)
 		_, err := stockops.RecoverCarts(ctx, e.r, 2*time.Second)
 		require.NoError(t, err)
-		var whole int64
-		for i := range n {
-			id := fmt.Sprintf("rc-%d", i)
-			var taken []int64
-			for _, sku := range skus {
-				taken = append(taken, cartTaken(t, e.r, sku, id))
-			}
-			switch {
-			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3 && taken[3] == 4:
-				whole++
-			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0 && taken[3] == 0:
-			default:
-				t.Errorf("%s half taken: %v", id, taken)
-			}
-		}
+		whole := wholeCarts(t, e.r, "rc", n, skus, "taken")
 		for k, sku := range skus {
 			l := levels(t, e.r, sku)
 			assert.Equal(t, whole*int64(k+1), l.Sold, "%s", sku)
@@ -2685,18 +2668,7 @@ func TestConfirmManyRacesCancelMany(t *testing.T) {
 		close(stop)
 		reads, bad := wait()
 		assert.Empty(t, bad, "of %d readings", reads)
-		var confirmed int64
-		for i := range n {
-			id := fmt.Sprintf("cc2-%d", i)
-			taken := []int64{cartTaken(t, e.r, "cc2-a", id), cartTaken(t, e.r, "cc2:b", id), cartTaken(t, e.r, "plain-cc2", id)}
-			switch {
-			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
-				confirmed++
-			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0:
-			default:
-				t.Errorf("%s half confirmed: %v", id, taken)
-			}
-		}
+		confirmed := wholeCarts(t, e.r, "cc2", n, skus, "confirmed")
 		for k, sku := range skus {
 			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, "%s: %+v", sku, l)
@@ -2757,18 +2729,7 @@ func TestRecoverCutHoldSagas(t *testing.T) {
 		e.advance(3 * time.Second)
 		_, err := stockops.RecoverCarts(ctx, e.r, 2*time.Second)
 		require.NoError(t, err)
-		var whole int64
-		for i := range n {
-			id := fmt.Sprintf("rh-%d", i)
-			taken := []int64{cartTaken(t, e.r, "rh-a", id), cartTaken(t, e.r, "rh:b", id), cartTaken(t, e.r, "plain-rh", id)}
-			switch {
-			case taken[0] == 1 && taken[1] == 2 && taken[2] == 3:
-				whole++
-			case taken[0] == 0 && taken[1] == 0 && taken[2] == 0:
-			default:
-				t.Errorf("%s half held: %v", id, taken)
-			}
-		}
+		whole := wholeCarts(t, e.r, "rh", n, skus, "held")
 		for k, sku := range skus {
 			l := levels(t, e.r, sku)
 			assert.Equal(t, whole*int64(k+1), l.Held, "%s: %+v", sku, l)

@@ -821,6 +821,38 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 	st.checkOrder(t)
 }
 
+// queueRelay is a relay with no Store that publishes to q.
+func queueRelay(t *testing.T, e *stocktest.Env, q *relayQueue, o *stock.RelayOptions) *stockops.Relay {
+	t.Helper()
+	rl, err := stockops.NewRelay(e.Reserver, nil, q, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rl
+}
+
+// consumeVerify hands what q took to Consume (relayConsumeAll) and checks the end state (verify).
+func consumeVerify(t *testing.T, ctx context.Context, e *stocktest.Env, st *orderStore, q *relayQueue, rng *rand.Rand, a *acks) {
+	t.Helper()
+	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
+	verify(t, ctx, e.Reserver, st, a)
+}
+
+// keepFirst is the answer to a batch of n events of which the queue took the first k: nil for
+// those, err for the rest.
+func keepFirst(n, k int, err error) ([]error, []bool) {
+	errs := make([]error, n)
+	keep := make([]bool, n)
+	for i := range n {
+		if i < k {
+			keep[i] = true
+		} else {
+			errs[i] = err
+		}
+	}
+	return errs, keep
+}
+
 // setup is a Reserver on stocktest's miniredis, a store and a seeded rng.
 func setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *orderStore, *rand.Rand) {
 	return context.Background(), stocktest.New(t), newOrderStore(), rand.New(rand.NewPCG(seed, 18))
@@ -839,21 +871,9 @@ func TestBatchFailsMidBatch(t *testing.T) {
 		mu.Lock()
 		k := rng.IntN(len(evs) + 1)
 		mu.Unlock()
-		errs := make([]error, len(evs))
-		keep := make([]bool, len(evs))
-		for i := range evs {
-			if i < k {
-				keep[i] = true
-			} else {
-				errs[i] = errors.New("broker: not appended")
-			}
-		}
-		return errs, keep
+		return keepFirst(len(evs), k, errors.New("broker: not appended"))
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
 	drain(t, ctx, e, rl, skus)
 	if q.calls.Load() == 0 {
 		t.Fatal("the relay never called PublishBatch")
@@ -874,8 +894,7 @@ func TestBatchFailsMidBatch(t *testing.T) {
 		}
 		last[ev.SKU] = ev.Seq
 	}
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // A batch publisher whose answer is not a prefix: nil, error, nil, nil... (the queue took every
@@ -898,10 +917,7 @@ func TestBatchHoleInAnswer(t *testing.T) {
 		}
 		return errs, keep
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
 	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
 	relayConsumeAll(t, ctx, e.Reserver, st, msgs, rng)
@@ -938,10 +954,7 @@ func TestBatchWrongLength(t *testing.T) {
 				}
 				return nil, keep
 			}
-			rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
+			rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
 			st1, err := rl.Once(ctx)
 			if st1.Delivered != 0 {
 				t.Errorf("wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
@@ -955,8 +968,7 @@ func TestBatchWrongLength(t *testing.T) {
 			}
 			q.batch = nil
 			drain(t, ctx, e, rl, skus)
-			relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-			verify(t, ctx, e.Reserver, st, acks)
+			consumeVerify(t, ctx, e, st, q, rng, acks)
 		})
 	}
 }
@@ -975,24 +987,16 @@ func TestBatchPanics(t *testing.T) {
 			q.mu.Unlock()
 			panic("publisher bug")
 		}
-		keep := make([]bool, len(evs))
-		for i := range keep {
-			keep[i] = true
-		}
-		return make([]error, len(evs)), keep
+		return keepFirst(len(evs), len(evs), nil)
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
 	func() {
 		defer func() { _ = recover() }()
 		_, _ = rl.Once(ctx)
 	}()
 	e.Advance(10 * time.Second)
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // A broker that delivers a message to a consumer before it confirms it to the publisher (as every
@@ -1054,10 +1058,7 @@ func TestConcurrentConsumers(t *testing.T) {
 	skus := []string{"k1", "k2", "k3", "k4"}
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	drain(t, ctx, e, rl, skus)
 	one := q.take()
 	var all []stock.Event
@@ -1114,10 +1115,7 @@ func TestStaleRedelivery(t *testing.T) {
 	skus := []string{"old"}
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
 	sort.Slice(msgs, func(i, j int) bool { return msgs[i].Seq < msgs[j].Seq })
@@ -1184,14 +1182,10 @@ func TestRunCancelMidBatch(t *testing.T) {
 	}
 	t.Logf("first Run: %d published, %d left in the outboxes", firstRun, pending)
 	e.Advance(2 * time.Minute) // past any lease the first Run held
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	q.batch = nil
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // A publisher that accepts every event after the relay's context ended (a confirm that arrives
@@ -1211,10 +1205,7 @@ func TestAcceptAfterContextEnd(t *testing.T) {
 		}
 		return make([]error, len(evs)), keep
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
 	for i := 0; i < 5; i++ {
 		var c context.Context
 		c, cancel = context.WithCancel(ctx)
@@ -1224,8 +1215,7 @@ func TestAcceptAfterContextEnd(t *testing.T) {
 	e.Advance(2 * time.Minute)
 	q.batch = nil
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // Many items with awkward SKUs, through Run's queue path with a flaky batch publisher (every
@@ -1246,21 +1236,9 @@ func TestManyItemsLiveConsume(t *testing.T) {
 			k = rng.IntN(len(evs) + 1)
 		}
 		mu.Unlock()
-		errs := make([]error, len(evs))
-		keep := make([]bool, len(evs))
-		for i := range evs {
-			if i < k {
-				keep[i] = true
-			} else {
-				errs[i] = errors.New("broker busy")
-			}
-		}
-		return errs, keep
+		return keepFirst(len(evs), k, errors.New("broker busy"))
 	}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 4})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -1289,8 +1267,7 @@ func TestManyItemsLiveConsume(t *testing.T) {
 	drain(t, ctx, e, rl, skus)
 	close(stop)
 	wg.Wait()
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // concurrentConsume consumes msgs with w goroutines, each message delivered dup times, until
@@ -1410,10 +1387,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 		}
 	}
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
 	for round := 0; round < 20; round++ {
 		drain(t, ctx, e, rl, skus)
 		msgs := q.take()
@@ -1491,13 +1465,9 @@ func TestRunPublisherIgnoresContext(t *testing.T) {
 	}
 	e.Advance(2 * time.Minute)
 	q.batch = nil
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := queueRelay(t, e, q, nil)
 	drain(t, ctx, e, rl, skus)
-	relayConsumeAll(t, ctx, e.Reserver, st, q.take(), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // relayEnv is a Reserver on one backend, with a way to let time pass for that backend's Redis
@@ -2284,11 +2254,7 @@ func TestClientKillMidBatch(t *testing.T) {
 func TestRelayInterleaved(t *testing.T) {
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		for seed := range uint64(3) {
-			sku := fmt.Sprintf("inter-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 5))
-			require.NoError(t, e.r.Load(ctx, sku, 5))
+		splitSeeds(t, e, "inter", 3, 5, func(seed uint64, sku string, store *memstore.Store) {
 			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1, Lease: time.Second})
 			refused := 0
 			sold := sales(t, e, sku, seed+10, 5, func(round int) {
@@ -2304,55 +2270,48 @@ func TestRelayInterleaved(t *testing.T) {
 			_, r2 := splitDrain(t, e, sku, 400, rl)
 			assert.Zero(t, refused+r2, "the relay counted refusals")
 			splitCheck(t, e, store, sku, sold)
-		}
+		})
 	})
 }
 
-// TestQueueShuffled: the queue path. A relay with no Store publishes; the events are
+// TestQueueRedelivered: the queue path. A relay with no Store publishes; the events are
 // consumed through Consume in a shuffled order, redelivered while held back: never refused.
-func TestQueueShuffled(t *testing.T) {
-	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
-		for seed := range uint64(4) {
-			sku := fmt.Sprintf("q-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 6))
-			require.NoError(t, e.r.Load(ctx, sku, 6))
-			sold := sales(t, e, sku, seed+20, 4, nil)
-			var mu sync.Mutex
-			var evs []stock.Event
-			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-				mu.Lock()
-				evs = append(evs, ev)
-				mu.Unlock()
-				return nil
-			})
-			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
-			require.NoError(t, err)
-			passes, _ := splitDrain(t, e, sku, 400, rl)
-			queue := slices.Clone(evs)
-			rand.New(rand.NewPCG(seed, 3)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
-			rounds := 0
-			held := 0
-			for len(queue) > 0 && rounds < 200 {
-				rounds++
-				var again []stock.Event
-				for _, ev := range queue {
-					err := stock.Consume(ctx, e.r, store, ev)
-					if errors.Is(err, stock.ErrHeldBack) {
-						held++
-						again = append(again, ev)
-						continue
+// Once by one consumer; once duplicated (every event delivered twice) to four consumers
+// applying the queue concurrently.
+func TestQueueRedelivered(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		buckets   int
+		prefix    string
+		seeds     uint64
+		load      int64
+		salesSeed uint64 // added to the seed
+		maxQty    int
+		batch     int
+		twice     bool // every event queued twice
+		shuffle   uint64
+		consumers int
+	}{
+		{"shuffled_one_consumer", 3, "q", 4, 6, 20, 2, 2, false, 3, 1},
+		{"shuffled_twice_four_concurrent_consumers", 4, "qc", 3, 8, 90, 4, 1, true, 9, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			splitEach(t, []stock.Option{split(tc.buckets)}, func(t *testing.T, e *requestEnv) {
+				splitSeeds(t, e, tc.prefix, tc.seeds, tc.load, func(seed uint64, sku string, store *memstore.Store) {
+					sold := salesQ(t, e, sku, seed+tc.salesSeed, 4, tc.maxQty, nil)
+					evs, passes := publishAll(t, e, sku, tc.batch)
+					queue := slices.Clone(evs)
+					if tc.twice {
+						queue = append(queue, evs...)
 					}
-					require.NoError(t, err, "%+v", ev)
-				}
-				queue = again
-			}
-			require.Empty(t, queue, "events held back for ever")
-			t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
-			splitCheck(t, e, store, sku, sold)
-		}
-	})
+					rand.New(rand.NewPCG(seed, tc.shuffle)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+					rounds, held := consumeRedelivering(t, e, store, queue, tc.consumers)
+					t.Logf("%s: %d events, %d relay passes, %d consume rounds, %d held back", sku, len(evs), passes, rounds, held)
+					splitCheck(t, e, store, sku, sold)
+				})
+			})
+		})
+	}
 }
 
 // TestPassThrough: large sales, often refused after their bucket pulled units from its
@@ -2360,12 +2319,7 @@ func TestQueueShuffled(t *testing.T) {
 // with Batch 1. No acknowledged sale refused.
 func TestPassThrough(t *testing.T) {
 	splitEach(t, []stock.Option{split(5)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
-		for seed := range uint64(6) {
-			sku := fmt.Sprintf("pass-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 10))
-			require.NoError(t, e.r.Load(ctx, sku, 10))
+		splitSeeds(t, e, "pass", 6, 10, func(seed uint64, sku string, store *memstore.Store) {
 			sold := salesQ(t, e, sku, seed+70, 5, 6, nil)
 			rls := []*stockops.Relay{
 				splitRelay(t, e, store, &stock.RelayOptions{Batch: 1}),
@@ -2375,64 +2329,85 @@ func TestPassThrough(t *testing.T) {
 			t.Logf("%s: %d sales, %d passes", sku, len(sold), passes)
 			assert.Zero(t, refused, "the relay counted refusals")
 			splitCheck(t, e, store, sku, sold)
-		}
+		})
 	})
 }
 
-// TestQueueConcurrentConsumers: the queue path with the relay publishing while four
-// consumers apply a shuffled, duplicated queue concurrently; held-back events are redelivered.
-func TestQueueConcurrentConsumers(t *testing.T) {
-	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
-		for seed := range uint64(3) {
-			sku := fmt.Sprintf("qc-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 8))
-			require.NoError(t, e.r.Load(ctx, sku, 8))
-			sold := salesQ(t, e, sku, seed+90, 4, 4, nil)
-			var mu sync.Mutex
-			var evs []stock.Event
-			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-				mu.Lock()
-				evs = append(evs, ev)
-				mu.Unlock()
-				return nil
-			})
-			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 1})
-			require.NoError(t, err)
-			splitDrain(t, e, sku, 400, rl)
-			queue := append(slices.Clone(evs), evs...)
-			rand.New(rand.NewPCG(seed, 9)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
-			for round := 0; len(queue) > 0; round++ {
-				require.Less(t, round, 200, "events held back for ever: %d", len(queue))
-				var qi atomic.Int64
-				var amu sync.Mutex
-				var again []stock.Event
-				var wg sync.WaitGroup
-				for range 4 {
-					wg.Go(func() {
-						for {
-							i := int(qi.Add(1)) - 1
-							if i >= len(queue) {
-								return
-							}
-							err := stock.Consume(ctx, e.r, store, queue[i])
-							if errors.Is(err, stock.ErrHeldBack) {
-								amu.Lock()
-								again = append(again, queue[i])
-								amu.Unlock()
-								continue
-							}
-							assert.NoError(t, err, "%+v", queue[i])
-						}
-					})
-				}
-				wg.Wait()
-				queue = again
-			}
-			splitCheck(t, e, store, sku, sold)
-		}
+// splitSeeds runs f for the seeds 0 to n-1, each on its own item prefix-seed, loaded with load
+// units in the Reserver and in a new memstore.
+func splitSeeds(t *testing.T, e *requestEnv, prefix string, n uint64, load int64, f func(seed uint64, sku string, store *memstore.Store)) {
+	t.Helper()
+	ctx := context.Background()
+	for seed := range n {
+		sku := fmt.Sprintf("%s-%d", prefix, seed)
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, sku, load))
+		require.NoError(t, e.r.Load(ctx, sku, load))
+		f(seed, sku, store)
+	}
+}
+
+// publishAll drains sku through a relay with no Store (Batch batch) whose publisher keeps
+// every event: it returns the events in the order published and the relay's passes.
+func publishAll(t *testing.T, e *requestEnv, sku string, batch int) (evs []stock.Event, passes int) {
+	t.Helper()
+	var mu sync.Mutex
+	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+		mu.Lock()
+		evs = append(evs, ev)
+		mu.Unlock()
+		return nil
 	})
+	rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: batch})
+	require.NoError(t, err)
+	passes, _ = splitDrain(t, e, sku, 400, rl)
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(evs), passes
+}
+
+// consumeRedelivering applies queue through Consume with consumers concurrent consumers,
+// round after round, redelivering in the next round what was held back: every other error
+// fails, and so does a queue not applied within 200 rounds. It returns the rounds and the
+// deliveries held back.
+func consumeRedelivering(t *testing.T, e *requestEnv, store stock.Store, queue []stock.Event, consumers int) (rounds, held int) {
+	t.Helper()
+	ctx := context.Background()
+	for ; len(queue) > 0; rounds++ {
+		require.Less(t, rounds, 200, "events held back for ever: %d", len(queue))
+		var next atomic.Int64
+		var failed atomic.Bool
+		var mu sync.Mutex
+		var again []stock.Event
+		var wg sync.WaitGroup
+		for range consumers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= len(queue) {
+						return
+					}
+					err := stock.Consume(ctx, e.r, store, queue[i])
+					if errors.Is(err, stock.ErrHeldBack) {
+						mu.Lock()
+						again = append(again, queue[i])
+						mu.Unlock()
+						continue
+					}
+					if !assert.NoError(t, err, "%+v", queue[i]) {
+						failed.Store(true)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if failed.Load() {
+			t.FailNow()
+		}
+		held += len(again)
+		queue = again
+	}
+	return rounds, held
 }
 
 // dyingStore is a Store whose relay dies on its k-th Apply: the call's context is
@@ -2457,11 +2432,8 @@ func (s *dyingStore) Apply(ctx context.Context, ev stock.Event) error {
 func TestRelayDiesMidway(t *testing.T) {
 	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		for k := int64(1); k <= 12; k++ {
-			sku := fmt.Sprintf("dies-%d", k)
-			mem := memstore.New()
-			require.NoError(t, mem.Load(ctx, sku, 6))
-			require.NoError(t, e.r.Load(ctx, sku, 6))
+		splitSeeds(t, e, "dies", 12, 6, func(seed uint64, sku string, mem *memstore.Store) {
+			k := int64(seed) + 1
 			sold := sales(t, e, sku, uint64(100+k), 3, nil)
 			rctx, cancel := context.WithCancel(ctx)
 			ds := &dyingStore{Store: mem, k: k, cancel: cancel}
@@ -2485,7 +2457,7 @@ func TestRelayDiesMidway(t *testing.T) {
 			}
 			require.True(t, drained(t, e, sku), "k=%d: not drained", k)
 			splitCheck(t, e, mem, sku, sold)
-		}
+		})
 	})
 }
 
@@ -2637,20 +2609,8 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 func TestConsumeCatchesUp(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 7))
-		require.NoError(t, store.Load(ctx, "A", 7))
-		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
-		q := &queue{}
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
-		testkit.Drain(t, rl)
-		msgs := q.take()
-		require.Len(t, msgs, 3)
+		r, store, q, rl, msgs := queuedSalesOfA(t, c, 7, 3)
+		var err error
 		for i := 1; i < len(msgs); i++ {
 			assert.Greater(t, msgs[i].Seq, msgs[i-1].Seq)
 		}
@@ -2705,6 +2665,29 @@ func TestConsumeCatchesUp(t *testing.T) {
 		assert.Zero(t, reps[0].Published, reps[0].String())
 		assert.Zero(t, reps[0].Drift, reps[0].String())
 	})
+}
+
+// queuedSalesOfA loads the item "A" with load units in a new Reserver on c and in a new
+// memstore, sells n units (ids o0 to o<n-1>) and drains them through a relay with no Store into a
+// queue. It returns those and the n events published.
+func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.Reserver, *memstore.Store, *queue, *stockops.Relay, []stock.Event) {
+	t.Helper()
+	ctx := context.Background()
+	r := testkit.NewReserver(t, c)
+	store := memstore.New()
+	require.NoError(t, r.Load(ctx, "A", load))
+	require.NoError(t, store.Load(ctx, "A", load))
+	for i := range n {
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
+		require.NoError(t, err)
+	}
+	q := &queue{}
+	rl, err := stockops.NewRelay(r, nil, q, nil)
+	require.NoError(t, err)
+	testkit.Drain(t, rl)
+	msgs := q.take()
+	require.Len(t, msgs, n)
+	return r, store, q, rl, msgs
 }
 
 func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
@@ -2803,20 +2786,7 @@ func (q *hookQueue) Publish(ctx context.Context, ev stock.Event) error {
 func TestConsumeDeadLettersInvalid(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 5))
-		require.NoError(t, store.Load(ctx, "A", 5))
-		for i := range 2 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
-		q := &queue{}
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
-		testkit.Drain(t, rl)
-		msgs := q.take()
-		require.Len(t, msgs, 2)
+		r, store, _, _, msgs := queuedSalesOfA(t, c, 5, 2)
 		store.FailWith(func(ev stock.Event) error {
 			if ev.ID == "o0" {
 				return fmt.Errorf("bad row: %w", stock.ErrInvalid)

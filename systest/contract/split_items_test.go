@@ -1115,23 +1115,9 @@ func keysOf(t *testing.T, e *env, sku string) []string {
 func TestQueueDonorDown(t *testing.T) {
 	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		for seed := range uint64(3) {
-			sku := fmt.Sprintf("qdown-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 6))
-			require.NoError(t, e.r.Load(ctx, sku, 6))
+		splitSeeds(t, e, "qdown", 3, 6, func(seed uint64, sku string, store *memstore.Store) {
 			sold := sales(t, e, sku, seed+110, 3, nil)
-			var mu sync.Mutex
-			var evs []stock.Event
-			pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-				mu.Lock()
-				evs = append(evs, ev)
-				mu.Unlock()
-				return nil
-			})
-			rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: 2})
-			require.NoError(t, err)
-			splitDrain(t, e, sku, 400, rl)
+			evs, _ := publishAll(t, e, sku, 2)
 			var down atomic.Bool
 			down.Store(true)
 			store.FailWith(func(ev stock.Event) error {
@@ -1160,7 +1146,7 @@ func TestQueueDonorDown(t *testing.T) {
 				queue = again
 			}
 			splitCheck(t, e, store, sku, sold)
-		}
+		})
 	})
 }
 
