@@ -33,7 +33,7 @@
 // draining a relay, and the fault suites' report.
 //
 // The full tier (.ci/test, which CI runs) runs each package as its own go test process, at
-// once, each with its own servers; model and contract under the race detector. The long tier
+// once, each with its own servers; model under the race detector. The long tier
 // (.ci/long) runs the model test, the split items' relay order on real servers and the fault
 // suite at longer sizes.
 //
