@@ -251,11 +251,12 @@ func TestBucketedHoldManyConfirmCancel(t *testing.T) {
 		// An expired split line: ConfirmMany cancels the rest and answers ErrExpired, as does a
 		// retry of the cart.
 		h3 := Cart{ID: "h3", User: "cid", Lines: []Line{{SKU: "s", Qty: 1}, {SKU: "z", Qty: 1}}}
-		_, err = r.HoldMany(ctx, h3, 20*time.Millisecond)
+		// Its holds live long enough for the Extend to reach z first on a loaded machine.
+		_, err = r.HoldMany(ctx, h3, 500*time.Millisecond)
 		require.NoError(t, err)
 		_, err = r.Extend(ctx, "z", "h3", time.Hour)
 		require.NoError(t, err)
-		redistest.Sleep(c, 100*time.Millisecond)
+		redistest.Sleep(c, 800*time.Millisecond)
 		_, err = r.HoldMany(ctx, h3, time.Minute)
 		requireCartError(t, err, "s", ErrExpired)
 		_, err = r.ConfirmMany(ctx, "h3", "s", "z")
