@@ -558,7 +558,23 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 			return outcome{err: stock.ErrConflict}, nil
 		}
 		if !c.taken {
-			// Undone: every later copy answers the *CartError that undid the cart.
+			// Undone: every later copy answers the *CartError that undid the cart, after giving
+			// back what is left: the undo runs again, and a line whose entry is gone (its
+			// tombstone trimmed past the retention) gets a tombstone again. Whether the trim
+			// came first is a matter of real time on a real server: the harness reads it back.
+			for _, l2 := range lines {
+				if w.nb(l2.SKU) > 0 {
+					continue // a split line's tombstone is in a bucket the model tracks by its claim: left as it is
+				}
+				it := w.item(l2.SKU)
+				if it == nil {
+					w.ghostTombstone(l2.SKU, id)
+					continue
+				}
+				if it.ledger[id] == nil {
+					it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRestored, maybe: true}
+				}
+			}
 			return outcome{err: c.cause[0], alt: c.cause[1:], cartSKU: c.causeSKU}, nil
 		}
 		if c.kind == stock.KindHold {
