@@ -362,7 +362,9 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, stock.StateExpired, e.State, "%s: the cart's hold is released", sku)
 			l := levels(t, r, sku)
-			assert.Equal(t, int64(100-64), l.Held, "%s: the other holds are released 64 per call, %+v", sku, l)
+			// The call releases 64 of the other due holds (its bound per call); on a loaded real
+			// server the test's own later calls may release more of them before Levels reads.
+			assert.LessOrEqual(t, l.Held, int64(100-64), "%s: the call released at least 64 of the other holds, %+v", sku, l)
 		}
 	})
 }
