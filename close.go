@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Close ends r's use: it refuses new calls, stops a Run in progress (as if its context ended:
@@ -44,6 +45,11 @@ func (r *Reserver) shutdown() {
 	r.runs = nil
 	r.runMu.Unlock()
 	zero := r.calls.shut()
+	// The calls in flight end before a Run's last delivery starts, so that it delivers their
+	// events too (each Run is one of the calls); bounded as each of their commands is.
+	for deadline := time.Now().Add(r.opts.timeout); r.calls.inFlight() > int64(len(stops)) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	for _, stop := range stops {
 		stop(ErrReserverClosed)
 	}
@@ -106,6 +112,9 @@ type gate struct {
 }
 
 const gateShut = 1 << 62
+
+// inFlight returns the number of calls in flight.
+func (g *gate) inFlight() int64 { return g.n.Load() &^ gateShut }
 
 // enter admits a call unless g is shut.
 func (g *gate) enter() bool {
