@@ -332,27 +332,30 @@ func TestRunBuckets(t *testing.T) {
 	assert.Positive(t, rep.Phases[0].Replayed)
 	assert.True(t, slicesContainsSubstr(rep.Notes, "fast path answers an item split over buckets with one round trip"), "%v", rep.Notes)
 
-	out.Reset()
-	errOut.Reset()
-	err = run(ctx, []string{"-duration", "1s", "-g", "8", "-buckets", "3", "-stock", "60",
-		"-phases", "deduct,deduct-nouser", "-json"}, &out, &errOut)
-	require.NoError(t, err, errOut.String())
-	rep = Report{}
-	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
-	assert.True(t, rep.OK)
-	assert.EqualValues(t, 60, rep.Stock)
-	for _, c := range rep.Checks {
-		assert.True(t, c.OK, "%s: %s: %s", c.Phase, c.Name, c.Detail)
-	}
+	// A phase may see its buckets run dry at the same moment, and on a loaded machine both
+	// phases of one run did once: a run that moved no stock is tried again, up to 5 runs.
 	var transfers int64
-	for _, p := range rep.Phases {
-		assert.EqualValues(t, 60, p.OK, "%s sells the whole stock", p.Name)
-		assert.Positive(t, p.SoldOut, "%s sells out", p.Name)
-		if assert.NotNil(t, p.Transfers, p.Name) {
-			transfers += *p.Transfers
+	for attempt := 0; attempt < 5 && transfers == 0; attempt++ {
+		out.Reset()
+		errOut.Reset()
+		err = run(ctx, []string{"-duration", "1s", "-g", "8", "-buckets", "3", "-stock", "60",
+			"-phases", "deduct,deduct-nouser", "-json"}, &out, &errOut)
+		require.NoError(t, err, errOut.String())
+		rep = Report{}
+		require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+		assert.True(t, rep.OK)
+		assert.EqualValues(t, 60, rep.Stock)
+		for _, c := range rep.Checks {
+			assert.True(t, c.OK, "%s: %s: %s", c.Phase, c.Name, c.Detail)
+		}
+		for _, p := range rep.Phases {
+			assert.EqualValues(t, 60, p.OK, "%s sells the whole stock", p.Name)
+			assert.Positive(t, p.SoldOut, "%s sells out", p.Name)
+			if assert.NotNil(t, p.Transfers, p.Name) {
+				transfers += *p.Transfers
+			}
 		}
 	}
-	// (A phase may see its buckets run dry at the same moment; both hardly ever.)
 	assert.Positive(t, transfers, "the last units of a bucket come from the others")
 }
 
