@@ -26,8 +26,10 @@ import (
 // SQLite (and PostgreSQL with STOCK_TEST_POSTGRES), with a Reconciler running, while one kind
 // of fault is injected. A client that gets an error wrapping none of the package's sentinels
 // (an unknown outcome) retries the same id until it gets a definite answer. At the end the
-// faults stop, the relay drains, a reconcile pass runs, the relay drains again, and the checks
-// compare what the clients were told with what Redis and the store hold.
+// faults stop, the relay drains, the holds Redis kept live after losing their confirm or cancel
+// are released as at their deadline (scenarios with losses; see FaultResult.AbandonedHolds), a
+// reconcile pass runs, the relay drains again, and the checks compare what the clients were
+// told with what Redis and the store hold.
 //
 // Each scenario also runs a negative control: the same harness against a deliberately broken
 // variant (a client that retries an unknown outcome with a new id, a naive reconcile, a blind
@@ -85,6 +87,13 @@ type FaultResult struct {
 	// finish): the final reconcile must have made them final, so any is flagged.
 	HeldConfirmed      int   `json:"holds_live_in_redis_confirmed_in_store"`
 	HeldConfirmedUnits int64 `json:"holds_live_in_redis_confirmed_in_store_units"`
+	// AbandonedHolds are holds live in Redis once the clients were done that their clients had
+	// confirmed or cancelled, and the store has no record of: Redis lost the confirm or cancel
+	// (with an old primary, or the AOF's tail) and kept the hold, which nobody settles before
+	// its deadline. With losses they are released as their deadline would (see finish) before
+	// the final reconcile; without, they are flagged.
+	AbandonedHolds     int   `json:"holds_abandoned"`
+	AbandonedHoldUnits int64 `json:"holds_abandoned_units"`
 	DriftFound         int64 `json:"drift_found_by_final_reconcile"`
 	Repaired           int64 `json:"repaired"` // units adjusted and entries requeued, rerecorded or rebuilt
 	Refused            int64 `json:"refused_units"`
@@ -236,6 +245,9 @@ func (r FaultResult) Line() string {
 			"(%d units refused by the store), refused units of takes while fenced %d, first success after the fence %s",
 			fo.Promotions, fo.OldPrimaryTakes, fo.DiscardedSales, fo.DiscardedGiveBacks, fo.DiscardedOther,
 			fo.LostExplained, fo.LostUnexplained, fo.GapTakes, fo.GapRefusedUnits, fo.FencedRefusedUnits, after)
+	}
+	if r.AbandonedHolds > 0 {
+		s += fmt.Sprintf(", holds abandoned (their confirm or cancel lost) %d (%d units)", r.AbandonedHolds, r.AbandonedHoldUnits)
 	}
 	if r.HeldConfirmed > 0 {
 		s += fmt.Sprintf(", holds live in Redis and confirmed in the store %d (%d units)", r.HeldConfirmed, r.HeldConfirmedUnits)
