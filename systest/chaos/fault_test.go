@@ -158,7 +158,7 @@ func TestFaultInjection(t *testing.T) {
 			// The control checks the checks: SQLite is enough. Some controls show their bug
 			// only when a call meets a short window (a fence up from the start to the end of
 			// a take); a loaded machine can leave no call there, so a control run that was
-			// not flagged runs again, up to 3 times, and the control fails when none was.
+			// not flagged runs again, up to 5 times, and the control fails when none was.
 			t.Run("control", func(t *testing.T) {
 				t.Parallel()
 				res := kit.RerunControl(t, sc.name, faultControlNames[sc.control], runFault(t, sc, dbs[0], sc.control, ctlTraffic, clients),

@@ -157,13 +157,13 @@ type FaultFoReport struct {
 	LostUnexplained int `json:"lost_unexplained"`
 }
 
-// RerunControl returns res, or, while it is not flagged, the result of up to 2 more runs of again:
+// RerunControl returns res, or, while it is not flagged, the result of up to 4 more runs of again:
 // a negative control that shows its bug only when a call meets a short window (a fence up for a
 // whole take, a write acknowledged and not yet replicated at a kill) can miss it on a loaded
 // machine. The control still fails when no run was flagged.
 func RerunControl(t *testing.T, scenario, control string, res FaultResult, again func() FaultResult) FaultResult {
-	for try := 0; len(res.Flags) == 0 && try < 2; try++ {
-		t.Logf("%s: the control (%s) was not flagged; run %d of 3", scenario, control, try+2)
+	for try := 0; len(res.Flags) == 0 && try < 4; try++ {
+		t.Logf("%s: the control (%s) was not flagged; run %d of 5", scenario, control, try+2)
 		res = again()
 	}
 	return res
