@@ -5,6 +5,7 @@ package testkit
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -26,6 +27,18 @@ func EachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 			f(t, b.Client(t))
 		})
 	}
+}
+
+// ParallelOnMiniredis marks t parallel when it runs on servers of its own only: miniredis (a
+// new one for each client) and no shared database, as in the quick tier. With STOCK_REDIS_SERVER
+// or a database's variable set, t shares servers that the other tests flush, and runs alone.
+// The quick tier's long tests call it, so that their waits on real time overlap.
+func ParallelOnMiniredis(t *testing.T) {
+	t.Helper()
+	if redistest.ServerBinary(t) != "" || os.Getenv("STOCK_TEST_POSTGRES") != "" || os.Getenv("STOCK_TEST_MYSQL") != "" {
+		return
+	}
+	t.Parallel()
 }
 
 // EachBackendSerial is EachBackend one backend at a time, for tests whose holds live for a

@@ -331,6 +331,7 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 // cart gets there first, and every copy, concurrent or later, answers it", with ≥ 100 copies
 // racing restores, a restock, close/reopen and RecoverCarts(-1s).
 func TestCartConcurrentCopies(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, hold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
@@ -350,6 +351,7 @@ func TestCartConcurrentCopies(t *testing.T) {
 // The same race with every item in one group (one script per cart, no saga) and mixed: two items
 // in a group, one not.
 func TestCartConcurrentCopiesGrouped(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	groups := map[string]func(string) string{
 		"one-group": func(string) string { return "g" },
 		"mixed": func(sku string) string {
@@ -448,6 +450,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 // laid by a cart's undo or by a Cancel of an unknown id, through a Reserver whose cache says the
 // item is sold out, makes that Reserver answer ErrRestored for the id, never ErrSoldOut.
 func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
@@ -1092,6 +1095,7 @@ func TestCartRecoveryRacesLiveCarts(t *testing.T) {
 // RecoverCarts", "concurrent calls add up to the carts undone", and every cart ends with every line
 // or none; "a late retry of such a cart returns ErrRestored".
 func TestRecoverCutCarts(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
@@ -1227,6 +1231,7 @@ func TestStocktestClockCartRecovery(t *testing.T) {
 // RecoverCartsAfter 100ms, none is left half done after one second of real time (and of the
 // server's clock), or within 30 s on a loaded machine.
 func TestRunAloneRecoversCutCarts(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := testkit.NewReserver(t, c)
 		skus, _, errs := cutCarts(t, r, "ra")

@@ -107,6 +107,7 @@ func (p *proxy) serve(c net.Conn) {
 // ErrUnknownOutcome wrapping context.DeadlineExceeded; after the network heals a
 // Retry resolves it.
 func TestBlackholeEveryCallBounded(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	mr, _ := redistest.Miniredis(t)
 	p := startProxy(t, mr.Addr())
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.ln.Addr().String()}, DisableCache: true, ForceSingleClient: true})

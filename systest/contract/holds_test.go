@@ -541,6 +541,7 @@ func TestSweepManyDueHolds(t *testing.T) {
 
 // The same on a real server, through Run's sweeper.
 func TestRunSweepsManyDueHolds(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
@@ -616,6 +617,7 @@ func TestSweepEmpty(t *testing.T) {
 // Hold: "A Deduct or Hold that would otherwise be refused for stock or for the per-user limit
 // first releases up to 10,000 due holds, so a refusal does not depend on how many holds are due."
 func TestDeductReleasesManyDueHolds(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	e := stocktest.New(t)
 	ctx := context.Background()
 	r := e.Reserver

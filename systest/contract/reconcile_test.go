@@ -1159,6 +1159,7 @@ var items = map[string]int64{"q:1": 400, "sku:with:colons": 400, "tilde~sku": 40
 // Redis far apart) with two reconcilers of two processes; a short retention, so that passes trim
 // settled entries while late copies of their events are still consumed.
 func TestReconcileQueuePathConcurrentRestores(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, v := range []struct {
 		name        string
 		slow        bool
@@ -1356,6 +1357,7 @@ func TestReconcileStorePathConcurrentRestores(t *testing.T) {
 // deduct 5 units; 2s later the relay applies them to a memstore; 0.5s later two passes with
 // Retention 1s, back to back. Expected: the first trims 5, the second rerecords nothing.
 func TestTrimThenRerecord(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 		ctx := context.Background()
 		pass := func(d time.Duration) { // let d pass on both clocks: the store's and Redis's
@@ -1656,6 +1658,7 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 // and buyers keep deducting and restoring; no pass adds or removes stock (nothing drifted),
 // and at the end Redis and the store agree.
 func TestQueuePathReconcileWhileConsuming(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)

@@ -1808,6 +1808,7 @@ func keys(m map[string]int64) []string {
 // applies each acknowledged deduct exactly once. Variants: the blocked call ends with an error,
 // or with success after Run returned (during the second Run).
 func TestDrainStuckPublisher(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, v := range []struct {
 		name  string
 		batch bool
@@ -1920,6 +1921,7 @@ func TestDrainStuckPublisherQueuePath(t *testing.T) {
 // context has a deadline). Run returns within Drain; a second Run delivers the rest; every
 // acknowledged deduct and restore is applied exactly once.
 func TestStoreBlocksOnlyInDrain(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 		ctx := context.Background()
 		loaded := map[string]int64{"dr:a": 200, "dr:b~": 200, "dr::c": 200}
@@ -1971,6 +1973,7 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 // is due; a tiny Drain returns at once. ctx ends before Run starts in each case, so only the
 // drain can deliver.
 func TestDrainValues(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	t.Run("negative", func(t *testing.T) {
 		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
@@ -2279,6 +2282,7 @@ func TestRelayInterleaved(t *testing.T) {
 // Once by one consumer; once duplicated (every event delivered twice) to four consumers
 // applying the queue concurrently.
 func TestQueueRedelivered(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, tc := range []struct {
 		name      string
 		buckets   int
@@ -2318,6 +2322,7 @@ func TestQueueRedelivered(t *testing.T) {
 // siblings, so units pass on through buckets that write no event of their own; several relays
 // with Batch 1. No acknowledged sale refused.
 func TestPassThrough(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	splitEach(t, []stock.Option{split(5)}, func(t *testing.T, e *requestEnv) {
 		splitSeeds(t, e, "pass", 6, 10, func(seed uint64, sku string, store *memstore.Store) {
 			sold := salesQ(t, e, sku, seed+70, 5, 6, nil)
@@ -2430,6 +2435,7 @@ func (s *dyingStore) Apply(ctx context.Context, ev stock.Event) error {
 // TestRelayDiesMidway: a relay (Run) dies on its k-th Store call, for k in turn, leaving
 // its lease; a new relay takes over after the lease: everything is delivered, nothing refused.
 func TestRelayDiesMidway(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		splitSeeds(t, e, "dies", 12, 6, func(seed uint64, sku string, mem *memstore.Store) {

@@ -817,6 +817,7 @@ func (s batchStore) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 // ended; the blocked call applies its event late, after a second Run with a working store has
 // run: nothing is lost or doubled.
 func TestStoreApplyBlocksForever(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
@@ -987,6 +988,7 @@ func watch(r *stock.Reserver, sku string, loaded int64, stop <-chan struct{}) (w
 // sold-out (a refusal while the item had stock), more an oversell. Buyers are spread, or all
 // skewed into one bucket (one buyer name for all, no user limit).
 func TestOneShotBuyersGetEveryUnit(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, n := range []int{2, 3, 64, 100} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
 			each(t, []stock.Option{split(n)}, func(t *testing.T, e *requestEnv) {
@@ -1607,6 +1609,7 @@ func TestConcurrentCopiesOneID(t *testing.T) {
 // TestCancelledClaims: claims whose contexts end at random moments, then retries with
 // Request.Retry: no claim lost, no double take, no goroutine left behind.
 func TestCancelledClaims(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3), stock.WithCoalescing(1)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		base := 0
@@ -1737,6 +1740,7 @@ func TestRestoreRacesDeduct(t *testing.T) {
 // cuts leave a transfer half way. The sweeper completes them; the item is sold out; the relay
 // then delivers everything with no acknowledged sale (by Redis's ledger) refused.
 func TestCutAtEachCall(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}

@@ -66,6 +66,7 @@ func TestRetentionBounds(t *testing.T) {
 
 // Retention on real time: a pass after the retention trims the settled entry.
 func TestRetentionRealTime(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)

@@ -146,6 +146,7 @@ func child(t *testing.T, name string, timeout time.Duration) (string, error) {
 // of range are an ErrInvalid error at once": whatever the options, Run neither panics nor hangs;
 // it returns ErrInvalid at once or runs until ctx ends and returns ctx's error.
 func TestRunOddOptionsNoPanic(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for name := range childRunOptions {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel() // a process of its own each, on its own miniredis

@@ -26,6 +26,7 @@ import (
 // that Reserver's answers do not predate it. Ids the ledger had before the first sell-out (taken,
 // tombstoned, expired, cancelled), a large ledger, and a second Reserver whose cache is warm.
 func TestFastPathIDsBeforeSellOut(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c1, c2 := b.Pair(t)
@@ -458,6 +459,7 @@ func soldOutLevels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 }
 
 func TestFastPathDifferential(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
 		const limit = 3

@@ -141,6 +141,7 @@ func TestUnsplitReserverOnSplitItem(t *testing.T) {
 // Replayed; not Remaining, which is the bucket's), the levels after each step, and the ledger
 // entry of the id. Time moves (and both items are swept) on miniredis only.
 func TestDifferentialPlainVsSplit(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	for _, n := range []int{2, 5} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
 			each(t, []stock.Option{split(n), stock.WithUserLimit(3)}, func(t *testing.T, e *requestEnv) {
@@ -304,6 +305,7 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 // TestCountingBuckets: N goroutines over S units, bucket counts 2..64 and awkward names:
 // exactly S successes, Levels and a memstore fed by the relay agree, nothing stranded.
 func TestCountingBuckets(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	long := strings.Repeat("L", stock.MaxNameLen-20)
 	for _, n := range []int{2, 7, 64} {
 		for _, name := range []string{"a:b~c", long} {
@@ -848,6 +850,7 @@ func splitRelay(t *testing.T, e *requestEnv, store stock.Store, o *stock.RelayOp
 // relay (several shapes) delivers everything after the activity; the Store refuses nothing,
 // and the item drains within a bounded number of passes.
 func TestRelayOrderAcrossBuckets(t *testing.T) {
+	testkit.ParallelOnMiniredis(t)
 	shapes := []struct {
 		name   string
 		relays int
