@@ -2382,10 +2382,10 @@ func TestRecoverRacesSagas(t *testing.T) {
 }
 
 const (
-	envChild  = "A27_CART_CHILD"
-	envAddrs  = "A27_CART_ADDRS"
-	envSingle = "A27_CART_SINGLE"
-	envTag    = "A27_CART_TAG"
+	envChild  = "STOCK_TEST_CART_CHILD"
+	envAddrs  = "STOCK_TEST_CART_ADDRS"
+	envSingle = "STOCK_TEST_CART_SINGLE"
+	envTag    = "STOCK_TEST_CART_TAG"
 )
 
 // killLines are the lines of every cart of TestCartKilledProcess.

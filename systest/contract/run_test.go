@@ -127,14 +127,14 @@ func TestTwoRunsShareRedis(t *testing.T) {
 }
 
 // child runs this test binary again with only TestChild, which runs the case named by
-// A14_CHILD, so that a panic or a hang is seen from outside. It returns the combined output and
+// STOCK_TEST_CHILD, so that a panic or a hang is seen from outside. It returns the combined output and
 // the exit error.
 func child(t *testing.T, name string, timeout time.Duration) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "A14_CHILD="+name)
+	cmd.Env = append(os.Environ(), "STOCK_TEST_CHILD="+name)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		return string(out), fmt.Errorf("child %s did not end within %v", name, timeout)

@@ -44,7 +44,7 @@ var childRunOptions = map[string]stock.RunOptions{
 
 // TestChild is run by child in a process of its own; it does nothing in a normal run.
 func TestChild(t *testing.T) {
-	name := os.Getenv("A14_CHILD")
+	name := os.Getenv("STOCK_TEST_CHILD")
 	if name == "" {
 		return
 	}
