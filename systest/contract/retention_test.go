@@ -17,6 +17,29 @@ import (
 	"github.com/stockres/stock/stocktest"
 )
 
+// settledSale loads "ret" with 10 units in Redis and in st, deducts one unit of it as "d1" and
+// relays the sale to st: a settled ledger entry for a retention to trim.
+func settledSale(t *testing.T, r *stock.Reserver, st *memstore.Store) {
+	t.Helper()
+	loadBoth(t, r, st, "ret", 10)
+	deductEach(t, r, stock.Request{SKU: "ret", Qty: 1}, "d1")
+	rl, err := stockops.NewRelay(r, st, nil, nil)
+	require.NoError(t, err)
+	testkit.Drain(t, rl)
+}
+
+// retentionPass makes one pass of a new Reconciler with retention over the one item there is,
+// and returns its report.
+func retentionPass(t *testing.T, r *stock.Reserver, st stock.Store, retention time.Duration) stockops.Report {
+	t.Helper()
+	rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: retention})
+	require.NoError(t, err)
+	reps, err := rec.Once(context.Background())
+	require.NoError(t, err)
+	require.Len(t, reps, 1)
+	return reps[0]
+}
+
 // ReconcileOptions.Retention: "The default is 24h; a negative Retention never trims." Under
 // stocktest, whose "one clock moves everything the Reserver depends on", a pass after Advance past
 // the retention trims the settled entry, and not before. (It once did not: the retention was
@@ -36,28 +59,17 @@ func TestRetentionBounds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := stocktest.New(t)
-			ctx := context.Background()
 			r := e.Reserver
 			st := memstore.New()
-			require.NoError(t, r.Load(ctx, "ret", 10))
-			require.NoError(t, st.Load(ctx, "ret", 10))
-			_, err := r.Deduct(ctx, stock.Request{SKU: "ret", ID: "d1", Qty: 1})
-			require.NoError(t, err)
-			rl, err := stockops.NewRelay(r, st, nil, nil)
-			require.NoError(t, err)
-			testkit.Drain(t, rl)
+			settledSale(t, r, st)
 			e.Advance(tc.advance)
-			rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: tc.retention})
-			require.NoError(t, err)
-			reps, err := rec.Once(ctx)
-			require.NoError(t, err)
-			require.Len(t, reps, 1)
-			_, err = r.Ledger(ctx, "ret", "d1")
+			rep := retentionPass(t, r, st, tc.retention)
+			_, err := r.Ledger(context.Background(), "ret", "d1")
 			if tc.trimmed {
-				assert.Equal(t, 1, reps[0].Trimmed, "%s", reps[0])
+				assert.Equal(t, 1, rep.Trimmed, "%s", rep)
 				assert.ErrorIs(t, err, stock.ErrUnknownID)
 			} else {
-				assert.Equal(t, 0, reps[0].Trimmed, "%s", reps[0])
+				assert.Equal(t, 0, rep.Trimmed, "%s", rep)
 				assert.NoError(t, err)
 			}
 		})
@@ -68,30 +80,15 @@ func TestRetentionBounds(t *testing.T) {
 func TestRetentionRealTime(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		require.NoError(t, r.Load(ctx, "ret", 10))
-		require.NoError(t, st.Load(ctx, "ret", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "ret", ID: "d1", Qty: 1})
-		require.NoError(t, err)
-		rl, err := stockops.NewRelay(r, st, nil, nil)
-		require.NoError(t, err)
-		testkit.Drain(t, rl)
+		settledSale(t, r, st)
 		time.Sleep(1500 * time.Millisecond)
-		never, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: -1})
-		require.NoError(t, err)
-		reps, err := never.Once(ctx)
-		require.NoError(t, err)
-		require.Len(t, reps, 1)
-		assert.Equal(t, 0, reps[0].Trimmed, "a negative Retention never trims: %s", reps[0])
-		rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Second})
-		require.NoError(t, err)
-		reps, err = rec.Once(ctx)
-		require.NoError(t, err)
-		require.Len(t, reps, 1)
-		assert.Equal(t, 1, reps[0].Trimmed, "%s", reps[0])
-		_, err = r.Ledger(ctx, "ret", "d1")
+		rep := retentionPass(t, r, st, -1)
+		assert.Equal(t, 0, rep.Trimmed, "a negative Retention never trims: %s", rep)
+		rep = retentionPass(t, r, st, time.Second)
+		assert.Equal(t, 1, rep.Trimmed, "%s", rep)
+		_, err := r.Ledger(context.Background(), "ret", "d1")
 		assert.ErrorIs(t, err, stock.ErrUnknownID)
 	})
 }
@@ -103,16 +100,7 @@ func TestRetentionRealTime(t *testing.T) {
 func TestRedeliveryAfterRetention(t *testing.T) {
 	ctx, e, st, rng := setup(t, 14)
 	skus := []string{"ret:1", "ret:2"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 120, rng)
-	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(t, ctx, e, rl, skus)
-	msgs := q.take()
-	relayConsumeAll(t, ctx, e.Reserver, st, append([]stock.Event(nil), msgs...), rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	_, msgs := consumedTraffic(t, ctx, e, st, rng, skus, 120)
 	// The retention is measured on a clock Advance does not move (30h of Advance with a 1h
 	// Retention trims nothing), so a tiny Retention and a few real milliseconds stand for a day.
 	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
