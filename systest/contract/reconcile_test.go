@@ -1357,18 +1357,22 @@ func TestHalfTransferRecovered(t *testing.T) {
 		for v := range 24 {
 			sku := fmt.Sprintf("half-%d", v)
 			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 4))
-			require.NoError(t, e.r.Load(ctx, sku, 4))
+			loadBoth(t, e.r, store, sku, 4)
 			var ids []string
-			for i := range 50 {
-				id := fmt.Sprintf("a%d-%d", v, i)
-				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: id, Qty: 1})
-				if errors.Is(err, stock.ErrSoldOut) {
-					break
+			// buy sells a unit to each of the buyers prefix<v>-0, prefix<v>-1, … until the
+			// item is sold out.
+			buy := func(prefix string) {
+				for i := range 50 {
+					id := fmt.Sprintf("%s%d-%d", prefix, v, i)
+					_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: id, Qty: 1})
+					if errors.Is(err, stock.ErrSoldOut) {
+						return
+					}
+					require.NoError(t, err)
+					ids = append(ids, id)
 				}
-				require.NoError(t, err)
-				ids = append(ids, id)
 			}
+			buy("a")
 			_, err := e.r.Restore(ctx, sku, ids[0])
 			require.NoError(t, err)
 			ids = ids[1:]
@@ -1394,16 +1398,7 @@ func TestHalfTransferRecovered(t *testing.T) {
 				e.advance(6 * time.Second)
 				_, err = stockops.Sweep(ctx, e.r, sku)
 				require.NoError(t, err)
-				// Buyers of every bucket, until the recovered unit is sold.
-				for i := range 50 {
-					id := fmt.Sprintf("b%d-%d", v, i)
-					_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: id, Qty: 1})
-					if errors.Is(err, stock.ErrSoldOut) {
-						break
-					}
-					require.NoError(t, err)
-					ids = append(ids, id)
-				}
+				buy("b") // buyers of every bucket, until the recovered unit is sold
 			}
 			sold := map[string]int64{}
 			for _, id := range ids {
@@ -1882,48 +1877,56 @@ type outsideKey struct {
 	found bool
 }
 
+// scan calls f with every key matching pattern (a single-node Redis).
+func (e *outsideEnv) scan(pattern string, f func(k string)) {
+	e.t.Helper()
+	var cur uint64
+	for {
+		se, err := e.c.Do(e.ctx, e.c.B().Scan().Cursor(cur).Match(pattern).Count(1000).Build()).AsScanEntry()
+		if err != nil {
+			e.t.Fatalf("scan: %v", err)
+		}
+		for _, k := range se.Elements {
+			f(k)
+		}
+		cur = se.Cursor
+		if cur == 0 {
+			return
+		}
+	}
+}
+
 // snapshot copies every key matching pattern (a single-node Redis).
 func (e *outsideEnv) snapshot(pattern string) map[string]outsideKey {
 	e.t.Helper()
 	ctx, c := e.ctx, e.c
 	out := map[string]outsideKey{}
-	var cur uint64
-	for {
-		se, err := c.Do(ctx, c.B().Scan().Cursor(cur).Match(pattern).Count(1000).Build()).AsScanEntry()
+	e.scan(pattern, func(k string) {
+		typ, err := c.Do(ctx, c.B().Type().Key(k).Build()).ToString()
 		if err != nil {
-			e.t.Fatalf("scan: %v", err)
+			e.t.Fatal(err)
 		}
-		for _, k := range se.Elements {
-			typ, err := c.Do(ctx, c.B().Type().Key(k).Build()).ToString()
-			if err != nil {
-				e.t.Fatal(err)
-			}
-			v := outsideKey{typ: typ, found: true}
-			switch typ {
-			case "string":
-				v.str, err = c.Do(ctx, c.B().Get().Key(k).Build()).ToString()
-			case "hash":
-				v.hash, err = c.Do(ctx, c.B().Hgetall().Key(k).Build()).AsStrMap()
-			case "zset":
-				v.zset, err = c.Do(ctx, c.B().Zrange().Key(k).Min("0").Max("-1").Withscores().Build()).AsZScores()
-			case "set":
-				v.set, err = c.Do(ctx, c.B().Smembers().Key(k).Build()).AsStrSlice()
-			case "none":
-				continue
-			default:
-				e.t.Fatalf("key %s of type %s", k, typ)
-			}
-			if err != nil {
-				e.t.Fatalf("read %s: %v", k, err)
-			}
-			v.pttl, _ = c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
-			out[k] = v
+		v := outsideKey{typ: typ, found: true}
+		switch typ {
+		case "string":
+			v.str, err = c.Do(ctx, c.B().Get().Key(k).Build()).ToString()
+		case "hash":
+			v.hash, err = c.Do(ctx, c.B().Hgetall().Key(k).Build()).AsStrMap()
+		case "zset":
+			v.zset, err = c.Do(ctx, c.B().Zrange().Key(k).Min("0").Max("-1").Withscores().Build()).AsZScores()
+		case "set":
+			v.set, err = c.Do(ctx, c.B().Smembers().Key(k).Build()).AsStrSlice()
+		case "none":
+			return
+		default:
+			e.t.Fatalf("key %s of type %s", k, typ)
 		}
-		cur = se.Cursor
-		if cur == 0 {
-			break
+		if err != nil {
+			e.t.Fatalf("read %s: %v", k, err)
 		}
-	}
+		v.pttl, _ = c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
+		out[k] = v
+	})
 	if len(out) == 0 {
 		e.t.Fatalf("snapshot of %s: no keys", pattern)
 	}
@@ -1935,22 +1938,7 @@ func (e *outsideEnv) snapshot(pattern string) map[string]outsideKey {
 func (e *outsideEnv) rollback(pattern string, snap map[string]outsideKey) {
 	e.t.Helper()
 	ctx, c := e.ctx, e.c
-	var cur uint64
-	for {
-		se, err := c.Do(ctx, c.B().Scan().Cursor(cur).Match(pattern).Count(1000).Build()).AsScanEntry()
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		for _, k := range se.Elements {
-			if err := c.Do(ctx, c.B().Del().Key(k).Build()).Error(); err != nil {
-				e.t.Fatal(err)
-			}
-		}
-		cur = se.Cursor
-		if cur == 0 {
-			break
-		}
-	}
+	e.scan(pattern, func(k string) { e.do(c.B().Del().Key(k).Build()) })
 	for k, v := range snap {
 		var err error
 		switch v.typ {
