@@ -62,6 +62,15 @@ func (p *batchRecorder) PublishBatch(_ context.Context, evs []stock.Event) []err
 
 var _ stock.BatchPublisher = (*batchRecorder)(nil)
 
+// deductEach deducts one unit of sku for each of the ids o0 … o<n-1>, in order.
+func deductEach(t *testing.T, r *stock.Reserver, sku string, n int) {
+	t.Helper()
+	for i := range n {
+		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
+		require.NoError(t, err)
+	}
+}
+
 // TestRelayUsesBatchPublisher: the relay hands an item's claimed events to PublishBatch in one
 // call, in sequence, and Publish is not called.
 func TestRelayUsesBatchPublisher(t *testing.T) {
@@ -72,10 +81,7 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 		pub := &batchRecorder{}
 		rl, err := stockops.NewRelay(r, nil, pub, &stock.RelayOptions{Batch: 16})
 		require.NoError(t, err)
-		for i := range 40 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, "A", 40)
 		st := drain(t, rl)
 		assert.Equal(t, 40, st.Delivered)
 		assert.Empty(t, pub.singles, "Publish is not used for batches of several events")
@@ -117,10 +123,7 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 		}}
 		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 		require.NoError(t, err)
-		for i := range 6 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, "A", 6)
 		st, err := rl.Once(ctx)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "broker refused o3")
@@ -158,10 +161,7 @@ func TestRelayBatchPublisherWrongLength(t *testing.T) {
 		bad := &shortBatch{batchRecorder: &batchRecorder{}, short: &short}
 		rl, err := stockops.NewRelay(r, nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 		require.NoError(t, err)
-		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, "A", 3)
 		_, err = rl.Once(ctx)
 		require.ErrorContains(t, err, "2 results for 3 events")
 		assert.Equal(t, int64(3), outboxLen(t, c, "A"))

@@ -19,14 +19,19 @@ import (
 
 // eachBucketBackend runs f with a Reserver on every backend.
 func eachBucketBackend(t *testing.T, f func(t *testing.T, r *Reserver)) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			r, err := New(b.Client(t))
-			require.NoError(t, err)
-			f(t, r)
-		})
-	}
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		r, err := New(c)
+		require.NoError(t, err)
+		f(t, r)
+	})
+}
+
+// transferred is how many units r.transfer moved, failing the test on an error.
+func transferred(t *testing.T, r *Reserver, sku, tid string, from, to int, want, least int64) int64 {
+	t.Helper()
+	k, err := r.transfer(context.Background(), sku, tid, from, to, want, least)
+	require.NoError(t, err)
+	return k
 }
 
 // loadBuckets loads bucket i of sku with qty[i] units.
@@ -69,36 +74,26 @@ func TestBucketTransfer(t *testing.T) {
 	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "x:~1", 10, 0)
-		k, err := r.transfer(ctx, "x:~1", "t1", 0, 1, 4, 1)
-		require.NoError(t, err)
-		assert.Equal(t, int64(4), k)
+		assert.Equal(t, int64(4), transferred(t, r, "x:~1", "t1", 0, 1, 4, 1))
 		a, m := bucketState(t, r, "x:~1", 2)
 		assert.Equal(t, []int64{6, 4}, a)
 		assert.Equal(t, []int64{-4, 4}, m)
 		assert.Zero(t, inFlight(t, r, "x:~1", 0))
 
 		// The same transfer id again: a replay, nothing moves twice.
-		k, err = r.transfer(ctx, "x:~1", "t1", 0, 1, 4, 1)
-		require.NoError(t, err)
-		assert.Equal(t, int64(4), k)
+		assert.Equal(t, int64(4), transferred(t, r, "x:~1", "t1", 0, 1, 4, 1))
 		a, _ = bucketState(t, r, "x:~1", 2)
 		assert.Equal(t, []int64{6, 4}, a)
 
 		// Everything back, and more asked than there is: the donor gives what it has.
-		k, err = r.transfer(ctx, "x:~1", "t2", 1, 0, 100, 1)
-		require.NoError(t, err)
-		assert.Equal(t, int64(4), k)
+		assert.Equal(t, int64(4), transferred(t, r, "x:~1", "t2", 1, 0, 100, 1))
 		a, m = bucketState(t, r, "x:~1", 2)
 		assert.Equal(t, []int64{10, 0}, a)
 		assert.Equal(t, []int64{0, 0}, m)
 
 		// Too little for the least worth moving: nothing is written.
-		k, err = r.transfer(ctx, "x:~1", "t3", 1, 0, 5, 1)
-		require.NoError(t, err)
-		assert.Zero(t, k)
-		k, err = r.transfer(ctx, "x:~1", "t4", 0, 1, 20, 11)
-		require.NoError(t, err)
-		assert.Zero(t, k)
+		assert.Zero(t, transferred(t, r, "x:~1", "t3", 1, 0, 5, 1))
+		assert.Zero(t, transferred(t, r, "x:~1", "t4", 0, 1, 20, 11))
 		for i := range 2 {
 			n, err := r.client.Do(ctx, r.client.B().Hlen().Key(r.item(bucketName("x:~1", i)).Transfers).Build()).AsInt64()
 			require.NoError(t, err)
@@ -106,7 +101,7 @@ func TestBucketTransfer(t *testing.T) {
 		}
 
 		// A transfer id is one transfer: the same id between other buckets is a conflict.
-		_, err = r.transfer(ctx, "x:~1", "t1", 1, 0, 1, 1)
+		_, err := r.transfer(ctx, "x:~1", "t1", 1, 0, 1, 1)
 		assert.ErrorIs(t, err, ErrConflict)
 		_, err = r.transfer(ctx, "x:~1", "t9", 0, 0, 1, 1)
 		assert.ErrorIs(t, err, ErrInvalid)
@@ -205,25 +200,27 @@ func TestBucketTransferCorruptChangesNothing(t *testing.T) {
 func TestBucketRoute(t *testing.T) {
 	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
-		b, gb, err := r.route(ctx, "r", "o:1", 4, 2, false)
-		require.NoError(t, err)
-		assert.Equal(t, 2, b)
-		assert.False(t, gb)
-		b, gb, err = r.route(ctx, "r", "o:1", 4, 3, true)
-		require.NoError(t, err)
-		assert.Equal(t, 2, b, "the id's bucket, not the one asked for")
-		assert.False(t, gb, "claimed by a take")
-		b, gb, err = r.route(ctx, "r", "o:2", 4, 3, true)
-		require.NoError(t, err)
-		assert.Equal(t, 3, b)
-		assert.True(t, gb, "claimed by a give-back")
-		b, gb, err = r.route(ctx, "r", "o:2", 4, 1, false)
-		require.NoError(t, err)
-		assert.Equal(t, 3, b)
-		assert.True(t, gb)
+		for _, step := range []struct {
+			id             string
+			want           int  // the bucket asked for
+			giveBack       bool // the request gives back
+			b              int  // the bucket routed to
+			byGiveBack     bool // the id was claimed by a give-back
+			bMsg, claimMsg string
+		}{
+			{"o:1", 2, false, 2, false, "", ""},
+			{"o:1", 3, true, 2, false, "the id's bucket, not the one asked for", "claimed by a take"},
+			{"o:2", 3, true, 3, true, "", "claimed by a give-back"},
+			{"o:2", 1, false, 3, true, "", ""},
+		} {
+			b, gb, err := r.route(ctx, "r", step.id, 4, step.want, step.giveBack)
+			require.NoError(t, err)
+			assert.Equal(t, step.b, b, step.bMsg)
+			assert.Equal(t, step.byGiveBack, gb, step.claimMsg)
+		}
 		home := r.item(bucketName("r", homeBucket("o:1", 4)))
 		require.NoError(t, r.client.Do(ctx, r.client.B().Hset().Key(home.Claims).FieldValue().FieldValue("o:1", "9").Build()).Error())
-		_, _, err = r.route(ctx, "r", "o:1", 4, 1, false)
+		_, _, err := r.route(ctx, "r", "o:1", 4, 1, false)
 		assert.ErrorIs(t, err, ErrInvalid, "a claim out of range is refused")
 	})
 }

@@ -38,75 +38,86 @@ func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver
 	return r
 }
 
+// eachSoldOutBackend runs f on every backend, the backends in parallel, with soldOutReserver's
+// Reserver for sku and how many tries to make: 1000 on a real server, 50 on miniredis (which does
+// not track: the fast path is off, the answers the same).
+func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			tries := 1000
+			if !b.Real() {
+				tries = 50
+			}
+			f(t, b, soldOutReserver(t, b.Client(t), sku), tries)
+		})
+	}
+}
+
+// assertState asserts the state of id's ledger entry of sku.
+func assertState(t *testing.T, r *stock.Reserver, sku, id string, want stock.State, msgAndArgs ...any) {
+	t.Helper()
+	e, err := r.Ledger(context.Background(), sku, id)
+	require.NoError(t, err)
+	assert.Equal(t, want, e.State, msgAndArgs...)
+}
+
 // TestFastPathTombstoneOwnWrite: a Restore of an unknown id leaves a tombstone; the same
 // Reserver must then answer a Deduct of that id ErrRestored, as the ledger says, never
 // ErrSoldOut from a cached read that predates the tombstone.
 func TestFastPathTombstoneOwnWrite(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			r := soldOutReserver(t, b.Client(t), "T")
-			tries, wrong := 1000, 0
-			if !b.Real() {
-				tries = 50 // miniredis does not track: the fast path is off, the answers the same
-			}
-			for i := range tries {
-				// A new id, answered in-process: the item's state and filter are cached.
-				_, err := r.Deduct(ctx, stock.Request{SKU: "T", ID: fmt.Sprint("new-", i), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-				ghost := fmt.Sprint("ghost-", i)
-				_, err = r.Restore(ctx, "T", ghost)
-				require.ErrorIs(t, err, stock.ErrUnknownID)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "T", ID: ghost, Qty: 1})
-				if !errors.Is(err, stock.ErrRestored) {
-					if wrong++; wrong == 1 {
-						t.Errorf("try %d: a deduct of a tombstoned id answered %v, want ErrRestored", i, err)
-					}
+	eachSoldOutBackend(t, "T", func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int) {
+		ctx := context.Background()
+		wrong := 0
+		for i := range tries {
+			// A new id, answered in-process: the item's state and filter are cached.
+			_, err := r.Deduct(ctx, stock.Request{SKU: "T", ID: fmt.Sprint("new-", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			ghost := fmt.Sprint("ghost-", i)
+			_, err = r.Restore(ctx, "T", ghost)
+			require.ErrorIs(t, err, stock.ErrUnknownID)
+			_, err = r.Deduct(ctx, stock.Request{SKU: "T", ID: ghost, Qty: 1})
+			if !errors.Is(err, stock.ErrRestored) {
+				if wrong++; wrong == 1 {
+					t.Errorf("try %d: a deduct of a tombstoned id answered %v, want ErrRestored", i, err)
 				}
 			}
-			assert.Zero(t, wrong, "%d of %d deducts of a tombstoned id were not refused as restored", wrong, tries)
-			if b.Real() {
-				assert.Positive(t, stockops.SoldOutAnswers(r), "the fast path answered new ids")
-			}
-		})
-	}
+		}
+		assert.Zero(t, wrong, "%d of %d deducts of a tombstoned id were not refused as restored", wrong, tries)
+		if b.Real() {
+			assert.Positive(t, stockops.SoldOutAnswers(r), "the fast path answered new ids")
+		}
+	})
 }
 
 // TestFastPathReplayOwnWrite: a deduct acknowledged OK on a sold-out item (stock came back and
 // was taken again) and repeated at once on the same Reserver is a replay, never ErrSoldOut.
 func TestFastPathReplayOwnWrite(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			r := soldOutReserver(t, b.Client(t), "R")
-			tries, wrong := 1000, 0
-			if !b.Real() {
-				tries = 50
-			}
-			last := "first"
-			for i := range tries {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: fmt.Sprint("new-", i), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-				_, err = r.Restore(ctx, "R", last)
-				require.NoError(t, err)
-				// Retry goes to Redis whatever the cache says: the unit given back is taken.
-				id := fmt.Sprint("take-", i)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1, Retry: true})
-				require.NoError(t, err)
-				last = id
-				rc, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1})
-				if err != nil || !rc.Replayed {
-					if wrong++; wrong == 1 {
-						t.Errorf("try %d: a repeat of an acknowledged deduct answered %+v, %v; want a replay", i, rc, err)
-					}
+	eachSoldOutBackend(t, "R", func(t *testing.T, _ redistest.Backend, r *stock.Reserver, tries int) {
+		ctx := context.Background()
+		wrong := 0
+		last := "first"
+		for i := range tries {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: fmt.Sprint("new-", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			_, err = r.Restore(ctx, "R", last)
+			require.NoError(t, err)
+			// Retry goes to Redis whatever the cache says: the unit given back is taken.
+			id := fmt.Sprint("take-", i)
+			_, err = r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1, Retry: true})
+			require.NoError(t, err)
+			last = id
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1})
+			if err != nil || !rc.Replayed {
+				if wrong++; wrong == 1 {
+					t.Errorf("try %d: a repeat of an acknowledged deduct answered %+v, %v; want a replay", i, rc, err)
 				}
 			}
-			assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays", wrong, tries)
-			assert.Equal(t, stock.Levels{Available: 0, Sold: 1, Loaded: 1}, levels(t, r, "R"))
-		})
-	}
+		}
+		assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays", wrong, tries)
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 1, Loaded: 1}, levels(t, r, "R"))
+	})
 }
 
 // holdMany holds n units of sku, one per id prefix-0..n-1, for ttl, in deadline order.
@@ -131,33 +142,34 @@ func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 		holdMany(t, r, "H", "h", n, 300*time.Millisecond)
 		redistest.Sleep(c, 400*time.Millisecond)
 
-		// Coalesced deducts and holds share deduct.lua; Hold is the one under test.
-		_, err := r.Hold(ctx, stock.Request{SKU: "H", ID: fmt.Sprint("h", n-1), Qty: 1}, time.Minute)
-		require.ErrorIs(t, err, stock.ErrExpired, "a replay of an expired hold")
-		e, err := r.Ledger(ctx, "H", fmt.Sprint("h", n-1))
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateExpired, e.State, "the replayed hold is released")
+		// Coalesced deducts and holds share deduct.lua; Hold is the one under test. Each call
+		// is on a due hold of its own, from the last one back.
+		for i, call := range []struct {
+			name             string
+			do               func(id string) error
+			want             error
+			answer, released string // what the answer and the released hold show
+		}{
+			{"hold", func(id string) error {
+				_, err := r.Hold(ctx, stock.Request{SKU: "H", ID: id, Qty: 1}, time.Minute)
+				return err
+			}, stock.ErrExpired, "a replay of an expired hold", "the replayed hold is released"},
+			{"extend", func(id string) error { _, err := r.Extend(ctx, "H", id, time.Minute); return err },
+				stock.ErrExpired, "", "Extend answers expired and releases the hold"},
+			{"confirm", func(id string) error { _, err := r.Confirm(ctx, "H", id); return err },
+				stock.ErrExpired, "", ""},
+			// A deduct of a due hold's id is a conflict (another kind), and releases it all the same.
+			{"deduct", func(id string) error {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "H", ID: id, Qty: 1})
+				return err
+			}, stock.ErrConflict, "", ""},
+		} {
+			id := fmt.Sprint("h", n-1-i)
+			require.ErrorIs(t, call.do(id), call.want, "%s: %s", call.name, call.answer)
+			assertState(t, r, "H", id, stock.StateExpired, "%s: %s", call.name, call.released)
+		}
 
-		_, err = r.Extend(ctx, "H", fmt.Sprint("h", n-2), time.Minute)
-		require.ErrorIs(t, err, stock.ErrExpired)
-		e, err = r.Ledger(ctx, "H", fmt.Sprint("h", n-2))
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateExpired, e.State, "Extend answers expired and releases the hold")
-
-		_, err = r.Confirm(ctx, "H", fmt.Sprint("h", n-3))
-		require.ErrorIs(t, err, stock.ErrExpired)
-		e, err = r.Ledger(ctx, "H", fmt.Sprint("h", n-3))
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateExpired, e.State)
-
-		// A deduct of a due hold's id is a conflict (another kind), and releases it all the same.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "H", ID: fmt.Sprint("h", n-4), Qty: 1})
-		require.ErrorIs(t, err, stock.ErrConflict)
-		e, err = r.Ledger(ctx, "H", fmt.Sprint("h", n-4))
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateExpired, e.State)
-
-		_, err = stockops.Sweep(ctx, r, "H")
+		_, err := stockops.Sweep(ctx, r, "H")
 		require.NoError(t, err)
 		assert.Equal(t, stock.Levels{Available: 1000, Loaded: 1000}, levels(t, r, "H"))
 		for id, e := range ledger(t, r, "H") {
@@ -185,9 +197,7 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(8), rc.Remaining, "the expired hold's 3 units are back")
 		assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, levels(t, r, "C"))
-		e, err := r.Ledger(ctx, "C", "old1")
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateExpired, e.State, "Confirm released the other expired hold")
+		assertState(t, r, "C", "old1", stock.StateExpired, "Confirm released the other expired hold")
 
 		_, err = r.Hold(ctx, stock.Request{SKU: "C", ID: "old2", User: "u", Qty: 5}, 200*time.Millisecond)
 		require.NoError(t, err, "the user's units of the expired hold were given back")
@@ -196,9 +206,7 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(8), rc.Remaining)
 		assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, levels(t, r, "C"))
-		e, err = r.Ledger(ctx, "C", "old2")
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateExpired, e.State, "Extend released the other expired hold")
+		assertState(t, r, "C", "old2", stock.StateExpired, "Extend released the other expired hold")
 		_, err = r.Hold(ctx, stock.Request{SKU: "C", ID: "again", User: "u", Qty: 5}, time.Minute)
 		require.NoError(t, err, "and gave the user's units back")
 	})
@@ -325,9 +333,7 @@ func TestCorruptEntryAmongDueHolds(t *testing.T) {
 			assert.Contains(t, err.Error(), "x1", "%s: the error names the entry", name)
 			assert.Equal(t, before, levels(t, r, "X"), "%s changed nothing", name)
 			for _, id := range []string{"x0", "x2", "live"} {
-				e, err := r.Ledger(ctx, "X", id)
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateHeld, e.State, "%s: %s is untouched", name, id)
+				assertState(t, r, "X", id, stock.StateHeld, "%s: %s is untouched", name, id)
 			}
 		}
 	})
@@ -358,9 +364,7 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 		require.ErrorAs(t, err, &ce, "a retry of a cart of holds answers its holds' state")
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		for _, sku := range []string{"g1", "g2"} {
-			e, err := r.Ledger(ctx, sku, "zcart")
-			require.NoError(t, err)
-			assert.Equal(t, stock.StateExpired, e.State, "%s: the cart's hold is released", sku)
+			assertState(t, r, sku, "zcart", stock.StateExpired, "%s: the cart's hold is released", sku)
 			l := levels(t, r, sku)
 			// The call releases 64 of the other due holds (its bound per call); on a loaded real
 			// server the test's own later calls may release more of them before Levels reads.
@@ -466,9 +470,7 @@ func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 		assert.Contains(t, err.Error(), "corrupt units of user bob")
 		assert.Equal(t, before, levels(t, r, "U"), "nothing released")
 		for _, id := range []string{"u0", "u1"} {
-			e, err := r.Ledger(ctx, "U", id)
-			require.NoError(t, err)
-			assert.Equal(t, stock.StateHeld, e.State, "%s is untouched", id)
+			assertState(t, r, "U", id, stock.StateHeld, "%s is untouched", id)
 		}
 	})
 }
@@ -497,9 +499,7 @@ func TestCancelExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 			}
 			require.NoError(t, err, id)
 			assert.True(t, rc.Replayed, "%s: a hold past its deadline had already gone back", id)
-			e, err := r.Ledger(ctx, "K", id)
-			require.NoError(t, err)
-			assert.Equal(t, stock.StateExpired, e.State, id)
+			assertState(t, r, "K", id, stock.StateExpired, id)
 		}
 		assert.Equal(t, stock.Levels{Available: 999, Held: 1, Loaded: 1000}, levels(t, r, "K"))
 	})

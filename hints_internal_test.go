@@ -49,6 +49,28 @@ func (c *countingClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed)
 	return c.Client.DoMulti(ctx, cmds...)
 }
 
+// newCounted returns a Reserver on a countingClient around c.
+func newCounted(t *testing.T, c rueidis.Client) (*countingClient, *Reserver) {
+	t.Helper()
+	cc := &countingClient{Client: c}
+	r, err := New(cc)
+	require.NoError(t, err)
+	return cc, r
+}
+
+// eachCountedBackend runs f on every backend, the backends in parallel, with a Reserver on a
+// countingClient around the backend's client (cc.Client).
+func eachCountedBackend(t *testing.T, f func(t *testing.T, b redistest.Backend, cc *countingClient, r *Reserver)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			cc, r := newCounted(t, b.Client(t))
+			f(t, b, cc, r)
+		})
+	}
+}
+
 // loadMany loads n items named <p>-0 … through a pipeline of Load calls.
 func loadMany(t *testing.T, r *Reserver, p string, n int) []string {
 	t.Helper()
@@ -98,9 +120,7 @@ func runFor(t *testing.T, r *Reserver, opts RunOptions) (stop func()) {
 // idleCalls is how many commands, and claim and sweep calls, an idle Run makes in d, with n
 // items loaded.
 func idleCalls(t *testing.T, b redistest.Backend, n int, d time.Duration) (all, scripts int64) {
-	cc := &countingClient{Client: b.Client(t)}
-	r, err := New(cc)
-	require.NoError(t, err)
+	cc, r := newCounted(t, b.Client(t))
 	loadMany(t, r, "idle", n)
 	pub := PublisherFunc(func(context.Context, Event) error { return nil })
 	stop := runFor(t, r, RunOptions{Publisher: pub, SweepInterval: 20 * time.Millisecond,
@@ -133,109 +153,92 @@ func TestRunIdleCostFollowsWork(t *testing.T) {
 // TestRunDeliversByHint: among 2,000 idle items, a sale on one is delivered long before the
 // slow walk could reach it: in a few passes, with far fewer claims than items.
 func TestRunDeliversByHint(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			cc := &countingClient{Client: b.Client(t)}
-			r, err := New(cc)
-			require.NoError(t, err)
-			skus := loadMany(t, r, "hint", 2000)
-			var got atomic.Int64
-			pub := PublisherFunc(func(_ context.Context, ev Event) error {
-				if ev.Type == EventDeducted {
-					got.Add(1)
-				}
-				return nil
-			})
-			runFor(t, r, RunOptions{Publisher: pub, SweepInterval: -1, Relay: &RelayOptions{Poll: 10 * time.Millisecond}})
-			time.Sleep(200 * time.Millisecond)
-			for i := range 5 {
-				c0 := cc.claims.Load()
-				_, err := r.Deduct(ctx, Request{SKU: skus[(i*397+1500)%len(skus)], ID: fmt.Sprint("o", i), Qty: 1})
-				require.NoError(t, err)
-				require.Eventually(t, func() bool { return got.Load() == int64(i+1) }, 10*time.Second, time.Millisecond)
-				t.Logf("%s delivered after %d claims", skus[(i*397+1500)%len(skus)], cc.claims.Load()-c0)
-				assert.Less(t, cc.claims.Load()-c0, int64(len(skus)/20), "delivered by the hint, not by walking the registry")
+	eachCountedBackend(t, func(t *testing.T, _ redistest.Backend, cc *countingClient, r *Reserver) {
+		ctx := context.Background()
+		skus := loadMany(t, r, "hint", 2000)
+		var got atomic.Int64
+		pub := PublisherFunc(func(_ context.Context, ev Event) error {
+			if ev.Type == EventDeducted {
+				got.Add(1)
 			}
+			return nil
 		})
-	}
+		runFor(t, r, RunOptions{Publisher: pub, SweepInterval: -1, Relay: &RelayOptions{Poll: 10 * time.Millisecond}})
+		time.Sleep(200 * time.Millisecond)
+		for i := range 5 {
+			c0 := cc.claims.Load()
+			_, err := r.Deduct(ctx, Request{SKU: skus[(i*397+1500)%len(skus)], ID: fmt.Sprint("o", i), Qty: 1})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return got.Load() == int64(i+1) }, 10*time.Second, time.Millisecond)
+			t.Logf("%s delivered after %d claims", skus[(i*397+1500)%len(skus)], cc.claims.Load()-c0)
+			assert.Less(t, cc.claims.Load()-c0, int64(len(skus)/20), "delivered by the hint, not by walking the registry")
+		}
+	})
 }
 
 // TestRunFindsLostHints: events whose hints were never written (a process that died right
 // after its call) are delivered by the slow walk, and holds due without a hint are released.
 func TestRunFindsLostHints(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r, err := New(c)
-			require.NoError(t, err)
-			skus := loadMany(t, r, "lost", 100)
-			// Takes that write no hint: the scripts alone, as a process that died after them.
-			for i, sku := range skus[:10] {
-				kind, ttl := protocol.TakeDeduct, "0"
-				if i%2 == 1 {
-					kind, ttl = protocol.TakeHold, "50"
-				}
-				args := []string{"0", "1", kind, ttl, "x", "1", "", "0"}
-				o, err := decodeOne(protocol.Deduct.Exec(ctx, c, r.item(sku).ForItem(), args))
-				require.NoError(t, err)
-				require.Equal(t, protocol.OK, o.code)
+	eachCountedBackend(t, func(t *testing.T, _ redistest.Backend, cc *countingClient, r *Reserver) {
+		ctx := context.Background()
+		c := cc.Client
+		skus := loadMany(t, r, "lost", 100)
+		// Takes that write no hint: the scripts alone, as a process that died after them.
+		for i, sku := range skus[:10] {
+			kind, ttl := protocol.TakeDeduct, "0"
+			if i%2 == 1 {
+				kind, ttl = protocol.TakeHold, "50"
 			}
-			redistest.Sleep(c, 100*time.Millisecond) // the holds are due
-			var mu sync.Mutex
-			seen := map[string]int{}
-			pub := PublisherFunc(func(_ context.Context, ev Event) error {
-				mu.Lock()
-				seen[string(ev.Type)]++
-				mu.Unlock()
-				return nil
-			})
-			runFor(t, r, RunOptions{Publisher: pub, SweepInterval: 10 * time.Millisecond, Relay: &RelayOptions{Poll: 10 * time.Millisecond}})
-			require.Eventually(t, func() bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return seen[string(EventDeducted)] == 5 && seen[string(EventHeld)] == 5 && seen[string(EventExpired)] == 5
-			}, 20*time.Second, 10*time.Millisecond, "every event delivered and every due hold released: %v", seen)
+			args := []string{"0", "1", kind, ttl, "x", "1", "", "0"}
+			o, err := decodeOne(protocol.Deduct.Exec(ctx, c, r.item(sku).ForItem(), args))
+			require.NoError(t, err)
+			require.Equal(t, protocol.OK, o.code)
+		}
+		redistest.Sleep(c, 100*time.Millisecond) // the holds are due
+		var mu sync.Mutex
+		seen := map[string]int{}
+		pub := PublisherFunc(func(_ context.Context, ev Event) error {
+			mu.Lock()
+			seen[string(ev.Type)]++
+			mu.Unlock()
+			return nil
 		})
-	}
+		runFor(t, r, RunOptions{Publisher: pub, SweepInterval: 10 * time.Millisecond, Relay: &RelayOptions{Poll: 10 * time.Millisecond}})
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return seen[string(EventDeducted)] == 5 && seen[string(EventHeld)] == 5 && seen[string(EventExpired)] == 5
+		}, 20*time.Second, 10*time.Millisecond, "every event delivered and every due hold released: %v", seen)
+	})
 }
 
 // TestRunSweepsByHint: among 2,000 items, a hold due on one is released by Run's sweeper long
 // before the slow walk could reach it.
 func TestRunSweepsByHint(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			cc := &countingClient{Client: b.Client(t)}
-			r, err := New(cc)
-			require.NoError(t, err)
-			skus := loadMany(t, r, "sweep", 2000)
-			runFor(t, r, RunOptions{SweepInterval: 10 * time.Millisecond})
-			time.Sleep(100 * time.Millisecond)
-			sku := skus[1777]
-			s0 := cc.sweeps.Load()
-			_, err = r.Hold(ctx, Request{SKU: sku, ID: "h", Qty: 3}, 30*time.Millisecond)
-			require.NoError(t, err)
-			// Past the deadline on the Redis clock (which stands still on miniredis until moved)
-			// and on the process clock of the hint.
-			redistest.Sleep(cc.Client, 40*time.Millisecond)
-			if !b.Real() {
-				time.Sleep(40 * time.Millisecond)
-			}
-			t0 := time.Now()
-			defer func() { t.Logf("released %v after the deadline", time.Since(t0)) }()
-			require.Eventually(t, func() bool {
-				lv, err := r.Levels(ctx, sku)
-				return err == nil && lv.Held == 0
-			}, 10*time.Second, time.Millisecond)
-			t.Logf("released after %d sweep calls", cc.sweeps.Load()-s0)
-			assert.Less(t, cc.sweeps.Load()-s0, int64(len(skus)/4), "released by the hint, not by walking the registry")
-		})
-	}
+	eachCountedBackend(t, func(t *testing.T, b redistest.Backend, cc *countingClient, r *Reserver) {
+		ctx := context.Background()
+		skus := loadMany(t, r, "sweep", 2000)
+		runFor(t, r, RunOptions{SweepInterval: 10 * time.Millisecond})
+		time.Sleep(100 * time.Millisecond)
+		sku := skus[1777]
+		s0 := cc.sweeps.Load()
+		_, err := r.Hold(ctx, Request{SKU: sku, ID: "h", Qty: 3}, 30*time.Millisecond)
+		require.NoError(t, err)
+		// Past the deadline on the Redis clock (which stands still on miniredis until moved)
+		// and on the process clock of the hint.
+		redistest.Sleep(cc.Client, 40*time.Millisecond)
+		if !b.Real() {
+			time.Sleep(40 * time.Millisecond)
+		}
+		t0 := time.Now()
+		defer func() { t.Logf("released %v after the deadline", time.Since(t0)) }()
+		require.Eventually(t, func() bool {
+			lv, err := r.Levels(ctx, sku)
+			return err == nil && lv.Held == 0
+		}, 10*time.Second, time.Millisecond)
+		t.Logf("released after %d sweep calls", cc.sweeps.Load()-s0)
+		assert.Less(t, cc.sweeps.Load()-s0, int64(len(skus)/4), "released by the hint, not by walking the registry")
+	})
 }
 
 // TestHintsFlushUnderTraffic: flush returns once the hints recorded before it are written, even
@@ -266,9 +269,7 @@ func TestHintsFlushUnderTraffic(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("flush waited for a writer kept busy by other calls")
 	}
-	key := protocol.RelayDue("stock", protocol.DueShard("mine"))
-	_, err = c.Do(context.Background(), c.B().Zscore().Key(key).Member("mine").Build()).AsFloat64()
-	assert.NoError(t, err, "the hint recorded before flush is written when flush returns")
+	assert.True(t, hinted(t, c, protocol.RelayDue, "mine"), "the hint recorded before flush is written when flush returns")
 }
 
 // TestRestockUnknownItemLeavesNoHint: a restock refused because the item is not loaded writes

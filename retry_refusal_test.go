@@ -21,6 +21,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
@@ -112,23 +113,16 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		other := "aa:other~" // sorts before sku: a cart takes it first
 		id := "ord:1~retry"
 		user := "us:er~1"
-		if err := r.Load(ctx, sku, 3); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Load(ctx, other, 5); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "pre:1", User: "p:1", Qty: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "pre:h~", User: "p:2", Qty: 1}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 3))
+		require.NoError(t, r.Load(ctx, other, 5))
+		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "pre:1", User: "p:1", Qty: 1})
+		require.NoError(t, err)
+		_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "pre:h~", User: "p:2", Qty: 1}, time.Hour)
+		require.NoError(t, err)
 		qty, rem := int64(2), int64(1)
 		if kind == stock.ErrSoldOut {
-			if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "fill~", User: "p:3", Qty: 1}); err != nil {
-				t.Fatal(err)
-			}
+			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "fill~", User: "p:3", Qty: 1})
+			require.NoError(t, err)
 			qty, rem = 1, 0
 		}
 		req := stock.Request{SKU: sku, ID: id, User: user, Qty: qty, Retry: true}
@@ -150,15 +144,12 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		checkLedger(t, r, sku, 3)
 
 		// Stock comes back: a restore, a cancel, a restock.
-		if _, err := r.Restore(ctx, sku, "pre:1"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Cancel(ctx, sku, "pre:h~"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Restock(ctx, sku, "rs:1~", 10); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Restore(ctx, sku, "pre:1")
+		require.NoError(t, err)
+		_, err = r.Cancel(ctx, sku, "pre:h~")
+		require.NoError(t, err)
+		_, err = r.Restock(ctx, sku, "rs:1~", 10)
+		require.NoError(t, err)
 
 		plain := req
 		plain.Retry = false
@@ -226,9 +217,7 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		retryCheckRefusal(t, "Hold Retry after carts", rc, err, kind, rem)
 
 		got, err := r.Ledger(ctx, sku, id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if got != entry {
 			t.Errorf("the recorded refusal changed: %+v -> %+v", entry, got)
 		}
@@ -260,12 +249,9 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return split }))
 		var err error
 		sku := "fa:st~1"
-		if err := r.Load(ctx, sku, 1); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 1))
+		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1})
+		require.NoError(t, err)
 		// Sold out: refusals start and complete the filter.
 		for i := 0; i < 10; i++ {
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
@@ -278,18 +264,16 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		idS, idI := "rt:so~1", "rt:in~1"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true})
 		retryCheckRefusal(t, "retry sold out", rc, err, stock.ErrSoldOut, 0)
-		if _, err := r.Restock(ctx, sku, "rs:1", 2); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Restock(ctx, sku, "rs:1", 2)
+		require.NoError(t, err)
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})
 		remI := rc.Remaining
 		if !errors.Is(err, stock.ErrInsufficient) || remI <= 0 {
 			t.Fatalf("retry insufficient: %+v %v", rc, err)
 		}
 		// Sold out again.
-		if _, err := r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2})
+		require.NoError(t, err)
 		for i := 0; i < 10; i++ {
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
 			if !errors.Is(err, stock.ErrSoldOut) {
@@ -320,9 +304,8 @@ func TestRetryRefusalFastPath(t *testing.T) {
 			}
 		}
 		// Stock back: the recorded ids stay refused, with the recorded Remaining.
-		if _, err := r2.Restock(ctx, sku, "rs:2", 50); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r2.Restock(ctx, sku, "rs:2", 50)
+		require.NoError(t, err)
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
 		retryCheckRefusal(t, "repeat insufficient after restock", rc, err, stock.ErrInsufficient, remI)
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
@@ -342,11 +325,9 @@ func TestRetryRefusalLargeNumbers(t *testing.T) {
 	}
 	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
 		avail := avails[i]
-		r := retryNew(t, b.Client(t))
+		r := newReserver(t, b.Client(t))
 		sku := "big:~1"
-		if err := r.Load(ctx, sku, avail); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, avail))
 		req := stock.Request{SKU: sku, ID: "big:id~", User: "u", Qty: stock.MaxQty, Retry: true}
 		rc, err := r.Deduct(ctx, req)
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, avail)
@@ -367,71 +348,57 @@ func TestRetryRefusalLargeNumbers(t *testing.T) {
 
 func TestRetryRefusalHoldExpiry(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range retryConfigs {
-		t.Run(cfg.name, func(t *testing.T) {
-			env := retryNewEnv(t, cfg.opts...)
-			r := env.Reserver
-			r2 := retryNew(t, env.Client, cfg.opts...)
-			sku := "ex:p~1"
-			if err := r.Load(ctx, sku, 3); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute); err != nil {
-				t.Fatal(err)
-			}
-			// Insufficient: 1 left, asks 2.
-			rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}, time.Minute)
-			retryCheckRefusal(t, "retry hold insufficient", rc, err, stock.ErrInsufficient, 1)
-			if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:2", User: "h2", Qty: 1}, time.Minute); err != nil {
-				t.Fatal(err)
-			}
-			// Sold out.
-			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true})
-			retryCheckRefusal(t, "retry deduct sold out", rc, err, stock.ErrSoldOut, 0)
-			env.Advance(2 * time.Minute) // both holds are due
-			rc, err = r2.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2}, time.Minute)
-			retryCheckRefusal(t, "late hold after expiry", rc, err, stock.ErrInsufficient, 1)
-			rc, err = r2.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1})
-			retryCheckRefusal(t, "late deduct after expiry", rc, err, stock.ErrSoldOut, 0)
-			if _, err := stockops.Sweep(ctx, r, sku); err != nil {
-				t.Fatal(err)
-			}
-			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true})
-			retryCheckRefusal(t, "deduct retry after sweep", rc, err, stock.ErrInsufficient, 1)
-			rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}, time.Minute)
-			retryCheckRefusal(t, "hold retry after sweep", rc, err, stock.ErrSoldOut, 0)
-			lv := levels(t, r, sku)
-			if lv.Available != 3 || lv.Held != 0 || lv.Sold != 0 {
-				t.Errorf("levels after expiry and repeats: %+v", lv)
-			}
-			checkLedger(t, r, sku, 3)
-		})
-	}
+	retryEachEnv(t, func(t *testing.T, cfg retryConfig, env *retryEnv) {
+		r := env.Reserver
+		r2 := newReserver(t, env.Client, cfg.opts...)
+		sku := "ex:p~1"
+		require.NoError(t, r.Load(ctx, sku, 3))
+		_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute)
+		require.NoError(t, err)
+		// Insufficient: 1 left, asks 2.
+		rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}, time.Minute)
+		retryCheckRefusal(t, "retry hold insufficient", rc, err, stock.ErrInsufficient, 1)
+		_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h:2", User: "h2", Qty: 1}, time.Minute)
+		require.NoError(t, err)
+		// Sold out.
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true})
+		retryCheckRefusal(t, "retry deduct sold out", rc, err, stock.ErrSoldOut, 0)
+		env.Advance(2 * time.Minute) // both holds are due
+		rc, err = r2.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2}, time.Minute)
+		retryCheckRefusal(t, "late hold after expiry", rc, err, stock.ErrInsufficient, 1)
+		rc, err = r2.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1})
+		retryCheckRefusal(t, "late deduct after expiry", rc, err, stock.ErrSoldOut, 0)
+		_, err = stockops.Sweep(ctx, r, sku)
+		require.NoError(t, err)
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true})
+		retryCheckRefusal(t, "deduct retry after sweep", rc, err, stock.ErrInsufficient, 1)
+		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}, time.Minute)
+		retryCheckRefusal(t, "hold retry after sweep", rc, err, stock.ErrSoldOut, 0)
+		lv := levels(t, r, sku)
+		if lv.Available != 3 || lv.Held != 0 || lv.Sold != 0 {
+			t.Errorf("levels after expiry and repeats: %+v", lv)
+		}
+		checkLedger(t, r, sku, 3)
+	})
 }
 
 // A retry refused while a hold is due: the due hold goes back first (documented), so the
 // recorded refusal must carry the stock after that release, and so must its repeats.
 func TestRetryRefusalDueHoldFirst(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range retryConfigs {
-		t.Run(cfg.name, func(t *testing.T) {
-			env := retryNewEnv(t, cfg.opts...)
-			r := env.Reserver
-			sku := "du:e~1"
-			if err := r.Load(ctx, sku, 2); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute); err != nil {
-				t.Fatal(err)
-			}
-			env.Advance(2 * time.Minute)
-			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3, Retry: true})
-			retryCheckRefusal(t, "retry with a due hold", rc, err, stock.ErrInsufficient, 2)
-			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3})
-			retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 2)
-			checkLedger(t, r, sku, 2)
-		})
-	}
+	retryEachEnv(t, func(t *testing.T, cfg retryConfig, env *retryEnv) {
+		r := env.Reserver
+		sku := "du:e~1"
+		require.NoError(t, r.Load(ctx, sku, 2))
+		_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute)
+		require.NoError(t, err)
+		env.Advance(2 * time.Minute)
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3, Retry: true})
+		retryCheckRefusal(t, "retry with a due hold", rc, err, stock.ErrInsufficient, 2)
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3})
+		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 2)
+		checkLedger(t, r, sku, 2)
+	})
 }
 
 // The filter is built from the ledger in HSCAN steps after the first sell-out. Retry refusals
@@ -443,9 +410,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		r, r2 := retryPair(t, b)
 		sku := "mid:bu~ild"
 		const n = 700
-		if err := r.Load(ctx, sku, n); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, n))
 		var wg sync.WaitGroup
 		for g := 0; g < 8; g++ {
 			wg.Add(1)
@@ -464,9 +429,8 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "so:0", User: "z", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
 			t.Fatalf("first sold out: %v", err)
 		}
-		if _, err := r.Restock(ctx, sku, "rs:1", 3); err != nil {
-			t.Fatal(err)
-		}
+		_, err := r.Restock(ctx, sku, "rs:1", 3)
+		require.NoError(t, err)
 		var ids []string
 		for i := 0; i < 60; i++ {
 			id := fmt.Sprintf("rt:%d~x", i)
@@ -474,9 +438,8 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 			retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 3)
 			ids = append(ids, id)
 		}
-		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3}); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3})
+		require.NoError(t, err)
 		for i := 0; i < 40; i++ { // complete the build
 			_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: "z", Qty: 1})
 		}
@@ -511,35 +474,29 @@ func TestRetryRefusalUserLimit(t *testing.T) {
 	splits := []int{1, 4}
 	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
 		split := splits[i]
-		r := retryNew(t, b.Client(t), stock.WithUserLimit(2), stock.WithBuckets(func(string) int { return split }))
+		r := newReserver(t, b.Client(t), stock.WithUserLimit(2), stock.WithBuckets(func(string) int { return split }))
 		sku := "li:mit~"
 		u := "al:ice~"
-		if err := r.Load(ctx, sku, 1); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 1))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
-		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1}); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1})
+		require.NoError(t, err)
 		// Sold out and u has 1: a retry refused as sold out.
 		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute)
 		retryCheckRefusal(t, "retry 2", rc, err, stock.ErrSoldOut, 0)
-		if _, err := r.Restock(ctx, sku, "rs", 10); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1}); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Restock(ctx, sku, "rs", 10)
+		require.NoError(t, err)
+		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1})
+		require.NoError(t, err)
 		// u is at the limit: the repeats must still answer the recorded refusals.
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2})
 		retryCheckRefusal(t, "repeat x:1 at the limit", rc, err, stock.ErrInsufficient, 1)
 		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute)
 		retryCheckRefusal(t, "repeat x:2 at the limit", rc, err, stock.ErrSoldOut, 0)
 		for _, id := range []string{"y:1", "z:1"} {
-			if _, err := r.Restore(ctx, sku, id); err != nil {
-				t.Fatal(err)
-			}
+			_, err = r.Restore(ctx, sku, id)
+			require.NoError(t, err)
 		}
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
 		retryCheckRefusal(t, "repeat x:1 after restores", rc, err, stock.ErrInsufficient, 1)
@@ -567,18 +524,14 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 	ctx := context.Background()
 	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
 		cfg := retryConfigs[i]
-		r := retryNew(t, b.Client(t), cfg.opts...)
+		r := newReserver(t, b.Client(t), cfg.opts...)
 		sku := "op:s~"
 		id := "x:~1"
-		if err := r.Load(ctx, sku, 1); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 1))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
 		entry, err := r.Ledger(ctx, sku, id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		lv0 := levels(t, r, sku)
 		steps := []struct {
 			name string
@@ -607,14 +560,10 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 			t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
 		}
 		// A closed item: what does the repeat answer?
-		if err := r.CloseItem(ctx, sku); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.CloseItem(ctx, sku))
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
 		t.Logf("repeat on a closed item: %+v %v", rc, err)
-		if err := r.ReopenItem(ctx, sku); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.ReopenItem(ctx, sku))
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
 		retryCheckRefusal(t, "repeat after reopen", rc, err, stock.ErrInsufficient, 1)
 		checkLedger(t, r, sku, 1)
@@ -628,25 +577,20 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 	kinds := []error{stock.ErrSoldOut, stock.ErrInsufficient}
 	retryEach(t, false, []string{stock.Outcome(kinds[0]), stock.Outcome(kinds[1])}, func(t *testing.T, b redistest.Backend, i int) {
 		kind := kinds[i]
-		r := retryNew(t, b.Client(t), stock.WithGroups(func(string) string { return "gr:p~" }))
+		r := newReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "gr:p~" }))
 		var err error
 		a, x := "a:item~", "x:item~"
-		if err := r.Load(ctx, a, 5); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, a, 5))
 		load := int64(1)
 		if kind == stock.ErrSoldOut {
 			load = 0
 		}
-		if err := r.Load(ctx, x, load); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, x, load))
 		id := "ca:rt~1"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, kind, load)
-		if _, err := r.Restock(ctx, x, "rs", 10); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Restock(ctx, x, "rs", 10)
+		require.NoError(t, err)
 		la := levels(t, r, a)
 		for _, hold := range []bool{false, true} {
 			cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: a, Qty: 1}, {SKU: x, Qty: 2}}}
@@ -686,11 +630,9 @@ func TestRetryRefusalBucketsNoPhantomRefusal(t *testing.T) {
 	}
 	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
 		tc := tcs[i]
-		r := retryNew(t, b.Client(t), stock.WithBuckets(func(string) int { return tc.buckets }))
+		r := newReserver(t, b.Client(t), stock.WithBuckets(func(string) int { return tc.buckets }))
 		sku := "sp:lit~"
-		if err := r.Load(ctx, sku, tc.load); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, tc.load))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty, Retry: true})
 		if err != nil {
 			t.Errorf("retry of %d of %d over %d buckets refused: %+v %v", tc.qty, tc.load, tc.buckets, rc, err)
@@ -748,16 +690,12 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		if kind == stock.ErrSoldOut {
 			load = 0
 		}
-		if err := r.Load(ctx, sku, load); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, load))
 		id, user := "x:~id", "x:~u"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, kind, load)
 		entry, err := r.Ledger(ctx, sku, id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		const restocks = 15
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -859,9 +797,7 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 		cfg, hold := cases[i].cfg, cases[i].hold
 		r, r2 := retryPair(t, b, cfg.opts...)
 		sku := "ra:ce~"
-		if err := r.Load(ctx, sku, 0); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 0))
 		var refusedRounds, takenRounds int
 		for round := 0; round < 25; round++ {
 			id := fmt.Sprintf("x:%d~", round)
@@ -974,9 +910,7 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 		n := splits[i]
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return n }))
 		sku := "bu:ck~"
-		if err := r.Load(ctx, sku, 30); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 30))
 		type refusal struct {
 			req stock.Request
 			rc  stock.Receipt
@@ -1024,9 +958,8 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 			}
 		}()
 		wg.Wait()
-		if _, err := r.Restock(ctx, sku, "rs:big", 1000); err != nil {
-			t.Fatal(err)
-		}
+		_, err := r.Restock(ctx, sku, "rs:big", 1000)
+		require.NoError(t, err)
 		t.Logf("%d refusals", len(refusals))
 		for _, f := range refusals {
 			if errors.Is(f.err, stock.ErrSoldOut) != (f.rc.Remaining == 0) {
@@ -1055,9 +988,7 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 	retryEach(t, false, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return 4 }))
 		sku := "ph:an~tom"
-		if err := r.Load(ctx, sku, 1000); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 1000))
 		big := stock.Request{SKU: sku, ID: "x:~", User: "u:~1", Qty: 1 << 40, Retry: true}
 		rc, err := r.Deduct(ctx, big)
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1000)
@@ -1118,80 +1049,64 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 
 func TestRetryRefusalReconcile(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range retryConfigs {
-		t.Run(cfg.name, func(t *testing.T) {
-			env := retryNewEnv(t, cfg.opts...)
-			r := env.Reserver
-			store := memstore.New()
-			sku := "re:con~"
-			if err := store.Load(ctx, sku, 2); err != nil {
-				t.Fatal(err)
+	retryEachEnv(t, func(t *testing.T, cfg retryConfig, env *retryEnv) {
+		r := env.Reserver
+		store := memstore.New()
+		sku := "re:con~"
+		require.NoError(t, store.Load(ctx, sku, 2))
+		require.NoError(t, r.Load(ctx, sku, 2))
+		_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a:1", User: "a", Qty: 1})
+		require.NoError(t, err)
+		id := "x:~1"
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
+		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+		_, err = r.Restock(ctx, sku, "rs:1", 5)
+		require.NoError(t, err)
+		_, err = r.Restore(ctx, sku, "a:1")
+		require.NoError(t, err)
+		relay, err := stockops.NewRelay(r, store, nil, nil)
+		require.NoError(t, err)
+		rec, err := stockops.NewReconciler(r, store, nil)
+		require.NoError(t, err)
+		pass := func(label string) {
+			t.Helper()
+			if _, err := relay.Once(ctx); err != nil {
+				t.Fatalf("%s: relay: %v", label, err)
 			}
-			if err := r.Load(ctx, sku, 2); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a:1", User: "a", Qty: 1}); err != nil {
-				t.Fatal(err)
-			}
-			id := "x:~1"
-			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
-			retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
-			if _, err := r.Restock(ctx, sku, "rs:1", 5); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := r.Restore(ctx, sku, "a:1"); err != nil {
-				t.Fatal(err)
-			}
-			relay, err := stockops.NewRelay(r, store, nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec, err := stockops.NewReconciler(r, store, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pass := func(label string) {
-				t.Helper()
-				if _, err := relay.Once(ctx); err != nil {
-					t.Fatalf("%s: relay: %v", label, err)
-				}
-				rep, err := rec.Item(ctx, sku)
-				if err != nil {
-					t.Fatalf("%s: reconcile: %v", label, err)
-				}
-				if rep.Drift != 0 || rep.Adjusted != 0 || rep.Rebuilt || rep.Requeued != 0 || rep.Rerecorded != 0 || rep.Resynced != 0 || rep.NeedsHuman != "" {
-					t.Errorf("%s: the pass found or repaired something: %s", label, rep)
-				}
-				if _, ok := func() (stock.Record, bool) {
-					m, err := store.Records(ctx, sku, []string{id})
-					if err != nil {
-						t.Fatal(err)
-					}
-					rec, ok := m[id]
-					return rec, ok
-				}(); ok {
-					t.Errorf("%s: the store has a record of the refused id", label)
-				}
-				if rem, err := store.Remaining(ctx, sku); err != nil || rem != 7 {
-					t.Errorf("%s: store remaining %d %v, want 7", label, rem, err)
-				}
-			}
-			pass("first pass")
-			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3})
-			retryCheckRefusal(t, "repeat after a pass", rc, err, stock.ErrInsufficient, 1)
-			env.Advance(23 * time.Hour)
-			pass("pass within the retention")
-			rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}, time.Minute)
-			retryCheckRefusal(t, "repeat within the retention", rc, err, stock.ErrInsufficient, 1)
-			checkLedger(t, r, sku, 2)
-			// Past the retention the entry may be trimmed: the documented end of idempotency.
-			env.Advance(2 * time.Hour)
 			rep, err := rec.Item(ctx, sku)
-			t.Logf("pass past the retention: %s %v", rep, err)
-			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
-			t.Logf("a copy past the retention (documented: idempotency ends with the entry): %+v %v", rc, err)
-		})
-	}
+			if err != nil {
+				t.Fatalf("%s: reconcile: %v", label, err)
+			}
+			if rep.Drift != 0 || rep.Adjusted != 0 || rep.Rebuilt || rep.Requeued != 0 || rep.Rerecorded != 0 || rep.Resynced != 0 || rep.NeedsHuman != "" {
+				t.Errorf("%s: the pass found or repaired something: %s", label, rep)
+			}
+			if _, ok := func() (stock.Record, bool) {
+				m, err := store.Records(ctx, sku, []string{id})
+				require.NoError(t, err)
+				rec, ok := m[id]
+				return rec, ok
+			}(); ok {
+				t.Errorf("%s: the store has a record of the refused id", label)
+			}
+			if rem, err := store.Remaining(ctx, sku); err != nil || rem != 7 {
+				t.Errorf("%s: store remaining %d %v, want 7", label, rem, err)
+			}
+		}
+		pass("first pass")
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3})
+		retryCheckRefusal(t, "repeat after a pass", rc, err, stock.ErrInsufficient, 1)
+		env.Advance(23 * time.Hour)
+		pass("pass within the retention")
+		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}, time.Minute)
+		retryCheckRefusal(t, "repeat within the retention", rc, err, stock.ErrInsufficient, 1)
+		checkLedger(t, r, sku, 2)
+		// Past the retention the entry may be trimmed: the documented end of idempotency.
+		env.Advance(2 * time.Hour)
+		rep, err := rec.Item(ctx, sku)
+		t.Logf("pass past the retention: %s %v", rep, err)
+		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
+		t.Logf("a copy past the retention (documented: idempotency ends with the entry): %+v %v", rc, err)
+	})
 }
 
 // ---------- WithReplicaAck: a refusal is never ErrNotReplicated ----------
@@ -1205,11 +1120,9 @@ func TestRetryRefusalReplicaAck(t *testing.T) {
 	ctx := context.Background()
 	// miniredis has no WAIT semantics worth testing: it runs none.
 	retryEach(t, true, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
-		r := retryNew(t, b.Client(t), stock.WithReplicaAck(5, 20*time.Millisecond))
+		r := newReserver(t, b.Client(t), stock.WithReplicaAck(5, 20*time.Millisecond))
 		sku := "ack:~1"
-		if err := r.Load(ctx, sku, 1); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 1))
 		t0 := time.Now()
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:~", User: "u", Qty: 2, Retry: true})
 		el := time.Since(t0)
@@ -1247,11 +1160,9 @@ func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 	ctx := context.Background()
 	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
 		cfg := retryConfigs[i]
-		r := retryNew(t, b.Client(t), cfg.opts...)
+		r := newReserver(t, b.Client(t), cfg.opts...)
 		sku := "pa:ram~"
-		if err := r.Load(ctx, sku, 2); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 2))
 		id := "x:~"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 2)
@@ -1286,18 +1197,15 @@ func TestRetryRefusalLongNames(t *testing.T) {
 	splits := []int{1, 64}
 	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
 		split := splits[i]
-		r := retryNew(t, b.Client(t), stock.WithBuckets(func(string) int { return split }), stock.WithPrefix("p:~x"))
+		r := newReserver(t, b.Client(t), stock.WithBuckets(func(string) int { return split }), stock.WithPrefix("p:~x"))
 		sku := strings.Repeat("s:~", 42) + "zz" // 128 bytes
 		id := strings.Repeat("~:", 64)
 		user := strings.Repeat("u~", 64)
-		if err := r.Load(ctx, sku, 5); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 5))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 5)
-		if _, err := r.Restock(ctx, sku, id[:127]+"x", 3); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Restock(ctx, sku, id[:127]+"x", 3)
+		require.NoError(t, err)
 		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
 		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
 		if e, err := r.Ledger(ctx, sku, id); err != nil || e.ID != id || e.User != user || e.SKU != sku || e.Qty != 6 || e.After != 5 {
@@ -1321,17 +1229,11 @@ func TestRetryRefusalWithClock(t *testing.T) {
 		mu.Unlock()
 		redistest.Sleep(c, d)
 	}
-	r, err := stock.New(c, stock.WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newReserver(t, c, stock.WithClock(clock))
 	sku := "cl:ock~"
-	if err := r.Load(ctx, sku, 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:~", User: "h", Qty: 1}, time.Second); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.Load(ctx, sku, 1))
+	_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:~", User: "h", Qty: 1}, time.Second)
+	require.NoError(t, err)
 	rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1, Retry: true}, time.Minute)
 	retryCheckRefusal(t, "retry", rc, err, stock.ErrSoldOut, 0)
 	advance(2 * time.Second)
@@ -1362,11 +1264,7 @@ func retryNewEnv(t *testing.T, opts ...stock.Option) *retryEnv {
 	e := &retryEnv{Client: c, m: m, now: time.Now().Truncate(time.Microsecond)}
 	m.SetTime(e.now)
 	m.ClockTTL(true)
-	r, err := stock.New(c, append([]stock.Option{stock.WithClock(e.Now)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Reserver = r
+	e.Reserver = newReserver(t, c, append([]stock.Option{stock.WithClock(e.Now)}, opts...)...)
 	return e
 }
 
@@ -1381,6 +1279,14 @@ func (e *retryEnv) Advance(d time.Duration) {
 	defer e.mu.Unlock()
 	e.now = e.now.Add(d)
 	e.m.SetTime(e.now)
+}
+
+// retryEachEnv runs f for every case of retryConfigs on a retryEnv of its options.
+func retryEachEnv(t *testing.T, f func(t *testing.T, cfg retryConfig, env *retryEnv)) {
+	t.Helper()
+	for _, cfg := range retryConfigs {
+		t.Run(cfg.name, func(t *testing.T) { f(t, cfg, retryNewEnv(t, cfg.opts...)) })
+	}
 }
 
 // retryEach runs f for every case (named by names) on every backend, the backends in
@@ -1400,21 +1306,11 @@ func retryEach(t *testing.T, realOnly bool, names []string, f func(t *testing.T,
 	}
 }
 
-// retryNew is a Reserver on c with opts.
-func retryNew(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
-	t.Helper()
-	r, err := stock.New(c, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
 // retryPair is two Reservers with opts on two clients of one backend.
 func retryPair(t *testing.T, b redistest.Backend, opts ...stock.Option) (*stock.Reserver, *stock.Reserver) {
 	t.Helper()
 	c1, c2 := b.Pair(t)
-	return retryNew(t, c1, opts...), retryNew(t, c2, opts...)
+	return newReserver(t, c1, opts...), newReserver(t, c2, opts...)
 }
 
 // retryConfigNames names the cases of a config table.
