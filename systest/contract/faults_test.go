@@ -119,7 +119,7 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	r := testkit.NewReserver(t, c, stock.WithTimeout(bound))
 	ctx := context.Background()
 	st := memstore.New()
-	faultLoadBoth(t, r, st, 10, "bh")
+	loadRedisAndStore(t, r, st, 10, "bh")
 	p.holed.Store(true)
 	check := func(name string, f func() error, wantUnknown bool) {
 		t.Helper()
@@ -219,7 +219,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	if fenced, err := g.Check(ctx); err != nil || fenced {
 		t.Fatalf("first check: fenced=%v err=%v", fenced, err)
 	}
-	faultLoadBoth(t, r1, st, 10, "f1", "f2")
+	loadRedisAndStore(t, r1, st, 10, "f1", "f2")
 	srv.Restart()
 	var fenced bool
 	var err error
@@ -661,7 +661,7 @@ func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 		r := testkit.NewReserver(t, b.Client(t))
 		st := memstore.New()
 		skus := []string{"f1", "f:2", "f~3"}
-		faultLoadBoth(t, r, st, 100000, skus...)
+		loadRedisAndStore(t, r, st, 100000, skus...)
 		for _, s := range skus {
 			_, err := r.Deduct(ctx, stock.Request{SKU: s, ID: "before", Qty: 1})
 			require.NoError(t, err)
@@ -703,7 +703,7 @@ func TestFenceAfterRunEndsLiftedByPass(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		st := memstore.New()
-		faultLoadBoth(t, r, st, 1000, "g")
+		loadRedisAndStore(t, r, st, 1000, "g")
 		_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "before", Qty: 1})
 		require.NoError(t, err)
 		// A Store slow enough that Run's first pass cannot finish before Run ends.
@@ -754,7 +754,7 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 				Reconcile: &stock.ReconcileOptions{Interval: interval}})
 			defer func() { cancel(); <-done }()
 			time.Sleep(100 * time.Millisecond)
-			faultLoadBoth(t, r, st, 100000, "rs")
+			loadRedisAndStore(t, r, st, 100000, "rs")
 			_, err := r.Deduct(ctx, stock.Request{SKU: "rs", ID: "before", Qty: 1})
 			require.NoError(t, err)
 			srv.Restart()
@@ -801,7 +801,7 @@ func TestRunDryRunKeepsFence(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		faultLoadBoth(t, r, st, 10, "dr")
+		loadRedisAndStore(t, r, st, 10, "dr")
 		// Live, not new: the epoch the first Load recorded is gone (lost with the data).
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond,
@@ -848,7 +848,7 @@ func TestRunStoreIgnoringCtx(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: time.Second}
-		faultLoadBoth(t, r, st.s, 10, "ig")
+		loadRedisAndStore(t, r, st.s, 10, "ig")
 		for i := range 4 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "ig", ID: fmt.Sprint("d", i), Qty: 1})
 			require.NoError(t, err)
@@ -939,9 +939,9 @@ func reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reser
 	return r
 }
 
-// faultLoadBoth loads each of skus with qty units into Redis and the store, failing the test on
+// loadRedisAndStore loads each of skus with qty units into Redis and the store, failing the test on
 // any error.
-func faultLoadBoth(t *testing.T, r *stock.Reserver, st *memstore.Store, qty int64, skus ...string) {
+func loadRedisAndStore(t *testing.T, r *stock.Reserver, st *memstore.Store, qty int64, skus ...string) {
 	t.Helper()
 	for _, sku := range skus {
 		require.NoError(t, r.Load(context.Background(), sku, qty), sku)
@@ -1607,7 +1607,7 @@ func TestTwoRunsRestarted(t *testing.T) {
 		r2 := testkit.NewReserver(t, c2)
 		store := memstore.New()
 		skus := []string{"two:a", "two:b~", "two:ç"}
-		faultLoadBoth(t, r1, store, 500, skus...)
+		loadRedisAndStore(t, r1, store, 500, skus...)
 		opts := stock.RunOptions{Store: store, SweepInterval: 30 * time.Millisecond,
 			Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond, Batch: 7}, Reconcile: &stock.ReconcileOptions{Interval: 200 * time.Millisecond}}
 		stop1 := requestRun(t, r1, opts, 30*time.Second)
@@ -1714,7 +1714,7 @@ func TestFenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
 		r1 := testkit.NewReserver(t, c1)
 		r2 := testkit.NewReserver(t, c2)
 		st := memstore.New()
-		faultLoadBoth(t, r1, st, 100, "fence:x")
+		loadRedisAndStore(t, r1, st, 100, "fence:x")
 		stop := requestRun(t, r2, stock.RunOptions{Store: &onlyStore{s: st, delay: 500 * time.Millisecond},
 			GuardInterval: time.Millisecond, Drain: time.Millisecond}, 30*time.Second)
 		fenced := false
