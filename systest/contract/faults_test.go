@@ -930,6 +930,8 @@ func deploy(t *testing.T, cfg redistest.SentinelConfig) *redistest.Sentinel {
 	return redistest.StartSentinel(t, cfg)
 }
 
+// reserver is testkit.NewReserver with its own failure message; carts_test.go and holds_test.go
+// call it.
 func reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
 	t.Helper()
 	r, err := stock.New(c, opts...)
@@ -970,6 +972,16 @@ func faultGroup(sku string) string {
 		return "grp"
 	}
 	return ""
+}
+
+// failOver has the sentinels fail d's primary over and waits until they announce another one.
+func failOver(t *testing.T, d *redistest.Sentinel, what string) {
+	t.Helper()
+	old, err := d.Primary()
+	require.NoError(t, err, what)
+	require.NoError(t, d.Failover(), "%s: failover", what)
+	_, err = d.WaitPrimary(old, 20*time.Second)
+	require.NoError(t, err, what)
 }
 
 // faultLoad loads sku with qty units into Redis and the store. A Load answered ErrNotReplicated
@@ -1130,11 +1142,11 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	c := d.Client(t)
-	r := reserver(t, c, stock.WithReplicaAck(1, 200*time.Millisecond))
+	r := testkit.NewReserver(t, c, stock.WithReplicaAck(1, 200*time.Millisecond))
 	st := memstore.New()
 	faultLoad(t, ctx, r, st, "a16-nr", 100)
 	replica := d.Servers()[1]
-	rr := reserver(t, replica.Client(t))
+	rr := testkit.NewReserver(t, replica.Client(t))
 	// Wait until the replica has the item, so that only the deducts lag.
 	for {
 		if _, err := rr.Levels(ctx, "a16-nr"); err == nil {
@@ -1302,7 +1314,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	obs := &recon{}
-	r := reserver(t, d.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond), stock.WithTimeout(3*time.Second), stock.WithObserver(obs))
+	r := testkit.NewReserver(t, d.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond), stock.WithTimeout(3*time.Second), stock.WithObserver(obs))
 	st := memstore.New()
 	const sku = "a16-aba"
 	faultLoad(t, ctx, r, st, sku, 1_000_000)
@@ -1314,9 +1326,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 			Relay: &stock.RelayOptions{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
 	}()
 	rec, err := stockops.NewReconciler(r, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	acked := &acked{}
 	var replayAcks, fencedAnswers atomic.Int64
 	k := 0
@@ -1331,16 +1341,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 	}
 	stop := trafficOfFaults(ctx, r, sku, "aba", 2, acked, &replayAcks, &fencedAnswers)
 	for round := 1; round <= 2; round++ {
-		old, err := d.Primary()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Failover(); err != nil {
-			t.Fatalf("round %d: failover: %v", round, err)
-		}
-		if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		failOver(t, d, fmt.Sprintf("round %d", round))
 		switched := time.Now()
 		// The guard must fence.
 		var fencedAt time.Time
@@ -1436,7 +1437,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	d := deploy(t, redistest.SentinelConfig{Replicas: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	r := reserver(t, d.Client(t), stock.WithTimeout(3*time.Second))
+	r := testkit.NewReserver(t, d.Client(t), stock.WithTimeout(3*time.Second))
 	st := memstore.New()
 	skus := []string{"a16-p1", "a16-p2", "a16-p3", "a16-p4"}
 	for _, sku := range skus {
@@ -1444,18 +1445,14 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	}
 	g := stockops.NewFailoverGuard(r)
 	rec0, err := stockops.NewReconciler(r, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	faultPass(t, ctx, rec0, 10*time.Second)
 	if fenced, err := g.Check(ctx); err != nil || fenced {
 		t.Fatalf("after a complete pass: fenced=%v err=%v", fenced, err)
 	}
 	gs := &gateStore{Store: st, entered: make(chan struct{}), gate: make(chan struct{})}
 	rec, err := stockops.NewReconciler(r, gs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	type out struct {
 		res stockops.PassResult
 		err error
@@ -1470,16 +1467,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the pass never read the store")
 	}
-	old, err := d.Primary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Failover(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	failOver(t, d, "a failover during the pass")
 	fenced := false
 	for start := time.Now(); time.Since(start) < 10*time.Second; {
 		if f, err := g.Check(ctx); err == nil && f {
