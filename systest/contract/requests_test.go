@@ -578,36 +578,28 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 		var mu sync.Mutex
 		var out []res
 		var wg sync.WaitGroup
+		send := func(r *stock.Reserver, req stock.Request) {
+			wg.Go(func() {
+				rc, err := r.Deduct(ctx, req)
+				mu.Lock()
+				out = append(out, res{req.SKU, req.ID, req.User, err, rc})
+				mu.Unlock()
+			})
+		}
 		// 60 users x 3 distinct ids each x 2 copies of each request, on both items, with the
 		// same ids on both items; plus 10 users who race for the same ids ("shared-k").
 		for u := range 60 {
 			for k := range 3 {
 				for cp := range 2 {
 					for _, sku := range skus {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							req := stock.Request{SKU: sku, ID: fmt.Sprintf("o-%d-%d", u, k), User: fmt.Sprintf("user%d", u), Qty: 1}
-							rc, err := rs[(u+cp)%2].Deduct(ctx, req)
-							mu.Lock()
-							out = append(out, res{sku, req.ID, req.User, err, rc})
-							mu.Unlock()
-						}()
+						send(rs[(u+cp)%2], stock.Request{SKU: sku, ID: fmt.Sprintf("o-%d-%d", u, k), User: fmt.Sprintf("user%d", u), Qty: 1})
 					}
 				}
 			}
 		}
 		for u := range 10 {
 			for k := range 3 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					req := stock.Request{SKU: skus[0], ID: fmt.Sprintf("shared-%d", k), User: fmt.Sprintf("racer%d", u), Qty: 1}
-					rc, err := rs[u%2].Deduct(ctx, req)
-					mu.Lock()
-					out = append(out, res{req.SKU, req.ID, req.User, err, rc})
-					mu.Unlock()
-				}()
+				send(rs[u%2], stock.Request{SKU: skus[0], ID: fmt.Sprintf("shared-%d", k), User: fmt.Sprintf("racer%d", u), Qty: 1})
 			}
 		}
 		wg.Wait()
