@@ -116,18 +116,10 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	const bound = 300 * time.Millisecond
-	r, err := stock.New(c, stock.WithTimeout(bound))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.NewReserver(t, c, stock.WithTimeout(bound))
 	ctx := context.Background()
-	if err := r.Load(ctx, "bh", 10); err != nil {
-		t.Fatal(err)
-	}
 	st := memstore.New()
-	if err := st.Load(ctx, "bh", 10); err != nil {
-		t.Fatal(err)
-	}
+	loadRedisAndStore(t, r, st, 10, "bh")
 	p.holed.Store(true)
 	check := func(name string, f func() error, wantUnknown bool) {
 		t.Helper()
@@ -218,31 +210,19 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 // pass run by another Reserver (another process), and never by an incomplete one
 // (a dry run, a pass limited to some items, a pass that found an item busy).
 func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER for a restart of a real server")
-	}
+	faultReal(t) // for a restart of a real server
 	ctx := context.Background()
 	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
-	c1 := srv.Client(t)
-	r1, err := stock.New(c1, stock.WithTimeout(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r1 := testkit.NewReserver(t, srv.Client(t), stock.WithTimeout(2*time.Second))
 	st := memstore.New()
 	g := stockops.NewFailoverGuard(r1)
 	if fenced, err := g.Check(ctx); err != nil || fenced {
 		t.Fatalf("first check: fenced=%v err=%v", fenced, err)
 	}
-	for _, sku := range []string{"f1", "f2"} {
-		if err := r1.Load(ctx, sku, 10); err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Load(ctx, sku, 10); err != nil {
-			t.Fatal(err)
-		}
-	}
+	loadRedisAndStore(t, r1, st, 10, "f1", "f2")
 	srv.Restart()
 	var fenced bool
+	var err error
 	for i := 0; i < 50; i++ {
 		fenced, err = g.Check(ctx)
 		if err == nil {
@@ -256,17 +236,11 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	if _, err := r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Fatalf("deduct while fenced: %v", err)
 	}
-	// Another process.
-	r2, err := stock.New(srv.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r2 := testkit.NewReserver(t, srv.Client(t)) // another process
 	stillFenced := func(what string) {
 		t.Helper()
 		fenced, err := g.Check(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if !fenced {
 			t.Fatalf("fence lifted by %s", what)
 		}
@@ -287,9 +261,8 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	}
 	stillFenced("a pass limited to items (even all of them)")
 	// A relay holds f2 (its Publish blocks): the pass finds it busy.
-	if _, err := r2.Restock(ctx, "f2", "rs1", 1); err != nil {
-		t.Fatal(err)
-	}
+	_, err = r2.Restock(ctx, "f2", "rs1", 1)
+	require.NoError(t, err)
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	rl, _ := stockops.NewRelay(r2, st, stock.PublisherFunc(func(ctx context.Context, ev stock.Event) error {
@@ -312,9 +285,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	}
 	stillFenced("a pass that found an item busy")
 	close(block)
-	if err := <-relayDone; err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, <-relayDone)
 	res, err = full.Pass(ctx)
 	if err != nil || !res.Complete || !res.EpochRecorded {
 		t.Fatalf("complete pass: %v %+v", err, res)
@@ -336,18 +307,11 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c := b.Client(t)
-			r, err := stock.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := r.Load(ctx, "g1", 5); err != nil {
-				t.Fatal(err)
-			}
+			r := testkit.NewReserver(t, c)
+			require.NoError(t, r.Load(ctx, "g1", 5))
 			// Loaded by a version that recorded no epoch (Load now records one on a Redis that
 			// has none and no item yet): a live deployment, not a fresh one.
-			if err := c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error(); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
 			g := stockops.NewFailoverGuard(r)
 			fenced, err := g.Check(ctx)
 			if err != nil {
@@ -363,9 +327,7 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 				t.Fatalf("deduct while fenced: %v", err)
 			}
 			rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			_, _ = rec.Once(ctx) // the store does not know g1: the pass still records the primaries
 			if fenced, err = g.Check(ctx); err != nil || fenced {
 				t.Fatalf("after a complete pass: fenced %v, %v", fenced, err)
@@ -378,21 +340,14 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 // with no deadline: Deduct returns within WithTimeout with ErrUnknownOutcome
 // wrapping context.DeadlineExceeded; after a restart (AOF) a Retry resolves it.
 func TestStoppedServerBoundedThenRetryResolves(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
+	faultReal(t)
 	ctx := context.Background()
 	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
-	r, err := stock.New(srv.Client(t), stock.WithTimeout(500*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Load(ctx, "st", 3); err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.NewReserver(t, srv.Client(t), stock.WithTimeout(500*time.Millisecond))
+	require.NoError(t, r.Load(ctx, "st", 3))
 	srv.Kill()
 	start := time.Now()
-	_, err = r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1})
+	_, err := r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1})
 	el := time.Since(start)
 	t.Logf("deduct on a stopped server: %v in %v (outcome %s)", err, el, stock.Outcome(err))
 	if !errors.Is(err, stock.ErrUnknownOutcome) {
@@ -440,9 +395,7 @@ func TestStoppedServerBoundedThenRetryResolves(t *testing.T) {
 		t.Fatalf("retry after restart: %v", err)
 	}
 	lv, err := r.Levels(ctx, "st")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if lv.Available != 2 || lv.Sold != 1 {
 		t.Errorf("after the retry: %+v (receipt %+v)", lv, rc)
 	}
@@ -453,9 +406,7 @@ func TestStoppedServerBoundedThenRetryResolves(t *testing.T) {
 // `stockctl reconcile` says so with exit 3, `reconcile -apply` rebuilds from the
 // store, says so loudly, and lifts the FailoverGuard fence of another process.
 func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
+	faultReal(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "stockctl")
@@ -463,10 +414,7 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		t.Fatalf("build: %v %s", err, out)
 	}
 	srv := redistest.StartServer(t)
-	r, err := stock.New(srv.Client(t), stock.WithCoalescing(0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.NewReserver(t, srv.Client(t), stock.WithCoalescing(0))
 	g := stockops.NewFailoverGuard(r)
 	if f, err := g.Check(ctx); err != nil || f {
 		t.Fatalf("check: %v %v", f, err)
@@ -488,29 +436,26 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		t.Fatalf("load: %d %s", code, out)
 	}
 	for i := 0; i < 3; i++ {
-		if _, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1}); err != nil {
-			t.Fatal(err)
-		}
+		_, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})
+		require.NoError(t, err)
 	}
 	if out, code := run("relay-once"); code != 0 {
 		t.Fatalf("relay-once: %d %s", code, out)
 	}
 	for i := 3; i < 5; i++ { // acknowledged, never delivered
-		if _, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1}); err != nil {
-			t.Fatal(err)
-		}
+		_, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})
+		require.NoError(t, err)
 	}
 	srv.Restart() // no persistence: everything lost
 	var f bool
+	var err error
 	for i := 0; i < 50; i++ {
 		if f, err = g.Check(ctx); err == nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if !f {
 		// Broken promise: "A FailoverGuard notices that a Redis primary restarted (its run id
 		// changed) ... and then fences the Reserver". A restart without persistence loses the
@@ -553,80 +498,61 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 // Deduct, Hold, DeductMany and HoldMany (saga and grouped carts), and
 // ErrNotReplicated wrote.
 func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		if !b.Real() {
-			continue
+	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := testkit.NewReserver(t, c, stock.WithGroups(faultGroup))
+		for _, sku := range []string{"ea", "eb", "ga", "gb"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
 		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			group := func(sku string) string {
-				if sku == "ga" || sku == "gb" {
-					return "grp"
-				}
-				return ""
+		// a guard on a Redis with items and no epoch (the first Load's is lost) fences at once
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
+		if f, err := stockops.NewFailoverGuard(r).Check(ctx); err != nil || !f {
+			t.Fatalf("a guard on a real Redis with items and no epoch did not fence: fenced %v, %v", f, err)
+		}
+		keysBefore := faultKeys(t, c)
+		calls := map[string]func() error{
+			"Deduct": func() error {
+				_, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})
+				return err
+			},
+			"Hold": func() error {
+				_, err := r.Hold(ctx, stock.Request{SKU: "ea", ID: "h", Qty: 1}, time.Minute)
+				return err
+			},
+			"DeductMany saga": func() error {
+				_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
+				return err
+			},
+			"HoldMany saga": func() error {
+				_, err := r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}}, time.Minute)
+				return err
+			},
+			"DeductMany grouped": func() error {
+				_, err := r.DeductMany(ctx, stock.Cart{ID: "c3", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}})
+				return err
+			},
+			"HoldMany grouped": func() error {
+				_, err := r.HoldMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}}, time.Minute)
+				return err
+			},
+		}
+		for name, f := range calls {
+			err := f()
+			if !errors.Is(err, stock.ErrFailover) {
+				t.Errorf("%s while fenced: %v, want ErrFailover", name, err)
 			}
-			r, err := stock.New(c, stock.WithGroups(group))
-			if err != nil {
-				t.Fatal(err)
+			if stock.Outcome(err) != "failover" {
+				t.Errorf("%s: Outcome %q", name, stock.Outcome(err))
 			}
-			for _, sku := range []string{"ea", "eb", "ga", "gb"} {
-				if err := r.Load(ctx, sku, 5); err != nil {
-					t.Fatal(err)
-				}
+		}
+		keysAfter := faultKeys(t, c)
+		for k, v := range keysAfter {
+			if keysBefore[k] != v {
+				t.Errorf("ErrFailover changed key %s: %q -> %q", k, keysBefore[k], v)
 			}
-			// a guard on a Redis with items and no epoch (the first Load's is lost) fences at once
-			if err := c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error(); err != nil {
-				t.Fatal(err)
-			}
-			if f, err := stockops.NewFailoverGuard(r).Check(ctx); err != nil || !f {
-				t.Fatalf("a guard on a real Redis with items and no epoch did not fence: fenced %v, %v", f, err)
-			}
-			keysBefore := faultKeys(t, c)
-			calls := map[string]func() error{
-				"Deduct": func() error {
-					_, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})
-					return err
-				},
-				"Hold": func() error {
-					_, err := r.Hold(ctx, stock.Request{SKU: "ea", ID: "h", Qty: 1}, time.Minute)
-					return err
-				},
-				"DeductMany saga": func() error {
-					_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
-					return err
-				},
-				"HoldMany saga": func() error {
-					_, err := r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}}, time.Minute)
-					return err
-				},
-				"DeductMany grouped": func() error {
-					_, err := r.DeductMany(ctx, stock.Cart{ID: "c3", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}})
-					return err
-				},
-				"HoldMany grouped": func() error {
-					_, err := r.HoldMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}}, time.Minute)
-					return err
-				},
-			}
-			for name, f := range calls {
-				err := f()
-				if !errors.Is(err, stock.ErrFailover) {
-					t.Errorf("%s while fenced: %v, want ErrFailover", name, err)
-				}
-				if stock.Outcome(err) != "failover" {
-					t.Errorf("%s: Outcome %q", name, stock.Outcome(err))
-				}
-			}
-			keysAfter := faultKeys(t, c)
-			for k, v := range keysAfter {
-				if keysBefore[k] != v {
-					t.Errorf("ErrFailover changed key %s: %q -> %q", k, keysBefore[k], v)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // faultKeys dumps every key of every master (type and a digest of the value).
@@ -656,25 +582,12 @@ func faultKeys(t *testing.T, c rueidis.Client) map[string]string {
 // replica, a write returns ErrNotReplicated with its receipt and the write made,
 // for Deduct and for a grouped cart; Outcome says "not_replicated".
 func TestErrNotReplicatedWrote(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
+	faultReal(t)
 	ctx := context.Background()
 	srv := redistest.StartServer(t)
-	group := func(sku string) string {
-		if sku == "ga" || sku == "gb" {
-			return "grp"
-		}
-		return ""
-	}
-	r, err := stock.New(srv.Client(t), stock.WithGroups(group), stock.WithReplicaAck(1, 20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.NewReserver(t, srv.Client(t), stock.WithGroups(faultGroup), stock.WithReplicaAck(1, 20*time.Millisecond))
 	for _, sku := range []string{"ea", "eb", "ga", "gb"} {
-		if err := r.Load(ctx, sku, 5); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 5))
 	}
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 2})
 	if !errors.Is(err, stock.ErrNotReplicated) || rc.Qty != 2 || rc.Remaining != 3 {
@@ -706,25 +619,18 @@ func TestErrNotReplicatedWrote(t *testing.T) {
 // context.DeadlineExceeded in time; the script then runs when Redis wakes, and
 // the Retry is answered as a replay (nothing taken twice).
 func TestSlowServerBoundedRetryReplays(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
+	faultReal(t)
 	ctx := context.Background()
 	srv := redistest.StartServer(t)
-	r, err := stock.New(srv.Client(t), stock.WithTimeout(300*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Load(ctx, "sl", 3); err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.NewReserver(t, srv.Client(t), stock.WithTimeout(300*time.Millisecond))
+	require.NoError(t, r.Load(ctx, "sl", 3))
 	other := srv.Client(t)
 	go func() {
 		_ = other.Do(context.Background(), other.B().Arbitrary("DEBUG", "SLEEP").Args("2").Build()).Error()
 	}()
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
-	_, err = r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1})
+	_, err := r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1})
 	el := time.Since(start)
 	t.Logf("deduct on a sleeping server: %v in %v", err, el)
 	if !errors.Is(err, stock.ErrUnknownOutcome) || !errors.Is(err, context.DeadlineExceeded) {
@@ -736,9 +642,7 @@ func TestSlowServerBoundedRetryReplays(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond)
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1, Retry: true})
 	t.Logf("retry: %+v %v", rc, err)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	lv, _ := r.Levels(ctx, "sl")
 	if lv.Available != 2 {
 		t.Errorf("available %d, want 2 (one take, whichever attempt)", lv.Available)
@@ -752,50 +656,42 @@ func TestSlowServerBoundedRetryReplays(t *testing.T) {
 // guard check). Without a pass that can complete, the fence would last a whole Interval (5
 // minutes by default).
 func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		if !b.Real() {
-			continue // the guard is off on miniredis
+	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := testkit.NewReserver(t, b.Client(t))
+		st := memstore.New()
+		skus := []string{"f1", "f:2", "f~3"}
+		loadRedisAndStore(t, r, st, 100000, skus...)
+		for _, s := range skus {
+			_, err := r.Deduct(ctx, stock.Request{SKU: s, ID: "before", Qty: 1})
+			require.NoError(t, err)
 		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r := testkit.NewReserver(t, c)
-			st := memstore.New()
-			skus := []string{"f1", "f:2", "f~3"}
-			for _, s := range skus {
-				require.NoError(t, r.Load(ctx, s, 100000))
-				require.NoError(t, st.Load(ctx, s, 100000))
-				_, err := r.Deduct(ctx, stock.Request{SKU: s, ID: "before", Qty: 1})
-				require.NoError(t, err)
-			}
-			cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond})
-			defer func() { cancel(); <-done }()
-			start := time.Now()
-			var fenced, sold int
-			var firstFence, lastFence time.Duration
-			for i := 0; time.Since(start) < 4*time.Second; i++ {
-				_, err := r.Deduct(ctx, stock.Request{SKU: skus[i%3], ID: fmt.Sprint("d", i), Qty: 1})
-				switch {
-				case errors.Is(err, stock.ErrFailover):
-					if fenced == 0 {
-						firstFence = time.Since(start)
-					}
-					fenced++
-					lastFence = time.Since(start)
-				case err == nil:
-					sold++
-				default:
-					t.Fatalf("deduct: %v", err)
+		cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond})
+		defer func() { cancel(); <-done }()
+		start := time.Now()
+		var fenced, sold int
+		var firstFence, lastFence time.Duration
+		for i := 0; time.Since(start) < 4*time.Second; i++ {
+			_, err := r.Deduct(ctx, stock.Request{SKU: skus[i%3], ID: fmt.Sprint("d", i), Qty: 1})
+			switch {
+			case errors.Is(err, stock.ErrFailover):
+				if fenced == 0 {
+					firstFence = time.Since(start)
 				}
-				time.Sleep(2 * time.Millisecond)
+				fenced++
+				lastFence = time.Since(start)
+			case err == nil:
+				sold++
+			default:
+				t.Fatalf("deduct: %v", err)
 			}
-			t.Logf("ErrFailover %d times (first at %v, last at %v), %d sold", fenced, firstFence, lastFence, sold)
-			assert.Less(t, lastFence, 2*time.Second, "the fence lifted after Run's first reconcile pass")
-			_, err := r.Deduct(ctx, stock.Request{SKU: "f1", ID: "after", Qty: 1})
-			assert.NoError(t, err, "selling after Run's first pass")
-		})
-	}
+			time.Sleep(2 * time.Millisecond)
+		}
+		t.Logf("ErrFailover %d times (first at %v, last at %v), %d sold", fenced, firstFence, lastFence, sold)
+		assert.Less(t, lastFence, 2*time.Second, "the fence lifted after Run's first reconcile pass")
+		_, err := r.Deduct(ctx, stock.Request{SKU: "f1", ID: "after", Qty: 1})
+		assert.NoError(t, err, "selling after Run's first pass")
+	})
 }
 
 // ErrFailover "is returned by Deduct, Hold and DeductMany while a FailoverGuard has seen the Redis
@@ -803,46 +699,38 @@ func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 // started on a live deployment), Run ends before its reconciler completes a pass, then a complete
 // repairing pass records the primaries: the Reserver must sell again.
 func TestFenceAfterRunEndsLiftedByPass(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		if !b.Real() {
-			continue // the guard is off on miniredis
-		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r := testkit.NewReserver(t, c)
-			st := memstore.New()
-			require.NoError(t, r.Load(ctx, "g", 1000))
-			require.NoError(t, st.Load(ctx, "g", 1000))
-			_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "before", Qty: 1})
-			require.NoError(t, err)
-			// A Store slow enough that Run's first pass cannot finish before Run ends.
-			slow := &onlyStore{s: st, delay: 300 * time.Millisecond}
-			cancel, done := runAsync(r, stock.RunOptions{Store: slow, GuardInterval: time.Millisecond, Drain: time.Millisecond})
-			fenced := eventually(2*time.Second, func() bool {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "probe", Qty: 1})
-				return errors.Is(err, stock.ErrFailover)
-			})
-			cancel()
-			<-done
-			if !fenced {
-				t.Logf("the guard never fenced (the first pass won the race)")
-			}
-			rec, err := stockops.NewReconciler(r, st, nil)
-			require.NoError(t, err)
-			pr, err := rec.Pass(ctx)
-			require.NoError(t, err)
-			require.True(t, pr.Complete && pr.EpochRecorded, "%+v", pr)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-pass", Qty: 1})
-			assert.NoError(t, err, "a complete repairing pass ran since the guard fenced (fenced: %v)", fenced)
-			// What lifts it: a guard's next check.
-			f, err := stockops.NewFailoverGuard(r).Check(ctx)
-			t.Logf("a new guard's Check: fenced=%v err=%v", f, err)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-check", Qty: 1})
-			t.Logf("deduct after a new guard's check: %v", err)
+	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		r := testkit.NewReserver(t, b.Client(t))
+		st := memstore.New()
+		loadRedisAndStore(t, r, st, 1000, "g")
+		_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "before", Qty: 1})
+		require.NoError(t, err)
+		// A Store slow enough that Run's first pass cannot finish before Run ends.
+		slow := &onlyStore{s: st, delay: 300 * time.Millisecond}
+		cancel, done := runAsync(r, stock.RunOptions{Store: slow, GuardInterval: time.Millisecond, Drain: time.Millisecond})
+		fenced := eventually(2*time.Second, func() bool {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "probe", Qty: 1})
+			return errors.Is(err, stock.ErrFailover)
 		})
-	}
+		cancel()
+		<-done
+		if !fenced {
+			t.Logf("the guard never fenced (the first pass won the race)")
+		}
+		rec, err := stockops.NewReconciler(r, st, nil)
+		require.NoError(t, err)
+		pr, err := rec.Pass(ctx)
+		require.NoError(t, err)
+		require.True(t, pr.Complete && pr.EpochRecorded, "%+v", pr)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-pass", Qty: 1})
+		assert.NoError(t, err, "a complete repairing pass ran since the guard fenced (fenced: %v)", fenced)
+		// What lifts it: a guard's next check.
+		f, err := stockops.NewFailoverGuard(r).Check(ctx)
+		t.Logf("a new guard's Check: fenced=%v err=%v", f, err)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-check", Qty: 1})
+		t.Logf("deduct after a new guard's check: %v", err)
+	})
 }
 
 // Redis restarts under a running Run (AOF with fsync always: nothing is lost). The guard fences:
@@ -866,8 +754,7 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 				Reconcile: &stock.ReconcileOptions{Interval: interval}})
 			defer func() { cancel(); <-done }()
 			time.Sleep(100 * time.Millisecond)
-			require.NoError(t, r.Load(ctx, "rs", 100000))
-			require.NoError(t, st.Load(ctx, "rs", 100000))
+			loadRedisAndStore(t, r, st, 100000, "rs")
 			_, err := r.Deduct(ctx, stock.Request{SKU: "rs", ID: "before", Qty: 1})
 			require.NoError(t, err)
 			srv.Restart()
@@ -909,41 +796,34 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 // the primaries, so the guard's fence stays (a hazard worth knowing: such a Run refuses every sale
 // with ErrFailover until another process makes a complete repairing pass).
 func TestRunDryRunKeepsFence(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		if !b.Real() {
-			continue
-		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r := testkit.NewReserver(t, c)
-			st := memstore.New()
-			require.NoError(t, r.Load(ctx, "dr", 10))
-			require.NoError(t, st.Load(ctx, "dr", 10))
-			// Live, not new: the epoch the first Load recorded is gone (lost with the data).
-			require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
-			cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond,
-				Reconcile: &stock.ReconcileOptions{DryRun: true, Interval: 50 * time.Millisecond}})
-			time.Sleep(time.Second)
-			_, err := r.Deduct(ctx, stock.Request{SKU: "dr", ID: "x", Qty: 1})
-			assert.ErrorIs(t, err, stock.ErrFailover, "no complete repairing pass: still fenced")
-			// Another process's complete repairing pass lifts the fence at the guard's next check.
-			r2 := testkit.NewReserver(t, c)
-			rec, err := stockops.NewReconciler(r2, st, nil)
-			require.NoError(t, err)
-			pr, err := rec.Pass(ctx)
-			require.NoError(t, err)
-			require.True(t, pr.EpochRecorded, "%+v", pr)
-			ok := eventually(2*time.Second, func() bool {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "dr", ID: "y", Qty: 1})
-				return err == nil
-			})
-			assert.True(t, ok, "the fence lifted at the guard's next check")
-			cancel()
-			<-done
+	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := testkit.NewReserver(t, c)
+		st := memstore.New()
+		loadRedisAndStore(t, r, st, 10, "dr")
+		// Live, not new: the epoch the first Load recorded is gone (lost with the data).
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
+		cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond,
+			Reconcile: &stock.ReconcileOptions{DryRun: true, Interval: 50 * time.Millisecond}})
+		time.Sleep(time.Second)
+		_, err := r.Deduct(ctx, stock.Request{SKU: "dr", ID: "x", Qty: 1})
+		assert.ErrorIs(t, err, stock.ErrFailover, "no complete repairing pass: still fenced")
+		// Another process's complete repairing pass lifts the fence at the guard's next check.
+		r2 := testkit.NewReserver(t, c)
+		rec, err := stockops.NewReconciler(r2, st, nil)
+		require.NoError(t, err)
+		pr, err := rec.Pass(ctx)
+		require.NoError(t, err)
+		require.True(t, pr.EpochRecorded, "%+v", pr)
+		ok := eventually(2*time.Second, func() bool {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "dr", ID: "y", Qty: 1})
+			return err == nil
 		})
-	}
+		assert.True(t, ok, "the fence lifted at the guard's next check")
+		cancel()
+		<-done
+	})
 }
 
 // A Store that panics under Run. Nothing is promised about a panicking Store; this records what
@@ -968,8 +848,7 @@ func TestRunStoreIgnoringCtx(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: time.Second}
-		require.NoError(t, r.Load(ctx, "ig", 10))
-		require.NoError(t, st.s.Load(ctx, "ig", 10))
+		loadRedisAndStore(t, r, st.s, 10, "ig")
 		for i := range 4 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "ig", ID: fmt.Sprint("d", i), Qty: 1})
 			require.NoError(t, err)
@@ -1051,6 +930,8 @@ func deploy(t *testing.T, cfg redistest.SentinelConfig) *redistest.Sentinel {
 	return redistest.StartSentinel(t, cfg)
 }
 
+// reserver is testkit.NewReserver with its own failure message; carts_test.go and holds_test.go
+// call it.
 func reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
 	t.Helper()
 	r, err := stock.New(c, opts...)
@@ -1058,6 +939,49 @@ func reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reser
 		t.Fatalf("stock.New: %v", err)
 	}
 	return r
+}
+
+// loadRedisAndStore loads each of skus with qty units into Redis and the store, failing the test on
+// any error.
+func loadRedisAndStore(t *testing.T, r *stock.Reserver, st *memstore.Store, qty int64, skus ...string) {
+	t.Helper()
+	for _, sku := range skus {
+		require.NoError(t, r.Load(context.Background(), sku, qty), sku)
+		require.NoError(t, st.Load(context.Background(), sku, qty), sku)
+	}
+}
+
+// faultRealBackends runs f, in parallel, on each real backend (standalone, cluster, and Sentinel
+// when enabled); the failover guard is off on miniredis.
+func faultRealBackends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		if !b.Real() {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b)
+		})
+	}
+}
+
+// faultGroup puts items ga and gb in one group ("grp"), every other item in none.
+func faultGroup(sku string) string {
+	if sku == "ga" || sku == "gb" {
+		return "grp"
+	}
+	return ""
+}
+
+// failOver has the sentinels fail d's primary over and waits until they announce another one.
+func failOver(t *testing.T, d *redistest.Sentinel, what string) {
+	t.Helper()
+	old, err := d.Primary()
+	require.NoError(t, err, what)
+	require.NoError(t, d.Failover(), "%s: failover", what)
+	_, err = d.WaitPrimary(old, 20*time.Second)
+	require.NoError(t, err, what)
 }
 
 // faultLoad loads sku with qty units into Redis and the store. A Load answered ErrNotReplicated
@@ -1141,9 +1065,7 @@ func audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.St
 			list = append(list, id)
 		}
 		recs, err := st.Records(ctx, sku, list)
-		if err != nil {
-			t.Fatalf("store records %s: %v", sku, err)
-		}
+		require.NoError(t, err, "store records %s", sku)
 		for id := range ids {
 			e, lerr := r.Ledger(ctx, sku, id)
 			inRedis := lerr == nil && e.Taken()
@@ -1165,13 +1087,9 @@ func audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.St
 	}
 	for sku := range acked.ids {
 		lv, err := r.Levels(ctx, sku)
-		if err != nil {
-			t.Fatalf("levels %s: %v", sku, err)
-		}
+		require.NoError(t, err, "levels %s", sku)
 		rem, err := st.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatalf("store remaining %s: %v", sku, err)
-		}
+		require.NoError(t, err, "store remaining %s", sku)
 		if rem != lv.Available+lv.Held {
 			t.Errorf("%s: store remaining %d, Redis available %d + held %d (levels %+v)", sku, rem, lv.Available, lv.Held, lv)
 		}
@@ -1224,11 +1142,11 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	c := d.Client(t)
-	r := reserver(t, c, stock.WithReplicaAck(1, 200*time.Millisecond))
+	r := testkit.NewReserver(t, c, stock.WithReplicaAck(1, 200*time.Millisecond))
 	st := memstore.New()
 	faultLoad(t, ctx, r, st, "a16-nr", 100)
 	replica := d.Servers()[1]
-	rr := reserver(t, replica.Client(t))
+	rr := testkit.NewReserver(t, replica.Client(t))
 	// Wait until the replica has the item, so that only the deducts lag.
 	for {
 		if _, err := rr.Levels(ctx, "a16-nr"); err == nil {
@@ -1396,7 +1314,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	obs := &recon{}
-	r := reserver(t, d.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond), stock.WithTimeout(3*time.Second), stock.WithObserver(obs))
+	r := testkit.NewReserver(t, d.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond), stock.WithTimeout(3*time.Second), stock.WithObserver(obs))
 	st := memstore.New()
 	const sku = "a16-aba"
 	faultLoad(t, ctx, r, st, sku, 1_000_000)
@@ -1408,9 +1326,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 			Relay: &stock.RelayOptions{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
 	}()
 	rec, err := stockops.NewReconciler(r, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	acked := &acked{}
 	var replayAcks, fencedAnswers atomic.Int64
 	k := 0
@@ -1425,16 +1341,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 	}
 	stop := trafficOfFaults(ctx, r, sku, "aba", 2, acked, &replayAcks, &fencedAnswers)
 	for round := 1; round <= 2; round++ {
-		old, err := d.Primary()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Failover(); err != nil {
-			t.Fatalf("round %d: failover: %v", round, err)
-		}
-		if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		failOver(t, d, fmt.Sprintf("round %d", round))
 		switched := time.Now()
 		// The guard must fence.
 		var fencedAt time.Time
@@ -1530,7 +1437,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	d := deploy(t, redistest.SentinelConfig{Replicas: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	r := reserver(t, d.Client(t), stock.WithTimeout(3*time.Second))
+	r := testkit.NewReserver(t, d.Client(t), stock.WithTimeout(3*time.Second))
 	st := memstore.New()
 	skus := []string{"a16-p1", "a16-p2", "a16-p3", "a16-p4"}
 	for _, sku := range skus {
@@ -1538,18 +1445,14 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	}
 	g := stockops.NewFailoverGuard(r)
 	rec0, err := stockops.NewReconciler(r, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	faultPass(t, ctx, rec0, 10*time.Second)
 	if fenced, err := g.Check(ctx); err != nil || fenced {
 		t.Fatalf("after a complete pass: fenced=%v err=%v", fenced, err)
 	}
 	gs := &gateStore{Store: st, entered: make(chan struct{}), gate: make(chan struct{})}
 	rec, err := stockops.NewReconciler(r, gs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	type out struct {
 		res stockops.PassResult
 		err error
@@ -1564,16 +1467,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the pass never read the store")
 	}
-	old, err := d.Primary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Failover(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	failOver(t, d, "a failover during the pass")
 	fenced := false
 	for start := time.Now(); time.Since(start) < 10*time.Second; {
 		if f, err := g.Check(ctx); err == nil && f {
@@ -1701,10 +1595,7 @@ func TestTwoRunsRestarted(t *testing.T) {
 		r2 := testkit.NewReserver(t, c2)
 		store := memstore.New()
 		skus := []string{"two:a", "two:b~", "two:ç"}
-		for _, s := range skus {
-			require.NoError(t, r1.Load(ctx, s, 500))
-			require.NoError(t, store.Load(ctx, s, 500))
-		}
+		loadRedisAndStore(t, r1, store, 500, skus...)
 		opts := stock.RunOptions{Store: store, SweepInterval: 30 * time.Millisecond,
 			Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond, Batch: 7}, Reconcile: &stock.ReconcileOptions{Interval: 200 * time.Millisecond}}
 		stop1 := requestRun(t, r1, opts, 30*time.Second)
@@ -1802,45 +1693,41 @@ func TestTwoRunsRestarted(t *testing.T) {
 // started on a live deployment) and then ended, before its own pass completed; another process
 // then completes a repairing pass. The first process must sell again.
 func TestFenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		if !b.Real() || b.Name == "sentinel" {
-			continue // the guard is off on miniredis
+	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
+		if b.Name == "sentinel" {
+			t.Skip("not run on sentinel")
 		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c1, c2 := b.Pair(t)
-			r1 := testkit.NewReserver(t, c1)
-			r2 := testkit.NewReserver(t, c2)
-			st := memstore.New()
-			require.NoError(t, r1.Load(ctx, "fence:x", 100))
-			require.NoError(t, st.Load(ctx, "fence:x", 100))
-			stop := requestRun(t, r2, stock.RunOptions{Store: &onlyStore{s: st, delay: 500 * time.Millisecond},
-				GuardInterval: time.Millisecond, Drain: time.Millisecond}, 30*time.Second)
-			fenced := false
-			for i := 0; i < 200 && !fenced; i++ {
-				_, err := r2.Deduct(ctx, stock.Request{SKU: "fence:x", ID: fmt.Sprintf("probe%d", i), Qty: 1})
-				fenced = errors.Is(err, stock.ErrFailover)
-				if !fenced {
-					time.Sleep(5 * time.Millisecond)
-				}
-			}
-			_ = stop()
+		ctx := context.Background()
+		c1, c2 := b.Pair(t)
+		r1 := testkit.NewReserver(t, c1)
+		r2 := testkit.NewReserver(t, c2)
+		st := memstore.New()
+		loadRedisAndStore(t, r1, st, 100, "fence:x")
+		stop := requestRun(t, r2, stock.RunOptions{Store: &onlyStore{s: st, delay: 500 * time.Millisecond},
+			GuardInterval: time.Millisecond, Drain: time.Millisecond}, 30*time.Second)
+		fenced := false
+		for i := 0; i < 200 && !fenced; i++ {
+			_, err := r2.Deduct(ctx, stock.Request{SKU: "fence:x", ID: fmt.Sprintf("probe%d", i), Qty: 1})
+			fenced = errors.Is(err, stock.ErrFailover)
 			if !fenced {
-				t.Skip("Run's guard never fenced (its pass won the race): nothing to check")
+				time.Sleep(5 * time.Millisecond)
 			}
-			rec, err := stockops.NewReconciler(r1, st, nil)
-			require.NoError(t, err)
-			var pr stockops.PassResult
-			require.Eventually(t, func() bool { // the ended Run's lease lasts at most 5s
-				pr, err = rec.Pass(ctx)
-				return err == nil && pr.Complete && pr.EpochRecorded
-			}, 20*time.Second, 200*time.Millisecond, "a complete repairing pass in the other process")
-			time.Sleep(3 * time.Second) // longer than any check interval
-			_, err = r2.Deduct(ctx, stock.Request{SKU: "fence:x", ID: "after", Qty: 1})
-			assert.NoError(t, err, "a complete repairing pass ran (in another process) since the guard fenced")
-		})
-	}
+		}
+		_ = stop()
+		if !fenced {
+			t.Skip("Run's guard never fenced (its pass won the race): nothing to check")
+		}
+		rec, err := stockops.NewReconciler(r1, st, nil)
+		require.NoError(t, err)
+		var pr stockops.PassResult
+		require.Eventually(t, func() bool { // the ended Run's lease lasts at most 5s
+			pr, err = rec.Pass(ctx)
+			return err == nil && pr.Complete && pr.EpochRecorded
+		}, 20*time.Second, 200*time.Millisecond, "a complete repairing pass in the other process")
+		time.Sleep(3 * time.Second) // longer than any check interval
+		_, err = r2.Deduct(ctx, stock.Request{SKU: "fence:x", ID: "after", Qty: 1})
+		assert.NoError(t, err, "a complete repairing pass ran (in another process) since the guard fenced")
+	})
 }
 
 func faultReal(t *testing.T) {
@@ -2062,6 +1949,21 @@ func chaos(stop <-chan struct{}, f func(i int)) <-chan int {
 	return done
 }
 
+// flushTargets starts a private "standalone" server or a 3-master "cluster" and returns a maker
+// of clients to it and a client to each of its servers, to flush the functions and scripts of.
+func flushTargets(t *testing.T, kind string) (client func() rueidis.Client, admins []rueidis.Client) {
+	t.Helper()
+	if kind == "standalone" {
+		s := redistest.StartServer(t)
+		return func() rueidis.Client { return s.Client(t) }, []rueidis.Client{s.Client(t)}
+	}
+	c := redistest.StartCluster(t, 3)
+	for _, s := range c.Servers() {
+		admins = append(admins, s.Client(t))
+	}
+	return func() rueidis.Client { return c.Client(t) }, admins
+}
+
 // TestFlushLoop: FUNCTION FLUSH (SYNC and ASYNC), FUNCTION DELETE of the library and
 // SCRIPT FLUSH in a loop during concurrent deducts. README: the library is loaded when a call
 // finds it missing; the scripts give the answer otherwise. No call should fail at all (Redis
@@ -2070,19 +1972,7 @@ func TestFlushLoop(t *testing.T) {
 	faultReal(t)
 	for _, kind := range []string{"standalone", "cluster"} {
 		t.Run(kind, func(t *testing.T) {
-			var client func() rueidis.Client
-			var admins []rueidis.Client
-			if kind == "standalone" {
-				s := redistest.StartServer(t)
-				client = func() rueidis.Client { return s.Client(t) }
-				admins = []rueidis.Client{s.Client(t)}
-			} else {
-				c := redistest.StartCluster(t, 3)
-				client = func() rueidis.Client { return c.Client(t) }
-				for _, s := range c.Servers() {
-					admins = append(admins, s.Client(t))
-				}
-			}
+			client, admins := flushTargets(t, kind)
 			rs := []*stock.Reserver{testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second)), testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))}
 			ctx := context.Background()
 			skus := []string{"f1", "f2", "f3"}
@@ -2325,20 +2215,8 @@ func TestMixedOpsFlush(t *testing.T) {
 	faultReal(t)
 	for _, kind := range []string{"standalone", "cluster"} {
 		t.Run(kind, func(t *testing.T) {
-			var client rueidis.Client
-			var admins []rueidis.Client
-			if kind == "standalone" {
-				s := redistest.StartServer(t)
-				client = s.Client(t)
-				admins = []rueidis.Client{s.Client(t)}
-			} else {
-				c := redistest.StartCluster(t, 3)
-				client = c.Client(t)
-				for _, s := range c.Servers() {
-					admins = append(admins, s.Client(t))
-				}
-			}
-			r := testkit.NewReserver(t, client, stock.WithTimeout(3*time.Second))
+			client, admins := flushTargets(t, kind)
+			r := testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))
 			ctx := context.Background()
 			skus := []string{"m1", "m2", "m3", "m4"}
 			for _, sku := range skus {

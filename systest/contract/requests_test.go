@@ -297,103 +297,67 @@ func TestCountingBothPaths(t *testing.T) {
 		for _, queue := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/queue=%v", b.Name, queue), func(t *testing.T) {
 				ctx := context.Background()
-				r, err := stock.New(b.Client(t))
-				if err != nil {
-					t.Fatal(err)
-				}
+				r := testkit.NewReserver(t, b.Client(t))
 				st := memstore.New()
 				const sku, S, N = "cnt", 50, 200
-				if err := r.Load(ctx, sku, S); err != nil {
-					t.Fatal(err)
-				}
-				if err := st.Load(ctx, sku, S); err != nil {
-					t.Fatal(err)
-				}
+				loadRedisAndStore(t, r, st, S, sku)
 				q := &repairQueue{}
 				var rl *stockops.Relay
+				var err error
 				if queue {
 					rl, err = stockops.NewRelay(r, nil, q, nil)
 				} else {
 					rl, err = stockops.NewRelay(r, st, nil, nil)
 				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				stop := make(chan struct{})
 				var bg sync.WaitGroup
 				var consumeErr atomic.Value
 				// two relays and two consumers running during the sale
-				for k := 0; k < 2; k++ {
-					bg.Add(1)
-					go func() {
-						defer bg.Done()
-						for {
-							select {
-							case <-stop:
-								return
-							default:
-							}
-							if _, err := rl.Once(ctx); err != nil {
-								consumeErr.Store(err)
-							}
-							time.Sleep(time.Millisecond)
+				for range 2 {
+					untilStopped(&bg, stop, func(int) {
+						if _, err := rl.Once(ctx); err != nil {
+							consumeErr.Store(err)
 						}
-					}()
+						time.Sleep(time.Millisecond)
+					})
 				}
 				if queue {
 					for k := 0; k < 2; k++ {
-						bg.Add(1)
-						go func(seed int64) {
-							defer bg.Done()
-							rng := rand.New(rand.NewPCG(uint64(seed), 0))
-							var mine []stock.Event
-							for {
-								select {
-								case <-stop:
-									return
-								default:
+						rng := rand.New(rand.NewPCG(uint64(k+1), 0))
+						var mine []stock.Event
+						untilStopped(&bg, stop, func(int) {
+							mine = append(mine, q.take()...)
+							rng.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+							var keep []stock.Event
+							for _, ev := range mine {
+								err := stock.Consume(ctx, r, st, ev)
+								if errors.Is(err, stock.ErrHeldBack) {
+									keep = append(keep, ev)
+								} else if err != nil {
+									consumeErr.Store(err)
+									keep = append(keep, ev)
+								} else if rng.IntN(5) == 0 {
+									keep = append(keep, ev) // redelivered duplicate
 								}
-								mine = append(mine, q.take()...)
-								rng.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
-								var keep []stock.Event
-								for _, ev := range mine {
-									err := stock.Consume(ctx, r, st, ev)
-									if errors.Is(err, stock.ErrHeldBack) {
-										keep = append(keep, ev)
-									} else if err != nil {
-										consumeErr.Store(err)
-										keep = append(keep, ev)
-									} else if rng.IntN(5) == 0 {
-										keep = append(keep, ev) // redelivered duplicate
-									}
-								}
-								mine = keep
-								time.Sleep(time.Millisecond)
 							}
-						}(int64(k + 1))
+							mine = keep
+							time.Sleep(time.Millisecond)
+						})
 					}
 				}
 				// a reconciler running all through the sale: it must never repair anything
 				var repaired atomic.Value
 				rcBG, _ := stockops.NewReconciler(r, st, nil)
-				bg.Add(1)
-				go func() {
-					defer bg.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
+				untilStopped(&bg, stop, func(int) {
+					res, _ := rcBG.Pass(ctx)
+					for _, rp := range res.Reports {
+						if rp.Adjusted != 0 || rp.Resynced != 0 || rp.Requeued != 0 || rp.Rerecorded != 0 || rp.Rebuilt {
+							repaired.Store(rp.String())
 						}
-						res, _ := rcBG.Pass(ctx)
-						for _, rp := range res.Reports {
-							if rp.Adjusted != 0 || rp.Resynced != 0 || rp.Requeued != 0 || rp.Rerecorded != 0 || rp.Rebuilt {
-								repaired.Store(rp.String())
-							}
-						}
-						time.Sleep(2 * time.Millisecond)
 					}
-				}()
+					time.Sleep(2 * time.Millisecond)
+				})
 				var ok atomic.Int64
 				var wg sync.WaitGroup
 				for i := 0; i < N; i++ {
@@ -424,9 +388,8 @@ func TestCountingBothPaths(t *testing.T) {
 				}
 				// drain
 				for i := 0; i < 20; i++ {
-					if _, err := rl.Once(ctx); err != nil {
-						t.Fatal(err)
-					}
+					_, err := rl.Once(ctx)
+					require.NoError(t, err)
 					if queue {
 						repairConsumeAll(t, ctx, r, st, q.take(), rand.New(rand.NewPCG(uint64(i), 0)))
 					}
@@ -436,18 +399,14 @@ func TestCountingBothPaths(t *testing.T) {
 					t.Errorf("pending %d dead %d %v", pending, dead, err)
 				}
 				lv, err := r.Levels(ctx, sku)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				rem, _ := st.Remaining(ctx, sku)
 				if lv.Available != 0 || lv.Sold != S || rem != 0 {
 					t.Errorf("levels %+v, store remaining %d", lv, rem)
 				}
 				applied, taken := 0, 0
 				for e, err := range stockops.Entries(ctx, r, sku) {
-					if err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, err)
 					if e.Taken() {
 						taken++
 					}
@@ -473,6 +432,22 @@ func TestCountingBothPaths(t *testing.T) {
 	}
 }
 
+// untilStopped starts a goroutine, counted in wg, that calls f(0), f(1), ... until stop is closed.
+func untilStopped(wg *sync.WaitGroup, stop <-chan struct{}, f func(i int)) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			f(i)
+		}
+	}()
+}
+
 // Levels is "read atomically": Loaded = Available + Held + Sold in every read under concurrent
 // deducts, holds, restores and sweeps.
 func TestLevelsAtomicUnderLoad(t *testing.T) {
@@ -483,27 +458,18 @@ func TestLevelsAtomicUnderLoad(t *testing.T) {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		for w := range 3 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					id := fmt.Sprintf("w%d-%d", w, i)
-					switch i % 3 {
-					case 0:
-						_, _ = r.Deduct(ctx, stock.Request{SKU: "lv", ID: id, Qty: 2})
-						_, _ = r.Restore(ctx, "lv", id)
-					case 1:
-						_, _ = r.Hold(ctx, stock.Request{SKU: "lv", ID: id, Qty: 1}, time.Millisecond)
-					case 2:
-						_, _ = stockops.Sweep(ctx, r, "lv")
-					}
+			untilStopped(&wg, stop, func(i int) {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				switch i % 3 {
+				case 0:
+					_, _ = r.Deduct(ctx, stock.Request{SKU: "lv", ID: id, Qty: 2})
+					_, _ = r.Restore(ctx, "lv", id)
+				case 1:
+					_, _ = r.Hold(ctx, stock.Request{SKU: "lv", ID: id, Qty: 1}, time.Millisecond)
+				case 2:
+					_, _ = stockops.Sweep(ctx, r, "lv")
 				}
-			}()
+			})
 		}
 		for range 300 {
 			l, err := r.Levels(ctx, "lv")
@@ -591,13 +557,8 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 		rs := []*stock.Reserver{r1, r2}
 		const S = 37
 		skus := []string{"lim:a", "lim:b~ü"}
-		for _, s := range skus {
-			require.NoError(t, r1.Load(ctx, s, S))
-		}
 		store := memstore.New()
-		for _, s := range skus {
-			require.NoError(t, store.Load(ctx, s, S))
-		}
+		loadRedisAndStore(t, r1, store, S, skus...)
 		// A complete pass records the primaries as reconciled before Run starts, so that Run's
 		// guard does not fence r1 as a guard added to a live deployment (documented) while the
 		// requests run.
@@ -617,36 +578,28 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 		var mu sync.Mutex
 		var out []res
 		var wg sync.WaitGroup
+		send := func(r *stock.Reserver, req stock.Request) {
+			wg.Go(func() {
+				rc, err := r.Deduct(ctx, req)
+				mu.Lock()
+				out = append(out, res{req.SKU, req.ID, req.User, err, rc})
+				mu.Unlock()
+			})
+		}
 		// 60 users x 3 distinct ids each x 2 copies of each request, on both items, with the
 		// same ids on both items; plus 10 users who race for the same ids ("shared-k").
 		for u := range 60 {
 			for k := range 3 {
 				for cp := range 2 {
 					for _, sku := range skus {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							req := stock.Request{SKU: sku, ID: fmt.Sprintf("o-%d-%d", u, k), User: fmt.Sprintf("user%d", u), Qty: 1}
-							rc, err := rs[(u+cp)%2].Deduct(ctx, req)
-							mu.Lock()
-							out = append(out, res{sku, req.ID, req.User, err, rc})
-							mu.Unlock()
-						}()
+						send(rs[(u+cp)%2], stock.Request{SKU: sku, ID: fmt.Sprintf("o-%d-%d", u, k), User: fmt.Sprintf("user%d", u), Qty: 1})
 					}
 				}
 			}
 		}
 		for u := range 10 {
 			for k := range 3 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					req := stock.Request{SKU: skus[0], ID: fmt.Sprintf("shared-%d", k), User: fmt.Sprintf("racer%d", u), Qty: 1}
-					rc, err := rs[u%2].Deduct(ctx, req)
-					mu.Lock()
-					out = append(out, res{req.SKU, req.ID, req.User, err, rc})
-					mu.Unlock()
-				}()
+				send(rs[u%2], stock.Request{SKU: skus[0], ID: fmt.Sprintf("shared-%d", k), User: fmt.Sprintf("racer%d", u), Qty: 1})
 			}
 		}
 		wg.Wait()
@@ -905,9 +858,7 @@ func mini(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)
 		f(t, &requestEnv{
 			name: "miniredis", c: env.Client, r: env.Reserver, advance: env.Advance,
 			another: func(o ...stock.Option) *stock.Reserver {
-				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
-				require.NoError(t, err)
-				return r
+				return testkit.NewReserver(t, env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
 			},
 		})
 	})
@@ -925,9 +876,7 @@ func each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)
 			c := b.Client(t)
 			// A new deployment: record the primaries before any item is loaded, so that the
 			// failover guard of a Run does not fence the tests' deducts.
-			r0, err := stock.New(c)
-			require.NoError(t, err)
-			fenced, err := stockops.NewFailoverGuard(r0).Check(context.Background())
+			fenced, err := stockops.NewFailoverGuard(testkit.NewReserver(t, c)).Check(context.Background())
 			require.NoError(t, err)
 			require.False(t, fenced)
 			f(t, &requestEnv{
@@ -941,10 +890,7 @@ func each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)
 // levels reads an item's levels and checks the invariant a plain item keeps at every moment.
 func levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 	t.Helper()
-	l, err := r.Levels(context.Background(), sku)
-	require.NoError(t, err)
-	require.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "loaded = available + held + sold: %+v", l)
-	require.GreaterOrEqual(t, l.Available, int64(0), "%+v", l)
+	l := testkit.Levels(t, r, sku) // loaded = available + held + sold, available >= 0
 	require.GreaterOrEqual(t, l.Held, int64(0), "%+v", l)
 	require.GreaterOrEqual(t, l.Sold, int64(0), "%+v", l)
 	return l
@@ -1401,6 +1347,11 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 				}
 				var mu sync.Mutex
 				fates := map[string]fate{}
+				settle := func(id string, f fate) {
+					mu.Lock()
+					fates[id] = f
+					mu.Unlock()
+				}
 				var wg sync.WaitGroup
 				for w := range 12 {
 					wg.Go(func() {
@@ -1419,13 +1370,9 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 								if rng.IntN(2) == 0 {
 									_, err := e.r.Restore(ctx, "traffic", id)
 									require.NoError(t, err)
-									mu.Lock()
-									fates[id] = fate{q, "back"}
-									mu.Unlock()
+									settle(id, fate{q, "back"})
 								} else {
-									mu.Lock()
-									fates[id] = fate{q, "sold"}
-									mu.Unlock()
+									settle(id, fate{q, "sold"})
 								}
 								continue
 							}
@@ -1438,19 +1385,13 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 							case 0:
 								_, err = e.r.Confirm(ctx, "traffic", id)
 								require.NoError(t, err)
-								mu.Lock()
-								fates[id] = fate{q, "sold"}
-								mu.Unlock()
+								settle(id, fate{q, "sold"})
 							case 1:
 								_, err = e.r.Cancel(ctx, "traffic", id)
 								require.NoError(t, err)
-								mu.Lock()
-								fates[id] = fate{q, "back"}
-								mu.Unlock()
+								settle(id, fate{q, "back"})
 							default:
-								mu.Lock()
-								fates[id] = fate{q, "held"}
-								mu.Unlock()
+								settle(id, fate{q, "held"})
 							}
 						}
 						if w%4 == 0 {
