@@ -22,8 +22,9 @@ import (
 
 const cartBuckets = 3
 
-// cartReserver returns a Reserver on c that splits the items named "s..." over cartBuckets.
-func cartReserver(t *testing.T, c rueidis.Client, opts ...Option) *Reserver {
+// cartReserver returns a Reserver on c that splits the items named "s..." over cartBuckets,
+// with the items of load loaded with their quantities.
+func cartReserver(t *testing.T, c rueidis.Client, load map[string]int64, opts ...Option) *Reserver {
 	t.Helper()
 	opts = append(opts, WithBuckets(func(sku string) int {
 		if sku[0] == 's' {
@@ -33,6 +34,9 @@ func cartReserver(t *testing.T, c rueidis.Client, opts ...Option) *Reserver {
 	}))
 	r, err := New(c, opts...)
 	require.NoError(t, err)
+	for sku, n := range load {
+		require.NoError(t, r.Load(context.Background(), sku, n))
+	}
 	return r
 }
 
@@ -61,10 +65,7 @@ func requireCartError(t *testing.T, err error, sku string, want error) {
 func TestBucketedCartAllOrNothing(t *testing.T) {
 	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := cartReserver(t, c)
-		require.NoError(t, r.Load(ctx, "s", 3)) // one unit per bucket
-		require.NoError(t, r.Load(ctx, "p", 10))
-		require.NoError(t, r.Load(ctx, "a", 1))
+		r := cartReserver(t, c, map[string]int64{"s": 3, "p": 10, "a": 1}) // s: one unit per bucket
 
 		// Three units, one in each bucket: the line gathers them in its buyer's bucket.
 		rc, err := r.DeductMany(ctx, Cart{ID: "c1", User: "ann", Lines: []Line{{SKU: "s", Qty: 3}, {SKU: "p", Qty: 1}}})
@@ -126,9 +127,7 @@ func TestBucketedCartAllOrNothing(t *testing.T) {
 func TestBucketedCartSlowCopyAfterUndo(t *testing.T) {
 	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := cartReserver(t, c)
-		require.NoError(t, r.Load(ctx, "s", 9))
-		require.NoError(t, r.Load(ctx, "a", 0))
+		r := cartReserver(t, c, map[string]int64{"s": 9, "a": 0})
 		for i, id := range []string{"k0", "k1", "k2", "k3", "k4", "k5"} {
 			home := homeBucket(id, cartBuckets)
 			user := userWhere(home, i%2 == 0) // the buyer's bucket: the id's home bucket, or another
@@ -168,9 +167,7 @@ func TestBucketedCartSlowCopyAfterUndo(t *testing.T) {
 func TestBucketedCartRecovery(t *testing.T) {
 	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := cartReserver(t, c)
-		require.NoError(t, r.Load(ctx, "p", 10))
-		require.NoError(t, r.Load(ctx, "s", 10))
+		r := cartReserver(t, c, map[string]int64{"p": 10, "s": 10})
 		crash := func(id string, takeSplit bool) Cart {
 			c := Cart{ID: id, User: "ann", Lines: []Line{{SKU: "p", Qty: 1}, {SKU: "s", Qty: 2}}}
 			lines, err := sumLines(c)
@@ -217,10 +214,7 @@ func TestBucketedCartRecovery(t *testing.T) {
 func TestBucketedHoldManyConfirmCancel(t *testing.T) {
 	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := cartReserver(t, c)
-		require.NoError(t, r.Load(ctx, "p", 4))
-		require.NoError(t, r.Load(ctx, "s", 4))
-		require.NoError(t, r.Load(ctx, "z", 4))
+		r := cartReserver(t, c, map[string]int64{"p": 4, "s": 4, "z": 4})
 
 		h1 := Cart{ID: "h1", User: "ann", Lines: []Line{{SKU: "p", Qty: 1}, {SKU: "s", Qty: 2}}}
 		_, err := r.HoldMany(ctx, h1, time.Minute)
@@ -281,9 +275,7 @@ func TestBucketedHoldManyConfirmCancel(t *testing.T) {
 func TestBucketedCartNeverOneScript(t *testing.T) {
 	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := cartReserver(t, c, WithGroups(func(string) string { return "g" }))
-		require.NoError(t, r.Load(ctx, "p", 3))
-		require.NoError(t, r.Load(ctx, "s", 3))
+		r := cartReserver(t, c, map[string]int64{"p": 3, "s": 3}, WithGroups(func(string) string { return "g" }))
 		rc, err := r.DeductMany(ctx, Cart{ID: "g1", Lines: []Line{{SKU: "p", Qty: 1}, {SKU: "s", Qty: 2}}})
 		require.NoError(t, err)
 		assert.Len(t, rc.Items, 2)
@@ -305,10 +297,8 @@ func TestBucketedCartNeverOneScript(t *testing.T) {
 func TestBucketedCartsConcurrent(t *testing.T) {
 	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := cartReserver(t, c)
 		const S, N = 12, 30
-		require.NoError(t, r.Load(ctx, "s", S))
-		require.NoError(t, r.Load(ctx, "p", 1000))
+		r := cartReserver(t, c, map[string]int64{"s": S, "p": 1000})
 		type answer struct {
 			rc  CartReceipt
 			err error

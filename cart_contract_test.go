@@ -30,13 +30,29 @@ func cartModes(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
 	})
 }
 
+// loadItems loads the items of skus through r with their quantities.
+func loadItems(t *testing.T, r *stock.Reserver, skus map[string]int64) {
+	t.Helper()
+	for sku, n := range skus {
+		require.NoError(t, r.Load(context.Background(), sku, n), "load %q", sku)
+	}
+}
+
+// requireCartRefusal requires err to be a *CartError of the refusing item sku, wrapping want.
+func requireCartRefusal(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
+	t.Helper()
+	var ce *stock.CartError
+	require.ErrorAs(t, err, &ce, msgAndArgs...)
+	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
+	assert.ErrorIs(t, err, want, msgAndArgs...)
+}
+
 // TestCartOtherUserConflict: a cart id completed by one user, sent again with the same lines by
 // another user, is ErrConflict and changes nothing; the owner's retry is still a replay.
 func TestCartOtherUserConflict(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
 		ctx := context.Background()
-		require.NoError(t, r.Load(ctx, "A", 5))
-		require.NoError(t, r.Load(ctx, "B", 5))
+		loadItems(t, r, map[string]int64{"A": 5, "B": 5})
 		lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}
 		alice := stock.Cart{ID: "order-7", User: "alice", Lines: lines}
 		_, err := r.DeductMany(ctx, alice)
@@ -68,9 +84,7 @@ func TestCartOtherUserConflict(t *testing.T) {
 func TestCartRetryAfterPartialRestore(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
 		ctx := context.Background()
-		for _, sku := range []string{"A", "B", "C"} {
-			require.NoError(t, r.Load(ctx, sku, 5))
-		}
+		loadItems(t, r, map[string]int64{"A": 5, "B": 5, "C": 5})
 		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
 		first, err := r.DeductMany(ctx, cart)
 		require.NoError(t, err)
@@ -98,10 +112,7 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		_, err = r.Cancel(ctx, "A", "h1")
 		require.NoError(t, err)
 		_, err = r.HoldMany(ctx, hc, time.Minute)
-		var ce *stock.CartError
-		require.ErrorAs(t, err, &ce, "a cart of holds answers its holds' state")
-		assert.Equal(t, "A", ce.SKU)
-		assert.ErrorIs(t, err, stock.ErrRestored)
+		requireCartRefusal(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
 	})
 }
@@ -119,9 +130,7 @@ func TestCartConcurrentCopies(t *testing.T) {
 		saga := strings.HasSuffix(t.Name(), "/saga")
 		ctx := context.Background()
 		const carts, copies = 40, 8
-		require.NoError(t, r.Load(ctx, "A", carts))
-		require.NoError(t, r.Load(ctx, "B", 3)) // scarce: carts and single deducts compete for it
-		require.NoError(t, r.Load(ctx, "C", carts))
+		loadItems(t, r, map[string]int64{"A": carts, "B": 3, "C": carts}) // B is scarce: carts and single deducts compete for it
 		type answer struct {
 			ok  bool
 			err error
@@ -187,15 +196,11 @@ func TestCartRefusalSameForEveryCopy(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := newReserver(t, c)
-		require.NoError(t, r.Load(ctx, "A", 5))
-		require.NoError(t, r.Load(ctx, "B", 1))
+		loadItems(t, r, map[string]int64{"A": 5, "B": 1})
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
 		for i := range 2 {
 			_, err := r.DeductMany(ctx, cart)
-			var ce *stock.CartError
-			require.ErrorAs(t, err, &ce, "attempt %d", i)
-			assert.Equal(t, "B", ce.SKU)
-			assert.ErrorIs(t, err, stock.ErrInsufficient, "attempt %d", i)
+			requireCartRefusal(t, err, "B", stock.ErrInsufficient, "attempt %d", i)
 		}
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "A"))
 	})
@@ -229,8 +234,7 @@ func TestKeysInjective(t *testing.T) {
 				}
 				r := newReserver(t, c, opts...)
 				// A cart first, so the cart log exists before "~carts" is loaded.
-				require.NoError(t, r.Load(ctx, "x1", 5))
-				require.NoError(t, r.Load(ctx, "x2", 5))
+				loadItems(t, r, map[string]int64{"x1": 5, "x2": 5})
 				_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}})
 				require.NoError(t, err)
 				for _, sku := range collidingNames {
@@ -290,8 +294,7 @@ func TestReplicaAckGroupedCart(t *testing.T) {
 	r, err := stock.New(primary.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond),
 		stock.WithGroups(func(string) string { return "g" }))
 	require.NoError(t, err)
-	require.NoError(t, r.Load(ctx, "A", 5))
-	require.NoError(t, r.Load(ctx, "B", 5))
+	loadItems(t, r, map[string]int64{"A": 5, "B": 5})
 	lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}
 	_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines})
 	require.NoError(t, err, "the replica acknowledges")
@@ -393,9 +396,7 @@ func TestDeductCorruptUserUnits(t *testing.T) {
 func TestCartCopiesOneNotReplayed(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
 		ctx := context.Background()
-		for _, sku := range []string{"A", "B", "C"} {
-			require.NoError(t, r.Load(ctx, sku, 1000))
-		}
+		loadItems(t, r, map[string]int64{"A": 1000, "B": 1000, "C": 1000})
 		for round := range 5 {
 			cart := stock.Cart{ID: fmt.Sprint("c", round), User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
 			const copies = 64

@@ -40,106 +40,111 @@ func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
 	return n
 }
 
+// eachPair runs f in parallel on each backend with two clients of it: c for the Reserver under
+// test, c2 for another process.
+func eachPair(t *testing.T, f func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client)) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			c, c2 := b.Pair(t)
+			f(t, b, c, c2)
+		})
+	}
+}
+
 // TestSoldOutFastPath: once an item is sold out, new requests are answered without a round trip
 // on a server that tracks (and through Redis on miniredis, with the same answers); repeats of
 // ids the ledger has, retries, tombstoned ids, closed items and due holds still go to Redis; a
 // restore or restock made by another process ends the sold-out answers.
 func TestSoldOutFastPath(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c, c2 := b.Pair(t)
-			var local atomic.Int64
-			r := newReserver(t, c, stock.WithSoldOutCache(time.Minute), stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
-				if o.Local {
-					assert.Equal(t, "sold_out", o.Outcome)
-					local.Add(1)
-				}
-			})))
-			other := newReserver(t, c2)
-			require.NoError(t, r.Load(ctx, "A", 5))
-			for i := range 5 {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
-				require.NoError(t, err)
+	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
+		ctx := context.Background()
+		var local atomic.Int64
+		r := newReserver(t, c, stock.WithSoldOutCache(time.Minute), stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
+			if o.Local {
+				assert.Equal(t, "sold_out", o.Outcome)
+				local.Add(1)
 			}
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut, "Redis answers the first sold-out request")
-			_, err = other.Restore(ctx, "A", "ghost") // a tombstone: "ghost" can never take stock
-			require.ErrorIs(t, err, stock.ErrUnknownID)
+		})))
+		other := newReserver(t, c2)
+		require.NoError(t, r.Load(ctx, "A", 5))
+		deductEach(t, r, "A", 5)
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut, "Redis answers the first sold-out request")
+		_, err = other.Restore(ctx, "A", "ghost") // a tombstone: "ghost" can never take stock
+		require.ErrorIs(t, err, stock.ErrUnknownID)
 
-			scripts, reads := int64(-1), int64(-1)
-			if b.Name == "standalone" {
-				scripts, reads = commandCalls(t, c, "evalsha", "eval", "fcall"), commandCalls(t, c, "hmget", "get")
-			}
-			for i := range 200 {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-				_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("h%d", i), Qty: 1}, time.Minute)
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-			}
-			if b.Real() {
-				assert.Equal(t, int64(400), stockops.SoldOutAnswers(r), "every new request answered in-process")
-			} else {
-				assert.Zero(t, stockops.SoldOutAnswers(r), "miniredis does not track: every request goes to Redis")
-			}
-			if scripts >= 0 {
-				assert.Equal(t, scripts, commandCalls(t, c, "evalsha", "eval", "fcall"), "no script ran for sold-out requests")
-				assert.LessOrEqual(t, commandCalls(t, c, "hmget", "get"), reads+3,
-					"400 requests: the probe for client-side caching, one read of the item's state, one of its filter")
-			}
-
-			// Ids the ledger has are answered by Redis, as the script answers them.
-			answered := stockops.SoldOutAnswers(r)
-			for i := range 5 {
-				rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
-				require.NoError(t, err, "a repeat of a successful id is a replay, never sold out")
-				assert.True(t, rc.Replayed)
-			}
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1})
-			require.ErrorIs(t, err, stock.ErrRestored)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true})
+		scripts, reads := int64(-1), int64(-1)
+		if b.Name == "standalone" {
+			scripts, reads = commandCalls(t, c, "evalsha", "eval", "fcall"), commandCalls(t, c, "hmget", "get")
+		}
+		for i := range 200 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1})
 			require.ErrorIs(t, err, stock.ErrSoldOut)
-			assert.Equal(t, answered, stockops.SoldOutAnswers(r), "ids the ledger has and retries go to Redis")
-			e, err := r.Ledger(ctx, "A", "late")
-			require.NoError(t, err, "a retry's refusal is recorded by the script")
-			assert.Equal(t, stock.KindTombstone, e.Kind)
+			_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("h%d", i), Qty: 1}, time.Minute)
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+		}
+		if b.Real() {
+			assert.Equal(t, int64(400), stockops.SoldOutAnswers(r), "every new request answered in-process")
+		} else {
+			assert.Zero(t, stockops.SoldOutAnswers(r), "miniredis does not track: every request goes to Redis")
+		}
+		if scripts >= 0 {
+			assert.Equal(t, scripts, commandCalls(t, c, "evalsha", "eval", "fcall"), "no script ran for sold-out requests")
+			assert.LessOrEqual(t, commandCalls(t, c, "hmget", "get"), reads+3,
+				"400 requests: the probe for client-side caching, one read of the item's state, one of its filter")
+		}
 
-			// Stock given back by another process: the next request is taken.
-			_, err = other.Restore(ctx, "A", "o0")
-			require.NoError(t, err)
-			takeSoon(t, r, "A", "after-restore")
-			_, err = other.Restock(ctx, "A", "restock-1", 1)
-			require.NoError(t, err)
-			takeSoon(t, r, "A", "after-restock")
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "restock-1", Qty: 1})
-			require.ErrorIs(t, err, stock.ErrConflict, "the restock's id is in the ledger")
+		// Ids the ledger has are answered by Redis, as the script answers them.
+		answered := stockops.SoldOutAnswers(r)
+		for i := range 5 {
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
+			require.NoError(t, err, "a repeat of a successful id is a replay, never sold out")
+			assert.True(t, rc.Replayed)
+		}
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrRestored)
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true})
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		assert.Equal(t, answered, stockops.SoldOutAnswers(r), "ids the ledger has and retries go to Redis")
+		e, err := r.Ledger(ctx, "A", "late")
+		require.NoError(t, err, "a retry's refusal is recorded by the script")
+		assert.Equal(t, stock.KindTombstone, e.Kind)
 
-			// A closed item is answered "closed", as the script answers it.
-			require.NoError(t, other.CloseItem(ctx, "A"))
-			require.Eventually(t, func() bool {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "while-closed", Qty: 1})
-				return assert.ObjectsAreEqual(true, err != nil && strings.Contains(err.Error(), stock.ErrClosed.Error()))
-			}, 2*time.Second, time.Millisecond)
-			require.NoError(t, other.ReopenItem(ctx, "A"))
+		// Stock given back by another process: the next request is taken.
+		_, err = other.Restore(ctx, "A", "o0")
+		require.NoError(t, err)
+		takeSoon(t, r, "A", "after-restore")
+		_, err = other.Restock(ctx, "A", "restock-1", 1)
+		require.NoError(t, err)
+		takeSoon(t, r, "A", "after-restock")
+		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "restock-1", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrConflict, "the restock's id is in the ledger")
 
-			// A hold that runs out gives its stock back on the item's next request.
-			_, err = other.Restore(ctx, "A", "o1")
-			require.NoError(t, err)
-			took := takeSoon(t, other, "A", "before-hold") // other sells it: r has not seen stock
-			_, err = other.Restore(ctx, "A", took)
-			require.NoError(t, err)
-			_, err = other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
-			require.NoError(t, err)
-			redistest.Sleep(c, 1100*time.Millisecond)
-			rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-expiry", Qty: 1})
-			require.NoError(t, err, "the expired hold's unit is taken")
-			assert.Zero(t, rc.Remaining)
-			l := levels(t, r, "A")
-			assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 6, Loaded: 6}, l)
-			assert.Equal(t, stockops.SoldOutAnswers(r), local.Load(), "observations of the answers given in-process")
-		})
-	}
+		// A closed item is answered "closed", as the script answers it.
+		require.NoError(t, other.CloseItem(ctx, "A"))
+		require.Eventually(t, func() bool {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "while-closed", Qty: 1})
+			return assert.ObjectsAreEqual(true, err != nil && strings.Contains(err.Error(), stock.ErrClosed.Error()))
+		}, 2*time.Second, time.Millisecond)
+		require.NoError(t, other.ReopenItem(ctx, "A"))
+
+		// A hold that runs out gives its stock back on the item's next request.
+		_, err = other.Restore(ctx, "A", "o1")
+		require.NoError(t, err)
+		took := takeSoon(t, other, "A", "before-hold") // other sells it: r has not seen stock
+		_, err = other.Restore(ctx, "A", took)
+		require.NoError(t, err)
+		_, err = other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
+		require.NoError(t, err)
+		redistest.Sleep(c, 1100*time.Millisecond)
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-expiry", Qty: 1})
+		require.NoError(t, err, "the expired hold's unit is taken")
+		assert.Zero(t, rc.Remaining)
+		l := levels(t, r, "A")
+		assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 6, Loaded: 6}, l)
+		assert.Equal(t, stockops.SoldOutAnswers(r), local.Load(), "observations of the answers given in-process")
+	})
 }
 
 // takeSoon deducts new ids of sku until one succeeds, and returns that id: the fast path's
@@ -163,213 +168,201 @@ func takeSoon(t *testing.T, r *stock.Reserver, sku, id string) string {
 // gave stock back: the invalidation delay. With a cache time of a minute, only the invalidation
 // can end the sold-out answers.
 func TestSoldOutWindow(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c, c2 := b.Pair(t)
-			r := newReserver(t, c, stock.WithSoldOutCache(time.Minute))
-			other := newReserver(t, c2)
-			require.NoError(t, r.Load(ctx, "W", 1))
-			_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: "w", Qty: 1})
+	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithSoldOutCache(time.Minute))
+		other := newReserver(t, c2)
+		require.NoError(t, r.Load(ctx, "W", 1))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: "w", Qty: 1})
+		require.NoError(t, err)
+		const rounds = 100
+		var windows []time.Duration
+		last := "w"
+		for i := range rounds {
+			// r learns the item is sold out, and answers it in-process from then on.
+			_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe-%d", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			_, err = r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe2-%d", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			_, err = other.Restore(ctx, "W", last)
 			require.NoError(t, err)
-			const rounds = 100
-			var windows []time.Duration
-			last := "w"
-			for i := range rounds {
-				// r learns the item is sold out, and answers it in-process from then on.
-				_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe-%d", i), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe2-%d", i), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-				_, err = other.Restore(ctx, "W", last)
-				require.NoError(t, err)
-				start := time.Now()
-				for j := 0; ; j++ {
-					last = fmt.Sprintf("take-%d-%d", i, j)
-					_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: last, Qty: 1})
-					if err == nil {
-						break
-					}
-					require.ErrorIs(t, err, stock.ErrSoldOut)
-					require.Less(t, time.Since(start), time.Second, "round %d: sold out 1 s after a restore", i)
+			start := time.Now()
+			for j := 0; ; j++ {
+				last = fmt.Sprintf("take-%d-%d", i, j)
+				_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: last, Qty: 1})
+				if err == nil {
+					break
 				}
-				windows = append(windows, time.Since(start))
+				require.ErrorIs(t, err, stock.ErrSoldOut)
+				require.Less(t, time.Since(start), time.Second, "round %d: sold out 1 s after a restore", i)
 			}
-			slices.Sort(windows)
-			t.Logf("%s: window after a restore in another process over %d rounds: p50 %v, p99 %v, max %v; %d requests answered in-process",
-				b.Name, rounds, windows[rounds/2], windows[rounds*99/100], windows[rounds-1], stockops.SoldOutAnswers(r))
-			if b.Real() {
-				assert.GreaterOrEqual(t, stockops.SoldOutAnswers(r), int64(rounds), "the fast path answered")
-			}
-		})
-	}
+			windows = append(windows, time.Since(start))
+		}
+		slices.Sort(windows)
+		t.Logf("%s: window after a restore in another process over %d rounds: p50 %v, p99 %v, max %v; %d requests answered in-process",
+			b.Name, rounds, windows[rounds/2], windows[rounds*99/100], windows[rounds-1], stockops.SoldOutAnswers(r))
+		if b.Real() {
+			assert.GreaterOrEqual(t, stockops.SoldOutAnswers(r), int64(rounds), "the fast path answered")
+		}
+	})
 }
 
 // TestSoldOutRace: 1000 goroutines race through sell-out, restores and a restock. No oversell,
 // every unit given back is sold again (no sold-out answer outlives the window), and the ledger
 // agrees with the counts.
 func TestSoldOutRace(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c, c2 := b.Pair(t)
-			r := newReserver(t, c)
-			other := newReserver(t, c2)
-			const loaded, restored, restocked, buyers = 50, 10, 20, 1000
-			require.NoError(t, r.Load(ctx, "R", loaded))
+	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		other := newReserver(t, c2)
+		const loaded, restored, restocked, buyers = 50, 10, 20, 1000
+		require.NoError(t, r.Load(ctx, "R", loaded))
 
-			var (
-				mu   sync.Mutex
-				won  []string
-				next atomic.Int64
-				stop = make(chan struct{})
-				wg   sync.WaitGroup
-			)
-			for g := range buyers {
-				wg.Go(func() {
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						id := fmt.Sprintf("g%d-%d", g, next.Add(1))
-						_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, User: fmt.Sprintf("u%d", g), Qty: 1})
-						switch {
-						case err == nil:
-							mu.Lock()
-							won = append(won, id)
-							mu.Unlock()
-						case assert.ErrorIs(t, err, stock.ErrSoldOut):
-							time.Sleep(time.Millisecond)
-						default:
-							return
-						}
-					}
-				})
-			}
-			soldOut := func(want int) {
-				t.Helper()
-				deadline := time.Now().Add(20 * time.Second)
+		var (
+			mu   sync.Mutex
+			won  []string
+			next atomic.Int64
+			stop = make(chan struct{})
+			wg   sync.WaitGroup
+		)
+		for g := range buyers {
+			wg.Go(func() {
 				for {
-					mu.Lock()
-					n := len(won)
-					mu.Unlock()
-					if n == want {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					id := fmt.Sprintf("g%d-%d", g, next.Add(1))
+					_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, User: fmt.Sprintf("u%d", g), Qty: 1})
+					switch {
+					case err == nil:
+						mu.Lock()
+						won = append(won, id)
+						mu.Unlock()
+					case assert.ErrorIs(t, err, stock.ErrSoldOut):
+						time.Sleep(time.Millisecond)
+					default:
 						return
 					}
-					require.LessOrEqual(t, n, want, "oversell")
-					require.True(t, time.Now().Before(deadline), "%d of %d units sold: stock that came back was not sold", n, want)
-					time.Sleep(5 * time.Millisecond)
 				}
+			})
+		}
+		soldOut := func(want int) {
+			t.Helper()
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				mu.Lock()
+				n := len(won)
+				mu.Unlock()
+				if n == want {
+					return
+				}
+				require.LessOrEqual(t, n, want, "oversell")
+				require.True(t, time.Now().Before(deadline), "%d of %d units sold: stock that came back was not sold", n, want)
+				time.Sleep(5 * time.Millisecond)
 			}
-			soldOut(loaded)
-			mu.Lock()
-			give := slices.Clone(won[:restored])
-			mu.Unlock()
-			for _, id := range give {
-				_, err := other.Restore(ctx, "R", id)
-				require.NoError(t, err)
-			}
-			soldOut(loaded + restored)
-			_, err := other.Restock(ctx, "R", "restock", restocked)
+		}
+		soldOut(loaded)
+		mu.Lock()
+		give := slices.Clone(won[:restored])
+		mu.Unlock()
+		for _, id := range give {
+			_, err := other.Restore(ctx, "R", id)
 			require.NoError(t, err)
-			soldOut(loaded + restored + restocked)
-			time.Sleep(50 * time.Millisecond) // late requests meet a sold-out item
-			close(stop)
-			wg.Wait()
+		}
+		soldOut(loaded + restored)
+		_, err := other.Restock(ctx, "R", "restock", restocked)
+		require.NoError(t, err)
+		soldOut(loaded + restored + restocked)
+		time.Sleep(50 * time.Millisecond) // late requests meet a sold-out item
+		close(stop)
+		wg.Wait()
 
-			assert.Len(t, won, loaded+restored+restocked)
-			l := levels(t, r, "R")
-			assert.Equal(t, stock.Levels{Available: 0, Sold: loaded + restocked, Loaded: loaded + restocked}, l)
-			states := map[stock.State]int{}
-			for e, err := range stockops.Entries(ctx, r, "R") {
-				require.NoError(t, err)
-				if e.Kind == stock.KindDeduct {
-					states[e.State]++
-				}
+		assert.Len(t, won, loaded+restored+restocked)
+		l := levels(t, r, "R")
+		assert.Equal(t, stock.Levels{Available: 0, Sold: loaded + restocked, Loaded: loaded + restocked}, l)
+		states := map[stock.State]int{}
+		for e, err := range stockops.Entries(ctx, r, "R") {
+			require.NoError(t, err)
+			if e.Kind == stock.KindDeduct {
+				states[e.State]++
 			}
-			assert.Equal(t, map[stock.State]int{stock.StateReserved: loaded + restocked, stock.StateRestored: restored}, states)
-			t.Logf("%s: %d requests answered in-process", b.Name, stockops.SoldOutAnswers(r))
-		})
-	}
+		}
+		assert.Equal(t, map[stock.State]int{stock.StateReserved: loaded + restocked, stock.StateRestored: restored}, states)
+		t.Logf("%s: %d requests answered in-process", b.Name, stockops.SoldOutAnswers(r))
+	})
 }
 
 // TestSoldOutFilterBuild: the sold-out filter of an item with a large ledger is built from the
 // ledger in bounded steps by the refusals after the sell-out; ids added while it is built are
 // in it too. Only then are requests answered in-process, and never a repeat of a ledger id.
 func TestSoldOutFilterBuild(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c, c2 := b.Pair(t)
-			r := newReserver(t, c)
-			other := newReserver(t, c2, stock.WithSoldOutCache(0))
-			const units = 3000 // a hash table, not a listpack: HSCAN pages
-			require.NoError(t, r.Load(ctx, "F", units))
-			var wg sync.WaitGroup
-			for w := range 8 {
-				wg.Go(func() {
-					for i := w; i < units; i += 8 {
-						_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
-						assert.NoError(t, err)
-					}
-				})
-			}
-			wg.Wait()
-
-			// The first refusal starts the filter and scans one page: not complete.
-			_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "n0", Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			item := "stock:{F}"
-			building, err := c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool()
-			require.NoError(t, err)
-			if b.Real() { // miniredis answers HSCAN in one page whatever COUNT says
-				require.True(t, building, "one step does not scan %d entries", units)
-			}
-			// While it is built, a unit comes back and is sold to a new id: the script adds it.
-			_, err = other.Restore(ctx, "F", "d0")
-			require.NoError(t, err)
-			_, err = other.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
-			require.NoError(t, err)
-
-			steps := 0
-			for ; steps < units; steps++ {
-				_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("n%d", steps+1), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-				if building, err = c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool(); err == nil && !building {
-					break
+	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		other := newReserver(t, c2, stock.WithSoldOutCache(0))
+		const units = 3000 // a hash table, not a listpack: HSCAN pages
+		require.NoError(t, r.Load(ctx, "F", units))
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for i := w; i < units; i += 8 {
+					_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
+					assert.NoError(t, err)
 				}
-				require.NoError(t, err)
-			}
-			require.False(t, building, "the filter is complete after %d refusals", steps)
-			t.Logf("%s: filter of %d ids built by %d refusals after the first", b.Name, units+1, steps+1)
+			})
+		}
+		wg.Wait()
 
-			// Every id the ledger has is answered by Redis: replays, and the restored one.
-			before := stockops.SoldOutAnswers(r)
-			for i := 1; i < units; i++ {
-				rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
-				require.NoError(t, err, "d%d", i)
-				require.True(t, rc.Replayed)
+		// The first refusal starts the filter and scans one page: not complete.
+		_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "n0", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		item := "stock:{F}"
+		building, err := c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool()
+		require.NoError(t, err)
+		if b.Real() { // miniredis answers HSCAN in one page whatever COUNT says
+			require.True(t, building, "one step does not scan %d entries", units)
+		}
+		// While it is built, a unit comes back and is sold to a new id: the script adds it.
+		_, err = other.Restore(ctx, "F", "d0")
+		require.NoError(t, err)
+		_, err = other.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
+		require.NoError(t, err)
+
+		steps := 0
+		for ; steps < units; steps++ {
+			_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("n%d", steps+1), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+			if building, err = c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool(); err == nil && !building {
+				break
 			}
-			rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
 			require.NoError(t, err)
-			require.True(t, rc.Replayed, "an id taken while the filter was built")
-			_, err = r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1})
-			require.ErrorIs(t, err, stock.ErrRestored)
-			assert.Equal(t, before, stockops.SoldOutAnswers(r))
-			for i := range 100 {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-			}
-			if b.Real() {
-				assert.Greater(t, stockops.SoldOutAnswers(r), before+90, "new ids answered in-process (a few filter false positives go to Redis)")
-			}
-		})
-	}
+		}
+		require.False(t, building, "the filter is complete after %d refusals", steps)
+		t.Logf("%s: filter of %d ids built by %d refusals after the first", b.Name, units+1, steps+1)
+
+		// Every id the ledger has is answered by Redis: replays, and the restored one.
+		before := stockops.SoldOutAnswers(r)
+		for i := 1; i < units; i++ {
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
+			require.NoError(t, err, "d%d", i)
+			require.True(t, rc.Replayed)
+		}
+		rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
+		require.NoError(t, err)
+		require.True(t, rc.Replayed, "an id taken while the filter was built")
+		_, err = r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1})
+		require.ErrorIs(t, err, stock.ErrRestored)
+		assert.Equal(t, before, stockops.SoldOutAnswers(r))
+		for i := range 100 {
+			_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+		}
+		if b.Real() {
+			assert.Greater(t, stockops.SoldOutAnswers(r), before+90, "new ids answered in-process (a few filter false positives go to Redis)")
+		}
+	})
 }
 
 // TestSoldOutFastPathClockBehind: the fast path judges a sold-out item's due holds on Redis's
@@ -428,165 +421,161 @@ func keyIn(prefix string, b, n int) string {
 func TestSoldOutFastPathSplit(t *testing.T) {
 	const n = 3
 	split := stock.WithBuckets(func(string) int { return n })
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c, c2 := b.Pair(t)
-			r := newReserver(t, c, split, stock.WithSoldOutCache(time.Minute))
-			other := newReserver(t, c2, split)
-			seq := 0
-			fresh := func(bk int) stock.Request { // a new id of a new buyer of bucket bk
-				seq++
-				return stock.Request{SKU: "S", ID: fmt.Sprintf("new%d", seq), User: keyIn(fmt.Sprintf("buyer%d", seq), bk, n), Qty: 1}
-			}
-			// soldOut checks that requests of every bucket are refused, and that the fast path
-			// answers them (a bucket's filter is built by a refusal of Redis in that bucket).
-			soldOut := func() {
-				t.Helper()
-				for bk := range n {
-					for range 3 {
-						_, err := r.Deduct(ctx, fresh(bk))
-						require.ErrorIs(t, err, stock.ErrSoldOut)
-					}
+	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, split, stock.WithSoldOutCache(time.Minute))
+		other := newReserver(t, c2, split)
+		seq := 0
+		fresh := func(bk int) stock.Request { // a new id of a new buyer of bucket bk
+			seq++
+			return stock.Request{SKU: "S", ID: fmt.Sprintf("new%d", seq), User: keyIn(fmt.Sprintf("buyer%d", seq), bk, n), Qty: 1}
+		}
+		// soldOut checks that requests of every bucket are refused, and that the fast path
+		// answers them (a bucket's filter is built by a refusal of Redis in that bucket).
+		soldOut := func() {
+			t.Helper()
+			for bk := range n {
+				for range 3 {
+					_, err := r.Deduct(ctx, fresh(bk))
+					require.ErrorIs(t, err, stock.ErrSoldOut)
 				}
-				if b.Real() {
-					before := stockops.SoldOutAnswers(r)
-					for bk := range n {
-						_, err := r.Deduct(ctx, fresh(bk))
-						require.ErrorIs(t, err, stock.ErrSoldOut)
-					}
-					require.Equal(t, before+n, stockops.SoldOutAnswers(r), "every bucket's requests answered by the fast path")
-				}
-			}
-
-			require.NoError(t, r.Load(ctx, "S", 6))
-			// Six takes, two a bucket, each by a buyer of another bucket than its id's.
-			var taken []stock.Request
-			for i := range 6 {
-				req := stock.Request{SKU: "S", ID: keyIn(fmt.Sprintf("t%d", i), i%n, n), User: keyIn(fmt.Sprintf("u%d", i), (i+1)%n, n), Qty: 1}
-				_, err := r.Deduct(ctx, req)
-				require.NoError(t, err)
-				taken = append(taken, req)
-			}
-			soldOut()
-
-			scripts := int64(-1)
-			if b.Name == "standalone" {
-				scripts = commandCalls(t, c, "evalsha", "eval", "fcall")
-			}
-			answered := stockops.SoldOutAnswers(r)
-			for i := range 100 {
-				_, err := r.Deduct(ctx, fresh(i%n))
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-				req := fresh(i % n)
-				req.User = "" // routed by id
-				_, err = r.Hold(ctx, req, time.Minute)
-				require.ErrorIs(t, err, stock.ErrSoldOut)
 			}
 			if b.Real() {
-				assert.Equal(t, answered+200, stockops.SoldOutAnswers(r), "every new request answered by the fast path")
-			} else {
-				assert.Zero(t, stockops.SoldOutAnswers(r), "miniredis does not track: every request goes to Redis")
-			}
-			if scripts >= 0 {
-				assert.Equal(t, scripts+200, commandCalls(t, c, "evalsha", "eval", "fcall"), "one script a request: the claim of its id")
-			}
-
-			// What Redis answers otherwise: replays, conflicts, restored ids, retries.
-			answered = stockops.SoldOutAnswers(r)
-			for _, req := range taken {
-				rc, err := r.Deduct(ctx, req)
-				require.NoError(t, err, "a repeat of a taken id is a replay, never sold out")
-				assert.True(t, rc.Replayed)
-				req.User = keyIn(req.ID+"-other", (routeBucket(req.User, n)+1)%n, n)
-				_, err = r.Deduct(ctx, req)
-				require.ErrorIs(t, err, stock.ErrConflict, "a taken id used by a buyer of another bucket")
-				req.User = ""
-				_, err = r.Deduct(ctx, req)
-				require.ErrorIs(t, err, stock.ErrConflict, "a taken id used without its buyer")
-			}
-			assert.Equal(t, answered, stockops.SoldOutAnswers(r), "taken ids go to Redis")
-			refused := stock.Request{SKU: "S", ID: "refused", User: keyIn("ua", 0, n), Qty: 1}
-			_, err := r.Deduct(ctx, refused) // claims bucket 0 for the id
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			answered = stockops.SoldOutAnswers(r)
-			for bk := 1; bk < n; bk++ {
-				refused.User = keyIn("ub", bk, n)
-				_, err = r.Deduct(ctx, refused)
-				require.ErrorIs(t, err, stock.ErrConflict, "an id a refused request of another buyer claimed")
-			}
-			_, err = other.Restore(ctx, "S", "ghost")
-			require.ErrorIs(t, err, stock.ErrUnknownID)
-			_, err = r.Restore(ctx, "S", "ghost2")
-			require.ErrorIs(t, err, stock.ErrUnknownID)
-			for bk := range n {
-				for _, id := range []string{"ghost", "ghost2"} {
-					_, err = r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1})
-					require.ErrorIs(t, err, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)
+				before := stockops.SoldOutAnswers(r)
+				for bk := range n {
+					_, err := r.Deduct(ctx, fresh(bk))
+					require.ErrorIs(t, err, stock.ErrSoldOut)
 				}
+				require.Equal(t, before+n, stockops.SoldOutAnswers(r), "every bucket's requests answered by the fast path")
 			}
-			late := fresh(1)
-			late.Retry = true
-			_, err = r.Deduct(ctx, late)
+		}
+
+		require.NoError(t, r.Load(ctx, "S", 6))
+		// Six takes, two a bucket, each by a buyer of another bucket than its id's.
+		var taken []stock.Request
+		for i := range 6 {
+			req := stock.Request{SKU: "S", ID: keyIn(fmt.Sprintf("t%d", i), i%n, n), User: keyIn(fmt.Sprintf("u%d", i), (i+1)%n, n), Qty: 1}
+			_, err := r.Deduct(ctx, req)
+			require.NoError(t, err)
+			taken = append(taken, req)
+		}
+		soldOut()
+
+		scripts := int64(-1)
+		if b.Name == "standalone" {
+			scripts = commandCalls(t, c, "evalsha", "eval", "fcall")
+		}
+		answered := stockops.SoldOutAnswers(r)
+		for i := range 100 {
+			_, err := r.Deduct(ctx, fresh(i%n))
 			require.ErrorIs(t, err, stock.ErrSoldOut)
-			e, err := r.Ledger(ctx, "S", late.ID)
-			require.NoError(t, err, "a retry's refusal is recorded by the script")
-			assert.Equal(t, stock.KindTombstone, e.Kind)
-			assert.Equal(t, answered, stockops.SoldOutAnswers(r), "none of these answered by the fast path")
+			req := fresh(i % n)
+			req.User = "" // routed by id
+			_, err = r.Hold(ctx, req, time.Minute)
+			require.ErrorIs(t, err, stock.ErrSoldOut)
+		}
+		if b.Real() {
+			assert.Equal(t, answered+200, stockops.SoldOutAnswers(r), "every new request answered by the fast path")
+		} else {
+			assert.Zero(t, stockops.SoldOutAnswers(r), "miniredis does not track: every request goes to Redis")
+		}
+		if scripts >= 0 {
+			assert.Equal(t, scripts+200, commandCalls(t, c, "evalsha", "eval", "fcall"), "one script a request: the claim of its id")
+		}
 
-			// Stock given back or restocked in any bucket, by this Reserver: the next request,
-			// of a buyer of another bucket, is taken (no window for its own writes).
-			for i, bk := range []int{0, 1, 2} {
-				_, err := r.Restore(ctx, "S", taken[bk].ID) // taken[bk] is in bucket bk+1
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, fresh(bk))
-				require.NoError(t, err, "after a restore in bucket %d", (bk+1)%n)
-				soldOut()
-				id := keyIn(fmt.Sprintf("restock%d", i), bk, n) // a restock goes to its id's bucket
-				_, err = r.Restock(ctx, "S", id, 1)
-				require.NoError(t, err)
-				_, err = r.Hold(ctx, fresh((bk+1)%n), time.Minute)
-				require.NoError(t, err, "after a restock in bucket %d", bk)
-				soldOut()
+		// What Redis answers otherwise: replays, conflicts, restored ids, retries.
+		answered = stockops.SoldOutAnswers(r)
+		for _, req := range taken {
+			rc, err := r.Deduct(ctx, req)
+			require.NoError(t, err, "a repeat of a taken id is a replay, never sold out")
+			assert.True(t, rc.Replayed)
+			req.User = keyIn(req.ID+"-other", (routeBucket(req.User, n)+1)%n, n)
+			_, err = r.Deduct(ctx, req)
+			require.ErrorIs(t, err, stock.ErrConflict, "a taken id used by a buyer of another bucket")
+			req.User = ""
+			_, err = r.Deduct(ctx, req)
+			require.ErrorIs(t, err, stock.ErrConflict, "a taken id used without its buyer")
+		}
+		assert.Equal(t, answered, stockops.SoldOutAnswers(r), "taken ids go to Redis")
+		refused := stock.Request{SKU: "S", ID: "refused", User: keyIn("ua", 0, n), Qty: 1}
+		_, err := r.Deduct(ctx, refused) // claims bucket 0 for the id
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		answered = stockops.SoldOutAnswers(r)
+		for bk := 1; bk < n; bk++ {
+			refused.User = keyIn("ub", bk, n)
+			_, err = r.Deduct(ctx, refused)
+			require.ErrorIs(t, err, stock.ErrConflict, "an id a refused request of another buyer claimed")
+		}
+		_, err = other.Restore(ctx, "S", "ghost")
+		require.ErrorIs(t, err, stock.ErrUnknownID)
+		_, err = r.Restore(ctx, "S", "ghost2")
+		require.ErrorIs(t, err, stock.ErrUnknownID)
+		for bk := range n {
+			for _, id := range []string{"ghost", "ghost2"} {
+				_, err = r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1})
+				require.ErrorIs(t, err, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)
 			}
-			// By another process: once the invalidation is in.
-			for bk := range n {
-				_, err := other.Restore(ctx, "S", taken[bk+n].ID) // taken[bk+n] is in bucket bk+1
-				require.NoError(t, err)
-				takeSoon(t, r, "S", fmt.Sprintf("after-restore%d", bk))
-				soldOut()
-				_, err = other.Restock(ctx, "S", keyIn(fmt.Sprintf("orestock%d", bk), bk, n), 1)
-				require.NoError(t, err)
-				takeSoon(t, r, "S", fmt.Sprintf("after-restock%d", bk))
-				soldOut()
-			}
+		}
+		late := fresh(1)
+		late.Retry = true
+		_, err = r.Deduct(ctx, late)
+		require.ErrorIs(t, err, stock.ErrSoldOut)
+		e, err := r.Ledger(ctx, "S", late.ID)
+		require.NoError(t, err, "a retry's refusal is recorded by the script")
+		assert.Equal(t, stock.KindTombstone, e.Kind)
+		assert.Equal(t, answered, stockops.SoldOutAnswers(r), "none of these answered by the fast path")
 
-			// A closed item is answered "closed", as Redis answers it.
-			require.NoError(t, other.CloseItem(ctx, "S"))
-			require.Eventually(t, func() bool {
-				_, err := r.Deduct(ctx, fresh(0))
-				return errors.Is(err, stock.ErrClosed)
-			}, 2*time.Second, time.Millisecond)
-			require.NoError(t, other.ReopenItem(ctx, "S"))
+		// Stock given back or restocked in any bucket, by this Reserver: the next request,
+		// of a buyer of another bucket, is taken (no window for its own writes).
+		for i, bk := range []int{0, 1, 2} {
+			_, err := r.Restore(ctx, "S", taken[bk].ID) // taken[bk] is in bucket bk+1
+			require.NoError(t, err)
+			_, err = r.Deduct(ctx, fresh(bk))
+			require.NoError(t, err, "after a restore in bucket %d", (bk+1)%n)
 			soldOut()
+			id := keyIn(fmt.Sprintf("restock%d", i), bk, n) // a restock goes to its id's bucket
+			_, err = r.Restock(ctx, "S", id, 1)
+			require.NoError(t, err)
+			_, err = r.Hold(ctx, fresh((bk+1)%n), time.Minute)
+			require.NoError(t, err, "after a restock in bucket %d", bk)
+			soldOut()
+		}
+		// By another process: once the invalidation is in.
+		for bk := range n {
+			_, err := other.Restore(ctx, "S", taken[bk+n].ID) // taken[bk+n] is in bucket bk+1
+			require.NoError(t, err)
+			takeSoon(t, r, "S", fmt.Sprintf("after-restore%d", bk))
+			soldOut()
+			_, err = other.Restock(ctx, "S", keyIn(fmt.Sprintf("orestock%d", bk), bk, n), 1)
+			require.NoError(t, err)
+			takeSoon(t, r, "S", fmt.Sprintf("after-restock%d", bk))
+			soldOut()
+		}
 
-			// A hold due in another bucket: its unit is taken by the next request.
-			_, err = r.Restock(ctx, "S", keyIn("for-hold", 0, n), 1)
-			require.NoError(t, err)
-			hold := fresh(0)
-			hold.ID = "the-hold"
-			_, err = r.Hold(ctx, hold, 2500*time.Millisecond)
-			require.NoError(t, err)
-			soldOut() // the hold is not due yet
-			redistest.Sleep(c, 2600*time.Millisecond)
-			_, err = r.Deduct(ctx, fresh(1))
-			require.NoError(t, err, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")
-			e, err = r.Ledger(ctx, "S", "the-hold")
-			require.NoError(t, err)
-			assert.Equal(t, stock.StateExpired, e.State)
-			l := levels(t, r, "S")
-			assert.Equal(t, int64(0), l.Available)
-		})
-	}
+		// A closed item is answered "closed", as Redis answers it.
+		require.NoError(t, other.CloseItem(ctx, "S"))
+		require.Eventually(t, func() bool {
+			_, err := r.Deduct(ctx, fresh(0))
+			return errors.Is(err, stock.ErrClosed)
+		}, 2*time.Second, time.Millisecond)
+		require.NoError(t, other.ReopenItem(ctx, "S"))
+		soldOut()
+
+		// A hold due in another bucket: its unit is taken by the next request.
+		_, err = r.Restock(ctx, "S", keyIn("for-hold", 0, n), 1)
+		require.NoError(t, err)
+		hold := fresh(0)
+		hold.ID = "the-hold"
+		_, err = r.Hold(ctx, hold, 2500*time.Millisecond)
+		require.NoError(t, err)
+		soldOut() // the hold is not due yet
+		redistest.Sleep(c, 2600*time.Millisecond)
+		_, err = r.Deduct(ctx, fresh(1))
+		require.NoError(t, err, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")
+		e, err = r.Ledger(ctx, "S", "the-hold")
+		require.NoError(t, err)
+		assert.Equal(t, stock.StateExpired, e.State)
+		l := levels(t, r, "S")
+		assert.Equal(t, int64(0), l.Available)
+	})
 }

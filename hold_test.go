@@ -16,7 +16,6 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
-	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -233,10 +232,7 @@ func TestHoldRace(t *testing.T) {
 func TestHoldConcurrent(t *testing.T) {
 	eachBackendSerial(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 100))
-		require.NoError(t, store.Load(ctx, "A", 100))
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 100})
 		stop := make(chan struct{})
 		var checks atomic.Int64
 		var wg, watch sync.WaitGroup

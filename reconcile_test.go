@@ -38,12 +38,7 @@ func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stoc
 // newRigWith is newRig on a Reserver of the caller's.
 func newRigWith(t *testing.T, c rueidis.Client, r *stock.Reserver, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
 	t.Helper()
-	ctx := context.Background()
-	store := memstore.New()
-	for sku, n := range skus {
-		require.NoError(t, r.Load(ctx, sku, n))
-		require.NoError(t, store.Load(ctx, sku, n))
-	}
+	store := loadBoth(t, r, skus)
 	relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	require.NoError(t, err)
 	var o *stock.ReconcileOptions
@@ -86,6 +81,16 @@ func del(t *testing.T, c rueidis.Client, keys ...string) {
 	}
 }
 
+// assertGone asserts that none of the keys base+suffix exists.
+func assertGone(t *testing.T, c rueidis.Client, base string, suffixes ...string) {
+	t.Helper()
+	for _, suffix := range suffixes {
+		n, err := c.Do(context.Background(), c.B().Exists().Key(base+suffix).Build()).AsInt64()
+		require.NoError(t, err)
+		assert.Zero(t, n, "%s%s is gone", base, suffix)
+	}
+}
+
 func TestReconcileClean(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
@@ -110,10 +115,7 @@ func TestReconcileLostKey(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
-		for i := range 10 {
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, g.r, "A", 10)
 		drain(t, g.relay)
 		for i := 10; i < 15; i++ { // in flight when the key goes
 			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
@@ -248,10 +250,7 @@ func TestReconcileTrims(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		for i := range 5 {
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, g.r, "A", 5)
 		_, err := g.r.Restore(ctx, "A", "ghost")
 		require.ErrorIs(t, err, stock.ErrUnknownID)
 		drain(t, g.relay)
@@ -320,10 +319,7 @@ func TestDelistRetires(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		for i := range 600 { // more than one retire step of the ledger
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, g.r, "A", 600) // more than one retire step of the ledger
 		// Sold out, and a refusal: the item gets its sold-out filter, which must go too.
 		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400})
 		require.NoError(t, err)
@@ -348,11 +344,7 @@ func TestDelistRetires(t *testing.T) {
 		assert.True(t, reps["A"].Retired, reps["A"].String())
 		assert.Zero(t, reps["A"].Drift)
 		assert.False(t, reps["B"].Retired)
-		for _, suffix := range []string{":l", ":u", ":o", ":h", ":r", ":rl", ":dl", ":b"} {
-			n, err := c.Do(ctx, c.B().Exists().Key("stock:{A}"+suffix).Build()).AsInt64()
-			require.NoError(t, err)
-			assert.Zero(t, n, "stock:{A}%s is gone", suffix)
-		}
+		assertGone(t, c, "stock:{A}", ":l", ":u", ":o", ":h", ":r", ":rl", ":dl", ":b")
 		_, err = available(g.r.Levels(ctx, "A"))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		reps = g.once(t)
@@ -445,10 +437,7 @@ func (s *lateConsumerStore) Records(ctx context.Context, sku string, ids []strin
 func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		db := memstore.New()
-		require.NoError(t, db.Load(ctx, "A", 10))
-		require.NoError(t, r.Load(ctx, "A", 10))
+		r, db := reserverAndStore(t, c, map[string]int64{"A": 10})
 		var mu sync.Mutex
 		var queue []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -768,11 +757,7 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 					}
 				}
 				for _, base := range bases {
-					for _, suffix := range []string{":l", ":u", ":o", ":h", ":b", ":r", ":rl", ":dl", ":p", ":x", ":xf", ":i", ":xb"} {
-						n, err := c.Do(ctx, c.B().Exists().Key(base+suffix).Build()).AsInt64()
-						require.NoError(t, err)
-						assert.Zero(t, n, "%s%s is gone", base, suffix)
-					}
+					assertGone(t, c, base, ":l", ":u", ":o", ":h", ":b", ":r", ":rl", ":dl", ":p", ":x", ":xf", ":i", ":xb")
 					fields, err := c.Do(ctx, c.B().Hkeys().Key(base).Build()).AsStrSlice()
 					require.NoError(t, err)
 					assert.LessOrEqual(t, len(fields), 2, "%s keeps only its retired mark: %v", base, fields)

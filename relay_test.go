@@ -58,16 +58,31 @@ func (p *recorder) count(t stock.EventType) int {
 	return n
 }
 
+// reserverAndStore returns a Reserver on c and a memstore, each with the items of skus loaded
+// with their quantities (a test seeds drift with store.Set).
+func reserverAndStore(t *testing.T, c rueidis.Client, skus map[string]int64) (*stock.Reserver, *memstore.Store) {
+	t.Helper()
+	r := newReserver(t, c)
+	return r, loadBoth(t, r, skus)
+}
+
+// loadBoth loads the items of skus with their quantities through r and into a new memstore,
+// which it returns.
+func loadBoth(t *testing.T, r *stock.Reserver, skus map[string]int64) *memstore.Store {
+	t.Helper()
+	store := memstore.New()
+	for sku, n := range skus {
+		require.NoError(t, r.Load(context.Background(), sku, n))
+		require.NoError(t, store.Load(context.Background(), sku, n))
+	}
+	return store
+}
+
 func TestRelayDeliversOnce(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 100, "B": 100})
 		pub := newRecorder()
-		for _, sku := range []string{"A", "B"} {
-			require.NoError(t, r.Load(ctx, sku, 100))
-			require.NoError(t, store.Load(ctx, sku, 100))
-		}
 		for i := range 60 {
 			sku := []string{"A", "B"}[i%2]
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 2})
@@ -85,11 +100,7 @@ func TestRelayDeliversOnce(t *testing.T) {
 		st := drain(t, rl)
 		assert.Equal(t, 60+10+1, st.Delivered)
 		for _, sku := range []string{"A", "B"} {
-			avail, err := available(r.Levels(ctx, sku))
-			require.NoError(t, err)
-			rem, err := store.Remaining(ctx, sku)
-			require.NoError(t, err)
-			assert.Equal(t, avail, rem, sku)
+			storeAgrees(t, r, store, sku)
 			assert.Zero(t, outboxLen(t, c, sku))
 		}
 		assert.Equal(t, 1, store.MaxApplications())
@@ -108,11 +119,9 @@ func TestRelayDeliversOnce(t *testing.T) {
 func TestRelayStoreRefusal(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 20})
+		store.Set("A", 12) // seeded drift: the database has less
 		pub := newRecorder()
-		require.NoError(t, r.Load(ctx, "A", 20))
-		require.NoError(t, store.Load(ctx, "A", 12)) // seeded drift: the database has less
 		for i := range 20 {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
 			require.NoError(t, err)
@@ -152,18 +161,12 @@ func TestRelayStoreRefusal(t *testing.T) {
 func TestRelayPublisherDown(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 50})
 		pub := newRecorder()
-		require.NoError(t, r.Load(ctx, "A", 50))
-		require.NoError(t, store.Load(ctx, "A", 50))
 		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		require.NoError(t, err)
 		pub.down.Store(true)
-		for i := range 30 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, "A", 30)
 		for range 3 {
 			st, err := rl.Once(ctx)
 			assert.Error(t, err)
@@ -202,15 +205,9 @@ func (p *crashingPublisher) Publish(ctx context.Context, ev stock.Event) error {
 func TestRelayCrashRedelivers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 200})
 		rec := newRecorder()
-		require.NoError(t, r.Load(ctx, "A", 200))
-		require.NoError(t, store.Load(ctx, "A", 200))
-		for i := range 100 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, "A", 100)
 		// Crash points: mid-batch after the store applied, at several positions.
 		for _, at := range []int64{1, 7, 16} {
 			pub := &crashingPublisher{inner: rec, at: at}
@@ -236,11 +233,8 @@ func TestRelayCrashRedelivers(t *testing.T) {
 func TestRelaysConcurrent(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 300})
 		pub := newRecorder()
-		require.NoError(t, r.Load(ctx, "A", 300))
-		require.NoError(t, store.Load(ctx, "A", 300))
 		ctx2, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for range 3 {
@@ -277,18 +271,13 @@ func TestRelaysConcurrent(t *testing.T) {
 func TestConsumeGivesBackRefusals(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 5))
-		require.NoError(t, store.Load(ctx, "A", 3))
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 5})
+		store.Set("A", 3)
 		var evs []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { evs = append(evs, ev); return nil })
 		rl, err := stockops.NewRelay(r, nil, pub, nil)
 		require.NoError(t, err)
-		for i := range 5 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, "A", 5)
 		drain(t, rl)
 		require.Len(t, evs, 5)
 		// The consumer side: each message delivered twice, as queues do.
@@ -315,10 +304,7 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 func TestRelayKeepsOrder(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 1))
-		require.NoError(t, store.Load(ctx, "A", 1))
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 1})
 		// Ids chosen so that sorting by name would put each deduct before the restore it follows.
 		for i := range 50 {
 			id := fmt.Sprintf("z%03d", 50-i)
@@ -344,10 +330,7 @@ func TestRelayKeepsOrder(t *testing.T) {
 func TestRelayDeadLetters(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 10))
-		require.NoError(t, store.Load(ctx, "A", 10))
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 10})
 		store.FailWith(func(ev stock.Event) error {
 			if ev.ID == "bad" {
 				return fmt.Errorf("%w: the store cannot take this one", stock.ErrInvalid)
@@ -380,17 +363,11 @@ func TestRelayDeadLetters(t *testing.T) {
 func TestPending(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := newReserver(t, c)
-		require.NoError(t, r.Load(ctx, "A", 5))
-		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		r, store := reserverAndStore(t, c, map[string]int64{"A": 5})
+		deductEach(t, r, "A", 3)
 		p, d, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Equal(t, [2]int64{3, 0}, [2]int64{p, d})
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, "A", 5))
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
 		drain(t, rl)

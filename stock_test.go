@@ -252,9 +252,7 @@ func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 				}
 				return ""
 			}))
-		for _, sku := range []string{"A", "B", "G1", "G2", "S"} {
-			require.NoError(t, r.Load(ctx, sku, 10))
-		}
+		loadItems(t, r, map[string]int64{"A": 10, "B": 10, "G1": 10, "G2": 10, "S": 10})
 		refused := func(what string, err error, field string) {
 			t.Helper()
 			assert.ErrorIs(t, err, stock.ErrInvalid, what)
@@ -612,5 +610,3 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
 	})
 }
-
-// available returns the available units of a Levels call.
