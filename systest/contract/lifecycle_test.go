@@ -35,6 +35,16 @@ func drainOfLifecycle(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 	}
 }
 
+// retiring lets 20ms pass on c and returns a reconciler of r and store with a retention of 1ms:
+// its passes retire the delisted items that are settled.
+func retiring(t *testing.T, c rueidis.Client, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
+	t.Helper()
+	redistest.Sleep(c, 20*time.Millisecond)
+	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
+	require.NoError(t, err)
+	return rec
+}
+
 func reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report {
 	t.Helper()
 	reps, err := rec.Once(context.Background())
@@ -59,8 +69,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		store := memstore.New()
 		skus := []string{"closed", "reopened", "held", "pending", "x", "x:u", "gone"}
 		for _, sku := range skus {
-			require.NoError(t, r.Load(ctx, sku, 10))
-			require.NoError(t, store.Load(ctx, sku, 10))
+			loadBoth(t, r, store, sku, 10)
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 2})
 			require.NoError(t, err)
 		}
@@ -82,9 +91,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 			assert.ErrorIs(t, err, stock.ErrClosed, sku)
 			assert.ErrorIs(t, r.Load(ctx, sku, 5), stock.ErrLoaded, sku)
 		}
-		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-		require.NoError(t, err)
+		rec := retiring(t, c, r, store)
 		reps := reports(t, rec)
 		for _, sku := range []string{"closed", "reopened", "held", "pending", "x:u"} {
 			assert.False(t, reps[sku].Retired, "%s retired: %v", sku, reps[sku])
@@ -139,17 +146,11 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		const n = 1500
-		require.NoError(t, r.Load(ctx, "big", n))
-		require.NoError(t, store.Load(ctx, "big", n))
-		for i := range n {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		loadBoth(t, r, store, "big", n)
+		deductEach(t, r, stock.Request{SKU: "big", Qty: 1}, numbered("o", n)...)
 		drainOfLifecycle(t, r, store)
 		require.NoError(t, r.Delist(ctx, "big"))
-		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-		require.NoError(t, err)
+		rec := retiring(t, c, r, store)
 		var retired bool
 		for pass := range 6 {
 			reps := reports(t, rec)
@@ -160,17 +161,14 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 			}
 		}
 		require.True(t, retired)
-		_, err = r.Levels(ctx, "big")
+		_, err := r.Levels(ctx, "big")
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, "big", 10))
 		store.Set("big", 10)
 		// New ids: the Store keeps the retired item's records, so an old id would be taken by
 		// Redis as new and answered by the Store as already applied (a sale lost to the
 		// database, then "repaired" by adding units in Redis). Ids are unique per operation.
-		for i := range 5 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprint("n", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, stock.Request{SKU: "big", Qty: 1}, numbered("n", 5)...)
 		drainOfLifecycle(t, r, store)
 		assert.Len(t, testkit.Ledger(t, r, "big"), 5)
 		for range 3 {
@@ -201,8 +199,7 @@ func TestRetireGroupedItem(t *testing.T) {
 		store := memstore.New()
 		skus := []string{"g", "tee", "tee:l", "tee:u", "cap"}
 		for _, sku := range skus {
-			require.NoError(t, r.Load(ctx, sku, 10))
-			require.NoError(t, store.Load(ctx, sku, 10))
+			loadBoth(t, r, store, sku, 10)
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
 			require.NoError(t, err)
 			_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u", Qty: 1}, time.Hour)
@@ -212,9 +209,7 @@ func TestRetireGroupedItem(t *testing.T) {
 		require.NoError(t, err)
 		drainOfLifecycle(t, r, store)
 		require.NoError(t, r.Delist(ctx, "tee"))
-		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-		require.NoError(t, err)
+		rec := retiring(t, c, r, store)
 		reps := reports(t, rec)
 		assert.True(t, reps["tee"].Retired, "%v", reps["tee"])
 		for _, sku := range []string{"g", "tee:l", "tee:u", "cap"} {
@@ -244,8 +239,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "dlq", 5))
-		require.NoError(t, store.Load(ctx, "dlq", 5))
+		loadBoth(t, r, store, "dlq", 5)
 		_, err := r.Deduct(ctx, stock.Request{SKU: "dlq", ID: "bad", Qty: 1})
 		require.NoError(t, err)
 		store.FailWith(func(ev stock.Event) error {
@@ -259,9 +253,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, int64(1), dead)
 		require.NoError(t, r.Delist(ctx, "dlq"))
-		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-		require.NoError(t, err)
+		rec := retiring(t, c, r, store)
 		reps, err := rec.Once(ctx)
 		t.Logf("%v %v", reps, err)
 		for _, rp := range reps {
@@ -282,8 +274,7 @@ func TestRestockAfterDelist(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "rd", 5))
-		require.NoError(t, store.Load(ctx, "rd", 5))
+		loadBoth(t, r, store, "rd", 5)
 		require.NoError(t, r.Delist(ctx, "rd"))
 		assert.ErrorIs(t, r.Load(ctx, "rd", 5), stock.ErrLoaded)
 		_, err := r.Restock(ctx, "rd", "rs", 3)
@@ -297,9 +288,7 @@ func TestRestockAfterDelist(t *testing.T) {
 		} else {
 			assert.Equal(t, int64(5), l.Loaded)
 		}
-		redistest.Sleep(c, 20*time.Millisecond)
-		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-		require.NoError(t, err)
+		rec := retiring(t, c, r, store)
 		reps := reports(t, rec)
 		if l.Loaded == 8 {
 			assert.False(t, reps["rd"].Retired, "retired with the restock pending: %v", reps["rd"])
@@ -321,8 +310,7 @@ func TestRunClosedItemPipelineFinishes(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		require.NoError(t, r.Load(ctx, "shut", 10))
-		require.NoError(t, st.Load(ctx, "shut", 10))
+		loadBoth(t, r, st, "shut", 10)
 		_, err := r.Deduct(ctx, stock.Request{SKU: "shut", ID: "d", Qty: 2})
 		require.NoError(t, err)
 		_, err = r.Hold(ctx, stock.Request{SKU: "shut", ID: "h1", Qty: 1}, time.Hour)
@@ -362,12 +350,8 @@ func TestRunRetiresDelistedItem(t *testing.T) {
 		cancel, done := runAsync(r, stock.RunOptions{Store: st,
 			Reconcile: &stock.ReconcileOptions{Retention: 10 * time.Millisecond, Interval: 50 * time.Millisecond}})
 		time.Sleep(200 * time.Millisecond)
-		require.NoError(t, r.Load(ctx, "old:1", 10))
-		require.NoError(t, st.Load(ctx, "old:1", 10))
-		for i := range 5 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "old:1", ID: fmt.Sprint("d", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		loadBoth(t, r, st, "old:1", 10)
+		deductEach(t, r, stock.Request{SKU: "old:1", Qty: 1}, numbered("d", 5)...)
 		require.NoError(t, r.Delist(ctx, "old:1"))
 		require.NoError(t, r.Delist(ctx, "old:1"), "delisting twice does nothing")
 		assert.ErrorIs(t, r.ReopenItem(ctx, "old:1"), stock.ErrClosed)
@@ -551,10 +535,7 @@ func TestCloseReopenRestock(t *testing.T) {
 		require.ErrorIs(t, err, stock.ErrConflict, "restocks cannot be restored")
 		l = levels(t, e.r, "cl")
 		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, l)
-		for i := range 9 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: fmt.Sprintf("after%d", i), User: "one", Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, e.r, stock.Request{SKU: "cl", User: "one", Qty: 1}, numbered("after", 9)...)
 		_, err = e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: "after9", User: "one", Qty: 1})
 		require.ErrorIs(t, err, stock.ErrSoldOut)
 		require.ErrorIs(t, e.r.CloseItem(ctx, "never-loaded"), stock.ErrNotLoaded)
@@ -588,6 +569,25 @@ func pass(t *testing.T, e *env, r *stock.Reserver, store stock.Store, skus ...st
 		out[rp.SKU] = rp
 	}
 	return out
+}
+
+// storeFor loads sku with qty units in a new memstore, then in r, and returns the store.
+func storeFor(t *testing.T, r *stock.Reserver, sku string, qty int64) *memstore.Store {
+	t.Helper()
+	store := memstore.New()
+	require.NoError(t, store.Load(context.Background(), sku, qty))
+	require.NoError(t, r.Load(context.Background(), sku, qty))
+	return store
+}
+
+// soldOneDrained is storeFor, then one unit of sku sold to the user "u" under the id "d" and
+// delivered to the store.
+func soldOneDrained(t *testing.T, r *stock.Reserver, sku string, qty int64) *memstore.Store {
+	t.Helper()
+	store := storeFor(t, r, sku, qty)
+	deductEach(t, r, stock.Request{SKU: sku, User: "u", Qty: 1}, "d")
+	lifecycleDrain(t, r, store, sku)
+	return store
 }
 
 func lifecycleDrain(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string) {
@@ -735,15 +735,10 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			lifecycleEach(t, []stock.Option{lifecycleSplit(n)}, func(t *testing.T, e *env) {
 				ctx := context.Background()
-				store := memstore.New()
 				sku := sku("keys:~x")
-				require.NoError(t, store.Load(ctx, sku, 20))
-				require.NoError(t, e.r.Load(ctx, sku, 20))
+				store := storeFor(t, e.r, sku, 20)
 				// one user takes everything: transfers from every bucket
-				for i := range 20 {
-					_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), User: "whale", Qty: 1})
-					require.NoError(t, err)
-				}
+				deductEach(t, e.r, stock.Request{SKU: sku, User: "whale", Qty: 1}, numbered("d", 20)...)
 				for i := range 5 {
 					_, err := e.r.Restore(ctx, sku, fmt.Sprintf("d%d", i))
 					require.NoError(t, err)
@@ -778,11 +773,9 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 func TestDelistRacing(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		store := memstore.New()
 		sku := sku("race")
 		const stockN = 200
-		require.NoError(t, store.Load(ctx, sku, stockN))
-		require.NoError(t, e.r.Load(ctx, sku, stockN))
+		store := storeFor(t, e.r, sku, stockN)
 		var sold, bad atomic.Int64
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -924,12 +917,7 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		for _, sku := range []string{sku("plain-lb"), sku("lb")} {
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 3))
-			require.NoError(t, e.r.Load(ctx, sku, 3))
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
-			require.NoError(t, err)
-			lifecycleDrain(t, e.r, store, sku)
+			store := soldOneDrained(t, e.r, sku, 3)
 			retire(t, e, store, sku)
 			require.Empty(t, registry(t, e, sku))
 			store2 := memstore.New() // the database's row for the item's new life
@@ -954,8 +942,7 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 				assert.Len(t, reg, 3, "%s: loaded but not (all) registered: %v", sku, reg)
 			}
 			// the relay (by the registry) delivers a new sale
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "new", User: "u2", Qty: 1})
-			require.NoError(t, err)
+			deductEach(t, e.r, stock.Request{SKU: sku, User: "u2", Qty: 1}, "new")
 			rl, err := stockops.NewRelay(e.r, store2, nil, nil)
 			require.NoError(t, err)
 			_, err = rl.Once(ctx)
@@ -974,12 +961,7 @@ func TestLoadDuringRetirement(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		sku := sku("ld")
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, sku, 8))
-		require.NoError(t, e.r.Load(ctx, sku, 8))
-		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
-		require.NoError(t, err)
-		lifecycleDrain(t, e.r, store, sku)
+		store := soldOneDrained(t, e.r, sku, 8)
 		require.NoError(t, e.r.Delist(ctx, sku))
 		e.advance(20 * time.Millisecond)
 		var loadErr error
@@ -1001,7 +983,7 @@ func TestLoadDuringRetirement(t *testing.T) {
 			rp = pass(t, e, e.r, store, sku)[sku]
 		}
 		require.True(t, rp.Retired, "%v", rp)
-		_, err = e.r.Levels(ctx, sku)
+		_, err := e.r.Levels(ctx, sku)
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.NoError(t, e.r.Load(ctx, sku, 4))
 		assert.Equal(t, stock.Levels{Available: 4, Loaded: 4}, testkit.Levels(t, e.r, sku))
@@ -1067,12 +1049,7 @@ func TestDelistCutEverywhere(t *testing.T) {
 		ctx := context.Background()
 		for n := 1; n < 40; n++ {
 			sku := sku("cut")
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 100))
-			require.NoError(t, e.r.Load(ctx, sku, 100))
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
-			require.NoError(t, err)
-			lifecycleDrain(t, e.r, store, sku)
+			store := soldOneDrained(t, e.r, sku, 100)
 			cc := &cut{Client: e.c, n: n}
 			cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
 			derr := cr.Delist(ctx, sku)
@@ -1106,7 +1083,7 @@ func TestDelistCutEverywhere(t *testing.T) {
 			}
 			lifecycleDrain(t, e.r, store, sku)
 			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterDelist", User: "ad", Qty: 1})
+			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterDelist", User: "ad", Qty: 1})
 			require.ErrorIs(t, err, stock.ErrClosed)
 			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
 			e.advance(20 * time.Millisecond)
@@ -1131,17 +1108,12 @@ func TestReloadInOtherForm(t *testing.T) {
 			t.Run(tc[0]+"-"+tc[1], func(t *testing.T) {
 				sku := sku("of")
 				first := e.another(forms[tc[0]])
-				store := memstore.New()
-				require.NoError(t, store.Load(ctx, sku, 4))
-				require.NoError(t, first.Load(ctx, sku, 4))
-				_, err := first.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "u", Qty: 1})
-				require.NoError(t, err)
-				lifecycleDrain(t, first, store, sku)
+				store := soldOneDrained(t, first, sku, 4)
 				fe := *e
 				fe.r = first
 				retire(t, &fe, store, sku)
 				second := e.another(forms[tc[1]])
-				_, err = second.Levels(ctx, sku)
+				_, err := second.Levels(ctx, sku)
 				require.ErrorIs(t, err, stock.ErrNotLoaded)
 				require.NoError(t, second.Load(ctx, sku, 6), "%s retired, loaded again as %s", tc[0], tc[1])
 				l := testkit.Levels(t, second, sku)

@@ -45,26 +45,11 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 		for name, forge := range cases {
 			t.Run(b.Name+"/"+name, func(t *testing.T) {
 				ctx := context.Background()
-				r, err := stock.New(b.Client(t), stock.WithCoalescing(0))
-				if err != nil {
-					t.Fatal(err)
-				}
+				r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(0))
 				st := memstore.New()
-				if err := r.Load(ctx, "fg", 10); err != nil {
-					t.Fatal(err)
-				}
-				if err := st.Load(ctx, "fg", 10); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := r.Deduct(ctx, stock.Request{SKU: "fg", ID: "a", User: "u", Qty: 2}); err != nil {
-					t.Fatal(err)
-				}
-				q := &repairQueue{}
-				rl, _ := stockops.NewRelay(r, nil, q, nil)
-				if _, err := rl.Once(ctx); err != nil {
-					t.Fatal(err)
-				}
-				msgs := q.take()
+				loadBoth(t, r, st, "fg", 10)
+				deductEach(t, r, stock.Request{SKU: "fg", User: "u", Qty: 2}, "a")
+				_, _, msgs := publishToQueue(t, r)
 				if len(msgs) != 1 {
 					t.Fatalf("published %d", len(msgs))
 				}
@@ -98,18 +83,10 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			r, err := stock.New(b.Client(t), stock.WithCoalescing(0), stock.WithGroups(func(string) string { return "shoe" }))
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(0), stock.WithGroups(func(string) string { return "shoe" }))
 			st := memstore.New()
 			for _, sku := range []string{"s42", "s43"} {
-				if err := r.Load(ctx, sku, 1); err != nil {
-					t.Fatal(err)
-				}
-				if err := st.Load(ctx, sku, 1); err != nil {
-					t.Fatal(err)
-				}
+				loadBoth(t, r, st, sku, 1)
 			}
 			if _, err := r.DeductMany(ctx, stock.Cart{ID: "a", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
 				t.Fatal(err)
@@ -122,12 +99,7 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 			if _, err := r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
 				t.Fatal(err)
 			}
-			q := &repairQueue{}
-			rl, _ := stockops.NewRelay(r, nil, q, nil)
-			if _, err := rl.Once(ctx); err != nil {
-				t.Fatal(err)
-			}
-			msgs := q.take()
+			q, rl, msgs := publishToQueue(t, r)
 			rc, _ := stockops.NewReconciler(r, st, nil)
 			if res, err := rc.Pass(ctx); err != nil {
 				t.Fatal(err)
@@ -188,12 +160,8 @@ func TestRunCancelledCtxStillDrains(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		require.NoError(t, r.Load(ctx, "cc", 10))
-		require.NoError(t, st.Load(ctx, "cc", 10))
-		for i := range 5 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "cc", ID: fmt.Sprint("d", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		loadBoth(t, r, st, "cc", 10)
+		deductEach(t, r, stock.Request{SKU: "cc", Qty: 1}, numbered("d", 5)...)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
 		start := time.Now()
@@ -221,8 +189,7 @@ func TestRunDrainsLastSales(t *testing.T) {
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 10 * time.Second})
 		time.Sleep(200 * time.Millisecond)
 		for _, s := range skus {
-			require.NoError(t, r.Load(ctx, s, 1000))
-			require.NoError(t, st.Load(ctx, s, 1000))
+			loadBoth(t, r, st, s, 1000)
 		}
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
@@ -287,8 +254,7 @@ func TestRunHungStoreDrainBounded(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := &blockingStore{onlyStore: onlyStore{s: memstore.New()}}
-		require.NoError(t, r.Load(ctx, "hung", 10))
-		require.NoError(t, st.s.Load(ctx, "hung", 10))
+		loadBoth(t, r, st.s, "hung", 10)
 		_, err := r.Deduct(ctx, stock.Request{SKU: "hung", ID: "d1", Qty: 1})
 		require.NoError(t, err)
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 500 * time.Millisecond,
@@ -330,12 +296,8 @@ func TestRunDrainBoundedManyEvents(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: 5 * time.Millisecond}
-		require.NoError(t, r.Load(ctx, "slow", 5000))
-		require.NoError(t, st.s.Load(ctx, "slow", 5000))
-		for i := range 1500 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "slow", ID: fmt.Sprint("d", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		loadBoth(t, r, st.s, "slow", 5000)
+		deductEach(t, r, stock.Request{SKU: "slow", Qty: 1}, numbered("d", 1500)...)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
 		start := time.Now()
@@ -368,8 +330,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		require.NoError(t, r.Load(ctx, "q:1", 20))
-		require.NoError(t, st.Load(ctx, "q:1", 20))
+		loadBoth(t, r, st, "q:1", 20)
 		var mu sync.Mutex
 		var got []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -379,10 +340,7 @@ func TestRunPublisherOnly(t *testing.T) {
 			return nil
 		})
 		cancel, done := runAsync(r, stock.RunOptions{Publisher: pub})
-		for i := range 6 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "q:1", ID: fmt.Sprint("d", i), Qty: 2})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, stock.Request{SKU: "q:1", Qty: 2}, numbered("d", 6)...)
 		_, err := r.Restore(ctx, "q:1", "d0")
 		require.NoError(t, err)
 		cancel()
@@ -413,12 +371,8 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		for _, s := range []string{"b1", "b:2"} {
-			require.NoError(t, r.Load(ctx, s, 100))
-			require.NoError(t, st.Load(ctx, s, 100))
-			for i := range 40 {
-				_, err := r.Deduct(ctx, stock.Request{SKU: s, ID: fmt.Sprint("d", i), Qty: 1})
-				require.NoError(t, err)
-			}
+			loadBoth(t, r, st, s, 100)
+			deductEach(t, r, stock.Request{SKU: s, Qty: 1}, numbered("d", 40)...)
 		}
 		rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{Batch: 1})
 		require.NoError(t, err)
@@ -469,8 +423,7 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		require.NoError(t, r.Load(ctx, "sp", 10))
-		require.NoError(t, st.Load(ctx, "sp", 10))
+		loadBoth(t, r, st, "sp", 10)
 		var down atomic.Bool
 		down.Store(true)
 		var mu sync.Mutex
@@ -484,10 +437,7 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 			mu.Unlock()
 			return nil
 		})
-		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "sp", ID: fmt.Sprint("d", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, stock.Request{SKU: "sp", Qty: 1}, numbered("d", 3)...)
 		relay := &stock.RelayOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Publisher: pub, Relay: relay, Drain: 200 * time.Millisecond})
 		time.Sleep(300 * time.Millisecond)
@@ -523,10 +473,7 @@ func TestRunPublisherDrainsOnCancelledCtx(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "qd", 10))
-		for i := range 4 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "qd", ID: fmt.Sprint("d", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r, stock.Request{SKU: "qd", Qty: 1}, numbered("d", 4)...)
 		var n atomic.Int64
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
@@ -853,6 +800,9 @@ func keepFirst(n, k int, err error) ([]error, []bool) {
 	return errs, keep
 }
 
+// keepAll is the answer to a batch of n events that the queue took whole: nil for each.
+func keepAll(n int) ([]error, []bool) { return keepFirst(n, n, nil) }
+
 // setup is a Reserver on stocktest's miniredis, a store and a seeded rng.
 func setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *orderStore, *rand.Rand) {
 	return context.Background(), stocktest.New(t), newOrderStore(), rand.New(rand.NewPCG(seed, 18))
@@ -906,11 +856,7 @@ func TestBatchHoleInAnswer(t *testing.T) {
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 200, rng)
 	q := &relayQueue{}
 	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
-		errs := make([]error, len(evs))
-		keep := make([]bool, len(evs))
-		for i := range evs {
-			keep[i] = true
-		}
+		errs, keep := keepAll(len(evs))
 		if len(evs) > 1 && call%3 != 0 {
 			errs[1] = errors.New("broker: lost confirm for the second")
 			keep[1] = false
@@ -945,10 +891,7 @@ func TestBatchWrongLength(t *testing.T) {
 			}
 			q := &relayQueue{}
 			q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
-				keep := make([]bool, len(evs))
-				for i := range keep {
-					keep[i] = true // the queue has them all: the answer is wrong, not the queue
-				}
+				_, keep := keepAll(len(evs)) // the queue has them all: the answer is wrong, not the queue
 				if n := tc.n(len(evs)); n > 0 {
 					return make([]error, n), keep
 				}
@@ -987,7 +930,7 @@ func TestBatchPanics(t *testing.T) {
 			q.mu.Unlock()
 			panic("publisher bug")
 		}
-		return keepFirst(len(evs), len(evs), nil)
+		return keepAll(len(evs))
 	}
 	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
 	func() {
@@ -1060,51 +1003,7 @@ func TestConcurrentConsumers(t *testing.T) {
 	q := &relayQueue{}
 	rl := queueRelay(t, e, q, nil)
 	drain(t, ctx, e, rl, skus)
-	one := q.take()
-	var all []stock.Event
-	for i := 0; i < 3; i++ {
-		all = append(all, one...)
-	}
-	rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
-	work := make(chan stock.Event, len(all))
-	for _, ev := range all {
-		work <- ev
-	}
-	var pending atomic.Int64
-	pending.Store(int64(len(all)))
-	var wg sync.WaitGroup
-	var bad atomic.Int64
-	deadline := time.Now().Add(15 * time.Second)
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for pending.Load() > 0 && time.Now().Before(deadline) {
-				select {
-				case ev := <-work:
-					err := stock.Consume(ctx, e.Reserver, st, ev)
-					switch {
-					case err == nil:
-						pending.Add(-1)
-					case errors.Is(err, stock.ErrInvalid):
-						bad.Add(1)
-						pending.Add(-1)
-					default:
-						work <- ev
-					}
-				default:
-					time.Sleep(time.Millisecond)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if n := pending.Load(); n > 0 {
-		t.Fatalf("%d deliveries never settled", n)
-	}
-	if n := bad.Load(); n > 0 {
-		t.Errorf("%d valid deliveries answered ErrInvalid", n)
-	}
+	concurrentConsume(t, ctx, e.Reserver, st, q.take(), 3, 8, rng)
 	verify(t, ctx, e.Reserver, st, acks)
 }
 
@@ -1146,11 +1045,7 @@ func TestRunCancelMidBatch(t *testing.T) {
 	q := &relayQueue{}
 	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		time.Sleep(30 * time.Millisecond) // the broker is slow; ctx may end meanwhile
-		keep := make([]bool, len(evs))
-		for i := range keep {
-			keep[i] = true
-		}
-		return make([]error, len(evs)), keep
+		return keepAll(len(evs))
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -1199,11 +1094,7 @@ func TestAcceptAfterContextEnd(t *testing.T) {
 	var cancel context.CancelFunc
 	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		cancel() // the context ends while the broker works on the batch
-		keep := make([]bool, len(evs))
-		for i := range keep {
-			keep[i] = true
-		}
-		return make([]error, len(evs)), keep
+		return keepAll(len(evs))
 	}
 	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
 	for i := 0; i < 5; i++ {
@@ -1437,11 +1328,7 @@ func TestRunPublisherIgnoresContext(t *testing.T) {
 	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		entered.Store(true)
 		<-release // ignores ctx
-		keep := make([]bool, len(evs))
-		for i := range keep {
-			keep[i] = true
-		}
-		return make([]error, len(evs)), keep
+		return keepAll(len(evs))
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -1801,6 +1688,37 @@ func keys(m map[string]int64) []string {
 	return out
 }
 
+// soldOne loads sku with qty units in Redis and in a new memstore, and sells n units of it, one
+// under each of the ids prefix0 … prefix(n-1), recording the answers in the sale it returns.
+func soldOne(t *testing.T, e *relayEnv, sku string, qty int64, prefix string, n int) (loaded map[string]int64, mem *memstore.Store, s *sale) {
+	t.Helper()
+	loaded = map[string]int64{sku: qty}
+	mem = memstore.New()
+	load(t, e.r, mem, loaded)
+	s = newSale()
+	for _, id := range numbered(prefix, n) {
+		s.deduct(t, context.Background(), e.r, sku, id, 1)
+	}
+	return loaded, mem, s
+}
+
+// runEnded runs r.Run with opts on a context that ended before the call, so that only the drain
+// can deliver, and returns Run's result channel and when the context ended.
+func runEnded(r *stock.Reserver, opts stock.RunOptions) (<-chan result, time.Time) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ended := time.Now()
+	return run(ctx, r, opts), ended
+}
+
+// finishInto lets the leases and backoffs run out, then has a second Run deliver every event of
+// the loaded items to st (finish).
+func finishInto(t *testing.T, e *relayEnv, st stock.Store, loaded map[string]int64) {
+	t.Helper()
+	e.settle()
+	finish(t, e, e.r, stock.RunOptions{Store: st, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+}
+
 // TestDrainStuckPublisher: ctx ends before Run starts, so every event is delivered by
 // the drain, and the Publisher blocks in the drain ignoring its context (PublishBatch, or Publish
 // for a plain Publisher). Run must return within Drain (+ slack) with an error that says a call
@@ -1838,11 +1756,8 @@ func TestDrainStuckPublisher(t *testing.T) {
 				if v.batch {
 					pub = batchPub{p}
 				}
-				runCtx, cancel := context.WithCancel(ctx)
-				cancel()
-				ended := time.Now()
 				drain := 800 * time.Millisecond
-				ch := run(runCtx, e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+				ch, ended := runEnded(e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 				res := wait(t, ch, ended, drain+3*time.Second)
 				require.Error(t, res.err)
 				assert.ErrorIs(t, res.err, context.Canceled)
@@ -1873,20 +1788,11 @@ func TestDrainStuckPublisher(t *testing.T) {
 func TestDrainStuckPublisherQueuePath(t *testing.T) {
 	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 		ctx := context.Background()
-		loaded := map[string]int64{"q:drain~a": 40}
-		store := memstore.New()
-		load(t, e.r, store, loaded)
-		sale := newSale()
-		for i := range 25 {
-			sale.deduct(t, ctx, e.r, "q:drain~a", fmt.Sprintf("id:%d", i), 1)
-		}
+		loaded, store, sale := soldOne(t, e, "q:drain~a", 40, "id:", 25)
 		gate := newGate()
 		defer gate.release()
 		p := &relayPub{stuck: hasDeadline, gate: gate, after: errors.New("a25: queue timed out")}
-		runCtx, cancel := context.WithCancel(ctx)
-		cancel()
-		ended := time.Now()
-		ch := run(runCtx, e.r, stock.RunOptions{Publisher: batchPub{p}, Drain: 500 * time.Millisecond, Relay: relay()})
+		ch, ended := runEnded(e.r, stock.RunOptions{Publisher: batchPub{p}, Drain: 500 * time.Millisecond, Relay: relay()})
 		res := wait(t, ch, ended, 500*time.Millisecond+3*time.Second)
 		assert.Error(t, res.err)
 		gate.release()
@@ -1960,8 +1866,7 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 		res := wait(t, ch, time.Unix(0, ended.Load()), drain+3*time.Second)
 		assert.ErrorIs(t, res.err, context.Canceled)
 
-		e.settle()
-		finish(t, e, e.r, stock.RunOptions{Store: &requestStore{base: mem}, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+		finishInto(t, e, &requestStore{base: mem}, loaded)
 		gate.release()
 		time.Sleep(300 * time.Millisecond)
 		sale.checkStore(t, e.r, mem, loaded)
@@ -1977,40 +1882,27 @@ func TestDrainValues(t *testing.T) {
 	t.Run("negative", func(t *testing.T) {
 		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
-			loaded := map[string]int64{"neg:1": 10}
-			mem := memstore.New()
-			load(t, e.r, mem, loaded)
-			sale := newSale()
-			for i := range 5 {
-				sale.deduct(t, ctx, e.r, "neg:1", fmt.Sprint("n", i), 1)
-			}
-			runCtx, cancel := context.WithCancel(ctx)
-			cancel()
-			ended := time.Now()
-			ch := run(runCtx, e.r, stock.RunOptions{Store: mem, Drain: -1, Relay: relay()})
+			loaded, mem, sale := soldOne(t, e, "neg:1", 10, "n", 5)
+			ch, ended := runEnded(e.r, stock.RunOptions{Store: mem, Drain: -1, Relay: relay()})
 			res := wait(t, ch, ended, 2*time.Second+3*time.Second)
 			assert.ErrorIs(t, res.err, context.Canceled)
 			pending, _, err := stockops.Pending(ctx, e.r, "neg:1")
 			require.NoError(t, err)
 			assert.EqualValues(t, 5, pending, "a negative Drain delivers nothing more")
 			assert.Zero(t, mem.MaxApplications())
-			e.settle()
-			finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+			finishInto(t, e, mem, loaded)
 			sale.checkStore(t, e.r, mem, loaded)
 		})
 	})
 	t.Run("negative-stuck-main-loop", func(t *testing.T) {
 		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
-			loaded := map[string]int64{"neg:2": 10}
-			mem := memstore.New()
-			load(t, e.r, mem, loaded)
+			loaded, mem, sale := soldOne(t, e, "neg:2", 10, "", 0)
 			gate := newGate()
 			defer gate.release()
 			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
 			runCtx, cancel := context.WithCancel(ctx)
 			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: -time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
-			sale := newSale()
 			sale.deduct(t, ctx, e.r, "neg:2", "only", 2)
 			select {
 			case <-gate.entered:
@@ -2024,26 +1916,15 @@ func TestDrainValues(t *testing.T) {
 			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
 			gate.release()
 			time.Sleep(300 * time.Millisecond)
-			e.settle()
-			finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+			finishInto(t, e, mem, loaded)
 			sale.checkStore(t, e.r, mem, loaded)
 		})
 	})
 	t.Run("zero-is-default", func(t *testing.T) {
 		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-			ctx := context.Background()
-			loaded := map[string]int64{"zero:1": 100}
-			mem := memstore.New()
-			load(t, e.r, mem, loaded)
-			sale := newSale()
-			for i := range 40 {
-				sale.deduct(t, ctx, e.r, "zero:1", fmt.Sprint("z", i), 1)
-			}
+			loaded, mem, sale := soldOne(t, e, "zero:1", 100, "z", 40)
 			st := &requestStore{base: mem, delay: func() time.Duration { return 5 * time.Millisecond }}
-			runCtx, cancel := context.WithCancel(ctx)
-			cancel()
-			ended := time.Now()
-			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Relay: &stock.RelayOptions{Batch: 4}})
+			ch, ended := runEnded(e.r, stock.RunOptions{Store: st, Relay: &stock.RelayOptions{Batch: 4}})
 			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
 			assert.ErrorIs(t, res.err, context.Canceled)
 			// 40 events of 5ms each fit well in the default 5s drain.
@@ -2052,19 +1933,11 @@ func TestDrainValues(t *testing.T) {
 	})
 	t.Run("zero-stuck-waits-default", func(t *testing.T) {
 		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-			ctx := context.Background()
-			loaded := map[string]int64{"zero:2": 10}
-			mem := memstore.New()
-			load(t, e.r, mem, loaded)
-			sale := newSale()
-			sale.deduct(t, ctx, e.r, "zero:2", "z", 1)
+			_, mem, _ := soldOne(t, e, "zero:2", 10, "z", 1)
 			gate := newGate()
 			defer gate.release()
 			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
-			runCtx, cancel := context.WithCancel(ctx)
-			cancel()
-			ended := time.Now()
-			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Relay: relay()})
+			ch, ended := runEnded(e.r, stock.RunOptions{Store: st, Relay: relay()})
 			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
 			require.Error(t, res.err)
 			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
@@ -2074,26 +1947,15 @@ func TestDrainValues(t *testing.T) {
 	for _, d := range []time.Duration{time.Nanosecond, time.Millisecond} {
 		t.Run(fmt.Sprintf("tiny-%v", d), func(t *testing.T) {
 			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-				ctx := context.Background()
-				loaded := map[string]int64{"tiny:1": 10}
-				mem := memstore.New()
-				load(t, e.r, mem, loaded)
-				sale := newSale()
-				for i := range 5 {
-					sale.deduct(t, ctx, e.r, "tiny:1", fmt.Sprint("t", i), 1)
-				}
+				loaded, mem, sale := soldOne(t, e, "tiny:1", 10, "t", 5)
 				gate := newGate()
 				defer gate.release()
 				st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
-				runCtx, cancel := context.WithCancel(ctx)
-				cancel()
-				ended := time.Now()
-				ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: d, Relay: relay()})
+				ch, ended := runEnded(e.r, stock.RunOptions{Store: st, Drain: d, Relay: relay()})
 				wait(t, ch, ended, 3*time.Second)
 				gate.release()
 				time.Sleep(200 * time.Millisecond)
-				e.settle()
-				finish(t, e, e.r, stock.RunOptions{Store: mem, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+				finishInto(t, e, mem, loaded)
 				sale.checkStore(t, e.r, mem, loaded)
 			})
 		})
@@ -2569,8 +2431,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 				ctx := context.Background()
 				r := testkit.NewReserver(t, c, stock.WithPrefix("order-"+name))
 				sku := "one-" + name
-				require.NoError(t, r.Load(ctx, sku, 1))
-				require.NoError(t, store.Load(ctx, sku, 1))
+				loadBoth(t, r, store, sku, 1)
 				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
 				require.NoError(t, err)
 				_, err = r.Restore(ctx, sku, "a")
@@ -2678,15 +2539,10 @@ func TestConsumeCatchesUp(t *testing.T) {
 // queue. It returns those and the n events published.
 func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.Reserver, *memstore.Store, *queue, *stockops.Relay, []stock.Event) {
 	t.Helper()
-	ctx := context.Background()
 	r := testkit.NewReserver(t, c)
 	store := memstore.New()
-	require.NoError(t, r.Load(ctx, "A", load))
-	require.NoError(t, store.Load(ctx, "A", load))
-	for i := range n {
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-		require.NoError(t, err)
-	}
+	loadBoth(t, r, store, "A", load)
+	deductEach(t, r, stock.Request{SKU: "A", Qty: 1}, numbered("o", n)...)
 	q := &queue{}
 	rl, err := stockops.NewRelay(r, nil, q, nil)
 	require.NoError(t, err)
@@ -2715,8 +2571,7 @@ func TestConsumeInOrderBehindManyPublished(t *testing.T) {
 		r := testkit.NewReserver(t, c)
 		store := &firstOrderStore{Store: memstore.New(), seen: map[string]bool{}}
 		const published, batch = 300, 10
-		require.NoError(t, r.Load(ctx, "A", 1000))
-		require.NoError(t, store.Load(ctx, "A", 1000))
+		loadBoth(t, r, store, "A", 1000)
 		id := func(i int) string { return fmt.Sprintf("o%04d", i) }
 		for i := range published {
 			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})

@@ -263,10 +263,8 @@ func differential(t *testing.T, e *requestEnv, n int, seed uint64, steps int) {
 func TestRetireBlockedByOneBucket(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		store := memstore.New()
 		sku := sku("blk")
-		require.NoError(t, store.Load(ctx, sku, 9))
-		require.NoError(t, e.r.Load(ctx, sku, 9))
+		store := storeFor(t, e.r, sku, 9)
 		_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "u", Qty: 1}, time.Hour)
 		require.NoError(t, err)
 		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "v", Qty: 1})
@@ -302,6 +300,32 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 	})
 }
 
+// buyers runs workers goroutines at once, goroutine g calling buy(g, i) for i from 0 to per-1,
+// and returns how many calls succeeded and the errors of those that failed with none of allowed.
+func buyers(workers, per int, buy func(g, i int) error, allowed ...error) (ok int64, bad []string) {
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for g := range workers {
+		wg.Go(func() {
+			for i := range per {
+				err := buy(g, i)
+				switch {
+				case err == nil:
+					n.Add(1)
+				case slices.ContainsFunc(allowed, func(a error) bool { return errors.Is(err, a) }):
+				default:
+					mu.Lock()
+					bad = append(bad, err.Error())
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return n.Load(), bad
+}
+
 // TestCountingBuckets: N goroutines over S units, bucket counts 2..64 and awkward names:
 // exactly S successes, Levels and a memstore fed by the relay agree, nothing stranded.
 func TestCountingBuckets(t *testing.T) {
@@ -312,36 +336,15 @@ func TestCountingBuckets(t *testing.T) {
 			t.Run(fmt.Sprintf("%d/%d", n, len(name)), func(t *testing.T) {
 				lifecycleEach(t, []stock.Option{lifecycleSplit(n), stock.WithUserLimit(3)}, func(t *testing.T, e *env) {
 					ctx := context.Background()
-					store := memstore.New()
 					sku := sku(name)
 					const S, G, per = 97, 16, 12
-					require.NoError(t, store.Load(ctx, sku, S))
-					require.NoError(t, e.r.Load(ctx, sku, S))
-					var ok atomic.Int64
-					var wg sync.WaitGroup
-					var mu sync.Mutex
-					var bad []string
-					for g := range G {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							for i := range per {
-								_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint(g, "-", i), User: fmt.Sprint("u", g, "-", i/3), Qty: 1})
-								switch {
-								case err == nil:
-									ok.Add(1)
-								case errors.Is(err, stock.ErrSoldOut):
-								default:
-									mu.Lock()
-									bad = append(bad, err.Error())
-									mu.Unlock()
-								}
-							}
-						}()
-					}
-					wg.Wait()
+					store := storeFor(t, e.r, sku, S)
+					ok, bad := buyers(G, per, func(g, i int) error {
+						_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint(g, "-", i), User: fmt.Sprint("u", g, "-", i/3), Qty: 1})
+						return err
+					}, stock.ErrSoldOut)
 					require.Empty(t, bad)
-					require.Equal(t, int64(S), ok.Load())
+					require.Equal(t, int64(S), ok)
 					l := testkit.Levels(t, e.r, sku)
 					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
 					lifecycleDrain(t, e.r, store, sku)
@@ -414,47 +417,25 @@ func TestUnevenCluster(t *testing.T) {
 	require.False(t, fenced)
 	for _, name := range []string{"un:ev~en", strings.Repeat("Z", 100)} {
 		sku := sku(name)
-		store := memstore.New()
 		const S = 60
-		require.NoError(t, store.Load(ctx, sku, S))
-		require.NoError(t, r.Load(ctx, sku, S))
-		var ok atomic.Int64
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var bad []string
-		for g := range 12 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range 10 {
-					id := fmt.Sprint(g, "-", i)
-					user := fmt.Sprint("u", g%4, "-", i/2)
-					var err error
-					if i%3 == 0 {
-						_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
-						if err == nil {
-							_, err = r.Confirm(ctx, sku, id)
-						}
-					} else {
-						_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
-					}
-					switch {
-					case err == nil:
-						ok.Add(1)
-					case errors.Is(err, stock.ErrSoldOut), errors.Is(err, stock.ErrUserLimit):
-					default:
-						mu.Lock()
-						bad = append(bad, err.Error())
-						mu.Unlock()
-					}
+		store := storeFor(t, r, sku, S)
+		ok, bad := buyers(12, 10, func(g, i int) error {
+			id := fmt.Sprint(g, "-", i)
+			user := fmt.Sprint("u", g%4, "-", i/2)
+			if i%3 == 0 {
+				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+				if err == nil {
+					_, err = r.Confirm(ctx, sku, id)
 				}
-			}()
-		}
-		wg.Wait()
+				return err
+			}
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+			return err
+		}, stock.ErrSoldOut, stock.ErrUserLimit)
 		require.Empty(t, bad)
 		l := testkit.Levels(t, r, sku)
-		require.Equal(t, ok.Load(), l.Sold)
-		require.Equal(t, int64(S)-ok.Load(), l.Available)
+		require.Equal(t, ok, l.Sold)
+		require.Equal(t, int64(S)-ok, l.Available)
 		// sell the rest: nothing stranded in any bucket
 		for i := 0; l.Available > 0 && i < 200; i++ {
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("rest", i), User: fmt.Sprint("r", i), Qty: 1})
@@ -516,9 +497,7 @@ func TestTransferCutThenDelist(t *testing.T) {
 		ctx := context.Background()
 		for n := 1; n < 30; n++ {
 			sku := sku("xc")
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 3))
-			require.NoError(t, e.r.Load(ctx, sku, 3))
+			store := storeFor(t, e.r, sku, 3)
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
 			require.NoError(t, err)
 			cc := &cut{Client: e.c, n: n}
@@ -597,9 +576,7 @@ func cutTransfer(t *testing.T, e *env) (stuck bool) {
 	ctx := context.Background()
 	for n := 1; n < 30 && !stuck; n++ {
 		sku := sku("xs")
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, sku, 3))
-		require.NoError(t, e.r.Load(ctx, sku, 3))
+		store := storeFor(t, e.r, sku, 3)
 		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
 		require.NoError(t, err)
 		cc := &cut{Client: e.c, n: n}
@@ -866,12 +843,9 @@ func TestRelayOrderAcrossBuckets(t *testing.T) {
 		for _, sh := range shapes {
 			t.Run(fmt.Sprintf("b%d-%s", buckets, sh.name), func(t *testing.T) {
 				splitEach(t, []stock.Option{split(buckets)}, func(t *testing.T, e *requestEnv) {
-					ctx := context.Background()
 					for seed := range uint64(3) {
 						sku := fmt.Sprintf("ord-%d-%s-%d", buckets, sh.name, seed)
-						store := memstore.New()
-						require.NoError(t, store.Load(ctx, sku, 6))
-						require.NoError(t, e.r.Load(ctx, sku, 6))
+						store := storeFor(t, e.r, sku, 6)
 						sold := sales(t, e, sku, seed, 4, nil)
 						var rls []*stockops.Relay
 						for range sh.relays {
@@ -921,9 +895,7 @@ func TestDonorRetryable(t *testing.T) {
 		ctx := context.Background()
 		for seed := range uint64(3) {
 			sku := fmt.Sprintf("retry-%d", seed)
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, sku, 6))
-			require.NoError(t, e.r.Load(ctx, sku, 6))
+			store := storeFor(t, e.r, sku, 6)
 			var down atomic.Bool
 			down.Store(true)
 			var failed atomic.Int64
@@ -964,9 +936,7 @@ func TestDonorInvalid(t *testing.T) {
 	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		sku := "invalid"
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, sku, 6))
-		require.NoError(t, e.r.Load(ctx, sku, 6))
+		store := storeFor(t, e.r, sku, 6)
 		store.FailWith(func(ev stock.Event) error {
 			if ev.Type == stock.EventRestocked {
 				return fmt.Errorf("bad restock: %w", stock.ErrInvalid)
@@ -998,9 +968,7 @@ func TestCutTransfers(t *testing.T) {
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		sku := "cut"
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, sku, 8))
-		require.NoError(t, e.r.Load(ctx, sku, 8))
+		store := storeFor(t, e.r, sku, 8)
 		rng := rand.New(rand.NewPCG(5, 5))
 		var ids []string
 		n := 0
@@ -1074,9 +1042,7 @@ func TestRetireAfterTransfers(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
 		sku := "retire-ord"
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, sku, 6))
-		require.NoError(t, e.r.Load(ctx, sku, 6))
+		store := storeFor(t, e.r, sku, 6)
 		sold := sales(t, e, sku, 60, 4, nil)
 		rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 2})
 		_, refused := splitDrain(t, e, sku, 400, rl)
