@@ -24,11 +24,8 @@ import (
 // it runs; the script path answers. Replays and sold-out answers still work; new takes fail
 // with an error (not an acknowledgement). Then memory is raised and retries take exactly once.
 func TestOOM(t *testing.T) {
-	faultReal(t)
-	s := redistest.StartServer(t)
-	admin := s.Client(t)
+	admin, r := serverReserver(t, nil, stock.WithTimeout(3*time.Second))
 	ctx := context.Background()
-	r := testkit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
 	require.NoError(t, r.Load(ctx, "m", 300))
 	require.NoError(t, r.Load(ctx, "z", 1))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1})
@@ -94,11 +91,8 @@ func TestOOM(t *testing.T) {
 // answer)". A replay of an acknowledged deduct (Retry set, after an unknown outcome) on an item
 // that still has stock, under OOM: does it answer Replayed?
 func TestOOMReplay(t *testing.T) {
-	faultReal(t)
-	s := redistest.StartServer(t)
-	admin := s.Client(t)
+	admin, r := serverReserver(t, nil)
 	ctx := context.Background()
-	r := testkit.NewReserver(t, s.Client(t))
 	require.NoError(t, r.Load(ctx, "p", 10))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1})
 	require.NoError(t, err)
@@ -131,14 +125,15 @@ func miniWithPolicy(t *testing.T, policy string) (rueidis.Client, string) {
 }
 
 // serverReserver starts a real redis-server with args (skipping without STOCK_REDIS_SERVER) and
-// returns a client of it and a Reserver with opts, closed when the test ends.
-func serverReserver(t *testing.T, args []string, opts ...stock.Option) (rueidis.Client, *stock.Reserver) {
+// returns an admin client of it and a Reserver with opts on a client of its own, closed when the
+// test ends.
+func serverReserver(t *testing.T, args []string, opts ...stock.Option) (admin rueidis.Client, r *stock.Reserver) {
 	t.Helper()
 	faultReal(t)
-	c := redistest.StartServer(t, args...).Client(t)
-	r := testkit.NewReserver(t, c, opts...)
+	s := redistest.StartServer(t, args...)
+	r = testkit.NewReserver(t, s.Client(t), opts...)
 	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	return c, r
+	return s.Client(t), r
 }
 
 func outsideKeys(t *testing.T, c rueidis.Client) []string {

@@ -254,11 +254,8 @@ func TestRunTwoPrefixes(t *testing.T) {
 // TestRunMemstore: Run with a memstore while the library is flushed in a loop: every
 // acknowledged deduct reaches the store exactly once.
 func TestRunMemstore(t *testing.T) {
-	faultReal(t)
-	s := redistest.StartServer(t)
-	admin := s.Client(t)
+	admin, r := serverReserver(t, nil, stock.WithTimeout(3*time.Second))
 	ctx := context.Background()
-	r := testkit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
 	store := memstore.New()
 	loadRedisAndStore(t, r, store, 300, "rm")
 	cancel, done := runAsync(r, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
@@ -292,7 +289,7 @@ func TestRunMemstore(t *testing.T) {
 	<-rounds
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
-		if testkit.OutboxLen(t, s.Client(t), "rm") == 0 {
+		if testkit.OutboxLen(t, admin, "rm") == 0 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -307,7 +304,7 @@ func TestRunMemstore(t *testing.T) {
 	assert.Empty(t, st.raw)
 	l := storeAgrees(t, r, store, "rm")
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "each event applied at most once")
-	assert.Equal(t, int64(0), testkit.OutboxLen(t, s.Client(t), "rm"))
+	assert.Equal(t, int64(0), testkit.OutboxLen(t, admin, "rm"))
 	// Restores count back.
 	st.mu.Lock()
 	acked := int64(len(st.acked))
@@ -370,6 +367,14 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 	ctx := context.Background()
 	var mu sync.Mutex
 	sold := map[string]int64{}
+	// lacksStock tells whether a take was refused, which it may be only for lack of stock.
+	lacksStock := func(what string, err error) bool {
+		if err == nil {
+			return false
+		}
+		assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "%s: %v", what, err)
+		return true
+	}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -380,8 +385,7 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 				req := stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(7)), Qty: q}
 				switch rng.IntN(4) {
 				case 0, 1:
-					if _, err := r.Deduct(ctx, req); err != nil {
-						assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "deduct: %v", err)
+					if _, err := r.Deduct(ctx, req); lacksStock("deduct", err) {
 						continue
 					}
 					if rng.IntN(3) == 0 {
@@ -390,8 +394,7 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 						continue
 					}
 				case 2:
-					if _, err := r.Hold(ctx, req, time.Hour); err != nil {
-						assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "hold: %v", err)
+					if _, err := r.Hold(ctx, req, time.Hour); lacksStock("hold", err) {
 						continue
 					}
 					if rng.IntN(2) == 0 {
