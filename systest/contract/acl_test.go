@@ -81,9 +81,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			// Another service's keys, under the prefixes "other" and "shop:eu" (which starts
 			// like "shop").
 			for _, p := range []string{"other", "shop:eu"} {
-				ro, err := stock.New(admin, stock.WithPrefix(p))
-				require.NoError(t, err)
-				require.NoError(t, ro.Load(ctx, "A", 5))
+				require.NoError(t, testkit.NewReserver(t, admin, stock.WithPrefix(p)).Load(ctx, "A", 5))
 			}
 
 			opt := b.Option()
@@ -98,9 +96,8 @@ func TestLeastPrivilegeACL(t *testing.T) {
 					local.Add(1)
 				}
 			})
-			r, err := stock.New(c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
+			r := testkit.NewReserver(t, c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
 				stock.WithSoldOutCache(time.Minute), stock.WithReplicaAck(0, time.Second), stock.WithObserver(obs))
-			require.NoError(t, err)
 			guard := stockops.NewFailoverGuard(r) // first, on a prefix with no item: it records the epoch
 			fenced, err := guard.Check(ctx)
 			require.NoError(t, err)
@@ -139,8 +136,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			}
 			// Another process restocks B: the invalidation reaches the cache (CLIENT CACHING), so
 			// the next deduct is not refused from a stale cached state.
-			ra, err := stock.New(admin, stock.WithPrefix("shop"), stock.WithOutbox(true))
-			require.NoError(t, err)
+			ra := testkit.NewReserver(t, admin, stock.WithPrefix("shop"), stock.WithOutbox(true))
 			_, err = ra.Restock(ctx, "B", "r2", 1)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
@@ -187,15 +183,12 @@ func TestLeastPrivilegeACL(t *testing.T) {
 				assert.ErrorContains(t, err, "NOPERM", "SET %s", k)
 			}
 			for _, p := range []string{"other", "shop:eu"} {
-				ro, err := stock.New(c, stock.WithPrefix(p))
-				require.NoError(t, err)
-				_, err = ro.Deduct(ctx, stock.Request{SKU: "A", ID: "x1", Qty: 1})
+				ro := testkit.NewReserver(t, c, stock.WithPrefix(p))
+				_, err := ro.Deduct(ctx, stock.Request{SKU: "A", ID: "x1", Qty: 1})
 				assert.ErrorContains(t, err, "NOPERM", p)
 				_, err = ro.Levels(ctx, "A")
 				assert.ErrorContains(t, err, "NOPERM", p)
-				ra, err := stock.New(admin, stock.WithPrefix(p))
-				require.NoError(t, err)
-				lv, err := ra.Levels(ctx, "A")
+				lv, err := testkit.NewReserver(t, admin, stock.WithPrefix(p)).Levels(ctx, "A")
 				require.NoError(t, err)
 				assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, lv, "%s is untouched", p)
 			}
