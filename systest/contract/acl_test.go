@@ -81,9 +81,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			// Another service's keys, under the prefixes "other" and "shop:eu" (which starts
 			// like "shop").
 			for _, p := range []string{"other", "shop:eu"} {
-				ro, err := stock.New(admin, stock.WithPrefix(p))
-				require.NoError(t, err)
-				require.NoError(t, ro.Load(ctx, "A", 5))
+				require.NoError(t, testkit.NewReserver(t, admin, stock.WithPrefix(p)).Load(ctx, "A", 5))
 			}
 
 			opt := b.Option()
@@ -98,9 +96,8 @@ func TestLeastPrivilegeACL(t *testing.T) {
 					local.Add(1)
 				}
 			})
-			r, err := stock.New(c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
+			r := testkit.NewReserver(t, c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
 				stock.WithSoldOutCache(time.Minute), stock.WithReplicaAck(0, time.Second), stock.WithObserver(obs))
-			require.NoError(t, err)
 			guard := stockops.NewFailoverGuard(r) // first, on a prefix with no item: it records the epoch
 			fenced, err := guard.Check(ctx)
 			require.NoError(t, err)
@@ -133,17 +130,13 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			// client-side cache.
 			_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "o2", Qty: 2})
 			require.NoError(t, err)
-			for i := range 20 {
-				_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: fmt.Sprint("o3-", i), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
-			}
+			refuseSoldOut(t, r, "B", numbered("o3-", 20)...)
 			if !assert.Positive(t, local.Load(), "the sold-out fast path answered in-process: client-side caching works under the ACL") {
 				aclLog(t, admin)
 			}
 			// Another process restocks B: the invalidation reaches the cache (CLIENT CACHING), so
 			// the next deduct is not refused from a stale cached state.
-			ra, err := stock.New(admin, stock.WithPrefix("shop"), stock.WithOutbox(true))
-			require.NoError(t, err)
+			ra := testkit.NewReserver(t, admin, stock.WithPrefix("shop"), stock.WithOutbox(true))
 			_, err = ra.Restock(ctx, "B", "r2", 1)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
@@ -157,12 +150,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			for _, err := range stockops.Entries(ctx, r, "A") {
 				require.NoError(t, err)
 			}
-			var items []string
-			for sku, err := range stockops.Items(ctx, r) {
-				require.NoError(t, err)
-				items = append(items, sku)
-			}
-			assert.ElementsMatch(t, []string{"A", "B"}, items)
+			assert.ElementsMatch(t, []string{"A", "B"}, itemsOf(t, r))
 			_, _, err = stockops.Pending(ctx, r, "A")
 			require.NoError(t, err)
 			require.NoError(t, r.CloseItem(ctx, "B"))
@@ -177,13 +165,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			require.NoError(t, store.Load(ctx, "B", 3))
 			relay, err := stockops.NewRelay(r, store, nil, nil)
 			require.NoError(t, err)
-			for {
-				st, err := relay.Once(ctx)
-				require.NoError(t, err)
-				if st.Claimed == 0 {
-					break
-				}
-			}
+			testkit.Drain(t, relay)
 			rec, err := stockops.NewReconciler(r, store, nil)
 			require.NoError(t, err)
 			reps, err := rec.Once(ctx)
@@ -201,15 +183,12 @@ func TestLeastPrivilegeACL(t *testing.T) {
 				assert.ErrorContains(t, err, "NOPERM", "SET %s", k)
 			}
 			for _, p := range []string{"other", "shop:eu"} {
-				ro, err := stock.New(c, stock.WithPrefix(p))
-				require.NoError(t, err)
-				_, err = ro.Deduct(ctx, stock.Request{SKU: "A", ID: "x1", Qty: 1})
+				ro := testkit.NewReserver(t, c, stock.WithPrefix(p))
+				_, err := ro.Deduct(ctx, stock.Request{SKU: "A", ID: "x1", Qty: 1})
 				assert.ErrorContains(t, err, "NOPERM", p)
 				_, err = ro.Levels(ctx, "A")
 				assert.ErrorContains(t, err, "NOPERM", p)
-				ra, err := stock.New(admin, stock.WithPrefix(p))
-				require.NoError(t, err)
-				lv, err := ra.Levels(ctx, "A")
+				lv, err := testkit.NewReserver(t, admin, stock.WithPrefix(p)).Levels(ctx, "A")
 				require.NoError(t, err)
 				assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, lv, "%s is untouched", p)
 			}
@@ -248,12 +227,11 @@ func TestACLDocumented(t *testing.T) {
 	assert.Contains(t, doc, want)
 }
 
-// acl is the README's least-privilege user for prefix shop, plus extra.
+// acl is the README's least-privilege user for prefix shop (password "pw"), plus extra.
 func acl(t *testing.T, admin rueidis.Client, user, extra string) {
 	t.Helper()
-	rule := "reset on >pw resetchannels ~shop:{* ~shop:items ~shop:epoch ~shop:carts{~} ~shop:carts{~}:p ~shop:carts{~}:w ~shop:probe ~shop:due{~* ~shop:holdsdue{~* -@all +ping +client|tracking +client|caching +multi +exec +pttl +cluster|slots +cluster|shards +role +evalsha +eval +get +getrange +set +del +exists +pexpire +setbit +time +hget +hmget +hset +hsetnx +hdel +hexists +hincrby +hscan +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore +sadd +srem +scard +sscan +sismember +wait +info " + extra
-	args := append([]string{"ACL", "SETUSER", user}, strings.Fields(rule)...)
-	require.NoError(t, faultDo(t, admin, args...).Error())
+	args := append([]string{"ACL", "SETUSER"}, aclSetUser(user, "pw", "shop")...)
+	require.NoError(t, faultDo(t, admin, append(args, strings.Fields(extra)...)...).Error())
 }
 
 // ops runs every exported operation once and asserts their answers.
@@ -302,10 +280,6 @@ func TestACL(t *testing.T) {
 	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
-	flush := func() {
-		faultDo(t, admin, "FUNCTION", "FLUSH", "SYNC")
-	}
-	noop := func() {}
 	userClient := func(user string) rueidis.Client {
 		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr()}, ForceSingleClient: true, Username: user, Password: "pw"})
 		require.NoError(t, err)
@@ -322,16 +296,18 @@ func TestACL(t *testing.T) {
 	for _, cs := range cases {
 		t.Run(cs.user, func(t *testing.T) {
 			acl(t, admin, cs.user, cs.extra)
-			r := testkit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
-			ops(t, r, cs.user+"1", noop)
-			r2 := testkit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
-			ops(t, r2, cs.user+"2", flush)
-			// The library loaded by an admin, the user may only call it.
-			r3 := testkit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
-			ops(t, r3, cs.user+"3", func() {
-				ra := testkit.NewReserver(t, admin, stock.WithPrefix("other"))
-				_ = ra.Load(context.Background(), "x", 1) // loads the library as admin
-			})
+			for i, between := range []func(){
+				func() {}, // nothing between the calls
+				func() { faultDo(t, admin, "FUNCTION", "FLUSH", "SYNC") },
+				// The library loaded by an admin, the user may only call it.
+				func() {
+					ra := testkit.NewReserver(t, admin, stock.WithPrefix("other"))
+					_ = ra.Load(context.Background(), "x", 1) // loads the library as admin
+				},
+			} {
+				r := testkit.NewReserver(t, userClient(cs.user), stock.WithPrefix("shop"))
+				ops(t, r, fmt.Sprint(cs.user, i+1), between)
+			}
 		})
 	}
 	t.Run("revoked", func(t *testing.T) {

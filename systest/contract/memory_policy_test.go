@@ -24,11 +24,8 @@ import (
 // it runs; the script path answers. Replays and sold-out answers still work; new takes fail
 // with an error (not an acknowledgement). Then memory is raised and retries take exactly once.
 func TestOOM(t *testing.T) {
-	faultReal(t)
-	s := redistest.StartServer(t)
-	admin := s.Client(t)
+	admin, r := serverReserver(t, nil, stock.WithTimeout(3*time.Second))
 	ctx := context.Background()
-	r := testkit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
 	require.NoError(t, r.Load(ctx, "m", 300))
 	require.NoError(t, r.Load(ctx, "z", 1))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1})
@@ -37,10 +34,7 @@ func TestOOM(t *testing.T) {
 	st.acked["z1"] = "z"
 	faultTraffic([]*stock.Reserver{r}, st, "pre", []string{"m"}, 4, 25, 1)
 	require.Empty(t, st.raw)
-	// Go OOM: fill with a big value, then cap memory below the use.
-	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
-	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
-	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+	goOOM(t, admin)
 	// A flushed library must be loaded again: FUNCTION LOAD is itself refused under OOM.
 	require.NoError(t, faultDo(t, admin, "FUNCTION", "FLUSH").Error())
 	// Replays: on the sold-out item they answer; on the item with stock, see TestOOMReplay.
@@ -97,21 +91,49 @@ func TestOOM(t *testing.T) {
 // answer)". A replay of an acknowledged deduct (Retry set, after an unknown outcome) on an item
 // that still has stock, under OOM: does it answer Replayed?
 func TestOOMReplay(t *testing.T) {
-	faultReal(t)
-	s := redistest.StartServer(t)
-	admin := s.Client(t)
+	admin, r := serverReserver(t, nil)
 	ctx := context.Background()
-	r := testkit.NewReserver(t, s.Client(t))
 	require.NoError(t, r.Load(ctx, "p", 10))
 	_, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1})
 	require.NoError(t, err)
-	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
-	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
-	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+	goOOM(t, admin)
 	defer faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0")
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1, Retry: true})
 	require.NoError(t, err, "replay of an acknowledged deduct under OOM")
 	assert.True(t, rc.Replayed)
+}
+
+// goOOM puts a server out of memory under noeviction: it fills it with a big value, then caps
+// memory below the use.
+func goOOM(t *testing.T, admin rueidis.Client) {
+	t.Helper()
+	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+}
+
+// miniWithPolicy starts a miniredis whose maxmemory-policy reads policy and returns a client
+// without caching and the server's address.
+func miniWithPolicy(t *testing.T, policy string) (rueidis.Client, string) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	require.NoError(t, redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": policy}))
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c, m.Addr()
+}
+
+// serverReserver starts a real redis-server with args (skipping without STOCK_REDIS_SERVER) and
+// returns an admin client of it and a Reserver with opts on a client of its own, closed when the
+// test ends.
+func serverReserver(t *testing.T, args []string, opts ...stock.Option) (admin rueidis.Client, r *stock.Reserver) {
+	t.Helper()
+	faultReal(t)
+	s := redistest.StartServer(t, args...)
+	r = testkit.NewReserver(t, s.Client(t), opts...)
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	return s.Client(t), r
 }
 
 func outsideKeys(t *testing.T, c rueidis.Client) []string {
@@ -158,16 +180,7 @@ func outsideAllWrites(ctx context.Context, r *stock.Reserver) map[string]error {
 
 func outsideEvictingServers(t *testing.T) map[string]rueidis.Client {
 	out := map[string]rueidis.Client{}
-	m := miniredis.RunT(t)
-	if err := redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "volatile-lru"}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	out["miniredis-volatile-lru"] = c
+	out["miniredis-volatile-lru"], _ = miniWithPolicy(t, "volatile-lru")
 	if redistest.ServerBinary(t) != "" {
 		for _, p := range []string{"allkeys-lru", "volatile-ttl", "allkeys-random", "volatile-lfu"} {
 			s := redistest.StartServer(t, "--maxmemory-policy", p)
@@ -180,10 +193,7 @@ func outsideEvictingServers(t *testing.T) map[string]rueidis.Client {
 func TestEvictionPolicyRefusesEveryWriteAndRun(t *testing.T) {
 	for name, c := range outsideEvictingServers(t) {
 		t.Run(name, func(t *testing.T) {
-			r, err := stock.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := testkit.NewReserver(t, c)
 			defer r.Close(context.Background())
 			start := time.Now()
 			for op, err := range outsideAllWrites(context.Background(), r) {
@@ -204,31 +214,20 @@ func TestEvictionPolicyRefusesEveryWriteAndRun(t *testing.T) {
 }
 
 func TestEvictionPolicyErrorNamesNodePolicyAndFix(t *testing.T) {
-	m := miniredis.RunT(t)
-	if err := redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "allkeys-lfu"}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, addr := miniWithPolicy(t, "allkeys-lfu")
 	r, _ := stock.New(c)
 	defer r.Close(context.Background())
-	err = r.Load(context.Background(), "a", 1)
+	err := r.Load(context.Background(), "a", 1)
 	msg := fmt.Sprint(err)
-	if !strings.Contains(msg, "allkeys-lfu") || !strings.Contains(msg, m.Addr()) || !strings.Contains(msg, "noeviction") {
-		t.Errorf("error %q does not name the node %s, its policy and the fix", msg, m.Addr())
+	if !strings.Contains(msg, "allkeys-lfu") || !strings.Contains(msg, addr) || !strings.Contains(msg, "noeviction") {
+		t.Errorf("error %q does not name the node %s, its policy and the fix", msg, addr)
 	}
 }
 
 func TestEvictionAllowedWrites(t *testing.T) {
 	for name, c := range outsideEvictingServers(t) {
 		t.Run(name, func(t *testing.T) {
-			r, err := stock.New(c, stock.WithEvictionAllowed())
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := testkit.NewReserver(t, c, stock.WithEvictionAllowed())
 			defer r.Close(context.Background())
 			if err := r.Load(context.Background(), "a", 3); err != nil {
 				t.Fatal(err)
@@ -241,13 +240,7 @@ func TestEvictionAllowedWrites(t *testing.T) {
 }
 
 func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
-	s := redistest.StartServer(t, "--maxmemory-policy", "allkeys-lru")
-	c := s.Client(t)
-	r, _ := stock.New(c)
-	defer r.Close(context.Background())
+	c, r := serverReserver(t, []string{"--maxmemory-policy", "allkeys-lru"})
 	if err := r.Load(context.Background(), "a", 3); !errors.Is(err, stock.ErrEvictionPolicy) {
 		t.Fatalf("Load: %v", err)
 	}
@@ -266,19 +259,10 @@ func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
 }
 
 func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
-	s := redistest.StartServer(t)
-	c := s.Client(t)
-	r, _ := stock.New(c)
-	defer r.Close(context.Background())
+	c, r := serverReserver(t, nil)
 	ctx := context.Background()
 	store := memstore.New()
-	if err := r.Load(ctx, "a", 3); err != nil {
-		t.Fatal(err)
-	}
-	_ = store.Load(ctx, "a", 3)
+	loadRedisAndStore(t, r, store, 3, "a")
 	outsideConfigSet(t, c, "volatile-lru")
 	rec, err := stockops.NewReconciler(r, store, nil)
 	if err != nil {
@@ -298,19 +282,10 @@ func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
 }
 
 func TestEvictedKeysReportedByPass(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
-	s := redistest.StartServer(t)
-	c := s.Client(t)
+	c, r := serverReserver(t, nil, stock.WithEvictionAllowed())
 	ctx := context.Background()
-	r, _ := stock.New(c, stock.WithEvictionAllowed())
-	defer r.Close(ctx)
 	store := memstore.New()
-	if err := r.Load(ctx, "a", 3); err != nil {
-		t.Fatal(err)
-	}
-	_ = store.Load(ctx, "a", 3)
+	loadRedisAndStore(t, r, store, 3, "a")
 	rec, _ := stockops.NewReconciler(r, store, nil)
 	if res, _ := rec.Pass(ctx); res.NeedsHuman != "" {
 		t.Fatalf("first pass needs a human: %s", res.NeedsHuman)
@@ -344,9 +319,7 @@ func TestEvictedKeysReportedByPass(t *testing.T) {
 
 // One master of a cluster with an evicting policy refuses the Reserver's writes everywhere.
 func TestEvictionPolicyOnOneClusterMasterRefused(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skip("needs STOCK_REDIS_SERVER")
-	}
+	faultReal(t)
 	cl := redistest.StartCluster(t, 3)
 	last := cl.Servers()[2].Client(t)
 	outsideConfigSet(t, last, "allkeys-lru")

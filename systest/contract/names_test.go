@@ -27,6 +27,17 @@ var names = []string{
 	":", "deducted:x", "x:deducted", "a,b", "a;b", "a=1", "%d", "nil", "0",
 }
 
+// itemsOf lists r's items (stockops.Items), failing the test on an error.
+func itemsOf(t *testing.T, r *stock.Reserver) []string {
+	t.Helper()
+	var items []string
+	for it, err := range stockops.Items(context.Background(), r) {
+		require.NoError(t, err)
+		items = append(items, it)
+	}
+	return items
+}
+
 // Promise (package doc, Keys): "two items never share a key, and no item reaches the keys that
 // are not an item's": an operation on one item never changes another, whatever the names, and
 // Items lists exactly the loaded items.
@@ -95,12 +106,7 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, rc.Replayed)
 		}
-		var items []string
-		for it, err := range stockops.Items(ctx, r) {
-			require.NoError(t, err)
-			items = append(items, it)
-		}
-		assert.ElementsMatch(t, names, items)
+		assert.ElementsMatch(t, names, itemsOf(t, r))
 		for _, n := range names {
 			l := check(t, r, n, initial[n])
 			assert.Equal(t, int64(2+3), l.Sold, n)
@@ -211,12 +217,7 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 				l := check(t, r, n, int64(10+i))
 				assert.Equal(t, int64(1), l.Sold, "%s %s", p, n)
 			}
-			var items []string
-			for it, err := range stockops.Items(ctx, r) {
-				require.NoError(t, err)
-				items = append(items, it)
-			}
-			assert.ElementsMatch(t, []string{"x", "b", "c", "items", "carts", "b:x"}, items, p)
+			assert.ElementsMatch(t, []string{"x", "b", "c", "items", "carts", "b:x"}, itemsOf(t, r), p)
 		}
 	})
 }

@@ -51,8 +51,7 @@ func TestRunReturnsLoopError(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		require.NoError(t, r.Load(ctx, "down", 10))
-		require.NoError(t, st.Load(ctx, "down", 10))
+		loadRedisAndStore(t, r, st, 10, "down")
 		st.FailWith(memstore.Down)
 		_, err := r.Deduct(ctx, stock.Request{SKU: "down", ID: "d1", Qty: 1})
 		require.NoError(t, err)
@@ -82,10 +81,7 @@ func TestTwoRunsShareRedis(t *testing.T) {
 			cancel1, done1 := runAsync(r1, opts)
 			cancel2, done2 := runAsync(r2, opts)
 			time.Sleep(200 * time.Millisecond)
-			for _, s := range skus {
-				require.NoError(t, r1.Load(ctx, s, 300))
-				require.NoError(t, st.Load(ctx, s, 300))
-			}
+			loadRedisAndStore(t, r1, st, 300, skus...)
 			var sold atomic.Int64
 			var wg sync.WaitGroup
 			for w, r := range []*stock.Reserver{r1, r2, r1, r2} {
@@ -114,16 +110,39 @@ func TestTwoRunsShareRedis(t *testing.T) {
 				assert.ErrorIs(t, err, context.Canceled)
 			}
 			for _, s := range skus {
-				l := testkit.Levels(t, r1, s)
 				assert.Equal(t, int64(0), testkit.OutboxLen(t, c1, s), "%s drained", s)
-				rem, err := st.Remaining(ctx, s)
-				require.NoError(t, err)
-				assert.Equal(t, l.Available, rem, "%s: Redis and the Store agree", s)
+				storeAgrees(t, r1, st, s)
 			}
 			assert.LessOrEqual(t, st.MaxApplications(), 1, "no event applied twice")
 			t.Logf("%d sales", sold.Load())
 		})
 	}
+}
+
+// storeAgrees asserts that the store's remaining stock of sku equals the available units in Redis,
+// and returns the levels.
+func storeAgrees(t *testing.T, r *stock.Reserver, st *memstore.Store, sku string) stock.Levels {
+	t.Helper()
+	l := testkit.Levels(t, r, sku)
+	rem, err := st.Remaining(context.Background(), sku)
+	require.NoError(t, err)
+	assert.Equal(t, l.Available, rem, "%s: Redis and the Store agree", sku)
+	return l
+}
+
+// waitDelivered waits up to 30s, polling every tick, until none of skus has an event pending or
+// dead-lettered.
+func waitDelivered(t *testing.T, r *stock.Reserver, skus []string, tick time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, sku := range skus {
+			p, d, err := stockops.Pending(context.Background(), r, sku)
+			if err != nil || p != 0 || d != 0 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, tick)
 }
 
 // child runs this test binary again with only TestChild, which runs the case named by
@@ -171,8 +190,7 @@ func TestSecondRunSameReserver(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
-		require.NoError(t, r.Load(ctx, "two", 100))
-		require.NoError(t, st.Load(ctx, "two", 100))
+		loadRedisAndStore(t, r, st, 100, "two")
 		cancel1, done1 := runAsync(r, stock.RunOptions{Store: st})
 		cancel2, done2 := runAsync(r, stock.RunOptions{Store: st})
 		// One of the two runs; the other is refused at once (ErrRunning), whichever came second.
@@ -193,10 +211,7 @@ func TestSecondRunSameReserver(t *testing.T) {
 		err1, ok := waitRun(t, done1, 10*time.Second)
 		require.True(t, ok)
 		assert.ErrorIs(t, err1, context.Canceled)
-		l := testkit.Levels(t, r, "two")
-		rem, err := st.Remaining(ctx, "two")
-		require.NoError(t, err)
-		assert.Equal(t, l.Available, rem)
+		storeAgrees(t, r, st, "two")
 		assert.LessOrEqual(t, st.MaxApplications(), 1)
 	})
 }
@@ -214,10 +229,8 @@ func TestRunTwoPrefixes(t *testing.T) {
 		ca, da := runAsync(ra, stock.RunOptions{Store: sa})
 		cb, db := runAsync(rb, stock.RunOptions{Store: sb})
 		time.Sleep(200 * time.Millisecond)
-		require.NoError(t, ra.Load(ctx, "~", 10))
-		require.NoError(t, sa.Load(ctx, "~", 10))
-		require.NoError(t, rb.Load(ctx, "~", 20))
-		require.NoError(t, sb.Load(ctx, "~", 20))
+		loadRedisAndStore(t, ra, sa, 10, "~")
+		loadRedisAndStore(t, rb, sb, 20, "~")
 		_, err := ra.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 2}}})
 		require.NoError(t, err)
 		_, err = rb.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 5}}})
@@ -234,31 +247,18 @@ func TestRunTwoPrefixes(t *testing.T) {
 		assert.True(t, ok, "each Run delivered its own prefix's sale")
 		assert.Equal(t, int64(8), testkit.Levels(t, ra, "~").Available)
 		assert.Equal(t, int64(15), testkit.Levels(t, rb, "~").Available)
-		var items []string
-		for s, err := range stockops.Items(ctx, rb) {
-			require.NoError(t, err)
-			items = append(items, s)
-		}
-		assert.Equal(t, []string{"~"}, items)
+		assert.Equal(t, []string{"~"}, itemsOf(t, rb))
 	})
 }
 
 // TestRunMemstore: Run with a memstore while the library is flushed in a loop: every
 // acknowledged deduct reaches the store exactly once.
 func TestRunMemstore(t *testing.T) {
-	faultReal(t)
-	s := redistest.StartServer(t)
-	admin := s.Client(t)
+	admin, r := serverReserver(t, nil, stock.WithTimeout(3*time.Second))
 	ctx := context.Background()
-	r := testkit.NewReserver(t, s.Client(t), stock.WithTimeout(3*time.Second))
 	store := memstore.New()
-	require.NoError(t, store.Load(ctx, "rm", 300))
-	require.NoError(t, r.Load(ctx, "rm", 300))
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- r.Run(rctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
-	}()
+	loadRedisAndStore(t, r, store, 300, "rm")
+	cancel, done := runAsync(r, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 	st := newStats()
 	stop := make(chan struct{})
 	rounds := chaos(stop, func(i int) {
@@ -289,28 +289,22 @@ func TestRunMemstore(t *testing.T) {
 	<-rounds
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
-		if testkit.OutboxLen(t, s.Client(t), "rm") == 0 {
+		if testkit.OutboxLen(t, admin, "rm") == 0 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			t.Logf("Run: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return")
+	err, ok := waitRun(t, done, 20*time.Second)
+	require.True(t, ok, "Run did not return")
+	if err != nil && !errors.Is(err, context.Canceled) {
+		t.Logf("Run: %v", err)
 	}
 	t.Logf("raw %v fenced %d", st.raw, st.fenced.Load())
 	assert.Empty(t, st.raw)
-	l := testkit.Levels(t, r, "rm")
-	rem, err := store.Remaining(ctx, "rm")
-	require.NoError(t, err)
-	assert.Equal(t, l.Available, rem, "store remaining = redis available")
+	l := storeAgrees(t, r, store, "rm")
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "each event applied at most once")
-	assert.Equal(t, int64(0), testkit.OutboxLen(t, s.Client(t), "rm"))
+	assert.Equal(t, int64(0), testkit.OutboxLen(t, admin, "rm"))
 	// Restores count back.
 	st.mu.Lock()
 	acked := int64(len(st.acked))
@@ -373,6 +367,14 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 	ctx := context.Background()
 	var mu sync.Mutex
 	sold := map[string]int64{}
+	// lacksStock tells whether a take was refused, which it may be only for lack of stock.
+	lacksStock := func(what string, err error) bool {
+		if err == nil {
+			return false
+		}
+		assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "%s: %v", what, err)
+		return true
+	}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -383,8 +385,7 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 				req := stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(7)), Qty: q}
 				switch rng.IntN(4) {
 				case 0, 1:
-					if _, err := r.Deduct(ctx, req); err != nil {
-						assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "deduct: %v", err)
+					if _, err := r.Deduct(ctx, req); lacksStock("deduct", err) {
 						continue
 					}
 					if rng.IntN(3) == 0 {
@@ -393,8 +394,7 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 						continue
 					}
 				case 2:
-					if _, err := r.Hold(ctx, req, time.Hour); err != nil {
-						assert.True(t, errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient), "hold: %v", err)
+					if _, err := r.Hold(ctx, req, time.Hour); lacksStock("hold", err) {
 						continue
 					}
 					if rng.IntN(2) == 0 {
@@ -488,17 +488,10 @@ func reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string) {
 // reconcile pass finds no drift, with one report per item.
 func TestRunIntoStore(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx, cancel := context.WithCancel(context.Background())
 		store := memstore.New()
 		skus := []string{"dur-a", "dur:b~ü", "plain-dur"}
-		for _, sku := range skus {
-			require.NoError(t, store.Load(ctx, sku, 60))
-			require.NoError(t, e.r.Load(ctx, sku, 60))
-		}
-		done := make(chan error, 1)
-		go func() {
-			done <- e.r.Run(ctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
-		}()
+		loadRedisAndStore(t, e.r, store, 60, skus...)
+		cancel, done := runAsync(e.r, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 		acked := map[string]map[string]int64{}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -511,15 +504,7 @@ func TestRunIntoStore(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		require.Eventually(t, func() bool {
-			for _, sku := range skus {
-				p, d, err := stockops.Pending(context.Background(), e.r, sku)
-				if err != nil || p != 0 || d != 0 {
-					return false
-				}
-			}
-			return true
-		}, 30*time.Second, 50*time.Millisecond)
+		waitDelivered(t, e.r, skus, 50*time.Millisecond)
 		cancel()
 		<-done
 		for _, sku := range skus {
@@ -537,18 +522,11 @@ func TestRunIntoStore(t *testing.T) {
 // bounded time and no acknowledged sale is refused.
 func TestRunConcurrent(t *testing.T) {
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
 		store := memstore.New()
 		skus := []string{"run-a", "run-b"}
-		for _, sku := range skus {
-			require.NoError(t, store.Load(ctx, sku, 5))
-			require.NoError(t, e.r.Load(ctx, sku, 5))
-		}
-		done := make(chan error, 1)
-		go func() {
-			done <- e.r.Run(ctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Batch: 2, Poll: 10 * time.Millisecond}})
-		}()
+		loadRedisAndStore(t, e.r, store, 5, skus...)
+		cancel, done := runAsync(e.r, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Batch: 2, Poll: 10 * time.Millisecond}})
+		defer cancel()
 		solds := make([]map[string]int64, len(skus))
 		var wg sync.WaitGroup
 		for i, sku := range skus {
@@ -556,15 +534,7 @@ func TestRunConcurrent(t *testing.T) {
 		}
 		wg.Wait()
 		start := time.Now()
-		require.Eventually(t, func() bool {
-			for _, sku := range skus {
-				p, d, err := stockops.Pending(context.Background(), e.r, sku)
-				if err != nil || p != 0 || d != 0 {
-					return false
-				}
-			}
-			return true
-		}, 30*time.Second, 20*time.Millisecond)
+		waitDelivered(t, e.r, skus, 20*time.Millisecond)
 		t.Logf("drained %v after activity stopped", time.Since(start))
 		cancel()
 		<-done

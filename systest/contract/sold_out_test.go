@@ -43,10 +43,7 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 		_, err = r1.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, 100*time.Millisecond)
 		require.NoError(t, err)
 		redistest.Sleep(c1, 200*time.Millisecond)
-		for i := range n {
-			_, err := r1.Deduct(ctx, stock.Request{SKU: "f", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
-		}
+		deductEach(t, r1, stock.Request{SKU: "f", Qty: 1}, numbered("o", n)...)
 		_, err = r1.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 2})
 		require.NoError(t, err)
 		// Sold out. Warm the caches with refusals, then ask for every id the ledger has.
@@ -86,19 +83,10 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 		require.NoError(t, r1.Load(ctx, "g", 0))
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				_, _ = testkit.Available(r2.Levels(ctx, "g"))
-				_, _ = r2.Deduct(ctx, stock.Request{SKU: "g", ID: "r2-never", Qty: 1 << 40})
-			}
-		}()
+		untilStopped(&wg, stop, func(int) {
+			_, _ = testkit.Available(r2.Levels(ctx, "g"))
+			_, _ = r2.Deduct(ctx, stock.Request{SKU: "g", ID: "r2-never", Qty: 1 << 40})
+		})
 		defer func() { close(stop); wg.Wait() }()
 		writes := []string{"restock", "restore", "cancel", "sweep", "extend", "confirm", "refuse"}
 		seq := 0
@@ -107,21 +95,20 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 			for _, w := range writes {
 				// Set up one unit owned by an id of w, then sell out and warm the cache.
 				id := next()
-				switch w {
-				case "restock":
-				case "restore", "refuse":
+				if w != "restock" {
 					_, err := r1.Restock(ctx, "g", next(), 1)
 					require.NoError(t, err)
-					_, err = r1.Deduct(ctx, stock.Request{SKU: "g", ID: id, Qty: 1})
+				}
+				switch w {
+				case "restore", "refuse":
+					_, err := r1.Deduct(ctx, stock.Request{SKU: "g", ID: id, Qty: 1})
 					require.NoError(t, err)
 				case "cancel", "sweep", "extend", "confirm":
-					_, err := r1.Restock(ctx, "g", next(), 1)
-					require.NoError(t, err)
 					ttl := time.Hour
 					if w != "cancel" {
 						ttl = 300 * time.Millisecond
 					}
-					_, err = r1.Hold(ctx, stock.Request{SKU: "g", ID: id, Qty: 1}, ttl)
+					_, err := r1.Hold(ctx, stock.Request{SKU: "g", ID: id, Qty: 1}, ttl)
 					require.NoError(t, err)
 				}
 				warmSoldOut(t, r1, "g", false)
@@ -178,10 +165,7 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "p", 1))
 		_, err := r.Hold(ctx, stock.Request{SKU: "p", ID: "h", Qty: 1}, 200*time.Millisecond)
 		require.NoError(t, err)
-		for i := range 20 {
-			_, err = r.Deduct(ctx, stock.Request{SKU: "p", ID: fmt.Sprint("x", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-		}
+		refuseSoldOut(t, r, "p", numbered("x", 20)...)
 		redistest.Sleep(c, 400*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "after", Qty: 1})
 		assert.NoError(t, err, "the only hold expired: the unit is free (%+v); answered in-process %d", rc, stockops.SoldOutAnswers(r))
@@ -206,21 +190,12 @@ func TestFastPathUnderChurn(t *testing.T) {
 		stop := make(chan struct{})
 		var bg sync.WaitGroup
 		for k := range 2 {
-			bg.Add(1)
-			go func() {
-				defer bg.Done()
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if k == 0 && i%4 == 0 {
-						_, _ = r2.Restock(ctx, "s", fmt.Sprintf("bg-rs-%d", i), 2)
-					}
-					_, _ = r2.Deduct(ctx, stock.Request{SKU: "s", ID: fmt.Sprintf("bg-%d-%d", k, i), Qty: 1})
+			untilStopped(&bg, stop, func(i int) {
+				if k == 0 && i%4 == 0 {
+					_, _ = r2.Restock(ctx, "s", fmt.Sprintf("bg-rs-%d", i), 2)
 				}
-			}()
+				_, _ = r2.Deduct(ctx, stock.Request{SKU: "s", ID: fmt.Sprintf("bg-%d-%d", k, i), Qty: 1})
+			})
 		}
 		var (
 			wg        sync.WaitGroup
@@ -378,22 +353,21 @@ func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 		for i := range 30 {
 			warmSoldOut(t, r1, "rt", b.Real())
 			id := fmt.Sprint("late", i)
-			var err error
-			if i%2 == 0 {
-				_, err = r1.Deduct(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1, Retry: true})
-			} else {
-				_, err = r1.Hold(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1, Retry: true}, time.Minute)
+			// Even i deduct, odd i hold.
+			take := func(r *stock.Reserver, retry bool) error {
+				req := stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1, Retry: retry}
+				if i%2 == 0 {
+					_, err := r.Deduct(ctx, req)
+					return err
+				}
+				_, err := r.Hold(ctx, req, time.Minute)
+				return err
 			}
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)
+			require.ErrorIs(t, take(r1, true), stock.ErrSoldOut)
+			_, err := r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)
 			require.NoError(t, err)
 			// The first attempt arrives late, on either Reserver.
-			rr := []*stock.Reserver{r1, r2}[i%3%2]
-			if i%2 == 0 {
-				_, err = rr.Deduct(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1})
-			} else {
-				_, err = rr.Hold(ctx, stock.Request{SKU: "rt", ID: id, User: "u", Qty: 1}, time.Minute)
-			}
+			err = take([]*stock.Reserver{r1, r2}[i%3%2], false)
 			assert.Error(t, err, "%s: the caller was told sold out, the late first attempt took stock", id)
 			// Sell the restocked unit out again.
 			_, err = r1.Deduct(ctx, stock.Request{SKU: "rt", ID: fmt.Sprint("fill", i), Qty: 1})
@@ -433,6 +407,15 @@ func warmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 	}
 }
 
+// refuseSoldOut deducts one unit of sku under each of ids, wanting ErrSoldOut every time.
+func refuseSoldOut(t *testing.T, r *stock.Reserver, sku string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: id, Qty: 1})
+		require.ErrorIs(t, err, stock.ErrSoldOut, "Deduct %s %s", sku, id)
+	}
+}
+
 // soldOutBackends runs f on every backend with two clients on one database (two processes).
 func soldOutBackends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidis.Client)) {
 	t.Helper()
@@ -448,14 +431,10 @@ func soldOutBackends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidi
 	}
 }
 
-// soldOutLevels asserts the invariant and returns the levels.
+// soldOutLevels is testkit.Levels (other files of the package call it by this name).
 func soldOutLevels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 	t.Helper()
-	l, err := r.Levels(context.Background(), sku)
-	require.NoError(t, err, sku)
-	require.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "loaded = available + held + sold for %s: %+v", sku, l)
-	require.GreaterOrEqual(t, l.Available, int64(0), sku)
-	return l
+	return testkit.Levels(t, r, sku)
 }
 
 func TestFastPathDifferential(t *testing.T) {
@@ -693,16 +672,10 @@ func TestFastPathExtendShortens(t *testing.T) {
 			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("H%d", i), Qty: 1}, time.Hour)
 			require.NoError(t, err)
 		}
-		for i := range 20 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("w%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-		}
+		refuseSoldOut(t, r, sku, numbered("w", 20)...)
 		_, err := r.Extend(ctx, sku, "H1", 1200*time.Millisecond)
 		require.NoError(t, err)
-		for i := range 20 { // still live: sold out
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("v%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-		}
+		refuseSoldOut(t, r, sku, numbered("v", 20)...) // still live: sold out
 		redistest.Sleep(c1, 1500*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "after", Qty: 1})
 		require.NoError(t, err, "the extended hold is due: the script releases it and takes the request")
@@ -783,14 +756,8 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		sku := "ret:ü"
 		require.NoError(t, r.Load(ctx, sku, 2))
 		require.NoError(t, st.Load(ctx, sku, 2))
-		for i := range 2 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), Qty: 1})
-			require.NoError(t, err)
-		}
-		for i := range 20 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("w%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-		}
+		deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("d", 2)...)
+		refuseSoldOut(t, r, sku, numbered("w", 20)...)
 		require.NoError(t, r.Delist(ctx, sku))
 		rl, err := stockops.NewRelay(r, st, nil, nil)
 		require.NoError(t, err)
@@ -814,14 +781,8 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		require.NoError(t, err, "a reloaded item sells")
 		assert.Equal(t, int64(2), rc.Remaining)
 		// Sold out again (second life), then a restock of this Reserver.
-		for i := range 2 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("n%d", i+2), Qty: 1})
-			require.NoError(t, err)
-		}
-		for i := range 20 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("x%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-		}
+		deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, "n2", "n3")
+		refuseSoldOut(t, r, sku, numbered("x", 20)...)
 		for i := range 3 {
 			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("n%d", i+1), Qty: 1})
 			require.NoError(t, err, "a repeat of a second-life sale is a replay")

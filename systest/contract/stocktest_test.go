@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
@@ -58,38 +59,40 @@ func TestChild(t *testing.T) {
 		t.Log("CHILD-RESULT stocktest.New accepted a bad option")
 		return
 	case "panic-store":
-		e := stocktest.New(t)
-		ctx := context.Background()
-		require.NoError(t, e.Reserver.Load(ctx, "k", 10))
-		_, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "k", ID: "d", Qty: 1})
-		require.NoError(t, err)
-		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		cctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		err = e.Reserver.Run(cctx, stock.RunOptions{Store: panicStore{}})
+		err := childReserver(t).Run(cctx, stock.RunOptions{Store: panicStore{}})
 		t.Logf("CHILD-RESULT Run with a panicking Store returned %v", err)
 		return
 	}
 	o, ok := childRunOptions[name]
 	require.True(t, ok, name)
 	for _, withStore := range []bool{false, true} {
-		e := stocktest.New(t)
-		ctx := context.Background()
-		require.NoError(t, e.Reserver.Load(ctx, "k", 10))
-		_, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "k", ID: "d", Qty: 1})
-		require.NoError(t, err)
+		r := childReserver(t)
 		st := memstore.New()
-		require.NoError(t, st.Load(ctx, "k", 10))
+		require.NoError(t, st.Load(context.Background(), "k", 10))
 		if withStore {
 			o.Store = st
 		}
-		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		err = e.Reserver.Run(cctx, o)
+		cctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := r.Run(cctx, o)
 		cancel()
 		if !errors.Is(err, stock.ErrInvalid) {
 			require.ErrorIs(t, err, context.DeadlineExceeded, "Run returns ctx's error (store %v)", withStore)
 		}
 		t.Logf("CHILD-RESULT store=%v err=%v", withStore, err)
 	}
+}
+
+// childReserver returns the Reserver of a new stocktest kit with item k of 10 units, one of them
+// sold.
+func childReserver(t *testing.T) *stock.Reserver {
+	t.Helper()
+	r := stocktest.New(t).Reserver
+	require.NoError(t, r.Load(context.Background(), "k", 10))
+	_, err := r.Deduct(context.Background(), stock.Request{SKU: "k", ID: "d", Qty: 1})
+	require.NoError(t, err)
+	return r
 }
 
 // mutant is a Store written against the stock.Store contract, with one rule broken on purpose
@@ -108,6 +111,14 @@ func newMutant(knob string) stock.Store {
 		return &batchMutant{m}
 	}
 	return m
+}
+
+// pause lets other calls in for a millisecond (m.mu is held around it), as a Store that does not
+// hold one lock from its check to its write would.
+func (m *mutant) pause() {
+	m.mu.Unlock()
+	time.Sleep(time.Millisecond)
+	m.mu.Lock()
 }
 
 func (m *mutant) key(sku, id string) string {
@@ -168,20 +179,14 @@ func (m *mutant) Apply(_ context.Context, ev stock.Event) error {
 		}
 		switch m.knob {
 		case "racy":
-			m.mu.Unlock()
-			time.Sleep(time.Millisecond)
-			m.mu.Lock()
+			m.pause()
 			rem = m.items[ev.SKU]
 		case "racy-same-id": // rechecks the stock after the pause, not the id
-			m.mu.Unlock()
-			time.Sleep(time.Millisecond)
-			m.mu.Lock()
+			m.pause()
 			rem = m.items[ev.SKU]
 			covers = rem >= ev.Qty
 		case "racy-oversell": // rechecks the id after the pause, not the stock
-			m.mu.Unlock()
-			time.Sleep(time.Millisecond)
-			m.mu.Lock()
+			m.pause()
 			if m.recs[k] != nil {
 				return nil
 			}
@@ -426,17 +431,19 @@ func TestStocktestClock(t *testing.T) {
 	_, err = rl.Once(ctx)
 	assert.Error(t, err)
 	st.FailWith(nil)
-	stats, err := rl.Once(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, 0, stats.Delivered, "backing off for an hour")
+	assert.Equal(t, 0, onceDelivered(t, rl), "backing off for an hour")
 	time.Sleep(50 * time.Millisecond)
-	stats, err = rl.Once(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, 0, stats.Delivered, "still backing off: the clock stands still")
+	assert.Equal(t, 0, onceDelivered(t, rl), "still backing off: the clock stands still")
 	e.Advance(2 * time.Hour)
-	stats, err = rl.Once(ctx)
+	assert.Equal(t, 1, onceDelivered(t, rl), "due after Advance")
+}
+
+// onceDelivered runs one relay pass and returns how many events it delivered.
+func onceDelivered(t *testing.T, rl *stockops.Relay) int {
+	t.Helper()
+	st, err := rl.Once(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, 1, stats.Delivered, "due after Advance")
+	return st.Delivered
 }
 
 // panicStore panics in every call.
@@ -474,10 +481,7 @@ func TestStocktestOneClock(t *testing.T) {
 		return nil
 	})
 	skus := []string{"kit:a", "kit:b~ü"}
-	for _, s := range skus {
-		require.NoError(t, r.Load(ctx, s, 10))
-		require.NoError(t, store.Load(ctx, s, 10))
-	}
+	loadRedisAndStore(t, r, store, 10, skus...)
 	stop := requestRun(t, r, stock.RunOptions{Store: store, SweepInterval: 20 * time.Millisecond,
 		Relay:     &stock.RelayOptions{Poll: 10 * time.Millisecond, MinBackoff: 10 * time.Minute, MaxBackoff: 20 * time.Minute},
 		Reconcile: &stock.ReconcileOptions{Interval: time.Hour}, RecoverCartsAfter: 5 * time.Minute}, 30*time.Second)
@@ -488,7 +492,7 @@ func TestStocktestOneClock(t *testing.T) {
 	_, err = r.Deduct(ctx, stock.Request{SKU: skus[0], ID: "sale", Qty: 1})
 	require.NoError(t, err)
 	time.Sleep(400 * time.Millisecond)
-	assert.Equal(t, int64(2), soldOutLevels(t, r, skus[0]).Held, "the clock stands still: the hold is live")
+	assert.Equal(t, int64(2), testkit.Levels(t, r, skus[0]).Held, "the clock stands still: the hold is live")
 	// The store is down: the relay backs off for 10-20 minutes of the kit's clock.
 	n, err := store.Remaining(ctx, skus[0])
 	require.NoError(t, err)
@@ -499,7 +503,7 @@ func TestStocktestOneClock(t *testing.T) {
 	undone, err := stockops.RecoverCarts(ctx, r, 5*time.Minute)
 	require.NoError(t, err)
 	assert.Zero(t, undone, "a completed cart is not undone")
-	assert.Equal(t, int64(2), soldOutLevels(t, r, skus[0]).Held, "6 minutes of 10: still held")
+	assert.Equal(t, int64(2), testkit.Levels(t, r, skus[0]).Held, "6 minutes of 10: still held")
 
 	// The store comes back; the backoff passes only with Advance.
 	down.Store(false)
@@ -562,13 +566,9 @@ func TestStocktestLease(t *testing.T) {
 	rl, err := stockops.NewRelay(r, good, nil, &stock.RelayOptions{Lease: time.Minute})
 	require.NoError(t, err)
 	time.Sleep(200 * time.Millisecond)
-	st, err := rl.Once(ctx)
-	require.NoError(t, err)
-	assert.Zero(t, st.Delivered, "the lease of the first relay still holds")
+	assert.Zero(t, onceDelivered(t, rl), "the lease of the first relay still holds")
 	e.Advance(61 * time.Second)
-	st, err = rl.Once(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, 1, st.Delivered, "after the lease, on the kit's clock, the event is delivered again")
+	assert.Equal(t, 1, onceDelivered(t, rl), "after the lease, on the kit's clock, the event is delivered again")
 	n, err := good.Remaining(ctx, "lease:x")
 	require.NoError(t, err)
 	assert.Equal(t, int64(4), n)
