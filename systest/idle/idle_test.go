@@ -114,6 +114,15 @@ func aiLoad(t *testing.T, r *stock.Reserver, store *memstore.Store, skus []strin
 	}
 }
 
+// loadItems names n items after prefix (aiSKUs) and loads each with qty units in Redis and in
+// the env's store.
+func (e *aiEnv) loadItems(prefix string, n int, qty int64) []string {
+	e.t.Helper()
+	skus := aiSKUs(prefix, n)
+	aiLoad(e.t, e.r, e.store, skus, qty)
+	return skus
+}
+
 // aiRun starts r.Run with store and returns a stop function that cancels it and waits.
 func aiRun(t *testing.T, r *stock.Reserver, opts stock.RunOptions) (stop func() error) {
 	t.Helper()
@@ -401,8 +410,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 func TestLostHintsWalkBound(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
-	skus := aiSKUs("lost", 2560) // walk bound 10s
-	aiLoad(t, e.r, e.store, skus, 50)
+	skus := e.loadItems("lost", 2560, 50) // walk bound 10s
 	picked := aiPick(skus, 40)
 	var acks []aiAck
 	for i, s := range picked {
@@ -660,8 +668,7 @@ func aiDeductEach(t *testing.T, r *stock.Reserver, skus []string, tag string, qt
 // pace.
 func TestStoreRecovers(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("rec", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("rec", 3000, 100)
 	picked := aiPick(skus, 20)
 	failing := map[string]bool{}
 	for _, s := range picked[:10] {
@@ -707,8 +714,7 @@ func TestTwoRunsOneRedis(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
 	r2 := testkit.NewReserver(t, e.c)
-	skus := aiSKUs("two", 2500)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("two", 2500, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 	_ = aiRun(t, r2, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 	time.Sleep(300 * time.Millisecond)
@@ -746,8 +752,7 @@ func TestTwoRunsOneRedis(t *testing.T) {
 // the cancelled Run does not give its claims back. That is the documented lease, not the hints.)
 func TestRunRestarted(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("rst", 2560) // walk bound 10s
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("rst", 2560, 100) // walk bound 10s
 	var acks []aiAck
 	var touched []string
 	for round := 0; round < 3; round++ {
@@ -820,8 +825,7 @@ func (s *aiBlockStore) Apply(ctx context.Context, ev stock.Event) error {
 // 2s runs out); Run's relay delivers the event soon after the lease, within the walk bound.
 func TestLeaseHeldElsewhere(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("lse", 3000) // walk bound ≈ 11.7s
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("lse", 3000, 100) // walk bound ≈ 11.7s
 	target := skus[1777]
 	bs := &aiBlockStore{Store: e.store, sku: target, entered: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { close(bs.release) })
@@ -858,8 +862,7 @@ func TestLeaseHeldElsewhere(t *testing.T) {
 // limited relay must not take hints it will not serve).
 func TestRestrictedRelayBeside(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("rr", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("rr", 3000, 100)
 	other := memstore.New()
 	if err := other.Load(context.Background(), skus[0], 100); err != nil {
 		t.Fatal(err)
@@ -893,8 +896,7 @@ func TestRestrictedRelayBeside(t *testing.T) {
 // all delivered promptly, not one batch per walk.
 func TestManyEventsOneItem(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("many", 3000)
-	aiLoad(t, e.r, e.store, skus, 5000)
+	skus := e.loadItems("many", 3000, 5000)
 	target := skus[2345]
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	time.Sleep(300 * time.Millisecond)
@@ -913,8 +915,7 @@ func TestManyEventsOneItem(t *testing.T) {
 // events are queued: every event still arrives within the walk bound.
 func TestHintsDeletedLive(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("del", 2560)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("del", 2560, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	stopDel := make(chan struct{})
 	var wg sync.WaitGroup
@@ -957,8 +958,7 @@ var aiRestartRelay = &stock.RelayOptions{Lease: 3 * time.Second}
 func TestCancelRefusePrompt(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
-	skus := aiSKUs("cr", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("cr", 3000, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	time.Sleep(300 * time.Millisecond)
 	p := aiPick(skus, 12)
@@ -1057,8 +1057,7 @@ func TestPublisherOnly(t *testing.T) {
 func TestOnceAndSweepVisitAll(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, false)
-	skus := aiSKUs("all", 2000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("all", 2000, 100)
 	p := aiPick(skus, 40)
 	acks := aiDeductEach(t, e.r, p[:20], "o", 1)
 	aiHoldEach(t, e.r, p[20:], 2, time.Minute)
@@ -1101,8 +1100,7 @@ func TestTwoPrefixes(t *testing.T) {
 	e := aiNew(t, true, stock.WithPrefix("pa"))
 	rb := testkit.NewReserver(t, e.c, stock.WithPrefix("pb"))
 	storeB := memstore.New()
-	skus := aiSKUs("same", 1500)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("same", 1500, 100)
 	aiLoad(t, rb, storeB, skus, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	_ = aiRun(t, rb, stock.RunOptions{Store: storeB})
@@ -1288,8 +1286,7 @@ func (s *aiTimedStore) Apply(ctx context.Context, ev stock.Event) error {
 // handling of old ones): every event's delivery follows its acknowledgement promptly.
 func TestStreamLatency(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("strm", 3000)
-	aiLoad(t, e.r, e.store, skus, 100000)
+	skus := e.loadItems("strm", 3000, 100000)
 	ts := &aiTimedStore{Store: e.store, at: map[string]time.Time{}}
 	_ = aiRun(t, e.r, stock.RunOptions{Store: ts, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 	time.Sleep(300 * time.Millisecond)
@@ -1341,8 +1338,7 @@ func TestStreamLatency(t *testing.T) {
 func TestHoldStreamLatency(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
-	skus := aiSKUs("hstr", 3000)
-	aiLoad(t, e.r, e.store, skus, 100000)
+	skus := e.loadItems("hstr", 3000, 100000)
 	var mu sync.Mutex
 	expiredAt := map[string]time.Time{}
 	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -1470,8 +1466,7 @@ func TestACLWithoutHintKeys(t *testing.T) {
 // events promptly and never the others', whatever the hints say.
 func TestRunRelayItems(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("lim", 2000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("lim", 2000, 100)
 	p := aiPick(skus, 10)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{Items: p[:5]}})
 	time.Sleep(300 * time.Millisecond)
@@ -1497,8 +1492,7 @@ func TestRunRelayItems(t *testing.T) {
 // shared machine change several times over: logged, not asserted.)
 func TestEveryItemDue(t *testing.T) {
 	e := aiNew(t, false)
-	skus := aiSKUs("every", 2560)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("every", 2560, 100)
 	acks := aiDeductEach(t, e.r, skus, "d", 1)
 	aiHoldEach(t, e.r, skus, 2, time.Minute)
 	e.advance(2 * time.Minute)
@@ -1523,8 +1517,7 @@ func TestEveryItemDue(t *testing.T) {
 // pace, well before the walk would find it.
 func TestBurstHints(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("burst", 5000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("burst", 5000, 100)
 	ts := &aiTimedStore{Store: e.store, at: map[string]time.Time{}}
 	_ = aiRun(t, e.r, stock.RunOptions{Store: ts})
 	time.Sleep(300 * time.Millisecond)
@@ -1572,8 +1565,7 @@ func TestBurstHints(t *testing.T) {
 func TestFrozenClock(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, false)
-	skus := aiSKUs("frz", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("frz", 3000, 100)
 	p := aiPick(skus, 4)
 	var mu sync.Mutex
 	fail := map[string]bool{p[2]: true, p[3]: true}
@@ -1615,8 +1607,7 @@ func TestFrozenClock(t *testing.T) {
 // Store recovers, the item's events arrive after its backoff, not at the walk's pace.
 func TestNewEventsDuringBackoff(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("bko", 3000) // walk bound ≈ 11.7s
-	aiLoad(t, e.r, e.store, skus, 1000)
+	skus := e.loadItems("bko", 3000, 1000) // walk bound ≈ 11.7s
 	p := aiPick(skus, 6)
 	var mu sync.Mutex
 	down := true
@@ -1656,8 +1647,7 @@ func TestSkewedClocks(t *testing.T) {
 	}
 	ahead := testkit.NewReserver(t, e.c, stock.WithClock(now(10*time.Minute)))
 	behind := testkit.NewReserver(t, e.c, stock.WithClock(now(-10*time.Minute)))
-	skus := aiSKUs("skew", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("skew", 3000, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	time.Sleep(300 * time.Millisecond)
 	p := aiPick(skus, 12)
@@ -1683,8 +1673,7 @@ func TestHoldHintWriterClock(t *testing.T) {
 		t.Run(skew.String(), func(t *testing.T) {
 			e := aiNew(t, true)
 			w := testkit.NewReserver(t, e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
-			skus := aiSKUs("hw", 3000)
-			aiLoad(t, e.r, e.store, skus, 100)
+			skus := e.loadItems("hw", 3000, 100)
 			_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 			time.Sleep(300 * time.Millisecond)
 			held := aiPick(skus, 6)
@@ -1709,8 +1698,7 @@ func TestRunSkewed(t *testing.T) {
 		t.Run(skew.String(), func(t *testing.T) {
 			e := aiNew(t, true)
 			runner := testkit.NewReserver(t, e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
-			skus := aiSKUs("rsk", 3000)
-			aiLoad(t, e.r, e.store, skus, 100)
+			skus := e.loadItems("rsk", 3000, 100)
 			_ = aiRun(t, runner, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 			time.Sleep(300 * time.Millisecond)
 			p := aiPick(skus, 12)
