@@ -194,16 +194,67 @@ func readAll(t *testing.T, brokers []string, want int) []*kgo.Record {
 	return out
 }
 
+// newPublisher starts a fake cluster with topic in the given number of partitions and returns
+// its brokers and a publisher on it.
+func newPublisher(t *testing.T, partitions int) ([]string, *kafkapub.Publisher) {
+	t.Helper()
+	brokers := fakeClusterN(t, partitions)
+	pub, err := kafkapub.New(producer(t, brokers), topic)
+	require.NoError(t, err)
+	return brokers, pub
+}
+
+// publishN publishes the events 1 to n of sku, one by one.
+func publishN(t *testing.T, pub *kafkapub.Publisher, sku string, n int) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		if err := pub.Publish(context.Background(), queuetest.Ev(sku, fmt.Sprint(i), int64(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// receiveN receives from c until it holds n messages or 10s pass, and fails the test with fewer.
+func receiveN(t *testing.T, c *kafkapub.Consumer, n int) []kafkapub.Message {
+	t.Helper()
+	var got []kafkapub.Message
+	for deadline := time.Now().Add(10 * time.Second); len(got) < n && time.Now().Before(deadline); {
+		msgs, _ := c.Receive(context.Background(), 10, time.Second)
+		got = append(got, msgs...)
+	}
+	if len(got) != n {
+		t.Fatalf("the first member received %d messages, want %d", len(got), n)
+	}
+	return got
+}
+
+// crashAndRejoin lets c's commits land, abandons c as a crashed member would, and returns the
+// IDs a new member of group "g" receives until it sees want or 10s pass.
+func crashAndRejoin(t *testing.T, brokers []string, c *kafkapub.Consumer, want string) map[string]bool {
+	t.Helper()
+	time.Sleep(200 * time.Millisecond)
+	c.Abandon()
+	c2, err := kafkapub.NewConsumer(topic, "g", nil, kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	seen := map[string]bool{}
+	for deadline := time.Now().Add(10 * time.Second); !seen[want] && time.Now().Before(deadline); {
+		msgs, _ := c2.Receive(context.Background(), 10, 500*time.Millisecond)
+		for _, m := range msgs {
+			seen[m.Event.ID] = true
+		}
+	}
+	return seen
+}
+
 // TestPublishBatchInvalidStopsItem: an invalid event in the middle of one item's batch. The
 // BatchPublisher contract asks an implementation that can to stop at the item's first failure
 // and not publish the later events (so that the queue gets them in order when the relay retries
 // from the failed one); kafkapub's doc says an item's records are never written out of order.
 func TestPublishBatchInvalidStopsItem(t *testing.T) {
-	brokers := fakeClusterN(t, 1)
-	pub, err := kafkapub.New(producer(t, brokers), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	brokers, pub := newPublisher(t, 1)
 	ctx := context.Background()
 	evs := []stock.Event{queuetest.Ev("k:1", "1", 1), queuetest.Ev("k:1", "", 2), queuetest.Ev("k:1", "3", 3), queuetest.Ev("other", "1", 1)}
 	errs := pub.PublishBatch(ctx, evs)
@@ -236,11 +287,7 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 // TestAwkwardSKUsOnePartition: with awkward SKUs through a relay, each item's records must sit
 // in one partition, keyed by the SKU, in the item's sequence, with the headers the doc lists.
 func TestAwkwardSKUsOnePartition(t *testing.T) {
-	brokers := fakeClusterN(t, 8)
-	pub, err := kafkapub.New(producer(t, brokers), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	brokers, pub := newPublisher(t, 8)
 	p := queuetest.NewMiniredisPipeline(t, []string{"a:b:c", "ü~ñ", "😀", "x/y%z", "-_-", "a.b", strings.Repeat("L", 128)})
 	rng := rand.New(rand.NewPCG(18, 3))
 	p.Traffic(t, 200, rng)
@@ -285,49 +332,21 @@ func TestAwkwardSKUsOnePartition(t *testing.T) {
 // partition, not the second, and dies. The next member must get the second again (the commit
 // may not pass it).
 func TestAckOutOfOrderThenCrash(t *testing.T) {
-	brokers := fakeClusterN(t, 1)
-	pub, err := kafkapub.New(producer(t, brokers), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	brokers, pub := newPublisher(t, 1)
 	ctx := context.Background()
-	for i := 1; i <= 3; i++ {
-		if err := pub.Publish(ctx, queuetest.Ev("o", fmt.Sprint(i), int64(i))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishN(t, pub, "o", 3)
 	c1, err := kafkapub.NewConsumer(topic, "g", nil, kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []kafkapub.Message
-	for deadline := time.Now().Add(10 * time.Second); len(got) < 3 && time.Now().Before(deadline); {
-		msgs, _ := c1.Receive(ctx, 10, time.Second)
-		got = append(got, msgs...)
-	}
-	if len(got) != 3 {
-		t.Fatalf("the first member received %d messages, want 3", len(got))
-	}
+	got := receiveN(t, c1, 3)
 	if err := c1.Ack(ctx, got[2]); err != nil {
 		t.Fatal(err)
 	}
 	if err := c1.Ack(ctx, got[0]); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	c1.Abandon()
-	c2, err := kafkapub.NewConsumer(topic, "g", nil, kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	seen := map[string]bool{}
-	for deadline := time.Now().Add(10 * time.Second); !seen["2"] && time.Now().Before(deadline); {
-		msgs, _ := c2.Receive(ctx, 10, 500*time.Millisecond)
-		for _, m := range msgs {
-			seen[m.Event.ID] = true
-		}
-	}
+	seen := crashAndRejoin(t, brokers, c1, "2")
 	if !seen["2"] {
 		t.Errorf("the unacknowledged second message never came back after the crash (got %v)", seen)
 	}
@@ -339,47 +358,19 @@ func TestAckOutOfOrderThenCrash(t *testing.T) {
 // TestRetryThenCrash: a member calls Retry on a message and dies before the retry delay: the
 // next member must get the message (and the ones after it).
 func TestRetryThenCrash(t *testing.T) {
-	brokers := fakeClusterN(t, 1)
-	pub, err := kafkapub.New(producer(t, brokers), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	brokers, pub := newPublisher(t, 1)
 	ctx := context.Background()
-	for i := 1; i <= 4; i++ {
-		if err := pub.Publish(ctx, queuetest.Ev("r", fmt.Sprint(i), int64(i))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishN(t, pub, "r", 4)
 	c1, err := kafkapub.NewConsumer(topic, "g", &kafkapub.ConsumerOptions{RetryDelay: 5 * time.Second}, kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []kafkapub.Message
-	for deadline := time.Now().Add(10 * time.Second); len(got) < 4 && time.Now().Before(deadline); {
-		msgs, _ := c1.Receive(ctx, 10, time.Second)
-		got = append(got, msgs...)
-	}
-	if len(got) != 4 {
-		t.Fatalf("received %d, want 4", len(got))
-	}
+	got := receiveN(t, c1, 4)
 	_ = c1.Ack(ctx, got[0])
 	c1.Retry(got[1])
 	_ = c1.Ack(ctx, got[2])
 	_ = c1.Ack(ctx, got[3])
-	time.Sleep(200 * time.Millisecond)
-	c1.Abandon()
-	c2, err := kafkapub.NewConsumer(topic, "g", nil, kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	seen := map[string]bool{}
-	for deadline := time.Now().Add(10 * time.Second); !seen["2"] && time.Now().Before(deadline); {
-		msgs, _ := c2.Receive(ctx, 10, 500*time.Millisecond)
-		for _, m := range msgs {
-			seen[m.Event.ID] = true
-		}
-	}
+	seen := crashAndRejoin(t, brokers, c1, "2")
 	if !seen["2"] {
 		t.Errorf("the retried message was lost with its member (the next one got %v)", seen)
 	}
@@ -389,11 +380,7 @@ func TestRetryThenCrash(t *testing.T) {
 // mid-stream holding messages (one restarts), one joins late. The store must end equal to Redis
 // and to the acknowledged answers, nothing applied twice.
 func TestMembersCrashMidStream(t *testing.T) {
-	brokers := fakeClusterN(t, 4)
-	pub, err := kafkapub.New(producer(t, brokers), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	brokers, pub := newPublisher(t, 4)
 	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m:5", "m:6", "m:7", "m:8"}
 	p := queuetest.NewMiniredisPipeline(t, skus)
 	ctx := context.Background()
@@ -453,11 +440,7 @@ func TestMembersCrashMidStream(t *testing.T) {
 // nil must be in the topic, and an item's events that are there must be a prefix of the batch
 // (never a hole).
 func TestContextEndsMidBatch(t *testing.T) {
-	brokers := fakeClusterN(t, 2)
-	pub, err := kafkapub.New(producer(t, brokers), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	brokers, pub := newPublisher(t, 2)
 	var evs []stock.Event
 	for i := 1; i <= 200; i++ {
 		evs = append(evs, queuetest.Ev("c:1", fmt.Sprint(i), int64(i)))

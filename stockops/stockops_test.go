@@ -16,6 +16,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -25,15 +26,7 @@ import (
 func miniReserver(t *testing.T, opts ...stock.Option) (*stock.Reserver, *miniredis.Miniredis) {
 	t.Helper()
 	mr := miniredis.RunT(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	r, err := stock.New(c, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, _ := realReserver(t, mr.Addr(), false, opts...)
 	return r, mr
 }
 
@@ -62,11 +55,27 @@ func realReserver(t *testing.T, addr string, cache bool, opts ...stock.Option) (
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	r, err := stock.New(c, opts...)
+	return testkit.NewReserver(t, c, opts...), c
+}
+
+// newRelay is stockops.NewRelay, failing the test on an error.
+func newRelay(t *testing.T, r *stock.Reserver, st stock.Store, pub stock.Publisher, o *stock.RelayOptions) *stockops.Relay {
+	t.Helper()
+	rl, err := stockops.NewRelay(r, st, pub, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, c
+	return rl
+}
+
+// newReconciler is stockops.NewReconciler, failing the test on an error.
+func newReconciler(t *testing.T, r *stock.Reserver, st stock.Store, o *stock.ReconcileOptions) *stockops.Reconciler {
+	t.Helper()
+	rc, err := stockops.NewReconciler(r, st, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
 }
 
 func load(t *testing.T, r *stock.Reserver, db *memstore.Store, sku string, qty int64) {
@@ -140,10 +149,7 @@ func TestNewReconcilerArguments(t *testing.T) {
 			t.Errorf("NewReconciler(%+v) = %v; want ErrInvalid", o, err)
 		}
 	}
-	rc, err := stockops.NewReconciler(r, db, &stock.ReconcileOptions{Interval: -time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc := newReconciler(t, r, db, &stock.ReconcileOptions{Interval: -time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := rc.Run(ctx); !errors.Is(err, stock.ErrInvalid) {
@@ -177,14 +183,8 @@ func TestConcurrentBesideRun(t *testing.T) {
 			Relay:     &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 10 * time.Millisecond},
 			Reconcile: &stock.ReconcileOptions{Interval: 50 * time.Millisecond}, RecoverCartsAfter: time.Minute})
 	}()
-	rl, err := stockops.NewRelay(r, db, nil, &stock.RelayOptions{MinBackoff: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := stockops.NewReconciler(r, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRelay(t, r, db, nil, &stock.RelayOptions{MinBackoff: 10 * time.Millisecond})
+	rec := newReconciler(t, r, db, nil)
 	var mu sync.Mutex
 	var problems []string
 	bad := func(f string, a ...any) { mu.Lock(); problems = append(problems, fmt.Sprintf(f, a...)); mu.Unlock() }
@@ -361,10 +361,7 @@ func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 		t.Fatalf("Restore while fenced: %v; restores go on", err)
 	}
 	for _, o := range []*stock.ReconcileOptions{{DryRun: true}, {Items: []string{"a", "b"}}} {
-		rc, err := stockops.NewReconciler(r, db, o)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rc := newReconciler(t, r, db, o)
 		res, err := rc.Pass(ctx)
 		if err != nil || res.EpochRecorded {
 			t.Fatalf("pass %+v: EpochRecorded %v, %v; want false, nil", *o, res.EpochRecorded, err)
@@ -373,10 +370,7 @@ func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 			t.Fatalf("after pass %+v: Deduct %v; want ErrFailover still", *o, err)
 		}
 	}
-	rc, err := stockops.NewReconciler(r, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc := newReconciler(t, r, db, nil)
 	res, err := rc.Pass(ctx)
 	if err != nil || !res.Complete || !res.EpochRecorded || res.EpochErr != nil {
 		t.Fatalf("full pass: %+v, %v; want complete, epoch recorded", res, err)
@@ -411,10 +405,7 @@ func TestGuardLiftedByAnotherProcessPass(t *testing.T) {
 	if _, err := r1.Deduct(ctx, stock.Request{SKU: "a", ID: "x0", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Fatalf("Deduct: %v; want ErrFailover", err)
 	}
-	rc, err := stockops.NewReconciler(r2, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc := newReconciler(t, r2, db, nil)
 	if res, err := rc.Pass(ctx); err != nil || !res.EpochRecorded {
 		t.Fatalf("other process's pass: %+v, %v", res, err)
 	}
@@ -446,10 +437,7 @@ func TestReportSameThroughOncePassItem(t *testing.T) {
 	load(t, r, db, "b", 10)
 	deduct(t, r, "a", "o1", 2)
 	deduct(t, r, "b", "o1", 2)
-	rl, err := stockops.NewRelay(r, db, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRelay(t, r, db, nil, nil)
 	if st, err := rl.Once(ctx); err != nil || st.Delivered != 2 || st.Claimed != 2 {
 		t.Fatalf("relay: %+v, %v", st, err)
 	}
@@ -471,10 +459,7 @@ func TestReportSameThroughOncePassItem(t *testing.T) {
 	db.Set("b", 5) // drift 3 on b
 	mr.SRem("stock:items", "b")
 
-	dry, err := stockops.NewReconciler(r, db, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dry := newReconciler(t, r, db, &stock.ReconcileOptions{DryRun: true})
 	ia, err := dry.Item(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
@@ -685,10 +670,7 @@ func TestRefuse(t *testing.T) {
 	}
 	var got []stock.Event
 	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { got = append(got, ev); return nil })
-	rl, err := stockops.NewRelay(r, nil, pub, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRelay(t, r, nil, pub, nil)
 	if st, err := rl.Once(ctx); err != nil || st.Delivered != 2 {
 		t.Fatalf("relay: %+v, %v", st, err)
 	}
@@ -728,10 +710,7 @@ func TestRelayRefusal(t *testing.T) {
 	}
 	deduct(t, r, "a", "o1", 2)
 	deduct(t, r, "a", "o2", 2) // the store cannot cover it
-	rl, err := stockops.NewRelay(r, db, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRelay(t, r, db, nil, nil)
 	st, err := rl.Once(ctx)
 	if err != nil || st.Refused != 1 {
 		t.Fatalf("relay: %+v, %v; want 1 refused", st, err)
@@ -837,20 +816,14 @@ func TestQueuePathInFlight(t *testing.T) {
 	deduct(t, r, "a", "o2", 3)
 	var queue []stock.Event
 	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { queue = append(queue, ev); return nil })
-	rl, err := stockops.NewRelay(r, nil, pub, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRelay(t, r, nil, pub, nil)
 	if st, err := rl.Once(ctx); err != nil || st.Delivered != 2 || len(queue) != 2 {
 		t.Fatalf("relay: %+v, %v, queue %d", st, err, len(queue))
 	}
 	if p, d, _ := stockops.Pending(ctx, r, "a"); p != 0 || d != 0 {
 		t.Fatalf("pending %d, dead %d after publishing", p, d)
 	}
-	rec, err := stockops.NewReconciler(r, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := newReconciler(t, r, db, nil)
 	rp, err := rec.Item(ctx, "a")
 	if err != nil || rp.Published != 2 || rp.InFlight != 5 || rp.Drift != 0 || rp.Adjusted != 0 || rp.StoreRemaining != 10 {
 		t.Fatalf("consumers down: %#v, %v", rp, err)
@@ -898,10 +871,7 @@ func TestGuardRestartWithoutPersistenceStaysFenced(t *testing.T) {
 	}
 	load(t, r, db, "a", 10)
 	deduct(t, r, "a", "o1", 2)
-	rl, err := stockops.NewRelay(r, db, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRelay(t, r, db, nil, nil)
 	if _, err := rl.Once(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -938,10 +908,7 @@ func TestGuardRestartWithoutPersistenceStaysFenced(t *testing.T) {
 		t.Errorf("Deduct after the restart, before any pass: %v; want ErrFailover", err)
 	}
 	// A complete repairing pass lifts it (and rebuilds the item from the Store).
-	rec, err := stockops.NewReconciler(r, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := newReconciler(t, r, db, nil)
 	res, err := rec.Pass(ctx)
 	if !errors.Is(err, stock.ErrRegistryLost) || !res.EpochRecorded {
 		t.Fatalf("pass after the restart: %+v, %v; want ErrRegistryLost and the epoch recorded", res, err)
@@ -967,10 +934,7 @@ func TestReportItemUnknownToStore(t *testing.T) {
 	if _, err := r.Hold(ctx, stock.Request{SKU: "ghost", ID: "h1", Qty: 1}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := stockops.NewReconciler(r, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := newReconciler(t, r, db, nil)
 	reps, err := rec.Once(ctx)
 	if err != nil || len(reps) != 1 {
 		t.Fatalf("Once: %v, %v", reps, err)
@@ -1057,10 +1021,7 @@ func TestRelayOnceFailingItem(t *testing.T) {
 		}
 		return nil
 	})
-	rl, err := stockops.NewRelay(r, db, nil, &stock.RelayOptions{Items: []string{"a", "b"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRelay(t, r, db, nil, &stock.RelayOptions{Items: []string{"a", "b"}})
 	st, err := rl.Once(ctx)
 	if !errors.Is(err, memstore.ErrDown) || st.Delivered != 2 || st.Retried != 2 || st.Claimed != 4 {
 		t.Fatalf("Once = %+v, %v; want b's 2 delivered, a's 2 retried, an error wrapping ErrDown", st, err)

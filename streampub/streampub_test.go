@@ -53,9 +53,7 @@ func TestPublisherConformance(t *testing.T) {
 	backends(t, func(t *testing.T, newClient func(t testing.TB) rueidis.Client) {
 		stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
 			c := newClient(t)
-			pub, err := streampub.New(c, streampub.WithShards(4))
-			require.NoError(t, err)
-			require.NoError(t, streampub.EnsureGroup(context.Background(), c, "store", pub.Streams()))
+			pub := newGroupPublisher(t, c, "store", streampub.WithShards(4))
 			var n atomic.Int64
 			return stocktest.PublisherPair{
 				Publisher: pub,
@@ -69,6 +67,31 @@ func TestPublisherConformance(t *testing.T) {
 			}
 		})
 	})
+}
+
+// newPublisher is streampub.New on c with opts, failing the test on an error.
+func newPublisher(t testing.TB, c rueidis.Client, opts ...streampub.Option) *streampub.Publisher {
+	t.Helper()
+	pub, err := streampub.New(c, opts...)
+	require.NoError(t, err)
+	return pub
+}
+
+// newGroupPublisher is newPublisher, with the consumer group created on its streams.
+func newGroupPublisher(t testing.TB, c rueidis.Client, group string, opts ...streampub.Option) *streampub.Publisher {
+	t.Helper()
+	pub := newPublisher(t, c, opts...)
+	require.NoError(t, streampub.EnsureGroup(context.Background(), c, group, pub.Streams()))
+	return pub
+}
+
+// pending is how many entries of stream the group's consumers hold unacknowledged (XPENDING).
+func pending(t *testing.T, c rueidis.Client, stream, group string) int64 {
+	t.Helper()
+	pend, err := c.Do(context.Background(), c.B().Xpending().Key(stream).Group(group).Build()).ToArray()
+	require.NoError(t, err)
+	n, _ := pend[0].AsInt64()
+	return n
 }
 
 type member struct {
@@ -121,8 +144,7 @@ func TestShards(t *testing.T) {
 		_, err := streampub.New(c, o)
 		assert.ErrorIs(t, err, stock.ErrInvalid)
 	}
-	p, err := streampub.New(c, streampub.WithPrefix("shop:ev"), streampub.WithShards(2))
-	require.NoError(t, err)
+	p := newPublisher(t, c, streampub.WithPrefix("shop:ev"), streampub.WithShards(2))
 	assert.Equal(t, []string{"shop:ev:{0}", "shop:ev:{1}"}, p.Streams())
 	assert.Equal(t, streampub.StreamKey("shop:ev", streampub.ShardOf("a", 2)), p.Stream("a"))
 }
@@ -133,8 +155,7 @@ func TestBatchErrors(t *testing.T) {
 	backends(t, func(t *testing.T, newClient func(t testing.TB) rueidis.Client) {
 		ctx := context.Background()
 		c := newClient(t)
-		pub, err := streampub.New(c, streampub.WithShards(64))
-		require.NoError(t, err)
+		pub := newPublisher(t, c, streampub.WithShards(64))
 		// Two SKUs on different shards.
 		a, b := "a", ""
 		for i := range 1000 {
@@ -156,11 +177,7 @@ func TestBatchErrors(t *testing.T) {
 		n, err := c.Do(ctx, c.B().Xlen().Key(pub.Stream(a)).Build()).AsInt64()
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "a's stream stops at its invalid event")
-		entries, err := c.Do(ctx, c.B().Xrange().Key(pub.Stream(a)).Start("-").End("+").Build()).AsXRange()
-		require.NoError(t, err)
-		got, err := streampub.Decode([]byte(entries[0].FieldValues[streampub.Field]))
-		require.NoError(t, err)
-		assert.Equal(t, "1", got.ID)
+		assert.Equal(t, "1", entries(t, ctx, c, pub.Stream(a))[0].ID)
 	})
 }
 
@@ -169,8 +186,7 @@ func TestTrim(t *testing.T) {
 	backends(t, func(t *testing.T, newClient func(t testing.TB) rueidis.Client) {
 		ctx := context.Background()
 		c := newClient(t)
-		pub, err := streampub.New(c, streampub.WithShards(1), streampub.WithMaxLen(10))
-		require.NoError(t, err)
+		pub := newPublisher(t, c, streampub.WithShards(1), streampub.WithMaxLen(10))
 		for i := range 30 {
 			evs := make([]stock.Event, 20)
 			for j := range evs {
@@ -185,13 +201,11 @@ func TestTrim(t *testing.T) {
 		assert.LessOrEqual(t, n, int64(10+100), "about 10: Redis trims whole nodes of up to 100 entries")
 		assert.GreaterOrEqual(t, n, int64(10))
 
-		old, err := streampub.New(c, streampub.WithShards(1), streampub.WithPrefix("aged"), streampub.WithMaxAge(time.Hour))
-		require.NoError(t, err)
+		old := newPublisher(t, c, streampub.WithShards(1), streampub.WithPrefix("aged"), streampub.WithMaxAge(time.Hour))
 		for i := range 300 {
 			require.NoError(t, old.Publish(ctx, ev("a", fmt.Sprint(i), int64(i+1))))
 		}
-		aged, err := streampub.New(c, streampub.WithShards(1), streampub.WithPrefix("aged"), streampub.WithMaxAge(time.Millisecond))
-		require.NoError(t, err)
+		aged := newPublisher(t, c, streampub.WithShards(1), streampub.WithPrefix("aged"), streampub.WithMaxAge(time.Millisecond))
 		time.Sleep(5 * time.Millisecond)
 		require.NoError(t, aged.Publish(ctx, ev("a", "last", 301)))
 		n, err = c.Do(ctx, c.B().Xlen().Key(aged.Stream("a")).Build()).AsInt64()
@@ -206,9 +220,7 @@ func TestConsumerClaimsFromDead(t *testing.T) {
 	backends(t, func(t *testing.T, newClient func(t testing.TB) rueidis.Client) {
 		ctx := context.Background()
 		c := newClient(t)
-		pub, err := streampub.New(c, streampub.WithShards(2))
-		require.NoError(t, err)
-		require.NoError(t, streampub.EnsureGroup(ctx, c, "g", pub.Streams()))
+		pub := newGroupPublisher(t, c, "g", streampub.WithShards(2))
 		require.NoError(t, streampub.EnsureGroup(ctx, c, "g", pub.Streams()), "an existing group is fine")
 		for i := range 4 {
 			require.NoError(t, pub.Publish(ctx, ev("a", fmt.Sprint(i), int64(i+1))))
@@ -286,10 +298,7 @@ func TestPublishBatchInvalidStopsStream(t *testing.T) {
 	parallelBackends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		pub, err := streampub.New(c, streampub.WithShards(64))
-		if err != nil {
-			t.Fatal(err)
-		}
+		pub := newPublisher(t, c, streampub.WithShards(64))
 		skuA, skuB := "a:1~ü", "b:2"
 		if pub.Stream(skuA) == pub.Stream(skuB) {
 			t.Fatal("pick SKUs on two shards")
@@ -329,10 +338,7 @@ func TestPublishBatchInvalidStopsStream(t *testing.T) {
 func TestPublishCancelledContext(t *testing.T) {
 	parallelBackends(t, func(t *testing.T, b redistest.Backend) {
 		c := b.Client(t)
-		pub, err := streampub.New(c, streampub.WithShards(4))
-		if err != nil {
-			t.Fatal(err)
-		}
+		pub := newPublisher(t, c, streampub.WithShards(4))
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		evs := []stock.Event{queuetest.Ev("c", "1", 1), queuetest.Ev("c", "2", 2), queuetest.Ev("d", "1", 1)}
@@ -365,13 +371,7 @@ func TestConsumerGarbageEntries(t *testing.T) {
 	parallelBackends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		pub, err := streampub.New(c, streampub.WithShards(1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := streampub.EnsureGroup(ctx, c, "g", pub.Streams()); err != nil {
-			t.Fatal(err)
-		}
+		pub := newGroupPublisher(t, c, "g", streampub.WithShards(1))
 		s := pub.Streams()[0]
 		add := func(fv ...string) {
 			cmd := c.B().Xadd().Key(s).Id("*").FieldValue()
@@ -417,11 +417,7 @@ func TestConsumerGarbageEntries(t *testing.T) {
 		if len(garbage) != 4 || len(good) != 2 {
 			t.Errorf("received %d garbage entries and events %v; want 4 garbage and events [3 4]", len(garbage), good)
 		}
-		pend, err := c.Do(ctx, c.B().Xpending().Key(s).Group("g").Build()).ToArray()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n, _ := pend[0].AsInt64(); n != 0 {
+		if n := pending(t, c, s, "g"); n != 0 {
 			t.Errorf("%d entries still pending after every one was acknowledged", n)
 		}
 	})
@@ -449,13 +445,7 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 		skus := []string{"t:1", "t~2", "ü:3", "t.4"}
 		p := queuetest.NewPipeline(t, c, skus)
 		rng := rand.New(rand.NewPCG(18, 1))
-		pub, err := streampub.New(c, streampub.WithShards(2), streampub.WithMaxLen(5))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := streampub.EnsureGroup(ctx, c, "store", pub.Streams()); err != nil {
-			t.Fatal(err)
-		}
+		pub := newGroupPublisher(t, c, "store", streampub.WithShards(2), streampub.WithMaxLen(5))
 		rl, err := stockops.NewRelay(p.R, nil, pub, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -518,11 +508,7 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 			t.Errorf("Receive failed after the trim: %v", rerr)
 		}
 		for _, s := range pub.Streams() {
-			pend, err := c.Do(ctx, c.B().Xpending().Key(s).Group("store").Build()).ToArray()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n, _ := pend[0].AsInt64(); n != 0 {
+			if n := pending(t, c, s, "store"); n != 0 {
 				t.Errorf("stream %s: %d entries still pending in the group after the drain", s, n)
 			}
 		}
@@ -540,13 +526,7 @@ func TestConsumersCrashMidStream(t *testing.T) {
 		c := b.Client(t)
 		skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m:5", "m:6"}
 		p := queuetest.NewPipeline(t, c, skus)
-		pub, err := streampub.New(c, streampub.WithShards(3))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := streampub.EnsureGroup(ctx, c, "store", pub.Streams()); err != nil {
-			t.Fatal(err)
-		}
+		pub := newGroupPublisher(t, c, "store", streampub.WithShards(3))
 		stopRelay := p.RunRelay(t, pub)
 		opts := &streampub.ConsumerOptions{MinIdle: 300 * time.Millisecond, Poll: 5 * time.Millisecond}
 		var wg sync.WaitGroup

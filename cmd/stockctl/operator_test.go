@@ -69,6 +69,26 @@ func privateServer(t *testing.T, args ...string) *redistest.Server {
 	return redistest.StartServer(t, args...)
 }
 
+// privateClient starts a private redis-server (or skips) and returns its address and a
+// fresh-reading client on it.
+func privateClient(t *testing.T) (string, rueidis.Client) {
+	t.Helper()
+	s := privateServer(t)
+	return s.Addr(), serverClient(t, s.Addr())
+}
+
+// loadAndSell loads item x with 10 units through stockctl, then sells qty of them as order o1
+// through r.
+func loadAndSell(t *testing.T, addr string, r *stock.Reserver, qty int64) {
+	t.Helper()
+	if res := runCLI(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
+		t.Fatal(res)
+	}
+	if _, err := r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "o1", Qty: qty}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // serverClient is a fresh-reading client (no client-side caching) on addr.
 func serverClient(t *testing.T, addr string) rueidis.Client {
 	t.Helper()
@@ -436,9 +456,7 @@ func badNames() map[string]string {
 }
 
 func TestBadNamesRefusedWholly(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	dsn := sqliteDSN(t)
 	if res := runCLI(t, "-redis", addr, "-dsn", dsn, "load", "good", "10"); res.code != 0 {
 		t.Fatalf("load good: %v", res)
@@ -494,9 +512,7 @@ func TestBadNamesRefusedWholly(t *testing.T) {
 // ':' '~', non-ASCII letters and 128 bytes are valid names (the README lists what is refused):
 // each must be its own item, never sharing keys with another.
 func TestOddValidNamesAreDistinctItems(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	names := []string{"tee", "tee:u", "tee:l", "tee:o", "~carts", "carts", "items", ":", "~", "ünïcødé",
 		"日本語", "-dash", strings.Repeat("x", 128), strings.Repeat("é", 64), "due", "holdsdue", "epoch", "tee~"}
 	want := map[string]int64{}
@@ -574,9 +590,7 @@ func TestOddValidNamesAreDistinctItems(t *testing.T) {
 // Quantities.
 
 func TestQuantities(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
 	for i, tc := range []struct {
@@ -687,9 +701,7 @@ func TestRestockOverflowExplained(t *testing.T) {
 // Items that do not exist.
 
 func TestUnknownItemChangesNothing(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	for _, cmd := range [][]string{
 		{"available", "ghost"}, {"levels", "ghost"}, {"close", "ghost"}, {"reopen", "ghost"}, {"delist", "ghost"},
 		{"restock", "ghost", "po", "5"}, {"entry", "ghost", "id"}, {"ledger", "ghost"}, {"restore", "ghost", "id"},
@@ -733,9 +745,7 @@ func TestUnknownItemChangesNothing(t *testing.T) {
 // with -tombstone it writes a ledger key for the non-existent item, exits 0 and tells the
 // operator a late request will be refused, which is true of no item that sells.
 func TestRestoreUnknownItem(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	if res := runCLI(t, "-redis", addr, "load", "sneaker-42", "10"); res.code != 0 {
 		t.Fatal(res)
 	}
@@ -758,9 +768,7 @@ func TestRestoreUnknownItem(t *testing.T) {
 // Read-only commands write nothing.
 
 func TestReadOnlyCommandsWriteNothing(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	dsn := sqliteDSN(t)
 	for _, sku := range []string{"a", "b:c", "ünï"} {
 		if res := runCLI(t, "-redis", addr, "-dsn", dsn, "load", sku, "50"); res.code != 0 {
@@ -888,17 +896,10 @@ func TestJSONOutputParses(t *testing.T) {
 // The store: migrate twice, no tables, bad DSNs.
 
 func TestStoreWithoutTables(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
-	if res := runCLI(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
-		t.Fatal(res)
-	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", Qty: 3}); err != nil {
-		t.Fatal(err)
-	}
+	loadAndSell(t, addr, r, 3)
 	dsn := sqliteDSN(t)
 	for _, cmd := range [][]string{{"reconcile"}, {"reconcile", "x"}, {"levels", "x"}, {"relay-once", "x"}} {
 		res := runCLI(t, append([]string{"-redis", addr, "-dsn", dsn}, cmd...)...)
@@ -952,17 +953,10 @@ func TestStoreWithoutTables(t *testing.T) {
 // an empty outbox: it says "delivered 0 events (claimed 0 ...)" and exits 0 while the sale
 // still waits, so the operator, or a script, believes the outbox is drained.
 func TestRelayOnceRerunHidesPending(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
-	if res := runCLI(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
-		t.Fatal(res)
-	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", Qty: 3}); err != nil {
-		t.Fatal(err)
-	}
+	loadAndSell(t, addr, r, 3)
 	dsn := sqliteDSN(t)
 	first := runCLI(t, "-redis", addr, "-dsn", dsn, "relay-once")
 	if first.code != exitFail {
@@ -1094,9 +1088,7 @@ func TestServerDatabases(t *testing.T) {
 // Commands over every item: 0 items and many.
 
 func TestEveryItemEmpty(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	dsn := sqliteDSN(t)
 	if res := runCLI(t, "-dsn", dsn, "migrate"); res.code != 0 {
 		t.Fatal(res)
@@ -1125,9 +1117,7 @@ func TestEveryItemEmpty(t *testing.T) {
 }
 
 func TestEveryItemMany(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "many.db")
@@ -1254,17 +1244,10 @@ func lastLines(s string, n int) string {
 // Closing, delisting and restoring do what the help says, no more.
 
 func TestCloseDelistRestore(t *testing.T) {
-	s := privateServer(t)
-	c := serverClient(t, s.Addr())
-	addr := s.Addr()
+	addr, c := privateClient(t)
 	r := serverReserver(t, c, "stock")
 	ctx := context.Background()
-	if res := runCLI(t, "-redis", addr, "load", "x", "10"); res.code != 0 {
-		t.Fatal(res)
-	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", Qty: 4}); err != nil {
-		t.Fatal(err)
-	}
+	loadAndSell(t, addr, r, 4)
 	for i := range 2 {
 		if res := runCLI(t, "-redis", addr, "close", "x"); res.code != 0 {
 			t.Fatalf("close #%d: %v", i+1, res)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
@@ -113,6 +114,15 @@ func aiLoad(t *testing.T, r *stock.Reserver, store *memstore.Store, skus []strin
 	}
 }
 
+// loadItems names n items after prefix (aiSKUs) and loads each with qty units in Redis and in
+// the env's store.
+func (e *aiEnv) loadItems(prefix string, n int, qty int64) []string {
+	e.t.Helper()
+	skus := aiSKUs(prefix, n)
+	aiLoad(e.t, e.r, e.store, skus, qty)
+	return skus
+}
+
 // aiRun starts r.Run with store and returns a stop function that cancels it and waits.
 func aiRun(t *testing.T, r *stock.Reserver, opts stock.RunOptions) (stop func() error) {
 	t.Helper()
@@ -196,6 +206,18 @@ func aiWaitAll(r *stock.Reserver, store *memstore.Store, skus []string, timeout 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// aiDelivered waits up to wait for every sku to settle (aiWaitAll), logs how long it took and
+// ends the test when some did not; it returns the time taken, for the caller's bound.
+func aiDelivered(t *testing.T, r *stock.Reserver, store *memstore.Store, skus []string, wait time.Duration, what string) time.Duration {
+	t.Helper()
+	took, why := aiWaitAll(r, store, skus, wait)
+	t.Logf("%s: settled in %v", what, took.Round(time.Millisecond))
+	if len(why) > 0 {
+		t.Fatalf("%s: not delivered after %v: %v", what, took, why)
+	}
+	return took
 }
 
 // aiPick picks k items spread over skus (deep in the registry, whatever its order).
@@ -388,8 +410,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 func TestLostHintsWalkBound(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
-	skus := aiSKUs("lost", 2560) // walk bound 10s
-	aiLoad(t, e.r, e.store, skus, 50)
+	skus := e.loadItems("lost", 2560, 50) // walk bound 10s
 	picked := aiPick(skus, 40)
 	var acks []aiAck
 	for i, s := range picked {
@@ -485,6 +506,25 @@ func aiHeld(t *testing.T, r *stock.Reserver, skus []string) map[string]int64 {
 		out[s] = l.Held
 	}
 	return out
+}
+
+// aiHoldEach holds qty of each sku for ttl under the id "h".
+func aiHoldEach(t *testing.T, r *stock.Reserver, skus []string, qty int64, ttl time.Duration) {
+	t.Helper()
+	for _, s := range skus {
+		if _, err := r.Hold(context.Background(), stock.Request{SKU: s, ID: "h", Qty: qty}, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// aiNoneHeld is the aiWaitHeld target of nothing held on any of skus.
+func aiNoneHeld(skus []string) map[string]int64 {
+	want := make(map[string]int64, len(skus))
+	for _, s := range skus {
+		want[s] = 0
+	}
+	return want
 }
 
 // aiWaitHeld waits until every sku's held units equal want[sku], and returns how long it took
@@ -628,8 +668,7 @@ func aiDeductEach(t *testing.T, r *stock.Reserver, skus []string, tag string, qt
 // pace.
 func TestStoreRecovers(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("rec", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("rec", 3000, 100)
 	picked := aiPick(skus, 20)
 	failing := map[string]bool{}
 	for _, s := range picked[:10] {
@@ -662,11 +701,7 @@ func TestStoreRecovers(t *testing.T) {
 		failing[s] = false
 	}
 	mu.Unlock()
-	took, why := aiWaitAll(e.r, e.store, picked[:10], 25*time.Second)
-	t.Logf("after the store recovered: settled in %v", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered %v after the store recovered: %v", took, why)
-	}
+	took := aiDelivered(t, e.r, e.store, picked[:10], 25*time.Second, "after the store recovered")
 	if took > 400*time.Millisecond+aiPrompt {
 		t.Errorf("delivered %v after the store recovered; backoff ≤ 400ms, so want < %v", took, 400*time.Millisecond+aiPrompt)
 	}
@@ -678,12 +713,8 @@ func TestStoreRecovers(t *testing.T) {
 func TestTwoRunsOneRedis(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
-	r2, err := stock.New(e.c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	skus := aiSKUs("two", 2500)
-	aiLoad(t, e.r, e.store, skus, 100)
+	r2 := testkit.NewReserver(t, e.c)
+	skus := e.loadItems("two", 2500, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 	_ = aiRun(t, r2, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 	time.Sleep(300 * time.Millisecond)
@@ -705,10 +736,7 @@ func TestTwoRunsOneRedis(t *testing.T) {
 	if len(why) > 0 || took > aiPrompt {
 		t.Errorf("deducts through two Runs: %v, %v", took, why)
 	}
-	want := map[string]int64{}
-	for _, s := range picked[20:] {
-		want[s] = 0
-	}
+	want := aiNoneHeld(picked[20:])
 	took, diff := aiWaitHeld(t, e.r, want, 20*time.Second)
 	t.Logf("holds of 2s released in %v", took.Round(time.Millisecond))
 	if len(diff) > 0 || took > 2*time.Second+aiPrompt {
@@ -724,8 +752,7 @@ func TestTwoRunsOneRedis(t *testing.T) {
 // the cancelled Run does not give its claims back. That is the documented lease, not the hints.)
 func TestRunRestarted(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("rst", 2560) // walk bound 10s
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("rst", 2560, 100) // walk bound 10s
 	var acks []aiAck
 	var touched []string
 	for round := 0; round < 3; round++ {
@@ -740,11 +767,7 @@ func TestRunRestarted(t *testing.T) {
 		}
 	}
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	took, why := aiWaitAll(e.r, e.store, touched, 3*time.Second+aiWalkBound(10*time.Second)+5*time.Second)
-	t.Logf("settled %v after the last restart", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered %v after the restart: %v", took, why)
-	}
+	took := aiDelivered(t, e.r, e.store, touched, 3*time.Second+aiWalkBound(10*time.Second)+5*time.Second, "after the last restart")
 	if took > 3*time.Second+aiWalkBound(10*time.Second) {
 		t.Errorf("delivered %v after the restart; lease 3s + walk bound 10s", took)
 	}
@@ -759,18 +782,11 @@ func TestNoOutboxSweeps(t *testing.T) {
 	skus := aiSKUs("nob", 3000)
 	aiLoad(t, e.r, nil, skus, 10)
 	picked := aiPick(skus, 20)
-	for _, s := range picked {
-		if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: "h", Qty: 4}, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
+	aiHoldEach(t, e.r, picked, 4, time.Minute)
 	_ = aiRun(t, e.r, stock.RunOptions{SweepInterval: 200 * time.Millisecond})
 	time.Sleep(300 * time.Millisecond)
 	e.advance(2 * time.Minute)
-	want := map[string]int64{}
-	for _, s := range picked {
-		want[s] = 0
-	}
+	want := aiNoneHeld(picked)
 	took, diff := aiWaitHeld(t, e.r, want, 20*time.Second)
 	t.Logf("released in %v", took.Round(time.Millisecond))
 	if len(diff) > 0 {
@@ -809,8 +825,7 @@ func (s *aiBlockStore) Apply(ctx context.Context, ev stock.Event) error {
 // 2s runs out); Run's relay delivers the event soon after the lease, within the walk bound.
 func TestLeaseHeldElsewhere(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("lse", 3000) // walk bound ≈ 11.7s
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("lse", 3000, 100) // walk bound ≈ 11.7s
 	target := skus[1777]
 	bs := &aiBlockStore{Store: e.store, sku: target, entered: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { close(bs.release) })
@@ -847,8 +862,7 @@ func TestLeaseHeldElsewhere(t *testing.T) {
 // limited relay must not take hints it will not serve).
 func TestRestrictedRelayBeside(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("rr", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("rr", 3000, 100)
 	other := memstore.New()
 	if err := other.Load(context.Background(), skus[0], 100); err != nil {
 		t.Fatal(err)
@@ -867,11 +881,7 @@ func TestRestrictedRelayBeside(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		picked := aiPick(skus[1+round:], 10)
 		acks = append(acks, aiDeductEach(t, e.r, picked, fmt.Sprintf("x%d", round), 1)...)
-		took, why := aiWaitAll(e.r, e.store, picked, 20*time.Second)
-		t.Logf("round %d settled in %v", round, took.Round(time.Millisecond))
-		if len(why) > 0 {
-			t.Fatalf("round %d not delivered after %v: %v", round, took, why)
-		}
+		took := aiDelivered(t, e.r, e.store, picked, 20*time.Second, fmt.Sprintf("round %d", round))
 		if took > aiPrompt {
 			slow = append(slow, took.Round(time.Millisecond).String())
 		}
@@ -886,8 +896,7 @@ func TestRestrictedRelayBeside(t *testing.T) {
 // all delivered promptly, not one batch per walk.
 func TestManyEventsOneItem(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("many", 3000)
-	aiLoad(t, e.r, e.store, skus, 5000)
+	skus := e.loadItems("many", 3000, 5000)
 	target := skus[2345]
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	time.Sleep(300 * time.Millisecond)
@@ -895,11 +904,7 @@ func TestManyEventsOneItem(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		acks = append(acks, aiDeductEach(t, e.r, []string{target}, fmt.Sprintf("m%d", i), 1)...)
 	}
-	took, why := aiWaitAll(e.r, e.store, []string{target}, 25*time.Second)
-	t.Logf("1000 events settled in %v", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered after %v: %v", took, why)
-	}
+	took := aiDelivered(t, e.r, e.store, []string{target}, 25*time.Second, "1000 events of one item")
 	if took > 2*aiPrompt {
 		t.Errorf("1000 events of one item took %v after the last deduct (want < %v)", took, 2*aiPrompt)
 	}
@@ -910,8 +915,7 @@ func TestManyEventsOneItem(t *testing.T) {
 // events are queued: every event still arrives within the walk bound.
 func TestHintsDeletedLive(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("del", 2560)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("del", 2560, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	stopDel := make(chan struct{})
 	var wg sync.WaitGroup
@@ -954,8 +958,7 @@ var aiRestartRelay = &stock.RelayOptions{Lease: 3 * time.Second}
 func TestCancelRefusePrompt(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
-	skus := aiSKUs("cr", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("cr", 3000, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	time.Sleep(300 * time.Millisecond)
 	p := aiPick(skus, 12)
@@ -984,11 +987,7 @@ func TestCancelRefusePrompt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	took, why := aiWaitAll(e.r, e.store, p, 20*time.Second)
-	t.Logf("settled in %v", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not settled after %v: %v", took, why)
-	}
+	took := aiDelivered(t, e.r, e.store, p, 20*time.Second, "cancel and refuse events")
 	if took > aiPrompt {
 		t.Errorf("cancel/refuse events left the outbox only after %v (want < %v)", took, aiPrompt)
 	}
@@ -1058,15 +1057,10 @@ func TestPublisherOnly(t *testing.T) {
 func TestOnceAndSweepVisitAll(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, false)
-	skus := aiSKUs("all", 2000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("all", 2000, 100)
 	p := aiPick(skus, 40)
 	acks := aiDeductEach(t, e.r, p[:20], "o", 1)
-	for _, s := range p[20:] {
-		if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: "h", Qty: 2}, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
+	aiHoldEach(t, e.r, p[20:], 2, time.Minute)
 	time.Sleep(100 * time.Millisecond)
 	if n := aiDropHints(t, e.c, "stock"); n == 0 {
 		t.Errorf("no hint keys to drop after deducts and holds")
@@ -1104,13 +1098,9 @@ func TestOnceAndSweepVisitAll(t *testing.T) {
 func TestTwoPrefixes(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true, stock.WithPrefix("pa"))
-	rb, err := stock.New(e.c, stock.WithPrefix("pb"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rb := testkit.NewReserver(t, e.c, stock.WithPrefix("pb"))
 	storeB := memstore.New()
-	skus := aiSKUs("same", 1500)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("same", 1500, 100)
 	aiLoad(t, rb, storeB, skus, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	_ = aiRun(t, rb, stock.RunOptions{Store: storeB})
@@ -1160,11 +1150,7 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	if err := e.store.Load(ctx, late, 10); err != nil {
 		t.Fatal(err)
 	}
-	took, why := aiWaitAll(e.r, e.store, []string{late}, 25*time.Second)
-	t.Logf("delivered %v after the store row appeared", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered after %v: %v", took, why)
-	}
+	took := aiDelivered(t, e.r, e.store, []string{late}, 25*time.Second, "after the store row appeared")
 	if took > 300*time.Millisecond+aiPrompt {
 		t.Errorf("delivered %v after the row appeared; backoff ≤ 300ms (want < %v)", took, 300*time.Millisecond+aiPrompt)
 	}
@@ -1185,12 +1171,8 @@ func TestRealBackends(t *testing.T) {
 		ran = true
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			c := b.Client(t)
-			r, err := stock.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := testkit.NewReserver(t, c)
 			store := memstore.New()
 			skus := aiSKUs("real", 2048) // walk bound 8s
 			aiLoad(t, r, store, skus, 100)
@@ -1201,15 +1183,8 @@ func TestRealBackends(t *testing.T) {
 			if took, why := aiWaitAll(r, store, p[:20], 20*time.Second); len(why) > 0 || took > aiPrompt {
 				t.Errorf("deducts: %v %v", took, why)
 			}
-			for _, s := range p[20:30] {
-				if _, err := r.Hold(ctx, stock.Request{SKU: s, ID: "h", Qty: 2}, time.Second); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want := map[string]int64{}
-			for _, s := range p[20:30] {
-				want[s] = 0
-			}
+			aiHoldEach(t, r, p[20:30], 2, time.Second)
+			want := aiNoneHeld(p[20:30])
 			if took, diff := aiWaitHeld(t, r, want, 20*time.Second); len(diff) > 0 || took > time.Second+aiPrompt {
 				t.Errorf("holds of 1s: released after %v: %v", took, diff)
 			}
@@ -1262,10 +1237,7 @@ func TestCostFlat(t *testing.T) {
 	rate := func(n int) float64 {
 		srv := redistest.StartServer(t)
 		c := srv.Client(t)
-		r, err := stock.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		aiLoad(t, r, store, aiSKUs("idle", n), 10)
 		// A relay (on the queue path) and a sweeper: the reconciler, which a Store would add,
@@ -1314,8 +1286,7 @@ func (s *aiTimedStore) Apply(ctx context.Context, ev stock.Event) error {
 // handling of old ones): every event's delivery follows its acknowledgement promptly.
 func TestStreamLatency(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("strm", 3000)
-	aiLoad(t, e.r, e.store, skus, 100000)
+	skus := e.loadItems("strm", 3000, 100000)
 	ts := &aiTimedStore{Store: e.store, at: map[string]time.Time{}}
 	_ = aiRun(t, e.r, stock.RunOptions{Store: ts, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 	time.Sleep(300 * time.Millisecond)
@@ -1367,8 +1338,7 @@ func TestStreamLatency(t *testing.T) {
 func TestHoldStreamLatency(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
-	skus := aiSKUs("hstr", 3000)
-	aiLoad(t, e.r, e.store, skus, 100000)
+	skus := e.loadItems("hstr", 3000, 100000)
 	var mu sync.Mutex
 	expiredAt := map[string]time.Time{}
 	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
@@ -1469,10 +1439,7 @@ func TestACLWithoutHintKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	r, err := stock.New(c, stock.WithPrefix("shop"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.NewReserver(t, c, stock.WithPrefix("shop"))
 	store := memstore.New()
 	skus := aiSKUs("acl", 1024) // walk bound 4s
 	aiLoad(t, r, store, skus, 100)
@@ -1480,20 +1447,13 @@ func TestACLWithoutHintKeys(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	p := aiPick(skus, 20)
 	acks := aiDeductEach(t, r, p[:10], "d", 1)
-	for _, s := range p[10:] {
-		if _, err := r.Hold(ctx, stock.Request{SKU: s, ID: "h", Qty: 2}, time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	aiHoldEach(t, r, p[10:], 2, time.Second)
 	took, why := aiWaitAll(r, store, p[:10], 20*time.Second)
 	t.Logf("events delivered in %v (walk bound 4s)", took.Round(time.Millisecond))
 	if len(why) > 0 || took > 8*time.Second {
 		t.Errorf("without the hint keys in the ACL, events: after %v: %v", took, why)
 	}
-	want := map[string]int64{}
-	for _, s := range p[10:] {
-		want[s] = 0
-	}
+	want := aiNoneHeld(p[10:])
 	took, diff := aiWaitHeld(t, r, want, 20*time.Second)
 	t.Logf("holds of 1s released in %v (walk bound 4s)", took.Round(time.Millisecond))
 	if len(diff) > 0 || took > 9*time.Second {
@@ -1506,8 +1466,7 @@ func TestACLWithoutHintKeys(t *testing.T) {
 // events promptly and never the others', whatever the hints say.
 func TestRunRelayItems(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("lim", 2000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("lim", 2000, 100)
 	p := aiPick(skus, 10)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{Items: p[:5]}})
 	time.Sleep(300 * time.Millisecond)
@@ -1532,23 +1491,14 @@ func TestRunRelayItems(t *testing.T) {
 // Run releases and delivers them all. (How fast is throughput, which the race detector and a
 // shared machine change several times over: logged, not asserted.)
 func TestEveryItemDue(t *testing.T) {
-	ctx := context.Background()
 	e := aiNew(t, false)
-	skus := aiSKUs("every", 2560)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("every", 2560, 100)
 	acks := aiDeductEach(t, e.r, skus, "d", 1)
-	for _, s := range skus {
-		if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: "h", Qty: 2}, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
+	aiHoldEach(t, e.r, skus, 2, time.Minute)
 	e.advance(2 * time.Minute)
 	start := time.Now()
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	want := map[string]int64{}
-	for _, s := range skus {
-		want[s] = 0
-	}
+	want := aiNoneHeld(skus)
 	took, diff := aiWaitHeld(t, e.r, want, 60*time.Second)
 	t.Logf("2560 due holds released in %v", took.Round(time.Millisecond))
 	if len(diff) > 0 {
@@ -1567,8 +1517,7 @@ func TestEveryItemDue(t *testing.T) {
 // pace, well before the walk would find it.
 func TestBurstHints(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("burst", 5000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("burst", 5000, 100)
 	ts := &aiTimedStore{Store: e.store, at: map[string]time.Time{}}
 	_ = aiRun(t, e.r, stock.RunOptions{Store: ts})
 	time.Sleep(300 * time.Millisecond)
@@ -1616,8 +1565,7 @@ func TestBurstHints(t *testing.T) {
 func TestFrozenClock(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, false)
-	skus := aiSKUs("frz", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	skus := e.loadItems("frz", 3000, 100)
 	p := aiPick(skus, 4)
 	var mu sync.Mutex
 	fail := map[string]bool{p[2]: true, p[3]: true}
@@ -1647,11 +1595,7 @@ func TestFrozenClock(t *testing.T) {
 		}
 	}
 	e.advance(2 * time.Second)
-	took, why = aiWaitAll(e.r, e.store, p[2:], 25*time.Second)
-	t.Logf("retried %v after Advance passed the backoff", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not retried %v after the backoff: %v", took, why)
-	}
+	took = aiDelivered(t, e.r, e.store, p[2:], 25*time.Second, "retried after Advance passed the backoff")
 	if took > aiPrompt {
 		t.Errorf("retried only %v after Advance passed the backoff (want < %v)", took, aiPrompt)
 	}
@@ -1663,8 +1607,7 @@ func TestFrozenClock(t *testing.T) {
 // Store recovers, the item's events arrive after its backoff, not at the walk's pace.
 func TestNewEventsDuringBackoff(t *testing.T) {
 	e := aiNew(t, true)
-	skus := aiSKUs("bko", 3000) // walk bound ≈ 11.7s
-	aiLoad(t, e.r, e.store, skus, 1000)
+	skus := e.loadItems("bko", 3000, 1000) // walk bound ≈ 11.7s
 	p := aiPick(skus, 6)
 	var mu sync.Mutex
 	down := true
@@ -1687,11 +1630,7 @@ func TestNewEventsDuringBackoff(t *testing.T) {
 	down = false
 	mu.Unlock()
 	acks = append(acks, aiDeductEach(t, e.r, p, "last", 1)...)
-	took, why := aiWaitAll(e.r, e.store, p, 25*time.Second)
-	t.Logf("delivered %v after the store recovered", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered %v after the store recovered: %v", took, why)
-	}
+	took := aiDelivered(t, e.r, e.store, p, 25*time.Second, "after the store recovered")
 	if took > 500*time.Millisecond+aiPrompt {
 		t.Errorf("delivered %v after the store recovered; backoff ≤ 500ms, want < %v", took, 500*time.Millisecond+aiPrompt)
 	}
@@ -1706,16 +1645,9 @@ func TestSkewedClocks(t *testing.T) {
 	now := func(d time.Duration) func() time.Time {
 		return func() time.Time { return e.env.Now().Add(d) }
 	}
-	ahead, err := stock.New(e.c, stock.WithClock(now(10*time.Minute)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	behind, err := stock.New(e.c, stock.WithClock(now(-10*time.Minute)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	skus := aiSKUs("skew", 3000)
-	aiLoad(t, e.r, e.store, skus, 100)
+	ahead := testkit.NewReserver(t, e.c, stock.WithClock(now(10*time.Minute)))
+	behind := testkit.NewReserver(t, e.c, stock.WithClock(now(-10*time.Minute)))
+	skus := e.loadItems("skew", 3000, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	time.Sleep(300 * time.Millisecond)
 	p := aiPick(skus, 12)
@@ -1739,23 +1671,14 @@ func TestSkewedClocks(t *testing.T) {
 func TestHoldHintWriterClock(t *testing.T) {
 	for _, skew := range []time.Duration{-10 * time.Minute, 10 * time.Minute, 3 * time.Second} {
 		t.Run(skew.String(), func(t *testing.T) {
-			ctx := context.Background()
 			e := aiNew(t, true)
-			w, err := stock.New(e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
-			if err != nil {
-				t.Fatal(err)
-			}
-			skus := aiSKUs("hw", 3000)
-			aiLoad(t, e.r, e.store, skus, 100)
+			w := testkit.NewReserver(t, e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
+			skus := e.loadItems("hw", 3000, 100)
 			_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 			time.Sleep(300 * time.Millisecond)
-			want := map[string]int64{}
-			for _, s := range aiPick(skus, 6) {
-				if _, err := w.Hold(ctx, stock.Request{SKU: s, ID: "h", Qty: 1}, time.Second); err != nil {
-					t.Fatal(err)
-				}
-				want[s] = 0
-			}
+			held := aiPick(skus, 6)
+			aiHoldEach(t, w, held, 1, time.Second)
+			want := aiNoneHeld(held)
 			took, diff := aiWaitHeld(t, e.r, want, 25*time.Second)
 			t.Logf("writer clock %v: 1s holds released in %v", skew, took.Round(time.Millisecond))
 			if len(diff) > 0 || took > time.Second+aiPrompt/2 {
@@ -1773,14 +1696,9 @@ func TestHoldHintWriterClock(t *testing.T) {
 func TestRunSkewed(t *testing.T) {
 	for _, skew := range []time.Duration{-10 * time.Minute, 10 * time.Minute} {
 		t.Run(skew.String(), func(t *testing.T) {
-			ctx := context.Background()
 			e := aiNew(t, true)
-			runner, err := stock.New(e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
-			if err != nil {
-				t.Fatal(err)
-			}
-			skus := aiSKUs("rsk", 3000)
-			aiLoad(t, e.r, e.store, skus, 100)
+			runner := testkit.NewReserver(t, e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
+			skus := e.loadItems("rsk", 3000, 100)
 			_ = aiRun(t, runner, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 			time.Sleep(300 * time.Millisecond)
 			p := aiPick(skus, 12)
@@ -1789,13 +1707,8 @@ func TestRunSkewed(t *testing.T) {
 			if len(why) > 0 || took > aiPrompt {
 				t.Errorf("Run with a skewed clock: events after %v: %v", took, why)
 			}
-			want := map[string]int64{}
-			for _, s := range p[6:] {
-				if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: "h", Qty: 1}, time.Second); err != nil {
-					t.Fatal(err)
-				}
-				want[s] = 0
-			}
+			aiHoldEach(t, e.r, p[6:], 1, time.Second)
+			want := aiNoneHeld(p[6:])
 			took2, diff := aiWaitHeld(t, e.r, want, 15*time.Second)
 			t.Logf("skew %v: events %v, 1s holds released in %v", skew, took.Round(time.Millisecond), took2.Round(time.Millisecond))
 			if len(diff) > 0 || took2 > time.Second+aiPrompt {
@@ -1826,10 +1739,7 @@ func TestRunClockBehindRedisHoldsNeverSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Advance(2 * time.Minute)
-	other, err := stock.New(e.Client) // "other Reservers on the same data"
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := testkit.NewReserver(t, e.Client) // "other Reservers on the same data"
 	stop := aiRun(t, other, stock.RunOptions{SweepInterval: 100 * time.Millisecond})
 	took, diff := aiWaitHeld(t, other, map[string]int64{"s7": 0}, 5*time.Second)
 	if err := stop(); err != nil {
