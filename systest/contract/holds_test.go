@@ -415,6 +415,16 @@ func waitRun(t *testing.T, done <-chan error, d time.Duration) (error, bool) {
 	}
 }
 
+// stopRunWithin cancels a Run started by runAsync and requires it to return context.Canceled
+// within d.
+func stopRunWithin(t *testing.T, cancel context.CancelFunc, done <-chan error, d time.Duration) {
+	t.Helper()
+	cancel()
+	err, ok := waitRun(t, done, d)
+	require.True(t, ok, "Run returned after ctx ended")
+	assert.ErrorIs(t, err, context.Canceled)
+}
+
 // eventually polls cond every 10ms for up to d.
 func eventually(d time.Duration, cond func() bool) bool {
 	end := time.Now().Add(d)
@@ -660,15 +670,7 @@ func TestSweepDuplicateSKUs(t *testing.T) {
 // the holds' deadlines, a sweep, a drain and a pass: no live hold is left, every acknowledged
 // sale and confirm is in the ledger or the store, nothing is applied twice, the store agrees.
 func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
-	d := deploy(t, redistest.SentinelConfig{
-		Replicas:        2,
-		Args:            []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"},
-		ReplicaLatency:  30 * time.Millisecond,
-		FailoverTimeout: 120 * time.Second,
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
-	opts := []stock.Option{stock.WithReplicaAck(1, time.Second), stock.WithTimeout(3 * time.Second)}
+	d, ctx, opts := safeDeployment(t)
 	r1 := reserver(t, d.Client(t), opts...)
 	r2 := reserver(t, d.Client(t), opts...)
 	st := memstore.New()
