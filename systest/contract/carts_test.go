@@ -1458,15 +1458,21 @@ func TestCartsAcrossKill9(t *testing.T) {
 	audit(t, ctx, r, st, acked)
 }
 
+// gPrefixGroup is a WithGroups function that puts the items whose names start with "g-" (and are
+// longer than that) in group name, and the others in none.
+func gPrefixGroup(name string) func(sku string) string {
+	return func(sku string) string {
+		if len(sku) > 2 && sku[:2] == "g-" {
+			return name
+		}
+		return ""
+	}
+}
+
 func TestCartsGroupedAndSaga(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
-		group := func(sku string) string {
-			if len(sku) > 2 && sku[:2] == "g-" {
-				return "bundle"
-			}
-			return ""
-		}
+		group := gPrefixGroup("bundle")
 		r1 := testkit.NewReserver(t, c1, stock.WithGroups(group), stock.WithUserLimit(1))
 		r2 := testkit.NewReserver(t, c2, stock.WithGroups(group), stock.WithUserLimit(1))
 		rs := []*stock.Reserver{r1, r2}
@@ -1652,13 +1658,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 func TestCartLinesSummedForLimit(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
 		ctx := context.Background()
-		group := func(sku string) string {
-			if len(sku) > 2 && sku[:2] == "g-" {
-				return "grp"
-			}
-			return ""
-		}
-		r := testkit.NewReserver(t, c1, stock.WithGroups(group), stock.WithUserLimit(1))
+		r := testkit.NewReserver(t, c1, stock.WithGroups(gPrefixGroup("grp")), stock.WithUserLimit(1))
 		loadEach(t, r, 10, "g-a", "g-b", "plain")
 		for i, lines := range [][]stock.Line{
 			{{SKU: "g-a", Qty: 1}, {SKU: "g-b", Qty: 1}, {SKU: "g-a", Qty: 1}},   // one script
