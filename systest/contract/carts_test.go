@@ -1707,6 +1707,16 @@ func wholeCarts(t *testing.T, r *stock.Reserver, prefix string, n int, skus []st
 	return whole
 }
 
+// wantSold asserts that the item of each of lines sold carts times the line's quantity (what
+// ends the message: "" or " after retries").
+func wantSold(t *testing.T, r *stock.Reserver, lines []stock.Line, carts int64, what string) {
+	t.Helper()
+	for _, line := range lines {
+		l := levels(t, r, line.SKU)
+		assert.Equal(t, carts*line.Qty, l.Sold, "%s%s: %+v", line.SKU, what, l)
+	}
+}
+
 // cartTakenEach is cartTaken of id on each of skus.
 func cartTakenEach(t *testing.T, r *stock.Reserver, id string, skus ...string) []int64 {
 	t.Helper()
@@ -2169,10 +2179,7 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 			_, _ = e.r.DeductMany(cctx, cart(i))
 		})
 		whole := wholeCarts(t, e.r, "rc", n, skus, "taken")
-		for k, sku := range skus {
-			l := levels(t, e.r, sku)
-			assert.Equal(t, whole*int64(k+1), l.Sold, "%s", sku)
-		}
+		wantSold(t, e.r, lines, whole, "")
 		t.Logf("%d of %d carts taken whole", whole, n)
 		// Retries: a taken cart replays, an undone one takes nothing.
 		for i := range n {
@@ -2189,10 +2196,7 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 				assert.True(t, tk == 0 || tk == int64(k+1), "%s %s: %d", id, sku, tk)
 			}
 		}
-		for k, sku := range skus {
-			l := levels(t, e.r, sku)
-			assert.Equal(t, whole2*int64(k+1), l.Sold, "%s after retries", sku)
-		}
+		wantSold(t, e.r, lines, whole2, " after retries")
 	})
 }
 
@@ -2349,10 +2353,7 @@ func TestRecoverRacesSagas(t *testing.T) {
 				assert.ErrorIs(t, err, stock.ErrRestored, id)
 			}
 		}
-		for k, sku := range skus {
-			l := levels(t, e.r, sku)
-			assert.Equal(t, whole*int64(k+1), l.Sold, sku)
-		}
+		wantSold(t, e.r, lines, whole, "")
 		t.Logf("%d of %d carts taken", whole, carts)
 	})
 }
@@ -2498,10 +2499,7 @@ func TestCartKilledProcess(t *testing.T) {
 					assert.Equal(t, [3]int64{}, taken[id], "refused cart %s: %s", id, l)
 				}
 			}
-			for k, sku := range skus {
-				l := levels(t, r, sku)
-				assert.Equal(t, whole*killLines[k].Qty, l.Sold, "%s: %+v", sku, l)
-			}
+			wantSold(t, r, killLines, whole, "")
 			t.Logf("%d kills, %d carts answered ok, %d refused, %d taken whole, %d undone by recovery; refusals %v", kills, oks, nos, whole, n, reasons)
 			// Retries of every cart: a taken one replays, an undone one takes nothing.
 			for id := range acked {
@@ -2515,10 +2513,7 @@ func TestCartKilledProcess(t *testing.T) {
 					assert.Error(t, err, id)
 				}
 			}
-			for k, sku := range skus {
-				l := levels(t, r, sku)
-				assert.Equal(t, whole*killLines[k].Qty, l.Sold, "%s after retries: %+v", sku, l)
-			}
+			wantSold(t, r, killLines, whole, " after retries")
 			// Run (its sweeper completes the transfers the kills cut) and its relay into the
 			// store; then new buyers sell the rest out: nothing stranded, the store equals Redis.
 			rctx, cancel := context.WithCancel(ctx)
