@@ -204,15 +204,22 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 	})
 }
 
+// abReserver returns a client of b and a Reserver on it with items a and b of 5 units each.
+func abReserver(t *testing.T, b redistest.Backend) (rueidis.Client, *stock.Reserver) {
+	t.Helper()
+	c := b.Client(t)
+	r := testkit.NewReserver(t, c)
+	cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
+	return c, r
+}
+
 // Promise (ConfirmMany doc): "A hold that expired makes it return ErrExpired after cancelling
 // the others: a cart is confirmed whole or not at all". The first hold in SKU order is live
 // (extended), the second expired: nothing may stay confirmed.
 func TestConfirmManyWholeOrNothing(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
-		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
+		c, r := abReserver(t, b)
 		err := confirmPartlyExpired(t, c, r, "h1", "a")
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
@@ -257,9 +264,7 @@ func confirmPartlyExpired(t *testing.T, c rueidis.Client, r *stock.Reserver, id,
 func TestConfirmManyRetryAnswersExpired(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
-		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
+		c, r := abReserver(t, b)
 		err := confirmPartlyExpired(t, c, r, "h1", "a")
 		require.ErrorIs(t, err, stock.ErrExpired)
 		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
@@ -633,9 +638,7 @@ func TestCartUserLimit(t *testing.T) {
 func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
-		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
+		c, r := abReserver(t, b)
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		_, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
 		require.NoError(t, err)
