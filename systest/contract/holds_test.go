@@ -22,6 +22,21 @@ import (
 	"github.com/stockres/stock/stocktest"
 )
 
+// holdsDue holds req under each of ids (by users[i] when users are given) for ttl, then moves the
+// server's clock 200 ms past the deadline.
+func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Request, ids []string, ttl time.Duration, users ...string) {
+	t.Helper()
+	for i, id := range ids {
+		req.ID = id
+		if users != nil {
+			req.User = users[i]
+		}
+		_, err := r.Hold(context.Background(), req, ttl)
+		require.NoError(t, err, "Hold %s %s", req.SKU, id)
+	}
+	redistest.Sleep(c, ttl+200*time.Millisecond)
+}
+
 // Promise (Hold doc): "after expiry it is ErrExpired", whatever the number of other holds due;
 // Confirm and Extend past the deadline are ErrExpired; Cancel of an expired hold is a replay.
 // 600 holds are due at once (more than any one bounded release step), and each is asked in
@@ -33,11 +48,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "h", n))
-		for i := range n {
-			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), User: "u", Qty: 1}, 500*time.Millisecond)
-			require.NoError(t, err)
-		}
-		redistest.Sleep(c, 700*time.Millisecond)
+		holdsDue(t, c, r, stock.Request{SKU: "h", User: "u", Qty: 1}, numbered("h", n), 500*time.Millisecond)
 		for i := n - 1; i >= 0; i-- {
 			id := fmt.Sprint("h", i)
 			var err error
@@ -79,22 +90,14 @@ func TestDeductAfterManyHoldsDue(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "h", n))
-		for i := range n {
-			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, 500*time.Millisecond)
-			require.NoError(t, err)
-		}
-		redistest.Sleep(c, 700*time.Millisecond)
+		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 500*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "all", Qty: n})
 		assert.NoError(t, err, "every unit is free again: %+v", rc)
 		l := check(t, r, "h", n)
 		t.Logf("after the deduct: %+v", l)
 		// And a hold of the whole item after the same situation.
 		require.NoError(t, r.Load(ctx, "h2", n))
-		for i := range n {
-			_, err := r.Hold(ctx, stock.Request{SKU: "h2", ID: fmt.Sprint("h", i), Qty: 1}, 500*time.Millisecond)
-			require.NoError(t, err)
-		}
-		redistest.Sleep(c, 700*time.Millisecond)
+		holdsDue(t, c, r, stock.Request{SKU: "h2", Qty: 1}, numbered("h", n), 500*time.Millisecond)
 		_, err = r.Hold(ctx, stock.Request{SKU: "h2", ID: "all", Qty: n}, time.Minute)
 		assert.NoError(t, err, "hold of every unit after 600 holds expired")
 		check(t, r, "h2", n)
@@ -287,11 +290,7 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 				c := b.Client(t)
 				r := testkit.NewReserver(t, c)
 				require.NoError(t, r.Load(ctx, "h", int64(n)))
-				for i := range n {
-					_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)
-					require.NoError(t, err)
-				}
-				redistest.Sleep(c, 500*time.Millisecond)
+				holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 300*time.Millisecond)
 				last := fmt.Sprint("h", n-1)
 				rc, err := r.Cancel(ctx, "h", last)
 				require.NoError(t, err)
@@ -385,11 +384,7 @@ func TestUserLimitAfterManyHoldsDue(t *testing.T) {
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "h", 1000))
-		for i := range 200 {
-			_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), User: fmt.Sprint("user", i), Qty: 1}, 300*time.Millisecond)
-			require.NoError(t, err)
-		}
-		redistest.Sleep(c, 500*time.Millisecond)
+		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", 200), 300*time.Millisecond, numbered("user", 200)...)
 		_, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "again", User: "user199", Qty: 1})
 		assert.NoError(t, err, "user199's only hold expired")
 		check(t, r, "h", 1000)
@@ -413,6 +408,16 @@ func waitRun(t *testing.T, done <-chan error, d time.Duration) (error, bool) {
 	case <-time.After(d):
 		return nil, false
 	}
+}
+
+// stopRunWithin cancels a Run started by runAsync and requires it to return context.Canceled
+// within d.
+func stopRunWithin(t *testing.T, cancel context.CancelFunc, done <-chan error, d time.Duration) {
+	t.Helper()
+	cancel()
+	err, ok := waitRun(t, done, d)
+	require.True(t, ok, "Run returned after ctx ended")
+	assert.ErrorIs(t, err, context.Canceled)
 }
 
 // eventually polls cond every 10ms for up to d.
@@ -441,10 +446,7 @@ func TestRunBothNilSweeps(t *testing.T) {
 	e.Advance(2 * time.Minute)
 	ok := eventually(3*time.Second, func() bool { return testkit.Levels(t, r, "h").Held == 0 })
 	assert.True(t, ok, "Run's sweeper released the due hold: %+v", testkit.Levels(t, r, "h"))
-	cancel()
-	err, ok = waitRun(t, done, 5*time.Second)
-	require.True(t, ok, "Run returned after ctx ended")
-	assert.ErrorIs(t, err, context.Canceled)
+	stopRunWithin(t, cancel, done, 5*time.Second)
 
 	// A negative SweepInterval turns the sweeper off: the due hold stays until something sweeps.
 	_, err = r.Hold(ctx, stock.Request{SKU: "h", ID: "b", Qty: 2}, time.Minute)
@@ -453,10 +455,7 @@ func TestRunBothNilSweeps(t *testing.T) {
 	e.Advance(2 * time.Minute)
 	time.Sleep(300 * time.Millisecond)
 	assert.Equal(t, int64(2), testkit.Levels(t, r, "h").Held, "a negative SweepInterval turns the sweeper off")
-	cancel()
-	err, ok = waitRun(t, done, 5*time.Second)
-	require.True(t, ok)
-	assert.ErrorIs(t, err, context.Canceled)
+	stopRunWithin(t, cancel, done, 5*time.Second)
 }
 
 // Levels and Sweep on unknown and invalid SKUs: "Bad input is refused with ErrInvalid before
@@ -660,15 +659,7 @@ func TestSweepDuplicateSKUs(t *testing.T) {
 // the holds' deadlines, a sweep, a drain and a pass: no live hold is left, every acknowledged
 // sale and confirm is in the ledger or the store, nothing is applied twice, the store agrees.
 func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
-	d := deploy(t, redistest.SentinelConfig{
-		Replicas:        2,
-		Args:            []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"},
-		ReplicaLatency:  30 * time.Millisecond,
-		FailoverTimeout: 120 * time.Second,
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
-	opts := []stock.Option{stock.WithReplicaAck(1, time.Second), stock.WithTimeout(3 * time.Second)}
+	d, ctx, opts := safeDeployment(t)
 	r1 := reserver(t, d.Client(t), opts...)
 	r2 := reserver(t, d.Client(t), opts...)
 	st := memstore.New()
@@ -782,10 +773,11 @@ func TestHoldsOnQueuePath(t *testing.T) {
 	initial := map[string]int64{}
 	for _, sku := range skus {
 		initial[sku] = 200
-		if err := e.Reserver.Load(ctx, sku, 200); err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Load(ctx, sku, 200); err != nil {
+		loadBoth(t, e.Reserver, st, sku, 200)
+	}
+	must := func(_ stock.Receipt, err error) {
+		t.Helper()
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -797,35 +789,21 @@ func TestHoldsOnQueuePath(t *testing.T) {
 		q := int64(1 + rng.IntN(3))
 		switch p := rng.IntN(5); p {
 		case 0: // a deduct
-			if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err != nil {
-				t.Fatal(err)
-			}
+			must(e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}))
 			sold[sku] += q
 		case 1, 2: // a hold, confirmed
-			if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := e.Reserver.Confirm(ctx, sku, id); err != nil {
-				t.Fatal(err)
-			}
+			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))
+			must(e.Reserver.Confirm(ctx, sku, id))
 			sold[sku] += q
 			if p == 2 { // then given back
-				if _, err := e.Reserver.Restore(ctx, sku, id); err != nil {
-					t.Fatal(err)
-				}
+				must(e.Reserver.Restore(ctx, sku, id))
 				sold[sku] -= q
 			}
 		case 3: // a hold, cancelled
-			if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := e.Reserver.Cancel(ctx, sku, id); err != nil {
-				t.Fatal(err)
-			}
+			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))
+			must(e.Reserver.Cancel(ctx, sku, id))
 		case 4: // a hold left to expire
-			if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Minute); err != nil {
-				t.Fatal(err)
-			}
+			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Minute))
 			expiring = append(expiring, struct{ sku, id string }{sku, id})
 		}
 	}
