@@ -264,7 +264,7 @@ func (s *Server) kill() {
 	if s.cmd == nil {
 		return
 	}
-	s.cmd.Process.Kill()
+	killGroup(s.cmd)
 	<-s.done
 	s.cmd = nil
 }
