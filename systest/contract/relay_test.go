@@ -195,21 +195,12 @@ func TestRunDrainsLastSales(t *testing.T) {
 		stop := make(chan struct{})
 		var n atomic.Int64
 		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					s := skus[(i+w)%len(skus)]
-					if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: fmt.Sprintf("w%d-%d", w, i), Qty: 1}); err == nil {
-						n.Add(1)
-					}
+			untilStopped(&wg, stop, func(i int) {
+				s := skus[(i+w)%len(skus)]
+				if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: fmt.Sprintf("w%d-%d", w, i), Qty: 1}); err == nil {
+					n.Add(1)
 				}
-			}()
+			})
 		}
 		time.Sleep(500 * time.Millisecond)
 		close(stop)
