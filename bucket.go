@@ -71,7 +71,7 @@ func (r *Reserver) route(ctx context.Context, sku, id string, n, want int, giveB
 	}
 	var s string
 	if r.opts.inflight > 0 {
-		s, err = r.claimCoalesced(ctx, home.Claims, id, claim)
+		s, err = r.claims.Do(ctx, home.Claims, claimReq{id, claim}, r.opts.inflight)
 	} else {
 		var out [1]string
 		err = r.execClaims(ctx, home.Claims, []claimReq{{id, claim}}, out[:])
@@ -291,7 +291,7 @@ func (r *Reserver) takeBucketed(ctx context.Context, kind string, req Request, t
 		var o outcome
 		var ackErr error
 		if kind == protocol.TakeDeduct && r.opts.inflight > 0 {
-			o, err = r.deductCoalesced(ctx, k, bq)
+			o, err = r.deducts.Do(ctx, bq.SKU, bq, r.opts.inflight)
 		} else {
 			o, ackErr, err = r.takeScript(ctx, k, kind, bq, ttlMs)
 		}

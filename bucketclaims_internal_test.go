@@ -67,16 +67,7 @@ func warmRoute(t *testing.T, r *Reserver, rc *routeClient, sku string, h, n int)
 func queued(t *testing.T, r *Reserver, sku string, h, nb, n int) {
 	t.Helper()
 	key := r.item(bucketName(sku, h)).Claims
-	require.Eventually(t, func() bool {
-		v, ok := r.claims.live.Load(key)
-		if !ok {
-			return false
-		}
-		l := v.(*lane[claimReq, string])
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return len(l.queue) == n
-	}, 10*time.Second, time.Millisecond, "%d claims queued", n)
+	require.Eventually(t, func() bool { return r.claims.Queued(key) == n }, 10*time.Second, time.Millisecond, "%d claims queued", n)
 }
 
 // TestCoalescedClaims: claims of one home bucket sent while another is in flight go out as one
@@ -184,6 +175,8 @@ func TestCoalescedClaimsDeductCopies(t *testing.T) {
 // of it with ErrUnknownOutcome; a queued claim whose context ends first leaves the queue with
 // its context's error and nothing sent for it; the lane goes on serving later claims.
 func TestCoalescedClaimsBatchBroken(t *testing.T) {
+	// A claim whose caller stopped waiting for its batch answers ErrUnknownOutcome.
+	require.ErrorIs(t, claimUnawaited(context.Canceled), ErrUnknownOutcome)
 	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		rc := &routeClient{Client: c}

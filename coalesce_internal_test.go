@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stockres/stock/internal/lane"
 	"github.com/stockres/stock/internal/redistest"
 
 	"github.com/stockres/stock/internal/protocol"
@@ -27,7 +28,7 @@ func TestCoalescedBatchEqualsOneByOne(t *testing.T) {
 			require.NoError(t, err)
 			rng := rand.New(rand.NewPCG(1, 2))
 			var reqs []Request
-			for range maxBatch {
+			for range lane.MaxBatch {
 				id := rng.IntN(40) // repeats, some with other parameters
 				reqs = append(reqs, Request{ID: fmt.Sprint("o", id), User: fmt.Sprint("u", id%7), Qty: int64(1 + rng.IntN(3))})
 			}
@@ -127,9 +128,7 @@ func TestLanesDroppedWhenIdle(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	n := 0
-	r.deducts.live.Range(func(any, any) bool { n++; return true })
-	assert.Zero(t, n, "lanes left for idle items")
+	assert.Zero(t, r.deducts.Live(), "lanes left for idle items")
 	for i := range items {
 		l, err := r.Levels(ctx, fmt.Sprint("sku-", i))
 		require.NoError(t, err)

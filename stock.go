@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/lane"
 	"github.com/stockres/stock/internal/protocol"
 )
 
@@ -54,8 +55,8 @@ type Reserver struct {
 	client    rueidis.Client
 	opts      options
 	limitArg  string                        // opts.userLimit, formatted once
-	deducts   lanes[Request, outcome]       // the coalescing of deducts, per item
-	claims    lanes[claimReq, string]       // the coalescing of claims (route), per claims hash
+	deducts   lane.Lanes[Request, outcome]  // the coalescing of deducts, per item
+	claims    lane.Lanes[claimReq, string]  // the coalescing of claims (route), per claims hash
 	guarded   atomic.Bool                   // a failover guard exists: a pass that cannot record the epoch fails
 	fenced    atomic.Bool                   // a failover guard saw the primaries change: ErrFailover
 	guard     atomic.Pointer[failoverGuard] // the latest guard, which a pass that records the epoch checks
@@ -96,8 +97,8 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r.client = bounded(client, o.timeout, r.cmds)
 	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
 	r.hints = newHints(r)
-	r.deducts.send = r.sendDeducts
-	r.claims.send, r.claims.unawaited = r.execClaims, claimUnawaited
+	r.deducts.Send = r.sendDeducts
+	r.claims.Send, r.claims.Unawaited = r.execClaims, claimUnawaited
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}
 		r.client = &trackedClient{Client: r.client, so: r.soldOut} // bounded too; see fastpath.go: own writes
@@ -378,7 +379,7 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 		return rc, ErrSoldOut
 	}
 	if r.opts.inflight > 0 {
-		o, err := r.deductCoalesced(ctx, k, req)
+		o, err := r.deducts.Do(ctx, req.SKU, req, r.opts.inflight)
 		return r.takeReceipt(ctx, rc, k, protocol.TakeDeduct, req, o, nil, err)
 	}
 	o, ackErr, err := r.takeScript(ctx, k, protocol.TakeDeduct, req, 0)

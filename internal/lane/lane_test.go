@@ -1,8 +1,9 @@
-package stock
+package lane
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,8 +18,8 @@ import (
 func TestLaneUnawaitedCallerStopsWaiting(t *testing.T) {
 	release := make(chan struct{})
 	var sends atomic.Int64
-	var ls lanes[int, int]
-	ls.send = func(_ context.Context, _ string, reqs []int, dst []int) error {
+	var ls Lanes[int, int]
+	ls.Send = func(_ context.Context, _ string, reqs []int, dst []int) error {
 		sends.Add(1)
 		<-release
 		for i, q := range reqs {
@@ -26,7 +27,7 @@ func TestLaneUnawaitedCallerStopsWaiting(t *testing.T) {
 		}
 		return nil
 	}
-	ls.unawaited = claimUnawaited
+	ls.Unawaited = unawaited
 	l, w := ls.join("k", 0, 1)
 	require.Nil(t, w, "the first call goes at once")
 	_, lead := ls.join("k", 1, 1)
@@ -50,12 +51,17 @@ func TestLaneUnawaitedCallerStopsWaiting(t *testing.T) {
 	cancel()
 	select {
 	case err := <-followErr:
-		assert.ErrorIs(t, err, ErrUnknownOutcome)
+		assert.ErrorIs(t, err, errUnknown)
 		assert.ErrorIs(t, err, context.Canceled)
 	case <-time.After(5 * time.Second):
 		t.Fatal("a caller whose context ended still waits for its batch")
 	}
 	close(release)
 	assert.Equal(t, 10, <-leadDone)
-	assert.True(t, errors.Is(claimUnawaited(context.Canceled), ErrUnknownOutcome))
 }
+
+var errUnknown = errors.New("outcome unknown")
+
+// unawaited is the error of a caller that stopped waiting for its batch, as package stock's
+// claims make it.
+func unawaited(ctxErr error) error { return fmt.Errorf("%w: %w", errUnknown, ctxErr) }
