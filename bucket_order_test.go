@@ -4,13 +4,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"github.com/stockres/stock/internal/redistest"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stockres/stock/internal/redistest"
 
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"

@@ -105,7 +105,7 @@ func (r *Reserver) ConfirmMany(ctx context.Context, id string, skus ...string) (
 	if err := r.enter(); err != nil {
 		return nil, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	skus = sortedUnique(skus)
 	var out []Receipt
 	for i, sku := range skus {
@@ -146,7 +146,7 @@ func (r *Reserver) CancelMany(ctx context.Context, id string, skus ...string) ([
 	if err := r.enter(); err != nil {
 		return nil, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	var out []Receipt
 	for _, sku := range sortedUnique(skus) {
 		rc, err := r.cancel(ctx, sku, id)
@@ -270,7 +270,7 @@ func (r *Reserver) cart(ctx context.Context, kind string, c Cart, ttlMs int64) (
 	if err := r.enter(); err != nil {
 		return CartReceipt{ID: c.ID}, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	out := CartReceipt{ID: c.ID}
 	lines, err := sumLines(c)
 	if err != nil {

@@ -3,8 +3,6 @@ package stock
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -44,10 +42,10 @@ func (r *Reserver) shutdown() {
 	stops := r.runs
 	r.runs = nil
 	r.runMu.Unlock()
-	zero := r.calls.shut()
+	zero := r.calls.Shut()
 	// The calls in flight end before a Run's last delivery starts, so that it delivers their
 	// events too (each Run is one of the calls); bounded as each of their commands is.
-	for deadline := time.Now().Add(r.opts.timeout); r.calls.inFlight() > int64(len(stops)) && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(r.opts.timeout); r.calls.InFlight() > int64(len(stops)) && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	for _, stop := range stops {
@@ -58,7 +56,7 @@ func (r *Reserver) shutdown() {
 		r.hints.stop()
 	}
 	if r.cmds != nil {
-		<-r.cmds.shut()
+		<-r.cmds.Shut()
 	}
 	close(r.closeDone)
 }
@@ -66,7 +64,7 @@ func (r *Reserver) shutdown() {
 // enter admits a call, or returns ErrReserverClosed once Close began. A call that entered
 // leaves (r.calls.leave) when it ends.
 func (r *Reserver) enter() error {
-	if !r.calls.enter() {
+	if !r.calls.Enter() {
 		return ErrReserverClosed
 	}
 	return nil
@@ -100,69 +98,4 @@ func (r *Reserver) startRun(ctx context.Context) (context.Context, func(), error
 		r.runMu.Unlock()
 		cancel(nil)
 	}, nil
-}
-
-// gate counts the calls (or commands) in flight and, once shut, refuses new ones. The zero
-// value is open. Safe for concurrent use; a nil *gate admits everything.
-type gate struct {
-	n    atomic.Int64 // calls in flight, plus gateShut once shut
-	mu   sync.Mutex
-	zero chan struct{} // made by shut; closed when shut with no call in flight
-	done bool          // zero is closed
-}
-
-const gateShut = 1 << 62
-
-// inFlight returns the number of calls in flight.
-func (g *gate) inFlight() int64 { return g.n.Load() &^ gateShut }
-
-// enter admits a call unless g is shut.
-func (g *gate) enter() bool {
-	if g == nil {
-		return true
-	}
-	if g.n.Add(1)&gateShut != 0 {
-		g.leave()
-		return false
-	}
-	return true
-}
-
-// leave ends a call that enter admitted (or undoes a refused one).
-func (g *gate) leave() {
-	if g == nil {
-		return
-	}
-	if g.n.Add(-1) == gateShut {
-		g.mu.Lock()
-		g.closeZero()
-		g.mu.Unlock()
-	}
-}
-
-// closeZero closes g.zero if it exists and is open. g.mu is held.
-func (g *gate) closeZero() {
-	if g.zero != nil && !g.done {
-		g.done = true
-		close(g.zero)
-	}
-}
-
-// shut refuses new calls and returns a channel closed once no call is in flight.
-func (g *gate) shut() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for {
-		s := g.n.Load()
-		if s&gateShut != 0 || g.n.CompareAndSwap(s, s|gateShut) {
-			break
-		}
-	}
-	if g.zero == nil {
-		g.zero = make(chan struct{})
-	}
-	if g.n.Load() == gateShut {
-		g.closeZero()
-	}
-	return g.zero
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"syscall"
 
+	"github.com/stockres/stock/internal/errs"
 	"github.com/stockres/stock/internal/protocol"
 )
 
@@ -24,52 +25,52 @@ var (
 	// also wraps the cause: the transport error (a net.Error, io.EOF, …), and
 	// context.DeadlineExceeded or context.Canceled when the time ran out or the caller
 	// cancelled. Retry with the same request id (Request.Retry set), which is always safe.
-	ErrUnknownOutcome = errors.New("stock: outcome unknown")
+	ErrUnknownOutcome = errs.UnknownOutcome
 	// ErrSoldOut: the item has no stock available.
-	ErrSoldOut = errors.New("stock: sold out")
+	ErrSoldOut = errs.SoldOut
 	// ErrInsufficient: the item has some stock, but less than the quantity asked for.
-	ErrInsufficient = errors.New("stock: insufficient stock")
+	ErrInsufficient = errs.Insufficient
 	// ErrNotLoaded: the item is unknown to Redis (never loaded, or its keys were lost).
-	ErrNotLoaded = errors.New("stock: item not loaded")
+	ErrNotLoaded = errs.NotLoaded
 	// ErrLoaded: Load was asked to create an item that already exists.
-	ErrLoaded = errors.New("stock: item already loaded")
+	ErrLoaded = errs.Loaded
 	// ErrConflict: the request id was already used on this item with a different quantity, user
 	// or operation (or, for a cart, with other lines or another user); nothing was changed.
 	// The message says what differs from the id's first use: "was used for a hold, not a
 	// deduct", "with quantity 1, not 3", "by another user" (never naming that user), for a cart its
 	// kind, user and lines. Request ids are scoped per item: the same id on two items names two
 	// requests.
-	ErrConflict = errors.New("stock: request id reused with different parameters")
+	ErrConflict = errs.Conflict
 	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
 	// arrived first; the id cannot take stock again.
-	ErrRestored = errors.New("stock: request id already restored")
+	ErrRestored = errs.Restored
 	// ErrUserLimit: the request would take the user past the per-user limit.
-	ErrUserLimit = errors.New("stock: per-user limit reached")
+	ErrUserLimit = errs.UserLimit
 	// ErrUnknownID: no entry exists for the id. Restore of an unknown id returns it after leaving
 	// a tombstone, so that a late deduct with that id is refused with ErrRestored. Past the
 	// retention, an id that did take stock is unknown too: its entry was trimmed, and Restore
 	// gives nothing back (see Restore for what to do with a late return).
-	ErrUnknownID = errors.New("stock: unknown request id")
+	ErrUnknownID = errs.UnknownID
 	// ErrClosed: the item is closed for sale; restores, confirms and the relay still work.
-	ErrClosed = errors.New("stock: item closed")
+	ErrClosed = errs.Closed
 	// ErrExpired: the hold passed its deadline and its stock went back.
-	ErrExpired = errors.New("stock: hold expired")
+	ErrExpired = errs.Expired
 	// ErrConfirmed: a cancel arrived for a hold that was already confirmed.
-	ErrConfirmed = errors.New("stock: hold already confirmed")
+	ErrConfirmed = errs.Confirmed
 	// ErrNotReplicated: the write happened, but fewer replicas than WithReplicaAck asked for
 	// acknowledged it in time; a failover could lose it. Returned with a valid receipt, by the
 	// write and by its replays until the replicas have it.
-	ErrNotReplicated = errors.New("stock: write not acknowledged by enough replicas")
+	ErrNotReplicated = errs.NotReplicated
 	// ErrRunning: Reserver.Run was called while another Run of the same Reserver runs. The call
 	// started nothing and returned at once; the running Run goes on. Run again once it returned.
-	ErrRunning = errors.New("stock: Run is already running on this Reserver")
+	ErrRunning = errs.Running
 	// ErrInvalid: the input was rejected before anything was sent to Redis, or a script refused
 	// it before writing anything. Nothing was changed. (A reply this package does not
 	// understand is ErrUnknownOutcome: the script may have run.)
-	ErrInvalid = errors.New("stock: invalid input")
+	ErrInvalid = errs.Invalid
 	// ErrReserverClosed: the Reserver was closed (Reserver.Close); nothing was sent to Redis. It
 	// is not ErrClosed, which says that an item is closed for sale.
-	ErrReserverClosed = errors.New("stock: reserver closed")
+	ErrReserverClosed = errs.ReserverClosed
 )
 
 var codeErrs = [...]error{

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/stockres/stock/internal/bounded"
 )
 
 // The memory policy check.
@@ -100,7 +102,7 @@ func (r *Reserver) checkEviction(ctx context.Context) error {
 	case <-c.done:
 		return c.err
 	case <-ctx.Done():
-		return fmt.Errorf("stock: checking Redis's maxmemory-policy: %w", unknownOutcome(ctx, ctx.Err()))
+		return fmt.Errorf("stock: checking Redis's maxmemory-policy: %w", bounded.UnknownOutcome(ctx, ctx.Err()))
 	}
 }
 

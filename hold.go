@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/redis/rueidis"
 	"strconv"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/stockres/stock/internal/protocol"
 )
@@ -36,7 +37,7 @@ func (r *Reserver) Hold(ctx context.Context, req Request, ttl time.Duration) (rc
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	local := false // answered by the sold-out fast path
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "hold", req.SKU)
@@ -76,7 +77,7 @@ func (r *Reserver) Confirm(ctx context.Context, sku, id string) (Receipt, error)
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	return r.confirm(ctx, sku, id)
 }
 
@@ -114,7 +115,7 @@ func (r *Reserver) Cancel(ctx context.Context, sku, id string) (Receipt, error) 
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	return r.cancel(ctx, sku, id)
 }
 
@@ -137,7 +138,7 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	if r.opts.observer != nil {
 		ctx = r.startOp(ctx, "extend", sku)
 		defer func(start time.Time) { r.observe(ctx, "extend", sku, start, rc, err) }(time.Now())

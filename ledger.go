@@ -112,7 +112,7 @@ func (r *Reserver) Ledger(ctx context.Context, sku, id string) (Entry, error) {
 	if err := r.enter(); err != nil {
 		return Entry{}, err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	return r.ledger(ctx, sku, id)
 }
 

@@ -50,7 +50,7 @@ func (o operations) Pending(ctx context.Context, sku string) (int64, int64, erro
 	if err := o.r.enter(); err != nil {
 		return 0, 0, err
 	}
-	defer o.r.calls.leave()
+	defer o.r.calls.Leave()
 	return o.r.pendingCounts(ctx, sku)
 }
 
@@ -62,7 +62,7 @@ func (o operations) Sweep(ctx context.Context, skus ...string) (int64, error) {
 	if err := o.r.enter(); err != nil {
 		return 0, err
 	}
-	defer o.r.calls.leave()
+	defer o.r.calls.Leave()
 	return o.r.sweepItems(ctx, skus...)
 }
 
@@ -70,7 +70,7 @@ func (o operations) RecoverCarts(ctx context.Context, olderThan time.Duration) (
 	if err := o.r.enter(); err != nil {
 		return 0, err
 	}
-	defer o.r.calls.leave()
+	defer o.r.calls.Leave()
 	return o.r.recoverCarts(ctx, olderThan)
 }
 
@@ -78,7 +78,7 @@ func (o operations) Refuse(ctx context.Context, sku, id string) (any, error) {
 	if err := o.r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
-	defer o.r.calls.leave()
+	defer o.r.calls.Leave()
 	return o.r.refuse(ctx, sku, id)
 }
 

@@ -277,3 +277,10 @@ func WithTimeout(d time.Duration) Option {
 		return nil
 	}
 }
+
+// DefaultTimeout bounds every Redis command and script call a Reserver (and its relays,
+// reconcilers and failover guards) sends, unless WithTimeout says otherwise. It covers the
+// whole call, rueidis's own resends of a retryable script after a broken connection and its
+// dials included (rueidis dials for up to 5 s by default), and is long enough to ride out a
+// restart of Redis or a quick failover.
+const DefaultTimeout = 10 * time.Second

@@ -904,7 +904,7 @@ func Consume(ctx context.Context, r *Reserver, store Store, ev Event) error {
 	if err := r.enter(); err != nil {
 		return err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	if err := checkName("sku", ev.SKU); err != nil {
 		return err
 	}

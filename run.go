@@ -97,7 +97,7 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 	if err := r.enter(); err != nil {
 		return err
 	}
-	defer r.calls.leave()
+	defer r.calls.Leave()
 	if !r.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: one Run per Reserver at a time; this call started nothing", ErrRunning)
 	}
