@@ -1,16 +1,12 @@
 package stock
 
-import (
-	"context"
-	"errors"
-	"time"
-)
+import "github.com/stockres/stock/internal/engine"
 
 // ErrRefused is returned by a Store whose database of record cannot cover a deduct (its
 // remaining stock is lower than the quantity). The relay and Consume then give the stock back
 // in Redis, once, and publish an EventRefused. An item the store does not know is not a
 // refusal: its Apply answers ErrNotLoaded (see Store).
-var ErrRefused = errors.New("stock: refused by the store")
+var ErrRefused = engine.ErrRefused
 
 // ErrHeldBack is returned by Consume for an event it did not apply, because it must not be
 // applied yet: a reconcile pass holds the item, or an earlier event of the item (in the item's
@@ -18,22 +14,22 @@ var ErrRefused = errors.New("stock: refused by the store")
 // gone from Redis, so only its own message can tell what it was; or too many are waiting).
 // Nothing was changed for the event: have the queue deliver it again later (a negative
 // acknowledgement with a short delay).
-var ErrHeldBack = errors.New("stock: held back until the item's earlier events are applied")
+var ErrHeldBack = engine.ErrHeldBack
 
 // EventType says what happened to an id.
-type EventType string
+type EventType = engine.EventType
 
 // Event types. A Store applies EventDeducted, EventConfirmed, EventRestocked, EventRestored and
 // EventRefused; the others are for publishers only, and a Store must accept and ignore them.
 const (
-	EventDeducted  EventType = "deducted"  // Deduct took stock: decrement, conditionally
-	EventConfirmed EventType = "confirmed" // a hold was confirmed: decrement, like EventDeducted
-	EventRestocked EventType = "restocked" // Restock added stock: increment
-	EventRestored  EventType = "restored"  // an id's stock was given back: undo its decrement if applied
-	EventRefused   EventType = "refused"   // the Store refused the id and Redis gave the stock back
-	EventHeld      EventType = "held"      // Hold took stock until a deadline
-	EventCancelled EventType = "cancelled" // Cancel gave a hold back
-	EventExpired   EventType = "expired"   // a hold passed its deadline and was given back
+	EventDeducted  = engine.EventDeducted
+	EventConfirmed = engine.EventConfirmed
+	EventRestocked = engine.EventRestocked
+	EventRestored  = engine.EventRestored
+	EventRefused   = engine.EventRefused
+	EventHeld      = engine.EventHeld
+	EventCancelled = engine.EventCancelled
+	EventExpired   = engine.EventExpired
 )
 
 // Event is one change of stock that must reach the database of record or a message queue. The
@@ -49,15 +45,7 @@ const (
 // comparable across items. Consume applies an item's events in this order whatever order a
 // queue hands them over in; a publisher may use it to check or keep an item's order. 0 for an
 // event that did not come from an outbox.
-type Event struct {
-	Type EventType `json:"type"`
-	SKU  string    `json:"sku"`
-	ID   string    `json:"id"`
-	User string    `json:"user,omitempty"`
-	Qty  int64     `json:"qty"`
-	At   time.Time `json:"at"` // when the operation ran, by the Redis clock
-	Seq  int64     `json:"seq,omitempty"`
-}
+type Event = engine.Event
 
 // A Store is the database of record. Implementations must be safe for concurrent use and must
 // promise:
@@ -90,52 +78,28 @@ type Event struct {
 // item's dead-letter set and reports it (stockops.RelayStats.DeadLettered, stockops.Report.DeadLetters). Any
 // other error is taken as temporary: the event, and the item's later events, are retried with
 // backoff.
-type Store interface {
-	// Apply applies one event, as described above.
-	Apply(ctx context.Context, ev Event) error
-	// Remaining returns the stock of sku the database holds; ErrNotLoaded if it has no row.
-	Remaining(ctx context.Context, sku string) (int64, error)
-	// Records returns what the store recorded for the given ids of sku. Ids it has no record
-	// of are absent from the map.
-	Records(ctx context.Context, sku string, ids []string) (map[string]Record, error)
-}
+type Store = engine.Store
 
 // Record is what a Store holds for one id of one item.
-type Record struct {
-	SKU, ID, User string
-	Type          EventType // the event that created the record
-	Qty           int64
-	// Status is one of three States: StateApplied (the decrement, or restock, was applied),
-	// StateRestored (given back, or a tombstone of a restore seen first) or StateRefused (the
-	// store could not cover the deduct). A Store records no other State; the other four
-	// (held, reserved, cancelled, expired) are states of Redis's ledger entries only.
-	Status State
-	At     time.Time // when the record was created, by the database's clock
-}
+type Record = engine.Record
 
 // A RecordLister is a Store that can list an item's records, in pages ordered by id (byte-wise,
 // as Go compares strings), for the
 // reconciler to find records Redis has lost. List returns up to limit records of sku whose id
 // is greater than after ("" for the first page).
-type RecordLister interface {
-	List(ctx context.Context, sku, after string, limit int) ([]Record, error)
-}
+type RecordLister = engine.RecordLister
 
 // A BatchStore is a Store that can apply several events in one round trip. It applies them in
 // order and stops at the first error that is not a refusal: the events after it must be left
 // unapplied (an item's events must reach the store in order). The result has one error (or nil)
 // per event, in order, with the same meaning as Store.Apply's; unapplied events get an error.
-type BatchStore interface {
-	ApplyBatch(ctx context.Context, evs []Event) []error
-}
+type BatchStore = engine.BatchStore
 
 // A Publisher hands events to a message queue or another service. Publish must be safe for
 // concurrent use. Delivery is at least once: the same event may be published more than once
 // (after a crash or a retry), so consumers deduplicate on (SKU, ID, Type). An error makes the
 // relay retry the event later with backoff.
-type Publisher interface {
-	Publish(ctx context.Context, ev Event) error
-}
+type Publisher = engine.Publisher
 
 // A BatchPublisher is a Publisher that can publish several events in one round trip to its
 // queue. The relay uses PublishBatch, when a Publisher has it, to publish the events it
@@ -148,13 +112,7 @@ type Publisher interface {
 // without publishing them, so that the queue gets the item's events in order (Consume keeps
 // the order for the store either way). A result of the wrong length fails the whole batch.
 // PublishBatch must be safe for concurrent use.
-type BatchPublisher interface {
-	Publisher
-	PublishBatch(ctx context.Context, evs []Event) []error
-}
+type BatchPublisher = engine.BatchPublisher
 
 // PublisherFunc adapts a function to the Publisher interface.
-type PublisherFunc func(ctx context.Context, ev Event) error
-
-// Publish calls f(ctx, ev).
-func (f PublisherFunc) Publish(ctx context.Context, ev Event) error { return f(ctx, ev) }
+type PublisherFunc = engine.PublisherFunc

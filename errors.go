@@ -1,16 +1,6 @@
 package stock
 
-import (
-	"context"
-	"errors"
-	"fmt"
-	"io"
-	"net"
-	"syscall"
-
-	"github.com/stockres/stock/internal/errs"
-	"github.com/stockres/stock/internal/protocol"
-)
+import "github.com/stockres/stock/internal/engine"
 
 // Errors returned by the Reserver. Each outcome of a script has its own sentinel; test for them
 // with errors.Is. ErrUnknownOutcome, and an error that wraps no sentinel (a *rueidis.RedisError,
@@ -25,92 +15,50 @@ var (
 	// also wraps the cause: the transport error (a net.Error, io.EOF, …), and
 	// context.DeadlineExceeded or context.Canceled when the time ran out or the caller
 	// cancelled. Retry with the same request id (Request.Retry set), which is always safe.
-	ErrUnknownOutcome = errs.UnknownOutcome
+	ErrUnknownOutcome = engine.ErrUnknownOutcome
 	// ErrSoldOut: the item has no stock available.
-	ErrSoldOut = errs.SoldOut
+	ErrSoldOut = engine.ErrSoldOut
 	// ErrInsufficient: the item has some stock, but less than the quantity asked for.
-	ErrInsufficient = errs.Insufficient
+	ErrInsufficient = engine.ErrInsufficient
 	// ErrNotLoaded: the item is unknown to Redis (never loaded, or its keys were lost).
-	ErrNotLoaded = errs.NotLoaded
+	ErrNotLoaded = engine.ErrNotLoaded
 	// ErrLoaded: Load was asked to create an item that already exists.
-	ErrLoaded = errs.Loaded
+	ErrLoaded = engine.ErrLoaded
 	// ErrConflict: the request id was already used on this item with a different quantity, user
 	// or operation (or, for a cart, with other lines or another user); nothing was changed.
 	// The message says what differs from the id's first use: "was used for a hold, not a
 	// deduct", "with quantity 1, not 3", "by another user" (never naming that user), for a cart its
 	// kind, user and lines. Request ids are scoped per item: the same id on two items names two
 	// requests.
-	ErrConflict = errs.Conflict
+	ErrConflict = engine.ErrConflict
 	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
 	// arrived first; the id cannot take stock again.
-	ErrRestored = errs.Restored
+	ErrRestored = engine.ErrRestored
 	// ErrUserLimit: the request would take the user past the per-user limit.
-	ErrUserLimit = errs.UserLimit
+	ErrUserLimit = engine.ErrUserLimit
 	// ErrUnknownID: no entry exists for the id. Restore of an unknown id returns it after leaving
 	// a tombstone, so that a late deduct with that id is refused with ErrRestored. Past the
 	// retention, an id that did take stock is unknown too: its entry was trimmed, and Restore
 	// gives nothing back (see Restore for what to do with a late return).
-	ErrUnknownID = errs.UnknownID
+	ErrUnknownID = engine.ErrUnknownID
 	// ErrClosed: the item is closed for sale; restores, confirms and the relay still work.
-	ErrClosed = errs.Closed
+	ErrClosed = engine.ErrClosed
 	// ErrExpired: the hold passed its deadline and its stock went back.
-	ErrExpired = errs.Expired
+	ErrExpired = engine.ErrExpired
 	// ErrConfirmed: a cancel arrived for a hold that was already confirmed.
-	ErrConfirmed = errs.Confirmed
+	ErrConfirmed = engine.ErrConfirmed
 	// ErrNotReplicated: the write happened, but fewer replicas than WithReplicaAck asked for
 	// acknowledged it in time; a failover could lose it. Returned with a valid receipt, by the
 	// write and by its replays until the replicas have it.
-	ErrNotReplicated = errs.NotReplicated
+	ErrNotReplicated = engine.ErrNotReplicated
 	// ErrRunning: Reserver.Run was called while another Run of the same Reserver runs. The call
 	// started nothing and returned at once; the running Run goes on. Run again once it returned.
-	ErrRunning = errs.Running
+	ErrRunning = engine.ErrRunning
 	// ErrInvalid: the input was rejected before anything was sent to Redis, or a script refused
 	// it before writing anything. Nothing was changed. (A reply this package does not
 	// understand is ErrUnknownOutcome: the script may have run.)
-	ErrInvalid = errs.Invalid
+	ErrInvalid = engine.ErrInvalid
 	// ErrReserverClosed: the Reserver was closed (Reserver.Close); nothing was sent to Redis. It
 	// is not ErrClosed, which says that an item is closed for sale.
-	ErrReserverClosed = errs.ReserverClosed
+	ErrReserverClosed = engine.ErrReserverClosed
 )
-
-var codeErrs = [...]error{
-	protocol.SoldOut:   ErrSoldOut,
-	protocol.Short:     ErrInsufficient,
-	protocol.NotLoaded: ErrNotLoaded,
-	protocol.Conflict:  ErrConflict,
-	protocol.Restored:  ErrRestored,
-	protocol.UserLimit: ErrUserLimit,
-	protocol.Closed:    ErrClosed,
-	protocol.Unknown:   ErrUnknownID,
-	protocol.Expired:   ErrExpired,
-	protocol.Confirmed: ErrConfirmed,
-	protocol.Invalid:   ErrInvalid,
-}
-
-// codeErr maps a script reply code to its error; protocol.OK and protocol.Replay map to nil, a code it
-// does not know to ErrUnknownOutcome (the script may have written before it answered).
-func codeErr(code int64) error {
-	if code == protocol.OK || code == protocol.Replay {
-		return nil
-	}
-	if code < 0 || code >= int64(len(codeErrs)) || codeErrs[code] == nil {
-		return fmt.Errorf("%w: malformed script reply, code %d", ErrUnknownOutcome, code)
-	}
-	return codeErrs[code]
-}
-
-func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
-}
-
-// brokenConn reports whether err is a connection that broke under a command (closed by a server
-// restart, reset, refused while it comes back), as opposed to a reply or a cancelled context.
-func brokenConn(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	var ne net.Error
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.EPIPE) || errors.As(err, &ne)
-}

@@ -3,60 +3,18 @@ package stock
 import (
 	"log/slog"
 	"time"
+
+	"github.com/stockres/stock/internal/engine"
 )
 
 // An Option configures a Reserver. Options are applied in order by New, which validates them.
-type Option func(*options) error
-
-type options struct {
-	prefix    string
-	userLimit int64
-	userReq   bool // WithUserRequired
-	outbox    bool
-	logger    *slog.Logger
-	observer  Observer
-	inflight  int
-
-	replicas    int
-	replicaWait time.Duration
-
-	group func(sku string) string
-
-	buckets func(sku string) int // see WithBuckets
-
-	soldOutTTL time.Duration // 0: no sold-out fast path
-
-	timeout time.Duration // bound of every Redis command; see WithTimeout
-
-	now      func() time.Time // the clock of cutoffs computed in the process; see WithClock
-	clockSet bool             // WithClock was given
-
-	evictionAllowed bool // see WithEvictionAllowed
-}
-
-func defaultOptions() options {
-	return options{
-		prefix:     "stock",
-		outbox:     true,
-		inflight:   4,
-		soldOutTTL: time.Second,
-		timeout:    DefaultTimeout,
-		logger:     slog.Default(),
-		now:        time.Now,
-	}
-}
+type Option = engine.Option
 
 // WithPrefix sets the prefix of every key the Reserver writes. It must be a valid name (no
 // braces, '|', whitespace, control characters or Unicode format characters, at most 128 bytes).
 // The default is "stock".
 func WithPrefix(p string) Option {
-	return func(o *options) error {
-		if err := checkName("prefix", p); err != nil {
-			return err
-		}
-		o.prefix = p
-		return nil
-	}
+	return engine.WithPrefix(p)
 }
 
 // WithClock sets the clock of the cutoffs the Reserver computes in the process and compares with
@@ -66,16 +24,7 @@ func WithPrefix(p string) Option {
 // time.Now. Giving it twice is refused (ErrInvalid): one of the two clocks would be ignored
 // without a word (stocktest.New already sets its Env's clock).
 func WithClock(now func() time.Time) Option {
-	return func(o *options) error {
-		if now == nil {
-			return invalid("nil clock")
-		}
-		if o.clockSet {
-			return invalid("WithClock given twice: a Reserver has one clock")
-		}
-		o.now, o.clockSet = now, true
-		return nil
-	}
+	return engine.WithClock(now)
 }
 
 // WithEvictionAllowed lets the Reserver write on a Redis whose maxmemory-policy can evict keys
@@ -87,10 +36,7 @@ func WithClock(now func() time.Time) Option {
 // reconciler reports keys Redis evicted as needing a human (stockops.PassResult.NeedsHuman). The
 // default is to refuse: see docs/operating.md, "Memory policy".
 func WithEvictionAllowed() Option {
-	return func(o *options) error {
-		o.evictionAllowed = true
-		return nil
-	}
+	return engine.WithEvictionAllowed()
 }
 
 // WithUserLimit sets the most units one user may hold or have bought of one item at a time
@@ -98,13 +44,7 @@ func WithEvictionAllowed() Option {
 // unless WithUserRequired refuses them. 1 is the usual flash-sale rule of one unit per user.
 // The default is 0: no limit.
 func WithUserLimit(n int64) Option {
-	return func(o *options) error {
-		if n < 0 || n > MaxQty {
-			return invalid("user limit %d out of range [0, %d]", n, MaxQty)
-		}
-		o.userLimit = n
-		return nil
-	}
+	return engine.WithUserLimit(n)
 }
 
 // WithUserRequired refuses, while a per-user limit is set (WithUserLimit above 0), every take
@@ -116,10 +56,7 @@ func WithUserLimit(n int64) Option {
 // Restock, which take nothing for a user. The default is off: a request without a User is not
 // limited.
 func WithUserRequired() Option {
-	return func(o *options) error {
-		o.userReq = true
-		return nil
-	}
+	return engine.WithUserRequired()
 }
 
 // WithOutbox decides whether deducts, restores, restocks and holds queue an event in the item's
@@ -128,10 +65,7 @@ func WithUserRequired() Option {
 // agree, and the outbox never grows. Turn it off only when Redis is the only record. The default
 // is true.
 func WithOutbox(enabled bool) Option {
-	return func(o *options) error {
-		o.outbox = enabled
-		return nil
-	}
+	return engine.WithOutbox(enabled)
 }
 
 // WithLogger sets the logger of the background work and of rare events. The default is
@@ -141,13 +75,7 @@ func WithOutbox(enabled bool) Option {
 // the dead-letter set, a reconcile report that needs a human, events held back because the
 // Store does not know their item). Pass slog.New(slog.DiscardHandler) to log nothing.
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) error {
-		if l == nil {
-			return invalid("nil logger")
-		}
-		o.logger = l
-		return nil
-	}
+	return engine.WithLogger(l)
 }
 
 // WithCoalescing sets how many script calls of one item's deducts may be in flight at once
@@ -161,13 +89,7 @@ func WithLogger(l *slog.Logger) Option {
 // split over buckets (WithBuckets) are coalesced the same way, per claims hash. 0 turns
 // coalescing off. The default is 4.
 func WithCoalescing(maxInFlight int) Option {
-	return func(o *options) error {
-		if maxInFlight < 0 || maxInFlight > 1024 {
-			return invalid("coalescing in-flight limit %d out of range [0, 1024]", maxInFlight)
-		}
-		o.inflight = maxInFlight
-		return nil
-	}
+	return engine.WithCoalescing(maxInFlight)
 }
 
 // WithReplicaAck makes every write (deduct, hold, confirm, restore, cancel, restock) wait until
@@ -185,13 +107,7 @@ func WithCoalescing(maxInFlight int) Option {
 // acknowledge loses it), and it costs a dedicated connection and a round trip to the replicas
 // per call, and disables coalescing. The default is 0: no waiting.
 func WithReplicaAck(n int, timeout time.Duration) Option {
-	return func(o *options) error {
-		if n < 0 || n > 100 || (n > 0 && timeout <= 0) {
-			return invalid("replica ack %d within %v", n, timeout)
-		}
-		o.replicas, o.replicaWait = n, timeout
-		return nil
-	}
+	return engine.WithReplicaAck(n, timeout)
 }
 
 // WithGroups puts items in groups that share one Redis Cluster slot: group(sku) names the group
@@ -203,13 +119,7 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 // always give the same answer for an item, in every process: changing it moves the item to other
 // keys. The default puts every item in its own slot.
 func WithGroups(group func(sku string) string) Option {
-	return func(o *options) error {
-		if group == nil {
-			return invalid("nil group function")
-		}
-		o.group = group
-		return nil
-	}
+	return engine.WithGroups(group)
 }
 
 // WithBuckets splits items over several Redis Cluster slots, so that one hot item is served by
@@ -249,13 +159,7 @@ func WithGroups(group func(sku string) string) Option {
 // flight go out as one call); the sold-out fast path (WithSoldOutCache) answers for a split
 // item too, but with that one round trip.
 func WithBuckets(buckets func(sku string) int) Option {
-	return func(o *options) error {
-		if buckets == nil {
-			return invalid("nil buckets function")
-		}
-		o.buckets = buckets
-		return nil
-	}
+	return engine.WithBuckets(buckets)
 }
 
 // WithTimeout bounds every Redis command and script call the Reserver sends, and those of its
@@ -269,13 +173,7 @@ func WithBuckets(buckets func(sku string) int) Option {
 // error, and context.DeadlineExceeded when the time ran out. d is from 1 ms to 1 hour; the
 // default is DefaultTimeout (10 s).
 func WithTimeout(d time.Duration) Option {
-	return func(o *options) error {
-		if d < time.Millisecond || d > time.Hour {
-			return invalid("timeout %v out of range [1ms, 1h]", d)
-		}
-		o.timeout = d
-		return nil
-	}
+	return engine.WithTimeout(d)
 }
 
 // DefaultTimeout bounds every Redis command and script call a Reserver (and its relays,
@@ -283,4 +181,4 @@ func WithTimeout(d time.Duration) Option {
 // whole call, rueidis's own resends of a retryable script after a broken connection and its
 // dials included (rueidis dials for up to 5 s by default), and is long enough to ride out a
 // restart of Redis or a quick failover.
-const DefaultTimeout = 10 * time.Second
+const DefaultTimeout = engine.DefaultTimeout

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/stockres/stock"
-	"github.com/stockres/stock/internal/ops"
+	"github.com/stockres/stock/internal/engine"
 )
 
 // errNilReserver is the error of a constructor given no Reserver.
@@ -50,7 +50,7 @@ var errNilReserver = fmt.Errorf("stockops: no Reserver: %w", stock.ErrInvalid)
 //
 // When the Store refuses a deduct (stock.ErrRefused), the relay gives the stock back in Redis once
 // (the ledger entry becomes refused) and an stock.EventRefused follows through the outbox.
-type Relay struct{ rl ops.Relay }
+type Relay struct{ rl *engine.Relay }
 
 // NewRelay returns a relay that delivers the events of r's items to store and pub. Either may
 // be nil, not both. opts may be nil for the defaults.
@@ -58,7 +58,7 @@ func NewRelay(r *stock.Reserver, store stock.Store, pub stock.Publisher, opts *s
 	if r == nil {
 		return nil, errNilReserver
 	}
-	rl, err := ops.Of(r).NewRelay(store, pub, opts)
+	rl, err := engine.Of(r).NewRelay(store, pub, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +119,7 @@ type RelayStats struct {
 // delta or writes only what is missing, never by overwriting a value computed before a
 // concurrent change. An item with undelivered events whose ledger entries are gone is not
 // repaired at all: their sales are counted nowhere but in Redis's counters.
-type Reconciler struct{ rc ops.Reconciler }
+type Reconciler struct{ rc *engine.Reconciler }
 
 // NewReconciler returns a reconciler of r's items against store. opts may be nil for the
 // defaults.
@@ -127,7 +127,7 @@ func NewReconciler(r *stock.Reserver, store stock.Store, opts *stock.ReconcileOp
 	if r == nil {
 		return nil, errNilReserver
 	}
-	rc, err := ops.Of(r).NewReconciler(store, opts)
+	rc, err := engine.Of(r).NewReconciler(store, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +172,7 @@ func (rc *Reconciler) Pass(ctx context.Context) (PassResult, error) {
 	}, err
 }
 
-func reports(in []ops.Report) []Report {
+func reports(in []engine.Report) []Report {
 	out := make([]Report, len(in))
 	for i, rp := range in {
 		out[i] = Report(rp)
@@ -234,7 +234,7 @@ type Report struct {
 }
 
 // String is one readable line.
-func (rp Report) String() string { return ops.Report(rp).String() }
+func (rp Report) String() string { return engine.Report(rp).String() }
 
 // PassResult is what one reconcile pass over every item found and did.
 type PassResult struct {
@@ -277,7 +277,7 @@ type PassResult struct {
 // Call Check (or Run) regularly; the fence comes only as promptly as the checks. Once fenced,
 // the Reserver's refused requests check the guard too, at most once a second, so a pass in
 // another process lifts the fence even when nothing calls Check any more (a Run that ended).
-type FailoverGuard struct{ g ops.Guard }
+type FailoverGuard struct{ g *engine.FailoverGuard }
 
 // NewFailoverGuard returns a guard for r. Every complete repairing Reconciler pass over every
 // item records that the current primaries are reconciled, whether its Reserver has a guard or
@@ -285,7 +285,7 @@ type FailoverGuard struct{ g ops.Guard }
 // pass of r's own that records them checks r's latest guard at once, which lifts r's fence
 // without waiting for the guard's next check.
 func NewFailoverGuard(r *stock.Reserver) *FailoverGuard {
-	return &FailoverGuard{ops.Of(r).NewFailoverGuard()}
+	return &FailoverGuard{engine.Of(r).NewFailoverGuard()}
 }
 
 // Check reads the primaries' identities and fences or unfences the Reserver. It reports whether
@@ -312,7 +312,7 @@ func (g *FailoverGuard) Run(ctx context.Context, interval time.Duration) error {
 // sweeper does. Reserver.Run sweeps every second; Deduct and Hold also release due holds of the
 // item they touch.
 func Sweep(ctx context.Context, r *stock.Reserver, skus ...string) (int64, error) {
-	return ops.Of(r).Sweep(ctx, skus...)
+	return engine.Of(r).Sweep(ctx, skus...)
 }
 
 // RecoverCarts undoes the carts whose saga started more than olderThan ago and never ended
@@ -323,7 +323,7 @@ func Sweep(ctx context.Context, r *stock.Reserver, skus ...string) (int64, error
 // that calls it itself should do so periodically with olderThan well above the longest
 // checkout call.
 func RecoverCarts(ctx context.Context, r *stock.Reserver, olderThan time.Duration) (int, error) {
-	return ops.Of(r).RecoverCarts(ctx, olderThan)
+	return engine.Of(r).RecoverCarts(ctx, olderThan)
 }
 
 // Refuse gives back the stock of an id that the database of record refused (stock.ErrRefused), once.
@@ -331,19 +331,18 @@ func RecoverCarts(ctx context.Context, r *stock.Reserver, olderThan time.Duratio
 // and the Relay call it themselves; it is for a consumer that applies a queue's events without
 // stock.Consume.
 func Refuse(ctx context.Context, r *stock.Reserver, sku, id string) (stock.Receipt, error) {
-	rc, err := ops.Of(r).Refuse(ctx, sku, id)
-	return rc.(stock.Receipt), err
+	return engine.Of(r).Refuse(ctx, sku, id)
 }
 
 // Pending returns the number of events waiting in an item's outbox (not yet delivered by a
 // relay) and in its dead-letter set (rejected by the store as invalid, or orphaned).
 func Pending(ctx context.Context, r *stock.Reserver, sku string) (pending, dead int64, err error) {
-	return ops.Of(r).Pending(ctx, sku)
+	return engine.Of(r).Pending(ctx, sku)
 }
 
 // Items iterates over the registry of loaded items (SSCAN, in pages), in no particular order.
 func Items(ctx context.Context, r *stock.Reserver) iter.Seq2[string, error] {
-	return ops.Of(r).Items(ctx)
+	return engine.Of(r).Items(ctx)
 }
 
 // Entries iterates over an item's ledger in no particular order, with HSCAN in pages of about
@@ -351,10 +350,10 @@ func Items(ctx context.Context, r *stock.Reserver) iter.Seq2[string, error] {
 // the scan may be seen in either state; an entry added during the scan may be missed. Iteration
 // stops at the first error, which is yielded with a zero Entry.
 func Entries(ctx context.Context, r *stock.Reserver, sku string) iter.Seq2[stock.Entry, error] {
-	return ops.Of(r).Entries(ctx, sku).(iter.Seq2[stock.Entry, error])
+	return engine.Of(r).Entries(ctx, sku)
 }
 
 // SoldOutAnswers returns how many requests r answered stock.ErrSoldOut by the sold-out fast path:
 // in-process, without a round trip to Redis, or for an item split over buckets after the one
 // round trip of its id's claim (see stock.WithSoldOutCache).
-func SoldOutAnswers(r *stock.Reserver) int64 { return ops.Of(r).SoldOutAnswers() }
+func SoldOutAnswers(r *stock.Reserver) int64 { return engine.Of(r).SoldOutAnswers() }

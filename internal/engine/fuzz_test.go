@@ -1,4 +1,4 @@
-package stock
+package engine
 
 // Fuzz targets for the input checks and the decoders of this package. Each runs its seed corpus
 // (f.Add and testdata/fuzz/<Name>/) as a plain test under `go test`; run one with

@@ -1,18 +1,13 @@
-// Package ops carries the data of the operator surface between package stock, which does the
-// work, and package stockops, which documents it: RelayStats, Report and PassResult are
-// converted to stockops's types of the same fields, and Of hands stockops a Reserver's
-// operations without exporting them from package stock.
-package ops
+package engine
 
 import (
-	"context"
 	"fmt"
-	"iter"
 	"strings"
-	"time"
 )
 
-// RelayStats mirrors stockops.RelayStats.
+// What the relays and reconcilers report. Package stockops exports them under the same names.
+
+// RelayStats counts what one pass of a relay did (stockops.RelayStats, documented there).
 type RelayStats struct {
 	Claimed      int
 	Delivered    int
@@ -36,7 +31,7 @@ func (s *RelayStats) Add(o RelayStats) {
 	s.NotLoaded += o.NotLoaded
 }
 
-// Report mirrors stockops.Report.
+// Report is what one reconcile pass found and did for one item (stockops.Report, documented there).
 type Report struct {
 	SKU             string
 	Busy            bool
@@ -118,7 +113,8 @@ func (rp Report) String() string {
 	return b.String()
 }
 
-// PassResult mirrors stockops.PassResult.
+// PassResult is what one reconcile pass over every item found and did (stockops.PassResult,
+// documented there).
 type PassResult struct {
 	Reports       []Report
 	Errors        []error
@@ -130,41 +126,3 @@ type PassResult struct {
 	NeedsHuman    string
 }
 
-// Relay is a relay made by package stock.
-type Relay interface {
-	Once(ctx context.Context) (RelayStats, error)
-	Run(ctx context.Context) error
-}
-
-// Reconciler is a reconciler made by package stock.
-type Reconciler interface {
-	Item(ctx context.Context, sku string) (Report, error)
-	Once(ctx context.Context) ([]Report, error)
-	Pass(ctx context.Context) (PassResult, error)
-	Run(ctx context.Context) error
-}
-
-// Guard is a failover guard made by package stock.
-type Guard interface {
-	Check(ctx context.Context) (fenced bool, err error)
-	Run(ctx context.Context, interval time.Duration) error
-}
-
-// Ops is what package stock does for stockops. Arguments typed any are package stock's types
-// (a Store, a Publisher, options); results typed any are too (a Receipt, an iterator of
-// Entry).
-type Ops interface {
-	NewRelay(store, pub, opts any) (Relay, error)
-	NewReconciler(store, opts any) (Reconciler, error)
-	NewFailoverGuard() Guard
-	Pending(ctx context.Context, sku string) (pending, dead int64, err error)
-	Items(ctx context.Context) iter.Seq2[string, error]
-	Entries(ctx context.Context, sku string) any
-	Sweep(ctx context.Context, skus ...string) (int64, error)
-	RecoverCarts(ctx context.Context, olderThan time.Duration) (int, error)
-	Refuse(ctx context.Context, sku, id string) (any, error)
-	SoldOutAnswers() int64
-}
-
-// Of returns the operations of a *stock.Reserver; package stock sets it.
-var Of func(r any) Ops

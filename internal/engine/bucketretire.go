@@ -1,4 +1,4 @@
-package stock
+package engine
 
 // Delisting and retiring an item split over buckets (WithBuckets).
 //
@@ -145,7 +145,7 @@ func (r *Reserver) refuseLoad(ctx context.Context, sku string, n int) error {
 // bucketLifecycle reads the lifecycle of the n buckets of sku at the start of a pass, under
 // their leases. done: the pass is over, rp says why: the item is retired (rp.Retired), or
 // partly retired, and this call went on with the retirement, or partly loaded again after it.
-func (rc *reconciler) bucketLifecycle(ctx context.Context, sku string, n int, rp *report) (st []bucketLife, done bool, err error) {
+func (rc *Reconciler) bucketLifecycle(ctx context.Context, sku string, n int, rp *report) (st []bucketLife, done bool, err error) {
 	st, err = rc.r.bucketLives(ctx, sku, n)
 	if err != nil {
 		return nil, false, fmt.Errorf("stock: reconcile %s: %w", sku, err)
@@ -186,7 +186,7 @@ func (rc *reconciler) bucketLifecycle(ctx context.Context, sku string, n int, rp
 
 // retireBuckets retires the buckets of sku (of n), the last first, as far as retire.lua lets
 // it: rp.Retired when every bucket is.
-func (rc *reconciler) retireBuckets(ctx context.Context, sku string, n int, rp *report) error {
+func (rc *Reconciler) retireBuckets(ctx context.Context, sku string, n int, rp *report) error {
 	cutoff := rc.r.opts.now().Add(-rc.retention).UnixMilli()
 	for i := n - 1; i >= 0; i-- {
 		name := bucketName(sku, i)
@@ -212,7 +212,7 @@ func (rc *reconciler) retireBuckets(ctx context.Context, sku string, n int, rp *
 
 // retireWaits reports the events that may keep the buckets of a partly retired item from
 // retiring: pending, published or dead.
-func (rc *reconciler) retireWaits(ctx context.Context, sku string, n int, rp *report) error {
+func (rc *Reconciler) retireWaits(ctx context.Context, sku string, n int, rp *report) error {
 	c := rc.r.client
 	cmds := make(rueidis.Commands, 0, 3*n)
 	for i := range n {
@@ -239,7 +239,7 @@ func (rc *reconciler) retireWaits(ctx context.Context, sku string, n int, rp *re
 // start: an item delisted in every bucket is retired once its retention has passed, when the
 // pass found the buckets as a whole in agreement with the store and nothing pending, no live
 // hold and no transfer in flight.
-func (rc *reconciler) concludeBucketed(ctx context.Context, sku string, n int, rp *report, st []bucketLife) error {
+func (rc *Reconciler) concludeBucketed(ctx context.Context, sku string, n int, rp *report, st []bucketLife) error {
 	var latest int64
 	delisted := 0
 	for _, s := range st {

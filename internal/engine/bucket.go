@@ -1,4 +1,4 @@
-package stock
+package engine
 
 // Buckets: an item whose stock is split over several cluster slots (WithBuckets), so that one
 // hot item is served by several Redis cores. The Reserver's methods send a split item's requests
@@ -590,7 +590,7 @@ func parentOf(name string) string {
 // consistent whatever the buckets sold between the snapshots; a bucket counts available - t,
 // which a transfer in flight does not change. A drift is mended in the buckets' available
 // stock; a bucket whose hash is lost is left to a human.
-func (rc *reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp report, err error) {
+func (rc *Reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp report, err error) {
 	rp = report{SKU: sku}
 	var locked []string
 	defer func() {
@@ -789,7 +789,7 @@ func (r *Reserver) transferHeads(ctx context.Context, names []string) (map[strin
 
 // splitInRedis reports whether the registry has item sku's first bucket: the item is split over
 // buckets in Redis (an error answers yes: the caller then repairs nothing).
-func (rc *reconciler) splitInRedis(ctx context.Context, sku string) bool {
+func (rc *Reconciler) splitInRedis(ctx context.Context, sku string) bool {
 	yes, err := rc.r.client.Do(ctx, rc.r.client.B().Sismember().Key(rc.r.registryKey()).Member(bucketName(sku, 0)).Build()).AsBool()
 	return yes || err != nil
 }

@@ -1,0 +1,212 @@
+package engine
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/bounded"
+	"github.com/stockres/stock/internal/lane"
+	"github.com/stockres/stock/internal/protocol"
+)
+
+// MaxQty is the largest quantity, stock level or limit this package accepts: 2^53-1, the
+// largest integer a Lua number (a double) holds exactly.
+const MaxQty = 1<<53 - 1
+
+// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes. A name is 1 to
+// MaxNameLen bytes of valid UTF-8 without braces, '|', whitespace, control characters or
+// invisible Unicode format characters (category Cf: zero-width spaces and joiners, the byte
+// order mark, the soft hyphen, bidirectional controls), else ErrInvalid before anything is
+// sent; the letters, marks and symbols of every script are accepted, compared byte for byte.
+const MaxNameLen = 128
+
+// keyCacheSize bounds the items whose keys a Reserver keeps built (see protocol.KeyCache).
+const keyCacheSize = 8192
+
+// Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
+// use by multiple goroutines. It never closes the client it was given, and starts no
+// long-lived goroutines but Run's (its methods start only short ones, see the package doc).
+// Create one with New; the zero value is not usable. Close it when done (a service's shutdown,
+// a test's clean-up): Close waits for the writes its methods left in the background, and
+// nothing is written after it.
+//
+// Most callers need a few methods:
+//   - Load puts an item on sale, once, with the stock the database of record holds.
+//   - Deduct takes stock for a request id, exactly once; Restore gives it back.
+//   - Hold takes stock until a deadline; Confirm keeps it, Cancel gives it back, and a hold
+//     past its deadline goes back by itself.
+//   - DeductMany and HoldMany take a cart: every line or none.
+//   - Run, in one goroutine, delivers every change to the Store (and a Publisher), checks
+//     Redis against the Store, releases due holds and recovers carts.
+//   - Levels and Ledger tell an item's counters and what happened to a request id.
+//
+// The rest serve the shop's operations: Restock, Extend, ConfirmMany, CancelMany, CloseItem,
+// ReopenItem and Delist. Package stockops runs the background work by hand and reads the
+// registry, the ledger and the outboxes.
+type Reserver struct {
+	client    rueidis.Client
+	opts      options
+	limitArg  string                        // opts.userLimit, formatted once
+	deducts   lane.Lanes[Request, outcome]  // the coalescing of deducts, per item
+	claims    lane.Lanes[claimReq, string]  // the coalescing of claims (route), per claims hash
+	guarded   atomic.Bool                   // a failover guard exists: a pass that cannot record the epoch fails
+	fenced    atomic.Bool                   // a failover guard saw the primaries change: ErrFailover
+	guard     atomic.Pointer[FailoverGuard] // the latest guard, which a pass that records the epoch checks
+	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
+	soldOut   *soldOut                      // the sold-out fast path; nil when off
+	keyCache  *protocol.KeyCache
+	hints     *hints      // the due-work hints of the background loops
+	running   atomic.Bool // a Run runs: another is refused with ErrRunning
+
+	calls     bounded.Gate  // the calls in flight (Close waits for them)
+	cmds      *bounded.Gate // the Redis commands in flight, counted by the bounded client; nil without New
+	runMu     sync.Mutex
+	closing   bool                             // Close began; runMu
+	runs      map[*int]context.CancelCauseFunc // the Runs in progress, which Close stops; runMu
+	closeOnce sync.Once
+	closeDone chan struct{} // closed when Close's work is done
+	policy    policyGuard   // the memory policy check: eviction.go
+
+	unknownAt sync.Map // sku -> time.Time of the last log of its events held back (notloaded.go)
+}
+
+// Request asks to take Qty units of an item, exactly once per ID.
+type Request struct {
+	SKU  string // the item
+	ID   string // the idempotency key: an order id or request token, unique per operation
+	User string // who takes the stock, counted against WithUserLimit; optional unless WithUserRequired
+	Qty  int64  // units to take, 1 to MaxQty
+	// Retry marks a retry after an unknown outcome (a timeout, a broken connection). A retry's
+	// refusal for lack of stock (ErrSoldOut, ErrInsufficient) is then recorded for the id, so
+	// that the earlier attempt, should it reach Redis after the retry, is refused too: the
+	// answer the caller got stays the final one. Every later request of the id (whatever its
+	// quantity or user) gets the same error (ErrSoldOut or ErrInsufficient) and Remaining,
+	// whatever was restocked or given back since, for as long as the ledger keeps the id (see
+	// ReconcileOptions.Retention: the record is a ledger entry, not a Store record). Without it
+	// a refusal records nothing, which keeps the sold-out path free of writes.
+	Retry bool
+}
+
+// Receipt is the outcome of one request.
+type Receipt struct {
+	SKU, ID string
+	// Qty is the number of units the id took or gave back. With ErrConflict it is the quantity
+	// the id was first used with; with ErrUserLimit, the units the user already has.
+	Qty int64
+	// Remaining is the available stock right after the operation. For a replayed deduct or
+	// hold it is the value recorded by the original operation; for a replayed restore or
+	// cancel, the stock available now. With ErrSoldOut and ErrInsufficient it is the
+	// stock available at the time of the refusal.
+	Remaining int64
+	// Replayed is true when the id had already done this operation: nothing was changed and the
+	// receipt repeats the original outcome.
+	Replayed bool
+}
+
+// Levels are the counters of one item. Loaded = Available + Held + Sold at every moment.
+type Levels struct {
+	Available int64 // units that can be taken
+	Held      int64 // units in live holds
+	Sold      int64 // units deducted or confirmed, net of restores
+	Loaded    int64 // units loaded and restocked
+	Closed    bool  // the item refuses new deducts and holds
+}
+
+// checkName checks a name (an item, a request id, a user, a group, the prefix): 1 to MaxNameLen
+// bytes of valid UTF-8 without braces, '|', whitespace, control characters or Unicode format
+// characters (category Cf: zero-width spaces and joiners, the byte order mark, the soft hyphen,
+// bidirectional controls, tag characters), which would make names that look alike and differ.
+// Other letters, marks and symbols of any script are accepted; names are compared byte for byte.
+func checkName(what, s string) error {
+	if s == "" {
+		return invalid("empty %s", what)
+	}
+	if len(s) > MaxNameLen {
+		return invalid("%s longer than %d bytes", what, MaxNameLen)
+	}
+	if !utf8.ValidString(s) {
+		return invalid("%s is not valid UTF-8", what)
+	}
+	for i, c := range s {
+		if c == '{' || c == '}' || c == '|' || unicode.IsSpace(c) || unicode.IsControl(c) {
+			return invalid("%s %q contains %q (braces, '|', whitespace and control characters are not allowed)", what, s, c)
+		}
+		if unicode.Is(unicode.Cf, c) {
+			return invalid("%s %q contains the invisible format character U+%04X at byte %d (Unicode format characters, such as zero-width spaces and joiners, the byte order mark, the soft hyphen and bidirectional controls, are not allowed)", what, s, c, i)
+		}
+	}
+	return nil
+}
+
+func checkQty(q int64) error {
+	if q <= 0 || q > MaxQty {
+		return invalid("quantity %d out of range [1, %d]", q, MaxQty)
+	}
+	return nil
+}
+
+func (q Request) check() error {
+	if err := checkName("sku", q.SKU); err != nil {
+		return err
+	}
+	if err := checkName("id", q.ID); err != nil {
+		return err
+	}
+	if q.User != "" {
+		if err := checkName("user", q.User); err != nil {
+			return err
+		}
+	}
+	return checkQty(q.Qty)
+}
+
+// base is the common part of an item's keys, in the group WithGroups gives it (protocol.Base);
+// for bucket i of an item of n buckets, the base whose slot is in the i-th of n equal ranges of
+// the slot space (protocol.BucketBase).
+func (r *Reserver) base(sku string) string {
+	if parent, i := splitBucket(sku); i >= 0 && bucketName(parent, i) == sku {
+		if n := r.bucketsOf(parent); i < n {
+			return protocol.BucketBase(r.opts.prefix, parent, i, n)
+		}
+	}
+	return protocol.Base(r.opts.prefix, r.group(sku), sku)
+}
+
+// item returns the keys of a valid SKU, built once and cached.
+func (r *Reserver) item(sku string) *protocol.Keys {
+	if r.keyCache == nil { // a Reserver built without New, in tests
+		return protocol.NewKeys(r.base(sku))
+	}
+	return r.keyCache.Get(sku)
+}
+
+func (r *Reserver) group(sku string) string {
+	if r.opts.group == nil || strings.IndexByte(sku, '|') >= 0 { // a bucket: its own slot
+		return ""
+	}
+	if g := r.opts.group(sku); checkName("group", g) == nil {
+		return g
+	}
+	return ""
+}
+
+func (r *Reserver) registryKey() string {
+	return protocol.Registry(r.opts.prefix)
+}
+
+func (r *Reserver) outboxFlag() string {
+	if r.opts.outbox {
+		return "1"
+	}
+	return "0"
+}
+
+// takeWant is what a take of req asks, for conflict.
+func takeWant(kind string, req Request) conflictWant {
+	return conflictWant{kind: takeKind(kind), qty: req.Qty, user: req.User, checkUser: true}
+}
