@@ -125,4 +125,3 @@ type PassResult struct {
 	EpochErr      error
 	NeedsHuman    string
 }
-
