@@ -4,20 +4,20 @@ import (
 	"context"
 	"time"
 
-	"github.com/stockres/stock/internal/engine"
+	"github.com/stockres/stock/stocktype"
 )
 
 // A Line is one item of a cart.
-type Line = engine.Line
+type Line = stocktype.Line
 
 // Cart asks to take several items at once, all or nothing, exactly once per ID.
-type Cart = engine.Cart
+type Cart = stocktype.Cart
 
 // CartReceipt is the outcome of a cart: one receipt per item, in SKU order.
-type CartReceipt = engine.CartReceipt
+type CartReceipt = stocktype.CartReceipt
 
 // A CartError says which line refused a cart; the lines taken before it were given back.
-type CartError = engine.CartError
+type CartError = stocktype.CartError
 
 // DeductMany takes every line of a cart or none. A cart has 1 to 100 lines; lines naming the
 // same item are summed first (two lines of one item must not each pass their own check).

@@ -1,6 +1,6 @@
 package stock
 
-import "github.com/stockres/stock/internal/engine"
+import "github.com/stockres/stock/internal/errs"
 
 // Errors returned by the Reserver. Each outcome of a script has its own sentinel; test for them
 // with errors.Is. ErrUnknownOutcome, and an error that wraps no sentinel (a *rueidis.RedisError,
@@ -15,50 +15,76 @@ var (
 	// also wraps the cause: the transport error (a net.Error, io.EOF, …), and
 	// context.DeadlineExceeded or context.Canceled when the time ran out or the caller
 	// cancelled. Retry with the same request id (Request.Retry set), which is always safe.
-	ErrUnknownOutcome = engine.ErrUnknownOutcome
+	ErrUnknownOutcome = errs.UnknownOutcome
 	// ErrSoldOut: the item has no stock available.
-	ErrSoldOut = engine.ErrSoldOut
+	ErrSoldOut = errs.SoldOut
 	// ErrInsufficient: the item has some stock, but less than the quantity asked for.
-	ErrInsufficient = engine.ErrInsufficient
+	ErrInsufficient = errs.Insufficient
 	// ErrNotLoaded: the item is unknown to Redis (never loaded, or its keys were lost).
-	ErrNotLoaded = engine.ErrNotLoaded
+	ErrNotLoaded = errs.NotLoaded
 	// ErrLoaded: Load was asked to create an item that already exists.
-	ErrLoaded = engine.ErrLoaded
+	ErrLoaded = errs.Loaded
 	// ErrConflict: the request id was already used on this item with a different quantity, user
 	// or operation (or, for a cart, with other lines or another user); nothing was changed.
 	// The message says what differs from the id's first use: "was used for a hold, not a
 	// deduct", "with quantity 1, not 3", "by another user" (never naming that user), for a cart its
 	// kind, user and lines. Request ids are scoped per item: the same id on two items names two
 	// requests.
-	ErrConflict = engine.ErrConflict
+	ErrConflict = errs.Conflict
 	// ErrRestored: the request id was restored, cancelled, expired or refused, or a restore of it
 	// arrived first; the id cannot take stock again.
-	ErrRestored = engine.ErrRestored
+	ErrRestored = errs.Restored
 	// ErrUserLimit: the request would take the user past the per-user limit.
-	ErrUserLimit = engine.ErrUserLimit
+	ErrUserLimit = errs.UserLimit
 	// ErrUnknownID: no entry exists for the id. Restore of an unknown id returns it after leaving
 	// a tombstone, so that a late deduct with that id is refused with ErrRestored. Past the
 	// retention, an id that did take stock is unknown too: its entry was trimmed, and Restore
 	// gives nothing back (see Restore for what to do with a late return).
-	ErrUnknownID = engine.ErrUnknownID
+	ErrUnknownID = errs.UnknownID
 	// ErrClosed: the item is closed for sale; restores, confirms and the relay still work.
-	ErrClosed = engine.ErrClosed
+	ErrClosed = errs.Closed
 	// ErrExpired: the hold passed its deadline and its stock went back.
-	ErrExpired = engine.ErrExpired
+	ErrExpired = errs.Expired
 	// ErrConfirmed: a cancel arrived for a hold that was already confirmed.
-	ErrConfirmed = engine.ErrConfirmed
+	ErrConfirmed = errs.Confirmed
 	// ErrNotReplicated: the write happened, but fewer replicas than WithReplicaAck asked for
 	// acknowledged it in time; a failover could lose it. Returned with a valid receipt, by the
 	// write and by its replays until the replicas have it.
-	ErrNotReplicated = engine.ErrNotReplicated
+	ErrNotReplicated = errs.NotReplicated
 	// ErrRunning: Reserver.Run was called while another Run of the same Reserver runs. The call
 	// started nothing and returned at once; the running Run goes on. Run again once it returned.
-	ErrRunning = engine.ErrRunning
+	ErrRunning = errs.Running
 	// ErrInvalid: the input was rejected before anything was sent to Redis, or a script refused
 	// it before writing anything. Nothing was changed. (A reply this package does not
 	// understand is ErrUnknownOutcome: the script may have run.)
-	ErrInvalid = engine.ErrInvalid
+	ErrInvalid = errs.Invalid
 	// ErrReserverClosed: the Reserver was closed (Reserver.Close); nothing was sent to Redis. It
 	// is not ErrClosed, which says that an item is closed for sale.
-	ErrReserverClosed = engine.ErrReserverClosed
+	ErrReserverClosed = errs.ReserverClosed
 )
+
+// ErrFailover is returned by Deduct, Hold and DeductMany while a failover guard (see stockops.FailoverGuard) has seen the
+// Redis primaries change (a restart or a promoted replica) and no reconcile pass has run since:
+// Redis may have lost acknowledged writes, and selling on it before the reconciler compared it
+// with the Store could sell stock that is gone. Restores, confirms and the relay still work.
+var ErrFailover = errs.Failover
+
+// ErrEvictionPolicy is returned by every method that writes (Deduct, Hold, DeductMany,
+// HoldMany, Restore, Cancel, Confirm, Extend, Restock, Load, CloseItem, ReopenItem, Delist, and
+// stockops.Refuse), and by Run at once, when a node of the Redis deployment has a
+// maxmemory-policy other than noeviction: Redis may evict this package's keys, and an evicted
+// ledger entry sells a repeated request id again, an evicted buyers' count lets a buyer past
+// WithUserLimit. Nothing was written. The error names the node and its policy. Fix it with
+// CONFIG SET maxmemory-policy noeviction (and the same in redis.conf, or your provider's
+// parameter group), or accept the risk with WithEvictionAllowed. A refused Reserver checks the
+// policy again at most once a second, so it writes again once the policy is fixed.
+var ErrEvictionPolicy = errs.EvictionPolicy
+
+// ErrRegistryLost is returned (joined with any other error) by a reconcile pass that found
+// items the Store has, and whose keys Redis has or had, missing from Redis's registry of items
+// ("<prefix>:items"): Redis lost data (a restart without persistence, FLUSHALL, a deleted
+// key). Nothing that walks the registry (relays, passes, sweeps, the failover guard) saw those items.
+// A repairing pass has registered them again, and rebuilt from the Store those whose keys were
+// gone too; the reports say which (stockops.Report.Unregistered). Sales Redis acknowledged and had not
+// yet delivered to the Store were lost with it: a human must look.
+var ErrRegistryLost = errs.RegistryLost

@@ -1,14 +1,17 @@
 package stock
 
-import "github.com/stockres/stock/internal/engine"
+import (
+	"github.com/stockres/stock/internal/engine"
+	"github.com/stockres/stock/stocktype"
+)
 
 // An Observation describes one finished operation, for metrics and traces.
-type Observation = engine.Observation
+type Observation = stocktype.Observation
 
 // An Observer receives an Observation after every operation. Observe is called synchronously
 // on the caller's goroutine: it must be fast and safe for concurrent use. The stockotel
 // package adapts it to OpenTelemetry metrics and traces.
-type Observer = engine.Observer
+type Observer = stocktype.Observer
 
 // A StartObserver is an Observer that is also told when an operation starts, for tracing.
 // Start is called first, with the caller's context; the operation then runs on the context
@@ -20,24 +23,12 @@ type Observer = engine.Observer
 // The ops that call Start are the ones with a duration: deduct, hold, confirm, cancel, extend,
 // restore, restock, deduct_many, hold_many, relay (one batch of an item) and reconcile (one
 // item).
-type StartObserver = engine.StartObserver
+type StartObserver = stocktype.StartObserver
 
 // ObserverFunc adapts a function to the Observer interface.
-type ObserverFunc = engine.ObserverFunc
+type ObserverFunc = stocktype.ObserverFunc
 
 // WithObserver sets an observer of every operation. The default observes nothing.
 func WithObserver(o Observer) Option {
 	return engine.WithObserver(o)
-}
-
-// Outcome names the outcome an error stands for, as a short label for metrics: "ok" for nil,
-// "sold_out", "insufficient", "not_loaded", "loaded", "conflict", "restored", "user_limit",
-// "unknown_id", "closed", "expired", "confirmed", "invalid", "refused", "failover"
-// (ErrFailover: nothing was sent), "not_replicated" (ErrNotReplicated: the write was made),
-// "reserver_closed" (ErrReserverClosed: nothing was sent) or
-// "eviction_policy" (ErrEvictionPolicy: nothing was sent).
-// An unknown outcome (ErrUnknownOutcome, or an error that wraps no sentinel) is "canceled" when
-// the caller cancelled, "timeout" when the time ran out, and "error" otherwise.
-func Outcome(err error) string {
-	return engine.Outcome(err)
 }

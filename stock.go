@@ -5,6 +5,7 @@ import (
 
 	"github.com/redis/rueidis"
 	"github.com/stockres/stock/internal/engine"
+	"github.com/stockres/stock/stocktype"
 )
 
 // New returns a Reserver that runs its scripts on client. The client may be a standalone,
@@ -124,4 +125,87 @@ func (r *Reserver) Delist(ctx context.Context, sku string) error {
 
 func init() {
 	engine.Of = func(r any) *engine.Reserver { return r.(*Reserver).e }
+}
+
+// MaxQty is the largest quantity, stock level or limit this package accepts: 2^53-1, the
+// largest integer a Lua number (a double) holds exactly.
+const MaxQty = stocktype.MaxQty
+
+// MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes. A name is 1 to
+// MaxNameLen bytes of valid UTF-8 without braces, '|', whitespace, control characters or
+// invisible Unicode format characters (category Cf: zero-width spaces and joiners, the byte
+// order mark, the soft hyphen, bidirectional controls), else ErrInvalid before anything is
+// sent; the letters, marks and symbols of every script are accepted, compared byte for byte.
+const MaxNameLen = stocktype.MaxNameLen
+
+// Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
+// use by multiple goroutines. It never closes the client it was given, and starts no
+// long-lived goroutines but Run's (its methods start only short ones, see the package doc).
+// Create one with New; the zero value is not usable. Close it when done (a service's shutdown,
+// a test's clean-up): Close waits for the writes its methods left in the background, and
+// nothing is written after it.
+//
+// Most callers need a few methods:
+//   - Load puts an item on sale, once, with the stock the database of record holds.
+//   - Deduct takes stock for a request id, exactly once; Restore gives it back.
+//   - Hold takes stock until a deadline; Confirm keeps it, Cancel gives it back, and a hold
+//     past its deadline goes back by itself.
+//   - DeductMany and HoldMany take a cart: every line or none.
+//   - Run, in one goroutine, delivers every change to the Store (and a Publisher), checks
+//     Redis against the Store, releases due holds and recovers carts.
+//   - Levels and Ledger tell an item's counters and what happened to a request id.
+//
+// The rest serve the shop's operations: Restock, Extend, ConfirmMany, CancelMany, CloseItem,
+// ReopenItem and Delist. Package stockops runs the background work by hand and reads the
+// registry, the ledger and the outboxes.
+type Reserver struct{ e *engine.Reserver }
+
+// Request asks to take Qty units of an item, exactly once per ID.
+type Request = stocktype.Request
+
+// Receipt is the outcome of one request.
+type Receipt = stocktype.Receipt
+
+// Levels are the counters of one item. Loaded = Available + Held + Sold at every moment.
+type Levels = stocktype.Levels
+
+// Close ends r's use: it refuses new calls, stops a Run in progress (as if its context ended:
+// the relay delivers what is due, for up to RunOptions.Drain), waits for the calls in flight,
+// for the due-work hints they left (written a moment after a call returns, by a goroutine of
+// the Reserver) and for the work that goes on detached from its caller (a batch of coalesced
+// claims, a Store call Run stopped waiting for: its later commands are refused). Once Close
+// returned nil, r writes nothing more to Redis: a test or a service may remove its keys.
+//
+// After Close, every method (Run, Consume and the operations of package stockops too) returns
+// an error wrapping ErrReserverClosed and sends nothing; a call already in flight when Close
+// began runs to its end. Close never closes the client, which the caller owns.
+//
+// ctx bounds only the wait: when it ends first, Close returns its error (the Reserver is closed
+// all the same, and what was in flight may still write until it ends; a later Close waits
+// again). The wait is bounded anyway: by Drain for a Run, by WithTimeout for each command.
+// Close is idempotent and safe for concurrent use with every other method.
+func (r *Reserver) Close(ctx context.Context) error {
+	return r.e.Close(ctx)
+}
+
+// Ready waits until Deduct, Hold and DeductMany can take sales as far as a failover guard is
+// concerned, and returns nil then, or ctx's error (joined with the reason it waited) when ctx
+// ends first. A service calls it after starting Run and before taking traffic, rather than
+// guess how long the fence lasts:
+//
+//	go r.Run(ctx, opts)
+//	if err := r.Ready(startCtx); err != nil { // startCtx: a deadline for the start
+//		return err // fenced: Redis lost data, and no reconcile pass has run yet
+//	}
+//
+// Sales are taken when Redis's current primaries are the ones recorded as reconciled (the
+// epoch, "<prefix>:epoch"), and this Reserver's guard, if it has one, is not fenced. A new
+// deployment has its epoch from its first Load (or its guard's first check), so Ready returns
+// at once there. After a failover, a restart, or on a deployment with items and no epoch (one
+// loaded by an earlier version), it waits for a complete repairing reconcile pass, which Run's
+// reconciler starts at once (in this process, or in any other). On a Redis that does not answer
+// INFO (miniredis, an ACL without it) no guard can run and Ready returns nil at once. Other
+// errors (Redis unreachable) are retried until ctx ends.
+func (r *Reserver) Ready(ctx context.Context) error {
+	return r.e.Ready(ctx)
 }

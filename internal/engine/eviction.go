@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stockres/stock/internal/bounded"
+	"github.com/stockres/stock/internal/errs"
 )
 
 // The memory policy check.
@@ -44,7 +45,7 @@ import (
 // CONFIG SET maxmemory-policy noeviction (and the same in redis.conf, or your provider's
 // parameter group), or accept the risk with WithEvictionAllowed. A refused Reserver checks the
 // policy again at most once a second, so it writes again once the policy is fixed.
-var ErrEvictionPolicy = errors.New("stock: Redis maxmemory-policy can evict keys")
+var ErrEvictionPolicy = errs.EvictionPolicy
 
 // policyRecheck is how often, at most, a refused Reserver's writes check the policy again.
 const policyRecheck = time.Second

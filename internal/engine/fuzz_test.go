@@ -100,7 +100,7 @@ func FuzzValidation(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, sku, id, user string, qty int64) {
 		req := Request{SKU: sku, ID: id, User: user, Qty: qty}
-		err := req.check()
+		err := checkRequest(req)
 		want := fzValidName(sku) && fzValidName(id) && (user == "" || fzValidName(user)) && qty >= 1 && qty <= MaxQty
 		if want && err != nil {
 			t.Fatalf("check(%#v) = %v, want nil: the request follows every documented rule", req, err)
@@ -200,7 +200,7 @@ func fzEncodeEntry(t *testing.T, e Entry) string {
 	}
 	b.WriteByte('|')
 	b.WriteString(e.User)
-	for _, last := range []time.Time{e.Deadline, e.settledAt} { // a hold's deadline, or when a sale was given back
+	for _, last := range []time.Time{e.Deadline, e.GivenBack} { // a hold's deadline, or when a sale was given back
 		if !last.IsZero() {
 			b.WriteByte('|')
 			b.WriteString(strconv.FormatInt(last.UnixMilli(), 10))

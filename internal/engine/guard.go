@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/errs"
 	"github.com/stockres/stock/internal/protocol"
 )
 
@@ -17,7 +17,7 @@ import (
 // Redis primaries change (a restart or a promoted replica) and no reconcile pass has run since:
 // Redis may have lost acknowledged writes, and selling on it before the reconciler compared it
 // with the Store could sell stock that is gone. Restores, confirms and the relay still work.
-var ErrFailover = errors.New("stock: Redis primary changed; waiting for a reconcile pass")
+var ErrFailover = errs.Failover
 
 // FailoverGuard is stockops.FailoverGuard, documented there; Reserver.Run runs one.
 type FailoverGuard struct {
@@ -190,24 +190,7 @@ func (r *Reserver) recordBaseline(ctx context.Context) {
 // readyPoll is how often Ready looks again while sales are fenced.
 const readyPoll = 50 * time.Millisecond
 
-// Ready waits until Deduct, Hold and DeductMany can take sales as far as a failover guard is
-// concerned, and returns nil then, or ctx's error (joined with the reason it waited) when ctx
-// ends first. A service calls it after starting Run and before taking traffic, rather than
-// guess how long the fence lasts:
-//
-//	go r.Run(ctx, opts)
-//	if err := r.Ready(startCtx); err != nil { // startCtx: a deadline for the start
-//		return err // fenced: Redis lost data, and no reconcile pass has run yet
-//	}
-//
-// Sales are taken when Redis's current primaries are the ones recorded as reconciled (the
-// epoch, "<prefix>:epoch"), and this Reserver's guard, if it has one, is not fenced. A new
-// deployment has its epoch from its first Load (or its guard's first check), so Ready returns
-// at once there. After a failover, a restart, or on a deployment with items and no epoch (one
-// loaded by an earlier version), it waits for a complete repairing reconcile pass, which Run's
-// reconciler starts at once (in this process, or in any other). On a Redis that does not answer
-// INFO (miniredis, an ACL without it) no guard can run and Ready returns nil at once. Other
-// errors (Redis unreachable) are retried until ctx ends.
+// Ready is stock.Reserver.Ready.
 func (r *Reserver) Ready(ctx context.Context) error {
 	for {
 		why, err := r.notReady(ctx)

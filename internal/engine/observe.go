@@ -6,61 +6,6 @@ import (
 	"time"
 )
 
-// An Observation describes one finished operation, for metrics and traces.
-type Observation struct {
-	// Op is the operation: "deduct", "hold", "restore", "cancel", "confirm", "extend",
-	// "restock", "deduct_many" and "hold_many" (a cart; SKU is ""), "load", "sweep", "relay"
-	// (one delivered batch of an item), "reconcile" (one item).
-	Op string
-	// SKU is the item ("" when the input was invalid before an item was known).
-	SKU string
-	// Outcome is Outcome(err) of the operation; for "relay", "ok" or "error"; for "reconcile",
-	// "ok", "error" or "busy" (a relay held the item: nothing was compared).
-	Outcome string
-	// Replayed is set for an operation answered as a replay.
-	Replayed bool
-	// Local is set for a deduct or hold answered "sold_out" in-process by the sold-out fast
-	// path (WithSoldOutCache), without a round trip to Redis.
-	Local bool
-	// Duration is how long the call took, Redis round trips included.
-	Duration time.Duration
-	// Units: the quantity taken or given back (for a cart, of all its lines); for "relay", the
-	// events delivered; for
-	// "reconcile", the drift found; for "sweep", the units released.
-	Units int64
-	// Lag, for "relay": how long the oldest delivered event had waited in the outbox (by the
-	// Redis clock of its ledger entry against this process's clock).
-	Lag time.Duration
-}
-
-// An Observer receives an Observation after every operation. Observe is called synchronously
-// on the caller's goroutine: it must be fast and safe for concurrent use. The stockotel
-// package adapts it to OpenTelemetry metrics and traces.
-type Observer interface {
-	Observe(ctx context.Context, o Observation)
-}
-
-// A StartObserver is an Observer that is also told when an operation starts, for tracing.
-// Start is called first, with the caller's context; the operation then runs on the context
-// Start returns (its Redis commands included, so a span Start opens there is the parent of the
-// spans a traced Redis client records) and passes that same context to Observe when it ends,
-// where the span can be ended. Every operation that calls Start calls Observe once, on every
-// path. Start is called synchronously on the caller's goroutine, like Observe.
-//
-// The ops that call Start are the ones with a duration: deduct, hold, confirm, cancel, extend,
-// restore, restock, deduct_many, hold_many, relay (one batch of an item) and reconcile (one
-// item).
-type StartObserver interface {
-	Observer
-	Start(ctx context.Context, op, sku string) context.Context
-}
-
-// ObserverFunc adapts a function to the Observer interface.
-type ObserverFunc func(ctx context.Context, o Observation)
-
-// Observe calls f(ctx, o).
-func (f ObserverFunc) Observe(ctx context.Context, o Observation) { f(ctx, o) }
-
 // WithObserver sets an observer of every operation. The default observes nothing.
 func WithObserver(o Observer) Option {
 	return func(opts *options) error {
@@ -85,14 +30,7 @@ var outcomeNames = []struct {
 	{context.Canceled, "canceled"}, {context.DeadlineExceeded, "timeout"},
 }
 
-// Outcome names the outcome an error stands for, as a short label for metrics: "ok" for nil,
-// "sold_out", "insufficient", "not_loaded", "loaded", "conflict", "restored", "user_limit",
-// "unknown_id", "closed", "expired", "confirmed", "invalid", "refused", "failover"
-// (ErrFailover: nothing was sent), "not_replicated" (ErrNotReplicated: the write was made),
-// "reserver_closed" (ErrReserverClosed: nothing was sent) or
-// "eviction_policy" (ErrEvictionPolicy: nothing was sent).
-// An unknown outcome (ErrUnknownOutcome, or an error that wraps no sentinel) is "canceled" when
-// the caller cancelled, "timeout" when the time ran out, and "error" otherwise.
+// Outcome is stock.Outcome.
 func Outcome(err error) string {
 	if err == nil {
 		return "ok"

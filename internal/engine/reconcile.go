@@ -13,40 +13,8 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// ReconcileOptions configures a reconciler (Reserver.Run's, or stockops.NewReconciler's). A zero
-// field takes its default; nil options take every default. It lives in this package, not in
-// stockops, because RunOptions.Reconcile carries it.
-type ReconcileOptions struct {
-	// Items limits the reconciler to these items. The default is the registry (and the
-	// Store's items the registry lost, when the Store is an ItemLister).
-	Items []string
-	// DryRun makes the reconciler report only; it repairs nothing.
-	DryRun bool
-	// RepairLimit leaves a drift larger than this many units unrepaired and reports it as
-	// needing a human (an alert threshold). The default, 0, repairs every drift.
-	RepairLimit int64
-	// Retention is how long settled ledger entries (applied, restored, refused, cancelled,
-	// expired, tombstones) are kept before a pass trims them, counted from when the entry
-	// settled: the latest of when it was written, a hold's deadline and when a sale was given
-	// back (a hold that lives longer than the retention keeps its entry for the retention after
-	// its deadline). The idempotency of a request id
-	// lasts this long in Redis; after it, a retried deduct is refused by the Store's unique
-	// (sku, id) instead. Two things end with it: a Restore (or Cancel) of a trimmed sale answers
-	// ErrUnknownID and gives nothing back, the Store keeping the sale (Restock the units
-	// instead, see Reserver.Restore); and a tombstone, which lives in Redis only (no event takes
-	// it to the Store), no longer refuses a late deduct of its id, which is then sold and
-	// applied to the Store. The default (a zero Retention) is 24h; a negative Retention never
-	// trims, and then no pass retires a delisted item either (WithRetention(0) of versions
-	// before the options structs did both).
-	Retention time.Duration
-	// Interval is the time between the passes of Run (stockops.Reconciler.Run, and Reserver.Run's
-	// reconciler). The default is 5 minutes. A negative Interval turns Reserver.Run's passes off
-	// (another process reconciles); stockops.Reconciler.Run refuses it.
-	Interval time.Duration
-}
-
 // apply checks o and sets its fields, or their defaults, on rc.
-func (o *ReconcileOptions) apply(rc *Reconciler) error {
+func (rc *Reconciler) apply(o *ReconcileOptions) error {
 	rc.retention, rc.interval = 24*time.Hour, 5*time.Minute
 	if o == nil {
 		return nil
@@ -98,7 +66,7 @@ func (r *Reserver) newReconciler(store Store, opts *ReconcileOptions) (*Reconcil
 		return nil, invalid("reconciler without a store")
 	}
 	rc := &Reconciler{r: r, store: store, token: fmt.Sprintf("reconcile-%016x", rand.Uint64())}
-	if err := opts.apply(rc); err != nil {
+	if err := rc.apply(opts); err != nil {
 		return nil, err
 	}
 	return rc, nil
@@ -673,7 +641,7 @@ func (b *ledgerBatch) add(e Entry, cutoff int64) {
 			b.restored = append(b.restored, e.ID)
 		}
 	}
-	if e.State != StateReserved && e.State != StateHeld && e.retainedFrom().UnixMilli() < cutoff {
+	if e.State != StateReserved && e.State != StateHeld && retainedFrom(e).UnixMilli() < cutoff {
 		b.trim = append(b.trim, e.ID)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/redis/rueidis"
+	"github.com/stockres/stock/internal/errs"
 )
 
 // ErrRegistryLost is returned (joined with any other error) by a reconcile pass that found
@@ -17,16 +18,7 @@ import (
 // A repairing pass has registered them again, and rebuilt from the Store those whose keys were
 // gone too; the reports say which (stockops.Report.Unregistered). Sales Redis acknowledged and had not
 // yet delivered to the Store were lost with it: a human must look.
-var ErrRegistryLost = errors.New("stock: Redis lost items from its registry")
-
-// An ItemLister is a Store that can list its items, in pages ordered by SKU (byte-wise, as Go
-// compares strings). ListItems returns up to limit SKUs greater than after ("" for the first
-// page). A reconciler whose Store is an ItemLister (and a RecordLister) finds the items Redis
-// lost from its registry, even when Redis lost everything; with another Store, a pass sees only
-// the items the registry still lists.
-type ItemLister interface {
-	ListItems(ctx context.Context, after string, limit int) ([]string, error)
-}
+var ErrRegistryLost = errs.RegistryLost
 
 // storePage is how many of the Store's SKUs a pass reads at a time.
 const storePage = 500

@@ -12,8 +12,7 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// New returns a Reserver that runs its scripts on client. The client may be a standalone,
-// Sentinel or Cluster client; the caller owns it.
+// New is stock.New.
 func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	if client == nil {
 		return nil, invalid("nil client")
@@ -51,10 +50,7 @@ func (r *Reserver) checkUser(what, sku, id, user string) error {
 	return nil
 }
 
-// Load creates an item with qty units available: the preheat before a sale. It returns
-// ErrLoaded, and changes nothing, when the item exists, so a re-run preheat never clobbers a
-// live sale; add stock to a live item with Restock. qty may be 0 (an item that is listed but has
-// nothing to sell yet). The item is added to the registry (see stockops.Items).
+// Load is stock.Reserver.Load.
 func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	if err := r.enter(); err != nil {
 		return err
@@ -108,8 +104,7 @@ func (r *Reserver) Load(ctx context.Context, sku string, qty int64) error {
 	return register()
 }
 
-// Levels returns the counters of an item (Levels.Available is what can be taken now), read
-// atomically. It returns ErrNotLoaded, never zero counters, for an item Redis does not know.
+// Levels is stock.Reserver.Levels.
 func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
 	if err := r.enter(); err != nil {
 		return Levels{}, err
@@ -145,19 +140,7 @@ func parseLevels(sku string, res rueidis.RedisResult) (Levels, error) {
 	return Levels{Available: n[0], Held: n[1], Sold: n[2], Loaded: n[3], Closed: closed == "1"}, nil
 }
 
-// Deduct takes req.Qty units of req.SKU for req.ID, exactly once: the check of the id, the
-// per-user limit, the stock check, the decrement, the ledger entry and the outbox event are one
-// Lua script. A repeat of the same id with the same parameters returns the original receipt
-// with Replayed set and changes nothing.
-//
-// Errors: ErrInvalid, ErrFailover (a failover guard fenced the Reserver) and ErrEvictionPolicy
-// (Redis may evict keys): nothing was sent.
-// ErrConflict, ErrRestored, ErrUserLimit, ErrNotLoaded, ErrClosed, ErrSoldOut, ErrInsufficient:
-// nothing was taken. ErrNotReplicated (with WithReplicaAck): the units were taken and the
-// receipt is valid, but fewer replicas than asked acknowledged the write in time.
-// ErrUnknownOutcome (Redis unreachable, a broken connection, the call's time ran out, a reply
-// not understood), or any other error: the outcome is unknown; retry with the same id and
-// Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
+// Deduct is stock.Reserver.Deduct.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: req.SKU, ID: req.ID}, err
@@ -191,7 +174,7 @@ func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err err
 
 // admit checks a request before anything is sent: valid, and the Reserver not fenced.
 func (r *Reserver) admit(ctx context.Context, req Request) error {
-	if err := req.check(); err != nil {
+	if err := checkRequest(req); err != nil {
 		return err
 	}
 	if err := r.checkUser("request", req.SKU, req.ID, req.User); err != nil {
@@ -286,25 +269,7 @@ func (r *Reserver) receipt(rc Receipt, o outcome) (Receipt, error) {
 	return rc, codeErr(o.code)
 }
 
-// Restore gives back exactly what id took from sku, once, with the user's units. A second
-// Restore of the same id is a replay (Replayed set, nothing changed). Restore of an id that
-// never took anything returns ErrUnknownID and leaves a tombstone, so that a late Deduct with
-// that id is refused with ErrRestored: a cancel that overtook its request wins. That holds for
-// an item that is not loaded too (a cancel may overtake even the Load, or come after Redis lost
-// the item): the tombstone waits in the item's ledger. A live hold is cancelled. Restocks cannot
-// be restored (ErrConflict).
-//
-// Both last as long as the ledger keeps the id (ReconcileOptions.Retention, 24h by default):
-//   - A Restore of a sale whose entry was trimmed (a return after the retention) finds no entry:
-//     it answers ErrUnknownID, leaves a tombstone, and gives nothing back, in Redis or in the
-//     Store, which keeps the sale. Take such a late return in instead: put its units back on
-//     sale with Restock (an id of its own, such as "return-" and the order id, so that a repeat
-//     is a replay) and settle the order (the refund, the sale's record) in the database of
-//     record. A Restore cannot tell this from a return of an id that never took stock; Ledger
-//     can, within the retention only.
-//   - A tombstone stays in Redis and never reaches the Store (no event carries it). Once a
-//     reconcile pass trimmed it, a deduct of that id arriving later still is a new request: it
-//     is sold, and the relay applies it to the Store.
+// Restore is stock.Reserver.Restore.
 func (r *Reserver) Restore(ctx context.Context, sku, id string) (Receipt, error) {
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
@@ -374,20 +339,7 @@ func (r *Reserver) conflictReceipt(ctx context.Context, name string, rc Receipt,
 	return rc, err
 }
 
-// Restock adds qty units to a live item, exactly once per id; the addition is ledgered (kind
-// restock) and queued for the Store like a deduct. ErrNotLoaded when the item does not exist
-// (for an item split over buckets, when one of its buckets does not: a Load cut half way, which
-// calling Load again finishes); ErrInvalid, and nothing written, when the item would hold more
-// than MaxQty units in all (Levels.Loaded plus qty). A repeat of a restock that was made is a
-// replay, even once the item is full.
-//
-// An item split over buckets (WithBuckets) is restocked in the bucket its id claims (a refused
-// restock's id keeps its claim, as WithBuckets says of every request), against the units the
-// other buckets hold as read just before (a bucket's loaded count changes only by restocks and
-// repairs; moving stock between buckets does not change it). Restocks of the item that run at
-// the same time in different buckets may each pass that check: their sum may then take the
-// item past MaxQty by at most the restocks that overlapped. Run an item's restocks one at a
-// time when it is that close to MaxQty.
+// Restock is stock.Reserver.Restock.
 func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc Receipt, err error) {
 	if err := r.enter(); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
@@ -398,7 +350,7 @@ func (r *Reserver) Restock(ctx context.Context, sku, id string, qty int64) (rc R
 		defer func(start time.Time) { r.observe(ctx, "restock", sku, start, rc, err) }(time.Now())
 	}
 	req := Request{SKU: sku, ID: id, Qty: qty}
-	if err := req.check(); err != nil {
+	if err := checkRequest(req); err != nil {
 		return Receipt{SKU: sku, ID: id}, err
 	}
 	if err := r.checkEviction(ctx); err != nil {
@@ -475,16 +427,12 @@ func (r *Reserver) items(ctx context.Context) iter.Seq2[string, error] {
 	}
 }
 
-// CloseItem stops selling an item: Deduct and Hold are refused with ErrClosed, while Restore,
-// Confirm, Cancel, expiry, the relay and the reconciler go on, so the item's pipeline finishes.
-// Closing a closed item does nothing. ErrNotLoaded for an unknown item.
+// CloseItem is stock.Reserver.CloseItem.
 func (r *Reserver) CloseItem(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "1")
 }
 
-// ReopenItem lets a closed item sell again. A delisted item is closed for good: ReopenItem
-// refuses it with ErrClosed (and changes nothing), since the reconciler is to retire it, ledger
-// and all.
+// ReopenItem is stock.Reserver.ReopenItem.
 func (r *Reserver) ReopenItem(ctx context.Context, sku string) error {
 	return r.setClosed(ctx, sku, "0")
 }
@@ -529,21 +477,7 @@ func (r *Reserver) setClosedIn(ctx context.Context, sku, name, flag string) erro
 	return codeErr(code)
 }
 
-// Delist ends an item's sale for good: it is closed (ErrClosed for new deducts and holds) and
-// stamped with the time. Its pipeline finishes as with CloseItem; once the retention has passed
-// (ReconcileOptions.Retention, 24h by default) and a reconcile pass finds
-// Redis and the Store in agreement with nothing pending, that pass retires the item: its keys,
-// ledger included, are removed in bounded steps, and its report says Retired. A retired item
-// answers ErrNotLoaded and may be loaded again. Delisting twice does nothing. A delisted item
-// cannot be reopened (ReopenItem returns ErrClosed); only a closed, delisted item is ever retired.
-//
-// An item split over buckets (WithBuckets) is delisted whole: every bucket is closed, then
-// stamped. The buckets are in different slots, so a Delist cut while it closes them (an error)
-// may leave some of them on sale; one cut after they are all closed leaves the item closed.
-// Either way calling Delist again finishes it, and meanwhile ReopenItem refuses an item with a
-// delisted bucket (ErrClosed) and reopens no bucket.
-// The reconciler retires the buckets together, once every one is delisted; a pass cut between
-// buckets is finished by the next pass, and until then Load refuses the item with ErrLoaded.
+// Delist is stock.Reserver.Delist.
 func (r *Reserver) Delist(ctx context.Context, sku string) error {
 	if err := r.enter(); err != nil {
 		return err
