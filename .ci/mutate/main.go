@@ -14,7 +14,7 @@
 //
 // The tests run as the quick tier runs them: miniredis and SQLite, every STOCK_* variable of the
 // environment removed (a mutant may set its own with env:). Each package of the mutant's list
-// (by default the root package, then stockops, then systest) runs with -count=1 -failfast, in
+// (by default the root package, then internal/engine, stockops and systest) runs with -count=1 -failfast, in
 // turn, until one fails. The output of each go test is kept in the -out directory.
 package main
 
@@ -40,7 +40,7 @@ import (
 var runPattern string
 
 // defaultPkgs are the packages whose quick-tier tests run against a mutant, in this order.
-var defaultPkgs = []string{".", "./stockops", "./systest/..."}
+var defaultPkgs = []string{".", "./internal/engine", "./stockops", "./systest/..."}
 
 type mutant struct {
 	name, file, promise string
