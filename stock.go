@@ -129,14 +129,14 @@ func init() {
 
 // MaxQty is the largest quantity, stock level or limit this package accepts: 2^53-1, the
 // largest integer a Lua number (a double) holds exactly.
-const MaxQty = stocktype.MaxQty
+const MaxQty = 1<<53 - 1
 
 // MaxNameLen is the longest SKU, request id, user or prefix accepted, in bytes. A name is 1 to
 // MaxNameLen bytes of valid UTF-8 without braces, '|', whitespace, control characters or
 // invisible Unicode format characters (category Cf: zero-width spaces and joiners, the byte
 // order mark, the soft hyphen, bidirectional controls), else ErrInvalid before anything is
 // sent; the letters, marks and symbols of every script are accepted, compared byte for byte.
-const MaxNameLen = stocktype.MaxNameLen
+const MaxNameLen = 128
 
 // Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
 // use by multiple goroutines. It never closes the client it was given, and starts no
