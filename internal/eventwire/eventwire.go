@@ -1,5 +1,5 @@
 // Package eventwire is the JSON payload of a stock event as the queue adapters write and read
-// it: the JSON of stock.Event, decoded strictly.
+// it: the JSON of stocktype.Event, decoded strictly.
 package eventwire
 
 import (
@@ -8,40 +8,41 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/errs"
+	"github.com/stockres/stock/stocktype"
 )
 
 // wire is the payload as Decode reads it: pointers tell a missing field from a zero one.
 type wire struct {
-	Type *stock.EventType `json:"type"`
-	SKU  *string          `json:"sku"`
-	ID   *string          `json:"id"`
-	User string           `json:"user"`
-	Qty  *int64           `json:"qty"`
-	At   *time.Time       `json:"at"`
-	Seq  int64            `json:"seq"`
+	Type *stocktype.EventType `json:"type"`
+	SKU  *string              `json:"sku"`
+	ID   *string              `json:"id"`
+	User string               `json:"user"`
+	Qty  *int64               `json:"qty"`
+	At   *time.Time           `json:"at"`
+	Seq  int64                `json:"seq"`
 }
 
-// Check returns an error wrapping stock.ErrInvalid for an event no adapter publishes: no type,
+// Check returns an error wrapping stock.ErrInvalid (errs.Invalid) for an event no adapter publishes: no type,
 // SKU or id, or a quantity out of range.
-func Check(ev stock.Event) error {
+func Check(ev stocktype.Event) error {
 	switch {
 	case ev.Type == "":
-		return fmt.Errorf("%w: empty event type", stock.ErrInvalid)
+		return fmt.Errorf("%w: empty event type", errs.Invalid)
 	case ev.SKU == "":
-		return fmt.Errorf("%w: empty sku", stock.ErrInvalid)
+		return fmt.Errorf("%w: empty sku", errs.Invalid)
 	case ev.ID == "":
-		return fmt.Errorf("%w: empty id", stock.ErrInvalid)
-	case ev.Qty < 0 || ev.Qty > stock.MaxQty:
-		return fmt.Errorf("%w: qty %d out of range [0, %d]", stock.ErrInvalid, ev.Qty, stock.MaxQty)
+		return fmt.Errorf("%w: empty id", errs.Invalid)
+	case ev.Qty < 0 || ev.Qty > stocktype.MaxQty:
+		return fmt.Errorf("%w: qty %d out of range [0, %d]", errs.Invalid, ev.Qty, stocktype.MaxQty)
 	case ev.Seq < 0:
-		return fmt.Errorf("%w: negative seq %d", stock.ErrInvalid, ev.Seq)
+		return fmt.Errorf("%w: negative seq %d", errs.Invalid, ev.Seq)
 	}
 	return nil
 }
 
 // Encode checks ev and returns its payload. pkg names the caller in errors.
-func Encode(pkg string, ev stock.Event) ([]byte, error) {
+func Encode(pkg string, ev stocktype.Event) ([]byte, error) {
 	if err := Check(ev); err != nil {
 		return nil, fmt.Errorf("%s: publish %s/%s %s: %w", pkg, ev.SKU, ev.ID, ev.Type, err)
 	}
@@ -53,13 +54,13 @@ func Encode(pkg string, ev stock.Event) ([]byte, error) {
 }
 
 // Decode parses a payload written by Encode. The payload must be one JSON object with a
-// non-empty "type", "sku" and "id", a "qty" between 0 and stock.MaxQty, and an "at" time;
+// non-empty "type", "sku" and "id", a "qty" between 0 and stocktype.MaxQty, and an "at" time;
 // "user" and "seq" (not negative; 0 when absent) are optional and unknown fields are ignored.
-// Anything else gives an error wrapping stock.ErrInvalid. pkg names the caller in errors.
-func Decode(pkg string, msg []byte) (stock.Event, error) {
+// Anything else gives an error wrapping errs.Invalid. pkg names the caller in errors.
+func Decode(pkg string, msg []byte) (stocktype.Event, error) {
 	var w wire
 	if err := json.Unmarshal(msg, &w); err != nil {
-		return stock.Event{}, fmt.Errorf("%w: %s: decode event: %v", stock.ErrInvalid, pkg, err)
+		return stocktype.Event{}, fmt.Errorf("%w: %s: decode event: %v", errs.Invalid, pkg, err)
 	}
 	var missing []string
 	if w.Type == nil || *w.Type == "" {
@@ -78,12 +79,12 @@ func Decode(pkg string, msg []byte) (stock.Event, error) {
 		missing = append(missing, "at")
 	}
 	if len(missing) > 0 {
-		return stock.Event{}, fmt.Errorf("%w: %s: decode event: missing or empty %s",
-			stock.ErrInvalid, pkg, strings.Join(missing, ", "))
+		return stocktype.Event{}, fmt.Errorf("%w: %s: decode event: missing or empty %s",
+			errs.Invalid, pkg, strings.Join(missing, ", "))
 	}
-	ev := stock.Event{Type: *w.Type, SKU: *w.SKU, ID: *w.ID, User: w.User, Qty: *w.Qty, At: *w.At, Seq: w.Seq}
+	ev := stocktype.Event{Type: *w.Type, SKU: *w.SKU, ID: *w.ID, User: w.User, Qty: *w.Qty, At: *w.At, Seq: w.Seq}
 	if err := Check(ev); err != nil {
-		return stock.Event{}, fmt.Errorf("%s: decode event %s/%s %s: %w", pkg, ev.SKU, ev.ID, ev.Type, err)
+		return stocktype.Event{}, fmt.Errorf("%s: decode event %s/%s %s: %w", pkg, ev.SKU, ev.ID, ev.Type, err)
 	}
 	return ev, nil
 }
