@@ -1,5 +1,5 @@
 // Package bounded bounds package stock's Redis commands: each gets a deadline (WithTimeout), an
-// error that leaves its outcome unknown wraps errs.UnknownOutcome, and a Gate counts the
+// error that leaves its outcome unknown wraps errs.ErrUnknownOutcome, and a Gate counts the
 // commands in flight so that Reserver.Close can wait for them and refuse the rest.
 package bounded
 
@@ -17,7 +17,7 @@ import (
 )
 
 // Client is a rueidis.Client whose commands end after timeout at the latest, and whose
-// errors other than Redis's own replies wrap errs.UnknownOutcome.
+// errors other than Redis's own replies wrap errs.ErrUnknownOutcome.
 type Client struct {
 	rueidis.Client
 	timeout time.Duration
@@ -40,14 +40,14 @@ func New(c rueidis.Client, timeout time.Duration, g *Gate) rueidis.Client {
 func closedResults(n int) []rueidis.RedisResult {
 	out := make([]rueidis.RedisResult, n)
 	for i := range out {
-		out[i] = rueidis.NewErrorResult(errs.ReserverClosed)
+		out[i] = rueidis.NewErrorResult(errs.ErrReserverClosed)
 	}
 	return out
 }
 
 func (c Client) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	if !c.gate.Enter() {
-		return rueidis.NewErrorResult(errs.ReserverClosed)
+		return rueidis.NewErrorResult(errs.ErrReserverClosed)
 	}
 	defer c.gate.Leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
@@ -67,7 +67,7 @@ func (c Client) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidi
 
 func (c Client) DoCache(ctx context.Context, cmd rueidis.Cacheable, ttl time.Duration) rueidis.RedisResult {
 	if !c.gate.Enter() {
-		return rueidis.NewErrorResult(errs.ReserverClosed)
+		return rueidis.NewErrorResult(errs.ErrReserverClosed)
 	}
 	defer c.gate.Leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
@@ -87,7 +87,7 @@ func (c Client) DoMultiCache(ctx context.Context, cmds ...rueidis.CacheableTTL) 
 
 func (c Client) Dedicated(fn func(rueidis.DedicatedClient) error) error {
 	if !c.gate.Enter() {
-		return errs.ReserverClosed
+		return errs.ErrReserverClosed
 	}
 	defer c.gate.Leave()
 	return c.Client.Dedicated(func(d rueidis.DedicatedClient) error {
@@ -118,7 +118,7 @@ type dedicated struct {
 
 func (c dedicated) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	if !c.gate.Enter() {
-		return rueidis.NewErrorResult(errs.ReserverClosed)
+		return rueidis.NewErrorResult(errs.ErrReserverClosed)
 	}
 	defer c.gate.Leave()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
@@ -137,7 +137,7 @@ func (c dedicated) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rue
 }
 
 // unknownResult turns a result whose error is not a reply of Redis (a dial error, a broken
-// connection, the end of ctx) into one whose error wraps errs.UnknownOutcome, that error and,
+// connection, the end of ctx) into one whose error wraps errs.ErrUnknownOutcome, that error and,
 // once ctx is done, ctx's error.
 func unknownResult(ctx context.Context, res rueidis.RedisResult) rueidis.RedisResult {
 	if err := res.NonRedisError(); err != nil {
@@ -158,11 +158,11 @@ func unknownResults(ctx context.Context, rs []rueidis.RedisResult) []rueidis.Red
 // before the deadline, and returns its last error, which does not say that the time ran out.
 const retryGiveUp = time.Second
 
-// UnknownOutcome wraps err, which left a call's outcome unknown, with errs.UnknownOutcome, and
+// UnknownOutcome wraps err, which left a call's outcome unknown, with errs.ErrUnknownOutcome, and
 // with context.DeadlineExceeded (or ctx's error) when ctx is done or its deadline is so close
 // that rueidis gave up resending because of it.
 func UnknownOutcome(ctx context.Context, err error) error {
-	if errors.Is(err, errs.UnknownOutcome) {
+	if errors.Is(err, errs.ErrUnknownOutcome) {
 		return err
 	}
 	cerr := ctx.Err()
@@ -170,9 +170,9 @@ func UnknownOutcome(ctx context.Context, err error) error {
 		cerr = context.DeadlineExceeded
 	}
 	if cerr != nil && !errors.Is(err, cerr) {
-		return fmt.Errorf("%w: %w (%w)", errs.UnknownOutcome, err, cerr)
+		return fmt.Errorf("%w: %w (%w)", errs.ErrUnknownOutcome, err, cerr)
 	}
-	return fmt.Errorf("%w: %w", errs.UnknownOutcome, err)
+	return fmt.Errorf("%w: %w", errs.ErrUnknownOutcome, err)
 }
 
 // Gate counts the calls (or commands) in flight and, once shut, refuses new ones. The zero

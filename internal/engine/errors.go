@@ -14,22 +14,22 @@ import (
 
 // The sentinel errors of package stock, documented there.
 var (
-	ErrUnknownOutcome = errs.UnknownOutcome
-	ErrSoldOut        = errs.SoldOut
-	ErrInsufficient   = errs.Insufficient
-	ErrNotLoaded      = errs.NotLoaded
-	ErrLoaded         = errs.Loaded
-	ErrConflict       = errs.Conflict
-	ErrRestored       = errs.Restored
-	ErrUserLimit      = errs.UserLimit
-	ErrUnknownID      = errs.UnknownID
-	ErrClosed         = errs.Closed
-	ErrExpired        = errs.Expired
-	ErrConfirmed      = errs.Confirmed
-	ErrNotReplicated  = errs.NotReplicated
-	ErrRunning        = errs.Running
-	ErrInvalid        = errs.Invalid
-	ErrReserverClosed = errs.ReserverClosed
+	ErrUnknownOutcome = errs.ErrUnknownOutcome
+	ErrSoldOut        = errs.ErrSoldOut
+	ErrInsufficient   = errs.ErrInsufficient
+	ErrNotLoaded      = errs.ErrNotLoaded
+	ErrLoaded         = errs.ErrLoaded
+	ErrConflict       = errs.ErrConflict
+	ErrRestored       = errs.ErrRestored
+	ErrUserLimit      = errs.ErrUserLimit
+	ErrUnknownID      = errs.ErrUnknownID
+	ErrClosed         = errs.ErrClosed
+	ErrExpired        = errs.ErrExpired
+	ErrConfirmed      = errs.ErrConfirmed
+	ErrNotReplicated  = errs.ErrNotReplicated
+	ErrRunning        = errs.ErrRunning
+	ErrInvalid        = errs.ErrInvalid
+	ErrReserverClosed = errs.ErrReserverClosed
 )
 
 var codeErrs = [...]error{

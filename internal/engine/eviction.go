@@ -45,7 +45,7 @@ import (
 // CONFIG SET maxmemory-policy noeviction (and the same in redis.conf, or your provider's
 // parameter group), or accept the risk with WithEvictionAllowed. A refused Reserver checks the
 // policy again at most once a second, so it writes again once the policy is fixed.
-var ErrEvictionPolicy = errs.EvictionPolicy
+var ErrEvictionPolicy = errs.ErrEvictionPolicy
 
 // policyRecheck is how often, at most, a refused Reserver's writes check the policy again.
 const policyRecheck = time.Second

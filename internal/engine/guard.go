@@ -17,7 +17,7 @@ import (
 // Redis primaries change (a restart or a promoted replica) and no reconcile pass has run since:
 // Redis may have lost acknowledged writes, and selling on it before the reconciler compared it
 // with the Store could sell stock that is gone. Restores, confirms and the relay still work.
-var ErrFailover = errs.Failover
+var ErrFailover = errs.ErrFailover
 
 // FailoverGuard is stockops.FailoverGuard, documented there; Reserver.Run runs one.
 type FailoverGuard struct {

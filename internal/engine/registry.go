@@ -18,7 +18,7 @@ import (
 // A repairing pass has registered them again, and rebuilt from the Store those whose keys were
 // gone too; the reports say which (stockops.Report.Unregistered). Sales Redis acknowledged and had not
 // yet delivered to the Store were lost with it: a human must look.
-var ErrRegistryLost = errs.RegistryLost
+var ErrRegistryLost = errs.ErrRegistryLost
 
 // storePage is how many of the Store's SKUs a pass reads at a time.
 const storePage = 500

@@ -23,20 +23,20 @@ type wire struct {
 	Seq  int64                `json:"seq"`
 }
 
-// Check returns an error wrapping stock.ErrInvalid (errs.Invalid) for an event no adapter publishes: no type,
+// Check returns an error wrapping stock.ErrInvalid (errs.ErrInvalid) for an event no adapter publishes: no type,
 // SKU or id, or a quantity out of range.
 func Check(ev stocktype.Event) error {
 	switch {
 	case ev.Type == "":
-		return fmt.Errorf("%w: empty event type", errs.Invalid)
+		return fmt.Errorf("%w: empty event type", errs.ErrInvalid)
 	case ev.SKU == "":
-		return fmt.Errorf("%w: empty sku", errs.Invalid)
+		return fmt.Errorf("%w: empty sku", errs.ErrInvalid)
 	case ev.ID == "":
-		return fmt.Errorf("%w: empty id", errs.Invalid)
+		return fmt.Errorf("%w: empty id", errs.ErrInvalid)
 	case ev.Qty < 0 || ev.Qty > stocktype.MaxQty:
-		return fmt.Errorf("%w: qty %d out of range [0, %d]", errs.Invalid, ev.Qty, stocktype.MaxQty)
+		return fmt.Errorf("%w: qty %d out of range [0, %d]", errs.ErrInvalid, ev.Qty, stocktype.MaxQty)
 	case ev.Seq < 0:
-		return fmt.Errorf("%w: negative seq %d", errs.Invalid, ev.Seq)
+		return fmt.Errorf("%w: negative seq %d", errs.ErrInvalid, ev.Seq)
 	}
 	return nil
 }
@@ -56,11 +56,11 @@ func Encode(pkg string, ev stocktype.Event) ([]byte, error) {
 // Decode parses a payload written by Encode. The payload must be one JSON object with a
 // non-empty "type", "sku" and "id", a "qty" between 0 and stocktype.MaxQty, and an "at" time;
 // "user" and "seq" (not negative; 0 when absent) are optional and unknown fields are ignored.
-// Anything else gives an error wrapping errs.Invalid. pkg names the caller in errors.
+// Anything else gives an error wrapping errs.ErrInvalid. pkg names the caller in errors.
 func Decode(pkg string, msg []byte) (stocktype.Event, error) {
 	var w wire
 	if err := json.Unmarshal(msg, &w); err != nil {
-		return stocktype.Event{}, fmt.Errorf("%w: %s: decode event: %v", errs.Invalid, pkg, err)
+		return stocktype.Event{}, fmt.Errorf("%w: %s: decode event: %v", errs.ErrInvalid, pkg, err)
 	}
 	var missing []string
 	if w.Type == nil || *w.Type == "" {
@@ -80,7 +80,7 @@ func Decode(pkg string, msg []byte) (stocktype.Event, error) {
 	}
 	if len(missing) > 0 {
 		return stocktype.Event{}, fmt.Errorf("%w: %s: decode event: missing or empty %s",
-			errs.Invalid, pkg, strings.Join(missing, ", "))
+			errs.ErrInvalid, pkg, strings.Join(missing, ", "))
 	}
 	ev := stocktype.Event{Type: *w.Type, SKU: *w.SKU, ID: *w.ID, User: w.User, Qty: *w.Qty, At: *w.At, Seq: w.Seq}
 	if err := Check(ev); err != nil {
