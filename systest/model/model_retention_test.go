@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
@@ -499,17 +500,9 @@ func (h *harness) setupReconcile(c rueidis.Client, opts []stock.Option) {
 		opts = append(opts, stock.WithClock(mc.nowTime))
 	}
 	r, err := stock.New(c, opts...)
-	if err != nil {
-		h.t.Fatalf("New: %v", err)
-	}
-	rg := &reconcileRig{stores: map[string]*mStore{}, pend: map[string][]mEvent{}}
-	rg.store = newClockStore(h.clk.now)
-	if rg.relay, err = stockops.NewRelay(r, rg.store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}); err != nil {
-		h.t.Fatalf("NewRelay: %v", err)
-	}
-	if rg.rec, err = stockops.NewReconciler(r, rg.store, &stock.ReconcileOptions{Retention: modelRetention}); err != nil {
-		h.t.Fatalf("NewReconciler: %v", err)
-	}
+	require.NoError(h.t, err)
+	rg := &reconcileRig{stores: map[string]*mStore{}, pend: map[string][]mEvent{}, store: newClockStore(h.clk.now)}
+	rg.relay, rg.rec = pipeline(h.t, r, rg.store, nil, &stock.ReconcileOptions{Retention: modelRetention})
 	h.rc = rg
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/stockres/stock"
@@ -123,10 +124,47 @@ func (c mconfig) buckets(sku string) int {
 // split reports whether sku is split over buckets.
 func (c mconfig) split(sku string) bool { return c.buckets(sku) > 1 }
 
+// tb is what the harness needs of a *testing.T or a *rapid.T (require takes it too).
 type tb interface {
 	Helper()
+	Errorf(format string, args ...any)
 	Fatalf(format string, args ...any)
+	FailNow()
 	Logf(format string, args ...any)
+}
+
+// loadBoth loads sku with n units in Redis and in the store.
+func loadBoth(t tb, r *stock.Reserver, store interface {
+	Load(ctx context.Context, sku string, n int64) error
+}, sku string, n int64) {
+	t.Helper()
+	require.NoError(t, r.Load(context.Background(), sku, n))
+	require.NoError(t, store.Load(context.Background(), sku, n))
+}
+
+// pipeline returns a relay of r's events to store and a reconciler of the two; nil relay options
+// retry within milliseconds.
+func pipeline(t tb, r *stock.Reserver, store stock.Store, ro *stock.RelayOptions, co *stock.ReconcileOptions) (*stockops.Relay, *stockops.Reconciler) {
+	t.Helper()
+	if ro == nil {
+		ro = &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}
+	}
+	relay, err := stockops.NewRelay(r, store, nil, ro)
+	require.NoError(t, err)
+	rec, err := stockops.NewReconciler(r, store, co)
+	require.NoError(t, err)
+	return relay, rec
+}
+
+// setFlag sets a flag for the rest of t.
+func setFlag(t *testing.T, name, value string) {
+	f := flag.Lookup(name)
+	if f == nil {
+		t.Fatalf("flag %s is not registered", name)
+	}
+	old := f.Value.String()
+	require.NoError(t, f.Value.Set(value))
+	t.Cleanup(func() { _ = f.Value.Set(old) })
 }
 
 // clock is the time the scripts see.
@@ -1135,8 +1173,9 @@ func TestModel(t *testing.T) {
 	if testing.Short() {
 		checks = 20
 	}
-	// The backends run in parallel (each its own server); rapid's flag is set once for all.
-	setRapidChecks(t, checks)
+	// The backends run in parallel (each its own server); rapid's flags are set once for all.
+	setFlag(t, "rapid.checks", strconv.Itoa(checks))
+	setFlag(t, "rapid.nofailfile", "true")
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
@@ -1178,22 +1217,6 @@ func TestModel(t *testing.T) {
 				b.Name, retSeqs, seqs, passes, trims, repairs, resynced)
 		})
 	}
-}
-
-// setRapidChecks sets rapid's number of checks for the rest of t (rapid reads it from its flag).
-func setRapidChecks(t *testing.T, n int) {
-	f := flag.Lookup("rapid.checks")
-	if f == nil {
-		t.Fatalf("rapid's flags are not registered")
-	}
-	old := f.Value.String()
-	if err := f.Value.Set(strconv.Itoa(n)); err != nil {
-		t.Fatal(err)
-	}
-	nf := flag.Lookup("rapid.nofailfile")
-	oldNF := nf.Value.String()
-	_ = nf.Value.Set("true")
-	t.Cleanup(func() { _ = f.Value.Set(old); _ = nf.Value.Set(oldNF) })
 }
 
 // modelCase is a named sequence: a shrunk counterexample of the random run, kept as a
