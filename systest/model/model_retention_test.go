@@ -316,9 +316,7 @@ func (h *harness) refuse(sku, id string, lo, hi int64) {
 	if e == nil || e.state != stock.StateReserved {
 		return // given back before the drain: the restore event follows
 	}
-	e.state = stock.StateRefused
-	it.sold -= e.qty
-	it.avail += e.qty
+	it.putBack(e, stock.StateRefused)
 	e.settled, e.settledHi = lo, hi
 	if e.kind == stock.KindHold {
 		h.settleDeadline(sku, id, e, lo, hi)
@@ -413,12 +411,7 @@ func (h *harness) passItem(s mstep, sku string, it *mItem, p0, p1 int64) {
 			(rec.status == stock.StateRestored || rec.status == stock.StateRefused):
 			// A sale the store gave back: given back in Redis, with no event.
 			h.rc.resynced++
-			e.state = stock.StateRestored
-			if rec.status == stock.StateRefused {
-				e.state = stock.StateRefused
-			}
-			it.sold -= e.qty
-			it.avail += e.qty
+			it.putBack(e, rec.status) // restored or refused, as in the store
 			e.settled, e.settledHi = plo, phi
 			if e.kind == stock.KindHold {
 				h.settleDeadline(sku, id, e, plo, phi)
@@ -427,18 +420,15 @@ func (h *harness) passItem(s mstep, sku string, it *mItem, p0, p1 int64) {
 			// A live hold the store has confirmed: confirmed in Redis (applied, no event), or,
 			// given back there, released.
 			h.rc.resynced++
-			it.held -= e.qty
-			if rec.status == stock.StateApplied {
-				e.state = stock.StateReserved
-				it.sold += e.qty
-				break
-			}
-			it.avail += e.qty
 			switch {
+			case rec.status == stock.StateApplied:
+				e.state = stock.StateReserved
+				it.held -= e.qty
+				it.sold += e.qty
 			case e.deadline <= plo:
-				e.state = stock.StateExpired
+				it.putBack(e, stock.StateExpired)
 			case e.deadline > phi:
-				e.state = stock.StateCancelled
+				it.putBack(e, stock.StateCancelled)
 			default:
 				h.fail("model: a hold of %s due during the pass resynced", sku)
 			}

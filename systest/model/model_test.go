@@ -776,13 +776,9 @@ func (h *harness) resync(skus []string) {
 			case e.state == stock.StateCancelled && le.State == stock.StateExpired && id == h.selfExpire:
 				e.state = stock.StateExpired // units available either way
 			case e.state == stock.StateHeld && le.State == stock.StateExpired:
-				e.state = stock.StateExpired
-				it.held -= e.qty
-				it.avail += e.qty
+				it.putBack(e, stock.StateExpired)
 			case e.state == stock.StateExpired && le.State == stock.StateHeld:
-				e.state = stock.StateHeld
-				it.held += e.qty
-				it.avail -= e.qty
+				it.rehold(e)
 			}
 		}
 		// Remaining values of entries written in this step come from the library's order of
@@ -819,9 +815,7 @@ func (h *harness) settleMaybe(s mstep) {
 			case !ok || le.Kind != stock.KindHold:
 				h.fail("after %s: ledger %s/%s is %+v, want a hold held or expired", s, sku, id, le)
 			case le.State == stock.StateHeld:
-				e.state = stock.StateHeld
-				it.held += e.qty
-				it.avail -= e.qty
+				it.rehold(e)
 			case le.State != stock.StateExpired:
 				h.fail("after %s: ledger %s/%s is %+v, want a hold held or expired", s, sku, id, le)
 			}
