@@ -25,29 +25,38 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-// Errors of propStore's injected failures.
+// Errors of testStore's injected failures.
 var (
 	errPropAfterApply = errors.New("prop: applied, then the connection broke")
 	errPropNotApplied = errors.New("prop: not applied after an earlier failure")
 )
 
-// propStore is a memstore.Store whose Apply can be told to fail: before applying (the database
+// testStore is a memstore.Store whose Apply can be told to fail: before applying (the database
 // is down) or after applying (the commit happened, the answer was lost). It keeps memstore's
-// RecordLister and BatchStore.
-type propStore struct {
+// RecordLister and BatchStore. Given a clock (now), its records carry that clock's time of when
+// they were first written (memstore stamps them with the process's clock, which a miniredis run
+// does not move), so that the reconciler compares them with the same clock as the ledger's.
+type testStore struct {
 	*memstore.Store
 	mu     sync.Mutex
 	okLeft int  // Apply calls that still succeed; < 0: never fail
 	after  bool // fail after applying rather than before
+	now    func() int64
+	at     map[[2]string]int64 // sku, id -> first written, by now
 }
 
-func (s *propStore) failAfter(okLeft int, after bool) {
+// newTestStore returns a store that does not fail, stamping its records with now (nil: memstore's).
+func newTestStore(now func() int64) *testStore {
+	return &testStore{Store: memstore.New(), okLeft: -1, now: now, at: map[[2]string]int64{}}
+}
+
+func (s *testStore) failAfter(okLeft int, after bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.okLeft, s.after = okLeft, after
 }
 
-func (s *propStore) Apply(ctx context.Context, ev stock.Event) error {
+func (s *testStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	fail := s.okLeft == 0
 	if s.okLeft > 0 {
@@ -59,15 +68,47 @@ func (s *propStore) Apply(ctx context.Context, ev stock.Event) error {
 		return memstore.ErrDown
 	}
 	err := s.Store.Apply(ctx, ev)
+	if recs, _ := s.Store.Records(ctx, ev.SKU, []string{ev.ID}); s.now != nil && recs[ev.ID].ID != "" {
+		s.mu.Lock()
+		if k := [2]string{ev.SKU, ev.ID}; s.at[k] == 0 {
+			s.at[k] = s.now()
+		}
+		s.mu.Unlock()
+	}
 	if fail && err == nil {
 		return errPropAfterApply
 	}
 	return err
 }
 
+func (s *testStore) stamp(sku string, r stock.Record) stock.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if at, ok := s.at[[2]string{sku, r.ID}]; ok {
+		r.At = time.UnixMilli(at)
+	}
+	return r
+}
+
+func (s *testStore) Records(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
+	m, err := s.Store.Records(ctx, sku, ids)
+	for id, r := range m {
+		m[id] = s.stamp(sku, r)
+	}
+	return m, err
+}
+
+func (s *testStore) List(ctx context.Context, sku, after string, limit int) ([]stock.Record, error) {
+	rs, err := s.Store.List(ctx, sku, after, limit)
+	for i, r := range rs {
+		rs[i] = s.stamp(sku, r)
+	}
+	return rs, err
+}
+
 // ApplyBatch follows the BatchStore contract: in order, stopping at the first failure that is
 // not a refusal.
-func (s *propStore) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
+func (s *testStore) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
 	errs := make([]error, len(evs))
 	for i, ev := range evs {
 		errs[i] = s.Apply(ctx, ev)
@@ -100,7 +141,7 @@ type propMachine struct {
 	prefix  string
 	limit   int64
 	r       *stock.Reserver
-	store   *propStore
+	store   *testStore
 	relay   *stockops.Relay
 	rec     *stockops.Reconciler
 	missing map[string]bool // item hashes this run deleted and no reconcile rebuilt yet
@@ -582,7 +623,7 @@ func TestPropertyInvariants(t *testing.T) {
 		m := &propMachine{
 			c: c, prefix: fmt.Sprintf("p%d", run),
 			limit:   rapid.SampledFrom([]int64{0, 2, 4}).Draw(rt, "user_limit"),
-			store:   &propStore{Store: memstore.New(), okLeft: -1},
+			store:   newTestStore(nil),
 			missing: map[string]bool{}, lost: map[string]bool{}, tainted: map[string]bool{}, fresh: map[string]int{}, back: map[string]int{},
 			stats: stats,
 		}
