@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"sort"
@@ -493,19 +494,20 @@ func check(s mstep, o outcome, outs []outcome, lr libResult, loose bool) string 
 	return ""
 }
 
-// uncertain reports whether a live hold of the given items has its deadline in (t0, t1]: it
-// may or may not have passed for the script.
-func (h *harness) uncertain(skus []string, t0, t1 int64) bool {
+// due returns the number of live holds of skus due at now; a hold with its deadline in (t0, t1]
+// (due(t1) > due(t0)) may or may not have passed for the script.
+func (h *harness) due(skus []string, now int64) int {
+	n := 0
 	for _, sku := range skus {
-		if it := h.w.items[sku]; it != nil {
+		if it := h.w.item(sku); it != nil {
 			for _, e := range it.ledger {
-				if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline > t0 && e.deadline <= t1 {
-					return true
+				if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline <= now {
+					n++
 				}
 			}
 		}
 	}
-	return false
+	return n
 }
 
 // learnDeadlines reads the deadline of a hold the step made or extended from the ledger: on a
@@ -536,24 +538,6 @@ func (h *harness) learnDeadlines(s mstep, t0, t1 int64) {
 		}
 		e.deadline = d
 	}
-}
-
-// due returns the earliest deadline and the number of live holds of skus due at now.
-func (h *harness) due(skus []string, now int64) (int64, int) {
-	first, n := int64(0), 0
-	for _, sku := range skus {
-		if it := h.w.item(sku); it != nil {
-			for _, e := range it.ledger {
-				if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline <= now {
-					if n == 0 || e.deadline < first {
-						first = e.deadline
-					}
-					n++
-				}
-			}
-		}
-	}
-	return first, n
 }
 
 // run runs one step on both sides and compares.
@@ -591,7 +575,7 @@ func (h *harness) callAndJudge(s mstep) {
 func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 	h.t.Helper()
 	nows := []int64{t0}
-	unsure := h.real && h.uncertain(s.touched(), t0-slack, t1+slack)
+	unsure := h.real && h.due(s.touched(), t1+slack) > h.due(s.touched(), t0-slack)
 	if unsure {
 		nows = []int64{t0, t1 + slack, t0 - slack}
 	}
@@ -599,7 +583,7 @@ func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 	if h.real {
 		// On a real server, a hold at or near its deadline makes the stock counts of the
 		// answer depend on the script's clock: compare the outcome, then read the counts back.
-		if _, n := h.due(s.touched(), t1+50); n > 0 {
+		if h.due(s.touched(), t1+50) > 0 {
 			unsure, loose = true, true
 		}
 	}
@@ -1090,14 +1074,8 @@ func (h *harness) draw(t *rapid.T) mstep {
 	case "burst":
 		var quiet []string // items loaded, with no live hold
 		for _, sku := range modelSKUs {
-			if it := h.w.item(sku); it != nil {
-				live := false
-				for _, e := range it.ledger {
-					live = live || (e.kind == stock.KindHold && e.state == stock.StateHeld)
-				}
-				if !live {
-					quiet = append(quiet, sku)
-				}
+			if h.w.item(sku) != nil && h.due([]string{sku}, math.MaxInt64) == 0 {
+				quiet = append(quiet, sku)
 			}
 		}
 		if len(quiet) == 0 {
