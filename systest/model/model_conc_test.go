@@ -37,12 +37,10 @@ func par(n int, f func(i int) error) []error {
 	start := make(chan struct{})
 	errs := make([]error, n)
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
 			errs[i] = f(i)
-		}()
+		})
 	}
 	close(start)
 	wg.Wait()

@@ -3,6 +3,7 @@ package model_test
 import (
 	"cmp"
 	"errors"
+	"hash/fnv"
 	"maps"
 	"math"
 	"slices"
@@ -745,12 +746,9 @@ func (w *world) nb(sku string) int {
 
 // fnvBucket is the bucket of n a buyer or an id goes to (README "Routing": FNV-1a, mod n).
 func fnvBucket(key string, n int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return int(h % uint32(n))
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
 }
 
 func claimKey(sku, id string) string { return sku + "\x00" + id }
