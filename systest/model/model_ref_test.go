@@ -609,76 +609,63 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 		// lines was given back, and never undoes the lines it took.
 		return outcome{replay: 1}, nil
 	}
-	var outs []outcome
-	if w.oneSlot(lines) {
+	one := w.oneSlot(lines)
+	if one {
 		// One script: it releases the due holds of every item of the cart first, whatever
-		// its answer (as a refused Deduct does).
+		// its answer (as a refused Deduct does), and take does not release another 64.
 		for _, l := range lines {
 			if it := w.item(l.SKU); it != nil {
 				it.expireN(now, 64, id)
 			}
 		}
-	}
-	saved := w.clone()
-	if w.oneSlot(lines) {
 		w.released64 = true
 		defer func() { w.released64 = false }()
 	}
+	saved := w.clone()
+	var outs []outcome
 	for _, l := range lines {
 		o := w.take(kind, l.SKU, id, user, l.Qty, false, ttl, now)
-		if o.err == nil && o.replay != 0 && w.oneSlot(lines) {
-			// A one-script cart is checked against the id's entries in its own items only:
-			// a line that is still this cart's entry is a replay.
+		if o.err == nil {
+			// Taken, or a replay. A one-script cart is checked against the id's entries in its
+			// own items only: a line that is still this cart's entry is a replay. For a saga,
+			// an entry of the cart id with the line's kind, quantity and user that the cart
+			// log does not know (drawn: a Hold of a split item under a cart's id) cannot be
+			// told from its line taken by a copy of the cart: it is the cart's line, replayed,
+			// and an undo gives it back ("the cart's own line (same kind, quantity and user)").
 			outs = append(outs, o)
 			continue
 		}
-		if o.err != nil {
-			ce := outcome{err: o.err, alt: o.alt, cartSKU: l.SKU}
-			if w.oneSlot(lines) {
-				// One script, checked before the first write: nothing changed, nothing recorded.
-				*w = *saved
-				return ce, nil
-			}
-			// The saga: the lines taken before are given back, the others get a tombstone
-			// (so a slow saga cannot take them later), and the cart is undone.
-			for _, l2 := range lines {
-				if n := w.nb(l2.SKU); n > 0 {
-					// The undo's give-back claims the id's home bucket when no take did, and
-					// leaves the tombstone there: a slow copy of the saga, of whatever
-					// buyer's bucket, is refused with ErrRestored.
-					w.claim(l2.SKU, id, fnvBucket(id, n))
-				}
-				it := w.item(l2.SKU)
-				if it == nil || it.ledger[id] == nil {
-					w.maybeTombstone(l2.SKU, id)
-					continue
-				}
-				if e := it.ledger[id]; e.kind == kind && e.qty == l2.Qty && e.user == user && e.taken() {
-					it.undo(e) // this cart's line
-				}
-			}
-			w.carts[id] = &mCart{kind: kind, user: user, lines: lines, causeSKU: l.SKU, cause: ce.errs()}
+		ce := outcome{err: o.err, alt: o.alt, cartSKU: l.SKU}
+		if one {
+			// One script, checked before the first write: nothing changed, nothing recorded.
+			*w = *saved
 			return ce, nil
 		}
-		// A replay: an entry of the cart id with the line's kind, quantity and user that the
-		// cart log does not know (drawn: a Hold of a split item under a cart's id). The saga
-		// cannot tell it from its line taken by a copy of the cart: it is the cart's line,
-		// replayed, and an undo gives it back ("the cart's own line (same kind, quantity and
-		// user)").
-		outs = append(outs, o)
-	}
-	replayed := true
-	for _, o := range outs {
-		replayed = replayed && o.replay == 1
-	}
-	if w.oneSlot(lines) {
-		w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true, oneSlot: true}
-		if replayed {
-			return outcome{replay: 1}, outs
+		// The saga: the lines taken before are given back, the others get a tombstone (so a
+		// slow saga cannot take them later), and the cart is undone.
+		for _, l2 := range lines {
+			if n := w.nb(l2.SKU); n > 0 {
+				// The undo's give-back claims the id's home bucket when no take did, and
+				// leaves the tombstone there: a slow copy of the saga, of whatever buyer's
+				// bucket, is refused with ErrRestored.
+				w.claim(l2.SKU, id, fnvBucket(id, n))
+			}
+			it := w.item(l2.SKU)
+			if it == nil || it.ledger[id] == nil {
+				w.maybeTombstone(l2.SKU, id)
+				continue
+			}
+			if e := it.ledger[id]; e.kind == kind && e.qty == l2.Qty && e.user == user && e.taken() {
+				it.undo(e) // this cart's line
+			}
 		}
-		return outcome{}, outs
+		w.carts[id] = &mCart{kind: kind, user: user, lines: lines, causeSKU: l.SKU, cause: ce.errs()}
+		return ce, nil
 	}
-	w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true}
+	w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true, oneSlot: one}
+	if one && !slices.ContainsFunc(outs, func(o outcome) bool { return o.replay != 1 }) {
+		return outcome{replay: 1}, outs // every line still this one-script cart's entry
+	}
 	return outcome{}, outs
 }
 
