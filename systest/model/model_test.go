@@ -26,6 +26,8 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
+
 // The pools inputs are drawn from, small so that they collide.
 var (
 	// SKUs: suffix-like names (the keys of an item end in ":u", ":l", ":h", ...), names with
