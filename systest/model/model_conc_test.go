@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,37 +28,6 @@ func concPair(t *testing.T, b redistest.Backend) ([2]*stock.Reserver, func(time.
 		rs[i] = r
 	}
 	return rs, func(d time.Duration) { redistest.Sleep(c1, d) }
-}
-
-// par runs f(i) for i in [0, n) on n goroutines started together and returns their errors.
-func par(n int, f func(i int) error) []error {
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	errs := make([]error, n)
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			errs[i] = f(i)
-		})
-	}
-	close(start)
-	wg.Wait()
-	return errs
-}
-
-// acked returns the indices of the calls that succeeded, failing t on any error but ErrSoldOut.
-func acked(t *testing.T, what string, errs []error) []int {
-	t.Helper()
-	var ok []int
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			ok = append(ok, i)
-		case !errors.Is(err, stock.ErrSoldOut):
-			t.Fatalf("%s %d: %v", what, i, err)
-		}
-	}
-	return ok
 }
 
 // soldOrNone checks that the deduct of each id prefix+i that succeeded is sold in the ledger and
@@ -90,33 +58,6 @@ func firsts(t *testing.T, what string, rcs []stock.Receipt, errs []error) int {
 		}
 	}
 	return n
-}
-
-func wantLevels(t *testing.T, r *stock.Reserver, sku string, want stock.Levels) {
-	t.Helper()
-	lv, err := r.Levels(context.Background(), sku)
-	if err != nil || lv != want {
-		t.Fatalf("Levels(%s) = %+v, %v; want %+v", sku, lv, err, want)
-	}
-}
-
-// wantEntry checks the ledger entry of id: of kind in one of the states, or absent (no state).
-func wantEntry(t *testing.T, r *stock.Reserver, sku, id string, kind stock.Kind, state ...stock.State) {
-	t.Helper()
-	e, err := r.Ledger(context.Background(), sku, id)
-	if len(state) == 0 {
-		if !errors.Is(err, stock.ErrUnknownID) {
-			t.Fatalf("Ledger(%s, %s) = %+v, %v; want none", sku, id, e, err)
-		}
-		return
-	}
-	require.NoError(t, err, "Ledger(%s, %s)", sku, id)
-	for _, s := range state {
-		if e.Kind == kind && e.State == s {
-			return
-		}
-	}
-	t.Fatalf("Ledger(%s, %s) = %s %s, want %s %v", sku, id, e.Kind, e.State, kind, state)
 }
 
 // TestModelConcurrency runs many concurrent calls on two Reservers of two clients and checks

@@ -3,7 +3,6 @@ package model_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
-	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/stockres/stock"
@@ -25,8 +23,6 @@ import (
 	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
-
-func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
 // The pools inputs are drawn from, small so that they collide.
 var (
@@ -117,49 +113,6 @@ func (c mconfig) buckets(sku string) int {
 
 // split reports whether sku is split over buckets.
 func (c mconfig) split(sku string) bool { return c.buckets(sku) > 1 }
-
-// tb is what the harness needs of a *testing.T or a *rapid.T (require takes it too).
-type tb interface {
-	Helper()
-	Errorf(format string, args ...any)
-	Fatalf(format string, args ...any)
-	FailNow()
-	Logf(format string, args ...any)
-}
-
-// loadBoth loads sku with n units in Redis and in the store.
-func loadBoth(t tb, r *stock.Reserver, store interface {
-	Load(ctx context.Context, sku string, n int64) error
-}, sku string, n int64) {
-	t.Helper()
-	require.NoError(t, r.Load(context.Background(), sku, n))
-	require.NoError(t, store.Load(context.Background(), sku, n))
-}
-
-// pipeline returns a relay of r's events to store and a reconciler of the two; nil relay options
-// retry within milliseconds.
-func pipeline(t tb, r *stock.Reserver, store stock.Store, ro *stock.RelayOptions, co *stock.ReconcileOptions) (*stockops.Relay, *stockops.Reconciler) {
-	t.Helper()
-	if ro == nil {
-		ro = &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}
-	}
-	relay, err := stockops.NewRelay(r, store, nil, ro)
-	require.NoError(t, err)
-	rec, err := stockops.NewReconciler(r, store, co)
-	require.NoError(t, err)
-	return relay, rec
-}
-
-// setFlag sets a flag for the rest of t.
-func setFlag(t *testing.T, name, value string) {
-	f := flag.Lookup(name)
-	if f == nil {
-		t.Fatalf("flag %s is not registered", name)
-	}
-	old := f.Value.String()
-	require.NoError(t, f.Value.Set(value))
-	t.Cleanup(func() { _ = f.Value.Set(old) })
-}
 
 // clock is the time the scripts see.
 type clock interface {

@@ -3,13 +3,11 @@ package model_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,103 +22,6 @@ import (
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
-
-// Errors of testStore's injected failures.
-var (
-	errPropAfterApply = errors.New("prop: applied, then the connection broke")
-	errPropNotApplied = errors.New("prop: not applied after an earlier failure")
-)
-
-// testStore is a memstore.Store whose Apply can be told to fail: before applying (the database
-// is down) or after applying (the commit happened, the answer was lost). It keeps memstore's
-// RecordLister and BatchStore. Given a clock (now), its records carry that clock's time of when
-// they were first written (memstore stamps them with the process's clock, which a miniredis run
-// does not move), so that the reconciler compares them with the same clock as the ledger's.
-type testStore struct {
-	*memstore.Store
-	mu     sync.Mutex
-	okLeft int  // Apply calls that still succeed; < 0: never fail
-	after  bool // fail after applying rather than before
-	now    func() int64
-	at     map[[2]string]int64 // sku, id -> first written, by now
-}
-
-// newTestStore returns a store that does not fail, stamping its records with now (nil: memstore's).
-func newTestStore(now func() int64) *testStore {
-	return &testStore{Store: memstore.New(), okLeft: -1, now: now, at: map[[2]string]int64{}}
-}
-
-func (s *testStore) failAfter(okLeft int, after bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.okLeft, s.after = okLeft, after
-}
-
-func (s *testStore) Apply(ctx context.Context, ev stock.Event) error {
-	s.mu.Lock()
-	fail := s.okLeft == 0
-	if s.okLeft > 0 {
-		s.okLeft--
-	}
-	after := s.after
-	s.mu.Unlock()
-	if fail && !after {
-		return memstore.ErrDown
-	}
-	err := s.Store.Apply(ctx, ev)
-	if recs, _ := s.Store.Records(ctx, ev.SKU, []string{ev.ID}); s.now != nil && recs[ev.ID].ID != "" {
-		s.mu.Lock()
-		if k := [2]string{ev.SKU, ev.ID}; s.at[k] == 0 {
-			s.at[k] = s.now()
-		}
-		s.mu.Unlock()
-	}
-	if fail && err == nil {
-		return errPropAfterApply
-	}
-	return err
-}
-
-func (s *testStore) stamp(sku string, r stock.Record) stock.Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if at, ok := s.at[[2]string{sku, r.ID}]; ok {
-		r.At = time.UnixMilli(at)
-	}
-	return r
-}
-
-func (s *testStore) Records(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
-	m, err := s.Store.Records(ctx, sku, ids)
-	for id, r := range m {
-		m[id] = s.stamp(sku, r)
-	}
-	return m, err
-}
-
-func (s *testStore) List(ctx context.Context, sku, after string, limit int) ([]stock.Record, error) {
-	rs, err := s.Store.List(ctx, sku, after, limit)
-	for i, r := range rs {
-		rs[i] = s.stamp(sku, r)
-	}
-	return rs, err
-}
-
-// ApplyBatch follows the BatchStore contract: in order, stopping at the first failure that is
-// not a refusal.
-func (s *testStore) ApplyBatch(ctx context.Context, evs []stock.Event) []error {
-	errs := make([]error, len(evs))
-	for i, ev := range evs {
-		errs[i] = s.Apply(ctx, ev)
-		if errs[i] != nil && !errors.Is(errs[i], stock.ErrRefused) {
-			for j := i + 1; j < len(evs); j++ {
-				errs[j] = errPropNotApplied
-			}
-			break
-		}
-	}
-	return errs
-}
 
 var (
 	propSKUs  = []string{"A", "B"}
@@ -200,18 +101,6 @@ func (m *propMachine) expect(t *rapid.T, what, sku string, err error, allowed ..
 	if sku != "" && errors.Is(err, stock.ErrNotLoaded) && !m.missing[sku] {
 		m.fail(t, "%s: ErrNotLoaded for an item this run did not lose", what)
 	}
-}
-
-func oneOf(err error, allowed ...error) bool {
-	if err == nil {
-		return true
-	}
-	for _, a := range allowed {
-		if errors.Is(err, a) {
-			return true
-		}
-	}
-	return false
 }
 
 // use records that an operation touched sku/id.
@@ -374,13 +263,6 @@ func (m *propMachine) reconcile(t *rapid.T) []stockops.Report {
 		m.fail(t, "reconcile: %v", err)
 	}
 	return reps
-}
-
-// flagSet reports whether the flag was given on the command line.
-func flagSet(name string) bool {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }
 
 func abs64(n int64) int64 {
