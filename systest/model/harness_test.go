@@ -28,6 +28,7 @@ func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 // tb is what the harness needs of a *testing.T or a *rapid.T (require takes it too).
 type tb interface {
 	Helper()
+	Cleanup(f func())
 	Errorf(format string, args ...any)
 	Fatalf(format string, args ...any)
 	FailNow()

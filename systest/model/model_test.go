@@ -171,14 +171,12 @@ type harness struct {
 	cfg      mconfig
 	writes   map[string]lastWrite // sku -> the last write
 	inMass   bool
-	strict   bool // tolerate no known issue (named cases)
 	// selfExpire is the id of the step being judged when its call outlasted the holds it made
 	// (resync then takes an expired hold of that id where the model has it cancelled).
 	selfExpire string
 	steps      []string
 	mass       []massHold
 	massN      int
-	closers    []func()
 	// splitSteps counts the steps that touched a split item; splitMaybe the due holds of other
 	// buckets read back.
 	splitSteps, splitMaybe int
@@ -209,14 +207,14 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		if err := m.Start(); err != nil {
 			t.Fatalf("miniredis: %v", err)
 		}
-		h.closers = append(h.closers, m.Close)
+		t.Cleanup(m.Close)
 		for i := range clients {
 			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
 			if err != nil {
 				t.Fatalf("client: %v", err)
 			}
 			clients[i] = c
-			h.closers = append(h.closers, c.Close)
+			t.Cleanup(c.Close)
 		}
 		mc := &miniClock{m: m, t: time.UnixMilli(1_767_225_600_000)}
 		mc.ms.Store(mc.t.UnixMilli())
@@ -240,12 +238,6 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		h.setupReconcile(clients[0], []stock.Option{stock.WithPrefix(prefix), stock.WithUserLimit(cfg.Limit), stock.WithGroups(cfg.group)})
 	}
 	return h
-}
-
-func (h *harness) close() {
-	for i := len(h.closers) - 1; i >= 0; i-- {
-		h.closers[i]()
-	}
 }
 
 func (h *harness) fail(format string, args ...any) {
@@ -1099,8 +1091,6 @@ func TestModel(t *testing.T) {
 			rapid.Check(t, func(rt *rapid.T) {
 				cfg := drawConfig(rt)
 				h := mb.harness(rt, cfg)
-				h.strict = os.Getenv("STOCK_MODEL_STRICT") != "" // no tolerance of known issues
-				defer h.close()
 				n := rapid.IntRange(1, steps).Draw(rt, "steps")
 				for range n {
 					h.run(h.draw(rt))
@@ -1138,23 +1128,15 @@ type modelCase struct {
 	name  string
 	cfg   mconfig
 	steps []mstep
-	// known names an open issue of the library the case shows (it fails on the current code):
-	// skipped unless STOCK_MODEL_KNOWN is set, so that the list stays green for the fixed ones.
-	known string
 }
 
-// runCases runs named sequences on every backend, strictly (no tolerance of known issues).
+// runCases runs named sequences on every backend.
 func runCases(t *testing.T, cases []modelCase) {
 	for _, b := range redistest.Backends(t) {
 		mb := newModelBackend(t, b)
 		for _, c := range cases {
 			t.Run(b.Name+"/"+c.name, func(t *testing.T) {
-				if c.known != "" && os.Getenv("STOCK_MODEL_KNOWN") == "" {
-					t.Skipf("open library issue %s (set STOCK_MODEL_KNOWN=1 to run it)", c.known)
-				}
 				h := mb.harness(t, c.cfg)
-				h.strict = true
-				defer h.close()
 				for _, s := range c.steps {
 					h.run(s)
 				}
@@ -1164,8 +1146,8 @@ func runCases(t *testing.T, cases []modelCase) {
 	}
 }
 
-// modelRegressions are the shrunk counterexamples of the random run (see testdata/model-findings.md), as named
-// cases run strictly on every backend. Each fails on the code it was found on.
+// modelRegressions are the shrunk counterexamples of the random run (see model-findings.md), as
+// named cases run on every backend. Each fails on the code it was found on.
 var modelRegressions = []modelCase{
 	// A retry's recorded refusal keeps its kind: insufficient (3 of 5) stays insufficient with
 	// the Remaining of then after a restock that would serve it, sold out stays sold out (the
