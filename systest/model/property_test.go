@@ -247,7 +247,7 @@ func (m *propMachine) reconcile(t *rapid.T) []stockops.Report {
 		if rp.Rebuilt {
 			m.stats.rebuilt.Add(1)
 		}
-		m.stats.adjusted.Add(abs64(rp.Adjusted))
+		m.stats.adjusted.Add(max(rp.Adjusted, -rp.Adjusted))
 		m.stats.requeued.Add(int64(rp.Requeued))
 		m.stats.rerecorded.Add(int64(rp.Rerecorded))
 		if rp.NeedsHuman != "" {
@@ -263,13 +263,6 @@ func (m *propMachine) reconcile(t *rapid.T) []stockops.Report {
 		m.fail(t, "reconcile: %v", err)
 	}
 	return reps
-}
-
-func abs64(n int64) int64 {
-	if n < 0 {
-		return -n
-	}
-	return n
 }
 
 // loseItem deletes an item's hash (eviction, a restart, a failover before the load replicated).
@@ -440,10 +433,7 @@ func (m *propMachine) quiesce(t *rapid.T) {
 			}
 			break
 		}
-		human := false
-		for _, rp := range reps {
-			human = human || rp.NeedsHuman != ""
-		}
+		human := slices.ContainsFunc(reps, func(rp stockops.Report) bool { return rp.NeedsHuman != "" })
 		// An id used with other parameters while its entry was lost (ErrConflict-worthy, but
 		// Redis no longer knew it) has a store record that differs from its Redis entry: a
 		// pending event of it is sized wrongly as in flight, and the pass after its delivery
