@@ -380,13 +380,7 @@ func (s mstep) writes() bool {
 
 // check compares what the library answered with what the model expects; "" when they agree.
 func check(s mstep, o outcome, outs []outcome, lr libResult, loose bool) string {
-	errOK := false
-	for _, e := range o.errs() {
-		if (e == nil && lr.err == nil) || (e != nil && errors.Is(lr.err, e)) {
-			errOK = true
-		}
-	}
-	if !errOK {
+	if !slices.ContainsFunc(o.errs(), func(e error) bool { return (e == nil) == (lr.err == nil) && errors.Is(lr.err, e) }) {
 		return fmt.Sprintf("error %v, want %v", lr.err, o.errs())
 	}
 	if o.cartSKU != "" {
@@ -727,13 +721,10 @@ func (h *harness) settleMaybe(s mstep) {
 			if lib == nil {
 				lib = h.entries(sku)
 			}
-			le, ok := lib[id]
-			switch {
-			case !ok || le.Kind != stock.KindHold:
-				h.fail("after %s: ledger %s/%s is %+v, want a hold held or expired", s, sku, id, le)
-			case le.State == stock.StateHeld:
+			switch le, ok := lib[id]; {
+			case ok && le.Kind == stock.KindHold && le.State == stock.StateHeld:
 				it.rehold(e)
-			case le.State != stock.StateExpired:
+			case !ok || le.Kind != stock.KindHold || le.State != stock.StateExpired:
 				h.fail("after %s: ledger %s/%s is %+v, want a hold held or expired", s, sku, id, le)
 			}
 			h.splitMaybe++
