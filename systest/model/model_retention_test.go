@@ -302,10 +302,7 @@ func (h *harness) passItem(s mstep, sku string, it *mItem, p0, p1 int64) {
 	h.t.Helper()
 	st := h.mstore(sku)
 	ret := modelRetention.Milliseconds()
-	cutLo, cutHi := p0-ret, p1-ret
-	if h.real {
-		cutLo, cutHi = cutLo-slack, cutHi+slack
-	}
+	cutLo, cutHi := h.window(p0-ret, p1-ret)
 	plo, phi := h.window(p0, p1)
 	ids := slices.Sorted(maps.Keys(it.ledger))
 	// What the pass reads of each entry decides its lists; the resyncs write before the trim.

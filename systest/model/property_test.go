@@ -155,11 +155,17 @@ func (m *propMachine) take(t *rapid.T, pr propReq, what string) {
 	}
 	if err == nil && !rc.Replayed {
 		m.stats.fresh.Add(1)
-		k := sku + "/" + id
-		m.fresh[k]++
-		if m.fresh[k] > 1 {
-			m.fail(t, "%s %s took stock a second time", what, k)
-		}
+		m.once(t, m.fresh, sku, id, what+" took stock")
+	}
+}
+
+// once counts in n a take or give-back of sku/id that was not a replay, and fails the run on a
+// second one since the id's entry was last lost.
+func (m *propMachine) once(t *rapid.T, n map[string]int, sku, id, did string) {
+	t.Helper()
+	k := sku + "/" + id
+	if n[k]++; n[k] > 1 {
+		m.fail(t, "%s of %s a second time", did, k)
 	}
 }
 
@@ -179,11 +185,7 @@ func (m *propMachine) giveBack(t *rapid.T, cancel bool) {
 	m.expect(t, what, sku, err, stock.ErrUnknownID, stock.ErrConflict, stock.ErrConfirmed, stock.ErrNotLoaded)
 	if err == nil && !rc.Replayed {
 		m.stats.restores.Add(1)
-		k := sku + "/" + id
-		m.back[k]++
-		if m.back[k] > 1 {
-			m.fail(t, "%s %s gave stock back a second time", what, k)
-		}
+		m.once(t, m.back, sku, id, what+" gave stock back")
 	}
 }
 
