@@ -1,8 +1,11 @@
 package model_test
 
 import (
+	"cmp"
 	"errors"
+	"hash/fnv"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -74,8 +77,9 @@ func (w *world) item(sku string) *mItem {
 	return nil
 }
 
-// ghostTombstone records that a give-back of an unknown item may have left a tombstone.
-func (w *world) ghostTombstone(sku, id string) {
+// maybeTombstone records that a give-back of id may have left a tombstone on sku, loaded or not
+// (an item not loaded keeps its ledger as a ghost).
+func (w *world) maybeTombstone(sku, id string) {
 	it := w.items[sku]
 	if it == nil {
 		it = &mItem{ghost: true, ledger: map[string]*mEntry{}}
@@ -84,6 +88,33 @@ func (w *world) ghostTombstone(sku, id string) {
 	if it.ledger[id] == nil {
 		it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRestored, maybe: true}
 	}
+}
+
+// putBack gives a taken entry's units back, from held or from sold, and leaves it in state.
+func (it *mItem) putBack(e *mEntry, state stock.State) {
+	if e.state == stock.StateHeld {
+		it.held -= e.qty
+	} else {
+		it.sold -= e.qty
+	}
+	it.avail += e.qty
+	e.state = state
+}
+
+// undo gives back a taken entry as a refused cart's undo does: a hold cancelled, a sale restored.
+func (it *mItem) undo(e *mEntry) {
+	if e.state == stock.StateHeld {
+		it.putBack(e, stock.StateCancelled)
+	} else {
+		it.putBack(e, stock.StateRestored)
+	}
+}
+
+// rehold takes back a hold the model had released and the library still holds.
+func (it *mItem) rehold(e *mEntry) {
+	e.state = stock.StateHeld
+	it.held += e.qty
+	it.avail -= e.qty
 }
 
 func (it *mItem) clone() *mItem {
@@ -182,45 +213,33 @@ type outcome struct {
 
 func (o outcome) errs() []error { return append([]error{o.err}, o.alt...) }
 
-// expire releases the holds of it whose deadline is at or before now and returns the units.
-func (it *mItem) expire(now int64) int64 {
-	var n int64
-	for _, e := range it.ledger {
-		if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline <= now {
-			e.state = stock.StateExpired
-			it.held -= e.qty
-			it.avail += e.qty
-			n += e.qty
-		}
-	}
-	return n
-}
-
-// expireN releases, as a deduct, hold, confirm or extend does, at most max of the item's due
-// holds, earliest deadline first (then by id, the order of the holds' sorted set), and always
-// the hold own names if it is due.
-func (it *mItem) expireN(now int64, max int, own string) {
+// dueHolds lists the ids of the item's holds due at now, live or released as maybe, earliest
+// deadline first, then by id (the order of the holds' sorted set).
+func (it *mItem) dueHolds(now int64) []string {
 	var due []string
 	for id, e := range it.ledger {
-		if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline <= now {
+		if e.kind == stock.KindHold && (e.state == stock.StateHeld || e.maybeExp) && e.deadline <= now {
 			due = append(due, id)
 		}
 	}
-	sort.Slice(due, func(i, j int) bool {
-		a, b := it.ledger[due[i]], it.ledger[due[j]]
-		if a.deadline != b.deadline {
-			return a.deadline < b.deadline
-		}
-		return due[i] < due[j]
+	slices.SortFunc(due, func(x, y string) int {
+		return cmp.Or(cmp.Compare(it.ledger[x].deadline, it.ledger[y].deadline), strings.Compare(x, y))
 	})
-	for i, id := range due {
-		if i < max || id == own {
-			e := it.ledger[id]
-			e.state = stock.StateExpired
-			it.held -= e.qty
-			it.avail += e.qty
+	return due
+}
+
+// expireN releases, as a deduct, hold, confirm or extend does, at most max of the item's due
+// holds (math.MaxInt: all, as a sweep), and always the hold own names if it is due; it returns
+// the units released. (Holds released as maybe are of split items, which expireSplit handles.)
+func (it *mItem) expireN(now int64, max int, own string) int64 {
+	var n int64
+	for i, id := range it.dueHolds(now) {
+		if e := it.ledger[id]; (i < max || id == own) && e.state == stock.StateHeld {
+			n += e.qty
+			it.putBack(e, stock.StateExpired)
 		}
 	}
+	return n
 }
 
 // take is Deduct (kind deduct) and Hold (kind hold) of one request.
@@ -340,7 +359,7 @@ func (w *world) giveBack(sku, id string, cancel bool, now int64) outcome {
 		// unknown id (ErrUnknownID, a tombstone), as a cancel may overtake even the load. A
 		// second one is ErrUnknownID again.
 		o.err = stock.ErrUnknownID
-		w.ghostTombstone(sku, id)
+		w.maybeTombstone(sku, id)
 		return o
 	}
 	e := it.ledger[id]
@@ -365,20 +384,14 @@ func (w *world) giveBack(sku, id string, cancel bool, now int64) outcome {
 		o.err = stock.ErrConfirmed
 		return o
 	}
-	if e.state == stock.StateHeld {
-		it.held -= e.qty
-		if e.deadline <= now {
-			// A hold past its deadline that no sweep released yet is released as expired,
-			// and Cancel and Restore answer it as a replay (it had gone back).
-			e.state, o.replay, o.rc.Replayed = stock.StateExpired, 1, true
-		} else {
-			e.state = stock.StateCancelled
-		}
+	if e.state == stock.StateHeld && e.deadline <= now {
+		// A hold past its deadline that no sweep released yet is released as expired, and
+		// Cancel and Restore answer it as a replay (it had gone back).
+		it.putBack(e, stock.StateExpired)
+		o.replay, o.rc.Replayed = 1, true
 	} else {
-		it.sold -= e.qty
-		e.state = stock.StateRestored
+		it.undo(e)
 	}
-	it.avail += e.qty
 	o.rc.Remaining, o.checkQty, o.checkRem = it.avail, true, true
 	return o
 }
@@ -395,11 +408,7 @@ func (w *world) liveHold(sku, id string, confirm bool, ttl, now int64) outcome {
 		return o
 	}
 	if n := w.nb(sku); n > 0 {
-		b, ok := w.claims[claimKey(sku, id)]
-		if !ok {
-			b = fnvBucket(id, n)
-		}
-		w.expireSplit(sku, it, now, 64, id, b) // the id's bucket's due holds
+		w.expireSplit(sku, it, now, 64, id, w.bucketOf(sku, id, n)) // the id's bucket's due holds
 	} else {
 		it.expireN(now, 64, id) // Confirm and Extend release due holds first (at most 64, and their own)
 	}
@@ -508,7 +517,7 @@ func (w *world) sweep(sku string, now int64) outcome {
 	var n int64
 	for s, it := range w.items {
 		if (sku == "" || s == sku) && !it.ghost {
-			n += it.expire(now)
+			n += it.expireN(now, math.MaxInt, "")
 		}
 	}
 	o := outcome{units: n}
@@ -563,16 +572,9 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 			// tombstone trimmed past the retention) gets a tombstone again. Whether the trim
 			// came first is a matter of real time on a real server: the harness reads it back.
 			for _, l2 := range lines {
-				if w.nb(l2.SKU) > 0 {
-					continue // a split line's tombstone is in a bucket the model tracks by its claim: left as it is
-				}
-				it := w.item(l2.SKU)
-				if it == nil {
-					w.ghostTombstone(l2.SKU, id)
-					continue
-				}
-				if it.ledger[id] == nil {
-					it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRestored, maybe: true}
+				// A split line's tombstone is in a bucket the model tracks by its claim: left as it is.
+				if w.nb(l2.SKU) == 0 {
+					w.maybeTombstone(l2.SKU, id)
 				}
 			}
 			return outcome{err: c.cause[0], alt: c.cause[1:], cartSKU: c.causeSKU}, nil
@@ -589,13 +591,9 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 				if n := w.nb(l.SKU); n > 0 {
 					// A split line: a Hold of it, in the bucket the cart id is claimed for,
 					// releases that bucket's due holds (at most 64, and its own).
-					b, ok := w.claims[claimKey(l.SKU, id)]
-					if !ok {
-						b = fnvBucket(id, n)
-					}
-					w.expireSplit(l.SKU, it, now, 64, id, b)
+					w.expireSplit(l.SKU, it, now, 64, id, w.bucketOf(l.SKU, id, n))
 				} else {
-					it.expire(now)
+					it.expireN(now, math.MaxInt, "")
 				}
 				if e := it.ledger[id]; e != nil && e.kind == stock.KindHold {
 					switch {
@@ -611,89 +609,63 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 		// lines was given back, and never undoes the lines it took.
 		return outcome{replay: 1}, nil
 	}
-	var outs []outcome
-	if w.oneSlot(lines) {
+	one := w.oneSlot(lines)
+	if one {
 		// One script: it releases the due holds of every item of the cart first, whatever
-		// its answer (as a refused Deduct does).
+		// its answer (as a refused Deduct does), and take does not release another 64.
 		for _, l := range lines {
 			if it := w.item(l.SKU); it != nil {
 				it.expireN(now, 64, id)
 			}
 		}
-	}
-	saved := w.clone()
-	if w.oneSlot(lines) {
 		w.released64 = true
 		defer func() { w.released64 = false }()
 	}
+	saved := w.clone()
+	var outs []outcome
 	for _, l := range lines {
 		o := w.take(kind, l.SKU, id, user, l.Qty, false, ttl, now)
-		if o.err == nil && o.replay != 0 && w.oneSlot(lines) {
-			// A one-script cart is checked against the id's entries in its own items only:
-			// a line that is still this cart's entry is a replay.
+		if o.err == nil {
+			// Taken, or a replay. A one-script cart is checked against the id's entries in its
+			// own items only: a line that is still this cart's entry is a replay. For a saga,
+			// an entry of the cart id with the line's kind, quantity and user that the cart
+			// log does not know (drawn: a Hold of a split item under a cart's id) cannot be
+			// told from its line taken by a copy of the cart: it is the cart's line, replayed,
+			// and an undo gives it back ("the cart's own line (same kind, quantity and user)").
 			outs = append(outs, o)
 			continue
 		}
-		if o.err != nil {
-			ce := outcome{err: o.err, alt: o.alt, cartSKU: l.SKU}
-			if w.oneSlot(lines) {
-				// One script, checked before the first write: nothing changed, nothing recorded.
-				*w = *saved
-				return ce, nil
-			}
-			// The saga: the lines taken before are given back, the others get a tombstone
-			// (so a slow saga cannot take them later), and the cart is undone.
-			for _, l2 := range lines {
-				if n := w.nb(l2.SKU); n > 0 {
-					// The undo's give-back claims the id's home bucket when no take did, and
-					// leaves the tombstone there: a slow copy of the saga, of whatever
-					// buyer's bucket, is refused with ErrRestored.
-					w.claim(l2.SKU, id, fnvBucket(id, n))
-				}
-				it := w.item(l2.SKU)
-				if it == nil {
-					w.ghostTombstone(l2.SKU, id)
-					continue
-				}
-				e := it.ledger[id]
-				if e == nil {
-					it.ledger[id] = &mEntry{kind: stock.KindTombstone, state: stock.StateRestored, maybe: true}
-					continue
-				}
-				if e.kind != kind || e.qty != l2.Qty || e.user != user || !e.taken() {
-					continue // not this cart's line
-				}
-				if e.state == stock.StateHeld {
-					it.held -= e.qty
-					e.state = stock.StateCancelled
-				} else {
-					it.sold -= e.qty
-					e.state = stock.StateRestored
-				}
-				it.avail += e.qty
-			}
-			w.carts[id] = &mCart{kind: kind, user: user, lines: lines, causeSKU: l.SKU, cause: ce.errs()}
+		ce := outcome{err: o.err, alt: o.alt, cartSKU: l.SKU}
+		if one {
+			// One script, checked before the first write: nothing changed, nothing recorded.
+			*w = *saved
 			return ce, nil
 		}
-		// A replay: an entry of the cart id with the line's kind, quantity and user that the
-		// cart log does not know (drawn: a Hold of a split item under a cart's id). The saga
-		// cannot tell it from its line taken by a copy of the cart: it is the cart's line,
-		// replayed, and an undo gives it back ("the cart's own line (same kind, quantity and
-		// user)").
-		outs = append(outs, o)
-	}
-	replayed := true
-	for _, o := range outs {
-		replayed = replayed && o.replay == 1
-	}
-	if w.oneSlot(lines) {
-		w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true, oneSlot: true}
-		if replayed {
-			return outcome{replay: 1}, outs
+		// The saga: the lines taken before are given back, the others get a tombstone (so a
+		// slow saga cannot take them later), and the cart is undone.
+		for _, l2 := range lines {
+			if n := w.nb(l2.SKU); n > 0 {
+				// The undo's give-back claims the id's home bucket when no take did, and
+				// leaves the tombstone there: a slow copy of the saga, of whatever buyer's
+				// bucket, is refused with ErrRestored.
+				w.claim(l2.SKU, id, fnvBucket(id, n))
+			}
+			it := w.item(l2.SKU)
+			if it == nil || it.ledger[id] == nil {
+				w.maybeTombstone(l2.SKU, id)
+				continue
+			}
+			if e := it.ledger[id]; e.kind == kind && e.qty == l2.Qty && e.user == user && e.taken() {
+				it.undo(e) // this cart's line
+			}
 		}
-		return outcome{}, outs
+		w.carts[id] = &mCart{kind: kind, user: user, lines: lines, causeSKU: l.SKU, cause: ce.errs()}
+		return ce, nil
 	}
-	w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true}
+	w.carts[id] = &mCart{kind: kind, user: user, lines: lines, taken: true, oneSlot: one}
+	if one && !slices.ContainsFunc(outs, func(o outcome) bool { return o.replay != 1 }) {
+		return outcome{replay: 1}, outs // every line still this one-script cart's entry
+	}
 	return outcome{}, outs
 }
 
@@ -761,15 +733,20 @@ func (w *world) nb(sku string) int {
 
 // fnvBucket is the bucket of n a buyer or an id goes to (README "Routing": FNV-1a, mod n).
 func fnvBucket(key string, n int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return int(h % uint32(n))
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
 }
 
 func claimKey(sku, id string) string { return sku + "\x00" + id }
+
+// bucketOf is the bucket id is claimed for on sku (of n buckets), else the id's home bucket.
+func (w *world) bucketOf(sku, id string, n int) int {
+	if b, ok := w.claims[claimKey(sku, id)]; ok {
+		return b
+	}
+	return fnvBucket(id, n)
+}
 
 // claim returns the bucket id is claimed for on sku, claiming want when no request did.
 func (w *world) claim(sku, id string, want int) int {
@@ -809,21 +786,8 @@ func (w *world) claimedElsewhere(sku, id string, o outcome) outcome {
 // the other buckets, and those of b past max, are released as maybe (maybeExp): the library
 // may have released them too (a bucket short of stock does), the harness reads them back.
 func (w *world) expireSplit(sku string, it *mItem, now int64, max int, own string, b int) {
-	var due []string
-	for id, e := range it.ledger {
-		if e.kind == stock.KindHold && (e.state == stock.StateHeld || e.maybeExp) && e.deadline <= now {
-			due = append(due, id)
-		}
-	}
-	sort.Slice(due, func(i, j int) bool {
-		x, y := it.ledger[due[i]], it.ledger[due[j]]
-		if x.deadline != y.deadline {
-			return x.deadline < y.deadline
-		}
-		return due[i] < due[j]
-	})
 	k := 0
-	for _, id := range due {
+	for _, id := range it.dueHolds(now) {
 		e := it.ledger[id]
 		cb, ok := w.claims[claimKey(sku, id)]
 		mine := ok && cb == b
@@ -832,9 +796,7 @@ func (w *world) expireSplit(sku string, it *mItem, now int64, max int, own strin
 			k++
 		}
 		if e.state == stock.StateHeld {
-			e.state = stock.StateExpired
-			it.held -= e.qty
-			it.avail += e.qty
+			it.putBack(e, stock.StateExpired)
 			e.maybeExp = !definite
 		} else if definite {
 			e.maybeExp = false

@@ -1,86 +1,20 @@
 package model_test
 
 import (
-	"context"
-	"sort"
-	"sync"
+	"maps"
+	"slices"
 	"testing"
-	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
-	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
 
 // modelRetention is the Retention of the sequences that reconcile: a few ticks, so that a real
 // server's run sleeps past it in tens of milliseconds.
 const modelRetention = 5 * tick
-
-// clockStore is a memstore whose records carry the time of the test's clock when they were
-// first written (memstore stamps them with the process's clock, which a miniredis run does not
-// move), so that the reconciler compares them with the same clock as the ledger's entries.
-type clockStore struct {
-	s   *memstore.Store
-	now func() int64
-	mu  sync.Mutex
-	at  map[[2]string]int64
-}
-
-func newClockStore(now func() int64) *clockStore {
-	return &clockStore{s: memstore.New(), now: now, at: map[[2]string]int64{}}
-}
-
-func (c *clockStore) Load(ctx context.Context, sku string, qty int64) error {
-	return c.s.Load(ctx, sku, qty)
-}
-
-func (c *clockStore) Remaining(ctx context.Context, sku string) (int64, error) {
-	return c.s.Remaining(ctx, sku)
-}
-
-func (c *clockStore) ListItems(ctx context.Context, after string, limit int) ([]string, error) {
-	return c.s.ListItems(ctx, after, limit)
-}
-
-func (c *clockStore) Apply(ctx context.Context, ev stock.Event) error {
-	err := c.s.Apply(ctx, ev)
-	recs, _ := c.s.Records(ctx, ev.SKU, []string{ev.ID})
-	if _, ok := recs[ev.ID]; ok {
-		c.mu.Lock()
-		if _, seen := c.at[[2]string{ev.SKU, ev.ID}]; !seen {
-			c.at[[2]string{ev.SKU, ev.ID}] = c.now()
-		}
-		c.mu.Unlock()
-	}
-	return err
-}
-
-func (c *clockStore) stamp(sku string, r stock.Record) stock.Record {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if at, ok := c.at[[2]string{sku, r.ID}]; ok {
-		r.At = time.UnixMilli(at)
-	}
-	return r
-}
-
-func (c *clockStore) Records(ctx context.Context, sku string, ids []string) (map[string]stock.Record, error) {
-	m, err := c.s.Records(ctx, sku, ids)
-	for id, r := range m {
-		m[id] = c.stamp(sku, r)
-	}
-	return m, err
-}
-
-func (c *clockStore) List(ctx context.Context, sku, after string, limit int) ([]stock.Record, error) {
-	rs, err := c.s.List(ctx, sku, after, limit)
-	for i, r := range rs {
-		rs[i] = c.stamp(sku, r)
-	}
-	return rs, err
-}
 
 // mRec is the model of one store record.
 type mRec struct {
@@ -108,7 +42,7 @@ type mEvent struct {
 
 // reconcileRig is what a sequence with a Retention reconciles with.
 type reconcileRig struct {
-	store                            *clockStore
+	store                            *testStore
 	relay                            *stockops.Relay
 	rec                              *stockops.Reconciler
 	stores                           map[string]*mStore
@@ -153,19 +87,9 @@ func (h *harness) noteEvents(s mstep, old *world, t0, t1 int64) {
 			}
 		}
 	}
-	skus := make([]string, 0, len(h.w.items))
-	for sku := range h.w.items {
-		skus = append(skus, sku)
-	}
-	sort.Strings(skus)
-	for _, sku := range skus {
+	for _, sku := range slices.Sorted(maps.Keys(h.w.items)) {
 		it := h.w.items[sku]
-		ids := make([]string, 0, len(it.ledger))
-		for id := range it.ledger {
-			ids = append(ids, id)
-		}
-		sort.Strings(ids)
-		for _, id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(it.ledger)) {
 			e := it.ledger[id]
 			var oe *mEntry
 			if oi := old.items[sku]; oi != nil {
@@ -234,10 +158,21 @@ func (e *mEntry) retainedFrom() (int64, int64) {
 func (h *harness) runDrain(s mstep) {
 	h.t.Helper()
 	h.steps = append(h.steps, s.String())
+	h.drainBoth()
+	h.compareAll(s)
+}
+
+// drainBoth drains the relay and the model's queue of events.
+func (h *harness) drainBoth() {
+	h.t.Helper()
 	t0 := h.clk.now()
 	h.drainLib()
-	t1 := h.clk.now()
-	h.drainModel(t0, t1)
+	h.drainModel(t0, h.clk.now())
+}
+
+// compareAll compares the levels and the ledger of every item of the pool.
+func (h *harness) compareAll(s mstep) {
+	h.t.Helper()
 	h.compare(s)
 	for _, sku := range modelSKUs {
 		h.compareLedger(s, sku)
@@ -262,12 +197,7 @@ func (h *harness) drainLib() {
 // confirm it refuses is given back in Redis (refused).
 func (h *harness) drainModel(t0, t1 int64) {
 	lo, hi := h.window(t0, t1)
-	skus := make([]string, 0, len(h.rc.pend))
-	for sku := range h.rc.pend {
-		skus = append(skus, sku)
-	}
-	sort.Strings(skus)
-	for _, sku := range skus {
+	for _, sku := range slices.Sorted(maps.Keys(h.rc.pend)) {
 		st := h.mstore(sku)
 		for _, ev := range h.rc.pend[sku] {
 			rec := st.recs[ev.id]
@@ -315,9 +245,7 @@ func (h *harness) refuse(sku, id string, lo, hi int64) {
 	if e == nil || e.state != stock.StateReserved {
 		return // given back before the drain: the restore event follows
 	}
-	e.state = stock.StateRefused
-	it.sold -= e.qty
-	it.avail += e.qty
+	it.putBack(e, stock.StateRefused)
 	e.settled, e.settledHi = lo, hi
 	if e.kind == stock.KindHold {
 		h.settleDeadline(sku, id, e, lo, hi)
@@ -328,10 +256,7 @@ func (h *harness) refuse(sku, id string, lo, hi int64) {
 func (h *harness) runPass(s mstep) {
 	h.t.Helper()
 	h.steps = append(h.steps, s.String())
-	d0 := h.clk.now()
-	h.drainLib()
-	d1 := h.clk.now()
-	h.drainModel(d0, d1)
+	h.drainBoth()
 	// Resolve the tombstones the model was unsure of before the pass judges them.
 	for _, sku := range modelSKUs {
 		h.compareLedger(mstep{Op: "drain"}, sku)
@@ -369,10 +294,7 @@ func (h *harness) runPass(s mstep) {
 			h.w.items[sku].trim(id)
 		}
 	}
-	h.compare(s)
-	for _, sku := range modelSKUs {
-		h.compareLedger(s, sku)
-	}
+	h.compareAll(s)
 }
 
 // passItem is the model of one item's reconcile pass at a time in [p0, p1].
@@ -380,16 +302,9 @@ func (h *harness) passItem(s mstep, sku string, it *mItem, p0, p1 int64) {
 	h.t.Helper()
 	st := h.mstore(sku)
 	ret := modelRetention.Milliseconds()
-	cutLo, cutHi := p0-ret, p1-ret
-	if h.real {
-		cutLo, cutHi = cutLo-slack, cutHi+slack
-	}
+	cutLo, cutHi := h.window(p0-ret, p1-ret)
 	plo, phi := h.window(p0, p1)
-	ids := make([]string, 0, len(it.ledger))
-	for id := range it.ledger {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	ids := slices.Sorted(maps.Keys(it.ledger))
 	// What the pass reads of each entry decides its lists; the resyncs write before the trim.
 	type cand struct {
 		id   string
@@ -412,12 +327,7 @@ func (h *harness) passItem(s mstep, sku string, it *mItem, p0, p1 int64) {
 			(rec.status == stock.StateRestored || rec.status == stock.StateRefused):
 			// A sale the store gave back: given back in Redis, with no event.
 			h.rc.resynced++
-			e.state = stock.StateRestored
-			if rec.status == stock.StateRefused {
-				e.state = stock.StateRefused
-			}
-			it.sold -= e.qty
-			it.avail += e.qty
+			it.putBack(e, rec.status) // restored or refused, as in the store
 			e.settled, e.settledHi = plo, phi
 			if e.kind == stock.KindHold {
 				h.settleDeadline(sku, id, e, plo, phi)
@@ -426,18 +336,15 @@ func (h *harness) passItem(s mstep, sku string, it *mItem, p0, p1 int64) {
 			// A live hold the store has confirmed: confirmed in Redis (applied, no event), or,
 			// given back there, released.
 			h.rc.resynced++
-			it.held -= e.qty
-			if rec.status == stock.StateApplied {
-				e.state = stock.StateReserved
-				it.sold += e.qty
-				break
-			}
-			it.avail += e.qty
 			switch {
+			case rec.status == stock.StateApplied:
+				e.state = stock.StateReserved
+				it.held -= e.qty
+				it.sold += e.qty
 			case e.deadline <= plo:
-				e.state = stock.StateExpired
+				it.putBack(e, stock.StateExpired)
 			case e.deadline > phi:
-				e.state = stock.StateCancelled
+				it.putBack(e, stock.StateCancelled)
 			default:
 				h.fail("model: a hold of %s due during the pass resynced", sku)
 			}
@@ -499,17 +406,9 @@ func (h *harness) setupReconcile(c rueidis.Client, opts []stock.Option) {
 		opts = append(opts, stock.WithClock(mc.nowTime))
 	}
 	r, err := stock.New(c, opts...)
-	if err != nil {
-		h.t.Fatalf("New: %v", err)
-	}
-	rg := &reconcileRig{stores: map[string]*mStore{}, pend: map[string][]mEvent{}}
-	rg.store = newClockStore(h.clk.now)
-	if rg.relay, err = stockops.NewRelay(r, rg.store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}); err != nil {
-		h.t.Fatalf("NewRelay: %v", err)
-	}
-	if rg.rec, err = stockops.NewReconciler(r, rg.store, &stock.ReconcileOptions{Retention: modelRetention}); err != nil {
-		h.t.Fatalf("NewReconciler: %v", err)
-	}
+	require.NoError(h.t, err)
+	rg := &reconcileRig{stores: map[string]*mStore{}, pend: map[string][]mEvent{}, store: newTestStore(h.clk.now)}
+	rg.relay, rg.rec = pipeline(h.t, r, rg.store, nil, &stock.ReconcileOptions{Retention: modelRetention})
 	h.rc = rg
 }
 

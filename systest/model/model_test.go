@@ -3,8 +3,8 @@ package model_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"sort"
@@ -67,33 +67,24 @@ type mstep struct {
 	Burst []mstep
 }
 
+// String names the step's op, Reserver and the fields it sets.
 func (s mstep) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s r%d", s.Op, s.R)
-	for _, f := range []struct{ k, v string }{{"sku", s.SKU}, {"id", s.ID}, {"user", s.User}} {
-		if f.v != "" {
-			fmt.Fprintf(&b, " %s=%q", f.k, f.v)
+	parts := []string{s.Op, fmt.Sprintf("r%d", s.R)}
+	add := func(set bool, format string, v any) {
+		if set {
+			parts = append(parts, fmt.Sprintf(format, v))
 		}
 	}
-	if s.Qty != 0 {
-		fmt.Fprintf(&b, " qty=%d", s.Qty)
-	}
-	if s.Retry {
-		b.WriteString(" retry")
-	}
-	if s.TTL != 0 {
-		fmt.Fprintf(&b, " ttl=%v", s.TTL)
-	}
-	if len(s.Lines) > 0 {
-		fmt.Fprintf(&b, " lines=%v", s.Lines)
-	}
-	if len(s.SKUs) > 0 {
-		fmt.Fprintf(&b, " skus=%q", s.SKUs)
-	}
-	if s.N != 0 {
-		fmt.Fprintf(&b, " n=%d", s.N)
-	}
-	return b.String()
+	add(s.SKU != "", "sku=%q", s.SKU)
+	add(s.ID != "", "id=%q", s.ID)
+	add(s.User != "", "user=%q", s.User)
+	add(s.Qty != 0, "qty=%d", s.Qty)
+	add(s.Retry, "%s", "retry")
+	add(s.TTL != 0, "ttl=%v", s.TTL)
+	add(len(s.Lines) > 0, "lines=%v", s.Lines)
+	add(len(s.SKUs) > 0, "skus=%q", s.SKUs)
+	add(s.N != 0, "n=%d", s.N)
+	return strings.Join(parts, " ")
 }
 
 // mconfig is what a sequence's Reservers are made with.
@@ -122,12 +113,6 @@ func (c mconfig) buckets(sku string) int {
 
 // split reports whether sku is split over buckets.
 func (c mconfig) split(sku string) bool { return c.buckets(sku) > 1 }
-
-type tb interface {
-	Helper()
-	Fatalf(format string, args ...any)
-	Logf(format string, args ...any)
-}
 
 // clock is the time the scripts see.
 type clock interface {
@@ -186,14 +171,12 @@ type harness struct {
 	cfg      mconfig
 	writes   map[string]lastWrite // sku -> the last write
 	inMass   bool
-	strict   bool // tolerate no known issue (named cases)
 	// selfExpire is the id of the step being judged when its call outlasted the holds it made
 	// (resync then takes an expired hold of that id where the model has it cancelled).
 	selfExpire string
 	steps      []string
 	mass       []massHold
 	massN      int
-	closers    []func()
 	// splitSteps counts the steps that touched a split item; splitMaybe the due holds of other
 	// buckets read back.
 	splitSteps, splitMaybe int
@@ -224,14 +207,14 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		if err := m.Start(); err != nil {
 			t.Fatalf("miniredis: %v", err)
 		}
-		h.closers = append(h.closers, m.Close)
+		t.Cleanup(m.Close)
 		for i := range clients {
 			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
 			if err != nil {
 				t.Fatalf("client: %v", err)
 			}
 			clients[i] = c
-			h.closers = append(h.closers, c.Close)
+			t.Cleanup(c.Close)
 		}
 		mc := &miniClock{m: m, t: time.UnixMilli(1_767_225_600_000)}
 		mc.ms.Store(mc.t.UnixMilli())
@@ -255,12 +238,6 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		h.setupReconcile(clients[0], []stock.Option{stock.WithPrefix(prefix), stock.WithUserLimit(cfg.Limit), stock.WithGroups(cfg.group)})
 	}
 	return h
-}
-
-func (h *harness) close() {
-	for i := len(h.closers) - 1; i >= 0; i-- {
-		h.closers[i]()
-	}
 }
 
 func (h *harness) fail(format string, args ...any) {
@@ -403,13 +380,7 @@ func (s mstep) writes() bool {
 
 // check compares what the library answered with what the model expects; "" when they agree.
 func check(s mstep, o outcome, outs []outcome, lr libResult, loose bool) string {
-	errOK := false
-	for _, e := range o.errs() {
-		if (e == nil && lr.err == nil) || (e != nil && errors.Is(lr.err, e)) {
-			errOK = true
-		}
-	}
-	if !errOK {
+	if !slices.ContainsFunc(o.errs(), func(e error) bool { return (e == nil) == (lr.err == nil) && errors.Is(lr.err, e) }) {
 		return fmt.Sprintf("error %v, want %v", lr.err, o.errs())
 	}
 	if o.cartSKU != "" {
@@ -464,19 +435,20 @@ func check(s mstep, o outcome, outs []outcome, lr libResult, loose bool) string 
 	return ""
 }
 
-// uncertain reports whether a live hold of the given items has its deadline in (t0, t1]: it
-// may or may not have passed for the script.
-func (h *harness) uncertain(skus []string, t0, t1 int64) bool {
+// due returns the number of live holds of skus due at now; a hold with its deadline in (t0, t1]
+// (due(t1) > due(t0)) may or may not have passed for the script.
+func (h *harness) due(skus []string, now int64) int {
+	n := 0
 	for _, sku := range skus {
-		if it := h.w.items[sku]; it != nil {
+		if it := h.w.item(sku); it != nil {
 			for _, e := range it.ledger {
-				if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline > t0 && e.deadline <= t1 {
-					return true
+				if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline <= now {
+					n++
 				}
 			}
 		}
 	}
-	return false
+	return n
 }
 
 // learnDeadlines reads the deadline of a hold the step made or extended from the ledger: on a
@@ -509,62 +481,42 @@ func (h *harness) learnDeadlines(s mstep, t0, t1 int64) {
 	}
 }
 
-// due returns the earliest deadline and the number of live holds of skus due at now.
-func (h *harness) due(skus []string, now int64) (int64, int) {
-	first, n := int64(0), 0
-	for _, sku := range skus {
-		if it := h.w.item(sku); it != nil {
-			for _, e := range it.ledger {
-				if e.kind == stock.KindHold && e.state == stock.StateHeld && e.deadline <= now {
-					if n == 0 || e.deadline < first {
-						first = e.deadline
-					}
-					n++
-				}
-			}
-		}
-	}
-	return first, n
-}
-
 // run runs one step on both sides and compares.
 func (h *harness) run(s mstep) {
 	h.t.Helper()
-	if s.Op == "advance" {
+	switch s.Op {
+	case "advance":
 		h.steps = append(h.steps, fmt.Sprintf("advance %v", s.TTL))
 		h.clk.advance(s.TTL)
-		return
-	}
-	if s.Op == "mass" {
+	case "mass":
 		h.runMass(s)
-		return
-	}
-	if s.Op == "burst" {
+	case "burst":
 		h.runBurst(s)
-		return
-	}
-	if s.Op == "drain" {
+	case "drain":
 		h.runDrain(s)
-		return
-	}
-	if s.Op == "pass" {
+	case "pass":
 		h.runPass(s)
-		return
+	default:
+		h.steps = append(h.steps, s.String())
+		h.countSplit(s)
+		h.callAndJudge(s)
+		h.compare(s)
 	}
-	h.steps = append(h.steps, s.String())
-	h.countSplit(s)
+}
+
+// callAndJudge runs s on the library and judges its answer.
+func (h *harness) callAndJudge(s mstep) {
+	h.t.Helper()
 	t0 := h.clk.now()
 	lr := h.call(s)
-	t1 := h.clk.now()
-	h.judge(s, lr, t0, t1)
-	h.compare(s)
+	h.judge(s, lr, t0, h.clk.now())
 }
 
 // judge matches the library's answer to one of the model's, and moves the model on.
 func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 	h.t.Helper()
 	nows := []int64{t0}
-	unsure := h.real && h.uncertain(s.touched(), t0-slack, t1+slack)
+	unsure := h.real && h.due(s.touched(), t1+slack) > h.due(s.touched(), t0-slack)
 	if unsure {
 		nows = []int64{t0, t1 + slack, t0 - slack}
 	}
@@ -572,7 +524,7 @@ func (h *harness) judge(s mstep, lr libResult, t0, t1 int64) {
 	if h.real {
 		// On a real server, a hold at or near its deadline makes the stock counts of the
 		// answer depend on the script's clock: compare the outcome, then read the counts back.
-		if _, n := h.due(s.touched(), t1+50); n > 0 {
+		if h.due(s.touched(), t1+50) > 0 {
 			unsure, loose = true, true
 		}
 	}
@@ -678,10 +630,7 @@ func (h *harness) runMass(s mstep) {
 		id := fmt.Sprintf("m%d-%d", h.massN, i)
 		hs := mstep{Op: "hold", R: (s.R + i) % len(h.rs), SKU: s.SKU, ID: id, Qty: 1, TTL: s.TTL}
 		h.steps = append(h.steps, "  "+hs.String())
-		t0 := h.clk.now()
-		lr := h.call(hs)
-		t1 := h.clk.now()
-		h.judge(hs, lr, t0, t1)
+		h.callAndJudge(hs)
 		h.mass = append(h.mass, massHold{sku: s.SKU, id: id, ttl: s.TTL})
 	}
 	h.compare(s)
@@ -738,13 +687,9 @@ func (h *harness) resync(skus []string) {
 			case e.state == stock.StateCancelled && le.State == stock.StateExpired && id == h.selfExpire:
 				e.state = stock.StateExpired // units available either way
 			case e.state == stock.StateHeld && le.State == stock.StateExpired:
-				e.state = stock.StateExpired
-				it.held -= e.qty
-				it.avail += e.qty
+				it.putBack(e, stock.StateExpired)
 			case e.state == stock.StateExpired && le.State == stock.StateHeld:
-				e.state = stock.StateHeld
-				it.held += e.qty
-				it.avail -= e.qty
+				it.rehold(e)
 			}
 		}
 		// Remaining values of entries written in this step come from the library's order of
@@ -776,15 +721,10 @@ func (h *harness) settleMaybe(s mstep) {
 			if lib == nil {
 				lib = h.entries(sku)
 			}
-			le, ok := lib[id]
-			switch {
-			case !ok || le.Kind != stock.KindHold:
-				h.fail("after %s: ledger %s/%s is %+v, want a hold held or expired", s, sku, id, le)
-			case le.State == stock.StateHeld:
-				e.state = stock.StateHeld
-				it.held += e.qty
-				it.avail -= e.qty
-			case le.State != stock.StateExpired:
+			switch le, ok := lib[id]; {
+			case ok && le.Kind == stock.KindHold && le.State == stock.StateHeld:
+				it.rehold(e)
+			case !ok || le.Kind != stock.KindHold || le.State != stock.StateExpired:
 				h.fail("after %s: ledger %s/%s is %+v, want a hold held or expired", s, sku, id, le)
 			}
 			h.splitMaybe++
@@ -1072,14 +1012,8 @@ func (h *harness) draw(t *rapid.T) mstep {
 	case "burst":
 		var quiet []string // items loaded, with no live hold
 		for _, sku := range modelSKUs {
-			if it := h.w.item(sku); it != nil {
-				live := false
-				for _, e := range it.ledger {
-					live = live || (e.kind == stock.KindHold && e.state == stock.StateHeld)
-				}
-				if !live {
-					quiet = append(quiet, sku)
-				}
+			if h.w.item(sku) != nil && h.due([]string{sku}, math.MaxInt64) == 0 {
+				quiet = append(quiet, sku)
 			}
 		}
 		if len(quiet) == 0 {
@@ -1135,8 +1069,9 @@ func TestModel(t *testing.T) {
 	if testing.Short() {
 		checks = 20
 	}
-	// The backends run in parallel (each its own server); rapid's flag is set once for all.
-	setRapidChecks(t, checks)
+	// The backends run in parallel (each its own server); rapid's flags are set once for all.
+	setFlag(t, "rapid.checks", strconv.Itoa(checks))
+	setFlag(t, "rapid.nofailfile", "true")
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
@@ -1147,8 +1082,6 @@ func TestModel(t *testing.T) {
 			rapid.Check(t, func(rt *rapid.T) {
 				cfg := drawConfig(rt)
 				h := mb.harness(rt, cfg)
-				h.strict = os.Getenv("STOCK_MODEL_STRICT") != "" // no tolerance of known issues
-				defer h.close()
 				n := rapid.IntRange(1, steps).Draw(rt, "steps")
 				for range n {
 					h.run(h.draw(rt))
@@ -1180,45 +1113,21 @@ func TestModel(t *testing.T) {
 	}
 }
 
-// setRapidChecks sets rapid's number of checks for the rest of t (rapid reads it from its flag).
-func setRapidChecks(t *testing.T, n int) {
-	f := flag.Lookup("rapid.checks")
-	if f == nil {
-		t.Fatalf("rapid's flags are not registered")
-	}
-	old := f.Value.String()
-	if err := f.Value.Set(strconv.Itoa(n)); err != nil {
-		t.Fatal(err)
-	}
-	nf := flag.Lookup("rapid.nofailfile")
-	oldNF := nf.Value.String()
-	_ = nf.Value.Set("true")
-	t.Cleanup(func() { _ = f.Value.Set(old); _ = nf.Value.Set(oldNF) })
-}
-
 // modelCase is a named sequence: a shrunk counterexample of the random run, kept as a
 // regression case.
 type modelCase struct {
 	name  string
 	cfg   mconfig
 	steps []mstep
-	// known names an open issue of the library the case shows (it fails on the current code):
-	// skipped unless STOCK_MODEL_KNOWN is set, so that the list stays green for the fixed ones.
-	known string
 }
 
-// runCases runs named sequences on every backend, strictly (no tolerance of known issues).
+// runCases runs named sequences on every backend.
 func runCases(t *testing.T, cases []modelCase) {
 	for _, b := range redistest.Backends(t) {
 		mb := newModelBackend(t, b)
 		for _, c := range cases {
 			t.Run(b.Name+"/"+c.name, func(t *testing.T) {
-				if c.known != "" && os.Getenv("STOCK_MODEL_KNOWN") == "" {
-					t.Skipf("open library issue %s (set STOCK_MODEL_KNOWN=1 to run it)", c.known)
-				}
 				h := mb.harness(t, c.cfg)
-				h.strict = true
-				defer h.close()
 				for _, s := range c.steps {
 					h.run(s)
 				}
@@ -1228,8 +1137,8 @@ func runCases(t *testing.T, cases []modelCase) {
 	}
 }
 
-// modelRegressions are the shrunk counterexamples of the random run (see testdata/model-findings.md), as named
-// cases run strictly on every backend. Each fails on the code it was found on.
+// modelRegressions are the shrunk counterexamples of the random run (see model-findings.md), as
+// named cases run on every backend. Each fails on the code it was found on.
 var modelRegressions = []modelCase{
 	// A retry's recorded refusal keeps its kind: insufficient (3 of 5) stays insufficient with
 	// the Remaining of then after a restock that would serve it, sold out stays sold out (the
@@ -1470,13 +1379,10 @@ var modelBucketRegressions = []modelCase{
 		{Op: "restore", SKU: "tee", ID: "o1"},
 		{Op: "deduct", SKU: "tee", ID: "o2", User: "bob", Qty: 1, Retry: true},
 	}},
-}
-
-// modelCartFindings are shrunk counterexamples of the random run for carts on split items.
-var modelCartFindings = []modelCase{
-	// A refused cart's undo leaves alone an entry of its id by another buyer (the model gave
-	// back alice's hold, as its undo did not compare the user). "c2" goes to bucket 0 of 2,
-	// "alice" to 1: the cart's line is claimed elsewhere (ErrConflict).
+	// Found by the random run for carts on split items: a refused cart's undo leaves alone an
+	// entry of its id by another buyer (the model gave back alice's hold, as its undo did not
+	// compare the user). "c2" goes to bucket 0 of 2, "alice" to 1: the cart's line is claimed
+	// elsewhere (ErrConflict).
 	{name: "SplitCartUndoLeavesAnotherBuyersHold", cfg: mconfig{Buckets: 2, Split: []string{"l"}}, steps: []mstep{
 		{Op: "load", SKU: "l", Qty: 1},
 		{Op: "hold", SKU: "l", ID: "c2", User: "alice", Qty: 1, TTL: time.Hour},
@@ -1486,6 +1392,4 @@ var modelCartFindings = []modelCase{
 }
 
 // TestModelBucketRegressions runs the named cases of split items.
-func TestModelBucketRegressions(t *testing.T) {
-	runCases(t, append(slices.Clone(modelBucketRegressions), modelCartFindings...))
-}
+func TestModelBucketRegressions(t *testing.T) { runCases(t, modelBucketRegressions) }
