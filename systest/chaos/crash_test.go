@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,8 +88,7 @@ func TestRelayKilledProcess(t *testing.T) {
 	}
 	dbs := []crashDB{{
 		name: "sqlite", driver: "sqlite", dialect: sqlstore.SQLite, prefix: "crash_",
-		dsn: "file:" + filepath.Join(t.TempDir(), "db.sqlite") +
-			"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate",
+		dsn: sqliteDSN(t.TempDir()),
 	}}
 	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
 		dbs = append(dbs, crashDB{name: "postgres", driver: "pgx", dialect: sqlstore.Postgres, dsn: dsn,
@@ -135,10 +133,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	db, store := d.open(t)
 	require.NoError(t, store.Migrate(ctx))
 	if d.dialect != sqlstore.SQLite {
-		t.Cleanup(func() {
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + d.prefix + "items")
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + d.prefix + "records")
-		})
+		dropTables(t, db, d.prefix)
 	}
 	const sku = "crash-sku"
 	require.NoError(t, r.Load(ctx, sku, crashLoaded))

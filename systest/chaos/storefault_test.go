@@ -52,10 +52,7 @@ func TestFaultStoreConnectionKills(t *testing.T) {
 	store, err := sqlstore.New(db, sqlstore.Postgres, sqlstore.WithTablePrefix(prefix))
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(ctx))
-	t.Cleanup(func() {
-		_, _ = admin.Exec("DROP TABLE IF EXISTS " + prefix + "items")
-		_, _ = admin.Exec("DROP TABLE IF EXISTS " + prefix + "records")
-	})
+	dropTables(t, admin, prefix)
 
 	_, c := redistest.Miniredis(t)
 	r := testkit.NewReserver(t, c)

@@ -2,14 +2,35 @@ package chaos_test
 
 import (
 	"bytes"
+	"database/sql"
 	"errors"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
+
+// The shared harness of the package: the SQL stores the suites drain into, and the child
+// processes the crash tests kill.
+
+// sqliteDSN is the DSN of a new SQLite database in dir, for relays in several connections (and
+// processes) at once: WAL, a busy timeout, and write transactions that lock at their start.
+func sqliteDSN(dir string) string {
+	return "file:" + filepath.Join(dir, "db.sqlite") + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+}
+
+// dropTables drops the sqlstore tables of prefix at the end of the test (on a database server:
+// a SQLite file goes with its temporary directory).
+func dropTables(t testing.TB, db *sql.DB, prefix string) {
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "items")
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "records")
+	})
+}
 
 // childProc is this test binary run again as a child process, to run one of the package's
 // ...ChildProcess tests (the relay of TestRelayKilledProcess, the buyers of
