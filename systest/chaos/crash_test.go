@@ -78,10 +78,6 @@ func (d crashDB) open(t testing.TB) (*sql.DB, *sqlstore.Store) {
 // deliver everything: each deduct is applied in the store exactly once (restored ones given
 // back), and Redis and the store agree. Runs only with STOCK_REDIS_SERVER (a private server);
 // on SQLite and, with STOCK_TEST_POSTGRES, on PostgreSQL.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestRelayKilledProcess(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the relay crash test needs a real redis-server", redistest.EnvServer)

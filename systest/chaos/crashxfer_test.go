@@ -101,10 +101,6 @@ type xferAck struct {
 //
 // Standalone Redis and the 3-master cluster, with STOCK_REDIS_SERVER only: the child must
 // reach the same Redis, and miniredis lives in this process.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestTransferKilledProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the killed-transfer test runs for about half a minute a backend")

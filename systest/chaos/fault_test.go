@@ -118,10 +118,6 @@ type faultDB struct {
 
 // TestFaultInjection runs every scenario and its negative control, and prints the reliability
 // report. It needs a real redis-server (STOCK_REDIS_SERVER) and returns at once without one.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestFaultInjection(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the fault-injection suite needs a real redis-server", redistest.EnvServer)

@@ -26,10 +26,6 @@ import (
 // TestFaultStoreConnectionKills: the database of record loses its connections again and again
 // (pg_terminate_backend of the relay's sessions) while deducts and restores run and a relay
 // drains into it. Nothing is lost or applied twice, and the store ends equal to Redis.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestFaultStoreConnectionKills(t *testing.T) {
 	dsn := os.Getenv("STOCK_TEST_POSTGRES")
 	if dsn == "" {

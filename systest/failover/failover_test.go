@@ -97,10 +97,6 @@ func foReconcile(t *testing.T, rec *stockops.Reconciler, skus []string) []stocko
 // old primary away, and checks that the reconciler brings the promoted replica back in line
 // with the store: what the store has is known again to Redis (a retry is a replay, never a
 // second sale), the counters agree, and deducts resume.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestLossyFailover(t *testing.T) {
 	if os.Getenv(redistest.EnvServer) == "" {
 		t.Skipf("%s is not set: the failover test needs real redis-server processes", redistest.EnvServer)

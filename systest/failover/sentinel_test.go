@@ -137,10 +137,6 @@ type snRun struct {
 
 // TestSentinelFailovers runs every Sentinel scenario and its negative control and prints their
 // rows of the reliability report. It needs STOCK_REDIS_SERVER and STOCK_TEST_SENTINEL=1.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestSentinelFailovers(t *testing.T) {
 	if !redistest.SentinelEnabled(t) { // fails t when it is 1 and STOCK_REDIS_SERVER is not set
 		t.Skipf("%s is not 1: the Sentinel failovers start Sentinel deployments", redistest.EnvSentinel)
