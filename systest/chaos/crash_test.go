@@ -1,7 +1,6 @@
 package chaos_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -9,8 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,18 +78,13 @@ func (d crashDB) open(t testing.TB) (*sql.DB, *sqlstore.Store) {
 // deliver everything: each deduct is applied in the store exactly once (restored ones given
 // back), and Redis and the store agree. Runs only with STOCK_REDIS_SERVER (a private server);
 // on SQLite and, with STOCK_TEST_POSTGRES, on PostgreSQL.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestRelayKilledProcess(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the relay crash test needs a real redis-server", redistest.EnvServer)
 	}
 	dbs := []crashDB{{
 		name: "sqlite", driver: "sqlite", dialect: sqlstore.SQLite, prefix: "crash_",
-		dsn: "file:" + filepath.Join(t.TempDir(), "db.sqlite") +
-			"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate",
+		dsn: sqliteDSN(t.TempDir()),
 	}}
 	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
 		dbs = append(dbs, crashDB{name: "postgres", driver: "pgx", dialect: sqlstore.Postgres, dsn: dsn,
@@ -137,10 +129,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	db, store := d.open(t)
 	require.NoError(t, store.Migrate(ctx))
 	if d.dialect != sqlstore.SQLite {
-		t.Cleanup(func() {
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + d.prefix + "items")
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + d.prefix + "records")
-		})
+		dropTables(t, db, d.prefix)
 	}
 	const sku = "crash-sku"
 	require.NoError(t, r.Load(ctx, sku, crashLoaded))
@@ -444,12 +433,13 @@ type crashChildren struct {
 	calls, redelivered, already, applied int
 }
 
-// crashChild is one relay child process.
+// crashChild is one relay child process and what its lines said: "crashtest-store <events>
+// <claimed before> <already applied>" before a store call, "crashtest-applied <events>" after
+// it, and "crashtest-fault <point>".
 type crashChild struct {
-	cmd   *exec.Cmd
-	stdin io.Closer
-	out   *childOutput
-	exit  chan struct{} // closed when cmd has exited
+	*childProc
+	fault                                string
+	calls, redelivered, already, applied int
 }
 
 func (k *crashChildren) faultKills() int {
@@ -464,130 +454,73 @@ func (k *crashChildren) faultKills() int {
 // about to run its relay.
 func (k *crashChildren) start() *crashChild {
 	t := k.t
-	ch := &crashChild{out: &childOutput{ready: make(chan struct{})}, exit: make(chan struct{})}
-	ch.cmd = exec.Command(os.Args[0], "-test.run=^TestRelayChildProcess$", "-test.count=1")
-	ch.cmd.Env, ch.cmd.Stdout, ch.cmd.Stderr = k.env, ch.out, ch.out
-	// The child reads its stdin until it closes, which happens when this process dies by any
-	// means, and then kills itself: no relay outlives the test.
-	stdin, err := ch.cmd.StdinPipe()
+	ch := &crashChild{}
+	var err error
+	ch.childProc, err = startChild("TestRelayChildProcess", k.env, "crashtest-ready", ch.read)
 	require.NoError(t, err)
-	ch.stdin = stdin
-	require.NoError(t, ch.cmd.Start())
 	k.started++
 	k.running[ch] = true
-	go func() {
-		_ = ch.cmd.Wait()
-		close(ch.exit)
-	}()
 	began := time.Now()
-	select {
-	case <-ch.out.ready:
+	switch err := ch.awaitReady(30 * time.Second); {
+	case err == nil:
 		k.startup += time.Since(began)
-	case <-ch.exit:
-	case <-time.After(30 * time.Second):
-		t.Errorf("relay child not ready after 30s:\n%s", ch.out.tail())
+	case !errors.Is(err, errChildExited):
+		t.Errorf("relay child not ready after 30s:\n%s", ch.tail())
 	}
 	return ch
+}
+
+// read counts what one line of the child's output says (under ch.mu).
+func (ch *crashChild) read(line string) {
+	f := strings.Fields(line)
+	n := make([]int, len(f))
+	for i := 1; i < len(f); i++ {
+		n[i], _ = strconv.Atoi(f[i])
+	}
+	switch {
+	case len(f) == 4 && f[0] == "crashtest-store":
+		ch.calls += n[1]
+		ch.redelivered += n[2]
+		ch.already += n[3]
+	case len(f) == 2 && f[0] == "crashtest-applied":
+		ch.applied += n[1]
+	case len(f) == 2 && f[0] == "crashtest-fault":
+		ch.fault = f[1]
+	}
 }
 
 // end kills ch with SIGKILL, unless it killed itself at a fault point, and counts how it ended.
 // Any other end fails the test.
 func (k *crashChildren) end(ch *crashChild) {
 	t := k.t
-	killed := false
-	select {
-	case <-ch.exit:
-	default:
-		killed = true
-		_ = ch.cmd.Process.Kill()
-		<-ch.exit
-	}
-	ch.stdin.Close()
+	killed := ch.kill()
 	delete(k.running, ch)
-	o := ch.out
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	k.calls += o.calls
-	k.redelivered += o.redelivered
-	k.already += o.already
-	k.applied += o.applied
-	if bytes.Contains(o.buf.Bytes(), []byte("WARNING: DATA RACE")) {
-		t.Errorf("data race in a relay child:\n%s", o.buf.String())
+	if out := ch.output(); strings.Contains(out, "WARNING: DATA RACE") {
+		t.Errorf("data race in a relay child:\n%s", out)
 	}
+	ch.mu.Lock()
+	k.calls += ch.calls
+	k.redelivered += ch.redelivered
+	k.already += ch.already
+	k.applied += ch.applied
+	fault := ch.fault
+	ch.mu.Unlock()
 	switch {
-	case o.fault != "":
-		k.faults[o.fault]++
-	case killed && ch.cmd.ProcessState.ExitCode() == -1:
+	case fault != "":
+		k.faults[fault]++
+	case killed:
 		k.kills++
 	default:
-		t.Errorf("relay child ended by itself (%v):\n%s", ch.cmd.ProcessState, o.tailLocked())
+		t.Errorf("relay child ended by itself (%v):\n%s", ch.cmd.ProcessState, ch.tail())
 	}
 }
 
 // stop kills the children still running.
 func (k *crashChildren) stop() {
 	for ch := range k.running {
-		_ = ch.cmd.Process.Kill()
-		<-ch.exit
+		ch.kill()
 		delete(k.running, ch)
 	}
-}
-
-// childOutput collects a child's output and reads its lines: "crashtest-ready",
-// "crashtest-store <events> <claimed before> <already applied>" before a store call,
-// "crashtest-applied <events>" after it, and "crashtest-fault <point>".
-type childOutput struct {
-	mu                                   sync.Mutex
-	buf                                  bytes.Buffer
-	line                                 []byte
-	ready                                chan struct{}
-	fault                                string
-	calls, redelivered, already, applied int
-}
-
-func (o *childOutput) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.buf.Write(p)
-	for _, b := range p {
-		if b != '\n' {
-			o.line = append(o.line, b)
-			continue
-		}
-		f := strings.Fields(string(o.line))
-		o.line = o.line[:0]
-		n := make([]int, len(f))
-		for i := 1; i < len(f); i++ {
-			n[i], _ = strconv.Atoi(f[i])
-		}
-		switch {
-		case len(f) == 1 && f[0] == "crashtest-ready":
-			close(o.ready)
-		case len(f) == 4 && f[0] == "crashtest-store":
-			o.calls += n[1]
-			o.redelivered += n[2]
-			o.already += n[3]
-		case len(f) == 2 && f[0] == "crashtest-applied":
-			o.applied += n[1]
-		case len(f) == 2 && f[0] == "crashtest-fault":
-			o.fault = f[1]
-		}
-	}
-	return len(p), nil
-}
-
-func (o *childOutput) tail() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.tailLocked()
-}
-
-func (o *childOutput) tailLocked() string {
-	b := o.buf.Bytes()
-	if len(b) > 4096 {
-		b = b[len(b)-4096:]
-	}
-	return string(b)
 }
 
 // TestRelayChildProcess is the relay process of TestRelayKilledProcess, which runs the test

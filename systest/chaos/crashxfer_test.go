@@ -1,7 +1,6 @@
 package chaos_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,10 +101,6 @@ type xferAck struct {
 //
 // Standalone Redis and the 3-master cluster, with STOCK_REDIS_SERVER only: the child must
 // reach the same Redis, and miniredis lives in this process.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestTransferKilledProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the killed-transfer test runs for about half a minute a backend")
@@ -169,16 +163,16 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 		started++
 		time.Sleep(rand.N(xferMaxLife))
 		killed := ch.kill()
-		for id, a := range ch.out.acks() {
+		for id, a := range ch.acks() {
 			_, dup := acks[id]
 			require.False(t, dup, "%s acknowledged by two children", id)
 			acks[id] = a
 		}
-		if msg := ch.out.failure(); msg != "" {
+		if msg := ch.failure(); msg != "" {
 			t.Fatalf("buyer child failed:\n%s", msg)
 		}
 		if !killed {
-			t.Fatalf("buyer child ended by itself (%v):\n%s", ch.cmd.ProcessState, ch.out.tail())
+			t.Fatalf("buyer child ended by itself (%v):\n%s", ch.cmd.ProcessState, ch.tail())
 		}
 		kills++
 		time.Sleep(20 * time.Millisecond) // what the child had sent before it died is run
@@ -364,139 +358,77 @@ func xferUserOf(id string, users []string) string {
 	return users[g]
 }
 
-// xferChild is one buyer child process.
+// xferChild is one buyer child process and the requests it reported: "xfer-held <id> <qty>",
+// "xfer-deducted <id> <qty>" and "xfer-restocked <id> <qty>" for each that returned a receipt,
+// "xfer-confirmed <id>", "xfer-cancelled <id>" and "xfer-restored <id>" for each confirmation,
+// cancel and restore that did, "xfer-fail <message>" for anything unexpected.
 type xferChild struct {
-	cmd   *exec.Cmd
-	stdin io.Closer
-	out   *xferOutput
-	exit  chan struct{}
+	*childProc
+	got   map[string]*xferAck
+	fails []string
 }
 
 // startXferChild starts child number run and waits until it is ready.
 func startXferChild(t *testing.T, env []string, run int) *xferChild {
 	t.Helper()
-	ch := &xferChild{out: &xferOutput{ready: make(chan struct{}), got: map[string]*xferAck{}}, exit: make(chan struct{})}
-	ch.cmd = exec.Command(os.Args[0], "-test.run=^TestTransferChildProcess$", "-test.count=1")
-	ch.cmd.Env = append(env, xferEnvRun+"="+strconv.Itoa(run))
-	ch.cmd.Stdout, ch.cmd.Stderr = ch.out, ch.out
-	// The child reads its stdin until it closes (this process died) and then exits.
-	stdin, err := ch.cmd.StdinPipe()
+	ch := &xferChild{got: map[string]*xferAck{}}
+	var err error
+	ch.childProc, err = startChild("TestTransferChildProcess", append(env, xferEnvRun+"="+strconv.Itoa(run)), "xfer-ready", ch.read)
 	require.NoError(t, err)
-	ch.stdin = stdin
-	require.NoError(t, ch.cmd.Start())
-	go func() {
-		_ = ch.cmd.Wait()
-		close(ch.exit)
-	}()
 	t.Cleanup(func() { ch.kill() })
-	select {
-	case <-ch.out.ready:
-	case <-ch.exit:
-		t.Fatalf("buyer child ended before it was ready:\n%s", ch.out.tail())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("buyer child not ready after 30s:\n%s", ch.out.tail())
+	if err := ch.awaitReady(30 * time.Second); err != nil {
+		t.Fatalf("buyer child: %v:\n%s", err, ch.tail())
 	}
 	return ch
 }
 
-// kill kills the child with SIGKILL and reports whether it was still running.
-func (ch *xferChild) kill() bool {
-	killed := false
-	select {
-	case <-ch.exit:
-	default:
-		killed = true
-		_ = ch.cmd.Process.Kill()
-		<-ch.exit
-	}
-	ch.stdin.Close()
-	return killed && ch.cmd.ProcessState.ExitCode() == -1
-}
-
-// xferOutput reads a child's lines: "xfer-ready", "xfer-held <id> <qty>" for each hold that
-// returned a receipt, "xfer-confirmed <id>" for each confirmation that did, "xfer-fail
-// <message>" for anything unexpected.
-type xferOutput struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	line  []byte
-	ready chan struct{}
-	got   map[string]*xferAck
-	fails []string
-}
-
-func (o *xferOutput) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.buf.Write(p)
-	for _, b := range p {
-		if b != '\n' {
-			o.line = append(o.line, b)
-			continue
+// read records what one line of the child's output reports (under ch.mu).
+func (ch *xferChild) read(l string) {
+	f := strings.Fields(l)
+	switch {
+	case len(f) == 3 && (f[0] == "xfer-held" || f[0] == "xfer-deducted" || f[0] == "xfer-restocked"):
+		q, err := strconv.ParseInt(f[2], 10, 64)
+		if _, dup := ch.got[f[1]]; dup || err != nil {
+			ch.fails = append(ch.fails, "bad or repeated ack: "+l)
 		}
-		l := string(o.line)
-		o.line = o.line[:0]
-		f := strings.Fields(l)
-		switch {
-		case len(f) == 1 && f[0] == "xfer-ready":
-			close(o.ready)
-		case len(f) == 3 && (f[0] == "xfer-held" || f[0] == "xfer-deducted" || f[0] == "xfer-restocked"):
-			q, err := strconv.ParseInt(f[2], 10, 64)
-			if _, dup := o.got[f[1]]; dup || err != nil {
-				o.fails = append(o.fails, "bad or repeated ack: "+l)
-			}
-			kind := map[string]stock.Kind{"xfer-held": stock.KindHold, "xfer-deducted": stock.KindDeduct, "xfer-restocked": stock.KindRestock}[f[0]]
-			o.got[f[1]] = &xferAck{kind: kind, qty: q}
-		case len(f) == 2 && f[0] == "xfer-restored":
-			if a := o.got[f[1]]; a == nil || a.kind != stock.KindDeduct {
-				o.fails = append(o.fails, "before the deduct: "+l)
-			} else {
-				a.restored = true
-			}
-		case len(f) == 2 && (f[0] == "xfer-confirmed" || f[0] == "xfer-cancelled"):
-			if a := o.got[f[1]]; a == nil {
-				o.fails = append(o.fails, "before the hold: "+l)
-			} else if f[0] == "xfer-confirmed" {
-				a.confirmed = true
-			} else {
-				a.cancelled = true
-			}
-		case len(f) > 0 && f[0] == "xfer-fail":
-			o.fails = append(o.fails, l)
-		case strings.Contains(l, "DATA RACE"), strings.HasPrefix(l, "panic:"), strings.HasPrefix(l, "--- FAIL"):
-			o.fails = append(o.fails, l)
+		kind := map[string]stock.Kind{"xfer-held": stock.KindHold, "xfer-deducted": stock.KindDeduct, "xfer-restocked": stock.KindRestock}[f[0]]
+		ch.got[f[1]] = &xferAck{kind: kind, qty: q}
+	case len(f) == 2 && f[0] == "xfer-restored":
+		if a := ch.got[f[1]]; a == nil || a.kind != stock.KindDeduct {
+			ch.fails = append(ch.fails, "before the deduct: "+l)
+		} else {
+			a.restored = true
 		}
+	case len(f) == 2 && (f[0] == "xfer-confirmed" || f[0] == "xfer-cancelled"):
+		if a := ch.got[f[1]]; a == nil {
+			ch.fails = append(ch.fails, "before the hold: "+l)
+		} else if f[0] == "xfer-confirmed" {
+			a.confirmed = true
+		} else {
+			a.cancelled = true
+		}
+	case len(f) > 0 && f[0] == "xfer-fail":
+		ch.fails = append(ch.fails, l)
+	case strings.Contains(l, "DATA RACE"), strings.HasPrefix(l, "panic:"), strings.HasPrefix(l, "--- FAIL"):
+		ch.fails = append(ch.fails, l)
 	}
-	return len(p), nil
 }
 
-func (o *xferOutput) acks() map[string]*xferAck {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.got
+func (ch *xferChild) acks() map[string]*xferAck {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.got
 }
 
-func (o *xferOutput) failure() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.fails) == 0 {
+// failure is what went wrong in the child, with the tail of its output; "" when nothing did.
+func (ch *xferChild) failure() string {
+	ch.mu.Lock()
+	fails := strings.Join(ch.fails, "\n")
+	ch.mu.Unlock()
+	if fails == "" {
 		return ""
 	}
-	return strings.Join(o.fails, "\n") + "\n" + o.tailLocked()
-}
-
-func (o *xferOutput) tail() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.tailLocked()
-}
-
-func (o *xferOutput) tailLocked() string {
-	b := o.buf.Bytes()
-	if len(b) > 4096 {
-		b = b[len(b)-4096:]
-	}
-	return string(b)
+	return fails + "\n" + ch.tail()
 }
 
 // TestTransferChildProcess is the buyer process of TestTransferKilledProcess, which runs the

@@ -118,10 +118,6 @@ type faultDB struct {
 
 // TestFaultInjection runs every scenario and its negative control, and prints the reliability
 // report. It needs a real redis-server (STOCK_REDIS_SERVER) and returns at once without one.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestFaultInjection(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the fault-injection suite needs a real redis-server", redistest.EnvServer)
@@ -204,11 +200,8 @@ type faultHarness struct {
 	broker       *faultBroker                   // queue scenarios
 	seqStore     *faultSeqStore                 // queue scenarios: the consumers' store
 	recMu        sync.Mutex                     // held by the background reconciler during a pass
-	guard        *stockops.FailoverGuard        // on the clients' Reserver (ctlNoFence: on another one)
-	guardOn      bool                           // guardLoop runs
-	guardMu      sync.Mutex                     // serializes the guard's checks (checkGuard)
-	fence        atomic.Uint64                  // checks started << 2 | a check running << 1 | fenced by the last check
-	fencedAt     time.Time                      // when the fence went up (guardMu)
+	fence        *kit.Fence                     // the guard of the clients' Reserver (ctlNoFence: of another one)
+	guardOn      bool                           // the fence's check loop runs
 	log          *faultLog
 	reconcileLog []string
 
@@ -218,12 +211,11 @@ type faultHarness struct {
 	waitFrom time.Time // a fault ended and nothing was taken since
 	staleMax time.Duration
 	firsts   []time.Duration
-	fenced   []time.Duration // how long the fence stayed up, each time
 	oddities []string
 
 	ops, retries, unknown, replays, resends, resendReplays, resendRetook, waited atomic.Int64
 	noscript, unresolved, unexpected                                             atomic.Int64
-	samples, breaks, minAvail, minStore                                          atomic.Int64
+	breaks, minAvail, minStore                                                   atomic.Int64
 	repaired, redelivered, outOfOrder                                            atomic.Int64
 }
 
@@ -241,7 +233,7 @@ type faultOrder struct {
 	answers  []string // the definite answers of its take, in order (for the log of an anomaly)
 
 	callAt     time.Time // when its last call started
-	callFenced bool      // the guard had fenced Redis for the whole of its last call (see checkGuard)
+	callFenced bool      // the guard had fenced Redis for the whole of its last call (see kit.Fence)
 	tookAt     time.Time // when the call that took stock (not a replay) started
 	tookDone   time.Time // and when it was answered
 	tookFenced bool      // and that call was made while fenced
@@ -315,7 +307,7 @@ func runFault(t *testing.T, sc faultScenario, db faultDB, ctl faultControl, traf
 	if sc.guard && ctl != ctlNaiveReconcile {
 		stockops.NewFailoverGuard(h.back) // its reconcile passes record the reconciled primaries
 		h.guardOn = true
-		bg.Go(func() { h.guardLoop(ctx) })
+		bg.Go(func() { h.fence.Loop(ctx, 25*time.Millisecond) })
 	}
 	if h.aof != nil {
 		bg.Go(func() { h.aof.run(ctx) })
@@ -356,8 +348,7 @@ func (h *faultHarness) setup() {
 		args := append(slices.Clone(h.sc.redisArgs), "--replicaof", "127.0.0.1", strconv.Itoa(h.srv.Port()))
 		h.fo = &faultFo{srv: [2]*redistest.Server{h.srv, redistest.StartServer(t, args...)}, diffs: map[string][]faultFoDiff{}}
 		for i, s := range h.fo.srv {
-			h.fo.adm[i] = kit.FaultRedisClient(t, rueidis.ClientOption{InitAddress: []string{s.Addr()}, ForceSingleClient: true,
-				DisableCache: true, DisableRetry: true})
+			h.fo.adm[i] = kit.DirectClient(t, s.Addr())
 		}
 		px, err := faultproxy.Start(addr)
 		if err != nil {
@@ -376,14 +367,12 @@ func (h *faultHarness) setup() {
 	}
 	// The clients' client does not retry by itself, so that every unknown outcome reaches the
 	// client code (rueidis would resend idempotent scripts after a broken connection itself).
-	h.fc = kit.FaultRedisClient(t, rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true,
-		DisableCache: true, DisableRetry: true})
+	h.fc = kit.DirectClient(t, addr)
 	// The relay's and reconciler's client does not retry either: when rueidis v1.0.79 resends
 	// a command on a new connection after a kill -9, the race detector reports the dead
 	// connection's writer reading the command while Do returns it to its pool (rueidis
 	// internal/cmds.Put against pipe._backgroundWrite), which fails the run under -race.
-	h.bc = kit.FaultRedisClient(t, rueidis.ClientOption{InitAddress: []string{backAddr}, ForceSingleClient: true,
-		DisableCache: true, DisableRetry: true})
+	h.bc = kit.DirectClient(t, backAddr)
 	logger := slog.New(h.log)
 	var err error
 	if h.front, err = stock.New(h.fc, stock.WithLogger(logger)); err != nil {
@@ -405,8 +394,7 @@ func (h *faultHarness) setup() {
 
 	dsn, prefix := h.db.dsn, fmt.Sprintf("fault%d_%04x_", os.Getpid(), rand.IntN(1<<16))
 	if h.db.dialect == sqlstore.SQLite {
-		dsn = "file:" + filepath.Join(t.TempDir(), "db.sqlite") +
-			"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+		dsn = sqliteDSN(t.TempDir())
 	}
 	db, err := sql.Open(h.db.driver, dsn)
 	if err != nil {
@@ -424,10 +412,7 @@ func (h *faultHarness) setup() {
 		t.Fatal(err)
 	}
 	if h.db.dialect != sqlstore.SQLite {
-		t.Cleanup(func() {
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + h.items)
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + h.recs)
-		})
+		dropTables(t, db, prefix)
 	}
 	if h.sc.guard {
 		gr := h.front
@@ -436,9 +421,9 @@ func (h *faultHarness) setup() {
 				t.Fatal(err)
 			}
 		}
-		h.guard = stockops.NewFailoverGuard(gr)
+		h.fence = &kit.Fence{Guard: stockops.NewFailoverGuard(gr)}
 		// The first check of an empty Redis records its primaries as reconciled.
-		if _, err := h.guard.Check(ctx); err != nil {
+		if _, err := h.fence.Guard.Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -527,18 +512,13 @@ func (c *faultClientState) settle(o *faultOrder, call func(ctx context.Context) 
 	unknown := false
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), h.sc.opTimeout)
-		f0 := h.fence.Load()
+		f0 := h.fence.State()
 		o.callAt = time.Now()
 		rc, err := call(ctx)
-		f1 := h.fence.Load()
-		o.callFenced = f0 == f1 && f0&3 == 1
+		o.callFenced = kit.FencedThrough(f0, h.fence.State())
 		if o.callFenced && err == nil {
-			// A fenced Reserver's requests check its guard too (at most once a second), and
-			// lift the fence once a complete pass has recorded the primaries, before this
-			// harness's next check: the take was made while fenced only if a check now still
-			// fences.
-			h.checkGuard(ctx)
-			o.callFenced = h.fence.Load()&1 == 1
+			// The take was made while fenced only if a check now still fences (kit.Fence).
+			o.callFenced = h.fence.StillFenced(ctx)
 		}
 		cancel()
 		h.ops.Add(1)
@@ -658,36 +638,32 @@ func (c *faultClientState) hold(sku string) {
 		o.taken()
 		h.tookNow()
 	}
-	id := o.id()
+	// Confirmed, or (15%) cancelled.
+	id, what := o.id(), "confirm"
 	if c.rng.IntN(100) < 15 {
-		_, err, ok := c.settle(o, func(ctx context.Context) (stock.Receipt, error) { return h.front.Cancel(ctx, sku, id) }, nil)
-		switch {
-		case !ok:
-			o.state = "unresolved"
-		case err == nil:
-			o.state = "cancelled"
-		case errors.Is(err, stock.ErrUnknownID) && h.sc.loss:
-			o.state = "lost-hold"
-		default:
-			o.state = "error"
-			h.unexpectedf("cancel %s: %v", id, err)
-		}
-		return
+		what = "cancel"
 	}
-	_, err, ok = c.settle(o, func(ctx context.Context) (stock.Receipt, error) { return h.front.Confirm(ctx, sku, id) }, nil)
+	_, err, ok = c.settle(o, func(ctx context.Context) (stock.Receipt, error) {
+		if what == "cancel" {
+			return h.front.Cancel(ctx, sku, id)
+		}
+		return h.front.Confirm(ctx, sku, id)
+	}, nil)
 	switch {
 	case !ok:
 		o.state = "unresolved"
+	case err == nil && what == "cancel":
+		o.state = "cancelled"
 	case err == nil:
 		o.state, o.kept = "kept", id
 		c.kept = append(c.kept, o)
-	case errors.Is(err, stock.ErrExpired):
+	case errors.Is(err, stock.ErrExpired) && what == "confirm":
 		o.state = "expired"
 	case errors.Is(err, stock.ErrUnknownID) && h.sc.loss:
-		o.state = "lost-hold" // acknowledged, then lost with the AOF's tail: the confirm says so
+		o.state = "lost-hold" // acknowledged, then lost with the AOF's tail: the confirm or cancel says so
 	default:
 		o.state = "error"
-		h.unexpectedf("confirm %s: %v", id, err)
+		h.unexpectedf("%s %s: %v", what, id, err)
 	}
 }
 
@@ -949,24 +925,13 @@ func (h *faultHarness) runReconcile(ctx context.Context) {
 		h.t.Error(err)
 		return
 	}
-	for kit.SleepCtx(ctx, 200*time.Millisecond) {
-		// Not cancelled mid-pass: a pass whose context ends while its lock is being taken
-		// leaves the item locked for 30s (see TestFaultReconcileLockLeak).
-		h.recMu.Lock()
-		reps, _ := rec.Once(context.Background())
-		h.recMu.Unlock()
-		h.countRepairs(reps)
-	}
+	kit.ReconcileLoop(ctx, rec, &h.recMu, h.countRepairs)
 }
 
 // countRepairs adds up what reconcile passes repaired.
 func (h *faultHarness) countRepairs(reps []stockops.Report) {
 	for _, rp := range reps {
-		n := kit.FaultAbs(rp.Adjusted) + int64(rp.Requeued+rp.Rerecorded+rp.Resynced)
-		if rp.Rebuilt {
-			n++
-		}
-		if n > 0 || rp.NeedsHuman != "" {
+		if n := kit.Repaired(rp); n > 0 || rp.NeedsHuman != "" {
 			h.repaired.Add(n)
 			h.mu.Lock()
 			if len(h.reconcileLog) < 6 {
@@ -990,7 +955,6 @@ func (h *faultHarness) sampleOnce(ctx context.Context) {
 		c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		l, err := h.back.Levels(c, sku)
 		if err == nil {
-			h.samples.Add(1)
 			storeMin(&h.minAvail, l.Available)
 			if l.Available+l.Held+l.Sold != l.Loaded || l.Available < 0 {
 				h.breaks.Add(1)
@@ -1015,7 +979,6 @@ func storeMin(a *atomic.Int64, v int64) {
 // faultLog is the Reservers' logger: it counts NOSCRIPT in what the relay and reconciler log.
 type faultLog struct {
 	noscript atomic.Int64
-	warnings atomic.Int64
 }
 
 func (l *faultLog) Enabled(context.Context, slog.Level) bool { return true }
@@ -1025,9 +988,6 @@ func (l *faultLog) WithAttrs([]slog.Attr) slog.Handler { return l }
 func (l *faultLog) WithGroup(string) slog.Handler { return l }
 
 func (l *faultLog) Handle(_ context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelWarn {
-		l.warnings.Add(1)
-	}
 	text := r.Message
 	r.Attrs(func(a slog.Attr) bool {
 		text += " " + a.String()
@@ -1130,7 +1090,7 @@ func injectLossyFailover(h *faultHarness, ctx context.Context) {
 	wait := 400*time.Millisecond + rand.N(300*time.Millisecond)
 	for kit.SleepCtx(ctx, wait) && !h.t.Failed() {
 		h.failover()
-		for h.guardOn && h.fence.Load()&1 == 1 {
+		for h.guardOn && h.fence.Up() {
 			if !kit.SleepCtx(ctx, 5*time.Millisecond) {
 				return
 			}
@@ -1158,13 +1118,13 @@ func (h *faultHarness) failover() {
 	newAddr := fo.srv[newI].Addr()
 
 	// The replica has caught up: its link is up and it has what the primary had a moment ago.
-	p, err := faultInfo(ctx, oc)
+	p, err := kit.ReplicationInfo(ctx, oc)
 	if err != nil {
 		t.Errorf("failover: %v", err)
 		return
 	}
 	for deadline := time.Now().Add(15 * time.Second); ; {
-		r, err := faultInfo(ctx, nc)
+		r, err := kit.ReplicationInfo(ctx, nc)
 		if err == nil && r["master_link_status"] == "up" && faultAtoi(r["master_repl_offset"]) >= faultAtoi(p["master_repl_offset"]) {
 			break
 		}
@@ -1189,7 +1149,7 @@ func (h *faultHarness) failover() {
 
 	// The switch. The guard's checks, which go through the clients' proxy, see the new primary.
 	h.recMu.Lock()
-	checks := h.fence.Load() >> 2
+	before := h.fence.State()
 	h.px.SetTarget(newAddr)
 	fo.backPx.SetTarget(newAddr)
 	h.px.ResetAll()
@@ -1197,18 +1157,11 @@ func (h *faultHarness) failover() {
 	w.switched = time.Now()
 	h.faultEnded()
 	if h.guardOn {
-		// A check that began after the switch has ended and left the Reserver fenced (a check
-		// that failed on a broken connection leaves the fence as it was: the next one counts).
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			v := h.fence.Load()
-			if (v>>2 > checks+1 || (v>>2 == checks+1 && v&2 == 0)) && v&1 == 1 {
-				w.fenced = time.Now()
-				break
-			}
-			if time.Now().After(deadline) {
-				h.unexpectedf("failover: the guard did not fence the Reserver within 10s of the switch")
-				break
-			}
+		// A check that began after the switch has ended and left the Reserver fenced.
+		if h.fence.AwaitFenced(before, 10*time.Second) {
+			w.fenced = time.Now()
+		} else {
+			h.unexpectedf("failover: the guard did not fence the Reserver within 10s of the switch")
 		}
 	}
 	h.staleLocksLocked(false)
@@ -1259,21 +1212,6 @@ func faultGivenBack(e string) bool {
 	return len(e) >= 2 && e[0] != 'L' && e[0] != 'T' && strings.ContainsRune("xfce", rune(e[1]))
 }
 
-// faultInfo returns the fields of INFO replication.
-func faultInfo(ctx context.Context, c rueidis.Client) (map[string]string, error) {
-	s, err := c.Do(ctx, c.B().Info().Section("replication").Build()).ToString()
-	if err != nil {
-		return nil, fmt.Errorf("INFO replication: %w", err)
-	}
-	m := map[string]string{}
-	for line := range strings.SplitSeq(s, "\r\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			m[k] = v
-		}
-	}
-	return m, nil
-}
-
 func faultAtoi(s string) int64 {
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
@@ -1304,43 +1242,6 @@ func (fo *faultFo) explained(key string) bool {
 	fo.mu.Lock()
 	defer fo.mu.Unlock()
 	return len(fo.diffs[key]) > 0
-}
-
-// guardLoop checks the FailoverGuard every 25ms, as FailoverGuard.Run does.
-func (h *faultHarness) guardLoop(ctx context.Context) {
-	for {
-		h.checkGuard(ctx)
-		if !kit.SleepCtx(ctx, 25*time.Millisecond) {
-			return
-		}
-	}
-}
-
-// checkGuard runs one check of the guard. The harness's checks all run here, one at a time
-// (the Reserver's own requests may check and lift the fence too: see settle); h.fence tells what they did: the number of checks started,
-// whether one is running, and whether the last one left the Reserver fenced. A call during
-// which h.fence read the same before and after, fenced and no check running, was made while
-// the Reserver was fenced from beginning to end: a deduct or hold must have been refused with
-// ErrFailover (a take there is counted in FencedTakes and flagged).
-func (h *faultHarness) checkGuard(ctx context.Context) {
-	h.guardMu.Lock()
-	defer h.guardMu.Unlock()
-	v := h.fence.Load()
-	n := (v>>2 + 1) << 2
-	h.fence.Store(n | 2 | v&1)
-	fenced, _ := h.guard.Check(ctx)
-	switch {
-	case fenced && v&1 == 0:
-		h.fencedAt = time.Now()
-	case !fenced && v&1 == 1:
-		h.mu.Lock()
-		h.fenced = append(h.fenced, time.Since(h.fencedAt))
-		h.mu.Unlock()
-	}
-	if fenced {
-		n |= 1
-	}
-	h.fence.Store(n)
 }
 
 func injectScriptFlush(h *faultHarness, ctx context.Context) {
@@ -1504,24 +1405,15 @@ func (h *faultHarness) drain(ctx context.Context) {
 	if rl == nil {
 		rl = h.newRelay(h.store)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := rl.Once(ctx)
-		if err == nil && st.Claimed == 0 && h.outboxes(ctx, ":o") == 0 {
-			return
+	if _, err := kit.DrainRelay(ctx, rl, func() bool { return h.outboxes(ctx, ":o") == 0 }); err != nil {
+		h.t.Error(err)
+		for _, sku := range faultSKUs {
+			k := "stock:{" + sku + "}"
+			holder, _ := h.bc.Do(ctx, h.bc.B().Get().Key(k+":rl").Build()).ToString()
+			ttl, _ := h.bc.Do(ctx, h.bc.B().Pttl().Key(k+":rl").Build()).AsInt64()
+			n, _ := h.bc.Do(ctx, h.bc.B().Zcard().Key(k+":o").Build()).AsInt64()
+			h.t.Logf("%s: %d events pending, lease %q for %dms", sku, n, holder, ttl)
 		}
-		if time.Now().After(deadline) {
-			h.t.Errorf("the relay did not drain in 30s (last error %v)", err)
-			for _, sku := range faultSKUs {
-				k := "stock:{" + sku + "}"
-				holder, _ := h.bc.Do(ctx, h.bc.B().Get().Key(k+":rl").Build()).ToString()
-				ttl, _ := h.bc.Do(ctx, h.bc.B().Pttl().Key(k+":rl").Build()).AsInt64()
-				n, _ := h.bc.Do(ctx, h.bc.B().Zcard().Key(k+":o").Build()).AsInt64()
-				h.t.Logf("%s: %d events pending, lease %q for %dms", sku, n, holder, ttl)
-			}
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -1659,17 +1551,15 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	// the AOF's tail, or with an old primary) after the relay had delivered it. A reconcile
 	// pass makes such holds final (Reconciler: resyncHolds), so after the final pass there
 	// must be none.
-	for _, sku := range faultSKUs {
-		l, err := h.bc.Do(ctx, h.bc.B().Hgetall().Key("stock:{"+sku+"}:l").Build()).AsStrMap()
-		if err != nil {
-			t.Fatalf("ledger %s: %v", sku, err)
-		}
-		for id, e := range l {
-			x, ok := recs[sku+"/"+id]
-			if strings.HasPrefix(e, "Hh") && ok && x.typ == string(stock.EventConfirmed) && x.status == string(stock.StateApplied) {
-				r.HeldConfirmed++
-				r.HeldConfirmedUnits += x.qty
-			}
+	ledgers, err := faultLedgers(ctx, h.bc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, e := range ledgers {
+		x, ok := recs[key]
+		if strings.HasPrefix(e, "Hh") && ok && x.typ == string(stock.EventConfirmed) && x.status == string(stock.StateApplied) {
+			r.HeldConfirmed++
+			r.HeldConfirmedUnits += x.qty
 		}
 	}
 	took := func(x recRow, ok bool) bool { // the id's deduct reached the store (and may have been given back since)
@@ -1776,8 +1666,15 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 		}
 		h.fo.mu.Unlock()
 	}
-	for _, d := range h.fenced {
-		r.FencedMs = append(r.FencedMs, float64(d.Microseconds())/1000)
+	if h.fence != nil {
+		var up time.Time // how long the fence stayed up, each time
+		for _, fl := range h.fence.Flips() {
+			if fl.Fenced {
+				up = fl.At
+			} else {
+				r.FencedMs = append(r.FencedMs, float64(fl.At.Sub(up).Microseconds())/1000)
+			}
+		}
 	}
 	if h.fo != nil {
 		h.fo.mu.Lock()

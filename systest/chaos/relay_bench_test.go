@@ -54,11 +54,7 @@ func BenchmarkRelay(b *testing.B) {
 			if err := store.Migrate(ctx); err != nil {
 				b.Fatal(err)
 			}
-			b.Cleanup(func() {
-				for _, t := range []string{"items", "records"} {
-					_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + t)
-				}
-			})
+			dropTables(b, db, prefix)
 			r, err := stock.New(c)
 			if err != nil {
 				b.Fatal(err)

@@ -26,10 +26,6 @@ import (
 // TestFaultStoreConnectionKills: the database of record loses its connections again and again
 // (pg_terminate_backend of the relay's sessions) while deducts and restores run and a relay
 // drains into it. Nothing is lost or applied twice, and the store ends equal to Redis.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestFaultStoreConnectionKills(t *testing.T) {
 	dsn := os.Getenv("STOCK_TEST_POSTGRES")
 	if dsn == "" {
@@ -52,10 +48,7 @@ func TestFaultStoreConnectionKills(t *testing.T) {
 	store, err := sqlstore.New(db, sqlstore.Postgres, sqlstore.WithTablePrefix(prefix))
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(ctx))
-	t.Cleanup(func() {
-		_, _ = admin.Exec("DROP TABLE IF EXISTS " + prefix + "items")
-		_, _ = admin.Exec("DROP TABLE IF EXISTS " + prefix + "records")
-	})
+	dropTables(t, admin, prefix)
 
 	_, c := redistest.Miniredis(t)
 	r := testkit.NewReserver(t, c)

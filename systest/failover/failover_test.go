@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/systest/internal/kit"
 )
 
 // foOp is one deduct a buyer got an answer for.
@@ -32,15 +32,9 @@ type foOp struct {
 // foInfo returns the fields of INFO replication.
 func foInfo(t *testing.T, c rueidis.Client) map[string]string {
 	t.Helper()
-	s, err := c.Do(context.Background(), c.B().Info().Section("replication").Build()).ToString()
+	m, err := kit.ReplicationInfo(context.Background(), c)
 	if err != nil {
-		t.Fatalf("INFO replication: %v", err)
-	}
-	m := map[string]string{}
-	for line := range strings.SplitSeq(s, "\r\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			m[k] = v
-		}
+		t.Fatal(err)
 	}
 	return m
 }
@@ -64,21 +58,11 @@ func foLedger(t *testing.T, c rueidis.Client, sku string) (map[string]string, []
 // leases (some replicated from the old primary) run out.
 func foDrain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
 	t.Helper()
-	var all stockops.RelayStats
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		st, err := rl.Once(context.Background())
-		all.Claimed += st.Claimed
-		all.Delivered += st.Delivered
-		all.Refused += st.Refused
-		all.Redelive += st.Redelive
-		if err == nil && st.Claimed == 0 {
-			return all
-		}
-		time.Sleep(20 * time.Millisecond)
+	st, err := kit.DrainRelay(context.Background(), rl, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("the relay did not drain in 30s")
-	return all
+	return st
 }
 
 // foReconcile reconciles every item once: it runs passes until no item is busy (a lease
@@ -113,10 +97,6 @@ func foReconcile(t *testing.T, rec *stockops.Reconciler, skus []string) []stocko
 // old primary away, and checks that the reconciler brings the promoted replica back in line
 // with the store: what the store has is known again to Redis (a retry is a replay, never a
 // second sale), the counters agree, and deducts resume.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestLossyFailover(t *testing.T) {
 	if os.Getenv(redistest.EnvServer) == "" {
 		t.Skipf("%s is not set: the failover test needs real redis-server processes", redistest.EnvServer)

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -72,8 +71,7 @@ func TestSentinelPartitionKeepsCountersExact(t *testing.T) {
 	cp, err := faultproxy.Start(old.Addr())
 	require.NoError(t, err)
 	t.Cleanup(func() { cp.Close() })
-	c := kit.FaultRedisClient(t, rueidis.ClientOption{InitAddress: []string{cp.Addr()}, ForceSingleClient: true,
-		DisableCache: true, DisableRetry: true})
+	c := kit.DirectClient(t, cp.Addr())
 	r, err := stock.New(c, stock.WithReplicaAck(1, ptAck))
 	require.NoError(t, err)
 	h := &ptRun{t: t, r: r}
@@ -197,7 +195,7 @@ func TestSentinelPartitionKeepsCountersExact(t *testing.T) {
 // behind counts the ids the store has that the server at addr has no ledger entry for.
 func (h *ptRun) behind(addr string, store *memstore.Store) int {
 	t, ctx := h.t, context.Background()
-	pc := kit.FaultRedisClient(t, rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true, DisableRetry: true})
+	pc := kit.DirectClient(t, addr)
 	n := 0
 	for _, sku := range ptSKUs {
 		ids, err := pc.Do(ctx, pc.B().Hkeys().Key("stock:{"+sku+"}:l").Build()).AsStrSlice()
@@ -236,17 +234,10 @@ func (h *ptRun) settle(relay *stockops.Relay, rec *stockops.Reconciler) {
 // exact checks one item after the heal.
 func (h *ptRun) exact(store *memstore.Store, sku string, loaded int64, ops []*ptOp) {
 	t, ctx := h.t, context.Background()
-	l, err := h.r.Levels(ctx, sku)
-	require.NoError(t, err)
+	l := testkit.Levels(t, h.r, sku)
 	t.Logf("%s: %+v", sku, l)
 	assert.Equal(t, loaded, l.Loaded, "%s: Loaded is what was loaded and restocked: %+v", sku, l)
-	taken := storeTaken(t, store, sku)
-	assert.Equal(t, taken, l.Sold, "%s: Sold is the units the store holds as taken: %+v", sku, l)
-	assert.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "%s: loaded = available + held + sold: %+v", sku, l)
-	assert.True(t, l.Available >= 0 && l.Held >= 0 && l.Sold >= 0, "%s: every counter ≥ 0: %+v", sku, l)
-	rem, err := store.Remaining(ctx, sku)
-	require.NoError(t, err)
-	assert.Equal(t, rem, l.Available+l.Held, "%s: the store's remaining = Redis's available + held", sku)
+	taken, rem := checkBooks(t, store, sku, l)
 	assert.Equal(t, loaded-taken, rem, "%s: the store's books: loaded - taken = remaining", sku)
 
 	recs, err := store.List(ctx, sku, "", 1<<30)

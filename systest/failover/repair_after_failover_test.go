@@ -154,23 +154,30 @@ func storeTaken(t *testing.T, s stock.RecordLister, sku string) int64 {
 	return n
 }
 
-// exact checks an item's counters against what a test knows: Loaded is what was loaded, Sold is
-// what the store holds as taken (nothing is in flight: the relay is drained), the identity holds,
-// every counter is ≥ 0, and the store's remaining stock is Redis's available + held.
+// exact checks an item's counters against what a test knows: they are want, and agree with the
+// store (checkBooks; nothing is in flight: the relay is drained).
 func (g *repairRig) exact(t *testing.T, sku string, want stock.Levels) {
 	t.Helper()
-	ctx := context.Background()
 	testkit.Drain(t, g.relay)
-	l, err := g.r.Levels(ctx, sku)
-	require.NoError(t, err)
+	l := testkit.Levels(t, g.r, sku)
 	assert.Equal(t, want, l, "levels")
-	assert.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "loaded = available + held + sold: %+v", l)
-	assert.True(t, l.Available >= 0 && l.Held >= 0 && l.Sold >= 0 && l.Loaded >= 0, "every counter ≥ 0: %+v", l)
-	assert.Equal(t, storeTaken(t, g.store, sku), l.Sold, "sold = the units the store holds as taken")
-	rem, err := g.store.Remaining(ctx, sku)
-	require.NoError(t, err)
-	assert.Equal(t, rem, l.Available+l.Held, "the store's remaining = Redis's available + held")
+	checkBooks(t, g.store, sku, l)
 	assert.LessOrEqual(t, g.store.MaxApplications(), 1, "no event applied twice")
+}
+
+// checkBooks checks an item's Levels l against the store, with nothing in flight: the identity
+// holds, every counter is ≥ 0, Sold is what the store holds as taken, and the store's remaining
+// stock is Redis's available + held. It returns the store's taken and remaining units.
+func checkBooks(t *testing.T, store *memstore.Store, sku string, l stock.Levels) (taken, rem int64) {
+	t.Helper()
+	assert.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "%s: loaded = available + held + sold: %+v", sku, l)
+	assert.True(t, l.Available >= 0 && l.Held >= 0 && l.Sold >= 0 && l.Loaded >= 0, "%s: every counter ≥ 0: %+v", sku, l)
+	taken = storeTaken(t, store, sku)
+	assert.Equal(t, taken, l.Sold, "%s: Sold is the units the store holds as taken: %+v", sku, l)
+	rem, err := store.Remaining(context.Background(), sku)
+	require.NoError(t, err)
+	assert.Equal(t, rem, l.Available+l.Held, "%s: the store's remaining = Redis's available + held", sku)
+	return taken, rem
 }
 
 // TestRepairAfterFailoverKeepsLoaded: load x with 100; deduct a, b, c; the relay delivers them;

@@ -120,12 +120,8 @@ type snRun struct {
 	front *stock.Reserver // the buyers'
 	fc    rueidis.Client  // its client
 	back  *stock.Reserver // the relay's and the reconciler's
-	guard *stockops.FailoverGuard
+	fence *kit.Fence      // the buyers' Reserver's guard (snNoFence: another Reserver's)
 	recMu sync.Mutex
-
-	fence   atomic.Uint64 // checks << 2 | a check running << 1 | fenced
-	guardMu sync.Mutex    // one check of the guard at a time (checkGuard)
-	flips   []snFlip      // the fence's ups and downs the checks saw, in order (under mu)
 
 	mu                  sync.Mutex
 	ops                 []*snOp
@@ -141,10 +137,6 @@ type snRun struct {
 
 // TestSentinelFailovers runs every Sentinel scenario and its negative control and prints their
 // rows of the reliability report. It needs STOCK_REDIS_SERVER and STOCK_TEST_SENTINEL=1.
-//
-// In CI (.ci/test) it runs without the race detector, as most of this package does (doc.go):
-// its subject is another process dying; the library code it drives runs under -race in
-// the other suites.
 func TestSentinelFailovers(t *testing.T) {
 	if !redistest.SentinelEnabled(t) { // fails t when it is 1 and STOCK_REDIS_SERVER is not set
 		t.Skipf("%s is not 1: the Sentinel failovers start Sentinel deployments", redistest.EnvSentinel)
@@ -236,12 +228,10 @@ func runSentinel(t *testing.T, sc snScenario, ctl snControl) *snRun {
 			t.Fatal(err)
 		}
 	}
-	{
-		stockops.NewFailoverGuard(h.back)
-		h.guard = stockops.NewFailoverGuard(guarded)
-		if _, err := h.guard.Check(ctx); err != nil { // records the first primary as reconciled
-			t.Fatal(err)
-		}
+	stockops.NewFailoverGuard(h.back)
+	h.fence = &kit.Fence{Guard: stockops.NewFailoverGuard(guarded)}
+	if _, err := h.fence.Guard.Check(ctx); err != nil { // records the first primary as reconciled
+		t.Fatal(err)
 	}
 	for _, sku := range snSKUs {
 		if err := h.back.Load(ctx, sku, kit.FaultDeep); err != nil {
@@ -266,15 +256,9 @@ func runSentinel(t *testing.T, sc snScenario, ctl snControl) *snRun {
 		t.Fatal(err)
 	}
 	bg.Go(func() { _ = relay.Run(bgCtx) })
-	if h.guard != nil {
-		bg.Go(func() {
-			for kit.SleepCtx(bgCtx, 25*time.Millisecond) {
-				h.checkGuard(bgCtx)
-			}
-		})
-		if ctl != snNoReconcile {
-			bg.Go(func() { h.reconcileLoop(bgCtx) })
-		}
+	bg.Go(func() { h.fence.Loop(bgCtx, 25*time.Millisecond) })
+	if ctl != snNoReconcile {
+		bg.Go(func() { h.reconcileLoop(bgCtx) })
 	}
 
 	var stop atomic.Bool
@@ -304,10 +288,8 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.guard != nil {
-		h.recMu.Lock() // no reconcile pass on the new primary before the guard has seen it
-	}
-	checks := h.fence.Load() >> 2
+	h.recMu.Lock() // no reconcile pass on the new primary before the guard has seen it
+	before := h.fence.State()
 	var pinnedStop atomic.Bool
 	var pinned sync.WaitGroup
 	switch h.sc.kind {
@@ -329,7 +311,7 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { px.Close() })
-		pc := kit.FaultRedisClient(t, rueidis.ClientOption{InitAddress: []string{px.Addr()}, ForceSingleClient: true, DisableCache: true, DisableRetry: true})
+		pc := kit.DirectClient(t, px.Addr())
 		pr, err := stock.New(pc)
 		if err != nil {
 			t.Fatal(err)
@@ -350,7 +332,7 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 	t.Logf("%s: %s -> %s, the sentinels agreed %v after the fault", h.sc.name, old.Addr(), p.Addr(), h.switchAt.Sub(h.injected).Round(time.Millisecond))
 	// What the promoted replica has: its ledgers, read before any reconcile pass could write
 	// back what the store has.
-	pc := kit.FaultRedisClient(t, rueidis.ClientOption{InitAddress: []string{p.Addr()}, ForceSingleClient: true, DisableCache: true, DisableRetry: true})
+	pc := kit.DirectClient(t, p.Addr())
 	snap := map[string]map[string]bool{}
 	snapAt := time.Now()
 	for _, sku := range snSKUs {
@@ -380,20 +362,11 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 	})
 	defer switched.Wait()
 
-	if h.guard != nil {
-		// The guard has seen the new primary: a check that began after the switch fenced.
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			v := h.fence.Load()
-			if (v>>2 > checks+1 || (v>>2 == checks+1 && v&2 == 0)) && v&1 == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Logf("the guard did not fence the Reserver within 10s of the switch")
-				break
-			}
-		}
-		h.recMu.Unlock()
+	// The guard has seen the new primary: a check that began after the switch fenced.
+	if !h.fence.AwaitFenced(before, 10*time.Second) {
+		t.Logf("the guard did not fence the Reserver within 10s of the switch")
 	}
+	h.recMu.Unlock()
 	if h.sc.kind == snPartition {
 		// The partition heals: what the proxy held back is dropped, and the sentinels make the
 		// old primary a replica of the new one, which discards what the pinned clients wrote.
@@ -445,20 +418,16 @@ func (h *snRun) settle(op *snOp, r *stock.Reserver, stop *atomic.Bool, pinned bo
 	wait := 2 * time.Millisecond
 	for unknown := false; time.Now().Before(deadline); {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		f0 := h.fence.Load()
+		f0 := h.fence.State()
 		op.start = time.Now()
 		rc, err := r.Deduct(ctx, stock.Request{SKU: op.sku, ID: op.id, Qty: op.qty, Retry: unknown})
-		f1 := h.fence.Load()
+		f1 := h.fence.State()
 		cancel()
 		h.calls.Add(1)
-		op.inFence = !pinned && f0 == f1 && f0&3 == 1
-		if op.inFence && (err == nil || errors.Is(err, stock.ErrNotReplicated)) && h.guard != nil {
-			// A fenced Reserver's requests check its guard too (at most once a second), and
-			// lift the fence once a complete pass has recorded the primaries, before this
-			// harness's next check: the take was made while fenced only if a check now still
-			// fences (as in faultHarness.settle).
-			h.checkGuard(context.Background())
-			op.inFence = h.fence.Load()&1 == 1
+		op.inFence = !pinned && kit.FencedThrough(f0, f1)
+		if op.inFence && (err == nil || errors.Is(err, stock.ErrNotReplicated)) {
+			// The take was made while fenced only if a check now still fences (kit.Fence).
+			op.inFence = h.fence.StillFenced(context.Background())
 		}
 		switch {
 		case err == nil || errors.Is(err, stock.ErrNotReplicated):
@@ -487,47 +456,23 @@ func (h *snRun) settle(op *snOp, r *stock.Reserver, stop *atomic.Bool, pinned bo
 	}
 }
 
-// snFlip is a change of the fence a check of the guard saw.
-type snFlip struct {
-	at     time.Time
-	fenced bool
-}
-
 // fenceAfterFault returns when the fence first went up after the fault, when it next came down
 // (zero times when it did not), and how many times it went up again after that.
 func (h *snRun) fenceAfterFault() (up, down time.Time, again int) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, f := range h.flips {
+	injected := h.injected
+	h.mu.Unlock()
+	for _, f := range h.fence.Flips() {
 		switch {
-		case f.fenced && up.IsZero() && f.at.After(h.injected):
-			up = f.at
-		case !f.fenced && !up.IsZero() && down.IsZero():
-			down = f.at
-		case f.fenced && !down.IsZero():
+		case f.Fenced && up.IsZero() && f.At.After(injected):
+			up = f.At
+		case !f.Fenced && !up.IsZero() && down.IsZero():
+			down = f.At
+		case f.Fenced && !down.IsZero():
 			again++
 		}
 	}
 	return up, down, again
-}
-
-// checkGuard runs one check of the guard (see faultHarness.checkGuard).
-func (h *snRun) checkGuard(ctx context.Context) {
-	h.guardMu.Lock()
-	defer h.guardMu.Unlock()
-	v := h.fence.Load()
-	n := (v>>2 + 1) << 2
-	h.fence.Store(n | 2 | v&1)
-	fenced, _ := h.guard.Check(ctx)
-	if fenced != (v&1 == 1) {
-		h.mu.Lock()
-		h.flips = append(h.flips, snFlip{at: time.Now(), fenced: fenced})
-		h.mu.Unlock()
-	}
-	if fenced {
-		n |= 1
-	}
-	h.fence.Store(n)
 }
 
 // reconcileLoop runs a reconcile pass every 200ms.
@@ -537,20 +482,12 @@ func (h *snRun) reconcileLoop(ctx context.Context) {
 		h.t.Error(err)
 		return
 	}
-	for kit.SleepCtx(ctx, 200*time.Millisecond) {
-		h.recMu.Lock()
-		reps, _ := rec.Once(context.Background())
-		h.recMu.Unlock()
-		h.countRepairs(reps)
-	}
+	kit.ReconcileLoop(ctx, rec, &h.recMu, h.countRepairs)
 }
 
 func (h *snRun) countRepairs(reps []stockops.Report) {
 	for _, rp := range reps {
-		n := kit.FaultAbs(rp.Adjusted) + int64(rp.Requeued+rp.Rerecorded+rp.Resynced)
-		if rp.Rebuilt {
-			n++
-		}
+		n := kit.Repaired(rp)
 		h.repaired.Add(n)
 		if n > 0 && h.logged.Add(1) <= 4 {
 			h.t.Logf("reconcile repaired: %s", rp)
@@ -592,10 +529,8 @@ func (h *snRun) quiesce(relay *stockops.Relay) {
 		}
 		foDrain(t, relay)
 	}
-	if h.guard != nil {
-		fenced, err := h.guard.Check(ctx)
-		f.fencedAfter = fenced || err != nil
-	}
+	fenced, err := h.fence.Guard.Check(ctx)
+	f.fencedAfter = fenced || err != nil
 	for _, sku := range snSKUs {
 		l, err := h.front.Levels(ctx, sku)
 		if err != nil {
@@ -609,17 +544,7 @@ func (h *snRun) quiesce(relay *stockops.Relay) {
 			f.mismatch = append(f.mismatch, fmt.Sprintf("%s: redis %+v, store remaining %d", sku, l, rem))
 		}
 		// The store's books: what it has left is what was loaded minus its applied sales.
-		all, err := h.store.List(ctx, sku, "", 1<<30)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var applied int64
-		for _, r := range all {
-			if r.Status == stock.StateApplied && (r.Type == stock.EventDeducted || r.Type == stock.EventConfirmed) {
-				applied += r.Qty
-			}
-		}
-		if kit.FaultDeep-applied != rem {
+		if applied := storeTaken(t, h.store, sku); kit.FaultDeep-applied != rem {
 			f.booksOff += kit.FaultAbs(kit.FaultDeep - applied - rem)
 		}
 		f.ledger[sku] = testkit.Ledger(t, h.front, sku)
@@ -687,7 +612,7 @@ func (h *snRun) result(ctl snControl) kit.FaultResult {
 				if d := op.ackedAt.Sub(h.switchAt); first < 0 || d < first {
 					first = d
 				}
-				if h.guard != nil && op.start.After(lifted) && lifted.After(h.switchAt) {
+				if op.start.After(lifted) && lifted.After(h.switchAt) {
 					if d := op.ackedAt.Sub(h.switchAt); firstAfterFence < 0 || d < firstAfterFence {
 						firstAfterFence = d
 					}
@@ -725,21 +650,19 @@ func (h *snRun) result(ctl snControl) kit.FaultResult {
 	if r.FencedTakes > 0 {
 		flag("%d deducts took stock in calls made while the guard fenced the Reserver", r.FencedTakes)
 	}
-	if h.guard != nil {
-		switch {
-		case fencedAt.IsZero():
-			flag("the guard did not fence after the switch")
-		case lifted.IsZero():
-			flag("no reconcile pass lifted the fence during the traffic")
-		default:
-			r.FencedMs = []float64{float64(lifted.Sub(fencedAt).Microseconds()) / 1000}
-		}
-		if again > 0 {
-			h.t.Logf("the guard fenced %d more times after a pass lifted its first fence (each lifted by a later pass, or flagged below if the final reconcile did not)", again)
-		}
-		if f.fencedAfter {
-			flag("the guard still fences after the final reconcile")
-		}
+	switch {
+	case fencedAt.IsZero():
+		flag("the guard did not fence after the switch")
+	case lifted.IsZero():
+		flag("no reconcile pass lifted the fence during the traffic")
+	default:
+		r.FencedMs = []float64{float64(lifted.Sub(fencedAt).Microseconds()) / 1000}
+	}
+	if again > 0 {
+		h.t.Logf("the guard fenced %d more times after a pass lifted its first fence (each lifted by a later pass, or flagged below if the final reconcile did not)", again)
+	}
+	if f.fencedAfter {
+		flag("the guard still fences after the final reconcile")
 	}
 	if f.driftFinal != 0 {
 		flag("drift %d after the final reconcile", f.driftFinal)

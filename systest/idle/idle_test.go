@@ -208,16 +208,36 @@ func aiWaitAll(r *stock.Reserver, store *memstore.Store, skus []string, timeout 
 	}
 }
 
-// aiDelivered waits up to wait for every sku to settle (aiWaitAll), logs how long it took and
-// ends the test when some did not; it returns the time taken, for the caller's bound.
-func aiDelivered(t *testing.T, r *stock.Reserver, store *memstore.Store, skus []string, wait time.Duration, what string) time.Duration {
+// aiSettles waits up to timeout for every sku to settle (aiWaitAll), logs how long it took, and
+// fails the test when some did not settle, or all took longer than bound; it returns the time
+// taken.
+func aiSettles(t *testing.T, r *stock.Reserver, store *memstore.Store, skus []string, timeout, bound time.Duration, what string) time.Duration {
 	t.Helper()
-	took, why := aiWaitAll(r, store, skus, wait)
+	took, why := aiWaitAll(r, store, skus, timeout)
 	t.Logf("%s: settled in %v", what, took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("%s: not delivered after %v: %v", what, took, why)
+	if len(why) > 0 || took > bound {
+		t.Errorf("%s: after %v (want < %v): %v", what, took, bound, why)
 	}
 	return took
+}
+
+// aiReleases is aiSettles for holds: it waits until nothing is held on any of skus.
+func aiReleases(t *testing.T, r *stock.Reserver, skus []string, timeout, bound time.Duration, what string) time.Duration {
+	t.Helper()
+	took, diff := aiWaitHeld(t, r, aiNoneHeld(skus), timeout)
+	t.Logf("%s: released in %v", what, took.Round(time.Millisecond))
+	if len(diff) > 0 || took > bound {
+		t.Errorf("%s: released after %v (want < %v): %v", what, took, bound, diff)
+	}
+	return took
+}
+
+// aiStart starts Run (aiRun) and gives it 300ms to start polling: the walk is somewhere.
+func aiStart(t *testing.T, r *stock.Reserver, opts stock.RunOptions) (stop func() error) {
+	t.Helper()
+	stop = aiRun(t, r, opts)
+	time.Sleep(300 * time.Millisecond)
+	return stop
 }
 
 // aiPick picks k items spread over skus (deep in the registry, whatever its order).
@@ -271,8 +291,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 	skus := aiSKUs("item", 2990)
 	grouped := []string{"gx-a1", "gx-b1", "gy-a2", "gy-b2", "gz-a3", "gz-b3", "gw-a4", "gw-b4", "gv-a5", "gv-b5"}
 	aiLoad(t, e.r, e.store, append(skus, grouped...), 100)
-	stop := aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	time.Sleep(300 * time.Millisecond) // Run is polling, the walk is somewhere
+	stop := aiStart(t, e.r, stock.RunOptions{Store: e.store})
 
 	type kind struct {
 		name string
@@ -377,7 +396,6 @@ func TestHintedOpsPrompt(t *testing.T) {
 	}})
 
 	var all []aiAck
-	var slow []string
 	for _, k := range kinds {
 		var acks []aiAck
 		for _, s := range k.skus {
@@ -388,21 +406,13 @@ func TestHintedOpsPrompt(t *testing.T) {
 		for _, a := range acks {
 			touched = append(touched, a.sku)
 		}
-		took, why := aiWaitAll(e.r, e.store, touched, 20*time.Second)
-		t.Logf("%-30s settled in %v", k.name, took.Round(time.Millisecond))
-		if len(why) > 0 {
-			t.Errorf("%s: not settled after %v: %v", k.name, took, why)
-		} else if took > aiPrompt {
-			slow = append(slow, fmt.Sprintf("%s (%v)", k.name, took.Round(time.Millisecond)))
-		}
+		// An event with a hint reaches the store long before the walk's pace.
+		aiSettles(t, e.r, e.store, touched, 20*time.Second, aiPrompt, k.name)
 	}
 	if err := stop(); err != nil {
 		t.Errorf("Run: %v", err)
 	}
 	aiCheckOnce(t, e.store, all)
-	if len(slow) > 0 {
-		t.Errorf("events with a hint reached the store only at the walk's pace (> %v): %v", aiPrompt, slow)
-	}
 }
 
 // TestLostHintsWalkBound: events queued while no Run runs, whose hint keys are then
@@ -422,16 +432,9 @@ func TestLostHintsWalkBound(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond) // the hints are written
 	aiDropHints(t, e.c, "stock")
-	start := time.Now()
 	stop := aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	took, why := aiWaitAll(e.r, e.store, picked, aiWalkBound(10*time.Second)+5*time.Second)
-	t.Logf("settled in %v (bound 10s)", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered %v after Run started: %v", time.Since(start), why)
-	}
-	if took > aiWalkBound(10*time.Second) {
-		t.Errorf("delivered after %v, walk bound is 2560/256 = 10s", took)
-	}
+	aiSettles(t, e.r, e.store, picked, aiWalkBound(10*time.Second)+5*time.Second, aiWalkBound(10*time.Second),
+		"after Run started (walk bound 2560/256 = 10s)")
 	if err := stop(); err != nil {
 		t.Errorf("Run: %v", err)
 	}
@@ -640,13 +643,7 @@ func TestHoldsSweptPrompt(t *testing.T) {
 	step("extended to 10m", 270*time.Second, map[string]int64{p[1]: 0, p[8]: 0})
 
 	// The expiries queue events (EventExpired) for the relay: they leave the outbox promptly.
-	took, why := aiWaitAll(e.r, e.store, all, 20*time.Second)
-	t.Logf("expired events settled in %v", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Errorf("after the sweeps, %v later: %v", took, why)
-	} else if took > aiPrompt {
-		t.Errorf("the events of the sweeper's expiries left the outbox only after %v (want < %v)", took, aiPrompt)
-	}
+	aiSettles(t, e.r, e.store, all, 20*time.Second, aiPrompt, "the events of the sweeper's expiries")
 }
 
 // aiDeductEach deducts qty from each sku under a fresh id and returns the acknowledgements.
@@ -689,9 +686,7 @@ func TestStoreRecovers(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	acks := aiDeductEach(t, e.r, picked, "f", 1)
 	// The healthy half goes through at once.
-	if took, why := aiWaitAll(e.r, e.store, picked[10:], 20*time.Second); len(why) > 0 || took > aiPrompt {
-		t.Errorf("healthy items: %v, %v", took, why)
-	}
+	aiSettles(t, e.r, e.store, picked[10:], 20*time.Second, aiPrompt, "healthy items")
 	time.Sleep(2 * time.Second) // several failures each, backoff at its maximum
 	mu.Lock()
 	for _, s := range picked[:10] {
@@ -701,10 +696,7 @@ func TestStoreRecovers(t *testing.T) {
 		failing[s] = false
 	}
 	mu.Unlock()
-	took := aiDelivered(t, e.r, e.store, picked[:10], 25*time.Second, "after the store recovered")
-	if took > 400*time.Millisecond+aiPrompt {
-		t.Errorf("delivered %v after the store recovered; backoff ≤ 400ms, so want < %v", took, 400*time.Millisecond+aiPrompt)
-	}
+	aiSettles(t, e.r, e.store, picked[:10], 25*time.Second, 400*time.Millisecond+aiPrompt, "after the store recovered (backoff ≤ 400ms)")
 	aiCheckOnce(t, e.store, acks)
 }
 
@@ -716,8 +708,7 @@ func TestTwoRunsOneRedis(t *testing.T) {
 	r2 := testkit.NewReserver(t, e.c)
 	skus := e.loadItems("two", 2500, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
-	_ = aiRun(t, r2, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, r2, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 	picked := aiPick(skus, 40)
 	var acks []aiAck
 	acks = append(acks, aiDeductEach(t, e.r, picked[:20], "a", 1)...)
@@ -731,17 +722,8 @@ func TestTwoRunsOneRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	took, why := aiWaitAll(e.r, e.store, picked[:20], 20*time.Second)
-	t.Logf("deducts settled in %v", took.Round(time.Millisecond))
-	if len(why) > 0 || took > aiPrompt {
-		t.Errorf("deducts through two Runs: %v, %v", took, why)
-	}
-	want := aiNoneHeld(picked[20:])
-	took, diff := aiWaitHeld(t, e.r, want, 20*time.Second)
-	t.Logf("holds of 2s released in %v", took.Round(time.Millisecond))
-	if len(diff) > 0 || took > 2*time.Second+aiPrompt {
-		t.Errorf("holds through two Runs: %v, %v", took, diff)
-	}
+	aiSettles(t, e.r, e.store, picked[:20], 20*time.Second, aiPrompt, "deducts through two Runs")
+	aiReleases(t, e.r, picked[20:], 20*time.Second, 2*time.Second+aiPrompt, "holds of 2s through two Runs")
 	aiCheckOnce(t, e.store, acks)
 }
 
@@ -767,10 +749,8 @@ func TestRunRestarted(t *testing.T) {
 		}
 	}
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	took := aiDelivered(t, e.r, e.store, touched, 3*time.Second+aiWalkBound(10*time.Second)+5*time.Second, "after the last restart")
-	if took > 3*time.Second+aiWalkBound(10*time.Second) {
-		t.Errorf("delivered %v after the restart; lease 3s + walk bound 10s", took)
-	}
+	aiSettles(t, e.r, e.store, touched, 3*time.Second+aiWalkBound(10*time.Second)+5*time.Second, 3*time.Second+aiWalkBound(10*time.Second),
+		"after the last restart (lease 3s + walk bound 10s)")
 	aiCheckOnce(t, e.store, acks)
 }
 
@@ -783,18 +763,9 @@ func TestNoOutboxSweeps(t *testing.T) {
 	aiLoad(t, e.r, nil, skus, 10)
 	picked := aiPick(skus, 20)
 	aiHoldEach(t, e.r, picked, 4, time.Minute)
-	_ = aiRun(t, e.r, stock.RunOptions{SweepInterval: 200 * time.Millisecond})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{SweepInterval: 200 * time.Millisecond})
 	e.advance(2 * time.Minute)
-	want := aiNoneHeld(picked)
-	took, diff := aiWaitHeld(t, e.r, want, 20*time.Second)
-	t.Logf("released in %v", took.Round(time.Millisecond))
-	if len(diff) > 0 {
-		t.Fatalf("not released after %v: %v", took, diff)
-	}
-	if took > aiPrompt {
-		t.Errorf("due holds released only after %v (want < %v)", took, aiPrompt)
-	}
+	aiReleases(t, e.r, picked, 20*time.Second, aiPrompt, "due holds")
 	for _, s := range picked {
 		if l, err := e.r.Levels(ctx, s); err != nil || l.Available != 10 {
 			t.Errorf("%s: %+v %v, want 10 available", s, l, err)
@@ -848,11 +819,8 @@ func TestLeaseHeldElsewhere(t *testing.T) {
 	_, why := aiWaitAll(e.r, e.store, []string{target}, 2*time.Second+aiWalkBound(12*time.Second)+5*time.Second)
 	took := time.Since(claimed)
 	t.Logf("delivered %v after the other relay claimed it (lease 2s)", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered %v after the claim: %v", took, why)
-	}
-	if took > 2*time.Second+aiWalkBound(12*time.Second) {
-		t.Errorf("delivered %v after a 2s lease; walk bound ≈ 12s", took)
+	if len(why) > 0 || took > 2*time.Second+aiWalkBound(12*time.Second) {
+		t.Errorf("delivered %v after a 2s lease (walk bound ≈ 12s): %v", took, why)
 	}
 	aiCheckOnce(t, e.store, acks)
 }
@@ -874,20 +842,12 @@ func TestRestrictedRelayBeside(t *testing.T) {
 	lctx, lcancel := context.WithCancel(context.Background())
 	defer lcancel()
 	go func() { _ = lim.Run(lctx) }()
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store})
 	var acks []aiAck
-	var slow []string
 	for round := 0; round < 3; round++ {
 		picked := aiPick(skus[1+round:], 10)
 		acks = append(acks, aiDeductEach(t, e.r, picked, fmt.Sprintf("x%d", round), 1)...)
-		took := aiDelivered(t, e.r, e.store, picked, 20*time.Second, fmt.Sprintf("round %d", round))
-		if took > aiPrompt {
-			slow = append(slow, took.Round(time.Millisecond).String())
-		}
-	}
-	if len(slow) > 0 {
-		t.Errorf("with a limited relay beside Run, hinted events took %v (want < %v)", slow, aiPrompt)
+		aiSettles(t, e.r, e.store, picked, 20*time.Second, aiPrompt, fmt.Sprintf("round %d, with a limited relay beside Run", round))
 	}
 	aiCheckOnce(t, e.store, acks)
 }
@@ -898,16 +858,12 @@ func TestManyEventsOneItem(t *testing.T) {
 	e := aiNew(t, true)
 	skus := e.loadItems("many", 3000, 5000)
 	target := skus[2345]
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store})
 	var acks []aiAck
 	for i := 0; i < 1000; i++ {
 		acks = append(acks, aiDeductEach(t, e.r, []string{target}, fmt.Sprintf("m%d", i), 1)...)
 	}
-	took := aiDelivered(t, e.r, e.store, []string{target}, 25*time.Second, "1000 events of one item")
-	if took > 2*aiPrompt {
-		t.Errorf("1000 events of one item took %v after the last deduct (want < %v)", took, 2*aiPrompt)
-	}
+	aiSettles(t, e.r, e.store, []string{target}, 25*time.Second, 2*aiPrompt, "1000 events of one item, after the last deduct")
 	aiCheckOnce(t, e.store, acks)
 }
 
@@ -941,11 +897,8 @@ func TestHintsDeletedLive(t *testing.T) {
 	close(stopDel)
 	wg.Wait()
 	t.Logf("settled in %v with the hints deleted every ms (bound 10s)", took.Round(time.Millisecond))
-	if len(why) > 0 {
-		t.Fatalf("not delivered after %v: %v", took, why)
-	}
-	if took > aiWalkBound(10*time.Second) {
-		t.Errorf("delivered after %v; walk bound 2560/256 = 10s", took)
+	if len(why) > 0 || took > aiWalkBound(10*time.Second) {
+		t.Errorf("delivered after %v (walk bound 2560/256 = 10s): %v", took, why)
 	}
 	aiCheckOnce(t, e.store, acks)
 }
@@ -959,8 +912,7 @@ func TestCancelRefusePrompt(t *testing.T) {
 	ctx := context.Background()
 	e := aiNew(t, true)
 	skus := e.loadItems("cr", 3000, 100)
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store})
 	p := aiPick(skus, 12)
 	// Deducts delivered first, then refused by hand: the refusal is the only new work.
 	acks := aiDeductEach(t, e.r, p[8:], "d", 2)
@@ -987,10 +939,7 @@ func TestCancelRefusePrompt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	took := aiDelivered(t, e.r, e.store, p, 20*time.Second, "cancel and refuse events")
-	if took > aiPrompt {
-		t.Errorf("cancel/refuse events left the outbox only after %v (want < %v)", took, aiPrompt)
-	}
+	aiSettles(t, e.r, e.store, p, 20*time.Second, aiPrompt, "cancel and refuse events")
 	aiCheckOnce(t, e.store, acks)
 	// memstore's Applications does not count a refusal's give-back: the remaining stock shows it.
 	for _, s := range p[8:] {
@@ -1014,8 +963,7 @@ func TestPublisherOnly(t *testing.T) {
 		got[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)]++
 		return nil
 	})
-	_ = aiRun(t, e.r, stock.RunOptions{Publisher: pub})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Publisher: pub})
 	picked := aiPick(skus, 30)
 	acks := aiDeductEach(t, e.r, picked, "q", 1)
 	start := time.Now()
@@ -1103,17 +1051,12 @@ func TestTwoPrefixes(t *testing.T) {
 	skus := e.loadItems("same", 1500, 100)
 	aiLoad(t, rb, storeB, skus, 100)
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	_ = aiRun(t, rb, stock.RunOptions{Store: storeB})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, rb, stock.RunOptions{Store: storeB})
 	p := aiPick(skus, 20)
 	acksA := aiDeductEach(t, e.r, p[:10], "a", 1)
 	acksB := aiDeductEach(t, rb, p[10:], "b", 3)
-	if took, why := aiWaitAll(e.r, e.store, p, 20*time.Second); len(why) > 0 || took > aiPrompt {
-		t.Errorf("prefix pa: %v %v", took, why)
-	}
-	if took, why := aiWaitAll(rb, storeB, p, 20*time.Second); len(why) > 0 || took > aiPrompt {
-		t.Errorf("prefix pb: %v %v", took, why)
-	}
+	aiSettles(t, e.r, e.store, p, 20*time.Second, aiPrompt, "prefix pa")
+	aiSettles(t, rb, storeB, p, 20*time.Second, aiPrompt, "prefix pb")
 	aiCheckOnce(t, e.store, acksA)
 	aiCheckOnce(t, storeB, acksB)
 	for _, a := range acksA {
@@ -1138,8 +1081,7 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	if err := e.r.Load(ctx, late, 10); err != nil {
 		t.Fatal(err)
 	}
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}})
 	if _, err := e.r.Restock(ctx, late, "rs", 5); err != nil {
 		t.Fatal(err)
 	}
@@ -1150,10 +1092,7 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	if err := e.store.Load(ctx, late, 10); err != nil {
 		t.Fatal(err)
 	}
-	took := aiDelivered(t, e.r, e.store, []string{late}, 25*time.Second, "after the store row appeared")
-	if took > 300*time.Millisecond+aiPrompt {
-		t.Errorf("delivered %v after the row appeared; backoff ≤ 300ms (want < %v)", took, 300*time.Millisecond+aiPrompt)
-	}
+	aiSettles(t, e.r, e.store, []string{late}, 25*time.Second, 300*time.Millisecond+aiPrompt, "after the store row appeared (backoff ≤ 300ms)")
 	if n := e.store.Applications(late, "rs", stock.EventRestocked); n != 1 {
 		t.Errorf("restock applied %d times", n)
 	}
@@ -1176,18 +1115,12 @@ func TestRealBackends(t *testing.T) {
 			store := memstore.New()
 			skus := aiSKUs("real", 2048) // walk bound 8s
 			aiLoad(t, r, store, skus, 100)
-			stop := aiRun(t, r, stock.RunOptions{Store: store, SweepInterval: 200 * time.Millisecond})
-			time.Sleep(300 * time.Millisecond)
+			stop := aiStart(t, r, stock.RunOptions{Store: store, SweepInterval: 200 * time.Millisecond})
 			p := aiPick(skus, 40)
 			acks := aiDeductEach(t, r, p[:20], "d", 1)
-			if took, why := aiWaitAll(r, store, p[:20], 20*time.Second); len(why) > 0 || took > aiPrompt {
-				t.Errorf("deducts: %v %v", took, why)
-			}
+			aiSettles(t, r, store, p[:20], 20*time.Second, aiPrompt, "deducts")
 			aiHoldEach(t, r, p[20:30], 2, time.Second)
-			want := aiNoneHeld(p[20:30])
-			if took, diff := aiWaitHeld(t, r, want, 20*time.Second); len(diff) > 0 || took > time.Second+aiPrompt {
-				t.Errorf("holds of 1s: released after %v: %v", took, diff)
-			}
+			aiReleases(t, r, p[20:30], 20*time.Second, time.Second+aiPrompt, "holds of 1s")
 			if err := stop(); err != nil {
 				t.Errorf("Run: %v", err)
 			}
@@ -1197,11 +1130,7 @@ func TestRealBackends(t *testing.T) {
 				t.Errorf("no hint keys found after deducts with no Run")
 			}
 			_ = aiRun(t, r, stock.RunOptions{Store: store})
-			took, why := aiWaitAll(r, store, p[30:], 25*time.Second)
-			t.Logf("lost hints: delivered in %v (bound 8s)", took.Round(time.Millisecond))
-			if len(why) > 0 || took > 12*time.Second {
-				t.Errorf("lost hints: %v %v", took, why)
-			}
+			aiSettles(t, r, store, p[30:], 25*time.Second, 12*time.Second, "lost hints (walk bound 8s)")
 			aiCheckOnce(t, store, acks)
 		})
 	}
@@ -1288,8 +1217,7 @@ func TestStreamLatency(t *testing.T) {
 	e := aiNew(t, true)
 	skus := e.loadItems("strm", 3000, 100000)
 	ts := &aiTimedStore{Store: e.store, at: map[string]time.Time{}}
-	_ = aiRun(t, e.r, stock.RunOptions{Store: ts, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: ts, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 	hot := aiPick(skus, 5)
 	type sent struct {
 		key string
@@ -1351,8 +1279,7 @@ func TestHoldStreamLatency(t *testing.T) {
 		}
 		return nil
 	})
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, Publisher: pub, SweepInterval: 100 * time.Millisecond})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Publisher: pub, SweepInterval: 100 * time.Millisecond})
 	hot := aiPick(skus, 4)
 	due := map[string]time.Time{}
 	ttls := []time.Duration{1500 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second, 600 * time.Millisecond}
@@ -1443,22 +1370,12 @@ func TestACLWithoutHintKeys(t *testing.T) {
 	store := memstore.New()
 	skus := aiSKUs("acl", 1024) // walk bound 4s
 	aiLoad(t, r, store, skus, 100)
-	_ = aiRun(t, r, stock.RunOptions{Store: store, SweepInterval: 200 * time.Millisecond})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, r, stock.RunOptions{Store: store, SweepInterval: 200 * time.Millisecond})
 	p := aiPick(skus, 20)
 	acks := aiDeductEach(t, r, p[:10], "d", 1)
 	aiHoldEach(t, r, p[10:], 2, time.Second)
-	took, why := aiWaitAll(r, store, p[:10], 20*time.Second)
-	t.Logf("events delivered in %v (walk bound 4s)", took.Round(time.Millisecond))
-	if len(why) > 0 || took > 8*time.Second {
-		t.Errorf("without the hint keys in the ACL, events: after %v: %v", took, why)
-	}
-	want := aiNoneHeld(p[10:])
-	took, diff := aiWaitHeld(t, r, want, 20*time.Second)
-	t.Logf("holds of 1s released in %v (walk bound 4s)", took.Round(time.Millisecond))
-	if len(diff) > 0 || took > 9*time.Second {
-		t.Errorf("without the hint keys in the ACL, holds: after %v: %v", took, diff)
-	}
+	aiSettles(t, r, store, p[:10], 20*time.Second, 8*time.Second, "without the hint keys in the ACL, events (walk bound 4s)")
+	aiReleases(t, r, p[10:], 20*time.Second, 9*time.Second, "without the hint keys in the ACL, holds of 1s (walk bound 4s)")
 	aiCheckOnce(t, store, acks)
 }
 
@@ -1468,13 +1385,9 @@ func TestRunRelayItems(t *testing.T) {
 	e := aiNew(t, true)
 	skus := e.loadItems("lim", 2000, 100)
 	p := aiPick(skus, 10)
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{Items: p[:5]}})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{Items: p[:5]}})
 	acks := aiDeductEach(t, e.r, p, "i", 1)
-	took, why := aiWaitAll(e.r, e.store, p[:5], 20*time.Second)
-	if len(why) > 0 || took > aiPrompt {
-		t.Errorf("listed items: %v %v", took, why)
-	}
+	aiSettles(t, e.r, e.store, p[:5], 20*time.Second, aiPrompt, "listed items")
 	time.Sleep(2 * time.Second)
 	for _, a := range acks[5:] {
 		if n := e.store.Applications(a.sku, a.id, a.typ); n != 0 {
@@ -1498,8 +1411,7 @@ func TestEveryItemDue(t *testing.T) {
 	e.advance(2 * time.Minute)
 	start := time.Now()
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	want := aiNoneHeld(skus)
-	took, diff := aiWaitHeld(t, e.r, want, 60*time.Second)
+	took, diff := aiWaitHeld(t, e.r, aiNoneHeld(skus), 60*time.Second)
 	t.Logf("2560 due holds released in %v", took.Round(time.Millisecond))
 	if len(diff) > 0 {
 		t.Errorf("due holds on every item: after %v, %d left: %v", took, len(diff), diff[:min(5, len(diff))])
@@ -1519,8 +1431,7 @@ func TestBurstHints(t *testing.T) {
 	e := aiNew(t, true)
 	skus := e.loadItems("burst", 5000, 100)
 	ts := &aiTimedStore{Store: e.store, at: map[string]time.Time{}}
-	_ = aiRun(t, e.r, stock.RunOptions{Store: ts})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: ts})
 	picked := aiPick(skus, 1000)
 	var wg sync.WaitGroup
 	acks := make([][]aiAck, 16)
@@ -1580,11 +1491,7 @@ func TestFrozenClock(t *testing.T) {
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: time.Second, MaxBackoff: time.Second}})
 	time.Sleep(2 * time.Second) // the wall clock runs ahead of Redis's
 	acks := aiDeductEach(t, e.r, p, "f", 1)
-	took, why := aiWaitAll(e.r, e.store, p[:2], 20*time.Second)
-	t.Logf("frozen clock: delivered in %v", took.Round(time.Millisecond))
-	if len(why) > 0 || took > aiPrompt {
-		t.Errorf("frozen clock: %v %v", took, why)
-	}
+	aiSettles(t, e.r, e.store, p[:2], 20*time.Second, aiPrompt, "frozen clock")
 	time.Sleep(time.Second) // p[2], p[3] failed and backed off (by the Redis clock: 1-1.5s)
 	mu.Lock()
 	fail = map[string]bool{}
@@ -1595,10 +1502,7 @@ func TestFrozenClock(t *testing.T) {
 		}
 	}
 	e.advance(2 * time.Second)
-	took = aiDelivered(t, e.r, e.store, p[2:], 25*time.Second, "retried after Advance passed the backoff")
-	if took > aiPrompt {
-		t.Errorf("retried only %v after Advance passed the backoff (want < %v)", took, aiPrompt)
-	}
+	aiSettles(t, e.r, e.store, p[2:], 25*time.Second, aiPrompt, "retried after Advance passed the backoff")
 	aiCheckOnce(t, e.store, acks)
 }
 
@@ -1619,8 +1523,7 @@ func TestNewEventsDuringBackoff(t *testing.T) {
 		}
 		return nil
 	})
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 200 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 200 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}})
 	var acks []aiAck
 	for i := 0; i < 20; i++ {
 		acks = append(acks, aiDeductEach(t, e.r, p, fmt.Sprintf("k%d", i), 1)...)
@@ -1630,10 +1533,7 @@ func TestNewEventsDuringBackoff(t *testing.T) {
 	down = false
 	mu.Unlock()
 	acks = append(acks, aiDeductEach(t, e.r, p, "last", 1)...)
-	took := aiDelivered(t, e.r, e.store, p, 25*time.Second, "after the store recovered")
-	if took > 500*time.Millisecond+aiPrompt {
-		t.Errorf("delivered %v after the store recovered; backoff ≤ 500ms, want < %v", took, 500*time.Millisecond+aiPrompt)
-	}
+	aiSettles(t, e.r, e.store, p, 25*time.Second, 500*time.Millisecond+aiPrompt, "after the store recovered (backoff ≤ 500ms)")
 	aiCheckOnce(t, e.store, acks)
 }
 
@@ -1648,16 +1548,11 @@ func TestSkewedClocks(t *testing.T) {
 	ahead := testkit.NewReserver(t, e.c, stock.WithClock(now(10*time.Minute)))
 	behind := testkit.NewReserver(t, e.c, stock.WithClock(now(-10*time.Minute)))
 	skus := e.loadItems("skew", 3000, 100)
-	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
-	time.Sleep(300 * time.Millisecond)
+	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store})
 	p := aiPick(skus, 12)
 	acks := aiDeductEach(t, ahead, p[0:6], "a", 1)
 	acks = append(acks, aiDeductEach(t, behind, p[6:12], "b", 1)...)
-	took, why := aiWaitAll(e.r, e.store, p, 20*time.Second)
-	t.Logf("events from skewed processes delivered in %v", took.Round(time.Millisecond))
-	if len(why) > 0 || took > aiPrompt {
-		t.Errorf("events from processes with skewed clocks: after %v: %v", took, why)
-	}
+	aiSettles(t, e.r, e.store, p, 20*time.Second, aiPrompt, "events from processes with skewed clocks")
 	aiCheckOnce(t, e.store, acks)
 }
 
@@ -1674,16 +1569,10 @@ func TestHoldHintWriterClock(t *testing.T) {
 			e := aiNew(t, true)
 			w := testkit.NewReserver(t, e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
 			skus := e.loadItems("hw", 3000, 100)
-			_ = aiRun(t, e.r, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
-			time.Sleep(300 * time.Millisecond)
+			_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 			held := aiPick(skus, 6)
 			aiHoldEach(t, w, held, 1, time.Second)
-			want := aiNoneHeld(held)
-			took, diff := aiWaitHeld(t, e.r, want, 25*time.Second)
-			t.Logf("writer clock %v: 1s holds released in %v", skew, took.Round(time.Millisecond))
-			if len(diff) > 0 || took > time.Second+aiPrompt/2 {
-				t.Errorf("1s holds from a process whose clock is off by %v: released after %v (want < %v): %v", skew, took.Round(time.Millisecond), time.Second+aiPrompt/2, diff)
-			}
+			aiReleases(t, e.r, held, 25*time.Second, time.Second+aiPrompt/2, fmt.Sprintf("1s holds from a process whose clock is off by %v", skew))
 		})
 	}
 }
@@ -1699,21 +1588,12 @@ func TestRunSkewed(t *testing.T) {
 			e := aiNew(t, true)
 			runner := testkit.NewReserver(t, e.c, stock.WithClock(func() time.Time { return e.env.Now().Add(skew) }))
 			skus := e.loadItems("rsk", 3000, 100)
-			_ = aiRun(t, runner, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
-			time.Sleep(300 * time.Millisecond)
+			_ = aiStart(t, runner, stock.RunOptions{Store: e.store, SweepInterval: 200 * time.Millisecond})
 			p := aiPick(skus, 12)
 			acks := aiDeductEach(t, e.r, p[:6], "d", 1)
-			took, why := aiWaitAll(e.r, e.store, p[:6], 20*time.Second)
-			if len(why) > 0 || took > aiPrompt {
-				t.Errorf("Run with a skewed clock: events after %v: %v", took, why)
-			}
+			aiSettles(t, e.r, e.store, p[:6], 20*time.Second, aiPrompt, fmt.Sprintf("Run with a clock off by %v: events", skew))
 			aiHoldEach(t, e.r, p[6:], 1, time.Second)
-			want := aiNoneHeld(p[6:])
-			took2, diff := aiWaitHeld(t, e.r, want, 15*time.Second)
-			t.Logf("skew %v: events %v, 1s holds released in %v", skew, took.Round(time.Millisecond), took2.Round(time.Millisecond))
-			if len(diff) > 0 || took2 > time.Second+aiPrompt {
-				t.Errorf("Run with a skewed clock: 1s holds released after %v: %v", took2, diff)
-			}
+			aiReleases(t, e.r, p[6:], 15*time.Second, time.Second+aiPrompt, fmt.Sprintf("Run with a clock off by %v: 1s holds", skew))
 			aiCheckOnce(t, e.store, acks)
 		})
 	}
