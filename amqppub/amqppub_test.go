@@ -198,23 +198,17 @@ func TestMessages(t *testing.T) {
 func queued(t *testing.T, conn *amqp.Connection, queue string) []stock.Event {
 	t.Helper()
 	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer ch.Close()
 	var out []stock.Event
 	for {
 		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if !ok {
 			return out
 		}
 		ev, err := amqppub.Decode(d.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		out = append(out, ev)
 	}
 }
@@ -227,9 +221,7 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 	ex, opts := namedLayout(t, u, 1)
 	conn := dial(t, u)
 	pub, err := amqppub.New(conn, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	evs := []stock.Event{queuetest.Ev("q:1", "1", 1), queuetest.Ev("q:1", "", 2), queuetest.Ev("q:1", "3", 3), queuetest.Ev("other", "1", 1)}
 	errs := pub.PublishBatch(context.Background(), evs)
 	if len(errs) != len(evs) {

@@ -107,9 +107,7 @@ func TestConsumersClosedMidStream(t *testing.T) {
 	_, opts := namedLayout(t, u, 4)
 	pubConn := dial(t, u)
 	pub, err := amqppub.New(pubConn, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m/5", "m%6", "m:7", "m:8"}
 	p := queuetest.NewMiniredisPipeline(t, skus)
 	ctx := context.Background()

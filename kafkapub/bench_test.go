@@ -16,7 +16,7 @@ import (
 //
 //	go test -run '^$' -bench Publish -benchtime 3s ./  (in kafkapub/)
 func BenchmarkPublish(b *testing.B) {
-	pub, err := kafkapub.New(producer(b, fakeCluster(b)), topic)
+	pub, err := kafkapub.New(producer(b, fakeCluster(b, 4)), topic)
 	require.NoError(b, err)
 	queuetest.BenchPublish(b, pub)
 }

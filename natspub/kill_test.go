@@ -150,22 +150,14 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 	e := newEnv(t)
 	js, stream, prefix := e.js, e.stream, e.prefix
 	pub, err := natspub.New(js, natspub.WithStream(stream), natspub.WithPrefix(prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	_, c := redistest.Miniredis(t)
 	r, err := stock.New(c, stock.WithCoalescing(0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	st := memstore.New()
 	const sku = "one.unit*sku"
-	if err := r.Load(ctx, sku, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Load(ctx, sku, 1); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.Load(ctx, sku, 1))
+	require.NoError(t, st.Load(ctx, sku, 1))
 	const n = 15
 	for i := 0; i < n; i++ {
 		id := fmt.Sprint("o", i)
@@ -179,9 +171,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 		}
 	}
 	rl, err := stockops.NewRelay(r, nil, pub, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if _, err := rl.Once(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -189,9 +179,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 		Durable: "store", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: prefix + ".>",
 		AckWait: time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	handle := func(m jetstream.Msg) (refusedOrBad bool) {
 		ev, err := natspub.Decode(m.Data())
 		if err != nil {
@@ -211,9 +199,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 	}
 	// consumer 1: takes 10, handles (acks) the 2nd and 4th only, dies.
 	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	k := 0
 	for m := range batch.Messages() {
 		k++
@@ -224,9 +210,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 	// consumer down: reconcile
 	rc, _ := stockops.NewReconciler(r, st, nil)
 	res, err := rc.Pass(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, rp := range res.Reports {
 		if rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 {
 			t.Errorf("pass with the consumer dead: %s", rp)
@@ -236,9 +220,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		p, _, err := stockops.Pending(ctx, r, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		res, _ := rc.Pass(ctx)
 		done := p == 0 && len(res.Reports) == 1 && res.Reports[0].Published == 0
 		if done {
@@ -248,9 +230,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		batch, err := cons.Fetch(5, jetstream.FetchMaxWait(500*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for m := range batch.Messages() {
 			handle(m)
 		}
@@ -261,9 +241,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 		t.Errorf("store remaining %d, redis available %d, want 0 and 0", rem, lv.Available)
 	}
 	recs, err := st.List(ctx, sku, "", 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, rec := range recs {
 		if rec.Status == stock.StateRefused {
 			t.Errorf("store refused a valid sale: %+v", rec)

@@ -355,50 +355,47 @@ func silentServer(t *testing.T) string {
 	return "nats://" + l.Addr().String()
 }
 
+// TestPublishServerSilent: against a server whose JetStream never answers, Publish is bounded
+// by the caller's deadline, by WithTimeout, or by the JetStream context's default timeout,
+// and a cancelled context fails at once.
 func TestPublishServerSilent(t *testing.T) {
 	nc, err := nats.Connect(silentServer(t), nats.Timeout(2*time.Second), nats.MaxReconnects(0))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
+	jsShort, err := jetstream.New(nc, jetstream.WithDefaultTimeout(300*time.Millisecond))
+	require.NoError(t, err)
 	ev := stock.Event{Type: stock.EventDeducted, SKU: "s", ID: "i", Qty: 1, At: time.Now()}
-
-	// Bounded by the caller's deadline.
-	p, err := natspub.New(js)
+	for _, tc := range []struct {
+		name    string
+		js      jetstream.JetStream
+		opts    []natspub.Option
+		timeout time.Duration // of the caller's context; 0: none
+	}{
+		{name: "caller's deadline", js: js, timeout: 300 * time.Millisecond},
+		{name: "WithTimeout", js: js, opts: []natspub.Option{natspub.WithTimeout(300 * time.Millisecond)}},
+		{name: "JetStream default timeout", js: jsShort},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := natspub.New(tc.js, tc.opts...)
+			require.NoError(t, err)
+			ctx := context.Background()
+			if tc.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.timeout)
+				defer cancel()
+			}
+			start := time.Now()
+			assert.ErrorIs(t, p.Publish(ctx, ev), context.DeadlineExceeded)
+			assert.Less(t, time.Since(start), 3*time.Second)
+		})
+	}
+	p, err := natspub.New(jsShort)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	err = p.Publish(ctx, ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), 3*time.Second)
-
-	// Bounded by WithTimeout when the context has no deadline.
-	p, err = natspub.New(js, natspub.WithTimeout(300*time.Millisecond))
-	require.NoError(t, err)
-	start = time.Now()
-	err = p.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), 3*time.Second)
-
-	// Bounded by the JetStream context's default timeout otherwise.
-	js2, err := jetstream.New(nc, jetstream.WithDefaultTimeout(300*time.Millisecond))
-	require.NoError(t, err)
-	p, err = natspub.New(js2)
-	require.NoError(t, err)
-	start = time.Now()
-	err = p.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), 3*time.Second)
-
-	// A cancelled context.
-	ctx, cancel = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err = p.Publish(ctx, ev)
-	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorIs(t, p.Publish(ctx, ev), context.Canceled)
 }
 
 // ---- tests against a real NATS server (STOCK_TEST_NATS) ----
@@ -499,6 +496,14 @@ func (e *env) consume(t *testing.T, n int, filter string) []jetstream.Msg {
 	return out
 }
 
+// decode is natspub.Decode of data, failing the test on an error.
+func decode(t *testing.T, data []byte) stock.Event {
+	t.Helper()
+	ev, err := natspub.Decode(data)
+	require.NoError(t, err)
+	return ev
+}
+
 func event(typ stock.EventType, sku, id string, qty int64) stock.Event {
 	return stock.Event{Type: typ, SKU: sku, ID: id, User: "u-" + id, Qty: qty,
 		At: time.UnixMilli(time.Now().UnixMilli()).UTC()}
@@ -536,8 +541,7 @@ func TestPublishConsume(t *testing.T) {
 
 	var got []stock.Event
 	for _, m := range e.consume(t, n, "") {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
+		ev := decode(t, m.Data())
 		assert.Equal(t, natspub.Subject(e.prefix, ev.Type, ev.SKU), m.Subject())
 		assert.Equal(t, natspub.MsgID(ev), m.Headers().Get(jetstream.MsgIDHeader))
 		got = append(got, ev)
@@ -545,11 +549,8 @@ func TestPublishConsume(t *testing.T) {
 	assert.ElementsMatch(t, want, got)
 
 	// A consumer filtered on one item by its token sees that item's events only.
-	filtered := e.consume(t, n/4, e.prefix+".*."+natspub.Token("sku-1"))
-	for _, m := range filtered {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
-		assert.Equal(t, "sku-1", ev.SKU)
+	for _, m := range e.consume(t, n/4, e.prefix+".*."+natspub.Token("sku-1")) {
+		assert.Equal(t, "sku-1", decode(t, m.Data()).SKU)
 	}
 }
 
@@ -579,13 +580,7 @@ func TestPublishDeduplicates(t *testing.T) {
 	require.NoError(t, p.Publish(ctx, event(stock.EventDeducted, "a", "b/c", 1)))
 	assert.EqualValues(t, 4, e.msgs(t))
 
-	var got []stock.Event
-	for _, m := range e.consume(t, 4, "") {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
-		got = append(got, ev)
-	}
-	assert.Equal(t, ev, got[0], "the first copy is the one kept")
+	assert.Equal(t, ev, decode(t, e.consume(t, 4, "")[0].Data()), "the first copy is the one kept")
 }
 
 func TestPublishSpecialSKUs(t *testing.T) {
@@ -606,8 +601,7 @@ func TestPublishSpecialSKUs(t *testing.T) {
 	var got []stock.Event
 	prefixToks := len(strings.Split(e.prefix, "."))
 	for _, m := range msgs {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
+		ev := decode(t, m.Data())
 		got = append(got, ev)
 		toks := strings.Split(m.Subject(), ".")
 		require.Lenf(t, toks, prefixToks+2, "subject %q", m.Subject())
@@ -619,9 +613,7 @@ func TestPublishSpecialSKUs(t *testing.T) {
 
 	// The sku ">" must not be taken as a wildcard: a filter on another sku does not see it.
 	only := e.consume(t, 1, e.prefix+".deducted."+natspub.Token("p>q"))
-	ev, err := natspub.Decode(only[0].Data())
-	require.NoError(t, err)
-	assert.Equal(t, "p>q", ev.SKU)
+	assert.Equal(t, "p>q", decode(t, only[0].Data()).SKU)
 }
 
 func TestPublishErrors(t *testing.T) {
@@ -730,8 +722,8 @@ func TestEnsureStream(t *testing.T) {
 }
 
 // TestPublishBatch: a batch is stored in order with one error per event; an invalid event fails
-// alone and holds back the later events of its item, not those of other items; a publish the
-// stream refuses fails every event.
+// alone and holds back the later events of its item (not sent, so not answered nil), not those
+// of other items; a publish the stream refuses fails every event.
 func TestPublishBatch(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -751,11 +743,27 @@ func TestPublishBatch(t *testing.T) {
 	assert.NoError(t, errs[4])
 	assert.Equal(t, uint64(3), e.msgs(t))
 
+	// An event without id in the middle of one item: the item's later event is not sent.
+	errs = p.PublishBatch(ctx, []stock.Event{queuetest.Ev("n:1", "1", 1), queuetest.Ev("n:1", "", 2),
+		queuetest.Ev("n:1", "3", 3), queuetest.Ev("other", "1", 1)})
+	require.Len(t, errs, 4)
+	assert.NoError(t, errs[0], "the valid first event")
+	assert.ErrorIs(t, errs[1], stock.ErrInvalid)
+	assert.Error(t, errs[2], "the event after the item's invalid one")
+	assert.NoError(t, errs[3], "another item's event")
+	var ids []string
+	for _, m := range e.stored(t) {
+		if ev := decode(t, m.Data); ev.SKU == "n:1" {
+			ids = append(ids, ev.ID)
+		}
+	}
+	assert.Equal(t, []string{"1"}, ids, "the stream holds the item's events before the invalid one only")
+
 	wrong := e.publisher(t, natspub.WithStream("NOT_THIS_ONE"), natspub.WithTimeout(5*time.Second))
 	for _, err := range wrong.PublishBatch(ctx, []stock.Event{mk("c", "1", 1), mk("c", "2", 2)}) {
 		assert.Error(t, err)
 	}
-	assert.Equal(t, uint64(3), e.msgs(t))
+	assert.Equal(t, uint64(5), e.msgs(t))
 }
 
 // stored reads every message the env's stream stores, in stream order.
@@ -763,13 +771,9 @@ func (e *env) stored(t *testing.T) []*jetstream.RawStreamMsg {
 	t.Helper()
 	ctx := context.Background()
 	st, err := e.js.Stream(ctx, e.stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var out []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := st.GetMsg(ctx, seq)
@@ -779,40 +783,6 @@ func (e *env) stored(t *testing.T) []*jetstream.RawStreamMsg {
 		out = append(out, m)
 	}
 	return out
-}
-
-// TestPublishBatchInvalidStopsItem: an invalid event in the middle of one item's batch fails
-// with ErrInvalid, and (as the doc says) the later events of the same item are not sent, while
-// another item's event is.
-func TestPublishBatchInvalidStopsItem(t *testing.T) {
-	e := newEnv(t)
-	pub := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
-	evs := []stock.Event{queuetest.Ev("n:1", "1", 1), queuetest.Ev("n:1", "", 2), queuetest.Ev("n:1", "3", 3), queuetest.Ev("other", "1", 1)}
-	errs := pub.PublishBatch(context.Background(), evs)
-	if len(errs) != len(evs) {
-		t.Fatalf("%d answers for %d events", len(errs), len(evs))
-	}
-	if errs[0] != nil || errs[3] != nil {
-		t.Errorf("the valid first event or another item's event failed: %v", errs)
-	}
-	if !errors.Is(errs[1], stock.ErrInvalid) {
-		t.Errorf("the invalid event: %v, want ErrInvalid", errs[1])
-	}
-	var ids []string
-	for _, m := range e.stored(t) {
-		ev, err := natspub.Decode(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev.SKU == "n:1" {
-			ids = append(ids, ev.ID)
-		}
-	}
-	if errs[2] == nil {
-		t.Errorf("the event after the item's invalid one was sent and answered nil (the stream has %v)", ids)
-	} else if len(ids) != 1 {
-		t.Errorf("answered %v for the event after the invalid one, but the stream has %v", errs[2], ids)
-	}
 }
 
 // TestPublishBatchAwkwardSKUs: with awkward SKUs and ids, every event is stored once, on the
@@ -843,10 +813,7 @@ func TestPublishBatchAwkwardSKUs(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, m := range msgs {
-		ev, err := natspub.Decode(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ev := decode(t, m.Data)
 		if m.Subject != natspub.Subject(prefix, ev.Type, ev.SKU) {
 			t.Errorf("event of %q on subject %q, want %q", ev.SKU, m.Subject, natspub.Subject(prefix, ev.Type, ev.SKU))
 		}

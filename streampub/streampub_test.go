@@ -378,22 +378,16 @@ func TestConsumerGarbageEntries(t *testing.T) {
 			for i := 0; i+1 < len(fv); i += 2 {
 				cmd = cmd.FieldValue(fv[i], fv[i+1])
 			}
-			if err := c.Do(ctx, cmd.Build()).Error(); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, c.Do(ctx, cmd.Build()).Error())
 		}
 		add("other", "x")
 		add(streampub.Field, "{not json")
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"1","qty":-5,"at":"2024-01-01T00:00:00Z"}`)
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"2","qty":1,"at":"2024-01-01T00:00:00Z"} {"x":1}`)
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"3","qty":1,"at":"2024-01-01T00:00:00Z"}`, "extra", "y")
-		if err := pub.Publish(ctx, queuetest.Ev("g", "4", 4)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, pub.Publish(ctx, queuetest.Ev("g", "4", 4)))
 		cons, err := streampub.NewConsumer(c, "g", "one", pub.Streams(), &streampub.ConsumerOptions{Poll: 10 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		var good, garbage []string
 		for i := 0; i < 10 && len(good)+len(garbage) < 6; i++ {
 			msgs, err := cons.Receive(ctx, 10, 100*time.Millisecond)
@@ -409,9 +403,7 @@ func TestConsumerGarbageEntries(t *testing.T) {
 				} else {
 					good = append(good, m.Event.ID)
 				}
-				if err := cons.Ack(ctx, m); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, cons.Ack(ctx, m))
 			}
 		}
 		if len(garbage) != 4 || len(good) != 2 {
@@ -447,16 +439,12 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 		rng := rand.New(rand.NewPCG(18, 1))
 		pub := newGroupPublisher(t, c, "store", streampub.WithShards(2), streampub.WithMaxLen(5))
 		rl, err := stockops.NewRelay(p.R, nil, pub, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		p.Traffic(t, 60, rng)
 		p.Drain(t, rl)
 		opts := &streampub.ConsumerOptions{MinIdle: 300 * time.Millisecond, Poll: 10 * time.Millisecond}
 		dead, err := streampub.NewConsumer(c, "store", "dead", pub.Streams(), opts)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		held, err := dead.Receive(ctx, 1000, time.Second)
 		if err != nil || len(held) == 0 {
 			t.Fatalf("the first consumer received %d entries (%v)", len(held), err)
@@ -472,9 +460,7 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 		gone := 0
 		for _, m := range held {
 			res, err := c.Do(ctx, c.B().Xrange().Key(m.Stream).Start(m.ID).End(m.ID).Build()).AsXRange()
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if len(res) == 0 {
 				gone++
 			}
@@ -486,9 +472,7 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 		time.Sleep(400 * time.Millisecond) // past MinIdle for the dead consumer's entries
 		redistest.Sleep(c, 400*time.Millisecond)
 		next, err := streampub.NewConsumer(c, "store", "next", pub.Streams(), opts)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		var rerr error
 		deadline := time.Now().Add(8 * time.Second)
 		quiet := 0
