@@ -152,32 +152,36 @@ func (c *client) line(d time.Duration) (string, error) {
 	return strings.TrimSuffix(s, "\r\n"), err
 }
 
-func (c *client) want(want string) {
+// want reads one reply line per want, each within 5s, and fails the test unless they match.
+func (c *client) want(want ...string) {
 	c.t.Helper()
-	got, err := c.line(5 * time.Second)
-	if err != nil || got != want {
-		c.t.Fatalf("reply %q, %v; want %q", got, err, want)
+	for _, w := range want {
+		got, err := c.line(5 * time.Second)
+		if err != nil || got != w {
+			c.t.Fatalf("reply %q, %v; want %q", got, err, w)
+		}
 	}
 }
 
-func TestForward(t *testing.T) {
+// setup starts a fake server, a proxy to it and a client of the proxy.
+func setup(t *testing.T) (*fakeRedis, *Proxy, *client) {
+	t.Helper()
 	f := startFake(t)
 	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	return f, p, dial(t, p)
+}
+
+func TestForward(t *testing.T) {
+	_, p, c := setup(t)
 	c.send(resp("PING"), resp("INCR", "a"), resp("INCR", "a"), "PING\r\n") // pipelined, one inline
-	c.want("+PONG")
-	c.want(":1")
-	c.want(":2")
-	c.want("+PONG")
+	c.want("+PONG", ":1", ":2", "+PONG")
 	if s := p.Stats(); s.Commands != 4 || s.Replies != 4 || s.Accepted != 1 {
 		t.Errorf("stats %+v", s)
 	}
 }
 
 func TestLatency(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	_, p, c := setup(t)
 	p.SetLatency(40 * time.Millisecond)
 	began := time.Now()
 	c.send(resp("PING"))
@@ -206,9 +210,7 @@ func TestLatency(t *testing.T) {
 }
 
 func TestResetAll(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	_, p, c := setup(t)
 	c.send(resp("PING"))
 	c.want("+PONG")
 	if n := p.ResetAll(); n != 1 {
@@ -259,9 +261,7 @@ func TestSetTarget(t *testing.T) {
 // The command whose reply is dropped runs; the client gets the replies before it and then a
 // closed connection; what it pipelined after it never reaches the server.
 func TestDropReplies(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	f, p, c := setup(t)
 	p.DropReplies(1, "incr")
 	c.send(resp("PING"), resp("INCR", "a"), resp("INCR", "a"))
 	c.want("+PONG")
@@ -284,20 +284,11 @@ func TestDropReplies(t *testing.T) {
 
 // Only the named commands are dropped, and pushes are not replies.
 func TestDropRepliesMatch(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	_, p, c := setup(t)
 	p.DropReplies(2, "INCR")
 	c.send(resp("PUSHPING"), resp("PING"), resp("SET", "k", "v"))
-	c.want(">2") // the push, forwarded whole
-	c.want("$10")
-	c.want("invalidate")
-	c.want("*1")
-	c.want("$1")
-	c.want("k")
-	c.want("+PONG")
-	c.want("+PONG")
-	c.want("+OK")
+	c.want(">2", "$10", "invalidate", "*1", "$1", "k") // the push, forwarded whole
+	c.want("+PONG", "+PONG", "+OK")
 	if p.PendingDrops() != 2 {
 		t.Errorf("%d drops pending, want 2", p.PendingDrops())
 	}
@@ -307,9 +298,7 @@ func TestDropRepliesMatch(t *testing.T) {
 }
 
 func TestBlackhole(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	f, p, c := setup(t)
 	c.send(resp("PING"))
 	c.want("+PONG")
 	p.Blackhole(300 * time.Millisecond)
