@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -63,9 +65,7 @@ func TestMySQLErrorsOnServer(t *testing.T) {
 		t.Skip("needs MariaDB/MySQL: set STOCK_TEST_MYSQL")
 	}
 	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

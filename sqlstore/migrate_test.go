@@ -3,8 +3,6 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
@@ -70,22 +68,12 @@ func TestMigrateConcurrentProcesses(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()    // tables of its own on each server
 			dsn := b.dsn(t) // one SQLite file for all rounds and processes
-			db, err := sql.Open(b.driver, dsn)
-			require.NoError(t, err)
-			defer db.Close()
 			pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer pcancel()
-			if err := db.PingContext(pctx); err != nil {
-				t.Fatalf("%s: server unreachable: %v", b.name, err)
-			}
+			db := openDB(pctx, t, b.driver, dsn)
 			failed := 0
 			for round := 0; round < rounds; round++ {
-				prefix := fmt.Sprintf("stock_m%08x_", rand.Uint32())
-				t.Cleanup(func() {
-					for _, tbl := range []string{prefix + "items", prefix + "records"} {
-						_, _ = db.Exec("DROP TABLE IF EXISTS " + tbl)
-					}
-				})
+				prefix := freshPrefix(t, db, "m")
 				start := time.Now().Add(time.Second).UnixNano()
 				outs := make([]string, procs)
 				errs := make([]error, procs)
@@ -154,20 +142,10 @@ func TestMigrateWaitsForLock(t *testing.T) {
 		}
 		ran = true
 		t.Run(b.name, func(t *testing.T) {
-			db, err := sql.Open(b.driver, b.dsn(t))
-			require.NoError(t, err)
-			defer db.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := db.PingContext(ctx); err != nil {
-				t.Fatalf("%s: server unreachable: %v", b.name, err)
-			}
-			prefix := fmt.Sprintf("stock_w%08x_", rand.Uint32())
-			t.Cleanup(func() {
-				for _, tbl := range []string{prefix + "items", prefix + "records"} {
-					_, _ = db.Exec("DROP TABLE IF EXISTS " + tbl)
-				}
-			})
+			db := openDB(ctx, t, b.driver, b.dsn(t))
+			prefix := freshPrefix(t, db, "w")
 			args := []any{"stock_migrate:" + prefix}
 			if b.dialect == sqlstore.Postgres {
 				args = append([]any{0x73746f63}, args...)
@@ -207,19 +185,14 @@ func TestMigrateConcurrentPools(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
 			dsn := b.dsn(t)
-			prefix := fmt.Sprintf("migp%d_", time.Now().UnixNano()%1e9)
 			const procs = 8
 			var wg sync.WaitGroup
 			errs := make([]error, procs)
 			dbs := make([]*sql.DB, procs)
 			for i := range dbs {
-				db, err := sql.Open(b.driver, dsn)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { db.Close() })
-				dbs[i] = db
+				dbs[i] = openDB(ctx, t, b.driver, dsn)
 			}
+			prefix := freshPrefix(t, dbs[0], "p")
 			start := make(chan struct{})
 			for i := 0; i < procs; i++ {
 				wg.Add(1)
@@ -236,27 +209,17 @@ func TestMigrateConcurrentPools(t *testing.T) {
 			}
 			close(start)
 			wg.Wait()
-			t.Cleanup(func() {
-				if b.name != "sqlite" {
-					dbs[0].Exec("DROP TABLE " + prefix + "records")
-					dbs[0].Exec("DROP TABLE " + prefix + "items")
-				}
-			})
 			for i, err := range errs {
 				if err != nil {
 					t.Errorf("process %d: Migrate: %v", i, err)
 				}
 			}
 			s, _ := sqlstore.New(dbs[0], b.dialect, sqlstore.WithTablePrefix(prefix))
-			if err := s.Load(ctx, "m", 2); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "m", ID: "a", Qty: 1, Seq: 1, At: time.Now()}); err != nil {
-				t.Fatal(err)
-			}
-			if rem, err := s.Remaining(ctx, "m"); err != nil || rem != 1 {
-				t.Fatalf("remaining %d %v", rem, err)
-			}
+			require.NoError(t, s.Load(ctx, "m", 2))
+			require.NoError(t, s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "m", ID: "a", Qty: 1, Seq: 1, At: time.Now()}))
+			rem, err := s.Remaining(ctx, "m")
+			require.NoError(t, err)
+			require.Equal(t, int64(1), rem)
 			// and again, concurrently, on existing tables
 			for i := 0; i < procs; i++ {
 				wg.Add(1)

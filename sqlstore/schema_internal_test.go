@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 var update = flag.Bool("update", false, "rewrite the files of sqlstore/schema from the statements Migrate runs")
@@ -39,9 +41,7 @@ func TestSchemaFiles(t *testing.T) {
 		path := filepath.Join("schema", d.String()+".sql")
 		want := schemaFile(d)
 		if *update {
-			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, os.WriteFile(path, []byte(want), 0o644))
 			continue
 		}
 		got, err := os.ReadFile(path)

@@ -123,17 +123,6 @@ WHERE n.nspname = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY 1`, ns)...
 	}
 }
 
-func openDB(ctx context.Context, t *testing.T, driver, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open(driver, dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("%s: server unreachable: %v", driver, err)
-	}
-	return db
-}
-
 // rows returns the single string column of a query's rows.
 func rows(ctx context.Context, t *testing.T, db *sql.DB, q string, args ...any) []string {
 	t.Helper()

@@ -63,29 +63,42 @@ type env struct {
 
 func open(t testing.TB, b backend) *env {
 	t.Helper()
-	db, err := sql.Open(b.driver, b.dsn(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("%s: server unreachable: %v", b.name, err) // a configured server must be there
-	}
+	db := openDB(ctx, t, b.driver, b.dsn(t))
 	db.SetMaxOpenConns(32)
 	db.SetMaxIdleConns(32)
-	prefix := fmt.Sprintf("stock_t%08x_", rand.Uint32())
+	prefix := freshPrefix(t, db, "t")
 	s, err := sqlstore.New(db, b.dialect, sqlstore.WithTablePrefix(prefix))
 	require.NoError(t, err)
-	e := &env{s: s, apply: s.Apply, db: db, d: b.dialect, items: prefix + "items", records: prefix + "records"}
+	require.NoError(t, s.Migrate(ctx))
+	require.NoError(t, s.Migrate(ctx), "Migrate is idempotent")
+	return &env{s: s, apply: s.Apply, db: db, d: b.dialect, items: prefix + "items", records: prefix + "records"}
+}
+
+// openDB opens and pings a database: a configured server must be there.
+func openDB(ctx context.Context, t testing.TB, driver, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatalf("%s: server unreachable: %v", driver, err)
+	}
+	return db
+}
+
+// freshPrefix returns a table prefix of the test's own, "stock_"+kind+random+"_", whose
+// tables db drops when the test ends.
+func freshPrefix(t testing.TB, db *sql.DB, kind string) string {
+	prefix := fmt.Sprintf("stock_%s%08x_", kind, rand.Uint32())
 	t.Cleanup(func() {
-		for _, tbl := range []string{e.items, e.records} {
+		for _, tbl := range []string{prefix + "items", prefix + "records"} {
 			_, err := db.Exec("DROP TABLE IF EXISTS " + tbl)
 			assert.NoError(t, err)
 		}
 	})
-	require.NoError(t, s.Migrate(ctx))
-	require.NoError(t, s.Migrate(ctx), "Migrate is idempotent")
-	return e
+	return prefix
 }
 
 // forEachBackend runs test as a subtest on every backend, with its own tables. The subtests
@@ -156,6 +169,17 @@ func (e *env) record(t testing.TB, sku, id string) (stock.Record, bool) {
 	require.NoError(t, err)
 	r, ok := m[id]
 	return r, ok
+}
+
+// wantRecord checks that the record of sku's id is there, with the status and type, and
+// returns it.
+func (e *env) wantRecord(t testing.TB, sku, id string, status stock.State, typ stock.EventType) stock.Record {
+	t.Helper()
+	r, ok := e.record(t, sku, id)
+	require.True(t, ok, "no record of %s/%s", sku, id)
+	assert.Equal(t, status, r.Status, "status of %s/%s", sku, id)
+	assert.Equal(t, typ, r.Type, "type of %s/%s", sku, id)
+	return r
 }
 
 func ev(typ stock.EventType, sku, id string, qty int64) stock.Event {
@@ -233,10 +257,7 @@ func TestDeductAppliedOnce(t *testing.T) {
 		assert.Equal(t, stock.Record{SKU: "a", ID: "o1", User: "u-o1", Type: stock.EventDeducted, Qty: 3, Status: stock.StateApplied, At: r.At}, r)
 		assert.Equal(t, time.UTC, r.At.Location())
 		assert.WithinRange(t, r.At, before, time.Now().Add(time.Minute), "the database clock, in UTC")
-		r, ok = e.record(t, "a", "h1")
-		require.True(t, ok)
-		assert.Equal(t, stock.EventConfirmed, r.Type)
-		assert.Equal(t, stock.StateApplied, r.Status)
+		e.wantRecord(t, "a", "h1", stock.StateApplied, stock.EventConfirmed)
 		assert.Equal(t, int64(2), e.countRecords(t))
 	})
 }
@@ -252,17 +273,13 @@ func TestRefusal(t *testing.T) {
 		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventDeducted, "a", "big", 1)), stock.ErrRefused,
 			"a refused id stays refused even when the stock would cover it now")
 		assert.Equal(t, int64(5), e.remaining(t, "a"))
-		r, ok := e.record(t, "a", "big")
-		require.True(t, ok)
-		assert.Equal(t, stock.StateRefused, r.Status)
-		assert.Equal(t, int64(6), r.Qty)
+		assert.Equal(t, int64(6), e.wantRecord(t, "a", "big", stock.StateRefused, stock.EventDeducted).Qty)
 
 		// The relay gives a refused id back in Redis and sends EventRefused: nothing changes here.
 		require.NoError(t, e.apply(ctx, ev(stock.EventRefused, "a", "big", 6)))
 		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "big", 6)))
 		assert.Equal(t, int64(5), e.remaining(t, "a"))
-		r, _ = e.record(t, "a", "big")
-		assert.Equal(t, stock.StateRefused, r.Status)
+		e.wantRecord(t, "a", "big", stock.StateRefused, stock.EventDeducted)
 
 		// Exactly the remaining stock is covered; then nothing is.
 		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "all", 5)))
@@ -277,7 +294,7 @@ func TestRefusal(t *testing.T) {
 			assert.ErrorIs(t, err, stock.ErrNotLoaded)
 			assert.NotErrorIs(t, err, stock.ErrRefused)
 		}
-		_, ok = e.record(t, "ghost", "g1")
+		_, ok := e.record(t, "ghost", "g1")
 		require.False(t, ok)
 		_, err = e.s.Remaining(ctx, "ghost")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
@@ -304,11 +321,7 @@ func TestRestoreAfterDeduct(t *testing.T) {
 		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "o1", 4)), "a late repeat answers nil")
 		assert.Equal(t, int64(9), e.remaining(t, "a"), "and takes nothing")
 
-		r, ok := e.record(t, "a", "o1")
-		require.True(t, ok)
-		assert.Equal(t, stock.StateRestored, r.Status)
-		assert.Equal(t, stock.EventDeducted, r.Type)
-		assert.Equal(t, int64(4), r.Qty)
+		assert.Equal(t, int64(4), e.wantRecord(t, "a", "o1", stock.StateRestored, stock.EventDeducted).Qty)
 
 		// EventRefused gives back an applied confirm just the same.
 		require.NoError(t, e.apply(ctx, ev(stock.EventConfirmed, "a", "h1", 3)))
@@ -325,18 +338,13 @@ func TestRestoreBeforeDeduct(t *testing.T) {
 		require.NoError(t, e.s.Load(ctx, "a", 10))
 		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "late", 4)))
 		assert.Equal(t, int64(10), e.remaining(t, "a"), "a tombstone changes no stock")
-		r, ok := e.record(t, "a", "late")
-		require.True(t, ok)
-		assert.Equal(t, stock.StateRestored, r.Status)
-		assert.Equal(t, stock.EventRestored, r.Type)
+		e.wantRecord(t, "a", "late", stock.StateRestored, stock.EventRestored)
 
 		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "late", 4)))
 		assert.Equal(t, int64(10), e.remaining(t, "a"), "the late deduct takes nothing")
 		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "late", 4)))
 		assert.Equal(t, int64(10), e.remaining(t, "a"), "nor does a second restore give anything")
-		r, _ = e.record(t, "a", "late")
-		assert.Equal(t, stock.StateRestored, r.Status)
-		assert.Equal(t, stock.EventRestored, r.Type)
+		e.wantRecord(t, "a", "late", stock.StateRestored, stock.EventRestored)
 
 		// A tombstone needs no item.
 		require.NoError(t, e.apply(ctx, ev(stock.EventRefused, "ghost", "x", 1)))
@@ -357,9 +365,7 @@ func TestRestock(t *testing.T) {
 		// A restore of a restock id is not a deduct's: nothing to give back.
 		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "r1", 5)))
 		assert.Equal(t, int64(5), e.remaining(t, "a"))
-		r, _ := e.record(t, "a", "r1")
-		assert.Equal(t, stock.StateApplied, r.Status)
-		assert.Equal(t, stock.EventRestocked, r.Type)
+		e.wantRecord(t, "a", "r1", stock.StateApplied, stock.EventRestocked)
 
 		// An item with no row: not loaded, nothing written, and a later try after Load works.
 		err := e.apply(ctx, ev(stock.EventRestocked, "b", "r1", 5))
