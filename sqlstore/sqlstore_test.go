@@ -237,19 +237,28 @@ func TestLoadRemaining(t *testing.T) {
 	})
 }
 
+// step applies x with e.apply, and checks that the answer wraps want (nil: no error) and that
+// x's item has left remaining after it; msg says what the step proves.
+func (e *env) step(t testing.TB, x stock.Event, want error, left int64, msg ...any) {
+	t.Helper()
+	err := e.apply(context.Background(), x)
+	if want == nil {
+		require.NoError(t, err, msg...)
+	} else {
+		require.ErrorIs(t, err, want, msg...)
+	}
+	assert.Equal(t, left, e.remaining(t, x.SKU), msg...)
+}
+
 func TestDeductAppliedOnce(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
-		ctx := context.Background()
-		require.NoError(t, e.s.Load(ctx, "a", 10))
+		require.NoError(t, e.s.Load(context.Background(), "a", 10))
 		before := time.Now().Add(-time.Minute)
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "o1", 3)))
-		assert.Equal(t, int64(7), e.remaining(t, "a"))
+		e.step(t, ev(stock.EventDeducted, "a", "o1", 3), nil, 7)
 		for range 3 {
-			assert.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "o1", 3)), "a repeat answers as the first")
+			e.step(t, ev(stock.EventDeducted, "a", "o1", 3), nil, 7, "a repeat answers as the first and takes nothing")
 		}
-		assert.Equal(t, int64(7), e.remaining(t, "a"), "a repeat takes nothing")
-		require.NoError(t, e.apply(ctx, ev(stock.EventConfirmed, "a", "h1", 2)))
-		assert.Equal(t, int64(5), e.remaining(t, "a"))
+		e.step(t, ev(stock.EventConfirmed, "a", "h1", 2), nil, 5)
 		assert.Equal(t, int64(10), e.loaded(t, "a"))
 
 		r, ok := e.record(t, "a", "o1")
@@ -266,26 +275,20 @@ func TestRefusal(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		require.NoError(t, e.s.Load(ctx, "a", 5))
-		err := e.apply(ctx, ev(stock.EventDeducted, "a", "big", 6))
-		require.ErrorIs(t, err, stock.ErrRefused)
-		assert.Equal(t, int64(5), e.remaining(t, "a"))
-		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventDeducted, "a", "big", 6)), stock.ErrRefused, "refused again")
-		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventDeducted, "a", "big", 1)), stock.ErrRefused,
+		e.step(t, ev(stock.EventDeducted, "a", "big", 6), stock.ErrRefused, 5)
+		e.step(t, ev(stock.EventDeducted, "a", "big", 6), stock.ErrRefused, 5, "refused again")
+		e.step(t, ev(stock.EventDeducted, "a", "big", 1), stock.ErrRefused, 5,
 			"a refused id stays refused even when the stock would cover it now")
-		assert.Equal(t, int64(5), e.remaining(t, "a"))
 		assert.Equal(t, int64(6), e.wantRecord(t, "a", "big", stock.StateRefused, stock.EventDeducted).Qty)
 
 		// The relay gives a refused id back in Redis and sends EventRefused: nothing changes here.
-		require.NoError(t, e.apply(ctx, ev(stock.EventRefused, "a", "big", 6)))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "big", 6)))
-		assert.Equal(t, int64(5), e.remaining(t, "a"))
+		e.step(t, ev(stock.EventRefused, "a", "big", 6), nil, 5)
+		e.step(t, ev(stock.EventRestored, "a", "big", 6), nil, 5)
 		e.wantRecord(t, "a", "big", stock.StateRefused, stock.EventDeducted)
 
 		// Exactly the remaining stock is covered; then nothing is.
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "all", 5)))
-		assert.Equal(t, int64(0), e.remaining(t, "a"))
-		assert.ErrorIs(t, e.apply(ctx, ev(stock.EventConfirmed, "a", "one", 1)), stock.ErrRefused)
-		assert.Equal(t, int64(0), e.remaining(t, "a"))
+		e.step(t, ev(stock.EventDeducted, "a", "all", 5), nil, 0)
+		e.step(t, ev(stock.EventConfirmed, "a", "one", 1), stock.ErrRefused, 0)
 
 		// An unknown item is not a refusal: not loaded, nothing recorded, and the sale applies
 		// once the item is loaded.
@@ -296,38 +299,29 @@ func TestRefusal(t *testing.T) {
 		}
 		_, ok := e.record(t, "ghost", "g1")
 		require.False(t, ok)
-		_, err = e.s.Remaining(ctx, "ghost")
+		_, err := e.s.Remaining(ctx, "ghost")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.NoError(t, e.s.Load(ctx, "ghost", 1))
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "ghost", "g1", 1)))
-		assert.Equal(t, int64(0), e.remaining(t, "ghost"))
+		e.step(t, ev(stock.EventDeducted, "ghost", "g1", 1), nil, 0)
 	})
 }
 
 func TestRestoreAfterDeduct(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
-		ctx := context.Background()
-		require.NoError(t, e.s.Load(ctx, "a", 10))
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "o1", 4)))
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "o2", 1)))
-		assert.Equal(t, int64(5), e.remaining(t, "a"))
+		require.NoError(t, e.s.Load(context.Background(), "a", 10))
+		e.step(t, ev(stock.EventDeducted, "a", "o1", 4), nil, 6)
+		e.step(t, ev(stock.EventDeducted, "a", "o2", 1), nil, 5)
 
 		// The restore gives back what the deduct took, whatever quantity it carries.
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "o1", 1)))
-		assert.Equal(t, int64(9), e.remaining(t, "a"))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "o1", 4)))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRefused, "a", "o1", 4)))
-		assert.Equal(t, int64(9), e.remaining(t, "a"), "given back once")
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "o1", 4)), "a late repeat answers nil")
-		assert.Equal(t, int64(9), e.remaining(t, "a"), "and takes nothing")
-
+		e.step(t, ev(stock.EventRestored, "a", "o1", 1), nil, 9)
+		e.step(t, ev(stock.EventRestored, "a", "o1", 4), nil, 9, "given back once")
+		e.step(t, ev(stock.EventRefused, "a", "o1", 4), nil, 9, "given back once")
+		e.step(t, ev(stock.EventDeducted, "a", "o1", 4), nil, 9, "a late repeat answers nil and takes nothing")
 		assert.Equal(t, int64(4), e.wantRecord(t, "a", "o1", stock.StateRestored, stock.EventDeducted).Qty)
 
 		// EventRefused gives back an applied confirm just the same.
-		require.NoError(t, e.apply(ctx, ev(stock.EventConfirmed, "a", "h1", 3)))
-		assert.Equal(t, int64(6), e.remaining(t, "a"))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRefused, "a", "h1", 3)))
-		assert.Equal(t, int64(9), e.remaining(t, "a"))
+		e.step(t, ev(stock.EventConfirmed, "a", "h1", 3), nil, 6)
+		e.step(t, ev(stock.EventRefused, "a", "h1", 3), nil, 9)
 		assert.Equal(t, int64(10), e.loaded(t, "a"))
 	})
 }
@@ -336,14 +330,10 @@ func TestRestoreBeforeDeduct(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		require.NoError(t, e.s.Load(ctx, "a", 10))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "late", 4)))
-		assert.Equal(t, int64(10), e.remaining(t, "a"), "a tombstone changes no stock")
+		e.step(t, ev(stock.EventRestored, "a", "late", 4), nil, 10, "a tombstone changes no stock")
 		e.wantRecord(t, "a", "late", stock.StateRestored, stock.EventRestored)
-
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "late", 4)))
-		assert.Equal(t, int64(10), e.remaining(t, "a"), "the late deduct takes nothing")
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "late", 4)))
-		assert.Equal(t, int64(10), e.remaining(t, "a"), "nor does a second restore give anything")
+		e.step(t, ev(stock.EventDeducted, "a", "late", 4), nil, 10, "the late deduct takes nothing")
+		e.step(t, ev(stock.EventRestored, "a", "late", 4), nil, 10, "nor does a second restore give anything")
 		e.wantRecord(t, "a", "late", stock.StateRestored, stock.EventRestored)
 
 		// A tombstone needs no item.
@@ -357,14 +347,12 @@ func TestRestock(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		require.NoError(t, e.s.Load(ctx, "a", 10))
-		require.NoError(t, e.apply(ctx, ev(stock.EventDeducted, "a", "o1", 10)))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestocked, "a", "r1", 5)))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestocked, "a", "r1", 5)))
-		assert.Equal(t, int64(5), e.remaining(t, "a"))
+		e.step(t, ev(stock.EventDeducted, "a", "o1", 10), nil, 0)
+		e.step(t, ev(stock.EventRestocked, "a", "r1", 5), nil, 5)
+		e.step(t, ev(stock.EventRestocked, "a", "r1", 5), nil, 5, "a repeat adds nothing")
 		assert.Equal(t, int64(15), e.loaded(t, "a"))
 		// A restore of a restock id is not a deduct's: nothing to give back.
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestored, "a", "r1", 5)))
-		assert.Equal(t, int64(5), e.remaining(t, "a"))
+		e.step(t, ev(stock.EventRestored, "a", "r1", 5), nil, 5)
 		e.wantRecord(t, "a", "r1", stock.StateApplied, stock.EventRestocked)
 
 		// An item with no row: not loaded, nothing written, and a later try after Load works.
@@ -374,8 +362,7 @@ func TestRestock(t *testing.T) {
 		_, ok := e.record(t, "b", "r1")
 		assert.False(t, ok)
 		require.NoError(t, e.s.Load(ctx, "b", 1))
-		require.NoError(t, e.apply(ctx, ev(stock.EventRestocked, "b", "r1", 5)))
-		assert.Equal(t, int64(6), e.remaining(t, "b"))
+		e.step(t, ev(stock.EventRestocked, "b", "r1", 5), nil, 6)
 		assert.Equal(t, int64(6), e.loaded(t, "b"))
 	})
 }
