@@ -47,9 +47,7 @@ func TestMigrateChildProcess(t *testing.T) {
 	s, err := sqlstore.New(db, sqlstore.Dialect(d), sqlstore.WithTablePrefix(os.Getenv(childPrefix)))
 	require.NoError(t, err)
 	time.Sleep(time.Until(time.Unix(0, start)))
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatalf("MIGRATE FAILED: %v", err)
-	}
+	require.NoError(t, s.Migrate(ctx), "MIGRATE FAILED")
 }
 
 // TestMigrateConcurrentProcesses runs Migrate in three processes at the same moment on fresh

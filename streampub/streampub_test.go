@@ -391,9 +391,7 @@ func TestConsumerGarbageEntries(t *testing.T) {
 		var good, garbage []string
 		for i := 0; i < 10 && len(good)+len(garbage) < 6; i++ {
 			msgs, err := cons.Receive(ctx, 10, 100*time.Millisecond)
-			if err != nil {
-				t.Fatalf("Receive: %v", err)
-			}
+			require.NoError(t, err, "Receive")
 			for _, m := range msgs {
 				if m.Err != nil {
 					if !errors.Is(m.Err, stock.ErrInvalid) {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // fakeRedis is a RESP server for the tests: PING answers +PONG, INCR key counts, PUSHPING
@@ -26,9 +28,7 @@ type fakeRedis struct {
 func startFake(t *testing.T) *fakeRedis {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	f := &fakeRedis{ln: ln, n: map[string]int{}}
 	f.wg.Go(func() {
 		for {
@@ -115,9 +115,7 @@ func resp(args ...string) string {
 func startProxy(t *testing.T, target string) *Proxy {
 	t.Helper()
 	p, err := Start(target)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	return p
 }
@@ -131,9 +129,7 @@ type client struct {
 func dial(t *testing.T, p *Proxy) *client {
 	t.Helper()
 	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return &client{t: t, c: c, r: bufio.NewReader(c)}
 }
@@ -330,9 +326,7 @@ func TestBlackhole(t *testing.T) {
 func TestClose(t *testing.T) {
 	f := startFake(t)
 	p, err := Start(f.ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := dial(t, p)
 	c.send(resp("PING"))
 	c.want("+PONG")

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/stockres/stock/lua"
 )
 
@@ -13,9 +15,7 @@ import (
 func TestScriptsCarryOnlyTheirHelpers(t *testing.T) {
 	lib := lua.Source("lib.lua")
 	chunks, err := splitLib(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var names []string
 	for _, c := range chunks {
 		names = append(names, c.names...)
@@ -70,9 +70,7 @@ func TestSplitLibRefusesOtherStatements(t *testing.T) {
 		}
 	}
 	got, err := withLib("local a = 1\n-- b\nlocal function b()\n  return a\nend\nlocal function c()\nend\n", "return b()")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if want := "local a = 1\nlocal function b()\n  return a\nend\nreturn b()"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
