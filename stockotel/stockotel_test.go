@@ -69,13 +69,22 @@ func counts[N int64 | float64](t *testing.T, m metricdata.Metrics) map[string]ui
 	return out
 }
 
-func setup(t *testing.T, opts ...stockotel.Option) (*stock.Reserver, *sdkmetric.ManualReader) {
+// newObserver returns an observer with opts on a meter provider read by the reader it returns.
+func newObserver(t testing.TB, opts ...stockotel.Option) (*stockotel.Observer, *sdkmetric.ManualReader) {
 	t.Helper()
 	rdr := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(rdr))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	obs, err := stockotel.New(mp, opts...)
 	require.NoError(t, err)
+	return obs, rdr
+}
+
+// setup returns a Reserver on miniredis that reports to an observer with opts, and the
+// observer's reader.
+func setup(t *testing.T, opts ...stockotel.Option) (*stock.Reserver, *sdkmetric.ManualReader) {
+	t.Helper()
+	obs, rdr := newObserver(t, opts...)
 	_, c := redistest.Miniredis(t)
 	r, err := stock.New(c, stock.WithObserver(obs))
 	require.NoError(t, err)
@@ -88,19 +97,17 @@ func scenario(t *testing.T, r *stock.Reserver) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, r.Load(ctx, "A", 2))
+	must := ok(t)
 	for i := range 2 {
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-		require.NoError(t, err)
+		must(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1}))
 	}
 	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
 	require.ErrorIs(t, err, stock.ErrSoldOut)
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o0", Qty: 1})
 	require.NoError(t, err)
 	require.True(t, rc.Replayed)
-	_, err = r.Restore(ctx, "A", "o1")
-	require.NoError(t, err)
-	_, err = r.Restock(ctx, "A", "r1", 3)
-	require.NoError(t, err)
+	must(r.Restore(ctx, "A", "o1"))
+	must(r.Restock(ctx, "A", "r1", 3))
 
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
@@ -198,9 +205,7 @@ func attrValue(s attribute.Set, k attribute.Key) string {
 }
 
 func TestSigns(t *testing.T) {
-	rdr := sdkmetric.NewManualReader()
-	obs, err := stockotel.New(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rdr)))
-	require.NoError(t, err)
+	obs, rdr := newObserver(t)
 	ctx := context.Background()
 	for _, d := range []int64{-3, 0, 0, 7} {
 		obs.Observe(ctx, stock.Observation{Op: "reconcile", SKU: "A", Outcome: "ok", Units: d, Duration: time.Millisecond})
@@ -232,9 +237,7 @@ func TestNilProvider(t *testing.T) {
 func BenchmarkObserve(b *testing.B) {
 	for _, sku := range []bool{false, true} {
 		b.Run(fmt.Sprintf("sku=%v", sku), func(b *testing.B) {
-			rdr := sdkmetric.NewManualReader()
-			obs, err := stockotel.New(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rdr)), stockotel.WithSKUAttribute(sku))
-			require.NoError(b, err)
+			obs, _ := newObserver(b, stockotel.WithSKUAttribute(sku))
 			ctx := context.Background()
 			ob := stock.Observation{Op: "deduct", SKU: "sneaker-42", Outcome: "ok", Duration: 300 * time.Microsecond, Units: 1}
 			b.ReportAllocs()
@@ -249,15 +252,11 @@ func BenchmarkObserve(b *testing.B) {
 
 // TestMetricsLocal: answers of the sold-out fast path carry stock.local.
 func TestMetricsLocal(t *testing.T) {
-	rdr := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(rdr))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	obs, err := stockotel.New(mp)
-	require.NoError(t, err)
+	obs, rdr := newObserver(t)
 	ctx := context.Background()
-	obs.Observe(ctx, stock.Observation{Op: "deduct", SKU: "A", Outcome: "sold_out", Local: true})
-	obs.Observe(ctx, stock.Observation{Op: "deduct", SKU: "A", Outcome: "sold_out", Local: true})
-	obs.Observe(ctx, stock.Observation{Op: "deduct", SKU: "A", Outcome: "sold_out"})
+	for _, local := range []bool{true, true, false} {
+		obs.Observe(ctx, stock.Observation{Op: "deduct", SKU: "A", Outcome: "sold_out", Local: local})
+	}
 	assert.Equal(t, map[string]int64{
 		"stock.local=true,stock.op=deduct,stock.outcome=sold_out,stock.replayed=false": 2,
 		"stock.op=deduct,stock.outcome=sold_out,stock.replayed=false":                  1,

@@ -83,6 +83,15 @@ func (e *traceEnv) ours() []sdktrace.ReadOnlySpan {
 	return out
 }
 
+// ok returns a function that fails t when the operation whose two results it takes answered
+// an error.
+func ok(t testing.TB) func(any, error) {
+	return func(_ any, err error) {
+		t.Helper()
+		require.NoError(t, err)
+	}
+}
+
 func attrs(s sdktrace.ReadOnlySpan) map[string]string {
 	out := map[string]string{}
 	for _, kv := range s.Attributes() {
@@ -104,30 +113,20 @@ func TestSpans(t *testing.T) {
 			require.NoError(t, r.Load(bg, "A", 3))
 			require.NoError(t, r.Load(bg, "B", 3))
 			req := stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 2}
-			_, err := r.Deduct(ctx, req)
-			require.NoError(t, err)
-			_, err = r.Deduct(ctx, req) // a replay
-			require.NoError(t, err)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 2})
+			must := ok(t)
+			must(r.Deduct(ctx, req))
+			must(r.Deduct(ctx, req)) // a replay
+			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 2})
 			require.ErrorIs(t, err, stock.ErrInsufficient)
-			_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute)
-			require.NoError(t, err)
-			_, err = r.Extend(ctx, "A", "h1", time.Minute)
-			require.NoError(t, err)
-			_, err = r.Confirm(ctx, "A", "h1")
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, "A", "o1")
-			require.NoError(t, err)
-			_, err = r.Restock(ctx, "A", "r1", 5)
-			require.NoError(t, err)
-			_, err = r.Hold(ctx, stock.Request{SKU: "B", ID: "h2", Qty: 1}, time.Minute)
-			require.NoError(t, err)
-			_, err = r.Cancel(ctx, "B", "h2")
-			require.NoError(t, err)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}})
-			require.NoError(t, err)
-			_, err = r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "B", Qty: 1}}}, time.Minute)
-			require.NoError(t, err)
+			must(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute))
+			must(r.Extend(ctx, "A", "h1", time.Minute))
+			must(r.Confirm(ctx, "A", "h1"))
+			must(r.Restore(ctx, "A", "o1"))
+			must(r.Restock(ctx, "A", "r1", 5))
+			must(r.Hold(ctx, stock.Request{SKU: "B", ID: "h2", Qty: 1}, time.Minute))
+			must(r.Cancel(ctx, "B", "h2"))
+			must(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}))
+			must(r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "B", Qty: 1}}}, time.Minute))
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, "A", 3))
 			require.NoError(t, store.Load(ctx, "B", 3))
@@ -136,13 +135,11 @@ func TestSpans(t *testing.T) {
 			// The relay runs in a loop of its own: its batch span is a child of the loop's span,
 			// and the claims that look for events (before a batch starts) stay under the loop.
 			lctx, loop := e.tp.Tracer("app").Start(context.Background(), "relay-loop")
-			_, err = relay.Once(lctx)
-			require.NoError(t, err)
+			must(relay.Once(lctx))
 			loop.End()
 			rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}, DryRun: true})
 			require.NoError(t, err)
-			_, err = rec.Once(ctx)
-			require.NoError(t, err)
+			must(rec.Once(ctx))
 			e.parent.End()
 
 			type want struct{ name, outcome, replayed, units string }
