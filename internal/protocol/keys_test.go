@@ -5,6 +5,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestKeysLayout(t *testing.T) {
@@ -14,26 +17,16 @@ func TestKeysLayout(t *testing.T) {
 		Dead: "stock:{A}:dl", Published: "stock:{A}:p", Transfers: "stock:{A}:x", InFlight: "stock:{A}:xf",
 		Claims: "stock:{A}:i", Barriers: "stock:{A}:xb"}
 	want.item = k.item
-	if *k != want {
-		t.Fatalf("keys %+v, want %+v", *k, want)
-	}
-	if g := NewKeys(Base("p", "g", "A")); g.Ledger != "p:{g}:{A}:l" {
-		t.Fatalf("grouped ledger %q", g.Ledger)
-	}
+	require.Equal(t, want, *k)
+	require.Equal(t, "p:{g}:{A}:l", NewKeys(Base("p", "g", "A")).Ledger, "grouped ledger")
 	item := k.ForItem()
-	if strings.Join(item, " ") != "stock:{A} stock:{A}:l stock:{A}:u stock:{A}:o stock:{A}:h stock:{A}:b" {
-		t.Fatalf("ForItem %q", item)
-	}
+	require.Equal(t, []string{"stock:{A}", "stock:{A}:l", "stock:{A}:u", "stock:{A}:o", "stock:{A}:h", "stock:{A}:b"}, item)
 	// An append to ForItem copies: it never writes into the shared array.
 	_ = append(item, "x")
-	if k.ForItem()[5] != k.Filter {
-		t.Fatal("an append wrote into the cached KEYS")
-	}
+	require.Equal(t, k.Filter, k.ForItem()[5], "an append wrote into the cached KEYS")
 	seen := map[string]bool{}
 	for _, key := range k.All() {
-		if seen[key] {
-			t.Fatalf("key %q twice", key)
-		}
+		require.False(t, seen[key], "key %q twice", key)
 		seen[key] = true
 	}
 	for name, keys := range map[string][]string{
@@ -43,9 +36,7 @@ func TestKeysLayout(t *testing.T) {
 		"deadletter": k.ForDeadLetter(k.Outbox),
 	} {
 		for _, key := range keys {
-			if !seen[key] {
-				t.Errorf("%s: %q is not a key of the item", name, key)
-			}
+			assert.True(t, seen[key], "%s: %q is not a key of the item", name, key)
 		}
 	}
 }
@@ -55,20 +46,14 @@ func TestKeyCacheBounded(t *testing.T) {
 	c := NewKeyCache(64, func(sku string) string { built++; return Base("s", "", sku) })
 	for i := range 1000 {
 		sku := fmt.Sprint("sku-", i)
-		if k := c.Get(sku); k.Item != "s:{"+sku+"}" {
-			t.Fatalf("Get(%q).Item = %q", sku, k.Item)
-		}
-		if n := c.Len(); n > 64 {
-			t.Fatalf("%d items cached, capacity 64", n)
-		}
+		require.Equal(t, "s:{"+sku+"}", c.Get(sku).Item)
+		require.LessOrEqual(t, c.Len(), 64, "items cached, capacity 64")
 	}
 	// An item in use stays cached while others come and go.
 	hot := c.Get("hot")
 	for i := range 1000 {
 		c.Get(fmt.Sprint("cold-", i))
-		if c.Get("hot") != hot {
-			t.Fatalf("the hot item was evicted at %d", i)
-		}
+		require.Same(t, hot, c.Get("hot"), "the hot item was evicted at %d", i)
 	}
 }
 
@@ -89,18 +74,14 @@ func TestKeyCacheConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n := c.Len(); n > 128 {
-		t.Fatalf("%d items cached, capacity 128", n)
-	}
+	require.LessOrEqual(t, c.Len(), 128, "items cached, capacity 128")
 }
 
 func TestKeyCacheHitDoesNotAllocate(t *testing.T) {
 	c := NewKeyCache(1024, func(sku string) string { return Base("s", "", sku) })
 	sku := strings.Repeat("x", 20)
 	c.Get(sku)
-	if n := testing.AllocsPerRun(1000, func() { _ = c.Get(sku).ForItem() }); n != 0 {
-		t.Fatalf("a cached lookup allocates %v times", n)
-	}
+	require.Zero(t, testing.AllocsPerRun(1000, func() { _ = c.Get(sku).ForItem() }), "allocations of a cached lookup")
 }
 
 func BenchmarkKeyCacheHit(b *testing.B) {
@@ -124,16 +105,12 @@ func BenchmarkKeysBuild(b *testing.B) {
 // Slot agrees with Redis's own answers (CLUSTER KEYSLOT, and the CRC16 check value of the
 // Redis Cluster specification).
 func TestSlotLikeRedis(t *testing.T) {
-	if c := crc16("123456789"); c != 0x31C3 {
-		t.Fatalf("crc16(123456789) = %#x, want 0x31c3", c)
-	}
+	require.EqualValues(t, 0x31C3, crc16("123456789"))
 	for key, want := range map[string]int{
 		"foo": 12182, "bar": 5061, "{user1000}.following": 3443, "{user1000}.followers": 3443,
 		"foo{}{bar}": 8363, "foo{{bar}}zap": 4015, "foo{bar}{zap}": 5061, "": 0,
 	} {
-		if got := Slot(key); got != want {
-			t.Errorf("Slot(%q) = %d, want %d", key, got, want)
-		}
+		assert.Equal(t, want, Slot(key), "Slot(%q)", key)
 	}
 }
 
@@ -146,22 +123,16 @@ func TestBucketTagInRange(t *testing.T) {
 			for i := range n {
 				tag := BucketTag(sku, i, n)
 				lo, hi := BucketSlots(i, n)
-				if s := Slot("p:{" + tag + "}:l"); s < lo || s >= hi {
-					t.Fatalf("bucket %d of %d of %s: tag %q in slot %d, not in [%d, %d)", i, n, sku, tag, s, lo, hi)
-				}
+				s := Slot("p:{" + tag + "}:l")
+				require.True(t, lo <= s && s < hi, "bucket %d of %d of %s: tag %q in slot %d, not in [%d, %d)", i, n, sku, tag, s, lo, hi)
 				if n == 64 || n == 3 {
-					if seen[tag] {
-						t.Fatalf("tag %q twice", tag)
-					}
+					require.False(t, seen[tag], "tag %q twice", tag)
 					seen[tag] = true
 				}
-				if tag != BucketTag(sku, i, n) {
-					t.Fatalf("BucketTag(%q, %d, %d) not deterministic", sku, i, n)
-				}
+				require.Equal(t, tag, BucketTag(sku, i, n), "BucketTag(%q, %d, %d) not deterministic", sku, i, n)
 			}
 		}
 	}
-	if lo, hi := BucketSlots(2, 3); lo != 10922 || hi != 16384 {
-		t.Fatalf("BucketSlots(2, 3) = [%d, %d)", lo, hi)
-	}
+	lo, hi := BucketSlots(2, 3)
+	require.Equal(t, [2]int{10922, 16384}, [2]int{lo, hi}, "BucketSlots(2, 3)")
 }
