@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -224,15 +223,11 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 	require.NoError(t, err)
 	evs := []stock.Event{queuetest.Ev("q:1", "1", 1), queuetest.Ev("q:1", "", 2), queuetest.Ev("q:1", "3", 3), queuetest.Ev("other", "1", 1)}
 	errs := pub.PublishBatch(context.Background(), evs)
-	if len(errs) != len(evs) {
-		t.Fatalf("%d answers for %d events", len(errs), len(evs))
-	}
-	if errs[0] != nil || errs[3] != nil {
-		t.Errorf("the valid first event or another item's event failed: %v", errs)
-	}
-	if !errors.Is(errs[1], stock.ErrInvalid) {
-		t.Errorf("the invalid event: %v, want ErrInvalid", errs[1])
-	}
+	require.Len(t, errs, len(evs))
+	assert.NoError(t, errs[0], "the valid first event")
+	assert.ErrorIs(t, errs[1], stock.ErrInvalid)
+	assert.Error(t, errs[2], "the event after the item's invalid one")
+	assert.NoError(t, errs[3], "another item's event")
 	time.Sleep(100 * time.Millisecond)
 	var ids []string
 	for _, ev := range queued(t, conn, amqppub.Queue(ex, 0)) {
@@ -240,11 +235,7 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 			ids = append(ids, ev.ID)
 		}
 	}
-	if errs[2] == nil {
-		t.Errorf("the event after the item's invalid one was sent and answered nil (the queue has %v)", ids)
-	} else if len(ids) != 1 {
-		t.Errorf("answered %v for the event after the invalid one, but the queue has %v", errs[2], ids)
-	}
+	assert.Equal(t, []string{"1"}, ids, "the queue holds the item's events before the invalid one only")
 }
 
 // TestMsgIDInjective: for awkward SKUs and ids, distinct events must have distinct ids, and the
@@ -258,9 +249,7 @@ func TestMsgIDInjective(t *testing.T) {
 				ev := stock.Event{Type: typ, SKU: sku, ID: id}
 				m := amqppub.MsgID(ev)
 				k := fmt.Sprintf("%q %q %q", sku, id, typ)
-				if prev, ok := seen[m]; ok {
-					t.Errorf("MsgID %q for both %s and %s", m, prev, k)
-				}
+				assert.NotContains(t, seen, m, "MsgID %q for both %s and %s", m, seen[m], k)
 				seen[m] = k
 				slashes := 0
 				for _, r := range m {
@@ -272,9 +261,7 @@ func TestMsgIDInjective(t *testing.T) {
 						t.Errorf("MsgID %q of %s holds %q", m, k, r)
 					}
 				}
-				if slashes != 2 {
-					t.Errorf("MsgID %q of %s has %d separators", m, k, slashes)
-				}
+				assert.Equal(t, 2, slashes, "separators of MsgID %q of %s", m, k)
 			}
 		}
 	}
