@@ -54,9 +54,7 @@ func TestToken(t *testing.T) {
 		back, err := url.PathUnescape(tok)
 		require.NoError(t, err, tok)
 		assert.Equal(t, s, back, "PathUnescape reverses Token")
-		if prev, dup := seen[tok]; dup {
-			t.Errorf("Token(%q) == Token(%q) == %q", s, prev, tok)
-		}
+		assert.NotContains(t, seen, tok, "Token(%q) == Token(%q) == %q", s, seen[tok], tok)
 		seen[tok] = s
 	}
 }
@@ -583,6 +581,18 @@ func TestPublishDeduplicates(t *testing.T) {
 	assert.Equal(t, ev, decode(t, e.consume(t, 4, "")[0].Data()), "the first copy is the one kept")
 }
 
+// checkSubject checks that ev is on the subject Subject names: the prefix's tokens, the type
+// and one token that unescapes to the SKU.
+func checkSubject(t *testing.T, prefix, subject string, ev stock.Event) {
+	t.Helper()
+	assert.Equal(t, natspub.Subject(prefix, ev.Type, ev.SKU), subject, "subject of %q", ev.SKU)
+	toks := strings.Split(subject, ".")
+	require.Lenf(t, toks, strings.Count(prefix, ".")+3, "subject %q", subject)
+	sku, err := url.PathUnescape(toks[len(toks)-1])
+	require.NoError(t, err)
+	assert.Equal(t, ev.SKU, sku, "the subject's last token unescapes to the sku")
+}
+
 func TestPublishSpecialSKUs(t *testing.T) {
 	e := newEnv(t)
 	p := e.publisher(t)
@@ -597,17 +607,11 @@ func TestPublishSpecialSKUs(t *testing.T) {
 		require.NoErrorf(t, p.Publish(ctx, ev), "sku %q", sku)
 		want = append(want, ev)
 	}
-	msgs := e.consume(t, len(want), "")
 	var got []stock.Event
-	prefixToks := len(strings.Split(e.prefix, "."))
-	for _, m := range msgs {
+	for _, m := range e.consume(t, len(want), "") {
 		ev := decode(t, m.Data())
 		got = append(got, ev)
-		toks := strings.Split(m.Subject(), ".")
-		require.Lenf(t, toks, prefixToks+2, "subject %q", m.Subject())
-		sku, err := url.PathUnescape(toks[len(toks)-1])
-		require.NoError(t, err)
-		assert.Equal(t, ev.SKU, sku, "the subject's last token unescapes to the sku")
+		checkSubject(t, e.prefix, m.Subject(), ev)
 	}
 	assert.ElementsMatch(t, want, got)
 
@@ -791,7 +795,6 @@ func (e *env) stored(t *testing.T) []*jetstream.RawStreamMsg {
 // events whose parts share a '/' are not.
 func TestPublishBatchAwkwardSKUs(t *testing.T) {
 	e := newEnv(t)
-	prefix := e.prefix
 	pub := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
 	skus := []string{"a.b", "a*b", "a>b", "a/b", "a", "b/c", "ü~ñ", "😀", "%2E", "x y"}
 	var evs []stock.Event
@@ -802,32 +805,18 @@ func TestPublishBatchAwkwardSKUs(t *testing.T) {
 	ctx := context.Background()
 	for round := 0; round < 2; round++ {
 		for i, err := range pub.PublishBatch(ctx, evs) {
-			if err != nil {
-				t.Fatalf("round %d: %s/%s: %v", round, evs[i].SKU, evs[i].ID, err)
-			}
+			require.NoError(t, err, "round %d: %s/%s", round, evs[i].SKU, evs[i].ID)
 		}
 	}
 	msgs := e.stored(t)
-	if len(msgs) != len(evs) {
-		t.Errorf("the stream stores %d messages for %d distinct events published twice", len(msgs), len(evs))
-	}
+	assert.Len(t, msgs, len(evs), "messages stored for distinct events published twice")
 	seen := map[string]bool{}
 	for _, m := range msgs {
 		ev := decode(t, m.Data)
-		if m.Subject != natspub.Subject(prefix, ev.Type, ev.SKU) {
-			t.Errorf("event of %q on subject %q, want %q", ev.SKU, m.Subject, natspub.Subject(prefix, ev.Type, ev.SKU))
-		}
-		last := m.Subject[strings.LastIndex(m.Subject, ".")+1:]
-		if sku, err := url.PathUnescape(last); err != nil || sku != ev.SKU {
-			t.Errorf("subject token %q unescapes to %q (%v), SKU %q", last, sku, err, ev.SKU)
-		}
-		if id := m.Header.Get("Nats-Msg-Id"); id != natspub.MsgID(ev) {
-			t.Errorf("Nats-Msg-Id %q, MsgID %q", id, natspub.MsgID(ev))
-		}
+		checkSubject(t, e.prefix, m.Subject, ev)
+		assert.Equal(t, natspub.MsgID(ev), m.Header.Get("Nats-Msg-Id"))
 		k := ev.SKU + "\x00" + ev.ID
-		if seen[k] {
-			t.Errorf("event %q/%q stored twice", ev.SKU, ev.ID)
-		}
+		assert.False(t, seen[k], "event %q/%q stored twice", ev.SKU, ev.ID)
 		seen[k] = true
 	}
 }
