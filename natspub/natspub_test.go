@@ -437,14 +437,19 @@ func newEnv(t testing.TB) *env {
 	e := &env{nc: nc, js: js, stream: "STOCKTEST_" + sfx, prefix: "stocktest." + sfx}
 	_, err = natspub.EnsureStream(ctx, js, e.stream, e.prefix)
 	require.NoError(t, err)
+	e.deleteAtCleanup(t, e.stream)
+	return e
+}
+
+// deleteAtCleanup deletes the stream name, if there is one, when the test ends.
+func (e *env) deleteAtCleanup(t testing.TB, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := js.DeleteStream(ctx, e.stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			t.Errorf("delete stream %s: %v", e.stream, err)
+		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("delete stream %s: %v", name, err)
 		}
 	})
-	return e
 }
 
 func (e *env) publisher(t *testing.T, opts ...natspub.Option) *natspub.Publisher {
@@ -697,11 +702,7 @@ func TestEnsureStream(t *testing.T) {
 		Storage:    jetstream.MemoryStorage,
 	})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.js.DeleteStream(ctx, name)
-	})
+	e.deleteAtCleanup(t, name)
 	s, err = natspub.EnsureStream(ctx, e.js, name, prefix)
 	require.NoError(t, err)
 	cfg = s.CachedInfo().Config
@@ -716,11 +717,7 @@ func TestEnsureStream(t *testing.T) {
 
 	// A subject another stream owns is an error, not a silent success.
 	clash := "STOCKTEST_CLASH_" + sfx
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.js.DeleteStream(ctx, clash)
-	})
+	e.deleteAtCleanup(t, clash)
 	_, err = natspub.EnsureStream(ctx, e.js, clash, prefix)
 	require.Error(t, err)
 }

@@ -62,17 +62,13 @@ func TestSchemaFilesMatchMigrate(t *testing.T) {
 				admin := openDB(ctx, t, b.driver, dsn)
 				u, err := url.Parse(dsn)
 				require.NoError(t, err)
-				for i := range ns {
-					ns[i] = fmt.Sprintf("stock_schema%d_%08x", i, rand.Uint32())
-					_, err := admin.ExecContext(ctx, "CREATE SCHEMA "+ns[i])
-					require.NoError(t, err)
-					t.Cleanup(func() { _, _ = admin.Exec("DROP SCHEMA " + ns[i] + " CASCADE") })
+				ns, dsns = namespaces(ctx, t, admin, "SCHEMA", " CASCADE", func(n string) string {
 					q := u.Query()
-					q.Set("search_path", ns[i])
+					q.Set("search_path", n)
 					v := *u
 					v.RawQuery = q.Encode()
-					dsns[i] = v.String()
-				}
+					return v.String()
+				})
 				catalog = func(db *sql.DB, ns string) []string {
 					var out []string
 					out = append(out, rows(ctx, t, db, `SELECT c.relname || ' ' || c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 ORDER BY 1`, ns)...)
@@ -88,15 +84,11 @@ WHERE n.nspname = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY 1`, ns)...
 				admin := openDB(ctx, t, b.driver, dsn)
 				cfg, err := mysql.ParseDSN(dsn)
 				require.NoError(t, err)
-				for i := range ns {
-					ns[i] = fmt.Sprintf("stock_schema%d_%08x", i, rand.Uint32())
-					_, err := admin.ExecContext(ctx, "CREATE DATABASE "+ns[i])
-					require.NoError(t, err)
-					t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + ns[i]) })
+				ns, dsns = namespaces(ctx, t, admin, "DATABASE", "", func(n string) string {
 					c := cfg.Clone()
-					c.DBName = ns[i]
-					dsns[i] = c.FormatDSN()
-				}
+					c.DBName = n
+					return c.FormatDSN()
+				})
 				catalog = func(db *sql.DB, _ string) []string {
 					var out []string
 					for _, tbl := range rows(ctx, t, db, `SHOW TABLES`) {
@@ -121,6 +113,19 @@ WHERE n.nspname = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY 1`, ns)...
 			require.Equal(t, strings.Join(fromMigrate, "\n"), strings.Join(fromFile, "\n"), "schema/%s.sql creates something else than Migrate", b.dialect)
 		})
 	}
+}
+
+// namespaces creates two namespaces of kind ("SCHEMA", "DATABASE") with admin, dropped (with
+// the drop's suffix) when the test ends, and returns their names and the DSNs that open them.
+func namespaces(ctx context.Context, t *testing.T, admin *sql.DB, kind, drop string, dsn func(ns string) string) (ns, dsns [2]string) {
+	for i := range ns {
+		ns[i] = fmt.Sprintf("stock_schema%d_%08x", i, rand.Uint32())
+		_, err := admin.ExecContext(ctx, "CREATE "+kind+" "+ns[i])
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = admin.Exec("DROP " + kind + " " + ns[i] + drop) })
+		dsns[i] = dsn(ns[i])
+	}
+	return ns, dsns
 }
 
 // rows returns the single string column of a query's rows.
