@@ -11,8 +11,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/natspub"
+	"github.com/stockres/stock/stocktest"
 )
 
 // ---- tests that need no server ----
@@ -816,4 +819,78 @@ func TestPublishBatchAwkwardSKUs(t *testing.T) {
 		assert.False(t, seen[k], "event %q/%q stored twice", ev.SKU, ev.ID)
 		seen[k] = true
 	}
+}
+
+// TestPublisherConformance runs the publisher conformance suite on natspub: a stream of its
+// own per check, and a durable pull consumer whose members fetch from it, with an ack wait of
+// one second (a killed member's messages come back after it), and sqlstore on SQLite.
+func TestPublisherConformance(t *testing.T) {
+	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
+		e := newEnv(t)
+		ctx := context.Background()
+		const ackWait = time.Second
+		_, err := e.js.CreateOrUpdateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
+			Durable:       "store",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       ackWait,
+			FilterSubject: e.prefix + ".>",
+		})
+		require.NoError(t, err)
+		return stocktest.PublisherPair{
+			Publisher: e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second)),
+			NewConsumer: func(t testing.TB) stocktest.Consumer {
+				cons, err := e.js.Consumer(context.Background(), e.stream, "store")
+				require.NoError(t, err)
+				return &jsMember{cons: cons}
+			},
+			Redelivery: ackWait + 500*time.Millisecond,
+			// The consumers apply to sqlstore on a SQLite file, as in production.
+			NewStore: func(t testing.TB) stock.Store { return openStore(t, filepath.Join(t.TempDir(), "store.sqlite")) },
+		}
+	})
+}
+
+// jsMember is one member of a durable pull consumer.
+type jsMember struct {
+	cons jetstream.Consumer
+	dead atomic.Bool
+}
+
+func (m *jsMember) Receive(_ context.Context, n int, wait time.Duration) ([]stocktest.Delivery, error) {
+	if m.dead.Load() {
+		return nil, nil
+	}
+	batch, err := m.cons.Fetch(n, jetstream.FetchMaxWait(max(wait, 100*time.Millisecond)))
+	if err != nil {
+		return nil, err
+	}
+	var out []stocktest.Delivery
+	for msg := range batch.Messages() {
+		out = append(out, jsDelivery{msg})
+	}
+	return out, batch.Error()
+}
+
+// Crash stops the member: what it fetched and did not acknowledge is redelivered after the
+// ack wait, as for a killed process.
+func (m *jsMember) Crash() { m.dead.Store(true) }
+
+type jsDelivery struct{ m jetstream.Msg }
+
+func (d jsDelivery) Event() (stock.Event, error)   { return natspub.Decode(d.m.Data()) }
+func (d jsDelivery) Ack(ctx context.Context) error { return d.m.DoubleAck(ctx) }
+func (d jsDelivery) Retry(context.Context) error   { return d.m.NakWithDelay(100 * time.Millisecond) }
+
+// BenchmarkPublish measures events/s published one by one (Publish: one acknowledgement waited
+// for each) and in batches of 128 events of one item (PublishBatch: 128 asynchronous publishes,
+// then their acknowledgements, as the Relay calls it), on the server of STOCK_TEST_NATS:
+//
+//	STOCK_TEST_NATS=nats://127.0.0.1:4222 go test -run '^$' -bench Publish -benchtime 3s ./natspub
+func BenchmarkPublish(b *testing.B) {
+	e := newEnv(b)
+	p, err := natspub.New(e.js, natspub.WithPrefix(e.prefix), natspub.WithStream(e.stream))
+	if err != nil {
+		b.Fatal(err)
+	}
+	queuetest.BenchPublish(b, p)
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stocktest"
 )
 
 // backend is a database the contract suite runs on.
@@ -826,5 +827,43 @@ func BenchmarkApplyBatch(b *testing.B) {
 				b.ReportMetric(float64(size), "events/op")
 			})
 		}
+	}
+}
+
+// TestListItems: ListItems pages through the items in byte order (as Go compares strings),
+// which the reconciler relies on to find the items Redis lost from its registry.
+func TestListItems(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		skus := []string{"b", "B", "a", "é", "a-1", "Z", "aa"}
+		for _, sku := range skus {
+			require.NoError(t, e.s.Load(ctx, sku, 1))
+		}
+		want := slices.Clone(skus)
+		slices.Sort(want)
+		var got []string
+		after := ""
+		for range 10 {
+			page, err := e.s.ListItems(ctx, after, 3)
+			require.NoError(t, err)
+			got = append(got, page...)
+			if len(page) < 3 {
+				break
+			}
+			after = page[len(page)-1]
+		}
+		assert.Equal(t, want, got)
+		_, err := e.s.ListItems(ctx, "", 0)
+		assert.Error(t, err)
+	})
+}
+
+// TestStoreConformance runs the stock.Store conformance suite on SQLite, and on PostgreSQL and
+// MariaDB/MySQL when STOCK_TEST_POSTGRES and STOCK_TEST_MYSQL name a server.
+func TestStoreConformance(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			stocktest.TestStore(t, func(t *testing.T) stock.Store { return open(t, b).s })
+		})
 	}
 }
