@@ -51,19 +51,21 @@ func dial(t testing.TB, u string) *amqp.Connection {
 	return conn
 }
 
-// layout returns options for an exchange of the test's own, deleted with its queues at clean-up.
-func layout(t testing.TB, u string, queues int) []amqppub.Option {
-	t.Helper()
-	_, opts := namedLayout(t, u, queues)
-	return opts
+// rig is a publisher on an exchange of the test's own, deleted with its queues at clean-up.
+type rig struct {
+	u    string // the server's URL
+	ex   string // the exchange
+	opts []amqppub.Option
+	conn *amqp.Connection // the publisher's
+	pub  *amqppub.Publisher
 }
 
-// namedLayout is layout, with the exchange's name.
-func namedLayout(t testing.TB, u string, queues int) (string, []amqppub.Option) {
+// newRig makes the rig of an exchange with the given number of queues.
+func newRig(t testing.TB, u string, queues int) *rig {
 	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	ex := "stocktest." + hex.EncodeToString(b[:])
+	r := &rig{u: u, ex: "stocktest." + hex.EncodeToString(b[:]), conn: dial(t, u)}
 	t.Cleanup(func() {
 		conn, err := amqp.Dial(u)
 		if err != nil {
@@ -75,11 +77,15 @@ func namedLayout(t testing.TB, u string, queues int) (string, []amqppub.Option) 
 			return
 		}
 		for n := range queues {
-			_, _ = ch.QueueDelete(amqppub.Queue(ex, n), false, false, false)
+			_, _ = ch.QueueDelete(amqppub.Queue(r.ex, n), false, false, false)
 		}
-		_ = ch.ExchangeDelete(ex, false, false)
+		_ = ch.ExchangeDelete(r.ex, false, false)
 	})
-	return ex, []amqppub.Option{amqppub.WithExchange(ex), amqppub.WithQueues(queues)}
+	r.opts = []amqppub.Option{amqppub.WithExchange(r.ex), amqppub.WithQueues(queues)}
+	var err error
+	r.pub, err = amqppub.New(r.conn, r.opts...)
+	require.NoError(t, err)
+	return r
 }
 
 // TestPublisherConformance runs the publisher conformance suite on the RabbitMQ server: 4
@@ -88,14 +94,12 @@ func namedLayout(t testing.TB, u string, queues int) (string, []amqppub.Option) 
 func TestPublisherConformance(t *testing.T) {
 	u := url(t)
 	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
-		opts := layout(t, u, 4)
-		pub, err := amqppub.New(dial(t, u), opts...)
-		require.NoError(t, err)
+		rg := newRig(t, u, 4)
 		return stocktest.PublisherPair{
-			Publisher: pub,
+			Publisher: rg.pub,
 			NewConsumer: func(t testing.TB) stocktest.Consumer {
 				conn := dial(t, u)
-				c, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{RetryDelay: 100 * time.Millisecond, Options: opts})
+				c, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{RetryDelay: 100 * time.Millisecond, Options: rg.opts})
 				require.NoError(t, err)
 				return &member{conn: conn, c: c}
 			},
@@ -160,9 +164,8 @@ func TestOptions(t *testing.T) {
 func TestMessages(t *testing.T) {
 	u := url(t)
 	ctx := context.Background()
-	opts := layout(t, u, 2)
-	pub, err := amqppub.New(dial(t, u), opts...)
-	require.NoError(t, err)
+	rg := newRig(t, u, 2)
+	pub, opts := rg.pub, rg.opts
 	var evs []stock.Event
 	for i := range 10 {
 		evs = append(evs, stock.Event{Type: stock.EventDeducted, SKU: []string{"a", "b"}[i%2], ID: "o" + string(rune('0'+i)), Qty: 1, At: time.Now().UTC().Truncate(time.Second), Seq: int64(i + 1)})
@@ -223,13 +226,9 @@ func queued(t *testing.T, conn *amqp.Connection, queue string) []stock.Event {
 // with ErrInvalid, and (as the doc says) the later events of the same item are not sent, while
 // another item's event is.
 func TestPublishBatchInvalidStopsItem(t *testing.T) {
-	u := url(t)
-	ex, opts := namedLayout(t, u, 1)
-	conn := dial(t, u)
-	pub, err := amqppub.New(conn, opts...)
-	require.NoError(t, err)
+	rg := newRig(t, url(t), 1)
 	evs := []stock.Event{queuetest.Ev("q:1", "1", 1), queuetest.Ev("q:1", "", 2), queuetest.Ev("q:1", "3", 3), queuetest.Ev("other", "1", 1)}
-	errs := pub.PublishBatch(context.Background(), evs)
+	errs := rg.pub.PublishBatch(context.Background(), evs)
 	require.Len(t, errs, len(evs))
 	assert.NoError(t, errs[0], "the valid first event")
 	assert.ErrorIs(t, errs[1], stock.ErrInvalid)
@@ -237,7 +236,7 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 	assert.NoError(t, errs[3], "another item's event")
 	time.Sleep(100 * time.Millisecond)
 	var ids []string
-	for _, ev := range queued(t, conn, amqppub.Queue(ex, 0)) {
+	for _, ev := range queued(t, rg.conn, amqppub.Queue(rg.ex, 0)) {
 		if ev.SKU == "q:1" {
 			ids = append(ids, ev.ID)
 		}
@@ -280,10 +279,7 @@ func TestMsgIDInjective(t *testing.T) {
 //
 //	STOCK_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/ go test -run '^$' -bench Publish -benchtime 3s ./  (in amqppub/)
 func BenchmarkPublish(b *testing.B) {
-	u := url(b)
-	pub, err := amqppub.New(dial(b, u), layout(b, u, 4)...)
-	require.NoError(b, err)
-	queuetest.BenchPublish(b, pub)
+	queuetest.BenchPublish(b, newRig(b, url(b), 4).pub)
 }
 
 // The queue path with consumer processes killed by SIGKILL (queuetest.KillRig): Reserver →
@@ -338,11 +334,8 @@ func TestConsumerProcess(t *testing.T) { queuetest.RunChild(t, child) }
 
 func newKillRig(t *testing.T) *queuetest.KillRig {
 	return queuetest.NewKillRig(t, queuetest.Kill{Child: child, Broker: func() (any, stock.Publisher) {
-		u := url(t)
-		ex, opts := namedLayout(t, u, 2)
-		pub, err := amqppub.New(dial(t, u), opts...)
-		require.NoError(t, err)
-		return childBroker{URL: u, Exchange: ex, Queues: 2}, pub
+		rg := newRig(t, url(t), 2)
+		return childBroker{URL: rg.u, Exchange: rg.ex, Queues: 2}, rg.pub
 	}})
 }
 
@@ -369,10 +362,8 @@ func TestConsumersKilledRandom(t *testing.T) {
 // nothing applied twice.
 func TestConsumersClosedMidStream(t *testing.T) {
 	u := url(t)
-	_, opts := namedLayout(t, u, 4)
-	pubConn := dial(t, u)
-	pub, err := amqppub.New(pubConn, opts...)
-	require.NoError(t, err)
+	rg := newRig(t, u, 4)
+	pub, opts := rg.pub, rg.opts
 	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m/5", "m%6", "m:7", "m:8"}
 	p := queuetest.NewMiniredisPipeline(t, skus)
 	ctx := context.Background()

@@ -509,6 +509,20 @@ func (e *env) consume(t *testing.T, n int, filter string) []jetstream.Msg {
 	return out
 }
 
+// durable creates the durable pull consumer "store" of every event of the env's stream, whose
+// unacknowledged messages are redelivered after ackWait.
+func (e *env) durable(t testing.TB, ackWait time.Duration) jetstream.Consumer {
+	t.Helper()
+	cons, err := e.js.CreateOrUpdateConsumer(context.Background(), e.stream, jetstream.ConsumerConfig{
+		Durable:       "store",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		FilterSubject: e.prefix + ".>",
+	})
+	require.NoError(t, err)
+	return cons
+}
+
 // decode is natspub.Decode of data, failing the test on an error.
 func decode(t *testing.T, data []byte) stock.Event {
 	t.Helper()
@@ -834,15 +848,8 @@ func TestPublishBatchAwkwardSKUs(t *testing.T) {
 func TestPublisherConformance(t *testing.T) {
 	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
 		e := newEnv(t)
-		ctx := context.Background()
 		const ackWait = time.Second
-		_, err := e.js.CreateOrUpdateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
-			Durable:       "store",
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       ackWait,
-			FilterSubject: e.prefix + ".>",
-		})
-		require.NoError(t, err)
+		e.durable(t, ackWait)
 		return stocktest.PublisherPair{
 			Publisher: e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second)),
 			NewConsumer: func(t testing.TB) stocktest.Consumer {
@@ -971,18 +978,9 @@ func newKillRig(t *testing.T, ackWait time.Duration) *queuetest.KillRig {
 		Child: child,
 		Broker: func() (any, stock.Publisher) {
 			e = newEnv(t)
-			ctx := context.Background()
 			cb = childBroker{NATS: e.nc.ConnectedUrl(), Stream: e.stream, Durable: "store", Batch: 8}
-			_, err := e.js.CreateOrUpdateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
-				Durable:       cb.Durable,
-				AckPolicy:     jetstream.AckExplicitPolicy,
-				AckWait:       ackWait,
-				FilterSubject: e.prefix + ".>",
-			})
-			require.NoError(t, err)
-			pub, err := natspub.New(e.js, natspub.WithPrefix(e.prefix), natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
-			require.NoError(t, err)
-			return cb, pub
+			e.durable(t, ackWait)
+			return cb, e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
 		},
 		Settled: func() bool {
 			ctx := context.Background()
@@ -1024,9 +1022,7 @@ func TestConsumersKilledRandom(t *testing.T) {
 func TestConsumerDiesMidBatch(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	js, stream, prefix := e.js, e.stream, e.prefix
-	pub, err := natspub.New(js, natspub.WithStream(stream), natspub.WithPrefix(prefix))
-	require.NoError(t, err)
+	pub := e.publisher(t, natspub.WithStream(e.stream))
 	_, c := redistest.Miniredis(t)
 	r, err := stock.New(c, stock.WithCoalescing(0))
 	require.NoError(t, err)
@@ -1048,11 +1044,7 @@ func TestConsumerDiesMidBatch(t *testing.T) {
 	require.NoError(t, err)
 	_, err = rl.Once(ctx)
 	require.NoError(t, err)
-	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		Durable: "store", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: prefix + ".>",
-		AckWait: time.Second,
-	})
-	require.NoError(t, err)
+	cons := e.durable(t, time.Second)
 	handle := func(m jetstream.Msg) (refusedOrBad bool) {
 		ev, err := natspub.Decode(m.Data())
 		if err != nil {
