@@ -98,16 +98,14 @@ func TestSameEventConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	var errs atomic.Int64
 	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := s.Apply(ctx, event(stock.EventDeducted, "a", "o1", 7)); err != nil {
 				errs.Add(1)
 			}
 			if err := s.Apply(ctx, event(stock.EventRestored, "a", "o2", 5)); err != nil { // tombstone
 				errs.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	require.Zero(t, errs.Load(), "errors from concurrent repeats of one event")
@@ -179,9 +177,7 @@ func TestMixedConcurrency(t *testing.T) {
 		}
 	}
 	for i, o := range ops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var evs []stock.Event
 			evs = append(evs, event(stock.EventDeducted, o.sku, o.id, o.qty), event(stock.EventDeducted, o.sku, o.id, o.qty))
 			if restoreIdx[i] {
@@ -199,7 +195,7 @@ func TestMixedConcurrency(t *testing.T) {
 					t.Errorf("Apply %+v: %v", e, err)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(stop)

@@ -325,9 +325,7 @@ func silentServer(t *testing.T) string {
 		mu.Unlock()
 		wg.Wait()
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
@@ -359,7 +357,7 @@ func silentServer(t *testing.T) string {
 				}
 			}()
 		}
-	}()
+	})
 	return "nats://" + l.Addr().String()
 }
 
@@ -552,13 +550,11 @@ func TestPublishConsume(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for w := 0; w < 6; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w; i < n; i += 6 {
 				errs[i] = p.Publish(ctx, want[i])
 			}
-		}(w)
+		})
 	}
 	wg.Wait()
 	for i, err := range errs {

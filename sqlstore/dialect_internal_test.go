@@ -99,14 +99,12 @@ func TestMySQLErrorsOnServer(t *testing.T) {
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range txs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_, errs[i] = txs[i].ExecContext(ctx, "UPDATE "+tbl+" SET v = v + 1 WHERE id = ?", 2-i)
 			if errs[i] != nil {
 				txs[i].Rollback() // release the locks the other transaction waits for
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	got := 0

@@ -208,16 +208,14 @@ func TestMigrateConcurrentProcesses(t *testing.T) {
 				errs := make([]error, procs)
 				var wg sync.WaitGroup
 				for p := 0; p < procs; p++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
+					wg.Go(func() {
 						cmd := exec.Command(os.Args[0], "-test.run=^TestMigrateChildProcess$", "-test.count=1", "-test.v")
 						cmd.Env = append(os.Environ(),
 							childDriver+"="+b.driver, childDSN+"="+dsn, childDialect+"="+strconv.Itoa(int(b.dialect)),
 							childPrefix+"="+prefix, childStart+"="+strconv.FormatInt(start, 10))
 						out, err := cmd.CombinedOutput()
 						outs[p], errs[p] = string(out), err
-					}()
+					})
 				}
 				wg.Wait()
 				for p := 0; p < procs; p++ {
@@ -324,9 +322,7 @@ func TestMigrateConcurrentPools(t *testing.T) {
 			prefix := freshPrefix(t, dbs[0], "p")
 			start := make(chan struct{})
 			for i := 0; i < procs; i++ {
-				wg.Add(1)
-				go func(i int) {
-					defer wg.Done()
+				wg.Go(func() {
 					s, err := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
 					if err != nil {
 						errs[i] = err
@@ -334,7 +330,7 @@ func TestMigrateConcurrentPools(t *testing.T) {
 					}
 					<-start
 					errs[i] = s.Migrate(ctx)
-				}(i)
+				})
 			}
 			close(start)
 			wg.Wait()
@@ -351,12 +347,10 @@ func TestMigrateConcurrentPools(t *testing.T) {
 			require.Equal(t, int64(1), rem)
 			// and again, concurrently, on existing tables
 			for i := 0; i < procs; i++ {
-				wg.Add(1)
-				go func(i int) {
-					defer wg.Done()
+				wg.Go(func() {
 					s, _ := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
 					errs[i] = s.Migrate(ctx)
-				}(i)
+				})
 			}
 			wg.Wait()
 			for i, err := range errs {

@@ -67,9 +67,7 @@ func TestKeyCacheConcurrent(t *testing.T) {
 	c := NewKeyCache(128, func(sku string) string { return Base("s", "", sku) })
 	var wg sync.WaitGroup
 	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := range 2000 {
 				sku := fmt.Sprint("sku-", (i*7+g)%300)
 				if k := c.Get(sku); k.Ledger != "s:{"+sku+"}:l" {
@@ -77,7 +75,7 @@ func TestKeyCacheConcurrent(t *testing.T) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	require.LessOrEqual(t, c.Len(), 128, "items cached, capacity 128")
