@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -47,16 +48,10 @@ func TestMySQLErrorNumber(t *testing.T) {
 		{"another error", sql.ErrNoRows, 0, false},
 	} {
 		n, ok := mysqlErrorNumber(c.err)
-		if n != c.n || ok != c.ok {
-			t.Errorf("%s: mysqlErrorNumber = %d, %v; want %d, %v", c.name, n, ok, c.n, c.ok)
-		}
+		assert.Equal(t, []any{c.n, c.ok}, []any{n, ok}, "%s: mysqlErrorNumber", c.name)
 	}
-	if !isDuplicate(fmt.Errorf("w: %w", dup)) || isDuplicate(&mysql.MySQLError{Number: 1213}) {
-		t.Error("isDuplicate: wrong answer")
-	}
-	if !retryable(&mysql.MySQLError{Number: 1213}) || !retryable(&mysql.MySQLError{Number: 1205}) || retryable(dup) {
-		t.Error("retryable: wrong answer")
-	}
+	assert.True(t, isDuplicate(fmt.Errorf("w: %w", dup)) && !isDuplicate(&mysql.MySQLError{Number: 1213}), "isDuplicate")
+	assert.True(t, retryable(&mysql.MySQLError{Number: 1213}) && retryable(&mysql.MySQLError{Number: 1205}) && !retryable(dup), "retryable")
 }
 
 // TestMySQLErrorsOnServer checks the detection on the errors a real MariaDB/MySQL server
@@ -76,25 +71,20 @@ func TestMySQLErrorsOnServer(t *testing.T) {
 		t.Fatalf("server unreachable or refused: %v", err) // a configured server must be there
 	}
 	defer db.Exec("DROP TABLE IF EXISTS " + tbl)
-	if _, err := db.ExecContext(ctx, "INSERT INTO "+tbl+" VALUES (1, 0), (2, 0)"); err != nil {
-		t.Fatal(err)
-	}
+	_, err = db.ExecContext(ctx, "INSERT INTO "+tbl+" VALUES (1, 0), (2, 0)")
+	require.NoError(t, err)
 
 	_, err = db.ExecContext(ctx, "INSERT INTO "+tbl+" VALUES (1, 0)")
-	if !isDuplicate(fmt.Errorf("insert: %w", err)) || retryable(err) {
-		t.Fatalf("duplicate key: isDuplicate false or retryable true for %v", err)
-	}
+	require.True(t, isDuplicate(fmt.Errorf("insert: %w", err)) && !retryable(err), "duplicate key: isDuplicate false or retryable true for %v", err)
 
 	// Two transactions lock rows 1 and 2 in opposite orders: the server aborts one with 1213.
 	var txs [2]*sql.Tx
 	for i := range txs {
-		if txs[i], err = db.BeginTx(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
+		txs[i], err = db.BeginTx(ctx, nil)
+		require.NoError(t, err)
 		defer txs[i].Rollback()
-		if _, err := txs[i].ExecContext(ctx, "UPDATE "+tbl+" SET v = v + 1 WHERE id = ?", i+1); err != nil {
-			t.Fatal(err)
-		}
+		_, err = txs[i].ExecContext(ctx, "UPDATE "+tbl+" SET v = v + 1 WHERE id = ?", i+1)
+		require.NoError(t, err)
 	}
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -112,14 +102,11 @@ func TestMySQLErrorsOnServer(t *testing.T) {
 		if err == nil {
 			continue
 		}
-		if n, _ := mysqlErrorNumber(err); n != 1213 || !retryable(err) || isDuplicate(err) {
-			t.Fatalf("deadlock: number %d, retryable %v for %v", n, retryable(err), err)
-		}
+		n, _ := mysqlErrorNumber(err)
+		require.True(t, n == 1213 && retryable(err) && !isDuplicate(err), "deadlock: number %d, retryable %v for %v", n, retryable(err), err)
 		got++
 	}
-	if got == 0 {
-		t.Fatal("no deadlock reported")
-	}
+	require.NotZero(t, got, "no deadlock reported")
 }
 
 var update = flag.Bool("update", false, "rewrite the files of sqlstore/schema from the statements Migrate runs")
@@ -157,11 +144,7 @@ func TestSchemaFiles(t *testing.T) {
 			continue
 		}
 		got, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("%v (run go test ./sqlstore -run TestSchemaFiles -update)", err)
-		}
-		if string(got) != want {
-			t.Errorf("%s differs from the statements Migrate runs; run go test ./sqlstore -run TestSchemaFiles -update\n--- file:\n%s\n--- Migrate:\n%s", path, got, want)
-		}
+		require.NoError(t, err, "run go test ./sqlstore -run TestSchemaFiles -update")
+		assert.Equal(t, want, string(got), "%s differs from the statements Migrate runs; run go test ./sqlstore -run TestSchemaFiles -update", path)
 	}
 }

@@ -2,10 +2,12 @@ package protocol
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/redis/rueidis/mock"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock/lua"
@@ -28,32 +30,20 @@ func TestRefusedFcall(t *testing.T) {
 		"BUSY Redis is busy running a script.":                                                   fcallRan,
 	}
 	for msg, want := range cases {
-		if got := refusedFcall(mock.Result(mock.RedisError(msg)).Error()); got != want {
-			t.Errorf("%q: %d, want %d", msg, got, want)
-		}
+		assert.Equal(t, want, refusedFcall(mock.Result(mock.RedisError(msg)).Error()), msg)
 	}
-	if got := refusedFcall(errors.New("connection reset")); got != fcallRan {
-		t.Errorf("a connection error: %d, want fcallRan (the outcome is unknown)", got)
-	}
-	if got := refusedFcall(nil); got != fcallRan {
-		t.Errorf("no error: %d", got)
-	}
+	assert.Equal(t, fcallRan, refusedFcall(errors.New("connection reset")), "a connection error: the outcome is unknown")
+	assert.Equal(t, fcallRan, refusedFcall(nil), "no error")
 }
 
 // TestLibraryRegistersEveryScript: the library registers each script's body once, under the
 // script's Func, a name of the library.
 func TestLibraryRegistersEveryScript(t *testing.T) {
-	if !strings.HasPrefix(Library, "#!lua name="+LibraryName+"\n") {
-		t.Fatalf("library header: %q", Library[:min(60, len(Library))])
-	}
+	require.True(t, strings.HasPrefix(Library, "#!lua name="+LibraryName+"\n"), "library header: %q", Library[:min(60, len(Library))])
 	for _, s := range scripts {
-		if !strings.HasPrefix(s.Func, LibraryName+"_") {
-			t.Errorf("%s: function %q not in library %s", s.Name, s.Func, LibraryName)
-		}
+		assert.True(t, strings.HasPrefix(s.Func, LibraryName+"_"), "%s: function %q not in library %s", s.Name, s.Func, LibraryName)
 		reg := "redis.register_function('" + s.Func + "', function(KEYS, ARGV)\n" + s.body + "\nend)\n"
-		if strings.Count(Library, reg) != 1 {
-			t.Errorf("%s: not registered once with its body", s.Name)
-		}
+		assert.Equal(t, 1, strings.Count(Library, reg), "%s: registered once with its body", s.Name)
 	}
 }
 
@@ -69,18 +59,12 @@ func TestScriptsCarryOnlyTheirHelpers(t *testing.T) {
 		names = append(names, c.names...)
 	}
 	for _, want := range []string{"OK", "INVALID", "now_ms", "parse", "int", "plan_expiry", "release", "MAX_EXPIRY", "remember", "filter_step"} {
-		if !contains(names, want) {
-			t.Errorf("lib.lua: %s not found among %v", want, names)
-		}
+		assert.Contains(t, names, want, "lib.lua")
 	}
 	for _, s := range scripts {
 		body := lua.Source(s.Name)
-		if !strings.HasSuffix(s.Source, body) {
-			t.Fatalf("%s: the source does not end with the body", s.Name)
-		}
-		if len(s.Source) >= len(lib)+len(body) {
-			t.Errorf("%s: %d bytes, no shorter than lib.lua and the body", s.Name, len(s.Source))
-		}
+		require.True(t, strings.HasSuffix(s.Source, body), "%s: the source does not end with the body", s.Name)
+		assert.Less(t, len(s.Source), len(lib)+len(body), "%s: no shorter than lib.lua and the body", s.Name)
 		head := s.Source[:len(s.Source)-len(body)]
 		defined := map[string]bool{}
 		for _, c := range chunks {
@@ -91,20 +75,11 @@ func TestScriptsCarryOnlyTheirHelpers(t *testing.T) {
 			}
 		}
 		for _, id := range luaIdent.FindAllString(luaNoise.ReplaceAllString(s.Source, " "), -1) {
-			if contains(names, id) && !defined[id] {
-				t.Errorf("%s: uses %s without its definition", s.Name, id)
+			if slices.Contains(names, id) {
+				assert.True(t, defined[id], "%s: uses %s without its definition", s.Name, id)
 			}
 		}
 	}
-}
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 func TestSplitLibRefusesOtherStatements(t *testing.T) {
@@ -113,13 +88,10 @@ func TestSplitLibRefusesOtherStatements(t *testing.T) {
 		"  local y = 2\n",
 		"redis.call('DEL', 'k')\n",
 	} {
-		if _, err := splitLib(lib); err == nil {
-			t.Errorf("%q: no error", lib)
-		}
+		_, err := splitLib(lib)
+		assert.Error(t, err, lib)
 	}
 	got, err := withLib("local a = 1\n-- b\nlocal function b()\n  return a\nend\nlocal function c()\nend\n", "return b()")
 	require.NoError(t, err)
-	if want := "local a = 1\nlocal function b()\n  return a\nend\nreturn b()"; got != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
+	assert.Equal(t, "local a = 1\nlocal function b()\n  return a\nend\nreturn b()", got)
 }
