@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -313,51 +314,39 @@ func TestMigrateConcurrentPools(t *testing.T) {
 			ctx := context.Background()
 			dsn := b.dsn(t)
 			const procs = 8
-			var wg sync.WaitGroup
-			errs := make([]error, procs)
 			dbs := make([]*sql.DB, procs)
 			for i := range dbs {
 				dbs[i] = openDB(ctx, t, b.driver, dsn)
 			}
 			prefix := freshPrefix(t, dbs[0], "p")
-			start := make(chan struct{})
-			for i := 0; i < procs; i++ {
-				wg.Go(func() {
-					s, err := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
-					if err != nil {
-						errs[i] = err
-						return
-					}
-					<-start
-					errs[i] = s.Migrate(ctx)
-				})
-			}
-			close(start)
-			wg.Wait()
-			for i, err := range errs {
-				if err != nil {
-					t.Errorf("process %d: Migrate: %v", i, err)
+			// migrate runs Migrate from every pool at the same moment.
+			migrate := func(tables string) {
+				var wg sync.WaitGroup
+				errs := make([]error, procs)
+				start := make(chan struct{})
+				for i := range procs {
+					wg.Go(func() {
+						s, err := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
+						<-start
+						if errs[i] = err; err == nil {
+							errs[i] = s.Migrate(ctx)
+						}
+					})
+				}
+				close(start)
+				wg.Wait()
+				for i, err := range errs {
+					assert.NoError(t, err, "process %d: Migrate on %s tables", i, tables)
 				}
 			}
+			migrate("fresh")
 			s, _ := sqlstore.New(dbs[0], b.dialect, sqlstore.WithTablePrefix(prefix))
 			require.NoError(t, s.Load(ctx, "m", 2))
 			require.NoError(t, s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "m", ID: "a", Qty: 1, Seq: 1, At: time.Now()}))
 			rem, err := s.Remaining(ctx, "m")
 			require.NoError(t, err)
 			require.Equal(t, int64(1), rem)
-			// and again, concurrently, on existing tables
-			for i := 0; i < procs; i++ {
-				wg.Go(func() {
-					s, _ := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
-					errs[i] = s.Migrate(ctx)
-				})
-			}
-			wg.Wait()
-			for i, err := range errs {
-				if err != nil {
-					t.Errorf("process %d: second Migrate: %v", i, err)
-				}
-			}
+			migrate("existing")
 		})
 	}
 }
