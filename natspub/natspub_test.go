@@ -148,14 +148,12 @@ func TestDecode(t *testing.T) {
 	for name, payload := range bad {
 		t.Run(name, func(t *testing.T) {
 			_, err := natspub.Decode([]byte(payload))
-			require.Error(t, err)
-			assert.ErrorIs(t, err, stock.ErrInvalid)
-			assert.Contains(t, err.Error(), "natspub: decode event")
+			require.ErrorIs(t, err, stock.ErrInvalid)
+			assert.ErrorContains(t, err, "natspub: decode event")
 		})
 	}
 	_, err = natspub.Decode([]byte(`{"sku":"s","id":"","qty":1}`))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "missing or empty type, id, at")
+	require.ErrorContains(t, err, "missing or empty type, id, at")
 }
 
 func TestNewValidates(t *testing.T) {
@@ -253,7 +251,7 @@ func TestPublishWithoutServer(t *testing.T) {
 	js.err = jetstream.ErrNoStreamResponse
 	err = p.Publish(ctx, ev)
 	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
-	assert.Contains(t, err.Error(), "natspub: publish a.b/r1 restocked")
+	assert.ErrorContains(t, err, "natspub: publish a.b/r1 restocked")
 
 	// A PublisherFunc-style use as a stock.Publisher.
 	var _ stock.Publisher = p
@@ -654,15 +652,13 @@ func TestPublishErrors(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := p.Publish(ctx, ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, context.Canceled)
 	// An expired one.
 	ctx, cancel = context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()
 	<-ctx.Done()
 	err = p.Publish(ctx, ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.EqualValues(t, 0, e.msgs(t))
 
 	// No stream bound to the prefix.
@@ -670,8 +666,7 @@ func TestPublishErrors(t *testing.T) {
 		natspub.WithTimeout(5*time.Second))
 	require.NoError(t, err)
 	err = other.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
+	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
 
 	// The wrong expected stream.
 	wrong := e.publisher(t, natspub.WithStream("NOT_"+e.stream))
@@ -694,8 +689,7 @@ func TestPublishErrors(t *testing.T) {
 	nc.Close()
 	start := time.Now()
 	err = closed.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, nats.ErrConnectionClosed)
+	require.ErrorIs(t, err, nats.ErrConnectionClosed)
 	assert.Less(t, time.Since(start), time.Second)
 }
 
