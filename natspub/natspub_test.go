@@ -458,7 +458,7 @@ func (e *env) deleteAtCleanup(t testing.TB, name string) {
 	})
 }
 
-func (e *env) publisher(t *testing.T, opts ...natspub.Option) *natspub.Publisher {
+func (e *env) publisher(t testing.TB, opts ...natspub.Option) *natspub.Publisher {
 	t.Helper()
 	p, err := natspub.New(e.js, append([]natspub.Option{natspub.WithPrefix(e.prefix)}, opts...)...)
 	require.NoError(t, err)
@@ -892,11 +892,7 @@ func (d jsDelivery) Retry(context.Context) error   { return d.m.NakWithDelay(100
 //	STOCK_TEST_NATS=nats://127.0.0.1:4222 go test -run '^$' -bench Publish -benchtime 3s ./natspub
 func BenchmarkPublish(b *testing.B) {
 	e := newEnv(b)
-	p, err := natspub.New(e.js, natspub.WithPrefix(e.prefix), natspub.WithStream(e.stream))
-	if err != nil {
-		b.Fatal(err)
-	}
-	queuetest.BenchPublish(b, p)
+	queuetest.BenchPublish(b, e.publisher(b, natspub.WithStream(e.stream)))
 }
 
 // The queue path with consumer processes killed by SIGKILL (queuetest.KillRig): Reserver →
