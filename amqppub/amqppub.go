@@ -235,23 +235,7 @@ func (p *Publisher) channel() (*amqp.Channel, error) {
 // MsgID returns the message id of ev: the SKU, id and type, each percent-escaped (every byte
 // but ASCII letters, digits, '-' and '_'), joined by '/'.
 func MsgID(ev stock.Event) string {
-	return escape(ev.SKU) + "/" + escape(ev.ID) + "/" + escape(string(ev.Type))
-}
-
-func escape(s string) string {
-	const hex = "0123456789ABCDEF"
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' {
-			b.WriteByte(c)
-			continue
-		}
-		b.WriteByte('%')
-		b.WriteByte(hex[c>>4])
-		b.WriteByte(hex[c&0xF])
-	}
-	return b.String()
+	return eventwire.Escape(ev.SKU) + "/" + eventwire.Escape(ev.ID) + "/" + eventwire.Escape(string(ev.Type))
 }
 
 // Publish publishes ev and waits for the broker's confirm. An invalid event gives an error

@@ -3,11 +3,15 @@ package amqppub_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
-	"errors"
+	"encoding/json"
 	"fmt"
+	"iter"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,10 +19,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/amqppub"
 	"github.com/stockres/stock/internal/queuetest"
+	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stocktest"
 )
 
@@ -45,19 +51,21 @@ func dial(t testing.TB, u string) *amqp.Connection {
 	return conn
 }
 
-// layout returns options for an exchange of the test's own, deleted with its queues at clean-up.
-func layout(t testing.TB, u string, queues int) []amqppub.Option {
-	t.Helper()
-	_, opts := namedLayout(t, u, queues)
-	return opts
+// rig is a publisher on an exchange of the test's own, deleted with its queues at clean-up.
+type rig struct {
+	u    string // the server's URL
+	ex   string // the exchange
+	opts []amqppub.Option
+	conn *amqp.Connection // the publisher's
+	pub  *amqppub.Publisher
 }
 
-// namedLayout is layout, with the exchange's name.
-func namedLayout(t testing.TB, u string, queues int) (string, []amqppub.Option) {
+// newRig makes the rig of an exchange with the given number of queues.
+func newRig(t testing.TB, u string, queues int) *rig {
 	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	ex := "stocktest." + hex.EncodeToString(b[:])
+	r := &rig{u: u, ex: "stocktest." + hex.EncodeToString(b[:]), conn: dial(t, u)}
 	t.Cleanup(func() {
 		conn, err := amqp.Dial(u)
 		if err != nil {
@@ -69,11 +77,15 @@ func namedLayout(t testing.TB, u string, queues int) (string, []amqppub.Option) 
 			return
 		}
 		for n := range queues {
-			_, _ = ch.QueueDelete(amqppub.Queue(ex, n), false, false, false)
+			_, _ = ch.QueueDelete(amqppub.Queue(r.ex, n), false, false, false)
 		}
-		_ = ch.ExchangeDelete(ex, false, false)
+		_ = ch.ExchangeDelete(r.ex, false, false)
 	})
-	return ex, []amqppub.Option{amqppub.WithExchange(ex), amqppub.WithQueues(queues)}
+	r.opts = []amqppub.Option{amqppub.WithExchange(r.ex), amqppub.WithQueues(queues)}
+	var err error
+	r.pub, err = amqppub.New(r.conn, r.opts...)
+	require.NoError(t, err)
+	return r
 }
 
 // TestPublisherConformance runs the publisher conformance suite on the RabbitMQ server: 4
@@ -82,14 +94,12 @@ func namedLayout(t testing.TB, u string, queues int) (string, []amqppub.Option) 
 func TestPublisherConformance(t *testing.T) {
 	u := url(t)
 	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
-		opts := layout(t, u, 4)
-		pub, err := amqppub.New(dial(t, u), opts...)
-		require.NoError(t, err)
+		rg := newRig(t, u, 4)
 		return stocktest.PublisherPair{
-			Publisher: pub,
+			Publisher: rg.pub,
 			NewConsumer: func(t testing.TB) stocktest.Consumer {
 				conn := dial(t, u)
-				c, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{RetryDelay: 100 * time.Millisecond, Options: opts})
+				c, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{RetryDelay: 100 * time.Millisecond, Options: rg.opts})
 				require.NoError(t, err)
 				return &member{conn: conn, c: c}
 			},
@@ -154,9 +164,8 @@ func TestOptions(t *testing.T) {
 func TestMessages(t *testing.T) {
 	u := url(t)
 	ctx := context.Background()
-	opts := layout(t, u, 2)
-	pub, err := amqppub.New(dial(t, u), opts...)
-	require.NoError(t, err)
+	rg := newRig(t, u, 2)
+	pub, opts := rg.pub, rg.opts
 	var evs []stock.Event
 	for i := range 10 {
 		evs = append(evs, stock.Event{Type: stock.EventDeducted, SKU: []string{"a", "b"}[i%2], ID: "o" + string(rune('0'+i)), Qty: 1, At: time.Now().UTC().Truncate(time.Second), Seq: int64(i + 1)})
@@ -198,23 +207,17 @@ func TestMessages(t *testing.T) {
 func queued(t *testing.T, conn *amqp.Connection, queue string) []stock.Event {
 	t.Helper()
 	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer ch.Close()
 	var out []stock.Event
 	for {
 		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if !ok {
 			return out
 		}
 		ev, err := amqppub.Decode(d.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		out = append(out, ev)
 	}
 }
@@ -223,36 +226,22 @@ func queued(t *testing.T, conn *amqp.Connection, queue string) []stock.Event {
 // with ErrInvalid, and (as the doc says) the later events of the same item are not sent, while
 // another item's event is.
 func TestPublishBatchInvalidStopsItem(t *testing.T) {
-	u := url(t)
-	ex, opts := namedLayout(t, u, 1)
-	conn := dial(t, u)
-	pub, err := amqppub.New(conn, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rg := newRig(t, url(t), 1)
 	evs := []stock.Event{queuetest.Ev("q:1", "1", 1), queuetest.Ev("q:1", "", 2), queuetest.Ev("q:1", "3", 3), queuetest.Ev("other", "1", 1)}
-	errs := pub.PublishBatch(context.Background(), evs)
-	if len(errs) != len(evs) {
-		t.Fatalf("%d answers for %d events", len(errs), len(evs))
-	}
-	if errs[0] != nil || errs[3] != nil {
-		t.Errorf("the valid first event or another item's event failed: %v", errs)
-	}
-	if !errors.Is(errs[1], stock.ErrInvalid) {
-		t.Errorf("the invalid event: %v, want ErrInvalid", errs[1])
-	}
+	errs := rg.pub.PublishBatch(context.Background(), evs)
+	require.Len(t, errs, len(evs))
+	assert.NoError(t, errs[0], "the valid first event")
+	assert.ErrorIs(t, errs[1], stock.ErrInvalid)
+	assert.Error(t, errs[2], "the event after the item's invalid one")
+	assert.NoError(t, errs[3], "another item's event")
 	time.Sleep(100 * time.Millisecond)
 	var ids []string
-	for _, ev := range queued(t, conn, amqppub.Queue(ex, 0)) {
+	for _, ev := range queued(t, rg.conn, amqppub.Queue(rg.ex, 0)) {
 		if ev.SKU == "q:1" {
 			ids = append(ids, ev.ID)
 		}
 	}
-	if errs[2] == nil {
-		t.Errorf("the event after the item's invalid one was sent and answered nil (the queue has %v)", ids)
-	} else if len(ids) != 1 {
-		t.Errorf("answered %v for the event after the invalid one, but the queue has %v", errs[2], ids)
-	}
+	assert.Equal(t, []string{"1"}, ids, "the queue holds the item's events before the invalid one only")
 }
 
 // TestMsgIDInjective: for awkward SKUs and ids, distinct events must have distinct ids, and the
@@ -266,9 +255,7 @@ func TestMsgIDInjective(t *testing.T) {
 				ev := stock.Event{Type: typ, SKU: sku, ID: id}
 				m := amqppub.MsgID(ev)
 				k := fmt.Sprintf("%q %q %q", sku, id, typ)
-				if prev, ok := seen[m]; ok {
-					t.Errorf("MsgID %q for both %s and %s", m, prev, k)
-				}
+				assert.NotContains(t, seen, m, "MsgID %q for both %s and %s", m, seen[m], k)
 				seen[m] = k
 				slashes := 0
 				for _, r := range m {
@@ -280,10 +267,170 @@ func TestMsgIDInjective(t *testing.T) {
 						t.Errorf("MsgID %q of %s holds %q", m, k, r)
 					}
 				}
-				if slashes != 2 {
-					t.Errorf("MsgID %q of %s has %d separators", m, k, slashes)
+				assert.Equal(t, 2, slashes, "separators of MsgID %q of %s", m, k)
+			}
+		}
+	}
+}
+
+// BenchmarkPublish measures events/s published one by one (Publish: one confirm waited for
+// each) and in batches of 128 events of one item (PublishBatch: 128 messages, then their
+// confirms, as the Relay calls it), on the RabbitMQ server of STOCK_TEST_AMQP:
+//
+//	STOCK_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/ go test -run '^$' -bench Publish -benchtime 3s ./  (in amqppub/)
+func BenchmarkPublish(b *testing.B) {
+	queuetest.BenchPublish(b, newRig(b, url(b), 4).pub)
+}
+
+// The queue path with consumer processes killed by SIGKILL (queuetest.KillRig): Reserver →
+// Relay (no store) → amqppub → RabbitMQ → a consumer in a child process → stock.Consume →
+// sqlstore on a SQLite file that the parent reads too. When a consumer's process dies, the
+// broker requeues what it did not acknowledge and makes the next consumer of each queue the
+// active one.
+
+// childBroker is how a consumer child reaches RabbitMQ.
+type childBroker struct {
+	URL      string
+	Exchange string
+	Queues   int
+}
+
+var child = queuetest.Child{
+	Env:      "STOCK_AMQPPUB_CONSUMER_CHILD",
+	NewStore: newSQLStore,
+	Consumer: func(t *testing.T, cfg queuetest.ChildConfig) queuetest.Receiver {
+		var b childBroker
+		require.NoError(t, json.Unmarshal(cfg.Broker, &b))
+		conn, err := amqp.Dial(b.URL)
+		require.NoError(t, err)
+		cons, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{RetryDelay: 100 * time.Millisecond, Prefetch: 2,
+			Options: []amqppub.Option{amqppub.WithExchange(b.Exchange), amqppub.WithQueues(b.Queues)}})
+		require.NoError(t, err)
+		return func(ctx context.Context) (iter.Seq[queuetest.Message], error) {
+			msgs, err := cons.Receive(ctx, 2, 300*time.Millisecond)
+			out := make([]queuetest.Message, len(msgs))
+			for i, m := range msgs {
+				delivered := uint64(1)
+				if m.Delivery.Redelivered {
+					delivered = 2 // at least
+				}
+				out[i] = queuetest.Message{Event: m.Event, Err: m.Err, Body: m.Delivery.Body, Delivered: delivered,
+					Ack: func() error { return cons.Ack(m) }, Retry: func() { cons.Retry(m) }}
+			}
+			return queuetest.Slice(out), err
+		}
+	},
+}
+
+// openStore opens sqlstore on the SQLite file path, as the consumer children do.
+func openStore(t testing.TB, path string) queuetest.Store {
+	return queuetest.OpenSQLite(t, path, newSQLStore)
+}
+
+func newSQLStore(db *sql.DB) (queuetest.Store, error) { return sqlstore.New(db, sqlstore.SQLite) }
+
+// TestConsumerProcess is the consumer child; it skips unless child.Env is set.
+func TestConsumerProcess(t *testing.T) { queuetest.RunChild(t, child) }
+
+func newKillRig(t *testing.T) *queuetest.KillRig {
+	return queuetest.NewKillRig(t, queuetest.Kill{Child: child, Broker: func() (any, stock.Publisher) {
+		rg := newRig(t, url(t), 2)
+		return childBroker{URL: rg.u, Exchange: rg.ex, Queues: 2}, rg.pub
+	}})
+}
+
+// TestConsumerKilledKeepsOrder: one unit; deduct a, restore a, deduct b. A consumer process acks
+// D(a), takes R(a) and is killed by SIGKILL before it acks it; RabbitMQ requeues R(a) for the
+// queue's next active consumer. The store ends with a restored and b applied.
+func TestConsumerKilledKeepsOrder(t *testing.T) {
+	queuetest.ConsumerKilledKeepsOrder(t, newKillRig(t), nil)
+}
+
+// TestConsumersKilledRandom: buyers deduct and restore at the edge of the stock of a few items
+// while the relay publishes and consumer processes apply the events; three consumers are killed by
+// SIGKILL at random moments. No valid sale may be refused by the store, and Redis and the
+// store end equal.
+func TestConsumersKilledRandom(t *testing.T) {
+	queuetest.ConsumersKilledRandom(t, newKillRig(t), queuetest.Random{Buyers: 3, Seed: 11,
+		PauseMin: 2, PauseSpread: 5, AliveMin: 1500, AliveSpread: 1500})
+}
+
+// TestConsumersClosedMidStream: a live relay, traffic, and three consumer processes
+// (connections) on four queues; two are killed (their connection closed) mid-stream while
+// holding unacknowledged messages, one comes back. RabbitMQ requeues what they held for the
+// next active consumer. The store must end equal to Redis and to the acknowledged answers,
+// nothing applied twice.
+func TestConsumersClosedMidStream(t *testing.T) {
+	u := url(t)
+	rg := newRig(t, u, 4)
+	pub, opts := rg.pub, rg.opts
+	skus := []string{"m:1", "m:2", "m~3", "m:ü4", "m/5", "m%6", "m:7", "m:8"}
+	p := queuetest.NewMiniredisPipeline(t, skus)
+	ctx := context.Background()
+	stopRelay := p.RunRelay(t, pub)
+	stopAll := make(chan struct{})
+	var wg sync.WaitGroup
+	var crashedHolding atomic.Int64
+	member := func(crashAfter int) {
+		defer wg.Done()
+		conn, err := amqp.Dial(u)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		cons, err := amqppub.NewConsumer(conn, &amqppub.ConsumerOptions{Prefetch: 8, RetryDelay: 50 * time.Millisecond, Options: opts})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for batch := 0; ; batch++ {
+			select {
+			case <-stopAll:
+				_ = cons.Close()
+				return
+			default:
+			}
+			msgs, err := cons.Receive(ctx, 8, 100*time.Millisecond)
+			if err != nil {
+				t.Errorf("Receive: %v", err)
+				return
+			}
+			if len(msgs) == 0 {
+				continue
+			}
+			if crashAfter > 0 && batch >= crashAfter {
+				crashedHolding.Add(int64(len(msgs)))
+				_ = conn.Close() // the process dies: the broker requeues what it held
+				return
+			}
+			for _, m := range msgs {
+				if p.Settle(t, "message", m.Event, m.Err) {
+					_ = cons.Ack(m)
+				} else {
+					cons.Retry(m)
 				}
 			}
 		}
 	}
+	// The members that will be killed start first, so that the broker makes them the active
+	// consumers of the queues; the steady one waits behind them.
+	// The queues fill up first, so that each batch a member receives is full.
+	rng := mrand.New(mrand.NewPCG(18, 5))
+	p.Traffic(t, 300, rng)
+	time.Sleep(200 * time.Millisecond)
+	wg.Add(2)
+	go member(3)
+	go member(6)
+	time.Sleep(300 * time.Millisecond)
+	wg.Add(1)
+	go member(0)
+	wg.Add(1)
+	go member(0)
+	p.Traffic(t, 150, rng)
+	p.WaitApplied(t, 15*time.Second, nil)
+	close(stopAll)
+	wg.Wait()
+	stopRelay()
+	p.VerifyCrashed(t, crashedHolding.Load())
 }

@@ -2,8 +2,10 @@ package kafkapub_test
 
 import (
 	"context"
-	"errors"
+	"database/sql"
+	"encoding/json"
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
@@ -16,24 +18,20 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	_ "modernc.org/sqlite"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/kafkapub"
+	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
 
 const topic = "stock-events"
 
-// fakeCluster starts an in-process Kafka cluster with topic in 4 partitions.
-func fakeCluster(t testing.TB) []string {
-	t.Helper()
-	return fakeClusterN(t, 4)
-}
-
-// fakeClusterN starts an in-process Kafka cluster with topic in the given number of partitions.
-func fakeClusterN(t testing.TB, partitions int) []string {
+// fakeCluster starts an in-process Kafka cluster with topic in the given number of partitions.
+func fakeCluster(t testing.TB, partitions int) []string {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(partitions), topic))
 	require.NoError(t, err)
@@ -61,9 +59,7 @@ func consumer(t testing.TB, addrs []string) *kafkapub.Consumer {
 // partitions, one consumer group; a crashed member leaves the group without committing.
 func TestPublisherConformance(t *testing.T) {
 	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
-		addrs := fakeCluster(t)
-		pub, err := kafkapub.New(producer(t, addrs), topic)
-		require.NoError(t, err)
+		addrs, pub := newPublisher(t, 4)
 		return stocktest.PublisherPair{
 			Publisher: pub,
 			NewConsumer: func(t testing.TB) stocktest.Consumer {
@@ -115,7 +111,7 @@ func (d delivery) Ack(ctx context.Context) error { return d.c.Ack(ctx, d.m) }
 func (d delivery) Retry(context.Context) error   { d.c.Retry(d.m); return nil }
 
 func TestNewRefusesWeakProducer(t *testing.T) {
-	addrs := fakeCluster(t)
+	addrs := fakeCluster(t, 4)
 	_, err := kafkapub.New(nil, topic)
 	assert.ErrorIs(t, err, stock.ErrInvalid)
 	_, err = kafkapub.New(producer(t, addrs), "")
@@ -131,10 +127,7 @@ func TestNewRefusesWeakProducer(t *testing.T) {
 // TestRecordsKeyedBySKU: one item's records share its partition, in order, with the key, value
 // and headers the package doc names; an invalid event fails alone in a batch.
 func TestRecordsKeyedBySKU(t *testing.T) {
-	ctx := context.Background()
-	addrs := fakeCluster(t)
-	pub, err := kafkapub.New(producer(t, addrs), topic)
-	require.NoError(t, err)
+	addrs, pub := newPublisher(t, 4)
 	var evs []stock.Event
 	for i := range 40 {
 		sku := []string{"a", "b", "c", "d", "e"}[i%5]
@@ -142,36 +135,38 @@ func TestRecordsKeyedBySKU(t *testing.T) {
 	}
 	bad := evs[3]
 	bad.ID = ""
-	errs := pub.PublishBatch(ctx, append(evs, bad))
+	errs := pub.PublishBatch(context.Background(), append(evs, bad))
 	for _, err := range errs[:40] {
 		require.NoError(t, err)
 	}
 	assert.ErrorIs(t, errs[40], stock.ErrInvalid)
+	recs := readAll(t, addrs, 40)
+	require.Len(t, recs, 40)
+	checkRecords(t, recs)
+}
 
-	cl := producer(t, addrs, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+// checkRecords checks records as the package doc describes them: keyed by the SKU, each item
+// in one partition in the item's sequence, with the type and sequence headers.
+func checkRecords(t *testing.T, recs []*kgo.Record) {
+	t.Helper()
 	part := map[string]int32{}
 	last := map[string]int64{}
-	got := 0
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for got < 40 {
-		fs := cl.PollFetches(pctx)
-		require.NoError(t, pctx.Err())
-		fs.EachRecord(func(r *kgo.Record) {
-			got++
-			ev, err := kafkapub.Decode(r.Value)
-			require.NoError(t, err)
-			assert.Equal(t, ev.SKU, string(r.Key))
-			if p, ok := part[ev.SKU]; ok {
-				assert.Equal(t, p, r.Partition, "one partition per item")
-			}
-			part[ev.SKU] = r.Partition
-			assert.Greater(t, ev.Seq, last[ev.SKU], "in order")
-			last[ev.SKU] = ev.Seq
-			require.Len(t, r.Headers, 2)
-			assert.Equal(t, kafkapub.HeaderType, r.Headers[0].Key)
-			assert.Equal(t, string(ev.Type), string(r.Headers[0].Value))
-		})
+	for i, ev := range decodeAll(t, recs) {
+		r := recs[i]
+		assert.Equal(t, ev.SKU, string(r.Key), "the record's key")
+		if pp, ok := part[ev.SKU]; ok {
+			assert.Equal(t, pp, r.Partition, "item %q in one partition", ev.SKU)
+		}
+		part[ev.SKU] = r.Partition
+		assert.Greater(t, ev.Seq, last[ev.SKU], "item %q in order in its partition", ev.SKU)
+		last[ev.SKU] = ev.Seq
+		require.Len(t, r.Headers, 2)
+		assert.Equal(t, kafkapub.HeaderType, r.Headers[0].Key)
+		hdr := map[string]string{}
+		for _, h := range r.Headers {
+			hdr[h.Key] = string(h.Value)
+		}
+		assert.Equal(t, map[string]string{kafkapub.HeaderType: string(ev.Type), kafkapub.HeaderSeq: fmt.Sprint(ev.Seq)}, hdr)
 	}
 }
 
@@ -179,9 +174,7 @@ func TestRecordsKeyedBySKU(t *testing.T) {
 func readAll(t *testing.T, brokers []string, want int) []*kgo.Record {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer cl.Close()
 	var out []*kgo.Record
 	deadline := time.Now().Add(5 * time.Second)
@@ -198,55 +191,10 @@ func readAll(t *testing.T, brokers []string, want int) []*kgo.Record {
 // its brokers and a publisher on it.
 func newPublisher(t *testing.T, partitions int) ([]string, *kafkapub.Publisher) {
 	t.Helper()
-	brokers := fakeClusterN(t, partitions)
+	brokers := fakeCluster(t, partitions)
 	pub, err := kafkapub.New(producer(t, brokers), topic)
 	require.NoError(t, err)
 	return brokers, pub
-}
-
-// publishN publishes the events 1 to n of sku, one by one.
-func publishN(t *testing.T, pub *kafkapub.Publisher, sku string, n int) {
-	t.Helper()
-	for i := 1; i <= n; i++ {
-		if err := pub.Publish(context.Background(), queuetest.Ev(sku, fmt.Sprint(i), int64(i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// receiveN receives from c until it holds n messages or 10s pass, and fails the test with fewer.
-func receiveN(t *testing.T, c *kafkapub.Consumer, n int) []kafkapub.Message {
-	t.Helper()
-	var got []kafkapub.Message
-	for deadline := time.Now().Add(10 * time.Second); len(got) < n && time.Now().Before(deadline); {
-		msgs, _ := c.Receive(context.Background(), 10, time.Second)
-		got = append(got, msgs...)
-	}
-	if len(got) != n {
-		t.Fatalf("the first member received %d messages, want %d", len(got), n)
-	}
-	return got
-}
-
-// crashAndRejoin lets c's commits land, abandons c as a crashed member would, and returns the
-// IDs a new member of group "g" receives until it sees want or 10s pass.
-func crashAndRejoin(t *testing.T, brokers []string, c *kafkapub.Consumer, want string) map[string]bool {
-	t.Helper()
-	time.Sleep(200 * time.Millisecond)
-	c.Abandon()
-	c2, err := kafkapub.NewConsumer(topic, "g", nil, kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	seen := map[string]bool{}
-	for deadline := time.Now().Add(10 * time.Second); !seen[want] && time.Now().Before(deadline); {
-		msgs, _ := c2.Receive(context.Background(), 10, 500*time.Millisecond)
-		for _, m := range msgs {
-			seen[m.Event.ID] = true
-		}
-	}
-	return seen
 }
 
 // TestPublishBatchInvalidStopsItem: an invalid event in the middle of one item's batch. The
@@ -258,30 +206,31 @@ func TestPublishBatchInvalidStopsItem(t *testing.T) {
 	ctx := context.Background()
 	evs := []stock.Event{queuetest.Ev("k:1", "1", 1), queuetest.Ev("k:1", "", 2), queuetest.Ev("k:1", "3", 3), queuetest.Ev("other", "1", 1)}
 	errs := pub.PublishBatch(ctx, evs)
-	if len(errs) != len(evs) {
-		t.Fatalf("%d answers for %d events", len(errs), len(evs))
-	}
-	if errs[0] != nil || errs[3] != nil {
-		t.Errorf("the valid first event or another item's event failed: %v", errs)
-	}
-	if !errors.Is(errs[1], stock.ErrInvalid) {
-		t.Errorf("the invalid event: %v, want ErrInvalid", errs[1])
-	}
-	recs := readAll(t, brokers, 3)
+	require.Len(t, errs, len(evs))
+	assert.NoError(t, errs[0], "the valid first event")
+	assert.ErrorIs(t, errs[1], stock.ErrInvalid)
+	assert.NoError(t, errs[3], "another item's event")
 	var ids []string
-	for _, r := range recs {
-		ev, err := kafkapub.Decode(r.Value)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ev := range decodeAll(t, readAll(t, brokers, 3)) {
 		if ev.SKU == "k:1" {
 			ids = append(ids, ev.ID)
 		}
 	}
-	if errs[2] == nil {
-		t.Errorf("the event after the item's invalid one was produced and answered nil (the topic has %v): "+
-			"when the relay retries from the failed event, the queue gets the item's events out of order", ids)
+	// Produced and answered nil, the relay would retry from the failed event and the queue
+	// get the item's events out of order.
+	assert.Error(t, errs[2], "the event after the item's invalid one (the topic has %v)", ids)
+}
+
+// decodeAll decodes the events of recs, failing the test on an error.
+func decodeAll(t *testing.T, recs []*kgo.Record) []stock.Event {
+	t.Helper()
+	out := make([]stock.Event, len(recs))
+	for i, r := range recs {
+		ev, err := kafkapub.Decode(r.Value)
+		require.NoError(t, err)
+		out[i] = ev
 	}
+	return out
 }
 
 // TestAwkwardSKUsOnePartition: with awkward SKUs through a relay, each item's records must sit
@@ -292,87 +241,72 @@ func TestAwkwardSKUsOnePartition(t *testing.T) {
 	rng := rand.New(rand.NewPCG(18, 3))
 	p.Traffic(t, 200, rng)
 	rl, err := stockops.NewRelay(p.R, nil, pub, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p.Drain(t, rl)
 	recs := readAll(t, brokers, p.Events())
 	if len(recs) < p.Events() {
 		t.Fatalf("read %d records, the relay published %d events", len(recs), p.Events())
 	}
-	part := map[string]int32{}
-	last := map[string]int64{}
-	for _, r := range recs {
-		ev, err := kafkapub.Decode(r.Value)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(r.Key) != ev.SKU {
-			t.Errorf("record key %q, event SKU %q", r.Key, ev.SKU)
-		}
-		if pp, ok := part[ev.SKU]; ok && pp != r.Partition {
-			t.Errorf("item %q in partitions %d and %d", ev.SKU, pp, r.Partition)
-		}
-		part[ev.SKU] = r.Partition
-		if ev.Seq <= last[ev.SKU] {
-			t.Errorf("item %q: seq %d after %d in its partition", ev.SKU, ev.Seq, last[ev.SKU])
-		}
-		last[ev.SKU] = ev.Seq
-		hdr := map[string]string{}
-		for _, h := range r.Headers {
-			hdr[h.Key] = string(h.Value)
-		}
-		if hdr[kafkapub.HeaderType] != string(ev.Type) || hdr[kafkapub.HeaderSeq] != fmt.Sprint(ev.Seq) {
-			t.Errorf("headers %v for %s seq %d", hdr, ev.Type, ev.Seq)
-		}
-	}
+	checkRecords(t, recs)
 }
 
-// TestAckOutOfOrderThenCrash: a member acknowledges the third and first of three messages of a
-// partition, not the second, and dies. The next member must get the second again (the commit
-// may not pass it).
-func TestAckOutOfOrderThenCrash(t *testing.T) {
-	brokers, pub := newPublisher(t, 1)
+// TestMemberCrashReturnsUnsettled: a member that dies holding a message it did not settle hands
+// it to the next member of the group: after acknowledging the third and first of three messages
+// of a partition, not the second (the commit may not pass it, and the committed first does not
+// come back); or after calling Retry on it, dying before the retry delay.
+func TestMemberCrashReturnsUnsettled(t *testing.T) {
 	ctx := context.Background()
-	publishN(t, pub, "o", 3)
-	c1, err := kafkapub.NewConsumer(topic, "g", nil, kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := receiveN(t, c1, 3)
-	if err := c1.Ack(ctx, got[2]); err != nil {
-		t.Fatal(err)
-	}
-	if err := c1.Ack(ctx, got[0]); err != nil {
-		t.Fatal(err)
-	}
-	seen := crashAndRejoin(t, brokers, c1, "2")
-	if !seen["2"] {
-		t.Errorf("the unacknowledged second message never came back after the crash (got %v)", seen)
-	}
-	if seen["1"] {
-		t.Errorf("the first message, acknowledged and committed, came back")
-	}
-}
-
-// TestRetryThenCrash: a member calls Retry on a message and dies before the retry delay: the
-// next member must get the message (and the ones after it).
-func TestRetryThenCrash(t *testing.T) {
-	brokers, pub := newPublisher(t, 1)
-	ctx := context.Background()
-	publishN(t, pub, "r", 4)
-	c1, err := kafkapub.NewConsumer(topic, "g", &kafkapub.ConsumerOptions{RetryDelay: 5 * time.Second}, kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := receiveN(t, c1, 4)
-	_ = c1.Ack(ctx, got[0])
-	c1.Retry(got[1])
-	_ = c1.Ack(ctx, got[2])
-	_ = c1.Ack(ctx, got[3])
-	seen := crashAndRejoin(t, brokers, c1, "2")
-	if !seen["2"] {
-		t.Errorf("the retried message was lost with its member (the next one got %v)", seen)
+	for _, tc := range []struct {
+		name, sku string
+		n         int
+		opts      *kafkapub.ConsumerOptions
+		settle    func(t *testing.T, c *kafkapub.Consumer, got []kafkapub.Message)
+		committed string // an ID that must not come back; "" checks none
+	}{
+		{name: "ack out of order", sku: "o", n: 3, committed: "1",
+			settle: func(t *testing.T, c *kafkapub.Consumer, got []kafkapub.Message) {
+				require.NoError(t, c.Ack(ctx, got[2]))
+				require.NoError(t, c.Ack(ctx, got[0]))
+			}},
+		{name: "retry", sku: "r", n: 4, opts: &kafkapub.ConsumerOptions{RetryDelay: 5 * time.Second},
+			settle: func(t *testing.T, c *kafkapub.Consumer, got []kafkapub.Message) {
+				_ = c.Ack(ctx, got[0])
+				c.Retry(got[1])
+				_ = c.Ack(ctx, got[2])
+				_ = c.Ack(ctx, got[3])
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			brokers, pub := newPublisher(t, 1)
+			for i := 1; i <= tc.n; i++ {
+				require.NoError(t, pub.Publish(ctx, queuetest.Ev(tc.sku, fmt.Sprint(i), int64(i))))
+			}
+			c1, err := kafkapub.NewConsumer(topic, "g", tc.opts, kgo.SeedBrokers(brokers...))
+			require.NoError(t, err)
+			var got []kafkapub.Message
+			for deadline := time.Now().Add(10 * time.Second); len(got) < tc.n && time.Now().Before(deadline); {
+				msgs, _ := c1.Receive(ctx, 10, time.Second)
+				got = append(got, msgs...)
+			}
+			require.Len(t, got, tc.n, "the first member's messages")
+			tc.settle(t, c1, got)
+			time.Sleep(200 * time.Millisecond) // its commits land
+			c1.Abandon()
+			c2, err := kafkapub.NewConsumer(topic, "g", nil, kgo.SeedBrokers(brokers...))
+			require.NoError(t, err)
+			defer c2.Close()
+			seen := map[string]bool{}
+			for deadline := time.Now().Add(10 * time.Second); !seen["2"] && time.Now().Before(deadline); {
+				msgs, _ := c2.Receive(ctx, 10, 500*time.Millisecond)
+				for _, m := range msgs {
+					seen[m.Event.ID] = true
+				}
+			}
+			assert.True(t, seen["2"], "the unsettled second message was lost with its member (the next one got %v)", seen)
+			if tc.committed != "" {
+				assert.False(t, seen[tc.committed], "the acknowledged and committed message came back")
+			}
+		})
 	}
 }
 
@@ -445,15 +379,11 @@ func TestContextEndsMidBatch(t *testing.T) {
 	for i := 1; i <= 200; i++ {
 		evs = append(evs, queuetest.Ev("c:1", fmt.Sprint(i), int64(i)))
 	}
-	if err := pub.Publish(context.Background(), queuetest.Ev("warm", "0", 1)); err != nil { // connected
-		t.Fatal(err)
-	}
+	require.NoError(t, pub.Publish(context.Background(), queuetest.Ev("warm", "0", 1))) // connected
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(300 * time.Microsecond); cancel() }()
 	errs := pub.PublishBatch(ctx, evs)
-	if len(errs) != len(evs) {
-		t.Fatalf("%d answers for %d events", len(errs), len(evs))
-	}
+	require.Len(t, errs, len(evs))
 	acked := 0
 	for _, err := range errs {
 		if err == nil {
@@ -463,11 +393,7 @@ func TestContextEndsMidBatch(t *testing.T) {
 	recs := readAll(t, brokers, len(evs)+1)
 	in := map[string]bool{}
 	var seqs []int64
-	for _, r := range recs {
-		ev, err := kafkapub.Decode(r.Value)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ev := range decodeAll(t, recs) {
 		if ev.SKU != "c:1" {
 			continue
 		}
@@ -486,4 +412,88 @@ func TestContextEndsMidBatch(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d answered nil, %d in the topic", acked, len(evs), len(recs))
+}
+
+// BenchmarkPublish measures events/s published one by one (Publish: one ProduceSync of one
+// record each) and in batches of 128 events of one item (PublishBatch: one ProduceSync of 128
+// records, as the Relay calls it), on the in-process fake cluster: a figure of the client and
+// the protocol round trips, not of a real cluster's disks and replication.
+//
+//	go test -run '^$' -bench Publish -benchtime 3s ./  (in kafkapub/)
+func BenchmarkPublish(b *testing.B) {
+	pub, err := kafkapub.New(producer(b, fakeCluster(b, 4)), topic)
+	require.NoError(b, err)
+	queuetest.BenchPublish(b, pub)
+}
+
+// The queue path with consumer processes killed by SIGKILL (queuetest.KillRig): Reserver →
+// Relay (no store) → kafkapub → the fake cluster (in the parent) → a group member in a child
+// process → stock.Consume → sqlstore on a SQLite file that the parent reads too. A killed
+// member does not leave the group: its partitions move after the session timeout, and its
+// successor starts at the first message it did not acknowledge.
+
+const sessionTimeout = 1500 * time.Millisecond
+
+// childBroker is how a consumer child reaches the fake cluster.
+type childBroker struct {
+	Brokers []string
+}
+
+var child = queuetest.Child{
+	Env:      "STOCK_KAFKAPUB_CONSUMER_CHILD",
+	NewStore: newSQLStore,
+	Consumer: func(t *testing.T, cfg queuetest.ChildConfig) queuetest.Receiver {
+		var b childBroker
+		require.NoError(t, json.Unmarshal(cfg.Broker, &b))
+		cons, err := kafkapub.NewConsumer(topic, "store", &kafkapub.ConsumerOptions{RetryDelay: 100 * time.Millisecond},
+			kgo.SeedBrokers(b.Brokers...), kgo.SessionTimeout(sessionTimeout), kgo.HeartbeatInterval(300*time.Millisecond),
+			kgo.FetchMaxWait(100*time.Millisecond))
+		require.NoError(t, err)
+		return func(ctx context.Context) (iter.Seq[queuetest.Message], error) {
+			msgs, err := cons.Receive(ctx, 2, 300*time.Millisecond)
+			out := make([]queuetest.Message, len(msgs))
+			for i, m := range msgs {
+				out[i] = queuetest.Message{Event: m.Event, Err: m.Err, Body: m.Record.Value,
+					Ack: func() error { return cons.Ack(ctx, m) }, Retry: func() { cons.Retry(m) }}
+			}
+			return queuetest.Slice(out), err
+		}
+	},
+}
+
+// openStore opens sqlstore on the SQLite file path, as the consumer children do.
+func openStore(t testing.TB, path string) queuetest.Store {
+	return queuetest.OpenSQLite(t, path, newSQLStore)
+}
+
+func newSQLStore(db *sql.DB) (queuetest.Store, error) { return sqlstore.New(db, sqlstore.SQLite) }
+
+// TestConsumerProcess is the consumer child; it skips unless child.Env is set.
+func TestConsumerProcess(t *testing.T) { queuetest.RunChild(t, child) }
+
+func newKillRig(t *testing.T) *queuetest.KillRig {
+	return queuetest.NewKillRig(t, queuetest.Kill{Child: child, Broker: func() (any, stock.Publisher) {
+		fc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+		require.NoError(t, err)
+		t.Cleanup(fc.Close)
+		pub, err := kafkapub.New(producer(t, fc.ListenAddrs()), topic)
+		require.NoError(t, err)
+		return childBroker{Brokers: fc.ListenAddrs()}, pub
+	}})
+}
+
+// TestConsumerKilledKeepsOrder: one unit; deduct a, restore a, deduct b. A member process acks
+// D(a), takes R(a) and is killed by SIGKILL before it acks it; its successor, once the group
+// notices the death, starts again at R(a). The store ends with a restored and b applied.
+func TestConsumerKilledKeepsOrder(t *testing.T) {
+	queuetest.ConsumerKilledKeepsOrder(t, newKillRig(t), nil)
+}
+
+// TestConsumersKilledRandom: buyers deduct and restore at the edge of the stock of a few items
+// while the relay publishes and member processes apply the events; three members are killed by
+// SIGKILL at random moments. No valid sale may be refused by the store, and Redis and the
+// store end equal.
+func TestConsumersKilledRandom(t *testing.T) {
+	queuetest.ConsumersKilledRandom(t, newKillRig(t), queuetest.Random{Buyers: 3, Seed: 11,
+		PauseMin: 2, PauseSpread: 5, AliveMin: 1500, AliveSpread: 1500})
 }

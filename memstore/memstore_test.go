@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
+	"github.com/stretchr/testify/require"
 )
 
 // TestLoadRange: Load takes 0 to stock.MaxQty (never negative stock); outside that it answers
@@ -19,29 +21,18 @@ func TestLoadRange(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	for _, q := range []int64{-1, -5, stock.MaxQty + 1} {
-		if err := s.Load(ctx, "x", q); !errors.Is(err, stock.ErrInvalid) {
-			t.Fatalf("Load(x, %d) = %v, want an error wrapping ErrInvalid", q, err)
-		}
-		if _, err := s.Remaining(ctx, "x"); !errors.Is(err, stock.ErrNotLoaded) {
-			t.Fatalf("after Load(x, %d) failed, Remaining = %v, want ErrNotLoaded (nothing created)", q, err)
-		}
+		require.ErrorIs(t, s.Load(ctx, "x", q), stock.ErrInvalid, "Load(x, %d)", q)
+		_, err := s.Remaining(ctx, "x")
+		require.ErrorIs(t, err, stock.ErrNotLoaded, "after Load(x, %d) failed: nothing created", q)
 	}
 	for _, q := range []int64{0, stock.MaxQty} {
 		sku := "ok" + string(rune('0'+q%10))
-		if err := s.Load(ctx, sku, q); err != nil {
-			t.Fatalf("Load(%s, %d) = %v", sku, q, err)
-		}
-		if n, err := s.Remaining(ctx, sku); err != nil || n != q {
-			t.Fatalf("Remaining(%s) = %d, %v; want %d", sku, n, err, q)
-		}
+		require.NoError(t, s.Load(ctx, sku, q))
+		require.Equal(t, q, remaining(t, s, sku))
 	}
 	// An invalid load of an existing item leaves it as it was.
-	if err := s.Load(ctx, "ok0", -1); !errors.Is(err, stock.ErrInvalid) {
-		t.Fatalf("Load(ok0, -1) = %v, want ErrInvalid", err)
-	}
-	if n, _ := s.Remaining(ctx, "ok0"); n != 0 {
-		t.Fatalf("Remaining(ok0) = %d after an invalid Load, want 0", n)
-	}
+	require.ErrorIs(t, s.Load(ctx, "ok0", -1), stock.ErrInvalid)
+	require.Zero(t, remaining(t, s, "ok0"), "after an invalid Load")
 }
 
 // TestApplicationsPerEvent: Applications counts per event (sku, id, type), "0 or 1 in a correct
@@ -68,26 +59,18 @@ func TestApplicationsPerEvent(t *testing.T) {
 			ctx := context.Background()
 			s := memstore.New()
 			for _, ev := range tc.evs {
-				if err := s.Load(ctx, ev.SKU, 10); err != nil && !errors.Is(err, stock.ErrLoaded) {
-					t.Fatal(err)
+				if err := s.Load(ctx, ev.SKU, 10); !errors.Is(err, stock.ErrLoaded) {
+					require.NoError(t, err)
 				}
 			}
 			for _, ev := range tc.evs {
-				if err := s.Apply(ctx, ev); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, s.Apply(ctx, ev))
 			}
 			for _, ev := range tc.evs {
-				if n := s.Applications(ev.SKU, ev.ID, ev.Type); n != 1 {
-					t.Fatalf("Applications(%q, %q, %s) = %d, want 1", ev.SKU, ev.ID, ev.Type, n)
-				}
-				if n := s.Applications(ev.SKU, ev.ID, stock.EventRestored); n != 0 {
-					t.Fatalf("Applications of a restore of %q/%q never applied = %d, want 0", ev.SKU, ev.ID, n)
-				}
+				require.Equal(t, 1, s.Applications(ev.SKU, ev.ID, ev.Type), "%q/%q %s", ev.SKU, ev.ID, ev.Type)
+				require.Zero(t, s.Applications(ev.SKU, ev.ID, stock.EventRestored), "a restore of %q/%q never applied", ev.SKU, ev.ID)
 			}
-			if m := s.MaxApplications(); m != 1 {
-				t.Fatalf("MaxApplications() = %d after distinct events applied once each, want 1", m)
-			}
+			require.Equal(t, 1, s.MaxApplications(), "after distinct events applied once each")
 		})
 	}
 }
@@ -101,9 +84,7 @@ func event(typ stock.EventType, sku, id string, qty int64) stock.Event {
 func remaining(t *testing.T, s *memstore.Store, sku string) int64 {
 	t.Helper()
 	n, err := s.Remaining(context.Background(), sku)
-	if err != nil {
-		t.Fatalf("Remaining(%q): %v", sku, err)
-	}
+	require.NoError(t, err, "Remaining(%q)", sku)
 	return n
 }
 
@@ -117,43 +98,32 @@ func TestSameEventConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	var errs atomic.Int64
 	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := s.Apply(ctx, event(stock.EventDeducted, "a", "o1", 7)); err != nil {
 				errs.Add(1)
 			}
 			if err := s.Apply(ctx, event(stock.EventRestored, "a", "o2", 5)); err != nil { // tombstone
 				errs.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	if errs.Load() != 0 {
-		t.Fatalf("%d errors from concurrent repeats of one event", errs.Load())
-	}
-	if n := remaining(t, s, "a"); n != 93 {
-		t.Fatalf("remaining %d, want 93", n)
-	}
-	if s.Applications("a", "o1", stock.EventDeducted) != 1 || s.MaxApplications() != 1 {
-		t.Fatalf("applications %d, max %d; want 1", s.Applications("a", "o1", stock.EventDeducted), s.MaxApplications())
-	}
+	require.Zero(t, errs.Load(), "errors from concurrent repeats of one event")
+	require.Equal(t, int64(93), remaining(t, s, "a"))
+	require.Equal(t, 1, s.Applications("a", "o1", stock.EventDeducted))
+	require.Equal(t, 1, s.MaxApplications())
 	// Concurrent duplicate restores of the applied id give back once.
 	for range 64 {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = s.Apply(ctx, event(stock.EventRestored, "a", "o1", 7)) }()
 	}
 	wg.Wait()
-	if n := remaining(t, s, "a"); n != 100 {
-		t.Fatalf("remaining after 64 restores of one id: %d, want 100", n)
-	}
+	require.Equal(t, int64(100), remaining(t, s, "a"), "after 64 restores of one id")
 	// The tombstoned id can never take stock.
-	if err := s.Apply(ctx, event(stock.EventDeducted, "a", "o2", 5)); err != nil && !errors.Is(err, stock.ErrRefused) {
-		t.Fatal(err)
+	if err := s.Apply(ctx, event(stock.EventDeducted, "a", "o2", 5)); !errors.Is(err, stock.ErrRefused) {
+		require.NoError(t, err)
 	}
-	if n := remaining(t, s, "a"); n != 100 {
-		t.Fatalf("a late deduct of a tombstoned id took stock: %d", n)
-	}
+	require.Equal(t, int64(100), remaining(t, s, "a"), "a late deduct of a tombstoned id took stock")
 }
 
 // TestMixedConcurrency: many goroutines deduct, restore (before or after the deduct) and
@@ -207,9 +177,7 @@ func TestMixedConcurrency(t *testing.T) {
 		}
 	}
 	for i, o := range ops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var evs []stock.Event
 			evs = append(evs, event(stock.EventDeducted, o.sku, o.id, o.qty), event(stock.EventDeducted, o.sku, o.id, o.qty))
 			if restoreIdx[i] {
@@ -227,27 +195,19 @@ func TestMixedConcurrency(t *testing.T) {
 					t.Errorf("Apply %+v: %v", e, err)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(stop)
 	mon.Wait()
-	if minSeen.Load() < 0 {
-		t.Fatalf("remaining went below zero: %d", minSeen.Load())
-	}
-	if s.MaxApplications() > 1 {
-		t.Fatalf("an event changed the stock %d times", s.MaxApplications())
-	}
+	require.GreaterOrEqual(t, minSeen.Load(), int64(0), "remaining went below zero")
+	require.LessOrEqual(t, s.MaxApplications(), 1, "an event changed the stock more than once")
 	taken := map[string]int64{}
 	for _, o := range ops {
 		m, err := s.Records(ctx, o.sku, []string{o.id})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rec, ok := m[o.id]
-		if !ok {
-			t.Fatalf("no record of %s/%s", o.sku, o.id)
-		}
+		require.True(t, ok, "no record of %s/%s", o.sku, o.id)
 		switch rec.Status {
 		case stock.StateApplied:
 			taken[o.sku] += o.qty
@@ -255,27 +215,18 @@ func TestMixedConcurrency(t *testing.T) {
 		default:
 			t.Fatalf("record %+v", rec)
 		}
-		if rec.Status == stock.StateApplied && s.Applications(o.sku, o.id, stock.EventDeducted) != 1 {
-			t.Fatalf("%s/%s applied but counted %d times", o.sku, o.id, s.Applications(o.sku, o.id, stock.EventDeducted))
+		if rec.Status == stock.StateApplied {
+			require.Equal(t, 1, s.Applications(o.sku, o.id, stock.EventDeducted), "%s/%s applied", o.sku, o.id)
 		}
 	}
 	for _, sku := range skus {
-		n := remaining(t, s, sku)
-		if n < 0 || n != loaded-taken[sku] {
-			t.Fatalf("%s: remaining %d, want %d - %d applied", sku, n, loaded, taken[sku])
-		}
+		require.Equal(t, loaded-taken[sku], remaining(t, s, sku), "%s: loaded - applied", sku)
 		recs, err := s.List(ctx, sku, "", 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for i := 1; i < len(recs); i++ {
-			if recs[i-1].ID >= recs[i].ID {
-				t.Fatalf("List of %s out of order at %d: %q, %q", sku, i, recs[i-1].ID, recs[i].ID)
-			}
+			require.Less(t, recs[i-1].ID, recs[i].ID, "List of %s out of order at %d", sku, i)
 		}
-		if len(recs) != len(ops)/len(skus) {
-			t.Fatalf("List of %s: %d records, want %d", sku, len(recs), len(ops)/len(skus))
-		}
+		require.Len(t, recs, len(ops)/len(skus), "List of %s", sku)
 	}
 }
 
@@ -288,16 +239,11 @@ func TestFailWith(t *testing.T) {
 	_ = s.Load(ctx, "a", 10)
 	_ = s.Load(ctx, "b", 10)
 	s.FailWith(memstore.Down)
-	if err := s.Apply(ctx, event(stock.EventDeducted, "a", "o1", 1)); !errors.Is(err, memstore.ErrDown) {
-		t.Fatalf("Apply while down = %v, want ErrDown", err)
-	}
-	if m, _ := s.Records(ctx, "a", []string{"o1"}); len(m) != 0 || remaining(t, s, "a") != 10 {
-		t.Fatalf("a failed Apply changed something: %+v", m)
-	}
+	require.ErrorIs(t, s.Apply(ctx, event(stock.EventDeducted, "a", "o1", 1)), memstore.ErrDown, "Apply while down")
+	m, _ := s.Records(ctx, "a", []string{"o1"})
+	require.Empty(t, m, "a failed Apply recorded")
 	// Reads keep working while down (the reconciler needs them).
-	if _, err := s.Remaining(ctx, "a"); err != nil {
-		t.Fatal(err)
-	}
+	require.Equal(t, int64(10), remaining(t, s, "a"), "a failed Apply took stock")
 	// Fail only item b.
 	s.FailWith(func(e stock.Event) error {
 		if e.SKU == "b" {
@@ -311,16 +257,17 @@ func TestFailWith(t *testing.T) {
 		event(stock.EventDeducted, "b", "o3", 1),   // down: stops it
 		event(stock.EventDeducted, "a", "o4", 1),
 	})
-	if len(errs) != 4 || errs[0] != nil || !errors.Is(errs[1], stock.ErrRefused) || !errors.Is(errs[2], memstore.ErrDown) ||
-		errs[3] == nil || errors.Is(errs[3], stock.ErrRefused) || errors.Is(errs[3], stock.ErrInvalid) {
-		t.Fatalf("ApplyBatch with b down = %v", errs)
-	}
-	if remaining(t, s, "a") != 9 || remaining(t, s, "b") != 10 {
-		t.Fatalf("remaining a %d, b %d; want 9, 10", remaining(t, s, "a"), remaining(t, s, "b"))
-	}
-	if m, _ := s.Records(ctx, "a", []string{"o4"}); len(m) != 0 {
-		t.Fatalf("an event after the failure was recorded: %+v", m)
-	}
+	require.Len(t, errs, 4)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], stock.ErrRefused)
+	require.ErrorIs(t, errs[2], memstore.ErrDown)
+	require.Error(t, errs[3])
+	require.NotErrorIs(t, errs[3], stock.ErrRefused)
+	require.NotErrorIs(t, errs[3], stock.ErrInvalid)
+	require.Equal(t, int64(9), remaining(t, s, "a"))
+	require.Equal(t, int64(10), remaining(t, s, "b"))
+	m, _ = s.Records(ctx, "a", []string{"o4"})
+	require.Empty(t, m, "an event after the failure was recorded")
 	// Toggling FailWith while applies run: every event is applied at most once, and each one
 	// is applied once in the end.
 	var wg sync.WaitGroup
@@ -342,13 +289,12 @@ func TestFailWith(t *testing.T) {
 	wg.Wait()
 	s.FailWith(nil)
 	for i := range 50 {
-		if err := s.Apply(ctx, event(stock.EventDeducted, "b", fmt.Sprint("t", i), 1)); err != nil && !errors.Is(err, stock.ErrRefused) {
-			t.Fatal(err)
+		if err := s.Apply(ctx, event(stock.EventDeducted, "b", fmt.Sprint("t", i), 1)); !errors.Is(err, stock.ErrRefused) {
+			require.NoError(t, err)
 		}
 	}
-	if n := remaining(t, s, "b"); n != 0 || s.MaxApplications() != 1 {
-		t.Fatalf("b remaining %d (want 0), max applications %d", n, s.MaxApplications())
-	}
+	require.Zero(t, remaining(t, s, "b"))
+	require.Equal(t, 1, s.MaxApplications())
 }
 
 // TestNamesAndBounds: item and id names with separators and non-ASCII characters are kept
@@ -358,66 +304,33 @@ func TestNamesAndBounds(t *testing.T) {
 	s := memstore.New()
 	names := []string{"a", "a:", "a:b", "a~b", "ü", "ü:ñ~🙂", "a:b:c"}
 	for i, sku := range names {
-		if err := s.Load(ctx, sku, int64(10+i)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, s.Load(ctx, sku, int64(10+i)))
 	}
-	if err := s.Load(ctx, "a:b", 1); !errors.Is(err, stock.ErrLoaded) {
-		t.Fatalf("second Load = %v, want ErrLoaded", err)
-	}
+	require.ErrorIs(t, s.Load(ctx, "a:b", 1), stock.ErrLoaded, "second Load")
 	for _, sku := range names {
-		if err := s.Apply(ctx, event(stock.EventDeducted, sku, "o:1~ü", 1)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, s.Apply(ctx, event(stock.EventDeducted, sku, "o:1~ü", 1)))
 	}
 	for i, sku := range names {
-		if n := remaining(t, s, sku); n != int64(9+i) {
-			t.Fatalf("%q: remaining %d, want %d (ids scoped per item)", sku, n, 9+i)
-		}
+		require.Equal(t, int64(9+i), remaining(t, s, sku), "%q: ids scoped per item", sku)
 	}
 	items, err := s.ListItems(ctx, "", 100)
-	if err != nil || len(items) != len(names) {
-		t.Fatalf("ListItems = %q, %v", items, err)
-	}
-	for i := 1; i < len(items); i++ {
-		if items[i-1] >= items[i] {
-			t.Fatalf("ListItems not in byte order: %q", items)
-		}
-	}
+	require.NoError(t, err)
+	require.Len(t, items, len(names))
+	require.True(t, slices.IsSorted(items), "ListItems not in byte order: %q", items)
+	require.Len(t, slices.Compact(slices.Clone(items)), len(items), "ListItems repeats: %q", items)
 	page, _ := s.ListItems(ctx, "a:", 2)
-	if len(page) != 2 || page[0] != "a:b" || page[1] != "a:b:c" {
-		t.Fatalf("ListItems after %q = %q", "a:", page)
-	}
+	require.Equal(t, []string{"a:b", "a:b:c"}, page, "ListItems after %q", "a:")
 
 	// MaxQty boundaries.
 	_ = s.Load(ctx, "max", stock.MaxQty)
-	if err := s.Apply(ctx, event(stock.EventDeducted, "max", "big", stock.MaxQty+1)); !errors.Is(err, stock.ErrInvalid) {
-		t.Fatalf("qty MaxQty+1 = %v, want ErrInvalid", err)
+	for _, q := range []int64{stock.MaxQty + 1, 0, -1} {
+		require.ErrorIs(t, s.Apply(ctx, event(stock.EventDeducted, "max", fmt.Sprint("q", q), q)), stock.ErrInvalid, "qty %d", q)
 	}
-	for _, q := range []int64{0, -1} {
-		if err := s.Apply(ctx, event(stock.EventDeducted, "max", fmt.Sprint("q", q), q)); !errors.Is(err, stock.ErrInvalid) {
-			t.Fatalf("qty %d = %v, want ErrInvalid", q, err)
-		}
-	}
-	if err := s.Apply(ctx, event(stock.EventDeducted, "max", "all", stock.MaxQty)); err != nil {
-		t.Fatal(err)
-	}
-	if n := remaining(t, s, "max"); n != 0 {
-		t.Fatalf("remaining %d, want 0", n)
-	}
-	if err := s.Apply(ctx, event(stock.EventDeducted, "max", "one", 1)); !errors.Is(err, stock.ErrRefused) {
-		t.Fatalf("deduct of 1 from 0 = %v, want ErrRefused", err)
-	}
-	if err := s.Apply(ctx, event(stock.EventRestored, "max", "all", stock.MaxQty)); err != nil {
-		t.Fatal(err)
-	}
-	if n := remaining(t, s, "max"); n != stock.MaxQty {
-		t.Fatalf("remaining after the restore %d, want MaxQty", n)
-	}
-	if err := s.Apply(ctx, stock.Event{Type: "bogus", SKU: "max", ID: "x", Qty: 1}); !errors.Is(err, stock.ErrInvalid) {
-		t.Fatalf("unknown event type = %v, want ErrInvalid", err)
-	}
-	if err := s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "", ID: "x", Qty: 1}); !errors.Is(err, stock.ErrInvalid) {
-		t.Fatalf("empty sku = %v, want ErrInvalid", err)
-	}
+	require.NoError(t, s.Apply(ctx, event(stock.EventDeducted, "max", "all", stock.MaxQty)))
+	require.Zero(t, remaining(t, s, "max"))
+	require.ErrorIs(t, s.Apply(ctx, event(stock.EventDeducted, "max", "one", 1)), stock.ErrRefused, "deduct of 1 from 0")
+	require.NoError(t, s.Apply(ctx, event(stock.EventRestored, "max", "all", stock.MaxQty)))
+	require.Equal(t, int64(stock.MaxQty), remaining(t, s, "max"), "after the restore")
+	require.ErrorIs(t, s.Apply(ctx, stock.Event{Type: "bogus", SKU: "max", ID: "x", Qty: 1}), stock.ErrInvalid, "unknown event type")
+	require.ErrorIs(t, s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "", ID: "x", Qty: 1}), stock.ErrInvalid, "empty sku")
 }

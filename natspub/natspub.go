@@ -105,6 +105,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/eventwire"
 )
 
 // DefaultPrefix is the subject prefix a Publisher uses unless WithPrefix says otherwise.
@@ -298,35 +299,7 @@ func MsgID(ev stock.Event) string {
 // are kept and every other byte becomes '%' followed by two upper-case hex digits. The result
 // never holds '.', '*', '>', '/', '%' other than as an escape, or whitespace, and distinct
 // strings give distinct tokens. url.PathUnescape reverses it. Token("") is "".
-func Token(s string) string {
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if !safe(s[i]) {
-			n++
-		}
-	}
-	if n == 0 {
-		return s
-	}
-	const hex = "0123456789ABCDEF"
-	var b strings.Builder
-	b.Grow(len(s) + 2*n)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if safe(c) {
-			b.WriteByte(c)
-			continue
-		}
-		b.WriteByte('%')
-		b.WriteByte(hex[c>>4])
-		b.WriteByte(hex[c&0xF])
-	}
-	return b.String()
-}
-
-func safe(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_'
-}
+func Token(s string) string { return eventwire.Escape(s) }
 
 // StreamConfig returns the configuration EnsureStream creates: a stream named name over the
 // subjects prefix+".>", with a duplicate window of DefaultDuplicateWindow and the server's
@@ -407,17 +380,6 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name, prefix stri
 	}
 }
 
-// wire is the payload as Decode reads it: pointers tell a missing field from a zero one.
-type wire struct {
-	Type *stock.EventType `json:"type"`
-	SKU  *string          `json:"sku"`
-	ID   *string          `json:"id"`
-	User string           `json:"user"`
-	Qty  *int64           `json:"qty"`
-	At   *time.Time       `json:"at"`
-	Seq  int64            `json:"seq"`
-}
-
 // Decode parses a message payload written by a Publisher into the event. The payload must be
 // one JSON object with a non-empty "type", "sku" and "id", a "qty" between 0 and
 // stock.MaxQty, and an "at" time; "user" and "seq" (the event's place in its item's sequence,
@@ -425,42 +387,7 @@ type wire struct {
 // publishers can add some). Anything else gives an error wrapping stock.ErrInvalid: such
 // a message will never decode, so a consumer should terminate it rather than ask for
 // redelivery. Decode accepts event types it does not know, as a Store must.
-func Decode(msg []byte) (stock.Event, error) {
-	var w wire
-	if err := json.Unmarshal(msg, &w); err != nil {
-		return stock.Event{}, fmt.Errorf("%w: natspub: decode event: %v", stock.ErrInvalid, err)
-	}
-	var missing []string
-	if w.Type == nil || *w.Type == "" {
-		missing = append(missing, "type")
-	}
-	if w.SKU == nil || *w.SKU == "" {
-		missing = append(missing, "sku")
-	}
-	if w.ID == nil || *w.ID == "" {
-		missing = append(missing, "id")
-	}
-	if w.Qty == nil {
-		missing = append(missing, "qty")
-	}
-	if w.At == nil {
-		missing = append(missing, "at")
-	}
-	if len(missing) > 0 {
-		return stock.Event{}, fmt.Errorf("%w: natspub: decode event: missing or empty %s",
-			stock.ErrInvalid, strings.Join(missing, ", "))
-	}
-	if w.Seq < 0 {
-		return stock.Event{}, fmt.Errorf("%w: natspub: decode event %s/%s %s: negative seq %d",
-			stock.ErrInvalid, *w.SKU, *w.ID, *w.Type, w.Seq)
-	}
-	ev := stock.Event{Type: *w.Type, SKU: *w.SKU, ID: *w.ID, User: w.User, Qty: *w.Qty, At: *w.At, Seq: w.Seq}
-	if ev.Qty < 0 || ev.Qty > stock.MaxQty {
-		return stock.Event{}, fmt.Errorf("%w: natspub: decode event %s/%s %s: qty %d out of range [0, %d]",
-			stock.ErrInvalid, ev.SKU, ev.ID, ev.Type, ev.Qty, stock.MaxQty)
-	}
-	return ev, nil
-}
+func Decode(msg []byte) (stock.Event, error) { return eventwire.Decode("natspub", msg) }
 
 func checkEvent(ev stock.Event) error {
 	switch {

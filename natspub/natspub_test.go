@@ -4,15 +4,19 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,10 +24,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/queuetest"
+	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/natspub"
+	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
+	"github.com/stockres/stock/stocktest"
 )
 
 // ---- tests that need no server ----
@@ -54,9 +64,7 @@ func TestToken(t *testing.T) {
 		back, err := url.PathUnescape(tok)
 		require.NoError(t, err, tok)
 		assert.Equal(t, s, back, "PathUnescape reverses Token")
-		if prev, dup := seen[tok]; dup {
-			t.Errorf("Token(%q) == Token(%q) == %q", s, prev, tok)
-		}
+		assert.NotContains(t, seen, tok, "Token(%q) == Token(%q) == %q", s, seen[tok], tok)
 		seen[tok] = s
 	}
 }
@@ -140,14 +148,12 @@ func TestDecode(t *testing.T) {
 	for name, payload := range bad {
 		t.Run(name, func(t *testing.T) {
 			_, err := natspub.Decode([]byte(payload))
-			require.Error(t, err)
-			assert.ErrorIs(t, err, stock.ErrInvalid)
-			assert.Contains(t, err.Error(), "natspub: decode event")
+			require.ErrorIs(t, err, stock.ErrInvalid)
+			assert.ErrorContains(t, err, "natspub: decode event")
 		})
 	}
 	_, err = natspub.Decode([]byte(`{"sku":"s","id":"","qty":1}`))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "missing or empty type, id, at")
+	require.ErrorContains(t, err, "missing or empty type, id, at")
 }
 
 func TestNewValidates(t *testing.T) {
@@ -245,7 +251,7 @@ func TestPublishWithoutServer(t *testing.T) {
 	js.err = jetstream.ErrNoStreamResponse
 	err = p.Publish(ctx, ev)
 	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
-	assert.Contains(t, err.Error(), "natspub: publish a.b/r1 restocked")
+	assert.ErrorContains(t, err, "natspub: publish a.b/r1 restocked")
 
 	// A PublisherFunc-style use as a stock.Publisher.
 	var _ stock.Publisher = p
@@ -317,9 +323,7 @@ func silentServer(t *testing.T) string {
 		mu.Unlock()
 		wg.Wait()
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
@@ -351,54 +355,51 @@ func silentServer(t *testing.T) string {
 				}
 			}()
 		}
-	}()
+	})
 	return "nats://" + l.Addr().String()
 }
 
+// TestPublishServerSilent: against a server whose JetStream never answers, Publish is bounded
+// by the caller's deadline, by WithTimeout, or by the JetStream context's default timeout,
+// and a cancelled context fails at once.
 func TestPublishServerSilent(t *testing.T) {
 	nc, err := nats.Connect(silentServer(t), nats.Timeout(2*time.Second), nats.MaxReconnects(0))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
+	jsShort, err := jetstream.New(nc, jetstream.WithDefaultTimeout(300*time.Millisecond))
+	require.NoError(t, err)
 	ev := stock.Event{Type: stock.EventDeducted, SKU: "s", ID: "i", Qty: 1, At: time.Now()}
-
-	// Bounded by the caller's deadline.
-	p, err := natspub.New(js)
+	for _, tc := range []struct {
+		name    string
+		js      jetstream.JetStream
+		opts    []natspub.Option
+		timeout time.Duration // of the caller's context; 0: none
+	}{
+		{name: "caller's deadline", js: js, timeout: 300 * time.Millisecond},
+		{name: "WithTimeout", js: js, opts: []natspub.Option{natspub.WithTimeout(300 * time.Millisecond)}},
+		{name: "JetStream default timeout", js: jsShort},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := natspub.New(tc.js, tc.opts...)
+			require.NoError(t, err)
+			ctx := context.Background()
+			if tc.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.timeout)
+				defer cancel()
+			}
+			start := time.Now()
+			assert.ErrorIs(t, p.Publish(ctx, ev), context.DeadlineExceeded)
+			assert.Less(t, time.Since(start), 3*time.Second)
+		})
+	}
+	p, err := natspub.New(jsShort)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	err = p.Publish(ctx, ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), 3*time.Second)
-
-	// Bounded by WithTimeout when the context has no deadline.
-	p, err = natspub.New(js, natspub.WithTimeout(300*time.Millisecond))
-	require.NoError(t, err)
-	start = time.Now()
-	err = p.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), 3*time.Second)
-
-	// Bounded by the JetStream context's default timeout otherwise.
-	js2, err := jetstream.New(nc, jetstream.WithDefaultTimeout(300*time.Millisecond))
-	require.NoError(t, err)
-	p, err = natspub.New(js2)
-	require.NoError(t, err)
-	start = time.Now()
-	err = p.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), 3*time.Second)
-
-	// A cancelled context.
-	ctx, cancel = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err = p.Publish(ctx, ev)
-	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorIs(t, p.Publish(ctx, ev), context.Canceled)
 }
 
 // ---- tests against a real NATS server (STOCK_TEST_NATS) ----
@@ -442,17 +443,22 @@ func newEnv(t testing.TB) *env {
 	e := &env{nc: nc, js: js, stream: "STOCKTEST_" + sfx, prefix: "stocktest." + sfx}
 	_, err = natspub.EnsureStream(ctx, js, e.stream, e.prefix)
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := js.DeleteStream(ctx, e.stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			t.Errorf("delete stream %s: %v", e.stream, err)
-		}
-	})
+	e.deleteAtCleanup(t, e.stream)
 	return e
 }
 
-func (e *env) publisher(t *testing.T, opts ...natspub.Option) *natspub.Publisher {
+// deleteAtCleanup deletes the stream name, if there is one, when the test ends.
+func (e *env) deleteAtCleanup(t testing.TB, name string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("delete stream %s: %v", name, err)
+		}
+	})
+}
+
+func (e *env) publisher(t testing.TB, opts ...natspub.Option) *natspub.Publisher {
 	t.Helper()
 	p, err := natspub.New(e.js, append([]natspub.Option{natspub.WithPrefix(e.prefix)}, opts...)...)
 	require.NoError(t, err)
@@ -499,6 +505,28 @@ func (e *env) consume(t *testing.T, n int, filter string) []jetstream.Msg {
 	return out
 }
 
+// durable creates the durable pull consumer "store" of every event of the env's stream, whose
+// unacknowledged messages are redelivered after ackWait.
+func (e *env) durable(t testing.TB, ackWait time.Duration) jetstream.Consumer {
+	t.Helper()
+	cons, err := e.js.CreateOrUpdateConsumer(context.Background(), e.stream, jetstream.ConsumerConfig{
+		Durable:       "store",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		FilterSubject: e.prefix + ".>",
+	})
+	require.NoError(t, err)
+	return cons
+}
+
+// decode is natspub.Decode of data, failing the test on an error.
+func decode(t *testing.T, data []byte) stock.Event {
+	t.Helper()
+	ev, err := natspub.Decode(data)
+	require.NoError(t, err)
+	return ev
+}
+
 func event(typ stock.EventType, sku, id string, qty int64) stock.Event {
 	return stock.Event{Type: typ, SKU: sku, ID: id, User: "u-" + id, Qty: qty,
 		At: time.UnixMilli(time.Now().UnixMilli()).UTC()}
@@ -520,13 +548,11 @@ func TestPublishConsume(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for w := 0; w < 6; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w; i < n; i += 6 {
 				errs[i] = p.Publish(ctx, want[i])
 			}
-		}(w)
+		})
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -536,8 +562,7 @@ func TestPublishConsume(t *testing.T) {
 
 	var got []stock.Event
 	for _, m := range e.consume(t, n, "") {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
+		ev := decode(t, m.Data())
 		assert.Equal(t, natspub.Subject(e.prefix, ev.Type, ev.SKU), m.Subject())
 		assert.Equal(t, natspub.MsgID(ev), m.Headers().Get(jetstream.MsgIDHeader))
 		got = append(got, ev)
@@ -545,11 +570,8 @@ func TestPublishConsume(t *testing.T) {
 	assert.ElementsMatch(t, want, got)
 
 	// A consumer filtered on one item by its token sees that item's events only.
-	filtered := e.consume(t, n/4, e.prefix+".*."+natspub.Token("sku-1"))
-	for _, m := range filtered {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
-		assert.Equal(t, "sku-1", ev.SKU)
+	for _, m := range e.consume(t, n/4, e.prefix+".*."+natspub.Token("sku-1")) {
+		assert.Equal(t, "sku-1", decode(t, m.Data()).SKU)
 	}
 }
 
@@ -579,13 +601,19 @@ func TestPublishDeduplicates(t *testing.T) {
 	require.NoError(t, p.Publish(ctx, event(stock.EventDeducted, "a", "b/c", 1)))
 	assert.EqualValues(t, 4, e.msgs(t))
 
-	var got []stock.Event
-	for _, m := range e.consume(t, 4, "") {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
-		got = append(got, ev)
-	}
-	assert.Equal(t, ev, got[0], "the first copy is the one kept")
+	assert.Equal(t, ev, decode(t, e.consume(t, 4, "")[0].Data()), "the first copy is the one kept")
+}
+
+// checkSubject checks that ev is on the subject Subject names: the prefix's tokens, the type
+// and one token that unescapes to the SKU.
+func checkSubject(t *testing.T, prefix, subject string, ev stock.Event) {
+	t.Helper()
+	assert.Equal(t, natspub.Subject(prefix, ev.Type, ev.SKU), subject, "subject of %q", ev.SKU)
+	toks := strings.Split(subject, ".")
+	require.Lenf(t, toks, strings.Count(prefix, ".")+3, "subject %q", subject)
+	sku, err := url.PathUnescape(toks[len(toks)-1])
+	require.NoError(t, err)
+	assert.Equal(t, ev.SKU, sku, "the subject's last token unescapes to the sku")
 }
 
 func TestPublishSpecialSKUs(t *testing.T) {
@@ -602,26 +630,17 @@ func TestPublishSpecialSKUs(t *testing.T) {
 		require.NoErrorf(t, p.Publish(ctx, ev), "sku %q", sku)
 		want = append(want, ev)
 	}
-	msgs := e.consume(t, len(want), "")
 	var got []stock.Event
-	prefixToks := len(strings.Split(e.prefix, "."))
-	for _, m := range msgs {
-		ev, err := natspub.Decode(m.Data())
-		require.NoError(t, err)
+	for _, m := range e.consume(t, len(want), "") {
+		ev := decode(t, m.Data())
 		got = append(got, ev)
-		toks := strings.Split(m.Subject(), ".")
-		require.Lenf(t, toks, prefixToks+2, "subject %q", m.Subject())
-		sku, err := url.PathUnescape(toks[len(toks)-1])
-		require.NoError(t, err)
-		assert.Equal(t, ev.SKU, sku, "the subject's last token unescapes to the sku")
+		checkSubject(t, e.prefix, m.Subject(), ev)
 	}
 	assert.ElementsMatch(t, want, got)
 
 	// The sku ">" must not be taken as a wildcard: a filter on another sku does not see it.
 	only := e.consume(t, 1, e.prefix+".deducted."+natspub.Token("p>q"))
-	ev, err := natspub.Decode(only[0].Data())
-	require.NoError(t, err)
-	assert.Equal(t, "p>q", ev.SKU)
+	assert.Equal(t, "p>q", decode(t, only[0].Data()).SKU)
 }
 
 func TestPublishErrors(t *testing.T) {
@@ -633,15 +652,13 @@ func TestPublishErrors(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := p.Publish(ctx, ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, context.Canceled)
 	// An expired one.
 	ctx, cancel = context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()
 	<-ctx.Done()
 	err = p.Publish(ctx, ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.EqualValues(t, 0, e.msgs(t))
 
 	// No stream bound to the prefix.
@@ -649,8 +666,7 @@ func TestPublishErrors(t *testing.T) {
 		natspub.WithTimeout(5*time.Second))
 	require.NoError(t, err)
 	err = other.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
+	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
 
 	// The wrong expected stream.
 	wrong := e.publisher(t, natspub.WithStream("NOT_"+e.stream))
@@ -673,8 +689,7 @@ func TestPublishErrors(t *testing.T) {
 	nc.Close()
 	start := time.Now()
 	err = closed.Publish(context.Background(), ev)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, nats.ErrConnectionClosed)
+	require.ErrorIs(t, err, nats.ErrConnectionClosed)
 	assert.Less(t, time.Since(start), time.Second)
 }
 
@@ -701,11 +716,7 @@ func TestEnsureStream(t *testing.T) {
 		Storage:    jetstream.MemoryStorage,
 	})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.js.DeleteStream(ctx, name)
-	})
+	e.deleteAtCleanup(t, name)
 	s, err = natspub.EnsureStream(ctx, e.js, name, prefix)
 	require.NoError(t, err)
 	cfg = s.CachedInfo().Config
@@ -720,18 +731,14 @@ func TestEnsureStream(t *testing.T) {
 
 	// A subject another stream owns is an error, not a silent success.
 	clash := "STOCKTEST_CLASH_" + sfx
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.js.DeleteStream(ctx, clash)
-	})
+	e.deleteAtCleanup(t, clash)
 	_, err = natspub.EnsureStream(ctx, e.js, clash, prefix)
 	require.Error(t, err)
 }
 
 // TestPublishBatch: a batch is stored in order with one error per event; an invalid event fails
-// alone and holds back the later events of its item, not those of other items; a publish the
-// stream refuses fails every event.
+// alone and holds back the later events of its item (not sent, so not answered nil), not those
+// of other items; a publish the stream refuses fails every event.
 func TestPublishBatch(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -751,11 +758,27 @@ func TestPublishBatch(t *testing.T) {
 	assert.NoError(t, errs[4])
 	assert.Equal(t, uint64(3), e.msgs(t))
 
+	// An event without id in the middle of one item: the item's later event is not sent.
+	errs = p.PublishBatch(ctx, []stock.Event{queuetest.Ev("n:1", "1", 1), queuetest.Ev("n:1", "", 2),
+		queuetest.Ev("n:1", "3", 3), queuetest.Ev("other", "1", 1)})
+	require.Len(t, errs, 4)
+	assert.NoError(t, errs[0], "the valid first event")
+	assert.ErrorIs(t, errs[1], stock.ErrInvalid)
+	assert.Error(t, errs[2], "the event after the item's invalid one")
+	assert.NoError(t, errs[3], "another item's event")
+	var ids []string
+	for _, m := range e.stored(t) {
+		if ev := decode(t, m.Data); ev.SKU == "n:1" {
+			ids = append(ids, ev.ID)
+		}
+	}
+	assert.Equal(t, []string{"1"}, ids, "the stream holds the item's events before the invalid one only")
+
 	wrong := e.publisher(t, natspub.WithStream("NOT_THIS_ONE"), natspub.WithTimeout(5*time.Second))
 	for _, err := range wrong.PublishBatch(ctx, []stock.Event{mk("c", "1", 1), mk("c", "2", 2)}) {
 		assert.Error(t, err)
 	}
-	assert.Equal(t, uint64(3), e.msgs(t))
+	assert.Equal(t, uint64(5), e.msgs(t))
 }
 
 // stored reads every message the env's stream stores, in stream order.
@@ -763,13 +786,9 @@ func (e *env) stored(t *testing.T) []*jetstream.RawStreamMsg {
 	t.Helper()
 	ctx := context.Background()
 	st, err := e.js.Stream(ctx, e.stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var out []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := st.GetMsg(ctx, seq)
@@ -781,47 +800,12 @@ func (e *env) stored(t *testing.T) []*jetstream.RawStreamMsg {
 	return out
 }
 
-// TestPublishBatchInvalidStopsItem: an invalid event in the middle of one item's batch fails
-// with ErrInvalid, and (as the doc says) the later events of the same item are not sent, while
-// another item's event is.
-func TestPublishBatchInvalidStopsItem(t *testing.T) {
-	e := newEnv(t)
-	pub := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
-	evs := []stock.Event{queuetest.Ev("n:1", "1", 1), queuetest.Ev("n:1", "", 2), queuetest.Ev("n:1", "3", 3), queuetest.Ev("other", "1", 1)}
-	errs := pub.PublishBatch(context.Background(), evs)
-	if len(errs) != len(evs) {
-		t.Fatalf("%d answers for %d events", len(errs), len(evs))
-	}
-	if errs[0] != nil || errs[3] != nil {
-		t.Errorf("the valid first event or another item's event failed: %v", errs)
-	}
-	if !errors.Is(errs[1], stock.ErrInvalid) {
-		t.Errorf("the invalid event: %v, want ErrInvalid", errs[1])
-	}
-	var ids []string
-	for _, m := range e.stored(t) {
-		ev, err := natspub.Decode(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev.SKU == "n:1" {
-			ids = append(ids, ev.ID)
-		}
-	}
-	if errs[2] == nil {
-		t.Errorf("the event after the item's invalid one was sent and answered nil (the stream has %v)", ids)
-	} else if len(ids) != 1 {
-		t.Errorf("answered %v for the event after the invalid one, but the stream has %v", errs[2], ids)
-	}
-}
-
 // TestPublishBatchAwkwardSKUs: with awkward SKUs and ids, every event is stored once, on the
 // subject Subject names (whose last token unescapes to the SKU), with its Nats-Msg-Id, and a
 // second publish of the batch is dropped as a duplicate (within the window) while distinct
 // events whose parts share a '/' are not.
 func TestPublishBatchAwkwardSKUs(t *testing.T) {
 	e := newEnv(t)
-	prefix := e.prefix
 	pub := e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
 	skus := []string{"a.b", "a*b", "a>b", "a/b", "a", "b/c", "ü~ñ", "😀", "%2E", "x y"}
 	var evs []stock.Event
@@ -832,35 +816,283 @@ func TestPublishBatchAwkwardSKUs(t *testing.T) {
 	ctx := context.Background()
 	for round := 0; round < 2; round++ {
 		for i, err := range pub.PublishBatch(ctx, evs) {
-			if err != nil {
-				t.Fatalf("round %d: %s/%s: %v", round, evs[i].SKU, evs[i].ID, err)
-			}
+			require.NoError(t, err, "round %d: %s/%s", round, evs[i].SKU, evs[i].ID)
 		}
 	}
 	msgs := e.stored(t)
-	if len(msgs) != len(evs) {
-		t.Errorf("the stream stores %d messages for %d distinct events published twice", len(msgs), len(evs))
-	}
+	assert.Len(t, msgs, len(evs), "messages stored for distinct events published twice")
 	seen := map[string]bool{}
 	for _, m := range msgs {
-		ev, err := natspub.Decode(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Subject != natspub.Subject(prefix, ev.Type, ev.SKU) {
-			t.Errorf("event of %q on subject %q, want %q", ev.SKU, m.Subject, natspub.Subject(prefix, ev.Type, ev.SKU))
-		}
-		last := m.Subject[strings.LastIndex(m.Subject, ".")+1:]
-		if sku, err := url.PathUnescape(last); err != nil || sku != ev.SKU {
-			t.Errorf("subject token %q unescapes to %q (%v), SKU %q", last, sku, err, ev.SKU)
-		}
-		if id := m.Header.Get("Nats-Msg-Id"); id != natspub.MsgID(ev) {
-			t.Errorf("Nats-Msg-Id %q, MsgID %q", id, natspub.MsgID(ev))
-		}
+		ev := decode(t, m.Data)
+		checkSubject(t, e.prefix, m.Subject, ev)
+		assert.Equal(t, natspub.MsgID(ev), m.Header.Get("Nats-Msg-Id"))
 		k := ev.SKU + "\x00" + ev.ID
-		if seen[k] {
-			t.Errorf("event %q/%q stored twice", ev.SKU, ev.ID)
-		}
+		assert.False(t, seen[k], "event %q/%q stored twice", ev.SKU, ev.ID)
 		seen[k] = true
 	}
+}
+
+// TestPublisherConformance runs the publisher conformance suite on natspub: a stream of its
+// own per check, and a durable pull consumer whose members fetch from it, with an ack wait of
+// one second (a killed member's messages come back after it), and sqlstore on SQLite.
+func TestPublisherConformance(t *testing.T) {
+	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair {
+		e := newEnv(t)
+		const ackWait = time.Second
+		e.durable(t, ackWait)
+		return stocktest.PublisherPair{
+			Publisher: e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second)),
+			NewConsumer: func(t testing.TB) stocktest.Consumer {
+				cons, err := e.js.Consumer(context.Background(), e.stream, "store")
+				require.NoError(t, err)
+				return &jsMember{cons: cons}
+			},
+			Redelivery: ackWait + 500*time.Millisecond,
+			// The consumers apply to sqlstore on a SQLite file, as in production.
+			NewStore: func(t testing.TB) stock.Store { return openStore(t, filepath.Join(t.TempDir(), "store.sqlite")) },
+		}
+	})
+}
+
+// jsMember is one member of a durable pull consumer.
+type jsMember struct {
+	cons jetstream.Consumer
+	dead atomic.Bool
+}
+
+func (m *jsMember) Receive(_ context.Context, n int, wait time.Duration) ([]stocktest.Delivery, error) {
+	if m.dead.Load() {
+		return nil, nil
+	}
+	batch, err := m.cons.Fetch(n, jetstream.FetchMaxWait(max(wait, 100*time.Millisecond)))
+	if err != nil {
+		return nil, err
+	}
+	var out []stocktest.Delivery
+	for msg := range batch.Messages() {
+		out = append(out, jsDelivery{msg})
+	}
+	return out, batch.Error()
+}
+
+// Crash stops the member: what it fetched and did not acknowledge is redelivered after the
+// ack wait, as for a killed process.
+func (m *jsMember) Crash() { m.dead.Store(true) }
+
+type jsDelivery struct{ m jetstream.Msg }
+
+func (d jsDelivery) Event() (stock.Event, error)   { return natspub.Decode(d.m.Data()) }
+func (d jsDelivery) Ack(ctx context.Context) error { return d.m.DoubleAck(ctx) }
+func (d jsDelivery) Retry(context.Context) error   { return d.m.NakWithDelay(100 * time.Millisecond) }
+
+// BenchmarkPublish measures events/s published one by one (Publish: one acknowledgement waited
+// for each) and in batches of 128 events of one item (PublishBatch: 128 asynchronous publishes,
+// then their acknowledgements, as the Relay calls it), on the server of STOCK_TEST_NATS:
+//
+//	STOCK_TEST_NATS=nats://127.0.0.1:4222 go test -run '^$' -bench Publish -benchtime 3s ./natspub
+func BenchmarkPublish(b *testing.B) {
+	e := newEnv(b)
+	queuetest.BenchPublish(b, e.publisher(b, natspub.WithStream(e.stream)))
+}
+
+// The queue path with consumer processes killed by SIGKILL (queuetest.KillRig): Reserver →
+// Relay (no store) → natspub → JetStream → a durable pull consumer in a child process →
+// stock.Consume → sqlstore on a SQLite file that the parent reads too.
+
+// childBroker is how a consumer child reaches JetStream.
+type childBroker struct {
+	NATS, Stream, Durable string
+	Batch                 int
+}
+
+var child = queuetest.Child{
+	Env:      "STOCK_NATSPUB_CONSUMER_CHILD",
+	NewStore: newSQLStore,
+	Consumer: func(t *testing.T, cfg queuetest.ChildConfig) queuetest.Receiver {
+		var b childBroker
+		require.NoError(t, json.Unmarshal(cfg.Broker, &b))
+		if cfg.HangAfterAcks > 0 {
+			b.Batch = 2
+		}
+		nc, err := nats.Connect(b.NATS)
+		require.NoError(t, err)
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		cons, err := js.Consumer(context.Background(), b.Stream, b.Durable)
+		require.NoError(t, err)
+		return func(ctx context.Context) (iter.Seq[queuetest.Message], error) {
+			batch, err := cons.Fetch(b.Batch, jetstream.FetchMaxWait(300*time.Millisecond))
+			if err != nil {
+				return nil, err
+			}
+			return func(yield func(queuetest.Message) bool) {
+				for m := range batch.Messages() {
+					ev, err := natspub.Decode(m.Data())
+					delivered := uint64(0)
+					if md, _ := m.Metadata(); md != nil {
+						delivered = md.NumDelivered
+					}
+					if !yield(queuetest.Message{Event: ev, Err: err, Body: m.Data(), Delivered: delivered,
+						Ack:   func() error { return m.DoubleAck(ctx) },
+						Retry: func() { _ = m.NakWithDelay(100 * time.Millisecond) },
+						Drop:  func() { _ = m.Term() }}) {
+						return
+					}
+				}
+			}, nil
+		}
+	},
+}
+
+// openStore opens sqlstore on the SQLite file path, as the consumer children do.
+func openStore(t testing.TB, path string) queuetest.Store {
+	return queuetest.OpenSQLite(t, path, newSQLStore)
+}
+
+func newSQLStore(db *sql.DB) (queuetest.Store, error) { return sqlstore.New(db, sqlstore.SQLite) }
+
+// TestConsumerProcess is the consumer child; it skips unless child.Env is set.
+func TestConsumerProcess(t *testing.T) { queuetest.RunChild(t, child) }
+
+// newKillRig starts the rig on a stream of the test's own and a durable consumer whose
+// unacknowledged messages are redelivered after ackWait; the rig is settled once the
+// consumer has every message of the stream acknowledged.
+func newKillRig(t *testing.T, ackWait time.Duration) *queuetest.KillRig {
+	var e *env
+	var cb childBroker
+	return queuetest.NewKillRig(t, queuetest.Kill{
+		Child: child,
+		Broker: func() (any, stock.Publisher) {
+			e = newEnv(t)
+			cb = childBroker{NATS: e.nc.ConnectedUrl(), Stream: e.stream, Durable: "store", Batch: 8}
+			e.durable(t, ackWait)
+			return cb, e.publisher(t, natspub.WithStream(e.stream), natspub.WithTimeout(5*time.Second))
+		},
+		Settled: func() bool {
+			ctx := context.Background()
+			cons, err := e.js.Consumer(ctx, cb.Stream, cb.Durable)
+			require.NoError(t, err)
+			info, err := cons.Info(ctx)
+			require.NoError(t, err)
+			return info.NumPending == 0 && info.NumAckPending == 0
+		},
+	})
+}
+
+// TestConsumerKilledKeepsOrder: one unit; deduct a, restore a, deduct b, published to
+// JetStream. A consumer process acks D(a), takes R(a) and is killed by SIGKILL before it acks
+// it; its successor is handed D(b) first, R(a) only after the ack wait. The store must still
+// get R(a) before D(b) (Consume applies R(a) from Redis first): b's sale is applied, not
+// refused and given back.
+func TestConsumerKilledKeepsOrder(t *testing.T) {
+	queuetest.ConsumerKilledKeepsOrder(t, newKillRig(t, 2*time.Second), func(results []string) {
+		require.GreaterOrEqual(t, len(results), 2)
+		assert.True(t, strings.HasPrefix(results[1], "MSG deducted b "),
+			"the successor must be handed D(b) before the redelivered R(a), or the test proves nothing: %s", results[1])
+	})
+}
+
+// TestConsumersKilledRandom: buyers deduct and restore at the edge of the stock of a few items
+// while the relay publishes to JetStream and consumer processes apply the events; three
+// consumers are killed by SIGKILL at random moments, each successor getting redeliveries out
+// of order. No valid sale may be refused by the store, and Redis and the store end equal.
+func TestConsumersKilledRandom(t *testing.T) {
+	queuetest.ConsumersKilledRandom(t, newKillRig(t, time.Second), queuetest.Random{Buyers: 4, Seed: 7,
+		PauseMin: 1, PauseSpread: 4, AliveMin: 400, AliveSpread: 1200, Redelivers: true})
+}
+
+// TestConsumerDiesMidBatch, with the package doc's consumer wiring on real JetStream: one unit
+// sold and given back over and over; a consumer takes a batch, acks part of it and dies; a
+// reconcile pass while it is dead adjusts nothing; its successor gets the rest redelivered
+// after the AckWait, out of order: the store refuses nothing and ends equal to Redis.
+func TestConsumerDiesMidBatch(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	pub := e.publisher(t, natspub.WithStream(e.stream))
+	_, c := redistest.Miniredis(t)
+	r, err := stock.New(c, stock.WithCoalescing(0))
+	require.NoError(t, err)
+	st := memstore.New()
+	const sku = "one.unit*sku"
+	require.NoError(t, r.Load(ctx, sku, 1))
+	require.NoError(t, st.Load(ctx, sku, 1))
+	const n = 15
+	for i := 0; i < n; i++ {
+		id := fmt.Sprint("o", i)
+		_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
+		require.NoError(t, err)
+		if i < n-1 {
+			_, err := r.Restore(ctx, sku, id)
+			require.NoError(t, err)
+		}
+	}
+	rl, err := stockops.NewRelay(r, nil, pub, nil)
+	require.NoError(t, err)
+	_, err = rl.Once(ctx)
+	require.NoError(t, err)
+	cons := e.durable(t, time.Second)
+	handle := func(m jetstream.Msg) (refusedOrBad bool) {
+		ev, err := natspub.Decode(m.Data())
+		if err != nil {
+			_ = m.Term()
+			return true
+		}
+		switch err := stock.Consume(ctx, r, st, ev); {
+		case err == nil:
+			_ = m.Ack()
+		case errors.Is(err, stock.ErrInvalid):
+			_ = m.Term()
+			t.Errorf("terminated %+v: %v", ev, err)
+		default:
+			_ = m.NakWithDelay(200 * time.Millisecond)
+		}
+		return false
+	}
+	// consumer 1: takes 10, handles (acks) the 2nd and 4th only, dies.
+	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(3*time.Second))
+	require.NoError(t, err)
+	k := 0
+	for m := range batch.Messages() {
+		k++
+		if k == 2 || k == 4 {
+			handle(m)
+		}
+	}
+	// consumer down: reconcile
+	rc, _ := stockops.NewReconciler(r, st, nil)
+	res, err := rc.Pass(ctx)
+	require.NoError(t, err)
+	for _, rp := range res.Reports {
+		assert.True(t, rp.Adjusted == 0 && rp.Drift == 0 && rp.Resynced == 0, "pass with the consumer dead: %s", rp)
+	}
+	// consumer 2
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		p, _, err := stockops.Pending(ctx, r, sku)
+		require.NoError(t, err)
+		res, _ := rc.Pass(ctx)
+		done := p == 0 && len(res.Reports) == 1 && res.Reports[0].Published == 0
+		if done {
+			break
+		}
+		_, err = rl.Once(ctx)
+		require.NoError(t, err)
+		batch, err := cons.Fetch(5, jetstream.FetchMaxWait(500*time.Millisecond))
+		require.NoError(t, err)
+		for m := range batch.Messages() {
+			handle(m)
+		}
+	}
+	rem, _ := st.Remaining(ctx, sku)
+	lv, _ := r.Levels(ctx, sku)
+	assert.Zero(t, rem, "store remaining")
+	assert.Zero(t, lv.Available, "redis available")
+	recs, err := st.List(ctx, sku, "", 1000)
+	require.NoError(t, err)
+	for _, rec := range recs {
+		assert.NotEqual(t, stock.StateRefused, rec.Status, "store refused a valid sale: %+v", rec)
+	}
+	le, _ := r.Ledger(ctx, sku, fmt.Sprint("o", n-1))
+	assert.Equal(t, stock.StateApplied, le.State, "the last sale")
+	assert.LessOrEqual(t, st.MaxApplications(), 1, "double application")
 }

@@ -7,14 +7,19 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stockres/stock"
 	"github.com/stockres/stock/sqlstore"
 )
 
@@ -62,17 +67,13 @@ func TestSchemaFilesMatchMigrate(t *testing.T) {
 				admin := openDB(ctx, t, b.driver, dsn)
 				u, err := url.Parse(dsn)
 				require.NoError(t, err)
-				for i := range ns {
-					ns[i] = fmt.Sprintf("stock_schema%d_%08x", i, rand.Uint32())
-					_, err := admin.ExecContext(ctx, "CREATE SCHEMA "+ns[i])
-					require.NoError(t, err)
-					t.Cleanup(func() { _, _ = admin.Exec("DROP SCHEMA " + ns[i] + " CASCADE") })
+				ns, dsns = namespaces(ctx, t, admin, "SCHEMA", " CASCADE", func(n string) string {
 					q := u.Query()
-					q.Set("search_path", ns[i])
+					q.Set("search_path", n)
 					v := *u
 					v.RawQuery = q.Encode()
-					dsns[i] = v.String()
-				}
+					return v.String()
+				})
 				catalog = func(db *sql.DB, ns string) []string {
 					var out []string
 					out = append(out, rows(ctx, t, db, `SELECT c.relname || ' ' || c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 ORDER BY 1`, ns)...)
@@ -88,15 +89,11 @@ WHERE n.nspname = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY 1`, ns)...
 				admin := openDB(ctx, t, b.driver, dsn)
 				cfg, err := mysql.ParseDSN(dsn)
 				require.NoError(t, err)
-				for i := range ns {
-					ns[i] = fmt.Sprintf("stock_schema%d_%08x", i, rand.Uint32())
-					_, err := admin.ExecContext(ctx, "CREATE DATABASE "+ns[i])
-					require.NoError(t, err)
-					t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + ns[i]) })
+				ns, dsns = namespaces(ctx, t, admin, "DATABASE", "", func(n string) string {
 					c := cfg.Clone()
-					c.DBName = ns[i]
-					dsns[i] = c.FormatDSN()
-				}
+					c.DBName = n
+					return c.FormatDSN()
+				})
 				catalog = func(db *sql.DB, _ string) []string {
 					var out []string
 					for _, tbl := range rows(ctx, t, db, `SHOW TABLES`) {
@@ -123,15 +120,17 @@ WHERE n.nspname = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY 1`, ns)...
 	}
 }
 
-func openDB(ctx context.Context, t *testing.T, driver, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open(driver, dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("%s: server unreachable: %v", driver, err)
+// namespaces creates two namespaces of kind ("SCHEMA", "DATABASE") with admin, dropped (with
+// the drop's suffix) when the test ends, and returns their names and the DSNs that open them.
+func namespaces(ctx context.Context, t *testing.T, admin *sql.DB, kind, drop string, dsn func(ns string) string) (ns, dsns [2]string) {
+	for i := range ns {
+		ns[i] = fmt.Sprintf("stock_schema%d_%08x", i, rand.Uint32())
+		_, err := admin.ExecContext(ctx, "CREATE "+kind+" "+ns[i])
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = admin.Exec("DROP " + kind + " " + ns[i] + drop) })
+		dsns[i] = dsn(ns[i])
 	}
-	return db
+	return ns, dsns
 }
 
 // rows returns the single string column of a query's rows.
@@ -148,4 +147,206 @@ func rows(ctx context.Context, t *testing.T, db *sql.DB, q string, args ...any) 
 	}
 	require.NoError(t, rs.Err())
 	return out
+}
+
+// Environment of a TestMigrateChildProcess run, set by TestMigrateConcurrentProcesses.
+const (
+	childDriver  = "STOCK_MIGRATE_CHILD_DRIVER"  // database/sql driver name
+	childDSN     = "STOCK_MIGRATE_CHILD_DSN"     // its DSN
+	childDialect = "STOCK_MIGRATE_CHILD_DIALECT" // sqlstore.Dialect as a number
+	childPrefix  = "STOCK_MIGRATE_CHILD_PREFIX"  // table prefix
+	childStart   = "STOCK_MIGRATE_CHILD_START"   // Unix time in ns at which to call Migrate
+)
+
+// TestMigrateChildProcess is one process of TestMigrateConcurrentProcesses: it opens the
+// database, waits for the common start time and runs Migrate once. It does nothing when run
+// on its own.
+func TestMigrateChildProcess(t *testing.T) {
+	driver := os.Getenv(childDriver)
+	if driver == "" {
+		t.Skip("runs only as a child process of TestMigrateConcurrentProcesses")
+	}
+	d, err := strconv.Atoi(os.Getenv(childDialect))
+	require.NoError(t, err)
+	start, err := strconv.ParseInt(os.Getenv(childStart), 10, 64)
+	require.NoError(t, err)
+	db, err := sql.Open(driver, os.Getenv(childDSN))
+	require.NoError(t, err)
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, db.PingContext(ctx)) // connect before the start, to meet the others there
+	s, err := sqlstore.New(db, sqlstore.Dialect(d), sqlstore.WithTablePrefix(os.Getenv(childPrefix)))
+	require.NoError(t, err)
+	time.Sleep(time.Until(time.Unix(0, start)))
+	require.NoError(t, s.Migrate(ctx), "MIGRATE FAILED")
+}
+
+// TestMigrateConcurrentProcesses runs Migrate in three processes at the same moment on fresh
+// tables, several times, on every backend: every process must succeed and the tables must
+// work. Before Migrate took a lock, PostgreSQL failed most rounds with 23505 on
+// pg_type_typname_nsp_index, 42P07 or 42710.
+func TestMigrateConcurrentProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	if os.Getenv("STOCK_TEST_POSTGRES") == "" || os.Getenv("STOCK_TEST_MYSQL") == "" {
+		t.Log("STOCK_TEST_POSTGRES and STOCK_TEST_MYSQL name the PostgreSQL and MariaDB/MySQL servers this test also runs on; unset ones are skipped")
+	}
+	const rounds, procs = 8, 3
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()    // tables of its own on each server
+			dsn := b.dsn(t) // one SQLite file for all rounds and processes
+			pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer pcancel()
+			db := openDB(pctx, t, b.driver, dsn)
+			failed := 0
+			for round := 0; round < rounds; round++ {
+				prefix := freshPrefix(t, db, "m")
+				start := time.Now().Add(time.Second).UnixNano()
+				outs := make([]string, procs)
+				errs := make([]error, procs)
+				var wg sync.WaitGroup
+				for p := 0; p < procs; p++ {
+					wg.Go(func() {
+						cmd := exec.Command(os.Args[0], "-test.run=^TestMigrateChildProcess$", "-test.count=1", "-test.v")
+						cmd.Env = append(os.Environ(),
+							childDriver+"="+b.driver, childDSN+"="+dsn, childDialect+"="+strconv.Itoa(int(b.dialect)),
+							childPrefix+"="+prefix, childStart+"="+strconv.FormatInt(start, 10))
+						out, err := cmd.CombinedOutput()
+						outs[p], errs[p] = string(out), err
+					})
+				}
+				wg.Wait()
+				for p := 0; p < procs; p++ {
+					if errs[p] != nil {
+						failed++
+						t.Errorf("round %d, process %d: %v\n%s", round, p, errs[p], migrateFailure(outs[p]))
+					} else if !strings.Contains(outs[p], "--- PASS: TestMigrateChildProcess") {
+						t.Errorf("round %d, process %d did not run Migrate:\n%s", round, p, outs[p])
+					}
+				}
+				// The tables work: load an item and read it back.
+				s, err := sqlstore.New(db, b.dialect, sqlstore.WithTablePrefix(prefix))
+				require.NoError(t, err)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := s.Load(ctx, "sku", 3); err != nil {
+					t.Errorf("round %d: Load on the migrated tables: %v", round, err)
+				} else if n, err := s.Remaining(ctx, "sku"); err != nil || n != 3 {
+					t.Errorf("round %d: Remaining = %d, %v; want 3", round, n, err)
+				}
+			}
+			t.Logf("%s: %d rounds of %d concurrent Migrate processes, %d failed", b.name, rounds, procs, failed)
+		})
+	}
+}
+
+// migrateFailure returns the line of a child's output that gives Migrate's error, or all of it.
+func migrateFailure(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "MIGRATE FAILED") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return out
+}
+
+// TestMigrateWaitsForLock holds the migration lock of a prefix from another session, as a
+// concurrent Migrate would: Migrate must wait for it (and give up when its context ends,
+// creating nothing), then succeed once the lock is released.
+func TestMigrateWaitsForLock(t *testing.T) {
+	ran := false
+	for _, b := range backends() {
+		var lock, unlock string
+		switch b.dialect {
+		case sqlstore.Postgres:
+			lock, unlock = `SELECT pg_advisory_lock($1, hashtext($2))`, `SELECT pg_advisory_unlock($1, hashtext($2))`
+		case sqlstore.MySQL:
+			lock, unlock = `SELECT GET_LOCK(?, 10)`, `SELECT RELEASE_LOCK(?)`
+		default:
+			continue // SQLite: the database lock, which TestMigrateConcurrentProcesses covers
+		}
+		ran = true
+		t.Run(b.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			db := openDB(ctx, t, b.driver, b.dsn(t))
+			prefix := freshPrefix(t, db, "w")
+			args := []any{"stock_migrate:" + prefix}
+			if b.dialect == sqlstore.Postgres {
+				args = append([]any{0x73746f63}, args...)
+			}
+			conn, err := db.Conn(ctx)
+			require.NoError(t, err)
+			defer conn.Close()
+			_, err = conn.ExecContext(ctx, lock, args...)
+			require.NoError(t, err)
+
+			s, err := sqlstore.New(db, b.dialect, sqlstore.WithTablePrefix(prefix))
+			require.NoError(t, err)
+			wctx, wcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			err = s.Migrate(wctx)
+			wcancel()
+			require.Error(t, err, "Migrate ran while another session held the migration lock")
+			_, lerr := s.Remaining(ctx, "sku")
+			require.Error(t, lerr)
+			require.NotContains(t, lerr.Error(), "not loaded", "Migrate created the tables while another session held the lock")
+
+			_, err = conn.ExecContext(ctx, unlock, args...)
+			require.NoError(t, err)
+			require.NoError(t, s.Migrate(ctx))
+			require.NoError(t, s.Load(ctx, "sku", 1))
+		})
+	}
+	if !ran {
+		t.Skip("needs PostgreSQL or MySQL/MariaDB: set STOCK_TEST_POSTGRES or STOCK_TEST_MYSQL")
+	}
+}
+
+// TestMigrateConcurrentPools runs Migrate at the same moment from eight stores on separate
+// *sql.DB pools (as separate processes would), on fresh tables and then again on existing
+// ones, on every backend: every call must succeed and the store must work afterwards.
+func TestMigrateConcurrentPools(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := b.dsn(t)
+			const procs = 8
+			dbs := make([]*sql.DB, procs)
+			for i := range dbs {
+				dbs[i] = openDB(ctx, t, b.driver, dsn)
+			}
+			prefix := freshPrefix(t, dbs[0], "p")
+			// migrate runs Migrate from every pool at the same moment.
+			migrate := func(tables string) {
+				var wg sync.WaitGroup
+				errs := make([]error, procs)
+				start := make(chan struct{})
+				for i := range procs {
+					wg.Go(func() {
+						s, err := sqlstore.New(dbs[i], b.dialect, sqlstore.WithTablePrefix(prefix))
+						<-start
+						if errs[i] = err; err == nil {
+							errs[i] = s.Migrate(ctx)
+						}
+					})
+				}
+				close(start)
+				wg.Wait()
+				for i, err := range errs {
+					assert.NoError(t, err, "process %d: Migrate on %s tables", i, tables)
+				}
+			}
+			migrate("fresh")
+			s, _ := sqlstore.New(dbs[0], b.dialect, sqlstore.WithTablePrefix(prefix))
+			require.NoError(t, s.Load(ctx, "m", 2))
+			require.NoError(t, s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "m", ID: "a", Qty: 1, Seq: 1, At: time.Now()}))
+			rem, err := s.Remaining(ctx, "m")
+			require.NoError(t, err)
+			require.Equal(t, int64(1), rem)
+			migrate("existing")
+		})
+	}
 }

@@ -174,10 +174,9 @@ func TestBatchErrors(t *testing.T) {
 		assert.ErrorContains(t, errs[2], "WRONGTYPE")
 		assert.ErrorContains(t, errs[3], "not appended after an earlier failure")
 		assert.ErrorContains(t, errs[4], "not appended after an earlier failure")
-		n, err := c.Do(ctx, c.B().Xlen().Key(pub.Stream(a)).Build()).AsInt64()
-		require.NoError(t, err)
-		require.Equal(t, int64(1), n, "a's stream stops at its invalid event")
-		assert.Equal(t, "1", entries(t, ctx, c, pub.Stream(a))[0].ID)
+		got := entries(t, ctx, c, pub.Stream(a))
+		require.Len(t, got, 1, "a's stream stops at its invalid event")
+		assert.Equal(t, "1", got[0].ID)
 	})
 }
 
@@ -306,30 +305,15 @@ func TestPublishBatchInvalidStopsStream(t *testing.T) {
 		bad := queuetest.Ev(skuA, "", 2) // no id: invalid
 		evs := []stock.Event{queuetest.Ev(skuA, "1", 1), queuetest.Ev(skuB, "1", 1), bad, queuetest.Ev(skuB, "2", 2), queuetest.Ev(skuA, "3", 3)}
 		errs := pub.PublishBatch(ctx, evs)
-		if len(errs) != len(evs) {
-			t.Fatalf("%d answers for %d events", len(errs), len(evs))
+		require.Len(t, errs, len(evs))
+		for _, i := range []int{0, 1, 3} {
+			assert.NoError(t, errs[i], "a valid event before the bad one, or of another stream")
 		}
-		if errs[0] != nil || errs[1] != nil || errs[3] != nil {
-			t.Errorf("valid events before the bad one, or of another stream, failed: %v", errs)
-		}
-		if !errors.Is(errs[2], stock.ErrInvalid) {
-			t.Errorf("the invalid event: %v, want ErrInvalid", errs[2])
-		}
-		gotA := entries(t, ctx, c, pub.Stream(skuA))
-		gotB := entries(t, ctx, c, pub.Stream(skuB))
-		if len(gotB) != 2 {
-			t.Errorf("stream of %q has %d entries, want 2", skuB, len(gotB))
-		}
-		var idsA []string
-		for _, ev := range gotA {
-			idsA = append(idsA, ev.ID)
-		}
-		if errs[4] == nil {
-			t.Errorf("the event after the invalid one was answered nil: the item's stream has %v, "+
-				"the event after a failure of its stream was appended (out of order)", idsA)
-		} else if len(gotA) != 1 {
-			t.Errorf("answered %v for the event after the bad one, but the item's stream has %v", errs[4], idsA)
-		}
+		assert.ErrorIs(t, errs[2], stock.ErrInvalid)
+		assert.Len(t, entries(t, ctx, c, pub.Stream(skuB)), 2, "the other item's stream")
+		// Appended after a failure of its stream, the event would be out of order.
+		assert.Error(t, errs[4], "the event after the invalid one")
+		assert.Len(t, entries(t, ctx, c, pub.Stream(skuA)), 1, "the item's stream")
 	})
 }
 
@@ -343,9 +327,7 @@ func TestPublishCancelledContext(t *testing.T) {
 		cancel()
 		evs := []stock.Event{queuetest.Ev("c", "1", 1), queuetest.Ev("c", "2", 2), queuetest.Ev("d", "1", 1)}
 		errs := pub.PublishBatch(ctx, evs)
-		if len(errs) != len(evs) {
-			t.Fatalf("%d answers for %d events", len(errs), len(evs))
-		}
+		require.Len(t, errs, len(evs))
 		perr := pub.Publish(ctx, queuetest.Ev("c", "9", 9))
 		in := map[string]bool{}
 		for _, s := range pub.Streams() {
@@ -353,13 +335,11 @@ func TestPublishCancelledContext(t *testing.T) {
 				in[ev.SKU+"/"+ev.ID] = true
 			}
 		}
+		evs, errs = append(evs, queuetest.Ev("c", "9", 9)), append(errs, perr) // Publish's event last
 		for i, ev := range evs {
-			if errs[i] == nil && !in[ev.SKU+"/"+ev.ID] {
-				t.Errorf("event %s/%s answered nil on a cancelled context, not in its stream", ev.SKU, ev.ID)
+			if errs[i] == nil {
+				assert.True(t, in[ev.SKU+"/"+ev.ID], "event %s/%s answered nil on a cancelled context, not in its stream", ev.SKU, ev.ID)
 			}
-		}
-		if perr == nil && !in["c/9"] {
-			t.Errorf("Publish answered nil on a cancelled context, the event is not in its stream")
 		}
 	})
 }
@@ -378,48 +358,33 @@ func TestConsumerGarbageEntries(t *testing.T) {
 			for i := 0; i+1 < len(fv); i += 2 {
 				cmd = cmd.FieldValue(fv[i], fv[i+1])
 			}
-			if err := c.Do(ctx, cmd.Build()).Error(); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, c.Do(ctx, cmd.Build()).Error())
 		}
 		add("other", "x")
 		add(streampub.Field, "{not json")
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"1","qty":-5,"at":"2024-01-01T00:00:00Z"}`)
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"2","qty":1,"at":"2024-01-01T00:00:00Z"} {"x":1}`)
 		add(streampub.Field, `{"type":"deducted","sku":"g","id":"3","qty":1,"at":"2024-01-01T00:00:00Z"}`, "extra", "y")
-		if err := pub.Publish(ctx, queuetest.Ev("g", "4", 4)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, pub.Publish(ctx, queuetest.Ev("g", "4", 4)))
 		cons, err := streampub.NewConsumer(c, "g", "one", pub.Streams(), &streampub.ConsumerOptions{Poll: 10 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		var good, garbage []string
 		for i := 0; i < 10 && len(good)+len(garbage) < 6; i++ {
 			msgs, err := cons.Receive(ctx, 10, 100*time.Millisecond)
-			if err != nil {
-				t.Fatalf("Receive: %v", err)
-			}
+			require.NoError(t, err, "Receive")
 			for _, m := range msgs {
 				if m.Err != nil {
-					if !errors.Is(m.Err, stock.ErrInvalid) {
-						t.Errorf("garbage entry %s: %v, want ErrInvalid", m.ID, m.Err)
-					}
+					assert.ErrorIs(t, m.Err, stock.ErrInvalid, "garbage entry %s", m.ID)
 					garbage = append(garbage, m.ID)
 				} else {
 					good = append(good, m.Event.ID)
 				}
-				if err := cons.Ack(ctx, m); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, cons.Ack(ctx, m))
 			}
 		}
-		if len(garbage) != 4 || len(good) != 2 {
-			t.Errorf("received %d garbage entries and events %v; want 4 garbage and events [3 4]", len(garbage), good)
-		}
-		if n := pending(t, c, s, "g"); n != 0 {
-			t.Errorf("%d entries still pending after every one was acknowledged", n)
-		}
+		assert.Len(t, garbage, 4, "garbage entries")
+		assert.Equal(t, []string{"3", "4"}, good, "events")
+		assert.Zero(t, pending(t, c, s, "g"), "entries still pending after every one was acknowledged")
 	})
 }
 
@@ -447,20 +412,15 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 		rng := rand.New(rand.NewPCG(18, 1))
 		pub := newGroupPublisher(t, c, "store", streampub.WithShards(2), streampub.WithMaxLen(5))
 		rl, err := stockops.NewRelay(p.R, nil, pub, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		p.Traffic(t, 60, rng)
 		p.Drain(t, rl)
 		opts := &streampub.ConsumerOptions{MinIdle: 300 * time.Millisecond, Poll: 10 * time.Millisecond}
 		dead, err := streampub.NewConsumer(c, "store", "dead", pub.Streams(), opts)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		held, err := dead.Receive(ctx, 1000, time.Second)
-		if err != nil || len(held) == 0 {
-			t.Fatalf("the first consumer received %d entries (%v)", len(held), err)
-		}
+		require.NoError(t, err)
+		require.NotEmpty(t, held, "the first consumer's entries")
 		// It dies holding them. Much more traffic trims the streams past them.
 		p.Traffic(t, 600, rng)
 		p.Drain(t, rl)
@@ -472,23 +432,17 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 		gone := 0
 		for _, m := range held {
 			res, err := c.Do(ctx, c.B().Xrange().Key(m.Stream).Start(m.ID).End(m.ID).Build()).AsXRange()
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if len(res) == 0 {
 				gone++
 			}
 		}
-		if gone == 0 {
-			t.Fatalf("none of the %d entries the dead consumer holds was trimmed: the trim did not happen", len(held))
-		}
+		require.NotZero(t, gone, "none of the %d entries the dead consumer holds was trimmed: the trim did not happen", len(held))
 		t.Logf("the dead consumer holds %d entries, %d of them trimmed", len(held), gone)
 		time.Sleep(400 * time.Millisecond) // past MinIdle for the dead consumer's entries
 		redistest.Sleep(c, 400*time.Millisecond)
 		next, err := streampub.NewConsumer(c, "store", "next", pub.Streams(), opts)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		var rerr error
 		deadline := time.Now().Add(8 * time.Second)
 		quiet := 0
@@ -504,13 +458,9 @@ func TestConsumerTrimmedWhilePending(t *testing.T) {
 			quiet = 0
 			settle(t, p, next, msgs)
 		}
-		if rerr != nil {
-			t.Errorf("Receive failed after the trim: %v", rerr)
-		}
+		assert.NoError(t, rerr, "Receive after the trim")
 		for _, s := range pub.Streams() {
-			if n := pending(t, c, s, "store"); n != 0 {
-				t.Errorf("stream %s: %d entries still pending in the group after the drain", s, n)
-			}
+			assert.Zero(t, pending(t, c, s, "store"), "stream %s: entries still pending in the group after the drain", s)
 		}
 		p.Verify(t)
 	})
@@ -582,4 +532,76 @@ func TestConsumersCrashMidStream(t *testing.T) {
 		stopRelay()
 		p.VerifyCrashed(t, crashedHolding.Load())
 	})
+}
+
+// BenchmarkPublish measures events/s published one by one (Publish, one round trip each) and in
+// batches of 128 events of one item (PublishBatch, as the Relay calls it), on a redis-server
+// when STOCK_REDIS_SERVER is set, else on miniredis:
+//
+//	STOCK_REDIS_SERVER=$(which redis-server) go test -run '^$' -bench Publish -benchtime 3s ./streampub
+func BenchmarkPublish(b *testing.B) {
+	var c rueidis.Client
+	if redistest.ServerBinary(b) != "" {
+		c = redistest.StartServer(b).Client(b)
+	} else {
+		_, c = redistest.Miniredis(b)
+	}
+	pub, err := streampub.New(c)
+	require.NoError(b, err)
+	queuetest.BenchPublish(b, pub)
+}
+
+// BenchmarkRelay measures events/s through a Relay with no store (claim, publish, ack) into
+// the shard streams, with the publisher's PublishBatch (one script call per item's batch of up
+// to 128) and with Publish only (one call per event), on one redis-server holding both the
+// items and the streams. Each round queues 1,024 deducts of one item, untimed, then times the
+// relay draining them:
+//
+//	STOCK_REDIS_SERVER=$(which redis-server) go test -run '^$' -bench Relay -benchtime 20x ./streampub
+func BenchmarkRelay(b *testing.B) {
+	if redistest.ServerBinary(b) == "" {
+		b.Skip("needs STOCK_REDIS_SERVER: miniredis's Lua would be the figure")
+	}
+	c := redistest.StartServer(b).Client(b)
+	r, err := stock.New(c)
+	require.NoError(b, err)
+	pub, err := streampub.New(c)
+	require.NoError(b, err)
+	ctx := context.Background()
+	require.NoError(b, r.Load(ctx, "bench", 1<<40))
+	n := 0
+	for _, tc := range []struct {
+		name string
+		pub  stock.Publisher
+	}{{"one", stock.PublisherFunc(pub.Publish)}, {"batch", pub}} {
+		b.Run(tc.name, func(b *testing.B) {
+			rl, err := stockops.NewRelay(r, nil, tc.pub, &stock.RelayOptions{Batch: 128, Items: []string{"bench"}})
+			require.NoError(b, err)
+			events := 0
+			var spent time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				for range 1024 {
+					n++
+					if _, err := r.Deduct(ctx, stock.Request{SKU: "bench", ID: fmt.Sprint("o", n), Qty: 1}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+				start := time.Now()
+				for {
+					st, err := rl.Once(ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if st.Claimed == 0 {
+						break
+					}
+					events += st.Delivered
+				}
+				spent += time.Since(start)
+			}
+			b.ReportMetric(float64(events)/spent.Seconds(), "events/s")
+		})
+	}
 }

@@ -88,3 +88,36 @@ func Decode(pkg string, msg []byte) (stocktype.Event, error) {
 	}
 	return ev, nil
 }
+
+// Escape escapes s for a name part that must hold only ASCII letters, digits, '-' and '_': every
+// other byte becomes "%XX" (upper-case hex), so that distinct strings stay distinct and
+// url.PathUnescape reverses it. Escape("") is "".
+func Escape(s string) string {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if !safe(s[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(s) + 2*n)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if safe(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&0xF])
+	}
+	return b.String()
+}
+
+func safe(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_'
+}

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // fakeRedis is a RESP server for the tests: PING answers +PONG, INCR key counts, PUSHPING
@@ -26,9 +29,7 @@ type fakeRedis struct {
 func startFake(t *testing.T) *fakeRedis {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	f := &fakeRedis{ln: ln, n: map[string]int{}}
 	f.wg.Go(func() {
 		for {
@@ -115,9 +116,7 @@ func resp(args ...string) string {
 func startProxy(t *testing.T, target string) *Proxy {
 	t.Helper()
 	p, err := Start(target)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	return p
 }
@@ -131,9 +130,7 @@ type client struct {
 func dial(t *testing.T, p *Proxy) *client {
 	t.Helper()
 	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return &client{t: t, c: c, r: bufio.NewReader(c)}
 }
@@ -152,39 +149,41 @@ func (c *client) line(d time.Duration) (string, error) {
 	return strings.TrimSuffix(s, "\r\n"), err
 }
 
-func (c *client) want(want string) {
+// want reads one reply line per want, each within 5s, and fails the test unless they match.
+func (c *client) want(want ...string) {
 	c.t.Helper()
-	got, err := c.line(5 * time.Second)
-	if err != nil || got != want {
-		c.t.Fatalf("reply %q, %v; want %q", got, err, want)
+	for _, w := range want {
+		got, err := c.line(5 * time.Second)
+		if err != nil || got != w {
+			c.t.Fatalf("reply %q, %v; want %q", got, err, w)
+		}
 	}
+}
+
+// setup starts a fake server, a proxy to it and a client of the proxy.
+func setup(t *testing.T) (*fakeRedis, *Proxy, *client) {
+	t.Helper()
+	f := startFake(t)
+	p := startProxy(t, f.ln.Addr().String())
+	return f, p, dial(t, p)
 }
 
 func TestForward(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	_, p, c := setup(t)
 	c.send(resp("PING"), resp("INCR", "a"), resp("INCR", "a"), "PING\r\n") // pipelined, one inline
-	c.want("+PONG")
-	c.want(":1")
-	c.want(":2")
-	c.want("+PONG")
-	if s := p.Stats(); s.Commands != 4 || s.Replies != 4 || s.Accepted != 1 {
-		t.Errorf("stats %+v", s)
-	}
+	c.want("+PONG", ":1", ":2", "+PONG")
+	s := p.Stats()
+	assert.Equal(t, []int64{4, 4}, []int64{s.Commands, s.Replies}, "commands, replies")
+	assert.Equal(t, 1, s.Accepted, "accepted")
 }
 
 func TestLatency(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	_, p, c := setup(t)
 	p.SetLatency(40 * time.Millisecond)
 	began := time.Now()
 	c.send(resp("PING"))
 	c.want("+PONG")
-	if rtt := time.Since(began); rtt < 80*time.Millisecond {
-		t.Errorf("round trip %v with 40ms each way", rtt)
-	}
+	assert.GreaterOrEqual(t, time.Since(began), 80*time.Millisecond, "round trip with 40ms each way")
 	// Pipelined commands overlap: the latency is not paid once per command.
 	began = time.Now()
 	for range 10 {
@@ -193,36 +192,27 @@ func TestLatency(t *testing.T) {
 	for range 10 {
 		c.want("+PONG")
 	}
-	if rtt := time.Since(began); rtt > 400*time.Millisecond {
-		t.Errorf("10 pipelined round trips took %v", rtt)
-	}
+	assert.LessOrEqual(t, time.Since(began), 400*time.Millisecond, "10 pipelined round trips")
 	p.SetLatency(0)
 	began = time.Now()
 	c.send(resp("PING"))
 	c.want("+PONG")
-	if rtt := time.Since(began); rtt > 40*time.Millisecond {
-		t.Errorf("round trip %v without latency", rtt)
-	}
+	assert.LessOrEqual(t, time.Since(began), 40*time.Millisecond, "round trip without latency")
 }
 
 func TestResetAll(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	_, p, c := setup(t)
 	c.send(resp("PING"))
 	c.want("+PONG")
-	if n := p.ResetAll(); n != 1 {
-		t.Errorf("reset %d connections, want 1", n)
-	}
-	if _, err := c.line(5 * time.Second); err == nil || errors.Is(err, errTimeout) {
-		t.Errorf("read after reset: %v, want a broken connection", err)
-	}
+	assert.Equal(t, 1, p.ResetAll(), "connections reset")
+	_, err := c.line(5 * time.Second)
+	assert.Error(t, err, "read after reset: want a broken connection")
+	assert.NotErrorIs(t, err, errTimeout, "read after reset: want a broken connection")
 	c2 := dial(t, p) // the proxy goes on
 	c2.send(resp("PING"))
 	c2.want("+PONG")
-	if s := p.Stats(); s.Reset != 1 || s.Accepted != 2 {
-		t.Errorf("stats %+v", s)
-	}
+	s := p.Stats()
+	assert.Equal(t, []int{1, 2}, []int{s.Reset, s.Accepted}, "reset, accepted")
 }
 
 var errTimeout = errors.New("timeout")
@@ -236,9 +226,7 @@ func TestSetTarget(t *testing.T) {
 	c.send(resp("INCR", "k"))
 	c.want(":1")
 	p.SetTarget(b.ln.Addr().String())
-	if got := p.Target(); got != b.ln.Addr().String() {
-		t.Errorf("Target() = %s", got)
-	}
+	assert.Equal(t, b.ln.Addr().String(), p.Target())
 	c.send(resp("INCR", "k")) // the open connection is still on a
 	c.want(":2")
 	c2 := dial(t, p)
@@ -248,79 +236,51 @@ func TestSetTarget(t *testing.T) {
 	c3 := dial(t, p)
 	c3.send(resp("INCR", "k"))
 	c3.want(":2")
-	if na, nb := a.count("k"), b.count("k"); na != 2 || nb != 2 {
-		t.Errorf("INCR ran %d times on the old target and %d on the new one, want 2 and 2", na, nb)
-	}
-	if s := p.Stats(); s.Retargets != 1 || s.Accepted != 3 {
-		t.Errorf("stats %+v", s)
-	}
+	assert.Equal(t, []int{2, 2}, []int{a.count("k"), b.count("k")}, "INCR runs on the old target and on the new one")
+	s := p.Stats()
+	assert.Equal(t, []int{1, 3}, []int{s.Retargets, s.Accepted}, "retargets, accepted")
 }
 
 // The command whose reply is dropped runs; the client gets the replies before it and then a
 // closed connection; what it pipelined after it never reaches the server.
 func TestDropReplies(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	f, p, c := setup(t)
 	p.DropReplies(1, "incr")
 	c.send(resp("PING"), resp("INCR", "a"), resp("INCR", "a"))
 	c.want("+PONG")
-	if got, err := c.line(5 * time.Second); err == nil {
-		t.Fatalf("reply %q delivered, want it dropped", got)
-	}
-	if n := f.count("a"); n != 1 {
-		t.Errorf("INCR ran %d times, want once (the one whose reply was dropped)", n)
-	}
-	if p.PendingDrops() != 0 {
-		t.Errorf("%d drops pending", p.PendingDrops())
-	}
+	got, err := c.line(5 * time.Second)
+	require.Error(t, err, "reply %q delivered, want it dropped", got)
+	assert.Equal(t, 1, f.count("a"), "INCR runs: once, the one whose reply was dropped")
+	assert.Zero(t, p.PendingDrops(), "drops pending")
 	c2 := dial(t, p)
 	c2.send(resp("INCR", "a"))
 	c2.want(":2")
-	if s := p.Stats(); s.DroppedReplies != 1 {
-		t.Errorf("stats %+v", s)
-	}
+	assert.Equal(t, 1, p.Stats().DroppedReplies)
 }
 
 // Only the named commands are dropped, and pushes are not replies.
 func TestDropRepliesMatch(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	_, p, c := setup(t)
 	p.DropReplies(2, "INCR")
 	c.send(resp("PUSHPING"), resp("PING"), resp("SET", "k", "v"))
-	c.want(">2") // the push, forwarded whole
-	c.want("$10")
-	c.want("invalidate")
-	c.want("*1")
-	c.want("$1")
-	c.want("k")
-	c.want("+PONG")
-	c.want("+PONG")
-	c.want("+OK")
-	if p.PendingDrops() != 2 {
-		t.Errorf("%d drops pending, want 2", p.PendingDrops())
-	}
+	c.want(">2", "$10", "invalidate", "*1", "$1", "k") // the push, forwarded whole
+	c.want("+PONG", "+PONG", "+OK")
+	assert.Equal(t, 2, p.PendingDrops(), "drops pending")
 	p.CancelDrops()
 	c.send(resp("INCR", "b"))
 	c.want(":1")
 }
 
 func TestBlackhole(t *testing.T) {
-	f := startFake(t)
-	p := startProxy(t, f.ln.Addr().String())
-	c := dial(t, p)
+	f, p, c := setup(t)
 	c.send(resp("PING"))
 	c.want("+PONG")
 	p.Blackhole(300 * time.Millisecond)
 	began := time.Now()
 	c.send(resp("INCR", "x"))
-	if got, err := c.line(100 * time.Millisecond); err == nil {
-		t.Fatalf("reply %q during the blackhole", got)
-	}
-	if n := f.count("x"); n != 0 {
-		t.Errorf("the command reached the server during the blackhole")
-	}
+	got, err := c.line(100 * time.Millisecond)
+	require.Error(t, err, "reply %q during the blackhole", got)
+	assert.Zero(t, f.count("x"), "the command reached the server during the blackhole")
 	c2 := dial(t, p) // accepted, held back
 	c2.send(resp("INCR", "x"))
 	// Both are delivered once it healed, in either order: the two connections race.
@@ -329,9 +289,7 @@ func TestBlackhole(t *testing.T) {
 	if err1 != nil || err2 != nil || !(r1 == ":1" && r2 == ":2" || r1 == ":2" && r2 == ":1") {
 		t.Fatalf("replies %q (%v) and %q (%v); want :1 and :2, one each", r1, err1, r2, err2)
 	}
-	if d := time.Since(began); d < 250*time.Millisecond {
-		t.Errorf("replies after %v, before the blackhole ended", d)
-	}
+	assert.GreaterOrEqual(t, time.Since(began), 250*time.Millisecond, "replies before the blackhole ended")
 	p.Blackhole(time.Hour)
 	p.Heal()
 	c.send(resp("PING"))
@@ -341,9 +299,7 @@ func TestBlackhole(t *testing.T) {
 func TestClose(t *testing.T) {
 	f := startFake(t)
 	p, err := Start(f.ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := dial(t, p)
 	c.send(resp("PING"))
 	c.want("+PONG")
@@ -355,9 +311,8 @@ func TestClose(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not return")
 	}
-	if _, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
-		t.Error("the proxy still accepts after Close")
-	}
+	_, err = net.DialTimeout("tcp", p.Addr(), time.Second)
+	assert.Error(t, err, "the proxy still accepts after Close")
 }
 
 func TestFrame(t *testing.T) {
@@ -395,7 +350,7 @@ func TestFrame(t *testing.T) {
 		}
 	}
 	n, name, err := command([]byte(resp("EVALSHA", "abc", "0") + "*1\r\n"))
-	if err != nil || n != len(resp("EVALSHA", "abc", "0")) || name != "EVALSHA" {
-		t.Errorf("command = %d, %q, %v", n, name, err)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, len(resp("EVALSHA", "abc", "0")), n)
+	assert.Equal(t, "EVALSHA", name)
 }

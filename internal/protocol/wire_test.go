@@ -1,9 +1,11 @@
 package protocol
 
 import (
-	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestParseEntry(t *testing.T) {
@@ -31,18 +33,11 @@ func TestParseEntry(t *testing.T) {
 	} {
 		got, err := ParseEntry(tc.in)
 		if tc.err != "" {
-			if err == nil || err.Error() != tc.err || got != (Entry{}) {
-				t.Errorf("ParseEntry(%q) = %+v, %v; want error %q", tc.in, got, err, tc.err)
-			}
-			continue
+			assert.EqualError(t, err, tc.err, tc.in)
+		} else if assert.NoError(t, err, tc.in) {
+			assert.Equal(t, tc.in, got.Encode(), "ParseEntry(%q).Encode()", tc.in)
 		}
-		if err != nil || got != tc.want {
-			t.Errorf("ParseEntry(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
-			continue
-		}
-		if enc := got.Encode(); enc != tc.in {
-			t.Errorf("ParseEntry(%q).Encode() = %q", tc.in, enc)
-		}
+		assert.Equal(t, tc.want, got, "ParseEntry(%q)", tc.in)
 	}
 }
 
@@ -56,9 +51,7 @@ func TestEntryBefore(t *testing.T) {
 		{Entry{Kind: KindRestock, Qty: 5, After: 9}, 4},
 		{Entry{Kind: KindTombstone, After: 9}, 9},
 	} {
-		if got := tc.e.Before(); got != tc.want {
-			t.Errorf("%+v.Before() = %d, want %d", tc.e, got, tc.want)
-		}
+		assert.Equal(t, tc.want, tc.e.Before(), "%+v.Before()", tc.e)
 	}
 }
 
@@ -84,9 +77,7 @@ func FuzzParseEntry(f *testing.F) {
 }
 
 func TestMember(t *testing.T) {
-	if m := Member(EventRestored, "o-1"); m != "R:o-1" {
-		t.Fatalf("Member = %q", m)
-	}
+	require.Equal(t, "R:o-1", Member(EventRestored, "o-1"))
 	for _, tc := range []struct {
 		in    string
 		event byte
@@ -100,11 +91,9 @@ func TestMember(t *testing.T) {
 		{"", 0, "", false},
 	} {
 		ev, id, ok := ParseMember(tc.in)
-		if ev != tc.event || id != tc.id || ok != tc.ok {
-			t.Errorf("ParseMember(%q) = %q, %q, %v", tc.in, ev, id, ok)
-		}
-		if ok && Member(ev, id) != tc.in {
-			t.Errorf("Member(ParseMember(%q)) = %q", tc.in, Member(ev, id))
+		assert.Equal(t, []any{tc.event, tc.id, tc.ok}, []any{ev, id, ok}, "ParseMember(%q)", tc.in)
+		if ok {
+			assert.Equal(t, tc.in, Member(ev, id), "Member(ParseMember(%q))", tc.in)
 		}
 	}
 }
@@ -112,44 +101,108 @@ func TestMember(t *testing.T) {
 func TestCartRecord(t *testing.T) {
 	lines := []CartLine{{"cap", 4}, {"shirt:m", 6}}
 	enc := EncodeCart("D", "alice", lines)
-	if enc != "D{alice}|cap:4|shirt:m:6" {
-		t.Fatalf("EncodeCart = %q", enc)
-	}
-	for _, rec := range []string{"p|1700000000000|" + enc, "u|1700000000000|" + enc + "|{2:cap}"} {
+	require.Equal(t, "D{alice}|cap:4|shirt:m:6", enc)
+	for rec, want := range map[string][]any{
+		"p|1700000000000|" + enc:              {"D", "alice", lines},
+		"u|1700000000000|" + enc + "|{2:cap}": {"D", "alice", lines},
+		"d|1|H|a:1":                           {"H", "", []CartLine{{"a", 1}}}, // a record without its user
+	} {
 		kind, user, got, err := ParseCartRecord(rec)
-		if err != nil || kind != "D" || user != "alice" || !slices.Equal(got, lines) {
-			t.Errorf("ParseCartRecord(%q) = %q, %q, %v, %v", rec, kind, user, got, err)
-		}
-	}
-	if kind, user, got, err := ParseCartRecord("d|1|H|a:1"); err != nil || kind != "H" || user != "" || len(got) != 1 {
-		t.Errorf("a record without its user: %q, %q, %v, %v", kind, user, got, err)
+		require.NoError(t, err, rec)
+		assert.Equal(t, want, []any{kind, user, got}, "ParseCartRecord(%q)", rec)
 	}
 	for _, bad := range []string{"", "p|1", "p|1|D{u}", "p|1|X{u}|a:1", "p|1|D{u|a:1", "p|1|D{u}|a:0", "p|1|D{u}|a", "p|1|D{u}|:1", "p|1|D{u}|{2:a}", "p|1|D{u}|a:x"} {
-		if _, _, _, err := ParseCartRecord(bad); err == nil {
-			t.Errorf("ParseCartRecord(%q) accepted", bad)
-		}
+		_, _, _, err := ParseCartRecord(bad)
+		assert.Error(t, err, "ParseCartRecord(%q) accepted", bad)
 	}
 }
 
 func TestIsMark(t *testing.T) {
 	for field, want := range map[string]bool{"{closed}": true, "{delisted}": true, "o-1": false, "": false} {
-		if IsMark(field) != want {
-			t.Errorf("IsMark(%q) = %v", field, !want)
-		}
+		assert.Equal(t, want, IsMark(field), "IsMark(%q)", field)
 	}
 }
 
 func TestCause(t *testing.T) {
 	why := EncodeCause(SoldOut, "cap")
-	if why != "2:cap" {
-		t.Fatalf("EncodeCause = %q", why)
-	}
-	if code, sku, ok := ParseCause(why); !ok || code != SoldOut || sku != "cap" {
-		t.Fatalf("ParseCause(%q) = %d, %q, %v", why, code, sku, ok)
-	}
+	require.Equal(t, "2:cap", why)
+	code, sku, ok := ParseCause(why)
+	require.True(t, ok)
+	require.Equal(t, SoldOut, code)
+	require.Equal(t, "cap", sku)
 	for _, bad := range []string{"", "cap", "x:cap"} {
-		if _, _, ok := ParseCause(bad); ok {
-			t.Errorf("ParseCause(%q) accepted", bad)
-		}
+		_, _, ok := ParseCause(bad)
+		assert.False(t, ok, "ParseCause(%q) accepted", bad)
 	}
+}
+
+func TestParseTransfer(t *testing.T) {
+	for s, want := range map[string]Transfer{
+		"O|2|5|1700|42": {Dir: 'O', Other: 2, Units: 5, AtMs: 1700, Seq: 42},
+		"O|2|5|1700":    {Dir: 'O', Other: 2, Units: 5, AtMs: 1700}, // written before seq was recorded
+		"I|0|3|1800":    {Dir: 'I', Other: 0, Units: 3, AtMs: 1800},
+	} {
+		got, err := ParseTransfer(s)
+		require.NoError(t, err, s)
+		assert.Equal(t, want, got, s)
+	}
+	for _, s := range []string{"", "O|2|5", "I|0|3|1800|4", "O|2|0|1700|1", "O|2|5|1700|-1", "O|2|5|1700|x", "X|2|5|1700", "O|2|5|1700|1|2"} {
+		_, err := ParseTransfer(s)
+		assert.Error(t, err, s)
+	}
+}
+
+func TestBarrierMember(t *testing.T) {
+	b := Barrier{Donor: 3, Seq: 17, TID: "00ff"}
+	got, err := ParseBarrier(BarrierMember(b))
+	require.NoError(t, err)
+	assert.Equal(t, b, got)
+	for _, s := range []string{"", "3|17", "3|17|", "x|17|t", "3|0|t", "-1|2|t"} {
+		_, err := ParseBarrier(s)
+		assert.Error(t, err, s)
+	}
+}
+
+// TestParseReplies: each reply parser reads its script's reply into what the reply says, and
+// refuses a reply with a wrong number of values.
+func TestParseReplies(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		parse func([]string) (any, error)
+		in    []string
+		want  any
+		bad   []int // numbers of values refused
+	}{
+		{"snapshot", anyReply(ParseSnapshotReply),
+			[]string{"1", "5", "2", "3", "10", "1", "0", "1", "-4", "D:a", "Dr|1|5|1|", "D:b", ""},
+			SnapshotReply{Exists: true, Available: 5, Held: 2, Sold: 3, Loaded: 10, Pending: 1, Published: 1, Transferred: -4,
+				Events: []OutboxEvent{{Member: "D:a", Entry: "Dr|1|5|1|"}, {Member: "D:b"}}},
+			[]int{0, 8, 10}},
+		{"snapshot of a missing item", anyReply(ParseSnapshotReply),
+			[]string{"0", "0", "0", "0", "0", "0", "0", "0", "0"}, SnapshotReply{Events: []OutboxEvent{}}, nil},
+		{"claim", anyReply(ParseClaimReply),
+			[]string{"D:a", "Dr|1|5|1|", "2", "7", "R:b", "", "0", "8"},
+			[]OutboxEvent{{Member: "D:a", Entry: "Dr|1|5|1|", Tries: 2, Seq: 7}, {Member: "R:b", Seq: 8}},
+			[]int{3}},
+		{"turn", anyReply(ParseTurnReply),
+			[]string{"1", "D:a", "Dr|1|5|1|", "7"},
+			TurnReply{More: true, Earlier: []OutboxEvent{{Member: "D:a", Entry: "Dr|1|5|1|", Seq: 7}}},
+			[]int{0, 2, 3}},
+		{"turn while reconciling", anyReply(ParseTurnReply), []string{"2"}, TurnReply{Reconciling: true}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.parse(tc.in)
+			assert.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			for _, n := range tc.bad {
+				_, err := tc.parse(make([]string, n))
+				assert.Error(t, err, "%d values accepted", n)
+			}
+		})
+	}
+}
+
+// anyReply is parse with its reply as an any.
+func anyReply[T any](parse func([]string) (T, error)) func([]string) (any, error) {
+	return func(in []string) (any, error) { return parse(in) }
 }
