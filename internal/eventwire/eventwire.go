@@ -23,8 +23,8 @@ type wire struct {
 	Seq  int64                `json:"seq"`
 }
 
-// Check returns an error wrapping stock.ErrInvalid (errs.ErrInvalid) for an event no adapter publishes: no type,
-// SKU or id, or a quantity out of range.
+// Check returns an error wrapping stock.ErrInvalid (errs.ErrInvalid) for an event no adapter
+// publishes: no type, SKU or id, or a quantity out of range.
 func Check(ev stocktype.Event) error {
 	switch {
 	case ev.Type == "":
