@@ -1,6 +1,7 @@
 // Package stocktype holds the data types of package stock: a request and its receipt, an item's
 // levels, ledger entries, carts, the events of the durable side with the Store and Publisher
-// interfaces, the observer's types and the options of the relay and the reconciler.
+// interfaces, the observer's types, the options of the relay and the reconciler, and what a
+// relay or a reconcile pass reports (package stockops exports those).
 //
 // Package stock exports each of them under the same name (stock.Request is stocktype.Request),
 // and its documentation says what they mean; their fields and methods are documented here.

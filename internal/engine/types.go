@@ -5,6 +5,9 @@ import "github.com/stockres/stock/stocktype"
 // The data types of package stock, defined in package stocktype: the engine names them as
 // package stock does.
 type (
+	RelayStats       = stocktype.RelayStats
+	Report           = stocktype.Report
+	PassResult       = stocktype.PassResult
 	BatchPublisher   = stocktype.BatchPublisher
 	BatchStore       = stocktype.BatchStore
 	Cart             = stocktype.Cart
