@@ -37,15 +37,11 @@ func TestBucketedDurablePath(t *testing.T) {
 		}
 		require.Len(t, ids, 21, "7 buyers, 3 units each")
 		for _, id := range ids[:4] {
-			_, err := r.Restore(ctx, "b:~x", id)
-			require.NoError(t, err)
+			must(t)(r.Restore(ctx, "b:~x", id))
 		}
-		_, err := r.Hold(ctx, stock.Request{SKU: "b:~x", ID: "h1", User: "w", Qty: 2}, time.Minute)
-		require.NoError(t, err)
-		_, err = r.Confirm(ctx, "b:~x", "h1")
-		require.NoError(t, err)
-		_, err = r.Restock(ctx, "b:~x", "r1", 5)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, stock.Request{SKU: "b:~x", ID: "h1", User: "w", Qty: 2}, time.Minute))
+		must(t)(r.Confirm(ctx, "b:~x", "h1"))
+		must(t)(r.Restock(ctx, "b:~x", "r1", 5))
 
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
@@ -102,8 +98,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		require.NoError(t, store.Load(ctx, "rf", 1))
 		require.NoError(t, r.Load(ctx, "rf", 3))
 		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "rf", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "rf", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
@@ -129,12 +124,10 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		require.NoError(t, qstore.Load(ctx, "q", 12))
 		require.NoError(t, r.Load(ctx, "q", 12))
 		for i := range 9 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "q", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "q", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
 		for i := range 3 {
-			_, err := r.Restore(ctx, "q", "o"+strconv.Itoa(i))
-			require.NoError(t, err)
+			must(t)(r.Restore(ctx, "q", "o"+strconv.Itoa(i)))
 		}
 		qrl, err := stockops.NewRelay(r, nil, pub, nil)
 		require.NoError(t, err)
@@ -176,8 +169,7 @@ func TestBucketedRelayItems(t *testing.T) {
 		require.NoError(t, store.Load(ctx, "ri", 10))
 		require.NoError(t, r.Load(ctx, "ri", 10))
 		for i := range 6 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "ri", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "ri", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
 		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
 		require.NoError(t, err)

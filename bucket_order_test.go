@@ -65,12 +65,10 @@ func TestBucketedOrderRestockThenSale(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "ord", 3))
 		require.NoError(t, r.Load(ctx, "ord", 3))
-		_, err := r.Restock(ctx, "ord", orderKeyIn(t, "rs", 1, n), 5)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, "ord", orderKeyIn(t, "rs", 1, n), 5))
 		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 8 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "ord", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
-			require.NoError(t, err, "sale %d", i)
+			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "ord", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
 		}
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
@@ -96,19 +94,16 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 		// Everything sold in bucket 1 and delivered: the Store has nothing left.
 		seller := orderKeyIn(t, "s", 1, n)
 		for i := range 6 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "rso", ID: "a" + strconv.Itoa(i), User: seller, Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "rso", ID: "a" + strconv.Itoa(i), User: seller, Qty: 1}))
 		}
 		drain(t, rl)
 		// Four of them restored in bucket 1, then sold again to a buyer of bucket 0.
 		for i := range 4 {
-			_, err := r.Restore(ctx, "rso", "a"+strconv.Itoa(i))
-			require.NoError(t, err)
+			must(t)(r.Restore(ctx, "rso", "a"+strconv.Itoa(i)))
 		}
 		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 4 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "rso", ID: "b" + strconv.Itoa(i), User: buyer, Qty: 1})
-			require.NoError(t, err, "sale %d", i)
+			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "rso", ID: "b" + strconv.Itoa(i), User: buyer, Qty: 1}))
 		}
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no acknowledged sale is refused: %+v", st)
@@ -128,12 +123,10 @@ func TestBucketedOrderBarrierWaits(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "bw", 3))
 		require.NoError(t, r.Load(ctx, "bw", 3))
-		_, err := r.Restock(ctx, "bw", orderKeyIn(t, "rs", 1, n), 5)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, "bw", orderKeyIn(t, "rs", 1, n), 5))
 		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 8 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "bw", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
-			require.NoError(t, err, "sale %d", i)
+			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "bw", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
 		}
 		down := errors.New("store down for restocks")
 		store.FailWith(func(ev stock.Event) error {
@@ -251,12 +244,10 @@ func TestBucketedOrderConsume(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "qo", 3))
 		require.NoError(t, r.Load(ctx, "qo", 3))
-		_, err := r.Restock(ctx, "qo", orderKeyIn(t, "rs", 1, n), 5)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, "qo", orderKeyIn(t, "rs", 1, n), 5))
 		buyer := orderKeyIn(t, "u", 0, n)
 		for i := range 8 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "qo", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
-			require.NoError(t, err, "sale %d", i)
+			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "qo", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
 		}
 		pub := newRecorder()
 		rl, err := stockops.NewRelay(r, nil, pub, nil)

@@ -93,20 +93,14 @@ func delistedSplitItem(t *testing.T, c rueidis.Client, sku string) splitRig {
 	ctx := context.Background()
 	g := newSplitRig(t, c, sku, 30)
 	for i := range 12 {
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 	}
 	// More than a bucket holds: stock moves in from the others (transfers).
-	_, err := g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "big", User: "whale", Qty: 12})
-	require.NoError(t, err)
-	_, err = g.r.Restore(ctx, sku, "o1")
-	require.NoError(t, err)
-	_, err = g.r.Restore(ctx, sku, "never-used") // a give-back's claim and tombstone
-	require.ErrorIs(t, err, stock.ErrUnknownID)
-	_, err = g.r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "w", Qty: 2}, time.Minute)
-	require.NoError(t, err)
-	_, err = g.r.Confirm(ctx, sku, "h1")
-	require.NoError(t, err)
+	must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "big", User: "whale", Qty: 12}))
+	must(t)(g.r.Restore(ctx, sku, "o1"))
+	mustFail(t, stock.ErrUnknownID)(g.r.Restore(ctx, sku, "never-used")) // a give-back's claim and tombstone
+	must(t)(g.r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "w", Qty: 2}, time.Minute))
+	must(t)(g.r.Confirm(ctx, sku, "h1"))
 	// Every kind of key a bucket may have exists somewhere: claims and transfers.
 	keys, _ := bucketKeys(sku)
 	var claims, transfers int64
@@ -123,10 +117,8 @@ func delistedSplitItem(t *testing.T, c rueidis.Client, sku string) splitRig {
 
 	require.NoError(t, g.r.Delist(ctx, sku))
 	require.NoError(t, g.r.Delist(ctx, sku), "delisting twice does nothing")
-	_, err = g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", User: "u1", Qty: 1})
-	require.ErrorIs(t, err, stock.ErrClosed)
-	_, err = g.r.Hold(ctx, stock.Request{SKU: sku, ID: "late2", User: "u2", Qty: 1}, time.Minute)
-	require.ErrorIs(t, err, stock.ErrClosed)
+	mustFail(t, stock.ErrClosed)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", User: "u1", Qty: 1}))
+	mustFail(t, stock.ErrClosed)(g.r.Hold(ctx, stock.Request{SKU: sku, ID: "late2", User: "u2", Qty: 1}, time.Minute))
 	require.ErrorIs(t, g.r.ReopenItem(ctx, sku), stock.ErrClosed, "a delisted item cannot be reopened")
 	assert.True(t, levels(t, g.r, sku).Closed)
 	require.ErrorIs(t, g.r.Load(ctx, sku, 5), stock.ErrLoaded)
@@ -142,8 +134,7 @@ func TestBucketedDelistRetires(t *testing.T) {
 		ctx := context.Background()
 		g := delistedSplitItem(t, c, "sp")
 		require.ErrorIs(t, g.r.Delist(ctx, "ghost"), stock.ErrNotLoaded)
-		_, err := g.r.Restore(ctx, "sp", "o2") // the pipeline still works
-		require.NoError(t, err)
+		must(t)(g.r.Restore(ctx, "sp", "o2")) // the pipeline still works
 		time.Sleep(10 * time.Millisecond)
 		rp := g.once(t)["sp"]
 		assert.False(t, rp.Retired, "events are still pending: %v", rp)
@@ -159,7 +150,7 @@ func TestBucketedDelistRetires(t *testing.T) {
 		assert.Zero(t, reps["sp"].Drift)
 		assert.Positive(t, reps["sp"].Trimmed, "ledger entries removed")
 		assertRetired(t, c, "sp")
-		_, err = g.r.Levels(ctx, "sp")
+		_, err := g.r.Levels(ctx, "sp")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.ErrorIs(t, g.r.ReopenItem(ctx, "sp"), stock.ErrNotLoaded)
 		require.ErrorIs(t, g.r.Delist(ctx, "sp"), stock.ErrNotLoaded)
@@ -177,8 +168,7 @@ func TestBucketedDelistRetires(t *testing.T) {
 		require.NoError(t, g.r.Load(ctx, "sp", 7), "a retired item may be loaded again")
 		l = levels(t, g.r, "sp")
 		assert.Equal(t, stock.Levels{Available: 7, Loaded: 7}, l)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "sp", ID: "o1", User: "u1", Qty: 1})
-		require.NoError(t, err, "a new item: the old ledger and claims are gone")
+		must(t, "a new item: the old ledger and claims are gone")(g.r.Deduct(ctx, stock.Request{SKU: "sp", ID: "o1", User: "u1", Qty: 1}))
 	})
 }
 
@@ -234,8 +224,7 @@ func TestBucketedDelistCut(t *testing.T) {
 		ctx := context.Background()
 		g := newSplitRig(t, c, "sp", 9)
 		for i := range 6 {
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "sp", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "sp", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
 		drain(t, g.relay)
 		keys, _ := bucketKeys("sp")

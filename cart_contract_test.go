@@ -88,8 +88,7 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
 		first, err := r.DeductMany(ctx, cart)
 		require.NoError(t, err)
-		_, err = r.Restore(ctx, "B", "c1")
-		require.NoError(t, err)
+		must(t)(r.Restore(ctx, "B", "c1"))
 
 		rc, err := r.DeductMany(ctx, cart)
 		require.NoError(t, err, "a retry of a completed cart answers its outcome")
@@ -109,8 +108,7 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		hc := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "C", Qty: 1}}}
 		_, err = r.HoldMany(ctx, hc, time.Minute)
 		require.NoError(t, err)
-		_, err = r.Cancel(ctx, "A", "h1")
-		require.NoError(t, err)
+		must(t)(r.Cancel(ctx, "A", "h1"))
 		_, err = r.HoldMany(ctx, hc, time.Minute)
 		requireCartRefusal(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
@@ -242,12 +240,9 @@ func TestKeysInjective(t *testing.T) {
 				}
 				for _, sku := range collidingNames {
 					// Touch every key of sku: the user hash, the ledger, the outbox, holds.
-					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "a", Qty: 1})
-					require.NoError(t, err, "deduct %q", sku)
-					_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "b", Qty: 2}, time.Minute)
-					require.NoError(t, err, "hold %q", sku)
-					_, err = r.Restore(ctx, sku, "never")
-					require.ErrorIs(t, err, stock.ErrUnknownID)
+					must(t, "deduct %q", sku)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "a", Qty: 1}))
+					must(t, "hold %q", sku)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "b", Qty: 2}, time.Minute))
+					mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, sku, "never"))
 				}
 				for _, sku := range collidingNames {
 					assert.Equal(t, stock.Levels{Available: 7, Held: 2, Sold: 1, Loaded: 10}, levels(t, r, sku), "item %q", sku)
@@ -339,11 +334,10 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(0))
 		require.NoError(t, r.Load(ctx, "A", 5))
-		_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute))
 		for _, field := range []string{"h", "s", "q"} {
 			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}").FieldValue().FieldValue(field, "x").Build()).Error())
-			_, err = r.Restore(ctx, "A", "h1")
+			_, err := r.Restore(ctx, "A", "h1")
 			require.Error(t, err, "corrupt %s", field)
 			_, err = r.Restore(ctx, "A", "unknown")
 			require.Error(t, err, "corrupt %s", field)
@@ -355,7 +349,7 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 			require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}").Field(field).Build()).Error())
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}:u").FieldValue().FieldValue("u", "x").Build()).Error())
-		_, err = r.Restore(ctx, "A", "h1")
+		_, err := r.Restore(ctx, "A", "h1")
 		require.Error(t, err, "corrupt user count")
 		a, err := c.Do(ctx, c.B().Hget().Key("stock:{A}").Field("a").Build()).AsInt64()
 		require.NoError(t, err)
@@ -373,14 +367,12 @@ func TestDeductCorruptUserUnits(t *testing.T) {
 			sku := fmt.Sprint("cu", limit)
 			r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithUserLimit(limit), stock.WithCoalescing(0))
 			require.NoError(t, r.Load(ctx, sku, 5))
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
 			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{"+sku+"}:u").FieldValue().FieldValue("u", "x").Build()).Error())
-			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err, "limit %d: a replay reads no units", limit)
+			rc := must(t, "limit %d: a replay reads no units", limit)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
 			assert.True(t, rc.Replayed)
 			assert.Equal(t, int64(4), rc.Remaining)
-			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
 			require.Error(t, err, "limit %d: corrupt units", limit)
 			assert.Contains(t, err.Error(), "units of user u")
 			_, err = r.Ledger(ctx, sku, "o2")

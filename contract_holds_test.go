@@ -29,11 +29,9 @@ func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver
 	ctx := context.Background()
 	r := newReserver(t, c)
 	require.NoError(t, r.Load(ctx, sku, 1))
-	_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "first", Qty: 1})
-	require.NoError(t, err)
+	must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "first", Qty: 1}))
 	for i := range 3 { // the first refusal builds the filter; the next ones are answered in-process
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("warm-", i), Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("warm-", i), Qty: 1}))
 	}
 	return r
 }
@@ -72,12 +70,10 @@ func TestFastPathTombstoneOwnWrite(t *testing.T) {
 		wrong := 0
 		for i := range tries {
 			// A new id, answered in-process: the item's state and filter are cached.
-			_, err := r.Deduct(ctx, stock.Request{SKU: "T", ID: fmt.Sprint("new-", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "T", ID: fmt.Sprint("new-", i), Qty: 1}))
 			ghost := fmt.Sprint("ghost-", i)
-			_, err = r.Restore(ctx, "T", ghost)
-			require.ErrorIs(t, err, stock.ErrUnknownID)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "T", ID: ghost, Qty: 1})
+			mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "T", ghost))
+			_, err := r.Deduct(ctx, stock.Request{SKU: "T", ID: ghost, Qty: 1})
 			if !errors.Is(err, stock.ErrRestored) {
 				if wrong++; wrong == 1 {
 					t.Errorf("try %d: a deduct of a tombstoned id answered %v, want ErrRestored", i, err)
@@ -99,14 +95,11 @@ func TestFastPathReplayOwnWrite(t *testing.T) {
 		wrong := 0
 		last := "first"
 		for i := range tries {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: fmt.Sprint("new-", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = r.Restore(ctx, "R", last)
-			require.NoError(t, err)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "R", ID: fmt.Sprint("new-", i), Qty: 1}))
+			must(t)(r.Restore(ctx, "R", last))
 			// Retry goes to Redis whatever the cache says: the unit given back is taken.
 			id := fmt.Sprint("take-", i)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1, Retry: true})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1, Retry: true}))
 			last = id
 			rc, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1})
 			if err != nil || !rc.Replayed {
@@ -124,8 +117,7 @@ func TestFastPathReplayOwnWrite(t *testing.T) {
 func holdMany(t *testing.T, r *stock.Reserver, sku, prefix string, n int, ttl time.Duration) {
 	t.Helper()
 	for i := range n {
-		_, err := r.Hold(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint(prefix, i), Qty: 1}, ttl)
-		require.NoError(t, err)
+		must(t)(r.Hold(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint(prefix, i), Qty: 1}, ttl))
 	}
 }
 
@@ -185,30 +177,23 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(5))
 		require.NoError(t, r.Load(ctx, "C", 10))
-		_, err := r.Hold(ctx, stock.Request{SKU: "C", ID: "live1", Qty: 1}, time.Minute)
-		require.NoError(t, err)
-		_, err = r.Hold(ctx, stock.Request{SKU: "C", ID: "live2", Qty: 1}, time.Minute)
-		require.NoError(t, err)
-		_, err = r.Hold(ctx, stock.Request{SKU: "C", ID: "old1", User: "u", Qty: 3}, 200*time.Millisecond)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, stock.Request{SKU: "C", ID: "live1", Qty: 1}, time.Minute))
+		must(t)(r.Hold(ctx, stock.Request{SKU: "C", ID: "live2", Qty: 1}, time.Minute))
+		must(t)(r.Hold(ctx, stock.Request{SKU: "C", ID: "old1", User: "u", Qty: 3}, 200*time.Millisecond))
 		redistest.Sleep(c, 300*time.Millisecond)
 
-		rc, err := r.Confirm(ctx, "C", "live1")
-		require.NoError(t, err)
+		rc := must(t)(r.Confirm(ctx, "C", "live1"))
 		assert.Equal(t, int64(8), rc.Remaining, "the expired hold's 3 units are back")
 		assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, levels(t, r, "C"))
 		assertState(t, r, "C", "old1", stock.StateExpired, "Confirm released the other expired hold")
 
-		_, err = r.Hold(ctx, stock.Request{SKU: "C", ID: "old2", User: "u", Qty: 5}, 200*time.Millisecond)
-		require.NoError(t, err, "the user's units of the expired hold were given back")
+		must(t, "the user's units of the expired hold were given back")(r.Hold(ctx, stock.Request{SKU: "C", ID: "old2", User: "u", Qty: 5}, 200*time.Millisecond))
 		redistest.Sleep(c, 300*time.Millisecond)
-		rc, err = r.Extend(ctx, "C", "live2", time.Minute)
-		require.NoError(t, err)
+		rc = must(t)(r.Extend(ctx, "C", "live2", time.Minute))
 		assert.Equal(t, int64(8), rc.Remaining)
 		assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, levels(t, r, "C"))
 		assertState(t, r, "C", "old2", stock.StateExpired, "Extend released the other expired hold")
-		_, err = r.Hold(ctx, stock.Request{SKU: "C", ID: "again", User: "u", Qty: 5}, time.Minute)
-		require.NoError(t, err, "and gave the user's units back")
+		must(t, "and gave the user's units back")(r.Hold(ctx, stock.Request{SKU: "C", ID: "again", User: "u", Qty: 5}, time.Minute))
 	})
 }
 
@@ -219,25 +204,21 @@ func TestReopenDelisted(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 10, "B": 10}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1}))
 		require.NoError(t, g.r.Delist(ctx, "A"))
-		err = g.r.ReopenItem(ctx, "A")
+		err := g.r.ReopenItem(ctx, "A")
 		require.ErrorIs(t, err, stock.ErrClosed)
 		assert.Contains(t, err.Error(), "delisted")
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a2", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrClosed, "a delisted item stays closed")
+		mustFail(t, stock.ErrClosed, "a delisted item stays closed")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a2", Qty: 1}))
 		l := levels(t, g.r, "A")
 		assert.True(t, l.Closed)
 
 		// An item delisted and then reopened (as the code before this fix allowed: the
 		// delisting stamp stays, the closed flag is gone) is live: retiring must refuse it.
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
 		require.NoError(t, g.r.Delist(ctx, "B"))
 		reopenBypassingCheck(t, c, "B")
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b2", Qty: 1})
-		require.NoError(t, err, "the item sells")
+		must(t, "the item sells")(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b2", Qty: 1}))
 		drain(t, g.relay)
 		time.Sleep(5 * time.Millisecond)
 		reps := g.once(t)
@@ -245,8 +226,7 @@ func TestReopenDelisted(t *testing.T) {
 		assert.False(t, reps["B"].Retired, "a live item is never retired: %s", reps["B"])
 		assert.Contains(t, reps["B"].NeedsHuman, "delisted but open", "the pass says why it does not retire it")
 		assert.Equal(t, stock.Levels{Available: 8, Sold: 2, Loaded: 10}, levels(t, g.r, "B"), "the live item is kept")
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b3", Qty: 1})
-		require.NoError(t, err, "and sells")
+		must(t, "and sells")(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b3", Qty: 1}))
 	})
 }
 
@@ -455,8 +435,7 @@ func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 		r := newReserver(t, c, stock.WithSoldOutCache(0))
 		require.NoError(t, r.Load(ctx, "U", 10))
 		for i, u := range []string{"ann", "bob"} {
-			_, err := r.Hold(ctx, stock.Request{SKU: "U", ID: fmt.Sprint("u", i), User: u, Qty: 2}, 200*time.Millisecond)
-			require.NoError(t, err)
+			must(t)(r.Hold(ctx, stock.Request{SKU: "U", ID: fmt.Sprint("u", i), User: u, Qty: 2}, 200*time.Millisecond))
 		}
 		k := findKey(t, c, "U", func(ctx context.Context, n rueidis.Client, key string) bool {
 			v, err := n.Do(ctx, n.B().Hget().Key(key).Field("bob").Build()).ToString()

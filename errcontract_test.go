@@ -63,8 +63,7 @@ func TestMalformedReplyIsUnknownOutcome(t *testing.T) {
 				require.NotErrorIs(t, err, stock.ErrInvalid, "%s: ErrInvalid says nothing changed, but the script ran", name)
 				require.Equal(t, "error", stock.Outcome(err), "%s", name)
 				// The script did run: the retry the error asks for is a replay.
-				rc, err := honest.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1, Retry: true})
-				require.NoError(t, err)
+				rc := must(t)(honest.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1, Retry: true}))
 				require.True(t, rc.Replayed, "%s: the deduct was made", name)
 
 				_, err = r.Restore(ctx, "A", id)
@@ -116,8 +115,7 @@ func TestFailoverAndNotReplicatedObserved(t *testing.T) {
 	// No replica: WAIT answers 0, the deduct is made and reported ErrNotReplicated.
 	ra := newReserver(t, srv.Client(t), stock.WithReplicaAck(1, 10*time.Millisecond), stock.WithObserver(obs))
 	require.NoError(t, ra.Load(ctx, "A", 10))
-	rc, err := ra.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2})
-	require.ErrorIs(t, err, stock.ErrNotReplicated)
+	rc := mustFail(t, stock.ErrNotReplicated)(ra.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
 	assert.Equal(t, int64(2), rc.Qty)
 	assert.Equal(t, int64(8), rc.Remaining)
 
@@ -129,8 +127,7 @@ func TestFailoverAndNotReplicatedObserved(t *testing.T) {
 	fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
 	require.NoError(t, err)
 	require.True(t, fenced)
-	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
-	require.ErrorIs(t, err, stock.ErrFailover)
+	mustFail(t, stock.ErrFailover)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
 	n, err := available(r.Levels(ctx, "A"))
 	require.NoError(t, err)
 	assert.Equal(t, int64(8), n, "a fenced deduct takes nothing")

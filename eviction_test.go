@@ -169,8 +169,7 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, res.NeedsHuman)
 		require.NoError(t, r.Load(ctx, "x", 10))
-		_, err = r.Deduct(ctx, req)
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, req))
 	})
 }
 
@@ -184,8 +183,7 @@ func TestEvictionAllowedWarnsOnce(t *testing.T) {
 		r := newReserver(t, c, stock.WithEvictionAllowed(), stock.WithLogger(slog.New(w)))
 		require.NoError(t, r.Load(ctx, "x", 10))
 		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1}))
 		}
 		assert.Equal(t, 1, w.count("WithEvictionAllowed"), "one warning: %q", w.msgs)
 		assert.Equal(t, 1, w.count("maxmemory-policy is allkeys-lru"), "it names the policy: %q", w.msgs)
@@ -203,8 +201,7 @@ func TestNoevictionAccepted(t *testing.T) {
 			r := newReserver(t, c, stock.WithLogger(slog.New(w)))
 			require.NoError(t, r.Load(context.Background(), "x", 10))
 			for i := range 3 {
-				_, err := r.Deduct(context.Background(), stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1})
-				require.NoError(t, err)
+				must(t)(r.Deduct(context.Background(), stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1}))
 			}
 			if b.Real() {
 				assert.Empty(t, w.msgs)
@@ -222,8 +219,7 @@ func TestNoevictionAccepted(t *testing.T) {
 		r := newReserver(t, s.Client(t), stock.WithLogger(slog.New(w)))
 		require.NoError(t, r.Load(context.Background(), "x", 10))
 		for i := range 3 {
-			_, err := r.Deduct(context.Background(), stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(context.Background(), stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1}))
 		}
 		assert.Equal(t, 1, w.count("does not tell its maxmemory-policy"), "%q", w.msgs)
 	})
@@ -272,8 +268,7 @@ func TestReconcileReportsEvictingPolicy(t *testing.T) {
 		w := &warnings{}
 		r := newReserver(t, c, stock.WithLogger(slog.New(w)))
 		require.NoError(t, r.Load(ctx, "x", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 1}))
 
 		setPolicy(t, c, "allkeys-lru")
 		rec, err := stockops.NewReconciler(r, memstore.New(), &stock.ReconcileOptions{DryRun: true})
@@ -281,8 +276,7 @@ func TestReconcileReportsEvictingPolicy(t *testing.T) {
 		res, _ := rec.Pass(ctx) // the store does not know the item: its report says so
 		assert.Contains(t, res.NeedsHuman, "maxmemory-policy is allkeys-lru")
 		assert.Equal(t, 1, w.count("NEEDS A HUMAN"), "the pass logs it: %q", w.msgs)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "x", ID: "b", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrEvictionPolicy)
+		mustFail(t, stock.ErrEvictionPolicy)(r.Deduct(ctx, stock.Request{SKU: "x", ID: "b", Qty: 1}))
 	})
 }
 

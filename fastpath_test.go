@@ -69,20 +69,16 @@ func TestSoldOutFastPath(t *testing.T) {
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "A", 5))
 		deductEach(t, r, "A", 5)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut, "Redis answers the first sold-out request")
-		_, err = other.Restore(ctx, "A", "ghost") // a tombstone: "ghost" can never take stock
-		require.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrSoldOut, "Redis answers the first sold-out request")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
+		mustFail(t, stock.ErrUnknownID)(other.Restore(ctx, "A", "ghost")) // a tombstone: "ghost" can never take stock
 
 		scripts, reads := int64(-1), int64(-1)
 		if b.Name == "standalone" {
 			scripts, reads = commandCalls(t, c, "evalsha", "eval", "fcall"), commandCalls(t, c, "hmget", "get")
 		}
 		for i := range 200 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("h%d", i), Qty: 1}, time.Minute)
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1}))
+			mustFail(t, stock.ErrSoldOut)(r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("h%d", i), Qty: 1}, time.Minute))
 		}
 		if b.Real() {
 			assert.Equal(t, int64(400), stockops.SoldOutAnswers(r), "every new request answered in-process")
@@ -98,28 +94,22 @@ func TestSoldOutFastPath(t *testing.T) {
 		// Ids the ledger has are answered by Redis, as the script answers them.
 		answered := stockops.SoldOutAnswers(r)
 		for i := range 5 {
-			rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
-			require.NoError(t, err, "a repeat of a successful id is a replay, never sold out")
+			rc := must(t, "a repeat of a successful id is a replay, never sold out")(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1}))
 			assert.True(t, rc.Replayed)
 		}
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrRestored)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1}))
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true}))
 		assert.Equal(t, answered, stockops.SoldOutAnswers(r), "ids the ledger has and retries go to Redis")
 		e, err := r.Ledger(ctx, "A", "late")
 		require.NoError(t, err, "a retry's refusal is recorded by the script")
 		assert.Equal(t, stock.KindTombstone, e.Kind)
 
 		// Stock given back by another process: the next request is taken.
-		_, err = other.Restore(ctx, "A", "o0")
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "A", "o0"))
 		takeSoon(t, r, "A", "after-restore")
-		_, err = other.Restock(ctx, "A", "restock-1", 1)
-		require.NoError(t, err)
+		must(t)(other.Restock(ctx, "A", "restock-1", 1))
 		takeSoon(t, r, "A", "after-restock")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "restock-1", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrConflict, "the restock's id is in the ledger")
+		mustFail(t, stock.ErrConflict, "the restock's id is in the ledger")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "restock-1", Qty: 1}))
 
 		// A closed item is answered "closed", as the script answers it.
 		require.NoError(t, other.CloseItem(ctx, "A"))
@@ -130,16 +120,12 @@ func TestSoldOutFastPath(t *testing.T) {
 		require.NoError(t, other.ReopenItem(ctx, "A"))
 
 		// A hold that runs out gives its stock back on the item's next request.
-		_, err = other.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "A", "o1"))
 		took := takeSoon(t, other, "A", "before-hold") // other sells it: r has not seen stock
-		_, err = other.Restore(ctx, "A", took)
-		require.NoError(t, err)
-		_, err = other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "A", took))
+		must(t)(other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second))
 		redistest.Sleep(c, 1100*time.Millisecond)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-expiry", Qty: 1})
-		require.NoError(t, err, "the expired hold's unit is taken")
+		rc := must(t, "the expired hold's unit is taken")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-expiry", Qty: 1}))
 		assert.Zero(t, rc.Remaining)
 		l := levels(t, r, "A")
 		assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 6, Loaded: 6}, l)
@@ -173,19 +159,15 @@ func TestSoldOutWindow(t *testing.T) {
 		r := newReserver(t, c, stock.WithSoldOutCache(time.Minute))
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "W", 1))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: "w", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "W", ID: "w", Qty: 1}))
 		const rounds = 100
 		var windows []time.Duration
 		last := "w"
 		for i := range rounds {
 			// r learns the item is sold out, and answers it in-process from then on.
-			_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe-%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe2-%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = other.Restore(ctx, "W", last)
-			require.NoError(t, err)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe-%d", i), Qty: 1}))
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe2-%d", i), Qty: 1}))
+			must(t)(other.Restore(ctx, "W", last))
 			start := time.Now()
 			for j := 0; ; j++ {
 				last = fmt.Sprintf("take-%d-%d", i, j)
@@ -268,12 +250,10 @@ func TestSoldOutRace(t *testing.T) {
 		give := slices.Clone(won[:restored])
 		mu.Unlock()
 		for _, id := range give {
-			_, err := other.Restore(ctx, "R", id)
-			require.NoError(t, err)
+			must(t)(other.Restore(ctx, "R", id))
 		}
 		soldOut(loaded + restored)
-		_, err := other.Restock(ctx, "R", "restock", restocked)
-		require.NoError(t, err)
+		must(t)(other.Restock(ctx, "R", "restock", restocked))
 		soldOut(loaded + restored + restocked)
 		time.Sleep(50 * time.Millisecond) // late requests meet a sold-out item
 		close(stop)
@@ -316,8 +296,7 @@ func TestSoldOutFilterBuild(t *testing.T) {
 		wg.Wait()
 
 		// The first refusal starts the filter and scans one page: not complete.
-		_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "n0", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "F", ID: "n0", Qty: 1}))
 		item := "stock:{F}"
 		building, err := c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool()
 		require.NoError(t, err)
@@ -325,15 +304,12 @@ func TestSoldOutFilterBuild(t *testing.T) {
 			require.True(t, building, "one step does not scan %d entries", units)
 		}
 		// While it is built, a unit comes back and is sold to a new id: the script adds it.
-		_, err = other.Restore(ctx, "F", "d0")
-		require.NoError(t, err)
-		_, err = other.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "F", "d0"))
+		must(t)(other.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1}))
 
 		steps := 0
 		for ; steps < units; steps++ {
-			_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("n%d", steps+1), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("n%d", steps+1), Qty: 1}))
 			if building, err = c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool(); err == nil && !building {
 				break
 			}
@@ -345,19 +321,15 @@ func TestSoldOutFilterBuild(t *testing.T) {
 		// Every id the ledger has is answered by Redis: replays, and the restored one.
 		before := stockops.SoldOutAnswers(r)
 		for i := 1; i < units; i++ {
-			rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
-			require.NoError(t, err, "d%d", i)
+			rc := must(t, "d%d", i)(r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1}))
 			require.True(t, rc.Replayed)
 		}
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
-		require.NoError(t, err)
+		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1}))
 		require.True(t, rc.Replayed, "an id taken while the filter was built")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrRestored)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1}))
 		assert.Equal(t, before, stockops.SoldOutAnswers(r))
 		for i := range 100 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1}))
 		}
 		if b.Real() {
 			assert.Greater(t, stockops.SoldOutAnswers(r), before+90, "new ids answered in-process (a few filter false positives go to Redis)")
@@ -379,13 +351,10 @@ func TestSoldOutFastPathClockBehind(t *testing.T) {
 					stock.WithClock(func() time.Time { return time.Now().Add(skew) }))
 				other := newReserver(t, c2)
 				require.NoError(t, r.Load(ctx, "A", 1))
-				_, err := other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "early", Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut, "the hold has the unit")
+				must(t)(other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second))
+				mustFail(t, stock.ErrSoldOut, "the hold has the unit")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "early", Qty: 1}))
 				redistest.Sleep(c, 1100*time.Millisecond)
-				rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1})
-				require.NoError(t, err, "the hold is due on Redis's clock: the script releases it and takes the unit")
+				rc := must(t, "the hold is due on Redis's clock: the script releases it and takes the unit")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1}))
 				assert.Zero(t, rc.Remaining)
 				assert.Zero(t, stockops.SoldOutAnswers(r))
 			})
@@ -436,15 +405,13 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 			t.Helper()
 			for bk := range n {
 				for range 3 {
-					_, err := r.Deduct(ctx, fresh(bk))
-					require.ErrorIs(t, err, stock.ErrSoldOut)
+					mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, fresh(bk)))
 				}
 			}
 			if b.Real() {
 				before := stockops.SoldOutAnswers(r)
 				for bk := range n {
-					_, err := r.Deduct(ctx, fresh(bk))
-					require.ErrorIs(t, err, stock.ErrSoldOut)
+					mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, fresh(bk)))
 				}
 				require.Equal(t, before+n, stockops.SoldOutAnswers(r), "every bucket's requests answered by the fast path")
 			}
@@ -455,8 +422,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		var taken []stock.Request
 		for i := range 6 {
 			req := stock.Request{SKU: "S", ID: keyIn(fmt.Sprintf("t%d", i), i%n, n), User: keyIn(fmt.Sprintf("u%d", i), (i+1)%n, n), Qty: 1}
-			_, err := r.Deduct(ctx, req)
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, req))
 			taken = append(taken, req)
 		}
 		soldOut()
@@ -467,12 +433,10 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		}
 		answered := stockops.SoldOutAnswers(r)
 		for i := range 100 {
-			_, err := r.Deduct(ctx, fresh(i%n))
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, fresh(i%n)))
 			req := fresh(i % n)
 			req.User = "" // routed by id
-			_, err = r.Hold(ctx, req, time.Minute)
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Hold(ctx, req, time.Minute))
 		}
 		if b.Real() {
 			assert.Equal(t, answered+200, stockops.SoldOutAnswers(r), "every new request answered by the fast path")
@@ -486,40 +450,31 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		// What Redis answers otherwise: replays, conflicts, restored ids, retries.
 		answered = stockops.SoldOutAnswers(r)
 		for _, req := range taken {
-			rc, err := r.Deduct(ctx, req)
-			require.NoError(t, err, "a repeat of a taken id is a replay, never sold out")
+			rc := must(t, "a repeat of a taken id is a replay, never sold out")(r.Deduct(ctx, req))
 			assert.True(t, rc.Replayed)
 			req.User = keyIn(req.ID+"-other", (routeBucket(req.User, n)+1)%n, n)
-			_, err = r.Deduct(ctx, req)
-			require.ErrorIs(t, err, stock.ErrConflict, "a taken id used by a buyer of another bucket")
+			mustFail(t, stock.ErrConflict, "a taken id used by a buyer of another bucket")(r.Deduct(ctx, req))
 			req.User = ""
-			_, err = r.Deduct(ctx, req)
-			require.ErrorIs(t, err, stock.ErrConflict, "a taken id used without its buyer")
+			mustFail(t, stock.ErrConflict, "a taken id used without its buyer")(r.Deduct(ctx, req))
 		}
 		assert.Equal(t, answered, stockops.SoldOutAnswers(r), "taken ids go to Redis")
 		refused := stock.Request{SKU: "S", ID: "refused", User: keyIn("ua", 0, n), Qty: 1}
-		_, err := r.Deduct(ctx, refused) // claims bucket 0 for the id
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, refused)) // claims bucket 0 for the id
 		answered = stockops.SoldOutAnswers(r)
 		for bk := 1; bk < n; bk++ {
 			refused.User = keyIn("ub", bk, n)
-			_, err = r.Deduct(ctx, refused)
-			require.ErrorIs(t, err, stock.ErrConflict, "an id a refused request of another buyer claimed")
+			mustFail(t, stock.ErrConflict, "an id a refused request of another buyer claimed")(r.Deduct(ctx, refused))
 		}
-		_, err = other.Restore(ctx, "S", "ghost")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
-		_, err = r.Restore(ctx, "S", "ghost2")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrUnknownID)(other.Restore(ctx, "S", "ghost"))
+		mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "S", "ghost2"))
 		for bk := range n {
 			for _, id := range []string{"ghost", "ghost2"} {
-				_, err = r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)
+				mustFail(t, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)(r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1}))
 			}
 		}
 		late := fresh(1)
 		late.Retry = true
-		_, err = r.Deduct(ctx, late)
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, late))
 		e, err := r.Ledger(ctx, "S", late.ID)
 		require.NoError(t, err, "a retry's refusal is recorded by the script")
 		assert.Equal(t, stock.KindTombstone, e.Kind)
@@ -528,26 +483,20 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		// Stock given back or restocked in any bucket, by this Reserver: the next request,
 		// of a buyer of another bucket, is taken (no window for its own writes).
 		for i, bk := range []int{0, 1, 2} {
-			_, err := r.Restore(ctx, "S", taken[bk].ID) // taken[bk] is in bucket bk+1
-			require.NoError(t, err)
-			_, err = r.Deduct(ctx, fresh(bk))
-			require.NoError(t, err, "after a restore in bucket %d", (bk+1)%n)
+			must(t)(r.Restore(ctx, "S", taken[bk].ID)) // taken[bk] is in bucket bk+1
+			must(t, "after a restore in bucket %d", (bk+1)%n)(r.Deduct(ctx, fresh(bk)))
 			soldOut()
 			id := keyIn(fmt.Sprintf("restock%d", i), bk, n) // a restock goes to its id's bucket
-			_, err = r.Restock(ctx, "S", id, 1)
-			require.NoError(t, err)
-			_, err = r.Hold(ctx, fresh((bk+1)%n), time.Minute)
-			require.NoError(t, err, "after a restock in bucket %d", bk)
+			must(t)(r.Restock(ctx, "S", id, 1))
+			must(t, "after a restock in bucket %d", bk)(r.Hold(ctx, fresh((bk+1)%n), time.Minute))
 			soldOut()
 		}
 		// By another process: once the invalidation is in.
 		for bk := range n {
-			_, err := other.Restore(ctx, "S", taken[bk+n].ID) // taken[bk+n] is in bucket bk+1
-			require.NoError(t, err)
+			must(t)(other.Restore(ctx, "S", taken[bk+n].ID)) // taken[bk+n] is in bucket bk+1
 			takeSoon(t, r, "S", fmt.Sprintf("after-restore%d", bk))
 			soldOut()
-			_, err = other.Restock(ctx, "S", keyIn(fmt.Sprintf("orestock%d", bk), bk, n), 1)
-			require.NoError(t, err)
+			must(t)(other.Restock(ctx, "S", keyIn(fmt.Sprintf("orestock%d", bk), bk, n), 1))
 			takeSoon(t, r, "S", fmt.Sprintf("after-restock%d", bk))
 			soldOut()
 		}
@@ -562,16 +511,13 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		soldOut()
 
 		// A hold due in another bucket: its unit is taken by the next request.
-		_, err = r.Restock(ctx, "S", keyIn("for-hold", 0, n), 1)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, "S", keyIn("for-hold", 0, n), 1))
 		hold := fresh(0)
 		hold.ID = "the-hold"
-		_, err = r.Hold(ctx, hold, 2500*time.Millisecond)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, hold, 2500*time.Millisecond))
 		soldOut() // the hold is not due yet
 		redistest.Sleep(c, 2600*time.Millisecond)
-		_, err = r.Deduct(ctx, fresh(1))
-		require.NoError(t, err, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")
+		must(t, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")(r.Deduct(ctx, fresh(1)))
 		e, err = r.Ledger(ctx, "S", "the-hold")
 		require.NoError(t, err)
 		assert.Equal(t, stock.StateExpired, e.State)

@@ -68,15 +68,13 @@ func TestStoppedWhileTakingTheLeaseGivesItBack(t *testing.T) {
 			rec, err := stockops.NewReconciler(r, store, nil)
 			require.NoError(t, err)
 			// Every script is loaded: the armed command runs, it is not refused as NOSCRIPT.
-			_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
 			_, err = relay.Once(ctx)
 			require.NoError(t, err)
 			_, err = rec.Pass(ctx)
 			require.NoError(t, err)
 
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1}))
 			cctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			if who == "relay" {

@@ -89,11 +89,9 @@ func TestNamesRefuseFormatCharacters(t *testing.T) {
 		for i, name := range []string{"é", "日本", "caf\u00e9", "cafe\u0301", "スニーカー", "ünïcødé-42", "\U0001F45F", "ß:~"} {
 			require.NoError(t, r.Load(ctx, name, 3), "load %q", name)
 			id, user := name+"-order", "ユーザー"+name
-			rc, err := r.Deduct(ctx, stock.Request{SKU: name, ID: id, User: user, Qty: 1})
-			require.NoError(t, err, "deduct %q", name)
+			rc := must(t, "deduct %q", name)(r.Deduct(ctx, stock.Request{SKU: name, ID: id, User: user, Qty: 1}))
 			assert.Equal(t, int64(2), rc.Remaining, "%q", name)
-			_, err = r.Restore(ctx, name, id)
-			require.NoError(t, err, "restore %q", name)
+			must(t, "restore %q", name)(r.Restore(ctx, name, id))
 			assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, r, name), "%q", name)
 			_, err = stock.New(c, stock.WithPrefix(fmt.Sprintf("p%d%s", i, name)))
 			assert.NoError(t, err, "prefix %q", name)

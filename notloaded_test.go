@@ -52,8 +52,7 @@ func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 		r := newReserver(t, c, stock.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 		require.NoError(t, r.Load(ctx, "A", 5))
 		for _, id := range []string{"o1", "o2"} {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}))
 		}
 		store := memstore.New() // sqlstore.New + Migrate: no row for A
 		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
@@ -115,8 +114,7 @@ func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c, stock.WithLogger(slog.New(slog.DiscardHandler)))
 		require.NoError(t, r.Load(ctx, "A", 5))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
 		var msgs []stock.Event
 		q := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { msgs = append(msgs, ev); return nil })
 		rl, err := stockops.NewRelay(r, nil, q, nil)
@@ -152,8 +150,7 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			r := newReserver(t, b.Client(t)) // no WithLogger
 			require.NoError(t, r.Load(ctx, "A", 5))
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 			rl, err := stockops.NewRelay(r, memstore.New(), nil, nil)
 			require.NoError(t, err)
 			_, err = rl.Once(ctx)
@@ -184,8 +181,7 @@ func TestPreheatLoadsStoreAndRedis(t *testing.T) {
 		assert.EqualValues(t, 7, levels(t, r, "B").Available)
 
 		// Again: a live sale is not clobbered.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 		_, err = stockops.Preheat(ctx, r, store, "A", 10)
 		require.ErrorIs(t, err, stock.ErrLoaded)
 		assert.EqualValues(t, 9, levels(t, r, "A").Available)

@@ -33,8 +33,7 @@ func TestFreshDeploymentIsNotFenced(t *testing.T) {
 		if fenced, err := stockops.NewFailoverGuard(r).Check(ctx); err == nil {
 			require.False(t, fenced, "a new deployment is fenced as if it had failed over")
 		}
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
 
 		runCtx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
@@ -49,8 +48,7 @@ func TestFreshDeploymentIsNotFenced(t *testing.T) {
 		require.NoError(t, r.Ready(readyCtx))
 		// No reconcile pass runs (Interval -1): nothing but the baseline can lift a fence.
 		for i := range 10 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "o" + string(rune('a'+i)), Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "o" + string(rune('a'+i)), Qty: 1}))
 		}
 	})
 }
@@ -81,8 +79,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 		fenced, err := g.Check(ctx)
 		return err == nil && fenced
 	}, 10*time.Second, 50*time.Millisecond)
-	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-	require.ErrorIs(t, err, stock.ErrFailover)
+	mustFail(t, stock.ErrFailover)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	err = r.Ready(short)
 	cancel()
@@ -94,8 +91,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	_, err = rec.Once(ctx)
 	require.NoError(t, err)
 	require.NoError(t, r.Ready(ctx))
-	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-	require.NoError(t, err)
+	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 
 	// Items, and the epoch gone: not a new deployment. Another Reserver (a process that
 	// starts now) waits for a pass.

@@ -96,11 +96,9 @@ func TestReconcileClean(t *testing.T) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		for i := range 10 {
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 2})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 2}))
 		}
-		_, err := g.r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		must(t)(g.r.Restore(ctx, "A", "o1"))
 		// Pending events are in flight, not drift.
 		rp := g.once(t)["A"]
 		assert.Equal(t, stockops.Report{SKU: "A", Available: 32, StoreRemaining: 50, Pending: 11, InFlight: 18}, rp)
@@ -118,14 +116,12 @@ func TestReconcileLostKey(t *testing.T) {
 		deductEach(t, g.r, "A", 10)
 		drain(t, g.relay)
 		for i := 10; i < 15; i++ { // in flight when the key goes
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1}))
 		}
 		del(t, c, "stock:{A}")
 		_, err := available(g.r.Levels(ctx, "A"))
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrNotLoaded, "no sale on a lost item")
+		mustFail(t, stock.ErrNotLoaded, "no sale on a lost item")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1}))
 
 		dry, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{DryRun: true})
 		require.NoError(t, err)
@@ -144,8 +140,7 @@ func TestReconcileLostKey(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(35), n, "store 40 minus 5 in flight")
 		// Deducts resume, and the in-flight ones still reach the store.
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "after", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "after", Qty: 1}))
 		g.agree(t, "A")
 		assert.Zero(t, g.once(t)["A"].Drift)
 	})
@@ -157,8 +152,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 		g := newRig(t, c, map[string]int64{"A": 20, "B": 30})
 		for i := range 8 {
 			sku := []string{"A", "B"}[i%2]
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1}))
 		}
 		drain(t, g.relay)
 		for _, cl := range c.Nodes() { // every key gone, the registry too
@@ -178,8 +172,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 		}
 		// A retried id whose ledger entry was lost is refused by the store's unique id:
 		// the sale is given back rather than made twice.
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o0", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o0", Qty: 1}))
 		st := drain(t, g.relay)
 		assert.Zero(t, st.Refused, "the store answers a repeated id as the first time")
 		assert.Equal(t, 1, g.store.MaxApplications())
@@ -204,8 +197,7 @@ func TestReconcileDrift(t *testing.T) {
 			assert.Equal(t, want, l.Available, sku)
 		}
 		// Redis sold out meanwhile: it cannot give back what it sold; that is for a human.
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "big", Qty: 40})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "big", Qty: 40}))
 		g.store.Set("A", 30) // the store lost 10 more before the relay ran
 		rp := g.once(t)["A"]
 		assert.Equal(t, int64(0), rp.Adjusted, "available cannot go below zero")
@@ -218,14 +210,11 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		for i := range 6 {
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1}))
 		}
 		drain(t, g.relay)
-		_, err := g.r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o9", Qty: 2})
-		require.NoError(t, err)
+		must(t)(g.r.Restore(ctx, "A", "o1"))
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o9", Qty: 2}))
 		// The outbox loses both events (a lost message).
 		del(t, c, "stock:{A}:o")
 		rp := g.once(t)["A"]
@@ -239,8 +228,7 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 		rp = g.once(t)["A"]
 		assert.Equal(t, 1, rp.Rerecorded)
 		assert.Equal(t, int64(-1), rp.Adjusted)
-		rc, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u", Qty: 1})
-		require.NoError(t, err)
+		rc := must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u", Qty: 1}))
 		assert.True(t, rc.Replayed, "a retry of the lost id is a replay, not a second sale")
 		g.agree(t, "A")
 	})
@@ -251,11 +239,9 @@ func TestReconcileTrims(t *testing.T) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		deductEach(t, g.r, "A", 5)
-		_, err := g.r.Restore(ctx, "A", "ghost")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrUnknownID)(g.r.Restore(ctx, "A", "ghost"))
 		drain(t, g.relay)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "pending", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "pending", Qty: 1}))
 		time.Sleep(20 * time.Millisecond)
 		rp := g.once(t)["A"]
 		assert.Equal(t, 6, rp.Trimmed, "applied entries and the tombstone; not the pending one")
@@ -321,20 +307,16 @@ func TestDelistRetires(t *testing.T) {
 		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		deductEach(t, g.r, "A", 600) // more than one retire step of the ledger
 		// Sold out, and a refusal: the item gets its sold-out filter, which must go too.
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400})
-		require.NoError(t, err)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "one-more", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400}))
+		mustFail(t, stock.ErrSoldOut)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "one-more", Qty: 1}))
 		n, err := c.Do(ctx, c.B().Exists().Key("stock:{A}:b").Build()).AsInt64()
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "the filter exists")
 		require.ErrorIs(t, g.r.Delist(ctx, "ghost"), stock.ErrNotLoaded)
 		require.NoError(t, g.r.Delist(ctx, "A"))
 		require.NoError(t, g.r.Delist(ctx, "A"))
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrClosed)
-		_, err = g.r.Restore(ctx, "A", "o0") // the pipeline still works
-		require.NoError(t, err)
+		mustFail(t, stock.ErrClosed)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1}))
+		must(t)(g.r.Restore(ctx, "A", "o0")) // the pipeline still works
 		time.Sleep(10 * time.Millisecond)
 		rp := g.once(t)["A"]
 		assert.False(t, rp.Retired, "events are still pending")
@@ -369,8 +351,7 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 3})
 		for _, id := range []string{"h1", "h2", "h3"} {
-			_, err := g.r.Hold(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}, 2*time.Second)
-			require.NoError(t, err)
+			must(t)(g.r.Hold(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}, 2*time.Second))
 		}
 		drain(t, g.relay)
 		// What the relay delivered before the failover: the confirms of h1 and h2, and a
@@ -398,12 +379,9 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		l = levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 2, Held: 0, Sold: 1, Loaded: 3}, l, "h3 expired")
 		g.agree(t, "A")
-		_, err = g.r.Confirm(ctx, "A", "h1")
-		require.NoError(t, err, "a confirm of h1 now is a replay")
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n1", Qty: 2})
-		require.NoError(t, err)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n2", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut, "the unit h1 took is not sold again")
+		must(t, "a confirm of h1 now is a replay")(g.r.Confirm(ctx, "A", "h1"))
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n1", Qty: 2}))
+		mustFail(t, stock.ErrSoldOut, "the unit h1 took is not sold again")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n2", Qty: 1}))
 		g.agree(t, "A")
 	})
 }
@@ -449,14 +427,12 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		relay, err := stockops.NewRelay(r, nil, pub, nil)
 		require.NoError(t, err)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
 		_, err = relay.Once(ctx)
 		require.NoError(t, err)
 		require.Len(t, queue, 1)
 		require.NoError(t, stock.Consume(ctx, r, db, queue[0])) // the deduct is in the store
-		_, err = r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		must(t)(r.Restore(ctx, "A", "o1"))
 		_, err = relay.Once(ctx)
 		require.NoError(t, err)
 		require.Len(t, queue, 2) // the restore is published, not applied yet
@@ -510,8 +486,7 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 			return []string{"a", "b", "c"}
 		}, 97, 3, 100},
 		{"a failover lost a delivered restock", func(t *testing.T, g rig, _ *testClock) []string {
-			_, err := g.r.Restock(context.Background(), "x", "more", 10)
-			require.NoError(t, err)
+			must(t)(g.r.Restock(context.Background(), "x", "more", 10))
 			drain(t, g.relay)
 			hdel(t, g.c, "more")
 			hincr(t, g.c, "a", -10)
@@ -519,10 +494,8 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 			return []string{"a", "b", "c"}
 		}, 107, 3, 110},
 		{"a failover lost a restock and a sale of the same size", func(t *testing.T, g rig, _ *testClock) []string {
-			_, err := g.r.Restock(context.Background(), "x", "more", 5)
-			require.NoError(t, err)
-			_, err = g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "big", Qty: 5})
-			require.NoError(t, err)
+			must(t)(g.r.Restock(context.Background(), "x", "more", 5))
+			must(t)(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "big", Qty: 5}))
 			drain(t, g.relay)
 			hdel(t, g.c, "more", "big") // no drift: only what was written back tells
 			hincr(t, g.c, "l", -5)
@@ -533,8 +506,7 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 			clock.advance(25 * time.Hour) // past the default retention of 24h
 			rp := g.once(t)["x"]
 			require.Equal(t, 3, rp.Trimmed)
-			rc, err := g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "b", Qty: 1})
-			require.NoError(t, err)
+			rc := must(t)(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "b", Qty: 1}))
 			require.False(t, rc.Replayed, "its entry is gone: Redis sells it again")
 			drain(t, g.relay) // the store has b already: it takes nothing
 			return nil        // (the clock runs a day ahead of Redis's: every settled entry is trimmable now)
@@ -580,8 +552,7 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 				r := newReserver(t, c, opts...)
 				g := newRigWith(t, c, r, map[string]int64{"x": 100})
 				for _, id := range []string{"a", "b", "c"} {
-					_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 1})
-					require.NoError(t, err)
+					must(t)(g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 1}))
 				}
 				drain(t, g.relay)
 				restore := tc.fault(t, g, clock)
@@ -591,8 +562,7 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 				assert.Zero(t, g.once(t)["x"].Drift, "a second pass finds nothing")
 				g.agree(t, "x")
 				for _, id := range restore {
-					rc, err := g.r.Restore(ctx, "x", id)
-					require.NoError(t, err, id)
+					rc := must(t, id)(g.r.Restore(ctx, "x", id))
 					assert.Equal(t, int64(1), rc.Qty, id)
 				}
 				g.agree(t, "x")
@@ -639,49 +609,38 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 	}{
 		{"a 48h hold cancelled after 30h", 24 * time.Hour,
 			func(t *testing.T, g rig, move func(time.Duration)) {
-				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 48*time.Hour)
-				require.NoError(t, err)
+				must(t)(g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 48*time.Hour))
 				move(30 * time.Hour)
-				_, err = g.r.Cancel(context.Background(), "x", "e")
-				require.NoError(t, err)
+				must(t)(g.r.Cancel(context.Background(), "x", "e"))
 			}, time.Minute,
 			func(t *testing.T, g rig, _ func(time.Duration)) {
-				rc, err := g.r.Cancel(context.Background(), "x", "e")
-				require.NoError(t, err, "a repeated cancel is a replay")
+				rc := must(t, "a repeated cancel is a replay")(g.r.Cancel(context.Background(), "x", "e"))
 				assert.True(t, rc.Replayed)
-				_, err = g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
-				assert.ErrorIs(t, err, stock.ErrRestored, "a repeated hold takes nothing")
+				mustFail(t, stock.ErrRestored, "a repeated hold takes nothing")(g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour))
 			}, 48 * time.Hour},
 		{"a hold that expired", 200 * time.Millisecond,
 			func(t *testing.T, g rig, move func(time.Duration)) {
-				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 400*time.Millisecond)
-				require.NoError(t, err)
+				must(t)(g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 400*time.Millisecond))
 				move(500 * time.Millisecond)
-				_, err = g.r.Confirm(context.Background(), "x", "e")
-				require.ErrorIs(t, err, stock.ErrExpired)
+				mustFail(t, stock.ErrExpired)(g.r.Confirm(context.Background(), "x", "e"))
 			}, 0,
 			func(t *testing.T, g rig, _ func(time.Duration)) {
-				_, err := g.r.Confirm(context.Background(), "x", "e")
-				assert.ErrorIs(t, err, stock.ErrExpired)
-				_, err = g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
+				mustFail(t, stock.ErrExpired)(g.r.Confirm(context.Background(), "x", "e"))
+				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
 				assert.Error(t, err, "a repeated hold takes nothing")
 			}, 500 * time.Millisecond},
 		{"a sale given back late", 200 * time.Millisecond,
 			func(t *testing.T, g rig, move func(time.Duration)) {
-				_, err := g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2})
-				require.NoError(t, err)
+				must(t)(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}))
 				drain(t, g.relay)
 				move(400 * time.Millisecond)
-				_, err = g.r.Restore(context.Background(), "x", "e")
-				require.NoError(t, err)
+				must(t)(g.r.Restore(context.Background(), "x", "e"))
 				drain(t, g.relay)
 			}, 0,
 			func(t *testing.T, g rig, _ func(time.Duration)) {
-				rc, err := g.r.Restore(context.Background(), "x", "e")
-				require.NoError(t, err, "a repeated restore is a replay")
+				rc := must(t, "a repeated restore is a replay")(g.r.Restore(context.Background(), "x", "e"))
 				assert.True(t, rc.Replayed)
-				_, err = g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2})
-				assert.ErrorIs(t, err, stock.ErrRestored, "a repeated deduct takes nothing")
+				mustFail(t, stock.ErrRestored, "a repeated deduct takes nothing")(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}))
 			}, 500 * time.Millisecond},
 	}
 	for _, tc := range cases {
@@ -734,17 +693,14 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 				opts = append(opts, stock.WithClock(clock.now))
 				g := newRigWith(t, c, newReserver(t, c, opts...), map[string]int64{"x": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
 				for i := range 20 {
-					_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("o", i), User: fmt.Sprint("u", i%3), Qty: 1})
-					require.NoError(t, err)
+					must(t)(g.r.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("o", i), User: fmt.Sprint("u", i%3), Qty: 1}))
 				}
-				_, err := g.r.Hold(ctx, stock.Request{SKU: "x", ID: "h", Qty: 1}, time.Hour)
-				require.NoError(t, err)
+				must(t)(g.r.Hold(ctx, stock.Request{SKU: "x", ID: "h", Qty: 1}, time.Hour))
 				require.NoError(t, g.r.Delist(ctx, "x"))
 				drain(t, g.relay)
 				clock.advance(time.Second)
 				assert.False(t, g.once(t)["x"].Retired, "a live hold keeps the item")
-				_, err = g.r.Cancel(ctx, "x", "h")
-				require.NoError(t, err)
+				must(t)(g.r.Cancel(ctx, "x", "h"))
 				drain(t, g.relay)
 				rp := g.once(t)["x"]
 				require.True(t, rp.Retired, rp.String())
@@ -762,7 +718,7 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 					require.NoError(t, err)
 					assert.LessOrEqual(t, len(fields), 2, "%s keeps only its retired mark: %v", base, fields)
 				}
-				_, err = g.r.Levels(ctx, "x")
+				_, err := g.r.Levels(ctx, "x")
 				assert.ErrorIs(t, err, stock.ErrNotLoaded)
 				require.NoError(t, g.r.Load(ctx, "x", 3), "a retired item may be loaded again")
 				assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, g.r, "x"))
@@ -785,23 +741,18 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 	}{
 		{"a restock's id reused by a sale given back",
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Restock(ctx, "x", "e", 1)
-				require.NoError(t, err)
+				must(t)(r.Restock(ctx, "x", "e", 1))
 			},
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 1})
-				require.NoError(t, err, "the id is free again after its trim")
-				_, err = r.Restore(ctx, "x", "e")
-				require.NoError(t, err)
+				must(t, "the id is free again after its trim")(r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 1}))
+				must(t)(r.Restore(ctx, "x", "e"))
 			}},
 		{"a sale's id reused by a restock",
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 2})
-				require.NoError(t, err)
+				must(t)(r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 2}))
 			},
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Restock(ctx, "x", "e", 1)
-				require.NoError(t, err, "the id is free again after its trim")
+				must(t, "the id is free again after its trim")(r.Restock(ctx, "x", "e", 1))
 			}},
 	}
 	for _, tc := range cases {

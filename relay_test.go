@@ -85,15 +85,12 @@ func TestRelayDeliversOnce(t *testing.T) {
 		pub := newRecorder()
 		for i := range 60 {
 			sku := []string{"A", "B"}[i%2]
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 2})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 2}))
 		}
 		for i := 0; i < 60; i += 6 {
-			_, err := r.Restore(ctx, []string{"A", "B"}[i%2], fmt.Sprint("o", i))
-			require.NoError(t, err)
+			must(t)(r.Restore(ctx, []string{"A", "B"}[i%2], fmt.Sprint("o", i)))
 		}
-		_, err := r.Restock(ctx, "A", "r1", 7)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, "A", "r1", 7))
 
 		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 16})
 		require.NoError(t, err)
@@ -123,8 +120,7 @@ func TestRelayStoreRefusal(t *testing.T) {
 		store.Set("A", 12) // seeded drift: the database has less
 		pub := newRecorder()
 		for i := range 20 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1}))
 		}
 		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 5})
 		require.NoError(t, err)
@@ -150,8 +146,7 @@ func TestRelayStoreRefusal(t *testing.T) {
 		// A refused id is done: it cannot take stock again.
 		for id, e := range entries {
 			if e.State == stock.StateRefused {
-				_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1})
-				assert.ErrorIs(t, err, stock.ErrRestored, id)
+				mustFail(t, stock.ErrRestored, id)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}))
 				break
 			}
 		}
@@ -308,11 +303,9 @@ func TestRelayKeepsOrder(t *testing.T) {
 		// Ids chosen so that sorting by name would put each deduct before the restore it follows.
 		for i := range 50 {
 			id := fmt.Sprintf("z%03d", 50-i)
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1}))
 			if i < 49 {
-				_, err = r.Restore(ctx, "A", id)
-				require.NoError(t, err)
+				must(t)(r.Restore(ctx, "A", id))
 			}
 		}
 		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 7})
@@ -338,8 +331,7 @@ func TestRelayDeadLetters(t *testing.T) {
 			return nil
 		})
 		for _, id := range []string{"o1", "bad", "o2"} {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1}))
 		}
 		rl, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)

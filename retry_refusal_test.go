@@ -115,14 +115,11 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		user := "us:er~1"
 		require.NoError(t, r.Load(ctx, sku, 3))
 		require.NoError(t, r.Load(ctx, other, 5))
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "pre:1", User: "p:1", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "pre:h~", User: "p:2", Qty: 1}, time.Hour)
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "pre:1", User: "p:1", Qty: 1}))
+		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "pre:h~", User: "p:2", Qty: 1}, time.Hour))
 		qty, rem := int64(2), int64(1)
 		if kind == stock.ErrSoldOut {
-			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "fill~", User: "p:3", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "fill~", User: "p:3", Qty: 1}))
 			qty, rem = 1, 0
 		}
 		req := stock.Request{SKU: sku, ID: id, User: user, Qty: qty, Retry: true}
@@ -144,12 +141,9 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		checkLedger(t, r, sku, 3)
 
 		// Stock comes back: a restore, a cancel, a restock.
-		_, err = r.Restore(ctx, sku, "pre:1")
-		require.NoError(t, err)
-		_, err = r.Cancel(ctx, sku, "pre:h~")
-		require.NoError(t, err)
-		_, err = r.Restock(ctx, sku, "rs:1~", 10)
-		require.NoError(t, err)
+		must(t)(r.Restore(ctx, sku, "pre:1"))
+		must(t)(r.Cancel(ctx, sku, "pre:h~"))
+		must(t)(r.Restock(ctx, sku, "rs:1~", 10))
 
 		plain := req
 		plain.Retry = false
@@ -250,8 +244,7 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		var err error
 		sku := "fa:st~1"
 		require.NoError(t, r.Load(ctx, sku, 1))
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}))
 		// Sold out: refusals start and complete the filter.
 		for i := 0; i < 10; i++ {
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
@@ -264,16 +257,14 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		idS, idI := "rt:so~1", "rt:in~1"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true})
 		retryCheckRefusal(t, "retry sold out", rc, err, stock.ErrSoldOut, 0)
-		_, err = r.Restock(ctx, sku, "rs:1", 2)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, sku, "rs:1", 2))
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})
 		remI := rc.Remaining
 		if !errors.Is(err, stock.ErrInsufficient) || remI <= 0 {
 			t.Fatalf("retry insufficient: %+v %v", rc, err)
 		}
 		// Sold out again.
-		_, err = r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2})
-		require.NoError(t, err)
+		must(t)(r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}))
 		for i := 0; i < 10; i++ {
 			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
 			if !errors.Is(err, stock.ErrSoldOut) {
@@ -304,8 +295,7 @@ func TestRetryRefusalFastPath(t *testing.T) {
 			}
 		}
 		// Stock back: the recorded ids stay refused, with the recorded Remaining.
-		_, err = r2.Restock(ctx, sku, "rs:2", 50)
-		require.NoError(t, err)
+		must(t)(r2.Restock(ctx, sku, "rs:2", 50))
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
 		retryCheckRefusal(t, "repeat insufficient after restock", rc, err, stock.ErrInsufficient, remI)
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
@@ -353,13 +343,11 @@ func TestRetryRefusalHoldExpiry(t *testing.T) {
 		r2 := newReserver(t, env.Client, cfg.opts...)
 		sku := "ex:p~1"
 		require.NoError(t, r.Load(ctx, sku, 3))
-		_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute))
 		// Insufficient: 1 left, asks 2.
 		rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}, time.Minute)
 		retryCheckRefusal(t, "retry hold insufficient", rc, err, stock.ErrInsufficient, 1)
-		_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h:2", User: "h2", Qty: 1}, time.Minute)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:2", User: "h2", Qty: 1}, time.Minute))
 		// Sold out.
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true})
 		retryCheckRefusal(t, "retry deduct sold out", rc, err, stock.ErrSoldOut, 0)
@@ -390,8 +378,7 @@ func TestRetryRefusalDueHoldFirst(t *testing.T) {
 		r := env.Reserver
 		sku := "du:e~1"
 		require.NoError(t, r.Load(ctx, sku, 2))
-		_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute))
 		env.Advance(2 * time.Minute)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3, Retry: true})
 		retryCheckRefusal(t, "retry with a due hold", rc, err, stock.ErrInsufficient, 2)
@@ -429,8 +416,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "so:0", User: "z", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
 			t.Fatalf("first sold out: %v", err)
 		}
-		_, err := r.Restock(ctx, sku, "rs:1", 3)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, sku, "rs:1", 3))
 		var ids []string
 		for i := 0; i < 60; i++ {
 			id := fmt.Sprintf("rt:%d~x", i)
@@ -438,8 +424,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 			retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 3)
 			ids = append(ids, id)
 		}
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3}))
 		for i := 0; i < 40; i++ { // complete the build
 			_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: "z", Qty: 1})
 		}
@@ -480,23 +465,19 @@ func TestRetryRefusalUserLimit(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, 1))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1}))
 		// Sold out and u has 1: a retry refused as sold out.
 		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute)
 		retryCheckRefusal(t, "retry 2", rc, err, stock.ErrSoldOut, 0)
-		_, err = r.Restock(ctx, sku, "rs", 10)
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, sku, "rs", 10))
+		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1}))
 		// u is at the limit: the repeats must still answer the recorded refusals.
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2})
 		retryCheckRefusal(t, "repeat x:1 at the limit", rc, err, stock.ErrInsufficient, 1)
 		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute)
 		retryCheckRefusal(t, "repeat x:2 at the limit", rc, err, stock.ErrSoldOut, 0)
 		for _, id := range []string{"y:1", "z:1"} {
-			_, err = r.Restore(ctx, sku, id)
-			require.NoError(t, err)
+			must(t)(r.Restore(ctx, sku, id))
 		}
 		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
 		retryCheckRefusal(t, "repeat x:1 after restores", rc, err, stock.ErrInsufficient, 1)
@@ -589,8 +570,7 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 		id := "ca:rt~1"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, kind, load)
-		_, err = r.Restock(ctx, x, "rs", 10)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, x, "rs", 10))
 		la := levels(t, r, a)
 		for _, hold := range []bool{false, true} {
 			cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: a, Qty: 1}, {SKU: x, Qty: 2}}}
@@ -1055,15 +1035,12 @@ func TestRetryRefusalReconcile(t *testing.T) {
 		sku := "re:con~"
 		require.NoError(t, store.Load(ctx, sku, 2))
 		require.NoError(t, r.Load(ctx, sku, 2))
-		_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a:1", User: "a", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a:1", User: "a", Qty: 1}))
 		id := "x:~1"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
-		_, err = r.Restock(ctx, sku, "rs:1", 5)
-		require.NoError(t, err)
-		_, err = r.Restore(ctx, sku, "a:1")
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, sku, "rs:1", 5))
+		must(t)(r.Restore(ctx, sku, "a:1"))
 		relay, err := stockops.NewRelay(r, store, nil, nil)
 		require.NoError(t, err)
 		rec, err := stockops.NewReconciler(r, store, nil)
@@ -1204,8 +1181,7 @@ func TestRetryRefusalLongNames(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, 5))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 5)
-		_, err = r.Restock(ctx, sku, id[:127]+"x", 3)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, sku, id[:127]+"x", 3))
 		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
 		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
 		if e, err := r.Ledger(ctx, sku, id); err != nil || e.ID != id || e.User != user || e.SKU != sku || e.Qty != 6 || e.After != 5 {
@@ -1232,8 +1208,7 @@ func TestRetryRefusalWithClock(t *testing.T) {
 	r := newReserver(t, c, stock.WithClock(clock))
 	sku := "cl:ock~"
 	require.NoError(t, r.Load(ctx, sku, 1))
-	_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h:~", User: "h", Qty: 1}, time.Second)
-	require.NoError(t, err)
+	must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:~", User: "h", Qty: 1}, time.Second))
 	rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1, Retry: true}, time.Minute)
 	retryCheckRefusal(t, "retry", rc, err, stock.ErrSoldOut, 0)
 	advance(2 * time.Second)

@@ -33,8 +33,7 @@ func TestRetryRefusalKeepsItsKind(t *testing.T) {
 				repeat := func(sku, id string, qty int64, want error, remaining int64) {
 					t.Helper()
 					for _, retry := range []bool{true, false, true} {
-						rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: qty, Retry: retry})
-						require.ErrorIs(t, err, want, "%s/%s retry=%v", sku, id, retry)
+						rc := mustFail(t, want, "%s/%s retry=%v", sku, id, retry)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: qty, Retry: retry}))
 						require.Equal(t, remaining, rc.Remaining, "%s/%s: the stock of the recorded refusal", sku, id)
 					}
 				}
@@ -42,18 +41,15 @@ func TestRetryRefusalKeepsItsKind(t *testing.T) {
 				// Insufficient, then a restock that would serve it.
 				require.NoError(t, r.Load(ctx, "A", 3))
 				repeat("A", "big", 5, stock.ErrInsufficient, 3)
-				_, err := r.Restock(ctx, "A", "more", 10)
-				require.NoError(t, err)
+				must(t)(r.Restock(ctx, "A", "more", 10))
 				repeat("A", "big", 5, stock.ErrInsufficient, 3)
 				require.Equal(t, int64(13), levels(t, r, "A").Available, "the repeats took nothing")
 
 				// Sold out, then a restock.
 				require.NoError(t, r.Load(ctx, "B", 1))
-				_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1})
-				require.NoError(t, err)
+				must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
 				repeat("B", "late", 1, stock.ErrSoldOut, 0)
-				_, err = r.Restock(ctx, "B", "more", 5)
-				require.NoError(t, err)
+				must(t)(r.Restock(ctx, "B", "more", 5))
 				repeat("B", "late", 1, stock.ErrSoldOut, 0)
 				require.Equal(t, int64(5), levels(t, r, "B").Available)
 
@@ -61,23 +57,20 @@ func TestRetryRefusalKeepsItsKind(t *testing.T) {
 				// once the item is sold out again: the filter must send the id to Redis.
 				require.NoError(t, r.Load(ctx, "C", 1))
 				for i := range 3 {
-					_, err = r.Deduct(ctx, stock.Request{SKU: "C", ID: fmt.Sprintf("c%d", i), Qty: 1})
+					_, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: fmt.Sprintf("c%d", i), Qty: 1})
 					if i == 0 {
 						require.NoError(t, err)
 					} else {
 						require.ErrorIs(t, err, stock.ErrSoldOut) // starts and fills the filter
 					}
 				}
-				_, err = r.Restock(ctx, "C", "more", 2)
-				require.NoError(t, err)
+				must(t)(r.Restock(ctx, "C", "more", 2))
 				repeat("C", "big", 5, stock.ErrInsufficient, 2)
 				for _, id := range []string{"d1", "d2"} {
-					_, err = r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
-					require.NoError(t, err)
+					must(t)(r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1}))
 				}
 				for i := range 3 {
-					_, err = r.Deduct(ctx, stock.Request{SKU: "C", ID: fmt.Sprintf("e%d", i), Qty: 1})
-					require.ErrorIs(t, err, stock.ErrSoldOut)
+					mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "C", ID: fmt.Sprintf("e%d", i), Qty: 1}))
 				}
 				repeat("C", "big", 5, stock.ErrInsufficient, 2)
 			})

@@ -100,8 +100,7 @@ func TestRunReturnsFirstError(t *testing.T) {
 	r := newReserver(t, c)
 	st := &failingStore{Store: memstore.New()}
 	require.NoError(t, r.Load(ctx, "A", 3))
-	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-	require.NoError(t, err)
+	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 
 	run, stop := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer stop()
@@ -111,7 +110,7 @@ func TestRunReturnsFirstError(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	err = r.Run(run, stock.RunOptions{Store: st, Drain: -1, Reconcile: &stock.ReconcileOptions{Items: []string{"A"}},
+	err := r.Run(run, stock.RunOptions{Store: st, Drain: -1, Reconcile: &stock.ReconcileOptions{Items: []string{"A"}},
 		Relay: &stock.RelayOptions{Poll: time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})
 	assert.ErrorIs(t, err, errDown)
 	assert.Greater(t, st.calls.Load(), int64(1), "the relay retried while Run ran")
@@ -169,8 +168,7 @@ func TestRunReconcileOff(t *testing.T) {
 	db := memstore.New()
 	require.NoError(t, db.Load(ctx, "A", 10))
 	require.NoError(t, r.Load(ctx, "A", 10))
-	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-	require.NoError(t, err)
+	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	for _, interval := range []time.Duration{-1, 0} {
 		run, stop := context.WithTimeout(ctx, 300*time.Millisecond)
 		err := r.Run(run, stock.RunOptions{Store: db, Reconcile: &stock.ReconcileOptions{Interval: interval},

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,25 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
-	"github.com/stockres/stock/internal/redistest"
-	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
-)
-
-func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
-
-// The helpers every test of the package uses, shared with the other packages' tests and the
-// system tests (internal/testkit).
-var (
-	eachBackend       = testkit.EachBackend
-	eachBackendSerial = testkit.EachBackendSerial
-	newReserver       = testkit.NewReserver
-	levels            = testkit.Levels
-	ledger            = testkit.Ledger
-	checkLedger       = testkit.CheckLedger
-	drain             = testkit.Drain
-	outboxLen         = testkit.OutboxLen
-	available         = testkit.Available
 )
 
 func TestLoadAvailableLevels(t *testing.T) {
@@ -54,16 +35,14 @@ func TestLoadAvailableLevels(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(100), n)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "sku-1", ID: "o1", Qty: 30})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "sku-1", ID: "o1", Qty: 30}))
 		// A re-run preheat never clobbers a live sale.
 		assert.ErrorIs(t, r.Load(ctx, "sku-1", 100), stock.ErrLoaded)
 		assert.Equal(t, stock.Levels{Available: 70, Sold: 30, Loaded: 100}, levels(t, r, "sku-1"))
 
 		// Zero stock is a listed item with nothing to sell, not a missing one.
 		require.NoError(t, r.Load(ctx, "empty", 0))
-		_, err = r.Deduct(ctx, stock.Request{SKU: "empty", ID: "o1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "empty", ID: "o1", Qty: 1}))
 
 		var items []string
 		for sku, err := range stockops.Items(ctx, r) {
@@ -80,16 +59,13 @@ func TestDeductOutcomes(t *testing.T) {
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
 
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3})
-		require.NoError(t, err)
+		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3}))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 3, Remaining: 7}, rc)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 5})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 5}))
 
 		// A replay repeats the original receipt, even though the stock moved since.
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3})
-		require.NoError(t, err)
+		rc = must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3}))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 3, Remaining: 7, Replayed: true}, rc)
 
 		// The same id with other parameters is a conflict, and changes nothing.
@@ -98,23 +74,18 @@ func TestDeductOutcomes(t *testing.T) {
 			{SKU: "A", ID: "o1", User: "u2", Qty: 3},
 			{SKU: "A", ID: "o1", Qty: 3},
 		} {
-			rc, err = r.Deduct(ctx, req)
-			assert.ErrorIs(t, err, stock.ErrConflict, "%+v", req)
+			rc = mustFail(t, stock.ErrConflict, "%+v", req)(r.Deduct(ctx, req))
 			assert.Equal(t, int64(3), rc.Qty, "conflict reports the original quantity")
 		}
 
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 3})
-		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		rc = mustFail(t, stock.ErrInsufficient)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 3}))
 		assert.Equal(t, int64(2), rc.Remaining)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 2})
-		require.NoError(t, err)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o5", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 2}))
+		rc = mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o5", Qty: 1}))
 		assert.Equal(t, int64(0), rc.Remaining)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "o1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		mustFail(t, stock.ErrNotLoaded)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "o1", Qty: 1}))
 
 		l, entries := checkLedger(t, r, "A", 10)
 		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, l)
@@ -137,38 +108,29 @@ func TestRestore(t *testing.T) {
 		r := newReserver(t, c, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "A", 5))
 
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
+		mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1}))
 
-		rc, err := r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		rc := must(t)(r.Restore(ctx, "A", "o1"))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 2, Remaining: 5}, rc)
 		// Once: the second restore is a replay and gives nothing.
-		rc, err = r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		rc = must(t)(r.Restore(ctx, "A", "o1"))
 		assert.True(t, rc.Replayed)
 		assert.Equal(t, int64(2), rc.Qty)
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "A"))
 
 		// The user's units came back with the stock.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 2})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 2}))
 
 		// A restored id cannot take stock again.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
-		assert.ErrorIs(t, err, stock.ErrRestored)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
 
 		// Restore of an unknown id takes nothing (no blind INCRBY) and leaves a tombstone:
 		// the late deduct it overtook is refused.
-		_, err = r.Restore(ctx, "A", "late")
-		assert.ErrorIs(t, err, stock.ErrUnknownID)
-		_, err = r.Restore(ctx, "A", "late")
-		assert.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "A", "late"))
+		mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "A", "late"))
 		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, r, "A"))
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrRestored)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1}))
 		e, err := r.Ledger(ctx, "A", "late")
 		require.NoError(t, err)
 		assert.Equal(t, stock.KindTombstone, e.Kind)
@@ -183,23 +145,17 @@ func TestRestock(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := newReserver(t, c)
-		_, err := r.Restock(ctx, "A", "r1", 5)
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		mustFail(t, stock.ErrNotLoaded)(r.Restock(ctx, "A", "r1", 5))
 		require.NoError(t, r.Load(ctx, "A", 1))
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 
-		rc, err := r.Restock(ctx, "A", "r1", 5)
-		require.NoError(t, err)
+		rc := must(t)(r.Restock(ctx, "A", "r1", 5))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "r1", Qty: 5, Remaining: 5}, rc)
-		rc, err = r.Restock(ctx, "A", "r1", 5)
-		require.NoError(t, err)
+		rc = must(t)(r.Restock(ctx, "A", "r1", 5))
 		assert.True(t, rc.Replayed)
-		_, err = r.Restock(ctx, "A", "r1", 6)
-		assert.ErrorIs(t, err, stock.ErrConflict)
-		_, err = r.Restore(ctx, "A", "r1")
-		assert.ErrorIs(t, err, stock.ErrConflict, "a restock is not a deduct")
-		_, err = r.Restock(ctx, "A", "r2", stock.MaxQty)
+		mustFail(t, stock.ErrConflict)(r.Restock(ctx, "A", "r1", 6))
+		mustFail(t, stock.ErrConflict, "a restock is not a deduct")(r.Restore(ctx, "A", "r1"))
+		_, err := r.Restock(ctx, "A", "r2", stock.MaxQty)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "over MaxQty in all")
 		assert.ErrorContains(t, err, "A/r2", "the error names the item and the id")
 		assert.ErrorContains(t, err, "MaxQty", "and says why")
@@ -214,21 +170,15 @@ func TestUserLimit(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(1)) // one unit per user
 		require.NoError(t, r.Load(ctx, "A", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
-		assert.ErrorIs(t, err, stock.ErrUserLimit)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
-		require.NoError(t, err)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1}))
+		rc := mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1}))
 		assert.Equal(t, int64(1), rc.Qty, "units the user has")
 		// The replay of the admitted request is not a second unit.
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
-		require.NoError(t, err)
+		rc = must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1}))
 		assert.True(t, rc.Replayed)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", User: "u2", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 5})
-		require.NoError(t, err, "requests without a user are not limited")
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", User: "u2", Qty: 1}))
+		must(t, "requests without a user are not limited")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 5}))
 		assert.Equal(t, int64(3), levels(t, r, "A").Available)
 	})
 }
@@ -281,16 +231,14 @@ func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 			assert.Empty(t, entries, "%s: nothing recorded", sku)
 		}
 		// With a user, the same requests are taken.
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: []stock.Line{{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}}})
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1}))
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: []stock.Line{{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}}})
 		require.NoError(t, err)
 
 		// Without a limit, the option refuses nothing.
 		free := newReserver(t, c, stock.WithUserRequired(), stock.WithPrefix("free"))
 		require.NoError(t, free.Load(ctx, "A", 10))
-		_, err = free.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(free.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	})
 }
 
@@ -299,8 +247,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 		before := ledger(t, r, "A")
 
 		long := strings.Repeat("x", stock.MaxNameLen+1)
@@ -323,10 +270,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 			"invalid utf8":    {SKU: "A", ID: "o\xff", Qty: 1},
 		}
 		for name, req := range bad {
-			_, err := r.Deduct(ctx, req)
-			assert.ErrorIs(t, err, stock.ErrInvalid, name)
+			mustFail(t, stock.ErrInvalid, name)(r.Deduct(ctx, req))
 			if req.SKU != "" && req.ID != "" {
-				_, err = r.Restore(ctx, req.SKU, req.ID)
+				_, err := r.Restore(ctx, req.SKU, req.ID)
 				if name != "zero qty" && name != "negative qty" && name != "qty over 2^53" && !strings.Contains(name, "user") {
 					assert.ErrorIs(t, err, stock.ErrInvalid, "restore: "+name)
 				}
@@ -335,9 +281,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		assert.ErrorIs(t, r.Load(ctx, "B", -1), stock.ErrInvalid)
 		assert.ErrorIs(t, r.Load(ctx, "B", stock.MaxQty+1), stock.ErrInvalid)
 		assert.ErrorIs(t, r.Load(ctx, "B{x}", 1), stock.ErrInvalid)
-		_, err = r.Restock(ctx, "A", "r1", 0)
-		assert.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = r.Ledger(ctx, "A", "")
+		mustFail(t, stock.ErrInvalid)(r.Restock(ctx, "A", "r1", 0))
+		_, err := r.Ledger(ctx, "A", "")
 		assert.ErrorIs(t, err, stock.ErrInvalid)
 		_, err = stock.New(c, stock.WithPrefix("a{b"))
 		assert.ErrorIs(t, err, stock.ErrInvalid)
@@ -366,19 +311,16 @@ func TestLargeNumbers(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "big", stock.MaxQty))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345})
-		require.NoError(t, err)
+		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345}))
 		assert.Equal(t, int64(stock.MaxQty-123456789012345), rc.Remaining)
 		e, err := r.Ledger(ctx, "big", "o1")
 		require.NoError(t, err)
 		assert.Equal(t, int64(stock.MaxQty), e.Before)
 		assert.Equal(t, int64(stock.MaxQty-123456789012345), e.After)
 		assert.Equal(t, int64(123456789012345), e.Qty)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345})
-		require.NoError(t, err)
+		rc = must(t)(r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345}))
 		assert.True(t, rc.Replayed, "the replay check compares big quantities exactly")
-		rc, err = r.Restore(ctx, "big", "o1")
-		require.NoError(t, err)
+		rc = must(t)(r.Restore(ctx, "big", "o1"))
 		assert.Equal(t, int64(stock.MaxQty), rc.Remaining)
 		checkLedger(t, r, "big", stock.MaxQty)
 	})
@@ -394,10 +336,8 @@ func TestScriptFlush(t *testing.T) {
 			for _, cmd := range c.Nodes() {
 				require.NoError(t, cmd.Do(ctx, cmd.B().ScriptFlush().Build()).Error())
 			}
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, "A", "o"+strconv.Itoa(i))
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1}))
+			must(t)(r.Restore(ctx, "A", "o"+strconv.Itoa(i)))
 		}
 		assert.Equal(t, int64(10), levels(t, r, "A").Available)
 	})
@@ -418,10 +358,8 @@ func TestFunctionFlush(t *testing.T) {
 					functions = false // miniredis: no functions
 				}
 			}
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1, User: "u"})
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, "A", "o"+strconv.Itoa(i))
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1, User: "u"}))
+			must(t)(r.Restore(ctx, "A", "o"+strconv.Itoa(i)))
 		}
 		assert.Equal(t, int64(10), levels(t, r, "A").Available)
 		if functions {
@@ -442,10 +380,8 @@ func TestKeysShareOneSlotPerItem(t *testing.T) {
 		for i := range 20 {
 			sku := fmt.Sprintf("item-%d", i)
 			require.NoError(t, r.Load(ctx, sku, 2))
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, sku, "o")
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 1}))
+			must(t)(r.Restore(ctx, sku, "o"))
 		}
 		// Every node: the item's keys all carry its tag, and they all live on one node.
 		holders := 0
@@ -585,28 +521,21 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 0))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
-		_, err = r.Ledger(ctx, "A", "first")
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
+		_, err := r.Ledger(ctx, "A", "first")
 		require.ErrorIs(t, err, stock.ErrUnknownID, "the sold-out path writes nothing")
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1, Retry: true})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1, Retry: true}))
 		e, err := r.Ledger(ctx, "A", "o1")
 		require.NoError(t, err)
 		assert.Equal(t, stock.KindTombstone, e.Kind)
 		assert.Equal(t, stock.StateRefused, e.State)
-		_, err = r.Restock(ctx, "A", "r1", 5)
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}) // the late first attempt
-		assert.ErrorIs(t, err, stock.ErrSoldOut)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9, Retry: true})
-		assert.ErrorIs(t, err, stock.ErrInsufficient)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9})
-		assert.ErrorIs(t, err, stock.ErrInsufficient, "the id is closed, with the refusal it was told")
+		must(t)(r.Restock(ctx, "A", "r1", 5))
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})) // the late first attempt
+		mustFail(t, stock.ErrInsufficient)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9, Retry: true}))
+		rc := mustFail(t, stock.ErrInsufficient, "the id is closed, with the refusal it was told")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9}))
 		assert.Equal(t, int64(5), rc.Remaining, "the stock of the recorded refusal")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true})
-		require.NoError(t, err, "a retry that is admitted is an ordinary deduct")
+		must(t, "a retry that is admitted is an ordinary deduct")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true}))
 		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
 	})
 }
