@@ -15,7 +15,6 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/stockops"
 )
 
 // batchRecorder is a BatchPublisher that records every call and every event it accepted, in
@@ -78,8 +77,7 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 100))
 		pub := &batchRecorder{}
-		rl, err := stockops.NewRelay(r, nil, pub, &stock.RelayOptions{Batch: 16})
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, pub, &stock.RelayOptions{Batch: 16})
 		deductEach(t, r, "A", 40)
 		st := drain(t, rl)
 		assert.Equal(t, 40, st.Delivered)
@@ -119,8 +117,7 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 			}
 			return false
 		}}
-		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 		deductEach(t, r, "A", 6)
 		st, err := rl.Once(ctx)
 		require.Error(t, err)
@@ -157,10 +154,9 @@ func TestRelayBatchPublisherWrongLength(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		short := true
 		bad := &shortBatch{batchRecorder: &batchRecorder{}, short: &short}
-		rl, err := stockops.NewRelay(r, nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 		deductEach(t, r, "A", 3)
-		_, err = rl.Once(ctx)
+		_, err := rl.Once(ctx)
 		require.ErrorContains(t, err, "2 results for 3 events")
 		assert.Equal(t, int64(3), outboxLen(t, c, "A"))
 		short = false

@@ -43,21 +43,18 @@ func TestBucketedDurablePath(t *testing.T) {
 		must(t)(r.Confirm(ctx, "b:~x", "h1"))
 		must(t)(r.Restock(ctx, "b:~x", "r1", 5))
 
-		rl, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, nil)
 		drain(t, rl)
-		_, err = store.Remaining(ctx, "b:~x|0")
+		_, err := store.Remaining(ctx, "b:~x|0")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded, "the store sees the item, not its buckets")
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 
 		// Loaded with one unit more in Redis than in the store: a pass finds it and takes it
 		// from the buckets.
 		l := levels(t, r, "b:~x")
-		rem, err := store.Remaining(ctx, "b:~x")
-		require.NoError(t, err)
+		rem := remaining(t, store, "b:~x")
 		assert.Equal(t, rem+1, l.Available+l.Held, "%+v, store %d", l, rem)
-		rc, err := stockops.NewReconciler(r, store, nil)
-		require.NoError(t, err)
+		rc := newReconciler(t, r, store, nil)
 		res, err := rc.Once(ctx)
 		require.NoError(t, err)
 		require.Len(t, res, 1, "one report: the item, not its buckets")
@@ -100,14 +97,12 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		for i := range 3 {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "rf", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
-		rl, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 2, drain(t, rl).Refused)
 		assert.Equal(t, stock.Levels{Available: 2, Sold: 1, Loaded: 3}, levels(t, r, "rf"))
 		refusals := 0
 		for i := range 3 {
-			e, err := r.Ledger(ctx, "rf", "o"+strconv.Itoa(i))
-			require.NoError(t, err)
+			e := entry(t, r, "rf", "o"+strconv.Itoa(i))
 			if e.State == stock.StateRefused {
 				refusals++
 			}
@@ -129,8 +124,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		for i := range 3 {
 			must(t)(r.Restore(ctx, "q", "o"+strconv.Itoa(i)))
 		}
-		qrl, err := stockops.NewRelay(r, nil, pub, nil)
-		require.NoError(t, err)
+		qrl := newRelay(t, r, nil, pub, nil)
 		drain(t, qrl)
 		require.Len(t, queue, 12)
 		for _, ev := range queue {
@@ -149,8 +143,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(6), rem)
 		assert.LessOrEqual(t, qstore.MaxApplications(), 1)
-		rc, err := stockops.NewReconciler(r, qstore, &stock.ReconcileOptions{})
-		require.NoError(t, err)
+		rc := newReconciler(t, r, qstore, &stock.ReconcileOptions{})
 		rp, err := rc.Item(ctx, "q")
 		require.NoError(t, err)
 		assert.Zero(t, rp.Drift, "%v", rp)
@@ -171,11 +164,9 @@ func TestBucketedRelayItems(t *testing.T) {
 		for i := range 6 {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "ri", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
-		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
 		assert.Equal(t, 6, drain(t, rl).Delivered)
-		rem, err := store.Remaining(ctx, "ri")
-		require.NoError(t, err)
+		rem := remaining(t, store, "ri")
 		assert.Equal(t, int64(4), rem)
 		p, _, err := stockops.Pending(ctx, r, "ri")
 		require.NoError(t, err)

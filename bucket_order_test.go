@@ -18,7 +18,6 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/stockops"
 )
 
 // fnvBucket is the bucket of n that a split item sends a user (or, without a user, a request id)
@@ -49,8 +48,7 @@ func orderKeyIn(t *testing.T, prefix string, b, n int) string {
 func storeAgrees(t *testing.T, r *stock.Reserver, store *memstore.Store, sku string) {
 	t.Helper()
 	l := levels(t, r, sku)
-	rem, err := store.Remaining(context.Background(), sku)
-	require.NoError(t, err)
+	rem := remaining(t, store, sku)
 	assert.Equal(t, l.Available+l.Held, rem, "Redis %+v, store %d", l, rem)
 }
 
@@ -70,8 +68,7 @@ func TestBucketedOrderRestockThenSale(t *testing.T) {
 		for i := range 8 {
 			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "ord", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
 		}
-		rl, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, nil)
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no acknowledged sale is refused: %+v", st)
 		assert.Equal(t, stock.Levels{Sold: 8, Loaded: 8}, levels(t, r, "ord"))
@@ -89,8 +86,7 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "rso", 6))
 		require.NoError(t, r.Load(ctx, "rso", 6))
-		rl, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, nil)
 		// Everything sold in bucket 1 and delivered: the Store has nothing left.
 		seller := orderKeyIn(t, "s", 1, n)
 		for i := range 6 {
@@ -135,16 +131,14 @@ func TestBucketedOrderBarrierWaits(t *testing.T) {
 			}
 			return nil
 		})
-		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 		for range 3 {
 			st, err := rl.Once(ctx)
 			require.ErrorIs(t, err, down)
 			assert.Zero(t, st.Refused, "%+v", st)
 			redistest.Sleep(c, 5*time.Millisecond)
 		}
-		rem, err := store.Remaining(ctx, "bw")
-		require.NoError(t, err)
+		rem := remaining(t, store, "bw")
 		applied := 0
 		for i := range 8 {
 			applied += store.Applications("bw", "o"+strconv.Itoa(i), stock.EventDeducted)
@@ -175,8 +169,7 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "cc", 6))
 		require.NoError(t, r.Load(ctx, "cc", 6))
-		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 4})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Batch: 4})
 
 		var refused atomic.Int64
 		stop := make(chan struct{})
@@ -250,8 +243,7 @@ func TestBucketedOrderConsume(t *testing.T) {
 			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "qo", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
 		}
 		pub := newRecorder()
-		rl, err := stockops.NewRelay(r, nil, pub, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, pub, nil)
 		drain(t, rl)
 		pub.mu.Lock()
 		evs := slices.Clone(pub.evs)

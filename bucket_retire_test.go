@@ -35,10 +35,8 @@ func newSplitRig(t *testing.T, c rueidis.Client, sku string, qty int64) splitRig
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, sku, qty))
 	require.NoError(t, r.Load(ctx, sku, qty))
-	relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	require.NoError(t, err)
-	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-	require.NoError(t, err)
+	relay := newRelay(t, r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	rec := newReconciler(t, r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
 	return splitRig{r: r, c: c, store: store, relay: relay, rec: rec}
 }
 
@@ -158,8 +156,7 @@ func TestBucketedDelistRetires(t *testing.T) {
 		reps = g.once(t)
 		_, listed := reps["sp"]
 		assert.False(t, listed, "a retired item leaves the registry, and is not taken for one Redis lost: %v", reps["sp"])
-		one, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{Items: []string{"sp"}, Retention: time.Millisecond})
-		require.NoError(t, err)
+		one := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{Items: []string{"sp"}, Retention: time.Millisecond})
 		rr, err := one.Once(ctx)
 		require.NoError(t, err)
 		require.Len(t, rr, 1)

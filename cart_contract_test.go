@@ -55,24 +55,18 @@ func TestCartOtherUserConflict(t *testing.T) {
 		loadItems(t, r, map[string]int64{"A": 5, "B": 5})
 		lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}
 		alice := stock.Cart{ID: "order-7", User: "alice", Lines: lines}
-		_, err := r.DeductMany(ctx, alice)
-		require.NoError(t, err)
+		mustCart(t)(r.DeductMany(ctx, alice))
 		before := []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}
 
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines})
-		require.ErrorIs(t, err, stock.ErrConflict, "another user's cart under alice's id")
-		_, err = r.HoldMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}, time.Minute)
-		require.ErrorIs(t, err, stock.ErrConflict)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "order-7", Lines: lines})
-		require.ErrorIs(t, err, stock.ErrConflict, "the same cart without a user is another cart")
+		mustFailCart(t, stock.ErrConflict, "another user's cart under alice's id")(r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}))
+		mustFailCart(t, stock.ErrConflict)(r.HoldMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}, time.Minute))
+		mustFailCart(t, stock.ErrConflict, "the same cart without a user is another cart")(r.DeductMany(ctx, stock.Cart{ID: "order-7", Lines: lines}))
 		assert.Equal(t, before, []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}, "nothing given back")
 
-		rc, err := r.DeductMany(ctx, alice)
-		require.NoError(t, err, "alice's retry")
+		rc := mustCart(t, "alice's retry")(r.DeductMany(ctx, alice))
 		assert.True(t, rc.Replayed)
 		for _, sku := range []string{"A", "B"} {
-			e, err := r.Ledger(ctx, sku, "order-7")
-			require.NoError(t, err)
+			e := entry(t, r, sku, "order-7")
 			assert.True(t, e.Taken(), "%s still taken by alice", sku)
 			assert.Equal(t, "alice", e.User)
 		}
@@ -86,12 +80,10 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		ctx := context.Background()
 		loadItems(t, r, map[string]int64{"A": 5, "B": 5, "C": 5})
 		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
-		first, err := r.DeductMany(ctx, cart)
-		require.NoError(t, err)
+		first := mustCart(t)(r.DeductMany(ctx, cart))
 		must(t)(r.Restore(ctx, "B", "c1"))
 
-		rc, err := r.DeductMany(ctx, cart)
-		require.NoError(t, err, "a retry of a completed cart answers its outcome")
+		rc := mustCart(t, "a retry of a completed cart answers its outcome")(r.DeductMany(ctx, cart))
 		assert.True(t, rc.Replayed)
 		require.Len(t, rc.Items, 3)
 		for i, it := range rc.Items {
@@ -106,10 +98,9 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 
 		// A cart of holds whose line was cancelled: the retry says so, and gives nothing back.
 		hc := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "C", Qty: 1}}}
-		_, err = r.HoldMany(ctx, hc, time.Minute)
-		require.NoError(t, err)
+		mustCart(t)(r.HoldMany(ctx, hc, time.Minute))
 		must(t)(r.Cancel(ctx, "A", "h1"))
-		_, err = r.HoldMany(ctx, hc, time.Minute)
+		_, err := r.HoldMany(ctx, hc, time.Minute)
 		requireCartRefusal(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
 	})
@@ -233,8 +224,7 @@ func TestKeysInjective(t *testing.T) {
 				r := newReserver(t, c, opts...)
 				// A cart first, so the cart log exists before "~carts" is loaded.
 				loadItems(t, r, map[string]int64{"x1": 5, "x2": 5})
-				_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}})
-				require.NoError(t, err)
+				mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
 				for _, sku := range collidingNames {
 					require.NoError(t, r.Load(ctx, sku, 10), "load %q", sku)
 				}
@@ -254,11 +244,9 @@ func TestKeysInjective(t *testing.T) {
 					_, err := r.Ledger(ctx, sku, "cart")
 					require.ErrorIs(t, err, stock.ErrUnknownID, "%q has no cart entry", sku)
 				}
-				rc, err := r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}})
-				require.NoError(t, err, "the cart log survives the items")
+				rc := mustCart(t, "the cart log survives the items")(r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
 				assert.True(t, rc.Replayed)
-				_, err = r.DeductMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "~carts", Qty: 1}, {SKU: "tee", Qty: 1}}})
-				require.NoError(t, err, "a cart of the colliding items")
+				mustCart(t, "a cart of the colliding items")(r.DeductMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "~carts", Qty: 1}, {SKU: "tee", Qty: 1}}}))
 				n := 0
 				for sku, err := range stockops.Items(ctx, r) {
 					require.NoError(t, err)
@@ -291,14 +279,11 @@ func TestReplicaAckGroupedCart(t *testing.T) {
 	require.NoError(t, err)
 	loadItems(t, r, map[string]int64{"A": 5, "B": 5})
 	lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}
-	_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines})
-	require.NoError(t, err, "the replica acknowledges")
+	mustCart(t, "the replica acknowledges")(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines}))
 	replica.Kill()
-	cr, err := r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines})
-	require.ErrorIs(t, err, stock.ErrNotReplicated, "no replica left to acknowledge the grouped cart")
+	cr := mustFailCart(t, stock.ErrNotReplicated, "no replica left to acknowledge the grouped cart")(r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
 	require.Len(t, cr.Items, 2, "the receipts of the write that was made")
-	cr, err = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines})
-	require.ErrorIs(t, err, stock.ErrNotReplicated, "a replay is no safer than the cart it replays, which no replica has")
+	cr = mustFailCart(t, stock.ErrNotReplicated, "a replay is no safer than the cart it replays, which no replica has")(r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
 	assert.True(t, cr.Replayed)
 	require.Len(t, cr.Items, 2)
 }
@@ -343,8 +328,7 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 			require.Error(t, err, "corrupt %s", field)
 			_, err = r.Ledger(ctx, "A", "unknown")
 			require.ErrorIs(t, err, stock.ErrUnknownID, "no tombstone written with %s corrupt", field)
-			e, err := r.Ledger(ctx, "A", "h1")
-			require.NoError(t, err)
+			e := entry(t, r, "A", "h1")
 			assert.Equal(t, stock.StateHeld, e.State, "the hold untouched with %s corrupt", field)
 			require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}").Field(field).Build()).Error())
 		}

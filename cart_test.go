@@ -25,36 +25,31 @@ func TestDeductMany(t *testing.T) {
 			require.NoError(t, r.Load(ctx, sku, 5))
 		}
 		cart := stock.Cart{ID: "cart-1", User: "u", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}}
-		rc, err := r.DeductMany(ctx, cart)
-		require.NoError(t, err)
+		rc := mustCart(t)(r.DeductMany(ctx, cart))
 		assert.False(t, rc.Replayed)
 		require.Len(t, rc.Items, 2)
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "cart-1", Qty: 2, Remaining: 3}, rc.Items[0])
 		assert.Equal(t, stock.Receipt{SKU: "B", ID: "cart-1", Qty: 3, Remaining: 2}, rc.Items[1], "lines of one item are summed")
-		rc, err = r.DeductMany(ctx, cart)
-		require.NoError(t, err)
+		rc = mustCart(t)(r.DeductMany(ctx, cart))
 		assert.True(t, rc.Replayed)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-1", Lines: []stock.Line{{SKU: "A", Qty: 1}}})
-		assert.ErrorIs(t, err, stock.ErrConflict)
+		mustFailCart(t, stock.ErrConflict)(r.DeductMany(ctx, stock.Cart{ID: "cart-1", Lines: []stock.Line{{SKU: "A", Qty: 1}}}))
 
 		// Two lines of one item that would each pass alone must not both pass.
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "A", Qty: 2}}})
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "A", Qty: 2}}})
 		var ce *stock.CartError
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, "A", ce.SKU)
 		assert.ErrorIs(t, err, stock.ErrInsufficient)
 		assert.Equal(t, int64(3), levels(t, r, "A").Available)
 		assert.Equal(t, int64(5), levels(t, r, "C").Available, "the line taken before the refusal was given back")
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 3}}})
-		assert.ErrorIs(t, err, stock.ErrConflict)
+		mustFailCart(t, stock.ErrConflict)(r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 3}}}))
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "A", Qty: 2}}})
 		assert.ErrorIs(t, err, stock.ErrInsufficient, "an undone cart stays undone, with the refusal that undid it")
 		assert.ErrorAs(t, err, &ce)
 
 		// An id already used alone on an item is not the cart's line: the undo leaves it alone.
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "C", ID: "cart-3", Qty: 1}))
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-3", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "C", Qty: 2}}})
-		assert.ErrorIs(t, err, stock.ErrConflict)
+		mustFailCart(t, stock.ErrConflict)(r.DeductMany(ctx, stock.Cart{ID: "cart-3", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "C", Qty: 2}}}))
 		assert.Equal(t, int64(4), levels(t, r, "C").Available)
 		assert.Equal(t, int64(2), levels(t, r, "B").Available)
 
@@ -63,8 +58,7 @@ func TestDeductMany(t *testing.T) {
 			"zero qty": {ID: "x", Lines: []stock.Line{{SKU: "A", Qty: 0}}}, "no id": {Lines: []stock.Line{{SKU: "A", Qty: 1}}},
 			"sum over max": {ID: "x", Lines: []stock.Line{{SKU: "A", Qty: stock.MaxQty}, {SKU: "A", Qty: 1}}},
 		} {
-			_, err := r.DeductMany(ctx, bad)
-			assert.ErrorIs(t, err, stock.ErrInvalid, name)
+			mustFailCart(t, stock.ErrInvalid, name)(r.DeductMany(ctx, bad))
 		}
 		for _, sku := range []string{"A", "B", "C"} {
 			checkLedger(t, r, sku, 5)
@@ -78,12 +72,9 @@ func TestDeductManyUserLimitPerItem(t *testing.T) {
 		r := newReserver(t, c, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "A", 10))
 		require.NoError(t, r.Load(ctx, "B", 10))
-		_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}})
-		require.NoError(t, err, "the limit is per item")
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}}})
-		assert.ErrorIs(t, err, stock.ErrUserLimit)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "c3", User: "v", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "B", Qty: 2}}})
-		assert.ErrorIs(t, err, stock.ErrUserLimit, "summed lines count against the limit")
+		mustCart(t, "the limit is per item")(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}}))
+		mustFailCart(t, stock.ErrUserLimit)(r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}}}))
+		mustFailCart(t, stock.ErrUserLimit, "summed lines count against the limit")(r.DeductMany(ctx, stock.Cart{ID: "c3", User: "v", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "B", Qty: 2}}}))
 	})
 }
 
@@ -93,19 +84,16 @@ func TestHoldMany(t *testing.T) {
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 5))
 		require.NoError(t, r.Load(ctx, "B", 5))
-		_, err := r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}, time.Minute)
-		require.NoError(t, err)
+		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}, time.Minute))
 		assert.Equal(t, int64(2), levels(t, r, "B").Held)
-		_, err = r.ConfirmMany(ctx, "h1", "B", "A")
+		_, err := r.ConfirmMany(ctx, "h1", "B", "A")
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), levels(t, r, "B").Sold)
-		_, err = r.HoldMany(ctx, stock.Cart{ID: "h2", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}}, time.Minute)
-		require.NoError(t, err)
+		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h2", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}}, time.Minute))
 		_, err = r.CancelMany(ctx, "h2", "A", "B")
 		require.NoError(t, err)
 		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, r, "B"))
-		_, err = r.HoldMany(ctx, stock.Cart{ID: "h3", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute)
-		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		mustFailCart(t, stock.ErrInsufficient)(r.HoldMany(ctx, stock.Cart{ID: "h3", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute))
 		assert.Zero(t, levels(t, r, "A").Held, "the hold on A was cancelled")
 	})
 }
@@ -200,11 +188,9 @@ func TestGroupedCartOneScript(t *testing.T) {
 		assert.Equal(t, int64(1), n, "a grouped item's keys carry the group's tag")
 
 		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "shoe-40", Qty: 2}}}
-		rc, err := r.DeductMany(ctx, cart)
-		require.NoError(t, err)
+		rc := mustCart(t)(r.DeductMany(ctx, cart))
 		assert.Equal(t, []stock.Receipt{{SKU: "shoe-40", ID: "c1", Qty: 2, Remaining: 2}, {SKU: "shoe-41", ID: "c1", Qty: 1, Remaining: 3}}, rc.Items)
-		rc, err = r.DeductMany(ctx, cart)
-		require.NoError(t, err)
+		rc = mustCart(t)(r.DeductMany(ctx, cart))
 		assert.True(t, rc.Replayed)
 
 		// A refusal writes nothing at all: no entry, no tombstone, on either item.
@@ -215,17 +201,13 @@ func TestGroupedCartOneScript(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrInsufficient)
 		_, err = r.Ledger(ctx, "shoe-40", "c2")
 		assert.ErrorIs(t, err, stock.ErrUnknownID)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}})
-		require.NoError(t, err, "nothing was recorded for the refused cart: the id is free")
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "c3", User: "u", Lines: []stock.Line{{SKU: "shoe-40", Qty: 2}, {SKU: "shoe-41", Qty: 1}}})
-		assert.ErrorIs(t, err, stock.ErrUserLimit, "the per-user limit per item")
+		mustCart(t, "nothing was recorded for the refused cart: the id is free")(r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}))
+		mustFailCart(t, stock.ErrUserLimit, "the per-user limit per item")(r.DeductMany(ctx, stock.Cart{ID: "c3", User: "u", Lines: []stock.Line{{SKU: "shoe-40", Qty: 2}, {SKU: "shoe-41", Qty: 1}}}))
 
 		// Mixed with an item outside the group: the saga.
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "hat", Qty: 1}}})
-		require.NoError(t, err)
+		mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "hat", Qty: 1}}}))
 		// Holds in one script too; single operations work on grouped items.
-		_, err = r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}, time.Minute)
-		require.NoError(t, err)
+		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}, time.Minute))
 		_, err = r.ConfirmMany(ctx, "h1", "shoe-40", "shoe-41")
 		require.NoError(t, err)
 		must(t)(r.Restore(ctx, "shoe-40", "c1"))

@@ -91,9 +91,8 @@ func TestConflictSaysWhatDiffers(t *testing.T) {
 
 		t.Run("saga cart", func(t *testing.T) {
 			lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}
-			_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: lines})
-			require.NoError(t, err)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u2", Lines: lines})
+			mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: lines}))
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u2", Lines: lines})
 			conflictSays(t, err, []string{"cart c1 was used by another user"}, "lines", "u1")
 			_, err = r.HoldMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: lines}, time.Minute)
 			conflictSays(t, err, []string{"cart c1 was used for a deduct cart, not a hold cart"}, "user", "lines")
@@ -102,9 +101,8 @@ func TestConflictSaysWhatDiffers(t *testing.T) {
 		})
 		t.Run("one-slot cart", func(t *testing.T) {
 			lines := []stock.Line{{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}}
-			_, err := r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u1", Lines: lines})
-			require.NoError(t, err)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u2", Lines: lines})
+			mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u1", Lines: lines}))
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u2", Lines: lines})
 			conflictSays(t, err, []string{"G1/c2 was used by another user"}, "units")
 			var ce *stock.CartError
 			assert.ErrorAs(t, err, &ce)

@@ -56,8 +56,7 @@ func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b rediste
 // assertState asserts the state of id's ledger entry of sku.
 func assertState(t *testing.T, r *stock.Reserver, sku, id string, want stock.State, msgAndArgs ...any) {
 	t.Helper()
-	e, err := r.Ledger(context.Background(), sku, id)
-	require.NoError(t, err)
+	e := entry(t, r, sku, id)
 	assert.Equal(t, want, e.State, msgAndArgs...)
 }
 
@@ -335,11 +334,10 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 		// "zcart" sorts after the other holds: on miniredis, whose clock stands still, they all
 		// have the same deadline.
 		cart := stock.Cart{ID: "zcart", Lines: []stock.Line{{SKU: "g1", Qty: 2}, {SKU: "g2", Qty: 3}}}
-		_, err := r.HoldMany(ctx, cart, 1500*time.Millisecond)
-		require.NoError(t, err)
+		mustCart(t)(r.HoldMany(ctx, cart, 1500*time.Millisecond))
 		redistest.Sleep(c, 1600*time.Millisecond)
 
-		_, err = r.HoldMany(ctx, cart, 1500*time.Millisecond)
+		_, err := r.HoldMany(ctx, cart, 1500*time.Millisecond)
 		var ce *stock.CartError
 		require.ErrorAs(t, err, &ce, "a retry of a cart of holds answers its holds' state")
 		assert.ErrorIs(t, err, stock.ErrExpired)

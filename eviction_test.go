@@ -163,8 +163,7 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 
 		// Fixed, and seen so by a reconcile pass: the Reserver writes again at once.
 		setPolicy(t, c, "noeviction")
-		rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-		require.NoError(t, err)
+		rec := newReconciler(t, r, memstore.New(), nil)
 		res, err := rec.Pass(ctx)
 		require.NoError(t, err)
 		assert.Empty(t, res.NeedsHuman)
@@ -271,8 +270,7 @@ func TestReconcileReportsEvictingPolicy(t *testing.T) {
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 1}))
 
 		setPolicy(t, c, "allkeys-lru")
-		rec, err := stockops.NewReconciler(r, memstore.New(), &stock.ReconcileOptions{DryRun: true})
-		require.NoError(t, err)
+		rec := newReconciler(t, r, memstore.New(), &stock.ReconcileOptions{DryRun: true})
 		res, _ := rec.Pass(ctx) // the store does not know the item: its report says so
 		assert.Contains(t, res.NeedsHuman, "maxmemory-policy is allkeys-lru")
 		assert.Equal(t, 1, w.count("NEEDS A HUMAN"), "the pass logs it: %q", w.msgs)
@@ -320,8 +318,7 @@ func TestReconcileReportsEvictedKeys(t *testing.T) {
 	require.NoError(t, admin("CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
 
 	r := newReserver(t, c)
-	rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, memstore.New(), nil)
 	res, err := rec.Pass(ctx)
 	require.NoError(t, err)
 	assert.Contains(t, res.NeedsHuman, "evicted")

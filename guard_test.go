@@ -46,8 +46,7 @@ func TestFailoverGuard(t *testing.T) {
 	mustFail(t, stock.ErrFailover)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h2", Qty: 1}, 60e9))
 	must(t, "restores still work while fenced")(r.Restore(ctx, "A", "o1"))
 
-	rec, err := stockops.NewReconciler(r, store, nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, nil)
 	_, err = rec.Once(ctx)
 	require.NoError(t, err)
 	fenced, err = g.Check(ctx)

@@ -1,6 +1,7 @@
 package stock_test
 
 import (
+	"context"
 	"os"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/internal/testkit"
+	"github.com/stockres/stock/stockops"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
@@ -45,4 +47,54 @@ func mustFail(t *testing.T, want error, msgAndArgs ...any) func(stock.Receipt, e
 		require.ErrorIs(t, err, want, msgAndArgs...)
 		return rc
 	}
+}
+
+// mustCart is must for a cart: rc := mustCart(t)(r.DeductMany(ctx, cart)).
+func mustCart(t *testing.T, msgAndArgs ...any) func(stock.CartReceipt, error) stock.CartReceipt {
+	return func(rc stock.CartReceipt, err error) stock.CartReceipt {
+		t.Helper()
+		require.NoError(t, err, msgAndArgs...)
+		return rc
+	}
+}
+
+// mustFailCart is mustFail for a cart.
+func mustFailCart(t *testing.T, want error, msgAndArgs ...any) func(stock.CartReceipt, error) stock.CartReceipt {
+	return func(rc stock.CartReceipt, err error) stock.CartReceipt {
+		t.Helper()
+		require.ErrorIs(t, err, want, msgAndArgs...)
+		return rc
+	}
+}
+
+// newRelay is stockops.NewRelay, which must succeed.
+func newRelay(t *testing.T, r *stock.Reserver, store stock.Store, pub stock.Publisher, o *stock.RelayOptions) *stockops.Relay {
+	t.Helper()
+	rl, err := stockops.NewRelay(r, store, pub, o)
+	require.NoError(t, err)
+	return rl
+}
+
+// newReconciler is stockops.NewReconciler, which must succeed.
+func newReconciler(t *testing.T, r *stock.Reserver, store stock.Store, o *stock.ReconcileOptions) *stockops.Reconciler {
+	t.Helper()
+	rec, err := stockops.NewReconciler(r, store, o)
+	require.NoError(t, err)
+	return rec
+}
+
+// entry is id's ledger entry of sku, which must exist.
+func entry(t *testing.T, r *stock.Reserver, sku, id string) stock.Entry {
+	t.Helper()
+	e, err := r.Ledger(context.Background(), sku, id)
+	require.NoError(t, err)
+	return e
+}
+
+// remaining is what the store has left of sku, which it must know.
+func remaining(t *testing.T, store stock.Store, sku string) int64 {
+	t.Helper()
+	n, err := store.Remaining(context.Background(), sku)
+	require.NoError(t, err)
+	return n
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/stockops"
 )
 
 // runThenCancel is a client that, once armed, sends the first command match accepts, then
@@ -63,13 +62,11 @@ func TestStoppedWhileTakingTheLeaseGivesItBack(t *testing.T) {
 				require.NoError(t, r.Load(ctx, sku, 5))
 				require.NoError(t, store.Load(ctx, sku, 5))
 			}
-			relay, err := stockops.NewRelay(r, store, nil, nil)
-			require.NoError(t, err)
-			rec, err := stockops.NewReconciler(r, store, nil)
-			require.NoError(t, err)
+			relay := newRelay(t, r, store, nil, nil)
+			rec := newReconciler(t, r, store, nil)
 			// Every script is loaded: the armed command runs, it is not refused as NOSCRIPT.
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
-			_, err = relay.Once(ctx)
+			_, err := relay.Once(ctx)
 			require.NoError(t, err)
 			_, err = rec.Pass(ctx)
 			require.NoError(t, err)

@@ -55,8 +55,7 @@ func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}))
 		}
 		store := memstore.New() // sqlstore.New + Migrate: no row for A
-		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 
 		var all stockops.RelayStats
 		for tries := 0; tries < 3; {
@@ -94,8 +93,7 @@ func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 		redistest.Sleep(c, 5*time.Millisecond)      // the item's backoff
 		st := drain(t, rl)
 		assert.Equal(t, 2, st.Delivered, "%+v", st)
-		rem, err := store.Remaining(ctx, "A")
-		require.NoError(t, err)
+		rem := remaining(t, store, "A")
 		assert.EqualValues(t, 3, rem)
 		for _, id := range []string{"o1", "o2"} {
 			assert.Equal(t, 1, store.Applications("A", id, stock.EventDeducted))
@@ -117,13 +115,12 @@ func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
 		var msgs []stock.Event
 		q := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { msgs = append(msgs, ev); return nil })
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, q, nil)
 		drain(t, rl)
 		require.Len(t, msgs, 1)
 
 		store := memstore.New()
-		err = stock.Consume(ctx, r, store, msgs[0])
+		err := stock.Consume(ctx, r, store, msgs[0])
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		require.False(t, errors.Is(err, stock.ErrInvalid) || errors.Is(err, stock.ErrRefused), "%v", err)
 		l := levels(t, r, "A")
@@ -131,8 +128,7 @@ func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
 
 		require.NoError(t, store.Load(ctx, "A", 5))
 		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]))
-		rem, err := store.Remaining(ctx, "A")
-		require.NoError(t, err)
+		rem := remaining(t, store, "A")
 		assert.EqualValues(t, 3, rem)
 		assert.EqualValues(t, 2, levels(t, r, "A").Sold)
 	})
@@ -151,9 +147,8 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 			r := newReserver(t, b.Client(t)) // no WithLogger
 			require.NoError(t, r.Load(ctx, "A", 5))
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
-			rl, err := stockops.NewRelay(r, memstore.New(), nil, nil)
-			require.NoError(t, err)
-			_, err = rl.Once(ctx)
+			rl := newRelay(t, r, memstore.New(), nil, nil)
+			_, err := rl.Once(ctx)
 			require.ErrorIs(t, err, stock.ErrNotLoaded)
 			assert.Contains(t, logs.b.String(), notLoadedLog)
 			assert.Contains(t, logs.b.String(), "level=ERROR")
@@ -194,11 +189,9 @@ func TestPreheatLoadsStoreAndRedis(t *testing.T) {
 		_, err = store.Remaining(ctx, "bad{name")
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 
-		rl, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 1, drain(t, rl).Delivered)
-		rem, err := store.Remaining(ctx, "A")
-		require.NoError(t, err)
+		rem := remaining(t, store, "A")
 		assert.EqualValues(t, 9, rem)
 	})
 }

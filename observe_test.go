@@ -14,7 +14,6 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/stockops"
 )
 
 func TestObserver(t *testing.T) {
@@ -45,12 +44,10 @@ func TestObserver(t *testing.T) {
 	_, _ = r.Restore(ctx, "A", "o1")
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
-	rl, err := stockops.NewRelay(r, store, nil, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, store, nil, nil)
 	drain(t, rl)
-	rec, err := stockops.NewReconciler(r, store, nil)
-	require.NoError(t, err)
-	_, err = rec.Once(ctx)
+	rec := newReconciler(t, r, store, nil)
+	_, err := rec.Once(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int{
 		"deduct/ok": 3, "deduct/replayed": 1, "deduct/sold_out": 1, "deduct/invalid": 1,
@@ -119,12 +116,10 @@ func TestStartObserver(t *testing.T) {
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
 	require.NoError(t, store.Load(ctx, "B", 2))
-	relay, err := stockops.NewRelay(r, store, nil, nil)
+	relay := newRelay(t, r, store, nil, nil)
+	_, err := relay.Once(ctx)
 	require.NoError(t, err)
-	_, err = relay.Once(ctx)
-	require.NoError(t, err)
-	rc, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{DryRun: true})
-	require.NoError(t, err)
+	rc := newReconciler(t, r, store, &stock.ReconcileOptions{DryRun: true})
 	_, err = rc.Once(ctx)
 	require.NoError(t, err)
 	dead, cancel := context.WithCancel(ctx)

@@ -86,8 +86,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Contains(t, err.Error(), "reconcile pass")
 
-	rec, err := stockops.NewReconciler(r, store, nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, nil)
 	_, err = rec.Once(ctx)
 	require.NoError(t, err)
 	require.NoError(t, r.Ready(ctx))

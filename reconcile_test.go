@@ -39,14 +39,12 @@ func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stoc
 func newRigWith(t *testing.T, c rueidis.Client, r *stock.Reserver, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
 	t.Helper()
 	store := loadBoth(t, r, skus)
-	relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	require.NoError(t, err)
+	relay := newRelay(t, r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	var o *stock.ReconcileOptions
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	rec, err := stockops.NewReconciler(r, store, o)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, o)
 	return rig{r: r, c: c, store: store, relay: relay, rec: rec}
 }
 
@@ -67,8 +65,7 @@ func (g rig) agree(t *testing.T, sku string) {
 	drain(t, g.relay)
 	l, err := g.r.Levels(context.Background(), sku)
 	require.NoError(t, err)
-	rem, err := g.store.Remaining(context.Background(), sku)
-	require.NoError(t, err)
+	rem := remaining(t, g.store, sku)
 	assert.Equal(t, rem, l.Available+l.Held, "redis available+held = store remaining")
 	assert.GreaterOrEqual(t, rem, int64(0))
 	assert.LessOrEqual(t, g.store.MaxApplications(), 1)
@@ -123,8 +120,7 @@ func TestReconcileLostKey(t *testing.T) {
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 		mustFail(t, stock.ErrNotLoaded, "no sale on a lost item")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1}))
 
-		dry, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{DryRun: true})
-		require.NoError(t, err)
+		dry := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{DryRun: true})
 		reps, err := dry.Once(ctx)
 		require.NoError(t, err)
 		assert.True(t, reps[0].Missing)
@@ -158,8 +154,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 		for _, cl := range c.Nodes() { // every key gone, the registry too
 			require.NoError(t, cl.Do(ctx, cl.B().Flushall().Build()).Error())
 		}
-		rec, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{Items: []string{"A", "B"}})
-		require.NoError(t, err)
+		rec := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{Items: []string{"A", "B"}})
 		reps, err := rec.Once(ctx)
 		require.ErrorIs(t, err, stock.ErrRegistryLost, "the registry went with the rest")
 		for _, rp := range reps {
@@ -332,8 +327,7 @@ func TestDelistRetires(t *testing.T) {
 		reps = g.once(t)
 		_, listed := reps["A"]
 		assert.False(t, listed, "a retired item leaves the registry")
-		rec, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{Items: []string{"A"}})
-		require.NoError(t, err)
+		rec := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{Items: []string{"A"}})
 		rr, err := rec.Once(ctx)
 		require.NoError(t, err)
 		assert.True(t, rr[0].Retired)
@@ -369,12 +363,11 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		rp := g.once(t)["A"]
 		assert.Equal(t, 2, rp.Resynced, "h1 made final, h2 released")
 		assert.Zero(t, rp.Drift, "%+v", rp)
-		e, err := g.r.Ledger(ctx, "A", "h1")
-		require.NoError(t, err)
+		e := entry(t, g.r, "A", "h1")
 		assert.Equal(t, stock.StateApplied, e.State)
 		l := levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 1, Loaded: 3}, l, "h2 released, h1 sold, h3 due")
-		_, err = stockops.Sweep(ctx, g.r, "A")
+		_, err := stockops.Sweep(ctx, g.r, "A")
 		require.NoError(t, err)
 		l = levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 2, Held: 0, Sold: 1, Loaded: 3}, l, "h3 expired")
@@ -424,11 +417,10 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 			queue = append(queue, ev)
 			return nil
 		})
-		relay, err := stockops.NewRelay(r, nil, pub, nil)
-		require.NoError(t, err)
+		relay := newRelay(t, r, nil, pub, nil)
 
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
-		_, err = relay.Once(ctx)
+		_, err := relay.Once(ctx)
 		require.NoError(t, err)
 		require.Len(t, queue, 1)
 		require.NoError(t, stock.Consume(ctx, r, db, queue[0])) // the deduct is in the store
@@ -438,8 +430,7 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		require.Len(t, queue, 2) // the restore is published, not applied yet
 
 		store := &lateConsumerStore{Store: db, r: r, id: "o1", ev: queue[1]}
-		rec, err := stockops.NewReconciler(r, store, nil)
-		require.NoError(t, err)
+		rec := newReconciler(t, r, store, nil)
 		rp, err := rec.Item(ctx, "A")
 		require.NoError(t, err)
 		assert.True(t, store.fired.Load(), "the consumer settled the restore during the pass")
@@ -447,8 +438,7 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		pending, _, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Zero(t, pending, "no restore queued again")
-		left, err := db.Remaining(ctx, "A")
-		require.NoError(t, err)
+		left := remaining(t, db, "A")
 		assert.Equal(t, int64(10), left)
 	})
 }
@@ -791,8 +781,7 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 						assert.Zero(t, rp.Requeued, "nothing to requeue: %v", rp)
 						assert.Empty(t, rp.NeedsHuman)
 						lv := levels(t, r, "x")
-						rem, err := g.store.Remaining(ctx, "x")
-						require.NoError(t, err)
+						rem := remaining(t, g.store, "x")
 						assert.Equal(t, rem, lv.Available+lv.Held, "the store will apply none of the events in flight: %v", rp)
 					}
 					drain(t, g.relay)
@@ -803,8 +792,7 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 						drain(t, g.relay)
 					}
 					lv := levels(t, r, "x")
-					rem, err := g.store.Remaining(ctx, "x")
-					require.NoError(t, err)
+					rem := remaining(t, g.store, "x")
 					assert.Equal(t, rem, lv.Available+lv.Held, "Redis's stock is on the store's books")
 					assert.Equal(t, int64(11), lv.Loaded, "loaded and restocked")
 					assert.GreaterOrEqual(t, lv.Sold, int64(0))

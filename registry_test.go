@@ -52,24 +52,21 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("a", i), Qty: 1}))
 	}
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b0", Qty: 4}))
-	rl, err := stockops.NewRelay(r, store, nil, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, store, nil, nil)
 	drain(t, rl)
 
 	lose()
 	require.Empty(t, registry(t, r), "Redis lost everything")
 
 	// A dry run reports the loss and repairs nothing.
-	dry, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{DryRun: true})
-	require.NoError(t, err)
+	dry := newReconciler(t, r, store, &stock.ReconcileOptions{DryRun: true})
 	res, err := dry.Pass(ctx)
 	require.ErrorIs(t, err, stock.ErrRegistryLost)
 	assert.Equal(t, []string{"A", "B"}, res.Unregistered)
 	assert.Equal(t, []string{"C"}, res.StoreOnly)
 	require.Empty(t, registry(t, r))
 
-	rec, err := stockops.NewReconciler(r, store, nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, nil)
 	reps, err := rec.Once(ctx)
 	require.ErrorIs(t, err, stock.ErrRegistryLost, "the pass says loudly that Redis lost its registry")
 	require.Len(t, reps, 2)
@@ -90,8 +87,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	// Sold and relayed again; the next pass finds nothing.
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "a-after", Qty: 2}))
 	require.Equal(t, 1, drain(t, rl).Delivered, "the relay drains the item again")
-	rem, err := store.Remaining(ctx, "A")
-	require.NoError(t, err)
+	rem := remaining(t, store, "A")
 	assert.Equal(t, int64(5), rem)
 	reps, err = rec.Once(ctx)
 	require.NoError(t, err)
@@ -135,8 +131,7 @@ func TestRegistryEntryLost(t *testing.T) {
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
 
-		rec, err := stockops.NewReconciler(r, store, nil)
-		require.NoError(t, err)
+		rec := newReconciler(t, r, store, nil)
 		res, err := rec.Pass(ctx)
 		require.ErrorIs(t, err, stock.ErrRegistryLost)
 		assert.Equal(t, []string{"A"}, res.Unregistered)
@@ -148,8 +143,7 @@ func TestRegistryEntryLost(t *testing.T) {
 
 		// One item, as `stockctl reconcile -apply A` does.
 		require.NoError(t, c.Do(ctx, c.B().Srem().Key("stock:items").Member("A").Build()).Error())
-		one, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
-		require.NoError(t, err)
+		one := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 		rp, err = one.Item(ctx, "A")
 		require.NoError(t, err)
 		assert.True(t, rp.Unregistered)

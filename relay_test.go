@@ -92,8 +92,7 @@ func TestRelayDeliversOnce(t *testing.T) {
 		}
 		must(t)(r.Restock(ctx, "A", "r1", 7))
 
-		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 16})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, pub, &stock.RelayOptions{Batch: 16})
 		st := drain(t, rl)
 		assert.Equal(t, 60+10+1, st.Delivered)
 		for _, sku := range []string{"A", "B"} {
@@ -104,11 +103,9 @@ func TestRelayDeliversOnce(t *testing.T) {
 		assert.Equal(t, 60, pub.count(stock.EventDeducted))
 		assert.Equal(t, 10, pub.count(stock.EventRestored))
 		assert.Equal(t, 1, pub.count(stock.EventRestocked))
-		e, err := r.Ledger(ctx, "A", "o2")
-		require.NoError(t, err)
+		e := entry(t, r, "A", "o2")
 		assert.Equal(t, stock.StateApplied, e.State)
-		e, err = r.Ledger(ctx, "A", "o0")
-		require.NoError(t, err)
+		e = entry(t, r, "A", "o0")
 		assert.Equal(t, stock.StateRestored, e.State)
 	})
 }
@@ -122,8 +119,7 @@ func TestRelayStoreRefusal(t *testing.T) {
 		for i := range 20 {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1}))
 		}
-		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 5})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, pub, &stock.RelayOptions{Batch: 5})
 		st := drain(t, rl)
 		assert.Equal(t, 8, st.Refused)
 		// Refused entries were given back in Redis exactly once; a second pass changes nothing.
@@ -158,8 +154,7 @@ func TestRelayPublisherDown(t *testing.T) {
 		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 50})
 		pub := newRecorder()
-		rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		pub.down.Store(true)
 		deductEach(t, r, "A", 30)
 		for range 3 {
@@ -206,15 +201,13 @@ func TestRelayCrashRedelivers(t *testing.T) {
 		// Crash points: mid-batch after the store applied, at several positions.
 		for _, at := range []int64{1, 7, 16} {
 			pub := &crashingPublisher{inner: rec, at: at}
-			crashy, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 16, Lease: 50 * time.Millisecond})
-			require.NoError(t, err)
+			crashy := newRelay(t, r, store, pub, &stock.RelayOptions{Batch: 16, Lease: 50 * time.Millisecond})
 			done := make(chan struct{})
 			go func() { defer close(done); _, _ = crashy.Once(ctx) }()
 			<-done
 		}
 		redistest.Sleep(c, 60*time.Millisecond) // the dead relays' leases run out
-		rl, err := stockops.NewRelay(r, store, rec, &stock.RelayOptions{Batch: 16})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, rec, &stock.RelayOptions{Batch: 16})
 		st := drain(t, rl)
 		assert.Positive(t, st.Redelive, "leased events of the dead relays were delivered again")
 		assert.Equal(t, 1, store.MaxApplications())
@@ -233,8 +226,7 @@ func TestRelaysConcurrent(t *testing.T) {
 		ctx2, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for range 3 {
-			rl, err := stockops.NewRelay(r, store, pub, &stock.RelayOptions{Batch: 8, Poll: time.Millisecond})
-			require.NoError(t, err)
+			rl := newRelay(t, r, store, pub, &stock.RelayOptions{Batch: 8, Poll: time.Millisecond})
 			wg.Go(func() { _ = rl.Run(ctx2) })
 		}
 		var dw sync.WaitGroup
@@ -270,8 +262,7 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 		store.Set("A", 3)
 		var evs []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { evs = append(evs, ev); return nil })
-		rl, err := stockops.NewRelay(r, nil, pub, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, pub, nil)
 		deductEach(t, r, "A", 5)
 		drain(t, rl)
 		require.Len(t, evs, 5)
@@ -308,8 +299,7 @@ func TestRelayKeepsOrder(t *testing.T) {
 				must(t)(r.Restore(ctx, "A", id))
 			}
 		}
-		rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 7})
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Batch: 7})
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no false refusal")
 		rem, _ := store.Remaining(ctx, "A")
@@ -333,14 +323,12 @@ func TestRelayDeadLetters(t *testing.T) {
 		for _, id := range []string{"o1", "bad", "o2"} {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1}))
 		}
-		rl, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, nil)
 		st := drain(t, rl)
 		assert.Equal(t, 1, st.DeadLettered)
 		assert.Equal(t, 2, st.Delivered)
 		assert.Zero(t, outboxLen(t, c, "A"))
-		rec, err := stockops.NewReconciler(r, store, nil)
-		require.NoError(t, err)
+		rec := newReconciler(t, r, store, nil)
 		reps, err := rec.Once(ctx)
 		require.NoError(t, err)
 		rp := reps[0]
@@ -360,8 +348,7 @@ func TestPending(t *testing.T) {
 		p, d, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Equal(t, [2]int64{3, 0}, [2]int64{p, d})
-		rl, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, store, nil, nil)
 		drain(t, rl)
 		p, d, err = stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)

@@ -130,13 +130,13 @@ func TestRetryRefusalMatrix(t *testing.T) {
 			rc, err = r.Hold(ctx, req, time.Hour)
 		}
 		retryCheckRefusal(t, "the retry", rc, err, kind, rem)
-		entry, err := r.Ledger(ctx, sku, id)
+		recorded, err := r.Ledger(ctx, sku, id)
 		if err != nil {
 			t.Fatalf("Ledger of the refused retry: %v", err)
 		}
-		t.Logf("recorded: %+v", entry)
-		if entry.Taken() {
-			t.Errorf("the refused retry's entry is Taken: %+v", entry)
+		t.Logf("recorded: %+v", recorded)
+		if recorded.Taken() {
+			t.Errorf("the refused retry's entry is Taken: %+v", recorded)
 		}
 		checkLedger(t, r, sku, 3)
 
@@ -210,10 +210,9 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		rc, err = r2.Hold(ctx, req, time.Hour)
 		retryCheckRefusal(t, "Hold Retry after carts", rc, err, kind, rem)
 
-		got, err := r.Ledger(ctx, sku, id)
-		require.NoError(t, err)
-		if got != entry {
-			t.Errorf("the recorded refusal changed: %+v -> %+v", entry, got)
+		got := entry(t, r, sku, id)
+		if got != recorded {
+			t.Errorf("the recorded refusal changed: %+v -> %+v", recorded, got)
 		}
 		checkLedger(t, r, sku, 3)
 		checkLedger(t, r, other, 5)
@@ -511,8 +510,7 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, 1))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
-		entry, err := r.Ledger(ctx, sku, id)
-		require.NoError(t, err)
+		recorded := entry(t, r, sku, id)
 		lv0 := levels(t, r, sku)
 		steps := []struct {
 			name string
@@ -537,8 +535,8 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
 			retryCheckRefusal(t, "repeat after "+st.name, rc, err, stock.ErrInsufficient, 1)
 		}
-		if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
-			t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
+		if got, err := r.Ledger(ctx, sku, id); err != nil || got != recorded {
+			t.Errorf("the recorded refusal changed: %+v -> %+v %v", recorded, got, err)
 		}
 		// A closed item: what does the repeat answer?
 		require.NoError(t, r.CloseItem(ctx, sku))
@@ -674,8 +672,7 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		id, user := "x:~id", "x:~u"
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: true})
 		retryCheckRefusal(t, "retry", rc, err, kind, load)
-		entry, err := r.Ledger(ctx, sku, id)
-		require.NoError(t, err)
+		recorded := entry(t, r, sku, id)
 		const restocks = 15
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -746,8 +743,8 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		if len(bad) > 0 {
 			t.Errorf("%d repeats answered otherwise than %v Remaining %d, e.g. %v", len(bad), kind, load, bad[:min(len(bad), 5)])
 		}
-		if got, err := r.Ledger(ctx, sku, id); err != nil || got != entry {
-			t.Errorf("the recorded refusal changed: %+v -> %+v %v", entry, got, err)
+		if got, err := r.Ledger(ctx, sku, id); err != nil || got != recorded {
+			t.Errorf("the recorded refusal changed: %+v -> %+v %v", recorded, got, err)
 		}
 		lv := levels(t, r, sku)
 		if lv.Available != load+restocks || lv.Held != 0 || lv.Sold != 0 {
@@ -1041,10 +1038,8 @@ func TestRetryRefusalReconcile(t *testing.T) {
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
 		must(t)(r.Restock(ctx, sku, "rs:1", 5))
 		must(t)(r.Restore(ctx, sku, "a:1"))
-		relay, err := stockops.NewRelay(r, store, nil, nil)
-		require.NoError(t, err)
-		rec, err := stockops.NewReconciler(r, store, nil)
-		require.NoError(t, err)
+		relay := newRelay(t, r, store, nil, nil)
+		rec := newReconciler(t, r, store, nil)
 		pass := func(label string) {
 			t.Helper()
 			if _, err := relay.Once(ctx); err != nil {

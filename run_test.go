@@ -70,8 +70,7 @@ func TestRun(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("Run did not return after its context ended")
 		}
-		n, err := db.Remaining(ctx, "A")
-		require.NoError(t, err)
+		n := remaining(t, db, "A")
 		assert.Equal(t, int64(5), n, "every sale reached the store")
 		pending, dead, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
@@ -149,8 +148,7 @@ func TestRelayOptionsDefaults(t *testing.T) {
 		_, err := stockops.NewReconciler(r, db, o)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
 	}
-	rc, err := stockops.NewReconciler(r, db, &stock.ReconcileOptions{Interval: -1})
-	require.NoError(t, err)
+	rc := newReconciler(t, r, db, &stock.ReconcileOptions{Interval: -1})
 	assert.ErrorIs(t, rc.Run(context.Background()), stock.ErrInvalid, "Reconciler.Run needs a positive interval")
 }
 
@@ -177,8 +175,7 @@ func TestRunReconcileOff(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		if interval < 0 {
 			assert.Zero(t, passes.Load(), "no pass with a negative interval")
-			n, err := db.Remaining(ctx, "A")
-			require.NoError(t, err)
+			n := remaining(t, db, "A")
 			assert.Equal(t, int64(9), n, "the relay delivered the sale")
 		} else {
 			assert.Positive(t, passes.Load(), "the default runs a pass at once")

@@ -127,8 +127,7 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 			r := newReserver(t, c, stock.WithTimeout(time.Second), stock.WithCoalescing(0))
 			rc := newReserver(t, c, stock.WithTimeout(time.Second))
 			guard := stockops.NewFailoverGuard(r)
-			rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-			require.NoError(t, err)
+			rec := newReconciler(t, r, memstore.New(), nil)
 			stop()
 			calls := []struct {
 				name     string
