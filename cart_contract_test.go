@@ -58,9 +58,11 @@ func TestCartOtherUserConflict(t *testing.T) {
 		mustCart(t)(r.DeductMany(ctx, alice))
 		before := []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}
 
-		mustFailCart(t, stock.ErrConflict, "another user's cart under alice's id")(r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}))
+		mustFailCart(t, stock.ErrConflict, "another user's cart under alice's id")(
+			r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}))
 		mustFailCart(t, stock.ErrConflict)(r.HoldMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}, time.Minute))
-		mustFailCart(t, stock.ErrConflict, "the same cart without a user is another cart")(r.DeductMany(ctx, stock.Cart{ID: "order-7", Lines: lines}))
+		mustFailCart(t, stock.ErrConflict, "the same cart without a user is another cart")(
+			r.DeductMany(ctx, stock.Cart{ID: "order-7", Lines: lines}))
 		assert.Equal(t, before, []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}, "nothing given back")
 
 		rc := mustCart(t, "alice's retry")(r.DeductMany(ctx, alice))
@@ -224,7 +226,8 @@ func TestKeysInjective(t *testing.T) {
 				r := newReserver(t, c, opts...)
 				// A cart first, so the cart log exists before "~carts" is loaded.
 				loadItems(t, r, map[string]int64{"x1": 5, "x2": 5})
-				mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
+				mustCart(t)(
+					r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
 				for _, sku := range collidingNames {
 					require.NoError(t, r.Load(ctx, sku, 10), "load %q", sku)
 				}
@@ -244,9 +247,11 @@ func TestKeysInjective(t *testing.T) {
 					_, err := r.Ledger(ctx, sku, "cart")
 					require.ErrorIs(t, err, stock.ErrUnknownID, "%q has no cart entry", sku)
 				}
-				rc := mustCart(t, "the cart log survives the items")(r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
+				rc := mustCart(t, "the cart log survives the items")(
+					r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
 				assert.True(t, rc.Replayed)
-				mustCart(t, "a cart of the colliding items")(r.DeductMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "~carts", Qty: 1}, {SKU: "tee", Qty: 1}}}))
+				mustCart(t, "a cart of the colliding items")(
+					r.DeductMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "~carts", Qty: 1}, {SKU: "tee", Qty: 1}}}))
 				n := 0
 				for sku, err := range stockops.Items(ctx, r) {
 					require.NoError(t, err)
@@ -281,9 +286,11 @@ func TestReplicaAckGroupedCart(t *testing.T) {
 	lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}
 	mustCart(t, "the replica acknowledges")(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines}))
 	replica.Kill()
-	cr := mustFailCart(t, stock.ErrNotReplicated, "no replica left to acknowledge the grouped cart")(r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
+	cr := mustFailCart(t, stock.ErrNotReplicated, "no replica left to acknowledge the grouped cart")(
+		r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
 	require.Len(t, cr.Items, 2, "the receipts of the write that was made")
-	cr = mustFailCart(t, stock.ErrNotReplicated, "a replay is no safer than the cart it replays, which no replica has")(r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
+	cr = mustFailCart(t, stock.ErrNotReplicated, "a replay is no safer than the cart it replays, which no replica has")(
+		r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
 	assert.True(t, cr.Replayed)
 	require.Len(t, cr.Items, 2)
 }

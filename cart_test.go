@@ -42,14 +42,16 @@ func TestDeductMany(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrInsufficient)
 		assert.Equal(t, int64(3), levels(t, r, "A").Available)
 		assert.Equal(t, int64(5), levels(t, r, "C").Available, "the line taken before the refusal was given back")
-		mustFailCart(t, stock.ErrConflict)(r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 3}}}))
+		mustFailCart(t, stock.ErrConflict)(
+			r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 3}}}))
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "A", Qty: 2}}})
 		assert.ErrorIs(t, err, stock.ErrInsufficient, "an undone cart stays undone, with the refusal that undid it")
 		assert.ErrorAs(t, err, &ce)
 
 		// An id already used alone on an item is not the cart's line: the undo leaves it alone.
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "C", ID: "cart-3", Qty: 1}))
-		mustFailCart(t, stock.ErrConflict)(r.DeductMany(ctx, stock.Cart{ID: "cart-3", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "C", Qty: 2}}}))
+		mustFailCart(t, stock.ErrConflict)(
+			r.DeductMany(ctx, stock.Cart{ID: "cart-3", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "C", Qty: 2}}}))
 		assert.Equal(t, int64(4), levels(t, r, "C").Available)
 		assert.Equal(t, int64(2), levels(t, r, "B").Available)
 
@@ -72,9 +74,11 @@ func TestDeductManyUserLimitPerItem(t *testing.T) {
 		r := newReserver(t, c, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "A", 10))
 		require.NoError(t, r.Load(ctx, "B", 10))
-		mustCart(t, "the limit is per item")(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}}))
+		mustCart(t, "the limit is per item")(
+			r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}}))
 		mustFailCart(t, stock.ErrUserLimit)(r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}}}))
-		mustFailCart(t, stock.ErrUserLimit, "summed lines count against the limit")(r.DeductMany(ctx, stock.Cart{ID: "c3", User: "v", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "B", Qty: 2}}}))
+		mustFailCart(t, stock.ErrUserLimit, "summed lines count against the limit")(
+			r.DeductMany(ctx, stock.Cart{ID: "c3", User: "v", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "B", Qty: 2}}}))
 	})
 }
 
@@ -93,7 +97,8 @@ func TestHoldMany(t *testing.T) {
 		_, err = r.CancelMany(ctx, "h2", "A", "B")
 		require.NoError(t, err)
 		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, r, "B"))
-		mustFailCart(t, stock.ErrInsufficient)(r.HoldMany(ctx, stock.Cart{ID: "h3", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute))
+		mustFailCart(t, stock.ErrInsufficient)(
+			r.HoldMany(ctx, stock.Cart{ID: "h3", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute))
 		assert.Zero(t, levels(t, r, "A").Held, "the hold on A was cancelled")
 	})
 }
@@ -201,13 +206,16 @@ func TestGroupedCartOneScript(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrInsufficient)
 		_, err = r.Ledger(ctx, "shoe-40", "c2")
 		assert.ErrorIs(t, err, stock.ErrUnknownID)
-		mustCart(t, "nothing was recorded for the refused cart: the id is free")(r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}))
-		mustFailCart(t, stock.ErrUserLimit, "the per-user limit per item")(r.DeductMany(ctx, stock.Cart{ID: "c3", User: "u", Lines: []stock.Line{{SKU: "shoe-40", Qty: 2}, {SKU: "shoe-41", Qty: 1}}}))
+		mustCart(t, "nothing was recorded for the refused cart: the id is free")(
+			r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}))
+		mustFailCart(t, stock.ErrUserLimit, "the per-user limit per item")(
+			r.DeductMany(ctx, stock.Cart{ID: "c3", User: "u", Lines: []stock.Line{{SKU: "shoe-40", Qty: 2}, {SKU: "shoe-41", Qty: 1}}}))
 
 		// Mixed with an item outside the group: the saga.
 		mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "hat", Qty: 1}}}))
 		// Holds in one script too; single operations work on grouped items.
-		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}, time.Minute))
+		mustCart(t)(
+			r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}, time.Minute))
 		_, err = r.ConfirmMany(ctx, "h1", "shoe-40", "shoe-41")
 		require.NoError(t, err)
 		must(t)(r.Restore(ctx, "shoe-40", "c1"))

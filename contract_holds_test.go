@@ -186,7 +186,8 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, levels(t, r, "C"))
 		assertState(t, r, "C", "old1", stock.StateExpired, "Confirm released the other expired hold")
 
-		must(t, "the user's units of the expired hold were given back")(r.Hold(ctx, stock.Request{SKU: "C", ID: "old2", User: "u", Qty: 5}, 200*time.Millisecond))
+		must(t, "the user's units of the expired hold were given back")(
+			r.Hold(ctx, stock.Request{SKU: "C", ID: "old2", User: "u", Qty: 5}, 200*time.Millisecond))
 		redistest.Sleep(c, 300*time.Millisecond)
 		rc = must(t)(r.Extend(ctx, "C", "live2", time.Minute))
 		assert.Equal(t, int64(8), rc.Remaining)

@@ -69,7 +69,8 @@ func TestSoldOutFastPath(t *testing.T) {
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "A", 5))
 		deductEach(t, r, "A", 5)
-		mustFail(t, stock.ErrSoldOut, "Redis answers the first sold-out request")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
+		mustFail(t, stock.ErrSoldOut, "Redis answers the first sold-out request")(
+			r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
 		mustFail(t, stock.ErrUnknownID)(other.Restore(ctx, "A", "ghost")) // a tombstone: "ghost" can never take stock
 
 		scripts, reads := int64(-1), int64(-1)
@@ -94,7 +95,8 @@ func TestSoldOutFastPath(t *testing.T) {
 		// Ids the ledger has are answered by Redis, as the script answers them.
 		answered := stockops.SoldOutAnswers(r)
 		for i := range 5 {
-			rc := must(t, "a repeat of a successful id is a replay, never sold out")(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1}))
+			rc := must(t, "a repeat of a successful id is a replay, never sold out")(
+				r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1}))
 			assert.True(t, rc.Replayed)
 		}
 		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1}))
@@ -354,7 +356,8 @@ func TestSoldOutFastPathClockBehind(t *testing.T) {
 				must(t)(other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second))
 				mustFail(t, stock.ErrSoldOut, "the hold has the unit")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "early", Qty: 1}))
 				redistest.Sleep(c, 1100*time.Millisecond)
-				rc := must(t, "the hold is due on Redis's clock: the script releases it and takes the unit")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1}))
+				rc := must(t, "the hold is due on Redis's clock: the script releases it and takes the unit")(
+					r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1}))
 				assert.Zero(t, rc.Remaining)
 				assert.Zero(t, stockops.SoldOutAnswers(r))
 			})
@@ -469,7 +472,8 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "S", "ghost2"))
 		for bk := range n {
 			for _, id := range []string{"ghost", "ghost2"} {
-				mustFail(t, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)(r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1}))
+				mustFail(t, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)(
+					r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1}))
 			}
 		}
 		late := fresh(1)

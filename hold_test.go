@@ -36,7 +36,8 @@ func TestHoldConfirm(t *testing.T) {
 		rc = must(t)(r.Hold(ctx, req, time.Minute))
 		assert.True(t, rc.Replayed)
 		mustFail(t, stock.ErrConflict, "a hold id is not a deduct id")(r.Deduct(ctx, req))
-		mustFail(t, stock.ErrUserLimit, "held units count against the limit")(r.Hold(ctx, stock.Request{SKU: "A", ID: "h2", User: "u", Qty: 1}, time.Minute))
+		mustFail(t, stock.ErrUserLimit, "held units count against the limit")(
+			r.Hold(ctx, stock.Request{SKU: "A", ID: "h2", User: "u", Qty: 1}, time.Minute))
 
 		rc = must(t)(r.Confirm(ctx, "A", "h1"))
 		assert.False(t, rc.Replayed)
@@ -96,7 +97,8 @@ func TestHoldExpiry(t *testing.T) {
 		// Confirm after the deadline is refused, and the hold goes back at once.
 		mustFail(t, stock.ErrExpired)(r.Confirm(ctx, "A", "h0"))
 		mustFail(t, stock.ErrExpired)(r.Extend(ctx, "A", "h1", time.Minute))
-		mustFail(t, stock.ErrExpired, "the replay of an expired hold")(r.Hold(ctx, stock.Request{SKU: "A", ID: "h0", User: "u0", Qty: 1}, time.Minute))
+		mustFail(t, stock.ErrExpired, "the replay of an expired hold")(
+			r.Hold(ctx, stock.Request{SKU: "A", ID: "h0", User: "u0", Qty: 1}, time.Minute))
 		// The next operation on the item released every expired hold (lazy expiry).
 		assert.Equal(t, stock.Levels{Available: 9, Held: 1, Loaded: 10}, levels(t, r, "A"))
 		// The users' units came back.

@@ -606,7 +606,8 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 			func(t *testing.T, g rig, _ func(time.Duration)) {
 				rc := must(t, "a repeated cancel is a replay")(g.r.Cancel(context.Background(), "x", "e"))
 				assert.True(t, rc.Replayed)
-				mustFail(t, stock.ErrRestored, "a repeated hold takes nothing")(g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour))
+				mustFail(t, stock.ErrRestored, "a repeated hold takes nothing")(
+					g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour))
 			}, 48 * time.Hour},
 		{"a hold that expired", 200 * time.Millisecond,
 			func(t *testing.T, g rig, move func(time.Duration)) {
@@ -630,7 +631,8 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 			func(t *testing.T, g rig, _ func(time.Duration)) {
 				rc := must(t, "a repeated restore is a replay")(g.r.Restore(context.Background(), "x", "e"))
 				assert.True(t, rc.Replayed)
-				mustFail(t, stock.ErrRestored, "a repeated deduct takes nothing")(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}))
+				mustFail(t, stock.ErrRestored, "a repeated deduct takes nothing")(
+					g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}))
 			}, 500 * time.Millisecond},
 	}
 	for _, tc := range cases {

@@ -40,6 +40,14 @@ func retryPending(t *testing.T, r *stock.Reserver, sku string) int64 {
 	return p
 }
 
+// refused checks that the call it is given answered the refusal want with Remaining rem.
+func refused(t *testing.T, what string, want error, rem int64) func(stock.Receipt, error) {
+	return func(rc stock.Receipt, err error) {
+		t.Helper()
+		retryCheckRefusal(t, what, rc, err, want, rem)
+	}
+}
+
 // retryCheckRefusal checks that (rc, err) is the refusal want with Remaining rem.
 func retryCheckRefusal(t *testing.T, what string, rc stock.Receipt, err error, want error, rem int64) {
 	t.Helper()
@@ -168,8 +176,7 @@ func TestRetryRefusalMatrix(t *testing.T) {
 			for _, rp := range repeats {
 				before := levels(t, r, sku)
 				pb := retryPending(t, r, sku)
-				rc, err := rp.f()
-				retryCheckRefusal(t, rp.name, rc, err, kind, rem)
+				refused(t, rp.name, kind, rem)(rp.f())
 				after := levels(t, r, sku)
 				if before != after {
 					t.Errorf("%s changed the levels: %+v -> %+v", rp.name, before, after)
@@ -205,10 +212,8 @@ func TestRetryRefusalMatrix(t *testing.T) {
 			t.Errorf("the refused carts changed %s: %+v -> %+v", sku, sb, sa)
 		}
 		// After the carts, still the same answer.
-		rc, err = r.Deduct(ctx, plain)
-		retryCheckRefusal(t, "Deduct after carts", rc, err, kind, rem)
-		rc, err = r2.Hold(ctx, req, time.Hour)
-		retryCheckRefusal(t, "Hold Retry after carts", rc, err, kind, rem)
+		refused(t, "Deduct after carts", kind, rem)(r.Deduct(ctx, plain))
+		refused(t, "Hold Retry after carts", kind, rem)(r2.Hold(ctx, req, time.Hour))
 
 		got := entry(t, r, sku, id)
 		if got != recorded {
@@ -254,10 +259,9 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		// Two ids refused for stock by a Retry while the item is short, the filter running:
 		// one sold out (recorded Remaining 0), then restock 2 and one insufficient.
 		idS, idI := "rt:so~1", "rt:in~1"
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true})
-		retryCheckRefusal(t, "retry sold out", rc, err, stock.ErrSoldOut, 0)
+		refused(t, "retry sold out", stock.ErrSoldOut, 0)(r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true}))
 		must(t)(r.Restock(ctx, sku, "rs:1", 2))
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})
 		remI := rc.Remaining
 		if !errors.Is(err, stock.ErrInsufficient) || remI <= 0 {
 			t.Fatalf("retry insufficient: %+v %v", rc, err)
@@ -281,12 +285,12 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		}
 		for i := 0; i < 5; i++ {
 			for j, rr := range []*stock.Reserver{r, r2} {
-				rc, err := rr.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
-				retryCheckRefusal(t, fmt.Sprintf("repeat insufficient via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
-				rc, err = rr.Hold(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}, time.Minute)
-				retryCheckRefusal(t, fmt.Sprintf("repeat insufficient as hold via reserver %d", j), rc, err, stock.ErrInsufficient, remI)
-				rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
-				retryCheckRefusal(t, fmt.Sprintf("repeat sold out via reserver %d", j), rc, err, stock.ErrSoldOut, 0)
+				refused(t, fmt.Sprintf("repeat insufficient via reserver %d", j), stock.ErrInsufficient, remI)(
+					rr.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}))
+				refused(t, fmt.Sprintf("repeat insufficient as hold via reserver %d", j), stock.ErrInsufficient, remI)(
+					rr.Hold(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}, time.Minute))
+				refused(t, fmt.Sprintf("repeat sold out via reserver %d", j), stock.ErrSoldOut, 0)(
+					rr.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1}))
 				rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2})
 				if err != nil || !rc.Replayed {
 					t.Errorf("replay of a sale under the fast path: %+v %v", rc, err)
@@ -295,10 +299,10 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		}
 		// Stock back: the recorded ids stay refused, with the recorded Remaining.
 		must(t)(r2.Restock(ctx, sku, "rs:2", 50))
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5})
-		retryCheckRefusal(t, "repeat insufficient after restock", rc, err, stock.ErrInsufficient, remI)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1})
-		retryCheckRefusal(t, "repeat sold out after restock", rc, err, stock.ErrSoldOut, 0)
+		refused(t, "repeat insufficient after restock", stock.ErrInsufficient, remI)(
+			r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}))
+		refused(t, "repeat sold out after restock", stock.ErrSoldOut, 0)(
+			r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1}))
 		checkLedger(t, r, sku, 1)
 	})
 }
@@ -318,17 +322,14 @@ func TestRetryRefusalLargeNumbers(t *testing.T) {
 		sku := "big:~1"
 		require.NoError(t, r.Load(ctx, sku, avail))
 		req := stock.Request{SKU: sku, ID: "big:id~", User: "u", Qty: stock.MaxQty, Retry: true}
-		rc, err := r.Deduct(ctx, req)
-		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, avail)
+		refused(t, "retry", stock.ErrInsufficient, avail)(r.Deduct(ctx, req))
 		e, err := r.Ledger(ctx, sku, req.ID)
 		if err != nil || e.Qty != stock.MaxQty || e.After != avail {
 			t.Errorf("ledger: %+v %v", e, err)
 		}
 		req.Retry = false
-		rc, err = r.Deduct(ctx, req)
-		retryCheckRefusal(t, "late first attempt", rc, err, stock.ErrInsufficient, avail)
-		rc, err = r.Hold(ctx, req, time.Minute)
-		retryCheckRefusal(t, "hold", rc, err, stock.ErrInsufficient, avail)
+		refused(t, "late first attempt", stock.ErrInsufficient, avail)(r.Deduct(ctx, req))
+		refused(t, "hold", stock.ErrInsufficient, avail)(r.Hold(ctx, req, time.Minute))
 		checkLedger(t, r, sku, avail)
 	})
 }
@@ -344,23 +345,22 @@ func TestRetryRefusalHoldExpiry(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, 3))
 		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute))
 		// Insufficient: 1 left, asks 2.
-		rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}, time.Minute)
-		retryCheckRefusal(t, "retry hold insufficient", rc, err, stock.ErrInsufficient, 1)
+		refused(t, "retry hold insufficient", stock.ErrInsufficient, 1)(
+			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}, time.Minute))
 		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:2", User: "h2", Qty: 1}, time.Minute))
 		// Sold out.
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true})
-		retryCheckRefusal(t, "retry deduct sold out", rc, err, stock.ErrSoldOut, 0)
+		refused(t, "retry deduct sold out", stock.ErrSoldOut, 0)(
+			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}))
 		env.Advance(2 * time.Minute) // both holds are due
-		rc, err = r2.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2}, time.Minute)
-		retryCheckRefusal(t, "late hold after expiry", rc, err, stock.ErrInsufficient, 1)
-		rc, err = r2.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1})
-		retryCheckRefusal(t, "late deduct after expiry", rc, err, stock.ErrSoldOut, 0)
-		_, err = stockops.Sweep(ctx, r, sku)
+		refused(t, "late hold after expiry", stock.ErrInsufficient, 1)(
+			r2.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2}, time.Minute))
+		refused(t, "late deduct after expiry", stock.ErrSoldOut, 0)(r2.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1}))
+		_, err := stockops.Sweep(ctx, r, sku)
 		require.NoError(t, err)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true})
-		retryCheckRefusal(t, "deduct retry after sweep", rc, err, stock.ErrInsufficient, 1)
-		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}, time.Minute)
-		retryCheckRefusal(t, "hold retry after sweep", rc, err, stock.ErrSoldOut, 0)
+		refused(t, "deduct retry after sweep", stock.ErrInsufficient, 1)(
+			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}))
+		refused(t, "hold retry after sweep", stock.ErrSoldOut, 0)(
+			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}, time.Minute))
 		lv := levels(t, r, sku)
 		if lv.Available != 3 || lv.Held != 0 || lv.Sold != 0 {
 			t.Errorf("levels after expiry and repeats: %+v", lv)
@@ -379,10 +379,9 @@ func TestRetryRefusalDueHoldFirst(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, 2))
 		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute))
 		env.Advance(2 * time.Minute)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3, Retry: true})
-		retryCheckRefusal(t, "retry with a due hold", rc, err, stock.ErrInsufficient, 2)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3})
-		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 2)
+		refused(t, "retry with a due hold", stock.ErrInsufficient, 2)(
+			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3, Retry: true}))
+		refused(t, "repeat", stock.ErrInsufficient, 2)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3}))
 		checkLedger(t, r, sku, 2)
 	})
 }
@@ -419,8 +418,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		var ids []string
 		for i := 0; i < 60; i++ {
 			id := fmt.Sprintf("rt:%d~x", i)
-			rc, err := r2.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5, Retry: true})
-			retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 3)
+			refused(t, "retry", stock.ErrInsufficient, 3)(r2.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5, Retry: true}))
 			ids = append(ids, id)
 		}
 		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3}))
@@ -462,25 +460,23 @@ func TestRetryRefusalUserLimit(t *testing.T) {
 		sku := "li:mit~"
 		u := "al:ice~"
 		require.NoError(t, r.Load(ctx, sku, 1))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
-		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+		refused(t, "retry", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true}))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1}))
 		// Sold out and u has 1: a retry refused as sold out.
-		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute)
-		retryCheckRefusal(t, "retry 2", rc, err, stock.ErrSoldOut, 0)
+		refused(t, "retry 2", stock.ErrSoldOut, 0)(
+			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute))
 		must(t)(r.Restock(ctx, sku, "rs", 10))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1}))
 		// u is at the limit: the repeats must still answer the recorded refusals.
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2})
-		retryCheckRefusal(t, "repeat x:1 at the limit", rc, err, stock.ErrInsufficient, 1)
-		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute)
-		retryCheckRefusal(t, "repeat x:2 at the limit", rc, err, stock.ErrSoldOut, 0)
+		refused(t, "repeat x:1 at the limit", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2}))
+		refused(t, "repeat x:2 at the limit", stock.ErrSoldOut, 0)(
+			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute))
 		for _, id := range []string{"y:1", "z:1"} {
 			must(t)(r.Restore(ctx, sku, id))
 		}
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true})
-		retryCheckRefusal(t, "repeat x:1 after restores", rc, err, stock.ErrInsufficient, 1)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true})
+		refused(t, "repeat x:1 after restores", stock.ErrInsufficient, 1)(
+			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true}))
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true})
 		retryCheckRefusal(t, "repeat x:2 after restores", rc, err, stock.ErrSoldOut, 0)
 		// The repeats counted nothing against u: u may still take 2.
 		if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:1", User: u, Qty: 2}); err != nil {
@@ -508,8 +504,7 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 		sku := "op:s~"
 		id := "x:~1"
 		require.NoError(t, r.Load(ctx, sku, 1))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true})
-		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
+		refused(t, "retry", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true}))
 		recorded := entry(t, r, sku, id)
 		lv0 := levels(t, r, sku)
 		steps := []struct {
@@ -540,11 +535,10 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 		}
 		// A closed item: what does the repeat answer?
 		require.NoError(t, r.CloseItem(ctx, sku))
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
+		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
 		t.Logf("repeat on a closed item: %+v %v", rc, err)
 		require.NoError(t, r.ReopenItem(ctx, sku))
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
-		retryCheckRefusal(t, "repeat after reopen", rc, err, stock.ErrInsufficient, 1)
+		refused(t, "repeat after reopen", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2}))
 		checkLedger(t, r, sku, 1)
 	})
 }
@@ -566,8 +560,7 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 		}
 		require.NoError(t, r.Load(ctx, x, load))
 		id := "ca:rt~1"
-		rc, err := r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true})
-		retryCheckRefusal(t, "retry", rc, err, kind, load)
+		refused(t, "retry", kind, load)(r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true}))
 		must(t)(r.Restock(ctx, x, "rs", 10))
 		la := levels(t, r, a)
 		for _, hold := range []bool{false, true} {
@@ -587,8 +580,7 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 		if lv := levels(t, r, a); lv != la {
 			t.Errorf("the group cart changed %s: %+v -> %+v", a, la, lv)
 		}
-		rc, err = r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2})
-		retryCheckRefusal(t, "repeat after the carts", rc, err, kind, load)
+		refused(t, "repeat after the carts", kind, load)(r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2}))
 		checkLedger(t, r, x, load)
 		checkLedger(t, r, a, 5)
 	})
@@ -967,8 +959,7 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 		sku := "ph:an~tom"
 		require.NoError(t, r.Load(ctx, sku, 1000))
 		big := stock.Request{SKU: sku, ID: "x:~", User: "u:~1", Qty: 1 << 40, Retry: true}
-		rc, err := r.Deduct(ctx, big)
-		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1000)
+		refused(t, "retry", stock.ErrInsufficient, 1000)(r.Deduct(ctx, big))
 		big.Retry = false
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
@@ -1065,12 +1056,11 @@ func TestRetryRefusalReconcile(t *testing.T) {
 			}
 		}
 		pass("first pass")
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3})
-		retryCheckRefusal(t, "repeat after a pass", rc, err, stock.ErrInsufficient, 1)
+		refused(t, "repeat after a pass", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}))
 		env.Advance(23 * time.Hour)
 		pass("pass within the retention")
-		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}, time.Minute)
-		retryCheckRefusal(t, "repeat within the retention", rc, err, stock.ErrInsufficient, 1)
+		refused(t, "repeat within the retention", stock.ErrInsufficient, 1)(
+			r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}, time.Minute))
 		checkLedger(t, r, sku, 2)
 		// Past the retention the entry may be trimmed: the documented end of idempotency.
 		env.Advance(2 * time.Hour)
@@ -1136,8 +1126,7 @@ func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 		sku := "pa:ram~"
 		require.NoError(t, r.Load(ctx, sku, 2))
 		id := "x:~"
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
-		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 2)
+		refused(t, "retry", stock.ErrInsufficient, 2)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true}))
 		lv := levels(t, r, sku)
 		for _, req := range []stock.Request{
 			{SKU: sku, ID: id, User: "u", Qty: 1},
@@ -1174,10 +1163,9 @@ func TestRetryRefusalLongNames(t *testing.T) {
 		id := strings.Repeat("~:", 64)
 		user := strings.Repeat("u~", 64)
 		require.NoError(t, r.Load(ctx, sku, 5))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true})
-		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 5)
+		refused(t, "retry", stock.ErrInsufficient, 5)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true}))
 		must(t)(r.Restock(ctx, sku, id[:127]+"x", 3))
-		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
+		rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
 		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
 		if e, err := r.Ledger(ctx, sku, id); err != nil || e.ID != id || e.User != user || e.SKU != sku || e.Qty != 6 || e.After != 5 {
 			t.Errorf("ledger: %+v %v", e, err)
@@ -1204,10 +1192,9 @@ func TestRetryRefusalWithClock(t *testing.T) {
 	sku := "cl:ock~"
 	require.NoError(t, r.Load(ctx, sku, 1))
 	must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:~", User: "h", Qty: 1}, time.Second))
-	rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1, Retry: true}, time.Minute)
-	retryCheckRefusal(t, "retry", rc, err, stock.ErrSoldOut, 0)
+	refused(t, "retry", stock.ErrSoldOut, 0)(r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1, Retry: true}, time.Minute))
 	advance(2 * time.Second)
-	rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1}, time.Minute)
+	rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1}, time.Minute)
 	retryCheckRefusal(t, "late first attempt after the hold expired", rc, err, stock.ErrSoldOut, 0)
 	if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "y", Qty: 1}); err != nil {
 		t.Errorf("the expired unit is not for sale: %+v %v", rc, err)

@@ -33,7 +33,8 @@ func TestRetryRefusalKeepsItsKind(t *testing.T) {
 				repeat := func(sku, id string, qty int64, want error, remaining int64) {
 					t.Helper()
 					for _, retry := range []bool{true, false, true} {
-						rc := mustFail(t, want, "%s/%s retry=%v", sku, id, retry)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: qty, Retry: retry}))
+						rc := mustFail(t, want, "%s/%s retry=%v", sku, id, retry)(
+							r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: qty, Retry: retry}))
 						require.Equal(t, remaining, rc.Remaining, "%s/%s: the stock of the recorded refusal", sku, id)
 					}
 				}

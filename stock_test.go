@@ -528,7 +528,8 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 		must(t)(r.Restock(ctx, "A", "r1", 5))
 		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})) // the late first attempt
 		mustFail(t, stock.ErrInsufficient)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9, Retry: true}))
-		rc := mustFail(t, stock.ErrInsufficient, "the id is closed, with the refusal it was told")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9}))
+		rc := mustFail(t, stock.ErrInsufficient, "the id is closed, with the refusal it was told")(
+			r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9}))
 		assert.Equal(t, int64(5), rc.Remaining, "the stock of the recorded refusal")
 		must(t, "a retry that is admitted is an ordinary deduct")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true}))
 		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
