@@ -365,26 +365,6 @@ func TestSoldOutFastPathClockBehind(t *testing.T) {
 	}
 }
 
-// routeBucket is the bucket of n that a buyer (an id without one) goes to: FNV-1a, mod n
-// (README "Routing").
-func routeBucket(key string, n int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return int(h % uint32(n))
-}
-
-// keyIn returns the first name prefix-<j> that goes to bucket b of n.
-func keyIn(prefix string, b, n int) string {
-	for j := 0; ; j++ {
-		if k := fmt.Sprintf("%s-%d", prefix, j); routeBucket(k, n) == b {
-			return k
-		}
-	}
-}
-
 // TestSoldOutFastPathSplit: the fast path answers for an item split over buckets, from the
 // cached state of every bucket, and only what Redis would answer ErrSoldOut: stock given back or
 // restocked in any bucket (by this process: at once; by another: once the invalidation is in),
@@ -455,7 +435,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		for _, req := range taken {
 			rc := must(t, "a repeat of a taken id is a replay, never sold out")(r.Deduct(ctx, req))
 			assert.True(t, rc.Replayed)
-			req.User = keyIn(req.ID+"-other", (routeBucket(req.User, n)+1)%n, n)
+			req.User = keyIn(req.ID+"-other", (bucketOf(req.User, n)+1)%n, n)
 			mustFail(t, stock.ErrConflict, "a taken id used by a buyer of another bucket")(r.Deduct(ctx, req))
 			req.User = ""
 			mustFail(t, stock.ErrConflict, "a taken id used without its buyer")(r.Deduct(ctx, req))
@@ -527,4 +507,161 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		l := levels(t, r, "S")
 		assert.Equal(t, int64(0), l.Available)
 	})
+}
+
+// soldOutReserver loads sku with one unit on a Reserver with the default options (the sold-out
+// fast path on, with the client's server-assisted cache on real servers), sells it, and lets
+// Redis refuse one request as sold out, so that the Reserver answers the next ones in-process.
+func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver {
+	t.Helper()
+	ctx := context.Background()
+	r := newReserver(t, c)
+	require.NoError(t, r.Load(ctx, sku, 1))
+	must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "first", Qty: 1}))
+	for i := range 3 { // the first refusal builds the filter; the next ones are answered in-process
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("warm-", i), Qty: 1}))
+	}
+	return r
+}
+
+// eachSoldOutBackend runs f on every backend, the backends in parallel, with soldOutReserver's
+// Reserver for sku and how many tries to make: 1000 on a real server, 50 on miniredis (which does
+// not track: the fast path is off, the answers the same).
+func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int)) {
+	t.Helper()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			tries := 1000
+			if !b.Real() {
+				tries = 50
+			}
+			f(t, b, soldOutReserver(t, b.Client(t), sku), tries)
+		})
+	}
+}
+
+// TestFastPathTombstoneOwnWrite: a Restore of an unknown id leaves a tombstone; the same
+// Reserver must then answer a Deduct of that id ErrRestored, as the ledger says, never
+// ErrSoldOut from a cached read that predates the tombstone.
+func TestFastPathTombstoneOwnWrite(t *testing.T) {
+	eachSoldOutBackend(t, "T", func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int) {
+		ctx := context.Background()
+		wrong := 0
+		for i := range tries {
+			// A new id, answered in-process: the item's state and filter are cached.
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "T", ID: fmt.Sprint("new-", i), Qty: 1}))
+			ghost := fmt.Sprint("ghost-", i)
+			mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "T", ghost))
+			_, err := r.Deduct(ctx, stock.Request{SKU: "T", ID: ghost, Qty: 1})
+			if !errors.Is(err, stock.ErrRestored) {
+				if wrong++; wrong == 1 {
+					t.Errorf("try %d: a deduct of a tombstoned id answered %v, want ErrRestored", i, err)
+				}
+			}
+		}
+		assert.Zero(t, wrong, "%d of %d deducts of a tombstoned id were not refused as restored", wrong, tries)
+		if b.Real() {
+			assert.Positive(t, stockops.SoldOutAnswers(r), "the fast path answered new ids")
+		}
+	})
+}
+
+// TestFastPathReplayOwnWrite: a deduct acknowledged OK on a sold-out item (stock came back and
+// was taken again) and repeated at once on the same Reserver is a replay, never ErrSoldOut.
+func TestFastPathReplayOwnWrite(t *testing.T) {
+	eachSoldOutBackend(t, "R", func(t *testing.T, _ redistest.Backend, r *stock.Reserver, tries int) {
+		ctx := context.Background()
+		wrong := 0
+		last := "first"
+		for i := range tries {
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "R", ID: fmt.Sprint("new-", i), Qty: 1}))
+			must(t)(r.Restore(ctx, "R", last))
+			// Retry goes to Redis whatever the cache says: the unit given back is taken.
+			id := fmt.Sprint("take-", i)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1, Retry: true}))
+			last = id
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1})
+			if err != nil || !rc.Replayed {
+				if wrong++; wrong == 1 {
+					t.Errorf("try %d: a repeat of an acknowledged deduct answered %+v, %v; want a replay", i, rc, err)
+				}
+			}
+		}
+		assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays", wrong, tries)
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 1, Loaded: 1}, levels(t, r, "R"))
+	})
+}
+
+// TestFastPathConcurrentRepeats: 16 goroutines share one Reserver (the fast path on) on an item
+// that keeps selling out and coming back (a 17th gives back what they take); every deduct
+// acknowledged OK is repeated at once and must be a replay, and the counters match the
+// acknowledged deducts and restores. It checks the fix under concurrency; the
+// regression tests that fail without it are TestFastPathTombstoneOwnWrite and
+// TestFastPathReplayOwnWrite (this one rarely catches the stale answer: the repeat must come
+// before an invalidation that is usually already there).
+func TestFastPathConcurrentRepeats(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			r := newReserver(t, b.Client(t))
+			const units, workers = 3, 16
+			rounds := 400
+			if !b.Real() {
+				rounds = 30
+			}
+			require.NoError(t, r.Load(ctx, "C", units))
+			var mu sync.Mutex
+			var took, gave, wrong int
+			var first string
+			taken := make(chan string, workers*rounds)
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range rounds {
+						id := fmt.Sprintf("w%d-%d", w, i)
+						_, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
+						if errors.Is(err, stock.ErrSoldOut) {
+							continue
+						}
+						if !assert.NoError(t, err) {
+							return
+						}
+						rc, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
+						mu.Lock()
+						took++
+						if err != nil || !rc.Replayed {
+							if wrong++; wrong == 1 {
+								first = fmt.Sprintf("%s: %+v, %v", id, rc, err)
+							}
+						}
+						mu.Unlock()
+						taken <- id
+					}
+				}()
+			}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for id := range taken {
+					_, err := r.Restore(ctx, "C", id)
+					if !assert.NoError(t, err) {
+						return
+					}
+					mu.Lock()
+					gave++
+					mu.Unlock()
+				}
+			}()
+			wg.Wait()
+			close(taken)
+			<-done
+			assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays; first: %s", wrong, took, first)
+			assert.Equal(t, stock.Levels{Available: units - int64(took-gave), Sold: int64(took - gave), Loaded: units}, levels(t, r, "C"))
+			t.Logf("%s: %d deducts acknowledged, %d restored, %d answered in-process", b.Name, took, gave, stockops.SoldOutAnswers(r))
+		})
+	}
 }

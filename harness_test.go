@@ -2,6 +2,8 @@ package stock_test
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"os"
 	"testing"
 
@@ -97,4 +99,21 @@ func remaining(t *testing.T, store stock.Store, sku string) int64 {
 	n, err := store.Remaining(context.Background(), sku)
 	require.NoError(t, err)
 	return n
+}
+
+// bucketOf is the bucket of n that a split item sends a user (or, without a user, a request id)
+// to: FNV-1a of it, mod n (README "Routing"; restated so that a test can pick its keys).
+func bucketOf(key string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}
+
+// keyIn returns the first name prefix-<j> that goes to bucket b of n.
+func keyIn(prefix string, b, n int) string {
+	for j := 0; ; j++ {
+		if k := fmt.Sprintf("%s-%d", prefix, j); bucketOf(k, n) == b {
+			return k
+		}
+	}
 }

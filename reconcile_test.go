@@ -805,3 +805,48 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 		})
 	}
 }
+
+// TestReopenDelisted: a delisted item cannot be reopened (it would sell again and then be
+// retired, its ledger deleted), and the retire script removes only a closed, delisted item,
+// whatever the caller checked before.
+func TestReopenDelisted(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		g := newRig(t, c, map[string]int64{"A": 10, "B": 10}, &stock.ReconcileOptions{Retention: time.Millisecond})
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1}))
+		require.NoError(t, g.r.Delist(ctx, "A"))
+		err := g.r.ReopenItem(ctx, "A")
+		require.ErrorIs(t, err, stock.ErrClosed)
+		assert.Contains(t, err.Error(), "delisted")
+		mustFail(t, stock.ErrClosed, "a delisted item stays closed")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a2", Qty: 1}))
+		l := levels(t, g.r, "A")
+		assert.True(t, l.Closed)
+
+		// An item delisted and then reopened (as the code before this fix allowed: the
+		// delisting stamp stays, the closed flag is gone) is live: retiring must refuse it.
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
+		require.NoError(t, g.r.Delist(ctx, "B"))
+		reopenBypassingCheck(t, c, "B")
+		must(t, "the item sells")(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b2", Qty: 1}))
+		drain(t, g.relay)
+		time.Sleep(5 * time.Millisecond)
+		reps := g.once(t)
+		assert.True(t, reps["A"].Retired, "a closed, delisted item is retired: %s", reps["A"])
+		assert.False(t, reps["B"].Retired, "a live item is never retired: %s", reps["B"])
+		assert.Contains(t, reps["B"].NeedsHuman, "delisted but open", "the pass says why it does not retire it")
+		assert.Equal(t, stock.Levels{Available: 8, Sold: 2, Loaded: 10}, levels(t, g.r, "B"), "the live item is kept")
+		must(t, "and sells")(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b3", Qty: 1}))
+	})
+}
+
+// reopenBypassingCheck removes the closed flag of sku's item hash directly, as a Reopen of a
+// delisted item did before it was refused. It finds the item hash by its fields, so it does not
+// depend on the key layout.
+func reopenBypassingCheck(t *testing.T, c rueidis.Client, sku string) {
+	t.Helper()
+	k := findKey(t, c, sku, func(ctx context.Context, n rueidis.Client, key string) bool {
+		vs, err := n.Do(ctx, n.B().Hmget().Key(key).Field("a", "d").Build()).ToArray()
+		return err == nil && len(vs) == 2 && !vs[0].IsNil() && !vs[1].IsNil()
+	})
+	require.NoError(t, c.Do(context.Background(), c.B().Hdel().Key(k).Field("c").Build()).Error())
+}

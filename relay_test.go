@@ -1,10 +1,14 @@
 package stock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -354,4 +358,419 @@ func TestPending(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, [2]int64{0, 0}, [2]int64{p, d})
 	})
+}
+
+// batchRecorder is a BatchPublisher that records every call and every event it accepted, in
+// order, and fails the events for which fail says so.
+type batchRecorder struct {
+	mu      sync.Mutex
+	batches [][]stock.Event // the events of each PublishBatch call
+	singles []stock.Event   // the events of each Publish call
+	got     []stock.Event   // every event accepted, in order
+	fail    func(ev stock.Event) bool
+}
+
+func (p *batchRecorder) one(ev stock.Event) error {
+	if p.fail != nil && p.fail(ev) {
+		return errors.New("broker refused " + ev.ID)
+	}
+	p.got = append(p.got, ev)
+	return nil
+}
+
+func (p *batchRecorder) Publish(_ context.Context, ev stock.Event) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.singles = append(p.singles, ev)
+	return p.one(ev)
+}
+
+// PublishBatch stops at the first failure, as the BatchPublisher doc asks.
+func (p *batchRecorder) PublishBatch(_ context.Context, evs []stock.Event) []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.batches = append(p.batches, append([]stock.Event(nil), evs...))
+	errs := make([]error, len(evs))
+	for i, ev := range evs {
+		if errs[i] = p.one(ev); errs[i] != nil {
+			for j := i + 1; j < len(evs); j++ {
+				errs[j] = errors.New("not sent after an earlier failure")
+			}
+			break
+		}
+	}
+	return errs
+}
+
+var _ stock.BatchPublisher = (*batchRecorder)(nil)
+
+// deductEach deducts one unit of sku for each of the ids o0 … o<n-1>, in order.
+func deductEach(t *testing.T, r *stock.Reserver, sku string, n int) {
+	t.Helper()
+	for i := range n {
+		must(t)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1}))
+	}
+}
+
+// TestRelayUsesBatchPublisher: the relay hands an item's claimed events to PublishBatch in one
+// call, in sequence, and Publish is not called.
+func TestRelayUsesBatchPublisher(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 100))
+		pub := &batchRecorder{}
+		rl := newRelay(t, r, nil, pub, &stock.RelayOptions{Batch: 16})
+		deductEach(t, r, "A", 40)
+		st := drain(t, rl)
+		assert.Equal(t, 40, st.Delivered)
+		assert.Empty(t, pub.singles, "Publish is not used for batches of several events")
+		require.Len(t, pub.batches, 3, "40 events in batches of 16")
+		assert.Len(t, pub.batches[0], 16)
+		require.Len(t, pub.got, 40)
+		for i, ev := range pub.got {
+			assert.Equal(t, fmt.Sprint("o", i), ev.ID)
+			if i > 0 {
+				assert.Greater(t, ev.Seq, pub.got[i-1].Seq)
+			}
+		}
+		// A single event goes through Publish.
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "last", Qty: 1}))
+		drain(t, rl)
+		require.Len(t, pub.singles, 1)
+		assert.Equal(t, "last", pub.singles[0].ID)
+	})
+}
+
+// TestRelayBatchFailureRetriesFromIt: an event of a batch fails once; the events before it
+// are published once and not again, it is retried after the backoff, and the item's events
+// reach the publisher in order. With a store, the store applied each event once.
+func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		require.NoError(t, r.Load(ctx, "A", 100))
+		require.NoError(t, store.Load(ctx, "A", 100))
+		failed := false
+		pub := &batchRecorder{fail: func(ev stock.Event) bool {
+			if ev.ID == "o3" && !failed {
+				failed = true
+				return true
+			}
+			return false
+		}}
+		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
+		deductEach(t, r, "A", 6)
+		st, err := rl.Once(ctx)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "broker refused o3")
+		assert.Equal(t, 3, st.Delivered)
+		assert.Equal(t, 3, st.Retried)
+		assert.Equal(t, int64(3), outboxLen(t, c, "A"), "o3, o4, o5 wait")
+		redistest.Sleep(c, 10*time.Millisecond)
+		drain(t, rl)
+		require.Len(t, pub.batches, 2)
+		ids := func(evs []stock.Event) []string {
+			var out []string
+			for _, ev := range evs {
+				out = append(out, ev.ID)
+			}
+			return out
+		}
+		assert.Equal(t, []string{"o0", "o1", "o2", "o3", "o4", "o5"}, ids(pub.batches[0]))
+		assert.Equal(t, []string{"o3", "o4", "o5"}, ids(pub.batches[1]), "the retry starts at the failed event")
+		assert.Equal(t, []string{"o0", "o1", "o2", "o3", "o4", "o5"}, ids(pub.got), "each event accepted once, in order")
+		assert.Equal(t, 1, store.MaxApplications())
+		rem, _ := store.Remaining(ctx, "A")
+		assert.Equal(t, int64(94), rem)
+		assert.Zero(t, outboxLen(t, c, "A"))
+	})
+}
+
+// TestRelayBatchPublisherWrongLength: a result of the wrong length fails the whole batch,
+// which is delivered again.
+func TestRelayBatchPublisherWrongLength(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 10))
+		short := true
+		bad := &shortBatch{batchRecorder: &batchRecorder{}, short: &short}
+		rl := newRelay(t, r, nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
+		deductEach(t, r, "A", 3)
+		_, err := rl.Once(ctx)
+		require.ErrorContains(t, err, "2 results for 3 events")
+		assert.Equal(t, int64(3), outboxLen(t, c, "A"))
+		short = false
+		redistest.Sleep(c, 10*time.Millisecond)
+		st := drain(t, rl)
+		assert.Equal(t, 3, st.Delivered)
+	})
+}
+
+type shortBatch struct {
+	*batchRecorder
+	short *bool
+}
+
+func (s *shortBatch) PublishBatch(ctx context.Context, evs []stock.Event) []error {
+	errs := s.batchRecorder.PublishBatch(ctx, evs)
+	if *s.short {
+		return errs[:len(errs)-1]
+	}
+	return errs
+}
+
+// logBuffer is an io.Writer safe for the concurrent writes of a slog handler.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// count returns how many logged lines contain s.
+func (l *logBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+const notLoadedLog = "the store does not know the item"
+
+// TestStoreWithoutTheItemKeepsTheSale follows the README's Run path literally: the item is
+// loaded in Redis and not in the store. The acknowledged sales are never given back (no
+// refusal, no dead letter): they wait in the outbox, counted as NotLoaded, said once at Error
+// level however many passes retry them, and reach the store once the item is loaded there.
+func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		logs := &logBuffer{}
+		r := newReserver(t, c, stock.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+		require.NoError(t, r.Load(ctx, "A", 5))
+		for _, id := range []string{"o1", "o2"} {
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}))
+		}
+		store := memstore.New() // sqlstore.New + Migrate: no row for A
+		rl := newRelay(t, r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+
+		var all stockops.RelayStats
+		for tries := 0; tries < 3; {
+			st, err := rl.Once(ctx)
+			if st.Claimed == 0 {
+				require.NoError(t, err)
+				redistest.Sleep(c, 5*time.Millisecond) // the item's backoff
+				continue
+			}
+			require.ErrorIs(t, err, stock.ErrNotLoaded) // a pass says what holds the item back
+			tries++
+			all.Refused += st.Refused
+			all.DeadLettered += st.DeadLettered
+			all.NotLoaded += st.NotLoaded
+			all.Delivered += st.Delivered
+		}
+		assert.Zero(t, all.Refused, "a sale of an item the store does not know is not a refusal")
+		assert.Zero(t, all.DeadLettered)
+		assert.Zero(t, all.Delivered)
+		assert.Equal(t, 6, all.NotLoaded, "both events, on each of 3 tries")
+		assert.Equal(t, 1, logs.count(notLoadedLog), "said once per item per interval, not per event or pass:\n%s", logs.b.String())
+		assert.Equal(t, 1, logs.count("level=ERROR"), "and nothing else at Error:\n%s", logs.b.String())
+
+		l := levels(t, r, "A")
+		assert.EqualValues(t, 2, l.Sold, "the acknowledged sales stay sold: %+v", l)
+		for id, e := range ledger(t, r, "A") {
+			assert.NotEqual(t, stock.StateRefused, e.State, "%s given back", id)
+		}
+		pending, dead, err := stockops.Pending(ctx, r, "A")
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, pending, "the sales wait in the outbox")
+		assert.Zero(t, dead)
+
+		require.NoError(t, store.Load(ctx, "A", 5)) // the setup is fixed
+		redistest.Sleep(c, 5*time.Millisecond)      // the item's backoff
+		st := drain(t, rl)
+		assert.Equal(t, 2, st.Delivered, "%+v", st)
+		rem := remaining(t, store, "A")
+		assert.EqualValues(t, 3, rem)
+		for _, id := range []string{"o1", "o2"} {
+			assert.Equal(t, 1, store.Applications("A", id, stock.EventDeducted))
+		}
+		pending, _, err = stockops.Pending(ctx, r, "A")
+		require.NoError(t, err)
+		assert.Zero(t, pending)
+	})
+}
+
+// TestConsumeOfAnItemTheStoreDoesNotKnow: on the queue path too, an item the store does not
+// know is not a refusal: Consume answers a temporary error (the queue delivers it again),
+// gives nothing back, and applies the event once the item is loaded.
+func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c, stock.WithLogger(slog.New(slog.DiscardHandler)))
+		require.NoError(t, r.Load(ctx, "A", 5))
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
+		var msgs []stock.Event
+		q := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { msgs = append(msgs, ev); return nil })
+		rl := newRelay(t, r, nil, q, nil)
+		drain(t, rl)
+		require.Len(t, msgs, 1)
+
+		store := memstore.New()
+		err := stock.Consume(ctx, r, store, msgs[0])
+		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.False(t, errors.Is(err, stock.ErrInvalid) || errors.Is(err, stock.ErrRefused), "%v", err)
+		l := levels(t, r, "A")
+		assert.EqualValues(t, 2, l.Sold, "nothing given back: %+v", l)
+
+		require.NoError(t, store.Load(ctx, "A", 5))
+		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]))
+		rem := remaining(t, store, "A")
+		assert.EqualValues(t, 3, rem)
+		assert.EqualValues(t, 2, levels(t, r, "A").Sold)
+	})
+}
+
+// TestDefaultLoggerIsSlogDefault: a Reserver made without WithLogger logs to slog.Default(),
+// so the call for a human is seen by a default setup.
+func TestDefaultLoggerIsSlogDefault(t *testing.T) {
+	logs := &logBuffer{}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(logs, nil)))
+	defer slog.SetDefault(prev)
+	ctx := context.Background()
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			r := newReserver(t, b.Client(t)) // no WithLogger
+			require.NoError(t, r.Load(ctx, "A", 5))
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
+			rl := newRelay(t, r, memstore.New(), nil, nil)
+			_, err := rl.Once(ctx)
+			require.ErrorIs(t, err, stock.ErrNotLoaded)
+			assert.Contains(t, logs.b.String(), notLoadedLog)
+			assert.Contains(t, logs.b.String(), "level=ERROR")
+		})
+	}
+}
+
+// TestPreheatLoadsStoreAndRedis: stockops.Preheat puts an item on sale on both sides from the
+// database of record's stock, and a sale reaches the store.
+func TestPreheatLoadsStoreAndRedis(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		ctx := context.Background()
+		r := newReserver(t, c)
+		store := memstore.New()
+		n, err := stockops.Preheat(ctx, r, store, "A", 10)
+		require.NoError(t, err)
+		assert.EqualValues(t, 10, n)
+		assert.EqualValues(t, 10, levels(t, r, "A").Available)
+
+		// The store's row wins over qty: the database of record had 7 left.
+		store.Set("B", 7)
+		n, err = stockops.Preheat(ctx, r, store, "B", 10)
+		require.NoError(t, err)
+		assert.EqualValues(t, 7, n)
+		assert.EqualValues(t, 7, levels(t, r, "B").Available)
+
+		// Again: a live sale is not clobbered.
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
+		_, err = stockops.Preheat(ctx, r, store, "A", 10)
+		require.ErrorIs(t, err, stock.ErrLoaded)
+		assert.EqualValues(t, 9, levels(t, r, "A").Available)
+
+		// Bad input changes nothing.
+		_, err = stockops.Preheat(ctx, r, store, "C", -1)
+		require.ErrorIs(t, err, stock.ErrInvalid)
+		_, err = stockops.Preheat(ctx, r, store, "bad{name", 1)
+		require.ErrorIs(t, err, stock.ErrInvalid)
+		_, err = store.Remaining(ctx, "bad{name")
+		require.ErrorIs(t, err, stock.ErrNotLoaded)
+
+		rl := newRelay(t, r, store, nil, nil)
+		assert.Equal(t, 1, drain(t, rl).Delivered)
+		rem := remaining(t, store, "A")
+		assert.EqualValues(t, 9, rem)
+	})
+}
+
+// runThenCancel is a client that, once armed, sends the first command match accepts, then
+// cancels the caller's context and answers as a cancelled call does: the command ran in Redis,
+// the caller cannot know.
+type runThenCancel struct {
+	rueidis.Client
+	mu     sync.Mutex
+	match  func(cmd []string) bool
+	cancel context.CancelFunc
+}
+
+func (c *runThenCancel) arm(match func([]string) bool, cancel context.CancelFunc) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.match, c.cancel = match, cancel
+}
+
+func (c *runThenCancel) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	c.mu.Lock()
+	hit := c.match != nil && c.match(cmd.Commands())
+	if hit {
+		c.match = nil
+	}
+	c.mu.Unlock()
+	if !hit {
+		return c.Client.Do(ctx, cmd)
+	}
+	_ = c.Client.Do(context.WithoutCancel(ctx), cmd).Error()
+	c.cancel()
+	return c.Client.Do(ctx, c.Client.B().Ping().Build()) // ctx is done: the cancelled call's answer
+}
+
+// A relay or a reconciler stopped while the command that takes an item's lease was on its way
+// gives the lease back: the command may have run, and its lease would keep every other relay
+// and reconcile pass off the item until it ran out (a reconcile pass right after a Run stopped
+// reported the item busy).
+func TestStoppedWhileTakingTheLeaseGivesItBack(t *testing.T) {
+	const lease = "stock:{A}:rl"
+	for _, who := range []string{"relay", "reconciler"} {
+		t.Run(who, func(t *testing.T) {
+			m, c := redistest.Miniredis(t)
+			rc := &runThenCancel{Client: c}
+			r := newReserver(t, rc)
+			store := memstore.New()
+			ctx := context.Background()
+			for _, sku := range []string{"A", "B"} {
+				require.NoError(t, r.Load(ctx, sku, 5))
+				require.NoError(t, store.Load(ctx, sku, 5))
+			}
+			relay := newRelay(t, r, store, nil, nil)
+			rec := newReconciler(t, r, store, nil)
+			// Every script is loaded: the armed command runs, it is not refused as NOSCRIPT.
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
+			_, err := relay.Once(ctx)
+			require.NoError(t, err)
+			_, err = rec.Pass(ctx)
+			require.NoError(t, err)
+
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1}))
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			if who == "relay" {
+				rc.arm(func(cmd []string) bool { // the claim script, which takes the lease
+					return (cmd[0] == "EVALSHA" || cmd[0] == "FCALL") && slices.Contains(cmd, lease)
+				}, cancel)
+				_, err = relay.Once(cctx)
+			} else {
+				rc.arm(func(cmd []string) bool {
+					return cmd[0] == "SET" && len(cmd) > 1 && cmd[1] == lease && slices.Contains(cmd, "NX")
+				}, cancel)
+				_, err = rec.Pass(cctx)
+			}
+			require.ErrorIs(t, err, context.Canceled)
+			require.False(t, m.Exists(lease), "the lease taken by the cancelled call is left: %q", m.Keys())
+		})
+	}
 }
