@@ -1,7 +1,6 @@
 package stock_test
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"sync"
@@ -30,7 +29,6 @@ func BenchmarkDeductSoldOut(b *testing.B) {
 func benchDeducts(b *testing.B, qty int64, user string, want error) {
 	for _, be := range redistest.Backends(b) {
 		b.Run(be.Name, func(b *testing.B) {
-			ctx := context.Background()
 			r, err := stock.New(be.Client(b))
 			if err != nil {
 				b.Fatal(err)
@@ -69,7 +67,6 @@ func TestLedgerBytesPerEntry(t *testing.T) {
 		if be.Name != "standalone" {
 			continue // miniredis has no MEMORY USAGE; a cluster node would say the same
 		}
-		ctx := context.Background()
 		c := be.Client(t)
 		r, err := stock.New(c)
 		if err != nil {

@@ -28,7 +28,6 @@ import (
 // drift in them.
 func TestBucketedDurablePath(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(3), stock.WithBuckets(func(string) int { return 3 }))
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "b:~x", 29)) // one unit less than Redis
@@ -94,7 +93,6 @@ func TestBucketedDurablePath(t *testing.T) {
 // their buckets.
 func TestBucketedRefusalAndQueuePath(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return 3 }))
 
 		// The store has 1 unit of the 3 Redis sells: two sales are refused and given back.
@@ -163,7 +161,6 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 // events of its buckets.
 func TestBucketedRelayItems(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return 3 }))
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "ri", 10))
@@ -195,7 +192,6 @@ func storeAgrees(t *testing.T, r *stock.Reserver, store *memstore.Store, sku str
 // order the relay walks the buckets in, and refuses none of the acknowledged sales.
 func TestBucketedOrderRestockThenSale(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
 		store := memstore.New()
@@ -218,7 +214,6 @@ func TestBucketedOrderRestockThenSale(t *testing.T) {
 // to another bucket where it is sold again: the Store gets the restore first.
 func TestBucketedOrderRestoreThenSale(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
 		store := memstore.New()
@@ -251,7 +246,6 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 // once the restock is delivered they follow.
 func TestBucketedOrderBarrierWaits(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
 		store := memstore.New()
@@ -301,7 +295,6 @@ func TestBucketedOrderBarrierWaits(t *testing.T) {
 // a sale it is short for) refuses none, and ends where Redis does.
 func TestBucketedOrderConcurrent(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
 		store := memstore.New()
@@ -369,7 +362,6 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 // restock is applied: none is refused.
 func TestBucketedOrderConsume(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
 		store := memstore.New()
@@ -445,7 +437,6 @@ func bucketKeys(sku string) (keys []*protocol.Keys, members []string) {
 // only its retirement mark), and that the registry no longer lists them.
 func assertRetired(t *testing.T, c rueidis.Client, sku string) {
 	t.Helper()
-	ctx := context.Background()
 	keys, members := bucketKeys(sku)
 	for _, k := range keys {
 		for _, key := range k.All()[1:] {
@@ -468,7 +459,6 @@ func assertRetired(t *testing.T, c rueidis.Client, sku string) {
 // them, give-backs and a confirmed hold, so that every kind of bucket key exists), and delists it.
 func delistedSplitItem(t *testing.T, c rueidis.Client, sku string) rig {
 	t.Helper()
-	ctx := context.Background()
 	g := newSplitRig(t, c, sku, 30)
 	for i := range 12 {
 		must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
@@ -509,7 +499,6 @@ func delistedSplitItem(t *testing.T, c rueidis.Client, sku string) rig {
 // ErrNotLoaded, and Load may load the item again.
 func TestBucketedDelistRetires(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := delistedSplitItem(t, c, "sp")
 		require.ErrorIs(t, g.r.Delist(ctx, "ghost"), stock.ErrNotLoaded)
 		must(t)(g.r.Restore(ctx, "sp", "o2")) // the pipeline still works
@@ -554,7 +543,6 @@ func TestBucketedDelistRetires(t *testing.T) {
 // retiring without comparing or rebuilding anything.
 func TestBucketedRetireCut(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := delistedSplitItem(t, c, "sp")
 		drain(t, g.relay)
 		time.Sleep(10 * time.Millisecond)
@@ -598,7 +586,6 @@ func TestBucketedRetireCut(t *testing.T) {
 // retire it. A second Delist finishes it, and a pass then retires it.
 func TestBucketedDelistCut(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newSplitRig(t, c, "sp", 9)
 		for i := range 6 {
 			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "sp", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
@@ -635,7 +622,6 @@ func TestBucketedDelistCut(t *testing.T) {
 // completed, a pass retires the item.
 func TestBucketedRetireWaitsForTransfer(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := delistedSplitItem(t, c, "sp")
 		drain(t, g.relay)
 		keys, _ := bucketKeys("sp")

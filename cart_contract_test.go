@@ -22,7 +22,6 @@ import (
 
 func TestDeductMany(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		for _, sku := range []string{"A", "B", "C"} {
 			require.NoError(t, r.Load(ctx, sku, 5))
@@ -73,7 +72,6 @@ func TestDeductMany(t *testing.T) {
 
 func TestDeductManyUserLimitPerItem(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "A", 10))
 		require.NoError(t, r.Load(ctx, "B", 10))
@@ -87,7 +85,6 @@ func TestDeductManyUserLimitPerItem(t *testing.T) {
 
 func TestHoldMany(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 5))
 		require.NoError(t, r.Load(ctx, "B", 5))
@@ -120,7 +117,6 @@ func TestGroupedCartsConcurrent(t *testing.T) {
 
 func cartsConcurrent(t *testing.T, c rueidis.Client, opts ...stock.Option) {
 	{
-		ctx := context.Background()
 		r := newReserver(t, c, opts...)
 		skus := []string{"A", "B", "C", "D"}
 		for _, sku := range skus {
@@ -180,7 +176,6 @@ func cartsConcurrent(t *testing.T, c rueidis.Client, opts ...stock.Option) {
 
 func TestGroupedCartOneScript(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		shoes := func(sku string) string {
 			if strings.HasPrefix(sku, "shoe-") {
 				return "shoe"
@@ -262,7 +257,6 @@ func requireCartRefusal(t *testing.T, err error, sku string, want error, msgAndA
 // another user, is ErrConflict and changes nothing; the owner's retry is still a replay.
 func TestCartOtherUserConflict(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		loadItems(t, r, map[string]int64{"A": 5, "B": 5})
 		lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}
 		alice := stock.Cart{ID: "order-7", User: "alice", Lines: lines}
@@ -290,7 +284,6 @@ func TestCartOtherUserConflict(t *testing.T) {
 // cart: the retry answers the cart's outcome and gives back none of the lines it kept.
 func TestCartRetryAfterPartialRestore(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		loadItems(t, r, map[string]int64{"A": 5, "B": 5, "C": 5})
 		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
 		first := mustCart(t)(r.DeductMany(ctx, cart))
@@ -330,7 +323,6 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 func TestCartConcurrentCopies(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
 		saga := strings.HasSuffix(t.Name(), "/saga")
-		ctx := context.Background()
 		const carts, copies = 40, 8
 		loadItems(t, r, map[string]int64{"A": carts, "B": 3, "C": carts}) // B is scarce: carts and single deducts compete for it
 		type answer struct {
@@ -396,7 +388,6 @@ func TestCartConcurrentCopies(t *testing.T) {
 // refusal for every later copy too, not only for the attempt that found it.
 func TestCartRefusalSameForEveryCopy(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		loadItems(t, r, map[string]int64{"A": 5, "B": 1})
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
@@ -429,7 +420,6 @@ func TestKeysInjective(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for name, group := range groups {
 			t.Run(name, func(t *testing.T) {
-				ctx := context.Background()
 				opts := []stock.Option{stock.WithPrefix("k" + name), stock.WithUserLimit(5)}
 				if group != nil {
 					opts = append(opts, stock.WithGroups(group))
@@ -482,7 +472,6 @@ func TestReplicaAckGroupedCart(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("real-server test: set STOCK_REDIS_SERVER to run it")
 	}
-	ctx := context.Background()
 	primary := redistest.StartServer(t)
 	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
 	rc := replica.Client(t)
@@ -507,7 +496,6 @@ func TestReplicaAckGroupedCart(t *testing.T) {
 }
 
 func ExampleReserver_DeductMany_retry() {
-	ctx := context.Background()
 	r, _, done := exampleReserver()
 	defer done()
 	for _, sku := range []string{"shirt", "cap"} {
@@ -534,7 +522,6 @@ func ExampleReserver_DeductMany_retry() {
 // script that fails halfway).
 func TestRestoreChecksBeforeWriting(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(0))
 		require.NoError(t, r.Load(ctx, "A", 5))
 		must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute))
@@ -564,7 +551,6 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 // reads no units) answering as before, with or without a limit.
 func TestDeductCorruptUserUnits(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		for _, limit := range []int64{0, 3} {
 			sku := fmt.Sprint("cu", limit)
 			r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithUserLimit(limit), stock.WithCoalescing(0))
@@ -589,7 +575,6 @@ func TestDeductCorruptUserUnits(t *testing.T) {
 // answer the same receipts' quantities.
 func TestCartCopiesOneNotReplayed(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		loadItems(t, r, map[string]int64{"A": 1000, "B": 1000, "C": 1000})
 		for round := range 5 {
 			cart := stock.Cart{ID: fmt.Sprint("c", round), User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}

@@ -53,7 +53,6 @@ func TestMalformedReplyIsUnknownOutcome(t *testing.T) {
 		"pair, not triple": mock.RedisArray(mock.RedisInt64(0), mock.RedisInt64(9)),
 	}
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		honest := newReserver(t, c)
 		require.NoError(t, honest.Load(ctx, "A", 100))
 		n := 0
@@ -106,7 +105,6 @@ func TestFailoverAndNotReplicatedObserved(t *testing.T) {
 	if os.Getenv(redistest.EnvServer) == "" {
 		t.Skip("needs a real redis-server (INFO for the guard, WAIT): set " + redistest.EnvServer)
 	}
-	ctx := context.Background()
 	srv := redistest.StartServer(t)
 	var mu sync.Mutex
 	seen := map[string]int{}
@@ -157,7 +155,6 @@ func conflictSays(t *testing.T, err error, says []string, not ...string) {
 // cart its lines), never a field that is the same, on plain and split items and for carts.
 func TestConflictSaysWhatDiffers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithBuckets(func(sku string) int {
 			if strings.HasPrefix(sku, "S") {
 				return 3

@@ -104,7 +104,6 @@ func eachPolicyBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 // fixed lifts the refusal.
 func TestEvictingPolicyRefusesWrites(t *testing.T) {
 	eachPolicyBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		for _, policy := range []string{"allkeys-lru", "volatile-ttl"} {
 			setPolicy(t, c, policy)
 			r := newReserver(t, c) // New does not fail: it sends nothing
@@ -176,7 +175,6 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 // loudly, through the Reserver's logger.
 func TestEvictionAllowedWarnsOnce(t *testing.T) {
 	eachPolicyBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		setPolicy(t, c, "allkeys-lru")
 		w := &warnings{}
 		r := newReserver(t, c, stock.WithEvictionAllowed(), stock.WithLogger(slog.New(w)))
@@ -263,7 +261,6 @@ func TestMemoryPolicyCheckedAgainAfterRedisWasDown(t *testing.T) {
 // from then on.
 func TestReconcileReportsEvictingPolicy(t *testing.T) {
 	eachPolicyBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		w := &warnings{}
 		r := newReserver(t, c, stock.WithLogger(slog.New(w)))
 		require.NoError(t, r.Load(ctx, "x", 10))
@@ -284,7 +281,6 @@ func TestReconcileReportsEvictedKeys(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("needs a real redis-server (STOCK_REDIS_SERVER): miniredis does not evict")
 	}
-	ctx := context.Background()
 	s := redistest.StartServer(t)
 	c := s.Client(t)
 	admin := func(args ...string) rueidis.RedisResult {

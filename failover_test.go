@@ -28,7 +28,6 @@ func TestFailoverGuard(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("real-server test: set STOCK_REDIS_SERVER to run it")
 	}
-	ctx := context.Background()
 	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 	r := newReserver(t, srv.Client(t))
 	other := newReserver(t, srv.Client(t))
@@ -74,7 +73,6 @@ func TestFailoverGuard(t *testing.T) {
 // guard runs there, and Ready returns nil.)
 func TestFreshDeploymentIsNotFenced(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		store := memstore.New()
 		for _, sku := range []string{"A", "B"} {
@@ -112,7 +110,6 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("real-server test: set STOCK_REDIS_SERVER to run it")
 	}
-	ctx := context.Background()
 	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 	c := srv.Client(t)
 	r := newReserver(t, c)
@@ -185,7 +182,6 @@ func registry(t *testing.T, r *stock.Reserver) []string {
 // and checks that a pass says so loudly and recovers from the store's items. Before, the pass
 // returned 0 reports and no error, and the items were never sold or relayed again.
 func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
-	ctx := context.Background()
 	r := newReserver(t, c)
 	store := memstore.New()
 	for sku, n := range map[string]int64{"A": 10, "B": 4} {
@@ -266,7 +262,6 @@ func TestRegistryLostRestart(t *testing.T) {
 // over that item alone, and reported.
 func TestRegistryEntryLost(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		store := memstore.New()
 		for _, sku := range []string{"A", "B"} {

@@ -58,7 +58,6 @@ func eachPair(t *testing.T, f func(t *testing.T, b redistest.Backend, c, c2 ruei
 // restore or restock made by another process ends the sold-out answers.
 func TestSoldOutFastPath(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		var local atomic.Int64
 		r := newReserver(t, c, stock.WithSoldOutCache(time.Minute), stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
 			if o.Local {
@@ -157,7 +156,6 @@ func takeSoon(t *testing.T, r *stock.Reserver, sku, id string) string {
 // can end the sold-out answers.
 func TestSoldOutWindow(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(time.Minute))
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "W", 1))
@@ -196,7 +194,6 @@ func TestSoldOutWindow(t *testing.T) {
 // agrees with the counts.
 func TestSoldOutRace(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		other := newReserver(t, c2)
 		const loaded, restored, restocked, buyers = 50, 10, 20, 1000
@@ -281,7 +278,6 @@ func TestSoldOutRace(t *testing.T) {
 // in it too. Only then are requests answered in-process, and never a repeat of a ledger id.
 func TestSoldOutFilterBuild(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		other := newReserver(t, c2, stock.WithSoldOutCache(0))
 		const units = 3000 // a hash table, not a listpack: HSCAN pages
@@ -347,7 +343,6 @@ func TestSoldOutFastPathClockBehind(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		for _, skew := range []time.Duration{-10 * time.Minute, 10 * time.Minute} {
 			t.Run(fmt.Sprintf("%s/%v", b.Name, skew), func(t *testing.T) {
-				ctx := context.Background()
 				c, c2 := b.Pair(t)
 				r := newReserver(t, c, stock.WithSoldOutCache(time.Minute),
 					stock.WithClock(func() time.Time { return time.Now().Add(skew) }))
@@ -374,7 +369,6 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 	const n = 3
 	split := stock.WithBuckets(func(string) int { return n })
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, split, stock.WithSoldOutCache(time.Minute))
 		other := newReserver(t, c2, split)
 		seq := 0
@@ -514,7 +508,6 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 // Redis refuse one request as sold out, so that the Reserver answers the next ones in-process.
 func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver {
 	t.Helper()
-	ctx := context.Background()
 	r := newReserver(t, c)
 	require.NoError(t, r.Load(ctx, sku, 1))
 	must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "first", Qty: 1}))
@@ -546,7 +539,6 @@ func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b rediste
 // ErrSoldOut from a cached read that predates the tombstone.
 func TestFastPathTombstoneOwnWrite(t *testing.T) {
 	eachSoldOutBackend(t, "T", func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int) {
-		ctx := context.Background()
 		wrong := 0
 		for i := range tries {
 			// A new id, answered in-process: the item's state and filter are cached.
@@ -571,7 +563,6 @@ func TestFastPathTombstoneOwnWrite(t *testing.T) {
 // was taken again) and repeated at once on the same Reserver is a replay, never ErrSoldOut.
 func TestFastPathReplayOwnWrite(t *testing.T) {
 	eachSoldOutBackend(t, "R", func(t *testing.T, _ redistest.Backend, r *stock.Reserver, tries int) {
-		ctx := context.Background()
 		wrong := 0
 		last := "first"
 		for i := range tries {
@@ -604,7 +595,6 @@ func TestFastPathConcurrentRepeats(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			r := newReserver(t, b.Client(t))
 			const units, workers = 3, 16
 			rounds := 400

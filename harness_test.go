@@ -17,6 +17,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
+// ctx is the context of the tests' calls: none is cancelled from outside the test that makes it.
+var ctx = context.Background()
+
 // The helpers every test of the package uses, shared with the other packages' tests and the
 // system tests (internal/testkit).
 var (

@@ -22,7 +22,6 @@ import (
 
 func TestHoldConfirm(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(3))
 		require.NoError(t, r.Load(ctx, "A", 10))
 		req := stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 3}
@@ -56,7 +55,6 @@ func TestHoldConfirm(t *testing.T) {
 
 func TestHoldCancel(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
 		must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 4}, time.Minute))
@@ -83,7 +81,6 @@ func TestHoldCancel(t *testing.T) {
 
 func TestHoldExpiry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "A", 10))
 		mustFail(t, stock.ErrUserLimit)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, 500*time.Millisecond))
@@ -116,7 +113,6 @@ func TestHoldExpiry(t *testing.T) {
 
 func TestSweep(t *testing.T) {
 	eachBackendSerial(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		pub := newRecorder()
 		for _, sku := range []string{"A", "B"} {
@@ -145,7 +141,6 @@ func TestSweep(t *testing.T) {
 // TestHoldRace: confirm, cancel and expiry race on the same holds; exactly one wins each.
 func TestHoldRace(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 100))
 		for i := range 100 {
@@ -198,7 +193,6 @@ func TestHoldRace(t *testing.T) {
 // deadlines; the level equation holds throughout and the ledger explains the end.
 func TestHoldConcurrent(t *testing.T) {
 	eachBackendSerial(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 100})
 		stop := make(chan struct{})
 		var checks atomic.Int64
@@ -257,7 +251,6 @@ func TestHoldConcurrent(t *testing.T) {
 
 func TestCloseReopen(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.ErrorIs(t, r.CloseItem(ctx, "A"), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, "A", 10))
@@ -300,7 +293,6 @@ func holdMany(t *testing.T, r *stock.Reserver, sku, prefix string, n int, ttl ti
 // due.
 func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(0))
 		require.NoError(t, r.Load(ctx, "H", 1000))
 		const n = 200
@@ -347,7 +339,6 @@ func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 // deadline, as Deduct and Hold do.
 func TestConfirmExtendReleaseExpired(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(5))
 		require.NoError(t, r.Load(ctx, "C", 10))
 		must(t)(r.Hold(ctx, stock.Request{SKU: "C", ID: "live1", Qty: 1}, time.Minute))
@@ -375,7 +366,6 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 // accepts, on any node.
 func findKey(t *testing.T, c rueidis.Client, sku string, match func(context.Context, rueidis.Client, string) bool) string {
 	t.Helper()
-	ctx := context.Background()
 	var found []string
 	for _, n := range c.Nodes() {
 		keys, err := n.Do(ctx, n.B().Keys().Pattern("*").Build()).AsStrSlice()
@@ -411,7 +401,6 @@ func plantEntry(t *testing.T, c rueidis.Client, sku, id, v string) {
 // loaded = available + held + sold still holds and no hold is half released.
 func TestCorruptEntryAmongDueHolds(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(0))
 		require.NoError(t, r.Load(ctx, "X", 10))
 		holdMany(t, r, "X", "x", 3, 1500*time.Millisecond) // long enough for the next steps on a busy machine
@@ -455,7 +444,6 @@ func TestCorruptEntryAmongDueHolds(t *testing.T) {
 // tests).
 func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithGroups(func(string) string { return "g" }))
 		for _, sku := range []string{"g1", "g2"} {
 			require.NoError(t, r.Load(ctx, sku, 1000))
@@ -486,7 +474,6 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 // after the hold's entry was marked expired and before the counters were fixed).
 func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(0))
 		require.NoError(t, r.Load(ctx, "U", 10))
 		for i, u := range []string{"ann", "bob"} {
@@ -514,7 +501,6 @@ func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 // it: with more than 64 holds due, one call releases only 64 of them.
 func TestCancelExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(0))
 		require.NoError(t, r.Load(ctx, "K", 1000))
 		const n = 100

@@ -18,7 +18,6 @@ import (
 
 func TestObserver(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	ctx := context.Background()
 	var mu sync.Mutex
 	seen := map[string]int{}
 	var relayed int64
@@ -94,7 +93,6 @@ func (s *startRecorder) Observe(ctx context.Context, o stock.Observation) {
 // input and failure alike.
 func TestStartObserver(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	ctx := context.Background()
 	rec := &startRecorder{started: map[int]string{}}
 	r := newReserver(t, c, stock.WithObserver(rec), stock.WithOutbox(true))
 	require.NoError(t, r.Load(ctx, "A", 2))

@@ -90,7 +90,6 @@ func assertGone(t *testing.T, c rueidis.Client, base string, suffixes ...string)
 
 func TestReconcileClean(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		for i := range 10 {
 			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 2}))
@@ -108,7 +107,6 @@ func TestReconcileClean(t *testing.T) {
 
 func TestReconcileLostKey(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		deductEach(t, g.r, "A", 10)
 		drain(t, g.relay)
@@ -144,7 +142,6 @@ func TestReconcileLostKey(t *testing.T) {
 
 func TestReconcileRestartWithoutPersistence(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 20, "B": 30})
 		for i := range 8 {
 			sku := []string{"A", "B"}[i%2]
@@ -176,7 +173,6 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 
 func TestReconcileDrift(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50, "B": 50, "C": 50}, &stock.ReconcileOptions{RepairLimit: 100})
 		g.store.Set("A", 40)  // Redis too high: would sell 10 the store does not have
 		g.store.Set("B", 55)  // Redis too low
@@ -202,7 +198,6 @@ func TestReconcileDrift(t *testing.T) {
 
 func TestReconcileLostEventsAndEntries(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		for i := range 6 {
 			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1}))
@@ -231,7 +226,6 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 
 func TestReconcileTrims(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		deductEach(t, g.r, "A", 5)
 		mustFail(t, stock.ErrUnknownID)(g.r.Restore(ctx, "A", "ghost"))
@@ -250,7 +244,6 @@ func TestReconcileTrims(t *testing.T) {
 // they agree.
 func TestReconcileRace(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 300})
 		ctx2, cancel := context.WithCancel(ctx)
 		var bg sync.WaitGroup
@@ -298,7 +291,6 @@ func TestReconcileRace(t *testing.T) {
 
 func TestDelistRetires(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		deductEach(t, g.r, "A", 600) // more than one retire step of the ledger
 		// Sold out, and a refusal: the item gets its sold-out filter, which must go too.
@@ -342,7 +334,6 @@ func TestDelistRetires(t *testing.T) {
 // twice); a hold the store confirmed and then gave back is released.
 func TestReconcileHoldConfirmedInStore(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 3})
 		for _, id := range []string{"h1", "h2", "h3"} {
 			must(t)(g.r.Hold(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}, 2*time.Second))
@@ -407,7 +398,6 @@ func (s *lateConsumerStore) Records(ctx context.Context, sku string, ids []strin
 // queue that restore again: the pass reads Redis before the store.
 func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, db := reserverAndStore(t, c, map[string]int64{"A": 10})
 		var mu sync.Mutex
 		var queue []stock.Event
@@ -510,7 +500,6 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 	// bucket that made it, and its claim (in the id's home bucket) is lost with it.
 	split := stock.WithBuckets(func(string) int { return 3 })
 	loseSplit := func(t *testing.T, g rig, _ *testClock) []string {
-		ctx := context.Background()
 		for _, id := range []string{"b", "c"} {
 			for i := range 3 {
 				base := protocol.BucketBase("stock", "x", i, 3)
@@ -533,7 +522,6 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, c rueidis.Client) {
-				ctx := context.Background()
 				clock := newTestClock()
 				opts := []stock.Option{stock.WithClock(clock.now)}
 				if strings.HasSuffix(tc.name, "split item") {
@@ -676,7 +664,6 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 	for _, buckets := range []int{0, 3} {
 		t.Run(fmt.Sprint("buckets=", buckets), func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, c rueidis.Client) {
-				ctx := context.Background()
 				var opts []stock.Option
 				if buckets > 0 {
 					opts = append(opts, stock.WithBuckets(func(string) int { return buckets }))
@@ -726,7 +713,6 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 // after their delivery, leave the counters where a pass after the delivery alone leaves them,
 // with Redis's available stock on the store's books and Loaded at what was loaded and restocked.
 func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
-	ctx := context.Background()
 	cases := []struct {
 		name         string
 		first, again func(t *testing.T, r *stock.Reserver)
@@ -811,7 +797,6 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 // whatever the caller checked before.
 func TestReopenDelisted(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 10, "B": 10}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1}))
 		require.NoError(t, g.r.Delist(ctx, "A"))

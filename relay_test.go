@@ -84,7 +84,6 @@ func loadBoth(t *testing.T, r *stock.Reserver, skus map[string]int64) *memstore.
 
 func TestRelayDeliversOnce(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 100, "B": 100})
 		pub := newRecorder()
 		for i := range 60 {
@@ -116,7 +115,6 @@ func TestRelayDeliversOnce(t *testing.T) {
 
 func TestRelayStoreRefusal(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 20})
 		store.Set("A", 12) // seeded drift: the database has less
 		pub := newRecorder()
@@ -155,7 +153,6 @@ func TestRelayStoreRefusal(t *testing.T) {
 
 func TestRelayPublisherDown(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 50})
 		pub := newRecorder()
 		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
@@ -198,7 +195,6 @@ func (p *crashingPublisher) Publish(ctx context.Context, ev stock.Event) error {
 
 func TestRelayCrashRedelivers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 200})
 		rec := newRecorder()
 		deductEach(t, r, "A", 100)
@@ -224,7 +220,6 @@ func TestRelayCrashRedelivers(t *testing.T) {
 
 func TestRelaysConcurrent(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 300})
 		pub := newRecorder()
 		ctx2, cancel := context.WithCancel(ctx)
@@ -261,7 +256,6 @@ func TestRelaysConcurrent(t *testing.T) {
 
 func TestConsumeGivesBackRefusals(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 5})
 		store.Set("A", 3)
 		var evs []stock.Event
@@ -293,7 +287,6 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 // deduct that bought the unit it gave back, or the store refuses a sale Redis made correctly.
 func TestRelayKeepsOrder(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 1})
 		// Ids chosen so that sorting by name would put each deduct before the restore it follows.
 		for i := range 50 {
@@ -316,7 +309,6 @@ func TestRelayKeepsOrder(t *testing.T) {
 // hold back the item's later events, is not requeued by the reconciler, and is reported.
 func TestRelayDeadLetters(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 10})
 		store.FailWith(func(ev stock.Event) error {
 			if ev.ID == "bad" {
@@ -346,7 +338,6 @@ func TestRelayDeadLetters(t *testing.T) {
 
 func TestPending(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 5})
 		deductEach(t, r, "A", 3)
 		p, d, err := stockops.Pending(ctx, r, "A")
@@ -416,7 +407,6 @@ func deductEach(t *testing.T, r *stock.Reserver, sku string, n int) {
 // call, in sequence, and Publish is not called.
 func TestRelayUsesBatchPublisher(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 100))
 		pub := &batchRecorder{}
@@ -447,7 +437,6 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 // reach the publisher in order. With a store, the store applied each event once.
 func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		store := memstore.New()
 		require.NoError(t, r.Load(ctx, "A", 100))
@@ -492,7 +481,6 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 // which is delivered again.
 func TestRelayBatchPublisherWrongLength(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
 		short := true
@@ -549,7 +537,6 @@ const notLoadedLog = "the store does not know the item"
 // level however many passes retry them, and reach the store once the item is loaded there.
 func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		logs := &logBuffer{}
 		r := newReserver(t, c, stock.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 		require.NoError(t, r.Load(ctx, "A", 5))
@@ -611,7 +598,6 @@ func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 // gives nothing back, and applies the event once the item is loaded.
 func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithLogger(slog.New(slog.DiscardHandler)))
 		require.NoError(t, r.Load(ctx, "A", 5))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
@@ -643,7 +629,6 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(logs, nil)))
 	defer slog.SetDefault(prev)
-	ctx := context.Background()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			r := newReserver(t, b.Client(t)) // no WithLogger
@@ -662,7 +647,6 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 // database of record's stock, and a sale reaches the store.
 func TestPreheatLoadsStoreAndRedis(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		store := memstore.New()
 		n, err := stockops.Preheat(ctx, r, store, "A", 10)
@@ -741,7 +725,6 @@ func TestStoppedWhileTakingTheLeaseGivesItBack(t *testing.T) {
 			rc := &runThenCancel{Client: c}
 			r := newReserver(t, rc)
 			store := memstore.New()
-			ctx := context.Background()
 			for _, sku := range []string{"A", "B"} {
 				require.NoError(t, r.Load(ctx, sku, 5))
 				require.NoError(t, store.Load(ctx, sku, 5))

@@ -97,7 +97,6 @@ var retryConfigs = []retryConfig{
 // ---------- the matrix: Deduct/Hold retry refused, then give back and restock, then every repeat ----------
 
 func TestRetryRefusalMatrix(t *testing.T) {
-	ctx := context.Background()
 	type matrixCase struct {
 		cfg  retryConfig
 		op   string
@@ -232,7 +231,6 @@ func TestRetryRefusalMatrix(t *testing.T) {
 // ---------- the sold-out fast path sees an ErrInsufficient refusal recorded after the filter started ----------
 
 func TestRetryRefusalFastPath(t *testing.T) {
-	ctx := context.Background()
 	splits := []int{1, 3}
 	// The fast path needs client-side caching: miniredis runs none.
 	retryEach(t, true, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
@@ -303,7 +301,6 @@ func TestRetryRefusalFastPath(t *testing.T) {
 // ---------- large numbers: the Remaining a refusal recorded must come back exactly ----------
 
 func TestRetryRefusalLargeNumbers(t *testing.T) {
-	ctx := context.Background()
 	avails := []int64{999_999_999_999_999, 1_000_000_000_000_003, 4_503_599_627_370_497, stock.MaxQty - 1}
 	var names []string
 	for _, avail := range avails {
@@ -330,7 +327,6 @@ func TestRetryRefusalLargeNumbers(t *testing.T) {
 // ---------- holds that expire: the refusal stays, whatever the expiry gave back ----------
 
 func TestRetryRefusalHoldExpiry(t *testing.T) {
-	ctx := context.Background()
 	retryEachEnv(t, func(t *testing.T, cfg retryConfig, env *retryEnv) {
 		r := env.Reserver
 		r2 := newReserver(t, env.Client, cfg.opts...)
@@ -365,7 +361,6 @@ func TestRetryRefusalHoldExpiry(t *testing.T) {
 // A retry refused while a hold is due: the due hold goes back first (documented), so the
 // recorded refusal must carry the stock after that release, and so must its repeats.
 func TestRetryRefusalDueHoldFirst(t *testing.T) {
-	ctx := context.Background()
 	retryEachEnv(t, func(t *testing.T, cfg retryConfig, env *retryEnv) {
 		r := env.Reserver
 		sku := "du:e~1"
@@ -383,7 +378,6 @@ func TestRetryRefusalDueHoldFirst(t *testing.T) {
 // recorded while that build is under way (stock came back in between) must still be seen by
 // the fast path once the item is sold out again and the build is complete.
 func TestRetryRefusalFastPathMidBuild(t *testing.T) {
-	ctx := context.Background()
 	retryEach(t, true, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
 		r, r2 := retryPair(t, b)
 		sku := "mid:bu~ild"
@@ -445,7 +439,6 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 // ---------- the per-user limit ----------
 
 func TestRetryRefusalUserLimit(t *testing.T) {
-	ctx := context.Background()
 	splits := []int{1, 4}
 	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
 		split := splits[i]
@@ -490,7 +483,6 @@ func TestRetryRefusalUserLimit(t *testing.T) {
 // ---------- other operations on the refused id ----------
 
 func TestRetryRefusalOtherOps(t *testing.T) {
-	ctx := context.Background()
 	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
 		cfg := retryConfigs[i]
 		r := newReserver(t, b.Client(t), cfg.opts...)
@@ -539,7 +531,6 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 // ---------- a one-script cart (WithGroups) with the refused id ----------
 
 func TestRetryRefusalGroupCart(t *testing.T) {
-	ctx := context.Background()
 	kinds := []error{stock.ErrSoldOut, stock.ErrInsufficient}
 	retryEach(t, false, []string{stock.Outcome(kinds[0]), stock.Outcome(kinds[1])}, func(t *testing.T, b redistest.Backend, i int) {
 		kind := kinds[i]
@@ -582,7 +573,6 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 // ---------- split items: a refusal must only come when the buckets together cannot serve ----------
 
 func TestRetryRefusalBucketsNoPhantomRefusal(t *testing.T) {
-	ctx := context.Background()
 	tcs := []struct {
 		buckets   int
 		load, qty int64
@@ -632,7 +622,6 @@ var retryConcConfigs = []retryConfig{
 // Many goroutines repeat one refused id (Deduct, Hold, with and without Retry, from two
 // Reservers) while another restocks and another sells and gives back other ids.
 func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
-	ctx := context.Background()
 	type concCase struct {
 		cfg  retryConfig
 		kind error
@@ -742,7 +731,6 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 // The first attempt and its retry race each other while stock comes back: the retry's refusal,
 // if there is one, must be final: no copy of the id takes stock.
 func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
-	ctx := context.Background()
 	type raceCase struct {
 		cfg  retryConfig
 		hold bool
@@ -866,7 +854,6 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 // Retries refused on a split item while transfers move stock between buckets: every repeat
 // answers what its retry got.
 func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
-	ctx := context.Background()
 	splits := []int{3}
 	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
 		n := splits[i]
@@ -946,7 +933,6 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 // bucket (transfers), and no buyer may be refused while the item has plenty (a refused Retry
 // would be final).
 func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
-	ctx := context.Background()
 	retryEach(t, false, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return 4 }))
 		sku := "ph:an~tom"
@@ -1009,7 +995,6 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 // ---------- the relay, the reconciler and the retention ----------
 
 func TestRetryRefusalReconcile(t *testing.T) {
-	ctx := context.Background()
 	retryEachEnv(t, func(t *testing.T, cfg retryConfig, env *retryEnv) {
 		r := env.Reserver
 		store := memstore.New()
@@ -1072,7 +1057,6 @@ func TestRetryRefusalReconcile(t *testing.T) {
 // treats ErrNotReplicated as "taken" must not ship a refused order (WithReplicaAck's doc says
 // what a failover can lose of such a record).
 func TestRetryRefusalReplicaAck(t *testing.T) {
-	ctx := context.Background()
 	// miniredis has no WAIT semantics worth testing: it runs none.
 	retryEach(t, true, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
 		r := newReserver(t, b.Client(t), stock.WithReplicaAck(5, 20*time.Millisecond))
@@ -1112,7 +1096,6 @@ func TestRetryRefusalReplicaAck(t *testing.T) {
 // The guarantees say a repeat with another quantity or user is ErrConflict; the Retry doc says
 // every later request of the id gets the recorded refusal. Either way it must take nothing.
 func TestRetryRefusalRepeatOtherParams(t *testing.T) {
-	ctx := context.Background()
 	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
 		cfg := retryConfigs[i]
 		r := newReserver(t, b.Client(t), cfg.opts...)
@@ -1147,7 +1130,6 @@ func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 // ---------- long names full of ':' and '~', on split items ----------
 
 func TestRetryRefusalLongNames(t *testing.T) {
-	ctx := context.Background()
 	splits := []int{1, 64}
 	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
 		split := splits[i]
@@ -1170,7 +1152,6 @@ func TestRetryRefusalLongNames(t *testing.T) {
 // ---------- time moved by hand: WithClock on a miniredis whose clock stands still ----------
 
 func TestRetryRefusalWithClock(t *testing.T) {
-	ctx := context.Background()
 	_, c := redistest.Miniredis(t)
 	var mu sync.Mutex
 	now := time.Now()
@@ -1297,7 +1278,6 @@ func TestRetryRefusalKeepsItsKind(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for _, cf := range configs {
 			t.Run(cf.name, func(t *testing.T) {
-				ctx := context.Background()
 				r := newReserver(t, c, append([]stock.Option{stock.WithPrefix("rr-" + cf.name)}, cf.opts...)...)
 				repeat := func(sku, id string, qty int64, want error, remaining int64) {
 					t.Helper()

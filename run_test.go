@@ -22,7 +22,6 @@ import (
 // and returns the context's error.
 func TestRun(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		db := memstore.New()
 		require.NoError(t, db.Load(ctx, "A", 10))
@@ -95,7 +94,6 @@ func (s *failingStore) Apply(context.Context, stock.Event) error {
 // TestRunReturnsFirstError: a loop's error is logged and retried while Run runs, and returned
 // when its context ends; bad options are an ErrInvalid error at once.
 func TestRunReturnsFirstError(t *testing.T) {
-	ctx := context.Background()
 	_, c := redistest.Miniredis(t)
 	r := newReserver(t, c)
 	st := &failingStore{Store: memstore.New()}
@@ -157,7 +155,6 @@ func TestRelayOptionsDefaults(t *testing.T) {
 // a negative interval of RunOptions turns its loop off; the relay still delivers.
 func TestRunReconcileOff(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	ctx := context.Background()
 	var passes atomic.Int64
 	r := newReserver(t, c, stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
 		if o.Op == "reconcile" {
@@ -204,7 +201,6 @@ func (s *stuckStore) Apply(ctx context.Context, ev stock.Event) error {
 // TestRunBoundedWithStuckStore: Run returns at the latest Drain after its context ends even
 // when a Store call ignores its context, and says so; the event stays in the outbox.
 func TestRunBoundedWithStuckStore(t *testing.T) {
-	ctx := context.Background()
 	_, c := redistest.Miniredis(t)
 	r := newReserver(t, c)
 	db := &stuckStore{Store: memstore.New(), entered: make(chan struct{}), release: make(chan struct{})}
@@ -262,7 +258,6 @@ func (s *touchStore) Records(context.Context, string, []string) (map[string]stoc
 // running Run returned, Run runs again.
 func TestRunOneAtATime(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		opts := stock.RunOptions{SweepInterval: 10 * time.Millisecond}
 		const callers = 8

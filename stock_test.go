@@ -1,7 +1,6 @@
 package stock_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -22,7 +21,6 @@ import (
 
 func TestLoadAvailableLevels(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 
 		_, err := available(r.Levels(ctx, "ghost"))
@@ -55,7 +53,6 @@ func TestLoadAvailableLevels(t *testing.T) {
 
 func TestDeductOutcomes(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
 
@@ -103,7 +100,6 @@ func TestDeductOutcomes(t *testing.T) {
 
 func TestRestore(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "A", 5))
 
@@ -141,7 +137,6 @@ func TestRestore(t *testing.T) {
 
 func TestRestock(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		mustFail(t, stock.ErrNotLoaded)(r.Restock(ctx, "A", "r1", 5))
 		require.NoError(t, r.Load(ctx, "A", 1))
@@ -165,7 +160,6 @@ func TestRestock(t *testing.T) {
 
 func TestUserLimit(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(1)) // one unit per user
 		require.NoError(t, r.Load(ctx, "A", 10))
 		mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
@@ -186,7 +180,6 @@ func TestUserLimit(t *testing.T) {
 // ErrInvalid naming the field, and change nothing; without a limit the option changes nothing.
 func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		split := stock.WithBuckets(func(sku string) int {
 			if strings.HasPrefix(sku, "S") {
 				return 3
@@ -241,7 +234,6 @@ func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 
 func TestBadInputChangesNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
@@ -305,7 +297,6 @@ func TestBadInputChangesNothing(t *testing.T) {
 // exponent form with tostring, miniredis does not.
 func TestLargeNumbers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "big", stock.MaxQty))
 		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345}))
@@ -325,7 +316,6 @@ func TestLargeNumbers(t *testing.T) {
 // TestScriptFlush: a SCRIPT FLUSH between calls must not surface (EVALSHA falls back to EVAL).
 func TestScriptFlush(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
 		for i := range 3 {
@@ -344,7 +334,6 @@ func TestScriptFlush(t *testing.T) {
 // there are no functions (miniredis) the scripts run as EVALSHA.
 func TestFunctionFlush(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 10))
 		functions := true
@@ -370,7 +359,6 @@ func TestFunctionFlush(t *testing.T) {
 
 func TestKeysShareOneSlotPerItem(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithPrefix("shop"))
 		// Many items, spread over the cluster's slots; every script of an item touches one slot.
 		for i := range 20 {
@@ -398,7 +386,6 @@ func TestKeysShareOneSlotPerItem(t *testing.T) {
 // TestConcurrentSellOut: 1000 goroutines race over 100 units: exactly 100 succeed.
 func TestConcurrentSellOut(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "hot", 100))
 		var ok, soldOut, other atomic.Int64
@@ -431,7 +418,6 @@ func TestConcurrentSellOut(t *testing.T) {
 // No id is applied twice and the ledger explains the levels.
 func TestConcurrentMixed(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithUserLimit(5))
 		const initial = 100
 		require.NoError(t, r.Load(ctx, "hot", initial))
@@ -514,7 +500,6 @@ func mustAtoi(s string) int {
 // attempt of the id, arriving later, is refused too; a first attempt's refusal writes nothing.
 func TestRetryRefusalIsFinal(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "A", 0))
 		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
@@ -559,7 +544,6 @@ func TestNamesRefuseFormatCharacters(t *testing.T) {
 		"tag latin small letter a":  '\U000E0061',
 	}
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		require.NoError(t, r.Load(ctx, "shoe", 10))
 		_, err := r.Deduct(ctx, stock.Request{SKU: "shoe", ID: "o1", User: "ann", Qty: 1})

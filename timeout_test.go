@@ -70,7 +70,6 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 	// the other parallel tests, its subtests beside each other, and each deployment's calls at
 	// once (each one's bound is its own).
 	t.Parallel()
-	ctx := context.Background()
 
 	t.Run("default", func(t *testing.T) {
 		t.Parallel()
