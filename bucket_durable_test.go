@@ -120,9 +120,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 			queue = append(queue, ev)
 			return nil
 		})
-		qstore := memstore.New()
-		require.NoError(t, qstore.Load(ctx, "q", 12))
-		require.NoError(t, r.Load(ctx, "q", 12))
+		qstore := loadBoth(t, r, map[string]int64{"q": 12})
 		for i := range 9 {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "q", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
@@ -162,9 +160,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 func TestBucketedRelayItems(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return 3 }))
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, "ri", 10))
-		require.NoError(t, r.Load(ctx, "ri", 10))
+		store := loadBoth(t, r, map[string]int64{"ri": 10})
 		for i := range 6 {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "ri", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 		}
@@ -194,9 +190,7 @@ func TestBucketedOrderRestockThenSale(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, "ord", 3))
-		require.NoError(t, r.Load(ctx, "ord", 3))
+		store := loadBoth(t, r, map[string]int64{"ord": 3})
 		must(t)(r.Restock(ctx, "ord", keyIn("rs", 1, n), 5))
 		buyer := keyIn("u", 0, n)
 		for i := range 8 {
@@ -216,9 +210,7 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, "rso", 6))
-		require.NoError(t, r.Load(ctx, "rso", 6))
+		store := loadBoth(t, r, map[string]int64{"rso": 6})
 		rl := newRelay(t, r, store, nil, nil)
 		// Everything sold in bucket 1 and delivered: the Store has nothing left.
 		seller := keyIn("s", 1, n)
@@ -248,9 +240,7 @@ func TestBucketedOrderBarrierWaits(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, "bw", 3))
-		require.NoError(t, r.Load(ctx, "bw", 3))
+		store := loadBoth(t, r, map[string]int64{"bw": 3})
 		must(t)(r.Restock(ctx, "bw", keyIn("rs", 1, n), 5))
 		buyer := keyIn("u", 0, n)
 		for i := range 8 {
@@ -297,9 +287,7 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, "cc", 6))
-		require.NoError(t, r.Load(ctx, "cc", 6))
+		store := loadBoth(t, r, map[string]int64{"cc": 6})
 		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Batch: 4})
 
 		var refused atomic.Int64
@@ -364,9 +352,7 @@ func TestBucketedOrderConsume(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		const n = 3
 		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := memstore.New()
-		require.NoError(t, store.Load(ctx, "qo", 3))
-		require.NoError(t, r.Load(ctx, "qo", 3))
+		store := loadBoth(t, r, map[string]int64{"qo": 3})
 		must(t)(r.Restock(ctx, "qo", keyIn("rs", 1, n), 5))
 		buyer := keyIn("u", 0, n)
 		for i := range 8 {

@@ -36,9 +36,7 @@ func TestFailoverGuard(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, fenced, "a new deployment records its baseline")
 
-	store := memstore.New()
-	require.NoError(t, r.Load(ctx, "A", 10))
-	require.NoError(t, store.Load(ctx, "A", 10))
+	store := loadBoth(t, r, map[string]int64{"A": 10})
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	fenced, err = g2.Check(ctx)
 	require.NoError(t, err)

@@ -438,9 +438,7 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := newReserver(t, c)
-		store := memstore.New()
-		require.NoError(t, r.Load(ctx, "A", 100))
-		require.NoError(t, store.Load(ctx, "A", 100))
+		store := loadBoth(t, r, map[string]int64{"A": 100})
 		failed := false
 		pub := &batchRecorder{fail: func(ev stock.Event) bool {
 			if ev.ID == "o3" && !failed {

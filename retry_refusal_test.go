@@ -11,7 +11,6 @@ package stock_test
 // The tests use only the exported API and what the docs say.
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -33,10 +33,8 @@ import (
 
 func retryPending(t *testing.T, r *stock.Reserver, sku string) int64 {
 	t.Helper()
-	p, _, err := stockops.Pending(context.Background(), r, sku)
-	if err != nil {
-		t.Fatalf("Pending(%s): %v", sku, err)
-	}
+	p, _, err := stockops.Pending(ctx, r, sku)
+	require.NoError(t, err, "Pending(%s)", sku)
 	return p
 }
 
@@ -51,34 +49,24 @@ func refused(t *testing.T, what string, want error, rem int64) func(stock.Receip
 // retryCheckRefusal checks that (rc, err) is the refusal want with Remaining rem.
 func retryCheckRefusal(t *testing.T, what string, rc stock.Receipt, err error, want error, rem int64) {
 	t.Helper()
-	if !errors.Is(err, want) {
-		t.Errorf("%s: err = %v, want %v", what, err, want)
+	if !assert.ErrorIs(t, err, want, what) {
 		return
 	}
 	other := stock.ErrSoldOut
 	if want == stock.ErrSoldOut {
 		other = stock.ErrInsufficient
 	}
-	if errors.Is(err, other) {
-		t.Errorf("%s: err %v is both kinds", what, err)
-	}
-	if rc.Remaining != rem {
-		t.Errorf("%s: Remaining = %d, want %d (err %v)", what, rc.Remaining, rem, err)
-	}
-	if rc.Replayed {
-		t.Errorf("%s: Replayed set on a refusal", what)
-	}
+	assert.NotErrorIs(t, err, other, "%s: both kinds", what)
+	assert.Equal(t, rem, rc.Remaining, "%s: Remaining (err %v)", what, err)
+	assert.False(t, rc.Replayed, "%s: Replayed set on a refusal", what)
 }
 
 func retryCheckCartRefusal(t *testing.T, what string, err error, want error, sku string) {
 	t.Helper()
 	var ce *stock.CartError
-	if !errors.As(err, &ce) {
-		t.Errorf("%s: err = %v, want a *CartError wrapping %v", what, err, want)
-		return
-	}
-	if ce.SKU != sku || !errors.Is(err, want) {
-		t.Errorf("%s: err = %v (sku %q), want %v on %q", what, err, ce.SKU, want, sku)
+	if assert.ErrorAs(t, err, &ce, "%s: want a *CartError wrapping %v", what, want) {
+		assert.Equal(t, sku, ce.SKU, what)
+		assert.ErrorIs(t, err, want, what)
 	}
 }
 
@@ -103,17 +91,16 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		kind error
 	}
 	var cases []matrixCase
-	var names []string
 	for _, cfg := range retryConfigs {
 		for _, op := range []string{"deduct", "hold"} {
-			for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
+			for _, kind := range retryKinds {
 				cases = append(cases, matrixCase{cfg, op, kind})
-				names = append(names, fmt.Sprintf("%s/%s/%s", cfg.name, op, stock.Outcome(kind)))
 			}
 		}
 	}
-	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
-		cfg, op, kind := cases[i].cfg, cases[i].op, cases[i].kind
+	name := func(c matrixCase) string { return fmt.Sprintf("%s/%s/%s", c.cfg.name, c.op, stock.Outcome(c.kind)) }
+	retryEach(t, false, cases, name, func(t *testing.T, b redistest.Backend, c matrixCase) {
+		cfg, op, kind := c.cfg, c.op, c.kind
 		r, r2 := retryPair(t, b, cfg.opts...)
 		var err error
 		sku := "it:em~X"
@@ -137,14 +124,9 @@ func TestRetryRefusalMatrix(t *testing.T) {
 			rc, err = r.Hold(ctx, req, time.Hour)
 		}
 		retryCheckRefusal(t, "the retry", rc, err, kind, rem)
-		recorded, err := r.Ledger(ctx, sku, id)
-		if err != nil {
-			t.Fatalf("Ledger of the refused retry: %v", err)
-		}
+		recorded := entry(t, r, sku, id)
 		t.Logf("recorded: %+v", recorded)
-		if recorded.Taken() {
-			t.Errorf("the refused retry's entry is Taken: %+v", recorded)
-		}
+		assert.False(t, recorded.Taken(), "the refused retry's entry is Taken: %+v", recorded)
 		checkLedger(t, r, sku, 3)
 
 		// Stock comes back: a restore, a cancel, a restock.
@@ -171,31 +153,21 @@ func TestRetryRefusalMatrix(t *testing.T) {
 			{"second Reserver Deduct", func() (stock.Receipt, error) { return r2.Deduct(ctx, plain) }},
 			{"second Reserver Hold Retry", func() (stock.Receipt, error) { return r2.Hold(ctx, req, time.Minute) }},
 		}
-		for i := 0; i < 1; i++ {
-			for _, rp := range repeats {
-				before := levels(t, r, sku)
-				pb := retryPending(t, r, sku)
-				refused(t, rp.name, kind, rem)(rp.f())
-				after := levels(t, r, sku)
-				if before != after {
-					t.Errorf("%s changed the levels: %+v -> %+v", rp.name, before, after)
-				}
-				if pa := retryPending(t, r, sku); pa != pb {
-					t.Errorf("%s queued events: pending %d -> %d", rp.name, pb, pa)
-				}
-			}
+		for _, rp := range repeats {
+			before, pb := levels(t, r, sku), retryPending(t, r, sku)
+			refused(t, rp.name, kind, rem)(rp.f())
+			assert.Equal(t, before, levels(t, r, sku), "%s changed the levels", rp.name)
+			assert.Equal(t, pb, retryPending(t, r, sku), "%s queued events", rp.name)
 		}
 		// Carts with the same id: the line of sku must refuse, and the other item is
 		// given back whole.
 		ob := levels(t, r, other)
 		sb := levels(t, r, sku)
 		cart := stock.Cart{ID: id, User: user, Lines: []stock.Line{{SKU: other, Qty: 1}, {SKU: sku, Qty: qty}}}
-		_, err = r.HoldMany(ctx, stock.Cart{ID: id + "h", User: user, Lines: []stock.Line{{SKU: sku, Qty: qty}}}, time.Hour)
-		if err != nil {
-			t.Errorf("HoldMany of another id: %v", err) // sanity: there is stock
-		} else if _, err := r.CancelMany(ctx, id+"h", sku); err != nil {
-			t.Fatal(err)
-		}
+		mustCart(t, "HoldMany of another id: there is stock")(
+			r.HoldMany(ctx, stock.Cart{ID: id + "h", User: user, Lines: []stock.Line{{SKU: sku, Qty: qty}}}, time.Hour))
+		_, err = r.CancelMany(ctx, id+"h", sku)
+		require.NoError(t, err)
 		for i, rr := range []*stock.Reserver{r2, r} {
 			if op == "deduct" {
 				_, err = rr.DeductMany(ctx, cart)
@@ -204,27 +176,17 @@ func TestRetryRefusalMatrix(t *testing.T) {
 			}
 			retryCheckCartRefusal(t, fmt.Sprintf("cart of the id, copy %d", i), err, kind, sku)
 		}
-		if oa := levels(t, r, other); oa != ob {
-			t.Errorf("the refused cart kept stock of %s: %+v -> %+v", other, ob, oa)
-		}
-		if sa := levels(t, r, sku); sa != sb {
-			t.Errorf("the refused carts changed %s: %+v -> %+v", sku, sb, sa)
-		}
+		assert.Equal(t, ob, levels(t, r, other), "the refused cart kept stock of %s", other)
+		assert.Equal(t, sb, levels(t, r, sku), "the refused carts changed %s", sku)
 		// After the carts, still the same answer.
 		refused(t, "Deduct after carts", kind, rem)(r.Deduct(ctx, plain))
 		refused(t, "Hold Retry after carts", kind, rem)(r2.Hold(ctx, req, time.Hour))
 
-		got := entry(t, r, sku, id)
-		if got != recorded {
-			t.Errorf("the recorded refusal changed: %+v -> %+v", recorded, got)
-		}
+		assert.Equal(t, recorded, entry(t, r, sku, id), "the recorded refusal changed")
 		checkLedger(t, r, sku, 3)
 		checkLedger(t, r, other, 5)
 		// The stock is all there for others: the repeats took none.
-		lv := levels(t, r, sku)
-		if lv.Available != 13-int64(b2i(kind == stock.ErrSoldOut)) {
-			t.Errorf("available %d after the repeats, levels %+v", lv.Available, lv)
-		}
+		assert.Equal(t, 13-int64(b2i(kind == stock.ErrSoldOut)), levels(t, r, sku).Available, "available after the repeats")
 	})
 }
 
@@ -233,37 +195,29 @@ func TestRetryRefusalMatrix(t *testing.T) {
 func TestRetryRefusalFastPath(t *testing.T) {
 	splits := []int{1, 3}
 	// The fast path needs client-side caching: miniredis runs none.
-	retryEach(t, true, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
-		split := splits[i]
+	retryEach(t, true, splits, splitName, func(t *testing.T, b redistest.Backend, split int) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return split }))
-		var err error
 		sku := "fa:st~1"
 		require.NoError(t, r.Load(ctx, sku, 1))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}))
 		// Sold out: refusals start and complete the filter.
 		for i := 0; i < 10; i++ {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
-			if !errors.Is(err, stock.ErrSoldOut) {
-				t.Fatalf("sold-out refusal %d: %v", i, err)
-			}
+			mustFail(t, stock.ErrSoldOut, "sold-out refusal %d", i)(
+				r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1}))
 		}
 		// Two ids refused for stock by a Retry while the item is short, the filter running:
 		// one sold out (recorded Remaining 0), then restock 2 and one insufficient.
 		idS, idI := "rt:so~1", "rt:in~1"
 		refused(t, "retry sold out", stock.ErrSoldOut, 0)(r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true}))
 		must(t)(r.Restock(ctx, sku, "rs:1", 2))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})
-		remI := rc.Remaining
-		if !errors.Is(err, stock.ErrInsufficient) || remI <= 0 {
-			t.Fatalf("retry insufficient: %+v %v", rc, err)
-		}
+		remI := mustFail(t, stock.ErrInsufficient, "retry insufficient")(
+			r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})).Remaining
+		require.Positive(t, remI, "retry insufficient")
 		// Sold out again.
 		must(t)(r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}))
 		for i := 0; i < 10; i++ {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1})
-			if !errors.Is(err, stock.ErrSoldOut) {
-				t.Fatalf("sold-out refusal %d: %v", i, err)
-			}
+			mustFail(t, stock.ErrSoldOut, "sold-out refusal %d", i)(
+				r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1}))
 		}
 		before := stockops.SoldOutAnswers(r)
 		for i := 0; i < 20; i++ {
@@ -282,10 +236,8 @@ func TestRetryRefusalFastPath(t *testing.T) {
 					rr.Hold(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}, time.Minute))
 				refused(t, fmt.Sprintf("repeat sold out via reserver %d", j), stock.ErrSoldOut, 0)(
 					rr.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1}))
-				rc, err = rr.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2})
-				if err != nil || !rc.Replayed {
-					t.Errorf("replay of a sale under the fast path: %+v %v", rc, err)
-				}
+				rc := must(t, "replay of a sale under the fast path")(rr.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}))
+				assert.True(t, rc.Replayed, "replay of a sale under the fast path")
 			}
 		}
 		// Stock back: the recorded ids stay refused, with the recorded Remaining.
@@ -302,21 +254,14 @@ func TestRetryRefusalFastPath(t *testing.T) {
 
 func TestRetryRefusalLargeNumbers(t *testing.T) {
 	avails := []int64{999_999_999_999_999, 1_000_000_000_000_003, 4_503_599_627_370_497, stock.MaxQty - 1}
-	var names []string
-	for _, avail := range avails {
-		names = append(names, fmt.Sprintf("%d", avail))
-	}
-	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
-		avail := avails[i]
+	retryEach(t, false, avails, func(a int64) string { return fmt.Sprint(a) }, func(t *testing.T, b redistest.Backend, avail int64) {
 		r := newReserver(t, b.Client(t))
 		sku := "big:~1"
 		require.NoError(t, r.Load(ctx, sku, avail))
 		req := stock.Request{SKU: sku, ID: "big:id~", User: "u", Qty: stock.MaxQty, Retry: true}
 		refused(t, "retry", stock.ErrInsufficient, avail)(r.Deduct(ctx, req))
-		e, err := r.Ledger(ctx, sku, req.ID)
-		if err != nil || e.Qty != stock.MaxQty || e.After != avail {
-			t.Errorf("ledger: %+v %v", e, err)
-		}
+		e := entry(t, r, sku, req.ID)
+		assert.Equal(t, []int64{stock.MaxQty, avail}, []int64{e.Qty, e.After}, "ledger: %+v", e)
 		req.Retry = false
 		refused(t, "late first attempt", stock.ErrInsufficient, avail)(r.Deduct(ctx, req))
 		refused(t, "hold", stock.ErrInsufficient, avail)(r.Hold(ctx, req, time.Minute))
@@ -350,10 +295,7 @@ func TestRetryRefusalHoldExpiry(t *testing.T) {
 			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}))
 		refused(t, "hold retry after sweep", stock.ErrSoldOut, 0)(
 			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}, time.Minute))
-		lv := levels(t, r, sku)
-		if lv.Available != 3 || lv.Held != 0 || lv.Sold != 0 {
-			t.Errorf("levels after expiry and repeats: %+v", lv)
-		}
+		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, r, sku), "levels after expiry and repeats")
 		checkLedger(t, r, sku, 3)
 	})
 }
@@ -378,7 +320,7 @@ func TestRetryRefusalDueHoldFirst(t *testing.T) {
 // recorded while that build is under way (stock came back in between) must still be seen by
 // the fast path once the item is sold out again and the build is complete.
 func TestRetryRefusalFastPathMidBuild(t *testing.T) {
-	retryEach(t, true, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
+	retryEach(t, true, []string{"all"}, itself, func(t *testing.T, b redistest.Backend, _ string) {
 		r, r2 := retryPair(t, b)
 		sku := "mid:bu~ild"
 		const n = 700
@@ -398,9 +340,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		}
 		wg.Wait()
 		// The first sold-out refusal starts the filter; its build has a long way to go.
-		if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "so:0", User: "z", Qty: 1}); !errors.Is(err, stock.ErrSoldOut) {
-			t.Fatalf("first sold out: %v", err)
-		}
+		mustFail(t, stock.ErrSoldOut, "first sold out")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "so:0", User: "z", Qty: 1}))
 		must(t)(r.Restock(ctx, sku, "rs:1", 3))
 		var ids []string
 		for i := 0; i < 60; i++ {
@@ -429,9 +369,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 				}
 			}
 		}
-		if bad > 0 {
-			t.Errorf("%d repeats of recorded refusals answered wrongly", bad)
-		}
+		assert.Zero(t, bad, "repeats of recorded refusals answered wrongly")
 		checkLedger(t, r, sku, n)
 	})
 }
@@ -440,8 +378,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 
 func TestRetryRefusalUserLimit(t *testing.T) {
 	splits := []int{1, 4}
-	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
-		split := splits[i]
+	retryEach(t, false, splits, splitName, func(t *testing.T, b redistest.Backend, split int) {
 		r := newReserver(t, b.Client(t), stock.WithUserLimit(2), stock.WithBuckets(func(string) int { return split }))
 		sku := "li:mit~"
 		u := "al:ice~"
@@ -465,14 +402,9 @@ func TestRetryRefusalUserLimit(t *testing.T) {
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true})
 		retryCheckRefusal(t, "repeat x:2 after restores", rc, err, stock.ErrSoldOut, 0)
 		// The repeats counted nothing against u: u may still take 2.
-		if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:1", User: u, Qty: 2}); err != nil {
-			t.Errorf("u cannot take 2 after the repeats: %+v %v", rc, err)
-		}
+		must(t, "u cannot take 2 after the repeats")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:1", User: u, Qty: 2}))
 		// A retry refused for the limit records nothing (only stock refusals are recorded).
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "v:1", User: u, Qty: 1, Retry: true})
-		if !errors.Is(err, stock.ErrUserLimit) {
-			t.Errorf("retry over the limit: %+v %v", rc, err)
-		}
+		mustFail(t, stock.ErrUserLimit, "retry over the limit")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "v:1", User: u, Qty: 1, Retry: true}))
 		if e, err := r.Ledger(ctx, sku, "v:1"); !errors.Is(err, stock.ErrUnknownID) {
 			t.Logf("note: a retry refused for the limit left an entry: %+v %v", e, err)
 		}
@@ -483,8 +415,7 @@ func TestRetryRefusalUserLimit(t *testing.T) {
 // ---------- other operations on the refused id ----------
 
 func TestRetryRefusalOtherOps(t *testing.T) {
-	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
-		cfg := retryConfigs[i]
+	retryEach(t, false, retryConfigs, cfgName, func(t *testing.T, b redistest.Backend, cfg retryConfig) {
 		r := newReserver(t, b.Client(t), cfg.opts...)
 		sku := "op:s~"
 		id := "x:~1"
@@ -506,18 +437,12 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 		for _, st := range steps {
 			rc, err := st.f()
 			t.Logf("%s: %+v %v", st.name, rc, err)
-			if err == nil {
-				t.Errorf("%s of a refused id succeeded: %+v", st.name, rc)
-			}
-			if lv := levels(t, r, sku); lv != lv0 {
-				t.Errorf("%s changed the levels: %+v -> %+v", st.name, lv0, lv)
-			}
+			assert.Error(t, err, "%s of a refused id succeeded: %+v", st.name, rc)
+			assert.Equal(t, lv0, levels(t, r, sku), "%s changed the levels", st.name)
 			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
 			retryCheckRefusal(t, "repeat after "+st.name, rc, err, stock.ErrInsufficient, 1)
 		}
-		if got, err := r.Ledger(ctx, sku, id); err != nil || got != recorded {
-			t.Errorf("the recorded refusal changed: %+v -> %+v %v", recorded, got, err)
-		}
+		assert.Equal(t, recorded, entry(t, r, sku, id), "the recorded refusal changed")
 		// A closed item: what does the repeat answer?
 		require.NoError(t, r.CloseItem(ctx, sku))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
@@ -531,9 +456,7 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 // ---------- a one-script cart (WithGroups) with the refused id ----------
 
 func TestRetryRefusalGroupCart(t *testing.T) {
-	kinds := []error{stock.ErrSoldOut, stock.ErrInsufficient}
-	retryEach(t, false, []string{stock.Outcome(kinds[0]), stock.Outcome(kinds[1])}, func(t *testing.T, b redistest.Backend, i int) {
-		kind := kinds[i]
+	retryEach(t, false, retryKinds, stock.Outcome, func(t *testing.T, b redistest.Backend, kind error) {
 		r := newReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "gr:p~" }))
 		var err error
 		a, x := "a:item~", "x:item~"
@@ -561,9 +484,7 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 				retryCheckCartRefusal(t, fmt.Sprintf("group cart (hold %v)", hold), err, kind, x)
 			}
 		}
-		if lv := levels(t, r, a); lv != la {
-			t.Errorf("the group cart changed %s: %+v -> %+v", a, la, lv)
-		}
+		assert.Equal(t, la, levels(t, r, a), "the group cart changed %s", a)
 		refused(t, "repeat after the carts", kind, load)(r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2}))
 		checkLedger(t, r, x, load)
 		checkLedger(t, r, a, 5)
@@ -573,16 +494,13 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 // ---------- split items: a refusal must only come when the buckets together cannot serve ----------
 
 func TestRetryRefusalBucketsNoPhantomRefusal(t *testing.T) {
-	tcs := []struct {
+	type split struct {
 		buckets   int
 		load, qty int64
-	}{{64, 64, 64}, {64, 640, 600}, {16, 33, 33}, {7, 100, 99}}
-	var names []string
-	for _, tc := range tcs {
-		names = append(names, fmt.Sprintf("%d-%d-%d", tc.buckets, tc.load, tc.qty))
 	}
-	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
-		tc := tcs[i]
+	tcs := []split{{64, 64, 64}, {64, 640, 600}, {16, 33, 33}, {7, 100, 99}}
+	name := func(tc split) string { return fmt.Sprintf("%d-%d-%d", tc.buckets, tc.load, tc.qty) }
+	retryEach(t, false, tcs, name, func(t *testing.T, b redistest.Backend, tc split) {
 		r := newReserver(t, b.Client(t), stock.WithBuckets(func(string) int { return tc.buckets }))
 		sku := "sp:lit~"
 		require.NoError(t, r.Load(ctx, sku, tc.load))
@@ -596,17 +514,12 @@ func TestRetryRefusalBucketsNoPhantomRefusal(t *testing.T) {
 		}
 		// Over: one more than the whole.
 		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1, Retry: true}, time.Minute)
-		if !errors.Is(err, stock.ErrInsufficient) && !errors.Is(err, stock.ErrSoldOut) {
-			t.Errorf("over-ask: %+v %v", rc, err)
-		}
-		if errors.Is(err, stock.ErrSoldOut) && rc.Remaining != 0 || errors.Is(err, stock.ErrInsufficient) && rc.Remaining == 0 {
-			t.Errorf("refusal kind does not match its Remaining: %+v %v", rc, err)
-		}
+		assert.True(t, errors.Is(err, stock.ErrInsufficient) || errors.Is(err, stock.ErrSoldOut), "over-ask: %+v %v", rc, err)
+		assert.Equal(t, errors.Is(err, stock.ErrSoldOut), rc.Remaining == 0, "refusal kind does not match its Remaining: %+v %v", rc, err)
 		kind := err
 		rc2, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1})
-		if stock.Outcome(err) != stock.Outcome(kind) || rc2.Remaining != rc.Remaining {
-			t.Errorf("repeat answered %+v %v, the retry %+v %v", rc2, err, rc, kind)
-		}
+		assert.True(t, stock.Outcome(err) == stock.Outcome(kind) && rc2.Remaining == rc.Remaining,
+			"repeat answered %+v %v, the retry %+v %v", rc2, err, rc, kind)
 		levels(t, r, sku)
 	})
 }
@@ -627,15 +540,14 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		kind error
 	}
 	var cases []concCase
-	var names []string
 	for _, cfg := range retryConcConfigs {
-		for _, kind := range []error{stock.ErrSoldOut, stock.ErrInsufficient} {
+		for _, kind := range retryKinds {
 			cases = append(cases, concCase{cfg, kind})
-			names = append(names, cfg.name+"/"+stock.Outcome(kind))
 		}
 	}
-	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
-		cfg, kind := cases[i].cfg, cases[i].kind
+	name := func(c concCase) string { return c.cfg.name + "/" + stock.Outcome(c.kind) }
+	retryEach(t, false, cases, name, func(t *testing.T, b redistest.Backend, c concCase) {
+		cfg, kind := c.cfg, c.kind
 		r, r2 := retryPair(t, b, cfg.opts...)
 		sku := "co:nc~1"
 		load := int64(2)
@@ -656,9 +568,8 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		go func() { // restocker
 			defer wg.Done()
 			for i := 0; i < restocks; i++ {
-				if _, err := r2.Restock(ctx, sku, fmt.Sprintf("rs:%d~", i), 1); err != nil {
-					t.Error(err)
-				}
+				_, err := r2.Restock(ctx, sku, fmt.Sprintf("rs:%d~", i), 1)
+				assert.NoError(t, err)
 			}
 		}()
 		var churned int64
@@ -714,16 +625,9 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		close(stop)
 		wg.Wait()
 		t.Logf("churned %d other sales", churned)
-		if len(bad) > 0 {
-			t.Errorf("%d repeats answered otherwise than %v Remaining %d, e.g. %v", len(bad), kind, load, bad[:min(len(bad), 5)])
-		}
-		if got, err := r.Ledger(ctx, sku, id); err != nil || got != recorded {
-			t.Errorf("the recorded refusal changed: %+v -> %+v %v", recorded, got, err)
-		}
-		lv := levels(t, r, sku)
-		if lv.Available != load+restocks || lv.Held != 0 || lv.Sold != 0 {
-			t.Errorf("levels %+v, want available %d and nothing held or sold", lv, load+restocks)
-		}
+		assert.Empty(t, bad, "repeats answered otherwise than %v Remaining %d", kind, load)
+		assert.Equal(t, recorded, entry(t, r, sku, id), "the recorded refusal changed")
+		assert.Equal(t, stock.Levels{Available: load + restocks, Loaded: load + restocks}, levels(t, r, sku), "nothing held or sold")
 		checkLedger(t, r, sku, load)
 	})
 }
@@ -736,15 +640,14 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 		hold bool
 	}
 	var cases []raceCase
-	var names []string
 	for _, cfg := range retryConcConfigs {
 		for _, hold := range []bool{false, true} {
 			cases = append(cases, raceCase{cfg, hold})
-			names = append(names, fmt.Sprintf("%s/hold=%v", cfg.name, hold))
 		}
 	}
-	retryEach(t, false, names, func(t *testing.T, b redistest.Backend, i int) {
-		cfg, hold := cases[i].cfg, cases[i].hold
+	name := func(c raceCase) string { return fmt.Sprintf("%s/hold=%v", c.cfg.name, c.hold) }
+	retryEach(t, false, cases, name, func(t *testing.T, b redistest.Backend, c raceCase) {
+		cfg, hold := c.cfg, c.hold
 		r, r2 := retryPair(t, b, cfg.opts...)
 		sku := "ra:ce~"
 		require.NoError(t, r.Load(ctx, sku, 0))
@@ -787,9 +690,8 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				if _, err := r2.Restock(ctx, sku, "rs:"+id, int64(1+round%2)); err != nil {
-					t.Error(err)
-				}
+				_, err := r2.Restock(ctx, sku, "rs:"+id, int64(1+round%2))
+				assert.NoError(t, err)
 			}()
 			close(start)
 			wg.Wait()
@@ -810,9 +712,7 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 					t.Errorf("round %d: unexpected answer %+v %v", round, a.rc, a.err)
 				}
 			}
-			if fresh > 1 {
-				t.Errorf("round %d: %d fresh takes of one id", round, fresh)
-			}
+			assert.LessOrEqual(t, fresh, 1, "round %d: fresh takes of one id", round)
 			if len(retryRefused) > 0 && taken > 0 {
 				t.Errorf("round %d: a retry was refused (%v, Remaining %d) yet the id took stock: %+v", round, retryRefused[0].err, retryRefused[0].rc.Remaining, answers)
 			}
@@ -831,9 +731,7 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 						matched = true
 					}
 				}
-				if !matched {
-					t.Errorf("round %d: a late copy answered %+v %v; the refused retries got e.g. %+v %v", round, late, lerr, first.rc, first.err)
-				}
+				assert.True(t, matched, "round %d: a late copy answered %+v %v; the refused retries got e.g. %+v %v", round, late, lerr, first.rc, first.err)
 			}
 			if taken > 0 {
 				takenRounds++
@@ -855,8 +753,7 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 // answers what its retry got.
 func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 	splits := []int{3}
-	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
-		n := splits[i]
+	retryEach(t, false, splits, splitName, func(t *testing.T, b redistest.Backend, n int) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return n }))
 		sku := "bu:ck~"
 		require.NoError(t, r.Load(ctx, sku, 30))
@@ -900,9 +797,8 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 10; i++ {
-				if _, err := r2.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 2); err != nil {
-					t.Error(err)
-				}
+				_, err := r2.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 2)
+				assert.NoError(t, err)
 				time.Sleep(time.Millisecond)
 			}
 		}()
@@ -933,7 +829,7 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 // bucket (transfers), and no buyer may be refused while the item has plenty (a refused Retry
 // would be final).
 func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
-	retryEach(t, false, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
+	retryEach(t, false, []string{"all"}, itself, func(t *testing.T, b redistest.Backend, _ string) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return 4 }))
 		sku := "ph:an~tom"
 		require.NoError(t, r.Load(ctx, sku, 1000))
@@ -972,22 +868,16 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 				rr := []*stock.Reserver{r, r2}[g%2]
 				for i := 0; i < 10; i++ {
 					req := stock.Request{SKU: sku, ID: fmt.Sprintf("l%d:%d", g, i), User: fmt.Sprintf("v%d~%d", g, i), Qty: 2, Retry: true}
-					if rc, err := rr.Deduct(ctx, req); err != nil {
-						t.Errorf("%s refused while the item has %d+: %+v %v", req.ID, 1000-120, rc, err)
-					}
+					rc, err := rr.Deduct(ctx, req)
+					assert.NoError(t, err, "%s refused while the item has %d+: %+v", req.ID, 1000-120, rc)
 				}
 			}(g)
 		}
 		lw.Wait()
 		close(stop)
 		wg.Wait()
-		if len(wrong) > 0 {
-			t.Errorf("%d repeats answered otherwise, e.g. %v", len(wrong), wrong[0])
-		}
-		lv := levels(t, r, sku)
-		if lv.Sold != 120 {
-			t.Errorf("levels %+v, want 120 sold", lv)
-		}
+		assert.Empty(t, wrong, "repeats answered otherwise")
+		assert.Equal(t, int64(120), levels(t, r, sku).Sold)
 		checkLedger(t, r, sku, 1000)
 	})
 }
@@ -1011,27 +901,17 @@ func TestRetryRefusalReconcile(t *testing.T) {
 		rec := newReconciler(t, r, store, nil)
 		pass := func(label string) {
 			t.Helper()
-			if _, err := relay.Once(ctx); err != nil {
-				t.Fatalf("%s: relay: %v", label, err)
-			}
+			_, err := relay.Once(ctx)
+			require.NoError(t, err, "%s: relay", label)
 			rep, err := rec.Item(ctx, sku)
-			if err != nil {
-				t.Fatalf("%s: reconcile: %v", label, err)
-			}
+			require.NoError(t, err, "%s: reconcile", label)
 			if rep.Drift != 0 || rep.Adjusted != 0 || rep.Rebuilt || rep.Requeued != 0 || rep.Rerecorded != 0 || rep.Resynced != 0 || rep.NeedsHuman != "" {
 				t.Errorf("%s: the pass found or repaired something: %s", label, rep)
 			}
-			if _, ok := func() (stock.Record, bool) {
-				m, err := store.Records(ctx, sku, []string{id})
-				require.NoError(t, err)
-				rec, ok := m[id]
-				return rec, ok
-			}(); ok {
-				t.Errorf("%s: the store has a record of the refused id", label)
-			}
-			if rem, err := store.Remaining(ctx, sku); err != nil || rem != 7 {
-				t.Errorf("%s: store remaining %d %v, want 7", label, rem, err)
-			}
+			recs, err := store.Records(ctx, sku, []string{id})
+			require.NoError(t, err)
+			assert.NotContains(t, recs, id, "%s: the store has a record of the refused id", label)
+			assert.Equal(t, int64(7), remaining(t, store, sku), "%s: store remaining", label)
 		}
 		pass("first pass")
 		refused(t, "repeat after a pass", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}))
@@ -1058,36 +938,29 @@ func TestRetryRefusalReconcile(t *testing.T) {
 // what a failover can lose of such a record).
 func TestRetryRefusalReplicaAck(t *testing.T) {
 	// miniredis has no WAIT semantics worth testing: it runs none.
-	retryEach(t, true, []string{"all"}, func(t *testing.T, b redistest.Backend, _ int) {
+	retryEach(t, true, []string{"all"}, itself, func(t *testing.T, b redistest.Backend, _ string) {
 		r := newReserver(t, b.Client(t), stock.WithReplicaAck(5, 20*time.Millisecond))
 		sku := "ack:~1"
 		require.NoError(t, r.Load(ctx, sku, 1))
 		t0 := time.Now()
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:~", User: "u", Qty: 2, Retry: true})
 		el := time.Since(t0)
-		if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 1 {
-			t.Fatalf("retry: %+v %v", rc, err)
-		}
+		require.ErrorIs(t, err, stock.ErrInsufficient, "retry")
+		require.Equal(t, int64(1), rc.Remaining, "retry")
 		t.Logf("retry refusal: %v in %v", err, el)
-		if _, err := r.Ledger(ctx, sku, "x:~"); err != nil {
-			t.Fatalf("the refusal was not recorded: %v", err)
-		}
+		entry(t, r, sku, "x:~") // the refusal was recorded
 		_, serr := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "v", Qty: 1})
 		t.Logf("a sale: %v", serr)
-		if !errors.Is(serr, stock.ErrNotReplicated) {
-			t.Fatalf("a sale without a replica: %v, want ErrNotReplicated", serr)
-		}
-		if errors.Is(err, stock.ErrNotReplicated) {
-			t.Errorf("a Retry refused for stock says ErrNotReplicated (the units were taken): %v", err)
-		}
+		require.ErrorIs(t, serr, stock.ErrNotReplicated, "a sale without a replica")
+		assert.NotErrorIs(t, err, stock.ErrNotReplicated, "a Retry refused for stock says ErrNotReplicated (the units were taken)")
+		// A restore of an unknown id, and a first refusal without Retry (the sale took the last
+		// unit): bare errors.
 		_, err = r.Restore(ctx, sku, "z:~")
-		if !errors.Is(err, stock.ErrUnknownID) || errors.Is(err, stock.ErrNotReplicated) {
-			t.Errorf("restore of an unknown id without a replica: %v, want a bare ErrUnknownID", err)
-		}
+		assert.ErrorIs(t, err, stock.ErrUnknownID)
+		assert.NotErrorIs(t, err, stock.ErrNotReplicated)
 		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:~", User: "w", Qty: 5})
-		if !errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrNotReplicated) {
-			t.Errorf("a first refusal without Retry (the sale took the last unit): %v, want a bare ErrSoldOut", err)
-		}
+		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		assert.NotErrorIs(t, err, stock.ErrNotReplicated)
 	})
 }
 
@@ -1096,8 +969,7 @@ func TestRetryRefusalReplicaAck(t *testing.T) {
 // The guarantees say a repeat with another quantity or user is ErrConflict; the Retry doc says
 // every later request of the id gets the recorded refusal. Either way it must take nothing.
 func TestRetryRefusalRepeatOtherParams(t *testing.T) {
-	retryEach(t, false, retryConfigNames(retryConfigs), func(t *testing.T, b redistest.Backend, i int) {
-		cfg := retryConfigs[i]
+	retryEach(t, false, retryConfigs, cfgName, func(t *testing.T, b redistest.Backend, cfg retryConfig) {
 		r := newReserver(t, b.Client(t), cfg.opts...)
 		sku := "pa:ram~"
 		require.NoError(t, r.Load(ctx, sku, 2))
@@ -1121,9 +993,7 @@ func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 				t.Logf("note: ErrInsufficient for %d units with Remaining %d (the recorded answer, not a conflict)", req.Qty, rc.Remaining)
 			}
 		}
-		if lv2 := levels(t, r, sku); lv2 != lv {
-			t.Errorf("levels changed %+v -> %+v", lv, lv2)
-		}
+		assert.Equal(t, lv, levels(t, r, sku), "levels changed")
 	})
 }
 
@@ -1131,8 +1001,7 @@ func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 
 func TestRetryRefusalLongNames(t *testing.T) {
 	splits := []int{1, 64}
-	retryEach(t, false, retrySplitNames(splits), func(t *testing.T, b redistest.Backend, i int) {
-		split := splits[i]
+	retryEach(t, false, splits, splitName, func(t *testing.T, b redistest.Backend, split int) {
 		r := newReserver(t, b.Client(t), stock.WithBuckets(func(string) int { return split }), stock.WithPrefix("p:~x"))
 		sku := strings.Repeat("s:~", 42) + "zz" // 128 bytes
 		id := strings.Repeat("~:", 64)
@@ -1142,9 +1011,8 @@ func TestRetryRefusalLongNames(t *testing.T) {
 		must(t)(r.Restock(ctx, sku, id[:127]+"x", 3))
 		rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
 		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
-		if e, err := r.Ledger(ctx, sku, id); err != nil || e.ID != id || e.User != user || e.SKU != sku || e.Qty != 6 || e.After != 5 {
-			t.Errorf("ledger: %+v %v", e, err)
-		}
+		e := entry(t, r, sku, id)
+		assert.Equal(t, []any{id, user, sku, int64(6), int64(5)}, []any{e.ID, e.User, e.SKU, e.Qty, e.After}, "ledger: %+v", e)
 		checkLedger(t, r, sku, 5)
 	})
 }
@@ -1170,12 +1038,8 @@ func TestRetryRefusalWithClock(t *testing.T) {
 	advance(2 * time.Second)
 	rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1}, time.Minute)
 	retryCheckRefusal(t, "late first attempt after the hold expired", rc, err, stock.ErrSoldOut, 0)
-	if rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "y", Qty: 1}); err != nil {
-		t.Errorf("the expired unit is not for sale: %+v %v", rc, err)
-	}
-	if _, err := r.Confirm(ctx, sku, "h:~"); !errors.Is(err, stock.ErrExpired) {
-		t.Errorf("confirm of the expired hold: %v", err)
-	}
+	must(t, "the expired unit is not for sale")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "y", Qty: 1}))
+	mustFail(t, stock.ErrExpired, "confirm of the expired hold")(r.Confirm(ctx, sku, "h:~"))
 	checkLedger(t, r, sku, 1)
 }
 
@@ -1220,9 +1084,9 @@ func retryEachEnv(t *testing.T, f func(t *testing.T, cfg retryConfig, env *retry
 	}
 }
 
-// retryEach runs f for every case (named by names) on every backend, the backends in
-// parallel; with realOnly, a miniredis backend runs none of them (its leaf passes empty).
-func retryEach(t *testing.T, realOnly bool, names []string, f func(t *testing.T, b redistest.Backend, i int)) {
+// retryEach runs f for every case (named by name) on every backend, the backends in parallel;
+// with realOnly, a miniredis backend runs none of them (its leaf passes empty).
+func retryEach[C any](t *testing.T, realOnly bool, cases []C, name func(C) string, f func(t *testing.T, b redistest.Backend, c C)) {
 	t.Helper()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -1230,8 +1094,8 @@ func retryEach(t *testing.T, realOnly bool, names []string, f func(t *testing.T,
 			if realOnly && !b.Real() {
 				return
 			}
-			for i, name := range names {
-				t.Run(name, func(t *testing.T) { f(t, b, i) })
+			for _, c := range cases {
+				t.Run(name(c), func(t *testing.T) { f(t, b, c) })
 			}
 		})
 	}
@@ -1244,23 +1108,14 @@ func retryPair(t *testing.T, b redistest.Backend, opts ...stock.Option) (*stock.
 	return newReserver(t, c1, opts...), newReserver(t, c2, opts...)
 }
 
-// retryConfigNames names the cases of a config table.
-func retryConfigNames(cfgs []retryConfig) []string {
-	names := make([]string, len(cfgs))
-	for i, c := range cfgs {
-		names[i] = c.name
-	}
-	return names
-}
+// cfgName names a case of a config table, splitName one of a bucket count table, itself a
+// case that is its name.
+func cfgName(c retryConfig) string { return c.name }
+func splitName(n int) string       { return fmt.Sprintf("buckets%d", n) }
+func itself(name string) string    { return name }
 
-// retrySplitNames names the cases of a bucket count table.
-func retrySplitNames(splits []int) []string {
-	names := make([]string, len(splits))
-	for i, n := range splits {
-		names[i] = fmt.Sprintf("buckets%d", n)
-	}
-	return names
-}
+// retryKinds are the two refusals for stock that a retry records.
+var retryKinds = []error{stock.ErrSoldOut, stock.ErrInsufficient}
 
 // A retry's refusal is the final answer for its id, of the kind the retry was told: a repeat
 // after a restock answers ErrInsufficient (or ErrSoldOut) again, with the Remaining of then,
@@ -1325,5 +1180,30 @@ func TestRetryRefusalKeepsItsKind(t *testing.T) {
 				repeat("C", "big", 5, stock.ErrInsufficient, 2)
 			})
 		}
+	})
+}
+
+// TestRetryRefusalIsFinal: a retry's refusal for lack of stock is recorded, so the earlier
+// attempt of the id, arriving later, is refused too; a first attempt's refusal writes nothing.
+func TestRetryRefusalIsFinal(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		r := newReserver(t, c)
+		require.NoError(t, r.Load(ctx, "A", 0))
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
+		_, err := r.Ledger(ctx, "A", "first")
+		require.ErrorIs(t, err, stock.ErrUnknownID, "the sold-out path writes nothing")
+
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1, Retry: true}))
+		e := entry(t, r, "A", "o1")
+		assert.Equal(t, stock.KindTombstone, e.Kind)
+		assert.Equal(t, stock.StateRefused, e.State)
+		must(t)(r.Restock(ctx, "A", "r1", 5))
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})) // the late first attempt
+		mustFail(t, stock.ErrInsufficient)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9, Retry: true}))
+		rc := mustFail(t, stock.ErrInsufficient, "the id is closed, with the refusal it was told")(
+			r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9}))
+		assert.Equal(t, int64(5), rc.Remaining, "the stock of the recorded refusal")
+		must(t, "a retry that is admitted is an ordinary deduct")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true}))
+		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
 	})
 }

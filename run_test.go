@@ -23,9 +23,7 @@ import (
 func TestRun(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := newReserver(t, c)
-		db := memstore.New()
-		require.NoError(t, db.Load(ctx, "A", 10))
-		require.NoError(t, r.Load(ctx, "A", 10))
+		db := loadBoth(t, r, map[string]int64{"A": 10})
 
 		run, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
@@ -161,9 +159,7 @@ func TestRunReconcileOff(t *testing.T) {
 			passes.Add(1)
 		}
 	})))
-	db := memstore.New()
-	require.NoError(t, db.Load(ctx, "A", 10))
-	require.NoError(t, r.Load(ctx, "A", 10))
+	db := loadBoth(t, r, map[string]int64{"A": 10})
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	for _, interval := range []time.Duration{-1, 0} {
 		run, stop := context.WithTimeout(ctx, 300*time.Millisecond)

@@ -496,31 +496,6 @@ func mustAtoi(s string) int {
 	return n
 }
 
-// TestRetryRefusalIsFinal: a retry's refusal for lack of stock is recorded, so the earlier
-// attempt of the id, arriving later, is refused too; a first attempt's refusal writes nothing.
-func TestRetryRefusalIsFinal(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
-		require.NoError(t, r.Load(ctx, "A", 0))
-		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
-		_, err := r.Ledger(ctx, "A", "first")
-		require.ErrorIs(t, err, stock.ErrUnknownID, "the sold-out path writes nothing")
-
-		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1, Retry: true}))
-		e := entry(t, r, "A", "o1")
-		assert.Equal(t, stock.KindTombstone, e.Kind)
-		assert.Equal(t, stock.StateRefused, e.State)
-		must(t)(r.Restock(ctx, "A", "r1", 5))
-		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})) // the late first attempt
-		mustFail(t, stock.ErrInsufficient)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9, Retry: true}))
-		rc := mustFail(t, stock.ErrInsufficient, "the id is closed, with the refusal it was told")(
-			r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9}))
-		assert.Equal(t, int64(5), rc.Remaining, "the stock of the recorded refusal")
-		must(t, "a retry that is admitted is an ordinary deduct")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true}))
-		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
-	})
-}
-
 // TestNamesRefuseFormatCharacters: a name (item, request id, user, prefix) holding an invisible
 // Unicode format character (category Cf), at its start, in its middle or at its end, is
 // refused with ErrInvalid before anything is sent, and the error names the character's code
