@@ -166,8 +166,7 @@ func TestBucketedRelayItems(t *testing.T) {
 		}
 		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
 		assert.Equal(t, 6, drain(t, rl).Delivered)
-		rem := remaining(t, store, "ri")
-		assert.Equal(t, int64(4), rem)
+		assert.Equal(t, int64(4), remaining(t, store, "ri"))
 		p, _, err := stockops.Pending(ctx, r, "ri")
 		require.NoError(t, err)
 		assert.Zero(t, p)

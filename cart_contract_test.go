@@ -533,8 +533,7 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 			require.Error(t, err, "corrupt %s", field)
 			_, err = r.Ledger(ctx, "A", "unknown")
 			require.ErrorIs(t, err, stock.ErrUnknownID, "no tombstone written with %s corrupt", field)
-			e := entry(t, r, "A", "h1")
-			assert.Equal(t, stock.StateHeld, e.State, "the hold untouched with %s corrupt", field)
+			assertState(t, r, "A", "h1", stock.StateHeld, "the hold untouched with %s corrupt", field)
 			require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}").Field(field).Build()).Error())
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}:u").FieldValue().FieldValue("u", "x").Build()).Error())

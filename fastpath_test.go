@@ -496,8 +496,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		soldOut() // the hold is not due yet
 		redistest.Sleep(c, 2600*time.Millisecond)
 		must(t, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")(r.Deduct(ctx, fresh(1)))
-		e = entry(t, r, "S", "the-hold")
-		assert.Equal(t, stock.StateExpired, e.State)
+		assertState(t, r, "S", "the-hold", stock.StateExpired)
 		l := levels(t, r, "S")
 		assert.Equal(t, int64(0), l.Available)
 	})

@@ -244,8 +244,7 @@ func TestHoldConcurrent(t *testing.T) {
 		assert.Positive(t, checks.Load())
 		rl := newRelay(t, r, store, nil, nil)
 		drain(t, rl)
-		rem, _ := store.Remaining(ctx, "A")
-		assert.Equal(t, l.Available, rem, "only confirmed holds reach the store")
+		assert.Equal(t, l.Available, remaining(t, store, "A"), "only confirmed holds reach the store")
 	})
 }
 
@@ -275,8 +274,7 @@ func TestCloseReopen(t *testing.T) {
 // assertState asserts the state of id's ledger entry of sku.
 func assertState(t *testing.T, r *stock.Reserver, sku, id string, want stock.State, msgAndArgs ...any) {
 	t.Helper()
-	e := entry(t, r, sku, id)
-	assert.Equal(t, want, e.State, msgAndArgs...)
+	assertState(t, r, sku, id, want, msgAndArgs...)
 }
 
 // holdMany holds n units of sku, one per id prefix-0..n-1, for ttl, in deadline order.

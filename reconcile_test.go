@@ -130,9 +130,7 @@ func TestReconcileLostKey(t *testing.T) {
 		assert.True(t, rp.Missing)
 		assert.True(t, rp.Rebuilt)
 		assert.Equal(t, int64(5), rp.InFlight)
-		n, err := available(g.r.Levels(ctx, "A"))
-		require.NoError(t, err)
-		assert.Equal(t, int64(35), n, "store 40 minus 5 in flight")
+		assert.Equal(t, int64(35), levels(t, g.r, "A").Available, "store 40 minus 5 in flight")
 		// Deducts resume, and the in-flight ones still reach the store.
 		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "after", Qty: 1}))
 		g.agree(t, "A")
@@ -158,9 +156,7 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 			assert.True(t, rp.Rebuilt, rp.String())
 		}
 		for sku, want := range map[string]int64{"A": 16, "B": 26} {
-			n, err := available(g.r.Levels(ctx, sku))
-			require.NoError(t, err)
-			assert.Equal(t, want, n)
+			assert.Equal(t, want, levels(t, g.r, sku).Available)
 		}
 		// A retried id whose ledger entry was lost is refused by the store's unique id:
 		// the sale is given back rather than made twice.
@@ -354,8 +350,7 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		rp := g.once(t)["A"]
 		assert.Equal(t, 2, rp.Resynced, "h1 made final, h2 released")
 		assert.Zero(t, rp.Drift, "%+v", rp)
-		e := entry(t, g.r, "A", "h1")
-		assert.Equal(t, stock.StateApplied, e.State)
+		assertState(t, g.r, "A", "h1", stock.StateApplied)
 		l := levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 1, Loaded: 3}, l, "h2 released, h1 sold, h3 due")
 		_, err := stockops.Sweep(ctx, g.r, "A")
@@ -428,8 +423,7 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		pending, _, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Zero(t, pending, "no restore queued again")
-		left := remaining(t, db, "A")
-		assert.Equal(t, int64(10), left)
+		assert.Equal(t, int64(10), remaining(t, db, "A"))
 	})
 }
 
@@ -769,8 +763,7 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 						assert.Zero(t, rp.Requeued, "nothing to requeue: %v", rp)
 						assert.Empty(t, rp.NeedsHuman)
 						lv := levels(t, r, "x")
-						rem := remaining(t, g.store, "x")
-						assert.Equal(t, rem, lv.Available+lv.Held, "the store will apply none of the events in flight: %v", rp)
+						assert.Equal(t, remaining(t, g.store, "x"), lv.Available+lv.Held, "the store will apply none of the events in flight: %v", rp)
 					}
 					drain(t, g.relay)
 					for range 2 {
@@ -780,8 +773,7 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 						drain(t, g.relay)
 					}
 					lv := levels(t, r, "x")
-					rem := remaining(t, g.store, "x")
-					assert.Equal(t, rem, lv.Available+lv.Held, "Redis's stock is on the store's books")
+					assert.Equal(t, remaining(t, g.store, "x"), lv.Available+lv.Held, "Redis's stock is on the store's books")
 					assert.Equal(t, int64(11), lv.Loaded, "loaded and restocked")
 					assert.GreaterOrEqual(t, lv.Sold, int64(0))
 					ends = append(ends, lv)

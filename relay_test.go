@@ -108,8 +108,7 @@ func TestRelayDeliversOnce(t *testing.T) {
 		assert.Equal(t, 1, pub.count(stock.EventRestocked))
 		e := entry(t, r, "A", "o2")
 		assert.Equal(t, stock.StateApplied, e.State)
-		e = entry(t, r, "A", "o0")
-		assert.Equal(t, stock.StateRestored, e.State)
+		assertState(t, r, "A", "o0", stock.StateRestored)
 	})
 }
 
@@ -138,8 +137,7 @@ func TestRelayStoreRefusal(t *testing.T) {
 		assert.Equal(t, 8, refused)
 		assert.Equal(t, 8, pub.count(stock.EventRefused))
 		assert.Equal(t, 12, pub.count(stock.EventDeducted), "refused deducts are published as refusals only")
-		rem, _ := store.Remaining(ctx, "A")
-		assert.Zero(t, rem)
+		assert.Zero(t, remaining(t, store, "A"))
 		assert.Equal(t, 1, store.MaxApplications())
 		// A refused id is done: it cannot take stock again.
 		for id, e := range entries {
@@ -173,8 +171,7 @@ func TestRelayPublisherDown(t *testing.T) {
 		assert.Positive(t, st.Redelive)
 		assert.Equal(t, 30, pub.count(stock.EventDeducted))
 		assert.Equal(t, 1, store.MaxApplications(), "the store saw retries but applied each id once")
-		rem, _ := store.Remaining(ctx, "A")
-		assert.Equal(t, int64(20), rem)
+		assert.Equal(t, int64(20), remaining(t, store, "A"))
 	})
 }
 
@@ -211,8 +208,7 @@ func TestRelayCrashRedelivers(t *testing.T) {
 		st := drain(t, rl)
 		assert.Positive(t, st.Redelive, "leased events of the dead relays were delivered again")
 		assert.Equal(t, 1, store.MaxApplications())
-		rem, _ := store.Remaining(ctx, "A")
-		assert.Equal(t, int64(100), rem)
+		assert.Equal(t, int64(100), remaining(t, store, "A"))
 		assert.Equal(t, 100, rec.count(stock.EventDeducted))
 		assert.Zero(t, outboxLen(t, c, "A"))
 	})
@@ -268,10 +264,8 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 		for _, ev := range append(evs, evs...) {
 			require.NoError(t, stock.Consume(ctx, r, store, ev))
 		}
-		avail, _ := available(r.Levels(ctx, "A"))
-		assert.Equal(t, int64(2), avail, "two refusals given back once each")
-		rem, _ := store.Remaining(ctx, "A")
-		assert.Zero(t, rem)
+		assert.Equal(t, int64(2), levels(t, r, "A").Available, "two refusals given back once each")
+		assert.Zero(t, remaining(t, store, "A"))
 		evs = nil
 		drain(t, rl)
 		assert.Len(t, evs, 2)
@@ -299,8 +293,7 @@ func TestRelayKeepsOrder(t *testing.T) {
 		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Batch: 7})
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no false refusal")
-		rem, _ := store.Remaining(ctx, "A")
-		assert.Zero(t, rem)
+		assert.Zero(t, remaining(t, store, "A"))
 		assert.Equal(t, stock.Levels{Available: 0, Sold: 1, Loaded: 1}, levels(t, r, "A"))
 	})
 }
@@ -469,8 +462,7 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 		assert.Equal(t, []string{"o3", "o4", "o5"}, ids(pub.batches[1]), "the retry starts at the failed event")
 		assert.Equal(t, []string{"o0", "o1", "o2", "o3", "o4", "o5"}, ids(pub.got), "each event accepted once, in order")
 		assert.Equal(t, 1, store.MaxApplications())
-		rem, _ := store.Remaining(ctx, "A")
-		assert.Equal(t, int64(94), rem)
+		assert.Equal(t, int64(94), remaining(t, store, "A"))
 		assert.Zero(t, outboxLen(t, c, "A"))
 	})
 }
@@ -580,8 +572,7 @@ func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 		redistest.Sleep(c, 5*time.Millisecond)      // the item's backoff
 		st := drain(t, rl)
 		assert.Equal(t, 2, st.Delivered, "%+v", st)
-		rem := remaining(t, store, "A")
-		assert.EqualValues(t, 3, rem)
+		assert.EqualValues(t, 3, remaining(t, store, "A"))
 		for _, id := range []string{"o1", "o2"} {
 			assert.Equal(t, 1, store.Applications("A", id, stock.EventDeducted))
 		}
@@ -614,8 +605,7 @@ func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
 
 		require.NoError(t, store.Load(ctx, "A", 5))
 		require.NoError(t, stock.Consume(ctx, r, store, msgs[0]))
-		rem := remaining(t, store, "A")
-		assert.EqualValues(t, 3, rem)
+		assert.EqualValues(t, 3, remaining(t, store, "A"))
 		assert.EqualValues(t, 2, levels(t, r, "A").Sold)
 	})
 }
@@ -675,8 +665,7 @@ func TestPreheatLoadsStoreAndRedis(t *testing.T) {
 
 		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 1, drain(t, rl).Delivered)
-		rem := remaining(t, store, "A")
-		assert.EqualValues(t, 9, rem)
+		assert.EqualValues(t, 9, remaining(t, store, "A"))
 	})
 }
 

@@ -68,8 +68,7 @@ func TestRun(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("Run did not return after its context ended")
 		}
-		n := remaining(t, db, "A")
-		assert.Equal(t, int64(5), n, "every sale reached the store")
+		assert.Equal(t, int64(5), remaining(t, db, "A"), "every sale reached the store")
 		pending, dead, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Zero(t, pending+dead)
@@ -169,8 +168,7 @@ func TestRunReconcileOff(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		if interval < 0 {
 			assert.Zero(t, passes.Load(), "no pass with a negative interval")
-			n := remaining(t, db, "A")
-			assert.Equal(t, int64(9), n, "the relay delivered the sale")
+			assert.Equal(t, int64(9), remaining(t, db, "A"), "the relay delivered the sale")
 		} else {
 			assert.Positive(t, passes.Load(), "the default runs a pass at once")
 		}
