@@ -274,7 +274,7 @@ func TestCloseReopen(t *testing.T) {
 // assertState asserts the state of id's ledger entry of sku.
 func assertState(t *testing.T, r *stock.Reserver, sku, id string, want stock.State, msgAndArgs ...any) {
 	t.Helper()
-	assertState(t, r, sku, id, want, msgAndArgs...)
+	assert.Equal(t, want, entry(t, r, sku, id).State, msgAndArgs...)
 }
 
 // holdMany holds n units of sku, one per id prefix-0..n-1, for ttl, in deadline order.
