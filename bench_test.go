@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 )
@@ -30,12 +32,8 @@ func benchDeducts(b *testing.B, qty int64, user string, want error) {
 	for _, be := range redistest.Backends(b) {
 		b.Run(be.Name, func(b *testing.B) {
 			r, err := stock.New(be.Client(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := r.Load(ctx, "hot", qty); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
+			require.NoError(b, r.Load(ctx, "hot", qty))
 			if be.Real() {
 				b.SetParallelism(64) // many goroutines: rueidis pipelines their scripts
 			}
@@ -69,13 +67,9 @@ func TestLedgerBytesPerEntry(t *testing.T) {
 		}
 		c := be.Client(t)
 		r, err := stock.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		const units = 5000
-		if err := r.Load(ctx, "mem", units); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, "mem", units))
 		var wg sync.WaitGroup
 		for w := range 16 {
 			wg.Go(func() {
@@ -90,9 +84,7 @@ func TestLedgerBytesPerEntry(t *testing.T) {
 		}
 		wg.Wait()
 		n, err := c.Do(ctx, c.B().MemoryUsage().Key("stock:{mem}:l").Samples(0).Build()).AsInt64()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		per := float64(n) / units
 		t.Logf("ledger of %d entries: %d bytes, %.1f bytes per entry", units, n, per)
 		if per > 110 {
