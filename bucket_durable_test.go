@@ -307,9 +307,7 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 		}()
 		var wg sync.WaitGroup
 		for w := range 6 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				user := keyIn("w"+strconv.Itoa(w)+"-", w%n, n)
 				var mine []string
 				for i := range 40 {
@@ -333,7 +331,7 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 						}
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		close(stop)

@@ -85,11 +85,9 @@ func TestFreshDeploymentIsNotFenced(t *testing.T) {
 
 		runCtx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_ = r.Run(runCtx, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1}})
-		}()
+		})
 		defer func() { stop(); wg.Wait() }()
 		readyCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

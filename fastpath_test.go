@@ -607,9 +607,7 @@ func TestFastPathConcurrentRepeats(t *testing.T) {
 			taken := make(chan string, workers*rounds)
 			var wg sync.WaitGroup
 			for w := range workers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					for i := range rounds {
 						id := fmt.Sprintf("w%d-%d", w, i)
 						_, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
@@ -630,7 +628,7 @@ func TestFastPathConcurrentRepeats(t *testing.T) {
 						mu.Unlock()
 						taken <- id
 					}
-				}()
+				})
 			}
 			done := make(chan struct{})
 			go func() {

@@ -327,16 +327,14 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, n))
 		var wg sync.WaitGroup
 		for g := 0; g < 8; g++ {
-			wg.Add(1)
-			go func(g int) {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := g; i < n; i += 8 {
 					if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("s:%d~", i), User: fmt.Sprintf("u%d", i), Qty: 1}); err != nil {
 						t.Error(err)
 						return
 					}
 				}
-			}(g)
+			})
 		}
 		wg.Wait()
 		// The first sold-out refusal starts the filter; its build has a long way to go.
@@ -564,18 +562,14 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		var mu sync.Mutex
 		var bad []string
 		stop := make(chan struct{})
-		wg.Add(1)
-		go func() { // restocker
-			defer wg.Done()
+		wg.Go(func() { // restocker
 			for i := 0; i < restocks; i++ {
 				_, err := r2.Restock(ctx, sku, fmt.Sprintf("rs:%d~", i), 1)
 				assert.NoError(t, err)
 			}
-		}()
+		})
 		var churned int64
-		wg.Add(1)
-		go func() { // churn: others sell and give back
-			defer wg.Done()
+		wg.Go(func() { // churn: others sell and give back
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -590,16 +584,14 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 					churned++
 				}
 			}
-		}()
+		})
 		goroutines, per := 10, 12
 		if cfg.name == "buckets4" {
 			goroutines, per = 6, 10 // split items are slow under contention
 		}
 		var rep sync.WaitGroup
 		for g := 0; g < goroutines; g++ {
-			rep.Add(1)
-			go func(g int) {
-				defer rep.Done()
+			rep.Go(func() {
 				rr := r
 				if g%2 == 1 {
 					rr = r2
@@ -619,7 +611,7 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 						mu.Unlock()
 					}
 				}
-			}(g)
+			})
 		}
 		rep.Wait()
 		close(stop)
@@ -665,9 +657,7 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 			var wg sync.WaitGroup
 			start := make(chan struct{})
 			for g := 0; g < 8; g++ {
-				wg.Add(1)
-				go func(g int) {
-					defer wg.Done()
+				wg.Go(func() {
 					<-start
 					rr := r
 					if g%2 == 1 {
@@ -684,15 +674,13 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 					mu.Lock()
 					answers = append(answers, ans{req.Retry, rc, err})
 					mu.Unlock()
-				}(g)
+				})
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				<-start
 				_, err := r2.Restock(ctx, sku, "rs:"+id, int64(1+round%2))
 				assert.NoError(t, err)
-			}()
+			})
 			close(start)
 			wg.Wait()
 			var retryRefused []ans
@@ -766,9 +754,7 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 		var refusals []refusal
 		var wg sync.WaitGroup
 		for g := 0; g < 6; g++ {
-			wg.Add(1)
-			go func(g int) {
-				defer wg.Done()
+			wg.Go(func() {
 				rr := r
 				if g%2 == 1 {
 					rr = r2
@@ -791,17 +777,15 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 						t.Errorf("%+v: %v", req, err)
 					}
 				}
-			}(g)
+			})
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; i < 10; i++ {
 				_, err := r2.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 2)
 				assert.NoError(t, err)
 				time.Sleep(time.Millisecond)
 			}
-		}()
+		})
 		wg.Wait()
 		_, err := r.Restock(ctx, sku, "rs:big", 1000)
 		require.NoError(t, err)
@@ -841,9 +825,7 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 		var mu sync.Mutex
 		var wrong []string
 		for g := 0; g < 4; g++ {
-			wg.Add(1)
-			go func(g int) {
-				defer wg.Done()
+			wg.Go(func() {
 				rr := []*stock.Reserver{r, r2}[g%2]
 				for {
 					select {
@@ -858,20 +840,18 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 						mu.Unlock()
 					}
 				}
-			}(g)
+			})
 		}
 		var lw sync.WaitGroup
 		for g := 0; g < 6; g++ {
-			lw.Add(1)
-			go func(g int) {
-				defer lw.Done()
+			lw.Go(func() {
 				rr := []*stock.Reserver{r, r2}[g%2]
 				for i := 0; i < 10; i++ {
 					req := stock.Request{SKU: sku, ID: fmt.Sprintf("l%d:%d", g, i), User: fmt.Sprintf("v%d~%d", g, i), Qty: 2, Retry: true}
 					rc, err := rr.Deduct(ctx, req)
 					assert.NoError(t, err, "%s refused while the item has %d+: %+v", req.ID, 1000-120, rc)
 				}
-			}(g)
+			})
 		}
 		lw.Wait()
 		close(stop)
