@@ -27,8 +27,8 @@ import (
 // right bucket, and a reconcile pass compares the buckets as a whole with the Store and mends a
 // drift in them.
 func TestBucketedDurablePath(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(3), stock.WithBuckets(func(string) int { return 3 }))
+	opts := []stock.Option{stock.WithUserLimit(3), stock.WithBuckets(func(string) int { return 3 })}
+	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "b:~x", 29)) // one unit less than Redis
 		require.NoError(t, r.Load(ctx, "b:~x", 30))
@@ -92,9 +92,8 @@ func TestBucketedDurablePath(t *testing.T) {
 // queue path, Consume applies a bucketed item's events in any order, once, and settles them in
 // their buckets.
 func TestBucketedRefusalAndQueuePath(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithBuckets(func(string) int { return 3 }))
-
+	opts := []stock.Option{stock.WithBuckets(func(string) int { return 3 })}
+	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		// The store has 1 unit of the 3 Redis sells: two sales are refused and given back.
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "rf", 1))
@@ -158,8 +157,8 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 // TestBucketedRelayItems: a relay limited to a split item (RelayOptions.Items) delivers the
 // events of its buckets.
 func TestBucketedRelayItems(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithBuckets(func(string) int { return 3 }))
+	opts := []stock.Option{stock.WithBuckets(func(string) int { return 3 })}
+	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := loadBoth(t, r, map[string]int64{"ri": 10})
 		for i := range 6 {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "ri", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))

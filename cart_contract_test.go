@@ -21,8 +21,7 @@ import (
 )
 
 func TestDeductMany(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		for _, sku := range []string{"A", "B", "C"} {
 			require.NoError(t, r.Load(ctx, sku, 5))
 		}
@@ -71,8 +70,7 @@ func TestDeductMany(t *testing.T) {
 }
 
 func TestDeductManyUserLimitPerItem(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(2))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(2)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		require.NoError(t, r.Load(ctx, "B", 10))
 		mustCart(t, "the limit is per item")(
@@ -84,8 +82,7 @@ func TestDeductManyUserLimitPerItem(t *testing.T) {
 }
 
 func TestHoldMany(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 5))
 		require.NoError(t, r.Load(ctx, "B", 5))
 		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}, time.Minute))
@@ -387,8 +384,7 @@ func TestCartConcurrentCopies(t *testing.T) {
 // TestCartRefusalSameForEveryCopy: a cart refused by an item is refused with that item's
 // refusal for every later copy too, not only for the attempt that found it.
 func TestCartRefusalSameForEveryCopy(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		loadItems(t, r, map[string]int64{"A": 5, "B": 1})
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
 		for i := range 2 {
@@ -521,8 +517,7 @@ func ExampleReserver_DeductMany_retry() {
 // error and write nothing, not even the tombstone of an unknown id (Redis does not roll back a
 // script that fails halfway).
 func TestRestoreChecksBeforeWriting(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithSoldOutCache(0))
+	eachReserver(t, []stock.Option{stock.WithSoldOutCache(0)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 5))
 		must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute))
 		for _, field := range []string{"h", "s", "q"} {

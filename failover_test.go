@@ -70,8 +70,7 @@ func TestFailoverGuard(t *testing.T) {
 // right after Run starts are taken, and Ready returns at once. (miniredis answers no INFO: no
 // guard runs there, and Ready returns nil.)
 func TestFreshDeploymentIsNotFenced(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := memstore.New()
 		for _, sku := range []string{"A", "B"} {
 			_, err := stockops.Preheat(ctx, r, store, sku, 10)
@@ -254,8 +253,7 @@ func TestRegistryLostRestart(t *testing.T) {
 // deleted key, a partial loss) is registered again by a pass over every item and by a pass
 // over that item alone, and reported.
 func TestRegistryEntryLost(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := memstore.New()
 		for _, sku := range []string{"A", "B"} {
 			require.NoError(t, r.Load(ctx, sku, 5))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -119,4 +120,10 @@ func keyIn(prefix string, b, n int) string {
 			return k
 		}
 	}
+}
+
+// eachReserver runs f on every backend, with a Reserver of opts on it.
+func eachReserver(t *testing.T, opts []stock.Option, f func(t *testing.T, c rueidis.Client, r *stock.Reserver)) {
+	t.Helper()
+	eachBackend(t, func(t *testing.T, c rueidis.Client) { f(t, c, newReserver(t, c, opts...)) })
 }

@@ -21,8 +21,7 @@ import (
 )
 
 func TestHoldConfirm(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(3))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(3)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		req := stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 3}
 		rc := must(t)(r.Hold(ctx, req, time.Minute))
@@ -54,8 +53,7 @@ func TestHoldConfirm(t *testing.T) {
 }
 
 func TestHoldCancel(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 4}, time.Minute))
 		rc := must(t)(r.Cancel(ctx, "A", "h1"))
@@ -80,8 +78,7 @@ func TestHoldCancel(t *testing.T) {
 }
 
 func TestHoldExpiry(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(1))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(1)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		mustFail(t, stock.ErrUserLimit)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, 500*time.Millisecond))
 		for i := range 5 {
@@ -140,8 +137,7 @@ func TestSweep(t *testing.T) {
 
 // TestHoldRace: confirm, cancel and expiry race on the same holds; exactly one wins each.
 func TestHoldRace(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 100))
 		for i := range 100 {
 			must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("h", i), Qty: 1}, time.Duration(5+i%20)*time.Millisecond))
@@ -249,8 +245,7 @@ func TestHoldConcurrent(t *testing.T) {
 }
 
 func TestCloseReopen(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.ErrorIs(t, r.CloseItem(ctx, "A"), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, "A", 10))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "d1", Qty: 1}))
@@ -290,8 +285,7 @@ func holdMany(t *testing.T, r *stock.Reserver, sku, prefix string, n int, ttl ti
 // Confirm of late ones release them: an id's answer does not depend on how many other holds are
 // due.
 func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithSoldOutCache(0))
+	eachReserver(t, []stock.Option{stock.WithSoldOutCache(0)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "H", 1000))
 		const n = 200
 		holdMany(t, r, "H", "h", n, 300*time.Millisecond)
@@ -336,8 +330,7 @@ func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 // TestConfirmExtendReleaseExpired: Confirm and Extend release the item's other holds past their
 // deadline, as Deduct and Hold do.
 func TestConfirmExtendReleaseExpired(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(5))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(5)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "C", 10))
 		must(t)(r.Hold(ctx, stock.Request{SKU: "C", ID: "live1", Qty: 1}, time.Minute))
 		must(t)(r.Hold(ctx, stock.Request{SKU: "C", ID: "live2", Qty: 1}, time.Minute))
@@ -398,8 +391,7 @@ func plantEntry(t *testing.T, c rueidis.Client, sku, id, v string) {
 // every script that would release them fail with a clear error before it writes anything, so
 // loaded = available + held + sold still holds and no hold is half released.
 func TestCorruptEntryAmongDueHolds(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithSoldOutCache(0))
+	eachReserver(t, []stock.Option{stock.WithSoldOutCache(0)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "X", 10))
 		holdMany(t, r, "X", "x", 3, 1500*time.Millisecond) // long enough for the next steps on a busy machine
 		_, err := r.Hold(ctx, stock.Request{SKU: "X", ID: "live", Qty: 2}, time.Minute)
@@ -441,8 +433,8 @@ func TestCorruptEntryAmongDueHolds(t *testing.T) {
 // replay of the cart (a retry of a taken cart answers that the cart was taken, see the cart
 // tests).
 func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithGroups(func(string) string { return "g" }))
+	opts := []stock.Option{stock.WithSoldOutCache(0), stock.WithGroups(func(string) string { return "g" })}
+	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		for _, sku := range []string{"g1", "g2"} {
 			require.NoError(t, r.Load(ctx, sku, 1000))
 			holdMany(t, r, sku, "h", 100, 1500*time.Millisecond)
@@ -471,8 +463,7 @@ func TestExpiredCartHoldAnswerIndependentOfOthers(t *testing.T) {
 // deadline, stops the release before its first write (HINCRBY would fail halfway through it,
 // after the hold's entry was marked expired and before the counters were fixed).
 func TestCorruptUnitsAmongDueHolds(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithSoldOutCache(0))
+	eachReserver(t, []stock.Option{stock.WithSoldOutCache(0)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "U", 10))
 		for i, u := range []string{"ann", "bob"} {
 			must(t)(r.Hold(ctx, stock.Request{SKU: "U", ID: fmt.Sprint("u", i), User: u, Qty: 2}, 200*time.Millisecond))
@@ -498,8 +489,7 @@ func TestCorruptUnitsAmongDueHolds(t *testing.T) {
 // deadline is a replay (the hold had already gone back), whether or not an earlier call released
 // it: with more than 64 holds due, one call releases only 64 of them.
 func TestCancelExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithSoldOutCache(0))
+	eachReserver(t, []stock.Option{stock.WithSoldOutCache(0)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "K", 1000))
 		const n = 100
 		holdMany(t, r, "K", "h", n, 1500*time.Millisecond)

@@ -399,8 +399,7 @@ func deductEach(t *testing.T, r *stock.Reserver, sku string, n int) {
 // TestRelayUsesBatchPublisher: the relay hands an item's claimed events to PublishBatch in one
 // call, in sequence, and Publish is not called.
 func TestRelayUsesBatchPublisher(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 100))
 		pub := &batchRecorder{}
 		rl := newRelay(t, r, nil, pub, &stock.RelayOptions{Batch: 16})
@@ -429,8 +428,7 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 // are published once and not again, it is retried after the backoff, and the item's events
 // reach the publisher in order. With a store, the store applied each event once.
 func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := loadBoth(t, r, map[string]int64{"A": 100})
 		failed := false
 		pub := &batchRecorder{fail: func(ev stock.Event) bool {
@@ -470,8 +468,7 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 // TestRelayBatchPublisherWrongLength: a result of the wrong length fails the whole batch,
 // which is delivered again.
 func TestRelayBatchPublisherWrongLength(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		short := true
 		bad := &shortBatch{batchRecorder: &batchRecorder{}, short: &short}
@@ -586,8 +583,8 @@ func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 // know is not a refusal: Consume answers a temporary error (the queue delivers it again),
 // gives nothing back, and applies the event once the item is loaded.
 func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithLogger(slog.New(slog.DiscardHandler)))
+	opts := []stock.Option{stock.WithLogger(slog.New(slog.DiscardHandler))}
+	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 5))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
 		var msgs []stock.Event
@@ -634,8 +631,7 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 // TestPreheatLoadsStoreAndRedis: stockops.Preheat puts an item on sale on both sides from the
 // database of record's stock, and a sale reaches the store.
 func TestPreheatLoadsStoreAndRedis(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := memstore.New()
 		n, err := stockops.Preheat(ctx, r, store, "A", 10)
 		require.NoError(t, err)

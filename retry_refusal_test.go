@@ -1166,8 +1166,7 @@ func TestRetryRefusalKeepsItsKind(t *testing.T) {
 // TestRetryRefusalIsFinal: a retry's refusal for lack of stock is recorded, so the earlier
 // attempt of the id, arriving later, is refused too; a first attempt's refusal writes nothing.
 func TestRetryRefusalIsFinal(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 0))
 		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
 		_, err := r.Ledger(ctx, "A", "first")

@@ -21,8 +21,7 @@ import (
 // holds go back; when its context ends, it delivers what the last sales left in the outbox
 // and returns the context's error.
 func TestRun(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		db := loadBoth(t, r, map[string]int64{"A": 10})
 
 		run, stop := context.WithCancel(ctx)
@@ -251,8 +250,7 @@ func (s *touchStore) Records(context.Context, string, []string) (map[string]stoc
 // nothing (its Store is never called, though a reconciler's first pass runs at once). Once the
 // running Run returned, Run runs again.
 func TestRunOneAtATime(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		opts := stock.RunOptions{SweepInterval: 10 * time.Millisecond}
 		const callers = 8
 		for round := range 2 {

@@ -20,9 +20,7 @@ import (
 )
 
 func TestLoadAvailableLevels(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
-
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		_, err := available(r.Levels(ctx, "ghost"))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		_, err = r.Levels(ctx, "ghost")
@@ -52,8 +50,7 @@ func TestLoadAvailableLevels(t *testing.T) {
 }
 
 func TestDeductOutcomes(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 
 		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3}))
@@ -99,8 +96,7 @@ func TestDeductOutcomes(t *testing.T) {
 }
 
 func TestRestore(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(2))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(2)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 5))
 
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
@@ -136,8 +132,7 @@ func TestRestore(t *testing.T) {
 }
 
 func TestRestock(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		mustFail(t, stock.ErrNotLoaded)(r.Restock(ctx, "A", "r1", 5))
 		require.NoError(t, r.Load(ctx, "A", 1))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
@@ -159,8 +154,8 @@ func TestRestock(t *testing.T) {
 }
 
 func TestUserLimit(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(1)) // one unit per user
+	opts := []stock.Option{stock.WithUserLimit(1)}
+	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) { // one unit per user
 		require.NoError(t, r.Load(ctx, "A", 10))
 		mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1}))
@@ -233,8 +228,7 @@ func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 }
 
 func TestBadInputChangesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 		before := ledger(t, r, "A")
@@ -296,8 +290,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 // TestLargeNumbers checks amounts near 2^53 on a real Lua: real Redis prints such numbers in
 // exponent form with tostring, miniredis does not.
 func TestLargeNumbers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "big", stock.MaxQty))
 		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345}))
 		assert.Equal(t, int64(stock.MaxQty-123456789012345), rc.Remaining)
@@ -315,8 +308,7 @@ func TestLargeNumbers(t *testing.T) {
 
 // TestScriptFlush: a SCRIPT FLUSH between calls must not surface (EVALSHA falls back to EVAL).
 func TestScriptFlush(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		for i := range 3 {
 			for _, cmd := range c.Nodes() {
@@ -333,8 +325,7 @@ func TestScriptFlush(t *testing.T) {
 // between calls must not surface (the library is loaded again on "Function not found"). Where
 // there are no functions (miniredis) the scripts run as EVALSHA.
 func TestFunctionFlush(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 		functions := true
 		for i := range 3 {
@@ -358,8 +349,7 @@ func TestFunctionFlush(t *testing.T) {
 }
 
 func TestKeysShareOneSlotPerItem(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithPrefix("shop"))
+	eachReserver(t, []stock.Option{stock.WithPrefix("shop")}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		// Many items, spread over the cluster's slots; every script of an item touches one slot.
 		for i := range 20 {
 			sku := fmt.Sprintf("item-%d", i)
@@ -385,8 +375,7 @@ func TestKeysShareOneSlotPerItem(t *testing.T) {
 
 // TestConcurrentSellOut: 1000 goroutines race over 100 units: exactly 100 succeed.
 func TestConcurrentSellOut(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "hot", 100))
 		var ok, soldOut, other atomic.Int64
 		var wg sync.WaitGroup
@@ -417,8 +406,7 @@ func TestConcurrentSellOut(t *testing.T) {
 // TestConcurrentMixed: random quantities, retries of the same id and interleaved restores.
 // No id is applied twice and the ledger explains the levels.
 func TestConcurrentMixed(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithUserLimit(5))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(5)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		const initial = 100
 		require.NoError(t, r.Load(ctx, "hot", initial))
 		type result struct {
@@ -518,8 +506,7 @@ func TestNamesRefuseFormatCharacters(t *testing.T) {
 		"mongolian vowel separator": '\u180e',
 		"tag latin small letter a":  '\U000E0061',
 	}
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "shoe", 10))
 		_, err := r.Deduct(ctx, stock.Request{SKU: "shoe", ID: "o1", User: "ann", Qty: 1})
 		require.NoError(t, err)
