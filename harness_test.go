@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -127,3 +130,48 @@ func eachReserver(t *testing.T, opts []stock.Option, f func(t *testing.T, c ruei
 	t.Helper()
 	eachBackend(t, func(t *testing.T, c rueidis.Client) { f(t, c, newReserver(t, c, opts...)) })
 }
+
+// logRecords is a slog handler that keeps the records of warnings and errors, each as
+// "level=LEVEL message attrs".
+type logRecords struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (w *logRecords) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *logRecords) WithGroup(string) slog.Handler            { return w }
+func (w *logRecords) Handle(_ context.Context, r slog.Record) error {
+	if r.Level < slog.LevelWarn {
+		return nil
+	}
+	msg := "level=" + r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, msg)
+	return nil
+}
+
+// count returns how many kept records contain s.
+func (w *logRecords) count(s string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, m := range w.msgs {
+		if strings.Contains(m, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// String returns the kept records, one a line.
+func (w *logRecords) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.msgs, "\n")
+}
+
+// errOf is the error of a call that returns a value and an error: errOf(r.Deduct(ctx, req)).
+func errOf[T any](_ T, err error) error { return err }

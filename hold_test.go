@@ -402,17 +402,11 @@ func TestCorruptEntryAmongDueHolds(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 5, Held: 5, Loaded: 10}, before)
 
 		calls := map[string]func() error{
-			"sweep": func() error { _, err := stockops.Sweep(ctx, r, "X"); return err },
-			"deduct": func() error {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "X", ID: "d", Qty: 1})
-				return err
-			},
-			"hold": func() error {
-				_, err := r.Hold(ctx, stock.Request{SKU: "X", ID: "h", Qty: 1}, time.Minute)
-				return err
-			},
-			"confirm": func() error { _, err := r.Confirm(ctx, "X", "live"); return err },
-			"extend":  func() error { _, err := r.Extend(ctx, "X", "live", time.Minute); return err },
+			"sweep":   func() error { return errOf(stockops.Sweep(ctx, r, "X")) },
+			"deduct":  func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "X", ID: "d", Qty: 1})) },
+			"hold":    func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "X", ID: "h", Qty: 1}, time.Minute)) },
+			"confirm": func() error { return errOf(r.Confirm(ctx, "X", "live")) },
+			"extend":  func() error { return errOf(r.Extend(ctx, "X", "live", time.Minute)) },
 		}
 		for name, call := range calls {
 			err := call()

@@ -1,14 +1,12 @@
 package stock_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -497,25 +495,6 @@ func (s *shortBatch) PublishBatch(ctx context.Context, evs []stock.Event) []erro
 	return errs
 }
 
-// logBuffer is an io.Writer safe for the concurrent writes of a slog handler.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// count returns how many logged lines contain s.
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
-
 const notLoadedLog = "the store does not know the item"
 
 // TestStoreWithoutTheItemKeepsTheSale follows the README's Run path literally: the item is
@@ -524,8 +503,8 @@ const notLoadedLog = "the store does not know the item"
 // level however many passes retry them, and reach the store once the item is loaded there.
 func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		logs := &logBuffer{}
-		r := newReserver(t, c, stock.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+		logs := &logRecords{}
+		r := newReserver(t, c, stock.WithLogger(slog.New(logs)))
 		require.NoError(t, r.Load(ctx, "A", 5))
 		for _, id := range []string{"o1", "o2"} {
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}))
@@ -552,8 +531,8 @@ func TestStoreWithoutTheItemKeepsTheSale(t *testing.T) {
 		assert.Zero(t, all.DeadLettered)
 		assert.Zero(t, all.Delivered)
 		assert.Equal(t, 6, all.NotLoaded, "both events, on each of 3 tries")
-		assert.Equal(t, 1, logs.count(notLoadedLog), "said once per item per interval, not per event or pass:\n%s", logs.b.String())
-		assert.Equal(t, 1, logs.count("level=ERROR"), "and nothing else at Error:\n%s", logs.b.String())
+		assert.Equal(t, 1, logs.count(notLoadedLog), "said once per item per interval, not per event or pass:\n%s", logs.String())
+		assert.Equal(t, 1, logs.count("level=ERROR"), "and nothing else at Error:\n%s", logs.String())
 
 		l := levels(t, r, "A")
 		assert.EqualValues(t, 2, l.Sold, "the acknowledged sales stay sold: %+v", l)
@@ -610,9 +589,9 @@ func TestConsumeOfAnItemTheStoreDoesNotKnow(t *testing.T) {
 // TestDefaultLoggerIsSlogDefault: a Reserver made without WithLogger logs to slog.Default(),
 // so the call for a human is seen by a default setup.
 func TestDefaultLoggerIsSlogDefault(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &logRecords{}
 	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(logs, nil)))
+	slog.SetDefault(slog.New(logs))
 	defer slog.SetDefault(prev)
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -622,8 +601,8 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 			rl := newRelay(t, r, memstore.New(), nil, nil)
 			_, err := rl.Once(ctx)
 			require.ErrorIs(t, err, stock.ErrNotLoaded)
-			assert.Contains(t, logs.b.String(), notLoadedLog)
-			assert.Contains(t, logs.b.String(), "level=ERROR")
+			assert.Contains(t, logs.String(), notLoadedLog)
+			assert.Contains(t, logs.String(), "level=ERROR")
 		})
 	}
 }
