@@ -100,21 +100,10 @@ func TestHoldMany(t *testing.T) {
 	})
 }
 
-// TestCartsConcurrent: carts over overlapping items race; every cart is whole or absent.
+// TestCartsConcurrent: carts over overlapping items race; every cart is whole or absent, as a
+// saga and with every item in one group (one script per cart).
 func TestCartsConcurrent(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) { cartsConcurrent(t, c) })
-}
-
-// TestGroupedCartsConcurrent: the same with every item in one group (one script per cart).
-func TestGroupedCartsConcurrent(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		cartsConcurrent(t, c, stock.WithGroups(func(string) string { return "all" }))
-	})
-}
-
-func cartsConcurrent(t *testing.T, c rueidis.Client, opts ...stock.Option) {
-	{
-		r := newReserver(t, c, opts...)
+	cartModes(t, func(t *testing.T, r *stock.Reserver) {
 		skus := []string{"A", "B", "C", "D"}
 		for _, sku := range skus {
 			require.NoError(t, r.Load(ctx, sku, 40))
@@ -168,7 +157,7 @@ func cartsConcurrent(t *testing.T, c rueidis.Client, opts ...stock.Option) {
 			}
 		}
 		assert.Positive(t, okCarts)
-	}
+	})
 }
 
 func TestGroupedCartOneScript(t *testing.T) {

@@ -306,46 +306,39 @@ func TestLargeNumbers(t *testing.T) {
 	})
 }
 
-// TestScriptFlush: a SCRIPT FLUSH between calls must not surface (EVALSHA falls back to EVAL).
-func TestScriptFlush(t *testing.T) {
-	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
-		require.NoError(t, r.Load(ctx, "A", 10))
-		for i := range 3 {
-			for _, cmd := range c.Nodes() {
-				require.NoError(t, cmd.Do(ctx, cmd.B().ScriptFlush().Build()).Error())
-			}
-			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1}))
-			must(t)(r.Restore(ctx, "A", "o"+strconv.Itoa(i)))
-		}
-		assert.Equal(t, int64(10), levels(t, r, "A").Available)
-	})
-}
-
-// TestFunctionFlush: on a server with Redis functions the scripts run as FCALL; a FUNCTION FLUSH
-// between calls must not surface (the library is loaded again on "Function not found"). Where
-// there are no functions (miniredis) the scripts run as EVALSHA.
-func TestFunctionFlush(t *testing.T) {
-	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
-		require.NoError(t, r.Load(ctx, "A", 10))
-		functions := true
-		for i := range 3 {
-			for _, cmd := range c.Nodes() {
-				if err := cmd.Do(ctx, cmd.B().FunctionFlush().Build()).Error(); err != nil {
-					functions = false // miniredis: no functions
+// TestScriptsSurviveAFlush: a SCRIPT FLUSH between calls must not surface (EVALSHA falls back to
+// EVAL), nor a FUNCTION FLUSH on a server with Redis functions, where the scripts run as FCALL
+// (the library is loaded again on "Function not found"). Where there are no functions
+// (miniredis) the scripts run as EVALSHA.
+func TestScriptsSurviveAFlush(t *testing.T) {
+	for _, flush := range []string{"SCRIPT", "FUNCTION"} {
+		t.Run(flush, func(t *testing.T) {
+			eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+				require.NoError(t, r.Load(ctx, "A", 10))
+				functions := true
+				for i := range 3 {
+					for _, cmd := range c.Nodes() {
+						err := cmd.Do(ctx, cmd.B().Arbitrary(flush, "FLUSH").Build()).Error()
+						if flush == "SCRIPT" {
+							require.NoError(t, err)
+						} else if err != nil {
+							functions = false // miniredis: no functions
+						}
+					}
+					must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1, User: "u"}))
+					must(t)(r.Restore(ctx, "A", "o"+strconv.Itoa(i)))
 				}
-			}
-			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1, User: "u"}))
-			must(t)(r.Restore(ctx, "A", "o"+strconv.Itoa(i)))
-		}
-		assert.Equal(t, int64(10), levels(t, r, "A").Available)
-		if functions {
-			var calls int64
-			for _, n := range c.Nodes() {
-				calls += commandCalls(t, n, "fcall")
-			}
-			assert.Positive(t, calls, "the scripts ran as functions")
-		}
-	})
+				assert.Equal(t, int64(10), levels(t, r, "A").Available)
+				if flush == "FUNCTION" && functions {
+					var calls int64
+					for _, n := range c.Nodes() {
+						calls += commandCalls(t, n, "fcall")
+					}
+					assert.Positive(t, calls, "the scripts ran as functions")
+				}
+			})
+		})
+	}
 }
 
 func TestKeysShareOneSlotPerItem(t *testing.T) {
