@@ -172,15 +172,6 @@ func TestBucketedRelayItems(t *testing.T) {
 	})
 }
 
-// storeAgrees checks that the Store and Redis tell the same story of a split item after the
-// relay delivered everything: what the Store has left is what Redis has available and held.
-func storeAgrees(t *testing.T, r *stock.Reserver, store *memstore.Store, sku string) {
-	t.Helper()
-	l := levels(t, r, sku)
-	rem := remaining(t, store, sku)
-	assert.Equal(t, l.Available+l.Held, rem, "Redis %+v, store %d", l, rem)
-}
-
 // TestBucketedOrderRestockThenSale: a restock in one bucket whose units a transfer moves to
 // another bucket, where they are sold: the Store gets the restock before the sales, whatever
 // order the relay walks the buckets in, and refuses none of the acknowledged sales.

@@ -1,7 +1,6 @@
 package stock_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -209,34 +208,6 @@ func TestGroupedCartOneScript(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 2, Sold: 2, Loaded: 4}, levels(t, r, "shoe-40"))
 		assert.Equal(t, stock.Levels{Available: 0, Sold: 4, Loaded: 4}, levels(t, r, "shoe-41"))
 	})
-}
-
-// cartModes runs f for a saga cart (items in their own slots) and a one-script cart (items in
-// one group).
-func cartModes(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		t.Run("saga", func(t *testing.T) { f(t, newReserver(t, c, stock.WithPrefix("saga"))) })
-		t.Run("group", func(t *testing.T) {
-			f(t, newReserver(t, c, stock.WithPrefix("grp"), stock.WithGroups(func(string) string { return "g" })))
-		})
-	})
-}
-
-// loadItems loads the items of skus through r with their quantities.
-func loadItems(t *testing.T, r *stock.Reserver, skus map[string]int64) {
-	t.Helper()
-	for sku, n := range skus {
-		require.NoError(t, r.Load(context.Background(), sku, n), "load %q", sku)
-	}
-}
-
-// requireCartRefusal requires err to be a *CartError of the refusing item sku, wrapping want.
-func requireCartRefusal(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
-	t.Helper()
-	var ce *stock.CartError
-	require.ErrorAs(t, err, &ce, msgAndArgs...)
-	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
-	assert.ErrorIs(t, err, want, msgAndArgs...)
 }
 
 // TestCartOtherUserConflict: a cart id completed by one user, sent again with the same lines by

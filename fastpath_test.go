@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,37 +19,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/stockops"
 )
-
-// commandCalls returns how many times a standalone server has run the named commands.
-func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
-	t.Helper()
-	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
-	require.NoError(t, err)
-	var n int64
-	for line := range strings.SplitSeq(info, "\n") {
-		for _, name := range names {
-			cmd := "cmdstat_" + name + ":calls="
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
-				v, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				require.NoError(t, err)
-				n += v
-			}
-		}
-	}
-	return n
-}
-
-// eachPair runs f in parallel on each backend with two clients of it: c for the Reserver under
-// test, c2 for another process.
-func eachPair(t *testing.T, f func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client)) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c, c2 := b.Pair(t)
-			f(t, b, c, c2)
-		})
-	}
-}
 
 // TestSoldOutFastPath: once an item is sold out, new requests are answered without a round trip
 // on a server that tracks (and through Redis on miniredis, with the same answers); repeats of

@@ -266,20 +266,6 @@ func TestCloseReopen(t *testing.T) {
 	})
 }
 
-// assertState asserts the state of id's ledger entry of sku.
-func assertState(t *testing.T, r *stock.Reserver, sku, id string, want stock.State, msgAndArgs ...any) {
-	t.Helper()
-	assert.Equal(t, want, entry(t, r, sku, id).State, msgAndArgs...)
-}
-
-// holdMany holds n units of sku, one per id prefix-0..n-1, for ttl, in deadline order.
-func holdMany(t *testing.T, r *stock.Reserver, sku, prefix string, n int, ttl time.Duration) {
-	t.Helper()
-	for i := range n {
-		must(t)(r.Hold(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint(prefix, i), Qty: 1}, ttl))
-	}
-}
-
 // TestExpiredHoldAnswerIndependentOfOthers: with more than 64 holds past their deadline, a
 // replay of the last one's Hold is ErrExpired (not a replay of a live hold), and Extend and
 // Confirm of late ones release them: an id's answer does not depend on how many other holds are
@@ -351,30 +337,6 @@ func TestConfirmExtendReleaseExpired(t *testing.T) {
 		assertState(t, r, "C", "old2", stock.StateExpired, "Extend released the other expired hold")
 		must(t, "and gave the user's units back")(r.Hold(ctx, stock.Request{SKU: "C", ID: "again", User: "u", Qty: 5}, time.Minute))
 	})
-}
-
-// findKey returns the one hash key whose name contains "{"+sku+"}" or ":"+sku and that match
-// accepts, on any node.
-func findKey(t *testing.T, c rueidis.Client, sku string, match func(context.Context, rueidis.Client, string) bool) string {
-	t.Helper()
-	var found []string
-	for _, n := range c.Nodes() {
-		keys, err := n.Do(ctx, n.B().Keys().Pattern("*").Build()).AsStrSlice()
-		require.NoError(t, err)
-		for _, k := range keys {
-			if !strings.Contains(k, "{"+sku+"}") && !strings.Contains(k, ":"+sku) {
-				continue
-			}
-			if typ, err := n.Do(ctx, n.B().Type().Key(k).Build()).ToString(); err != nil || typ != "hash" {
-				continue
-			}
-			if match(ctx, n, k) {
-				found = append(found, k)
-			}
-		}
-	}
-	require.Len(t, found, 1, "keys of %s: %v", sku, found)
-	return found[0]
 }
 
 // plantEntry overwrites id's ledger entry of sku with v.

@@ -22,72 +22,6 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-type rig struct {
-	r     *stock.Reserver
-	c     rueidis.Client
-	store *memstore.Store
-	relay *stockops.Relay
-	rec   *stockops.Reconciler
-}
-
-func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
-	t.Helper()
-	return newRigWith(t, c, newReserver(t, c), skus, opts...)
-}
-
-// newRigWith is newRig on a Reserver of the caller's.
-func newRigWith(t *testing.T, c rueidis.Client, r *stock.Reserver, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
-	t.Helper()
-	store := loadBoth(t, r, skus)
-	relay := newRelay(t, r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	var o *stock.ReconcileOptions
-	if len(opts) > 0 {
-		o = opts[0]
-	}
-	rec := newReconciler(t, r, store, o)
-	return rig{r: r, c: c, store: store, relay: relay, rec: rec}
-}
-
-func (g rig) once(t *testing.T) map[string]stockops.Report {
-	t.Helper()
-	reps, err := g.rec.Once(context.Background())
-	require.NoError(t, err)
-	m := map[string]stockops.Report{}
-	for _, rp := range reps {
-		m[rp.SKU] = rp
-	}
-	return m
-}
-
-// agree checks that Redis and the store agree once the outbox is drained.
-func (g rig) agree(t *testing.T, sku string) {
-	t.Helper()
-	drain(t, g.relay)
-	l, err := g.r.Levels(context.Background(), sku)
-	require.NoError(t, err)
-	rem := remaining(t, g.store, sku)
-	assert.Equal(t, rem, l.Available+l.Held, "redis available+held = store remaining")
-	assert.GreaterOrEqual(t, rem, int64(0))
-	assert.LessOrEqual(t, g.store.MaxApplications(), 1)
-}
-
-func del(t *testing.T, c rueidis.Client, keys ...string) {
-	t.Helper()
-	for _, k := range keys {
-		require.NoError(t, c.Do(context.Background(), c.B().Del().Key(k).Build()).Error())
-	}
-}
-
-// assertGone asserts that none of the keys base+suffix exists.
-func assertGone(t *testing.T, c rueidis.Client, base string, suffixes ...string) {
-	t.Helper()
-	for _, suffix := range suffixes {
-		n, err := c.Do(context.Background(), c.B().Exists().Key(base+suffix).Build()).AsInt64()
-		require.NoError(t, err)
-		assert.Zero(t, n, "%s%s is gone", base, suffix)
-	}
-}
-
 func TestReconcileClean(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newRig(t, c, map[string]int64{"A": 50})
@@ -446,6 +380,23 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 		got := levels(t, r, "x")
 		assert.Equal(t, stock.Levels{Available: a, Sold: s, Loaded: l}, got)
 	}
+	// The same failover on an item split over three buckets: each lost sale goes back in the
+	// bucket that made it, and its claim (in the id's home bucket) is lost with it.
+	loseSplit := func(t *testing.T, g rig, _ *testClock) []string {
+		for _, id := range []string{"b", "c"} {
+			for i := range 3 {
+				base := protocol.BucketBase("stock", "x", i, 3)
+				require.NoError(t, g.c.Do(ctx, g.c.B().Hdel().Key(base+":i").Field(id).Build()).Error())
+				n, err := g.c.Do(ctx, g.c.B().Hdel().Key(base+":l").Field(id).Build()).AsInt64()
+				require.NoError(t, err)
+				if n == 1 {
+					require.NoError(t, g.c.Do(ctx, g.c.B().Hincrby().Key(base).Field("a").Increment(1).Build()).Error())
+					require.NoError(t, g.c.Do(ctx, g.c.B().Hincrby().Key(base).Field("s").Increment(-1).Build()).Error())
+				}
+			}
+		}
+		return []string{"a", "b", "c"}
+	}
 	cases := []struct {
 		name string
 		// fault runs after a, b and c (1 unit each) are delivered; it returns the ids to restore
@@ -485,41 +436,19 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 			drain(t, g.relay) // the store has b already: it takes nothing
 			return nil        // (the clock runs a day ahead of Redis's: every settled entry is trimmable now)
 		}, 97, 3, 100},
+		{"a failover lost two delivered sales of a split item", loseSplit, 97, 3, 100},
 		{"the ledger key lost alone (the counters kept)", func(t *testing.T, g rig, _ *testClock) []string {
 			del(t, g.c, "stock:{x}:l")
 			return []string{"a", "b", "c"}
 		}, 97, 3, 100},
 	}
-	// The same failover on an item split over three buckets: each lost sale goes back in the
-	// bucket that made it, and its claim (in the id's home bucket) is lost with it.
-	split := stock.WithBuckets(func(string) int { return 3 })
-	loseSplit := func(t *testing.T, g rig, _ *testClock) []string {
-		for _, id := range []string{"b", "c"} {
-			for i := range 3 {
-				base := protocol.BucketBase("stock", "x", i, 3)
-				require.NoError(t, g.c.Do(ctx, g.c.B().Hdel().Key(base+":i").Field(id).Build()).Error())
-				n, err := g.c.Do(ctx, g.c.B().Hdel().Key(base+":l").Field(id).Build()).AsInt64()
-				require.NoError(t, err)
-				if n == 1 {
-					require.NoError(t, g.c.Do(ctx, g.c.B().Hincrby().Key(base).Field("a").Increment(1).Build()).Error())
-					require.NoError(t, g.c.Do(ctx, g.c.B().Hincrby().Key(base).Field("s").Increment(-1).Build()).Error())
-				}
-			}
-		}
-		return []string{"a", "b", "c"}
-	}
-	cases = append(cases, struct {
-		name    string
-		fault   func(t *testing.T, g rig, clock *testClock) []string
-		a, s, l int64
-	}{"a failover lost two delivered sales of a split item", loseSplit, 97, 3, 100})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, c rueidis.Client) {
 				clock := newTestClock()
 				opts := []stock.Option{stock.WithClock(clock.now)}
 				if strings.HasSuffix(tc.name, "split item") {
-					opts = append(opts, split)
+					opts = append(opts, stock.WithBuckets(func(string) int { return 3 }))
 				}
 				r := newReserver(t, c, opts...)
 				g := newRigWith(t, c, r, map[string]int64{"x": 100})
@@ -543,26 +472,6 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 			})
 		})
 	}
-}
-
-// testClock is a clock for WithClock that tests move by hand.
-type testClock struct {
-	mu sync.Mutex
-	at time.Time
-}
-
-func newTestClock() *testClock { return &testClock{at: time.Now()} }
-
-func (c *testClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.at
-}
-
-func (c *testClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.at = c.at.Add(d)
-	c.mu.Unlock()
 }
 
 // TestRetentionCountsFromSettling: the retention of an entry counts from when it settled, not

@@ -22,64 +22,6 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-// recorder is a Publisher that records what it got, deduplicated, and can be made to fail.
-type recorder struct {
-	mu    sync.Mutex
-	seen  map[string]int
-	evs   []stock.Event
-	down  atomic.Bool
-	fails atomic.Int64
-}
-
-func newRecorder() *recorder { return &recorder{seen: map[string]int{}} }
-
-func (p *recorder) Publish(_ context.Context, ev stock.Event) error {
-	if p.down.Load() {
-		p.fails.Add(1)
-		return errors.New("publisher down")
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	k := ev.SKU + "/" + ev.ID + "/" + string(ev.Type)
-	if p.seen[k] == 0 {
-		p.evs = append(p.evs, ev)
-	}
-	p.seen[k]++
-	return nil
-}
-
-func (p *recorder) count(t stock.EventType) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, ev := range p.evs {
-		if ev.Type == t {
-			n++
-		}
-	}
-	return n
-}
-
-// reserverAndStore returns a Reserver on c and a memstore, each with the items of skus loaded
-// with their quantities (a test seeds drift with store.Set).
-func reserverAndStore(t *testing.T, c rueidis.Client, skus map[string]int64) (*stock.Reserver, *memstore.Store) {
-	t.Helper()
-	r := newReserver(t, c)
-	return r, loadBoth(t, r, skus)
-}
-
-// loadBoth loads the items of skus with their quantities through r and into a new memstore,
-// which it returns.
-func loadBoth(t *testing.T, r *stock.Reserver, skus map[string]int64) *memstore.Store {
-	t.Helper()
-	store := memstore.New()
-	for sku, n := range skus {
-		require.NoError(t, r.Load(context.Background(), sku, n))
-		require.NoError(t, store.Load(context.Background(), sku, n))
-	}
-	return store
-}
-
 func TestRelayDeliversOnce(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 100, "B": 100})
@@ -385,14 +327,6 @@ func (p *batchRecorder) PublishBatch(_ context.Context, evs []stock.Event) []err
 }
 
 var _ stock.BatchPublisher = (*batchRecorder)(nil)
-
-// deductEach deducts one unit of sku for each of the ids o0 … o<n-1>, in order.
-func deductEach(t *testing.T, r *stock.Reserver, sku string, n int) {
-	t.Helper()
-	for i := range n {
-		must(t)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1}))
-	}
-}
 
 // TestRelayUsesBatchPublisher: the relay hands an item's claimed events to PublishBatch in one
 // call, in sequence, and Publish is not called.

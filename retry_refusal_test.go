@@ -1001,16 +1001,12 @@ func TestRetryRefusalLongNames(t *testing.T) {
 
 func TestRetryRefusalWithClock(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	var mu sync.Mutex
-	now := time.Now()
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	clock := newTestClock()
 	advance := func(d time.Duration) {
-		mu.Lock()
-		now = now.Add(d)
-		mu.Unlock()
+		clock.advance(d)
 		redistest.Sleep(c, d)
 	}
-	r := newReserver(t, c, stock.WithClock(clock))
+	r := newReserver(t, c, stock.WithClock(clock.now))
 	sku := "cl:ock~"
 	require.NoError(t, r.Load(ctx, sku, 1))
 	must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:~", User: "h", Qty: 1}, time.Second))
@@ -1026,34 +1022,26 @@ func TestRetryRefusalWithClock(t *testing.T) {
 // retryEnv is a miniredis whose clock moves only with Advance, and a Reserver on the same clock
 // (as package stocktest's Env, which the root module cannot import).
 type retryEnv struct {
+	*testClock
 	Client   rueidis.Client
 	Reserver *stock.Reserver
 	m        *miniredis.Miniredis
-	mu       sync.Mutex
-	now      time.Time
 }
 
 func retryNewEnv(t *testing.T, opts ...stock.Option) *retryEnv {
 	t.Helper()
 	m, c := redistest.Miniredis(t)
-	e := &retryEnv{Client: c, m: m, now: time.Now().Truncate(time.Microsecond)}
-	m.SetTime(e.now)
+	e := &retryEnv{testClock: &testClock{at: time.Now().Truncate(time.Microsecond)}, Client: c, m: m}
+	m.SetTime(e.now())
 	m.ClockTTL(true)
-	e.Reserver = newReserver(t, c, append([]stock.Option{stock.WithClock(e.Now)}, opts...)...)
+	e.Reserver = newReserver(t, c, append([]stock.Option{stock.WithClock(e.now)}, opts...)...)
 	return e
 }
 
-func (e *retryEnv) Now() time.Time {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.now
-}
-
+// Advance moves the Reserver's clock and miniredis's by d.
 func (e *retryEnv) Advance(d time.Duration) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.now = e.now.Add(d)
-	e.m.SetTime(e.now)
+	e.advance(d)
+	e.m.SetTime(e.now())
 }
 
 // retryEachEnv runs f for every case of retryConfigs on a retryEnv of its options.
