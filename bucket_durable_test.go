@@ -284,12 +284,7 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 		relayDone := make(chan struct{})
 		go func() {
 			defer close(relayDone)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for !stopped(stop) {
 				st, err := rl.Once(ctx)
 				assert.NoError(t, err)
 				refused.Add(int64(st.Refused))

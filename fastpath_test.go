@@ -176,12 +176,7 @@ func TestSoldOutRace(t *testing.T) {
 		)
 		for g := range buyers {
 			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
+				for !stopped(stop) {
 					id := fmt.Sprintf("g%d-%d", g, next.Add(1))
 					_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, User: fmt.Sprintf("u%d", g), Qty: 1})
 					switch {

@@ -444,3 +444,13 @@ func findKey(t *testing.T, c rueidis.Client, sku string, match func(context.Cont
 	require.Len(t, found, 1, "keys of %s: %v", sku, found)
 	return found[0]
 }
+
+// stopped reports whether stop is closed: a background loop runs while !stopped(stop).
+func stopped(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
+}

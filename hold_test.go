@@ -194,12 +194,7 @@ func TestHoldConcurrent(t *testing.T) {
 		var checks atomic.Int64
 		var wg, watch sync.WaitGroup
 		watch.Go(func() { // the equation at every moment, read atomically
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for !stopped(stop) {
 				l, err := r.Levels(ctx, "A")
 				if assert.NoError(t, err) {
 					assert.Equal(t, l.Loaded, l.Available+l.Held+l.Sold)

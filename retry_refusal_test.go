@@ -570,12 +570,7 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		})
 		var churned int64
 		wg.Go(func() { // churn: others sell and give back
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for i := 0; !stopped(stop); i++ {
 				oid := fmt.Sprintf("o:%d~", i)
 				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: oid, User: fmt.Sprintf("o%d", i%5), Qty: 1}); err == nil {
 					if _, err := r2.Restore(ctx, sku, oid); err != nil {
@@ -827,12 +822,7 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 		for g := 0; g < 4; g++ {
 			wg.Go(func() {
 				rr := []*stock.Reserver{r, r2}[g%2]
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
+				for !stopped(stop) {
 					rc, err := rr.Deduct(ctx, big)
 					if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 1000 {
 						mu.Lock()
