@@ -109,14 +109,14 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		user := "us:er~1"
 		require.NoError(t, r.Load(ctx, sku, 3))
 		require.NoError(t, r.Load(ctx, other, 5))
-		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "pre:1", User: "p:1", Qty: 1}))
-		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "pre:h~", User: "p:2", Qty: 1}, time.Hour))
+		must(t)(r.Deduct(ctx, request(sku, "pre:1", "p:1", 1)))
+		must(t)(r.Hold(ctx, request(sku, "pre:h~", "p:2", 1), time.Hour))
 		qty, rem := int64(2), int64(1)
 		if kind == stock.ErrSoldOut {
-			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "fill~", User: "p:3", Qty: 1}))
+			must(t)(r.Deduct(ctx, request(sku, "fill~", "p:3", 1)))
 			qty, rem = 1, 0
 		}
-		req := stock.Request{SKU: sku, ID: id, User: user, Qty: qty, Retry: true}
+		req := retryRequest(sku, id, user, qty)
 		var rc stock.Receipt
 		if op == "deduct" {
 			rc, err = r.Deduct(ctx, req)
@@ -199,7 +199,7 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return split }))
 		sku := "fa:st~1"
 		require.NoError(t, r.Load(ctx, sku, 1))
-		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}))
+		must(t)(r.Deduct(ctx, request(sku, "a", "ua", 1)))
 		// Sold out: refusals start and complete the filter.
 		for i := 0; i < 10; i++ {
 			mustFail(t, stock.ErrSoldOut, "sold-out refusal %d", i)(
@@ -208,13 +208,12 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		// Two ids refused for stock by a Retry while the item is short, the filter running:
 		// one sold out (recorded Remaining 0), then restock 2 and one insufficient.
 		idS, idI := "rt:so~1", "rt:in~1"
-		refused(t, "retry sold out", stock.ErrSoldOut, 0)(r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1, Retry: true}))
+		refused(t, "retry sold out", stock.ErrSoldOut, 0)(r.Deduct(ctx, retryRequest(sku, idS, "ux", 1)))
 		must(t)(r.Restock(ctx, sku, "rs:1", 2))
-		remI := mustFail(t, stock.ErrInsufficient, "retry insufficient")(
-			r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5, Retry: true})).Remaining
+		remI := mustFail(t, stock.ErrInsufficient, "retry insufficient")(r.Deduct(ctx, retryRequest(sku, idI, "uy", 5))).Remaining
 		require.Positive(t, remI, "retry insufficient")
 		// Sold out again.
-		must(t)(r2.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}))
+		must(t)(r2.Deduct(ctx, request(sku, "b", "ub", 2)))
 		for i := 0; i < 10; i++ {
 			mustFail(t, stock.ErrSoldOut, "sold-out refusal %d", i)(
 				r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: fmt.Sprintf("so%d", i), Qty: 1}))
@@ -231,21 +230,19 @@ func TestRetryRefusalFastPath(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			for j, rr := range []*stock.Reserver{r, r2} {
 				refused(t, fmt.Sprintf("repeat insufficient via reserver %d", j), stock.ErrInsufficient, remI)(
-					rr.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}))
+					rr.Deduct(ctx, request(sku, idI, "uy", 5)))
 				refused(t, fmt.Sprintf("repeat insufficient as hold via reserver %d", j), stock.ErrInsufficient, remI)(
-					rr.Hold(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}, time.Minute))
+					rr.Hold(ctx, request(sku, idI, "uy", 5), time.Minute))
 				refused(t, fmt.Sprintf("repeat sold out via reserver %d", j), stock.ErrSoldOut, 0)(
-					rr.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1}))
-				rc := must(t, "replay of a sale under the fast path")(rr.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 2}))
+					rr.Deduct(ctx, request(sku, idS, "ux", 1)))
+				rc := must(t, "replay of a sale under the fast path")(rr.Deduct(ctx, request(sku, "b", "ub", 2)))
 				assert.True(t, rc.Replayed, "replay of a sale under the fast path")
 			}
 		}
 		// Stock back: the recorded ids stay refused, with the recorded Remaining.
 		must(t)(r2.Restock(ctx, sku, "rs:2", 50))
-		refused(t, "repeat insufficient after restock", stock.ErrInsufficient, remI)(
-			r.Deduct(ctx, stock.Request{SKU: sku, ID: idI, User: "uy", Qty: 5}))
-		refused(t, "repeat sold out after restock", stock.ErrSoldOut, 0)(
-			r.Deduct(ctx, stock.Request{SKU: sku, ID: idS, User: "ux", Qty: 1}))
+		refused(t, "repeat insufficient after restock", stock.ErrInsufficient, remI)(r.Deduct(ctx, request(sku, idI, "uy", 5)))
+		refused(t, "repeat sold out after restock", stock.ErrSoldOut, 0)(r.Deduct(ctx, request(sku, idS, "ux", 1)))
 		checkLedger(t, r, sku, 1)
 	})
 }
@@ -258,7 +255,7 @@ func TestRetryRefusalLargeNumbers(t *testing.T) {
 		r := newReserver(t, b.Client(t))
 		sku := "big:~1"
 		require.NoError(t, r.Load(ctx, sku, avail))
-		req := stock.Request{SKU: sku, ID: "big:id~", User: "u", Qty: stock.MaxQty, Retry: true}
+		req := retryRequest(sku, "big:id~", "u", stock.MaxQty)
 		refused(t, "retry", stock.ErrInsufficient, avail)(r.Deduct(ctx, req))
 		e := entry(t, r, sku, req.ID)
 		assert.Equal(t, []int64{stock.MaxQty, avail}, []int64{e.Qty, e.After}, "ledger: %+v", e)
@@ -277,24 +274,19 @@ func TestRetryRefusalHoldExpiry(t *testing.T) {
 		r2 := newReserver(t, env.Client, cfg.opts...)
 		sku := "ex:p~1"
 		require.NoError(t, r.Load(ctx, sku, 3))
-		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute))
+		must(t)(r.Hold(ctx, request(sku, "h:1", "h1", 2), time.Minute))
 		// Insufficient: 1 left, asks 2.
-		refused(t, "retry hold insufficient", stock.ErrInsufficient, 1)(
-			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}, time.Minute))
-		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:2", User: "h2", Qty: 1}, time.Minute))
+		refused(t, "retry hold insufficient", stock.ErrInsufficient, 1)(r.Hold(ctx, retryRequest(sku, "x:in~", "x", 2), time.Minute))
+		must(t)(r.Hold(ctx, request(sku, "h:2", "h2", 1), time.Minute))
 		// Sold out.
-		refused(t, "retry deduct sold out", stock.ErrSoldOut, 0)(
-			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}))
+		refused(t, "retry deduct sold out", stock.ErrSoldOut, 0)(r.Deduct(ctx, retryRequest(sku, "x:so~", "y", 1)))
 		env.Advance(2 * time.Minute) // both holds are due
-		refused(t, "late hold after expiry", stock.ErrInsufficient, 1)(
-			r2.Hold(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2}, time.Minute))
-		refused(t, "late deduct after expiry", stock.ErrSoldOut, 0)(r2.Deduct(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1}))
+		refused(t, "late hold after expiry", stock.ErrInsufficient, 1)(r2.Hold(ctx, request(sku, "x:in~", "x", 2), time.Minute))
+		refused(t, "late deduct after expiry", stock.ErrSoldOut, 0)(r2.Deduct(ctx, request(sku, "x:so~", "y", 1)))
 		_, err := stockops.Sweep(ctx, r, sku)
 		require.NoError(t, err)
-		refused(t, "deduct retry after sweep", stock.ErrInsufficient, 1)(
-			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:in~", User: "x", Qty: 2, Retry: true}))
-		refused(t, "hold retry after sweep", stock.ErrSoldOut, 0)(
-			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:so~", User: "y", Qty: 1, Retry: true}, time.Minute))
+		refused(t, "deduct retry after sweep", stock.ErrInsufficient, 1)(r.Deduct(ctx, retryRequest(sku, "x:in~", "x", 2)))
+		refused(t, "hold retry after sweep", stock.ErrSoldOut, 0)(r.Hold(ctx, retryRequest(sku, "x:so~", "y", 1), time.Minute))
 		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, r, sku), "levels after expiry and repeats")
 		checkLedger(t, r, sku, 3)
 	})
@@ -307,11 +299,10 @@ func TestRetryRefusalDueHoldFirst(t *testing.T) {
 		r := env.Reserver
 		sku := "du:e~1"
 		require.NoError(t, r.Load(ctx, sku, 2))
-		must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:1", User: "h1", Qty: 2}, time.Minute))
+		must(t)(r.Hold(ctx, request(sku, "h:1", "h1", 2), time.Minute))
 		env.Advance(2 * time.Minute)
-		refused(t, "retry with a due hold", stock.ErrInsufficient, 2)(
-			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3, Retry: true}))
-		refused(t, "repeat", stock.ErrInsufficient, 2)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x~1", User: "x", Qty: 3}))
+		refused(t, "retry with a due hold", stock.ErrInsufficient, 2)(r.Deduct(ctx, retryRequest(sku, "x~1", "x", 3)))
+		refused(t, "repeat", stock.ErrInsufficient, 2)(r.Deduct(ctx, request(sku, "x~1", "x", 3)))
 		checkLedger(t, r, sku, 2)
 	})
 }
@@ -338,15 +329,15 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		}
 		wg.Wait()
 		// The first sold-out refusal starts the filter; its build has a long way to go.
-		mustFail(t, stock.ErrSoldOut, "first sold out")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "so:0", User: "z", Qty: 1}))
+		mustFail(t, stock.ErrSoldOut, "first sold out")(r.Deduct(ctx, request(sku, "so:0", "z", 1)))
 		must(t)(r.Restock(ctx, sku, "rs:1", 3))
 		var ids []string
 		for i := 0; i < 60; i++ {
 			id := fmt.Sprintf("rt:%d~x", i)
-			refused(t, "retry", stock.ErrInsufficient, 3)(r2.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5, Retry: true}))
+			refused(t, "retry", stock.ErrInsufficient, 3)(r2.Deduct(ctx, retryRequest(sku, id, "w", 5)))
 			ids = append(ids, id)
 		}
-		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "last", User: "l", Qty: 3}))
+		must(t)(r.Deduct(ctx, request(sku, "last", "l", 3)))
 		for i := 0; i < 40; i++ { // complete the build
 			_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("so2:%d", i), User: "z", Qty: 1})
 		}
@@ -358,7 +349,7 @@ func TestRetryRefusalFastPathMidBuild(t *testing.T) {
 		bad := 0
 		for _, id := range ids {
 			for _, rr := range []*stock.Reserver{r, r2} {
-				rc, err := rr.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "w", Qty: 5})
+				rc, err := rr.Deduct(ctx, request(sku, id, "w", 5))
 				if !errors.Is(err, stock.ErrInsufficient) || rc.Remaining != 3 {
 					bad++
 					if bad < 5 {
@@ -381,28 +372,25 @@ func TestRetryRefusalUserLimit(t *testing.T) {
 		sku := "li:mit~"
 		u := "al:ice~"
 		require.NoError(t, r.Load(ctx, sku, 1))
-		refused(t, "retry", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true}))
-		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:1", User: u, Qty: 1}))
+		refused(t, "retry", stock.ErrInsufficient, 1)(r.Deduct(ctx, retryRequest(sku, "x:1", u, 2)))
+		must(t)(r.Deduct(ctx, request(sku, "y:1", u, 1)))
 		// Sold out and u has 1: a retry refused as sold out.
-		refused(t, "retry 2", stock.ErrSoldOut, 0)(
-			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true}, time.Minute))
+		refused(t, "retry 2", stock.ErrSoldOut, 0)(r.Hold(ctx, retryRequest(sku, "x:2", u, 1), time.Minute))
 		must(t)(r.Restock(ctx, sku, "rs", 10))
-		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "z:1", User: u, Qty: 1}))
+		must(t)(r.Deduct(ctx, request(sku, "z:1", u, 1)))
 		// u is at the limit: the repeats must still answer the recorded refusals.
-		refused(t, "repeat x:1 at the limit", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2}))
-		refused(t, "repeat x:2 at the limit", stock.ErrSoldOut, 0)(
-			r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1}, time.Minute))
+		refused(t, "repeat x:1 at the limit", stock.ErrInsufficient, 1)(r.Deduct(ctx, request(sku, "x:1", u, 2)))
+		refused(t, "repeat x:2 at the limit", stock.ErrSoldOut, 0)(r.Hold(ctx, request(sku, "x:2", u, 1), time.Minute))
 		for _, id := range []string{"y:1", "z:1"} {
 			must(t)(r.Restore(ctx, sku, id))
 		}
-		refused(t, "repeat x:1 after restores", stock.ErrInsufficient, 1)(
-			r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1", User: u, Qty: 2, Retry: true}))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2", User: u, Qty: 1, Retry: true})
+		refused(t, "repeat x:1 after restores", stock.ErrInsufficient, 1)(r.Deduct(ctx, retryRequest(sku, "x:1", u, 2)))
+		rc, err := r.Deduct(ctx, retryRequest(sku, "x:2", u, 1))
 		retryCheckRefusal(t, "repeat x:2 after restores", rc, err, stock.ErrSoldOut, 0)
 		// The repeats counted nothing against u: u may still take 2.
-		must(t, "u cannot take 2 after the repeats")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:1", User: u, Qty: 2}))
+		must(t, "u cannot take 2 after the repeats")(r.Deduct(ctx, request(sku, "w:1", u, 2)))
 		// A retry refused for the limit records nothing (only stock refusals are recorded).
-		mustFail(t, stock.ErrUserLimit, "retry over the limit")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "v:1", User: u, Qty: 1, Retry: true}))
+		mustFail(t, stock.ErrUserLimit, "retry over the limit")(r.Deduct(ctx, retryRequest(sku, "v:1", u, 1)))
 		if e, err := r.Ledger(ctx, sku, "v:1"); !errors.Is(err, stock.ErrUnknownID) {
 			t.Logf("note: a retry refused for the limit left an entry: %+v %v", e, err)
 		}
@@ -418,7 +406,7 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 		sku := "op:s~"
 		id := "x:~1"
 		require.NoError(t, r.Load(ctx, sku, 1))
-		refused(t, "retry", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2, Retry: true}))
+		refused(t, "retry", stock.ErrInsufficient, 1)(r.Deduct(ctx, retryRequest(sku, id, "u", 2)))
 		recorded := entry(t, r, sku, id)
 		lv0 := levels(t, r, sku)
 		steps := []struct {
@@ -437,16 +425,16 @@ func TestRetryRefusalOtherOps(t *testing.T) {
 			t.Logf("%s: %+v %v", st.name, rc, err)
 			assert.Error(t, err, "%s of a refused id succeeded: %+v", st.name, rc)
 			assert.Equal(t, lv0, levels(t, r, sku), "%s changed the levels", st.name)
-			rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
+			rc, err = r.Deduct(ctx, request(sku, id, "u", 2))
 			retryCheckRefusal(t, "repeat after "+st.name, rc, err, stock.ErrInsufficient, 1)
 		}
 		assert.Equal(t, recorded, entry(t, r, sku, id), "the recorded refusal changed")
 		// A closed item: what does the repeat answer?
 		require.NoError(t, r.CloseItem(ctx, sku))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2})
+		rc, err := r.Deduct(ctx, request(sku, id, "u", 2))
 		t.Logf("repeat on a closed item: %+v %v", rc, err)
 		require.NoError(t, r.ReopenItem(ctx, sku))
-		refused(t, "repeat after reopen", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 2}))
+		refused(t, "repeat after reopen", stock.ErrInsufficient, 1)(r.Deduct(ctx, request(sku, id, "u", 2)))
 		checkLedger(t, r, sku, 1)
 	})
 }
@@ -465,7 +453,7 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 		}
 		require.NoError(t, r.Load(ctx, x, load))
 		id := "ca:rt~1"
-		refused(t, "retry", kind, load)(r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2, Retry: true}))
+		refused(t, "retry", kind, load)(r.Deduct(ctx, retryRequest(x, id, "u", 2)))
 		must(t)(r.Restock(ctx, x, "rs", 10))
 		la := levels(t, r, a)
 		for _, hold := range []bool{false, true} {
@@ -483,7 +471,7 @@ func TestRetryRefusalGroupCart(t *testing.T) {
 			}
 		}
 		assert.Equal(t, la, levels(t, r, a), "the group cart changed %s", a)
-		refused(t, "repeat after the carts", kind, load)(r.Deduct(ctx, stock.Request{SKU: x, ID: id, User: "u", Qty: 2}))
+		refused(t, "repeat after the carts", kind, load)(r.Deduct(ctx, request(x, id, "u", 2)))
 		checkLedger(t, r, x, load)
 		checkLedger(t, r, a, 5)
 	})
@@ -502,20 +490,20 @@ func TestRetryRefusalBucketsNoPhantomRefusal(t *testing.T) {
 		r := newReserver(t, b.Client(t), stock.WithBuckets(func(string) int { return tc.buckets }))
 		sku := "sp:lit~"
 		require.NoError(t, r.Load(ctx, sku, tc.load))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty, Retry: true})
+		rc, err := r.Deduct(ctx, retryRequest(sku, "x:1~", "u:1", tc.qty))
 		if err != nil {
 			t.Errorf("retry of %d of %d over %d buckets refused: %+v %v", tc.qty, tc.load, tc.buckets, rc, err)
-			rc2, err2 := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:1~", User: "u:1", Qty: tc.qty})
+			rc2, err2 := r.Deduct(ctx, request(sku, "x:1~", "u:1", tc.qty))
 			t.Logf("and it is final: %+v %v; levels %+v", rc2, err2, levels(t, r, sku))
 		} else if rc.Remaining != tc.load-tc.qty {
 			t.Logf("remaining in the bucket %d (item %d)", rc.Remaining, tc.load-tc.qty)
 		}
 		// Over: one more than the whole.
-		rc, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1, Retry: true}, time.Minute)
+		rc, err = r.Hold(ctx, retryRequest(sku, "x:2~", "u:2", tc.load-tc.qty+1), time.Minute)
 		assert.True(t, errors.Is(err, stock.ErrInsufficient) || errors.Is(err, stock.ErrSoldOut), "over-ask: %+v %v", rc, err)
 		assert.Equal(t, errors.Is(err, stock.ErrSoldOut), rc.Remaining == 0, "refusal kind does not match its Remaining: %+v %v", rc, err)
 		kind := err
-		rc2, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:2~", User: "u:2", Qty: tc.load - tc.qty + 1})
+		rc2, err := r.Deduct(ctx, request(sku, "x:2~", "u:2", tc.load-tc.qty+1))
 		assert.True(t, stock.Outcome(err) == stock.Outcome(kind) && rc2.Remaining == rc.Remaining,
 			"repeat answered %+v %v, the retry %+v %v", rc2, err, rc, kind)
 		levels(t, r, sku)
@@ -554,7 +542,7 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		}
 		require.NoError(t, r.Load(ctx, sku, load))
 		id, user := "x:~id", "x:~u"
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 3, Retry: true})
+		rc, err := r.Deduct(ctx, retryRequest(sku, id, user, 3))
 		retryCheckRefusal(t, "retry", rc, err, kind, load)
 		recorded := entry(t, r, sku, id)
 		const restocks = 15
@@ -704,9 +692,9 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 				refusedRounds++
 				// The retries refused before the record answer the record, so all alike.
 				first := retryRefused[0]
-				late, lerr := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2})
+				late, lerr := r.Deduct(ctx, request(sku, id, user, 2))
 				if hold {
-					late, lerr = r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2}, time.Hour)
+					late, lerr = r.Hold(ctx, request(sku, id, user, 2), time.Hour)
 				}
 				matched := false
 				for _, a := range retryRefused {
@@ -812,7 +800,7 @@ func TestRetryRefusalBucketsRepeatsNoPhantomForOthers(t *testing.T) {
 		r, r2 := retryPair(t, b, stock.WithBuckets(func(string) int { return 4 }))
 		sku := "ph:an~tom"
 		require.NoError(t, r.Load(ctx, sku, 1000))
-		big := stock.Request{SKU: sku, ID: "x:~", User: "u:~1", Qty: 1 << 40, Retry: true}
+		big := retryRequest(sku, "x:~", "u:~1", 1<<40)
 		refused(t, "retry", stock.ErrInsufficient, 1000)(r.Deduct(ctx, big))
 		big.Retry = false
 		var wg sync.WaitGroup
@@ -861,9 +849,9 @@ func TestRetryRefusalReconcile(t *testing.T) {
 		sku := "re:con~"
 		require.NoError(t, store.Load(ctx, sku, 2))
 		require.NoError(t, r.Load(ctx, sku, 2))
-		must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a:1", User: "a", Qty: 1}))
+		must(t)(r.Deduct(ctx, request(sku, "a:1", "a", 1)))
 		id := "x:~1"
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
+		rc, err := r.Deduct(ctx, retryRequest(sku, id, "u", 3))
 		retryCheckRefusal(t, "retry", rc, err, stock.ErrInsufficient, 1)
 		must(t)(r.Restock(ctx, sku, "rs:1", 5))
 		must(t)(r.Restore(ctx, sku, "a:1"))
@@ -884,17 +872,16 @@ func TestRetryRefusalReconcile(t *testing.T) {
 			assert.Equal(t, int64(7), remaining(t, store, sku), "%s: store remaining", label)
 		}
 		pass("first pass")
-		refused(t, "repeat after a pass", stock.ErrInsufficient, 1)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}))
+		refused(t, "repeat after a pass", stock.ErrInsufficient, 1)(r.Deduct(ctx, request(sku, id, "u", 3)))
 		env.Advance(23 * time.Hour)
 		pass("pass within the retention")
-		refused(t, "repeat within the retention", stock.ErrInsufficient, 1)(
-			r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3}, time.Minute))
+		refused(t, "repeat within the retention", stock.ErrInsufficient, 1)(r.Hold(ctx, request(sku, id, "u", 3), time.Minute))
 		checkLedger(t, r, sku, 2)
 		// Past the retention the entry may be trimmed: the documented end of idempotency.
 		env.Advance(2 * time.Hour)
 		rep, err := rec.Item(ctx, sku)
 		t.Logf("pass past the retention: %s %v", rep, err)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true})
+		rc, err = r.Deduct(ctx, retryRequest(sku, id, "u", 3))
 		t.Logf("a copy past the retention (documented: idempotency ends with the entry): %+v %v", rc, err)
 	})
 }
@@ -913,13 +900,13 @@ func TestRetryRefusalReplicaAck(t *testing.T) {
 		sku := "ack:~1"
 		require.NoError(t, r.Load(ctx, sku, 1))
 		t0 := time.Now()
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "x:~", User: "u", Qty: 2, Retry: true})
+		rc, err := r.Deduct(ctx, retryRequest(sku, "x:~", "u", 2))
 		el := time.Since(t0)
 		require.ErrorIs(t, err, stock.ErrInsufficient, "retry")
 		require.Equal(t, int64(1), rc.Remaining, "retry")
 		t.Logf("retry refusal: %v in %v", err, el)
 		entry(t, r, sku, "x:~") // the refusal was recorded
-		_, serr := r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "v", Qty: 1})
+		_, serr := r.Deduct(ctx, request(sku, "y:~", "v", 1))
 		t.Logf("a sale: %v", serr)
 		require.ErrorIs(t, serr, stock.ErrNotReplicated, "a sale without a replica")
 		assert.NotErrorIs(t, err, stock.ErrNotReplicated, "a Retry refused for stock says ErrNotReplicated (the units were taken)")
@@ -928,7 +915,7 @@ func TestRetryRefusalReplicaAck(t *testing.T) {
 		_, err = r.Restore(ctx, sku, "z:~")
 		assert.ErrorIs(t, err, stock.ErrUnknownID)
 		assert.NotErrorIs(t, err, stock.ErrNotReplicated)
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "w:~", User: "w", Qty: 5})
+		_, err = r.Deduct(ctx, request(sku, "w:~", "w", 5))
 		assert.ErrorIs(t, err, stock.ErrSoldOut)
 		assert.NotErrorIs(t, err, stock.ErrNotReplicated)
 	})
@@ -944,7 +931,7 @@ func TestRetryRefusalRepeatOtherParams(t *testing.T) {
 		sku := "pa:ram~"
 		require.NoError(t, r.Load(ctx, sku, 2))
 		id := "x:~"
-		refused(t, "retry", stock.ErrInsufficient, 2)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: 3, Retry: true}))
+		refused(t, "retry", stock.ErrInsufficient, 2)(r.Deduct(ctx, retryRequest(sku, id, "u", 3)))
 		lv := levels(t, r, sku)
 		for _, req := range []stock.Request{
 			{SKU: sku, ID: id, User: "u", Qty: 1},
@@ -977,9 +964,9 @@ func TestRetryRefusalLongNames(t *testing.T) {
 		id := strings.Repeat("~:", 64)
 		user := strings.Repeat("u~", 64)
 		require.NoError(t, r.Load(ctx, sku, 5))
-		refused(t, "retry", stock.ErrInsufficient, 5)(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6, Retry: true}))
+		refused(t, "retry", stock.ErrInsufficient, 5)(r.Deduct(ctx, retryRequest(sku, id, user, 6)))
 		must(t)(r.Restock(ctx, sku, id[:127]+"x", 3))
-		rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 6}, time.Minute)
+		rc, err := r.Hold(ctx, request(sku, id, user, 6), time.Minute)
 		retryCheckRefusal(t, "repeat", rc, err, stock.ErrInsufficient, 5)
 		e := entry(t, r, sku, id)
 		assert.Equal(t, []any{id, user, sku, int64(6), int64(5)}, []any{e.ID, e.User, e.SKU, e.Qty, e.After}, "ledger: %+v", e)
@@ -999,12 +986,12 @@ func TestRetryRefusalWithClock(t *testing.T) {
 	r := newReserver(t, c, stock.WithClock(clock.now))
 	sku := "cl:ock~"
 	require.NoError(t, r.Load(ctx, sku, 1))
-	must(t)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h:~", User: "h", Qty: 1}, time.Second))
-	refused(t, "retry", stock.ErrSoldOut, 0)(r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1, Retry: true}, time.Minute))
+	must(t)(r.Hold(ctx, request(sku, "h:~", "h", 1), time.Second))
+	refused(t, "retry", stock.ErrSoldOut, 0)(r.Hold(ctx, retryRequest(sku, "x:~", "x", 1), time.Minute))
 	advance(2 * time.Second)
-	rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "x:~", User: "x", Qty: 1}, time.Minute)
+	rc, err := r.Hold(ctx, request(sku, "x:~", "x", 1), time.Minute)
 	retryCheckRefusal(t, "late first attempt after the hold expired", rc, err, stock.ErrSoldOut, 0)
-	must(t, "the expired unit is not for sale")(r.Deduct(ctx, stock.Request{SKU: sku, ID: "y:~", User: "y", Qty: 1}))
+	must(t, "the expired unit is not for sale")(r.Deduct(ctx, request(sku, "y:~", "y", 1)))
 	mustFail(t, stock.ErrExpired, "confirm of the expired hold")(r.Confirm(ctx, sku, "h:~"))
 	checkLedger(t, r, sku, 1)
 }
@@ -1163,4 +1150,13 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 		must(t, "a retry that is admitted is an ordinary deduct")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true}))
 		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
 	})
+}
+
+// request is a request of qty units of sku for id by user; retryRequest is the same request as a retry.
+func request(sku, id, user string, qty int64) stock.Request {
+	return stock.Request{SKU: sku, ID: id, User: user, Qty: qty}
+}
+
+func retryRequest(sku, id, user string, qty int64) stock.Request {
+	return stock.Request{SKU: sku, ID: id, User: user, Qty: qty, Retry: true}
 }
