@@ -53,8 +53,7 @@ func TestFailoverGuard(t *testing.T) {
 	must(t, "restores still work while fenced")(r.Restore(ctx, "A", "o1"))
 
 	rec := newReconciler(t, r, store, nil)
-	_, err = rec.Once(ctx)
-	require.NoError(t, err)
+	require.NoError(t, errOf(rec.Once(ctx)))
 	fenced, err = g.Check(ctx)
 	require.NoError(t, err)
 	assert.False(t, fenced, "a complete pass lifts the fence")
@@ -73,8 +72,7 @@ func TestFreshDeploymentIsNotFenced(t *testing.T) {
 	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := memstore.New()
 		for _, sku := range []string{"A", "B"} {
-			_, err := stockops.Preheat(ctx, r, store, sku, 10)
-			require.NoError(t, err)
+			require.NoError(t, errOf(stockops.Preheat(ctx, r, store, sku, 10)))
 		}
 		// The guard's first check, as Run makes it before its first reconcile pass.
 		if fenced, err := stockops.NewFailoverGuard(r).Check(ctx); err == nil {
@@ -109,8 +107,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	c := srv.Client(t)
 	r := newReserver(t, c)
 	store := memstore.New()
-	_, err := stockops.Preheat(ctx, r, store, "A", 10)
-	require.NoError(t, err)
+	require.NoError(t, errOf(stockops.Preheat(ctx, r, store, "A", 10)))
 	g := stockops.NewFailoverGuard(r)
 	fenced, err := g.Check(ctx)
 	require.NoError(t, err)
@@ -131,8 +128,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	assert.Contains(t, err.Error(), "reconcile pass")
 
 	rec := newReconciler(t, r, store, nil)
-	_, err = rec.Once(ctx)
-	require.NoError(t, err)
+	require.NoError(t, errOf(rec.Once(ctx)))
 	require.NoError(t, r.Ready(ctx))
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 
@@ -149,8 +145,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	store.Set("B", 5)
-	_, err = rec.Once(ctx)
-	require.NoError(t, err)
+	require.NoError(t, errOf(rec.Once(ctx)))
 	require.NoError(t, other.Ready(ctx))
 }
 
@@ -215,8 +210,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	}
 	assert.Equal(t, []string{"A", "B"}, registry(t, r), "registered again")
 	assert.Equal(t, int64(7), levels(t, r, "A").Available, "rebuilt from the store")
-	_, err = available(r.Levels(ctx, "C"))
-	require.ErrorIs(t, err, stock.ErrNotLoaded, "an item Redis never had is left alone")
+	require.ErrorIs(t, errOf(available(r.Levels(ctx, "C"))), stock.ErrNotLoaded, "an item Redis never had is left alone")
 
 	// Sold and relayed again; the next pass finds nothing.
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "a-after", Qty: 2}))

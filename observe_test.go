@@ -46,8 +46,7 @@ func TestObserver(t *testing.T) {
 	rl := newRelay(t, r, store, nil, nil)
 	drain(t, rl)
 	rec := newReconciler(t, r, store, nil)
-	_, err := rec.Once(ctx)
-	require.NoError(t, err)
+	require.NoError(t, errOf(rec.Once(ctx)))
 	assert.Equal(t, map[string]int{
 		"deduct/ok": 3, "deduct/replayed": 1, "deduct/sold_out": 1, "deduct/invalid": 1,
 		"restore/ok": 1, "relay/ok": 1, "reconcile/ok": 1,
@@ -115,11 +114,9 @@ func TestStartObserver(t *testing.T) {
 	require.NoError(t, store.Load(ctx, "A", 2))
 	require.NoError(t, store.Load(ctx, "B", 2))
 	relay := newRelay(t, r, store, nil, nil)
-	_, err := relay.Once(ctx)
-	require.NoError(t, err)
+	require.NoError(t, errOf(relay.Once(ctx)))
 	rc := newReconciler(t, r, store, &stock.ReconcileOptions{DryRun: true})
-	_, err = rc.Once(ctx)
-	require.NoError(t, err)
+	require.NoError(t, errOf(rc.Once(ctx)))
 	dead, cancel := context.WithCancel(ctx)
 	cancel() // every call now fails before its outcome is known
 	_, _ = r.Deduct(dead, stock.Request{SKU: "A", ID: "o9", Qty: 1})

@@ -48,8 +48,7 @@ func TestReconcileLostKey(t *testing.T) {
 			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1}))
 		}
 		del(t, c, "stock:{A}")
-		_, err := available(g.r.Levels(ctx, "A"))
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
 		mustFail(t, stock.ErrNotLoaded, "no sale on a lost item")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1}))
 
 		dry := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{DryRun: true})
@@ -57,8 +56,7 @@ func TestReconcileLostKey(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, reps[0].Missing)
 		assert.False(t, reps[0].Rebuilt)
-		_, err = available(g.r.Levels(ctx, "A"))
-		require.ErrorIs(t, err, stock.ErrNotLoaded, "a dry run repairs nothing")
+		require.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded, "a dry run repairs nothing")
 
 		rp := g.once(t)["A"]
 		assert.True(t, rp.Missing)
@@ -244,8 +242,7 @@ func TestDelistRetires(t *testing.T) {
 		assert.Zero(t, reps["A"].Drift)
 		assert.False(t, reps["B"].Retired)
 		assertGone(t, c, "stock:{A}", ":l", ":u", ":o", ":h", ":r", ":rl", ":dl", ":b")
-		_, err = available(g.r.Levels(ctx, "A"))
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		assert.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
 		reps = g.once(t)
 		_, listed := reps["A"]
 		assert.False(t, listed, "a retired item leaves the registry")
@@ -287,8 +284,7 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		assertState(t, g.r, "A", "h1", stock.StateApplied)
 		l := levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 1, Loaded: 3}, l, "h2 released, h1 sold, h3 due")
-		_, err := stockops.Sweep(ctx, g.r, "A")
-		require.NoError(t, err)
+		require.NoError(t, errOf(stockops.Sweep(ctx, g.r, "A")))
 		l = levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 2, Held: 0, Sold: 1, Loaded: 3}, l, "h3 expired")
 		g.agree(t, "A")
@@ -339,13 +335,11 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		relay := newRelay(t, r, nil, pub, nil)
 
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
-		_, err := relay.Once(ctx)
-		require.NoError(t, err)
+		require.NoError(t, errOf(relay.Once(ctx)))
 		require.Len(t, queue, 1)
 		require.NoError(t, stock.Consume(ctx, r, db, queue[0])) // the deduct is in the store
 		must(t)(r.Restore(ctx, "A", "o1"))
-		_, err = relay.Once(ctx)
-		require.NoError(t, err)
+		require.NoError(t, errOf(relay.Once(ctx)))
 		require.Len(t, queue, 2) // the restore is published, not applied yet
 
 		store := &lateConsumerStore{Store: db, r: r, id: "o1", ev: queue[1]}
@@ -552,8 +546,7 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 				drain(t, g.relay)
 				move(tc.past)
 				assert.Equal(t, 1, g.once(t)["x"].Trimmed, "trimmed once the retention after it settled has passed")
-				_, err = g.r.Ledger(context.Background(), "x", "e")
-				assert.ErrorIs(t, err, stock.ErrUnknownID)
+				assert.ErrorIs(t, errOf(g.r.Ledger(context.Background(), "x", "e")), stock.ErrUnknownID)
 			})
 		})
 	}
@@ -600,8 +593,7 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 					require.NoError(t, err)
 					assert.LessOrEqual(t, len(fields), 2, "%s keeps only its retired mark: %v", base, fields)
 				}
-				_, err := g.r.Levels(ctx, "x")
-				assert.ErrorIs(t, err, stock.ErrNotLoaded)
+				assert.ErrorIs(t, errOf(g.r.Levels(ctx, "x")), stock.ErrNotLoaded)
 				require.NoError(t, g.r.Load(ctx, "x", 3), "a retired item may be loaded again")
 				assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, g.r, "x"))
 			})

@@ -169,11 +169,9 @@ func TestRelaysConcurrent(t *testing.T) {
 			dw.Go(func() {
 				for i := range 40 {
 					id := fmt.Sprint("g", g, "-", i)
-					_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})
-					assert.NoError(t, err)
+					assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})))
 					if i%5 == 0 {
-						_, err = r.Restore(ctx, "A", id)
-						assert.NoError(t, err)
+						assert.NoError(t, errOf(r.Restore(ctx, "A", id)))
 					}
 				}
 			})
@@ -533,8 +531,7 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 			require.NoError(t, r.Load(ctx, "A", 5))
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 			rl := newRelay(t, r, memstore.New(), nil, nil)
-			_, err := rl.Once(ctx)
-			require.ErrorIs(t, err, stock.ErrNotLoaded)
+			require.ErrorIs(t, errOf(rl.Once(ctx)), stock.ErrNotLoaded)
 			assert.Contains(t, logs.String(), notLoadedLog)
 			assert.Contains(t, logs.String(), "level=ERROR")
 		})
@@ -560,17 +557,13 @@ func TestPreheatLoadsStoreAndRedis(t *testing.T) {
 
 		// Again: a live sale is not clobbered.
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
-		_, err = stockops.Preheat(ctx, r, store, "A", 10)
-		require.ErrorIs(t, err, stock.ErrLoaded)
+		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "A", 10)), stock.ErrLoaded)
 		assert.EqualValues(t, 9, levels(t, r, "A").Available)
 
 		// Bad input changes nothing.
-		_, err = stockops.Preheat(ctx, r, store, "C", -1)
-		require.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = stockops.Preheat(ctx, r, store, "bad{name", 1)
-		require.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = store.Remaining(ctx, "bad{name")
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "C", -1)), stock.ErrInvalid)
+		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "bad{name", 1)), stock.ErrInvalid)
+		require.ErrorIs(t, errOf(store.Remaining(ctx, "bad{name")), stock.ErrNotLoaded)
 
 		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 1, drain(t, rl).Delivered)
@@ -629,9 +622,8 @@ func TestStoppedWhileTakingTheLeaseGivesItBack(t *testing.T) {
 			rec := newReconciler(t, r, store, nil)
 			// Every script is loaded: the armed command runs, it is not refused as NOSCRIPT.
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
-			_, err := relay.Once(ctx)
-			require.NoError(t, err)
-			_, err = rec.Pass(ctx)
+			require.NoError(t, errOf(relay.Once(ctx)))
+			_, err := rec.Pass(ctx)
 			require.NoError(t, err)
 
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1}))
