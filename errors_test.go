@@ -126,9 +126,7 @@ func TestFailoverAndNotReplicatedObserved(t *testing.T) {
 	c := srv.Client(t)
 	require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
 	r := newReserver(t, c, stock.WithObserver(obs))
-	fenced, err := stockops.NewFailoverGuard(r).Check(ctx)
-	require.NoError(t, err)
-	require.True(t, fenced)
+	checkFenced(t, stockops.NewFailoverGuard(r), true)
 	mustFail(t, stock.ErrFailover)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
 	assert.Equal(t, int64(8), levels(t, r, "A").Available, "a fenced deduct takes nothing")
 

@@ -32,36 +32,23 @@ func TestFailoverGuard(t *testing.T) {
 	r := newReserver(t, srv.Client(t))
 	other := newReserver(t, srv.Client(t))
 	g, g2 := stockops.NewFailoverGuard(r), stockops.NewFailoverGuard(other)
-	fenced, err := g.Check(ctx)
-	require.NoError(t, err)
-	require.False(t, fenced, "a new deployment records its baseline")
+	checkFenced(t, g, false, "a new deployment records its baseline")
 
 	store := loadBoth(t, r, map[string]int64{"A": 10})
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
-	fenced, err = g2.Check(ctx)
-	require.NoError(t, err)
-	require.False(t, fenced)
+	checkFenced(t, g2, false)
 
-	srv.Kill()
-	srv.Start() // a new run id; the data survives (AOF, fsync always)
-	require.Eventually(t, func() bool {
-		fenced, err := g.Check(ctx)
-		return err == nil && fenced
-	}, 10e9, 50e6)
+	restartFenced(t, srv, g) // a new run id; the data survives (AOF, fsync always)
 	mustFail(t, stock.ErrFailover)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
 	mustFail(t, stock.ErrFailover)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h2", Qty: 1}, 60e9))
 	must(t, "restores still work while fenced")(r.Restore(ctx, "A", "o1"))
 
 	rec := newReconciler(t, r, store, nil)
 	require.NoError(t, errOf(rec.Once(ctx)))
-	fenced, err = g.Check(ctx)
-	require.NoError(t, err)
-	assert.False(t, fenced, "a complete pass lifts the fence")
+	checkFenced(t, g, false, "a complete pass lifts the fence")
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
 	// The other process learns of the pass from Redis.
-	fenced, err = g2.Check(ctx)
-	require.NoError(t, err)
-	assert.False(t, fenced)
+	checkFenced(t, g2, false)
 }
 
 // TestFreshDeploymentIsNotFenced: items loaded on a Redis that never had an epoch, then Run
@@ -109,20 +96,13 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	store := memstore.New()
 	require.NoError(t, errOf(stockops.Preheat(ctx, r, store, "A", 10)))
 	g := stockops.NewFailoverGuard(r)
-	fenced, err := g.Check(ctx)
-	require.NoError(t, err)
-	require.False(t, fenced)
+	checkFenced(t, g, false)
 	require.NoError(t, r.Ready(ctx))
 
-	srv.Kill()
-	srv.Start() // a new run id: a failover for the guard
-	require.Eventually(t, func() bool {
-		fenced, err := g.Check(ctx)
-		return err == nil && fenced
-	}, 10*time.Second, 50*time.Millisecond)
+	restartFenced(t, srv, g) // a new run id: a failover for the guard
 	mustFail(t, stock.ErrFailover)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	err = r.Ready(short)
+	err := r.Ready(short)
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Contains(t, err.Error(), "reconcile pass")
@@ -137,9 +117,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
 	other := newReserver(t, srv.Client(t))
 	require.NoError(t, other.Load(ctx, "B", 5))
-	fenced, err = stockops.NewFailoverGuard(other).Check(ctx)
-	require.NoError(t, err)
-	require.True(t, fenced, "a Load on a live deployment without an epoch does not record one")
+	checkFenced(t, stockops.NewFailoverGuard(other), true, "a Load on a live deployment without an epoch does not record one")
 	short, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
 	err = other.Ready(short)
 	cancel()
@@ -274,4 +252,24 @@ func TestRegistryEntryLost(t *testing.T) {
 		assert.True(t, rp.Unregistered)
 		assert.Equal(t, []string{"A", "B"}, registry(t, r))
 	})
+}
+
+// checkFenced checks that g answers whether writes are fenced, and that it says want.
+func checkFenced(t *testing.T, g *stockops.FailoverGuard, want bool, msgAndArgs ...any) {
+	t.Helper()
+	fenced, err := g.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, fenced, msgAndArgs...)
+}
+
+// restartFenced kills srv and starts it again, with a new run id and its data kept (AOF,
+// fsync always), and waits until g takes it for a failover and fences writes.
+func restartFenced(t *testing.T, srv *redistest.Server, g *stockops.FailoverGuard) {
+	t.Helper()
+	srv.Kill()
+	srv.Start()
+	require.Eventually(t, func() bool {
+		fenced, err := g.Check(ctx)
+		return err == nil && fenced
+	}, 10*time.Second, 50*time.Millisecond)
 }
