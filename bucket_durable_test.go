@@ -171,19 +171,27 @@ func TestBucketedRelayItems(t *testing.T) {
 	})
 }
 
+// restockThenSales loads sku with 3 units on an item split over splitN buckets and in a Store,
+// restocks 5 units in bucket 1, and sells 8 units to a buyer of bucket 0: the sales spend units
+// transfers moved from the other buckets, the restock's among them.
+func restockThenSales(t *testing.T, c rueidis.Client, sku string) (*stock.Reserver, *memstore.Store) {
+	t.Helper()
+	r := newReserver(t, c, stock.WithBuckets(func(string) int { return splitN }))
+	store := loadBoth(t, r, map[string]int64{sku: 3})
+	must(t)(r.Restock(ctx, sku, keyIn("rs", 1, splitN), 5))
+	buyer := keyIn("u", 0, splitN)
+	for i := range 8 {
+		must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
+	}
+	return r, store
+}
+
 // TestBucketedOrderRestockThenSale: a restock in one bucket whose units a transfer moves to
 // another bucket, where they are sold: the Store gets the restock before the sales, whatever
 // order the relay walks the buckets in, and refuses none of the acknowledged sales.
 func TestBucketedOrderRestockThenSale(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		const n = 3
-		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := loadBoth(t, r, map[string]int64{"ord": 3})
-		must(t)(r.Restock(ctx, "ord", keyIn("rs", 1, n), 5))
-		buyer := keyIn("u", 0, n)
-		for i := range 8 {
-			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "ord", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
-		}
+		r, store := restockThenSales(t, c, "ord")
 		rl := newRelay(t, r, store, nil, nil)
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no acknowledged sale is refused: %+v", st)
@@ -226,14 +234,7 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 // once the restock is delivered they follow.
 func TestBucketedOrderBarrierWaits(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		const n = 3
-		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := loadBoth(t, r, map[string]int64{"bw": 3})
-		must(t)(r.Restock(ctx, "bw", keyIn("rs", 1, n), 5))
-		buyer := keyIn("u", 0, n)
-		for i := range 8 {
-			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "bw", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
-		}
+		r, store := restockThenSales(t, c, "bw")
 		down := errors.New("store down for restocks")
 		store.FailWith(func(ev stock.Event) error {
 			if ev.Type == stock.EventRestocked {
@@ -329,14 +330,7 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 // restock is applied: none is refused.
 func TestBucketedOrderConsume(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		const n = 3
-		r := newReserver(t, c, stock.WithBuckets(func(string) int { return n }))
-		store := loadBoth(t, r, map[string]int64{"qo": 3})
-		must(t)(r.Restock(ctx, "qo", keyIn("rs", 1, n), 5))
-		buyer := keyIn("u", 0, n)
-		for i := range 8 {
-			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "qo", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
-		}
+		r, store := restockThenSales(t, c, "qo")
 		pub := newRecorder()
 		rl := newRelay(t, r, nil, pub, nil)
 		drain(t, rl)
