@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,17 +150,7 @@ func conflictSays(t *testing.T, err error, says []string, not ...string) {
 // cart its lines), never a field that is the same, on plain and split items and for carts.
 func TestConflictSaysWhatDiffers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := newReserver(t, c, stock.WithBuckets(func(sku string) int {
-			if strings.HasPrefix(sku, "S") {
-				return 3
-			}
-			return 0
-		}), stock.WithGroups(func(sku string) string {
-			if strings.HasPrefix(sku, "G") {
-				return "g"
-			}
-			return ""
-		}))
+		r := newReserver(t, c, splitSAndGroupG...)
 		for _, sku := range []string{"A", "B", "S", "G1", "G2"} {
 			require.NoError(t, r.Load(ctx, sku, 100))
 		}

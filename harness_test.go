@@ -454,3 +454,20 @@ func stopped(stop <-chan struct{}) bool {
 		return false
 	}
 }
+
+// splitSAndGroupG are the options of a catalogue of plain items, items split over three
+// buckets (their names start with S) and items of one group g (their names start with G).
+var splitSAndGroupG = []stock.Option{
+	stock.WithBuckets(func(sku string) int {
+		if strings.HasPrefix(sku, "S") {
+			return 3
+		}
+		return 0
+	}),
+	stock.WithGroups(func(sku string) string {
+		if strings.HasPrefix(sku, "G") {
+			return "g"
+		}
+		return ""
+	}),
+}

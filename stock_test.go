@@ -172,19 +172,7 @@ func TestUserLimit(t *testing.T) {
 // ErrInvalid naming the field, and change nothing; without a limit the option changes nothing.
 func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		split := stock.WithBuckets(func(sku string) int {
-			if strings.HasPrefix(sku, "S") {
-				return 3
-			}
-			return 0
-		})
-		r := newReserver(t, c, stock.WithUserLimit(2), stock.WithUserRequired(), split,
-			stock.WithGroups(func(sku string) string {
-				if strings.HasPrefix(sku, "G") {
-					return "g"
-				}
-				return ""
-			}))
+		r := newReserver(t, c, append(splitSAndGroupG, stock.WithUserLimit(2), stock.WithUserRequired())...)
 		loadItems(t, r, map[string]int64{"A": 10, "B": 10, "G1": 10, "G2": 10, "S": 10})
 		refused := func(what string, err error, field string) {
 			t.Helper()
