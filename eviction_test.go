@@ -50,18 +50,15 @@ func dbsize(t *testing.T, c rueidis.Client) int64 {
 // maxmemory-policy (noeviction to begin with; see redistest.MiniredisConfig).
 func eachPolicyBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if b.Real() {
-				f(t, b.Client(t))
-				return
-			}
-			m, c := redistest.Miniredis(t)
-			require.NoError(t, redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "noeviction"}))
-			f(t, c)
-		})
-	}
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		if b.Real() {
+			f(t, b.Client(t))
+			return
+		}
+		m, c := redistest.Miniredis(t)
+		require.NoError(t, redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "noeviction"}))
+		f(t, c)
+	})
 }
 
 // TestEvictingPolicyRefusesWrites: on a Redis whose maxmemory-policy can evict keys, every

@@ -483,16 +483,13 @@ func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver
 // not track: the fast path is off, the answers the same).
 func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int)) {
 	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			tries := 1000
-			if !b.Real() {
-				tries = 50
-			}
-			f(t, b, soldOutReserver(t, b.Client(t), sku), tries)
-		})
-	}
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		tries := 1000
+		if !b.Real() {
+			tries = 50
+		}
+		f(t, b, soldOutReserver(t, b.Client(t), sku), tries)
+	})
 }
 
 // TestFastPathTombstoneOwnWrite: a Restore of an unknown id leaves a tombstone; the same
@@ -553,64 +550,61 @@ func TestFastPathReplayOwnWrite(t *testing.T) {
 // TestFastPathReplayOwnWrite (this one rarely catches the stale answer: the repeat must come
 // before an invalidation that is usually already there).
 func TestFastPathConcurrentRepeats(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			r := newReserver(t, b.Client(t))
-			const units, workers = 3, 16
-			rounds := 400
-			if !b.Real() {
-				rounds = 30
-			}
-			require.NoError(t, r.Load(ctx, "C", units))
-			var mu sync.Mutex
-			var took, gave, wrong int
-			var first string
-			taken := make(chan string, workers*rounds)
-			var wg sync.WaitGroup
-			for w := range workers {
-				wg.Go(func() {
-					for i := range rounds {
-						id := fmt.Sprintf("w%d-%d", w, i)
-						_, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
-						if errors.Is(err, stock.ErrSoldOut) {
-							continue
-						}
-						if !assert.NoError(t, err) {
-							return
-						}
-						rc, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
-						mu.Lock()
-						took++
-						if err != nil || !rc.Replayed {
-							if wrong++; wrong == 1 {
-								first = fmt.Sprintf("%s: %+v, %v", id, rc, err)
-							}
-						}
-						mu.Unlock()
-						taken <- id
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		r := newReserver(t, b.Client(t))
+		const units, workers = 3, 16
+		rounds := 400
+		if !b.Real() {
+			rounds = 30
+		}
+		require.NoError(t, r.Load(ctx, "C", units))
+		var mu sync.Mutex
+		var took, gave, wrong int
+		var first string
+		taken := make(chan string, workers*rounds)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := range rounds {
+					id := fmt.Sprintf("w%d-%d", w, i)
+					_, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
+					if errors.Is(err, stock.ErrSoldOut) {
+						continue
 					}
-				})
-			}
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				for id := range taken {
-					_, err := r.Restore(ctx, "C", id)
 					if !assert.NoError(t, err) {
 						return
 					}
+					rc, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
 					mu.Lock()
-					gave++
+					took++
+					if err != nil || !rc.Replayed {
+						if wrong++; wrong == 1 {
+							first = fmt.Sprintf("%s: %+v, %v", id, rc, err)
+						}
+					}
 					mu.Unlock()
+					taken <- id
 				}
-			}()
-			wg.Wait()
-			close(taken)
-			<-done
-			assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays; first: %s", wrong, took, first)
-			assert.Equal(t, stock.Levels{Available: units - int64(took-gave), Sold: int64(took - gave), Loaded: units}, levels(t, r, "C"))
-			t.Logf("%s: %d deducts acknowledged, %d restored, %d answered in-process", b.Name, took, gave, stockops.SoldOutAnswers(r))
-		})
-	}
+			})
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for id := range taken {
+				_, err := r.Restore(ctx, "C", id)
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				gave++
+				mu.Unlock()
+			}
+		}()
+		wg.Wait()
+		close(taken)
+		<-done
+		assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays; first: %s", wrong, took, first)
+		assert.Equal(t, stock.Levels{Available: units - int64(took-gave), Sold: int64(took - gave), Loaded: units}, levels(t, r, "C"))
+		t.Logf("%s: %d deducts acknowledged, %d restored, %d answered in-process", b.Name, took, gave, stockops.SoldOutAnswers(r))
+	})
 }

@@ -398,11 +398,20 @@ func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
 // eachPair runs f in parallel on each backend with two clients of it: c for the Reserver under
 // test, c2 for another process.
 func eachPair(t *testing.T, f func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client)) {
+	t.Helper()
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		c, c2 := b.Pair(t)
+		f(t, b, c, c2)
+	})
+}
+
+// eachBackendOf runs f on every backend, the backends in parallel.
+func eachBackendOf(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+	t.Helper()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			c, c2 := b.Pair(t)
-			f(t, b, c, c2)
+			f(t, b)
 		})
 	}
 }

@@ -1027,17 +1027,14 @@ func retryEachEnv(t *testing.T, f func(t *testing.T, cfg retryConfig, env *retry
 // with realOnly, a miniredis backend runs none of them (its leaf passes empty).
 func retryEach[C any](t *testing.T, realOnly bool, cases []C, name func(C) string, f func(t *testing.T, b redistest.Backend, c C)) {
 	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if realOnly && !b.Real() {
-				return
-			}
-			for _, c := range cases {
-				t.Run(name(c), func(t *testing.T) { f(t, b, c) })
-			}
-		})
-	}
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		if realOnly && !b.Real() {
+			return
+		}
+		for _, c := range cases {
+			t.Run(name(c), func(t *testing.T) { f(t, b, c) })
+		}
+	})
 }
 
 // retryPair is two Reservers with opts on two clients of one backend.
