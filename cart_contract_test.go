@@ -1,9 +1,9 @@
 package stock_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,60 +19,214 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-// cartModes runs f for a saga cart (items in their own slots) and a one-script cart (items in
-// one group).
-func cartModes(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		t.Run("saga", func(t *testing.T) { f(t, newReserver(t, c, stock.WithPrefix("saga"))) })
-		t.Run("group", func(t *testing.T) {
-			f(t, newReserver(t, c, stock.WithPrefix("grp"), stock.WithGroups(func(string) string { return "g" })))
-		})
+func TestDeductMany(t *testing.T) {
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+		for _, sku := range []string{"A", "B", "C"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
+		}
+		cart := stock.Cart{ID: "cart-1", User: "u", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}}
+		rc := mustCart(t)(r.DeductMany(ctx, cart))
+		assert.False(t, rc.Replayed)
+		require.Len(t, rc.Items, 2)
+		assert.Equal(t, stock.Receipt{SKU: "A", ID: "cart-1", Qty: 2, Remaining: 3}, rc.Items[0])
+		assert.Equal(t, stock.Receipt{SKU: "B", ID: "cart-1", Qty: 3, Remaining: 2}, rc.Items[1], "lines of one item are summed")
+		rc = mustCart(t)(r.DeductMany(ctx, cart))
+		assert.True(t, rc.Replayed)
+		mustFailCart(t, stock.ErrConflict)(r.DeductMany(ctx, stock.Cart{ID: "cart-1", Lines: []stock.Line{{SKU: "A", Qty: 1}}}))
+
+		// Two lines of one item that would each pass alone must not both pass.
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "A", Qty: 2}}})
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, "A", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		assert.Equal(t, int64(3), levels(t, r, "A").Available)
+		assert.Equal(t, int64(5), levels(t, r, "C").Available, "the line taken before the refusal was given back")
+		mustFailCart(t, stock.ErrConflict)(
+			r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 3}}}))
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-2", Lines: []stock.Line{{SKU: "C", Qty: 1}, {SKU: "A", Qty: 2}, {SKU: "A", Qty: 2}}})
+		assert.ErrorIs(t, err, stock.ErrInsufficient, "an undone cart stays undone, with the refusal that undid it")
+		assert.ErrorAs(t, err, &ce)
+
+		// An id already used alone on an item is not the cart's line: the undo leaves it alone.
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "C", ID: "cart-3", Qty: 1}))
+		mustFailCart(t, stock.ErrConflict)(
+			r.DeductMany(ctx, stock.Cart{ID: "cart-3", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "C", Qty: 2}}}))
+		assert.Equal(t, int64(4), levels(t, r, "C").Available)
+		assert.Equal(t, int64(2), levels(t, r, "B").Available)
+
+		for name, bad := range map[string]stock.Cart{
+			"no lines": {ID: "x"}, "bad sku": {ID: "x", Lines: []stock.Line{{SKU: "a b", Qty: 1}}},
+			"zero qty": {ID: "x", Lines: []stock.Line{{SKU: "A", Qty: 0}}}, "no id": {Lines: []stock.Line{{SKU: "A", Qty: 1}}},
+			"sum over max": {ID: "x", Lines: []stock.Line{{SKU: "A", Qty: stock.MaxQty}, {SKU: "A", Qty: 1}}},
+		} {
+			mustFailCart(t, stock.ErrInvalid, name)(r.DeductMany(ctx, bad))
+		}
+		for _, sku := range []string{"A", "B", "C"} {
+			checkLedger(t, r, sku, 5)
+		}
 	})
 }
 
-// loadItems loads the items of skus through r with their quantities.
-func loadItems(t *testing.T, r *stock.Reserver, skus map[string]int64) {
-	t.Helper()
-	for sku, n := range skus {
-		require.NoError(t, r.Load(context.Background(), sku, n), "load %q", sku)
-	}
+func TestDeductManyUserLimitPerItem(t *testing.T) {
+	eachReserver(t, []stock.Option{stock.WithUserLimit(2)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+		require.NoError(t, r.Load(ctx, "A", 10))
+		require.NoError(t, r.Load(ctx, "B", 10))
+		mustCart(t, "the limit is per item")(
+			r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}}))
+		mustFailCart(t, stock.ErrUserLimit)(r.DeductMany(ctx, stock.Cart{ID: "c2", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}}}))
+		mustFailCart(t, stock.ErrUserLimit, "summed lines count against the limit")(
+			r.DeductMany(ctx, stock.Cart{ID: "c3", User: "v", Lines: []stock.Line{{SKU: "B", Qty: 1}, {SKU: "B", Qty: 2}}}))
+	})
 }
 
-// requireCartRefusal requires err to be a *CartError of the refusing item sku, wrapping want.
-func requireCartRefusal(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
-	t.Helper()
-	var ce *stock.CartError
-	require.ErrorAs(t, err, &ce, msgAndArgs...)
-	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
-	assert.ErrorIs(t, err, want, msgAndArgs...)
+func TestHoldMany(t *testing.T) {
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+		require.NoError(t, r.Load(ctx, "A", 5))
+		require.NoError(t, r.Load(ctx, "B", 5))
+		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}, time.Minute))
+		assert.Equal(t, int64(2), levels(t, r, "B").Held)
+		require.NoError(t, errOf(r.ConfirmMany(ctx, "h1", "B", "A")))
+		assert.Equal(t, int64(2), levels(t, r, "B").Sold)
+		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h2", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}}, time.Minute))
+		require.NoError(t, errOf(r.CancelMany(ctx, "h2", "A", "B")))
+		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, r, "B"))
+		mustFailCart(t, stock.ErrInsufficient)(
+			r.HoldMany(ctx, stock.Cart{ID: "h3", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute))
+		assert.Zero(t, levels(t, r, "A").Held, "the hold on A was cancelled")
+	})
+}
+
+// TestCartsConcurrent: carts over overlapping items race; every cart is whole or absent, as a
+// saga and with every item in one group (one script per cart).
+func TestCartsConcurrent(t *testing.T) {
+	cartModes(t, func(t *testing.T, r *stock.Reserver) {
+		skus := []string{"A", "B", "C", "D"}
+		for _, sku := range skus {
+			require.NoError(t, r.Load(ctx, sku, 40))
+		}
+		type cartRes struct {
+			cart stock.Cart
+			ok   bool
+		}
+		var mu sync.Mutex
+		var results []cartRes
+		var wg sync.WaitGroup
+		for g := range 150 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(g), 9))
+				cart := stock.Cart{ID: fmt.Sprint("cart", g)}
+				for range 1 + rng.IntN(3) {
+					cart.Lines = append(cart.Lines, stock.Line{SKU: skus[rng.IntN(len(skus))], Qty: int64(1 + rng.IntN(3))})
+				}
+				_, err := r.DeductMany(ctx, cart)
+				if err != nil && !errors.Is(err, stock.ErrSoldOut) && !errors.Is(err, stock.ErrInsufficient) {
+					t.Error(err)
+				}
+				mu.Lock()
+				results = append(results, cartRes{cart, err == nil})
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		entries := map[string]map[string]stock.Entry{}
+		for _, sku := range skus {
+			_, entries[sku] = checkLedger(t, r, sku, 40)
+		}
+		okCarts := 0
+		for _, res := range results {
+			sums := map[string]int64{}
+			for _, l := range res.cart.Lines {
+				sums[l.SKU] += l.Qty
+			}
+			for sku, q := range sums {
+				e, seen := entries[sku][res.cart.ID]
+				if res.ok {
+					require.True(t, seen, "cart %s misses %s", res.cart.ID, sku)
+					assert.Equal(t, stock.StateReserved, e.State)
+					assert.Equal(t, q, e.Qty)
+				} else if seen {
+					assert.False(t, e.Taken(), "refused cart %s still holds %s", res.cart.ID, sku)
+				}
+			}
+			if res.ok {
+				okCarts++
+			}
+		}
+		assert.Positive(t, okCarts)
+	})
+}
+
+func TestGroupedCartOneScript(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		shoes := func(sku string) string {
+			if strings.HasPrefix(sku, "shoe-") {
+				return "shoe"
+			}
+			return ""
+		}
+		r := newReserver(t, c, stock.WithGroups(shoes), stock.WithUserLimit(3))
+		for _, sku := range []string{"shoe-40", "shoe-41", "hat"} {
+			require.NoError(t, r.Load(ctx, sku, 4))
+		}
+		n, err := c.Do(ctx, c.B().Exists().Key("stock:{shoe}:{shoe-40}").Build()).AsInt64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), n, "a grouped item's keys carry the group's tag")
+
+		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "shoe-40", Qty: 2}}}
+		rc := mustCart(t)(r.DeductMany(ctx, cart))
+		assert.Equal(t, []stock.Receipt{{SKU: "shoe-40", ID: "c1", Qty: 2, Remaining: 2}, {SKU: "shoe-41", ID: "c1", Qty: 1, Remaining: 3}}, rc.Items)
+		rc = mustCart(t)(r.DeductMany(ctx, cart))
+		assert.True(t, rc.Replayed)
+
+		// A refusal writes nothing at all: no entry, no tombstone, on either item.
+		_, err = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 9}}})
+		var ce *stock.CartError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, "shoe-41", ce.SKU)
+		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		assert.ErrorIs(t, errOf(r.Ledger(ctx, "shoe-40", "c2")), stock.ErrUnknownID)
+		mustCart(t, "nothing was recorded for the refused cart: the id is free")(
+			r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}))
+		mustFailCart(t, stock.ErrUserLimit, "the per-user limit per item")(
+			r.DeductMany(ctx, stock.Cart{ID: "c3", User: "u", Lines: []stock.Line{{SKU: "shoe-40", Qty: 2}, {SKU: "shoe-41", Qty: 1}}}))
+
+		// Mixed with an item outside the group: the saga.
+		mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "shoe-41", Qty: 1}, {SKU: "hat", Qty: 1}}}))
+		// Holds in one script too; single operations work on grouped items.
+		mustCart(t)(
+			r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}, time.Minute))
+		require.NoError(t, errOf(r.ConfirmMany(ctx, "h1", "shoe-40", "shoe-41")))
+		must(t)(r.Restore(ctx, "shoe-40", "c1"))
+		for _, sku := range []string{"shoe-40", "shoe-41", "hat"} {
+			checkLedger(t, r, sku, 4)
+		}
+		assert.Equal(t, stock.Levels{Available: 2, Sold: 2, Loaded: 4}, levels(t, r, "shoe-40"))
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 4, Loaded: 4}, levels(t, r, "shoe-41"))
+	})
 }
 
 // TestCartOtherUserConflict: a cart id completed by one user, sent again with the same lines by
 // another user, is ErrConflict and changes nothing; the owner's retry is still a replay.
 func TestCartOtherUserConflict(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		loadItems(t, r, map[string]int64{"A": 5, "B": 5})
 		lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}
 		alice := stock.Cart{ID: "order-7", User: "alice", Lines: lines}
-		_, err := r.DeductMany(ctx, alice)
-		require.NoError(t, err)
+		mustCart(t)(r.DeductMany(ctx, alice))
 		before := []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}
 
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines})
-		require.ErrorIs(t, err, stock.ErrConflict, "another user's cart under alice's id")
-		_, err = r.HoldMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}, time.Minute)
-		require.ErrorIs(t, err, stock.ErrConflict)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "order-7", Lines: lines})
-		require.ErrorIs(t, err, stock.ErrConflict, "the same cart without a user is another cart")
+		mustFailCart(t, stock.ErrConflict, "another user's cart under alice's id")(
+			r.DeductMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}))
+		mustFailCart(t, stock.ErrConflict)(r.HoldMany(ctx, stock.Cart{ID: "order-7", User: "mallory", Lines: lines}, time.Minute))
+		mustFailCart(t, stock.ErrConflict, "the same cart without a user is another cart")(
+			r.DeductMany(ctx, stock.Cart{ID: "order-7", Lines: lines}))
 		assert.Equal(t, before, []stock.Levels{levels(t, r, "A"), levels(t, r, "B")}, "nothing given back")
 
-		rc, err := r.DeductMany(ctx, alice)
-		require.NoError(t, err, "alice's retry")
+		rc := mustCart(t, "alice's retry")(r.DeductMany(ctx, alice))
 		assert.True(t, rc.Replayed)
 		for _, sku := range []string{"A", "B"} {
-			e, err := r.Ledger(ctx, sku, "order-7")
-			require.NoError(t, err)
+			e := entry(t, r, sku, "order-7")
 			assert.True(t, e.Taken(), "%s still taken by alice", sku)
 			assert.Equal(t, "alice", e.User)
 		}
@@ -83,16 +237,12 @@ func TestCartOtherUserConflict(t *testing.T) {
 // cart: the retry answers the cart's outcome and gives back none of the lines it kept.
 func TestCartRetryAfterPartialRestore(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		loadItems(t, r, map[string]int64{"A": 5, "B": 5, "C": 5})
 		cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}
-		first, err := r.DeductMany(ctx, cart)
-		require.NoError(t, err)
-		_, err = r.Restore(ctx, "B", "c1")
-		require.NoError(t, err)
+		first := mustCart(t)(r.DeductMany(ctx, cart))
+		must(t)(r.Restore(ctx, "B", "c1"))
 
-		rc, err := r.DeductMany(ctx, cart)
-		require.NoError(t, err, "a retry of a completed cart answers its outcome")
+		rc := mustCart(t, "a retry of a completed cart answers its outcome")(r.DeductMany(ctx, cart))
 		assert.True(t, rc.Replayed)
 		require.Len(t, rc.Items, 3)
 		for i, it := range rc.Items {
@@ -107,11 +257,9 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 
 		// A cart of holds whose line was cancelled: the retry says so, and gives nothing back.
 		hc := stock.Cart{ID: "h1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "C", Qty: 1}}}
-		_, err = r.HoldMany(ctx, hc, time.Minute)
-		require.NoError(t, err)
-		_, err = r.Cancel(ctx, "A", "h1")
-		require.NoError(t, err)
-		_, err = r.HoldMany(ctx, hc, time.Minute)
+		mustCart(t)(r.HoldMany(ctx, hc, time.Minute))
+		must(t)(r.Cancel(ctx, "A", "h1"))
+		_, err := r.HoldMany(ctx, hc, time.Minute)
 		requireCartRefusal(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
 	})
@@ -128,7 +276,6 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 func TestCartConcurrentCopies(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
 		saga := strings.HasSuffix(t.Name(), "/saga")
-		ctx := context.Background()
 		const carts, copies = 40, 8
 		loadItems(t, r, map[string]int64{"A": carts, "B": 3, "C": carts}) // B is scarce: carts and single deducts compete for it
 		type answer struct {
@@ -193,9 +340,7 @@ func TestCartConcurrentCopies(t *testing.T) {
 // TestCartRefusalSameForEveryCopy: a cart refused by an item is refused with that item's
 // refusal for every later copy too, not only for the attempt that found it.
 func TestCartRefusalSameForEveryCopy(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		loadItems(t, r, map[string]int64{"A": 5, "B": 1})
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
 		for i := range 2 {
@@ -227,7 +372,6 @@ func TestKeysInjective(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for name, group := range groups {
 			t.Run(name, func(t *testing.T) {
-				ctx := context.Background()
 				opts := []stock.Option{stock.WithPrefix("k" + name), stock.WithUserLimit(5)}
 				if group != nil {
 					opts = append(opts, stock.WithGroups(group))
@@ -235,19 +379,16 @@ func TestKeysInjective(t *testing.T) {
 				r := newReserver(t, c, opts...)
 				// A cart first, so the cart log exists before "~carts" is loaded.
 				loadItems(t, r, map[string]int64{"x1": 5, "x2": 5})
-				_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}})
-				require.NoError(t, err)
+				mustCart(t)(
+					r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
 				for _, sku := range collidingNames {
 					require.NoError(t, r.Load(ctx, sku, 10), "load %q", sku)
 				}
 				for _, sku := range collidingNames {
 					// Touch every key of sku: the user hash, the ledger, the outbox, holds.
-					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "a", Qty: 1})
-					require.NoError(t, err, "deduct %q", sku)
-					_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "b", Qty: 2}, time.Minute)
-					require.NoError(t, err, "hold %q", sku)
-					_, err = r.Restore(ctx, sku, "never")
-					require.ErrorIs(t, err, stock.ErrUnknownID)
+					must(t, "deduct %q", sku)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "a", Qty: 1}))
+					must(t, "hold %q", sku)(r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "b", Qty: 2}, time.Minute))
+					mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, sku, "never"))
 				}
 				for _, sku := range collidingNames {
 					assert.Equal(t, stock.Levels{Available: 7, Held: 2, Sold: 1, Loaded: 10}, levels(t, r, sku), "item %q", sku)
@@ -256,14 +397,13 @@ func TestKeysInjective(t *testing.T) {
 						require.NoError(t, err, "ledger %q/%q", sku, id)
 						assert.Equal(t, sku, e.SKU)
 					}
-					_, err := r.Ledger(ctx, sku, "cart")
-					require.ErrorIs(t, err, stock.ErrUnknownID, "%q has no cart entry", sku)
+					require.ErrorIs(t, errOf(r.Ledger(ctx, sku, "cart")), stock.ErrUnknownID, "%q has no cart entry", sku)
 				}
-				rc, err := r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}})
-				require.NoError(t, err, "the cart log survives the items")
+				rc := mustCart(t, "the cart log survives the items")(
+					r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
 				assert.True(t, rc.Replayed)
-				_, err = r.DeductMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "~carts", Qty: 1}, {SKU: "tee", Qty: 1}}})
-				require.NoError(t, err, "a cart of the colliding items")
+				mustCart(t, "a cart of the colliding items")(
+					r.DeductMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "~carts", Qty: 1}, {SKU: "tee", Qty: 1}}}))
 				n := 0
 				for sku, err := range stockops.Items(ctx, r) {
 					require.NoError(t, err)
@@ -283,7 +423,6 @@ func TestReplicaAckGroupedCart(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("real-server test: set STOCK_REDIS_SERVER to run it")
 	}
-	ctx := context.Background()
 	primary := redistest.StartServer(t)
 	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
 	rc := replica.Client(t)
@@ -296,20 +435,18 @@ func TestReplicaAckGroupedCart(t *testing.T) {
 	require.NoError(t, err)
 	loadItems(t, r, map[string]int64{"A": 5, "B": 5})
 	lines := []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}
-	_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines})
-	require.NoError(t, err, "the replica acknowledges")
+	mustCart(t, "the replica acknowledges")(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: lines}))
 	replica.Kill()
-	cr, err := r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines})
-	require.ErrorIs(t, err, stock.ErrNotReplicated, "no replica left to acknowledge the grouped cart")
+	cr := mustFailCart(t, stock.ErrNotReplicated, "no replica left to acknowledge the grouped cart")(
+		r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
 	require.Len(t, cr.Items, 2, "the receipts of the write that was made")
-	cr, err = r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines})
-	require.ErrorIs(t, err, stock.ErrNotReplicated, "a replay is no safer than the cart it replays, which no replica has")
+	cr = mustFailCart(t, stock.ErrNotReplicated, "a replay is no safer than the cart it replays, which no replica has")(
+		r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: lines}))
 	assert.True(t, cr.Replayed)
 	require.Len(t, cr.Items, 2)
 }
 
 func ExampleReserver_DeductMany_retry() {
-	ctx := context.Background()
 	r, _, done := exampleReserver()
 	defer done()
 	for _, sku := range []string{"shirt", "cap"} {
@@ -335,28 +472,20 @@ func ExampleReserver_DeductMany_retry() {
 // error and write nothing, not even the tombstone of an unknown id (Redis does not roll back a
 // script that fails halfway).
 func TestRestoreChecksBeforeWriting(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c, stock.WithSoldOutCache(0))
+	eachReserver(t, []stock.Option{stock.WithSoldOutCache(0)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 5))
-		_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute))
 		for _, field := range []string{"h", "s", "q"} {
 			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}").FieldValue().FieldValue(field, "x").Build()).Error())
-			_, err = r.Restore(ctx, "A", "h1")
-			require.Error(t, err, "corrupt %s", field)
-			_, err = r.Restore(ctx, "A", "unknown")
-			require.Error(t, err, "corrupt %s", field)
-			_, err = r.Ledger(ctx, "A", "unknown")
+			require.Error(t, errOf(r.Restore(ctx, "A", "h1")), "corrupt %s", field)
+			require.Error(t, errOf(r.Restore(ctx, "A", "unknown")), "corrupt %s", field)
+			_, err := r.Ledger(ctx, "A", "unknown")
 			require.ErrorIs(t, err, stock.ErrUnknownID, "no tombstone written with %s corrupt", field)
-			e, err := r.Ledger(ctx, "A", "h1")
-			require.NoError(t, err)
-			assert.Equal(t, stock.StateHeld, e.State, "the hold untouched with %s corrupt", field)
+			assertState(t, r, "A", "h1", stock.StateHeld, "the hold untouched with %s corrupt", field)
 			require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}").Field(field).Build()).Error())
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}:u").FieldValue().FieldValue("u", "x").Build()).Error())
-		_, err = r.Restore(ctx, "A", "h1")
-		require.Error(t, err, "corrupt user count")
+		require.Error(t, errOf(r.Restore(ctx, "A", "h1")), "corrupt user count")
 		a, err := c.Do(ctx, c.B().Hget().Key("stock:{A}").Field("a").Build()).AsInt64()
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), a, "available untouched")
@@ -368,23 +497,19 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 // reads no units) answering as before, with or without a limit.
 func TestDeductCorruptUserUnits(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		for _, limit := range []int64{0, 3} {
 			sku := fmt.Sprint("cu", limit)
 			r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithUserLimit(limit), stock.WithCoalescing(0))
 			require.NoError(t, r.Load(ctx, sku, 5))
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
 			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{"+sku+"}:u").FieldValue().FieldValue("u", "x").Build()).Error())
-			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err, "limit %d: a replay reads no units", limit)
+			rc := must(t, "limit %d: a replay reads no units", limit)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
 			assert.True(t, rc.Replayed)
 			assert.Equal(t, int64(4), rc.Remaining)
-			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
 			require.Error(t, err, "limit %d: corrupt units", limit)
 			assert.Contains(t, err.Error(), "units of user u")
-			_, err = r.Ledger(ctx, sku, "o2")
-			require.ErrorIs(t, err, stock.ErrUnknownID, "limit %d: nothing written", limit)
+			require.ErrorIs(t, errOf(r.Ledger(ctx, sku, "o2")), stock.ErrUnknownID, "limit %d: nothing written", limit)
 			assert.Equal(t, int64(4), levels(t, r, sku).Available, "limit %d", limit)
 		}
 	})
@@ -395,7 +520,6 @@ func TestDeductCorruptUserUnits(t *testing.T) {
 // answer the same receipts' quantities.
 func TestCartCopiesOneNotReplayed(t *testing.T) {
 	cartModes(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		loadItems(t, r, map[string]int64{"A": 1000, "B": 1000, "C": 1000})
 		for round := range 5 {
 			cart := stock.Cart{ID: fmt.Sprint("c", round), User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}, {SKU: "C", Qty: 3}}}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"github.com/stretchr/testify/require"
 )
 
 // The documentation's Go snippets are compiled: every ```go block of README.md and docs/*.md is
@@ -75,9 +77,7 @@ var fenceRE = regexp.MustCompile("^(\\s*)(```+)\\s*(\\S*)")
 func docFiles(t *testing.T) []string {
 	t.Helper()
 	pages, err := filepath.Glob("docs/*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return append([]string{"README.md"}, pages...)
 }
 
@@ -85,9 +85,7 @@ func docFiles(t *testing.T) []string {
 func readBlocks(t *testing.T, file string) []docBlock {
 	t.Helper()
 	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer f.Close()
 	var blocks []docBlock
 	var cur *docBlock
@@ -112,9 +110,7 @@ func readBlocks(t *testing.T, file string) []docBlock {
 		}
 		cur.code += strings.TrimPrefix(line, indent) + "\n"
 	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, sc.Err())
 	if cur != nil {
 		t.Errorf("%s:%d: a fenced block is never closed", file, cur.line-1)
 	}
@@ -210,9 +206,7 @@ func gofmtBlock(b docBlock) string {
 
 func TestDocsSnippetsCompile(t *testing.T) {
 	root, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if _, err := os.Stat(filepath.Join(root, "go.work")); err != nil {
 		t.Skip("no go.work: not a checkout of the repository")
 	}
@@ -239,16 +233,12 @@ func TestDocsSnippetsCompile(t *testing.T) {
 
 	// A workspace of its own: this repository's modules and the snippets' module.
 	out, err := exec.Command(goBin, "work", "edit", "-json", filepath.Join(root, "go.work")).Output()
-	if err != nil {
-		t.Fatalf("go work edit -json: %v", err)
-	}
+	require.NoError(t, err, "go work edit -json")
 	var work struct {
 		Go  string
 		Use []struct{ DiskPath string }
 	}
-	if err := json.Unmarshal(out, &work); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, json.Unmarshal(out, &work))
 	dir := t.TempDir()
 	var ws strings.Builder
 	fmt.Fprintf(&ws, "go %s\n\nuse (\n\t./snippets\n", work.Go)
@@ -259,12 +249,8 @@ func TestDocsSnippetsCompile(t *testing.T) {
 	write := func(name, content string) {
 		t.Helper()
 		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
 	}
 	write("go.work", ws.String())
 	if sum, err := os.ReadFile(filepath.Join(root, "go.work.sum")); err == nil {
@@ -292,21 +278,15 @@ func TestDocsSnippetsCompile(t *testing.T) {
 // no guide over 400 lines.
 func TestDocsShape(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if n := bytes.Count(readme, []byte("\n")); n > 250 {
 		t.Errorf("README.md has %d lines, more than 250: move the depth to a page of docs/", n)
 	}
 	pages, err := filepath.Glob("docs/*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, p := range pages {
 		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if n := bytes.Count(b, []byte("\n")); n > 400 {
 			t.Errorf("%s has %d lines, more than 400: split it", p, n)
 		}
@@ -351,9 +331,7 @@ func anchors(t *testing.T, file string) map[string]bool {
 func readFile(t *testing.T, file string) string {
 	t.Helper()
 	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return string(b)
 }
 
@@ -419,9 +397,7 @@ func TestHTTPCheckoutMatchesExample(t *testing.T) {
 	// The example: outcome -> status and code, from stockError's switch.
 	fset := token.NewFileSet()
 	src, err := parser.ParseFile(fset, "examples/checkout/server.go", nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	vars, funcs := map[string]ast.Expr{}, map[string]*ast.FuncDecl{}
 	for _, d := range src.Decls {
 		switch d := d.(type) {
@@ -524,9 +500,7 @@ func TestHTTPCheckoutMatchesExample(t *testing.T) {
 			continue
 		}
 		f, err := parser.ParseFile(fset, page, b.code, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, d := range f.Decls {
 			if d, ok := d.(*ast.FuncDecl); ok && d.Name.Name == "status" {
 				fn = d

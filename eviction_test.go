@@ -21,40 +21,6 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-// warnings is a slog handler that keeps the messages of warnings and errors.
-type warnings struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
-func (w *warnings) WithAttrs([]slog.Attr) slog.Handler       { return w }
-func (w *warnings) WithGroup(string) slog.Handler            { return w }
-func (w *warnings) Handle(_ context.Context, r slog.Record) error {
-	if r.Level < slog.LevelWarn {
-		return nil
-	}
-	msg := r.Message
-	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.msgs = append(w.msgs, msg)
-	return nil
-}
-
-// count returns how many kept messages contain s.
-func (w *warnings) count(s string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 0
-	for _, m := range w.msgs {
-		if strings.Contains(m, s) {
-			n++
-		}
-	}
-	return n
-}
-
 // setPolicy sets maxmemory-policy on every node of c, and back to noeviction when t ends.
 func setPolicy(t *testing.T, c rueidis.Client, policy string) {
 	t.Helper()
@@ -84,18 +50,15 @@ func dbsize(t *testing.T, c rueidis.Client) int64 {
 // maxmemory-policy (noeviction to begin with; see redistest.MiniredisConfig).
 func eachPolicyBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if b.Real() {
-				f(t, b.Client(t))
-				return
-			}
-			m, c := redistest.Miniredis(t)
-			require.NoError(t, redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "noeviction"}))
-			f(t, c)
-		})
-	}
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		if b.Real() {
+			f(t, b.Client(t))
+			return
+		}
+		m, c := redistest.Miniredis(t)
+		require.NoError(t, redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": "noeviction"}))
+		f(t, c)
+	})
 }
 
 // TestEvictingPolicyRefusesWrites: on a Redis whose maxmemory-policy can evict keys, every
@@ -104,7 +67,6 @@ func eachPolicyBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 // fixed lifts the refusal.
 func TestEvictingPolicyRefusesWrites(t *testing.T) {
 	eachPolicyBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		for _, policy := range []string{"allkeys-lru", "volatile-ttl"} {
 			setPolicy(t, c, policy)
 			r := newReserver(t, c) // New does not fail: it sends nothing
@@ -132,21 +94,21 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "x", Qty: 1}, {SKU: "y", Qty: 1}}}
 		writes := map[string]func() error{
 			"Load":        func() error { return r.Load(ctx, "x", 10) },
-			"Deduct":      func() error { _, err := r.Deduct(ctx, req); return err },
-			"Hold":        func() error { _, err := r.Hold(ctx, req, time.Minute); return err },
-			"DeductMany":  func() error { _, err := r.DeductMany(ctx, cart); return err },
-			"HoldMany":    func() error { _, err := r.HoldMany(ctx, cart, time.Minute); return err },
-			"Restore":     func() error { _, err := r.Restore(ctx, "x", "a"); return err },
-			"Cancel":      func() error { _, err := r.Cancel(ctx, "x", "a"); return err },
-			"Confirm":     func() error { _, err := r.Confirm(ctx, "x", "a"); return err },
-			"Extend":      func() error { _, err := r.Extend(ctx, "x", "a", time.Minute); return err },
-			"ConfirmMany": func() error { _, err := r.ConfirmMany(ctx, "c", "x", "y"); return err },
-			"CancelMany":  func() error { _, err := r.CancelMany(ctx, "c", "x", "y"); return err },
-			"Restock":     func() error { _, err := r.Restock(ctx, "x", "r", 5); return err },
+			"Deduct":      func() error { return errOf(r.Deduct(ctx, req)) },
+			"Hold":        func() error { return errOf(r.Hold(ctx, req, time.Minute)) },
+			"DeductMany":  func() error { return errOf(r.DeductMany(ctx, cart)) },
+			"HoldMany":    func() error { return errOf(r.HoldMany(ctx, cart, time.Minute)) },
+			"Restore":     func() error { return errOf(r.Restore(ctx, "x", "a")) },
+			"Cancel":      func() error { return errOf(r.Cancel(ctx, "x", "a")) },
+			"Confirm":     func() error { return errOf(r.Confirm(ctx, "x", "a")) },
+			"Extend":      func() error { return errOf(r.Extend(ctx, "x", "a", time.Minute)) },
+			"ConfirmMany": func() error { return errOf(r.ConfirmMany(ctx, "c", "x", "y")) },
+			"CancelMany":  func() error { return errOf(r.CancelMany(ctx, "c", "x", "y")) },
+			"Restock":     func() error { return errOf(r.Restock(ctx, "x", "r", 5)) },
 			"CloseItem":   func() error { return r.CloseItem(ctx, "x") },
 			"ReopenItem":  func() error { return r.ReopenItem(ctx, "x") },
 			"Delist":      func() error { return r.Delist(ctx, "x") },
-			"Refuse":      func() error { _, err := stockops.Refuse(ctx, r, "x", "a"); return err },
+			"Refuse":      func() error { return errOf(stockops.Refuse(ctx, r, "x", "a")) },
 		}
 		for name, write := range writes {
 			assert.ErrorIs(t, write(), stock.ErrEvictionPolicy, name)
@@ -163,30 +125,34 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 
 		// Fixed, and seen so by a reconcile pass: the Reserver writes again at once.
 		setPolicy(t, c, "noeviction")
-		rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-		require.NoError(t, err)
+		rec := newReconciler(t, r, memstore.New(), nil)
 		res, err := rec.Pass(ctx)
 		require.NoError(t, err)
 		assert.Empty(t, res.NeedsHuman)
 		require.NoError(t, r.Load(ctx, "x", 10))
-		_, err = r.Deduct(ctx, req)
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, req))
 	})
+}
+
+// writeLogged makes a Reserver on c with opts that logs to a logRecords, loads an item and
+// sells three units, and returns what it logged.
+func writeLogged(t *testing.T, c rueidis.Client, opts ...stock.Option) *logRecords {
+	t.Helper()
+	w := &logRecords{}
+	r := newReserver(t, c, append(opts, stock.WithLogger(slog.New(w)))...)
+	require.NoError(t, r.Load(ctx, "x", 10))
+	for i := range 3 {
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1}))
+	}
+	return w
 }
 
 // TestEvictionAllowedWarnsOnce: WithEvictionAllowed accepts an evicting policy and says so once,
 // loudly, through the Reserver's logger.
 func TestEvictionAllowedWarnsOnce(t *testing.T) {
 	eachPolicyBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		setPolicy(t, c, "allkeys-lru")
-		w := &warnings{}
-		r := newReserver(t, c, stock.WithEvictionAllowed(), stock.WithLogger(slog.New(w)))
-		require.NoError(t, r.Load(ctx, "x", 10))
-		for i := range 3 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
-		}
+		w := writeLogged(t, c, stock.WithEvictionAllowed())
 		assert.Equal(t, 1, w.count("WithEvictionAllowed"), "one warning: %q", w.msgs)
 		assert.Equal(t, 1, w.count("maxmemory-policy is allkeys-lru"), "it names the policy: %q", w.msgs)
 	})
@@ -198,14 +164,7 @@ func TestEvictionAllowedWarnsOnce(t *testing.T) {
 func TestNoevictionAccepted(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			c := b.Client(t)
-			w := &warnings{}
-			r := newReserver(t, c, stock.WithLogger(slog.New(w)))
-			require.NoError(t, r.Load(context.Background(), "x", 10))
-			for i := range 3 {
-				_, err := r.Deduct(context.Background(), stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1})
-				require.NoError(t, err)
-			}
+			w := writeLogged(t, b.Client(t))
 			if b.Real() {
 				assert.Empty(t, w.msgs)
 			} else {
@@ -218,13 +177,7 @@ func TestNoevictionAccepted(t *testing.T) {
 	}
 	t.Run("CONFIG renamed", func(t *testing.T) {
 		s := redistest.StartServer(t, "--maxmemory-policy", "allkeys-lru", "--rename-command", "CONFIG", "")
-		w := &warnings{}
-		r := newReserver(t, s.Client(t), stock.WithLogger(slog.New(w)))
-		require.NoError(t, r.Load(context.Background(), "x", 10))
-		for i := range 3 {
-			_, err := r.Deduct(context.Background(), stock.Request{SKU: "x", ID: strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
-		}
+		w := writeLogged(t, s.Client(t))
 		assert.Equal(t, 1, w.count("does not tell its maxmemory-policy"), "%q", w.msgs)
 	})
 }
@@ -268,21 +221,17 @@ func TestMemoryPolicyCheckedAgainAfterRedisWasDown(t *testing.T) {
 // from then on.
 func TestReconcileReportsEvictingPolicy(t *testing.T) {
 	eachPolicyBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		w := &warnings{}
+		w := &logRecords{}
 		r := newReserver(t, c, stock.WithLogger(slog.New(w)))
 		require.NoError(t, r.Load(ctx, "x", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "x", ID: "a", Qty: 1}))
 
 		setPolicy(t, c, "allkeys-lru")
-		rec, err := stockops.NewReconciler(r, memstore.New(), &stock.ReconcileOptions{DryRun: true})
-		require.NoError(t, err)
+		rec := newReconciler(t, r, memstore.New(), &stock.ReconcileOptions{DryRun: true})
 		res, _ := rec.Pass(ctx) // the store does not know the item: its report says so
 		assert.Contains(t, res.NeedsHuman, "maxmemory-policy is allkeys-lru")
 		assert.Equal(t, 1, w.count("NEEDS A HUMAN"), "the pass logs it: %q", w.msgs)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "x", ID: "b", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrEvictionPolicy)
+		mustFail(t, stock.ErrEvictionPolicy)(r.Deduct(ctx, stock.Request{SKU: "x", ID: "b", Qty: 1}))
 	})
 }
 
@@ -292,7 +241,6 @@ func TestReconcileReportsEvictedKeys(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("needs a real redis-server (STOCK_REDIS_SERVER): miniredis does not evict")
 	}
-	ctx := context.Background()
 	s := redistest.StartServer(t)
 	c := s.Client(t)
 	admin := func(args ...string) rueidis.RedisResult {
@@ -326,8 +274,7 @@ func TestReconcileReportsEvictedKeys(t *testing.T) {
 	require.NoError(t, admin("CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
 
 	r := newReserver(t, c)
-	rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, memstore.New(), nil)
 	res, err := rec.Pass(ctx)
 	require.NoError(t, err)
 	assert.Contains(t, res.NeedsHuman, "evicted")

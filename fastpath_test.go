@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,44 +20,12 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-// commandCalls returns how many times a standalone server has run the named commands.
-func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
-	t.Helper()
-	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
-	require.NoError(t, err)
-	var n int64
-	for line := range strings.SplitSeq(info, "\n") {
-		for _, name := range names {
-			cmd := "cmdstat_" + name + ":calls="
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
-				v, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				require.NoError(t, err)
-				n += v
-			}
-		}
-	}
-	return n
-}
-
-// eachPair runs f in parallel on each backend with two clients of it: c for the Reserver under
-// test, c2 for another process.
-func eachPair(t *testing.T, f func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client)) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c, c2 := b.Pair(t)
-			f(t, b, c, c2)
-		})
-	}
-}
-
 // TestSoldOutFastPath: once an item is sold out, new requests are answered without a round trip
 // on a server that tracks (and through Redis on miniredis, with the same answers); repeats of
 // ids the ledger has, retries, tombstoned ids, closed items and due holds still go to Redis; a
 // restore or restock made by another process ends the sold-out answers.
 func TestSoldOutFastPath(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		var local atomic.Int64
 		r := newReserver(t, c, stock.WithSoldOutCache(time.Minute), stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
 			if o.Local {
@@ -69,20 +36,17 @@ func TestSoldOutFastPath(t *testing.T) {
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "A", 5))
 		deductEach(t, r, "A", 5)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut, "Redis answers the first sold-out request")
-		_, err = other.Restore(ctx, "A", "ghost") // a tombstone: "ghost" can never take stock
-		require.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrSoldOut, "Redis answers the first sold-out request")(
+			r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
+		mustFail(t, stock.ErrUnknownID)(other.Restore(ctx, "A", "ghost")) // a tombstone: "ghost" can never take stock
 
 		scripts, reads := int64(-1), int64(-1)
 		if b.Name == "standalone" {
 			scripts, reads = commandCalls(t, c, "evalsha", "eval", "fcall"), commandCalls(t, c, "hmget", "get")
 		}
 		for i := range 200 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("h%d", i), Qty: 1}, time.Minute)
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("n%d", i), Qty: 1}))
+			mustFail(t, stock.ErrSoldOut)(r.Hold(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("h%d", i), Qty: 1}, time.Minute))
 		}
 		if b.Real() {
 			assert.Equal(t, int64(400), stockops.SoldOutAnswers(r), "every new request answered in-process")
@@ -98,28 +62,23 @@ func TestSoldOutFastPath(t *testing.T) {
 		// Ids the ledger has are answered by Redis, as the script answers them.
 		answered := stockops.SoldOutAnswers(r)
 		for i := range 5 {
-			rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1})
-			require.NoError(t, err, "a repeat of a successful id is a replay, never sold out")
+			rc := must(t, "a repeat of a successful id is a replay, never sold out")(
+				r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprintf("o%d", i), Qty: 1}))
 			assert.True(t, rc.Replayed)
 		}
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrRestored)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1}))
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1, Retry: true}))
 		assert.Equal(t, answered, stockops.SoldOutAnswers(r), "ids the ledger has and retries go to Redis")
 		e, err := r.Ledger(ctx, "A", "late")
 		require.NoError(t, err, "a retry's refusal is recorded by the script")
 		assert.Equal(t, stock.KindTombstone, e.Kind)
 
 		// Stock given back by another process: the next request is taken.
-		_, err = other.Restore(ctx, "A", "o0")
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "A", "o0"))
 		takeSoon(t, r, "A", "after-restore")
-		_, err = other.Restock(ctx, "A", "restock-1", 1)
-		require.NoError(t, err)
+		must(t)(other.Restock(ctx, "A", "restock-1", 1))
 		takeSoon(t, r, "A", "after-restock")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "restock-1", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrConflict, "the restock's id is in the ledger")
+		mustFail(t, stock.ErrConflict, "the restock's id is in the ledger")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "restock-1", Qty: 1}))
 
 		// A closed item is answered "closed", as the script answers it.
 		require.NoError(t, other.CloseItem(ctx, "A"))
@@ -130,16 +89,12 @@ func TestSoldOutFastPath(t *testing.T) {
 		require.NoError(t, other.ReopenItem(ctx, "A"))
 
 		// A hold that runs out gives its stock back on the item's next request.
-		_, err = other.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "A", "o1"))
 		took := takeSoon(t, other, "A", "before-hold") // other sells it: r has not seen stock
-		_, err = other.Restore(ctx, "A", took)
-		require.NoError(t, err)
-		_, err = other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "A", took))
+		must(t)(other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second))
 		redistest.Sleep(c, 1100*time.Millisecond)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-expiry", Qty: 1})
-		require.NoError(t, err, "the expired hold's unit is taken")
+		rc := must(t, "the expired hold's unit is taken")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-expiry", Qty: 1}))
 		assert.Zero(t, rc.Remaining)
 		l := levels(t, r, "A")
 		assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 6, Loaded: 6}, l)
@@ -169,23 +124,18 @@ func takeSoon(t *testing.T, r *stock.Reserver, sku, id string) string {
 // can end the sold-out answers.
 func TestSoldOutWindow(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, stock.WithSoldOutCache(time.Minute))
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "W", 1))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: "w", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "W", ID: "w", Qty: 1}))
 		const rounds = 100
 		var windows []time.Duration
 		last := "w"
 		for i := range rounds {
 			// r learns the item is sold out, and answers it in-process from then on.
-			_, err := r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe-%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe2-%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
-			_, err = other.Restore(ctx, "W", last)
-			require.NoError(t, err)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe-%d", i), Qty: 1}))
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "W", ID: fmt.Sprintf("probe2-%d", i), Qty: 1}))
+			must(t)(other.Restore(ctx, "W", last))
 			start := time.Now()
 			for j := 0; ; j++ {
 				last = fmt.Sprintf("take-%d-%d", i, j)
@@ -212,7 +162,6 @@ func TestSoldOutWindow(t *testing.T) {
 // agrees with the counts.
 func TestSoldOutRace(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		other := newReserver(t, c2)
 		const loaded, restored, restocked, buyers = 50, 10, 20, 1000
@@ -227,12 +176,7 @@ func TestSoldOutRace(t *testing.T) {
 		)
 		for g := range buyers {
 			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
+				for !stopped(stop) {
 					id := fmt.Sprintf("g%d-%d", g, next.Add(1))
 					_, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, User: fmt.Sprintf("u%d", g), Qty: 1})
 					switch {
@@ -268,12 +212,10 @@ func TestSoldOutRace(t *testing.T) {
 		give := slices.Clone(won[:restored])
 		mu.Unlock()
 		for _, id := range give {
-			_, err := other.Restore(ctx, "R", id)
-			require.NoError(t, err)
+			must(t)(other.Restore(ctx, "R", id))
 		}
 		soldOut(loaded + restored)
-		_, err := other.Restock(ctx, "R", "restock", restocked)
-		require.NoError(t, err)
+		must(t)(other.Restock(ctx, "R", "restock", restocked))
 		soldOut(loaded + restored + restocked)
 		time.Sleep(50 * time.Millisecond) // late requests meet a sold-out item
 		close(stop)
@@ -299,7 +241,6 @@ func TestSoldOutRace(t *testing.T) {
 // in it too. Only then are requests answered in-process, and never a repeat of a ledger id.
 func TestSoldOutFilterBuild(t *testing.T) {
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c)
 		other := newReserver(t, c2, stock.WithSoldOutCache(0))
 		const units = 3000 // a hash table, not a listpack: HSCAN pages
@@ -308,16 +249,14 @@ func TestSoldOutFilterBuild(t *testing.T) {
 		for w := range 8 {
 			wg.Go(func() {
 				for i := w; i < units; i += 8 {
-					_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
-					assert.NoError(t, err)
+					assert.NoError(t, errOf(other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})))
 				}
 			})
 		}
 		wg.Wait()
 
 		// The first refusal starts the filter and scans one page: not complete.
-		_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "n0", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "F", ID: "n0", Qty: 1}))
 		item := "stock:{F}"
 		building, err := c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool()
 		require.NoError(t, err)
@@ -325,15 +264,12 @@ func TestSoldOutFilterBuild(t *testing.T) {
 			require.True(t, building, "one step does not scan %d entries", units)
 		}
 		// While it is built, a unit comes back and is sold to a new id: the script adds it.
-		_, err = other.Restore(ctx, "F", "d0")
-		require.NoError(t, err)
-		_, err = other.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
-		require.NoError(t, err)
+		must(t)(other.Restore(ctx, "F", "d0"))
+		must(t)(other.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1}))
 
 		steps := 0
 		for ; steps < units; steps++ {
-			_, err := other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("n%d", steps+1), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("n%d", steps+1), Qty: 1}))
 			if building, err = c.Do(ctx, c.B().Hexists().Key(item).Field("bc").Build()).AsBool(); err == nil && !building {
 				break
 			}
@@ -345,19 +281,15 @@ func TestSoldOutFilterBuild(t *testing.T) {
 		// Every id the ledger has is answered by Redis: replays, and the restored one.
 		before := stockops.SoldOutAnswers(r)
 		for i := 1; i < units; i++ {
-			rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})
-			require.NoError(t, err, "d%d", i)
+			rc := must(t, "d%d", i)(r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1}))
 			require.True(t, rc.Replayed)
 		}
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1})
-		require.NoError(t, err)
+		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "F", ID: "during", Qty: 1}))
 		require.True(t, rc.Replayed, "an id taken while the filter was built")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrRestored)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "F", ID: "d0", Qty: 1}))
 		assert.Equal(t, before, stockops.SoldOutAnswers(r))
 		for i := range 100 {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("x%d", i), Qty: 1}))
 		}
 		if b.Real() {
 			assert.Greater(t, stockops.SoldOutAnswers(r), before+90, "new ids answered in-process (a few filter false positives go to Redis)")
@@ -373,42 +305,19 @@ func TestSoldOutFastPathClockBehind(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		for _, skew := range []time.Duration{-10 * time.Minute, 10 * time.Minute} {
 			t.Run(fmt.Sprintf("%s/%v", b.Name, skew), func(t *testing.T) {
-				ctx := context.Background()
 				c, c2 := b.Pair(t)
 				r := newReserver(t, c, stock.WithSoldOutCache(time.Minute),
 					stock.WithClock(func() time.Time { return time.Now().Add(skew) }))
 				other := newReserver(t, c2)
 				require.NoError(t, r.Load(ctx, "A", 1))
-				_, err := other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second)
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "early", Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut, "the hold has the unit")
+				must(t)(other.Hold(ctx, stock.Request{SKU: "A", ID: "short-hold", Qty: 1}, time.Second))
+				mustFail(t, stock.ErrSoldOut, "the hold has the unit")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "early", Qty: 1}))
 				redistest.Sleep(c, 1100*time.Millisecond)
-				rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1})
-				require.NoError(t, err, "the hold is due on Redis's clock: the script releases it and takes the unit")
+				rc := must(t, "the hold is due on Redis's clock: the script releases it and takes the unit")(
+					r.Deduct(ctx, stock.Request{SKU: "A", ID: "after-deadline", Qty: 1}))
 				assert.Zero(t, rc.Remaining)
 				assert.Zero(t, stockops.SoldOutAnswers(r))
 			})
-		}
-	}
-}
-
-// routeBucket is the bucket of n that a buyer (an id without one) goes to: FNV-1a, mod n
-// (README "Routing").
-func routeBucket(key string, n int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return int(h % uint32(n))
-}
-
-// keyIn returns the first name prefix-<j> that goes to bucket b of n.
-func keyIn(prefix string, b, n int) string {
-	for j := 0; ; j++ {
-		if k := fmt.Sprintf("%s-%d", prefix, j); routeBucket(k, n) == b {
-			return k
 		}
 	}
 }
@@ -422,7 +331,6 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 	const n = 3
 	split := stock.WithBuckets(func(string) int { return n })
 	eachPair(t, func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := newReserver(t, c, split, stock.WithSoldOutCache(time.Minute))
 		other := newReserver(t, c2, split)
 		seq := 0
@@ -436,15 +344,13 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 			t.Helper()
 			for bk := range n {
 				for range 3 {
-					_, err := r.Deduct(ctx, fresh(bk))
-					require.ErrorIs(t, err, stock.ErrSoldOut)
+					mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, fresh(bk)))
 				}
 			}
 			if b.Real() {
 				before := stockops.SoldOutAnswers(r)
 				for bk := range n {
-					_, err := r.Deduct(ctx, fresh(bk))
-					require.ErrorIs(t, err, stock.ErrSoldOut)
+					mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, fresh(bk)))
 				}
 				require.Equal(t, before+n, stockops.SoldOutAnswers(r), "every bucket's requests answered by the fast path")
 			}
@@ -455,8 +361,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		var taken []stock.Request
 		for i := range 6 {
 			req := stock.Request{SKU: "S", ID: keyIn(fmt.Sprintf("t%d", i), i%n, n), User: keyIn(fmt.Sprintf("u%d", i), (i+1)%n, n), Qty: 1}
-			_, err := r.Deduct(ctx, req)
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, req))
 			taken = append(taken, req)
 		}
 		soldOut()
@@ -467,12 +372,10 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		}
 		answered := stockops.SoldOutAnswers(r)
 		for i := range 100 {
-			_, err := r.Deduct(ctx, fresh(i%n))
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, fresh(i%n)))
 			req := fresh(i % n)
 			req.User = "" // routed by id
-			_, err = r.Hold(ctx, req, time.Minute)
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			mustFail(t, stock.ErrSoldOut)(r.Hold(ctx, req, time.Minute))
 		}
 		if b.Real() {
 			assert.Equal(t, answered+200, stockops.SoldOutAnswers(r), "every new request answered by the fast path")
@@ -486,40 +389,32 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		// What Redis answers otherwise: replays, conflicts, restored ids, retries.
 		answered = stockops.SoldOutAnswers(r)
 		for _, req := range taken {
-			rc, err := r.Deduct(ctx, req)
-			require.NoError(t, err, "a repeat of a taken id is a replay, never sold out")
+			rc := must(t, "a repeat of a taken id is a replay, never sold out")(r.Deduct(ctx, req))
 			assert.True(t, rc.Replayed)
-			req.User = keyIn(req.ID+"-other", (routeBucket(req.User, n)+1)%n, n)
-			_, err = r.Deduct(ctx, req)
-			require.ErrorIs(t, err, stock.ErrConflict, "a taken id used by a buyer of another bucket")
+			req.User = keyIn(req.ID+"-other", (bucketOf(req.User, n)+1)%n, n)
+			mustFail(t, stock.ErrConflict, "a taken id used by a buyer of another bucket")(r.Deduct(ctx, req))
 			req.User = ""
-			_, err = r.Deduct(ctx, req)
-			require.ErrorIs(t, err, stock.ErrConflict, "a taken id used without its buyer")
+			mustFail(t, stock.ErrConflict, "a taken id used without its buyer")(r.Deduct(ctx, req))
 		}
 		assert.Equal(t, answered, stockops.SoldOutAnswers(r), "taken ids go to Redis")
 		refused := stock.Request{SKU: "S", ID: "refused", User: keyIn("ua", 0, n), Qty: 1}
-		_, err := r.Deduct(ctx, refused) // claims bucket 0 for the id
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, refused)) // claims bucket 0 for the id
 		answered = stockops.SoldOutAnswers(r)
 		for bk := 1; bk < n; bk++ {
 			refused.User = keyIn("ub", bk, n)
-			_, err = r.Deduct(ctx, refused)
-			require.ErrorIs(t, err, stock.ErrConflict, "an id a refused request of another buyer claimed")
+			mustFail(t, stock.ErrConflict, "an id a refused request of another buyer claimed")(r.Deduct(ctx, refused))
 		}
-		_, err = other.Restore(ctx, "S", "ghost")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
-		_, err = r.Restore(ctx, "S", "ghost2")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrUnknownID)(other.Restore(ctx, "S", "ghost"))
+		mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "S", "ghost2"))
 		for bk := range n {
 			for _, id := range []string{"ghost", "ghost2"} {
-				_, err = r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)
+				mustFail(t, stock.ErrRestored, "a restored id, buyer of bucket %d", bk)(
+					r.Deduct(ctx, stock.Request{SKU: "S", ID: id, User: keyIn("g", bk, n), Qty: 1}))
 			}
 		}
 		late := fresh(1)
 		late.Retry = true
-		_, err = r.Deduct(ctx, late)
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, late))
 		e, err := r.Ledger(ctx, "S", late.ID)
 		require.NoError(t, err, "a retry's refusal is recorded by the script")
 		assert.Equal(t, stock.KindTombstone, e.Kind)
@@ -528,26 +423,20 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		// Stock given back or restocked in any bucket, by this Reserver: the next request,
 		// of a buyer of another bucket, is taken (no window for its own writes).
 		for i, bk := range []int{0, 1, 2} {
-			_, err := r.Restore(ctx, "S", taken[bk].ID) // taken[bk] is in bucket bk+1
-			require.NoError(t, err)
-			_, err = r.Deduct(ctx, fresh(bk))
-			require.NoError(t, err, "after a restore in bucket %d", (bk+1)%n)
+			must(t)(r.Restore(ctx, "S", taken[bk].ID)) // taken[bk] is in bucket bk+1
+			must(t, "after a restore in bucket %d", (bk+1)%n)(r.Deduct(ctx, fresh(bk)))
 			soldOut()
 			id := keyIn(fmt.Sprintf("restock%d", i), bk, n) // a restock goes to its id's bucket
-			_, err = r.Restock(ctx, "S", id, 1)
-			require.NoError(t, err)
-			_, err = r.Hold(ctx, fresh((bk+1)%n), time.Minute)
-			require.NoError(t, err, "after a restock in bucket %d", bk)
+			must(t)(r.Restock(ctx, "S", id, 1))
+			must(t, "after a restock in bucket %d", bk)(r.Hold(ctx, fresh((bk+1)%n), time.Minute))
 			soldOut()
 		}
 		// By another process: once the invalidation is in.
 		for bk := range n {
-			_, err := other.Restore(ctx, "S", taken[bk+n].ID) // taken[bk+n] is in bucket bk+1
-			require.NoError(t, err)
+			must(t)(other.Restore(ctx, "S", taken[bk+n].ID)) // taken[bk+n] is in bucket bk+1
 			takeSoon(t, r, "S", fmt.Sprintf("after-restore%d", bk))
 			soldOut()
-			_, err = other.Restock(ctx, "S", keyIn(fmt.Sprintf("orestock%d", bk), bk, n), 1)
-			require.NoError(t, err)
+			must(t)(other.Restock(ctx, "S", keyIn(fmt.Sprintf("orestock%d", bk), bk, n), 1))
 			takeSoon(t, r, "S", fmt.Sprintf("after-restock%d", bk))
 			soldOut()
 		}
@@ -562,20 +451,160 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		soldOut()
 
 		// A hold due in another bucket: its unit is taken by the next request.
-		_, err = r.Restock(ctx, "S", keyIn("for-hold", 0, n), 1)
-		require.NoError(t, err)
+		must(t)(r.Restock(ctx, "S", keyIn("for-hold", 0, n), 1))
 		hold := fresh(0)
 		hold.ID = "the-hold"
-		_, err = r.Hold(ctx, hold, 2500*time.Millisecond)
-		require.NoError(t, err)
+		must(t)(r.Hold(ctx, hold, 2500*time.Millisecond))
 		soldOut() // the hold is not due yet
 		redistest.Sleep(c, 2600*time.Millisecond)
-		_, err = r.Deduct(ctx, fresh(1))
-		require.NoError(t, err, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")
-		e, err = r.Ledger(ctx, "S", "the-hold")
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateExpired, e.State)
+		must(t, "the unit of a hold due in bucket 0 is taken by a request of bucket 1")(r.Deduct(ctx, fresh(1)))
+		assertState(t, r, "S", "the-hold", stock.StateExpired)
 		l := levels(t, r, "S")
 		assert.Equal(t, int64(0), l.Available)
+	})
+}
+
+// soldOutReserver loads sku with one unit on a Reserver with the default options (the sold-out
+// fast path on, with the client's server-assisted cache on real servers), sells it, and lets
+// Redis refuse one request as sold out, so that the Reserver answers the next ones in-process.
+func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver {
+	t.Helper()
+	r := newReserver(t, c)
+	require.NoError(t, r.Load(ctx, sku, 1))
+	must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "first", Qty: 1}))
+	for i := range 3 { // the first refusal builds the filter; the next ones are answered in-process
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("warm-", i), Qty: 1}))
+	}
+	return r
+}
+
+// eachSoldOutBackend runs f on every backend, the backends in parallel, with soldOutReserver's
+// Reserver for sku and how many tries to make: 1000 on a real server, 50 on miniredis (which does
+// not track: the fast path is off, the answers the same).
+func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int)) {
+	t.Helper()
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		tries := 1000
+		if !b.Real() {
+			tries = 50
+		}
+		f(t, b, soldOutReserver(t, b.Client(t), sku), tries)
+	})
+}
+
+// TestFastPathTombstoneOwnWrite: a Restore of an unknown id leaves a tombstone; the same
+// Reserver must then answer a Deduct of that id ErrRestored, as the ledger says, never
+// ErrSoldOut from a cached read that predates the tombstone.
+func TestFastPathTombstoneOwnWrite(t *testing.T) {
+	eachSoldOutBackend(t, "T", func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int) {
+		wrong := 0
+		for i := range tries {
+			// A new id, answered in-process: the item's state and filter are cached.
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "T", ID: fmt.Sprint("new-", i), Qty: 1}))
+			ghost := fmt.Sprint("ghost-", i)
+			mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "T", ghost))
+			_, err := r.Deduct(ctx, stock.Request{SKU: "T", ID: ghost, Qty: 1})
+			if !errors.Is(err, stock.ErrRestored) {
+				if wrong++; wrong == 1 {
+					t.Errorf("try %d: a deduct of a tombstoned id answered %v, want ErrRestored", i, err)
+				}
+			}
+		}
+		assert.Zero(t, wrong, "%d of %d deducts of a tombstoned id were not refused as restored", wrong, tries)
+		if b.Real() {
+			assert.Positive(t, stockops.SoldOutAnswers(r), "the fast path answered new ids")
+		}
+	})
+}
+
+// TestFastPathReplayOwnWrite: a deduct acknowledged OK on a sold-out item (stock came back and
+// was taken again) and repeated at once on the same Reserver is a replay, never ErrSoldOut.
+func TestFastPathReplayOwnWrite(t *testing.T) {
+	eachSoldOutBackend(t, "R", func(t *testing.T, _ redistest.Backend, r *stock.Reserver, tries int) {
+		wrong := 0
+		last := "first"
+		for i := range tries {
+			mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "R", ID: fmt.Sprint("new-", i), Qty: 1}))
+			must(t)(r.Restore(ctx, "R", last))
+			// Retry goes to Redis whatever the cache says: the unit given back is taken.
+			id := fmt.Sprint("take-", i)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1, Retry: true}))
+			last = id
+			rc, err := r.Deduct(ctx, stock.Request{SKU: "R", ID: id, Qty: 1})
+			if err != nil || !rc.Replayed {
+				if wrong++; wrong == 1 {
+					t.Errorf("try %d: a repeat of an acknowledged deduct answered %+v, %v; want a replay", i, rc, err)
+				}
+			}
+		}
+		assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays", wrong, tries)
+		assert.Equal(t, stock.Levels{Available: 0, Sold: 1, Loaded: 1}, levels(t, r, "R"))
+	})
+}
+
+// TestFastPathConcurrentRepeats: 16 goroutines share one Reserver (the fast path on) on an item
+// that keeps selling out and coming back (a 17th gives back what they take); every deduct
+// acknowledged OK is repeated at once and must be a replay, and the counters match the
+// acknowledged deducts and restores. It checks the fix under concurrency; the
+// regression tests that fail without it are TestFastPathTombstoneOwnWrite and
+// TestFastPathReplayOwnWrite (this one rarely catches the stale answer: the repeat must come
+// before an invalidation that is usually already there).
+func TestFastPathConcurrentRepeats(t *testing.T) {
+	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+		r := newReserver(t, b.Client(t))
+		const units, workers = 3, 16
+		rounds := 400
+		if !b.Real() {
+			rounds = 30
+		}
+		require.NoError(t, r.Load(ctx, "C", units))
+		var mu sync.Mutex
+		var took, gave, wrong int
+		var first string
+		taken := make(chan string, workers*rounds)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := range rounds {
+					id := fmt.Sprintf("w%d-%d", w, i)
+					_, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
+					if errors.Is(err, stock.ErrSoldOut) {
+						continue
+					}
+					if !assert.NoError(t, err) {
+						return
+					}
+					rc, err := r.Deduct(ctx, stock.Request{SKU: "C", ID: id, Qty: 1})
+					mu.Lock()
+					took++
+					if err != nil || !rc.Replayed {
+						if wrong++; wrong == 1 {
+							first = fmt.Sprintf("%s: %+v, %v", id, rc, err)
+						}
+					}
+					mu.Unlock()
+					taken <- id
+				}
+			})
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for id := range taken {
+				_, err := r.Restore(ctx, "C", id)
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				gave++
+				mu.Unlock()
+			}
+		}()
+		wg.Wait()
+		close(taken)
+		<-done
+		assert.Zero(t, wrong, "%d of %d repeats of acknowledged deducts were not replays; first: %s", wrong, took, first)
+		assert.Equal(t, stock.Levels{Available: units - int64(took-gave), Sold: int64(took - gave), Loaded: units}, levels(t, r, "C"))
+		t.Logf("%s: %d deducts acknowledged, %d restored, %d answered in-process", b.Name, took, gave, stockops.SoldOutAnswers(r))
 	})
 }

@@ -14,12 +14,10 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/stockops"
 )
 
 func TestObserver(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	ctx := context.Background()
 	var mu sync.Mutex
 	seen := map[string]int{}
 	var relayed int64
@@ -45,13 +43,10 @@ func TestObserver(t *testing.T) {
 	_, _ = r.Restore(ctx, "A", "o1")
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
-	rl, err := stockops.NewRelay(r, store, nil, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, store, nil, nil)
 	drain(t, rl)
-	rec, err := stockops.NewReconciler(r, store, nil)
-	require.NoError(t, err)
-	_, err = rec.Once(ctx)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, nil)
+	require.NoError(t, errOf(rec.Once(ctx)))
 	assert.Equal(t, map[string]int{
 		"deduct/ok": 3, "deduct/replayed": 1, "deduct/sold_out": 1, "deduct/invalid": 1,
 		"restore/ok": 1, "relay/ok": 1, "reconcile/ok": 1,
@@ -97,7 +92,6 @@ func (s *startRecorder) Observe(ctx context.Context, o stock.Observation) {
 // input and failure alike.
 func TestStartObserver(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	ctx := context.Background()
 	rec := &startRecorder{started: map[int]string{}}
 	r := newReserver(t, c, stock.WithObserver(rec), stock.WithOutbox(true))
 	require.NoError(t, r.Load(ctx, "A", 2))
@@ -119,14 +113,10 @@ func TestStartObserver(t *testing.T) {
 	store := memstore.New()
 	require.NoError(t, store.Load(ctx, "A", 2))
 	require.NoError(t, store.Load(ctx, "B", 2))
-	relay, err := stockops.NewRelay(r, store, nil, nil)
-	require.NoError(t, err)
-	_, err = relay.Once(ctx)
-	require.NoError(t, err)
-	rc, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{DryRun: true})
-	require.NoError(t, err)
-	_, err = rc.Once(ctx)
-	require.NoError(t, err)
+	relay := newRelay(t, r, store, nil, nil)
+	require.NoError(t, errOf(relay.Once(ctx)))
+	rc := newReconciler(t, r, store, &stock.ReconcileOptions{DryRun: true})
+	require.NoError(t, errOf(rc.Once(ctx)))
 	dead, cancel := context.WithCancel(ctx)
 	cancel() // every call now fails before its outcome is known
 	_, _ = r.Deduct(dead, stock.Request{SKU: "A", ID: "o9", Qty: 1})

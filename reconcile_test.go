@@ -22,85 +22,13 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-type rig struct {
-	r     *stock.Reserver
-	c     rueidis.Client
-	store *memstore.Store
-	relay *stockops.Relay
-	rec   *stockops.Reconciler
-}
-
-func newRig(t *testing.T, c rueidis.Client, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
-	t.Helper()
-	return newRigWith(t, c, newReserver(t, c), skus, opts...)
-}
-
-// newRigWith is newRig on a Reserver of the caller's.
-func newRigWith(t *testing.T, c rueidis.Client, r *stock.Reserver, skus map[string]int64, opts ...*stock.ReconcileOptions) rig {
-	t.Helper()
-	store := loadBoth(t, r, skus)
-	relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	require.NoError(t, err)
-	var o *stock.ReconcileOptions
-	if len(opts) > 0 {
-		o = opts[0]
-	}
-	rec, err := stockops.NewReconciler(r, store, o)
-	require.NoError(t, err)
-	return rig{r: r, c: c, store: store, relay: relay, rec: rec}
-}
-
-func (g rig) once(t *testing.T) map[string]stockops.Report {
-	t.Helper()
-	reps, err := g.rec.Once(context.Background())
-	require.NoError(t, err)
-	m := map[string]stockops.Report{}
-	for _, rp := range reps {
-		m[rp.SKU] = rp
-	}
-	return m
-}
-
-// agree checks that Redis and the store agree once the outbox is drained.
-func (g rig) agree(t *testing.T, sku string) {
-	t.Helper()
-	drain(t, g.relay)
-	l, err := g.r.Levels(context.Background(), sku)
-	require.NoError(t, err)
-	rem, err := g.store.Remaining(context.Background(), sku)
-	require.NoError(t, err)
-	assert.Equal(t, rem, l.Available+l.Held, "redis available+held = store remaining")
-	assert.GreaterOrEqual(t, rem, int64(0))
-	assert.LessOrEqual(t, g.store.MaxApplications(), 1)
-}
-
-func del(t *testing.T, c rueidis.Client, keys ...string) {
-	t.Helper()
-	for _, k := range keys {
-		require.NoError(t, c.Do(context.Background(), c.B().Del().Key(k).Build()).Error())
-	}
-}
-
-// assertGone asserts that none of the keys base+suffix exists.
-func assertGone(t *testing.T, c rueidis.Client, base string, suffixes ...string) {
-	t.Helper()
-	for _, suffix := range suffixes {
-		n, err := c.Do(context.Background(), c.B().Exists().Key(base+suffix).Build()).AsInt64()
-		require.NoError(t, err)
-		assert.Zero(t, n, "%s%s is gone", base, suffix)
-	}
-}
-
 func TestReconcileClean(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		for i := range 10 {
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 2})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 2}))
 		}
-		_, err := g.r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		must(t)(g.r.Restore(ctx, "A", "o1"))
 		// Pending events are in flight, not drift.
 		rp := g.once(t)["A"]
 		assert.Equal(t, stockops.Report{SKU: "A", Available: 32, StoreRemaining: 50, Pending: 11, InFlight: 18}, rp)
@@ -113,39 +41,30 @@ func TestReconcileClean(t *testing.T) {
 
 func TestReconcileLostKey(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		deductEach(t, g.r, "A", 10)
 		drain(t, g.relay)
 		for i := 10; i < 15; i++ { // in flight when the key goes
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1}))
 		}
 		del(t, c, "stock:{A}")
-		_, err := available(g.r.Levels(ctx, "A"))
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrNotLoaded, "no sale on a lost item")
+		require.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
+		mustFail(t, stock.ErrNotLoaded, "no sale on a lost item")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1}))
 
-		dry, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{DryRun: true})
-		require.NoError(t, err)
+		dry := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{DryRun: true})
 		reps, err := dry.Once(ctx)
 		require.NoError(t, err)
 		assert.True(t, reps[0].Missing)
 		assert.False(t, reps[0].Rebuilt)
-		_, err = available(g.r.Levels(ctx, "A"))
-		require.ErrorIs(t, err, stock.ErrNotLoaded, "a dry run repairs nothing")
+		require.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded, "a dry run repairs nothing")
 
 		rp := g.once(t)["A"]
 		assert.True(t, rp.Missing)
 		assert.True(t, rp.Rebuilt)
 		assert.Equal(t, int64(5), rp.InFlight)
-		n, err := available(g.r.Levels(ctx, "A"))
-		require.NoError(t, err)
-		assert.Equal(t, int64(35), n, "store 40 minus 5 in flight")
+		assert.Equal(t, int64(35), levels(t, g.r, "A").Available, "store 40 minus 5 in flight")
 		// Deducts resume, and the in-flight ones still reach the store.
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "after", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "after", Qty: 1}))
 		g.agree(t, "A")
 		assert.Zero(t, g.once(t)["A"].Drift)
 	})
@@ -153,33 +72,27 @@ func TestReconcileLostKey(t *testing.T) {
 
 func TestReconcileRestartWithoutPersistence(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 20, "B": 30})
 		for i := range 8 {
 			sku := []string{"A", "B"}[i%2]
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1}))
 		}
 		drain(t, g.relay)
 		for _, cl := range c.Nodes() { // every key gone, the registry too
 			require.NoError(t, cl.Do(ctx, cl.B().Flushall().Build()).Error())
 		}
-		rec, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{Items: []string{"A", "B"}})
-		require.NoError(t, err)
+		rec := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{Items: []string{"A", "B"}})
 		reps, err := rec.Once(ctx)
 		require.ErrorIs(t, err, stock.ErrRegistryLost, "the registry went with the rest")
 		for _, rp := range reps {
 			assert.True(t, rp.Rebuilt, rp.String())
 		}
 		for sku, want := range map[string]int64{"A": 16, "B": 26} {
-			n, err := available(g.r.Levels(ctx, sku))
-			require.NoError(t, err)
-			assert.Equal(t, want, n)
+			assert.Equal(t, want, levels(t, g.r, sku).Available)
 		}
 		// A retried id whose ledger entry was lost is refused by the store's unique id:
 		// the sale is given back rather than made twice.
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o0", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o0", Qty: 1}))
 		st := drain(t, g.relay)
 		assert.Zero(t, st.Refused, "the store answers a repeated id as the first time")
 		assert.Equal(t, 1, g.store.MaxApplications())
@@ -188,7 +101,6 @@ func TestReconcileRestartWithoutPersistence(t *testing.T) {
 
 func TestReconcileDrift(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50, "B": 50, "C": 50}, &stock.ReconcileOptions{RepairLimit: 100})
 		g.store.Set("A", 40)  // Redis too high: would sell 10 the store does not have
 		g.store.Set("B", 55)  // Redis too low
@@ -204,8 +116,7 @@ func TestReconcileDrift(t *testing.T) {
 			assert.Equal(t, want, l.Available, sku)
 		}
 		// Redis sold out meanwhile: it cannot give back what it sold; that is for a human.
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "big", Qty: 40})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "big", Qty: 40}))
 		g.store.Set("A", 30) // the store lost 10 more before the relay ran
 		rp := g.once(t)["A"]
 		assert.Equal(t, int64(0), rp.Adjusted, "available cannot go below zero")
@@ -215,17 +126,13 @@ func TestReconcileDrift(t *testing.T) {
 
 func TestReconcileLostEventsAndEntries(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50})
 		for i := range 6 {
-			_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1})
-			require.NoError(t, err)
+			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), User: "u", Qty: 1}))
 		}
 		drain(t, g.relay)
-		_, err := g.r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o9", Qty: 2})
-		require.NoError(t, err)
+		must(t)(g.r.Restore(ctx, "A", "o1"))
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o9", Qty: 2}))
 		// The outbox loses both events (a lost message).
 		del(t, c, "stock:{A}:o")
 		rp := g.once(t)["A"]
@@ -239,8 +146,7 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 		rp = g.once(t)["A"]
 		assert.Equal(t, 1, rp.Rerecorded)
 		assert.Equal(t, int64(-1), rp.Adjusted)
-		rc, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u", Qty: 1})
-		require.NoError(t, err)
+		rc := must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u", Qty: 1}))
 		assert.True(t, rc.Replayed, "a retry of the lost id is a replay, not a second sale")
 		g.agree(t, "A")
 	})
@@ -248,14 +154,11 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 
 func TestReconcileTrims(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		deductEach(t, g.r, "A", 5)
-		_, err := g.r.Restore(ctx, "A", "ghost")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrUnknownID)(g.r.Restore(ctx, "A", "ghost"))
 		drain(t, g.relay)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "pending", Qty: 1})
-		require.NoError(t, err)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "pending", Qty: 1}))
 		time.Sleep(20 * time.Millisecond)
 		rp := g.once(t)["A"]
 		assert.Equal(t, 6, rp.Trimmed, "applied entries and the tombstone; not the pending one")
@@ -269,7 +172,6 @@ func TestReconcileTrims(t *testing.T) {
 // they agree.
 func TestReconcileRace(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 300})
 		ctx2, cancel := context.WithCancel(ctx)
 		var bg sync.WaitGroup
@@ -317,24 +219,19 @@ func TestReconcileRace(t *testing.T) {
 
 func TestDelistRetires(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, &stock.ReconcileOptions{Retention: time.Millisecond})
 		deductEach(t, g.r, "A", 600) // more than one retire step of the ledger
 		// Sold out, and a refusal: the item gets its sold-out filter, which must go too.
-		_, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400})
-		require.NoError(t, err)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "one-more", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400}))
+		mustFail(t, stock.ErrSoldOut)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "one-more", Qty: 1}))
 		n, err := c.Do(ctx, c.B().Exists().Key("stock:{A}:b").Build()).AsInt64()
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "the filter exists")
 		require.ErrorIs(t, g.r.Delist(ctx, "ghost"), stock.ErrNotLoaded)
 		require.NoError(t, g.r.Delist(ctx, "A"))
 		require.NoError(t, g.r.Delist(ctx, "A"))
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrClosed)
-		_, err = g.r.Restore(ctx, "A", "o0") // the pipeline still works
-		require.NoError(t, err)
+		mustFail(t, stock.ErrClosed)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1}))
+		must(t)(g.r.Restore(ctx, "A", "o0")) // the pipeline still works
 		time.Sleep(10 * time.Millisecond)
 		rp := g.once(t)["A"]
 		assert.False(t, rp.Retired, "events are still pending")
@@ -345,13 +242,11 @@ func TestDelistRetires(t *testing.T) {
 		assert.Zero(t, reps["A"].Drift)
 		assert.False(t, reps["B"].Retired)
 		assertGone(t, c, "stock:{A}", ":l", ":u", ":o", ":h", ":r", ":rl", ":dl", ":b")
-		_, err = available(g.r.Levels(ctx, "A"))
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		assert.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
 		reps = g.once(t)
 		_, listed := reps["A"]
 		assert.False(t, listed, "a retired item leaves the registry")
-		rec, err := stockops.NewReconciler(g.r, g.store, &stock.ReconcileOptions{Items: []string{"A"}})
-		require.NoError(t, err)
+		rec := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{Items: []string{"A"}})
 		rr, err := rec.Once(ctx)
 		require.NoError(t, err)
 		assert.True(t, rr[0].Retired)
@@ -366,11 +261,9 @@ func TestDelistRetires(t *testing.T) {
 // twice); a hold the store confirmed and then gave back is released.
 func TestReconcileHoldConfirmedInStore(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		g := newRig(t, c, map[string]int64{"A": 3})
 		for _, id := range []string{"h1", "h2", "h3"} {
-			_, err := g.r.Hold(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}, 2*time.Second)
-			require.NoError(t, err)
+			must(t)(g.r.Hold(ctx, stock.Request{SKU: "A", ID: id, User: "u", Qty: 1}, 2*time.Second))
 		}
 		drain(t, g.relay)
 		// What the relay delivered before the failover: the confirms of h1 and h2, and a
@@ -388,22 +281,16 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		rp := g.once(t)["A"]
 		assert.Equal(t, 2, rp.Resynced, "h1 made final, h2 released")
 		assert.Zero(t, rp.Drift, "%+v", rp)
-		e, err := g.r.Ledger(ctx, "A", "h1")
-		require.NoError(t, err)
-		assert.Equal(t, stock.StateApplied, e.State)
+		assertState(t, g.r, "A", "h1", stock.StateApplied)
 		l := levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 1, Loaded: 3}, l, "h2 released, h1 sold, h3 due")
-		_, err = stockops.Sweep(ctx, g.r, "A")
-		require.NoError(t, err)
+		require.NoError(t, errOf(stockops.Sweep(ctx, g.r, "A")))
 		l = levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 2, Held: 0, Sold: 1, Loaded: 3}, l, "h3 expired")
 		g.agree(t, "A")
-		_, err = g.r.Confirm(ctx, "A", "h1")
-		require.NoError(t, err, "a confirm of h1 now is a replay")
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n1", Qty: 2})
-		require.NoError(t, err)
-		_, err = g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n2", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut, "the unit h1 took is not sold again")
+		must(t, "a confirm of h1 now is a replay")(g.r.Confirm(ctx, "A", "h1"))
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n1", Qty: 2}))
+		mustFail(t, stock.ErrSoldOut, "the unit h1 took is not sold again")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "n2", Qty: 1}))
 		g.agree(t, "A")
 	})
 }
@@ -436,7 +323,6 @@ func (s *lateConsumerStore) Records(ctx context.Context, sku string, ids []strin
 // queue that restore again: the pass reads Redis before the store.
 func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r, db := reserverAndStore(t, c, map[string]int64{"A": 10})
 		var mu sync.Mutex
 		var queue []stock.Event
@@ -446,24 +332,18 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 			queue = append(queue, ev)
 			return nil
 		})
-		relay, err := stockops.NewRelay(r, nil, pub, nil)
-		require.NoError(t, err)
+		relay := newRelay(t, r, nil, pub, nil)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2})
-		require.NoError(t, err)
-		_, err = relay.Once(ctx)
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
+		require.NoError(t, errOf(relay.Once(ctx)))
 		require.Len(t, queue, 1)
 		require.NoError(t, stock.Consume(ctx, r, db, queue[0])) // the deduct is in the store
-		_, err = r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
-		_, err = relay.Once(ctx)
-		require.NoError(t, err)
+		must(t)(r.Restore(ctx, "A", "o1"))
+		require.NoError(t, errOf(relay.Once(ctx)))
 		require.Len(t, queue, 2) // the restore is published, not applied yet
 
 		store := &lateConsumerStore{Store: db, r: r, id: "o1", ev: queue[1]}
-		rec, err := stockops.NewReconciler(r, store, nil)
-		require.NoError(t, err)
+		rec := newReconciler(t, r, store, nil)
 		rp, err := rec.Item(ctx, "A")
 		require.NoError(t, err)
 		assert.True(t, store.fired.Load(), "the consumer settled the restore during the pass")
@@ -471,9 +351,7 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		pending, _, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Zero(t, pending, "no restore queued again")
-		left, err := db.Remaining(ctx, "A")
-		require.NoError(t, err)
-		assert.Equal(t, int64(10), left)
+		assert.Equal(t, int64(10), remaining(t, db, "A"))
 	})
 }
 
@@ -496,59 +374,9 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 		got := levels(t, r, "x")
 		assert.Equal(t, stock.Levels{Available: a, Sold: s, Loaded: l}, got)
 	}
-	cases := []struct {
-		name string
-		// fault runs after a, b and c (1 unit each) are delivered; it returns the ids to restore
-		// at the end and the levels the repair must leave: available, sold, loaded.
-		fault   func(t *testing.T, g rig, clock *testClock) []string
-		a, s, l int64
-	}{
-		{"a failover lost two delivered sales", func(t *testing.T, g rig, _ *testClock) []string {
-			hdel(t, g.c, "b", "c") // the promoted replica never had them: no entries, their units back
-			hincr(t, g.c, "a", 2)
-			hincr(t, g.c, "s", -2)
-			return []string{"a", "b", "c"}
-		}, 97, 3, 100},
-		{"a failover lost a delivered restock", func(t *testing.T, g rig, _ *testClock) []string {
-			_, err := g.r.Restock(context.Background(), "x", "more", 10)
-			require.NoError(t, err)
-			drain(t, g.relay)
-			hdel(t, g.c, "more")
-			hincr(t, g.c, "a", -10)
-			hincr(t, g.c, "l", -10)
-			return []string{"a", "b", "c"}
-		}, 107, 3, 110},
-		{"a failover lost a restock and a sale of the same size", func(t *testing.T, g rig, _ *testClock) []string {
-			_, err := g.r.Restock(context.Background(), "x", "more", 5)
-			require.NoError(t, err)
-			_, err = g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "big", Qty: 5})
-			require.NoError(t, err)
-			drain(t, g.relay)
-			hdel(t, g.c, "more", "big") // no drift: only what was written back tells
-			hincr(t, g.c, "l", -5)
-			hincr(t, g.c, "s", -5)
-			return []string{"a", "b", "c"}
-		}, 97, 8, 105},
-		{"an id sold again after its entry was trimmed", func(t *testing.T, g rig, clock *testClock) []string {
-			clock.advance(25 * time.Hour) // past the default retention of 24h
-			rp := g.once(t)["x"]
-			require.Equal(t, 3, rp.Trimmed)
-			rc, err := g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "b", Qty: 1})
-			require.NoError(t, err)
-			require.False(t, rc.Replayed, "its entry is gone: Redis sells it again")
-			drain(t, g.relay) // the store has b already: it takes nothing
-			return nil        // (the clock runs a day ahead of Redis's: every settled entry is trimmable now)
-		}, 97, 3, 100},
-		{"the ledger key lost alone (the counters kept)", func(t *testing.T, g rig, _ *testClock) []string {
-			del(t, g.c, "stock:{x}:l")
-			return []string{"a", "b", "c"}
-		}, 97, 3, 100},
-	}
 	// The same failover on an item split over three buckets: each lost sale goes back in the
 	// bucket that made it, and its claim (in the id's home bucket) is lost with it.
-	split := stock.WithBuckets(func(string) int { return 3 })
 	loseSplit := func(t *testing.T, g rig, _ *testClock) []string {
-		ctx := context.Background()
 		for _, id := range []string{"b", "c"} {
 			for i := range 3 {
 				base := protocol.BucketBase("stock", "x", i, 3)
@@ -563,25 +391,63 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 		}
 		return []string{"a", "b", "c"}
 	}
-	cases = append(cases, struct {
-		name    string
+	cases := []struct {
+		name string
+		// fault runs after a, b and c (1 unit each) are delivered; it returns the ids to restore
+		// at the end and the levels the repair must leave: available, sold, loaded.
 		fault   func(t *testing.T, g rig, clock *testClock) []string
 		a, s, l int64
-	}{"a failover lost two delivered sales of a split item", loseSplit, 97, 3, 100})
+	}{
+		{"a failover lost two delivered sales", func(t *testing.T, g rig, _ *testClock) []string {
+			hdel(t, g.c, "b", "c") // the promoted replica never had them: no entries, their units back
+			hincr(t, g.c, "a", 2)
+			hincr(t, g.c, "s", -2)
+			return []string{"a", "b", "c"}
+		}, 97, 3, 100},
+		{"a failover lost a delivered restock", func(t *testing.T, g rig, _ *testClock) []string {
+			must(t)(g.r.Restock(context.Background(), "x", "more", 10))
+			drain(t, g.relay)
+			hdel(t, g.c, "more")
+			hincr(t, g.c, "a", -10)
+			hincr(t, g.c, "l", -10)
+			return []string{"a", "b", "c"}
+		}, 107, 3, 110},
+		{"a failover lost a restock and a sale of the same size", func(t *testing.T, g rig, _ *testClock) []string {
+			must(t)(g.r.Restock(context.Background(), "x", "more", 5))
+			must(t)(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "big", Qty: 5}))
+			drain(t, g.relay)
+			hdel(t, g.c, "more", "big") // no drift: only what was written back tells
+			hincr(t, g.c, "l", -5)
+			hincr(t, g.c, "s", -5)
+			return []string{"a", "b", "c"}
+		}, 97, 8, 105},
+		{"an id sold again after its entry was trimmed", func(t *testing.T, g rig, clock *testClock) []string {
+			clock.advance(25 * time.Hour) // past the default retention of 24h
+			rp := g.once(t)["x"]
+			require.Equal(t, 3, rp.Trimmed)
+			rc := must(t)(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "b", Qty: 1}))
+			require.False(t, rc.Replayed, "its entry is gone: Redis sells it again")
+			drain(t, g.relay) // the store has b already: it takes nothing
+			return nil        // (the clock runs a day ahead of Redis's: every settled entry is trimmable now)
+		}, 97, 3, 100},
+		{"a failover lost two delivered sales of a split item", loseSplit, 97, 3, 100},
+		{"the ledger key lost alone (the counters kept)", func(t *testing.T, g rig, _ *testClock) []string {
+			del(t, g.c, "stock:{x}:l")
+			return []string{"a", "b", "c"}
+		}, 97, 3, 100},
+	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, c rueidis.Client) {
-				ctx := context.Background()
 				clock := newTestClock()
 				opts := []stock.Option{stock.WithClock(clock.now)}
 				if strings.HasSuffix(tc.name, "split item") {
-					opts = append(opts, split)
+					opts = append(opts, stock.WithBuckets(func(string) int { return 3 }))
 				}
 				r := newReserver(t, c, opts...)
 				g := newRigWith(t, c, r, map[string]int64{"x": 100})
 				for _, id := range []string{"a", "b", "c"} {
-					_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 1})
-					require.NoError(t, err)
+					must(t)(g.r.Deduct(ctx, stock.Request{SKU: "x", ID: id, Qty: 1}))
 				}
 				drain(t, g.relay)
 				restore := tc.fault(t, g, clock)
@@ -591,8 +457,7 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 				assert.Zero(t, g.once(t)["x"].Drift, "a second pass finds nothing")
 				g.agree(t, "x")
 				for _, id := range restore {
-					rc, err := g.r.Restore(ctx, "x", id)
-					require.NoError(t, err, id)
+					rc := must(t, id)(g.r.Restore(ctx, "x", id))
 					assert.Equal(t, int64(1), rc.Qty, id)
 				}
 				g.agree(t, "x")
@@ -601,26 +466,6 @@ func TestReconcileRepairKeepsCountersExact(t *testing.T) {
 			})
 		})
 	}
-}
-
-// testClock is a clock for WithClock that tests move by hand.
-type testClock struct {
-	mu sync.Mutex
-	at time.Time
-}
-
-func newTestClock() *testClock { return &testClock{at: time.Now()} }
-
-func (c *testClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.at
-}
-
-func (c *testClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.at = c.at.Add(d)
-	c.mu.Unlock()
 }
 
 // TestRetentionCountsFromSettling: the retention of an entry counts from when it settled, not
@@ -639,49 +484,40 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 	}{
 		{"a 48h hold cancelled after 30h", 24 * time.Hour,
 			func(t *testing.T, g rig, move func(time.Duration)) {
-				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 48*time.Hour)
-				require.NoError(t, err)
+				must(t)(g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 48*time.Hour))
 				move(30 * time.Hour)
-				_, err = g.r.Cancel(context.Background(), "x", "e")
-				require.NoError(t, err)
+				must(t)(g.r.Cancel(context.Background(), "x", "e"))
 			}, time.Minute,
 			func(t *testing.T, g rig, _ func(time.Duration)) {
-				rc, err := g.r.Cancel(context.Background(), "x", "e")
-				require.NoError(t, err, "a repeated cancel is a replay")
+				rc := must(t, "a repeated cancel is a replay")(g.r.Cancel(context.Background(), "x", "e"))
 				assert.True(t, rc.Replayed)
-				_, err = g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
-				assert.ErrorIs(t, err, stock.ErrRestored, "a repeated hold takes nothing")
+				mustFail(t, stock.ErrRestored, "a repeated hold takes nothing")(
+					g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour))
 			}, 48 * time.Hour},
 		{"a hold that expired", 200 * time.Millisecond,
 			func(t *testing.T, g rig, move func(time.Duration)) {
-				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 400*time.Millisecond)
-				require.NoError(t, err)
+				must(t)(g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, 400*time.Millisecond))
 				move(500 * time.Millisecond)
-				_, err = g.r.Confirm(context.Background(), "x", "e")
-				require.ErrorIs(t, err, stock.ErrExpired)
+				mustFail(t, stock.ErrExpired)(g.r.Confirm(context.Background(), "x", "e"))
 			}, 0,
 			func(t *testing.T, g rig, _ func(time.Duration)) {
-				_, err := g.r.Confirm(context.Background(), "x", "e")
-				assert.ErrorIs(t, err, stock.ErrExpired)
-				_, err = g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
+				mustFail(t, stock.ErrExpired)(g.r.Confirm(context.Background(), "x", "e"))
+				_, err := g.r.Hold(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}, time.Hour)
 				assert.Error(t, err, "a repeated hold takes nothing")
 			}, 500 * time.Millisecond},
 		{"a sale given back late", 200 * time.Millisecond,
 			func(t *testing.T, g rig, move func(time.Duration)) {
-				_, err := g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2})
-				require.NoError(t, err)
+				must(t)(g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}))
 				drain(t, g.relay)
 				move(400 * time.Millisecond)
-				_, err = g.r.Restore(context.Background(), "x", "e")
-				require.NoError(t, err)
+				must(t)(g.r.Restore(context.Background(), "x", "e"))
 				drain(t, g.relay)
 			}, 0,
 			func(t *testing.T, g rig, _ func(time.Duration)) {
-				rc, err := g.r.Restore(context.Background(), "x", "e")
-				require.NoError(t, err, "a repeated restore is a replay")
+				rc := must(t, "a repeated restore is a replay")(g.r.Restore(context.Background(), "x", "e"))
 				assert.True(t, rc.Replayed)
-				_, err = g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2})
-				assert.ErrorIs(t, err, stock.ErrRestored, "a repeated deduct takes nothing")
+				mustFail(t, stock.ErrRestored, "a repeated deduct takes nothing")(
+					g.r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "e", Qty: 2}))
 			}, 500 * time.Millisecond},
 	}
 	for _, tc := range cases {
@@ -710,8 +546,7 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 				drain(t, g.relay)
 				move(tc.past)
 				assert.Equal(t, 1, g.once(t)["x"].Trimmed, "trimmed once the retention after it settled has passed")
-				_, err = g.r.Ledger(context.Background(), "x", "e")
-				assert.ErrorIs(t, err, stock.ErrUnknownID)
+				assert.ErrorIs(t, errOf(g.r.Ledger(context.Background(), "x", "e")), stock.ErrUnknownID)
 			})
 		})
 	}
@@ -725,7 +560,6 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 	for _, buckets := range []int{0, 3} {
 		t.Run(fmt.Sprint("buckets=", buckets), func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, c rueidis.Client) {
-				ctx := context.Background()
 				var opts []stock.Option
 				if buckets > 0 {
 					opts = append(opts, stock.WithBuckets(func(string) int { return buckets }))
@@ -734,17 +568,14 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 				opts = append(opts, stock.WithClock(clock.now))
 				g := newRigWith(t, c, newReserver(t, c, opts...), map[string]int64{"x": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
 				for i := range 20 {
-					_, err := g.r.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("o", i), User: fmt.Sprint("u", i%3), Qty: 1})
-					require.NoError(t, err)
+					must(t)(g.r.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("o", i), User: fmt.Sprint("u", i%3), Qty: 1}))
 				}
-				_, err := g.r.Hold(ctx, stock.Request{SKU: "x", ID: "h", Qty: 1}, time.Hour)
-				require.NoError(t, err)
+				must(t)(g.r.Hold(ctx, stock.Request{SKU: "x", ID: "h", Qty: 1}, time.Hour))
 				require.NoError(t, g.r.Delist(ctx, "x"))
 				drain(t, g.relay)
 				clock.advance(time.Second)
 				assert.False(t, g.once(t)["x"].Retired, "a live hold keeps the item")
-				_, err = g.r.Cancel(ctx, "x", "h")
-				require.NoError(t, err)
+				must(t)(g.r.Cancel(ctx, "x", "h"))
 				drain(t, g.relay)
 				rp := g.once(t)["x"]
 				require.True(t, rp.Retired, rp.String())
@@ -762,8 +593,7 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 					require.NoError(t, err)
 					assert.LessOrEqual(t, len(fields), 2, "%s keeps only its retired mark: %v", base, fields)
 				}
-				_, err = g.r.Levels(ctx, "x")
-				assert.ErrorIs(t, err, stock.ErrNotLoaded)
+				assert.ErrorIs(t, errOf(g.r.Levels(ctx, "x")), stock.ErrNotLoaded)
 				require.NoError(t, g.r.Load(ctx, "x", 3), "a retired item may be loaded again")
 				assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, g.r, "x"))
 			})
@@ -778,30 +608,24 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 // after their delivery, leave the counters where a pass after the delivery alone leaves them,
 // with Redis's available stock on the store's books and Loaded at what was loaded and restocked.
 func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
-	ctx := context.Background()
 	cases := []struct {
 		name         string
 		first, again func(t *testing.T, r *stock.Reserver)
 	}{
 		{"a restock's id reused by a sale given back",
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Restock(ctx, "x", "e", 1)
-				require.NoError(t, err)
+				must(t)(r.Restock(ctx, "x", "e", 1))
 			},
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 1})
-				require.NoError(t, err, "the id is free again after its trim")
-				_, err = r.Restore(ctx, "x", "e")
-				require.NoError(t, err)
+				must(t, "the id is free again after its trim")(r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 1}))
+				must(t)(r.Restore(ctx, "x", "e"))
 			}},
 		{"a sale's id reused by a restock",
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 2})
-				require.NoError(t, err)
+				must(t)(r.Deduct(ctx, stock.Request{SKU: "x", ID: "e", Qty: 2}))
 			},
 			func(t *testing.T, r *stock.Reserver) {
-				_, err := r.Restock(ctx, "x", "e", 1)
-				require.NoError(t, err, "the id is free again after its trim")
+				must(t, "the id is free again after its trim")(r.Restock(ctx, "x", "e", 1))
 			}},
 	}
 	for _, tc := range cases {
@@ -840,9 +664,7 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 						assert.Zero(t, rp.Requeued, "nothing to requeue: %v", rp)
 						assert.Empty(t, rp.NeedsHuman)
 						lv := levels(t, r, "x")
-						rem, err := g.store.Remaining(ctx, "x")
-						require.NoError(t, err)
-						assert.Equal(t, rem, lv.Available+lv.Held, "the store will apply none of the events in flight: %v", rp)
+						assert.Equal(t, remaining(t, g.store, "x"), lv.Available+lv.Held, "the store will apply none of the events in flight: %v", rp)
 					}
 					drain(t, g.relay)
 					for range 2 {
@@ -852,9 +674,7 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 						drain(t, g.relay)
 					}
 					lv := levels(t, r, "x")
-					rem, err := g.store.Remaining(ctx, "x")
-					require.NoError(t, err)
-					assert.Equal(t, rem, lv.Available+lv.Held, "Redis's stock is on the store's books")
+					assert.Equal(t, remaining(t, g.store, "x"), lv.Available+lv.Held, "Redis's stock is on the store's books")
 					assert.Equal(t, int64(11), lv.Loaded, "loaded and restocked")
 					assert.GreaterOrEqual(t, lv.Sold, int64(0))
 					ends = append(ends, lv)
@@ -863,4 +683,48 @@ func TestReconcileIDReusedAfterTrimAcrossKinds(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestReopenDelisted: a delisted item cannot be reopened (it would sell again and then be
+// retired, its ledger deleted), and the retire script removes only a closed, delisted item,
+// whatever the caller checked before.
+func TestReopenDelisted(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c rueidis.Client) {
+		g := newRig(t, c, map[string]int64{"A": 10, "B": 10}, &stock.ReconcileOptions{Retention: time.Millisecond})
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a1", Qty: 1}))
+		require.NoError(t, g.r.Delist(ctx, "A"))
+		err := g.r.ReopenItem(ctx, "A")
+		require.ErrorIs(t, err, stock.ErrClosed)
+		assert.Contains(t, err.Error(), "delisted")
+		mustFail(t, stock.ErrClosed, "a delisted item stays closed")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "a2", Qty: 1}))
+		l := levels(t, g.r, "A")
+		assert.True(t, l.Closed)
+
+		// An item delisted and then reopened (as the code before this fix allowed: the
+		// delisting stamp stays, the closed flag is gone) is live: retiring must refuse it.
+		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
+		require.NoError(t, g.r.Delist(ctx, "B"))
+		reopenBypassingCheck(t, c, "B")
+		must(t, "the item sells")(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b2", Qty: 1}))
+		drain(t, g.relay)
+		time.Sleep(5 * time.Millisecond)
+		reps := g.once(t)
+		assert.True(t, reps["A"].Retired, "a closed, delisted item is retired: %s", reps["A"])
+		assert.False(t, reps["B"].Retired, "a live item is never retired: %s", reps["B"])
+		assert.Contains(t, reps["B"].NeedsHuman, "delisted but open", "the pass says why it does not retire it")
+		assert.Equal(t, stock.Levels{Available: 8, Sold: 2, Loaded: 10}, levels(t, g.r, "B"), "the live item is kept")
+		must(t, "and sells")(g.r.Deduct(ctx, stock.Request{SKU: "B", ID: "b3", Qty: 1}))
+	})
+}
+
+// reopenBypassingCheck removes the closed flag of sku's item hash directly, as a Reopen of a
+// delisted item did before it was refused. It finds the item hash by its fields, so it does not
+// depend on the key layout.
+func reopenBypassingCheck(t *testing.T, c rueidis.Client, sku string) {
+	t.Helper()
+	k := findKey(t, c, sku, func(ctx context.Context, n rueidis.Client, key string) bool {
+		vs, err := n.Do(ctx, n.B().Hmget().Key(key).Field("a", "d").Build()).ToArray()
+		return err == nil && len(vs) == 2 && !vs[0].IsNil() && !vs[1].IsNil()
+	})
+	require.NoError(t, c.Do(context.Background(), c.B().Hdel().Key(k).Field("c").Build()).Error())
 }

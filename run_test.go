@@ -8,24 +8,21 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // TestRun: one call does the background work. While it runs, sales reach the Store and due
 // holds go back; when its context ends, it delivers what the last sales left in the outbox
 // and returns the context's error.
 func TestRun(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
-		db := memstore.New()
-		require.NoError(t, db.Load(ctx, "A", 10))
-		require.NoError(t, r.Load(ctx, "A", 10))
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+		db := loadBoth(t, r, map[string]int64{"A": 10})
 
 		run, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
@@ -70,9 +67,7 @@ func TestRun(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("Run did not return after its context ended")
 		}
-		n, err := db.Remaining(ctx, "A")
-		require.NoError(t, err)
-		assert.Equal(t, int64(5), n, "every sale reached the store")
+		assert.Equal(t, int64(5), remaining(t, db, "A"), "every sale reached the store")
 		pending, dead, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Zero(t, pending+dead)
@@ -95,13 +90,11 @@ func (s *failingStore) Apply(context.Context, stock.Event) error {
 // TestRunReturnsFirstError: a loop's error is logged and retried while Run runs, and returned
 // when its context ends; bad options are an ErrInvalid error at once.
 func TestRunReturnsFirstError(t *testing.T) {
-	ctx := context.Background()
 	_, c := redistest.Miniredis(t)
 	r := newReserver(t, c)
 	st := &failingStore{Store: memstore.New()}
 	require.NoError(t, r.Load(ctx, "A", 3))
-	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-	require.NoError(t, err)
+	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 
 	run, stop := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer stop()
@@ -111,7 +104,7 @@ func TestRunReturnsFirstError(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	err = r.Run(run, stock.RunOptions{Store: st, Drain: -1, Reconcile: &stock.ReconcileOptions{Items: []string{"A"}},
+	err := r.Run(run, stock.RunOptions{Store: st, Drain: -1, Reconcile: &stock.ReconcileOptions{Items: []string{"A"}},
 		Relay: &stock.RelayOptions{Poll: time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})
 	assert.ErrorIs(t, err, errDown)
 	assert.Greater(t, st.calls.Load(), int64(1), "the relay retried while Run ran")
@@ -135,23 +128,18 @@ func TestRelayOptionsDefaults(t *testing.T) {
 	r := newReserver(t, c)
 	db := memstore.New()
 	for _, o := range []*stock.RelayOptions{nil, {}, {MinBackoff: 2 * time.Minute}, {MaxBackoff: time.Millisecond}, {Lease: time.Millisecond}} {
-		_, err := stockops.NewRelay(r, db, nil, o)
-		assert.NoError(t, err, "%+v", o)
+		assert.NoError(t, errOf(stockops.NewRelay(r, db, nil, o)), "%+v", o)
 	}
 	for _, o := range []*stock.RelayOptions{{Batch: 10001}, {Lease: time.Microsecond}, {MinBackoff: time.Second, MaxBackoff: time.Millisecond}, {Poll: -1}} {
-		_, err := stockops.NewRelay(r, db, nil, o)
-		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
+		assert.ErrorIs(t, errOf(stockops.NewRelay(r, db, nil, o)), stock.ErrInvalid, "%+v", o)
 	}
 	for _, o := range []*stock.ReconcileOptions{nil, {}, {Retention: -1}, {Interval: time.Second}, {Interval: -1}} {
-		_, err := stockops.NewReconciler(r, db, o)
-		assert.NoError(t, err, "%+v", o)
+		assert.NoError(t, errOf(stockops.NewReconciler(r, db, o)), "%+v", o)
 	}
 	for _, o := range []*stock.ReconcileOptions{{RepairLimit: -5}, {Items: []string{""}}} {
-		_, err := stockops.NewReconciler(r, db, o)
-		assert.ErrorIs(t, err, stock.ErrInvalid, "%+v", o)
+		assert.ErrorIs(t, errOf(stockops.NewReconciler(r, db, o)), stock.ErrInvalid, "%+v", o)
 	}
-	rc, err := stockops.NewReconciler(r, db, &stock.ReconcileOptions{Interval: -1})
-	require.NoError(t, err)
+	rc := newReconciler(t, r, db, &stock.ReconcileOptions{Interval: -1})
 	assert.ErrorIs(t, rc.Run(context.Background()), stock.ErrInvalid, "Reconciler.Run needs a positive interval")
 }
 
@@ -159,18 +147,14 @@ func TestRelayOptionsDefaults(t *testing.T) {
 // a negative interval of RunOptions turns its loop off; the relay still delivers.
 func TestRunReconcileOff(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	ctx := context.Background()
 	var passes atomic.Int64
 	r := newReserver(t, c, stock.WithObserver(stock.ObserverFunc(func(_ context.Context, o stock.Observation) {
 		if o.Op == "reconcile" {
 			passes.Add(1)
 		}
 	})))
-	db := memstore.New()
-	require.NoError(t, db.Load(ctx, "A", 10))
-	require.NoError(t, r.Load(ctx, "A", 10))
-	_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-	require.NoError(t, err)
+	db := loadBoth(t, r, map[string]int64{"A": 10})
+	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	for _, interval := range []time.Duration{-1, 0} {
 		run, stop := context.WithTimeout(ctx, 300*time.Millisecond)
 		err := r.Run(run, stock.RunOptions{Store: db, Reconcile: &stock.ReconcileOptions{Interval: interval},
@@ -179,9 +163,7 @@ func TestRunReconcileOff(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		if interval < 0 {
 			assert.Zero(t, passes.Load(), "no pass with a negative interval")
-			n, err := db.Remaining(ctx, "A")
-			require.NoError(t, err)
-			assert.Equal(t, int64(9), n, "the relay delivered the sale")
+			assert.Equal(t, int64(9), remaining(t, db, "A"), "the relay delivered the sale")
 		} else {
 			assert.Positive(t, passes.Load(), "the default runs a pass at once")
 		}
@@ -208,7 +190,6 @@ func (s *stuckStore) Apply(ctx context.Context, ev stock.Event) error {
 // TestRunBoundedWithStuckStore: Run returns at the latest Drain after its context ends even
 // when a Store call ignores its context, and says so; the event stays in the outbox.
 func TestRunBoundedWithStuckStore(t *testing.T) {
-	ctx := context.Background()
 	_, c := redistest.Miniredis(t)
 	r := newReserver(t, c)
 	db := &stuckStore{Store: memstore.New(), entered: make(chan struct{}), release: make(chan struct{})}
@@ -265,9 +246,7 @@ func (s *touchStore) Records(context.Context, string, []string) (map[string]stoc
 // nothing (its Store is never called, though a reconciler's first pass runs at once). Once the
 // running Run returned, Run runs again.
 func TestRunOneAtATime(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		opts := stock.RunOptions{SweepInterval: 10 * time.Millisecond}
 		const callers = 8
 		for round := range 2 {
@@ -301,4 +280,53 @@ func TestRunOneAtATime(t *testing.T) {
 			assert.Zero(t, st.calls.Load(), "round %d: the refused Run started nothing", round)
 		}
 	})
+}
+
+// TestRunOptionsValidate: Validate answers what Run answers at once, for options Run refuses
+// (an ErrInvalid, before anything runs) and for options it accepts (nil, where Run runs until
+// its context ends).
+func TestRunOptionsValidate(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	r := newReserver(t, c)
+	db := memstore.New()
+	pub := stock.PublisherFunc(func(context.Context, stock.Event) error { return nil })
+	for _, tc := range []struct {
+		name    string
+		opts    stock.RunOptions
+		invalid bool
+	}{
+		{"zero", stock.RunOptions{}, false},
+		{"store", stock.RunOptions{Store: db}, false},
+		{"store, every option", stock.RunOptions{Store: db, Publisher: pub,
+			Relay:     &stock.RelayOptions{Items: []string{"a"}, Batch: 10, Lease: time.Second, Poll: time.Millisecond},
+			Reconcile: &stock.ReconcileOptions{Items: []string{"a"}, Retention: -1, Interval: -1}}, false},
+		{"relay batch", stock.RunOptions{Store: db, Relay: &stock.RelayOptions{Batch: 10001}}, true},
+		{"relay poll", stock.RunOptions{Publisher: pub, Relay: &stock.RelayOptions{Poll: -1}}, true},
+		{"relay backoff", stock.RunOptions{Store: db, Relay: &stock.RelayOptions{MinBackoff: time.Second, MaxBackoff: time.Millisecond}}, true},
+		{"relay item", stock.RunOptions{Store: db, Relay: &stock.RelayOptions{Items: []string{"a{b}"}}}, true},
+		{"repair limit", stock.RunOptions{Store: db, Reconcile: &stock.ReconcileOptions{RepairLimit: -1}}, true},
+		{"reconcile item", stock.RunOptions{Store: db, Reconcile: &stock.ReconcileOptions{Items: []string{""}}}, true},
+		// Run makes no reconciler without a Store, so it reads no reconcile option; nor relay
+		// options without a Store or a Publisher.
+		{"reconcile options without a store", stock.RunOptions{Publisher: pub, Reconcile: &stock.ReconcileOptions{RepairLimit: -1}}, false},
+		{"relay options without a relay", stock.RunOptions{Relay: &stock.RelayOptions{Batch: -1}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			verr := tc.opts.Validate()
+			ctx, cancel := context.WithCancel(context.Background())
+			if !tc.invalid {
+				cancel() // a valid Run lasts until its context ends
+			}
+			rerr := r.Run(ctx, tc.opts)
+			cancel()
+			if tc.invalid {
+				assert.ErrorIs(t, verr, stock.ErrInvalid)
+				assert.ErrorIs(t, rerr, stock.ErrInvalid)
+				assert.Equal(t, verr.Error(), rerr.Error(), "Validate and Run give the same error")
+			} else {
+				assert.NoError(t, verr)
+				assert.True(t, errors.Is(rerr, context.Canceled) && !errors.Is(rerr, stock.ErrInvalid), "Run accepted the options: %v", rerr)
+			}
+		})
+	}
 }

@@ -1,11 +1,9 @@
 package stock_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,52 +16,27 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
-	"github.com/stockres/stock/internal/redistest"
-	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
-func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
-
-// The helpers every test of the package uses, shared with the other packages' tests and the
-// system tests (internal/testkit).
-var (
-	eachBackend       = testkit.EachBackend
-	eachBackendSerial = testkit.EachBackendSerial
-	newReserver       = testkit.NewReserver
-	levels            = testkit.Levels
-	ledger            = testkit.Ledger
-	checkLedger       = testkit.CheckLedger
-	drain             = testkit.Drain
-	outboxLen         = testkit.OutboxLen
-	available         = testkit.Available
-)
-
 func TestLoadAvailableLevels(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
-
-		_, err := available(r.Levels(ctx, "ghost"))
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
-		_, err = r.Levels(ctx, "ghost")
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+		assert.ErrorIs(t, errOf(available(r.Levels(ctx, "ghost"))), stock.ErrNotLoaded)
+		assert.ErrorIs(t, errOf(r.Levels(ctx, "ghost")), stock.ErrNotLoaded)
 
 		require.NoError(t, r.Load(ctx, "sku-1", 100))
 		n, err := available(r.Levels(ctx, "sku-1"))
 		require.NoError(t, err)
 		assert.Equal(t, int64(100), n)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "sku-1", ID: "o1", Qty: 30})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "sku-1", ID: "o1", Qty: 30}))
 		// A re-run preheat never clobbers a live sale.
 		assert.ErrorIs(t, r.Load(ctx, "sku-1", 100), stock.ErrLoaded)
 		assert.Equal(t, stock.Levels{Available: 70, Sold: 30, Loaded: 100}, levels(t, r, "sku-1"))
 
 		// Zero stock is a listed item with nothing to sell, not a missing one.
 		require.NoError(t, r.Load(ctx, "empty", 0))
-		_, err = r.Deduct(ctx, stock.Request{SKU: "empty", ID: "o1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "empty", ID: "o1", Qty: 1}))
 
 		var items []string
 		for sku, err := range stockops.Items(ctx, r) {
@@ -75,21 +48,16 @@ func TestLoadAvailableLevels(t *testing.T) {
 }
 
 func TestDeductOutcomes(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
 
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3})
-		require.NoError(t, err)
+		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3}))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 3, Remaining: 7}, rc)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 5})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 5}))
 
 		// A replay repeats the original receipt, even though the stock moved since.
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3})
-		require.NoError(t, err)
+		rc = must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 3}))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 3, Remaining: 7, Replayed: true}, rc)
 
 		// The same id with other parameters is a conflict, and changes nothing.
@@ -98,23 +66,18 @@ func TestDeductOutcomes(t *testing.T) {
 			{SKU: "A", ID: "o1", User: "u2", Qty: 3},
 			{SKU: "A", ID: "o1", Qty: 3},
 		} {
-			rc, err = r.Deduct(ctx, req)
-			assert.ErrorIs(t, err, stock.ErrConflict, "%+v", req)
+			rc = mustFail(t, stock.ErrConflict, "%+v", req)(r.Deduct(ctx, req))
 			assert.Equal(t, int64(3), rc.Qty, "conflict reports the original quantity")
 		}
 
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 3})
-		assert.ErrorIs(t, err, stock.ErrInsufficient)
+		rc = mustFail(t, stock.ErrInsufficient)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 3}))
 		assert.Equal(t, int64(2), rc.Remaining)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 2})
-		require.NoError(t, err)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o5", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrSoldOut)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 2}))
+		rc = mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o5", Qty: 1}))
 		assert.Equal(t, int64(0), rc.Remaining)
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "o1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		mustFail(t, stock.ErrNotLoaded)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "o1", Qty: 1}))
 
 		l, entries := checkLedger(t, r, "A", 10)
 		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, l)
@@ -123,54 +86,40 @@ func TestDeductOutcomes(t *testing.T) {
 		assert.Equal(t, stock.Entry{ID: "o1", SKU: "A", User: "u1", Kind: stock.KindDeduct, State: stock.StateReserved,
 			Qty: 3, Before: 10, After: 7, At: e.At}, e)
 		assert.False(t, e.At.IsZero())
-		e2, err := r.Ledger(ctx, "A", "o1")
-		require.NoError(t, err)
+		e2 := entry(t, r, "A", "o1")
 		assert.Equal(t, e, e2)
-		_, err = r.Ledger(ctx, "A", "o5")
-		assert.ErrorIs(t, err, stock.ErrUnknownID)
+		assert.ErrorIs(t, errOf(r.Ledger(ctx, "A", "o5")), stock.ErrUnknownID)
 	})
 }
 
 func TestRestore(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c, stock.WithUserLimit(2))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(2)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 5))
 
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
+		mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1}))
 
-		rc, err := r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		rc := must(t)(r.Restore(ctx, "A", "o1"))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "o1", Qty: 2, Remaining: 5}, rc)
 		// Once: the second restore is a replay and gives nothing.
-		rc, err = r.Restore(ctx, "A", "o1")
-		require.NoError(t, err)
+		rc = must(t)(r.Restore(ctx, "A", "o1"))
 		assert.True(t, rc.Replayed)
 		assert.Equal(t, int64(2), rc.Qty)
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "A"))
 
 		// The user's units came back with the stock.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 2})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 2}))
 
 		// A restored id cannot take stock again.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
-		assert.ErrorIs(t, err, stock.ErrRestored)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
 
 		// Restore of an unknown id takes nothing (no blind INCRBY) and leaves a tombstone:
 		// the late deduct it overtook is refused.
-		_, err = r.Restore(ctx, "A", "late")
-		assert.ErrorIs(t, err, stock.ErrUnknownID)
-		_, err = r.Restore(ctx, "A", "late")
-		assert.ErrorIs(t, err, stock.ErrUnknownID)
+		mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "A", "late"))
+		mustFail(t, stock.ErrUnknownID)(r.Restore(ctx, "A", "late"))
 		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, r, "A"))
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrRestored)
-		e, err := r.Ledger(ctx, "A", "late")
-		require.NoError(t, err)
+		mustFail(t, stock.ErrRestored)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "late", Qty: 1}))
+		e := entry(t, r, "A", "late")
 		assert.Equal(t, stock.KindTombstone, e.Kind)
 
 		l, entries := checkLedger(t, r, "A", 5)
@@ -180,26 +129,18 @@ func TestRestore(t *testing.T) {
 }
 
 func TestRestock(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
-		_, err := r.Restock(ctx, "A", "r1", 5)
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+		mustFail(t, stock.ErrNotLoaded)(r.Restock(ctx, "A", "r1", 5))
 		require.NoError(t, r.Load(ctx, "A", 1))
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 
-		rc, err := r.Restock(ctx, "A", "r1", 5)
-		require.NoError(t, err)
+		rc := must(t)(r.Restock(ctx, "A", "r1", 5))
 		assert.Equal(t, stock.Receipt{SKU: "A", ID: "r1", Qty: 5, Remaining: 5}, rc)
-		rc, err = r.Restock(ctx, "A", "r1", 5)
-		require.NoError(t, err)
+		rc = must(t)(r.Restock(ctx, "A", "r1", 5))
 		assert.True(t, rc.Replayed)
-		_, err = r.Restock(ctx, "A", "r1", 6)
-		assert.ErrorIs(t, err, stock.ErrConflict)
-		_, err = r.Restore(ctx, "A", "r1")
-		assert.ErrorIs(t, err, stock.ErrConflict, "a restock is not a deduct")
-		_, err = r.Restock(ctx, "A", "r2", stock.MaxQty)
+		mustFail(t, stock.ErrConflict)(r.Restock(ctx, "A", "r1", 6))
+		mustFail(t, stock.ErrConflict, "a restock is not a deduct")(r.Restore(ctx, "A", "r1"))
+		_, err := r.Restock(ctx, "A", "r2", stock.MaxQty)
 		assert.ErrorIs(t, err, stock.ErrInvalid, "over MaxQty in all")
 		assert.ErrorContains(t, err, "A/r2", "the error names the item and the id")
 		assert.ErrorContains(t, err, "MaxQty", "and says why")
@@ -210,25 +151,18 @@ func TestRestock(t *testing.T) {
 }
 
 func TestUserLimit(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c, stock.WithUserLimit(1)) // one unit per user
+	opts := []stock.Option{stock.WithUserLimit(1)}
+	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) { // one unit per user
 		require.NoError(t, r.Load(ctx, "A", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2})
-		assert.ErrorIs(t, err, stock.ErrUserLimit)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
-		require.NoError(t, err)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrUserLimit)
+		mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 2}))
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1}))
+		rc := mustFail(t, stock.ErrUserLimit)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", User: "u1", Qty: 1}))
 		assert.Equal(t, int64(1), rc.Qty, "units the user has")
 		// The replay of the admitted request is not a second unit.
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
-		require.NoError(t, err)
+		rc = must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1}))
 		assert.True(t, rc.Replayed)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", User: "u2", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 5})
-		require.NoError(t, err, "requests without a user are not limited")
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", User: "u2", Qty: 1}))
+		must(t, "requests without a user are not limited")(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o4", Qty: 5}))
 		assert.Equal(t, int64(3), levels(t, r, "A").Available)
 	})
 }
@@ -238,20 +172,7 @@ func TestUserLimit(t *testing.T) {
 // ErrInvalid naming the field, and change nothing; without a limit the option changes nothing.
 func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		split := stock.WithBuckets(func(sku string) int {
-			if strings.HasPrefix(sku, "S") {
-				return 3
-			}
-			return 0
-		})
-		r := newReserver(t, c, stock.WithUserLimit(2), stock.WithUserRequired(), split,
-			stock.WithGroups(func(sku string) string {
-				if strings.HasPrefix(sku, "G") {
-					return "g"
-				}
-				return ""
-			}))
+		r := newReserver(t, c, append(splitSAndGroupG, stock.WithUserLimit(2), stock.WithUserRequired())...)
 		loadItems(t, r, map[string]int64{"A": 10, "B": 10, "G1": 10, "G2": 10, "S": 10})
 		refused := func(what string, err error, field string) {
 			t.Helper()
@@ -281,26 +202,20 @@ func TestUserRequiredRefusesTakesWithoutUser(t *testing.T) {
 			assert.Empty(t, entries, "%s: nothing recorded", sku)
 		}
 		// With a user, the same requests are taken.
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: []stock.Line{{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}}})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u1", Qty: 1}))
+		mustCart(t)(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u1", Lines: []stock.Line{{SKU: "G1", Qty: 1}, {SKU: "G2", Qty: 1}}}))
 
 		// Without a limit, the option refuses nothing.
 		free := newReserver(t, c, stock.WithUserRequired(), stock.WithPrefix("free"))
 		require.NoError(t, free.Load(ctx, "A", 10))
-		_, err = free.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(free.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 	})
 }
 
 func TestBadInputChangesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 		before := ledger(t, r, "A")
 
 		long := strings.Repeat("x", stock.MaxNameLen+1)
@@ -323,10 +238,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 			"invalid utf8":    {SKU: "A", ID: "o\xff", Qty: 1},
 		}
 		for name, req := range bad {
-			_, err := r.Deduct(ctx, req)
-			assert.ErrorIs(t, err, stock.ErrInvalid, name)
+			mustFail(t, stock.ErrInvalid, name)(r.Deduct(ctx, req))
 			if req.SKU != "" && req.ID != "" {
-				_, err = r.Restore(ctx, req.SKU, req.ID)
+				_, err := r.Restore(ctx, req.SKU, req.ID)
 				if name != "zero qty" && name != "negative qty" && name != "qty over 2^53" && !strings.Contains(name, "user") {
 					assert.ErrorIs(t, err, stock.ErrInvalid, "restore: "+name)
 				}
@@ -335,17 +249,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		assert.ErrorIs(t, r.Load(ctx, "B", -1), stock.ErrInvalid)
 		assert.ErrorIs(t, r.Load(ctx, "B", stock.MaxQty+1), stock.ErrInvalid)
 		assert.ErrorIs(t, r.Load(ctx, "B{x}", 1), stock.ErrInvalid)
-		_, err = r.Restock(ctx, "A", "r1", 0)
-		assert.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = r.Ledger(ctx, "A", "")
-		assert.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = stock.New(c, stock.WithPrefix("a{b"))
-		assert.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = stock.New(c, stock.WithUserLimit(-1))
-		assert.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = stock.New(nil)
-		assert.ErrorIs(t, err, stock.ErrInvalid)
-		_, err = stock.New(c, stock.WithClock(time.Now), stock.WithClock(time.Now))
+		mustFail(t, stock.ErrInvalid)(r.Restock(ctx, "A", "r1", 0))
+		assert.ErrorIs(t, errOf(r.Ledger(ctx, "A", "")), stock.ErrInvalid)
+		assert.ErrorIs(t, errOf(stock.New(c, stock.WithPrefix("a{b"))), stock.ErrInvalid)
+		assert.ErrorIs(t, errOf(stock.New(c, stock.WithUserLimit(-1))), stock.ErrInvalid)
+		assert.ErrorIs(t, errOf(stock.New(nil)), stock.ErrInvalid)
+		_, err := stock.New(c, stock.WithClock(time.Now), stock.WithClock(time.Now))
 		assert.ErrorIs(t, err, stock.ErrInvalid, "two clocks: one would be ignored")
 
 		// The zero-qty restores above were valid restores of unknown ids ("o"): they left a
@@ -354,98 +263,72 @@ func TestBadInputChangesNothing(t *testing.T) {
 		delete(after, "o")
 		assert.Equal(t, before, after)
 		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, levels(t, r, "A"))
-		_, err = available(r.Levels(ctx, "B"))
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		assert.ErrorIs(t, errOf(available(r.Levels(ctx, "B"))), stock.ErrNotLoaded)
 	})
 }
 
 // TestLargeNumbers checks amounts near 2^53 on a real Lua: real Redis prints such numbers in
 // exponent form with tostring, miniredis does not.
 func TestLargeNumbers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "big", stock.MaxQty))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345})
-		require.NoError(t, err)
+		rc := must(t)(r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345}))
 		assert.Equal(t, int64(stock.MaxQty-123456789012345), rc.Remaining)
-		e, err := r.Ledger(ctx, "big", "o1")
-		require.NoError(t, err)
+		e := entry(t, r, "big", "o1")
 		assert.Equal(t, int64(stock.MaxQty), e.Before)
 		assert.Equal(t, int64(stock.MaxQty-123456789012345), e.After)
 		assert.Equal(t, int64(123456789012345), e.Qty)
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345})
-		require.NoError(t, err)
+		rc = must(t)(r.Deduct(ctx, stock.Request{SKU: "big", ID: "o1", Qty: 123456789012345}))
 		assert.True(t, rc.Replayed, "the replay check compares big quantities exactly")
-		rc, err = r.Restore(ctx, "big", "o1")
-		require.NoError(t, err)
+		rc = must(t)(r.Restore(ctx, "big", "o1"))
 		assert.Equal(t, int64(stock.MaxQty), rc.Remaining)
 		checkLedger(t, r, "big", stock.MaxQty)
 	})
 }
 
-// TestScriptFlush: a SCRIPT FLUSH between calls must not surface (EVALSHA falls back to EVAL).
-func TestScriptFlush(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
-		require.NoError(t, r.Load(ctx, "A", 10))
-		for i := range 3 {
-			for _, cmd := range c.Nodes() {
-				require.NoError(t, cmd.Do(ctx, cmd.B().ScriptFlush().Build()).Error())
-			}
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, "A", "o"+strconv.Itoa(i))
-			require.NoError(t, err)
-		}
-		assert.Equal(t, int64(10), levels(t, r, "A").Available)
-	})
-}
-
-// TestFunctionFlush: on a server with Redis functions the scripts run as FCALL; a FUNCTION FLUSH
-// between calls must not surface (the library is loaded again on "Function not found"). Where
-// there are no functions (miniredis) the scripts run as EVALSHA.
-func TestFunctionFlush(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
-		require.NoError(t, r.Load(ctx, "A", 10))
-		functions := true
-		for i := range 3 {
-			for _, cmd := range c.Nodes() {
-				if err := cmd.Do(ctx, cmd.B().FunctionFlush().Build()).Error(); err != nil {
-					functions = false // miniredis: no functions
+// TestScriptsSurviveAFlush: a SCRIPT FLUSH between calls must not surface (EVALSHA falls back to
+// EVAL), nor a FUNCTION FLUSH on a server with Redis functions, where the scripts run as FCALL
+// (the library is loaded again on "Function not found"). Where there are no functions
+// (miniredis) the scripts run as EVALSHA.
+func TestScriptsSurviveAFlush(t *testing.T) {
+	for _, flush := range []string{"SCRIPT", "FUNCTION"} {
+		t.Run(flush, func(t *testing.T) {
+			eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+				require.NoError(t, r.Load(ctx, "A", 10))
+				functions := true
+				for i := range 3 {
+					for _, cmd := range c.Nodes() {
+						err := cmd.Do(ctx, cmd.B().Arbitrary(flush, "FLUSH").Build()).Error()
+						if flush == "SCRIPT" {
+							require.NoError(t, err)
+						} else if err != nil {
+							functions = false // miniredis: no functions
+						}
+					}
+					must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1, User: "u"}))
+					must(t)(r.Restore(ctx, "A", "o"+strconv.Itoa(i)))
 				}
-			}
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o" + strconv.Itoa(i), Qty: 1, User: "u"})
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, "A", "o"+strconv.Itoa(i))
-			require.NoError(t, err)
-		}
-		assert.Equal(t, int64(10), levels(t, r, "A").Available)
-		if functions {
-			var calls int64
-			for _, n := range c.Nodes() {
-				calls += commandCalls(t, n, "fcall")
-			}
-			assert.Positive(t, calls, "the scripts ran as functions")
-		}
-	})
+				assert.Equal(t, int64(10), levels(t, r, "A").Available)
+				if flush == "FUNCTION" && functions {
+					var calls int64
+					for _, n := range c.Nodes() {
+						calls += commandCalls(t, n, "fcall")
+					}
+					assert.Positive(t, calls, "the scripts ran as functions")
+				}
+			})
+		})
+	}
 }
 
 func TestKeysShareOneSlotPerItem(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c, stock.WithPrefix("shop"))
+	eachReserver(t, []stock.Option{stock.WithPrefix("shop")}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		// Many items, spread over the cluster's slots; every script of an item touches one slot.
 		for i := range 20 {
 			sku := fmt.Sprintf("item-%d", i)
 			require.NoError(t, r.Load(ctx, sku, 2))
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, sku, "o")
-			require.NoError(t, err)
+			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 1}))
+			must(t)(r.Restore(ctx, sku, "o"))
 		}
 		// Every node: the item's keys all carry its tag, and they all live on one node.
 		holders := 0
@@ -465,9 +348,7 @@ func TestKeysShareOneSlotPerItem(t *testing.T) {
 
 // TestConcurrentSellOut: 1000 goroutines race over 100 units: exactly 100 succeed.
 func TestConcurrentSellOut(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "hot", 100))
 		var ok, soldOut, other atomic.Int64
 		var wg sync.WaitGroup
@@ -498,9 +379,7 @@ func TestConcurrentSellOut(t *testing.T) {
 // TestConcurrentMixed: random quantities, retries of the same id and interleaved restores.
 // No id is applied twice and the ledger explains the levels.
 func TestConcurrentMixed(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c, stock.WithUserLimit(5))
+	eachReserver(t, []stock.Option{stock.WithUserLimit(5)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		const initial = 100
 		require.NoError(t, r.Load(ctx, "hot", initial))
 		type result struct {
@@ -578,35 +457,87 @@ func mustAtoi(s string) int {
 	return n
 }
 
-// TestRetryRefusalIsFinal: a retry's refusal for lack of stock is recorded, so the earlier
-// attempt of the id, arriving later, is refused too; a first attempt's refusal writes nothing.
-func TestRetryRefusalIsFinal(t *testing.T) {
-	eachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := newReserver(t, c)
-		require.NoError(t, r.Load(ctx, "A", 0))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
-		_, err = r.Ledger(ctx, "A", "first")
-		require.ErrorIs(t, err, stock.ErrUnknownID, "the sold-out path writes nothing")
+// TestNamesRefuseFormatCharacters: a name (item, request id, user, prefix) holding an invisible
+// Unicode format character (category Cf), at its start, in its middle or at its end, is
+// refused with ErrInvalid before anything is sent, and the error names the character's code
+// point and byte offset; nothing changes, and the look-alike plain name stays the only item.
+// Names with ordinary non-ASCII letters, marks and symbols are still accepted.
+func TestNamesRefuseFormatCharacters(t *testing.T) {
+	format := map[string]rune{
+		"zero width space":          '\u200b',
+		"zero width non-joiner":     '\u200c',
+		"zero width joiner":         '\u200d',
+		"word joiner":               '\u2060',
+		"byte order mark":           '\ufeff',
+		"soft hyphen":               '\u00ad',
+		"left-to-right mark":        '\u200e',
+		"right-to-left override":    '\u202e',
+		"left-to-right embedding":   '\u202a',
+		"right-to-left isolate":     '\u2067',
+		"pop directional isolate":   '\u2069',
+		"arabic letter mark":        '\u061c',
+		"mongolian vowel separator": '\u180e',
+		"tag latin small letter a":  '\U000E0061',
+	}
+	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
+		require.NoError(t, r.Load(ctx, "shoe", 10))
+		_, err := r.Deduct(ctx, stock.Request{SKU: "shoe", ID: "o1", User: "ann", Qty: 1})
+		require.NoError(t, err)
+		before := ledger(t, r, "shoe")
 
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1, Retry: true})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
-		e, err := r.Ledger(ctx, "A", "o1")
-		require.NoError(t, err)
-		assert.Equal(t, stock.KindTombstone, e.Kind)
-		assert.Equal(t, stock.StateRefused, e.State)
-		_, err = r.Restock(ctx, "A", "r1", 5)
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}) // the late first attempt
-		assert.ErrorIs(t, err, stock.ErrSoldOut)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9, Retry: true})
-		assert.ErrorIs(t, err, stock.ErrInsufficient)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 9})
-		assert.ErrorIs(t, err, stock.ErrInsufficient, "the id is closed, with the refusal it was told")
-		assert.Equal(t, int64(5), rc.Remaining, "the stock of the recorded refusal")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 1, Retry: true})
-		require.NoError(t, err, "a retry that is admitted is an ordinary deduct")
-		assert.Equal(t, stock.Levels{Available: 4, Sold: 1, Loaded: 5}, levels(t, r, "A"))
+		for what, ch := range format {
+			code := fmt.Sprintf("U+%04X", ch)
+			for _, n := range []struct {
+				name string
+				at   int // byte offset of ch
+			}{
+				{string(ch) + "shoe", 0},
+				{"sh" + string(ch) + "oe", 2},
+				{"shoe" + string(ch), 4},
+			} {
+				check := func(op string, err error) {
+					t.Helper()
+					require.ErrorIs(t, err, stock.ErrInvalid, "%s: %s of %q", what, op, n.name)
+					assert.ErrorContains(t, err, code, "%s: %s names the code point", what, op)
+					assert.ErrorContains(t, err, fmt.Sprintf("at byte %d", n.at), "%s: %s names the position", what, op)
+				}
+				check("load", r.Load(ctx, n.name, 5))
+				_, err := r.Deduct(ctx, stock.Request{SKU: n.name, ID: "o2", Qty: 1})
+				check("deduct of the item", err)
+				_, err = r.Deduct(ctx, stock.Request{SKU: "shoe", ID: n.name, Qty: 1})
+				check("deduct with the id", err)
+				_, err = r.Deduct(ctx, stock.Request{SKU: "shoe", ID: "o3", User: n.name, Qty: 1})
+				check("deduct by the user", err)
+				_, err = r.Restore(ctx, "shoe", n.name)
+				check("restore of the id", err)
+				_, err = r.Restock(ctx, "shoe", n.name, 1)
+				check("restock with the id", err)
+				_, err = r.Levels(ctx, n.name)
+				check("levels of the item", err)
+				_, err = r.Hold(ctx, stock.Request{SKU: "shoe", ID: n.name, Qty: 1}, time.Minute)
+				check("hold with the id", err)
+				_, err = r.DeductMany(ctx, stock.Cart{ID: n.name, Lines: []stock.Line{{SKU: "shoe", Qty: 1}}})
+				check("cart with the id", err)
+				_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: n.name, Qty: 1}}})
+				check("cart line of the item", err)
+				_, err = stock.New(c, stock.WithPrefix(n.name))
+				check("prefix", err)
+			}
+		}
+		assert.Equal(t, before, ledger(t, r, "shoe"), "no ledger entry, no tombstone")
+		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, levels(t, r, "shoe"))
+
+		// Letters, marks and symbols of any script are names.
+		for i, name := range []string{"é", "日本", "caf\u00e9", "cafe\u0301", "スニーカー", "ünïcødé-42", "\U0001F45F", "ß:~"} {
+			require.NoError(t, r.Load(ctx, name, 3), "load %q", name)
+			id, user := name+"-order", "ユーザー"+name
+			rc := must(t, "deduct %q", name)(r.Deduct(ctx, stock.Request{SKU: name, ID: id, User: user, Qty: 1}))
+			assert.Equal(t, int64(2), rc.Remaining, "%q", name)
+			must(t, "restore %q", name)(r.Restore(ctx, name, id))
+			assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, r, name), "%q", name)
+			assert.NoError(t, errOf(stock.New(c, stock.WithPrefix(fmt.Sprintf("p%d%s", i, name)))), "prefix %q", name)
+		}
+		// "café" precomposed and "cafe" + combining accent are two names: compared byte for byte.
+		assert.NotEqual(t, "caf\u00e9", "cafe\u0301")
 	})
 }

@@ -24,15 +24,9 @@ import (
 // block forever fails the test instead of hanging it. The limit is a guard, not a measure.
 func returnsWithin(t *testing.T, limit time.Duration, what string, call func() error) error {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- call() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(limit):
-		t.Fatalf("%s with a background context did not return after %v while Redis is down", what, limit)
-		return nil
-	}
+	err := callWithin(limit, call)
+	require.NotErrorIs(t, err, errDidNotReturn, "%s with a background context, while Redis is down, after %v", what, limit)
+	return err
 }
 
 // errDidNotReturn is callWithin's answer for a call still running at its limit.
@@ -70,19 +64,16 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 	// the other parallel tests, its subtests beside each other, and each deployment's calls at
 	// once (each one's bound is its own).
 	t.Parallel()
-	ctx := context.Background()
 
 	t.Run("default", func(t *testing.T) {
 		t.Parallel()
 		srv := redistest.StartServer(t)
 		r := newReserver(t, srv.Client(t))
 		require.NoError(t, r.Load(ctx, "A", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
-		require.NoError(t, err)
+		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 		srv.Stop()
-		err = returnsWithin(t, stock.DefaultTimeout+30*time.Second, "Deduct", func() error {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
-			return err
+		err := returnsWithin(t, stock.DefaultTimeout+30*time.Second, "Deduct", func() error {
+			return errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
 		})
 		require.ErrorIs(t, err, stock.ErrUnknownOutcome)
 		require.ErrorIs(t, err, context.DeadlineExceeded, "the call ran out of time: %v", err)
@@ -123,45 +114,33 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 				r := newReserver(t, c, stock.WithTimeout(time.Second), stock.WithCoalescing(coalescing))
 				sku := "A" + string(rune('0'+coalescing))
 				require.NoError(t, r.Load(ctx, sku, 10))
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", Qty: 1})
-				require.NoError(t, err)
+				must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", Qty: 1}))
 			}
 			r := newReserver(t, c, stock.WithTimeout(time.Second), stock.WithCoalescing(0))
 			rc := newReserver(t, c, stock.WithTimeout(time.Second))
 			guard := stockops.NewFailoverGuard(r)
-			rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-			require.NoError(t, err)
+			rec := newReconciler(t, r, memstore.New(), nil)
 			stop()
 			calls := []struct {
 				name     string
 				retrying bool // rueidis resends it until the time runs out
 				call     func() error
 			}{
-				{"Deduct", true, func() error {
-					_, err := r.Deduct(ctx, stock.Request{SKU: "A0", ID: "o2", Qty: 1})
-					return err
-				}},
-				{"Deduct coalesced", true, func() error {
-					_, err := rc.Deduct(ctx, stock.Request{SKU: "A4", ID: "o2", Qty: 1})
-					return err
-				}},
-				{"Restore", true, func() error { _, err := r.Restore(ctx, "A0", "o1"); return err }},
-				{"Hold", true, func() error {
-					_, err := r.Hold(ctx, stock.Request{SKU: "A0", ID: "h1", Qty: 1}, time.Minute)
-					return err
-				}},
-				{"Confirm", true, func() error { _, err := r.Confirm(ctx, "A0", "h1"); return err }},
-				{"Restock", true, func() error { _, err := r.Restock(ctx, "A0", "s1", 1); return err }},
-				{"Available", true, func() error { _, err := available(r.Levels(ctx, "A0")); return err }},
-				{"Levels", true, func() error { _, err := r.Levels(ctx, "A0"); return err }},
-				{"Ledger", true, func() error { _, err := r.Ledger(ctx, "A0", "o1"); return err }},
+				{"Deduct", true, func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "A0", ID: "o2", Qty: 1})) }},
+				{"Deduct coalesced", true, func() error { return errOf(rc.Deduct(ctx, stock.Request{SKU: "A4", ID: "o2", Qty: 1})) }},
+				{"Restore", true, func() error { return errOf(r.Restore(ctx, "A0", "o1")) }},
+				{"Hold", true, func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "A0", ID: "h1", Qty: 1}, time.Minute)) }},
+				{"Confirm", true, func() error { return errOf(r.Confirm(ctx, "A0", "h1")) }},
+				{"Restock", true, func() error { return errOf(r.Restock(ctx, "A0", "s1", 1)) }},
+				{"Available", true, func() error { return errOf(available(r.Levels(ctx, "A0"))) }},
+				{"Levels", true, func() error { return errOf(r.Levels(ctx, "A0")) }},
+				{"Ledger", true, func() error { return errOf(r.Ledger(ctx, "A0", "o1")) }},
 				{"Load", false, func() error { return r.Load(ctx, "B", 1) }},
 				{"DeductMany", false, func() error {
-					_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "A0", Qty: 1}, {SKU: "A4", Qty: 1}}})
-					return err
+					return errOf(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "A0", Qty: 1}, {SKU: "A4", Qty: 1}}}))
 				}},
-				{"FailoverGuard.Check", false, func() error { _, err := guard.Check(ctx); return err }},
-				{"Reconciler.Once", false, func() error { _, err := rec.Once(ctx); return err }},
+				{"FailoverGuard.Check", false, func() error { return errOf(guard.Check(ctx)) }},
+				{"Reconciler.Once", false, func() error { return errOf(rec.Once(ctx)) }},
 			}
 			errs := make([]error, len(calls))
 			var wg sync.WaitGroup
@@ -189,9 +168,7 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 func TestWithTimeoutRange(t *testing.T) {
 	_, c := redistest.Miniredis(t)
 	for _, d := range []time.Duration{0, -time.Second, time.Microsecond, 2 * time.Hour} {
-		_, err := stock.New(c, stock.WithTimeout(d))
-		assert.ErrorIs(t, err, stock.ErrInvalid, "WithTimeout(%v)", d)
+		assert.ErrorIs(t, errOf(stock.New(c, stock.WithTimeout(d))), stock.ErrInvalid, "WithTimeout(%v)", d)
 	}
-	_, err := stock.New(c, stock.WithTimeout(time.Millisecond))
-	assert.NoError(t, err)
+	assert.NoError(t, errOf(stock.New(c, stock.WithTimeout(time.Millisecond))))
 }
