@@ -16,6 +16,13 @@ func (r *Reserver) sendDeducts(ctx context.Context, sku string, reqs []Request, 
 	return r.execDeducts(ctx, r.item(sku), reqs, dst)
 }
 
+// sendDeduct is the deducts' lanes' SendOne: one deduct of item sku, sent at once.
+func (r *Reserver) sendDeduct(ctx context.Context, sku string, req Request) (outcome, error) {
+	var o [1]outcome
+	err := r.execDeducts(ctx, r.item(sku), []Request{req}, o[:])
+	return o[0], err
+}
+
 // execDeducts runs deduct.lua for reqs, all of the item k, and decodes one outcome per request.
 func (r *Reserver) execDeducts(ctx context.Context, k *protocol.Keys, reqs []Request, dst []outcome) error {
 	args := make([]string, 4, 4+4*len(reqs))

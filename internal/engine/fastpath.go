@@ -412,10 +412,21 @@ var scriptEffects = sync.OnceValue(func() map[string]int {
 })
 
 // scriptCall is what wrote needs of a script command, copied before the command is sent (rueidis
-// recycles a command once it has run).
+// recycles a command once it has run): its keys, in few when they fit (no allocation: deduct.lua
+// names six), else in more.
 type scriptCall struct {
 	effect int
-	keys   []string
+	n      int
+	few    [8]string
+	more   []string
+}
+
+// keys returns the keys of the call.
+func (sc *scriptCall) keys() []string {
+	if sc.more != nil {
+		return sc.more
+	}
+	return sc.few[:sc.n]
 }
 
 // scriptOf returns the script call cmd makes, or false if it is not one.
@@ -432,7 +443,13 @@ func scriptOf(cmd rueidis.Completed) (scriptCall, bool) {
 	if !ok {
 		e = filterMayChange
 	}
-	return scriptCall{effect: e, keys: slices.Clone(cs[3 : 3+n])}, true
+	sc := scriptCall{effect: e, n: n}
+	if n <= len(sc.few) {
+		copy(sc.few[:], cs[3:3+n])
+	} else {
+		sc.more = slices.Clone(cs[3 : 3+n])
+	}
+	return sc, true
 }
 
 // wrote renews the reads of the items the script call names, once its reply res is in.
@@ -447,7 +464,7 @@ func (so *soldOut) wrote(c rueidis.Client, sc scriptCall, res rueidis.RedisResul
 			filter = err != nil || code == protocol.OK
 		}
 	}
-	for _, k := range sc.keys {
+	for _, k := range sc.keys() {
 		if v, ok := so.byKey.Load(k); ok {
 			v.(*soldOutItem).renew(so, c, filter)
 		}

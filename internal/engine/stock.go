@@ -30,7 +30,7 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r.client = bounded.New(client, o.timeout, r.cmds)
 	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
 	r.hints = newHints(r)
-	r.deducts.Send = r.sendDeducts
+	r.deducts.Send, r.deducts.SendOne = r.sendDeducts, r.sendDeduct
 	r.claims.Send, r.claims.Unawaited = r.execClaims, claimUnawaited
 	if o.soldOutTTL > 0 {
 		r.soldOut = &soldOut{ttl: o.soldOutTTL}

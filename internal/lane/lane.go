@@ -26,6 +26,9 @@ type Lanes[Req, Res any] struct {
 	// Send sends reqs, all of key, as one script call and puts one answer per request in dst;
 	// an error answers them all.
 	Send func(ctx context.Context, key string, reqs []Req, dst []Res) error
+	// SendOne, when set, sends a request that goes at once, on its own (Send's batch of one,
+	// without the two slices a call through Send allocates).
+	SendOne func(ctx context.Context, key string, req Req) (Res, error)
 	// Unawaited, when set, makes a caller whose context ends once its request is in a batch stop
 	// waiting, with the error unawaited makes of the context's; when nil, such a caller waits
 	// for the batch's answer (the batch is bounded by BatchTimeout).
@@ -184,10 +187,17 @@ func (ls *Lanes[Req, Res]) Do(ctx context.Context, key string, req Req, limit in
 	if w != nil {
 		return ls.wait(ctx, l, w)
 	}
-	var out [1]Res
-	err := ls.Send(ctx, key, []Req{req}, out[:])
+	var res Res
+	var err error
+	if ls.SendOne != nil {
+		res, err = ls.SendOne(ctx, key, req)
+	} else {
+		out := []Res{res}
+		err = ls.Send(ctx, key, []Req{req}, out)
+		res = out[0]
+	}
 	ls.done(l)
-	return out[0], err
+	return res, err
 }
 
 // Queued is how many requests of key wait in its queue (0 when key has no calls in flight).

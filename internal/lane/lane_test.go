@@ -65,3 +65,21 @@ var errUnknown = errors.New("outcome unknown")
 // unawaited is the error of a caller that stopped waiting for its batch, as package stock's
 // claims make it.
 func unawaited(ctxErr error) error { return fmt.Errorf("%w: %w", errUnknown, ctxErr) }
+
+// TestDoUsesSendOneForACallAlone: a call with nothing in flight goes through SendOne when it is
+// set (Send, the batch path, is not called) and gets SendOne's answer; the lane is then gone.
+func TestDoUsesSendOneForACallAlone(t *testing.T) {
+	var ls Lanes[int, int]
+	ls.Send = func(context.Context, string, []int, []int) error {
+		t.Error("Send called for a call alone")
+		return nil
+	}
+	ls.SendOne = func(_ context.Context, key string, q int) (int, error) {
+		assert.Equal(t, "k", key)
+		return q * 10, nil
+	}
+	res, err := ls.Do(context.Background(), "k", 4, 1)
+	require.NoError(t, err)
+	assert.Equal(t, 40, res)
+	assert.Zero(t, ls.Live(), "the lane of an idle key is dropped")
+}
