@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -47,9 +45,7 @@ func TestOperatorACL(t *testing.T) {
 	}
 	s := redistest.StartServer(t)
 	ctx := context.Background()
-	admin, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr()}, DisableCache: true})
-	require.NoError(t, err)
-	defer admin.Close()
+	admin := serverClient(t, s.Addr())
 	require.NoError(t, admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args(cliACL("shop-ops", "p@ss", "shop")...).Build()).Error())
 	other, err := stock.New(admin, stock.WithPrefix("other"))
 	require.NoError(t, err)
@@ -60,9 +56,8 @@ func TestOperatorACL(t *testing.T) {
 	url := "redis://shop-ops:p%40ss@" + s.Addr()
 	dsn := "sqlite:" + filepath.Join(t.TempDir(), "stock.db")
 	stockctl := func(args ...string) (int, string) {
-		var out, errOut bytes.Buffer
-		code := run(ctx, append([]string{"-redis", url, "-dsn", dsn, "-timeout", "20s"}, args...), &out, &errOut)
-		return code, out.String() + errOut.String()
+		res := runCLI(t, append([]string{"-redis", url, "-dsn", dsn, "-timeout", "20s"}, args...)...)
+		return res.code, res.out + res.err
 	}
 	for _, args := range [][]string{
 		{"-prefix", "shop", "migrate"},

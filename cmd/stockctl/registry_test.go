@@ -12,16 +12,6 @@ import (
 	"github.com/stockres/stock/stockops"
 )
 
-func (h *harness) registry() []string {
-	h.t.Helper()
-	var out []string
-	for sku, err := range stockops.Items(context.Background(), h.r) {
-		require.NoError(h.t, err)
-		out = append(out, sku)
-	}
-	return out
-}
-
 // TestReconcileLostRegistry: Redis loses everything (FLUSHALL) after sales reached the store.
 // Before, `reconcile` printed no item and exited 0, so no cron alert fired, and `reconcile
 // -apply SKU` rebuilt the item without registering it, so the relay never drained it again.
@@ -36,28 +26,28 @@ func TestReconcileLostRegistry(t *testing.T) {
 
 	res := h.store("reconcile")
 	assert.Equal(t, exitDrift, res.code, "a lost registry must alert")
-	assert.Contains(t, res.stdout, "REDIS LOST ITS REGISTRY: 1 items")
-	assert.Contains(t, res.stdout, "A: redis 0+0 held, store 8")
-	assert.Contains(t, res.stdout, "in the store only, never in Redis (left alone; 'load' puts them on sale): B")
+	assert.Contains(t, res.out, "REDIS LOST ITS REGISTRY: 1 items")
+	assert.Contains(t, res.out, "A: redis 0+0 held, store 8")
+	assert.Contains(t, res.out, "in the store only, never in Redis (left alone; 'load' puts them on sale): B")
 	assert.Empty(t, h.registry(), "a report-only run changes nothing")
 
 	// One item, by name: rebuilt and registered again.
 	res = h.store("reconcile", "-apply", "A")
 	assert.Equal(t, exitDrift, res.code)
-	assert.Contains(t, res.stdout, "NOT IN THE REGISTRY")
+	assert.Contains(t, res.out, "NOT IN THE REGISTRY")
 	assert.Equal(t, []string{"A"}, h.registry())
-	assert.Equal(t, "8\n", h.run("available", "A").stdout)
+	assert.Equal(t, "8\n", h.run("available", "A").out)
 
 	// The relay drains it again.
 	_, err := h.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
 	require.NoError(t, err)
 	res = h.store("relay-once")
 	require.Equal(t, exitOK, res.code)
-	assert.Contains(t, res.stdout, "delivered 1 events")
+	assert.Contains(t, res.out, "delivered 1 events")
 
 	res = h.store("reconcile")
-	assert.NotContains(t, res.stdout, "REDIS LOST")
-	assert.Contains(t, res.stdout, "A: redis 7+0 held, store 7")
+	assert.NotContains(t, res.out, "REDIS LOST")
+	assert.Contains(t, res.out, "A: redis 7+0 held, store 7")
 }
 
 // TestReconcileLiftsFence: a FailoverGuard fenced a Reserver; `stockctl reconcile -apply`, a
@@ -93,8 +83,8 @@ func TestReconcileLiftsFence(t *testing.T) {
 	require.True(t, fenced)
 
 	res = h.store("reconcile", "-apply")
-	require.Equal(t, exitOK, res.code, res.stderr)
-	assert.Contains(t, res.stdout, "the Redis primaries are recorded as reconciled")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.out, "the Redis primaries are recorded as reconciled")
 	fenced, err = g.Check(ctx)
 	require.NoError(t, err)
 	assert.False(t, fenced, "the CLI's complete pass lifts the fence")
