@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,9 +26,7 @@ func TestAdvanceMovesHoldDeadlines(t *testing.T) {
 	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	hold(t, e, "sku", "h1", 2, time.Minute)
 	e.Advance(59 * time.Second)
 	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute); err != nil {
 		t.Fatalf("replay before the deadline: %v", err)
@@ -41,59 +38,6 @@ func TestAdvanceMovesHoldDeadlines(t *testing.T) {
 	}
 	if n, err := available(e.Reserver.Levels(ctx, "sku")); err != nil || n != 5 {
 		t.Fatalf("Available = %d, %v; want 5", n, err)
-	}
-}
-
-// TestAdvanceMovesTTLs: a key's TTL runs down with Advance, and the key expires.
-func TestAdvanceMovesTTLs(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	if err := e.Client.Do(ctx, e.Client.B().Set().Key("lease").Value("x").Px(10*time.Second).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	e.Advance(4 * time.Second)
-	ttl, err := e.Client.Do(ctx, e.Client.B().Pttl().Key("lease").Build()).AsInt64()
-	if err != nil || ttl != 6000 {
-		t.Fatalf("PTTL after 4s = %d, %v; want 6000", ttl, err)
-	}
-	// TIME follows the same clock.
-	tm, err := e.Client.Do(ctx, e.Client.B().Time().Build()).AsStrSlice()
-	if err != nil || len(tm) != 2 {
-		t.Fatalf("TIME: %v %v", tm, err)
-	}
-	if want := e.Now().Unix(); tm[0] != itoa(want) {
-		t.Fatalf("TIME = %s, want %d", tm[0], want)
-	}
-	e.Advance(6 * time.Second)
-	if n, err := e.Client.Do(ctx, e.Client.B().Exists().Key("lease").Build()).AsInt64(); err != nil || n != 0 {
-		t.Fatalf("EXISTS after the TTL = %d, %v; want 0", n, err)
-	}
-}
-
-// TestClockStandsStill: without Advance the Redis clock does not move.
-func TestClockStandsStill(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	if err := e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("x").Px(time.Second).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(20 * time.Millisecond)
-	ttl, err := e.Client.Do(ctx, e.Client.B().Pttl().Key("k").Build()).AsInt64()
-	if err != nil || ttl != 1000 {
-		t.Fatalf("PTTL = %d, %v; want 1000", ttl, err)
-	}
-}
-
-func itoa(n int64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
 	}
 }
 
@@ -113,9 +57,7 @@ func TestAdvanceMovesRelayBackoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "sku", ID: "o1", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
+	deduct(t, e, "sku", "o1", 2)
 	st.FailWith(func(stock.Event) error { return errors.New("database down") })
 	if s, err := rl.Once(ctx); s.Retried != 1 { // Once also reports the store's error
 		t.Fatalf("first pass: %+v (%v); want 1 retried", s, err)
@@ -194,6 +136,20 @@ func load(t *testing.T, e *stocktest.Env, sku string, qty int64) {
 	}
 }
 
+func deduct(t *testing.T, e *stocktest.Env, sku, id string, qty int64) {
+	t.Helper()
+	if _, err := e.Reserver.Deduct(context.Background(), stock.Request{SKU: sku, ID: id, Qty: qty}); err != nil {
+		t.Fatalf("Deduct(%s/%s): %v", sku, id, err)
+	}
+}
+
+func hold(t *testing.T, e *stocktest.Env, sku, id string, qty int64, ttl time.Duration) {
+	t.Helper()
+	if _, err := e.Reserver.Hold(context.Background(), stock.Request{SKU: sku, ID: id, Qty: qty}, ttl); err != nil {
+		t.Fatalf("Hold(%s/%s): %v", sku, id, err)
+	}
+}
+
 // runUntilEnd starts e.Reserver.Run and stops it when the test ends (bounded).
 func runUntilEnd(t *testing.T, e *stocktest.Env, opts stock.RunOptions) {
 	t.Helper()
@@ -210,43 +166,11 @@ func runUntilEnd(t *testing.T, e *stocktest.Env, opts stock.RunOptions) {
 	})
 }
 
-// fakeTB lets a test see whether stocktest.New fails its t. Fatal* end the goroutine (as the
-// testing package does); Cleanup goes to the real test.
-type fakeTB struct {
-	testing.TB
-	mu     sync.Mutex
-	failed bool
-	msg    string
-}
-
-func (f *fakeTB) Helper() {}
-func (f *fakeTB) fail(s string) {
-	f.mu.Lock()
-	f.failed, f.msg = true, s
-	f.mu.Unlock()
-}
-func (f *fakeTB) Fatalf(format string, args ...any) {
-	f.fail(fmt.Sprintf(format, args...))
-	runtime.Goexit()
-}
-func (f *fakeTB) Fatal(args ...any)                 { f.fail(fmt.Sprint(args...)); runtime.Goexit() }
-func (f *fakeTB) Errorf(format string, args ...any) { f.fail(fmt.Sprintf(format, args...)) }
-func (f *fakeTB) Error(args ...any)                 { f.fail(fmt.Sprint(args...)) }
-func (f *fakeTB) FailNow()                          { f.fail("FailNow"); runtime.Goexit() }
-func (f *fakeTB) Fail()                             { f.fail("Fail") }
-func (f *fakeTB) Failed() bool                      { f.mu.Lock(); defer f.mu.Unlock(); return f.failed }
-
-// newOnFakeTB calls stocktest.New on a fake TB and reports the env (nil when New failed it).
-func newOnFakeTB(t *testing.T, opts ...stock.Option) (*stocktest.Env, *fakeTB) {
-	f := &fakeTB{TB: t}
-	var e *stocktest.Env
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		e = stocktest.New(f, opts...)
-	}()
-	<-done
-	return e, f
+// newOnFakeTB calls stocktest.New on a TB that records a failure instead of failing t, and
+// reports the env (nil when New failed it), whether it failed, and why.
+func newOnFakeTB(t *testing.T, opts ...stock.Option) (e *stocktest.Env, failed bool, msg string) {
+	failed, _, msg = stocktest.RunOnFakeT(t, func(tb testing.TB) { e = stocktest.New(tb, opts...) })
+	return e, failed, msg
 }
 
 // halfDoneCart leaves cart "cart-1" (a:2, b:1) half done: line a taken, the saga cut short
@@ -274,8 +198,8 @@ func halfDoneCart(t *testing.T, e *stocktest.Env, prefix string) {
 // --- Env: clock, options, isolation ---------------------------------------------------------
 
 // TestEnvClock: Env.Now starts at about the wall clock, truncated to the microsecond, and is
-// Redis's TIME too; the clock stands still without Advance, Advance(0) and a refused negative
-// Advance (which panics) leave it, and key TTLs run on the same clock.
+// Redis's TIME too; the clock (and a key's TTL) stands still without Advance, Advance(0) and a
+// refused negative Advance (which panics) leave it, and key TTLs run down on the same clock.
 func TestEnvClock(t *testing.T) {
 	e := stocktest.New(t)
 	ctx := context.Background()
@@ -298,10 +222,21 @@ func TestEnvClock(t *testing.T) {
 	if rt := redisTime(); !rt.Equal(start) {
 		t.Fatalf("Redis TIME = %v, Env.Now() = %v: want one clock", rt, start)
 	}
-	// The clock stands still without Advance.
+	pttl := func(k string) int64 {
+		t.Helper()
+		ms, err := e.Client.Do(ctx, e.Client.B().Pttl().Key(k).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ms
+	}
+	// The clock, and a key's TTL, stand still without Advance.
+	if err := e.Client.Do(ctx, e.Client.B().Set().Key("lease").Value("x").Px(time.Second).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(30 * time.Millisecond)
-	if !e.Now().Equal(start) || !redisTime().Equal(start) {
-		t.Fatalf("the clock moved without Advance: Now %v, TIME %v, start %v", e.Now(), redisTime(), start)
+	if !e.Now().Equal(start) || !redisTime().Equal(start) || pttl("lease") != 1000 {
+		t.Fatalf("the clock moved without Advance: Now %v, TIME %v, start %v, PTTL %d", e.Now(), redisTime(), start, pttl("lease"))
 	}
 	e.Advance(0)
 	if !e.Now().Equal(start) {
@@ -326,7 +261,11 @@ func TestEnvClock(t *testing.T) {
 	if err := e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("v").Px(10*time.Second).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	e.Advance(10*time.Second - time.Millisecond)
+	e.Advance(4 * time.Second)
+	if ms := pttl("k"); ms != 6000 {
+		t.Fatalf("PTTL after Advance(4s) = %d; want 6000", ms)
+	}
+	e.Advance(6*time.Second - time.Millisecond)
 	if !e.Redis.Exists("k") {
 		t.Fatalf("a 10s key expired after 9.999s of Advance")
 	}
@@ -391,19 +330,18 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		"negative coalescing": stock.WithCoalescing(-1),
 	} {
 		t.Run(name, func(t *testing.T) {
-			e, f := newOnFakeTB(t, opt)
-			if !f.Failed() || e != nil {
-				t.Fatalf("stocktest.New with %s: failed=%v env=%v; the doc says it fails t if stock.New refuses opts", name, f.Failed(), e != nil)
+			e, failed, msg := newOnFakeTB(t, opt)
+			if !failed || e != nil {
+				t.Fatalf("stocktest.New with %s: failed=%v env=%v; the doc says it fails t if stock.New refuses opts", name, failed, e != nil)
 			}
-			if !strings.Contains(f.msg, "stock.New") {
-				t.Fatalf("failure message %q does not say stock.New refused the options", f.msg)
+			if !strings.Contains(msg, "stock.New") {
+				t.Fatalf("failure message %q does not say stock.New refused the options", msg)
 			}
 		})
 	}
 	// And a good set of options does not fail it.
-	e, f := newOnFakeTB(t, stock.WithPrefix("shop"), stock.WithUserLimit(1), stock.WithCoalescing(0), stock.WithSoldOutCache(0))
-	if f.Failed() || e == nil {
-		t.Fatalf("stocktest.New with valid options failed: %s", f.msg)
+	if e, failed, msg := newOnFakeTB(t, stock.WithPrefix("shop"), stock.WithUserLimit(1), stock.WithCoalescing(0), stock.WithSoldOutCache(0)); failed || e == nil {
+		t.Fatalf("stocktest.New with valid options failed: %s", msg)
 	}
 }
 
@@ -412,9 +350,9 @@ func TestNewRefusesBadOptions(t *testing.T) {
 // Advance must still govern the cart-recovery cutoff.
 func TestConflictingWithClock(t *testing.T) {
 	wall := func() time.Time { return time.Now() }
-	e, f := newOnFakeTB(t, stock.WithClock(wall))
-	if f.Failed() {
-		t.Logf("stocktest.New refused a conflicting WithClock: %s", f.msg)
+	e, failed, msg := newOnFakeTB(t, stock.WithClock(wall))
+	if failed {
+		t.Logf("stocktest.New refused a conflicting WithClock: %s", msg)
 		return
 	}
 	halfDoneCart(t, e, "stock")
@@ -435,12 +373,8 @@ func TestPrefixKeys(t *testing.T) {
 	ctx := context.Background()
 	e := stocktest.New(t, stock.WithPrefix("shop"))
 	load(t, e, "x:1~ü", 3)
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "x:1~ü", ID: "o:1~é", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "x:1~ü", ID: "h", Qty: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	deduct(t, e, "x:1~ü", "o:1~é", 2)
+	hold(t, e, "x:1~ü", "h", 1, time.Minute)
 	for _, k := range e.Redis.Keys() {
 		if !strings.HasPrefix(k, "shop:") {
 			t.Fatalf("key %q does not carry the prefix shop:", k)
@@ -466,13 +400,9 @@ func TestHoldExactDeadline(t *testing.T) {
 	load(t, e, "a", 10)
 	load(t, e, "b", 10)
 	// The clock stands still, so these holds share one deadline.
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "b", ID: "hb", Qty: 3}, 10*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	hold(t, e, "b", "hb", 3, 10*time.Minute)
 	for _, id := range []string{"h1", "h2", "h3", "h4"} {
-		if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: id, Qty: 2}, 10*time.Minute); err != nil {
-			t.Fatal(err)
-		}
+		hold(t, e, "a", id, 2, 10*time.Minute)
 	}
 	dl, err := e.Reserver.Ledger(ctx, "a", "h1")
 	if err != nil {
@@ -613,15 +543,9 @@ func TestRunSweepsAndDeliversAfterAdvance(t *testing.T) {
 	_ = store.Load(ctx, "a", 10)
 	load(t, e, "a", 10)
 	runUntilEnd(t, e, stock.RunOptions{Store: store})
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: "h1", Qty: 5}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: "h2", Qty: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a", ID: "d1", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
+	hold(t, e, "a", "h1", 5, time.Minute)
+	hold(t, e, "a", "h2", 1, time.Minute)
+	deduct(t, e, "a", "d1", 2)
 	if _, err := e.Reserver.Confirm(ctx, "a", "h2"); err != nil {
 		t.Fatal(err)
 	}
@@ -668,9 +592,7 @@ func TestRelayBackoffFollowsAdvance(t *testing.T) {
 	load(t, e, "a", 10)
 	runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1},
 		Relay: &stock.RelayOptions{MinBackoff: time.Minute, MaxBackoff: time.Minute}})
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a", ID: "d1", Qty: 3}); err != nil {
-		t.Fatal(err)
-	}
+	deduct(t, e, "a", "d1", 3)
 	waitFor(t, 10*time.Second, "a first, failed, delivery", func() (bool, string) { return calls.Load() > 0, "" })
 	store.FailWith(nil)
 	before := calls.Load()
@@ -885,12 +807,8 @@ func TestOutboxOff(t *testing.T) {
 	ctx := context.Background()
 	e := stocktest.New(t, stock.WithOutbox(false))
 	load(t, e, "a", 5)
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a", ID: "d", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: "h", Qty: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	deduct(t, e, "a", "d", 2)
+	hold(t, e, "a", "h", 1, time.Minute)
 	if _, err := e.Reserver.Restore(ctx, "a", "d"); err != nil {
 		t.Fatal(err)
 	}

@@ -27,12 +27,8 @@ func TestMemstoreCountsThroughRelay(t *testing.T) {
 		_ = store.Load(ctx, sku, 10)
 		load(t, e, sku, 10)
 	}
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a/b", ID: "c", Qty: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a", ID: "b/c", Qty: 1}); err != nil {
-		t.Fatal(err)
-	}
+	deduct(t, e, "a/b", "c", 1)
+	deduct(t, e, "a", "b/c", 1)
 	runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1}})
 	waitFor(t, 10*time.Second, "both deducts delivered", func() (bool, string) {
 		x, _ := store.Remaining(ctx, "a/b")

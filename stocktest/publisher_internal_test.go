@@ -142,18 +142,18 @@ var brokenQueues = map[string]func() *memQueue{
 	"ExactlyOnceInEffect": func() *memQueue { q := newMemQueue(); q.ackKeeps = true; return q },
 }
 
-func runPubCheck(t *testing.T, c publisherCheck, q *memQueue) (failed bool, msg string) {
-	f := &fakeT{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c.run(f, newPubRig(f, q.pair(t)))
-	}()
-	<-done
-	if f.skipped {
-		t.Fatalf("check %s skipped", c.name)
+// MemQueuePair is, for this package's external tests, the pair of a correct memQueue (mode
+// "correct") or of the queue brokenQueues holds for the check mode names.
+func MemQueuePair(t *testing.T, mode string) PublisherPair {
+	if mode == "correct" {
+		return newMemQueue().pair(t)
 	}
-	return f.failed, f.msg
+	return brokenQueues[mode]().pair(t)
+}
+
+// runPubCheck runs the Publisher check c on q.
+func runPubCheck(t *testing.T, c publisherCheck, q *memQueue) (failed bool, msg string) {
+	return runChecked(t, c.name, func(tb testing.TB) { c.run(tb, newPubRig(tb, q.pair(t))) })
 }
 
 // TestPublisherChecksCanFail: each check of TestPublisher passes on a queue that keeps the

@@ -40,20 +40,35 @@ func (f *fakeT) Error(a ...any)                 { f.fail(fmt.Sprint(a...), false
 func (f *fakeT) Fail()                          { f.fail("Fail", false) }
 func (f *fakeT) Skip(a ...any)                  { f.skipped = true; runtime.Goexit() }
 func (f *fakeT) SkipNow()                       { f.skipped = true; runtime.Goexit() }
+func (f *fakeT) Failed() bool                   { f.mu.Lock(); defer f.mu.Unlock(); return f.failed }
 
-// runCheck runs c on s with a fakeT and reports whether it failed, and why.
-func runCheck(t *testing.T, c storeCheck, s stock.Store) (failed bool, msg string) {
-	f := &fakeT{TB: t}
+// RunOnFakeT runs f on a TB that records failures instead of failing t (Fatal* and Skip* end
+// f's goroutine, as the testing package does; Cleanup goes to t), and reports whether f failed
+// or skipped, and why. It is exported for this package's external tests.
+func RunOnFakeT(t testing.TB, f func(testing.TB)) (failed, skipped bool, msg string) {
+	ft := &fakeT{TB: t}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.run(f, s, s.(Loader))
+		f(ft)
 	}()
 	<-done
-	if f.skipped {
-		t.Fatalf("check %s skipped", c.name)
+	return ft.failed, ft.skipped, ft.msg
+}
+
+// runChecked runs the check name with RunOnFakeT and reports whether it failed, and why; a
+// check must not skip.
+func runChecked(t *testing.T, name string, run func(testing.TB)) (failed bool, msg string) {
+	failed, skipped, msg := RunOnFakeT(t, run)
+	if skipped {
+		t.Fatalf("check %s skipped", name)
 	}
-	return f.failed, f.msg
+	return failed, msg
+}
+
+// runCheck runs the Store check c on s.
+func runCheck(t *testing.T, c storeCheck, s stock.Store) (failed bool, msg string) {
+	return runChecked(t, c.name, func(tb testing.TB) { c.run(tb, s, s.(Loader)) })
 }
 
 // hooked is a memstore with Apply, Remaining, Records or ApplyBatch replaced.

@@ -167,31 +167,27 @@ func TestStoreSuiteChild(t *testing.T) {
 	})
 }
 
-// storeSuiteChild runs TestStore on the store mode in a child test process.
-func storeSuiteChild(t *testing.T, env, mode string) (failed bool, out string) {
+// suiteChild runs test (TestStoreSuiteChild or TestPublisherSuiteChild) in a child test
+// process with env=mode, within limit, and reports whether it failed, with its output.
+func suiteChild(t *testing.T, test, env, mode string, limit time.Duration) (failed bool, out string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestStoreSuiteChild$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), env+"="+mode)
 	b, err := cmd.CombinedOutput()
 	out = string(b)
 	if ctx.Err() != nil {
-		t.Fatalf("child for %s timed out:\n%s", mode, out)
+		t.Fatalf("child for %s timed out:\n%s", mode, tail(out, 40))
 	}
 	if strings.Contains(out, "panic:") || strings.Contains(out, "no tests to run") {
-		t.Fatalf("child for %s did not run the suite cleanly:\n%s", mode, out)
+		t.Fatalf("child for %s did not run the suite cleanly:\n%s", mode, tail(out, 60))
 	}
 	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return false, out
-	case errors.As(err, &ee):
-		return true, out
-	default:
+	if err != nil && !errors.As(err, &ee) {
 		t.Fatalf("child for %s: %v", mode, err)
 	}
-	return
+	return err != nil, out
 }
 
 // TestStoreSuiteOnStores runs stocktest.TestStore, in a child process each, on memstore and a
@@ -220,7 +216,7 @@ func TestStoreSuiteOnStores(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.mode, func(t *testing.T) {
-			failed, out := storeSuiteChild(t, "STOCKTEST_CHILD_STORE", tc.mode)
+			failed, out := suiteChild(t, "TestStoreSuiteChild", "STOCKTEST_CHILD_STORE", tc.mode, 3*time.Minute)
 			if tc.pass {
 				if failed {
 					t.Fatalf("TestStore fails %s:\n%s", tc.mode, out)
