@@ -5,11 +5,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,12 +14,6 @@ import (
 
 	"github.com/stockres/stock"
 )
-
-func buyOn(t *testing.T, base, key, sku, user string, qty int64) httpResp {
-	t.Helper()
-	b, _ := json.Marshal(map[string]any{"sku": sku, "qty": qty, "user": user})
-	return doOn(t, base, httpReq{key: key, ctype: "application/json", body: string(b)})
-}
 
 // client returns a new client of the env's Redis: through the proxy, or straight to the server.
 func (e *httpEnv) client(t *testing.T, direct bool) rueidis.Client {
@@ -58,51 +49,6 @@ func (e *httpEnv) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL t
 	ts := httptest.NewServer(NewHandler(r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
 	t.Cleanup(ts.Close)
 	return ts
-}
-
-// Two instances, each with its own Redis client, Reserver and key records, get the same key for
-// two items at the same moment, many times: per key, exactly one order and one 422, and every
-// order paid for.
-func TestKeysSameKeyTwoItemsTwoInstancesConcurrent(t *testing.T) {
-	onBackends(t, envConfig{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *httpEnv) {
-		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(5 * time.Millisecond); return nil })
-		bases := []string{e.ts.URL, e.instance(t, e.client(t, false), 0, 24*time.Hour).URL}
-		const keys = 16
-		var wg sync.WaitGroup
-		res := make([][2]httpResp, keys)
-		for k := range keys {
-			for j, sku := range []string{"sku-a", "sku-b"} {
-				// Key k: sku-a on instance k%2, sku-b on the other one.
-				wg.Go(func() { res[k][j] = buyOn(t, bases[(k+j)%2], fmt.Sprintf("dual-%d", k), sku, "mallory", 1) })
-			}
-		}
-		wg.Wait()
-		ok := 0
-		for k, pair := range res {
-			n := 0
-			for j, r := range pair {
-				if r.status == 200 {
-					n++
-					if !e.pay.Charged(r.str("order")) {
-						t.Errorf("key dual-%d: order %s not charged", k, r.str("order"))
-					}
-				} else {
-					wantError(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
-				}
-			}
-			if n != 1 {
-				t.Errorf("key dual-%d: %d orders (%s | %s), want exactly 1", k, n, pair[0], pair[1])
-			}
-			ok += n
-		}
-		a, b := e.levels("sku-a"), e.levels("sku-b")
-		if a.Held+b.Held != 0 || a.Sold+b.Sold != int64(ok) {
-			t.Errorf("levels a %+v b %+v, want %d sold in all and nothing held", a, b, ok)
-		}
-		if e.pay.Calls() != ok {
-			t.Errorf("%d charge calls for %d orders", e.pay.Calls(), ok)
-		}
-	})
 }
 
 // The record of a key: where it is, what it holds, how long it lives; a key whose attempts

@@ -281,8 +281,25 @@ func doOn(t *testing.T, base string, rq httpReq) httpResp {
 // buy posts a checkout with a JSON body.
 func (e *httpEnv) buy(t *testing.T, key, sku, user string, qty int64) httpResp {
 	t.Helper()
+	return buyOn(t, e.ts.URL, key, sku, user, qty)
+}
+
+// buyOn posts a checkout with a JSON body to the service at base.
+func buyOn(t *testing.T, base, key, sku, user string, qty int64) httpResp {
+	t.Helper()
 	b, _ := json.Marshal(map[string]any{"sku": sku, "qty": qty, "user": user})
-	return e.do(t, httpReq{key: key, ctype: "application/json", body: string(b)})
+	return doOn(t, base, httpReq{key: key, ctype: "application/json", body: string(b)})
+}
+
+// fanOut sends n requests at once, the i-th by send(i), and returns their answers.
+func fanOut(n int, send func(i int) httpResp) []httpResp {
+	res := make([]httpResp, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { res[i] = send(i) })
+	}
+	wg.Wait()
+	return res
 }
 
 // wantError checks the documented error shape: the status, a JSON body
@@ -474,12 +491,7 @@ func TestUserLimitManyKeysConcurrent(t *testing.T) {
 		// Slow payments widen the window in which holds are live and unpaid.
 		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(20 * time.Millisecond); return nil })
 		const n = 24
-		res := make([]httpResp, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { res[i] = e.buy(t, fmt.Sprintf("mallory-%d", i), "sku-a", "mallory", 1) })
-		}
-		wg.Wait()
+		res := fanOut(n, func(i int) httpResp { return e.buy(t, fmt.Sprintf("mallory-%d", i), "sku-a", "mallory", 1) })
 		ok := 0
 		for i, r := range res {
 			switch r.status {
@@ -509,12 +521,7 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 10}}, func(t *testing.T, e *httpEnv) {
 		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(30 * time.Millisecond); return nil })
 		const n = 16
-		res := make([]httpResp, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { res[i] = e.buy(t, "same-key", "sku-a", "alice", 2) })
-		}
-		wg.Wait()
+		res := fanOut(n, func(int) httpResp { return e.buy(t, "same-key", "sku-a", "alice", 2) })
 		for i, r := range res {
 			wantOK(t, fmt.Sprintf("copy %d", i), r, "sku-a", "alice", 2)
 			if r.raw != res[0].raw {
@@ -528,7 +535,9 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 		if !e.pay.Charged(order) {
 			t.Errorf("order %s not charged", order)
 		}
-		// Later retries answer from the ledger and never call the payment service again.
+		// Later retries, after the stock moved, answer from the ledger and never call the
+		// payment service again.
+		wantOK(t, "bob in between", e.buy(t, "bob-key", "sku-a", "bob", 1), "sku-a", "bob", 1)
 		calls := e.pay.Calls()
 		for i := range 3 {
 			r := e.buy(t, "same-key", "sku-a", "alice", 2)
@@ -564,13 +573,22 @@ func TestSameKeyOtherRequest(t *testing.T) {
 		if strings.Contains(bob.raw, "alice") {
 			t.Errorf("bob's answer leaks alice's order: %s", bob.raw)
 		}
-		// Bob with the same key and another sku: still his own order.
+		// Carol with the same key and another sku: still her own order.
 		wantOK(t, "carol, alice's key, other sku", e.buy(t, "k1", "sku-b", "carol", 1), "sku-b", "carol", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 2 {
+		// A declined user's key does not cancel an order of the same key.
+		e.pay.Decline("mallory")
+		wantError(t, "mallory declined, alice's key", e.buy(t, "k1", "sku-a", "mallory", 1), 402, "payment_declined")
+		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 {
 			t.Errorf("sku-a: %+v, want 2 sold", lv)
 		}
 		if !e.pay.Charged(first.str("order")) || !e.pay.Charged(bob.str("order")) {
 			t.Errorf("each user's order must be charged")
+		}
+		// Retries still answer each user their own order.
+		for _, r := range []httpResp{first, bob} {
+			if again := e.buy(t, "k1", "sku-a", r.str("user"), 1); again.raw != r.raw {
+				t.Errorf("%s's retry: %s, want %s", r.str("user"), again.raw, r.raw)
+			}
 		}
 		// Users whose names and keys concatenate alike still get separate orders.
 		x := e.buy(t, "b:c", "sku-b", "a:", 1)
@@ -580,42 +598,54 @@ func TestSameKeyOtherRequest(t *testing.T) {
 		if x.str("order") == y.str("order") {
 			t.Errorf("two users share order %s", x.str("order"))
 		}
+		if orderID("ab", "c", "shoe", 1) == orderID("a", "bc", "shoe", 1) ||
+			orderID("a", "b", "c1", 1) == orderID("a", "b", "c", 11) ||
+			orderID("a", "bc", "shoe", 1) == orderID("a", "b", "cshoe", 1) {
+			t.Error("orderID is ambiguous")
+		}
 	})
 }
 
-// One user fires the same key at two items at once, many times: per key, exactly one order.
+// One user fires the same key at two items at once, many times, on one instance and on two
+// (each with its own Redis client, Reserver and key records): per key, exactly one order and
+// one 422, every order paid for once.
 func TestSameKeyTwoItemsConcurrent(t *testing.T) {
-	onBackends(t, envConfig{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *httpEnv) {
-		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(5 * time.Millisecond); return nil })
-		const keys = 12
-		var wg sync.WaitGroup
-		res := make([][2]httpResp, keys)
-		for k := range keys {
-			for j, sku := range []string{"sku-a", "sku-b"} {
-				wg.Go(func() { res[k][j] = e.buy(t, fmt.Sprintf("dual-%d", k), sku, "mallory", 1) })
-			}
-		}
-		wg.Wait()
-		ok := 0
-		for k, pair := range res {
-			n := 0
-			for j, r := range pair {
-				if r.status == 200 {
-					n++
-				} else {
-					wantError(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
+	for _, instances := range []int{1, 2} {
+		t.Run(fmt.Sprint(instances, " instances"), func(t *testing.T) {
+			onBackends(t, envConfig{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *httpEnv) {
+				e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(5 * time.Millisecond); return nil })
+				bases := []string{e.ts.URL, e.ts.URL}
+				if instances == 2 {
+					bases[1] = e.instance(t, e.client(t, false), 0, 24*time.Hour).URL
 				}
-			}
-			if n != 1 {
-				t.Errorf("key dual-%d: %d orders (%s | %s), want exactly 1", k, n, pair[0], pair[1])
-			}
-			ok += n
-		}
-		a, b := e.levels("sku-a"), e.levels("sku-b")
-		if a.Held+b.Held != 0 || a.Sold+b.Sold != int64(ok) {
-			t.Errorf("levels a %+v b %+v, want %d sold in all and nothing held", a, b, ok)
-		}
-	})
+				const keys = 16
+				// Key k: sku-a on instance k%2, sku-b on the other one.
+				res := fanOut(2*keys, func(i int) httpResp {
+					k, j := i/2, i%2
+					return buyOn(t, bases[(k+j)%2], fmt.Sprintf("dual-%d", k), []string{"sku-a", "sku-b"}[j], "mallory", 1)
+				})
+				ok := 0
+				for k := range keys {
+					n := 0
+					for j, r := range res[2*k : 2*k+2] {
+						if r.status != 200 {
+							wantError(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
+						} else if n++; !e.pay.Charged(r.str("order")) {
+							t.Errorf("key dual-%d: order %s not charged", k, r.str("order"))
+						}
+					}
+					if n != 1 {
+						t.Errorf("key dual-%d: %d orders (%s | %s), want exactly 1", k, n, res[2*k], res[2*k+1])
+					}
+					ok += n
+				}
+				a, b := e.levels("sku-a"), e.levels("sku-b")
+				if a.Held+b.Held != 0 || a.Sold+b.Sold != int64(ok) || e.pay.Calls() != ok {
+					t.Errorf("levels a %+v b %+v, %d charge calls: want %d sold and charged in all, nothing held", a, b, e.pay.Calls(), ok)
+				}
+			})
+		})
+	}
 }
 
 // Two processes of the service (or one restarted) share Redis and the payment provider. The
@@ -629,8 +659,7 @@ func TestSameKeyOtherItemOnAnotherInstance(t *testing.T) {
 
 		other := httptest.NewServer(e.handler()) // a second instance, or the first one restarted
 		defer other.Close()
-		b, _ := json.Marshal(map[string]any{"sku": "sku-b", "qty": 1, "user": "mallory"})
-		r := doOn(t, other.URL, httpReq{key: "k1", ctype: "application/json", body: string(b)})
+		r := buyOn(t, other.URL, "k1", "sku-b", "mallory", 1)
 		wantError(t, "instance 2, same key, sku-b", r, 422, "idempotency_key_reused")
 		if lv := e.levels("sku-b"); lv.Sold != 0 || lv.Held != 0 {
 			t.Errorf("sku-b %+v: the reused key took stock; order %q was charged once (%d -> %d charge calls, charged=%v for %s), so the second item was not paid for",
@@ -715,7 +744,8 @@ func TestConfirmAfterExpiry(t *testing.T) {
 	})
 }
 
-// A declined payment gives back the stock and the user's units; a retry answers 402 again.
+// A declined payment gives back the stock and the user's units; a retry answers the same 402.
+// Once the stock is sold, a buyer is refused and not charged.
 func TestDeclineGivesBackStockAndLimit(t *testing.T) {
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 2}}, func(t *testing.T, e *httpEnv) {
 		var mu sync.Mutex
@@ -729,16 +759,27 @@ func TestDeclineGivesBackStockAndLimit(t *testing.T) {
 			}
 			return nil
 		})
+		var first httpResp
 		for i := range 3 {
 			k := fmt.Sprintf("d%d", i)
-			wantError(t, "declined "+k, e.buy(t, k, "sku-a", "alice", 2), 402, "payment_declined")
+			r := e.buy(t, k, "sku-a", "alice", 2)
+			wantError(t, "declined "+k, r, 402, "payment_declined")
 			if lv := e.levels("sku-a"); lv.Available != 2 || lv.Held != 0 {
 				t.Errorf("after decline %d: %+v", i, lv)
 			}
+			if i == 0 {
+				first = r
+			}
 		}
-		wantError(t, "retry of a declined order", e.buy(t, "d0", "sku-a", "alice", 2), 402, "payment_declined")
+		if again := e.buy(t, "d0", "sku-a", "alice", 2); again.status != 402 || again.raw != first.raw {
+			t.Errorf("retry of a declined order: %s, want %s", again, first)
+		}
+
 		wantOK(t, "a new order", e.buy(t, "ok", "sku-a", "alice", 2), "sku-a", "alice", 2)
 		wantError(t, "sold out", e.buy(t, "late", "sku-a", "bob", 1), 409, "sold_out")
+		if e.pay.Charged(orderID("bob", "late", "sku-a", 1)) {
+			t.Error("a sold-out order was charged")
+		}
 	})
 }
 
@@ -753,8 +794,8 @@ func TestPaymentUnknownThenRetry(t *testing.T) {
 		// Someone else cannot take the unit while the order's outcome is unknown.
 		wantError(t, "bob meanwhile", e.buy(t, "b1", "sku-a", "bob", 1), 409, "sold_out")
 		wantOK(t, "retry", e.buy(t, "p1", "sku-a", "alice", 1), "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 {
-			t.Errorf("levels %+v", lv)
+		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || !e.pay.Charged(orderID("alice", "p1", "sku-a", 1)) {
+			t.Errorf("levels %+v, or the order not charged", lv)
 		}
 	})
 }
@@ -875,12 +916,7 @@ func TestOutcomeCount(t *testing.T) {
 	const S = 7
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"drop": S, "mixed": 40}}, func(t *testing.T, e *httpEnv) {
 		const N = 60
-		res := make([]httpResp, N)
-		var wg sync.WaitGroup
-		for i := range N {
-			wg.Go(func() { res[i] = e.buy(t, "k", "drop", fmt.Sprintf("user-%d", i), 1) })
-		}
-		wg.Wait()
+		res := fanOut(N, func(i int) httpResp { return e.buy(t, "k", "drop", fmt.Sprintf("user-%d", i), 1) })
 		ok, orders := 0, map[string]bool{}
 		for i, r := range res {
 			if r.status == 200 {
@@ -922,6 +958,7 @@ func TestOutcomeCount(t *testing.T) {
 		})
 		const M = 50
 		sold := make([]int64, M)
+		var wg sync.WaitGroup
 		for i := range M {
 			wg.Go(func() {
 				user := fmt.Sprintf("m-%d", i%10)
@@ -1019,8 +1056,8 @@ func TestOddNames(t *testing.T) {
 	})
 }
 
-// TestRequestLogKeyAndStatus: every request is logged with its method, path, status and
-// Idempotency-Key, refused ones included.
+// TestRequestLogKeyAndStatus: every request is logged, once, with its method, path, status,
+// duration and Idempotency-Key, refused ones included.
 func TestRequestLogKeyAndStatus(t *testing.T) {
 	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"sku-a": 5}})
 	checks := []struct {
@@ -1040,6 +1077,10 @@ func TestRequestLogKeyAndStatus(t *testing.T) {
 		}
 	}
 	logs := e.logs.String()
+	if n := strings.Count(logs, "msg=request "); n != len(checks) {
+		t.Errorf("%d request lines for %d requests:\n%s", n, len(checks), logs)
+	}
+
 	for _, c := range checks {
 		m, p := c.rq.method, c.rq.path
 		if m == "" {
