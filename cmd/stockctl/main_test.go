@@ -1,7 +1,14 @@
 package main
 
+// stockctl's commands on the harness (a private redis-server when STOCK_REDIS_SERVER is set,
+// else a miniredis), with SQLite as the database of record: loads and levels, the ledger,
+// sweeps, reconcile and the relay, their dead ends and refusals, the registry, the failover
+// fence and the operator ACL.
+
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +19,11 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/sqlstore"
+	"github.com/stockres/stock/stockops"
 )
 
+// load, available, items, levels, close, reopen and restock: their text and JSON answers, and
+// a load that would overwrite a live item refused.
 func TestLoadLevels(t *testing.T) {
 	h := newHarness(t)
 	res := h.run("load", "A", "10")
@@ -57,12 +67,20 @@ func TestLoadLevels(t *testing.T) {
 		{SKU: "Z", Error: "not_loaded", Message: "stock: item not loaded: Z"},
 	}, rows)
 
-	res = h.run("close", "A")
-	require.Equal(t, exitOK, res.code)
-	assert.Equal(t, "closed A\n", res.out)
+	for range 2 { // closing twice does nothing more
+		res = h.run("close", "A")
+		require.Equal(t, exitOK, res.code)
+		assert.Equal(t, "closed A\n", res.out)
+	}
 	_, err := h.r.Deduct(context.Background(), stock.Request{SKU: "A", ID: "o2", Qty: 1})
 	assert.ErrorIs(t, err, stock.ErrClosed)
 	assert.True(t, decode[[]levelsJSON](t, h.run("-json", "levels", "A").out)[0].Closed)
+	// restore goes on while closed, once.
+	for _, replay := range []bool{false, true} {
+		res = h.run("-json", "restore", "A", "o1")
+		require.Equal(t, exitOK, res.code)
+		assert.Equal(t, receiptJSON{SKU: "A", ID: "o1", Qty: 3, Remaining: 10, Replayed: replay}, decode[receiptJSON](t, res.out))
+	}
 	res = h.run("reopen", "A")
 	require.Equal(t, exitOK, res.code)
 	assert.Equal(t, "reopened A\n", res.out)
@@ -71,12 +89,17 @@ func TestLoadLevels(t *testing.T) {
 
 	res = h.run("restock", "A", "r1", "5")
 	require.Equal(t, exitOK, res.code)
-	assert.Equal(t, "restocked A/r1: +5, 11 available\n", res.out)
+	assert.Equal(t, "restocked A/r1: +5, 14 available\n", res.out)
 	res = h.run("-json", "restock", "A", "r1", "5")
 	require.Equal(t, exitOK, res.code)
-	assert.Equal(t, receiptJSON{SKU: "A", ID: "r1", Qty: 5, Remaining: 11, Replayed: true}, decode[receiptJSON](t, res.out))
+	assert.Equal(t, receiptJSON{SKU: "A", ID: "r1", Qty: 5, Remaining: 14, Replayed: true}, decode[receiptJSON](t, res.out))
+	// A load of a live item never overwrites it.
+	assert.Equal(t, exitFail, h.run("load", "A", "999").code)
+	assert.Equal(t, "14\n", h.run("available", "A").out)
 }
 
+// entry and ledger show the ledger (filtered and limited); restore gives back once, and a
+// restore of an unknown id needs -tombstone.
 func TestEntryLedgerRestore(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -145,6 +168,7 @@ func TestEntryLedgerRestore(t *testing.T) {
 	assert.Equal(t, "restored A/h1: +3, 9 available\n", res.out)
 }
 
+// sweep releases the expired holds, of every item or of one.
 func TestSweep(t *testing.T) {
 	h := newHarness(t)
 	require.Equal(t, exitOK, h.run("load", "A", "5").code)
@@ -159,6 +183,9 @@ func TestSweep(t *testing.T) {
 	assert.Equal(t, "expired", decode[entryJSON](t, h.run("-json", "entry", "A", "h1").out).State)
 }
 
+// reconcile reports in-flight sales without drift, relay-once delivers them, a drift is
+// reported, left above -repair-limit and repaired with -apply; an item the store does not
+// know needs a human; migrate is idempotent.
 func TestReconcileAndRelay(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -258,6 +285,8 @@ func TestRelayOnceRefused(t *testing.T) {
 	assert.Equal(t, "5\n", h.run("available", "A").out)
 }
 
+// parseDSN reads every DSN form stockctl documents, refuses the others as usage errors, and
+// redact hides a password.
 func TestParseDSN(t *testing.T) {
 	for _, tc := range []struct {
 		in, driver, dsn string
@@ -282,4 +311,504 @@ func TestParseDSN(t *testing.T) {
 		assert.ErrorAs(t, err, new(usageError), bad)
 	}
 	assert.Equal(t, "mysql://app:xxxxx@db/shop", redact("mysql://app:secret@db/shop"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dead ends of reconcile and load: items the store does not know, delisted items, repairs.
+
+// reconcileJSON is the -json output of reconcile.
+type reconcileJSON struct {
+	Apply   bool         `json:"apply"`
+	Found   bool         `json:"found"`
+	Left    bool         `json:"left"`
+	Reports []reportJSON `json:"reports"`
+}
+
+// An item loaded in Redis only: reconcile reports Redis's real figures for it (they were 0+0),
+// with a SKU and without (a pass over the registry), in text and in JSON.
+func TestReconcileStoreUnknownShowsRedisFigures(t *testing.T) {
+	h := newHarness(t)
+	require.Equal(t, exitOK, h.store("migrate").code)
+	require.Equal(t, exitOK, h.run("load", "B", "120").code)
+	h.take("B", "o1", 10)
+	_, err := h.r.Hold(context.Background(), stock.Request{SKU: "B", ID: "h1", Qty: 4}, time.Hour)
+	require.NoError(t, err)
+
+	for _, args := range [][]string{{"reconcile", "B"}, {"reconcile"}, {"reconcile", "-apply"}} {
+		res := h.store(args...)
+		assert.Equal(t, exitDrift, res.code, args)
+		assert.Contains(t, res.out, "B: redis 106+4 held, store 0, in flight 10 (2 pending)", args)
+		assert.Contains(t, res.out, "NEEDS A HUMAN: the store does not know the item", args)
+		assert.Contains(t, res.out, "load -dsn DSN B 120", args) // the way out
+		assert.Contains(t, res.out, "delist", args)
+	}
+	res := h.store("-json", "reconcile")
+	assert.Equal(t, exitDrift, res.code)
+	rep := decode[reconcileJSON](t, res.out)
+	require.Len(t, rep.Reports, 1)
+	got := rep.Reports[0]
+	assert.Equal(t, int64(106), got.Available)
+	assert.Equal(t, int64(4), got.Held)
+	assert.Equal(t, int64(10), got.InFlight)
+	assert.Equal(t, 2, got.Pending)
+	assert.True(t, got.Left)
+	assert.True(t, rep.Left)
+	// The report changed nothing: the events wait for the store side.
+	lv, err := h.r.Levels(context.Background(), "B")
+	require.NoError(t, err)
+	assert.Equal(t, stock.Levels{Available: 106, Held: 4, Sold: 10, Loaded: 120}, lv)
+	pending, _, err := stockops.Pending(context.Background(), h.r, "B")
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), pending)
+}
+
+// load -dsn on an item Redis already has adds its store side, once the quantity given is the
+// one Redis accounts for (available + held + the sales and restocks not yet delivered);
+// otherwise it refuses and writes nothing. Then reconcile finds nothing and the relay delivers.
+func TestLoadAddsStoreSide(t *testing.T) {
+	h := newHarness(t)
+	require.Equal(t, exitOK, h.run("load", "A", "110").code)
+	h.deduct("o1", "alice", 10)
+	_, err := h.r.Hold(context.Background(), stock.Request{SKU: "A", ID: "h1", Qty: 5}, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, exitOK, h.run("restock", "A", "r1", "20").code)
+
+	require.Equal(t, exitOK, h.store("migrate").code)
+	res := h.store("reconcile", "A")
+	require.Equal(t, exitDrift, res.code)
+
+	// The wrong count: refused, nothing written on either side.
+	for _, qty := range []string{"130", "115", "0"} {
+		res = h.store("load", "A", qty)
+		assert.Equal(t, exitFail, res.code, qty)
+		assert.Contains(t, res.err, "Redis accounts for 110 units of A (115 available + 5 held, -10 in flight)", qty)
+		assert.Contains(t, res.err, "nothing loaded", qty)
+		assert.NotContains(t, res.err, "restock", qty)
+	}
+	res = h.store("levels", "A")
+	assert.Equal(t, []string{"A", "115", "5", "10", "130", "no", "-"}, row(res.out, 1), "no store row")
+
+	// The right count: the store side is added, Redis is untouched.
+	res = h.store("load", "A", "110")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Equal(t, "added A to the store: 110 units (Redis had it: 115 available + 5 held, -10 in flight); reconcile finds no drift\n", res.out)
+	lv, err := h.r.Levels(context.Background(), "A")
+	require.NoError(t, err)
+	assert.Equal(t, stock.Levels{Available: 115, Held: 5, Sold: 10, Loaded: 130}, lv)
+
+	res = h.store("reconcile")
+	assert.Equal(t, exitOK, res.code, res.out)
+	assert.Contains(t, res.out, "A: redis 115+5 held, store 110, in flight -10 (3 pending), drift 0")
+	res = h.store("relay-once")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.out, "delivered 3 events")
+	res = h.store("reconcile")
+	assert.Equal(t, exitOK, res.code, res.out)
+	assert.Contains(t, res.out, "A: redis 115+5 held, store 120, in flight 0 (0 pending), drift 0")
+
+	// Both sides have it now: the old answer.
+	res = h.store("load", "A", "110")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.err, "already loaded")
+	assert.Contains(t, res.err, "restock")
+
+	// -json says which side was written.
+	require.Equal(t, exitOK, h.run("load", "C", "7").code)
+	res = h.store("-json", "load", "C", "7")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Equal(t, map[string]any{"sku": "C", "loaded": 7.0, "store": true, "redis": false}, decode[map[string]any](t, res.out))
+}
+
+// delist ends an item's sale for good; once its retention has passed and Redis and the store
+// agree, reconcile -apply retires it and exits 0.
+func TestDelistCommand(t *testing.T) {
+	h := newHarness(t)
+	require.Equal(t, exitOK, h.store("load", "A", "5").code)
+	h.deduct("o1", "", 2)
+
+	res := h.run("delist", "A")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.out, "delisted A: closed for good")
+	_, err := h.r.Deduct(context.Background(), stock.Request{SKU: "A", ID: "o2", Qty: 1})
+	assert.ErrorIs(t, err, stock.ErrClosed)
+	res = h.run("reopen", "A")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.err, "delisted and cannot be reopened")
+	assert.Equal(t, exitOK, h.run("-json", "delist", "A").code, "delisting twice does nothing")
+	res = h.run("delist", "Z")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.err, "not loaded: Z")
+
+	// The sale's events still go to the store; then the item retires.
+	require.Equal(t, exitOK, h.store("relay-once").code)
+	time.Sleep(20 * time.Millisecond)
+	res = h.store("reconcile", "-apply", "-retention", "1ms")
+	assert.Equal(t, exitOK, res.code, res.out)
+	assert.Contains(t, res.out, "A: redis 3+0 held, store 3, in flight 0 (0 pending), drift 0; repaired: trimmed 3, retired")
+	res = h.run("available", "A")
+	assert.Equal(t, exitFail, res.code)
+	assert.Equal(t, "", h.run("items").out)
+	res = h.store("reconcile")
+	assert.Equal(t, exitOK, res.code, res.out)
+}
+
+// reconcile -apply exits 0 when it repaired everything it found, 3 only for what it left.
+func TestReconcileApplyExitsZeroWhenRepaired(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.Equal(t, exitOK, h.store("load", "A", "10").code)
+	require.Equal(t, exitOK, h.store("load", "B", "4").code)
+	h.deduct("o1", "", 2)
+	require.Equal(t, exitOK, h.store("relay-once").code)
+
+	// Drift on A, B's hash lost: both repaired.
+	h.skew("A", 5)
+	require.NoError(t, h.client.Do(ctx, h.client.B().Del().Key(h.prefix+":{B}").Build()).Error())
+	res := h.store("reconcile")
+	assert.Equal(t, exitDrift, res.code, "a report-only run alerts on what it found")
+	res = h.store("reconcile", "-apply")
+	assert.Equal(t, exitOK, res.code, "everything was repaired: %s", res.out)
+	assert.Contains(t, res.out, "A: redis 13+0 held, store 8, in flight 0 (0 pending), drift 5; repaired: adjusted -5")
+	assert.Contains(t, res.out, "B: redis 0+0 held, store 4, in flight 0 (0 pending), drift -4, key missing; repaired: rebuilt")
+	assert.Contains(t, res.out, "with drift or losses: 2, need a human: 0, busy: 0, errors: 0, left: 0")
+	assert.Empty(t, res.err)
+	assert.Equal(t, "8\n", h.run("available", "A").out)
+	assert.Equal(t, "4\n", h.run("available", "B").out)
+
+	// JSON: found, not left.
+	h.skew("A", -1)
+	res = h.store("-json", "reconcile", "-apply", "A")
+	assert.Equal(t, exitOK, res.code)
+	rep := decode[reconcileJSON](t, res.out)
+	assert.True(t, rep.Found)
+	assert.False(t, rep.Left)
+	require.Len(t, rep.Reports, 1)
+	assert.True(t, rep.Reports[0].Found)
+	assert.False(t, rep.Reports[0].Left)
+
+	// What is left exits 3: a drift above the repair limit stays, and only it is counted.
+	h.skew("A", 7)
+	h.skew("B", 1)
+	res = h.store("reconcile", "-apply", "-repair-limit", "3")
+	assert.Equal(t, exitDrift, res.code)
+	assert.Contains(t, res.out, "NEEDS A HUMAN: drift 7 above the repair limit 3")
+	assert.Contains(t, res.out, "B: redis 5+0 held, store 4, in flight 0 (0 pending), drift 1; repaired: adjusted -1")
+	assert.Contains(t, res.out, "left: 1")
+	assert.Contains(t, res.err, "1 of 2 items left unrepaired or need a human")
+	assert.Equal(t, "15\n", h.run("available", "A").out)
+}
+
+// TestMissingTablesHint: a command that needs the store's tables, on a database without them,
+// fails and says how to create them.
+func TestMissingTablesHint(t *testing.T) {
+	h := newHarness(t)
+	res := h.store("reconcile")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.err, "stockctl -dsn DSN migrate", "the error names the cure")
+	res = h.store("migrate")
+	require.Equal(t, exitOK, res.code, res.err)
+	res = h.store("reconcile")
+	assert.Equal(t, exitOK, res.code, res.err)
+}
+
+// ---------------------------------------------------------------------------------------------
+// What stockctl says when it refuses: secrets hidden in its messages, an unknown id, a restock
+// past stock.MaxQty, and what relay-once leaves.
+
+// hideSecrets takes the passwords of -redis, -sentinel and -dsn out of a message, and only them.
+func TestHideSecrets(t *testing.T) {
+	g := globals{redis: "redis://ops:s%40cret-1@h:6379", sentinel: "m@redis://x:pw@h:1", dsn: "mysql:root:dbpass!@tcp(h:3306)/x"}
+	for in, want := range map[string]string{
+		"dial redis://ops:s%40cret-1@h:6379: refused":     "dial redis://ops:xxxxx@h:6379: refused",
+		"AUTH s@cret-1 failed":                            "AUTH xxxxx failed",
+		"sentinel redis://x:pw@h:1: bad":                  "sentinel redis://x:xxxxx@h:1: bad",
+		"the pw word stays, short passwords only in URLs": "the pw word stays, short passwords only in URLs",
+		"want mysql://user:pass@host:port/db":             "want mysql://user:pass@host:port/db",
+		"Access denied (password: dbpass!)":               "Access denied (password: xxxxx)",
+	} {
+		assert.Equal(t, want, hideSecrets(in, g))
+	}
+	assert.Equal(t, "no secret here", hideSecrets("no secret here", globals{redis: "127.0.0.1:6379"}))
+}
+
+// An unknown id of a loaded item is named, with the way to leave a tombstone, and its restore
+// writes nothing (DUMP needs a real Redis); with -tombstone the restore goes through, and sweep
+// of the item releases nothing.
+func TestUnknownIDMessages(t *testing.T) {
+	h := newHarness(t)
+	require.Equal(t, exitOK, h.run("load", "x", "5").code)
+	var before map[string]string
+	if redistest.ServerBinary(t) != "" {
+		before = stableDump(t, h.client)
+	}
+	res := h.run("restore", "x", "o1")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.err, "item x has no ledger entry for id o1")
+	assert.Contains(t, res.err, "-tombstone")
+	if before != nil {
+		wroteNothing(t, h.client, before, false, "restore without -tombstone")
+	}
+
+	res = h.run("entry", "x", "o1")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.err, "item x has no ledger entry for id o1")
+	res = h.run("restore", "-tombstone", "x", "o1")
+	assert.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.out, "left a tombstone")
+	res = h.run("sweep", "x")
+	assert.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.out, "released 0 units")
+}
+
+// A restock past stock.MaxQty in all is refused with the figures, exit 1 (the command line is
+// right; the item's stock refuses it), and changes nothing: "stock: invalid input" would tell
+// the operator nothing, and QTY itself is within the range the help states.
+func TestRestockPastMaxQty(t *testing.T) {
+	h := newHarness(t)
+	require.Equal(t, exitOK, h.run("load", "big", "9007199254740000").code)
+	h.take("big", "o1", 10)
+	res := h.run("restock", "big", "po1", "1000")
+	assert.Equal(t, exitFail, res.code)
+	for _, want := range []string{"big/po1", "9007199254740000 units loaded", "9007199254739990 available", "QTY 1000",
+		"9007199254741000", "9007199254740991"} {
+		assert.Contains(t, res.err, want)
+	}
+	lv, err := h.r.Levels(context.Background(), "big")
+	require.NoError(t, err)
+	assert.Equal(t, int64(9007199254740000), lv.Loaded)
+	res = h.run("restock", "big", "po1", "991")
+	assert.Equal(t, exitOK, res.code, res.err)
+	// An item loaded with MaxQty itself takes no restock of 1.
+	require.Equal(t, exitOK, h.run("load", "full", "9007199254740991").code)
+	res = h.run("restock", "full", "po1", "1")
+	assert.Equal(t, exitFail, res.code)
+	for _, want := range []string{"full/po1", "9007199254740991 units loaded", "QTY 1"} {
+		assert.Contains(t, res.err, want)
+	}
+}
+
+// relay-once says what it leaves in the outboxes, in text and JSON: a run that delivered
+// nothing while an event waits in backoff does not look like an empty outbox.
+func TestRelayOnceSaysWhatIsLeft(t *testing.T) {
+	h := newHarness(t)
+	require.Equal(t, exitOK, h.run("load", "A", "10").code)
+	require.Equal(t, exitOK, h.run("load", "B", "10").code)
+	h.deduct("o1", "", 2)
+	h.dsn = sqliteDSN(t) // no tables: the delivery fails
+	res := h.store("relay-once")
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.out, "NOT DRAINED: 1 event of 1 item still in the outbox")
+	assert.Contains(t, res.out, ": A (1)")
+	// The next run finds the event in backoff (exit 0), or, on a slow machine, past it and fails
+	// again (exit 1): either way it says the event waits. (An empty outbox: "the outboxes are
+	// empty", TestReconcileAndRelay.)
+	res = h.store("relay-once")
+	assert.Contains(t, res.out, "delivered 0 events")
+	assert.Contains(t, res.out, "NOT DRAINED: 1 event of 1 item")
+	if res.code != exitOK {
+		assert.Equal(t, exitFail, res.code)
+		assert.Contains(t, res.out, "retried later 1")
+	}
+	j := decode[struct {
+		Delivered     int
+		Pending, Dead int64
+		Waiting       []waitJSON
+	}](t, h.store("-json", "relay-once", "A", "B").out)
+	assert.Equal(t, 0, j.Delivered)
+	assert.Equal(t, int64(1), j.Pending)
+	assert.Zero(t, j.Dead, "the event waits, not dead-lettered")
+	assert.Equal(t, []waitJSON{{SKU: "A", Pending: 1}}, j.Waiting)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The registry lost, and the failover fence.
+
+// TestReconcileLostRegistry: Redis loses everything (FLUSHALL) after sales reached the store.
+// Before, `reconcile` printed no item and exited 0, so no cron alert fired, and `reconcile
+// -apply SKU` rebuilt the item without registering it, so the relay never drained it again.
+func TestReconcileLostRegistry(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	require.Equal(t, exitOK, h.store("load", "A", "10").code)
+	require.Equal(t, exitOK, h.store("load", "B", "3").code)
+	h.deduct("o1", "alice", 2)
+	require.Equal(t, exitOK, h.store("relay-once").code)
+	require.NoError(t, h.client.Do(ctx, h.client.B().Flushall().Build()).Error())
+
+	res := h.store("reconcile")
+	assert.Equal(t, exitDrift, res.code, "a lost registry must alert")
+	assert.Contains(t, res.out, "REDIS LOST ITS REGISTRY: 1 items")
+	assert.Contains(t, res.out, "A: redis 0+0 held, store 8")
+	assert.Contains(t, res.out, "in the store only, never in Redis (left alone; 'load' puts them on sale): B")
+	assert.Empty(t, h.registry(), "a report-only run changes nothing")
+
+	// One item, by name: rebuilt and registered again.
+	res = h.store("reconcile", "-apply", "A")
+	assert.Equal(t, exitDrift, res.code)
+	assert.Contains(t, res.out, "NOT IN THE REGISTRY")
+	assert.Equal(t, []string{"A"}, h.registry())
+	assert.Equal(t, "8\n", h.run("available", "A").out)
+
+	// The relay drains it again.
+	_, err := h.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
+	require.NoError(t, err)
+	res = h.store("relay-once")
+	require.Equal(t, exitOK, res.code)
+	assert.Contains(t, res.out, "delivered 1 events")
+
+	res = h.store("reconcile")
+	assert.NotContains(t, res.out, "REDIS LOST")
+	assert.Contains(t, res.out, "A: redis 7+0 held, store 7")
+}
+
+// TestReconcileLiftsFence: a FailoverGuard fenced a Reserver; `stockctl reconcile -apply`, a
+// complete pass in another process, lifts the fence. Before, only a pass run in the guarded
+// process itself recorded the reconciled primaries, so a deployment whose only reconciler was
+// the CLI stayed fenced forever.
+func TestReconcileLiftsFence(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs a real redis-server (INFO for the guard): set " + redistest.EnvServer)
+	}
+	h := newHarness(t)
+	ctx := context.Background()
+	require.Equal(t, exitOK, h.store("load", "A", "10").code)
+	// The first load recorded the epoch (a new deployment is not fenced); its loss, with the
+	// item still there, fences.
+	require.NoError(t, h.client.Do(ctx, h.client.B().Del().Key(h.prefix+":epoch").Build()).Error())
+	g := stockops.NewFailoverGuard(h.r)
+	fenced, err := g.Check(ctx) // items exist and no epoch recorded: fenced
+	require.NoError(t, err)
+	require.True(t, fenced)
+	_, err = h.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.ErrorIs(t, err, stock.ErrFailover)
+
+	res := h.store("reconcile") // a report-only run does not lift it
+	require.Equal(t, exitOK, res.code)
+	fenced, err = g.Check(ctx)
+	require.NoError(t, err)
+	require.True(t, fenced)
+	res = h.store("reconcile", "-apply", "A") // nor does a pass over some items
+	require.Equal(t, exitOK, res.code)
+	fenced, err = g.Check(ctx)
+	require.NoError(t, err)
+	require.True(t, fenced)
+
+	res = h.store("reconcile", "-apply")
+	require.Equal(t, exitOK, res.code, res.err)
+	assert.Contains(t, res.out, "the Redis primaries are recorded as reconciled")
+	fenced, err = g.Check(ctx)
+	require.NoError(t, err)
+	assert.False(t, fenced, "the CLI's complete pass lifts the fence")
+	_, err = h.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.NoError(t, err)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The operator ACL.
+
+// cliACL is the ACL of an operator's stockctl user on one prefix, as the README documents it:
+// the items' keys and the registry; the scripts and the commands they run; the reads; no
+// client-side caching (stockctl reads fresh), no replica ack, no failover guard, no carts; the
+// epoch key and INFO, so that reconcile -apply records the primaries and lifts the fences.
+func cliACL(user, password, prefix string) []string {
+	args := []string{user, "reset", "on", ">" + password, "resetchannels",
+		"~" + prefix + ":{*", "~" + prefix + ":items", "~" + prefix + ":due{~*", "~" + prefix + ":holdsdue{~*",
+		"~" + prefix + ":epoch", "-@all", "+ping", "+info", "+cluster|slots", "+cluster|shards", "+evalsha", "+eval",
+		"+get", "+set", "+del", "+exists", "+pexpire", "+setbit", "+time",
+		"+hget", "+hmget", "+hset", "+hsetnx", "+hdel", "+hexists", "+hincrby", "+hscan",
+		"+zadd", "+zrem", "+zcard", "+zcount", "+zrange", "+zrangebyscore", "+zscore",
+		"+sadd", "+srem", "+sscan", "+sismember"}
+	var out []string
+	for _, a := range args {
+		if a != os.Getenv("ACL_DROP") {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// TestOperatorACL runs every stockctl command as a Redis user with only the documented
+// operator ACL, reached by a redis://user:password@host URL, and checks that this user cannot
+// read or change another prefix's items.
+func TestOperatorACL(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("STOCK_REDIS_SERVER is not set: ACLs need a real Redis")
+	}
+	s := redistest.StartServer(t)
+	ctx := context.Background()
+	admin := serverClient(t, s.Addr())
+	require.NoError(t, admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args(cliACL("shop-ops", "p@ss", "shop")...).Build()).Error())
+	other, err := stock.New(admin, stock.WithPrefix("other"))
+	require.NoError(t, err)
+	require.NoError(t, other.Load(ctx, "A", 5))
+	lib, err := stock.New(admin, stock.WithPrefix("shop"), stock.WithOutbox(true))
+	require.NoError(t, err)
+
+	url := "redis://shop-ops:p%40ss@" + s.Addr()
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "stock.db")
+	stockctl := func(args ...string) (int, string) {
+		res := runCLI(t, append([]string{"-redis", url, "-dsn", dsn, "-timeout", "20s"}, args...)...)
+		return res.code, res.out + res.err
+	}
+	for _, args := range [][]string{
+		{"-prefix", "shop", "migrate"},
+		{"-prefix", "shop", "load", "A", "10"},
+		{"-prefix", "shop", "restock", "A", "po-1", "5"},
+		{"-prefix", "shop", "available", "A"},
+		{"-prefix", "shop", "levels"},
+		{"-prefix", "shop", "items"},
+		{"deduct by the service"},
+		{"-prefix", "shop", "entry", "A", "o1"},
+		{"-prefix", "shop", "ledger", "A"},
+		{"-prefix", "shop", "restore", "A", "o1"},
+		{"-prefix", "shop", "sweep"},
+		{"-prefix", "shop", "close", "A"},
+		{"-prefix", "shop", "reopen", "A"},
+		{"-prefix", "shop", "relay-once"},
+		{"-prefix", "shop", "reconcile", "-apply"},
+	} {
+		if args[0] == "deduct by the service" {
+			_, err := lib.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2})
+			require.NoError(t, err)
+			_, err = lib.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Millisecond)
+			require.NoError(t, err)
+			time.Sleep(20 * time.Millisecond) // the hold expires: sweep releases it
+			continue
+		}
+		code, out := stockctl(args...)
+		assert.Equal(t, exitOK, code, "stockctl %s: %s", strings.Join(args, " "), out)
+		if args[len(args)-1] == "-apply" {
+			assert.NotContains(t, out, "fences stay", "a complete repairing pass records the primaries: it lifts every fence")
+		}
+	}
+	lv, err := lib.Levels(ctx, "A")
+	require.NoError(t, err)
+	assert.Equal(t, stock.Levels{Available: 15, Loaded: 15}, lv, "restored and swept by the operator")
+	// An item loaded in Redis only gets its store side; delist ends a sale.
+	require.NoError(t, lib.Load(ctx, "B", 3))
+	for _, args := range [][]string{{"load", "B", "3"}, {"reconcile", "-apply"}, {"delist", "A"}} {
+		code, out := stockctl(append([]string{"-prefix", "shop"}, args...)...)
+		assert.Equal(t, exitOK, code, "stockctl %s: %s", strings.Join(args, " "), out)
+	}
+	lv, err = lib.Levels(ctx, "A")
+	require.NoError(t, err)
+	assert.True(t, lv.Closed, "delisted")
+
+	// Another prefix: refused, untouched.
+	for _, args := range [][]string{{"levels", "A"}, {"items"}, {"restore", "A", "x"}, {"close", "A"}, {"load", "B", "1"}} {
+		code, out := stockctl(append([]string{"-prefix", "other"}, args...)...)
+		assert.NotEqual(t, exitOK, code, "stockctl -prefix other %s: %s", strings.Join(args, " "), out)
+		assert.Contains(t, out, "NOPERM", args)
+	}
+	lv, err = other.Levels(ctx, "A")
+	require.NoError(t, err)
+	assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, lv)
+}
+
+// docs/operating.md documents the same operator ACL as TestOperatorACL runs.
+func TestOperatorACLDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../docs/operating.md")
+	require.NoError(t, err)
+	doc := strings.Join(strings.Fields(string(readme)), " ")
+	assert.Contains(t, doc, "ACL SETUSER "+strings.Join(cliACL("shop-ops", "PASSWORD", "shop"), " "))
 }

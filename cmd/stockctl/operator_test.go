@@ -33,6 +33,7 @@ import (
 // ---------------------------------------------------------------------------------------------
 // Redis unreachable: a closed port and a server that never answers.
 
+// With Redis unreachable every command fails (exit 1) within its -timeout and says Redis.
 func TestUnreachableRedisIsBounded(t *testing.T) {
 	clearEnv(t)
 	dsn := sqliteDSN(t)
@@ -162,6 +163,8 @@ func badNames() map[string]string {
 	}
 }
 
+// A name the library refuses is refused by every command (exit 2, saying what is wrong), and
+// nothing is written to Redis or the store.
 func TestBadNamesRefusedWholly(t *testing.T) {
 	addr, c := privateClient(t)
 	dsn := sqliteDSN(t)
@@ -275,6 +278,8 @@ func TestOddValidNamesAreDistinctItems(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Quantities.
 
+// QTY is a whole number from 0 (load) to 2^53-1 in plain decimal; anything else is refused
+// naming QTY, and creates nothing; a restock past 2^53-1 is refused and leaves its id free.
 func TestQuantities(t *testing.T) {
 	addr, c := privateClient(t)
 	r := serverReserver(t, c, "stock")
@@ -418,6 +423,7 @@ func TestUnknownItemChangesNothing(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Read-only commands write nothing.
 
+// The read-only commands, in text and JSON, write nothing to Redis, whatever the items hold.
 func TestReadOnlyCommandsWriteNothing(t *testing.T) {
 	addr, c := privateClient(t)
 	dsn := sqliteDSN(t)
@@ -471,6 +477,8 @@ func TestReadOnlyCommandsWriteNothing(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // JSON output parses, on stdout only, for every command.
 
+// With -json every command prints one JSON value of its documented shape on stdout; an
+// empty registry is [], not null.
 func TestJSONOutputParses(t *testing.T) {
 	s := privateServer(t)
 	addr := s.Addr()
@@ -725,6 +733,7 @@ func TestServerDatabases(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Commands over every item: 0 items and many.
 
+// The commands over every item succeed on an empty Redis and create no item key.
 func TestEveryItemEmpty(t *testing.T) {
 	addr, c := privateClient(t)
 	dsn := sqliteDSN(t)
@@ -752,6 +761,8 @@ func TestEveryItemEmpty(t *testing.T) {
 	}
 }
 
+// The commands over every item cover 1200 items: items sorted, levels, a report-only reconcile,
+// sweep of every expired hold, relay-once of every sale, and a final reconcile -apply.
 func TestEveryItemMany(t *testing.T) {
 	addr, c := privateClient(t)
 	r := serverReserver(t, c, "stock")
@@ -877,63 +888,94 @@ func lastLines(s string, n int) string {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Closing, delisting and restoring do what the help says, no more.
+// Sentinel.
 
-func TestCloseDelistRestore(t *testing.T) {
-	addr, c := privateClient(t)
-	r := serverReserver(t, c, "stock")
-	ctx := context.Background()
-	loadAndSell(t, addr, r, 4)
-	for i := range 2 {
-		if res := runCLI(t, "-redis", addr, "close", "x"); res.code != 0 {
-			t.Fatalf("close #%d: %v", i+1, res)
-		}
+// TestSentinel runs stockctl on a Sentinel deployment through -sentinel, before and after a
+// SENTINEL FAILOVER: it follows the primary the sentinels announce, for reads and writes, also
+// with spaces around the parts of -sentinel, as pasted from a config file.
+func TestSentinel(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skipf("%s is not set: a Sentinel deployment needs the redis-server binary", redistest.EnvServer)
 	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o2", Qty: 1}); !errors.Is(err, stock.ErrClosed) {
-		t.Errorf("deduct on a closed item: %v", err)
+	clearEnv(t)
+	d := redistest.StartSentinel(t, redistest.SentinelConfig{Replicas: 1})
+	flagv := redistest.MasterSet + "@" + strings.Join(d.Addrs(), ",")
+	prefix := fmt.Sprintf("t%d", time.Now().UnixNano())
+	sctl := func(f string, args ...string) cliResult {
+		t.Helper()
+		res := runCLI(t, append([]string{"-sentinel", f, "-prefix", prefix, "-timeout", "20s"}, args...)...)
+		t.Logf("stockctl %s -> %d\n%s%s", strings.Join(args, " "), res.code, res.out, res.err)
+		return res
 	}
-	// restore goes on while closed, once.
-	res := runCLI(t, "-redis", addr, "-json", "restore", "x", "o1")
-	var rc receiptJSON
-	if err := json.Unmarshal([]byte(res.out), &rc); err != nil || res.code != 0 || rc.Qty != 4 || rc.Replayed {
-		t.Errorf("restore: %+v %v\n%v", rc, err, res)
-	}
-	res = runCLI(t, "-redis", addr, "-json", "restore", "x", "o1")
-	if err := json.Unmarshal([]byte(res.out), &rc); err != nil || res.code != 0 || !rc.Replayed {
-		t.Errorf("restore replay: %+v %v\n%v", rc, err, res)
-	}
-	if lv, _ := r.Levels(ctx, "x"); lv.Available != 10 || lv.Sold != 0 {
-		t.Errorf("after restore and its replay: %+v", lv)
-	}
-	// restore of an unknown id: refused, nothing written; with -tombstone a late deduct is refused.
-	before := stableDump(t, c)
-	if res := runCLI(t, "-redis", addr, "restore", "x", "late"); res.code != exitFail || !strings.Contains(res.err, "-tombstone") {
-		t.Errorf("restore of an unknown id: %v", res)
-	}
-	wroteNothing(t, c, before, false, "restore without -tombstone")
+	require.Equal(t, exitOK, sctl(flagv, "load", "A", "10").code)
+	old, err := d.Primary()
+	require.NoError(t, err)
+	c := d.Client(t)
+	require.NoError(t, c.Do(t.Context(), c.B().Wait().Numreplicas(1).Timeout(5000).Build()).Error())
 
-	mustCLI(t, "-redis", addr, "reopen", "x")
-	mustCLI(t, "-redis", addr, "restore", "-tombstone", "x", "late")
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "late", Qty: 1}); !errors.Is(err, stock.ErrRestored) {
-		t.Errorf("late deduct after a tombstone: %v", err)
+	require.NoError(t, d.Failover())
+	p, err := d.WaitPrimary(old, 30*time.Second)
+	require.NoError(t, err)
+	res := sctl(flagv, "available", "A")
+	assert.Equal(t, exitOK, res.code)
+	assert.Equal(t, "10\n", res.out, "read on the new primary %s", p.Addr())
+	spaced := " " + redistest.MasterSet + " @ " + strings.Join(d.Addrs(), " , ") + " "
+	if res := sctl(spaced, "available", "A"); res.code != exitUsage { // rejecting spaces is a fair answer too
+		assert.Equal(t, exitOK, res.code)
+		assert.Equal(t, "10\n", res.out, "-sentinel with spaces")
 	}
-	// delist: reopen refuses, delist twice does nothing.
-	for i := range 2 {
-		if res := runCLI(t, "-redis", addr, "delist", "x"); res.code != 0 {
-			t.Fatalf("delist #%d: %v", i+1, res)
-		}
+	res = sctl(flagv, "restock", "A", "r1", "5")
+	assert.Equal(t, exitOK, res.code, "a write on the new primary")
+	assert.Equal(t, "15\n", sctl(flagv, "available", "A").out)
+}
+
+// A -sentinel value (or STOCKCTL_SENTINEL) that cannot name a Sentinel deployment must be a
+// usage error (exit 2) that names the flag, found before anything is dialled, not a connection
+// failure (exit 1) an operator would take for a network problem.
+func TestSentinelFlagBadInput(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("needs STOCK_REDIS_SERVER (a redis-server binary) for a Sentinel deployment")
 	}
-	if res := runCLI(t, "-redis", addr, "reopen", "x"); res.code == 0 {
-		t.Errorf("reopen of a delisted item accepted: %v", res)
+	if !redistest.SentinelEnabled(t) {
+		t.Skip("needs STOCK_TEST_SENTINEL=1")
 	}
-	if lv, _ := r.Levels(ctx, "x"); !lv.Closed {
-		t.Errorf("delisted item open: %+v", lv)
+	for _, c := range []struct{ name, value string }{
+		{"empty name", "@127.0.0.1:1"},
+		{"no address", "stock@"},
+		{"no port", "stock@127.0.0.1"},
+		{"no at sign", "stock"},
+		{"space in name", "sto ck@127.0.0.1:1"},
+		{"duplicate address", "stock@127.0.0.1:1,127.0.0.1:1"},
+		{"duplicate address, three", "stock@127.0.0.1:1,127.0.0.1:2,127.0.0.1:1"},
+		{"empty element", "stock@127.0.0.1:1,,127.0.0.1:2"},
+		{"trailing comma", "stock@127.0.0.1:1,"},
+		{"leading comma", "stock@,127.0.0.1:1"},
+		{"port not a number", "stock@127.0.0.1:abc"},
+		{"port out of range", "stock@127.0.0.1:99999"},
+		{"port zero", "stock@127.0.0.1:0"},
+		{"negative port", "stock@127.0.0.1:-1"},
+		{"empty host", "stock@:1"},
+		{"second at sign", "st@ck@127.0.0.1:1"},
+		{"space inside an address", "stock@127.0.0.1 127.0.0.2:1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clearEnv(t)
+			res := runCLI(t, "-timeout", "3s", "-sentinel", c.value, "items")
+			if res.code != exitUsage || !strings.Contains(res.err, "-sentinel") {
+				t.Errorf("-sentinel %q: want exit %d (usage error) naming the flag\n%v", c.value, exitUsage, res)
+			}
+			if res.took > 2*time.Second {
+				t.Errorf("-sentinel %q: took %v: the bad value was dialled", c.value, res.took)
+			}
+		})
 	}
-	// load of a live item never overwrites.
-	if res := runCLI(t, "-redis", addr, "load", "x", "999"); res.code != exitFail || !strings.Contains(res.err, "restock") {
-		t.Errorf("load of a live item: %v", res)
-	}
-	if lv, _ := r.Levels(ctx, "x"); lv.Loaded != 10 {
-		t.Errorf("load overwrote: %+v", lv)
+	for _, v := range []string{"@127.0.0.1:1", "stock@127.0.0.1", "stock@127.0.0.1:1,127.0.0.1:1"} {
+		t.Run("STOCKCTL_SENTINEL="+v, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("STOCKCTL_SENTINEL", v)
+			if res := runCLI(t, "-timeout", "3s", "items"); res.code != exitUsage {
+				t.Errorf("want exit %d\n%v", exitUsage, res)
+			}
+		})
 	}
 }
