@@ -131,21 +131,25 @@ func good() *hooked {
 	return h
 }
 
+// applyFunc is the signature of Store.Apply.
+type applyFunc = func(ctx context.Context, ev stock.Event) error
+
 // broken returns, for each check, a store that breaks the rule it checks.
 func broken() map[string]func() stock.Store {
 	var n atomic.Int64
 	fresh := func(id string) string { return fmt.Sprintf("%s#%d", id, n.Add(1)) }
-	// withApply is good() with Apply replaced by f, which gets the good Apply as next.
-	withApply := func(f func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error) func() stock.Store {
+	// withApply is good() with Apply replaced by f, which gets the store (its memstore below the
+	// hooks) and the good Apply as next.
+	withApply := func(f func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error) func() stock.Store {
 		return func() stock.Store {
 			h := good()
 			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error { return f(next, ctx, ev) }
+			h.apply = func(ctx context.Context, ev stock.Event) error { return f(h, next, ctx, ev) }
 			return h
 		}
 	}
 	retype := func(from, to stock.EventType) func() stock.Store {
-		return withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+		return withApply(func(_ *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
 			if ev.Type == from {
 				ev.Type = to
 			}
@@ -155,7 +159,7 @@ func broken() map[string]func() stock.Store {
 	return map[string]func() stock.Store{
 		"DeductDecrements":  retype(stock.EventDeducted, stock.EventHeld),
 		"ConfirmDecrements": retype(stock.EventConfirmed, stock.EventHeld),
-		"DeductIdempotent": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+		"DeductIdempotent": withApply(func(_ *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
 			if ev.Type == stock.EventDeducted {
 				if err := next(ctx, ev); err != nil {
 					return err
@@ -164,60 +168,40 @@ func broken() map[string]func() stock.Store {
 			}
 			return next(ctx, ev)
 		}),
-		"DeductExactStock": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if rem, err := h.Store.Remaining(ctx, ev.SKU); err == nil && ev.Type == stock.EventDeducted && rem == ev.Qty {
-					return stock.ErrRefused // off by one: refuses what the stock exactly covers
-				}
-				return next(ctx, ev)
+		"DeductExactStock": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if rem, err := h.Store.Remaining(ctx, ev.SKU); err == nil && ev.Type == stock.EventDeducted && rem == ev.Qty {
+				return stock.ErrRefused // off by one: refuses what the stock exactly covers
 			}
-			return h
-		},
-		"RefusalIsFinal": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if ev.Type == stock.EventDeducted {
-					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); m[ev.ID].Status == stock.StateRefused {
-						ev.ID = fresh(ev.ID) // retries a refused id
+			return next(ctx, ev)
+		}),
+		"RefusalIsFinal": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventDeducted {
+				if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); m[ev.ID].Status == stock.StateRefused {
+					ev.ID = fresh(ev.ID) // retries a refused id
+				}
+			}
+			return next(ctx, ev)
+		}),
+		"RepeatAppliedWhenLow": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventDeducted || ev.Type == stock.EventConfirmed {
+				// Checks the stock before it looks the id up: a repeat of an applied
+				// decrement is refused once the stock no longer covers it.
+				if rem, err := h.Store.Remaining(ctx, ev.SKU); err != nil || rem < ev.Qty {
+					if err := next(ctx, ev); err != nil { // records a new id's refusal
+						return err
 					}
+					return fmt.Errorf("low: %w", stock.ErrRefused)
 				}
-				return next(ctx, ev)
 			}
-			return h
-		},
-		"RepeatAppliedWhenLow": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if ev.Type == stock.EventDeducted || ev.Type == stock.EventConfirmed {
-					// Checks the stock before it looks the id up: a repeat of an applied
-					// decrement is refused once the stock no longer covers it.
-					if rem, err := h.Store.Remaining(ctx, ev.SKU); err != nil || rem < ev.Qty {
-						if err := next(ctx, ev); err != nil { // records a new id's refusal
-							return err
-						}
-						return fmt.Errorf("low: %w", stock.ErrRefused)
-					}
-				}
-				return next(ctx, ev)
+			return next(ctx, ev)
+		}),
+		"DeductUnknownItemNotLoaded": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if _, err := h.Store.Remaining(ctx, ev.SKU); errors.Is(err, stock.ErrNotLoaded) {
+				return stock.ErrRefused // a refusal, which would make the relay give the sale back
 			}
-			return h
-		},
-		"DeductUnknownItemNotLoaded": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if _, err := h.Store.Remaining(ctx, ev.SKU); errors.Is(err, stock.ErrNotLoaded) {
-					return stock.ErrRefused // a refusal, which would make the relay give the sale back
-				}
-				return next(ctx, ev)
-			}
-			return h
-		},
-		"RestoreGivesBackOnce": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			return next(ctx, ev)
+		}),
+		"RestoreGivesBackOnce": withApply(func(_ *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
 			if ev.Type == stock.EventRestored {
 				if err := next(ctx, ev); err != nil {
 					return err
@@ -227,54 +211,39 @@ func broken() map[string]func() stock.Store {
 			return next(ctx, ev)
 		}),
 		"RefusedEventGivesBack": retype(stock.EventRefused, stock.EventCancelled),
-		"RestoreBeforeDeductTombstone": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if ev.Type == stock.EventRestored {
-					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) == 0 {
-						return nil // no tombstone
-					}
+		"RestoreBeforeDeductTombstone": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventRestored {
+				if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) == 0 {
+					return nil // no tombstone
 				}
-				return next(ctx, ev)
 			}
-			return h
-		},
-		"RefusalBeforeDeductTombstone": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if ev.Type == stock.EventRefused {
-					if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) == 0 {
-						return nil // a restore leaves a tombstone, a refusal none
-					}
+			return next(ctx, ev)
+		}),
+		"RefusalBeforeDeductTombstone": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventRefused {
+				if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) == 0 {
+					return nil // a restore leaves a tombstone, a refusal none
 				}
-				return next(ctx, ev)
 			}
-			return h
-		},
-		"RestoreOfRefusedGivesNothing": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if ev.Type == stock.EventRestored || ev.Type == stock.EventRefused {
-					m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID})
-					if r, ok := m[ev.ID]; ok && r.Status == stock.StateRefused {
-						// gives back what the refused decrement would have taken
-						return next(ctx, stock.Event{Type: stock.EventRestocked, SKU: ev.SKU, ID: fresh(ev.ID), Qty: r.Qty})
-					}
+			return next(ctx, ev)
+		}),
+		"RestoreOfRefusedGivesNothing": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if ev.Type == stock.EventRestored || ev.Type == stock.EventRefused {
+				m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID})
+				if r, ok := m[ev.ID]; ok && r.Status == stock.StateRefused {
+					// gives back what the refused decrement would have taken
+					return next(ctx, stock.Event{Type: stock.EventRestocked, SKU: ev.SKU, ID: fresh(ev.ID), Qty: r.Qty})
 				}
-				return next(ctx, ev)
 			}
-			return h
-		},
-		"RestockAddsOnce": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			return next(ctx, ev)
+		}),
+		"RestockAddsOnce": withApply(func(_ *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
 			if ev.Type == stock.EventRestocked {
 				ev.ID = fresh(ev.ID)
 			}
 			return next(ctx, ev)
 		}),
-		"RestockUnknownItemNotLoaded": withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+		"RestockUnknownItemNotLoaded": withApply(func(_ *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
 			err := next(ctx, ev)
 			if errors.Is(err, stock.ErrNotLoaded) {
 				return stock.ErrRefused // the wrong answer for a restock of an unknown item
@@ -285,7 +254,7 @@ func broken() map[string]func() stock.Store {
 		"IDsScopedPerItem": func() stock.Store {
 			var mu sync.Mutex
 			seen := map[string]string{} // id → the first sku it was seen on
-			return withApply(func(next func(context.Context, stock.Event) error, ctx context.Context, ev stock.Event) error {
+			return withApply(func(_ *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
 				mu.Lock()
 				sku, ok := seen[ev.ID]
 				if !ok {
@@ -369,35 +338,21 @@ func broken() map[string]func() stock.Store {
 			}
 			return h
 		},
-		"ConcurrentNoOversell": func() stock.Store {
-			h := good()
-			next := h.apply
-			h.apply = func(ctx context.Context, ev stock.Event) error {
-				if ev.Type != stock.EventDeducted {
-					return next(ctx, ev)
-				}
-				rem, err := h.Store.Remaining(ctx, ev.SKU)
-				if err != nil || rem < ev.Qty {
-					return stock.ErrRefused
-				}
-				time.Sleep(5 * time.Millisecond) // read, then write: not one transaction
-				h.Store.Set(ev.SKU, max(rem-ev.Qty, 0))
-				return nil
+		"ConcurrentNoOversell": withApply(func(h *hooked, next applyFunc, ctx context.Context, ev stock.Event) error {
+			if ev.Type != stock.EventDeducted {
+				return next(ctx, ev)
 			}
-			return h
-		},
-		"Batch": func() stock.Store {
-			h := good()
-			return &allNilBatch{h}
-		},
-		"BatchStopsAtFailure": func() stock.Store {
-			h := good()
-			return &noStopBatch{h}
-		},
-		"BatchAnswersUnapplied": func() stock.Store {
-			h := good()
-			return &unappliedNilBatch{h}
-		},
+			rem, err := h.Store.Remaining(ctx, ev.SKU)
+			if err != nil || rem < ev.Qty {
+				return stock.ErrRefused
+			}
+			time.Sleep(5 * time.Millisecond) // read, then write: not one transaction
+			h.Store.Set(ev.SKU, max(rem-ev.Qty, 0))
+			return nil
+		}),
+		"Batch":                 func() stock.Store { return &allNilBatch{good()} },
+		"BatchStopsAtFailure":   func() stock.Store { return &noStopBatch{good()} },
+		"BatchAnswersUnapplied": func() stock.Store { return &unappliedNilBatch{good()} },
 	}
 }
 
@@ -435,26 +390,42 @@ func (b *allNilBatch) ApplyBatch(ctx context.Context, evs []stock.Event) []error
 	return make([]error, len(evs))
 }
 
+// checksCanFail runs each check, by runOn(t, i, good or broken), on a good implementation,
+// which it must pass, and on the broken one made for it, which it must fail, so that no check
+// is vacuous; broken names the checks that have a broken implementation, all of them.
+func checksCanFail(t *testing.T, names []string, broken func(name string) bool, runOn func(t *testing.T, i int, broken bool) (failed bool, msg string)) {
+	for i, name := range names {
+		t.Run(name, func(t *testing.T) {
+			if failed, msg := runOn(t, i, false); failed {
+				t.Fatalf("fails on a good implementation: %s", msg)
+			}
+			if !broken(name) {
+				t.Fatalf("no broken implementation for check %s", name)
+			}
+			failed, msg := runOn(t, i, true)
+			if !failed {
+				t.Fatalf("passes on an implementation that breaks it")
+			}
+			t.Logf("broken implementation: %.300s", msg)
+		})
+	}
+}
+
 // TestChecksCanFail: each check passes on a store that keeps the contract and fails on one
 // that breaks the rule it checks, so no check is vacuous.
 func TestChecksCanFail(t *testing.T) {
 	bad := broken()
+	var names []string
 	for _, c := range storeChecks {
-		t.Run(c.name, func(t *testing.T) {
-			if failed, msg := runCheck(t, c, good()); failed {
-				t.Fatalf("fails on a good store: %s", msg)
-			}
-			mk, ok := bad[c.name]
-			if !ok {
-				t.Fatalf("no broken store for check %s", c.name)
-			}
-			failed, msg := runCheck(t, c, mk())
-			if !failed {
-				t.Fatalf("passes on a store that breaks it")
-			}
-			t.Logf("broken store: %s", msg)
-		})
+		names = append(names, c.name)
 	}
+	checksCanFail(t, names, func(n string) bool { return bad[n] != nil }, func(t *testing.T, i int, broken bool) (bool, string) {
+		s := stock.Store(good())
+		if broken {
+			s = bad[names[i]]()
+		}
+		return runCheck(t, storeChecks[i], s)
+	})
 	if len(bad) != len(storeChecks) {
 		t.Fatalf("%d broken stores for %d checks", len(bad), len(storeChecks))
 	}
