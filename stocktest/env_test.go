@@ -19,28 +19,6 @@ import (
 	"github.com/stockres/stock/stocktest"
 )
 
-// TestAdvanceMovesHoldDeadlines: a hold expires after Advance past its ttl, not before.
-func TestAdvanceMovesHoldDeadlines(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
-		t.Fatal(err)
-	}
-	hold(t, e, "sku", "h1", 2, time.Minute)
-	e.Advance(59 * time.Second)
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute); err != nil {
-		t.Fatalf("replay before the deadline: %v", err)
-	}
-	e.Advance(2 * time.Second)
-	_, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute)
-	if !errors.Is(err, stock.ErrExpired) {
-		t.Fatalf("replay after the deadline: %v, want ErrExpired", err)
-	}
-	if n, err := available(e.Reserver.Levels(ctx, "sku")); err != nil || n != 5 {
-		t.Fatalf("Available = %d, %v; want 5", n, err)
-	}
-}
-
 // TestAdvanceMovesRelayBackoff: an item whose event failed waits for its backoff, which only
 // Advance makes pass.
 func TestAdvanceMovesRelayBackoff(t *testing.T) {
@@ -75,9 +53,6 @@ func TestAdvanceMovesRelayBackoff(t *testing.T) {
 		t.Fatalf("store remaining = %d, %v; want 3", n, err)
 	}
 }
-
-// available returns the available units of a Levels call.
-func available(l stock.Levels, err error) (int64, error) { return l.Available, err }
 
 // TestEnvPassesTheMemoryPolicyCheckQuietly: the Env's miniredis answers the Reserver's memory
 // policy check as a Redis set to noeviction, so a test's first write logs no warning that the
@@ -391,8 +366,8 @@ func TestPrefixKeys(t *testing.T) {
 
 // --- Holds and the clock -------------------------------------------------------------------
 
-// TestHoldExactDeadline: on the Env clock a hold is live 1ms before its deadline and due at it:
-// Confirm answers ErrExpired and releases the item's other due holds, Sweep agrees, Extend moves
+// TestHoldExactDeadline: on the Env clock a hold is live 1ms before its deadline (a replay of it
+// answers as the first) and due at it: Confirm answers ErrExpired and releases the item's other due holds, Sweep agrees, Extend moves
 // the deadline from its own call, and replays of expired and confirmed holds answer as the first.
 func TestHoldExactDeadline(t *testing.T) {
 	ctx := context.Background()
@@ -412,6 +387,7 @@ func TestHoldExactDeadline(t *testing.T) {
 		t.Fatalf("hold deadline = %v, want now+10m = %v", dl.Deadline, want)
 	}
 	e.Advance(10*time.Minute - time.Millisecond)
+	hold(t, e, "a", "h3", 2, 10*time.Minute) // a replay of a live hold
 	if _, err := e.Reserver.Confirm(ctx, "a", "h1"); err != nil {
 		t.Fatalf("Confirm 1ms before the deadline: %v", err)
 	}
@@ -612,45 +588,43 @@ func TestRelayBackoffFollowsAdvance(t *testing.T) {
 
 // --- Carts ---------------------------------------------------------------------------------
 
-// TestCartRecoveryUnderRun: Run's cart recovery leaves a half-done cart while the Env clock
-// stands still and undoes it after Advance; a late retry of the cart answers ErrRestored.
+// TestCartRecoveryUnderRun: Run's cart recovery, with RecoverCartsAfter of 2s and with its
+// default (5m), leaves a half-done cart while the Env clock stands still and undoes it after
+// Advance past the cutoff, without real waiting; a late retry of the cart answers ErrRestored.
 func TestCartRecoveryUnderRun(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	halfDoneCart(t, e, "stock")
-	runUntilEnd(t, e, stock.RunOptions{RecoverCartsAfter: 2 * time.Second})
-	// Recovery looks every second of real time, but the cart is young on the Env clock.
-	time.Sleep(2500 * time.Millisecond)
-	if lv := levels(t, e, "a"); lv.Available != 3 {
-		t.Fatalf("cart undone while the Env clock stood still: a = %+v", lv)
+	for _, c := range []struct {
+		name          string
+		opts          stock.RunOptions
+		wait, advance time.Duration // real time while the cart is young; then Advance
+	}{
+		{"after 2s", stock.RunOptions{RecoverCartsAfter: 2 * time.Second}, 2500 * time.Millisecond, 3 * time.Second},
+		{"default 5m", stock.RunOptions{}, 500 * time.Millisecond, 6 * time.Minute},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			e := stocktest.New(t)
+			halfDoneCart(t, e, "stock")
+			runUntilEnd(t, e, c.opts)
+			// Recovery looks every second of real time, but the cart is young on the Env clock.
+			time.Sleep(c.wait)
+			if lv := levels(t, e, "a"); lv.Available != 3 {
+				t.Fatalf("cart undone while the Env clock stood still: a = %+v", lv)
+			}
+			e.Advance(c.advance)
+			waitFor(t, 15*time.Second, "cart undone after Advance", func() (bool, string) {
+				lv := levels(t, e, "a")
+				return lv.Available == 5 && lv.Sold == 0, fmt.Sprintf("%+v", lv)
+			})
+			// A late retry of the cart answers ErrRestored and takes nothing.
+			_, err := e.Reserver.DeductMany(ctx, stock.Cart{ID: "cart-1", User: "u1", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}})
+			if !errors.Is(err, stock.ErrRestored) {
+				t.Fatalf("retry of the recovered cart = %v, want ErrRestored", err)
+			}
+			if a, b := levels(t, e, "a"), levels(t, e, "b"); a.Available != 5 || b.Available != 5 {
+				t.Fatalf("after the retry: a %+v, b %+v; want both untouched (5)", a, b)
+			}
+		})
 	}
-	e.Advance(3 * time.Second)
-	waitFor(t, 10*time.Second, "cart undone after Advance", func() (bool, string) {
-		lv := levels(t, e, "a")
-		return lv.Available == 5 && lv.Sold == 0, fmt.Sprintf("%+v", lv)
-	})
-	// A late retry of the cart answers ErrRestored and takes nothing.
-	_, err := e.Reserver.DeductMany(ctx, stock.Cart{ID: "cart-1", User: "u1", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}})
-	if !errors.Is(err, stock.ErrRestored) {
-		t.Fatalf("retry of the recovered cart = %v, want ErrRestored", err)
-	}
-	if a, b := levels(t, e, "a"), levels(t, e, "b"); a.Available != 5 || b.Available != 5 {
-		t.Fatalf("after the retry: a %+v, b %+v; want both untouched (5)", a, b)
-	}
-}
-
-// With Run's default RecoverCartsAfter (5m), a test that Advances past it expects the cart
-// undone "without real waiting": stocktest promises the cart-recovery cutoff moves with Advance.
-func TestCartRecoveryDefaultRunAfterAdvance(t *testing.T) {
-	e := stocktest.New(t)
-	halfDoneCart(t, e, "stock")
-	runUntilEnd(t, e, stock.RunOptions{})
-	time.Sleep(500 * time.Millisecond) // Run's first look at carts, while the cart is young
-	e.Advance(6 * time.Minute)
-	waitFor(t, 15*time.Second, "cart undone by Run (default RecoverCartsAfter 5m) after Advance(6m)", func() (bool, string) {
-		lv := levels(t, e, "a")
-		return lv.Available == 5, fmt.Sprintf("a = %+v", lv)
-	})
 }
 
 // TestHoldManyExpiresAfterAdvance: a cart held by HoldMany expires after Advance past its

@@ -1,7 +1,7 @@
 package main
 
 // Tests of the checkout service's happy path, its answers to closed items and a closed
-// Reserver, its error messages and its shutdown, on server_test.go's harness (httpEnv).
+// Reserver, and its shutdown, on server_test.go's harness (httpEnv).
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -89,78 +88,6 @@ func TestServiceNotTakingOrdersIs503(t *testing.T) {
 	}
 	if e.pay.Calls() != 0 {
 		t.Errorf("%d payments charged", e.pay.Calls())
-	}
-}
-
-// Every malformed request is refused with a JSON error whose message says what is wrong in the
-// API's words (no Go internals), and takes nothing; a JSON Content-Type with parameters, a
-// +json type or none at all is accepted.
-func TestRequestErrors(t *testing.T) {
-	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
-	const js = "application/json"
-	cases := []struct {
-		name, method, target, ctype, key, body string
-		status                                 int
-		code, says                             string
-	}{
-		{"trailing data", "POST", "/checkout", js, "k1", shoe + " trailing", 400, "invalid", "after the JSON object"},
-		{"trailing data, big", "POST", "/checkout", js, "k1", shoe + strings.Repeat(" ", 70<<10) + "x", 413, "too_large", "larger than"},
-		{"second object", "POST", "/checkout", js, "k1", shoe + shoe, 400, "invalid", "after the JSON object"},
-		{"too large", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1,"user":"` + strings.Repeat("a", 70<<10) + `"}`, 413, "too_large", "larger than 65536 bytes"},
-		{"form body", "POST", "/checkout", "application/x-www-form-urlencoded", "k1", shoe, 415, "unsupported_media_type", "application/json"},
-		{"text body", "POST", "/checkout", "text/plain", "k1", shoe, 415, "unsupported_media_type", "application/json"},
-		{"bad media type", "POST", "/checkout", "json;;", "k1", shoe, 415, "unsupported_media_type", "application/json"},
-		{"huge qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1e20,"user":"alice"}`, 400, "invalid", "qty must be a whole number"},
-		{"fractional qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1.5,"user":"alice"}`, 400, "invalid", "qty must be a whole number"},
-		{"qty as text", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":"1","user":"alice"}`, 400, "invalid", "qty must be a whole number"},
-		{"missing qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","user":"alice"}`, 400, "invalid", "qty is required"},
-		{"zero qty", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":0,"user":"alice"}`, 400, "invalid", "qty must be a whole number from 1"},
-		{"missing sku", "POST", "/checkout", js, "k1", `{"qty":1,"user":"alice"}`, 400, "invalid", "sku is required"},
-		{"sku as number", "POST", "/checkout", js, "k1", `{"sku":7,"qty":1,"user":"alice"}`, 400, "invalid", "sku must be a string"},
-		{"sku with a space", "POST", "/checkout", js, "k1", `{"sku":"sh oe","qty":1,"user":"alice"}`, 400, "invalid", "sku may not contain"},
-		{"missing user", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1}`, 400, "invalid", "user is required"},
-		{"unknown field", "POST", "/checkout", js, "k1", `{"sku":"shoe","qty":1,"user":"alice","coupon":1}`, 400, "invalid", `unknown field "coupon"`},
-		{"array", "POST", "/checkout", js, "k1", `[1]`, 400, "invalid", "JSON object"},
-		{"not JSON", "POST", "/checkout", js, "k1", `sku=shoe`, 400, "invalid", "not valid JSON"},
-		{"empty body", "POST", "/checkout", js, "k1", ``, 400, "invalid", "the body is empty"},
-		{"cut short", "POST", "/checkout", js, "k1", `{"sku":"shoe"`, 400, "invalid", "ends before"},
-		{"no key", "POST", "/checkout", js, "", shoe, 400, "missing_idempotency_key", "Idempotency-Key header is required"},
-		{"key too long", "POST", "/checkout", js, strings.Repeat("k", 129), shoe, 400, "invalid", "Idempotency-Key is longer"},
-		{"key with a space", "POST", "/checkout", js, "order 1", shoe, 400, "invalid", "Idempotency-Key may hold only"},
-		{"key not ASCII", "POST", "/checkout", js, "order-é", shoe, 400, "invalid", "Idempotency-Key may hold only"},
-		{"GET /checkout", "GET", "/checkout", "", "", "", 405, "method_not_allowed", "use POST"},
-		{"DELETE /stock", "DELETE", "/stock/shoe", "", "", "", 405, "method_not_allowed", "use GET"},
-		{"unknown path", "GET", "/nothing", "", "", "", 404, "not_found", "no such endpoint"},
-		{"bad sku in path", "GET", "/stock/a%7Bb", "", "", "", 400, "invalid", "sku may not contain"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			rp := e.do(t, httpReq{method: c.method, path: c.target, ctype: c.ctype, key: c.key, body: c.body})
-			wantError(t, c.name, rp, c.status, c.code)
-			if msg := rp.str("message"); !strings.Contains(msg, c.says) {
-				t.Errorf("message %q does not say %q", msg, c.says)
-			}
-			for _, internal := range []string{"Go ", "struct", "int64", "json:", "stock:", "checkoutRequest", " id "} {
-				if strings.Contains(rp.str("message"), internal) {
-					t.Errorf("message %q shows %q", rp.str("message"), internal)
-				}
-			}
-			if c.status == 405 && rp.header.Get("Allow") == "" {
-				t.Error("405 without Allow")
-			}
-		})
-	}
-	if lv := e.levels("shoe"); lv.Available != 5 || e.pay.Calls() != 0 {
-		t.Fatalf("refused requests took stock or charged: %+v, %d charges", lv, e.pay.Calls())
-	}
-	for _, c := range []struct{ ctype, key, user string }{
-		{"application/json; charset=utf-8", "k2", "alice"}, {"application/vnd.api+json", "k3", "bob"}, {"", "k2", "alice"}, // a replay of k2
-	} {
-		body := `{"sku":"shoe","qty":1,"user":"` + c.user + `"}`
-		wantOK(t, "Content-Type "+c.ctype, e.do(t, httpReq{ctype: c.ctype, key: c.key, body: body}), "shoe", c.user, 1)
-	}
-	if lv := e.levels("shoe"); lv.Available != 3 || lv.Sold != 2 {
-		t.Fatalf("levels %+v, want 2 sold", lv)
 	}
 }
 

@@ -291,6 +291,20 @@ func buyOn(t *testing.T, base, key, sku, user string, qty int64) httpResp {
 	return doOn(t, base, httpReq{key: key, ctype: "application/json", body: string(b)})
 }
 
+// retry buys as a client told to retry with the same key does, up to 10 times with a growing
+// pause, until the answer is not a 503, and returns that answer.
+func (e *httpEnv) retry(t *testing.T, key, sku, user string, qty int64) httpResp {
+	t.Helper()
+	var last httpResp
+	for i := range 10 {
+		if last = e.buy(t, key, sku, user, qty); last.status != 503 {
+			break
+		}
+		time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
+	}
+	return last
+}
+
 // fanOut sends n requests at once, the i-th by send(i), and returns their answers.
 func fanOut(n int, send func(i int) httpResp) []httpResp {
 	res := make([]httpResp, n)
@@ -338,8 +352,9 @@ func wantOK(t *testing.T, what string, r httpResp, sku, user string, qty int64) 
 
 // ---------------------------------------------------------------------------------------------
 
-// Bad input of every kind: a 4xx with a JSON error body, and nothing changed (no stock, no
-// charge, and the key is still free for a correct request).
+// Bad input of every kind: a 4xx with a JSON error body whose message says what is wrong, and
+// nothing changed (no stock, no charge, and the key is still free for a correct request); a
+// JSON Content-Type with parameters, a +json type or none at all is accepted.
 func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 5}}, func(t *testing.T, e *httpEnv) {
 		good := `{"sku":"sku-a","qty":1,"user":"alice"}`
@@ -368,6 +383,7 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 			{"qty over MaxQty", httpReq{key: "bad-1", body: fmt.Sprintf(`{"sku":"sku-a","qty":%d,"user":"alice"}`, int64(stock.MaxQty)+1)}, 400, "invalid"},
 			{"qty overflow", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":99999999999999999999999,"user":"alice"}`}, 400, "invalid"},
 			{"qty fraction", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":1.5,"user":"alice"}`}, 400, "invalid"},
+			{"qty huge float", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":1e20,"user":"alice"}`}, 400, "invalid"},
 			{"qty string", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":"1","user":"alice"}`}, 400, "invalid"},
 			{"qty null", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":null,"user":"alice"}`}, 400, "invalid"},
 			{"qty missing", httpReq{key: "bad-1", body: `{"sku":"sku-a","user":"alice"}`}, 400, "invalid"},
@@ -388,6 +404,7 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 			{"user too long", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":1,"user":"` + strings.Repeat("ü", 65) + `"}`}, 400, "invalid"},
 			{"huge body", httpReq{key: "bad-1", body: big}, 413, "too_large"},
 			{"huge whitespace", httpReq{key: "bad-1", body: strings.Repeat(" ", 70<<10) + good}, 413, "too_large"},
+			{"trailing after big whitespace", httpReq{key: "bad-1", body: good + strings.Repeat(" ", 70<<10) + "x"}, 413, "too_large"},
 			{"text/plain", httpReq{key: "bad-1", ctype: "text/plain", body: good}, 415, "unsupported_media_type"},
 			{"form", httpReq{key: "bad-1", ctype: "application/x-www-form-urlencoded", body: good}, 415, "unsupported_media_type"},
 			{"bad content type", httpReq{key: "bad-1", ctype: "application/json;;;=", body: good}, 415, "unsupported_media_type"},
@@ -410,6 +427,21 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 			{"stock space", httpReq{method: "GET", path: "/stock/a%20b"}, 400, "invalid"},
 			{"stock too long", httpReq{method: "GET", path: "/stock/" + strings.Repeat("s", 129)}, 400, "invalid"},
 		}
+		// What the message says, in the API's words, and no Go internals.
+		says := map[string]string{
+			"trailing garbage": "after the JSON object", "trailing after big whitespace": "larger than",
+			"two objects": "after the JSON object", "huge body": "larger than 65536 bytes",
+			"form": "application/json", "text/plain": "application/json", "bad content type": "application/json",
+			"qty huge float": "qty must be a whole number", "qty fraction": "qty must be a whole number",
+			"qty string": "qty must be a whole number", "qty missing": "qty is required",
+			"qty zero": "qty must be a whole number from 1", "sku missing": "sku is required",
+			"sku number": "sku must be a string", "sku space": "sku may not contain", "user missing": "user is required",
+			"unknown field": `unknown field "price"`, "array": "JSON object", "not json": "not valid JSON",
+			"empty body": "the body is empty", "truncated": "ends before", "no key": "Idempotency-Key header is required",
+			"key too long": "Idempotency-Key is longer", "key with space": "Idempotency-Key may hold only",
+			"key non-ascii": "Idempotency-Key may hold only", "GET checkout": "use POST", "DELETE stock": "use GET",
+			"unknown path": "no such endpoint", "stock brace": "sku may not contain",
+		}
 		before := e.snapshot()
 		for _, c := range cases {
 			r := e.do(t, c.rq)
@@ -417,6 +449,18 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 				c.status = r.status // over the user limit and over the stock: either refusal is right
 			}
 			wantError(t, c.name, r, c.status, c.code)
+			if want, ok := says[c.name]; ok {
+				delete(says, c.name)
+				msg := r.str("message")
+				if !strings.Contains(msg, want) {
+					t.Errorf("%s: message %q does not say %q", c.name, msg, want)
+				}
+				for _, internal := range []string{"Go ", "struct", "int64", "json:", "stock:", "checkoutRequest", " id "} {
+					if strings.Contains(msg, internal) {
+						t.Errorf("%s: message %q shows %q", c.name, msg, internal)
+					}
+				}
+			}
 			if c.status == http.StatusMethodNotAllowed && r.header.Get("Allow") == "" {
 				t.Errorf("%s: 405 without Allow", c.name)
 			}
@@ -427,12 +471,22 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 		if after := e.snapshot(); after != before {
 			t.Errorf("refused requests changed the state:\nbefore %s\nafter  %s", before, after)
 		}
+		if len(says) != 0 {
+			t.Errorf("messages for no case: %v", says)
+		}
 		// The keys of refused requests are still free: nothing was recorded for them.
 		for _, k := range []string{"bad-1", "bad-2"} {
 			wantOK(t, "good request on key "+k, e.buy(t, k, "sku-a", "alice", 1), "sku-a", "alice", 1)
 		}
-		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 {
-			t.Errorf("levels after two good orders: %+v", lv)
+		// A JSON Content-Type with parameters, a +json type or none at all is accepted.
+		for _, c := range []struct{ ctype, key, user string }{
+			{"application/json; charset=utf-8", "k2", "carol"}, {"application/vnd.api+json", "k3", "dave"}, {"", "k2", "carol"}, // a replay of k2
+		} {
+			body := `{"sku":"sku-a","qty":1,"user":"` + c.user + `"}`
+			wantOK(t, "Content-Type "+c.ctype, e.do(t, httpReq{ctype: c.ctype, key: c.key, body: body}), "sku-a", c.user, 1)
+		}
+		if lv := e.levels("sku-a"); lv.Sold != 4 || lv.Held != 0 {
+			t.Errorf("levels after four good orders: %+v", lv)
 		}
 	})
 }
@@ -831,14 +885,7 @@ func TestRedisUnreachable(t *testing.T) {
 		wantError(t, "levels, Redis unreachable", g, 503, "unavailable")
 
 		e.proxy.Heal()
-		var last httpResp
-		for i := range 10 { // the client retries, same key, as told
-			if last = e.buy(t, "u1", "sku-a", "alice", 1); last.status != 503 {
-				break
-			}
-			time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
-		}
-		wantOK(t, "retry after heal", last, "sku-a", "alice", 1)
+		wantOK(t, "retry after heal", e.retry(t, "u1", "sku-a", "alice", 1), "sku-a", "alice", 1)
 		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 {
 			t.Errorf("levels %+v, want exactly one sold", lv)
 		}
@@ -863,13 +910,7 @@ func TestRedisStoppedMidPayment(t *testing.T) {
 		wantRetryHint(t, "Redis stopped mid-payment", r)
 		order := orderID("alice", "m1", "sku-a", 1)
 		e.startRedis()
-		var last httpResp
-		for i := range 10 {
-			if last = e.buy(t, "m1", "sku-a", "alice", 1); last.status != 503 {
-				break
-			}
-			time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
-		}
+		last := e.retry(t, "m1", "sku-a", "alice", 1)
 		wantOK(t, "retry after restart", last, "sku-a", "alice", 1)
 		if last.str("order") != order {
 			t.Errorf("order %q, want %q", last.str("order"), order)
