@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -38,6 +39,27 @@ type cliResult struct {
 
 func (r cliResult) String() string {
 	return fmt.Sprintf("exit %d after %v\nstdout:\n%s\nstderr:\n%s", r.code, r.took.Round(time.Millisecond), r.out, r.err)
+}
+
+// want checks the exit code (ending the test when it differs) and that stdout holds each of
+// outs; it returns r for further checks.
+func (r cliResult) want(t *testing.T, code int, outs ...string) cliResult {
+	t.Helper()
+	require.Equal(t, code, r.code, "%v", r)
+	for _, o := range outs {
+		assert.Contains(t, r.out, o)
+	}
+	return r
+}
+
+// wantErr is want for stderr.
+func (r cliResult) wantErr(t *testing.T, code int, errs ...string) cliResult {
+	t.Helper()
+	require.Equal(t, code, r.code, "%v", r)
+	for _, e := range errs {
+		assert.Contains(t, r.err, e)
+	}
+	return r
 }
 
 // clearEnv clears the environment variables stockctl reads, so that the flags given are all.

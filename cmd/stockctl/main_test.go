@@ -26,41 +26,32 @@ import (
 // a load that would overwrite a live item refused.
 func TestLoadLevels(t *testing.T) {
 	h := newHarness(t)
-	res := h.run("load", "A", "10")
-	require.Equal(t, exitOK, res.code)
+	res := h.run("load", "A", "10").want(t, exitOK)
 	assert.Equal(t, "loaded A: 10 units in Redis\n", res.out)
 
-	res = h.run("load", "A", "5")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "already loaded")
-	assert.Contains(t, res.err, "restock")
+	h.run("load", "A", "5").wantErr(t, exitFail, "already loaded", "restock")
 
 	require.Equal(t, exitOK, h.run("-json", "load", "B", "0").code)
 	h.deduct("o1", "alice", 3)
 
-	res = h.run("available", "A")
-	assert.Equal(t, exitOK, res.code)
+	res = h.run("available", "A").want(t, exitOK)
 	assert.Equal(t, "7\n", res.out)
 	res = h.run("available", "-json", "A") // global flags after the command too
 	assert.Equal(t, map[string]any{"sku": "A", "available": 7.0}, decode[map[string]any](t, res.out))
-	res = h.run("available", "Z")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "not loaded: Z")
+	h.run("available", "Z").wantErr(t, exitFail, "not loaded: Z")
 
 	res = h.run("items")
 	assert.Equal(t, "A\nB\n", res.out)
 	assert.Equal(t, []string{"A", "B"}, decode[[]string](t, h.run("-json", "items").out))
 
-	res = h.run("levels")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("levels").want(t, exitOK)
 	lines := strings.Split(strings.TrimSpace(res.out), "\n")
 	require.Len(t, lines, 3)
 	assert.Equal(t, []string{"SKU", "AVAILABLE", "HELD", "SOLD", "LOADED", "CLOSED"}, strings.Fields(lines[0]))
 	assert.Equal(t, []string{"A", "7", "0", "3", "10", "no"}, strings.Fields(lines[1]))
 	assert.Equal(t, []string{"B", "0", "0", "0", "0", "no"}, strings.Fields(lines[2]))
 
-	res = h.run("-json", "levels", "A", "Z")
-	assert.Equal(t, exitFail, res.code, "an item is not loaded")
+	res = h.run("-json", "levels", "A", "Z").want(t, exitFail)
 	rows := decode[[]levelsJSON](t, res.out)
 	assert.Equal(t, []levelsJSON{
 		{SKU: "A", Available: 7, Sold: 3, Loaded: 10},
@@ -68,8 +59,7 @@ func TestLoadLevels(t *testing.T) {
 	}, rows)
 
 	for range 2 { // closing twice does nothing more
-		res = h.run("close", "A")
-		require.Equal(t, exitOK, res.code)
+		res = h.run("close", "A").want(t, exitOK)
 		assert.Equal(t, "closed A\n", res.out)
 	}
 	_, err := h.r.Deduct(context.Background(), stock.Request{SKU: "A", ID: "o2", Qty: 1})
@@ -77,21 +67,17 @@ func TestLoadLevels(t *testing.T) {
 	assert.True(t, decode[[]levelsJSON](t, h.run("-json", "levels", "A").out)[0].Closed)
 	// restore goes on while closed, once.
 	for _, replay := range []bool{false, true} {
-		res = h.run("-json", "restore", "A", "o1")
-		require.Equal(t, exitOK, res.code)
+		res = h.run("-json", "restore", "A", "o1").want(t, exitOK)
 		assert.Equal(t, receiptJSON{SKU: "A", ID: "o1", Qty: 3, Remaining: 10, Replayed: replay}, decode[receiptJSON](t, res.out))
 	}
-	res = h.run("reopen", "A")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("reopen", "A").want(t, exitOK)
 	assert.Equal(t, "reopened A\n", res.out)
 	h.deduct("o2", "", 1)
 	assert.Equal(t, exitFail, h.run("close", "Z").code)
 
-	res = h.run("restock", "A", "r1", "5")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("restock", "A", "r1", "5").want(t, exitOK)
 	assert.Equal(t, "restocked A/r1: +5, 14 available\n", res.out)
-	res = h.run("-json", "restock", "A", "r1", "5")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("-json", "restock", "A", "r1", "5").want(t, exitOK)
 	assert.Equal(t, receiptJSON{SKU: "A", ID: "r1", Qty: 5, Remaining: 14, Replayed: true}, decode[receiptJSON](t, res.out))
 	// A load of a live item never overwrites it.
 	assert.Equal(t, exitFail, h.run("load", "A", "999").code)
@@ -109,8 +95,7 @@ func TestEntryLedgerRestore(t *testing.T) {
 	_, err := h.r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "carol", Qty: 3}, time.Hour)
 	require.NoError(t, err)
 
-	res := h.run("entry", "A", "o1")
-	require.Equal(t, exitOK, res.code)
+	res := h.run("entry", "A", "o1").want(t, exitOK)
 	for _, want := range []string{"kind    deduct", "state   reserved", "qty     2", "before  10", "after   8", "user    alice"} {
 		assert.Contains(t, res.out, want)
 	}
@@ -121,12 +106,9 @@ func TestEntryLedgerRestore(t *testing.T) {
 	assert.Equal(t, "carol", en.User)
 	require.NotNil(t, en.Deadline)
 	assert.WithinDuration(t, en.At.Add(time.Hour), *en.Deadline, time.Second)
-	res = h.run("entry", "A", "nope")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "unknown request id")
+	h.run("entry", "A", "nope").wantErr(t, exitFail, "unknown request id")
 
-	res = h.run("ledger", "A")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("ledger", "A").want(t, exitOK)
 	lines := strings.Split(strings.TrimSpace(res.out), "\n")
 	require.Len(t, lines, 4)
 	assert.Equal(t, []string{"AT", "ID", "KIND", "STATE", "QTY", "BEFORE", "AFTER", "USER", "DEADLINE"}, strings.Fields(lines[0]))
@@ -135,8 +117,7 @@ func TestEntryLedgerRestore(t *testing.T) {
 		ids = append(ids, e.ID)
 	}
 	assert.ElementsMatch(t, []string{"o1", "o2", "h1"}, ids)
-	res = h.run("ledger", "A", "-limit", "1")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("ledger", "A", "-limit", "1").want(t, exitOK)
 	assert.Len(t, strings.Split(strings.TrimSpace(res.out), "\n"), 2)
 	assert.Contains(t, res.err, "showing the first 1 entries")
 	held := decode[[]entryJSON](t, h.run("-json", "ledger", "-state", "held", "A").out)
@@ -145,21 +126,15 @@ func TestEntryLedgerRestore(t *testing.T) {
 	assert.Equal(t, "[]\n", h.run("-json", "ledger", "A", "-state", "expired").out)
 	assert.Equal(t, exitFail, h.run("ledger", "Z").code, "an unknown item is not an empty ledger")
 
-	res = h.run("restore", "A", "o1")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("restore", "A", "o1").want(t, exitOK)
 	assert.Equal(t, "restored A/o1: +2, 6 available\n", res.out) // 10 - 2 - 1 - 3 + 2
-	res = h.run("-json", "restore", "A", "o1")
-	require.Equal(t, exitOK, res.code)
+	res = h.run("-json", "restore", "A", "o1").want(t, exitOK)
 	assert.True(t, decode[receiptJSON](t, res.out).Replayed)
 	assert.Equal(t, "6\n", h.run("available", "A").out)
 
-	res = h.run("restore", "A", "ghost")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "nothing restored")
+	h.run("restore", "A", "ghost").wantErr(t, exitFail, "nothing restored")
 	assert.Equal(t, exitFail, h.run("entry", "A", "ghost").code, "no tombstone without -tombstone")
-	res = h.run("restore", "A", "ghost", "-tombstone")
-	require.Equal(t, exitOK, res.code)
-	assert.Contains(t, res.out, "left a tombstone")
+	h.run("restore", "A", "ghost", "-tombstone").want(t, exitOK, "left a tombstone")
 	_, err = h.r.Deduct(ctx, stock.Request{SKU: "A", ID: "ghost", Qty: 1})
 	assert.ErrorIs(t, err, stock.ErrRestored)
 
@@ -175,8 +150,7 @@ func TestSweep(t *testing.T) {
 	_, err := h.r.Hold(context.Background(), stock.Request{SKU: "A", ID: "h1", Qty: 2}, 50*time.Millisecond)
 	require.NoError(t, err)
 	redistest.Sleep(h.client, 200*time.Millisecond)
-	res := h.run("sweep")
-	require.Equal(t, exitOK, res.code)
+	res := h.run("sweep").want(t, exitOK)
 	assert.Equal(t, "released 2 units of expired holds\n", res.out)
 	res = h.run("-json", "sweep", "A")
 	assert.Equal(t, map[string]any{"released": 0.0}, decode[map[string]any](t, res.out))
@@ -189,12 +163,9 @@ func TestSweep(t *testing.T) {
 func TestReconcileAndRelay(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	res := h.store("load", "A", "10")
-	require.Equal(t, exitOK, res.code)
+	res := h.store("load", "A", "10").want(t, exitOK)
 	assert.Equal(t, "loaded A: 10 units in Redis and the store\n", res.out)
-	res = h.store("load", "A", "10")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "already loaded")
+	h.store("load", "A", "10").wantErr(t, exitFail, "already loaded")
 
 	h.deduct("o1", "alice", 2)
 	h.deduct("o2", "bob", 1)
@@ -202,37 +173,27 @@ func TestReconcileAndRelay(t *testing.T) {
 	require.NoError(t, err)
 
 	// Nothing delivered yet: the events are in flight and there is no drift.
-	res = h.store("reconcile")
-	require.Equal(t, exitOK, res.code, res.err)
-	assert.Contains(t, res.out, "A: redis 8+0 held, store 10, in flight 2 (3 pending), drift 0")
-	assert.Contains(t, res.out, "items: 1, with drift or losses: 0,")
+	h.store("reconcile").want(t, exitOK, "A: redis 8+0 held, store 10, in flight 2 (3 pending), drift 0", "items: 1, with drift or losses: 0,")
 
-	res = h.store("relay-once", "A")
-	require.Equal(t, exitOK, res.code, res.err)
+	res = h.store("relay-once", "A").want(t, exitOK)
 	assert.Equal(t, "delivered 3 events (claimed 3, refused by the store 0, retried later 0, orphaned 0, dead-lettered 0, redelivered 0) in 2 passes\n"+
 		"the outboxes are empty\n", res.out)
-	res = h.store("-json", "relay-once")
-	require.Equal(t, exitOK, res.code)
+	res = h.store("-json", "relay-once").want(t, exitOK)
 	assert.Equal(t, map[string]any{"claimed": 0.0, "delivered": 0.0, "refused": 0.0, "retried": 0.0, "orphaned": 0.0,
 		"redelivered": 0.0, "dead_lettered": 0.0, "passes": 1.0, "pending": 0.0, "dead": 0.0, "waiting": []any{}},
 		decode[map[string]any](t, res.out))
 	assert.Equal(t, "applied", decode[entryJSON](t, h.run("-json", "entry", "A", "o1").out).State)
 
-	res = h.store("levels", "A")
-	require.Equal(t, exitOK, res.code)
+	res = h.store("levels", "A").want(t, exitOK)
 	assert.Equal(t, []string{"A", "8", "0", "2", "10", "no", "8"}, row(res.out, 1))
 
 	// Redis gains 5 units it should not have: the report-only run says so and changes nothing.
 	h.skew("A", 5)
-	res = h.store("reconcile", "A")
-	assert.Equal(t, exitDrift, res.code)
-	assert.Contains(t, res.out, "A: redis 13+0 held, store 8, in flight 0 (0 pending), drift 5\n")
-	assert.Contains(t, res.out, "report only")
+	res = h.store("reconcile", "A").want(t, exitDrift, "A: redis 13+0 held, store 8, in flight 0 (0 pending), drift 5\n", "report only")
 	assert.Contains(t, res.err, "1 of 1 items drifted")
 	assert.Equal(t, "13\n", h.run("available", "A").out)
 
-	res = h.store("-json", "reconcile")
-	assert.Equal(t, exitDrift, res.code)
+	res = h.store("-json", "reconcile").want(t, exitDrift)
 	rep := decode[struct {
 		Apply   bool         `json:"apply"`
 		Found   bool         `json:"found"`
@@ -243,33 +204,21 @@ func TestReconcileAndRelay(t *testing.T) {
 	require.Len(t, rep.Reports, 1)
 	assert.Equal(t, reportJSON{SKU: "A", Available: 13, StoreRemaining: 8, Drift: 5, Found: true, Left: true}, rep.Reports[0])
 
-	res = h.store("reconcile", "-apply", "-repair-limit", "2", "A")
-	assert.Equal(t, exitDrift, res.code)
-	assert.Contains(t, res.out, "NEEDS A HUMAN: drift 5 above the repair limit 2")
+	h.store("reconcile", "-apply", "-repair-limit", "2", "A").want(t, exitDrift, "NEEDS A HUMAN: drift 5 above the repair limit 2")
 	assert.Equal(t, "13\n", h.run("available", "A").out)
 
-	res = h.store("reconcile", "-apply", "A")
-	assert.Equal(t, exitOK, res.code, "a repaired drift is reported, and nothing is left")
-	assert.Contains(t, res.out, "drift 5; repaired: adjusted -5")
+	h.store("reconcile", "-apply", "A").want(t, exitOK, "drift 5; repaired: adjusted -5")
 	assert.Equal(t, "8\n", h.run("available", "A").out)
-	res = h.store("reconcile")
-	assert.Equal(t, exitOK, res.code, "nothing left")
+	h.store("reconcile").want(t, exitOK)
 
 	// An item the store does not know needs a human.
 	require.Equal(t, exitOK, h.run("load", "B", "1").code)
-	res = h.store("reconcile")
-	assert.Equal(t, exitDrift, res.code)
-	assert.Contains(t, res.out, "B: ")
-	assert.Contains(t, res.out, "B: redis 1+0 held, store 0, in flight 0 (0 pending), drift 0; NEEDS A HUMAN: the store does not know the item")
-	assert.Contains(t, res.out, "items: 2, with drift or losses: 1, need a human: 1,")
+	h.store("reconcile").want(t, exitDrift, "B: ", "B: redis 1+0 held, store 0, in flight 0 (0 pending), drift 0; NEEDS A HUMAN: the store does not know the item", "items: 2, with drift or losses: 1, need a human: 1,")
 
 	// migrate is idempotent, with other table prefixes too.
-	res = h.store("migrate")
-	assert.Equal(t, exitOK, res.code)
+	res = h.store("migrate").want(t, exitOK)
 	assert.Equal(t, "tables stock_items and stock_records are ready\n", res.out)
-	res = h.store("-table-prefix", "other_", "-json", "migrate")
-	assert.Equal(t, exitOK, res.code)
-	assert.Contains(t, res.out, `"other_items"`)
+	h.store("-table-prefix", "other_", "-json", "migrate").want(t, exitOK, `"other_items"`)
 }
 
 // A relay pass whose store refuses the deduct gives the stock back.
@@ -278,9 +227,7 @@ func TestRelayOnceRefused(t *testing.T) {
 	require.Equal(t, exitOK, h.store("load", "A", "5").code)
 	h.deduct("o1", "", 2)
 	h.exec(`UPDATE stock_items SET remaining = 1 WHERE sku = 'A'`) // less than Redis sold: it refuses
-	res := h.store("relay-once")
-	require.Equal(t, exitOK, res.code, res.err)
-	assert.Contains(t, res.out, "refused by the store 1")
+	h.store("relay-once").want(t, exitOK, "refused by the store 1")
 	assert.Equal(t, "refused", decode[entryJSON](t, h.run("-json", "entry", "A", "o1").out).State)
 	assert.Equal(t, "5\n", h.run("available", "A").out)
 }
@@ -335,15 +282,13 @@ func TestReconcileStoreUnknownShowsRedisFigures(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, args := range [][]string{{"reconcile", "B"}, {"reconcile"}, {"reconcile", "-apply"}} {
-		res := h.store(args...)
-		assert.Equal(t, exitDrift, res.code, args)
+		res := h.store(args...).want(t, exitDrift)
 		assert.Contains(t, res.out, "B: redis 106+4 held, store 0, in flight 10 (2 pending)", args)
 		assert.Contains(t, res.out, "NEEDS A HUMAN: the store does not know the item", args)
 		assert.Contains(t, res.out, "load -dsn DSN B 120", args) // the way out
 		assert.Contains(t, res.out, "delist", args)
 	}
-	res := h.store("-json", "reconcile")
-	assert.Equal(t, exitDrift, res.code)
+	res := h.store("-json", "reconcile").want(t, exitDrift)
 	rep := decode[reconcileJSON](t, res.out)
 	require.Len(t, rep.Reports, 1)
 	got := rep.Reports[0]
@@ -374,13 +319,11 @@ func TestLoadAddsStoreSide(t *testing.T) {
 	require.Equal(t, exitOK, h.run("restock", "A", "r1", "20").code)
 
 	require.Equal(t, exitOK, h.store("migrate").code)
-	res := h.store("reconcile", "A")
-	require.Equal(t, exitDrift, res.code)
+	res := h.store("reconcile", "A").want(t, exitDrift)
 
 	// The wrong count: refused, nothing written on either side.
 	for _, qty := range []string{"130", "115", "0"} {
-		res = h.store("load", "A", qty)
-		assert.Equal(t, exitFail, res.code, qty)
+		res = h.store("load", "A", qty).want(t, exitFail)
 		assert.Contains(t, res.err, "Redis accounts for 110 units of A (115 available + 5 held, -10 in flight)", qty)
 		assert.Contains(t, res.err, "nothing loaded", qty)
 		assert.NotContains(t, res.err, "restock", qty)
@@ -389,33 +332,22 @@ func TestLoadAddsStoreSide(t *testing.T) {
 	assert.Equal(t, []string{"A", "115", "5", "10", "130", "no", "-"}, row(res.out, 1), "no store row")
 
 	// The right count: the store side is added, Redis is untouched.
-	res = h.store("load", "A", "110")
-	require.Equal(t, exitOK, res.code, res.err)
+	res = h.store("load", "A", "110").want(t, exitOK)
 	assert.Equal(t, "added A to the store: 110 units (Redis had it: 115 available + 5 held, -10 in flight); reconcile finds no drift\n", res.out)
 	lv, err := h.r.Levels(context.Background(), "A")
 	require.NoError(t, err)
 	assert.Equal(t, stock.Levels{Available: 115, Held: 5, Sold: 10, Loaded: 130}, lv)
 
-	res = h.store("reconcile")
-	assert.Equal(t, exitOK, res.code, res.out)
-	assert.Contains(t, res.out, "A: redis 115+5 held, store 110, in flight -10 (3 pending), drift 0")
-	res = h.store("relay-once")
-	require.Equal(t, exitOK, res.code, res.err)
-	assert.Contains(t, res.out, "delivered 3 events")
-	res = h.store("reconcile")
-	assert.Equal(t, exitOK, res.code, res.out)
-	assert.Contains(t, res.out, "A: redis 115+5 held, store 120, in flight 0 (0 pending), drift 0")
+	h.store("reconcile").want(t, exitOK, "A: redis 115+5 held, store 110, in flight -10 (3 pending), drift 0")
+	h.store("relay-once").want(t, exitOK, "delivered 3 events")
+	h.store("reconcile").want(t, exitOK, "A: redis 115+5 held, store 120, in flight 0 (0 pending), drift 0")
 
 	// Both sides have it now: the old answer.
-	res = h.store("load", "A", "110")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "already loaded")
-	assert.Contains(t, res.err, "restock")
+	h.store("load", "A", "110").wantErr(t, exitFail, "already loaded", "restock")
 
 	// -json says which side was written.
 	require.Equal(t, exitOK, h.run("load", "C", "7").code)
-	res = h.store("-json", "load", "C", "7")
-	require.Equal(t, exitOK, res.code, res.err)
+	res = h.store("-json", "load", "C", "7").want(t, exitOK)
 	assert.Equal(t, map[string]any{"sku": "C", "loaded": 7.0, "store": true, "redis": false}, decode[map[string]any](t, res.out))
 }
 
@@ -426,30 +358,20 @@ func TestDelistCommand(t *testing.T) {
 	require.Equal(t, exitOK, h.store("load", "A", "5").code)
 	h.deduct("o1", "", 2)
 
-	res := h.run("delist", "A")
-	require.Equal(t, exitOK, res.code, res.err)
-	assert.Contains(t, res.out, "delisted A: closed for good")
+	h.run("delist", "A").want(t, exitOK, "delisted A: closed for good")
 	_, err := h.r.Deduct(context.Background(), stock.Request{SKU: "A", ID: "o2", Qty: 1})
 	assert.ErrorIs(t, err, stock.ErrClosed)
-	res = h.run("reopen", "A")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "delisted and cannot be reopened")
+	h.run("reopen", "A").wantErr(t, exitFail, "delisted and cannot be reopened")
 	assert.Equal(t, exitOK, h.run("-json", "delist", "A").code, "delisting twice does nothing")
-	res = h.run("delist", "Z")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "not loaded: Z")
+	h.run("delist", "Z").wantErr(t, exitFail, "not loaded: Z")
 
 	// The sale's events still go to the store; then the item retires.
 	require.Equal(t, exitOK, h.store("relay-once").code)
 	time.Sleep(20 * time.Millisecond)
-	res = h.store("reconcile", "-apply", "-retention", "1ms")
-	assert.Equal(t, exitOK, res.code, res.out)
-	assert.Contains(t, res.out, "A: redis 3+0 held, store 3, in flight 0 (0 pending), drift 0; repaired: trimmed 3, retired")
-	res = h.run("available", "A")
-	assert.Equal(t, exitFail, res.code)
+	h.store("reconcile", "-apply", "-retention", "1ms").want(t, exitOK, "A: redis 3+0 held, store 3, in flight 0 (0 pending), drift 0; repaired: trimmed 3, retired")
+	h.run("available", "A").want(t, exitFail)
 	assert.Equal(t, "", h.run("items").out)
-	res = h.store("reconcile")
-	assert.Equal(t, exitOK, res.code, res.out)
+	h.store("reconcile").want(t, exitOK)
 }
 
 // reconcile -apply exits 0 when it repaired everything it found, 3 only for what it left.
@@ -464,21 +386,15 @@ func TestReconcileApplyExitsZeroWhenRepaired(t *testing.T) {
 	// Drift on A, B's hash lost: both repaired.
 	h.skew("A", 5)
 	require.NoError(t, h.client.Do(ctx, h.client.B().Del().Key(h.prefix+":{B}").Build()).Error())
-	res := h.store("reconcile")
-	assert.Equal(t, exitDrift, res.code, "a report-only run alerts on what it found")
-	res = h.store("reconcile", "-apply")
-	assert.Equal(t, exitOK, res.code, "everything was repaired: %s", res.out)
-	assert.Contains(t, res.out, "A: redis 13+0 held, store 8, in flight 0 (0 pending), drift 5; repaired: adjusted -5")
-	assert.Contains(t, res.out, "B: redis 0+0 held, store 4, in flight 0 (0 pending), drift -4, key missing; repaired: rebuilt")
-	assert.Contains(t, res.out, "with drift or losses: 2, need a human: 0, busy: 0, errors: 0, left: 0")
+	res := h.store("reconcile").want(t, exitDrift)
+	res = h.store("reconcile", "-apply").want(t, exitOK, "A: redis 13+0 held, store 8, in flight 0 (0 pending), drift 5; repaired: adjusted -5", "B: redis 0+0 held, store 4, in flight 0 (0 pending), drift -4, key missing; repaired: rebuilt", "with drift or losses: 2, need a human: 0, busy: 0, errors: 0, left: 0")
 	assert.Empty(t, res.err)
 	assert.Equal(t, "8\n", h.run("available", "A").out)
 	assert.Equal(t, "4\n", h.run("available", "B").out)
 
 	// JSON: found, not left.
 	h.skew("A", -1)
-	res = h.store("-json", "reconcile", "-apply", "A")
-	assert.Equal(t, exitOK, res.code)
+	res = h.store("-json", "reconcile", "-apply", "A").want(t, exitOK)
 	rep := decode[reconcileJSON](t, res.out)
 	assert.True(t, rep.Found)
 	assert.False(t, rep.Left)
@@ -489,11 +405,7 @@ func TestReconcileApplyExitsZeroWhenRepaired(t *testing.T) {
 	// What is left exits 3: a drift above the repair limit stays, and only it is counted.
 	h.skew("A", 7)
 	h.skew("B", 1)
-	res = h.store("reconcile", "-apply", "-repair-limit", "3")
-	assert.Equal(t, exitDrift, res.code)
-	assert.Contains(t, res.out, "NEEDS A HUMAN: drift 7 above the repair limit 3")
-	assert.Contains(t, res.out, "B: redis 5+0 held, store 4, in flight 0 (0 pending), drift 1; repaired: adjusted -1")
-	assert.Contains(t, res.out, "left: 1")
+	res = h.store("reconcile", "-apply", "-repair-limit", "3").want(t, exitDrift, "NEEDS A HUMAN: drift 7 above the repair limit 3", "B: redis 5+0 held, store 4, in flight 0 (0 pending), drift 1; repaired: adjusted -1", "left: 1")
 	assert.Contains(t, res.err, "1 of 2 items left unrepaired or need a human")
 	assert.Equal(t, "15\n", h.run("available", "A").out)
 }
@@ -502,13 +414,10 @@ func TestReconcileApplyExitsZeroWhenRepaired(t *testing.T) {
 // fails and says how to create them.
 func TestMissingTablesHint(t *testing.T) {
 	h := newHarness(t)
-	res := h.store("reconcile")
-	assert.Equal(t, exitFail, res.code)
+	res := h.store("reconcile").want(t, exitFail)
 	assert.Contains(t, res.err, "stockctl -dsn DSN migrate", "the error names the cure")
-	res = h.store("migrate")
-	require.Equal(t, exitOK, res.code, res.err)
-	res = h.store("reconcile")
-	assert.Equal(t, exitOK, res.code, res.err)
+	h.store("migrate").want(t, exitOK)
+	h.store("reconcile").want(t, exitOK)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -541,23 +450,14 @@ func TestUnknownIDMessages(t *testing.T) {
 	if redistest.ServerBinary(t) != "" {
 		before = stableDump(t, h.client)
 	}
-	res := h.run("restore", "x", "o1")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "item x has no ledger entry for id o1")
-	assert.Contains(t, res.err, "-tombstone")
+	h.run("restore", "x", "o1").wantErr(t, exitFail, "item x has no ledger entry for id o1", "-tombstone")
 	if before != nil {
 		wroteNothing(t, h.client, before, false, "restore without -tombstone")
 	}
 
-	res = h.run("entry", "x", "o1")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.err, "item x has no ledger entry for id o1")
-	res = h.run("restore", "-tombstone", "x", "o1")
-	assert.Equal(t, exitOK, res.code, res.err)
-	assert.Contains(t, res.out, "left a tombstone")
-	res = h.run("sweep", "x")
-	assert.Equal(t, exitOK, res.code, res.err)
-	assert.Contains(t, res.out, "released 0 units")
+	h.run("entry", "x", "o1").wantErr(t, exitFail, "item x has no ledger entry for id o1")
+	h.run("restore", "-tombstone", "x", "o1").want(t, exitOK, "left a tombstone")
+	h.run("sweep", "x").want(t, exitOK, "released 0 units")
 }
 
 // A restock past stock.MaxQty in all is refused with the figures, exit 1 (the command line is
@@ -567,8 +467,7 @@ func TestRestockPastMaxQty(t *testing.T) {
 	h := newHarness(t)
 	require.Equal(t, exitOK, h.run("load", "big", "9007199254740000").code)
 	h.take("big", "o1", 10)
-	res := h.run("restock", "big", "po1", "1000")
-	assert.Equal(t, exitFail, res.code)
+	res := h.run("restock", "big", "po1", "1000").want(t, exitFail)
 	for _, want := range []string{"big/po1", "9007199254740000 units loaded", "9007199254739990 available", "QTY 1000",
 		"9007199254741000", "9007199254740991"} {
 		assert.Contains(t, res.err, want)
@@ -576,12 +475,10 @@ func TestRestockPastMaxQty(t *testing.T) {
 	lv, err := h.r.Levels(context.Background(), "big")
 	require.NoError(t, err)
 	assert.Equal(t, int64(9007199254740000), lv.Loaded)
-	res = h.run("restock", "big", "po1", "991")
-	assert.Equal(t, exitOK, res.code, res.err)
+	h.run("restock", "big", "po1", "991").want(t, exitOK)
 	// An item loaded with MaxQty itself takes no restock of 1.
 	require.Equal(t, exitOK, h.run("load", "full", "9007199254740991").code)
-	res = h.run("restock", "full", "po1", "1")
-	assert.Equal(t, exitFail, res.code)
+	res = h.run("restock", "full", "po1", "1").want(t, exitFail)
 	for _, want := range []string{"full/po1", "9007199254740991 units loaded", "QTY 1"} {
 		assert.Contains(t, res.err, want)
 	}
@@ -595,10 +492,7 @@ func TestRelayOnceSaysWhatIsLeft(t *testing.T) {
 	require.Equal(t, exitOK, h.run("load", "B", "10").code)
 	h.deduct("o1", "", 2)
 	h.dsn = sqliteDSN(t) // no tables: the delivery fails
-	res := h.store("relay-once")
-	assert.Equal(t, exitFail, res.code)
-	assert.Contains(t, res.out, "NOT DRAINED: 1 event of 1 item still in the outbox")
-	assert.Contains(t, res.out, ": A (1)")
+	res := h.store("relay-once").want(t, exitFail, "NOT DRAINED: 1 event of 1 item still in the outbox", ": A (1)")
 	// The next run finds the event in backoff (exit 0), or, on a slow machine, past it and fails
 	// again (exit 1): either way it says the event waits. (An empty outbox: "the outboxes are
 	// empty", TestReconcileAndRelay.)
@@ -635,26 +529,18 @@ func TestReconcileLostRegistry(t *testing.T) {
 	require.Equal(t, exitOK, h.store("relay-once").code)
 	require.NoError(t, h.client.Do(ctx, h.client.B().Flushall().Build()).Error())
 
-	res := h.store("reconcile")
-	assert.Equal(t, exitDrift, res.code, "a lost registry must alert")
-	assert.Contains(t, res.out, "REDIS LOST ITS REGISTRY: 1 items")
-	assert.Contains(t, res.out, "A: redis 0+0 held, store 8")
-	assert.Contains(t, res.out, "in the store only, never in Redis (left alone; 'load' puts them on sale): B")
+	res := h.store("reconcile").want(t, exitDrift, "REDIS LOST ITS REGISTRY: 1 items", "A: redis 0+0 held, store 8", "in the store only, never in Redis (left alone; 'load' puts them on sale): B")
 	assert.Empty(t, h.registry(), "a report-only run changes nothing")
 
 	// One item, by name: rebuilt and registered again.
-	res = h.store("reconcile", "-apply", "A")
-	assert.Equal(t, exitDrift, res.code)
-	assert.Contains(t, res.out, "NOT IN THE REGISTRY")
+	h.store("reconcile", "-apply", "A").want(t, exitDrift, "NOT IN THE REGISTRY")
 	assert.Equal(t, []string{"A"}, h.registry())
 	assert.Equal(t, "8\n", h.run("available", "A").out)
 
 	// The relay drains it again.
 	_, err := h.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1})
 	require.NoError(t, err)
-	res = h.store("relay-once")
-	require.Equal(t, exitOK, res.code)
-	assert.Contains(t, res.out, "delivered 1 events")
+	h.store("relay-once").want(t, exitOK, "delivered 1 events")
 
 	res = h.store("reconcile")
 	assert.NotContains(t, res.out, "REDIS LOST")
@@ -693,9 +579,7 @@ func TestReconcileLiftsFence(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, fenced)
 
-	res = h.store("reconcile", "-apply")
-	require.Equal(t, exitOK, res.code, res.err)
-	assert.Contains(t, res.out, "the Redis primaries are recorded as reconciled")
+	h.store("reconcile", "-apply").want(t, exitOK, "the Redis primaries are recorded as reconciled")
 	fenced, err = g.Check(ctx)
 	require.NoError(t, err)
 	assert.False(t, fenced, "the CLI's complete pass lifts the fence")
