@@ -356,6 +356,36 @@ func broken() map[string]func() stock.Store {
 	}
 }
 
+// BrokenStore is, for this package's external tests, the store broken() holds for the check
+// name, good() for "good", or for "Oversells" one that takes a deduct whenever some stock is
+// left, however little, and goes negative.
+func BrokenStore(name string) stock.Store {
+	switch name {
+	case "good":
+		return good()
+	case "Oversells":
+		h := good()
+		next := h.apply
+		h.apply = func(ctx context.Context, ev stock.Event) error {
+			rem, err := h.Store.Remaining(ctx, ev.SKU)
+			if err != nil || ev.Type != stock.EventDeducted || rem <= 0 || rem >= ev.Qty {
+				return next(ctx, ev)
+			}
+			if m, _ := h.Store.Records(ctx, ev.SKU, []string{ev.ID}); len(m) > 0 {
+				return next(ctx, ev) // a repeat
+			}
+			h.Store.Set(ev.SKU, ev.Qty) // covers it, then takes it from what was there
+			if err := next(ctx, ev); err != nil {
+				return err
+			}
+			h.Store.Set(ev.SKU, rem-ev.Qty)
+			return nil
+		}
+		return h
+	}
+	return broken()[name]()
+}
+
 // noStopBatch applies every event of a batch, past an error that is not a refusal.
 type noStopBatch struct{ *hooked }
 

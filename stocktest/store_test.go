@@ -17,143 +17,9 @@ import (
 
 // --- TestStore against broken stores, in a child process -----------------------------------
 
-// contractStore is a small Store whose mode breaks one rule of the contract on purpose.
-type contractStore struct {
-	mode string
-	mu   sync.Mutex
-	rem  map[string]int64
-	recs map[string]map[string]stock.Record
-}
-
-func newContractStore(mode string) *contractStore {
-	return &contractStore{mode: mode, rem: map[string]int64{}, recs: map[string]map[string]stock.Record{}}
-}
-
-func (s *contractStore) Load(_ context.Context, sku string, qty int64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.rem[sku]; ok {
-		return stock.ErrLoaded
-	}
-	s.rem[sku] = qty
-	return nil
-}
-
-func (s *contractStore) Remaining(_ context.Context, sku string) (int64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n, ok := s.rem[sku]
-	if !ok {
-		if s.mode == "remaining-unknown-zero" {
-			return 0, nil
-		}
-		return 0, stock.ErrNotLoaded
-	}
-	return n, nil
-}
-
-func (s *contractStore) Records(_ context.Context, sku string, ids []string) (map[string]stock.Record, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[string]stock.Record{}
-	for _, id := range ids {
-		if r, ok := s.recs[sku][id]; ok {
-			out[id] = r
-		}
-	}
-	return out, nil
-}
-
-func (s *contractStore) Apply(_ context.Context, ev stock.Event) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	recs := s.recs[ev.SKU]
-	if recs == nil {
-		recs = map[string]stock.Record{}
-		s.recs[ev.SKU] = recs
-	}
-	rec, seen := recs[ev.ID]
-	rem, loaded := s.rem[ev.SKU]
-	newRec := func(st stock.State) stock.Record {
-		return stock.Record{SKU: ev.SKU, ID: ev.ID, User: ev.User, Type: ev.Type, Qty: ev.Qty, Status: st, At: time.Now()}
-	}
-	covers := func() bool {
-		if s.mode == "negative" {
-			return loaded && rem > 0 // checks only that some stock is left
-		}
-		return loaded && rem >= ev.Qty
-	}
-	switch ev.Type {
-	case stock.EventDeducted, stock.EventConfirmed:
-		if s.mode == "repeat-refused-when-low" && !covers() {
-			// A conditional decrement first, the id looked up only when it succeeds: a repeat
-			// of an applied deduct is "refused" once the stock has dropped below its qty.
-			if !seen {
-				recs[ev.ID] = newRec(stock.StateRefused)
-			}
-			return stock.ErrRefused
-		}
-		if !seen && !loaded {
-			return stock.ErrNotLoaded // a setup error, not a refusal: nothing recorded
-		}
-		if seen && s.mode != "non-idempotent" {
-			if rec.Status == stock.StateRefused {
-				if s.mode == "refusal-not-sticky" && covers() {
-					s.rem[ev.SKU] = rem - ev.Qty
-					recs[ev.ID] = newRec(stock.StateApplied)
-					return nil
-				}
-				return stock.ErrRefused
-			}
-			if rec.Status == stock.StateRestored && s.mode == "tombstone-ignored" && covers() {
-				s.rem[ev.SKU] = rem - ev.Qty
-				recs[ev.ID] = newRec(stock.StateApplied)
-			}
-			return nil
-		}
-		if !covers() {
-			recs[ev.ID] = newRec(stock.StateRefused)
-			return stock.ErrRefused
-		}
-		s.rem[ev.SKU] = rem - ev.Qty
-		recs[ev.ID] = newRec(stock.StateApplied)
-	case stock.EventRestored, stock.EventRefused:
-		if !seen {
-			if s.mode != "tombstone-ignored" {
-				recs[ev.ID] = newRec(stock.StateRestored)
-			}
-			return nil
-		}
-		if rec.Status == stock.StateApplied && rec.Type != stock.EventRestocked {
-			if s.mode == "racy-restore" {
-				// Check, then give back outside the lock (a read-then-write without a row lock).
-				s.mu.Unlock()
-				time.Sleep(2 * time.Millisecond)
-				s.mu.Lock()
-				s.rem[ev.SKU] += rec.Qty
-				rec.Status = stock.StateRestored
-				s.recs[ev.SKU][ev.ID] = rec
-				return nil
-			}
-			s.rem[ev.SKU] = rem + rec.Qty
-			rec.Status = stock.StateRestored
-			recs[ev.ID] = rec
-		}
-	case stock.EventRestocked:
-		if seen {
-			return nil
-		}
-		if !loaded {
-			return stock.ErrNotLoaded
-		}
-		s.rem[ev.SKU] = rem + ev.Qty
-		recs[ev.ID] = newRec(stock.StateApplied)
-	}
-	return nil
-}
-
-// TestStoreSuiteChild runs stocktest.TestStore on the store STOCKTEST_CHILD_STORE names; it is
-// run by TestStoreSuiteOnStores in a child process, and skips otherwise.
+// TestStoreSuiteChild runs stocktest.TestStore on the store STOCKTEST_CHILD_STORE names
+// (memstore, or a stocktest.BrokenStore); it is run by TestStoreSuiteOnStores in a child
+// process, and skips otherwise.
 func TestStoreSuiteChild(t *testing.T) {
 	mode := os.Getenv("STOCKTEST_CHILD_STORE")
 	if mode == "" {
@@ -163,7 +29,7 @@ func TestStoreSuiteChild(t *testing.T) {
 		if mode == "memstore" {
 			return memstore.New()
 		}
-		return newContractStore(mode)
+		return stocktest.BrokenStore(mode)
 	})
 }
 
@@ -191,13 +57,13 @@ func suiteChild(t *testing.T, test, env, mode string, limit time.Duration) (fail
 }
 
 // TestStoreSuiteOnStores runs stocktest.TestStore, in a child process each, on memstore and a
-// correct contractStore, which must pass it (the named subtests included), and on stores that
-// break the contract on purpose, which must fail it: in the named subtest where one is given.
-// The last two break it in ways TestStore's doc says it checks but that no single subtest
-// names: "Apply is idempotent per (SKU, ID), and a repeat answers as the first application
-// did" (a repeat of an applied deduct answered ErrRefused once stock dropped below its qty:
-// the relay would give the units back in Redis for a sale the store keeps) and "concurrent
-// applies of one id apply it once" (concurrent duplicate restores of one id give back twice).
+// correct hooked store, which must pass it (the named subtests included), and on stores that
+// break the contract on purpose, which must fail it in the named subtest: a store that does not
+// apply a repeated deduct once, one that oversells what is left, one that ignores a restore's
+// tombstone, one that takes a refused id later, one that answers 0 for an unknown item, one
+// that refuses a repeat of an applied deduct once stock is low (the relay would give the units
+// back in Redis for a sale the store keeps), and one whose concurrent restores of one id give
+// back twice.
 func TestStoreSuiteOnStores(t *testing.T) {
 	cases := []struct {
 		mode     string
@@ -205,14 +71,14 @@ func TestStoreSuiteOnStores(t *testing.T) {
 		subtests []string // that must pass, or (one) fail
 	}{
 		{"memstore", true, []string{"DeductIdempotent", "RefusalIsFinal", "ConcurrentNoOversell", "Batch", "BatchStopsAtFailure", "BatchAnswersUnapplied"}},
-		{"correct", true, nil},
-		{"non-idempotent", false, []string{"DeductIdempotent"}},
-		{"negative", false, []string{"RefusalIsFinal"}},
-		{"tombstone-ignored", false, []string{"RestoreBeforeDeductTombstone"}},
-		{"refusal-not-sticky", false, []string{"RefusalIsFinal"}},
-		{"remaining-unknown-zero", false, []string{"RemainingUnknownItem"}},
-		{"repeat-refused-when-low", false, nil},
-		{"racy-restore", false, nil},
+		{"good", true, nil},
+		{"DeductIdempotent", false, []string{"DeductIdempotent"}},
+		{"Oversells", false, []string{"RefusalIsFinal"}},
+		{"RestoreBeforeDeductTombstone", false, []string{"RestoreBeforeDeductTombstone"}},
+		{"RefusalIsFinal", false, []string{"RefusalIsFinal"}},
+		{"RemainingUnknownItem", false, []string{"RemainingUnknownItem"}},
+		{"RepeatAppliedWhenLow", false, []string{"RepeatAppliedWhenLow"}},
+		{"ConcurrentGiveBackOnce", false, []string{"ConcurrentGiveBackOnce"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.mode, func(t *testing.T) {
@@ -240,13 +106,14 @@ func TestStoreSuiteOnStores(t *testing.T) {
 	}
 }
 
-// TestSubtleStoresReallyBroken shows directly that the repeat-refused-when-low and racy-restore
-// stores break the contract, so that TestStoreSuiteOnStores failing them is right.
+// TestSubtleStoresReallyBroken shows directly that the RepeatAppliedWhenLow and
+// ConcurrentGiveBackOnce stores break the contract, so that TestStoreSuiteOnStores failing them
+// is right.
 func TestSubtleStoresReallyBroken(t *testing.T) {
 	ctx := context.Background()
-	t.Run("repeat-refused-when-low", func(t *testing.T) {
-		s := newContractStore("repeat-refused-when-low")
-		_ = s.Load(ctx, "a", 3)
+	t.Run("RepeatAppliedWhenLow", func(t *testing.T) {
+		s := stocktest.BrokenStore("RepeatAppliedWhenLow")
+		_ = s.(stocktest.Loader).Load(ctx, "a", 3)
 		e := stock.Event{Type: stock.EventDeducted, SKU: "a", ID: "o1", Qty: 3}
 		if err := s.Apply(ctx, e); err != nil {
 			t.Fatal(err)
@@ -259,17 +126,13 @@ func TestSubtleStoresReallyBroken(t *testing.T) {
 		}
 		t.Logf("repeat of an applied deduct answered ErrRefused while its record says applied: contract broken")
 	})
-	t.Run("racy-restore", func(t *testing.T) {
-		s := newContractStore("racy-restore")
-		_ = s.Load(ctx, "a", 10)
+	t.Run("ConcurrentGiveBackOnce", func(t *testing.T) {
+		s := stocktest.BrokenStore("ConcurrentGiveBackOnce")
+		_ = s.(stocktest.Loader).Load(ctx, "a", 10)
 		_ = s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "a", ID: "o1", Qty: 3})
 		var wg sync.WaitGroup
 		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_ = s.Apply(ctx, stock.Event{Type: stock.EventRestored, SKU: "a", ID: "o1", Qty: 3})
-			}()
+			wg.Go(func() { _ = s.Apply(ctx, stock.Event{Type: stock.EventRestored, SKU: "a", ID: "o1", Qty: 3}) })
 		}
 		wg.Wait()
 		if n, _ := s.Remaining(ctx, "a"); n == 10 {

@@ -49,22 +49,22 @@ func (r cliResult) String() string {
 }
 
 // want checks the exit code (ending the test when it differs) and that stdout holds each of
-// outs; it returns r for further checks.
+// outs; it returns r for further checks. wantErr is want for stderr.
 func (r cliResult) want(t *testing.T, code int, outs ...string) cliResult {
 	t.Helper()
-	require.Equal(t, code, r.code, "%v", r)
-	for _, o := range outs {
-		assert.Contains(t, r.out, o)
-	}
-	return r
+	return r.check(t, code, r.out, outs)
 }
 
-// wantErr is want for stderr.
 func (r cliResult) wantErr(t *testing.T, code int, errs ...string) cliResult {
 	t.Helper()
+	return r.check(t, code, r.err, errs)
+}
+
+func (r cliResult) check(t *testing.T, code int, got string, subs []string) cliResult {
+	t.Helper()
 	require.Equal(t, code, r.code, "%v", r)
-	for _, e := range errs {
-		assert.Contains(t, r.err, e)
+	for _, s := range subs {
+		assert.Contains(t, got, s)
 	}
 	return r
 }

@@ -15,25 +15,6 @@ import (
 	"github.com/stockres/stock"
 )
 
-// client returns a new client of the env's Redis: through the proxy, or straight to the server.
-func (e *httpEnv) client(t *testing.T, direct bool) rueidis.Client {
-	t.Helper()
-	addr := e.proxy.Addr()
-	if direct {
-		if e.real {
-			addr = e.srv.Addr()
-		} else {
-			addr = e.mr.Addr()
-		}
-	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: !e.real, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
-
 // instance starts another process of the service on c: its own Reserver (per-user limit
 // limit) and key records (key lifetime keyTTL), sharing the env's Redis and payment provider.
 func (e *httpEnv) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL time.Duration) *httptest.Server {

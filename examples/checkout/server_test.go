@@ -127,15 +127,8 @@ func newHTTPEnv(t *testing.T, real bool, cfg envConfig) *httpEnv {
 	}
 	t.Cleanup(func() { p.Close() })
 	e.proxy = p
-	// ForceSingleClient: miniredis answers CLUSTER SLOTS with its own address, which would make
-	// rueidis bypass the proxy.
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: !real, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	e.c = c
-	e.r, err = stock.New(c, stock.WithPrefix("shop"), stock.WithUserLimit(cfg.limit))
+	e.c = e.client(t, false)
+	e.r, err = stock.New(e.c, stock.WithPrefix("shop"), stock.WithUserLimit(cfg.limit))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +143,27 @@ func newHTTPEnv(t *testing.T, real bool, cfg envConfig) *httpEnv {
 	e.ts = httptest.NewServer(e.handler())
 	t.Cleanup(e.ts.Close)
 	return e
+}
+
+// client returns a new client of the env's Redis: through the proxy, or straight to the server.
+func (e *httpEnv) client(t *testing.T, direct bool) rueidis.Client {
+	t.Helper()
+	addr := e.proxy.Addr()
+	if direct {
+		if e.real {
+			addr = e.srv.Addr()
+		} else {
+			addr = e.mr.Addr()
+		}
+	}
+	// ForceSingleClient: miniredis answers CLUSTER SLOTS with its own address, which would make
+	// rueidis bypass the proxy.
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: !e.real, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
 }
 
 // handler returns a new checkout handler on the env's Reserver and payments: another process
