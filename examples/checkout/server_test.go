@@ -619,8 +619,8 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 	})
 }
 
-// The same key with another body: 422, and nothing changes. The same key from another user is
-// that user's own order.
+// The same key with another body, on this instance or another: 422, and nothing changes. The
+// same key from another user is that user's own order.
 func TestSameKeyOtherRequest(t *testing.T) {
 	onBackends(t, envConfig{limit: 5, items: map[string]int64{"sku-a": 10, "sku-b": 10}}, func(t *testing.T, e *httpEnv) {
 		first := e.buy(t, "k1", "sku-a", "alice", 1)
@@ -629,6 +629,12 @@ func TestSameKeyOtherRequest(t *testing.T) {
 		wantError(t, "same key, other qty", e.buy(t, "k1", "sku-a", "alice", 2), 422, "idempotency_key_reused")
 		wantError(t, "same key, other sku", e.buy(t, "k1", "sku-b", "alice", 1), 422, "idempotency_key_reused")
 		wantError(t, "same key, other sku and qty", e.buy(t, "k1", "sku-b", "alice", 3), 422, "idempotency_key_reused")
+		// Another process of the service (or this one restarted), sharing Redis and the payment
+		// provider: the payment is idempotent in the order id, which does not depend on the sku,
+		// so the key's other item would not be paid for.
+		other := httptest.NewServer(e.handler())
+		defer other.Close()
+		wantError(t, "same key, other sku, another instance", buyOn(t, other.URL, "k1", "sku-b", "alice", 1), 422, "idempotency_key_reused")
 		if after := e.snapshot(); after != before {
 			t.Errorf("422s changed the state:\nbefore %s\nafter  %s", before, after)
 		}
@@ -714,26 +720,6 @@ func TestSameKeyTwoItemsConcurrent(t *testing.T) {
 			})
 		})
 	}
-}
-
-// Two processes of the service (or one restarted) share Redis and the payment provider. The
-// doc promises 422 when "the user used the key with another sku or qty"; the payment is
-// idempotent in the order id, which does not depend on the sku.
-func TestSameKeyOtherItemOnAnotherInstance(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 5, "sku-b": 5}}, func(t *testing.T, e *httpEnv) {
-		first := e.buy(t, "k1", "sku-a", "mallory", 1)
-		wantOK(t, "instance 1, sku-a", first, "sku-a", "mallory", 1)
-		calls := e.pay.Calls()
-
-		other := httptest.NewServer(e.handler()) // a second instance, or the first one restarted
-		defer other.Close()
-		r := buyOn(t, other.URL, "k1", "sku-b", "mallory", 1)
-		wantError(t, "instance 2, same key, sku-b", r, 422, "idempotency_key_reused")
-		if lv := e.levels("sku-b"); lv.Sold != 0 || lv.Held != 0 {
-			t.Errorf("sku-b %+v: the reused key took stock; order %q was charged once (%d -> %d charge calls, charged=%v for %s), so the second item was not paid for",
-				lv, r.str("order"), calls, e.pay.Calls(), e.pay.Charged(first.str("order")), first.str("order"))
-		}
-	})
 }
 
 // Another user with the same key cannot cancel, confirm or answer for a user's order in flight.
@@ -878,91 +864,69 @@ func wantRetryHint(t *testing.T, what string, r httpResp) {
 	}
 }
 
-// Redis unreachable (a partition): answers within a bounded time, 503, and a retry with the
-// same key after it heals sells once.
-func TestRedisUnreachable(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
-		e.proxy.Blackhole(time.Minute)
-		start := time.Now()
-		r := e.buy(t, "u1", "sku-a", "alice", 1)
-		if d := time.Since(start); d > 15*time.Second {
-			t.Errorf("checkout answered after %v with Redis unreachable", d)
-		}
-		wantError(t, "checkout, Redis unreachable", r, 503, "unavailable")
-		wantRetryHint(t, "checkout, Redis unreachable", r)
-
-		start = time.Now()
-		g := e.do(t, httpReq{method: "GET", path: "/stock/sku-a"})
-		if d := time.Since(start); d > 15*time.Second {
-			t.Errorf("GET /stock answered after %v with Redis unreachable", d)
-		}
-		wantError(t, "levels, Redis unreachable", g, 503, "unavailable")
-
-		e.proxy.Heal()
-		wantOK(t, "retry after heal", e.retry(t, "u1", "sku-a", "alice", 1), "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 {
-			t.Errorf("levels %+v, want exactly one sold", lv)
-		}
-	})
-}
-
-// Redis stops while the payment is under way: the confirm cannot run. The answer comes within
-// a bounded time and says to retry; the retry after Redis is back sells once, charged once.
-func TestRedisStoppedMidPayment(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
-		var once sync.Once
-		e.pay.setBefore(func(context.Context, Charge) error {
-			once.Do(e.stopRedis)
-			return nil
+// Redis in trouble during a checkout: unreachable (a partition; GET /stock too), stopped while
+// the payment is under way (the confirm cannot run), or the confirm's reply lost after it ran
+// (the outcome unknown: the first answer may be the order). The answer comes within a bounded
+// time; unless it is the order, it is a 503 that says to retry with the same key. The retry once
+// Redis is back sells exactly once, as the same order, charged.
+func TestRedisTroubleThenRetrySellsOnce(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		trip    func(e *httpEnv) // before the checkout
+		mend    func(t *testing.T, e *httpEnv)
+		retries bool // the client retries while the answer is 503; else one retry must sell
+	}{
+		{"unreachable", func(e *httpEnv) { e.proxy.Blackhole(time.Minute) }, func(t *testing.T, e *httpEnv) {
+			start := time.Now()
+			wantError(t, "levels, Redis unreachable", e.do(t, httpReq{method: "GET", path: "/stock/sku-a"}), 503, "unavailable")
+			if d := time.Since(start); d > 15*time.Second {
+				t.Errorf("GET /stock answered after %v with Redis unreachable", d)
+			}
+			e.proxy.Heal()
+		}, true},
+		{"stopped mid-payment", func(e *httpEnv) {
+			var once sync.Once
+			e.pay.setBefore(func(context.Context, Charge) error { once.Do(e.stopRedis); return nil })
+		}, func(_ *testing.T, e *httpEnv) { e.startRedis() }, true},
+		{"confirm reply lost", func(e *httpEnv) {
+			var once sync.Once
+			e.pay.setBefore(func(context.Context, Charge) error { once.Do(func() { e.proxy.DropReplies(1) }); return nil })
+		}, func(t *testing.T, e *httpEnv) {
+			if n := e.proxy.PendingDrops(); n != 0 {
+				t.Fatalf("the reply drop was not used (%d pending): the test did not break the confirm", n)
+			}
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
+				c.trip(e)
+				start := time.Now()
+				r := e.buy(t, "k1", "sku-a", "alice", 1)
+				if d := time.Since(start); d > 15*time.Second {
+					t.Errorf("answered after %v", d)
+				}
+				if r.status == 200 && c.name == "confirm reply lost" {
+					wantOK(t, "first", r, "sku-a", "alice", 1)
+				} else {
+					wantError(t, "first", r, 503, "unavailable")
+					wantRetryHint(t, "first", r)
+				}
+				c.mend(t, e)
+				last := e.buy(t, "k1", "sku-a", "alice", 1)
+				if c.retries && last.status == 503 {
+					last = e.retry(t, "k1", "sku-a", "alice", 1)
+				}
+				order := orderID("alice", "k1", "sku-a", 1)
+				wantOK(t, "retry", last, "sku-a", "alice", 1)
+				if last.str("order") != order || !e.pay.Charged(order) {
+					t.Errorf("order %q (charged %v), want %q", last.str("order"), e.pay.Charged(order), order)
+				}
+				if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || lv.Available != 2 {
+					t.Errorf("levels %+v, want exactly one sold", lv)
+				}
+			})
 		})
-		start := time.Now()
-		r := e.buy(t, "m1", "sku-a", "alice", 1)
-		if d := time.Since(start); d > 15*time.Second {
-			t.Errorf("answered after %v with Redis stopped", d)
-		}
-		wantError(t, "Redis stopped mid-payment", r, 503, "unavailable")
-		wantRetryHint(t, "Redis stopped mid-payment", r)
-		order := orderID("alice", "m1", "sku-a", 1)
-		e.startRedis()
-		last := e.retry(t, "m1", "sku-a", "alice", 1)
-		wantOK(t, "retry after restart", last, "sku-a", "alice", 1)
-		if last.str("order") != order {
-			t.Errorf("order %q, want %q", last.str("order"), order)
-		}
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || lv.Available != 2 {
-			t.Errorf("levels %+v, want exactly one sold", lv)
-		}
-		if !e.pay.Charged(order) {
-			t.Errorf("order not charged")
-		}
-	})
-}
-
-// The reply of the confirm is lost after it ran (a broken connection): the outcome is unknown;
-// whatever the first answer, the retry with the same key ends with one sale.
-func TestConfirmReplyLost(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
-		var once sync.Once
-		e.pay.setBefore(func(context.Context, Charge) error {
-			once.Do(func() { e.proxy.DropReplies(1) })
-			return nil
-		})
-		r := e.buy(t, "c1", "sku-a", "alice", 1)
-		if n := e.proxy.PendingDrops(); n != 0 {
-			t.Fatalf("the reply drop was not used (%d pending): the test did not break the confirm", n)
-		}
-		switch r.status {
-		case 200:
-			wantOK(t, "first", r, "sku-a", "alice", 1)
-		default:
-			wantError(t, "first", r, 503, "unavailable")
-			wantRetryHint(t, "first", r)
-		}
-		wantOK(t, "retry", e.buy(t, "c1", "sku-a", "alice", 1), "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 {
-			t.Errorf("levels %+v, want exactly one sold", lv)
-		}
-	})
+	}
 }
 
 // N concurrent buyers over S units: exactly S purchases, and the levels agree; then a mixed
