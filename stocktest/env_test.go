@@ -19,41 +19,6 @@ import (
 	"github.com/stockres/stock/stocktest"
 )
 
-// TestAdvanceMovesRelayBackoff: an item whose event failed waits for its backoff, which only
-// Advance makes pass.
-func TestAdvanceMovesRelayBackoff(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	st := memstore.New()
-	if err := st.Load(ctx, "sku", 5); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
-		t.Fatal(err)
-	}
-	rl, err := stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"sku"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	deduct(t, e, "sku", "o1", 2)
-	st.FailWith(func(stock.Event) error { return errors.New("database down") })
-	if s, err := rl.Once(ctx); s.Retried != 1 { // Once also reports the store's error
-		t.Fatalf("first pass: %+v (%v); want 1 retried", s, err)
-	}
-	st.FailWith(nil)
-	time.Sleep(20 * time.Millisecond) // wall-clock time does not end the backoff
-	if s, err := rl.Once(ctx); err != nil || s.Delivered != 0 {
-		t.Fatalf("pass during the backoff: %+v, %v; want nothing delivered", s, err)
-	}
-	e.Advance(16 * time.Second) // the backoff, plus up to half of it as jitter
-	if s, err := rl.Once(ctx); err != nil || s.Delivered != 1 {
-		t.Fatalf("pass after the backoff: %+v, %v; want 1 delivered", s, err)
-	}
-	if n, err := st.Remaining(ctx, "sku"); err != nil || n != 3 {
-		t.Fatalf("store remaining = %d, %v; want 3", n, err)
-	}
-}
-
 // TestEnvPassesTheMemoryPolicyCheckQuietly: the Env's miniredis answers the Reserver's memory
 // policy check as a Redis set to noeviction, so a test's first write logs no warning that the
 // policy could not be read.
@@ -557,33 +522,64 @@ func TestRunSweepsAndDeliversAfterAdvance(t *testing.T) {
 	}
 }
 
-// The relay's retry backoff is a key TTL: it moves with Advance and stands still otherwise.
+// The relay's retry backoff is a key TTL: an item whose event failed waits for its backoff,
+// which stands still with the clock (whatever real time passes) and passes with Advance; the
+// event is then applied once. Through a stockops Relay's passes, and under Reserver.Run.
 func TestRelayBackoffFollowsAdvance(t *testing.T) {
+	setup := func(t *testing.T) (*stocktest.Env, *memstore.Store, *atomic.Int64) {
+		e := stocktest.New(t)
+		store := memstore.New()
+		_ = store.Load(context.Background(), "a", 10)
+		load(t, e, "a", 10)
+		var calls atomic.Int64
+		store.FailWith(func(stock.Event) error { calls.Add(1); return memstore.ErrDown })
+		return e, store, &calls
+	}
 	ctx := context.Background()
-	e := stocktest.New(t)
-	store := memstore.New()
-	_ = store.Load(ctx, "a", 10)
-	var calls atomic.Int64
-	store.FailWith(func(stock.Event) error { calls.Add(1); return memstore.ErrDown })
-	load(t, e, "a", 10)
-	runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1},
-		Relay: &stock.RelayOptions{MinBackoff: time.Minute, MaxBackoff: time.Minute}})
-	deduct(t, e, "a", "d1", 3)
-	waitFor(t, 10*time.Second, "a first, failed, delivery", func() (bool, string) { return calls.Load() > 0, "" })
-	store.FailWith(nil)
-	before := calls.Load()
-	time.Sleep(2 * time.Second)
-	if n, _ := store.Remaining(ctx, "a"); n != 10 {
-		t.Fatalf("event applied during a 1m backoff with the clock standing still (store remaining %d, failed calls %d -> %d)", n, before, calls.Load())
-	}
-	e.Advance(2 * time.Minute)
-	waitFor(t, 10*time.Second, "delivery after Advance past the backoff", func() (bool, string) {
-		n, _ := store.Remaining(ctx, "a")
-		return n == 7, fmt.Sprint("store remaining ", n)
+	t.Run("Relay.Once", func(t *testing.T) {
+		e, store, _ := setup(t)
+		rl, err := stockops.NewRelay(e.Reserver, store, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"a"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deduct(t, e, "a", "d1", 3)
+		if s, err := rl.Once(ctx); s.Retried != 1 { // Once also reports the store's error
+			t.Fatalf("first pass: %+v (%v); want 1 retried", s, err)
+		}
+		store.FailWith(nil)
+		time.Sleep(20 * time.Millisecond) // wall-clock time does not end the backoff
+		if s, err := rl.Once(ctx); err != nil || s.Delivered != 0 {
+			t.Fatalf("pass during the backoff: %+v, %v; want nothing delivered", s, err)
+		}
+		e.Advance(16 * time.Second) // the backoff, plus up to half of it as jitter
+		if s, err := rl.Once(ctx); err != nil || s.Delivered != 1 {
+			t.Fatalf("pass after the backoff: %+v, %v; want 1 delivered", s, err)
+		}
+		if n, err := store.Remaining(ctx, "a"); err != nil || n != 7 {
+			t.Fatalf("store remaining = %d, %v; want 7", n, err)
+		}
 	})
-	if store.Applications("a", "d1", stock.EventDeducted) != 1 {
-		t.Fatalf("d1 applied %d times", store.Applications("a", "d1", stock.EventDeducted))
-	}
+	t.Run("Run", func(t *testing.T) {
+		e, store, calls := setup(t)
+		runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1},
+			Relay: &stock.RelayOptions{MinBackoff: time.Minute, MaxBackoff: time.Minute}})
+		deduct(t, e, "a", "d1", 3)
+		waitFor(t, 10*time.Second, "a first, failed, delivery", func() (bool, string) { return calls.Load() > 0, "" })
+		store.FailWith(nil)
+		before := calls.Load()
+		time.Sleep(2 * time.Second)
+		if n, _ := store.Remaining(ctx, "a"); n != 10 {
+			t.Fatalf("event applied during a 1m backoff with the clock standing still (store remaining %d, failed calls %d -> %d)", n, before, calls.Load())
+		}
+		e.Advance(2 * time.Minute)
+		waitFor(t, 10*time.Second, "delivery after Advance past the backoff", func() (bool, string) {
+			n, _ := store.Remaining(ctx, "a")
+			return n == 7, fmt.Sprint("store remaining ", n)
+		})
+		if store.Applications("a", "d1", stock.EventDeducted) != 1 {
+			t.Fatalf("d1 applied %d times", store.Applications("a", "d1", stock.EventDeducted))
+		}
+	})
 }
 
 // --- Carts ---------------------------------------------------------------------------------

@@ -286,63 +286,6 @@ func TestPrintNodeCPU(t *testing.T) {
 	assert.NotContains(t, string(js), "node_roles")
 }
 
-// TestRunClusterPerNode runs two phases on a private 3-master cluster and checks that the
-// report splits the Redis CPU by master, and that the parts sum to the total.
-func TestRunClusterPerNode(t *testing.T) {
-	if redistest.ServerBinary(t) == "" {
-		t.Skipf("needs a real Redis Cluster: set %s to the path of redis-server", redistest.EnvServer)
-	}
-	cluster := redistest.StartCluster(t, 3)
-	addrs := cluster.Addrs()
-	seeds := strings.Join(addrs, ",")
-	rep := runReport(t, "-cluster", seeds, "-duration", "300ms", "-g", "16", "-items", "16", "-phases", "deduct,raw-ledger")
-	require.Len(t, rep.Phases, 2)
-	for _, p := range rep.Phases {
-		require.NotNil(t, p.RedisCPU, p.Name)
-		require.NotNil(t, p.RedisUsPerOp, p.Name)
-		require.Len(t, p.RedisCPUPerNode, 3, p.Name)
-		var sum, sumUs float64
-		for _, a := range addrs {
-			cores, ok := p.RedisCPUPerNode[a]
-			require.True(t, ok, "%s: no %s in %v", p.Name, a, p.RedisCPUPerNode)
-			assert.GreaterOrEqual(t, cores, 0.0, "%s: %s", p.Name, a)
-			sum += cores
-			sumUs += p.RedisUsPerOpPerNode[a]
-			assert.Equal(t, "master", p.RedisNodeRoles[a], "%s: %s", p.Name, a)
-		}
-		assert.InDelta(t, *p.RedisCPU, sum, 1e-9, p.Name)
-		assert.InDelta(t, *p.RedisUsPerOp, sumUs, 1e-6, p.Name)
-	}
-
-	// The table: one row per phase, its percentages summing to the total's within rounding.
-	s := runTable(t, "-cluster", seeds, "-duration", "300ms", "-g", "16", "-items", "1", "-phases", "deduct")
-	block := nodeBlock(t, s)
-	for _, a := range addrs {
-		assert.Contains(t, block, a)
-	}
-	row := regexp.MustCompile(`(?m)^  deduct\s+(\d+)% \([0-9.]+\)\s+(\d+)% \([0-9.]+\)\s+(\d+)% \([0-9.]+\)\s*$`).FindStringSubmatch(block)
-	require.NotNil(t, row, s)
-	// The phase table's row: the first "N%  x.x  N%" is redis cpu, its µs/op and client cpu.
-	total := regexp.MustCompile(`(?m)^  deduct\s+16\s.*?\s(\d+)%\s+[0-9.]+\s+\d+%`).FindStringSubmatch(s)
-	require.NotNil(t, total, s)
-	var parts int
-	for _, v := range row[1:] {
-		n, _ := strconv.Atoi(v)
-		parts += n
-	}
-	want, _ := strconv.Atoi(total[1])
-	assert.InDelta(t, want, parts, 2, "per-node percentages sum to the total within rounding:\n%s", s)
-}
-
-// nodeBlock returns the per-node block of a table: from its title to the ratios.
-func nodeBlock(t *testing.T, table string) string {
-	t.Helper()
-	i := strings.Index(table, "redis cpu per node, % of a core (µs/op):")
-	j := strings.Index(table, "ratios:")
-	require.True(t, i >= 0 && i < j, "no per-node block before the ratios:\n%s", table)
-	return table[i:j]
-}
-
 // TestRunBuckets runs the Reserver phases with every item split over 3 buckets on the embedded
 // miniredis: every check holds, over every bucket, and the fast-path phase says it is moot.
 // Then a deduct phase with little stock sells out: stock moves between the buckets, no transfer
@@ -386,32 +329,84 @@ func TestRunBuckets(t *testing.T) {
 	assert.Positive(t, transfers, "the last units of a bucket come from the others")
 }
 
-// TestRunClusterBuckets runs the deduct phase on one hot item split over 3 buckets on a private
-// 3-master cluster: its buckets fall on the three masters (one each), each carries the Redis
-// CPU of the phase, and every check holds.
-func TestRunClusterBuckets(t *testing.T) {
+// nodeBlock returns the per-node block of a table: from its title to the ratios.
+func nodeBlock(t *testing.T, table string) string {
+	t.Helper()
+	i := strings.Index(table, "redis cpu per node, % of a core (µs/op):")
+	j := strings.Index(table, "ratios:")
+	require.True(t, i >= 0 && i < j, "no per-node block before the ratios:\n%s", table)
+	return table[i:j]
+}
+
+// TestRunCluster runs on a private 3-master cluster. Two phases: the report splits the Redis
+// CPU by master, and the parts sum to the total, in the JSON and in the table. The deduct phase
+// on one hot item split over 3 buckets: its buckets fall on the three masters (one each), each
+// carries the Redis CPU of the phase, and every check holds.
+func TestRunCluster(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("needs a real Redis Cluster: set %s to the path of redis-server", redistest.EnvServer)
 	}
 	cluster := redistest.StartCluster(t, 3)
-	seeds := strings.Join(cluster.Addrs(), ",")
-	rep := runReport(t, "-cluster", seeds, "-duration", "500ms", "-g", "32", "-items", "1", "-buckets", "3", "-phases", "deduct,restore")
-	assert.True(t, rep.OK)
-	checksHold(t, rep)
-	assert.True(t, slicesContainsSubstr(rep.Notes, "buckets: item-0 on "), "%v", rep.Notes)
-	d := rep.Phases[0]
-	require.Equal(t, phDeduct, d.Name)
-	require.NotNil(t, d.RedisCPU)
-	require.Len(t, d.RedisCPUPerNode, 3)
-	busy := 0
-	for addr, cores := range d.RedisCPUPerNode {
-		if cores >= 0.1**d.RedisCPU {
-			busy++
+	addrs := cluster.Addrs()
+	seeds := strings.Join(addrs, ",")
+	t.Run("per node", func(t *testing.T) {
+		rep := runReport(t, "-cluster", seeds, "-duration", "300ms", "-g", "16", "-items", "16", "-phases", "deduct,raw-ledger")
+		require.Len(t, rep.Phases, 2)
+		for _, p := range rep.Phases {
+			require.NotNil(t, p.RedisCPU, p.Name)
+			require.NotNil(t, p.RedisUsPerOp, p.Name)
+			require.Len(t, p.RedisCPUPerNode, 3, p.Name)
+			var sum, sumUs float64
+			for _, a := range addrs {
+				cores, ok := p.RedisCPUPerNode[a]
+				require.True(t, ok, "%s: no %s in %v", p.Name, a, p.RedisCPUPerNode)
+				assert.GreaterOrEqual(t, cores, 0.0, "%s: %s", p.Name, a)
+				sum += cores
+				sumUs += p.RedisUsPerOpPerNode[a]
+				assert.Equal(t, "master", p.RedisNodeRoles[a], "%s: %s", p.Name, a)
+			}
+			assert.InDelta(t, *p.RedisCPU, sum, 1e-9, p.Name)
+			assert.InDelta(t, *p.RedisUsPerOp, sumUs, 1e-6, p.Name)
 		}
-		t.Logf("deduct: %s %.0f%% of a core", addr, cores*100)
-	}
-	assert.Equal(t, 3, busy, "one item over 3 buckets, one per master: every master carries the deduct phase: %v", d.RedisCPUPerNode)
-	assert.True(t, slicesContainsSubstr(rep.Notes, "item-0 on 3 of 3 masters"), "%v", rep.Notes)
+
+		// The table: one row per phase, its percentages summing to the total's within rounding.
+		s := runTable(t, "-cluster", seeds, "-duration", "300ms", "-g", "16", "-items", "1", "-phases", "deduct")
+		block := nodeBlock(t, s)
+		for _, a := range addrs {
+			assert.Contains(t, block, a)
+		}
+		row := regexp.MustCompile(`(?m)^  deduct\s+(\d+)% \([0-9.]+\)\s+(\d+)% \([0-9.]+\)\s+(\d+)% \([0-9.]+\)\s*$`).FindStringSubmatch(block)
+		require.NotNil(t, row, s)
+		// The phase table's row: the first "N%  x.x  N%" is redis cpu, its µs/op and client cpu.
+		total := regexp.MustCompile(`(?m)^  deduct\s+16\s.*?\s(\d+)%\s+[0-9.]+\s+\d+%`).FindStringSubmatch(s)
+		require.NotNil(t, total, s)
+		var parts int
+		for _, v := range row[1:] {
+			n, _ := strconv.Atoi(v)
+			parts += n
+		}
+		want, _ := strconv.Atoi(total[1])
+		assert.InDelta(t, want, parts, 2, "per-node percentages sum to the total within rounding:\n%s", s)
+	})
+	t.Run("buckets", func(t *testing.T) {
+		rep := runReport(t, "-cluster", seeds, "-duration", "500ms", "-g", "32", "-items", "1", "-buckets", "3", "-phases", "deduct,restore")
+		assert.True(t, rep.OK)
+		checksHold(t, rep)
+		assert.True(t, slicesContainsSubstr(rep.Notes, "buckets: item-0 on "), "%v", rep.Notes)
+		d := rep.Phases[0]
+		require.Equal(t, phDeduct, d.Name)
+		require.NotNil(t, d.RedisCPU)
+		require.Len(t, d.RedisCPUPerNode, 3)
+		busy := 0
+		for addr, cores := range d.RedisCPUPerNode {
+			if cores >= 0.1**d.RedisCPU {
+				busy++
+			}
+			t.Logf("deduct: %s %.0f%% of a core", addr, cores*100)
+		}
+		assert.Equal(t, 3, busy, "one item over 3 buckets, one per master: every master carries the deduct phase: %v", d.RedisCPUPerNode)
+		assert.True(t, slicesContainsSubstr(rep.Notes, "item-0 on 3 of 3 masters"), "%v", rep.Notes)
+	})
 }
 
 func slicesContainsSubstr(ss []string, sub string) bool {

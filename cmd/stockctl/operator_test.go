@@ -421,26 +421,15 @@ func TestOddValidNamesAreDistinctItems(t *testing.T) {
 		if lv.Loaded != want[n] || lv.Available != want[n]-1 || lv.Sold != 1 {
 			t.Errorf("%q: %+v, want loaded %d, available %d, sold 1", n, lv, want[n], want[n]-1)
 		}
-		res := mustCLI(t, "-redis", addr, "-json", "ledger", "--", n)
-		var es []entryJSON
-
-		if err := json.Unmarshal([]byte(res.out), &es); err != nil || len(es) != 2 {
-			t.Errorf("ledger %q: %d entries, %v; want 2\n%v", n, len(es), err, res)
+		if es := decode[[]entryJSON](t, mustCLI(t, "-redis", addr, "-json", "ledger", "--", n).out); len(es) != 2 {
+			t.Errorf("ledger %q: %d entries; want 2", n, len(es))
 		}
-		res = runCLI(t, "-redis", addr, "-json", "available", "--", n)
-		var av struct {
-			SKU       string `json:"sku"`
-			Available int64  `json:"available"`
-		}
-		if err := json.Unmarshal([]byte(res.out), &av); err != nil || av.SKU != n || av.Available != want[n]-1 {
-			t.Errorf("available %q: %+v %v\n%v", n, av, err, res)
+		av := decode[map[string]any](t, runCLI(t, "-redis", addr, "-json", "available", "--", n).out)
+		if av["sku"] != n || av["available"] != float64(want[n]-1) {
+			t.Errorf("available %q: %v", n, av)
 		}
 	}
-	res := runCLI(t, "-redis", addr, "-json", "items")
-	var got []string
-	if err := json.Unmarshal([]byte(res.out), &got); err != nil {
-		t.Fatalf("items: %v\n%v", err, res)
-	}
+	got := decode[[]string](t, runCLI(t, "-redis", addr, "-json", "items").out)
 	wantItems := slices.Clone(names)
 	slices.Sort(wantItems)
 	if !slices.Equal(got, wantItems) {
@@ -526,11 +515,10 @@ func TestQuantities(t *testing.T) {
 		t.Errorf("after restock 5: %+v", lv)
 	}
 	// Replaying the restock adds nothing; the same id with another quantity is refused.
-	res := runCLI(t, "-redis", addr, "-json", "restock", "q1", "po-max", "5")
-	var rc receiptJSON
-	if err := json.Unmarshal([]byte(res.out), &rc); err != nil || res.code != 0 || !rc.Replayed {
-		t.Errorf("replayed restock: %+v %v\n%v", rc, err, res)
+	if rc := decode[receiptJSON](t, mustCLI(t, "-redis", addr, "-json", "restock", "q1", "po-max", "5").out); !rc.Replayed {
+		t.Errorf("replayed restock: %+v", rc)
 	}
+
 	if res := runCLI(t, "-redis", addr, "restock", "q1", "po-max", "6"); res.code == 0 {
 		t.Errorf("the same restock id with another QTY accepted\n%v", res)
 	}
@@ -993,34 +981,25 @@ func TestEveryItemMany(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 
 	res := runCLI(t, "-redis", addr, "-json", "items")
-	var items []string
-	if err := json.Unmarshal([]byte(res.out), &items); err != nil || len(items) != n || !slices.IsSorted(items) {
-		t.Fatalf("items: %d, sorted %v, %v", len(items), slices.IsSorted(items), err)
+	if items := decode[[]string](t, res.out); len(items) != n || !slices.IsSorted(items) {
+		t.Fatalf("items: %d, sorted %v", len(items), slices.IsSorted(items))
 	}
-	res = runCLI(t, "-redis", addr, "-json", "levels")
-	var rows []levelsJSON
-	if err := json.Unmarshal([]byte(res.out), &rows); err != nil || res.code != 0 || len(rows) != n {
-		t.Fatalf("levels: %d rows, %v\n%s", len(rows), err, res.err)
-	}
+	rows := decode[[]levelsJSON](t, runCLI(t, "-redis", addr, "-json", "levels").want(t, exitOK).out)
+	require.Len(t, rows, n)
 	for _, row := range rows {
 		if row.Available+row.Held+row.Sold != row.Loaded || row.Loaded != 20 {
 			t.Errorf("levels %+v", row)
 		}
 	}
 	// Report-only reconcile: the sales are in flight, no drift.
-	res = runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "reconcile")
-	var rep struct {
-		Found, Left bool
-		Reports     []reportJSON
-	}
-	if err := json.Unmarshal([]byte(res.out), &rep); err != nil || res.code != 0 || len(rep.Reports) != n || rep.Found {
-		t.Errorf("reconcile: exit %d, %d reports, found %v, %v\n%s", res.code, len(rep.Reports), rep.Found, err, res.err)
+	rep := decode[reconcileJSON](t, runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "reconcile").want(t, exitOK).out)
+	if len(rep.Reports) != n || rep.Found {
+		t.Errorf("reconcile: %d reports, found %v", len(rep.Reports), rep.Found)
 	}
 	// sweep releases every expired hold, of every item.
-	res = runCLI(t, "-redis", addr, "-json", "sweep")
-	var sw struct{ Released int64 }
-	if err := json.Unmarshal([]byte(res.out), &sw); err != nil || res.code != 0 || sw.Released != expiring {
-		t.Errorf("sweep: released %d, want %d; %v\n%v", sw.Released, expiring, err, res.err)
+	type sweepJSON struct{ Released int64 }
+	if sw := decode[sweepJSON](t, runCLI(t, "-redis", addr, "-json", "sweep").want(t, exitOK).out); sw.Released != expiring {
+		t.Errorf("sweep: released %d, want %d", sw.Released, expiring)
 	}
 	var held int64
 	for _, sku := range skus {
@@ -1033,16 +1012,14 @@ func TestEveryItemMany(t *testing.T) {
 	if held != 0 {
 		t.Errorf("held after sweep: %d", held)
 	}
-	res = runCLI(t, "-redis", addr, "-json", "sweep")
-	if err := json.Unmarshal([]byte(res.out), &sw); err != nil || sw.Released != 0 {
-		t.Errorf("second sweep: released %d, %v", sw.Released, err)
+	if sw := decode[sweepJSON](t, runCLI(t, "-redis", addr, "-json", "sweep").out); sw.Released != 0 {
+		t.Errorf("second sweep: released %d", sw.Released)
 	}
 	// relay-once delivers every sale (the expired holds queue nothing for the store, or their
 	// release with them).
-	res = runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "relay-once")
-	var rl struct{ Delivered, Claimed, Refused int }
-	if err := json.Unmarshal([]byte(res.out), &rl); err != nil || res.code != 0 || rl.Refused != 0 {
-		t.Fatalf("relay-once: %+v %v\n%v", rl, err, res)
+	type relayJSON struct{ Delivered, Claimed, Refused int }
+	if rl := decode[relayJSON](t, runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "relay-once").want(t, exitOK).out); rl.Refused != 0 {
+		t.Fatalf("relay-once: %+v", rl)
 	}
 	for _, sku := range skus {
 		if p, d, err := stockops.Pending(ctx, r, sku); err != nil || p != 0 || d != 0 {
