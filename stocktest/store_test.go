@@ -1,8 +1,13 @@
 package stocktest_test
 
+// stocktest.TestStore and stocktest.TestPublisher run as a user runs them: on memstore and
+// in-memory queues, and in child processes on stores and queues broken on purpose, which must
+// fail them in the named subtests.
+
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -149,4 +154,78 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// memstore through the suite and the relay.
+
+// TestStoreOnMemstore runs the stock.Store conformance suite on memstore (memstore is in the
+// root module, which does not depend on this one).
+func TestStoreOnMemstore(t *testing.T) {
+	stocktest.TestStore(t, func(*testing.T) stock.Store { return memstore.New() })
+}
+
+// TestMemstoreCountsThroughRelay: memstore's Applications through the whole path: two distinct
+// events, each applied once by the relay, on names the library accepts ('/' is allowed).
+func TestMemstoreCountsThroughRelay(t *testing.T) {
+	ctx := context.Background()
+	e := stocktest.New(t)
+	store := memstore.New()
+	for _, sku := range []string{"a/b", "a"} {
+		_ = store.Load(ctx, sku, 10)
+		load(t, e, sku, 10)
+	}
+	deduct(t, e, "a/b", "c", 1)
+	deduct(t, e, "a", "b/c", 1)
+	runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1}})
+	waitFor(t, 10*time.Second, "both deducts delivered", func() (bool, string) {
+		x, _ := store.Remaining(ctx, "a/b")
+		y, _ := store.Remaining(ctx, "a")
+		return x == 9 && y == 9, fmt.Sprint(x, y)
+	})
+	if m := store.MaxApplications(); m != 1 {
+		t.Fatalf("memstore.MaxApplications() = %d after the relay applied two distinct events once each (a/b:c and a:b/c), want 1", m)
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// TestPublisher against in-memory queues, correct and broken, in a child process.
+
+// TestPublisherSuiteChild runs stocktest.TestPublisher on the in-memory queue
+// STOCKTEST_CHILD_QUEUE names (correct, or broken for the check it names); it is run by
+// TestPublisherSuiteOnQueues in a child process, and skips otherwise.
+func TestPublisherSuiteChild(t *testing.T) {
+	mode := os.Getenv("STOCKTEST_CHILD_QUEUE")
+	if mode == "" {
+		t.Skip("run by TestPublisherSuiteOnQueues in a child process")
+	}
+	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair { return stocktest.MemQueuePair(t, mode) })
+}
+
+// TestPublisherSuiteOnQueues: stocktest.TestPublisher passes a correct in-memory queue and
+// fails, in the named subtest, queues broken on purpose (the broken ones only outside -short).
+func TestPublisherSuiteOnQueues(t *testing.T) {
+	t.Run("correct", func(t *testing.T) {
+		t.Parallel()
+		if failed, out := suiteChild(t, "TestPublisherSuiteChild", "STOCKTEST_CHILD_QUEUE", "correct", 4*time.Minute); failed {
+			t.Fatalf("TestPublisher fails a correct in-memory queue:\n%s", tail(out, 60))
+		}
+	})
+	// A queue that drops events, one that loses a crashed member's messages, one that delivers
+	// acknowledged messages again: each fails the check named.
+	for _, mode := range []string{"AtLeastOnce", "OrderAfterCrash", "ExactlyOnceInEffect"} {
+		t.Run(mode, func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("-short: a broken queue's child run waits out TestPublisher's timeouts (up to half a minute); TestPublisherChecksCanFail makes the same checks fail in-process, and the full tier runs this")
+			}
+			t.Parallel()
+			failed, out := suiteChild(t, "TestPublisherSuiteChild", "STOCKTEST_CHILD_QUEUE", mode, 4*time.Minute)
+			if !failed {
+				t.Fatalf("TestPublisher passed a queue broken on purpose (%s):\n%s", mode, tail(out, 40))
+			}
+			if !strings.Contains(out, "--- FAIL: TestPublisherSuiteChild/"+mode+" ") {
+				t.Fatalf("queue broken for %s: the subtest did not fail:\n%s", mode, tail(out, 60))
+			}
+		})
+	}
 }
