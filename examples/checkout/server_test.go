@@ -3,8 +3,8 @@ package main
 // Tests of the checkout example's HTTP server, written from its package doc, the README and the
 // stock library's doc only: a hostile or unlucky client over HTTP, and a user copying the handler.
 //
-// Every test runs on an in-process miniredis (fixed clock, moved by the test) and, when
-// STOCK_REDIS_SERVER is set, on a private redis-server too. A faultproxy sits between the
+// The tests run on an in-process miniredis (fixed clock, moved by the test) and, those under
+// onBackends, when STOCK_REDIS_SERVER is set, on a private redis-server too. A faultproxy sits between the
 // client and Redis so that tests can cut Redis off.
 
 import (
@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,6 +32,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
 )
 
 // lockedBuf is a log sink safe for concurrent writes.
@@ -1119,5 +1121,263 @@ func TestRequestLogKeyAndStatus(t *testing.T) {
 		if !found {
 			t.Errorf("no log line for %s %s %d (key %q) in:\n%s", m, p, c.status, c.rq.key, logs)
 		}
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Idempotency-Key records (Keys) and Request.Retry.
+
+// instance starts another process of the service on c: its own Reserver (per-user limit
+// limit) and key records (key lifetime keyTTL), sharing the env's Redis and payment provider.
+func (e *httpEnv) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL time.Duration) *httptest.Server {
+	t.Helper()
+	r, err := stock.New(c, stock.WithPrefix("shop"), stock.WithUserLimit(limit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := NewKeys(c, "shop", keyTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(NewHandler(r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+// The record of a key: where it is, what it holds, how long it lives; a key whose attempts
+// were all refused is free again; once its lifetime is over, the key may name another purchase,
+// which is a new order, charged anew: the first order's payment is never reused.
+func TestKeysRecord(t *testing.T) {
+	onBackends(t, envConfig{limit: 10, items: map[string]int64{"sku-a": 5, "sku-b": 5}}, func(t *testing.T, e *httpEnv) {
+		ctx := context.Background()
+		k := e.keys()
+		if a, b := k.record("a:", "b"), k.record("a", ":b"); a == b {
+			t.Errorf("record keys of (a:, b) and (a, :b) are both %q", a)
+		}
+		wantOK(t, "first", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		rec := "shop|key:5:alice:k1"
+		h, err := e.c.Do(ctx, e.c.B().Hgetall().Key(rec).Build()).AsStrMap()
+		if err != nil || h["p"] != "1|sku-a" || h["n"] != "1" {
+			t.Errorf("record %q = %v (%v), want p=1|sku-a n=1", rec, h, err)
+		}
+		ttl, err := e.c.Do(ctx, e.c.B().Pttl().Key(rec).Build()).AsInt64()
+		if err != nil || ttl <= 0 || ttl > (24*time.Hour).Milliseconds() {
+			t.Errorf("PTTL %q = %d (%v), want the key's lifetime, 24h", rec, ttl, err)
+		}
+		// A retry counts one more use (it may be in flight with the first).
+		wantOK(t, "retry", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		if n, _ := e.c.Do(ctx, e.c.B().Hget().Key(rec).Field("n").Build()).ToString(); n != "2" {
+			t.Errorf("uses after a retry: %q, want 2", n)
+		}
+
+		// Refused for stock: the key is free again, for any purchase.
+		wantError(t, "too many", e.buy(t, "k2", "sku-a", "bob", 9), 409, "insufficient")
+		if n, err := e.c.Do(ctx, e.c.B().Exists().Key("shop|key:3:bob:k2").Build()).AsInt64(); err != nil || n != 0 {
+			t.Errorf("the record of a refused key is still there (%d, %v)", n, err)
+		}
+		wantOK(t, "the refused key, another item", e.buy(t, "k2", "sku-b", "bob", 1), "sku-b", "bob", 1)
+
+		// A key of lifetime 1s, used for sku-a; after its lifetime, for sku-b.
+		short := e.instance(t, e.client(t, false), 2, time.Second).URL
+		first := buyOn(t, short, "k3", "sku-a", "carol", 1)
+		wantOK(t, "short-lived key, sku-a", first, "sku-a", "carol", 1)
+		wantError(t, "short-lived key, sku-b at once", buyOn(t, short, "k3", "sku-b", "carol", 1), 422, "idempotency_key_reused")
+		calls := e.pay.Calls()
+		e.advance(1500 * time.Millisecond)
+		second := buyOn(t, short, "k3", "sku-b", "carol", 1)
+		wantOK(t, "short-lived key, sku-b after its lifetime", second, "sku-b", "carol", 1)
+		if second.str("order") == first.str("order") || e.pay.Calls() != calls+1 || !e.pay.Charged(second.str("order")) {
+			t.Errorf("orders %s and %s, %d charge calls after %d: the second item must be a new order, charged",
+				first.str("order"), second.str("order"), e.pay.Calls(), calls)
+		}
+		if lv := e.levels("sku-b"); lv.Sold != 2 {
+			t.Errorf("sku-b %+v, want 2 sold", lv)
+		}
+	})
+}
+
+// A retry after an unknown outcome is marked Request.Retry: its refusal is final. Alice's
+// first attempt is cut off from Redis (its hold waits in a partition) and answered 503; on
+// another instance, bob takes the last unit and alice's retry is refused (409 sold_out); then a
+// unit comes back, and the partition heals, and alice's first hold reaches Redis at last. It
+// must be refused: alice was told "sold out", nobody will pay for that hold, and it must not
+// take the unit from the next buyer.
+func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
+	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 1}}, func(t *testing.T, e *httpEnv) {
+		defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
+		stepTimeout = 500 * time.Millisecond
+		ctx := context.Background()
+		direct := e.client(t, true)
+		// Instance 1 holds through the proxy (e.r), with its key records straight on Redis, so
+		// that the partition cuts the hold and not the binding of the key before it.
+		keys, err := NewKeys(direct, "shop", 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := httptest.NewServer(NewHandler(e.r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
+		defer one.Close()
+		two := e.instance(t, direct, 2, 24*time.Hour).URL
+		r, err := stock.New(direct, stock.WithPrefix("shop"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		levels := func() stock.Levels {
+			t.Helper()
+			lv, err := r.Levels(ctx, "sku-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return lv
+		}
+
+		e.proxy.Blackhole(time.Minute)
+		wantError(t, "alice, partitioned", buyOn(t, one.URL, "k1", "sku-a", "alice", 1), 503, "unavailable")
+		if lv := levels(); lv.Available != 1 || lv.Held != 0 {
+			t.Fatalf("levels %+v: alice's hold reached Redis; the test did not partition it", lv)
+		}
+		wantOK(t, "bob", buyOn(t, two, "b1", "sku-a", "bob", 1), "sku-a", "bob", 1)
+		wantError(t, "alice's retry", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		if _, err := r.Restock(ctx, "sku-a", "restock-1", 1); err != nil {
+			t.Fatal(err)
+		}
+
+		sent := e.proxy.Stats().Commands // alice's hold among them, held back
+		e.proxy.Heal()                   // it reaches Redis now
+		deadline := time.Now().Add(10 * time.Second)
+		for s := e.proxy.Stats(); s.Replies < sent; s = e.proxy.Stats() {
+			if time.Now().After(deadline) {
+				t.Fatalf("proxy stats %+v: the %d commands held back did not all run", s, sent)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if lv := levels(); lv.Held != 0 || lv.Available != 1 || lv.Sold != 1 {
+			t.Errorf("levels %+v: alice's late first hold took the unit after she was told sold out", lv)
+		}
+		order := orderID("alice", "k1", "sku-a", 1)
+		if en, err := r.Ledger(ctx, "sku-a", order); err != nil || en.Taken() {
+			t.Errorf("ledger of alice's order: %+v %v, want a refusal", en, err)
+		}
+		// The answer stays: alice's key is sold out; the unit is the next buyer's.
+		wantError(t, "alice again", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		wantOK(t, "carol", buyOn(t, two, "c1", "sku-a", "carol", 1), "sku-a", "carol", 1)
+		if e.pay.Charged(order) {
+			t.Errorf("alice was charged")
+		}
+	})
+}
+
+// ---------------------------------------------------------------------------------------------
+// The happy path, closed items and a closed Reserver, and the shutdown.
+
+const shoe = `{"sku":"shoe","qty":1,"user":"alice"}`
+
+// A checkout holds, charges and confirms: the answer is the order (its id derived from the
+// user, the key, the item and the quantity), one unit is sold, the payment charged once, and
+// the ledger holds a confirmed hold waiting for the relay. GET /stock answers the levels.
+func TestCheckout(t *testing.T) {
+	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
+	rp := e.do(t, httpReq{key: "order-1", body: shoe})
+	var ob orderBody
+	if err := json.Unmarshal([]byte(rp.raw), &ob); err != nil || rp.status != http.StatusOK {
+		t.Fatalf("%s: %v", rp, err)
+	}
+	order := orderID("alice", "order-1", "shoe", 1)
+	if want := (orderBody{Order: order, SKU: "shoe", User: "alice", Qty: 1, Status: "confirmed", Remaining: 4}); ob != want {
+		t.Fatalf("body %+v, want %+v", ob, want)
+	}
+	if ct := rp.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if lv := e.levels("shoe"); lv.Available != 4 || lv.Sold != 1 || !e.pay.Charged(order) || e.pay.Calls() != 1 {
+		t.Fatalf("levels %+v, charged %v, %d calls", lv, e.pay.Charged(order), e.pay.Calls())
+	}
+	if en, err := e.r.Ledger(context.Background(), "shoe", order); err != nil || en.Kind != stock.KindHold || en.State != stock.StateReserved {
+		t.Fatalf("ledger %+v %v: want a confirmed hold waiting for the relay", en, err)
+	}
+	g := e.do(t, httpReq{method: "GET", path: "/stock/shoe"})
+	var lb levelsBody
+	if err := json.Unmarshal([]byte(g.raw), &lb); err != nil || g.status != http.StatusOK {
+		t.Fatalf("%s: %v", g, err)
+	}
+	if want := (levelsBody{SKU: "shoe", Available: 4, Sold: 1, Loaded: 5}); lb != want {
+		t.Fatalf("%+v, want %+v", lb, want)
+	}
+}
+
+// A user at the limit is refused (403); a closed item is refused (409 closed) and takes nothing.
+func TestUserLimitAndClosedItem(t *testing.T) {
+	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
+	wantOK(t, "two units", e.buy(t, "order-1", "shoe", "alice", 2), "shoe", "alice", 2)
+	wantError(t, "past the limit", e.buy(t, "order-2", "shoe", "alice", 1), http.StatusForbidden, "user_limit")
+	if err := e.r.CloseItem(context.Background(), "shoe"); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, "closed item", e.buy(t, "order-4", "shoe", "bob", 1), http.StatusConflict, "closed")
+	if lv := e.levels("shoe"); lv.Available != 3 || lv.Sold != 2 || lv.Held != 0 {
+		t.Fatalf("levels %+v", lv)
+	}
+}
+
+// The errors that say the stock service cannot take the order now (a failover fence, a write
+// its replicas have not acknowledged, a closed Reserver, a Redis that may evict keys) are a 503
+// with Retry-After, as an unknown outcome is: the client retries the same key.
+func TestServiceNotTakingOrdersIs503(t *testing.T) {
+	for _, err := range []error{stock.ErrFailover, stock.ErrNotReplicated, stock.ErrReserverClosed, stock.ErrEvictionPolicy} {
+		if ae := stockError(fmt.Errorf("wrapped: %w", err), stock.Receipt{}); ae.status != http.StatusServiceUnavailable || ae.code != "unavailable" || !ae.retryAfter {
+			t.Errorf("%v: %d %s (Retry-After %v), want 503 unavailable with Retry-After", err, ae.status, ae.code, ae.retryAfter)
+		}
+	}
+
+	// Over HTTP: a checkout on a closed Reserver (a service shutting down) takes nothing.
+	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
+	if err := e.r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rp := e.do(t, httpReq{key: "order-1", body: shoe})
+	wantError(t, "closed Reserver", rp, http.StatusServiceUnavailable, "unavailable")
+	if rp.header.Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	if e.pay.Calls() != 0 {
+		t.Errorf("%d payments charged", e.pay.Calls())
+	}
+}
+
+// The service as main runs it: it takes traffic once started, and its shutdown (ctx ended, as
+// by SIGINT) delivers the sales to the database of record and closes the Reserver, which then
+// writes nothing (ErrReserverClosed) before serve returns.
+func TestServeShutdownClosesTheReserver(t *testing.T) {
+	type started struct {
+		addr string
+		r    *stock.Reserver
+		db   *memstore.Store
+	}
+	up := make(chan started, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := config{addr: "127.0.0.1:0", prefix: "checkout", holdTTL: time.Minute, keyTTL: time.Hour,
+		userLimit: 2, load: "shoe=5", shutdownTimeout: 5 * time.Second,
+		started: func(addr string, r *stock.Reserver, db *memstore.Store) { up <- started{addr, r, db} }}
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	var s started
+	select {
+	case s = <-up:
+	case err := <-served:
+		t.Fatalf("serve returned before it took traffic: %v", err)
+	}
+	if rp := doOn(t, "http://"+s.addr, httpReq{key: "order-1", body: shoe}); rp.status != http.StatusOK {
+		t.Fatalf("checkout: %s", rp)
+	}
+
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if _, err := s.r.Deduct(context.Background(), stock.Request{SKU: "shoe", ID: "after", User: "bob", Qty: 1}); !errors.Is(err, stock.ErrReserverClosed) {
+		t.Errorf("a deduct after the shutdown: %v, want ErrReserverClosed (the Reserver was not closed)", err)
+	}
+	if left, err := s.db.Remaining(context.Background(), "shoe"); err != nil || left != 4 {
+		t.Errorf("the database of record has %d left (%v), want 4: the sale was not delivered before the end", left, err)
 	}
 }
