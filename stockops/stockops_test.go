@@ -26,20 +26,15 @@ import (
 func miniReserver(t *testing.T, opts ...stock.Option) (*stock.Reserver, *miniredis.Miniredis) {
 	t.Helper()
 	mr := miniredis.RunT(t)
-	r, _ := realReserver(t, mr.Addr(), false, opts...)
+	r, _ := realReserver(t, mr.Addr(), opts...)
 	return r, mr
 }
 
 // realRedis starts a redis-server on a free loopback port, without persistence, and stops it
-// when the test ends. It skips the test when STOCK_REDIS_SERVER is unset.
-func realRedis(t *testing.T) string {
-	addr, _ := realRedisRestartable(t)
-	return addr
-}
-
-// realRedisRestartable is realRedis, and a function that kills the server and starts a new one
-// on the same port (a restart without persistence: a new run id, no data).
-func realRedisRestartable(t *testing.T) (string, func()) {
+// when the test ends, and returns its address and a function that kills the server and starts
+// a new one on the same port (a restart without persistence: a new run id, no data). It skips
+// the test when STOCK_REDIS_SERVER is unset.
+func realRedis(t *testing.T) (string, func()) {
 	t.Helper()
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("needs a real redis-server: set STOCK_REDIS_SERVER")
@@ -48,9 +43,18 @@ func realRedisRestartable(t *testing.T) (string, func()) {
 	return s.Addr(), func() { s.Kill(); s.Start() }
 }
 
-func realReserver(t *testing.T, addr string, cache bool, opts ...stock.Option) (*stock.Reserver, rueidis.Client) {
+// wantFenced fails the test unless the guard's Check answers fenced as want, without error.
+func wantFenced(t *testing.T, g *stockops.FailoverGuard, want bool, when string) {
 	t.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: !cache})
+	if fenced, err := g.Check(context.Background()); err != nil || fenced != want {
+		t.Fatalf("%s: fenced %v, %v; want fenced %v", when, fenced, err, want)
+	}
+}
+
+// realReserver is a Reserver (testkit.NewReserver) on a fresh-reading client of addr.
+func realReserver(t *testing.T, addr string, opts ...stock.Option) (*stock.Reserver, rueidis.Client) {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,13 +335,11 @@ func TestConcurrentBesideRun(t *testing.T) {
 // (PassResult.EpochRecorded) and lifts this Reserver's fence "at once", without a Check.
 func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 	ctx := context.Background()
-	addr := realRedis(t)
-	r, c := realReserver(t, addr, false)
+	addr, _ := realRedis(t)
+	r, c := realReserver(t, addr)
 	db := memstore.New()
 	g := stockops.NewFailoverGuard(r)
-	if fenced, err := g.Check(ctx); err != nil || fenced {
-		t.Fatalf("fresh deployment: fenced %v, %v", fenced, err)
-	}
+	wantFenced(t, g, false, "fresh deployment")
 	load(t, r, db, "a", 10)
 	load(t, r, db, "b", 10)
 	deduct(t, r, "a", "before", 1)
@@ -345,9 +347,7 @@ func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 	if err := c.Do(ctx, c.B().Set().Key("stock:epoch").Value("another-primary").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if fenced, err := g.Check(ctx); err != nil || !fenced {
-		t.Fatalf("after the primaries changed: fenced %v, %v; want fenced", fenced, err)
-	}
+	wantFenced(t, g, true, "after the primaries changed")
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "x1", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Fatalf("Deduct while fenced: %v; want ErrFailover", err)
 	}
@@ -378,9 +378,7 @@ func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "x4", Qty: 1}); err != nil {
 		t.Fatalf("Deduct right after the pass (no Check): %v; the pass lifts the fence at once", err)
 	}
-	if fenced, err := g.Check(ctx); err != nil || fenced {
-		t.Fatalf("Check after the pass: fenced %v, %v", fenced, err)
-	}
+	wantFenced(t, g, false, "Check after the pass")
 }
 
 // "Once fenced, the Reserver's refused requests check the guard too, at most once a second, so
@@ -388,9 +386,9 @@ func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 // other process is a second Reserver with no guard on the same Redis.
 func TestGuardLiftedByAnotherProcessPass(t *testing.T) {
 	ctx := context.Background()
-	addr := realRedis(t)
-	r1, c := realReserver(t, addr, false)
-	r2, _ := realReserver(t, addr, false)
+	addr, _ := realRedis(t)
+	r1, c := realReserver(t, addr)
+	r2, _ := realReserver(t, addr)
 	db := memstore.New()
 	load(t, r1, db, "a", 10)
 	// The first Load recorded the epoch (a new deployment is not fenced): its loss, with the
@@ -399,9 +397,7 @@ func TestGuardLiftedByAnotherProcessPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := stockops.NewFailoverGuard(r1)
-	if fenced, err := g.Check(ctx); err != nil || !fenced {
-		t.Fatalf("items loaded, no epoch: fenced %v, %v; want fenced", fenced, err)
-	}
+	wantFenced(t, g, true, "items loaded, no epoch")
 	if _, err := r1.Deduct(ctx, stock.Request{SKU: "a", ID: "x0", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Fatalf("Deduct: %v; want ErrFailover", err)
 	}
@@ -858,16 +854,14 @@ func TestQueuePathInFlight(t *testing.T) {
 // (Load) would sell again on Redis before any pass compared it with the Store.
 func TestGuardRestartWithoutPersistenceStaysFenced(t *testing.T) {
 	ctx := context.Background()
-	addr, restart := realRedisRestartable(t)
-	r, _ := realReserver(t, addr, false)
-	other, _ := realReserver(t, addr, false) // another process, with its own guard
+	addr, restart := realRedis(t)
+	r, _ := realReserver(t, addr)
+	other, _ := realReserver(t, addr) // another process, with its own guard
 	db := memstore.New()
 	g := stockops.NewFailoverGuard(r)
 	og := stockops.NewFailoverGuard(other)
 	for _, gg := range []*stockops.FailoverGuard{g, og} {
-		if fenced, err := gg.Check(ctx); err != nil || fenced {
-			t.Fatalf("new deployment: fenced %v, %v", fenced, err)
-		}
+		wantFenced(t, gg, false, "new deployment")
 	}
 	load(t, r, db, "a", 10)
 	deduct(t, r, "a", "o1", 2)

@@ -361,6 +361,16 @@ func (h *harness) exec(stmts ...string) {
 	}
 }
 
+// soldAndRelayed loads A (10 units) and B (b) in Redis and the store, sells 2 of A (order o1)
+// and relays the sale to the store.
+func (h *harness) soldAndRelayed(b int64) {
+	h.t.Helper()
+	h.store("load", "A", "10").want(h.t, exitOK)
+	h.store("load", "B", strconv.FormatInt(b, 10)).want(h.t, exitOK)
+	h.deduct("o1", "", 2)
+	h.store("relay-once").want(h.t, exitOK)
+}
+
 // take deducts qty of sku as id, behind stockctl's back.
 func (h *harness) take(sku, id string, qty int64) {
 	h.t.Helper()
@@ -764,10 +774,7 @@ func TestDelistCommand(t *testing.T) {
 func TestReconcileApplyExitsZeroWhenRepaired(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	require.Equal(t, exitOK, h.store("load", "A", "10").code)
-	require.Equal(t, exitOK, h.store("load", "B", "4").code)
-	h.deduct("o1", "", 2)
-	require.Equal(t, exitOK, h.store("relay-once").code)
+	h.soldAndRelayed(4)
 
 	// Drift on A, B's hash lost: both repaired.
 	h.skew("A", 5)
@@ -909,10 +916,7 @@ func TestRelayOnceSaysWhatIsLeft(t *testing.T) {
 func TestReconcileLostRegistry(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	require.Equal(t, exitOK, h.store("load", "A", "10").code)
-	require.Equal(t, exitOK, h.store("load", "B", "3").code)
-	h.deduct("o1", "alice", 2)
-	require.Equal(t, exitOK, h.store("relay-once").code)
+	h.soldAndRelayed(3)
 	require.NoError(t, h.client.Do(ctx, h.client.B().Flushall().Build()).Error())
 
 	res := h.store("reconcile").want(t, exitDrift, "REDIS LOST ITS REGISTRY: 1 items", "A: redis 0+0 held, store 8", "in the store only, never in Redis (left alone; 'load' puts them on sale): B")
