@@ -107,12 +107,17 @@ func deduct(t *testing.T, r *stock.Reserver, sku, id string, qty int64) stock.Re
 // ---- constructors and arguments ----
 
 // NewRelay: "Either [store or pub] may be nil, not both. opts may be nil for the defaults."
-// A bad option is ErrInvalid (the package's "bad input is refused with ErrInvalid").
+// A bad option is ErrInvalid (the package's "bad input is refused with ErrInvalid ... before
+// anything is sent to Redis"); a nil *stock.Reserver too, at construction, not by a nil pointer
+// dereference in the first Once, far from the mistake.
 func TestNewRelayArguments(t *testing.T) {
 	r, _ := miniReserver(t)
 	db := memstore.New()
 	if rl, err := stockops.NewRelay(r, nil, nil, nil); !errors.Is(err, stock.ErrInvalid) || rl != nil {
 		t.Fatalf("NewRelay(nil, nil) = %v, %v; want nil, ErrInvalid", rl, err)
+	}
+	if rl, err := stockops.NewRelay(nil, db, nil, nil); !errors.Is(err, stock.ErrInvalid) || rl != nil {
+		t.Fatalf("NewRelay(nil Reserver) = %v, %v; want nil, ErrInvalid", rl, err)
 	}
 	var noStore stock.Store
 	var noPub stock.Publisher
@@ -136,8 +141,9 @@ func TestNewRelayArguments(t *testing.T) {
 	}
 }
 
-// NewReconciler: a reconciler needs a store; opts may be nil; Run refuses a negative Interval
-// ("stockops.Reconciler.Run refuses it"); FailoverGuard.Run refuses a non-positive interval.
+// NewReconciler: a reconciler needs a store and a Reserver (ErrInvalid at construction); opts
+// may be nil; Run refuses a negative Interval ("stockops.Reconciler.Run refuses it");
+// FailoverGuard.Run refuses a non-positive interval.
 func TestNewReconcilerArguments(t *testing.T) {
 	r, _ := miniReserver(t)
 	var noStore stock.Store
@@ -145,6 +151,9 @@ func TestNewReconcilerArguments(t *testing.T) {
 		t.Fatalf("NewReconciler(nil store) = %v, %v; want nil, ErrInvalid", rc, err)
 	}
 	db := memstore.New()
+	if rc, err := stockops.NewReconciler(nil, db, nil); !errors.Is(err, stock.ErrInvalid) || rc != nil {
+		t.Fatalf("NewReconciler(nil Reserver) = %v, %v; want nil, ErrInvalid", rc, err)
+	}
 	if _, err := stockops.NewReconciler(r, db, (*stock.ReconcileOptions)(nil)); err != nil {
 		t.Fatalf("typed-nil options: %v", err)
 	}
@@ -953,48 +962,6 @@ func TestReportItemUnknownToStore(t *testing.T) {
 	if busy := (stockops.Report{SKU: "b", Busy: true, Drift: 5}).String(); !strings.Contains(busy, "busy") || strings.Contains(busy, "drift") {
 		t.Errorf("busy report: %q", busy)
 	}
-}
-
-// TestNilReserverRefusedAtConstruction: the package promises "Bad input is refused with
-// ErrInvalid before anything is sent to Redis", and NewRelay and NewReconciler check their
-// other arguments that way (a relay with neither store nor publisher, a reconciler without a
-// store). A nil *stock.Reserver must be refused the same way, with an error wrapping
-// ErrInvalid at construction, not by a nil pointer dereference in the first Once or Pass, far
-// from the mistake.
-func TestNilReserverRefusedAtConstruction(t *testing.T) {
-	ctx := context.Background()
-	db := memstore.New()
-	mustFailFast := func(name string, construct func() (bool, error), use func()) {
-		t.Helper()
-		var made bool
-		var err error
-		panicked := func() (p bool) {
-			defer func() { p = recover() != nil }()
-			made, err = construct()
-			return false
-		}()
-		if panicked || (!made && errors.Is(err, stock.ErrInvalid)) {
-			return
-		}
-		usePanicked := func() (p bool) {
-			defer func() { p = recover() != nil }()
-			use()
-			return false
-		}()
-		t.Errorf("%s(nil Reserver) = made %v, err %v; its first use panicked: %v", name, made, err, usePanicked)
-	}
-	var rl *stockops.Relay
-	mustFailFast("NewRelay", func() (bool, error) {
-		var err error
-		rl, err = stockops.NewRelay(nil, db, nil, nil)
-		return rl != nil, err
-	}, func() { _, _ = rl.Once(ctx) })
-	var rc *stockops.Reconciler
-	mustFailFast("NewReconciler", func() (bool, error) {
-		var err error
-		rc, err = stockops.NewReconciler(nil, db, nil)
-		return rc != nil, err
-	}, func() { _, _ = rc.Pass(ctx) })
 }
 
 // Relay.Once "returns the first error met (after finishing the other items); events that
