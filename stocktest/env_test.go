@@ -25,13 +25,9 @@ import (
 func TestEnvPassesTheMemoryPolicyCheckQuietly(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	env := stocktest.New(t, stock.WithLogger(logger))
-	if err := env.Reserver.Load(context.Background(), "quiet", 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Reserver.Deduct(context.Background(), stock.Request{SKU: "quiet", ID: "o1", Qty: 1}); err != nil {
-		t.Fatal(err)
-	}
+	e := stocktest.New(t, stock.WithLogger(logger))
+	load(t, e, "quiet", 1)
+	deduct(t, e, "quiet", "o1", 1)
 	if strings.Contains(buf.String(), "maxmemory-policy") {
 		t.Errorf("the first write logged about the memory policy:\n%s", buf.String())
 	}
