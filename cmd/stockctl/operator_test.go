@@ -508,9 +508,7 @@ func TestQuantities(t *testing.T) {
 	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 1 {
 		t.Errorf("after a refused restock: %+v", lv)
 	}
-	if res := runCLI(t, "-redis", addr, "restock", "q1", "po-max", "5"); res.code != 0 {
-		t.Errorf("the id of a refused restock cannot be used: %v", res)
-	}
+	mustCLI(t, "-redis", addr, "restock", "q1", "po-max", "5") // the id of the refused restock is free
 	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 6 || lv.Available != 6 {
 		t.Errorf("after restock 5: %+v", lv)
 	}
@@ -730,29 +728,21 @@ func TestStoreWithoutTables(t *testing.T) {
 		return runCLI(t, append([]string{"-redis", addr, "-dsn", dsn}, args...)...)
 	}
 	for _, cmd := range [][]string{{"reconcile"}, {"reconcile", "x"}, {"levels", "x"}, {"relay-once", "x"}} {
-		if res := withStore(cmd...); res.code != exitFail || !strings.Contains(res.err, "migrate") {
-			t.Errorf("%v on a store without tables: want exit 1 and a hint to run migrate\n%v", cmd, res)
-		}
+		withStore(cmd...).wantErr(t, exitFail, "migrate")
 	}
 	if p, d, err := stockops.Pending(context.Background(), r, "x"); err != nil || p != 1 || d != 0 {
 		t.Errorf("after relay-once into a store without tables: pending %d, dead %d, %v; want 1, 0", p, d, err)
 	}
-	for i := range 2 {
-		if res := withStore("migrate"); res.code != exitOK || !strings.Contains(res.out, "ready") {
-			t.Fatalf("migrate #%d: %v", i+1, res)
-		}
+	for range 2 { // migrate is idempotent
+		withStore("migrate").want(t, exitOK, "ready")
 	}
-	if res := withStore("-table-prefix", "other_", "reconcile", "x"); res.code != exitFail || !strings.Contains(res.err, "migrate") {
-		t.Errorf("reconcile with another -table-prefix: %v", res)
-	}
+	withStore("-table-prefix", "other_", "reconcile", "x").wantErr(t, exitFail, "migrate")
 	// load -dsn with the units Redis accounts for (7 + 3 in flight), not another figure.
 	if res := withStore("load", "x", "9"); res.code == exitOK {
 		t.Errorf("load -dsn with the wrong figure accepted: %v", res)
 	}
 	for _, cmd := range [][]string{{"load", "x", "10"}, {"relay-once"}, {"reconcile"}} {
-		if res := withStore(cmd...); res.code != exitOK {
-			t.Fatalf("%v after the store side was added: %v", cmd, res)
-		}
+		withStore(cmd...).want(t, exitOK)
 	}
 	res := withStore("-json", "levels", "x")
 	if rows := decode[[]levelsJSON](t, res.out); res.code != exitOK || len(rows) != 1 || rows[0].StoreRemaining == nil || *rows[0].StoreRemaining != 7 {
@@ -909,19 +899,10 @@ func TestEveryItemEmpty(t *testing.T) {
 	mustCLI(t, "-dsn", dsn, "migrate")
 	for _, cmd := range [][]string{{"levels"}, {"items"}, {"sweep"}, {"-dsn", dsn, "reconcile"},
 		{"-dsn", dsn, "reconcile", "-apply"}, {"-dsn", dsn, "relay-once"}, {"-dsn", dsn, "levels"}} {
-		res := runCLI(t, append([]string{"-redis", addr}, cmd...)...)
-		if res.code != 0 {
-			t.Errorf("%v on an empty Redis: %v", cmd, res)
-		}
+		runCLI(t, append([]string{"-redis", addr}, cmd...)...).want(t, exitOK)
 	}
-	res := runCLI(t, "-redis", addr, "sweep")
-	if !strings.Contains(res.out, "released 0 units") {
-		t.Errorf("sweep: %v", res)
-	}
-	res = runCLI(t, "-redis", addr, "-dsn", dsn, "reconcile")
-	if !strings.Contains(res.out, "items: 0,") {
-		t.Errorf("reconcile: %v", res)
-	}
+	runCLI(t, "-redis", addr, "sweep").want(t, exitOK, "released 0 units")
+	runCLI(t, "-redis", addr, "-dsn", dsn, "reconcile").want(t, exitOK, "items: 0,")
 	// Nothing but what a reconcile -apply pass records (the epoch) may be there: no item keys.
 	for k := range dumpKeys(t, c) {
 		if strings.Contains(k, "{") && !strings.Contains(k, "{~") {
