@@ -223,6 +223,14 @@ func (e *httpEnv) levels(sku string) stock.Levels {
 	return lv
 }
 
+// wantLevels checks an item's available, held and sold units.
+func (e *httpEnv) wantLevels(t *testing.T, sku string, available, held, sold int64) {
+	t.Helper()
+	if lv := e.levels(sku); lv.Available != available || lv.Held != held || lv.Sold != sold {
+		t.Errorf("%s: %+v, want available %d, held %d, sold %d", sku, lv, available, held, sold)
+	}
+}
+
 // snapshot is what a refused request must not change.
 func (e *httpEnv) snapshot() string {
 	e.t.Helper()
@@ -501,9 +509,7 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 			body := `{"sku":"sku-a","qty":1,"user":"` + c.user + `"}`
 			wantOK(t, "Content-Type "+c.ctype, e.do(t, httpReq{ctype: c.ctype, key: c.key, body: body}), "sku-a", c.user, 1)
 		}
-		if lv := e.levels("sku-a"); lv.Sold != 4 || lv.Held != 0 {
-			t.Errorf("levels after four good orders: %+v", lv)
-		}
+		e.wantLevels(t, "sku-a", 1, 0, 4) // four good orders
 	})
 }
 
@@ -577,9 +583,7 @@ func TestUserLimitManyKeysConcurrent(t *testing.T) {
 		// Same user: a bigger qty, new keys, and qty 2 at once are all refused now.
 		wantError(t, "qty 1 after the limit", e.buy(t, "mallory-x", "sku-a", "mallory", 1), 403, "user_limit")
 		wantError(t, "qty 2 after the limit", e.buy(t, "mallory-y", "sku-a", "mallory", 2), 403, "user_limit")
-		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 || lv.Available != 48 {
-			t.Errorf("levels: %+v, want 2 sold, 48 available", lv)
-		}
+		e.wantLevels(t, "sku-a", 48, 0, 2)
 		// A single request over the limit takes nothing.
 		wantError(t, "qty 3 by a new user", e.buy(t, "eve-1", "sku-a", "eve", 3), 403, "user_limit")
 		wantOK(t, "qty 2 by the new user", e.buy(t, "eve-2", "sku-a", "eve", 2), "sku-a", "eve", 2)
@@ -598,9 +602,7 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 				t.Errorf("copy %d answered %q, copy 0 %q: a retry must answer the same body", i, r.raw, res[0].raw)
 			}
 		}
-		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 {
-			t.Errorf("levels: %+v, want 2 sold", lv)
-		}
+		e.wantLevels(t, "sku-a", 8, 0, 2)
 		order := res[0].str("order")
 		if !e.pay.Charged(order) {
 			t.Errorf("order %s not charged", order)
@@ -654,9 +656,7 @@ func TestSameKeyOtherRequest(t *testing.T) {
 		// A declined user's key does not cancel an order of the same key.
 		e.pay.Decline("mallory")
 		wantError(t, "mallory declined, alice's key", e.buy(t, "k1", "sku-a", "mallory", 1), 402, "payment_declined")
-		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 {
-			t.Errorf("sku-a: %+v, want 2 sold", lv)
-		}
+		e.wantLevels(t, "sku-a", 8, 0, 2)
 		if !e.pay.Charged(first.str("order")) || !e.pay.Charged(bob.str("order")) {
 			t.Errorf("each user's order must be charged")
 		}
@@ -753,9 +753,7 @@ func TestOtherUserCannotTouchHold(t *testing.T) {
 		close(release)
 		<-done
 		wantOK(t, "alice", alice, "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || lv.Available != 4 {
-			t.Errorf("levels %+v, want alice's one unit sold", lv)
-		}
+		e.wantLevels(t, "sku-a", 4, 0, 1) // alice's one unit sold
 		// Bob's retry answers his own outcome, not alice's 200.
 		wantError(t, "bob retry", e.buy(t, "shared", "sku-a", "bob", 1), 402, "payment_declined")
 	})
@@ -820,9 +818,7 @@ func TestDeclineGivesBackStockAndLimit(t *testing.T) {
 			k := fmt.Sprintf("d%d", i)
 			r := e.buy(t, k, "sku-a", "alice", 2)
 			wantError(t, "declined "+k, r, 402, "payment_declined")
-			if lv := e.levels("sku-a"); lv.Available != 2 || lv.Held != 0 {
-				t.Errorf("after decline %d: %+v", i, lv)
-			}
+			e.wantLevels(t, "sku-a", 2, 0, 0)
 			if i == 0 {
 				first = r
 			}
@@ -850,8 +846,9 @@ func TestPaymentUnknownThenRetry(t *testing.T) {
 		// Someone else cannot take the unit while the order's outcome is unknown.
 		wantError(t, "bob meanwhile", e.buy(t, "b1", "sku-a", "bob", 1), 409, "sold_out")
 		wantOK(t, "retry", e.buy(t, "p1", "sku-a", "alice", 1), "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || !e.pay.Charged(orderID("alice", "p1", "sku-a", 1)) {
-			t.Errorf("levels %+v, or the order not charged", lv)
+		e.wantLevels(t, "sku-a", 0, 0, 1)
+		if !e.pay.Charged(orderID("alice", "p1", "sku-a", 1)) {
+			t.Errorf("the order is not charged")
 		}
 	})
 }
@@ -923,9 +920,7 @@ func TestRedisTroubleThenRetrySellsOnce(t *testing.T) {
 				if last.str("order") != order || !e.pay.Charged(order) {
 					t.Errorf("order %q (charged %v), want %q", last.str("order"), e.pay.Charged(order), order)
 				}
-				if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || lv.Available != 2 {
-					t.Errorf("levels %+v, want exactly one sold", lv)
-				}
+				e.wantLevels(t, "sku-a", 2, 0, 1)
 			})
 		})
 	}
@@ -1190,9 +1185,7 @@ func TestKeysRecord(t *testing.T) {
 			t.Errorf("orders %s and %s, %d charge calls after %d: the second item must be a new order, charged",
 				first.str("order"), second.str("order"), e.pay.Calls(), calls)
 		}
-		if lv := e.levels("sku-b"); lv.Sold != 2 {
-			t.Errorf("sku-b %+v, want 2 sold", lv)
-		}
+		e.wantLevels(t, "sku-b", 3, 0, 2)
 	})
 }
 
@@ -1313,9 +1306,7 @@ func TestUserLimitAndClosedItem(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantError(t, "closed item", e.buy(t, "order-4", "shoe", "bob", 1), http.StatusConflict, "closed")
-	if lv := e.levels("shoe"); lv.Available != 3 || lv.Sold != 2 || lv.Held != 0 {
-		t.Fatalf("levels %+v", lv)
-	}
+	e.wantLevels(t, "shoe", 3, 0, 2)
 }
 
 // The errors that say the stock service cannot take the order now (a failover fence, a write
