@@ -1267,6 +1267,7 @@ const shoe = `{"sku":"shoe","qty":1,"user":"alice"}`
 // A checkout holds, charges and confirms: the answer is the order (its id derived from the
 // user, the key, the item and the quantity), one unit is sold, the payment charged once, and
 // the ledger holds a confirmed hold waiting for the relay. GET /stock answers the levels.
+// Past the user's limit, or on a closed item, a checkout is refused and takes nothing.
 func TestCheckout(t *testing.T) {
 	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
 	rp := e.do(t, httpReq{key: "order-1", body: shoe})
@@ -1295,13 +1296,10 @@ func TestCheckout(t *testing.T) {
 	if want := (levelsBody{SKU: "shoe", Available: 4, Sold: 1, Loaded: 5}); lb != want {
 		t.Fatalf("%+v, want %+v", lb, want)
 	}
-}
-
-// A user at the limit is refused (403); a closed item is refused (409 closed) and takes nothing.
-func TestUserLimitAndClosedItem(t *testing.T) {
-	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
-	wantOK(t, "two units", e.buy(t, "order-1", "shoe", "alice", 2), "shoe", "alice", 2)
-	wantError(t, "past the limit", e.buy(t, "order-2", "shoe", "alice", 1), http.StatusForbidden, "user_limit")
+	// A user at the limit is refused (403); a closed item is refused (409 closed) and takes
+	// nothing.
+	wantOK(t, "a second unit", e.buy(t, "order-2", "shoe", "alice", 1), "shoe", "alice", 1)
+	wantError(t, "past the limit", e.buy(t, "order-3", "shoe", "alice", 1), http.StatusForbidden, "user_limit")
 	if err := e.r.CloseItem(context.Background(), "shoe"); err != nil {
 		t.Fatal(err)
 	}
