@@ -22,29 +22,29 @@ import (
 
 // --- TestStore against broken stores, in a child process -----------------------------------
 
-// TestStoreSuiteChild runs stocktest.TestStore on the store STOCKTEST_CHILD_STORE names
-// (memstore, or a stocktest.BrokenStore); it is run by TestStoreSuiteOnStores in a child
-// process, and skips otherwise.
-func TestStoreSuiteChild(t *testing.T) {
-	mode := os.Getenv("STOCKTEST_CHILD_STORE")
-	if mode == "" {
-		t.Skip("run by TestStoreSuiteOnStores in a child process")
+// TestSuiteChild runs, in the child process suiteChild starts, stocktest.TestStore on the store
+// STOCKTEST_CHILD_STORE names (memstore, or a stocktest.BrokenStore), or stocktest.TestPublisher
+// on the in-memory queue STOCKTEST_CHILD_QUEUE names (correct, or broken for the check it
+// names); it skips otherwise.
+func TestSuiteChild(t *testing.T) {
+	if mode := os.Getenv("STOCKTEST_CHILD_STORE"); mode == "memstore" {
+		stocktest.TestStore(t, func(*testing.T) stock.Store { return memstore.New() })
+	} else if mode != "" {
+		stocktest.TestStore(t, func(*testing.T) stock.Store { return stocktest.BrokenStore(mode) })
+	} else if mode := os.Getenv("STOCKTEST_CHILD_QUEUE"); mode != "" {
+		stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair { return stocktest.MemQueuePair(t, mode) })
+	} else {
+		t.Skip("run by TestStoreSuiteOnStores and TestPublisherSuiteOnQueues in a child process")
 	}
-	stocktest.TestStore(t, func(t *testing.T) stock.Store {
-		if mode == "memstore" {
-			return memstore.New()
-		}
-		return stocktest.BrokenStore(mode)
-	})
 }
 
-// suiteChild runs test (TestStoreSuiteChild or TestPublisherSuiteChild) in a child test
-// process with env=mode, within limit, and reports whether it failed, with its output.
-func suiteChild(t *testing.T, test, env, mode string, limit time.Duration) (failed bool, out string) {
+// suiteChild runs TestSuiteChild in a child test process with env=mode, within limit, and
+// reports whether it failed, with its output.
+func suiteChild(t *testing.T, env, mode string, limit time.Duration) (failed bool, out string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSuiteChild$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), env+"="+mode)
 	b, err := cmd.CombinedOutput()
 	out = string(b)
@@ -87,13 +87,13 @@ func TestStoreSuiteOnStores(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.mode, func(t *testing.T) {
-			failed, out := suiteChild(t, "TestStoreSuiteChild", "STOCKTEST_CHILD_STORE", tc.mode, 3*time.Minute)
+			failed, out := suiteChild(t, "STOCKTEST_CHILD_STORE", tc.mode, 3*time.Minute)
 			if tc.pass {
 				if failed {
 					t.Fatalf("TestStore fails %s:\n%s", tc.mode, out)
 				}
 				for _, sub := range tc.subtests {
-					if !strings.Contains(out, "--- PASS: TestStoreSuiteChild/"+sub+" ") {
+					if !strings.Contains(out, "--- PASS: TestSuiteChild/"+sub+" ") {
 						t.Fatalf("subtest %s did not pass on %s:\n%s", sub, tc.mode, out)
 					}
 				}
@@ -103,7 +103,7 @@ func TestStoreSuiteOnStores(t *testing.T) {
 				t.Fatalf("TestStore passed a store broken on purpose (%s); a store with this bug is certified:\n%s", tc.mode, tail(out, 40))
 			}
 			for _, sub := range tc.subtests {
-				if !strings.Contains(out, "--- FAIL: TestStoreSuiteChild/"+sub+" ") {
+				if !strings.Contains(out, "--- FAIL: TestSuiteChild/"+sub+" ") {
 					t.Fatalf("broken store %s: subtest %s did not fail:\n%s", tc.mode, sub, out)
 				}
 			}
@@ -191,23 +191,12 @@ func TestMemstoreCountsThroughRelay(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // TestPublisher against in-memory queues, correct and broken, in a child process.
 
-// TestPublisherSuiteChild runs stocktest.TestPublisher on the in-memory queue
-// STOCKTEST_CHILD_QUEUE names (correct, or broken for the check it names); it is run by
-// TestPublisherSuiteOnQueues in a child process, and skips otherwise.
-func TestPublisherSuiteChild(t *testing.T) {
-	mode := os.Getenv("STOCKTEST_CHILD_QUEUE")
-	if mode == "" {
-		t.Skip("run by TestPublisherSuiteOnQueues in a child process")
-	}
-	stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair { return stocktest.MemQueuePair(t, mode) })
-}
-
 // TestPublisherSuiteOnQueues: stocktest.TestPublisher passes a correct in-memory queue and
 // fails, in the named subtest, queues broken on purpose (the broken ones only outside -short).
 func TestPublisherSuiteOnQueues(t *testing.T) {
 	t.Run("correct", func(t *testing.T) {
 		t.Parallel()
-		if failed, out := suiteChild(t, "TestPublisherSuiteChild", "STOCKTEST_CHILD_QUEUE", "correct", 4*time.Minute); failed {
+		if failed, out := suiteChild(t, "STOCKTEST_CHILD_QUEUE", "correct", 4*time.Minute); failed {
 			t.Fatalf("TestPublisher fails a correct in-memory queue:\n%s", tail(out, 60))
 		}
 	})
@@ -219,11 +208,11 @@ func TestPublisherSuiteOnQueues(t *testing.T) {
 				t.Skip("-short: a broken queue's child run waits out TestPublisher's timeouts (up to half a minute); TestPublisherChecksCanFail makes the same checks fail in-process, and the full tier runs this")
 			}
 			t.Parallel()
-			failed, out := suiteChild(t, "TestPublisherSuiteChild", "STOCKTEST_CHILD_QUEUE", mode, 4*time.Minute)
+			failed, out := suiteChild(t, "STOCKTEST_CHILD_QUEUE", mode, 4*time.Minute)
 			if !failed {
 				t.Fatalf("TestPublisher passed a queue broken on purpose (%s):\n%s", mode, tail(out, 40))
 			}
-			if !strings.Contains(out, "--- FAIL: TestPublisherSuiteChild/"+mode+" ") {
+			if !strings.Contains(out, "--- FAIL: TestSuiteChild/"+mode+" ") {
 				t.Fatalf("queue broken for %s: the subtest did not fail:\n%s", mode, tail(out, 60))
 			}
 		})

@@ -236,25 +236,26 @@ func wroteNothing(t *testing.T, c rueidis.Client, before map[string]string, fata
 	report("%s wrote:\n%s", fmt.Sprintf(what, args...), strings.Join(d, "\n"))
 }
 
-// closedAddr is a 127.0.0.1 address nothing listens on.
-func closedAddr(t *testing.T) string {
+// listen listens on a free 127.0.0.1 port.
+func listen(t *testing.T) net.Listener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	return l
+}
+
+// closedAddr is a 127.0.0.1 address nothing listens on.
+func closedAddr(t *testing.T) string {
+	l := listen(t)
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // silentAddr is a TCP server that accepts connections and never answers: a hung Redis.
 func silentAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listen(t)
 	var mu sync.Mutex
 	var conns []net.Conn
 	go func() {
