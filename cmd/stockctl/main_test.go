@@ -18,7 +18,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -253,29 +252,23 @@ func closedAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// silentAddr is a TCP server that accepts connections and never answers: a hung Redis.
+// silentAddr is a TCP server that accepts connections and never answers: a hung Redis. Each
+// connection is held open until the test ends.
 func silentAddr(t *testing.T) string {
 	l := listen(t)
-	var mu sync.Mutex
-	var conns []net.Conn
+	done := make(chan struct{})
 	go func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
+			go func() { <-done; c.Close() }()
 		}
 	}()
 	t.Cleanup(func() {
 		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
+		close(done)
 	})
 	return l.Addr().String()
 }

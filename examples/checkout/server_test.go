@@ -885,11 +885,17 @@ func TestRedisTroubleThenRetrySellsOnce(t *testing.T) {
 		}, true},
 		{"stopped mid-payment", func(e *httpEnv) {
 			var once sync.Once
-			e.pay.setBefore(func(context.Context, Charge) error { once.Do(e.stopRedis); return nil })
+			e.pay.setBefore(func(context.Context, Charge) error {
+				once.Do(e.stopRedis)
+				return nil
+			})
 		}, func(_ *testing.T, e *httpEnv) { e.startRedis() }, true},
 		{"confirm reply lost", func(e *httpEnv) {
 			var once sync.Once
-			e.pay.setBefore(func(context.Context, Charge) error { once.Do(func() { e.proxy.DropReplies(1) }); return nil })
+			e.pay.setBefore(func(context.Context, Charge) error {
+				once.Do(func() { e.proxy.DropReplies(1) })
+				return nil
+			})
 		}, func(t *testing.T, e *httpEnv) {
 			if n := e.proxy.PendingDrops(); n != 0 {
 				t.Fatalf("the reply drop was not used (%d pending): the test did not break the confirm", n)
