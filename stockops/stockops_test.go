@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
@@ -55,9 +56,7 @@ func wantFenced(t *testing.T, g *stockops.FailoverGuard, want bool, when string)
 func realReserver(t *testing.T, addr string, opts ...stock.Option) (*stock.Reserver, rueidis.Client) {
 	t.Helper()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return testkit.NewReserver(t, c, opts...), c
 }
@@ -66,9 +65,7 @@ func realReserver(t *testing.T, addr string, opts ...stock.Option) (*stock.Reser
 func newRelay(t *testing.T, r *stock.Reserver, st stock.Store, pub stock.Publisher, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
 	rl, err := stockops.NewRelay(r, st, pub, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return rl
 }
 
@@ -76,22 +73,16 @@ func newRelay(t *testing.T, r *stock.Reserver, st stock.Store, pub stock.Publish
 func newReconciler(t *testing.T, r *stock.Reserver, st stock.Store, o *stock.ReconcileOptions) *stockops.Reconciler {
 	t.Helper()
 	rc, err := stockops.NewReconciler(r, st, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return rc
 }
 
 func load(t *testing.T, r *stock.Reserver, db *memstore.Store, sku string, qty int64) {
 	t.Helper()
 	ctx := context.Background()
-	if err := r.Load(ctx, sku, qty); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.Load(ctx, sku, qty))
 	if db != nil {
-		if err := db.Load(ctx, sku, qty); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, db.Load(ctx, sku, qty))
 	}
 }
 
@@ -310,15 +301,11 @@ func TestConcurrentBesideRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := rec.Pass(bctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	checkReports("final pass", res.Reports)
 	for _, s := range skus {
 		lv, err := r.Levels(bctx, s)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rem, _ := db.Remaining(bctx, s)
 		if lv.Available+lv.Held != rem || lv.Loaded != lv.Available+lv.Held+lv.Sold {
 			t.Errorf("%s: redis %+v, store %d", s, lv, rem)
@@ -354,9 +341,7 @@ func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 	load(t, r, db, "b", 10)
 	deduct(t, r, "a", "before", 1)
 	// Another primary than the one recorded (as after a failover).
-	if err := c.Do(ctx, c.B().Set().Key("stock:epoch").Value("another-primary").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.Do(ctx, c.B().Set().Key("stock:epoch").Value("another-primary").Build()).Error())
 	wantFenced(t, g, true, "after the primaries changed")
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "x1", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Fatalf("Deduct while fenced: %v; want ErrFailover", err)
@@ -393,9 +378,7 @@ func TestGuardFenceLiftedByStockopsPass(t *testing.T) {
 	// Fenced again: the epoch lost, the items still there. "Once fenced, the Reserver's refused
 	// requests check the guard too, at most once a second, so a pass in another process lifts
 	// the fence even when nothing calls Check any more": here a second Reserver with no guard.
-	if err := c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
 	wantFenced(t, g, true, "items loaded, no epoch")
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "y0", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Fatalf("Deduct: %v; want ErrFailover", err)
@@ -456,13 +439,9 @@ func TestReportSameThroughOncePassItem(t *testing.T) {
 
 	dry := newReconciler(t, r, db, &stock.ReconcileOptions{DryRun: true})
 	ia, err := dry.Item(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ib, err := dry.Item(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	once, errOnce := dry.Once(ctx)
 	pass, errPass := dry.Pass(ctx)
 	if !errors.Is(errOnce, stock.ErrRegistryLost) || !errors.Is(errPass, stock.ErrRegistryLost) {
@@ -554,9 +533,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 	}
 	items := map[string]bool{}
 	for s, err := range stockops.Items(ctx, r) {
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		items[s] = true
 	}
 	if len(items) != n+1 {
@@ -564,9 +541,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 	}
 	ids := map[string]bool{}
 	for e, err := range stockops.Entries(ctx, r, "big") {
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if e.SKU != "big" || e.Kind != stock.KindDeduct || e.Qty != 1 {
 			t.Fatalf("entry %+v", e)
 		}
@@ -700,9 +675,7 @@ func TestRelayRefusal(t *testing.T) {
 	r, _ := miniReserver(t)
 	db := memstore.New()
 	load(t, r, nil, "a", 10)
-	if err := db.Load(ctx, "a", 2); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, db.Load(ctx, "a", 2))
 	deduct(t, r, "a", "o1", 2)
 	deduct(t, r, "a", "o2", 2) // the store cannot cover it
 	rl := newRelay(t, r, db, nil, nil)

@@ -139,9 +139,7 @@ func serverClient(t *testing.T, addr string) rueidis.Client {
 func serverReserver(t *testing.T, c rueidis.Client, prefix string) *stock.Reserver {
 	t.Helper()
 	r, err := stock.New(c, stock.WithPrefix(prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return r
 }
 
@@ -239,9 +237,7 @@ func wroteNothing(t *testing.T, c rueidis.Client, before map[string]string, fata
 func listen(t *testing.T) net.Listener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return l
 }
 
@@ -281,9 +277,7 @@ func sqliteDSN(t *testing.T) string {
 func sqliteCount(t *testing.T, dsn, query string) int {
 	t.Helper()
 	db, err := sql.Open("sqlite", strings.TrimPrefix(dsn, "sqlite:"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer db.Close()
 	var n int
 	if err := db.QueryRow(query).Scan(&n); err != nil {

@@ -310,9 +310,7 @@ func TestPasswordsNotPrinted(t *testing.T) {
 	}
 	t.Run("wrong password", func(t *testing.T) {
 		addr, c := privateClient(t)
-		if err := c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("requirepass", "right-one").Build()).Error(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("requirepass", "right-one").Build()).Error())
 		res := runCLI(t, "-redis", "redis://:"+secret+"@"+addr, "levels")
 		if res.code != exitFail || !strings.Contains(res.err, "WRONGPASS") || shown(res) {
 			t.Fatalf("want exit 1 with WRONGPASS, without the password\n%v", res)
@@ -602,9 +600,7 @@ func TestReadOnlyCommandsWriteNothing(t *testing.T) {
 	ctx := context.Background()
 	must := func(_ stock.Receipt, err error) {
 		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 	}
 	must(r.Deduct(ctx, stock.Request{SKU: "a", ID: "o1", Qty: 3, User: "u1"}))
 	must(r.Hold(ctx, stock.Request{SKU: "a", ID: "h-live", Qty: 2}, time.Hour))
@@ -615,9 +611,7 @@ func TestReadOnlyCommandsWriteNothing(t *testing.T) {
 	if _, err := r.Restore(ctx, "ünï", "never"); !errors.Is(err, stock.ErrUnknownID) {
 		t.Fatal(err)
 	}
-	if err := r.CloseItem(ctx, "ünï"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.CloseItem(ctx, "ünï"))
 	time.Sleep(300 * time.Millisecond) // the holds h-exp are past their deadline, not swept
 	before := stableDump(t, c)
 	for _, cmd := range [][]string{
@@ -780,13 +774,9 @@ func openDB(t *testing.T, env, dsn string) *sql.DB {
 		t.Skipf("real-server test: set %s to run it", env)
 	}
 	driver, d, _, err := parseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	db, err := sql.Open(driver, d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
@@ -920,28 +910,18 @@ func TestEveryItemMany(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "many.db")
 	dsn := "sqlite:" + path
 	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer db.Close()
 	st, err := sqlstore.New(db, sqlstore.SQLite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, st.Migrate(ctx))
 	const n = 1200
 	var skus []string
 	for i := range n {
 		sku := fmt.Sprintf("m:%04d~é", i)
 		skus = append(skus, sku)
-		if err := st.Load(ctx, sku, 20); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Load(ctx, sku, 20); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, st.Load(ctx, sku, 20))
+		require.NoError(t, r.Load(ctx, sku, 20))
 	}
 	// Every 10th item: a sale; every 7th: a hold that expires at once.
 	var sales, expiring int64
@@ -985,9 +965,7 @@ func TestEveryItemMany(t *testing.T) {
 	var held int64
 	for _, sku := range skus {
 		lv, err := r.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		held += lv.Held
 	}
 	if held != 0 {
@@ -1008,9 +986,7 @@ func TestEveryItemMany(t *testing.T) {
 		}
 	}
 	var remaining int64
-	if err := db.QueryRow("SELECT SUM(remaining) FROM stock_items").Scan(&remaining); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, db.QueryRow("SELECT SUM(remaining) FROM stock_items").Scan(&remaining))
 	if want := int64(n*20) - 2*sales; remaining != want {
 		t.Errorf("store remaining %d, want %d", remaining, want)
 	}
