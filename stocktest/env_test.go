@@ -35,6 +35,14 @@ func TestEnvPassesTheMemoryPolicyCheckQuietly(t *testing.T) {
 
 // --- helpers -------------------------------------------------------------------------------
 
+// must fails the test on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitFor polls cond until it holds or limit (real time) passes; generous bounds only.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -116,9 +124,7 @@ func halfDoneCart(t *testing.T, e *stocktest.Env, prefix string) {
 	ctx := context.Background()
 	load(t, e, "a", 5)
 	bad := prefix + ":{b}"
-	if err := e.Redis.Set(bad, "not a hash"); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.Redis.Set(bad, "not a hash"))
 	_, err := e.Reserver.DeductMany(ctx, stock.Cart{ID: "cart-1", User: "u1", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}})
 	var ce *stock.CartError
 	if err == nil || errors.As(err, &ce) {
@@ -161,15 +167,11 @@ func TestEnvClock(t *testing.T) {
 	pttl := func(k string) int64 {
 		t.Helper()
 		ms, err := e.Client.Do(ctx, e.Client.B().Pttl().Key(k).Build()).AsInt64()
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		return ms
 	}
 	// The clock, and a key's TTL, stand still without Advance.
-	if err := e.Client.Do(ctx, e.Client.B().Set().Key("lease").Value("x").Px(time.Second).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.Client.Do(ctx, e.Client.B().Set().Key("lease").Value("x").Px(time.Second).Build()).Error())
 	time.Sleep(30 * time.Millisecond)
 	if !e.Now().Equal(start) || !redisTime().Equal(start) || pttl("lease") != 1000 {
 		t.Fatalf("the clock moved without Advance: Now %v, TIME %v, start %v, PTTL %d", e.Now(), redisTime(), start, pttl("lease"))
@@ -194,9 +196,7 @@ func TestEnvClock(t *testing.T) {
 		t.Fatalf("a refused negative Advance moved the clock to %v, want %v", e.Now(), want)
 	}
 	// TTLs run on the same clock: a key with a 10s TTL expires on Advance(10s), not before.
-	if err := e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("v").Px(10*time.Second).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("v").Px(10*time.Second).Build()).Error())
 	e.Advance(4 * time.Second)
 	if ms := pttl("k"); ms != 6000 {
 		t.Fatalf("PTTL after Advance(4s) = %d; want 6000", ms)
@@ -341,9 +341,7 @@ func TestHoldExactDeadline(t *testing.T) {
 		hold(t, e, "a", id, 2, 10*time.Minute)
 	}
 	dl, err := e.Reserver.Ledger(ctx, "a", "h1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if want := e.Now().Add(10 * time.Minute).Truncate(time.Millisecond); !dl.Deadline.Equal(want) {
 		t.Fatalf("hold deadline = %v, want now+10m = %v", dl.Deadline, want)
 	}
@@ -535,9 +533,7 @@ func TestRelayBackoffFollowsAdvance(t *testing.T) {
 	t.Run("Relay.Once", func(t *testing.T) {
 		e, store, _ := setup(t)
 		rl, err := stockops.NewRelay(e.Reserver, store, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"a"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		deduct(t, e, "a", "d1", 3)
 		if s, err := rl.Once(ctx); s.Retried != 1 { // Once also reports the store's error
 			t.Fatalf("first pass: %+v (%v); want 1 retried", s, err)

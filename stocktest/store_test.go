@@ -120,9 +120,7 @@ func TestSubtleStoresReallyBroken(t *testing.T) {
 		s := stocktest.BrokenStore("RepeatAppliedWhenLow")
 		_ = s.(stocktest.Loader).Load(ctx, "a", 3)
 		e := stock.Event{Type: stock.EventDeducted, SKU: "a", ID: "o1", Qty: 3}
-		if err := s.Apply(ctx, e); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Apply(ctx, e))
 		if err := s.Apply(ctx, e); !errors.Is(err, stock.ErrRefused) {
 			t.Fatalf("the broken store answered the repeat %v (expected it to be broken)", err)
 		}

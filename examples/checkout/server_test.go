@@ -35,6 +35,14 @@ import (
 	"github.com/stockres/stock/memstore"
 )
 
+// must fails the test on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // lockedBuf is a log sink safe for concurrent writes.
 type lockedBuf struct {
 	mu sync.Mutex
@@ -124,16 +132,12 @@ func newHTTPEnv(t *testing.T, real bool, cfg envConfig) *httpEnv {
 		target = e.mr.Addr()
 	}
 	p, err := faultproxy.Start(target)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(func() { p.Close() })
 	e.proxy = p
 	e.c = e.client(t, false)
 	e.r, err = stock.New(e.c, stock.WithPrefix("shop"), stock.WithUserLimit(cfg.limit))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for sku, n := range cfg.items {
 		if err := e.r.Load(context.Background(), sku, n); err != nil {
 			t.Fatalf("load %q: %v", sku, err)
@@ -161,9 +165,7 @@ func (e *httpEnv) client(t *testing.T, direct bool) rueidis.Client {
 	// ForceSingleClient: miniredis answers CLUSTER SLOTS with its own address, which would make
 	// rueidis bypass the proxy.
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: !e.real, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(c.Close)
 	return c
 }
@@ -275,9 +277,7 @@ func doOn(t *testing.T, base string, rq httpReq) httpResp {
 		rq.path = "/checkout"
 	}
 	req, err := http.NewRequest(rq.method, base+rq.path, strings.NewReader(rq.body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if rq.key != "" {
 		req.Header.Set("Idempotency-Key", rq.key)
 	}
@@ -526,9 +526,7 @@ func TestServerLevelErrorsAsDocumented(t *testing.T) {
 	raw := func(name, head string, status int) {
 		t.Helper()
 		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer conn.Close()
 		conn.SetDeadline(time.Now().Add(20 * time.Second))
 		fmt.Fprintf(conn, "POST /checkout HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", head, len(good), good)
@@ -1133,13 +1131,9 @@ func TestRequestLogKeyAndStatus(t *testing.T) {
 func (e *httpEnv) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL time.Duration) *httptest.Server {
 	t.Helper()
 	r, err := stock.New(c, stock.WithPrefix("shop"), stock.WithUserLimit(limit))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	keys, err := NewKeys(c, "shop", keyTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	ts := httptest.NewServer(NewHandler(r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
 	t.Cleanup(ts.Close)
 	return ts
@@ -1210,22 +1204,16 @@ func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
 		// Instance 1 holds through the proxy (e.r), with its key records straight on Redis, so
 		// that the partition cuts the hold and not the binding of the key before it.
 		keys, err := NewKeys(direct, "shop", 24*time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		one := httptest.NewServer(NewHandler(e.r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
 		defer one.Close()
 		two := e.instance(t, direct, 2, 24*time.Hour).URL
 		r, err := stock.New(direct, stock.WithPrefix("shop"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		levels := func() stock.Levels {
 			t.Helper()
 			lv, err := r.Levels(ctx, "sku-a")
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			return lv
 		}
 
@@ -1306,9 +1294,7 @@ func TestCheckout(t *testing.T) {
 	// nothing.
 	wantOK(t, "a second unit", e.buy(t, "order-2", "shoe", "alice", 1), "shoe", "alice", 1)
 	wantError(t, "past the limit", e.buy(t, "order-3", "shoe", "alice", 1), http.StatusForbidden, "user_limit")
-	if err := e.r.CloseItem(context.Background(), "shoe"); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.r.CloseItem(context.Background(), "shoe"))
 	wantError(t, "closed item", e.buy(t, "order-4", "shoe", "bob", 1), http.StatusConflict, "closed")
 	e.wantLevels(t, "shoe", 3, 0, 2)
 }
@@ -1325,9 +1311,7 @@ func TestServiceNotTakingOrdersIs503(t *testing.T) {
 
 	// Over HTTP: a checkout on a closed Reserver (a service shutting down) takes nothing.
 	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
-	if err := e.r.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.r.Close(context.Background()))
 	rp := e.do(t, httpReq{key: "order-1", body: shoe})
 	wantError(t, "closed Reserver", rp, http.StatusServiceUnavailable, "unavailable")
 	if rp.header.Get("Retry-After") == "" {

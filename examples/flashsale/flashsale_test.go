@@ -21,6 +21,14 @@ import (
 	"github.com/stockres/stock/sqlstore"
 )
 
+// must fails the test on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func smallSale() config {
 	return config{Buyers: 400, Items: 2, Stock: 25, Duration: 20 * time.Second, Seed: 42,
 		ExpireTTL: 100 * time.Millisecond, Reconcile: 100 * time.Millisecond}
@@ -139,9 +147,7 @@ func TestOpenDBMySQLURL(t *testing.T) {
 		t.Skip("STOCK_TEST_MYSQL is not set: no MySQL server to open")
 	}
 	d, err := openDB(config{DSN: "mysql://root@127.0.0.1:3306/test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer d.close(false, io.Discard)
 	if d.dialect != sqlstore.MySQL || strings.Contains(d.desc, "xxxxx") {
 		t.Errorf("dialect %v, desc %q", d.dialect, d.desc)
@@ -181,12 +187,8 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
+			must(t, cmd.Start())
 			line, err := bufio.NewReader(stdout).ReadString('\n')
 			if err != nil || !strings.HasPrefix(line, "flash sale:") {
 				cmd.Process.Kill()
@@ -262,9 +264,7 @@ func TestFlashSaleRedisURL(t *testing.T) {
 	srv := redistest.StartServer(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
-	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args("sale", "on", ">p@ss", "~*", "&*", "+@all").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args("sale", "on", ">p@ss", "~*", "&*", "+@all").Build()).Error())
 	cfg := smallSale()
 	cfg.Buyers, cfg.Items = 100, 1
 	cfg.Redis = "redis://sale:p%40ss@" + srv.Addr()
