@@ -297,9 +297,8 @@ func TestConcurrentBesideRun(t *testing.T) {
 		t.Errorf("Run returned %v", err)
 	}
 	bctx := context.Background()
-	if _, err := rl.Once(bctx); err != nil {
-		t.Fatal(err)
-	}
+	_, err := rl.Once(bctx)
+	require.NoError(t, err)
 	res, err := rec.Pass(bctx)
 	require.NoError(t, err)
 	checkReports("final pass", res.Reports)
@@ -484,9 +483,8 @@ func TestSweep(t *testing.T) {
 	mr.SetTime(now) // the scripts read TIME: miniredis's clock
 	for _, s := range []string{"a", "b", "bad"} {
 		load(t, r, nil, s, 10)
-		if _, err := r.Hold(ctx, stock.Request{SKU: s, ID: "h1", Qty: 3}, time.Second); err != nil {
-			t.Fatal(err)
-		}
+		_, err := r.Hold(ctx, stock.Request{SKU: s, ID: "h1", Qty: 3}, time.Second)
+		require.NoError(t, err)
 	}
 	if n, err := stockops.Sweep(ctx, r, "a", "b"); n != 0 || err != nil {
 		t.Fatalf("Sweep before the deadline = %d, %v", n, err)
@@ -660,9 +658,8 @@ func TestRefuse(t *testing.T) {
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: "never", Qty: 1}); !errors.Is(err, stock.ErrRestored) {
 		t.Fatalf("late deduct of a refused unknown id: %v; want ErrRestored", err)
 	}
-	if _, err := r.Restock(ctx, "a", "rs1", 5); err != nil {
-		t.Fatal(err)
-	}
+	_, err = r.Restock(ctx, "a", "rs1", 5)
+	require.NoError(t, err)
 	if _, err := stockops.Refuse(ctx, r, "a", "rs1"); !errors.Is(err, stock.ErrConflict) {
 		t.Fatalf("Refuse of a restock = %v; want ErrConflict", err)
 	}
@@ -686,9 +683,8 @@ func TestRelayRefusal(t *testing.T) {
 	if e, _ := r.Ledger(ctx, "a", "o2"); e.State != stock.StateRefused {
 		t.Fatalf("o2: %+v; want refused", e)
 	}
-	if _, err := rl.Once(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, err = rl.Once(ctx)
+	require.NoError(t, err)
 	if lv, _ := r.Levels(ctx, "a"); lv.Available != 8 || lv.Sold != 2 {
 		t.Fatalf("levels: %+v", lv)
 	}
@@ -838,9 +834,8 @@ func TestGuardRestartWithoutPersistenceStaysFenced(t *testing.T) {
 	load(t, r, db, "a", 10)
 	deduct(t, r, "a", "o1", 2)
 	rl := newRelay(t, r, db, nil, nil)
-	if _, err := rl.Once(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, err := rl.Once(ctx)
+	require.NoError(t, err)
 	deduct(t, r, "a", "o2", 3) // acknowledged, not yet in the Store: lost in the restart
 
 	restart()
@@ -897,9 +892,8 @@ func TestReportItemUnknownToStore(t *testing.T) {
 	db := memstore.New()
 	load(t, r, nil, "ghost", 10)
 	deduct(t, r, "ghost", "o1", 4) // and the hold below: 2 events pending, 4 units in flight
-	if _, err := r.Hold(ctx, stock.Request{SKU: "ghost", ID: "h1", Qty: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	_, err := r.Hold(ctx, stock.Request{SKU: "ghost", ID: "h1", Qty: 1}, time.Minute)
+	require.NoError(t, err)
 	rec := newReconciler(t, r, db, nil)
 	reps, err := rec.Once(ctx)
 	if err != nil || len(reps) != 1 {

@@ -452,9 +452,8 @@ func TestAdvanceConcurrentWithHolds(t *testing.T) {
 	close(stop)
 	adv.Wait()
 	e.Advance(time.Hour)
-	if _, err := stockops.Sweep(ctx, e.Reserver, "a"); err != nil {
-		t.Fatal(err)
-	}
+	_, err := stockops.Sweep(ctx, e.Reserver, "a")
+	must(t, err)
 	lv := levels(t, e, "a")
 	if lv.Held != 0 || lv.Sold != 0 || lv.Available != loaded {
 		t.Fatalf("after every hold settled: %+v, want all %d available (confirmed %d and restored, expired %d, refused %d)",
@@ -481,9 +480,8 @@ func TestRunSweepsAndDeliversAfterAdvance(t *testing.T) {
 	hold(t, e, "a", "h1", 5, time.Minute)
 	hold(t, e, "a", "h2", 1, time.Minute)
 	deduct(t, e, "a", "d1", 2)
-	if _, err := e.Reserver.Confirm(ctx, "a", "h2"); err != nil {
-		t.Fatal(err)
-	}
+	_, err := e.Reserver.Confirm(ctx, "a", "h2")
+	must(t, err)
 	// The deduct and the confirm reach the store without Advance.
 	waitFor(t, 10*time.Second, "events delivered", func() (bool, string) {
 		n, _ := store.Remaining(ctx, "a")
@@ -771,16 +769,13 @@ func TestOutboxOff(t *testing.T) {
 	load(t, e, "a", 5)
 	deduct(t, e, "a", "d", 2)
 	hold(t, e, "a", "h", 1, time.Minute)
-	if _, err := e.Reserver.Restore(ctx, "a", "d"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Restock(ctx, "a", "r", 4); err != nil {
-		t.Fatal(err)
-	}
+	_, err := e.Reserver.Restore(ctx, "a", "d")
+	must(t, err)
+	_, err = e.Reserver.Restock(ctx, "a", "r", 4)
+	must(t, err)
 	e.Advance(time.Minute)
-	if _, err := stockops.Sweep(ctx, e.Reserver); err != nil {
-		t.Fatal(err)
-	}
+	_, err = stockops.Sweep(ctx, e.Reserver)
+	must(t, err)
 	pending, dead, err := stockops.Pending(ctx, e.Reserver, "a")
 	if err != nil || pending != 0 || dead != 0 {
 		t.Fatalf("Pending with the outbox off = %d, %d, %v; want 0, 0", pending, dead, err)

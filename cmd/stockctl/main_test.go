@@ -120,9 +120,8 @@ func privateClient(t *testing.T) (string, rueidis.Client) {
 func loadAndSell(t *testing.T, addr string, r *stock.Reserver, qty int64) {
 	t.Helper()
 	mustCLI(t, "-redis", addr, "load", "x", "10")
-	if _, err := r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "o1", Qty: qty}); err != nil {
-		t.Fatal(err)
-	}
+	_, err := r.Deduct(context.Background(), stock.Request{SKU: "x", ID: "o1", Qty: qty})
+	require.NoError(t, err)
 }
 
 // serverClient is a fresh-reading client (no client-side caching) on addr.

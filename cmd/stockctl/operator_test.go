@@ -349,9 +349,8 @@ func TestBadNamesRefusedWholly(t *testing.T) {
 	dsn := sqliteDSN(t)
 	mustCLI(t, "-redis", addr, "-dsn", dsn, "load", "good", "10")
 	r := serverReserver(t, c, "stock")
-	if _, err := r.Deduct(context.Background(), stock.Request{SKU: "good", ID: "o1", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
+	_, err := r.Deduct(context.Background(), stock.Request{SKU: "good", ID: "o1", Qty: 2})
+	require.NoError(t, err)
 	before := stableDump(t, c)
 	for what, bad := range badNames() {
 		for _, cmd := range [][]string{
@@ -927,15 +926,13 @@ func TestEveryItemMany(t *testing.T) {
 	var sales, expiring int64
 	for i, sku := range skus {
 		if i%10 == 0 {
-			if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 2}); err != nil {
-				t.Fatal(err)
-			}
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o", Qty: 2})
+			require.NoError(t, err)
 			sales++
 		}
 		if i%7 == 0 {
-			if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h", Qty: 3}, time.Millisecond); err != nil {
-				t.Fatal(err)
-			}
+			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "h", Qty: 3}, time.Millisecond)
+			require.NoError(t, err)
 			expiring += 3
 		}
 	}

@@ -1224,9 +1224,8 @@ func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
 		}
 		wantOK(t, "bob", buyOn(t, two, "b1", "sku-a", "bob", 1), "sku-a", "bob", 1)
 		wantError(t, "alice's retry", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
-		if _, err := r.Restock(ctx, "sku-a", "restock-1", 1); err != nil {
-			t.Fatal(err)
-		}
+		_, err = r.Restock(ctx, "sku-a", "restock-1", 1)
+		must(t, err)
 
 		sent := e.proxy.Stats().Commands // alice's hold among them, held back
 		e.proxy.Heal()                   // it reaches Redis now
