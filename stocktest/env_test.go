@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,142 +19,29 @@ import (
 	"github.com/stockres/stock/stocktest"
 )
 
-// TestAdvanceMovesHoldDeadlines: a hold expires after Advance past its ttl, not before.
-func TestAdvanceMovesHoldDeadlines(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	e.Advance(59 * time.Second)
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute); err != nil {
-		t.Fatalf("replay before the deadline: %v", err)
-	}
-	e.Advance(2 * time.Second)
-	_, err := e.Reserver.Hold(ctx, stock.Request{SKU: "sku", ID: "h1", Qty: 2}, time.Minute)
-	if !errors.Is(err, stock.ErrExpired) {
-		t.Fatalf("replay after the deadline: %v, want ErrExpired", err)
-	}
-	if n, err := available(e.Reserver.Levels(ctx, "sku")); err != nil || n != 5 {
-		t.Fatalf("Available = %d, %v; want 5", n, err)
-	}
-}
-
-// TestAdvanceMovesTTLs: a key's TTL runs down with Advance, and the key expires.
-func TestAdvanceMovesTTLs(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	if err := e.Client.Do(ctx, e.Client.B().Set().Key("lease").Value("x").Px(10*time.Second).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	e.Advance(4 * time.Second)
-	ttl, err := e.Client.Do(ctx, e.Client.B().Pttl().Key("lease").Build()).AsInt64()
-	if err != nil || ttl != 6000 {
-		t.Fatalf("PTTL after 4s = %d, %v; want 6000", ttl, err)
-	}
-	// TIME follows the same clock.
-	tm, err := e.Client.Do(ctx, e.Client.B().Time().Build()).AsStrSlice()
-	if err != nil || len(tm) != 2 {
-		t.Fatalf("TIME: %v %v", tm, err)
-	}
-	if want := e.Now().Unix(); tm[0] != itoa(want) {
-		t.Fatalf("TIME = %s, want %d", tm[0], want)
-	}
-	e.Advance(6 * time.Second)
-	if n, err := e.Client.Do(ctx, e.Client.B().Exists().Key("lease").Build()).AsInt64(); err != nil || n != 0 {
-		t.Fatalf("EXISTS after the TTL = %d, %v; want 0", n, err)
-	}
-}
-
-// TestClockStandsStill: without Advance the Redis clock does not move.
-func TestClockStandsStill(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	if err := e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("x").Px(time.Second).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(20 * time.Millisecond)
-	ttl, err := e.Client.Do(ctx, e.Client.B().Pttl().Key("k").Build()).AsInt64()
-	if err != nil || ttl != 1000 {
-		t.Fatalf("PTTL = %d, %v; want 1000", ttl, err)
-	}
-}
-
-func itoa(n int64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
-	}
-}
-
-// TestAdvanceMovesRelayBackoff: an item whose event failed waits for its backoff, which only
-// Advance makes pass.
-func TestAdvanceMovesRelayBackoff(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	st := memstore.New()
-	if err := st.Load(ctx, "sku", 5); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Reserver.Load(ctx, "sku", 5); err != nil {
-		t.Fatal(err)
-	}
-	rl, err := stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"sku"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "sku", ID: "o1", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
-	st.FailWith(func(stock.Event) error { return errors.New("database down") })
-	if s, err := rl.Once(ctx); s.Retried != 1 { // Once also reports the store's error
-		t.Fatalf("first pass: %+v (%v); want 1 retried", s, err)
-	}
-	st.FailWith(nil)
-	time.Sleep(20 * time.Millisecond) // wall-clock time does not end the backoff
-	if s, err := rl.Once(ctx); err != nil || s.Delivered != 0 {
-		t.Fatalf("pass during the backoff: %+v, %v; want nothing delivered", s, err)
-	}
-	e.Advance(16 * time.Second) // the backoff, plus up to half of it as jitter
-	if s, err := rl.Once(ctx); err != nil || s.Delivered != 1 {
-		t.Fatalf("pass after the backoff: %+v, %v; want 1 delivered", s, err)
-	}
-	if n, err := st.Remaining(ctx, "sku"); err != nil || n != 3 {
-		t.Fatalf("store remaining = %d, %v; want 3", n, err)
-	}
-}
-
-// available returns the available units of a Levels call.
-func available(l stock.Levels, err error) (int64, error) { return l.Available, err }
-
 // TestEnvPassesTheMemoryPolicyCheckQuietly: the Env's miniredis answers the Reserver's memory
 // policy check as a Redis set to noeviction, so a test's first write logs no warning that the
 // policy could not be read.
 func TestEnvPassesTheMemoryPolicyCheckQuietly(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	env := stocktest.New(t, stock.WithLogger(logger))
-	if err := env.Reserver.Load(context.Background(), "quiet", 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Reserver.Deduct(context.Background(), stock.Request{SKU: "quiet", ID: "o1", Qty: 1}); err != nil {
-		t.Fatal(err)
-	}
+	e := stocktest.New(t, stock.WithLogger(logger))
+	load(t, e, "quiet", 1)
+	deduct(t, e, "quiet", "o1", 1)
 	if strings.Contains(buf.String(), "maxmemory-policy") {
 		t.Errorf("the first write logged about the memory policy:\n%s", buf.String())
 	}
 }
 
 // --- helpers -------------------------------------------------------------------------------
+
+// must fails the test on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
 
 // waitFor polls cond until it holds or limit (real time) passes; generous bounds only.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
@@ -194,6 +80,20 @@ func load(t *testing.T, e *stocktest.Env, sku string, qty int64) {
 	}
 }
 
+func deduct(t *testing.T, e *stocktest.Env, sku, id string, qty int64) {
+	t.Helper()
+	if _, err := e.Reserver.Deduct(context.Background(), stock.Request{SKU: sku, ID: id, Qty: qty}); err != nil {
+		t.Fatalf("Deduct(%s/%s): %v", sku, id, err)
+	}
+}
+
+func hold(t *testing.T, e *stocktest.Env, sku, id string, qty int64, ttl time.Duration) {
+	t.Helper()
+	if _, err := e.Reserver.Hold(context.Background(), stock.Request{SKU: sku, ID: id, Qty: qty}, ttl); err != nil {
+		t.Fatalf("Hold(%s/%s): %v", sku, id, err)
+	}
+}
+
 // runUntilEnd starts e.Reserver.Run and stops it when the test ends (bounded).
 func runUntilEnd(t *testing.T, e *stocktest.Env, opts stock.RunOptions) {
 	t.Helper()
@@ -210,43 +110,11 @@ func runUntilEnd(t *testing.T, e *stocktest.Env, opts stock.RunOptions) {
 	})
 }
 
-// fakeTB lets a test see whether stocktest.New fails its t. Fatal* end the goroutine (as the
-// testing package does); Cleanup goes to the real test.
-type fakeTB struct {
-	testing.TB
-	mu     sync.Mutex
-	failed bool
-	msg    string
-}
-
-func (f *fakeTB) Helper() {}
-func (f *fakeTB) fail(s string) {
-	f.mu.Lock()
-	f.failed, f.msg = true, s
-	f.mu.Unlock()
-}
-func (f *fakeTB) Fatalf(format string, args ...any) {
-	f.fail(fmt.Sprintf(format, args...))
-	runtime.Goexit()
-}
-func (f *fakeTB) Fatal(args ...any)                 { f.fail(fmt.Sprint(args...)); runtime.Goexit() }
-func (f *fakeTB) Errorf(format string, args ...any) { f.fail(fmt.Sprintf(format, args...)) }
-func (f *fakeTB) Error(args ...any)                 { f.fail(fmt.Sprint(args...)) }
-func (f *fakeTB) FailNow()                          { f.fail("FailNow"); runtime.Goexit() }
-func (f *fakeTB) Fail()                             { f.fail("Fail") }
-func (f *fakeTB) Failed() bool                      { f.mu.Lock(); defer f.mu.Unlock(); return f.failed }
-
-// newOnFakeTB calls stocktest.New on a fake TB and reports the env (nil when New failed it).
-func newOnFakeTB(t *testing.T, opts ...stock.Option) (*stocktest.Env, *fakeTB) {
-	f := &fakeTB{TB: t}
-	var e *stocktest.Env
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		e = stocktest.New(f, opts...)
-	}()
-	<-done
-	return e, f
+// newOnFakeTB calls stocktest.New on a TB that records a failure instead of failing t, and
+// reports the env (nil when New failed it), whether it failed, and why.
+func newOnFakeTB(t *testing.T, opts ...stock.Option) (e *stocktest.Env, failed bool, msg string) {
+	failed, _, msg = stocktest.RunOnFakeT(t, func(tb testing.TB) { e = stocktest.New(tb, opts...) })
+	return e, failed, msg
 }
 
 // halfDoneCart leaves cart "cart-1" (a:2, b:1) half done: line a taken, the saga cut short
@@ -256,9 +124,7 @@ func halfDoneCart(t *testing.T, e *stocktest.Env, prefix string) {
 	ctx := context.Background()
 	load(t, e, "a", 5)
 	bad := prefix + ":{b}"
-	if err := e.Redis.Set(bad, "not a hash"); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.Redis.Set(bad, "not a hash"))
 	_, err := e.Reserver.DeductMany(ctx, stock.Cart{ID: "cart-1", User: "u1", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}})
 	var ce *stock.CartError
 	if err == nil || errors.As(err, &ce) {
@@ -274,8 +140,8 @@ func halfDoneCart(t *testing.T, e *stocktest.Env, prefix string) {
 // --- Env: clock, options, isolation ---------------------------------------------------------
 
 // TestEnvClock: Env.Now starts at about the wall clock, truncated to the microsecond, and is
-// Redis's TIME too; the clock stands still without Advance, Advance(0) and a refused negative
-// Advance (which panics) leave it, and key TTLs run on the same clock.
+// Redis's TIME too; the clock (and a key's TTL) stands still without Advance, Advance(0) and a
+// refused negative Advance (which panics) leave it, and key TTLs run down on the same clock.
 func TestEnvClock(t *testing.T) {
 	e := stocktest.New(t)
 	ctx := context.Background()
@@ -298,10 +164,17 @@ func TestEnvClock(t *testing.T) {
 	if rt := redisTime(); !rt.Equal(start) {
 		t.Fatalf("Redis TIME = %v, Env.Now() = %v: want one clock", rt, start)
 	}
-	// The clock stands still without Advance.
+	pttl := func(k string) int64 {
+		t.Helper()
+		ms, err := e.Client.Do(ctx, e.Client.B().Pttl().Key(k).Build()).AsInt64()
+		must(t, err)
+		return ms
+	}
+	// The clock, and a key's TTL, stand still without Advance.
+	must(t, e.Client.Do(ctx, e.Client.B().Set().Key("lease").Value("x").Px(time.Second).Build()).Error())
 	time.Sleep(30 * time.Millisecond)
-	if !e.Now().Equal(start) || !redisTime().Equal(start) {
-		t.Fatalf("the clock moved without Advance: Now %v, TIME %v, start %v", e.Now(), redisTime(), start)
+	if !e.Now().Equal(start) || !redisTime().Equal(start) || pttl("lease") != 1000 {
+		t.Fatalf("the clock moved without Advance: Now %v, TIME %v, start %v, PTTL %d", e.Now(), redisTime(), start, pttl("lease"))
 	}
 	e.Advance(0)
 	if !e.Now().Equal(start) {
@@ -323,10 +196,12 @@ func TestEnvClock(t *testing.T) {
 		t.Fatalf("a refused negative Advance moved the clock to %v, want %v", e.Now(), want)
 	}
 	// TTLs run on the same clock: a key with a 10s TTL expires on Advance(10s), not before.
-	if err := e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("v").Px(10*time.Second).Build()).Error(); err != nil {
-		t.Fatal(err)
+	must(t, e.Client.Do(ctx, e.Client.B().Set().Key("k").Value("v").Px(10*time.Second).Build()).Error())
+	e.Advance(4 * time.Second)
+	if ms := pttl("k"); ms != 6000 {
+		t.Fatalf("PTTL after Advance(4s) = %d; want 6000", ms)
 	}
-	e.Advance(10*time.Second - time.Millisecond)
+	e.Advance(6*time.Second - time.Millisecond)
 	if !e.Redis.Exists("k") {
 		t.Fatalf("a 10s key expired after 9.999s of Advance")
 	}
@@ -391,19 +266,18 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		"negative coalescing": stock.WithCoalescing(-1),
 	} {
 		t.Run(name, func(t *testing.T) {
-			e, f := newOnFakeTB(t, opt)
-			if !f.Failed() || e != nil {
-				t.Fatalf("stocktest.New with %s: failed=%v env=%v; the doc says it fails t if stock.New refuses opts", name, f.Failed(), e != nil)
+			e, failed, msg := newOnFakeTB(t, opt)
+			if !failed || e != nil {
+				t.Fatalf("stocktest.New with %s: failed=%v env=%v; the doc says it fails t if stock.New refuses opts", name, failed, e != nil)
 			}
-			if !strings.Contains(f.msg, "stock.New") {
-				t.Fatalf("failure message %q does not say stock.New refused the options", f.msg)
+			if !strings.Contains(msg, "stock.New") {
+				t.Fatalf("failure message %q does not say stock.New refused the options", msg)
 			}
 		})
 	}
 	// And a good set of options does not fail it.
-	e, f := newOnFakeTB(t, stock.WithPrefix("shop"), stock.WithUserLimit(1), stock.WithCoalescing(0), stock.WithSoldOutCache(0))
-	if f.Failed() || e == nil {
-		t.Fatalf("stocktest.New with valid options failed: %s", f.msg)
+	if e, failed, msg := newOnFakeTB(t, stock.WithPrefix("shop"), stock.WithUserLimit(1), stock.WithCoalescing(0), stock.WithSoldOutCache(0)); failed || e == nil {
+		t.Fatalf("stocktest.New with valid options failed: %s", msg)
 	}
 }
 
@@ -412,9 +286,9 @@ func TestNewRefusesBadOptions(t *testing.T) {
 // Advance must still govern the cart-recovery cutoff.
 func TestConflictingWithClock(t *testing.T) {
 	wall := func() time.Time { return time.Now() }
-	e, f := newOnFakeTB(t, stock.WithClock(wall))
-	if f.Failed() {
-		t.Logf("stocktest.New refused a conflicting WithClock: %s", f.msg)
+	e, failed, msg := newOnFakeTB(t, stock.WithClock(wall))
+	if failed {
+		t.Logf("stocktest.New refused a conflicting WithClock: %s", msg)
 		return
 	}
 	halfDoneCart(t, e, "stock")
@@ -435,12 +309,8 @@ func TestPrefixKeys(t *testing.T) {
 	ctx := context.Background()
 	e := stocktest.New(t, stock.WithPrefix("shop"))
 	load(t, e, "x:1~ü", 3)
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "x:1~ü", ID: "o:1~é", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "x:1~ü", ID: "h", Qty: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	deduct(t, e, "x:1~ü", "o:1~é", 2)
+	hold(t, e, "x:1~ü", "h", 1, time.Minute)
 	for _, k := range e.Redis.Keys() {
 		if !strings.HasPrefix(k, "shop:") {
 			t.Fatalf("key %q does not carry the prefix shop:", k)
@@ -457,8 +327,8 @@ func TestPrefixKeys(t *testing.T) {
 
 // --- Holds and the clock -------------------------------------------------------------------
 
-// TestHoldExactDeadline: on the Env clock a hold is live 1ms before its deadline and due at it:
-// Confirm answers ErrExpired and releases the item's other due holds, Sweep agrees, Extend moves
+// TestHoldExactDeadline: on the Env clock a hold is live 1ms before its deadline (a replay of it
+// answers as the first) and due at it: Confirm answers ErrExpired and releases the item's other due holds, Sweep agrees, Extend moves
 // the deadline from its own call, and replays of expired and confirmed holds answer as the first.
 func TestHoldExactDeadline(t *testing.T) {
 	ctx := context.Background()
@@ -466,22 +336,17 @@ func TestHoldExactDeadline(t *testing.T) {
 	load(t, e, "a", 10)
 	load(t, e, "b", 10)
 	// The clock stands still, so these holds share one deadline.
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "b", ID: "hb", Qty: 3}, 10*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	hold(t, e, "b", "hb", 3, 10*time.Minute)
 	for _, id := range []string{"h1", "h2", "h3", "h4"} {
-		if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: id, Qty: 2}, 10*time.Minute); err != nil {
-			t.Fatal(err)
-		}
+		hold(t, e, "a", id, 2, 10*time.Minute)
 	}
 	dl, err := e.Reserver.Ledger(ctx, "a", "h1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if want := e.Now().Add(10 * time.Minute).Truncate(time.Millisecond); !dl.Deadline.Equal(want) {
 		t.Fatalf("hold deadline = %v, want now+10m = %v", dl.Deadline, want)
 	}
 	e.Advance(10*time.Minute - time.Millisecond)
+	hold(t, e, "a", "h3", 2, 10*time.Minute) // a replay of a live hold
 	if _, err := e.Reserver.Confirm(ctx, "a", "h1"); err != nil {
 		t.Fatalf("Confirm 1ms before the deadline: %v", err)
 	}
@@ -587,9 +452,8 @@ func TestAdvanceConcurrentWithHolds(t *testing.T) {
 	close(stop)
 	adv.Wait()
 	e.Advance(time.Hour)
-	if _, err := stockops.Sweep(ctx, e.Reserver, "a"); err != nil {
-		t.Fatal(err)
-	}
+	_, err := stockops.Sweep(ctx, e.Reserver, "a")
+	must(t, err)
 	lv := levels(t, e, "a")
 	if lv.Held != 0 || lv.Sold != 0 || lv.Available != loaded {
 		t.Fatalf("after every hold settled: %+v, want all %d available (confirmed %d and restored, expired %d, refused %d)",
@@ -613,18 +477,11 @@ func TestRunSweepsAndDeliversAfterAdvance(t *testing.T) {
 	_ = store.Load(ctx, "a", 10)
 	load(t, e, "a", 10)
 	runUntilEnd(t, e, stock.RunOptions{Store: store})
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: "h1", Qty: 5}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: "h2", Qty: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a", ID: "d1", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Confirm(ctx, "a", "h2"); err != nil {
-		t.Fatal(err)
-	}
+	hold(t, e, "a", "h1", 5, time.Minute)
+	hold(t, e, "a", "h2", 1, time.Minute)
+	deduct(t, e, "a", "d1", 2)
+	_, err := e.Reserver.Confirm(ctx, "a", "h2")
+	must(t, err)
 	// The deduct and the confirm reach the store without Advance.
 	waitFor(t, 10*time.Second, "events delivered", func() (bool, string) {
 		n, _ := store.Remaining(ctx, "a")
@@ -657,78 +514,103 @@ func TestRunSweepsAndDeliversAfterAdvance(t *testing.T) {
 	}
 }
 
-// The relay's retry backoff is a key TTL: it moves with Advance and stands still otherwise.
+// The relay's retry backoff is a key TTL: an item whose event failed waits for its backoff,
+// which stands still with the clock (whatever real time passes) and passes with Advance; the
+// event is then applied once. Through a stockops Relay's passes, and under Reserver.Run.
 func TestRelayBackoffFollowsAdvance(t *testing.T) {
+	setup := func(t *testing.T) (*stocktest.Env, *memstore.Store, *atomic.Int64) {
+		e := stocktest.New(t)
+		store := memstore.New()
+		_ = store.Load(context.Background(), "a", 10)
+		load(t, e, "a", 10)
+		var calls atomic.Int64
+		store.FailWith(func(stock.Event) error { calls.Add(1); return memstore.ErrDown })
+		return e, store, &calls
+	}
 	ctx := context.Background()
-	e := stocktest.New(t)
-	store := memstore.New()
-	_ = store.Load(ctx, "a", 10)
-	var calls atomic.Int64
-	store.FailWith(func(stock.Event) error { calls.Add(1); return memstore.ErrDown })
-	load(t, e, "a", 10)
-	runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1},
-		Relay: &stock.RelayOptions{MinBackoff: time.Minute, MaxBackoff: time.Minute}})
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a", ID: "d1", Qty: 3}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "a first, failed, delivery", func() (bool, string) { return calls.Load() > 0, "" })
-	store.FailWith(nil)
-	before := calls.Load()
-	time.Sleep(2 * time.Second)
-	if n, _ := store.Remaining(ctx, "a"); n != 10 {
-		t.Fatalf("event applied during a 1m backoff with the clock standing still (store remaining %d, failed calls %d -> %d)", n, before, calls.Load())
-	}
-	e.Advance(2 * time.Minute)
-	waitFor(t, 10*time.Second, "delivery after Advance past the backoff", func() (bool, string) {
-		n, _ := store.Remaining(ctx, "a")
-		return n == 7, fmt.Sprint("store remaining ", n)
+	t.Run("Relay.Once", func(t *testing.T) {
+		e, store, _ := setup(t)
+		rl, err := stockops.NewRelay(e.Reserver, store, nil, &stock.RelayOptions{MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second, Items: []string{"a"}})
+		must(t, err)
+		deduct(t, e, "a", "d1", 3)
+		if s, err := rl.Once(ctx); s.Retried != 1 { // Once also reports the store's error
+			t.Fatalf("first pass: %+v (%v); want 1 retried", s, err)
+		}
+		store.FailWith(nil)
+		time.Sleep(20 * time.Millisecond) // wall-clock time does not end the backoff
+		if s, err := rl.Once(ctx); err != nil || s.Delivered != 0 {
+			t.Fatalf("pass during the backoff: %+v, %v; want nothing delivered", s, err)
+		}
+		e.Advance(16 * time.Second) // the backoff, plus up to half of it as jitter
+		if s, err := rl.Once(ctx); err != nil || s.Delivered != 1 {
+			t.Fatalf("pass after the backoff: %+v, %v; want 1 delivered", s, err)
+		}
+		if n, err := store.Remaining(ctx, "a"); err != nil || n != 7 {
+			t.Fatalf("store remaining = %d, %v; want 7", n, err)
+		}
 	})
-	if store.Applications("a", "d1", stock.EventDeducted) != 1 {
-		t.Fatalf("d1 applied %d times", store.Applications("a", "d1", stock.EventDeducted))
-	}
+	t.Run("Run", func(t *testing.T) {
+		e, store, calls := setup(t)
+		runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1},
+			Relay: &stock.RelayOptions{MinBackoff: time.Minute, MaxBackoff: time.Minute}})
+		deduct(t, e, "a", "d1", 3)
+		waitFor(t, 10*time.Second, "a first, failed, delivery", func() (bool, string) { return calls.Load() > 0, "" })
+		store.FailWith(nil)
+		before := calls.Load()
+		time.Sleep(2 * time.Second)
+		if n, _ := store.Remaining(ctx, "a"); n != 10 {
+			t.Fatalf("event applied during a 1m backoff with the clock standing still (store remaining %d, failed calls %d -> %d)", n, before, calls.Load())
+		}
+		e.Advance(2 * time.Minute)
+		waitFor(t, 10*time.Second, "delivery after Advance past the backoff", func() (bool, string) {
+			n, _ := store.Remaining(ctx, "a")
+			return n == 7, fmt.Sprint("store remaining ", n)
+		})
+		if store.Applications("a", "d1", stock.EventDeducted) != 1 {
+			t.Fatalf("d1 applied %d times", store.Applications("a", "d1", stock.EventDeducted))
+		}
+	})
 }
 
 // --- Carts ---------------------------------------------------------------------------------
 
-// TestCartRecoveryUnderRun: Run's cart recovery leaves a half-done cart while the Env clock
-// stands still and undoes it after Advance; a late retry of the cart answers ErrRestored.
+// TestCartRecoveryUnderRun: Run's cart recovery, with RecoverCartsAfter of 2s and with its
+// default (5m), leaves a half-done cart while the Env clock stands still and undoes it after
+// Advance past the cutoff, without real waiting; a late retry of the cart answers ErrRestored.
 func TestCartRecoveryUnderRun(t *testing.T) {
-	ctx := context.Background()
-	e := stocktest.New(t)
-	halfDoneCart(t, e, "stock")
-	runUntilEnd(t, e, stock.RunOptions{RecoverCartsAfter: 2 * time.Second})
-	// Recovery looks every second of real time, but the cart is young on the Env clock.
-	time.Sleep(2500 * time.Millisecond)
-	if lv := levels(t, e, "a"); lv.Available != 3 {
-		t.Fatalf("cart undone while the Env clock stood still: a = %+v", lv)
+	for _, c := range []struct {
+		name          string
+		opts          stock.RunOptions
+		wait, advance time.Duration // real time while the cart is young; then Advance
+	}{
+		{"after 2s", stock.RunOptions{RecoverCartsAfter: 2 * time.Second}, 2500 * time.Millisecond, 3 * time.Second},
+		{"default 5m", stock.RunOptions{}, 500 * time.Millisecond, 6 * time.Minute},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			e := stocktest.New(t)
+			halfDoneCart(t, e, "stock")
+			runUntilEnd(t, e, c.opts)
+			// Recovery looks every second of real time, but the cart is young on the Env clock.
+			time.Sleep(c.wait)
+			if lv := levels(t, e, "a"); lv.Available != 3 {
+				t.Fatalf("cart undone while the Env clock stood still: a = %+v", lv)
+			}
+			e.Advance(c.advance)
+			waitFor(t, 15*time.Second, "cart undone after Advance", func() (bool, string) {
+				lv := levels(t, e, "a")
+				return lv.Available == 5 && lv.Sold == 0, fmt.Sprintf("%+v", lv)
+			})
+			// A late retry of the cart answers ErrRestored and takes nothing.
+			_, err := e.Reserver.DeductMany(ctx, stock.Cart{ID: "cart-1", User: "u1", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}})
+			if !errors.Is(err, stock.ErrRestored) {
+				t.Fatalf("retry of the recovered cart = %v, want ErrRestored", err)
+			}
+			if a, b := levels(t, e, "a"), levels(t, e, "b"); a.Available != 5 || b.Available != 5 {
+				t.Fatalf("after the retry: a %+v, b %+v; want both untouched (5)", a, b)
+			}
+		})
 	}
-	e.Advance(3 * time.Second)
-	waitFor(t, 10*time.Second, "cart undone after Advance", func() (bool, string) {
-		lv := levels(t, e, "a")
-		return lv.Available == 5 && lv.Sold == 0, fmt.Sprintf("%+v", lv)
-	})
-	// A late retry of the cart answers ErrRestored and takes nothing.
-	_, err := e.Reserver.DeductMany(ctx, stock.Cart{ID: "cart-1", User: "u1", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}})
-	if !errors.Is(err, stock.ErrRestored) {
-		t.Fatalf("retry of the recovered cart = %v, want ErrRestored", err)
-	}
-	if a, b := levels(t, e, "a"), levels(t, e, "b"); a.Available != 5 || b.Available != 5 {
-		t.Fatalf("after the retry: a %+v, b %+v; want both untouched (5)", a, b)
-	}
-}
-
-// With Run's default RecoverCartsAfter (5m), a test that Advances past it expects the cart
-// undone "without real waiting": stocktest promises the cart-recovery cutoff moves with Advance.
-func TestCartRecoveryDefaultRunAfterAdvance(t *testing.T) {
-	e := stocktest.New(t)
-	halfDoneCart(t, e, "stock")
-	runUntilEnd(t, e, stock.RunOptions{})
-	time.Sleep(500 * time.Millisecond) // Run's first look at carts, while the cart is young
-	e.Advance(6 * time.Minute)
-	waitFor(t, 15*time.Second, "cart undone by Run (default RecoverCartsAfter 5m) after Advance(6m)", func() (bool, string) {
-		lv := levels(t, e, "a")
-		return lv.Available == 5, fmt.Sprintf("a = %+v", lv)
-	})
 }
 
 // TestHoldManyExpiresAfterAdvance: a cart held by HoldMany expires after Advance past its
@@ -885,22 +767,15 @@ func TestOutboxOff(t *testing.T) {
 	ctx := context.Background()
 	e := stocktest.New(t, stock.WithOutbox(false))
 	load(t, e, "a", 5)
-	if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "a", ID: "d", Qty: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "a", ID: "h", Qty: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Restore(ctx, "a", "d"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reserver.Restock(ctx, "a", "r", 4); err != nil {
-		t.Fatal(err)
-	}
+	deduct(t, e, "a", "d", 2)
+	hold(t, e, "a", "h", 1, time.Minute)
+	_, err := e.Reserver.Restore(ctx, "a", "d")
+	must(t, err)
+	_, err = e.Reserver.Restock(ctx, "a", "r", 4)
+	must(t, err)
 	e.Advance(time.Minute)
-	if _, err := stockops.Sweep(ctx, e.Reserver); err != nil {
-		t.Fatal(err)
-	}
+	_, err = stockops.Sweep(ctx, e.Reserver)
+	must(t, err)
 	pending, dead, err := stockops.Pending(ctx, e.Reserver, "a")
 	if err != nil || pending != 0 || dead != 0 {
 		t.Fatalf("Pending with the outbox off = %d, %d, %v; want 0, 0", pending, dead, err)

@@ -1,8 +1,13 @@
 package stocktest_test
 
+// stocktest.TestStore and stocktest.TestPublisher run as a user runs them: on memstore and
+// in-memory queues, and in child processes on stores and queues broken on purpose, which must
+// fail them in the named subtests.
+
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -17,191 +22,53 @@ import (
 
 // --- TestStore against broken stores, in a child process -----------------------------------
 
-// contractStore is a small Store whose mode breaks one rule of the contract on purpose.
-type contractStore struct {
-	mode string
-	mu   sync.Mutex
-	rem  map[string]int64
-	recs map[string]map[string]stock.Record
+// TestSuiteChild runs, in the child process suiteChild starts, stocktest.TestStore on the store
+// STOCKTEST_CHILD_STORE names (memstore, or a stocktest.BrokenStore), or stocktest.TestPublisher
+// on the in-memory queue STOCKTEST_CHILD_QUEUE names (correct, or broken for the check it
+// names); it skips otherwise.
+func TestSuiteChild(t *testing.T) {
+	if mode := os.Getenv("STOCKTEST_CHILD_STORE"); mode == "memstore" {
+		stocktest.TestStore(t, func(*testing.T) stock.Store { return memstore.New() })
+	} else if mode != "" {
+		stocktest.TestStore(t, func(*testing.T) stock.Store { return stocktest.BrokenStore(mode) })
+	} else if mode := os.Getenv("STOCKTEST_CHILD_QUEUE"); mode != "" {
+		stocktest.TestPublisher(t, func(t *testing.T) stocktest.PublisherPair { return stocktest.MemQueuePair(t, mode) })
+	} else {
+		t.Skip("run by TestStoreSuiteOnStores and TestPublisherSuiteOnQueues in a child process")
+	}
 }
 
-func newContractStore(mode string) *contractStore {
-	return &contractStore{mode: mode, rem: map[string]int64{}, recs: map[string]map[string]stock.Record{}}
-}
-
-func (s *contractStore) Load(_ context.Context, sku string, qty int64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.rem[sku]; ok {
-		return stock.ErrLoaded
-	}
-	s.rem[sku] = qty
-	return nil
-}
-
-func (s *contractStore) Remaining(_ context.Context, sku string) (int64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n, ok := s.rem[sku]
-	if !ok {
-		if s.mode == "remaining-unknown-zero" {
-			return 0, nil
-		}
-		return 0, stock.ErrNotLoaded
-	}
-	return n, nil
-}
-
-func (s *contractStore) Records(_ context.Context, sku string, ids []string) (map[string]stock.Record, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[string]stock.Record{}
-	for _, id := range ids {
-		if r, ok := s.recs[sku][id]; ok {
-			out[id] = r
-		}
-	}
-	return out, nil
-}
-
-func (s *contractStore) Apply(_ context.Context, ev stock.Event) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	recs := s.recs[ev.SKU]
-	if recs == nil {
-		recs = map[string]stock.Record{}
-		s.recs[ev.SKU] = recs
-	}
-	rec, seen := recs[ev.ID]
-	rem, loaded := s.rem[ev.SKU]
-	newRec := func(st stock.State) stock.Record {
-		return stock.Record{SKU: ev.SKU, ID: ev.ID, User: ev.User, Type: ev.Type, Qty: ev.Qty, Status: st, At: time.Now()}
-	}
-	covers := func() bool {
-		if s.mode == "negative" {
-			return loaded && rem > 0 // checks only that some stock is left
-		}
-		return loaded && rem >= ev.Qty
-	}
-	switch ev.Type {
-	case stock.EventDeducted, stock.EventConfirmed:
-		if s.mode == "repeat-refused-when-low" && !covers() {
-			// A conditional decrement first, the id looked up only when it succeeds: a repeat
-			// of an applied deduct is "refused" once the stock has dropped below its qty.
-			if !seen {
-				recs[ev.ID] = newRec(stock.StateRefused)
-			}
-			return stock.ErrRefused
-		}
-		if !seen && !loaded {
-			return stock.ErrNotLoaded // a setup error, not a refusal: nothing recorded
-		}
-		if seen && s.mode != "non-idempotent" {
-			if rec.Status == stock.StateRefused {
-				if s.mode == "refusal-not-sticky" && covers() {
-					s.rem[ev.SKU] = rem - ev.Qty
-					recs[ev.ID] = newRec(stock.StateApplied)
-					return nil
-				}
-				return stock.ErrRefused
-			}
-			if rec.Status == stock.StateRestored && s.mode == "tombstone-ignored" && covers() {
-				s.rem[ev.SKU] = rem - ev.Qty
-				recs[ev.ID] = newRec(stock.StateApplied)
-			}
-			return nil
-		}
-		if !covers() {
-			recs[ev.ID] = newRec(stock.StateRefused)
-			return stock.ErrRefused
-		}
-		s.rem[ev.SKU] = rem - ev.Qty
-		recs[ev.ID] = newRec(stock.StateApplied)
-	case stock.EventRestored, stock.EventRefused:
-		if !seen {
-			if s.mode != "tombstone-ignored" {
-				recs[ev.ID] = newRec(stock.StateRestored)
-			}
-			return nil
-		}
-		if rec.Status == stock.StateApplied && rec.Type != stock.EventRestocked {
-			if s.mode == "racy-restore" {
-				// Check, then give back outside the lock (a read-then-write without a row lock).
-				s.mu.Unlock()
-				time.Sleep(2 * time.Millisecond)
-				s.mu.Lock()
-				s.rem[ev.SKU] += rec.Qty
-				rec.Status = stock.StateRestored
-				s.recs[ev.SKU][ev.ID] = rec
-				return nil
-			}
-			s.rem[ev.SKU] = rem + rec.Qty
-			rec.Status = stock.StateRestored
-			recs[ev.ID] = rec
-		}
-	case stock.EventRestocked:
-		if seen {
-			return nil
-		}
-		if !loaded {
-			return stock.ErrNotLoaded
-		}
-		s.rem[ev.SKU] = rem + ev.Qty
-		recs[ev.ID] = newRec(stock.StateApplied)
-	}
-	return nil
-}
-
-// TestStoreSuiteChild runs stocktest.TestStore on the store STOCKTEST_CHILD_STORE names; it is
-// run by TestStoreSuiteOnStores in a child process, and skips otherwise.
-func TestStoreSuiteChild(t *testing.T) {
-	mode := os.Getenv("STOCKTEST_CHILD_STORE")
-	if mode == "" {
-		t.Skip("run by TestStoreSuiteOnStores in a child process")
-	}
-	stocktest.TestStore(t, func(t *testing.T) stock.Store {
-		if mode == "memstore" {
-			return memstore.New()
-		}
-		return newContractStore(mode)
-	})
-}
-
-// storeSuiteChild runs TestStore on the store mode in a child test process.
-func storeSuiteChild(t *testing.T, env, mode string) (failed bool, out string) {
+// suiteChild runs TestSuiteChild in a child test process with env=mode, within limit, and
+// reports whether it failed, with its output.
+func suiteChild(t *testing.T, env, mode string, limit time.Duration) (failed bool, out string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestStoreSuiteChild$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSuiteChild$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), env+"="+mode)
 	b, err := cmd.CombinedOutput()
 	out = string(b)
 	if ctx.Err() != nil {
-		t.Fatalf("child for %s timed out:\n%s", mode, out)
+		t.Fatalf("child for %s timed out:\n%s", mode, tail(out, 40))
 	}
 	if strings.Contains(out, "panic:") || strings.Contains(out, "no tests to run") {
-		t.Fatalf("child for %s did not run the suite cleanly:\n%s", mode, out)
+		t.Fatalf("child for %s did not run the suite cleanly:\n%s", mode, tail(out, 60))
 	}
 	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return false, out
-	case errors.As(err, &ee):
-		return true, out
-	default:
+	if err != nil && !errors.As(err, &ee) {
 		t.Fatalf("child for %s: %v", mode, err)
 	}
-	return
+	return err != nil, out
 }
 
 // TestStoreSuiteOnStores runs stocktest.TestStore, in a child process each, on memstore and a
-// correct contractStore, which must pass it (the named subtests included), and on stores that
-// break the contract on purpose, which must fail it: in the named subtest where one is given.
-// The last two break it in ways TestStore's doc says it checks but that no single subtest
-// names: "Apply is idempotent per (SKU, ID), and a repeat answers as the first application
-// did" (a repeat of an applied deduct answered ErrRefused once stock dropped below its qty:
-// the relay would give the units back in Redis for a sale the store keeps) and "concurrent
-// applies of one id apply it once" (concurrent duplicate restores of one id give back twice).
+// correct hooked store, which must pass it (the named subtests included), and on stores that
+// break the contract on purpose, which must fail it in the named subtest: a store that does not
+// apply a repeated deduct once, one that oversells what is left, one that ignores a restore's
+// tombstone, one that takes a refused id later, one that answers 0 for an unknown item, one
+// that refuses a repeat of an applied deduct once stock is low (the relay would give the units
+// back in Redis for a sale the store keeps), and one whose concurrent restores of one id give
+// back twice.
 func TestStoreSuiteOnStores(t *testing.T) {
 	cases := []struct {
 		mode     string
@@ -209,24 +76,24 @@ func TestStoreSuiteOnStores(t *testing.T) {
 		subtests []string // that must pass, or (one) fail
 	}{
 		{"memstore", true, []string{"DeductIdempotent", "RefusalIsFinal", "ConcurrentNoOversell", "Batch", "BatchStopsAtFailure", "BatchAnswersUnapplied"}},
-		{"correct", true, nil},
-		{"non-idempotent", false, []string{"DeductIdempotent"}},
-		{"negative", false, []string{"RefusalIsFinal"}},
-		{"tombstone-ignored", false, []string{"RestoreBeforeDeductTombstone"}},
-		{"refusal-not-sticky", false, []string{"RefusalIsFinal"}},
-		{"remaining-unknown-zero", false, []string{"RemainingUnknownItem"}},
-		{"repeat-refused-when-low", false, nil},
-		{"racy-restore", false, nil},
+		{"good", true, nil},
+		{"DeductIdempotent", false, []string{"DeductIdempotent"}},
+		{"Oversells", false, []string{"RefusalIsFinal"}},
+		{"RestoreBeforeDeductTombstone", false, []string{"RestoreBeforeDeductTombstone"}},
+		{"RefusalIsFinal", false, []string{"RefusalIsFinal"}},
+		{"RemainingUnknownItem", false, []string{"RemainingUnknownItem"}},
+		{"RepeatAppliedWhenLow", false, []string{"RepeatAppliedWhenLow"}},
+		{"ConcurrentGiveBackOnce", false, []string{"ConcurrentGiveBackOnce"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.mode, func(t *testing.T) {
-			failed, out := storeSuiteChild(t, "STOCKTEST_CHILD_STORE", tc.mode)
+			failed, out := suiteChild(t, "STOCKTEST_CHILD_STORE", tc.mode, 3*time.Minute)
 			if tc.pass {
 				if failed {
 					t.Fatalf("TestStore fails %s:\n%s", tc.mode, out)
 				}
 				for _, sub := range tc.subtests {
-					if !strings.Contains(out, "--- PASS: TestStoreSuiteChild/"+sub+" ") {
+					if !strings.Contains(out, "--- PASS: TestSuiteChild/"+sub+" ") {
 						t.Fatalf("subtest %s did not pass on %s:\n%s", sub, tc.mode, out)
 					}
 				}
@@ -236,7 +103,7 @@ func TestStoreSuiteOnStores(t *testing.T) {
 				t.Fatalf("TestStore passed a store broken on purpose (%s); a store with this bug is certified:\n%s", tc.mode, tail(out, 40))
 			}
 			for _, sub := range tc.subtests {
-				if !strings.Contains(out, "--- FAIL: TestStoreSuiteChild/"+sub+" ") {
+				if !strings.Contains(out, "--- FAIL: TestSuiteChild/"+sub+" ") {
 					t.Fatalf("broken store %s: subtest %s did not fail:\n%s", tc.mode, sub, out)
 				}
 			}
@@ -244,17 +111,16 @@ func TestStoreSuiteOnStores(t *testing.T) {
 	}
 }
 
-// TestSubtleStoresReallyBroken shows directly that the repeat-refused-when-low and racy-restore
-// stores break the contract, so that TestStoreSuiteOnStores failing them is right.
+// TestSubtleStoresReallyBroken shows directly that the RepeatAppliedWhenLow and
+// ConcurrentGiveBackOnce stores break the contract, so that TestStoreSuiteOnStores failing them
+// is right.
 func TestSubtleStoresReallyBroken(t *testing.T) {
 	ctx := context.Background()
-	t.Run("repeat-refused-when-low", func(t *testing.T) {
-		s := newContractStore("repeat-refused-when-low")
-		_ = s.Load(ctx, "a", 3)
+	t.Run("RepeatAppliedWhenLow", func(t *testing.T) {
+		s := stocktest.BrokenStore("RepeatAppliedWhenLow")
+		_ = s.(stocktest.Loader).Load(ctx, "a", 3)
 		e := stock.Event{Type: stock.EventDeducted, SKU: "a", ID: "o1", Qty: 3}
-		if err := s.Apply(ctx, e); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Apply(ctx, e))
 		if err := s.Apply(ctx, e); !errors.Is(err, stock.ErrRefused) {
 			t.Fatalf("the broken store answered the repeat %v (expected it to be broken)", err)
 		}
@@ -263,17 +129,13 @@ func TestSubtleStoresReallyBroken(t *testing.T) {
 		}
 		t.Logf("repeat of an applied deduct answered ErrRefused while its record says applied: contract broken")
 	})
-	t.Run("racy-restore", func(t *testing.T) {
-		s := newContractStore("racy-restore")
-		_ = s.Load(ctx, "a", 10)
+	t.Run("ConcurrentGiveBackOnce", func(t *testing.T) {
+		s := stocktest.BrokenStore("ConcurrentGiveBackOnce")
+		_ = s.(stocktest.Loader).Load(ctx, "a", 10)
 		_ = s.Apply(ctx, stock.Event{Type: stock.EventDeducted, SKU: "a", ID: "o1", Qty: 3})
 		var wg sync.WaitGroup
 		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_ = s.Apply(ctx, stock.Event{Type: stock.EventRestored, SKU: "a", ID: "o1", Qty: 3})
-			}()
+			wg.Go(func() { _ = s.Apply(ctx, stock.Event{Type: stock.EventRestored, SKU: "a", ID: "o1", Qty: 3}) })
 		}
 		wg.Wait()
 		if n, _ := s.Remaining(ctx, "a"); n == 10 {
@@ -290,4 +152,67 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// memstore through the suite and the relay.
+
+// TestStoreOnMemstore runs the stock.Store conformance suite on memstore (memstore is in the
+// root module, which does not depend on this one).
+func TestStoreOnMemstore(t *testing.T) {
+	stocktest.TestStore(t, func(*testing.T) stock.Store { return memstore.New() })
+}
+
+// TestMemstoreCountsThroughRelay: memstore's Applications through the whole path: two distinct
+// events, each applied once by the relay, on names the library accepts ('/' is allowed).
+func TestMemstoreCountsThroughRelay(t *testing.T) {
+	ctx := context.Background()
+	e := stocktest.New(t)
+	store := memstore.New()
+	for _, sku := range []string{"a/b", "a"} {
+		_ = store.Load(ctx, sku, 10)
+		load(t, e, sku, 10)
+	}
+	deduct(t, e, "a/b", "c", 1)
+	deduct(t, e, "a", "b/c", 1)
+	runUntilEnd(t, e, stock.RunOptions{Store: store, Reconcile: &stock.ReconcileOptions{Interval: -1}})
+	waitFor(t, 10*time.Second, "both deducts delivered", func() (bool, string) {
+		x, _ := store.Remaining(ctx, "a/b")
+		y, _ := store.Remaining(ctx, "a")
+		return x == 9 && y == 9, fmt.Sprint(x, y)
+	})
+	if m := store.MaxApplications(); m != 1 {
+		t.Fatalf("memstore.MaxApplications() = %d after the relay applied two distinct events once each (a/b:c and a:b/c), want 1", m)
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// TestPublisher against in-memory queues, correct and broken, in a child process.
+
+// TestPublisherSuiteOnQueues: stocktest.TestPublisher passes a correct in-memory queue and
+// fails, in the named subtest, queues broken on purpose (the broken ones only outside -short).
+func TestPublisherSuiteOnQueues(t *testing.T) {
+	t.Run("correct", func(t *testing.T) {
+		t.Parallel()
+		if failed, out := suiteChild(t, "STOCKTEST_CHILD_QUEUE", "correct", 4*time.Minute); failed {
+			t.Fatalf("TestPublisher fails a correct in-memory queue:\n%s", tail(out, 60))
+		}
+	})
+	// A queue that drops events, one that loses a crashed member's messages, one that delivers
+	// acknowledged messages again: each fails the check named.
+	for _, mode := range []string{"AtLeastOnce", "OrderAfterCrash", "ExactlyOnceInEffect"} {
+		t.Run(mode, func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("-short: a broken queue's child run waits out TestPublisher's timeouts (up to half a minute); TestPublisherChecksCanFail makes the same checks fail in-process, and the full tier runs this")
+			}
+			t.Parallel()
+			failed, out := suiteChild(t, "STOCKTEST_CHILD_QUEUE", mode, 4*time.Minute)
+			if !failed {
+				t.Fatalf("TestPublisher passed a queue broken on purpose (%s):\n%s", mode, tail(out, 40))
+			}
+			if !strings.Contains(out, "--- FAIL: TestSuiteChild/"+mode+" ") {
+				t.Fatalf("queue broken for %s: the subtest did not fail:\n%s", mode, tail(out, 60))
+			}
+		})
+	}
 }

@@ -3,8 +3,8 @@ package main
 // Tests of the checkout example's HTTP server, written from its package doc, the README and the
 // stock library's doc only: a hostile or unlucky client over HTTP, and a user copying the handler.
 //
-// Every test runs on an in-process miniredis (fixed clock, moved by the test) and, when
-// STOCK_REDIS_SERVER is set, on a private redis-server too. A faultproxy sits between the
+// The tests run on an in-process miniredis (fixed clock, moved by the test) and, those under
+// onBackends, when STOCK_REDIS_SERVER is set, on a private redis-server too. A faultproxy sits between the
 // client and Redis so that tests can cut Redis off.
 
 import (
@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,7 +32,16 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/memstore"
 )
+
+// must fails the test on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
 
 // lockedBuf is a log sink safe for concurrent writes.
 type lockedBuf struct {
@@ -122,23 +132,12 @@ func newHTTPEnv(t *testing.T, real bool, cfg envConfig) *httpEnv {
 		target = e.mr.Addr()
 	}
 	p, err := faultproxy.Start(target)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(func() { p.Close() })
 	e.proxy = p
-	// ForceSingleClient: miniredis answers CLUSTER SLOTS with its own address, which would make
-	// rueidis bypass the proxy.
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr()}, DisableCache: !real, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	e.c = c
-	e.r, err = stock.New(c, stock.WithPrefix("shop"), stock.WithUserLimit(cfg.limit))
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.c = e.client(t, false)
+	e.r, err = stock.New(e.c, stock.WithPrefix("shop"), stock.WithUserLimit(cfg.limit))
+	must(t, err)
 	for sku, n := range cfg.items {
 		if err := e.r.Load(context.Background(), sku, n); err != nil {
 			t.Fatalf("load %q: %v", sku, err)
@@ -150,6 +149,25 @@ func newHTTPEnv(t *testing.T, real bool, cfg envConfig) *httpEnv {
 	e.ts = httptest.NewServer(e.handler())
 	t.Cleanup(e.ts.Close)
 	return e
+}
+
+// client returns a new client of the env's Redis: through the proxy, or straight to the server.
+func (e *httpEnv) client(t *testing.T, direct bool) rueidis.Client {
+	t.Helper()
+	addr := e.proxy.Addr()
+	if direct {
+		if e.real {
+			addr = e.srv.Addr()
+		} else {
+			addr = e.mr.Addr()
+		}
+	}
+	// ForceSingleClient: miniredis answers CLUSTER SLOTS with its own address, which would make
+	// rueidis bypass the proxy.
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: !e.real, ForceSingleClient: true})
+	must(t, err)
+	t.Cleanup(c.Close)
+	return c
 }
 
 // handler returns a new checkout handler on the env's Reserver and payments: another process
@@ -207,6 +225,14 @@ func (e *httpEnv) levels(sku string) stock.Levels {
 	return lv
 }
 
+// wantLevels checks an item's available, held and sold units.
+func (e *httpEnv) wantLevels(t *testing.T, sku string, available, held, sold int64) {
+	t.Helper()
+	if lv := e.levels(sku); lv.Available != available || lv.Held != held || lv.Sold != sold {
+		t.Errorf("%s: %+v, want available %d, held %d, sold %d", sku, lv, available, held, sold)
+	}
+}
+
 // snapshot is what a refused request must not change.
 func (e *httpEnv) snapshot() string {
 	e.t.Helper()
@@ -251,9 +277,7 @@ func doOn(t *testing.T, base string, rq httpReq) httpResp {
 		rq.path = "/checkout"
 	}
 	req, err := http.NewRequest(rq.method, base+rq.path, strings.NewReader(rq.body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if rq.key != "" {
 		req.Header.Set("Idempotency-Key", rq.key)
 	}
@@ -281,8 +305,39 @@ func doOn(t *testing.T, base string, rq httpReq) httpResp {
 // buy posts a checkout with a JSON body.
 func (e *httpEnv) buy(t *testing.T, key, sku, user string, qty int64) httpResp {
 	t.Helper()
+	return buyOn(t, e.ts.URL, key, sku, user, qty)
+}
+
+// buyOn posts a checkout with a JSON body to the service at base.
+func buyOn(t *testing.T, base, key, sku, user string, qty int64) httpResp {
+	t.Helper()
 	b, _ := json.Marshal(map[string]any{"sku": sku, "qty": qty, "user": user})
-	return e.do(t, httpReq{key: key, ctype: "application/json", body: string(b)})
+	return doOn(t, base, httpReq{key: key, ctype: "application/json", body: string(b)})
+}
+
+// retry buys as a client told to retry with the same key does, up to 10 times with a growing
+// pause, until the answer is not a 503, and returns that answer.
+func (e *httpEnv) retry(t *testing.T, key, sku, user string, qty int64) httpResp {
+	t.Helper()
+	var last httpResp
+	for i := range 10 {
+		if last = e.buy(t, key, sku, user, qty); last.status != 503 {
+			break
+		}
+		time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
+	}
+	return last
+}
+
+// fanOut sends n requests at once, the i-th by send(i), and returns their answers.
+func fanOut(n int, send func(i int) httpResp) []httpResp {
+	res := make([]httpResp, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { res[i] = send(i) })
+	}
+	wg.Wait()
+	return res
 }
 
 // wantError checks the documented error shape: the status, a JSON body
@@ -321,8 +376,9 @@ func wantOK(t *testing.T, what string, r httpResp, sku, user string, qty int64) 
 
 // ---------------------------------------------------------------------------------------------
 
-// Bad input of every kind: a 4xx with a JSON error body, and nothing changed (no stock, no
-// charge, and the key is still free for a correct request).
+// Bad input of every kind: a 4xx with a JSON error body whose message says what is wrong, and
+// nothing changed (no stock, no charge, and the key is still free for a correct request); a
+// JSON Content-Type with parameters, a +json type or none at all is accepted.
 func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 5}}, func(t *testing.T, e *httpEnv) {
 		good := `{"sku":"sku-a","qty":1,"user":"alice"}`
@@ -351,6 +407,7 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 			{"qty over MaxQty", httpReq{key: "bad-1", body: fmt.Sprintf(`{"sku":"sku-a","qty":%d,"user":"alice"}`, int64(stock.MaxQty)+1)}, 400, "invalid"},
 			{"qty overflow", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":99999999999999999999999,"user":"alice"}`}, 400, "invalid"},
 			{"qty fraction", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":1.5,"user":"alice"}`}, 400, "invalid"},
+			{"qty huge float", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":1e20,"user":"alice"}`}, 400, "invalid"},
 			{"qty string", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":"1","user":"alice"}`}, 400, "invalid"},
 			{"qty null", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":null,"user":"alice"}`}, 400, "invalid"},
 			{"qty missing", httpReq{key: "bad-1", body: `{"sku":"sku-a","user":"alice"}`}, 400, "invalid"},
@@ -371,6 +428,7 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 			{"user too long", httpReq{key: "bad-1", body: `{"sku":"sku-a","qty":1,"user":"` + strings.Repeat("ü", 65) + `"}`}, 400, "invalid"},
 			{"huge body", httpReq{key: "bad-1", body: big}, 413, "too_large"},
 			{"huge whitespace", httpReq{key: "bad-1", body: strings.Repeat(" ", 70<<10) + good}, 413, "too_large"},
+			{"trailing after big whitespace", httpReq{key: "bad-1", body: good + strings.Repeat(" ", 70<<10) + "x"}, 413, "too_large"},
 			{"text/plain", httpReq{key: "bad-1", ctype: "text/plain", body: good}, 415, "unsupported_media_type"},
 			{"form", httpReq{key: "bad-1", ctype: "application/x-www-form-urlencoded", body: good}, 415, "unsupported_media_type"},
 			{"bad content type", httpReq{key: "bad-1", ctype: "application/json;;;=", body: good}, 415, "unsupported_media_type"},
@@ -393,6 +451,21 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 			{"stock space", httpReq{method: "GET", path: "/stock/a%20b"}, 400, "invalid"},
 			{"stock too long", httpReq{method: "GET", path: "/stock/" + strings.Repeat("s", 129)}, 400, "invalid"},
 		}
+		// What the message says, in the API's words, and no Go internals.
+		says := map[string]string{
+			"trailing garbage": "after the JSON object", "trailing after big whitespace": "larger than",
+			"two objects": "after the JSON object", "huge body": "larger than 65536 bytes",
+			"form": "application/json", "text/plain": "application/json", "bad content type": "application/json",
+			"qty huge float": "qty must be a whole number", "qty fraction": "qty must be a whole number",
+			"qty string": "qty must be a whole number", "qty missing": "qty is required",
+			"qty zero": "qty must be a whole number from 1", "sku missing": "sku is required",
+			"sku number": "sku must be a string", "sku space": "sku may not contain", "user missing": "user is required",
+			"unknown field": `unknown field "price"`, "array": "JSON object", "not json": "not valid JSON",
+			"empty body": "the body is empty", "truncated": "ends before", "no key": "Idempotency-Key header is required",
+			"key too long": "Idempotency-Key is longer", "key with space": "Idempotency-Key may hold only",
+			"key non-ascii": "Idempotency-Key may hold only", "GET checkout": "use POST", "DELETE stock": "use GET",
+			"unknown path": "no such endpoint", "stock brace": "sku may not contain",
+		}
 		before := e.snapshot()
 		for _, c := range cases {
 			r := e.do(t, c.rq)
@@ -400,6 +473,18 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 				c.status = r.status // over the user limit and over the stock: either refusal is right
 			}
 			wantError(t, c.name, r, c.status, c.code)
+			if want, ok := says[c.name]; ok {
+				delete(says, c.name)
+				msg := r.str("message")
+				if !strings.Contains(msg, want) {
+					t.Errorf("%s: message %q does not say %q", c.name, msg, want)
+				}
+				for _, internal := range []string{"Go ", "struct", "int64", "json:", "stock:", "checkoutRequest", " id "} {
+					if strings.Contains(msg, internal) {
+						t.Errorf("%s: message %q shows %q", c.name, msg, internal)
+					}
+				}
+			}
 			if c.status == http.StatusMethodNotAllowed && r.header.Get("Allow") == "" {
 				t.Errorf("%s: 405 without Allow", c.name)
 			}
@@ -410,13 +495,21 @@ func TestBadInputIsJSON4xxAndChangesNothing(t *testing.T) {
 		if after := e.snapshot(); after != before {
 			t.Errorf("refused requests changed the state:\nbefore %s\nafter  %s", before, after)
 		}
+		if len(says) != 0 {
+			t.Errorf("messages for no case: %v", says)
+		}
 		// The keys of refused requests are still free: nothing was recorded for them.
 		for _, k := range []string{"bad-1", "bad-2"} {
 			wantOK(t, "good request on key "+k, e.buy(t, k, "sku-a", "alice", 1), "sku-a", "alice", 1)
 		}
-		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 {
-			t.Errorf("levels after two good orders: %+v", lv)
+		// A JSON Content-Type with parameters, a +json type or none at all is accepted.
+		for _, c := range []struct{ ctype, key, user string }{
+			{"application/json; charset=utf-8", "k2", "carol"}, {"application/vnd.api+json", "k3", "dave"}, {"", "k2", "carol"}, // a replay of k2
+		} {
+			body := `{"sku":"sku-a","qty":1,"user":"` + c.user + `"}`
+			wantOK(t, "Content-Type "+c.ctype, e.do(t, httpReq{ctype: c.ctype, key: c.key, body: body}), "sku-a", c.user, 1)
 		}
+		e.wantLevels(t, "sku-a", 1, 0, 4) // four good orders
 	})
 }
 
@@ -433,9 +526,7 @@ func TestServerLevelErrorsAsDocumented(t *testing.T) {
 	raw := func(name, head string, status int) {
 		t.Helper()
 		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer conn.Close()
 		conn.SetDeadline(time.Now().Add(20 * time.Second))
 		fmt.Fprintf(conn, "POST /checkout HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", head, len(good), good)
@@ -474,12 +565,7 @@ func TestUserLimitManyKeysConcurrent(t *testing.T) {
 		// Slow payments widen the window in which holds are live and unpaid.
 		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(20 * time.Millisecond); return nil })
 		const n = 24
-		res := make([]httpResp, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { res[i] = e.buy(t, fmt.Sprintf("mallory-%d", i), "sku-a", "mallory", 1) })
-		}
-		wg.Wait()
+		res := fanOut(n, func(i int) httpResp { return e.buy(t, fmt.Sprintf("mallory-%d", i), "sku-a", "mallory", 1) })
 		ok := 0
 		for i, r := range res {
 			switch r.status {
@@ -495,9 +581,7 @@ func TestUserLimitManyKeysConcurrent(t *testing.T) {
 		// Same user: a bigger qty, new keys, and qty 2 at once are all refused now.
 		wantError(t, "qty 1 after the limit", e.buy(t, "mallory-x", "sku-a", "mallory", 1), 403, "user_limit")
 		wantError(t, "qty 2 after the limit", e.buy(t, "mallory-y", "sku-a", "mallory", 2), 403, "user_limit")
-		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 || lv.Available != 48 {
-			t.Errorf("levels: %+v, want 2 sold, 48 available", lv)
-		}
+		e.wantLevels(t, "sku-a", 48, 0, 2)
 		// A single request over the limit takes nothing.
 		wantError(t, "qty 3 by a new user", e.buy(t, "eve-1", "sku-a", "eve", 3), 403, "user_limit")
 		wantOK(t, "qty 2 by the new user", e.buy(t, "eve-2", "sku-a", "eve", 2), "sku-a", "eve", 2)
@@ -509,26 +593,21 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 10}}, func(t *testing.T, e *httpEnv) {
 		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(30 * time.Millisecond); return nil })
 		const n = 16
-		res := make([]httpResp, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { res[i] = e.buy(t, "same-key", "sku-a", "alice", 2) })
-		}
-		wg.Wait()
+		res := fanOut(n, func(int) httpResp { return e.buy(t, "same-key", "sku-a", "alice", 2) })
 		for i, r := range res {
 			wantOK(t, fmt.Sprintf("copy %d", i), r, "sku-a", "alice", 2)
 			if r.raw != res[0].raw {
 				t.Errorf("copy %d answered %q, copy 0 %q: a retry must answer the same body", i, r.raw, res[0].raw)
 			}
 		}
-		if lv := e.levels("sku-a"); lv.Sold != 2 || lv.Held != 0 {
-			t.Errorf("levels: %+v, want 2 sold", lv)
-		}
+		e.wantLevels(t, "sku-a", 8, 0, 2)
 		order := res[0].str("order")
 		if !e.pay.Charged(order) {
 			t.Errorf("order %s not charged", order)
 		}
-		// Later retries answer from the ledger and never call the payment service again.
+		// Later retries, after the stock moved, answer from the ledger and never call the
+		// payment service again.
+		wantOK(t, "bob in between", e.buy(t, "bob-key", "sku-a", "bob", 1), "sku-a", "bob", 1)
 		calls := e.pay.Calls()
 		for i := range 3 {
 			r := e.buy(t, "same-key", "sku-a", "alice", 2)
@@ -542,8 +621,8 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 	})
 }
 
-// The same key with another body: 422, and nothing changes. The same key from another user is
-// that user's own order.
+// The same key with another body, on this instance or another: 422, and nothing changes. The
+// same key from another user is that user's own order.
 func TestSameKeyOtherRequest(t *testing.T) {
 	onBackends(t, envConfig{limit: 5, items: map[string]int64{"sku-a": 10, "sku-b": 10}}, func(t *testing.T, e *httpEnv) {
 		first := e.buy(t, "k1", "sku-a", "alice", 1)
@@ -552,6 +631,12 @@ func TestSameKeyOtherRequest(t *testing.T) {
 		wantError(t, "same key, other qty", e.buy(t, "k1", "sku-a", "alice", 2), 422, "idempotency_key_reused")
 		wantError(t, "same key, other sku", e.buy(t, "k1", "sku-b", "alice", 1), 422, "idempotency_key_reused")
 		wantError(t, "same key, other sku and qty", e.buy(t, "k1", "sku-b", "alice", 3), 422, "idempotency_key_reused")
+		// Another process of the service (or this one restarted), sharing Redis and the payment
+		// provider: the payment is idempotent in the order id, which does not depend on the sku,
+		// so the key's other item would not be paid for.
+		other := httptest.NewServer(e.handler())
+		defer other.Close()
+		wantError(t, "same key, other sku, another instance", buyOn(t, other.URL, "k1", "sku-b", "alice", 1), 422, "idempotency_key_reused")
 		if after := e.snapshot(); after != before {
 			t.Errorf("422s changed the state:\nbefore %s\nafter  %s", before, after)
 		}
@@ -564,13 +649,20 @@ func TestSameKeyOtherRequest(t *testing.T) {
 		if strings.Contains(bob.raw, "alice") {
 			t.Errorf("bob's answer leaks alice's order: %s", bob.raw)
 		}
-		// Bob with the same key and another sku: still his own order.
+		// Carol with the same key and another sku: still her own order.
 		wantOK(t, "carol, alice's key, other sku", e.buy(t, "k1", "sku-b", "carol", 1), "sku-b", "carol", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 2 {
-			t.Errorf("sku-a: %+v, want 2 sold", lv)
-		}
+		// A declined user's key does not cancel an order of the same key.
+		e.pay.Decline("mallory")
+		wantError(t, "mallory declined, alice's key", e.buy(t, "k1", "sku-a", "mallory", 1), 402, "payment_declined")
+		e.wantLevels(t, "sku-a", 8, 0, 2)
 		if !e.pay.Charged(first.str("order")) || !e.pay.Charged(bob.str("order")) {
 			t.Errorf("each user's order must be charged")
+		}
+		// Retries still answer each user their own order.
+		for _, r := range []httpResp{first, bob} {
+			if again := e.buy(t, "k1", "sku-a", r.str("user"), 1); again.raw != r.raw {
+				t.Errorf("%s's retry: %s, want %s", r.str("user"), again.raw, r.raw)
+			}
 		}
 		// Users whose names and keys concatenate alike still get separate orders.
 		x := e.buy(t, "b:c", "sku-b", "a:", 1)
@@ -580,63 +672,54 @@ func TestSameKeyOtherRequest(t *testing.T) {
 		if x.str("order") == y.str("order") {
 			t.Errorf("two users share order %s", x.str("order"))
 		}
+		if orderID("ab", "c", "shoe", 1) == orderID("a", "bc", "shoe", 1) ||
+			orderID("a", "b", "c1", 1) == orderID("a", "b", "c", 11) ||
+			orderID("a", "bc", "shoe", 1) == orderID("a", "b", "cshoe", 1) {
+			t.Error("orderID is ambiguous")
+		}
 	})
 }
 
-// One user fires the same key at two items at once, many times: per key, exactly one order.
+// One user fires the same key at two items at once, many times, on one instance and on two
+// (each with its own Redis client, Reserver and key records): per key, exactly one order and
+// one 422, every order paid for once.
 func TestSameKeyTwoItemsConcurrent(t *testing.T) {
-	onBackends(t, envConfig{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *httpEnv) {
-		e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(5 * time.Millisecond); return nil })
-		const keys = 12
-		var wg sync.WaitGroup
-		res := make([][2]httpResp, keys)
-		for k := range keys {
-			for j, sku := range []string{"sku-a", "sku-b"} {
-				wg.Go(func() { res[k][j] = e.buy(t, fmt.Sprintf("dual-%d", k), sku, "mallory", 1) })
-			}
-		}
-		wg.Wait()
-		ok := 0
-		for k, pair := range res {
-			n := 0
-			for j, r := range pair {
-				if r.status == 200 {
-					n++
-				} else {
-					wantError(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
+	for _, instances := range []int{1, 2} {
+		t.Run(fmt.Sprint(instances, " instances"), func(t *testing.T) {
+			onBackends(t, envConfig{limit: 0, items: map[string]int64{"sku-a": 100, "sku-b": 100}}, func(t *testing.T, e *httpEnv) {
+				e.pay.setBefore(func(context.Context, Charge) error { time.Sleep(5 * time.Millisecond); return nil })
+				bases := []string{e.ts.URL, e.ts.URL}
+				if instances == 2 {
+					bases[1] = e.instance(t, e.client(t, false), 0, 24*time.Hour).URL
 				}
-			}
-			if n != 1 {
-				t.Errorf("key dual-%d: %d orders (%s | %s), want exactly 1", k, n, pair[0], pair[1])
-			}
-			ok += n
-		}
-		a, b := e.levels("sku-a"), e.levels("sku-b")
-		if a.Held+b.Held != 0 || a.Sold+b.Sold != int64(ok) {
-			t.Errorf("levels a %+v b %+v, want %d sold in all and nothing held", a, b, ok)
-		}
-	})
-}
-
-// Two processes of the service (or one restarted) share Redis and the payment provider. The
-// doc promises 422 when "the user used the key with another sku or qty"; the payment is
-// idempotent in the order id, which does not depend on the sku.
-func TestSameKeyOtherItemOnAnotherInstance(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 5, "sku-b": 5}}, func(t *testing.T, e *httpEnv) {
-		first := e.buy(t, "k1", "sku-a", "mallory", 1)
-		wantOK(t, "instance 1, sku-a", first, "sku-a", "mallory", 1)
-		calls := e.pay.Calls()
-
-		other := httptest.NewServer(e.handler()) // a second instance, or the first one restarted
-		defer other.Close()
-		b, _ := json.Marshal(map[string]any{"sku": "sku-b", "qty": 1, "user": "mallory"})
-		r := doOn(t, other.URL, httpReq{key: "k1", ctype: "application/json", body: string(b)})
-		wantError(t, "instance 2, same key, sku-b", r, 422, "idempotency_key_reused")
-		if lv := e.levels("sku-b"); lv.Sold != 0 || lv.Held != 0 {
-			t.Errorf("sku-b %+v: the reused key took stock; order %q was charged once (%d -> %d charge calls, charged=%v for %s), so the second item was not paid for",
-				lv, r.str("order"), calls, e.pay.Calls(), e.pay.Charged(first.str("order")), first.str("order"))
-		}
-	})
+				const keys = 16
+				// Key k: sku-a on instance k%2, sku-b on the other one.
+				res := fanOut(2*keys, func(i int) httpResp {
+					k, j := i/2, i%2
+					return buyOn(t, bases[(k+j)%2], fmt.Sprintf("dual-%d", k), []string{"sku-a", "sku-b"}[j], "mallory", 1)
+				})
+				ok := 0
+				for k := range keys {
+					n := 0
+					for j, r := range res[2*k : 2*k+2] {
+						if r.status != 200 {
+							wantError(t, fmt.Sprintf("key %d sku %d", k, j), r, 422, "idempotency_key_reused")
+						} else if n++; !e.pay.Charged(r.str("order")) {
+							t.Errorf("key dual-%d: order %s not charged", k, r.str("order"))
+						}
+					}
+					if n != 1 {
+						t.Errorf("key dual-%d: %d orders (%s | %s), want exactly 1", k, n, res[2*k], res[2*k+1])
+					}
+					ok += n
+				}
+				a, b := e.levels("sku-a"), e.levels("sku-b")
+				if a.Held+b.Held != 0 || a.Sold+b.Sold != int64(ok) || e.pay.Calls() != ok {
+					t.Errorf("levels a %+v b %+v, %d charge calls: want %d sold and charged in all, nothing held", a, b, e.pay.Calls(), ok)
+				}
+			})
+		})
+	}
 }
 
 // Another user with the same key cannot cancel, confirm or answer for a user's order in flight.
@@ -668,9 +751,7 @@ func TestOtherUserCannotTouchHold(t *testing.T) {
 		close(release)
 		<-done
 		wantOK(t, "alice", alice, "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || lv.Available != 4 {
-			t.Errorf("levels %+v, want alice's one unit sold", lv)
-		}
+		e.wantLevels(t, "sku-a", 4, 0, 1) // alice's one unit sold
 		// Bob's retry answers his own outcome, not alice's 200.
 		wantError(t, "bob retry", e.buy(t, "shared", "sku-a", "bob", 1), 402, "payment_declined")
 	})
@@ -715,7 +796,8 @@ func TestConfirmAfterExpiry(t *testing.T) {
 	})
 }
 
-// A declined payment gives back the stock and the user's units; a retry answers 402 again.
+// A declined payment gives back the stock and the user's units; a retry answers the same 402.
+// Once the stock is sold, a buyer is refused and not charged.
 func TestDeclineGivesBackStockAndLimit(t *testing.T) {
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 2}}, func(t *testing.T, e *httpEnv) {
 		var mu sync.Mutex
@@ -729,16 +811,25 @@ func TestDeclineGivesBackStockAndLimit(t *testing.T) {
 			}
 			return nil
 		})
+		var first httpResp
 		for i := range 3 {
 			k := fmt.Sprintf("d%d", i)
-			wantError(t, "declined "+k, e.buy(t, k, "sku-a", "alice", 2), 402, "payment_declined")
-			if lv := e.levels("sku-a"); lv.Available != 2 || lv.Held != 0 {
-				t.Errorf("after decline %d: %+v", i, lv)
+			r := e.buy(t, k, "sku-a", "alice", 2)
+			wantError(t, "declined "+k, r, 402, "payment_declined")
+			e.wantLevels(t, "sku-a", 2, 0, 0)
+			if i == 0 {
+				first = r
 			}
 		}
-		wantError(t, "retry of a declined order", e.buy(t, "d0", "sku-a", "alice", 2), 402, "payment_declined")
+		if again := e.buy(t, "d0", "sku-a", "alice", 2); again.status != 402 || again.raw != first.raw {
+			t.Errorf("retry of a declined order: %s, want %s", again, first)
+		}
+
 		wantOK(t, "a new order", e.buy(t, "ok", "sku-a", "alice", 2), "sku-a", "alice", 2)
 		wantError(t, "sold out", e.buy(t, "late", "sku-a", "bob", 1), 409, "sold_out")
+		if e.pay.Charged(orderID("bob", "late", "sku-a", 1)) {
+			t.Error("a sold-out order was charged")
+		}
 	})
 }
 
@@ -753,8 +844,9 @@ func TestPaymentUnknownThenRetry(t *testing.T) {
 		// Someone else cannot take the unit while the order's outcome is unknown.
 		wantError(t, "bob meanwhile", e.buy(t, "b1", "sku-a", "bob", 1), 409, "sold_out")
 		wantOK(t, "retry", e.buy(t, "p1", "sku-a", "alice", 1), "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 {
-			t.Errorf("levels %+v", lv)
+		e.wantLevels(t, "sku-a", 0, 0, 1)
+		if !e.pay.Charged(orderID("alice", "p1", "sku-a", 1)) {
+			t.Errorf("the order is not charged")
 		}
 	})
 }
@@ -769,104 +861,73 @@ func wantRetryHint(t *testing.T, what string, r httpResp) {
 	}
 }
 
-// Redis unreachable (a partition): answers within a bounded time, 503, and a retry with the
-// same key after it heals sells once.
-func TestRedisUnreachable(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
-		e.proxy.Blackhole(time.Minute)
-		start := time.Now()
-		r := e.buy(t, "u1", "sku-a", "alice", 1)
-		if d := time.Since(start); d > 15*time.Second {
-			t.Errorf("checkout answered after %v with Redis unreachable", d)
-		}
-		wantError(t, "checkout, Redis unreachable", r, 503, "unavailable")
-		wantRetryHint(t, "checkout, Redis unreachable", r)
-
-		start = time.Now()
-		g := e.do(t, httpReq{method: "GET", path: "/stock/sku-a"})
-		if d := time.Since(start); d > 15*time.Second {
-			t.Errorf("GET /stock answered after %v with Redis unreachable", d)
-		}
-		wantError(t, "levels, Redis unreachable", g, 503, "unavailable")
-
-		e.proxy.Heal()
-		var last httpResp
-		for i := range 10 { // the client retries, same key, as told
-			if last = e.buy(t, "u1", "sku-a", "alice", 1); last.status != 503 {
-				break
+// Redis in trouble during a checkout: unreachable (a partition; GET /stock too), stopped while
+// the payment is under way (the confirm cannot run), or the confirm's reply lost after it ran
+// (the outcome unknown: the first answer may be the order). The answer comes within a bounded
+// time; unless it is the order, it is a 503 that says to retry with the same key. The retry once
+// Redis is back sells exactly once, as the same order, charged.
+func TestRedisTroubleThenRetrySellsOnce(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		trip    func(e *httpEnv) // before the checkout
+		mend    func(t *testing.T, e *httpEnv)
+		retries bool // the client retries while the answer is 503; else one retry must sell
+	}{
+		{"unreachable", func(e *httpEnv) { e.proxy.Blackhole(time.Minute) }, func(t *testing.T, e *httpEnv) {
+			start := time.Now()
+			wantError(t, "levels, Redis unreachable", e.do(t, httpReq{method: "GET", path: "/stock/sku-a"}), 503, "unavailable")
+			if d := time.Since(start); d > 15*time.Second {
+				t.Errorf("GET /stock answered after %v with Redis unreachable", d)
 			}
-			time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
-		}
-		wantOK(t, "retry after heal", last, "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 {
-			t.Errorf("levels %+v, want exactly one sold", lv)
-		}
-	})
-}
-
-// Redis stops while the payment is under way: the confirm cannot run. The answer comes within
-// a bounded time and says to retry; the retry after Redis is back sells once, charged once.
-func TestRedisStoppedMidPayment(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
-		var once sync.Once
-		e.pay.setBefore(func(context.Context, Charge) error {
-			once.Do(e.stopRedis)
-			return nil
-		})
-		start := time.Now()
-		r := e.buy(t, "m1", "sku-a", "alice", 1)
-		if d := time.Since(start); d > 15*time.Second {
-			t.Errorf("answered after %v with Redis stopped", d)
-		}
-		wantError(t, "Redis stopped mid-payment", r, 503, "unavailable")
-		wantRetryHint(t, "Redis stopped mid-payment", r)
-		order := orderID("alice", "m1", "sku-a", 1)
-		e.startRedis()
-		var last httpResp
-		for i := range 10 {
-			if last = e.buy(t, "m1", "sku-a", "alice", 1); last.status != 503 {
-				break
+			e.proxy.Heal()
+		}, true},
+		{"stopped mid-payment", func(e *httpEnv) {
+			var once sync.Once
+			e.pay.setBefore(func(context.Context, Charge) error {
+				once.Do(e.stopRedis)
+				return nil
+			})
+		}, func(_ *testing.T, e *httpEnv) { e.startRedis() }, true},
+		{"confirm reply lost", func(e *httpEnv) {
+			var once sync.Once
+			e.pay.setBefore(func(context.Context, Charge) error {
+				once.Do(func() { e.proxy.DropReplies(1) })
+				return nil
+			})
+		}, func(t *testing.T, e *httpEnv) {
+			if n := e.proxy.PendingDrops(); n != 0 {
+				t.Fatalf("the reply drop was not used (%d pending): the test did not break the confirm", n)
 			}
-			time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
-		}
-		wantOK(t, "retry after restart", last, "sku-a", "alice", 1)
-		if last.str("order") != order {
-			t.Errorf("order %q, want %q", last.str("order"), order)
-		}
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 || lv.Available != 2 {
-			t.Errorf("levels %+v, want exactly one sold", lv)
-		}
-		if !e.pay.Charged(order) {
-			t.Errorf("order not charged")
-		}
-	})
-}
-
-// The reply of the confirm is lost after it ran (a broken connection): the outcome is unknown;
-// whatever the first answer, the retry with the same key ends with one sale.
-func TestConfirmReplyLost(t *testing.T) {
-	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
-		var once sync.Once
-		e.pay.setBefore(func(context.Context, Charge) error {
-			once.Do(func() { e.proxy.DropReplies(1) })
-			return nil
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 3}}, func(t *testing.T, e *httpEnv) {
+				c.trip(e)
+				start := time.Now()
+				r := e.buy(t, "k1", "sku-a", "alice", 1)
+				if d := time.Since(start); d > 15*time.Second {
+					t.Errorf("answered after %v", d)
+				}
+				if r.status == 200 && c.name == "confirm reply lost" {
+					wantOK(t, "first", r, "sku-a", "alice", 1)
+				} else {
+					wantError(t, "first", r, 503, "unavailable")
+					wantRetryHint(t, "first", r)
+				}
+				c.mend(t, e)
+				last := e.buy(t, "k1", "sku-a", "alice", 1)
+				if c.retries && last.status == 503 {
+					last = e.retry(t, "k1", "sku-a", "alice", 1)
+				}
+				order := orderID("alice", "k1", "sku-a", 1)
+				wantOK(t, "retry", last, "sku-a", "alice", 1)
+				if last.str("order") != order || !e.pay.Charged(order) {
+					t.Errorf("order %q (charged %v), want %q", last.str("order"), e.pay.Charged(order), order)
+				}
+				e.wantLevels(t, "sku-a", 2, 0, 1)
+			})
 		})
-		r := e.buy(t, "c1", "sku-a", "alice", 1)
-		if n := e.proxy.PendingDrops(); n != 0 {
-			t.Fatalf("the reply drop was not used (%d pending): the test did not break the confirm", n)
-		}
-		switch r.status {
-		case 200:
-			wantOK(t, "first", r, "sku-a", "alice", 1)
-		default:
-			wantError(t, "first", r, 503, "unavailable")
-			wantRetryHint(t, "first", r)
-		}
-		wantOK(t, "retry", e.buy(t, "c1", "sku-a", "alice", 1), "sku-a", "alice", 1)
-		if lv := e.levels("sku-a"); lv.Sold != 1 || lv.Held != 0 {
-			t.Errorf("levels %+v, want exactly one sold", lv)
-		}
-	})
+	}
 }
 
 // N concurrent buyers over S units: exactly S purchases, and the levels agree; then a mixed
@@ -875,12 +936,7 @@ func TestOutcomeCount(t *testing.T) {
 	const S = 7
 	onBackends(t, envConfig{limit: 2, items: map[string]int64{"drop": S, "mixed": 40}}, func(t *testing.T, e *httpEnv) {
 		const N = 60
-		res := make([]httpResp, N)
-		var wg sync.WaitGroup
-		for i := range N {
-			wg.Go(func() { res[i] = e.buy(t, "k", "drop", fmt.Sprintf("user-%d", i), 1) })
-		}
-		wg.Wait()
+		res := fanOut(N, func(i int) httpResp { return e.buy(t, "k", "drop", fmt.Sprintf("user-%d", i), 1) })
 		ok, orders := 0, map[string]bool{}
 		for i, r := range res {
 			if r.status == 200 {
@@ -922,6 +978,7 @@ func TestOutcomeCount(t *testing.T) {
 		})
 		const M = 50
 		sold := make([]int64, M)
+		var wg sync.WaitGroup
 		for i := range M {
 			wg.Go(func() {
 				user := fmt.Sprintf("m-%d", i%10)
@@ -1019,8 +1076,8 @@ func TestOddNames(t *testing.T) {
 	})
 }
 
-// TestRequestLogKeyAndStatus: every request is logged with its method, path, status and
-// Idempotency-Key, refused ones included.
+// TestRequestLogKeyAndStatus: every request is logged, once, with its method, path, status,
+// duration and Idempotency-Key, refused ones included.
 func TestRequestLogKeyAndStatus(t *testing.T) {
 	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"sku-a": 5}})
 	checks := []struct {
@@ -1040,6 +1097,10 @@ func TestRequestLogKeyAndStatus(t *testing.T) {
 		}
 	}
 	logs := e.logs.String()
+	if n := strings.Count(logs, "msg=request "); n != len(checks) {
+		t.Errorf("%d request lines for %d requests:\n%s", n, len(checks), logs)
+	}
+
 	for _, c := range checks {
 		m, p := c.rq.method, c.rq.path
 		if m == "" {
@@ -1059,5 +1120,242 @@ func TestRequestLogKeyAndStatus(t *testing.T) {
 		if !found {
 			t.Errorf("no log line for %s %s %d (key %q) in:\n%s", m, p, c.status, c.rq.key, logs)
 		}
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Idempotency-Key records (Keys) and Request.Retry.
+
+// instance starts another process of the service on c: its own Reserver (per-user limit
+// limit) and key records (key lifetime keyTTL), sharing the env's Redis and payment provider.
+func (e *httpEnv) instance(t *testing.T, c rueidis.Client, limit int64, keyTTL time.Duration) *httptest.Server {
+	t.Helper()
+	r, err := stock.New(c, stock.WithPrefix("shop"), stock.WithUserLimit(limit))
+	must(t, err)
+	keys, err := NewKeys(c, "shop", keyTTL)
+	must(t, err)
+	ts := httptest.NewServer(NewHandler(r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+// The record of a key: where it is, what it holds, how long it lives; a key whose attempts
+// were all refused is free again; once its lifetime is over, the key may name another purchase,
+// which is a new order, charged anew: the first order's payment is never reused.
+func TestKeysRecord(t *testing.T) {
+	onBackends(t, envConfig{limit: 10, items: map[string]int64{"sku-a": 5, "sku-b": 5}}, func(t *testing.T, e *httpEnv) {
+		ctx := context.Background()
+		k := e.keys()
+		if a, b := k.record("a:", "b"), k.record("a", ":b"); a == b {
+			t.Errorf("record keys of (a:, b) and (a, :b) are both %q", a)
+		}
+		wantOK(t, "first", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		rec := "shop|key:5:alice:k1"
+		h, err := e.c.Do(ctx, e.c.B().Hgetall().Key(rec).Build()).AsStrMap()
+		if err != nil || h["p"] != "1|sku-a" || h["n"] != "1" {
+			t.Errorf("record %q = %v (%v), want p=1|sku-a n=1", rec, h, err)
+		}
+		ttl, err := e.c.Do(ctx, e.c.B().Pttl().Key(rec).Build()).AsInt64()
+		if err != nil || ttl <= 0 || ttl > (24*time.Hour).Milliseconds() {
+			t.Errorf("PTTL %q = %d (%v), want the key's lifetime, 24h", rec, ttl, err)
+		}
+		// A retry counts one more use (it may be in flight with the first).
+		wantOK(t, "retry", e.buy(t, "k1", "sku-a", "alice", 1), "sku-a", "alice", 1)
+		if n, _ := e.c.Do(ctx, e.c.B().Hget().Key(rec).Field("n").Build()).ToString(); n != "2" {
+			t.Errorf("uses after a retry: %q, want 2", n)
+		}
+
+		// Refused for stock: the key is free again, for any purchase.
+		wantError(t, "too many", e.buy(t, "k2", "sku-a", "bob", 9), 409, "insufficient")
+		if n, err := e.c.Do(ctx, e.c.B().Exists().Key("shop|key:3:bob:k2").Build()).AsInt64(); err != nil || n != 0 {
+			t.Errorf("the record of a refused key is still there (%d, %v)", n, err)
+		}
+		wantOK(t, "the refused key, another item", e.buy(t, "k2", "sku-b", "bob", 1), "sku-b", "bob", 1)
+
+		// A key of lifetime 1s, used for sku-a; after its lifetime, for sku-b.
+		short := e.instance(t, e.client(t, false), 2, time.Second).URL
+		first := buyOn(t, short, "k3", "sku-a", "carol", 1)
+		wantOK(t, "short-lived key, sku-a", first, "sku-a", "carol", 1)
+		wantError(t, "short-lived key, sku-b at once", buyOn(t, short, "k3", "sku-b", "carol", 1), 422, "idempotency_key_reused")
+		calls := e.pay.Calls()
+		e.advance(1500 * time.Millisecond)
+		second := buyOn(t, short, "k3", "sku-b", "carol", 1)
+		wantOK(t, "short-lived key, sku-b after its lifetime", second, "sku-b", "carol", 1)
+		if second.str("order") == first.str("order") || e.pay.Calls() != calls+1 || !e.pay.Charged(second.str("order")) {
+			t.Errorf("orders %s and %s, %d charge calls after %d: the second item must be a new order, charged",
+				first.str("order"), second.str("order"), e.pay.Calls(), calls)
+		}
+		e.wantLevels(t, "sku-b", 3, 0, 2)
+	})
+}
+
+// A retry after an unknown outcome is marked Request.Retry: its refusal is final. Alice's
+// first attempt is cut off from Redis (its hold waits in a partition) and answered 503; on
+// another instance, bob takes the last unit and alice's retry is refused (409 sold_out); then a
+// unit comes back, and the partition heals, and alice's first hold reaches Redis at last. It
+// must be refused: alice was told "sold out", nobody will pay for that hold, and it must not
+// take the unit from the next buyer.
+func TestRetryAfterUnknownOutcomeIsFinal(t *testing.T) {
+	onBackends(t, envConfig{limit: 2, items: map[string]int64{"sku-a": 1}}, func(t *testing.T, e *httpEnv) {
+		defer func(d time.Duration) { stepTimeout = d }(stepTimeout)
+		stepTimeout = 500 * time.Millisecond
+		ctx := context.Background()
+		direct := e.client(t, true)
+		// Instance 1 holds through the proxy (e.r), with its key records straight on Redis, so
+		// that the partition cuts the hold and not the binding of the key before it.
+		keys, err := NewKeys(direct, "shop", 24*time.Hour)
+		must(t, err)
+		one := httptest.NewServer(NewHandler(e.r, keys, e.pay, e.ttl, slog.New(slog.NewTextHandler(e.logs, nil))))
+		defer one.Close()
+		two := e.instance(t, direct, 2, 24*time.Hour).URL
+		r, err := stock.New(direct, stock.WithPrefix("shop"))
+		must(t, err)
+		levels := func() stock.Levels {
+			t.Helper()
+			lv, err := r.Levels(ctx, "sku-a")
+			must(t, err)
+			return lv
+		}
+
+		e.proxy.Blackhole(time.Minute)
+		wantError(t, "alice, partitioned", buyOn(t, one.URL, "k1", "sku-a", "alice", 1), 503, "unavailable")
+		if lv := levels(); lv.Available != 1 || lv.Held != 0 {
+			t.Fatalf("levels %+v: alice's hold reached Redis; the test did not partition it", lv)
+		}
+		wantOK(t, "bob", buyOn(t, two, "b1", "sku-a", "bob", 1), "sku-a", "bob", 1)
+		wantError(t, "alice's retry", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		_, err = r.Restock(ctx, "sku-a", "restock-1", 1)
+		must(t, err)
+
+		sent := e.proxy.Stats().Commands // alice's hold among them, held back
+		e.proxy.Heal()                   // it reaches Redis now
+		deadline := time.Now().Add(10 * time.Second)
+		for s := e.proxy.Stats(); s.Replies < sent; s = e.proxy.Stats() {
+			if time.Now().After(deadline) {
+				t.Fatalf("proxy stats %+v: the %d commands held back did not all run", s, sent)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if lv := levels(); lv.Held != 0 || lv.Available != 1 || lv.Sold != 1 {
+			t.Errorf("levels %+v: alice's late first hold took the unit after she was told sold out", lv)
+		}
+		order := orderID("alice", "k1", "sku-a", 1)
+		if en, err := r.Ledger(ctx, "sku-a", order); err != nil || en.Taken() {
+			t.Errorf("ledger of alice's order: %+v %v, want a refusal", en, err)
+		}
+		// The answer stays: alice's key is sold out; the unit is the next buyer's.
+		wantError(t, "alice again", buyOn(t, two, "k1", "sku-a", "alice", 1), 409, "sold_out")
+		wantOK(t, "carol", buyOn(t, two, "c1", "sku-a", "carol", 1), "sku-a", "carol", 1)
+		if e.pay.Charged(order) {
+			t.Errorf("alice was charged")
+		}
+	})
+}
+
+// ---------------------------------------------------------------------------------------------
+// The happy path, closed items and a closed Reserver, and the shutdown.
+
+const shoe = `{"sku":"shoe","qty":1,"user":"alice"}`
+
+// A checkout holds, charges and confirms: the answer is the order (its id derived from the
+// user, the key, the item and the quantity), one unit is sold, the payment charged once, and
+// the ledger holds a confirmed hold waiting for the relay. GET /stock answers the levels.
+// Past the user's limit, or on a closed item, a checkout is refused and takes nothing.
+func TestCheckout(t *testing.T) {
+	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
+	rp := e.do(t, httpReq{key: "order-1", body: shoe})
+	var ob orderBody
+	if err := json.Unmarshal([]byte(rp.raw), &ob); err != nil || rp.status != http.StatusOK {
+		t.Fatalf("%s: %v", rp, err)
+	}
+	order := orderID("alice", "order-1", "shoe", 1)
+	if want := (orderBody{Order: order, SKU: "shoe", User: "alice", Qty: 1, Status: "confirmed", Remaining: 4}); ob != want {
+		t.Fatalf("body %+v, want %+v", ob, want)
+	}
+	if ct := rp.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if lv := e.levels("shoe"); lv.Available != 4 || lv.Sold != 1 || !e.pay.Charged(order) || e.pay.Calls() != 1 {
+		t.Fatalf("levels %+v, charged %v, %d calls", lv, e.pay.Charged(order), e.pay.Calls())
+	}
+	if en, err := e.r.Ledger(context.Background(), "shoe", order); err != nil || en.Kind != stock.KindHold || en.State != stock.StateReserved {
+		t.Fatalf("ledger %+v %v: want a confirmed hold waiting for the relay", en, err)
+	}
+	g := e.do(t, httpReq{method: "GET", path: "/stock/shoe"})
+	var lb levelsBody
+	if err := json.Unmarshal([]byte(g.raw), &lb); err != nil || g.status != http.StatusOK {
+		t.Fatalf("%s: %v", g, err)
+	}
+	if want := (levelsBody{SKU: "shoe", Available: 4, Sold: 1, Loaded: 5}); lb != want {
+		t.Fatalf("%+v, want %+v", lb, want)
+	}
+	// A user at the limit is refused (403); a closed item is refused (409 closed) and takes
+	// nothing.
+	wantOK(t, "a second unit", e.buy(t, "order-2", "shoe", "alice", 1), "shoe", "alice", 1)
+	wantError(t, "past the limit", e.buy(t, "order-3", "shoe", "alice", 1), http.StatusForbidden, "user_limit")
+	must(t, e.r.CloseItem(context.Background(), "shoe"))
+	wantError(t, "closed item", e.buy(t, "order-4", "shoe", "bob", 1), http.StatusConflict, "closed")
+	e.wantLevels(t, "shoe", 3, 0, 2)
+}
+
+// The errors that say the stock service cannot take the order now (a failover fence, a write
+// its replicas have not acknowledged, a closed Reserver, a Redis that may evict keys) are a 503
+// with Retry-After, as an unknown outcome is: the client retries the same key.
+func TestServiceNotTakingOrdersIs503(t *testing.T) {
+	for _, err := range []error{stock.ErrFailover, stock.ErrNotReplicated, stock.ErrReserverClosed, stock.ErrEvictionPolicy} {
+		if ae := stockError(fmt.Errorf("wrapped: %w", err), stock.Receipt{}); ae.status != http.StatusServiceUnavailable || ae.code != "unavailable" || !ae.retryAfter {
+			t.Errorf("%v: %d %s (Retry-After %v), want 503 unavailable with Retry-After", err, ae.status, ae.code, ae.retryAfter)
+		}
+	}
+
+	// Over HTTP: a checkout on a closed Reserver (a service shutting down) takes nothing.
+	e := newHTTPEnv(t, false, envConfig{limit: 2, items: map[string]int64{"shoe": 5}})
+	must(t, e.r.Close(context.Background()))
+	rp := e.do(t, httpReq{key: "order-1", body: shoe})
+	wantError(t, "closed Reserver", rp, http.StatusServiceUnavailable, "unavailable")
+	if rp.header.Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	if e.pay.Calls() != 0 {
+		t.Errorf("%d payments charged", e.pay.Calls())
+	}
+}
+
+// The service as main runs it: it takes traffic once started, and its shutdown (ctx ended, as
+// by SIGINT) delivers the sales to the database of record and closes the Reserver, which then
+// writes nothing (ErrReserverClosed) before serve returns.
+func TestServeShutdownClosesTheReserver(t *testing.T) {
+	type started struct {
+		addr string
+		r    *stock.Reserver
+		db   *memstore.Store
+	}
+	up := make(chan started, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := config{addr: "127.0.0.1:0", prefix: "checkout", holdTTL: time.Minute, keyTTL: time.Hour,
+		userLimit: 2, load: "shoe=5", shutdownTimeout: 5 * time.Second,
+		started: func(addr string, r *stock.Reserver, db *memstore.Store) { up <- started{addr, r, db} }}
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	var s started
+	select {
+	case s = <-up:
+	case err := <-served:
+		t.Fatalf("serve returned before it took traffic: %v", err)
+	}
+	if rp := doOn(t, "http://"+s.addr, httpReq{key: "order-1", body: shoe}); rp.status != http.StatusOK {
+		t.Fatalf("checkout: %s", rp)
+	}
+
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if _, err := s.r.Deduct(context.Background(), stock.Request{SKU: "shoe", ID: "after", User: "bob", Qty: 1}); !errors.Is(err, stock.ErrReserverClosed) {
+		t.Errorf("a deduct after the shutdown: %v, want ErrReserverClosed (the Reserver was not closed)", err)
+	}
+	if left, err := s.db.Remaining(context.Background(), "shoe"); err != nil || left != 4 {
+		t.Errorf("the database of record has %d left (%v), want 4: the sale was not delivered before the end", left, err)
 	}
 }

@@ -21,22 +21,37 @@ import (
 	"github.com/stockres/stock/sqlstore"
 )
 
+// must fails the test on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func smallSale() config {
 	return config{Buyers: 400, Items: 2, Stock: 25, Duration: 20 * time.Second, Seed: 42,
 		ExpireTTL: 100 * time.Millisecond, Reconcile: 100 * time.Millisecond}
 }
 
-func TestFlashSale(t *testing.T) {
+// runSale runs the sale cfg and returns its report and what it printed; it fails the test when the
+// run fails, or when the report's pass is not want.
+func runSale(t *testing.T, cfg config, want bool) (Report, string) {
+	t.Helper()
 	var out bytes.Buffer
-	rep, err := run(context.Background(), smallSale(), &out)
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
+	rep, err := run(context.Background(), cfg, &out)
+	if err != nil || rep.Passed != want {
+		t.Fatalf("run: %v, passed %v, want %v\n%s", err, rep.Passed, want, out.String())
 	}
-	if !rep.Passed {
-		t.Fatalf("the report failed:\n%s", out.String())
-	}
-	if !strings.Contains(out.String(), "PASS: every check holds") || strings.Contains(out.String(), "FAIL") {
-		t.Errorf("the printed report does not say PASS:\n%s", out.String())
+	return rep, out.String()
+}
+
+// A small sale passes every check, says so, counts every buyer and every outcome, and its
+// items add up in Redis, in the database and in the final reconcile pass.
+func TestFlashSale(t *testing.T) {
+	rep, out := runSale(t, smallSale(), true)
+	if !strings.Contains(out, "PASS: every check holds") || strings.Contains(out, "FAIL") {
+		t.Errorf("the printed report does not say PASS:\n%s", out)
 	}
 	if len(rep.Checks) < 6 {
 		t.Errorf("%d checks, want at least 6", len(rep.Checks))
@@ -105,16 +120,12 @@ func TestFlashSaleCatchesDrift(t *testing.T) {
 		return c.Do(ctx, c.B().Hincrby().Key(cfg.Prefix+":{item-1}").Field("a").Increment(1).Build()).Error()
 	}
 	cfg.Prefix = "flashsale-test"
-	var out bytes.Buffer
-	rep, err := run(context.Background(), cfg, &out)
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	if rep.Passed || !strings.Contains(out.String(), "FAIL  reconciler") {
-		t.Fatalf("the report passed with a drifted item:\n%s", out.String())
+	if _, out := runSale(t, cfg, false); !strings.Contains(out, "FAIL  reconciler") {
+		t.Fatalf("the reconciler did not fail the drifted item:\n%s", out)
 	}
 }
 
+// tablePrefix turns a key prefix into a table name prefix the databases take.
 func TestTablePrefix(t *testing.T) {
 	for in, want := range map[string]string{
 		"flashsale-1a2b":        "flashsale_1a2b_",
@@ -136,9 +147,7 @@ func TestOpenDBMySQLURL(t *testing.T) {
 		t.Skip("STOCK_TEST_MYSQL is not set: no MySQL server to open")
 	}
 	d, err := openDB(config{DSN: "mysql://root@127.0.0.1:3306/test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer d.close(false, io.Discard)
 	if d.dialect != sqlstore.MySQL || strings.Contains(d.desc, "xxxxx") {
 		t.Errorf("dialect %v, desc %q", d.dialect, d.desc)
@@ -178,12 +187,8 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
+			must(t, cmd.Start())
 			line, err := bufio.NewReader(stdout).ReadString('\n')
 			if err != nil || !strings.HasPrefix(line, "flash sale:") {
 				cmd.Process.Kill()
@@ -226,7 +231,7 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 // (the registry, and the failover guard's epoch that the first Load records on a real Redis):
 // on the embedded miniredis, and with STOCK_REDIS_SERVER set on a private redis-server too.
 func TestFinishedRunLeavesNoKeys(t *testing.T) {
-	sale := func(t *testing.T, addr string) {
+	finish := func(t *testing.T, addr string) {
 		cfg := smallSale()
 		cfg.Buyers, cfg.Redis, cfg.Prefix = 200, addr, "fs-finished"
 		left := []string{"(the clean-up hook did not run)"}
@@ -236,21 +241,17 @@ func TestFinishedRunLeavesNoKeys(t *testing.T) {
 				left = []string{err.Error()}
 			}
 		}
-		var out bytes.Buffer
-		rep, err := run(context.Background(), cfg, &out)
-		if err != nil || !rep.Passed {
-			t.Fatalf("run: %v\n%s", err, out.String())
-		}
+		runSale(t, cfg, true)
 		if len(left) != 0 {
 			t.Errorf("after the sale, Redis keeps %v", left)
 		}
 	}
-	t.Run("miniredis", func(t *testing.T) { sale(t, "") })
+	t.Run("miniredis", func(t *testing.T) { finish(t, "") })
 	t.Run("redis-server", func(t *testing.T) {
 		if redistest.ServerBinary(t) == "" {
 			t.Skipf("%s is not set: no real Redis", redistest.EnvServer)
 		}
-		sale(t, redistest.StartServer(t).Addr())
+		finish(t, redistest.StartServer(t).Addr())
 	})
 }
 
@@ -263,27 +264,22 @@ func TestFlashSaleRedisURL(t *testing.T) {
 	srv := redistest.StartServer(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
-	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args("sale", "on", ">p@ss", "~*", "&*", "+@all").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER").Args("sale", "on", ">p@ss", "~*", "&*", "+@all").Build()).Error())
 	cfg := smallSale()
 	cfg.Buyers, cfg.Items = 100, 1
 	cfg.Redis = "redis://sale:p%40ss@" + srv.Addr()
-	var out bytes.Buffer
-	rep, err := run(ctx, cfg, &out)
-	if err != nil || !rep.Passed {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	if strings.Contains(out.String(), "p@ss") || strings.Contains(out.String(), "p%40ss") {
-		t.Errorf("the report shows the password:\n%s", out.String())
+	if _, out := runSale(t, cfg, true); strings.Contains(out, "p@ss") || strings.Contains(out, "p%40ss") {
+		t.Errorf("the report shows the password:\n%s", out)
 	}
 	cfg.Redis = "redis://sale:wrong-secret@" + srv.Addr()
-	_, err = run(ctx, cfg, io.Discard)
+	_, err := run(ctx, cfg, io.Discard)
 	if err == nil || strings.Contains(err.Error(), "wrong-secret") {
 		t.Errorf("wrong password: %v", err)
 	}
 }
 
+// -failover-at takes a share of the buyers; the Sentinel flags refuse what cannot go together,
+// and a Sentinel sale holds for a minute.
 func TestSentinelFlags(t *testing.T) {
 	for in, want := range map[string]float64{"50%": 0.5, "0.25": 0.25, "100%": 1, "0": 0} {
 		got, err := parseShare(in)
@@ -318,27 +314,22 @@ func TestSentinelFlags(t *testing.T) {
 // on a private 3-master cluster too, where the buckets of an item live on different masters and
 // every key of every bucket is deleted at the end.
 func TestFlashSaleBuckets(t *testing.T) {
-	sale := func(t *testing.T, cfg config) Report {
+	split := func(t *testing.T, cfg config) {
 		t.Helper()
 		cfg.Buckets = 3
-		var out bytes.Buffer
-		rep, err := run(context.Background(), cfg, &out)
-		if err != nil {
-			t.Fatalf("run: %v\n%s", err, out.String())
-		}
-		if !rep.Passed || !strings.Contains(out.String(), "each split over 3 buckets") {
-			t.Fatalf("the report failed:\n%s", out.String())
+		rep, out := runSale(t, cfg, true)
+		if !strings.Contains(out, "each split over 3 buckets") {
+			t.Fatalf("the report does not say the items are split:\n%s", out)
 		}
 		var sold, loaded int64
 		for _, it := range rep.Items {
 			sold, loaded = sold+it.Redis.Sold, loaded+it.Redis.Loaded
 		}
 		if loaded != int64(cfg.Items)*cfg.Stock || sold == 0 {
-			t.Errorf("Levels of the split items: %d sold of %d loaded\n%s", sold, loaded, out.String())
+			t.Errorf("Levels of the split items: %d sold of %d loaded\n%s", sold, loaded, out)
 		}
-		return rep
 	}
-	t.Run("embedded", func(t *testing.T) { sale(t, smallSale()) })
+	t.Run("embedded", func(t *testing.T) { split(t, smallSale()) })
 	t.Run("cluster", func(t *testing.T) {
 		if redistest.ServerBinary(t) == "" {
 			t.Skipf("%s is not set: no real Redis Cluster", redistest.EnvServer)
@@ -346,7 +337,7 @@ func TestFlashSaleBuckets(t *testing.T) {
 		cluster := redistest.StartCluster(t, 3)
 		cfg := smallSale()
 		cfg.Cluster, cfg.Prefix = cluster.Addrs(), "fs-buckets"
-		sale(t, cfg)
+		split(t, cfg)
 		c := cluster.Client(t)
 		for addr, node := range c.Nodes() {
 			keys, err := node.Do(context.Background(), node.B().Keys().Pattern(cfg.Prefix+":*").Build()).AsStrSlice()

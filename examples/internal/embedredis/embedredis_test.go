@@ -13,26 +13,26 @@ import (
 	"github.com/stockres/stock"
 )
 
+// must fails the test on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // loadAndLog loads an item through a Reserver on the miniredis at addr and returns what the
 // library logged at Warn level and above.
 func loadAndLog(t *testing.T, addr string) string {
 	t.Helper()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer c.Close()
 	var logs bytes.Buffer
 	r, err := stock.New(c, stock.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Load(context.Background(), "item", 5); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
+	must(t, r.Load(context.Background(), "item", 5))
+	must(t, r.Close(context.Background()))
 	return logs.String()
 }
 
@@ -41,9 +41,7 @@ func loadAndLog(t *testing.T, addr string) string {
 // check (so the first half would catch the warning coming back).
 func TestEmbeddedRedisPassesThePolicyCheckQuietly(t *testing.T) {
 	m, err := Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer m.Close()
 	if logs := loadAndLog(t, m.Addr()); logs != "" {
 		t.Errorf("the library logged on the embedded miniredis:\n%s", logs)
@@ -58,14 +56,10 @@ func TestEmbeddedRedisPassesThePolicyCheckQuietly(t *testing.T) {
 // Other CONFIG calls get an error reply, as from a Redis whose CONFIG is renamed away.
 func TestEmbeddedRedisRefusesOtherConfig(t *testing.T) {
 	m, err := Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer m.Close()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer c.Close()
 	ctx := context.Background()
 	got, err := c.Do(ctx, c.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
