@@ -161,12 +161,14 @@ const MaxNameLen = 128
 type Reserver struct{ e *engine.Reserver }
 
 // Request asks to take Qty units of an item, exactly once per ID.
+// Its fields are documented in [stocktype.Request].
 type Request = stocktype.Request
 
-// Receipt is the outcome of one request.
+// Receipt is the outcome of one request. Its fields are documented in [stocktype.Receipt].
 type Receipt = stocktype.Receipt
 
 // Levels are the counters of one item. Loaded = Available + Held + Sold at every moment.
+// Its fields are documented in [stocktype.Levels].
 type Levels = stocktype.Levels
 
 // Close ends r's use: it refuses new calls, stops a Run in progress (as if its context ended:
