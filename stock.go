@@ -207,7 +207,8 @@ func (r *Reserver) Close(ctx context.Context) error {
 // loaded by an earlier version), it waits for a complete repairing reconcile pass, which Run's
 // reconciler starts at once (in this process, or in any other). On a Redis that does not answer
 // INFO (miniredis, an ACL without it) no guard can run and Ready returns nil at once. Other
-// errors (Redis unreachable) are retried until ctx ends.
+// errors (Redis unreachable) are retried until ctx ends. Once Close began, Ready returns an
+// error wrapping ErrReserverClosed (at once, or at its next look while it waits).
 func (r *Reserver) Ready(ctx context.Context) error {
 	return r.e.Ready(ctx)
 }

@@ -193,6 +193,9 @@ const readyPoll = 50 * time.Millisecond
 // Ready is stock.Reserver.Ready.
 func (r *Reserver) Ready(ctx context.Context) error {
 	for {
+		if r.isClosed() { // its commands are refused: waiting would last until ctx ends
+			return fmt.Errorf("stock: not ready: %w", ErrReserverClosed)
+		}
 		why, err := r.notReady(ctx)
 		if err == nil && why == "" {
 			return nil
