@@ -100,6 +100,9 @@ func (g *FailoverGuard) Run(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		if g.r.isClosed() {
+			return fmt.Errorf("stock: failover guard: %w", ErrReserverClosed)
+		}
 		if _, err := g.Check(ctx); err != nil && ctx.Err() == nil {
 			g.r.opts.logger.WarnContext(ctx, "stock: failover guard", "err", err)
 		}
