@@ -7,16 +7,19 @@ import (
 	"github.com/stockres/stock/stocktype"
 )
 
-// A Line is one item of a cart.
+// A Line is one item of a cart. Its fields are documented in [stocktype.Line].
 type Line = stocktype.Line
 
 // Cart asks to take several items at once, all or nothing, exactly once per ID.
+// Its fields are documented in [stocktype.Cart].
 type Cart = stocktype.Cart
 
 // CartReceipt is the outcome of a cart: one receipt per item, in SKU order.
+// Its fields are documented in [stocktype.CartReceipt].
 type CartReceipt = stocktype.CartReceipt
 
 // A CartError says which line refused a cart; the lines taken before it were given back.
+// Its fields and methods are documented in [stocktype.CartError].
 type CartError = stocktype.CartError
 
 // DeductMany takes every line of a cart or none. A cart has 1 to 100 lines; lines naming the

@@ -36,6 +36,9 @@
 // operations (Restock, Extend, ConfirmMany, CancelMany, CloseItem, ReopenItem, Delist) and
 // tuning (the With options); package stockops runs the background work by hand, package
 // stocktest helps test code that uses this one, and package memstore is an in-memory Store.
+// The data types (Request, Receipt, Levels, Entry, Cart, Event, Store, RunOptions's Relay and
+// Reconcile settings, ...) are defined in package stocktype and named here by type aliases,
+// which go doc does not follow: `go doc stocktype.Request` lists the fields of stock.Request.
 //
 // # How it works
 //

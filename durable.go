@@ -22,7 +22,7 @@ var ErrRefused = errs.ErrRefused
 // acknowledgement with a short delay).
 var ErrHeldBack = errs.ErrHeldBack
 
-// EventType says what happened to an id.
+// EventType says what happened to an id. Each of its values is documented in [stocktype.EventType].
 type EventType = stocktype.EventType
 
 // Event types. A Store applies EventDeducted, EventConfirmed, EventRestocked, EventRestored and
@@ -50,7 +50,7 @@ const (
 // (an event a relay set aside) and start again lower after Redis lost data; they are not
 // comparable across items. Consume applies an item's events in this order whatever order a
 // queue hands them over in; a publisher may use it to check or keep an item's order. 0 for an
-// event that did not come from an outbox.
+// event that did not come from an outbox. Its fields are documented in [stocktype.Event].
 type Event = stocktype.Event
 
 // A Store is the database of record. Implementations must be safe for concurrent use and must
@@ -83,28 +83,31 @@ type Event = stocktype.Event
 // An error wrapping ErrInvalid says the event can never be applied: the relay moves it to the
 // item's dead-letter set and reports it (stockops.RelayStats.DeadLettered, stockops.Report.DeadLetters). Any
 // other error is taken as temporary: the event, and the item's later events, are retried with
-// backoff.
+// backoff. Its methods are documented in [stocktype.Store].
 type Store = stocktype.Store
 
 // Record is what a Store holds for one id of one item.
+// Its fields are documented in [stocktype.Record].
 type Record = stocktype.Record
 
 // A RecordLister is a Store that can list an item's records, in pages ordered by id (byte-wise,
 // as Go compares strings), for the
 // reconciler to find records Redis has lost. List returns up to limit records of sku whose id
 // is greater than after ("" for the first page).
+// Its methods are documented in [stocktype.RecordLister].
 type RecordLister = stocktype.RecordLister
 
 // A BatchStore is a Store that can apply several events in one round trip. It applies them in
 // order and stops at the first error that is not a refusal: the events after it must be left
 // unapplied (an item's events must reach the store in order). The result has one error (or nil)
 // per event, in order, with the same meaning as Store.Apply's; unapplied events get an error.
+// Its methods are documented in [stocktype.BatchStore].
 type BatchStore = stocktype.BatchStore
 
 // A Publisher hands events to a message queue or another service. Publish must be safe for
 // concurrent use. Delivery is at least once: the same event may be published more than once
 // (after a crash or a retry), so consumers deduplicate on (SKU, ID, Type). An error makes the
-// relay retry the event later with backoff.
+// relay retry the event later with backoff. Its methods are documented in [stocktype.Publisher].
 type Publisher = stocktype.Publisher
 
 // A BatchPublisher is a Publisher that can publish several events in one round trip to its
@@ -118,16 +121,18 @@ type Publisher = stocktype.Publisher
 // without publishing them, so that the queue gets the item's events in order (Consume keeps
 // the order for the store either way). A result of the wrong length fails the whole batch.
 // PublishBatch must be safe for concurrent use.
+// Its methods are documented in [stocktype.BatchPublisher].
 type BatchPublisher = stocktype.BatchPublisher
 
 // PublisherFunc adapts a function to the Publisher interface.
+// It is defined, with its method, in [stocktype.PublisherFunc].
 type PublisherFunc = stocktype.PublisherFunc
 
 // An ItemLister is a Store that can list its items, in pages ordered by SKU (byte-wise, as Go
 // compares strings). ListItems returns up to limit SKUs greater than after ("" for the first
 // page). A reconciler whose Store is an ItemLister (and a RecordLister) finds the items Redis
 // lost from its registry, even when Redis lost everything; with another Store, a pass sees only
-// the items the registry still lists.
+// the items the registry still lists. Its methods are documented in [stocktype.ItemLister].
 type ItemLister = stocktype.ItemLister
 
 // Consume applies one event received from a message queue to store, for the deployment in

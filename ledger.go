@@ -7,6 +7,7 @@ import (
 )
 
 // Kind says what operation created a ledger entry.
+// Each of its values is documented in [stocktype.Kind].
 type Kind = stocktype.Kind
 
 // Kinds of ledger entries.
@@ -24,6 +25,7 @@ const (
 // StateApplied, StateRestored and StateRefused (see Record.Status); held, reserved, cancelled
 // and expired are Redis's alone (a hold reaches the Store only once confirmed, and a Store
 // records nothing for a cancelled or expired hold).
+// Each of its values is documented in [stocktype.State].
 type State = stocktype.State
 
 // States of ledger entries; the three a Store records are StateApplied, StateRestored and
@@ -40,6 +42,7 @@ const (
 
 // Entry is one ledger entry: what one request id did to one item. Entries are kept in Redis,
 // in a hash per item, for the retention period (see the package doc).
+// Its fields and its method Taken are documented in [stocktype.Entry].
 type Entry = stocktype.Entry
 
 // Ledger returns the ledger entry of one request id. It returns ErrUnknownID when the item has

@@ -97,5 +97,5 @@ func (o RunOptions) Validate() error { return engine.RunOptions(o).Validate() }
 
 // RelayOptions configures a relay (Reserver.Run's, or stockops.NewRelay's). A zero field takes
 // its default; nil options take every default. It lives in this package, not in stockops,
-// because RunOptions.Relay carries it.
+// because RunOptions.Relay carries it. Its fields are documented in [stocktype.RelayOptions].
 type RelayOptions = stocktype.RelayOptions

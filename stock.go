@@ -161,12 +161,14 @@ const MaxNameLen = 128
 type Reserver struct{ e *engine.Reserver }
 
 // Request asks to take Qty units of an item, exactly once per ID.
+// Its fields are documented in [stocktype.Request].
 type Request = stocktype.Request
 
-// Receipt is the outcome of one request.
+// Receipt is the outcome of one request. Its fields are documented in [stocktype.Receipt].
 type Receipt = stocktype.Receipt
 
 // Levels are the counters of one item. Loaded = Available + Held + Sold at every moment.
+// Its fields are documented in [stocktype.Levels].
 type Levels = stocktype.Levels
 
 // Close ends r's use: it refuses new calls, stops a Run in progress (as if its context ended:
@@ -205,7 +207,8 @@ func (r *Reserver) Close(ctx context.Context) error {
 // loaded by an earlier version), it waits for a complete repairing reconcile pass, which Run's
 // reconciler starts at once (in this process, or in any other). On a Redis that does not answer
 // INFO (miniredis, an ACL without it) no guard can run and Ready returns nil at once. Other
-// errors (Redis unreachable) are retried until ctx ends.
+// errors (Redis unreachable) are retried until ctx ends. Once Close began, Ready returns an
+// error wrapping ErrReserverClosed (at once, or at its next look while it waits).
 func (r *Reserver) Ready(ctx context.Context) error {
 	return r.e.Ready(ctx)
 }

@@ -72,7 +72,8 @@ func NewRelay(r *stock.Reserver, store stock.Store, pub stock.Publisher, opts *s
 // an event, and the relay when it backs off), and at a few more of the registry (256 a second,
 // at least 32 a poll interval, so a catalogue of up to 32 items is looked at whole every poll),
 // which finds the events whose hints were lost. Its cost with nothing to deliver does not grow
-// with the catalogue. Errors of single items are logged and retried; Run returns ctx's error.
+// with the catalogue. Errors of single items are logged and retried; Run returns ctx's error, or
+// an error wrapping stock.ErrReserverClosed once the Reserver is closed.
 func (rl *Relay) Run(ctx context.Context) error { return rl.rl.Run(ctx) }
 
 // Once makes one pass over the items: it claims their due events, a batch at a time, until
@@ -115,7 +116,7 @@ func NewReconciler(r *stock.Reserver, store stock.Store, opts *stock.ReconcileOp
 }
 
 // Run reconciles every interval (stock.ReconcileOptions.Interval) until ctx is done, and returns
-// ctx's error. Reports go to the Reserver's logger; errors are logged and the next pass
+// ctx's error, or an error wrapping stock.ErrReserverClosed once the Reserver is closed. Reports go to the Reserver's logger; errors are logged and the next pass
 // retries.
 func (rc *Reconciler) Run(ctx context.Context) error { return rc.rc.Run(ctx) }
 
@@ -180,7 +181,8 @@ func NewFailoverGuard(r *stock.Reserver) *FailoverGuard {
 // until a complete repairing Reconciler pass records the primaries.
 func (g *FailoverGuard) Check(ctx context.Context) (fenced bool, err error) { return g.g.Check(ctx) }
 
-// Run calls Check every interval until ctx is done and returns ctx's error.
+// Run calls Check every interval until ctx is done and returns ctx's error, or an error wrapping
+// stock.ErrReserverClosed once the Reserver is closed.
 func (g *FailoverGuard) Run(ctx context.Context, interval time.Duration) error {
 	return g.g.Run(ctx, interval)
 }

@@ -12,6 +12,11 @@ func (r *Reserver) Close(ctx context.Context) error {
 		r.closeDone = make(chan struct{})
 		go r.shutdown()
 	})
+	select { // done already: nil, whatever ctx (a select on both would pick one at random)
+	case <-r.closeDone:
+		return nil
+	default:
+	}
 	select {
 	case <-r.closeDone:
 		return nil

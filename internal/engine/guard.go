@@ -100,6 +100,9 @@ func (g *FailoverGuard) Run(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		if g.r.isClosed() {
+			return fmt.Errorf("stock: failover guard: %w", ErrReserverClosed)
+		}
 		if _, err := g.Check(ctx); err != nil && ctx.Err() == nil {
 			g.r.opts.logger.WarnContext(ctx, "stock: failover guard", "err", err)
 		}
@@ -193,6 +196,9 @@ const readyPoll = 50 * time.Millisecond
 // Ready is stock.Reserver.Ready.
 func (r *Reserver) Ready(ctx context.Context) error {
 	for {
+		if r.isClosed() { // its commands are refused: waiting would last until ctx ends
+			return fmt.Errorf("stock: not ready: %w", ErrReserverClosed)
+		}
 		why, err := r.notReady(ctx)
 		if err == nil && why == "" {
 			return nil

@@ -80,6 +80,9 @@ func (rc *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(rc.interval)
 	defer t.Stop()
 	for {
+		if rc.r.isClosed() {
+			return fmt.Errorf("stock: reconcile: %w", ErrReserverClosed)
+		}
 		reps, err := rc.Once(ctx)
 		if errors.Is(err, ErrRegistryLost) {
 			rc.r.opts.logger.ErrorContext(ctx, "stock: reconcile", "err", err)

@@ -102,12 +102,17 @@ func (r *Reserver) newRelay(store Store, pub Publisher, opts *RelayOptions) (*Re
 
 // Run is stockops.Relay.Run.
 func (rl *Relay) Run(ctx context.Context) error {
-	return rl.run(ctx, func(err error) { rl.r.opts.logger.WarnContext(ctx, "stock: relay pass", "err", err) })
+	return rl.run(ctx, func(err error) { rl.r.opts.logger.WarnContext(ctx, "stock: relay pass", "err", err) }, true)
 }
 
-// run is Run, with the errors of passes handed to failed.
-func (rl *Relay) run(ctx context.Context, failed func(error)) error {
+// run is Run, with the errors of passes handed to failed. With untilClosed it returns
+// ErrReserverClosed once Close began (Reserver.Run's relay is stopped by Close through ctx
+// instead, after the calls in flight, so that its last delivery sends their events).
+func (rl *Relay) run(ctx context.Context, failed func(error), untilClosed bool) error {
 	for {
+		if untilClosed && rl.r.isClosed() {
+			return fmt.Errorf("stock: relay: %w", ErrReserverClosed)
+		}
 		st, err := rl.pass(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -139,7 +139,7 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rl.run(ctx, func(err error) { fail("relay", err) })
+			rl.run(ctx, func(err error) { fail("relay", err) }, false)
 		}()
 	}
 	<-ctx.Done() // with every loop off, Run still lasts until ctx ends
