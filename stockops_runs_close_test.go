@@ -82,3 +82,30 @@ func TestStockopsRunsEndWithReserverClosedWhenTheReserverCloses(t *testing.T) {
 		}
 	}
 }
+
+// TestPreheatOfAClosedReserverWritesNothing: Preheat on a closed Reserver answers
+// ErrReserverClosed before it writes to the store (it loaded the store's row, then failed at
+// Redis).
+func TestPreheatOfAClosedReserverWritesNothing(t *testing.T) {
+	mr := miniredis.RunT(t)
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	r, err := stock.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := r.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store := memstore.New()
+	if _, err := stockops.Preheat(ctx, r, store, "sku-1", 3); !errors.Is(err, stock.ErrReserverClosed) {
+		t.Fatalf("Preheat after Close = %v, want ErrReserverClosed", err)
+	}
+	if n, err := store.Remaining(ctx, "sku-1"); !errors.Is(err, stock.ErrNotLoaded) {
+		t.Errorf("the store has the item after a refused Preheat: %d, %v", n, err)
+	}
+}

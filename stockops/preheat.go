@@ -39,8 +39,8 @@ func Preheat(ctx context.Context, r *stock.Reserver, store StoreLoader, sku stri
 	if qty < 0 || qty > stock.MaxQty {
 		return 0, fmt.Errorf("stockops: preheat %s: quantity %d out of range [0, %d]: %w", sku, qty, stock.MaxQty, stock.ErrInvalid)
 	}
-	if _, err := r.Levels(ctx, sku); errors.Is(err, stock.ErrInvalid) {
-		return 0, err // a name Redis refuses: nothing written to the store either
+	if _, err := r.Levels(ctx, sku); errors.Is(err, stock.ErrInvalid) || errors.Is(err, stock.ErrReserverClosed) {
+		return 0, err // a name Redis refuses, or a closed Reserver: nothing written to the store either
 	}
 	if err := store.Load(ctx, sku, qty); err != nil && !errors.Is(err, stock.ErrLoaded) {
 		return 0, fmt.Errorf("stockops: preheat %s: store: %w", sku, err)

@@ -40,8 +40,9 @@ type Entry struct {
 	// given back after its deadline, when it was given back (the retention counts from it).
 	Deadline time.Time
 	// GivenBack is, for a deduct, when its sale was given back (restored or refused); zero
-	// otherwise (a hold records that in Deadline). The retention of a settled entry counts from
-	// the latest of At, Deadline and GivenBack.
+	// otherwise. A hold's entry has Deadline only: a confirmed hold given back after its
+	// deadline records then in Deadline, one given back before it records no time. The
+	// retention of a settled entry counts from the latest of At, Deadline and GivenBack.
 	GivenBack time.Time
 }
 
