@@ -1528,62 +1528,11 @@ func (s *flakyStore) Apply(ctx context.Context, ev stock.Event) error {
 // failed delivery is redelivered until Consume answers nil. The store must end exactly where the
 // acknowledged answers put it, each event applied once.
 func TestFlakyStoreAndContexts(t *testing.T) {
-	ctx, e, st, rng := setup(t, 15)
-	skus := []string{"f:1", "f:2", "f:3"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
-	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(t, ctx, e, rl, skus)
-	flaky := &flakyStore{orderStore: st, rng: rand.New(rand.NewPCG(15, 15))}
-	msgs := q.take()
-	all := append(append([]stock.Event(nil), msgs...), msgs...)
-	rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
-	work := make(chan stock.Event, len(all))
-	for _, ev := range all {
-		work <- ev
-	}
-	var left atomic.Int64
-	left.Store(int64(len(all)))
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(15 * time.Second)
-	for w := 0; w < 6; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			n := 0
-			for left.Load() > 0 && time.Now().Before(deadline) {
-				select {
-				case ev := <-work:
-					n++
-					c, cancel := context.WithCancel(ctx)
-					if n%7 == w {
-						cancel() // a consumer shutting down mid-call
-					}
-					err := stock.Consume(c, e.Reserver, flaky, ev)
-					cancel()
-					switch {
-					case err == nil:
-						left.Add(-1)
-					case errors.Is(err, stock.ErrInvalid):
-						t.Errorf("Consume %s %s: %v", ev.SKU, ev.ID, err)
-						left.Add(-1)
-					default:
-						work <- ev
-					}
-				default:
-					time.Sleep(time.Millisecond)
-				}
-			}
-		}(w)
-	}
-	wg.Wait()
-	if n := left.Load(); n > 0 {
-		t.Fatalf("%d deliveries never settled", n)
-	}
-	verify(t, ctx, e.Reserver, st, acks)
+	c := newQueueCase(t, 15, 300, "f:1", "f:2", "f:3")
+	drain(t, c.ctx, c.e, queueRelay(t, c.e, c.q, nil), c.skus)
+	flaky := &flakyStore{orderStore: c.st, rng: rand.New(rand.NewPCG(15, 15))}
+	consumeCut(t, c.ctx, c.e.Reserver, flaky, c.q.take(), 2, 6, c.rng, func(i, n int) bool { return n%7 == i })
+	verify(t, c.ctx, c.e.Reserver, c.st, c.acks)
 }
 
 // Two Runs on one Redis, one of them restarted mid-work several times, while two processes

@@ -864,15 +864,9 @@ func (d *drift) check(t *testing.T) {
 }
 
 // checkReports fails t on a report that found drift or repaired anything while the sale was
-// consistent. Settled (a consumer's acknowledgement taken for it) and Busy are allowed.
-func checkReports(t *testing.T, res stockops.PassResult, err error) {
-	t.Helper()
-	checkReportsExcept(t, res, err, false)
-}
-
-// checkReportsExcept is checkReports; with rerecords, rewritten ledger entries are let
-// through (see TestTrimThenRerecord).
-func checkReportsExcept(t *testing.T, res stockops.PassResult, err error, rerecords bool) {
+// consistent. Settled (a consumer's acknowledgement taken for it) and Busy are allowed; with
+// rerecords, so are rewritten ledger entries (see TestTrimThenRerecord).
+func checkReports(t *testing.T, res stockops.PassResult, err error, rerecords bool) {
 	t.Helper()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("reconcile pass: %v", err)
@@ -1017,12 +1011,8 @@ func repairTraffic(t *testing.T, r *stock.Reserver, sale *sale, skus []string, w
 	wg.Wait()
 }
 
-// reconciling runs passes of rc back to back until ctx ends, checking each.
-func reconciling(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64) *sync.WaitGroup {
-	return reconcilingExcept(ctx, t, rc, passes, false)
-}
-
-func reconcilingExcept(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64, rerecords bool) *sync.WaitGroup {
+// reconciling runs passes of rc back to back until ctx ends, checking each (checkReports).
+func reconciling(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64, rerecords bool) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -1033,7 +1023,7 @@ func reconcilingExcept(ctx context.Context, t *testing.T, rc *stockops.Reconcile
 				return
 			}
 			passes.Add(1)
-			checkReportsExcept(t, res, err, rerecords)
+			checkReports(t, res, err, rerecords)
 			time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
 		}
 	}()
@@ -1042,204 +1032,149 @@ func reconcilingExcept(ctx context.Context, t *testing.T, rc *stockops.Reconcile
 
 var items = map[string]int64{"q:1": 400, "sku:with:colons": 400, "tilde~sku": 400, "x:~:y": 400, "small~1": 12}
 
-// TestReconcileQueuePathConcurrentRestores: the queue path. Run publishes only; several
-// consumers apply the events through Consume, out of order and some twice, while deducts and
-// restores of the same ids run and a reconciler runs passes back to back. No pass may report
-// drift or repair anything; at the end (every event consumed, the relay drained) a pass finds no
-// drift, and the levels and the store match the acknowledged answers.
+// Deducts and restores of the same ids run while a reconciler runs passes back to back; no pass
+// may report drift or repair anything, and at the end (every event delivered) a pass finds no
+// drift, nothing busy or published, and the levels and the store match the acknowledged answers.
 //
-// Variants: a store that takes a few milliseconds (a consumer's Apply and its acknowledgement in
-// Redis far apart) with two reconcilers of two processes; a short retention, so that passes trim
-// settled entries while late copies of their events are still consumed.
-func TestReconcileQueuePathConcurrentRestores(t *testing.T) {
+// On the queue path, Run publishes only and several consumers apply the events through Consume,
+// out of order and some twice. Variants: a store that takes a few milliseconds (a consumer's Apply
+// and its acknowledgement in Redis far apart) with two reconcilers of two processes; a short
+// retention, so that passes trim settled entries while late copies of their events are still
+// consumed. On the Store path, Run applies the events to a slowish store and runs its own
+// reconcile passes every few milliseconds, while another process's Run relays too; no pass (Run's,
+// observed, or the reconciler's) may find drift.
+func TestReconcileConcurrentRestores(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	for _, v := range []struct {
-		name        string
-		slow        bool
-		reconcilers int
-		retention   time.Duration
-	}{
-		{"plain", false, 1, 0},
-		{"slow-store-two-reconcilers", true, 2, 0},
-		{"short-retention", false, 1, 200 * time.Millisecond},
+	for _, v := range []restoresCase{
+		{name: "queue-path", queue: true, reconcilers: 1},
+		{name: "queue-path/slow-store-two-reconcilers", queue: true, slow: true, reconcilers: 2},
+		{name: "queue-path/short-retention", queue: true, reconcilers: 1, retention: 200 * time.Millisecond},
+		{name: "store-path/two-runs", reconcilers: 1},
 	} {
 		t.Run(v.name, func(t *testing.T) {
-			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-				queuePath(t, e, v.slow, v.reconcilers, v.retention)
-			})
+			relayEach(t, nil, func(t *testing.T, e *relayEnv) { concurrentRestores(t, e, v) })
 		})
 	}
 }
 
-func queuePath(t *testing.T, e *relayEnv, slow bool, reconcilers int, retention time.Duration) {
-	{
-		drift := &drift{}
-		r := e.another(stock.WithObserver(drift))
-		mem := memstore.New()
-		load(t, r, mem, items)
-		q := &queueOfReconcile{}
-		pub := &relayPub{push: q.push}
-		ctx, stop := context.WithCancel(context.Background())
-		defer stop()
-		run := run(ctx, r, stock.RunOptions{Publisher: batchPub{pub}, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 8}})
-		var consStore stock.Store = mem
-		if slow {
-			consStore = &requestStore{base: mem, delay: func() time.Duration { return time.Duration(rand.IntN(4)) * time.Millisecond }}
-		}
-		cons := q.consumers(ctx, t, 6, r, consStore)
-		var passes atomic.Int64
-		var recs []*sync.WaitGroup
-		for i := range reconcilers {
-			rr := r
-			if i > 0 {
-				rr = e.another(stock.WithObserver(drift))
-			}
-			rc, err := stockops.NewReconciler(rr, mem, &stock.ReconcileOptions{Retention: retention})
-			require.NoError(t, err)
-			// A short retention trims entries that the store's records then write back:
-			// TestTrimThenRerecord; here only drift and stock repairs count.
-			recs = append(recs, reconcilingExcept(ctx, t, rc, &passes, retention > 0))
-		}
-		recDone := &sync.WaitGroup{}
-		recDone.Add(1)
-		go func() {
-			defer recDone.Done()
-			for _, w := range recs {
-				w.Wait()
-			}
-		}()
-		if retention > 0 && !e.real {
-			// The miniredis clock stands still: move it as a real one would.
-			recDone.Add(1)
-			go func() {
-				defer recDone.Done()
-				for ctx.Err() == nil {
-					e.advance(10 * time.Millisecond)
-					time.Sleep(5 * time.Millisecond)
-				}
-			}()
-		}
-
-		sale := newSale()
-		repairTraffic(t, r, sale, keys(items), 8, 60)
-
-		// Wait until every event is published and consumed.
-		deadline := time.Now().Add(90 * time.Second)
-		for {
-			quiet := q.idle()
-			for sku := range items {
-				p, d, err := stockops.Pending(context.Background(), r, sku)
-				require.NoError(t, err)
-				quiet = quiet && p == 0 && d == 0
-			}
-			if quiet {
-				dry, err := stockops.NewReconciler(r, mem, &stock.ReconcileOptions{DryRun: true})
-				require.NoError(t, err)
-				res, err := dry.Pass(context.Background())
-				require.NoError(t, err)
-				for _, rp := range res.Reports {
-					quiet = quiet && rp.Published == 0 && rp.Pending == 0
-				}
-			}
-			if quiet && q.idle() {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("events still in flight after 90s")
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		stop()
-		res := wait(t, run, time.Now(), 2*time.Second+3*time.Second)
-		assert.ErrorIs(t, res.err, context.Canceled)
-		cons.Wait()
-		recDone.Wait()
-		t.Logf("%s: %d passes, %d consumed, %d held back", e.name, passes.Load(), q.consumed.Load(), q.heldBack.Load())
-		assert.Positive(t, passes.Load())
-
-		final, err := stockops.NewReconciler(r, mem, &stock.ReconcileOptions{Retention: retention})
-		require.NoError(t, err)
-		fres, err := final.Pass(context.Background())
-		checkReportsExcept(t, fres, err, retention > 0)
-		for _, rp := range fres.Reports {
-			assert.False(t, rp.Busy, "%s busy at the end", rp.SKU)
-			assert.Zero(t, rp.Published, "%s: published set empty", rp.SKU)
-		}
-		drift.check(t)
-		sale.checkStore(t, r, mem, items)
-	}
+// restoresCase is a variant of TestReconcileConcurrentRestores.
+type restoresCase struct {
+	name        string
+	queue, slow bool // the queue path; its consumers' store is slow
+	reconcilers int
+	retention   time.Duration
 }
 
-// TestReconcileStorePathConcurrentRestores: the Store path. Run applies the events to a
-// slowish store and runs its own reconcile passes every few milliseconds, while another process's
-// Run relays too and a stockops reconciler runs passes back to back; deducts and restores of the
-// same ids run meanwhile. No pass (Run's, observed, or the reconciler's) may find drift; at the
-// end the levels and the store match the acknowledged answers.
-func TestReconcileStorePathConcurrentRestores(t *testing.T) {
-	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-		drift := &drift{}
-		r := e.another(stock.WithObserver(drift))
-		r2 := e.another(stock.WithObserver(drift))
-		mem := memstore.New()
-		load(t, r, mem, items)
-		st := &requestStore{base: mem, delay: func() time.Duration {
-			if rand.IntN(4) == 0 {
-				return time.Duration(rand.IntN(3)) * time.Millisecond
-			}
-			return 0
-		}}
-		ctx, stop := context.WithCancel(context.Background())
-		defer stop()
-		ro := stock.RunOptions{Store: st, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 4},
-			Reconcile: &stock.ReconcileOptions{Interval: 15 * time.Millisecond}}
-		run1 := run(ctx, r, ro)
-		run2 := run(ctx, r2, stock.RunOptions{Store: batchStore{st}, Drain: 2 * time.Second, Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 16},
-			Reconcile: &stock.ReconcileOptions{Interval: 25 * time.Millisecond}})
-		rc, err := stockops.NewReconciler(r, mem, nil)
-		require.NoError(t, err)
-		var passes atomic.Int64
-		recDone := reconciling(ctx, t, rc, &passes)
+// slowly is a delay of a few milliseconds now and then, for requestStore.
+func slowly() time.Duration {
+	if rand.IntN(4) == 0 {
+		return time.Duration(rand.IntN(3)) * time.Millisecond
+	}
+	return 0
+}
 
-		sale := newSale()
-		repairTraffic(t, r, sale, keys(items), 8, 60)
-
-		deadline := time.Now().Add(90 * time.Second)
-		for {
-			left := int64(0)
-			for sku := range items {
-				p, d, err := stockops.Pending(context.Background(), r, sku)
-				require.NoError(t, err)
-				left += p + d
-			}
-			if left == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d events still in the outboxes after 90s", left)
-			}
-			time.Sleep(20 * time.Millisecond)
+func concurrentRestores(t *testing.T, e *relayEnv, v restoresCase) {
+	drift := &drift{}
+	r := e.another(stock.WithObserver(drift))
+	mem := memstore.New()
+	load(t, r, mem, items)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	q := &queueOfReconcile{}
+	cons := &sync.WaitGroup{}
+	var runs []<-chan result
+	if v.queue {
+		runs = append(runs, run(ctx, r, stock.RunOptions{Publisher: batchPub{&relayPub{push: q.push}}, Drain: 2 * time.Second,
+			Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 8}}))
+		var consStore stock.Store = mem
+		if v.slow {
+			consStore = &requestStore{base: mem, delay: func() time.Duration { return time.Duration(rand.IntN(4)) * time.Millisecond }}
 		}
-		time.Sleep(200 * time.Millisecond) // a few more of Run's passes on the settled items
-		stop()
-		now := time.Now()
-		res1 := wait(t, run1, now, 2*time.Second+3*time.Second)
-		res2 := wait(t, run2, now, 2*time.Second+3*time.Second)
-		assert.ErrorIs(t, res1.err, context.Canceled)
-		assert.ErrorIs(t, res2.err, context.Canceled)
-		recDone.Wait()
-		t.Logf("%s: %d stockops passes, %d reconcile observations", e.name, passes.Load(), drift.count.Load())
-		assert.Positive(t, passes.Load())
-
-		final, err := stockops.NewReconciler(r, mem, nil)
-		require.NoError(t, err)
-		fres, err := final.Pass(context.Background())
-		checkReports(t, fres, err)
-		for _, rp := range fres.Reports {
-			assert.False(t, rp.Busy, "%s busy at the end", rp.SKU)
+		cons = q.consumers(ctx, t, 6, r, consStore)
+	} else {
+		st := &requestStore{base: mem, delay: slowly}
+		runs = append(runs, run(ctx, r, stock.RunOptions{Store: st, Drain: 2 * time.Second,
+			Relay:     &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 4},
+			Reconcile: &stock.ReconcileOptions{Interval: 15 * time.Millisecond}}))
+		runs = append(runs, run(ctx, e.another(stock.WithObserver(drift)), stock.RunOptions{Store: batchStore{st}, Drain: 2 * time.Second,
+			Relay:     &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 16},
+			Reconcile: &stock.ReconcileOptions{Interval: 25 * time.Millisecond}}))
+	}
+	var passes atomic.Int64
+	recDone := &sync.WaitGroup{}
+	for i := range v.reconcilers {
+		rr := r
+		if i > 0 {
+			rr = e.another(stock.WithObserver(drift))
 		}
-		drift.check(t)
-		sale.checkStore(t, r, mem, items)
-	})
+		rc, err := stockops.NewReconciler(rr, mem, &stock.ReconcileOptions{Retention: v.retention})
+		require.NoError(t, err)
+		// A short retention trims entries that the store's records then write back:
+		// TestTrimThenRerecord; here only drift and stock repairs count.
+		w := reconciling(ctx, t, rc, &passes, v.retention > 0)
+		recDone.Go(w.Wait)
+	}
+	if v.retention > 0 && !e.real {
+		// The miniredis clock stands still: move it as a real one would.
+		recDone.Go(func() {
+			for ctx.Err() == nil {
+				e.advance(10 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+
+	sale := newSale()
+	repairTraffic(t, r, sale, keys(items), 8, 60)
+
+	// Wait until every event is delivered (on the queue path, published and consumed).
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		quiet := q.idle()
+		for sku := range items {
+			p, d, err := stockops.Pending(context.Background(), r, sku)
+			require.NoError(t, err)
+			quiet = quiet && p == 0 && d == 0
+		}
+		if quiet {
+			dry, err := stockops.NewReconciler(r, mem, &stock.ReconcileOptions{DryRun: true})
+			require.NoError(t, err)
+			res, err := dry.Pass(context.Background())
+			require.NoError(t, err)
+			for _, rp := range res.Reports {
+				quiet = quiet && rp.Published == 0 && rp.Pending == 0
+			}
+		}
+		if quiet && q.idle() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events still in flight after 90s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // a few more passes (Run's too) on the settled items
+	stop()
+	now := time.Now()
+	for _, ch := range runs {
+		res := wait(t, ch, now, 2*time.Second+3*time.Second)
+		assert.ErrorIs(t, res.err, context.Canceled)
+	}
+	cons.Wait()
+	recDone.Wait()
+	t.Logf("%s: %d passes, %d reconcile observations, %d consumed, %d held back", e.name, passes.Load(), drift.count.Load(), q.consumed.Load(), q.heldBack.Load())
+	assert.Positive(t, passes.Load())
+
+	final, err := stockops.NewReconciler(r, mem, &stock.ReconcileOptions{Retention: v.retention})
+	require.NoError(t, err)
+	fres, err := final.Pass(context.Background())
+	checkReports(t, fres, err, v.retention > 0)
+	for _, rp := range fres.Reports {
+		assert.False(t, rp.Busy, "%s busy at the end", rp.SKU)
+		assert.Zero(t, rp.Published, "%s: published set empty", rp.SKU)
+	}
+	drift.check(t)
+	sale.checkStore(t, r, mem, items)
 }
 
 // TestTrimThenRerecord: a reconcile pass with a retention trims a settled ledger entry

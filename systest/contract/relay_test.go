@@ -154,24 +154,44 @@ func TestNewRelayBounds(t *testing.T) {
 
 // "When ctx ends, Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain),
 // and returns ... ctx's error": with a ctx cancelled before the call, the events already in the
-// outbox are still delivered.
+// outbox are still delivered, to the Store and, on the queue path, to the Publisher.
 func TestRunCancelledCtxStillDrains(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadBoth(t, r, st, "cc", 10)
-		deductEach(t, r, stock.Request{SKU: "cc", Qty: 1}, numbered("d", 5)...)
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		start := time.Now()
-		err := r.Run(cctx, stock.RunOptions{Store: st})
-		assert.ErrorIs(t, err, context.Canceled)
-		assert.Less(t, time.Since(start), 7*time.Second, "bounded by Drain (5s)")
-		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "cc"), "what was due was delivered")
-		rem, err := st.Remaining(ctx, "cc")
-		require.NoError(t, err)
-		assert.Equal(t, int64(5), rem)
+		for _, path := range []string{"store", "queue"} {
+			t.Run(path, func(t *testing.T) {
+				ctx := context.Background()
+				r := testkit.NewReserver(t, c)
+				st := memstore.New()
+				sku := "cc-" + path
+				loadBoth(t, r, st, sku, 10)
+				deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("d", 5)...)
+				var published atomic.Int64
+				opts := stock.RunOptions{Store: st}
+				if path == "queue" {
+					opts = stock.RunOptions{Publisher: stock.PublisherFunc(func(context.Context, stock.Event) error {
+						published.Add(1)
+						return nil
+					})}
+				}
+				cctx, cancel := context.WithCancel(ctx)
+				cancel()
+				start := time.Now()
+				assert.ErrorIs(t, r.Run(cctx, opts), context.Canceled)
+				assert.Less(t, time.Since(start), 7*time.Second, "bounded by Drain (5s)")
+				assert.Equal(t, int64(0), testkit.OutboxLen(t, c, sku), "what was due was delivered")
+				pending, dead, err := stockops.Pending(ctx, r, sku)
+				require.NoError(t, err)
+				assert.Zero(t, pending+dead, "nothing pending or dead-lettered")
+				rem, err := st.Remaining(ctx, sku)
+				require.NoError(t, err)
+				if path == "queue" {
+					assert.Equal(t, int64(5), published.Load(), "every event published")
+					assert.Equal(t, int64(10), rem, "the queue path leaves the Store to Consume")
+				} else {
+					assert.Equal(t, int64(5), rem)
+				}
+			})
+		}
 	})
 }
 
@@ -455,30 +475,6 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(7), rem)
 		assert.LessOrEqual(t, st.MaxApplications(), 1)
-	})
-}
-
-// The queue path drains on a cancelled ctx too: "lets the relay deliver what is due".
-func TestRunPublisherDrainsOnCancelledCtx(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		require.NoError(t, r.Load(ctx, "qd", 10))
-		deductEach(t, r, stock.Request{SKU: "qd", Qty: 1}, numbered("d", 4)...)
-		var n atomic.Int64
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		err := r.Run(cctx, stock.RunOptions{Publisher: stock.PublisherFunc(func(context.Context, stock.Event) error {
-			n.Add(1)
-			return nil
-		})})
-		assert.ErrorIs(t, err, context.Canceled)
-		assert.Equal(t, int64(4), n.Load())
-		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "qd"))
-		pending, dead, err := stockops.Pending(ctx, r, "qd")
-		require.NoError(t, err)
-		assert.Equal(t, int64(0), pending)
-		assert.Equal(t, int64(0), dead)
 	})
 }
 
@@ -799,32 +795,66 @@ func setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *orderSt
 	return context.Background(), stocktest.New(t), newOrderStore(), rand.New(rand.NewPCG(seed, 18))
 }
 
+// queueCase is what a queue-path test of the relay starts from: setup's kit, store and rng, the
+// answers of n calls of traffic on skus, and a queue to publish them to.
+type queueCase struct {
+	ctx  context.Context
+	e    *stocktest.Env
+	st   *orderStore
+	rng  *rand.Rand
+	acks *acks
+	q    *relayQueue
+	skus []string
+}
+
+func newQueueCase(t *testing.T, seed uint64, n int, skus ...string) *queueCase {
+	t.Helper()
+	ctx, e, st, rng := setup(t, seed)
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, n, rng)
+	return &queueCase{ctx: ctx, e: e, st: st, rng: rng, acks: acks, q: &relayQueue{}, skus: skus}
+}
+
+// deliver drains the outboxes through rl, then consumes what the queue took and checks the end
+// state (consumeVerify).
+func (c *queueCase) deliver(t *testing.T, rl *stockops.Relay) {
+	t.Helper()
+	drain(t, c.ctx, c.e, rl, c.skus)
+	consumeVerify(t, c.ctx, c.e, c.st, c.q, c.rng, c.acks)
+}
+
+// pending is the number of events left in the outboxes of c's items.
+func (c *queueCase) pending(t *testing.T) (n int64) {
+	t.Helper()
+	for _, sku := range c.skus {
+		p, _, err := stockops.Pending(c.ctx, c.e.Reserver, sku)
+		require.NoError(t, err)
+		n += p
+	}
+	return n
+}
+
 // A batch that fails at event k of n (the queue took the first k, the relay is told so), a
 // different k every call: the relay must keep the first k and retry from k, in order, and through
 // Consume the store must end exactly where the acknowledged answers put it.
 func TestBatchFailsMidBatch(t *testing.T) {
-	ctx, e, st, rng := setup(t, 1)
-	skus := []string{"a", "b", "c"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
+	c := newQueueCase(t, 1, 300, "a", "b", "c")
 	var mu sync.Mutex
-	q := &relayQueue{}
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		mu.Lock()
-		k := rng.IntN(len(evs) + 1)
+		k := c.rng.IntN(len(evs) + 1)
 		mu.Unlock()
 		return keepFirst(len(evs), k, errors.New("broker: not appended"))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
-	drain(t, ctx, e, rl, skus)
-	if q.calls.Load() == 0 {
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
+	drain(t, c.ctx, c.e, rl, c.skus)
+	if c.q.calls.Load() == 0 {
 		t.Fatal("the relay never called PublishBatch")
 	}
-	msgs := q.snapshot()
 	// The queue got each item's events in sequence, each once (the relay never republished one
 	// the queue had taken).
 	last := map[string]int64{}
 	seen := map[string]bool{}
-	for _, ev := range msgs {
+	for _, ev := range c.q.snapshot() {
 		k := ev.SKU + "/" + ev.ID + "/" + string(ev.Type)
 		if seen[k] {
 			t.Errorf("event %s was published again after the queue took it", k)
@@ -835,18 +865,15 @@ func TestBatchFailsMidBatch(t *testing.T) {
 		}
 		last[ev.SKU] = ev.Seq
 	}
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.deliver(t, rl)
 }
 
 // A batch publisher whose answer is not a prefix: nil, error, nil, nil... (the queue took every
 // event answered nil). The relay must not count the events after the first failure as published
 // (it retries them: duplicates), and the store must still end right.
 func TestBatchHoleInAnswer(t *testing.T) {
-	ctx, e, st, rng := setup(t, 2)
-	skus := []string{"x", "y"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 200, rng)
-	q := &relayQueue{}
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c := newQueueCase(t, 2, 200, "x", "y")
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		errs, keep := keepAll(len(evs))
 		if len(evs) > 1 && call%3 != 0 {
 			errs[1] = errors.New("broker: lost confirm for the second")
@@ -854,11 +881,7 @@ func TestBatchHoleInAnswer(t *testing.T) {
 		}
 		return errs, keep
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
-	drain(t, ctx, e, rl, skus)
-	msgs := q.take()
-	relayConsumeAll(t, ctx, e.Reserver, st, msgs, rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	c.deliver(t, queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 8}))
 }
 
 // Answers of the wrong length (one error short, one nil too many, none at all) fail the whole
@@ -873,36 +896,25 @@ func TestBatchWrongLength(t *testing.T) {
 		{"nil", func(int) int { return 0 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, e, st, rng := setup(t, 3)
-			skus := []string{"w"}
-			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-			before, _, err := stockops.Pending(ctx, e.Reserver, "w")
-			if err != nil {
-				t.Fatal(err)
-			}
-			q := &relayQueue{}
-			q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+			c := newQueueCase(t, 3, 40, "w")
+			before := c.pending(t)
+			c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 				_, keep := keepAll(len(evs)) // the queue has them all: the answer is wrong, not the queue
 				if n := tc.n(len(evs)); n > 0 {
 					return make([]error, n), keep
 				}
 				return nil, keep
 			}
-			rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
-			st1, err := rl.Once(ctx)
+			rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
+			st1, err := rl.Once(c.ctx)
 			if st1.Delivered != 0 {
 				t.Errorf("wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
 			}
-			after, _, err := stockops.Pending(ctx, e.Reserver, "w")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if after != before {
+			if after := c.pending(t); after != before {
 				t.Errorf("outbox: %d events before, %d after a pass of wrong-length answers", before, after)
 			}
-			q.batch = nil
-			drain(t, ctx, e, rl, skus)
-			consumeVerify(t, ctx, e, st, q, rng, acks)
+			c.q.batch = nil
+			c.deliver(t, rl)
 		})
 	}
 }
@@ -910,27 +922,23 @@ func TestBatchWrongLength(t *testing.T) {
 // A PublishBatch that panics (after the queue took half the batch). Whatever the relay does with
 // the panic, nothing may be lost: the events come back after the lease and are delivered.
 func TestBatchPanics(t *testing.T) {
-	ctx, e, st, rng := setup(t, 4)
-	skus := []string{"p"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-	q := &relayQueue{}
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c := newQueueCase(t, 4, 40, "p")
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		if call == 1 {
-			q.mu.Lock()
-			q.msgs = append(q.msgs, evs[:len(evs)/2]...)
-			q.mu.Unlock()
+			c.q.mu.Lock()
+			c.q.msgs = append(c.q.msgs, evs[:len(evs)/2]...)
+			c.q.mu.Unlock()
 			panic("publisher bug")
 		}
 		return keepAll(len(evs))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
 	func() {
 		defer func() { _ = recover() }()
-		_, _ = rl.Once(ctx)
+		_, _ = rl.Once(c.ctx)
 	}()
-	e.Advance(10 * time.Second)
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.e.Advance(10 * time.Second)
+	c.deliver(t, rl)
 }
 
 // A broker that delivers a message to a consumer before it confirms it to the publisher (as every
@@ -941,46 +949,39 @@ func TestBatchPanics(t *testing.T) {
 func TestConsumedBeforeConfirm(t *testing.T) {
 	for _, batch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
-			ctx, e, st, rng := setup(t, 5)
-			skus := []string{"fast", "quick"}
-			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 80, rng)
+			c := newQueueCase(t, 5, 80, "fast", "quick")
 			var mu sync.Mutex
 			var consumeErrs []error
 			var redeliver []stock.Event // what the broker must hand over again
 			deliver := func(ev stock.Event) {
-				if err := stock.Consume(ctx, e.Reserver, st, ev); err != nil {
+				if err := stock.Consume(c.ctx, c.e.Reserver, c.st, ev); err != nil {
 					mu.Lock()
 					consumeErrs = append(consumeErrs, err)
 					redeliver = append(redeliver, ev)
 					mu.Unlock()
 				}
 			}
-			var pub stock.Publisher
+			var pub stock.Publisher = stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+				deliver(ev)
+				return nil
+			})
 			if batch {
-				q := &relayQueue{}
-				q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+				c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 					for _, ev := range evs {
 						deliver(ev)
 					}
 					return make([]error, len(evs)), make([]bool, len(evs))
 				}
-				pub = q
-			} else {
-				pub = stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-					deliver(ev)
-					return nil
-				})
+				pub = c.q
 			}
-			rl, err := stockops.NewRelay(e.Reserver, nil, pub, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			drain(t, ctx, e, rl, skus)
+			rl, err := stockops.NewRelay(c.e.Reserver, nil, pub, nil)
+			require.NoError(t, err)
+			drain(t, c.ctx, c.e, rl, c.skus)
 			if len(consumeErrs) > 0 {
 				t.Logf("Consume answered %d errors during delivery, first: %v", len(consumeErrs), consumeErrs[0])
 			}
-			relayConsumeAll(t, ctx, e.Reserver, st, redeliver, rng)
-			verify(t, ctx, e.Reserver, st, acks)
+			relayConsumeAll(t, c.ctx, c.e.Reserver, c.st, redeliver, c.rng)
+			verify(t, c.ctx, c.e.Reserver, c.st, c.acks)
 		})
 	}
 }
@@ -988,173 +989,185 @@ func TestConsumedBeforeConfirm(t *testing.T) {
 // Every event delivered three times, to eight consumers at once, in a random order: concurrent
 // Consume calls of one event and of neighbouring events of one item.
 func TestConcurrentConsumers(t *testing.T) {
-	ctx, e, st, rng := setup(t, 6)
-	skus := []string{"k1", "k2", "k3", "k4"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
-	q := &relayQueue{}
-	rl := queueRelay(t, e, q, nil)
-	drain(t, ctx, e, rl, skus)
-	concurrentConsume(t, ctx, e.Reserver, st, q.take(), 3, 8, rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	c := newQueueCase(t, 6, 400, "k1", "k2", "k3", "k4")
+	drain(t, c.ctx, c.e, queueRelay(t, c.e, c.q, nil), c.skus)
+	concurrentConsume(t, c.ctx, c.e.Reserver, c.st, c.q.take(), 3, 8, c.rng)
+	verify(t, c.ctx, c.e.Reserver, c.st, c.acks)
 }
 
 // The old events of an item delivered again after its later ones were applied (a redelivery of a
 // dead consumer's messages, or a relay's republish): repeats, answered nil, changing nothing.
 func TestStaleRedelivery(t *testing.T) {
-	ctx, e, st, rng := setup(t, 7)
-	skus := []string{"old"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	q := &relayQueue{}
-	rl := queueRelay(t, e, q, nil)
-	drain(t, ctx, e, rl, skus)
-	msgs := q.take()
+	c := newQueueCase(t, 7, 60, "old")
+	ctx, r, st := c.ctx, c.e.Reserver, c.st
+	drain(t, ctx, c.e, queueRelay(t, c.e, c.q, nil), c.skus)
+	msgs := c.q.take()
 	sort.Slice(msgs, func(i, j int) bool { return msgs[i].Seq < msgs[j].Seq })
 	// Apply only the last: Consume must apply all earlier ones first, from Redis.
-	if err := stock.Consume(ctx, e.Reserver, st, msgs[len(msgs)-1]); err != nil {
+	if err := stock.Consume(ctx, r, st, msgs[len(msgs)-1]); err != nil {
 		t.Fatalf("Consume of the last event: %v", err)
 	}
-	verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, r, st, c.acks)
 	rem, _ := st.Remaining(ctx, "old")
 	for i := len(msgs) - 1; i >= 0; i-- {
-		if err := stock.Consume(ctx, e.Reserver, st, msgs[i]); err != nil {
+		if err := stock.Consume(ctx, r, st, msgs[i]); err != nil {
 			t.Errorf("stale redelivery of %s %s (seq %d): %v", msgs[i].Type, msgs[i].ID, msgs[i].Seq, err)
 		}
 	}
 	if got, _ := st.Remaining(ctx, "old"); got != rem {
 		t.Errorf("stale redeliveries moved the store from %d to %d", rem, got)
 	}
-	verify(t, ctx, e.Reserver, st, acks)
+	verify(t, ctx, r, st, c.acks)
+}
+
+// runQueuePath runs Run with c's queue as its only Publisher until ready, then cancels its
+// context and fails t unless Run returns within bound; release (when set) runs once Run has
+// returned or bound has passed.
+func (c *queueCase) runQueuePath(t *testing.T, opts stock.RunOptions, ready func() bool, bound time.Duration, release func()) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(c.ctx)
+	opts.Publisher = c.q
+	ch := run(runCtx, c.e.Reserver, opts)
+	for !ready() {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	returned := false
+	select {
+	case <-ch:
+		returned = true
+	case <-time.After(bound):
+	}
+	if release != nil {
+		release()
+	}
+	if !returned {
+		t.Errorf("Run did not return within %v of the cancel (Drain %v)", bound, opts.Drain)
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run never returned")
+		}
+	}
 }
 
 // Run with only a Publisher, a slow one, and the context cancelled in the middle of a batch; the
 // publisher's last answers come after the context ended (it accepted them anyway). Then a second
-// Run drains the rest. Every acknowledged operation must reach the store once.
+// relay drains the rest. Every acknowledged operation must reach the store once.
 func TestRunCancelMidBatch(t *testing.T) {
-	ctx, e, st, rng := setup(t, 8)
-	skus := []string{"s:1", "s%7B2%7D", "s~3", "сток-4", "s/5", "😀:6"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
-	q := &relayQueue{}
-	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+	c := newQueueCase(t, 8, 400, "s:1", "s%7B2%7D", "s~3", "сток-4", "s/5", "😀:6")
+	c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		time.Sleep(30 * time.Millisecond) // the broker is slow; ctx may end meanwhile
 		return keepAll(len(evs))
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- e.Reserver.Run(runCtx, stock.RunOptions{Publisher: q, Relay: &stock.RelayOptions{Batch: 8, Poll: time.Millisecond}, Drain: time.Millisecond})
-	}()
-	for len(q.snapshot()) < 20 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return 10s after its context ended")
-	}
-	firstRun := len(q.snapshot())
+	c.runQueuePath(t, stock.RunOptions{Relay: &stock.RelayOptions{Batch: 8, Poll: time.Millisecond}, Drain: time.Millisecond},
+		func() bool { return len(c.q.snapshot()) >= 20 }, 10*time.Second, nil)
 	// Everything the Reserver acknowledged is in the queue or still in an outbox.
-	inQueue := map[string]bool{}
-	for _, ev := range q.snapshot() {
-		inQueue[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)] = true
+	t.Logf("first Run: %d published, %d left in the outboxes", len(c.q.snapshot()), c.pending(t))
+	c.e.Advance(2 * time.Minute) // past any lease the first Run held
+	c.q.batch = nil
+	c.deliver(t, queueRelay(t, c.e, c.q, nil))
+}
+
+// A publisher whose call hangs past the context (a broker client that ignores ctx) while Run's
+// context ends: Run promises to stop after its Drain bound; when the call finally returns, nothing
+// is lost, and the next relay delivers everything once.
+func TestRunPublisherIgnoresContext(t *testing.T) {
+	c := newQueueCase(t, 16, 40, "hang:1")
+	release := make(chan struct{})
+	var entered atomic.Bool
+	c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+		entered.Store(true)
+		<-release // ignores ctx
+		return keepAll(len(evs))
 	}
-	var pending int64
-	for _, sku := range skus {
-		p, _, err := stockops.Pending(ctx, e.Reserver, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pending += p
-	}
-	t.Logf("first Run: %d published, %d left in the outboxes", firstRun, pending)
-	e.Advance(2 * time.Minute) // past any lease the first Run held
-	rl := queueRelay(t, e, q, nil)
-	q.batch = nil
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.runQueuePath(t, stock.RunOptions{Drain: 200 * time.Millisecond, Relay: &stock.RelayOptions{Poll: time.Millisecond}},
+		entered.Load, 3*time.Second, func() { close(release) })
+	c.e.Advance(2 * time.Minute)
+	c.q.batch = nil
+	c.deliver(t, queueRelay(t, c.e, c.q, nil))
 }
 
 // A publisher that accepts every event after the relay's context ended (a confirm that arrives
 // late): the relay cannot know whether it may trust the answer, but nothing may be lost either
 // way, and nothing applied twice.
 func TestAcceptAfterContextEnd(t *testing.T) {
-	ctx, e, st, rng := setup(t, 9)
-	skus := []string{"late"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	q := &relayQueue{}
+	c := newQueueCase(t, 9, 60, "late")
 	var cancel context.CancelFunc
-	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+	c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		cancel() // the context ends while the broker works on the batch
 		return keepAll(len(evs))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 8})
 	for i := 0; i < 5; i++ {
-		var c context.Context
-		c, cancel = context.WithCancel(ctx)
-		_, _ = rl.Once(c)
+		var ctx context.Context
+		ctx, cancel = context.WithCancel(c.ctx)
+		_, _ = rl.Once(ctx)
 		cancel()
 	}
-	e.Advance(2 * time.Minute)
-	q.batch = nil
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.e.Advance(2 * time.Minute)
+	c.q.batch = nil
+	c.deliver(t, rl)
 }
 
 // Many items with awkward SKUs, through Run's queue path with a flaky batch publisher (every
 // third batch fails in the middle), consumed concurrently while the relay still publishes.
 func TestManyItemsLiveConsume(t *testing.T) {
-	ctx, e, st, rng := setup(t, 10)
 	var skus []string
 	for i := 0; i < 24; i++ {
 		skus = append(skus, fmt.Sprintf("it:%d:%d~ü%d", i, i%3, i))
 	}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 600, rng)
-	q := &relayQueue{}
+	c := newQueueCase(t, 10, 600, skus...)
 	var mu sync.Mutex
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		mu.Lock()
 		k := len(evs)
 		if call%3 == 0 {
-			k = rng.IntN(len(evs) + 1)
+			k = c.rng.IntN(len(evs) + 1)
 		}
 		mu.Unlock()
 		return keepFirst(len(evs), k, errors.New("broker busy"))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 4})
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 4})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // a live consumer, racing with the relay
-		defer wg.Done()
+	wg.Go(func() { // a live consumer, racing with the relay
 		var held []stock.Event
 		for {
 			select {
 			case <-stop:
-				q.mu.Lock()
-				q.msgs = append(q.msgs, held...)
-				q.mu.Unlock()
+				c.q.mu.Lock()
+				c.q.msgs = append(c.q.msgs, held...)
+				c.q.mu.Unlock()
 				return
 			default:
 			}
-			msgs := append(held, q.take()...)
+			msgs := append(held, c.q.take()...)
 			held = nil
 			for _, ev := range msgs {
-				if err := stock.Consume(ctx, e.Reserver, st, ev); err != nil && !errors.Is(err, stock.ErrInvalid) {
+				if err := stock.Consume(c.ctx, c.e.Reserver, c.st, ev); err != nil && !errors.Is(err, stock.ErrInvalid) {
 					held = append(held, ev)
 				}
 			}
 			time.Sleep(time.Millisecond)
 		}
-	}()
-	drain(t, ctx, e, rl, skus)
+	})
+	drain(t, c.ctx, c.e, rl, c.skus)
 	close(stop)
 	wg.Wait()
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	consumeVerify(t, c.ctx, c.e, c.st, c.q, c.rng, c.acks)
 }
 
 // concurrentConsume consumes msgs with w goroutines, each message delivered dup times, until
 // every delivery is settled (ErrHeldBack and temporary errors are redelivered).
 func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, dup, w int, rng *rand.Rand) {
+	t.Helper()
+	consumeCut(t, ctx, r, st, msgs, dup, w, rng, nil)
+}
+
+// consumeCut is concurrentConsume whose consumer i cuts the context of its n-th delivery short
+// (a consumer shutting down mid-call) when cut(i, n) says so.
+func consumeCut(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, dup, w int, rng *rand.Rand, cut func(i, n int) bool) {
 	t.Helper()
 	var all []stock.Event
 	for i := 0; i < dup; i++ {
@@ -1170,13 +1183,18 @@ func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st 
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(15 * time.Second)
 	for i := 0; i < w; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
+			n := 0
 			for left.Load() > 0 && time.Now().Before(deadline) {
 				select {
 				case ev := <-work:
-					err := stock.Consume(ctx, r, st, ev)
+					n++
+					c, cancel := context.WithCancel(ctx)
+					if cut != nil && cut(i, n) {
+						cancel()
+					}
+					err := stock.Consume(c, r, st, ev)
+					cancel()
 					switch {
 					case err == nil:
 						left.Add(-1)
@@ -1190,7 +1208,7 @@ func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st 
 					time.Sleep(time.Millisecond)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if n := left.Load(); n > 0 {
@@ -1304,48 +1322,6 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 		t.Errorf("an event changed the store %d times", m)
 	}
 	st.checkOrder(t)
-}
-
-// A publisher whose call hangs past the context (a broker client that ignores ctx) while Run's
-// context ends: Run promises to stop after its Drain bound; when the call finally returns, nothing
-// is lost, and the next relay delivers everything once.
-func TestRunPublisherIgnoresContext(t *testing.T) {
-	ctx, e, st, rng := setup(t, 16)
-	skus := []string{"hang:1"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-	release := make(chan struct{})
-	var entered atomic.Bool
-	q := &relayQueue{}
-	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
-		entered.Store(true)
-		<-release // ignores ctx
-		return keepAll(len(evs))
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- e.Reserver.Run(runCtx, stock.RunOptions{Publisher: q, Drain: 200 * time.Millisecond, Relay: &stock.RelayOptions{Poll: time.Millisecond}})
-	}()
-	for !entered.Load() {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	var returned bool
-	select {
-	case <-done:
-		returned = true
-	case <-time.After(3 * time.Second):
-	}
-	close(release)
-	if !returned {
-		<-done
-		t.Errorf("Run returned only once the hung publisher call returned (not within 3s of the cancel, Drain 200ms)")
-	}
-	e.Advance(2 * time.Minute)
-	q.batch = nil
-	rl := queueRelay(t, e, q, nil)
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
 }
 
 // relayEnv is a Reserver on one backend, with a way to let time pass for that backend's Redis
@@ -1993,45 +1969,8 @@ func TestQueuePath(t *testing.T) {
 
 		queue := append(slices.Clone(evs), evs...)
 		rand.New(rand.NewPCG(7, 7)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
-		var qi atomic.Int64
-		var wg sync.WaitGroup
-		var heldBack atomic.Int64
-		var retryMu sync.Mutex
-		var retry []stock.Event
-		for range 4 {
-			wg.Go(func() {
-				for {
-					i := int(qi.Add(1)) - 1
-					if i >= len(queue) {
-						return
-					}
-					err := stock.Consume(context.Background(), e.r, store, queue[i])
-					if errors.Is(err, stock.ErrHeldBack) {
-						heldBack.Add(1)
-						retryMu.Lock()
-						retry = append(retry, queue[i])
-						retryMu.Unlock()
-						continue
-					}
-					assert.NoError(t, err, "consume %+v", queue[i])
-				}
-			})
-		}
-		wg.Wait()
-		for round := 0; len(retry) > 0 && round < 100; round++ {
-			var again []stock.Event
-			for _, ev := range retry {
-				err := stock.Consume(context.Background(), e.r, store, ev)
-				if errors.Is(err, stock.ErrHeldBack) {
-					again = append(again, ev)
-					continue
-				}
-				assert.NoError(t, err)
-			}
-			retry = again
-		}
-		assert.Empty(t, retry, "events still held back")
-		t.Logf("%d events, %d held back once", len(evs), heldBack.Load())
+		_, heldBack := consumeRedelivering(t, e, store, queue, 4)
+		t.Logf("%d events, %d held back once", len(evs), heldBack)
 		checkStore(t, e.r, store, sku, acked)
 		reconcile(t, e.r, store, sku)
 	})
