@@ -245,21 +245,18 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 			t.Fatalf("fence lifted by %s", what)
 		}
 	}
-	dry, _ := stockops.NewReconciler(r2, st, &stock.ReconcileOptions{DryRun: true})
-	if res, err := dry.Pass(ctx); err != nil || res.EpochRecorded {
-		t.Fatalf("dry pass: %v %+v", err, res)
+	for what, opts := range map[string]*stock.ReconcileOptions{
+		"a dry run":                                  {DryRun: true},
+		"a pass limited to some items":               {Items: []string{"f1"}},
+		"a pass limited to items (even all of them)": {Items: []string{"f1", "f2"}},
+	} {
+		rec, err := stockops.NewReconciler(r2, st, opts)
+		require.NoError(t, err)
+		if res, err := rec.Pass(ctx); err != nil || res.EpochRecorded {
+			t.Fatalf("%s: %v %+v", what, err, res)
+		}
+		stillFenced(what)
 	}
-	stillFenced("a dry run")
-	lim, _ := stockops.NewReconciler(r2, st, &stock.ReconcileOptions{Items: []string{"f1"}})
-	if res, err := lim.Pass(ctx); err != nil || res.EpochRecorded {
-		t.Fatalf("limited pass: %v %+v", err, res)
-	}
-	stillFenced("a pass limited to some items")
-	lim2, _ := stockops.NewReconciler(r2, st, &stock.ReconcileOptions{Items: []string{"f1", "f2"}})
-	if res, err := lim2.Pass(ctx); err != nil || res.EpochRecorded {
-		t.Fatalf("limited pass over all items: %v %+v", err, res)
-	}
-	stillFenced("a pass limited to items (even all of them)")
 	// A relay holds f2 (its Publish blocks): the pass finds it busy.
 	_, err = r2.Restock(ctx, "f2", "rs1", 1)
 	require.NoError(t, err)
@@ -695,42 +692,69 @@ func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 }
 
 // ErrFailover "is returned by Deduct, Hold and DeductMany while a FailoverGuard has seen the Redis
-// primaries change and no reconcile pass has run since". Run's guard fences the Reserver (Run
-// started on a live deployment), Run ends before its reconciler completes a pass, then a complete
-// repairing pass records the primaries: the Reserver must sell again.
+// primaries change and no reconcile pass has run since"; the guard fences "until a repairing
+// Reconciler pass over all items completes, in this process or any other one". README: "Any
+// complete repairing pass over every item records the reconciled identity in Redis, wherever it
+// runs ... every process sharing the Redis lifts its fence". Run's guard fences the Reserver (Run
+// started on a live deployment), Run ends before its reconciler completes a pass (its Store is
+// slow), then a complete repairing pass, in the same process or in another one, records the
+// primaries: the Reserver must sell again.
 func TestFenceAfterRunEndsLiftedByPass(t *testing.T) {
-	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, b.Client(t))
-		st := memstore.New()
-		loadRedisAndStore(t, r, st, 1000, "g")
-		_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "before", Qty: 1})
-		require.NoError(t, err)
-		// A Store slow enough that Run's first pass cannot finish before Run ends.
-		slow := &onlyStore{s: st, delay: 300 * time.Millisecond}
-		cancel, done := runAsync(r, stock.RunOptions{Store: slow, GuardInterval: time.Millisecond, Drain: time.Millisecond})
-		fenced := eventually(2*time.Second, func() bool {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "probe", Qty: 1})
-			return errors.Is(err, stock.ErrFailover)
+	for _, other := range []bool{false, true} {
+		t.Run(map[bool]string{false: "same-process", true: "other-process"}[other], func(t *testing.T) {
+			faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				r := testkit.NewReserver(t, b.Client(t))
+				passer, delay, tries := r, 300*time.Millisecond, 1
+				if other {
+					if b.Name == "sentinel" {
+						t.Skip("not run on sentinel")
+					}
+					c1, c2 := b.Pair(t)
+					r, passer = testkit.NewReserver(t, c2), testkit.NewReserver(t, c1)
+					// The ended Run's lease lasts at most 5s.
+					delay, tries = 500*time.Millisecond, 100
+				}
+				st := memstore.New()
+				loadRedisAndStore(t, r, st, 1000, "g")
+				_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "before", Qty: 1})
+				require.NoError(t, err)
+				cancel, done := runAsync(r, stock.RunOptions{Store: &onlyStore{s: st, delay: delay}, GuardInterval: time.Millisecond, Drain: time.Millisecond})
+				fenced := eventually(2*time.Second, func() bool {
+					_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "probe", Qty: 1})
+					return errors.Is(err, stock.ErrFailover)
+				})
+				cancel()
+				<-done
+				if !fenced && other {
+					t.Skip("Run's guard never fenced (its pass won the race): nothing to check")
+				} else if !fenced {
+					t.Logf("the guard never fenced (the first pass won the race)")
+				}
+				rec, err := stockops.NewReconciler(passer, st, nil)
+				require.NoError(t, err)
+				var pr stockops.PassResult
+				for i := 0; i < tries; i++ {
+					if pr, err = rec.Pass(ctx); err == nil && pr.Complete && pr.EpochRecorded {
+						break
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+				require.NoError(t, err)
+				require.True(t, pr.Complete && pr.EpochRecorded, "%+v", pr)
+				if other {
+					time.Sleep(3 * time.Second) // longer than any check interval
+				}
+				_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-pass", Qty: 1})
+				assert.NoError(t, err, "a complete repairing pass ran since the guard fenced (fenced: %v)", fenced)
+				// What lifts it: a guard's next check.
+				f, err := stockops.NewFailoverGuard(r).Check(ctx)
+				t.Logf("a new guard's Check: fenced=%v err=%v", f, err)
+				_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-check", Qty: 1})
+				t.Logf("deduct after a new guard's check: %v", err)
+			})
 		})
-		cancel()
-		<-done
-		if !fenced {
-			t.Logf("the guard never fenced (the first pass won the race)")
-		}
-		rec, err := stockops.NewReconciler(r, st, nil)
-		require.NoError(t, err)
-		pr, err := rec.Pass(ctx)
-		require.NoError(t, err)
-		require.True(t, pr.Complete && pr.EpochRecorded, "%+v", pr)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-pass", Qty: 1})
-		assert.NoError(t, err, "a complete repairing pass ran since the guard fenced (fenced: %v)", fenced)
-		// What lifts it: a guard's next check.
-		f, err := stockops.NewFailoverGuard(r).Check(ctx)
-		t.Logf("a new guard's Check: fenced=%v err=%v", f, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-check", Qty: 1})
-		t.Logf("deduct after a new guard's check: %v", err)
-	})
+	}
 }
 
 // Redis restarts under a running Run (AOF with fsync always: nothing is lost). The guard fences:
@@ -1634,51 +1658,6 @@ func TestTwoRunsRestarted(t *testing.T) {
 	})
 }
 
-// ErrFailover "is returned by Deduct, Hold and DeductMany while a FailoverGuard has seen the Redis
-// primaries change and no reconcile pass has run since"; the guard fences "until a repairing
-// Reconciler pass over all items completes, in this process or any other one". README: "Any
-// complete repairing pass over every item records the reconciled identity in Redis, wherever it
-// runs ... every process sharing the Redis lifts its fence". A process whose Run fenced it (Run
-// started on a live deployment) and then ended, before its own pass completed; another process
-// then completes a repairing pass. The first process must sell again.
-func TestFenceLiftedByOtherProcessAfterRunEnded(t *testing.T) {
-	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
-		if b.Name == "sentinel" {
-			t.Skip("not run on sentinel")
-		}
-		ctx := context.Background()
-		c1, c2 := b.Pair(t)
-		r1 := testkit.NewReserver(t, c1)
-		r2 := testkit.NewReserver(t, c2)
-		st := memstore.New()
-		loadRedisAndStore(t, r1, st, 100, "fence:x")
-		stop := requestRun(t, r2, stock.RunOptions{Store: &onlyStore{s: st, delay: 500 * time.Millisecond},
-			GuardInterval: time.Millisecond, Drain: time.Millisecond}, 30*time.Second)
-		fenced := false
-		for i := 0; i < 200 && !fenced; i++ {
-			_, err := r2.Deduct(ctx, stock.Request{SKU: "fence:x", ID: fmt.Sprintf("probe%d", i), Qty: 1})
-			fenced = errors.Is(err, stock.ErrFailover)
-			if !fenced {
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-		_ = stop()
-		if !fenced {
-			t.Skip("Run's guard never fenced (its pass won the race): nothing to check")
-		}
-		rec, err := stockops.NewReconciler(r1, st, nil)
-		require.NoError(t, err)
-		var pr stockops.PassResult
-		require.Eventually(t, func() bool { // the ended Run's lease lasts at most 5s
-			pr, err = rec.Pass(ctx)
-			return err == nil && pr.Complete && pr.EpochRecorded
-		}, 20*time.Second, 200*time.Millisecond, "a complete repairing pass in the other process")
-		time.Sleep(3 * time.Second) // longer than any check interval
-		_, err = r2.Deduct(ctx, stock.Request{SKU: "fence:x", ID: "after", Qty: 1})
-		assert.NoError(t, err, "a complete repairing pass ran (in another process) since the guard fenced")
-	})
-}
-
 func faultReal(t *testing.T) {
 	t.Helper()
 	if redistest.ServerBinary(t) == "" {
@@ -1913,63 +1892,155 @@ func flushTargets(t *testing.T, kind string) (client func() rueidis.Client, admi
 	return func() rueidis.Client { return c.Client(t) }, admins
 }
 
-// TestFlushLoop: FUNCTION FLUSH (SYNC and ASYNC), FUNCTION DELETE of the library and
-// SCRIPT FLUSH in a loop during concurrent deducts. README: the library is loaded when a call
-// finds it missing; the scripts give the answer otherwise. No call should fail at all (Redis
-// answers every command), no oversell, exactly once.
+// FUNCTION FLUSH (SYNC and ASYNC), FUNCTION DELETE of the library and SCRIPT FLUSH in a loop,
+// on a standalone server and a cluster. README: the library is loaded when a call finds it
+// missing; the scripts give the answer otherwise. During concurrent deducts no call should fail
+// at all (Redis answers every command), no oversell, exactly once. During holds, confirms,
+// cancels, restores and carts ("mixed-ops"), every acknowledged operation holds, the invariant
+// and the ledger agree, retries are replays.
 func TestFlushLoop(t *testing.T) {
 	faultReal(t)
 	for _, kind := range []string{"standalone", "cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			client, admins := flushTargets(t, kind)
-			rs := []*stock.Reserver{testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second)), testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))}
-			ctx := context.Background()
-			skus := []string{"f1", "f2", "f3"}
-			loaded := map[string]int64{}
-			for _, sku := range skus {
-				require.NoError(t, rs[0].Load(ctx, sku, 200))
-				loaded[sku] = 200
-			}
-			// Find the library's name.
-			_, err := rs[0].Deduct(ctx, stock.Request{SKU: "f1", ID: "warm", Qty: 1})
-			require.NoError(t, err)
-			st := newStats()
-			st.acked["warm"] = "f1"
-			lib := faultLibs(t, admins[0])
-			stop := make(chan struct{})
-			rounds := chaos(stop, func(i int) {
-				a := admins[i%len(admins)]
-				switch i % 5 {
-				case 0:
-					faultDo(t, a, "FUNCTION", "FLUSH", "SYNC")
-				case 1:
-					faultDo(t, a, "FUNCTION", "FLUSH", "ASYNC")
-				case 2:
-					if len(lib) > 0 {
-						faultDo(t, a, "FUNCTION", "DELETE", lib[0])
+			t.Run("deducts", func(t *testing.T) {
+				rs := []*stock.Reserver{testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second)), testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))}
+				ctx := context.Background()
+				skus := []string{"f1", "f2", "f3"}
+				loaded := map[string]int64{}
+				for _, sku := range skus {
+					require.NoError(t, rs[0].Load(ctx, sku, 200))
+					loaded[sku] = 200
+				}
+				// Find the library's name.
+				_, err := rs[0].Deduct(ctx, stock.Request{SKU: "f1", ID: "warm", Qty: 1})
+				require.NoError(t, err)
+				st := newStats()
+				st.acked["warm"] = "f1"
+				lib := faultLibs(t, admins[0])
+				stop := make(chan struct{})
+				rounds := chaos(stop, func(i int) {
+					a := admins[i%len(admins)]
+					switch i % 5 {
+					case 0:
+						faultDo(t, a, "FUNCTION", "FLUSH", "SYNC")
+					case 1:
+						faultDo(t, a, "FUNCTION", "FLUSH", "ASYNC")
+					case 2:
+						if len(lib) > 0 {
+							faultDo(t, a, "FUNCTION", "DELETE", lib[0])
+						}
+					case 3:
+						faultDo(t, a, "SCRIPT", "FLUSH", "ASYNC")
+					case 4:
+						faultDo(t, a, "FUNCTION", "FLUSH")
+						faultDo(t, a, "SCRIPT", "FLUSH")
 					}
-				case 3:
-					faultDo(t, a, "SCRIPT", "FLUSH", "ASYNC")
-				case 4:
-					faultDo(t, a, "FUNCTION", "FLUSH")
-					faultDo(t, a, "SCRIPT", "FLUSH")
+				})
+				faultTraffic(rs, st, "o", skus, 6, 120, 5)
+				close(stop)
+				n := <-rounds
+				t.Logf("%s: %d chaos rounds, %d calls, %d replays, %d sold out, max %v, raw errors %v", kind, n, st.calls.Load(), st.replays.Load(), st.soldOuts.Load(), st.maxDur, st.raw)
+				assert.Empty(t, st.raw, "errors under FUNCTION/SCRIPT FLUSH")
+				assert.Empty(t, st.unknown)
+				faultCheck(t, rs[0], st, loaded)
+				// Retries of every acked id are replays.
+				for id, sku := range st.acked {
+					rc, err := rs[1].Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1, Retry: true})
+					if assert.NoError(t, err, id) {
+						assert.True(t, rc.Replayed, id)
+					}
+				}
+				faultCheck(t, rs[0], st, loaded)
+			})
+			t.Run("mixed-ops", func(t *testing.T) {
+				r := testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))
+				ctx := context.Background()
+				skus := []string{"m1", "m2", "m3", "m4"}
+				for _, sku := range skus {
+					require.NoError(t, r.Load(ctx, sku, 150))
+				}
+				stop := make(chan struct{})
+				rounds := chaos(stop, func(i int) {
+					a := admins[i%len(admins)]
+					if i%3 == 2 {
+						faultDo(t, a, "SCRIPT", "FLUSH")
+					} else {
+						faultDo(t, a, "FUNCTION", "FLUSH", []string{"SYNC", "ASYNC"}[i%2])
+					}
+				})
+				var mu sync.Mutex
+				var bad []string
+				fail := func(format string, args ...any) {
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf(format, args...))
+					mu.Unlock()
+				}
+				ok := func(err error) bool {
+					return err == nil || errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient)
+				}
+				var wg sync.WaitGroup
+				for w := 0; w < 6; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := 0; i < 40; i++ {
+							sku := skus[(w+i)%len(skus)]
+							id := fmt.Sprintf("x-%d-%d", w, i)
+							switch i % 4 {
+							case 0:
+								if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}, time.Minute); err == nil {
+									if _, err := r.Confirm(ctx, sku, id); err != nil {
+										fail("confirm %s: %v", id, err)
+									}
+									if rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1, Retry: true}, time.Minute); err != nil || !rc.Replayed {
+										fail("hold replay %s: %+v %v", id, rc, err)
+									}
+								} else if !ok(err) {
+									fail("hold %s: %v", id, err)
+								}
+							case 1:
+								if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 2}, time.Minute); err == nil {
+									if _, err := r.Cancel(ctx, sku, id); err != nil {
+										fail("cancel %s: %v", id, err)
+									}
+								} else if !ok(err) {
+									fail("hold %s: %v", id, err)
+								}
+							case 2:
+								if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}); err == nil {
+									if _, err := r.Restore(ctx, sku, id); err != nil {
+										fail("restore %s: %v", id, err)
+									}
+									if _, err := r.Restore(ctx, sku, id); err != nil {
+										fail("restore replay %s: %v", id, err)
+									}
+								} else if !ok(err) {
+									fail("deduct %s: %v", id, err)
+								}
+							case 3:
+								other := skus[(w+i+1)%len(skus)]
+								cart := stock.Cart{ID: "cart-" + id, Lines: []stock.Line{{SKU: sku, Qty: 1}, {SKU: other, Qty: 1}}}
+								if _, err := r.DeductMany(ctx, cart); err == nil {
+									if cr, err := r.DeductMany(ctx, cart); err != nil {
+										fail("cart replay %s: %+v %v", id, cr, err)
+									}
+								} else if !ok(err) {
+									fail("cart %s: %v", id, err)
+								}
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				close(stop)
+				n := <-rounds
+				t.Logf("%d chaos rounds", n)
+				assert.Empty(t, bad)
+				for _, sku := range skus {
+					testkit.CheckLedger(t, r, sku, 150)
 				}
 			})
-			faultTraffic(rs, st, "o", skus, 6, 120, 5)
-			close(stop)
-			n := <-rounds
-			t.Logf("%s: %d chaos rounds, %d calls, %d replays, %d sold out, max %v, raw errors %v", kind, n, st.calls.Load(), st.replays.Load(), st.soldOuts.Load(), st.maxDur, st.raw)
-			assert.Empty(t, st.raw, "errors under FUNCTION/SCRIPT FLUSH")
-			assert.Empty(t, st.unknown)
-			faultCheck(t, rs[0], st, loaded)
-			// Retries of every acked id are replays.
-			for id, sku := range st.acked {
-				rc, err := rs[1].Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1, Retry: true})
-				if assert.NoError(t, err, id) {
-					assert.True(t, rc.Replayed, id)
-				}
-			}
-			faultCheck(t, rs[0], st, loaded)
 		})
 	}
 }
@@ -2155,104 +2226,6 @@ func TestSquatterLibrary(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(8), rc.Remaining)
 	t.Logf("libs now %v", faultLibs(t, admin))
-}
-
-// TestMixedOpsFlush: holds, confirms, cancels, restores and carts under a FUNCTION FLUSH /
-// SCRIPT FLUSH loop, on a standalone server and a cluster: every acknowledged operation holds,
-// the invariant and the ledger agree, retries are replays.
-func TestMixedOpsFlush(t *testing.T) {
-	faultReal(t)
-	for _, kind := range []string{"standalone", "cluster"} {
-		t.Run(kind, func(t *testing.T) {
-			client, admins := flushTargets(t, kind)
-			r := testkit.NewReserver(t, client(), stock.WithTimeout(3*time.Second))
-			ctx := context.Background()
-			skus := []string{"m1", "m2", "m3", "m4"}
-			for _, sku := range skus {
-				require.NoError(t, r.Load(ctx, sku, 150))
-			}
-			stop := make(chan struct{})
-			rounds := chaos(stop, func(i int) {
-				a := admins[i%len(admins)]
-				if i%3 == 2 {
-					faultDo(t, a, "SCRIPT", "FLUSH")
-				} else {
-					faultDo(t, a, "FUNCTION", "FLUSH", []string{"SYNC", "ASYNC"}[i%2])
-				}
-			})
-			var mu sync.Mutex
-			var bad []string
-			fail := func(format string, args ...any) {
-				mu.Lock()
-				bad = append(bad, fmt.Sprintf(format, args...))
-				mu.Unlock()
-			}
-			ok := func(err error) bool {
-				return err == nil || errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient)
-			}
-			var wg sync.WaitGroup
-			for w := 0; w < 6; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; i < 40; i++ {
-						sku := skus[(w+i)%len(skus)]
-						id := fmt.Sprintf("x-%d-%d", w, i)
-						switch i % 4 {
-						case 0:
-							if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}, time.Minute); err == nil {
-								if _, err := r.Confirm(ctx, sku, id); err != nil {
-									fail("confirm %s: %v", id, err)
-								}
-								if rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1, Retry: true}, time.Minute); err != nil || !rc.Replayed {
-									fail("hold replay %s: %+v %v", id, rc, err)
-								}
-							} else if !ok(err) {
-								fail("hold %s: %v", id, err)
-							}
-						case 1:
-							if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 2}, time.Minute); err == nil {
-								if _, err := r.Cancel(ctx, sku, id); err != nil {
-									fail("cancel %s: %v", id, err)
-								}
-							} else if !ok(err) {
-								fail("hold %s: %v", id, err)
-							}
-						case 2:
-							if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}); err == nil {
-								if _, err := r.Restore(ctx, sku, id); err != nil {
-									fail("restore %s: %v", id, err)
-								}
-								if _, err := r.Restore(ctx, sku, id); err != nil {
-									fail("restore replay %s: %v", id, err)
-								}
-							} else if !ok(err) {
-								fail("deduct %s: %v", id, err)
-							}
-						case 3:
-							other := skus[(w+i+1)%len(skus)]
-							cart := stock.Cart{ID: "cart-" + id, Lines: []stock.Line{{SKU: sku, Qty: 1}, {SKU: other, Qty: 1}}}
-							if _, err := r.DeductMany(ctx, cart); err == nil {
-								if cr, err := r.DeductMany(ctx, cart); err != nil {
-									fail("cart replay %s: %+v %v", id, cr, err)
-								}
-							} else if !ok(err) {
-								fail("cart %s: %v", id, err)
-							}
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			close(stop)
-			n := <-rounds
-			t.Logf("%d chaos rounds", n)
-			assert.Empty(t, bad)
-			for _, sku := range skus {
-				testkit.CheckLedger(t, r, sku, 150)
-			}
-		})
-	}
 }
 
 // TestGuardLatchedByCancelledRun: on a Redis that does not answer INFO (miniredis, or a

@@ -93,113 +93,117 @@ func consumeRelayed(t *testing.T, r *stock.Reserver, st stock.Store, rl *stockop
 	}
 }
 
-// Promise (Reconciler: "the item hash is gone (eviction, restart, DEL) → rebuilt from the Store
-// minus in-flight, live holds kept"; fast path: never refuses an id the ledger has): the item
-// hash of a sold-out item is lost (a DEL, as an eviction), a Reserver's cache was warm; after the
-// rebuild, the ledger's ids are replays, its live hold is still held and confirmable, and the
-// counters are right. Found, on every backend: the rebuilt item has Loaded = the Store's
-// remaining (1) and Sold = 0 while its surviving ledger has 4 sold entries; after the confirm,
-// Levels {Sold 1, Loaded 1} against a ledger of 5 sold units: Levels and the ledger disagree
-// for good (the invariant "ledger entries agree with Levels" no longer holds; available and held
-// are right, so nothing oversells).
+// Reconciler: "the item hash is gone (eviction, restart, DEL) → rebuilt from the Store minus
+// in-flight, live holds kept". Each case sells and relays some units of its items, loses their
+// item hashes (a DEL, as an eviction) and rebuilds them from the Store in a repairing pass; then
+// checks what the rebuilt item must still be:
+//   - sold out, with a live hold and a warm fast-path cache (fast path: never refuses an id the
+//     ledger has): the ledger's ids are replays, the hold is still held and confirmable, and the
+//     counters are right. Found, on every backend: the rebuilt item had Loaded = the Store's
+//     remaining (1) and Sold = 0 while its surviving ledger had 4 sold entries, so Levels and the
+//     ledger disagreed for good;
+//   - restored (Levels: "Sold: units deducted or confirmed, net of restores"; a restore gives back
+//     exactly what its id took, once). Found, on every backend: Sold went negative (-4);
+//   - closed or delisted (Close: "stops selling an item"; Delist: "closed for good"): it still
+//     refuses new deducts with ErrClosed, and a delisted one cannot be reopened. Found, on every
+//     backend: the rebuilt item was open and sold: the marks lived only in the lost hash.
 func TestRebuildAfterItemHashLost(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
-		store := memstore.New()
-		loadBoth(t, r, store, "lost", 5)
-		sale := stock.Request{SKU: "lost", User: "u", Qty: 1}
-		deductEach(t, r, sale, numbered("o", 4)...)
-		_, err := r.Hold(ctx, stock.Request{SKU: "lost", ID: "h", User: "u", Qty: 1}, time.Hour)
-		require.NoError(t, err)
-		drainOfLifecycle(t, r, store)
-		warmSoldOut(t, r, "lost", b.Real())
-		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
-		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "o0", User: "u", Qty: 1})
-		t.Logf("replay while the item hash is lost: %v", err) // a replay from the ledger: fine
-		reps := rebuildFromStore(t, r, store, "lost")
-		t.Logf("%v", reps["lost"])
-		l := testkit.Levels(t, r, "lost")
-		assert.Equal(t, int64(1), l.Held, "%+v", l)
-		assert.Equal(t, int64(0), l.Available, "%+v", l)
-		for _, id := range numbered("o", 4) {
-			sale.ID = id
-			rc, err := r.Deduct(ctx, sale)
-			require.NoError(t, err)
-			assert.True(t, rc.Replayed)
-		}
-		_, err = r.Confirm(ctx, "lost", "h")
-		require.NoError(t, err)
-		l = testkit.Levels(t, r, "lost")
-		assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 5, Loaded: 5}, l)
-		check(t, r, "lost", 5)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "more", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrSoldOut)
-	})
-}
-
-// Promise (Levels: "Sold: units deducted or confirmed, net of restores"; a restore gives back
-// exactly what its id took, once): after the item hash was lost and rebuilt, restoring the sales
-// the ledger still has. Found, on every backend: Sold goes negative (-4), since the rebuilt hash
-// starts at Sold 0 while the restores subtract the ledger's sales.
-func TestRestoreAfterRebuild(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
-		store := memstore.New()
-		loadBoth(t, r, store, "lost", 5)
-		deductEach(t, r, stock.Request{SKU: "lost", Qty: 1}, numbered("o", 4)...)
-		drainOfLifecycle(t, r, store)
-		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
-		rebuildFromStore(t, r, store, "lost")
-		for _, id := range numbered("o", 4) {
-			rc, err := r.Restore(ctx, "lost", id)
-			require.NoError(t, err)
-			assert.Equal(t, int64(1), rc.Qty)
-		}
-		l := testkit.Levels(t, r, "lost")
-		t.Logf("after the restores: %+v", l)
-		assert.GreaterOrEqual(t, l.Sold, int64(0), "sold below zero: %+v", l)
-		assert.Equal(t, int64(5), l.Available)
-		drainOfLifecycle(t, r, store)
-		rem, err := store.Remaining(ctx, "lost")
-		require.NoError(t, err)
-		assert.Equal(t, int64(5), rem)
-	})
-}
-
-// Promise (Close: "stops selling an item"; Delist: "closed for good"; Reconciler: the lost item
-// hash is "rebuilt from the Store"): after a closed or delisted item's hash is lost and rebuilt,
-// the item still refuses new deducts with ErrClosed, and a delisted one cannot be reopened.
-// Found, on every backend: the rebuilt item is open (Closed false), sells (Deduct succeeds) and
-// a delisted one can be reopened: the closed and delisted marks live only in the lost hash.
-func TestRebuildKeepsClosed(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
-		store := memstore.New()
-		for _, sku := range []string{"cl", "dl"} {
-			loadBoth(t, r, store, sku, 5)
-			deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, "o")
-		}
-		drainOfLifecycle(t, r, store)
-		require.NoError(t, r.CloseItem(ctx, "cl"))
-		require.NoError(t, r.Delist(ctx, "dl"))
-		for _, sku := range []string{"cl", "dl"} {
-			require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{"+sku+"}").Build()).Error())
-		}
-		rebuildFromStore(t, r, store, "cl", "dl")
-		for _, sku := range []string{"cl", "dl"} {
-			l := testkit.Levels(t, r, sku)
-			assert.True(t, l.Closed, "%s rebuilt open: %+v", sku, l)
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "after", Qty: 1})
-			assert.ErrorIs(t, err, stock.ErrClosed, "%s sells after the rebuild", sku)
-		}
-		assert.ErrorIs(t, r.ReopenItem(ctx, "dl"), stock.ErrClosed, "a delisted item is closed for good")
-	})
+	for _, tc := range []struct {
+		name   string
+		skus   []string
+		sold   int  // units sold of each item, ids o0 … before the loss
+		replay bool // o0 is repeated while the item hash is lost
+		// before runs after the sales, after runs once the items are rebuilt.
+		before, after func(t *testing.T, r *stock.Reserver, store *memstore.Store, b redistest.Backend)
+	}{
+		{
+			name: "sold out with a live hold", skus: []string{"lost"}, sold: 4, replay: true,
+			before: func(t *testing.T, r *stock.Reserver, store *memstore.Store, b redistest.Backend) {
+				_, err := r.Hold(context.Background(), stock.Request{SKU: "lost", ID: "h", User: "u", Qty: 1}, time.Hour)
+				require.NoError(t, err)
+				drainOfLifecycle(t, r, store)
+				warmSoldOut(t, r, "lost", b.Real())
+			},
+			after: func(t *testing.T, r *stock.Reserver, store *memstore.Store, b redistest.Backend) {
+				ctx := context.Background()
+				l := testkit.Levels(t, r, "lost")
+				assert.Equal(t, int64(1), l.Held, "%+v", l)
+				assert.Equal(t, int64(0), l.Available, "%+v", l)
+				for _, id := range numbered("o", 4) {
+					rc, err := r.Deduct(ctx, stock.Request{SKU: "lost", ID: id, User: "u", Qty: 1})
+					require.NoError(t, err)
+					assert.True(t, rc.Replayed)
+				}
+				_, err := r.Confirm(ctx, "lost", "h")
+				require.NoError(t, err)
+				assert.Equal(t, stock.Levels{Available: 0, Held: 0, Sold: 5, Loaded: 5}, testkit.Levels(t, r, "lost"))
+				check(t, r, "lost", 5)
+				_, err = r.Deduct(ctx, stock.Request{SKU: "lost", ID: "more", Qty: 1})
+				assert.ErrorIs(t, err, stock.ErrSoldOut)
+			},
+		},
+		{
+			name: "restored", skus: []string{"lost"}, sold: 4,
+			after: func(t *testing.T, r *stock.Reserver, store *memstore.Store, b redistest.Backend) {
+				for _, id := range numbered("o", 4) {
+					rc, err := r.Restore(context.Background(), "lost", id)
+					require.NoError(t, err)
+					assert.Equal(t, int64(1), rc.Qty)
+				}
+				l := testkit.Levels(t, r, "lost")
+				assert.GreaterOrEqual(t, l.Sold, int64(0), "sold below zero: %+v", l)
+				assert.Equal(t, int64(5), l.Available)
+				drainOfLifecycle(t, r, store)
+				rem, err := store.Remaining(context.Background(), "lost")
+				require.NoError(t, err)
+				assert.Equal(t, int64(5), rem)
+			},
+		},
+		{
+			name: "closed and delisted", skus: []string{"cl", "dl"}, sold: 1,
+			before: func(t *testing.T, r *stock.Reserver, store *memstore.Store, b redistest.Backend) {
+				drainOfLifecycle(t, r, store)
+				require.NoError(t, r.CloseItem(context.Background(), "cl"))
+				require.NoError(t, r.Delist(context.Background(), "dl"))
+			},
+			after: func(t *testing.T, r *stock.Reserver, store *memstore.Store, b redistest.Backend) {
+				for _, sku := range []string{"cl", "dl"} {
+					l := testkit.Levels(t, r, sku)
+					assert.True(t, l.Closed, "%s rebuilt open: %+v", sku, l)
+					_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: "after", Qty: 1})
+					assert.ErrorIs(t, err, stock.ErrClosed, "%s sells after the rebuild", sku)
+				}
+				assert.ErrorIs(t, r.ReopenItem(context.Background(), "dl"), stock.ErrClosed, "a delisted item is closed for good")
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				c := b.Client(t)
+				r := testkit.NewReserver(t, c)
+				store := memstore.New()
+				for _, sku := range tc.skus {
+					loadBoth(t, r, store, sku, 5)
+					deductEach(t, r, stock.Request{SKU: sku, User: "u", Qty: 1}, numbered("o", tc.sold)...)
+				}
+				if tc.before != nil {
+					tc.before(t, r, store, b)
+				} else {
+					drainOfLifecycle(t, r, store)
+				}
+				for _, sku := range tc.skus {
+					require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{"+sku+"}").Build()).Error())
+				}
+				if tc.replay {
+					_, err := r.Deduct(ctx, stock.Request{SKU: tc.skus[0], ID: "o0", User: "u", Qty: 1})
+					t.Logf("replay while the item hash is lost: %v", err) // a replay from the ledger: fine
+				}
+				t.Logf("%v", rebuildFromStore(t, r, store, tc.skus...))
+				tc.after(t, r, store, b)
+			})
+		})
+	}
 }
 
 // repairQueue is queue (below), under the name other files' queue-path tests use.
@@ -457,79 +461,79 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 	})
 }
 
-// Promise under test: a ledger entry deleted while its
-// event is pending or published: never dropped, dead-lettered, and reconcile
-// does not give its units back.
+// A ledger entry lost (its key deleted, as an eviction) while its event is pending or published:
+// the event cannot be built from Redis any more, yet it records an acknowledged sale stored
+// nowhere else. A relay delivering to a Store ("direct") or publishing ("queue") must not drop it:
+// it goes to the dead-letter set and the item is left for an operator; no reconcile pass may give
+// its units back. When the events were published before the loss ("published"), a consumer that
+// gets them late never makes Redis offer more than the store has.
 func TestOrphanedEventsNotGivenBack(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		for _, queue := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/queue=%v", b.Name, queue), func(t *testing.T) {
+	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+		for _, path := range []string{"direct", "queue", "published"} {
+			t.Run(path, func(t *testing.T) {
 				ctx := context.Background()
-				c := b.Client(t)
-				r := testkit.NewReserver(t, c, stock.WithCoalescing(0))
-				st := memstore.New()
-				const sku = "or"
-				loadBoth(t, r, st, sku, 3)
-				deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("o", 3)...)
+				prefix := "orph-" + path
+				r := testkit.NewReserver(t, c, stock.WithPrefix(prefix), stock.WithCoalescing(0))
+				store := memstore.New()
+				loadBoth(t, r, store, "A", 10)
+				deductEach(t, r, stock.Request{SKU: "A", Qty: 2}, numbered("o", 3)...)
 				var msgs []stock.Event
-				if queue {
+				if path == "published" {
 					_, _, msgs = publishToQueue(t, r)
 				}
-				// lose the ledger
-				require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{"+sku+"}:l").Build()).Error())
-				if !queue {
-					rl, _ := stockops.NewRelay(r, st, nil, nil)
-					stats, err := rl.Once(ctx)
-					t.Logf("relay: %+v %v", stats, err)
-					if stats.Orphaned != 3 || stats.DeadLettered != 3 {
-						t.Errorf("orphans not dead-lettered: %+v", stats)
+				require.NoError(t, c.Do(ctx, c.B().Del().Key(prefix+":{A}:l").Build()).Error())
+				passes := func(what string) {
+					t.Helper()
+					rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
+					require.NoError(t, err)
+					reps, err := rec.Once(ctx)
+					t.Logf("%s pass: %v", what, err)
+					for _, rp := range reps {
+						assert.LessOrEqual(t, rp.Adjusted, int64(0), "%s pass gave back units of acknowledged sales: %s", what, rp)
+						if path != "published" {
+							assert.NoError(t, err)
+							assert.Zero(t, rp.Adjusted, "%s", rp)
+							assert.NotEmpty(t, rp.NeedsHuman)
+						}
 					}
+				}
+				if path == "published" { // a second consumer gets o2 first: earlier events lost their ledger
+					t.Logf("Consume o2 (earlier entries gone): %v", stock.Consume(ctx, r, store, msgs[2]))
 				} else {
-					// consumer down; a second consumer gets o2 first: earlier events lost their ledger
-					err := stock.Consume(ctx, r, st, msgs[2])
-					t.Logf("Consume o2 (earlier entries gone): %v", err)
-				}
-				rc, _ := stockops.NewReconciler(r, st, nil)
-				for i := 0; i < 2; i++ {
-					res, err := rc.Pass(ctx)
-					t.Logf("pass: %v", err)
-					for _, rp := range res.Reports {
-						t.Logf("report: %s", rp)
-						if rp.Adjusted > 0 {
-							t.Errorf("reconcile gave back units of orphaned sales: %s", rp)
-						}
+					var pub stock.Publisher
+					var st stock.Store = store
+					if path == "queue" {
+						pub, st = &queue{}, nil
 					}
+					rl, err := stockops.NewRelay(r, st, pub, nil)
+					require.NoError(t, err)
+					stats, err := rl.Once(ctx)
+					require.NoError(t, err)
+					assert.Equal(t, 3, stats.Orphaned, "%+v", stats)
+					assert.Equal(t, 3, stats.DeadLettered, "%+v", stats)
+					assert.Zero(t, stats.Delivered+testkit.Drain(t, rl).Claimed)
+					pending, dead, err := stockops.Pending(ctx, r, "A")
+					require.NoError(t, err)
+					assert.Zero(t, pending)
+					assert.EqualValues(t, 3, dead, "the events wait for an operator")
 				}
-				lv, _ := r.Levels(ctx, sku)
-				if lv.Available != 0 {
-					t.Errorf("available = %d after orphaned sales, want 0", lv.Available)
-				}
-				pending, dead, err := stockops.Pending(ctx, r, sku)
-				t.Logf("pending %d dead %d err %v", pending, dead, err)
-				if queue {
+				passes("first")
+				passes("second")
+				assert.Equal(t, int64(4), testkit.Levels(t, r, "A").Available, "no units of the orphaned sales given back")
+				_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "more", Qty: 5})
+				assert.ErrorIs(t, err, stock.ErrInsufficient)
+				if path == "published" {
 					for _, ev := range msgs {
-						err := stock.Consume(ctx, r, st, ev)
-						t.Logf("late consume %s: %v", ev.ID, err)
+						t.Logf("late consume %s: %v", ev.ID, stock.Consume(ctx, r, store, ev))
 					}
-					rem, _ := st.Remaining(ctx, sku)
-					lv, _ := r.Levels(ctx, sku)
-					if lv.Available > rem {
-						t.Errorf("Redis would sell %d, store has %d", lv.Available, rem)
-					}
-					res, err := rc.Pass(ctx)
-					t.Logf("final pass %v", err)
-					for _, rp := range res.Reports {
-						t.Logf("final report: %s", rp)
-						if rp.Adjusted > 0 {
-							t.Errorf("final pass gave back units: %s", rp)
-						}
-					}
-				} else if pending+dead != 3 {
-					t.Errorf("events dropped: pending %d dead %d", pending, dead)
+					rem, _ := store.Remaining(ctx, "A")
+					lv := testkit.Levels(t, r, "A")
+					assert.LessOrEqual(t, lv.Available, rem, "Redis would sell more than the store has")
+					passes("final")
 				}
 			})
 		}
-	}
+	})
 }
 
 // dieAfterCommit applies the event, then answers an error: a consumer killed
@@ -1287,7 +1291,6 @@ func (c *die) died() bool {
 func TestHalfTransferRecovered(t *testing.T) {
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		ctx := context.Background()
-		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
 		halves := 0
 		for v := range 24 {
 			sku := fmt.Sprintf("half-%d", v)
@@ -1321,7 +1324,7 @@ func TestHalfTransferRecovered(t *testing.T) {
 				require.NoError(t, xerr) // the buyer was in the restore's bucket: no transfer
 			} else {
 				inFlight := 0
-				for _, k := range keysOf(t, e7, sku) {
+				for _, k := range keysOf(t, e, sku) {
 					if strings.HasSuffix(k, ":xf") {
 						m, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
 						require.NoError(t, err)
@@ -1575,53 +1578,6 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 		assert.Positive(t, sold.Load())
 		assert.Equal(t, 1, store.MaxApplications())
 		t.Logf("%d reconcile passes while consuming, %d sales", passes, sold.Load())
-	})
-}
-
-// TestRelayDeadLettersOrphans: the ledger key is lost (evicted) while events are pending. The
-// relay cannot build those events; it must not drop them (the sales they record are stored
-// nowhere else), and the reconciler must not give their units back: they go to the dead-letter
-// set and the item is left for an operator.
-func TestRelayDeadLettersOrphans(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		for _, path := range []string{"direct", "queue"} {
-			t.Run(path, func(t *testing.T) {
-				ctx := context.Background()
-				prefix := "orph-" + path
-				r := testkit.NewReserver(t, c, stock.WithPrefix(prefix))
-				store := memstore.New()
-				loadBoth(t, r, store, "A", 10)
-				deductEach(t, r, stock.Request{SKU: "A", Qty: 2}, numbered("o", 3)...)
-				require.NoError(t, c.Do(ctx, c.B().Del().Key(prefix+":{A}:l").Build()).Error())
-
-				q := &queue{}
-				var rl *stockops.Relay
-				var err error
-				if path == "direct" {
-					rl, err = stockops.NewRelay(r, store, nil, nil)
-				} else {
-					rl, err = stockops.NewRelay(r, nil, q, nil)
-				}
-				require.NoError(t, err)
-				st := testkit.Drain(t, rl)
-				assert.Equal(t, 3, st.DeadLettered, "%+v", st)
-				assert.Zero(t, st.Delivered)
-				pending, dead, err := stockops.Pending(ctx, r, "A")
-				require.NoError(t, err)
-				assert.Zero(t, pending)
-				assert.EqualValues(t, 3, dead, "the events wait for an operator")
-
-				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
-				require.NoError(t, err)
-				reps, err := rec.Once(ctx)
-				require.NoError(t, err)
-				assert.Zero(t, reps[0].Adjusted, "the units of acknowledged sales are not given back: %s", reps[0])
-				assert.NotEmpty(t, reps[0].NeedsHuman)
-				assert.Equal(t, int64(4), testkit.Levels(t, r, "A").Available)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "more", Qty: 5})
-				assert.ErrorIs(t, err, stock.ErrInsufficient)
-			})
-		}
 	})
 }
 

@@ -1324,58 +1324,30 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 	st.checkOrder(t)
 }
 
-// relayEnv is a Reserver on one backend, with a way to let time pass for that backend's Redis
-// (miniredis: its clock stands still until Advance; a real server: sleep).
-type relayEnv struct {
-	name    string
-	real    bool
-	r       *stock.Reserver
-	c       rueidis.Client
-	advance func(d time.Duration)
-	// another makes a second Reserver on the same data (another process).
-	another func(opts ...stock.Option) *stock.Reserver
-}
+// relayEnv is requestEnv (a Reserver on one backend, with a way to let time pass for that
+// backend's Redis) under the name of the relay's tests.
+type relayEnv = requestEnv
 
-// relayEach runs f on a stocktest miniredis and, with STOCK_REDIS_SERVER set, on a private
+// relayEach runs f on a stocktest miniredis (mini) and, with STOCK_REDIS_SERVER set, on a private
 // redis-server.
 func relayEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *relayEnv)) {
 	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		t.Parallel() // its own miniredis, beside the private server
-		env := stocktest.New(t, opts...)
-		f(t, &relayEnv{
-			name: "miniredis", r: env.Reserver, c: env.Client, advance: env.Advance,
-			another: func(o ...stock.Option) *stock.Reserver {
-				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
-				require.NoError(t, err)
-				return r
-			},
-		})
-	})
+	mini(t, opts, f)
 	if redistest.ServerBinary(t) == "" {
 		return
 	}
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
-		srv := redistest.StartServer(t)
-		c := srv.Client(t)
+		c := redistest.StartServer(t).Client(t)
 		// A new deployment: record the primaries before any item is loaded, so that the failover
 		// guard of a Run (which fences a Redis with items and no recorded epoch, as for a guard
 		// added to a live deployment) does not refuse the tests' deducts.
-		r0, err := stock.New(c)
-		require.NoError(t, err)
-		fenced, err := stockops.NewFailoverGuard(r0).Check(context.Background())
+		fenced, err := stockops.NewFailoverGuard(testkit.NewReserver(t, c)).Check(context.Background())
 		require.NoError(t, err)
 		require.False(t, fenced)
-		r, err := stock.New(c, opts...)
-		require.NoError(t, err)
 		f(t, &relayEnv{
-			name: "redis", real: true, r: r, c: c, advance: time.Sleep,
-			another: func(o ...stock.Option) *stock.Reserver {
-				r, err := stock.New(c, o...)
-				require.NoError(t, err)
-				return r
-			},
+			name: "redis", real: true, r: testkit.NewReserver(t, c, opts...), c: c, advance: time.Sleep,
+			another: func(o ...stock.Option) *stock.Reserver { return testkit.NewReserver(t, c, o...) },
 		})
 	})
 }

@@ -183,36 +183,50 @@ func TestRunOddOptionsNoPanic(t *testing.T) {
 	}
 }
 
-// "Run may be called once per Reserver at a time": a second concurrent Run on the same Reserver.
-// Nothing promises what it answers; whatever it does, the Reserver's data stay right.
+// "Run may be called once per Reserver at a time": two, or six, concurrent Runs on the same
+// Reserver. One runs; every other is refused at once with ErrRunning, whichever came first; the
+// one that ran returns ctx's error, the Reserver's data stay right, and once it has returned Run
+// may be called again.
 func TestSecondRunSameReserver(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadRedisAndStore(t, r, st, 100, "two")
-		cancel1, done1 := runAsync(r, stock.RunOptions{Store: st})
-		cancel2, done2 := runAsync(r, stock.RunOptions{Store: st})
-		// One of the two runs; the other is refused at once (ErrRunning), whichever came second.
-		var refused error
-		select {
-		case refused = <-done1:
-			done1 = done2
-		case refused = <-done2:
-		case <-time.After(10 * time.Second):
-			t.Fatal("neither Run was refused")
+		for _, n := range []int{2, 6} {
+			t.Run(fmt.Sprint(n, "-runs"), func(t *testing.T) {
+				ctx := context.Background()
+				r := testkit.NewReserver(t, c)
+				st := memstore.New()
+				sku := fmt.Sprint("two-", n)
+				loadRedisAndStore(t, r, st, 100, sku)
+				runCtx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				errs := make(chan error, n)
+				for range n {
+					go func() { errs <- r.Run(runCtx, stock.RunOptions{Store: st}) }()
+				}
+				next := func(what string) error {
+					select {
+					case err := <-errs:
+						return err
+					case <-time.After(10 * time.Second):
+						t.Fatalf("%s did not return within 10s", what)
+						return nil
+					}
+				}
+				for range n - 1 {
+					assert.ErrorIs(t, next("a concurrent Run"), stock.ErrRunning)
+				}
+				for i := range 50 {
+					_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("d", i), Qty: 1})
+				}
+				cancel()
+				assert.ErrorIs(t, next("the Run that ran"), context.Canceled)
+				storeAgrees(t, r, st, sku)
+				assert.LessOrEqual(t, st.MaxApplications(), 1)
+				// Run again once it returned.
+				ctx2, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel2()
+				assert.ErrorIs(t, r.Run(ctx2, stock.RunOptions{Store: st, Drain: -1}), context.DeadlineExceeded, "Run after the first returned")
+			})
 		}
-		assert.ErrorIs(t, refused, stock.ErrRunning)
-		for i := range 50 {
-			_, _ = r.Deduct(ctx, stock.Request{SKU: "two", ID: fmt.Sprint("d", i), Qty: 1})
-		}
-		cancel1()
-		cancel2()
-		err1, ok := waitRun(t, done1, 10*time.Second)
-		require.True(t, ok)
-		assert.ErrorIs(t, err1, context.Canceled)
-		storeAgrees(t, r, st, "two")
-		assert.LessOrEqual(t, st.MaxApplications(), 1)
 	})
 }
 
@@ -542,47 +556,4 @@ func TestRunConcurrent(t *testing.T) {
 			splitCheck(t, e, store, sku, solds[i])
 		}
 	})
-}
-
-func TestRunTwiceConcurrentlyOneRuns(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	const n = 6
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs <- e.r.Run(ctx, stock.RunOptions{Store: e.store, Drain: -1})
-		}()
-	}
-	time.Sleep(300 * time.Millisecond)
-	running := 0
-	for len(errs) > 0 {
-		if err := <-errs; !errors.Is(err, stock.ErrRunning) {
-			t.Errorf("a concurrent Run returned %v, want ErrRunning", err)
-		}
-	}
-	cancel()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if errors.Is(err, context.Canceled) {
-			running++
-		} else {
-			t.Errorf("the running Run returned %v", err)
-		}
-	}
-	if running != 1 {
-		t.Errorf("%d Runs ran, want 1", running)
-	}
-	// Run again once it returned.
-	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel2()
-	if err := e.r.Run(ctx2, stock.RunOptions{Store: e.store, Drain: -1}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Run after the first returned: %v", err)
-	}
 }
