@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -40,9 +39,7 @@ type proxy struct {
 
 func startProxy(t *testing.T, target string) *proxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p := &proxy{ln: ln, target: target}
 	t.Cleanup(func() {
 		ln.Close()
@@ -81,7 +78,6 @@ func (p *proxy) serve(c net.Conn) {
 		for {
 			n, err := src.Read(buf)
 			if n > 0 {
-
 				for p.holed.Load() {
 					time.Sleep(5 * time.Millisecond) // swallow: never answer
 				}
@@ -90,9 +86,6 @@ func (p *proxy) serve(c net.Conn) {
 				}
 			}
 			if err != nil {
-				if err != io.EOF {
-					_ = err
-				}
 				dst.Close()
 				return
 			}
@@ -111,9 +104,7 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	mr, _ := redistest.Miniredis(t)
 	p := startProxy(t, mr.Addr())
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.ln.Addr().String()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	const bound = 300 * time.Millisecond
 	r := testkit.NewReserver(t, c, stock.WithTimeout(bound))
@@ -388,9 +379,7 @@ func TestStoppedServerBoundedThenRetryResolves(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err != nil {
-		t.Fatalf("retry after restart: %v", err)
-	}
+	require.NoError(t, err, "retry after restart")
 	lv, err := r.Levels(ctx, "st")
 	require.NoError(t, err)
 	if lv.Available != 2 || lv.Sold != 1 {
@@ -472,9 +461,7 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		t.Errorf("reconcile -apply after Redis lost 2 acknowledged undelivered sales exits 0: a cron alert never fires (ErrRegistryLost's doc: a human must look)")
 	}
 	lv, err := r.Levels(ctx, "cli")
-	if err != nil {
-		t.Fatalf("not rebuilt: %v", err)
-	}
+	require.NoError(t, err, "not rebuilt")
 	if lv.Available != 7 {
 		t.Errorf("rebuilt available %d, want 7 (the store's remaining)", lv.Available)
 	}
@@ -959,9 +946,7 @@ func deploy(t *testing.T, cfg redistest.SentinelConfig) *redistest.Sentinel {
 func reserver(t *testing.T, c rueidis.Client, opts ...stock.Option) *stock.Reserver {
 	t.Helper()
 	r, err := stock.New(c, opts...)
-	if err != nil {
-		t.Fatalf("stock.New: %v", err)
-	}
+	require.NoError(t, err, "stock.New")
 	return r
 }
 
@@ -1012,9 +997,7 @@ func failOver(t *testing.T, d *redistest.Sentinel, what string) {
 // (or an unknown outcome) is retried until the item is there.
 func faultLoad(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.Store, sku string, qty int64) {
 	t.Helper()
-	if err := st.Load(ctx, sku, qty); err != nil {
-		t.Fatalf("store load %s: %v", sku, err)
-	}
+	require.NoError(t, st.Load(ctx, sku, qty), "store load %s", sku)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		err := r.Load(ctx, sku, qty)
@@ -1127,9 +1110,7 @@ func audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.St
 func faultDrain(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, skus ...string) {
 	t.Helper()
 	rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: 2 * time.Second})
-	if err != nil {
-		t.Fatalf("relay: %v", err)
-	}
+	require.NoError(t, err, "relay")
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		_, rerr := rl.Once(ctx)
@@ -1415,9 +1396,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 		if round == 2 {
 			break
 		}
-		if err := d.WaitReady(20 * time.Second); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		require.NoError(t, d.WaitReady(20*time.Second), "round %d", round)
 	}
 	stop()
 	stopRun()

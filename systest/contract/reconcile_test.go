@@ -343,18 +343,14 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 					kept = append(kept, ev)
 					continue
 				}
-				if err != nil {
-					t.Fatalf("Consume: %v", err)
-				}
+				require.NoError(t, err, "Consume")
 				if rng.IntN(4) == 0 {
 					kept = append(kept, ev) // duplicate redelivery later
 				}
 			}
 			backlog = kept
 			res, err := rc.Pass(ctx)
-			if err != nil {
-				t.Fatalf("step %d Pass: %v", step, err)
-			}
+			require.NoError(t, err, "step %d Pass", step)
 			for _, rp := range res.Reports {
 				if rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 || rp.Requeued != 0 || rp.Rebuilt {
 					t.Fatalf("step %d: pass repaired with events in flight: %s", step, rp)
@@ -407,9 +403,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 		res, err := rc.Pass(ctx)
 		t.Logf("second pass: %v %+v", err, res)
 		lv, err := r.Levels(ctx, "fl")
-		if err != nil {
-			t.Fatalf("item not rebuilt: %v", err)
-		}
+		require.NoError(t, err, "item not rebuilt")
 		// store remaining 3 (one applied); two sales were lost with Redis.
 		t.Logf("levels after rebuild: %+v", lv)
 		// late consumer delivers the rest: held back, applied, or invalid — never panics, and
@@ -651,13 +645,9 @@ func TestReconcilerDuringConsume(t *testing.T) {
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
 	q := &relayQueue{}
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	rec, err := stockops.NewReconciler(e.Reserver, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var adjusted, passes atomic.Int64
@@ -760,9 +750,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 			lose: func(t *testing.T, ctx context.Context, e *stocktest.Env, st *orderStore) {
 				e.Advance(time.Second)
 				short, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				if _, err := short.Once(ctx); err != nil {
 					t.Fatalf("pass with the short retention: %v", err)
 				}
@@ -794,9 +782,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 			}
 			tc.lose(t, ctx, e, st)
 			rec, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			rerecorded := 0
 			for i := 0; i < 3; i++ {
 				reps, err := rec.Once(ctx)
@@ -1647,18 +1633,14 @@ func outsideMini(t *testing.T, opts ...stock.Option) *outsideEnv {
 	t.Helper()
 	m := miniredis.RunT(t)
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	e := &outsideEnv{t: t, name: "miniredis", c: c, m: m, store: memstore.New(), ctx: context.Background()}
 	e.now = time.Now().Truncate(time.Millisecond)
 	m.SetTime(e.now)
 	opts = append([]stock.Option{stock.WithClock(e.clock)}, opts...)
 	r, err := stock.New(c, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close(context.Background()) })
 	e.r = r
 	return e
@@ -1675,9 +1657,7 @@ func outsideEach(t *testing.T, f func(t *testing.T, e *outsideEnv), opts ...stoc
 			c := b.Client(t)
 			e := &outsideEnv{t: t, name: b.Name, c: c, store: memstore.New(), ctx: context.Background()}
 			r, err := stock.New(c, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			t.Cleanup(func() { _ = r.Close(context.Background()) })
 			e.r = r
 			f(t, e)
@@ -1687,34 +1667,24 @@ func outsideEach(t *testing.T, f func(t *testing.T, e *outsideEnv), opts ...stoc
 
 func (e *outsideEnv) load(sku string, qty int64) {
 	e.t.Helper()
-	if err := e.r.Load(e.ctx, sku, qty); err != nil {
-		e.t.Fatalf("Load %s: %v", sku, err)
-	}
-	if err := e.store.Load(e.ctx, sku, qty); err != nil {
-		e.t.Fatalf("store Load %s: %v", sku, err)
-	}
+	require.NoError(e.t, e.r.Load(e.ctx, sku, qty), "Load %s", sku)
+	require.NoError(e.t, e.store.Load(e.ctx, sku, qty), "store Load %s", sku)
 }
 
 // relay delivers every due event to the store.
 func (e *outsideEnv) relay() stockops.RelayStats {
 	e.t.Helper()
 	rl, err := stockops.NewRelay(e.r, e.store, nil, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	st, err := rl.Once(e.ctx)
-	if err != nil {
-		e.t.Fatalf("relay: %v", err)
-	}
+	require.NoError(e.t, err, "relay")
 	return st
 }
 
 func (e *outsideEnv) pass(opts *stock.ReconcileOptions) stockops.PassResult {
 	e.t.Helper()
 	rec, err := stockops.NewReconciler(e.r, e.store, opts)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	res, err := rec.Pass(e.ctx)
 	if err != nil {
 		e.t.Logf("pass error: %v", err)
@@ -1729,9 +1699,7 @@ func (e *outsideEnv) pass(opts *stock.ReconcileOptions) stockops.PassResult {
 func (e *outsideEnv) levels(sku string) stock.Levels {
 	e.t.Helper()
 	lv, err := e.r.Levels(e.ctx, sku)
-	if err != nil {
-		e.t.Fatalf("Levels %s: %v", sku, err)
-	}
+	require.NoError(e.t, err, "Levels %s", sku)
 	if lv.Available < 0 || lv.Held < 0 || lv.Sold < 0 || lv.Loaded < 0 {
 		e.t.Errorf("%s: a counter below zero: %+v", sku, lv)
 	}
@@ -1749,9 +1717,7 @@ func (e *outsideEnv) want(sku string, loaded, sold, held int64) {
 		e.t.Errorf("%s: levels %+v, want Loaded %d Sold %d Held %d", sku, lv, loaded, sold, held)
 	}
 	rem, err := e.store.Remaining(e.ctx, sku)
-	if err != nil {
-		e.t.Fatalf("store Remaining %s: %v", sku, err)
-	}
+	require.NoError(e.t, err, "store Remaining %s", sku)
 	if rem != lv.Available+lv.Held {
 		e.t.Errorf("%s: store remaining %d, Redis available+held %d (%+v)", sku, rem, lv.Available+lv.Held, lv)
 	}
@@ -1774,9 +1740,7 @@ func (e *outsideEnv) scan(pattern string, f func(k string)) {
 	var cur uint64
 	for {
 		se, err := e.c.Do(e.ctx, e.c.B().Scan().Cursor(cur).Match(pattern).Count(1000).Build()).AsScanEntry()
-		if err != nil {
-			e.t.Fatalf("scan: %v", err)
-		}
+		require.NoError(e.t, err, "scan")
 		for _, k := range se.Elements {
 			f(k)
 		}
@@ -1794,9 +1758,7 @@ func (e *outsideEnv) snapshot(pattern string) map[string]outsideKey {
 	out := map[string]outsideKey{}
 	e.scan(pattern, func(k string) {
 		typ, err := c.Do(ctx, c.B().Type().Key(k).Build()).ToString()
-		if err != nil {
-			e.t.Fatal(err)
-		}
+		require.NoError(e.t, err)
 		v := outsideKey{typ: typ, found: true}
 		switch typ {
 		case "string":
@@ -1812,9 +1774,7 @@ func (e *outsideEnv) snapshot(pattern string) map[string]outsideKey {
 		default:
 			e.t.Fatalf("key %s of type %s", k, typ)
 		}
-		if err != nil {
-			e.t.Fatalf("read %s: %v", k, err)
-		}
+		require.NoError(e.t, err, "read %s", k)
 		v.pttl, _ = c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
 		out[k] = v
 	})
@@ -1850,13 +1810,9 @@ func (e *outsideEnv) rollback(pattern string, snap map[string]outsideKey) {
 		case "set":
 			err = c.Do(ctx, c.B().Sadd().Key(k).Member(v.set...).Build()).Error()
 		}
-		if err != nil {
-			e.t.Fatalf("write %s: %v", k, err)
-		}
+		require.NoError(e.t, err, "write %s", k)
 		if v.pttl > 0 {
-			if err := c.Do(ctx, c.B().Pexpire().Key(k).Milliseconds(v.pttl).Build()).Error(); err != nil {
-				e.t.Fatal(err)
-			}
+			require.NoError(e.t, c.Do(ctx, c.B().Pexpire().Key(k).Milliseconds(v.pttl).Build()).Error())
 		}
 	}
 }
@@ -1876,17 +1832,13 @@ func (e *outsideEnv) mustRestock(sku, id string, qty int64) {
 
 func (e *outsideEnv) must(_ stock.Receipt, err error) {
 	e.t.Helper()
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 }
 
 func (e *outsideEnv) deduct(sku, id string, qty int64) stock.Receipt {
 	e.t.Helper()
 	rc, err := e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: id, User: "u-" + id, Qty: qty})
-	if err != nil {
-		e.t.Fatalf("Deduct %s %s: %v", sku, id, err)
-	}
+	require.NoError(e.t, err, "Deduct %s %s", sku, id)
 	return rc
 }
 
@@ -1946,16 +1898,12 @@ func (e *outsideEnv) hold(sku, id string, qty int64, ttl time.Duration) {
 
 func (e *outsideEnv) mustCart(_ stock.CartReceipt, err error) {
 	e.t.Helper()
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 }
 
 func (e *outsideEnv) do(cmd rueidis.Completed) {
 	e.t.Helper()
-	if err := e.c.Do(e.ctx, cmd).Error(); err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, e.c.Do(e.ctx, cmd).Error())
 }
 
 var outsideCart = stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
@@ -1975,17 +1923,13 @@ func (e *outsideEnv) run(steps string) {
 		num := func(i int) int64 {
 			e.t.Helper()
 			n, err := strconv.ParseInt(f[i], 10, 64)
-			if err != nil {
-				e.t.Fatalf("step %q: %v", step, err)
-			}
+			require.NoError(e.t, err, "step %q", step)
 			return n
 		}
 		dur := func(i int) time.Duration {
 			e.t.Helper()
 			d, err := time.ParseDuration(f[i])
-			if err != nil {
-				e.t.Fatalf("step %q: %v", step, err)
-			}
+			require.NoError(e.t, err, "step %q", step)
 			return d
 		}
 		switch verb := strings.Join(f[:min(len(f), 2)], " "); {
@@ -2322,9 +2266,7 @@ func (e *outsideEnv) trimmed(sku, id string) bool {
 	if errors.Is(err, stock.ErrUnknownID) {
 		return true
 	}
-	if err != nil {
-		e.t.Fatalf("Ledger %s %s: %v", sku, id, err)
-	}
+	require.NoError(e.t, err, "Ledger %s %s", sku, id)
 	return false
 }
 

@@ -342,14 +342,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		loadBoth(t, r, st, "q:1", 20)
-		var mu sync.Mutex
-		var got []stock.Event
-		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-			mu.Lock()
-			got = append(got, ev)
-			mu.Unlock()
-			return nil
-		})
+		pub := &queue{}
 		cancel, done := runAsync(r, stock.RunOptions{Publisher: pub})
 		deductEach(t, r, stock.Request{SKU: "q:1", Qty: 2}, numbered("d", 6)...)
 		_, err := r.Restore(ctx, "q:1", "d0")
@@ -359,9 +352,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		require.True(t, ok)
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "q:1"))
-		mu.Lock()
-		evs := append([]stock.Event(nil), got...)
-		mu.Unlock()
+		evs := pub.take()
 		require.Len(t, evs, 7)
 		// Deliver in reverse: Consume keeps the item's order.
 		for i := len(evs) - 1; i >= 0; i-- {
@@ -594,12 +585,8 @@ func traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memsto
 	a := &acks{deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, restock: map[string]map[string]int64{}, initial: map[string]int64{}}
 	for _, sku := range skus {
 		qty := int64(20 + rng.IntN(30))
-		if err := r.Load(ctx, sku, qty); err != nil {
-			t.Fatalf("Load %q: %v", sku, err)
-		}
-		if err := store.Load(ctx, sku, qty); err != nil {
-			t.Fatalf("store.Load %q: %v", sku, err)
-		}
+		require.NoError(t, r.Load(ctx, sku, qty), "Load %q", sku)
+		require.NoError(t, store.Load(ctx, sku, qty), "store.Load %q", sku)
 		a.initial[sku] = qty
 		a.deducted[sku] = map[string]int64{}
 		a.restored[sku] = map[string]bool{}
@@ -651,9 +638,7 @@ func drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Rel
 		left := int64(0)
 		for _, sku := range skus {
 			p, _, err := stockops.Pending(ctx, e.Reserver, sku)
-			if err != nil {
-				t.Fatalf("Pending %q: %v", sku, err)
-			}
+			require.NoError(t, err, "Pending %q", sku)
 			left += p
 		}
 		if left == 0 {
@@ -696,18 +681,12 @@ func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st st
 func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore, a *acks) {
 	t.Helper()
 	rec, err := stockops.NewReconciler(r, st.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for sku := range a.initial {
 		lv, err := r.Levels(ctx, sku)
-		if err != nil {
-			t.Fatalf("Levels %q: %v", sku, err)
-		}
+		require.NoError(t, err, "Levels %q", sku)
 		rem, err := st.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatalf("Remaining %q: %v", sku, err)
-		}
+		require.NoError(t, err, "Remaining %q", sku)
 		if rem != lv.Available+lv.Held {
 			t.Errorf("item %q: store remaining %d, Redis available %d held %d", sku, rem, lv.Available, lv.Held)
 		}
@@ -729,9 +708,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 			ids = append(ids, id)
 		}
 		recs, err := st.Records(ctx, sku, ids)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, id := range ids {
 			want := stock.StateApplied
 			if a.restored[sku][id] {
@@ -742,9 +719,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 			}
 		}
 		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatalf("reconcile %q: %v", sku, err)
-		}
+		require.NoError(t, err, "reconcile %q", sku)
 		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 {
 			t.Errorf("item %q after the drain: %s", sku, rp)
 		}
@@ -759,9 +734,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 func queueRelay(t *testing.T, e *stocktest.Env, q *relayQueue, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
 	rl, err := stockops.NewRelay(e.Reserver, nil, q, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return rl
 }
 
@@ -1004,9 +977,7 @@ func TestStaleRedelivery(t *testing.T) {
 	msgs := c.q.take()
 	sort.Slice(msgs, func(i, j int) bool { return msgs[i].Seq < msgs[j].Seq })
 	// Apply only the last: Consume must apply all earlier ones first, from Redis.
-	if err := stock.Consume(ctx, r, st, msgs[len(msgs)-1]); err != nil {
-		t.Fatalf("Consume of the last event: %v", err)
-	}
+	require.NoError(t, stock.Consume(ctx, r, st, msgs[len(msgs)-1]), "Consume of the last event")
 	verify(t, ctx, r, st, c.acks)
 	rem, _ := st.Remaining(ctx, "old")
 	for i := len(msgs) - 1; i >= 0; i-- {
@@ -1224,9 +1195,7 @@ func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st
 	var ids []string
 	entries := map[string]stock.Entry{}
 	for e, err := range stockops.Entries(ctx, r, sku) {
-		if err != nil {
-			t.Fatalf("Entries %q: %v", sku, err)
-		}
+		require.NoError(t, err, "Entries %q", sku)
 		if e.Kind != stock.KindDeduct {
 			continue
 		}
@@ -1234,9 +1203,7 @@ func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st
 		ids = append(ids, e.ID)
 	}
 	recs, err := st.Records(ctx, sku, ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for id, e := range entries {
 		got := recs[id].Status
 		want := e.State
@@ -1264,9 +1231,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 	ctx, e, st, rng := setup(t, 11)
 	skus := []string{"r:1", "r:2", "r~3"}
 	for _, sku := range skus {
-		if err := e.Reserver.Load(ctx, sku, 80); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, e.Reserver.Load(ctx, sku, 80))
 		if err := st.Load(ctx, sku, 40); err != nil { // the database has half
 			t.Fatal(err)
 		}
@@ -1299,13 +1264,9 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 	refusedAll := 0
 	for _, sku := range skus {
 		lv, err := e.Reserver.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rem, err := st.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if lv.Available != rem+40 {
 			// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
 			t.Errorf("item %q: Redis available %d, store remaining %d: Redis should have exactly 40 more", sku, lv.Available, rem)
@@ -1658,6 +1619,32 @@ func finishInto(t *testing.T, e *relayEnv, st stock.Store, loaded map[string]int
 	finish(t, e, e.r, stock.RunOptions{Store: st, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 }
 
+// stuckStore is a requestStore on mem whose calls block, ignoring their context, until the gate
+// it returns is released (at the latest when t ends).
+func stuckStore(t *testing.T, mem *memstore.Store) (*requestStore, *gate) {
+	g := newGate()
+	t.Cleanup(g.release)
+	return &requestStore{base: mem, gate: g, stuck: func(context.Context, stock.Event) bool { return true }}, g
+}
+
+// stillRunning fails t unless Run's error is more than ctx's: it says a call is still running.
+func stillRunning(t *testing.T, res result) {
+	t.Helper()
+	require.Error(t, res.err)
+	assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
+}
+
+// releaseThenFinish releases the blocked store calls (their events are repeats by then, or are
+// applied now), lets them return, has a second Run deliver the rest (finishInto) and checks the
+// store against the sale.
+func releaseThenFinish(t *testing.T, e *relayEnv, g *gate, mem *memstore.Store, loaded map[string]int64, sale *sale) {
+	t.Helper()
+	g.release()
+	time.Sleep(300 * time.Millisecond)
+	finishInto(t, e, mem, loaded)
+	sale.checkStore(t, e.r, mem, loaded)
+}
+
 // TestDrainStuckPublisher: ctx ends before Run starts, so every event is delivered by
 // the drain, and the Publisher blocks in the drain ignoring its context (PublishBatch, or Publish
 // for a plain Publisher). Run must return within Drain (+ slack) with an error that says a call
@@ -1698,9 +1685,8 @@ func TestDrainStuckPublisher(t *testing.T) {
 				drain := 800 * time.Millisecond
 				ch, ended := runEnded(e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 				res := wait(t, ch, ended, drain+3*time.Second)
-				require.Error(t, res.err)
+				stillRunning(t, res)
 				assert.ErrorIs(t, res.err, context.Canceled)
-				assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
 				assert.Positive(t, gate.n.Load(), "the drain called the publisher")
 
 				// The second Run; the blocked call ends while it runs.
@@ -1738,14 +1724,10 @@ func TestDrainStuckPublisherQueuePath(t *testing.T) {
 		time.Sleep(300 * time.Millisecond) // the released call backs the item off
 		e.settle()
 
-		var mu sync.Mutex
-		var queue []stock.Event
-		p2 := &relayPub{push: func(ev stock.Event) { mu.Lock(); queue = append(queue, ev); mu.Unlock() }}
-		finish(t, e, e.r, stock.RunOptions{Publisher: batchPub{p2}, Drain: time.Second, Relay: relay()}, keys(loaded))
+		q := &queue{}
+		finish(t, e, e.r, stock.RunOptions{Publisher: batchPub{&relayPub{push: func(ev stock.Event) { _ = q.Publish(ctx, ev) }}}, Drain: time.Second, Relay: relay()}, keys(loaded))
 		// Consume in reverse order (the queue redelivers out of order), each twice.
-		mu.Lock()
-		evs := append([]stock.Event{}, queue...)
-		mu.Unlock()
+		evs := q.take()
 		for round := 0; round < 2; round++ {
 			for i := len(evs) - 1; i >= 0; i-- {
 				assert.NoError(t, stock.Consume(ctx, e.r, store, evs[i]))
@@ -1806,9 +1788,7 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 		assert.ErrorIs(t, res.err, context.Canceled)
 
 		finishInto(t, e, &requestStore{base: mem}, loaded)
-		gate.release()
-		time.Sleep(300 * time.Millisecond)
-		sale.checkStore(t, e.r, mem, loaded)
+		releaseThenFinish(t, e, gate, mem, loaded, sale)
 	})
 }
 
@@ -1837,9 +1817,7 @@ func TestDrainValues(t *testing.T) {
 		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
 			loaded, mem, sale := soldOne(t, e, "neg:2", 10, "", 0)
-			gate := newGate()
-			defer gate.release()
-			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			st, gate := stuckStore(t, mem)
 			runCtx, cancel := context.WithCancel(ctx)
 			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: -time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 			sale.deduct(t, ctx, e.r, "neg:2", "only", 2)
@@ -1850,13 +1828,8 @@ func TestDrainValues(t *testing.T) {
 			}
 			cancel()
 			ended := time.Now()
-			res := wait(t, ch, ended, 2*time.Second+3*time.Second)
-			require.Error(t, res.err)
-			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
-			gate.release()
-			time.Sleep(300 * time.Millisecond)
-			finishInto(t, e, mem, loaded)
-			sale.checkStore(t, e.r, mem, loaded)
+			stillRunning(t, wait(t, ch, ended, 2*time.Second+3*time.Second))
+			releaseThenFinish(t, e, gate, mem, loaded, sale)
 		})
 	})
 	t.Run("zero-is-default", func(t *testing.T) {
@@ -1873,13 +1846,10 @@ func TestDrainValues(t *testing.T) {
 	t.Run("zero-stuck-waits-default", func(t *testing.T) {
 		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 			_, mem, _ := soldOne(t, e, "zero:2", 10, "z", 1)
-			gate := newGate()
-			defer gate.release()
-			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			st, _ := stuckStore(t, mem)
 			ch, ended := runEnded(e.r, stock.RunOptions{Store: st, Relay: relay()})
 			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
-			require.Error(t, res.err)
-			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
+			stillRunning(t, res)
 			assert.GreaterOrEqual(t, res.at.Sub(ended), 3*time.Second, "Drain 0 is the default 5s, not no drain")
 		})
 	})
@@ -1887,15 +1857,10 @@ func TestDrainValues(t *testing.T) {
 		t.Run(fmt.Sprintf("tiny-%v", d), func(t *testing.T) {
 			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 				loaded, mem, sale := soldOne(t, e, "tiny:1", 10, "t", 5)
-				gate := newGate()
-				defer gate.release()
-				st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+				st, gate := stuckStore(t, mem)
 				ch, ended := runEnded(e.r, stock.RunOptions{Store: st, Drain: d, Relay: relay()})
 				wait(t, ch, ended, 3*time.Second)
-				gate.release()
-				time.Sleep(200 * time.Millisecond)
-				finishInto(t, e, mem, loaded)
-				sale.checkStore(t, e.r, mem, loaded)
+				releaseThenFinish(t, e, gate, mem, loaded, sale)
 			})
 		})
 	}
@@ -1911,14 +1876,7 @@ func TestQueuePath(t *testing.T) {
 		const sku = "queue"
 		require.NoError(t, store.Load(ctx, sku, 40))
 		require.NoError(t, e.r.Load(ctx, sku, 40))
-		var mu sync.Mutex
-		var events []stock.Event
-		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-			mu.Lock()
-			events = append(events, ev)
-			mu.Unlock()
-			return nil
-		})
+		pub := &queue{}
 		done := make(chan error, 1)
 		go func() {
 			done <- e.r.Run(ctx, stock.RunOptions{Publisher: pub, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
@@ -1930,9 +1888,7 @@ func TestQueuePath(t *testing.T) {
 		}, 30*time.Second, 50*time.Millisecond)
 		cancel()
 		<-done
-		mu.Lock()
-		evs := slices.Clone(events)
-		mu.Unlock()
+		evs := pub.take()
 		for _, ev := range evs {
 			assert.Equal(t, sku, ev.SKU, "events name the item, not its bucket")
 		}
@@ -2120,19 +2076,11 @@ func splitSeeds(t *testing.T, e *requestEnv, prefix string, n uint64, load int64
 // every event: it returns the events in the order published and the relay's passes.
 func publishAll(t *testing.T, e *requestEnv, sku string, batch int) (evs []stock.Event, passes int) {
 	t.Helper()
-	var mu sync.Mutex
-	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-		mu.Lock()
-		evs = append(evs, ev)
-		mu.Unlock()
-		return nil
-	})
-	rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: batch})
+	q := &queue{}
+	rl, err := stockops.NewRelay(e.r, nil, q, &stock.RelayOptions{Batch: batch})
 	require.NoError(t, err)
 	passes, _ = splitDrain(t, e, sku, 400, rl)
-	mu.Lock()
-	defer mu.Unlock()
-	return slices.Clone(evs), passes
+	return q.take(), passes
 }
 
 // consumeRedelivering applies queue through Consume with consumers concurrent consumers,

@@ -104,17 +104,13 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 	// The retention is measured on a clock Advance does not move (30h of Advance with a 1h
 	// Retention trims nothing), so a tiny Retention and a few real milliseconds stand for a day.
 	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	e.Advance(time.Second)
 	time.Sleep(5 * time.Millisecond)
 	trimmed := 0
 	for i := 0; i < 3; i++ {
 		reps, err := rec.Once(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, rp := range reps {
 			trimmed += rp.Trimmed
 		}
@@ -145,9 +141,7 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 		t.Errorf("redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
 	}
 	dry, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, sku := range skus {
 		rem, _ := st.Remaining(ctx, sku)
 		if rem != before[sku] {
@@ -158,9 +152,7 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 			t.Errorf("item %q: Redis %d, store %d", sku, lv.Available, rem)
 		}
 		rp, err := dry.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.NeedsHuman != "" {
 			t.Errorf("item %q after the stale redeliveries: %s", sku, rp)
 		}
@@ -257,12 +249,8 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			// The store refuses the sale, given back at 23 h; the pass 20 h after the refusal.
 			name: "store refusal given back late",
 			before: func(t *testing.T, e *outsideEnv) {
-				if err := e.r.Load(e.ctx, "a", 10); err != nil {
-					t.Fatal(err)
-				}
-				if err := e.store.Load(e.ctx, "a", 1); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, e.r.Load(e.ctx, "a", 10))
+				require.NoError(t, e.store.Load(e.ctx, "a", 1))
 				e.run("deduct a d1 2; advance 23h")
 				if st := e.relay(); st.Refused != 1 {
 					t.Fatalf("relay stats %+v, want one refusal", st)
