@@ -324,66 +324,85 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 	}
 }
 
-// Promise under test: a stopped redis-server, a context
-// with no deadline: Deduct returns within WithTimeout with ErrUnknownOutcome
-// wrapping context.DeadlineExceeded; after a restart (AOF) a Retry resolves it.
+// A stopped redis-server, or one busy for 2 s (DEBUG SLEEP), and a context with no deadline:
+// Deduct returns within WithTimeout (plus slack) with ErrUnknownOutcome wrapping
+// context.DeadlineExceeded, and so do many concurrent callers of the stopped one. Once the server
+// is back (restarted on its AOF; awake, the script having run then), a Retry resolves it: one
+// take, whichever attempt made it.
 func TestStoppedServerBoundedThenRetryResolves(t *testing.T) {
 	faultReal(t)
-	ctx := context.Background()
-	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
-	r := testkit.NewReserver(t, srv.Client(t), stock.WithTimeout(500*time.Millisecond))
-	require.NoError(t, r.Load(ctx, "st", 3))
-	srv.Kill()
-	start := time.Now()
-	_, err := r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1})
-	el := time.Since(start)
-	t.Logf("deduct on a stopped server: %v in %v (outcome %s)", err, el, stock.Outcome(err))
-	if !errors.Is(err, stock.ErrUnknownOutcome) {
-		t.Errorf("not ErrUnknownOutcome: %v", err)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("does not wrap context.DeadlineExceeded: %v", err)
-	}
-	var ne net.Error
-	if !errors.As(err, &ne) {
-		t.Logf("no net.Error wrapped (transport cause): %v", err)
-	}
-	if el > 5*time.Second {
-		t.Errorf("took %v with a 500ms bound", el)
-	}
-	// many concurrent callers, same bound
-	var wg sync.WaitGroup
-	var slow atomic.Int64
-	for i := 0; i < 20; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			s := time.Now()
-			_, err := r.Deduct(ctx, stock.Request{SKU: "st", ID: fmt.Sprint("c", i), Qty: 1})
-			if time.Since(s) > 5*time.Second || !errors.Is(err, stock.ErrUnknownOutcome) {
-				slow.Add(1)
-				t.Logf("caller %d: %v after %v", i, err, time.Since(s))
+	for _, tc := range []struct {
+		name          string
+		args          []string
+		bound, within time.Duration // WithTimeout, and what the call may take
+		callers       int           // concurrent callers while the server is out
+		tries         int           // retries after it is back
+		out, back     func(t *testing.T, srv *redistest.Server)
+	}{
+		{
+			name: "stopped", args: []string{"--appendonly", "yes", "--appendfsync", "always"},
+			bound: 500 * time.Millisecond, within: 5 * time.Second, callers: 20, tries: 40,
+			out:  func(t *testing.T, srv *redistest.Server) { srv.Kill() },
+			back: func(t *testing.T, srv *redistest.Server) { srv.Start() },
+		},
+		{
+			name: "sleeping", bound: 300 * time.Millisecond, within: 3 * time.Second, tries: 1,
+			out: func(t *testing.T, srv *redistest.Server) {
+				other := srv.Client(t)
+				go func() {
+					_ = other.Do(context.Background(), other.B().Arbitrary("DEBUG", "SLEEP").Args("2").Build()).Error()
+				}()
+				time.Sleep(100 * time.Millisecond)
+			},
+			back: func(t *testing.T, srv *redistest.Server) { time.Sleep(2500 * time.Millisecond) },
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.StartServer(t, tc.args...)
+			r := testkit.NewReserver(t, srv.Client(t), stock.WithTimeout(tc.bound))
+			require.NoError(t, r.Load(ctx, "st", 3))
+			tc.out(t, srv)
+			start := time.Now()
+			_, err := r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1})
+			el := time.Since(start)
+			t.Logf("deduct: %v in %v (outcome %s)", err, el, stock.Outcome(err))
+			assert.ErrorIs(t, err, stock.ErrUnknownOutcome)
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			var ne net.Error
+			if !errors.As(err, &ne) {
+				t.Logf("no net.Error wrapped (transport cause): %v", err)
 			}
-		}(i)
-	}
-	wg.Wait()
-	if slow.Load() > 0 {
-		t.Errorf("%d callers unbounded or not ErrUnknownOutcome", slow.Load())
-	}
-	srv.Start()
-	var rc stock.Receipt
-	for i := 0; i < 40; i++ {
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1, Retry: true})
-		if !errors.Is(err, stock.ErrUnknownOutcome) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	require.NoError(t, err, "retry after restart")
-	lv, err := r.Levels(ctx, "st")
-	require.NoError(t, err)
-	if lv.Available != 2 || lv.Sold != 1 {
-		t.Errorf("after the retry: %+v (receipt %+v)", lv, rc)
+			assert.LessOrEqual(t, el, tc.within, "with a %v bound", tc.bound)
+			var wg sync.WaitGroup
+			var slow atomic.Int64
+			for i := range tc.callers {
+				wg.Go(func() {
+					s := time.Now()
+					_, err := r.Deduct(ctx, stock.Request{SKU: "st", ID: fmt.Sprint("c", i), Qty: 1})
+					if time.Since(s) > tc.within || !errors.Is(err, stock.ErrUnknownOutcome) {
+						slow.Add(1)
+						t.Logf("caller %d: %v after %v", i, err, time.Since(s))
+					}
+				})
+			}
+			wg.Wait()
+			assert.Zero(t, slow.Load(), "callers unbounded or not ErrUnknownOutcome")
+			tc.back(t, srv)
+			var rc stock.Receipt
+			for i := 0; i < tc.tries; i++ {
+				rc, err = r.Deduct(ctx, stock.Request{SKU: "st", ID: "a", Qty: 1, Retry: true})
+				if !errors.Is(err, stock.ErrUnknownOutcome) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			require.NoError(t, err, "retry once the server is back")
+			lv, err := r.Levels(ctx, "st")
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), lv.Available, "one take, whichever attempt (receipt %+v)", rc)
+			assert.Equal(t, int64(1), lv.Sold)
+		})
 	}
 }
 
@@ -595,41 +614,6 @@ func TestErrNotReplicatedWrote(t *testing.T) {
 	t.Logf("replay: %+v %v", rc, err)
 	if !rc.Replayed {
 		t.Errorf("replay not Replayed: %+v %v", rc, err)
-	}
-}
-
-// Promise under test: a Redis busy for 2 s
-// (DEBUG SLEEP): a Deduct with a 300 ms bound returns ErrUnknownOutcome wrapping
-// context.DeadlineExceeded in time; the script then runs when Redis wakes, and
-// the Retry is answered as a replay (nothing taken twice).
-func TestSlowServerBoundedRetryReplays(t *testing.T) {
-	faultReal(t)
-	ctx := context.Background()
-	srv := redistest.StartServer(t)
-	r := testkit.NewReserver(t, srv.Client(t), stock.WithTimeout(300*time.Millisecond))
-	require.NoError(t, r.Load(ctx, "sl", 3))
-	other := srv.Client(t)
-	go func() {
-		_ = other.Do(context.Background(), other.B().Arbitrary("DEBUG", "SLEEP").Args("2").Build()).Error()
-	}()
-	time.Sleep(100 * time.Millisecond)
-	start := time.Now()
-	_, err := r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1})
-	el := time.Since(start)
-	t.Logf("deduct on a sleeping server: %v in %v", err, el)
-	if !errors.Is(err, stock.ErrUnknownOutcome) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("want ErrUnknownOutcome and DeadlineExceeded: %v", err)
-	}
-	if el > 3*time.Second {
-		t.Errorf("took %v", el)
-	}
-	time.Sleep(2500 * time.Millisecond)
-	rc, err := r.Deduct(ctx, stock.Request{SKU: "sl", ID: "a", Qty: 1, Retry: true})
-	t.Logf("retry: %+v %v", rc, err)
-	require.NoError(t, err)
-	lv, _ := r.Levels(ctx, "sl")
-	if lv.Available != 2 {
-		t.Errorf("available %d, want 2 (one take, whichever attempt)", lv.Available)
 	}
 }
 
@@ -1149,12 +1133,12 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	c := d.Client(t)
 	r := testkit.NewReserver(t, c, stock.WithReplicaAck(1, 200*time.Millisecond))
 	st := memstore.New()
-	faultLoad(t, ctx, r, st, "a16-nr", 100)
+	faultLoad(t, ctx, r, st, "fo-nr", 100)
 	replica := d.Servers()[1]
 	rr := testkit.NewReserver(t, replica.Client(t))
 	// Wait until the replica has the item, so that only the deducts lag.
 	for {
-		if _, err := rr.Levels(ctx, "a16-nr"); err == nil {
+		if _, err := rr.Levels(ctx, "fo-nr"); err == nil {
 			break
 		}
 		if ctx.Err() != nil {
@@ -1165,7 +1149,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	bad := 0
 	for i := 0; i < 5; i++ {
 		id := fmt.Sprintf("nr-%d", i)
-		req := stock.Request{SKU: "a16-nr", ID: id, Qty: 1}
+		req := stock.Request{SKU: "fo-nr", ID: id, Qty: 1}
 		_, err := r.Deduct(ctx, req)
 		if !errors.Is(err, stock.ErrNotReplicated) {
 			t.Fatalf("deduct %s through a replica 1.5 s behind with WithReplicaAck(1, 200ms): %v, want ErrNotReplicated", id, err)
@@ -1176,7 +1160,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 			t.Errorf("retry of %s: not a replay (%+v, %v)", id, rc, err)
 		}
 		if err == nil {
-			_, lerr := rr.Ledger(ctx, "a16-nr", id)
+			_, lerr := rr.Ledger(ctx, "fo-nr", id)
 			if lerr != nil {
 				bad++
 				t.Errorf("retry of %s answered nil (acknowledged by a replica) but the replica has no entry for it: %v", id, lerr)
@@ -1190,7 +1174,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	}
 
 	// The consequence: the buyer retried until a definite answer (nil), then the primary dies.
-	req := stock.Request{SKU: "a16-nr", ID: "nr-kill", Qty: 1}
+	req := stock.Request{SKU: "fo-nr", ID: "nr-kill", Qty: 1}
 	if _, err := r.Deduct(ctx, req); !errors.Is(err, stock.ErrNotReplicated) {
 		t.Fatalf("deduct nr-kill: %v, want ErrNotReplicated", err)
 	}
@@ -1207,7 +1191,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	}
 	var lerr error
 	for i := 0; i < 50; i++ {
-		_, lerr = r.Ledger(ctx, "a16-nr", "nr-kill")
+		_, lerr = r.Ledger(ctx, "fo-nr", "nr-kill")
 		if lerr == nil || errors.Is(lerr, stock.ErrUnknownID) {
 			break
 		}
@@ -1321,7 +1305,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 	obs := &recon{}
 	r := testkit.NewReserver(t, d.Client(t), stock.WithReplicaAck(1, 500*time.Millisecond), stock.WithTimeout(3*time.Second), stock.WithObserver(obs))
 	st := memstore.New()
-	const sku = "a16-aba"
+	const sku = "fo-aba"
 	faultLoad(t, ctx, r, st, sku, 1_000_000)
 	runCtx, stopRun := context.WithCancel(ctx)
 	runDone := make(chan error, 1)
@@ -1442,7 +1426,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	defer cancel()
 	r := testkit.NewReserver(t, d.Client(t), stock.WithTimeout(3*time.Second))
 	st := memstore.New()
-	skus := []string{"a16-p1", "a16-p2", "a16-p3", "a16-p4"}
+	skus := []string{"fo-p1", "fo-p2", "fo-p3", "fo-p4"}
 	for _, sku := range skus {
 		faultLoad(t, ctx, r, st, sku, 50)
 	}
@@ -1491,7 +1475,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	if f, err := g.Check(ctx); err != nil || !f {
 		t.Errorf("after that pass the guard is not fenced (fenced=%v, err=%v): deducts resume on a primary no pass compared whole", f, err)
 	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "a16-p1", ID: "after-pass", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
+	if _, err := r.Deduct(ctx, stock.Request{SKU: "fo-p1", ID: "after-pass", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Errorf("deduct after the straddling pass: %v, want ErrFailover", err)
 	}
 	// A pass wholly on the new primary lifts it.
@@ -1499,7 +1483,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	if f, err := g.Check(ctx); err != nil || f {
 		t.Errorf("after a pass on the new primary: fenced=%v err=%v", f, err)
 	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "a16-p1", ID: "after-pass2", Qty: 1}); err != nil {
+	if _, err := r.Deduct(ctx, stock.Request{SKU: "fo-p1", ID: "after-pass2", Qty: 1}); err != nil {
 		t.Errorf("deduct after the lifting pass: %v", err)
 	}
 }

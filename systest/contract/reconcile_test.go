@@ -25,6 +25,12 @@ import (
 	"github.com/stockres/stock/stocktest"
 )
 
+// loadingStore is a store an item can be loaded into (memstore's and sqlstore's Load).
+type loadingStore interface {
+	stock.Store
+	Load(context.Context, string, int64) error
+}
+
 // loadBoth loads sku with qty units in Redis and in the store.
 func loadBoth(t *testing.T, r *stock.Reserver, store interface {
 	Load(context.Context, string, int64) error
@@ -1387,20 +1393,22 @@ func consumeAll(t *testing.T, r *stock.Reserver, store stock.Store, msgs []stock
 	return redelivered
 }
 
-// queueStores returns the stores the queue path is tested against: memstore, and the SQL
-// stores of sqlStores (SQLite, and PostgreSQL when configured).
-func queueStores(t *testing.T) map[string]interface {
-	stock.Store
-	Load(context.Context, string, int64) error
-} {
-	out := map[string]interface {
-		stock.Store
-		Load(context.Context, string, int64) error
-	}{"memstore": memstore.New()}
-	for name, s := range sqlStores(t) {
-		out[name] = s
+// eachStore runs f on c once for each store the queue path is tested against: memstore (unless
+// sqlOnly) and the SQL stores of sqlStores (SQLite, and PostgreSQL when configured), each with a
+// Reserver of its own prefix (prefix and the store's name) and an item named after the store.
+func eachStore(t *testing.T, c rueidis.Client, prefix string, sqlOnly bool, f func(t *testing.T, r *stock.Reserver, store loadingStore, sku string)) {
+	stores := map[string]loadingStore{}
+	if !sqlOnly {
+		stores["memstore"] = memstore.New()
 	}
-	return out
+	for name, s := range sqlStores(t) {
+		stores[name] = s
+	}
+	for name, store := range stores {
+		t.Run(name, func(t *testing.T) {
+			f(t, testkit.NewReserver(t, c, stock.WithPrefix(prefix+name)), store, "sku-"+name)
+		})
+	}
 }
 
 // TestQueuePathReconcileConsumerDown: on the queue path (a relay with no Store), events the
@@ -1409,56 +1417,52 @@ func queueStores(t *testing.T) map[string]interface {
 // once the consumer has caught up, Redis and the store agree.
 func TestQueuePathReconcileConsumerDown(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		for name, store := range queueStores(t) {
-			t.Run(name, func(t *testing.T) {
-				ctx := context.Background()
-				r := testkit.NewReserver(t, c, stock.WithPrefix("q-"+name))
-				sku := "sku-" + name
-				loadBoth(t, r, store, sku, 10)
-				deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("o", 10)...)
-				q := &queue{}
-				rl, err := stockops.NewRelay(r, nil, q, nil)
-				require.NoError(t, err)
-				testkit.Drain(t, rl)
-				msgs := q.take()
-				require.Len(t, msgs, 10)
+		eachStore(t, c, "q-", false, func(t *testing.T, r *stock.Reserver, store loadingStore, sku string) {
+			ctx := context.Background()
+			loadBoth(t, r, store, sku, 10)
+			deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("o", 10)...)
+			q := &queue{}
+			rl, err := stockops.NewRelay(r, nil, q, nil)
+			require.NoError(t, err)
+			testkit.Drain(t, rl)
+			msgs := q.take()
+			require.Len(t, msgs, 10)
 
-				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
-				require.NoError(t, err)
-				// The consumer is down: all ten sales are in the queue.
-				reps, err := rec.Once(ctx)
-				require.NoError(t, err)
-				require.Len(t, reps, 1)
-				assert.Zero(t, reps[0].Drift, reps[0].String())
-				assert.Zero(t, reps[0].Adjusted, reps[0].String())
-				assert.Empty(t, reps[0].NeedsHuman)
-				assert.Zero(t, testkit.Levels(t, r, sku).Available, "no stock added for sales still in the queue")
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut, "Redis must not sell the queued units again")
+			rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
+			require.NoError(t, err)
+			// The consumer is down: all ten sales are in the queue.
+			reps, err := rec.Once(ctx)
+			require.NoError(t, err)
+			require.Len(t, reps, 1)
+			assert.Zero(t, reps[0].Drift, reps[0].String())
+			assert.Zero(t, reps[0].Adjusted, reps[0].String())
+			assert.Empty(t, reps[0].NeedsHuman)
+			assert.Zero(t, testkit.Levels(t, r, sku).Available, "no stock added for sales still in the queue")
+			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", Qty: 1})
+			require.ErrorIs(t, err, stock.ErrSoldOut, "Redis must not sell the queued units again")
 
-				// The consumer applies four, then a pass: still nothing to repair.
-				require.Zero(t, consumeAll(t, r, store, msgs[:4]))
-				reps, err = rec.Once(ctx)
-				require.NoError(t, err)
-				assert.Zero(t, reps[0].Drift, reps[0].String())
-				assert.Zero(t, reps[0].Adjusted, reps[0].String())
+			// The consumer applies four, then a pass: still nothing to repair.
+			require.Zero(t, consumeAll(t, r, store, msgs[:4]))
+			reps, err = rec.Once(ctx)
+			require.NoError(t, err)
+			assert.Zero(t, reps[0].Drift, reps[0].String())
+			assert.Zero(t, reps[0].Adjusted, reps[0].String())
 
-				// It catches up; every message delivered twice, as queues do.
-				require.Zero(t, consumeAll(t, r, store, append(msgs[4:], msgs...)))
-				reps, err = rec.Once(ctx)
-				require.NoError(t, err)
-				assert.Zero(t, reps[0].Drift, reps[0].String())
-				assert.Zero(t, reps[0].Adjusted, reps[0].String())
-				assert.Zero(t, reps[0].InFlight, reps[0].String())
-				rem, err := store.Remaining(ctx, sku)
-				require.NoError(t, err)
-				assert.Zero(t, rem, "every sale applied in the store, none refused")
-				assert.Zero(t, testkit.Levels(t, r, sku).Available)
-				for id, e := range testkit.Ledger(t, r, sku) {
-					assert.Equal(t, stock.StateApplied, e.State, id)
-				}
-			})
-		}
+			// It catches up; every message delivered twice, as queues do.
+			require.Zero(t, consumeAll(t, r, store, append(msgs[4:], msgs...)))
+			reps, err = rec.Once(ctx)
+			require.NoError(t, err)
+			assert.Zero(t, reps[0].Drift, reps[0].String())
+			assert.Zero(t, reps[0].Adjusted, reps[0].String())
+			assert.Zero(t, reps[0].InFlight, reps[0].String())
+			rem, err := store.Remaining(ctx, sku)
+			require.NoError(t, err)
+			assert.Zero(t, rem, "every sale applied in the store, none refused")
+			assert.Zero(t, testkit.Levels(t, r, sku).Available)
+			for id, e := range testkit.Ledger(t, r, sku) {
+				assert.Equal(t, stock.StateApplied, e.State, id)
+			}
+		})
 	})
 }
 
@@ -1819,16 +1823,8 @@ func (e *outsideEnv) rollback(pattern string, snap map[string]outsideKey) {
 
 func outsideItemKeys(sku string) string { return "stock:{" + sku + "}*" }
 
-// mustRestore, mustCancel, mustConfirm and mustRestock make the call and fail the test on an error.
+// mustRestore restores id and fails the test on an error.
 func (e *outsideEnv) mustRestore(sku, id string) { e.must(e.r.Restore(e.ctx, sku, id)) }
-
-func (e *outsideEnv) mustCancel(sku, id string) { e.must(e.r.Cancel(e.ctx, sku, id)) }
-
-func (e *outsideEnv) mustConfirm(sku, id string) { e.must(e.r.Confirm(e.ctx, sku, id)) }
-
-func (e *outsideEnv) mustRestock(sku, id string, qty int64) {
-	e.must(e.r.Restock(e.ctx, sku, id, qty))
-}
 
 func (e *outsideEnv) must(_ stock.Receipt, err error) {
 	e.t.Helper()
@@ -1891,9 +1887,7 @@ func (e *outsideEnv) deductAgain(sku, id string, qty int64) (stock.Receipt, erro
 
 func (e *outsideEnv) hold(sku, id string, qty int64, ttl time.Duration) {
 	e.t.Helper()
-	if _, err := e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: qty}, ttl); err != nil {
-		e.t.Fatal(err)
-	}
+	e.must(e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: qty}, ttl))
 }
 
 func (e *outsideEnv) mustCart(_ stock.CartReceipt, err error) {
@@ -1938,9 +1932,8 @@ func (e *outsideEnv) run(steps string) {
 		case verb == "hold cart":
 			e.mustCart(e.r.HoldMany(e.ctx, outsideCart, time.Hour))
 		case verb == "confirm cart":
-			if _, err := e.r.ConfirmMany(e.ctx, outsideCart.ID, "a", "b"); err != nil {
-				e.t.Fatal(err)
-			}
+			_, err := e.r.ConfirmMany(e.ctx, outsideCart.ID, "a", "b")
+			require.NoError(e.t, err)
 		case f[0] == "relay" && len(f) == 1:
 			e.relay()
 		case f[0] == "sweep" && len(f) == 1:
@@ -1954,19 +1947,17 @@ func (e *outsideEnv) run(steps string) {
 		case f[0] == "deduct" && len(f) == 4:
 			e.deduct(f[1], f[2], num(3))
 		case f[0] == "restock" && len(f) == 4:
-			e.mustRestock(f[1], f[2], num(3))
+			e.must(e.r.Restock(e.ctx, f[1], f[2], num(3)))
 		case f[0] == "hold" && len(f) == 4:
 			e.hold(f[1], f[2], num(3), time.Hour)
 		case f[0] == "hold" && len(f) == 5:
 			e.hold(f[1], f[2], num(3), dur(4))
 		case f[0] == "confirm" && len(f) == 3:
-			e.mustConfirm(f[1], f[2])
+			e.must(e.r.Confirm(e.ctx, f[1], f[2]))
 		case f[0] == "extend" && len(f) == 4:
-			if _, err := e.r.Extend(e.ctx, f[1], f[2], dur(3)); err != nil {
-				e.t.Fatal(err)
-			}
+			e.must(e.r.Extend(e.ctx, f[1], f[2], dur(3)))
 		case f[0] == "cancel" && len(f) == 3:
-			e.mustCancel(f[1], f[2])
+			e.must(e.r.Cancel(e.ctx, f[1], f[2]))
 		case f[0] == "restore" && len(f) == 3:
 			e.mustRestore(f[1], f[2])
 		default:

@@ -1658,9 +1658,9 @@ func TestDrainStuckPublisher(t *testing.T) {
 		batch bool
 		after error
 	}{
-		{"batch/fails-late", true, errors.New("a25: queue timed out")},
+		{"batch/fails-late", true, errors.New("queue timed out")},
 		{"batch/succeeds-late", true, nil},
-		{"single/fails-late", false, errors.New("a25: queue timed out")},
+		{"single/fails-late", false, errors.New("queue timed out")},
 		{"single/succeeds-late", false, nil},
 	} {
 		t.Run(v.name, func(t *testing.T) {
@@ -1716,7 +1716,7 @@ func TestDrainStuckPublisherQueuePath(t *testing.T) {
 		loaded, store, sale := soldOne(t, e, "q:drain~a", 40, "id:", 25)
 		gate := newGate()
 		defer gate.release()
-		p := &relayPub{stuck: hasDeadline, gate: gate, after: errors.New("a25: queue timed out")}
+		p := &relayPub{stuck: hasDeadline, gate: gate, after: errors.New("queue timed out")}
 		ch, ended := runEnded(e.r, stock.RunOptions{Publisher: batchPub{p}, Drain: 500 * time.Millisecond, Relay: relay()})
 		res := wait(t, ch, ended, 500*time.Millisecond+3*time.Second)
 		assert.Error(t, res.err)
@@ -2217,56 +2217,52 @@ func sqlStores(t *testing.T) map[string]*sqlstore.Store {
 // store; the store ends equal to Redis, each id applied once, refusals given back.
 func TestDurablePathSQL(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		for name, store := range sqlStores(t) {
-			t.Run(name, func(t *testing.T) {
-				ctx := context.Background()
-				r := testkit.NewReserver(t, c, stock.WithPrefix("dur-"+name))
-				sku := "sku-" + name
-				require.NoError(t, r.Load(ctx, sku, 100))
-				require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
-				for i := range 100 {
-					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
-					require.NoError(t, err)
-					if i%10 == 0 {
-						_, err = r.Restore(ctx, sku, fmt.Sprint("o", i))
-						require.NoError(t, err)
-					}
-				}
-				rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
+		eachStore(t, c, "dur-", true, func(t *testing.T, r *stock.Reserver, store loadingStore, sku string) {
+			ctx := context.Background()
+			require.NoError(t, r.Load(ctx, sku, 100))
+			require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
+			for i := range 100 {
+				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
 				require.NoError(t, err)
-				st := testkit.Drain(t, rl)
-				assert.Zero(t, st.Retried)
-				// 90 sold in Redis, the store had 95: no refusal. Now drift the other way.
-				avail, err := testkit.Available(r.Levels(ctx, sku))
-				require.NoError(t, err)
-				rem, err := store.Remaining(ctx, sku)
-				require.NoError(t, err)
-				assert.Equal(t, int64(10), avail)
-				assert.Equal(t, int64(5), rem)
-				for i := 100; i < 110; i++ {
-					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
+				if i%10 == 0 {
+					_, err = r.Restore(ctx, sku, fmt.Sprint("o", i))
 					require.NoError(t, err)
 				}
-				st = testkit.Drain(t, rl)
-				assert.Equal(t, 5, st.Refused)
-				rem, _ = store.Remaining(ctx, sku)
-				assert.Zero(t, rem)
-				avail, _ = testkit.Available(r.Levels(ctx, sku))
-				assert.Equal(t, int64(5), avail, "refused units given back once")
-				// The reconciler closes the remaining drift.
-				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
+			}
+			rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
+			require.NoError(t, err)
+			st := testkit.Drain(t, rl)
+			assert.Zero(t, st.Retried)
+			// 90 sold in Redis, the store had 95: no refusal. Now drift the other way.
+			avail, err := testkit.Available(r.Levels(ctx, sku))
+			require.NoError(t, err)
+			rem, err := store.Remaining(ctx, sku)
+			require.NoError(t, err)
+			assert.Equal(t, int64(10), avail)
+			assert.Equal(t, int64(5), rem)
+			for i := 100; i < 110; i++ {
+				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
 				require.NoError(t, err)
-				reps, err := rec.Once(ctx)
-				require.NoError(t, err)
-				assert.Equal(t, int64(-5), reps[0].Adjusted)
-				avail, _ = testkit.Available(r.Levels(ctx, sku))
-				assert.Equal(t, rem, avail)
-				recs, err := store.Records(ctx, sku, []string{"o0", "o1", "o105"})
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateRestored, recs["o0"].Status)
-				assert.Equal(t, stock.StateApplied, recs["o1"].Status)
-			})
-		}
+			}
+			st = testkit.Drain(t, rl)
+			assert.Equal(t, 5, st.Refused)
+			rem, _ = store.Remaining(ctx, sku)
+			assert.Zero(t, rem)
+			avail, _ = testkit.Available(r.Levels(ctx, sku))
+			assert.Equal(t, int64(5), avail, "refused units given back once")
+			// The reconciler closes the remaining drift.
+			rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
+			require.NoError(t, err)
+			reps, err := rec.Once(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, int64(-5), reps[0].Adjusted)
+			avail, _ = testkit.Available(r.Levels(ctx, sku))
+			assert.Equal(t, rem, avail)
+			recs, err := store.Records(ctx, sku, []string{"o0", "o1", "o105"})
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateRestored, recs["o0"].Status)
+			assert.Equal(t, stock.StateApplied, recs["o1"].Status)
+		})
 	})
 }
 
@@ -2276,46 +2272,42 @@ func TestDurablePathSQL(t *testing.T) {
 // give b's stock back): it applies R(a), read from Redis, first.
 func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		for name, store := range queueStores(t) {
-			t.Run(name, func(t *testing.T) {
-				ctx := context.Background()
-				r := testkit.NewReserver(t, c, stock.WithPrefix("order-"+name))
-				sku := "one-" + name
-				loadBoth(t, r, store, sku, 1)
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
-				require.NoError(t, err)
-				_, err = r.Restore(ctx, sku, "a")
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})
-				require.NoError(t, err)
-				q := &queue{}
-				rl, err := stockops.NewRelay(r, nil, q, nil)
-				require.NoError(t, err)
-				testkit.Drain(t, rl)
-				msgs := q.take()
-				require.Len(t, msgs, 3)
-				da, ra, db := msgs[0], msgs[1], msgs[2]
-				require.Equal(t, stock.EventDeducted, da.Type)
-				require.Equal(t, stock.EventRestored, ra.Type)
-				require.Equal(t, "b", db.ID)
+		eachStore(t, c, "order-", false, func(t *testing.T, r *stock.Reserver, store loadingStore, sku string) {
+			ctx := context.Background()
+			loadBoth(t, r, store, sku, 1)
+			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
+			require.NoError(t, err)
+			_, err = r.Restore(ctx, sku, "a")
+			require.NoError(t, err)
+			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})
+			require.NoError(t, err)
+			q := &queue{}
+			rl, err := stockops.NewRelay(r, nil, q, nil)
+			require.NoError(t, err)
+			testkit.Drain(t, rl)
+			msgs := q.take()
+			require.Len(t, msgs, 3)
+			da, ra, db := msgs[0], msgs[1], msgs[2]
+			require.Equal(t, stock.EventDeducted, da.Type)
+			require.Equal(t, stock.EventRestored, ra.Type)
+			require.Equal(t, "b", db.ID)
 
-				require.NoError(t, stock.Consume(ctx, r, store, da)) // acked; the consumer dies
-				consumeAll(t, r, store, []stock.Event{db, ra, da})
+			require.NoError(t, stock.Consume(ctx, r, store, da)) // acked; the consumer dies
+			consumeAll(t, r, store, []stock.Event{db, ra, da})
 
-				recs, err := store.Records(ctx, sku, []string{"a", "b"})
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateRestored, recs["a"].Status)
-				assert.Equal(t, stock.StateApplied, recs["b"].Status, "b's valid sale is applied, not refused")
-				e, err := r.Ledger(ctx, sku, "b")
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
-				rem, err := store.Remaining(ctx, sku)
-				require.NoError(t, err)
-				assert.Zero(t, rem)
-				assert.Zero(t, testkit.Levels(t, r, sku).Available)
-				assert.Empty(t, q.take(), "no refusal event")
-			})
-		}
+			recs, err := store.Records(ctx, sku, []string{"a", "b"})
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateRestored, recs["a"].Status)
+			assert.Equal(t, stock.StateApplied, recs["b"].Status, "b's valid sale is applied, not refused")
+			e, err := r.Ledger(ctx, sku, "b")
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
+			rem, err := store.Remaining(ctx, sku)
+			require.NoError(t, err)
+			assert.Zero(t, rem)
+			assert.Zero(t, testkit.Levels(t, r, sku).Available)
+			assert.Empty(t, q.take(), "no refusal event")
+		})
 	})
 }
 
