@@ -1864,32 +1864,6 @@ func (e *outsideEnv) wantAll(lvs []outsideLevels) {
 	}
 }
 
-// wantReplay fails the test unless a repeated call was answered as a replay.
-func (e *outsideEnv) wantReplay(what string, replayed bool, rc any, err error) {
-	e.t.Helper()
-	if err != nil || !replayed {
-		e.t.Errorf("%s after the repair: %+v, %v; want a replay", what, rc, err)
-	}
-}
-
-// wantErr fails the test unless err is want.
-func (e *outsideEnv) wantErr(what string, err, want error) {
-	e.t.Helper()
-	if !errors.Is(err, want) {
-		e.t.Errorf("%s after the repair: %v, want %v", what, err, want)
-	}
-}
-
-// deductAgain repeats the deduct of id (the same user and quantity as deduct's).
-func (e *outsideEnv) deductAgain(sku, id string, qty int64) (stock.Receipt, error) {
-	return e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: id, User: "u-" + id, Qty: qty})
-}
-
-func (e *outsideEnv) hold(sku, id string, qty int64, ttl time.Duration) {
-	e.t.Helper()
-	e.must(e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: id, User: "u", Qty: qty}, ttl))
-}
-
 func (e *outsideEnv) mustCart(_ stock.CartReceipt, err error) {
 	e.t.Helper()
 	require.NoError(e.t, err)
@@ -1902,66 +1876,112 @@ func (e *outsideEnv) do(cmd rueidis.Completed) {
 
 var outsideCart = stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 3}}}
 
+// call makes the call of one step of run and returns whether it was answered as a replay, and its
+// error.
+func (e *outsideEnv) call(step string) (replayed bool, err error) {
+	e.t.Helper()
+	f := strings.Fields(step)
+	num := func(i int) int64 {
+		e.t.Helper()
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		require.NoError(e.t, err, "step %q", step)
+		return n
+	}
+	dur := func(i int) time.Duration {
+		e.t.Helper()
+		d, err := time.ParseDuration(f[i])
+		require.NoError(e.t, err, "step %q", step)
+		return d
+	}
+	rc := func(rc stock.Receipt, err error) (bool, error) { return rc.Replayed, err }
+	cart := func(rc stock.CartReceipt, err error) (bool, error) { return rc.Replayed, err }
+	switch verb := strings.Join(f[:min(len(f), 2)], " "); {
+	case verb == "deduct cart":
+		return cart(e.r.DeductMany(e.ctx, outsideCart))
+	case verb == "hold cart":
+		return cart(e.r.HoldMany(e.ctx, outsideCart, time.Hour))
+	case verb == "confirm cart":
+		_, err := e.r.ConfirmMany(e.ctx, outsideCart.ID, "a", "b")
+		return false, err
+	case f[0] == "relay" && len(f) == 1:
+		e.relay()
+	case f[0] == "sweep" && len(f) == 1:
+		_, err := stockops.Sweep(e.ctx, e.r)
+		return false, err
+	case f[0] == "advance" && len(f) == 2:
+		e.advance(dur(1))
+	case f[0] == "load" && len(f) == 3:
+		e.load(f[1], num(2))
+	case f[0] == "levels" && len(f) == 5:
+		e.want(f[1], num(2), num(3), num(4))
+	case f[0] == "deduct" && (len(f) == 4 || len(f) == 5):
+		user := "u-" + f[2]
+		if len(f) == 5 {
+			user = f[4]
+		}
+		return rc(e.r.Deduct(e.ctx, stock.Request{SKU: f[1], ID: f[2], User: user, Qty: num(3)}))
+	case f[0] == "restock" && len(f) == 4:
+		return rc(e.r.Restock(e.ctx, f[1], f[2], num(3)))
+	case f[0] == "hold" && (len(f) == 4 || len(f) == 5):
+		ttl := time.Hour
+		if len(f) == 5 {
+			ttl = dur(4)
+		}
+		return rc(e.r.Hold(e.ctx, stock.Request{SKU: f[1], ID: f[2], User: "u", Qty: num(3)}, ttl))
+	case f[0] == "confirm" && len(f) == 3:
+		return rc(e.r.Confirm(e.ctx, f[1], f[2]))
+	case f[0] == "extend" && len(f) == 4:
+		return rc(e.r.Extend(e.ctx, f[1], f[2], dur(3)))
+	case f[0] == "cancel" && len(f) == 3:
+		return rc(e.r.Cancel(e.ctx, f[1], f[2]))
+	case f[0] == "restore" && len(f) == 3:
+		return rc(e.r.Restore(e.ctx, f[1], f[2]))
+	default:
+		e.t.Fatalf("unknown step %q", step)
+	}
+	return false, nil
+}
+
 // run makes the calls of steps, separated by ";": "load SKU QTY" (Redis and the store),
-// "deduct SKU ID QTY", "restock SKU ID QTY", "hold SKU ID QTY [TTL]" (an hour by default),
-// "extend SKU ID TTL", "confirm SKU ID", "cancel SKU ID", "restore SKU ID", "relay", "sweep", "advance DURATION"
-// (miniredis), and on outsideCart "deduct cart", "hold cart", "confirm cart". A call that fails
-// fails the test.
+// "deduct SKU ID QTY [USER]" (user u-ID by default), "restock SKU ID QTY", "hold SKU ID QTY [TTL]"
+// (user u, an hour by default), "extend SKU ID TTL", "confirm SKU ID", "cancel SKU ID", "restore
+// SKU ID", "relay", "sweep", "advance DURATION" (miniredis), "levels SKU LOADED SOLD HELD" (want),
+// and on outsideCart "deduct cart", "hold cart", "confirm cart". A call that fails fails the test.
 func (e *outsideEnv) run(steps string) {
 	e.t.Helper()
 	for _, step := range strings.Split(steps, ";") {
-		f := strings.Fields(step)
-		if len(f) == 0 {
+		if strings.TrimSpace(step) != "" {
+			_, err := e.call(step)
+			require.NoError(e.t, err, "step %q", step)
+		}
+	}
+}
+
+// outsideAnswers are the errors expect knows by name.
+var outsideAnswers = map[string]error{"restored": stock.ErrRestored, "expired": stock.ErrExpired,
+	"confirmed": stock.ErrConfirmed, "soldout": stock.ErrSoldOut}
+
+// expect makes the calls of steps as run does, each step led by the answer it must get: "replay"
+// (a replay), "ok" (no error) or the name of an error of outsideAnswers; "levels" steps check.
+func (e *outsideEnv) expect(steps string) {
+	e.t.Helper()
+	for _, step := range strings.Split(steps, ";") {
+		step = strings.TrimSpace(step)
+		want, call, _ := strings.Cut(step, " ")
+		if step == "" || want == "levels" {
+			e.run(step)
 			continue
 		}
-		num := func(i int) int64 {
-			e.t.Helper()
-			n, err := strconv.ParseInt(f[i], 10, 64)
-			require.NoError(e.t, err, "step %q", step)
-			return n
-		}
-		dur := func(i int) time.Duration {
-			e.t.Helper()
-			d, err := time.ParseDuration(f[i])
-			require.NoError(e.t, err, "step %q", step)
-			return d
-		}
-		switch verb := strings.Join(f[:min(len(f), 2)], " "); {
-		case verb == "deduct cart":
-			e.mustCart(e.r.DeductMany(e.ctx, outsideCart))
-		case verb == "hold cart":
-			e.mustCart(e.r.HoldMany(e.ctx, outsideCart, time.Hour))
-		case verb == "confirm cart":
-			_, err := e.r.ConfirmMany(e.ctx, outsideCart.ID, "a", "b")
-			require.NoError(e.t, err)
-		case f[0] == "relay" && len(f) == 1:
-			e.relay()
-		case f[0] == "sweep" && len(f) == 1:
-			if _, err := stockops.Sweep(e.ctx, e.r); err != nil {
-				e.t.Fatal(err)
-			}
-		case f[0] == "advance" && len(f) == 2:
-			e.advance(dur(1))
-		case f[0] == "load" && len(f) == 3:
-			e.load(f[1], num(2))
-		case f[0] == "deduct" && len(f) == 4:
-			e.deduct(f[1], f[2], num(3))
-		case f[0] == "restock" && len(f) == 4:
-			e.must(e.r.Restock(e.ctx, f[1], f[2], num(3)))
-		case f[0] == "hold" && len(f) == 4:
-			e.hold(f[1], f[2], num(3), time.Hour)
-		case f[0] == "hold" && len(f) == 5:
-			e.hold(f[1], f[2], num(3), dur(4))
-		case f[0] == "confirm" && len(f) == 3:
-			e.must(e.r.Confirm(e.ctx, f[1], f[2]))
-		case f[0] == "extend" && len(f) == 4:
-			e.must(e.r.Extend(e.ctx, f[1], f[2], dur(3)))
-		case f[0] == "cancel" && len(f) == 3:
-			e.must(e.r.Cancel(e.ctx, f[1], f[2]))
-		case f[0] == "restore" && len(f) == 3:
-			e.mustRestore(f[1], f[2])
+		replayed, err := e.call(call)
+		switch w, named := outsideAnswers[want]; {
+		case named:
+			assert.ErrorIs(e.t, err, w, "%s", call)
+		case want == "replay":
+			assert.True(e.t, err == nil && replayed, "%s: replayed %v, %v; want a replay", call, replayed, err)
+		case want == "ok":
+			assert.NoError(e.t, err, "%s", call)
 		default:
-			e.t.Fatalf("unknown step %q", step)
+			e.t.Fatalf("step %q: unknown answer %q", step, want)
 		}
 	}
 }
@@ -1991,8 +2011,8 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 		// lost runs, and is relayed to the Store, between the snapshot and the loss.
 		lost string
 		want []outsideLevels
-		// check makes the repeated calls after the repair.
-		check func(t *testing.T, e *outsideEnv)
+		// check makes the repeated calls after the repair (see outsideEnv.expect).
+		check string
 		// settle runs after check; then a relay, and final is checked before and after a pass.
 		settle string
 		final  []outsideLevels
@@ -2002,11 +2022,7 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 		{
 			name: "lost deduct keeps Loaded", before: "load a 10; deduct a d1 2; relay",
 			lost: "deduct a d2 3", want: []lv{{"a", 10, 5, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				// d2 is a replay now: its entry is written back.
-				rc, err := e.deductAgain("a", "d2", 3)
-				e.wantReplay("repeat of d2", rc.Replayed, rc, err)
-			},
+			check:  "replay deduct a d2 3", // its entry is written back
 			settle: "restore a d2; restore a d1", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
@@ -2017,11 +2033,7 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 		{
 			name: "lost restock keeps Loaded", before: "load a 10; deduct a d1 2; relay",
 			lost: "restock a r1 5", want: []lv{{"a", 15, 2, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				rc, err := e.r.Restock(e.ctx, "a", "r1", 5)
-				e.wantReplay("repeat of restock r1", rc.Replayed, rc, err)
-				e.want("a", 15, 2, 0)
-			},
+			check:  "replay restock a r1 5; levels a 15 2 0",
 			settle: "restore a d1", final: []lv{{"a", 15, 0, 0}},
 		},
 		{
@@ -2032,45 +2044,27 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 		{
 			name: "lost restore gives back", before: "load a 10; deduct a d1 3; relay",
 			lost: "restore a d1", want: []lv{{"a", 10, 0, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				_, err := e.deductAgain("a", "d1", 3)
-				e.wantErr("deduct of restored d1", err, stock.ErrRestored)
-				rc, err := e.r.Restore(e.ctx, "a", "d1")
-				e.wantReplay("second restore of d1", rc.Replayed, rc, err)
-			},
+			check: "restored deduct a d1 3; replay restore a d1",
 			final: []lv{{"a", 10, 0, 0}},
 		},
 		{
 			name: "lost confirm makes the hold final", before: "load a 10; hold a h1 2; relay",
 			lost: "confirm a h1", want: []lv{{"a", 10, 2, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				rc, err := e.r.Confirm(e.ctx, "a", "h1")
-				e.wantReplay("repeat confirm", rc.Replayed, rc, err)
-				_, err = e.r.Cancel(e.ctx, "a", "h1")
-				e.wantErr("cancel of a confirmed hold", err, stock.ErrConfirmed)
-			},
+			check:  "replay confirm a h1; confirmed cancel a h1",
 			settle: "restore a h1", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
 			name: "lost confirm and restore release the hold", before: "load a 10; hold a h1 2; relay",
 			lost: "confirm a h1; restore a h1", want: []lv{{"a", 10, 0, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Confirm(e.ctx, "a", "h1")
-				e.wantErr("confirm of a released hold", err, stock.ErrRestored)
-			},
+			check: "restored confirm a h1",
 			final: []lv{{"a", 10, 0, 0}},
 		},
 		{
 			// A lost restock, a lost deduct and a lost restore at once.
 			name: "lost restock, deduct and restore at once", before: "load a 5; deduct a d0 1; relay",
-			lost: "restock a r1 7; deduct a d1 6; deduct a d2 2; restore a d0; restore a d2",
-			want: []lv{{"a", 12, 6, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				for id, qty := range map[string]int64{"d0": 1, "d2": 2} {
-					_, err := e.deductAgain("a", id, qty)
-					e.wantErr("deduct of restored "+id, err, stock.ErrRestored)
-				}
-			},
+			lost:   "restock a r1 7; deduct a d1 6; deduct a d2 2; restore a d0; restore a d2",
+			want:   []lv{{"a", 12, 6, 0}},
+			check:  "restored deduct a d0 1; restored deduct a d2 2",
 			settle: "restore a d1", final: []lv{{"a", 12, 0, 0}},
 		},
 		{
@@ -2130,31 +2124,20 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 			name: "buckets: lost deducts keep Loaded", opts: buckets, keys: []string{"stock:{a|*"},
 			before: "load a 10; deduct a d1 2; relay",
 			lost:   "deduct a d2 3; deduct a d3 1", want: []lv{{"a", 10, 6, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				for id, qty := range map[string]int64{"d2": 3, "d3": 1} {
-					rc, err := e.deductAgain("a", id, qty)
-					e.wantReplay("repeat of "+id, rc.Replayed, rc, err)
-				}
-			},
+			check:  "replay deduct a d2 3; replay deduct a d3 1",
 			settle: "restore a d1; restore a d2; restore a d3", final: []lv{{"a", 10, 0, 0}},
 		},
 		{
 			name: "buckets: lost restocks keep Loaded", opts: buckets, keys: []string{"stock:{a|*"},
 			before: "load a 10", lost: "restock a r1 6; restock a r2 4", want: []lv{{"a", 20, 0, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				rc, err := e.r.Restock(e.ctx, "a", "r1", 6)
-				e.wantReplay("repeat of restock r1", rc.Replayed, rc, err)
-			},
+			check: "replay restock a r1 6",
 			final: []lv{{"a", 20, 0, 0}},
 		},
 		{
 			name: "buckets: lost restores give back", opts: buckets, keys: []string{"stock:{a|*"},
 			before: "load a 10; deduct a d1 3; deduct a d2 2; relay",
 			lost:   "restore a d1; restore a d2", want: []lv{{"a", 10, 0, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				_, err := e.deductAgain("a", "d1", 3)
-				e.wantErr("deduct of restored d1", err, stock.ErrRestored)
-			},
+			check: "restored deduct a d1 3",
 		},
 		{
 			// Only one bucket's shard failed over (a cluster with one master behind).
@@ -2181,33 +2164,20 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 			name: "groups: lost cart", opts: groups, keys: []string{"stock:{g}:{a}*", "stock:{g}:{b}*"},
 			before: "load a 10; load b 10",
 			lost:   "deduct cart", want: []lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				rc, err := e.r.DeductMany(e.ctx, outsideCart)
-				e.wantReplay("repeat of the cart", rc.Replayed, rc, err)
-				e.wantAll([]lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}})
-			},
+			check: "replay deduct cart; levels a 10 2 0; levels b 10 3 0",
 		},
 		{
 			name: "cart with one line lost", keys: []string{outsideItemKeys("b")},
 			before: "load a 10; load b 10",
 			lost:   "deduct cart", want: []lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				rc, err := e.r.DeductMany(e.ctx, outsideCart)
-				e.wantReplay("repeat of the cart", rc.Replayed, rc, err)
-				e.want("b", 10, 3, 0)
-			},
+			check:  "replay deduct cart; levels b 10 3 0",
 			settle: "restore b c1", final: []lv{{"b", 10, 0, 0}},
 		},
 		{
 			name: "hold cart with a lost confirm", keys: []string{outsideItemKeys("b")},
 			before: "load a 10; load b 10; hold cart; relay",
 			lost:   "confirm cart", want: []lv{{"a", 10, 2, 0}, {"b", 10, 3, 0}},
-			check: func(t *testing.T, e *outsideEnv) {
-				if _, err := e.r.ConfirmMany(e.ctx, "c1", "a", "b"); err != nil {
-					t.Errorf("repeat ConfirmMany after repair: %v", err)
-				}
-				e.want("b", 10, 3, 0)
-			},
+			check: "ok confirm cart; levels b 10 3 0",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -2236,9 +2206,7 @@ func TestRepairAfterLostWritesKeepsBooks(t *testing.T) {
 					outsideNoNeedsHuman(t, res)
 				}
 				e.wantAll(tc.want)
-				if tc.check != nil {
-					tc.check(t, e)
-				}
+				e.expect(tc.check)
 				if tc.final == nil {
 					return
 				}

@@ -172,7 +172,6 @@ var outsideRet = &stock.ReconcileOptions{Retention: 24 * time.Hour}
 // not trimmed and that their repeats answer as before, then (where later is set) moves the clock
 // past the retention, passes again and checks that they are trimmed; and checks the levels.
 func TestRetentionKeepsLateSettledEntries(t *testing.T) {
-	holdReq := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
 	cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
 	for _, tc := range []struct {
 		name string
@@ -184,66 +183,48 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 		// kept are the ids of item "a" the first pass must not trim (and the pass after later
 		// must).
 		kept []string
-		// repeats are the calls made within the retention, after the first pass.
-		repeats func(t *testing.T, e *outsideEnv)
+		// repeats are the calls made within the retention, after the first pass (see
+		// outsideEnv.expect), and more (when set) after them.
+		repeats string
+		more    func(t *testing.T, e *outsideEnv)
 		later   time.Duration
 		want    []outsideLevels
 	}{
 		{
 			// At 71 h: 23 h past the deadline; later, 25 h past it.
-			name:  "long hold cancelled late",
-			steps: "load a 10; hold a h1 1 48h; advance 30h; cancel a h1; relay; advance 41h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
-				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
-			},
-			later: 2 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "long hold cancelled late",
+			steps:   "load a 10; hold a h1 1 48h; advance 30h; cancel a h1; relay; advance 41h",
+			kept:    []string{"h1"},
+			repeats: "restored hold a h1 1",
+			later:   2 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// At 71 h: 23 h past the deadline; later, 25 h past it.
-			name:  "expired long hold",
-			steps: "load a 10; hold a h1 1 48h; advance 49h; sweep; relay; advance 22h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
-				e.wantErr("repeat of the expired hold", err, stock.ErrExpired)
-				_, err = e.r.Confirm(e.ctx, "a", "h1")
-				e.wantErr("confirm of the expired hold", err, stock.ErrExpired)
-			},
-			later: 2 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "expired long hold",
+			steps:   "load a 10; hold a h1 1 48h; advance 49h; sweep; relay; advance 22h",
+			kept:    []string{"h1"},
+			repeats: "expired hold a h1 1; expired confirm a h1",
+			later:   2 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// At 43 h: 20 h after the restore; later, 25 h after it.
-			name:  "late restore",
-			steps: "load a 10; deduct a d1 2; relay; advance 23h; restore a d1; relay; advance 20h",
-			kept:  []string{"d1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.deductAgain("a", "d1", 2)
-				e.wantErr("repeat of a restored deduct", err, stock.ErrRestored)
-				rc, err := e.r.Restore(e.ctx, "a", "d1")
-				e.wantReplay("repeat restore", rc.Replayed, rc, err)
-			},
-			later: 5 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "late restore",
+			steps:   "load a 10; deduct a d1 2; relay; advance 23h; restore a d1; relay; advance 20h",
+			kept:    []string{"d1"},
+			repeats: "restored deduct a d1 2; replay restore a d1",
+			later:   5 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// 20 h after the restore; later, 25 h after it.
-			name:  "confirmed hold restored late",
-			steps: "load a 10; hold a h1 3; confirm a h1; relay; advance 30h; restore a h1; relay; advance 20h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 3}, time.Hour)
-				e.wantErr("repeat of the hold", err, stock.ErrRestored)
-				_, err = e.r.Confirm(e.ctx, "a", "h1")
-				e.wantErr("confirm of the restored hold", err, stock.ErrRestored)
-				rc, err := e.r.Restore(e.ctx, "a", "h1")
-				e.wantReplay("repeat restore", rc.Replayed, rc, err)
-			},
-			later: 5 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "confirmed hold restored late",
+			steps:   "load a 10; hold a h1 3; confirm a h1; relay; advance 30h; restore a h1; relay; advance 20h",
+			kept:    []string{"h1"},
+			repeats: "restored hold a h1 3; restored confirm a h1; replay restore a h1",
+			later:   5 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// The store refuses the sale, given back at 23 h; the pass 20 h after the refusal.
@@ -256,13 +237,10 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 					t.Fatalf("relay stats %+v, want one refusal", st)
 				}
 			},
-			steps: "relay; advance 20h",
-			opts:  &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
-			kept:  []string{"d1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.deductAgain("a", "d1", 2)
-				e.wantErr("repeat of a refused deduct", err, stock.ErrRestored)
-			},
+			steps:   "relay; advance 20h",
+			opts:    &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
+			kept:    []string{"d1"},
+			repeats: "restored deduct a d1 2",
 		},
 		{
 			name: "tombstone and retry refusal",
@@ -277,27 +255,18 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			},
 			steps: "relay; advance 23h",
 			kept:  []string{"t1", "x1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})
-				e.wantErr("deduct of tombstoned id within retention", err, stock.ErrRestored)
-				e.mustRestore("a", "d0")
-				_, err = e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1})
-				e.wantErr("repeat of a refused retry within retention", err, stock.ErrSoldOut)
-				e.relay()
-			},
-			later: 2 * time.Hour,
-			want:  []outsideLevels{{"a", 1, 0, 0}},
+			// The tombstoned id, then the refused retry once a unit is free again.
+			repeats: "restored deduct a t1 1 u; ok restore a d0; soldout deduct a x1 1 u; ok relay",
+			later:   2 * time.Hour,
+			want:    []outsideLevels{{"a", 1, 0, 0}},
 		},
 		{
 			// At 90.5 h: 18 h past the extended deadline.
-			name:  "extended hold cancelled",
-			steps: "load a 10; hold a h1 1; advance 30m; extend a h1 72h; advance 50h; cancel a h1; relay; advance 40h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
-				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
-			},
-			want: []outsideLevels{{"a", 10, 0, 0}},
+			name:    "extended hold cancelled",
+			steps:   "load a 10; hold a h1 1; advance 30m; extend a h1 72h; advance 50h; cancel a h1; relay; advance 40h",
+			kept:    []string{"h1"},
+			repeats: "restored hold a h1 1",
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			name: "long hold cart cancelled",
@@ -310,7 +279,7 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				}
 			},
 			steps: "relay; advance 41h",
-			repeats: func(t *testing.T, e *outsideEnv) {
+			more: func(t *testing.T, e *outsideEnv) {
 				if _, err := stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute); err != nil {
 					t.Fatal(err)
 				}
@@ -339,7 +308,10 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 					t.Fatalf("%s trimmed within the retention", id)
 				}
 			}
-			tc.repeats(t, e)
+			e.expect(tc.repeats)
+			if tc.more != nil {
+				tc.more(t, e)
+			}
 			if tc.later > 0 {
 				e.advance(tc.later)
 				e.pass(opts)
