@@ -111,6 +111,10 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	loadRedisAndStore(t, r, st, 10, "bh")
+	rl, err := stockops.NewRelay(r, st, nil, nil)
+	require.NoError(t, err)
+	rc, err := stockops.NewReconciler(r, st, nil)
+	require.NoError(t, err)
 	p.holed.Store(true)
 	check := func(name string, f func() error, wantUnknown bool) {
 		t.Helper()
@@ -120,22 +124,15 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 		select {
 		case err := <-done:
 			el := time.Since(start)
-			if err == nil {
-				t.Errorf("%s: nil error on a blackholed Redis", name)
+			if !assert.Error(t, err, "%s on a blackholed Redis", name) {
 				return
 			}
-			if el > 10*bound {
-				t.Errorf("%s: took %v, bound %v", name, el, bound)
+			assert.LessOrEqual(t, el, 10*bound, "%s", name)
+			if wantUnknown {
+				assert.ErrorIs(t, err, stock.ErrUnknownOutcome, "%s", name)
 			}
-			if wantUnknown && !errors.Is(err, stock.ErrUnknownOutcome) {
-				t.Errorf("%s: %v does not wrap ErrUnknownOutcome", name, err)
-			}
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("%s: %v does not wrap context.DeadlineExceeded", name, err)
-			}
-			if errors.Is(err, stock.ErrInvalid) {
-				t.Errorf("%s: %v labelled ErrInvalid", name, err)
-			}
+			assert.ErrorIs(t, err, context.DeadlineExceeded, "%s", name)
+			assert.NotErrorIs(t, err, stock.ErrInvalid, "%s", name)
 			t.Logf("%s: %v in %v (Outcome %s)", name, err, el, stock.Outcome(err))
 		case <-time.After(30 * bound):
 			t.Errorf("%s: did not return within %v", name, 30*bound)
@@ -161,31 +158,17 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	check("SweepAll", func() error { _, err := stockops.Sweep(ctx, r); return err }, false)
 	check("Pending", func() error { _, _, err := stockops.Pending(ctx, r, "bh"); return err }, false)
 	check("FailoverGuard.Check", func() error { _, err := stockops.NewFailoverGuard(r).Check(ctx); return err }, false)
-	check("Relay.Once", func() error {
-		rl, err := stockops.NewRelay(r, st, nil, nil)
-		if err != nil {
-			return err
-		}
-		_, err = rl.Once(ctx)
-		return err
-	}, false)
-	check("Reconciler.Pass", func() error {
-		rc, err := stockops.NewReconciler(r, st, nil)
-		if err != nil {
-			return err
-		}
-		_, err = rc.Pass(ctx)
-		return err
-	}, false)
+	check("Relay.Once", func() error { _, err := rl.Once(ctx); return err }, false)
+	check("Reconciler.Pass", func() error { _, err := rc.Pass(ctx); return err }, false)
 	check("Consume", func() error {
 		return stock.Consume(ctx, r, st, stock.Event{Type: stock.EventDeducted, SKU: "bh", ID: "zz", Qty: 1, Seq: 1, At: time.Now()})
 	}, false)
 
 	p.holed.Store(false)
 	// the blackholed Deduct may reach Redis when the network heals; a retry resolves.
-	var rc stock.Receipt
+	var rcpt stock.Receipt
 	for i := 0; i < 50; i++ {
-		rc, err = r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1, Retry: true})
+		rcpt, err = r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1, Retry: true})
 		if err == nil || !errors.Is(err, stock.ErrUnknownOutcome) {
 			break
 		}
@@ -194,7 +177,7 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	if err != nil && !errors.Is(err, stock.ErrRestored) {
 		t.Fatalf("retry after heal: %v", err)
 	}
-	t.Logf("retry: %+v %v", rc, err)
+	t.Logf("retry: %+v %v", rcpt, err)
 }
 
 // Promise under test: the fence is lifted by a complete

@@ -477,16 +477,9 @@ type relayQueue struct {
 	// says how many of the first events the queue really takes.
 	batch func(call int, evs []stock.Event) (errs []error, keep []bool)
 	calls atomic.Int64
-	// single, when set, decides Publish's answer (nil keeps the event).
-	single func(ev stock.Event) error
 }
 
 func (q *relayQueue) Publish(ctx context.Context, ev stock.Event) error {
-	if q.single != nil {
-		if err := q.single(ev); err != nil {
-			return err
-		}
-	}
 	q.mu.Lock()
 	q.msgs = append(q.msgs, ev)
 	q.mu.Unlock()
