@@ -138,19 +138,10 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 			t.Errorf("%s: did not return within %v", name, 30*bound)
 		}
 	}
-	check("Deduct", func() error {
-		_, err := r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1})
-		return err
-	}, true)
+	check("Deduct", func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1})) }, true)
 	check("Restore", func() error { _, err := r.Restore(ctx, "bh", "a"); return err }, true)
-	check("Hold", func() error {
-		_, err := r.Hold(ctx, stock.Request{SKU: "bh", ID: "h", Qty: 1}, time.Minute)
-		return err
-	}, true)
-	check("DeductMany", func() error {
-		_, err := r.DeductMany(ctx, stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "bh", Qty: 1}, {SKU: "bh2", Qty: 1}}})
-		return err
-	}, true)
+	check("Hold", func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "bh", ID: "h", Qty: 1}, time.Minute)) }, true)
+	check("DeductMany", func() error { return errOf(r.DeductMany(ctx, stock.Cart{ID: "c", Lines: unitLines("bh", "bh2")})) }, true)
 	check("Levels", func() error { _, err := r.Levels(ctx, "bh"); return err }, false)
 	check("Available", func() error { _, err := testkit.Available(r.Levels(ctx, "bh")); return err }, false)
 	check("Load", func() error { return r.Load(ctx, "bh3", 1) }, true)
@@ -497,31 +488,15 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 			t.Fatalf("a guard on a real Redis with items and no epoch did not fence: fenced %v, %v", f, err)
 		}
 		keysBefore := faultKeys(t, c)
+		saga := unitLines("ea", "eb")
+		grouped := unitLines("ga", "gb")
 		calls := map[string]func() error{
-			"Deduct": func() error {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})
-				return err
-			},
-			"Hold": func() error {
-				_, err := r.Hold(ctx, stock.Request{SKU: "ea", ID: "h", Qty: 1}, time.Minute)
-				return err
-			},
-			"DeductMany saga": func() error {
-				_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
-				return err
-			},
-			"HoldMany saga": func() error {
-				_, err := r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}}, time.Minute)
-				return err
-			},
-			"DeductMany grouped": func() error {
-				_, err := r.DeductMany(ctx, stock.Cart{ID: "c3", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}})
-				return err
-			},
-			"HoldMany grouped": func() error {
-				_, err := r.HoldMany(ctx, stock.Cart{ID: "c4", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 1}}}, time.Minute)
-				return err
-			},
+			"Deduct":             func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})) },
+			"Hold":               func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "ea", ID: "h", Qty: 1}, time.Minute)) },
+			"DeductMany saga":    func() error { return errOf(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: saga})) },
+			"HoldMany saga":      func() error { return errOf(r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: saga}, time.Minute)) },
+			"DeductMany grouped": func() error { return errOf(r.DeductMany(ctx, stock.Cart{ID: "c3", Lines: grouped})) },
+			"HoldMany grouped":   func() error { return errOf(r.HoldMany(ctx, stock.Cart{ID: "c4", Lines: grouped}, time.Minute)) },
 		}
 		for name, f := range calls {
 			err := f()
@@ -540,6 +515,9 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 		}
 	})
 }
+
+// errOf is the error of a call's two answers.
+func errOf(_ any, err error) error { return err }
 
 // faultKeys dumps every key of every master (type and a digest of the value).
 func faultKeys(t *testing.T, c rueidis.Client) map[string]string {

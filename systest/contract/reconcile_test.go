@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1361,10 +1362,15 @@ type queue struct {
 }
 
 func (q *queue) Publish(_ context.Context, ev stock.Event) error {
+	q.put(ev)
+	return nil
+}
+
+// put appends evs to the queue (a broker taking them, or redelivering them).
+func (q *queue) put(evs ...stock.Event) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.msg = append(q.msg, ev)
-	return nil
+	q.msg = append(q.msg, evs...)
 }
 
 // take removes and returns every message queued so far.
@@ -1374,6 +1380,13 @@ func (q *queue) take() []stock.Event {
 	out := q.msg
 	q.msg = nil
 	return out
+}
+
+// snapshot returns the messages queued so far, leaving them queued.
+func (q *queue) snapshot() []stock.Event {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.msg)
 }
 
 // consumeAll delivers msgs through Consume until every one is acked, putting a message that

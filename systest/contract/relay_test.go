@@ -469,54 +469,28 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 	})
 }
 
-// relayQueue is an in-memory broker: what the publisher accepted, in the order it accepted it.
+// relayQueue is a queue (what the publisher accepted, in the order it accepted it) that is also a
+// BatchPublisher.
 type relayQueue struct {
-	mu   sync.Mutex
-	msgs []stock.Event
+	queue
 	// batch, when set, decides what PublishBatch does with a batch: it returns the answer and
-	// says how many of the first events the queue really takes.
+	// says which of the events the queue really takes.
 	batch func(call int, evs []stock.Event) (errs []error, keep []bool)
 	calls atomic.Int64
 }
 
-func (q *relayQueue) Publish(ctx context.Context, ev stock.Event) error {
-	q.mu.Lock()
-	q.msgs = append(q.msgs, ev)
-	q.mu.Unlock()
-	return nil
-}
-
 func (q *relayQueue) PublishBatch(ctx context.Context, evs []stock.Event) []error {
 	call := int(q.calls.Add(1))
-	if q.batch == nil {
-		for _, ev := range evs {
-			_ = q.Publish(ctx, ev)
-		}
-		return make([]error, len(evs))
+	errs, keep := keepAll(len(evs))
+	if q.batch != nil {
+		errs, keep = q.batch(call, evs)
 	}
-	errs, keep := q.batch(call, evs)
-	q.mu.Lock()
 	for i, ev := range evs {
 		if keep[i] {
-			q.msgs = append(q.msgs, ev)
+			q.put(ev)
 		}
 	}
-	q.mu.Unlock()
 	return errs
-}
-
-func (q *relayQueue) take() []stock.Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	out := q.msgs
-	q.msgs = nil
-	return out
-}
-
-func (q *relayQueue) snapshot() []stock.Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return append([]stock.Event(nil), q.msgs...)
 }
 
 // orderStore wraps a memstore and records, per item, every event that changed something, to
@@ -891,9 +865,7 @@ func TestBatchPanics(t *testing.T) {
 	c := newQueueCase(t, 4, 40, "p")
 	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		if call == 1 {
-			c.q.mu.Lock()
-			c.q.msgs = append(c.q.msgs, evs[:len(evs)/2]...)
-			c.q.mu.Unlock()
+			c.q.put(evs[:len(evs)/2]...)
 			panic("publisher bug")
 		}
 		return keepAll(len(evs))
@@ -1100,9 +1072,7 @@ func TestManyItemsLiveConsume(t *testing.T) {
 		for {
 			select {
 			case <-stop:
-				c.q.mu.Lock()
-				c.q.msgs = append(c.q.msgs, held...)
-				c.q.mu.Unlock()
+				c.q.put(held...)
 				return
 			default:
 			}
