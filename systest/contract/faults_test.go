@@ -165,9 +165,7 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err != nil && !errors.Is(err, stock.ErrRestored) {
-		t.Fatalf("retry after heal: %v", err)
-	}
+	require.False(t, err != nil && !errors.Is(err, stock.ErrRestored), "retry after heal: %v", err)
 	t.Logf("retry: %+v %v", rcpt, err)
 }
 
@@ -195,9 +193,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err != nil || !fenced {
-		t.Fatalf("after restart: fenced=%v err=%v", fenced, err)
-	}
+	require.False(t, err != nil || !fenced, "after restart: fenced=%v err=%v", fenced, err)
 	if _, err := r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Fatalf("deduct while fenced: %v", err)
 	}
@@ -206,9 +202,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 		t.Helper()
 		fenced, err := g.Check(ctx)
 		require.NoError(t, err)
-		if !fenced {
-			t.Fatalf("fence lifted by %s", what)
-		}
+		require.True(t, fenced, "fence lifted by %s", what)
 	}
 	for what, opts := range map[string]*stock.ReconcileOptions{
 		"a dry run":                                  {DryRun: true},
@@ -242,16 +236,12 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	full, _ := stockops.NewReconciler(r2, st, nil)
 	res, err := full.Pass(ctx)
 	t.Logf("pass with a busy item: complete=%v recorded=%v err=%v", res.Complete, res.EpochRecorded, err)
-	if res.Complete || res.EpochRecorded {
-		t.Errorf("a pass that found an item busy counted as complete: %+v", res)
-	}
+	assert.False(t, res.Complete || res.EpochRecorded, "a pass that found an item busy counted as complete: %+v", res)
 	stillFenced("a pass that found an item busy")
 	close(block)
 	require.NoError(t, <-relayDone)
 	res, err = full.Pass(ctx)
-	if err != nil || !res.Complete || !res.EpochRecorded {
-		t.Fatalf("complete pass: %v %+v", err, res)
-	}
+	require.False(t, err != nil || !res.Complete || !res.EpochRecorded, "complete pass: %v %+v", err, res)
 	if fenced, err := g.Check(ctx); err != nil || fenced {
 		t.Fatalf("after a complete pass elsewhere: fenced=%v err=%v", fenced, err)
 	}
@@ -277,14 +267,10 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 			g := stockops.NewFailoverGuard(r)
 			fenced, err := g.Check(ctx)
 			if err != nil {
-				if b.Real() {
-					t.Fatalf("guard check on a real Redis: %v", err)
-				}
+				require.False(t, b.Real(), "guard check on a real Redis: %v", err)
 				t.Skipf("guard unusable on this backend: %v", err)
 			}
-			if !fenced {
-				t.Fatal("a guard added to a live deployment with no epoch is not fenced")
-			}
+			require.True(t, fenced, "a guard added to a live deployment with no epoch is not fenced")
 			if _, err := r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 				t.Fatalf("deduct while fenced: %v", err)
 			}
@@ -445,19 +431,13 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 	}
 	out, code := run("reconcile")
 	t.Logf("reconcile (report): exit %d\n%s", code, out)
-	if code != 3 {
-		t.Errorf("report-only reconcile after a lost registry: exit %d, want 3", code)
-	}
+	assert.EqualValues(t, 3, code, "report-only reconcile after a lost registry: exit %d, want 3", code)
 	out, code = run("reconcile", "-apply")
 	t.Logf("reconcile -apply: exit %d\n%s", code, out)
-	if code == 0 {
-		t.Errorf("reconcile -apply after Redis lost 2 acknowledged undelivered sales exits 0: a cron alert never fires (ErrRegistryLost's doc: a human must look)")
-	}
+	assert.NotZero(t, code, "reconcile -apply after Redis lost 2 acknowledged undelivered sales exits 0: a cron alert never fires (ErrRegistryLost's doc: a human must look)")
 	lv, err := r.Levels(ctx, "cli")
 	require.NoError(t, err, "not rebuilt")
-	if lv.Available != 7 {
-		t.Errorf("rebuilt available %d, want 7 (the store's remaining)", lv.Available)
-	}
+	assert.EqualValues(t, 7, lv.Available, "rebuilt available %d, want 7 (the store's remaining)", lv.Available)
 	if f, err := g.Check(ctx); err != nil || f {
 		t.Errorf("fence not lifted by the CLI's complete pass: fenced=%v %v", f, err)
 	}
@@ -466,9 +446,7 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 	}
 	out, code = run("reconcile")
 	t.Logf("reconcile again: exit %d\n%s", code, out)
-	if code != 0 {
-		t.Errorf("after the repair, reconcile exits %d", code)
-	}
+	assert.Zero(t, code, "after the repair, reconcile exits %d", code)
 }
 
 // Broken promise under test (error contract): ErrFailover sent nothing, for
@@ -500,18 +478,12 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 		}
 		for name, f := range calls {
 			err := f()
-			if !errors.Is(err, stock.ErrFailover) {
-				t.Errorf("%s while fenced: %v, want ErrFailover", name, err)
-			}
-			if stock.Outcome(err) != "failover" {
-				t.Errorf("%s: Outcome %q", name, stock.Outcome(err))
-			}
+			assert.ErrorIs(t, err, stock.ErrFailover, "%s while fenced: %v, want ErrFailover", name, err)
+			assert.EqualValues(t, "failover", stock.Outcome(err), "%s: Outcome %q", name, stock.Outcome(err))
 		}
 		keysAfter := faultKeys(t, c)
 		for k, v := range keysAfter {
-			if keysBefore[k] != v {
-				t.Errorf("ErrFailover changed key %s: %q -> %q", k, keysBefore[k], v)
-			}
+			assert.EqualValues(t, v, keysBefore[k], "ErrFailover changed key %s: %q -> %q", k, keysBefore[k], v)
 		}
 	})
 }
@@ -554,28 +526,18 @@ func TestErrNotReplicatedWrote(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, 5))
 	}
 	rc, err := r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 2})
-	if !errors.Is(err, stock.ErrNotReplicated) || rc.Qty != 2 || rc.Remaining != 3 {
-		t.Errorf("Deduct: %+v %v", rc, err)
-	}
-	if stock.Outcome(err) != "not_replicated" {
-		t.Errorf("Outcome %q", stock.Outcome(err))
-	}
+	assert.False(t, !errors.Is(err, stock.ErrNotReplicated) || rc.Qty != 2 || rc.Remaining != 3, "Deduct: %+v %v", rc, err)
+	assert.EqualValues(t, "not_replicated", stock.Outcome(err), "Outcome %q", stock.Outcome(err))
 	crc, err := r.DeductMany(ctx, stock.Cart{ID: "g", Lines: []stock.Line{{SKU: "ga", Qty: 1}, {SKU: "gb", Qty: 2}}})
-	if !errors.Is(err, stock.ErrNotReplicated) {
-		t.Errorf("grouped DeductMany: %+v %v, want ErrNotReplicated", crc, err)
-	}
+	assert.ErrorIs(t, err, stock.ErrNotReplicated, "grouped DeductMany: %+v %v, want ErrNotReplicated", crc, err)
 	for sku, want := range map[string]int64{"ea": 3, "eb": 5, "ga": 4, "gb": 3} {
 		lv, err := r.Levels(ctx, sku)
-		if err != nil || lv.Available != want {
-			t.Errorf("%s: %+v %v, want available %d", sku, lv, err, want)
-		}
+		assert.False(t, err != nil || lv.Available != want, "%s: %+v %v, want available %d", sku, lv, err, want)
 	}
 	// the replay of a not-replicated write
 	rc, err = r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 2})
 	t.Logf("replay: %+v %v", rc, err)
-	if !rc.Replayed {
-		t.Errorf("replay not Replayed: %+v %v", rc, err)
-	}
+	assert.True(t, rc.Replayed, "replay not Replayed: %+v %v", rc, err)
 }
 
 // Run started on a live deployment (items loaded, sales made, no guard ever ran): the guard fences
@@ -951,9 +913,7 @@ func faultLoad(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstor
 				return
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("load %s: %v", sku, err)
-		}
+		require.False(t, time.Now().After(deadline), "load %s: %v", sku, err)
 		time.Sleep(50 * time.Millisecond)
 	}
 }
@@ -1025,15 +985,13 @@ func audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.St
 			inStore := ok && rec.Status == stock.StateApplied
 			if !inRedis && !inStore {
 				lost++
-				if lost <= 10 {
+				if lost <= 10 { // the first ten
 					t.Errorf("acknowledged deduct %s/%s lost: ledger %+v (%v), store %+v (%v)", sku, id, e, lerr, rec, ok)
 				}
 			}
 		}
 	}
-	if lost > 0 {
-		t.Errorf("%d acknowledged deducts are in neither the Redis ledger nor the store", lost)
-	}
+	assert.Zero(t, lost, "%d acknowledged deducts are in neither the Redis ledger nor the store", lost)
 	if m := st.MaxApplications(); m > 1 {
 		t.Errorf("an event was applied %d times to the store", m)
 	}
@@ -1042,12 +1000,8 @@ func audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.St
 		require.NoError(t, err, "levels %s", sku)
 		rem, err := st.Remaining(ctx, sku)
 		require.NoError(t, err, "store remaining %s", sku)
-		if rem != lv.Available+lv.Held {
-			t.Errorf("%s: store remaining %d, Redis available %d + held %d (levels %+v)", sku, rem, lv.Available, lv.Held, lv)
-		}
-		if lv.Loaded != lv.Available+lv.Held+lv.Sold {
-			t.Errorf("%s: loaded %d != available+held+sold (%+v)", sku, lv.Loaded, lv)
-		}
+		assert.EqualValues(t, lv.Available+lv.Held, rem, "%s: store remaining %d, Redis available %d + held %d (levels %+v)", sku, rem, lv.Available, lv.Held, lv)
+		assert.EqualValues(t, lv.Available+lv.Held+lv.Sold, lv.Loaded, "%s: loaded %d != available+held+sold (%+v)", sku, lv.Loaded, lv)
 	}
 }
 
@@ -1071,9 +1025,7 @@ func faultDrain(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.S
 		if left == 0 && rerr == nil {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("outbox not drained: %d events left, last relay error %v", left, rerr)
-		}
+		require.False(t, time.Now().After(deadline), "outbox not drained: %d events left, last relay error %v", left, rerr)
 		time.Sleep(100 * time.Millisecond)
 	}
 }
@@ -1102,9 +1054,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 		if _, err := rr.Levels(ctx, "fo-nr"); err == nil {
 			break
 		}
-		if ctx.Err() != nil {
-			t.Fatal("replica never got the item")
-		}
+		require.NoError(t, ctx.Err(), "replica never got the item")
 		time.Sleep(100 * time.Millisecond)
 	}
 	bad := 0
@@ -1112,14 +1062,10 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 		id := fmt.Sprintf("nr-%d", i)
 		req := stock.Request{SKU: "fo-nr", ID: id, Qty: 1}
 		_, err := r.Deduct(ctx, req)
-		if !errors.Is(err, stock.ErrNotReplicated) {
-			t.Fatalf("deduct %s through a replica 1.5 s behind with WithReplicaAck(1, 200ms): %v, want ErrNotReplicated", id, err)
-		}
+		require.ErrorIs(t, err, stock.ErrNotReplicated, "deduct %s through a replica 1.5 s behind with WithReplicaAck(1, 200ms): %v, want ErrNotReplicated", id, err)
 		req.Retry = true
 		rc, err := r.Deduct(ctx, req)
-		if !rc.Replayed {
-			t.Errorf("retry of %s: not a replay (%+v, %v)", id, rc, err)
-		}
+		assert.True(t, rc.Replayed, "retry of %s: not a replay (%+v, %v)", id, rc, err)
 		if err == nil {
 			_, lerr := rr.Ledger(ctx, "fo-nr", id)
 			if lerr != nil {
@@ -1130,9 +1076,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 			t.Errorf("retry of %s: %v", id, err)
 		}
 	}
-	if bad > 0 {
-		t.Errorf("%d of 5 replays of a not-replicated deduct were acknowledged as replicated while the replica lacked them", bad)
-	}
+	assert.Zero(t, bad, "%d of 5 replays of a not-replicated deduct were acknowledged as replicated while the replica lacked them", bad)
 
 	// The consequence: the buyer retried until a definite answer (nil), then the primary dies.
 	req := stock.Request{SKU: "fo-nr", ID: "nr-kill", Qty: 1}
@@ -1158,9 +1102,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if lerr != nil {
-		t.Errorf("deduct nr-kill was acknowledged (its same-id retry answered nil) and is gone after kill -9 of the primary: %v", lerr)
-	}
+	assert.NoError(t, lerr, "deduct nr-kill was acknowledged (its same-id retry answered nil) and is gone after kill -9 of the primary: %v", lerr)
 }
 
 // buyer deducts one unit under id until it gets a definite answer: a sale (recorded in acked
@@ -1328,9 +1270,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			if liftedAt.IsZero() {
-				t.Fatalf("round %d: the fence did not lift within 5 s of a pass that recorded the epoch: %v", round, last)
-			}
+			require.False(t, liftedAt.IsZero(), "round %d: the fence did not lift within 5 s of a pass that recorded the epoch: %v", round, last)
 		}
 		if n := obs.between(switched, liftedAt); n == 0 {
 			t.Errorf("round %d: the fence lifted at +%v with no reconcile pass since the new primary took over",
@@ -1424,15 +1364,11 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if !fenced {
-		t.Fatal("the guard did not fence within 10 s of the failover")
-	}
+	require.True(t, fenced, "the guard did not fence within 10 s of the failover")
 	close(gs.gate)
 	o := <-done
 	t.Logf("pass across the failover: complete=%v recorded=%v epochErr=%v err=%v", o.res.Complete, o.res.EpochRecorded, o.res.EpochErr, o.err)
-	if o.res.EpochRecorded {
-		t.Errorf("a pass that began on the old primary and ended on the new one recorded the epoch")
-	}
+	assert.False(t, o.res.EpochRecorded, "a pass that began on the old primary and ended on the new one recorded the epoch")
 	if f, err := g.Check(ctx); err != nil || !f {
 		t.Errorf("after that pass the guard is not fenced (fenced=%v, err=%v): deducts resume on a primary no pass compared whole", f, err)
 	}

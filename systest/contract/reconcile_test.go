@@ -93,9 +93,7 @@ func consumeRelayed(t *testing.T, r *stock.Reserver, st stock.Store, rl *stockop
 	_, err := rl.Once(ctx)
 	require.NoError(t, err)
 	for _, ev := range q.take() {
-		if ev.Type == stock.EventRefused {
-			t.Errorf("store refused a valid sale: %+v", ev)
-		}
+		assert.NotEqualValues(t, stock.EventRefused, ev.Type, "store refused a valid sale: %+v", ev)
 		require.NoError(t, stock.Consume(ctx, r, st, ev), "Consume late %v", ev)
 	}
 }
@@ -222,9 +220,7 @@ type repairQueue = queue
 func repairConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
 	t.Helper()
 	for round := 0; len(msgs) > 0; round++ {
-		if round > 200 {
-			t.Fatalf("events still held back after 200 rounds: %v", msgs)
-		}
+		require.False(t, round > 200, "events still held back after 200 rounds: %v", msgs)
 		var again []stock.Event
 		for _, ev := range msgs {
 			err := stock.Consume(ctx, r, st, ev)
@@ -272,9 +268,7 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 		res, err := rc.Pass(ctx)
 		require.NoError(t, err, "Pass (%+v)", res)
 		for _, rp := range res.Reports {
-			if rp.Adjusted != 0 || rp.Drift != 0 || rp.Rebuilt || rp.Resynced != 0 || rp.Requeued != 0 {
-				t.Fatalf("pass with consumer down repaired in-flight sales: %s", rp)
-			}
+			require.False(t, rp.Adjusted != 0 || rp.Drift != 0 || rp.Rebuilt || rp.Resynced != 0 || rp.Requeued != 0, "pass with consumer down repaired in-flight sales: %s", rp)
 		}
 		require.Zero(t, testkit.Levels(t, r, sku).Available, "available after pass")
 		// The queue redelivers everything reversed and twice.
@@ -294,9 +288,7 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 		res, err = rc.Pass(ctx)
 		require.NoError(t, err, "second Pass")
 		for _, rp := range res.Reports {
-			if rp.Adjusted != 0 || rp.Drift != 0 || rp.Published != 0 || rp.InFlight != 0 {
-				t.Errorf("after drain: %s", rp)
-			}
+			assert.False(t, rp.Adjusted != 0 || rp.Drift != 0 || rp.Published != 0 || rp.InFlight != 0, "after drain: %s", rp)
 		}
 	})
 }
@@ -359,9 +351,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 			res, err := rc.Pass(ctx)
 			require.NoError(t, err, "step %d Pass", step)
 			for _, rp := range res.Reports {
-				if rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 || rp.Requeued != 0 || rp.Rebuilt {
-					t.Fatalf("step %d: pass repaired with events in flight: %s", step, rp)
-				}
+				require.False(t, rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 || rp.Requeued != 0 || rp.Rebuilt, "step %d: pass repaired with events in flight: %s", step, rp)
 			}
 		}
 		repairConsumeAll(t, ctx, r, st, backlog, rng)
@@ -372,9 +362,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 		require.NoError(t, err)
 		rem, err := st.Remaining(ctx, sku)
 		require.NoError(t, err)
-		if lv.Available+lv.Held != rem {
-			t.Errorf("redis available %d != store remaining %d", lv.Available, rem)
-		}
+		assert.EqualValues(t, rem, lv.Available+lv.Held, "redis available %d != store remaining %d", lv.Available, rem)
 		if n := st.MaxApplications(); n > 1 {
 			t.Errorf("double application: %d", n)
 		}
@@ -404,9 +392,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 		}
 		rc, _ := stockops.NewReconciler(r, st, nil)
 		_, err := rc.Once(ctx)
-		if !errors.Is(err, stock.ErrRegistryLost) {
-			t.Fatalf("Once after FLUSHALL: %v, want ErrRegistryLost", err)
-		}
+		require.ErrorIs(t, err, stock.ErrRegistryLost, "Once after FLUSHALL: %v, want ErrRegistryLost", err)
 		res, err := rc.Pass(ctx)
 		t.Logf("second pass: %v %+v", err, res)
 		lv, err := r.Levels(ctx, "fl")
@@ -421,9 +407,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 		}
 		rem, _ := st.Remaining(ctx, "fl")
 		lv, _ = r.Levels(ctx, "fl")
-		if lv.Available > rem {
-			t.Errorf("after the rebuild and the consumer's late events, Redis would sell %d units, store has %d", lv.Available, rem)
-		}
+		assert.False(t, lv.Available > rem, "after the rebuild and the consumer's late events, Redis would sell %d units, store has %d", lv.Available, rem)
 		// What that costs buyers: sell what Redis offers, deliver through the queue.
 		sold := 0
 		for i := 0; ; i++ {
@@ -447,18 +431,14 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 				}
 			}
 		}
-		if refused > 0 {
-			t.Errorf("buyers told yes then no: the store refused %d of %d sales Redis made after its rebuild", refused, sold)
-		}
+		assert.Zero(t, refused, "buyers told yes then no: the store refused %d of %d sales Redis made after its rebuild", refused, sold)
 		// the registry is back: relays see the item again
 		found := false
 		for sku, err := range stockops.Items(ctx, r) {
 			require.NoError(t, err)
 			found = found || sku == "fl"
 		}
-		if !found {
-			t.Error("item not registered again after the repairing pass")
-		}
+		assert.True(t, found, "item not registered again after the repairing pass")
 	})
 }
 
@@ -577,15 +557,11 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 			res, err := rc.Pass(ctx)
 			for _, rp := range res.Reports {
 				t.Logf("pass %d: %s (%v)", i, rp, err)
-				if rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 || rp.Requeued != 0 {
-					t.Errorf("pass after a consumer died after its commits: %s", rp)
-				}
+				assert.False(t, rp.Adjusted != 0 || rp.Drift != 0 || rp.Resynced != 0 || rp.Requeued != 0, "pass after a consumer died after its commits: %s", rp)
 			}
 		}
 		lv, _ := r.Levels(ctx, "kc")
-		if lv.Available != 1 {
-			t.Errorf("available %d, want 1", lv.Available)
-		}
+		assert.EqualValues(t, 1, lv.Available, "available %d, want 1", lv.Available)
 		// the queue redelivers everything, reversed
 		for i := len(msgs) - 1; i >= 0; i-- {
 			if err := stock.Consume(ctx, r, st, msgs[i]); err != nil {
@@ -594,15 +570,11 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 		}
 		rem, _ := st.Remaining(ctx, "kc")
 		lv, _ = r.Levels(ctx, "kc")
-		if rem != 1 || lv.Available != 1 || st.MaxApplications() > 1 {
-			t.Errorf("store %d, redis %d, max applications %d", rem, lv.Available, st.MaxApplications())
-		}
+		assert.False(t, rem != 1 || lv.Available != 1 || st.MaxApplications() > 1, "store %d, redis %d, max applications %d", rem, lv.Available, st.MaxApplications())
 		_, err = rl.Once(ctx)
 		require.NoError(t, err)
 		for _, ev := range q.take() {
-			if ev.Type == stock.EventRefused {
-				t.Errorf("refusal after the redelivery: %+v", ev)
-			}
+			assert.NotEqualValues(t, stock.EventRefused, ev.Type, "refusal after the redelivery: %+v", ev)
 		}
 	})
 }
@@ -719,9 +691,7 @@ func TestReconcilerDuringConsume(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	relayConsumeAll(t, ctx, e.Reserver, st, held, rng)
-	if passes.Load() == 0 {
-		t.Fatal("no reconcile pass ran")
-	}
+	require.NotZero(t, passes.Load(), "no reconcile pass ran")
 	if n := adjusted.Load(); n > 0 {
 		repairs.Range(func(k, v any) bool { t.Errorf("item %v repaired with no drift: %v", k, v); return true })
 	}
@@ -774,9 +744,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 						lost++
 					}
 				}
-				if lost != 1 {
-					t.Fatalf("found %d ledger keys of the item to evict", lost)
-				}
+				require.EqualValues(t, 1, lost, "found %d ledger keys of the item to evict", lost)
 			},
 			rerecords: true,
 		},
@@ -784,25 +752,19 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, e, st, rng := setup(t, 14)
 			acks, _ := consumedTraffic(t, ctx, e, st, rng, []string{tc.sku}, 60)
-			if len(acks.restock[tc.sku]) == 0 {
-				t.Fatal("the traffic made no restock")
-			}
+			require.NotEmpty(t, acks.restock[tc.sku], "the traffic made no restock")
 			tc.lose(t, ctx, e, st)
 			rec, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
 			require.NoError(t, err)
 			rerecorded := 0
 			for i := 0; i < 3; i++ {
 				reps, err := rec.Once(ctx)
-				if err != nil {
-					t.Errorf("pass %d with the default retention after the loss: %v (reports %v)", i, err, reps)
-				}
+				assert.NoError(t, err, "pass %d with the default retention after the loss: %v (reports %v)", i, err, reps)
 				for _, rp := range reps {
 					rerecorded += rp.Rerecorded
 				}
 			}
-			if tc.rerecords && rerecorded == 0 {
-				t.Error("no pass re-recorded the lost entries")
-			}
+			assert.False(t, tc.rerecords && rerecorded == 0, "no pass re-recorded the lost entries")
 			for id := range acks.restock[tc.sku] {
 				if _, err := e.Reserver.Ledger(ctx, tc.sku, id); err != nil {
 					t.Errorf("Ledger of re-recorded restock %s: %v", id, err)
@@ -810,9 +772,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 			}
 			lv, _ := e.Reserver.Levels(ctx, tc.sku)
 			rem, _ := st.Remaining(ctx, tc.sku)
-			if lv.Available != rem {
-				t.Errorf("Redis %d, store %d", lv.Available, rem)
-			}
+			assert.EqualValues(t, rem, lv.Available, "Redis %d, store %d", lv.Available, rem)
 			verify(t, ctx, e.Reserver, st, acks)
 		})
 	}
@@ -865,16 +825,12 @@ func (d *drift) check(t *testing.T) {
 // rerecords, so are rewritten ledger entries (see TestTrimThenRerecord).
 func checkReports(t *testing.T, res stockops.PassResult, err error, rerecords bool) {
 	t.Helper()
-	if err != nil && !errors.Is(err, context.Canceled) {
-		t.Errorf("reconcile pass: %v", err)
-	}
+	assert.False(t, err != nil && !errors.Is(err, context.Canceled), "reconcile pass: %v", err)
 	for _, rp := range res.Reports {
 		if rp.Busy {
 			continue
 		}
-		if rp.Drift != 0 || rp.Adjusted != 0 || rp.NeedsHuman != "" || rp.Requeued != 0 || rp.Resynced != 0 || (rp.Rerecorded != 0 && !rerecords) || rp.Rebuilt {
-			t.Errorf("reconcile pass touched a consistent item: %+v", rp)
-		}
+		assert.False(t, rp.Drift != 0 || rp.Adjusted != 0 || rp.NeedsHuman != "" || rp.Requeued != 0 || rp.Resynced != 0 || (rp.Rerecorded != 0 && !rerecords) || rp.Rebuilt, "reconcile pass touched a consistent item: %+v", rp)
 	}
 }
 
@@ -1145,9 +1101,7 @@ func concurrentRestores(t *testing.T, e *relayEnv, v restoresCase) {
 		if quiet && q.idle() {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("events still in flight after 90s")
-		}
+		require.False(t, time.Now().After(deadline), "events still in flight after 90s")
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond) // a few more passes (Run's too) on the settled items
@@ -1635,9 +1589,7 @@ func (e *outsideEnv) clock() time.Time {
 // advance moves Redis's clock and the Reserver's clock by d (miniredis only).
 func (e *outsideEnv) advance(d time.Duration) {
 	e.t.Helper()
-	if e.m == nil {
-		e.t.Fatalf("advance on a real server")
-	}
+	require.NotNil(e.t, e.m, "advance on a real server")
 	e.mu.Lock()
 	e.now = e.now.Add(d)
 	e.m.SetTime(e.now)
@@ -1717,12 +1669,8 @@ func (e *outsideEnv) levels(sku string) stock.Levels {
 	e.t.Helper()
 	lv, err := e.r.Levels(e.ctx, sku)
 	require.NoError(e.t, err, "Levels %s", sku)
-	if lv.Available < 0 || lv.Held < 0 || lv.Sold < 0 || lv.Loaded < 0 {
-		e.t.Errorf("%s: a counter below zero: %+v", sku, lv)
-	}
-	if lv.Loaded != lv.Available+lv.Held+lv.Sold {
-		e.t.Errorf("%s: Loaded != Available+Held+Sold: %+v", sku, lv)
-	}
+	assert.False(e.t, lv.Available < 0 || lv.Held < 0 || lv.Sold < 0 || lv.Loaded < 0, "%s: a counter below zero: %+v", sku, lv)
+	assert.EqualValues(e.t, lv.Available+lv.Held+lv.Sold, lv.Loaded, "%s: Loaded != Available+Held+Sold: %+v", sku, lv)
 	return lv
 }
 
@@ -1730,14 +1678,10 @@ func (e *outsideEnv) levels(sku string) stock.Levels {
 func (e *outsideEnv) want(sku string, loaded, sold, held int64) {
 	e.t.Helper()
 	lv := e.levels(sku)
-	if lv.Loaded != loaded || lv.Sold != sold || lv.Held != held {
-		e.t.Errorf("%s: levels %+v, want Loaded %d Sold %d Held %d", sku, lv, loaded, sold, held)
-	}
+	assert.False(e.t, lv.Loaded != loaded || lv.Sold != sold || lv.Held != held, "%s: levels %+v, want Loaded %d Sold %d Held %d", sku, lv, loaded, sold, held)
 	rem, err := e.store.Remaining(e.ctx, sku)
 	require.NoError(e.t, err, "store Remaining %s", sku)
-	if rem != lv.Available+lv.Held {
-		e.t.Errorf("%s: store remaining %d, Redis available+held %d (%+v)", sku, rem, lv.Available+lv.Held, lv)
-	}
+	assert.EqualValues(e.t, lv.Available+lv.Held, rem, "%s: store remaining %d, Redis available+held %d (%+v)", sku, rem, lv.Available+lv.Held, lv)
 }
 
 // outsideKey is one Redis key's copy.
@@ -1795,9 +1739,7 @@ func (e *outsideEnv) snapshot(pattern string) map[string]outsideKey {
 		v.pttl, _ = c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
 		out[k] = v
 	})
-	if len(out) == 0 {
-		e.t.Fatalf("snapshot of %s: no keys", pattern)
-	}
+	require.NotEmpty(e.t, out, "snapshot of %s: no keys", pattern)
 	return out
 }
 
@@ -1854,9 +1796,7 @@ func (e *outsideEnv) deduct(sku, id string, qty int64) stock.Receipt {
 func outsideNoNeedsHuman(t *testing.T, res stockops.PassResult) {
 	t.Helper()
 	for _, rep := range res.Reports {
-		if rep.NeedsHuman != "" {
-			t.Errorf("%s needs a human: %s", rep.SKU, rep.NeedsHuman)
-		}
+		assert.Zero(t, rep.NeedsHuman, "%s needs a human: %s", rep.SKU, rep.NeedsHuman)
 	}
 }
 
@@ -2250,13 +2190,9 @@ func TestRepairOfSaleCountedTwiceAfterTrim(t *testing.T) {
 	e.relay()
 	e.advance(25 * time.Hour)
 	e.pass(outsideRet)
-	if !e.trimmed("a", "d1") {
-		t.Fatalf("not trimmed")
-	}
+	require.True(t, e.trimmed("a", "d1"), "not trimmed")
 	rc := e.deduct("a", "d1", 2)
-	if rc.Replayed {
-		t.Fatalf("a trimmed id replayed")
-	}
+	require.False(t, rc.Replayed, "a trimmed id replayed")
 	e.relay()
 	res := e.pass(outsideRet)
 	outsideNoNeedsHuman(t, res)

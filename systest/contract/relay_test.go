@@ -50,9 +50,7 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 				loadBoth(t, r, st, "fg", 10)
 				deductEach(t, r, stock.Request{SKU: "fg", User: "u", Qty: 2}, "a")
 				_, _, msgs := publishToQueue(t, r)
-				if len(msgs) != 1 {
-					t.Fatalf("published %d", len(msgs))
-				}
+				require.Len(t, msgs, 1, "published %d", len(msgs))
 				bad := forge(msgs[0])
 				ferr := stock.Consume(ctx, r, st, bad)
 				rem, _ := st.Remaining(ctx, "fg")
@@ -67,9 +65,7 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 				rem, _ = st.Remaining(ctx, "fg")
 				lv, _ := r.Levels(ctx, "fg")
 				e, _ := r.Ledger(ctx, "fg", "a")
-				if rem != 8 || lv.Available != 8 || !e.Taken() {
-					t.Errorf("the acknowledged sale a (2 units) is undone or misapplied by a message Redis never made: store remaining %d, Redis available %d, ledger %s; want 8, 8, taken", rem, lv.Available, e.State)
-				}
+				assert.False(t, rem != 8 || lv.Available != 8 || !e.Taken(), "the acknowledged sale a (2 units) is undone or misapplied by a message Redis never made: store remaining %d, Redis available %d, ledger %s; want 8, 8, taken", rem, lv.Available, e.State)
 			})
 		}
 	}
@@ -105,9 +101,7 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 				t.Fatal(err)
 			} else {
 				for _, rp := range res.Reports {
-					if rp.Adjusted != 0 || rp.Drift != 0 {
-						t.Errorf("pass with the consumer down: %s", rp)
-					}
+					assert.False(t, rp.Adjusted != 0 || rp.Drift != 0, "pass with the consumer down: %s", rp)
 				}
 			}
 			var rev []stock.Event
@@ -119,16 +113,12 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, ev := range q.take() {
-				if ev.Type == stock.EventRefused {
-					t.Errorf("store refused a valid sale of a grouped item: %+v", ev)
-				}
+				assert.NotEqualValues(t, stock.EventRefused, ev.Type, "store refused a valid sale of a grouped item: %+v", ev)
 			}
 			for _, sku := range []string{"s42", "s43"} {
 				rem, _ := st.Remaining(ctx, sku)
 				e, _ := r.Ledger(ctx, sku, "b")
-				if rem != 0 || e.State != stock.StateApplied {
-					t.Errorf("%s: store %d, ledger b %s", sku, rem, e.State)
-				}
+				assert.False(t, rem != 0 || e.State != stock.StateApplied, "%s: store %d, ledger b %s", sku, rem, e.State)
 			}
 		})
 	}
@@ -623,9 +613,7 @@ func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st st
 	rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	var lastErr error
 	for round := 0; len(msgs) > 0; round++ {
-		if round > 200 {
-			t.Fatalf("%d messages still unsettled after 200 rounds (last error: %v)", len(msgs), lastErr)
-		}
+		require.False(t, round > 200, "%d messages still unsettled after 200 rounds (last error: %v)", len(msgs), lastErr)
 		var again []stock.Event
 		for _, ev := range msgs {
 			err := stock.Consume(ctx, r, st, ev)
@@ -654,9 +642,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 		require.NoError(t, err, "Levels %q", sku)
 		rem, err := st.Remaining(ctx, sku)
 		require.NoError(t, err, "Remaining %q", sku)
-		if rem != lv.Available+lv.Held {
-			t.Errorf("item %q: store remaining %d, Redis available %d held %d", sku, rem, lv.Available, lv.Held)
-		}
+		assert.EqualValues(t, lv.Available+lv.Held, rem, "item %q: store remaining %d, Redis available %d held %d", sku, rem, lv.Available, lv.Held)
 		// The expected figure from the acknowledged answers alone.
 		want := a.initial[sku]
 		for id, q := range a.deducted[sku] {
@@ -667,9 +653,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 		for _, q := range a.restock[sku] {
 			want += q
 		}
-		if rem != want {
-			t.Errorf("item %q: store remaining %d, the acknowledged answers make %d", sku, rem, want)
-		}
+		assert.EqualValues(t, want, rem, "item %q: store remaining %d, the acknowledged answers make %d", sku, rem, want)
 		ids := make([]string, 0, len(a.deducted[sku]))
 		for id := range a.deducted[sku] {
 			ids = append(ids, id)
@@ -687,9 +671,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 		}
 		rp, err := rec.Item(ctx, sku)
 		require.NoError(t, err, "reconcile %q", sku)
-		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 {
-			t.Errorf("item %q after the drain: %s", sku, rp)
-		}
+		assert.False(t, rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0, "item %q after the drain: %s", sku, rp)
 	}
 	if m := st.MaxApplications(); m > 1 {
 		t.Errorf("an event changed the store %d times", m)
@@ -787,22 +769,16 @@ func TestBatchFailsMidBatch(t *testing.T) {
 	}
 	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
 	drain(t, c.ctx, c.e, rl, c.skus)
-	if c.q.calls.Load() == 0 {
-		t.Fatal("the relay never called PublishBatch")
-	}
+	require.NotZero(t, c.q.calls.Load(), "the relay never called PublishBatch")
 	// The queue got each item's events in sequence, each once (the relay never republished one
 	// the queue had taken).
 	last := map[string]int64{}
 	seen := map[string]bool{}
 	for _, ev := range c.q.snapshot() {
 		k := ev.SKU + "/" + ev.ID + "/" + string(ev.Type)
-		if seen[k] {
-			t.Errorf("event %s was published again after the queue took it", k)
-		}
+		assert.False(t, seen[k], "event %s was published again after the queue took it", k)
 		seen[k] = true
-		if ev.Seq <= last[ev.SKU] {
-			t.Errorf("item %q: seq %d published after %d", ev.SKU, ev.Seq, last[ev.SKU])
-		}
+		assert.False(t, ev.Seq <= last[ev.SKU], "item %q: seq %d published after %d", ev.SKU, ev.Seq, last[ev.SKU])
 		last[ev.SKU] = ev.Seq
 	}
 	c.deliver(t, rl)
@@ -847,9 +823,7 @@ func TestBatchWrongLength(t *testing.T) {
 			}
 			rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
 			st1, err := rl.Once(c.ctx)
-			if st1.Delivered != 0 {
-				t.Errorf("wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
-			}
+			assert.Zero(t, st1.Delivered, "wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
 			if after := c.pending(t); after != before {
 				t.Errorf("outbox: %d events before, %d after a pass of wrong-length answers", before, after)
 			}
@@ -1176,9 +1150,7 @@ func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st
 		if want == stock.StateRestored && got == stock.StateRefused {
 			continue // the store refused the deduct, and the restore that followed gave nothing back
 		}
-		if got != want {
-			t.Errorf("item %q id %s: Redis says %q, the store %q", sku, id, e.State, got)
-		}
+		assert.EqualValues(t, want, got, "item %q id %s: Redis says %q, the store %q", sku, id, e.State, got)
 		if e.State == stock.StateRefused {
 			refused++
 		}
@@ -1235,13 +1207,9 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 			t.Errorf("item %q: Redis available %d, store remaining %d: Redis should have exactly 40 more", sku, lv.Available, rem)
 		}
 		refusedAll += ledgerMatchesStore(t, ctx, e.Reserver, st, sku)
-		if lv.Loaded-lv.Available-lv.Held != lv.Sold {
-			t.Errorf("item %q: levels do not add up: %+v", sku, lv)
-		}
+		assert.EqualValues(t, lv.Sold, lv.Loaded-lv.Available-lv.Held, "item %q: levels do not add up: %+v", sku, lv)
 	}
-	if refusedAll == 0 {
-		t.Error("the store refused nothing: the scenario did not happen")
-	}
+	assert.NotZero(t, refusedAll, "the store refused nothing: the scenario did not happen")
 	if m := st.MaxApplications(); m > 1 {
 		t.Errorf("an event changed the store %d times", m)
 	}
@@ -1345,9 +1313,7 @@ func (s *sale) restore(t *testing.T, ctx context.Context, r *stock.Reserver, sku
 			t.Errorf("restore %s/%s gave back %d units of an id with no acknowledged deduct", sku, id, rc.Qty)
 			return
 		}
-		if q != rc.Qty {
-			t.Errorf("restore %s/%s gave back %d units, the deduct took %d", sku, id, rc.Qty, q)
-		}
+		assert.EqualValues(t, rc.Qty, q, "restore %s/%s gave back %d units, the deduct took %d", sku, id, rc.Qty, q)
 		if _, dup := s.restored[[2]string{sku, id}]; dup {
 			t.Errorf("restore %s/%s gave back twice", sku, id)
 		}

@@ -115,9 +115,7 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 			trimmed += rp.Trimmed
 		}
 	}
-	if trimmed == 0 {
-		t.Fatal("the reconciler trimmed no ledger entry: the scenario did not happen")
-	}
+	require.NotZero(t, trimmed, "the reconciler trimmed no ledger entry: the scenario did not happen")
 	before := map[string]int64{}
 	for _, sku := range skus {
 		before[sku], _ = st.Remaining(ctx, sku)
@@ -137,25 +135,17 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 			answers[err.Error()]++
 		}
 	}
-	if answers["nil"] != len(msgs) {
-		t.Errorf("redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
-	}
+	assert.EqualValues(t, len(msgs), answers["nil"], "redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
 	dry, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
 	require.NoError(t, err)
 	for _, sku := range skus {
 		rem, _ := st.Remaining(ctx, sku)
-		if rem != before[sku] {
-			t.Errorf("item %q: stale redeliveries moved the store from %d to %d", sku, before[sku], rem)
-		}
+		assert.EqualValues(t, before[sku], rem, "item %q: stale redeliveries moved the store from %d to %d", sku, before[sku], rem)
 		lv, _ := e.Reserver.Levels(ctx, sku)
-		if lv.Available != rem {
-			t.Errorf("item %q: Redis %d, store %d", sku, lv.Available, rem)
-		}
+		assert.EqualValues(t, rem, lv.Available, "item %q: Redis %d, store %d", sku, lv.Available, rem)
 		rp, err := dry.Item(ctx, sku)
 		require.NoError(t, err)
-		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.NeedsHuman != "" {
-			t.Errorf("item %q after the stale redeliveries: %s", sku, rp)
-		}
+		assert.False(t, rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.NeedsHuman != "", "item %q after the stale redeliveries: %s", sku, rp)
 	}
 	if m := st.MaxApplications(); m > 1 {
 		t.Errorf("an event changed the store %d times", m)
@@ -285,9 +275,7 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				}
 				_, err := e.r.HoldMany(e.ctx, cart, time.Hour)
 				var ce *stock.CartError
-				if !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored) {
-					t.Errorf("repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)
-				}
+				assert.False(t, !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored), "repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)
 			},
 			want: []outsideLevels{{"a", 10, 0, 0}, {"b", 10, 0, 0}},
 		},
@@ -304,9 +292,7 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			e.run(tc.steps)
 			e.pass(opts)
 			for _, id := range tc.kept {
-				if e.trimmed("a", id) {
-					t.Fatalf("%s trimmed within the retention", id)
-				}
+				require.False(t, e.trimmed("a", id), "%s trimmed within the retention", id)
 			}
 			e.expect(tc.repeats)
 			if tc.more != nil {
@@ -316,9 +302,7 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				e.advance(tc.later)
 				e.pass(opts)
 				for _, id := range tc.kept {
-					if !e.trimmed("a", id) {
-						t.Errorf("%s kept past the retention", id)
-					}
+					assert.True(t, e.trimmed("a", id), "%s kept past the retention", id)
 				}
 			}
 			e.wantAll(tc.want)
