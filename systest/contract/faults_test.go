@@ -179,9 +179,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	r1 := testkit.NewReserver(t, srv.Client(t), stock.WithTimeout(2*time.Second))
 	st := memstore.New()
 	g := stockops.NewFailoverGuard(r1)
-	if fenced, err := g.Check(ctx); err != nil || fenced {
-		t.Fatalf("first check: fenced=%v err=%v", fenced, err)
-	}
+	wantFenced(t, g, false, "first check")
 	loadRedisAndStore(t, r1, st, 10, "f1", "f2")
 	srv.Restart()
 	var fenced bool
@@ -194,16 +192,8 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	require.False(t, err != nil || !fenced, "after restart: fenced=%v err=%v", fenced, err)
-	if _, err := r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
-		t.Fatalf("deduct while fenced: %v", err)
-	}
+	require.ErrorIs(t, errOf(r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1})), stock.ErrFailover, "deduct while fenced")
 	r2 := testkit.NewReserver(t, srv.Client(t)) // another process
-	stillFenced := func(what string) {
-		t.Helper()
-		fenced, err := g.Check(ctx)
-		require.NoError(t, err)
-		require.True(t, fenced, "fence lifted by %s", what)
-	}
 	for what, opts := range map[string]*stock.ReconcileOptions{
 		"a dry run":                                  {DryRun: true},
 		"a pass limited to some items":               {Items: []string{"f1"}},
@@ -214,7 +204,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 		if res, err := rec.Pass(ctx); err != nil || res.EpochRecorded {
 			t.Fatalf("%s: %v %+v", what, err, res)
 		}
-		stillFenced(what)
+		wantFenced(t, g, true, "fence lifted by "+what)
 	}
 	// A relay holds f2 (its Publish blocks): the pass finds it busy.
 	_, err = r2.Restock(ctx, "f2", "rs1", 1)
@@ -237,17 +227,13 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	res, err := full.Pass(ctx)
 	t.Logf("pass with a busy item: complete=%v recorded=%v err=%v", res.Complete, res.EpochRecorded, err)
 	assert.False(t, res.Complete || res.EpochRecorded, "a pass that found an item busy counted as complete: %+v", res)
-	stillFenced("a pass that found an item busy")
+	wantFenced(t, g, true, "fence lifted by a pass that found an item busy")
 	close(block)
 	require.NoError(t, <-relayDone)
 	res, err = full.Pass(ctx)
 	require.False(t, err != nil || !res.Complete || !res.EpochRecorded, "complete pass: %v %+v", err, res)
-	if fenced, err := g.Check(ctx); err != nil || fenced {
-		t.Fatalf("after a complete pass elsewhere: fenced=%v err=%v", fenced, err)
-	}
-	if _, err := r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1}); err != nil {
-		t.Fatalf("deduct after the fence lifted: %v", err)
-	}
+	wantFenced(t, g, false, "after a complete pass elsewhere")
+	require.NoError(t, errOf(r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1})), "deduct after the fence lifted")
 }
 
 // FailoverGuard.Check documents that a guard added to a live deployment (items loaded, no epoch
@@ -271,15 +257,11 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 				t.Skipf("guard unusable on this backend: %v", err)
 			}
 			require.True(t, fenced, "a guard added to a live deployment with no epoch is not fenced")
-			if _, err := r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
-				t.Fatalf("deduct while fenced: %v", err)
-			}
+			require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1})), stock.ErrFailover, "deduct while fenced")
 			rec, err := stockops.NewReconciler(r, memstore.New(), nil)
 			require.NoError(t, err)
 			_, _ = rec.Once(ctx) // the store does not know g1: the pass still records the primaries
-			if fenced, err = g.Check(ctx); err != nil || fenced {
-				t.Fatalf("after a complete pass: fenced %v, %v", fenced, err)
-			}
+			wantFenced(t, g, false, "after a complete pass")
 		})
 	}
 }
@@ -381,9 +363,7 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 	srv := redistest.StartServer(t)
 	r := testkit.NewReserver(t, srv.Client(t), stock.WithCoalescing(0))
 	g := stockops.NewFailoverGuard(r)
-	if f, err := g.Check(ctx); err != nil || f {
-		t.Fatalf("check: %v %v", f, err)
-	}
+	wantFenced(t, g, false, "check")
 	dsn := "sqlite:" + filepath.Join(dir, "s.db")
 	run := func(args ...string) (string, int) {
 		cmd := exec.Command(bin, append([]string{"-redis", srv.Addr(), "-dsn", dsn, "-timeout", "20s"}, args...)...)
@@ -438,12 +418,8 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 	lv, err := r.Levels(ctx, "cli")
 	require.NoError(t, err, "not rebuilt")
 	assert.EqualValues(t, 7, lv.Available, "rebuilt available %d, want 7 (the store's remaining)", lv.Available)
-	if f, err := g.Check(ctx); err != nil || f {
-		t.Errorf("fence not lifted by the CLI's complete pass: fenced=%v %v", f, err)
-	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "cli", ID: "after", Qty: 1}); err != nil {
-		t.Errorf("deduct after the CLI's repair: %v", err)
-	}
+	wantFenced(t, g, false, "fence not lifted by the CLI's complete pass")
+	assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "cli", ID: "after", Qty: 1})), "deduct after the CLI's repair")
 	out, code = run("reconcile")
 	t.Logf("reconcile again: exit %d\n%s", code, out)
 	assert.Zero(t, code, "after the repair, reconcile exits %d", code)
@@ -462,9 +438,7 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 		}
 		// a guard on a Redis with items and no epoch (the first Load's is lost) fences at once
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
-		if f, err := stockops.NewFailoverGuard(r).Check(ctx); err != nil || !f {
-			t.Fatalf("a guard on a real Redis with items and no epoch did not fence: fenced %v, %v", f, err)
-		}
+		wantFenced(t, stockops.NewFailoverGuard(r), true, "a guard on a real Redis with items and no epoch did not fence")
 		keysBefore := faultKeys(t, c)
 		saga := unitLines("ea", "eb")
 		grouped := unitLines("ga", "gb")
@@ -486,6 +460,14 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 			assert.EqualValues(t, v, keysBefore[k], "ErrFailover changed key %s: %q -> %q", k, keysBefore[k], v)
 		}
 	})
+}
+
+// wantFenced fails the test unless g's check answers fenced as want, with no error.
+func wantFenced(t *testing.T, g *stockops.FailoverGuard, want bool, what string) {
+	t.Helper()
+	fenced, err := g.Check(context.Background())
+	require.NoError(t, err, what)
+	require.Equal(t, want, fenced, "%s: fenced", what)
 }
 
 // errOf is the error of a call's two answers.
@@ -1091,9 +1073,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	old := d.Servers()[0]
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
-	if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-		t.Fatalf("no failover after kill -9: %v", err)
-	}
+	require.NoError(t, errOf(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
 	var lerr error
 	for i := 0; i < 50; i++ {
 		_, lerr = r.Ledger(ctx, "fo-nr", "nr-kill")
@@ -1335,9 +1315,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	rec0, err := stockops.NewReconciler(r, st, nil)
 	require.NoError(t, err)
 	faultPass(t, ctx, rec0, 10*time.Second)
-	if fenced, err := g.Check(ctx); err != nil || fenced {
-		t.Fatalf("after a complete pass: fenced=%v err=%v", fenced, err)
-	}
+	wantFenced(t, g, false, "after a complete pass")
 	gs := &gateStore{Store: st, entered: make(chan struct{}), gate: make(chan struct{})}
 	rec, err := stockops.NewReconciler(r, gs, nil)
 	require.NoError(t, err)
@@ -1369,20 +1347,14 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	o := <-done
 	t.Logf("pass across the failover: complete=%v recorded=%v epochErr=%v err=%v", o.res.Complete, o.res.EpochRecorded, o.res.EpochErr, o.err)
 	assert.False(t, o.res.EpochRecorded, "a pass that began on the old primary and ended on the new one recorded the epoch")
-	if f, err := g.Check(ctx); err != nil || !f {
-		t.Errorf("after that pass the guard is not fenced (fenced=%v, err=%v): deducts resume on a primary no pass compared whole", f, err)
-	}
+	wantFenced(t, g, true, "after that pass the guard is not fenced: deducts resume on a primary no pass compared whole")
 	if _, err := r.Deduct(ctx, stock.Request{SKU: "fo-p1", ID: "after-pass", Qty: 1}); !errors.Is(err, stock.ErrFailover) {
 		t.Errorf("deduct after the straddling pass: %v, want ErrFailover", err)
 	}
 	// A pass wholly on the new primary lifts it.
 	faultPass(t, ctx, rec0, 10*time.Second)
-	if f, err := g.Check(ctx); err != nil || f {
-		t.Errorf("after a pass on the new primary: fenced=%v err=%v", f, err)
-	}
-	if _, err := r.Deduct(ctx, stock.Request{SKU: "fo-p1", ID: "after-pass2", Qty: 1}); err != nil {
-		t.Errorf("deduct after the lifting pass: %v", err)
-	}
+	wantFenced(t, g, false, "after a pass on the new primary")
+	assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "fo-p1", ID: "after-pass2", Qty: 1})), "deduct after the lifting pass")
 }
 
 // flakyStore applies and then, now and then, answers an error anyway (the commit went through,

@@ -564,9 +564,7 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 		assert.EqualValues(t, 1, lv.Available, "available %d, want 1", lv.Available)
 		// the queue redelivers everything, reversed
 		for i := len(msgs) - 1; i >= 0; i-- {
-			if err := stock.Consume(ctx, r, st, msgs[i]); err != nil {
-				t.Errorf("redelivery %s %s: %v", msgs[i].Type, msgs[i].ID, err)
-			}
+			assert.NoError(t, stock.Consume(ctx, r, st, msgs[i]), "redelivery %s %s", msgs[i].Type, msgs[i].ID)
 		}
 		rem, _ := st.Remaining(ctx, "kc")
 		lv, _ = r.Levels(ctx, "kc")
@@ -728,9 +726,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 				e.Advance(time.Second)
 				short, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
 				require.NoError(t, err)
-				if _, err := short.Once(ctx); err != nil {
-					t.Fatalf("pass with the short retention: %v", err)
-				}
+				require.NoError(t, errOf(short.Once(ctx)), "pass with the short retention")
 			},
 		},
 		{
@@ -766,9 +762,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 			}
 			assert.False(t, tc.rerecords && rerecorded == 0, "no pass re-recorded the lost entries")
 			for id := range acks.restock[tc.sku] {
-				if _, err := e.Reserver.Ledger(ctx, tc.sku, id); err != nil {
-					t.Errorf("Ledger of re-recorded restock %s: %v", id, err)
-				}
+				assert.NoError(t, errOf(e.Reserver.Ledger(ctx, tc.sku, id)), "Ledger of re-recorded restock %s", id)
 			}
 			lv, _ := e.Reserver.Levels(ctx, tc.sku)
 			rem, _ := st.Remaining(ctx, tc.sku)
@@ -1479,9 +1473,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := rl.Once(ctx); err != nil {
-					t.Error(err)
-				}
+				assert.NoError(t, errOf(rl.Once(ctx)))
 				backlog = append(backlog, q.take()...)
 				keep := backlog[:0:0]
 				for i, ev := range backlog {

@@ -84,17 +84,11 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 			for _, sku := range []string{"s42", "s43"} {
 				loadBoth(t, r, st, sku, 1)
 			}
-			if _, err := r.DeductMany(ctx, stock.Cart{ID: "a", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, errOf(r.DeductMany(ctx, stock.Cart{ID: "a", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}})))
 			for _, sku := range []string{"s42", "s43"} {
-				if _, err := r.Restore(ctx, sku, "a"); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, errOf(r.Restore(ctx, sku, "a")))
 			}
-			if _, err := r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, errOf(r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}})))
 			q, rl, msgs := publishToQueue(t, r)
 			rc, _ := stockops.NewReconciler(r, st, nil)
 			if res, err := rc.Pass(ctx); err != nil {
@@ -109,9 +103,7 @@ func TestGroupedItemQueueOrder(t *testing.T) {
 				rev = append(rev, msgs[i])
 			}
 			repairConsumeAll(t, ctx, r, st, rev, rand.New(rand.NewPCG(uint64(3), 0)))
-			if _, err := rl.Once(ctx); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, errOf(rl.Once(ctx)))
 			for _, ev := range q.take() {
 				assert.NotEqualValues(t, stock.EventRefused, ev.Type, "store refused a valid sale of a grouped item: %+v", ev)
 			}
@@ -568,18 +560,14 @@ func traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memsto
 				if a.restored[sku][id] {
 					continue
 				}
-				if _, err := r.Restore(ctx, sku, id); err != nil {
-					t.Fatalf("Restore %q %s: %v", sku, id, err)
-				}
+				require.NoError(t, errOf(r.Restore(ctx, sku, id)), "Restore %q %s", sku, id)
 				a.restored[sku][id] = true
 				break
 			}
 		default:
 			id := fmt.Sprintf("r%d", i)
 			q := int64(1 + rng.IntN(4))
-			if _, err := r.Restock(ctx, sku, id, q); err != nil {
-				t.Fatalf("Restock %q %s: %v", sku, id, err)
-			}
+			require.NoError(t, errOf(r.Restock(ctx, sku, id, q)), "Restock %q %s", sku, id)
 			a.restock[sku][id] = q
 		}
 	}
@@ -920,9 +908,7 @@ func TestStaleRedelivery(t *testing.T) {
 	verify(t, ctx, r, st, c.acks)
 	rem, _ := st.Remaining(ctx, "old")
 	for i := len(msgs) - 1; i >= 0; i-- {
-		if err := stock.Consume(ctx, r, st, msgs[i]); err != nil {
-			t.Errorf("stale redelivery of %s %s (seq %d): %v", msgs[i].Type, msgs[i].ID, msgs[i].Seq, err)
-		}
+		assert.NoError(t, stock.Consume(ctx, r, st, msgs[i]), "stale redelivery of %s %s (seq %d)", msgs[i].Type, msgs[i].ID, msgs[i].Seq)
 	}
 	if got, _ := st.Remaining(ctx, "old"); got != rem {
 		t.Errorf("stale redeliveries moved the store from %d to %d", rem, got)
@@ -1179,9 +1165,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 		if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err == nil {
 			taken[sku] += q
 			if i%5 == 4 {
-				if _, err := e.Reserver.Restore(ctx, sku, id); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, errOf(e.Reserver.Restore(ctx, sku, id)))
 				taken[sku] -= q
 			}
 		}
