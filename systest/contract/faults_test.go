@@ -1123,14 +1123,12 @@ func trafficOfFaults(ctx context.Context, r *stock.Reserver, sku, tag string, n 
 	tctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for w := 0; w < n; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; tctx.Err() == nil; i++ {
 				buyer(tctx, r, sku, fmt.Sprintf("%s-%d-%d", tag, w, i), acked, replayAcks, fenced)
 				time.Sleep(5 * time.Millisecond)
 			}
-		}()
+		})
 	}
 	return func() { cancel(); wg.Wait() }
 }
@@ -1676,15 +1674,13 @@ func TestLibraryActuallyLoaded(t *testing.T) {
 func faultTraffic(rs []*stock.Reserver, st *stats, prefix string, skus []string, g, n, tries int) {
 	var wg sync.WaitGroup
 	for w := 0; w < g; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r := rs[w%len(rs)]
 			for i := 0; i < n; i++ {
 				sku := skus[(w+i)%len(skus)]
 				deduct(r, st, sku, fmt.Sprintf("%s-%d-%d", prefix, w, i), tries)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }
@@ -1813,9 +1809,7 @@ func TestFlushLoop(t *testing.T) {
 				}
 				var wg sync.WaitGroup
 				for w := 0; w < 6; w++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
+					wg.Go(func() {
 						for i := 0; i < 40; i++ {
 							sku := skus[(w+i)%len(skus)]
 							id := fmt.Sprintf("x-%d-%d", w, i)
@@ -1862,7 +1856,7 @@ func TestFlushLoop(t *testing.T) {
 								}
 							}
 						}
-					}()
+					})
 				}
 				wg.Wait()
 				close(stop)
@@ -1889,9 +1883,7 @@ func TestRestart(t *testing.T) {
 	st := newStats()
 	var restarted atomic.Bool
 	var reloaded sync.WaitGroup
-	reloaded.Add(1)
-	go func() {
-		defer reloaded.Done()
+	reloaded.Go(func() {
 		time.Sleep(100 * time.Millisecond)
 		s.Restart()
 		for i := 0; i < 50; i++ {
@@ -1902,17 +1894,15 @@ func TestRestart(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		restarted.Store(true)
-	}()
+	})
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; i < 400 && !restarted.Load(); i++ {
 				deduct(r, st, "rs", fmt.Sprintf("a-%d-%d", w, i), 3)
 				time.Sleep(2 * time.Millisecond)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	reloaded.Wait()
@@ -2002,11 +1992,9 @@ func TestBoundedLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, i := range []int{1, 2} {
 		sl := c.Servers()[i].Client(t)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			sl.Do(context.Background(), sl.B().Arbitrary("DEBUG", "SLEEP", "4").Build())
-		}()
+		})
 	}
 	time.Sleep(200 * time.Millisecond) // the sleeps have started
 	start := time.Now()

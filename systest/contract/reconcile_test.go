@@ -629,9 +629,7 @@ func TestReconcilerDuringConsume(t *testing.T) {
 	var wg sync.WaitGroup
 	var adjusted, passes atomic.Int64
 	var repairs sync.Map
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			select {
 			case <-stop:
@@ -651,7 +649,7 @@ func TestReconcilerDuringConsume(t *testing.T) {
 				}
 			}
 		}
-	}()
+	})
 	var held []stock.Event
 	for pass := 0; pass < 400; pass++ {
 		_, _ = rl.Once(ctx)
@@ -663,9 +661,7 @@ func TestReconcilerDuringConsume(t *testing.T) {
 		var cwg sync.WaitGroup
 		var mu sync.Mutex
 		for w := 0; w < 4; w++ {
-			cwg.Add(1)
-			go func(w int) {
-				defer cwg.Done()
+			cwg.Go(func() {
 				for i := w; i < len(msgs); i += 4 {
 					if err := stock.Consume(ctx, e.Reserver, st, msgs[i]); err != nil && !errors.Is(err, stock.ErrInvalid) {
 						mu.Lock()
@@ -673,7 +669,7 @@ func TestReconcilerDuringConsume(t *testing.T) {
 						mu.Unlock()
 					}
 				}
-			}(w)
+			})
 		}
 		cwg.Wait()
 		var pending int64
@@ -882,9 +878,7 @@ func (q *queueOfReconcile) idle() bool {
 func (q *queueOfReconcile) consumers(ctx context.Context, t *testing.T, n int, r *stock.Reserver, store stock.Store) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for ctx.Err() == nil {
 				ev, ok := q.take()
 				if !ok {
@@ -913,7 +907,7 @@ func (q *queueOfReconcile) consumers(ctx context.Context, t *testing.T, n int, r
 					q.done(ev, true)
 				}
 			}
-		}()
+		})
 	}
 	return &wg
 }
@@ -925,9 +919,7 @@ func repairTraffic(t *testing.T, r *stock.Reserver, sale *sale, skus []string, w
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := range per {
 				id := fmt.Sprintf("ord:%d~%d", w, i) // the same id on several items
 				a := skus[(w+i)%len(skus)]
@@ -953,7 +945,7 @@ func repairTraffic(t *testing.T, r *stock.Reserver, sale *sale, skus []string, w
 					sale.deduct(t, ctx, r, a, id, 2)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }
@@ -961,9 +953,7 @@ func repairTraffic(t *testing.T, r *stock.Reserver, sale *sale, skus []string, w
 // reconciling runs passes of rc back to back until ctx ends, checking each (checkReports).
 func reconciling(ctx context.Context, t *testing.T, rc *stockops.Reconciler, passes *atomic.Int64, rerecords bool) *sync.WaitGroup {
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for ctx.Err() == nil {
 			res, err := rc.Pass(ctx)
 			if ctx.Err() != nil {
@@ -973,7 +963,7 @@ func reconciling(ctx context.Context, t *testing.T, rc *stockops.Reconciler, pas
 			checkReports(t, res, err, rerecords)
 			time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
 		}
-	}()
+	})
 	return &wg
 }
 

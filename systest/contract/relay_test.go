@@ -1680,9 +1680,7 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 		var wg sync.WaitGroup
 		var ended atomic.Int64
 		for w := range 6 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range 40 {
 					sku := keys(loaded)[(w+i)%len(loaded)]
 					id := fmt.Sprintf("w%d:%d", w, i)
@@ -1694,7 +1692,7 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 						ended.Store(time.Now().UnixNano())
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		res := wait(t, ch, time.Unix(0, ended.Load()), drain+3*time.Second)
@@ -1847,11 +1845,9 @@ func TestClientKillMidBatch(t *testing.T) {
 			}
 		}()
 		for i := range ids {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				_, res[i] = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1})
-			}()
+			})
 		}
 		wg.Wait()
 		close(stop)

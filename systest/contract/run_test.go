@@ -85,9 +85,7 @@ func TestTwoRunsShareRedis(t *testing.T) {
 			var sold atomic.Int64
 			var wg sync.WaitGroup
 			for w, r := range []*stock.Reserver{r1, r2, r1, r2} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					for i := range 120 {
 						id := fmt.Sprintf("w%d-%d", w, i)
 						s := skus[i%len(skus)]
@@ -99,7 +97,7 @@ func TestTwoRunsShareRedis(t *testing.T) {
 							_, _ = r.Restore(ctx, s, id)
 						}
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			cancel1()
@@ -343,9 +341,7 @@ func TestRunTwiceConcurrently(t *testing.T) {
 		ch2 := run(runCtx, e.r, opts)
 		var wg sync.WaitGroup
 		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range 50 {
 					sku := "two:a"
 					if i%2 == 1 {
@@ -356,7 +352,7 @@ func TestRunTwiceConcurrently(t *testing.T) {
 						sale.restore(t, ctx, e.r, sku, id)
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		time.Sleep(300 * time.Millisecond)
