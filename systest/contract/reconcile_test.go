@@ -55,8 +55,7 @@ func deductEach(t *testing.T, r *stock.Reserver, req stock.Request, ids ...strin
 	t.Helper()
 	for _, id := range ids {
 		req.ID = id
-		_, err := r.Deduct(context.Background(), req)
-		require.NoError(t, err, "Deduct %s %s", req.SKU, id)
+		require.NoError(t, errOf(r.Deduct(context.Background(), req)), "Deduct %s %s", req.SKU, id)
 	}
 }
 
@@ -80,8 +79,7 @@ func publishToQueue(t *testing.T, r *stock.Reserver) (*queue, *stockops.Relay, [
 	q := &queue{}
 	rl, err := stockops.NewRelay(r, nil, q, nil)
 	require.NoError(t, err)
-	_, err = rl.Once(context.Background())
-	require.NoError(t, err)
+	require.NoError(t, errOf(rl.Once(context.Background())))
 	return q, rl, q.take()
 }
 
@@ -90,8 +88,7 @@ func publishToQueue(t *testing.T, r *stock.Reserver) (*queue, *stockops.Relay, [
 func consumeRelayed(t *testing.T, r *stock.Reserver, st stock.Store, rl *stockops.Relay, q *queue) {
 	t.Helper()
 	ctx := context.Background()
-	_, err := rl.Once(ctx)
-	require.NoError(t, err)
+	require.NoError(t, errOf(rl.Once(ctx)))
 	for _, ev := range q.take() {
 		assert.NotEqualValues(t, stock.EventRefused, ev.Type, "store refused a valid sale: %+v", ev)
 		require.NoError(t, stock.Consume(ctx, r, st, ev), "Consume late %v", ev)
@@ -124,8 +121,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 		{
 			name: "sold out with a live hold", skus: []string{"lost"}, sold: 4, replay: true,
 			before: func(t *testing.T, r *stock.Reserver, store *memstore.Store, b redistest.Backend) {
-				_, err := r.Hold(context.Background(), stock.Request{SKU: "lost", ID: "h", User: "u", Qty: 1}, time.Hour)
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Hold(context.Background(), stock.Request{SKU: "lost", ID: "h", User: "u", Qty: 1}, time.Hour)))
 				drainOfLifecycle(t, r, store)
 				warmSoldOut(t, r, "lost", b.Real())
 			},
@@ -253,12 +249,10 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 		sale := stock.Request{SKU: sku, Qty: 1}
 		deductEach(t, r, sale, numbered("d", 5)...)
 		for _, id := range []string{"d1", "d3"} {
-			_, err := r.Restore(ctx, sku, id)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Restore(ctx, sku, id)))
 		}
 		deductEach(t, r, sale, "e1", "e2")
-		_, err := r.Restock(ctx, sku, "rs", 3)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Restock(ctx, sku, "rs", 3)))
 		deductEach(t, r, sale, "f1", "f2", "f3")
 		q, rl, msgs := publishToQueue(t, r)
 		require.NotEmpty(t, msgs, "relay published nothing")
@@ -321,12 +315,10 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 					t.Fatal(err)
 				}
 				if err == nil && rng.IntN(3) == 0 {
-					_, err := r.Restore(ctx, sku, id)
-					require.NoError(t, err)
+					require.NoError(t, errOf(r.Restore(ctx, sku, id)))
 				}
 			}
-			_, err := rl.Once(ctx)
-			require.NoError(t, err)
+			require.NoError(t, errOf(rl.Once(ctx)))
 			backlog = append(backlog, q.take()...)
 			// consumer applies a random part, in random order, with duplicates
 			rng.Shuffle(len(backlog), func(i, j int) { backlog[i], backlog[j] = backlog[j], backlog[i] })
@@ -420,8 +412,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 		}
 		refused := 0
 		for round := 0; round < 3; round++ {
-			_, err := rl.Once(ctx)
-			require.NoError(t, err)
+			require.NoError(t, errOf(rl.Once(ctx)))
 			for _, ev := range q.take() {
 				if ev.Type == stock.EventRefused {
 					refused++
@@ -543,8 +534,7 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 		st := &dieAfterCommit{Store: memstore.New()}
 		loadBoth(t, r, st, "kc", 4)
 		deductEach(t, r, stock.Request{SKU: "kc", Qty: 1}, numbered("k", 4)...)
-		_, err := r.Restore(ctx, "kc", "k0")
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Restore(ctx, "kc", "k0")))
 		q, rl, msgs := publishToQueue(t, r)
 		st.die.Store(true)
 		for _, ev := range msgs {
@@ -569,8 +559,7 @@ func TestConsumerKilledAfterCommitThenReconcile(t *testing.T) {
 		rem, _ := st.Remaining(ctx, "kc")
 		lv, _ = r.Levels(ctx, "kc")
 		assert.False(t, rem != 1 || lv.Available != 1 || st.MaxApplications() > 1, "store %d, redis %d, max applications %d", rem, lv.Available, st.MaxApplications())
-		_, err = rl.Once(ctx)
-		require.NoError(t, err)
+		require.NoError(t, errOf(rl.Once(ctx)))
 		for _, ev := range q.take() {
 			assert.NotEqualValues(t, stock.EventRefused, ev.Type, "refusal after the redelivery: %+v", ev)
 		}
@@ -599,8 +588,7 @@ func TestLevelsLostHash(t *testing.T) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "lost", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "lost", ID: "d", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "lost", ID: "d", Qty: 1})))
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:{lost}").Build()).Error())
 		l, err := r.Levels(ctx, "lost")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded, "%+v", l)
@@ -1242,8 +1230,7 @@ func TestHalfTransferRecovered(t *testing.T) {
 				}
 			}
 			buy("a")
-			_, err := e.r.Restore(ctx, sku, ids[0])
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Restore(ctx, sku, ids[0])))
 			ids = ids[1:]
 			dc := &die{Client: e.c}
 			dr, err := stock.New(dc, split(4))
@@ -1265,8 +1252,7 @@ func TestHalfTransferRecovered(t *testing.T) {
 				// (a script of the dying call may touch the in-flight set without moving units)
 				halves += inFlight
 				e.advance(6 * time.Second)
-				_, err = stockops.Sweep(ctx, e.r, sku)
-				require.NoError(t, err)
+				require.NoError(t, errOf(stockops.Sweep(ctx, e.r, sku)))
 				buy("b") // buyers of every bucket, until the recovered unit is sold
 			}
 			sold := map[string]int64{}
@@ -1447,8 +1433,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 				if _, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1}); err == nil {
 					sold.Add(1)
 					if i%3 == 0 {
-						_, err := r.Restore(ctx, "A", id)
-						assert.NoError(t, err)
+						assert.NoError(t, errOf(r.Restore(ctx, "A", id)))
 					}
 				} else if !errors.Is(err, stock.ErrSoldOut) {
 					t.Error(err)
@@ -1886,8 +1871,7 @@ func (e *outsideEnv) run(steps string) {
 	e.t.Helper()
 	for _, step := range strings.Split(steps, ";") {
 		if strings.TrimSpace(step) != "" {
-			_, err := e.call(step)
-			require.NoError(e.t, err, "step %q", step)
+			require.NoError(e.t, errOf(e.call(step)), "step %q", step)
 		}
 	}
 }

@@ -124,14 +124,10 @@ func TestNewRelayBounds(t *testing.T) {
 	assert.Error(t, err, "NewRelay with neither Store nor Publisher")
 	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10001})
 	assert.Error(t, err, "Batch above 10,000")
-	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})
-	assert.NoError(t, err, "Batch of 10,000")
-	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})
-	assert.NoError(t, err, "zero options take the defaults")
-	_, err = stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})
-	assert.NoError(t, err, "a negative Retention never trims: it is valid")
-	_, err = stockops.NewReconciler(e.Reserver, st, nil)
-	assert.NoError(t, err)
+	assert.NoError(t, errOf(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})), "Batch of 10,000")
+	assert.NoError(t, errOf(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})), "zero options take the defaults")
+	assert.NoError(t, errOf(stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})), "a negative Retention never trims: it is valid")
+	assert.NoError(t, errOf(stockops.NewReconciler(e.Reserver, st, nil)))
 }
 
 // "When ctx ends, Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain),
@@ -248,8 +244,7 @@ func TestRunHungStoreDrainBounded(t *testing.T) {
 		r := testkit.NewReserver(t, c)
 		st := &blockingStore{onlyStore: onlyStore{s: memstore.New()}}
 		loadBoth(t, r, st.s, "hung", 10)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "hung", ID: "d1", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "hung", ID: "d1", Qty: 1})))
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 500 * time.Millisecond,
 			Relay: &stock.RelayOptions{Lease: time.Hour}})
 		require.True(t, eventually(3*time.Second, func() bool { return st.calls.Load() > 0 }), "the relay called Apply")
@@ -327,8 +322,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		pub := &queue{}
 		cancel, done := runAsync(r, stock.RunOptions{Publisher: pub})
 		deductEach(t, r, stock.Request{SKU: "q:1", Qty: 2}, numbered("d", 6)...)
-		_, err := r.Restore(ctx, "q:1", "d0")
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Restore(ctx, "q:1", "d0")))
 		cancel()
 		err, ok := waitRun(t, done, 10*time.Second)
 		require.True(t, ok)
@@ -367,10 +361,8 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s))
 		}
 		// RelayOptions.Items: "limits the relay to these items".
-		_, err = r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})))
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})))
 		rl, err = stockops.NewRelay(r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
 		require.NoError(t, err)
 		stats, err = rl.Once(ctx)
@@ -2131,11 +2123,9 @@ func TestDurablePathSQL(t *testing.T) {
 			require.NoError(t, r.Load(ctx, sku, 100))
 			require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
 			for i := range 100 {
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
 				if i%10 == 0 {
-					_, err = r.Restore(ctx, sku, fmt.Sprint("o", i))
-					require.NoError(t, err)
+					require.NoError(t, errOf(r.Restore(ctx, sku, fmt.Sprint("o", i))))
 				}
 			}
 			rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
@@ -2150,8 +2140,7 @@ func TestDurablePathSQL(t *testing.T) {
 			assert.Equal(t, int64(10), avail)
 			assert.Equal(t, int64(5), rem)
 			for i := 100; i < 110; i++ {
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
 			}
 			st = testkit.Drain(t, rl)
 			assert.Equal(t, 5, st.Refused)
@@ -2184,12 +2173,9 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 		eachStore(t, c, "order-", false, func(t *testing.T, r *stock.Reserver, store loadingStore, sku string) {
 			ctx := context.Background()
 			loadBoth(t, r, store, sku, 1)
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, sku, "a")
-			require.NoError(t, err)
-			_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})))
+			require.NoError(t, errOf(r.Restore(ctx, sku, "a")))
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})))
 			q := &queue{}
 			rl, err := stockops.NewRelay(r, nil, q, nil)
 			require.NoError(t, err)
@@ -2256,8 +2242,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 
 		// An earlier event whose entry Redis lost cannot be applied from Redis: wait for it.
 		for i := 3; i < 5; i++ {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})))
 		}
 		testkit.Drain(t, rl)
 		more := q.take()
@@ -2268,10 +2253,8 @@ func TestConsumeCatchesUp(t *testing.T) {
 		require.NoError(t, stock.Consume(ctx, r, store, more[1]))
 
 		// Held, cancelled and expired events are not kept after publishing and hold nothing back.
-		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)
-		require.NoError(t, err)
-		_, err = r.Cancel(ctx, "A", "h")
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)))
+		require.NoError(t, errOf(r.Cancel(ctx, "A", "h")))
 		testkit.Drain(t, rl)
 		held := q.take()
 		require.Len(t, held, 2)
@@ -2325,16 +2308,14 @@ func TestConsumeInOrderBehindManyPublished(t *testing.T) {
 		loadBoth(t, r, store, "A", 1000)
 		id := func(i int) string { return fmt.Sprintf("o%04d", i) }
 		for i := range published {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
 		}
 		q := &hookQueue{on: id(published + batch - 1)}
 		rl, err := stockops.NewRelay(r, nil, q, nil)
 		require.NoError(t, err)
 		testkit.Drain(t, rl)
 		for i := published; i < published+batch; i++ {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
 		}
 		var consumeErr error
 		q.hook = func(ev stock.Event) { consumeErr = stock.Consume(ctx, r, store, ev) }
