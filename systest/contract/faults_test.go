@@ -111,10 +111,8 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	loadRedisAndStore(t, r, st, 10, "bh")
-	rl, err := stockops.NewRelay(r, st, nil, nil)
-	require.NoError(t, err)
-	rc, err := stockops.NewReconciler(r, st, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, st, nil, nil)
+	rc := newReconciler(t, r, st, nil)
 	p.holed.Store(true)
 	check := func(name string, f func() error, wantUnknown bool) {
 		t.Helper()
@@ -199,8 +197,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 		"a pass limited to some items":               {Items: []string{"f1"}},
 		"a pass limited to items (even all of them)": {Items: []string{"f1", "f2"}},
 	} {
-		rec, err := stockops.NewReconciler(r2, st, opts)
-		require.NoError(t, err)
+		rec := newReconciler(t, r2, st, opts)
 		if res, err := rec.Pass(ctx); err != nil || res.EpochRecorded {
 			t.Fatalf("%s: %v %+v", what, err, res)
 		}
@@ -257,8 +254,7 @@ func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
 			}
 			require.True(t, fenced, "a guard added to a live deployment with no epoch is not fenced")
 			require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1})), stock.ErrFailover, "deduct while fenced")
-			rec, err := stockops.NewReconciler(r, memstore.New(), nil)
-			require.NoError(t, err)
+			rec := newReconciler(t, r, memstore.New(), nil)
 			_, _ = rec.Once(ctx) // the store does not know g1: the pass still records the primaries
 			wantFenced(t, g, false, "after a complete pass")
 		})
@@ -467,9 +463,6 @@ func wantFenced(t *testing.T, g *stockops.FailoverGuard, want bool, what string)
 	require.Equal(t, want, fenced, "%s: fenced", what)
 }
 
-// errOf is the error of a call's two answers.
-func errOf(_ any, err error) error { return err }
-
 // faultKeys dumps every key of every master (type and a digest of the value).
 func faultKeys(t *testing.T, c rueidis.Client) map[string]string {
 	t.Helper()
@@ -677,8 +670,7 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 				t.Logf("a pass recorded the restarted primary before any deduct met the fence")
 			}
 			l := testkit.Levels(t, r, "rs")
-			rem, err := st.Remaining(ctx, "rs")
-			require.NoError(t, err)
+			rem := remaining(t, st, "rs")
 			assert.GreaterOrEqual(t, rem, l.Available, "Redis never offers more than the Store has")
 		})
 	}
@@ -703,8 +695,7 @@ func TestRunDryRunKeepsFence(t *testing.T) {
 		assert.ErrorIs(t, err, stock.ErrFailover, "no complete repairing pass: still fenced")
 		// Another process's complete repairing pass lifts the fence at the guard's next check.
 		r2 := testkit.NewReserver(t, c)
-		rec, err := stockops.NewReconciler(r2, st, nil)
-		require.NoError(t, err)
+		rec := newReconciler(t, r2, st, nil)
 		pr, err := rec.Pass(ctx)
 		require.NoError(t, err)
 		require.True(t, pr.EpochRecorded, "%+v", pr)
@@ -762,8 +753,7 @@ func TestRunStoreIgnoringCtx(t *testing.T) {
 		for i, at := range starts {
 			assert.Less(t, at.Sub(start), 100*time.Millisecond+50*time.Millisecond, "Apply call %d began after Drain had passed", i)
 		}
-		rem, err := st.s.Remaining(ctx, "ig")
-		require.NoError(t, err)
+		rem := remaining(t, st.s, "ig")
 		assert.GreaterOrEqual(t, rem, int64(6))
 		assert.LessOrEqual(t, st.s.MaxApplications(), 1)
 	})
@@ -1184,8 +1174,7 @@ func TestGuardFencesEveryFailoverABA(t *testing.T) {
 			Reconcile: &stock.ReconcileOptions{Interval: time.Hour}, Drain: 5 * time.Second,
 			Relay: &stock.RelayOptions{MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
 	}()
-	rec, err := stockops.NewReconciler(r, st, nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, st, nil)
 	acked := &acked{}
 	var replayAcks, fencedAnswers atomic.Int64
 	k := 0
@@ -1299,13 +1288,11 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 		faultLoad(t, ctx, r, st, sku, 50)
 	}
 	g := stockops.NewFailoverGuard(r)
-	rec0, err := stockops.NewReconciler(r, st, nil)
-	require.NoError(t, err)
+	rec0 := newReconciler(t, r, st, nil)
 	faultPass(t, ctx, rec0, 10*time.Second)
 	wantFenced(t, g, false, "after a complete pass")
 	gs := &gateStore{Store: st, entered: make(chan struct{}), gate: make(chan struct{})}
-	rec, err := stockops.NewReconciler(r, gs, nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, gs, nil)
 	type out struct {
 		res stockops.PassResult
 		err error
@@ -1470,8 +1457,7 @@ func TestTwoRunsRestarted(t *testing.T) {
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 		for _, s := range skus {
 			l, _ := testkit.CheckLedger(t, r1, s, 500)
-			n, err := store.Remaining(ctx, s)
-			require.NoError(t, err)
+			n := remaining(t, store, s)
 			assert.Equal(t, l.Available, n, s)
 		}
 	})
@@ -2051,8 +2037,7 @@ func TestGuardLatchedByCancelledRun(t *testing.T) {
 		sku := "guard:latch~1"
 		require.NoError(t, r.Load(ctx, sku, 10))
 		require.NoError(t, mem.Load(ctx, sku, 10))
-		rc, err := stockops.NewReconciler(r, mem, nil)
-		require.NoError(t, err)
+		rc := newReconciler(t, r, mem, nil)
 		require.NoError(t, errOf(rc.Pass(ctx)), "a pass before the cancelled Run")
 
 		runCtx, cancel := context.WithCancel(ctx)

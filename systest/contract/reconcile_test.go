@@ -63,8 +63,7 @@ func deductEach(t *testing.T, r *stock.Reserver, req stock.Request, ids ...strin
 // were lost) from the store, and returns its reports by item.
 func rebuildFromStore(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string) map[string]stockops.Report {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, store, nil)
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, nil)
 	reps := reports(t, rec)
 	for _, sku := range skus {
 		require.True(t, reps[sku].Rebuilt, "%v", reps[sku])
@@ -77,8 +76,7 @@ func rebuildFromStore(t *testing.T, r *stock.Reserver, store stock.Store, skus .
 func publishToQueue(t *testing.T, r *stock.Reserver) (*queue, *stockops.Relay, []stock.Event) {
 	t.Helper()
 	q := &queue{}
-	rl, err := stockops.NewRelay(r, nil, q, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, nil, q, nil)
 	require.NoError(t, errOf(rl.Once(context.Background())))
 	return q, rl, q.take()
 }
@@ -155,8 +153,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 				assert.GreaterOrEqual(t, l.Sold, int64(0), "sold below zero: %+v", l)
 				assert.Equal(t, int64(5), l.Available)
 				drainOfLifecycle(t, r, store)
-				rem, err := store.Remaining(context.Background(), "lost")
-				require.NoError(t, err)
+				rem := remaining(t, store, "lost")
 				assert.Equal(t, int64(5), rem)
 			},
 		},
@@ -257,8 +254,7 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 		q, rl, msgs := publishToQueue(t, r)
 		require.NotEmpty(t, msgs, "relay published nothing")
 		// Consumer down: reconcile (repairing).
-		rc, err := stockops.NewReconciler(r, st, nil)
-		require.NoError(t, err)
+		rc := newReconciler(t, r, st, nil)
 		res, err := rc.Pass(ctx)
 		require.NoError(t, err, "Pass (%+v)", res)
 		for _, rp := range res.Reports {
@@ -273,8 +269,7 @@ func TestQueueReconcileWhileConsumerDownThenReversedRedelivery(t *testing.T) {
 		repairConsumeAll(t, ctx, r, st, redeliver, rand.New(rand.NewPCG(uint64(1), 0)))
 		// Refusal events published by Consume would show store refusals.
 		consumeRelayed(t, r, st, rl, q)
-		rem, err := st.Remaining(ctx, sku)
-		require.NoError(t, err)
+		rem := remaining(t, st, sku)
 		assert.Zero(t, rem, "store remaining")
 		if n := st.MaxApplications(); n > 1 {
 			t.Errorf("double application: %d", n)
@@ -299,10 +294,8 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 		loadBoth(t, r, st, sku, n)
 		rng := rand.New(rand.NewPCG(uint64(7), 0))
 		q := &queue{}
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
-		rc, err := stockops.NewReconciler(r, st, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, q, nil)
+		rc := newReconciler(t, r, st, nil)
 		var backlog []stock.Event
 		next := 0
 		for step := 0; step < 40; step++ {
@@ -352,8 +345,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 		}
 		lv, err := r.Levels(ctx, sku)
 		require.NoError(t, err)
-		rem, err := st.Remaining(ctx, sku)
-		require.NoError(t, err)
+		rem := remaining(t, st, sku)
 		assert.EqualValues(t, rem, lv.Available+lv.Held, "redis available %d != store remaining %d", lv.Available, rem)
 		if n := st.MaxApplications(); n > 1 {
 			t.Errorf("double application: %d", n)
@@ -456,8 +448,7 @@ func TestOrphanedEventsNotGivenBack(t *testing.T) {
 				require.NoError(t, c.Do(ctx, c.B().Del().Key(prefix+":{A}:l").Build()).Error())
 				passes := func(what string) {
 					t.Helper()
-					rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
-					require.NoError(t, err)
+					rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 					reps, err := rec.Once(ctx)
 					t.Logf("%s pass: %v", what, err)
 					for _, rp := range reps {
@@ -477,8 +468,7 @@ func TestOrphanedEventsNotGivenBack(t *testing.T) {
 					if path == "queue" {
 						pub, st = &queue{}, nil
 					}
-					rl, err := stockops.NewRelay(r, st, pub, nil)
-					require.NoError(t, err)
+					rl := newRelay(t, r, st, pub, nil)
 					stats, err := rl.Once(ctx)
 					require.NoError(t, err)
 					assert.Equal(t, 3, stats.Orphaned, "%+v", stats)
@@ -609,10 +599,8 @@ func TestReconcilerDuringConsume(t *testing.T) {
 	skus := []string{"c:1", "c:2", "c:3", "c:4"}
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
-	require.NoError(t, err)
-	rec, err := stockops.NewReconciler(e.Reserver, st, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, e.Reserver, nil, q, &stock.RelayOptions{Batch: 4})
+	rec := newReconciler(t, e.Reserver, st, nil)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var adjusted, passes atomic.Int64
@@ -708,8 +696,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 			sku:  "ret:1",
 			lose: func(t *testing.T, ctx context.Context, e *stocktest.Env, st *orderStore) {
 				e.Advance(time.Second)
-				short, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
-				require.NoError(t, err)
+				short := newReconciler(t, e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
 				require.NoError(t, errOf(short.Once(ctx)), "pass with the short retention")
 			},
 		},
@@ -734,8 +721,7 @@ func TestRerecordedRestockKeepsItemReconciled(t *testing.T) {
 			acks, _ := consumedTraffic(t, ctx, e, st, rng, []string{tc.sku}, 60)
 			require.NotEmpty(t, acks.restock[tc.sku], "the traffic made no restock")
 			tc.lose(t, ctx, e, st)
-			rec, err := stockops.NewReconciler(e.Reserver, st.Store, nil)
-			require.NoError(t, err)
+			rec := newReconciler(t, e.Reserver, st.Store, nil)
 			rerecorded := 0
 			for i := 0; i < 3; i++ {
 				reps, err := rec.Once(ctx)
@@ -763,8 +749,7 @@ func consumedTraffic(t *testing.T, ctx context.Context, e *stocktest.Env, st *or
 	t.Helper()
 	acks := traffic(t, ctx, e.Reserver, st.Store, skus, n, rng)
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, e.Reserver, nil, q, nil)
 	drain(t, ctx, e, rl, skus)
 	msgs := q.take()
 	relayConsumeAll(t, ctx, e.Reserver, st, append([]stock.Event(nil), msgs...), rng)
@@ -1032,8 +1017,7 @@ func concurrentRestores(t *testing.T, e *relayEnv, v restoresCase) {
 		if i > 0 {
 			rr = e.another(stock.WithObserver(drift))
 		}
-		rc, err := stockops.NewReconciler(rr, mem, &stock.ReconcileOptions{Retention: v.retention})
-		require.NoError(t, err)
+		rc := newReconciler(t, rr, mem, &stock.ReconcileOptions{Retention: v.retention})
 		// A short retention trims entries that the store's records then write back:
 		// TestTrimThenRerecord; here only drift and stock repairs count.
 		w := reconciling(ctx, t, rc, &passes, v.retention > 0)
@@ -1062,8 +1046,7 @@ func concurrentRestores(t *testing.T, e *relayEnv, v restoresCase) {
 			quiet = quiet && p == 0 && d == 0
 		}
 		if quiet {
-			dry, err := stockops.NewReconciler(r, mem, &stock.ReconcileOptions{DryRun: true})
-			require.NoError(t, err)
+			dry := newReconciler(t, r, mem, &stock.ReconcileOptions{DryRun: true})
 			res, err := dry.Pass(context.Background())
 			require.NoError(t, err)
 			for _, rp := range res.Reports {
@@ -1088,8 +1071,7 @@ func concurrentRestores(t *testing.T, e *relayEnv, v restoresCase) {
 	t.Logf("%s: %d passes, %d reconcile observations, %d consumed, %d held back", e.name, passes.Load(), drift.count.Load(), q.consumed.Load(), q.heldBack.Load())
 	assert.Positive(t, passes.Load())
 
-	final, err := stockops.NewReconciler(r, mem, &stock.ReconcileOptions{Retention: v.retention})
-	require.NoError(t, err)
+	final := newReconciler(t, r, mem, &stock.ReconcileOptions{Retention: v.retention})
 	fres, err := final.Pass(context.Background())
 	checkReports(t, fres, err, v.retention > 0)
 	for _, rp := range fres.Reports {
@@ -1126,14 +1108,12 @@ func TestTrimThenRerecord(t *testing.T) {
 			sale.deduct(t, ctx, e.r, sku, fmt.Sprint("t:", i), 1)
 		}
 		pass(2 * time.Second)
-		rl, err := stockops.NewRelay(e.r, mem, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, e.r, mem, nil, nil)
 		st, err := rl.Once(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 5, st.Delivered)
 		pass(500 * time.Millisecond)
-		rc, err := stockops.NewReconciler(e.r, mem, &stock.ReconcileOptions{Retention: time.Second})
-		require.NoError(t, err)
+		rc := newReconciler(t, e.r, mem, &stock.ReconcileOptions{Retention: time.Second})
 		rp, err := rc.Item(ctx, sku)
 		require.NoError(t, err)
 		t.Logf("%s: first pass: %s", e.name, rp.String())
@@ -1359,14 +1339,12 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 			loadBoth(t, r, store, sku, 10)
 			deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("o", 10)...)
 			q := &queue{}
-			rl, err := stockops.NewRelay(r, nil, q, nil)
-			require.NoError(t, err)
+			rl := newRelay(t, r, nil, q, nil)
 			testkit.Drain(t, rl)
 			msgs := q.take()
 			require.Len(t, msgs, 10)
 
-			rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
-			require.NoError(t, err)
+			rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{sku}})
 			// The consumer is down: all ten sales are in the queue.
 			reps, err := rec.Once(ctx)
 			require.NoError(t, err)
@@ -1392,8 +1370,7 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 			assert.Zero(t, reps[0].Drift, reps[0].String())
 			assert.Zero(t, reps[0].Adjusted, reps[0].String())
 			assert.Zero(t, reps[0].InFlight, reps[0].String())
-			rem, err := store.Remaining(ctx, sku)
-			require.NoError(t, err)
+			rem := remaining(t, store, sku)
 			assert.Zero(t, rem, "every sale applied in the store, none refused")
 			assert.Zero(t, testkit.Levels(t, r, sku).Available)
 			for id, e := range testkit.Ledger(t, r, sku) {
@@ -1414,10 +1391,8 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 		store := memstore.New()
 		loadBoth(t, r, store, "A", 200)
 		q := &queue{}
-		rl, err := stockops.NewRelay(r, nil, q, &stock.RelayOptions{Lease: time.Second})
-		require.NoError(t, err)
-		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, q, &stock.RelayOptions{Lease: time.Second})
+		rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 
 		var sold atomic.Int64
 		stop := make(chan struct{})
@@ -1496,8 +1471,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, reps[0].Drift, reps[0].String())
 		assert.Zero(t, reps[0].Adjusted)
-		rem, err := store.Remaining(ctx, "A")
-		require.NoError(t, err)
+		rem := remaining(t, store, "A")
 		assert.Equal(t, testkit.Levels(t, r, "A").Available, rem)
 		assert.Positive(t, sold.Load())
 		assert.Equal(t, 1, store.MaxApplications())
@@ -1610,8 +1584,7 @@ func (e *outsideEnv) load(sku string, qty int64) {
 // relay delivers every due event to the store.
 func (e *outsideEnv) relay() stockops.RelayStats {
 	e.t.Helper()
-	rl, err := stockops.NewRelay(e.r, e.store, nil, nil)
-	require.NoError(e.t, err)
+	rl := newRelay(e.t, e.r, e.store, nil, nil)
 	st, err := rl.Once(e.ctx)
 	require.NoError(e.t, err, "relay")
 	return st
@@ -1619,8 +1592,7 @@ func (e *outsideEnv) relay() stockops.RelayStats {
 
 func (e *outsideEnv) pass(opts *stock.ReconcileOptions) stockops.PassResult {
 	e.t.Helper()
-	rec, err := stockops.NewReconciler(e.r, e.store, opts)
-	require.NoError(e.t, err)
+	rec := newReconciler(e.t, e.r, e.store, opts)
 	res, err := rec.Pass(e.ctx)
 	if err != nil {
 		e.t.Logf("pass error: %v", err)

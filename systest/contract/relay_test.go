@@ -160,8 +160,7 @@ func TestRunCancelledCtxStillDrains(t *testing.T) {
 				pending, dead, err := stockops.Pending(ctx, r, sku)
 				require.NoError(t, err)
 				assert.Zero(t, pending+dead, "nothing pending or dead-lettered")
-				rem, err := st.Remaining(ctx, sku)
-				require.NoError(t, err)
+				rem := remaining(t, st, sku)
 				if path == "queue" {
 					assert.Equal(t, int64(5), published.Load(), "every event published")
 					assert.Equal(t, int64(10), rem, "the queue path leaves the Store to Consume")
@@ -212,8 +211,7 @@ func TestRunDrainsLastSales(t *testing.T) {
 			l := testkit.Levels(t, r, s)
 			sold += l.Sold
 			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s), "%s: outbox drained", s)
-			rem, err := st.Remaining(ctx, s)
-			require.NoError(t, err)
+			rem := remaining(t, st, s)
 			assert.Equal(t, l.Available, rem, "%s: the Store got every sale", s)
 		}
 		assert.Equal(t, n.Load(), sold)
@@ -294,18 +292,15 @@ func TestRunDrainBoundedManyEvents(t *testing.T) {
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Less(t, took, 3*time.Second, "Drain (300ms) bounds the last delivery")
 		left := testkit.OutboxLen(t, c, "slow")
-		rem, err := st.Remaining(ctx, "slow")
-		require.NoError(t, err)
+		rem := remaining(t, st, "slow")
 		assert.LessOrEqual(t, 1500-left, 5000-rem, "every event left the outbox only after the Store applied it")
 		t.Logf("took %v, %d applied, %d left", took, st.calls.Load(), left)
 		// What is left is delivered later (after the lease of the events Run claimed), once in
 		// effect.
 		redistest.Sleep(c, 1100*time.Millisecond)
-		rl, err := stockops.NewRelay(r, st.s, nil, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, st.s, nil, nil)
 		testkit.Drain(t, rl)
-		rem, err = st.s.Remaining(ctx, "slow")
-		require.NoError(t, err)
+		rem = remaining(t, st.s, "slow")
 		assert.Equal(t, int64(3500), rem)
 		assert.LessOrEqual(t, st.s.MaxApplications(), 1)
 	})
@@ -334,8 +329,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		for i := len(evs) - 1; i >= 0; i-- {
 			require.NoError(t, stock.Consume(ctx, r, st, evs[i]))
 		}
-		rem, err := st.Remaining(ctx, "q:1")
-		require.NoError(t, err)
+		rem := remaining(t, st, "q:1")
 		assert.Equal(t, testkit.Levels(t, r, "q:1").Available, rem)
 		assert.Equal(t, int64(10), rem)
 	})
@@ -352,8 +346,7 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 			loadBoth(t, r, st, s, 100)
 			deductEach(t, r, stock.Request{SKU: s, Qty: 1}, numbered("d", 40)...)
 		}
-		rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{Batch: 1})
-		require.NoError(t, err)
+		rl := newRelay(t, r, st, nil, &stock.RelayOptions{Batch: 1})
 		stats, err := rl.Once(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, 80, stats.Delivered, "%+v", stats)
@@ -363,8 +356,7 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 		// RelayOptions.Items: "limits the relay to these items".
 		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})))
 		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})))
-		rl, err = stockops.NewRelay(r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
-		require.NoError(t, err)
+		rl = newRelay(t, r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
 		stats, err = rl.Once(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, 1, stats.Delivered)
@@ -396,7 +388,6 @@ func (o *onlyStore) Records(ctx context.Context, sku string, ids []string) (map[
 // reaches it and the Store applies it once in effect.
 func TestRunStoreAndFailingPublisher(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		loadBoth(t, r, st, "sp", 10)
@@ -436,8 +427,7 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 			assert.GreaterOrEqual(t, seen["deducted:"+fmt.Sprint("d", i)], 1)
 		}
 		mu.Unlock()
-		rem, err := st.Remaining(ctx, "sp")
-		require.NoError(t, err)
+		rem := remaining(t, st, "sp")
 		assert.Equal(t, int64(7), rem)
 		assert.LessOrEqual(t, st.MaxApplications(), 1)
 	})
@@ -615,8 +605,7 @@ func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st st
 // and the store saw each item's events in order.
 func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore, a *acks) {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, st.Store, &stock.ReconcileOptions{DryRun: true})
-	require.NoError(t, err)
+	rec := newReconciler(t, r, st.Store, &stock.ReconcileOptions{DryRun: true})
 	for sku := range a.initial {
 		lv, err := r.Levels(ctx, sku)
 		require.NoError(t, err, "Levels %q", sku)
@@ -662,8 +651,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 // queueRelay is a relay with no Store that publishes to q.
 func queueRelay(t *testing.T, e *stocktest.Env, q *relayQueue, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, o)
-	require.NoError(t, err)
+	rl := newRelay(t, e.Reserver, nil, q, o)
 	return rl
 }
 
@@ -866,8 +854,7 @@ func TestConsumedBeforeConfirm(t *testing.T) {
 				}
 				pub = c.q
 			}
-			rl, err := stockops.NewRelay(c.e.Reserver, nil, pub, nil)
-			require.NoError(t, err)
+			rl := newRelay(t, c.e.Reserver, nil, pub, nil)
 			drain(t, c.ctx, c.e, rl, c.skus)
 			if len(consumeErrs) > 0 {
 				t.Logf("Consume answered %d errors during delivery, first: %v", len(consumeErrs), consumeErrs[0])
@@ -1176,8 +1163,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 	for _, sku := range skus {
 		lv, err := e.Reserver.Levels(ctx, sku)
 		require.NoError(t, err)
-		rem, err := st.Remaining(ctx, sku)
-		require.NoError(t, err)
+		rem := remaining(t, st, sku)
 		if lv.Available != rem+40 {
 			// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
 			t.Errorf("item %q: Redis available %d, store remaining %d: Redis should have exactly 40 more", sku, lv.Available, rem)
@@ -1334,8 +1320,7 @@ func (s *sale) checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "no event applied twice")
 	for sku, l := range loaded {
 		sold := s.sold(sku)
-		rem, err := store.Remaining(ctx, sku)
-		require.NoError(t, err)
+		rem := remaining(t, store, sku)
 		assert.Equal(t, l-sold, rem, "%s: store remaining = loaded - net sold", sku)
 		lv, err := r.Levels(ctx, sku)
 		require.NoError(t, err)
@@ -1639,8 +1624,7 @@ func TestDrainStuckPublisherQueuePath(t *testing.T) {
 			}
 		}
 		sale.checkStore(t, e.r, store, loaded)
-		rc, err := stockops.NewReconciler(e.r, store, nil)
-		require.NoError(t, err)
+		rc := newReconciler(t, e.r, store, nil)
 		rep, err := rc.Item(ctx, "q:drain~a")
 		require.NoError(t, err)
 		assert.Zero(t, rep.Drift)
@@ -1978,8 +1962,7 @@ func splitSeeds(t *testing.T, e *requestEnv, prefix string, n uint64, load int64
 func publishAll(t *testing.T, e *requestEnv, sku string, batch int) (evs []stock.Event, passes int) {
 	t.Helper()
 	q := &queue{}
-	rl, err := stockops.NewRelay(e.r, nil, q, &stock.RelayOptions{Batch: batch})
-	require.NoError(t, err)
+	rl := newRelay(t, e.r, nil, q, &stock.RelayOptions{Batch: batch})
 	passes, _ = splitDrain(t, e, sku, 400, rl)
 	return q.take(), passes
 }
@@ -2056,8 +2039,7 @@ func TestRelayDiesMidway(t *testing.T) {
 			sold := sales(t, e, sku, uint64(100+k), 3, nil)
 			rctx, cancel := context.WithCancel(ctx)
 			ds := &dyingStore{Store: mem, k: k, cancel: cancel}
-			rl, err := stockops.NewRelay(e.r, ds, nil, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond, Items: []string{sku}})
-			require.NoError(t, err)
+			rl := newRelay(t, e.r, ds, nil, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond, Items: []string{sku}})
 			for rctx.Err() == nil {
 				if drained(t, e, sku) {
 					break
@@ -2128,15 +2110,13 @@ func TestDurablePathSQL(t *testing.T) {
 					require.NoError(t, errOf(r.Restore(ctx, sku, fmt.Sprint("o", i))))
 				}
 			}
-			rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
-			require.NoError(t, err)
+			rl := newRelay(t, r, store, nil, &stock.RelayOptions{Batch: 32})
 			st := testkit.Drain(t, rl)
 			assert.Zero(t, st.Retried)
 			// 90 sold in Redis, the store had 95: no refusal. Now drift the other way.
 			avail, err := testkit.Available(r.Levels(ctx, sku))
 			require.NoError(t, err)
-			rem, err := store.Remaining(ctx, sku)
-			require.NoError(t, err)
+			rem := remaining(t, store, sku)
 			assert.Equal(t, int64(10), avail)
 			assert.Equal(t, int64(5), rem)
 			for i := 100; i < 110; i++ {
@@ -2149,8 +2129,7 @@ func TestDurablePathSQL(t *testing.T) {
 			avail, _ = testkit.Available(r.Levels(ctx, sku))
 			assert.Equal(t, int64(5), avail, "refused units given back once")
 			// The reconciler closes the remaining drift.
-			rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
-			require.NoError(t, err)
+			rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{sku}})
 			reps, err := rec.Once(ctx)
 			require.NoError(t, err)
 			assert.Equal(t, int64(-5), reps[0].Adjusted)
@@ -2177,8 +2156,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 			require.NoError(t, errOf(r.Restore(ctx, sku, "a")))
 			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})))
 			q := &queue{}
-			rl, err := stockops.NewRelay(r, nil, q, nil)
-			require.NoError(t, err)
+			rl := newRelay(t, r, nil, q, nil)
 			testkit.Drain(t, rl)
 			msgs := q.take()
 			require.Len(t, msgs, 3)
@@ -2197,8 +2175,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 			e, err := r.Ledger(ctx, sku, "b")
 			require.NoError(t, err)
 			assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
-			rem, err := store.Remaining(ctx, sku)
-			require.NoError(t, err)
+			rem := remaining(t, store, sku)
 			assert.Zero(t, rem)
 			assert.Zero(t, testkit.Levels(t, r, sku).Available)
 			assert.Empty(t, q.take(), "no refusal event")
@@ -2278,8 +2255,7 @@ func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.R
 	loadBoth(t, r, store, "A", load)
 	deductEach(t, r, stock.Request{SKU: "A", Qty: 1}, numbered("o", n)...)
 	q := &queue{}
-	rl, err := stockops.NewRelay(r, nil, q, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, nil, q, nil)
 	testkit.Drain(t, rl)
 	msgs := q.take()
 	require.Len(t, msgs, n)
@@ -2288,8 +2264,7 @@ func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.R
 
 func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 	return rec
 }
 
@@ -2311,8 +2286,7 @@ func TestConsumeInOrderBehindManyPublished(t *testing.T) {
 			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
 		}
 		q := &hookQueue{on: id(published + batch - 1)}
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, q, nil)
 		testkit.Drain(t, rl)
 		for i := published; i < published+batch; i++ {
 			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))

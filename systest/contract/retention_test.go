@@ -23,8 +23,7 @@ func settledSale(t *testing.T, r *stock.Reserver, st *memstore.Store) {
 	t.Helper()
 	loadBoth(t, r, st, "ret", 10)
 	deductEach(t, r, stock.Request{SKU: "ret", Qty: 1}, "d1")
-	rl, err := stockops.NewRelay(r, st, nil, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, st, nil, nil)
 	testkit.Drain(t, rl)
 }
 
@@ -32,8 +31,7 @@ func settledSale(t *testing.T, r *stock.Reserver, st *memstore.Store) {
 // and returns its report.
 func retentionPass(t *testing.T, r *stock.Reserver, st stock.Store, retention time.Duration) stockops.Report {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: retention})
-	require.NoError(t, err)
+	rec := newReconciler(t, r, st, &stock.ReconcileOptions{Retention: retention})
 	reps, err := rec.Once(context.Background())
 	require.NoError(t, err)
 	require.Len(t, reps, 1)
@@ -103,8 +101,7 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 	_, msgs := consumedTraffic(t, ctx, e, st, rng, skus, 120)
 	// The retention is measured on a clock Advance does not move (30h of Advance with a 1h
 	// Retention trims nothing), so a tiny Retention and a few real milliseconds stand for a day.
-	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
-	require.NoError(t, err)
+	rec := newReconciler(t, e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
 	e.Advance(time.Second)
 	time.Sleep(5 * time.Millisecond)
 	trimmed := 0
@@ -136,8 +133,7 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 		}
 	}
 	assert.EqualValues(t, len(msgs), answers["nil"], "redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
-	dry, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
-	require.NoError(t, err)
+	dry := newReconciler(t, e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
 	for _, sku := range skus {
 		rem, _ := st.Remaining(ctx, sku)
 		assert.EqualValues(t, before[sku], rem, "item %q: stale redeliveries moved the store from %d to %d", sku, before[sku], rem)

@@ -121,8 +121,7 @@ func TestTwoRunsShareRedis(t *testing.T) {
 func storeAgrees(t *testing.T, r *stock.Reserver, st *memstore.Store, sku string) stock.Levels {
 	t.Helper()
 	l := testkit.Levels(t, r, sku)
-	rem, err := st.Remaining(context.Background(), sku)
-	require.NoError(t, err)
+	rem := remaining(t, st, sku)
 	assert.Equal(t, l.Available, rem, "%s: Redis and the Store agree", sku)
 	return l
 }
@@ -433,8 +432,7 @@ func checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku stri
 	t.Helper()
 	ctx := context.Background()
 	l := levels(t, r, sku)
-	rem, err := store.Remaining(ctx, sku)
-	require.NoError(t, err)
+	rem := remaining(t, store, sku)
 	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
 	var ids []string
@@ -465,8 +463,7 @@ func checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku stri
 // reconcile runs a reconcile pass and checks one report for the item with no drift.
 func reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string) {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: -1})
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, &stock.ReconcileOptions{Retention: -1})
 	reports, err := rec.Once(context.Background())
 	require.NoError(t, err)
 	var mine []stockops.Report

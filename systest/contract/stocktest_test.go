@@ -421,8 +421,7 @@ func TestStocktestClock(t *testing.T) {
 	st := memstore.New()
 	require.NoError(t, st.Load(ctx, "clk", 5))
 	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "clk", ID: "d", Qty: 1})))
-	rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{MinBackoff: time.Hour, MaxBackoff: 2 * time.Hour})
-	require.NoError(t, err)
+	rl := newRelay(t, r, st, nil, &stock.RelayOptions{MinBackoff: time.Hour, MaxBackoff: 2 * time.Hour})
 	st.FailWith(memstore.Down)
 	_, err = rl.Once(ctx)
 	assert.Error(t, err)
@@ -488,8 +487,7 @@ func TestStocktestOneClock(t *testing.T) {
 	time.Sleep(400 * time.Millisecond)
 	assert.Equal(t, int64(2), testkit.Levels(t, r, skus[0]).Held, "the clock stands still: the hold is live")
 	// The store is down: the relay backs off for 10-20 minutes of the kit's clock.
-	n, err := store.Remaining(ctx, skus[0])
-	require.NoError(t, err)
+	n := remaining(t, store, skus[0])
 	assert.Equal(t, int64(10), n)
 
 	// Cart age: a completed cart is never undone, however old.
@@ -546,8 +544,7 @@ func TestStocktestLease(t *testing.T) {
 		return memstore.ErrDown
 	})
 	defer close(stuck)
-	dead, err := stockops.NewRelay(r, hung, nil, &stock.RelayOptions{Lease: time.Minute})
-	require.NoError(t, err)
+	dead := newRelay(t, r, hung, nil, &stock.RelayOptions{Lease: time.Minute})
 	go func() { _, _ = dead.Once(context.Background()) }()
 	select {
 	case <-entered:
@@ -556,13 +553,11 @@ func TestStocktestLease(t *testing.T) {
 	}
 	good := memstore.New()
 	require.NoError(t, good.Load(ctx, "lease:x", 5))
-	rl, err := stockops.NewRelay(r, good, nil, &stock.RelayOptions{Lease: time.Minute})
-	require.NoError(t, err)
+	rl := newRelay(t, r, good, nil, &stock.RelayOptions{Lease: time.Minute})
 	time.Sleep(200 * time.Millisecond)
 	assert.Zero(t, onceDelivered(t, rl), "the lease of the first relay still holds")
 	e.Advance(61 * time.Second)
 	assert.Equal(t, 1, onceDelivered(t, rl), "after the lease, on the kit's clock, the event is delivered again")
-	n, err := good.Remaining(ctx, "lease:x")
-	require.NoError(t, err)
+	n := remaining(t, good, "lease:x")
 	assert.Equal(t, int64(4), n)
 }
