@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -1540,56 +1539,29 @@ func TestReconcileSettlesPublished(t *testing.T) {
 }
 
 // outsideEnv is a Reserver on a Redis, with a memstore as the database of record and, on
-// miniredis, one clock shared by Redis's TIME and WithClock.
+// miniredis (a stocktest kit), one clock shared by Redis's TIME, its TTLs and WithClock.
 type outsideEnv struct {
 	t     *testing.T
 	name  string
 	c     rueidis.Client
-	m     *miniredis.Miniredis // nil on a real server
+	kit   *stocktest.Env // nil on a real server
 	r     *stock.Reserver
 	store *memstore.Store
 	ctx   context.Context
-
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (e *outsideEnv) clock() time.Time {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.m == nil {
-		return time.Now()
-	}
-	return e.now
 }
 
 // advance moves Redis's clock and the Reserver's clock by d (miniredis only).
 func (e *outsideEnv) advance(d time.Duration) {
 	e.t.Helper()
-	require.NotNil(e.t, e.m, "advance on a real server")
-	e.mu.Lock()
-	e.now = e.now.Add(d)
-	e.m.SetTime(e.now)
-	e.mu.Unlock()
-	e.m.FastForward(d)
+	require.NotNil(e.t, e.kit, "advance on a real server")
+	e.kit.Advance(d)
 }
 
-// outsideMini makes a Reserver on a private miniredis with a clock the test moves.
+// outsideMini makes a Reserver on a private stocktest miniredis, with a clock the test moves.
 func outsideMini(t *testing.T, opts ...stock.Option) *outsideEnv {
 	t.Helper()
-	m := miniredis.RunT(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	require.NoError(t, err)
-	t.Cleanup(c.Close)
-	e := &outsideEnv{t: t, name: "miniredis", c: c, m: m, store: memstore.New(), ctx: context.Background()}
-	e.now = time.Now().Truncate(time.Millisecond)
-	m.SetTime(e.now)
-	opts = append([]stock.Option{stock.WithClock(e.clock)}, opts...)
-	r, err := stock.New(c, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	e.r = r
-	return e
+	kit := stocktest.New(t, opts...)
+	return &outsideEnv{t: t, name: "miniredis", c: kit.Client, kit: kit, r: kit.Reserver, store: memstore.New(), ctx: context.Background()}
 }
 
 // outsideEach runs f on miniredis and, with STOCK_REDIS_SERVER, a real standalone server.
@@ -1601,12 +1573,9 @@ func outsideEach(t *testing.T, f func(t *testing.T, e *outsideEnv), opts ...stoc
 		}
 		t.Run(b.Name, func(t *testing.T) {
 			c := b.Client(t)
-			e := &outsideEnv{t: t, name: b.Name, c: c, store: memstore.New(), ctx: context.Background()}
-			r, err := stock.New(c, opts...)
-			require.NoError(t, err)
+			r := testkit.NewReserver(t, c, opts...)
 			t.Cleanup(func() { _ = r.Close(context.Background()) })
-			e.r = r
-			f(t, e)
+			f(t, &outsideEnv{t: t, name: b.Name, c: c, r: r, store: memstore.New(), ctx: context.Background()})
 		})
 	}
 }
