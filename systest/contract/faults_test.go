@@ -722,43 +722,6 @@ func TestRunPanickingStore(t *testing.T) {
 	}
 }
 
-// A Store whose calls ignore their context and take longer than Drain. "Drain bounds the relay's
-// last delivery after ctx ends: Run delivers the events that are due until none is left or Drain
-// has passed." The call in flight when ctx ends cannot be cut short, but no new delivery may begin
-// once Drain has passed; and no event is applied twice.
-func TestRunStoreIgnoringCtx(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: time.Second}
-		loadRedisAndStore(t, r, st.s, 10, "ig")
-		for i := range 4 {
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "ig", ID: fmt.Sprint("d", i), Qty: 1})))
-		}
-		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 100 * time.Millisecond})
-		require.True(t, eventually(3*time.Second, func() bool { return st.calls.Load() > 0 }))
-		cancel()
-		start := time.Now()
-		err, ok := waitRun(t, done, 10*time.Second)
-		require.True(t, ok, "Run returned")
-		t.Logf("Run returned %v after ctx ended (Drain 100ms, a Store call takes 1s, 4 events): %v", time.Since(start), err)
-		st.mu.Lock()
-		starts := append([]time.Time(nil), st.starts...)
-		st.mu.Unlock()
-		for i, at := range starts {
-			t.Logf("Apply call %d began %v after ctx ended", i, at.Sub(start))
-		}
-		// "Run delivers the events that are due until none is left or Drain has passed": no new
-		// delivery begins once Drain has passed.
-		for i, at := range starts {
-			assert.Less(t, at.Sub(start), 100*time.Millisecond+50*time.Millisecond, "Apply call %d began after Drain had passed", i)
-		}
-		rem := remaining(t, st.s, "ig")
-		assert.GreaterOrEqual(t, rem, int64(6))
-		assert.LessOrEqual(t, st.s.MaxApplications(), 1)
-	})
-}
-
 // logBuffer collects log records.
 type logBuffer struct {
 	mu   sync.Mutex

@@ -175,48 +175,13 @@ func TestRunDrainsLastSales(t *testing.T) {
 	})
 }
 
-// blockingStore blocks in Apply until its context ends (a hung database honouring ctx). It is a
-// plain stock.Store (memstore's ApplyBatch is not promoted), so the relay calls its Apply.
-type blockingStore struct {
-	onlyStore
-	calls atomic.Int64
-}
-
-func (s *blockingStore) Apply(ctx context.Context, ev stock.Event) error {
-	s.calls.Add(1)
-	<-ctx.Done()
-	return ctx.Err()
-}
-
-// "Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are due
-// until none is left or Drain has passed." With a Store that hangs (honouring its context), Run
-// returns about Drain after ctx ends, and returns the error a loop met.
-func TestRunHungStoreDrainBounded(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := &blockingStore{onlyStore: onlyStore{s: memstore.New()}}
-		loadBoth(t, r, st.s, "hung", 10)
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "hung", ID: "d1", Qty: 1})))
-		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 500 * time.Millisecond,
-			Relay: &stock.RelayOptions{Lease: time.Hour}})
-		require.True(t, eventually(3*time.Second, func() bool { return st.calls.Load() > 0 }), "the relay called Apply")
-		cancel()
-		start := time.Now()
-		err, ok := waitRun(t, done, 10*time.Second)
-		require.True(t, ok, "Run returned after ctx ended with a hung Store")
-		assert.Less(t, time.Since(start), 3*time.Second, "Run returned about Drain (500ms) after ctx ended")
-		assert.Error(t, err)
-		// The event is not lost: it is still in the outbox.
-		assert.Equal(t, int64(1), testkit.OutboxLen(t, c, "hung"))
-	})
-}
-
-// sleepyStore ignores ctx and sleeps in Apply (a database call with no deadline); a plain
-// stock.Store.
+// sleepyStore sleeps d in Apply ignoring its context (a database call with no deadline), or with
+// hang, blocks until its context ends (a hung database honouring ctx). It is a plain stock.Store
+// (memstore's ApplyBatch is not promoted), so the relay calls its Apply.
 type sleepyStore struct {
 	onlyStore
 	d      time.Duration
+	hang   bool
 	calls  atomic.Int64
 	mu     sync.Mutex
 	starts []time.Time // when each Apply call began
@@ -227,38 +192,103 @@ func (s *sleepyStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	s.starts = append(s.starts, time.Now())
 	s.mu.Unlock()
+	if s.hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	time.Sleep(s.d)
 	return s.s.Apply(ctx, ev)
 }
 
-// A slow store with many events due: the drain stops at Drain, not when the outbox is empty.
-func TestRunDrainBoundedManyEvents(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: 5 * time.Millisecond}
-		loadBoth(t, r, st.s, "slow", 5000)
-		deductEach(t, r, stock.Request{SKU: "slow", Qty: 1}, numbered("d", 1500)...)
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		start := time.Now()
-		err := r.Run(cctx, stock.RunOptions{Store: st, Drain: 300 * time.Millisecond, Relay: &stock.RelayOptions{Lease: time.Second}})
-		took := time.Since(start)
-		assert.ErrorIs(t, err, context.Canceled)
-		assert.Less(t, took, 3*time.Second, "Drain (300ms) bounds the last delivery")
-		left := testkit.OutboxLen(t, c, "slow")
-		rem := remaining(t, st, "slow")
-		assert.LessOrEqual(t, 1500-left, 5000-rem, "every event left the outbox only after the Store applied it")
-		t.Logf("took %v, %d applied, %d left", took, st.calls.Load(), left)
-		// What is left is delivered later (after the lease of the events Run claimed), once in
-		// effect.
-		redistest.Sleep(c, 1100*time.Millisecond)
-		rl := newRelay(t, r, st.s, nil, nil)
-		testkit.Drain(t, rl)
-		rem = remaining(t, st.s, "slow")
-		assert.Equal(t, int64(3500), rem)
-		assert.LessOrEqual(t, st.s.MaxApplications(), 1)
-	})
+// "Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are due
+// until none is left or Drain has passed." Run returns about Drain after ctx ends, with a Store
+// that hangs (honouring its context: Run returns the error a loop met, and the event is not lost),
+// with a slow Store and many events due (the drain stops at Drain, not when the outbox is empty;
+// what is left is delivered later, once in effect), and with a Store whose calls ignore their
+// context and take longer than Drain (the call in flight cannot be cut short, but no new delivery
+// may begin once Drain has passed; no event is applied twice).
+func TestRunDrainBoundedWithSlowStore(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		d     time.Duration // each Apply call sleeps d, or with hang blocks until its ctx ends
+		hang  bool
+		load  int64
+		sold  int
+		live  bool // ctx ends while Run runs, once the store was called (else before)
+		opts  stock.RunOptions
+		bound time.Duration // Run returns within it of ctx's end
+		check func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time)
+	}{
+		{
+			name: "hung store", hang: true, load: 10, sold: 1, live: true,
+			opts:  stock.RunOptions{Drain: 500 * time.Millisecond, Relay: &stock.RelayOptions{Lease: time.Hour}},
+			bound: 3 * time.Second,
+			check: func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time) {
+				assert.Error(t, err)
+				assert.Equal(t, int64(1), testkit.OutboxLen(t, c, sku), "the event is still in the outbox")
+			},
+		},
+		{
+			name: "slow store, many events", d: 5 * time.Millisecond, load: 5000, sold: 1500,
+			opts:  stock.RunOptions{Drain: 300 * time.Millisecond, Relay: &stock.RelayOptions{Lease: time.Second}},
+			bound: 3 * time.Second,
+			check: func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time) {
+				assert.ErrorIs(t, err, context.Canceled)
+				left := testkit.OutboxLen(t, c, sku)
+				assert.LessOrEqual(t, 1500-left, 5000-remaining(t, st, sku), "every event left the outbox only after the Store applied it")
+				t.Logf("%d applied, %d left", st.calls.Load(), left)
+				redistest.Sleep(c, 1100*time.Millisecond) // past the lease of the events Run claimed
+				testkit.Drain(t, newRelay(t, r, st.s, nil, nil))
+				assert.Equal(t, int64(3500), remaining(t, st.s, sku))
+			},
+		},
+		{
+			name: "store ignoring ctx", d: time.Second, load: 10, sold: 4, live: true,
+			opts: stock.RunOptions{Drain: 100 * time.Millisecond}, bound: 10 * time.Second,
+			check: func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time) {
+				st.mu.Lock()
+				starts := slices.Clone(st.starts)
+				st.mu.Unlock()
+				for i, at := range starts {
+					assert.Less(t, at.Sub(ended), 100*time.Millisecond+50*time.Millisecond, "Apply call %d began %v after ctx ended, after Drain had passed", i, at.Sub(ended))
+				}
+				assert.GreaterOrEqual(t, remaining(t, st.s, sku), int64(6))
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+				r := testkit.NewReserver(t, c)
+				st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: tc.d, hang: tc.hang}
+				const sku = "slow"
+				loadBoth(t, r, st.s, sku, tc.load)
+				deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("d", tc.sold)...)
+				opts := tc.opts
+				opts.Store = st
+				var err error
+				var ended time.Time
+				if tc.live {
+					cancel, done := runAsync(r, opts)
+					require.True(t, eventually(3*time.Second, func() bool { return st.calls.Load() > 0 }), "the relay called Apply")
+					cancel()
+					ended = time.Now()
+					var ok bool
+					err, ok = waitRun(t, done, 10*time.Second)
+					require.True(t, ok, "Run returned")
+				} else {
+					cctx, cancel := context.WithCancel(context.Background())
+					cancel()
+					ended = time.Now()
+					err = r.Run(cctx, opts)
+				}
+				took := time.Since(ended)
+				t.Logf("Run returned %v after ctx ended (Drain %v): %v", took, opts.Drain, err)
+				assert.Less(t, took, tc.bound, "Drain (%v) bounds the last delivery", opts.Drain)
+				tc.check(t, c, r, st, sku, err, ended)
+				assert.LessOrEqual(t, st.s.MaxApplications(), 1)
+			})
+		})
+	}
 }
 
 // The queue path through Run: "With no Store it is the queue path: consumers apply the events
