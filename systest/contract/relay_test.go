@@ -611,9 +611,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 		require.NoError(t, err, "reconcile %q", sku)
 		assert.False(t, rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0, "item %q after the drain: %s", sku, rp)
 	}
-	if m := st.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	assert.LessOrEqual(t, st.MaxApplications(), 1, "an event changed the store more than once")
 	st.checkOrder(t)
 }
 
@@ -761,9 +759,7 @@ func TestBatchWrongLength(t *testing.T) {
 			rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
 			st1, err := rl.Once(c.ctx)
 			assert.Zero(t, st1.Delivered, "wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
-			if after := c.pending(t); after != before {
-				t.Errorf("outbox: %d events before, %d after a pass of wrong-length answers", before, after)
-			}
+			assert.Equal(t, before, c.pending(t), "events in the outbox after a pass of wrong-length answers")
 			c.q.batch = nil
 			c.deliver(t, rl)
 		})
@@ -858,9 +854,7 @@ func TestStaleRedelivery(t *testing.T) {
 	for i := len(msgs) - 1; i >= 0; i-- {
 		assert.NoError(t, stock.Consume(ctx, r, st, msgs[i]), "stale redelivery of %s %s (seq %d)", msgs[i].Type, msgs[i].ID, msgs[i].Seq)
 	}
-	if got, _ := st.Remaining(ctx, "old"); got != rem {
-		t.Errorf("stale redeliveries moved the store from %d to %d", rem, got)
-	}
+	assert.Equal(t, rem, remaining(t, st, "old"), "stale redeliveries moved the store")
 	verify(t, ctx, r, st, c.acks)
 }
 
@@ -1101,9 +1095,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 	skus := []string{"r:1", "r:2", "r~3"}
 	for _, sku := range skus {
 		require.NoError(t, e.Reserver.Load(ctx, sku, 80))
-		if err := st.Load(ctx, sku, 40); err != nil { // the database has half
-			t.Fatal(err)
-		}
+		require.NoError(t, st.Load(ctx, sku, 40)) // the database has half
 	}
 	taken := map[string]int64{}
 	for i := 0; i < 150; i++ {
@@ -1133,17 +1125,13 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 		lv, err := e.Reserver.Levels(ctx, sku)
 		require.NoError(t, err)
 		rem := remaining(t, st, sku)
-		if lv.Available != rem+40 {
-			// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
-			t.Errorf("item %q: Redis available %d, store remaining %d: Redis should have exactly 40 more", sku, lv.Available, rem)
-		}
+		// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
+		assert.Equal(t, rem+40, lv.Available, "item %q: Redis should have exactly 40 more than the store", sku)
 		refusedAll += ledgerMatchesStore(t, ctx, e.Reserver, st, sku)
 		assert.EqualValues(t, lv.Sold, lv.Loaded-lv.Available-lv.Held, "item %q: levels do not add up: %+v", sku, lv)
 	}
 	assert.NotZero(t, refusedAll, "the store refused nothing: the scenario did not happen")
-	if m := st.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	assert.LessOrEqual(t, st.MaxApplications(), 1, "an event changed the store more than once")
 	st.checkOrder(t)
 }
 
