@@ -1492,23 +1492,26 @@ func releaseThenFinish(t *testing.T, e *relayEnv, g *gate, mem *memstore.Store, 
 	sale.checkStore(t, e.r, mem, loaded)
 }
 
-// TestDrainStuckPublisher: ctx ends before Run starts, so every event is delivered by
-// the drain, and the Publisher blocks in the drain ignoring its context (PublishBatch, or Publish
-// for a plain Publisher). Run must return within Drain (+ slack) with an error that says a call
-// is still running; the events stay for a later Run, which delivers each one, and the store
-// applies each acknowledged deduct exactly once. Variants: the blocked call ends with an error,
-// or with success after Run returned (during the second Run).
+// ctx ends before Run starts, so every event is delivered by the drain, and the Publisher blocks
+// in the drain ignoring its context (PublishBatch, or Publish for a plain Publisher). Run must
+// return within Drain (+ slack) with an error that says a call is still running; the events stay
+// for a later Run, which delivers each one, and the store applies each acknowledged deduct exactly
+// once. Variants: the blocked call ends with an error, or with success after Run returned (during
+// the second Run); and the queue path (Run with only a Publisher), where the second Run publishes
+// to a queue whose consumers apply the events through Consume, in reverse order and twice: every
+// acknowledged deduct reaches the store once and the published sets empty.
 func TestDrainStuckPublisher(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	for _, v := range []struct {
-		name  string
-		batch bool
-		after error
+		name         string
+		batch, queue bool
+		after        error // what the blocked call answers once released
 	}{
-		{"batch/fails-late", true, errors.New("queue timed out")},
-		{"batch/succeeds-late", true, nil},
-		{"single/fails-late", false, errors.New("queue timed out")},
-		{"single/succeeds-late", false, nil},
+		{"batch/fails-late", true, false, errors.New("queue timed out")},
+		{"batch/succeeds-late", true, false, nil},
+		{"single/fails-late", false, false, errors.New("queue timed out")},
+		{"single/succeeds-late", false, false, nil},
+		{"queue-path/batch/fails-late", true, true, errors.New("queue timed out")},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
@@ -1524,69 +1527,57 @@ func TestDrainStuckPublisher(t *testing.T) {
 				}
 				gate := newGate()
 				defer gate.release()
+				// On the queue path only the drain's calls (whose context has a deadline) block.
 				p := &relayPub{stuck: func(context.Context) bool { return true }, gate: gate, after: v.after}
-				var pub stock.Publisher = p
-				if v.batch {
-					pub = batchPub{p}
+				var runStore stock.Store = store
+				if v.queue {
+					p.stuck, runStore = hasDeadline, nil
+				}
+				publisher := func(p *relayPub) stock.Publisher {
+					if v.batch {
+						return batchPub{p}
+					}
+					return p
 				}
 				drain := 800 * time.Millisecond
-				ch, ended := runEnded(e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+				ch, ended := runEnded(e.r, stock.RunOptions{Store: runStore, Publisher: publisher(p), Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 				res := wait(t, ch, ended, drain+3*time.Second)
 				stillRunning(t, res)
 				assert.ErrorIs(t, res.err, context.Canceled)
 				assert.Positive(t, gate.n.Load(), "the drain called the publisher")
 
-				// The second Run; the blocked call ends while it runs.
-				e.settle()
+				// The second Run; the blocked call ends while it runs (on the queue path, before:
+				// the released call backs the item off).
+				q := &queue{}
 				p2 := &relayPub{}
-				var pub2 stock.Publisher = p2
-				if v.batch {
-					pub2 = batchPub{p2}
+				if v.queue {
+					gate.release()
+					time.Sleep(300 * time.Millisecond)
+					p2.push = func(ev stock.Event) { q.put(ev) }
 				}
+				e.settle()
 				go func() { time.Sleep(200 * time.Millisecond); gate.release() }()
-				finish(t, e, e.r, stock.RunOptions{Store: store, Publisher: pub2, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+				finish(t, e, e.r, stock.RunOptions{Store: runStore, Publisher: publisher(p2), Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+				// Consume in reverse order (the queue redelivers out of order), each twice.
+				evs := q.take()
+				for range 2 {
+					for i := len(evs) - 1; i >= 0; i-- {
+						assert.NoError(t, stock.Consume(ctx, e.r, store, evs[i]))
+					}
+				}
 				sale.checkStore(t, e.r, store, loaded)
 				for k := range sale.deducted {
 					assert.GreaterOrEqual(t, p.count(k[0], k[1], stock.EventDeducted)+p2.count(k[0], k[1], stock.EventDeducted), 1, "deduct %s/%s published", k[0], k[1])
 				}
+				for sku := range loaded {
+					rep, err := newReconciler(t, e.r, store, nil).Item(ctx, sku)
+					require.NoError(t, err)
+					assert.Zero(t, rep.Drift, "%s", rep)
+					assert.Zero(t, rep.Published, "published set empty after every event was consumed: %s", rep)
+				}
 			})
 		})
 	}
-}
-
-// TestDrainStuckPublisherQueuePath: the queue path (Run with only a Publisher). The
-// publisher blocks in the drain; a second Run publishes; consumers apply through Consume. Every
-// acknowledged deduct reaches the store once and the published sets empty.
-func TestDrainStuckPublisherQueuePath(t *testing.T) {
-	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-		ctx := context.Background()
-		loaded, store, sale := soldOne(t, e, "q:drain~a", 40, "id:", 25)
-		gate := newGate()
-		defer gate.release()
-		p := &relayPub{stuck: hasDeadline, gate: gate, after: errors.New("queue timed out")}
-		ch, ended := runEnded(e.r, stock.RunOptions{Publisher: batchPub{p}, Drain: 500 * time.Millisecond, Relay: relay()})
-		res := wait(t, ch, ended, 500*time.Millisecond+3*time.Second)
-		assert.Error(t, res.err)
-		gate.release()
-		time.Sleep(300 * time.Millisecond) // the released call backs the item off
-		e.settle()
-
-		q := &queue{}
-		finish(t, e, e.r, stock.RunOptions{Publisher: batchPub{&relayPub{push: func(ev stock.Event) { _ = q.Publish(ctx, ev) }}}, Drain: time.Second, Relay: relay()}, keys(loaded))
-		// Consume in reverse order (the queue redelivers out of order), each twice.
-		evs := q.take()
-		for round := 0; round < 2; round++ {
-			for i := len(evs) - 1; i >= 0; i-- {
-				assert.NoError(t, stock.Consume(ctx, e.r, store, evs[i]))
-			}
-		}
-		sale.checkStore(t, e.r, store, loaded)
-		rc := newReconciler(t, e.r, store, nil)
-		rep, err := rc.Item(ctx, "q:drain~a")
-		require.NoError(t, err)
-		assert.Zero(t, rep.Drift)
-		assert.Zero(t, rep.Published, "published set empty after every event was consumed")
-	})
 }
 
 // TestStoreBlocksOnlyInDrain: deducts run from several goroutines while Run delivers
