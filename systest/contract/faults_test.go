@@ -670,8 +670,7 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 				t.Logf("a pass recorded the restarted primary before any deduct met the fence")
 			}
 			l := testkit.Levels(t, r, "rs")
-			rem := remaining(t, st, "rs")
-			assert.GreaterOrEqual(t, rem, l.Available, "Redis never offers more than the Store has")
+			assert.GreaterOrEqual(t, remaining(t, st, "rs"), l.Available, "Redis never offers more than the Store has")
 		})
 	}
 }
@@ -1418,8 +1417,7 @@ func TestTwoRunsRestarted(t *testing.T) {
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 		for _, s := range skus {
 			l, _ := testkit.CheckLedger(t, r1, s, 500)
-			n := remaining(t, store, s)
-			assert.Equal(t, l.Available, n, s)
+			assert.Equal(t, l.Available, remaining(t, store, s), s)
 		}
 	})
 }
@@ -1938,8 +1936,7 @@ func TestBoundedLoad(t *testing.T) {
 	assert.LessOrEqual(t, took, bound+500*time.Millisecond, "call bounded by WithTimeout (%v), took %v", bound, took)
 	// The outcome: acknowledged or unknown; a retry settles it once.
 	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x", Qty: 1, Retry: true})))
-	l := testkit.Levels(t, r, sku)
-	assert.Equal(t, int64(2), l.Sold)
+	assert.Equal(t, int64(2), testkit.Levels(t, r, sku).Sold)
 }
 
 // TestSquatterLibrary: a library of another name that defines one of the function names
@@ -1967,8 +1964,7 @@ func TestSquatterLibrary(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(9-i), rc.Remaining)
 	}
-	l := testkit.Levels(t, r2, "q")
-	assert.Equal(t, int64(5), l.Sold)
+	assert.Equal(t, int64(5), testkit.Levels(t, r2, "q").Sold)
 	// The refused load ("Function ... already exists") turns functions off for the Reserver:
 	// one FCALL and one FUNCTION LOAD in all, not two of each per call.
 	assert.Equal(t, int64(1), commandCalls(t, admin, "function|load")-loads0, "FUNCTION LOAD calls")

@@ -152,8 +152,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 				assert.GreaterOrEqual(t, l.Sold, int64(0), "sold below zero: %+v", l)
 				assert.Equal(t, int64(5), l.Available)
 				drainOfLifecycle(t, r, store)
-				rem := remaining(t, store, "lost")
-				assert.Equal(t, int64(5), rem)
+				assert.Equal(t, int64(5), remaining(t, store, "lost"))
 			},
 		},
 		{
@@ -565,8 +564,7 @@ func TestOrphanedEventsNotGivenBack(t *testing.T) {
 						t.Logf("late consume %s: %v", ev.ID, stock.Consume(ctx, r, store, ev))
 					}
 					rem, _ := store.Remaining(ctx, "A")
-					lv := testkit.Levels(t, r, "A")
-					assert.LessOrEqual(t, lv.Available, rem, "Redis would sell more than the store has")
+					assert.LessOrEqual(t, testkit.Levels(t, r, "A").Available, rem, "Redis would sell more than the store has")
 					passes("final")
 				}
 			})
@@ -1394,8 +1392,7 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 			assert.Zero(t, reps[0].Drift, reps[0].String())
 			assert.Zero(t, reps[0].Adjusted, reps[0].String())
 			assert.Zero(t, reps[0].InFlight, reps[0].String())
-			rem := remaining(t, store, sku)
-			assert.Zero(t, rem, "every sale applied in the store, none refused")
+			assert.Zero(t, remaining(t, store, sku), "every sale applied in the store, none refused")
 			assert.Zero(t, testkit.Levels(t, r, sku).Available)
 			for id, e := range testkit.Ledger(t, r, sku) {
 				assert.Equal(t, stock.StateApplied, e.State, id)
@@ -1495,8 +1492,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, reps[0].Drift, reps[0].String())
 		assert.Zero(t, reps[0].Adjusted)
-		rem := remaining(t, store, "A")
-		assert.Equal(t, testkit.Levels(t, r, "A").Available, rem)
+		assert.Equal(t, testkit.Levels(t, r, "A").Available, remaining(t, store, "A"))
 		assert.Positive(t, sold.Load())
 		assert.Equal(t, 1, store.MaxApplications())
 		t.Logf("%d reconcile passes while consuming, %d sales", passes, sold.Load())

@@ -166,8 +166,7 @@ func TestRunDrainsLastSales(t *testing.T) {
 			l := testkit.Levels(t, r, s)
 			sold += l.Sold
 			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s), "%s: outbox drained", s)
-			rem := remaining(t, st, s)
-			assert.Equal(t, l.Available, rem, "%s: the Store got every sale", s)
+			assert.Equal(t, l.Available, remaining(t, st, s), "%s: the Store got every sale", s)
 		}
 		assert.Equal(t, n.Load(), sold)
 		assert.LessOrEqual(t, st.MaxApplications(), 1)
@@ -412,8 +411,7 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 			assert.GreaterOrEqual(t, seen["deducted:"+fmt.Sprint("d", i)], 1)
 		}
 		mu.Unlock()
-		rem := remaining(t, st, "sp")
-		assert.Equal(t, int64(7), rem)
+		assert.Equal(t, int64(7), remaining(t, st, "sp"))
 		assert.LessOrEqual(t, st.MaxApplications(), 1)
 	})
 }
@@ -1277,8 +1275,7 @@ func (s *sale) checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "no event applied twice")
 	for sku, l := range loaded {
 		sold := s.sold(sku)
-		rem := remaining(t, store, sku)
-		assert.Equal(t, l-sold, rem, "%s: store remaining = loaded - net sold", sku)
+		assert.Equal(t, l-sold, remaining(t, store, sku), "%s: store remaining = loaded - net sold", sku)
 		lv, err := r.Levels(ctx, sku)
 		require.NoError(t, err)
 		assert.Equal(t, sold, lv.Sold, "%s: Redis sold", sku)
@@ -2123,8 +2120,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 			e, err := r.Ledger(ctx, sku, "b")
 			require.NoError(t, err)
 			assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
-			rem := remaining(t, store, sku)
-			assert.Zero(t, rem)
+			assert.Zero(t, remaining(t, store, sku))
 			assert.Zero(t, testkit.Levels(t, r, sku).Available)
 			assert.Empty(t, q.take(), "no refusal event")
 		})

@@ -121,8 +121,7 @@ func TestTwoRunsShareRedis(t *testing.T) {
 func storeAgrees(t *testing.T, r *stock.Reserver, st *memstore.Store, sku string) stock.Levels {
 	t.Helper()
 	l := testkit.Levels(t, r, sku)
-	rem := remaining(t, st, sku)
-	assert.Equal(t, l.Available, rem, "%s: Redis and the Store agree", sku)
+	assert.Equal(t, l.Available, remaining(t, st, sku), "%s: Redis and the Store agree", sku)
 	return l
 }
 
@@ -432,8 +431,7 @@ func checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku stri
 	t.Helper()
 	ctx := context.Background()
 	l := levels(t, r, sku)
-	rem := remaining(t, store, sku)
-	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
+	assert.Equal(t, l.Available+l.Held, remaining(t, store, sku), "store remaining vs Redis available+held (%+v)", l)
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
 	var ids []string
 	var soldAcked int64

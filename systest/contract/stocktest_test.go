@@ -558,6 +558,5 @@ func TestStocktestLease(t *testing.T) {
 	assert.Zero(t, onceDelivered(t, rl), "the lease of the first relay still holds")
 	e.Advance(61 * time.Second)
 	assert.Equal(t, 1, onceDelivered(t, rl), "after the lease, on the kit's clock, the event is delivered again")
-	n := remaining(t, good, "lease:x")
-	assert.Equal(t, int64(4), n)
+	assert.Equal(t, int64(4), remaining(t, good, "lease:x"))
 }
