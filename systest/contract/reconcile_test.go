@@ -436,9 +436,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithCoalescing(0))
-		st := memstore.New()
-		loadBoth(t, r, st, "fl", 4)
+		r, st := withStore(t, c, 4, []string{"fl"}, stock.WithCoalescing(0))
 		deductEach(t, r, stock.Request{SKU: "fl", Qty: 1}, numbered("s", 3)...)
 		q, rl, msgs := publishToQueue(t, r)
 		// apply one
@@ -512,9 +510,7 @@ func TestOrphanedEventsNotGivenBack(t *testing.T) {
 			t.Run(path, func(t *testing.T) {
 				ctx := context.Background()
 				prefix := "orph-" + path
-				r := testkit.NewReserver(t, c, stock.WithPrefix(prefix), stock.WithCoalescing(0))
-				store := memstore.New()
-				loadBoth(t, r, store, "A", 10)
+				r, store := withStore(t, c, 10, []string{"A"}, stock.WithPrefix(prefix), stock.WithCoalescing(0))
 				deductEach(t, r, stock.Request{SKU: "A", Qty: 2}, numbered("o", 3)...)
 				var msgs []stock.Event
 				if path == "published" {
@@ -591,9 +587,7 @@ func (s *dieAfterCommit) Apply(ctx context.Context, ev stock.Event) error {
 // Interval.
 func TestRunFirstReconcilePassAtOnce(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadBoth(t, r, st, "drift", 10)
+		r, st := withStore(t, c, 10, []string{"drift"})
 		st.Set("drift", 7) // the database of record has 3 fewer
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Reconcile: &stock.ReconcileOptions{Interval: time.Hour}})
 		defer func() { cancel(); <-done }()
@@ -1408,9 +1402,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		store := memstore.New()
-		loadBoth(t, r, store, "A", 200)
+		r, store := withStore(t, c, 200, []string{"A"})
 		q := &queue{}
 		rl := newRelay(t, r, nil, q, &stock.RelayOptions{Lease: time.Second})
 		rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})

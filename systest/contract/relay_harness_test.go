@@ -4,9 +4,12 @@ import (
 	"context"
 	"testing"
 
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/testkit"
+	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -37,4 +40,16 @@ func remaining(t testing.TB, st stock.Store, sku string) int64 {
 	n, err := st.Remaining(context.Background(), sku)
 	require.NoError(t, err, "store Remaining %s", sku)
 	return n
+}
+
+// withStore is a Reserver on c (with opts) and a new memstore, each of skus loaded in both with
+// qty units.
+func withStore(t *testing.T, c rueidis.Client, qty int64, skus []string, opts ...stock.Option) (*stock.Reserver, *memstore.Store) {
+	t.Helper()
+	r := testkit.NewReserver(t, c, opts...)
+	st := memstore.New()
+	for _, sku := range skus {
+		loadBoth(t, r, st, sku, qty)
+	}
+	return r, st
 }

@@ -45,9 +45,7 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 		for name, forge := range cases {
 			t.Run(b.Name+"/"+name, func(t *testing.T) {
 				ctx := context.Background()
-				r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(0))
-				st := memstore.New()
-				loadBoth(t, r, st, "fg", 10)
+				r, st := withStore(t, b.Client(t), 10, []string{"fg"}, stock.WithCoalescing(0))
 				deductEach(t, r, stock.Request{SKU: "fg", User: "u", Qty: 2}, "a")
 				_, _, msgs := publishToQueue(t, r)
 				require.Len(t, msgs, 1, "published %d", len(msgs))
@@ -295,9 +293,7 @@ func TestRunDrainBoundedWithSlowStore(t *testing.T) {
 func TestRunPublisherOnly(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadBoth(t, r, st, "q:1", 20)
+		r, st := withStore(t, c, 20, []string{"q:1"})
 		pub := &queue{}
 		cancel, done := runAsync(r, stock.RunOptions{Publisher: pub})
 		deductEach(t, r, stock.Request{SKU: "q:1", Qty: 2}, numbered("d", 6)...)
@@ -372,9 +368,7 @@ func (o *onlyStore) Records(ctx context.Context, sku string, ids []string) (map[
 // reaches it and the Store applies it once in effect.
 func TestRunStoreAndFailingPublisher(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadBoth(t, r, st, "sp", 10)
+		r, st := withStore(t, c, 10, []string{"sp"})
 		var down atomic.Bool
 		down.Store(true)
 		var mu sync.Mutex
@@ -2194,9 +2188,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 // queue. It returns those and the n events published.
 func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.Reserver, *memstore.Store, *queue, *stockops.Relay, []stock.Event) {
 	t.Helper()
-	r := testkit.NewReserver(t, c)
-	store := memstore.New()
-	loadBoth(t, r, store, "A", load)
+	r, store := withStore(t, c, load, []string{"A"})
 	deductEach(t, r, stock.Request{SKU: "A", Qty: 1}, numbered("o", n)...)
 	q := &queue{}
 	rl := newRelay(t, r, nil, q, nil)
