@@ -521,10 +521,8 @@ func TestErrNotReplicatedWrote(t *testing.T) {
 func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, b.Client(t))
-		st := memstore.New()
 		skus := []string{"f1", "f:2", "f~3"}
-		loadRedisAndStore(t, r, st, 100000, skus...)
+		r, st := withStore(t, b.Client(t), 100000, skus)
 		for _, s := range skus {
 			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: s, ID: "before", Qty: 1})))
 		}
@@ -682,9 +680,7 @@ func TestRunDryRunKeepsFence(t *testing.T) {
 	faultRealBackends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadRedisAndStore(t, r, st, 10, "dr")
+		r, st := withStore(t, c, 10, []string{"dr"})
 		// Live, not new: the epoch the first Load recorded is gone (lost with the data).
 		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond,

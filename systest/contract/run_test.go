@@ -49,9 +49,7 @@ func TestRunOutOfRangeOptionsInvalidAtOnce(t *testing.T) {
 func TestRunReturnsLoopError(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadRedisAndStore(t, r, st, 10, "down")
+		r, st := withStore(t, c, 10, []string{"down"})
 		st.FailWith(memstore.Down)
 		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "down", ID: "d1", Qty: 1})))
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 200 * time.Millisecond})
@@ -187,10 +185,8 @@ func TestSecondRunSameReserver(t *testing.T) {
 		for _, n := range []int{2, 6} {
 			t.Run(fmt.Sprint(n, "-runs"), func(t *testing.T) {
 				ctx := context.Background()
-				r := testkit.NewReserver(t, c)
-				st := memstore.New()
 				sku := fmt.Sprint("two-", n)
-				loadRedisAndStore(t, r, st, 100, sku)
+				r, st := withStore(t, c, 100, []string{sku})
 				runCtx, cancel := context.WithCancel(ctx)
 				defer cancel()
 				errs := make(chan error, n)
