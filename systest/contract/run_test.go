@@ -97,13 +97,9 @@ func TestTwoRunsShareRedis(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			cancel1()
 			cancel2()
-			for _, d := range []<-chan error{done1, done2} {
-				err, ok := waitRun(t, d, 15*time.Second)
-				require.True(t, ok)
-				assert.ErrorIs(t, err, context.Canceled)
-			}
+			stopRunWithin(t, cancel1, done1, 15*time.Second)
+			stopRunWithin(t, cancel2, done2, 15*time.Second)
 			for _, s := range skus {
 				assert.Equal(t, int64(0), testkit.OutboxLen(t, c1, s), "%s drained", s)
 				storeAgrees(t, r1, st, s)
