@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,39 +23,6 @@ import (
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
-
-// loadingStore is a store an item can be loaded into (memstore's and sqlstore's Load).
-type loadingStore interface {
-	stock.Store
-	Load(context.Context, string, int64) error
-}
-
-// loadBoth loads sku with qty units in Redis and in the store.
-func loadBoth(t *testing.T, r *stock.Reserver, store interface {
-	Load(context.Context, string, int64) error
-}, sku string, qty int64) {
-	t.Helper()
-	require.NoError(t, r.Load(context.Background(), sku, qty))
-	require.NoError(t, store.Load(context.Background(), sku, qty))
-}
-
-// numbered returns the ids prefix0 … prefix(n-1).
-func numbered(prefix string, n int) []string {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = fmt.Sprint(prefix, i)
-	}
-	return ids
-}
-
-// deductEach deducts req once under each of ids, failing the test on an error.
-func deductEach(t *testing.T, r *stock.Reserver, req stock.Request, ids ...string) {
-	t.Helper()
-	for _, id := range ids {
-		req.ID = id
-		require.NoError(t, errOf(r.Deduct(context.Background(), req)), "Deduct %s %s", req.SKU, id)
-	}
-}
 
 // rebuildFromStore runs a repairing pass, which must rebuild each of skus (whose item hashes
 // were lost) from the store, and returns its reports by item.
@@ -202,43 +168,8 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 	}
 }
 
-// repairQueue is queue (below), under the name other files' queue-path tests use.
+// repairQueue is queue (relay_harness_test.go), under the name other files' queue-path tests use.
 type repairQueue = queue
-
-// repairConsumeAll delivers msgs to Consume in the given order; held-back ones are redelivered (in
-// a shuffled order) until all are acked. Any other error fails the test.
-func repairConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
-	t.Helper()
-	consumeRounds(t, ctx, r, st, msgs, rng, false)
-}
-
-// consumeRounds delivers msgs to Consume round after round, redelivering in the next round (in a
-// shuffled order) what was held back, and with temporary, what met any other error but
-// ErrInvalid, which fails the test; so does any other error without temporary, or a message not
-// settled in 200 rounds.
-func consumeRounds(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand, temporary bool) {
-	t.Helper()
-	var lastErr error
-	for round := 0; len(msgs) > 0; round++ {
-		require.LessOrEqual(t, round, 200, "%d messages still unsettled after 200 rounds (last error: %v): %v", len(msgs), lastErr, msgs)
-		var again []stock.Event
-		for _, ev := range msgs {
-			err := stock.Consume(ctx, r, st, ev)
-			switch {
-			case err == nil:
-			case errors.Is(err, stock.ErrHeldBack), temporary && !errors.Is(err, stock.ErrInvalid):
-				lastErr = err
-				again = append(again, ev)
-			case temporary:
-				t.Errorf("Consume %s %s %s: %v (a valid event)", ev.SKU, ev.Type, ev.ID, err)
-			default:
-				t.Fatalf("Consume(%s %s seq %d): %v", ev.Type, ev.ID, ev.Seq, err)
-			}
-		}
-		rng.Shuffle(len(again), func(i, j int) { again[i], again[j] = again[j], again[i] })
-		msgs = again
-	}
-}
 
 // On the queue path, reconcile passes while the consumer is down add no stock for the sales in
 // flight and repair nothing; the consumer later applies every event, redelivered in reverse order,
@@ -1271,77 +1202,6 @@ func TestHalfTransferRecovered(t *testing.T) {
 		t.Logf("%d transfers cut after their first half", halves)
 		require.Positive(t, halves)
 	})
-}
-
-// queue is an in-memory message queue between a relay that only publishes and the consumers:
-// Publish appends; a consumer takes messages in any order it likes and acks them or puts them
-// back, as a broker's redelivery does.
-type queue struct {
-	mu  sync.Mutex
-	msg []stock.Event
-}
-
-func (q *queue) Publish(_ context.Context, ev stock.Event) error {
-	q.put(ev)
-	return nil
-}
-
-// put appends evs to the queue (a broker taking them, or redelivering them).
-func (q *queue) put(evs ...stock.Event) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.msg = append(q.msg, evs...)
-}
-
-// take removes and returns every message queued so far.
-func (q *queue) take() []stock.Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	out := q.msg
-	q.msg = nil
-	return out
-}
-
-// snapshot returns the messages queued so far, leaving them queued.
-func (q *queue) snapshot() []stock.Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return slices.Clone(q.msg)
-}
-
-// consumeAll delivers msgs through Consume until every one is acked, putting a message that
-// Consume did not ack at the back, as a broker redelivers it. It returns the redeliveries.
-func consumeAll(t *testing.T, r *stock.Reserver, store stock.Store, msgs []stock.Event) int {
-	t.Helper()
-	redelivered := 0
-	for i := 0; len(msgs) > 0; i++ {
-		require.Less(t, i, 10000, "messages never acked: %v", msgs)
-		ev := msgs[0]
-		msgs = msgs[1:]
-		if err := stock.Consume(context.Background(), r, store, ev); err != nil {
-			msgs = append(msgs, ev)
-			redelivered++
-		}
-	}
-	return redelivered
-}
-
-// eachStore runs f on c once for each store the queue path is tested against: memstore (unless
-// sqlOnly) and the SQL stores of sqlStores (SQLite, and PostgreSQL when configured), each with a
-// Reserver of its own prefix (prefix and the store's name) and an item named after the store.
-func eachStore(t *testing.T, c rueidis.Client, prefix string, sqlOnly bool, f func(t *testing.T, r *stock.Reserver, store loadingStore, sku string)) {
-	stores := map[string]loadingStore{}
-	if !sqlOnly {
-		stores["memstore"] = memstore.New()
-	}
-	for name, s := range sqlStores(t) {
-		stores[name] = s
-	}
-	for name, store := range stores {
-		t.Run(name, func(t *testing.T) {
-			f(t, testkit.NewReserver(t, c, stock.WithPrefix(prefix+name)), store, "sku-"+name)
-		})
-	}
 }
 
 // TestQueuePathReconcileConsumerDown: on the queue path (a relay with no Store), events the

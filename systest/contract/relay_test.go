@@ -2,12 +2,9 @@ package contract_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -24,7 +21,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
@@ -1993,40 +1989,6 @@ func TestRelayDiesMidway(t *testing.T) {
 			splitCheck(t, e, mem, sku, sold)
 		})
 	})
-}
-
-var sqlStoresSeq atomic.Int64
-
-// sqlStores returns the SQL stores to run the durable path against: SQLite always, PostgreSQL
-// when STOCK_TEST_POSTGRES is set (failing if it cannot be reached).
-func sqlStores(t *testing.T) map[string]*sqlstore.Store {
-	t.Helper()
-	ctx := context.Background()
-	out := map[string]*sqlstore.Store{}
-	// Its own tables per call: the backends' subtests that call it run in parallel.
-	prefix := fmt.Sprintf("stock_dur%d_%d_", os.Getpid(), sqlStoresSeq.Add(1))
-	open := func(name, driver, dsn string, d sqlstore.Dialect) {
-		db, err := sql.Open(driver, dsn)
-		require.NoError(t, err)
-		t.Cleanup(func() { db.Close() })
-		require.NoError(t, db.PingContext(ctx), "%s is configured but cannot be reached", name)
-		s, err := sqlstore.New(db, d, sqlstore.WithTablePrefix(prefix))
-		require.NoError(t, err)
-		require.NoError(t, s.Migrate(ctx))
-		if d != sqlstore.SQLite {
-			t.Cleanup(func() {
-				_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "items")
-				_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "records")
-			})
-		}
-		out[name] = s
-	}
-	open("sqlite", "sqlite", "file:"+filepath.Join(t.TempDir(), "db.sqlite")+
-		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate", sqlstore.SQLite)
-	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
-		open("postgres", "pgx", dsn, sqlstore.Postgres)
-	}
-	return out
 }
 
 // TestDurablePathSQL: deducts, restores and a restock go through the relay into a real SQL
