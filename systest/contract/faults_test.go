@@ -137,18 +137,18 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 		}
 	}
 	check("Deduct", func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1})) }, true)
-	check("Restore", func() error { _, err := r.Restore(ctx, "bh", "a"); return err }, true)
+	check("Restore", func() error { return errOf(r.Restore(ctx, "bh", "a")) }, true)
 	check("Hold", func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "bh", ID: "h", Qty: 1}, time.Minute)) }, true)
 	check("DeductMany", func() error { return errOf(r.DeductMany(ctx, stock.Cart{ID: "c", Lines: unitLines("bh", "bh2")})) }, true)
-	check("Levels", func() error { _, err := r.Levels(ctx, "bh"); return err }, false)
-	check("Available", func() error { _, err := testkit.Available(r.Levels(ctx, "bh")); return err }, false)
+	check("Levels", func() error { return errOf(r.Levels(ctx, "bh")) }, false)
+	check("Available", func() error { return errOf(testkit.Available(r.Levels(ctx, "bh"))) }, false)
 	check("Load", func() error { return r.Load(ctx, "bh3", 1) }, true)
-	check("Sweep", func() error { _, err := stockops.Sweep(ctx, r, "bh"); return err }, false)
-	check("SweepAll", func() error { _, err := stockops.Sweep(ctx, r); return err }, false)
+	check("Sweep", func() error { return errOf(stockops.Sweep(ctx, r, "bh")) }, false)
+	check("SweepAll", func() error { return errOf(stockops.Sweep(ctx, r)) }, false)
 	check("Pending", func() error { _, _, err := stockops.Pending(ctx, r, "bh"); return err }, false)
-	check("FailoverGuard.Check", func() error { _, err := stockops.NewFailoverGuard(r).Check(ctx); return err }, false)
-	check("Relay.Once", func() error { _, err := rl.Once(ctx); return err }, false)
-	check("Reconciler.Pass", func() error { _, err := rc.Pass(ctx); return err }, false)
+	check("FailoverGuard.Check", func() error { return errOf(stockops.NewFailoverGuard(r).Check(ctx)) }, false)
+	check("Relay.Once", func() error { return errOf(rl.Once(ctx)) }, false)
+	check("Reconciler.Pass", func() error { return errOf(rc.Pass(ctx)) }, false)
 	check("Consume", func() error {
 		return stock.Consume(ctx, r, st, stock.Event{Type: stock.EventDeducted, SKU: "bh", ID: "zz", Qty: 1, Seq: 1, At: time.Now()})
 	}, false)
@@ -2013,13 +2013,10 @@ func TestGuardLatchedByCancelledRun(t *testing.T) {
 		mem.Set(sku, 5)
 		runCtx2, cancel2 := context.WithCancel(ctx)
 		ch := run(runCtx2, r, stock.RunOptions{Store: mem, Drain: time.Second})
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			if lv, _ = r.Levels(ctx, sku); lv.Available == 5 {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		eventually(5*time.Second, func() bool {
+			lv, _ = r.Levels(ctx, sku)
+			return lv.Available == 5
+		})
 		cancel2()
 		res = wait(t, ch, time.Now(), time.Second+3*time.Second)
 		assert.EqualValues(t, 5, lv.Available, "Run's first reconcile pass repairs the drift")

@@ -286,13 +286,7 @@ func TestRunMemstore(t *testing.T) {
 	}
 	close(stop)
 	<-rounds
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if testkit.OutboxLen(t, admin, "rm") == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	eventually(15*time.Second, func() bool { return testkit.OutboxLen(t, admin, "rm") == 0 })
 	cancel()
 	err, ok := waitRun(t, done, 20*time.Second)
 	require.True(t, ok, "Run did not return")
