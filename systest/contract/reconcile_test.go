@@ -36,13 +36,13 @@ func rebuildFromStore(t *testing.T, r *stock.Reserver, store stock.Store, skus .
 	return reps
 }
 
-// publishToQueue makes a relay that only publishes, to a new queue, runs it once and takes what
-// it published.
+// publishToQueue makes a relay that only publishes, to a new queue, drains the outboxes through it
+// and takes what it published.
 func publishToQueue(t *testing.T, r *stock.Reserver) (*queue, *stockops.Relay, []stock.Event) {
 	t.Helper()
 	q := &queue{}
 	rl := newRelay(t, r, nil, q, nil)
-	require.NoError(t, errOf(rl.Once(context.Background())))
+	testkit.Drain(t, rl)
 	return q, rl, q.take()
 }
 
@@ -1214,10 +1214,7 @@ func TestQueuePathReconcileConsumerDown(t *testing.T) {
 			ctx := context.Background()
 			loadBoth(t, r, store, sku, 10)
 			deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("o", 10)...)
-			q := &queue{}
-			rl := newRelay(t, r, nil, q, nil)
-			testkit.Drain(t, rl)
-			msgs := q.take()
+			_, _, msgs := publishToQueue(t, r)
 			require.Len(t, msgs, 10)
 
 			rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{sku}})

@@ -2050,10 +2050,7 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})))
 			require.NoError(t, errOf(r.Restore(ctx, sku, "a")))
 			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})))
-			q := &queue{}
-			rl := newRelay(t, r, nil, q, nil)
-			testkit.Drain(t, rl)
-			msgs := q.take()
+			q, _, msgs := publishToQueue(t, r)
 			require.Len(t, msgs, 3)
 			da, ra, db := msgs[0], msgs[1], msgs[2]
 			require.Equal(t, stock.EventDeducted, da.Type)
@@ -2146,10 +2143,7 @@ func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.R
 	t.Helper()
 	r, store := withStore(t, c, load, []string{"A"})
 	deductEach(t, r, stock.Request{SKU: "A", Qty: 1}, numbered("o", n)...)
-	q := &queue{}
-	rl := newRelay(t, r, nil, q, nil)
-	testkit.Drain(t, rl)
-	msgs := q.take()
+	q, rl, msgs := publishToQueue(t, r)
 	require.Len(t, msgs, n)
 	return r, store, q, rl, msgs
 }
