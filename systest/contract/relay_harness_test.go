@@ -52,6 +52,17 @@ func remaining(t testing.TB, st stock.Store, sku string) int64 {
 	return n
 }
 
+// pendingOf is the number of events in the outboxes of skus.
+func pendingOf(t testing.TB, r *stock.Reserver, skus ...string) (n int64) {
+	t.Helper()
+	for _, sku := range skus {
+		p, _, err := stockops.Pending(context.Background(), r, sku)
+		require.NoError(t, err, "Pending %q", sku)
+		n += p
+	}
+	return n
+}
+
 // withStore is a Reserver on c (with opts) and a new memstore, each of skus loaded in both with
 // qty units.
 func withStore(t *testing.T, c rueidis.Client, qty int64, skus []string, opts ...stock.Option) (*stock.Reserver, *memstore.Store) {

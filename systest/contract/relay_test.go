@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -529,13 +530,7 @@ func drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Rel
 	t.Helper()
 	for pass := 0; pass < 400; pass++ {
 		_, _ = rl.Once(ctx)
-		left := int64(0)
-		for _, sku := range skus {
-			p, _, err := stockops.Pending(ctx, e.Reserver, sku)
-			require.NoError(t, err, "Pending %q", sku)
-			left += p
-		}
-		if left == 0 {
+		if pendingOf(t, e.Reserver, skus...) == 0 {
 			return
 		}
 		e.Advance(2 * time.Minute)
@@ -661,17 +656,6 @@ func (c *queueCase) deliver(t *testing.T, rl *stockops.Relay) {
 	consumeVerify(t, c.ctx, c.e, c.st, c.q, c.rng, c.acks)
 }
 
-// pending is the number of events left in the outboxes of c's items.
-func (c *queueCase) pending(t *testing.T) (n int64) {
-	t.Helper()
-	for _, sku := range c.skus {
-		p, _, err := stockops.Pending(c.ctx, c.e.Reserver, sku)
-		require.NoError(t, err)
-		n += p
-	}
-	return n
-}
-
 // A batch that fails at event k of n (the queue took the first k, the relay is told so), a
 // different k every call: the relay must keep the first k and retry from k, in order, and through
 // Consume the store must end exactly where the acknowledged answers put it.
@@ -730,7 +714,7 @@ func TestBatchWrongLength(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newQueueCase(t, 3, 40, "w")
-			before := c.pending(t)
+			before := pendingOf(t, c.e.Reserver, c.skus...)
 			c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 				_, keep := keepAll(len(evs)) // the queue has them all: the answer is wrong, not the queue
 				if n := tc.n(len(evs)); n > 0 {
@@ -741,7 +725,7 @@ func TestBatchWrongLength(t *testing.T) {
 			rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
 			st1, err := rl.Once(c.ctx)
 			assert.Zero(t, st1.Delivered, "wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
-			assert.Equal(t, before, c.pending(t), "events in the outbox after a pass of wrong-length answers")
+			assert.Equal(t, before, pendingOf(t, c.e.Reserver, c.skus...), "events in the outbox after a pass of wrong-length answers")
 			c.q.batch = nil
 			c.deliver(t, rl)
 		})
@@ -883,7 +867,7 @@ func TestRunCancelMidBatch(t *testing.T) {
 	c.runQueuePath(t, stock.RunOptions{Relay: &stock.RelayOptions{Batch: 8, Poll: time.Millisecond}, Drain: time.Millisecond},
 		func() bool { return len(c.q.snapshot()) >= 20 }, 10*time.Second, nil)
 	// Everything the Reserver acknowledged is in the queue or still in an outbox.
-	t.Logf("first Run: %d published, %d left in the outboxes", len(c.q.snapshot()), c.pending(t))
+	t.Logf("first Run: %d published, %d left in the outboxes", len(c.q.snapshot()), pendingOf(t, c.e.Reserver, c.skus...))
 	c.e.Advance(2 * time.Minute) // past any lease the first Run held
 	c.q.batch = nil
 	c.deliver(t, queueRelay(t, c.e, c.q, nil))
@@ -1375,12 +1359,7 @@ func finish(t *testing.T, e *relayEnv, r *stock.Reserver, opts stock.RunOptions,
 	ch := run(ctx, r, opts)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		left := int64(0)
-		for _, sku := range skus {
-			p, _, err := stockops.Pending(context.Background(), r, sku)
-			require.NoError(t, err)
-			left += p
-		}
+		left := pendingOf(t, r, skus...)
 		if left == 0 {
 			break
 		}
@@ -1408,13 +1387,8 @@ func load(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[str
 	}
 }
 
-func keys(m map[string]int64) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
+// keys are m's keys.
+func keys(m map[string]int64) []string { return slices.Collect(maps.Keys(m)) }
 
 // soldOne loads sku with qty units in Redis and in a new memstore, and sells n units of it, one
 // under each of the ids prefix0 … prefix(n-1), recording the answers in the sale it returns.
