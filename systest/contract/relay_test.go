@@ -122,48 +122,90 @@ func TestRunCancelledCtxStillDrains(t *testing.T) {
 	})
 }
 
-// Sales made right up to the moment ctx ends are delivered by the drain: "Run delivers the
-// events that are due until none is left or Drain has passed." Items with ':' and '~' in their
-// names, and names of the non-item keys, take part.
-func TestRunDrainsLastSales(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		skus := []string{"a:b", "a", "~", "~carts", "carts", "items", "epoch", "x:l", "x", "a:b:o"}
-		// Run first, on an empty Redis, so that its guard does not fence the sales (see
-		// TestRunStartOnLiveDeploymentFenceLifts).
-		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 10 * time.Second})
-		time.Sleep(200 * time.Millisecond)
-		for _, s := range skus {
-			loadBoth(t, r, st, s, 1000)
-		}
-		var wg sync.WaitGroup
-		stop := make(chan struct{})
-		var n atomic.Int64
-		for w := range 4 {
-			untilStopped(&wg, stop, func(i int) {
-				s := skus[(i+w)%len(skus)]
-				if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: fmt.Sprintf("w%d-%d", w, i), Qty: 1}); err == nil {
-					n.Add(1)
+// Every acknowledged sale reaches the Store once. Sales made right up to the moment ctx ends are
+// delivered by the drain ("Run delivers the events that are due until none is left or Drain has
+// passed"), on items with ':' and '~' in their names and named like the non-item keys; and with
+// two Reservers sharing one Redis, each with its own Run on one Store ("more relays and
+// reconcilers, in this process or others, may run beside it"), with restores among the sales.
+func TestRunDeliversEverySale(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		runs    int
+		skus    []string
+		qty     int64
+		opts    stock.RunOptions
+		sales   int  // per worker; 0: until 500ms have passed, the Runs stopped right after
+		restore bool // every fifth sale is restored
+	}{
+		{
+			name: "drains the last sales", runs: 1, qty: 1000, opts: stock.RunOptions{Drain: 10 * time.Second},
+			skus: []string{"a:b", "a", "~", "~carts", "carts", "items", "epoch", "x:l", "x", "a:b:o"},
+		},
+		{
+			name: "two Runs share Redis", runs: 2, skus: []string{"p1", "p2", "p3"}, qty: 300, sales: 120, restore: true,
+			opts: stock.RunOptions{Reconcile: &stock.ReconcileOptions{Interval: 50 * time.Millisecond},
+				Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 3}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				c1, c2 := b.Pair(t)
+				rs := []*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}[:tc.runs]
+				st := memstore.New()
+				opts := tc.opts
+				opts.Store = st
+				// Runs first, on an empty Redis, so that their guards do not fence the sales (see
+				// TestRunStartOnLiveDeploymentFenceLifts).
+				var stopRuns []func()
+				for _, r := range rs {
+					cancel, done := runAsync(r, opts)
+					stopRuns = append(stopRuns, func() { stopRunWithin(t, cancel, done, 15*time.Second) })
 				}
+				time.Sleep(200 * time.Millisecond)
+				loadRedisAndStore(t, rs[0], st, tc.qty, tc.skus...)
+				var net atomic.Int64 // units sold and not given back
+				sell := func(w, i int) {
+					r, sku, id := rs[w%len(rs)], tc.skus[(i+w)%len(tc.skus)], fmt.Sprintf("w%d-%d", w, i)
+					if errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})) == nil {
+						net.Add(1)
+						if tc.restore && i%5 == 0 && errOf(r.Restore(ctx, sku, id)) == nil {
+							net.Add(-1)
+						}
+					}
+				}
+				var wg sync.WaitGroup
+				stop := make(chan struct{})
+				for w := range 4 {
+					if tc.sales == 0 {
+						untilStopped(&wg, stop, func(i int) { sell(w, i) })
+					} else {
+						wg.Go(func() {
+							for i := range tc.sales {
+								sell(w, i)
+							}
+						})
+					}
+				}
+				if tc.sales == 0 {
+					time.Sleep(500 * time.Millisecond)
+				}
+				close(stop)
+				wg.Wait()
+				for _, stopRun := range stopRuns {
+					stopRun()
+				}
+				var sold int64
+				for _, s := range tc.skus {
+					sold += storeAgrees(t, rs[0], st, s).Sold
+					assert.Equal(t, int64(0), testkit.OutboxLen(t, c1, s), "%s: outbox drained", s)
+				}
+				assert.Equal(t, net.Load(), sold, "Redis sold what the answers say")
+				assert.LessOrEqual(t, st.MaxApplications(), 1, "no event applied twice")
+				t.Logf("%d sold", sold)
 			})
-		}
-		time.Sleep(500 * time.Millisecond)
-		close(stop)
-		wg.Wait()
-		stopRunWithin(t, cancel, done, 15*time.Second) // right after the last sale
-		var sold int64
-		for _, s := range skus {
-			l := testkit.Levels(t, r, s)
-			sold += l.Sold
-			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s), "%s: outbox drained", s)
-			assert.Equal(t, l.Available, remaining(t, st, s), "%s: the Store got every sale", s)
-		}
-		assert.Equal(t, n.Load(), sold)
-		assert.LessOrEqual(t, st.MaxApplications(), 1)
-		t.Logf("%d sales", sold)
-	})
+		})
+	}
 }
 
 // sleepyStore sleeps d in Apply ignoring its context (a database call with no deadline), or with

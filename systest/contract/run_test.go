@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
-	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
@@ -60,54 +58,6 @@ func TestRunReturnsLoopError(t *testing.T) {
 		assert.ErrorIs(t, err, memstore.ErrDown, "the first error a loop met")
 		assert.Equal(t, int64(1), testkit.OutboxLen(t, c, "down"), "the failed event stays in the outbox")
 	})
-}
-
-// Two Reservers sharing one Redis, each with its own Run on one Store: "more relays and
-// reconcilers, in this process or others, may run beside it." Every sale reaches the Store once.
-func TestTwoRunsShareRedis(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c1, c2 := b.Pair(t)
-			r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
-			st := memstore.New()
-			skus := []string{"p1", "p2", "p3"}
-			opts := stock.RunOptions{Store: st, Reconcile: &stock.ReconcileOptions{Interval: 50 * time.Millisecond},
-				Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 3}}
-			cancel1, done1 := runAsync(r1, opts)
-			cancel2, done2 := runAsync(r2, opts)
-			time.Sleep(200 * time.Millisecond)
-			loadRedisAndStore(t, r1, st, 300, skus...)
-			var sold atomic.Int64
-			var wg sync.WaitGroup
-			for w, r := range []*stock.Reserver{r1, r2, r1, r2} {
-				wg.Go(func() {
-					for i := range 120 {
-						id := fmt.Sprintf("w%d-%d", w, i)
-						s := skus[i%len(skus)]
-						if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: id, Qty: 1}); err != nil {
-							continue
-						}
-						sold.Add(1)
-						if i%5 == 0 {
-							_, _ = r.Restore(ctx, s, id)
-						}
-					}
-				})
-			}
-			wg.Wait()
-			cancel2()
-			stopRunWithin(t, cancel1, done1, 15*time.Second)
-			stopRunWithin(t, cancel2, done2, 15*time.Second)
-			for _, s := range skus {
-				assert.Equal(t, int64(0), testkit.OutboxLen(t, c1, s), "%s drained", s)
-				storeAgrees(t, r1, st, s)
-			}
-			assert.LessOrEqual(t, st.MaxApplications(), 1, "no event applied twice")
-			t.Logf("%d sales", sold.Load())
-		})
-	}
 }
 
 // storeAgrees asserts that the store's remaining stock of sku equals the available units in Redis,
