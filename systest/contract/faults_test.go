@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -891,11 +893,7 @@ func audit(t *testing.T, ctx context.Context, r *stock.Reserver, st *memstore.St
 	defer acked.mu.Unlock()
 	lost := 0
 	for sku, ids := range acked.ids {
-		list := make([]string, 0, len(ids))
-		for id := range ids {
-			list = append(list, id)
-		}
-		recs, err := st.Records(ctx, sku, list)
+		recs, err := st.Records(ctx, sku, slices.Collect(maps.Keys(ids)))
 		require.NoError(t, err, "store records %s", sku)
 		for id := range ids {
 			e, lerr := r.Ledger(ctx, sku, id)
@@ -1326,11 +1324,9 @@ func TestFlakyStoreAndContexts(t *testing.T) {
 func TestTwoRunsRestarted(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
 		ctx := context.Background()
-		r1 := testkit.NewReserver(t, c1)
-		r2 := testkit.NewReserver(t, c2)
-		store := memstore.New()
 		skus := []string{"two:a", "two:b~", "two:ç"}
-		loadRedisAndStore(t, r1, store, 500, skus...)
+		r1, store := withStore(t, c1, 500, skus)
+		r2 := testkit.NewReserver(t, c2)
 		opts := stock.RunOptions{Store: store, SweepInterval: 30 * time.Millisecond,
 			Relay: &stock.RelayOptions{Poll: 10 * time.Millisecond, Batch: 7}, Reconcile: &stock.ReconcileOptions{Interval: 200 * time.Millisecond}}
 		stop1 := requestRun(t, r1, opts, 30*time.Second)
@@ -1339,7 +1335,6 @@ func TestTwoRunsRestarted(t *testing.T) {
 		var fenced atomic.Int64
 		start := time.Now()
 		sell := func(r *stock.Reserver, tag string) {
-			defer sells.Done()
 			for i := range 120 {
 				sku := skus[i%len(skus)]
 				id := fmt.Sprintf("%s-%d", tag, i)
@@ -1378,9 +1373,8 @@ func TestTwoRunsRestarted(t *testing.T) {
 				}
 			}
 		}
-		sells.Add(2)
-		go sell(r1, "p1")
-		go sell(r2, "p2")
+		sells.Go(func() { sell(r1, "p1") })
+		sells.Go(func() { sell(r2, "p2") })
 		for range 4 { // r2's Run, restarted mid-work
 			stop2 := requestRun(t, r2, opts, 30*time.Second)
 			time.Sleep(150 * time.Millisecond)

@@ -611,10 +611,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 			want += q
 		}
 		assert.EqualValues(t, want, rem, "item %q: store remaining %d, the acknowledged answers make %d", sku, rem, want)
-		ids := make([]string, 0, len(a.deducted[sku]))
-		for id := range a.deducted[sku] {
-			ids = append(ids, id)
-		}
+		ids := slices.Collect(maps.Keys(a.deducted[sku]))
 		recs, err := st.Records(ctx, sku, ids)
 		require.NoError(t, err)
 		for _, id := range ids {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -222,10 +224,7 @@ func TestRunMemstore(t *testing.T) {
 	// Some restores too.
 	var restored int
 	st.mu.Lock()
-	var ids []string
-	for id := range st.acked {
-		ids = append(ids, id)
-	}
+	ids := slices.Collect(maps.Keys(st.acked))
 	st.mu.Unlock()
 	for _, id := range ids[:min(20, len(ids))] {
 		if _, err := r.Restore(ctx, "rm", id); err == nil {
