@@ -1738,9 +1738,7 @@ func TestFlushLoop(t *testing.T) {
 							switch i % 4 {
 							case 0:
 								if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}, time.Minute); err == nil {
-									if _, err := r.Confirm(ctx, sku, id); err != nil {
-										fail("confirm %s: %v", id, err)
-									}
+									assert.NoError(t, errOf(r.Confirm(ctx, sku, id)), "confirm %s", id)
 									if rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1, Retry: true}, time.Minute); err != nil || !rc.Replayed {
 										fail("hold replay %s: %+v %v", id, rc, err)
 									}
@@ -1749,20 +1747,14 @@ func TestFlushLoop(t *testing.T) {
 								}
 							case 1:
 								if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 2}, time.Minute); err == nil {
-									if _, err := r.Cancel(ctx, sku, id); err != nil {
-										fail("cancel %s: %v", id, err)
-									}
+									assert.NoError(t, errOf(r.Cancel(ctx, sku, id)), "cancel %s", id)
 								} else if !ok(err) {
 									fail("hold %s: %v", id, err)
 								}
 							case 2:
 								if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}); err == nil {
-									if _, err := r.Restore(ctx, sku, id); err != nil {
-										fail("restore %s: %v", id, err)
-									}
-									if _, err := r.Restore(ctx, sku, id); err != nil {
-										fail("restore replay %s: %v", id, err)
-									}
+									assert.NoError(t, errOf(r.Restore(ctx, sku, id)), "restore %s", id)
+									assert.NoError(t, errOf(r.Restore(ctx, sku, id)), "restore replay %s", id)
 								} else if !ok(err) {
 									fail("deduct %s: %v", id, err)
 								}

@@ -2161,10 +2161,10 @@ func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.R
 	return r, store, q, rl, msgs
 }
 
+// mustReconciler is a reconciler of the item "A" (queuedSalesOfA's).
 func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
 	t.Helper()
-	rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})
-	return rec
+	return newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 }
 
 // TestConsumeInOrderBehindManyPublished: an item has more earlier events not applied yet than
