@@ -634,8 +634,7 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 // queueRelay is a relay with no Store that publishes to q.
 func queueRelay(t *testing.T, e *stocktest.Env, q *relayQueue, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
-	rl := newRelay(t, e.Reserver, nil, q, o)
-	return rl
+	return newRelay(t, e.Reserver, nil, q, o)
 }
 
 // consumeVerify hands what q took to Consume (relayConsumeAll) and checks the end state (verify).
