@@ -395,7 +395,7 @@ func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 		}
 		rem, _ := st.Remaining(ctx, "fl")
 		lv, _ = r.Levels(ctx, "fl")
-		assert.False(t, lv.Available > rem, "after the rebuild and the consumer's late events, Redis would sell %d units, store has %d", lv.Available, rem)
+		assert.LessOrEqual(t, lv.Available, rem, "after the rebuild and the consumer's late events, Redis would sell %d units, store has %d", lv.Available, rem)
 		// What that costs buyers: sell what Redis offers, deliver through the queue.
 		sold := 0
 		for i := 0; ; i++ {
