@@ -492,10 +492,8 @@ func faultKeys(t *testing.T, c rueidis.Client) map[string]string {
 // replica, a write returns ErrNotReplicated with its receipt and the write made,
 // for Deduct and for a grouped cart; Outcome says "not_replicated".
 func TestErrNotReplicatedWrote(t *testing.T) {
-	faultReal(t)
 	ctx := context.Background()
-	srv := redistest.StartServer(t)
-	r := testkit.NewReserver(t, srv.Client(t), stock.WithGroups(faultGroup), stock.WithReplicaAck(1, 20*time.Millisecond))
+	_, r := serverReserver(t, nil, stock.WithGroups(faultGroup), stock.WithReplicaAck(1, 20*time.Millisecond))
 	for _, sku := range []string{"ea", "eb", "ga", "gb"} {
 		require.NoError(t, r.Load(ctx, sku, 5))
 	}
@@ -1578,10 +1576,7 @@ func commandCalls(t *testing.T, c rueidis.Client, cmd string) int64 {
 // TestLibraryActuallyLoaded: on Redis 7 the scripts run as functions (README How it
 // works): after a deduct the library stock_<digest> is on the server and FCALL was used.
 func TestLibraryActuallyLoaded(t *testing.T) {
-	faultReal(t)
-	s := redistest.StartServer(t)
-	admin := s.Client(t)
-	r := testkit.NewReserver(t, s.Client(t))
+	admin, r := serverReserver(t, nil)
 	ctx := context.Background()
 	require.NoError(t, r.Load(ctx, "a", 5))
 	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "a", ID: "o1", Qty: 1})))
