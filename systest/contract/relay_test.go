@@ -2,12 +2,10 @@ package contract_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -24,7 +22,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
-	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
@@ -45,14 +42,10 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 		for name, forge := range cases {
 			t.Run(b.Name+"/"+name, func(t *testing.T) {
 				ctx := context.Background()
-				r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(0))
-				st := memstore.New()
-				loadBoth(t, r, st, "fg", 10)
+				r, st := withStore(t, b.Client(t), 10, []string{"fg"}, stock.WithCoalescing(0))
 				deductEach(t, r, stock.Request{SKU: "fg", User: "u", Qty: 2}, "a")
 				_, _, msgs := publishToQueue(t, r)
-				if len(msgs) != 1 {
-					t.Fatalf("published %d", len(msgs))
-				}
+				require.Len(t, msgs, 1, "published %d", len(msgs))
 				bad := forge(msgs[0])
 				ferr := stock.Consume(ctx, r, st, bad)
 				rem, _ := st.Remaining(ctx, "fg")
@@ -67,70 +60,9 @@ func TestConsumeTrustsMessageOverLedger(t *testing.T) {
 				rem, _ = st.Remaining(ctx, "fg")
 				lv, _ := r.Levels(ctx, "fg")
 				e, _ := r.Ledger(ctx, "fg", "a")
-				if rem != 8 || lv.Available != 8 || !e.Taken() {
-					t.Errorf("the acknowledged sale a (2 units) is undone or misapplied by a message Redis never made: store remaining %d, Redis available %d, ledger %s; want 8, 8, taken", rem, lv.Available, e.State)
-				}
+				assert.False(t, rem != 8 || lv.Available != 8 || !e.Taken(), "the acknowledged sale a (2 units) is undone or misapplied by a message Redis never made: store remaining %d, Redis available %d, ledger %s; want 8, 8, taken", rem, lv.Available, e.State)
 			})
 		}
-	}
-}
-
-// Broken promise under test: per-item order through Consume holds for grouped
-// items (WithGroups keys) too: deduct a, restore a, deduct b on one unit,
-// delivered b first.
-func TestGroupedItemQueueOrder(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(0), stock.WithGroups(func(string) string { return "shoe" }))
-			st := memstore.New()
-			for _, sku := range []string{"s42", "s43"} {
-				loadBoth(t, r, st, sku, 1)
-			}
-			if _, err := r.DeductMany(ctx, stock.Cart{ID: "a", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
-				t.Fatal(err)
-			}
-			for _, sku := range []string{"s42", "s43"} {
-				if _, err := r.Restore(ctx, sku, "a"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := r.DeductMany(ctx, stock.Cart{ID: "b", Lines: []stock.Line{{SKU: "s42", Qty: 1}, {SKU: "s43", Qty: 1}}}); err != nil {
-				t.Fatal(err)
-			}
-			q, rl, msgs := publishToQueue(t, r)
-			rc, _ := stockops.NewReconciler(r, st, nil)
-			if res, err := rc.Pass(ctx); err != nil {
-				t.Fatal(err)
-			} else {
-				for _, rp := range res.Reports {
-					if rp.Adjusted != 0 || rp.Drift != 0 {
-						t.Errorf("pass with the consumer down: %s", rp)
-					}
-				}
-			}
-			var rev []stock.Event
-			for i := len(msgs) - 1; i >= 0; i-- {
-				rev = append(rev, msgs[i])
-			}
-			repairConsumeAll(t, ctx, r, st, rev, rand.New(rand.NewPCG(uint64(3), 0)))
-			if _, err := rl.Once(ctx); err != nil {
-				t.Fatal(err)
-			}
-			for _, ev := range q.take() {
-				if ev.Type == stock.EventRefused {
-					t.Errorf("store refused a valid sale of a grouped item: %+v", ev)
-				}
-			}
-			for _, sku := range []string{"s42", "s43"} {
-				rem, _ := st.Remaining(ctx, sku)
-				e, _ := r.Ledger(ctx, sku, "b")
-				if rem != 0 || e.State != stock.StateApplied {
-					t.Errorf("%s: store %d, ledger b %s", sku, rem, e.State)
-				}
-			}
-		})
 	}
 }
 
@@ -142,131 +74,147 @@ func TestNewRelayBounds(t *testing.T) {
 	assert.Error(t, err, "NewRelay with neither Store nor Publisher")
 	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10001})
 	assert.Error(t, err, "Batch above 10,000")
-	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})
-	assert.NoError(t, err, "Batch of 10,000")
-	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})
-	assert.NoError(t, err, "zero options take the defaults")
-	_, err = stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})
-	assert.NoError(t, err, "a negative Retention never trims: it is valid")
-	_, err = stockops.NewReconciler(e.Reserver, st, nil)
-	assert.NoError(t, err)
+	assert.NoError(t, errOf(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})), "Batch of 10,000")
+	assert.NoError(t, errOf(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})), "zero options take the defaults")
+	assert.NoError(t, errOf(stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})), "a negative Retention never trims: it is valid")
+	assert.NoError(t, errOf(stockops.NewReconciler(e.Reserver, st, nil)))
 }
 
 // "When ctx ends, Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain),
 // and returns ... ctx's error": with a ctx cancelled before the call, the events already in the
-// outbox are still delivered.
+// outbox are still delivered, to the Store and, on the queue path, to the Publisher.
 func TestRunCancelledCtxStillDrains(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadBoth(t, r, st, "cc", 10)
-		deductEach(t, r, stock.Request{SKU: "cc", Qty: 1}, numbered("d", 5)...)
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		start := time.Now()
-		err := r.Run(cctx, stock.RunOptions{Store: st})
-		assert.ErrorIs(t, err, context.Canceled)
-		assert.Less(t, time.Since(start), 7*time.Second, "bounded by Drain (5s)")
-		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "cc"), "what was due was delivered")
-		rem, err := st.Remaining(ctx, "cc")
-		require.NoError(t, err)
-		assert.Equal(t, int64(5), rem)
-	})
-}
-
-// Sales made right up to the moment ctx ends are delivered by the drain: "Run delivers the
-// events that are due until none is left or Drain has passed." Items with ':' and '~' in their
-// names, and names of the non-item keys, take part.
-func TestRunDrainsLastSales(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		skus := []string{"a:b", "a", "~", "~carts", "carts", "items", "epoch", "x:l", "x", "a:b:o"}
-		// Run first, on an empty Redis, so that its guard does not fence the sales (see
-		// TestRunStartOnLiveDeploymentFenceLifts).
-		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 10 * time.Second})
-		time.Sleep(200 * time.Millisecond)
-		for _, s := range skus {
-			loadBoth(t, r, st, s, 1000)
-		}
-		var wg sync.WaitGroup
-		stop := make(chan struct{})
-		var n atomic.Int64
-		for w := range 4 {
-			untilStopped(&wg, stop, func(i int) {
-				s := skus[(i+w)%len(skus)]
-				if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: fmt.Sprintf("w%d-%d", w, i), Qty: 1}); err == nil {
-					n.Add(1)
+		for _, path := range []string{"store", "queue"} {
+			t.Run(path, func(t *testing.T) {
+				ctx := context.Background()
+				r := testkit.NewReserver(t, c)
+				st := memstore.New()
+				sku := "cc-" + path
+				loadBoth(t, r, st, sku, 10)
+				deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("d", 5)...)
+				var published atomic.Int64
+				opts := stock.RunOptions{Store: st}
+				if path == "queue" {
+					opts = stock.RunOptions{Publisher: stock.PublisherFunc(func(context.Context, stock.Event) error {
+						published.Add(1)
+						return nil
+					})}
+				}
+				cctx, cancel := context.WithCancel(ctx)
+				cancel()
+				start := time.Now()
+				assert.ErrorIs(t, r.Run(cctx, opts), context.Canceled)
+				assert.Less(t, time.Since(start), 7*time.Second, "bounded by Drain (5s)")
+				assert.Equal(t, int64(0), testkit.OutboxLen(t, c, sku), "what was due was delivered")
+				pending, dead, err := stockops.Pending(ctx, r, sku)
+				require.NoError(t, err)
+				assert.Zero(t, pending+dead, "nothing pending or dead-lettered")
+				rem := remaining(t, st, sku)
+				if path == "queue" {
+					assert.Equal(t, int64(5), published.Load(), "every event published")
+					assert.Equal(t, int64(10), rem, "the queue path leaves the Store to Consume")
+				} else {
+					assert.Equal(t, int64(5), rem)
 				}
 			})
 		}
-		time.Sleep(500 * time.Millisecond)
-		close(stop)
-		wg.Wait()
-		cancel() // right after the last sale
-		err, ok := waitRun(t, done, 15*time.Second)
-		require.True(t, ok, "Run returned")
-		assert.ErrorIs(t, err, context.Canceled)
-		var sold int64
-		for _, s := range skus {
-			l := testkit.Levels(t, r, s)
-			sold += l.Sold
-			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s), "%s: outbox drained", s)
-			rem, err := st.Remaining(ctx, s)
-			require.NoError(t, err)
-			assert.Equal(t, l.Available, rem, "%s: the Store got every sale", s)
-		}
-		assert.Equal(t, n.Load(), sold)
-		assert.LessOrEqual(t, st.MaxApplications(), 1)
-		t.Logf("%d sales", sold)
 	})
 }
 
-// blockingStore blocks in Apply until its context ends (a hung database honouring ctx). It is a
-// plain stock.Store (memstore's ApplyBatch is not promoted), so the relay calls its Apply.
-type blockingStore struct {
-	onlyStore
-	calls atomic.Int64
+// Every acknowledged sale reaches the Store once. Sales made right up to the moment ctx ends are
+// delivered by the drain ("Run delivers the events that are due until none is left or Drain has
+// passed"), on items with ':' and '~' in their names and named like the non-item keys; and with
+// two Reservers sharing one Redis, each with its own Run on one Store ("more relays and
+// reconcilers, in this process or others, may run beside it"), with restores among the sales.
+func TestRunDeliversEverySale(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		runs    int
+		skus    []string
+		qty     int64
+		opts    stock.RunOptions
+		sales   int  // per worker; 0: until 500ms have passed, the Runs stopped right after
+		restore bool // every fifth sale is restored
+	}{
+		{
+			name: "drains the last sales", runs: 1, qty: 1000, opts: stock.RunOptions{Drain: 10 * time.Second},
+			skus: []string{"a:b", "a", "~", "~carts", "carts", "items", "epoch", "x:l", "x", "a:b:o"},
+		},
+		{
+			name: "two Runs share Redis", runs: 2, skus: []string{"p1", "p2", "p3"}, qty: 300, sales: 120, restore: true,
+			opts: stock.RunOptions{Reconcile: &stock.ReconcileOptions{Interval: 50 * time.Millisecond},
+				Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 3}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backends(t, func(t *testing.T, b redistest.Backend) {
+				ctx := context.Background()
+				c1, c2 := b.Pair(t)
+				rs := []*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}[:tc.runs]
+				st := memstore.New()
+				opts := tc.opts
+				opts.Store = st
+				// Runs first, on an empty Redis, so that their guards do not fence the sales (see
+				// TestRunStartOnLiveDeploymentFenceLifts).
+				var stopRuns []func()
+				for _, r := range rs {
+					cancel, done := runAsync(r, opts)
+					stopRuns = append(stopRuns, func() { stopRunWithin(t, cancel, done, 15*time.Second) })
+				}
+				time.Sleep(200 * time.Millisecond)
+				loadRedisAndStore(t, rs[0], st, tc.qty, tc.skus...)
+				var net atomic.Int64 // units sold and not given back
+				sell := func(w, i int) {
+					r, sku, id := rs[w%len(rs)], tc.skus[(i+w)%len(tc.skus)], fmt.Sprintf("w%d-%d", w, i)
+					if errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})) == nil {
+						net.Add(1)
+						if tc.restore && i%5 == 0 && errOf(r.Restore(ctx, sku, id)) == nil {
+							net.Add(-1)
+						}
+					}
+				}
+				var wg sync.WaitGroup
+				stop := make(chan struct{})
+				for w := range 4 {
+					if tc.sales == 0 {
+						untilStopped(&wg, stop, func(i int) { sell(w, i) })
+					} else {
+						wg.Go(func() {
+							for i := range tc.sales {
+								sell(w, i)
+							}
+						})
+					}
+				}
+				if tc.sales == 0 {
+					time.Sleep(500 * time.Millisecond)
+				}
+				close(stop)
+				wg.Wait()
+				for _, stopRun := range stopRuns {
+					stopRun()
+				}
+				var sold int64
+				for _, s := range tc.skus {
+					sold += storeAgrees(t, rs[0], st, s).Sold
+					assert.Equal(t, int64(0), testkit.OutboxLen(t, c1, s), "%s: outbox drained", s)
+				}
+				assert.Equal(t, net.Load(), sold, "Redis sold what the answers say")
+				assert.LessOrEqual(t, st.MaxApplications(), 1, "no event applied twice")
+				t.Logf("%d sold", sold)
+			})
+		})
+	}
 }
 
-func (s *blockingStore) Apply(ctx context.Context, ev stock.Event) error {
-	s.calls.Add(1)
-	<-ctx.Done()
-	return ctx.Err()
-}
-
-// "Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are due
-// until none is left or Drain has passed." With a Store that hangs (honouring its context), Run
-// returns about Drain after ctx ends, and returns the error a loop met.
-func TestRunHungStoreDrainBounded(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := &blockingStore{onlyStore: onlyStore{s: memstore.New()}}
-		loadBoth(t, r, st.s, "hung", 10)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "hung", ID: "d1", Qty: 1})
-		require.NoError(t, err)
-		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 500 * time.Millisecond,
-			Relay: &stock.RelayOptions{Lease: time.Hour}})
-		require.True(t, eventually(3*time.Second, func() bool { return st.calls.Load() > 0 }), "the relay called Apply")
-		cancel()
-		start := time.Now()
-		err, ok := waitRun(t, done, 10*time.Second)
-		require.True(t, ok, "Run returned after ctx ended with a hung Store")
-		assert.Less(t, time.Since(start), 3*time.Second, "Run returned about Drain (500ms) after ctx ended")
-		assert.Error(t, err)
-		// The event is not lost: it is still in the outbox.
-		assert.Equal(t, int64(1), testkit.OutboxLen(t, c, "hung"))
-	})
-}
-
-// sleepyStore ignores ctx and sleeps in Apply (a database call with no deadline); a plain
-// stock.Store.
+// sleepyStore sleeps d in Apply ignoring its context (a database call with no deadline), or with
+// hang, blocks until its context ends (a hung database honouring ctx). It is a plain stock.Store
+// (memstore's ApplyBatch is not promoted), so the relay calls its Apply.
 type sleepyStore struct {
 	onlyStore
 	d      time.Duration
+	hang   bool
 	calls  atomic.Int64
 	mu     sync.Mutex
 	starts []time.Time // when each Apply call began
@@ -277,41 +225,103 @@ func (s *sleepyStore) Apply(ctx context.Context, ev stock.Event) error {
 	s.mu.Lock()
 	s.starts = append(s.starts, time.Now())
 	s.mu.Unlock()
+	if s.hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	time.Sleep(s.d)
 	return s.s.Apply(ctx, ev)
 }
 
-// A slow store with many events due: the drain stops at Drain, not when the outbox is empty.
-func TestRunDrainBoundedManyEvents(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: 5 * time.Millisecond}
-		loadBoth(t, r, st.s, "slow", 5000)
-		deductEach(t, r, stock.Request{SKU: "slow", Qty: 1}, numbered("d", 1500)...)
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		start := time.Now()
-		err := r.Run(cctx, stock.RunOptions{Store: st, Drain: 300 * time.Millisecond, Relay: &stock.RelayOptions{Lease: time.Second}})
-		took := time.Since(start)
-		assert.ErrorIs(t, err, context.Canceled)
-		assert.Less(t, took, 3*time.Second, "Drain (300ms) bounds the last delivery")
-		left := testkit.OutboxLen(t, c, "slow")
-		rem, err := st.Remaining(ctx, "slow")
-		require.NoError(t, err)
-		assert.LessOrEqual(t, 1500-left, 5000-rem, "every event left the outbox only after the Store applied it")
-		t.Logf("took %v, %d applied, %d left", took, st.calls.Load(), left)
-		// What is left is delivered later (after the lease of the events Run claimed), once in
-		// effect.
-		redistest.Sleep(c, 1100*time.Millisecond)
-		rl, err := stockops.NewRelay(r, st.s, nil, nil)
-		require.NoError(t, err)
-		testkit.Drain(t, rl)
-		rem, err = st.s.Remaining(ctx, "slow")
-		require.NoError(t, err)
-		assert.Equal(t, int64(3500), rem)
-		assert.LessOrEqual(t, st.s.MaxApplications(), 1)
-	})
+// "Drain bounds the relay's last delivery after ctx ends: Run delivers the events that are due
+// until none is left or Drain has passed." Run returns about Drain after ctx ends, with a Store
+// that hangs (honouring its context: Run returns the error a loop met, and the event is not lost),
+// with a slow Store and many events due (the drain stops at Drain, not when the outbox is empty;
+// what is left is delivered later, once in effect), and with a Store whose calls ignore their
+// context and take longer than Drain (the call in flight cannot be cut short, but no new delivery
+// may begin once Drain has passed; no event is applied twice).
+func TestRunDrainBoundedWithSlowStore(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		d     time.Duration // each Apply call sleeps d, or with hang blocks until its ctx ends
+		hang  bool
+		load  int64
+		sold  int
+		live  bool // ctx ends while Run runs, once the store was called (else before)
+		opts  stock.RunOptions
+		bound time.Duration // Run returns within it of ctx's end
+		check func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time)
+	}{
+		{
+			name: "hung store", hang: true, load: 10, sold: 1, live: true,
+			opts:  stock.RunOptions{Drain: 500 * time.Millisecond, Relay: &stock.RelayOptions{Lease: time.Hour}},
+			bound: 3 * time.Second,
+			check: func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time) {
+				assert.Error(t, err)
+				assert.Equal(t, int64(1), testkit.OutboxLen(t, c, sku), "the event is still in the outbox")
+			},
+		},
+		{
+			name: "slow store, many events", d: 5 * time.Millisecond, load: 5000, sold: 1500,
+			opts:  stock.RunOptions{Drain: 300 * time.Millisecond, Relay: &stock.RelayOptions{Lease: time.Second}},
+			bound: 3 * time.Second,
+			check: func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time) {
+				assert.ErrorIs(t, err, context.Canceled)
+				left := testkit.OutboxLen(t, c, sku)
+				assert.LessOrEqual(t, 1500-left, 5000-remaining(t, st, sku), "every event left the outbox only after the Store applied it")
+				t.Logf("%d applied, %d left", st.calls.Load(), left)
+				redistest.Sleep(c, 1100*time.Millisecond) // past the lease of the events Run claimed
+				testkit.Drain(t, newRelay(t, r, st.s, nil, nil))
+				assert.Equal(t, int64(3500), remaining(t, st.s, sku))
+			},
+		},
+		{
+			name: "store ignoring ctx", d: time.Second, load: 10, sold: 4, live: true,
+			opts: stock.RunOptions{Drain: 100 * time.Millisecond}, bound: 10 * time.Second,
+			check: func(t *testing.T, c rueidis.Client, r *stock.Reserver, st *sleepyStore, sku string, err error, ended time.Time) {
+				st.mu.Lock()
+				starts := slices.Clone(st.starts)
+				st.mu.Unlock()
+				for i, at := range starts {
+					assert.Less(t, at.Sub(ended), 100*time.Millisecond+50*time.Millisecond, "Apply call %d began %v after ctx ended, after Drain had passed", i, at.Sub(ended))
+				}
+				assert.GreaterOrEqual(t, remaining(t, st.s, sku), int64(6))
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
+				r := testkit.NewReserver(t, c)
+				st := &sleepyStore{onlyStore: onlyStore{s: memstore.New()}, d: tc.d, hang: tc.hang}
+				const sku = "slow"
+				loadBoth(t, r, st.s, sku, tc.load)
+				deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("d", tc.sold)...)
+				opts := tc.opts
+				opts.Store = st
+				var err error
+				var ended time.Time
+				if tc.live {
+					cancel, done := runAsync(r, opts)
+					require.True(t, eventually(3*time.Second, func() bool { return st.calls.Load() > 0 }), "the relay called Apply")
+					cancel()
+					ended = time.Now()
+					var ok bool
+					err, ok = waitRun(t, done, 10*time.Second)
+					require.True(t, ok, "Run returned")
+				} else {
+					cctx, cancel := context.WithCancel(context.Background())
+					cancel()
+					ended = time.Now()
+					err = r.Run(cctx, opts)
+				}
+				took := time.Since(ended)
+				t.Logf("Run returned %v after ctx ended (Drain %v): %v", took, opts.Drain, err)
+				assert.Less(t, took, tc.bound, "Drain (%v) bounds the last delivery", opts.Drain)
+				tc.check(t, c, r, st, sku, err, ended)
+				assert.LessOrEqual(t, st.s.MaxApplications(), 1)
+			})
+		})
+	}
 }
 
 // The queue path through Run: "With no Store it is the queue path: consumers apply the events
@@ -319,36 +329,20 @@ func TestRunDrainBoundedManyEvents(t *testing.T) {
 func TestRunPublisherOnly(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadBoth(t, r, st, "q:1", 20)
-		var mu sync.Mutex
-		var got []stock.Event
-		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-			mu.Lock()
-			got = append(got, ev)
-			mu.Unlock()
-			return nil
-		})
+		r, st := withStore(t, c, 20, []string{"q:1"})
+		pub := &queue{}
 		cancel, done := runAsync(r, stock.RunOptions{Publisher: pub})
 		deductEach(t, r, stock.Request{SKU: "q:1", Qty: 2}, numbered("d", 6)...)
-		_, err := r.Restore(ctx, "q:1", "d0")
-		require.NoError(t, err)
-		cancel()
-		err, ok := waitRun(t, done, 10*time.Second)
-		require.True(t, ok)
-		assert.ErrorIs(t, err, context.Canceled)
+		require.NoError(t, errOf(r.Restore(ctx, "q:1", "d0")))
+		stopRunWithin(t, cancel, done, 10*time.Second)
 		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "q:1"))
-		mu.Lock()
-		evs := append([]stock.Event(nil), got...)
-		mu.Unlock()
+		evs := pub.take()
 		require.Len(t, evs, 7)
 		// Deliver in reverse: Consume keeps the item's order.
 		for i := len(evs) - 1; i >= 0; i-- {
 			require.NoError(t, stock.Consume(ctx, r, st, evs[i]))
 		}
-		rem, err := st.Remaining(ctx, "q:1")
-		require.NoError(t, err)
+		rem := remaining(t, st, "q:1")
 		assert.Equal(t, testkit.Levels(t, r, "q:1").Available, rem)
 		assert.Equal(t, int64(10), rem)
 	})
@@ -365,8 +359,7 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 			loadBoth(t, r, st, s, 100)
 			deductEach(t, r, stock.Request{SKU: s, Qty: 1}, numbered("d", 40)...)
 		}
-		rl, err := stockops.NewRelay(r, st, nil, &stock.RelayOptions{Batch: 1})
-		require.NoError(t, err)
+		rl := newRelay(t, r, st, nil, &stock.RelayOptions{Batch: 1})
 		stats, err := rl.Once(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, 80, stats.Delivered, "%+v", stats)
@@ -374,12 +367,9 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s))
 		}
 		// RelayOptions.Items: "limits the relay to these items".
-		_, err = r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})
-		require.NoError(t, err)
-		rl, err = stockops.NewRelay(r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})))
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})))
+		rl = newRelay(t, r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
 		stats, err = rl.Once(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, 1, stats.Delivered)
@@ -411,10 +401,7 @@ func (o *onlyStore) Records(ctx context.Context, sku string, ids []string) (map[
 // reaches it and the Store applies it once in effect.
 func TestRunStoreAndFailingPublisher(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadBoth(t, r, st, "sp", 10)
+		r, st := withStore(t, c, 10, []string{"sp"})
 		var down atomic.Bool
 		down.Store(true)
 		var mu sync.Mutex
@@ -451,92 +438,33 @@ func TestRunStoreAndFailingPublisher(t *testing.T) {
 			assert.GreaterOrEqual(t, seen["deducted:"+fmt.Sprint("d", i)], 1)
 		}
 		mu.Unlock()
-		rem, err := st.Remaining(ctx, "sp")
-		require.NoError(t, err)
-		assert.Equal(t, int64(7), rem)
+		assert.Equal(t, int64(7), remaining(t, st, "sp"))
 		assert.LessOrEqual(t, st.MaxApplications(), 1)
 	})
 }
 
-// The queue path drains on a cancelled ctx too: "lets the relay deliver what is due".
-func TestRunPublisherDrainsOnCancelledCtx(t *testing.T) {
-	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		require.NoError(t, r.Load(ctx, "qd", 10))
-		deductEach(t, r, stock.Request{SKU: "qd", Qty: 1}, numbered("d", 4)...)
-		var n atomic.Int64
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		err := r.Run(cctx, stock.RunOptions{Publisher: stock.PublisherFunc(func(context.Context, stock.Event) error {
-			n.Add(1)
-			return nil
-		})})
-		assert.ErrorIs(t, err, context.Canceled)
-		assert.Equal(t, int64(4), n.Load())
-		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "qd"))
-		pending, dead, err := stockops.Pending(ctx, r, "qd")
-		require.NoError(t, err)
-		assert.Equal(t, int64(0), pending)
-		assert.Equal(t, int64(0), dead)
-	})
-}
-
-// relayQueue is an in-memory broker: what the publisher accepted, in the order it accepted it.
+// relayQueue is a queue (what the publisher accepted, in the order it accepted it) that is also a
+// BatchPublisher.
 type relayQueue struct {
-	mu   sync.Mutex
-	msgs []stock.Event
+	queue
 	// batch, when set, decides what PublishBatch does with a batch: it returns the answer and
-	// says how many of the first events the queue really takes.
+	// says which of the events the queue really takes.
 	batch func(call int, evs []stock.Event) (errs []error, keep []bool)
 	calls atomic.Int64
-	// single, when set, decides Publish's answer (nil keeps the event).
-	single func(ev stock.Event) error
-}
-
-func (q *relayQueue) Publish(ctx context.Context, ev stock.Event) error {
-	if q.single != nil {
-		if err := q.single(ev); err != nil {
-			return err
-		}
-	}
-	q.mu.Lock()
-	q.msgs = append(q.msgs, ev)
-	q.mu.Unlock()
-	return nil
 }
 
 func (q *relayQueue) PublishBatch(ctx context.Context, evs []stock.Event) []error {
 	call := int(q.calls.Add(1))
-	if q.batch == nil {
-		for _, ev := range evs {
-			_ = q.Publish(ctx, ev)
-		}
-		return make([]error, len(evs))
+	errs, keep := keepAll(len(evs))
+	if q.batch != nil {
+		errs, keep = q.batch(call, evs)
 	}
-	errs, keep := q.batch(call, evs)
-	q.mu.Lock()
 	for i, ev := range evs {
 		if keep[i] {
-			q.msgs = append(q.msgs, ev)
+			q.put(ev)
 		}
 	}
-	q.mu.Unlock()
 	return errs
-}
-
-func (q *relayQueue) take() []stock.Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	out := q.msgs
-	q.msgs = nil
-	return out
-}
-
-func (q *relayQueue) snapshot() []stock.Event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return append([]stock.Event(nil), q.msgs...)
 }
 
 // orderStore wraps a memstore and records, per item, every event that changed something, to
@@ -598,12 +526,8 @@ func traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memsto
 	a := &acks{deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, restock: map[string]map[string]int64{}, initial: map[string]int64{}}
 	for _, sku := range skus {
 		qty := int64(20 + rng.IntN(30))
-		if err := r.Load(ctx, sku, qty); err != nil {
-			t.Fatalf("Load %q: %v", sku, err)
-		}
-		if err := store.Load(ctx, sku, qty); err != nil {
-			t.Fatalf("store.Load %q: %v", sku, err)
-		}
+		require.NoError(t, r.Load(ctx, sku, qty), "Load %q", sku)
+		require.NoError(t, store.Load(ctx, sku, qty), "store.Load %q", sku)
 		a.initial[sku] = qty
 		a.deducted[sku] = map[string]int64{}
 		a.restored[sku] = map[string]bool{}
@@ -628,18 +552,14 @@ func traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memsto
 				if a.restored[sku][id] {
 					continue
 				}
-				if _, err := r.Restore(ctx, sku, id); err != nil {
-					t.Fatalf("Restore %q %s: %v", sku, id, err)
-				}
+				require.NoError(t, errOf(r.Restore(ctx, sku, id)), "Restore %q %s", sku, id)
 				a.restored[sku][id] = true
 				break
 			}
 		default:
 			id := fmt.Sprintf("r%d", i)
 			q := int64(1 + rng.IntN(4))
-			if _, err := r.Restock(ctx, sku, id, q); err != nil {
-				t.Fatalf("Restock %q %s: %v", sku, id, err)
-			}
+			require.NoError(t, errOf(r.Restock(ctx, sku, id, q)), "Restock %q %s", sku, id)
 			a.restock[sku][id] = q
 		}
 	}
@@ -652,15 +572,7 @@ func drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Rel
 	t.Helper()
 	for pass := 0; pass < 400; pass++ {
 		_, _ = rl.Once(ctx)
-		left := int64(0)
-		for _, sku := range skus {
-			p, _, err := stockops.Pending(ctx, e.Reserver, sku)
-			if err != nil {
-				t.Fatalf("Pending %q: %v", sku, err)
-			}
-			left += p
-		}
-		if left == 0 {
+		if pendingOf(t, e.Reserver, skus...) == 0 {
 			return
 		}
 		e.Advance(2 * time.Minute)
@@ -673,25 +585,7 @@ func drain(t *testing.T, ctx context.Context, e *stocktest.Env, rl *stockops.Rel
 func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, rng *rand.Rand) {
 	t.Helper()
 	rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
-	var lastErr error
-	for round := 0; len(msgs) > 0; round++ {
-		if round > 200 {
-			t.Fatalf("%d messages still unsettled after 200 rounds (last error: %v)", len(msgs), lastErr)
-		}
-		var again []stock.Event
-		for _, ev := range msgs {
-			err := stock.Consume(ctx, r, st, ev)
-			switch {
-			case err == nil:
-			case errors.Is(err, stock.ErrInvalid):
-				t.Errorf("Consume %s %s %s: %v (a valid event)", ev.SKU, ev.Type, ev.ID, err)
-			default:
-				lastErr = err
-				again = append(again, ev)
-			}
-		}
-		msgs = again
-	}
+	consumeRounds(t, ctx, r, st, msgs, rng, true)
 }
 
 // verify checks the end state: the store equals Redis for every item, nothing is applied twice,
@@ -699,22 +593,13 @@ func relayConsumeAll(t *testing.T, ctx context.Context, r *stock.Reserver, st st
 // and the store saw each item's events in order.
 func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore, a *acks) {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, st.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := newReconciler(t, r, st.Store, &stock.ReconcileOptions{DryRun: true})
 	for sku := range a.initial {
 		lv, err := r.Levels(ctx, sku)
-		if err != nil {
-			t.Fatalf("Levels %q: %v", sku, err)
-		}
+		require.NoError(t, err, "Levels %q", sku)
 		rem, err := st.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatalf("Remaining %q: %v", sku, err)
-		}
-		if rem != lv.Available+lv.Held {
-			t.Errorf("item %q: store remaining %d, Redis available %d held %d", sku, rem, lv.Available, lv.Held)
-		}
+		require.NoError(t, err, "Remaining %q", sku)
+		assert.EqualValues(t, lv.Available+lv.Held, rem, "item %q: store remaining %d, Redis available %d held %d", sku, rem, lv.Available, lv.Held)
 		// The expected figure from the acknowledged answers alone.
 		want := a.initial[sku]
 		for id, q := range a.deducted[sku] {
@@ -725,17 +610,10 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 		for _, q := range a.restock[sku] {
 			want += q
 		}
-		if rem != want {
-			t.Errorf("item %q: store remaining %d, the acknowledged answers make %d", sku, rem, want)
-		}
-		ids := make([]string, 0, len(a.deducted[sku]))
-		for id := range a.deducted[sku] {
-			ids = append(ids, id)
-		}
+		assert.EqualValues(t, want, rem, "item %q: store remaining %d, the acknowledged answers make %d", sku, rem, want)
+		ids := slices.Collect(maps.Keys(a.deducted[sku]))
 		recs, err := st.Records(ctx, sku, ids)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, id := range ids {
 			want := stock.StateApplied
 			if a.restored[sku][id] {
@@ -746,27 +624,17 @@ func verify(t *testing.T, ctx context.Context, r *stock.Reserver, st *orderStore
 			}
 		}
 		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatalf("reconcile %q: %v", sku, err)
-		}
-		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 {
-			t.Errorf("item %q after the drain: %s", sku, rp)
-		}
+		require.NoError(t, err, "reconcile %q", sku)
+		assert.False(t, rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0, "item %q after the drain: %s", sku, rp)
 	}
-	if m := st.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	assert.LessOrEqual(t, st.MaxApplications(), 1, "an event changed the store more than once")
 	st.checkOrder(t)
 }
 
 // queueRelay is a relay with no Store that publishes to q.
 func queueRelay(t *testing.T, e *stocktest.Env, q *relayQueue, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rl
+	return newRelay(t, e.Reserver, nil, q, o)
 }
 
 // consumeVerify hands what q took to Consume (relayConsumeAll) and checks the end state (verify).
@@ -799,54 +667,68 @@ func setup(t *testing.T, seed uint64) (context.Context, *stocktest.Env, *orderSt
 	return context.Background(), stocktest.New(t), newOrderStore(), rand.New(rand.NewPCG(seed, 18))
 }
 
+// queueCase is what a queue-path test of the relay starts from: setup's kit, store and rng, the
+// answers of n calls of traffic on skus, and a queue to publish them to.
+type queueCase struct {
+	ctx  context.Context
+	e    *stocktest.Env
+	st   *orderStore
+	rng  *rand.Rand
+	acks *acks
+	q    *relayQueue
+	skus []string
+}
+
+func newQueueCase(t *testing.T, seed uint64, n int, skus ...string) *queueCase {
+	t.Helper()
+	ctx, e, st, rng := setup(t, seed)
+	acks := traffic(t, ctx, e.Reserver, st.Store, skus, n, rng)
+	return &queueCase{ctx: ctx, e: e, st: st, rng: rng, acks: acks, q: &relayQueue{}, skus: skus}
+}
+
+// deliver drains the outboxes through rl, then consumes what the queue took and checks the end
+// state (consumeVerify).
+func (c *queueCase) deliver(t *testing.T, rl *stockops.Relay) {
+	t.Helper()
+	drain(t, c.ctx, c.e, rl, c.skus)
+	consumeVerify(t, c.ctx, c.e, c.st, c.q, c.rng, c.acks)
+}
+
 // A batch that fails at event k of n (the queue took the first k, the relay is told so), a
 // different k every call: the relay must keep the first k and retry from k, in order, and through
 // Consume the store must end exactly where the acknowledged answers put it.
 func TestBatchFailsMidBatch(t *testing.T) {
-	ctx, e, st, rng := setup(t, 1)
-	skus := []string{"a", "b", "c"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 300, rng)
+	c := newQueueCase(t, 1, 300, "a", "b", "c")
 	var mu sync.Mutex
-	q := &relayQueue{}
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		mu.Lock()
-		k := rng.IntN(len(evs) + 1)
+		k := c.rng.IntN(len(evs) + 1)
 		mu.Unlock()
 		return keepFirst(len(evs), k, errors.New("broker: not appended"))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
-	drain(t, ctx, e, rl, skus)
-	if q.calls.Load() == 0 {
-		t.Fatal("the relay never called PublishBatch")
-	}
-	msgs := q.snapshot()
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
+	drain(t, c.ctx, c.e, rl, c.skus)
+	require.NotZero(t, c.q.calls.Load(), "the relay never called PublishBatch")
 	// The queue got each item's events in sequence, each once (the relay never republished one
 	// the queue had taken).
 	last := map[string]int64{}
 	seen := map[string]bool{}
-	for _, ev := range msgs {
+	for _, ev := range c.q.snapshot() {
 		k := ev.SKU + "/" + ev.ID + "/" + string(ev.Type)
-		if seen[k] {
-			t.Errorf("event %s was published again after the queue took it", k)
-		}
+		assert.False(t, seen[k], "event %s was published again after the queue took it", k)
 		seen[k] = true
-		if ev.Seq <= last[ev.SKU] {
-			t.Errorf("item %q: seq %d published after %d", ev.SKU, ev.Seq, last[ev.SKU])
-		}
+		assert.Greater(t, ev.Seq, last[ev.SKU], "item %q: seq %d published after %d", ev.SKU, ev.Seq, last[ev.SKU])
 		last[ev.SKU] = ev.Seq
 	}
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.deliver(t, rl)
 }
 
 // A batch publisher whose answer is not a prefix: nil, error, nil, nil... (the queue took every
 // event answered nil). The relay must not count the events after the first failure as published
 // (it retries them: duplicates), and the store must still end right.
 func TestBatchHoleInAnswer(t *testing.T) {
-	ctx, e, st, rng := setup(t, 2)
-	skus := []string{"x", "y"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 200, rng)
-	q := &relayQueue{}
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c := newQueueCase(t, 2, 200, "x", "y")
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		errs, keep := keepAll(len(evs))
 		if len(evs) > 1 && call%3 != 0 {
 			errs[1] = errors.New("broker: lost confirm for the second")
@@ -854,11 +736,7 @@ func TestBatchHoleInAnswer(t *testing.T) {
 		}
 		return errs, keep
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
-	drain(t, ctx, e, rl, skus)
-	msgs := q.take()
-	relayConsumeAll(t, ctx, e.Reserver, st, msgs, rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	c.deliver(t, queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 8}))
 }
 
 // Answers of the wrong length (one error short, one nil too many, none at all) fail the whole
@@ -873,36 +751,21 @@ func TestBatchWrongLength(t *testing.T) {
 		{"nil", func(int) int { return 0 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, e, st, rng := setup(t, 3)
-			skus := []string{"w"}
-			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-			before, _, err := stockops.Pending(ctx, e.Reserver, "w")
-			if err != nil {
-				t.Fatal(err)
-			}
-			q := &relayQueue{}
-			q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+			c := newQueueCase(t, 3, 40, "w")
+			before := pendingOf(t, c.e.Reserver, c.skus...)
+			c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 				_, keep := keepAll(len(evs)) // the queue has them all: the answer is wrong, not the queue
 				if n := tc.n(len(evs)); n > 0 {
 					return make([]error, n), keep
 				}
 				return nil, keep
 			}
-			rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16})
-			st1, err := rl.Once(ctx)
-			if st1.Delivered != 0 {
-				t.Errorf("wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
-			}
-			after, _, err := stockops.Pending(ctx, e.Reserver, "w")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if after != before {
-				t.Errorf("outbox: %d events before, %d after a pass of wrong-length answers", before, after)
-			}
-			q.batch = nil
-			drain(t, ctx, e, rl, skus)
-			consumeVerify(t, ctx, e, st, q, rng, acks)
+			rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16})
+			st1, err := rl.Once(c.ctx)
+			assert.Zero(t, st1.Delivered, "wrong-length answers: the relay counted %d events delivered (stats %+v, err %v)", st1.Delivered, st1, err)
+			assert.Equal(t, before, pendingOf(t, c.e.Reserver, c.skus...), "events in the outbox after a pass of wrong-length answers")
+			c.q.batch = nil
+			c.deliver(t, rl)
 		})
 	}
 }
@@ -910,27 +773,21 @@ func TestBatchWrongLength(t *testing.T) {
 // A PublishBatch that panics (after the queue took half the batch). Whatever the relay does with
 // the panic, nothing may be lost: the events come back after the lease and are delivered.
 func TestBatchPanics(t *testing.T) {
-	ctx, e, st, rng := setup(t, 4)
-	skus := []string{"p"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-	q := &relayQueue{}
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c := newQueueCase(t, 4, 40, "p")
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		if call == 1 {
-			q.mu.Lock()
-			q.msgs = append(q.msgs, evs[:len(evs)/2]...)
-			q.mu.Unlock()
+			c.q.put(evs[:len(evs)/2]...)
 			panic("publisher bug")
 		}
 		return keepAll(len(evs))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 16, Lease: 5 * time.Second})
 	func() {
 		defer func() { _ = recover() }()
-		_, _ = rl.Once(ctx)
+		_, _ = rl.Once(c.ctx)
 	}()
-	e.Advance(10 * time.Second)
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.e.Advance(10 * time.Second)
+	c.deliver(t, rl)
 }
 
 // A broker that delivers a message to a consumer before it confirms it to the publisher (as every
@@ -941,46 +798,38 @@ func TestBatchPanics(t *testing.T) {
 func TestConsumedBeforeConfirm(t *testing.T) {
 	for _, batch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
-			ctx, e, st, rng := setup(t, 5)
-			skus := []string{"fast", "quick"}
-			acks := traffic(t, ctx, e.Reserver, st.Store, skus, 80, rng)
+			c := newQueueCase(t, 5, 80, "fast", "quick")
 			var mu sync.Mutex
 			var consumeErrs []error
 			var redeliver []stock.Event // what the broker must hand over again
 			deliver := func(ev stock.Event) {
-				if err := stock.Consume(ctx, e.Reserver, st, ev); err != nil {
+				if err := stock.Consume(c.ctx, c.e.Reserver, c.st, ev); err != nil {
 					mu.Lock()
 					consumeErrs = append(consumeErrs, err)
 					redeliver = append(redeliver, ev)
 					mu.Unlock()
 				}
 			}
-			var pub stock.Publisher
+			var pub stock.Publisher = stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
+				deliver(ev)
+				return nil
+			})
 			if batch {
-				q := &relayQueue{}
-				q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+				c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 					for _, ev := range evs {
 						deliver(ev)
 					}
 					return make([]error, len(evs)), make([]bool, len(evs))
 				}
-				pub = q
-			} else {
-				pub = stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-					deliver(ev)
-					return nil
-				})
+				pub = c.q
 			}
-			rl, err := stockops.NewRelay(e.Reserver, nil, pub, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			drain(t, ctx, e, rl, skus)
+			rl := newRelay(t, c.e.Reserver, nil, pub, nil)
+			drain(t, c.ctx, c.e, rl, c.skus)
 			if len(consumeErrs) > 0 {
 				t.Logf("Consume answered %d errors during delivery, first: %v", len(consumeErrs), consumeErrs[0])
 			}
-			relayConsumeAll(t, ctx, e.Reserver, st, redeliver, rng)
-			verify(t, ctx, e.Reserver, st, acks)
+			relayConsumeAll(t, c.ctx, c.e.Reserver, c.st, redeliver, c.rng)
+			verify(t, c.ctx, c.e.Reserver, c.st, c.acks)
 		})
 	}
 }
@@ -988,173 +837,177 @@ func TestConsumedBeforeConfirm(t *testing.T) {
 // Every event delivered three times, to eight consumers at once, in a random order: concurrent
 // Consume calls of one event and of neighbouring events of one item.
 func TestConcurrentConsumers(t *testing.T) {
-	ctx, e, st, rng := setup(t, 6)
-	skus := []string{"k1", "k2", "k3", "k4"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
-	q := &relayQueue{}
-	rl := queueRelay(t, e, q, nil)
-	drain(t, ctx, e, rl, skus)
-	concurrentConsume(t, ctx, e.Reserver, st, q.take(), 3, 8, rng)
-	verify(t, ctx, e.Reserver, st, acks)
+	c := newQueueCase(t, 6, 400, "k1", "k2", "k3", "k4")
+	drain(t, c.ctx, c.e, queueRelay(t, c.e, c.q, nil), c.skus)
+	concurrentConsume(t, c.ctx, c.e.Reserver, c.st, c.q.take(), 3, 8, c.rng)
+	verify(t, c.ctx, c.e.Reserver, c.st, c.acks)
 }
 
 // The old events of an item delivered again after its later ones were applied (a redelivery of a
 // dead consumer's messages, or a relay's republish): repeats, answered nil, changing nothing.
 func TestStaleRedelivery(t *testing.T) {
-	ctx, e, st, rng := setup(t, 7)
-	skus := []string{"old"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	q := &relayQueue{}
-	rl := queueRelay(t, e, q, nil)
-	drain(t, ctx, e, rl, skus)
-	msgs := q.take()
+	c := newQueueCase(t, 7, 60, "old")
+	ctx, r, st := c.ctx, c.e.Reserver, c.st
+	drain(t, ctx, c.e, queueRelay(t, c.e, c.q, nil), c.skus)
+	msgs := c.q.take()
 	sort.Slice(msgs, func(i, j int) bool { return msgs[i].Seq < msgs[j].Seq })
 	// Apply only the last: Consume must apply all earlier ones first, from Redis.
-	if err := stock.Consume(ctx, e.Reserver, st, msgs[len(msgs)-1]); err != nil {
-		t.Fatalf("Consume of the last event: %v", err)
-	}
-	verify(t, ctx, e.Reserver, st, acks)
+	require.NoError(t, stock.Consume(ctx, r, st, msgs[len(msgs)-1]), "Consume of the last event")
+	verify(t, ctx, r, st, c.acks)
 	rem, _ := st.Remaining(ctx, "old")
 	for i := len(msgs) - 1; i >= 0; i-- {
-		if err := stock.Consume(ctx, e.Reserver, st, msgs[i]); err != nil {
-			t.Errorf("stale redelivery of %s %s (seq %d): %v", msgs[i].Type, msgs[i].ID, msgs[i].Seq, err)
+		assert.NoError(t, stock.Consume(ctx, r, st, msgs[i]), "stale redelivery of %s %s (seq %d)", msgs[i].Type, msgs[i].ID, msgs[i].Seq)
+	}
+	assert.Equal(t, rem, remaining(t, st, "old"), "stale redeliveries moved the store")
+	verify(t, ctx, r, st, c.acks)
+}
+
+// runQueuePath runs Run with c's queue as its only Publisher until ready, then cancels its
+// context and fails t unless Run returns within bound; release (when set) runs once Run has
+// returned or bound has passed.
+func (c *queueCase) runQueuePath(t *testing.T, opts stock.RunOptions, ready func() bool, bound time.Duration, release func()) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(c.ctx)
+	opts.Publisher = c.q
+	ch := run(runCtx, c.e.Reserver, opts)
+	for !ready() {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	returned := false
+	select {
+	case <-ch:
+		returned = true
+	case <-time.After(bound):
+	}
+	if release != nil {
+		release()
+	}
+	if !returned {
+		t.Errorf("Run did not return within %v of the cancel (Drain %v)", bound, opts.Drain)
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run never returned")
 		}
 	}
-	if got, _ := st.Remaining(ctx, "old"); got != rem {
-		t.Errorf("stale redeliveries moved the store from %d to %d", rem, got)
-	}
-	verify(t, ctx, e.Reserver, st, acks)
 }
 
 // Run with only a Publisher, a slow one, and the context cancelled in the middle of a batch; the
 // publisher's last answers come after the context ended (it accepted them anyway). Then a second
-// Run drains the rest. Every acknowledged operation must reach the store once.
+// relay drains the rest. Every acknowledged operation must reach the store once.
 func TestRunCancelMidBatch(t *testing.T) {
-	ctx, e, st, rng := setup(t, 8)
-	skus := []string{"s:1", "s%7B2%7D", "s~3", "сток-4", "s/5", "😀:6"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 400, rng)
-	q := &relayQueue{}
-	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+	c := newQueueCase(t, 8, 400, "s:1", "s%7B2%7D", "s~3", "сток-4", "s/5", "😀:6")
+	c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		time.Sleep(30 * time.Millisecond) // the broker is slow; ctx may end meanwhile
 		return keepAll(len(evs))
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- e.Reserver.Run(runCtx, stock.RunOptions{Publisher: q, Relay: &stock.RelayOptions{Batch: 8, Poll: time.Millisecond}, Drain: time.Millisecond})
-	}()
-	for len(q.snapshot()) < 20 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return 10s after its context ended")
-	}
-	firstRun := len(q.snapshot())
+	c.runQueuePath(t, stock.RunOptions{Relay: &stock.RelayOptions{Batch: 8, Poll: time.Millisecond}, Drain: time.Millisecond},
+		func() bool { return len(c.q.snapshot()) >= 20 }, 10*time.Second, nil)
 	// Everything the Reserver acknowledged is in the queue or still in an outbox.
-	inQueue := map[string]bool{}
-	for _, ev := range q.snapshot() {
-		inQueue[ev.SKU+"/"+ev.ID+"/"+string(ev.Type)] = true
+	t.Logf("first Run: %d published, %d left in the outboxes", len(c.q.snapshot()), pendingOf(t, c.e.Reserver, c.skus...))
+	c.e.Advance(2 * time.Minute) // past any lease the first Run held
+	c.q.batch = nil
+	c.deliver(t, queueRelay(t, c.e, c.q, nil))
+}
+
+// A publisher whose call hangs past the context (a broker client that ignores ctx) while Run's
+// context ends: Run promises to stop after its Drain bound; when the call finally returns, nothing
+// is lost, and the next relay delivers everything once.
+func TestRunPublisherIgnoresContext(t *testing.T) {
+	c := newQueueCase(t, 16, 40, "hang:1")
+	release := make(chan struct{})
+	var entered atomic.Bool
+	c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+		entered.Store(true)
+		<-release // ignores ctx
+		return keepAll(len(evs))
 	}
-	var pending int64
-	for _, sku := range skus {
-		p, _, err := stockops.Pending(ctx, e.Reserver, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pending += p
-	}
-	t.Logf("first Run: %d published, %d left in the outboxes", firstRun, pending)
-	e.Advance(2 * time.Minute) // past any lease the first Run held
-	rl := queueRelay(t, e, q, nil)
-	q.batch = nil
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.runQueuePath(t, stock.RunOptions{Drain: 200 * time.Millisecond, Relay: &stock.RelayOptions{Poll: time.Millisecond}},
+		entered.Load, 3*time.Second, func() { close(release) })
+	c.e.Advance(2 * time.Minute)
+	c.q.batch = nil
+	c.deliver(t, queueRelay(t, c.e, c.q, nil))
 }
 
 // A publisher that accepts every event after the relay's context ended (a confirm that arrives
 // late): the relay cannot know whether it may trust the answer, but nothing may be lost either
 // way, and nothing applied twice.
 func TestAcceptAfterContextEnd(t *testing.T) {
-	ctx, e, st, rng := setup(t, 9)
-	skus := []string{"late"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 60, rng)
-	q := &relayQueue{}
+	c := newQueueCase(t, 9, 60, "late")
 	var cancel context.CancelFunc
-	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
+	c.q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
 		cancel() // the context ends while the broker works on the batch
 		return keepAll(len(evs))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 8})
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 8})
 	for i := 0; i < 5; i++ {
-		var c context.Context
-		c, cancel = context.WithCancel(ctx)
-		_, _ = rl.Once(c)
+		var ctx context.Context
+		ctx, cancel = context.WithCancel(c.ctx)
+		_, _ = rl.Once(ctx)
 		cancel()
 	}
-	e.Advance(2 * time.Minute)
-	q.batch = nil
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	c.e.Advance(2 * time.Minute)
+	c.q.batch = nil
+	c.deliver(t, rl)
 }
 
 // Many items with awkward SKUs, through Run's queue path with a flaky batch publisher (every
 // third batch fails in the middle), consumed concurrently while the relay still publishes.
 func TestManyItemsLiveConsume(t *testing.T) {
-	ctx, e, st, rng := setup(t, 10)
 	var skus []string
 	for i := 0; i < 24; i++ {
 		skus = append(skus, fmt.Sprintf("it:%d:%d~ü%d", i, i%3, i))
 	}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 600, rng)
-	q := &relayQueue{}
+	c := newQueueCase(t, 10, 600, skus...)
 	var mu sync.Mutex
-	q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
+	c.q.batch = func(call int, evs []stock.Event) ([]error, []bool) {
 		mu.Lock()
 		k := len(evs)
 		if call%3 == 0 {
-			k = rng.IntN(len(evs) + 1)
+			k = c.rng.IntN(len(evs) + 1)
 		}
 		mu.Unlock()
 		return keepFirst(len(evs), k, errors.New("broker busy"))
 	}
-	rl := queueRelay(t, e, q, &stock.RelayOptions{Batch: 4})
+	rl := queueRelay(t, c.e, c.q, &stock.RelayOptions{Batch: 4})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // a live consumer, racing with the relay
-		defer wg.Done()
+	wg.Go(func() { // a live consumer, racing with the relay
 		var held []stock.Event
 		for {
 			select {
 			case <-stop:
-				q.mu.Lock()
-				q.msgs = append(q.msgs, held...)
-				q.mu.Unlock()
+				c.q.put(held...)
 				return
 			default:
 			}
-			msgs := append(held, q.take()...)
+			msgs := append(held, c.q.take()...)
 			held = nil
 			for _, ev := range msgs {
-				if err := stock.Consume(ctx, e.Reserver, st, ev); err != nil && !errors.Is(err, stock.ErrInvalid) {
+				if err := stock.Consume(c.ctx, c.e.Reserver, c.st, ev); err != nil && !errors.Is(err, stock.ErrInvalid) {
 					held = append(held, ev)
 				}
 			}
 			time.Sleep(time.Millisecond)
 		}
-	}()
-	drain(t, ctx, e, rl, skus)
+	})
+	drain(t, c.ctx, c.e, rl, c.skus)
 	close(stop)
 	wg.Wait()
-	consumeVerify(t, ctx, e, st, q, rng, acks)
+	consumeVerify(t, c.ctx, c.e, c.st, c.q, c.rng, c.acks)
 }
 
 // concurrentConsume consumes msgs with w goroutines, each message delivered dup times, until
 // every delivery is settled (ErrHeldBack and temporary errors are redelivered).
 func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, dup, w int, rng *rand.Rand) {
+	t.Helper()
+	consumeCut(t, ctx, r, st, msgs, dup, w, rng, nil)
+}
+
+// consumeCut is concurrentConsume whose consumer i cuts the context of its n-th delivery short
+// (a consumer shutting down mid-call) when cut(i, n) says so.
+func consumeCut(t *testing.T, ctx context.Context, r *stock.Reserver, st stock.Store, msgs []stock.Event, dup, w int, rng *rand.Rand, cut func(i, n int) bool) {
 	t.Helper()
 	var all []stock.Event
 	for i := 0; i < dup; i++ {
@@ -1170,13 +1023,18 @@ func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st 
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(15 * time.Second)
 	for i := 0; i < w; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
+			n := 0
 			for left.Load() > 0 && time.Now().Before(deadline) {
 				select {
 				case ev := <-work:
-					err := stock.Consume(ctx, r, st, ev)
+					n++
+					c, cancel := context.WithCancel(ctx)
+					if cut != nil && cut(i, n) {
+						cancel()
+					}
+					err := stock.Consume(c, r, st, ev)
+					cancel()
 					switch {
 					case err == nil:
 						left.Add(-1)
@@ -1190,7 +1048,7 @@ func concurrentConsume(t *testing.T, ctx context.Context, r *stock.Reserver, st 
 					time.Sleep(time.Millisecond)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if n := left.Load(); n > 0 {
@@ -1206,9 +1064,7 @@ func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st
 	var ids []string
 	entries := map[string]stock.Entry{}
 	for e, err := range stockops.Entries(ctx, r, sku) {
-		if err != nil {
-			t.Fatalf("Entries %q: %v", sku, err)
-		}
+		require.NoError(t, err, "Entries %q", sku)
 		if e.Kind != stock.KindDeduct {
 			continue
 		}
@@ -1216,9 +1072,7 @@ func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st
 		ids = append(ids, e.ID)
 	}
 	recs, err := st.Records(ctx, sku, ids)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for id, e := range entries {
 		got := recs[id].Status
 		want := e.State
@@ -1228,9 +1082,7 @@ func ledgerMatchesStore(t *testing.T, ctx context.Context, r *stock.Reserver, st
 		if want == stock.StateRestored && got == stock.StateRefused {
 			continue // the store refused the deduct, and the restore that followed gave nothing back
 		}
-		if got != want {
-			t.Errorf("item %q id %s: Redis says %q, the store %q", sku, id, e.State, got)
-		}
+		assert.EqualValues(t, want, got, "item %q id %s: Redis says %q, the store %q", sku, id, e.State, got)
 		if e.State == stock.StateRefused {
 			refused++
 		}
@@ -1246,12 +1098,8 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 	ctx, e, st, rng := setup(t, 11)
 	skus := []string{"r:1", "r:2", "r~3"}
 	for _, sku := range skus {
-		if err := e.Reserver.Load(ctx, sku, 80); err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Load(ctx, sku, 40); err != nil { // the database has half
-			t.Fatal(err)
-		}
+		require.NoError(t, e.Reserver.Load(ctx, sku, 80))
+		require.NoError(t, st.Load(ctx, sku, 40)) // the database has half
 	}
 	taken := map[string]int64{}
 	for i := 0; i < 150; i++ {
@@ -1261,9 +1109,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 		if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err == nil {
 			taken[sku] += q
 			if i%5 == 4 {
-				if _, err := e.Reserver.Restore(ctx, sku, id); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, errOf(e.Reserver.Restore(ctx, sku, id)))
 				taken[sku] -= q
 			}
 		}
@@ -1281,125 +1127,42 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 	refusedAll := 0
 	for _, sku := range skus {
 		lv, err := e.Reserver.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rem, err := st.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lv.Available != rem+40 {
-			// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
-			t.Errorf("item %q: Redis available %d, store remaining %d: Redis should have exactly 40 more", sku, lv.Available, rem)
-		}
+		require.NoError(t, err)
+		rem := remaining(t, st, sku)
+		// Redis had 40 more; every refusal gave its units back in Redis, not in the store.
+		assert.Equal(t, rem+40, lv.Available, "item %q: Redis should have exactly 40 more than the store", sku)
 		refusedAll += ledgerMatchesStore(t, ctx, e.Reserver, st, sku)
-		if lv.Loaded-lv.Available-lv.Held != lv.Sold {
-			t.Errorf("item %q: levels do not add up: %+v", sku, lv)
-		}
+		assert.EqualValues(t, lv.Sold, lv.Loaded-lv.Available-lv.Held, "item %q: levels do not add up: %+v", sku, lv)
 	}
-	if refusedAll == 0 {
-		t.Error("the store refused nothing: the scenario did not happen")
-	}
-	if m := st.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	assert.NotZero(t, refusedAll, "the store refused nothing: the scenario did not happen")
+	assert.LessOrEqual(t, st.MaxApplications(), 1, "an event changed the store more than once")
 	st.checkOrder(t)
 }
 
-// A publisher whose call hangs past the context (a broker client that ignores ctx) while Run's
-// context ends: Run promises to stop after its Drain bound; when the call finally returns, nothing
-// is lost, and the next relay delivers everything once.
-func TestRunPublisherIgnoresContext(t *testing.T) {
-	ctx, e, st, rng := setup(t, 16)
-	skus := []string{"hang:1"}
-	acks := traffic(t, ctx, e.Reserver, st.Store, skus, 40, rng)
-	release := make(chan struct{})
-	var entered atomic.Bool
-	q := &relayQueue{}
-	q.batch = func(_ int, evs []stock.Event) ([]error, []bool) {
-		entered.Store(true)
-		<-release // ignores ctx
-		return keepAll(len(evs))
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- e.Reserver.Run(runCtx, stock.RunOptions{Publisher: q, Drain: 200 * time.Millisecond, Relay: &stock.RelayOptions{Poll: time.Millisecond}})
-	}()
-	for !entered.Load() {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	var returned bool
-	select {
-	case <-done:
-		returned = true
-	case <-time.After(3 * time.Second):
-	}
-	close(release)
-	if !returned {
-		<-done
-		t.Errorf("Run returned only once the hung publisher call returned (not within 3s of the cancel, Drain 200ms)")
-	}
-	e.Advance(2 * time.Minute)
-	q.batch = nil
-	rl := queueRelay(t, e, q, nil)
-	drain(t, ctx, e, rl, skus)
-	consumeVerify(t, ctx, e, st, q, rng, acks)
-}
+// relayEnv is requestEnv (a Reserver on one backend, with a way to let time pass for that
+// backend's Redis) under the name of the relay's tests.
+type relayEnv = requestEnv
 
-// relayEnv is a Reserver on one backend, with a way to let time pass for that backend's Redis
-// (miniredis: its clock stands still until Advance; a real server: sleep).
-type relayEnv struct {
-	name    string
-	real    bool
-	r       *stock.Reserver
-	c       rueidis.Client
-	advance func(d time.Duration)
-	// another makes a second Reserver on the same data (another process).
-	another func(opts ...stock.Option) *stock.Reserver
-}
-
-// relayEach runs f on a stocktest miniredis and, with STOCK_REDIS_SERVER set, on a private
+// relayEach runs f on a stocktest miniredis (mini) and, with STOCK_REDIS_SERVER set, on a private
 // redis-server.
 func relayEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *relayEnv)) {
 	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		t.Parallel() // its own miniredis, beside the private server
-		env := stocktest.New(t, opts...)
-		f(t, &relayEnv{
-			name: "miniredis", r: env.Reserver, c: env.Client, advance: env.Advance,
-			another: func(o ...stock.Option) *stock.Reserver {
-				r, err := stock.New(env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
-				require.NoError(t, err)
-				return r
-			},
-		})
-	})
+	mini(t, opts, f)
 	if redistest.ServerBinary(t) == "" {
 		return
 	}
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
-		srv := redistest.StartServer(t)
-		c := srv.Client(t)
+		c := redistest.StartServer(t).Client(t)
 		// A new deployment: record the primaries before any item is loaded, so that the failover
 		// guard of a Run (which fences a Redis with items and no recorded epoch, as for a guard
 		// added to a live deployment) does not refuse the tests' deducts.
-		r0, err := stock.New(c)
-		require.NoError(t, err)
-		fenced, err := stockops.NewFailoverGuard(r0).Check(context.Background())
+		fenced, err := stockops.NewFailoverGuard(testkit.NewReserver(t, c)).Check(context.Background())
 		require.NoError(t, err)
 		require.False(t, fenced)
-		r, err := stock.New(c, opts...)
-		require.NoError(t, err)
 		f(t, &relayEnv{
-			name: "redis", real: true, r: r, c: c, advance: time.Sleep,
-			another: func(o ...stock.Option) *stock.Reserver {
-				r, err := stock.New(c, o...)
-				require.NoError(t, err)
-				return r
-			},
+			name: "redis", real: true, r: testkit.NewReserver(t, c, opts...), c: c, advance: time.Sleep,
+			another: func(o ...stock.Option) *stock.Reserver { return testkit.NewReserver(t, c, o...) },
 		})
 	})
 }
@@ -1473,9 +1236,7 @@ func (s *sale) restore(t *testing.T, ctx context.Context, r *stock.Reserver, sku
 			t.Errorf("restore %s/%s gave back %d units of an id with no acknowledged deduct", sku, id, rc.Qty)
 			return
 		}
-		if q != rc.Qty {
-			t.Errorf("restore %s/%s gave back %d units, the deduct took %d", sku, id, rc.Qty, q)
-		}
+		assert.EqualValues(t, rc.Qty, q, "restore %s/%s gave back %d units, the deduct took %d", sku, id, rc.Qty, q)
 		if _, dup := s.restored[[2]string{sku, id}]; dup {
 			t.Errorf("restore %s/%s gave back twice", sku, id)
 		}
@@ -1520,9 +1281,7 @@ func (s *sale) checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "no event applied twice")
 	for sku, l := range loaded {
 		sold := s.sold(sku)
-		rem, err := store.Remaining(ctx, sku)
-		require.NoError(t, err)
-		assert.Equal(t, l-sold, rem, "%s: store remaining = loaded - net sold", sku)
+		assert.Equal(t, l-sold, remaining(t, store, sku), "%s: store remaining = loaded - net sold", sku)
 		lv, err := r.Levels(ctx, sku)
 		require.NoError(t, err)
 		assert.Equal(t, sold, lv.Sold, "%s: Redis sold", sku)
@@ -1638,12 +1397,7 @@ func finish(t *testing.T, e *relayEnv, r *stock.Reserver, opts stock.RunOptions,
 	ch := run(ctx, r, opts)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		left := int64(0)
-		for _, sku := range skus {
-			p, _, err := stockops.Pending(context.Background(), r, sku)
-			require.NoError(t, err)
-			left += p
-		}
+		left := pendingOf(t, r, skus...)
 		if left == 0 {
 			break
 		}
@@ -1671,13 +1425,8 @@ func load(t *testing.T, r *stock.Reserver, store *memstore.Store, loaded map[str
 	}
 }
 
-func keys(m map[string]int64) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
+// keys are m's keys.
+func keys(m map[string]int64) []string { return slices.Collect(maps.Keys(m)) }
 
 // soldOne loads sku with qty units in Redis and in a new memstore, and sells n units of it, one
 // under each of the ids prefix0 … prefix(n-1), recording the answers in the sale it returns.
@@ -1710,23 +1459,52 @@ func finishInto(t *testing.T, e *relayEnv, st stock.Store, loaded map[string]int
 	finish(t, e, e.r, stock.RunOptions{Store: st, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
 }
 
-// TestDrainStuckPublisher: ctx ends before Run starts, so every event is delivered by
-// the drain, and the Publisher blocks in the drain ignoring its context (PublishBatch, or Publish
-// for a plain Publisher). Run must return within Drain (+ slack) with an error that says a call
-// is still running; the events stay for a later Run, which delivers each one, and the store
-// applies each acknowledged deduct exactly once. Variants: the blocked call ends with an error,
-// or with success after Run returned (during the second Run).
+// stuckStore is a requestStore on mem whose calls block, ignoring their context, until the gate
+// it returns is released (at the latest when t ends).
+func stuckStore(t *testing.T, mem *memstore.Store) (*requestStore, *gate) {
+	g := newGate()
+	t.Cleanup(g.release)
+	return &requestStore{base: mem, gate: g, stuck: func(context.Context, stock.Event) bool { return true }}, g
+}
+
+// stillRunning fails t unless Run's error is more than ctx's: it says a call is still running.
+func stillRunning(t *testing.T, res result) {
+	t.Helper()
+	require.Error(t, res.err)
+	assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
+}
+
+// releaseThenFinish releases the blocked store calls (their events are repeats by then, or are
+// applied now), lets them return, has a second Run deliver the rest (finishInto) and checks the
+// store against the sale.
+func releaseThenFinish(t *testing.T, e *relayEnv, g *gate, mem *memstore.Store, loaded map[string]int64, sale *sale) {
+	t.Helper()
+	g.release()
+	time.Sleep(300 * time.Millisecond)
+	finishInto(t, e, mem, loaded)
+	sale.checkStore(t, e.r, mem, loaded)
+}
+
+// ctx ends before Run starts, so every event is delivered by the drain, and the Publisher blocks
+// in the drain ignoring its context (PublishBatch, or Publish for a plain Publisher). Run must
+// return within Drain (+ slack) with an error that says a call is still running; the events stay
+// for a later Run, which delivers each one, and the store applies each acknowledged deduct exactly
+// once. Variants: the blocked call ends with an error, or with success after Run returned (during
+// the second Run); and the queue path (Run with only a Publisher), where the second Run publishes
+// to a queue whose consumers apply the events through Consume, in reverse order and twice: every
+// acknowledged deduct reaches the store once and the published sets empty.
 func TestDrainStuckPublisher(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	for _, v := range []struct {
-		name  string
-		batch bool
-		after error
+		name         string
+		batch, queue bool
+		after        error // what the blocked call answers once released
 	}{
-		{"batch/fails-late", true, errors.New("a25: queue timed out")},
-		{"batch/succeeds-late", true, nil},
-		{"single/fails-late", false, errors.New("a25: queue timed out")},
-		{"single/succeeds-late", false, nil},
+		{"batch/fails-late", true, false, errors.New("queue timed out")},
+		{"batch/succeeds-late", true, false, nil},
+		{"single/fails-late", false, false, errors.New("queue timed out")},
+		{"single/succeeds-late", false, false, nil},
+		{"queue-path/batch/fails-late", true, true, errors.New("queue timed out")},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
@@ -1742,75 +1520,57 @@ func TestDrainStuckPublisher(t *testing.T) {
 				}
 				gate := newGate()
 				defer gate.release()
+				// On the queue path only the drain's calls (whose context has a deadline) block.
 				p := &relayPub{stuck: func(context.Context) bool { return true }, gate: gate, after: v.after}
-				var pub stock.Publisher = p
-				if v.batch {
-					pub = batchPub{p}
+				var runStore stock.Store = store
+				if v.queue {
+					p.stuck, runStore = hasDeadline, nil
+				}
+				publisher := func(p *relayPub) stock.Publisher {
+					if v.batch {
+						return batchPub{p}
+					}
+					return p
 				}
 				drain := 800 * time.Millisecond
-				ch, ended := runEnded(e.r, stock.RunOptions{Store: store, Publisher: pub, Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
+				ch, ended := runEnded(e.r, stock.RunOptions{Store: runStore, Publisher: publisher(p), Drain: drain, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 				res := wait(t, ch, ended, drain+3*time.Second)
-				require.Error(t, res.err)
+				stillRunning(t, res)
 				assert.ErrorIs(t, res.err, context.Canceled)
-				assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
 				assert.Positive(t, gate.n.Load(), "the drain called the publisher")
 
-				// The second Run; the blocked call ends while it runs.
-				e.settle()
+				// The second Run; the blocked call ends while it runs (on the queue path, before:
+				// the released call backs the item off).
+				q := &queue{}
 				p2 := &relayPub{}
-				var pub2 stock.Publisher = p2
-				if v.batch {
-					pub2 = batchPub{p2}
+				if v.queue {
+					gate.release()
+					time.Sleep(300 * time.Millisecond)
+					p2.push = func(ev stock.Event) { q.put(ev) }
 				}
+				e.settle()
 				go func() { time.Sleep(200 * time.Millisecond); gate.release() }()
-				finish(t, e, e.r, stock.RunOptions{Store: store, Publisher: pub2, Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+				finish(t, e, e.r, stock.RunOptions{Store: runStore, Publisher: publisher(p2), Drain: time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}}, keys(loaded))
+				// Consume in reverse order (the queue redelivers out of order), each twice.
+				evs := q.take()
+				for range 2 {
+					for i := len(evs) - 1; i >= 0; i-- {
+						assert.NoError(t, stock.Consume(ctx, e.r, store, evs[i]))
+					}
+				}
 				sale.checkStore(t, e.r, store, loaded)
 				for k := range sale.deducted {
 					assert.GreaterOrEqual(t, p.count(k[0], k[1], stock.EventDeducted)+p2.count(k[0], k[1], stock.EventDeducted), 1, "deduct %s/%s published", k[0], k[1])
 				}
+				for sku := range loaded {
+					rep, err := newReconciler(t, e.r, store, nil).Item(ctx, sku)
+					require.NoError(t, err)
+					assert.Zero(t, rep.Drift, "%s", rep)
+					assert.Zero(t, rep.Published, "published set empty after every event was consumed: %s", rep)
+				}
 			})
 		})
 	}
-}
-
-// TestDrainStuckPublisherQueuePath: the queue path (Run with only a Publisher). The
-// publisher blocks in the drain; a second Run publishes; consumers apply through Consume. Every
-// acknowledged deduct reaches the store once and the published sets empty.
-func TestDrainStuckPublisherQueuePath(t *testing.T) {
-	relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-		ctx := context.Background()
-		loaded, store, sale := soldOne(t, e, "q:drain~a", 40, "id:", 25)
-		gate := newGate()
-		defer gate.release()
-		p := &relayPub{stuck: hasDeadline, gate: gate, after: errors.New("a25: queue timed out")}
-		ch, ended := runEnded(e.r, stock.RunOptions{Publisher: batchPub{p}, Drain: 500 * time.Millisecond, Relay: relay()})
-		res := wait(t, ch, ended, 500*time.Millisecond+3*time.Second)
-		assert.Error(t, res.err)
-		gate.release()
-		time.Sleep(300 * time.Millisecond) // the released call backs the item off
-		e.settle()
-
-		var mu sync.Mutex
-		var queue []stock.Event
-		p2 := &relayPub{push: func(ev stock.Event) { mu.Lock(); queue = append(queue, ev); mu.Unlock() }}
-		finish(t, e, e.r, stock.RunOptions{Publisher: batchPub{p2}, Drain: time.Second, Relay: relay()}, keys(loaded))
-		// Consume in reverse order (the queue redelivers out of order), each twice.
-		mu.Lock()
-		evs := append([]stock.Event{}, queue...)
-		mu.Unlock()
-		for round := 0; round < 2; round++ {
-			for i := len(evs) - 1; i >= 0; i-- {
-				assert.NoError(t, stock.Consume(ctx, e.r, store, evs[i]))
-			}
-		}
-		sale.checkStore(t, e.r, store, loaded)
-		rc, err := stockops.NewReconciler(e.r, store, nil)
-		require.NoError(t, err)
-		rep, err := rc.Item(ctx, "q:drain~a")
-		require.NoError(t, err)
-		assert.Zero(t, rep.Drift)
-		assert.Zero(t, rep.Published, "published set empty after every event was consumed")
-	})
 }
 
 // TestStoreBlocksOnlyInDrain: deducts run from several goroutines while Run delivers
@@ -1837,9 +1597,7 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 		var wg sync.WaitGroup
 		var ended atomic.Int64
 		for w := range 6 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range 40 {
 					sku := keys(loaded)[(w+i)%len(loaded)]
 					id := fmt.Sprintf("w%d:%d", w, i)
@@ -1851,16 +1609,14 @@ func TestStoreBlocksOnlyInDrain(t *testing.T) {
 						ended.Store(time.Now().UnixNano())
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		res := wait(t, ch, time.Unix(0, ended.Load()), drain+3*time.Second)
 		assert.ErrorIs(t, res.err, context.Canceled)
 
 		finishInto(t, e, &requestStore{base: mem}, loaded)
-		gate.release()
-		time.Sleep(300 * time.Millisecond)
-		sale.checkStore(t, e.r, mem, loaded)
+		releaseThenFinish(t, e, gate, mem, loaded, sale)
 	})
 }
 
@@ -1889,9 +1645,7 @@ func TestDrainValues(t *testing.T) {
 		relayEach(t, []stock.Option{stock.WithTimeout(2 * time.Second)}, func(t *testing.T, e *relayEnv) {
 			ctx := context.Background()
 			loaded, mem, sale := soldOne(t, e, "neg:2", 10, "", 0)
-			gate := newGate()
-			defer gate.release()
-			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			st, gate := stuckStore(t, mem)
 			runCtx, cancel := context.WithCancel(ctx)
 			ch := run(runCtx, e.r, stock.RunOptions{Store: st, Drain: -time.Second, Relay: relay(), Reconcile: &stock.ReconcileOptions{Interval: -1}})
 			sale.deduct(t, ctx, e.r, "neg:2", "only", 2)
@@ -1902,13 +1656,8 @@ func TestDrainValues(t *testing.T) {
 			}
 			cancel()
 			ended := time.Now()
-			res := wait(t, ch, ended, 2*time.Second+3*time.Second)
-			require.Error(t, res.err)
-			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
-			gate.release()
-			time.Sleep(300 * time.Millisecond)
-			finishInto(t, e, mem, loaded)
-			sale.checkStore(t, e.r, mem, loaded)
+			stillRunning(t, wait(t, ch, ended, 2*time.Second+3*time.Second))
+			releaseThenFinish(t, e, gate, mem, loaded, sale)
 		})
 	})
 	t.Run("zero-is-default", func(t *testing.T) {
@@ -1925,13 +1674,10 @@ func TestDrainValues(t *testing.T) {
 	t.Run("zero-stuck-waits-default", func(t *testing.T) {
 		relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 			_, mem, _ := soldOne(t, e, "zero:2", 10, "z", 1)
-			gate := newGate()
-			defer gate.release()
-			st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+			st, _ := stuckStore(t, mem)
 			ch, ended := runEnded(e.r, stock.RunOptions{Store: st, Relay: relay()})
 			res := wait(t, ch, ended, 5*time.Second+3*time.Second)
-			require.Error(t, res.err)
-			assert.NotEqual(t, context.Canceled.Error(), res.err.Error(), "the error must say a call is still running")
+			stillRunning(t, res)
 			assert.GreaterOrEqual(t, res.at.Sub(ended), 3*time.Second, "Drain 0 is the default 5s, not no drain")
 		})
 	})
@@ -1939,15 +1685,10 @@ func TestDrainValues(t *testing.T) {
 		t.Run(fmt.Sprintf("tiny-%v", d), func(t *testing.T) {
 			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
 				loaded, mem, sale := soldOne(t, e, "tiny:1", 10, "t", 5)
-				gate := newGate()
-				defer gate.release()
-				st := &requestStore{base: mem, gate: gate, stuck: func(context.Context, stock.Event) bool { return true }}
+				st, gate := stuckStore(t, mem)
 				ch, ended := runEnded(e.r, stock.RunOptions{Store: st, Drain: d, Relay: relay()})
 				wait(t, ch, ended, 3*time.Second)
-				gate.release()
-				time.Sleep(200 * time.Millisecond)
-				finishInto(t, e, mem, loaded)
-				sale.checkStore(t, e.r, mem, loaded)
+				releaseThenFinish(t, e, gate, mem, loaded, sale)
 			})
 		})
 	}
@@ -1963,14 +1704,7 @@ func TestQueuePath(t *testing.T) {
 		const sku = "queue"
 		require.NoError(t, store.Load(ctx, sku, 40))
 		require.NoError(t, e.r.Load(ctx, sku, 40))
-		var mu sync.Mutex
-		var events []stock.Event
-		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-			mu.Lock()
-			events = append(events, ev)
-			mu.Unlock()
-			return nil
-		})
+		pub := &queue{}
 		done := make(chan error, 1)
 		go func() {
 			done <- e.r.Run(ctx, stock.RunOptions{Publisher: pub, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
@@ -1982,9 +1716,7 @@ func TestQueuePath(t *testing.T) {
 		}, 30*time.Second, 50*time.Millisecond)
 		cancel()
 		<-done
-		mu.Lock()
-		evs := slices.Clone(events)
-		mu.Unlock()
+		evs := pub.take()
 		for _, ev := range evs {
 			assert.Equal(t, sku, ev.SKU, "events name the item, not its bucket")
 		}
@@ -1993,45 +1725,8 @@ func TestQueuePath(t *testing.T) {
 
 		queue := append(slices.Clone(evs), evs...)
 		rand.New(rand.NewPCG(7, 7)).Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
-		var qi atomic.Int64
-		var wg sync.WaitGroup
-		var heldBack atomic.Int64
-		var retryMu sync.Mutex
-		var retry []stock.Event
-		for range 4 {
-			wg.Go(func() {
-				for {
-					i := int(qi.Add(1)) - 1
-					if i >= len(queue) {
-						return
-					}
-					err := stock.Consume(context.Background(), e.r, store, queue[i])
-					if errors.Is(err, stock.ErrHeldBack) {
-						heldBack.Add(1)
-						retryMu.Lock()
-						retry = append(retry, queue[i])
-						retryMu.Unlock()
-						continue
-					}
-					assert.NoError(t, err, "consume %+v", queue[i])
-				}
-			})
-		}
-		wg.Wait()
-		for round := 0; len(retry) > 0 && round < 100; round++ {
-			var again []stock.Event
-			for _, ev := range retry {
-				err := stock.Consume(context.Background(), e.r, store, ev)
-				if errors.Is(err, stock.ErrHeldBack) {
-					again = append(again, ev)
-					continue
-				}
-				assert.NoError(t, err)
-			}
-			retry = again
-		}
-		assert.Empty(t, retry, "events still held back")
-		t.Logf("%d events, %d held back once", len(evs), heldBack.Load())
+		_, heldBack := consumeRedelivering(t, e, store, queue, 4)
+		t.Logf("%d events, %d held back once", len(evs), heldBack)
 		checkStore(t, e.r, store, sku, acked)
 		reconcile(t, e.r, store, sku)
 	})
@@ -2067,11 +1762,9 @@ func TestClientKillMidBatch(t *testing.T) {
 			}
 		}()
 		for i := range ids {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				_, res[i] = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("k", i), User: fmt.Sprint("u", i), Qty: 1})
-			}()
+			})
 		}
 		wg.Wait()
 		close(stop)
@@ -2209,19 +1902,10 @@ func splitSeeds(t *testing.T, e *requestEnv, prefix string, n uint64, load int64
 // every event: it returns the events in the order published and the relay's passes.
 func publishAll(t *testing.T, e *requestEnv, sku string, batch int) (evs []stock.Event, passes int) {
 	t.Helper()
-	var mu sync.Mutex
-	pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-		mu.Lock()
-		evs = append(evs, ev)
-		mu.Unlock()
-		return nil
-	})
-	rl, err := stockops.NewRelay(e.r, nil, pub, &stock.RelayOptions{Batch: batch})
-	require.NoError(t, err)
+	q := &queue{}
+	rl := newRelay(t, e.r, nil, q, &stock.RelayOptions{Batch: batch})
 	passes, _ = splitDrain(t, e, sku, 400, rl)
-	mu.Lock()
-	defer mu.Unlock()
-	return slices.Clone(evs), passes
+	return q.take(), passes
 }
 
 // consumeRedelivering applies queue through Consume with consumers concurrent consumers,
@@ -2296,8 +1980,7 @@ func TestRelayDiesMidway(t *testing.T) {
 			sold := sales(t, e, sku, uint64(100+k), 3, nil)
 			rctx, cancel := context.WithCancel(ctx)
 			ds := &dyingStore{Store: mem, k: k, cancel: cancel}
-			rl, err := stockops.NewRelay(e.r, ds, nil, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond, Items: []string{sku}})
-			require.NoError(t, err)
+			rl := newRelay(t, e.r, ds, nil, &stock.RelayOptions{Batch: 2, Lease: 200 * time.Millisecond, Items: []string{sku}})
 			for rctx.Err() == nil {
 				if drained(t, e, sku) {
 					break
@@ -2320,94 +2003,50 @@ func TestRelayDiesMidway(t *testing.T) {
 	})
 }
 
-var sqlStoresSeq atomic.Int64
-
-// sqlStores returns the SQL stores to run the durable path against: SQLite always, PostgreSQL
-// when STOCK_TEST_POSTGRES is set (failing if it cannot be reached).
-func sqlStores(t *testing.T) map[string]*sqlstore.Store {
-	t.Helper()
-	ctx := context.Background()
-	out := map[string]*sqlstore.Store{}
-	// Its own tables per call: the backends' subtests that call it run in parallel.
-	prefix := fmt.Sprintf("stock_dur%d_%d_", os.Getpid(), sqlStoresSeq.Add(1))
-	open := func(name, driver, dsn string, d sqlstore.Dialect) {
-		db, err := sql.Open(driver, dsn)
-		require.NoError(t, err)
-		t.Cleanup(func() { db.Close() })
-		require.NoError(t, db.PingContext(ctx), "%s is configured but cannot be reached", name)
-		s, err := sqlstore.New(db, d, sqlstore.WithTablePrefix(prefix))
-		require.NoError(t, err)
-		require.NoError(t, s.Migrate(ctx))
-		if d != sqlstore.SQLite {
-			t.Cleanup(func() {
-				_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "items")
-				_, _ = db.Exec("DROP TABLE IF EXISTS " + prefix + "records")
-			})
-		}
-		out[name] = s
-	}
-	open("sqlite", "sqlite", "file:"+filepath.Join(t.TempDir(), "db.sqlite")+
-		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate", sqlstore.SQLite)
-	if dsn := os.Getenv("STOCK_TEST_POSTGRES"); dsn != "" {
-		open("postgres", "pgx", dsn, sqlstore.Postgres)
-	}
-	return out
-}
-
 // TestDurablePathSQL: deducts, restores and a restock go through the relay into a real SQL
 // store; the store ends equal to Redis, each id applied once, refusals given back.
 func TestDurablePathSQL(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		for name, store := range sqlStores(t) {
-			t.Run(name, func(t *testing.T) {
-				ctx := context.Background()
-				r := testkit.NewReserver(t, c, stock.WithPrefix("dur-"+name))
-				sku := "sku-" + name
-				require.NoError(t, r.Load(ctx, sku, 100))
-				require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
-				for i := range 100 {
-					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
-					require.NoError(t, err)
-					if i%10 == 0 {
-						_, err = r.Restore(ctx, sku, fmt.Sprint("o", i))
-						require.NoError(t, err)
-					}
+		eachStore(t, c, "dur-", true, func(t *testing.T, r *stock.Reserver, store loadingStore, sku string) {
+			ctx := context.Background()
+			require.NoError(t, r.Load(ctx, sku, 100))
+			require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
+			for i := range 100 {
+				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
+				if i%10 == 0 {
+					require.NoError(t, errOf(r.Restore(ctx, sku, fmt.Sprint("o", i))))
 				}
-				rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Batch: 32})
-				require.NoError(t, err)
-				st := testkit.Drain(t, rl)
-				assert.Zero(t, st.Retried)
-				// 90 sold in Redis, the store had 95: no refusal. Now drift the other way.
-				avail, err := testkit.Available(r.Levels(ctx, sku))
-				require.NoError(t, err)
-				rem, err := store.Remaining(ctx, sku)
-				require.NoError(t, err)
-				assert.Equal(t, int64(10), avail)
-				assert.Equal(t, int64(5), rem)
-				for i := 100; i < 110; i++ {
-					_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})
-					require.NoError(t, err)
-				}
-				st = testkit.Drain(t, rl)
-				assert.Equal(t, 5, st.Refused)
-				rem, _ = store.Remaining(ctx, sku)
-				assert.Zero(t, rem)
-				avail, _ = testkit.Available(r.Levels(ctx, sku))
-				assert.Equal(t, int64(5), avail, "refused units given back once")
-				// The reconciler closes the remaining drift.
-				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{sku}})
-				require.NoError(t, err)
-				reps, err := rec.Once(ctx)
-				require.NoError(t, err)
-				assert.Equal(t, int64(-5), reps[0].Adjusted)
-				avail, _ = testkit.Available(r.Levels(ctx, sku))
-				assert.Equal(t, rem, avail)
-				recs, err := store.Records(ctx, sku, []string{"o0", "o1", "o105"})
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateRestored, recs["o0"].Status)
-				assert.Equal(t, stock.StateApplied, recs["o1"].Status)
-			})
-		}
+			}
+			rl := newRelay(t, r, store, nil, &stock.RelayOptions{Batch: 32})
+			st := testkit.Drain(t, rl)
+			assert.Zero(t, st.Retried)
+			// 90 sold in Redis, the store had 95: no refusal. Now drift the other way.
+			avail, err := testkit.Available(r.Levels(ctx, sku))
+			require.NoError(t, err)
+			rem := remaining(t, store, sku)
+			assert.Equal(t, int64(10), avail)
+			assert.Equal(t, int64(5), rem)
+			for i := 100; i < 110; i++ {
+				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
+			}
+			st = testkit.Drain(t, rl)
+			assert.Equal(t, 5, st.Refused)
+			rem, _ = store.Remaining(ctx, sku)
+			assert.Zero(t, rem)
+			avail, _ = testkit.Available(r.Levels(ctx, sku))
+			assert.Equal(t, int64(5), avail, "refused units given back once")
+			// The reconciler closes the remaining drift.
+			rec := newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{sku}})
+			reps, err := rec.Once(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, int64(-5), reps[0].Adjusted)
+			avail, _ = testkit.Available(r.Levels(ctx, sku))
+			assert.Equal(t, rem, avail)
+			recs, err := store.Records(ctx, sku, []string{"o0", "o1", "o105"})
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateRestored, recs["o0"].Status)
+			assert.Equal(t, stock.StateApplied, recs["o1"].Status)
+		})
 	})
 }
 
@@ -2417,46 +2056,33 @@ func TestDurablePathSQL(t *testing.T) {
 // give b's stock back): it applies R(a), read from Redis, first.
 func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		for name, store := range queueStores(t) {
-			t.Run(name, func(t *testing.T) {
-				ctx := context.Background()
-				r := testkit.NewReserver(t, c, stock.WithPrefix("order-"+name))
-				sku := "one-" + name
-				loadBoth(t, r, store, sku, 1)
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
-				require.NoError(t, err)
-				_, err = r.Restore(ctx, sku, "a")
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})
-				require.NoError(t, err)
-				q := &queue{}
-				rl, err := stockops.NewRelay(r, nil, q, nil)
-				require.NoError(t, err)
-				testkit.Drain(t, rl)
-				msgs := q.take()
-				require.Len(t, msgs, 3)
-				da, ra, db := msgs[0], msgs[1], msgs[2]
-				require.Equal(t, stock.EventDeducted, da.Type)
-				require.Equal(t, stock.EventRestored, ra.Type)
-				require.Equal(t, "b", db.ID)
+		eachStore(t, c, "order-", false, func(t *testing.T, r *stock.Reserver, store loadingStore, sku string) {
+			ctx := context.Background()
+			loadBoth(t, r, store, sku, 1)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})))
+			require.NoError(t, errOf(r.Restore(ctx, sku, "a")))
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})))
+			q, _, msgs := publishToQueue(t, r)
+			require.Len(t, msgs, 3)
+			da, ra, db := msgs[0], msgs[1], msgs[2]
+			require.Equal(t, stock.EventDeducted, da.Type)
+			require.Equal(t, stock.EventRestored, ra.Type)
+			require.Equal(t, "b", db.ID)
 
-				require.NoError(t, stock.Consume(ctx, r, store, da)) // acked; the consumer dies
-				consumeAll(t, r, store, []stock.Event{db, ra, da})
+			require.NoError(t, stock.Consume(ctx, r, store, da)) // acked; the consumer dies
+			consumeAll(t, r, store, []stock.Event{db, ra, da})
 
-				recs, err := store.Records(ctx, sku, []string{"a", "b"})
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateRestored, recs["a"].Status)
-				assert.Equal(t, stock.StateApplied, recs["b"].Status, "b's valid sale is applied, not refused")
-				e, err := r.Ledger(ctx, sku, "b")
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
-				rem, err := store.Remaining(ctx, sku)
-				require.NoError(t, err)
-				assert.Zero(t, rem)
-				assert.Zero(t, testkit.Levels(t, r, sku).Available)
-				assert.Empty(t, q.take(), "no refusal event")
-			})
-		}
+			recs, err := store.Records(ctx, sku, []string{"a", "b"})
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateRestored, recs["a"].Status)
+			assert.Equal(t, stock.StateApplied, recs["b"].Status, "b's valid sale is applied, not refused")
+			e, err := r.Ledger(ctx, sku, "b")
+			require.NoError(t, err)
+			assert.Equal(t, stock.StateApplied, e.State, "b's stock is not given back")
+			assert.Zero(t, remaining(t, store, sku))
+			assert.Zero(t, testkit.Levels(t, r, sku).Available)
+			assert.Empty(t, q.take(), "no refusal event")
+		})
 	})
 }
 
@@ -2496,8 +2122,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 
 		// An earlier event whose entry Redis lost cannot be applied from Redis: wait for it.
 		for i := 3; i < 5; i++ {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})))
 		}
 		testkit.Drain(t, rl)
 		more := q.take()
@@ -2508,10 +2133,8 @@ func TestConsumeCatchesUp(t *testing.T) {
 		require.NoError(t, stock.Consume(ctx, r, store, more[1]))
 
 		// Held, cancelled and expired events are not kept after publishing and hold nothing back.
-		_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)
-		require.NoError(t, err)
-		_, err = r.Cancel(ctx, "A", "h")
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)))
+		require.NoError(t, errOf(r.Cancel(ctx, "A", "h")))
 		testkit.Drain(t, rl)
 		held := q.take()
 		require.Len(t, held, 2)
@@ -2530,24 +2153,17 @@ func TestConsumeCatchesUp(t *testing.T) {
 // queue. It returns those and the n events published.
 func queuedSalesOfA(t *testing.T, c rueidis.Client, load int64, n int) (*stock.Reserver, *memstore.Store, *queue, *stockops.Relay, []stock.Event) {
 	t.Helper()
-	r := testkit.NewReserver(t, c)
-	store := memstore.New()
-	loadBoth(t, r, store, "A", load)
+	r, store := withStore(t, c, load, []string{"A"})
 	deductEach(t, r, stock.Request{SKU: "A", Qty: 1}, numbered("o", n)...)
-	q := &queue{}
-	rl, err := stockops.NewRelay(r, nil, q, nil)
-	require.NoError(t, err)
-	testkit.Drain(t, rl)
-	msgs := q.take()
+	q, rl, msgs := publishToQueue(t, r)
 	require.Len(t, msgs, n)
 	return r, store, q, rl, msgs
 }
 
+// mustReconciler is a reconciler of the item "A" (queuedSalesOfA's).
 func mustReconciler(t *testing.T, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}})
-	require.NoError(t, err)
-	return rec
+	return newReconciler(t, r, store, &stock.ReconcileOptions{Items: []string{"A"}})
 }
 
 // TestConsumeInOrderBehindManyPublished: an item has more earlier events not applied yet than
@@ -2565,16 +2181,13 @@ func TestConsumeInOrderBehindManyPublished(t *testing.T) {
 		loadBoth(t, r, store, "A", 1000)
 		id := func(i int) string { return fmt.Sprintf("o%04d", i) }
 		for i := range published {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
 		}
 		q := &hookQueue{on: id(published + batch - 1)}
-		rl, err := stockops.NewRelay(r, nil, q, nil)
-		require.NoError(t, err)
+		rl := newRelay(t, r, nil, q, nil)
 		testkit.Drain(t, rl)
 		for i := published; i < published+batch; i++ {
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
 		}
 		var consumeErr error
 		q.hook = func(ev stock.Event) { consumeErr = stock.Consume(ctx, r, store, ev) }

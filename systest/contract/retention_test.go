@@ -23,8 +23,7 @@ func settledSale(t *testing.T, r *stock.Reserver, st *memstore.Store) {
 	t.Helper()
 	loadBoth(t, r, st, "ret", 10)
 	deductEach(t, r, stock.Request{SKU: "ret", Qty: 1}, "d1")
-	rl, err := stockops.NewRelay(r, st, nil, nil)
-	require.NoError(t, err)
+	rl := newRelay(t, r, st, nil, nil)
 	testkit.Drain(t, rl)
 }
 
@@ -32,8 +31,7 @@ func settledSale(t *testing.T, r *stock.Reserver, st *memstore.Store) {
 // and returns its report.
 func retentionPass(t *testing.T, r *stock.Reserver, st stock.Store, retention time.Duration) stockops.Report {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: retention})
-	require.NoError(t, err)
+	rec := newReconciler(t, r, st, &stock.ReconcileOptions{Retention: retention})
 	reps, err := rec.Once(context.Background())
 	require.NoError(t, err)
 	require.Len(t, reps, 1)
@@ -103,25 +101,18 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 	_, msgs := consumedTraffic(t, ctx, e, st, rng, skus, 120)
 	// The retention is measured on a clock Advance does not move (30h of Advance with a 1h
 	// Retention trims nothing), so a tiny Retention and a few real milliseconds stand for a day.
-	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := newReconciler(t, e.Reserver, st.Store, &stock.ReconcileOptions{Retention: time.Millisecond})
 	e.Advance(time.Second)
 	time.Sleep(5 * time.Millisecond)
 	trimmed := 0
 	for i := 0; i < 3; i++ {
 		reps, err := rec.Once(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, rp := range reps {
 			trimmed += rp.Trimmed
 		}
 	}
-	if trimmed == 0 {
-		t.Fatal("the reconciler trimmed no ledger entry: the scenario did not happen")
-	}
+	require.NotZero(t, trimmed, "the reconciler trimmed no ledger entry: the scenario did not happen")
 	before := map[string]int64{}
 	for _, sku := range skus {
 		before[sku], _ = st.Remaining(ctx, sku)
@@ -141,33 +132,18 @@ func TestRedeliveryAfterRetention(t *testing.T) {
 			answers[err.Error()]++
 		}
 	}
-	if answers["nil"] != len(msgs) {
-		t.Errorf("redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
-	}
-	dry, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	assert.EqualValues(t, len(msgs), answers["nil"], "redeliveries of %d applied events after the retention answered %v; want nil for every one", len(msgs), answers)
+	dry := newReconciler(t, e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
 	for _, sku := range skus {
 		rem, _ := st.Remaining(ctx, sku)
-		if rem != before[sku] {
-			t.Errorf("item %q: stale redeliveries moved the store from %d to %d", sku, before[sku], rem)
-		}
+		assert.EqualValues(t, before[sku], rem, "item %q: stale redeliveries moved the store from %d to %d", sku, before[sku], rem)
 		lv, _ := e.Reserver.Levels(ctx, sku)
-		if lv.Available != rem {
-			t.Errorf("item %q: Redis %d, store %d", sku, lv.Available, rem)
-		}
+		assert.EqualValues(t, rem, lv.Available, "item %q: Redis %d, store %d", sku, lv.Available, rem)
 		rp, err := dry.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.NeedsHuman != "" {
-			t.Errorf("item %q after the stale redeliveries: %s", sku, rp)
-		}
+		require.NoError(t, err)
+		assert.False(t, rp.Pending != 0 || rp.Published != 0 || rp.DeadLetters != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.NeedsHuman != "", "item %q after the stale redeliveries: %s", sku, rp)
 	}
-	if m := st.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	assert.LessOrEqual(t, st.MaxApplications(), 1, "an event changed the store more than once")
 }
 
 var outsideRet = &stock.ReconcileOptions{Retention: 24 * time.Hour}
@@ -180,7 +156,6 @@ var outsideRet = &stock.ReconcileOptions{Retention: 24 * time.Hour}
 // not trimmed and that their repeats answer as before, then (where later is set) moves the clock
 // past the retention, passes again and checks that they are trimmed; and checks the levels.
 func TestRetentionKeepsLateSettledEntries(t *testing.T) {
-	holdReq := stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 1}
 	cart := stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
 	for _, tc := range []struct {
 		name string
@@ -192,124 +167,86 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 		// kept are the ids of item "a" the first pass must not trim (and the pass after later
 		// must).
 		kept []string
-		// repeats are the calls made within the retention, after the first pass.
-		repeats func(t *testing.T, e *outsideEnv)
+		// repeats are the calls made within the retention, after the first pass (see
+		// outsideEnv.expect), and more (when set) after them.
+		repeats string
+		more    func(t *testing.T, e *outsideEnv)
 		later   time.Duration
 		want    []outsideLevels
 	}{
 		{
 			// At 71 h: 23 h past the deadline; later, 25 h past it.
-			name:  "long hold cancelled late",
-			steps: "load a 10; hold a h1 1 48h; advance 30h; cancel a h1; relay; advance 41h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
-				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
-			},
-			later: 2 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "long hold cancelled late",
+			steps:   "load a 10; hold a h1 1 48h; advance 30h; cancel a h1; relay; advance 41h",
+			kept:    []string{"h1"},
+			repeats: "restored hold a h1 1",
+			later:   2 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// At 71 h: 23 h past the deadline; later, 25 h past it.
-			name:  "expired long hold",
-			steps: "load a 10; hold a h1 1 48h; advance 49h; sweep; relay; advance 22h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
-				e.wantErr("repeat of the expired hold", err, stock.ErrExpired)
-				_, err = e.r.Confirm(e.ctx, "a", "h1")
-				e.wantErr("confirm of the expired hold", err, stock.ErrExpired)
-			},
-			later: 2 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "expired long hold",
+			steps:   "load a 10; hold a h1 1 48h; advance 49h; sweep; relay; advance 22h",
+			kept:    []string{"h1"},
+			repeats: "expired hold a h1 1; expired confirm a h1",
+			later:   2 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// At 43 h: 20 h after the restore; later, 25 h after it.
-			name:  "late restore",
-			steps: "load a 10; deduct a d1 2; relay; advance 23h; restore a d1; relay; advance 20h",
-			kept:  []string{"d1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.deductAgain("a", "d1", 2)
-				e.wantErr("repeat of a restored deduct", err, stock.ErrRestored)
-				rc, err := e.r.Restore(e.ctx, "a", "d1")
-				e.wantReplay("repeat restore", rc.Replayed, rc, err)
-			},
-			later: 5 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "late restore",
+			steps:   "load a 10; deduct a d1 2; relay; advance 23h; restore a d1; relay; advance 20h",
+			kept:    []string{"d1"},
+			repeats: "restored deduct a d1 2; replay restore a d1",
+			later:   5 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// 20 h after the restore; later, 25 h after it.
-			name:  "confirmed hold restored late",
-			steps: "load a 10; hold a h1 3; confirm a h1; relay; advance 30h; restore a h1; relay; advance 20h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, stock.Request{SKU: "a", ID: "h1", User: "u", Qty: 3}, time.Hour)
-				e.wantErr("repeat of the hold", err, stock.ErrRestored)
-				_, err = e.r.Confirm(e.ctx, "a", "h1")
-				e.wantErr("confirm of the restored hold", err, stock.ErrRestored)
-				rc, err := e.r.Restore(e.ctx, "a", "h1")
-				e.wantReplay("repeat restore", rc.Replayed, rc, err)
-			},
-			later: 5 * time.Hour,
-			want:  []outsideLevels{{"a", 10, 0, 0}},
+			name:    "confirmed hold restored late",
+			steps:   "load a 10; hold a h1 3; confirm a h1; relay; advance 30h; restore a h1; relay; advance 20h",
+			kept:    []string{"h1"},
+			repeats: "restored hold a h1 3; restored confirm a h1; replay restore a h1",
+			later:   5 * time.Hour,
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			// The store refuses the sale, given back at 23 h; the pass 20 h after the refusal.
 			name: "store refusal given back late",
 			before: func(t *testing.T, e *outsideEnv) {
-				if err := e.r.Load(e.ctx, "a", 10); err != nil {
-					t.Fatal(err)
-				}
-				if err := e.store.Load(e.ctx, "a", 1); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, e.r.Load(e.ctx, "a", 10))
+				require.NoError(t, e.store.Load(e.ctx, "a", 1))
 				e.run("deduct a d1 2; advance 23h")
 				if st := e.relay(); st.Refused != 1 {
 					t.Fatalf("relay stats %+v, want one refusal", st)
 				}
 			},
-			steps: "relay; advance 20h",
-			opts:  &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
-			kept:  []string{"d1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.deductAgain("a", "d1", 2)
-				e.wantErr("repeat of a refused deduct", err, stock.ErrRestored)
-			},
+			steps:   "relay; advance 20h",
+			opts:    &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
+			kept:    []string{"d1"},
+			repeats: "restored deduct a d1 2",
 		},
 		{
 			name: "tombstone and retry refusal",
 			before: func(t *testing.T, e *outsideEnv) {
 				e.run("load a 1; deduct a d0 1")
-				if _, err := e.r.Restore(e.ctx, "a", "t1"); !errors.Is(err, stock.ErrUnknownID) {
-					t.Fatalf("restore of unknown: %v", err)
-				}
-				if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true}); !errors.Is(err, stock.ErrSoldOut) {
-					t.Fatalf("retry on sold out: %v", err)
-				}
+				require.ErrorIs(t, errOf(e.r.Restore(e.ctx, "a", "t1")), stock.ErrUnknownID, "restore of unknown")
+				require.ErrorIs(t, errOf(e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true})), stock.ErrSoldOut, "retry on sold out")
 			},
 			steps: "relay; advance 23h",
 			kept:  []string{"t1", "x1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})
-				e.wantErr("deduct of tombstoned id within retention", err, stock.ErrRestored)
-				e.mustRestore("a", "d0")
-				_, err = e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1})
-				e.wantErr("repeat of a refused retry within retention", err, stock.ErrSoldOut)
-				e.relay()
-			},
-			later: 2 * time.Hour,
-			want:  []outsideLevels{{"a", 1, 0, 0}},
+			// The tombstoned id, then the refused retry once a unit is free again.
+			repeats: "restored deduct a t1 1 u; ok restore a d0; soldout deduct a x1 1 u; ok relay",
+			later:   2 * time.Hour,
+			want:    []outsideLevels{{"a", 1, 0, 0}},
 		},
 		{
 			// At 90.5 h: 18 h past the extended deadline.
-			name:  "extended hold cancelled",
-			steps: "load a 10; hold a h1 1; advance 30m; extend a h1 72h; advance 50h; cancel a h1; relay; advance 40h",
-			kept:  []string{"h1"},
-			repeats: func(t *testing.T, e *outsideEnv) {
-				_, err := e.r.Hold(e.ctx, holdReq, time.Hour)
-				e.wantErr("repeat of the cancelled hold", err, stock.ErrRestored)
-			},
-			want: []outsideLevels{{"a", 10, 0, 0}},
+			name:    "extended hold cancelled",
+			steps:   "load a 10; hold a h1 1; advance 30m; extend a h1 72h; advance 50h; cancel a h1; relay; advance 40h",
+			kept:    []string{"h1"},
+			repeats: "restored hold a h1 1",
+			want:    []outsideLevels{{"a", 10, 0, 0}},
 		},
 		{
 			name: "long hold cart cancelled",
@@ -317,20 +254,14 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				e.run("load a 10; load b 10")
 				e.mustCart(e.r.HoldMany(e.ctx, cart, 48*time.Hour))
 				e.advance(30 * time.Hour)
-				if _, err := e.r.CancelMany(e.ctx, "c1", "a", "b"); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, errOf(e.r.CancelMany(e.ctx, "c1", "a", "b")))
 			},
 			steps: "relay; advance 41h",
-			repeats: func(t *testing.T, e *outsideEnv) {
-				if _, err := stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute); err != nil {
-					t.Fatal(err)
-				}
+			more: func(t *testing.T, e *outsideEnv) {
+				require.NoError(t, errOf(stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute)))
 				_, err := e.r.HoldMany(e.ctx, cart, time.Hour)
 				var ce *stock.CartError
-				if !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored) {
-					t.Errorf("repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)
-				}
+				assert.False(t, !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored), "repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)
 			},
 			want: []outsideLevels{{"a", 10, 0, 0}, {"b", 10, 0, 0}},
 		},
@@ -347,18 +278,17 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			e.run(tc.steps)
 			e.pass(opts)
 			for _, id := range tc.kept {
-				if e.trimmed("a", id) {
-					t.Fatalf("%s trimmed within the retention", id)
-				}
+				require.False(t, e.trimmed("a", id), "%s trimmed within the retention", id)
 			}
-			tc.repeats(t, e)
+			e.expect(tc.repeats)
+			if tc.more != nil {
+				tc.more(t, e)
+			}
 			if tc.later > 0 {
 				e.advance(tc.later)
 				e.pass(opts)
 				for _, id := range tc.kept {
-					if !e.trimmed("a", id) {
-						t.Errorf("%s kept past the retention", id)
-					}
+					assert.True(t, e.trimmed("a", id), "%s kept past the retention", id)
 				}
 			}
 			e.wantAll(tc.want)

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
-	"github.com/stockres/stock/internal/redistest"
 	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
@@ -49,12 +49,9 @@ func TestRunOutOfRangeOptionsInvalidAtOnce(t *testing.T) {
 func TestRunReturnsLoopError(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadRedisAndStore(t, r, st, 10, "down")
+		r, st := withStore(t, c, 10, []string{"down"})
 		st.FailWith(memstore.Down)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "down", ID: "d1", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "down", ID: "d1", Qty: 1})))
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 200 * time.Millisecond})
 		time.Sleep(700 * time.Millisecond)
 		cancel()
@@ -65,68 +62,12 @@ func TestRunReturnsLoopError(t *testing.T) {
 	})
 }
 
-// Two Reservers sharing one Redis, each with its own Run on one Store: "more relays and
-// reconcilers, in this process or others, may run beside it." Every sale reaches the Store once.
-func TestTwoRunsShareRedis(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c1, c2 := b.Pair(t)
-			r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
-			st := memstore.New()
-			skus := []string{"p1", "p2", "p3"}
-			opts := stock.RunOptions{Store: st, Reconcile: &stock.ReconcileOptions{Interval: 50 * time.Millisecond},
-				Relay: &stock.RelayOptions{Poll: 5 * time.Millisecond, Batch: 3}}
-			cancel1, done1 := runAsync(r1, opts)
-			cancel2, done2 := runAsync(r2, opts)
-			time.Sleep(200 * time.Millisecond)
-			loadRedisAndStore(t, r1, st, 300, skus...)
-			var sold atomic.Int64
-			var wg sync.WaitGroup
-			for w, r := range []*stock.Reserver{r1, r2, r1, r2} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range 120 {
-						id := fmt.Sprintf("w%d-%d", w, i)
-						s := skus[i%len(skus)]
-						if _, err := r.Deduct(ctx, stock.Request{SKU: s, ID: id, Qty: 1}); err != nil {
-							continue
-						}
-						sold.Add(1)
-						if i%5 == 0 {
-							_, _ = r.Restore(ctx, s, id)
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			cancel1()
-			cancel2()
-			for _, d := range []<-chan error{done1, done2} {
-				err, ok := waitRun(t, d, 15*time.Second)
-				require.True(t, ok)
-				assert.ErrorIs(t, err, context.Canceled)
-			}
-			for _, s := range skus {
-				assert.Equal(t, int64(0), testkit.OutboxLen(t, c1, s), "%s drained", s)
-				storeAgrees(t, r1, st, s)
-			}
-			assert.LessOrEqual(t, st.MaxApplications(), 1, "no event applied twice")
-			t.Logf("%d sales", sold.Load())
-		})
-	}
-}
-
 // storeAgrees asserts that the store's remaining stock of sku equals the available units in Redis,
 // and returns the levels.
 func storeAgrees(t *testing.T, r *stock.Reserver, st *memstore.Store, sku string) stock.Levels {
 	t.Helper()
 	l := testkit.Levels(t, r, sku)
-	rem, err := st.Remaining(context.Background(), sku)
-	require.NoError(t, err)
-	assert.Equal(t, l.Available, rem, "%s: Redis and the Store agree", sku)
+	assert.Equal(t, l.Available, remaining(t, st, sku), "%s: Redis and the Store agree", sku)
 	return l
 }
 
@@ -183,36 +124,48 @@ func TestRunOddOptionsNoPanic(t *testing.T) {
 	}
 }
 
-// "Run may be called once per Reserver at a time": a second concurrent Run on the same Reserver.
-// Nothing promises what it answers; whatever it does, the Reserver's data stay right.
+// "Run may be called once per Reserver at a time": two, or six, concurrent Runs on the same
+// Reserver. One runs; every other is refused at once with ErrRunning, whichever came first; the
+// one that ran returns ctx's error, the Reserver's data stay right, and once it has returned Run
+// may be called again.
 func TestSecondRunSameReserver(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r := testkit.NewReserver(t, c)
-		st := memstore.New()
-		loadRedisAndStore(t, r, st, 100, "two")
-		cancel1, done1 := runAsync(r, stock.RunOptions{Store: st})
-		cancel2, done2 := runAsync(r, stock.RunOptions{Store: st})
-		// One of the two runs; the other is refused at once (ErrRunning), whichever came second.
-		var refused error
-		select {
-		case refused = <-done1:
-			done1 = done2
-		case refused = <-done2:
-		case <-time.After(10 * time.Second):
-			t.Fatal("neither Run was refused")
+		for _, n := range []int{2, 6} {
+			t.Run(fmt.Sprint(n, "-runs"), func(t *testing.T) {
+				ctx := context.Background()
+				sku := fmt.Sprint("two-", n)
+				r, st := withStore(t, c, 100, []string{sku})
+				runCtx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				errs := make(chan error, n)
+				for range n {
+					go func() { errs <- r.Run(runCtx, stock.RunOptions{Store: st}) }()
+				}
+				next := func(what string) error {
+					select {
+					case err := <-errs:
+						return err
+					case <-time.After(10 * time.Second):
+						t.Fatalf("%s did not return within 10s", what)
+						return nil
+					}
+				}
+				for range n - 1 {
+					assert.ErrorIs(t, next("a concurrent Run"), stock.ErrRunning)
+				}
+				for i := range 50 {
+					_, _ = r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("d", i), Qty: 1})
+				}
+				cancel()
+				assert.ErrorIs(t, next("the Run that ran"), context.Canceled)
+				storeAgrees(t, r, st, sku)
+				assert.LessOrEqual(t, st.MaxApplications(), 1)
+				// Run again once it returned.
+				ctx2, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel2()
+				assert.ErrorIs(t, r.Run(ctx2, stock.RunOptions{Store: st, Drain: -1}), context.DeadlineExceeded, "Run after the first returned")
+			})
 		}
-		assert.ErrorIs(t, refused, stock.ErrRunning)
-		for i := range 50 {
-			_, _ = r.Deduct(ctx, stock.Request{SKU: "two", ID: fmt.Sprint("d", i), Qty: 1})
-		}
-		cancel1()
-		cancel2()
-		err1, ok := waitRun(t, done1, 10*time.Second)
-		require.True(t, ok)
-		assert.ErrorIs(t, err1, context.Canceled)
-		storeAgrees(t, r, st, "two")
-		assert.LessOrEqual(t, st.MaxApplications(), 1)
 	})
 }
 
@@ -231,10 +184,8 @@ func TestRunTwoPrefixes(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		loadRedisAndStore(t, ra, sa, 10, "~")
 		loadRedisAndStore(t, rb, sb, 20, "~")
-		_, err := ra.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 2}}})
-		require.NoError(t, err)
-		_, err = rb.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 5}}})
-		require.NoError(t, err, "the same cart id under another prefix is another cart")
+		require.NoError(t, errOf(ra.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 2}}})))
+		require.NoError(t, errOf(rb.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 5}}})), "the same cart id under another prefix is another cart")
 		ok := eventually(5*time.Second, func() bool {
 			a, _ := sa.Remaining(ctx, "~")
 			b, _ := sb.Remaining(ctx, "~")
@@ -273,10 +224,7 @@ func TestRunMemstore(t *testing.T) {
 	// Some restores too.
 	var restored int
 	st.mu.Lock()
-	var ids []string
-	for id := range st.acked {
-		ids = append(ids, id)
-	}
+	ids := slices.Collect(maps.Keys(st.acked))
 	st.mu.Unlock()
 	for _, id := range ids[:min(20, len(ids))] {
 		if _, err := r.Restore(ctx, "rm", id); err == nil {
@@ -287,13 +235,7 @@ func TestRunMemstore(t *testing.T) {
 	}
 	close(stop)
 	<-rounds
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if testkit.OutboxLen(t, admin, "rm") == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	eventually(15*time.Second, func() bool { return testkit.OutboxLen(t, admin, "rm") == 0 })
 	cancel()
 	err, ok := waitRun(t, done, 20*time.Second)
 	require.True(t, ok, "Run did not return")
@@ -329,9 +271,7 @@ func TestRunTwiceConcurrently(t *testing.T) {
 		ch2 := run(runCtx, e.r, opts)
 		var wg sync.WaitGroup
 		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range 50 {
 					sku := "two:a"
 					if i%2 == 1 {
@@ -342,7 +282,7 @@ func TestRunTwiceConcurrently(t *testing.T) {
 						sale.restore(t, ctx, e.r, sku, id)
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		time.Sleep(300 * time.Millisecond)
@@ -389,8 +329,7 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 						continue
 					}
 					if rng.IntN(3) == 0 {
-						_, err := r.Restore(ctx, sku, id)
-						require.NoError(t, err)
+						require.NoError(t, errOf(r.Restore(ctx, sku, id)))
 						continue
 					}
 				case 2:
@@ -398,12 +337,10 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 						continue
 					}
 					if rng.IntN(2) == 0 {
-						_, err := r.Cancel(ctx, sku, id)
-						require.NoError(t, err)
+						require.NoError(t, errOf(r.Cancel(ctx, sku, id)))
 						continue
 					}
-					_, err := r.Confirm(ctx, sku, id)
-					require.NoError(t, err)
+					require.NoError(t, errOf(r.Confirm(ctx, sku, id)))
 				default:
 					if _, err := r.Hold(ctx, req, time.Hour); err != nil {
 						continue
@@ -429,9 +366,7 @@ func checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku stri
 	t.Helper()
 	ctx := context.Background()
 	l := levels(t, r, sku)
-	rem, err := store.Remaining(ctx, sku)
-	require.NoError(t, err)
-	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
+	assert.Equal(t, l.Available+l.Held, remaining(t, store, sku), "store remaining vs Redis available+held (%+v)", l)
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
 	var ids []string
 	var soldAcked int64
@@ -461,8 +396,7 @@ func checkStore(t *testing.T, r *stock.Reserver, store *memstore.Store, sku stri
 // reconcile runs a reconcile pass and checks one report for the item with no drift.
 func reconcile(t *testing.T, r *stock.Reserver, store stock.Store, sku string) {
 	t.Helper()
-	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: -1})
-	require.NoError(t, err)
+	rec := newReconciler(t, r, store, &stock.ReconcileOptions{Retention: -1})
 	reports, err := rec.Once(context.Background())
 	require.NoError(t, err)
 	var mine []stockops.Report
@@ -542,47 +476,4 @@ func TestRunConcurrent(t *testing.T) {
 			splitCheck(t, e, store, sku, solds[i])
 		}
 	})
-}
-
-func TestRunTwiceConcurrentlyOneRuns(t *testing.T) {
-	e := outsideMini(t)
-	e.load("a", 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	const n = 6
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs <- e.r.Run(ctx, stock.RunOptions{Store: e.store, Drain: -1})
-		}()
-	}
-	time.Sleep(300 * time.Millisecond)
-	running := 0
-	for len(errs) > 0 {
-		if err := <-errs; !errors.Is(err, stock.ErrRunning) {
-			t.Errorf("a concurrent Run returned %v, want ErrRunning", err)
-		}
-	}
-	cancel()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if errors.Is(err, context.Canceled) {
-			running++
-		} else {
-			t.Errorf("the running Run returned %v", err)
-		}
-	}
-	if running != 1 {
-		t.Errorf("%d Runs ran, want 1", running)
-	}
-	// Run again once it returned.
-	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel2()
-	if err := e.r.Run(ctx2, stock.RunOptions{Store: e.store, Drain: -1}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Run after the first returned: %v", err)
-	}
 }
