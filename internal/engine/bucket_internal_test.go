@@ -474,7 +474,7 @@ func TestBucketedSweeperCompletesCutTransfer(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, protocol.OK, o.code)
 		r.noteHold(bucketName("sw", 0))
-		r.hints.flush()
+		r.hints.Flush()
 		var walk registryWalk
 		_, err = r.sweepDue(ctx, &walk)
 		require.NoError(t, err)

@@ -44,7 +44,7 @@ func (r *Reserver) shutdown() {
 	}
 	<-zero
 	if r.hints != nil {
-		r.hints.stop()
+		r.hints.Stop()
 	}
 	if r.cmds != nil {
 		<-r.cmds.Shut()

@@ -7,7 +7,8 @@
 // buckets), fastpath.go (the sold-out filter), relay.go and run.go (delivery to the Store and
 // Publisher, Run's loops), reconcile.go, registry.go and guard.go (the reconciler, the registry
 // of items and the failover guard). The scripts are in lua/, their keys and reply formats in
-// internal/protocol; internal/lane coalesces script calls, internal/bounded bounds commands.
+// internal/protocol; internal/lane coalesces script calls, internal/bounded bounds commands,
+// internal/hints collects the due-work hints a call leaves.
 //
 // Package stockops reaches the operations it runs by hand (operations.go) through Of.
 package engine

@@ -19,113 +19,6 @@ import (
 // a lost hint (a crash before the write, a failover, a user without the keys in the ACL) left:
 // the hints decide how soon the work is done, never whether.
 
-// hintDelay is how long the hint writer waits before a write, so that the calls of a busy
-// item meet in one write.
-const hintDelay = 2 * time.Millisecond
-
-// hints collects the items of recent script calls and writes them in batches.
-type hints struct {
-	r        *Reserver
-	mu       sync.Mutex
-	relay    map[string]struct{}
-	holds    map[string]int64 // sku -> 0: the sweeper reads the deadline (see hold)
-	flushing bool
-	stopped  bool       // Reserver.Close: no hint is written any more
-	rounds   uint64     // write rounds completed
-	idle     *sync.Cond // signalled at the end of every round, and when the writer stops
-}
-
-func newHints(r *Reserver) *hints {
-	h := &hints{r: r, relay: map[string]struct{}{}, holds: map[string]int64{}}
-	h.idle = sync.NewCond(&h.mu)
-	return h
-}
-
-// events records that skus may have events to deliver.
-func (h *hints) events(skus ...string) {
-	h.mu.Lock()
-	for _, sku := range skus {
-		h.relay[sku] = struct{}{}
-	}
-	h.kick()
-	h.mu.Unlock()
-}
-
-// hold records that sku has a new hold, and events when the outbox is on. The hint is scored 0,
-// "look now": the sweeper reads the hold's deadline from Redis, on Redis's clock, and scores the
-// hint with it (this process's clock may not agree with Redis's).
-func (h *hints) hold(sku string, events bool) {
-	h.mu.Lock()
-	if events {
-		h.relay[sku] = struct{}{}
-	}
-	h.holds[sku] = 0
-	h.kick()
-	h.mu.Unlock()
-}
-
-// kick starts the writer unless it runs. h.mu is held. After stop, the hints are dropped.
-func (h *hints) kick() {
-	if h.stopped {
-		clear(h.relay)
-		clear(h.holds)
-		return
-	}
-	if !h.flushing {
-		h.flushing = true
-		go h.writer()
-	}
-}
-
-// writer writes the hints collected until none is left. Hints that arrive during a write go
-// in the next one, so a burst of calls costs a few writes.
-func (h *hints) writer() {
-	for {
-		time.Sleep(hintDelay)
-		h.mu.Lock()
-		relay, holds := h.relay, h.holds
-		if len(relay) == 0 && len(holds) == 0 {
-			h.flushing = false
-			h.idle.Broadcast()
-			h.mu.Unlock()
-			return
-		}
-		h.relay, h.holds = map[string]struct{}{}, map[string]int64{}
-		h.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), h.r.opts.timeout)
-		if err := h.r.writeHints(ctx, relay, holds, 0); err != nil {
-			h.r.opts.logger.WarnContext(ctx, "stock: due-work hints not written; the background loops' slow walk will find the work", "err", err)
-		}
-		cancel()
-		h.mu.Lock()
-		h.rounds++
-		h.idle.Broadcast()
-		h.mu.Unlock()
-	}
-}
-
-// flush waits until the hints recorded before it are written (or failed to be): two rounds at
-// most, the one in progress and the next, however busy the Reserver stays.
-func (h *hints) flush() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	target := h.rounds + 2
-	for h.flushing && h.rounds < target {
-		h.idle.Wait()
-	}
-}
-
-// stop waits until the writer wrote what it has and stopped, and keeps it from starting again
-// (Reserver.Close): the hints recorded from then on are dropped.
-func (h *hints) stop() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.stopped = true
-	for h.flushing {
-		h.idle.Wait()
-	}
-}
-
 // writeHints writes relay hints (scored at), and hold hints with their deadlines (the earliest
 // one kept). A relay hint already there keeps its score: a later one that the relay chose
 // (the end of a backoff) must not be pulled earlier.
@@ -283,13 +176,13 @@ func (w *registryWalk) next(ctx context.Context, r *Reserver, n int) ([]string, 
 // noteEvents records that skus may have queued events (nothing when the outbox is off).
 func (r *Reserver) noteEvents(skus ...string) {
 	if r.opts.outbox {
-		r.hints.events(skus...)
+		r.hints.Events(skus...)
 	}
 }
 
 // noteHold records that sku has a new hold, and perhaps events (see hints.hold).
 func (r *Reserver) noteHold(sku string) {
-	r.hints.hold(sku, r.opts.outbox)
+	r.hints.Hold(sku, r.opts.outbox)
 }
 
 // serverClock is Redis's clock as read by TIME at the start of a pass, moved on by the process

@@ -263,7 +263,7 @@ func TestHintsFlushUnderTraffic(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	r.noteEvents("mine")
 	done := make(chan struct{})
-	go func() { r.hints.flush(); close(done) }()
+	go func() { r.hints.Flush(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -281,6 +281,6 @@ func TestRestockUnknownItemLeavesNoHint(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.Restock(context.Background(), "ghost", "po", 5)
 	require.ErrorIs(t, err, ErrNotLoaded)
-	r.hints.flush()
+	r.hints.Flush()
 	assert.Empty(t, m.Keys(), "a refused restock wrote keys")
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/rueidis"
 	"github.com/stockres/stock/internal/bounded"
+	"github.com/stockres/stock/internal/hints"
 	"github.com/stockres/stock/internal/lane"
 	"github.com/stockres/stock/internal/protocol"
 )
@@ -49,8 +50,8 @@ type Reserver struct {
 	rechecked atomic.Int64                  // when a fenced request last checked the guard (unix ns); see isFenced
 	soldOut   *soldOut                      // the sold-out fast path; nil when off
 	keyCache  *protocol.KeyCache
-	hints     *hints      // the due-work hints of the background loops
-	running   atomic.Bool // a Run runs: another is refused with ErrRunning
+	hints     *hints.Collector // the due-work hints of the background loops (hints.go)
+	running   atomic.Bool      // a Run runs: another is refused with ErrRunning
 
 	calls     bounded.Gate  // the calls in flight (Close waits for them)
 	cmds      *bounded.Gate // the Redis commands in flight, counted by the bounded client; nil without New

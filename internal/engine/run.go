@@ -180,7 +180,7 @@ func (r *Reserver) Run(ctx context.Context, opts RunOptions) error {
 		r.opts.logger.ErrorContext(context.WithoutCancel(ctx), stuck.Error())
 	}
 	// The hints of the last calls are written before Run returns, for the next relay.
-	r.hints.flush()
+	r.hints.Flush()
 	mu.Lock()
 	defer mu.Unlock()
 	if first != nil {

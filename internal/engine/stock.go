@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/rueidis"
 	"github.com/stockres/stock/internal/bounded"
+	"github.com/stockres/stock/internal/hints"
 	"github.com/stockres/stock/internal/protocol"
 )
 
@@ -29,7 +30,9 @@ func New(client rueidis.Client, opts ...Option) (*Reserver, error) {
 	r := &Reserver{opts: o, limitArg: strconv.FormatInt(o.userLimit, 10), cmds: new(bounded.Gate)}
 	r.client = bounded.New(client, o.timeout, r.cmds)
 	r.keyCache = protocol.NewKeyCache(keyCacheSize, r.base)
-	r.hints = newHints(r)
+	r.hints = hints.New(func(ctx context.Context, relay map[string]struct{}, holds map[string]int64) error {
+		return r.writeHints(ctx, relay, holds, 0)
+	}, o.timeout, o.logger)
 	r.deducts.Send, r.deducts.SendOne = r.sendDeducts, r.sendDeduct
 	r.claims.Send, r.claims.Unawaited = r.execClaims, claimUnawaited
 	if o.soldOutTTL > 0 {
