@@ -72,7 +72,6 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		real++
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			admin := b.Client(t)
 			for addr, node := range admin.Nodes() {
 				args := aclSetUser("shop-svc", "s3cret", "shop")
@@ -86,8 +85,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 
 			opt := b.Option()
 			opt.Username, opt.Password = "shop-svc", "s3cret"
-			c, err := rueidis.NewClient(opt)
-			require.NoError(t, err)
+			c := must(rueidis.NewClient(opt))(t)
 			defer c.Close()
 
 			var local atomic.Int64
@@ -99,37 +97,26 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			r := testkit.NewReserver(t, c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
 				stock.WithSoldOutCache(time.Minute), stock.WithReplicaAck(0, time.Second), stock.WithObserver(obs))
 			guard := stockops.NewFailoverGuard(r) // first, on a prefix with no item: it records the epoch
-			fenced, err := guard.Check(ctx)
-			require.NoError(t, err)
+			fenced := must(guard.Check(ctx))(t)
 			require.False(t, fenced)
 			require.NoError(t, r.Load(ctx, "A", 3))
 			require.NoError(t, r.Load(ctx, "B", 3))
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute)
-			require.NoError(t, err)
-			_, err = r.Extend(ctx, "A", "h1", time.Minute)
-			require.NoError(t, err)
-			_, err = r.Confirm(ctx, "A", "h1")
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, "A", "o1")
-			require.NoError(t, err)
-			_, err = r.Restock(ctx, "A", "r1", 2)
-			require.NoError(t, err)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}})
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 1})))
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 1})))
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute)))
+			require.NoError(t, errOf(r.Extend(ctx, "A", "h1", time.Minute)))
+			require.NoError(t, errOf(r.Confirm(ctx, "A", "h1")))
+			require.NoError(t, errOf(r.Restore(ctx, "A", "o1")))
+			require.NoError(t, errOf(r.Restock(ctx, "A", "r1", 2)))
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}})
 			require.NoError(t, err)
 			_, err = r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute)
 			require.ErrorIs(t, err, stock.ErrInsufficient)
-			_, err = stockops.RecoverCarts(ctx, r, 0)
-			require.NoError(t, err)
-			_, err = stockops.Sweep(ctx, r)
-			require.NoError(t, err)
+			require.NoError(t, errOf(stockops.RecoverCarts(ctx, r, 0)))
+			require.NoError(t, errOf(stockops.Sweep(ctx, r)))
 			// Sell B out, then ask again: the fast path reads the sold-out filter through the
 			// client-side cache.
-			_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "o2", Qty: 2})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "B", ID: "o2", Qty: 2})))
 			refuseSoldOut(t, r, "B", numbered("o3-", 20)...)
 			if !assert.Positive(t, local.Load(), "the sold-out fast path answered in-process: client-side caching works under the ACL") {
 				aclLog(t, admin)
@@ -143,8 +130,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 				_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "o4", Qty: 1})
 				return err == nil
 			}, 5*time.Second, 10*time.Millisecond, "a restock by another client reaches the fast path")
-			_, err = r.Levels(ctx, "A")
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Levels(ctx, "A")))
 			_, err = r.Ledger(ctx, "A", "o1")
 			require.NoError(t, err)
 			for _, err := range stockops.Entries(ctx, r, "A") {
@@ -156,18 +142,15 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			require.NoError(t, r.CloseItem(ctx, "B"))
 			require.NoError(t, r.ReopenItem(ctx, "B"))
 
-			fenced, err = guard.Check(ctx)
-			require.NoError(t, err)
+			fenced = must(guard.Check(ctx))(t)
 			assert.False(t, fenced, "the primaries did not change")
 
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, "A", 3))
 			require.NoError(t, store.Load(ctx, "B", 3))
-			relay, err := stockops.NewRelay(r, store, nil, nil)
-			require.NoError(t, err)
+			relay := must(stockops.NewRelay(r, store, nil, nil))(t)
 			testkit.Drain(t, relay)
-			rec, err := stockops.NewReconciler(r, store, nil)
-			require.NoError(t, err)
+			rec := must(stockops.NewReconciler(r, store, nil))(t)
 			reps, err := rec.Once(ctx)
 			require.NoError(t, err)
 			for _, rp := range reps {
@@ -188,8 +171,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 				assert.ErrorContains(t, err, "NOPERM", p)
 				_, err = ro.Levels(ctx, "A")
 				assert.ErrorContains(t, err, "NOPERM", p)
-				lv, err := testkit.NewReserver(t, admin, stock.WithPrefix(p)).Levels(ctx, "A")
-				require.NoError(t, err)
+				lv := must(testkit.NewReserver(t, admin, stock.WithPrefix(p)).Levels(ctx, "A"))(t)
 				assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, lv, "%s is untouched", p)
 			}
 			// Commands outside the list are refused.
@@ -220,8 +202,7 @@ func aclLog(t *testing.T, admin rueidis.Client) {
 
 // docs/operating.md documents the same ACL as the test runs.
 func TestACLDocumented(t *testing.T) {
-	readme, err := os.ReadFile("../../docs/operating.md")
-	require.NoError(t, err)
+	readme := must(os.ReadFile("../../docs/operating.md"))(t)
 	doc := strings.Join(strings.Fields(string(readme)), " ")
 	want := "ACL SETUSER " + strings.Join(aclSetUser("shop-svc", "PASSWORD", "shop"), " ")
 	assert.Contains(t, doc, want)
@@ -237,39 +218,31 @@ func acl(t *testing.T, admin rueidis.Client, user, extra string) {
 // ops runs every exported operation once and asserts their answers.
 func ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 	t.Helper()
-	ctx := context.Background()
 	sku := "acl-" + tag
 	require.NoError(t, r.Load(ctx, sku, 10), "Load")
 	between()
-	rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2})
-	require.NoError(t, err, "Deduct")
+	rc := must(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2}))(t, "Deduct")
 	assert.Equal(t, int64(8), rc.Remaining)
 	between()
-	rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true})
-	require.NoError(t, err, "Deduct replay")
+	rc = must(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true}))(t, "Deduct replay")
 	assert.True(t, rc.Replayed)
 	between()
-	_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", Qty: 1}, time.Minute)
-	require.NoError(t, err, "Hold")
+	require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", Qty: 1}, time.Minute)), "Hold")
 	between()
-	_, err = r.Confirm(ctx, sku, "h1")
-	require.NoError(t, err, "Confirm")
+	require.NoError(t, errOf(r.Confirm(ctx, sku, "h1")), "Confirm")
 	between()
-	_, err = r.Restore(ctx, sku, "d1")
-	require.NoError(t, err, "Restore")
+	require.NoError(t, errOf(r.Restore(ctx, sku, "d1")), "Restore")
 	between()
-	_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2})
-	require.ErrorIs(t, err, stock.ErrRestored)
+	require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2})), stock.ErrRestored)
 	between()
 	require.NoError(t, r.Load(ctx, sku+"b", 3))
 	between()
-	_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-" + tag, Lines: []stock.Line{{SKU: sku, Qty: 1}, {SKU: sku + "b", Qty: 1}}})
+	_, err := r.DeductMany(ctx, stock.Cart{ID: "cart-" + tag, Lines: []stock.Line{{SKU: sku, Qty: 1}, {SKU: sku + "b", Qty: 1}}})
 	require.NoError(t, err, "DeductMany")
 	between()
 	l := testkit.Levels(t, r, sku)
 	assert.Equal(t, int64(8), l.Available, "%+v", l)
-	e, err := r.Ledger(ctx, sku, "h1")
-	require.NoError(t, err)
+	e := must(r.Ledger(ctx, sku, "h1"))(t)
 	assert.True(t, e.Taken())
 }
 
@@ -313,7 +286,6 @@ func TestACL(t *testing.T) {
 	t.Run("revoked", func(t *testing.T) {
 		acl(t, admin, "rev", "+fcall +function|load")
 		r := testkit.NewReserver(t, userClient("rev"), stock.WithPrefix("shop"), stock.WithTimeout(3*time.Second))
-		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "rev", 500))
 		st := newStats()
 		stop := make(chan struct{})

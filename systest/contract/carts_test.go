@@ -108,7 +108,6 @@ func sagaAndGrouped(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
 // empty user on one side, and for a cart whose lines are given in another order or split.
 func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		cartLoad(t, r, map[string]int64{"a": 10, "b": 10, "c": 10})
 		cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
@@ -124,18 +123,14 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 			{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}},
 		}
 		for i, c := range bad {
-			_, err := r.DeductMany(ctx, c)
-			assert.ErrorIs(t, err, stock.ErrConflict, "deduct copy %d %+v", i, c)
+			assert.ErrorIs(t, errOf(r.DeductMany(ctx, c)), stock.ErrConflict, "deduct copy %d %+v", i, c)
 			_, err = r.HoldMany(ctx, c, time.Minute)
 			assert.ErrorIs(t, err, stock.ErrConflict, "hold copy %d %+v", i, c)
 		}
 		// Same lines and user, but as a hold: another kind.
-		_, err = r.HoldMany(ctx, cart, time.Minute)
-		assert.ErrorIs(t, err, stock.ErrConflict, "hold of a deducted cart")
-		_, err = r.ConfirmMany(ctx, "order-7", "a", "b")
-		assert.Error(t, err, "confirm of a deducted cart")
-		_, err = r.CancelMany(ctx, "order-7", "a", "b")
-		assert.Error(t, err, "cancel of a deducted cart")
+		assert.ErrorIs(t, errOf(r.HoldMany(ctx, cart, time.Minute)), stock.ErrConflict, "hold of a deducted cart")
+		assert.Error(t, errOf(r.ConfirmMany(ctx, "order-7", "a", "b")), "confirm of a deducted cart")
+		assert.Error(t, errOf(r.CancelMany(ctx, "order-7", "a", "b")), "cancel of a deducted cart")
 
 		// The same cart, lines reordered and split: the same lines after summing.
 		same := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
@@ -147,8 +142,7 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 		assert.Equal(t, int64(2), check(t, r, "b", 10).Sold)
 		assert.Equal(t, int64(0), check(t, r, "c", 10).Sold)
 		for _, sku := range []string{"a", "b"} {
-			e, err := r.Ledger(ctx, sku, "order-7")
-			require.NoError(t, err)
+			e := must(r.Ledger(ctx, sku, "order-7"))(t)
 			assert.Equal(t, "alice", e.User)
 			assert.True(t, e.Taken(), "%s: %+v", sku, e)
 		}
@@ -161,44 +155,37 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 // short item was restocked: the retry must not take anything.
 func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "z": 0})
 		taken := stock.Cart{ID: "t1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err := r.DeductMany(ctx, taken)
-		require.NoError(t, err)
-		_, err = r.Restore(ctx, "a", "t1")
+		require.NoError(t, errOf(r.DeductMany(ctx, taken)))
+		_, err := r.Restore(ctx, "a", "t1")
 		require.NoError(t, err)
 		for range 3 {
-			rc, err := r.DeductMany(ctx, taken)
-			require.NoError(t, err)
+			rc := must(r.DeductMany(ctx, taken))(t)
 			assert.True(t, rc.Replayed)
 		}
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
 		// A single Deduct of the restored line's id is refused.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrRestored)
+		assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "a", ID: "t1", User: "u", Qty: 1})), stock.ErrRestored)
 
 		// An undone cart: z is sold out. Restock z, retry: still the refusal, nothing taken.
 		undone := stock.Cart{ID: "u1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "z", Qty: 1}}}
-		_, err = r.DeductMany(ctx, undone)
-		requireCartRefused(t, err, "z", stock.ErrSoldOut)
+		requireCartRefused(t, errOf(r.DeductMany(ctx, undone)), "z", stock.ErrSoldOut)
 		_, err = r.Restock(ctx, "z", "rs1", 5)
 		require.NoError(t, err)
 		for range 3 {
-			_, err = r.DeductMany(ctx, undone)
+			_, err := r.DeductMany(ctx, undone)
 			var ce *stock.CartError
 			require.ErrorAs(t, err, &ce, "retry of an undone cart")
 			assert.ErrorIs(t, err, stock.ErrSoldOut)
 		}
-		_, err = r.HoldMany(ctx, undone, time.Minute)
-		assert.Error(t, err)
+		assert.Error(t, errOf(r.HoldMany(ctx, undone, time.Minute)))
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(0), check(t, r, "z", 0).Sold+check(t, r, "z", 0).Held)
 		// The undone cart's lines are tombstoned: a single deduct of them is refused.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "z", ID: "u1", User: "u", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrRestored)
+		assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "z", ID: "u1", User: "u", Qty: 1})), stock.ErrRestored)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "u1", User: "u", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrRestored)
 	})
@@ -214,30 +201,24 @@ func abReserver(t *testing.T, b redistest.Backend) (rueidis.Client, *stock.Reser
 }
 
 // Promise (ConfirmMany doc): "A hold that expired makes it return ErrExpired after cancelling
-// the others: a cart is confirmed whole or not at all". The first hold in SKU order is live
-// (extended), the second expired: nothing may stay confirmed.
+// the others: a cart is confirmed whole or not at all", and a retry (as a caller does after
+// ErrUnknownOutcome) answers the same outcome and changes nothing. The first hold in SKU order
+// is live (extended) and the second expired, then the other order.
 func TestConfirmManyWholeOrNothing(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c, r := abReserver(t, b)
-		err := confirmPartlyExpired(t, c, r, "h1", "a")
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
-		assert.Equal(t, int64(0), la.Sold+lb.Sold, "nothing confirmed: a=%+v b=%+v", la, lb)
-		assert.Equal(t, int64(0), la.Held+lb.Held, "nothing held: a=%+v b=%+v", la, lb)
-		// A retry changes nothing (its answer: TestConfirmManyRetryAnswersExpired).
-		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
-		assert.Error(t, err)
-		_, err = r.ConfirmMany(ctx, "h1", "b", "a")
-		assert.Error(t, err)
-		la, lb = check(t, r, "a", 5), check(t, r, "b", 5)
-		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held)
-
-		// The other order: the first hold expired, the second live.
-		err = confirmPartlyExpired(t, c, r, "h2", "b")
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		la, lb = check(t, r, "a", 5), check(t, r, "b", 5)
-		assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held, "a=%+v b=%+v", la, lb)
+		nothingTaken := func(what string) {
+			la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
+			assert.Equal(t, int64(0), la.Sold+lb.Sold+la.Held+lb.Held, "%s: a=%+v b=%+v", what, la, lb)
+		}
+		for _, live := range []string{"a", "b"} {
+			id := "h-" + live
+			assert.ErrorIs(t, confirmPartlyExpired(t, c, r, id, live), stock.ErrExpired, "live %s", live)
+			nothingTaken("live " + live)
+			assert.ErrorIs(t, errOf(r.ConfirmMany(ctx, id, "a", "b")), stock.ErrExpired, "the retry answers the cart's outcome")
+			assert.Error(t, errOf(r.ConfirmMany(ctx, id, "b", "a")))
+			nothingTaken("live " + live + ", after the retries")
+		}
 	})
 }
 
@@ -245,38 +226,18 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 // line of live by an hour, lets the other line expire and answers ConfirmMany(id, "a", "b").
 func confirmPartlyExpired(t *testing.T, c rueidis.Client, r *stock.Reserver, id, live string) error {
 	t.Helper()
-	ctx := context.Background()
 	cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-	_, err := r.HoldMany(ctx, cart, 300*time.Millisecond)
-	require.NoError(t, err)
-	_, err = r.Extend(ctx, live, id, time.Hour)
-	require.NoError(t, err)
+	require.NoError(t, errOf(r.HoldMany(ctx, cart, 300*time.Millisecond)))
+	require.NoError(t, errOf(r.Extend(ctx, live, id, time.Hour)))
 	redistest.Sleep(c, 400*time.Millisecond)
-	_, err = r.ConfirmMany(ctx, id, "a", "b")
+	_, err := r.ConfirmMany(ctx, id, "a", "b")
 	return err
-}
-
-// Promise (ConfirmMany doc, and the error contract: "a retry of an operation that did run is
-// answered as a replay"): a ConfirmMany that answered ErrExpired, retried (as a caller does after
-// ErrUnknownOutcome), answers the same outcome. Found: the retry answers
-// "cart refused by a: ErrRestored" (the line the first call cancelled), not ErrExpired, on
-// every backend.
-func TestConfirmManyRetryAnswersExpired(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c, r := abReserver(t, b)
-		err := confirmPartlyExpired(t, c, r, "h1", "a")
-		require.ErrorIs(t, err, stock.ErrExpired)
-		_, err = r.ConfirmMany(ctx, "h1", "a", "b")
-		assert.ErrorIs(t, err, stock.ErrExpired, "the retry answers the cart's outcome")
-	})
 }
 
 // cartRace runs many copies of one cart id at once, racing restores of its lines, a restock
 // of the short item, a close/reopen of one item and RecoverCarts(-1s), and checks that the
 // answers agree with each other and with the stock.
 func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
-	ctx := context.Background()
 	id := fmt.Sprintf("cart-%d", round)
 	skus := []string{"ra", "rb", "rc"}
 	cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "ra", Qty: 1}, {SKU: "rb", Qty: 1}, {SKU: "rc", Qty: 1}}}
@@ -291,9 +252,7 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 	)
 	start := make(chan struct{})
 	for i := range copies {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
 			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
 			_, err := takeCart(ctx, r, cart, hold, time.Hour)
@@ -306,13 +265,11 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 				errs[err.Error()]++
 			}
 			_ = i
-		}()
+		})
 	}
 	// Racers: restores of one line, a restock of the short item, close/reopen, recover.
 	for k := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
 			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
 			switch k {
@@ -330,8 +287,7 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 				}
 				mu.Unlock()
 			case 2:
-				_, err := r.Restock(ctx, "rc", fmt.Sprintf("rs-%d", round), 1)
-				assert.NoError(t, err)
+				assert.NoError(t, errOf(r.Restock(ctx, "rc", fmt.Sprintf("rs-%d", round), 1)))
 			case 3:
 				if round%3 == 0 {
 					assert.NoError(t, r.CloseItem(ctx, "rb"))
@@ -339,11 +295,10 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 				}
 			case 4, 5:
 				if !grouped {
-					_, err := stockops.RecoverCarts(ctx, r, -time.Second)
-					assert.NoError(t, err)
+					assert.NoError(t, errOf(stockops.RecoverCarts(ctx, r, -time.Second)))
 				}
 			}
-		}()
+		})
 	}
 	close(start)
 	wg.Wait()
@@ -390,36 +345,35 @@ func cartRaces(t *testing.T, r *stock.Reserver, hold func(round int) bool, group
 
 // Promise (DeductMany doc): "A cart id has one outcome, decided once by whichever copy of the
 // cart gets there first, and every copy, concurrent or later, answers it", with ≥ 100 copies
-// racing restores, a restock, close/reopen and RecoverCarts(-1s).
+// racing restores, a restock, close/reopen and RecoverCarts(-1s): sagas of deducts or of holds,
+// every item in one group (one script per cart, no saga), and mixed (two items grouped, one not).
 func TestCartConcurrentCopies(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	for _, hold := range []bool{false, true} {
-		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
-				cartRaces(t, testkit.NewReserver(t, b.Client(t)), func(int) bool { return hold }, false)
-			})
-		})
+	oneGroup := func(string) string { return "g" }
+	mixed := func(sku string) string {
+		if sku == "rc" {
+			return ""
+		}
+		return "g"
 	}
-}
-
-// The same race with every item in one group (one script per cart, no saga) and mixed: two items
-// in a group, one not.
-func TestCartConcurrentCopiesGrouped(t *testing.T) {
-	testkit.ParallelOnMiniredis(t)
-	groups := map[string]func(string) string{
-		"one-group": func(string) string { return "g" },
-		"mixed": func(sku string) string {
-			if sku == "rc" {
-				return ""
-			}
-			return "g"
-		},
-	}
-	for name, g := range groups {
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		group   func(string) string
+		hold    func(round int) bool
+		grouped bool // one script per cart: RecoverCarts has nothing to undo
+	}{
+		{"hold=false", nil, func(int) bool { return false }, false},
+		{"hold=true", nil, func(int) bool { return true }, false},
+		{"one-group", oneGroup, func(round int) bool { return round%2 == 1 }, true},
+		{"mixed", mixed, func(round int) bool { return round%2 == 1 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(g))
-				cartRaces(t, r, func(round int) bool { return round%2 == 1 }, name == "one-group")
+				var opts []stock.Option
+				if tc.group != nil {
+					opts = append(opts, stock.WithGroups(tc.group))
+				}
+				cartRaces(t, testkit.NewReserver(t, b.Client(t), opts...), tc.hold, tc.grouped)
 			})
 		})
 	}
@@ -439,7 +393,6 @@ func TestCartRecordsRandomNames(t *testing.T) {
 		lines map[string]int64
 	}
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		loadEach(t, r, 1_000_000, skus...)
 		rng := rand.New(rand.NewPCG(12, 12))
@@ -492,7 +445,6 @@ func TestCartRecordsRandomNames(t *testing.T) {
 func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 1000))
 		require.NoError(t, r.Load(ctx, "z1", 0))
@@ -509,8 +461,7 @@ func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 				assert.ErrorIs(t, err, stock.ErrRestored, "%s %s", sku, id)
 			}
 			cid := fmt.Sprint("cancel", i)
-			_, err = r.Cancel(ctx, "z1", cid)
-			require.ErrorIs(t, err, stock.ErrUnknownID)
+			require.ErrorIs(t, errOf(r.Cancel(ctx, "z1", cid)), stock.ErrUnknownID)
 			_, err = r.Hold(ctx, stock.Request{SKU: "z1", ID: cid, Qty: 1}, time.Minute)
 			assert.ErrorIs(t, err, stock.ErrRestored, cid)
 		}
@@ -523,7 +474,6 @@ func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 // the same cart racing it, the cart ends all confirmed or all given back, never split.
 func TestConfirmManyRacingCancelMany(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		skus := []string{"ca", "cb", "cc", "cd"}
@@ -546,8 +496,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 			wg.Wait()
 			states := map[stock.State]int{}
 			for _, s := range skus {
-				e, err := r1.Ledger(ctx, s, id)
-				require.NoError(t, err)
+				e := must(r1.Ledger(ctx, s, id))(t)
 				states[e.State]++
 			}
 			if len(states) != 1 {
@@ -569,7 +518,6 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 // sum past MaxQty, an empty id.
 func TestCartBadInput(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 10))
 		var many []stock.Line
@@ -586,14 +534,11 @@ func TestCartBadInput(t *testing.T) {
 			{ID: "c", Lines: nil},
 			{ID: "c", Lines: []stock.Line{{SKU: "", Qty: 1}}},
 		} {
-			_, err := r.DeductMany(ctx, c)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "deduct cart %d", i)
-			_, err = r.HoldMany(ctx, c, time.Minute)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "hold cart %d", i)
+			assert.ErrorIs(t, errOf(r.DeductMany(ctx, c)), stock.ErrInvalid, "deduct cart %d", i)
+			assert.ErrorIs(t, errOf(r.HoldMany(ctx, c, time.Minute)), stock.ErrInvalid, "hold cart %d", i)
 		}
 		// 100 lines of one item summed: a valid cart.
-		_, err := r.DeductMany(ctx, stock.Cart{ID: "c", Lines: many[:10]})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.DeductMany(ctx, stock.Cart{ID: "c", Lines: many[:10]})))
 		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, check(t, r, "a", 10))
 	})
 }
@@ -603,7 +548,6 @@ func TestCartBadInput(t *testing.T) {
 // cart (after one of its lines was restored) takes nothing, the user's units included.
 func TestCartUserLimit(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1))
 		cartLoad(t, r, map[string]int64{"a": 10, "b": 10})
 		_, err := r.DeductMany(ctx, stock.Cart{ID: "c0", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "a", Qty: 1}}})
@@ -614,10 +558,8 @@ func TestCartUserLimit(t *testing.T) {
 		require.ErrorIs(t, err, stock.ErrConflict)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "m1", User: "mallory", Qty: 1})
 		require.NoError(t, err, "mallory's units untouched by the conflicting cart")
-		_, err = r.Restore(ctx, "a", "c1")
-		require.NoError(t, err)
-		rc, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Restore(ctx, "a", "c1")))
+		rc := must(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}))(t)
 		assert.True(t, rc.Replayed)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "a", ID: "a2", User: "alice", Qty: 1})
 		require.NoError(t, err, "alice's unit of a came back with the restore; the replay took nothing")
@@ -637,13 +579,10 @@ func TestCartUserLimit(t *testing.T) {
 // that went back (ConfirmMany then refuses it).
 func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c, r := abReserver(t, b)
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
-		require.NoError(t, err)
-		n, err := stockops.RecoverCarts(ctx, r, -time.Second)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.HoldMany(ctx, cart, 200*time.Millisecond)))
+		n := must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
 		assert.Zero(t, n, "a held cart is not for recovery")
 		assert.Equal(t, int64(1), check(t, r, "a", 5).Held)
 		redistest.Sleep(c, 300*time.Millisecond)
@@ -653,20 +592,15 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 		t.Logf("after the retry: a %+v b %+v", la, lb)
 
 		cart2 := stock.Cart{ID: "hc2", User: "u", Lines: cart.Lines}
-		_, err = r.HoldMany(ctx, cart2, time.Hour)
-		require.NoError(t, err)
-		_, err = r.CancelMany(ctx, "hc2", "a", "b")
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.HoldMany(ctx, cart2, time.Hour)))
+		require.NoError(t, errOf(r.CancelMany(ctx, "hc2", "a", "b")))
 		rc, err = r.HoldMany(ctx, cart2, time.Hour)
 		assert.ErrorIs(t, err, stock.ErrRestored, "retry of a cancelled held cart: %+v", rc)
 
 		cart3 := stock.Cart{ID: "hc3", User: "u", Lines: cart.Lines}
-		_, err = r.HoldMany(ctx, cart3, time.Hour)
-		require.NoError(t, err)
-		_, err = r.ConfirmMany(ctx, "hc3", "a", "b")
-		require.NoError(t, err)
-		n, err = stockops.RecoverCarts(ctx, r, -time.Second)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.HoldMany(ctx, cart3, time.Hour)))
+		require.NoError(t, errOf(r.ConfirmMany(ctx, "hc3", "a", "b")))
+		n = must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
 		assert.Zero(t, n)
 		rc, err = r.HoldMany(ctx, cart3, time.Hour)
 		assert.NoError(t, err, "retry of a confirmed held cart is a replay")
@@ -681,7 +615,6 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 // user's cart is taken, the other user gets ErrConflict, and the stock moved once.
 func TestCartIDTwoUsersConcurrent(t *testing.T) {
 	sagaAndGrouped(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		cartLoad(t, r, map[string]int64{"a": 10000, "b": 10000})
 		for round := range 10 {
 			id := fmt.Sprint("k", round)
@@ -691,9 +624,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 			other := map[string]int{}
 			for i := range 100 {
 				user := []string{"alice", "mallory"}[i%2]
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					c := stock.Cart{ID: id, User: user, Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
 					_, err := takeCart(ctx, r, c, round%2 == 1, time.Hour)
 					mu.Lock()
@@ -705,7 +636,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 					default:
 						other[err.Error()]++
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			assert.Len(t, ok, 1, "round %d: exactly one user's cart: %v", round, ok)
@@ -715,8 +646,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 				winner = u
 			}
 			for _, sku := range []string{"a", "b"} {
-				e, err := r.Ledger(ctx, sku, id)
-				require.NoError(t, err)
+				e := must(r.Ledger(ctx, sku, id))(t)
 				assert.Equal(t, winner, e.User, "round %d %s", round, sku)
 				assert.True(t, e.Taken())
 			}
@@ -732,13 +662,11 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 // other lines again nor the restored one.
 func TestGroupedCartRetryAfterRestore(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
 		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		_, err := r.DeductMany(ctx, cart)
-		require.NoError(t, err)
-		_, err = r.Restore(ctx, "a", "gc")
+		require.NoError(t, errOf(r.DeductMany(ctx, cart)))
+		_, err := r.Restore(ctx, "a", "gc")
 		require.NoError(t, err)
 		for range 3 {
 			rc, err := r.DeductMany(ctx, cart)
@@ -746,8 +674,7 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 		}
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
-		_, err = r.DeductMany(ctx, stock.Cart{ID: "gc", User: "v", Lines: cart.Lines})
-		assert.ErrorIs(t, err, stock.ErrConflict)
+		assert.ErrorIs(t, errOf(r.DeductMany(ctx, stock.Cart{ID: "gc", User: "v", Lines: cart.Lines})), stock.ErrConflict)
 		_, err = r.HoldMany(ctx, cart, time.Minute)
 		assert.ErrorIs(t, err, stock.ErrConflict)
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold+check(t, r, "a", 5).Held)
@@ -760,24 +687,18 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 // ErrConflict; the other user's entry is untouched and the cart's other lines are not kept.
 func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 	sagaAndGrouped(t, func(t *testing.T, r *stock.Reserver) {
-		ctx := context.Background()
 		cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "c": 5})
-		_, err := r.Deduct(ctx, stock.Request{SKU: "b", ID: "k", User: "mallory", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.Hold(ctx, stock.Request{SKU: "c", ID: "k2", User: "mallory", Qty: 1}, time.Hour)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b", ID: "k", User: "mallory", Qty: 1})))
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "c", ID: "k2", User: "mallory", Qty: 1}, time.Hour)))
 		for _, id := range []string{"k", "k2"} {
 			for _, hold := range []bool{false, true} {
 				c := stock.Cart{ID: id, User: "alice", Lines: unitLines("a", "b", "c")}
-				_, err = takeCart(ctx, r, c, hold, time.Hour)
-				assert.ErrorIs(t, err, stock.ErrConflict, "id %s hold=%v", id, hold)
+				assert.ErrorIs(t, errOf(takeCart(ctx, r, c, hold, time.Hour)), stock.ErrConflict, "id %s hold=%v", id, hold)
 			}
 		}
-		eb, err := r.Ledger(ctx, "b", "k")
-		require.NoError(t, err)
+		eb := must(r.Ledger(ctx, "b", "k"))(t)
 		assert.True(t, eb.Taken() && eb.User == "mallory", "%+v", eb)
-		ec, err := r.Ledger(ctx, "c", "k2")
-		require.NoError(t, err)
+		ec := must(r.Ledger(ctx, "c", "k2"))(t)
 		assert.True(t, ec.State == stock.StateHeld && ec.User == "mallory", "%+v", ec)
 		la, lb, lc := check(t, r, "a", 5), check(t, r, "b", 5), check(t, r, "c", 5)
 		assert.Equal(t, int64(0), la.Sold+la.Held, "a: %+v", la)
@@ -791,7 +712,6 @@ func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 // every line given back.
 func TestHundredLineCartCopies(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		var lines []stock.Line
 		for i := range 100 {
@@ -810,16 +730,14 @@ func TestHundredLineCartCopies(t *testing.T) {
 			copies = 8 // gopher-lua is slow; the race is the real servers'
 		}
 		for range copies {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				_, err := r.DeductMany(ctx, stock.Cart{ID: "big", User: "u", Lines: lines})
 				if err == nil {
 					okN.Add(1)
 				} else if !errors.Is(err, stock.ErrSoldOut) {
 					t.Errorf("copy: %v", err)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		assert.Zero(t, okN.Load())
@@ -843,7 +761,6 @@ func TestRecoverCutSagas(t *testing.T) {
 		if !b.Real() {
 			t.Skip("needs a real server: a deadline of microseconds cuts a miniredis saga only by chance")
 		}
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		skus := []string{"s1", "s2", "s3", "s4", "s5"}
 		loadEach(t, r, 10000, skus...)
@@ -861,13 +778,10 @@ func TestRecoverCutSagas(t *testing.T) {
 		var wg sync.WaitGroup
 		var undone atomic.Int64
 		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				n, err := stockops.RecoverCarts(ctx, r, -time.Second)
-				assert.NoError(t, err)
+			wg.Go(func() {
+				n := must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
 				undone.Add(int64(n))
-			}()
+			})
 		}
 		taken, refused := 0, 0
 		for i := range carts {
@@ -895,8 +809,7 @@ func TestRecoverCutSagas(t *testing.T) {
 			l := check(t, r, s, 10000)
 			assert.Equal(t, int64(taken), l.Sold, s)
 		}
-		n, err := stockops.RecoverCarts(ctx, r, -time.Second)
-		require.NoError(t, err)
+		n := must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
 		assert.Zero(t, n)
 	})
 }
@@ -913,16 +826,10 @@ func TestSagaCartErrNotReplicatedHalfTaken(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("needs STOCK_REDIS_SERVER")
 	}
-	ctx := context.Background()
 	srv := redistest.StartServer(t)
-	r, err := stock.New(srv.Client(t), stock.WithReplicaAck(1, 20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := must(stock.New(srv.Client(t), stock.WithReplicaAck(1, 20*time.Millisecond)))(t)
 	for _, sku := range []string{"ea", "eb"} {
-		if err := r.Load(ctx, sku, 5); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 5))
 	}
 	crc, err := r.DeductMany(ctx, stock.Cart{ID: "s", Lines: []stock.Line{{SKU: "ea", Qty: 1}, {SKU: "eb", Qty: 1}}})
 	t.Logf("saga cart: %+v %v", crc, err)
@@ -931,10 +838,7 @@ func TestSagaCartErrNotReplicatedHalfTaken(t *testing.T) {
 			t.Errorf("ErrNotReplicated (\"the write was made\") with %d receipts, want 2", len(crc.Items))
 		}
 		for _, sku := range []string{"ea", "eb"} {
-			lv, err := r.Levels(ctx, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lv := must(r.Levels(ctx, sku))(t)
 			if lv.Available != 4 {
 				t.Errorf("%s: available %d after a cart answered ErrNotReplicated, want 4 (every line taken)", sku, lv.Available)
 			}
@@ -956,22 +860,14 @@ func TestErrInvalidCartChangedNothing(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			c := b.Client(t)
-			r, err := stock.New(c, stock.WithCoalescing(0))
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := must(stock.New(c, stock.WithCoalescing(0)))(t)
 			for _, sku := range []string{"ia", "ib"} {
-				if err := r.Load(ctx, sku, 5); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, r.Load(ctx, sku, 5))
 			}
-			if err := c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "garbage").Build()).Error(); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "garbage").Build()).Error())
 			before := faultKeys(t, c)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
 			t.Logf("cart over a corrupt item: %v (outcome %s)", err, stock.Outcome(err))
 			_, derr := r.Deduct(ctx, stock.Request{SKU: "ib", ID: "single", Qty: 1})
 			t.Logf("deduct of the corrupt item: %v (outcome %s)", derr, stock.Outcome(derr))
@@ -990,9 +886,7 @@ func TestErrInvalidCartChangedNothing(t *testing.T) {
 					t.Errorf("a cart answered ErrInvalid (\"nothing was changed\") left ia at %d with a ledger entry (%v)", lv.Available, lerr)
 				}
 				// fix the item: the same cart id must now be takeable if nothing was changed
-				if err := c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "5").Build()).Error(); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "5").Build()).Error())
 				_, err2 := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
 				if err2 != nil {
 					t.Errorf("the cart id was burnt by a call answered ErrInvalid: retry after the repair: %v", err2)
@@ -1036,7 +930,6 @@ func buyCarts(ctx context.Context, r *stock.Reserver, workers, per int, cart fun
 // DeductMany "takes every line of a cart or none".
 func TestCartRecoveryRacesLiveCarts(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		skus := []string{"~", "carts", "c:1", "~carts"}
@@ -1098,7 +991,6 @@ func TestRecoverCutCarts(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			c1, c2 := b.Pair(t)
 			r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 			skus, lines, errs := cutCarts(t, r1, "cut")
@@ -1114,13 +1006,10 @@ func TestRecoverCutCarts(t *testing.T) {
 			var wg sync.WaitGroup
 			var undone atomic.Int64
 			for _, r := range []*stock.Reserver{r1, r2} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					n, err := stockops.RecoverCarts(ctx, r, 100*time.Millisecond)
-					assert.NoError(t, err)
+				wg.Go(func() {
+					n := must(stockops.RecoverCarts(ctx, r, 100*time.Millisecond))(t)
 					undone.Add(int64(n))
-				}()
+				})
 			}
 			wg.Wait()
 			time.Sleep(time.Second) // undoing carts on miniredis's Lua takes a while
@@ -1163,7 +1052,6 @@ func TestRecoverCutCarts(t *testing.T) {
 // items, a cart's lines and each cart's DeductMany error.
 func cutCarts(t *testing.T, r *stock.Reserver, prefix string) (skus []string, lines []stock.Line, errs []error) {
 	t.Helper()
-	ctx := context.Background()
 	for i := range 30 {
 		s := fmt.Sprintf("%s:%d", prefix, i)
 		skus = append(skus, s)
@@ -1183,7 +1071,6 @@ func cutCarts(t *testing.T, r *stock.Reserver, prefix string) (skus []string, li
 // items' lines but not all.
 func halfDoneCarts(t *testing.T, r *stock.Reserver, skus []string, carts int) (n int) {
 	t.Helper()
-	ctx := context.Background()
 	for i := range carts {
 		taken := 0
 		for _, s := range skus {
@@ -1203,18 +1090,15 @@ func halfDoneCarts(t *testing.T, r *stock.Reserver, skus []string, carts int) (n
 // moved the clock past olderThan, and not before.
 func TestStocktestClockCartRecovery(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	skus, _, errs := cutCarts(t, r, "sc")
 	partial := func() int { return halfDoneCarts(t, r, skus, len(errs)) }
 	time.Sleep(500 * time.Millisecond) // real time passes; the stocktest clock stands still
 	before := partial()
-	n0, err := stockops.RecoverCarts(ctx, r, 30*time.Minute)
-	require.NoError(t, err)
+	n0 := must(stockops.RecoverCarts(ctx, r, 30*time.Minute))(t)
 	assert.Equal(t, 0, n0, "no cart is 30 minutes old: the clock stood still")
 	e.Advance(time.Hour)
-	n1, err := stockops.RecoverCarts(ctx, r, 30*time.Minute)
-	require.NoError(t, err)
+	n1 := must(stockops.RecoverCarts(ctx, r, 30*time.Minute))(t)
 	after := partial()
 	t.Logf("%d carts half done before; RecoverCarts undid %d before Advance, %d after; %d still half done", before, n0, n1, after)
 	assert.Equal(t, 0, after, "after Advance(1h), RecoverCarts(30m) undid every cart cut short")
@@ -1256,7 +1140,6 @@ func TestRunAloneRecoversCutCarts(t *testing.T) {
 // cart is confirmed whole or not at all", with Run's sweeper releasing the expired line meanwhile.
 func TestConfirmManyPartlyExpiredUnderRun(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	skus := []string{"cm:a", "cm:b", "cm:c"}
 	loadEach(t, r, 5, skus...)
@@ -1273,8 +1156,7 @@ func TestConfirmManyPartlyExpiredUnderRun(t *testing.T) {
 		_, err = r.ConfirmMany(ctx, id, skus...)
 		assert.ErrorIs(t, err, stock.ErrExpired, "cart %s", id)
 		for _, s := range skus {
-			en, err := r.Ledger(ctx, s, id)
-			require.NoError(t, err)
+			en := must(r.Ledger(ctx, s, id))(t)
 			assert.False(t, en.Taken(), "cart %s: line %s is %s, want given back", id, s, en.State)
 		}
 		_, err = r.ConfirmMany(ctx, id, skus...)
@@ -1349,10 +1231,7 @@ func TestCartsAcrossKill9(t *testing.T) {
 	for _, sku := range skus {
 		faultLoad(t, ctx, r, st, sku, 1_000_000)
 	}
-	rec, err := stockops.NewReconciler(r, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := must(stockops.NewReconciler(r, st, nil))(t)
 	faultPass(t, ctx, rec, 10*time.Second)
 	runCtx, stopRun := context.WithCancel(ctx)
 	runDone := make(chan error, 1)
@@ -1367,9 +1246,7 @@ func TestCartsAcrossKill9(t *testing.T) {
 	tctx, stopTraffic := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for w := 0; w < 3; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; tctx.Err() == nil; i++ {
 				c := &cart{id: fmt.Sprintf("cart-%d-%d", w, i)}
 				for j := 0; j < 3; j++ {
@@ -1380,18 +1257,14 @@ func TestCartsAcrossKill9(t *testing.T) {
 				mu.Unlock()
 				shopper(tctx, r, c, &replayAcks)
 			}
-		}()
+		})
 	}
 	time.Sleep(2500 * time.Millisecond)
 	old, err := d.Primary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
-	if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-		t.Fatalf("no failover after kill -9: %v", err)
-	}
+	require.NoError(t, errOf(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
 	time.Sleep(time.Second)
 	faultPass(t, ctx, rec, 15*time.Second)
 	time.Sleep(2 * time.Second) // carts again on the new primary
@@ -1423,10 +1296,7 @@ func TestCartsAcrossKill9(t *testing.T) {
 			e, lerr := r.Ledger(ctx, l.SKU, c.id)
 			in := lerr == nil && e.Taken()
 			if !in {
-				recs, err := st.Records(ctx, l.SKU, []string{c.id})
-				if err != nil {
-					t.Fatal(err)
-				}
+				recs := must(st.Records(ctx, l.SKU, []string{c.id}))(t)
 				if rc, ok := recs[c.id]; ok && rc.Status == stock.StateApplied {
 					in = true
 				}
@@ -1474,7 +1344,6 @@ func gPrefixGroup(name string) func(sku string) string {
 
 func TestCartsGroupedAndSaga(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		group := gPrefixGroup("bundle")
 		r1 := testkit.NewReserver(t, c1, stock.WithGroups(group), stock.WithUserLimit(1))
 		r2 := testkit.NewReserver(t, c2, stock.WithGroups(group), stock.WithUserLimit(1))
@@ -1502,14 +1371,12 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 			for k := range carts {
 				id := fmt.Sprintf("cart-%d-%d", u, k)
 				for cp := range 4 { // four concurrent copies of each cart
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
+					wg.Go(func() {
 						rc, err := rs[(u+k+cp)%2].DeductMany(ctx, stock.Cart{ID: id, User: fmt.Sprintf("user%d", u), Lines: carts[k]})
 						mu.Lock()
 						out = append(out, res{k, id, fmt.Sprintf("user%d", u), rc, err})
 						mu.Unlock()
-					}()
+					})
 				}
 			}
 		}
@@ -1590,7 +1457,6 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 // every line, a refused one keeps none, and the counters hold.
 func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		buyer := testkit.NewReserver(t, c1)
 		ahead := testkit.NewReserver(t, c2, stock.WithClock(func() time.Time { return time.Now().Add(time.Hour) }))
 		skus := []string{"rc:a", "rc:b", "rc:c"}
@@ -1598,9 +1464,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 		stopRecover := make(chan struct{})
 		var recovered atomic.Int64
 		var rwg sync.WaitGroup
-		rwg.Add(1)
-		go func() {
-			defer rwg.Done()
+		rwg.Go(func() {
 			for {
 				select {
 				case <-stopRecover:
@@ -1614,7 +1478,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 				}
 				recovered.Add(int64(n))
 			}
-		}()
+		})
 		out := buyCarts(ctx, buyer, 8, 25, func(g, i int) stock.Cart {
 			return stock.Cart{ID: fmt.Sprintf("c%d-%d", g, i), User: "u", Lines: []stock.Line{
 				{SKU: skus[0], Qty: 1}, {SKU: skus[1], Qty: 2}, {SKU: skus[2], Qty: 1}}}
@@ -1660,7 +1524,6 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 // for the stock: a cart that would take a user past the limit on one item is refused whole.
 func TestCartLinesSummedForLimit(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1, stock.WithGroups(gPrefixGroup("grp")), stock.WithUserLimit(1))
 		loadEach(t, r, 10, "g-a", "g-b", "plain")
 		for i, lines := range [][]stock.Line{
@@ -1748,7 +1611,6 @@ func cartTaken(t *testing.T, r *stock.Reserver, sku, id string) int64 {
 // each item lost exactly its line's units once.
 func TestCartCopiesOneUser(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		loadEach(t, e.r, 30, "cc-a", "cc-b", "plain-cc")
 		cart := stock.Cart{ID: "cart:1", User: "u1", Lines: []stock.Line{
 			{SKU: "plain-cc", Qty: 1}, {SKU: "cc-a", Qty: 2}, {SKU: "cc-b", Qty: 4}, {SKU: "cc-a", Qty: 1},
@@ -1793,7 +1655,6 @@ func TestCartCopiesOneUser(t *testing.T) {
 // once, in one bucket.
 func TestCartCopiesManyUsers(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		loadEach(t, e.r, 40, "mu-a", "mu-b", "plain-mu")
 		for round := range 5 {
 			id := fmt.Sprintf("order-%d", round)
@@ -1839,7 +1700,6 @@ func TestCartCopiesManyUsers(t *testing.T) {
 // a memstore the Store equals Redis.
 func TestCartRefusedGivesBack(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		store := memstore.New()
 		for sku, q := range map[string]int64{"gb-a": 6, "gb-b": 9, "plain-zz": 1} {
 			require.NoError(t, store.Load(ctx, sku, q))
@@ -1853,8 +1713,7 @@ func TestCartRefusedGivesBack(t *testing.T) {
 			{SKU: "gb-a", Qty: 5}, {SKU: "gb-b", Qty: 8}, {SKU: "plain-zz", Qty: 2},
 		}}
 		for attempt := range 3 {
-			_, err := e.r.DeductMany(ctx, cart)
-			requireCartRefused(t, err, "plain-zz", stock.ErrInsufficient, "attempt %d", attempt)
+			requireCartRefused(t, errOf(e.r.DeductMany(ctx, cart)), "plain-zz", stock.ErrInsufficient, "attempt %d", attempt)
 			for sku, b := range before {
 				l := levels(t, e.r, sku)
 				assert.Equal(t, b, l, "attempt %d: %s back to before", attempt, sku)
@@ -1869,8 +1728,7 @@ func TestCartRefusedGivesBack(t *testing.T) {
 		for _, sku := range []string{"gb-a", "gb-b", "plain-zz"} {
 			assert.Equal(t, int64(0), levels(t, e.r, sku).Available, sku)
 		}
-		rl, err := stockops.NewRelay(e.r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
-		require.NoError(t, err)
+		rl := must(stockops.NewRelay(e.r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))(t)
 		testkit.Drain(t, rl)
 		storeEqualsRedis(t, e.r, store, "gb-a", "gb-b", "plain-zz")
 	})
@@ -1882,8 +1740,7 @@ func storeEqualsRedis(t *testing.T, r *stock.Reserver, store *memstore.Store, sk
 	t.Helper()
 	for _, sku := range skus {
 		l := levels(t, r, sku)
-		rem, err := store.Remaining(context.Background(), sku)
-		require.NoError(t, err)
+		rem := must(store.Remaining(context.Background(), sku))(t)
 		assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
 	}
 	assert.LessOrEqual(t, store.MaxApplications(), 1)
@@ -1893,7 +1750,6 @@ func storeEqualsRedis(t *testing.T, r *stock.Reserver, store *memstore.Store, sk
 // bucket must give its stock) is taken; the next unit is refused for stock; nothing stranded.
 func TestCartSplitLineFromEveryBucket(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "all-a", 37))
 		require.NoError(t, e.r.Load(ctx, "plain-all", 5))
 		// Other buyers first take a little in several buckets.
@@ -1919,7 +1775,6 @@ func TestCartSplitLineFromEveryBucket(t *testing.T) {
 // and the whole item is then sold to one buyer.
 func TestCartWholeItemPlusOneRefused(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "p1-a", 10))
 		require.NoError(t, e.r.Load(ctx, "p1-b", 10))
 		before := levels(t, e.r, "p1-a")
@@ -1966,7 +1821,6 @@ func cartOutcome(rc stock.CartReceipt, err error) string {
 // under its id) on a plain item and on a split one gives the same answers and the same Levels.
 func TestCartIDReusedAsRequestID(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		run := func(x string) []string {
 			require.NoError(t, e.r.Load(ctx, x, 20))
 			var out []string
@@ -2051,30 +1905,22 @@ func TestCartIDReusedAsRequestID(t *testing.T) {
 // and takes nothing; CancelMany of a live cart twice gives back once.
 func TestHoldManyExpiry(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		loadEach(t, e.r, 10, "hx-a", "hx-b", "plain-hx")
 		lines := []stock.Line{{SKU: "hx-a", Qty: 3}, {SKU: "hx-b", Qty: 2}, {SKU: "plain-hx", Qty: 1}}
 		skus := []string{"hx-a", "hx-b", "plain-hx"}
-		_, err := e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, 500*time.Millisecond)
-		require.NoError(t, err)
-		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "h2", User: "hv", Lines: lines}, time.Hour)
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, 500*time.Millisecond)))
+		require.NoError(t, errOf(e.r.HoldMany(ctx, stock.Cart{ID: "h2", User: "hv", Lines: lines}, time.Hour)))
 		assert.Equal(t, int64(4), levels(t, e.r, "hx-a").Available)
 		e.advance(1500 * time.Millisecond)
-		_, err = e.r.ConfirmMany(ctx, "h1", skus...)
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		_, err = e.r.ConfirmMany(ctx, "h1", skus...)
-		assert.ErrorIs(t, err, stock.ErrExpired, "retry")
-		_, err = stockops.Sweep(ctx, e.r)
-		require.NoError(t, err)
+		assert.ErrorIs(t, errOf(e.r.ConfirmMany(ctx, "h1", skus...)), stock.ErrExpired)
+		assert.ErrorIs(t, errOf(e.r.ConfirmMany(ctx, "h1", skus...)), stock.ErrExpired, "retry")
+		require.NoError(t, errOf(stockops.Sweep(ctx, e.r)))
 		l := levels(t, e.r, "hx-a")
 		assert.Equal(t, int64(7), l.Available, "h1 given back: %+v", l)
 		assert.Equal(t, int64(3), l.Held)
 		// CancelMany twice: one give-back.
-		_, err = e.r.CancelMany(ctx, "h2", skus...)
-		require.NoError(t, err)
-		rcs, err := e.r.CancelMany(ctx, "h2", skus...)
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.CancelMany(ctx, "h2", skus...)))
+		rcs := must(e.r.CancelMany(ctx, "h2", skus...))(t)
 		for _, rc := range rcs {
 			assert.True(t, rc.Replayed, "second cancel is a replay: %+v", rc)
 		}
@@ -2083,10 +1929,9 @@ func TestHoldManyExpiry(t *testing.T) {
 			assert.Equal(t, int64(10), l.Available, sku)
 			assert.Equal(t, int64(0), l.Held+l.Sold, sku)
 		}
-		_, err = e.r.ConfirmMany(ctx, "h2", skus...)
-		assert.ErrorIs(t, err, stock.ErrRestored)
+		assert.ErrorIs(t, errOf(e.r.ConfirmMany(ctx, "h2", skus...)), stock.ErrRestored)
 		// A retry of h1's HoldMany answers the expiry, takes nothing.
-		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, time.Hour)
+		_, err := e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, time.Hour)
 		assert.ErrorIs(t, err, stock.ErrExpired)
 		assert.Equal(t, int64(10), levels(t, e.r, "hx-a").Available)
 	})
@@ -2096,7 +1941,6 @@ func TestHoldManyExpiry(t *testing.T) {
 // confirm runs: each cart ends confirmed whole or given back whole, never half.
 func TestConfirmManyRacesExpiry(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		skus := []string{"cr-a", "cr-b", "plain-cr"}
 		loadEach(t, e.r, 200, skus...)
 		const n = 20
@@ -2161,8 +2005,7 @@ func cutAndRecover(t *testing.T, e *requestEnv, n int, rng *rand.Rand, send func
 	wg.Wait()
 	time.Sleep(200 * time.Millisecond) // let calls already sent land
 	e.advance(3 * time.Second)
-	_, err := stockops.RecoverCarts(context.Background(), e.r, 2*time.Second)
-	require.NoError(t, err)
+	require.NoError(t, errOf(stockops.RecoverCarts(context.Background(), e.r, 2*time.Second)))
 }
 
 // TestRecoverCutSagasOnSplitItems: carts with split lines sent under contexts that end at random
@@ -2170,7 +2013,6 @@ func cutAndRecover(t *testing.T, e *requestEnv, n int, rng *rand.Rand, send func
 // all, the stock adds up, and a retry of an undone cart takes nothing.
 func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		skus := []string{"rc-a", "rc-b", "rc:c~d", "plain-rc"}
 		loadEach(t, e.r, 500, skus...)
 		const n = 40
@@ -2207,7 +2049,6 @@ func TestRecoverCutSagasOnSplitItems(t *testing.T) {
 // holds of one buyer on a split item, concurrently: the buyer never has more than 3 units.
 func TestUserLimitCartsAndSingles(t *testing.T) {
 	each(t, []stock.Option{split(4), stock.WithUserLimit(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "ul-a", 100))
 		require.NoError(t, e.r.Load(ctx, "plain-ul", 100))
 		var wg sync.WaitGroup
@@ -2242,7 +2083,6 @@ func TestUserLimitCartsAndSingles(t *testing.T) {
 // buyers'), and at the end nothing is stranded.
 func TestSellOutCarts(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		const s = 30 // units of so-a; so-b and the plain one have more
 		require.NoError(t, e.r.Load(ctx, "so-a", s))
 		require.NoError(t, e.r.Load(ctx, "so:b~x", 3*s))
@@ -2286,7 +2126,6 @@ func TestSellOutCarts(t *testing.T) {
 // ledger agrees with it (every line taken or none), and the stock adds up.
 func TestRecoverRacesSagas(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		skus := []string{"rr-a", "rr:b~", "plain-rr"}
 		loadEach(t, e.r, 1000, skus...)
 		lines := []stock.Line{{SKU: "rr-a", Qty: 1}, {SKU: "rr:b~", Qty: 2}, {SKU: "plain-rr", Qty: 3}}
@@ -2301,8 +2140,7 @@ func TestRecoverRacesSagas(t *testing.T) {
 						return
 					default:
 					}
-					n, err := stockops.RecoverCarts(ctx, e.r, 0)
-					assert.NoError(t, err)
+					n := must(stockops.RecoverCarts(ctx, e.r, 0))(t)
 					undid.Add(int64(n))
 				}
 			})
@@ -2416,7 +2254,6 @@ func TestCartKilledProcess(t *testing.T) {
 		}
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			c := b.Client(t)
 			r := testkit.NewReserver(t, c, split(3))
 			// A new deployment: record the primaries before any item is loaded, so that the
@@ -2440,8 +2277,7 @@ func TestCartKilledProcess(t *testing.T) {
 					single = "1"
 				}
 				cmd.Env = append(os.Environ(), envChild+"=1", envAddrs+"="+strings.Join(b.Addrs(), ","), envSingle+"="+single, envTag+"="+tag)
-				out, err := cmd.StdoutPipe()
-				require.NoError(t, err)
+				out := must(cmd.StdoutPipe())(t)
 				require.NoError(t, cmd.Start())
 				lines := make(chan string, 1<<16)
 				go func() {
@@ -2560,19 +2396,15 @@ func TestCartKilledProcess(t *testing.T) {
 // confirmed whole or not at all, and a retry answers the same and takes nothing.
 func TestConfirmManyOneLineGone(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		skus := []string{"cg-a", "cg:b", "cg~z"}
 		loadEach(t, e.r, 10, skus...)
 		lines := []stock.Line{{SKU: "cg-a", Qty: 1}, {SKU: "cg:b", Qty: 2}, {SKU: "cg~z", Qty: 3}}
-		_, err := e.r.HoldMany(ctx, stock.Cart{ID: "cg-exp", User: "cu", Lines: lines}, 400*time.Millisecond)
-		require.NoError(t, err)
-		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "cg-can", User: "cv", Lines: lines}, time.Hour)
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.HoldMany(ctx, stock.Cart{ID: "cg-exp", User: "cu", Lines: lines}, 400*time.Millisecond)))
+		require.NoError(t, errOf(e.r.HoldMany(ctx, stock.Cart{ID: "cg-can", User: "cv", Lines: lines}, time.Hour)))
 		for _, sku := range skus[:2] {
-			_, err := e.r.Extend(ctx, sku, "cg-exp", time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Extend(ctx, sku, "cg-exp", time.Hour)))
 		}
-		_, err = e.r.Cancel(ctx, "cg~z", "cg-can")
+		_, err := e.r.Cancel(ctx, "cg~z", "cg-can")
 		require.NoError(t, err)
 		e.advance(time.Second)
 		for _, c := range []struct {
@@ -2606,7 +2438,6 @@ func TestConfirmManyOneLineGone(t *testing.T) {
 // confirmed whole or given back whole, and every reading keeps loaded = available + held + sold.
 func TestConfirmManyRacesCancelMany(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		skus := []string{"cc2-a", "cc2:b", "plain-cc2"}
 		loadEach(t, e.r, 300, skus...)
 		lines := []stock.Line{{SKU: "cc2-a", Qty: 1}, {SKU: "cc2:b", Qty: 2}, {SKU: "plain-cc2", Qty: 3}}
@@ -2652,7 +2483,6 @@ func TestConfirmManyRacesCancelMany(t *testing.T) {
 // them: its bucket releases the due holds of the other buckets and moves the stock, with no sweep.
 func TestCartAfterDueHoldsElsewhere(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "dh-a", 20))
 		require.NoError(t, e.r.Load(ctx, "plain-dh", 20))
 		_, err := e.r.HoldMany(ctx, stock.Cart{ID: "dh-1", User: "first", Lines: []stock.Line{{SKU: "dh-a", Qty: 19}, {SKU: "plain-dh", Qty: 1}}}, 300*time.Millisecond)
@@ -2693,7 +2523,6 @@ func TestRecoverCutHoldSagas(t *testing.T) {
 // lines before it; lines of one split item are summed before the user limit.
 func TestCartClosedAndSummedLimit(t *testing.T) {
 	each(t, []stock.Option{split(3), stock.WithUserLimit(2)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "cl-a", 10))
 		require.NoError(t, e.r.Load(ctx, "cl-z", 10))
 		require.NoError(t, e.r.CloseItem(ctx, "cl-z"))
@@ -2701,8 +2530,7 @@ func TestCartClosedAndSummedLimit(t *testing.T) {
 		requireCartRefused(t, err, "cl-z", stock.ErrClosed)
 		assert.Equal(t, int64(10), levels(t, e.r, "cl-a").Available)
 		// The give-back freed the buyer's limit.
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: "cl-a", ID: "cl-2", User: "u", Qty: 2})
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: "cl-a", ID: "cl-2", User: "u", Qty: 2})))
 		require.NoError(t, e.r.ReopenItem(ctx, "cl-z"))
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cl-3", User: "v", Lines: []stock.Line{{SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}}})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)

@@ -31,8 +31,7 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 		if users != nil {
 			req.User = users[i]
 		}
-		_, err := r.Hold(context.Background(), req, ttl)
-		require.NoError(t, err, "Hold %s %s", req.SKU, id)
+		require.NoError(t, errOf(r.Hold(context.Background(), req, ttl)), "Hold %s %s", req.SKU, id)
 	}
 	redistest.Sleep(c, ttl+200*time.Millisecond)
 }
@@ -44,7 +43,6 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 func TestManyHoldsDueAnswers(t *testing.T) {
 	const n = 600
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "h", n))
@@ -65,8 +63,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrExpired, "extend %s", id)
 			case 3:
 				// Its Replayed flag: TestCancelOfDueHoldIsReplay.
-				_, err := r.Cancel(ctx, "h", id)
-				require.NoError(t, err, "cancel of an expired hold %s is a replay", id)
+				require.NoError(t, errOf(r.Cancel(ctx, "h", id)), "cancel of an expired hold %s is a replay", id)
 			}
 		}
 		l := check(t, r, "h", n)
@@ -86,13 +83,12 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 func TestDeductAfterManyHoldsDue(t *testing.T) {
 	const n = 600
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 500*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "all", Qty: n})
-		assert.NoError(t, err, "every unit is free again: %+v", rc)
+		require.NoError(t, err, "every unit is free again: %+v", rc)
 		l := check(t, r, "h", n)
 		t.Logf("after the deduct: %+v", l)
 		// And a hold of the whole item after the same situation.
@@ -108,7 +104,6 @@ func TestDeductAfterManyHoldsDue(t *testing.T) {
 // exactly at a hold's deadline and 1 ms either side, every operation must take the same view
 // of whether the hold is live, and the ledger must agree with the answers.
 func TestHoldDeadlineEdges(t *testing.T) {
-	ctx := context.Background()
 	for _, off := range []time.Duration{-time.Millisecond, 0, time.Millisecond} {
 		t.Run(fmt.Sprint(off), func(t *testing.T) {
 			_, c := redistest.Miniredis(t)
@@ -116,8 +111,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 			require.NoError(t, r.Load(ctx, "d", 10))
 			ops := []string{"replay", "confirm", "extend", "cancel", "sweep", "deduct"}
 			for _, op := range ops {
-				_, err := r.Hold(ctx, stock.Request{SKU: "d", ID: op, Qty: 1}, time.Second)
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "d", ID: op, Qty: 1}, time.Second)))
 			}
 			redistest.Sleep(c, time.Second+off)
 			live := map[string]bool{}
@@ -172,15 +166,13 @@ func TestHoldDeadlineEdges(t *testing.T) {
 // replay of the Hold: the answers agree with each other and with the ledger.
 func TestHoldDeadlineRaces(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "d", 1000))
 		confirmed, expired := 0, 0
 		for i := range 60 {
 			id := fmt.Sprint("d", i)
-			_, err := r1.Hold(ctx, stock.Request{SKU: "d", ID: id, User: "u", Qty: 1}, 20*time.Millisecond)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r1.Hold(ctx, stock.Request{SKU: "d", ID: id, User: "u", Qty: 1}, 20*time.Millisecond)))
 			redistest.Sleep(c1, time.Duration(15+i%10)*time.Millisecond)
 			var wg sync.WaitGroup
 			var cerr, xerr, herr error
@@ -193,8 +185,7 @@ func TestHoldDeadlineRaces(t *testing.T) {
 			}()
 			go func() { defer wg.Done(); _, _ = stockops.Sweep(ctx, r2, "d") }()
 			wg.Wait()
-			e, err := r1.Ledger(ctx, "d", id)
-			require.NoError(t, err)
+			e := must(r1.Ledger(ctx, "d", id))(t)
 			if cerr == nil {
 				confirmed++
 				assert.True(t, e.Taken() && e.State != stock.StateHeld, "%s: confirmed, ledger %+v", id, e)
@@ -225,32 +216,22 @@ func TestHoldDeadlineRaces(t *testing.T) {
 // call on the id agrees. Reservers sharing one Redis (caching clients) answer the same.
 func TestExtendExpiredAcrossReservers(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "e", 3))
-		_, err := r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, 200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, 200*time.Millisecond)))
 		// r2 caches the item as sold out.
-		_, err = r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		require.ErrorIs(t, errOf(r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})), stock.ErrSoldOut)
 		redistest.Sleep(c1, 300*time.Millisecond)
-		_, err = r2.Extend(ctx, "e", "h", time.Hour)
-		require.ErrorIs(t, err, stock.ErrExpired)
+		require.ErrorIs(t, errOf(r2.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
 		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, check(t, r1, "e", 3))
-		_, err = r1.Extend(ctx, "e", "h", time.Hour)
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		_, err = r1.Confirm(ctx, "e", "h")
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		_, err = r2.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		_, err = r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)
-		assert.ErrorIs(t, err, stock.ErrExpired)
+		assert.ErrorIs(t, errOf(r1.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, errOf(r1.Confirm(ctx, "e", "h")), stock.ErrExpired)
+		assert.ErrorIs(t, errOf(r2.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, errOf(r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)), stock.ErrExpired)
 		// r2 wrote (Extend released the hold): its own next deduct is not answered sold out.
-		_, err = r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})
-		assert.NoError(t, err, "r2 released 3 units itself, then said")
-		rc, err := r1.Cancel(ctx, "e", "h")
-		assert.NoError(t, err)
+		assert.NoError(t, errOf(r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})), "r2 released 3 units itself, then said")
+		rc := must(r1.Cancel(ctx, "e", "h"))(t)
 		assert.True(t, rc.Replayed)
 		check(t, r1, "e", 3)
 	})
@@ -259,18 +240,14 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 // Bad hold durations are ErrInvalid and change nothing.
 func TestHoldTTLBounds(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 3))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond, 500 * time.Microsecond} {
-			_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, ttl)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "ttl %v", ttl)
+			assert.ErrorIs(t, errOf(r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, ttl)), stock.ErrInvalid, "ttl %v", ttl)
 		}
-		_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, time.Minute)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, time.Minute)))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond} {
-			_, err := r.Extend(ctx, "t", "h", ttl)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "extend ttl %v", ttl)
+			assert.ErrorIs(t, errOf(r.Extend(ctx, "t", "h", ttl)), stock.ErrInvalid, "extend ttl %v", ttl)
 		}
 		assert.Equal(t, stock.Levels{Available: 2, Held: 1, Loaded: 3}, check(t, r, "t", 3))
 	})
@@ -286,16 +263,13 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 	for _, n := range []int{1, 64, 65, 200} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				ctx := context.Background()
 				c := b.Client(t)
 				r := testkit.NewReserver(t, c)
 				require.NoError(t, r.Load(ctx, "h", int64(n)))
 				holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 300*time.Millisecond)
 				last := fmt.Sprint("h", n-1)
-				rc, err := r.Cancel(ctx, "h", last)
-				require.NoError(t, err)
-				e, err := r.Ledger(ctx, "h", last)
-				require.NoError(t, err)
+				rc := must(r.Cancel(ctx, "h", last))(t)
+				e := must(r.Ledger(ctx, "h", last))(t)
 				assert.True(t, rc.Replayed, "cancel of an expired hold (%d due) is a replay; receipt %+v, entry state %s", n, rc, e.State)
 				assert.Equal(t, stock.StateExpired, e.State)
 				check(t, r, "h", int64(n))
@@ -309,12 +283,10 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 // ends expired; the item's counters stay right.
 func TestRestoreOfDueHold(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "r", 5))
-		_, err := r.Hold(ctx, stock.Request{SKU: "r", ID: "h", User: "u", Qty: 2}, 200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "r", ID: "h", User: "u", Qty: 2}, 200*time.Millisecond)))
 		redistest.Sleep(c, 300*time.Millisecond)
 		rc, err := r.Restore(ctx, "r", "h")
 		t.Logf("restore of a due hold: %+v %v", rc, err)
@@ -326,8 +298,7 @@ func TestRestoreOfDueHold(t *testing.T) {
 		t.Logf("again: %+v %v", rc2, err2)
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, check(t, r, "r", 5))
 		// The user's units came back once: u may hold 2 again, not 4.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "r", ID: "d", User: "u", Qty: 2})
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "r", ID: "d", User: "u", Qty: 2})))
 		_, err = r.Deduct(ctx, stock.Request{SKU: "r", ID: "d2", User: "u", Qty: 1})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
 	})
@@ -338,7 +309,6 @@ func TestRestoreOfDueHold(t *testing.T) {
 // holds stay.
 func TestSweepManyDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c)
 		const ttl = 2 * time.Second
@@ -346,22 +316,19 @@ func TestSweepManyDue(t *testing.T) {
 		for _, sku := range []string{"s1", "s2"} {
 			require.NoError(t, r.Load(ctx, sku, 700))
 			for i := range 600 {
-				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, ttl)
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, ttl)))
 			}
-			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "live", Qty: 2}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: sku, ID: "live", Qty: 2}, time.Hour)))
 		}
 		// On a slow machine the first holds may fall due while the last are taken, and those
 		// takes release them: the exact counts hold only when taking them all was quick.
 		exact := time.Since(start) < ttl*3/4
 		redistest.Sleep(c, ttl+200*time.Millisecond)
-		n, err := stockops.Sweep(ctx, r, "s1")
-		require.NoError(t, err)
+		n := must(stockops.Sweep(ctx, r, "s1"))(t)
 		if exact {
 			assert.Equal(t, int64(600), n)
 		}
-		n, err = stockops.Sweep(ctx, r)
+		n, err := stockops.Sweep(ctx, r)
 		require.NoError(t, err)
 		if exact {
 			assert.Equal(t, int64(600), n)
@@ -380,7 +347,6 @@ func TestSweepManyDue(t *testing.T) {
 // cause: only 64 due holds are released per call, the user's is not among them.
 func TestUserLimitAfterManyHoldsDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "h", 1000))
@@ -437,11 +403,9 @@ func eventually(d time.Duration, cond func() bool) bool {
 // did [meet an error]".
 func TestRunBothNilSweeps(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	require.NoError(t, r.Load(ctx, "h", 10))
-	_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: "a", Qty: 3}, time.Minute)
-	require.NoError(t, err)
+	require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "h", ID: "a", Qty: 3}, time.Minute)))
 	cancel, done := runAsync(r, stock.RunOptions{SweepInterval: 10 * time.Millisecond})
 	e.Advance(2 * time.Minute)
 	ok := eventually(3*time.Second, func() bool { return testkit.Levels(t, r, "h").Held == 0 })
@@ -449,8 +413,7 @@ func TestRunBothNilSweeps(t *testing.T) {
 	stopRunWithin(t, cancel, done, 5*time.Second)
 
 	// A negative SweepInterval turns the sweeper off: the due hold stays until something sweeps.
-	_, err = r.Hold(ctx, stock.Request{SKU: "h", ID: "b", Qty: 2}, time.Minute)
-	require.NoError(t, err)
+	require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "h", ID: "b", Qty: 2}, time.Minute)))
 	cancel, done = runAsync(r, stock.RunOptions{SweepInterval: -1})
 	e.Advance(2 * time.Minute)
 	time.Sleep(300 * time.Millisecond)
@@ -463,16 +426,13 @@ func TestRunBothNilSweeps(t *testing.T) {
 // Redis does not know"; "No name may contain a brace".
 func TestLevelsSweepBadSKUs(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "ok", 1))
 		_, err := r.Levels(ctx, "nope")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		for _, bad := range []string{"", "a{b", "a}b", "{a}", "a b", "a\nb", "a\x00b", strings.Repeat("x", stock.MaxNameLen+1)} {
-			_, err := r.Levels(ctx, bad)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "Levels(%q)", bad)
-			_, err = stockops.Sweep(ctx, r, bad)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "Sweep(%q)", bad)
+			assert.ErrorIs(t, errOf(r.Levels(ctx, bad)), stock.ErrInvalid, "Levels(%q)", bad)
+			assert.ErrorIs(t, errOf(stockops.Sweep(ctx, r, bad)), stock.ErrInvalid, "Sweep(%q)", bad)
 			err = r.CloseItem(ctx, bad)
 			assert.ErrorIs(t, err, stock.ErrInvalid, "CloseItem(%q)", bad)
 			err = r.ReopenItem(ctx, bad)
@@ -481,8 +441,7 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		_, err = r.Levels(ctx, strings.Repeat("x", stock.MaxNameLen))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded, "a name of MaxNameLen bytes is valid")
 		// "An item that fails does not stop the others": a bad SKU beside a good one.
-		_, err = r.Hold(ctx, stock.Request{SKU: "ok", ID: "h", Qty: 1}, time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "ok", ID: "h", Qty: 1}, time.Millisecond)))
 		redistest.Sleep(c, 20*time.Millisecond)
 		n, err := stockops.Sweep(ctx, r, "ok", "nope")
 		t.Logf("Sweep(ok, nope) = %d, %v", n, err)
@@ -495,8 +454,7 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		assert.True(t, testkit.Levels(t, r, "cl").Closed)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "cl", ID: "x", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrClosed)
+		assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "cl", ID: "x", Qty: 1})), stock.ErrClosed)
 		require.NoError(t, r.ReopenItem(ctx, "cl"))
 		assert.False(t, testkit.Levels(t, r, "cl").Closed)
 		_, err = r.Deduct(ctx, stock.Request{SKU: "cl", ID: "x", Qty: 1})
@@ -513,27 +471,24 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 // released."
 func TestSweepManyDueHolds(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	skus := []string{"m:1", "m:2", "m~3"}
 	const per = 700
 	for _, s := range skus {
 		require.NoError(t, r.Load(ctx, s, 10*per))
 		for i := range per {
-			_, err := r.Hold(ctx, stock.Request{SKU: s, ID: fmt.Sprint("h", i), Qty: 2}, time.Minute)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: s, ID: fmt.Sprint("h", i), Qty: 2}, time.Minute)))
 		}
 	}
 	e.Advance(time.Minute + time.Millisecond)
-	n, err := stockops.Sweep(ctx, r)
-	require.NoError(t, err)
+	n := must(stockops.Sweep(ctx, r))(t)
 	assert.Equal(t, int64(len(skus)*per*2), n, "every due hold of every item released")
 	for _, s := range skus {
 		l := testkit.Levels(t, r, s)
 		assert.Equal(t, int64(0), l.Held, s)
 		assert.Equal(t, int64(10*per), l.Available, s)
 	}
-	n, err = stockops.Sweep(ctx, r)
+	n, err := stockops.Sweep(ctx, r)
 	require.NoError(t, err)
 	assert.Equal(t, int64(0), n, "a second sweep finds nothing")
 }
@@ -542,20 +497,16 @@ func TestSweepManyDueHolds(t *testing.T) {
 func TestRunSweepsManyDueHolds(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		const n = 3000
 		require.NoError(t, r.Load(ctx, "many", n))
 		var wg sync.WaitGroup
 		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := w; i < n; i += 4 {
-					_, err := r.Hold(ctx, stock.Request{SKU: "many", ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)
-					assert.NoError(t, err)
+					assert.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "many", ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)))
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		redistest.Sleep(c, time.Second)
@@ -574,13 +525,11 @@ func TestRunSweepsManyDueHolds(t *testing.T) {
 // the documented key layout (stock:{sku}:l is the ledger hash).
 func TestSweepCorruptEntry(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		for _, s := range []string{"bad", "good"} {
 			require.NoError(t, r.Load(ctx, s, 10))
 			for _, id := range []string{"h1", "h2"} {
-				_, err := r.Hold(ctx, stock.Request{SKU: s, ID: id, Qty: 1}, 50*time.Millisecond)
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: s, ID: id, Qty: 1}, 50*time.Millisecond)))
 			}
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{bad}:l").FieldValue().FieldValue("h1", "garbage").Build()).Error())
@@ -607,8 +556,7 @@ func TestSweepCorruptEntry(t *testing.T) {
 func TestSweepEmpty(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := testkit.NewReserver(t, c)
-		n, err := stockops.Sweep(context.Background(), r)
-		assert.NoError(t, err)
+		n := must(stockops.Sweep(context.Background(), r))(t)
 		assert.Equal(t, int64(0), n)
 	})
 }
@@ -618,19 +566,15 @@ func TestSweepEmpty(t *testing.T) {
 func TestDeductReleasesManyDueHolds(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	const n = 2500
 	require.NoError(t, r.Load(ctx, "due", n))
 	for i := range n {
-		_, err := r.Hold(ctx, stock.Request{SKU: "due", ID: fmt.Sprint("h", i), Qty: 1}, time.Minute)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "due", ID: fmt.Sprint("h", i), Qty: 1}, time.Minute)))
 	}
-	_, err := r.Deduct(ctx, stock.Request{SKU: "due", ID: "early", Qty: 1})
-	assert.ErrorIs(t, err, stock.ErrSoldOut)
+	assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "due", ID: "early", Qty: 1})), stock.ErrSoldOut)
 	e.Advance(2 * time.Minute)
-	rc, err := r.Deduct(ctx, stock.Request{SKU: "due", ID: "all", Qty: n})
-	require.NoError(t, err, "every due hold released before the refusal")
+	rc := must(r.Deduct(ctx, stock.Request{SKU: "due", ID: "all", Qty: n}))(t, "every due hold released before the refusal")
 	assert.Equal(t, int64(0), rc.Remaining)
 	l := testkit.Levels(t, r, "due")
 	assert.Equal(t, int64(0), l.Held)
@@ -640,14 +584,11 @@ func TestDeductReleasesManyDueHolds(t *testing.T) {
 // Sweep of one item named twice counts its units once: "returns the units released".
 func TestSweepDuplicateSKUs(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	require.NoError(t, r.Load(ctx, "dup", 10))
-	_, err := r.Hold(ctx, stock.Request{SKU: "dup", ID: "h", Qty: 4}, time.Minute)
-	require.NoError(t, err)
+	require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "dup", ID: "h", Qty: 4}, time.Minute)))
 	e.Advance(2 * time.Minute)
-	n, err := stockops.Sweep(ctx, r, "dup", "dup", "dup")
-	require.NoError(t, err)
+	n := must(stockops.Sweep(ctx, r, "dup", "dup", "dup"))(t)
 	assert.Equal(t, int64(4), n)
 	assert.Equal(t, int64(10), testkit.Levels(t, r, "dup").Available)
 }
@@ -666,20 +607,16 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	const sku = "a16-two"
 	faultLoad(t, ctx, r1, st, sku, 1_000_000)
 	rec, err := stockops.NewReconciler(r1, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	faultPass(t, ctx, rec, 10*time.Second)
 	runCtx, stopRun := context.WithCancel(ctx)
 	var runs sync.WaitGroup
 	for _, r := range []*stock.Reserver{r1, r2} {
-		runs.Add(1)
-		go func() {
-			defer runs.Done()
+		runs.Go(func() {
 			_ = r.Run(runCtx, stock.RunOptions{Store: st, GuardInterval: 100 * time.Millisecond, SweepInterval: 200 * time.Millisecond,
 				Reconcile: &stock.ReconcileOptions{Interval: time.Hour},
 				Relay:     &stock.RelayOptions{Batch: 16, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
-		}()
+		})
 	}
 	acked := &acked{}
 	var replayAcks, fenced1, fenced2 atomic.Int64
@@ -710,15 +647,11 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	}()
 	time.Sleep(2500 * time.Millisecond)
 	old, err := d.Primary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	before1, before2 := fenced1.Load(), fenced2.Load()
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
-	if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-		t.Fatalf("no failover after kill -9: %v", err)
-	}
+	require.NoError(t, errOf(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
 	time.Sleep(1500 * time.Millisecond)
 	if fenced1.Load() == before1 || fenced2.Load() == before2 {
 		t.Errorf("after the failover, ErrFailover answers: instance one %d, instance two %d: both must fence",
@@ -747,15 +680,10 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	time.Sleep(2 * time.Second) // every remaining hold past its deadline; the sweepers release them
 	stopRun()
 	runs.Wait()
-	if _, err := stockops.Sweep(ctx, r1, sku); err != nil {
-		t.Errorf("sweep: %v", err)
-	}
+	assert.NoError(t, errOf(stockops.Sweep(ctx, r1, sku)), "sweep")
 	faultDrain(t, ctx, r1, st, sku)
 	faultPass(t, ctx, rec, 15*time.Second)
-	lv, err := r1.Levels(ctx, sku)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lv := must(r1.Levels(ctx, sku))(t)
 	if lv.Held != 0 {
 		t.Errorf("%d units still held after every hold's deadline and a sweep", lv.Held)
 	}
@@ -775,12 +703,6 @@ func TestHoldsOnQueuePath(t *testing.T) {
 		initial[sku] = 200
 		loadBoth(t, e.Reserver, st, sku, 200)
 	}
-	must := func(_ stock.Receipt, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	sold := map[string]int64{}
 	var expiring []struct{ sku, id string }
 	for i := 0; i < 200; i++ {
@@ -789,54 +711,44 @@ func TestHoldsOnQueuePath(t *testing.T) {
 		q := int64(1 + rng.IntN(3))
 		switch p := rng.IntN(5); p {
 		case 0: // a deduct
-			must(e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}))
+			must(e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}))(t)
 			sold[sku] += q
 		case 1, 2: // a hold, confirmed
-			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))
-			must(e.Reserver.Confirm(ctx, sku, id))
+			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))(t)
+			must(e.Reserver.Confirm(ctx, sku, id))(t)
 			sold[sku] += q
 			if p == 2 { // then given back
-				must(e.Reserver.Restore(ctx, sku, id))
+				must(e.Reserver.Restore(ctx, sku, id))(t)
 				sold[sku] -= q
 			}
 		case 3: // a hold, cancelled
-			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))
-			must(e.Reserver.Cancel(ctx, sku, id))
+			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))(t)
+			must(e.Reserver.Cancel(ctx, sku, id))(t)
 		case 4: // a hold left to expire
-			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Minute))
+			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Minute))(t)
 			expiring = append(expiring, struct{ sku, id string }{sku, id})
 		}
 	}
 	e.Advance(2 * time.Minute)
-	if _, err := stockops.Sweep(ctx, e.Reserver); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, errOf(stockops.Sweep(ctx, e.Reserver)))
 	for _, x := range expiring { // a late confirm of an expired hold changes nothing
 		if _, err := e.Reserver.Confirm(ctx, x.sku, x.id); err == nil {
 			t.Errorf("Confirm of expired hold %s/%s succeeded", x.sku, x.id)
 		}
 	}
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := must(stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8}))(t)
 	drain(t, ctx, e, rl, skus)
 	concurrentConsume(t, ctx, e.Reserver, st, q.take(), 2, 6, rng)
 	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, sku := range skus {
 		lv, _ := e.Reserver.Levels(ctx, sku)
 		rem, _ := st.Remaining(ctx, sku)
 		if want := initial[sku] - sold[sku]; rem != want || lv.Available != want || lv.Held != 0 {
 			t.Errorf("item %q: store %d, Redis available %d held %d, acknowledged answers %d", sku, rem, lv.Available, lv.Held, want)
 		}
-		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rp := must(rec.Item(ctx, sku))(t)
 		if rp.Pending != 0 || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 {
 			t.Errorf("item %q: %s", sku, rp)
 		}
@@ -853,7 +765,6 @@ func TestHoldsOnQueuePath(t *testing.T) {
 // returns after its ctx ends with the outbox drained.
 func TestRunLateItemsManyHoldsDue(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1)
 		other := testkit.NewReserver(t, c2)
 		store := memstore.New()
@@ -885,8 +796,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 			w := []*stock.Reserver{r, other}[i%2]
 			start := time.Now()
 			for h := range 8 {
-				_, err := w.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("h%d", h), User: "u", Qty: 1}, ttl)
-				require.NoError(t, err)
+				require.NoError(t, errOf(w.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("h%d", h), User: "u", Qty: 1}, ttl)))
 				holdsTaken++
 			}
 			// Before the deadline nothing is released. Checked per item, right after its holds:
@@ -896,16 +806,12 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 				assert.Equal(t, int64(8), l.Held, "%s: held before the deadline", sku)
 				checked++
 			}
-			_, err := w.Hold(ctx, stock.Request{SKU: sku, ID: "keep", Qty: 2}, time.Hour)
-			require.NoError(t, err)
-			_, err = w.Confirm(ctx, sku, "keep")
-			require.NoError(t, err)
+			require.NoError(t, errOf(w.Hold(ctx, stock.Request{SKU: sku, ID: "keep", Qty: 2}, time.Hour)))
+			require.NoError(t, errOf(w.Confirm(ctx, sku, "keep")))
 			for d := range 3 {
-				_, err := w.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", d), Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errOf(w.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", d), Qty: 1})))
 			}
-			_, err = w.Restore(ctx, sku, "d0")
-			require.NoError(t, err)
+			require.NoError(t, errOf(w.Restore(ctx, sku, "d0")))
 		}
 		require.Positive(t, checked, "no item was checked before its holds' deadline")
 		redistest.Sleep(c1, ttl+100*time.Millisecond)
@@ -930,22 +836,19 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 		}, 15*time.Second, 50*time.Millisecond, "the store gets every item's events")
 		// A last sale, then stop: Drain delivers it.
 		for _, sku := range skus {
-			_, err := other.Deduct(ctx, stock.Request{SKU: sku, ID: "last", Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(other.Deduct(ctx, stock.Request{SKU: sku, ID: "last", Qty: 1})))
 		}
 		require.NoError(t, ignoreCanceled(stop()))
 		for _, sku := range skus {
 			l := soldOutLevels(t, r, sku)
 			assert.Equal(t, int64(25), l.Available, sku)
-			n, err := store.Remaining(ctx, sku)
-			require.NoError(t, err)
+			n := must(store.Remaining(ctx, sku))(t)
 			assert.Equal(t, int64(25), n, "%s: the store after Run's drain", sku)
 			p, _, err := stockops.Pending(ctx, r, sku)
 			require.NoError(t, err)
 			assert.Zero(t, p, "%s: outbox after Run returned", sku)
 			for h := range 8 {
-				e, err := r.Ledger(ctx, sku, fmt.Sprintf("h%d", h))
-				require.NoError(t, err)
+				e := must(r.Ledger(ctx, sku, fmt.Sprintf("h%d", h)))(t)
 				assert.Equal(t, stock.StateExpired, e.State)
 			}
 		}
@@ -960,7 +863,6 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 // must release the due holds as on a plain item.
 func TestDueHoldsReleasedByNextTake(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		for _, sku := range []string{"plain-due", "split-due"} {
 			require.NoError(t, e.r.Load(ctx, sku, 100))
 			for i := range 8 {
@@ -1002,8 +904,7 @@ func TestHoldsExpireUnderRun(t *testing.T) {
 		l := levels(t, e.r, "hrun")
 		assert.Equal(t, stock.Levels{Available: 30, Loaded: 30}, l)
 		for i := range 12 {
-			ent, err := e.r.Ledger(context.Background(), "hrun", fmt.Sprintf("h%d", i))
-			require.NoError(t, err)
+			ent := must(e.r.Ledger(context.Background(), "hrun", fmt.Sprintf("h%d", i)))(t)
 			assert.Equal(t, stock.StateExpired, ent.State)
 		}
 	})

@@ -25,11 +25,9 @@ import (
 // with an error (not an acknowledgement). Then memory is raised and retries take exactly once.
 func TestOOM(t *testing.T) {
 	admin, r := serverReserver(t, nil, stock.WithTimeout(3*time.Second))
-	ctx := context.Background()
 	require.NoError(t, r.Load(ctx, "m", 300))
 	require.NoError(t, r.Load(ctx, "z", 1))
-	_, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1})
-	require.NoError(t, err)
+	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1})))
 	st := newStats()
 	st.acked["z1"] = "z"
 	faultTraffic([]*stock.Reserver{r}, st, "pre", []string{"m"}, 4, 25, 1)
@@ -73,8 +71,7 @@ func TestOOM(t *testing.T) {
 	for _, id := range failed {
 		deduct(r, st, "m", id, 3)
 	}
-	_, err = r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1, Retry: true}, time.Minute)
-	require.NoError(t, err)
+	require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1, Retry: true}, time.Minute)))
 	_, err = r.Confirm(ctx, "m", "oomhold")
 	require.NoError(t, err)
 	st.mu.Lock()
@@ -92,14 +89,11 @@ func TestOOM(t *testing.T) {
 // that still has stock, under OOM: does it answer Replayed?
 func TestOOMReplay(t *testing.T) {
 	admin, r := serverReserver(t, nil)
-	ctx := context.Background()
 	require.NoError(t, r.Load(ctx, "p", 10))
-	_, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1})
-	require.NoError(t, err)
+	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1})))
 	goOOM(t, admin)
 	defer faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0")
-	rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1, Retry: true})
-	require.NoError(t, err, "replay of an acknowledged deduct under OOM")
+	rc := must(r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1, Retry: true}))(t, "replay of an acknowledged deduct under OOM")
 	assert.True(t, rc.Replayed)
 }
 
@@ -118,8 +112,7 @@ func miniWithPolicy(t *testing.T, policy string) (rueidis.Client, string) {
 	t.Helper()
 	m := miniredis.RunT(t)
 	require.NoError(t, redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": policy}))
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	require.NoError(t, err)
+	c := must(rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true}))(t)
 	t.Cleanup(c.Close)
 	return c, m.Addr()
 }
@@ -138,18 +131,13 @@ func serverReserver(t *testing.T, args []string, opts ...stock.Option) (admin ru
 
 func outsideKeys(t *testing.T, c rueidis.Client) []string {
 	t.Helper()
-	ks, err := c.Do(context.Background(), c.B().Keys().Pattern("*").Build()).AsStrSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ks := must(c.Do(context.Background(), c.B().Keys().Pattern("*").Build()).AsStrSlice())(t)
 	return ks
 }
 
 func outsideConfigSet(t *testing.T, c rueidis.Client, policy string) {
 	t.Helper()
-	if err := c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", policy).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", policy).Build()).Error())
 }
 
 // every write of the Reserver, with the results wanted.
@@ -229,21 +217,15 @@ func TestEvictionAllowedWrites(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := testkit.NewReserver(t, c, stock.WithEvictionAllowed())
 			defer r.Close(context.Background())
-			if err := r.Load(context.Background(), "a", 3); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := r.Deduct(context.Background(), stock.Request{SKU: "a", ID: "d", Qty: 1}); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, r.Load(context.Background(), "a", 3))
+			require.NoError(t, errOf(r.Deduct(context.Background(), stock.Request{SKU: "a", ID: "d", Qty: 1})))
 		})
 	}
 }
 
 func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
 	c, r := serverReserver(t, []string{"--maxmemory-policy", "allkeys-lru"})
-	if err := r.Load(context.Background(), "a", 3); !errors.Is(err, stock.ErrEvictionPolicy) {
-		t.Fatalf("Load: %v", err)
-	}
+	require.ErrorIs(t, r.Load(context.Background(), "a", 3), stock.ErrEvictionPolicy, "Load")
 	outsideConfigSet(t, c, "noeviction")
 	deadline := time.Now().Add(3 * time.Second)
 	var err error
@@ -253,21 +235,16 @@ func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if err != nil {
-		t.Fatalf("Load after the policy was fixed: %v", err)
-	}
+	require.NoError(t, err, "Load after the policy was fixed")
 }
 
 func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
 	c, r := serverReserver(t, nil)
-	ctx := context.Background()
 	store := memstore.New()
 	loadRedisAndStore(t, r, store, 3, "a")
 	outsideConfigSet(t, c, "volatile-lru")
 	rec, err := stockops.NewReconciler(r, store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	res, _ := rec.Pass(ctx)
 	if res.NeedsHuman == "" {
 		t.Errorf("a pass after the policy turned evicting reports nothing: %+v", res)
@@ -283,7 +260,6 @@ func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
 
 func TestEvictedKeysReportedByPass(t *testing.T) {
 	c, r := serverReserver(t, nil, stock.WithEvictionAllowed())
-	ctx := context.Background()
 	store := memstore.New()
 	loadRedisAndStore(t, r, store, 3, "a")
 	rec, _ := stockops.NewReconciler(r, store, nil)
@@ -299,9 +275,7 @@ func TestEvictedKeysReportedByPass(t *testing.T) {
 			fmt.Sscan(strings.TrimPrefix(l, "used_memory:"), &usedBytes)
 		}
 	}
-	if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", fmt.Sprint(usedBytes+200000)).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", fmt.Sprint(usedBytes+200000)).Build()).Error())
 	big := strings.Repeat("x", 10000)
 	for i := 0; i < 100; i++ {
 		_ = c.Do(ctx, c.B().Set().Key(fmt.Sprintf("filler:%d", i)).Value(big).ExSeconds(3600).Build()).Error()
@@ -327,9 +301,7 @@ func TestEvictionPolicyOnOneClusterMasterRefused(t *testing.T) {
 	r, _ := stock.New(c)
 	defer r.Close(context.Background())
 	for op, err := range outsideAllWrites(context.Background(), r) {
-		if !errors.Is(err, stock.ErrEvictionPolicy) {
-			t.Errorf("%s with one master evicting: %v, want ErrEvictionPolicy", op, err)
-		}
+		assert.ErrorIs(t, err, stock.ErrEvictionPolicy, "%s with one master evicting: %v, want ErrEvictionPolicy", op, err)
 	}
 	for i, s := range cl.Servers() {
 		if ks := outsideKeys(t, s.Client(t)); len(ks) != 0 {

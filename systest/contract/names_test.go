@@ -43,7 +43,6 @@ func itemsOf(t *testing.T, r *stock.Reserver) []string {
 // Items lists exactly the loaded items.
 func TestKeyNamesDoNotCollide(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -61,13 +60,10 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		for i, n := range names {
 			user := names[(i+7)%len(names)]
 			id := names[(i+3)%len(names)]
-			rc, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 2})
-			require.NoError(t, err, n)
+			rc := must(r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 2}))(t, n)
 			assert.False(t, rc.Replayed)
-			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: id + ":h", User: user, Qty: 1}, time.Hour)
-			require.NoError(t, err, n)
-			_, err = r.Restock(ctx, n, id+":rs", 3)
-			require.NoError(t, err, n)
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: n, ID: id + ":h", User: user, Qty: 1}, time.Hour)), n)
+			require.NoError(t, errOf(r.Restock(ctx, n, id+":rs", 3)), n)
 			after := snapshot()
 			for _, m := range names {
 				if m == n {
@@ -82,13 +78,11 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 				assert.Equal(t, before[m], after[m], "an operation on %q changed %q", n, m)
 			}
 			before = after
-			e, err := r.Ledger(ctx, n, id)
-			require.NoError(t, err)
+			e := must(r.Ledger(ctx, n, id))(t)
 			assert.Equal(t, user, e.User, "%s/%s", n, id)
 			assert.Equal(t, int64(2), e.Qty)
 			assert.Equal(t, stock.KindDeduct, e.Kind)
-			h, err := r.Ledger(ctx, n, id+":h")
-			require.NoError(t, err)
+			h := must(r.Ledger(ctx, n, id+":h"))(t)
 			assert.Equal(t, user, h.User)
 			assert.Equal(t, stock.StateHeld, h.State)
 			assert.False(t, h.Deadline.IsZero())
@@ -100,10 +94,8 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		}
 		for _, user := range []string{"x:1", "~", ":"} {
 			id := "cart:" + user
-			_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
-			require.NoError(t, err)
-			rc, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})))
+			rc := must(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}))(t)
 			assert.True(t, rc.Replayed)
 		}
 		assert.ElementsMatch(t, names, itemsOf(t, r))
@@ -136,7 +128,6 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 	}
 	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -150,10 +141,8 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		for i, n := range names {
 			user := names[(i+1)%len(names)]
 			id := names[(i+2)%len(names)]
-			_, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 1})
-			require.NoError(t, err, n)
-			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: user, User: id, Qty: 1}, time.Hour)
-			require.NoError(t, err, n)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 1})), n)
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: n, ID: user, User: id, Qty: 1}, time.Hour)), n)
 			for _, m := range names {
 				l := check(t, r, m, initial[m])
 				if m == n {
@@ -171,10 +160,8 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 			{ID: "c2", User: "x:u", Lines: []stock.Line{{SKU: "items", Qty: 1}, {SKU: "carts", Qty: 1}}},
 			{ID: "c3", User: "tee", Lines: []stock.Line{{SKU: "tee", Qty: 1}, {SKU: "x", Qty: 1}, {SKU: "u", Qty: 1}}},
 		} {
-			_, err := r.DeductMany(ctx, c)
-			require.NoError(t, err, i)
-			rc, err := r.DeductMany(ctx, c)
-			require.NoError(t, err, i)
+			require.NoError(t, errOf(r.DeductMany(ctx, c)), i)
+			rc := must(r.DeductMany(ctx, c))(t, i)
 			assert.True(t, rc.Replayed, i)
 			for _, ln := range c.Lines {
 				before[ln.SKU] = stock.Levels{Available: before[ln.SKU].Available - 1, Held: before[ln.SKU].Held, Sold: before[ln.SKU].Sold + 1, Loaded: before[ln.SKU].Loaded}
@@ -190,7 +177,6 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 // "a:items", "a:carts") on one Redis never touch each other's items, registry or cart log.
 func TestPrefixesDoNotCollide(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
 		rs := map[string]*stock.Reserver{}
@@ -202,13 +188,11 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 		}
 		for i, p := range prefixes {
 			r := rs[p]
-			_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", User: "u", Qty: int64(i + 1)})
-			require.NoError(t, err)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", User: "u", Qty: int64(i + 1)})))
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
 			require.NoError(t, err)
 		}
-		_, err := stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)
-		require.NoError(t, err)
+		require.NoError(t, errOf(stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)))
 		for i, p := range prefixes {
 			r := rs[p]
 			l := check(t, r, "x", int64(10+i))
@@ -226,7 +210,6 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 // work on a split item as on a plain one.
 func TestNames(t *testing.T) {
 	each(t, []stock.Option{split(64)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		long := strings.Repeat("é", stock.MaxNameLen/2) // 128 bytes
 		for _, sku := range []string{"a:b:c", "x~1~2", "商品-ü-🙂", "s:~0", long} {
 			t.Run(fmt.Sprintf("%.12s", sku), func(t *testing.T) {
@@ -236,22 +219,18 @@ func TestNames(t *testing.T) {
 					if i == 3 {
 						id = strings.Repeat("i", stock.MaxNameLen)
 					}
-					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2})
-					require.NoError(t, err)
+					rc := must(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2}))(t)
 					assert.Equal(t, sku, rc.SKU)
-					ent, err := e.r.Ledger(ctx, sku, id)
-					require.NoError(t, err)
+					ent := must(e.r.Ledger(ctx, sku, id))(t)
 					assert.Equal(t, sku, ent.SKU)
 					assert.Equal(t, user, ent.User)
 				}
-				_, err := e.r.Restore(ctx, sku, "id:0~ü")
-				require.NoError(t, err)
+				require.NoError(t, errOf(e.r.Restore(ctx, sku, "id:0~ü")))
 				l := levels(t, e.r, sku)
 				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, l)
 				require.NoError(t, e.r.CloseItem(ctx, sku))
 				require.NoError(t, e.r.ReopenItem(ctx, sku))
-				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "all", Qty: 62})
-				require.NoError(t, err)
+				require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "all", Qty: 62})))
 			})
 		}
 	})
@@ -261,7 +240,6 @@ func TestNames(t *testing.T) {
 // length answer on a split item as on a plain one (taken, replayed, refused as invalid alike).
 func TestOddIDs(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		plain, split := sku("plain-odd"), sku("odd")
 		ids := []string{"a|1", "a|1|2", "{x}", "}", "a:b~c", "sp ace", "ünï", "r", strings.Repeat("i", stock.MaxNameLen),
 			strings.Repeat("j", stock.MaxNameLen+1), "", "nul\x00x", "\n"}
@@ -326,20 +304,14 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 			}
 		}
 		check("Load sku", e.r.Load(e.ctx, bad, 1))
-		_, err := e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: bad, User: "u", Qty: 1})
-		check("Deduct id", err)
-		_, err = e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: "i", User: bad, Qty: 1})
-		check("Deduct user", err)
-		_, err = e.r.Restore(e.ctx, "ok", bad)
-		check("Restore id", err)
-		_, err = e.r.Restock(e.ctx, "ok", bad, 1)
-		check("Restock id", err)
-		_, err = e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})
-		check("DeductMany id", err)
-		_, err = e.r.HoldMany(e.ctx, stock.Cart{ID: "c", User: bad, Lines: []stock.Line{{SKU: "ok", Qty: 1}}}, time.Minute)
+		check("Deduct id", errOf(e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: bad, User: "u", Qty: 1})))
+		check("Deduct user", errOf(e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: "i", User: bad, Qty: 1})))
+		check("Restore id", errOf(e.r.Restore(e.ctx, "ok", bad)))
+		check("Restock id", errOf(e.r.Restock(e.ctx, "ok", bad, 1)))
+		check("DeductMany id", errOf(e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})))
+		_, err := e.r.HoldMany(e.ctx, stock.Cart{ID: "c", User: bad, Lines: []stock.Line{{SKU: "ok", Qty: 1}}}, time.Minute)
 		check("HoldMany user", err)
-		_, err = e.r.Ledger(e.ctx, "ok", bad)
-		check("Ledger id", err)
+		check("Ledger id", errOf(e.r.Ledger(e.ctx, "ok", bad)))
 		_, err = stock.New(e.c, stock.WithPrefix(bad))
 		check("WithPrefix", err)
 		check("RunOptions.Reconcile.Items", stock.RunOptions{Store: e.store, Reconcile: &stock.ReconcileOptions{Items: []string{bad}}}.Validate())
@@ -376,12 +348,8 @@ func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
 			t.Errorf("a key holds the group's format character: %q", k)
 		}
 	}
-	if _, err := e.r.Levels(e.ctx, "a"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, errOf(e.r.Levels(e.ctx, "a")))
+	require.NoError(t, errOf(e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})))
 	e.relay()
 	e.want("a", 5, 1, 0)
 }
@@ -407,20 +375,10 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			e.load("a", 100)
 			e.load("b", 100)
 			ctx := e.ctx
-			must := func(err error) {
-				t.Helper()
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1})
-			must(err)
-			_, err = e.r.Hold(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2}, time.Hour)
-			must(err)
-			_, err = e.r.Restock(ctx, "a", "r", 5)
-			must(err)
-			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})
-			must(err)
+			require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1})))
+			require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2}, time.Hour)))
+			require.NoError(t, errOf(e.r.Restock(ctx, "a", "r", 5)))
+			require.NoError(t, errOf(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})))
 
 			type tc struct {
 				name    string
@@ -432,34 +390,31 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			add := func(name string, err error, want []string, notWant ...string) {
 				cases = append(cases, tc{name, err, want, notWant})
 			}
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 3})
-			add("deduct other qty", err, []string{"with quantity 1, not 3"}, "another user", "hold")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "bob", Qty: 1})
-			add("deduct other user", err, []string{"another user"}, "units", "alice", "bob")
-			_, err = e.r.Hold(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1}, time.Hour)
-			add("hold of a deduct", err, []string{"deduct", "not a hold"}, "units", "another user")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2})
-			add("deduct of a hold", err, []string{"hold", "not a deduct"}, "units", "another user")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 1})
-			add("deduct of a hold, other qty", err, []string{"hold", "not a deduct", "with quantity 2, not 1"}, "another user")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "r", User: "alice", Qty: 5})
-			add("deduct of a restock", err, []string{"restock"}, "another user")
-			_, err = e.r.Restock(ctx, "a", "d", 1)
-			add("restock of a deduct", err, []string{"deduct"}, "another user")
-			_, err = e.r.Restock(ctx, "a", "r", 6)
-			add("restock other qty", err, []string{"with quantity 5, not 6"})
-			_, err = e.r.Confirm(ctx, "a", "d")
-			add("confirm of a deduct", err, []string{"used for a deduct", "not a hold"}, "another user", "units")
-			_, err = e.r.Cancel(ctx, "a", "d")
-			add("cancel of a deduct", err, []string{"used for a deduct", "not a hold"}, "another user", "units")
-			_, err = e.r.Restore(ctx, "a", "r")
-			add("restore of a restock", err, []string{"restock"})
-			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})
-			add("cart other user", err, []string{"another user"}, "alice", "bob")
-			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})
-			add("cart other lines", err, []string{"line"}, "another user")
-			_, err = e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)
-			add("cart other kind", err, []string{"hold"}, "another user")
+			add("deduct other qty", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 3})),
+				[]string{"with quantity 1, not 3"}, "another user", "hold")
+			add("deduct other user", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "bob", Qty: 1})),
+				[]string{"another user"}, "units", "alice", "bob")
+			add("hold of a deduct", errOf(e.r.Hold(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1}, time.Hour)),
+				[]string{"deduct", "not a hold"}, "units", "another user")
+			add("deduct of a hold", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2})),
+				[]string{"hold", "not a deduct"}, "units", "another user")
+			add("deduct of a hold, other qty", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 1})),
+				[]string{"hold", "not a deduct", "with quantity 2, not 1"}, "another user")
+			add("deduct of a restock", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "r", User: "alice", Qty: 5})),
+				[]string{"restock"}, "another user")
+			add("restock of a deduct", errOf(e.r.Restock(ctx, "a", "d", 1)), []string{"deduct"}, "another user")
+			add("restock other qty", errOf(e.r.Restock(ctx, "a", "r", 6)), []string{"with quantity 5, not 6"})
+			add("confirm of a deduct", errOf(e.r.Confirm(ctx, "a", "d")),
+				[]string{"used for a deduct", "not a hold"}, "another user", "units")
+			add("cancel of a deduct", errOf(e.r.Cancel(ctx, "a", "d")),
+				[]string{"used for a deduct", "not a hold"}, "another user", "units")
+			add("restore of a restock", errOf(e.r.Restore(ctx, "a", "r")), []string{"restock"})
+			add("cart other user", errOf(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})),
+				[]string{"another user"}, "alice", "bob")
+			add("cart other lines", errOf(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})),
+				[]string{"line"}, "another user")
+			add("cart other kind", errOf(e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)),
+				[]string{"hold"}, "another user")
 			for _, c := range cases {
 				if !errors.Is(c.err, stock.ErrConflict) {
 					t.Errorf("%s: %v, want ErrConflict", c.name, c.err)

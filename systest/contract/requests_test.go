@@ -31,7 +31,6 @@ import (
 // with the levels.
 func TestRandomOpsConcurrent(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		// The subject is the count of acknowledged answers, not latency: under -race on a
 		// loaded 2-core machine, 200 goroutines queued on one in-process miniredis can wait
@@ -58,9 +57,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		for g := range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				rng := rand.New(rand.NewPCG(uint64(g), 7))
 				for range ops {
 					r := rs[rng.IntN(2)]
@@ -123,7 +120,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 					}
 					mu.Unlock()
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		for _, s := range skus {
@@ -167,7 +164,6 @@ func TestRandomOpsConcurrent(t *testing.T) {
 // other copy a replay of it or ErrConflict, and the stock moved once.
 func TestSameIDCoalesced(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(2))
 		require.NoError(t, r.Load(ctx, "co", 1000))
 		for round := range 10 {
@@ -178,9 +174,7 @@ func TestSameIDCoalesced(t *testing.T) {
 			replays := map[string]int{}
 			conflicts := 0
 			for i := range 200 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					user := []string{"ann", "bob"}[i%2]
 					qty := int64(1 + i%3/2)
 					rc, err := r.Deduct(ctx, stock.Request{SKU: "co", ID: id, User: user, Qty: qty})
@@ -197,7 +191,7 @@ func TestSameIDCoalesced(t *testing.T) {
 					default:
 						t.Errorf("%s: %v", id, err)
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			require.Len(t, first, 1, "round %d: first answers %v", round, first)
@@ -224,65 +218,42 @@ func TestSameIDCoalesced(t *testing.T) {
 // each kind of id, and nothing changes on a refusal.
 func TestAnswerTable(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 10))
-		_, err := r.Deduct(ctx, stock.Request{SKU: "t", ID: "d", Qty: 1})
-		require.NoError(t, err)
-		_, err = r.Restock(ctx, "t", "rs", 1)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "t", ID: "d", Qty: 1})))
+		require.NoError(t, errOf(r.Restock(ctx, "t", "rs", 1)))
 		for _, id := range []string{"hc", "hx", "hl"} {
-			_, err = r.Hold(ctx, stock.Request{SKU: "t", ID: id, Qty: 1}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "t", ID: id, Qty: 1}, time.Hour)))
 		}
-		_, err = r.Confirm(ctx, "t", "hc")
-		require.NoError(t, err)
-		_, err = r.Cancel(ctx, "t", "hx")
-		require.NoError(t, err)
-		_, err = r.Restore(ctx, "t", "tomb")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
+		require.NoError(t, errOf(r.Confirm(ctx, "t", "hc")))
+		require.NoError(t, errOf(r.Cancel(ctx, "t", "hx")))
+		require.ErrorIs(t, errOf(r.Restore(ctx, "t", "tomb")), stock.ErrUnknownID)
 		before := check(t, r, "t", 10)
 
-		_, err = r.Extend(ctx, "t", "hc", time.Hour)
-		assert.ErrorIs(t, err, stock.ErrConfirmed, "extend after confirm")
-		_, err = r.Extend(ctx, "t", "hx", time.Hour)
-		assert.ErrorIs(t, err, stock.ErrRestored, "extend after cancel")
-		_, err = r.Extend(ctx, "t", "none", time.Hour)
-		assert.ErrorIs(t, err, stock.ErrUnknownID, "extend of no hold")
-		_, err = r.Confirm(ctx, "t", "d")
-		assert.ErrorIs(t, err, stock.ErrConflict, "confirm of a deduct")
-		_, err = r.Confirm(ctx, "t", "hx")
-		assert.ErrorIs(t, err, stock.ErrRestored, "confirm after cancel")
-		_, err = r.Confirm(ctx, "t", "tomb")
-		assert.Error(t, err, "confirm of a tombstone")
-		_, err = r.Cancel(ctx, "t", "hc")
-		assert.ErrorIs(t, err, stock.ErrConfirmed, "cancel after confirm")
-		rc, err := r.Cancel(ctx, "t", "hx")
-		assert.NoError(t, err)
+		assert.ErrorIs(t, errOf(r.Extend(ctx, "t", "hc", time.Hour)), stock.ErrConfirmed, "extend after confirm")
+		assert.ErrorIs(t, errOf(r.Extend(ctx, "t", "hx", time.Hour)), stock.ErrRestored, "extend after cancel")
+		assert.ErrorIs(t, errOf(r.Extend(ctx, "t", "none", time.Hour)), stock.ErrUnknownID, "extend of no hold")
+		assert.ErrorIs(t, errOf(r.Confirm(ctx, "t", "d")), stock.ErrConflict, "confirm of a deduct")
+		assert.ErrorIs(t, errOf(r.Confirm(ctx, "t", "hx")), stock.ErrRestored, "confirm after cancel")
+		assert.Error(t, errOf(r.Confirm(ctx, "t", "tomb")), "confirm of a tombstone")
+		assert.ErrorIs(t, errOf(r.Cancel(ctx, "t", "hc")), stock.ErrConfirmed, "cancel after confirm")
+		rc := must(r.Cancel(ctx, "t", "hx"))(t)
 		assert.True(t, rc.Replayed, "second cancel")
-		rc, err = r.Confirm(ctx, "t", "hc")
-		assert.NoError(t, err)
+		rc = must(r.Confirm(ctx, "t", "hc"))(t)
 		assert.True(t, rc.Replayed, "second confirm")
-		_, err = r.Restore(ctx, "t", "rs")
-		assert.ErrorIs(t, err, stock.ErrConflict, "restore of a restock")
-		_, err = r.Hold(ctx, stock.Request{SKU: "t", ID: "d", Qty: 1}, time.Hour)
+		assert.ErrorIs(t, errOf(r.Restore(ctx, "t", "rs")), stock.ErrConflict, "restore of a restock")
+		_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "d", Qty: 1}, time.Hour)
 		assert.ErrorIs(t, err, stock.ErrConflict, "hold with a deduct's id")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "t", ID: "hl", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrConflict, "deduct with a hold's id")
-		_, err = r.Deduct(ctx, stock.Request{SKU: "t", ID: "rs", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrConflict, "deduct with a restock's id")
-		_, err = r.Restock(ctx, "t", "d", 1)
-		assert.ErrorIs(t, err, stock.ErrConflict, "restock with a deduct's id")
+		assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "t", ID: "hl", Qty: 1})), stock.ErrConflict, "deduct with a hold's id")
+		assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "t", ID: "rs", Qty: 1})), stock.ErrConflict, "deduct with a restock's id")
+		assert.ErrorIs(t, errOf(r.Restock(ctx, "t", "d", 1)), stock.ErrConflict, "restock with a deduct's id")
 		_, err = r.Hold(ctx, stock.Request{SKU: "t", ID: "tomb", Qty: 1}, time.Hour)
 		assert.ErrorIs(t, err, stock.ErrRestored, "hold of a tombstoned id")
 		assert.Equal(t, before, check(t, r, "t", 10), "refusals change nothing")
 		// Restore of a confirmed hold gives the sale back; of a live hold cancels it.
-		_, err = r.Restore(ctx, "t", "hc")
-		require.NoError(t, err)
-		_, err = r.Restore(ctx, "t", "hl")
-		require.NoError(t, err)
-		e, err := r.Ledger(ctx, "t", "hl")
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Restore(ctx, "t", "hc")))
+		require.NoError(t, errOf(r.Restore(ctx, "t", "hl")))
+		e := must(r.Ledger(ctx, "t", "hl"))(t)
 		assert.False(t, e.Taken())
 		l := check(t, r, "t", 10)
 		assert.Equal(t, stock.Levels{Available: 10, Held: 0, Sold: 1, Loaded: 11}, l)
@@ -297,7 +268,6 @@ func TestCountingBothPaths(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		for _, queue := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/queue=%v", b.Name, queue), func(t *testing.T) {
-				ctx := context.Background()
 				r := testkit.NewReserver(t, b.Client(t))
 				st := memstore.New()
 				const sku, S, N = "cnt", 50, 200
@@ -393,8 +363,7 @@ func TestCountingBothPaths(t *testing.T) {
 				// drain
 				left := slices.Concat(kept...)
 				for i := 0; i < 20; i++ {
-					_, err := rl.Once(ctx)
-					require.NoError(t, err)
+					require.NoError(t, errOf(rl.Once(ctx)))
 					if queue {
 						repairConsumeAll(t, ctx, r, st, append(left, q.take()...), rand.New(rand.NewPCG(uint64(i), 0)))
 						left = nil
@@ -440,9 +409,7 @@ func TestCountingBothPaths(t *testing.T) {
 
 // untilStopped starts a goroutine, counted in wg, that calls f(0), f(1), ... until stop is closed.
 func untilStopped(wg *sync.WaitGroup, stop <-chan struct{}, f func(i int)) {
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -451,14 +418,13 @@ func untilStopped(wg *sync.WaitGroup, stop <-chan struct{}, f func(i int)) {
 			}
 			f(i)
 		}
-	}()
+	})
 }
 
 // Levels is "read atomically": Loaded = Available + Held + Sold in every read under concurrent
 // deducts, holds, restores and sweeps.
 func TestLevelsAtomicUnderLoad(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "lv", 200))
 		stop := make(chan struct{})
@@ -478,8 +444,7 @@ func TestLevelsAtomicUnderLoad(t *testing.T) {
 			})
 		}
 		for range 300 {
-			l, err := r.Levels(ctx, "lv")
-			require.NoError(t, err)
+			l := must(r.Levels(ctx, "lv"))(t)
 			require.Equal(t, l.Loaded, l.Available+l.Held+l.Sold, "%+v", l)
 			require.Equal(t, int64(200), l.Loaded)
 			require.GreaterOrEqual(t, l.Available, int64(0))
@@ -493,36 +458,28 @@ func TestLevelsAtomicUnderLoad(t *testing.T) {
 // StateRefused, as recorded by memstore through the relay.
 func TestRecordStatusStates(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	st := memstore.New()
 	require.NoError(t, r.Load(ctx, "rs", 10))
 	require.NoError(t, st.Load(ctx, "rs", 2))
-	_, err := r.Deduct(ctx, stock.Request{SKU: "rs", ID: "ok", Qty: 1})
+	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "rs", ID: "ok", Qty: 1})))
+	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "rs", ID: "back", Qty: 1})))
+	require.NoError(t, errOf(r.Restore(ctx, "rs", "back")))
+	_, err := r.Deduct(ctx, stock.Request{SKU: "rs", ID: "refused", Qty: 2}) // the Store has 1 left
 	require.NoError(t, err)
-	_, err = r.Deduct(ctx, stock.Request{SKU: "rs", ID: "back", Qty: 1})
-	require.NoError(t, err)
-	_, err = r.Restore(ctx, "rs", "back")
-	require.NoError(t, err)
-	_, err = r.Deduct(ctx, stock.Request{SKU: "rs", ID: "refused", Qty: 2}) // the Store has 1 left
-	require.NoError(t, err)
-	rl, err := stockops.NewRelay(r, st, nil, nil)
-	require.NoError(t, err)
+	rl := must(stockops.NewRelay(r, st, nil, nil))(t)
 	testkit.Drain(t, rl)
 	testkit.Drain(t, rl)
-	recs, err := st.Records(ctx, "rs", []string{"ok", "refused", "back", "never"})
-	require.NoError(t, err)
+	recs := must(st.Records(ctx, "rs", []string{"ok", "refused", "back", "never"}))(t)
 	assert.Equal(t, stock.StateApplied, recs["ok"].Status)
 	assert.Equal(t, stock.StateRefused, recs["refused"].Status)
 	assert.Equal(t, stock.StateRestored, recs["back"].Status)
 	_, has := recs["never"]
 	assert.False(t, has)
-	e2, err := r.Ledger(ctx, "rs", "refused")
-	require.NoError(t, err)
+	e2 := must(r.Ledger(ctx, "rs", "refused"))(t)
 	assert.Equal(t, stock.StateRefused, e2.State)
 	assert.Equal(t, int64(9), testkit.Levels(t, r, "rs").Available, "only the applied sale stays sold")
-	rem, err := st.Remaining(ctx, "rs")
-	require.NoError(t, err)
+	rem := must(st.Remaining(ctx, "rs"))(t)
 	assert.Equal(t, int64(1), rem)
 }
 
@@ -556,7 +513,6 @@ func requestRun(t *testing.T, r *stock.Reserver, opts stock.RunOptions, bound ti
 // the same id on two items names two requests. The ledger, Levels and the Store agree.
 func TestUserLimitConcurrentCopies(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		const limit = 2
 		r1 := testkit.NewReserver(t, c1, stock.WithUserLimit(limit))
 		r2 := testkit.NewReserver(t, c2, stock.WithUserLimit(limit))
@@ -568,8 +524,7 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 		// A complete pass records the primaries as reconciled before Run starts, so that Run's
 		// guard does not fence r1 as a guard added to a live deployment (documented) while the
 		// requests run.
-		rec, err := stockops.NewReconciler(r1, store, nil)
-		require.NoError(t, err)
+		rec := must(stockops.NewReconciler(r1, store, nil))(t)
 		pr, err := rec.Pass(ctx)
 		require.NoError(t, err)
 		require.True(t, pr.Complete)
@@ -693,16 +648,13 @@ func ignoreCanceled(err error) error {
 // copies of the next request with distinct ids.
 func TestUserLimitGiveBackRace(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		r1 := testkit.NewReserver(t, c1, stock.WithUserLimit(2))
 		r2 := testkit.NewReserver(t, c2, stock.WithUserLimit(2))
 		sku := "lim:give"
 		require.NoError(t, r1.Load(ctx, sku, 100))
-		_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "bob", Qty: 1})
-		require.NoError(t, err)
-		_, err = r1.Hold(ctx, stock.Request{SKU: sku, ID: "b", User: "bob", Qty: 1}, 400*time.Millisecond)
-		require.NoError(t, err)
-		_, err = r1.Deduct(ctx, stock.Request{SKU: sku, ID: "c", User: "bob", Qty: 1})
+		require.NoError(t, errOf(r1.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "bob", Qty: 1})))
+		require.NoError(t, errOf(r1.Hold(ctx, stock.Request{SKU: sku, ID: "b", User: "bob", Qty: 1}, 400*time.Millisecond)))
+		_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: "c", User: "bob", Qty: 1})
 		require.ErrorIs(t, err, stock.ErrUserLimit)
 		for round, give := range []func() error{
 			func() error { redistest.Sleep(c1, time.Second); return nil }, // the hold expires
@@ -712,16 +664,14 @@ func TestUserLimitGiveBackRace(t *testing.T) {
 			var ok atomic.Int32
 			var wg sync.WaitGroup
 			for g := range 24 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					_, err := []*stock.Reserver{r1, r2}[g%2].Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("x%d-%d", round, g), User: "bob", Qty: 1})
 					if err == nil {
 						ok.Add(1)
 					} else if !errors.Is(err, stock.ErrUserLimit) {
 						t.Errorf("unexpected %v", err)
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			assert.Equal(t, int32(1), ok.Load(), "round %d: one unit given back, one more taken", round)
@@ -780,7 +730,6 @@ func TestStoreApplyBlocksForever(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			relayEach(t, nil, func(t *testing.T, e *relayEnv) {
-				ctx := context.Background()
 				loaded := map[string]int64{"blk:1": 30, "blk:2": 30, "blk~3": 30}
 				mem := memstore.New()
 				load(t, e.r, mem, loaded)
@@ -882,8 +831,7 @@ func each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)
 			c := b.Client(t)
 			// A new deployment: record the primaries before any item is loaded, so that the
 			// failover guard of a Run does not fence the tests' deducts.
-			fenced, err := stockops.NewFailoverGuard(testkit.NewReserver(t, c)).Check(context.Background())
-			require.NoError(t, err)
+			fenced := must(stockops.NewFailoverGuard(testkit.NewReserver(t, c)).Check(context.Background()))(t)
 			require.False(t, fenced)
 			f(t, &requestEnv{
 				name: b.Name, real: true, c: c, r: testkit.NewReserver(t, c, opts...), advance: time.Sleep,
@@ -944,7 +892,6 @@ func TestOneShotBuyersGetEveryUnit(t *testing.T) {
 	for _, n := range []int{2, 3, 64, 100} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
 			each(t, []stock.Option{split(n)}, func(t *testing.T, e *requestEnv) {
-				ctx := context.Background()
 				for _, skew := range []bool{false, true} {
 					for round := range 3 {
 						sku := fmt.Sprintf("oneshot-%v-%d", skew, round)
@@ -1001,7 +948,6 @@ func TestOneShotBuyersGetEveryUnit(t *testing.T) {
 // was given back, so stock only falls) fewer units than that buyer asked for are left.
 func TestConcurrentMultiUnitNoPhantom(t *testing.T) {
 	each(t, []stock.Option{split(8)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		for round := range 4 {
 			sku := fmt.Sprintf("multi%d", round)
 			const S = 30
@@ -1044,7 +990,6 @@ func TestConcurrentMultiUnitNoPhantom(t *testing.T) {
 // gets exactly 2 units while stock lasts, and the rest of the users' requests are ErrUserLimit.
 func TestUserLimitExact(t *testing.T) {
 	each(t, []stock.Option{split(4), stock.WithUserLimit(2)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		const users, per = 12, 8
 		require.NoError(t, e.r.Load(ctx, "lim", 100))
 		got := make([]atomic.Int64, users)
@@ -1094,8 +1039,7 @@ func TestUserLimitExact(t *testing.T) {
 				}
 			}
 		} else {
-			_, err := e.r.Restore(ctx, "lim", id.(string))
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Restore(ctx, "lim", id.(string))))
 		}
 		require.True(t, ok)
 		var again atomic.Int64
@@ -1121,7 +1065,6 @@ func TestUserLimitExact(t *testing.T) {
 // must move between buckets: one take, every other copy a replay of it.
 func TestConcurrentCopiesOfOneRequest(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		for round, user := range []string{"alice", "", "bob"} {
 			sku := fmt.Sprintf("copies%d", round)
 			require.NoError(t, e.r.Load(ctx, sku, 3)) // one unit per bucket: a take of 2 needs a transfer
@@ -1162,7 +1105,6 @@ func TestConcurrentCopiesOfOneRequest(t *testing.T) {
 // too. Receipt.Qty of ErrConflict is "the quantity the id was first used with".
 func TestIDReusedByAnotherBuyer(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "reuse", 50))
 		_, err := e.r.Deduct(ctx, stock.Request{SKU: "reuse", ID: "ord", User: "alice", Qty: 2})
 		require.NoError(t, err)
@@ -1192,8 +1134,7 @@ func TestIDReusedByAnotherBuyer(t *testing.T) {
 		assert.Equal(t, int64(24), conflicts.Load())
 		l := levels(t, e.r, "reuse")
 		assert.Equal(t, int64(2), l.Sold, "no second take")
-		ent, err := e.r.Ledger(ctx, "reuse", "ord")
-		require.NoError(t, err)
+		ent := must(e.r.Ledger(ctx, "reuse", "ord"))(t)
 		assert.Equal(t, "alice", ent.User)
 		assert.Equal(t, int64(2), ent.Qty)
 	})
@@ -1206,7 +1147,6 @@ func TestIDReusedByAnotherBuyer(t *testing.T) {
 // used with (the Receipt doc), as on a plain item, whichever buyer sends the reused id.
 func TestConflictReceiptQty(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		for _, sku := range []string{"plain-cq", "split-cq"} {
 			require.NoError(t, e.r.Load(ctx, sku, 50))
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "ord", User: "alice", Qty: 2})
@@ -1235,7 +1175,6 @@ func TestConflictReceiptQty(t *testing.T) {
 // was taken.
 func TestRestoreOvertakesDeduct(t *testing.T) {
 	each(t, []stock.Option{split(5)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "late", 100))
 		for i := range 20 {
 			id := fmt.Sprintf("late%d", i)
@@ -1256,8 +1195,7 @@ func TestRestoreOvertakesDeduct(t *testing.T) {
 				_, err = e.r.Deduct(ctx, req)
 			}
 			require.ErrorIs(t, err, stock.ErrRestored, "late take of %s (user %q)", id, req.User)
-			ent, err := e.r.Ledger(ctx, "late", id)
-			require.NoError(t, err)
+			ent := must(e.r.Ledger(ctx, "late", id))(t)
 			assert.Equal(t, stock.KindTombstone, ent.Kind)
 		}
 		l := levels(t, e.r, "late")
@@ -1287,8 +1225,7 @@ func TestRestoreOvertakesDeduct(t *testing.T) {
 			if took.Load() {
 				// The deduct ran first and the restore gave it back, or the restore is still to
 				// give it back: a second restore settles it.
-				_, err := e.r.Restore(ctx, "late", id)
-				require.NoError(t, err)
+				require.NoError(t, errOf(e.r.Restore(ctx, "late", id)))
 			}
 		}
 		l = levels(t, e.r, "late")
@@ -1302,7 +1239,6 @@ func TestRestoreOvertakesDeduct(t *testing.T) {
 // nothing and a later attempt may take. Compared with a plain item.
 func TestRetryRefusalIsFinal(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		for _, sku := range []string{"plain-retry", "split-retry"} {
 			require.NoError(t, e.r.Load(ctx, sku, 3))
 			for i := range 3 {
@@ -1341,7 +1277,6 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 	for _, n := range []int{2, 64} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
 			each(t, []stock.Option{split(n)}, func(t *testing.T, e *requestEnv) {
-				ctx := context.Background()
 				const S = 20
 				require.NoError(t, e.r.Load(ctx, "traffic", S))
 				stop := make(chan struct{})
@@ -1374,8 +1309,7 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 									continue
 								}
 								if rng.IntN(2) == 0 {
-									_, err := e.r.Restore(ctx, "traffic", id)
-									require.NoError(t, err)
+									require.NoError(t, errOf(e.r.Restore(ctx, "traffic", id)))
 									settle(id, fate{q, "back"})
 								} else {
 									settle(id, fate{q, "sold"})
@@ -1401,8 +1335,7 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 							}
 						}
 						if w%4 == 0 {
-							_, err := e.r.Restock(ctx, "traffic", fmt.Sprintf("restock%d", w), 3)
-							require.NoError(t, err)
+							require.NoError(t, errOf(e.r.Restock(ctx, "traffic", fmt.Sprintf("restock%d", w), 3)))
 							restocked.Add(3)
 						}
 					})
@@ -1435,7 +1368,6 @@ func TestLevelsInvariantUnderTraffic(t *testing.T) {
 // and a reconcile pass finds no drift.
 func TestStoreRefuses(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "short", 7))
 		require.NoError(t, e.r.Load(ctx, "short", 12))
@@ -1454,16 +1386,14 @@ func TestStoreRefuses(t *testing.T) {
 		// Several relays at once, each drained, then again.
 		rls := make([]*stockops.Relay, 3)
 		for i := range rls {
-			rl, err := stockops.NewRelay(e.r, store, nil, nil)
-			require.NoError(t, err)
+			rl := must(stockops.NewRelay(e.r, store, nil, nil))(t)
 			rls[i] = rl
 		}
 		var refused atomic.Int64
 		for _, rl := range rls {
 			wg.Go(func() {
 				for range 50 {
-					st, err := rl.Once(ctx)
-					assert.NoError(t, err)
+					st := must(rl.Once(ctx))(t)
 					refused.Add(int64(st.Refused))
 					if st.Claimed == 0 {
 						return
@@ -1481,8 +1411,7 @@ func TestStoreRefuses(t *testing.T) {
 		assert.Equal(t, int64(0), rem)
 		nref := 0
 		for i := range 12 {
-			ent, err := e.r.Ledger(ctx, "short", fmt.Sprintf("s%d", i))
-			require.NoError(t, err)
+			ent := must(e.r.Ledger(ctx, "short", fmt.Sprintf("s%d", i)))(t)
 			if ent.State == stock.StateRefused {
 				nref++
 			} else {
@@ -1511,7 +1440,6 @@ func TestConcurrentCopiesOneID(t *testing.T) {
 	for _, co := range []int{0, 1, 4} {
 		t.Run(fmt.Sprint("coalesce", co), func(t *testing.T) {
 			lifecycleEach(t, []stock.Option{lifecycleSplit(5), stock.WithCoalescing(co)}, func(t *testing.T, e *env) {
-				ctx := context.Background()
 				sku := sku("cp")
 				require.NoError(t, e.r.Load(ctx, sku, 1000))
 				for round := range 10 {
@@ -1521,9 +1449,7 @@ func TestConcurrentCopiesOneID(t *testing.T) {
 					var mu sync.Mutex
 					var other []string
 					for g := range 40 {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
+						wg.Go(func() {
 							rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprint("u", g%10), Qty: 1})
 							switch {
 							case err == nil && rc.Replayed:
@@ -1537,7 +1463,7 @@ func TestConcurrentCopiesOneID(t *testing.T) {
 								other = append(other, err.Error())
 								mu.Unlock()
 							}
-						}()
+						})
 					}
 					wg.Wait()
 					require.Empty(t, other)
@@ -1558,7 +1484,6 @@ func TestConcurrentCopiesOneID(t *testing.T) {
 func TestCancelledClaims(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3), stock.WithCoalescing(1)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		base := 0
 		for rnd := range 4 {
 			if rnd == 1 {
@@ -1576,14 +1501,12 @@ func TestCancelledClaims(t *testing.T) {
 			res := make([]out, ids)
 			var wg sync.WaitGroup
 			for i := range ids {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					c, cancel := context.WithTimeout(ctx, time.Duration(i%7)*200*time.Microsecond)
 					defer cancel()
 					_, err := e.r.Deduct(c, stock.Request{SKU: sku, ID: fmt.Sprint("i", i), User: fmt.Sprint("u", i%50), Qty: 1})
 					res[i] = out{err: err, taken: err == nil}
-				}()
+				})
 			}
 			wg.Wait()
 			// retry every one that did not get a definite answer
@@ -1646,7 +1569,6 @@ func TestCancelledClaims(t *testing.T) {
 // tombstone and the deduct is refused with ErrRestored; never a unit lost or made.
 func TestRestoreRacesDeduct(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("rr")
 		const S = 50
 		require.NoError(t, e.r.Load(ctx, sku, S))
@@ -1689,7 +1611,6 @@ func TestRestoreRacesDeduct(t *testing.T) {
 func TestCutAtEachCall(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
 		cuts, inFlightTotal := 0, 0
 		for n := 1; n <= 40; n++ {
@@ -1709,10 +1630,8 @@ func TestCutAtEachCall(t *testing.T) {
 				}
 			}
 			buy(e.r, "a", 50)
-			_, err := e.r.Restock(ctx, sku, "rs", 3)
-			require.NoError(t, err)
-			_, err = e.r.Restore(ctx, sku, "a0")
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Restock(ctx, sku, "rs", 3)))
+			require.NoError(t, errOf(e.r.Restore(ctx, sku, "a0")))
 			cc := &cut{Client: e.c, n: n}
 			cr, err := stock.New(cc, split(4))
 			require.NoError(t, err)
@@ -1722,8 +1641,7 @@ func TestCutAtEachCall(t *testing.T) {
 			}
 			for _, k := range keysOf(t, e7, sku) {
 				if strings.HasSuffix(k, ":xf") {
-					m, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
-					require.NoError(t, err)
+					m := must(e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64())(t)
 					inFlightTotal += int(m)
 				}
 			}
@@ -1777,11 +1695,9 @@ func TestUserRequiredRefusesEveryTakeWithoutUser(t *testing.T) {
 				}
 			}
 			for _, sku := range []string{"a", "s"} {
-				_, err := e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: "d1", Qty: 1})
-				check("Deduct "+sku, err)
-				_, err = e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: "d2", Qty: 1, Retry: true})
-				check("Deduct retry "+sku, err)
-				_, err = e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: "h1", Qty: 1}, time.Minute)
+				check("Deduct "+sku, errOf(e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: "d1", Qty: 1})))
+				check("Deduct retry "+sku, errOf(e.r.Deduct(e.ctx, stock.Request{SKU: sku, ID: "d2", Qty: 1, Retry: true})))
+				_, err := e.r.Hold(e.ctx, stock.Request{SKU: sku, ID: "h1", Qty: 1}, time.Minute)
 				check("Hold "+sku, err)
 			}
 			_, err := e.r.DeductMany(e.ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
@@ -1809,12 +1725,8 @@ func TestUserRequiredRefusesEveryTakeWithoutUser(t *testing.T) {
 				}
 			}
 			// Restore, Confirm, Cancel, Extend and Restock need no user.
-			if _, err := e.r.Restore(e.ctx, "a", "d1"); err != nil {
-				t.Errorf("Restore: %v", err)
-			}
-			if _, err := e.r.Restock(e.ctx, "a", "r", 1); err != nil {
-				t.Errorf("Restock: %v", err)
-			}
+			assert.NoError(t, errOf(e.r.Restore(e.ctx, "a", "d1")), "Restore")
+			assert.NoError(t, errOf(e.r.Restock(e.ctx, "a", "r", 1)), "Restock")
 		})
 	}
 }
@@ -1822,9 +1734,7 @@ func TestUserRequiredRefusesEveryTakeWithoutUser(t *testing.T) {
 func TestUserRequiredWithoutLimitChangesNothing(t *testing.T) {
 	e := outsideMini(t, stock.WithUserRequired())
 	e.load("a", 10)
-	if _, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d", Qty: 1}); err != nil {
-		t.Errorf("Deduct without user and without a limit: %v", err)
-	}
+	assert.NoError(t, errOf(e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "d", Qty: 1})), "Deduct without user and without a limit")
 	if _, err := e.r.DeductMany(e.ctx, stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "a", Qty: 1}}}); err != nil {
 		t.Errorf("DeductMany without user and without a limit: %v", err)
 	}

@@ -28,41 +28,31 @@ import (
 func TestFastPathIDsBeforeSellOut(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1 := testkit.NewReserver(t, c1)
 		r2 := testkit.NewReserver(t, c2)
 		const n = 3000
 		require.NoError(t, r1.Load(ctx, "f", n+2))
-		_, err := r1.Restore(ctx, "f", "tomb")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
-		_, err = r1.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)
-		require.NoError(t, err)
-		_, err = r1.Cancel(ctx, "f", "cancelled")
-		require.NoError(t, err)
-		_, err = r1.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, 100*time.Millisecond)
-		require.NoError(t, err)
+		require.ErrorIs(t, errOf(r1.Restore(ctx, "f", "tomb")), stock.ErrUnknownID)
+		require.NoError(t, errOf(r1.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)))
+		require.NoError(t, errOf(r1.Cancel(ctx, "f", "cancelled")))
+		require.NoError(t, errOf(r1.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, 100*time.Millisecond)))
 		redistest.Sleep(c1, 200*time.Millisecond)
 		deductEach(t, r1, stock.Request{SKU: "f", Qty: 1}, numbered("o", n)...)
-		_, err = r1.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 2})
+		_, err := r1.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 2})
 		require.NoError(t, err)
 		// Sold out. Warm the caches with refusals, then ask for every id the ledger has.
 		warmSoldOut(t, r2, "f", b.Real())
 		warmSoldOut(t, r1, "f", b.Real())
 		for _, r := range []*stock.Reserver{r2, r1} {
 			for i := range n {
-				rc, err := r.Deduct(ctx, stock.Request{SKU: "f", ID: fmt.Sprint("o", i), Qty: 1})
-				require.NoError(t, err, "replay of o%d", i)
+				rc := must(r.Deduct(ctx, stock.Request{SKU: "f", ID: fmt.Sprint("o", i), Qty: 1}))(t, "replay of o%d", i)
 				require.True(t, rc.Replayed)
 			}
-			_, err = r.Deduct(ctx, stock.Request{SKU: "f", ID: "tomb", Qty: 1})
-			assert.ErrorIs(t, err, stock.ErrRestored)
-			_, err = r.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)
-			assert.ErrorIs(t, err, stock.ErrRestored)
-			_, err = r.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, time.Hour)
-			assert.ErrorIs(t, err, stock.ErrExpired)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 3})
-			assert.ErrorIs(t, err, stock.ErrConflict)
+			assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "f", ID: "tomb", Qty: 1})), stock.ErrRestored)
+			assert.ErrorIs(t, errOf(r.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)), stock.ErrRestored)
+			assert.ErrorIs(t, errOf(r.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, time.Hour)), stock.ErrExpired)
+			assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 3})), stock.ErrConflict)
 		}
 		t.Logf("answered in-process: r1 %d, r2 %d", stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r2))
 		check(t, r1, "f", n+2)
@@ -76,7 +66,6 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 // there for the next deduct.
 func TestFastPathOwnWritesGiveBack(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1 := testkit.NewReserver(t, c1)
 		r2 := testkit.NewReserver(t, c2)
@@ -96,20 +85,17 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 				// Set up one unit owned by an id of w, then sell out and warm the cache.
 				id := next()
 				if w != "restock" {
-					_, err := r1.Restock(ctx, "g", next(), 1)
-					require.NoError(t, err)
+					require.NoError(t, errOf(r1.Restock(ctx, "g", next(), 1)))
 				}
 				switch w {
 				case "restore", "refuse":
-					_, err := r1.Deduct(ctx, stock.Request{SKU: "g", ID: id, Qty: 1})
-					require.NoError(t, err)
+					require.NoError(t, errOf(r1.Deduct(ctx, stock.Request{SKU: "g", ID: id, Qty: 1})))
 				case "cancel", "sweep", "extend", "confirm":
 					ttl := time.Hour
 					if w != "cancel" {
 						ttl = 300 * time.Millisecond
 					}
-					_, err := r1.Hold(ctx, stock.Request{SKU: "g", ID: id, Qty: 1}, ttl)
-					require.NoError(t, err)
+					require.NoError(t, errOf(r1.Hold(ctx, stock.Request{SKU: "g", ID: id, Qty: 1}, ttl)))
 				}
 				warmSoldOut(t, r1, "g", false)
 				var err error
@@ -159,12 +145,10 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 // the Reserver whose cache says sold out must still reach Redis and take the unit.
 func TestFastPathHoldDeadlinePassed(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		r := testkit.NewReserver(t, c, stock.WithSoldOutCache(time.Hour))
 		require.NoError(t, r.Load(ctx, "p", 1))
-		_, err := r.Hold(ctx, stock.Request{SKU: "p", ID: "h", Qty: 1}, 200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "p", ID: "h", Qty: 1}, 200*time.Millisecond)))
 		refuseSoldOut(t, r, "p", numbered("x", 20)...)
 		redistest.Sleep(c, 400*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "after", Qty: 1})
@@ -181,7 +165,6 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 // that wrote them, and on a second Reserver sharing its client.
 func TestFastPathUnderChurn(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1 := testkit.NewReserver(t, c1)
 		r1b := testkit.NewReserver(t, c1) // another Reserver on r1's client
@@ -208,9 +191,7 @@ func TestFastPathUnderChurn(t *testing.T) {
 			iters = 150
 		}
 		for g := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range iters {
 					id := fmt.Sprintf("w%d-%d", g, i)
 					if i%2 == 0 {
@@ -247,7 +228,7 @@ func TestFastPathUnderChurn(t *testing.T) {
 					}
 					mu.Unlock()
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		close(stop)
@@ -262,7 +243,6 @@ func TestFastPathUnderChurn(t *testing.T) {
 // each with an item "x": one's sold-out state never answers for the other.
 func TestFastPathPerPrefix(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		ra := testkit.NewReserver(t, c, stock.WithPrefix("a"))
 		rb := testkit.NewReserver(t, c, stock.WithPrefix("a:b"))
@@ -272,10 +252,8 @@ func TestFastPathPerPrefix(t *testing.T) {
 		require.NoError(t, rg.Load(ctx, "x", 5))
 		warmSoldOut(t, ra, "x", b.Real())
 		for i := range 5 {
-			_, err := rb.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("b", i), Qty: 1})
-			require.NoError(t, err)
-			_, err = rg.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("g", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(rb.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("b", i), Qty: 1})))
+			require.NoError(t, errOf(rg.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("g", i), Qty: 1})))
 		}
 		check(t, ra, "x", 0)
 		check(t, rb, "x", 5)
@@ -291,7 +269,6 @@ func TestFastPathLifecycle(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				ctx := context.Background()
 				c := b.Client(t)
 				var opts []stock.Option
 				if grouped {
@@ -301,32 +278,26 @@ func TestFastPathLifecycle(t *testing.T) {
 				store := memstore.New()
 				require.NoError(t, r.Load(ctx, "life", 1))
 				require.NoError(t, store.Load(ctx, "life", 1))
-				_, err := r.Deduct(ctx, stock.Request{SKU: "life", ID: "o1", Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "life", ID: "o1", Qty: 1})))
 				warmSoldOut(t, r, "life", b.Real())
 				// Tombstone on the warm grouped/ungrouped item.
-				_, err = r.Restore(ctx, "life", "t1")
-				require.ErrorIs(t, err, stock.ErrUnknownID)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "t1", Qty: 1})
-				assert.ErrorIs(t, err, stock.ErrRestored)
+				require.ErrorIs(t, errOf(r.Restore(ctx, "life", "t1")), stock.ErrUnknownID)
+				assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "life", ID: "t1", Qty: 1})), stock.ErrRestored)
 				// Close, restock, reopen.
 				warmSoldOut(t, r, "life", b.Real())
 				require.NoError(t, r.CloseItem(ctx, "life"))
-				_, err = r.Restock(ctx, "life", "rs1", 1)
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Restock(ctx, "life", "rs1", 1)))
 				require.NoError(t, r.ReopenItem(ctx, "life"))
-				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o2", Qty: 1})
-				require.NoError(t, err, "after close, restock, reopen")
+				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "life", ID: "o2", Qty: 1})), "after close, restock, reopen")
 				// Delist, retire, load again.
 				warmSoldOut(t, r, "life", b.Real())
 				drainOfLifecycle(t, r, store)
 				require.NoError(t, r.Delist(ctx, "life"))
 				redistest.Sleep(c, 20*time.Millisecond)
-				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-				require.NoError(t, err)
+				rec := must(stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond}))(t)
 				reps := reports(t, rec)
 				require.True(t, reps["life"].Retired, "%v", reps["life"])
-				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o3", Qty: 1})
+				_, err := r.Deduct(ctx, stock.Request{SKU: "life", ID: "o3", Qty: 1})
 				assert.ErrorIs(t, err, stock.ErrNotLoaded, "a retired item")
 				require.NoError(t, r.Load(ctx, "life", 3))
 				for i := range 3 {
@@ -346,7 +317,6 @@ func TestFastPathLifecycle(t *testing.T) {
 // Reserver.
 func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
 		require.NoError(t, r1.Load(ctx, "rt", 0))
@@ -364,10 +334,9 @@ func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 				return err
 			}
 			require.ErrorIs(t, take(r1, true), stock.ErrSoldOut)
-			_, err := r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)))
 			// The first attempt arrives late, on either Reserver.
-			err = take([]*stock.Reserver{r1, r2}[i%3%2], false)
+			err := take([]*stock.Reserver{r1, r2}[i%3%2], false)
 			assert.Error(t, err, "%s: the caller was told sold out, the late first attempt took stock", id)
 			// Sell the restocked unit out again.
 			_, err = r1.Deduct(ctx, stock.Request{SKU: "rt", ID: fmt.Sprint("fill", i), Qty: 1})
@@ -440,7 +409,6 @@ func soldOutLevels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
 func TestFastPathDifferential(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		const limit = 3
 		fast := testkit.NewReserver(t, c1, stock.WithUserLimit(limit))
 		ref := testkit.NewReserver(t, c2, stock.WithUserLimit(limit), stock.WithSoldOutCache(0))
@@ -451,14 +419,12 @@ func TestFastPathDifferential(t *testing.T) {
 		var ids []string
 		for i := range 300 {
 			id := fmt.Sprintf("d%d", i)
-			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user(i), Qty: 1})
-			require.NoError(t, err, id)
+			require.NoError(t, errOf(fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user(i), Qty: 1})), id)
 			ids = append(ids, id)
 		}
 		for i := range 20 {
 			id := fmt.Sprintf("h%d", i)
-			_, err := fast.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user(i + 300), Qty: 1}, time.Hour)
-			require.NoError(t, err, id)
+			require.NoError(t, errOf(fast.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user(i + 300), Qty: 1}, time.Hour)), id)
 			ids = append(ids, id)
 		}
 		for i := range 5 {
@@ -468,23 +434,19 @@ func TestFastPathDifferential(t *testing.T) {
 			ids = append(ids, id)
 		}
 		for i := range 20 { // restores of deducts
-			_, err := fast.Restore(ctx, sku, fmt.Sprintf("d%d", i))
-			require.NoError(t, err)
+			require.NoError(t, errOf(fast.Restore(ctx, sku, fmt.Sprintf("d%d", i))))
 		}
 		for i := range 5 { // cancels of holds
-			_, err := fast.Cancel(ctx, sku, fmt.Sprintf("h%d", i))
-			require.NoError(t, err)
+			require.NoError(t, errOf(fast.Cancel(ctx, sku, fmt.Sprintf("h%d", i))))
 		}
 		for i := range 10 { // tombstones
 			id := fmt.Sprintf("t%d", i)
-			_, err := fast.Restore(ctx, sku, id)
-			require.ErrorIs(t, err, stock.ErrUnknownID)
+			require.ErrorIs(t, errOf(fast.Restore(ctx, sku, id)), stock.ErrUnknownID)
 			ids = append(ids, id)
 		}
 		for i := range 3 { // restocks
 			id := fmt.Sprintf("r%d", i)
-			_, err := fast.Restock(ctx, sku, id, 2)
-			require.NoError(t, err)
+			require.NoError(t, errOf(fast.Restock(ctx, sku, id, 2)))
 			ids = append(ids, id)
 		}
 		redistest.Sleep(c1, 600*time.Millisecond) // the e holds pass their deadline
@@ -504,14 +466,12 @@ func TestFastPathDifferential(t *testing.T) {
 		// Retry refusals (Tf), recorded now that the item is sold out.
 		for i := range 5 {
 			id := fmt.Sprintf("x%d", i)
-			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "ux", Qty: 1, Retry: true})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			require.ErrorIs(t, errOf(fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "ux", Qty: 1, Retry: true})), stock.ErrSoldOut)
 			ids = append(ids, id)
 		}
 		// Build the filter: refusals of new ids, enough for a ledger of ~400 entries.
 		for i := range 40 {
-			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("warm%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			require.ErrorIs(t, errOf(fast.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("warm%d", i), Qty: 1})), stock.ErrSoldOut)
 		}
 		soldOutLevels(t, fast, sku)
 
@@ -583,13 +543,11 @@ func TestFastPathDifferential(t *testing.T) {
 // that the fast path must not refuse as sold out. Many rounds, to hit the invalidation race.
 func TestFastPathOwnWritesWithHolds(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1)
 		sku := "own:holds~é"
 		require.NoError(t, r.Load(ctx, sku, 4))
 		for i := range 4 {
-			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("H%d", i), Qty: 1}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("H%d", i), Qty: 1}, time.Hour)))
 		}
 		live := []string{"H0", "H1", "H2", "H3"}
 		n := 0
@@ -597,8 +555,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 		soldOut := func() {
 			t.Helper()
 			for range 3 {
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
+				require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})), stock.ErrSoldOut)
 			}
 		}
 		rounds := 150
@@ -610,24 +567,21 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 			switch i % 5 {
 			case 0: // cancel a hold, then hold again with a new id
 				old := live[0]
-				_, err := r.Cancel(ctx, sku, old)
-				require.NoError(t, err, "cancel %s", old)
+				require.NoError(t, errOf(r.Cancel(ctx, sku, old)), "cancel %s", old)
 				nid := fmt.Sprintf("G%d", i)
-				_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: nid, Qty: 1}, time.Hour)
+				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: nid, Qty: 1}, time.Hour)
 				require.NoError(t, err, "round %d: a hold right after this Reserver's cancel", i)
 				live = append(live[1:], nid)
 				_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: old, Qty: 1}, time.Hour)
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: the cancelled hold again", i)
 			case 1: // restock, then take it
-				_, err := r.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 1)
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
+				require.NoError(t, errOf(r.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 1)))
+				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
 				require.NoError(t, err, "round %d: a deduct right after this Reserver's restock", i)
 			case 2: // a tombstone, then its late deduct: ErrRestored, never ErrSoldOut
 				id := fmt.Sprintf("tomb%d", i)
-				_, err := r.Restore(ctx, sku, id)
-				require.ErrorIs(t, err, stock.ErrUnknownID)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
+				require.ErrorIs(t, errOf(r.Restore(ctx, sku, id)), stock.ErrUnknownID)
+				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: late deduct of a tombstone", i)
 				_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}, time.Minute)
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: late hold of a tombstone", i)
@@ -639,15 +593,12 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrClosed, "round %d: hold right after close", i)
 				require.NoError(t, r.ReopenItem(ctx, sku))
 			case 4: // sell with a deduct restored at once: the restore frees one unit
-				_, err := r.Restock(ctx, sku, fmt.Sprintf("rt%d", i), 1)
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Restock(ctx, sku, fmt.Sprintf("rt%d", i), 1)))
 				id := newID()
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})))
 				soldOut()
-				_, err = r.Restore(ctx, sku, id)
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
+				require.NoError(t, errOf(r.Restore(ctx, sku, id)))
+				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
 				require.NoError(t, err, "round %d: a deduct right after this Reserver's restore", i)
 				// the replay of the restored id: ErrRestored, never sold out
 				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
@@ -664,17 +615,14 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 // must free its unit for a new request once due, whatever the fast path cached before.
 func TestFastPathExtendShortens(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1, stock.WithClock(func() time.Time { return time.Now().Add(-20 * time.Minute) }))
 		sku := "ext:short"
 		require.NoError(t, r.Load(ctx, sku, 2))
 		for i := range 2 {
-			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("H%d", i), Qty: 1}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("H%d", i), Qty: 1}, time.Hour)))
 		}
 		refuseSoldOut(t, r, sku, numbered("w", 20)...)
-		_, err := r.Extend(ctx, sku, "H1", 1200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Extend(ctx, sku, "H1", 1200*time.Millisecond)))
 		refuseSoldOut(t, r, sku, numbered("v", 20)...) // still live: sold out
 		redistest.Sleep(c1, 1500*time.Millisecond)
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "after", Qty: 1})
@@ -690,7 +638,6 @@ func TestFastPathExtendShortens(t *testing.T) {
 // invalidation be lost". A request with a new id must be taken within a few seconds at most.
 func TestFastPathOtherProcessBounded(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		r1 := testkit.NewReserver(t, c1)
 		r2 := testkit.NewReserver(t, c2)
 		sku := "other:proc"
@@ -701,8 +648,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 		for round := range 10 {
 			for range 15 {
 				n++
-				_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("w%d", n), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
+				require.ErrorIs(t, errOf(r1.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("w%d", n), Qty: 1})), stock.ErrSoldOut)
 			}
 			var gave string
 			switch round % 3 {
@@ -750,7 +696,6 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 // its first life must not answer for the second.
 func TestFastPathRetiredReloaded(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1)
 		st := memstore.New()
 		sku := "ret:ü"
@@ -759,23 +704,20 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("d", 2)...)
 		refuseSoldOut(t, r, sku, numbered("w", 20)...)
 		require.NoError(t, r.Delist(ctx, sku))
-		rl, err := stockops.NewRelay(r, st, nil, nil)
-		require.NoError(t, err)
+		rl := must(stockops.NewRelay(r, st, nil, nil))(t)
 		testkit.Drain(t, rl)
 		rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Millisecond})
 		require.NoError(t, err)
 		redistest.Sleep(c1, 50*time.Millisecond)
 		retired := false
 		for i := 0; i < 20 && !retired; i++ {
-			res, err := rec.Pass(ctx)
-			require.NoError(t, err)
+			res := must(rec.Pass(ctx))(t)
 			for _, rp := range res.Reports {
 				retired = retired || (rp.SKU == sku && rp.Retired)
 			}
 		}
 		require.True(t, retired, "the delisted item is retired")
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "gone", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "gone", Qty: 1})), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, sku, 3))
 		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "n1", Qty: 1})
 		require.NoError(t, err, "a reloaded item sells")
@@ -788,8 +730,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 			require.NoError(t, err, "a repeat of a second-life sale is a replay")
 			assert.True(t, rc.Replayed)
 		}
-		_, err = r.Restock(ctx, sku, "rs", 1)
-		require.NoError(t, err)
+		require.NoError(t, errOf(r.Restock(ctx, sku, "rs", 1)))
 		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "after-restock", Qty: 1})
 		require.NoError(t, err)
 		soldOutLevels(t, r, sku)
@@ -801,12 +742,10 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 // ErrClosed; an id already taken is a replay; an id claimed by another buyer is a conflict.
 func TestFastPathOwnWrites(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("fp")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
 		for i := range 6 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("d", i), User: fmt.Sprint("u", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("d", i), User: fmt.Sprint("u", i), Qty: 1})))
 		}
 		seq := 0
 		soldOut := func() {
@@ -826,12 +765,10 @@ func TestFastPathOwnWrites(t *testing.T) {
 		for round := range 30 {
 			var gone buyer
 			if round%3 == 1 {
-				_, err := e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)
-				require.NoError(t, err)
+				require.NoError(t, errOf(e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)))
 			} else {
 				gone, taken = taken[0], taken[1:]
-				rc, err := e.r.Restore(ctx, sku, gone.id)
-				require.NoError(t, err)
+				rc := must(e.r.Restore(ctx, sku, gone.id))(t)
 				require.False(t, rc.Replayed)
 			}
 			// the very next request, by a new buyer (any bucket), must be served
@@ -846,8 +783,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 			}
 			soldOut()
 			// a replay of a taken id is never "sold out"; another buyer with it is a conflict
-			rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: nb.user, Qty: 1})
-			require.NoError(t, err, "round %d: replay", round)
+			rc := must(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: nb.user, Qty: 1}))(t, "round %d: replay", round)
 			require.True(t, rc.Replayed)
 			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: "someone", Qty: 1})
 			require.ErrorIs(t, err, stock.ErrConflict, "round %d", round)
@@ -857,28 +793,22 @@ func TestFastPathOwnWrites(t *testing.T) {
 		l := testkit.Levels(t, e.r, sku)
 		require.Zero(t, l.Available)
 		// cancel of a hold after sell-out frees stock for the very next request
-		_, err := e.r.Restock(ctx, sku, "rsh", 1)
-		require.NoError(t, err)
-		_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "hu", Qty: 1}, time.Hour)
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.Restock(ctx, sku, "rsh", 1)))
+		require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "hu", Qty: 1}, time.Hour)))
 		soldOut()
-		_, err = e.r.Cancel(ctx, sku, "h")
-		require.NoError(t, err)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1})
+		require.NoError(t, errOf(e.r.Cancel(ctx, sku, "h")))
+		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1})
 		require.NoError(t, err, "phantom sold-out after own cancel")
 		soldOut()
 		// the taken id by its own buyer: a replay; by another buyer: a conflict
-		rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1})
-		require.NoError(t, err)
+		rc := must(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1}))(t)
 		assert.True(t, rc.Replayed)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "other", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrConflict)
+		require.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "other", Qty: 1})), stock.ErrConflict)
 		_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1}, time.Hour)
 		require.ErrorIs(t, err, stock.ErrConflict)
 		// closed: ErrClosed, not sold out
 		require.NoError(t, e.r.CloseItem(ctx, sku))
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "closed1", User: "c", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrClosed)
+		require.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "closed1", User: "c", Qty: 1})), stock.ErrClosed)
 		require.NoError(t, e.r.ReopenItem(ctx, sku))
 		soldOut()
 		// another process restores: within the window it may say sold out; after it, no
@@ -905,7 +835,6 @@ func TestFastPathOwnWrites(t *testing.T) {
 // by the request (no phantom sold-out from the fast path).
 func TestFastPathHoldDueOtherBucket(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("fph")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
 		for i := range 6 {
@@ -913,8 +842,7 @@ func TestFastPathHoldDueOtherBucket(t *testing.T) {
 			if i == 0 {
 				ttl = time.Second
 			}
-			_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), User: fmt.Sprint("u", i), Qty: 1}, ttl)
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), User: fmt.Sprint("u", i), Qty: 1}, ttl)))
 		}
 		for i := range 30 {
 			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("x", i), User: fmt.Sprint("x", i), Qty: 1})

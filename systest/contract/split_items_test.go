@@ -31,7 +31,6 @@ func TestScatteredLastUnits(t *testing.T) {
 	for _, n := range []int{2, 3, 64} {
 		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
 			each(t, []stock.Option{split(n)}, func(t *testing.T, e *requestEnv) {
-				ctx := context.Background()
 				for round, user := range []string{"a", "b", "", "zz"} {
 					sku := fmt.Sprintf("scatter%d", round)
 					require.NoError(t, e.r.Load(ctx, sku, int64(n))) // one unit per bucket
@@ -43,8 +42,7 @@ func TestScatteredLastUnits(t *testing.T) {
 					assert.Equal(t, int64(n), rc.Qty)
 					l := levels(t, e.r, sku)
 					assert.Equal(t, stock.Levels{Available: 0, Sold: int64(n), Loaded: int64(n)}, l)
-					_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id + "y", User: user, Qty: 1})
-					require.ErrorIs(t, err, stock.ErrSoldOut)
+					require.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id + "y", User: user, Qty: 1})), stock.ErrSoldOut)
 					// A replay still answers the original receipt.
 					rc, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: int64(n)})
 					require.NoError(t, err)
@@ -61,14 +59,12 @@ func TestScatteredLastUnits(t *testing.T) {
 // answers.
 func TestBucketCounts(t *testing.T) {
 	each(t, nil, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		plain := e.r
 		for _, n := range []int{-3, 0, 1} {
 			r := e.another(stock.WithBuckets(func(string) int { return n }))
 			sku := fmt.Sprintf("count%d", n+10)
 			require.NoError(t, r.Load(ctx, sku, 5))
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "u", Qty: 2})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "u", Qty: 2})))
 			l := levels(t, plain, sku)
 			assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, l, "%d buckets: not split", n)
 		}
@@ -90,8 +86,7 @@ func TestBucketCounts(t *testing.T) {
 			if i%2 == 1 {
 				r = r100
 			}
-			rc, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprintf("b%d", i), User: fmt.Sprintf("u%d", i), Qty: 3})
-			require.NoError(t, err)
+			rc := must(r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprintf("b%d", i), User: fmt.Sprintf("u%d", i), Qty: 3}))(t)
 			assert.True(t, rc.Replayed)
 		}
 		assert.Equal(t, levels(t, r100, "big"), levels(t, r64, "big"))
@@ -110,14 +105,11 @@ func TestBucketCounts(t *testing.T) {
 // never exceed what was loaded.
 func TestUnsplitReserverOnSplitItem(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "twice", 10))
 		plain := e.another()
-		_, err := plain.Deduct(ctx, stock.Request{SKU: "twice", ID: "p0", User: "a", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
-		_, err = plain.Hold(ctx, stock.Request{SKU: "twice", ID: "p1", User: "a", Qty: 1}, time.Hour)
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
-		_, err = plain.Levels(ctx, "twice")
+		require.ErrorIs(t, errOf(plain.Deduct(ctx, stock.Request{SKU: "twice", ID: "p0", User: "a", Qty: 1})), stock.ErrNotLoaded)
+		require.ErrorIs(t, errOf(plain.Hold(ctx, stock.Request{SKU: "twice", ID: "p1", User: "a", Qty: 1}, time.Hour)), stock.ErrNotLoaded)
+		_, err := plain.Levels(ctx, "twice")
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 
 		// A preheat re-run by the process that does not split the item.
@@ -158,7 +150,6 @@ func TestDifferentialPlainVsSplit(t *testing.T) {
 }
 
 func differential(t *testing.T, e *requestEnv, n int, seed uint64, steps int) {
-	ctx := context.Background()
 	plainSKU, splitSKU := fmt.Sprintf("plain-d%d", seed), fmt.Sprintf("split-d%d", seed)
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
 	initial := int64(3 + rng.IntN(8))
@@ -244,8 +235,7 @@ func differential(t *testing.T, e *requestEnv, n int, seed uint64, steps int) {
 		if pa != sa {
 			t.Fatalf("seed %d step %d: %s: plain %+v (%v), split %+v (%v)\n%s", seed, step, desc, pa, perr, sa, serr, strings.Join(log[max(0, len(log)-25):], "\n"))
 		}
-		pl, err := e.r.Levels(ctx, plainSKU)
-		require.NoError(t, err)
+		pl := must(e.r.Levels(ctx, plainSKU))(t)
 		sl := levels(t, e.r, splitSKU)
 		if pl != sl {
 			t.Fatalf("seed %d step %d: %s: levels plain %+v, split %+v\n%s", seed, step, desc, pl, sl, strings.Join(log[max(0, len(log)-25):], "\n"))
@@ -262,20 +252,16 @@ func differential(t *testing.T, e *requestEnv, n int, seed uint64, steps int) {
 // keeps the whole item from retiring; once it ends, the item retires.
 func TestRetireBlockedByOneBucket(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("blk")
 		store := storeFor(t, e.r, sku, 9)
-		_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "u", Qty: 1}, time.Hour)
-		require.NoError(t, err)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "v", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "u", Qty: 1}, time.Hour)))
+		require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "v", Qty: 1})))
 		lifecycleDrain(t, e.r, store, sku)
 		require.NoError(t, e.r.Delist(ctx, sku))
 		require.NoError(t, e.r.Delist(ctx, sku), "delisting twice does nothing")
 		assert.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
 		assert.ErrorIs(t, e.r.Load(ctx, sku, 1), stock.ErrLoaded)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", User: "w", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrClosed)
+		assert.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", User: "w", Qty: 1})), stock.ErrClosed)
 		e.advance(20 * time.Millisecond)
 		for range 2 {
 			rp := pass(t, e, e.r, store, sku)[sku]
@@ -284,18 +270,15 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 		l := testkit.Levels(t, e.r, sku)
 		assert.Equal(t, int64(1), l.Held)
 		// cancel the hold: an event pending in one bucket
-		_, err = e.r.Cancel(ctx, sku, "h")
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.Cancel(ctx, sku, "h")))
 		rp := pass(t, e, e.r, store, sku)[sku]
 		require.False(t, rp.Retired, "retired with an undelivered event: %v", rp)
 		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
 		rp = pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
-		_, err = e.r.Levels(ctx, sku)
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
-		rm, err := store.Remaining(ctx, sku)
-		require.NoError(t, err)
+		require.ErrorIs(t, errOf(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
+		rm := must(store.Remaining(ctx, sku))(t)
 		assert.Equal(t, int64(8), rm)
 	})
 }
@@ -335,7 +318,6 @@ func TestCountingBuckets(t *testing.T) {
 		for _, name := range []string{"a:b~c", long} {
 			t.Run(fmt.Sprintf("%d/%d", n, len(name)), func(t *testing.T) {
 				lifecycleEach(t, []stock.Option{lifecycleSplit(n), stock.WithUserLimit(3)}, func(t *testing.T, e *env) {
-					ctx := context.Background()
 					sku := sku(name)
 					const S, G, per = 97, 16, 12
 					store := storeFor(t, e.r, sku, S)
@@ -348,8 +330,7 @@ func TestCountingBuckets(t *testing.T) {
 					l := testkit.Levels(t, e.r, sku)
 					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
 					lifecycleDrain(t, e.r, store, sku)
-					rm, err := store.Remaining(ctx, sku)
-					require.NoError(t, err)
+					rm := must(store.Remaining(ctx, sku))(t)
 					require.Zero(t, rm)
 					rp := pass(t, e, e.r, store, sku)[sku]
 					require.Zero(t, rp.Drift, "%v", rp)
@@ -368,7 +349,6 @@ func TestUnevenCluster(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skip("STOCK_REDIS_SERVER not set")
 	}
-	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3)
 	srv := cl.Servers()
 	moves := [][]string{{"1001", "5460"}, {"6001", "10922"}}
@@ -390,10 +370,8 @@ func TestUnevenCluster(t *testing.T) {
 	for _, s := range srv {
 		c := s.Client(t)
 		for {
-			info, err := c.Do(ctx, c.B().Arbitrary("CLUSTER", "INFO").Build()).ToString()
-			require.NoError(t, err)
-			nodes, err := c.Do(ctx, c.B().Arbitrary("CLUSTER", "NODES").Build()).ToString()
-			require.NoError(t, err)
+			info := must(c.Do(ctx, c.B().Arbitrary("CLUSTER", "INFO").Build()).ToString())(t)
+			nodes := must(c.Do(ctx, c.B().Arbitrary("CLUSTER", "NODES").Build()).ToString())(t)
 			ok := strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_assigned:16384")
 			for _, line := range strings.Split(nodes, "\n") {
 				if strings.Contains(line, id2) {
@@ -438,14 +416,12 @@ func TestUnevenCluster(t *testing.T) {
 		require.Equal(t, int64(S)-ok, l.Available)
 		// sell the rest: nothing stranded in any bucket
 		for i := 0; l.Available > 0 && i < 200; i++ {
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("rest", i), User: fmt.Sprint("r", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("rest", i), User: fmt.Sprint("r", i), Qty: 1})))
 			l = testkit.Levels(t, r, sku)
 		}
 		require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
 		lifecycleDrain(t, r, store, sku)
-		rm, err := store.Remaining(ctx, sku)
-		require.NoError(t, err)
+		rm := must(store.Remaining(ctx, sku))(t)
 		require.Zero(t, rm)
 		retire(t, e, store, sku)
 		_, err = r.Levels(ctx, sku)
@@ -460,7 +436,6 @@ func TestUnevenCluster(t *testing.T) {
 // new retry) is still refused, and a fresh id is served: alike on a plain and a split item.
 func TestRetryRefusalSplitVsPlain(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		var out [2][]string
 		for j, sku := range []string{sku("plain-rt"), sku("rt")} {
 			rec := func(rc stock.Receipt, err error) {
@@ -494,7 +469,6 @@ func TestRetryRefusalSplitVsPlain(t *testing.T) {
 // agreement.
 func TestTransferCutThenDelist(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		for n := 1; n < 30; n++ {
 			sku := sku("xc")
 			store := storeFor(t, e.r, sku, 3)
@@ -516,8 +490,7 @@ func TestTransferCutThenDelist(t *testing.T) {
 			rp := pass(t, e, e.r, store, sku)[sku]
 			if rp.Retired {
 				// only when nothing was in flight: every unit accounted for
-				rm, err := store.Remaining(ctx, sku)
-				require.NoError(t, err)
+				rm := must(store.Remaining(ctx, sku))(t)
 				require.Equal(t, 3-l.Sold, rm, "cut %d: retired with %+v, store %d", n, l, rm)
 				continue
 			}
@@ -545,8 +518,7 @@ func TestTransferCutThenDelist(t *testing.T) {
 			e.advance(20 * time.Millisecond)
 			rp = pass(t, e, e.r, store, sku)[sku]
 			require.True(t, rp.Retired, "cut %d: %v (levels %+v)", n, rp, l)
-			rm, err := store.Remaining(ctx, sku)
-			require.NoError(t, err)
+			rm := must(store.Remaining(ctx, sku))(t)
 			require.Equal(t, 3-l.Sold, rm, "cut %d", n)
 		}
 	})
@@ -573,12 +545,10 @@ func TestStockopsAloneRecoversTransfer(t *testing.T) {
 // cut leaves a transfer in flight that keeps the delisted item from retiring; then checks that
 // stockops.Sweep completes it and the item retires. It reports whether a cut did.
 func cutTransfer(t *testing.T, e *env) (stuck bool) {
-	ctx := context.Background()
 	for n := 1; n < 30 && !stuck; n++ {
 		sku := sku("xs")
 		store := storeFor(t, e.r, sku, 3)
-		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})))
 		cc := &cut{Client: e.c, n: n}
 		cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
 		_, _ = cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
@@ -593,8 +563,7 @@ func cutTransfer(t *testing.T, e *env) (stuck bool) {
 		}
 		stuck = true // a transfer in flight keeps it
 		e.advance(6 * time.Second)
-		_, err = stockops.Sweep(ctx, e.r, sku)
-		require.NoError(t, err)
+		require.NoError(t, errOf(stockops.Sweep(ctx, e.r, sku)))
 		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
 		rp := pass(t, e, e.r, store, sku)[sku]
@@ -668,8 +637,7 @@ func TestMixedIntoStore(t *testing.T) {
 		}
 		for _, sku := range skus {
 			l := levels(t, e.r, sku)
-			rem, err := store.Remaining(context.Background(), sku)
-			require.NoError(t, err)
+			rem := must(store.Remaining(context.Background(), sku))(t)
 			assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
 			reconcile(t, e.r, store, sku)
 		}
@@ -690,7 +658,6 @@ func sales(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, bet
 // its bucket pulled units from its siblings: units then pass through a bucket with no event).
 func salesQ(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, maxQty int, between func(round int)) map[string]int64 {
 	t.Helper()
-	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e37))
 	sold := map[string]int64{}
 	var n int
@@ -723,15 +690,13 @@ func salesQ(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, ma
 		slices.Sort(ids)
 		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		for _, id := range ids[:min(len(ids), 1+rng.IntN(3))] {
-			_, err := e.r.Restore(ctx, sku, id)
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Restore(ctx, sku, id)))
 			delete(sold, id)
 		}
-		_, err := e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))
-		require.NoError(t, err)
+		require.NoError(t, errOf(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
 		buy()
 		// Holds: taken from what a restock brings, half cancelled, half left to expire.
-		_, err = e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)
+		_, err := e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)
 		require.NoError(t, err)
 		for k := range 4 {
 			id := fmt.Sprintf("h%d-%d", round, k)
@@ -758,7 +723,6 @@ func salesQ(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, ma
 // ledger or in the store), and that it equals Redis.
 func splitCheck(t *testing.T, e *requestEnv, store *memstore.Store, sku string, sold map[string]int64) {
 	t.Helper()
-	ctx := context.Background()
 	ids := make([]string, 0, len(sold))
 	for id := range sold {
 		ids = append(ids, id)
@@ -768,16 +732,14 @@ func splitCheck(t *testing.T, e *requestEnv, store *memstore.Store, sku string, 
 	require.NoError(t, err)
 	var refused []string
 	for _, id := range ids {
-		ent, err := e.r.Ledger(ctx, sku, id)
-		require.NoError(t, err)
+		ent := must(e.r.Ledger(ctx, sku, id))(t)
 		if ent.State == stock.StateRefused || recs[id].Status != stock.StateApplied {
 			refused = append(refused, fmt.Sprintf("%s(ledger %v, store %v)", id, ent.State, recs[id].Status))
 		}
 	}
 	assert.Empty(t, refused, "acknowledged sales the Store refused or did not apply")
 	l := levels(t, e.r, sku)
-	rem, err := store.Remaining(ctx, sku)
-	require.NoError(t, err)
+	rem := must(store.Remaining(ctx, sku))(t)
 	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
 }
@@ -804,8 +766,7 @@ func splitDrain(t *testing.T, e *requestEnv, sku string, limit int, rls ...*stoc
 		var ref atomic.Int64
 		for _, rl := range rls {
 			wg.Go(func() {
-				st, err := rl.Once(context.Background())
-				assert.NoError(t, err)
+				st := must(rl.Once(context.Background()))(t)
 				ref.Add(int64(st.Refused))
 			})
 		}
@@ -818,8 +779,7 @@ func splitDrain(t *testing.T, e *requestEnv, sku string, limit int, rls ...*stoc
 
 func splitRelay(t *testing.T, e *requestEnv, store stock.Store, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
-	rl, err := stockops.NewRelay(e.r, store, nil, o)
-	require.NoError(t, err)
+	rl := must(stockops.NewRelay(e.r, store, nil, o))(t)
 	return rl
 }
 
@@ -892,7 +852,6 @@ func drainAdv(t *testing.T, e *requestEnv, sku string, limit int, dead bool, rl 
 // refused), and go on once the Store is back.
 func TestDonorRetryable(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		for seed := range uint64(3) {
 			sku := fmt.Sprintf("retry-%d", seed)
 			store := storeFor(t, e.r, sku, 6)
@@ -934,7 +893,6 @@ func TestDonorRetryable(t *testing.T) {
 // reported by Pending.
 func TestDonorInvalid(t *testing.T) {
 	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		sku := "invalid"
 		store := storeFor(t, e.r, sku, 6)
 		store.FailWith(func(ev stock.Event) error {
@@ -951,8 +909,7 @@ func TestDonorInvalid(t *testing.T) {
 		assert.Positive(t, d, "the rejected restocks are dead letters")
 		nref := 0
 		for id := range sold {
-			ent, err := e.r.Ledger(ctx, sku, id)
-			require.NoError(t, err)
+			ent := must(e.r.Ledger(ctx, sku, id))(t)
 			if ent.State == stock.StateRefused {
 				nref++
 			}
@@ -966,7 +923,6 @@ func TestDonorInvalid(t *testing.T) {
 // the relay delivers everything: no acknowledged sale (by Redis's ledger) refused.
 func TestCutTransfers(t *testing.T) {
 	splitEach(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		sku := "cut"
 		store := storeFor(t, e.r, sku, 8)
 		rng := rand.New(rand.NewPCG(5, 5))
@@ -998,8 +954,7 @@ func TestCutTransfers(t *testing.T) {
 		e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
 		for _, k := range keysOf(t, e7, sku) {
 			if strings.HasSuffix(k, ":xf") {
-				n, err := e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64()
-				require.NoError(t, err)
+				n := must(e.c.Do(ctx, e.c.B().Zcard().Key(k).Build()).AsInt64())(t)
 				inFlight += int(n)
 			}
 		}
@@ -1040,7 +995,6 @@ func TestCutTransfers(t *testing.T) {
 // delisted and retired: no key of it is left, barriers included.
 func TestRetireAfterTransfers(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		sku := "retire-ord"
 		store := storeFor(t, e.r, sku, 6)
 		sold := sales(t, e, sku, 60, 4, nil)
@@ -1056,13 +1010,11 @@ func TestRetireAfterTransfers(t *testing.T) {
 		assert.Len(t, left, 4, "%v", left)
 		for _, k := range left {
 			require.True(t, strings.HasSuffix(k, "}"), "key left behind: %s", k)
-			m, err := e.c.Do(ctx, e.c.B().Hgetall().Key(k).Build()).AsStrMap()
-			require.NoError(t, err)
+			m := must(e.c.Do(ctx, e.c.B().Hgetall().Key(k).Build()).AsStrMap())(t)
 			assert.Len(t, m, 2, "%s: %v", k, m)
 			assert.Equal(t, "1", m["x"], "%s: %v", k, m)
 		}
-		_, err := e.r.Levels(ctx, sku)
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		assert.ErrorIs(t, errOf(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
 	})
 }
 
@@ -1083,7 +1035,6 @@ func keysOf(t *testing.T, e *env, sku string) []string {
 // other buckets are held back (never refused) and go through once the Store is back.
 func TestQueueDonorDown(t *testing.T) {
 	splitEach(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		splitSeeds(t, e, "qdown", 3, 6, func(seed uint64, sku string, store *memstore.Store) {
 			sold := sales(t, e, sku, seed+110, 3, nil)
 			evs, _ := publishAll(t, e, sku, 2)
@@ -1122,7 +1073,6 @@ func TestQueueDonorDown(t *testing.T) {
 // bucketOf returns the bucket id's claim names (from the claims hashes of sku's buckets).
 func bucketOf(t *testing.T, e *requestEnv, sku, id string) int {
 	t.Helper()
-	ctx := context.Background()
 	e7 := &env{name: e.name, real: e.real, c: e.c, r: e.r, advance: e.advance, another: e.another}
 	for _, k := range keysOf(t, e7, sku) {
 		if !strings.HasSuffix(k, ":i") {
@@ -1157,7 +1107,6 @@ func manyBarriers(t *testing.T, transfers int) {
 	if transfers > 64 {
 	}
 	each(t, []stock.Option{split(2)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		sku := fmt.Sprintf("many-%d", transfers)
 		require.NoError(t, e.r.Load(ctx, sku, 400))
 		// Buyers of each bucket.
@@ -1165,8 +1114,7 @@ func manyBarriers(t *testing.T, transfers int) {
 		for i := 0; users[0] == "" || users[1] == ""; i++ {
 			require.Less(t, i, 50)
 			u := fmt.Sprintf("p%d", i)
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: u, User: u, Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: u, User: u, Qty: 1})))
 			if b := bucketOf(t, e, sku, u); users[b] == "" {
 				users[b] = u
 			}
@@ -1179,10 +1127,7 @@ func manyBarriers(t *testing.T, transfers int) {
 		// Bucket 1's stock, sold one unit at a time (to be given back one at a time).
 		var ones []string
 		for {
-			rc, err := buy(1, 1)
-			if err != nil {
-				t.Fatalf("%v", err)
-			}
+			rc := must(buy(1, 1))(t)
 			ones = append(ones, rc.ID)
 			if rc.Remaining == 0 {
 				break
@@ -1200,19 +1145,15 @@ func manyBarriers(t *testing.T, transfers int) {
 		// transfers 1 → 0: a unit given back in bucket 1, bought by bucket 0's buyer.
 		var zeros []string
 		for i := range transfers {
-			_, err := e.r.Restore(ctx, sku, ones[i])
-			require.NoError(t, err)
-			rc, err := buy(0, 1)
-			require.NoError(t, err, "transfer %d", i)
+			require.NoError(t, errOf(e.r.Restore(ctx, sku, ones[i])))
+			rc := must(buy(0, 1))(t, "transfer %d", i)
 			zeros = append(zeros, rc.ID)
 		}
 		// Then bucket 0 gives units back, and bucket 1's buyer takes them (a transfer 0 → 1).
 		for _, id := range zeros[:3] {
-			_, err := e.r.Restore(ctx, sku, id)
-			require.NoError(t, err)
+			require.NoError(t, errOf(e.r.Restore(ctx, sku, id)))
 		}
-		_, err = buy(1, 3)
-		require.NoError(t, err)
+		require.NoError(t, errOf(buy(1, 3)))
 		require.Zero(t, levels(t, e.r, sku).Available)
 		var mu sync.Mutex
 		var evs []stock.Event
@@ -1222,12 +1163,10 @@ func manyBarriers(t *testing.T, transfers int) {
 			mu.Unlock()
 			return nil
 		})
-		rl, err := stockops.NewRelay(e.r, nil, pub, nil)
-		require.NoError(t, err)
+		rl := must(stockops.NewRelay(e.r, nil, pub, nil))(t)
 		passes := 0
 		for ; passes < 50 && !drained(t, e, sku); passes++ {
-			_, err := rl.Once(ctx)
-			require.NoError(t, err)
+			require.NoError(t, errOf(rl.Once(ctx)))
 			e.advance(200 * time.Millisecond)
 		}
 		p, _, err := stockops.Pending(ctx, e.r, sku)
@@ -1256,8 +1195,7 @@ func manyBarriers(t *testing.T, transfers int) {
 				require.NoError(t, err)
 			}
 			queue = again
-			_, err := rl.Once(ctx)
-			require.NoError(t, err)
+			require.NoError(t, errOf(rl.Once(ctx)))
 			mu.Lock()
 			fresh := len(evs) - taken
 			mu.Unlock()
@@ -1267,8 +1205,7 @@ func manyBarriers(t *testing.T, transfers int) {
 			}
 		}
 		l := levels(t, e.r, sku)
-		rem, err := store.Remaining(ctx, sku)
-		require.NoError(t, err)
+		rem := must(store.Remaining(ctx, sku))(t)
 		assert.Equal(t, l.Available+l.Held, rem, "store vs Redis (%+v)", l)
 	})
 }
@@ -1296,9 +1233,7 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 		}
 		before := e.snapshot("stock:{a|*")
 		_, err := e.r.Restock(e.ctx, "a", "r1", 6)
-		if !errors.Is(err, stock.ErrInvalid) {
-			t.Fatalf("restock past MaxQty: %v, want ErrInvalid", err)
-		}
+		require.ErrorIs(t, err, stock.ErrInvalid, "restock past MaxQty: %v, want ErrInvalid", err)
 		after := e.snapshot("stock:{a|*")
 		for k, v := range after {
 			if strings.HasSuffix(k, ":i") { // the id's claim is documented to stay
@@ -1317,9 +1252,7 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 		}
 		e.relay()
 		e.want("a", stock.MaxQty, 0, 0)
-		if _, err := e.r.Restock(e.ctx, "a", "r3", 1); !errors.Is(err, stock.ErrInvalid) {
-			t.Errorf("restock of a full item: %v, want ErrInvalid", err)
-		}
+		assert.ErrorIs(t, errOf(e.r.Restock(e.ctx, "a", "r3", 1)), stock.ErrInvalid, "restock of a full item")
 		rc, err = e.r.Restock(e.ctx, "a", "r2", 5)
 		if err != nil || !rc.Replayed {
 			t.Errorf("repeat of a made restock once full: %+v %v, want a replay", rc, err)
@@ -1344,28 +1277,20 @@ func TestBucketsRestockWithBucketMissingIsNotLoaded(t *testing.T) {
 	if hash == "" {
 		t.Fatalf("no bucket hash among %v", snap)
 	}
-	if err := e.c.Do(e.ctx, e.c.B().Del().Key(hash).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.c.Do(e.ctx, e.c.B().Del().Key(hash).Build()).Error())
 	for i := 0; i < 4; i++ {
 		_, err := e.r.Restock(e.ctx, "a", fmt.Sprintf("r%d", i), 1)
-		if !errors.Is(err, stock.ErrNotLoaded) {
-			t.Errorf("restock r%d with bucket 1 missing: %v, want ErrNotLoaded", i, err)
-		}
+		assert.ErrorIs(t, err, stock.ErrNotLoaded, "restock r%d with bucket 1 missing: %v, want ErrNotLoaded", i, err)
 	}
 }
 
 func TestBucketsLoadMaxQtyAndPastIt(t *testing.T) {
 	e := outsideMini(t, stock.WithBuckets(func(string) int { return 64 }))
-	if err := e.r.Load(e.ctx, "a", stock.MaxQty); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.r.Load(e.ctx, "a", stock.MaxQty))
 	if lv := e.levels("a"); lv.Loaded != stock.MaxQty || lv.Available != stock.MaxQty {
 		t.Errorf("levels of an item loaded with MaxQty: %+v", lv)
 	}
-	if err := e.r.Load(e.ctx, "b", stock.MaxQty+1); !errors.Is(err, stock.ErrInvalid) {
-		t.Errorf("Load past MaxQty: %v", err)
-	}
+	assert.ErrorIs(t, e.r.Load(e.ctx, "b", stock.MaxQty+1), stock.ErrInvalid, "Load past MaxQty")
 	// Take nearly all of it from one bucket's buyer: transfers must keep the sum exact.
 	rc, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "big", User: "u", Qty: stock.MaxQty - 1})
 	if err != nil {
