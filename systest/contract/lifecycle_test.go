@@ -24,8 +24,7 @@ import (
 // drainOfLifecycle runs a relay pass until nothing is pending for the items.
 func drainOfLifecycle(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 	t.Helper()
-	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
-	require.NoError(t, err)
+	rl := must(stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))(t)
 	for range 20 {
 		st := must(rl.Once(context.Background()))(t)
 		if st.Claimed == 0 {
@@ -66,11 +65,11 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		skus := []string{"closed", "reopened", "held", "pending", "x", "x:u", "gone"}
 		for _, sku := range skus {
 			loadBoth(t, r, store, sku, 10)
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 2})))
+			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, "o1", "u", 2))))
 		}
-		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "held", ID: "h1", User: "u", Qty: 1}, time.Hour)))
+		require.NoError(t, errFrom(r.Hold(ctx, req("held", "h1", "u", 1), time.Hour)))
 		drainOfLifecycle(t, r, store)
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "pending", ID: "o2", Qty: 1})))
+		require.NoError(t, errFrom(r.Deduct(ctx, req("pending", "o2", "", 1))))
 
 		require.NoError(t, r.CloseItem(ctx, "closed"))
 		require.NoError(t, r.CloseItem(ctx, "reopened"))
@@ -80,7 +79,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 			require.NoError(t, r.Delist(ctx, sku), "delisting twice does nothing")
 			assert.ErrorIs(t, r.ReopenItem(ctx, sku), stock.ErrClosed, sku)
 			assert.True(t, check(t, r, sku, 10).Closed, sku)
-			assert.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", Qty: 1})), stock.ErrClosed, sku)
+			assert.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, "late", "", 1))), stock.ErrClosed, sku)
 			assert.ErrorIs(t, r.Load(ctx, sku, 5), stock.ErrLoaded, sku)
 		}
 		rec := retiring(t, c, r, store)
@@ -91,9 +90,9 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		}
 		assert.True(t, reps["gone"].Retired, "gone: %v", reps["gone"])
 		assert.True(t, reps["x"].Retired, "x: %v", reps["x"])
-		assert.ErrorIs(t, errOf(r.Levels(ctx, "gone")), stock.ErrNotLoaded)
+		assert.ErrorIs(t, errFrom(r.Levels(ctx, "gone")), stock.ErrNotLoaded)
 		// The held item's pipeline finishes: the hold is confirmed after the delisting.
-		require.NoError(t, errOf(r.Confirm(ctx, "held", "h1")))
+		require.NoError(t, errFrom(r.Confirm(ctx, "held", "h1")))
 		assert.Equal(t, int64(3), testkit.Levels(t, r, "held").Sold)
 		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
@@ -104,7 +103,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		// Loaded again after retirement: a new item, not retired by the next passes.
 		require.NoError(t, r.Load(ctx, "gone", 7))
 		store.Set("gone", 7)
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "gone", ID: "o1", User: "u", Qty: 1})))
+		require.NoError(t, errFrom(r.Deduct(ctx, req("gone", "o1", "u", 1))))
 		e := must(r.Ledger(ctx, "gone", "o1"))(t)
 		assert.Equal(t, int64(1), e.Qty, "a new sale, not a replay of the retired item's o1")
 		drainOfLifecycle(t, r, store)
@@ -148,7 +147,7 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 			}
 		}
 		require.True(t, retired)
-		require.ErrorIs(t, errOf(r.Levels(ctx, "big")), stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(r.Levels(ctx, "big")), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, "big", 10))
 		store.Set("big", 10)
 		// New ids: the Store keeps the retired item's records, so an old id would be taken by
@@ -185,8 +184,8 @@ func TestRetireGroupedItem(t *testing.T) {
 		skus := []string{"g", "tee", "tee:l", "tee:u", "cap"}
 		for _, sku := range skus {
 			loadBoth(t, r, store, sku, 10)
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})))
-			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u", Qty: 1}, time.Hour)))
+			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, "o1", "u", 1))))
+			require.NoError(t, errFrom(r.Hold(ctx, req(sku, "h1", "u", 1), time.Hour)))
 		}
 		_, err := r.Cancel(ctx, "tee", "h1")
 		require.NoError(t, err)
@@ -204,7 +203,7 @@ func TestRetireGroupedItem(t *testing.T) {
 			_, err = r.Confirm(ctx, sku, "h1")
 			require.NoError(t, err, sku)
 		}
-		assert.ErrorIs(t, errOf(r.Levels(ctx, "tee")), stock.ErrNotLoaded)
+		assert.ErrorIs(t, errFrom(r.Levels(ctx, "tee")), stock.ErrNotLoaded)
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "k", User: "u", Lines: []stock.Line{{SKU: "tee:l", Qty: 1}, {SKU: "cap", Qty: 1}}})
 		require.NoError(t, err)
 	})
@@ -220,7 +219,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 		r := testkit.NewReserver(t, c)
 		store := memstore.New()
 		loadBoth(t, r, store, "dlq", 5)
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "dlq", ID: "bad", Qty: 1})))
+		require.NoError(t, errFrom(r.Deduct(ctx, req("dlq", "bad", "", 1))))
 		store.FailWith(func(ev stock.Event) error {
 			if ev.ID == "bad" {
 				return fmt.Errorf("nope: %w", stock.ErrInvalid)
@@ -287,13 +286,13 @@ func TestRunClosedItemPipelineFinishes(t *testing.T) {
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		loadBoth(t, r, st, "shut", 10)
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "shut", ID: "d", Qty: 2})))
-		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "shut", ID: "h1", Qty: 1}, time.Hour)))
-		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "shut", ID: "h2", Qty: 1}, 100*time.Millisecond)))
+		require.NoError(t, errFrom(r.Deduct(ctx, req("shut", "d", "", 2))))
+		require.NoError(t, errFrom(r.Hold(ctx, req("shut", "h1", "", 1), time.Hour)))
+		require.NoError(t, errFrom(r.Hold(ctx, req("shut", "h2", "", 1), 100*time.Millisecond)))
 		require.NoError(t, r.CloseItem(ctx, "shut"))
-		assert.ErrorIs(t, errOf(r.Hold(ctx, stock.Request{SKU: "shut", ID: "h3", Qty: 1}, time.Hour)), stock.ErrClosed)
-		require.NoError(t, errOf(r.Confirm(ctx, "shut", "h1")))
-		require.NoError(t, errOf(r.Restore(ctx, "shut", "d")))
+		assert.ErrorIs(t, errFrom(r.Hold(ctx, req("shut", "h3", "", 1), time.Hour)), stock.ErrClosed)
+		require.NoError(t, errFrom(r.Confirm(ctx, "shut", "h1")))
+		require.NoError(t, errFrom(r.Restore(ctx, "shut", "d")))
 		redistest.Sleep(c, 200*time.Millisecond)
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, SweepInterval: 10 * time.Millisecond})
 		ok := eventually(5*time.Second, func() bool {
@@ -386,42 +385,40 @@ func TestHoldsLifecycle(t *testing.T) {
 		short := 2 * time.Second
 		require.NoError(t, e.r.Load(ctx, "h", 9))
 		for i := range 4 {
-			_, err := e.r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprintf("h%d", i), User: "same", Qty: 2}, ttl)
+			_, err := e.r.Hold(ctx, req("h", fmt.Sprintf("h%d", i), "same", 2), ttl)
 			require.NoError(t, err, "hold %d: the user's bucket borrows", i)
 		}
-		l := levels(t, e.r, "h")
-		assert.Equal(t, stock.Levels{Available: 1, Held: 8, Loaded: 9}, l)
-		require.ErrorIs(t, errOf(e.r.Hold(ctx, stock.Request{SKU: "h", ID: "h9", User: "x", Qty: 2}, ttl)), stock.ErrInsufficient)
+		assert.Equal(t, stock.Levels{Available: 1, Held: 8, Loaded: 9}, levels(t, e.r, "h"))
+		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req("h", "h9", "x", 2), ttl)), stock.ErrInsufficient)
 
 		rc := must(e.r.Confirm(ctx, "h", "h0"))(t)
 		assert.Equal(t, int64(2), rc.Qty)
 		rc = must(e.r.Confirm(ctx, "h", "h0"))(t)
 		assert.True(t, rc.Replayed)
-		require.ErrorIs(t, errOf(e.r.Cancel(ctx, "h", "h0")), stock.ErrConfirmed)
+		require.ErrorIs(t, errFrom(e.r.Cancel(ctx, "h", "h0")), stock.ErrConfirmed)
 
 		rc = must(e.r.Cancel(ctx, "h", "h1"))(t)
 		assert.Equal(t, int64(2), rc.Qty)
 		rc = must(e.r.Cancel(ctx, "h", "h1"))(t)
 		assert.True(t, rc.Replayed)
-		require.ErrorIs(t, errOf(e.r.Confirm(ctx, "h", "h1")), stock.ErrRestored)
-		require.ErrorIs(t, errOf(e.r.Hold(ctx, stock.Request{SKU: "h", ID: "h1", User: "same", Qty: 2}, ttl)), stock.ErrRestored)
+		require.ErrorIs(t, errFrom(e.r.Confirm(ctx, "h", "h1")), stock.ErrRestored)
+		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req("h", "h1", "same", 2), ttl)), stock.ErrRestored)
 
-		require.NoError(t, errOf(e.r.Extend(ctx, "h", "h2", short)))
-		require.NoError(t, errOf(e.r.Extend(ctx, "h", "h3", short)))
-		require.ErrorIs(t, errOf(e.r.Extend(ctx, "h", "h0", time.Hour)), stock.ErrConfirmed)
-		require.ErrorIs(t, errOf(e.r.Extend(ctx, "h", "nohold", time.Hour)), stock.ErrUnknownID)
-		l = levels(t, e.r, "h")
+		require.NoError(t, errFrom(e.r.Extend(ctx, "h", "h2", short)))
+		require.NoError(t, errFrom(e.r.Extend(ctx, "h", "h3", short)))
+		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "h0", time.Hour)), stock.ErrConfirmed)
+		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "nohold", time.Hour)), stock.ErrUnknownID)
+		l := levels(t, e.r, "h")
 		assert.Equal(t, stock.Levels{Available: 3, Held: 4, Sold: 2, Loaded: 9}, l)
 
 		e.advance(short + 1500*time.Millisecond)
-		require.ErrorIs(t, errOf(e.r.Confirm(ctx, "h", "h2")), stock.ErrExpired)
+		require.ErrorIs(t, errFrom(e.r.Confirm(ctx, "h", "h2")), stock.ErrExpired)
 		// The Confirm released h2, and with it the bucket's other due holds (h3, same buyer):
 		// the sweep finds h3 released or releases it.
 		n := must(stockops.Sweep(ctx, e.r, "h"))(t)
 		assert.Contains(t, []int64{0, 2}, n)
-		require.ErrorIs(t, errOf(e.r.Extend(ctx, "h", "h3", time.Hour)), stock.ErrExpired)
-		_, err := e.r.Cancel(ctx, "h", "h3")
-		require.NoError(t, err, "a cancel of an expired hold is a replay")
+		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "h3", time.Hour)), stock.ErrExpired)
+		require.NoError(t, errFrom(e.r.Cancel(ctx, "h", "h3")), "a cancel of an expired hold is a replay")
 		l = levels(t, e.r, "h")
 		assert.Equal(t, stock.Levels{Available: 7, Sold: 2, Loaded: 9}, l)
 		for _, id := range []string{"h2", "h3"} {
@@ -430,11 +427,9 @@ func TestHoldsLifecycle(t *testing.T) {
 		}
 		// The 7 units left serve takes in any bucket.
 		for i := range 7 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: "h", ID: fmt.Sprintf("d%d", i), User: fmt.Sprintf("w%d", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req("h", fmt.Sprintf("d%d", i), fmt.Sprintf("w%d", i), 1))))
 		}
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: "h", ID: "d9", User: "w9", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req("h", "d9", "w9", 1))), stock.ErrSoldOut)
 	})
 }
 
@@ -446,40 +441,38 @@ func TestCloseReopenRestock(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		require.NoError(t, e.r.Load(ctx, "cl", 6))
 		require.ErrorIs(t, e.r.Load(ctx, "cl", 6), stock.ErrLoaded)
-		require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: "cl", ID: "hold", User: "a", Qty: 1}, time.Hour)))
-		require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: "cl", ID: "hold2", User: "b", Qty: 1}, time.Hour)))
-		_, err := e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: "sale", User: "c", Qty: 1})
+		require.NoError(t, errFrom(e.r.Hold(ctx, req("cl", "hold", "a", 1), time.Hour)))
+		require.NoError(t, errFrom(e.r.Hold(ctx, req("cl", "hold2", "b", 1), time.Hour)))
+		_, err := e.r.Deduct(ctx, req("cl", "sale", "c", 1))
 		require.NoError(t, err)
 		require.NoError(t, e.r.CloseItem(ctx, "cl"))
 		require.NoError(t, e.r.CloseItem(ctx, "cl"))
 		assert.True(t, levels(t, e.r, "cl").Closed)
 		for i := range 10 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: fmt.Sprintf("x%d", i), User: fmt.Sprintf("z%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrClosed)
-			_, err = e.r.Hold(ctx, stock.Request{SKU: "cl", ID: fmt.Sprintf("y%d", i), Qty: 1}, time.Hour)
+			require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req("cl", fmt.Sprintf("x%d", i), fmt.Sprintf("z%d", i), 1))), stock.ErrClosed)
+			_, err = e.r.Hold(ctx, req("cl", fmt.Sprintf("y%d", i), "", 1), time.Hour)
 			require.ErrorIs(t, err, stock.ErrClosed)
 		}
-		require.NoError(t, errOf(e.r.Confirm(ctx, "cl", "hold")))
-		require.NoError(t, errOf(e.r.Cancel(ctx, "cl", "hold2")))
-		require.NoError(t, errOf(e.r.Restore(ctx, "cl", "sale")))
-		require.ErrorIs(t, errOf(e.r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "cl", Qty: 1}}})), stock.ErrClosed)
+		require.NoError(t, errFrom(e.r.Confirm(ctx, "cl", "hold")))
+		require.NoError(t, errFrom(e.r.Cancel(ctx, "cl", "hold2")))
+		require.NoError(t, errFrom(e.r.Restore(ctx, "cl", "sale")))
+		require.ErrorIs(t, errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "cl", Qty: 1}}})), stock.ErrClosed)
 		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "cl", Qty: 1}}}, time.Hour)
 		require.ErrorIs(t, err, stock.ErrClosed)
 		require.NoError(t, e.r.ReopenItem(ctx, "cl"))
-		l := levels(t, e.r, "cl")
-		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, l)
+		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, levels(t, e.r, "cl"))
 		for i := range 3 {
 			rc := must(e.r.Restock(ctx, "cl", "rs", 4))(t)
 			assert.Equal(t, i > 0, rc.Replayed)
 		}
-		require.ErrorIs(t, errOf(e.r.Restore(ctx, "cl", "rs")), stock.ErrConflict, "restocks cannot be restored")
-		l = levels(t, e.r, "cl")
+		require.ErrorIs(t, errFrom(e.r.Restore(ctx, "cl", "rs")), stock.ErrConflict, "restocks cannot be restored")
+		l := levels(t, e.r, "cl")
 		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, l)
 		deductEach(t, e.r, stock.Request{SKU: "cl", User: "one", Qty: 1}, numbered("after", 9)...)
-		require.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: "after9", User: "one", Qty: 1})), stock.ErrSoldOut)
+		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req("cl", "after9", "one", 1))), stock.ErrSoldOut)
 		require.ErrorIs(t, e.r.CloseItem(ctx, "never-loaded"), stock.ErrNotLoaded)
-		require.ErrorIs(t, errOf(e.r.Levels(ctx, "never-loaded")), stock.ErrNotLoaded)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: "never-loaded", ID: "q", User: "a", Qty: 1})
+		require.ErrorIs(t, errFrom(e.r.Levels(ctx, "never-loaded")), stock.ErrNotLoaded)
+		_, err = e.r.Deduct(ctx, req("never-loaded", "q", "a", 1))
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 	})
 }
@@ -614,10 +607,10 @@ func TestRetireReloadOldIDs(t *testing.T) {
 			require.NoError(t, store.Load(ctx, sku, 10))
 			require.NoError(t, e.r.Load(ctx, sku, 10))
 			for i := range 4 {
-				do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), User: fmt.Sprintf("u%d", i), Qty: 1}))
+				do(e.r.Deduct(ctx, req(sku, fmt.Sprintf("d%d", i), fmt.Sprintf("u%d", i), 1)))
 			}
 			do(e.r.Restore(ctx, sku, "d0"))
-			do(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u9", Qty: 2}, time.Minute))
+			do(e.r.Hold(ctx, req(sku, "h1", "u9", 2), time.Minute))
 			do(e.r.Confirm(ctx, sku, "h1"))
 			do(e.r.Restore(ctx, sku, "ghost")) // a tombstone
 			lifecycleDrain(t, e.r, store, sku)
@@ -626,8 +619,8 @@ func TestRetireReloadOldIDs(t *testing.T) {
 			out = append(out, res{err: err})
 			_, err = e.r.Ledger(ctx, sku, "d1")
 			out = append(out, res{err: err})
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", User: "u1", Qty: 1}))
-			do(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "hx", User: "u1", Qty: 1}, time.Minute))
+			do(e.r.Deduct(ctx, req(sku, "d1", "u1", 1)))
+			do(e.r.Hold(ctx, req(sku, "hx", "u1", 1), time.Minute))
 			do(e.r.Restore(ctx, sku, "d2"))
 			do(e.r.Cancel(ctx, sku, "h1"))
 			do(e.r.Confirm(ctx, sku, "h1"))
@@ -637,11 +630,11 @@ func TestRetireReloadOldIDs(t *testing.T) {
 			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrNotLoaded)
 			require.NoError(t, e.r.Load(ctx, sku, 5))
 			// old ids: a deduct, a replay of a restored id, a tombstoned id, a hold confirmed
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", User: "u1", Qty: 1}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d0", User: "u0", Qty: 1}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "ghost", User: "u7", Qty: 1}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "h1", User: "u9", Qty: 2}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d2", User: "other", Qty: 1}))
+			do(e.r.Deduct(ctx, req(sku, "d1", "u1", 1)))
+			do(e.r.Deduct(ctx, req(sku, "d0", "u0", 1)))
+			do(e.r.Deduct(ctx, req(sku, "ghost", "u7", 1)))
+			do(e.r.Deduct(ctx, req(sku, "h1", "u9", 2)))
+			do(e.r.Deduct(ctx, req(sku, "d2", "other", 1)))
 			l := must(e.r.Levels(ctx, sku))(t)
 			out = append(out, res{rc: stock.Receipt{Qty: l.Sold, Remaining: l.Available}})
 			return out
@@ -670,7 +663,7 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 				// one user takes everything: transfers from every bucket
 				deductEach(t, e.r, stock.Request{SKU: sku, User: "whale", Qty: 1}, numbered("d", 20)...)
 				for i := range 5 {
-					require.NoError(t, errOf(e.r.Restore(ctx, sku, fmt.Sprintf("d%d", i))))
+					require.NoError(t, errFrom(e.r.Restore(ctx, sku, fmt.Sprintf("d%d", i))))
 					_, err := e.r.Restore(ctx, sku, fmt.Sprintf("ghost%d", i))
 					require.ErrorIs(t, err, stock.ErrUnknownID) // and a tombstone
 				}
@@ -715,7 +708,7 @@ func TestDelistRacing(t *testing.T) {
 					var err error
 					switch i % 3 {
 					case 0:
-						_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+						_, err = e.r.Deduct(ctx, req(sku, id, user, 1))
 						if err == nil {
 							sold.Add(1)
 							if i%2 == 0 {
@@ -725,7 +718,7 @@ func TestDelistRacing(t *testing.T) {
 							}
 						}
 					case 1:
-						_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+						_, err = e.r.Hold(ctx, req(sku, id, user, 1), time.Hour)
 						if err == nil {
 							if _, err = e.r.Confirm(ctx, sku, id); err == nil {
 								sold.Add(1)
@@ -734,7 +727,7 @@ func TestDelistRacing(t *testing.T) {
 							}
 						}
 					case 2:
-						_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+						_, err = e.r.Hold(ctx, req(sku, id, user, 1), time.Hour)
 						if err == nil {
 							_, err = e.r.Cancel(ctx, sku, id)
 						}
@@ -856,8 +849,7 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 			loader := testkit.NewReserver(t, h, lifecycleSplit(3))
 			require.NoError(t, loader.Load(ctx, sku, 5))
 			require.True(t, h.didFire())
-			l := testkit.Levels(t, e.r, sku)
-			assert.Equal(t, int64(5), l.Loaded, "%s", sku)
+			assert.Equal(t, int64(5), testkit.Levels(t, e.r, sku).Loaded, "%s", sku)
 			reg := registry(t, e, sku)
 			if strings.HasPrefix(sku, "plain") {
 				assert.Equal(t, []string{sku}, reg, "%s: loaded but not registered", sku)
@@ -867,7 +859,7 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 			// the relay (by the registry) delivers a new sale
 			deductEach(t, e.r, stock.Request{SKU: sku, User: "u2", Qty: 1}, "new")
 			rl := must(stockops.NewRelay(e.r, store2, nil, nil))(t)
-			require.NoError(t, errOf(rl.Once(ctx)))
+			require.NoError(t, errFrom(rl.Once(ctx)))
 			rm := must(store2.Remaining(ctx, sku))(t)
 			assert.Equal(t, int64(4), rm, "%s: the new sale never reached the store", sku)
 		}
@@ -902,7 +894,7 @@ func TestLoadDuringRetirement(t *testing.T) {
 			rp = pass(t, e, e.r, store, sku)[sku]
 		}
 		require.True(t, rp.Retired, "%v", rp)
-		require.ErrorIs(t, errOf(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
 		require.NoError(t, e.r.Load(ctx, sku, 4))
 		assert.Equal(t, stock.Levels{Available: 4, Loaded: 4}, testkit.Levels(t, e.r, sku))
 	})
@@ -979,7 +971,7 @@ func TestDelistCutEverywhere(t *testing.T) {
 			// after the cut: new buyers of every bucket
 			sold := 0
 			for i := range 12 {
-				if _, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("b", i), User: fmt.Sprint("b", i), Qty: 1}); err == nil {
+				if _, err := e.r.Deduct(ctx, req(sku, fmt.Sprint("b", i), fmt.Sprint("b", i), 1)); err == nil {
 					sold++
 				} else {
 					require.ErrorIs(t, err, stock.ErrClosed, "cut %d", n)
@@ -994,13 +986,13 @@ func TestDelistCutEverywhere(t *testing.T) {
 				require.ErrorIs(t, rerr, stock.ErrClosed, "cut %d", n)
 				// refused: nothing reopened, whatever bucket a buyer lands in
 				for i := range 12 {
-					_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("ar", i), User: fmt.Sprint("ar", i), Qty: 1})
+					_, err := e.r.Deduct(ctx, req(sku, fmt.Sprint("ar", i), fmt.Sprint("ar", i), 1))
 					require.ErrorIs(t, err, stock.ErrClosed, "cut %d: a bucket reopened by a refused ReopenItem", n)
 				}
 			}
 			lifecycleDrain(t, e.r, store, sku)
 			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
-			require.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterDelist", User: "ad", Qty: 1})), stock.ErrClosed)
+			require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "afterDelist", "ad", 1))), stock.ErrClosed)
 			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
 			e.advance(20 * time.Millisecond)
 			rp := pass(t, e, e.r, store, sku)[sku]
@@ -1028,14 +1020,11 @@ func TestReloadInOtherForm(t *testing.T) {
 				fe.r = first
 				retire(t, &fe, store, sku)
 				second := e.another(forms[tc[1]])
-				_, err := second.Levels(ctx, sku)
-				require.ErrorIs(t, err, stock.ErrNotLoaded)
+				require.ErrorIs(t, errFrom(second.Levels(ctx, sku)), stock.ErrNotLoaded)
 				require.NoError(t, second.Load(ctx, sku, 6), "%s retired, loaded again as %s", tc[0], tc[1])
-				l := testkit.Levels(t, second, sku)
-				require.Equal(t, stock.Levels{Available: 6, Loaded: 6}, l)
+				require.Equal(t, stock.Levels{Available: 6, Loaded: 6}, testkit.Levels(t, second, sku))
 				for i := range 6 {
-					_, err := second.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("n", i), User: fmt.Sprint("n", i), Qty: 1})
-					require.NoError(t, err)
+					require.NoError(t, errFrom(second.Deduct(ctx, req(sku, fmt.Sprint("n", i), fmt.Sprint("n", i), 1))))
 				}
 			})
 		}
@@ -1053,11 +1042,9 @@ func TestRunAfterCloseReturnsAtOnce(t *testing.T) {
 	assert.ErrorIs(t, e.r.Load(e.ctx, "a", 1), stock.ErrReserverClosed, "Load after Close")
 	if _, err := stockops.NewReconciler(e.r, e.store, nil); err == nil {
 		rec, _ := stockops.NewReconciler(e.r, e.store, nil)
-		assert.ErrorIs(t, errOf(rec.Pass(e.ctx)), stock.ErrReserverClosed, "reconcile pass after Close")
+		assert.ErrorIs(t, errFrom(rec.Pass(e.ctx)), stock.ErrReserverClosed, "reconcile pass after Close")
 	}
-	if ks := outsideKeys(t, e.c); len(ks) != 0 {
-		t.Errorf("keys after Close: %v", ks)
-	}
+	assert.Empty(t, outsideKeys(t, e.c), "keys after Close")
 }
 
 // Close stops Run (which returns ErrReserverClosed), drains what is due to the store, and once
@@ -1093,7 +1080,7 @@ func TestCloseWithCallsInFlightThenNothingWritten(t *testing.T) {
 						default:
 						}
 						id := fmt.Sprintf("w%d-%d", w, i)
-						_, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: id, User: id, Qty: 1})
+						_, err := r.Deduct(ctx, req("a", id, id, 1))
 						if errors.Is(err, stock.ErrReserverClosed) {
 							return
 						}
@@ -1132,20 +1119,14 @@ func TestCloseWithCallsInFlightThenNothingWritten(t *testing.T) {
 			}
 			first := dump()
 			time.Sleep(500 * time.Millisecond)
-			if second := dump(); first != second {
-				t.Errorf("Redis changed after Close returned:\n%s\n%s", first, second)
-			}
-			assert.ErrorIs(t, errOf(r.Levels(ctx, "a")), stock.ErrReserverClosed, "Levels after Close")
+			assert.Equal(t, first, dump(), "Redis changed after Close returned")
+			assert.ErrorIs(t, errFrom(r.Levels(ctx, "a")), stock.ErrReserverClosed, "Levels after Close")
 			reader, _ := stock.New(c)
 			defer reader.Close(ctx)
 			lv := must(reader.Levels(ctx, "a"))(t)
-			if lv.Sold != int64(len(took)) {
-				t.Errorf("sold %d, acknowledged %d", lv.Sold, len(took))
-			}
+			assert.Equal(t, int64(len(took)), lv.Sold, "sold vs acknowledged")
 			rem, _ := store.Remaining(ctx, "a")
-			if rem != lv.Available {
-				t.Errorf("store remaining %d, Redis available %d (drain left %d undelivered)", rem, lv.Available, rem-lv.Available)
-			}
+			assert.Equal(t, lv.Available, rem, "store remaining vs Redis available (drain left %d undelivered)", rem-lv.Available)
 		})
 	}
 }

@@ -60,10 +60,10 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		for i, n := range names {
 			user := names[(i+7)%len(names)]
 			id := names[(i+3)%len(names)]
-			rc := must(r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 2}))(t, n)
+			rc := must(r.Deduct(ctx, req(n, id, user, 2)))(t, n)
 			assert.False(t, rc.Replayed)
-			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: n, ID: id + ":h", User: user, Qty: 1}, time.Hour)), n)
-			require.NoError(t, errOf(r.Restock(ctx, n, id+":rs", 3)), n)
+			require.NoError(t, errFrom(r.Hold(ctx, req(n, id+":h", user, 1), time.Hour)), n)
+			require.NoError(t, errFrom(r.Restock(ctx, n, id+":rs", 3)), n)
 			after := snapshot()
 			for _, m := range names {
 				if m == n {
@@ -94,14 +94,13 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		}
 		for _, user := range []string{"x:1", "~", ":"} {
 			id := "cart:" + user
-			require.NoError(t, errOf(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})))
+			require.NoError(t, errFrom(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})))
 			rc := must(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}))(t)
 			assert.True(t, rc.Replayed)
 		}
 		assert.ElementsMatch(t, names, itemsOf(t, r))
 		for _, n := range names {
-			l := check(t, r, n, initial[n])
-			assert.Equal(t, int64(2+3), l.Sold, n)
+			assert.Equal(t, int64(2+3), check(t, r, n, initial[n]).Sold, n)
 		}
 	})
 }
@@ -141,8 +140,8 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		for i, n := range names {
 			user := names[(i+1)%len(names)]
 			id := names[(i+2)%len(names)]
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 1})), n)
-			require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: n, ID: user, User: id, Qty: 1}, time.Hour)), n)
+			require.NoError(t, errFrom(r.Deduct(ctx, req(n, id, user, 1))), n)
+			require.NoError(t, errFrom(r.Hold(ctx, req(n, user, id, 1), time.Hour)), n)
 			for _, m := range names {
 				l := check(t, r, m, initial[m])
 				if m == n {
@@ -160,7 +159,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 			{ID: "c2", User: "x:u", Lines: []stock.Line{{SKU: "items", Qty: 1}, {SKU: "carts", Qty: 1}}},
 			{ID: "c3", User: "tee", Lines: []stock.Line{{SKU: "tee", Qty: 1}, {SKU: "x", Qty: 1}, {SKU: "u", Qty: 1}}},
 		} {
-			require.NoError(t, errOf(r.DeductMany(ctx, c)), i)
+			require.NoError(t, errFrom(r.DeductMany(ctx, c)), i)
 			rc := must(r.DeductMany(ctx, c))(t, i)
 			assert.True(t, rc.Replayed, i)
 			for _, ln := range c.Lines {
@@ -188,18 +187,16 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 		}
 		for i, p := range prefixes {
 			r := rs[p]
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", User: "u", Qty: int64(i + 1)})))
+			require.NoError(t, errFrom(r.Deduct(ctx, req("x", "o1", "u", int64(i+1)))))
 			_, err := r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
 			require.NoError(t, err)
 		}
-		require.NoError(t, errOf(stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)))
+		require.NoError(t, errFrom(stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)))
 		for i, p := range prefixes {
 			r := rs[p]
-			l := check(t, r, "x", int64(10+i))
-			assert.Equal(t, int64(i+1), l.Sold, "%s x", p)
+			assert.Equal(t, int64(i+1), check(t, r, "x", int64(10+i)).Sold, "%s x", p)
 			for _, n := range []string{"b", "c"} {
-				l := check(t, r, n, int64(10+i))
-				assert.Equal(t, int64(1), l.Sold, "%s %s", p, n)
+				assert.Equal(t, int64(1), check(t, r, n, int64(10+i)).Sold, "%s %s", p, n)
 			}
 			assert.ElementsMatch(t, []string{"x", "b", "c", "items", "carts", "b:x"}, itemsOf(t, r), p)
 		}
@@ -219,18 +216,17 @@ func TestNames(t *testing.T) {
 					if i == 3 {
 						id = strings.Repeat("i", stock.MaxNameLen)
 					}
-					rc := must(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2}))(t)
+					rc := must(e.r.Deduct(ctx, req(sku, id, user, 2)))(t)
 					assert.Equal(t, sku, rc.SKU)
 					ent := must(e.r.Ledger(ctx, sku, id))(t)
 					assert.Equal(t, sku, ent.SKU)
 					assert.Equal(t, user, ent.User)
 				}
-				require.NoError(t, errOf(e.r.Restore(ctx, sku, "id:0~ü")))
-				l := levels(t, e.r, sku)
-				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, l)
+				require.NoError(t, errFrom(e.r.Restore(ctx, sku, "id:0~ü")))
+				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, levels(t, e.r, sku))
 				require.NoError(t, e.r.CloseItem(ctx, sku))
 				require.NoError(t, e.r.ReopenItem(ctx, sku))
-				require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "all", Qty: 62})))
+				require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "all", "", 62))))
 			})
 		}
 	})
@@ -250,7 +246,7 @@ func TestOddIDs(t *testing.T) {
 			for _, user := range []string{"", "u|0", id} {
 				var got [2]string
 				for j, sku := range []string{plain, split} {
-					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+					rc, err := e.r.Deduct(ctx, req(sku, id, user, 1))
 					got[j] = fmt.Sprintf("%s replayed=%v", class(err), rc.Replayed)
 				}
 				assert.Equal(t, got[0], got[1], "id %q user %q", id, user)
@@ -287,9 +283,7 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 	e := outsideMini(t, stock.WithUserLimit(5))
 	e.load("ok", 100)
 	cfs := outsideCfRunes()
-	if len(cfs) < 100 {
-		t.Fatalf("only %d Cf runes", len(cfs))
-	}
+	require.GreaterOrEqual(t, len(cfs), 100, "Cf runes")
 	for _, cf := range cfs {
 		bad := "x" + string(cf) + "y"
 		code := fmt.Sprintf("U+%04X", cf)
@@ -304,14 +298,14 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 			}
 		}
 		check("Load sku", e.r.Load(e.ctx, bad, 1))
-		check("Deduct id", errOf(e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: bad, User: "u", Qty: 1})))
-		check("Deduct user", errOf(e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: "i", User: bad, Qty: 1})))
-		check("Restore id", errOf(e.r.Restore(e.ctx, "ok", bad)))
-		check("Restock id", errOf(e.r.Restock(e.ctx, "ok", bad, 1)))
-		check("DeductMany id", errOf(e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})))
+		check("Deduct id", errFrom(e.r.Deduct(e.ctx, req("ok", bad, "u", 1))))
+		check("Deduct user", errFrom(e.r.Deduct(e.ctx, req("ok", "i", bad, 1))))
+		check("Restore id", errFrom(e.r.Restore(e.ctx, "ok", bad)))
+		check("Restock id", errFrom(e.r.Restock(e.ctx, "ok", bad, 1)))
+		check("DeductMany id", errFrom(e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})))
 		_, err := e.r.HoldMany(e.ctx, stock.Cart{ID: "c", User: bad, Lines: []stock.Line{{SKU: "ok", Qty: 1}}}, time.Minute)
 		check("HoldMany user", err)
-		check("Ledger id", errOf(e.r.Ledger(e.ctx, "ok", bad)))
+		check("Ledger id", errFrom(e.r.Ledger(e.ctx, "ok", bad)))
 		_, err = stock.New(e.c, stock.WithPrefix(bad))
 		check("WithPrefix", err)
 		check("RunOptions.Reconcile.Items", stock.RunOptions{Store: e.store, Reconcile: &stock.ReconcileOptions{Items: []string{bad}}}.Validate())
@@ -323,9 +317,7 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 	ks := outsideKeys(t, e.c)
 	for _, k := range ks {
 		for _, r := range k {
-			if unicode.Is(unicode.Cf, r) {
-				t.Errorf("key with a format character: %q", k)
-			}
+			assert.False(t, unicode.Is(unicode.Cf, r), "key with a format character: %q", k)
 		}
 	}
 }
@@ -344,12 +336,10 @@ func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
 	e.load("a", 5)
 	e.load("b", 5)
 	for _, k := range outsideKeys(t, e.c) {
-		if strings.Contains(k, "\u200D") {
-			t.Errorf("a key holds the group's format character: %q", k)
-		}
+		assert.NotContains(t, k, "\u200D", "a key holds the group's format character")
 	}
-	require.NoError(t, errOf(e.r.Levels(e.ctx, "a")))
-	require.NoError(t, errOf(e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})))
+	require.NoError(t, errFrom(e.r.Levels(e.ctx, "a")))
+	require.NoError(t, errFrom(e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})))
 	e.relay()
 	e.want("a", 5, 1, 0)
 }
@@ -358,9 +348,7 @@ func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
 func TestNamesOfOtherScriptsAccepted(t *testing.T) {
 	e := outsideMini(t)
 	for _, n := range []string{"café", "cafe\u0301", "日本", "😀", "ㅤ", "a\uFE0F"} {
-		if err := e.r.Load(e.ctx, n, 1); err != nil {
-			t.Errorf("Load %q: %v", n, err)
-		}
+		assert.NoError(t, e.r.Load(e.ctx, n, 1), "Load %q", n)
 	}
 }
 
@@ -375,10 +363,10 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			e.load("a", 100)
 			e.load("b", 100)
 			ctx := e.ctx
-			require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1})))
-			require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2}, time.Hour)))
-			require.NoError(t, errOf(e.r.Restock(ctx, "a", "r", 5)))
-			require.NoError(t, errOf(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})))
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req("a", "d", "alice", 1))))
+			require.NoError(t, errFrom(e.r.Hold(ctx, req("a", "h", "alice", 2), time.Hour)))
+			require.NoError(t, errFrom(e.r.Restock(ctx, "a", "r", 5)))
+			require.NoError(t, errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})))
 
 			type tc struct {
 				name    string
@@ -390,30 +378,30 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			add := func(name string, err error, want []string, notWant ...string) {
 				cases = append(cases, tc{name, err, want, notWant})
 			}
-			add("deduct other qty", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 3})),
+			add("deduct other qty", errFrom(e.r.Deduct(ctx, req("a", "d", "alice", 3))),
 				[]string{"with quantity 1, not 3"}, "another user", "hold")
-			add("deduct other user", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "bob", Qty: 1})),
+			add("deduct other user", errFrom(e.r.Deduct(ctx, req("a", "d", "bob", 1))),
 				[]string{"another user"}, "units", "alice", "bob")
-			add("hold of a deduct", errOf(e.r.Hold(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1}, time.Hour)),
+			add("hold of a deduct", errFrom(e.r.Hold(ctx, req("a", "d", "alice", 1), time.Hour)),
 				[]string{"deduct", "not a hold"}, "units", "another user")
-			add("deduct of a hold", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2})),
+			add("deduct of a hold", errFrom(e.r.Deduct(ctx, req("a", "h", "alice", 2))),
 				[]string{"hold", "not a deduct"}, "units", "another user")
-			add("deduct of a hold, other qty", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 1})),
+			add("deduct of a hold, other qty", errFrom(e.r.Deduct(ctx, req("a", "h", "alice", 1))),
 				[]string{"hold", "not a deduct", "with quantity 2, not 1"}, "another user")
-			add("deduct of a restock", errOf(e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "r", User: "alice", Qty: 5})),
+			add("deduct of a restock", errFrom(e.r.Deduct(ctx, req("a", "r", "alice", 5))),
 				[]string{"restock"}, "another user")
-			add("restock of a deduct", errOf(e.r.Restock(ctx, "a", "d", 1)), []string{"deduct"}, "another user")
-			add("restock other qty", errOf(e.r.Restock(ctx, "a", "r", 6)), []string{"with quantity 5, not 6"})
-			add("confirm of a deduct", errOf(e.r.Confirm(ctx, "a", "d")),
+			add("restock of a deduct", errFrom(e.r.Restock(ctx, "a", "d", 1)), []string{"deduct"}, "another user")
+			add("restock other qty", errFrom(e.r.Restock(ctx, "a", "r", 6)), []string{"with quantity 5, not 6"})
+			add("confirm of a deduct", errFrom(e.r.Confirm(ctx, "a", "d")),
 				[]string{"used for a deduct", "not a hold"}, "another user", "units")
-			add("cancel of a deduct", errOf(e.r.Cancel(ctx, "a", "d")),
+			add("cancel of a deduct", errFrom(e.r.Cancel(ctx, "a", "d")),
 				[]string{"used for a deduct", "not a hold"}, "another user", "units")
-			add("restore of a restock", errOf(e.r.Restore(ctx, "a", "r")), []string{"restock"})
-			add("cart other user", errOf(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})),
+			add("restore of a restock", errFrom(e.r.Restore(ctx, "a", "r")), []string{"restock"})
+			add("cart other user", errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})),
 				[]string{"another user"}, "alice", "bob")
-			add("cart other lines", errOf(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})),
+			add("cart other lines", errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})),
 				[]string{"line"}, "another user")
-			add("cart other kind", errOf(e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)),
+			add("cart other kind", errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)),
 				[]string{"hold"}, "another user")
 			for _, c := range cases {
 				if !errors.Is(c.err, stock.ErrConflict) {
@@ -422,14 +410,10 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 				}
 				msg := c.err.Error()
 				for _, w := range c.want {
-					if !strings.Contains(msg, w) {
-						t.Errorf("%s: message %q lacks %q", c.name, msg, w)
-					}
+					assert.Contains(t, msg, w, "%s: message lacks it", c.name)
 				}
 				for _, w := range c.notWant {
-					if strings.Contains(msg, w) {
-						t.Errorf("%s: message %q says %q", c.name, msg, w)
-					}
+					assert.NotContains(t, msg, w, "%s: message says it", c.name)
 				}
 			}
 			if lv := e.levels("a"); lv.Sold != 2 || lv.Held != 2 || lv.Loaded != 105 {

@@ -35,16 +35,14 @@ func TestScatteredLastUnits(t *testing.T) {
 					sku := fmt.Sprintf("scatter%d", round)
 					require.NoError(t, e.r.Load(ctx, sku, int64(n))) // one unit per bucket
 					id := fmt.Sprintf("big%d", round)
-					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id + "x", User: user, Qty: int64(n) + 1})
+					rc, err := e.r.Deduct(ctx, req(sku, id+"x", user, int64(n)+1))
 					require.ErrorIs(t, err, stock.ErrInsufficient, "more than the item holds")
-					rc, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: int64(n)})
-					require.NoError(t, err, "the buckets together hold %d units", n)
+					rc = must(e.r.Deduct(ctx, req(sku, id, user, int64(n))))(t, "the buckets together hold %d units", n)
 					assert.Equal(t, int64(n), rc.Qty)
-					l := levels(t, e.r, sku)
-					assert.Equal(t, stock.Levels{Available: 0, Sold: int64(n), Loaded: int64(n)}, l)
-					require.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id + "y", User: user, Qty: 1})), stock.ErrSoldOut)
+					assert.Equal(t, stock.Levels{Available: 0, Sold: int64(n), Loaded: int64(n)}, levels(t, e.r, sku))
+					require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, id+"y", user, 1))), stock.ErrSoldOut)
 					// A replay still answers the original receipt.
-					rc, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: int64(n)})
+					rc, err = e.r.Deduct(ctx, req(sku, id, user, int64(n)))
 					require.NoError(t, err)
 					assert.True(t, rc.Replayed)
 					assert.Equal(t, int64(n), rc.Qty)
@@ -64,9 +62,8 @@ func TestBucketCounts(t *testing.T) {
 			r := e.another(stock.WithBuckets(func(string) int { return n }))
 			sku := fmt.Sprintf("count%d", n+10)
 			require.NoError(t, r.Load(ctx, sku, 5))
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "u", Qty: 2})))
-			l := levels(t, plain, sku)
-			assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, l, "%d buckets: not split", n)
+			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, "a", "u", 2))))
+			assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, plain, sku), "%d buckets: not split", n)
 		}
 		r100 := e.another(stock.WithBuckets(func(string) int { return 100 }))
 		r64 := e.another(stock.WithBuckets(func(string) int { return 64 }))
@@ -77,8 +74,7 @@ func TestBucketCounts(t *testing.T) {
 			if i%2 == 1 {
 				r = r64
 			}
-			_, err := r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprintf("b%d", i), User: fmt.Sprintf("u%d", i), Qty: 3})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Deduct(ctx, req("big", fmt.Sprintf("b%d", i), fmt.Sprintf("u%d", i), 3))))
 		}
 		// Copies of the same ids through the other Reserver are replays.
 		for i := range 20 {
@@ -86,7 +82,7 @@ func TestBucketCounts(t *testing.T) {
 			if i%2 == 1 {
 				r = r100
 			}
-			rc := must(r.Deduct(ctx, stock.Request{SKU: "big", ID: fmt.Sprintf("b%d", i), User: fmt.Sprintf("u%d", i), Qty: 3}))(t)
+			rc := must(r.Deduct(ctx, req("big", fmt.Sprintf("b%d", i), fmt.Sprintf("u%d", i), 3)))(t)
 			assert.True(t, rc.Replayed)
 		}
 		assert.Equal(t, levels(t, r100, "big"), levels(t, r64, "big"))
@@ -94,11 +90,6 @@ func TestBucketCounts(t *testing.T) {
 	})
 }
 
-// BUG / hazard: Load by a Reserver without WithBuckets succeeds on an item loaded split and
-// creates a second, plain stock of it: 20 units of a 10-unit item sold through the two
-// Reservers. (WithBuckets requires the same function in every process; nothing detects the
-// mistake, although the reconciler does: "Redis has the item split over buckets".)
-//
 // TestUnsplitReserverOnSplitItem: a Reserver without WithBuckets (or with another
 // function) meets an item loaded split. It finds it not loaded (the WithBuckets doc), and must
 // never sell the item's stock a second time: the units sold through both Reservers together
@@ -107,8 +98,8 @@ func TestUnsplitReserverOnSplitItem(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		require.NoError(t, e.r.Load(ctx, "twice", 10))
 		plain := e.another()
-		require.ErrorIs(t, errOf(plain.Deduct(ctx, stock.Request{SKU: "twice", ID: "p0", User: "a", Qty: 1})), stock.ErrNotLoaded)
-		require.ErrorIs(t, errOf(plain.Hold(ctx, stock.Request{SKU: "twice", ID: "p1", User: "a", Qty: 1}, time.Hour)), stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(plain.Deduct(ctx, req("twice", "p0", "a", 1))), stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(plain.Hold(ctx, req("twice", "p1", "a", 1), time.Hour)), stock.ErrNotLoaded)
 		_, err := plain.Levels(ctx, "twice")
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 
@@ -117,10 +108,10 @@ func TestUnsplitReserverOnSplitItem(t *testing.T) {
 		t.Logf("Load of a split item by a Reserver that does not split it: %v", loadErr)
 		var sold int64
 		for i := range 15 {
-			if _, err := e.r.Deduct(ctx, stock.Request{SKU: "twice", ID: fmt.Sprintf("s%d", i), User: fmt.Sprintf("u%d", i), Qty: 1}); err == nil {
+			if _, err := e.r.Deduct(ctx, req("twice", fmt.Sprintf("s%d", i), fmt.Sprintf("u%d", i), 1)); err == nil {
 				sold++
 			}
-			if _, err := plain.Deduct(ctx, stock.Request{SKU: "twice", ID: fmt.Sprintf("q%d", i), User: fmt.Sprintf("v%d", i), Qty: 1}); err == nil {
+			if _, err := plain.Deduct(ctx, req("twice", fmt.Sprintf("q%d", i), fmt.Sprintf("v%d", i), 1)); err == nil {
 				sold++
 			}
 		}
@@ -173,7 +164,7 @@ func differential(t *testing.T, e *requestEnv, n int, seed uint64, steps int) {
 		op := rng.IntN(13)
 		var desc string
 		do := func(sku string) (stock.Receipt, error) {
-			req := stock.Request{SKU: sku, ID: id, User: user, Qty: qty}
+			req := req(sku, id, user, qty)
 			switch op {
 			case 0, 1:
 				desc = fmt.Sprintf("deduct %s %q %d", id, user, qty)
@@ -254,30 +245,29 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		sku := sku("blk")
 		store := storeFor(t, e.r, sku, 9)
-		require.NoError(t, errOf(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "u", Qty: 1}, time.Hour)))
-		require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d", User: "v", Qty: 1})))
+		require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, "h", "u", 1), time.Hour)))
+		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "d", "v", 1))))
 		lifecycleDrain(t, e.r, store, sku)
 		require.NoError(t, e.r.Delist(ctx, sku))
 		require.NoError(t, e.r.Delist(ctx, sku), "delisting twice does nothing")
 		assert.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
 		assert.ErrorIs(t, e.r.Load(ctx, sku, 1), stock.ErrLoaded)
-		assert.ErrorIs(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", User: "w", Qty: 1})), stock.ErrClosed)
+		assert.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "late", "w", 1))), stock.ErrClosed)
 		e.advance(20 * time.Millisecond)
 		for range 2 {
 			rp := pass(t, e, e.r, store, sku)[sku]
 			require.False(t, rp.Retired, "retired with a live hold: %v", rp)
 		}
-		l := testkit.Levels(t, e.r, sku)
-		assert.Equal(t, int64(1), l.Held)
+		assert.Equal(t, int64(1), testkit.Levels(t, e.r, sku).Held)
 		// cancel the hold: an event pending in one bucket
-		require.NoError(t, errOf(e.r.Cancel(ctx, sku, "h")))
+		require.NoError(t, errFrom(e.r.Cancel(ctx, sku, "h")))
 		rp := pass(t, e, e.r, store, sku)[sku]
 		require.False(t, rp.Retired, "retired with an undelivered event: %v", rp)
 		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
 		rp = pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
-		require.ErrorIs(t, errOf(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
 		rm := must(store.Remaining(ctx, sku))(t)
 		assert.Equal(t, int64(8), rm)
 	})
@@ -287,25 +277,21 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 // and returns how many calls succeeded and the errors of those that failed with none of allowed.
 func buyers(workers, per int, buy func(g, i int) error, allowed ...error) (ok int64, bad []string) {
 	var n atomic.Int64
-	var wg sync.WaitGroup
 	var mu sync.Mutex
-	for g := range workers {
-		wg.Go(func() {
-			for i := range per {
-				err := buy(g, i)
-				switch {
-				case err == nil:
-					n.Add(1)
-				case slices.ContainsFunc(allowed, func(a error) bool { return errors.Is(err, a) }):
-				default:
-					mu.Lock()
-					bad = append(bad, err.Error())
-					mu.Unlock()
-				}
+	parallel(workers, func(g int) {
+		for i := range per {
+			err := buy(g, i)
+			switch {
+			case err == nil:
+				n.Add(1)
+			case slices.ContainsFunc(allowed, func(a error) bool { return errors.Is(err, a) }):
+			default:
+				mu.Lock()
+				bad = append(bad, err.Error())
+				mu.Unlock()
 			}
-		})
-	}
-	wg.Wait()
+		}
+	})
 	return n.Load(), bad
 }
 
@@ -322,13 +308,12 @@ func TestCountingBuckets(t *testing.T) {
 					const S, G, per = 97, 16, 12
 					store := storeFor(t, e.r, sku, S)
 					ok, bad := buyers(G, per, func(g, i int) error {
-						_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint(g, "-", i), User: fmt.Sprint("u", g, "-", i/3), Qty: 1})
+						_, err := e.r.Deduct(ctx, req(sku, fmt.Sprint(g, "-", i), fmt.Sprint("u", g, "-", i/3), 1))
 						return err
 					}, stock.ErrSoldOut)
 					require.Empty(t, bad)
 					require.Equal(t, int64(S), ok)
-					l := testkit.Levels(t, e.r, sku)
-					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
+					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, testkit.Levels(t, e.r, sku))
 					lifecycleDrain(t, e.r, store, sku)
 					rm := must(store.Remaining(ctx, sku))(t)
 					require.Zero(t, rm)
@@ -363,8 +348,7 @@ func TestUnevenCluster(t *testing.T) {
 		require.NoError(t, c2.Do(ctx, c2.B().Arbitrary("CLUSTER", "ADDSLOTSRANGE").Args(m...).Build()).Error())
 	}
 	require.NoError(t, c2.Do(ctx, c2.B().Arbitrary("CLUSTER", "BUMPEPOCH").Build()).Error())
-	id2, err := c2.Do(ctx, c2.B().Arbitrary("CLUSTER", "MYID").Build()).ToString()
-	require.NoError(t, err)
+	id2 := must(c2.Do(ctx, c2.B().Arbitrary("CLUSTER", "MYID").Build()).ToString())(t)
 	// every node must see node 2 own slot 3000 and 8000, and the cluster ok
 	deadline := time.Now().Add(20 * time.Second)
 	for _, s := range srv {
@@ -401,13 +385,13 @@ func TestUnevenCluster(t *testing.T) {
 			id := fmt.Sprint(g, "-", i)
 			user := fmt.Sprint("u", g%4, "-", i/2)
 			if i%3 == 0 {
-				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+				_, err := r.Hold(ctx, req(sku, id, user, 1), time.Hour)
 				if err == nil {
 					_, err = r.Confirm(ctx, sku, id)
 				}
 				return err
 			}
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+			_, err := r.Deduct(ctx, req(sku, id, user, 1))
 			return err
 		}, stock.ErrSoldOut, stock.ErrUserLimit)
 		require.Empty(t, bad)
@@ -416,7 +400,7 @@ func TestUnevenCluster(t *testing.T) {
 		require.Equal(t, int64(S)-ok, l.Available)
 		// sell the rest: nothing stranded in any bucket
 		for i := 0; l.Available > 0 && i < 200; i++ {
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("rest", i), User: fmt.Sprint("r", i), Qty: 1})))
+			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, fmt.Sprint("rest", i), fmt.Sprint("r", i), 1))))
 			l = testkit.Levels(t, r, sku)
 		}
 		require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
@@ -442,21 +426,20 @@ func TestRetryRefusalSplitVsPlain(t *testing.T) {
 				out[j] = append(out[j], fmt.Sprintf("%s replayed=%v qty=%d", class(err), rc.Replayed, rc.Qty))
 			}
 			require.NoError(t, e.r.Load(ctx, sku, 2))
-			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1}))
-			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", User: "ub", Qty: 1}))
+			rec(e.r.Deduct(ctx, req(sku, "a", "ua", 1)))
+			rec(e.r.Deduct(ctx, req(sku, "b", "ub", 1)))
 			for i := range 5 {
-				rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("x", i), User: fmt.Sprint("x", i), Qty: 1}))
+				rec(e.r.Deduct(ctx, req(sku, fmt.Sprint("x", i), fmt.Sprint("x", i), 1)))
 			}
 			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "q", User: "uq", Qty: 1, Retry: true}))
 			rec(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "qh", User: "uqh", Qty: 1, Retry: true}, time.Minute))
 			rec(e.r.Restock(ctx, sku, "rs", 3))
-			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "q", User: "uq", Qty: 1}))
+			rec(e.r.Deduct(ctx, req(sku, "q", "uq", 1)))
 			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "q", User: "uq", Qty: 1, Retry: true}))
-			rec(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "qh", User: "uqh", Qty: 1}, time.Minute))
-			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "fresh", User: "uf", Qty: 1}))
+			rec(e.r.Hold(ctx, req(sku, "qh", "uqh", 1), time.Minute))
+			rec(e.r.Deduct(ctx, req(sku, "fresh", "uf", 1)))
 			rec(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", User: "ua", Qty: 1, Retry: true}))
-			l := testkit.Levels(t, e.r, sku)
-			out[j] = append(out[j], fmt.Sprintf("%+v", l))
+			out[j] = append(out[j], fmt.Sprintf("%+v", testkit.Levels(t, e.r, sku)))
 		}
 		assert.Equal(t, out[0], out[1])
 	})
@@ -472,11 +455,10 @@ func TestTransferCutThenDelist(t *testing.T) {
 		for n := 1; n < 30; n++ {
 			sku := sku("xc")
 			store := storeFor(t, e.r, sku, 3)
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "w0", "whale", 1))))
 			cc := &cut{Client: e.c, n: n}
 			cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
-			_, cerr := cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
+			_, cerr := cr.Deduct(ctx, req(sku, "w1", "whale", 1))
 			if cut, count := cc.state(); !cut {
 				require.NoError(t, cerr)
 				t.Logf("the deduct with a transfer makes %d calls", count)
@@ -548,10 +530,10 @@ func cutTransfer(t *testing.T, e *env) (stuck bool) {
 	for n := 1; n < 30 && !stuck; n++ {
 		sku := sku("xs")
 		store := storeFor(t, e.r, sku, 3)
-		require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "w0", User: "whale", Qty: 1})))
+		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "w0", "whale", 1))))
 		cc := &cut{Client: e.c, n: n}
 		cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
-		_, _ = cr.Deduct(ctx, stock.Request{SKU: sku, ID: "w1", User: "whale", Qty: 1})
+		_, _ = cr.Deduct(ctx, req(sku, "w1", "whale", 1))
 		if cut, _ := cc.state(); !cut {
 			break
 		}
@@ -563,7 +545,7 @@ func cutTransfer(t *testing.T, e *env) (stuck bool) {
 		}
 		stuck = true // a transfer in flight keeps it
 		e.advance(6 * time.Second)
-		require.NoError(t, errOf(stockops.Sweep(ctx, e.r, sku)))
+		require.NoError(t, errFrom(stockops.Sweep(ctx, e.r, sku)))
 		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
 		rp := pass(t, e, e.r, store, sku)[sku]
@@ -590,38 +572,34 @@ func TestMixedIntoStore(t *testing.T) {
 		go func() {
 			done <- e.r.Run(ctx, stock.RunOptions{Store: store, Relay: &stock.RelayOptions{Poll: 20 * time.Millisecond}})
 		}()
-		var wg sync.WaitGroup
-		for g := range 6 {
-			wg.Go(func() {
-				rng := rand.New(rand.NewPCG(uint64(g), 27))
-				for k := range 20 {
-					id := fmt.Sprintf("mx-%d-%d", g, k)
-					user := fmt.Sprintf("mxu-%d", rng.IntN(8))
-					lines := []stock.Line{{SKU: "mx-a", Qty: 1 + rng.Int64N(3)}, {SKU: "mx:b~", Qty: 1 + rng.Int64N(3)}, {SKU: "plain-mx", Qty: 1}}
-					switch rng.IntN(5) {
-					case 0:
-						_, _ = e.r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
-					case 1:
-						if _, err := e.r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}); err == nil {
-							_, _ = e.r.Restore(ctx, "mx:b~", id)
-						}
-					case 2:
-						if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}, time.Hour); err == nil {
-							_, _ = e.r.ConfirmMany(ctx, id, skus...)
-						}
-					case 3:
-						if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}, time.Hour); err == nil {
-							_, _ = e.r.CancelMany(ctx, id, skus...)
-						}
-					default:
-						if _, err := e.r.Deduct(ctx, stock.Request{SKU: "mx-a", ID: id, User: user, Qty: 2}); err == nil && rng.IntN(2) == 0 {
-							_, _ = e.r.Restore(ctx, "mx-a", id)
-						}
+		parallel(6, func(g int) {
+			rng := rand.New(rand.NewPCG(uint64(g), 27))
+			for k := range 20 {
+				id := fmt.Sprintf("mx-%d-%d", g, k)
+				user := fmt.Sprintf("mxu-%d", rng.IntN(8))
+				lines := []stock.Line{{SKU: "mx-a", Qty: 1 + rng.Int64N(3)}, {SKU: "mx:b~", Qty: 1 + rng.Int64N(3)}, {SKU: "plain-mx", Qty: 1}}
+				switch rng.IntN(5) {
+				case 0:
+					_, _ = e.r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
+				case 1:
+					if _, err := e.r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}); err == nil {
+						_, _ = e.r.Restore(ctx, "mx:b~", id)
+					}
+				case 2:
+					if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}, time.Hour); err == nil {
+						_, _ = e.r.ConfirmMany(ctx, id, skus...)
+					}
+				case 3:
+					if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}, time.Hour); err == nil {
+						_, _ = e.r.CancelMany(ctx, id, skus...)
+					}
+				default:
+					if _, err := e.r.Deduct(ctx, req("mx-a", id, user, 2)); err == nil && rng.IntN(2) == 0 {
+						_, _ = e.r.Restore(ctx, "mx-a", id)
 					}
 				}
-			})
-		}
-		wg.Wait()
+			}
+		})
 		require.Eventually(t, func() bool {
 			for _, sku := range skus {
 				p, d, err := stockops.Pending(context.Background(), e.r, sku)
@@ -690,10 +668,10 @@ func salesQ(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, ma
 		slices.Sort(ids)
 		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		for _, id := range ids[:min(len(ids), 1+rng.IntN(3))] {
-			require.NoError(t, errOf(e.r.Restore(ctx, sku, id)))
+			require.NoError(t, errFrom(e.r.Restore(ctx, sku, id)))
 			delete(sold, id)
 		}
-		require.NoError(t, errOf(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
+		require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
 		buy()
 		// Holds: taken from what a restock brings, half cancelled, half left to expire.
 		_, err := e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)
@@ -728,8 +706,7 @@ func splitCheck(t *testing.T, e *requestEnv, store *memstore.Store, sku string, 
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	recs, err := store.Records(ctx, sku, ids)
-	require.NoError(t, err)
+	recs := must(store.Records(ctx, sku, ids))(t)
 	var refused []string
 	for _, id := range ids {
 		ent := must(e.r.Ledger(ctx, sku, id))(t)
@@ -966,7 +943,7 @@ func TestCutTransfers(t *testing.T) {
 		for k := range 60 {
 			id := fmt.Sprintf("z%d", k)
 			ids = append(ids, id)
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", k), Qty: 1})
+			_, err := e.r.Deduct(ctx, req(sku, id, fmt.Sprintf("u%d", k), 1))
 			if errors.Is(err, stock.ErrSoldOut) {
 				break
 			}
@@ -1014,7 +991,7 @@ func TestRetireAfterTransfers(t *testing.T) {
 			assert.Len(t, m, 2, "%s: %v", k, m)
 			assert.Equal(t, "1", m["x"], "%s: %v", k, m)
 		}
-		assert.ErrorIs(t, errOf(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
+		assert.ErrorIs(t, errFrom(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
 	})
 }
 
@@ -1114,7 +1091,7 @@ func manyBarriers(t *testing.T, transfers int) {
 		for i := 0; users[0] == "" || users[1] == ""; i++ {
 			require.Less(t, i, 50)
 			u := fmt.Sprintf("p%d", i)
-			require.NoError(t, errOf(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: u, User: u, Qty: 1})))
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, u, u, 1))))
 			if b := bucketOf(t, e, sku, u); users[b] == "" {
 				users[b] = u
 			}
@@ -1122,7 +1099,7 @@ func manyBarriers(t *testing.T, transfers int) {
 		n := 0
 		buy := func(b int, q int64) (stock.Receipt, error) {
 			n++
-			return e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("%s-%d", users[b], n), User: users[b], Qty: q})
+			return e.r.Deduct(ctx, req(sku, fmt.Sprintf("%s-%d", users[b], n), users[b], q))
 		}
 		// Bucket 1's stock, sold one unit at a time (to be given back one at a time).
 		var ones []string
@@ -1145,15 +1122,15 @@ func manyBarriers(t *testing.T, transfers int) {
 		// transfers 1 → 0: a unit given back in bucket 1, bought by bucket 0's buyer.
 		var zeros []string
 		for i := range transfers {
-			require.NoError(t, errOf(e.r.Restore(ctx, sku, ones[i])))
+			require.NoError(t, errFrom(e.r.Restore(ctx, sku, ones[i])))
 			rc := must(buy(0, 1))(t, "transfer %d", i)
 			zeros = append(zeros, rc.ID)
 		}
 		// Then bucket 0 gives units back, and bucket 1's buyer takes them (a transfer 0 → 1).
 		for _, id := range zeros[:3] {
-			require.NoError(t, errOf(e.r.Restore(ctx, sku, id)))
+			require.NoError(t, errFrom(e.r.Restore(ctx, sku, id)))
 		}
-		require.NoError(t, errOf(buy(1, 3)))
+		require.NoError(t, errFrom(buy(1, 3)))
 		require.Zero(t, levels(t, e.r, sku).Available)
 		var mu sync.Mutex
 		var evs []stock.Event
@@ -1166,7 +1143,7 @@ func manyBarriers(t *testing.T, transfers int) {
 		rl := must(stockops.NewRelay(e.r, nil, pub, nil))(t)
 		passes := 0
 		for ; passes < 50 && !drained(t, e, sku); passes++ {
-			require.NoError(t, errOf(rl.Once(ctx)))
+			require.NoError(t, errFrom(rl.Once(ctx)))
 			e.advance(200 * time.Millisecond)
 		}
 		p, _, err := stockops.Pending(ctx, e.r, sku)
@@ -1195,7 +1172,7 @@ func manyBarriers(t *testing.T, transfers int) {
 				require.NoError(t, err)
 			}
 			queue = again
-			require.NoError(t, errOf(rl.Once(ctx)))
+			require.NoError(t, errFrom(rl.Once(ctx)))
 			mu.Lock()
 			fresh := len(evs) - taken
 			mu.Unlock()
@@ -1232,8 +1209,7 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 			t.Fatalf("loaded %+v", lv)
 		}
 		before := e.snapshot("stock:{a|*")
-		_, err := e.r.Restock(e.ctx, "a", "r1", 6)
-		require.ErrorIs(t, err, stock.ErrInvalid, "restock past MaxQty: %v, want ErrInvalid", err)
+		require.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", "r1", 6)), stock.ErrInvalid, "restock past MaxQty")
 		after := e.snapshot("stock:{a|*")
 		for k, v := range after {
 			if strings.HasSuffix(k, ":i") { // the id's claim is documented to stay
@@ -1243,16 +1219,14 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 				t.Errorf("key %s changed by a refused restock: %v -> %v", k, before[k], v)
 			}
 		}
-		if st := e.relay(); st.Claimed != 0 {
-			t.Errorf("a refused restock queued events: %+v", st)
-		}
+		assert.Zero(t, e.relay().Claimed, "a refused restock queued events")
 		rc, err := e.r.Restock(e.ctx, "a", "r2", 5)
 		if err != nil {
 			t.Fatalf("restock up to MaxQty: %+v %v", rc, err)
 		}
 		e.relay()
 		e.want("a", stock.MaxQty, 0, 0)
-		assert.ErrorIs(t, errOf(e.r.Restock(e.ctx, "a", "r3", 1)), stock.ErrInvalid, "restock of a full item")
+		assert.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", "r3", 1)), stock.ErrInvalid, "restock of a full item")
 		rc, err = e.r.Restock(e.ctx, "a", "r2", 5)
 		if err != nil || !rc.Replayed {
 			t.Errorf("repeat of a made restock once full: %+v %v, want a replay", rc, err)
@@ -1274,9 +1248,7 @@ func TestBucketsRestockWithBucketMissingIsNotLoaded(t *testing.T) {
 			hash = k
 		}
 	}
-	if hash == "" {
-		t.Fatalf("no bucket hash among %v", snap)
-	}
+	require.NotEmpty(t, hash, "no bucket hash among %v", snap)
 	require.NoError(t, e.c.Do(e.ctx, e.c.B().Del().Key(hash).Build()).Error())
 	for i := 0; i < 4; i++ {
 		_, err := e.r.Restock(e.ctx, "a", fmt.Sprintf("r%d", i), 1)
@@ -1292,7 +1264,7 @@ func TestBucketsLoadMaxQtyAndPastIt(t *testing.T) {
 	}
 	assert.ErrorIs(t, e.r.Load(e.ctx, "b", stock.MaxQty+1), stock.ErrInvalid, "Load past MaxQty")
 	// Take nearly all of it from one bucket's buyer: transfers must keep the sum exact.
-	rc, err := e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "big", User: "u", Qty: stock.MaxQty - 1})
+	rc, err := e.r.Deduct(e.ctx, req("a", "big", "u", stock.MaxQty-1))
 	if err != nil {
 		t.Fatalf("deduct of MaxQty-1 over 64 buckets: %+v %v", rc, err)
 	}
