@@ -2315,15 +2315,7 @@ func TestCartKilledProcess(t *testing.T) {
 			la := levels(t, r, "kill-a")
 			assert.Equal(t, int64(0), la.Available, "kill-a stranded: %+v", la)
 			assert.Equal(t, int64(0), la.Held, "%+v", la)
-			require.Eventually(t, func() bool {
-				for _, sku := range skus {
-					p, d, err := stockops.Pending(ctx, r, sku)
-					if err != nil || p != 0 || d != 0 {
-						return false
-					}
-				}
-				return true
-			}, 30*time.Second, 50*time.Millisecond)
+			eventuallyDelivered(t, r, 30*time.Second, skus...)
 			cancel()
 			if err := <-done; err != nil {
 				require.ErrorIs(t, err, context.Canceled)

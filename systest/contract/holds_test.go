@@ -798,15 +798,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 			return true
 		}, 15*time.Second, 50*time.Millisecond, "Run releases every due hold without other calls")
 		// The store: 30 - 2 (keep) - 2 (d1, d2) = 26.
-		require.Eventually(t, func() bool {
-			for _, sku := range skus {
-				n, err := store.Remaining(ctx, sku)
-				if err != nil || n != 26 {
-					return false
-				}
-			}
-			return true
-		}, 15*time.Second, 50*time.Millisecond, "the store gets every item's events")
+		eventuallyRemaining(t, store, 15*time.Second, 26, skus...)
 		// A last sale, then stop: Drain delivers it.
 		for _, sku := range skus {
 			require.NoError(t, errFrom(other.Deduct(ctx, req(sku, "last", "", 1))))

@@ -1036,9 +1036,8 @@ func TestRunAfterCloseReturnsAtOnce(t *testing.T) {
 	require.NoError(t, e.r.Close(e.ctx))
 	start := time.Now()
 	err := e.r.Run(context.Background(), stock.RunOptions{Store: e.store})
-	if !errors.Is(err, stock.ErrReserverClosed) || time.Since(start) > time.Second {
-		t.Errorf("Run after Close: %v after %v", err, time.Since(start))
-	}
+	assert.ErrorIs(t, err, stock.ErrReserverClosed, "Run after Close")
+	assert.Less(t, time.Since(start), time.Second, "Run after Close returns at once")
 	assert.ErrorIs(t, e.r.Load(e.ctx, "a", 1), stock.ErrReserverClosed, "Load after Close")
 	if _, err := stockops.NewReconciler(e.r, e.store, nil); err == nil {
 		rec, _ := stockops.NewReconciler(e.r, e.store, nil)

@@ -293,9 +293,8 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 				t.Errorf("%s with %s: %v, want ErrInvalid", what, code, err)
 				return
 			}
-			if !strings.Contains(err.Error(), code) || !strings.Contains(err.Error(), "1") {
-				t.Errorf("%s with %s: message %q names no code point or offset", what, code, err)
-			}
+			assert.ErrorContains(t, err, code, "%s with %s: the message names the code point", what, code)
+			assert.ErrorContains(t, err, "1", "%s with %s: the message names the offset", what, code)
 		}
 		check("Load sku", e.r.Load(e.ctx, bad, 1))
 		check("Deduct id", errFrom(e.r.Deduct(e.ctx, req("ok", bad, "u", 1))))
@@ -311,9 +310,7 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 		check("RunOptions.Reconcile.Items", stock.RunOptions{Store: e.store, Reconcile: &stock.ReconcileOptions{Items: []string{bad}}}.Validate())
 		check("RunOptions.Relay.Items", stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{Items: []string{bad}}}.Validate())
 	}
-	if lv := e.levels("ok"); lv.Sold != 0 || lv.Loaded != 100 {
-		t.Errorf("levels %+v", lv)
-	}
+	assert.Equal(t, stock.Levels{Available: 100, Loaded: 100}, e.levels("ok"), "refusals change nothing")
 	ks := outsideKeys(t, e.c)
 	for _, k := range ks {
 		for _, r := range k {
@@ -416,9 +413,8 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 					assert.NotContains(t, msg, w, "%s: message says it", c.name)
 				}
 			}
-			if lv := e.levels("a"); lv.Sold != 2 || lv.Held != 2 || lv.Loaded != 105 {
-				t.Errorf("levels after conflicts %+v", lv)
-			}
+			lv := e.levels("a")
+			assert.Equal(t, [3]int64{2, 2, 105}, [3]int64{lv.Sold, lv.Held, lv.Loaded}, "sold, held, loaded after conflicts")
 		})
 	}
 }

@@ -595,15 +595,7 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 			assert.Equal(t, S, taken, "%s: taken entries", sku)
 		}
 		// The store gets every sale, once.
-		require.Eventually(t, func() bool {
-			for _, sku := range skus {
-				n, err := store.Remaining(ctx, sku)
-				if err != nil || n != 0 {
-					return false
-				}
-			}
-			return true
-		}, 20*time.Second, 20*time.Millisecond, "the store reaches 0 remaining")
+		eventuallyRemaining(t, store, 20*time.Second, 0, skus...)
 		require.NoError(t, ignoreCanceled(stop()))
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 		for _, sku := range skus {
@@ -1567,17 +1559,7 @@ func TestCutAtEachCall(t *testing.T) {
 			_, err := stockops.Sweep(ctx, e.r, sku)
 			require.NoError(t, err)
 			buy(e.r, "b", 50)
-			sold := map[string]int64{}
-			for _, id := range ids {
-				ent, err := e.r.Ledger(ctx, sku, id)
-				if errors.Is(err, stock.ErrUnknownID) {
-					continue
-				}
-				require.NoError(t, err)
-				if ent.Taken() {
-					sold[id] = ent.Qty
-				}
-			}
+			sold := takenByID(t, e.r, sku, ids)
 			l := levels(t, e.r, sku)
 			assert.Zero(t, l.Available, "cut %d: units stranded: %+v", n, l)
 			rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1})
@@ -1608,9 +1590,8 @@ func TestUserRequiredRefusesEveryTakeWithoutUser(t *testing.T) {
 			before := e.snapshot("stock:*")
 			check := func(what string, err error) {
 				t.Helper()
-				if !errors.Is(err, stock.ErrInvalid) || !strings.Contains(err.Error(), "User") {
-					t.Errorf("%s without a user: %v, want ErrInvalid naming User", what, err)
-				}
+				assert.ErrorIs(t, err, stock.ErrInvalid, "%s without a user", what)
+				assert.ErrorContains(t, err, "User", "%s without a user: the error names User", what)
 			}
 			for _, sku := range []string{"a", "s"} {
 				check("Deduct "+sku, errFrom(e.r.Deduct(e.ctx, req(sku, "d1", "", 1))))
@@ -1624,9 +1605,7 @@ func TestUserRequiredRefusesEveryTakeWithoutUser(t *testing.T) {
 			after := e.snapshot("stock:*")
 			if fmt.Sprint(before) != fmt.Sprint(after) {
 				for k, v := range after {
-					if fmt.Sprint(before[k]) != fmt.Sprint(v) {
-						t.Errorf("refused request without a user wrote %s: %v -> %v", k, before[k], v)
-					}
+					assert.Equal(t, fmt.Sprint(before[k]), fmt.Sprint(v), "refused request without a user wrote %s", k)
 				}
 			}
 			// The ids were never used: with a user they take stock.

@@ -600,15 +600,7 @@ func TestMixedIntoStore(t *testing.T) {
 				}
 			}
 		})
-		require.Eventually(t, func() bool {
-			for _, sku := range skus {
-				p, d, err := stockops.Pending(context.Background(), e.r, sku)
-				if err != nil || p != 0 || d != 0 {
-					return false
-				}
-			}
-			return true
-		}, 30*time.Second, 50*time.Millisecond)
+		eventuallyDelivered(t, e.r, 30*time.Second, skus...)
 		cancel()
 		if err := <-done; err != nil {
 			require.ErrorIs(t, err, context.Canceled)
@@ -948,17 +940,7 @@ func TestCutTransfers(t *testing.T) {
 				break
 			}
 		}
-		sold := map[string]int64{}
-		for _, id := range ids {
-			ent, err := e.r.Ledger(ctx, sku, id)
-			if errors.Is(err, stock.ErrUnknownID) {
-				continue
-			}
-			require.NoError(t, err)
-			if ent.Taken() {
-				sold[id] = ent.Qty
-			}
-		}
+		sold := takenByID(t, e.r, sku, ids)
 		rl := splitRelay(t, e, store, &stock.RelayOptions{Batch: 1})
 		passes, refused := splitDrain(t, e, sku, 400, rl)
 		t.Logf("%d sold, drained in %d passes", len(sold), passes)
@@ -1205,9 +1187,7 @@ func splitEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *reques
 func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 	outsideEach(t, func(t *testing.T, e *outsideEnv) {
 		e.load("a", stock.MaxQty-5)
-		if lv := e.levels("a"); lv.Loaded != stock.MaxQty-5 {
-			t.Fatalf("loaded %+v", lv)
-		}
+		require.Equal(t, int64(stock.MaxQty-5), e.levels("a").Loaded)
 		before := e.snapshot("stock:{a|*")
 		require.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", "r1", 6)), stock.ErrInvalid, "restock past MaxQty")
 		after := e.snapshot("stock:{a|*")
@@ -1215,22 +1195,15 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 			if strings.HasSuffix(k, ":i") { // the id's claim is documented to stay
 				continue
 			}
-			if fmt.Sprint(before[k]) != fmt.Sprint(v) {
-				t.Errorf("key %s changed by a refused restock: %v -> %v", k, before[k], v)
-			}
+			assert.Equal(t, fmt.Sprint(before[k]), fmt.Sprint(v), "key %s changed by a refused restock", k)
 		}
 		assert.Zero(t, e.relay().Claimed, "a refused restock queued events")
-		rc, err := e.r.Restock(e.ctx, "a", "r2", 5)
-		if err != nil {
-			t.Fatalf("restock up to MaxQty: %+v %v", rc, err)
-		}
+		require.NoError(t, errFrom(e.r.Restock(e.ctx, "a", "r2", 5)), "restock up to MaxQty")
 		e.relay()
 		e.want("a", stock.MaxQty, 0, 0)
 		assert.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", "r3", 1)), stock.ErrInvalid, "restock of a full item")
-		rc, err = e.r.Restock(e.ctx, "a", "r2", 5)
-		if err != nil || !rc.Replayed {
-			t.Errorf("repeat of a made restock once full: %+v %v, want a replay", rc, err)
-		}
+		rc := must(e.r.Restock(e.ctx, "a", "r2", 5))(t, "repeat of a made restock once full")
+		assert.True(t, rc.Replayed, "repeat of a made restock once full is a replay")
 		e.deduct("a", "d1", 3)
 		e.mustRestore("a", "d1")
 		e.relay()
@@ -1251,25 +1224,16 @@ func TestBucketsRestockWithBucketMissingIsNotLoaded(t *testing.T) {
 	require.NotEmpty(t, hash, "no bucket hash among %v", snap)
 	require.NoError(t, e.c.Do(e.ctx, e.c.B().Del().Key(hash).Build()).Error())
 	for i := 0; i < 4; i++ {
-		_, err := e.r.Restock(e.ctx, "a", fmt.Sprintf("r%d", i), 1)
-		assert.ErrorIs(t, err, stock.ErrNotLoaded, "restock r%d with bucket 1 missing: %v, want ErrNotLoaded", i, err)
+		assert.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", fmt.Sprintf("r%d", i), 1)), stock.ErrNotLoaded, "restock r%d with bucket 1 missing", i)
 	}
 }
 
 func TestBucketsLoadMaxQtyAndPastIt(t *testing.T) {
 	e := outsideMini(t, stock.WithBuckets(func(string) int { return 64 }))
 	require.NoError(t, e.r.Load(e.ctx, "a", stock.MaxQty))
-	if lv := e.levels("a"); lv.Loaded != stock.MaxQty || lv.Available != stock.MaxQty {
-		t.Errorf("levels of an item loaded with MaxQty: %+v", lv)
-	}
+	assert.Equal(t, stock.Levels{Available: stock.MaxQty, Loaded: stock.MaxQty}, e.levels("a"), "an item loaded with MaxQty")
 	assert.ErrorIs(t, e.r.Load(e.ctx, "b", stock.MaxQty+1), stock.ErrInvalid, "Load past MaxQty")
 	// Take nearly all of it from one bucket's buyer: transfers must keep the sum exact.
-	rc, err := e.r.Deduct(e.ctx, req("a", "big", "u", stock.MaxQty-1))
-	if err != nil {
-		t.Fatalf("deduct of MaxQty-1 over 64 buckets: %+v %v", rc, err)
-	}
-	lv := e.levels("a")
-	if lv.Sold != stock.MaxQty-1 || lv.Available != 1 {
-		t.Errorf("levels %+v", lv)
-	}
+	require.NoError(t, errFrom(e.r.Deduct(e.ctx, req("a", "big", "u", stock.MaxQty-1))), "deduct of MaxQty-1 over 64 buckets")
+	assert.Equal(t, stock.Levels{Available: 1, Sold: stock.MaxQty - 1, Loaded: stock.MaxQty}, e.levels("a"))
 }
