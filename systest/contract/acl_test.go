@@ -99,8 +99,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			r := testkit.NewReserver(t, c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
 				stock.WithSoldOutCache(time.Minute), stock.WithReplicaAck(0, time.Second), stock.WithObserver(obs))
 			guard := stockops.NewFailoverGuard(r) // first, on a prefix with no item: it records the epoch
-			fenced := must(guard.Check(ctx))(t)
-			require.False(t, fenced)
+			require.False(t, must(guard.Check(ctx))(t))
 			require.NoError(t, r.Load(ctx, "A", 3))
 			require.NoError(t, r.Load(ctx, "B", 3))
 			require.NoError(t, errFrom(r.Deduct(ctx, req("A", "o1", "u", 1))))
@@ -144,7 +143,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			require.NoError(t, r.CloseItem(ctx, "B"))
 			require.NoError(t, r.ReopenItem(ctx, "B"))
 
-			fenced = must(guard.Check(ctx))(t)
+			fenced := must(guard.Check(ctx))(t)
 			assert.False(t, fenced, "the primaries did not change")
 
 			store := memstore.New()
@@ -223,10 +222,9 @@ func ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 	sku := "acl-" + tag
 	require.NoError(t, r.Load(ctx, sku, 10), "Load")
 	between()
-	rc := must(r.Deduct(ctx, req(sku, "d1", "", 2)))(t, "Deduct")
-	assert.Equal(t, int64(8), rc.Remaining)
+	assert.Equal(t, int64(8), must(r.Deduct(ctx, req(sku, "d1", "", 2)))(t, "Deduct").Remaining)
 	between()
-	rc = must(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true}))(t, "Deduct replay")
+	rc := must(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true}))(t, "Deduct replay")
 	assert.True(t, rc.Replayed)
 	between()
 	require.NoError(t, errFrom(r.Hold(ctx, req(sku, "h1", "", 1), time.Minute)), "Hold")
@@ -244,8 +242,7 @@ func ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 	between()
 	l := testkit.Levels(t, r, sku)
 	assert.Equal(t, int64(8), l.Available, "%+v", l)
-	e := must(r.Ledger(ctx, sku, "h1"))(t)
-	assert.True(t, e.Taken())
+	assert.True(t, must(r.Ledger(ctx, sku, "h1"))(t).Taken())
 }
 
 // TestACL: a user with the README's ACL (no +fcall), with +fcall but no
@@ -408,24 +405,6 @@ func miniWithPolicy(t *testing.T, policy string) (rueidis.Client, string) {
 	c := must(rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true}))(t)
 	t.Cleanup(c.Close)
 	return c, m.Addr()
-}
-
-// serverReserver starts a real redis-server with args (skipping without STOCK_REDIS_SERVER) and
-// returns an admin client of it and a Reserver with opts on a client of its own, closed when the
-// test ends.
-func serverReserver(t *testing.T, args []string, opts ...stock.Option) (admin rueidis.Client, r *stock.Reserver) {
-	t.Helper()
-	faultReal(t)
-	s := redistest.StartServer(t, args...)
-	r = testkit.NewReserver(t, s.Client(t), opts...)
-	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	return s.Client(t), r
-}
-
-func outsideKeys(t *testing.T, c rueidis.Client) []string {
-	t.Helper()
-	ks := must(c.Do(context.Background(), c.B().Keys().Pattern("*").Build()).AsStrSlice())(t)
-	return ks
 }
 
 func outsideConfigSet(t *testing.T, c rueidis.Client, policy string) {

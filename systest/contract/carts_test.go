@@ -27,49 +27,6 @@ import (
 	"github.com/stockres/stock/stocktest"
 )
 
-// backends runs f on every backend with the backend handle (for Pair).
-func backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, b)
-		})
-	}
-}
-
-// check asserts loaded = available + held + sold, available >= 0, and that the ledger
-// explains sold, held and loaded (initial + restocks).
-func check(t *testing.T, r *stock.Reserver, sku string, initial int64) stock.Levels {
-	t.Helper()
-	l, _ := testkit.CheckLedger(t, r, sku, initial)
-	return l
-}
-
-func cartLoad(t *testing.T, r *stock.Reserver, items map[string]int64) {
-	t.Helper()
-	for sku, q := range items {
-		require.NoError(t, r.Load(context.Background(), sku, q), sku)
-	}
-}
-
-// loadEach loads each of skus with qty units.
-func loadEach(t *testing.T, r *stock.Reserver, qty int64, skus ...string) {
-	t.Helper()
-	for _, sku := range skus {
-		require.NoError(t, r.Load(context.Background(), sku, qty), sku)
-	}
-}
-
-// unitLines is a cart's lines of one unit of each of skus.
-func unitLines(skus ...string) []stock.Line {
-	lines := make([]stock.Line, len(skus))
-	for i, sku := range skus {
-		lines[i] = stock.Line{SKU: sku, Qty: 1}
-	}
-	return lines
-}
-
 // takeCart sends c as a cart of holds for ttl (HoldMany) when hold, else as DeductMany.
 func takeCart(ctx context.Context, r *stock.Reserver, c stock.Cart, hold bool, ttl time.Duration) (stock.CartReceipt, error) {
 	if hold {
@@ -109,7 +66,7 @@ func sagaAndGrouped(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
 func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
-		cartLoad(t, r, map[string]int64{"a": 10, "b": 10, "c": 10})
+		loadEach(t, r, 10, "a", "b", "c")
 		cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
 		_, err := r.DeductMany(ctx, cart)
 		require.NoError(t, err)
@@ -134,8 +91,7 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 
 		// The same cart, lines reordered and split: the same lines after summing.
 		same := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		rc := must(r.DeductMany(ctx, same))(t)
-		assert.True(t, rc.Replayed)
+		assert.True(t, must(r.DeductMany(ctx, same))(t).Replayed)
 
 		assert.Equal(t, int64(1), check(t, r, "a", 10).Sold)
 		assert.Equal(t, int64(2), check(t, r, "b", 10).Sold)
@@ -155,13 +111,13 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
-		cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "z": 0})
+		loadEach(t, r, 5, "a", "b")
+		loadEach(t, r, 0, "z")
 		taken := stock.Cart{ID: "t1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		require.NoError(t, errFrom(r.DeductMany(ctx, taken)))
 		require.NoError(t, errFrom(r.Restore(ctx, "a", "t1")))
 		for range 3 {
-			rc := must(r.DeductMany(ctx, taken))(t)
-			assert.True(t, rc.Replayed)
+			assert.True(t, must(r.DeductMany(ctx, taken))(t).Replayed)
 		}
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
@@ -194,7 +150,7 @@ func abReserver(t *testing.T, b redistest.Backend) (rueidis.Client, *stock.Reser
 	t.Helper()
 	c := b.Client(t)
 	r := testkit.NewReserver(t, c)
-	cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
+	loadEach(t, r, 5, "a", "b")
 	return c, r
 }
 
@@ -332,7 +288,8 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 // round's copies are holds when hold(round)) and checks ra's and rb's counters.
 func cartRaces(t *testing.T, r *stock.Reserver, hold func(round int) bool, grouped bool) {
 	t.Helper()
-	cartLoad(t, r, map[string]int64{"ra": 1000, "rb": 1000, "rc": 0})
+	loadEach(t, r, 1000, "ra", "rb")
+	loadEach(t, r, 0, "rc")
 	for round := range 12 {
 		cartRace(t, r, round, hold(round), grouped)
 	}
@@ -546,7 +503,7 @@ func TestCartBadInput(t *testing.T) {
 func TestCartUserLimit(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1))
-		cartLoad(t, r, map[string]int64{"a": 10, "b": 10})
+		loadEach(t, r, 10, "a", "b")
 		_, err := r.DeductMany(ctx, stock.Cart{ID: "c0", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "a", Qty: 1}}})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
@@ -575,8 +532,7 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 		c, r := abReserver(t, b)
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		require.NoError(t, errFrom(r.HoldMany(ctx, cart, 200*time.Millisecond)))
-		n := must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
-		assert.Zero(t, n, "a held cart is not for recovery")
+		assert.Zero(t, must(stockops.RecoverCarts(ctx, r, -time.Second))(t), "a held cart is not for recovery")
 		assert.Equal(t, int64(1), check(t, r, "a", 5).Held)
 		redistest.Sleep(c, 300*time.Millisecond)
 		rc, err := r.HoldMany(ctx, cart, 200*time.Millisecond)
@@ -593,7 +549,7 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 		cart3 := stock.Cart{ID: "hc3", User: "u", Lines: cart.Lines}
 		require.NoError(t, errFrom(r.HoldMany(ctx, cart3, time.Hour)))
 		require.NoError(t, errFrom(r.ConfirmMany(ctx, "hc3", "a", "b")))
-		n = must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
+		n := must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
 		assert.Zero(t, n)
 		rc, err = r.HoldMany(ctx, cart3, time.Hour)
 		assert.NoError(t, err, "retry of a confirmed held cart is a replay")
@@ -608,7 +564,7 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 // user's cart is taken, the other user gets ErrConflict, and the stock moved once.
 func TestCartIDTwoUsersConcurrent(t *testing.T) {
 	sagaAndGrouped(t, func(t *testing.T, r *stock.Reserver) {
-		cartLoad(t, r, map[string]int64{"a": 10000, "b": 10000})
+		loadEach(t, r, 10000, "a", "b")
 		for round := range 10 {
 			id := fmt.Sprint("k", round)
 			var wg sync.WaitGroup
@@ -656,7 +612,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 func TestGroupedCartRetryAfterRestore(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
-		cartLoad(t, r, map[string]int64{"a": 5, "b": 5})
+		loadEach(t, r, 5, "a", "b")
 		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		require.NoError(t, errFrom(r.DeductMany(ctx, cart)))
 		_, err := r.Restore(ctx, "a", "gc")
@@ -680,7 +636,7 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 // ErrConflict; the other user's entry is untouched and the cart's other lines are not kept.
 func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 	sagaAndGrouped(t, func(t *testing.T, r *stock.Reserver) {
-		cartLoad(t, r, map[string]int64{"a": 5, "b": 5, "c": 5})
+		loadEach(t, r, 5, "a", "b", "c")
 		require.NoError(t, errFrom(r.Deduct(ctx, req("b", "k", "mallory", 1))))
 		require.NoError(t, errFrom(r.Hold(ctx, req("c", "k2", "mallory", 1), time.Hour)))
 		for _, id := range []string{"k", "k2"} {
@@ -797,8 +753,7 @@ func TestRecoverCutSagas(t *testing.T) {
 		for _, s := range skus {
 			assert.Equal(t, int64(taken), check(t, r, s, 10000).Sold, s)
 		}
-		n := must(stockops.RecoverCarts(ctx, r, -time.Second))(t)
-		assert.Zero(t, n)
+		assert.Zero(t, must(stockops.RecoverCarts(ctx, r, -time.Second))(t))
 	})
 }
 
@@ -1385,7 +1340,7 @@ func TestCartsGroupedAndSaga(t *testing.T) {
 			assert.LessOrEqual(t, n, 1, "per-user limit per item: %s", k)
 		}
 		for _, s := range skus {
-			l := soldOutLevels(t, r1, s)
+			l := testkit.Levels(t, r1, s)
 			assert.Equal(t, sold[s], l.Sold, "%s: sold = units of the acknowledged carts", s)
 			assert.Equal(t, int64(0), l.Held)
 			e := testkit.Ledger(t, r1, s)
@@ -1458,7 +1413,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 		ents := map[string]map[string]stock.Entry{}
 		for _, s := range skus {
 			ents[s] = testkit.Ledger(t, buyer, s)
-			soldOutLevels(t, buyer, s)
+			testkit.Levels(t, buyer, s)
 		}
 		var sold [3]int64
 		for _, o := range out {
@@ -1483,7 +1438,7 @@ func TestRecoverCartsSkewedClockRacesSagas(t *testing.T) {
 			}
 		}
 		for i, s := range skus {
-			assert.Equal(t, sold[i], soldOutLevels(t, buyer, s).Sold, "%s", s)
+			assert.Equal(t, sold[i], testkit.Levels(t, buyer, s).Sold, "%s", s)
 		}
 	})
 }
@@ -1506,7 +1461,7 @@ func TestCartLinesSummedForLimit(t *testing.T) {
 				require.ErrorAs(t, err, &ce, "cart %d hold=%v", i, hold)
 				assert.ErrorIs(t, err, stock.ErrUserLimit, "cart %d hold=%v", i, hold)
 				for _, s := range []string{"g-a", "g-b", "plain"} {
-					assert.Equal(t, int64(10), soldOutLevels(t, r, s).Available, "cart %d hold=%v: %s: nothing kept", i, hold, s)
+					assert.Equal(t, int64(10), testkit.Levels(t, r, s).Available, "cart %d hold=%v: %s: nothing kept", i, hold, s)
 				}
 			}
 		}
@@ -1701,8 +1656,7 @@ func storeEqualsRedis(t *testing.T, r *stock.Reserver, store *memstore.Store, sk
 	t.Helper()
 	for _, sku := range skus {
 		l := levels(t, r, sku)
-		rem := must(store.Remaining(context.Background(), sku))(t)
-		assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
+		assert.Equal(t, l.Available+l.Held, must(store.Remaining(context.Background(), sku))(t), "store vs Redis: %s %+v", sku, l)
 	}
 	assert.LessOrEqual(t, store.MaxApplications(), 1)
 }
@@ -2202,8 +2156,7 @@ func TestCartKilledProcess(t *testing.T) {
 			r := testkit.NewReserver(t, c, split(3))
 			// A new deployment: record the primaries before any item is loaded, so that the
 			// failover guard of Run does not fence.
-			fenced := must(stockops.NewFailoverGuard(r).Check(ctx))(t)
-			require.False(t, fenced)
+			require.False(t, must(stockops.NewFailoverGuard(r).Check(ctx))(t))
 			store := memstore.New()
 			loads := map[string]int64{"kill-a": 1500, "kill:b~": 4000, "plain-kill": 3000}
 			for sku, q := range loads {

@@ -225,8 +225,7 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 		assert.ErrorIs(t, errFrom(r1.Hold(ctx, req("e", "h", "u", 3), time.Hour)), stock.ErrExpired)
 		// r2 wrote (Extend released the hold): its own next deduct is not answered sold out.
 		assert.NoError(t, errFrom(r2.Deduct(ctx, req("e", "x", "", 1))), "r2 released 3 units itself, then said")
-		rc := must(r1.Cancel(ctx, "e", "h"))(t)
-		assert.True(t, rc.Replayed)
+		assert.True(t, must(r1.Cancel(ctx, "e", "h"))(t).Replayed)
 		check(t, r1, "e", 3)
 	})
 }
@@ -345,47 +344,6 @@ func TestUserLimitAfterManyHoldsDue(t *testing.T) {
 	})
 }
 
-// runAsync starts r.Run(ctx, opts) and returns its cancel and a channel with its result.
-func runAsync(r *stock.Reserver, opts stock.RunOptions) (context.CancelFunc, <-chan error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, opts) }()
-	return cancel, done
-}
-
-// waitRun waits up to d for Run's result.
-func waitRun(t *testing.T, done <-chan error, d time.Duration) (error, bool) {
-	t.Helper()
-	select {
-	case err := <-done:
-		return err, true
-	case <-time.After(d):
-		return nil, false
-	}
-}
-
-// stopRunWithin cancels a Run started by runAsync and requires it to return context.Canceled
-// within d.
-func stopRunWithin(t *testing.T, cancel context.CancelFunc, done <-chan error, d time.Duration) {
-	t.Helper()
-	cancel()
-	err, ok := waitRun(t, done, d)
-	require.True(t, ok, "Run returned after ctx ended")
-	assert.ErrorIs(t, err, context.Canceled)
-}
-
-// eventually polls cond every 10ms for up to d.
-func eventually(d time.Duration, cond func() bool) bool {
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		if cond() {
-			return true
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return cond()
-}
-
 // "Without one [Store], and without a Publisher, Run only sweeps holds and recovers carts" (so
 // both nil is valid); "a negative interval turns its loop off"; Run returns "ctx's error when none
 // did [meet an error]".
@@ -469,14 +427,13 @@ func TestSweepManyDueHolds(t *testing.T) {
 		}
 	}
 	e.Advance(time.Minute + time.Millisecond)
-	n := must(stockops.Sweep(ctx, r))(t)
-	assert.Equal(t, int64(len(skus)*per*2), n, "every due hold of every item released")
+	assert.Equal(t, int64(len(skus)*per*2), must(stockops.Sweep(ctx, r))(t), "every due hold of every item released")
 	for _, s := range skus {
 		l := testkit.Levels(t, r, s)
 		assert.Equal(t, int64(0), l.Held, s)
 		assert.Equal(t, int64(10*per), l.Available, s)
 	}
-	n = must(stockops.Sweep(ctx, r))(t)
+	n := must(stockops.Sweep(ctx, r))(t)
 	assert.Equal(t, int64(0), n, "a second sweep finds nothing")
 }
 
@@ -538,8 +495,7 @@ func TestSweepCorruptEntry(t *testing.T) {
 func TestSweepEmpty(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := testkit.NewReserver(t, c)
-		n := must(stockops.Sweep(context.Background(), r))(t)
-		assert.Equal(t, int64(0), n)
+		assert.Equal(t, int64(0), must(stockops.Sweep(context.Background(), r))(t))
 	})
 }
 
@@ -556,8 +512,7 @@ func TestDeductReleasesManyDueHolds(t *testing.T) {
 	}
 	assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("due", "early", "", 1))), stock.ErrSoldOut)
 	e.Advance(2 * time.Minute)
-	rc := must(r.Deduct(ctx, req("due", "all", "", n)))(t, "every due hold released before the refusal")
-	assert.Equal(t, int64(0), rc.Remaining)
+	assert.Equal(t, int64(0), must(r.Deduct(ctx, req("due", "all", "", n)))(t, "every due hold released before the refusal").Remaining)
 	l := testkit.Levels(t, r, "due")
 	assert.Equal(t, int64(0), l.Held)
 	assert.Equal(t, int64(n), l.Sold)
@@ -570,8 +525,7 @@ func TestSweepDuplicateSKUs(t *testing.T) {
 	require.NoError(t, r.Load(ctx, "dup", 10))
 	require.NoError(t, errFrom(r.Hold(ctx, req("dup", "h", "", 4), time.Minute)))
 	e.Advance(2 * time.Minute)
-	n := must(stockops.Sweep(ctx, r, "dup", "dup", "dup"))(t)
-	assert.Equal(t, int64(4), n)
+	assert.Equal(t, int64(4), must(stockops.Sweep(ctx, r, "dup", "dup", "dup"))(t))
 	assert.Equal(t, int64(10), testkit.Levels(t, r, "dup").Available)
 }
 
@@ -663,8 +617,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	assert.NoError(t, errFrom(stockops.Sweep(ctx, r1, sku)), "sweep")
 	faultDrain(t, ctx, r1, st, sku)
 	faultPass(t, ctx, rec, 15*time.Second)
-	lv := must(r1.Levels(ctx, sku))(t)
-	assert.Zero(t, lv.Held, "units still held after every hold's deadline and a sweep")
+	assert.Zero(t, must(r1.Levels(ctx, sku))(t).Held, "units still held after every hold's deadline and a sweep")
 	t.Logf("acknowledged %d (holds %d, confirmed %d), bare replays after ErrNotReplicated %d, fenced answers %d/%d",
 		acked.count(), heldAcked.Load(), confirmed.Load(), replayAcks.Load(), fenced1.Load(), fenced2.Load())
 	audit(t, ctx, r1, st, acked)
@@ -775,7 +728,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 			// Before the deadline nothing is released. Checked per item, right after its holds:
 			// all 40 items' calls can take longer than one TTL on a loaded machine, and an
 			// item whose check comes too late to mean anything is not judged.
-			if l := soldOutLevels(t, r, sku); time.Since(start) < ttl-200*time.Millisecond {
+			if l := testkit.Levels(t, r, sku); time.Since(start) < ttl-200*time.Millisecond {
 				assert.Equal(t, int64(8), l.Held, "%s: held before the deadline", sku)
 				checked++
 			}
@@ -805,15 +758,13 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 		}
 		require.NoError(t, ignoreCanceled(stop()))
 		for _, sku := range skus {
-			assert.Equal(t, int64(25), soldOutLevels(t, r, sku).Available, sku)
-			n := must(store.Remaining(ctx, sku))(t)
-			assert.Equal(t, int64(25), n, "%s: the store after Run's drain", sku)
+			assert.Equal(t, int64(25), testkit.Levels(t, r, sku).Available, sku)
+			assert.Equal(t, int64(25), must(store.Remaining(ctx, sku))(t), "%s: the store after Run's drain", sku)
 			p, _, err := stockops.Pending(ctx, r, sku)
 			require.NoError(t, err)
 			assert.Zero(t, p, "%s: outbox after Run returned", sku)
 			for h := range 8 {
-				e := must(r.Ledger(ctx, sku, fmt.Sprintf("h%d", h)))(t)
-				assert.Equal(t, stock.StateExpired, e.State)
+				assert.Equal(t, stock.StateExpired, must(r.Ledger(ctx, sku, fmt.Sprintf("h%d", h)))(t).State)
 			}
 		}
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
@@ -864,8 +815,7 @@ func TestHoldsExpireUnderRun(t *testing.T) {
 		<-done
 		assert.Equal(t, stock.Levels{Available: 30, Loaded: 30}, levels(t, e.r, "hrun"))
 		for i := range 12 {
-			ent := must(e.r.Ledger(context.Background(), "hrun", fmt.Sprintf("h%d", i)))(t)
-			assert.Equal(t, stock.StateExpired, ent.State)
+			assert.Equal(t, stock.StateExpired, must(e.r.Ledger(context.Background(), "hrun", fmt.Sprintf("h%d", i)))(t).State)
 		}
 	})
 }

@@ -38,8 +38,7 @@ func drainOfLifecycle(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 func retiring(t *testing.T, c rueidis.Client, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
 	t.Helper()
 	redistest.Sleep(c, 20*time.Millisecond)
-	rec := must(stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond}))(t)
-	return rec
+	return must(stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond}))(t)
 }
 
 func reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report {
@@ -104,8 +103,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "gone", 7))
 		store.Set("gone", 7)
 		require.NoError(t, errFrom(r.Deduct(ctx, req("gone", "o1", "u", 1))))
-		e := must(r.Ledger(ctx, "gone", "o1"))(t)
-		assert.Equal(t, int64(1), e.Qty, "a new sale, not a replay of the retired item's o1")
+		assert.Equal(t, int64(1), must(r.Ledger(ctx, "gone", "o1"))(t).Qty, "a new sale, not a replay of the retired item's o1")
 		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
 		for range 2 {
@@ -198,8 +196,7 @@ func TestRetireGroupedItem(t *testing.T) {
 			assert.False(t, reps[sku].Retired, sku)
 			l := testkit.Levels(t, r, sku)
 			assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, l, sku)
-			e := must(r.Ledger(ctx, sku, "h1"))(t, sku)
-			assert.Equal(t, stock.StateHeld, e.State, sku)
+			assert.Equal(t, stock.StateHeld, must(r.Ledger(ctx, sku, "h1"))(t, sku).State, sku)
 			_, err = r.Confirm(ctx, sku, "h1")
 			require.NoError(t, err, sku)
 		}
@@ -274,8 +271,7 @@ func TestRestockAfterDelist(t *testing.T) {
 		redistest.Sleep(c, 20*time.Millisecond)
 		reps = reports(t, rec)
 		assert.True(t, reps["rd"].Retired, "%v", reps["rd"])
-		rem := must(store.Remaining(ctx, "rd"))(t)
-		assert.Equal(t, l.Loaded, rem)
+		assert.Equal(t, l.Loaded, must(store.Remaining(ctx, "rd"))(t))
 	})
 }
 
@@ -391,9 +387,8 @@ func TestHoldsLifecycle(t *testing.T) {
 		assert.Equal(t, stock.Levels{Available: 1, Held: 8, Loaded: 9}, levels(t, e.r, "h"))
 		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req("h", "h9", "x", 2), ttl)), stock.ErrInsufficient)
 
+		assert.Equal(t, int64(2), must(e.r.Confirm(ctx, "h", "h0"))(t).Qty)
 		rc := must(e.r.Confirm(ctx, "h", "h0"))(t)
-		assert.Equal(t, int64(2), rc.Qty)
-		rc = must(e.r.Confirm(ctx, "h", "h0"))(t)
 		assert.True(t, rc.Replayed)
 		require.ErrorIs(t, errFrom(e.r.Cancel(ctx, "h", "h0")), stock.ErrConfirmed)
 
@@ -408,22 +403,19 @@ func TestHoldsLifecycle(t *testing.T) {
 		require.NoError(t, errFrom(e.r.Extend(ctx, "h", "h3", short)))
 		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "h0", time.Hour)), stock.ErrConfirmed)
 		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "nohold", time.Hour)), stock.ErrUnknownID)
-		l := levels(t, e.r, "h")
-		assert.Equal(t, stock.Levels{Available: 3, Held: 4, Sold: 2, Loaded: 9}, l)
+		assert.Equal(t, stock.Levels{Available: 3, Held: 4, Sold: 2, Loaded: 9}, levels(t, e.r, "h"))
 
 		e.advance(short + 1500*time.Millisecond)
 		require.ErrorIs(t, errFrom(e.r.Confirm(ctx, "h", "h2")), stock.ErrExpired)
 		// The Confirm released h2, and with it the bucket's other due holds (h3, same buyer):
 		// the sweep finds h3 released or releases it.
-		n := must(stockops.Sweep(ctx, e.r, "h"))(t)
-		assert.Contains(t, []int64{0, 2}, n)
+		assert.Contains(t, []int64{0, 2}, must(stockops.Sweep(ctx, e.r, "h"))(t))
 		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "h3", time.Hour)), stock.ErrExpired)
 		require.NoError(t, errFrom(e.r.Cancel(ctx, "h", "h3")), "a cancel of an expired hold is a replay")
-		l = levels(t, e.r, "h")
+		l := levels(t, e.r, "h")
 		assert.Equal(t, stock.Levels{Available: 7, Sold: 2, Loaded: 9}, l)
 		for _, id := range []string{"h2", "h3"} {
-			ent := must(e.r.Ledger(ctx, "h", id))(t)
-			assert.Equal(t, stock.StateExpired, ent.State, id)
+			assert.Equal(t, stock.StateExpired, must(e.r.Ledger(ctx, "h", id))(t).State, id)
 		}
 		// The 7 units left serve takes in any bucket.
 		for i := range 7 {
@@ -462,12 +454,10 @@ func TestCloseReopenRestock(t *testing.T) {
 		require.NoError(t, e.r.ReopenItem(ctx, "cl"))
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, levels(t, e.r, "cl"))
 		for i := range 3 {
-			rc := must(e.r.Restock(ctx, "cl", "rs", 4))(t)
-			assert.Equal(t, i > 0, rc.Replayed)
+			assert.Equal(t, i > 0, must(e.r.Restock(ctx, "cl", "rs", 4))(t).Replayed)
 		}
 		require.ErrorIs(t, errFrom(e.r.Restore(ctx, "cl", "rs")), stock.ErrConflict, "restocks cannot be restored")
-		l := levels(t, e.r, "cl")
-		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, l)
+		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, levels(t, e.r, "cl"))
 		deductEach(t, e.r, stock.Request{SKU: "cl", User: "one", Qty: 1}, numbered("after", 9)...)
 		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req("cl", "after9", "one", 1))), stock.ErrSoldOut)
 		require.ErrorIs(t, e.r.CloseItem(ctx, "never-loaded"), stock.ErrNotLoaded)
@@ -557,8 +547,7 @@ func lifecycleKeys(t *testing.T, e *env, sku string) []string {
 		}
 		return keys
 	}
-	ks := must(e.c.Do(context.Background(), e.c.B().Keys().Pattern("*"+sku+"*").Build()).AsStrSlice())(t)
-	return ks
+	return must(e.c.Do(context.Background(), e.c.B().Keys().Pattern("*"+sku+"*").Build()).AsStrSlice())(t)
 }
 
 // retire delists an item (already drained into store) and runs passes until it is retired.
@@ -751,8 +740,7 @@ func TestDelistRacing(t *testing.T) {
 		// cancels and confirms of live holds work after delist; no hold should be left
 		assert.Zero(t, l.Held)
 		lifecycleDrain(t, e.r, store, sku)
-		rm := must(store.Remaining(ctx, sku))(t)
-		assert.Equal(t, stockN-sold.Load(), rm)
+		assert.Equal(t, stockN-sold.Load(), must(store.Remaining(ctx, sku))(t))
 		e.advance(20 * time.Millisecond)
 		rp := pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
@@ -858,10 +846,8 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 			}
 			// the relay (by the registry) delivers a new sale
 			deductEach(t, e.r, stock.Request{SKU: sku, User: "u2", Qty: 1}, "new")
-			rl := must(stockops.NewRelay(e.r, store2, nil, nil))(t)
-			require.NoError(t, errFrom(rl.Once(ctx)))
-			rm := must(store2.Remaining(ctx, sku))(t)
-			assert.Equal(t, int64(4), rm, "%s: the new sale never reached the store", sku)
+			require.NoError(t, errFrom(must(stockops.NewRelay(e.r, store2, nil, nil))(t).Once(ctx)))
+			assert.Equal(t, int64(4), must(store2.Remaining(ctx, sku))(t), "%s: the new sale never reached the store", sku)
 		}
 	})
 }

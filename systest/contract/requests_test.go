@@ -228,9 +228,8 @@ func TestAnswerTable(t *testing.T) {
 		assert.ErrorIs(t, errFrom(r.Confirm(ctx, "t", "hx")), stock.ErrRestored, "confirm after cancel")
 		assert.Error(t, errFrom(r.Confirm(ctx, "t", "tomb")), "confirm of a tombstone")
 		assert.ErrorIs(t, errFrom(r.Cancel(ctx, "t", "hc")), stock.ErrConfirmed, "cancel after confirm")
-		rc := must(r.Cancel(ctx, "t", "hx"))(t)
-		assert.True(t, rc.Replayed, "second cancel")
-		rc = must(r.Confirm(ctx, "t", "hc"))(t)
+		assert.True(t, must(r.Cancel(ctx, "t", "hx"))(t).Replayed, "second cancel")
+		rc := must(r.Confirm(ctx, "t", "hc"))(t)
 		assert.True(t, rc.Replayed, "second confirm")
 		assert.ErrorIs(t, errFrom(r.Restore(ctx, "t", "rs")), stock.ErrConflict, "restore of a restock")
 		assert.ErrorIs(t, errFrom(r.Hold(ctx, req("t", "d", "", 1), time.Hour)), stock.ErrConflict, "hold with a deduct's id")
@@ -243,8 +242,7 @@ func TestAnswerTable(t *testing.T) {
 		// Restore of a confirmed hold gives the sale back; of a live hold cancels it.
 		require.NoError(t, errFrom(r.Restore(ctx, "t", "hc")))
 		require.NoError(t, errFrom(r.Restore(ctx, "t", "hl")))
-		e := must(r.Ledger(ctx, "t", "hl"))(t)
-		assert.False(t, e.Taken())
+		assert.False(t, must(r.Ledger(ctx, "t", "hl"))(t).Taken())
 		assert.Equal(t, stock.Levels{Available: 10, Held: 0, Sold: 1, Loaded: 11}, check(t, r, "t", 10))
 	})
 }
@@ -386,20 +384,6 @@ func TestCountingBothPaths(t *testing.T) {
 	}
 }
 
-// untilStopped starts a goroutine, counted in wg, that calls f(0), f(1), ... until stop is closed.
-func untilStopped(wg *sync.WaitGroup, stop <-chan struct{}, f func(i int)) {
-	wg.Go(func() {
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			f(i)
-		}
-	})
-}
-
 // Levels is "read atomically": Loaded = Available + Held + Sold in every read under concurrent
 // deducts, holds, restores and sweeps.
 func TestLevelsAtomicUnderLoad(t *testing.T) {
@@ -455,36 +439,9 @@ func TestRecordStatusStates(t *testing.T) {
 	assert.Equal(t, stock.StateRestored, recs["back"].Status)
 	_, has := recs["never"]
 	assert.False(t, has)
-	e2 := must(r.Ledger(ctx, "rs", "refused"))(t)
-	assert.Equal(t, stock.StateRefused, e2.State)
+	assert.Equal(t, stock.StateRefused, must(r.Ledger(ctx, "rs", "refused"))(t).State)
 	assert.Equal(t, int64(9), testkit.Levels(t, r, "rs").Available, "only the applied sale stays sold")
-	rem := must(st.Remaining(ctx, "rs"))(t)
-	assert.Equal(t, int64(1), rem)
-}
-
-// requestRun starts r.Run and returns a stop function that cancels it and returns its error, failing
-// the test if it does not return within bound.
-func requestRun(t *testing.T, r *stock.Reserver, opts stock.RunOptions, bound time.Duration) func() error {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, opts) }()
-	var once sync.Once
-	var res error
-	stop := func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case res = <-done:
-			case <-time.After(bound):
-				t.Errorf("Run did not return within %v after its ctx ended", bound)
-				res = errors.New("run hung")
-			}
-		})
-		return res
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
+	assert.Equal(t, int64(1), must(st.Remaining(ctx, "rs"))(t))
 }
 
 // N goroutines, S stock: exactly S successes; the per-user limit holds; concurrent copies of one
@@ -581,7 +538,7 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 			for u, ids := range perUser {
 				assert.LessOrEqual(t, len(ids), limit, "%s: user %s acknowledged %d ids", sku, u, len(ids))
 			}
-			l := soldOutLevels(t, r1, sku)
+			l := testkit.Levels(t, r1, sku)
 			assert.Equal(t, int64(S), l.Sold)
 			assert.Equal(t, int64(0), l.Available)
 			entries := testkit.Ledger(t, r1, sku)
@@ -605,13 +562,6 @@ func TestUserLimitConcurrentCopies(t *testing.T) {
 			assert.Zero(t, d)
 		}
 	})
-}
-
-func ignoreCanceled(err error) error {
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
 }
 
 // The limit is per user and per item, over restores and holds: a user at the limit who gets a
@@ -643,7 +593,7 @@ func TestUserLimitGiveBackRace(t *testing.T) {
 			})
 			assert.Equal(t, int32(1), ok.Load(), "round %d: one unit given back, one more taken", round)
 		}
-		l := soldOutLevels(t, r1, sku)
+		l := testkit.Levels(t, r1, sku)
 		assert.Equal(t, int64(2), l.Sold)
 		assert.Equal(t, int64(0), l.Held)
 	})
@@ -746,103 +696,6 @@ func TestStoreApplyBlocksForever(t *testing.T) {
 			})
 		})
 	}
-}
-
-// requestEnv is a Reserver on one backend, with the backend's way to let time pass.
-type requestEnv struct {
-	name    string
-	real    bool
-	c       rueidis.Client
-	r       *stock.Reserver
-	advance func(d time.Duration) // miniredis: moves its clock; real servers: sleeps
-	// another makes a second Reserver on the same data (another process).
-	another func(opts ...stock.Option) *stock.Reserver
-}
-
-// split splits every item whose name does not start with "plain" into n buckets.
-func split(n int) stock.Option {
-	return stock.WithBuckets(func(sku string) int {
-		if strings.HasPrefix(sku, "plain") {
-			return 1
-		}
-		return n
-	})
-}
-
-// each runs f on a stocktest miniredis and on the real backends (standalone and cluster)
-// when STOCK_REDIS_SERVER is set.
-// mini runs f on miniredis (stocktest), whose clock the test moves on.
-func mini(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)) {
-	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		t.Parallel() // its own miniredis, beside the real backends
-		env := stocktest.New(t, opts...)
-		f(t, &requestEnv{
-			name: "miniredis", c: env.Client, r: env.Reserver, advance: env.Advance,
-			another: func(o ...stock.Option) *stock.Reserver {
-				return testkit.NewReserver(t, env.Client, append([]stock.Option{stock.WithClock(env.Now)}, o...)...)
-			},
-		})
-	})
-}
-
-func each(t *testing.T, opts []stock.Option, f func(t *testing.T, e *requestEnv)) {
-	t.Helper()
-	mini(t, opts, f)
-	for _, b := range redistest.Backends(t) {
-		if !b.Real() {
-			continue
-		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c := b.Client(t)
-			// A new deployment: record the primaries before any item is loaded, so that the
-			// failover guard of a Run does not fence the tests' deducts.
-			fenced := must(stockops.NewFailoverGuard(testkit.NewReserver(t, c)).Check(context.Background()))(t)
-			require.False(t, fenced)
-			f(t, &requestEnv{
-				name: b.Name, real: true, c: c, r: testkit.NewReserver(t, c, opts...), advance: time.Sleep,
-				another: func(o ...stock.Option) *stock.Reserver { return testkit.NewReserver(t, c, o...) },
-			})
-		})
-	}
-}
-
-// levels reads an item's levels and checks the invariant a plain item keeps at every moment.
-func levels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
-	t.Helper()
-	l := testkit.Levels(t, r, sku) // loaded = available + held + sold, available >= 0
-	require.GreaterOrEqual(t, l.Held, int64(0), "%+v", l)
-	require.GreaterOrEqual(t, l.Sold, int64(0), "%+v", l)
-	return l
-}
-
-// watch reads an item's levels in a loop until stop is closed and reports every reading that
-// breaks loaded = available + held + sold, a negative counter, or a Loaded other than loaded.
-func watch(r *stock.Reserver, sku string, loaded int64, stop <-chan struct{}) (wait func() (reads int, bad []string)) {
-	var reads int
-	var bad []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			l, err := r.Levels(context.Background(), sku)
-			reads++
-			switch {
-			case err != nil:
-				bad = append(bad, err.Error())
-			case l.Loaded != l.Available+l.Held+l.Sold, l.Available < 0, l.Held < 0, l.Sold < 0,
-				loaded >= 0 && l.Loaded != loaded:
-				bad = append(bad, fmt.Sprintf("%+v", l))
-			}
-		}
-	}()
-	return func() (int, []string) { <-done; return reads, bad }
 }
 
 // TestOneShotBuyersGetEveryUnit: S units, S+extra buyers who each try once, concurrently.
@@ -1127,8 +980,7 @@ func TestRestoreOvertakesDeduct(t *testing.T) {
 				_, err = e.r.Deduct(ctx, req)
 			}
 			require.ErrorIs(t, err, stock.ErrRestored, "late take of %s (user %q)", id, req.User)
-			ent := must(e.r.Ledger(ctx, "late", id))(t)
-			assert.Equal(t, stock.KindTombstone, ent.Kind)
+			assert.Equal(t, stock.KindTombstone, must(e.r.Ledger(ctx, "late", id))(t).Kind)
 		}
 		assert.Equal(t, int64(100), levels(t, e.r, "late").Available)
 

@@ -45,8 +45,7 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 		warmSoldOut(t, r1, "f", b.Real())
 		for _, r := range []*stock.Reserver{r2, r1} {
 			for i := range n {
-				rc := must(r.Deduct(ctx, req("f", fmt.Sprint("o", i), "", 1)))(t, "replay of o%d", i)
-				require.True(t, rc.Replayed)
+				require.True(t, must(r.Deduct(ctx, req("f", fmt.Sprint("o", i), "", 1)))(t, "replay of o%d", i).Replayed)
 			}
 			assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("f", "tomb", "", 1))), stock.ErrRestored)
 			assert.ErrorIs(t, errFrom(r.Hold(ctx, req("f", "cancelled", "", 1), time.Hour)), stock.ErrRestored)
@@ -379,27 +378,6 @@ func refuseSoldOut(t *testing.T, r *stock.Reserver, sku string, ids ...string) {
 	}
 }
 
-// soldOutBackends runs f on every backend with two clients on one database (two processes).
-func soldOutBackends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidis.Client)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		if b.Name == "sentinel" {
-			continue
-		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c1, c2 := b.Pair(t)
-			f(t, b.Real(), c1, c2)
-		})
-	}
-}
-
-// soldOutLevels is testkit.Levels (other files of the package call it by this name).
-func soldOutLevels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
-	t.Helper()
-	return testkit.Levels(t, r, sku)
-}
-
 func TestFastPathDifferential(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
@@ -466,7 +444,7 @@ func TestFastPathDifferential(t *testing.T) {
 		for i := range 40 {
 			require.ErrorIs(t, errFrom(fast.Deduct(ctx, req(sku, fmt.Sprintf("warm%d", i), "", 1))), stock.ErrSoldOut)
 		}
-		soldOutLevels(t, fast, sku)
+		testkit.Levels(t, fast, sku)
 
 		// Every entry's id, asked as a deduct and as a hold, with the entry's own parameters and
 		// with others; and new ids.
@@ -526,7 +504,7 @@ func TestFastPathDifferential(t *testing.T) {
 		if real {
 			assert.Positive(t, stockops.SoldOutAnswers(fast), "on a caching client the fast path answers some refusals in-process")
 		}
-		soldOutLevels(t, fast, sku)
+		testkit.Levels(t, fast, sku)
 	})
 }
 
@@ -596,7 +574,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 				_, err = r.Deduct(ctx, req(sku, id, "", 1))
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: the restored id again", i)
 			}
-			soldOutLevels(t, r, sku)
+			testkit.Levels(t, r, sku)
 		}
 		t.Logf("answered in-process: %d", stockops.SoldOutAnswers(r))
 	})
@@ -621,7 +599,7 @@ func TestFastPathExtendShortens(t *testing.T) {
 		assert.Equal(t, int64(0), rc.Remaining)
 		_, err := r.Confirm(ctx, sku, "H1")
 		require.ErrorIs(t, err, stock.ErrExpired)
-		soldOutLevels(t, r, sku)
+		testkit.Levels(t, r, sku)
 	})
 }
 
@@ -677,7 +655,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			require.True(t, taken, "round %d (%s by another process): still sold out after 4s", round, gave)
-			soldOutLevels(t, r1, sku)
+			testkit.Levels(t, r1, sku)
 		}
 	})
 }
@@ -722,7 +700,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		require.NoError(t, errFrom(r.Restock(ctx, sku, "rs", 1)))
 		_, err = r.Deduct(ctx, req(sku, "after-restock", "", 1))
 		require.NoError(t, err)
-		soldOutLevels(t, r, sku)
+		testkit.Levels(t, r, sku)
 	})
 }
 
@@ -756,8 +734,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 				require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)))
 			} else {
 				gone, taken = taken[0], taken[1:]
-				rc := must(e.r.Restore(ctx, sku, gone.id))(t)
-				require.False(t, rc.Replayed)
+				require.False(t, must(e.r.Restore(ctx, sku, gone.id))(t).Replayed)
 			}
 			// the very next request, by a new buyer (any bucket), must be served
 			seq++
@@ -771,8 +748,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 			}
 			soldOut()
 			// a replay of a taken id is never "sold out"; another buyer with it is a conflict
-			rc := must(e.r.Deduct(ctx, req(sku, nb.id, nb.user, 1)))(t, "round %d: replay", round)
-			require.True(t, rc.Replayed)
+			require.True(t, must(e.r.Deduct(ctx, req(sku, nb.id, nb.user, 1)))(t, "round %d: replay", round).Replayed)
 			_, err = e.r.Deduct(ctx, req(sku, nb.id, "someone", 1))
 			require.ErrorIs(t, err, stock.ErrConflict, "round %d", round)
 		}
@@ -787,8 +763,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1))), "phantom sold-out after own cancel")
 		soldOut()
 		// the taken id by its own buyer: a replay; by another buyer: a conflict
-		rc := must(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1)))(t)
-		assert.True(t, rc.Replayed)
+		assert.True(t, must(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1)))(t).Replayed)
 		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "afterCancel", "other", 1))), stock.ErrConflict)
 		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req(sku, "afterCancel", "ac", 1), time.Hour)), stock.ErrConflict)
 		// closed: ErrClosed, not sold out
@@ -811,8 +786,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "stock given back by another process never seen")
 			time.Sleep(time.Millisecond)
 		}
-		l := testkit.Levels(t, e.r, sku)
-		require.Zero(t, l.Available)
+		require.Zero(t, testkit.Levels(t, e.r, sku).Available)
 	})
 }
 

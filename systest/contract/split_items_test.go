@@ -82,8 +82,7 @@ func TestBucketCounts(t *testing.T) {
 			if i%2 == 1 {
 				r = r100
 			}
-			rc := must(r.Deduct(ctx, req("big", fmt.Sprintf("b%d", i), fmt.Sprintf("u%d", i), 3)))(t)
-			assert.True(t, rc.Replayed)
+			assert.True(t, must(r.Deduct(ctx, req("big", fmt.Sprintf("b%d", i), fmt.Sprintf("u%d", i), 3)))(t).Replayed)
 		}
 		assert.Equal(t, levels(t, r100, "big"), levels(t, r64, "big"))
 		assert.Equal(t, stock.Levels{Available: 68, Sold: 60, Loaded: 128}, levels(t, r100, "big"))
@@ -268,8 +267,7 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 		rp = pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
 		require.ErrorIs(t, errFrom(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
-		rm := must(store.Remaining(ctx, sku))(t)
-		assert.Equal(t, int64(8), rm)
+		assert.Equal(t, int64(8), must(store.Remaining(ctx, sku))(t))
 	})
 }
 
@@ -315,8 +313,7 @@ func TestCountingBuckets(t *testing.T) {
 					require.Equal(t, int64(S), ok)
 					require.Equal(t, stock.Levels{Sold: S, Loaded: S}, testkit.Levels(t, e.r, sku))
 					lifecycleDrain(t, e.r, store, sku)
-					rm := must(store.Remaining(ctx, sku))(t)
-					require.Zero(t, rm)
+					require.Zero(t, must(store.Remaining(ctx, sku))(t))
 					rp := pass(t, e, e.r, store, sku)[sku]
 					require.Zero(t, rp.Drift, "%v", rp)
 					require.Zero(t, rp.Adjusted, "%v", rp)
@@ -405,8 +402,7 @@ func TestUnevenCluster(t *testing.T) {
 		}
 		require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
 		lifecycleDrain(t, r, store, sku)
-		rm := must(store.Remaining(ctx, sku))(t)
-		require.Zero(t, rm)
+		require.Zero(t, must(store.Remaining(ctx, sku))(t))
 		retire(t, e, store, sku)
 		_, err = r.Levels(ctx, sku)
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
@@ -500,8 +496,7 @@ func TestTransferCutThenDelist(t *testing.T) {
 			e.advance(20 * time.Millisecond)
 			rp = pass(t, e, e.r, store, sku)[sku]
 			require.True(t, rp.Retired, "cut %d: %v (levels %+v)", n, rp, l)
-			rm := must(store.Remaining(ctx, sku))(t)
-			require.Equal(t, 3-l.Sold, rm, "cut %d", n)
+			require.Equal(t, 3-l.Sold, must(store.Remaining(ctx, sku))(t), "cut %d", n)
 		}
 	})
 }
@@ -607,8 +602,7 @@ func TestMixedIntoStore(t *testing.T) {
 		}
 		for _, sku := range skus {
 			l := levels(t, e.r, sku)
-			rem := must(store.Remaining(context.Background(), sku))(t)
-			assert.Equal(t, l.Available+l.Held, rem, "store vs Redis: %s %+v", sku, l)
+			assert.Equal(t, l.Available+l.Held, must(store.Remaining(context.Background(), sku))(t), "store vs Redis: %s %+v", sku, l)
 			reconcile(t, e.r, store, sku)
 		}
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
@@ -708,8 +702,7 @@ func splitCheck(t *testing.T, e *requestEnv, store *memstore.Store, sku string, 
 	}
 	assert.Empty(t, refused, "acknowledged sales the Store refused or did not apply")
 	l := levels(t, e.r, sku)
-	rem := must(store.Remaining(ctx, sku))(t)
-	assert.Equal(t, l.Available+l.Held, rem, "store remaining vs Redis available+held (%+v)", l)
+	assert.Equal(t, l.Available+l.Held, must(store.Remaining(ctx, sku))(t), "store remaining vs Redis available+held (%+v)", l)
 	assert.LessOrEqual(t, store.MaxApplications(), 1, "an event applied twice")
 }
 
@@ -748,8 +741,7 @@ func splitDrain(t *testing.T, e *requestEnv, sku string, limit int, rls ...*stoc
 
 func splitRelay(t *testing.T, e *requestEnv, store stock.Store, o *stock.RelayOptions) *stockops.Relay {
 	t.Helper()
-	rl := must(stockops.NewRelay(e.r, store, nil, o))(t)
-	return rl
+	return must(stockops.NewRelay(e.r, store, nil, o))(t)
 }
 
 // TestRelayOrderAcrossBuckets: give-backs in one bucket moved and sold in others; the
@@ -1164,8 +1156,7 @@ func manyBarriers(t *testing.T, transfers int) {
 			}
 		}
 		l := levels(t, e.r, sku)
-		rem := must(store.Remaining(ctx, sku))(t)
-		assert.Equal(t, l.Available+l.Held, rem, "store vs Redis (%+v)", l)
+		assert.Equal(t, l.Available+l.Held, must(store.Remaining(ctx, sku))(t), "store vs Redis (%+v)", l)
 	})
 }
 
