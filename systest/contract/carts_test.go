@@ -127,8 +127,7 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 		// An undone cart: z is sold out. Restock z, retry: still the refusal, nothing taken.
 		undone := stock.Cart{ID: "u1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "z", Qty: 1}}}
 		requireCartRefused(t, errFrom(r.DeductMany(ctx, undone)), "z", stock.ErrSoldOut)
-		_, err := r.Restock(ctx, "z", "rs1", 5)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Restock(ctx, "z", "rs1", 5)))
 		for range 3 {
 			_, err := r.DeductMany(ctx, undone)
 			var ce *stock.CartError
@@ -140,7 +139,7 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 		assert.Equal(t, int64(0), check(t, r, "z", 0).Sold+check(t, r, "z", 0).Held)
 		// The undone cart's lines are tombstoned: a single deduct of them is refused.
 		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("z", "u1", "u", 1))), stock.ErrRestored)
-		_, err = r.Deduct(ctx, req("a", "u1", "u", 1))
+		_, err := r.Deduct(ctx, req("a", "u1", "u", 1))
 		assert.ErrorIs(t, err, stock.ErrRestored)
 	})
 }
@@ -615,8 +614,7 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 		loadEach(t, r, 5, "a", "b")
 		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		require.NoError(t, errFrom(r.DeductMany(ctx, cart)))
-		_, err := r.Restore(ctx, "a", "gc")
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Restore(ctx, "a", "gc")))
 		for range 3 {
 			rc, err := r.DeductMany(ctx, cart)
 			t.Logf("retry: %+v %v", rc, err)
@@ -624,7 +622,7 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
 		assert.ErrorIs(t, errFrom(r.DeductMany(ctx, stock.Cart{ID: "gc", User: "v", Lines: cart.Lines})), stock.ErrConflict)
-		_, err = r.HoldMany(ctx, cart, time.Minute)
+		_, err := r.HoldMany(ctx, cart, time.Minute)
 		assert.ErrorIs(t, err, stock.ErrConflict)
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold+check(t, r, "a", 5).Held)
 	})
@@ -1188,8 +1186,7 @@ func TestCartsAcrossKill9(t *testing.T) {
 		})
 	}
 	time.Sleep(2500 * time.Millisecond)
-	old, err := d.Primary()
-	require.NoError(t, err)
+	old := must(d.Primary())(t)
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
 	require.NoError(t, errFrom(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
@@ -2069,8 +2066,7 @@ func TestRecoverRacesSagas(t *testing.T) {
 		close(stop)
 		recovering.Wait()
 		t.Logf("recovery undid %d carts", undid.Load())
-		_, err := stockops.RecoverCarts(ctx, e.r, 0)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(stockops.RecoverCarts(ctx, e.r, 0)))
 		var whole int64
 		for i := range carts {
 			id := fmt.Sprintf("rr-%d", i)
@@ -2120,8 +2116,7 @@ func TestCartChildProcess(t *testing.T) {
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: strings.Split(os.Getenv(envAddrs), ","),
 		ForceSingleClient: os.Getenv(envSingle) == "1", DisableCache: true})
 	require.NoError(t, err)
-	r, err := stock.New(c, split(3))
-	require.NoError(t, err)
+	r := must(stock.New(c, split(3)))(t)
 	tag := os.Getenv(envTag)
 	fmt.Println("ready")
 	var mu sync.Mutex
@@ -2292,8 +2287,7 @@ func TestConfirmManyOneLineGone(t *testing.T) {
 		for _, sku := range skus[:2] {
 			require.NoError(t, errFrom(e.r.Extend(ctx, sku, "cg-exp", time.Hour)))
 		}
-		_, err := e.r.Cancel(ctx, "cg~z", "cg-can")
-		require.NoError(t, err)
+		require.NoError(t, errFrom(e.r.Cancel(ctx, "cg~z", "cg-can")))
 		e.advance(time.Second)
 		for _, c := range []struct {
 			id   string

@@ -542,8 +542,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	st := memstore.New()
 	const sku = "a16-two"
 	faultLoad(t, ctx, r1, st, sku, 1_000_000)
-	rec, err := stockops.NewReconciler(r1, st, nil)
-	require.NoError(t, err)
+	rec := must(stockops.NewReconciler(r1, st, nil))(t)
 	faultPass(t, ctx, rec, 10*time.Second)
 	runCtx, stopRun := context.WithCancel(ctx)
 	var runs sync.WaitGroup
@@ -582,8 +581,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 		}
 	}()
 	time.Sleep(2500 * time.Millisecond)
-	old, err := d.Primary()
-	require.NoError(t, err)
+	old := must(d.Primary())(t)
 	before1, before2 := fenced1.Load(), fenced2.Load()
 	old.Kill()
 	d.ReplicaProxy().ResetAll()

@@ -511,11 +511,9 @@ func soldOneDrained(t *testing.T, r *stock.Reserver, sku string, qty int64) *mem
 
 func lifecycleDrain(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string) {
 	t.Helper()
-	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: skus})
-	require.NoError(t, err)
+	rl := must(stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: skus}))(t)
 	for range 50 {
-		st, err := rl.Once(context.Background())
-		require.NoError(t, err)
+		st := must(rl.Once(context.Background()))(t)
 		pending := int64(0)
 		for _, s := range skus {
 			p, d, err := stockops.Pending(context.Background(), r, s)
@@ -1041,8 +1039,7 @@ func TestCloseWithCallsInFlightThenNothingWritten(t *testing.T) {
 		}
 		t.Run(b.Name, func(t *testing.T) {
 			c := b.Client(t)
-			r, err := stock.New(c)
-			require.NoError(t, err)
+			r := must(stock.New(c))(t)
 			store := memstore.New()
 			require.NoError(t, r.Load(ctx, "a", 100000))
 			_ = store.Load(ctx, "a", 100000)

@@ -236,8 +236,7 @@ func TestAnswerTable(t *testing.T) {
 		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("t", "hl", "", 1))), stock.ErrConflict, "deduct with a hold's id")
 		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("t", "rs", "", 1))), stock.ErrConflict, "deduct with a restock's id")
 		assert.ErrorIs(t, errFrom(r.Restock(ctx, "t", "d", 1)), stock.ErrConflict, "restock with a deduct's id")
-		_, err := r.Hold(ctx, req("t", "tomb", "", 1), time.Hour)
-		assert.ErrorIs(t, err, stock.ErrRestored, "hold of a tombstoned id")
+		assert.ErrorIs(t, errFrom(r.Hold(ctx, req("t", "tomb", "", 1), time.Hour)), stock.ErrRestored, "hold of a tombstoned id")
 		assert.Equal(t, before, check(t, r, "t", 10), "refusals change nothing")
 		// Restore of a confirmed hold gives the sale back; of a live hold cancels it.
 		require.NoError(t, errFrom(r.Restore(ctx, "t", "hc")))
@@ -939,8 +938,7 @@ func TestConflictReceiptQty(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
 		for _, sku := range []string{"plain-cq", "split-cq"} {
 			require.NoError(t, e.r.Load(ctx, sku, 50))
-			_, err := e.r.Deduct(ctx, req(sku, "ord", "alice", 2))
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "ord", "alice", 2))))
 			for i := range 8 {
 				req := req(sku, "ord", fmt.Sprintf("other%d", i), 2)
 				if i == 7 {
@@ -1035,8 +1033,7 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrSoldOut)
 			}
 			// Stock comes back.
-			_, err := e.r.Restock(ctx, sku, "rs", 10)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Restock(ctx, sku, "rs", 10)))
 			for i, user := range []string{"r0", "r1", "r2", ""} {
 				_, err := e.r.Deduct(ctx, req(sku, fmt.Sprintf("retry%d", i), user, 1))
 				require.Error(t, err, "%s: the first attempt of a refused retry must stay refused", sku)
@@ -1180,8 +1177,7 @@ func TestStoreRefuses(t *testing.T) {
 		assert.Equal(t, int64(5), refused.Load(), "refusals counted by the relays")
 		l := levels(t, e.r, "short")
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 7, Loaded: 12}, l, "the 5 refused units back in Redis, once")
-		rem, err := store.Remaining(ctx, "short")
-		require.NoError(t, err)
+		rem := must(store.Remaining(ctx, "short"))(t)
 		assert.Equal(t, int64(0), rem)
 		nref := 0
 		for i := range 12 {
@@ -1408,8 +1404,7 @@ func TestCutAtEachCall(t *testing.T) {
 				}
 			}
 			e.advance(6 * time.Second)
-			_, err := stockops.Sweep(ctx, e.r, sku)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(stockops.Sweep(ctx, e.r, sku)))
 			buy(e.r, "b", 50)
 			sold := takenByID(t, e.r, sku, ids)
 			l := levels(t, e.r, sku)

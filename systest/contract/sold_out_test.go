@@ -597,8 +597,7 @@ func TestFastPathExtendShortens(t *testing.T) {
 		redistest.Sleep(c1, 1500*time.Millisecond)
 		rc := must(r.Deduct(ctx, req(sku, "after", "", 1)))(t, "the extended hold is due: the script releases it and takes the request")
 		assert.Equal(t, int64(0), rc.Remaining)
-		_, err := r.Confirm(ctx, sku, "H1")
-		require.ErrorIs(t, err, stock.ErrExpired)
+		require.ErrorIs(t, errFrom(r.Confirm(ctx, sku, "H1")), stock.ErrExpired)
 		testkit.Levels(t, r, sku)
 	})
 }
@@ -687,8 +686,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		require.True(t, retired, "the delisted item is retired")
 		require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, "gone", "", 1))), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, sku, 3))
-		rc, err := r.Deduct(ctx, req(sku, "n1", "", 1))
-		require.NoError(t, err, "a reloaded item sells")
+		rc := must(r.Deduct(ctx, req(sku, "n1", "", 1)))(t, "a reloaded item sells")
 		assert.Equal(t, int64(2), rc.Remaining)
 		// Sold out again (second life), then a restock of this Reserver.
 		deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, "n2", "n3")
@@ -698,7 +696,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 			assert.True(t, rc.Replayed)
 		}
 		require.NoError(t, errFrom(r.Restock(ctx, sku, "rs", 1)))
-		_, err = r.Deduct(ctx, req(sku, "after-restock", "", 1))
+		_, err := r.Deduct(ctx, req(sku, "after-restock", "", 1))
 		require.NoError(t, err)
 		testkit.Levels(t, r, sku)
 	})

@@ -99,8 +99,7 @@ func TestUnsplitReserverOnSplitItem(t *testing.T) {
 		plain := e.another()
 		require.ErrorIs(t, errFrom(plain.Deduct(ctx, req("twice", "p0", "a", 1))), stock.ErrNotLoaded)
 		require.ErrorIs(t, errFrom(plain.Hold(ctx, req("twice", "p1", "a", 1), time.Hour)), stock.ErrNotLoaded)
-		_, err := plain.Levels(ctx, "twice")
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(plain.Levels(ctx, "twice")), stock.ErrNotLoaded)
 
 		// A preheat re-run by the process that does not split the item.
 		loadErr := plain.Load(ctx, "twice", 10)
@@ -660,8 +659,7 @@ func salesQ(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, ma
 		require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
 		buy()
 		// Holds: taken from what a restock brings, half cancelled, half left to expire.
-		_, err := e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)))
 		for k := range 4 {
 			id := fmt.Sprintf("h%d-%d", round, k)
 			_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(50)), Qty: 1}, 2*time.Second)
@@ -890,8 +888,7 @@ func TestCutTransfers(t *testing.T) {
 		var ids []string
 		n := 0
 		for round := range 30 {
-			_, err := e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
 			for range 6 {
 				n++
 				id := fmt.Sprintf("c%d", n)
@@ -921,8 +918,7 @@ func TestCutTransfers(t *testing.T) {
 		}
 		t.Logf("transfers in flight before the sweep: %d", inFlight)
 		e.advance(6 * time.Second)
-		_, err := stockops.Sweep(ctx, e.r, sku)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(stockops.Sweep(ctx, e.r, sku)))
 		// Sell out whatever is left, through every bucket.
 		for k := range 60 {
 			id := fmt.Sprintf("z%d", k)
