@@ -142,8 +142,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			require.NoError(t, r.CloseItem(ctx, "B"))
 			require.NoError(t, r.ReopenItem(ctx, "B"))
 
-			fenced := must(guard.Check(ctx))(t)
-			assert.False(t, fenced, "the primaries did not change")
+			assert.False(t, must(guard.Check(ctx))(t), "the primaries did not change")
 
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, "A", 3))
@@ -222,8 +221,7 @@ func ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 	between()
 	assert.Equal(t, int64(8), must(r.Deduct(ctx, req(sku, "d1", "", 2)))(t, "Deduct").Remaining)
 	between()
-	rc := must(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true}))(t, "Deduct replay")
-	assert.True(t, rc.Replayed)
+	assert.True(t, must(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true}))(t, "Deduct replay").Replayed)
 	between()
 	require.NoError(t, errFrom(r.Hold(ctx, req(sku, "h1", "", 1), time.Minute)), "Hold")
 	between()
@@ -447,6 +445,8 @@ func outsideEvictingServers(t *testing.T) map[string]rueidis.Client {
 	return out
 }
 
+// On a server with an evicting maxmemory-policy every write and Run is ErrEvictionPolicy,
+// at once, and no key is written.
 func TestEvictionPolicyRefusesEveryWriteAndRun(t *testing.T) {
 	for name, c := range outsideEvictingServers(t) {
 		t.Run(name, func(t *testing.T) {
@@ -466,6 +466,7 @@ func TestEvictionPolicyRefusesEveryWriteAndRun(t *testing.T) {
 	}
 }
 
+// ErrEvictionPolicy names the node, its policy and the fix (noeviction).
 func TestEvictionPolicyErrorNamesNodePolicyAndFix(t *testing.T) {
 	c, addr := miniWithPolicy(t, "allkeys-lfu")
 	r, _ := stock.New(c)
@@ -477,6 +478,7 @@ func TestEvictionPolicyErrorNamesNodePolicyAndFix(t *testing.T) {
 	}
 }
 
+// WithEvictionAllowed lets a Reserver write on an evicting server.
 func TestEvictionAllowedWrites(t *testing.T) {
 	for name, c := range outsideEvictingServers(t) {
 		t.Run(name, func(t *testing.T) {
@@ -488,6 +490,7 @@ func TestEvictionAllowedWrites(t *testing.T) {
 	}
 }
 
+// Once the policy is set to noeviction, the refused Reserver writes again.
 func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
 	c, r := serverReserver(t, []string{"--maxmemory-policy", "allkeys-lru"})
 	require.ErrorIs(t, r.Load(context.Background(), "a", 3), stock.ErrEvictionPolicy, "Load")
@@ -503,6 +506,7 @@ func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
 	require.NoError(t, err, "Load after the policy was fixed")
 }
 
+// A policy turned evicting under a running Reserver is reported by a pass and refuses writes.
 func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
 	c, r := serverReserver(t, nil)
 	store := memstore.New()
@@ -516,6 +520,7 @@ func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
 	assert.Equal(t, int64(3), lv.Available, "levels %+v", lv)
 }
 
+// Keys evicted under WithEvictionAllowed are reported by the next reconcile pass.
 func TestEvictedKeysReportedByPass(t *testing.T) {
 	c, r := serverReserver(t, nil, stock.WithEvictionAllowed())
 	store := memstore.New()

@@ -433,8 +433,7 @@ func TestSweepManyDueHolds(t *testing.T) {
 		assert.Equal(t, int64(0), l.Held, s)
 		assert.Equal(t, int64(10*per), l.Available, s)
 	}
-	n := must(stockops.Sweep(ctx, r))(t)
-	assert.Equal(t, int64(0), n, "a second sweep finds nothing")
+	assert.Equal(t, int64(0), must(stockops.Sweep(ctx, r))(t), "a second sweep finds nothing")
 }
 
 // The same on a real server, through Run's sweeper.
@@ -540,7 +539,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	r1 := reserver(t, d.Client(t), opts...)
 	r2 := reserver(t, d.Client(t), opts...)
 	st := memstore.New()
-	const sku = "a16-two"
+	const sku = "k9-two"
 	faultLoad(t, ctx, r1, st, sku, 1_000_000)
 	rec := must(stockops.NewReconciler(r1, st, nil))(t)
 	faultPass(t, ctx, rec, 10*time.Second)

@@ -388,11 +388,10 @@ func TestHoldsLifecycle(t *testing.T) {
 		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req("h", "h9", "x", 2), ttl)), stock.ErrInsufficient)
 
 		assert.Equal(t, int64(2), must(e.r.Confirm(ctx, "h", "h0"))(t).Qty)
-		rc := must(e.r.Confirm(ctx, "h", "h0"))(t)
-		assert.True(t, rc.Replayed)
+		assert.True(t, must(e.r.Confirm(ctx, "h", "h0"))(t).Replayed)
 		require.ErrorIs(t, errFrom(e.r.Cancel(ctx, "h", "h0")), stock.ErrConfirmed)
 
-		rc = must(e.r.Cancel(ctx, "h", "h1"))(t)
+		rc := must(e.r.Cancel(ctx, "h", "h1"))(t)
 		assert.Equal(t, int64(2), rc.Qty)
 		rc = must(e.r.Cancel(ctx, "h", "h1"))(t)
 		assert.True(t, rc.Replayed)
@@ -412,8 +411,7 @@ func TestHoldsLifecycle(t *testing.T) {
 		assert.Contains(t, []int64{0, 2}, must(stockops.Sweep(ctx, e.r, "h"))(t))
 		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "h3", time.Hour)), stock.ErrExpired)
 		require.NoError(t, errFrom(e.r.Cancel(ctx, "h", "h3")), "a cancel of an expired hold is a replay")
-		l := levels(t, e.r, "h")
-		assert.Equal(t, stock.Levels{Available: 7, Sold: 2, Loaded: 9}, l)
+		assert.Equal(t, stock.Levels{Available: 7, Sold: 2, Loaded: 9}, levels(t, e.r, "h"))
 		for _, id := range []string{"h2", "h3"} {
 			assert.Equal(t, stock.StateExpired, must(e.r.Ledger(ctx, "h", id))(t).State, id)
 		}
@@ -475,7 +473,7 @@ var lifecycleSplit, lifecycleEach = split, each
 // sku makes a unique item name per test and backend.
 var lifecycleN atomic.Int64
 
-func sku(prefix string) string { return fmt.Sprintf("%s-a27-%d", prefix, lifecycleN.Add(1)) }
+func sku(prefix string) string { return fmt.Sprintf("%s-n%d", prefix, lifecycleN.Add(1)) }
 
 // pass runs one reconcile pass over the given items with a tiny retention.
 func pass(t *testing.T, e *env, r *stock.Reserver, store stock.Store, skus ...string) map[string]stockops.Report {
@@ -1015,6 +1013,7 @@ func TestReloadInOtherForm(t *testing.T) {
 	})
 }
 
+// After Close, Run and every other call return ErrReserverClosed at once.
 func TestRunAfterCloseReturnsAtOnce(t *testing.T) {
 	e := outsideMini(t)
 	require.NoError(t, e.r.Close(e.ctx))

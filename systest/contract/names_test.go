@@ -263,6 +263,8 @@ func outsideCfRunes() []rune {
 	return out
 }
 
+// Every name with a Unicode format character (Cf) is ErrInvalid, naming the code point and
+// its offset, and nothing is written.
 func TestNamesWithFormatCharactersRefused(t *testing.T) {
 	e := outsideMini(t, stock.WithUserLimit(5))
 	e.load("ok", 100)
@@ -312,6 +314,8 @@ func TestNameFormatCharacterOffsetIsByteOffset(t *testing.T) {
 	}
 }
 
+// A group name with a format character makes no group: no key holds the character, and the
+// items load, sell in a cart and relay as ungrouped items.
 func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
 	e := outsideMini(t, stock.WithGroups(func(sku string) string { return "g\u200Dh" }))
 	e.load("a", 5)
@@ -333,6 +337,7 @@ func TestNamesOfOtherScriptsAccepted(t *testing.T) {
 	}
 }
 
+// ErrConflict's message names what differs from the id's first use (quantity, user or kind).
 func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 	for _, split := range []bool{false, true} {
 		t.Run(fmt.Sprint("split=", split), func(t *testing.T) {

@@ -229,8 +229,7 @@ func TestAnswerTable(t *testing.T) {
 		assert.Error(t, errFrom(r.Confirm(ctx, "t", "tomb")), "confirm of a tombstone")
 		assert.ErrorIs(t, errFrom(r.Cancel(ctx, "t", "hc")), stock.ErrConfirmed, "cancel after confirm")
 		assert.True(t, must(r.Cancel(ctx, "t", "hx"))(t).Replayed, "second cancel")
-		rc := must(r.Confirm(ctx, "t", "hc"))(t)
-		assert.True(t, rc.Replayed, "second confirm")
+		assert.True(t, must(r.Confirm(ctx, "t", "hc"))(t).Replayed, "second confirm")
 		assert.ErrorIs(t, errFrom(r.Restore(ctx, "t", "rs")), stock.ErrConflict, "restore of a restock")
 		assert.ErrorIs(t, errFrom(r.Hold(ctx, req("t", "d", "", 1), time.Hour)), stock.ErrConflict, "hold with a deduct's id")
 		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("t", "hl", "", 1))), stock.ErrConflict, "deduct with a hold's id")
@@ -1177,8 +1176,7 @@ func TestStoreRefuses(t *testing.T) {
 		assert.Equal(t, int64(5), refused.Load(), "refusals counted by the relays")
 		l := levels(t, e.r, "short")
 		assert.Equal(t, stock.Levels{Available: 5, Sold: 7, Loaded: 12}, l, "the 5 refused units back in Redis, once")
-		rem := must(store.Remaining(ctx, "short"))(t)
-		assert.Equal(t, int64(0), rem)
+		assert.Equal(t, int64(0), must(store.Remaining(ctx, "short"))(t))
 		nref := 0
 		for i := range 12 {
 			ent := must(e.r.Ledger(ctx, "short", fmt.Sprintf("s%d", i)))(t)
@@ -1418,6 +1416,8 @@ func TestCutAtEachCall(t *testing.T) {
 	})
 }
 
+// WithUserRequired: every take without a user is ErrInvalid naming User and writes nothing;
+// the same takes with a user then go through.
 func TestUserRequiredRefusesEveryTakeWithoutUser(t *testing.T) {
 	for _, split := range []bool{false, true} {
 		t.Run(fmt.Sprint("split=", split), func(t *testing.T) {
@@ -1472,6 +1472,7 @@ func TestUserRequiredRefusesEveryTakeWithoutUser(t *testing.T) {
 	}
 }
 
+// WithUserRequired without WithUserLimit changes nothing: takes without a user are served.
 func TestUserRequiredWithoutLimitChangesNothing(t *testing.T) {
 	e := outsideMini(t, stock.WithUserRequired())
 	e.load("a", 10)

@@ -1171,6 +1171,7 @@ func splitEach(t *testing.T, opts []stock.Option, f func(t *testing.T, e *reques
 	each(t, opts, f)
 }
 
+// A restock of a split item past MaxQty is ErrInvalid and writes nothing (but the id's claim).
 func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 	outsideEach(t, func(t *testing.T, e *outsideEnv) {
 		e.load("a", stock.MaxQty-5)
@@ -1198,6 +1199,7 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 	}, stock.WithBuckets(func(string) int { return 4 }))
 }
 
+// A restock of a split item one of whose bucket hashes is gone is ErrNotLoaded.
 func TestBucketsRestockWithBucketMissingIsNotLoaded(t *testing.T) {
 	e := outsideMini(t, stock.WithBuckets(outsideTwoBuckets))
 	e.load("a", 10)
@@ -1215,6 +1217,7 @@ func TestBucketsRestockWithBucketMissingIsNotLoaded(t *testing.T) {
 	}
 }
 
+// A split item loads MaxQty units (not one more) and sells MaxQty-1 of them in one deduct.
 func TestBucketsLoadMaxQtyAndPastIt(t *testing.T) {
 	e := outsideMini(t, stock.WithBuckets(func(string) int { return 64 }))
 	require.NoError(t, e.r.Load(e.ctx, "a", stock.MaxQty))
