@@ -147,8 +147,7 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 // abReserver returns a client of b and a Reserver on it with items a and b of 5 units each.
 func abReserver(t *testing.T, b redistest.Backend) (rueidis.Client, *stock.Reserver) {
 	t.Helper()
-	c := b.Client(t)
-	r := testkit.NewReserver(t, c)
+	c, r := clientReserver(t, b)
 	loadEach(t, r, 5, "a", "b")
 	return c, r
 }
@@ -428,8 +427,7 @@ func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 // the same cart racing it, the cart ends all confirmed or all given back, never split.
 func TestConfirmManyRacingCancelMany(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c1, c2 := b.Pair(t)
-		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+		_, _, r1, r2 := pairReservers(t, b)
 		skus := []string{"ca", "cb", "cc", "cd"}
 		loadEach(t, r1, 1000, skus...)
 		split := 0
@@ -918,8 +916,7 @@ func TestRecoverCutCarts(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			c1, c2 := b.Pair(t)
-			r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+			c1, _, r1, r2 := pairReservers(t, b)
 			skus, lines, errs := cutCarts(t, r1, "cut")
 			carts := len(errs)
 			// Two Runs (no Store: sweeping and cart recovery only) and two direct calls.
@@ -2148,8 +2145,7 @@ func TestCartKilledProcess(t *testing.T) {
 		}
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			c := b.Client(t)
-			r := testkit.NewReserver(t, c, split(3))
+			r := testkit.NewReserver(t, b.Client(t), split(3))
 			// A new deployment: record the primaries before any item is loaded, so that the
 			// failover guard of Run does not fence.
 			require.False(t, must(stockops.NewFailoverGuard(r).Check(ctx))(t))

@@ -366,3 +366,15 @@ func outsideKeys(t *testing.T, c rueidis.Client) []string {
 	t.Helper()
 	return must(c.Do(ctx, c.B().Keys().Pattern("*").Build()).AsStrSlice())(t)
 }
+
+// clientReserver is a client of b and a Reserver with opts on it.
+func clientReserver(t *testing.T, b redistest.Backend, opts ...stock.Option) (rueidis.Client, *stock.Reserver) {
+	c := b.Client(t)
+	return c, testkit.NewReserver(t, c, opts...)
+}
+
+// pairReservers is b.Pair (two clients of one database, two processes) and a Reserver on each.
+func pairReservers(t *testing.T, b redistest.Backend) (c1, c2 rueidis.Client, r1, r2 *stock.Reserver) {
+	c1, c2 = b.Pair(t)
+	return c1, c2, testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+}

@@ -43,8 +43,7 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 func TestManyHoldsDueAnswers(t *testing.T) {
 	const n = 600
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", User: "u", Qty: 1}, numbered("h", n), 500*time.Millisecond)
 		for i := n - 1; i >= 0; i-- {
@@ -80,8 +79,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 func TestDeductAfterManyHoldsDue(t *testing.T) {
 	const n = 600
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 500*time.Millisecond)
 		rc, err := r.Deduct(ctx, req("h", "all", "", n))
@@ -162,8 +160,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 // replay of the Hold: the answers agree with each other and with the ledger.
 func TestHoldDeadlineRaces(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c1, c2 := b.Pair(t)
-		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "d", 1000))
 		confirmed, expired := 0, 0
 		for i := range 60 {
@@ -210,8 +207,7 @@ func TestHoldDeadlineRaces(t *testing.T) {
 // call on the id agrees. Reservers sharing one Redis (caching clients) answer the same.
 func TestExtendExpiredAcrossReservers(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c1, c2 := b.Pair(t)
-		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "e", 3))
 		require.NoError(t, errFrom(r1.Hold(ctx, req("e", "h", "u", 3), 200*time.Millisecond)))
 		// r2 caches the item as sold out.
@@ -252,8 +248,7 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 	for _, n := range []int{1, 64, 65, 200} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				c := b.Client(t)
-				r := testkit.NewReserver(t, c)
+				c, r := clientReserver(t, b)
 				require.NoError(t, r.Load(ctx, "h", int64(n)))
 				holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 300*time.Millisecond)
 				last := fmt.Sprint("h", n-1)
@@ -272,8 +267,7 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 // ends expired; the item's counters stay right.
 func TestRestoreOfDueHold(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithUserLimit(2))
+		c, r := clientReserver(t, b, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "r", 5))
 		require.NoError(t, errFrom(r.Hold(ctx, req("r", "h", "u", 2), 200*time.Millisecond)))
 		redistest.Sleep(c, 300*time.Millisecond)
@@ -298,8 +292,7 @@ func TestRestoreOfDueHold(t *testing.T) {
 // holds stay.
 func TestSweepManyDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		const ttl = 2 * time.Second
 		start := time.Now()
 		for _, sku := range []string{"s1", "s2"} {
@@ -335,8 +328,7 @@ func TestSweepManyDue(t *testing.T) {
 // cause: only 64 due holds are released per call, the user's is not among them.
 func TestUserLimitAfterManyHoldsDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithUserLimit(1))
+		c, r := clientReserver(t, b, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "h", 1000))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", 200), 300*time.Millisecond, numbered("user", 200)...)
 		assert.NoError(t, errFrom(r.Deduct(ctx, req("h", "again", "user199", 1))), "user199's only hold expired")

@@ -58,8 +58,7 @@ func reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report 
 // and retired then loaded again (the next pass must not retire the new item).
 func TestRetireOnlyDelisted(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		skus := []string{"closed", "reopened", "held", "pending", "x", "x:u", "gone"}
 		for _, sku := range skus {
@@ -126,8 +125,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 // at once, must not lose the new item's entries to a later step of the old retirement.
 func TestRetireLargeLedgerThenReload(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		const n = 1500
 		loadBoth(t, r, store, "big", n)
@@ -176,8 +174,7 @@ func TestRetireGroupedItem(t *testing.T) {
 		return "g"
 	}
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithGroups(group))
+		c, r := clientReserver(t, b, stock.WithGroups(group))
 		store := memstore.New()
 		skus := []string{"g", "tee", "tee:l", "tee:u", "cap"}
 		for _, sku := range skus {
@@ -212,8 +209,7 @@ func TestRetireGroupedItem(t *testing.T) {
 // dead letter is not deleted with it.
 func TestNoRetireWithDeadLetters(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		loadBoth(t, r, store, "dlq", 5)
 		require.NoError(t, errFrom(r.Deduct(ctx, req("dlq", "bad", "", 1))))
@@ -245,8 +241,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 // or is ledgered and delivered before the item retires; the store and Redis agree at the end.
 func TestRestockAfterDelist(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		loadBoth(t, r, store, "rd", 5)
 		require.NoError(t, r.Delist(ctx, "rd"))

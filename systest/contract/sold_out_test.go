@@ -28,9 +28,7 @@ import (
 func TestFastPathIDsBeforeSellOut(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c1, c2 := b.Pair(t)
-		r1 := testkit.NewReserver(t, c1)
-		r2 := testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		const n = 3000
 		require.NoError(t, r1.Load(ctx, "f", n+2))
 		require.ErrorIs(t, errFrom(r1.Restore(ctx, "f", "tomb")), stock.ErrUnknownID)
@@ -64,9 +62,7 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 // there for the next deduct.
 func TestFastPathOwnWritesGiveBack(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c1, c2 := b.Pair(t)
-		r1 := testkit.NewReserver(t, c1)
-		r2 := testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "g", 0))
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -143,8 +139,7 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 // the Reserver whose cache says sold out must still reach Redis and take the unit.
 func TestFastPathHoldDeadlinePassed(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithSoldOutCache(time.Hour))
+		c, r := clientReserver(t, b, stock.WithSoldOutCache(time.Hour))
 		require.NoError(t, r.Load(ctx, "p", 1))
 		require.NoError(t, errFrom(r.Hold(ctx, req("p", "h", "", 1), 200*time.Millisecond)))
 		refuseSoldOut(t, r, "p", numbered("x", 20)...)
@@ -311,8 +306,7 @@ func TestFastPathLifecycle(t *testing.T) {
 // Reserver.
 func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		c1, c2 := b.Pair(t)
-		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+		_, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "rt", 0))
 		for i := range 30 {
 			warmSoldOut(t, r1, "rt", b.Real())
