@@ -1102,15 +1102,8 @@ func manyBarriers(t *testing.T, transfers int) {
 		}
 		require.NoError(t, errFrom(buy(1, 3)))
 		require.Zero(t, levels(t, e.r, sku).Available)
-		var mu sync.Mutex
-		var evs []stock.Event
-		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error {
-			mu.Lock()
-			evs = append(evs, ev)
-			mu.Unlock()
-			return nil
-		})
-		rl := must(stockops.NewRelay(e.r, nil, pub, nil))(t)
+		q := &queue{}
+		rl := must(stockops.NewRelay(e.r, nil, q, nil))(t)
 		passes := 0
 		for ; passes < 50 && !drained(t, e, sku); passes++ {
 			require.NoError(t, errFrom(rl.Once(ctx)))
@@ -1118,20 +1111,15 @@ func manyBarriers(t *testing.T, transfers int) {
 		}
 		p, _, err := stockops.Pending(ctx, e.r, sku)
 		require.NoError(t, err)
-		t.Logf("%d published in %d passes, %d pending", len(evs), passes, p)
+		queue := q.take()
+		t.Logf("%d published in %d passes, %d pending", len(queue), passes, p)
 		assert.Zero(t, p, "events never handed to the Publisher while no consumer runs")
 		// Consumers then apply what was published (and the relay goes on): everything is
 		// applied in the end, nothing refused.
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, sku, 400))
-		taken := 0
-		var queue []stock.Event
 		for round := 0; ; round++ {
 			require.Less(t, round, 100, "never drained")
-			mu.Lock()
-			queue = append(queue, evs[taken:]...)
-			taken = len(evs)
-			mu.Unlock()
 			var again []stock.Event
 			for _, ev := range queue {
 				err := stock.Consume(ctx, e.r, store, ev)
@@ -1141,12 +1129,10 @@ func manyBarriers(t *testing.T, transfers int) {
 				}
 				require.NoError(t, err)
 			}
-			queue = again
 			require.NoError(t, errFrom(rl.Once(ctx)))
-			mu.Lock()
-			fresh := len(evs) - taken
-			mu.Unlock()
-			if len(queue) == 0 && fresh == 0 && drained(t, e, sku) {
+			fresh := q.take()
+			queue = append(again, fresh...)
+			if len(queue) == 0 && drained(t, e, sku) {
 				t.Logf("drained with consumers after %d rounds", round+1)
 				break
 			}
