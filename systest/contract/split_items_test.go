@@ -722,15 +722,10 @@ func splitDrain(t *testing.T, e *requestEnv, sku string, limit int, rls ...*stoc
 			return passes, refused
 		}
 		passes++
-		var wg sync.WaitGroup
 		var ref atomic.Int64
-		for _, rl := range rls {
-			wg.Go(func() {
-				st := must(rl.Once(context.Background()))(t)
-				ref.Add(int64(st.Refused))
-			})
-		}
-		wg.Wait()
+		parallel(len(rls), func(i int) {
+			ref.Add(int64(must(rls[i].Once(ctx))(t).Refused))
+		})
 		refused += int(ref.Load())
 	}
 	t.Fatalf("%s not drained after %d passes", sku, passes)
