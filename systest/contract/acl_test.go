@@ -2,6 +2,7 @@ package contract_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -72,7 +74,6 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		real++
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			admin := b.Client(t)
 			for addr, node := range admin.Nodes() {
 				args := aclSetUser("shop-svc", "s3cret", "shop")
@@ -86,8 +87,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 
 			opt := b.Option()
 			opt.Username, opt.Password = "shop-svc", "s3cret"
-			c, err := rueidis.NewClient(opt)
-			require.NoError(t, err)
+			c := must(rueidis.NewClient(opt))(t)
 			defer c.Close()
 
 			var local atomic.Int64
@@ -99,37 +99,25 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			r := testkit.NewReserver(t, c, stock.WithPrefix("shop"), stock.WithOutbox(true), stock.WithUserLimit(2),
 				stock.WithSoldOutCache(time.Minute), stock.WithReplicaAck(0, time.Second), stock.WithObserver(obs))
 			guard := stockops.NewFailoverGuard(r) // first, on a prefix with no item: it records the epoch
-			fenced, err := guard.Check(ctx)
-			require.NoError(t, err)
-			require.False(t, fenced)
+			require.False(t, must(guard.Check(ctx))(t))
 			require.NoError(t, r.Load(ctx, "A", 3))
 			require.NoError(t, r.Load(ctx, "B", 3))
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute)
-			require.NoError(t, err)
-			_, err = r.Extend(ctx, "A", "h1", time.Minute)
-			require.NoError(t, err)
-			_, err = r.Confirm(ctx, "A", "h1")
-			require.NoError(t, err)
-			_, err = r.Restore(ctx, "A", "o1")
-			require.NoError(t, err)
-			_, err = r.Restock(ctx, "A", "r1", 2)
-			require.NoError(t, err)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}})
+			require.NoError(t, errFrom(r.Deduct(ctx, req("A", "o1", "u", 1))))
+			require.NoError(t, errFrom(r.Deduct(ctx, req("A", "o1", "u", 1))))
+			require.NoError(t, errFrom(r.Hold(ctx, req("A", "h1", "", 1), time.Minute)))
+			require.NoError(t, errFrom(r.Extend(ctx, "A", "h1", time.Minute)))
+			require.NoError(t, errFrom(r.Confirm(ctx, "A", "h1")))
+			require.NoError(t, errFrom(r.Restore(ctx, "A", "o1")))
+			require.NoError(t, errFrom(r.Restock(ctx, "A", "r1", 2)))
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}})
 			require.NoError(t, err)
 			_, err = r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute)
 			require.ErrorIs(t, err, stock.ErrInsufficient)
-			_, err = stockops.RecoverCarts(ctx, r, 0)
-			require.NoError(t, err)
-			_, err = stockops.Sweep(ctx, r)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(stockops.RecoverCarts(ctx, r, 0)))
+			require.NoError(t, errFrom(stockops.Sweep(ctx, r)))
 			// Sell B out, then ask again: the fast path reads the sold-out filter through the
 			// client-side cache.
-			_, err = r.Deduct(ctx, stock.Request{SKU: "B", ID: "o2", Qty: 2})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Deduct(ctx, req("B", "o2", "", 2))))
 			refuseSoldOut(t, r, "B", numbered("o3-", 20)...)
 			if !assert.Positive(t, local.Load(), "the sold-out fast path answered in-process: client-side caching works under the ACL") {
 				aclLog(t, admin)
@@ -137,14 +125,12 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			// Another process restocks B: the invalidation reaches the cache (CLIENT CACHING), so
 			// the next deduct is not refused from a stale cached state.
 			ra := testkit.NewReserver(t, admin, stock.WithPrefix("shop"), stock.WithOutbox(true))
-			_, err = ra.Restock(ctx, "B", "r2", 1)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(ra.Restock(ctx, "B", "r2", 1)))
 			require.Eventually(t, func() bool {
-				_, err := r.Deduct(ctx, stock.Request{SKU: "B", ID: "o4", Qty: 1})
+				_, err := r.Deduct(ctx, req("B", "o4", "", 1))
 				return err == nil
 			}, 5*time.Second, 10*time.Millisecond, "a restock by another client reaches the fast path")
-			_, err = r.Levels(ctx, "A")
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Levels(ctx, "A")))
 			_, err = r.Ledger(ctx, "A", "o1")
 			require.NoError(t, err)
 			for _, err := range stockops.Entries(ctx, r, "A") {
@@ -156,20 +142,15 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			require.NoError(t, r.CloseItem(ctx, "B"))
 			require.NoError(t, r.ReopenItem(ctx, "B"))
 
-			fenced, err = guard.Check(ctx)
-			require.NoError(t, err)
-			assert.False(t, fenced, "the primaries did not change")
+			assert.False(t, must(guard.Check(ctx))(t), "the primaries did not change")
 
 			store := memstore.New()
 			require.NoError(t, store.Load(ctx, "A", 3))
 			require.NoError(t, store.Load(ctx, "B", 3))
-			relay, err := stockops.NewRelay(r, store, nil, nil)
-			require.NoError(t, err)
+			relay := must(stockops.NewRelay(r, store, nil, nil))(t)
 			testkit.Drain(t, relay)
-			rec, err := stockops.NewReconciler(r, store, nil)
-			require.NoError(t, err)
-			reps, err := rec.Once(ctx)
-			require.NoError(t, err)
+			rec := must(stockops.NewReconciler(r, store, nil))(t)
+			reps := must(rec.Once(ctx))(t)
 			for _, rp := range reps {
 				assert.Zero(t, rp.Drift, rp.String())
 			}
@@ -184,12 +165,11 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			}
 			for _, p := range []string{"other", "shop:eu"} {
 				ro := testkit.NewReserver(t, c, stock.WithPrefix(p))
-				_, err := ro.Deduct(ctx, stock.Request{SKU: "A", ID: "x1", Qty: 1})
+				_, err := ro.Deduct(ctx, req("A", "x1", "", 1))
 				assert.ErrorContains(t, err, "NOPERM", p)
 				_, err = ro.Levels(ctx, "A")
 				assert.ErrorContains(t, err, "NOPERM", p)
-				lv, err := testkit.NewReserver(t, admin, stock.WithPrefix(p)).Levels(ctx, "A")
-				require.NoError(t, err)
+				lv := must(testkit.NewReserver(t, admin, stock.WithPrefix(p)).Levels(ctx, "A"))(t)
 				assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, lv, "%s is untouched", p)
 			}
 			// Commands outside the list are refused.
@@ -220,8 +200,7 @@ func aclLog(t *testing.T, admin rueidis.Client) {
 
 // docs/operating.md documents the same ACL as the test runs.
 func TestACLDocumented(t *testing.T) {
-	readme, err := os.ReadFile("../../docs/operating.md")
-	require.NoError(t, err)
+	readme := must(os.ReadFile("../../docs/operating.md"))(t)
 	doc := strings.Join(strings.Fields(string(readme)), " ")
 	want := "ACL SETUSER " + strings.Join(aclSetUser("shop-svc", "PASSWORD", "shop"), " ")
 	assert.Contains(t, doc, want)
@@ -237,40 +216,29 @@ func acl(t *testing.T, admin rueidis.Client, user, extra string) {
 // ops runs every exported operation once and asserts their answers.
 func ops(t *testing.T, r *stock.Reserver, tag string, between func()) {
 	t.Helper()
-	ctx := context.Background()
 	sku := "acl-" + tag
 	require.NoError(t, r.Load(ctx, sku, 10), "Load")
 	between()
-	rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2})
-	require.NoError(t, err, "Deduct")
-	assert.Equal(t, int64(8), rc.Remaining)
+	assert.Equal(t, int64(8), must(r.Deduct(ctx, req(sku, "d1", "", 2)))(t, "Deduct").Remaining)
 	between()
-	rc, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true})
-	require.NoError(t, err, "Deduct replay")
-	assert.True(t, rc.Replayed)
+	assert.True(t, must(r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2, Retry: true}))(t, "Deduct replay").Replayed)
 	between()
-	_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", Qty: 1}, time.Minute)
-	require.NoError(t, err, "Hold")
+	require.NoError(t, errFrom(r.Hold(ctx, req(sku, "h1", "", 1), time.Minute)), "Hold")
 	between()
-	_, err = r.Confirm(ctx, sku, "h1")
-	require.NoError(t, err, "Confirm")
+	require.NoError(t, errFrom(r.Confirm(ctx, sku, "h1")), "Confirm")
 	between()
-	_, err = r.Restore(ctx, sku, "d1")
-	require.NoError(t, err, "Restore")
+	require.NoError(t, errFrom(r.Restore(ctx, sku, "d1")), "Restore")
 	between()
-	_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", Qty: 2})
-	require.ErrorIs(t, err, stock.ErrRestored)
+	require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, "d1", "", 2))), stock.ErrRestored)
 	between()
 	require.NoError(t, r.Load(ctx, sku+"b", 3))
 	between()
-	_, err = r.DeductMany(ctx, stock.Cart{ID: "cart-" + tag, Lines: []stock.Line{{SKU: sku, Qty: 1}, {SKU: sku + "b", Qty: 1}}})
+	_, err := r.DeductMany(ctx, stock.Cart{ID: "cart-" + tag, Lines: []stock.Line{{SKU: sku, Qty: 1}, {SKU: sku + "b", Qty: 1}}})
 	require.NoError(t, err, "DeductMany")
 	between()
 	l := testkit.Levels(t, r, sku)
 	assert.Equal(t, int64(8), l.Available, "%+v", l)
-	e, err := r.Ledger(ctx, sku, "h1")
-	require.NoError(t, err)
-	assert.True(t, e.Taken())
+	assert.True(t, must(r.Ledger(ctx, sku, "h1"))(t).Taken())
 }
 
 // TestACL: a user with the README's ACL (no +fcall), with +fcall but no
@@ -313,7 +281,6 @@ func TestACL(t *testing.T) {
 	t.Run("revoked", func(t *testing.T) {
 		acl(t, admin, "rev", "+fcall +function|load")
 		r := testkit.NewReserver(t, userClient("rev"), stock.WithPrefix("shop"), stock.WithTimeout(3*time.Second))
-		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "rev", 500))
 		st := newStats()
 		stop := make(chan struct{})
@@ -337,4 +304,267 @@ func TestACL(t *testing.T) {
 		assert.Empty(t, st.raw)
 		faultCheck(t, r, st, map[string]int64{"rev": 500})
 	})
+}
+
+// TestOOM: maxmemory below the used memory with noeviction. FCALL is refused (OOM) before
+// it runs; the script path answers. Replays and sold-out answers still work; new takes fail
+// with an error (not an acknowledgement). Then memory is raised and retries take exactly once.
+func TestOOM(t *testing.T) {
+	admin, r := serverReserver(t, nil, stock.WithTimeout(3*time.Second))
+	require.NoError(t, r.Load(ctx, "m", 300))
+	require.NoError(t, r.Load(ctx, "z", 1))
+	require.NoError(t, errFrom(r.Deduct(ctx, req("z", "z1", "", 1))))
+	st := newStats()
+	st.acked["z1"] = "z"
+	faultTraffic([]*stock.Reserver{r}, st, "pre", []string{"m"}, 4, 25, 1)
+	require.Empty(t, st.raw)
+	goOOM(t, admin)
+	// A flushed library must be loaded again: FUNCTION LOAD is itself refused under OOM.
+	require.NoError(t, faultDo(t, admin, "FUNCTION", "FLUSH").Error())
+	// Replays: on the sold-out item they answer; on the item with stock, see TestOOMReplay.
+	rc, err := r.Deduct(ctx, stock.Request{SKU: "z", ID: "z1", Qty: 1, Retry: true})
+	if assert.NoError(t, err, "replay of z1 under OOM") {
+		assert.True(t, rc.Replayed)
+	}
+	// Sold out answers (without Retry: no write).
+	assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("z", "z2", "", 1))), stock.ErrSoldOut, "sold out under OOM")
+	l := testkit.Levels(t, r, "m")
+	// New takes fail, and are retried later.
+	var failed []string
+	for i := 0; i < 20; i++ {
+		id := fmt.Sprintf("oom-%d", i)
+		start := time.Now()
+		_, err := r.Deduct(ctx, req("m", id, "", 1))
+		st.dur(time.Since(start))
+		if err == nil {
+			st.mu.Lock()
+			st.acked[id] = "m"
+			st.mu.Unlock()
+			continue
+		}
+		t.Logf("deduct under OOM: %v", err)
+		assert.NotErrorIs(t, err, stock.ErrSoldOut)
+		failed = append(failed, id)
+		st.mu.Lock()
+		st.unknown[id] = "m"
+		st.mu.Unlock()
+	}
+	_, err = r.Hold(ctx, req("m", "oomhold", "", 1), time.Minute)
+	t.Logf("hold under OOM: %v", err)
+	assert.Equal(t, l.Sold, testkit.Levels(t, r, "m").Sold+0, "nothing taken under OOM")
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0").Error())
+	for _, id := range failed {
+		deduct(r, st, "m", id, 3)
+	}
+	require.NoError(t, errFrom(r.Hold(ctx, stock.Request{SKU: "m", ID: "oomhold", Qty: 1, Retry: true}, time.Minute)))
+	_, err = r.Confirm(ctx, "m", "oomhold")
+	require.NoError(t, err)
+	st.mu.Lock()
+	st.acked["oomhold"] = "m"
+	st.mu.Unlock()
+	t.Logf("raw %v max %v", st.raw, st.maxDur)
+	assert.Empty(t, st.unknown)
+	faultCheck(t, r, st, map[string]int64{"m": 300, "z": 1})
+	assert.NotEmpty(t, faultLibs(t, admin), "library loaded again after the OOM")
+}
+
+// TestOOMReplay: scripts.go (refusedFcall) says an FCALL refused for OOM falls back to the
+// script because "a script runs and is refused at its first write (replays and refusals still
+// answer)". A replay of an acknowledged deduct (Retry set, after an unknown outcome) on an item
+// that still has stock, under OOM: does it answer Replayed?
+func TestOOMReplay(t *testing.T) {
+	admin, r := serverReserver(t, nil)
+	require.NoError(t, r.Load(ctx, "p", 10))
+	require.NoError(t, errFrom(r.Deduct(ctx, req("p", "o1", "", 1))))
+	goOOM(t, admin)
+	defer faultDo(t, admin, "CONFIG", "SET", "maxmemory", "0")
+	rc := must(r.Deduct(ctx, stock.Request{SKU: "p", ID: "o1", Qty: 1, Retry: true}))(t, "replay of an acknowledged deduct under OOM")
+	assert.True(t, rc.Replayed)
+}
+
+// goOOM puts a server out of memory under noeviction: it fills it with a big value, then caps
+// memory below the use.
+func goOOM(t *testing.T, admin rueidis.Client) {
+	t.Helper()
+	require.NoError(t, faultDo(t, admin, "SET", "ballast", strings.Repeat("x", 4<<20)).Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory-policy", "noeviction").Error())
+	require.NoError(t, faultDo(t, admin, "CONFIG", "SET", "maxmemory", "1mb").Error())
+}
+
+// miniWithPolicy starts a miniredis whose maxmemory-policy reads policy and returns a client
+// without caching and the server's address.
+func miniWithPolicy(t *testing.T, policy string) (rueidis.Client, string) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	require.NoError(t, redistest.MiniredisConfig(m, map[string]string{"maxmemory-policy": policy}))
+	c := must(rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true}))(t)
+	t.Cleanup(c.Close)
+	return c, m.Addr()
+}
+
+func outsideConfigSet(t *testing.T, c rueidis.Client, policy string) {
+	t.Helper()
+	require.NoError(t, c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", policy).Build()).Error())
+}
+
+// every write of the Reserver, with the results wanted.
+func outsideAllWrites(ctx context.Context, r *stock.Reserver) map[string]error {
+	out := map[string]error{}
+	out["Load"] = r.Load(ctx, "a", 10)
+	_, out["Deduct"] = r.Deduct(ctx, req("a", "d1", "u", 1))
+	_, out["Hold"] = r.Hold(ctx, req("a", "h1", "u", 1), time.Minute)
+	_, out["DeductMany"] = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
+	_, out["HoldMany"] = r.HoldMany(ctx, stock.Cart{ID: "c2", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}, time.Minute)
+	_, out["Restore"] = r.Restore(ctx, "a", "unknown")
+	_, out["Cancel"] = r.Cancel(ctx, "a", "unknown2")
+	_, out["Confirm"] = r.Confirm(ctx, "a", "h1")
+	_, out["Extend"] = r.Extend(ctx, "a", "h1", time.Minute)
+	_, out["Restock"] = r.Restock(ctx, "a", "r1", 1)
+	out["CloseItem"] = r.CloseItem(ctx, "a")
+	out["ReopenItem"] = r.ReopenItem(ctx, "a")
+	out["Delist"] = r.Delist(ctx, "a")
+	_, out["ConfirmMany"] = r.ConfirmMany(ctx, "c2", "a", "b")
+	_, out["CancelMany"] = r.CancelMany(ctx, "c2", "a", "b")
+	_, out["Refuse"] = stockops.Refuse(ctx, r, "a", "d1")
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	out["Run"] = r.Run(rctx, stock.RunOptions{Store: memstore.New()})
+	out["RunNoStore"] = r.Run(rctx, stock.RunOptions{})
+	return out
+}
+
+func outsideEvictingServers(t *testing.T) map[string]rueidis.Client {
+	out := map[string]rueidis.Client{}
+	out["miniredis-volatile-lru"], _ = miniWithPolicy(t, "volatile-lru")
+	if redistest.ServerBinary(t) != "" {
+		for _, p := range []string{"allkeys-lru", "volatile-ttl", "allkeys-random", "volatile-lfu"} {
+			s := redistest.StartServer(t, "--maxmemory-policy", p)
+			out["standalone-"+p] = s.Client(t)
+		}
+	}
+	return out
+}
+
+// On a server with an evicting maxmemory-policy every write and Run is ErrEvictionPolicy,
+// at once, and no key is written.
+func TestEvictionPolicyRefusesEveryWriteAndRun(t *testing.T) {
+	for name, c := range outsideEvictingServers(t) {
+		t.Run(name, func(t *testing.T) {
+			r := testkit.NewReserver(t, c)
+			defer r.Close(context.Background())
+			start := time.Now()
+			for op, err := range outsideAllWrites(context.Background(), r) {
+				if !errors.Is(err, stock.ErrEvictionPolicy) {
+					t.Errorf("%s on an evicting policy: %v, want ErrEvictionPolicy", op, err)
+				} else if stock.Outcome(err) != "eviction_policy" {
+					t.Errorf("%s: Outcome %q", op, stock.Outcome(err))
+				}
+			}
+			assert.Less(t, time.Since(start), 2*time.Second, "refusals took that long (Run should return at once)")
+			assert.Empty(t, outsideKeys(t, c), "keys written on an evicting policy")
+		})
+	}
+}
+
+// ErrEvictionPolicy names the node, its policy and the fix (noeviction).
+func TestEvictionPolicyErrorNamesNodePolicyAndFix(t *testing.T) {
+	c, addr := miniWithPolicy(t, "allkeys-lfu")
+	r, _ := stock.New(c)
+	defer r.Close(context.Background())
+	err := r.Load(context.Background(), "a", 1)
+	msg := fmt.Sprint(err)
+	if !strings.Contains(msg, "allkeys-lfu") || !strings.Contains(msg, addr) || !strings.Contains(msg, "noeviction") {
+		t.Errorf("error %q does not name the node %s, its policy and the fix", msg, addr)
+	}
+}
+
+// WithEvictionAllowed lets a Reserver write on an evicting server.
+func TestEvictionAllowedWrites(t *testing.T) {
+	for name, c := range outsideEvictingServers(t) {
+		t.Run(name, func(t *testing.T) {
+			r := testkit.NewReserver(t, c, stock.WithEvictionAllowed())
+			defer r.Close(context.Background())
+			require.NoError(t, r.Load(context.Background(), "a", 3))
+			require.NoError(t, errFrom(r.Deduct(context.Background(), req("a", "d", "", 1))))
+		})
+	}
+}
+
+// Once the policy is set to noeviction, the refused Reserver writes again.
+func TestEvictionPolicyFixedAtRuntimeWritesAgain(t *testing.T) {
+	c, r := serverReserver(t, []string{"--maxmemory-policy", "allkeys-lru"})
+	require.ErrorIs(t, r.Load(context.Background(), "a", 3), stock.ErrEvictionPolicy, "Load")
+	outsideConfigSet(t, c, "noeviction")
+	deadline := time.Now().Add(3 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = r.Load(context.Background(), "a", 3); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	require.NoError(t, err, "Load after the policy was fixed")
+}
+
+// A policy turned evicting under a running Reserver is reported by a pass and refuses writes.
+func TestEvictionPolicyTurnedEvictingReportedAndRefused(t *testing.T) {
+	c, r := serverReserver(t, nil)
+	store := memstore.New()
+	loadRedisAndStore(t, r, store, 3, "a")
+	outsideConfigSet(t, c, "volatile-lru")
+	rec := must(stockops.NewReconciler(r, store, nil))(t)
+	res, _ := rec.Pass(ctx)
+	assert.NotEmpty(t, res.NeedsHuman, "a pass after the policy turned evicting reports nothing: %+v", res)
+	assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("a", "d", "", 1))), stock.ErrEvictionPolicy, "deduct after a pass saw an evicting policy")
+	lv, _ := r.Levels(ctx, "a")
+	assert.Equal(t, int64(3), lv.Available, "levels %+v", lv)
+}
+
+// Keys evicted under WithEvictionAllowed are reported by the next reconcile pass.
+func TestEvictedKeysReportedByPass(t *testing.T) {
+	c, r := serverReserver(t, nil, stock.WithEvictionAllowed())
+	store := memstore.New()
+	loadRedisAndStore(t, r, store, 3, "a")
+	rec, _ := stockops.NewReconciler(r, store, nil)
+	if res, _ := rec.Pass(ctx); res.NeedsHuman != "" {
+		t.Fatalf("first pass needs a human: %s", res.NeedsHuman)
+	}
+	// Fill a small maxmemory with volatile keys of our own until Redis evicts some.
+	outsideConfigSet(t, c, "volatile-random")
+	used, _ := c.Do(ctx, c.B().Info().Section("memory").Build()).ToString()
+	var usedBytes int64
+	for _, l := range strings.Split(used, "\r\n") {
+		if strings.HasPrefix(l, "used_memory:") {
+			fmt.Sscan(strings.TrimPrefix(l, "used_memory:"), &usedBytes)
+		}
+	}
+	require.NoError(t, c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", fmt.Sprint(usedBytes+200000)).Build()).Error())
+	big := strings.Repeat("x", 10000)
+	for i := 0; i < 100; i++ {
+		_ = c.Do(ctx, c.B().Set().Key(fmt.Sprintf("filler:%d", i)).Value(big).ExSeconds(3600).Build()).Error()
+	}
+	_ = c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build()).Error()
+	info, _ := c.Do(ctx, c.B().Info().Section("stats").Build()).ToString()
+	if !strings.Contains(info, "evicted_keys:") || strings.Contains(info, "evicted_keys:0\r\n") {
+		t.Fatalf("nothing evicted: %s", info)
+	}
+	res, _ := rec.Pass(ctx)
+	assert.Contains(t, strings.ToLower(res.NeedsHuman), "evict", "a pass after evictions")
+}
+
+// One master of a cluster with an evicting policy refuses the Reserver's writes everywhere.
+func TestEvictionPolicyOnOneClusterMasterRefused(t *testing.T) {
+	faultReal(t)
+	cl := redistest.StartCluster(t, 3)
+	last := cl.Servers()[2].Client(t)
+	outsideConfigSet(t, last, "allkeys-lru")
+	c := cl.Client(t)
+	r, _ := stock.New(c)
+	defer r.Close(context.Background())
+	for op, err := range outsideAllWrites(context.Background(), r) {
+		assert.ErrorIs(t, err, stock.ErrEvictionPolicy, "%s with one master evicting: %v, want ErrEvictionPolicy", op, err)
+	}
+	for i, s := range cl.Servers() {
+		assert.Empty(t, outsideKeys(t, s.Client(t)), "master %d has keys", i)
+	}
 }

@@ -31,8 +31,7 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 		if users != nil {
 			req.User = users[i]
 		}
-		_, err := r.Hold(context.Background(), req, ttl)
-		require.NoError(t, err, "Hold %s %s", req.SKU, id)
+		require.NoError(t, errFrom(r.Hold(context.Background(), req, ttl)), "Hold %s %s", req.SKU, id)
 	}
 	redistest.Sleep(c, ttl+200*time.Millisecond)
 }
@@ -44,9 +43,7 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 func TestManyHoldsDueAnswers(t *testing.T) {
 	const n = 600
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", User: "u", Qty: 1}, numbered("h", n), 500*time.Millisecond)
 		for i := n - 1; i >= 0; i-- {
@@ -55,7 +52,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 			switch i % 4 {
 			case 0:
 				var rc stock.Receipt
-				rc, err = r.Hold(ctx, stock.Request{SKU: "h", ID: id, User: "u", Qty: 1}, 500*time.Millisecond)
+				rc, err = r.Hold(ctx, req("h", id, "u", 1), 500*time.Millisecond)
 				require.ErrorIs(t, err, stock.ErrExpired, "hold replay %s: %+v", id, rc)
 			case 1:
 				_, err = r.Confirm(ctx, "h", id)
@@ -65,12 +62,10 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrExpired, "extend %s", id)
 			case 3:
 				// Its Replayed flag: TestCancelOfDueHoldIsReplay.
-				_, err := r.Cancel(ctx, "h", id)
-				require.NoError(t, err, "cancel of an expired hold %s is a replay", id)
+				require.NoError(t, errFrom(r.Cancel(ctx, "h", id)), "cancel of an expired hold %s is a replay", id)
 			}
 		}
-		l := check(t, r, "h", n)
-		assert.Equal(t, stock.Levels{Available: n, Loaded: n}, l)
+		assert.Equal(t, stock.Levels{Available: n, Loaded: n}, check(t, r, "h", n))
 		for id, e := range testkit.Ledger(t, r, "h") {
 			assert.Equal(t, stock.StateExpired, e.State, id)
 		}
@@ -80,25 +75,20 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 // Promise (Hold doc, README Holds): "a hold past its deadline is released ... by the item's next
 // Deduct, Hold, Confirm or Extend" and "every deduct, hold, confirm and extend also releases
 // the item's expired holds first": with 600 holds due and no sweeper, a deduct of all 600 units
-// is not refused for want of stock that only expired holds keep. Found, on every backend: the
-// deduct releases 64 of them and answers ErrInsufficient (Remaining 64, Held 536 of expired
-// holds); a Hold of every unit likewise.
+// is not refused for want of stock that only expired holds keep; a Hold of every unit likewise.
 func TestDeductAfterManyHoldsDue(t *testing.T) {
 	const n = 600
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 500*time.Millisecond)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "all", Qty: n})
-		assert.NoError(t, err, "every unit is free again: %+v", rc)
-		l := check(t, r, "h", n)
-		t.Logf("after the deduct: %+v", l)
+		rc, err := r.Deduct(ctx, req("h", "all", "", n))
+		require.NoError(t, err, "every unit is free again: %+v", rc)
+		t.Logf("after the deduct: %+v", check(t, r, "h", n))
 		// And a hold of the whole item after the same situation.
 		require.NoError(t, r.Load(ctx, "h2", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h2", Qty: 1}, numbered("h", n), 500*time.Millisecond)
-		_, err = r.Hold(ctx, stock.Request{SKU: "h2", ID: "all", Qty: n}, time.Minute)
+		_, err = r.Hold(ctx, req("h2", "all", "", n), time.Minute)
 		assert.NoError(t, err, "hold of every unit after 600 holds expired")
 		check(t, r, "h2", n)
 	})
@@ -108,7 +98,6 @@ func TestDeductAfterManyHoldsDue(t *testing.T) {
 // exactly at a hold's deadline and 1 ms either side, every operation must take the same view
 // of whether the hold is live, and the ledger must agree with the answers.
 func TestHoldDeadlineEdges(t *testing.T) {
-	ctx := context.Background()
 	for _, off := range []time.Duration{-time.Millisecond, 0, time.Millisecond} {
 		t.Run(fmt.Sprint(off), func(t *testing.T) {
 			_, c := redistest.Miniredis(t)
@@ -116,8 +105,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 			require.NoError(t, r.Load(ctx, "d", 10))
 			ops := []string{"replay", "confirm", "extend", "cancel", "sweep", "deduct"}
 			for _, op := range ops {
-				_, err := r.Hold(ctx, stock.Request{SKU: "d", ID: op, Qty: 1}, time.Second)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(r.Hold(ctx, req("d", op, "", 1), time.Second)))
 			}
 			redistest.Sleep(c, time.Second+off)
 			live := map[string]bool{}
@@ -125,7 +113,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 				var err error
 				switch op {
 				case "replay":
-					_, err = r.Hold(ctx, stock.Request{SKU: "d", ID: op, Qty: 1}, time.Second)
+					_, err = r.Hold(ctx, req("d", op, "", 1), time.Second)
 					live[op] = err == nil
 				case "confirm":
 					_, err = r.Confirm(ctx, "d", op)
@@ -148,7 +136,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 					t.Logf("sweep released %d", n)
 					continue
 				case "deduct":
-					_, err = r.Deduct(ctx, stock.Request{SKU: "d", ID: "other", Qty: 1})
+					_, err = r.Deduct(ctx, req("d", "other", "", 1))
 					require.NoError(t, err)
 					e, lerr := r.Ledger(ctx, "d", op)
 					require.NoError(t, lerr)
@@ -172,15 +160,12 @@ func TestHoldDeadlineEdges(t *testing.T) {
 // replay of the Hold: the answers agree with each other and with the ledger.
 func TestHoldDeadlineRaces(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c1, c2 := b.Pair(t)
-		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "d", 1000))
 		confirmed, expired := 0, 0
 		for i := range 60 {
 			id := fmt.Sprint("d", i)
-			_, err := r1.Hold(ctx, stock.Request{SKU: "d", ID: id, User: "u", Qty: 1}, 20*time.Millisecond)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r1.Hold(ctx, req("d", id, "u", 1), 20*time.Millisecond)))
 			redistest.Sleep(c1, time.Duration(15+i%10)*time.Millisecond)
 			var wg sync.WaitGroup
 			var cerr, xerr, herr error
@@ -189,21 +174,18 @@ func TestHoldDeadlineRaces(t *testing.T) {
 			go func() { defer wg.Done(); _, xerr = r2.Extend(ctx, "d", id, time.Hour) }()
 			go func() {
 				defer wg.Done()
-				_, herr = r2.Hold(ctx, stock.Request{SKU: "d", ID: id, User: "u", Qty: 1}, 20*time.Millisecond)
+				_, herr = r2.Hold(ctx, req("d", id, "u", 1), 20*time.Millisecond)
 			}()
 			go func() { defer wg.Done(); _, _ = stockops.Sweep(ctx, r2, "d") }()
 			wg.Wait()
-			e, err := r1.Ledger(ctx, "d", id)
-			require.NoError(t, err)
+			e := must(r1.Ledger(ctx, "d", id))(t)
 			if cerr == nil {
 				confirmed++
 				assert.True(t, e.Taken() && e.State != stock.StateHeld, "%s: confirmed, ledger %+v", id, e)
 			} else {
 				expired++
 				assert.ErrorIs(t, cerr, stock.ErrExpired)
-				if xerr == nil {
-					t.Errorf("%s: Extend succeeded but Confirm said %v; ledger %+v", id, cerr, e)
-				}
+				assert.Error(t, xerr, "%s: Extend succeeded but Confirm said %v; ledger %+v", id, cerr, e)
 				assert.Equal(t, stock.StateExpired, e.State, "%s: %+v", id, e)
 			}
 			if herr != nil && !errors.Is(herr, stock.ErrExpired) {
@@ -225,33 +207,21 @@ func TestHoldDeadlineRaces(t *testing.T) {
 // call on the id agrees. Reservers sharing one Redis (caching clients) answer the same.
 func TestExtendExpiredAcrossReservers(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c1, c2 := b.Pair(t)
-		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "e", 3))
-		_, err := r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, 200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r1.Hold(ctx, req("e", "h", "u", 3), 200*time.Millisecond)))
 		// r2 caches the item as sold out.
-		_, err = r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		require.ErrorIs(t, errFrom(r2.Deduct(ctx, req("e", "x", "", 1))), stock.ErrSoldOut)
 		redistest.Sleep(c1, 300*time.Millisecond)
-		_, err = r2.Extend(ctx, "e", "h", time.Hour)
-		require.ErrorIs(t, err, stock.ErrExpired)
+		require.ErrorIs(t, errFrom(r2.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
 		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, check(t, r1, "e", 3))
-		_, err = r1.Extend(ctx, "e", "h", time.Hour)
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		_, err = r1.Confirm(ctx, "e", "h")
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		_, err = r2.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)
-		assert.ErrorIs(t, err, stock.ErrExpired)
-		_, err = r1.Hold(ctx, stock.Request{SKU: "e", ID: "h", User: "u", Qty: 3}, time.Hour)
-		assert.ErrorIs(t, err, stock.ErrExpired)
+		assert.ErrorIs(t, errFrom(r1.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, errFrom(r1.Confirm(ctx, "e", "h")), stock.ErrExpired)
+		assert.ErrorIs(t, errFrom(r2.Hold(ctx, req("e", "h", "u", 3), time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, errFrom(r1.Hold(ctx, req("e", "h", "u", 3), time.Hour)), stock.ErrExpired)
 		// r2 wrote (Extend released the hold): its own next deduct is not answered sold out.
-		_, err = r2.Deduct(ctx, stock.Request{SKU: "e", ID: "x", Qty: 1})
-		assert.NoError(t, err, "r2 released 3 units itself, then said")
-		rc, err := r1.Cancel(ctx, "e", "h")
-		assert.NoError(t, err)
-		assert.True(t, rc.Replayed)
+		assert.NoError(t, errFrom(r2.Deduct(ctx, req("e", "x", "", 1))), "r2 released 3 units itself, then said")
+		assert.True(t, must(r1.Cancel(ctx, "e", "h"))(t).Replayed)
 		check(t, r1, "e", 3)
 	})
 }
@@ -259,18 +229,14 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 // Bad hold durations are ErrInvalid and change nothing.
 func TestHoldTTLBounds(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 3))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond, 500 * time.Microsecond} {
-			_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, ttl)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "ttl %v", ttl)
+			assert.ErrorIs(t, errFrom(r.Hold(ctx, req("t", "h", "", 1), ttl)), stock.ErrInvalid, "ttl %v", ttl)
 		}
-		_, err := r.Hold(ctx, stock.Request{SKU: "t", ID: "h", Qty: 1}, time.Minute)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Hold(ctx, req("t", "h", "", 1), time.Minute)))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond} {
-			_, err := r.Extend(ctx, "t", "h", ttl)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "extend ttl %v", ttl)
+			assert.ErrorIs(t, errFrom(r.Extend(ctx, "t", "h", ttl)), stock.ErrInvalid, "extend ttl %v", ttl)
 		}
 		assert.Equal(t, stock.Levels{Available: 2, Held: 1, Loaded: 3}, check(t, r, "t", 3))
 	})
@@ -278,24 +244,16 @@ func TestHoldTTLBounds(t *testing.T) {
 
 // Promise (Cancel doc): "A second Cancel, or a Cancel of a hold that already expired, is a
 // replay" — and an id's answer must not depend on how many other holds are due.
-// Found: a Cancel of a hold past its deadline that no other call has released yet answers
-// Replayed false with the units (the entry ends expired), whatever the number of holds due; a
-// Cancel of the same hold after another call released it answers Replayed true: the answer for
-// one id depends on what else touched the item (with > 64 holds due, on how many).
 func TestCancelOfDueHoldIsReplay(t *testing.T) {
 	for _, n := range []int{1, 64, 65, 200} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				ctx := context.Background()
-				c := b.Client(t)
-				r := testkit.NewReserver(t, c)
+				c, r := clientReserver(t, b)
 				require.NoError(t, r.Load(ctx, "h", int64(n)))
 				holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 300*time.Millisecond)
 				last := fmt.Sprint("h", n-1)
-				rc, err := r.Cancel(ctx, "h", last)
-				require.NoError(t, err)
-				e, err := r.Ledger(ctx, "h", last)
-				require.NoError(t, err)
+				rc := must(r.Cancel(ctx, "h", last))(t)
+				e := must(r.Ledger(ctx, "h", last))(t)
 				assert.True(t, rc.Replayed, "cancel of an expired hold (%d due) is a replay; receipt %+v, entry state %s", n, rc, e.State)
 				assert.Equal(t, stock.StateExpired, e.State)
 				check(t, r, "h", int64(n))
@@ -309,12 +267,9 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 // ends expired; the item's counters stay right.
 func TestRestoreOfDueHold(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithUserLimit(2))
+		c, r := clientReserver(t, b, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "r", 5))
-		_, err := r.Hold(ctx, stock.Request{SKU: "r", ID: "h", User: "u", Qty: 2}, 200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Hold(ctx, req("r", "h", "u", 2), 200*time.Millisecond)))
 		redistest.Sleep(c, 300*time.Millisecond)
 		rc, err := r.Restore(ctx, "r", "h")
 		t.Logf("restore of a due hold: %+v %v", rc, err)
@@ -326,9 +281,8 @@ func TestRestoreOfDueHold(t *testing.T) {
 		t.Logf("again: %+v %v", rc2, err2)
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, check(t, r, "r", 5))
 		// The user's units came back once: u may hold 2 again, not 4.
-		_, err = r.Deduct(ctx, stock.Request{SKU: "r", ID: "d", User: "u", Qty: 2})
-		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "r", ID: "d2", User: "u", Qty: 1})
+		require.NoError(t, errFrom(r.Deduct(ctx, req("r", "d", "u", 2))))
+		_, err = r.Deduct(ctx, req("r", "d2", "u", 1))
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
 	})
 }
@@ -338,31 +292,25 @@ func TestRestoreOfDueHold(t *testing.T) {
 // holds stay.
 func TestSweepManyDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		const ttl = 2 * time.Second
 		start := time.Now()
 		for _, sku := range []string{"s1", "s2"} {
 			require.NoError(t, r.Load(ctx, sku, 700))
 			for i := range 600 {
-				_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), Qty: 1}, ttl)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(r.Hold(ctx, req(sku, fmt.Sprint("h", i), "", 1), ttl)))
 			}
-			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: "live", Qty: 2}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Hold(ctx, req(sku, "live", "", 2), time.Hour)))
 		}
 		// On a slow machine the first holds may fall due while the last are taken, and those
 		// takes release them: the exact counts hold only when taking them all was quick.
 		exact := time.Since(start) < ttl*3/4
 		redistest.Sleep(c, ttl+200*time.Millisecond)
-		n, err := stockops.Sweep(ctx, r, "s1")
-		require.NoError(t, err)
+		n := must(stockops.Sweep(ctx, r, "s1"))(t)
 		if exact {
 			assert.Equal(t, int64(600), n)
 		}
-		n, err = stockops.Sweep(ctx, r)
-		require.NoError(t, err)
+		n = must(stockops.Sweep(ctx, r))(t)
 		if exact {
 			assert.Equal(t, int64(600), n)
 		} else {
@@ -380,56 +328,12 @@ func TestSweepManyDue(t *testing.T) {
 // cause: only 64 due holds are released per call, the user's is not among them.
 func TestUserLimitAfterManyHoldsDue(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithUserLimit(1))
+		c, r := clientReserver(t, b, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "h", 1000))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", 200), 300*time.Millisecond, numbered("user", 200)...)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "h", ID: "again", User: "user199", Qty: 1})
-		assert.NoError(t, err, "user199's only hold expired")
+		assert.NoError(t, errFrom(r.Deduct(ctx, req("h", "again", "user199", 1))), "user199's only hold expired")
 		check(t, r, "h", 1000)
 	})
-}
-
-// runAsync starts r.Run(ctx, opts) and returns its cancel and a channel with its result.
-func runAsync(r *stock.Reserver, opts stock.RunOptions) (context.CancelFunc, <-chan error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, opts) }()
-	return cancel, done
-}
-
-// waitRun waits up to d for Run's result.
-func waitRun(t *testing.T, done <-chan error, d time.Duration) (error, bool) {
-	t.Helper()
-	select {
-	case err := <-done:
-		return err, true
-	case <-time.After(d):
-		return nil, false
-	}
-}
-
-// stopRunWithin cancels a Run started by runAsync and requires it to return context.Canceled
-// within d.
-func stopRunWithin(t *testing.T, cancel context.CancelFunc, done <-chan error, d time.Duration) {
-	t.Helper()
-	cancel()
-	err, ok := waitRun(t, done, d)
-	require.True(t, ok, "Run returned after ctx ended")
-	assert.ErrorIs(t, err, context.Canceled)
-}
-
-// eventually polls cond every 10ms for up to d.
-func eventually(d time.Duration, cond func() bool) bool {
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		if cond() {
-			return true
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return cond()
 }
 
 // "Without one [Store], and without a Publisher, Run only sweeps holds and recovers carts" (so
@@ -437,11 +341,9 @@ func eventually(d time.Duration, cond func() bool) bool {
 // did [meet an error]".
 func TestRunBothNilSweeps(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	require.NoError(t, r.Load(ctx, "h", 10))
-	_, err := r.Hold(ctx, stock.Request{SKU: "h", ID: "a", Qty: 3}, time.Minute)
-	require.NoError(t, err)
+	require.NoError(t, errFrom(r.Hold(ctx, req("h", "a", "", 3), time.Minute)))
 	cancel, done := runAsync(r, stock.RunOptions{SweepInterval: 10 * time.Millisecond})
 	e.Advance(2 * time.Minute)
 	ok := eventually(3*time.Second, func() bool { return testkit.Levels(t, r, "h").Held == 0 })
@@ -449,8 +351,7 @@ func TestRunBothNilSweeps(t *testing.T) {
 	stopRunWithin(t, cancel, done, 5*time.Second)
 
 	// A negative SweepInterval turns the sweeper off: the due hold stays until something sweeps.
-	_, err = r.Hold(ctx, stock.Request{SKU: "h", ID: "b", Qty: 2}, time.Minute)
-	require.NoError(t, err)
+	require.NoError(t, errFrom(r.Hold(ctx, req("h", "b", "", 2), time.Minute)))
 	cancel, done = runAsync(r, stock.RunOptions{SweepInterval: -1})
 	e.Advance(2 * time.Minute)
 	time.Sleep(300 * time.Millisecond)
@@ -463,16 +364,13 @@ func TestRunBothNilSweeps(t *testing.T) {
 // Redis does not know"; "No name may contain a brace".
 func TestLevelsSweepBadSKUs(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		require.NoError(t, r.Load(ctx, "ok", 1))
 		_, err := r.Levels(ctx, "nope")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		for _, bad := range []string{"", "a{b", "a}b", "{a}", "a b", "a\nb", "a\x00b", strings.Repeat("x", stock.MaxNameLen+1)} {
-			_, err := r.Levels(ctx, bad)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "Levels(%q)", bad)
-			_, err = stockops.Sweep(ctx, r, bad)
-			assert.ErrorIs(t, err, stock.ErrInvalid, "Sweep(%q)", bad)
+			assert.ErrorIs(t, errFrom(r.Levels(ctx, bad)), stock.ErrInvalid, "Levels(%q)", bad)
+			assert.ErrorIs(t, errFrom(stockops.Sweep(ctx, r, bad)), stock.ErrInvalid, "Sweep(%q)", bad)
 			err = r.CloseItem(ctx, bad)
 			assert.ErrorIs(t, err, stock.ErrInvalid, "CloseItem(%q)", bad)
 			err = r.ReopenItem(ctx, bad)
@@ -481,8 +379,7 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		_, err = r.Levels(ctx, strings.Repeat("x", stock.MaxNameLen))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded, "a name of MaxNameLen bytes is valid")
 		// "An item that fails does not stop the others": a bad SKU beside a good one.
-		_, err = r.Hold(ctx, stock.Request{SKU: "ok", ID: "h", Qty: 1}, time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Hold(ctx, req("ok", "h", "", 1), time.Millisecond)))
 		redistest.Sleep(c, 20*time.Millisecond)
 		n, err := stockops.Sweep(ctx, r, "ok", "nope")
 		t.Logf("Sweep(ok, nope) = %d, %v", n, err)
@@ -495,11 +392,10 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		assert.True(t, testkit.Levels(t, r, "cl").Closed)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "cl", ID: "x", Qty: 1})
-		assert.ErrorIs(t, err, stock.ErrClosed)
+		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("cl", "x", "", 1))), stock.ErrClosed)
 		require.NoError(t, r.ReopenItem(ctx, "cl"))
 		assert.False(t, testkit.Levels(t, r, "cl").Closed)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "cl", ID: "x", Qty: 1})
+		_, err = r.Deduct(ctx, req("cl", "x", "", 1))
 		assert.NoError(t, err, "a deduct refused while closed recorded nothing")
 		// "A delisted item cannot be reopened (ReopenItem returns ErrClosed)".
 		require.NoError(t, r.Delist(ctx, "cl"))
@@ -513,51 +409,37 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 // released."
 func TestSweepManyDueHolds(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	skus := []string{"m:1", "m:2", "m~3"}
 	const per = 700
 	for _, s := range skus {
 		require.NoError(t, r.Load(ctx, s, 10*per))
 		for i := range per {
-			_, err := r.Hold(ctx, stock.Request{SKU: s, ID: fmt.Sprint("h", i), Qty: 2}, time.Minute)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Hold(ctx, req(s, fmt.Sprint("h", i), "", 2), time.Minute)))
 		}
 	}
 	e.Advance(time.Minute + time.Millisecond)
-	n, err := stockops.Sweep(ctx, r)
-	require.NoError(t, err)
-	assert.Equal(t, int64(len(skus)*per*2), n, "every due hold of every item released")
+	assert.Equal(t, int64(len(skus)*per*2), must(stockops.Sweep(ctx, r))(t), "every due hold of every item released")
 	for _, s := range skus {
 		l := testkit.Levels(t, r, s)
 		assert.Equal(t, int64(0), l.Held, s)
 		assert.Equal(t, int64(10*per), l.Available, s)
 	}
-	n, err = stockops.Sweep(ctx, r)
-	require.NoError(t, err)
-	assert.Equal(t, int64(0), n, "a second sweep finds nothing")
+	assert.Equal(t, int64(0), must(stockops.Sweep(ctx, r))(t), "a second sweep finds nothing")
 }
 
 // The same on a real server, through Run's sweeper.
 func TestRunSweepsManyDueHolds(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		const n = 3000
 		require.NoError(t, r.Load(ctx, "many", n))
-		var wg sync.WaitGroup
-		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < n; i += 4 {
-					_, err := r.Hold(ctx, stock.Request{SKU: "many", ID: fmt.Sprint("h", i), Qty: 1}, 300*time.Millisecond)
-					assert.NoError(t, err)
-				}
-			}()
-		}
-		wg.Wait()
+		parallel(4, func(w int) {
+			for i := w; i < n; i += 4 {
+				assert.NoError(t, errFrom(r.Hold(ctx, req("many", fmt.Sprint("h", i), "", 1), 300*time.Millisecond)))
+			}
+		})
 		redistest.Sleep(c, time.Second)
 		cancel, done := runAsync(r, stock.RunOptions{SweepInterval: 20 * time.Millisecond})
 		ok := eventually(10*time.Second, func() bool { return testkit.Levels(t, r, "many").Held == 0 })
@@ -574,13 +456,11 @@ func TestRunSweepsManyDueHolds(t *testing.T) {
 // the documented key layout (stock:{sku}:l is the ledger hash).
 func TestSweepCorruptEntry(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		for _, s := range []string{"bad", "good"} {
 			require.NoError(t, r.Load(ctx, s, 10))
 			for _, id := range []string{"h1", "h2"} {
-				_, err := r.Hold(ctx, stock.Request{SKU: s, ID: id, Qty: 1}, 50*time.Millisecond)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(r.Hold(ctx, req(s, id, "", 1), 50*time.Millisecond)))
 			}
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{bad}:l").FieldValue().FieldValue("h1", "garbage").Build()).Error())
@@ -591,13 +471,12 @@ func TestSweepCorruptEntry(t *testing.T) {
 		assert.Contains(t, err.Error(), "h1", "the error names the id")
 		assert.Equal(t, int64(0), testkit.Levels(t, r, "good").Held, "the other item was swept")
 		assert.GreaterOrEqual(t, n, int64(2), "the good item's units are counted")
-		after := testkit.Levels(t, r, "bad")
-		assert.Equal(t, before, after, "that step released nothing")
+		assert.Equal(t, before, testkit.Levels(t, r, "bad"), "that step released nothing")
 		t.Logf("Sweep: %d, %v", n, err)
 		// What a corrupt due hold does to the item's sales (nothing is promised; recorded here).
-		_, err = r.Deduct(ctx, stock.Request{SKU: "bad", ID: "d", Qty: 1})
+		_, err = r.Deduct(ctx, req("bad", "d", "", 1))
 		t.Logf("Deduct on the item with a corrupt due hold: %v", err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "bad", ID: "d", Qty: 1})
+		_, err = r.Deduct(ctx, req("bad", "d", "", 1))
 		t.Logf("again: %v", err)
 		testkit.CheckLedger(t, r, "good", 10)
 	})
@@ -607,9 +486,7 @@ func TestSweepCorruptEntry(t *testing.T) {
 func TestSweepEmpty(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r := testkit.NewReserver(t, c)
-		n, err := stockops.Sweep(context.Background(), r)
-		assert.NoError(t, err)
-		assert.Equal(t, int64(0), n)
+		assert.Equal(t, int64(0), must(stockops.Sweep(context.Background(), r))(t))
 	})
 }
 
@@ -618,20 +495,15 @@ func TestSweepEmpty(t *testing.T) {
 func TestDeductReleasesManyDueHolds(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	const n = 2500
 	require.NoError(t, r.Load(ctx, "due", n))
 	for i := range n {
-		_, err := r.Hold(ctx, stock.Request{SKU: "due", ID: fmt.Sprint("h", i), Qty: 1}, time.Minute)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Hold(ctx, req("due", fmt.Sprint("h", i), "", 1), time.Minute)))
 	}
-	_, err := r.Deduct(ctx, stock.Request{SKU: "due", ID: "early", Qty: 1})
-	assert.ErrorIs(t, err, stock.ErrSoldOut)
+	assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("due", "early", "", 1))), stock.ErrSoldOut)
 	e.Advance(2 * time.Minute)
-	rc, err := r.Deduct(ctx, stock.Request{SKU: "due", ID: "all", Qty: n})
-	require.NoError(t, err, "every due hold released before the refusal")
-	assert.Equal(t, int64(0), rc.Remaining)
+	assert.Equal(t, int64(0), must(r.Deduct(ctx, req("due", "all", "", n)))(t, "every due hold released before the refusal").Remaining)
 	l := testkit.Levels(t, r, "due")
 	assert.Equal(t, int64(0), l.Held)
 	assert.Equal(t, int64(n), l.Sold)
@@ -640,15 +512,11 @@ func TestDeductReleasesManyDueHolds(t *testing.T) {
 // Sweep of one item named twice counts its units once: "returns the units released".
 func TestSweepDuplicateSKUs(t *testing.T) {
 	e := stocktest.New(t)
-	ctx := context.Background()
 	r := e.Reserver
 	require.NoError(t, r.Load(ctx, "dup", 10))
-	_, err := r.Hold(ctx, stock.Request{SKU: "dup", ID: "h", Qty: 4}, time.Minute)
-	require.NoError(t, err)
+	require.NoError(t, errFrom(r.Hold(ctx, req("dup", "h", "", 4), time.Minute)))
 	e.Advance(2 * time.Minute)
-	n, err := stockops.Sweep(ctx, r, "dup", "dup", "dup")
-	require.NoError(t, err)
-	assert.Equal(t, int64(4), n)
+	assert.Equal(t, int64(4), must(stockops.Sweep(ctx, r, "dup", "dup", "dup"))(t))
 	assert.Equal(t, int64(10), testkit.Levels(t, r, "dup").Available)
 }
 
@@ -663,23 +531,18 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	r1 := reserver(t, d.Client(t), opts...)
 	r2 := reserver(t, d.Client(t), opts...)
 	st := memstore.New()
-	const sku = "a16-two"
+	const sku = "k9-two"
 	faultLoad(t, ctx, r1, st, sku, 1_000_000)
-	rec, err := stockops.NewReconciler(r1, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := must(stockops.NewReconciler(r1, st, nil))(t)
 	faultPass(t, ctx, rec, 10*time.Second)
 	runCtx, stopRun := context.WithCancel(ctx)
 	var runs sync.WaitGroup
 	for _, r := range []*stock.Reserver{r1, r2} {
-		runs.Add(1)
-		go func() {
-			defer runs.Done()
+		runs.Go(func() {
 			_ = r.Run(runCtx, stock.RunOptions{Store: st, GuardInterval: 100 * time.Millisecond, SweepInterval: 200 * time.Millisecond,
 				Reconcile: &stock.ReconcileOptions{Interval: time.Hour},
 				Relay:     &stock.RelayOptions{Batch: 16, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Lease: 3 * time.Second}})
-		}()
+		})
 	}
 	acked := &acked{}
 	var replayAcks, fenced1, fenced2 atomic.Int64
@@ -693,7 +556,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 		defer close(holdsDone)
 		for i := 0; hctx.Err() == nil; i++ {
 			id := fmt.Sprintf("hold-%d", i)
-			_, err := r2.Hold(hctx, stock.Request{SKU: sku, ID: id, Qty: 1}, 1500*time.Millisecond)
+			_, err := r2.Hold(hctx, req(sku, id, "", 1), 1500*time.Millisecond)
 			if err != nil {
 				time.Sleep(20 * time.Millisecond)
 				continue
@@ -709,16 +572,11 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 		}
 	}()
 	time.Sleep(2500 * time.Millisecond)
-	old, err := d.Primary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := must(d.Primary())(t)
 	before1, before2 := fenced1.Load(), fenced2.Load()
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
-	if _, err := d.WaitPrimary(old, 20*time.Second); err != nil {
-		t.Fatalf("no failover after kill -9: %v", err)
-	}
+	require.NoError(t, errFrom(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
 	time.Sleep(1500 * time.Millisecond)
 	if fenced1.Load() == before1 || fenced2.Load() == before2 {
 		t.Errorf("after the failover, ErrFailover answers: instance one %d, instance two %d: both must fence",
@@ -736,9 +594,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		if !ok {
-			t.Errorf("instance %d still does not sell 5 s after a pass recorded the epoch", i+1)
-		}
+		assert.True(t, ok, "instance %d still does not sell 5 s after a pass recorded the epoch", i+1)
 	}
 	stopHolds()
 	<-holdsDone
@@ -747,18 +603,10 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	time.Sleep(2 * time.Second) // every remaining hold past its deadline; the sweepers release them
 	stopRun()
 	runs.Wait()
-	if _, err := stockops.Sweep(ctx, r1, sku); err != nil {
-		t.Errorf("sweep: %v", err)
-	}
+	assert.NoError(t, errFrom(stockops.Sweep(ctx, r1, sku)), "sweep")
 	faultDrain(t, ctx, r1, st, sku)
 	faultPass(t, ctx, rec, 15*time.Second)
-	lv, err := r1.Levels(ctx, sku)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lv.Held != 0 {
-		t.Errorf("%d units still held after every hold's deadline and a sweep", lv.Held)
-	}
+	assert.Zero(t, must(r1.Levels(ctx, sku))(t).Held, "units still held after every hold's deadline and a sweep")
 	t.Logf("acknowledged %d (holds %d, confirmed %d), bare replays after ErrNotReplicated %d, fenced answers %d/%d",
 		acked.count(), heldAcked.Load(), confirmed.Load(), replayAcks.Load(), fenced1.Load(), fenced2.Load())
 	audit(t, ctx, r1, st, acked)
@@ -775,12 +623,6 @@ func TestHoldsOnQueuePath(t *testing.T) {
 		initial[sku] = 200
 		loadBoth(t, e.Reserver, st, sku, 200)
 	}
-	must := func(_ stock.Receipt, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	sold := map[string]int64{}
 	var expiring []struct{ sku, id string }
 	for i := 0; i < 200; i++ {
@@ -789,61 +631,46 @@ func TestHoldsOnQueuePath(t *testing.T) {
 		q := int64(1 + rng.IntN(3))
 		switch p := rng.IntN(5); p {
 		case 0: // a deduct
-			must(e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}))
+			must(e.Reserver.Deduct(ctx, req(sku, id, "", q)))(t)
 			sold[sku] += q
 		case 1, 2: // a hold, confirmed
-			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))
-			must(e.Reserver.Confirm(ctx, sku, id))
+			must(e.Reserver.Hold(ctx, req(sku, id, "", q), time.Hour))(t)
+			must(e.Reserver.Confirm(ctx, sku, id))(t)
 			sold[sku] += q
 			if p == 2 { // then given back
-				must(e.Reserver.Restore(ctx, sku, id))
+				must(e.Reserver.Restore(ctx, sku, id))(t)
 				sold[sku] -= q
 			}
 		case 3: // a hold, cancelled
-			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Hour))
-			must(e.Reserver.Cancel(ctx, sku, id))
+			must(e.Reserver.Hold(ctx, req(sku, id, "", q), time.Hour))(t)
+			must(e.Reserver.Cancel(ctx, sku, id))(t)
 		case 4: // a hold left to expire
-			must(e.Reserver.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: q}, time.Minute))
+			must(e.Reserver.Hold(ctx, req(sku, id, "", q), time.Minute))(t)
 			expiring = append(expiring, struct{ sku, id string }{sku, id})
 		}
 	}
 	e.Advance(2 * time.Minute)
-	if _, err := stockops.Sweep(ctx, e.Reserver); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, errFrom(stockops.Sweep(ctx, e.Reserver)))
 	for _, x := range expiring { // a late confirm of an expired hold changes nothing
-		if _, err := e.Reserver.Confirm(ctx, x.sku, x.id); err == nil {
-			t.Errorf("Confirm of expired hold %s/%s succeeded", x.sku, x.id)
-		}
+		assert.Error(t, errFrom(e.Reserver.Confirm(ctx, x.sku, x.id)), "Confirm of expired hold %s/%s", x.sku, x.id)
 	}
 	q := &relayQueue{}
-	rl, err := stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := must(stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8}))(t)
 	drain(t, ctx, e, rl, skus)
 	concurrentConsume(t, ctx, e.Reserver, st, q.take(), 2, 6, rng)
-	rec, err := stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := must(stockops.NewReconciler(e.Reserver, st.Store, &stock.ReconcileOptions{DryRun: true}))(t)
 	for _, sku := range skus {
 		lv, _ := e.Reserver.Levels(ctx, sku)
 		rem, _ := st.Remaining(ctx, sku)
 		if want := initial[sku] - sold[sku]; rem != want || lv.Available != want || lv.Held != 0 {
 			t.Errorf("item %q: store %d, Redis available %d held %d, acknowledged answers %d", sku, rem, lv.Available, lv.Held, want)
 		}
-		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rp := must(rec.Item(ctx, sku))(t)
 		if rp.Pending != 0 || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 {
 			t.Errorf("item %q: %s", sku, rp)
 		}
 	}
-	if m := st.MaxApplications(); m > 1 {
-		t.Errorf("an event changed the store %d times", m)
-	}
+	assert.LessOrEqual(t, st.MaxApplications(), 1, "an event changed the store more than once")
 	st.checkOrder(t)
 }
 
@@ -853,7 +680,6 @@ func TestHoldsOnQueuePath(t *testing.T) {
 // returns after its ctx ends with the outbox drained.
 func TestRunLateItemsManyHoldsDue(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1)
 		other := testkit.NewReserver(t, c2)
 		store := memstore.New()
@@ -870,7 +696,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 		// Run's guard may have looked after the items were loaded (a live deployment: fenced
 		// until its first pass completes, as documented): wait for the fence to lift.
 		require.Eventually(t, func() bool {
-			_, err := r.Deduct(ctx, stock.Request{SKU: skus[0], ID: "probe", Qty: 1})
+			_, err := r.Deduct(ctx, req(skus[0], "probe", "", 1))
 			if err == nil {
 				_, err = r.Restore(ctx, skus[0], "probe")
 				require.NoError(t, err)
@@ -885,27 +711,22 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 			w := []*stock.Reserver{r, other}[i%2]
 			start := time.Now()
 			for h := range 8 {
-				_, err := w.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("h%d", h), User: "u", Qty: 1}, ttl)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(w.Hold(ctx, req(sku, fmt.Sprintf("h%d", h), "u", 1), ttl)))
 				holdsTaken++
 			}
 			// Before the deadline nothing is released. Checked per item, right after its holds:
 			// all 40 items' calls can take longer than one TTL on a loaded machine, and an
 			// item whose check comes too late to mean anything is not judged.
-			if l := soldOutLevels(t, r, sku); time.Since(start) < ttl-200*time.Millisecond {
+			if l := testkit.Levels(t, r, sku); time.Since(start) < ttl-200*time.Millisecond {
 				assert.Equal(t, int64(8), l.Held, "%s: held before the deadline", sku)
 				checked++
 			}
-			_, err := w.Hold(ctx, stock.Request{SKU: sku, ID: "keep", Qty: 2}, time.Hour)
-			require.NoError(t, err)
-			_, err = w.Confirm(ctx, sku, "keep")
-			require.NoError(t, err)
+			require.NoError(t, errFrom(w.Hold(ctx, req(sku, "keep", "", 2), time.Hour)))
+			require.NoError(t, errFrom(w.Confirm(ctx, sku, "keep")))
 			for d := range 3 {
-				_, err := w.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", d), Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errFrom(w.Deduct(ctx, req(sku, fmt.Sprintf("d%d", d), "", 1))))
 			}
-			_, err = w.Restore(ctx, sku, "d0")
-			require.NoError(t, err)
+			require.NoError(t, errFrom(w.Restore(ctx, sku, "d0")))
 		}
 		require.Positive(t, checked, "no item was checked before its holds' deadline")
 		redistest.Sleep(c1, ttl+100*time.Millisecond)
@@ -919,34 +740,20 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 			return true
 		}, 15*time.Second, 50*time.Millisecond, "Run releases every due hold without other calls")
 		// The store: 30 - 2 (keep) - 2 (d1, d2) = 26.
-		require.Eventually(t, func() bool {
-			for _, sku := range skus {
-				n, err := store.Remaining(ctx, sku)
-				if err != nil || n != 26 {
-					return false
-				}
-			}
-			return true
-		}, 15*time.Second, 50*time.Millisecond, "the store gets every item's events")
+		eventuallyRemaining(t, store, 15*time.Second, 26, skus...)
 		// A last sale, then stop: Drain delivers it.
 		for _, sku := range skus {
-			_, err := other.Deduct(ctx, stock.Request{SKU: sku, ID: "last", Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(other.Deduct(ctx, req(sku, "last", "", 1))))
 		}
 		require.NoError(t, ignoreCanceled(stop()))
 		for _, sku := range skus {
-			l := soldOutLevels(t, r, sku)
-			assert.Equal(t, int64(25), l.Available, sku)
-			n, err := store.Remaining(ctx, sku)
-			require.NoError(t, err)
-			assert.Equal(t, int64(25), n, "%s: the store after Run's drain", sku)
+			assert.Equal(t, int64(25), testkit.Levels(t, r, sku).Available, sku)
+			assert.Equal(t, int64(25), must(store.Remaining(ctx, sku))(t), "%s: the store after Run's drain", sku)
 			p, _, err := stockops.Pending(ctx, r, sku)
 			require.NoError(t, err)
 			assert.Zero(t, p, "%s: outbox after Run returned", sku)
 			for h := range 8 {
-				e, err := r.Ledger(ctx, sku, fmt.Sprintf("h%d", h))
-				require.NoError(t, err)
-				assert.Equal(t, stock.StateExpired, e.State)
+				assert.Equal(t, stock.StateExpired, must(r.Ledger(ctx, sku, fmt.Sprintf("h%d", h)))(t).State)
 			}
 		}
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
@@ -960,19 +767,16 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 // must release the due holds as on a plain item.
 func TestDueHoldsReleasedByNextTake(t *testing.T) {
 	each(t, []stock.Option{split(4)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		for _, sku := range []string{"plain-due", "split-due"} {
 			require.NoError(t, e.r.Load(ctx, sku, 100))
 			for i := range 8 {
-				_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("h%d", i), User: fmt.Sprintf("holder%d", i), Qty: 1}, time.Second)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, fmt.Sprintf("h%d", i), fmt.Sprintf("holder%d", i), 1), time.Second)))
 			}
 		}
 		e.advance(2500 * time.Millisecond)
 		for _, sku := range []string{"plain-due", "split-due"} {
 			for i := range 4 {
-				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), User: fmt.Sprintf("buyer%d", i), Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprintf("d%d", i), fmt.Sprintf("buyer%d", i), 1))))
 			}
 			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, "%s: the due holds are released by the item's next takes: %+v", sku, l)
@@ -987,8 +791,7 @@ func TestHoldsExpireUnderRun(t *testing.T) {
 		defer cancel()
 		require.NoError(t, e.r.Load(ctx, "hrun", 30))
 		for i := range 12 {
-			_, err := e.r.Hold(ctx, stock.Request{SKU: "hrun", ID: fmt.Sprintf("h%d", i), User: fmt.Sprintf("u%d", i%4), Qty: 2}, time.Second)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Hold(ctx, req("hrun", fmt.Sprintf("h%d", i), fmt.Sprintf("u%d", i%4), 2), time.Second)))
 		}
 		done := make(chan error, 1)
 		go func() { done <- e.r.Run(ctx, stock.RunOptions{SweepInterval: 100 * time.Millisecond}) }()
@@ -999,12 +802,9 @@ func TestHoldsExpireUnderRun(t *testing.T) {
 		}, 20*time.Second, 50*time.Millisecond)
 		cancel()
 		<-done
-		l := levels(t, e.r, "hrun")
-		assert.Equal(t, stock.Levels{Available: 30, Loaded: 30}, l)
+		assert.Equal(t, stock.Levels{Available: 30, Loaded: 30}, levels(t, e.r, "hrun"))
 		for i := range 12 {
-			ent, err := e.r.Ledger(context.Background(), "hrun", fmt.Sprintf("h%d", i))
-			require.NoError(t, err)
-			assert.Equal(t, stock.StateExpired, ent.State)
+			assert.Equal(t, stock.StateExpired, must(e.r.Ledger(context.Background(), "hrun", fmt.Sprintf("h%d", i)))(t).State)
 		}
 	})
 }

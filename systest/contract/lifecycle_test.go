@@ -24,11 +24,9 @@ import (
 // drainOfLifecycle runs a relay pass until nothing is pending for the items.
 func drainOfLifecycle(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 	t.Helper()
-	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
-	require.NoError(t, err)
+	rl := must(stockops.NewRelay(r, store, nil, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))(t)
 	for range 20 {
-		st, err := rl.Once(context.Background())
-		require.NoError(t, err)
+		st := must(rl.Once(context.Background()))(t)
 		if st.Claimed == 0 {
 			return
 		}
@@ -40,15 +38,12 @@ func drainOfLifecycle(t *testing.T, r *stock.Reserver, store *memstore.Store) {
 func retiring(t *testing.T, c rueidis.Client, r *stock.Reserver, store stock.Store) *stockops.Reconciler {
 	t.Helper()
 	redistest.Sleep(c, 20*time.Millisecond)
-	rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-	require.NoError(t, err)
-	return rec
+	return must(stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond}))(t)
 }
 
 func reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report {
 	t.Helper()
-	reps, err := rec.Once(context.Background())
-	require.NoError(t, err)
+	reps := must(rec.Once(context.Background()))(t)
 	m := map[string]stockops.Report{}
 	for _, rp := range reps {
 		m[rp.SKU] = rp
@@ -63,21 +58,16 @@ func reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report 
 // and retired then loaded again (the next pass must not retire the new item).
 func TestRetireOnlyDelisted(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		skus := []string{"closed", "reopened", "held", "pending", "x", "x:u", "gone"}
 		for _, sku := range skus {
 			loadBoth(t, r, store, sku, 10)
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 2})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, "o1", "u", 2))))
 		}
-		_, err := r.Hold(ctx, stock.Request{SKU: "held", ID: "h1", User: "u", Qty: 1}, time.Hour)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Hold(ctx, req("held", "h1", "u", 1), time.Hour)))
 		drainOfLifecycle(t, r, store)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "pending", ID: "o2", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Deduct(ctx, req("pending", "o2", "", 1))))
 
 		require.NoError(t, r.CloseItem(ctx, "closed"))
 		require.NoError(t, r.CloseItem(ctx, "reopened"))
@@ -87,8 +77,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 			require.NoError(t, r.Delist(ctx, sku), "delisting twice does nothing")
 			assert.ErrorIs(t, r.ReopenItem(ctx, sku), stock.ErrClosed, sku)
 			assert.True(t, check(t, r, sku, 10).Closed, sku)
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "late", Qty: 1})
-			assert.ErrorIs(t, err, stock.ErrClosed, sku)
+			assert.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, "late", "", 1))), stock.ErrClosed, sku)
 			assert.ErrorIs(t, r.Load(ctx, sku, 5), stock.ErrLoaded, sku)
 		}
 		rec := retiring(t, c, r, store)
@@ -99,11 +88,9 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		}
 		assert.True(t, reps["gone"].Retired, "gone: %v", reps["gone"])
 		assert.True(t, reps["x"].Retired, "x: %v", reps["x"])
-		_, err = r.Levels(ctx, "gone")
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		assert.ErrorIs(t, errFrom(r.Levels(ctx, "gone")), stock.ErrNotLoaded)
 		// The held item's pipeline finishes: the hold is confirmed after the delisting.
-		_, err = r.Confirm(ctx, "held", "h1")
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Confirm(ctx, "held", "h1")))
 		assert.Equal(t, int64(3), testkit.Levels(t, r, "held").Sold)
 		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
@@ -114,11 +101,8 @@ func TestRetireOnlyDelisted(t *testing.T) {
 		// Loaded again after retirement: a new item, not retired by the next passes.
 		require.NoError(t, r.Load(ctx, "gone", 7))
 		store.Set("gone", 7)
-		_, err = r.Deduct(ctx, stock.Request{SKU: "gone", ID: "o1", User: "u", Qty: 1})
-		require.NoError(t, err)
-		e, err := r.Ledger(ctx, "gone", "o1")
-		require.NoError(t, err)
-		assert.Equal(t, int64(1), e.Qty, "a new sale, not a replay of the retired item's o1")
+		require.NoError(t, errFrom(r.Deduct(ctx, req("gone", "o1", "u", 1))))
+		assert.Equal(t, int64(1), must(r.Ledger(ctx, "gone", "o1"))(t).Qty, "a new sale, not a replay of the retired item's o1")
 		drainOfLifecycle(t, r, store)
 		redistest.Sleep(c, 20*time.Millisecond)
 		for range 2 {
@@ -141,9 +125,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 // at once, must not lose the new item's entries to a later step of the old retirement.
 func TestRetireLargeLedgerThenReload(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		const n = 1500
 		loadBoth(t, r, store, "big", n)
@@ -161,8 +143,7 @@ func TestRetireLargeLedgerThenReload(t *testing.T) {
 			}
 		}
 		require.True(t, retired)
-		_, err := r.Levels(ctx, "big")
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(r.Levels(ctx, "big")), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, "big", 10))
 		store.Set("big", 10)
 		// New ids: the Store keeps the retired item's records, so an old id would be taken by
@@ -193,17 +174,13 @@ func TestRetireGroupedItem(t *testing.T) {
 		return "g"
 	}
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithGroups(group))
+		c, r := clientReserver(t, b, stock.WithGroups(group))
 		store := memstore.New()
 		skus := []string{"g", "tee", "tee:l", "tee:u", "cap"}
 		for _, sku := range skus {
 			loadBoth(t, r, store, sku, 10)
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1})
-			require.NoError(t, err)
-			_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u", Qty: 1}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, "o1", "u", 1))))
+			require.NoError(t, errFrom(r.Hold(ctx, req(sku, "h1", "u", 1), time.Hour)))
 		}
 		_, err := r.Cancel(ctx, "tee", "h1")
 		require.NoError(t, err)
@@ -216,14 +193,11 @@ func TestRetireGroupedItem(t *testing.T) {
 			assert.False(t, reps[sku].Retired, sku)
 			l := testkit.Levels(t, r, sku)
 			assert.Equal(t, stock.Levels{Available: 8, Held: 1, Sold: 1, Loaded: 10}, l, sku)
-			e, err := r.Ledger(ctx, sku, "h1")
-			require.NoError(t, err, sku)
-			assert.Equal(t, stock.StateHeld, e.State, sku)
+			assert.Equal(t, stock.StateHeld, must(r.Ledger(ctx, sku, "h1"))(t, sku).State, sku)
 			_, err = r.Confirm(ctx, sku, "h1")
 			require.NoError(t, err, sku)
 		}
-		_, err = r.Levels(ctx, "tee")
-		assert.ErrorIs(t, err, stock.ErrNotLoaded)
+		assert.ErrorIs(t, errFrom(r.Levels(ctx, "tee")), stock.ErrNotLoaded)
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "k", User: "u", Lines: []stock.Line{{SKU: "tee:l", Qty: 1}, {SKU: "cap", Qty: 1}}})
 		require.NoError(t, err)
 	})
@@ -235,13 +209,10 @@ func TestRetireGroupedItem(t *testing.T) {
 // dead letter is not deleted with it.
 func TestNoRetireWithDeadLetters(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		loadBoth(t, r, store, "dlq", 5)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "dlq", ID: "bad", Qty: 1})
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Deduct(ctx, req("dlq", "bad", "", 1))))
 		store.FailWith(func(ev stock.Event) error {
 			if ev.ID == "bad" {
 				return fmt.Errorf("nope: %w", stock.ErrInvalid)
@@ -270,9 +241,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 // or is ledgered and delivered before the item retires; the store and Redis agree at the end.
 func TestRestockAfterDelist(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c)
+		c, r := clientReserver(t, b)
 		store := memstore.New()
 		loadBoth(t, r, store, "rd", 5)
 		require.NoError(t, r.Delist(ctx, "rd"))
@@ -297,9 +266,7 @@ func TestRestockAfterDelist(t *testing.T) {
 		redistest.Sleep(c, 20*time.Millisecond)
 		reps = reports(t, rec)
 		assert.True(t, reps["rd"].Retired, "%v", reps["rd"])
-		rem, err := store.Remaining(ctx, "rd")
-		require.NoError(t, err)
-		assert.Equal(t, l.Loaded, rem)
+		assert.Equal(t, l.Loaded, must(store.Remaining(ctx, "rd"))(t))
 	})
 }
 
@@ -307,23 +274,16 @@ func TestRestockAfterDelist(t *testing.T) {
 // Cancel, expiry, the relay and the reconciler go on, so the item's pipeline finishes."
 func TestRunClosedItemPipelineFinishes(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		loadBoth(t, r, st, "shut", 10)
-		_, err := r.Deduct(ctx, stock.Request{SKU: "shut", ID: "d", Qty: 2})
-		require.NoError(t, err)
-		_, err = r.Hold(ctx, stock.Request{SKU: "shut", ID: "h1", Qty: 1}, time.Hour)
-		require.NoError(t, err)
-		_, err = r.Hold(ctx, stock.Request{SKU: "shut", ID: "h2", Qty: 1}, 100*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Deduct(ctx, req("shut", "d", "", 2))))
+		require.NoError(t, errFrom(r.Hold(ctx, req("shut", "h1", "", 1), time.Hour)))
+		require.NoError(t, errFrom(r.Hold(ctx, req("shut", "h2", "", 1), 100*time.Millisecond)))
 		require.NoError(t, r.CloseItem(ctx, "shut"))
-		_, err = r.Hold(ctx, stock.Request{SKU: "shut", ID: "h3", Qty: 1}, time.Hour)
-		assert.ErrorIs(t, err, stock.ErrClosed)
-		_, err = r.Confirm(ctx, "shut", "h1")
-		require.NoError(t, err)
-		_, err = r.Restore(ctx, "shut", "d")
-		require.NoError(t, err)
+		assert.ErrorIs(t, errFrom(r.Hold(ctx, req("shut", "h3", "", 1), time.Hour)), stock.ErrClosed)
+		require.NoError(t, errFrom(r.Confirm(ctx, "shut", "h1")))
+		require.NoError(t, errFrom(r.Restore(ctx, "shut", "d")))
 		redistest.Sleep(c, 200*time.Millisecond)
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, SweepInterval: 10 * time.Millisecond})
 		ok := eventually(5*time.Second, func() bool {
@@ -344,7 +304,6 @@ func TestRunClosedItemPipelineFinishes(t *testing.T) {
 // the item ... A retired item answers ErrNotLoaded and may be loaded again."
 func TestRunRetiresDelistedItem(t *testing.T) {
 	testkit.EachBackend(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c)
 		st := memstore.New()
 		cancel, done := runAsync(r, stock.RunOptions{Store: st,
@@ -378,7 +337,6 @@ func TestConcurrentFirstLoad(t *testing.T) {
 	faultReal(t)
 	s := redistest.StartServer(t)
 	admin := s.Client(t)
-	ctx := context.Background()
 	const n = 8
 	rs := make([]*stock.Reserver, n)
 	for i := range rs {
@@ -396,12 +354,10 @@ func TestConcurrentFirstLoad(t *testing.T) {
 		var wg sync.WaitGroup
 		gate := make(chan struct{})
 		for i := range rs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				<-gate
 				deduct(rs[i], st, "c", fmt.Sprintf("r%d-%d", round, i), 1)
-			}()
+			})
 		}
 		close(gate)
 		wg.Wait()
@@ -416,76 +372,49 @@ func TestConcurrentFirstLoad(t *testing.T) {
 // the stock moved between buckets, and sweeps by stockops.Sweep.
 func TestHoldsLifecycle(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		ttl := time.Hour
 		short := 2 * time.Second
 		require.NoError(t, e.r.Load(ctx, "h", 9))
 		for i := range 4 {
-			_, err := e.r.Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprintf("h%d", i), User: "same", Qty: 2}, ttl)
+			_, err := e.r.Hold(ctx, req("h", fmt.Sprintf("h%d", i), "same", 2), ttl)
 			require.NoError(t, err, "hold %d: the user's bucket borrows", i)
 		}
-		l := levels(t, e.r, "h")
-		assert.Equal(t, stock.Levels{Available: 1, Held: 8, Loaded: 9}, l)
-		_, err := e.r.Hold(ctx, stock.Request{SKU: "h", ID: "h9", User: "x", Qty: 2}, ttl)
-		require.ErrorIs(t, err, stock.ErrInsufficient)
+		assert.Equal(t, stock.Levels{Available: 1, Held: 8, Loaded: 9}, levels(t, e.r, "h"))
+		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req("h", "h9", "x", 2), ttl)), stock.ErrInsufficient)
 
-		rc, err := e.r.Confirm(ctx, "h", "h0")
-		require.NoError(t, err)
+		assert.Equal(t, int64(2), must(e.r.Confirm(ctx, "h", "h0"))(t).Qty)
+		assert.True(t, must(e.r.Confirm(ctx, "h", "h0"))(t).Replayed)
+		require.ErrorIs(t, errFrom(e.r.Cancel(ctx, "h", "h0")), stock.ErrConfirmed)
+
+		rc := must(e.r.Cancel(ctx, "h", "h1"))(t)
 		assert.Equal(t, int64(2), rc.Qty)
-		rc, err = e.r.Confirm(ctx, "h", "h0")
-		require.NoError(t, err)
+		rc = must(e.r.Cancel(ctx, "h", "h1"))(t)
 		assert.True(t, rc.Replayed)
-		_, err = e.r.Cancel(ctx, "h", "h0")
-		require.ErrorIs(t, err, stock.ErrConfirmed)
+		require.ErrorIs(t, errFrom(e.r.Confirm(ctx, "h", "h1")), stock.ErrRestored)
+		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req("h", "h1", "same", 2), ttl)), stock.ErrRestored)
 
-		rc, err = e.r.Cancel(ctx, "h", "h1")
-		require.NoError(t, err)
-		assert.Equal(t, int64(2), rc.Qty)
-		rc, err = e.r.Cancel(ctx, "h", "h1")
-		require.NoError(t, err)
-		assert.True(t, rc.Replayed)
-		_, err = e.r.Confirm(ctx, "h", "h1")
-		require.ErrorIs(t, err, stock.ErrRestored)
-		_, err = e.r.Hold(ctx, stock.Request{SKU: "h", ID: "h1", User: "same", Qty: 2}, ttl)
-		require.ErrorIs(t, err, stock.ErrRestored)
-
-		_, err = e.r.Extend(ctx, "h", "h2", short)
-		require.NoError(t, err)
-		_, err = e.r.Extend(ctx, "h", "h3", short)
-		require.NoError(t, err)
-		_, err = e.r.Extend(ctx, "h", "h0", time.Hour)
-		require.ErrorIs(t, err, stock.ErrConfirmed)
-		_, err = e.r.Extend(ctx, "h", "nohold", time.Hour)
-		require.ErrorIs(t, err, stock.ErrUnknownID)
-		l = levels(t, e.r, "h")
-		assert.Equal(t, stock.Levels{Available: 3, Held: 4, Sold: 2, Loaded: 9}, l)
+		require.NoError(t, errFrom(e.r.Extend(ctx, "h", "h2", short)))
+		require.NoError(t, errFrom(e.r.Extend(ctx, "h", "h3", short)))
+		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "h0", time.Hour)), stock.ErrConfirmed)
+		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "nohold", time.Hour)), stock.ErrUnknownID)
+		assert.Equal(t, stock.Levels{Available: 3, Held: 4, Sold: 2, Loaded: 9}, levels(t, e.r, "h"))
 
 		e.advance(short + 1500*time.Millisecond)
-		_, err = e.r.Confirm(ctx, "h", "h2")
-		require.ErrorIs(t, err, stock.ErrExpired)
+		require.ErrorIs(t, errFrom(e.r.Confirm(ctx, "h", "h2")), stock.ErrExpired)
 		// The Confirm released h2, and with it the bucket's other due holds (h3, same buyer):
 		// the sweep finds h3 released or releases it.
-		n, err := stockops.Sweep(ctx, e.r, "h")
-		require.NoError(t, err)
-		assert.Contains(t, []int64{0, 2}, n)
-		_, err = e.r.Extend(ctx, "h", "h3", time.Hour)
-		require.ErrorIs(t, err, stock.ErrExpired)
-		_, err = e.r.Cancel(ctx, "h", "h3")
-		require.NoError(t, err, "a cancel of an expired hold is a replay")
-		l = levels(t, e.r, "h")
-		assert.Equal(t, stock.Levels{Available: 7, Sold: 2, Loaded: 9}, l)
+		assert.Contains(t, []int64{0, 2}, must(stockops.Sweep(ctx, e.r, "h"))(t))
+		require.ErrorIs(t, errFrom(e.r.Extend(ctx, "h", "h3", time.Hour)), stock.ErrExpired)
+		require.NoError(t, errFrom(e.r.Cancel(ctx, "h", "h3")), "a cancel of an expired hold is a replay")
+		assert.Equal(t, stock.Levels{Available: 7, Sold: 2, Loaded: 9}, levels(t, e.r, "h"))
 		for _, id := range []string{"h2", "h3"} {
-			ent, err := e.r.Ledger(ctx, "h", id)
-			require.NoError(t, err)
-			assert.Equal(t, stock.StateExpired, ent.State, id)
+			assert.Equal(t, stock.StateExpired, must(e.r.Ledger(ctx, "h", id))(t).State, id)
 		}
 		// The 7 units left serve takes in any bucket.
 		for i := range 7 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: "h", ID: fmt.Sprintf("d%d", i), User: fmt.Sprintf("w%d", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req("h", fmt.Sprintf("d%d", i), fmt.Sprintf("w%d", i), 1))))
 		}
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: "h", ID: "d9", User: "w9", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req("h", "d9", "w9", 1))), stock.ErrSoldOut)
 	})
 }
 
@@ -495,53 +424,38 @@ func TestHoldsLifecycle(t *testing.T) {
 // ErrClosed; neither changes anything.
 func TestCloseReopenRestock(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		require.NoError(t, e.r.Load(ctx, "cl", 6))
 		require.ErrorIs(t, e.r.Load(ctx, "cl", 6), stock.ErrLoaded)
-		_, err := e.r.Hold(ctx, stock.Request{SKU: "cl", ID: "hold", User: "a", Qty: 1}, time.Hour)
-		require.NoError(t, err)
-		_, err = e.r.Hold(ctx, stock.Request{SKU: "cl", ID: "hold2", User: "b", Qty: 1}, time.Hour)
-		require.NoError(t, err)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: "sale", User: "c", Qty: 1})
+		require.NoError(t, errFrom(e.r.Hold(ctx, req("cl", "hold", "a", 1), time.Hour)))
+		require.NoError(t, errFrom(e.r.Hold(ctx, req("cl", "hold2", "b", 1), time.Hour)))
+		_, err := e.r.Deduct(ctx, req("cl", "sale", "c", 1))
 		require.NoError(t, err)
 		require.NoError(t, e.r.CloseItem(ctx, "cl"))
 		require.NoError(t, e.r.CloseItem(ctx, "cl"))
 		assert.True(t, levels(t, e.r, "cl").Closed)
 		for i := range 10 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: fmt.Sprintf("x%d", i), User: fmt.Sprintf("z%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrClosed)
-			_, err = e.r.Hold(ctx, stock.Request{SKU: "cl", ID: fmt.Sprintf("y%d", i), Qty: 1}, time.Hour)
+			require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req("cl", fmt.Sprintf("x%d", i), fmt.Sprintf("z%d", i), 1))), stock.ErrClosed)
+			_, err = e.r.Hold(ctx, req("cl", fmt.Sprintf("y%d", i), "", 1), time.Hour)
 			require.ErrorIs(t, err, stock.ErrClosed)
 		}
-		_, err = e.r.Confirm(ctx, "cl", "hold")
-		require.NoError(t, err)
-		_, err = e.r.Cancel(ctx, "cl", "hold2")
-		require.NoError(t, err)
-		_, err = e.r.Restore(ctx, "cl", "sale")
-		require.NoError(t, err)
-		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "cl", Qty: 1}}})
-		require.ErrorIs(t, err, stock.ErrClosed)
+		require.NoError(t, errFrom(e.r.Confirm(ctx, "cl", "hold")))
+		require.NoError(t, errFrom(e.r.Cancel(ctx, "cl", "hold2")))
+		require.NoError(t, errFrom(e.r.Restore(ctx, "cl", "sale")))
+		require.ErrorIs(t, errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "cl", Qty: 1}}})), stock.ErrClosed)
 		_, err = e.r.HoldMany(ctx, stock.Cart{ID: "cart2", Lines: []stock.Line{{SKU: "cl", Qty: 1}}}, time.Hour)
 		require.ErrorIs(t, err, stock.ErrClosed)
 		require.NoError(t, e.r.ReopenItem(ctx, "cl"))
-		l := levels(t, e.r, "cl")
-		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, l)
+		assert.Equal(t, stock.Levels{Available: 5, Sold: 1, Loaded: 6}, levels(t, e.r, "cl"))
 		for i := range 3 {
-			rc, err := e.r.Restock(ctx, "cl", "rs", 4)
-			require.NoError(t, err)
-			assert.Equal(t, i > 0, rc.Replayed)
+			assert.Equal(t, i > 0, must(e.r.Restock(ctx, "cl", "rs", 4))(t).Replayed)
 		}
-		_, err = e.r.Restore(ctx, "cl", "rs")
-		require.ErrorIs(t, err, stock.ErrConflict, "restocks cannot be restored")
-		l = levels(t, e.r, "cl")
-		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, l)
+		require.ErrorIs(t, errFrom(e.r.Restore(ctx, "cl", "rs")), stock.ErrConflict, "restocks cannot be restored")
+		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, levels(t, e.r, "cl"))
 		deductEach(t, e.r, stock.Request{SKU: "cl", User: "one", Qty: 1}, numbered("after", 9)...)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: "cl", ID: "after9", User: "one", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut)
+		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req("cl", "after9", "one", 1))), stock.ErrSoldOut)
 		require.ErrorIs(t, e.r.CloseItem(ctx, "never-loaded"), stock.ErrNotLoaded)
-		_, err = e.r.Levels(ctx, "never-loaded")
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: "never-loaded", ID: "q", User: "a", Qty: 1})
+		require.ErrorIs(t, errFrom(e.r.Levels(ctx, "never-loaded")), stock.ErrNotLoaded)
+		_, err = e.r.Deduct(ctx, req("never-loaded", "q", "a", 1))
 		require.ErrorIs(t, err, stock.ErrNotLoaded)
 	})
 }
@@ -554,15 +468,13 @@ var lifecycleSplit, lifecycleEach = split, each
 // sku makes a unique item name per test and backend.
 var lifecycleN atomic.Int64
 
-func sku(prefix string) string { return fmt.Sprintf("%s-a27-%d", prefix, lifecycleN.Add(1)) }
+func sku(prefix string) string { return fmt.Sprintf("%s-n%d", prefix, lifecycleN.Add(1)) }
 
 // pass runs one reconcile pass over the given items with a tiny retention.
 func pass(t *testing.T, e *env, r *stock.Reserver, store stock.Store, skus ...string) map[string]stockops.Report {
 	t.Helper()
-	rc, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: skus, Retention: time.Millisecond})
-	require.NoError(t, err)
-	res, err := rc.Pass(context.Background())
-	require.NoError(t, err)
+	rc := must(stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: skus, Retention: time.Millisecond}))(t)
+	res := must(rc.Pass(context.Background()))(t)
 	out := map[string]stockops.Report{}
 	for i, rp := range res.Reports {
 		require.NoError(t, res.Errors[i], "%s", rp.SKU)
@@ -592,11 +504,9 @@ func soldOneDrained(t *testing.T, r *stock.Reserver, sku string, qty int64) *mem
 
 func lifecycleDrain(t *testing.T, r *stock.Reserver, store stock.Store, skus ...string) {
 	t.Helper()
-	rl, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: skus})
-	require.NoError(t, err)
+	rl := must(stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: skus}))(t)
 	for range 50 {
-		st, err := rl.Once(context.Background())
-		require.NoError(t, err)
+		st := must(rl.Once(context.Background()))(t)
 		pending := int64(0)
 		for _, s := range skus {
 			p, d, err := stockops.Pending(context.Background(), r, s)
@@ -618,7 +528,6 @@ func lifecycleKeys(t *testing.T, e *env, sku string) []string {
 	t.Helper()
 	var keys []string
 	if e.name == "cluster" || strings.Contains(e.name, "cluster") {
-		ctx := context.Background()
 		for _, node := range e.c.Nodes() {
 			ks, err := node.Do(ctx, node.B().Keys().Pattern("*"+sku+"*").Build()).AsStrSlice()
 			if err != nil && !rueidis.IsRedisNil(err) {
@@ -629,15 +538,12 @@ func lifecycleKeys(t *testing.T, e *env, sku string) []string {
 		}
 		return keys
 	}
-	ks, err := e.c.Do(context.Background(), e.c.B().Keys().Pattern("*"+sku+"*").Build()).AsStrSlice()
-	require.NoError(t, err)
-	return ks
+	return must(e.c.Do(context.Background(), e.c.B().Keys().Pattern("*"+sku+"*").Build()).AsStrSlice())(t)
 }
 
 // retire delists an item (already drained into store) and runs passes until it is retired.
 func retire(t *testing.T, e *env, store stock.Store, sku string) {
 	t.Helper()
-	ctx := context.Background()
 	require.NoError(t, e.r.Delist(ctx, sku))
 	e.advance(20 * time.Millisecond)
 	for range 5 {
@@ -669,7 +575,6 @@ func class(err error) string {
 // of a plain item retired and reloaded the same way; no key of the item is left behind.
 func TestRetireReloadOldIDs(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		store := memstore.New()
 		split, plain := sku("it:em~x"), sku("plain:em~x")
 		type res struct {
@@ -682,10 +587,10 @@ func TestRetireReloadOldIDs(t *testing.T) {
 			require.NoError(t, store.Load(ctx, sku, 10))
 			require.NoError(t, e.r.Load(ctx, sku, 10))
 			for i := range 4 {
-				do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("d%d", i), User: fmt.Sprintf("u%d", i), Qty: 1}))
+				do(e.r.Deduct(ctx, req(sku, fmt.Sprintf("d%d", i), fmt.Sprintf("u%d", i), 1)))
 			}
 			do(e.r.Restore(ctx, sku, "d0"))
-			do(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h1", User: "u9", Qty: 2}, time.Minute))
+			do(e.r.Hold(ctx, req(sku, "h1", "u9", 2), time.Minute))
 			do(e.r.Confirm(ctx, sku, "h1"))
 			do(e.r.Restore(ctx, sku, "ghost")) // a tombstone
 			lifecycleDrain(t, e.r, store, sku)
@@ -694,8 +599,8 @@ func TestRetireReloadOldIDs(t *testing.T) {
 			out = append(out, res{err: err})
 			_, err = e.r.Ledger(ctx, sku, "d1")
 			out = append(out, res{err: err})
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", User: "u1", Qty: 1}))
-			do(e.r.Hold(ctx, stock.Request{SKU: sku, ID: "hx", User: "u1", Qty: 1}, time.Minute))
+			do(e.r.Deduct(ctx, req(sku, "d1", "u1", 1)))
+			do(e.r.Hold(ctx, req(sku, "hx", "u1", 1), time.Minute))
 			do(e.r.Restore(ctx, sku, "d2"))
 			do(e.r.Cancel(ctx, sku, "h1"))
 			do(e.r.Confirm(ctx, sku, "h1"))
@@ -705,13 +610,12 @@ func TestRetireReloadOldIDs(t *testing.T) {
 			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrNotLoaded)
 			require.NoError(t, e.r.Load(ctx, sku, 5))
 			// old ids: a deduct, a replay of a restored id, a tombstoned id, a hold confirmed
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d1", User: "u1", Qty: 1}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d0", User: "u0", Qty: 1}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "ghost", User: "u7", Qty: 1}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "h1", User: "u9", Qty: 2}))
-			do(e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "d2", User: "other", Qty: 1}))
-			l, err := e.r.Levels(ctx, sku)
-			require.NoError(t, err)
+			do(e.r.Deduct(ctx, req(sku, "d1", "u1", 1)))
+			do(e.r.Deduct(ctx, req(sku, "d0", "u0", 1)))
+			do(e.r.Deduct(ctx, req(sku, "ghost", "u7", 1)))
+			do(e.r.Deduct(ctx, req(sku, "h1", "u9", 2)))
+			do(e.r.Deduct(ctx, req(sku, "d2", "other", 1)))
+			l := must(e.r.Levels(ctx, sku))(t)
 			out = append(out, res{rc: stock.Receipt{Qty: l.Sold, Remaining: l.Available}})
 			return out
 		}
@@ -734,15 +638,13 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 	for _, n := range []int{2, 5} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			lifecycleEach(t, []stock.Option{lifecycleSplit(n)}, func(t *testing.T, e *env) {
-				ctx := context.Background()
 				sku := sku("keys:~x")
 				store := storeFor(t, e.r, sku, 20)
 				// one user takes everything: transfers from every bucket
 				deductEach(t, e.r, stock.Request{SKU: sku, User: "whale", Qty: 1}, numbered("d", 20)...)
 				for i := range 5 {
-					_, err := e.r.Restore(ctx, sku, fmt.Sprintf("d%d", i))
-					require.NoError(t, err)
-					_, err = e.r.Restore(ctx, sku, fmt.Sprintf("ghost%d", i))
+					require.NoError(t, errFrom(e.r.Restore(ctx, sku, fmt.Sprintf("d%d", i))))
+					_, err := e.r.Restore(ctx, sku, fmt.Sprintf("ghost%d", i))
 					require.ErrorIs(t, err, stock.ErrUnknownID) // and a tombstone
 				}
 				lifecycleDrain(t, e.r, store, sku)
@@ -753,8 +655,7 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 				assert.Len(t, left, n, "%v", left)
 				for _, k := range left {
 					require.True(t, strings.HasSuffix(k, "}"), "key left behind: %s", k)
-					m, err := e.c.Do(ctx, e.c.B().Hgetall().Key(k).Build()).AsStrMap()
-					require.NoError(t, err)
+					m := must(e.c.Do(ctx, e.c.B().Hgetall().Key(k).Build()).AsStrMap())(t)
 					assert.Len(t, m, 2, "%s: %v", k, m)
 					assert.Equal(t, "1", m["x"], "%s: %v", k, m)
 				}
@@ -772,7 +673,6 @@ func TestRetireLeavesNoKeys(t *testing.T) {
 // retires once drained and the Store agrees with what the buyers were told.
 func TestDelistRacing(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("race")
 		const stockN = 200
 		store := storeFor(t, e.r, sku, stockN)
@@ -781,16 +681,14 @@ func TestDelistRacing(t *testing.T) {
 		var mu sync.Mutex
 		var errs []string
 		for g := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range 30 {
 					id := fmt.Sprintf("g%d-%d", g, i)
 					user := fmt.Sprintf("u%d-%d", g, i%5)
 					var err error
 					switch i % 3 {
 					case 0:
-						_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+						_, err = e.r.Deduct(ctx, req(sku, id, user, 1))
 						if err == nil {
 							sold.Add(1)
 							if i%2 == 0 {
@@ -800,7 +698,7 @@ func TestDelistRacing(t *testing.T) {
 							}
 						}
 					case 1:
-						_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+						_, err = e.r.Hold(ctx, req(sku, id, user, 1), time.Hour)
 						if err == nil {
 							if _, err = e.r.Confirm(ctx, sku, id); err == nil {
 								sold.Add(1)
@@ -809,7 +707,7 @@ func TestDelistRacing(t *testing.T) {
 							}
 						}
 					case 2:
-						_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1}, time.Hour)
+						_, err = e.r.Hold(ctx, req(sku, id, user, 1), time.Hour)
 						if err == nil {
 							_, err = e.r.Cancel(ctx, sku, id)
 						}
@@ -821,7 +719,7 @@ func TestDelistRacing(t *testing.T) {
 						mu.Unlock()
 					}
 				}
-			}()
+			})
 		}
 		time.Sleep(5 * time.Millisecond)
 		require.NoError(t, e.r.Delist(ctx, sku))
@@ -833,9 +731,7 @@ func TestDelistRacing(t *testing.T) {
 		// cancels and confirms of live holds work after delist; no hold should be left
 		assert.Zero(t, l.Held)
 		lifecycleDrain(t, e.r, store, sku)
-		rm, err := store.Remaining(ctx, sku)
-		require.NoError(t, err)
-		assert.Equal(t, stockN-sold.Load(), rm)
+		assert.Equal(t, stockN-sold.Load(), must(store.Remaining(ctx, sku))(t))
 		e.advance(20 * time.Millisecond)
 		rp := pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
@@ -915,7 +811,6 @@ func registry(t *testing.T, e *env, sku string) []string {
 // does.
 func TestLoadAfterRetirePassBetween(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		for _, sku := range []string{sku("plain-lb"), sku("lb")} {
 			store := soldOneDrained(t, e.r, sku, 3)
 			retire(t, e, store, sku)
@@ -933,8 +828,7 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 			loader := testkit.NewReserver(t, h, lifecycleSplit(3))
 			require.NoError(t, loader.Load(ctx, sku, 5))
 			require.True(t, h.didFire())
-			l := testkit.Levels(t, e.r, sku)
-			assert.Equal(t, int64(5), l.Loaded, "%s", sku)
+			assert.Equal(t, int64(5), testkit.Levels(t, e.r, sku).Loaded, "%s", sku)
 			reg := registry(t, e, sku)
 			if strings.HasPrefix(sku, "plain") {
 				assert.Equal(t, []string{sku}, reg, "%s: loaded but not registered", sku)
@@ -943,13 +837,8 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 			}
 			// the relay (by the registry) delivers a new sale
 			deductEach(t, e.r, stock.Request{SKU: sku, User: "u2", Qty: 1}, "new")
-			rl, err := stockops.NewRelay(e.r, store2, nil, nil)
-			require.NoError(t, err)
-			_, err = rl.Once(ctx)
-			require.NoError(t, err)
-			rm, err := store2.Remaining(ctx, sku)
-			require.NoError(t, err)
-			assert.Equal(t, int64(4), rm, "%s: the new sale never reached the store", sku)
+			require.NoError(t, errFrom(must(stockops.NewRelay(e.r, store2, nil, nil))(t).Once(ctx)))
+			assert.Equal(t, int64(4), must(store2.Remaining(ctx, sku))(t), "%s: the new sale never reached the store", sku)
 		}
 	})
 }
@@ -959,7 +848,6 @@ func TestLoadAfterRetirePassBetween(t *testing.T) {
 // Load works.
 func TestLoadDuringRetirement(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(4)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("ld")
 		store := soldOneDrained(t, e.r, sku, 8)
 		require.NoError(t, e.r.Delist(ctx, sku))
@@ -983,8 +871,7 @@ func TestLoadDuringRetirement(t *testing.T) {
 			rp = pass(t, e, e.r, store, sku)[sku]
 		}
 		require.True(t, rp.Retired, "%v", rp)
-		_, err := e.r.Levels(ctx, sku)
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
 		require.NoError(t, e.r.Load(ctx, sku, 4))
 		assert.Equal(t, stock.Levels{Available: 4, Loaded: 4}, testkit.Levels(t, e.r, sku))
 	})
@@ -1046,7 +933,6 @@ func (c *cut) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.
 // item retires.
 func TestDelistCutEverywhere(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		for n := 1; n < 40; n++ {
 			sku := sku("cut")
 			store := soldOneDrained(t, e.r, sku, 100)
@@ -1062,7 +948,7 @@ func TestDelistCutEverywhere(t *testing.T) {
 			// after the cut: new buyers of every bucket
 			sold := 0
 			for i := range 12 {
-				if _, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("b", i), User: fmt.Sprint("b", i), Qty: 1}); err == nil {
+				if _, err := e.r.Deduct(ctx, req(sku, fmt.Sprint("b", i), fmt.Sprint("b", i), 1)); err == nil {
 					sold++
 				} else {
 					require.ErrorIs(t, err, stock.ErrClosed, "cut %d", n)
@@ -1077,14 +963,13 @@ func TestDelistCutEverywhere(t *testing.T) {
 				require.ErrorIs(t, rerr, stock.ErrClosed, "cut %d", n)
 				// refused: nothing reopened, whatever bucket a buyer lands in
 				for i := range 12 {
-					_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("ar", i), User: fmt.Sprint("ar", i), Qty: 1})
+					_, err := e.r.Deduct(ctx, req(sku, fmt.Sprint("ar", i), fmt.Sprint("ar", i), 1))
 					require.ErrorIs(t, err, stock.ErrClosed, "cut %d: a bucket reopened by a refused ReopenItem", n)
 				}
 			}
 			lifecycleDrain(t, e.r, store, sku)
 			require.NoError(t, e.r.Delist(ctx, sku), "cut %d", n)
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterDelist", User: "ad", Qty: 1})
-			require.ErrorIs(t, err, stock.ErrClosed)
+			require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "afterDelist", "ad", 1))), stock.ErrClosed)
 			require.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
 			e.advance(20 * time.Millisecond)
 			rp := pass(t, e, e.r, store, sku)[sku]
@@ -1098,7 +983,6 @@ func TestDelistCutEverywhere(t *testing.T) {
 // by a Reserver configured so from then on.
 func TestReloadInOtherForm(t *testing.T) {
 	lifecycleEach(t, nil, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		forms := map[string]stock.Option{
 			"plain":  stock.WithBuckets(func(string) int { return 1 }),
 			"split3": lifecycleSplit(3),
@@ -1113,42 +997,31 @@ func TestReloadInOtherForm(t *testing.T) {
 				fe.r = first
 				retire(t, &fe, store, sku)
 				second := e.another(forms[tc[1]])
-				_, err := second.Levels(ctx, sku)
-				require.ErrorIs(t, err, stock.ErrNotLoaded)
+				require.ErrorIs(t, errFrom(second.Levels(ctx, sku)), stock.ErrNotLoaded)
 				require.NoError(t, second.Load(ctx, sku, 6), "%s retired, loaded again as %s", tc[0], tc[1])
-				l := testkit.Levels(t, second, sku)
-				require.Equal(t, stock.Levels{Available: 6, Loaded: 6}, l)
+				require.Equal(t, stock.Levels{Available: 6, Loaded: 6}, testkit.Levels(t, second, sku))
 				for i := range 6 {
-					_, err := second.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("n", i), User: fmt.Sprint("n", i), Qty: 1})
-					require.NoError(t, err)
+					require.NoError(t, errFrom(second.Deduct(ctx, req(sku, fmt.Sprint("n", i), fmt.Sprint("n", i), 1))))
 				}
 			})
 		}
 	})
 }
 
+// After Close, Run and every other call return ErrReserverClosed at once.
 func TestRunAfterCloseReturnsAtOnce(t *testing.T) {
 	e := outsideMini(t)
-	if err := e.r.Close(e.ctx); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.r.Close(e.ctx))
 	start := time.Now()
 	err := e.r.Run(context.Background(), stock.RunOptions{Store: e.store})
-	if !errors.Is(err, stock.ErrReserverClosed) || time.Since(start) > time.Second {
-		t.Errorf("Run after Close: %v after %v", err, time.Since(start))
-	}
-	if err := e.r.Load(e.ctx, "a", 1); !errors.Is(err, stock.ErrReserverClosed) {
-		t.Errorf("Load after Close: %v", err)
-	}
+	assert.ErrorIs(t, err, stock.ErrReserverClosed, "Run after Close")
+	assert.Less(t, time.Since(start), time.Second, "Run after Close returns at once")
+	assert.ErrorIs(t, e.r.Load(e.ctx, "a", 1), stock.ErrReserverClosed, "Load after Close")
 	if _, err := stockops.NewReconciler(e.r, e.store, nil); err == nil {
 		rec, _ := stockops.NewReconciler(e.r, e.store, nil)
-		if _, err := rec.Pass(e.ctx); !errors.Is(err, stock.ErrReserverClosed) {
-			t.Errorf("reconcile pass after Close: %v", err)
-		}
+		assert.ErrorIs(t, errFrom(rec.Pass(e.ctx)), stock.ErrReserverClosed, "reconcile pass after Close")
 	}
-	if ks := outsideKeys(t, e.c); len(ks) != 0 {
-		t.Errorf("keys after Close: %v", ks)
-	}
+	assert.Empty(t, outsideKeys(t, e.c), "keys after Close")
 }
 
 // Close stops Run (which returns ErrReserverClosed), drains what is due to the store, and once
@@ -1160,15 +1033,9 @@ func TestCloseWithCallsInFlightThenNothingWritten(t *testing.T) {
 		}
 		t.Run(b.Name, func(t *testing.T) {
 			c := b.Client(t)
-			r, err := stock.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := context.Background()
+			r := must(stock.New(c))(t)
 			store := memstore.New()
-			if err := r.Load(ctx, "a", 100000); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, r.Load(ctx, "a", 100000))
 			_ = store.Load(ctx, "a", 100000)
 			runErr := make(chan error, 1)
 			go func() {
@@ -1189,7 +1056,7 @@ func TestCloseWithCallsInFlightThenNothingWritten(t *testing.T) {
 						default:
 						}
 						id := fmt.Sprintf("w%d-%d", w, i)
-						_, err := r.Deduct(ctx, stock.Request{SKU: "a", ID: id, User: id, Qty: 1})
+						_, err := r.Deduct(ctx, req("a", id, id, 1))
 						if errors.Is(err, stock.ErrReserverClosed) {
 							return
 						}
@@ -1204,14 +1071,10 @@ func TestCloseWithCallsInFlightThenNothingWritten(t *testing.T) {
 				}(w)
 			}
 			time.Sleep(200 * time.Millisecond)
-			if err := r.Close(ctx); err != nil {
-				t.Fatalf("Close: %v", err)
-			}
+			require.NoError(t, r.Close(ctx), "Close")
 			close(stop)
 			wg.Wait()
-			if err := <-runErr; !errors.Is(err, stock.ErrReserverClosed) {
-				t.Errorf("Run stopped by Close returned %v", err)
-			}
+			assert.ErrorIs(t, <-runErr, stock.ErrReserverClosed, "Run stopped by Close")
 			dump := func() string {
 				ks := outsideKeys(t, c)
 				var sb strings.Builder
@@ -1232,25 +1095,14 @@ func TestCloseWithCallsInFlightThenNothingWritten(t *testing.T) {
 			}
 			first := dump()
 			time.Sleep(500 * time.Millisecond)
-			if second := dump(); first != second {
-				t.Errorf("Redis changed after Close returned:\n%s\n%s", first, second)
-			}
-			if _, err := r.Levels(ctx, "a"); !errors.Is(err, stock.ErrReserverClosed) {
-				t.Errorf("Levels after Close: %v", err)
-			}
+			assert.Equal(t, first, dump(), "Redis changed after Close returned")
+			assert.ErrorIs(t, errFrom(r.Levels(ctx, "a")), stock.ErrReserverClosed, "Levels after Close")
 			reader, _ := stock.New(c)
 			defer reader.Close(ctx)
-			lv, err := reader.Levels(ctx, "a")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if lv.Sold != int64(len(took)) {
-				t.Errorf("sold %d, acknowledged %d", lv.Sold, len(took))
-			}
+			lv := must(reader.Levels(ctx, "a"))(t)
+			assert.Equal(t, int64(len(took)), lv.Sold, "sold vs acknowledged")
 			rem, _ := store.Remaining(ctx, "a")
-			if rem != lv.Available {
-				t.Errorf("store remaining %d, Redis available %d (drain left %d undelivered)", rem, lv.Available, rem-lv.Available)
-			}
+			assert.Equal(t, lv.Available, rem, "store remaining vs Redis available (drain left %d undelivered)", rem-lv.Available)
 		})
 	}
 }

@@ -1,7 +1,6 @@
 package contract_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -27,23 +26,11 @@ var names = []string{
 	":", "deducted:x", "x:deducted", "a,b", "a;b", "a=1", "%d", "nil", "0",
 }
 
-// itemsOf lists r's items (stockops.Items), failing the test on an error.
-func itemsOf(t *testing.T, r *stock.Reserver) []string {
-	t.Helper()
-	var items []string
-	for it, err := range stockops.Items(context.Background(), r) {
-		require.NoError(t, err)
-		items = append(items, it)
-	}
-	return items
-}
-
 // Promise (package doc, Keys): "two items never share a key, and no item reaches the keys that
 // are not an item's": an operation on one item never changes another, whatever the names, and
 // Items lists exactly the loaded items.
 func TestKeyNamesDoNotCollide(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -61,13 +48,9 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		for i, n := range names {
 			user := names[(i+7)%len(names)]
 			id := names[(i+3)%len(names)]
-			rc, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 2})
-			require.NoError(t, err, n)
-			assert.False(t, rc.Replayed)
-			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: id + ":h", User: user, Qty: 1}, time.Hour)
-			require.NoError(t, err, n)
-			_, err = r.Restock(ctx, n, id+":rs", 3)
-			require.NoError(t, err, n)
+			assert.False(t, must(r.Deduct(ctx, req(n, id, user, 2)))(t, n).Replayed)
+			require.NoError(t, errFrom(r.Hold(ctx, req(n, id+":h", user, 1), time.Hour)), n)
+			require.NoError(t, errFrom(r.Restock(ctx, n, id+":rs", 3)), n)
 			after := snapshot()
 			for _, m := range names {
 				if m == n {
@@ -82,13 +65,11 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 				assert.Equal(t, before[m], after[m], "an operation on %q changed %q", n, m)
 			}
 			before = after
-			e, err := r.Ledger(ctx, n, id)
-			require.NoError(t, err)
+			e := must(r.Ledger(ctx, n, id))(t)
 			assert.Equal(t, user, e.User, "%s/%s", n, id)
 			assert.Equal(t, int64(2), e.Qty)
 			assert.Equal(t, stock.KindDeduct, e.Kind)
-			h, err := r.Ledger(ctx, n, id+":h")
-			require.NoError(t, err)
+			h := must(r.Ledger(ctx, n, id+":h"))(t)
 			assert.Equal(t, user, h.User)
 			assert.Equal(t, stock.StateHeld, h.State)
 			assert.False(t, h.Deadline.IsZero())
@@ -100,16 +81,12 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		}
 		for _, user := range []string{"x:1", "~", ":"} {
 			id := "cart:" + user
-			_, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
-			require.NoError(t, err)
-			rc, err := r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})
-			require.NoError(t, err)
-			assert.True(t, rc.Replayed)
+			require.NoError(t, errFrom(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})))
+			assert.True(t, must(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}))(t).Replayed)
 		}
 		assert.ElementsMatch(t, names, itemsOf(t, r))
 		for _, n := range names {
-			l := check(t, r, n, initial[n])
-			assert.Equal(t, int64(2+3), l.Sold, n)
+			assert.Equal(t, int64(2+3), check(t, r, n, initial[n]).Sold, n)
 		}
 	})
 }
@@ -136,7 +113,6 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 	}
 	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -150,10 +126,8 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		for i, n := range names {
 			user := names[(i+1)%len(names)]
 			id := names[(i+2)%len(names)]
-			_, err := r.Deduct(ctx, stock.Request{SKU: n, ID: id, User: user, Qty: 1})
-			require.NoError(t, err, n)
-			_, err = r.Hold(ctx, stock.Request{SKU: n, ID: user, User: id, Qty: 1}, time.Hour)
-			require.NoError(t, err, n)
+			require.NoError(t, errFrom(r.Deduct(ctx, req(n, id, user, 1))), n)
+			require.NoError(t, errFrom(r.Hold(ctx, req(n, user, id, 1), time.Hour)), n)
 			for _, m := range names {
 				l := check(t, r, m, initial[m])
 				if m == n {
@@ -171,11 +145,8 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 			{ID: "c2", User: "x:u", Lines: []stock.Line{{SKU: "items", Qty: 1}, {SKU: "carts", Qty: 1}}},
 			{ID: "c3", User: "tee", Lines: []stock.Line{{SKU: "tee", Qty: 1}, {SKU: "x", Qty: 1}, {SKU: "u", Qty: 1}}},
 		} {
-			_, err := r.DeductMany(ctx, c)
-			require.NoError(t, err, i)
-			rc, err := r.DeductMany(ctx, c)
-			require.NoError(t, err, i)
-			assert.True(t, rc.Replayed, i)
+			require.NoError(t, errFrom(r.DeductMany(ctx, c)), i)
+			assert.True(t, must(r.DeductMany(ctx, c))(t, i).Replayed, i)
 			for _, ln := range c.Lines {
 				before[ln.SKU] = stock.Levels{Available: before[ln.SKU].Available - 1, Held: before[ln.SKU].Held, Sold: before[ln.SKU].Sold + 1, Loaded: before[ln.SKU].Loaded}
 			}
@@ -190,7 +161,6 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 // "a:items", "a:carts") on one Redis never touch each other's items, registry or cart log.
 func TestPrefixesDoNotCollide(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
 		rs := map[string]*stock.Reserver{}
@@ -202,20 +172,16 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 		}
 		for i, p := range prefixes {
 			r := rs[p]
-			_, err := r.Deduct(ctx, stock.Request{SKU: "x", ID: "o1", User: "u", Qty: int64(i + 1)})
-			require.NoError(t, err)
-			_, err = r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
+			require.NoError(t, errFrom(r.Deduct(ctx, req("x", "o1", "u", int64(i+1)))))
+			_, err := r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
 			require.NoError(t, err)
 		}
-		_, err := stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)))
 		for i, p := range prefixes {
 			r := rs[p]
-			l := check(t, r, "x", int64(10+i))
-			assert.Equal(t, int64(i+1), l.Sold, "%s x", p)
+			assert.Equal(t, int64(i+1), check(t, r, "x", int64(10+i)).Sold, "%s x", p)
 			for _, n := range []string{"b", "c"} {
-				l := check(t, r, n, int64(10+i))
-				assert.Equal(t, int64(1), l.Sold, "%s %s", p, n)
+				assert.Equal(t, int64(1), check(t, r, n, int64(10+i)).Sold, "%s %s", p, n)
 			}
 			assert.ElementsMatch(t, []string{"x", "b", "c", "items", "carts", "b:x"}, itemsOf(t, r), p)
 		}
@@ -226,7 +192,6 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 // work on a split item as on a plain one.
 func TestNames(t *testing.T) {
 	each(t, []stock.Option{split(64)}, func(t *testing.T, e *requestEnv) {
-		ctx := context.Background()
 		long := strings.Repeat("é", stock.MaxNameLen/2) // 128 bytes
 		for _, sku := range []string{"a:b:c", "x~1~2", "商品-ü-🙂", "s:~0", long} {
 			t.Run(fmt.Sprintf("%.12s", sku), func(t *testing.T) {
@@ -236,22 +201,16 @@ func TestNames(t *testing.T) {
 					if i == 3 {
 						id = strings.Repeat("i", stock.MaxNameLen)
 					}
-					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 2})
-					require.NoError(t, err)
-					assert.Equal(t, sku, rc.SKU)
-					ent, err := e.r.Ledger(ctx, sku, id)
-					require.NoError(t, err)
+					assert.Equal(t, sku, must(e.r.Deduct(ctx, req(sku, id, user, 2)))(t).SKU)
+					ent := must(e.r.Ledger(ctx, sku, id))(t)
 					assert.Equal(t, sku, ent.SKU)
 					assert.Equal(t, user, ent.User)
 				}
-				_, err := e.r.Restore(ctx, sku, "id:0~ü")
-				require.NoError(t, err)
-				l := levels(t, e.r, sku)
-				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, l)
+				require.NoError(t, errFrom(e.r.Restore(ctx, sku, "id:0~ü")))
+				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, levels(t, e.r, sku))
 				require.NoError(t, e.r.CloseItem(ctx, sku))
 				require.NoError(t, e.r.ReopenItem(ctx, sku))
-				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "all", Qty: 62})
-				require.NoError(t, err)
+				require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "all", "", 62))))
 			})
 		}
 	})
@@ -261,7 +220,6 @@ func TestNames(t *testing.T) {
 // length answer on a split item as on a plain one (taken, replayed, refused as invalid alike).
 func TestOddIDs(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		plain, split := sku("plain-odd"), sku("odd")
 		ids := []string{"a|1", "a|1|2", "{x}", "}", "a:b~c", "sp ace", "ünï", "r", strings.Repeat("i", stock.MaxNameLen),
 			strings.Repeat("j", stock.MaxNameLen+1), "", "nul\x00x", "\n"}
@@ -272,7 +230,7 @@ func TestOddIDs(t *testing.T) {
 			for _, user := range []string{"", "u|0", id} {
 				var got [2]string
 				for j, sku := range []string{plain, split} {
-					rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user, Qty: 1})
+					rc, err := e.r.Deduct(ctx, req(sku, id, user, 1))
 					got[j] = fmt.Sprintf("%s replayed=%v", class(err), rc.Replayed)
 				}
 				assert.Equal(t, got[0], got[1], "id %q user %q", id, user)
@@ -305,13 +263,13 @@ func outsideCfRunes() []rune {
 	return out
 }
 
+// Every name with a Unicode format character (Cf) is ErrInvalid, naming the code point and
+// its offset, and nothing is written.
 func TestNamesWithFormatCharactersRefused(t *testing.T) {
 	e := outsideMini(t, stock.WithUserLimit(5))
 	e.load("ok", 100)
 	cfs := outsideCfRunes()
-	if len(cfs) < 100 {
-		t.Fatalf("only %d Cf runes", len(cfs))
-	}
+	require.GreaterOrEqual(t, len(cfs), 100, "Cf runes")
 	for _, cf := range cfs {
 		bad := "x" + string(cf) + "y"
 		code := fmt.Sprintf("U+%04X", cf)
@@ -321,39 +279,28 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 				t.Errorf("%s with %s: %v, want ErrInvalid", what, code, err)
 				return
 			}
-			if !strings.Contains(err.Error(), code) || !strings.Contains(err.Error(), "1") {
-				t.Errorf("%s with %s: message %q names no code point or offset", what, code, err)
-			}
+			assert.ErrorContains(t, err, code, "%s with %s: the message names the code point", what, code)
+			assert.ErrorContains(t, err, "1", "%s with %s: the message names the offset", what, code)
 		}
 		check("Load sku", e.r.Load(e.ctx, bad, 1))
-		_, err := e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: bad, User: "u", Qty: 1})
-		check("Deduct id", err)
-		_, err = e.r.Deduct(e.ctx, stock.Request{SKU: "ok", ID: "i", User: bad, Qty: 1})
-		check("Deduct user", err)
-		_, err = e.r.Restore(e.ctx, "ok", bad)
-		check("Restore id", err)
-		_, err = e.r.Restock(e.ctx, "ok", bad, 1)
-		check("Restock id", err)
-		_, err = e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})
-		check("DeductMany id", err)
-		_, err = e.r.HoldMany(e.ctx, stock.Cart{ID: "c", User: bad, Lines: []stock.Line{{SKU: "ok", Qty: 1}}}, time.Minute)
+		check("Deduct id", errFrom(e.r.Deduct(e.ctx, req("ok", bad, "u", 1))))
+		check("Deduct user", errFrom(e.r.Deduct(e.ctx, req("ok", "i", bad, 1))))
+		check("Restore id", errFrom(e.r.Restore(e.ctx, "ok", bad)))
+		check("Restock id", errFrom(e.r.Restock(e.ctx, "ok", bad, 1)))
+		check("DeductMany id", errFrom(e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})))
+		_, err := e.r.HoldMany(e.ctx, stock.Cart{ID: "c", User: bad, Lines: []stock.Line{{SKU: "ok", Qty: 1}}}, time.Minute)
 		check("HoldMany user", err)
-		_, err = e.r.Ledger(e.ctx, "ok", bad)
-		check("Ledger id", err)
+		check("Ledger id", errFrom(e.r.Ledger(e.ctx, "ok", bad)))
 		_, err = stock.New(e.c, stock.WithPrefix(bad))
 		check("WithPrefix", err)
 		check("RunOptions.Reconcile.Items", stock.RunOptions{Store: e.store, Reconcile: &stock.ReconcileOptions{Items: []string{bad}}}.Validate())
 		check("RunOptions.Relay.Items", stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{Items: []string{bad}}}.Validate())
 	}
-	if lv := e.levels("ok"); lv.Sold != 0 || lv.Loaded != 100 {
-		t.Errorf("levels %+v", lv)
-	}
+	assert.Equal(t, stock.Levels{Available: 100, Loaded: 100}, e.levels("ok"), "refusals change nothing")
 	ks := outsideKeys(t, e.c)
 	for _, k := range ks {
 		for _, r := range k {
-			if unicode.Is(unicode.Cf, r) {
-				t.Errorf("key with a format character: %q", k)
-			}
+			assert.False(t, unicode.Is(unicode.Cf, r), "key with a format character: %q", k)
 		}
 	}
 }
@@ -367,21 +314,17 @@ func TestNameFormatCharacterOffsetIsByteOffset(t *testing.T) {
 	}
 }
 
+// A group name with a format character makes no group: no key holds the character, and the
+// items load, sell in a cart and relay as ungrouped items.
 func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
 	e := outsideMini(t, stock.WithGroups(func(sku string) string { return "g\u200Dh" }))
 	e.load("a", 5)
 	e.load("b", 5)
 	for _, k := range outsideKeys(t, e.c) {
-		if strings.Contains(k, "\u200D") {
-			t.Errorf("a key holds the group's format character: %q", k)
-		}
+		assert.NotContains(t, k, "\u200D", "a key holds the group's format character")
 	}
-	if _, err := e.r.Levels(e.ctx, "a"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, errFrom(e.r.Levels(e.ctx, "a")))
+	require.NoError(t, errFrom(e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})))
 	e.relay()
 	e.want("a", 5, 1, 0)
 }
@@ -390,12 +333,11 @@ func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
 func TestNamesOfOtherScriptsAccepted(t *testing.T) {
 	e := outsideMini(t)
 	for _, n := range []string{"café", "cafe\u0301", "日本", "😀", "ㅤ", "a\uFE0F"} {
-		if err := e.r.Load(e.ctx, n, 1); err != nil {
-			t.Errorf("Load %q: %v", n, err)
-		}
+		assert.NoError(t, e.r.Load(e.ctx, n, 1), "Load %q", n)
 	}
 }
 
+// ErrConflict's message names what differs from the id's first use (quantity, user or kind).
 func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 	for _, split := range []bool{false, true} {
 		t.Run(fmt.Sprint("split=", split), func(t *testing.T) {
@@ -407,20 +349,10 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			e.load("a", 100)
 			e.load("b", 100)
 			ctx := e.ctx
-			must := func(err error) {
-				t.Helper()
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1})
-			must(err)
-			_, err = e.r.Hold(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2}, time.Hour)
-			must(err)
-			_, err = e.r.Restock(ctx, "a", "r", 5)
-			must(err)
-			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})
-			must(err)
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req("a", "d", "alice", 1))))
+			require.NoError(t, errFrom(e.r.Hold(ctx, req("a", "h", "alice", 2), time.Hour)))
+			require.NoError(t, errFrom(e.r.Restock(ctx, "a", "r", 5)))
+			require.NoError(t, errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})))
 
 			type tc struct {
 				name    string
@@ -432,34 +364,31 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			add := func(name string, err error, want []string, notWant ...string) {
 				cases = append(cases, tc{name, err, want, notWant})
 			}
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 3})
-			add("deduct other qty", err, []string{"with quantity 1, not 3"}, "another user", "hold")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "d", User: "bob", Qty: 1})
-			add("deduct other user", err, []string{"another user"}, "units", "alice", "bob")
-			_, err = e.r.Hold(ctx, stock.Request{SKU: "a", ID: "d", User: "alice", Qty: 1}, time.Hour)
-			add("hold of a deduct", err, []string{"deduct", "not a hold"}, "units", "another user")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 2})
-			add("deduct of a hold", err, []string{"hold", "not a deduct"}, "units", "another user")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "h", User: "alice", Qty: 1})
-			add("deduct of a hold, other qty", err, []string{"hold", "not a deduct", "with quantity 2, not 1"}, "another user")
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: "a", ID: "r", User: "alice", Qty: 5})
-			add("deduct of a restock", err, []string{"restock"}, "another user")
-			_, err = e.r.Restock(ctx, "a", "d", 1)
-			add("restock of a deduct", err, []string{"deduct"}, "another user")
-			_, err = e.r.Restock(ctx, "a", "r", 6)
-			add("restock other qty", err, []string{"with quantity 5, not 6"})
-			_, err = e.r.Confirm(ctx, "a", "d")
-			add("confirm of a deduct", err, []string{"used for a deduct", "not a hold"}, "another user", "units")
-			_, err = e.r.Cancel(ctx, "a", "d")
-			add("cancel of a deduct", err, []string{"used for a deduct", "not a hold"}, "another user", "units")
-			_, err = e.r.Restore(ctx, "a", "r")
-			add("restore of a restock", err, []string{"restock"})
-			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})
-			add("cart other user", err, []string{"another user"}, "alice", "bob")
-			_, err = e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})
-			add("cart other lines", err, []string{"line"}, "another user")
-			_, err = e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)
-			add("cart other kind", err, []string{"hold"}, "another user")
+			add("deduct other qty", errFrom(e.r.Deduct(ctx, req("a", "d", "alice", 3))),
+				[]string{"with quantity 1, not 3"}, "another user", "hold")
+			add("deduct other user", errFrom(e.r.Deduct(ctx, req("a", "d", "bob", 1))),
+				[]string{"another user"}, "units", "alice", "bob")
+			add("hold of a deduct", errFrom(e.r.Hold(ctx, req("a", "d", "alice", 1), time.Hour)),
+				[]string{"deduct", "not a hold"}, "units", "another user")
+			add("deduct of a hold", errFrom(e.r.Deduct(ctx, req("a", "h", "alice", 2))),
+				[]string{"hold", "not a deduct"}, "units", "another user")
+			add("deduct of a hold, other qty", errFrom(e.r.Deduct(ctx, req("a", "h", "alice", 1))),
+				[]string{"hold", "not a deduct", "with quantity 2, not 1"}, "another user")
+			add("deduct of a restock", errFrom(e.r.Deduct(ctx, req("a", "r", "alice", 5))),
+				[]string{"restock"}, "another user")
+			add("restock of a deduct", errFrom(e.r.Restock(ctx, "a", "d", 1)), []string{"deduct"}, "another user")
+			add("restock other qty", errFrom(e.r.Restock(ctx, "a", "r", 6)), []string{"with quantity 5, not 6"})
+			add("confirm of a deduct", errFrom(e.r.Confirm(ctx, "a", "d")),
+				[]string{"used for a deduct", "not a hold"}, "another user", "units")
+			add("cancel of a deduct", errFrom(e.r.Cancel(ctx, "a", "d")),
+				[]string{"used for a deduct", "not a hold"}, "another user", "units")
+			add("restore of a restock", errFrom(e.r.Restore(ctx, "a", "r")), []string{"restock"})
+			add("cart other user", errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})),
+				[]string{"another user"}, "alice", "bob")
+			add("cart other lines", errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})),
+				[]string{"line"}, "another user")
+			add("cart other kind", errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)),
+				[]string{"hold"}, "another user")
 			for _, c := range cases {
 				if !errors.Is(c.err, stock.ErrConflict) {
 					t.Errorf("%s: %v, want ErrConflict", c.name, c.err)
@@ -467,19 +396,14 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 				}
 				msg := c.err.Error()
 				for _, w := range c.want {
-					if !strings.Contains(msg, w) {
-						t.Errorf("%s: message %q lacks %q", c.name, msg, w)
-					}
+					assert.Contains(t, msg, w, "%s: message lacks it", c.name)
 				}
 				for _, w := range c.notWant {
-					if strings.Contains(msg, w) {
-						t.Errorf("%s: message %q says %q", c.name, msg, w)
-					}
+					assert.NotContains(t, msg, w, "%s: message says it", c.name)
 				}
 			}
-			if lv := e.levels("a"); lv.Sold != 2 || lv.Held != 2 || lv.Loaded != 105 {
-				t.Errorf("levels after conflicts %+v", lv)
-			}
+			lv := e.levels("a")
+			assert.Equal(t, [3]int64{2, 2, 105}, [3]int64{lv.Sold, lv.Held, lv.Loaded}, "sold, held, loaded after conflicts")
 		})
 	}
 }

@@ -28,41 +28,27 @@ import (
 func TestFastPathIDsBeforeSellOut(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c1, c2 := b.Pair(t)
-		r1 := testkit.NewReserver(t, c1)
-		r2 := testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		const n = 3000
 		require.NoError(t, r1.Load(ctx, "f", n+2))
-		_, err := r1.Restore(ctx, "f", "tomb")
-		require.ErrorIs(t, err, stock.ErrUnknownID)
-		_, err = r1.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)
-		require.NoError(t, err)
-		_, err = r1.Cancel(ctx, "f", "cancelled")
-		require.NoError(t, err)
-		_, err = r1.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, 100*time.Millisecond)
-		require.NoError(t, err)
+		require.ErrorIs(t, errFrom(r1.Restore(ctx, "f", "tomb")), stock.ErrUnknownID)
+		require.NoError(t, errFrom(r1.Hold(ctx, req("f", "cancelled", "", 1), time.Hour)))
+		require.NoError(t, errFrom(r1.Cancel(ctx, "f", "cancelled")))
+		require.NoError(t, errFrom(r1.Hold(ctx, req("f", "expired", "", 1), 100*time.Millisecond)))
 		redistest.Sleep(c1, 200*time.Millisecond)
 		deductEach(t, r1, stock.Request{SKU: "f", Qty: 1}, numbered("o", n)...)
-		_, err = r1.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 2})
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r1.Deduct(ctx, req("f", "last", "", 2))))
 		// Sold out. Warm the caches with refusals, then ask for every id the ledger has.
 		warmSoldOut(t, r2, "f", b.Real())
 		warmSoldOut(t, r1, "f", b.Real())
 		for _, r := range []*stock.Reserver{r2, r1} {
 			for i := range n {
-				rc, err := r.Deduct(ctx, stock.Request{SKU: "f", ID: fmt.Sprint("o", i), Qty: 1})
-				require.NoError(t, err, "replay of o%d", i)
-				require.True(t, rc.Replayed)
+				require.True(t, must(r.Deduct(ctx, req("f", fmt.Sprint("o", i), "", 1)))(t, "replay of o%d", i).Replayed)
 			}
-			_, err = r.Deduct(ctx, stock.Request{SKU: "f", ID: "tomb", Qty: 1})
-			assert.ErrorIs(t, err, stock.ErrRestored)
-			_, err = r.Hold(ctx, stock.Request{SKU: "f", ID: "cancelled", Qty: 1}, time.Hour)
-			assert.ErrorIs(t, err, stock.ErrRestored)
-			_, err = r.Hold(ctx, stock.Request{SKU: "f", ID: "expired", Qty: 1}, time.Hour)
-			assert.ErrorIs(t, err, stock.ErrExpired)
-			_, err = r.Deduct(ctx, stock.Request{SKU: "f", ID: "last", Qty: 3})
-			assert.ErrorIs(t, err, stock.ErrConflict)
+			assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("f", "tomb", "", 1))), stock.ErrRestored)
+			assert.ErrorIs(t, errFrom(r.Hold(ctx, req("f", "cancelled", "", 1), time.Hour)), stock.ErrRestored)
+			assert.ErrorIs(t, errFrom(r.Hold(ctx, req("f", "expired", "", 1), time.Hour)), stock.ErrExpired)
+			assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("f", "last", "", 3))), stock.ErrConflict)
 		}
 		t.Logf("answered in-process: r1 %d, r2 %d", stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r2))
 		check(t, r1, "f", n+2)
@@ -76,16 +62,13 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 // there for the next deduct.
 func TestFastPathOwnWritesGiveBack(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c1, c2 := b.Pair(t)
-		r1 := testkit.NewReserver(t, c1)
-		r2 := testkit.NewReserver(t, c2)
+		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "g", 0))
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		untilStopped(&wg, stop, func(int) {
 			_, _ = testkit.Available(r2.Levels(ctx, "g"))
-			_, _ = r2.Deduct(ctx, stock.Request{SKU: "g", ID: "r2-never", Qty: 1 << 40})
+			_, _ = r2.Deduct(ctx, req("g", "r2-never", "", 1<<40))
 		})
 		defer func() { close(stop); wg.Wait() }()
 		writes := []string{"restock", "restore", "cancel", "sweep", "extend", "confirm", "refuse"}
@@ -96,20 +79,17 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 				// Set up one unit owned by an id of w, then sell out and warm the cache.
 				id := next()
 				if w != "restock" {
-					_, err := r1.Restock(ctx, "g", next(), 1)
-					require.NoError(t, err)
+					require.NoError(t, errFrom(r1.Restock(ctx, "g", next(), 1)))
 				}
 				switch w {
 				case "restore", "refuse":
-					_, err := r1.Deduct(ctx, stock.Request{SKU: "g", ID: id, Qty: 1})
-					require.NoError(t, err)
+					require.NoError(t, errFrom(r1.Deduct(ctx, req("g", id, "", 1))))
 				case "cancel", "sweep", "extend", "confirm":
 					ttl := time.Hour
 					if w != "cancel" {
 						ttl = 300 * time.Millisecond
 					}
-					_, err := r1.Hold(ctx, stock.Request{SKU: "g", ID: id, Qty: 1}, ttl)
-					require.NoError(t, err)
+					require.NoError(t, errFrom(r1.Hold(ctx, req("g", id, "", 1), ttl)))
 				}
 				warmSoldOut(t, r1, "g", false)
 				var err error
@@ -143,7 +123,7 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 						require.ErrorIs(t, err, stock.ErrExpired)
 					}
 				}
-				_, err = r1.Deduct(ctx, stock.Request{SKU: "g", ID: next(), Qty: 1})
+				_, err = r1.Deduct(ctx, req("g", next(), "", 1))
 				require.NoError(t, err, "round %d: after its own %s gave a unit back, r1 said", round, w)
 			}
 		}
@@ -159,15 +139,12 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 // the Reserver whose cache says sold out must still reach Redis and take the unit.
 func TestFastPathHoldDeadlinePassed(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c := b.Client(t)
-		r := testkit.NewReserver(t, c, stock.WithSoldOutCache(time.Hour))
+		c, r := clientReserver(t, b, stock.WithSoldOutCache(time.Hour))
 		require.NoError(t, r.Load(ctx, "p", 1))
-		_, err := r.Hold(ctx, stock.Request{SKU: "p", ID: "h", Qty: 1}, 200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Hold(ctx, req("p", "h", "", 1), 200*time.Millisecond)))
 		refuseSoldOut(t, r, "p", numbered("x", 20)...)
 		redistest.Sleep(c, 400*time.Millisecond)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: "p", ID: "after", Qty: 1})
+		rc, err := r.Deduct(ctx, req("p", "after", "", 1))
 		assert.NoError(t, err, "the only hold expired: the unit is free (%+v); answered in-process %d", rc, stockops.SoldOutAnswers(r))
 		t.Logf("answered in-process: %d", stockops.SoldOutAnswers(r))
 		check(t, r, "p", 1)
@@ -181,7 +158,6 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 // that wrote them, and on a second Reserver sharing its client.
 func TestFastPathUnderChurn(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c1, c2 := b.Pair(t)
 		r1 := testkit.NewReserver(t, c1)
 		r1b := testkit.NewReserver(t, c1) // another Reserver on r1's client
@@ -194,11 +170,10 @@ func TestFastPathUnderChurn(t *testing.T) {
 				if k == 0 && i%4 == 0 {
 					_, _ = r2.Restock(ctx, "s", fmt.Sprintf("bg-rs-%d", i), 2)
 				}
-				_, _ = r2.Deduct(ctx, stock.Request{SKU: "s", ID: fmt.Sprintf("bg-%d-%d", k, i), Qty: 1})
+				_, _ = r2.Deduct(ctx, req("s", fmt.Sprintf("bg-%d-%d", k, i), "", 1))
 			})
 		}
 		var (
-			wg        sync.WaitGroup
 			mu        sync.Mutex
 			wrong     = map[string]int{}
 			tombs, rp int
@@ -207,49 +182,44 @@ func TestFastPathUnderChurn(t *testing.T) {
 		if !b.Real() {
 			iters = 150
 		}
-		for g := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range iters {
-					id := fmt.Sprintf("w%d-%d", g, i)
-					if i%2 == 0 {
-						_, err := r1.Restore(ctx, "s", id)
-						if !errors.Is(err, stock.ErrUnknownID) {
-							continue
-						}
-						rr := r1
-						if i%4 == 0 {
-							rr = r1b
-						}
-						_, err = rr.Deduct(ctx, stock.Request{SKU: "s", ID: id, Qty: 1})
-						mu.Lock()
-						tombs++
-						if !errors.Is(err, stock.ErrRestored) {
-							wrong[fmt.Sprintf("tombstone then deduct: %v", err)]++
-						}
-						mu.Unlock()
-						continue
-					}
-					_, err := r1.Deduct(ctx, stock.Request{SKU: "s", ID: id, Qty: 1})
-					if err != nil {
+		parallel(8, func(g int) {
+			for i := range iters {
+				id := fmt.Sprintf("w%d-%d", g, i)
+				if i%2 == 0 {
+					_, err := r1.Restore(ctx, "s", id)
+					if !errors.Is(err, stock.ErrUnknownID) {
 						continue
 					}
 					rr := r1
-					if i%4 == 1 {
+					if i%4 == 0 {
 						rr = r1b
 					}
-					rc, err := rr.Deduct(ctx, stock.Request{SKU: "s", ID: id, Qty: 1})
+					_, err = rr.Deduct(ctx, req("s", id, "", 1))
 					mu.Lock()
-					rp++
-					if err != nil || !rc.Replayed {
-						wrong[fmt.Sprintf("taken then repeated: %v replayed=%v", err, rc.Replayed)]++
+					tombs++
+					if !errors.Is(err, stock.ErrRestored) {
+						wrong[fmt.Sprintf("tombstone then deduct: %v", err)]++
 					}
 					mu.Unlock()
+					continue
 				}
-			}()
-		}
-		wg.Wait()
+				_, err := r1.Deduct(ctx, req("s", id, "", 1))
+				if err != nil {
+					continue
+				}
+				rr := r1
+				if i%4 == 1 {
+					rr = r1b
+				}
+				rc, err := rr.Deduct(ctx, req("s", id, "", 1))
+				mu.Lock()
+				rp++
+				if err != nil || !rc.Replayed {
+					wrong[fmt.Sprintf("taken then repeated: %v replayed=%v", err, rc.Replayed)]++
+				}
+				mu.Unlock()
+			}
+		})
 		close(stop)
 		bg.Wait()
 		t.Logf("%d tombstones, %d repeats; in-process answers r1 %d r1b %d r2 %d", tombs, rp, stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r1b), stockops.SoldOutAnswers(r2))
@@ -262,7 +232,6 @@ func TestFastPathUnderChurn(t *testing.T) {
 // each with an item "x": one's sold-out state never answers for the other.
 func TestFastPathPerPrefix(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
 		c := b.Client(t)
 		ra := testkit.NewReserver(t, c, stock.WithPrefix("a"))
 		rb := testkit.NewReserver(t, c, stock.WithPrefix("a:b"))
@@ -272,10 +241,8 @@ func TestFastPathPerPrefix(t *testing.T) {
 		require.NoError(t, rg.Load(ctx, "x", 5))
 		warmSoldOut(t, ra, "x", b.Real())
 		for i := range 5 {
-			_, err := rb.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("b", i), Qty: 1})
-			require.NoError(t, err)
-			_, err = rg.Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("g", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(rb.Deduct(ctx, req("x", fmt.Sprint("b", i), "", 1))))
+			require.NoError(t, errFrom(rg.Deduct(ctx, req("x", fmt.Sprint("g", i), "", 1))))
 		}
 		check(t, ra, "x", 0)
 		check(t, rb, "x", 5)
@@ -291,7 +258,6 @@ func TestFastPathLifecycle(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
 			backends(t, func(t *testing.T, b redistest.Backend) {
-				ctx := context.Background()
 				c := b.Client(t)
 				var opts []stock.Option
 				if grouped {
@@ -301,36 +267,30 @@ func TestFastPathLifecycle(t *testing.T) {
 				store := memstore.New()
 				require.NoError(t, r.Load(ctx, "life", 1))
 				require.NoError(t, store.Load(ctx, "life", 1))
-				_, err := r.Deduct(ctx, stock.Request{SKU: "life", ID: "o1", Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errFrom(r.Deduct(ctx, req("life", "o1", "", 1))))
 				warmSoldOut(t, r, "life", b.Real())
 				// Tombstone on the warm grouped/ungrouped item.
-				_, err = r.Restore(ctx, "life", "t1")
-				require.ErrorIs(t, err, stock.ErrUnknownID)
-				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "t1", Qty: 1})
-				assert.ErrorIs(t, err, stock.ErrRestored)
+				require.ErrorIs(t, errFrom(r.Restore(ctx, "life", "t1")), stock.ErrUnknownID)
+				assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("life", "t1", "", 1))), stock.ErrRestored)
 				// Close, restock, reopen.
 				warmSoldOut(t, r, "life", b.Real())
 				require.NoError(t, r.CloseItem(ctx, "life"))
-				_, err = r.Restock(ctx, "life", "rs1", 1)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(r.Restock(ctx, "life", "rs1", 1)))
 				require.NoError(t, r.ReopenItem(ctx, "life"))
-				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o2", Qty: 1})
-				require.NoError(t, err, "after close, restock, reopen")
+				require.NoError(t, errFrom(r.Deduct(ctx, req("life", "o2", "", 1))), "after close, restock, reopen")
 				// Delist, retire, load again.
 				warmSoldOut(t, r, "life", b.Real())
 				drainOfLifecycle(t, r, store)
 				require.NoError(t, r.Delist(ctx, "life"))
 				redistest.Sleep(c, 20*time.Millisecond)
-				rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond})
-				require.NoError(t, err)
+				rec := must(stockops.NewReconciler(r, store, &stock.ReconcileOptions{Retention: time.Millisecond}))(t)
 				reps := reports(t, rec)
 				require.True(t, reps["life"].Retired, "%v", reps["life"])
-				_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: "o3", Qty: 1})
+				_, err := r.Deduct(ctx, req("life", "o3", "", 1))
 				assert.ErrorIs(t, err, stock.ErrNotLoaded, "a retired item")
 				require.NoError(t, r.Load(ctx, "life", 3))
 				for i := range 3 {
-					_, err = r.Deduct(ctx, stock.Request{SKU: "life", ID: fmt.Sprint("new", i), Qty: 1})
+					_, err = r.Deduct(ctx, req("life", fmt.Sprint("new", i), "", 1))
 					require.NoError(t, err, "the reloaded item, deduct %d", i)
 				}
 				testkit.Levels(t, r, "life")
@@ -346,9 +306,7 @@ func TestFastPathLifecycle(t *testing.T) {
 // Reserver.
 func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 	backends(t, func(t *testing.T, b redistest.Backend) {
-		ctx := context.Background()
-		c1, c2 := b.Pair(t)
-		r1, r2 := testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)
+		_, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "rt", 0))
 		for i := range 30 {
 			warmSoldOut(t, r1, "rt", b.Real())
@@ -364,13 +322,12 @@ func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 				return err
 			}
 			require.ErrorIs(t, take(r1, true), stock.ErrSoldOut)
-			_, err := r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)))
 			// The first attempt arrives late, on either Reserver.
-			err = take([]*stock.Reserver{r1, r2}[i%3%2], false)
+			err := take([]*stock.Reserver{r1, r2}[i%3%2], false)
 			assert.Error(t, err, "%s: the caller was told sold out, the late first attempt took stock", id)
 			// Sell the restocked unit out again.
-			_, err = r1.Deduct(ctx, stock.Request{SKU: "rt", ID: fmt.Sprint("fill", i), Qty: 1})
+			_, err = r1.Deduct(ctx, req("rt", fmt.Sprint("fill", i), "", 1))
 			if err != nil {
 				require.ErrorIs(t, err, stock.ErrSoldOut)
 			}
@@ -411,36 +368,14 @@ func warmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 func refuseSoldOut(t *testing.T, r *stock.Reserver, sku string, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
-		_, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: id, Qty: 1})
-		require.ErrorIs(t, err, stock.ErrSoldOut, "Deduct %s %s", sku, id)
+		require.ErrorIs(t, errFrom(r.Deduct(context.Background(), req(sku, id, "", 1))), stock.ErrSoldOut, "Deduct %s %s", sku, id)
 	}
 }
 
-// soldOutBackends runs f on every backend with two clients on one database (two processes).
-func soldOutBackends(t *testing.T, f func(t *testing.T, real bool, c1, c2 rueidis.Client)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		if b.Name == "sentinel" {
-			continue
-		}
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c1, c2 := b.Pair(t)
-			f(t, b.Real(), c1, c2)
-		})
-	}
-}
-
-// soldOutLevels is testkit.Levels (other files of the package call it by this name).
-func soldOutLevels(t *testing.T, r *stock.Reserver, sku string) stock.Levels {
-	t.Helper()
-	return testkit.Levels(t, r, sku)
-}
-
+// The sold-out fast path answers every id of a ledger, and new ids, as the script does.
 func TestFastPathDifferential(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		const limit = 3
 		fast := testkit.NewReserver(t, c1, stock.WithUserLimit(limit))
 		ref := testkit.NewReserver(t, c2, stock.WithUserLimit(limit), stock.WithSoldOutCache(0))
@@ -451,40 +386,33 @@ func TestFastPathDifferential(t *testing.T) {
 		var ids []string
 		for i := range 300 {
 			id := fmt.Sprintf("d%d", i)
-			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: user(i), Qty: 1})
-			require.NoError(t, err, id)
+			require.NoError(t, errFrom(fast.Deduct(ctx, req(sku, id, user(i), 1))), id)
 			ids = append(ids, id)
 		}
 		for i := range 20 {
 			id := fmt.Sprintf("h%d", i)
-			_, err := fast.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user(i + 300), Qty: 1}, time.Hour)
-			require.NoError(t, err, id)
+			require.NoError(t, errFrom(fast.Hold(ctx, req(sku, id, user(i+300), 1), time.Hour)), id)
 			ids = append(ids, id)
 		}
 		for i := range 5 {
 			id := fmt.Sprintf("e%d", i)
-			_, err := fast.Hold(ctx, stock.Request{SKU: sku, ID: id, User: user(i + 320), Qty: 1}, 300*time.Millisecond)
-			require.NoError(t, err, id)
+			require.NoError(t, errFrom(fast.Hold(ctx, req(sku, id, user(i+320), 1), 300*time.Millisecond)), id)
 			ids = append(ids, id)
 		}
 		for i := range 20 { // restores of deducts
-			_, err := fast.Restore(ctx, sku, fmt.Sprintf("d%d", i))
-			require.NoError(t, err)
+			require.NoError(t, errFrom(fast.Restore(ctx, sku, fmt.Sprintf("d%d", i))))
 		}
 		for i := range 5 { // cancels of holds
-			_, err := fast.Cancel(ctx, sku, fmt.Sprintf("h%d", i))
-			require.NoError(t, err)
+			require.NoError(t, errFrom(fast.Cancel(ctx, sku, fmt.Sprintf("h%d", i))))
 		}
 		for i := range 10 { // tombstones
 			id := fmt.Sprintf("t%d", i)
-			_, err := fast.Restore(ctx, sku, id)
-			require.ErrorIs(t, err, stock.ErrUnknownID)
+			require.ErrorIs(t, errFrom(fast.Restore(ctx, sku, id)), stock.ErrUnknownID)
 			ids = append(ids, id)
 		}
 		for i := range 3 { // restocks
 			id := fmt.Sprintf("r%d", i)
-			_, err := fast.Restock(ctx, sku, id, 2)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(fast.Restock(ctx, sku, id, 2)))
 			ids = append(ids, id)
 		}
 		redistest.Sleep(c1, 600*time.Millisecond) // the e holds pass their deadline
@@ -494,7 +422,7 @@ func TestFastPathDifferential(t *testing.T) {
 		for i := 0; ; i++ {
 			require.Less(t, i, 1000)
 			id := fmt.Sprintf("f%d", i)
-			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("fill%d", i), Qty: 1})
+			_, err := fast.Deduct(ctx, req(sku, id, fmt.Sprintf("fill%d", i), 1))
 			if errors.Is(err, stock.ErrSoldOut) {
 				break
 			}
@@ -504,16 +432,14 @@ func TestFastPathDifferential(t *testing.T) {
 		// Retry refusals (Tf), recorded now that the item is sold out.
 		for i := range 5 {
 			id := fmt.Sprintf("x%d", i)
-			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "ux", Qty: 1, Retry: true})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			require.ErrorIs(t, errFrom(fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "ux", Qty: 1, Retry: true})), stock.ErrSoldOut)
 			ids = append(ids, id)
 		}
 		// Build the filter: refusals of new ids, enough for a ledger of ~400 entries.
 		for i := range 40 {
-			_, err := fast.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("warm%d", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			require.ErrorIs(t, errFrom(fast.Deduct(ctx, req(sku, fmt.Sprintf("warm%d", i), "", 1))), stock.ErrSoldOut)
 		}
-		soldOutLevels(t, fast, sku)
+		testkit.Levels(t, fast, sku)
 
 		// Every entry's id, asked as a deduct and as a hold, with the entry's own parameters and
 		// with others; and new ids.
@@ -540,13 +466,13 @@ func TestFastPathDifferential(t *testing.T) {
 			e := entries[id]
 			qty := max(e.Qty, 1)
 			qs = append(qs,
-				q{false, stock.Request{SKU: sku, ID: id, User: e.User, Qty: qty}},
-				q{true, stock.Request{SKU: sku, ID: id, User: e.User, Qty: qty}},
-				q{false, stock.Request{SKU: sku, ID: id, User: "someone-else", Qty: qty + 1}},
+				q{false, req(sku, id, e.User, qty)},
+				q{true, req(sku, id, e.User, qty)},
+				q{false, req(sku, id, "someone-else", qty+1)},
 			)
 		}
 		for i := range 300 {
-			qs = append(qs, q{i%2 == 0, stock.Request{SKU: sku, ID: fmt.Sprintf("new%d", i), User: user(i), Qty: 1}})
+			qs = append(qs, q{i%2 == 0, req(sku, fmt.Sprintf("new%d", i), user(i), 1)})
 		}
 		ask := func(r *stock.Reserver, x q) (stock.Receipt, error) {
 			if x.hold {
@@ -573,7 +499,7 @@ func TestFastPathDifferential(t *testing.T) {
 		if real {
 			assert.Positive(t, stockops.SoldOutAnswers(fast), "on a caching client the fast path answers some refusals in-process")
 		}
-		soldOutLevels(t, fast, sku)
+		testkit.Levels(t, fast, sku)
 	})
 }
 
@@ -583,13 +509,11 @@ func TestFastPathDifferential(t *testing.T) {
 // that the fast path must not refuse as sold out. Many rounds, to hit the invalidation race.
 func TestFastPathOwnWritesWithHolds(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1)
 		sku := "own:holds~é"
 		require.NoError(t, r.Load(ctx, sku, 4))
 		for i := range 4 {
-			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("H%d", i), Qty: 1}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Hold(ctx, req(sku, fmt.Sprintf("H%d", i), "", 1), time.Hour)))
 		}
 		live := []string{"H0", "H1", "H2", "H3"}
 		n := 0
@@ -597,8 +521,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 		soldOut := func() {
 			t.Helper()
 			for range 3 {
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
+				require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, newID(), "", 1))), stock.ErrSoldOut)
 			}
 		}
 		rounds := 150
@@ -610,50 +533,43 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 			switch i % 5 {
 			case 0: // cancel a hold, then hold again with a new id
 				old := live[0]
-				_, err := r.Cancel(ctx, sku, old)
-				require.NoError(t, err, "cancel %s", old)
+				require.NoError(t, errFrom(r.Cancel(ctx, sku, old)), "cancel %s", old)
 				nid := fmt.Sprintf("G%d", i)
-				_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: nid, Qty: 1}, time.Hour)
+				_, err := r.Hold(ctx, req(sku, nid, "", 1), time.Hour)
 				require.NoError(t, err, "round %d: a hold right after this Reserver's cancel", i)
 				live = append(live[1:], nid)
-				_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: old, Qty: 1}, time.Hour)
+				_, err = r.Hold(ctx, req(sku, old, "", 1), time.Hour)
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: the cancelled hold again", i)
 			case 1: // restock, then take it
-				_, err := r.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 1)
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
+				require.NoError(t, errFrom(r.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 1)))
+				_, err := r.Deduct(ctx, req(sku, newID(), "", 1))
 				require.NoError(t, err, "round %d: a deduct right after this Reserver's restock", i)
 			case 2: // a tombstone, then its late deduct: ErrRestored, never ErrSoldOut
 				id := fmt.Sprintf("tomb%d", i)
-				_, err := r.Restore(ctx, sku, id)
-				require.ErrorIs(t, err, stock.ErrUnknownID)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
-				require.ErrorIs(t, err, stock.ErrRestored, "round %d: late deduct of a tombstone", i)
-				_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}, time.Minute)
+				require.ErrorIs(t, errFrom(r.Restore(ctx, sku, id)), stock.ErrUnknownID)
+				require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, id, "", 1))), stock.ErrRestored, "round %d: late deduct of a tombstone", i)
+				_, err := r.Hold(ctx, req(sku, id, "", 1), time.Minute)
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: late hold of a tombstone", i)
 			case 3: // close: ErrClosed; reopen: sold out again
 				require.NoError(t, r.CloseItem(ctx, sku))
-				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
+				_, err := r.Deduct(ctx, req(sku, newID(), "", 1))
 				require.ErrorIs(t, err, stock.ErrClosed, "round %d: deduct right after this Reserver's close", i)
-				_, err = r.Hold(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1}, time.Minute)
+				_, err = r.Hold(ctx, req(sku, newID(), "", 1), time.Minute)
 				require.ErrorIs(t, err, stock.ErrClosed, "round %d: hold right after close", i)
 				require.NoError(t, r.ReopenItem(ctx, sku))
 			case 4: // sell with a deduct restored at once: the restore frees one unit
-				_, err := r.Restock(ctx, sku, fmt.Sprintf("rt%d", i), 1)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(r.Restock(ctx, sku, fmt.Sprintf("rt%d", i), 1)))
 				id := newID()
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
-				require.NoError(t, err)
+				require.NoError(t, errFrom(r.Deduct(ctx, req(sku, id, "", 1))))
 				soldOut()
-				_, err = r.Restore(ctx, sku, id)
-				require.NoError(t, err)
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: newID(), Qty: 1})
+				require.NoError(t, errFrom(r.Restore(ctx, sku, id)))
+				_, err := r.Deduct(ctx, req(sku, newID(), "", 1))
 				require.NoError(t, err, "round %d: a deduct right after this Reserver's restore", i)
 				// the replay of the restored id: ErrRestored, never sold out
-				_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})
+				_, err = r.Deduct(ctx, req(sku, id, "", 1))
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: the restored id again", i)
 			}
-			soldOutLevels(t, r, sku)
+			testkit.Levels(t, r, sku)
 		}
 		t.Logf("answered in-process: %d", stockops.SoldOutAnswers(r))
 	})
@@ -664,25 +580,20 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 // must free its unit for a new request once due, whatever the fast path cached before.
 func TestFastPathExtendShortens(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1, stock.WithClock(func() time.Time { return time.Now().Add(-20 * time.Minute) }))
 		sku := "ext:short"
 		require.NoError(t, r.Load(ctx, sku, 2))
 		for i := range 2 {
-			_, err := r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("H%d", i), Qty: 1}, time.Hour)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(r.Hold(ctx, req(sku, fmt.Sprintf("H%d", i), "", 1), time.Hour)))
 		}
 		refuseSoldOut(t, r, sku, numbered("w", 20)...)
-		_, err := r.Extend(ctx, sku, "H1", 1200*time.Millisecond)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(r.Extend(ctx, sku, "H1", 1200*time.Millisecond)))
 		refuseSoldOut(t, r, sku, numbered("v", 20)...) // still live: sold out
 		redistest.Sleep(c1, 1500*time.Millisecond)
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "after", Qty: 1})
-		require.NoError(t, err, "the extended hold is due: the script releases it and takes the request")
+		rc := must(r.Deduct(ctx, req(sku, "after", "", 1)))(t, "the extended hold is due: the script releases it and takes the request")
 		assert.Equal(t, int64(0), rc.Remaining)
-		_, err = r.Confirm(ctx, sku, "H1")
-		require.ErrorIs(t, err, stock.ErrExpired)
-		soldOutLevels(t, r, sku)
+		require.ErrorIs(t, errFrom(r.Confirm(ctx, sku, "H1")), stock.ErrExpired)
+		testkit.Levels(t, r, sku)
 	})
 }
 
@@ -690,19 +601,17 @@ func TestFastPathExtendShortens(t *testing.T) {
 // invalidation be lost". A request with a new id must be taken within a few seconds at most.
 func TestFastPathOtherProcessBounded(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, c2 rueidis.Client) {
-		ctx := context.Background()
 		r1 := testkit.NewReserver(t, c1)
 		r2 := testkit.NewReserver(t, c2)
 		sku := "other:proc"
 		require.NoError(t, r1.Load(ctx, sku, 1))
-		_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})
+		_, err := r1.Deduct(ctx, req(sku, "a", "", 1))
 		require.NoError(t, err)
 		n := 0
 		for round := range 10 {
 			for range 15 {
 				n++
-				_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("w%d", n), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
+				require.ErrorIs(t, errFrom(r1.Deduct(ctx, req(sku, fmt.Sprintf("w%d", n), "", 1))), stock.ErrSoldOut)
 			}
 			var gave string
 			switch round % 3 {
@@ -721,7 +630,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 				_, err = r2.Restore(ctx, sku, last)
 				gave = "restore " + last
 			case 2:
-				_, err = r2.Hold(ctx, stock.Request{SKU: sku, ID: "noop", Qty: 1}, time.Minute) // sold out: changes nothing
+				_, err = r2.Hold(ctx, req(sku, "noop", "", 1), time.Minute) // sold out: changes nothing
 				require.ErrorIs(t, err, stock.ErrSoldOut)
 				_, err = r2.Restock(ctx, sku, fmt.Sprintf("r%d", round), 1)
 				gave = "restock"
@@ -731,7 +640,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 			var taken bool
 			for time.Since(start) < 4*time.Second {
 				n++
-				_, err := r1.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("w%d", n), Qty: 1})
+				_, err := r1.Deduct(ctx, req(sku, fmt.Sprintf("w%d", n), "", 1))
 				if err == nil {
 					taken = true
 					break
@@ -740,7 +649,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			require.True(t, taken, "round %d (%s by another process): still sold out after 4s", round, gave)
-			soldOutLevels(t, r1, sku)
+			testkit.Levels(t, r1, sku)
 		}
 	})
 }
@@ -750,7 +659,6 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 // its first life must not answer for the second.
 func TestFastPathRetiredReloaded(t *testing.T) {
 	soldOutBackends(t, func(t *testing.T, real bool, c1, _ rueidis.Client) {
-		ctx := context.Background()
 		r := testkit.NewReserver(t, c1)
 		st := memstore.New()
 		sku := "ret:ü"
@@ -759,40 +667,32 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 		deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, numbered("d", 2)...)
 		refuseSoldOut(t, r, sku, numbered("w", 20)...)
 		require.NoError(t, r.Delist(ctx, sku))
-		rl, err := stockops.NewRelay(r, st, nil, nil)
-		require.NoError(t, err)
+		rl := must(stockops.NewRelay(r, st, nil, nil))(t)
 		testkit.Drain(t, rl)
-		rec, err := stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Millisecond})
-		require.NoError(t, err)
+		rec := must(stockops.NewReconciler(r, st, &stock.ReconcileOptions{Retention: time.Millisecond}))(t)
 		redistest.Sleep(c1, 50*time.Millisecond)
 		retired := false
 		for i := 0; i < 20 && !retired; i++ {
-			res, err := rec.Pass(ctx)
-			require.NoError(t, err)
+			res := must(rec.Pass(ctx))(t)
 			for _, rp := range res.Reports {
 				retired = retired || (rp.SKU == sku && rp.Retired)
 			}
 		}
 		require.True(t, retired, "the delisted item is retired")
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "gone", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrNotLoaded)
+		require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, "gone", "", 1))), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, sku, 3))
-		rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "n1", Qty: 1})
-		require.NoError(t, err, "a reloaded item sells")
-		assert.Equal(t, int64(2), rc.Remaining)
+		assert.Equal(t, int64(2), must(r.Deduct(ctx, req(sku, "n1", "", 1)))(t, "a reloaded item sells").Remaining)
 		// Sold out again (second life), then a restock of this Reserver.
 		deductEach(t, r, stock.Request{SKU: sku, Qty: 1}, "n2", "n3")
 		refuseSoldOut(t, r, sku, numbered("x", 20)...)
 		for i := range 3 {
-			rc, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("n%d", i+1), Qty: 1})
-			require.NoError(t, err, "a repeat of a second-life sale is a replay")
+			rc := must(r.Deduct(ctx, req(sku, fmt.Sprintf("n%d", i+1), "", 1)))(t, "a repeat of a second-life sale is a replay")
 			assert.True(t, rc.Replayed)
 		}
-		_, err = r.Restock(ctx, sku, "rs", 1)
+		require.NoError(t, errFrom(r.Restock(ctx, sku, "rs", 1)))
+		_, err := r.Deduct(ctx, req(sku, "after-restock", "", 1))
 		require.NoError(t, err)
-		_, err = r.Deduct(ctx, stock.Request{SKU: sku, ID: "after-restock", Qty: 1})
-		require.NoError(t, err)
-		soldOutLevels(t, r, sku)
+		testkit.Levels(t, r, sku)
 	})
 }
 
@@ -801,20 +701,17 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 // ErrClosed; an id already taken is a replay; an id claimed by another buyer is a conflict.
 func TestFastPathOwnWrites(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("fp")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
 		for i := range 6 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("d", i), User: fmt.Sprint("u", i), Qty: 1})
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprint("d", i), fmt.Sprint("u", i), 1))))
 		}
 		seq := 0
 		soldOut := func() {
 			// sell-out is reached and the fast path primed
 			for range 5 {
 				seq++
-				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("x", seq), User: fmt.Sprint("x", seq), Qty: 1})
-				require.ErrorIs(t, err, stock.ErrSoldOut)
+				require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprint("x", seq), fmt.Sprint("x", seq), 1))), stock.ErrSoldOut)
 			}
 		}
 		soldOut()
@@ -826,69 +723,54 @@ func TestFastPathOwnWrites(t *testing.T) {
 		for round := range 30 {
 			var gone buyer
 			if round%3 == 1 {
-				_, err := e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)
-				require.NoError(t, err)
+				require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)))
 			} else {
 				gone, taken = taken[0], taken[1:]
-				rc, err := e.r.Restore(ctx, sku, gone.id)
-				require.NoError(t, err)
-				require.False(t, rc.Replayed)
+				require.False(t, must(e.r.Restore(ctx, sku, gone.id))(t).Replayed)
 			}
 			// the very next request, by a new buyer (any bucket), must be served
 			seq++
 			nb := buyer{fmt.Sprint("n", seq), fmt.Sprint("n", seq)}
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: nb.user, Qty: 1})
+			_, err := e.r.Deduct(ctx, req(sku, nb.id, nb.user, 1))
 			require.NoError(t, err, "round %d: phantom sold-out after own write", round)
 			taken = append(taken, nb)
 			if gone.id != "" {
-				_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: gone.id, User: gone.user, Qty: 1})
+				_, err = e.r.Deduct(ctx, req(sku, gone.id, gone.user, 1))
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: a restored id", round)
 			}
 			soldOut()
 			// a replay of a taken id is never "sold out"; another buyer with it is a conflict
-			rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: nb.user, Qty: 1})
-			require.NoError(t, err, "round %d: replay", round)
-			require.True(t, rc.Replayed)
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: nb.id, User: "someone", Qty: 1})
+			require.True(t, must(e.r.Deduct(ctx, req(sku, nb.id, nb.user, 1)))(t, "round %d: replay", round).Replayed)
+			_, err = e.r.Deduct(ctx, req(sku, nb.id, "someone", 1))
 			require.ErrorIs(t, err, stock.ErrConflict, "round %d", round)
 		}
 		// replays of the first buyers that were never restored
 		// a taken id by another buyer: a conflict, never sold out
-		l := testkit.Levels(t, e.r, sku)
-		require.Zero(t, l.Available)
+		require.Zero(t, testkit.Levels(t, e.r, sku).Available)
 		// cancel of a hold after sell-out frees stock for the very next request
-		_, err := e.r.Restock(ctx, sku, "rsh", 1)
-		require.NoError(t, err)
-		_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: "h", User: "hu", Qty: 1}, time.Hour)
-		require.NoError(t, err)
+		require.NoError(t, errFrom(e.r.Restock(ctx, sku, "rsh", 1)))
+		require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, "h", "hu", 1), time.Hour)))
 		soldOut()
-		_, err = e.r.Cancel(ctx, sku, "h")
-		require.NoError(t, err)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1})
-		require.NoError(t, err, "phantom sold-out after own cancel")
+		require.NoError(t, errFrom(e.r.Cancel(ctx, sku, "h")))
+		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1))), "phantom sold-out after own cancel")
 		soldOut()
 		// the taken id by its own buyer: a replay; by another buyer: a conflict
-		rc, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1})
-		require.NoError(t, err)
-		assert.True(t, rc.Replayed)
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "other", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrConflict)
-		_, err = e.r.Hold(ctx, stock.Request{SKU: sku, ID: "afterCancel", User: "ac", Qty: 1}, time.Hour)
-		require.ErrorIs(t, err, stock.ErrConflict)
+		assert.True(t, must(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1)))(t).Replayed)
+		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "afterCancel", "other", 1))), stock.ErrConflict)
+		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req(sku, "afterCancel", "ac", 1), time.Hour)), stock.ErrConflict)
 		// closed: ErrClosed, not sold out
 		require.NoError(t, e.r.CloseItem(ctx, sku))
-		_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "closed1", User: "c", Qty: 1})
-		require.ErrorIs(t, err, stock.ErrClosed)
+		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "closed1", "c", 1))), stock.ErrClosed)
 		require.NoError(t, e.r.ReopenItem(ctx, sku))
 		soldOut()
 		// another process restores: within the window it may say sold out; after it, no
 		other := e.another(lifecycleSplit(3))
-		_, err = other.Restore(ctx, sku, "afterCancel")
+		_, err := other.Restore(ctx, sku, "afterCancel")
 		require.NoError(t, err)
 		deadline := time.Now().Add(3 * time.Second)
 		for {
 			seq++
-			_, err = e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("w", seq), User: fmt.Sprint("w", seq), Qty: 1})
+			_, err = e.r.Deduct(ctx, req(sku, fmt.Sprint("w", seq), fmt.Sprint("w", seq), 1))
 			if err == nil {
 				break
 			}
@@ -896,8 +778,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "stock given back by another process never seen")
 			time.Sleep(time.Millisecond)
 		}
-		l = testkit.Levels(t, e.r, sku)
-		require.Zero(t, l.Available)
+		require.Zero(t, testkit.Levels(t, e.r, sku).Available)
 	})
 }
 
@@ -905,7 +786,6 @@ func TestFastPathOwnWrites(t *testing.T) {
 // by the request (no phantom sold-out from the fast path).
 func TestFastPathHoldDueOtherBucket(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
-		ctx := context.Background()
 		sku := sku("fph")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
 		for i := range 6 {
@@ -913,17 +793,14 @@ func TestFastPathHoldDueOtherBucket(t *testing.T) {
 			if i == 0 {
 				ttl = time.Second
 			}
-			_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("h", i), User: fmt.Sprint("u", i), Qty: 1}, ttl)
-			require.NoError(t, err)
+			require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, fmt.Sprint("h", i), fmt.Sprint("u", i), 1), ttl)))
 		}
 		for i := range 30 {
-			_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("x", i), User: fmt.Sprint("x", i), Qty: 1})
-			require.ErrorIs(t, err, stock.ErrSoldOut)
+			require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprint("x", i), fmt.Sprint("x", i), 1))), stock.ErrSoldOut)
 		}
 		e.advance(1500 * time.Millisecond)
 		// every new buyer, whatever its bucket: the first one must get the expired hold's unit
-		_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: "y0", User: "y0", Qty: 1})
-		require.NoError(t, err, "phantom sold-out: a hold due in some bucket")
+		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "y0", "y0", 1))), "phantom sold-out: a hold due in some bucket")
 		l := testkit.Levels(t, e.r, sku)
 		assert.Equal(t, int64(5), l.Held)
 		assert.Zero(t, l.Available)
