@@ -8,7 +8,6 @@ require (
 	github.com/stockres/stock v0.0.0-00010101000000-000000000000
 	github.com/stockres/stock/internal/dburl v0.0.0-00010101000000-000000000000
 	github.com/stockres/stock/sqlstore v0.0.0-00010101000000-000000000000
-	github.com/stockres/stock/stocktest v0.0.0-00010101000000-000000000000
 )
 
 require (
