@@ -86,22 +86,6 @@ func mustFailCart(t *testing.T, want error, msgAndArgs ...any) func(stock.CartRe
 	}
 }
 
-// newRelay is stockops.NewRelay, which must succeed.
-func newRelay(t *testing.T, r *stock.Reserver, store stock.Store, pub stock.Publisher, o *stock.RelayOptions) *stockops.Relay {
-	t.Helper()
-	rl, err := stockops.NewRelay(r, store, pub, o)
-	require.NoError(t, err)
-	return rl
-}
-
-// newReconciler is stockops.NewReconciler, which must succeed.
-func newReconciler(t *testing.T, r *stock.Reserver, store stock.Store, o *stock.ReconcileOptions) *stockops.Reconciler {
-	t.Helper()
-	rec, err := stockops.NewReconciler(r, store, o)
-	require.NoError(t, err)
-	return rec
-}
-
 // entry is id's ledger entry of sku, which must exist.
 func entry(t *testing.T, r *stock.Reserver, sku, id string) stock.Entry {
 	t.Helper()
@@ -480,3 +464,9 @@ var splitSAndGroupG = []stock.Option{
 		return ""
 	}),
 }
+
+// newRelay and newReconciler are stockops.NewRelay and NewReconciler, which must succeed.
+var (
+	newRelay      = testkit.NewRelay
+	newReconciler = testkit.NewReconciler
+)

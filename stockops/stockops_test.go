@@ -61,22 +61,6 @@ func realReserver(t *testing.T, addr string, opts ...stock.Option) (*stock.Reser
 	return testkit.NewReserver(t, c, opts...), c
 }
 
-// newRelay is stockops.NewRelay, failing the test on an error.
-func newRelay(t *testing.T, r *stock.Reserver, st stock.Store, pub stock.Publisher, o *stock.RelayOptions) *stockops.Relay {
-	t.Helper()
-	rl, err := stockops.NewRelay(r, st, pub, o)
-	require.NoError(t, err)
-	return rl
-}
-
-// newReconciler is stockops.NewReconciler, failing the test on an error.
-func newReconciler(t *testing.T, r *stock.Reserver, st stock.Store, o *stock.ReconcileOptions) *stockops.Reconciler {
-	t.Helper()
-	rc, err := stockops.NewReconciler(r, st, o)
-	require.NoError(t, err)
-	return rc
-}
-
 func load(t *testing.T, r *stock.Reserver, db *memstore.Store, sku string, qty int64) {
 	t.Helper()
 	ctx := context.Background()
@@ -953,3 +937,9 @@ func TestRelayOnceFailingItem(t *testing.T) {
 		t.Errorf("c (not in RelayOptions.Items) reached the store: remaining %d", n)
 	}
 }
+
+// newRelay and newReconciler are stockops.NewRelay and NewReconciler, which must succeed.
+var (
+	newRelay      = testkit.NewRelay
+	newReconciler = testkit.NewReconciler
+)

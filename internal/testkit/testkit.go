@@ -135,3 +135,19 @@ func OutboxLen(t *testing.T, c rueidis.Client, sku string) int64 {
 
 // Available returns the available units of a Levels call.
 func Available(l stock.Levels, err error) (int64, error) { return l.Available, err }
+
+// NewRelay is stockops.NewRelay, failing the test on an error.
+func NewRelay(t testing.TB, r *stock.Reserver, store stock.Store, pub stock.Publisher, o *stock.RelayOptions) *stockops.Relay {
+	t.Helper()
+	rl, err := stockops.NewRelay(r, store, pub, o)
+	require.NoError(t, err)
+	return rl
+}
+
+// NewReconciler is stockops.NewReconciler, failing the test on an error.
+func NewReconciler(t testing.TB, r *stock.Reserver, store stock.Store, o *stock.ReconcileOptions) *stockops.Reconciler {
+	t.Helper()
+	rc, err := stockops.NewReconciler(r, store, o)
+	require.NoError(t, err)
+	return rc
+}

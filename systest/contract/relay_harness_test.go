@@ -28,22 +28,6 @@ import (
 // errOf is the error of a call's two answers.
 func errOf(_ any, err error) error { return err }
 
-// newRelay is stockops.NewRelay, failing t if it refuses its arguments.
-func newRelay(t testing.TB, r *stock.Reserver, st stock.Store, pub stock.Publisher, o *stock.RelayOptions) *stockops.Relay {
-	t.Helper()
-	rl, err := stockops.NewRelay(r, st, pub, o)
-	require.NoError(t, err)
-	return rl
-}
-
-// newReconciler is stockops.NewReconciler, failing t if it refuses its arguments.
-func newReconciler(t testing.TB, r *stock.Reserver, st stock.Store, o *stock.ReconcileOptions) *stockops.Reconciler {
-	t.Helper()
-	rc, err := stockops.NewReconciler(r, st, o)
-	require.NoError(t, err)
-	return rc
-}
-
 // remaining is the store's remaining stock of sku, failing t on an error.
 func remaining(t testing.TB, st stock.Store, sku string) int64 {
 	t.Helper()
@@ -247,3 +231,9 @@ func eachStore(t *testing.T, c rueidis.Client, prefix string, sqlOnly bool, f fu
 		})
 	}
 }
+
+// newRelay and newReconciler are stockops.NewRelay and NewReconciler, which must succeed.
+var (
+	newRelay      = testkit.NewRelay
+	newReconciler = testkit.NewReconciler
+)
