@@ -18,10 +18,11 @@ func WithPrefix(p string) Option {
 }
 
 // WithClock sets the clock of the cutoffs the Reserver computes in the process and compares with
-// the times the scripts record from Redis's TIME: the age of carts (cart recovery) and the
-// reconciler's Retention. (Hold deadlines are judged on Redis's own clock, read with TIME.) Tests
-// whose Redis runs on a clock of their own pass the same clock (stocktest does). The default is
-// time.Now. Giving it twice is refused (ErrInvalid): one of the two clocks would be ignored
+// the times the ledger records: the age of carts (cart recovery) and the reconciler's Retention.
+// It is also the time a Deduct on an item with no live hold records in its ledger entry
+// (Entry.At), where the script saves a read of Redis's clock; every other time is Redis's, and
+// hold deadlines are judged on Redis's clock alone. Tests whose Redis runs on a clock of their
+// own pass the same clock to every Reserver on it (stocktest does). The default is time.Now. Giving it twice is refused (ErrInvalid): one of the two clocks would be ignored
 // without a word (stocktest.New already sets its Env's clock).
 func WithClock(now func() time.Time) Option {
 	return engine.WithClock(now)

@@ -7,7 +7,8 @@
 -- ARGV[2] '1' to queue events in the outbox
 -- ARGV[3] kind: 'D' deduct (sold at once) or 'H' hold (held until now + ARGV[4] ms)
 -- ARGV[4] hold time to live in ms ('0' for deducts)
--- ARGV[5...] four values per request: id, qty, user ('' for none), retry ('1' when the caller
+-- ARGV[5] the caller's clock in ms: the time the common call of a deduct records (see below)
+-- ARGV[6...] four values per request: id, qty, user ('' for none), retry ('1' when the caller
 --           retries after an unknown outcome: a refusal for lack of stock is then recorded as a
 --           tombstone "Tf" with the stock available then, so that the earlier attempt, if it
 --           arrives later, and every repeat are refused too, as sold out or insufficient as this
@@ -24,15 +25,17 @@
 -- hold an id of the call names: such an id is answered as expired), then the takes. The common
 -- call of one request that is taken writes its entry with HSETNX first (see below).
 --
--- Commands of that common call (a plain item, a new id, taken, events queued): TIME, HMGET of
--- the item, HSETNX of the entry, HSET of the counters, ZADD of the event: 5, the ledger-hash
--- script's count (HEXISTS, GET, SET, TIME, HSET); with a buyer 7 (HGET and HSET of its units).
--- A hold adds ZADD to the holds and the ZRANGE and HSET of next_deadline; an item with a
--- sold-out filter adds two SETBITs. What each costs: docs/benchmarks.md, "Choosing a stored
--- layout" (stockbench -layouts).
+-- Commands of that common call (a plain item, a new id, taken, events queued): HMGET of the
+-- item, HSETNX of the entry, HSET of the counters, ZADD of the event: 4, one fewer than the
+-- ledger-hash script (HEXISTS, GET, SET, TIME, HSET); with a buyer 5 (HINCRBY of its units).
+-- A deduct reads Redis's clock (TIME) only when the item has a live hold, whose deadline it
+-- must compare with the clock holds are judged on; otherwise the entry records the caller's
+-- clock (ARGV[5]), which serves retention and display only. A hold adds TIME, ZADD to the holds
+-- and the ZRANGE and HSET of next_deadline; an item with a sold-out filter adds two SETBITs.
+-- What each costs: docs/benchmarks.md, "Choosing a stored layout" (stockbench -layouts).
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
-local now = now_ms()
 local hold = kind == 'H'
+local pre = 5 -- the values before the requests'
 local cf = hold and 'h' or 's' -- the counter this kind of request moves
 local st = redis.call('HMGET', KEYS[1], 'a', 'c', 'n', cf, 'q', 'b', 'bc')
 local avail = int(st[1], 'available count')
@@ -42,62 +45,74 @@ local count = int(st[4], hold and 'held count' or 'sold count') or 0
 local seq = int(st[5], 'outbox sequence') or 0
 int(st[6], 'sold-out filter size') -- remember and filter_step use them after the writes
 int(st[7], 'sold-out filter scan cursor')
+-- Redis's clock, read only when a hold's deadline is set or compared with it (the general way
+-- reads it too): nil in the common call of a deduct on an item with no live hold.
+local now = (hold or nd) and now_ms() or nil
 local state = hold and 'h' or 'r'
 local deadline = hold and (now + ttl) or 0
 local event = hold and 'H:' or 'D:'
 
-local nreq = (#ARGV - 4) / 4
+local nreq = (#ARGV - pre) / 4
 
 -- The common call: one request, on a loaded, open item with no hold due, that has the stock and
 -- whose buyer (if any) is within the limit: if its id is new it is taken. HSETNX writes the entry
 -- only when the id is new, and says whether it was: one command where the ledger's read and
--- write were two. It is the call's first write; everything it depends on (the item's counters,
--- the buyer's units) is read and checked before it. An id the ledger has (HSETNX writes
--- nothing) goes the general way below, which answers it as before.
-if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) then
-  local id, q, u = ARGV[5], tonumber(ARGV[6]), ARGV[7]
-  local have, ok = 0, avail >= q
-  if ok and u ~= '' then
-    local v = redis.call('HGET', KEYS[3], u)
-    if v then
-      have = tonumber(v)
-      if not have or have ~= math.floor(have) then
-        have, ok = 0, false -- corrupt: the general way raises the error, for a new id only
-      elseif have < 0 then
-        have = 0
+-- write were two. The item's counters are read and checked before it.
+--
+-- A buyer's units are added with HINCRBY before the entry is written, and the add is undone
+-- (HINCRBY -q, or HDEL when the buyer had none) when the call goes the general way after all:
+-- when the units were not an integer (HINCRBY refuses and writes nothing: the general way raises
+-- the error), below zero, past the limit, or when the id is in the ledger (HSETNX writes
+-- nothing). The script is atomic: nobody sees the add and its undo. An id the ledger has goes
+-- the general way below, which answers it as before.
+if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) and avail >= tonumber(ARGV[pre + 2]) then
+  local id, q, u = ARGV[pre + 1], tonumber(ARGV[pre + 2]), ARGV[pre + 3]
+  local have, ok = 0, true
+  if u ~= '' then
+    local v = redis.pcall('HINCRBY', KEYS[3], u, q)
+    if type(v) ~= 'number' then
+      ok = false -- not an integer (or refused): nothing was written
+    else
+      have = v - q
+      if have < 0 or (limit > 0 and v > limit) then
+        ok = false
+        undo_units(KEYS[3], u, q, have)
       end
     end
-    ok = ok and (limit == 0 or have + q <= limit)
   end
   -- pcall: a server out of memory refuses the write (nothing is written), and the general way
   -- then answers a known id without writing (a replay still answers), a new id with the error.
-  if ok and redis.pcall('HSETNX', KEYS[2], id, entry(kind, state, q, avail - q, now, u, deadline)) == 1 then
-    -- The writes of the general way for this one take, in its order after the ledger's.
-    redis.call('HSET', KEYS[1], 'a', fmt(avail - q), cf, fmt(count + q), 'q', fmt(queue and seq + 1 or seq))
-    if queue then
-      redis.call('ZADD', KEYS[4], seq + 1, event .. id)
-    end
-    if hold then
-      redis.call('ZADD', KEYS[5], deadline, id)
-      next_deadline(KEYS[1], KEYS[5])
+  if ok then
+    local at = now or tonumber(ARGV[5]) or now_ms()
+    if redis.pcall('HSETNX', KEYS[2], id, entry(kind, state, q, avail - q, at, u, deadline)) == 1 then
+      -- The writes of the general way for this one take, in its order after the ledger's.
+      redis.call('HSET', KEYS[1], 'a', fmt(avail - q), cf, fmt(count + q), 'q', fmt(queue and seq + 1 or seq))
+      if queue then
+        redis.call('ZADD', KEYS[4], seq + 1, event .. id)
+      end
+      if hold then
+        redis.call('ZADD', KEYS[5], deadline, id)
+        next_deadline(KEYS[1], KEYS[5])
+      end
+      remember(KEYS[6], st[6], id)
+      return {OK, avail - q, q}
     end
     if u ~= '' then
-      redis.call('HSET', KEYS[3], u, fmt(have + q))
+      undo_units(KEYS[3], u, q, have)
     end
-    remember(KEYS[6], st[6], id)
-    return {OK, avail - q, q}
   end
 end
 
 -- The general way. The tables below are made only when a call needs them.
+now = now or now_ms()
 
 -- One read of the ledger for the whole call; every entry is parsed here, before any write.
 local ids
 if nreq == 1 then
-  ids = {ARGV[5]}
+  ids = {ARGV[pre + 1]}
 else
   ids = {}
-  for i = 5, #ARGV, 4 do
+  for i = pre + 1, #ARGV, 4 do
     ids[#ids + 1] = ARGV[i]
   end
 end
@@ -116,7 +131,7 @@ end
 -- One read of the users' units for the whole call: every buyer of a new id, checked here.
 local raw, unames -- user -> units read, and the users read; nil when no new id has a buyer
 for j = 1, nreq do
-  local u = ARGV[4 * j + 3]
+  local u = ARGV[pre + 4 * j - 1]
   if u ~= '' and not known[j] then
     if not raw then
       raw, unames = {}, {}
@@ -150,7 +165,7 @@ if avail and ((nd and nd <= now) or also) then
     local need, per, over = 0, {}, false
     for j = 1, #ids do
       if not known[j] then
-        local q, u = tonumber(ARGV[4 * j + 2]), ARGV[4 * j + 3]
+        local q, u = tonumber(ARGV[pre + 4 * j - 2]), ARGV[pre + 4 * j - 1]
         need = need + q
         if u ~= '' and limit > 0 then
           per[u] = (per[u] or 0) + q
@@ -195,7 +210,7 @@ local units, delta, hz, seen
 local no, nh = 0, 0
 local taken, soldout = 0, false
 for j = 1, nreq do
-  local i = 4 * j + 1
+  local i = pre + 4 * j - 3
   local id, q, u = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local code, rem, n = OK, avail or 0, q
   local e = (fresh and fresh[id]) or known[j]

@@ -138,6 +138,16 @@ local function give_user(users, u, q)
   end
 end
 
+-- undo_units takes back the q units just added with HINCRBY to user u, who had have before the
+-- add: the field is as it was (gone when the user had none).
+local function undo_units(users, u, q, have)
+  if have == 0 then
+    redis.call('HDEL', users, u)
+  else
+    redis.call('HINCRBY', users, u, -q)
+  end
+end
+
 -- next_deadline keeps the item's n field equal to the earliest live hold deadline.
 local function next_deadline(item, holds)
   local nx = redis.call('ZRANGE', holds, 0, 0, 'WITHSCORES')

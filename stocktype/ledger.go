@@ -33,9 +33,13 @@ type Entry struct {
 	ID, SKU, User string
 	Kind          Kind
 	State         State
-	Qty           int64     // units taken (or added, for a restock)
-	Before, After int64     // available stock before and after the operation
-	At            time.Time // when the operation ran, by the Redis server's clock (ms)
+	Qty           int64 // units taken (or added, for a restock)
+	Before, After int64 // available stock before and after the operation
+	// At is when the operation ran (ms), by the Redis server's clock; for a deduct on an item
+	// with no live hold, by the clock of the Reserver that took it (stock.WithClock), which
+	// saves the script a read of Redis's clock. The two differ by the machines' clock skew: At
+	// serves the retention and display, never the order of an item's events (their sequence).
+	At time.Time
 	// Deadline is, for holds only, when the hold expires (zero otherwise); for a confirmed hold
 	// given back after its deadline, when it was given back (the retention counts from it).
 	Deadline time.Time

@@ -189,7 +189,7 @@ func TestRunFindsLostHints(t *testing.T) {
 			if i%2 == 1 {
 				kind, ttl = protocol.TakeHold, "50"
 			}
-			args := []string{"0", "1", kind, ttl, "x", "1", "", "0"}
+			args := []string{"0", "1", kind, ttl, "0", "x", "1", "", "0"}
 			o, err := decodeOne(protocol.Deduct.Exec(ctx, c, r.item(sku).ForItem(), args))
 			require.NoError(t, err)
 			require.Equal(t, protocol.OK, o.code)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,6 +153,12 @@ func (r *Reserver) outboxFlag() string {
 		return "1"
 	}
 	return "0"
+}
+
+// clockArg is the Reserver's clock (WithClock) in ms, as deduct.lua takes it: the time a deduct
+// on an item with no live hold records in its ledger entry, where Redis's clock is not read.
+func (r *Reserver) clockArg() string {
+	return strconv.FormatInt(r.opts.now().UnixMilli(), 10)
 }
 
 // takeWant is what a take of req asks, for conflict.

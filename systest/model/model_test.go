@@ -227,6 +227,9 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		if cfg.Buckets > 0 {
 			opts = append(opts, stock.WithBuckets(cfg.buckets))
 		}
+		if mc, ok := h.clk.(*miniClock); ok { // miniredis runs on the sequence's clock: so do they
+			opts = append(opts, stock.WithClock(mc.nowTime))
+		}
 		r, err := stock.New(clients[ci], opts...)
 		if err != nil {
 			t.Fatalf("New: %v", err)
