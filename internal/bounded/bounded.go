@@ -20,7 +20,7 @@ import (
 // errors other than Redis's own replies wrap errs.ErrUnknownOutcome.
 type Client struct {
 	rueidis.Client
-	timeout time.Duration
+	timeout *deadlines
 	fn      *protocol.Functions // whether the scripts run as Redis functions (protocol.Script.Exec)
 	gate    *Gate               // the commands in flight; shut by Reserver.Close
 }
@@ -33,7 +33,7 @@ func New(c rueidis.Client, timeout time.Duration, g *Gate) rueidis.Client {
 	if b, ok := c.(Client); ok {
 		c = b.Client
 	}
-	return Client{Client: c, timeout: timeout, fn: protocol.NewFunctions(), gate: g}
+	return Client{Client: c, timeout: newDeadlines(timeout), fn: protocol.NewFunctions(), gate: g}
 }
 
 // closedResults is the answer to n commands refused by a closed Reserver: none was sent.
@@ -50,7 +50,7 @@ func (c Client) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResu
 		return rueidis.NewErrorResult(errs.ErrReserverClosed)
 	}
 	defer c.gate.Leave()
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := c.timeout.bound(ctx)
 	defer cancel()
 	return unknownResult(ctx, c.Client.Do(ctx, cmd))
 }
@@ -60,7 +60,7 @@ func (c Client) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidi
 		return closedResults(len(cmds))
 	}
 	defer c.gate.Leave()
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := c.timeout.bound(ctx)
 	defer cancel()
 	return unknownResults(ctx, c.Client.DoMulti(ctx, cmds...))
 }
@@ -70,7 +70,7 @@ func (c Client) DoCache(ctx context.Context, cmd rueidis.Cacheable, ttl time.Dur
 		return rueidis.NewErrorResult(errs.ErrReserverClosed)
 	}
 	defer c.gate.Leave()
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := c.timeout.bound(ctx)
 	defer cancel()
 	return unknownResult(ctx, c.Client.DoCache(ctx, cmd, ttl))
 }
@@ -80,7 +80,7 @@ func (c Client) DoMultiCache(ctx context.Context, cmds ...rueidis.CacheableTTL) 
 		return closedResults(len(cmds))
 	}
 	defer c.gate.Leave()
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := c.timeout.bound(ctx)
 	defer cancel()
 	return unknownResults(ctx, c.Client.DoMultiCache(ctx, cmds...))
 }
@@ -112,7 +112,7 @@ func (c Client) Nodes() map[string]rueidis.Client {
 // dedicated is Client's dedicated connection.
 type dedicated struct {
 	rueidis.DedicatedClient
-	timeout time.Duration
+	timeout *deadlines
 	gate    *Gate
 }
 
@@ -121,7 +121,7 @@ func (c dedicated) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisR
 		return rueidis.NewErrorResult(errs.ErrReserverClosed)
 	}
 	defer c.gate.Leave()
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := c.timeout.bound(ctx)
 	defer cancel()
 	return unknownResult(ctx, c.DedicatedClient.Do(ctx, cmd))
 }
@@ -131,10 +131,77 @@ func (c dedicated) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rue
 		return closedResults(len(cmds))
 	}
 	defer c.gate.Leave()
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := c.timeout.bound(ctx)
 	defer cancel()
 	return unknownResults(ctx, c.DedicatedClient.DoMulti(ctx, cmds...))
 }
+
+// deadlines bounds commands by a timeout. A command whose context has no deadline and is never
+// cancelled (context.Background, or a context without cancel carrying values) shares, with the
+// commands sent within the same 1/64 of the timeout, one context whose deadline is at most the
+// timeout away and at least 63/64 of it: a context of its own would cost a timer and four
+// allocations per command.
+type deadlines struct {
+	d     time.Duration
+	grain time.Duration // d/64: how much sooner than d a shared deadline may come
+	cur   atomic.Pointer[sharedDeadline]
+	mu    sync.Mutex // makes the next shared deadline
+}
+
+// sharedDeadline is a context that ends at at, shared by the commands that may end then.
+type sharedDeadline struct {
+	ctx    context.Context
+	at     time.Time
+	cancel context.CancelFunc // never called: the context ends at its deadline
+}
+
+func newDeadlines(d time.Duration) *deadlines {
+	return &deadlines{d: d, grain: d / 64}
+}
+
+// noCancel is the cancel of a context bound needs no cancel for.
+func noCancel() {}
+
+// bound returns ctx bounded by the timeout, and the cancel to call once the command returned.
+func (b *deadlines) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	now := time.Now()
+	want := now.Add(b.d)
+	if dl, ok := ctx.Deadline(); ok && !dl.After(want) {
+		return ctx, noCancel // the caller's deadline comes first
+	}
+	if ctx.Done() != nil {
+		return context.WithDeadline(ctx, want) // cancelled by the caller or at the timeout
+	}
+	sh := b.shared(want)
+	if ctx == context.Background() || ctx == context.TODO() {
+		return sh, noCancel
+	}
+	return withValues{Context: sh, values: ctx}, noCancel
+}
+
+// shared returns a context ending after want-grain and not after want.
+func (b *deadlines) shared(want time.Time) context.Context {
+	early := want.Add(-b.grain)
+	if s := b.cur.Load(); s != nil && s.at.After(early) && !s.at.After(want) {
+		return s.ctx
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.cur.Load(); s != nil && s.at.After(early) && !s.at.After(want) {
+		return s.ctx
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), want)
+	b.cur.Store(&sharedDeadline{ctx: ctx, at: want, cancel: cancel})
+	return ctx
+}
+
+// withValues is a shared deadline's context with the values of the caller's.
+type withValues struct {
+	context.Context
+	values context.Context
+}
+
+func (c withValues) Value(key any) any { return c.values.Value(key) }
 
 // unknownResult turns a result whose error is not a reply of Redis (a dial error, a broken
 // connection, the end of ctx) into one whose error wraps errs.ErrUnknownOutcome, that error and,
