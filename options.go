@@ -166,7 +166,8 @@ func WithBuckets(buckets func(sku string) int) Option {
 // WithTimeout bounds every Redis command and script call the Reserver sends, and those of its
 // relays, reconcilers and failover guards: each ends after d at the latest, or at the caller's
 // deadline if that comes first, so no call waits forever on an unreachable Redis, even with a
-// context that has no deadline. The bound covers the whole command: rueidis's resends of a
+// context that has no deadline (the commands of a context that is never cancelled share their
+// deadlines, which may then come up to d/64 sooner). The bound covers the whole command: rueidis's resends of a
 // retryable script after a broken connection, and its dials, happen within it. A method sends
 // one command in most cases (a few for a cart, many for a relay batch or a reconcile pass,
 // each bounded); when Redis is unreachable the first one fails. A command that runs out of

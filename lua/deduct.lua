@@ -98,7 +98,7 @@ if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) a
       return {OK, avail - q, q}
     end
     if u ~= '' then
-      undo_units(KEYS[3], u, q, have)
+      undo_units(KEYS[3], u, q, have) -- a known id (or a refused write) takes nothing
     end
   end
 end
