@@ -166,6 +166,11 @@ func (b *bench) ledgerHashPhase() *phase {
 			return nil, err
 		}
 		res.LedgerBytes = bytes
+		var entries int64
+		for _, n := range lens {
+			entries += n
+		}
+		res.RequestBytes = b.requestBytes(ctx, append(append([]string{}, ledgerKeys[:items]...), stockKeys[:items]...), entries)
 		return b.rawChecks(ctx, phLedgerHash, stockKeys[:items], lens, ws)
 	}
 	return p

@@ -58,7 +58,9 @@
 //
 // For each phase it reports ops/s, latency quantiles (p50, p99, p99.9), allocations per op in
 // this process (the load generator's own id string included; with the embedded miniredis, the
-// server's too), Redis memory per ledger entry (MEMORY USAGE / HLEN of the ledger hashes), Redis
+// server's too), Redis memory per ledger entry (MEMORY USAGE / HLEN of the ledger hashes) and
+// per request once its event is delivered (B/req: the ledgers, the buyers' counts and the items'
+// hashes, or the baselines' stock keys, per ledger entry; the outbox is left out), Redis
 // commands and script calls per op (INFO commandstats, the commands scripts run included), the
 // Redis CPU of the script calls per call and per request (INFO commandstats usec), and
 // the CPU used by redis-server (INFO cpu, summed over the nodes) and by this process, as a share
@@ -196,6 +198,10 @@ type PhaseResult struct {
 	RoundScriptUsPerOp []float64 `json:"round_redis_script_us_per_op,omitempty"`
 	// LedgerBytes is the Redis memory of the ledger hashes per entry.
 	LedgerBytes *float64 `json:"ledger_bytes_per_entry"`
+	// RequestBytes is the Redis memory a request keeps once its event is delivered, per ledger
+	// entry: the ledger's, the buyers' counts' and the item's (or the stock key's) keys; the
+	// outbox, which a relay empties, is left out.
+	RequestBytes *float64 `json:"bytes_per_request"`
 	// RedisCPU is the CPU redis-server used during the phase, in cores (1 = one core busy).
 	RedisCPU *float64 `json:"redis_cpu"`
 	// ClientCPU is the CPU this process used during the phase, in cores.
@@ -671,11 +677,11 @@ func printTable(w io.Writer, rep Report) error {
 	for _, p := range rep.Phases {
 		width = max(width, len(p.Name))
 	}
-	fmt.Fprintf(tw, "%-*s\tg\tops/s\tp50\tp99\tp99.9\tallocs/op\tB/entry\tcmds/op\tscripts/op\tµs/call\tµs/req\tredis cpu\tµs/op\tclient cpu\tµs/op\tok\treplayed\tsoldout\taborts\terrors\t\n", width, "phase")
+	fmt.Fprintf(tw, "%-*s\tg\tops/s\tp50\tp99\tp99.9\tallocs/op\tB/entry\tB/req\tcmds/op\tscripts/op\tµs/call\tµs/req\tredis cpu\tµs/op\tclient cpu\tµs/op\tok\treplayed\tsoldout\taborts\terrors\t\n", width, "phase")
 	for _, p := range rep.Phases {
-		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n",
 			width, p.Name, p.Goroutines, p.OpsPerSec, us(p.P50us), us(p.P99us), us(p.P999us), p.AllocsPerOp,
-			opt(p.LedgerBytes, "%.0f"), opt(p.CommandsPerOp, "%.2f"), opt(p.ScriptsPerOp, "%.3f"),
+			opt(p.LedgerBytes, "%.0f"), opt(p.RequestBytes, "%.0f"), opt(p.CommandsPerOp, "%.2f"), opt(p.ScriptsPerOp, "%.3f"),
 			opt(p.ScriptUsPerCall, "%.1f"), opt(p.ScriptUsPerOp, "%.1f"),
 			percent(p.RedisCPU), opt(p.RedisUsPerOp, "%.1f"),
 			percent(p.ClientCPU), opt(p.ClientUsPerOp, "%.1f"),

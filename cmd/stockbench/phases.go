@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -699,6 +700,17 @@ func (b *bench) reserverChecks(ctx context.Context, phase string, r *stock.Reser
 		return nil, err
 	}
 	res.LedgerBytes = bytes
+	var inLedgers int64
+	kept := slices.Clone(ledgers) // the ledgers, the buyers' counts and the items' hashes
+	for _, sku := range items {
+		for _, base := range b.itemBases(phase, sku) {
+			kept = append(kept, base+":u", base)
+		}
+	}
+	for _, n := range hlens {
+		inLedgers += n
+	}
+	res.RequestBytes = b.requestBytes(ctx, kept, inLedgers)
 	perBucket := len(ledgers) / len(items)
 	keyLens := make([]int64, len(items)) // HLEN of the item's ledger keys
 	for i := range items {

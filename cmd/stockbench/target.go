@@ -194,6 +194,30 @@ func (b *bench) ledgerStats(ctx context.Context, keys []string) ([]int64, *float
 	return lens, &per, nil
 }
 
+// requestBytes returns the Redis memory of keys (MEMORY USAGE with 1000 samples of each) per
+// ledger entry, entries in all: nil without entries or without MEMORY USAGE (miniredis). Keys
+// that do not exist count nothing.
+func (b *bench) requestBytes(ctx context.Context, keys []string, entries int64) *float64 {
+	if entries == 0 {
+		return nil
+	}
+	c := b.client
+	var bytes int64
+	for _, k := range keys {
+		res := c.Do(ctx, c.B().MemoryUsage().Key(k).Samples(1000).Build())
+		if rueidis.IsRedisNil(res.Error()) {
+			continue
+		}
+		n, err := res.AsInt64()
+		if err != nil {
+			return nil
+		}
+		bytes += n
+	}
+	per := float64(bytes) / float64(entries)
+	return &per
+}
+
 // flushDB empties every node: only for a private Redis (embedded, or -flush).
 func (b *bench) flushDB(ctx context.Context) error {
 	for addr, node := range b.client.Nodes() {
