@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -74,6 +75,7 @@ func BenchmarkDeductClientCost(b *testing.B) {
 			k := r.item(sku)
 			limit := r.limitArg
 			var bc rueidis.Client = c // the caller's client, without the Reserver's wrappers
+			backgroundMode(b, bc)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
@@ -88,4 +90,23 @@ func BenchmarkDeductClientCost(b *testing.B) {
 			}
 		})
 	}
+}
+
+// backgroundMode puts c's connection in the mode a client shared by goroutines runs in: rueidis
+// reads and writes a connection on the calling goroutine (no hand-off) only until two calls
+// overlap; from then on, for good, through goroutines of its own. A Reserver's own goroutines
+// (the due-work hints) put its client in that mode; a service's concurrent requests do too.
+func backgroundMode(b *testing.B, c rueidis.Client) {
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				if err := c.Do(context.Background(), c.B().Ping().Build()).Error(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

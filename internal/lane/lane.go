@@ -8,6 +8,7 @@ package lane
 
 import (
 	"context"
+	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -21,8 +22,8 @@ const BatchTimeout = 10 * time.Second
 // Lanes coalesces one kind of script call (an item's deducts, a claims hash's claims) per key:
 // the lanes of the keys with calls in flight, and how a batch of queued requests is sent.
 type Lanes[Req, Res any] struct {
-	live    sync.Map  // key -> *lane[Req, Res]
-	waiters sync.Pool // of *waiter[Req, Res], each with its channel
+	shards  [shards]shard[Req, Res] // the live lanes, by a hash of their key
+	waiters sync.Pool               // of *waiter[Req, Res], each with its channel
 	// Send sends reqs, all of key, as one script call and puts one answer per request in dst;
 	// an error answers them all.
 	Send func(ctx context.Context, key string, reqs []Req, dst []Res) error
@@ -35,14 +36,32 @@ type Lanes[Req, Res any] struct {
 	Unawaited func(ctxErr error) error
 }
 
-// lane is the coalescing state of one key while it has calls in flight. A lane whose last call
-// finished with nobody queued is dropped from the map (and marked gone, so that a caller holding
-// it looks again): idle keys cost no memory, however many keys ever had calls.
+// shards is how many shards the lanes of a Lanes are kept in: calls of keys in different shards
+// never wait for each other's lock.
+const shards = 32
+
+// seed hashes keys to shards.
+var seed = maphash.MakeSeed()
+
+// shard holds the lanes of the keys that hash to it. Its mutex guards the map and every field of
+// its lanes: a lane is only reached through the map, under the lock, or by a caller that counts
+// in it (a call in flight or a queued waiter), so a lane the map dropped, which no caller counts
+// in, can be used again for the next key: idle keys cost no memory and no allocation, however
+// many keys ever had calls.
+type shard[Req, Res any] struct {
+	mu   sync.Mutex
+	live map[string]*lane[Req, Res]
+	free []*lane[Req, Res] // dropped lanes, for the next keys (at most maxFree)
+}
+
+// maxFree is the most dropped lanes a shard keeps for reuse.
+const maxFree = 8
+
+// lane is the coalescing state of one key while it has calls in flight or queued.
 type lane[Req, Res any] struct {
 	key      string
-	mu       sync.Mutex
+	sh       *shard[Req, Res]
 	inflight int
-	gone     bool
 	queue    []*waiter[Req, Res]
 }
 
@@ -61,19 +80,22 @@ type waiter[Req, Res any] struct {
 // sends its own call at once: w is nil, and the caller calls done when its call returned.
 // Otherwise req is queued as w, whose answer wait returns.
 func (ls *Lanes[Req, Res]) join(key string, req Req, limit int) (l *lane[Req, Res], w *waiter[Req, Res]) {
-	for {
-		v, ok := ls.live.Load(key)
-		if !ok {
-			v, _ = ls.live.LoadOrStore(key, &lane[Req, Res]{key: key})
+	sh := ls.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	l = sh.live[key]
+	if l == nil {
+		if n := len(sh.free); n > 0 {
+			l, sh.free = sh.free[n-1], sh.free[:n-1]
+		} else {
+			l = &lane[Req, Res]{sh: sh}
 		}
-		l = v.(*lane[Req, Res])
-		l.mu.Lock()
-		if !l.gone {
-			break
+		l.key = key
+		if sh.live == nil {
+			sh.live = map[string]*lane[Req, Res]{}
 		}
-		l.mu.Unlock() // dropped after we found it: a newer lane is (or will be) in the map
+		sh.live[key] = l
 	}
-	defer l.mu.Unlock()
 	if l.inflight < limit {
 		l.inflight++
 		return l, nil
@@ -87,6 +109,11 @@ func (ls *Lanes[Req, Res]) join(key string, req Req, limit int) (l *lane[Req, Re
 	return l, w
 }
 
+// shard returns the shard of key's lane.
+func (ls *Lanes[Req, Res]) shard(key string) *shard[Req, Res] {
+	return &ls.shards[maphash.String(seed, key)%shards]
+}
+
 // wait returns the answer of w, queued on l: sent in a batch that another waiter leads, or in
 // the batch w is handed to lead. A caller whose context ends while w is queued leaves the queue
 // with the context's error, and nothing is sent for it.
@@ -95,29 +122,29 @@ func (ls *Lanes[Req, Res]) wait(ctx context.Context, l *lane[Req, Res], w *waite
 	select {
 	case batch = <-w.ch:
 	case <-ctx.Done():
-		l.mu.Lock()
+		l.sh.mu.Lock()
 		for i, q := range l.queue {
 			if q == w { // still queued: nothing was sent for it
 				l.queue = append(l.queue[:i:i], l.queue[i+1:]...)
-				l.mu.Unlock()
+				l.sh.mu.Unlock()
 				ls.put(w)
 				return res, ctx.Err()
 			}
 		}
 		if ls.Unawaited == nil {
-			l.mu.Unlock()
+			l.sh.mu.Unlock()
 			batch = <-w.ch // already in a batch: its answer is coming
 			break
 		}
 		select {
-		case batch = <-w.ch: // done hands a batch to its leader under l.mu: it is here already
-			l.mu.Unlock()
+		case batch = <-w.ch: // done hands a batch to its leader under the lock: it is here already
+			l.sh.mu.Unlock()
 			if batch != nil { // w leads it: sent without w waiting (w, in it, stays with it)
 				go ls.sendBatch(context.Background(), l, batch)
 				return res, ls.Unawaited(ctx.Err())
 			}
 		default: // in a batch another waiter leads, not answered: w stays with it
-			l.mu.Unlock()
+			l.sh.mu.Unlock()
 			return res, ls.Unawaited(ctx.Err())
 		}
 	}
@@ -162,13 +189,17 @@ func (ls *Lanes[Req, Res]) sendBatch(ctx context.Context, l *lane[Req, Res], bat
 // done is called when a call of the lane finished: the oldest waiters (up to MaxBatch) are handed
 // the next batch, or the lane has one call fewer in flight.
 func (ls *Lanes[Req, Res]) done(l *lane[Req, Res]) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	sh := l.sh
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if len(l.queue) == 0 {
 		l.inflight--
-		if l.inflight == 0 {
-			l.gone = true
-			ls.live.CompareAndDelete(l.key, l)
+		if l.inflight == 0 { // nobody counts in l any more: drop it, keep it for another key
+			delete(sh.live, l.key)
+			l.key = ""
+			if len(sh.free) < maxFree {
+				sh.free = append(sh.free, l)
+			}
 		}
 		return
 	}
@@ -202,19 +233,23 @@ func (ls *Lanes[Req, Res]) Do(ctx context.Context, key string, req Req, limit in
 
 // Queued is how many requests of key wait in its queue (0 when key has no calls in flight).
 func (ls *Lanes[Req, Res]) Queued(key string) int {
-	v, ok := ls.live.Load(key)
-	if !ok {
-		return 0
+	sh := ls.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if l := sh.live[key]; l != nil {
+		return len(l.queue)
 	}
-	l := v.(*lane[Req, Res])
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.queue)
+	return 0
 }
 
 // Live is how many keys have a lane: calls in flight or queued. An idle key has none.
 func (ls *Lanes[Req, Res]) Live() int {
 	n := 0
-	ls.live.Range(func(any, any) bool { n++; return true })
+	for i := range ls.shards {
+		sh := &ls.shards[i]
+		sh.mu.Lock()
+		n += len(sh.live)
+		sh.mu.Unlock()
+	}
 	return n
 }
