@@ -492,25 +492,33 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 	})
 }
 
-// TestDeductCorruptUserUnits: a corrupt count of a buyer's units fails a new id's deduct with
-// an error before anything is written, and leaves the replay of an id the ledger has (which
-// reads no units) answering as before, with or without a limit.
+// TestDeductCorruptUserUnits: a corrupt count of a buyer's units (anything but what the package
+// writes: a decimal integer that a double holds exactly) fails a new id's deduct with an error
+// before anything is written, and leaves the replay of an id the ledger has (which reads no
+// units) answering as before, with or without a limit.
 func TestDeductCorruptUserUnits(t *testing.T) {
+	corrupt := []string{"x", "0x10", " 5", "1e2", "1.5", "9223372036854775807", "12345678901234567"}
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		for _, limit := range []int64{0, 3} {
-			sku := fmt.Sprint("cu", limit)
-			r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithUserLimit(limit), stock.WithCoalescing(0))
-			require.NoError(t, r.Load(ctx, sku, 5))
-			must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
-			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{"+sku+"}:u").FieldValue().FieldValue("u", "x").Build()).Error())
-			rc := must(t, "limit %d: a replay reads no units", limit)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
-			assert.True(t, rc.Replayed)
-			assert.Equal(t, int64(4), rc.Remaining)
-			_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
-			require.Error(t, err, "limit %d: corrupt units", limit)
-			assert.Contains(t, err.Error(), "units of user u")
-			require.ErrorIs(t, errOf(r.Ledger(ctx, sku, "o2")), stock.ErrUnknownID, "limit %d: nothing written", limit)
-			assert.Equal(t, int64(4), levels(t, r, sku).Available, "limit %d", limit)
+			for i, bad := range corrupt {
+				sku := fmt.Sprint("cu", limit, "-", i)
+				r := newReserver(t, c, stock.WithSoldOutCache(0), stock.WithUserLimit(limit), stock.WithCoalescing(0))
+				require.NoError(t, r.Load(ctx, sku, 5))
+				must(t)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
+				units := "stock:{" + sku + "}:u"
+				require.NoError(t, c.Do(ctx, c.B().Hset().Key(units).FieldValue().FieldValue("u", bad).Build()).Error())
+				rc := must(t, "limit %d, units %q: a replay reads no units", limit, bad)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o1", User: "u", Qty: 1}))
+				assert.True(t, rc.Replayed)
+				assert.Equal(t, int64(4), rc.Remaining)
+				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
+				require.Error(t, err, "limit %d, units %q", limit, bad)
+				assert.Contains(t, err.Error(), "units of user u", "limit %d, units %q", limit, bad)
+				require.ErrorIs(t, errOf(r.Ledger(ctx, sku, "o2")), stock.ErrUnknownID, "limit %d, units %q: nothing written", limit, bad)
+				assert.Equal(t, int64(4), levels(t, r, sku).Available, "limit %d, units %q", limit, bad)
+				got, err := c.Do(ctx, c.B().Hget().Key(units).Field("u").Build()).ToString()
+				require.NoError(t, err)
+				assert.Equal(t, bad, got, "limit %d: the corrupt units are left as they were", limit)
+			}
 		}
 	})
 }

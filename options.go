@@ -18,10 +18,10 @@ func WithPrefix(p string) Option {
 }
 
 // WithClock sets the clock of the cutoffs the Reserver computes in the process and compares with
-// the times the ledger records: the age of carts (cart recovery) and the reconciler's Retention.
-// It is also the time a Deduct on an item with no live hold records in its ledger entry
-// (Entry.At), where the script saves a read of Redis's clock; every other time is Redis's, and
-// hold deadlines are judged on Redis's clock alone. Tests whose Redis runs on a clock of their
+// the times the scripts record on Redis's clock: the age of carts (cart recovery) and the
+// reconciler's Retention. (Hold deadlines are judged on Redis's own clock, read with TIME; a
+// Deduct that does not read it records this clock plus the difference between the two, measured
+// with TIME at most a second before: see Entry.At.) Tests whose Redis runs on a clock of their
 // own pass the same clock to every Reserver on it (stocktest does). The default is time.Now. Giving it twice is refused (ErrInvalid): one of the two clocks would be ignored
 // without a word (stocktest.New already sets its Env's clock).
 func WithClock(now func() time.Time) Option {
@@ -167,7 +167,9 @@ func WithBuckets(buckets func(sku string) int) Option {
 // relays, reconcilers and failover guards: each ends after d at the latest, or at the caller's
 // deadline if that comes first, so no call waits forever on an unreachable Redis, even with a
 // context that has no deadline (the commands of a context that is never cancelled share their
-// deadlines, which may then come up to d/64 sooner). The bound covers the whole command: rueidis's resends of a
+// deadlines, which may then come up to d/64 sooner). Below about 10 ms the bound is not kept
+// when the connection breaks while Redis does not answer: rueidis's redial may take about a
+// second whatever the context. The bound covers the whole command: rueidis's resends of a
 // retryable script after a broken connection, and its dials, happen within it. A method sends
 // one command in most cases (a few for a cart, many for a relay batch or a reconcile pass,
 // each bounded); when Redis is unreachable the first one fails. A command that runs out of

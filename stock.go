@@ -44,7 +44,10 @@ func (r *Reserver) Levels(ctx context.Context, sku string) (Levels, error) {
 // receipt is valid, but fewer replicas than asked acknowledged the write in time.
 // ErrUnknownOutcome (Redis unreachable, a broken connection, the call's time ran out, a reply
 // not understood), or any other error: the outcome is unknown; retry with the same id and
-// Request.Retry set. The call is bounded by WithTimeout even when ctx has no deadline.
+// Request.Retry set. Each command the call sends is bounded by WithTimeout even when ctx has no
+// deadline; a deduct queued behind a hot item's calls in flight (WithCoalescing) waits for one of
+// them first, so it may take up to twice the bound (more only when hundreds wait at once). Give
+// ctx a deadline to bound the whole call.
 func (r *Reserver) Deduct(ctx context.Context, req Request) (rc Receipt, err error) {
 	return r.e.Deduct(ctx, req)
 }

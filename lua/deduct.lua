@@ -7,7 +7,7 @@
 -- ARGV[2] '1' to queue events in the outbox
 -- ARGV[3] kind: 'D' deduct (sold at once) or 'H' hold (held until now + ARGV[4] ms)
 -- ARGV[4] hold time to live in ms ('0' for deducts)
--- ARGV[5] the caller's clock in ms: the time the common call of a deduct records (see below)
+-- ARGV[5] the caller's estimate of this server's clock in ms, or '' (see below)
 -- ARGV[6...] four values per request: id, qty, user ('' for none), retry ('1' when the caller
 --           retries after an unknown outcome: a refusal for lack of stock is then recorded as a
 --           tombstone "Tf" with the stock available then, so that the earlier attempt, if it
@@ -28,9 +28,10 @@
 -- Commands of that common call (a plain item, a new id, taken, events queued): HMGET of the
 -- item, HSETNX of the entry, HSET of the counters, ZADD of the event: 4, one fewer than the
 -- ledger-hash script (HEXISTS, GET, SET, TIME, HSET); with a buyer 5 (HINCRBY of its units).
--- A deduct reads Redis's clock (TIME) only when the item has a live hold, whose deadline it
--- must compare with the clock holds are judged on; otherwise the entry records the caller's
--- clock (ARGV[5]), which serves retention and display only. A hold adds TIME, ZADD to the holds
+-- That call reads Redis's clock (TIME) only when the item has a live hold, whose deadline it
+-- must compare with the clock holds are judged on; otherwise its entry records ARGV[5], the
+-- Reserver's estimate of this clock (its own plus their difference, measured with TIME at most
+-- a second before; clock.go), when it is a time at all (else it reads TIME). A hold adds TIME, ZADD to the holds
 -- and the ZRANGE and HSET of next_deadline; an item with a sold-out filter adds two SETBITs.
 -- What each costs: docs/benchmarks.md, "Choosing a stored layout" (stockbench -layouts).
 local limit, queue, kind, ttl = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], tonumber(ARGV[4])
@@ -62,7 +63,8 @@ local nreq = (#ARGV - pre) / 4
 -- A buyer's units are added with HINCRBY before the entry is written, and the add is undone
 -- (HINCRBY -q, or HDEL when the buyer had none) when the call goes the general way after all:
 -- when the units were not an integer (HINCRBY refuses and writes nothing: the general way raises
--- the error), below zero, past the limit, or when the id is in the ledger (HSETNX writes
+-- the error), below zero or past MaxQty (the general way answers or raises the error), past
+-- the limit, or when the id is in the ledger (HSETNX writes
 -- nothing). The script is atomic: nobody sees the add and its undo. An id the ledger has goes
 -- the general way below, which answers it as before.
 if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) and avail >= tonumber(ARGV[pre + 2]) then
@@ -74,7 +76,7 @@ if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) a
       ok = false -- not an integer (or refused): nothing was written
     else
       have = v - q
-      if have < 0 or (limit > 0 and v > limit) then
+      if have < 0 or v > 9007199254740991 or (limit > 0 and v > limit) then -- 2^53 - 1: MaxQty
         ok = false
         undo_units(KEYS[3], u, q, have)
       end
@@ -83,7 +85,10 @@ if nreq == 1 and avail and not closed and avail > 0 and not (nd and nd <= now) a
   -- pcall: a server out of memory refuses the write (nothing is written), and the general way
   -- then answers a known id without writing (a replay still answers), a new id with the error.
   if ok then
-    local at = now or tonumber(ARGV[5]) or now_ms()
+    local at = now or tonumber(ARGV[5])
+    if not at or at < 0 or at ~= math.floor(at) then
+      at = now_ms()
+    end
     if redis.pcall('HSETNX', KEYS[2], id, entry(kind, state, q, avail - q, at, u, deadline)) == 1 then
       -- The writes of the general way for this one take, in its order after the ledger's.
       redis.call('HSET', KEYS[1], 'a', fmt(avail - q), cf, fmt(count + q), 'q', fmt(queue and seq + 1 or seq))
@@ -145,14 +150,7 @@ end
 if raw then
   local vs = redis.call('HMGET', KEYS[3], unpack(unames))
   for j, u in ipairs(unames) do
-    local v, n = vs[j], 0
-    if v then
-      n = tonumber(v)
-      if not n or n ~= math.floor(n) then
-        int(v, 'units of user ' .. u) -- raises the error
-      end
-    end
-    raw[u] = n
+    raw[u] = int(vs[j], 'units of user ' .. u) or 0
   end
 end
 local plan

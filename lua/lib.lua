@@ -49,12 +49,15 @@ end
 -- int reads an integer value of a counter (what names it in the error): nil when absent (false,
 -- as HGET and HMGET return it), a number when it is one, else an error, raised before the
 -- script's first write like parse's (HINCRBY would fail on it halfway through the writes).
+-- Only what this package writes ('%d': an optional '-' and 1 to 16 digits) is an integer: not
+-- what Lua's tonumber also reads (hexadecimal, exponents, spaces, fractions), nor what a double
+-- cannot hold exactly.
 local function int(v, what)
   if not v then
     return nil
   end
   local n = tonumber(v)
-  if not n or n ~= math.floor(n) then
+  if not n or n ~= math.floor(n) or (type(v) == 'string' and not string.match(v, '^%-?%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$')) then
     error('stock: corrupt ' .. what .. ': ' .. string.sub(tostring(v), 1, 64))
   end
   return n

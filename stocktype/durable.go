@@ -28,7 +28,7 @@ type Event struct {
 	ID   string    `json:"id"`
 	User string    `json:"user,omitempty"`
 	Qty  int64     `json:"qty"`
-	At   time.Time `json:"at"` // when the operation ran: its ledger entry's At (see Entry)
+	At   time.Time `json:"at"` // when the operation ran, by the Redis clock (its ledger entry's At)
 	Seq  int64     `json:"seq,omitempty"`
 }
 

@@ -35,10 +35,12 @@ type Entry struct {
 	State         State
 	Qty           int64 // units taken (or added, for a restock)
 	Before, After int64 // available stock before and after the operation
-	// At is when the operation ran (ms), by the Redis server's clock; for a deduct on an item
-	// with no live hold, by the clock of the Reserver that took it (stock.WithClock), which
-	// saves the script a read of Redis's clock. The two differ by the machines' clock skew: At
-	// serves the retention and display, never the order of an item's events (their sequence).
+	// At is when the operation ran (ms), by the Redis server's clock. A deduct on an item with
+	// no live hold records the Reserver's estimate of that clock instead of reading it: its own
+	// clock (stock.WithClock) plus the difference between the two, measured with TIME at most a
+	// second before, so At may differ from Redis's clock by that second's drift and the round
+	// trip, whatever the Reserver's clock says. At serves the retention and display, never the
+	// order of an item's events (their sequence).
 	At time.Time
 	// Deadline is, for holds only, when the hold expires (zero otherwise); for a confirmed hold
 	// given back after its deadline, when it was given back (the retention counts from it).

@@ -83,7 +83,7 @@ func BenchmarkDeductClientCost(b *testing.B) {
 				if u != "" {
 					u += strconv.Itoa(i)
 				}
-				res := protocol.Deduct.Exec(ctx, bc, k.ForItem(), []string{limit, r.outboxFlag(), protocol.TakeDeduct, "0", r.clockArg(), "o" + strconv.Itoa(i), "1", u, "0"})
+				res := protocol.Deduct.Exec(ctx, bc, k.ForItem(), []string{limit, r.outboxFlag(), protocol.TakeDeduct, "0", r.clockArg(ctx), "o" + strconv.Itoa(i), "1", u, "0"})
 				if err := res.Error(); err != nil {
 					b.Fatal(err)
 				}

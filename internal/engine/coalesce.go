@@ -26,7 +26,7 @@ func (r *Reserver) sendDeduct(ctx context.Context, sku string, req Request) (out
 // execDeducts runs deduct.lua for reqs, all of the item k, and decodes one outcome per request.
 func (r *Reserver) execDeducts(ctx context.Context, k *protocol.Keys, reqs []Request, dst []outcome) error {
 	args := make([]string, 5, 5+4*len(reqs))
-	args[0], args[1], args[2], args[3], args[4] = r.limitArg, r.outboxFlag(), protocol.TakeDeduct, "0", r.clockArg()
+	args[0], args[1], args[2], args[3], args[4] = r.limitArg, r.outboxFlag(), protocol.TakeDeduct, "0", r.clockArg(ctx)
 	for _, q := range reqs {
 		args = append(args, q.ID, strconv.FormatInt(q.Qty, 10), q.User, retryFlag(q.Retry))
 	}

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,7 +62,8 @@ type Reserver struct {
 	closeDone chan struct{} // closed when Close's work is done
 	policy    policyGuard   // the memory policy check: eviction.go
 
-	unknownAt sync.Map // sku -> time.Time of the last log of its events held back (notloaded.go)
+	unknownAt sync.Map   // sku -> time.Time of the last log of its events held back (notloaded.go)
+	clock     entryClock // Redis's clock, estimated for deduct.lua (clock.go)
 }
 
 // checkName checks a name (an item, a request id, a user, a group, the prefix): 1 to MaxNameLen
@@ -153,12 +153,6 @@ func (r *Reserver) outboxFlag() string {
 		return "1"
 	}
 	return "0"
-}
-
-// clockArg is the Reserver's clock (WithClock) in ms, as deduct.lua takes it: the time a deduct
-// on an item with no live hold records in its ledger entry, where Redis's clock is not read.
-func (r *Reserver) clockArg() string {
-	return strconv.FormatInt(r.opts.now().UnixMilli(), 10)
 }
 
 // takeWant is what a take of req asks, for conflict.

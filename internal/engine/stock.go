@@ -220,7 +220,7 @@ func (r *Reserver) take(ctx context.Context, kind string, req Request, ttlMs int
 // takeScript runs deduct.lua for one request.
 func (r *Reserver) takeScript(ctx context.Context, k *protocol.Keys, kind string, req Request, ttlMs int64) (o outcome, ackErr error, err error) {
 	args := []string{
-		r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10), r.clockArg(),
+		r.limitArg, r.outboxFlag(), kind, strconv.FormatInt(ttlMs, 10), r.clockArg(ctx),
 		req.ID, strconv.FormatInt(req.Qty, 10), req.User, retryFlag(req.Retry),
 	}
 	res, ackErr := r.exec(ctx, protocol.Deduct, k.ForItem(), args)
