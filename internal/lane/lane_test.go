@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,4 +83,46 @@ func TestDoUsesSendOneForACallAlone(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 40, res)
 	assert.Zero(t, ls.Live(), "the lane of an idle key is dropped")
+}
+
+// TestLanesKeepEachKeysCallsApart: with many keys sharing shards, lanes dropped and used again
+// for other keys, and batches forming (one call in flight per key), every batch carries only
+// its key's requests, every caller gets its own answer, and no lane is left once all are idle.
+func TestLanesKeepEachKeysCallsApart(t *testing.T) {
+	type req struct {
+		key string
+		n   int
+	}
+	var ls Lanes[req, int]
+	var batches atomic.Int64
+	ls.Send = func(_ context.Context, key string, reqs []req, dst []int) error {
+		if len(reqs) > 1 {
+			batches.Add(1)
+		}
+		for i, q := range reqs {
+			if q.key != key {
+				return fmt.Errorf("request of %s in a batch of %s", q.key, key)
+			}
+			dst[i] = q.n * 2
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Go(func() {
+			for i := range 300 {
+				key := fmt.Sprint("k", (g+i)%97)
+				n := g*1000 + i
+				got, err := ls.Do(context.Background(), key, req{key, n}, 1)
+				if err != nil || got != 2*n {
+					t.Errorf("Do(%s, %d) = %d, %v", key, n, got, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, ls.Live(), "lanes left once every key is idle")
+	t.Logf("%d batches of more than one request", batches.Load())
+	assert.NotZero(t, batches.Load(), "no batch formed: the test did not reach the queue")
 }
