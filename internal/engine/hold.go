@@ -148,10 +148,8 @@ const sweepBatch = 256
 
 // sweepItems is stockops.Sweep.
 func (r *Reserver) sweepItems(ctx context.Context, skus ...string) (int64, error) {
-	for _, sku := range skus {
-		if err := checkName("sku", sku); err != nil {
-			return 0, err
-		}
+	if err := checkSKUs(skus); err != nil {
+		return 0, err
 	}
 	var total int64
 	var errs []error

@@ -19,10 +19,8 @@ func (rc *Reconciler) apply(o *ReconcileOptions) error {
 	if o == nil {
 		return nil
 	}
-	for _, s := range o.Items {
-		if err := checkName("sku", s); err != nil {
-			return err
-		}
+	if err := checkSKUs(o.Items); err != nil {
+		return err
 	}
 	if o.Items != nil {
 		rc.items = append([]string{}, o.Items...)

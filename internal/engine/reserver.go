@@ -92,6 +92,16 @@ func checkName(what, s string) error {
 	return nil
 }
 
+// checkSKUs checks every name of skus with checkName.
+func checkSKUs(skus []string) error {
+	for _, sku := range skus {
+		if err := checkName("sku", sku); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func checkQty(q int64) error {
 	if q <= 0 || q > MaxQty {
 		return invalid("quantity %d out of range [1, %d]", q, MaxQty)
