@@ -115,6 +115,15 @@ func (r *Reserver) writable(ctx context.Context, sku, id string) error {
 	return r.checkEviction(ctx)
 }
 
+// writableItem checks the name of a call on a whole item (CloseItem, ReopenItem, Delist), then
+// the policy.
+func (r *Reserver) writableItem(ctx context.Context, sku string) error {
+	if err := checkName("sku", sku); err != nil {
+		return err
+	}
+	return r.checkEviction(ctx)
+}
+
 // checkPolicy reads every node's maxmemory-policy and records the verdict: nil (safe, allowed, or
 // hidden), ErrEvictionPolicy, or a transport error, which records nothing.
 func (r *Reserver) checkPolicy(ctx context.Context) error {
