@@ -1063,13 +1063,7 @@ func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease t
 	for passes < 5 {
 		s, err := rl.Once(ctx)
 		passes++
-		total.Claimed += s.Claimed
-		total.Delivered += s.Delivered
-		total.Refused += s.Refused
-		total.Retried += s.Retried
-		total.Orphaned += s.Orphaned
-		total.Redelive += s.Redelive
-		total.DeadLettered += s.DeadLettered
+		total.Add(s)
 		if err != nil && first == nil {
 			first = err
 		}
