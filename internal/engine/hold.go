@@ -12,7 +12,7 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// MaxHoldTTL is the longest time a hold may last before it must be extended.
+// MaxHoldTTL is stock.MaxHoldTTL, documented there: checkTTL's upper bound.
 const MaxHoldTTL = 7 * 24 * time.Hour
 
 func checkTTL(ttl time.Duration) error {
