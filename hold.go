@@ -3,10 +3,12 @@ package stock
 import (
 	"context"
 	"time"
+
+	"github.com/stockres/stock/internal/engine"
 )
 
 // MaxHoldTTL is the longest time a hold may last before it must be extended.
-const MaxHoldTTL = 7 * 24 * time.Hour
+const MaxHoldTTL = engine.MaxHoldTTL
 
 // Hold takes req.Qty units like Deduct, but as held until now + ttl (by the Redis clock): the
 // try of a try-confirm-cancel checkout. Confirm makes it final and only then queues it for the

@@ -185,7 +185,7 @@ func WithTimeout(d time.Duration) Option {
 // whole call, rueidis's own resends of a retryable script after a broken connection and its
 // dials included (rueidis dials for up to 5 s by default), and is long enough to ride out a
 // restart of Redis or a quick failover.
-const DefaultTimeout = 10 * time.Second
+const DefaultTimeout = engine.DefaultTimeout
 
 // WithSoldOutCache sets how long the sold-out fast path trusts a cached read of an item's state
 // when no invalidation arrives: a bound on staleness should an invalidation be lost, not the

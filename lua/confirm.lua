@@ -13,15 +13,11 @@
 -- checked before the first write.
 local id, queue, stored = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
 local now = now_ms()
-local h, reply, plan = hold_call(KEYS, id, now, REPLAY, stored)
-local freed = release(KEYS, plan, queue)
+local h, reply = hold_call(KEYS, id, now, REPLAY, stored, queue)
 if not h then
-  if reply[1] ~= UNKNOWN and reply[1] ~= NOTLOADED then
-    reply[2] = reply[2] + freed
-  end
   return reply
 end
-local e, q, avail = h.e, h.q, h.avail + freed
+local e, q, avail = h.e, h.q, h.avail
 redis.call('HINCRBY', KEYS[1], 'h', -q)
 redis.call('ZREM', KEYS[5], id)
 next_deadline(KEYS[1], KEYS[5])

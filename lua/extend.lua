@@ -10,16 +10,12 @@
 -- most 64). Everything is read and checked before the first write.
 local id, ttl, queue = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local now = now_ms()
-local h, reply, plan = hold_call(KEYS, id, now, CONFIRMED, false)
-local freed = release(KEYS, plan, queue)
+local h, reply = hold_call(KEYS, id, now, CONFIRMED, false, queue)
 if not h then
-  if reply[1] ~= UNKNOWN and reply[1] ~= NOTLOADED then
-    reply[2] = reply[2] + freed
-  end
   return reply
 end
 local nd = now + ttl
 redis.call('HSET', KEYS[2], id, entry('H', 'h', h.q, h.a, h.t, h.u, nd))
 redis.call('ZADD', KEYS[5], nd, id)
 next_deadline(KEYS[1], KEYS[5])
-return {OK, h.avail + freed, h.q}
+return {OK, h.avail, h.q}

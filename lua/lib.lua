@@ -264,7 +264,7 @@ local function due_hold(k, s, d, now)
   return k == 'H' and s == 'h' and d > 0 and d <= now
 end
 
--- hold_call reads and checks what confirm.lua and extend.lua need, and plans the release of the
+-- read_hold reads and checks what confirm.lua and extend.lua need, and plans the release of the
 -- item's due holds, writing nothing. It returns the live hold id names (a table: e, q, a, t, u, d,
 -- avail) or nil and the reply (its available count is before the release: the caller adds the
 -- units release frees), and the plan.
@@ -272,7 +272,7 @@ end
 -- deadline (a confirm the store has, by the reconciler, which queues no events): nothing is
 -- released, since a release it made would never reach the store.
 -- K: KEYS of the item (item, ledger, users, outbox, holds).
-local function hold_call(K, id, now, confirmed, keep)
+local function read_hold(K, id, now, confirmed, keep)
   local e = redis.call('HGET', K[2], id)
   local st = redis.call('HMGET', K[1], 'a', 'n', 's', 'h', 'q')
   local avail, n = int(st[1], 'available count'), int(st[2], 'next deadline')
@@ -305,6 +305,23 @@ local function hold_call(K, id, now, confirmed, keep)
     return nil, {EXPIRED, avail, q}, plan
   end
   return {e = e, q = q, a = a, t = t, u = u, d = d, avail = avail}, nil, plan
+end
+
+-- hold_call is the start of confirm.lua and extend.lua: read_hold, then the release of the due
+-- holds it planned, the first write, after every check (queue: queue their events). It returns
+-- the live hold (a table as read_hold's, whose avail counts the units the release freed), or
+-- nil and the reply to return.
+local function hold_call(K, id, now, confirmed, keep, queue)
+  local h, reply, plan = read_hold(K, id, now, confirmed, keep)
+  local freed = release(K, plan, queue)
+  if not h then
+    if reply[1] ~= UNKNOWN and reply[1] ~= NOTLOADED then
+      reply[2] = reply[2] + freed
+    end
+    return nil, reply
+  end
+  h.avail = h.avail + freed
+  return h
 end
 
 -- The sold-out filter (key "<item>:b", 2^b bits): a Bloom filter of every id the ledger has had,

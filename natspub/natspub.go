@@ -96,7 +96,6 @@ package natspub
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -198,27 +197,19 @@ func (p *Publisher) Prefix() string { return p.cfg.prefix }
 
 // Publish publishes ev and waits for JetStream's acknowledgement. It returns nil once the
 // stream has stored the event, or recognised it as a duplicate of one it stored within its
-// duplicate window. An event without a type, SKU or id, or with a negative quantity, gives an
-// error wrapping stock.ErrInvalid; any other error (no stream bound to the subject, a timeout,
-// a closed connection, ctx's error) means the event may or may not be stored, and publishing
-// it again is safe.
+// duplicate window. An event without a type, SKU or id, or with a quantity out of range or a
+// negative sequence number, gives an error wrapping stock.ErrInvalid; any other error (no
+// stream bound to the subject, a timeout, a closed connection, ctx's error) means the event may
+// or may not be stored, and publishing it again is safe.
 func (p *Publisher) Publish(ctx context.Context, ev stock.Event) error {
-	if err := checkEvent(ev); err != nil {
-		return fmt.Errorf("natspub: publish %s/%s %s: %w", ev.SKU, ev.ID, ev.Type, err)
-	}
-	data, err := json.Marshal(ev)
+	subject, data, opts, err := p.message(ev)
 	if err != nil {
-		return fmt.Errorf("natspub: publish %s/%s %s: encode: %w", ev.SKU, ev.ID, ev.Type, err)
+		return err
 	}
 	if p.cfg.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.timeout)
 		defer cancel()
-	}
-	subject := Subject(p.cfg.prefix, ev.Type, ev.SKU)
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(MsgID(ev))}
-	if p.cfg.stream != "" {
-		opts = append(opts, jetstream.WithExpectStream(p.cfg.stream))
 	}
 	if _, err := p.js.Publish(ctx, subject, data, opts...); err != nil {
 		return fmt.Errorf("natspub: publish %s/%s %s to %q: %w", ev.SKU, ev.ID, ev.Type, subject, err)
@@ -245,21 +236,11 @@ func (p *Publisher) PublishBatch(ctx context.Context, evs []stock.Event) []error
 			errs[i] = fmt.Errorf("natspub: publish %s/%s %s: not sent after an earlier failure of the item", ev.SKU, ev.ID, ev.Type)
 			continue
 		}
-		if err := checkEvent(ev); err != nil {
-			errs[i] = fmt.Errorf("natspub: publish %s/%s %s: %w", ev.SKU, ev.ID, ev.Type, err)
-			failed[ev.SKU] = true
-			continue
-		}
-		data, err := json.Marshal(ev)
+		subject, data, opts, err := p.message(ev)
 		if err != nil {
-			errs[i] = fmt.Errorf("natspub: publish %s/%s %s: encode: %w", ev.SKU, ev.ID, ev.Type, err)
+			errs[i] = err
 			failed[ev.SKU] = true
 			continue
-		}
-		subject := Subject(p.cfg.prefix, ev.Type, ev.SKU)
-		opts := []jetstream.PublishOpt{jetstream.WithMsgID(MsgID(ev))}
-		if p.cfg.stream != "" {
-			opts = append(opts, jetstream.WithExpectStream(p.cfg.stream))
 		}
 		futures[i], err = p.js.PublishAsync(subject, data, opts...)
 		if err != nil {
@@ -281,6 +262,20 @@ func (p *Publisher) PublishBatch(ctx context.Context, evs []stock.Event) []error
 		}
 	}
 	return errs
+}
+
+// message returns the subject, the payload and the publish options of ev, or an error wrapping
+// stock.ErrInvalid for an event no adapter publishes (see eventwire.Check).
+func (p *Publisher) message(ev stock.Event) (subject string, data []byte, opts []jetstream.PublishOpt, err error) {
+	data, err = eventwire.Encode("natspub", ev)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	opts = []jetstream.PublishOpt{jetstream.WithMsgID(MsgID(ev))}
+	if p.cfg.stream != "" {
+		opts = append(opts, jetstream.WithExpectStream(p.cfg.stream))
+	}
+	return Subject(p.cfg.prefix, ev.Type, ev.SKU), data, opts, nil
 }
 
 // Subject returns the subject an event of type typ for sku is published on:
@@ -388,20 +383,6 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, name, prefix stri
 // a message will never decode, so a consumer should terminate it rather than ask for
 // redelivery. Decode accepts event types it does not know, as a Store must.
 func Decode(msg []byte) (stock.Event, error) { return eventwire.Decode("natspub", msg) }
-
-func checkEvent(ev stock.Event) error {
-	switch {
-	case ev.Type == "":
-		return fmt.Errorf("%w: empty event type", stock.ErrInvalid)
-	case ev.SKU == "":
-		return fmt.Errorf("%w: empty sku", stock.ErrInvalid)
-	case ev.ID == "":
-		return fmt.Errorf("%w: empty id", stock.ErrInvalid)
-	case ev.Qty < 0 || ev.Qty > stock.MaxQty:
-		return fmt.Errorf("%w: qty %d out of range [0, %d]", stock.ErrInvalid, ev.Qty, stock.MaxQty)
-	}
-	return nil
-}
 
 func checkPrefix(prefix string) error {
 	if prefix == "" {

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"embed"
 	"errors"
 	"reflect"
 	"strconv"
@@ -69,76 +70,35 @@ func (d Dialect) rebind(q string) string {
 	return b.String()
 }
 
-// schema returns the CREATE TABLE statements for the items and records tables.
+// schemaFiles holds the CREATE TABLE statements of each dialect, in schema/<dialect>.sql, with
+// the default table prefix: the files users copy into migrations of their own are the
+// statements Migrate runs.
+//
+//go:embed schema/*.sql
+var schemaFiles embed.FS
+
+// schema returns the CREATE TABLE statements for the items and records tables (quoted names):
+// the statements of the dialect's schema file, without its comment lines, with items and
+// records in place of the default names.
 func (d Dialect) schema(items, records string) []string {
-	switch d {
-	case Postgres:
-		return []string{
-			`CREATE TABLE IF NOT EXISTS ` + items + ` (
-	sku        VARCHAR(255) COLLATE "C" NOT NULL PRIMARY KEY,
-	remaining  BIGINT NOT NULL CHECK (remaining >= 0),
-	loaded     BIGINT NOT NULL,
-	updated_at TIMESTAMPTZ NOT NULL,
-	CHECK (remaining <= loaded)
-)`,
-			`CREATE TABLE IF NOT EXISTS ` + records + ` (
-	sku        VARCHAR(255) COLLATE "C" NOT NULL,
-	id         VARCHAR(255) COLLATE "C" NOT NULL,
-	user_id    VARCHAR(255) NOT NULL,
-	type       VARCHAR(16) NOT NULL,
-	qty        BIGINT NOT NULL CHECK (qty > 0),
-	status     VARCHAR(16) NOT NULL CHECK (status IN ('applied', 'restored', 'refused')),
-	created_at TIMESTAMPTZ NOT NULL,
-	updated_at TIMESTAMPTZ NOT NULL,
-	PRIMARY KEY (sku, id)
-)`,
-		}
-	case MySQL:
-		return []string{
-			`CREATE TABLE IF NOT EXISTS ` + items + ` (
-	sku        VARBINARY(255) NOT NULL,
-	remaining  BIGINT NOT NULL,
-	loaded     BIGINT NOT NULL,
-	updated_at DATETIME(6) NOT NULL,
-	PRIMARY KEY (sku),
-	CHECK (remaining >= 0),
-	CHECK (remaining <= loaded)
-) ENGINE=InnoDB`,
-			`CREATE TABLE IF NOT EXISTS ` + records + ` (
-	sku        VARBINARY(255) NOT NULL,
-	id         VARBINARY(255) NOT NULL,
-	user_id    VARBINARY(255) NOT NULL,
-	type       VARCHAR(16) NOT NULL,
-	qty        BIGINT NOT NULL,
-	status     VARCHAR(16) NOT NULL,
-	created_at DATETIME(6) NOT NULL,
-	updated_at DATETIME(6) NOT NULL,
-	PRIMARY KEY (sku, id),
-	CHECK (qty > 0),
-	CHECK (status IN ('applied', 'restored', 'refused'))
-) ENGINE=InnoDB`,
+	b, err := schemaFiles.ReadFile("schema/" + d.String() + ".sql")
+	if err != nil {
+		panic("sqlstore: no schema file for dialect " + d.String()) // New accepts only the dialects that have one
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "--") {
+			lines = append(lines, l)
 		}
 	}
-	return []string{
-		`CREATE TABLE IF NOT EXISTS ` + items + ` (
-	sku        TEXT NOT NULL PRIMARY KEY,
-	remaining  INTEGER NOT NULL CHECK (remaining >= 0),
-	loaded     INTEGER NOT NULL,
-	updated_at TEXT NOT NULL,
-	CHECK (remaining <= loaded)
-) WITHOUT ROWID, STRICT`,
-		`CREATE TABLE IF NOT EXISTS ` + records + ` (
-	sku        TEXT NOT NULL,
-	id         TEXT NOT NULL,
-	user_id    TEXT NOT NULL,
-	type       TEXT NOT NULL,
-	qty        INTEGER NOT NULL CHECK (qty > 0),
-	status     TEXT NOT NULL CHECK (status IN ('applied', 'restored', 'refused')),
-	created_at TEXT NOT NULL,
-	updated_at TEXT NOT NULL,
-	PRIMARY KEY (sku, id)
-) WITHOUT ROWID, STRICT`,
+	names := strings.NewReplacer(d.quote(defaultPrefix+"items"), items, d.quote(defaultPrefix+"records"), records)
+	var stmts []string
+	for _, stmt := range strings.Split(strings.Join(lines, "\n"), ";\n") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			stmts = append(stmts, names.Replace(stmt))
+		}
 	}
+	return stmts
 }
 
 // onConflict is the clause that makes an INSERT into the records table skip an existing

@@ -37,10 +37,10 @@
 // Migrate is safe to run from many processes at once (every replica of a service at start-up,
 // every `stockctl load -dsn`): they take turns on a lock named after the table prefix, a
 // PostgreSQL advisory lock held by the migrating transaction, a MySQL GET_LOCK, or SQLite's
-// database write lock. The directory schema of this package holds the same statements as
-// plain SQL files, one per dialect (postgres.sql, mysql.sql, sqlite.sql, with the default
-// prefix), for deployments that run their migrations with goose, golang-migrate or by hand
-// and never call Migrate; a test checks that each creates exactly what Migrate creates.
+// database write lock. Its statements are plain SQL files in the directory schema of this
+// package, one per dialect (postgres.sql, mysql.sql, sqlite.sql, with the default prefix),
+// which Migrate embeds: deployments that run their migrations with goose, golang-migrate or by
+// hand, and never call Migrate, copy them.
 //
 // Ids sort byte-wise in every dialect (COLLATE "C", VARBINARY, SQLite's BINARY), so List pages
 // in the order of Go's string comparison.

@@ -23,9 +23,10 @@ var (
 )
 
 const (
-	maxAttempts = 10  // tries of one transaction that fails with a retryable error
-	recordsPage = 500 // ids per query in Records
-	maxPrefix   = 48  // longest table prefix; the longest table name is prefix + "records"
+	maxAttempts   = 10       // tries of one transaction that fails with a retryable error
+	recordsPage   = 500      // ids per query in Records
+	maxPrefix     = 48       // longest table prefix; the longest table name is prefix + "records"
+	defaultPrefix = "stock_" // the table prefix unless WithTablePrefix says otherwise; the schema files' names have it
 )
 
 // Store is a stock.Store on a SQL database. It is safe for concurrent use by multiple
@@ -71,7 +72,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if d != Postgres && d != MySQL && d != SQLite {
 		return nil, invalid("unknown dialect %v", d)
 	}
-	o := options{prefix: "stock_"}
+	o := options{prefix: defaultPrefix}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err

@@ -107,6 +107,7 @@ package stockotel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -225,56 +226,28 @@ func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	if c.tp != nil {
 		o.tracer = c.tp.Tracer(TracerName)
 	}
-	var err error
-	mk := func(f func() error) {
-		if err == nil {
-			err = f()
-		}
-	}
-	mk(func() (e error) {
-		o.ops, e = m.Int64Counter("stock.operations", metric.WithUnit("{operation}"),
-			metric.WithDescription("Reserver calls, by op, outcome and whether the call was a replay."))
-		return
-	})
-	mk(func() (e error) {
-		o.duration, e = m.Float64Histogram("stock.operation.duration", metric.WithUnit("s"),
-			metric.WithDescription("How long a Reserver call (or the reconcile of one item) took, Redis round trips included."),
-			metric.WithExplicitBucketBoundaries(durationBuckets...))
-		return
-	})
-	mk(func() (e error) {
-		o.units, e = m.Int64Counter("stock.units", metric.WithUnit("{unit}"),
-			metric.WithDescription("Units of stock moved by successful calls: taken (deduct, hold), given back (restore, cancel), confirmed, restocked, released (sweep), loaded."))
-		return
-	})
-	mk(func() (e error) {
-		o.batches, e = m.Int64Counter("stock.relay.batches", metric.WithUnit("{batch}"),
-			metric.WithDescription("Outbox batches a relay delivered for one item; outcome error when an event failed and the item backs off."))
-		return
-	})
-	mk(func() (e error) {
-		o.delivered, e = m.Int64Counter("stock.relay.delivered", metric.WithUnit("{event}"),
-			metric.WithDescription("Outbox events delivered to the store and publisher and removed from the outbox."))
-		return
-	})
-	mk(func() (e error) {
-		o.lag, e = m.Float64Histogram("stock.relay.lag", metric.WithUnit("s"),
-			metric.WithDescription("How long the oldest event of a delivered batch waited in the outbox."),
-			metric.WithExplicitBucketBoundaries(lagBuckets...))
-		return
-	})
-	mk(func() (e error) {
-		o.passes, e = m.Int64Counter("stock.reconcile.passes", metric.WithUnit("{item}"),
-			metric.WithDescription("Items a reconciler compared with the store, by outcome."))
-		return
-	})
-	mk(func() (e error) {
-		o.drift, e = m.Int64Histogram("stock.reconcile.drift", metric.WithUnit("{unit}"),
-			metric.WithDescription("Absolute drift between Redis and the store found per reconciled item; stock.drift.sign says which way."),
-			metric.WithExplicitBucketBoundaries(driftBuckets...))
-		return
-	})
-	if err != nil {
+	// Each instrument is created even after another failed; their errors are joined.
+	var errs [8]error
+	o.ops, errs[0] = m.Int64Counter("stock.operations", metric.WithUnit("{operation}"),
+		metric.WithDescription("Reserver calls, by op, outcome and whether the call was a replay."))
+	o.duration, errs[1] = m.Float64Histogram("stock.operation.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long a Reserver call (or the reconcile of one item) took, Redis round trips included."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	o.units, errs[2] = m.Int64Counter("stock.units", metric.WithUnit("{unit}"),
+		metric.WithDescription("Units of stock moved by successful calls: taken (deduct, hold), given back (restore, cancel), confirmed, restocked, released (sweep), loaded."))
+	o.batches, errs[3] = m.Int64Counter("stock.relay.batches", metric.WithUnit("{batch}"),
+		metric.WithDescription("Outbox batches a relay delivered for one item; outcome error when an event failed and the item backs off."))
+	o.delivered, errs[4] = m.Int64Counter("stock.relay.delivered", metric.WithUnit("{event}"),
+		metric.WithDescription("Outbox events delivered to the store and publisher and removed from the outbox."))
+	o.lag, errs[5] = m.Float64Histogram("stock.relay.lag", metric.WithUnit("s"),
+		metric.WithDescription("How long the oldest event of a delivered batch waited in the outbox."),
+		metric.WithExplicitBucketBoundaries(lagBuckets...))
+	o.passes, errs[6] = m.Int64Counter("stock.reconcile.passes", metric.WithUnit("{item}"),
+		metric.WithDescription("Items a reconciler compared with the store, by outcome."))
+	o.drift, errs[7] = m.Int64Histogram("stock.reconcile.drift", metric.WithUnit("{unit}"),
+		metric.WithDescription("Absolute drift between Redis and the store found per reconciled item; stock.drift.sign says which way."),
+		metric.WithExplicitBucketBoundaries(driftBuckets...))
+	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("stockotel: %w", err)
 	}
 	return o, nil

@@ -118,6 +118,15 @@ func wantRecord(t testing.TB, s stock.Store, sku, id string, typ stock.EventType
 	}
 }
 
+// wantRestored checks that the record of sku/id has the status StateRestored; what names the
+// record in the failure ("tombstone", "record after restore").
+func wantRestored(t testing.TB, s stock.Store, sku, id, what string) {
+	t.Helper()
+	if r, ok := record(t, s, sku, id); !ok || r.Status != stock.StateRestored {
+		t.Fatalf("%s/%s: %s = %+v (found %v), want status %s", sku, id, what, r, ok, stock.StateRestored)
+	}
+}
+
 var storeChecks = []storeCheck{
 	{"DeductDecrements", func(t testing.TB, s stock.Store, l Loader) {
 		load(t, l, "a", 10)
@@ -212,9 +221,7 @@ var storeChecks = []storeCheck{
 		apply(t, s, ev(stock.EventRestored, "a", "o1", 3), nil)
 		apply(t, s, ev(stock.EventRefused, "a", "o1", 3), nil)
 		remaining(t, s, "a", 10)
-		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.StateRestored {
-			t.Fatalf("record after restore = %+v (found %v), want status %s", r, ok, stock.StateRestored)
-		}
+		wantRestored(t, s, "a", "o1", "record after restore")
 		// A deduct repeated after the restore takes nothing again.
 		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
 		remaining(t, s, "a", 10)
@@ -229,15 +236,11 @@ var storeChecks = []storeCheck{
 		load(t, l, "a", 10)
 		apply(t, s, ev(stock.EventRestored, "a", "o1", 3), nil)
 		remaining(t, s, "a", 10)
-		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.StateRestored {
-			t.Fatalf("tombstone = %+v (found %v), want status %s", r, ok, stock.StateRestored)
-		}
+		wantRestored(t, s, "a", "o1", "tombstone")
 		// The late deduct changes nothing (whatever it answers).
 		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
 		remaining(t, s, "a", 10)
-		if r, ok := record(t, s, "a", "o1"); !ok || r.Status != stock.StateRestored {
-			t.Fatalf("record after the late deduct = %+v (found %v), want status %s", r, ok, stock.StateRestored)
-		}
+		wantRestored(t, s, "a", "o1", "record after the late deduct")
 	}},
 	{"RefusalBeforeDeductTombstone", func(t testing.TB, s stock.Store, l Loader) {
 		load(t, l, "a", 10)
@@ -246,18 +249,14 @@ var storeChecks = []storeCheck{
 		apply(t, s, ev(stock.EventRefused, "a", "h1", 4), nil)
 		remaining(t, s, "a", 10)
 		for _, id := range []string{"o1", "h1"} {
-			if r, ok := record(t, s, "a", id); !ok || r.Status != stock.StateRestored {
-				t.Fatalf("tombstone of %s = %+v (found %v), want status %s", id, r, ok, stock.StateRestored)
-			}
+			wantRestored(t, s, "a", id, "tombstone")
 		}
 		// The late deduct and confirm change nothing (whatever they answer).
 		_ = s.Apply(context.Background(), ev(stock.EventDeducted, "a", "o1", 3))
 		_ = s.Apply(context.Background(), ev(stock.EventConfirmed, "a", "h1", 4))
 		remaining(t, s, "a", 10)
 		for _, id := range []string{"o1", "h1"} {
-			if r, ok := record(t, s, "a", id); !ok || r.Status != stock.StateRestored {
-				t.Fatalf("record of %s after the late decrement = %+v (found %v), want status %s", id, r, ok, stock.StateRestored)
-			}
+			wantRestored(t, s, "a", id, "record after the late decrement")
 		}
 	}},
 	{"RestoreOfRefusedGivesNothing", func(t testing.TB, s stock.Store, l Loader) {
@@ -380,9 +379,7 @@ var storeChecks = []storeCheck{
 			if n != want {
 				t.Fatalf("after 16 concurrent %v of %s (qty %d): Remaining = %d, want %d (given back exactly once)", c.types, c.id, c.qty, n, want)
 			}
-			if r, ok := record(t, s, "a", c.id); !ok || r.Status != stock.StateRestored {
-				t.Fatalf("record of %s after the concurrent give-backs = %+v (found %v), want status %s", c.id, r, ok, stock.StateRestored)
-			}
+			wantRestored(t, s, "a", c.id, "record after the concurrent give-backs")
 		}
 	}},
 	{"ConcurrentNoOversell", func(t testing.TB, s stock.Store, l Loader) {

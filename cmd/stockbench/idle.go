@@ -65,11 +65,7 @@ func (b *bench) idleReport(ctx context.Context, w io.Writer) ([]IdleResult, erro
 
 // idleMeasure returns the servers' CPU share and call rates over d.
 func (b *bench) idleMeasure(ctx context.Context, d time.Duration) (IdleResult, error) {
-	cpu0, err := b.redisCPU(ctx)
-	if err != nil {
-		return IdleResult{}, err
-	}
-	all0, sc0, _, err := b.commandCalls(ctx)
+	s0, err := b.sample(ctx)
 	if err != nil {
 		return IdleResult{}, err
 	}
@@ -80,15 +76,11 @@ func (b *bench) idleMeasure(ctx context.Context, d time.Duration) (IdleResult, e
 	case <-time.After(d):
 	}
 	secs := time.Since(t0).Seconds()
-	cpu1, err := b.redisCPU(ctx)
+	s1, err := b.sample(ctx)
 	if err != nil {
 		return IdleResult{}, err
 	}
-	all1, sc1, _, err := b.commandCalls(ctx)
-	if err != nil {
-		return IdleResult{}, err
-	}
-	return IdleResult{RedisCore: (cpu1 - cpu0) / secs, CommandsPerS: (all1 - all0) / secs, ScriptsPerS: (sc1 - sc0) / secs}, nil
+	return IdleResult{RedisCore: (s1.cpu - s0.cpu) / secs, CommandsPerS: (s1.all - s0.all) / secs, ScriptsPerS: (s1.scripts - s0.scripts) / secs}, nil
 }
 
 func (b *bench) idleOne(ctx context.Context, n int) (IdleResult, error) {

@@ -199,11 +199,7 @@ func (b *bench) layoutReport(ctx context.Context, w io.Writer) ([]LayoutResult, 
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			_, s0, u0, err := b.commandCalls(ctx)
-			if err != nil {
-				return nil, err
-			}
-			cpu0, err := b.redisCPU(ctx)
+			s0, err := b.sample(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -213,22 +209,18 @@ func (b *bench) layoutReport(ctx context.Context, w io.Writer) ([]LayoutResult, 
 				return nil, err
 			}
 			wall := time.Since(start)
-			_, s1, u1, err := b.commandCalls(ctx)
-			if err != nil {
-				return nil, err
-			}
-			cpu1, err := b.redisCPU(ctx)
+			s1, err := b.sample(ctx)
 			if err != nil {
 				return nil, err
 			}
 			x := &res[i]
 			x.Calls += calls
 			x.CallsPerSec += float64(calls) / wall.Seconds() / float64(b.cfg.rounds)
-			if s1 > s0 {
-				us := (u1 - u0) / (s1 - s0)
-				x.rounds = append(x.rounds, us)
-				x.UsPerCall += (u1 - u0)
-				x.CPUPerCall += (cpu1 - cpu0) * 1e6
+			if s1.scripts > s0.scripts {
+				usec := s1.scriptUsec - s0.scriptUsec
+				x.rounds = append(x.rounds, usec/(s1.scripts-s0.scripts))
+				x.UsPerCall += usec
+				x.CPUPerCall += (s1.cpu - s0.cpu) * 1e6
 			}
 		}
 	}

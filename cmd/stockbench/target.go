@@ -121,6 +121,24 @@ func (b *bench) nodeRoles(ctx context.Context) (map[string]string, error) {
 	return out, nil
 }
 
+// serverSample is what the Redis servers had done at one moment, summed over the nodes: the
+// commands they ran (commandCalls's all, scripts and scriptUsec) and the CPU seconds they used.
+type serverSample struct {
+	all, scripts, scriptUsec float64
+	cpu                      float64
+}
+
+// sample reads the servers' commandCalls, then their redisCPU.
+func (b *bench) sample(ctx context.Context) (serverSample, error) {
+	var s serverSample
+	var err error
+	if s.all, s.scripts, s.scriptUsec, err = b.commandCalls(ctx); err != nil {
+		return s, err
+	}
+	s.cpu, err = b.redisCPU(ctx)
+	return s, err
+}
+
 // commandCalls returns how many commands the Redis servers have run so far, summed over every
 // node: all of them (those scripts run included), the script calls (EVALSHA, EVAL, FCALL) and the
 // microseconds of Redis CPU those script calls took (INFO commandstats usec, the commands they

@@ -893,14 +893,7 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 	if o.retention < 0 {
 		return usagef("-retention %v is negative", o.retention)
 	}
-	if err := e.needDSN("reconcile"); err != nil {
-		return err // before connecting to Redis
-	}
-	r, err := e.reserver()
-	if err != nil {
-		return err
-	}
-	st, err := e.openStore(ctx, "reconcile")
+	r, st, err := e.reserverAndStore(ctx, "reconcile")
 	if err != nil {
 		return err
 	}
@@ -1035,14 +1028,7 @@ func cmdReconcile(ctx context.Context, e *env, args []string, o reconcileOpts) e
 }
 
 func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease time.Duration) error {
-	if err := e.needDSN("relay-once"); err != nil {
-		return err // before connecting to Redis
-	}
-	r, err := e.reserver()
-	if err != nil {
-		return err
-	}
-	st, err := e.openStore(ctx, "relay-once")
+	r, st, err := e.reserverAndStore(ctx, "relay-once")
 	if err != nil {
 		return err
 	}
@@ -1063,13 +1049,7 @@ func cmdRelayOnce(ctx context.Context, e *env, args []string, batch int, lease t
 	for passes < 5 {
 		s, err := rl.Once(ctx)
 		passes++
-		total.Claimed += s.Claimed
-		total.Delivered += s.Delivered
-		total.Refused += s.Refused
-		total.Retried += s.Retried
-		total.Orphaned += s.Orphaned
-		total.Redelive += s.Redelive
-		total.DeadLettered += s.DeadLettered
+		total.Add(s)
 		if err != nil && first == nil {
 			first = err
 		}

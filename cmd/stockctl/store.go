@@ -107,6 +107,23 @@ func (e *env) needDSN(why string) error {
 	return nil
 }
 
+// reserverAndStore connects to Redis and opens the database of -dsn, for a command (why) that
+// needs both; without -dsn it is a usage error, before connecting to anything.
+func (e *env) reserverAndStore(ctx context.Context, why string) (*stock.Reserver, *sqlstore.Store, error) {
+	if err := e.needDSN(why); err != nil {
+		return nil, nil, err
+	}
+	r, err := e.reserver()
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := e.openStore(ctx, why)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, st, nil
+}
+
 // openStore opens the database of -dsn; it is a usage error when -dsn is not set and
 // required.
 func (e *env) openStore(ctx context.Context, why string) (*sqlstore.Store, error) {

@@ -673,10 +673,7 @@ func (rc *Reconciler) itemBucketed(ctx context.Context, sku string, n int) (rp r
 		return rp, nil
 	}
 	if unknown {
-		for _, id := range all.ids {
-			rp.InFlight -= redisNet(all.entries[id])
-		}
-		rp.NeedsHuman = "the store does not know the item"
+		all.unknownToStore(&rp)
 		return rp, nil
 	}
 	expected, recs, err := rc.compareOnly(ctx, &rp, all)

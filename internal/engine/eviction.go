@@ -36,15 +36,8 @@ import (
 // noeviction afterwards lets the Reserver write again without a restart. A reconcile pass checks
 // afresh (evictionReport), so a policy turned evicting after start-up refuses the writes too.
 
-// ErrEvictionPolicy is returned by every method that writes (Deduct, Hold, DeductMany,
-// HoldMany, Restore, Cancel, Confirm, Extend, Restock, Load, CloseItem, ReopenItem, Delist, and
-// stockops.Refuse), and by Run at once, when a node of the Redis deployment has a
-// maxmemory-policy other than noeviction: Redis may evict this package's keys, and an evicted
-// ledger entry sells a repeated request id again, an evicted buyers' count lets a buyer past
-// WithUserLimit. Nothing was written. The error names the node and its policy. Fix it with
-// CONFIG SET maxmemory-policy noeviction (and the same in redis.conf, or your provider's
-// parameter group), or accept the risk with WithEvictionAllowed. A refused Reserver checks the
-// policy again at most once a second, so it writes again once the policy is fixed.
+// ErrEvictionPolicy is stock.ErrEvictionPolicy, documented there: checkEviction's answer, as
+// above, while a node's maxmemory-policy can evict keys.
 var ErrEvictionPolicy = errs.ErrEvictionPolicy
 
 // policyRecheck is how often, at most, a refused Reserver's writes check the policy again.
@@ -110,6 +103,15 @@ func (r *Reserver) checkEviction(ctx context.Context) error {
 // writable checks the names of a give-back (Restore, Cancel, stockops.Refuse), then the policy.
 func (r *Reserver) writable(ctx context.Context, sku, id string) error {
 	if err := checkSKUID(sku, id); err != nil {
+		return err
+	}
+	return r.checkEviction(ctx)
+}
+
+// writableItem checks the name of a call on a whole item (CloseItem, ReopenItem, Delist), then
+// the policy.
+func (r *Reserver) writableItem(ctx context.Context, sku string) error {
+	if err := checkName("sku", sku); err != nil {
 		return err
 	}
 	return r.checkEviction(ctx)

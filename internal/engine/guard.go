@@ -13,10 +13,8 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// ErrFailover is returned by Deduct, Hold and DeductMany while a failover guard (see stockops.FailoverGuard) has seen the
-// Redis primaries change (a restart or a promoted replica) and no reconcile pass has run since:
-// Redis may have lost acknowledged writes, and selling on it before the reconciler compared it
-// with the Store could sell stock that is gone. Restores, confirms and the relay still work.
+// ErrFailover is stock.ErrFailover, documented there: the answer of the calls that take stock
+// while isFenced, from a guard's sight of new primaries until a reconcile pass.
 var ErrFailover = errs.ErrFailover
 
 // FailoverGuard is stockops.FailoverGuard, documented there; Reserver.Run runs one.

@@ -12,7 +12,7 @@ import (
 	"github.com/stockres/stock/internal/protocol"
 )
 
-// MaxHoldTTL is the longest time a hold may last before it must be extended.
+// MaxHoldTTL is stock.MaxHoldTTL, documented there: checkTTL's upper bound.
 const MaxHoldTTL = 7 * 24 * time.Hour
 
 func checkTTL(ttl time.Duration) error {
@@ -73,24 +73,11 @@ func (r *Reserver) confirm(ctx context.Context, sku, id string) (rc Receipt, err
 		ctx = r.startOp(ctx, "confirm", sku)
 		defer func(start time.Time) { r.observe(ctx, "confirm", sku, start, rc, err) }(time.Now())
 	}
-	rc = Receipt{SKU: sku, ID: id}
 	if err := checkSKUID(sku, id); err != nil {
-		return rc, err
+		return Receipt{SKU: sku, ID: id}, err
 	}
-	if err := r.checkEviction(ctx); err != nil {
-		return rc, err
-	}
-	name, err := r.holder(ctx, sku, id)
-	if err != nil {
-		return rc, err
-	}
-	res, ackErr := r.exec(ctx, protocol.Confirm, r.item(name).ForItem(), []string{id, r.outboxFlag()})
-	r.noteEvents(name)
-	o, err := decodeOne(res)
-	if err != nil {
-		return rc, fmt.Errorf("stock: confirm %s/%s: %w", sku, id, err)
-	}
-	return r.conflictReceipt(ctx, name, rc, o, ackErr, conflictWant{kind: KindHold})
+	return r.onHold(ctx, "confirm", protocol.Confirm, sku, id, []string{id, r.outboxFlag()},
+		func(name string) { r.noteEvents(name) })
 }
 
 // Cancel is stock.Reserver.Cancel.
@@ -124,13 +111,21 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 		ctx = r.startOp(ctx, "extend", sku)
 		defer func(start time.Time) { r.observe(ctx, "extend", sku, start, rc, err) }(time.Now())
 	}
-	rc = Receipt{SKU: sku, ID: id}
 	if err := checkSKUID(sku, id); err != nil {
-		return rc, err
+		return Receipt{SKU: sku, ID: id}, err
 	}
 	if err := checkTTL(ttl); err != nil {
-		return rc, err
+		return Receipt{SKU: sku, ID: id}, err
 	}
+	args := []string{id, strconv.FormatInt(ttl.Milliseconds(), 10), r.outboxFlag()}
+	return r.onHold(ctx, "extend", protocol.Extend, sku, id, args, r.noteHold)
+}
+
+// onHold runs script (confirm.lua or extend.lua, op in errors) with args on the hold id of sku,
+// whose names were checked, and answers its receipt; note records the due-work hint the script
+// calls for on the item (or bucket) that has the hold.
+func (r *Reserver) onHold(ctx context.Context, op string, script *protocol.Script, sku, id string, args []string, note func(name string)) (Receipt, error) {
+	rc := Receipt{SKU: sku, ID: id}
 	if err := r.checkEviction(ctx); err != nil {
 		return rc, err
 	}
@@ -138,12 +133,11 @@ func (r *Reserver) Extend(ctx context.Context, sku, id string, ttl time.Duration
 	if err != nil {
 		return rc, err
 	}
-	args := []string{id, strconv.FormatInt(ttl.Milliseconds(), 10), r.outboxFlag()}
-	res, ackErr := r.exec(ctx, protocol.Extend, r.item(name).ForItem(), args)
-	r.noteHold(name)
+	res, ackErr := r.exec(ctx, script, r.item(name).ForItem(), args)
+	note(name)
 	o, err := decodeOne(res)
 	if err != nil {
-		return rc, fmt.Errorf("stock: extend %s/%s: %w", sku, id, err)
+		return rc, fmt.Errorf("stock: %s %s/%s: %w", op, sku, id, err)
 	}
 	return r.conflictReceipt(ctx, name, rc, o, ackErr, conflictWant{kind: KindHold})
 }
@@ -154,10 +148,8 @@ const sweepBatch = 256
 
 // sweepItems is stockops.Sweep.
 func (r *Reserver) sweepItems(ctx context.Context, skus ...string) (int64, error) {
-	for _, sku := range skus {
-		if err := checkName("sku", sku); err != nil {
-			return 0, err
-		}
+	if err := checkSKUs(skus); err != nil {
+		return 0, err
 	}
 	var total int64
 	var errs []error

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// WithObserver sets an observer of every operation. The default observes nothing.
+// WithObserver is stock.WithObserver.
 func WithObserver(o Observer) Option {
 	return func(opts *options) error {
 		if o == nil {

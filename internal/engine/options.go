@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// An Option configures a Reserver. Options are applied in order by New, which validates them.
+// Option is stock.Option, documented there: each sets a field of options.
 type Option func(*options) error
 
 type options struct {
@@ -172,9 +172,6 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// DefaultTimeout bounds every Redis command and script call a Reserver (and its relays,
-// reconcilers and failover guards) sends, unless WithTimeout says otherwise. It covers the
-// whole call, rueidis's own resends of a retryable script after a broken connection and its
-// dials included (rueidis dials for up to 5 s by default), and is long enough to ride out a
-// restart of Redis or a quick failover.
+// DefaultTimeout is stock.DefaultTimeout, documented there: the bounded client's bound on every
+// command unless WithTimeout sets another.
 const DefaultTimeout = 10 * time.Second

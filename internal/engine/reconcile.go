@@ -19,10 +19,8 @@ func (rc *Reconciler) apply(o *ReconcileOptions) error {
 	if o == nil {
 		return nil
 	}
-	for _, s := range o.Items {
-		if err := checkName("sku", s); err != nil {
-			return err
-		}
+	if err := checkSKUs(o.Items); err != nil {
+		return err
 	}
 	if o.Items != nil {
 		rc.items = append([]string{}, o.Items...)
@@ -189,11 +187,7 @@ func (rc *Reconciler) item(ctx context.Context, sku string) (rp report, err erro
 		return rp, err
 	}
 	if unknown {
-		// No row in the store, so none of the item's events applied there: all are in flight.
-		for _, id := range snap.ids {
-			rp.InFlight -= redisNet(snap.entries[id])
-		}
-		rp.NeedsHuman = "the store does not know the item"
+		snap.unknownToStore(&rp)
 		return rp, nil
 	}
 	if rp.Missing && rc.splitInRedis(ctx, sku) {
@@ -246,6 +240,15 @@ type itemSnapshot struct {
 	ids         []string
 	published   []string // published members, to settle those the store has
 	transferred int64    // a bucket's net units transferred in (t), read with its counters
+}
+
+// unknownToStore reports on rp the item of s, which the store has no row for: none of its
+// events applied there, so all of them are in flight, and a human must look.
+func (s *itemSnapshot) unknownToStore(rp *report) {
+	for _, id := range s.ids {
+		rp.InFlight -= redisNet(s.entries[id])
+	}
+	rp.NeedsHuman = "the store does not know the item"
 }
 
 // snapshot reads, in one script, the counters and every event Redis has not seen applied. The

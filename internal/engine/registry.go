@@ -11,13 +11,8 @@ import (
 	"github.com/stockres/stock/internal/errs"
 )
 
-// ErrRegistryLost is returned (joined with any other error) by a reconcile pass that found
-// items the Store has, and whose keys Redis has or had, missing from Redis's registry of items
-// ("<prefix>:items"): Redis lost data (a restart without persistence, FLUSHALL, a deleted
-// key). Nothing that walks the registry (relays, passes, sweeps, the failover guard) saw those items.
-// A repairing pass has registered them again, and rebuilt from the Store those whose keys were
-// gone too; the reports say which (stockops.Report.Unregistered). Sales Redis acknowledged and had not
-// yet delivered to the Store were lost with it: a human must look.
+// ErrRegistryLost is stock.ErrRegistryLost, documented there: Pass's error when it found items
+// of the Store missing from the registry ("<prefix>:items").
 var ErrRegistryLost = errs.ErrRegistryLost
 
 // storePage is how many of the Store's SKUs a pass reads at a time.

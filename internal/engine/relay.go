@@ -21,10 +21,8 @@ func (rl *Relay) apply(o *RelayOptions) error {
 	if o == nil {
 		return nil
 	}
-	for _, s := range o.Items {
-		if err := checkName("sku", s); err != nil {
-			return err
-		}
+	if err := checkSKUs(o.Items); err != nil {
+		return err
 	}
 	if o.Items != nil {
 		rl.items = []string{}

@@ -18,26 +18,9 @@ import (
 // keyCacheSize bounds the items whose keys a Reserver keeps built (see protocol.KeyCache).
 const keyCacheSize = 8192
 
-// Reserver takes, gives back and records stock atomically in Redis. It is safe for concurrent
-// use by multiple goroutines. It never closes the client it was given, and starts no
-// long-lived goroutines but Run's (its methods start only short ones, see the package doc).
-// Create one with New; the zero value is not usable. Close it when done (a service's shutdown,
-// a test's clean-up): Close waits for the writes its methods left in the background, and
-// nothing is written after it.
-//
-// Most callers need a few methods:
-//   - Load puts an item on sale, once, with the stock the database of record holds.
-//   - Deduct takes stock for a request id, exactly once; Restore gives it back.
-//   - Hold takes stock until a deadline; Confirm keeps it, Cancel gives it back, and a hold
-//     past its deadline goes back by itself.
-//   - DeductMany and HoldMany take a cart: every line or none.
-//   - Run, in one goroutine, delivers every change to the Store (and a Publisher), checks
-//     Redis against the Store, releases due holds and recovers carts.
-//   - Levels and Ledger tell an item's counters and what happened to a request id.
-//
-// The rest serve the shop's operations: Restock, Extend, ConfirmMany, CancelMany, CloseItem,
-// ReopenItem and Delist. Package stockops runs the background work by hand and reads the
-// registry, the ledger and the outboxes.
+// Reserver is the engine of stock.Reserver, whose contract is documented there: each method of
+// stock.Reserver calls the method of the same name here (stock.go, hold.go, cart.go, ...), and
+// package stockops reaches the rest through Of (operations.go).
 type Reserver struct {
 	client    rueidis.Client
 	opts      options
@@ -87,6 +70,16 @@ func checkName(what, s string) error {
 		}
 		if unicode.Is(unicode.Cf, c) {
 			return invalid("%s %q contains the invisible format character U+%04X at byte %d (Unicode format characters, such as zero-width spaces and joiners, the byte order mark, the soft hyphen and bidirectional controls, are not allowed)", what, s, c, i)
+		}
+	}
+	return nil
+}
+
+// checkSKUs checks every name of skus with checkName.
+func checkSKUs(skus []string) error {
+	for _, sku := range skus {
+		if err := checkName("sku", sku); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -445,10 +445,7 @@ func (r *Reserver) setClosed(ctx context.Context, sku, flag string) error {
 		return err
 	}
 	defer r.calls.Leave()
-	if err := checkName("sku", sku); err != nil {
-		return err
-	}
-	if err := r.checkEviction(ctx); err != nil {
+	if err := r.writableItem(ctx, sku); err != nil {
 		return err
 	}
 	if n := r.bucketsOf(sku); n > 0 && flag == "0" {
@@ -486,10 +483,7 @@ func (r *Reserver) Delist(ctx context.Context, sku string) error {
 		return err
 	}
 	defer r.calls.Leave()
-	if err := checkName("sku", sku); err != nil {
-		return err
-	}
-	if err := r.checkEviction(ctx); err != nil {
+	if err := r.writableItem(ctx, sku); err != nil {
 		return err
 	}
 	if n := r.bucketsOf(sku); n > 0 {

@@ -1,10 +1,8 @@
 package redistest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -406,70 +404,6 @@ func (d *Sentinel) flushAll() error {
 		return err
 	}
 	return p.flushAll()
-}
-
-// query sends one command to addr on a new connection (RESP2) and returns the reply: a
-// string for simple strings, integers and bulk strings, nil for a nil, []any for an array,
-// and an error for an error reply.
-func query(addr string, args ...string) (any, error) {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(5 * time.Second))
-	var req strings.Builder
-	fmt.Fprintf(&req, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&req, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := io.WriteString(conn, req.String()); err != nil {
-		return nil, err
-	}
-	return readReply(bufio.NewReader(conn), 0)
-}
-
-func readReply(r *bufio.Reader, depth int) (any, error) {
-	if depth > 8 {
-		return nil, errors.New("reply nested too deep")
-	}
-	line, err := r.ReadString('\n')
-	if err != nil {
-		return nil, err
-	}
-	line = strings.TrimSuffix(line, "\r\n")
-	if line == "" {
-		return nil, errors.New("empty reply")
-	}
-	switch line[0] {
-	case '+', ':':
-		return line[1:], nil
-	case '-':
-		return nil, errors.New(line[1:])
-	case '$':
-		n, err := strconv.Atoi(line[1:])
-		if err != nil || n < 0 {
-			return nil, err
-		}
-		b := make([]byte, n+2)
-		if _, err := io.ReadFull(r, b); err != nil {
-			return nil, err
-		}
-		return string(b[:n]), nil
-	case '*':
-		n, err := strconv.Atoi(line[1:])
-		if err != nil || n < 0 {
-			return nil, err
-		}
-		out := make([]any, n)
-		for i := range out {
-			if out[i], err = readReply(r, depth+1); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
-	}
-	return nil, fmt.Errorf("unsupported reply %q", line)
 }
 
 // Rejoin starts the stopped or killed data node s again and makes it a replica of the current

@@ -276,13 +276,30 @@ func (s *Server) flushAll() error {
 	return nil
 }
 
-// do sends one command to addr on a new connection and returns the reply.
-// Simple strings, integers and bulk strings come back as text, a nil bulk
-// string as "", and error replies as errors. Arrays are not supported.
+// do sends one command to addr on a new connection (see query) and returns the reply as text:
+// simple strings, integers and bulk strings as they are, a nil as "", error replies as errors.
+// Arrays are not supported.
 func do(addr string, args ...string) (string, error) {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	v, err := query(addr, args...)
 	if err != nil {
 		return "", err
+	}
+	switch v := v.(type) {
+	case nil:
+		return "", nil
+	case string:
+		return v, nil
+	}
+	return "", fmt.Errorf("unsupported reply %T", v)
+}
+
+// query sends one command to addr on a new connection (RESP2) and returns the reply: a
+// string for simple strings, integers and bulk strings, nil for a nil, []any for an array,
+// and an error for an error reply.
+func query(addr string, args ...string) (any, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
@@ -292,32 +309,50 @@ func do(addr string, args ...string) (string, error) {
 		fmt.Fprintf(&req, "$%d\r\n%s\r\n", len(a), a)
 	}
 	if _, err := io.WriteString(conn, req.String()); err != nil {
-		return "", err
+		return nil, err
 	}
-	r := bufio.NewReader(conn)
+	return readReply(bufio.NewReader(conn), 0)
+}
+
+func readReply(r *bufio.Reader, depth int) (any, error) {
+	if depth > 8 {
+		return nil, errors.New("reply nested too deep")
+	}
 	line, err := r.ReadString('\n')
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	line = strings.TrimSuffix(line, "\r\n")
 	if line == "" {
-		return "", errors.New("empty reply")
+		return nil, errors.New("empty reply")
 	}
 	switch line[0] {
 	case '+', ':':
 		return line[1:], nil
 	case '-':
-		return "", errors.New(line[1:])
+		return nil, errors.New(line[1:])
 	case '$':
 		n, err := strconv.Atoi(line[1:])
 		if err != nil || n < 0 {
-			return "", err
+			return nil, err
 		}
 		b := make([]byte, n+2)
 		if _, err := io.ReadFull(r, b); err != nil {
-			return "", err
+			return nil, err
 		}
 		return string(b[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return nil, err
+		}
+		out := make([]any, n)
+		for i := range out {
+			if out[i], err = readReply(r, depth+1); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
 	}
-	return "", fmt.Errorf("unsupported reply %q", line)
+	return nil, fmt.Errorf("unsupported reply %q", line)
 }

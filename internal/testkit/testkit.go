@@ -105,19 +105,14 @@ func CheckLedger(t *testing.T, r *stock.Reserver, sku string, initial int64) (l 
 	return l, entries
 }
 
-// Drain runs relay passes until one claims nothing.
+// Drain runs relay passes until one claims nothing, and returns their stats summed.
 func Drain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
 	t.Helper()
 	var all stockops.RelayStats
 	for range 1000 {
 		st, err := rl.Once(context.Background())
 		require.NoError(t, err)
-		all.Claimed += st.Claimed
-		all.Delivered += st.Delivered
-		all.Refused += st.Refused
-		all.Retried += st.Retried
-		all.Redelive += st.Redelive
-		all.DeadLettered += st.DeadLettered
+		all.Add(st)
 		if st.Claimed == 0 {
 			return all
 		}

@@ -460,10 +460,7 @@ func DrainRelay(ctx context.Context, rl *stockops.Relay, empty func() bool) (sto
 	var all stockops.RelayStats
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		st, err := rl.Once(ctx)
-		all.Claimed += st.Claimed
-		all.Delivered += st.Delivered
-		all.Refused += st.Refused
-		all.Redelive += st.Redelive
+		all.Add(st)
 		if err == nil && st.Claimed == 0 && (empty == nil || empty()) {
 			return all, nil
 		}
