@@ -96,10 +96,8 @@ var (
 )
 
 // rawPhase is the common part of the raw-script phases: for each item a stock key
-// "<prefix>:{sku}" set to bigStock and a ledger key "<prefix>:{sku}:l". The last key of each
-// list is the warm-up item, outside the measured set; warm, when not nil, runs once on it after
-// the keys are set.
-func (b *bench) rawPhase(name string, warm func(ctx context.Context, stockKey, ledgerKey string) error) (p *phase, stockKeys, ledgerKeys []string) {
+// "<prefix>:{sku}" set to bigStock and a ledger key "<prefix>:{sku}:l".
+func (b *bench) rawPhase(name string) (p *phase, stockKeys, ledgerKeys []string) {
 	prefix := b.prefix(name)
 	for _, sku := range append(skus(b.cfg.items), warmSKU) {
 		base := prefix + ":{" + sku + "}"
@@ -114,28 +112,31 @@ func (b *bench) rawPhase(name string, warm func(ctx context.Context, stockKey, l
 				return err
 			}
 		}
-		if warm == nil {
-			return nil
-		}
-		last := len(stockKeys) - 1
-		return warm(ctx, stockKeys[last], ledgerKeys[last])
+		return nil
 	}
+	// The last key of each list is the warm-up item, outside the measured set.
 	return p, stockKeys, ledgerKeys
 }
 
-// idScriptOp is the op of a raw phase whose script takes an id (the ledger-hash and the
-// one-per-user scripts): with the share of retries, a call repeats an id that took stock, and
-// its answer must be the error reply replayed (a retry that succeeds took stock twice);
-// otherwise it sends a fresh id. call runs the script on item i for id; soldOut tells the answer
-// of a fresh call that found the item sold out.
-func idScriptOp(share float64, replayed string, call func(ctx context.Context, i int, id string) (int64, error),
-	soldOut func(left int64, err error) bool) func(context.Context, *worker) {
-	return func(ctx context.Context, w *worker) {
+// ledgerHashPhase: the ledger-hash script with unique ids and the same share of retries as deduct.
+func (b *bench) ledgerHashPhase() *phase {
+	p, stockKeys, ledgerKeys := b.rawPhase(phLedgerHash)
+	items := len(stockKeys) - 1
+	load := p.setup
+	p.setup = func(ctx context.Context) error {
+		if err := load(ctx); err != nil {
+			return err
+		}
+		return ledgerHashLua.Exec(ctx, b.client, []string{stockKeys[items], ledgerKeys[items]}, []string{"1", "warm"}).Error()
+	}
+	share := b.cfg.retry
+	qty := "1"
+	p.op = func(ctx context.Context, w *worker) {
 		if s, ok := w.retry(share); ok {
 			t0 := time.Now()
-			_, err := call(ctx, s.item, s.id)
+			err := ledgerHashLua.Exec(ctx, b.client, []string{stockKeys[s.item], ledgerKeys[s.item]}, []string{qty, s.id}).Error()
 			switch {
-			case isReply(err, replayed):
+			case isReply(err, "OPERATION_ALREADY_EXECUTED"):
 				w.done(t0, outReplayed)
 			case err == nil: // applied twice
 				w.done(t0, outOK)
@@ -147,34 +148,18 @@ func idScriptOp(share float64, replayed string, call func(ctx context.Context, i
 		}
 		i, id := w.item(), w.nextID()
 		t0 := time.Now()
-		left, err := call(ctx, i, id)
+		left, err := ledgerHashLua.Exec(ctx, b.client, []string{stockKeys[i], ledgerKeys[i]}, []string{qty, id}).AsInt64()
 		switch {
-		case soldOut(left, err):
-			w.done(t0, outSoldOut)
-		case err != nil:
-			w.fail(err)
-		default:
+		case err == nil:
 			w.done(t0, outOK)
 			w.fresh[i] += w.qty
 			w.remember(sent{item: i, id: id, remaining: left})
+		case isReply(err, "INVENTORY_IS_ZERO") || isReply(err, "INVENTORY_NOT_ENOUGH"):
+			w.done(t0, outSoldOut)
+		default:
+			w.fail(err)
 		}
 	}
-}
-
-// ledgerHashPhase: the ledger-hash script with unique ids and the same share of retries as deduct.
-func (b *bench) ledgerHashPhase() *phase {
-	p, stockKeys, ledgerKeys := b.rawPhase(phLedgerHash, func(ctx context.Context, stockKey, ledgerKey string) error {
-		return ledgerHashLua.Exec(ctx, b.client, []string{stockKey, ledgerKey}, []string{"1", "warm"}).Error()
-	})
-	items := len(stockKeys) - 1
-	qty := "1"
-	p.op = idScriptOp(b.cfg.retry, "OPERATION_ALREADY_EXECUTED",
-		func(ctx context.Context, i int, id string) (int64, error) {
-			return ledgerHashLua.Exec(ctx, b.client, []string{stockKeys[i], ledgerKeys[i]}, []string{qty, id}).AsInt64()
-		},
-		func(_ int64, err error) bool {
-			return isReply(err, "INVENTORY_IS_ZERO") || isReply(err, "INVENTORY_NOT_ENOUGH")
-		})
 	p.finish = func(ctx context.Context, res *PhaseResult, ws []*worker) ([]Check, error) {
 		lens, bytes, err := b.ledgerStats(ctx, ledgerKeys[:items])
 		if err != nil {
@@ -194,15 +179,45 @@ func (b *bench) ledgerHashPhase() *phase {
 // onePerUserPhase: the one-per-user script, each request by a buyer of its own, with the same
 // share of retries (a buyer asking again) as deduct. The buyers' sets take the ledger keys.
 func (b *bench) onePerUserPhase() *phase {
-	p, stockKeys, setKeys := b.rawPhase(phOnePerUser, func(ctx context.Context, stockKey, setKey string) error {
-		return onePerUserLua.Exec(ctx, b.client, []string{stockKey, setKey}, []string{"uwarm"}).Error()
-	})
+	p, stockKeys, setKeys := b.rawPhase(phOnePerUser)
 	items := len(stockKeys) - 1
-	p.op = idScriptOp(b.cfg.retry, "ALREADY_BOUGHT",
-		func(ctx context.Context, i int, id string) (int64, error) {
-			return onePerUserLua.Exec(ctx, b.client, []string{stockKeys[i], setKeys[i]}, []string{"u" + id}).AsInt64()
-		},
-		func(left int64, err error) bool { return err == nil && left < 0 })
+	load := p.setup
+	p.setup = func(ctx context.Context) error {
+		if err := load(ctx); err != nil {
+			return err
+		}
+		return onePerUserLua.Exec(ctx, b.client, []string{stockKeys[items], setKeys[items]}, []string{"uwarm"}).Error()
+	}
+	share := b.cfg.retry
+	p.op = func(ctx context.Context, w *worker) {
+		if s, ok := w.retry(share); ok {
+			t0 := time.Now()
+			err := onePerUserLua.Exec(ctx, b.client, []string{stockKeys[s.item], setKeys[s.item]}, []string{"u" + s.id}).Error()
+			switch {
+			case isReply(err, "ALREADY_BOUGHT"):
+				w.done(t0, outReplayed)
+			case err == nil: // bought twice
+				w.done(t0, outOK)
+				w.mismatch++
+			default:
+				w.fail(err)
+			}
+			return
+		}
+		i, id := w.item(), w.nextID()
+		t0 := time.Now()
+		left, err := onePerUserLua.Exec(ctx, b.client, []string{stockKeys[i], setKeys[i]}, []string{"u" + id}).AsInt64()
+		switch {
+		case err != nil:
+			w.fail(err)
+		case left < 0:
+			w.done(t0, outSoldOut)
+		default:
+			w.done(t0, outOK)
+			w.fresh[i] += w.qty
+			w.remember(sent{item: i, id: id, remaining: left})
+		}
+	}
 	p.finish = func(ctx context.Context, res *PhaseResult, ws []*worker) ([]Check, error) {
 		c := b.client
 		lens := make([]int64, items)
@@ -220,11 +235,16 @@ func (b *bench) onePerUserPhase() *phase {
 
 // noLedgerPhase: the GET + DECRBY script, no ids.
 func (b *bench) noLedgerPhase() *phase {
-	p, stockKeys, _ := b.rawPhase(phNoLedger, func(ctx context.Context, stockKey, _ string) error {
-		return noLedgerLua.Exec(ctx, b.client, []string{stockKey}, []string{"1"}).Error()
-	})
+	p, stockKeys, _ := b.rawPhase(phNoLedger)
 	p.keys = stockKeys
 	items := len(stockKeys) - 1
+	load := p.setup
+	p.setup = func(ctx context.Context) error {
+		if err := load(ctx); err != nil {
+			return err
+		}
+		return noLedgerLua.Exec(ctx, b.client, stockKeys[items:], []string{"1"}).Error()
+	}
 	qty := []string{"1"}
 	p.op = func(ctx context.Context, w *worker) {
 		i := w.item()
@@ -309,7 +329,7 @@ func orElse(fail, ok string) string {
 // most min(g, 64) goroutines run. Latency is from the first WATCH to the commit; aborts count
 // the EXECs that a concurrent write made fail.
 func (b *bench) watchPhase() *phase {
-	p, stockKeys, _ := b.rawPhase(phWatch, nil)
+	p, stockKeys, _ := b.rawPhase(phWatch)
 	p.keys = stockKeys
 	p.g = min(b.cfg.g, defaultMaxG)
 	items := len(stockKeys) - 1
