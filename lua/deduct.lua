@@ -150,7 +150,7 @@ end
 if raw then
   local vs = redis.call('HMGET', KEYS[3], unpack(unames))
   for j, u in ipairs(unames) do
-    raw[u] = int(vs[j], 'units of user ' .. u) or 0
+    raw[u] = user_units(vs[j], u) or 0
   end
 end
 local plan

@@ -43,7 +43,7 @@ for i = 1, n do
   if avail and ((nd and nd <= now) or also) then
     x = plan_expiry(K, now, 64, also)
     if x.full and st[2] ~= '1' and (avail + x.freed < q or (u ~= '' and limit > 0 and
-        (int(redis.call('HGET', K[3], u), 'units of user ' .. u) or 0) - (x.users[u] or 0) + q > limit)) then
+        (user_units(redis.call('HGET', K[3], u), u) or 0) - (x.users[u] or 0) + q > limit)) then
       x = plan_expiry(K, now, MAX_EXPIRY, also) -- see deduct.lua: a refusal must not depend on it
     end
     avail = avail + x.freed
@@ -67,7 +67,7 @@ for i = 1, n do
   else
     code = item_refusal(avail, st[2] == '1') or UNTAKEN
     if u ~= '' then
-      local have = int(redis.call('HGET', K[3], u), 'units of user ' .. u) or 0
+      local have = user_units(redis.call('HGET', K[3], u), u) or 0
       have = have - ((x and x.users[u]) or 0)
       if have < 0 then
         have = 0

@@ -49,18 +49,28 @@ end
 -- int reads an integer value of a counter (what names it in the error): nil when absent (false,
 -- as HGET and HMGET return it), a number when it is one, else an error, raised before the
 -- script's first write like parse's (HINCRBY would fail on it halfway through the writes).
--- Only what this package writes ('%d': an optional '-' and 1 to 16 digits) is an integer: not
--- what Lua's tonumber also reads (hexadecimal, exponents, spaces, fractions), nor what a double
--- cannot hold exactly.
+-- A value a double cannot hold exactly (beyond 2^53 - 1, MaxQty) is not an integer either.
 local function int(v, what)
   if not v then
     return nil
   end
   local n = tonumber(v)
-  if not n or n ~= math.floor(n) or (type(v) == 'string' and not string.match(v, '^%-?%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$')) then
+  if not n or n ~= math.floor(n) or n > 9007199254740991 or n < -9007199254740991 then
     error('stock: corrupt ' .. what .. ': ' .. string.sub(tostring(v), 1, 64))
   end
   return n
+end
+
+-- user_units reads the units of user u (HGET or HMGET of the users' hash) as int does, and takes
+-- only what the scripts write there ('%d': an optional '-' and digits): not what Lua's tonumber
+-- also reads (hexadecimal, exponents, spaces), which HINCRBY, that adds to it, refuses. The
+-- common deduct's HINCRBY checks its own; a read checks with this (a scan of the string, only
+-- where units are read).
+local function user_units(v, u)
+  if v and string.find(v, '[^%d%-]') then
+    error('stock: corrupt units of user ' .. u .. ': ' .. string.sub(v, 1, 64))
+  end
+  return int(v, 'units of user ' .. u)
 end
 
 -- parse_transfer returns the direction ('O' out of this bucket, 'I' into it), the other
@@ -227,7 +237,7 @@ local function plan_expiry(K, now, max, also, skip)
     end
   end
   for u in pairs(p.users) do
-    int(redis.call('HGET', K[3], u), 'units of user ' .. u)
+    user_units(redis.call('HGET', K[3], u), u)
   end
   return p
 end
