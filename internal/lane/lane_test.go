@@ -111,7 +111,10 @@ func TestLanesKeepEachKeysCallsApart(t *testing.T) {
 	for g := range 64 {
 		wg.Go(func() {
 			for i := range 300 {
-				key := fmt.Sprint("k", (g+i)%97)
+				key := fmt.Sprint("hot", (g+i)%8) // contended: batches form
+				if i%4 == 0 {
+					key = fmt.Sprint("k", (g+i)%97) // mostly idle: lanes dropped and used again
+				}
 				n := g*1000 + i
 				got, err := ls.Do(context.Background(), key, req{key, n}, 1)
 				if err != nil || got != 2*n {
