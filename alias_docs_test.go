@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // go doc does not follow a type alias to another package: since the data types moved to
@@ -18,9 +20,7 @@ import (
 // documented, as a doc link that go doc and pkg.go.dev show: [stocktype.Request].
 func TestEveryAliasOfStocktypeNamesWhereItsFieldsAreDocumented(t *testing.T) {
 	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	fset := token.NewFileSet()
 	var missing, seen []string
 	for _, name := range files {
@@ -28,13 +28,9 @@ func TestEveryAliasOfStocktypeNamesWhereItsFieldsAreDocumented(t *testing.T) {
 			continue
 		}
 		src, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		f, err := parser.ParseFile(fset, name, src, parser.ParseComments)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, d := range f.Decls {
 			gd, ok := d.(*ast.GenDecl)
 			if !ok || gd.Tok != token.TYPE {

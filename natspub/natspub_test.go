@@ -332,9 +332,7 @@ func silentServer(t *testing.T) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				defer c.Close()
 				info := `INFO {"server_id":"silent","server_name":"silent","version":"2.10.0","proto":1,` +
 					`"headers":true,"max_payload":1048576,"host":"127.0.0.1","port":0}` + "\r\n"
@@ -353,7 +351,7 @@ func silentServer(t *testing.T) string {
 						}
 					}
 				}
-			}()
+			})
 		}
 	})
 	return "nats://" + l.Addr().String()
@@ -428,9 +426,7 @@ func newEnv(t testing.TB) *env {
 		t.Skip("STOCK_TEST_NATS not set")
 	}
 	nc, err := nats.Connect(url, nats.Timeout(3*time.Second), nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatalf("STOCK_TEST_NATS=%s: connect: %v", url, err)
-	}
+	require.NoError(t, err, "STOCK_TEST_NATS=%s: connect", url)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)

@@ -83,9 +83,7 @@ func openDB(ctx context.Context, t testing.TB, driver, dsn string) *sql.DB {
 	db, err := sql.Open(driver, dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("%s: server unreachable: %v", driver, err)
-	}
+	require.NoError(t, db.PingContext(ctx), "%s: server unreachable", driver)
 	return db
 }
 

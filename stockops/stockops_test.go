@@ -73,9 +73,7 @@ func load(t *testing.T, r *stock.Reserver, db *memstore.Store, sku string, qty i
 func deduct(t *testing.T, r *stock.Reserver, sku, id string, qty int64) stock.Receipt {
 	t.Helper()
 	rc, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: id, Qty: qty})
-	if err != nil {
-		t.Fatalf("deduct %s/%s: %v", sku, id, err)
-	}
+	require.NoError(t, err, "deduct %s/%s", sku, id)
 	return rc
 }
 
@@ -186,9 +184,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 	var wg sync.WaitGroup
 	stopOps := make(chan struct{})
 	opLoop := func(f func(i int)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; ; i++ {
 				select {
 				case <-stopOps:
@@ -197,7 +193,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 				}
 				f(i)
 			}
-		}()
+		})
 	}
 	opLoop(func(int) {
 		if _, err := rl.Once(ctx); err != nil && ctx.Err() == nil {
@@ -243,9 +239,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 	})
 	var workers sync.WaitGroup
 	for w := range 4 {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
+		workers.Go(func() {
 			for i := range 60 {
 				sku := skus[(w+i)%len(skus)]
 				id := fmt.Sprintf("w%d-%d", w, i)
@@ -270,7 +264,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 					}
 				}
 			}
-		}()
+		})
 	}
 	workers.Wait()
 	time.Sleep(200 * time.Millisecond)
@@ -724,15 +718,13 @@ func TestRecoverCartsConcurrent(t *testing.T) {
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			n, err := stockops.RecoverCarts(ctx, r, 0)
 			if err != nil {
 				t.Error(err)
 			}
 			total.Add(int64(n))
-		}()
+		})
 	}
 	wg.Wait()
 	if total.Load() != carts {
@@ -780,9 +772,7 @@ func TestQueuePathInFlight(t *testing.T) {
 		t.Errorf("Report.String() = %q; want it to say 2 published", rp.String())
 	}
 	for _, ev := range queue {
-		if err := stock.Consume(ctx, r, db, ev); err != nil {
-			t.Fatalf("consume %+v: %v", ev, err)
-		}
+		require.NoError(t, stock.Consume(ctx, r, db, ev), "consume %+v", ev)
 	}
 	rp, err = rec.Item(ctx, "a")
 	if err != nil || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.StoreRemaining != 5 {

@@ -412,9 +412,7 @@ func TestOddValidNamesAreDistinctItems(t *testing.T) {
 	}
 	for _, n := range names {
 		lv, err := r.Levels(ctx, n)
-		if err != nil {
-			t.Fatalf("levels %q: %v", n, err)
-		}
+		require.NoError(t, err, "levels %q", n)
 		if lv.Loaded != want[n] || lv.Available != want[n]-1 || lv.Sold != 1 {
 			t.Errorf("%q: %+v, want loaded %d, available %d, sold 1", n, lv, want[n], want[n]-1)
 		}

@@ -316,12 +316,10 @@ func TestBucketedCartsConcurrent(t *testing.T) {
 		for i := range N {
 			cart := Cart{ID: "c" + strconv.Itoa(i), User: users[i], Lines: []Line{{SKU: "p", Qty: 1}, {SKU: "s", Qty: 1}}}
 			for k := range 2 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					rc, err := r.DeductMany(ctx, cart)
 					answers[i][k] = answer{rc, err}
-				}()
+				})
 			}
 		}
 		wg.Wait()

@@ -151,15 +151,13 @@ func TestBucketTransferConcurrent(t *testing.T) {
 		var moved atomic.Int64
 		var wg sync.WaitGroup
 		for g := range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for j := range 3 {
 					k, err := r.transfer(ctx, "hot", newTransferID(), 0, 1+(g+j)%2, 3, 1)
 					assert.NoError(t, err)
 					moved.Add(k)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		assert.Equal(t, int64(20), moved.Load())
@@ -277,9 +275,7 @@ func TestBucketedSellsEveryUnit(t *testing.T) {
 			var ok, soldOut atomic.Int64
 			var wg sync.WaitGroup
 			for g := range 16 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					for j := range 5 {
 						id := "o" + strconv.Itoa(g*10+j)
 						_, err := r.Deduct(ctx, Request{SKU: "hot:~1", ID: id, User: "u" + id, Qty: 1})
@@ -292,7 +288,7 @@ func TestBucketedSellsEveryUnit(t *testing.T) {
 							t.Error(err)
 						}
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			assert.Equal(t, int64(31), ok.Load())

@@ -143,9 +143,7 @@ func TestCoalescedClaimsDeductCopies(t *testing.T) {
 		var wg sync.WaitGroup
 		receipts := make(chan Receipt, 64)
 		for i := range 64 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				if i%2 == 0 { // copies of one request
 					rc, err := r.Deduct(ctx, Request{SKU: "cd", ID: "same", User: "alice", Qty: 3})
 					assert.NoError(t, err)
@@ -154,7 +152,7 @@ func TestCoalescedClaimsDeductCopies(t *testing.T) {
 				}
 				_, err := r.Deduct(ctx, Request{SKU: "cd", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
 				assert.NoError(t, err)
-			}()
+			})
 		}
 		wg.Wait()
 		close(receipts)
@@ -191,21 +189,17 @@ func TestCoalescedClaimsBatchBroken(t *testing.T) {
 			}
 		}
 		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_, _, err := r.route(ctx, sku, ids[0], n, 0, false)
 			assert.NoError(t, err, "the call in flight reaches Redis")
-		}()
+		})
 		require.Eventually(t, func() bool { return rc.calls.Load() == 1 }, 10*time.Second, time.Millisecond)
 		errs := make(chan error, len(ids))
 		for _, id := range ids[1:7] {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				_, _, err := r.route(ctx, sku, id, n, 1, false)
 				errs <- err
-			}()
+			})
 		}
 		queued(t, r, sku, 1, n, 6)
 		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/mock"
+	"github.com/stretchr/testify/require"
 )
 
 // fzValidName is the documented rule for SKUs, ids, users and prefixes, written from the README
@@ -122,9 +123,7 @@ func FuzzValidation(f *testing.F) {
 		if err := checkName("sku", sku); err != nil {
 			return
 		}
-		if err := fzBytesClean(sku); err != nil {
-			t.Fatalf("accepted sku %#v: %v", sku, err)
-		}
+		require.NoError(t, fzBytesClean(sku), "accepted sku %#v", sku)
 		// The keys of an accepted SKU, under the default prefix and under the user as a prefix
 		// (a prefix follows the same rule, WithPrefix).
 		prefixes := []string{"stock"}
@@ -270,9 +269,7 @@ func FuzzParseEntry(f *testing.F) {
 		}
 		enc := fzEncodeEntry(t, e)
 		e2, err := parseEntry("sku", "id", enc)
-		if err != nil {
-			t.Fatalf("parseEntry(%q) = %+v, re-encoded as %q, which does not parse: %v", s, e, enc, err)
-		}
+		require.NoError(t, err, "parseEntry(%q) = %+v, re-encoded as %q, which does not parse", s, e, enc)
 		if e2 != e {
 			t.Fatalf("parseEntry(%q) = %+v; re-encoded %q parses as %+v", s, e, enc, e2)
 		}

@@ -78,9 +78,7 @@ func loadMany(t *testing.T, r *Reserver, p string, n int) []string {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w; i < n; i += 8 {
 				skus[i] = p + "-" + strconv.Itoa(i)
 				if err := r.Load(context.Background(), skus[i], 100); err != nil {
@@ -88,7 +86,7 @@ func loadMany(t *testing.T, r *Reserver, p string, n int) []string {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)

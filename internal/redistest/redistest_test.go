@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) { os.Exit(Run(m)) }
@@ -28,9 +29,7 @@ func requireServer(t *testing.T) {
 
 func noErr(t *testing.T, err error, what string) {
 	t.Helper()
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
+	require.NoError(t, err, "%s", what)
 }
 
 func eq[T comparable](t *testing.T, got, want T, what string) {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
@@ -351,17 +352,13 @@ func (h *faultHarness) setup() {
 			h.fo.adm[i] = kit.DirectClient(t, s.Addr())
 		}
 		px, err := faultproxy.Start(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { px.Close() })
 		h.fo.backPx, backAddr = px, px.Addr()
 	}
 	if h.sc.proxy {
 		px, err := faultproxy.Start(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { px.Close() })
 		h.px, addr = px, px.Addr()
 	}
@@ -384,9 +381,7 @@ func (h *faultHarness) setup() {
 	if h.ctl == ctlBareEvalsha {
 		lib, err1 := os.ReadFile("../../lua/lib.lua")
 		body, err2 := os.ReadFile("../../lua/deduct.lua")
-		if err := errors.Join(err1, err2); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, errors.Join(err1, err2))
 		h.deductSrc = string(lib) + "\n" + string(body)
 		sum := sha1.Sum([]byte(h.deductSrc))
 		h.deductSHA = hex.EncodeToString(sum[:])
@@ -397,20 +392,14 @@ func (h *faultHarness) setup() {
 		dsn = sqliteDSN(t.TempDir())
 	}
 	db, err := sql.Open(h.db.driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("%s is configured but cannot be reached: %v", h.db.name, err)
-	}
+	require.NoError(t, db.PingContext(ctx), "%s is configured but cannot be reached", h.db.name)
 	h.sqlDB, h.items, h.recs = db, prefix+"items", prefix+"records"
 	if h.store, err = sqlstore.New(db, h.db.dialect, sqlstore.WithTablePrefix(prefix)); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, h.store.Migrate(ctx))
 	if h.db.dialect != sqlstore.SQLite {
 		dropTables(t, db, prefix)
 	}
@@ -434,12 +423,8 @@ func (h *faultHarness) setup() {
 			n = kit.FaultScarce
 		}
 		h.loaded[sku] = n
-		if err := h.back.Load(ctx, sku, n); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.store.Load(ctx, sku, n); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, h.back.Load(ctx, sku, n))
+		require.NoError(t, h.store.Load(ctx, sku, n))
 	}
 }
 
@@ -1437,9 +1422,7 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	abandoned := h.abandonedHolds(ctx)
 	// One complete reconcile pass (an item is busy while a dead relay's lease lasts).
 	rec, err := stockops.NewReconciler(h.back, h.store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var found int64
 	for i := 0; ; i++ {
 		reps, err := rec.Once(ctx)
@@ -1493,14 +1476,10 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	final := map[string]stock.Levels{}
 	for _, sku := range faultSKUs {
 		l, err := h.back.Levels(ctx, sku)
-		if err != nil {
-			t.Fatalf("levels %s: %v", sku, err)
-		}
+		require.NoError(t, err, "levels %s", sku)
 		final[sku] = l
 		rem, err := h.store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatalf("store remaining %s: %v", sku, err)
-		}
+		require.NoError(t, err, "store remaining %s", sku)
 		drift[sku] = l.Available + l.Held - rem
 		r.DriftFinal += kit.FaultAbs(drift[sku])
 	}
@@ -1517,16 +1496,12 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	}
 	recs := map[string]recRow{} // sku/id
 	rows, err := h.sqlDB.QueryContext(ctx, "SELECT sku, id, type, qty, status FROM "+h.recs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	applied := map[string]int64{}
 	for rows.Next() {
 		var sku, id string
 		var x recRow
-		if err := rows.Scan(&sku, &id, &x.typ, &x.qty, &x.status); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, rows.Scan(&sku, &id, &x.typ, &x.qty, &x.status))
 		recs[sku+"/"+id] = x
 		if x.status == string(stock.StateApplied) && x.typ != string(stock.EventRestocked) {
 			applied[sku] += x.qty
@@ -1535,9 +1510,7 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 			r.Refused += x.qty
 		}
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, rows.Err())
 	rows.Close()
 	for _, sku := range faultSKUs {
 		rem, _ := h.store.Remaining(ctx, sku)
@@ -1552,9 +1525,7 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	// pass makes such holds final (Reconciler: resyncHolds), so after the final pass there
 	// must be none.
 	ledgers, err := faultLedgers(ctx, h.bc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for key, e := range ledgers {
 		x, ok := recs[key]
 		if strings.HasPrefix(e, "Hh") && ok && x.typ == string(stock.EventConfirmed) && x.status == string(stock.StateApplied) {
@@ -1779,9 +1750,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 	var skus []string
 	for _, sku := range faultSKUs {
 		l, err := h.bc.Do(ctx, h.bc.B().Hgetall().Key("stock:{"+sku+"}:l").Build()).AsStrMap()
-		if err != nil {
-			t.Fatalf("ledger %s: %v", sku, err)
-		}
+		require.NoError(t, err, "ledger %s", sku)
 		var ids []string
 		for id, e := range l {
 			if o := settled[sku+"/"+id]; o != nil && strings.HasPrefix(e, "Hh") {
@@ -1792,9 +1761,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 			continue
 		}
 		recs, err := h.store.Records(ctx, sku, ids)
-		if err != nil {
-			t.Fatalf("store records %s: %v", sku, err)
-		}
+		require.NoError(t, err, "store records %s", sku)
 		var released bool
 		for _, id := range ids {
 			if _, ok := recs[id]; ok {
@@ -1923,27 +1890,19 @@ func (h *faultHarness) check(r *kit.FaultResult) []string {
 func faultPair(t *testing.T) (*faultproxy.Proxy, *stock.Reserver, *stock.Reserver, rueidis.Client) {
 	srv := redistest.StartServer(t)
 	px, err := faultproxy.Start(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { px.Close() })
 	// One connection, opened now: a request sent later is on its way, not waiting for a dial.
 	opt := rueidis.ClientOption{ForceSingleClient: true, DisableCache: true, DisableRetry: true, PipelineMultiplex: -1}
 	opt.InitAddress = []string{px.Addr()}
 	sc := kit.FaultRedisClient(t, opt)
-	if err := sc.Do(context.Background(), sc.B().Ping().Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, sc.Do(context.Background(), sc.B().Ping().Build()).Error())
 	slow, err := stock.New(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	opt.InitAddress = []string{srv.Addr()}
 	dc := kit.FaultRedisClient(t, opt)
 	direct, err := stock.New(dc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return px, slow, direct, dc
 }
 
@@ -1960,9 +1919,7 @@ func TestFaultRefusalThenLateAttempt(t *testing.T) {
 	ctx := context.Background()
 	px, slow, direct, _ := faultPair(t)
 	const sku = "late"
-	if err := direct.Load(ctx, sku, 1); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, direct.Load(ctx, sku, 1))
 	if _, err := direct.Deduct(ctx, stock.Request{SKU: sku, ID: "other", Qty: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -2009,19 +1966,13 @@ func TestFaultReconcileLockLeak(t *testing.T) {
 	px, slow, direct, dc := faultPair(t)
 	const sku = "leak"
 	store := memstore.New()
-	if err := direct.Load(ctx, sku, 10); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Load(ctx, sku, 10); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, direct.Load(ctx, sku, 10))
+	require.NoError(t, store.Load(ctx, sku, 10))
 	if _, err := direct.Deduct(ctx, stock.Request{SKU: sku, ID: "d-1", Qty: 1}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := stockops.NewReconciler(slow, store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	px.SetLatency(150 * time.Millisecond)
 	c, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, passErr := rec.Item(c, sku) // the context ends while the lock's SET is on its way
@@ -2031,13 +1982,9 @@ func TestFaultReconcileLockLeak(t *testing.T) {
 	}
 	time.Sleep(400 * time.Millisecond) // the SET has run
 	rl, err := stockops.NewRelay(direct, store, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	st, err := rl.Once(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if st.Delivered != 1 {
 		key := "stock:{" + sku + "}:rl"
 		holder, _ := dc.Do(ctx, dc.B().Get().Key(key).Build()).ToString()

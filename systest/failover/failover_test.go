@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
@@ -33,9 +34,7 @@ type foOp struct {
 func foInfo(t *testing.T, c rueidis.Client) map[string]string {
 	t.Helper()
 	m, err := kit.ReplicationInfo(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return m
 }
 
@@ -44,13 +43,9 @@ func foLedger(t *testing.T, c rueidis.Client, sku string) (map[string]string, []
 	t.Helper()
 	ctx := context.Background()
 	l, err := c.Do(ctx, c.B().Hgetall().Key("stock:{"+sku+"}:l").Build()).AsStrMap()
-	if err != nil {
-		t.Fatalf("ledger %s: %v", sku, err)
-	}
+	require.NoError(t, err, "ledger %s", sku)
 	o, err := c.Do(ctx, c.B().Zrange().Key("stock:{"+sku+"}:o").Min("0").Max("-1").Build()).AsStrSlice()
-	if err != nil {
-		t.Fatalf("outbox %s: %v", sku, err)
-	}
+	require.NoError(t, err, "outbox %s", sku)
 	return l, o
 }
 
@@ -59,9 +54,7 @@ func foLedger(t *testing.T, c rueidis.Client, sku string) (map[string]string, []
 func foDrain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
 	t.Helper()
 	st, err := kit.DrainRelay(context.Background(), rl, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return st
 }
 
@@ -73,9 +66,7 @@ func foReconcile(t *testing.T, rec *stockops.Reconciler, skus []string) []stocko
 	done := map[string]stockops.Report{}
 	for range 20 {
 		reps, err := rec.Once(context.Background())
-		if err != nil {
-			t.Fatalf("reconcile: %v", err)
-		}
+		require.NoError(t, err, "reconcile")
 		for _, rp := range reps {
 			if _, ok := done[rp.SKU]; !ok && !rp.Busy {
 				done[rp.SKU] = rp
@@ -110,16 +101,10 @@ func TestLossyFailover(t *testing.T) {
 	const initial = 1_000_000
 	store := memstore.New()
 	rOld, err := stock.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, sku := range skus {
-		if err := rOld.Load(ctx, sku, initial); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Load(ctx, sku, initial); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, rOld.Load(ctx, sku, initial))
+		require.NoError(t, store.Load(ctx, sku, initial))
 	}
 
 	// The replica has caught up: link up, same offset.
@@ -137,9 +122,7 @@ func TestLossyFailover(t *testing.T) {
 
 	// The relay of the old primary drains into the store the whole time the old primary lives.
 	relayOld, err := stockops.NewRelay(rOld, store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	var relayWG sync.WaitGroup
 	relayWG.Go(func() { _ = relayOld.Run(relayCtx) })
@@ -179,9 +162,7 @@ func TestLossyFailover(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	before := acked.Load()
-	if err := rc.Do(ctx, rc.B().Replicaof().No().One().Build()).Error(); err != nil {
-		t.Fatalf("REPLICAOF NO ONE: %v", err)
-	}
+	require.NoError(t, rc.Do(ctx, rc.B().Replicaof().No().One().Build()).Error(), "REPLICAOF NO ONE")
 	// The replication offset at which the replica stopped following the primary.
 	cut, _ := strconv.ParseInt(foInfo(t, rc)["second_repl_offset"], 10, 64)
 	promoted.Store(true)
@@ -210,9 +191,7 @@ func TestLossyFailover(t *testing.T) {
 	recs := map[string]map[string]stock.Record{}
 	for _, sku := range skus {
 		all, err := store.List(ctx, sku, "", 1<<30)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		recs[sku] = map[string]stock.Record{}
 		for _, r := range all {
 			recs[sku][r.ID] = r
@@ -265,13 +244,9 @@ func TestLossyFailover(t *testing.T) {
 	// The switch: a new Reserver on the promoted replica, buyers and a relay on it at once.
 	switchAt := time.Now()
 	rNew, err := stock.New(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	relayNew, err := stockops.NewRelay(rNew, store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	relayCtx, stopRelay = context.WithCancel(ctx)
 	relayWG.Go(func() { _ = relayNew.Run(relayCtx) })
 	var firstOK atomic.Int64 // ns after the switch
@@ -292,9 +267,7 @@ func TestLossyFailover(t *testing.T) {
 		})
 	}
 	rec, err := stockops.NewReconciler(rNew, store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	reps := foReconcile(t, rec, skus) // under live traffic
 	reconciledIn := time.Since(switchAt)
 	stop.Store(true)
@@ -370,13 +343,9 @@ func TestLossyFailover(t *testing.T) {
 	var mismatched int
 	for _, sku := range skus {
 		l, err := rNew.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rem, err := store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if rem < 0 {
 			t.Errorf("store remaining of %s is %d", sku, rem)
 		}
@@ -390,9 +359,7 @@ func TestLossyFailover(t *testing.T) {
 		// What the store has, Redis knows: an entry for every record.
 		newL[sku], _ = foLedger(t, rc, sku)
 		all, err := store.List(ctx, sku, "", 1<<30)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, r := range all {
 			e, ok := newL[sku][r.ID]
 			if !ok {
@@ -422,9 +389,7 @@ func TestLossyFailover(t *testing.T) {
 				continue
 			}
 			before, err := store.Records(ctx, op.sku, []string{op.id})
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			got, err := rNew.Restore(ctx, op.sku, op.id)
 			if err == nil && !got.Replayed && before[op.id].Status == stock.StateRestored {
 				giveBacks++

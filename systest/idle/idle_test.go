@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
@@ -41,9 +42,7 @@ func aiNew(t *testing.T, flow bool, opts ...stock.Option) *aiEnv {
 	e.r, e.c = e.env.Reserver, e.env.Client
 	if flow {
 		e.ticker = make(chan struct{})
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
+		e.wg.Go(func() {
 			tk := time.NewTicker(20 * time.Millisecond)
 			defer tk.Stop()
 			last := time.Now()
@@ -62,7 +61,7 @@ func aiNew(t *testing.T, flow bool, opts ...stock.Option) *aiEnv {
 					last = now
 				}
 			}
-		}()
+		})
 		t.Cleanup(e.stopFlow)
 	}
 	return e
@@ -103,13 +102,9 @@ func aiLoad(t *testing.T, r *stock.Reserver, store *memstore.Store, skus []strin
 	t.Helper()
 	ctx := context.Background()
 	for _, s := range skus {
-		if err := r.Load(ctx, s, qty); err != nil {
-			t.Fatalf("Load %q: %v", s, err)
-		}
+		require.NoError(t, r.Load(ctx, s, qty), "Load %q", s)
 		if store != nil {
-			if err := store.Load(ctx, s, qty); err != nil {
-				t.Fatalf("store Load %q: %v", s, err)
-			}
+			require.NoError(t, store.Load(ctx, s, qty), "store Load %q", s)
 		}
 	}
 }
@@ -452,9 +447,7 @@ func aiDropHints(t *testing.T, c rueidis.Client, prefix string) int {
 	found := 0
 	for _, k := range keys {
 		v, err := c.Do(ctx, c.B().Del().Key(k).Build()).AsInt64()
-		if err != nil {
-			t.Fatalf("DEL %s: %v", k, err)
-		}
+		require.NoError(t, err, "DEL %s", k)
 		found += int(v)
 	}
 	return found
@@ -466,9 +459,7 @@ func aiHintCount(t *testing.T, c rueidis.Client, prefix, kind string) int64 {
 	var total int64
 	for n := 0; n < 16; n++ {
 		v, err := c.Do(context.Background(), c.B().Zcard().Key(fmt.Sprintf("%s:%s{~%d}", prefix, kind, n)).Build()).AsInt64()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		total += v
 	}
 	return total
@@ -503,9 +494,7 @@ func aiHeld(t *testing.T, r *stock.Reserver, skus []string) map[string]int64 {
 	out := map[string]int64{}
 	for _, s := range skus {
 		l, err := r.Levels(context.Background(), s)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		out[s] = l.Held
 	}
 	return out
@@ -801,9 +790,7 @@ func TestLeaseHeldElsewhere(t *testing.T) {
 	bs := &aiBlockStore{Store: e.store, sku: target, entered: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { close(bs.release) })
 	hung, err := stockops.NewRelay(e.r, bs, nil, &stock.RelayOptions{Items: []string{target}, Lease: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	hctx, hcancel := context.WithCancel(context.Background())
 	defer hcancel()
 	go func() { _ = hung.Run(hctx) }()
@@ -832,13 +819,9 @@ func TestRestrictedRelayBeside(t *testing.T) {
 	e := aiNew(t, true)
 	skus := e.loadItems("rr", 3000, 100)
 	other := memstore.New()
-	if err := other.Load(context.Background(), skus[0], 100); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, other.Load(context.Background(), skus[0], 100))
 	lim, err := stockops.NewRelay(e.r, other, nil, &stock.RelayOptions{Items: []string{skus[0]}, Poll: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	lctx, lcancel := context.WithCancel(context.Background())
 	defer lcancel()
 	go func() { _ = lim.Run(lctx) }()
@@ -875,9 +858,7 @@ func TestHintsDeletedLive(t *testing.T) {
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	stopDel := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		ctx := context.Background()
 		for {
 			select {
@@ -890,7 +871,7 @@ func TestHintsDeletedLive(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-	}()
+	})
 	picked := aiPick(skus, 30)
 	acks := aiDeductEach(t, e.r, picked, "z", 1)
 	took, why := aiWaitAll(e.r, e.store, picked, aiWalkBound(10*time.Second)+5*time.Second)
@@ -1015,20 +996,14 @@ func TestOnceAndSweepVisitAll(t *testing.T) {
 	}
 	e.advance(2 * time.Minute)
 	released, err := stockops.Sweep(ctx, e.r)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if released != 40 {
 		t.Errorf("Sweep released %d units, want 40", released)
 	}
 	rl, err := stockops.NewRelay(e.r, e.store, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	st, err := rl.Once(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// 20 deducts, 20 held and 20 expired events.
 	if st.Delivered != 60 {
 		t.Errorf("Once delivered %d, want 60 (%+v)", st.Delivered, st)
@@ -1078,9 +1053,7 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	skus := aiSKUs("rsk", 3000)
 	aiLoad(t, e.r, e.store, skus[:2999], 10)
 	late := skus[2999]
-	if err := e.r.Load(ctx, late, 10); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.r.Load(ctx, late, 10))
 	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}})
 	if _, err := e.r.Restock(ctx, late, "rs", 5); err != nil {
 		t.Fatal(err)
@@ -1089,9 +1062,7 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	if p, _, _ := stockops.Pending(ctx, e.r, late); p != 1 {
 		t.Fatalf("restock of an item the store lacks: pending %d, want 1", p)
 	}
-	if err := e.store.Load(ctx, late, 10); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.store.Load(ctx, late, 10))
 	aiSettles(t, e.r, e.store, []string{late}, 25*time.Second, 300*time.Millisecond+aiPrompt, "after the store row appeared (backoff ≤ 300ms)")
 	if n := e.store.Applications(late, "rs", stock.EventRestocked); n != 1 {
 		t.Errorf("restock applied %d times", n)
@@ -1143,9 +1114,7 @@ func TestRealBackends(t *testing.T) {
 func aiCommands(t *testing.T, c rueidis.Client) int64 {
 	t.Helper()
 	s, err := c.Do(context.Background(), c.B().Info().Section("stats").Build()).ToString()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, line := range strings.Split(s, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
 			var n int64
@@ -1358,13 +1327,9 @@ func TestACLWithoutHintKeys(t *testing.T) {
   +evalsha +eval +get +getrange +set +del +exists +pexpire +setbit +time +hget +hmget +hset
   +hsetnx +hdel +hexists +hincrby +hscan +zadd +zrem +zcard +zcount +zrange +zrangebyscore
   +zscore +sadd +srem +scard +sscan +sismember +wait +info`)
-	if err := admin.Do(ctx, admin.B().Arbitrary("ACL").Args(acl...).Build()).Error(); err != nil {
-		t.Fatalf("ACL SETUSER: %v", err)
-	}
+	require.NoError(t, admin.Do(ctx, admin.B().Arbitrary("ACL").Args(acl...).Build()).Error(), "ACL SETUSER")
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, Username: "shop-svc", Password: "pw", DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	r := testkit.NewReserver(t, c, stock.WithPrefix("shop"))
 	store := memstore.New()
@@ -1611,9 +1576,7 @@ func TestRunClockBehindRedisHoldsNeverSwept(t *testing.T) {
 	ctx := context.Background()
 	e := stocktest.New(t)
 	for i := 0; i < 10; i++ {
-		if err := e.Reserver.Load(ctx, fmt.Sprintf("s%d", i), 5); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, e.Reserver.Load(ctx, fmt.Sprintf("s%d", i), 5))
 	}
 	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "s7", ID: "cart", Qty: 2}, time.Minute); err != nil {
 		t.Fatal(err)

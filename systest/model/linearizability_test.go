@@ -268,9 +268,7 @@ func linRecord(t *testing.T, target linTarget, sku string, seed uint64, workers 
 		return out
 	}
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(w)))
 			// A recently used id: a retry, a reuse with another quantity, a restore.
 			recent := func() int { return max(0, int(fresh.Load())-1-rng.IntN(12)) }
@@ -305,7 +303,7 @@ func linRecord(t *testing.T, target linTarget, sku string, seed uint64, workers 
 					mine = append(mine, in.id)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	call(workers, linInput{op: linRead}) // after everything: pins the final stock

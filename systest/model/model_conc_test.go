@@ -50,9 +50,7 @@ func firsts(t *testing.T, what string, rcs []stock.Receipt, errs []error) int {
 	t.Helper()
 	n := 0
 	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("%s copy %d: %v", what, i, err)
-		}
+		require.NoError(t, err, "%s copy %d", what, i)
 		if !rcs[i].Replayed {
 			n++
 		}

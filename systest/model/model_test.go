@@ -16,6 +16,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/stockres/stock"
@@ -204,15 +205,11 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		h.clk = realClock{}
 	} else {
 		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
-			t.Fatalf("miniredis: %v", err)
-		}
+		require.NoError(t, m.Start(), "miniredis")
 		t.Cleanup(m.Close)
 		for i := range clients {
 			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-			if err != nil {
-				t.Fatalf("client: %v", err)
-			}
+			require.NoError(t, err, "client")
 			clients[i] = c
 			t.Cleanup(c.Close)
 		}
@@ -231,9 +228,7 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 			opts = append(opts, stock.WithClock(mc.nowTime))
 		}
 		r, err := stock.New(clients[ci], opts...)
-		if err != nil {
-			t.Fatalf("New: %v", err)
-		}
+		require.NoError(t, err, "New")
 		h.rs = append(h.rs, r)
 		h.clientOf = append(h.clientOf, ci)
 	}

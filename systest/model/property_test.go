@@ -597,9 +597,7 @@ func (g propRig) wantAgree(t *testing.T, when string) {
 
 func propDo(t *testing.T, c rueidis.Client, cmd rueidis.Completed) {
 	t.Helper()
-	if err := c.Do(context.Background(), cmd).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.Do(context.Background(), cmd).Error())
 }
 
 // TestPropertyLostItemAndEvent: found by TestPropertyInvariants (fixed in 57ab49e). The item
