@@ -209,9 +209,7 @@ func TestHoldConcurrent(t *testing.T) {
 				id := fmt.Sprint("h", g)
 				_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: id, Qty: 1}, time.Duration(1+rng.IntN(40))*time.Millisecond)
 				if err != nil {
-					if !errors.Is(err, stock.ErrSoldOut) {
-						t.Error(err)
-					}
+					assert.ErrorIs(t, err, stock.ErrSoldOut)
 					return
 				}
 				redistest.Sleep(c, time.Duration(rng.IntN(30))*time.Millisecond)

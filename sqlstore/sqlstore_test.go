@@ -815,9 +815,7 @@ func BenchmarkApplyBatch(b *testing.B) {
 							continue
 						}
 						for _, err := range e.s.ApplyBatch(ctx, evs) {
-							if err != nil {
-								b.Error(err)
-							}
+							assert.NoError(b, err)
 						}
 					}
 				})

@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -720,9 +721,7 @@ func TestRecoverCartsConcurrent(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			n, err := stockops.RecoverCarts(ctx, r, 0)
-			if err != nil {
-				t.Error(err)
-			}
+			assert.NoError(t, err)
 			total.Add(int64(n))
 		})
 	}

@@ -483,9 +483,7 @@ func TestQuantities(t *testing.T) {
 		}
 		lv, err := r.Levels(ctx, sku)
 		if tc.code != 0 {
-			if !errors.Is(err, stock.ErrNotLoaded) {
-				t.Errorf("load %s %q was refused but the item exists: %+v %v", sku, tc.qty, lv, err)
-			}
+			assert.ErrorIs(t, err, stock.ErrNotLoaded, "load %s %q was refused but the item exists: %+v %v", sku, tc.qty, lv, err)
 			if !strings.Contains(res.err, "QTY") {
 				t.Errorf("load %s %q: the refusal does not name QTY\n%v", sku, tc.qty, res)
 			}

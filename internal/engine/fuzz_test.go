@@ -107,12 +107,8 @@ func FuzzValidation(f *testing.F) {
 			t.Fatalf("check(%#v) = %v, want nil: the request follows every documented rule", req, err)
 		}
 		if !want {
-			if err == nil {
-				t.Fatalf("check(%#v) = nil, want ErrInvalid: the request breaks a documented rule", req)
-			}
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("check(%#v) = %v, does not wrap ErrInvalid", req, err)
-			}
+			require.Error(t, err, "check(%#v) = nil, want ErrInvalid: the request breaks a documented rule", req)
+			require.ErrorIs(t, err, ErrInvalid, "check(%#v) = %v, does not wrap ErrInvalid", req, err)
 		}
 		// checkName alone, for every field, agrees with the rule.
 		for _, s := range []string{sku, id, user} {
@@ -247,9 +243,7 @@ func FuzzParseEntry(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		e, err := parseEntry("sku", "id", s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("parseEntry(%q) = %v, does not wrap ErrInvalid", s, err)
-			}
+			require.ErrorIs(t, err, ErrInvalid, "parseEntry(%q) = %v, does not wrap ErrInvalid", s, err)
 			if e != (Entry{}) {
 				t.Fatalf("parseEntry(%q) failed but returned %+v", s, e)
 			}
@@ -436,9 +430,7 @@ func (r fzReply) result() rueidis.RedisResult {
 // never ErrInvalid (which says nothing changed).
 func fzCheckErr(t *testing.T, what string, r fzReply, err error) {
 	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: reply %s accepted, want an error", what, fzDescribe(r))
-	}
+	require.Error(t, err, "%s: reply %s accepted, want an error", what, fzDescribe(r))
 	switch {
 	case r.transport != nil:
 		if !errors.Is(err, r.transport) || errors.Is(err, ErrInvalid) {
@@ -654,17 +646,11 @@ func FuzzCartLines(f *testing.F) {
 			sums[l.SKU] += l.Qty
 		}
 		if !want {
-			if err == nil {
-				t.Fatalf("sumLines(%#v) = %v, want ErrInvalid", c, got)
-			}
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("sumLines(%#v) = %v, does not wrap ErrInvalid", c, err)
-			}
+			require.Error(t, err, "sumLines(%#v) = %v, want ErrInvalid", c, got)
+			require.ErrorIs(t, err, ErrInvalid, "sumLines(%#v) = %v, does not wrap ErrInvalid", c, err)
 			return
 		}
-		if err != nil {
-			t.Fatalf("sumLines(%#v) = %v, want the lines summed", c, err)
-		}
+		require.NoError(t, err, "sumLines(%#v) = %v, want the lines summed", c, err)
 		if len(got) != len(sums) {
 			t.Fatalf("sumLines(%#v) = %v: %d lines, want %d items", c, got, len(got), len(sums))
 		}
@@ -683,9 +669,7 @@ func FuzzCartLines(f *testing.F) {
 				"u|1700000000000|" + encodeCart(kind, user, got) + "|{" + cause(got[0].SKU, ErrSoldOut) + "}",
 			} {
 				k, u, back, err := fzParseCartRecord(rec)
-				if err != nil {
-					t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts cannot parse it (%v): the cart can never be recovered and blocks RecoverCarts", c.ID, got, rec, err)
-				}
+				require.NoError(t, err, "cart %#v: lines %#v, record %q: RecoverCarts cannot parse it (%v): the cart can never be recovered and blocks RecoverCarts", c.ID, got, rec, err)
 				if k != kind || u != user || !slices.Equal(back, got) {
 					t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts reads kind %q user %q lines %#v: it would undo other items than the cart took", c.ID, got, rec, k, u, back)
 				}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -733,9 +734,7 @@ func (h *faultHarness) newRelay(store stock.Store) *stockops.Relay {
 		lease = time.Second
 	}
 	rl, err := stockops.NewRelay(h.back, store, nil, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: lease, Batch: 64})
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	require.NoError(h.t, err)
 	return rl
 }
 
@@ -1128,9 +1127,7 @@ func (h *faultHarness) failover() {
 	h.fault("promote")
 	time.Sleep(100*time.Millisecond + rand.N(200*time.Millisecond)) // the old primary still takes writes
 	newL, err := faultLedgers(ctx, nc)                              // the promoted replica, as promoted: nobody writes to it yet
-	if err != nil {
-		t.Errorf("failover: %v", err)
-	}
+	assert.NoError(t, err, "failover")
 
 	// The switch. The guard's checks, which go through the clients' proxy, see the new primary.
 	h.recMu.Lock()
@@ -1155,9 +1152,7 @@ func (h *faultHarness) failover() {
 	// What the old primary acknowledged that the promoted replica never got. The proxies
 	// closed their connections to it: nothing it answers from now on reaches anyone.
 	oldL, err := faultLedgers(ctx, oc)
-	if err != nil {
-		t.Errorf("failover: %v", err)
-	}
+	assert.NoError(t, err, "failover")
 	fo.mu.Lock()
 	defer fo.mu.Unlock()
 	fo.cur = newI
@@ -1931,9 +1926,7 @@ func TestFaultRefusalThenLateAttempt(t *testing.T) {
 		t.Fatalf("first attempt: %v, want an unknown outcome", err)
 	}
 	_, err = direct.Deduct(ctx, stock.Request{SKU: sku, ID: "order-1", Qty: 1, Retry: true}) // the retry, marked as one
-	if !errors.Is(err, stock.ErrSoldOut) {
-		t.Fatalf("retry: %v, want ErrSoldOut", err)
-	}
+	require.ErrorIs(t, err, stock.ErrSoldOut, "retry: %v, want ErrSoldOut", err)
 	if _, err := direct.Restore(ctx, sku, "other"); err != nil { // a unit comes back
 		t.Fatal(err)
 	}

@@ -1302,9 +1302,7 @@ func TestQueuePathReconcileWhileConsuming(t *testing.T) {
 						break
 					}
 					if err := stock.Consume(ctx, r, store, ev); err != nil {
-						if !errors.Is(err, stock.ErrHeldBack) {
-							t.Error(err)
-						}
+						assert.ErrorIs(t, err, stock.ErrHeldBack)
 						keep = append(keep, ev)
 					}
 				}

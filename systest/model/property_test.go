@@ -618,9 +618,7 @@ func TestPropertyLostItemAndEvent(t *testing.T) {
 				t.Errorf("requeued %d events, want 1", rp.Requeued)
 			}
 			l, err := g.r.Levels(ctx, "A")
-			if err != nil {
-				t.Fatalf("pass %d: the item is still unreadable after the reconciler's rebuild (%v); report: %s", pass, err, rp)
-			}
+			require.NoError(t, err, "pass %d: the item is still unreadable after the reconciler's rebuild (%v); report: %s", pass, err, rp)
 			if l.Available != 4 {
 				t.Errorf("available %d, want 4 (the store's 5 minus the requeued deduct)", l.Available)
 			}
