@@ -25,6 +25,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -558,9 +559,7 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 			for i := 0; !stopped(stop); i++ {
 				oid := fmt.Sprintf("o:%d~", i)
 				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: oid, User: fmt.Sprintf("o%d", i%5), Qty: 1}); err == nil {
-					if _, err := r2.Restore(ctx, sku, oid); err != nil {
-						t.Error(err)
-					}
+					assert.NoError(t, testkit.Err(r2.Restore(ctx, sku, oid)))
 					churned++
 				}
 			}
@@ -744,9 +743,7 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 					switch {
 					case err == nil:
 						if i%4 == 0 {
-							if _, err := rr.Restore(ctx, sku, req.ID); err != nil {
-								t.Error(err)
-							}
+							assert.NoError(t, testkit.Err(rr.Restore(ctx, sku, req.ID)))
 						}
 					case errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient):
 						mu.Lock()

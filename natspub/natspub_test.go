@@ -29,6 +29,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/natspub"
 	"github.com/stockres/stock/sqlstore"
@@ -432,9 +433,7 @@ func newEnv(t testing.TB) *env {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.AccountInfo(ctx); err != nil {
-		t.Fatalf("STOCK_TEST_NATS=%s: JetStream unavailable: %v", url, err)
-	}
+	require.NoError(t, testkit.Err(js.AccountInfo(ctx)), "STOCK_TEST_NATS=%s: JetStream unavailable", url)
 	sfx := randSuffix(t)
 	e := &env{nc: nc, js: js, stream: "STOCKTEST_" + sfx, prefix: "stocktest." + sfx}
 	_, err = natspub.EnsureStream(ctx, js, e.stream, e.prefix)

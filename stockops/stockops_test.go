@@ -98,13 +98,9 @@ func TestNewRelayArguments(t *testing.T) {
 	if _, err := stockops.NewRelay(r, noStore, noPub, &stock.RelayOptions{}); !errors.Is(err, stock.ErrInvalid) {
 		t.Fatalf("nil interfaces: %v; want ErrInvalid", err)
 	}
-	if _, err := stockops.NewRelay(r, db, nil, nil); err != nil {
-		t.Fatalf("store only: %v", err)
-	}
+	require.NoError(t, testkit.Err(stockops.NewRelay(r, db, nil, nil)), "store only")
 	pub := stock.PublisherFunc(func(context.Context, stock.Event) error { return nil })
-	if _, err := stockops.NewRelay(r, nil, pub, (*stock.RelayOptions)(nil)); err != nil {
-		t.Fatalf("publisher only, typed-nil options: %v", err)
-	}
+	require.NoError(t, testkit.Err(stockops.NewRelay(r, nil, pub, (*stock.RelayOptions)(nil))), "publisher only, typed-nil options")
 	for _, o := range []stock.RelayOptions{
 		{Batch: 10001}, {Batch: -1}, {Lease: -time.Second}, {MinBackoff: time.Minute, MaxBackoff: time.Second},
 		{Items: []string{"bad{name}"}}, {Poll: -1},
@@ -128,9 +124,7 @@ func TestNewReconcilerArguments(t *testing.T) {
 	if rc, err := stockops.NewReconciler(nil, db, nil); !errors.Is(err, stock.ErrInvalid) || rc != nil {
 		t.Fatalf("NewReconciler(nil Reserver) = %v, %v; want nil, ErrInvalid", rc, err)
 	}
-	if _, err := stockops.NewReconciler(r, db, (*stock.ReconcileOptions)(nil)); err != nil {
-		t.Fatalf("typed-nil options: %v", err)
-	}
+	require.NoError(t, testkit.Err(stockops.NewReconciler(r, db, (*stock.ReconcileOptions)(nil))), "typed-nil options")
 	for _, o := range []stock.ReconcileOptions{{RepairLimit: -1}, {Items: []string{"a b"}}} {
 		if _, err := stockops.NewReconciler(r, db, &o); !errors.Is(err, stock.ErrInvalid) {
 			t.Errorf("NewReconciler(%+v) = %v; want ErrInvalid", o, err)
@@ -705,9 +699,7 @@ func TestRecoverCartsConcurrent(t *testing.T) {
 	}
 	fail.Store(true)
 	for i := range carts {
-		if _, err := r.DeductMany(ctx, cart(i)); err == nil {
-			t.Fatalf("cart %d went through the injected error", i)
-		}
+		require.Error(t, testkit.Err(r.DeductMany(ctx, cart(i))), "cart %d went through the injected error", i)
 	}
 	fail.Store(false)
 	if lv, _ := r.Levels(ctx, "a"); lv.Available != 100-2*carts {

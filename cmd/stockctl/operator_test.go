@@ -28,6 +28,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -603,9 +604,7 @@ func TestReadOnlyCommandsWriteNothing(t *testing.T) {
 	must(r.Hold(ctx, stock.Request{SKU: "b:c", ID: "h-exp", Qty: 1}, 50*time.Millisecond))
 	must(r.Restock(ctx, "b:c", "po1", 5))
 	must(r.Deduct(ctx, stock.Request{SKU: "redis-only", ID: "o1", Qty: 1}))
-	if _, err := r.Restore(ctx, "ünï", "never"); !errors.Is(err, stock.ErrUnknownID) {
-		t.Fatal(err)
-	}
+	require.ErrorIs(t, testkit.Err(r.Restore(ctx, "ünï", "never")), stock.ErrUnknownID)
 	require.NoError(t, r.CloseItem(ctx, "ünï"))
 	time.Sleep(300 * time.Millisecond) // the holds h-exp are past their deadline, not swept
 	before := stableDump(t, c)

@@ -128,6 +128,10 @@ func OutboxLen(t *testing.T, c rueidis.Client, sku string) int64 {
 	return n
 }
 
+// Err drops the first result of a call, for a check of its error alone:
+// require.NoError(t, testkit.Err(r.Deduct(ctx, req))).
+func Err[T any](_ T, err error) error { return err }
+
 // Available returns the available units of a Levels call.
 func Available(l stock.Levels, err error) (int64, error) { return l.Available, err }
 

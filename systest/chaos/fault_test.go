@@ -413,9 +413,7 @@ func (h *faultHarness) setup() {
 		}
 		h.fence = &kit.Fence{Guard: stockops.NewFailoverGuard(gr)}
 		// The first check of an empty Redis records its primaries as reconciled.
-		if _, err := h.fence.Guard.Check(ctx); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, testkit.Err(h.fence.Guard.Check(ctx)))
 	}
 	h.loaded = map[string]int64{}
 	for _, sku := range faultSKUs {
@@ -1767,9 +1765,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 			if !h.sc.loss {
 				continue
 			}
-			if _, err := h.back.Extend(ctx, sku, id, time.Millisecond); err != nil {
-				t.Fatalf("extend the abandoned hold %s/%s to its end: %v", sku, id, err)
-			}
+			require.NoError(t, testkit.Err(h.back.Extend(ctx, sku, id, time.Millisecond)), "extend the abandoned hold %s/%s to its end", sku, id)
 			released = true
 		}
 		if released {
@@ -1781,9 +1777,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 		// the item's due holds first): each is then expired in the ledger.
 		for deadline := time.Now().Add(5 * time.Second); ; {
 			time.Sleep(5 * time.Millisecond) // past the deadlines, by Redis's clock
-			if _, err := stockops.Sweep(ctx, h.back, skus...); err != nil {
-				t.Fatalf("sweep the abandoned holds: %v", err)
-			}
+			require.NoError(t, testkit.Err(stockops.Sweep(ctx, h.back, skus...)), "sweep the abandoned holds")
 			live := slices.ContainsFunc(out, func(a faultAbandoned) bool {
 				sku, id, _ := strings.Cut(a.key, "/")
 				e, err := h.bc.Do(ctx, h.bc.B().Hget().Key("stock:{"+sku+"}:l").Field(id).Build()).ToString()

@@ -307,9 +307,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 		{"restock", picked[4:8], func(s string) []aiAck {
 			n++
 			id := fmt.Sprintf("rs%d", n)
-			if _, err := e.r.Restock(ctx, s, id, 5); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.Restock(ctx, s, id, 5)))
 			return []aiAck{{s, id, stock.EventRestocked}}
 		}},
 		{"hold+confirm", picked[8:12], func(s string) []aiAck {
@@ -318,9 +316,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 			if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: id, Qty: 1}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.r.Confirm(ctx, s, id); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.Confirm(ctx, s, id)))
 			return []aiAck{{s, id, stock.EventConfirmed}}
 		}},
 		{"deductmany (saga)", picked[12:16], func(s string) []aiAck {
@@ -337,9 +333,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 			if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, Lines: []stock.Line{{SKU: s, Qty: 1}}}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.r.ConfirmMany(ctx, id, s); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.ConfirmMany(ctx, id, s)))
 			return []aiAck{{s, id, stock.EventConfirmed}}
 		}},
 		{"deductmany (group)", []string{"gx-a1", "gy-a2"}, func(s string) []aiAck {
@@ -358,9 +352,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 			if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, Lines: []stock.Line{{SKU: s, Qty: 1}, {SKU: other, Qty: 1}}}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.r.ConfirmMany(ctx, id, s, other); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.ConfirmMany(ctx, id, s, other)))
 			return []aiAck{{s, id, stock.EventConfirmed}, {other, id, stock.EventConfirmed}}
 		}},
 	}
@@ -381,9 +373,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 	kinds = append(kinds, kind{"restore", restoreSKUs, func(s string) []aiAck {
 		for i, rs := range restoreSKUs {
 			if rs == s {
-				if _, err := e.r.Restore(ctx, s, restoreIDs[i]); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, testkit.Err(e.r.Restore(ctx, s, restoreIDs[i])))
 				return []aiAck{{s, restoreIDs[i], stock.EventDeducted}, {s, restoreIDs[i], stock.EventRestored}}
 			}
 		}
@@ -569,9 +559,7 @@ func TestHoldsSweptPrompt(t *testing.T) {
 	}
 	extend := func(sku, id string, ttl time.Duration) {
 		t.Helper()
-		if _, err := e.r.Extend(ctx, sku, id, ttl); err != nil {
-			t.Fatalf("Extend %s %s: %v", sku, id, err)
-		}
+		require.NoError(t, testkit.Err(e.r.Extend(ctx, sku, id, ttl)), "Extend %s %s", sku, id)
 	}
 	// p[0]: one hold of 2m. p[1]: 2m extended to 10m (later). p[2]: 10m extended to 1m (earlier).
 	// p[3]: holds of 2m, 4m and 6m. p[4]: 600 holds of 2m. p[5], p[6]: a saga cart of 2m.
@@ -905,20 +893,14 @@ func TestCancelRefusePrompt(t *testing.T) {
 		if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: id, Qty: 1}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.r.Cancel(ctx, s, id); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, testkit.Err(e.r.Cancel(ctx, s, id)))
 	}
 	if _, err := e.r.HoldMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: p[4], Qty: 1}, {SKU: p[5], Qty: 1}, {SKU: p[6], Qty: 1}, {SKU: p[7], Qty: 1}}}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.r.CancelMany(ctx, "cart", p[4], p[5], p[6], p[7]); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, testkit.Err(e.r.CancelMany(ctx, "cart", p[4], p[5], p[6], p[7])))
 	for i, s := range p[8:] {
-		if _, err := stockops.Refuse(ctx, e.r, s, fmt.Sprintf("d-%d", i)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, testkit.Err(stockops.Refuse(ctx, e.r, s, fmt.Sprintf("d-%d", i))))
 	}
 	aiSettles(t, e.r, e.store, p, 20*time.Second, aiPrompt, "cancel and refuse events")
 	aiCheckOnce(t, e.store, acks)
@@ -1055,9 +1037,7 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	late := skus[2999]
 	require.NoError(t, e.r.Load(ctx, late, 10))
 	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}})
-	if _, err := e.r.Restock(ctx, late, "rs", 5); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, testkit.Err(e.r.Restock(ctx, late, "rs", 5)))
 	time.Sleep(1500 * time.Millisecond)
 	if p, _, _ := stockops.Pending(ctx, e.r, late); p != 1 {
 		t.Fatalf("restock of an item the store lacks: pending %d, want 1", p)
@@ -1265,9 +1245,7 @@ func TestHoldStreamLatency(t *testing.T) {
 		due[s+"/"+id] = before.Add(ttl)
 		if i%9 == 4 && ttl >= 900*time.Millisecond {
 			// shorten it: it is due before the holds made since
-			if _, err := e.r.Extend(ctx, s, id, 100*time.Millisecond); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.Extend(ctx, s, id, 100*time.Millisecond)))
 			due[s+"/"+id] = time.Now().Add(100 * time.Millisecond)
 			ext = append(ext, s+"/"+id)
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -212,9 +213,7 @@ func TestModelConcurrency(t *testing.T) {
 			}
 			errs := par(concN+1, func(i int) (err error) {
 				if i == concN {
-					if _, err := rs[1].Restock(ctx, "ro", "more", 20); err != nil {
-						t.Error(err)
-					}
+					assert.NoError(t, testkit.Err(rs[1].Restock(ctx, "ro", "more", 20)))
 					return nil
 				}
 				_, err = r(i).Deduct(ctx, stock.Request{SKU: "ro", ID: fmt.Sprint("ro", i), Qty: 1})
