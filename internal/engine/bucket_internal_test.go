@@ -534,3 +534,119 @@ func TestBucketedLoadRefusesTheOtherForm(t *testing.T) {
 		assert.ErrorIs(t, err, ErrNotLoaded)
 	})
 }
+
+// idHomeIn returns an id of the form prefix+N whose home bucket (of n) is b.
+func idHomeIn(prefix string, b, n int) string {
+	for i := 0; ; i++ {
+		id := prefix + strconv.Itoa(i)
+		if homeBucket(id, n) == b {
+			return id
+		}
+	}
+}
+
+// TestBucketedRestockKeepsItemUnderMaxQty: an item split over buckets holds at most MaxQty units
+// in all, as a plain item does. Load splits up to MaxQty over the buckets; a restock that would
+// take the sum of the buckets' loaded counts (what Levels reports) past MaxQty is refused with
+// ErrInvalid, whichever bucket its id goes to, and writes nothing: no ledger entry, no event,
+// no counter changed. A restock that brings the item to MaxQty exactly is accepted, and its
+// repeat is a replay even once the item is full.
+func TestBucketedRestockKeepsItemUnderMaxQty(t *testing.T) {
+	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+		const n = 3
+		ctx := context.Background()
+		r := bucketedReserver(t, c, n)
+
+		// Load near and at MaxQty: the buckets' shares sum to what was loaded.
+		require.NoError(t, r.Load(ctx, "full", MaxQty))
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "full"))
+		assert.ErrorIs(t, r.Load(ctx, "over", MaxQty+1), ErrInvalid)
+		require.NoError(t, r.Load(ctx, "near", MaxQty-10))
+		near := Levels{Available: MaxQty - 10, Loaded: MaxQty - 10}
+		assert.Equal(t, near, bucketLevels(t, r, "near"))
+		pending, _, err := r.pendingCounts(ctx, "near")
+		require.NoError(t, err)
+
+		// Each bucket has room for 11 more of its own; the item has room for 10.
+		for b := range n {
+			id := idHomeIn("po-", b, n)
+			_, err := r.Restock(ctx, "near", id, 11)
+			require.ErrorIs(t, err, ErrInvalid, "a restock of 11 in bucket %d passes MaxQty in all", b)
+			assert.ErrorContains(t, err, "MaxQty")
+			_, err = r.Ledger(ctx, "near", id)
+			assert.ErrorIs(t, err, ErrUnknownID, "the refused restock %s left no entry", id)
+			_, err = r.Restock(ctx, "full", id, 1)
+			assert.ErrorIs(t, err, ErrInvalid, "a full item takes no unit more, in bucket %d", b)
+		}
+		assert.Equal(t, near, bucketLevels(t, r, "near"), "the refusals changed no counter")
+		p, _, err := r.pendingCounts(ctx, "near")
+		require.NoError(t, err)
+		assert.Equal(t, pending, p, "the refusals queued no event")
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "full"))
+
+		// Up to MaxQty exactly, in two buckets; then nothing more, and a repeat is a replay.
+		first, second := idHomeIn("ok-", 0, n), idHomeIn("ok-", 2, n)
+		_, err = r.Restock(ctx, "near", first, 4)
+		require.NoError(t, err)
+		_, err = r.Restock(ctx, "near", second, 6)
+		require.NoError(t, err)
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "near"))
+		for b := range n {
+			_, err = r.Restock(ctx, "near", idHomeIn("more-", b, n), 1)
+			assert.ErrorIs(t, err, ErrInvalid, "bucket %d", b)
+		}
+		rc, err := r.Restock(ctx, "near", first, 4)
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed, "a repeat of an accepted restock is a replay at MaxQty too")
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "near"))
+	})
+}
+
+// TestBucketKeysSpreadOverSlots: bucket i of an item of n buckets keeps every key in the i-th of
+// n equal slot ranges, as Redis itself computes the slot (CLUSTER KEYSLOT), so that on a cluster
+// of n masters owning equal ranges each bucket has a master of its own; the keys a Load and a
+// deduct write are those keys; the bucket's name is unchanged.
+func TestBucketKeysSpreadOverSlots(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		if b.Name != "cluster" {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c := b.Client(t)
+			for _, n := range []int{2, 3, 5} {
+				r := bucketedReserver(t, c, n, WithPrefix("spread"+strconv.Itoa(n)))
+				sku := "hot-" + strconv.Itoa(n)
+				require.NoError(t, r.Load(ctx, sku, 100))
+				for i := range 20 {
+					_, err := r.Deduct(ctx, Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
+					require.NoError(t, err)
+				}
+				masters := map[int]bool{}
+				for i := range n {
+					k := r.item(bucketName(sku, i))
+					lo, hi := protocol.BucketSlots(i, n)
+					for _, key := range k.All() {
+						slot, err := c.Do(ctx, c.B().ClusterKeyslot().Key(key).Build()).AsInt64()
+						require.NoError(t, err)
+						assert.Equal(t, protocol.Slot(key), int(slot), "%s: Redis agrees", key)
+						assert.True(t, int(slot) >= lo && int(slot) < hi, "bucket %d of %d: %s in slot %d, not in [%d, %d)", i, n, key, slot, lo, hi)
+					}
+					on, err := c.Do(ctx, c.B().Exists().Key(k.Item).Build()).AsInt64()
+					require.NoError(t, err)
+					assert.EqualValues(t, 1, on, "bucket %d's hash is under its spread keys", i)
+					if n == 3 {
+						masters[protocol.Slot(k.Item)*3/protocol.Slots] = true
+					}
+				}
+				if n == 3 {
+					assert.Len(t, masters, 3, "3 buckets on the 3 masters")
+				}
+				l := bucketLevels(t, r, sku)
+				assert.EqualValues(t, 80, l.Available)
+				assert.EqualValues(t, 20, l.Sold)
+			}
+		})
+	}
+}
