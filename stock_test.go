@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/engine"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -540,4 +541,22 @@ func TestNamesRefuseFormatCharacters(t *testing.T) {
 		// "café" precomposed and "cafe" + combining accent are two names: compared byte for byte.
 		assert.NotEqual(t, "caf\u00e9", "cafe\u0301")
 	})
+}
+
+// TestConstantsAreTheEngines: the limits and defaults package stock documents are the ones its
+// engine applies.
+func TestConstantsAreTheEngines(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		api, used int64
+	}{
+		{"MaxQty", stock.MaxQty, engine.MaxQty},
+		{"MaxNameLen", stock.MaxNameLen, engine.MaxNameLen},
+		{"MaxHoldTTL", int64(stock.MaxHoldTTL), int64(engine.MaxHoldTTL)},
+		{"DefaultTimeout", int64(stock.DefaultTimeout), int64(engine.DefaultTimeout)},
+	} {
+		if c.api != c.used {
+			t.Errorf("stock.%s = %d, the engine uses %d", c.name, c.api, c.used)
+		}
+	}
 }
