@@ -20,6 +20,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -226,9 +227,8 @@ func TestDocsSnippetsCompile(t *testing.T) {
 		t.Fatal("no ```go block found in README.md and docs/")
 	}
 	for _, b := range blocks {
-		if msg := gofmtBlock(b); msg != "" {
-			t.Errorf("%s:%d: the Go block is not gofmt'ed: %s", b.file, b.line, msg)
-		}
+		msg := gofmtBlock(b)
+		assert.EqualValues(t, "", msg, "%s:%d: the Go block is not gofmt'ed: %s", b.file, b.line, msg)
 	}
 
 	// A workspace of its own: this repository's modules and the snippets' module.

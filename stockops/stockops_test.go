@@ -468,9 +468,8 @@ func TestSweep(t *testing.T) {
 			t.Fatalf("Sweep(%q) = %d, %v; want 0, ErrInvalid", skus, n, err)
 		}
 	}
-	if lv, _ := r.Levels(ctx, "a"); lv.Held != 3 {
-		t.Fatalf("an invalid Sweep released holds of a: %+v", lv)
-	}
+	lv, _ := r.Levels(ctx, "a")
+	require.EqualValues(t, 3, lv.Held, "an invalid Sweep released holds of a: %+v", lv)
 	if n, err := stockops.Sweep(ctx, r, "a", "a", "a"); n != 3 || err != nil {
 		t.Fatalf("Sweep(a, a, a) = %d, %v; want 3 units, nil", n, err)
 	}
@@ -482,9 +481,8 @@ func TestSweep(t *testing.T) {
 	if lv, _ := r.Levels(ctx, "b"); lv.Held != 0 || lv.Available != 10 {
 		t.Fatalf("b after the sweep: %+v", lv)
 	}
-	if lv, _ := r.Levels(ctx, "bad"); lv.Held != 3 {
-		t.Fatalf("bad after a failed sweep step: %+v; nothing released", lv)
-	}
+	lv, _ = r.Levels(ctx, "bad")
+	require.EqualValues(t, 3, lv.Held, "bad after a failed sweep step: %+v; nothing released", lv)
 }
 
 // ---- iteration ----
@@ -507,9 +505,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 		require.NoError(t, err)
 		items[s] = true
 	}
-	if len(items) != n+1 {
-		t.Fatalf("Items listed %d items, want %d", len(items), n+1)
-	}
+	require.Len(t, items, n+1, "Items listed %d items, want %d", len(items), n+1)
 	ids := map[string]bool{}
 	for e, err := range stockops.Entries(ctx, r, "big") {
 		require.NoError(t, err)
@@ -518,9 +514,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 		}
 		ids[e.ID] = true
 	}
-	if len(ids) != n {
-		t.Fatalf("Entries listed %d ids, want %d", len(ids), n)
-	}
+	require.Len(t, ids, n, "Entries listed %d ids, want %d", len(ids), n)
 	for _, stop := range []int{1, 300, 600} {
 		k := 0
 		for range stockops.Items(ctx, r) {
@@ -565,9 +559,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 			t.Fatalf("an entry after the error: %+v", e)
 		}
 	}
-	if errs != 1 {
-		t.Fatalf("%d errors, want 1", errs)
-	}
+	require.EqualValues(t, 1, errs, "%d errors, want 1", errs)
 	// Items with an early break inside a nested Entries loop: no panic, no leak of state.
 	k := 0
 	for s := range stockops.Items(ctx, r) {
@@ -664,9 +656,8 @@ func TestRelayRefusal(t *testing.T) {
 	if p, d, _ := stockops.Pending(ctx, r, "a"); p != 0 || d != 0 {
 		t.Fatalf("pending %d, dead %d", p, d)
 	}
-	if n := db.Applications("a", "o2", stock.EventDeducted); n != 0 {
-		t.Fatalf("o2 applied %d times", n)
-	}
+	n := db.Applications("a", "o2", stock.EventDeducted)
+	require.EqualValues(t, 0, n, "o2 applied %d times", n)
 }
 
 // ---- cart recovery ----
@@ -759,9 +750,7 @@ func TestQueuePathInFlight(t *testing.T) {
 	if err != nil || rp.Published != 2 || rp.InFlight != 5 || rp.Drift != 0 || rp.Adjusted != 0 || rp.StoreRemaining != 10 {
 		t.Fatalf("consumers down: %#v, %v", rp, err)
 	}
-	if !strings.Contains(rp.String(), "2 published") {
-		t.Errorf("Report.String() = %q; want it to say 2 published", rp.String())
-	}
+	assert.Contains(t, rp.String(), "2 published", "Report.String() = %q; want it to say 2 published", rp.String())
 	for _, ev := range queue {
 		require.NoError(t, stock.Consume(ctx, r, db, ev), "consume %+v", ev)
 	}
@@ -871,13 +860,9 @@ func TestReportItemUnknownToStore(t *testing.T) {
 	}
 	line := rp.String()
 	for _, want := range []string{"ghost", "redis 5+1 held", "in flight 4", "2 pending", "NEEDS A HUMAN"} {
-		if !strings.Contains(line, want) {
-			t.Errorf("String() = %q; want it to contain %q", line, want)
-		}
+		assert.Contains(t, line, want, "String() = %q; want it to contain %q", line, want)
 	}
-	if strings.Contains(line, "\n") {
-		t.Errorf("String() is more than one line: %q", line)
-	}
+	assert.NotContains(t, line, "\n", "String() is more than one line: %q", line)
 	if lv, _ := r.Levels(ctx, "ghost"); lv.Available != 5 || lv.Held != 1 {
 		t.Fatalf("a pass changed an item the store does not know: %+v", lv)
 	}
@@ -914,9 +899,8 @@ func TestRelayOnceFailingItem(t *testing.T) {
 			t.Errorf("%s: %d pending, want %d", s, p, want)
 		}
 	}
-	if n, _ := db.Remaining(ctx, "c"); n != 10 {
-		t.Errorf("c (not in RelayOptions.Items) reached the store: remaining %d", n)
-	}
+	n, _ := db.Remaining(ctx, "c")
+	assert.EqualValues(t, 10, n, "c (not in RelayOptions.Items) reached the store: remaining %d", n)
 }
 
 // newRelay and newReconciler are stockops.NewRelay and NewReconciler, which must succeed.

@@ -143,9 +143,7 @@ func FuzzValidation(f *testing.F) {
 				}
 				seen[k] = true
 			}
-			if len(seen) != len(keys) {
-				t.Fatalf("prefix %#v sku %#v: %d distinct keys of %d suffixes: %q", p, sku, len(seen), len(keys), keys)
-			}
+			require.Len(t, seen, len(keys), "prefix %#v sku %#v: %d distinct keys of %d suffixes: %q", p, sku, len(seen), len(keys), keys)
 		}
 	})
 }
@@ -258,9 +256,7 @@ func FuzzParseEntry(f *testing.F) {
 		if e.Qty < 0 || e.Before < 0 || e.After < 0 || e.At.UnixMilli() < 0 || (!e.Deadline.IsZero() && e.Deadline.UnixMilli() < 0) {
 			t.Fatalf("parseEntry(%q) = %+v: a negative number", s, e)
 		}
-		if strings.Contains(e.User, "|") {
-			t.Fatalf("parseEntry(%q): user %q holds a separator", s, e.User)
-		}
+		require.NotContains(t, e.User, "|", "parseEntry(%q): user %q holds a separator", s, e.User)
 		enc := fzEncodeEntry(t, e)
 		e2, err := parseEntry("sku", "id", enc)
 		require.NoError(t, err, "parseEntry(%q) = %+v, re-encoded as %q, which does not parse", s, e, enc)
@@ -651,9 +647,7 @@ func FuzzCartLines(f *testing.F) {
 			return
 		}
 		require.NoError(t, err, "sumLines(%#v) = %v, want the lines summed", c, err)
-		if len(got) != len(sums) {
-			t.Fatalf("sumLines(%#v) = %v: %d lines, want %d items", c, got, len(got), len(sums))
-		}
+		require.Len(t, got, len(sums), "sumLines(%#v) = %v: %d lines, want %d items", c, got, len(got), len(sums))
 		for i, l := range got {
 			if i > 0 && got[i-1].SKU >= l.SKU {
 				t.Fatalf("sumLines(%#v) = %v: not strictly in SKU order at %d", c, got, i)

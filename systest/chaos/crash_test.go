@@ -495,9 +495,8 @@ func (k *crashChildren) end(ch *crashChild) {
 	t := k.t
 	killed := ch.kill()
 	delete(k.running, ch)
-	if out := ch.output(); strings.Contains(out, "WARNING: DATA RACE") {
-		t.Errorf("data race in a relay child:\n%s", out)
-	}
+	out := ch.output()
+	assert.NotContains(t, out, "WARNING: DATA RACE", "data race in a relay child:\n%s", out)
 	ch.mu.Lock()
 	k.calls += ch.calls
 	k.redelivered += ch.redelivered

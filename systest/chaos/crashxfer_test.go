@@ -168,9 +168,8 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 			require.False(t, dup, "%s acknowledged by two children", id)
 			acks[id] = a
 		}
-		if msg := ch.failure(); msg != "" {
-			t.Fatalf("buyer child failed:\n%s", msg)
-		}
+		msg := ch.failure()
+		require.EqualValues(t, "", msg, "buyer child failed:\n%s", msg)
 		if !killed {
 			t.Fatalf("buyer child ended by itself (%v):\n%s", ch.cmd.ProcessState, ch.tail())
 		}

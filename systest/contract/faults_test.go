@@ -374,15 +374,13 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		}
 		return string(out), code
 	}
-	if out, code := run("load", "cli", "10"); code != 0 {
-		t.Fatalf("load: %d %s", code, out)
-	}
+	out, code := run("load", "cli", "10")
+	require.EqualValues(t, 0, code, "load: %d %s", code, out)
 	for i := 0; i < 3; i++ {
 		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})))
 	}
-	if out, code := run("relay-once"); code != 0 {
-		t.Fatalf("relay-once: %d %s", code, out)
-	}
+	out, code = run("relay-once")
+	require.EqualValues(t, 0, code, "relay-once: %d %s", code, out)
 	for i := 3; i < 5; i++ { // acknowledged, never delivered
 		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})))
 	}
@@ -404,7 +402,7 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		// saw the old run id a moment ago.
 		t.Errorf("a guard that saw the primary before its restart without persistence is not fenced after it")
 	}
-	out, code := run("reconcile")
+	out, code = run("reconcile")
 	t.Logf("reconcile (report): exit %d\n%s", code, out)
 	assert.EqualValues(t, 3, code, "report-only reconcile after a lost registry: exit %d, want 3", code)
 	out, code = run("reconcile", "-apply")

@@ -217,9 +217,8 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				require.NoError(t, e.r.Load(e.ctx, "a", 10))
 				require.NoError(t, e.store.Load(e.ctx, "a", 1))
 				e.run("deduct a d1 2; advance 23h")
-				if st := e.relay(); st.Refused != 1 {
-					t.Fatalf("relay stats %+v, want one refusal", st)
-				}
+				st := e.relay()
+				require.EqualValues(t, 1, st.Refused, "relay stats %+v, want one refusal", st)
 			},
 			steps:   "relay; advance 20h",
 			opts:    &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -254,9 +255,8 @@ type aiAck struct {
 func aiCheckOnce(t *testing.T, store *memstore.Store, acks []aiAck) {
 	t.Helper()
 	for _, a := range acks {
-		if n := store.Applications(a.sku, a.id, a.typ); n != 1 {
-			t.Errorf("%s %s %s applied %d times, want 1", a.sku, a.id, a.typ, n)
-		}
+		n := store.Applications(a.sku, a.id, a.typ)
+		assert.EqualValues(t, 1, n, "%s %s %s applied %d times, want 1", a.sku, a.id, a.typ, n)
 	}
 	if m := store.MaxApplications(); m > 1 {
 		t.Errorf("some event applied %d times", m)
@@ -473,9 +473,8 @@ func TestHintKeysExist(t *testing.T) {
 	if d, h := aiHintCount(t, e.c, "shop", "due"), aiHintCount(t, e.c, "shop", "holdsdue"); d == 0 || h == 0 {
 		t.Fatalf("hints after a deduct and a hold: due %d, holdsdue %d; want both > 0", d, h)
 	}
-	if d := aiHintCount(t, e.c, "stock", "due"); d != 0 {
-		t.Errorf("a Reserver with prefix shop wrote %d hints under stock:", d)
-	}
+	d := aiHintCount(t, e.c, "stock", "due")
+	assert.EqualValues(t, 0, d, "a Reserver with prefix shop wrote %d hints under stock:", d)
 }
 
 // aiHeld returns the units held on each sku.
@@ -906,9 +905,8 @@ func TestCancelRefusePrompt(t *testing.T) {
 	aiCheckOnce(t, e.store, acks)
 	// memstore's Applications does not count a refusal's give-back: the remaining stock shows it.
 	for _, s := range p[8:] {
-		if rem, _ := e.store.Remaining(ctx, s); rem != 100 {
-			t.Errorf("%s: store %d after deduct + refusal, want 100", s, rem)
-		}
+		rem, _ := e.store.Remaining(ctx, s)
+		assert.EqualValues(t, 100, rem, "%s: store %d after deduct + refusal, want 100", s, rem)
 	}
 }
 
@@ -949,9 +947,8 @@ func TestPublisherOnly(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, a := range acks {
-		if c := got[a.sku+"/"+a.id+"/"+string(a.typ)]; c != 1 {
-			t.Errorf("%s %s published %d times", a.sku, a.id, c)
-		}
+		c := got[a.sku+"/"+a.id+"/"+string(a.typ)]
+		assert.EqualValues(t, 1, c, "%s %s published %d times", a.sku, a.id, c)
 	}
 	if took > aiPrompt {
 		t.Errorf("published only after %v (want < %v)", took, aiPrompt)
@@ -979,17 +976,13 @@ func TestOnceAndSweepVisitAll(t *testing.T) {
 	e.advance(2 * time.Minute)
 	released, err := stockops.Sweep(ctx, e.r)
 	require.NoError(t, err)
-	if released != 40 {
-		t.Errorf("Sweep released %d units, want 40", released)
-	}
+	assert.EqualValues(t, 40, released, "Sweep released %d units, want 40", released)
 	rl, err := stockops.NewRelay(e.r, e.store, nil, nil)
 	require.NoError(t, err)
 	st, err := rl.Once(ctx)
 	require.NoError(t, err)
 	// 20 deducts, 20 held and 20 expired events.
-	if st.Delivered != 60 {
-		t.Errorf("Once delivered %d, want 60 (%+v)", st.Delivered, st)
-	}
+	assert.EqualValues(t, 60, st.Delivered, "Once delivered %d, want 60 (%+v)", st.Delivered, st)
 	for _, s := range p {
 		if ok, why := aiSettled(ctx, e.r, e.store, s); !ok {
 			t.Errorf("after Sweep and Once: %s", why)
@@ -1017,13 +1010,10 @@ func TestTwoPrefixes(t *testing.T) {
 	aiCheckOnce(t, e.store, acksA)
 	aiCheckOnce(t, storeB, acksB)
 	for _, a := range acksA {
-		if storeB.Applications(a.sku, a.id, a.typ) != 0 {
-			t.Errorf("pa's %s %s reached pb's store", a.sku, a.id)
-		}
+		assert.EqualValues(t, 0, storeB.Applications(a.sku, a.id, a.typ), "pa's %s %s reached pb's store", a.sku, a.id)
 	}
-	if rem, _ := storeB.Remaining(ctx, p[0]); rem != 100 {
-		t.Errorf("pb's store has %d of %s, want 100", rem, p[0])
-	}
+	rem, _ := storeB.Remaining(ctx, p[0])
+	assert.EqualValues(t, 100, rem, "pb's store has %d of %s, want 100", rem, p[0])
 }
 
 // TestRestockBeforeStoreRow: a restock of an item the Store has no row for is retried
@@ -1039,14 +1029,12 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}})
 	require.NoError(t, testkit.Err(e.r.Restock(ctx, late, "rs", 5)))
 	time.Sleep(1500 * time.Millisecond)
-	if p, _, _ := stockops.Pending(ctx, e.r, late); p != 1 {
-		t.Fatalf("restock of an item the store lacks: pending %d, want 1", p)
-	}
+	p, _, _ := stockops.Pending(ctx, e.r, late)
+	require.EqualValues(t, 1, p, "restock of an item the store lacks: pending %d, want 1", p)
 	require.NoError(t, e.store.Load(ctx, late, 10))
 	aiSettles(t, e.r, e.store, []string{late}, 25*time.Second, 300*time.Millisecond+aiPrompt, "after the store row appeared (backoff ≤ 300ms)")
-	if n := e.store.Applications(late, "rs", stock.EventRestocked); n != 1 {
-		t.Errorf("restock applied %d times", n)
-	}
+	n := e.store.Applications(late, "rs", stock.EventRestocked)
+	assert.EqualValues(t, 1, n, "restock applied %d times", n)
 }
 
 // TestRealBackends (STOCK_REDIS_SERVER): on redis-server standalone and Cluster, with
@@ -1333,12 +1321,10 @@ func TestRunRelayItems(t *testing.T) {
 	aiSettles(t, e.r, e.store, p[:5], 20*time.Second, aiPrompt, "listed items")
 	time.Sleep(2 * time.Second)
 	for _, a := range acks[5:] {
-		if n := e.store.Applications(a.sku, a.id, a.typ); n != 0 {
-			t.Errorf("%s is not in RelayOptions.Items, yet its event was applied %d times", a.sku, n)
-		}
-		if pend, _, _ := stockops.Pending(context.Background(), e.r, a.sku); pend != 1 {
-			t.Errorf("%s: pending %d, want 1 (not relayed)", a.sku, pend)
-		}
+		n := e.store.Applications(a.sku, a.id, a.typ)
+		assert.EqualValues(t, 0, n, "%s is not in RelayOptions.Items, yet its event was applied %d times", a.sku, n)
+		pend, _, _ := stockops.Pending(context.Background(), e.r, a.sku)
+		assert.EqualValues(t, 1, pend, "%s: pending %d, want 1 (not relayed)", a.sku, pend)
 	}
 	aiCheckOnce(t, e.store, acks[:5])
 }
@@ -1440,9 +1426,8 @@ func TestFrozenClock(t *testing.T) {
 	fail = map[string]bool{}
 	mu.Unlock()
 	for _, s := range p[2:] {
-		if pend, _, _ := stockops.Pending(ctx, e.r, s); pend != 1 {
-			t.Fatalf("%s: pending %d before the backoff ran out, want 1", s, pend)
-		}
+		pend, _, _ := stockops.Pending(ctx, e.r, s)
+		require.EqualValues(t, 1, pend, "%s: pending %d before the backoff ran out, want 1", s, pend)
 	}
 	e.advance(2 * time.Second)
 	aiSettles(t, e.r, e.store, p[2:], 25*time.Second, aiPrompt, "retried after Advance passed the backoff")

@@ -94,9 +94,8 @@ func TestModelConcurrency(t *testing.T) {
 					}
 					return err
 				})
-				if n := firsts(t, op, rcs, errs); n != 1 {
-					t.Fatalf("%s: %d copies not replayed, want 1", op, n)
-				}
+				n := firsts(t, op, rcs, errs)
+				require.EqualValues(t, 1, n, "%s: %d copies not replayed, want 1", op, n)
 				for i, rc := range rcs {
 					if rc.Remaining != rcs[0].Remaining || rc.Qty != 1 {
 						t.Fatalf("%s copy %d: %+v, copy 0: %+v", op, i, rc, rcs[0])
@@ -110,9 +109,8 @@ func TestModelConcurrency(t *testing.T) {
 				rcs[i], err = r(i).Restore(ctx, "s", "same-deduct")
 				return err
 			})
-			if n := firsts(t, "restore", rcs, errs); n != 1 {
-				t.Fatalf("restore: %d copies not replayed, want 1", n)
-			}
+			n := firsts(t, "restore", rcs, errs)
+			require.EqualValues(t, 1, n, "restore: %d copies not replayed, want 1", n)
 			wantLevels(t, rs[0], "s", stock.Levels{Available: 2, Held: 1, Loaded: 3})
 		})
 
@@ -148,9 +146,7 @@ func TestModelConcurrency(t *testing.T) {
 				_, err := r(i).Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, time.Hour)
 				return err
 			}))
-			if len(ok) != S {
-				t.Fatalf("%d holds acknowledged over %d units", len(ok), S)
-			}
+			require.Len(t, ok, S, "%d holds acknowledged over %d units", len(ok), S)
 			wantLevels(t, rs[0], "h", stock.Levels{Held: S, Loaded: S})
 			// Each held id gets four concurrent calls: two confirms and two cancels. Per id,
 			// either the confirms won (both confirms OK, cancels ErrConfirmed) or a cancel
@@ -193,9 +189,7 @@ func TestModelConcurrency(t *testing.T) {
 				_, err := r(i).Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("xd", i), Qty: 1})
 				return err
 			}))
-			if len(ok) != H {
-				t.Fatalf("%d deducts acknowledged; %d units came back from expired holds", len(ok), H)
-			}
+			require.Len(t, ok, H, "%d deducts acknowledged; %d units came back from expired holds", len(ok), H)
 			wantLevels(t, rs[0], "x", stock.Levels{Sold: H, Loaded: H})
 			for i := range H {
 				wantEntry(t, rs[1], "x", fmt.Sprint("xh", i), stock.KindHold, stock.StateExpired)
@@ -261,9 +255,7 @@ func TestModelConcurrency(t *testing.T) {
 					t.Fatalf("cart %d: %v, want a *CartError", i, err)
 				}
 			}
-			if len(ok) != B {
-				t.Fatalf("%d carts acknowledged, want %d (the short item's stock)", len(ok), B)
-			}
+			require.Len(t, ok, B, "%d carts acknowledged, want %d (the short item's stock)", len(ok), B)
 			wantLevels(t, rs[0], "ca", stock.Levels{Available: A - B, Sold: B, Loaded: A})
 			wantLevels(t, rs[0], "cb", stock.Levels{Sold: B, Loaded: B})
 		})
@@ -275,9 +267,7 @@ func TestModelConcurrency(t *testing.T) {
 				_, err := r(i).HoldMany(ctx, cartOf("hc", i, "ha", "hb"), time.Hour)
 				return err
 			}))
-			if len(ok) != B {
-				t.Fatalf("%d held carts acknowledged, want %d", len(ok), B)
-			}
+			require.Len(t, ok, B, "%d held carts acknowledged, want %d", len(ok), B)
 			wantLevels(t, rs[0], "hb", stock.Levels{Held: B, Loaded: B})
 			// Per cart, 5 ConfirmMany and 2 CancelMany at once: the cart ends confirmed
 			// whole or given back whole, and a ConfirmMany that answered nil saw it confirmed.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
@@ -619,9 +620,7 @@ func TestPropertyLostItemAndEvent(t *testing.T) {
 			}
 			l, err := g.r.Levels(ctx, "A")
 			require.NoError(t, err, "pass %d: the item is still unreadable after the reconciler's rebuild (%v); report: %s", pass, err, rp)
-			if l.Available != 4 {
-				t.Errorf("available %d, want 4 (the store's 5 minus the requeued deduct)", l.Available)
-			}
+			assert.EqualValues(t, 4, l.Available, "available %d, want 4 (the store's 5 minus the requeued deduct)", l.Available)
 		}
 		g.drain(t)
 		if _, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}); err != nil {
@@ -660,9 +659,7 @@ func TestPropertyOversoldReport(t *testing.T) {
 					t.Errorf("Redis has %d available + %d held, the store 2, and the report leaves nothing for a human: %s",
 						l.Available, l.Held, rp)
 				}
-				if strings.Contains(rp.NeedsHuman, "sold -") {
-					t.Errorf("negative count in %q: Redis is 1 unit over the store", rp.NeedsHuman)
-				}
+				assert.NotContains(t, rp.NeedsHuman, "sold -", "negative count in %q: Redis is 1 unit over the store", rp.NeedsHuman)
 			})
 		})
 	}
