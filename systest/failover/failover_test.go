@@ -24,6 +24,9 @@ import (
 	"github.com/stockres/stock/systest/internal/kit"
 )
 
+// TestMain starts and stops the real servers the tests ask for (redistest.Run).
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
+
 // foOp is one deduct a buyer got an answer for.
 type foOp struct {
 	sku, id  string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -21,6 +22,9 @@ import (
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
+
+// TestMain starts and stops the real servers the tests ask for (redistest.Run).
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
 // aiEnv is a Reserver on stocktest's miniredis whose clock is moved forward by a goroutine in
 // step with the wall clock (so leases and backoff run out as they would on a real server),
