@@ -16,6 +16,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -260,7 +261,7 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		mustCart(t)(r.HoldMany(ctx, hc, time.Minute))
 		must(t)(r.Cancel(ctx, "A", "h1"))
 		_, err := r.HoldMany(ctx, hc, time.Minute)
-		requireCartRefusal(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
+		testkit.CartRefused(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
 	})
 }
@@ -345,7 +346,7 @@ func TestCartRefusalSameForEveryCopy(t *testing.T) {
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
 		for i := range 2 {
 			_, err := r.DeductMany(ctx, cart)
-			requireCartRefusal(t, err, "B", stock.ErrInsufficient, "attempt %d", i)
+			testkit.CartRefused(t, err, "B", stock.ErrInsufficient, "attempt %d", i)
 		}
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "A"))
 	})

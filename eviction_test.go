@@ -17,6 +17,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -50,7 +51,7 @@ func dbsize(t *testing.T, c rueidis.Client) int64 {
 // maxmemory-policy (noeviction to begin with; see redistest.MiniredisConfig).
 func eachPolicyBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		if b.Real() {
 			f(t, b.Client(t))
 			return

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -391,7 +392,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		for _, req := range taken {
 			rc := must(t, "a repeat of a taken id is a replay, never sold out")(r.Deduct(ctx, req))
 			assert.True(t, rc.Replayed)
-			req.User = keyIn(req.ID+"-other", (bucketOf(req.User, n)+1)%n, n)
+			req.User = keyIn(req.ID+"-other", (testkit.HomeBucket(req.User, n)+1)%n, n)
 			mustFail(t, stock.ErrConflict, "a taken id used by a buyer of another bucket")(r.Deduct(ctx, req))
 			req.User = ""
 			mustFail(t, stock.ErrConflict, "a taken id used without its buyer")(r.Deduct(ctx, req))
@@ -483,7 +484,7 @@ func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver
 // not track: the fast path is off, the answers the same).
 func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int)) {
 	t.Helper()
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		tries := 1000
 		if !b.Real() {
 			tries = 50
@@ -550,7 +551,7 @@ func TestFastPathReplayOwnWrite(t *testing.T) {
 // TestFastPathReplayOwnWrite (this one rarely catches the stale answer: the repeat must come
 // before an invalidation that is usually already there).
 func TestFastPathConcurrentRepeats(t *testing.T) {
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := newReserver(t, b.Client(t))
 		const units, workers = 3, 16
 		rounds := 400

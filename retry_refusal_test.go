@@ -1024,7 +1024,7 @@ func retryEachEnv(t *testing.T, f func(t *testing.T, cfg retryConfig, env *retry
 // with realOnly, a miniredis backend runs none of them (its leaf passes empty).
 func retryEach[C any](t *testing.T, realOnly bool, cases []C, name func(C) string, f func(t *testing.T, b redistest.Backend, c C)) {
 	t.Helper()
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		if realOnly && !b.Real() {
 			return
 		}

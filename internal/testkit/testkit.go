@@ -5,6 +5,7 @@ package testkit
 
 import (
 	"context"
+	"hash/fnv"
 	"os"
 	"testing"
 
@@ -21,10 +22,17 @@ import (
 // redis-server and a real 3-master cluster, each on a clean database.
 func EachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
+	Backends(t, func(t *testing.T, b redistest.Backend) { f(t, b.Client(t)) })
+}
+
+// Backends is EachBackend with the backend itself, for a test that needs more than one client
+// of it (Pair), its name or whether it is a real server.
+func Backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+	t.Helper()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			f(t, b.Client(t))
+			f(t, b)
 		})
 	}
 }
@@ -149,4 +157,22 @@ func NewReconciler(t testing.TB, r *stock.Reserver, store stock.Store, o *stock.
 	rc, err := stockops.NewReconciler(r, store, o)
 	require.NoError(t, err)
 	return rc
+}
+
+// HomeBucket is the bucket of n that a split item sends a user (or, without a user, a request
+// id) to: FNV-1a of it, mod n (README "Routing"; restated so that a test can pick its keys).
+func HomeBucket(key string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}
+
+// CartRefused requires err to be a *stock.CartError naming the refusing item sku and wrapping
+// want.
+func CartRefused(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
+	t.Helper()
+	var ce *stock.CartError
+	require.ErrorAs(t, err, &ce, msgAndArgs...)
+	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
+	assert.ErrorIs(t, err, want, msgAndArgs...)
 }

@@ -108,18 +108,15 @@ func TestTransferKilledProcess(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the killed-transfer test needs a real redis-server that a child process can reach", redistest.EnvServer)
 	}
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if !b.Real() {
-				t.Skip("miniredis lives in this process: a child process cannot share it")
-			}
-			if b.Sentinel() != nil {
-				t.Skip("the child reaches Redis by address (a standalone server or cluster nodes), not through sentinels")
-			}
-			killedTransfers(t, b)
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		if !b.Real() {
+			t.Skip("miniredis lives in this process: a child process cannot share it")
+		}
+		if b.Sentinel() != nil {
+			t.Skip("the child reaches Redis by address (a standalone server or cluster nodes), not through sentinels")
+		}
+		killedTransfers(t, b)
+	})
 }
 
 func killedTransfers(t *testing.T, b redistest.Backend) {

@@ -35,21 +35,12 @@ func takeCart(ctx context.Context, r *stock.Reserver, c stock.Cart, hold bool, t
 	return r.DeductMany(ctx, c)
 }
 
-// requireCartRefused requires err to be a *CartError naming sku and wrapping want.
-func requireCartRefused(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
-	t.Helper()
-	var ce *stock.CartError
-	require.ErrorAs(t, err, &ce, msgAndArgs...)
-	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
-	assert.ErrorIs(t, err, want, msgAndArgs...)
-}
-
 // sagaAndGrouped runs f on every backend twice: with every item apart (a cart is a saga;
 // subtest grouped=false) and with every item in one group (one script per cart; grouped=true).
 func sagaAndGrouped(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				var opts []stock.Option
 				if grouped {
 					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
@@ -64,7 +55,7 @@ func sagaAndGrouped(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
 // ErrConflict and changes nothing" — across kinds (DeductMany then HoldMany) and users, with an
 // empty user on one side, and for a cart whose lines are given in another order or split.
 func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		loadEach(t, r, 10, "a", "b", "c")
 		cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
@@ -109,7 +100,7 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 // whatever is left and answers the *CartError" — here the undone cart is retried after the
 // short item was restocked: the retry must not take anything.
 func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		loadEach(t, r, 5, "a", "b")
 		loadEach(t, r, 0, "z")
@@ -126,7 +117,7 @@ func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
 
 		// An undone cart: z is sold out. Restock z, retry: still the refusal, nothing taken.
 		undone := stock.Cart{ID: "u1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "z", Qty: 1}}}
-		requireCartRefused(t, errFrom(r.DeductMany(ctx, undone)), "z", stock.ErrSoldOut)
+		testkit.CartRefused(t, errFrom(r.DeductMany(ctx, undone)), "z", stock.ErrSoldOut)
 		require.NoError(t, errFrom(r.Restock(ctx, "z", "rs1", 5)))
 		for range 3 {
 			_, err := r.DeductMany(ctx, undone)
@@ -157,7 +148,7 @@ func abReserver(t *testing.T, b redistest.Backend) (rueidis.Client, *stock.Reser
 // ErrUnknownOutcome) answers the same outcome and changes nothing. The first hold in SKU order
 // is live (extended) and the second expired, then the other order.
 func TestConfirmManyWholeOrNothing(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := abReserver(t, b)
 		nothingTaken := func(what string) {
 			la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
@@ -321,7 +312,7 @@ func TestCartConcurrentCopies(t *testing.T) {
 		{"mixed", mixed, func(round int) bool { return round%2 == 1 }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				var opts []stock.Option
 				if tc.group != nil {
 					opts = append(opts, stock.WithGroups(tc.group))
@@ -345,7 +336,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 		user  string
 		lines map[string]int64
 	}
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		loadEach(t, r, 1_000_000, skus...)
 		rng := rand.New(rand.NewPCG(12, 12))
@@ -397,7 +388,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 // item is sold out, makes that Reserver answer ErrRestored for the id, never ErrSoldOut.
 func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 1000))
 		require.NoError(t, r.Load(ctx, "z1", 0))
@@ -426,7 +417,7 @@ func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 // Promise (ConfirmMany doc): "a cart is confirmed whole or not at all" — with a CancelMany of
 // the same cart racing it, the cart ends all confirmed or all given back, never split.
 func TestConfirmManyRacingCancelMany(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		_, _, r1, r2 := pairReservers(t, b)
 		skus := []string{"ca", "cb", "cc", "cd"}
 		loadEach(t, r1, 1000, skus...)
@@ -468,7 +459,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 // Bad carts are ErrInvalid and change nothing: 101 lines, a zero or negative line, lines that
 // sum past MaxQty, an empty id.
 func TestCartBadInput(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 10))
 		var many []stock.Line
@@ -498,7 +489,7 @@ func TestCartBadInput(t *testing.T) {
 // are summed before any check, restores give the user's units back, and a replay of a taken
 // cart (after one of its lines was restored) takes nothing, the user's units included.
 func TestCartUserLimit(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1))
 		loadEach(t, r, 10, "a", "b")
 		_, err := r.DeductMany(ctx, stock.Cart{ID: "c0", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "a", Qty: 1}}})
@@ -525,7 +516,7 @@ func TestCartUserLimit(t *testing.T) {
 // cart whose holds expired, or were cancelled, answers ErrExpired / ErrRestored as a single
 // Hold's replay does, never that the cart is held.
 func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := abReserver(t, b)
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
 		require.NoError(t, errFrom(r.HoldMany(ctx, cart, 200*time.Millisecond)))
@@ -606,7 +597,7 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 // cart's entry answers Replayed"; when a line was restored since, the retry neither takes the
 // other lines again nor the restored one.
 func TestGroupedCartRetryAfterRestore(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
 		loadEach(t, r, 5, "a", "b")
 		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
@@ -655,7 +646,7 @@ func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 // line taken): 100-line carts, the last item short, many copies at once: every copy refused,
 // every line given back.
 func TestHundredLineCartCopies(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		var lines []stock.Line
 		for i := range 100 {
@@ -697,7 +688,7 @@ func TestHundredLineCartCopies(t *testing.T) {
 // RecoverCarts(-1s) while the callers retry: each cart has one outcome, the recoveries count
 // each undone cart once, and the stock matches.
 func TestRecoverCutSagas(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		if !b.Real() {
 			t.Skip("needs a real server: a deadline of microseconds cuts a miniredis saga only by chance")
 		}
@@ -791,39 +782,36 @@ func TestSagaCartErrNotReplicatedHalfTaken(t *testing.T) {
 // corrupt hash: whatever the error, if it is labelled ErrInvalid nothing may
 // have changed (the first item untouched, the cart id still usable).
 func TestErrInvalidCartChangedNothing(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c := b.Client(t)
-			r := must(stock.New(c, stock.WithCoalescing(0)))(t)
-			for _, sku := range []string{"ia", "ib"} {
-				require.NoError(t, r.Load(ctx, sku, 5))
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c := b.Client(t)
+		r := must(stock.New(c, stock.WithCoalescing(0)))(t)
+		for _, sku := range []string{"ia", "ib"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
+		}
+		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "garbage").Build()).Error())
+		before := faultKeys(t, c)
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
+		t.Logf("cart over a corrupt item: %v (outcome %s)", err, stock.Outcome(err))
+		_, derr := r.Deduct(ctx, req("ib", "single", "", 1))
+		t.Logf("deduct of the corrupt item: %v (outcome %s)", derr, stock.Outcome(derr))
+		if errors.Is(derr, stock.ErrInvalid) {
+			after := faultKeys(t, c)
+			for _, k := range []string{"stock:{ib}", "stock:{ib}:l", "stock:{ib}:o"} {
+				assert.Equal(t, before[k], after[k], "Deduct labelled ErrInvalid changed %s", k)
 			}
-			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "garbage").Build()).Error())
-			before := faultKeys(t, c)
-			_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
-			t.Logf("cart over a corrupt item: %v (outcome %s)", err, stock.Outcome(err))
-			_, derr := r.Deduct(ctx, req("ib", "single", "", 1))
-			t.Logf("deduct of the corrupt item: %v (outcome %s)", derr, stock.Outcome(derr))
-			if errors.Is(derr, stock.ErrInvalid) {
-				after := faultKeys(t, c)
-				for _, k := range []string{"stock:{ib}", "stock:{ib}:l", "stock:{ib}:o"} {
-					assert.Equal(t, before[k], after[k], "Deduct labelled ErrInvalid changed %s", k)
-				}
+		}
+		if errors.Is(err, stock.ErrInvalid) {
+			lv, _ := r.Levels(ctx, "ia")
+			_, lerr := r.Ledger(ctx, "ia", "cart")
+			if lv.Available != 5 || !errors.Is(lerr, stock.ErrUnknownID) {
+				t.Errorf("a cart answered ErrInvalid (\"nothing was changed\") left ia at %d with a ledger entry (%v)", lv.Available, lerr)
 			}
-			if errors.Is(err, stock.ErrInvalid) {
-				lv, _ := r.Levels(ctx, "ia")
-				_, lerr := r.Ledger(ctx, "ia", "cart")
-				if lv.Available != 5 || !errors.Is(lerr, stock.ErrUnknownID) {
-					t.Errorf("a cart answered ErrInvalid (\"nothing was changed\") left ia at %d with a ledger entry (%v)", lv.Available, lerr)
-				}
-				// fix the item: the same cart id must now be takeable if nothing was changed
-				require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "5").Build()).Error())
-				_, err2 := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
-				assert.NoError(t, err2, "the cart id was burnt by a call answered ErrInvalid: retry after the repair")
-			}
-		})
-	}
+			// fix the item: the same cart id must now be takeable if nothing was changed
+			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "5").Build()).Error())
+			_, err2 := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
+			assert.NoError(t, err2, "the cart id was burnt by a call answered ErrInvalid: retry after the repair")
+		}
+	})
 }
 
 // boughtCart is a cart sent and the answer it got.
@@ -913,61 +901,58 @@ func TestCartRecoveryRacesLiveCarts(t *testing.T) {
 // or none; "a late retry of such a cart returns ErrRestored".
 func TestRecoverCutCarts(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c1, _, r1, r2 := pairReservers(t, b)
-			skus, lines, errs := cutCarts(t, r1, "cut")
-			carts := len(errs)
-			// Two Runs (no Store: sweeping and cart recovery only) and two direct calls.
-			opts := stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond}
-			cancel1, done1 := runAsync(r1, opts)
-			cancel2, done2 := runAsync(r2, opts)
-			redistest.Sleep(c1, 150*time.Millisecond)
-			if b.Name == "miniredis" {
-				time.Sleep(150 * time.Millisecond) // redistest.Sleep moves only miniredis's clock
-			}
-			var wg sync.WaitGroup
-			var undone atomic.Int64
-			for _, r := range []*stock.Reserver{r1, r2} {
-				wg.Go(func() {
-					n := must(stockops.RecoverCarts(ctx, r, 100*time.Millisecond))(t)
-					undone.Add(int64(n))
-				})
-			}
-			wg.Wait()
-			time.Sleep(time.Second) // undoing carts on miniredis's Lua takes a while
-			cancel1()
-			cancel2()
-			t.Logf("Runs returned: %v / %v", <-done1, <-done2)
-			var cut int
-			for i := range carts {
-				id := fmt.Sprint("cart", i)
-				taken := 0
-				for _, s := range skus {
-					e, err := r1.Ledger(ctx, s, id)
-					if err == nil && e.Taken() {
-						taken++
-					}
-				}
-				assert.True(t, taken == 0 || taken == len(skus), "cart %s (first answer %v): %d of %d lines taken", id, errs[i], taken, len(skus))
-				if errs[i] != nil {
-					cut++
-					_, again := r1.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: lines})
-					if taken == 0 && again != nil {
-						assert.ErrorIs(t, again, stock.ErrRestored, "cart %s", id)
-					}
-					if taken == len(skus) {
-						assert.NoError(t, again, "cart %s was taken: a retry answers its receipts", id)
-					}
-				}
-			}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c1, _, r1, r2 := pairReservers(t, b)
+		skus, lines, errs := cutCarts(t, r1, "cut")
+		carts := len(errs)
+		// Two Runs (no Store: sweeping and cart recovery only) and two direct calls.
+		opts := stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond}
+		cancel1, done1 := runAsync(r1, opts)
+		cancel2, done2 := runAsync(r2, opts)
+		redistest.Sleep(c1, 150*time.Millisecond)
+		if b.Name == "miniredis" {
+			time.Sleep(150 * time.Millisecond) // redistest.Sleep moves only miniredis's clock
+		}
+		var wg sync.WaitGroup
+		var undone atomic.Int64
+		for _, r := range []*stock.Reserver{r1, r2} {
+			wg.Go(func() {
+				n := must(stockops.RecoverCarts(ctx, r, 100*time.Millisecond))(t)
+				undone.Add(int64(n))
+			})
+		}
+		wg.Wait()
+		time.Sleep(time.Second) // undoing carts on miniredis's Lua takes a while
+		cancel1()
+		cancel2()
+		t.Logf("Runs returned: %v / %v", <-done1, <-done2)
+		var cut int
+		for i := range carts {
+			id := fmt.Sprint("cart", i)
+			taken := 0
 			for _, s := range skus {
-				testkit.CheckLedger(t, r1, s, 1000)
+				e, err := r1.Ledger(ctx, s, id)
+				if err == nil && e.Taken() {
+					taken++
+				}
 			}
-			t.Logf("%d carts cut short; the direct RecoverCarts calls undid %d", cut, undone.Load())
-		})
-	}
+			assert.True(t, taken == 0 || taken == len(skus), "cart %s (first answer %v): %d of %d lines taken", id, errs[i], taken, len(skus))
+			if errs[i] != nil {
+				cut++
+				_, again := r1.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: lines})
+				if taken == 0 && again != nil {
+					assert.ErrorIs(t, again, stock.ErrRestored, "cart %s", id)
+				}
+				if taken == len(skus) {
+					assert.NoError(t, again, "cart %s was taken: a retry answers its receipts", id)
+				}
+			}
+		}
+		for _, s := range skus {
+			testkit.CheckLedger(t, r1, s, 1000)
+		}
+		t.Logf("%d carts cut short; the direct RecoverCarts calls undid %d", cut, undone.Load())
+	})
 }
 
 // cutCarts loads 30 items (prefix:0 to prefix:29) with 1000 units each and sends 40 carts
@@ -1625,7 +1610,7 @@ func TestCartRefusedGivesBack(t *testing.T) {
 			{SKU: "gb-a", Qty: 5}, {SKU: "gb-b", Qty: 8}, {SKU: "plain-zz", Qty: 2},
 		}}
 		for attempt := range 3 {
-			requireCartRefused(t, errFrom(e.r.DeductMany(ctx, cart)), "plain-zz", stock.ErrInsufficient, "attempt %d", attempt)
+			testkit.CartRefused(t, errFrom(e.r.DeductMany(ctx, cart)), "plain-zz", stock.ErrInsufficient, "attempt %d", attempt)
 			for sku, b := range before {
 				assert.Equal(t, b, levels(t, e.r, sku), "attempt %d: %s back to before", attempt, sku)
 				assert.Equal(t, int64(0), cartTaken(t, e.r, sku, cart.ID), "%s", sku)
@@ -1690,7 +1675,7 @@ func TestCartWholeItemPlusOneRefused(t *testing.T) {
 		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "p1", User: "w", Lines: []stock.Line{
 			{SKU: "p1-a", Qty: 10}, {SKU: "p1-b", Qty: 11},
 		}})
-		requireCartRefused(t, err, "p1-b", stock.ErrInsufficient)
+		testkit.CartRefused(t, err, "p1-b", stock.ErrInsufficient)
 		assert.Equal(t, before, levels(t, e.r, "p1-a"))
 		assert.Equal(t, before, levels(t, e.r, "p1-b"))
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "p2", User: "other", Lines: []stock.Line{
@@ -2406,7 +2391,7 @@ func TestCartClosedAndSummedLimit(t *testing.T) {
 		require.NoError(t, e.r.Load(ctx, "cl-z", 10))
 		require.NoError(t, e.r.CloseItem(ctx, "cl-z"))
 		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "cl-1", User: "u", Lines: []stock.Line{{SKU: "cl-a", Qty: 2}, {SKU: "cl-z", Qty: 1}}})
-		requireCartRefused(t, err, "cl-z", stock.ErrClosed)
+		testkit.CartRefused(t, err, "cl-z", stock.ErrClosed)
 		assert.Equal(t, int64(10), levels(t, e.r, "cl-a").Available)
 		// The give-back freed the buyer's limit.
 		require.NoError(t, errFrom(e.r.Deduct(ctx, req("cl-a", "cl-2", "u", 2))))

@@ -238,29 +238,26 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 // recorded) fences until a complete repairing pass: nothing tells which writes a restart lost.
 // (A test found the doc saying it records the epoch; the doc now says what the code does.)
 func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r := testkit.NewReserver(t, c)
-			require.NoError(t, r.Load(ctx, "g1", 5))
-			// Loaded by a version that recorded no epoch (Load now records one on a Redis that
-			// has none and no item yet): a live deployment, not a fresh one.
-			require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
-			g := stockops.NewFailoverGuard(r)
-			fenced, err := g.Check(ctx)
-			if err != nil {
-				require.False(t, b.Real(), "guard check on a real Redis: %v", err)
-				t.Skipf("guard unusable on this backend: %v", err)
-			}
-			require.True(t, fenced, "a guard added to a live deployment with no epoch is not fenced")
-			require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1})), stock.ErrFailover, "deduct while fenced")
-			rec := newReconciler(t, r, memstore.New(), nil)
-			_, _ = rec.Once(ctx) // the store does not know g1: the pass still records the primaries
-			wantFenced(t, g, false, "after a complete pass")
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := testkit.NewReserver(t, c)
+		require.NoError(t, r.Load(ctx, "g1", 5))
+		// Loaded by a version that recorded no epoch (Load now records one on a Redis that
+		// has none and no item yet): a live deployment, not a fresh one.
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
+		g := stockops.NewFailoverGuard(r)
+		fenced, err := g.Check(ctx)
+		if err != nil {
+			require.False(t, b.Real(), "guard check on a real Redis: %v", err)
+			t.Skipf("guard unusable on this backend: %v", err)
+		}
+		require.True(t, fenced, "a guard added to a live deployment with no epoch is not fenced")
+		require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1})), stock.ErrFailover, "deduct while fenced")
+		rec := newReconciler(t, r, memstore.New(), nil)
+		_, _ = rec.Once(ctx) // the store does not know g1: the pass still records the primaries
+		wantFenced(t, g, false, "after a complete pass")
+	})
 }
 
 // A stopped redis-server, or one busy for 2 s (DEBUG SLEEP), and a context with no deadline:

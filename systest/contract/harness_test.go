@@ -104,17 +104,6 @@ func eventuallyRemaining(t *testing.T, store *memstore.Store, d time.Duration, w
 	}, d, 20*time.Millisecond, "the store reaches %d remaining of %v", want, skus)
 }
 
-// backends runs f on every backend with the backend handle (for Pair).
-func backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, b)
-		})
-	}
-}
-
 // check asserts loaded = available + held + sold, available >= 0, and that the ledger
 // explains sold, held and loaded (initial + restocks).
 func check(t *testing.T, r *stock.Reserver, sku string, initial int64) stock.Levels {

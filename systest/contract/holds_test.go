@@ -42,7 +42,7 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 // reverse order before anything else touched the item.
 func TestManyHoldsDueAnswers(t *testing.T) {
 	const n = 600
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", User: "u", Qty: 1}, numbered("h", n), 500*time.Millisecond)
@@ -78,7 +78,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 // is not refused for want of stock that only expired holds keep; a Hold of every unit likewise.
 func TestDeductAfterManyHoldsDue(t *testing.T) {
 	const n = 600
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 500*time.Millisecond)
@@ -159,7 +159,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 // Promise: around the deadline on real servers, Confirm racing Sweep, Extend, Cancel and a
 // replay of the Hold: the answers agree with each other and with the ledger.
 func TestHoldDeadlineRaces(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "d", 1000))
 		confirmed, expired := 0, 0
@@ -206,7 +206,7 @@ func TestHoldDeadlineRaces(t *testing.T) {
 // Promise (Extend doc): "ErrExpired past the deadline"; its units went back; afterwards every
 // call on the id agrees. Reservers sharing one Redis (caching clients) answer the same.
 func TestExtendExpiredAcrossReservers(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "e", 3))
 		require.NoError(t, errFrom(r1.Hold(ctx, req("e", "h", "u", 3), 200*time.Millisecond)))
@@ -228,7 +228,7 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 
 // Bad hold durations are ErrInvalid and change nothing.
 func TestHoldTTLBounds(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 3))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond, 500 * time.Microsecond} {
@@ -247,7 +247,7 @@ func TestHoldTTLBounds(t *testing.T) {
 func TestCancelOfDueHoldIsReplay(t *testing.T) {
 	for _, n := range []int{1, 64, 65, 200} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				c, r := clientReserver(t, b)
 				require.NoError(t, r.Load(ctx, "h", int64(n)))
 				holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 300*time.Millisecond)
@@ -266,7 +266,7 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 // Restore of it gives back nothing more (its units went back at the deadline) and the entry
 // ends expired; the item's counters stay right.
 func TestRestoreOfDueHold(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "r", 5))
 		require.NoError(t, errFrom(r.Hold(ctx, req("r", "h", "u", 2), 200*time.Millisecond)))
@@ -291,7 +291,7 @@ func TestRestoreOfDueHold(t *testing.T) {
 // returns the units released" — all of them, with 600 due; SweepAll likewise over items; live
 // holds stay.
 func TestSweepManyDue(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		const ttl = 2 * time.Second
 		start := time.Now()
@@ -327,7 +327,7 @@ func TestSweepManyDue(t *testing.T) {
 // holds due, is not refused with ErrUserLimit. Found with TestDeductAfterManyHoldsDue's
 // cause: only 64 due holds are released per call, the user's is not among them.
 func TestUserLimitAfterManyHoldsDue(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "h", 1000))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", 200), 300*time.Millisecond, numbered("user", 200)...)

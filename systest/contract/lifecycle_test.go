@@ -57,7 +57,7 @@ func reports(t *testing.T, rec *stockops.Reconciler) map[string]stockops.Report 
 // live hold, delisted with events pending, delisted with a name that prefixes others, delisted
 // and retired then loaded again (the next pass must not retire the new item).
 func TestRetireOnlyDelisted(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		store := memstore.New()
 		skus := []string{"closed", "reopened", "held", "pending", "x", "x:u", "gone"}
@@ -124,7 +124,7 @@ func TestRetireOnlyDelisted(t *testing.T) {
 // after, the item is gone as a whole: a large ledger (1,500 entries) retired, then loaded again
 // at once, must not lose the new item's entries to a later step of the old retirement.
 func TestRetireLargeLedgerThenReload(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		store := memstore.New()
 		const n = 1500
@@ -173,7 +173,7 @@ func TestRetireGroupedItem(t *testing.T) {
 		}
 		return "g"
 	}
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b, stock.WithGroups(group))
 		store := memstore.New()
 		skus := []string{"g", "tee", "tee:l", "tee:u", "cap"}
@@ -208,7 +208,7 @@ func TestRetireGroupedItem(t *testing.T) {
 // dead-lettered event (the Store rejected it as invalid) is not retired, so the operator's
 // dead letter is not deleted with it.
 func TestNoRetireWithDeadLetters(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		store := memstore.New()
 		loadBoth(t, r, store, "dlq", 5)
@@ -240,7 +240,7 @@ func TestNoRetireWithDeadLetters(t *testing.T) {
 // item exists"): after Delist, Load is ErrLoaded; a Restock either is refused and changes nothing
 // or is ledgered and delivered before the item retires; the store and Redis agree at the end.
 func TestRestockAfterDelist(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		store := memstore.New()
 		loadBoth(t, r, store, "rd", 5)

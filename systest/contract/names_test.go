@@ -30,7 +30,7 @@ var names = []string{
 // are not an item's": an operation on one item never changes another, whatever the names, and
 // Items lists exactly the loaded items.
 func TestKeyNamesDoNotCollide(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -112,7 +112,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		return "x:" + sku
 	}
 	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -160,7 +160,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 // Promise (WithPrefix and the Keys section): two Reservers with prefixes "a" and "a:b" (and
 // "a:items", "a:carts") on one Redis never touch each other's items, registry or cart log.
 func TestPrefixesDoNotCollide(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c := b.Client(t)
 		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
 		rs := map[string]*stock.Reserver{}

@@ -140,7 +140,7 @@ func TestRebuildAfterItemHashLost(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				c := b.Client(t)
 				r := testkit.NewReserver(t, c)
@@ -228,7 +228,7 @@ func TestQueuePassWhileConsumerDown(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				r := testkit.NewReserver(t, b.Client(t), append([]stock.Option{stock.WithCoalescing(0)}, tc.opts...)...)
 				st := &dieAfterCommit{Store: memstore.New()}
@@ -293,7 +293,7 @@ func TestQueuePassWhileConsumerDown(t *testing.T) {
 // Broken promise under test: reconcile interleaved with a consumer that applies
 // part of the queue (a consumer behind) never adjusts stock, at every step.
 func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(0))
 		st := memstore.New()
@@ -364,7 +364,7 @@ func TestQueueReconcileInterleavedWithSlowConsumer(t *testing.T) {
 // Store; the consumer's late events do not make the store refuse sales.
 func TestFlushallWithQueueBacklogRebuildOversells(t *testing.T) {
 	t.Skip("open, documented in the README's non-guarantees: a rebuild after Redis lost its data cannot see sales still in the queue")
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		ctx := context.Background()
 		c := b.Client(t)
 		r, st := withStore(t, c, 4, []string{"fl"}, stock.WithCoalescing(0))

@@ -148,7 +148,7 @@ func TestRunDeliversEverySale(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				c1, c2 := b.Pair(t)
 				rs := []*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}[:tc.runs]

@@ -30,7 +30,7 @@ import (
 // on three items; afterwards every acknowledged answer agrees with the ledger, and the ledger
 // with the levels.
 func TestRandomOpsConcurrent(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, c2 := b.Pair(t)
 		// The subject is the count of acknowledged answers, not latency: under -race on a
 		// loaded 2-core machine, 200 goroutines queued on one in-process miniredis can wait
@@ -159,7 +159,7 @@ func TestRandomOpsConcurrent(t *testing.T) {
 // with two users and two quantities, coalesced into batches: exactly one first answer, every
 // other copy a replay of it or ErrConflict, and the stock moved once.
 func TestSameIDCoalesced(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithCoalescing(2))
 		require.NoError(t, r.Load(ctx, "co", 1000))
 		for round := range 10 {
@@ -208,7 +208,7 @@ func TestSameIDCoalesced(t *testing.T) {
 // Promise (Extend, Confirm, Cancel, Restore docs): the documented answer of each operation on
 // each kind of id, and nothing changes on a refusal.
 func TestAnswerTable(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 10))
 		require.NoError(t, errFrom(r.Deduct(ctx, req("t", "d", "", 1))))

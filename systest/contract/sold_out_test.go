@@ -27,7 +27,7 @@ import (
 // tombstoned, expired, cancelled), a large ledger, and a second Reserver whose cache is warm.
 func TestFastPathIDsBeforeSellOut(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		const n = 3000
 		require.NoError(t, r1.Load(ctx, "f", n+2))
@@ -61,7 +61,7 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 // Refuse. The other Reserver only reads and is refused (it takes nothing), so the unit is
 // there for the next deduct.
 func TestFastPathOwnWritesGiveBack(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "g", 0))
 		stop := make(chan struct{})
@@ -138,7 +138,7 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 // stock; no write happened when the deadline passed, so no invalidation is coming. A deduct on
 // the Reserver whose cache says sold out must still reach Redis and take the unit.
 func TestFastPathHoldDeadlinePassed(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b, stock.WithSoldOutCache(time.Hour))
 		require.NoError(t, r.Load(ctx, "p", 1))
 		require.NoError(t, errFrom(r.Hold(ctx, req("p", "h", "", 1), 200*time.Millisecond)))
@@ -157,7 +157,7 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 // time. A tombstoned id is always ErrRestored, a taken id always a replay, on the Reserver
 // that wrote them, and on a second Reserver sharing its client.
 func TestFastPathUnderChurn(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, c2 := b.Pair(t)
 		r1 := testkit.NewReserver(t, c1)
 		r1b := testkit.NewReserver(t, c1) // another Reserver on r1's client
@@ -231,7 +231,7 @@ func TestFastPathUnderChurn(t *testing.T) {
 // Promise (WithPrefix, fast path): two Reservers on one caching client, prefixes "a" and "a:b",
 // each with an item "x": one's sold-out state never answers for the other.
 func TestFastPathPerPrefix(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c := b.Client(t)
 		ra := testkit.NewReserver(t, c, stock.WithPrefix("a"))
 		rb := testkit.NewReserver(t, c, stock.WithPrefix("a:b"))
@@ -257,7 +257,7 @@ func TestFastPathPerPrefix(t *testing.T) {
 func TestFastPathLifecycle(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				c := b.Client(t)
 				var opts []stock.Option
 				if grouped {
@@ -305,7 +305,7 @@ func TestFastPathLifecycle(t *testing.T) {
 // fast path is warm (a refusal answered in-process records nothing), for Hold, and for a second
 // Reserver.
 func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		_, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "rt", 0))
 		for i := range 30 {

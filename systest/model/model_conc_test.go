@@ -21,14 +21,11 @@ const concN = 200
 // eachPair runs f in parallel on every backend with two Reservers on two clients of one empty
 // Redis, and a sleep that lets time pass for that Redis (on miniredis it moves its clock).
 func eachPair(t *testing.T, f func(t *testing.T, rs [2]*stock.Reserver, sleep func(time.Duration))) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c1, c2 := b.Pair(t)
-			rs := [2]*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}
-			f(t, rs, func(d time.Duration) { redistest.Sleep(c1, d) })
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c1, c2 := b.Pair(t)
+		rs := [2]*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}
+		f(t, rs, func(d time.Duration) { redistest.Sleep(c1, d) })
+	})
 }
 
 // soldOrNone checks that the deduct of each id prefix+i that succeeded is sold in the ledger and

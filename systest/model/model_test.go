@@ -1070,45 +1070,42 @@ func TestModel(t *testing.T) {
 	// The backends run in parallel (each its own server); rapid's flags are set once for all.
 	setFlag(t, "rapid.checks", strconv.Itoa(checks))
 	setFlag(t, "rapid.nofailfile", "true")
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			mb := newModelBackend(t, b)
-			start := time.Now()
-			var seqs, splitSeqs, splitAll, splitSteps, splitMaybe int
-			var retSeqs, passes, trims, repairs, resynced int
-			rapid.Check(t, func(rt *rapid.T) {
-				cfg := drawConfig(rt)
-				h := mb.harness(rt, cfg)
-				n := rapid.IntRange(1, steps).Draw(rt, "steps")
-				for range n {
-					h.run(h.draw(rt))
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		mb := newModelBackend(t, b)
+		start := time.Now()
+		var seqs, splitSeqs, splitAll, splitSteps, splitMaybe int
+		var retSeqs, passes, trims, repairs, resynced int
+		rapid.Check(t, func(rt *rapid.T) {
+			cfg := drawConfig(rt)
+			h := mb.harness(rt, cfg)
+			n := rapid.IntRange(1, steps).Draw(rt, "steps")
+			for range n {
+				h.run(h.draw(rt))
+			}
+			h.finish()
+			seqs++
+			if cfg.Buckets > 0 {
+				splitSeqs++
+				if len(cfg.Split) == len(modelSKUs) {
+					splitAll++
 				}
-				h.finish()
-				seqs++
-				if cfg.Buckets > 0 {
-					splitSeqs++
-					if len(cfg.Split) == len(modelSKUs) {
-						splitAll++
-					}
-				}
-				splitSteps += h.splitSteps
-				splitMaybe += h.splitMaybe
-				if h.rc != nil {
-					retSeqs++
-					passes += h.rc.passes
-					trims += h.rc.trims
-					repairs += h.rc.repairs
-					resynced += h.rc.resynced
-				}
-			})
-			t.Logf("%s: %d sequences of up to %d steps in %v", b.Name, checks, steps, time.Since(start).Round(time.Millisecond))
-			t.Logf("%s: WithBuckets: %d of %d sequences split items (%d every item); %d steps on split items; %d due holds of other buckets read back",
-				b.Name, splitSeqs, seqs, splitAll, splitSteps, splitMaybe)
-			t.Logf("%s: Retention: %d of %d sequences reconcile; %d passes trimmed %d entries, repaired %d drifts, resynced %d sales and holds",
-				b.Name, retSeqs, seqs, passes, trims, repairs, resynced)
+			}
+			splitSteps += h.splitSteps
+			splitMaybe += h.splitMaybe
+			if h.rc != nil {
+				retSeqs++
+				passes += h.rc.passes
+				trims += h.rc.trims
+				repairs += h.rc.repairs
+				resynced += h.rc.resynced
+			}
 		})
-	}
+		t.Logf("%s: %d sequences of up to %d steps in %v", b.Name, checks, steps, time.Since(start).Round(time.Millisecond))
+		t.Logf("%s: WithBuckets: %d of %d sequences split items (%d every item); %d steps on split items; %d due holds of other buckets read back",
+			b.Name, splitSeqs, seqs, splitAll, splitSteps, splitMaybe)
+		t.Logf("%s: Retention: %d of %d sequences reconcile; %d passes trimmed %d entries, repaired %d drifts, resynced %d sales and holds",
+			b.Name, retSeqs, seqs, passes, trims, repairs, resynced)
+	})
 }
 
 // modelCase is a named sequence: a shrunk counterexample of the random run, kept as a

@@ -554,16 +554,13 @@ func TestPropertyInvariants(t *testing.T) {
 // with n units in both.
 func propBackends(t *testing.T, n int64, f func(t *testing.T, c rueidis.Client, g propRig)) {
 	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c := b.Client(t)
-			g := propRig{r: testkit.NewReserver(t, c), store: memstore.New()}
-			loadBoth(t, g.r, g.store, "A", n)
-			g.relay, g.rec = pipeline(t, g.r, g.store, nil, nil)
-			f(t, c, g)
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c := b.Client(t)
+		g := propRig{r: testkit.NewReserver(t, c), store: memstore.New()}
+		loadBoth(t, g.r, g.store, "A", n)
+		g.relay, g.rec = pipeline(t, g.r, g.store, nil, nil)
+		f(t, c, g)
+	})
 }
 
 type propRig struct {
