@@ -18,6 +18,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -51,7 +52,7 @@ func TestBucketedDurablePath(t *testing.T) {
 
 		rl := newRelay(t, r, store, nil, nil)
 		drain(t, rl)
-		assert.ErrorIs(t, errOf(store.Remaining(ctx, "b:~x|0")), stock.ErrNotLoaded, "the store sees the item, not its buckets")
+		assert.ErrorIs(t, testkit.Err(store.Remaining(ctx, "b:~x|0")), stock.ErrNotLoaded, "the store sees the item, not its buckets")
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 
 		// Loaded with one unit more in Redis than in the store: a pass finds it and takes it
@@ -299,10 +300,10 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 					id := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
 					switch i % 5 {
 					case 0:
-						assert.NoError(t, errOf(r.Restock(ctx, "cc", id, int64(1+i%3))))
+						assert.NoError(t, testkit.Err(r.Restock(ctx, "cc", id, int64(1+i%3))))
 					case 3:
 						if len(mine) > 0 {
-							assert.NoError(t, errOf(r.Restore(ctx, "cc", mine[0])))
+							assert.NoError(t, testkit.Err(r.Restore(ctx, "cc", mine[0])))
 							mine = mine[1:]
 						}
 					default:
@@ -476,7 +477,7 @@ func TestBucketedDelistRetires(t *testing.T) {
 		assert.Zero(t, reps["sp"].Drift)
 		assert.Positive(t, reps["sp"].Trimmed, "ledger entries removed")
 		assertRetired(t, c, "sp")
-		assert.ErrorIs(t, errOf(g.r.Levels(ctx, "sp")), stock.ErrNotLoaded)
+		assert.ErrorIs(t, testkit.Err(g.r.Levels(ctx, "sp")), stock.ErrNotLoaded)
 		require.ErrorIs(t, g.r.ReopenItem(ctx, "sp"), stock.ErrNotLoaded)
 		require.ErrorIs(t, g.r.Delist(ctx, "sp"), stock.ErrNotLoaded)
 
@@ -551,7 +552,7 @@ func TestBucketedDelistCut(t *testing.T) {
 		drain(t, g.relay)
 		keys, _ := bucketKeys("sp")
 		require.NoError(t, g.r.CloseItem(ctx, "sp"))
-		require.NoError(t, errOf(protocol.Delist.Exec(ctx, c, keys[1].ForMarks(), nil).ToArray()))
+		require.NoError(t, testkit.Err(protocol.Delist.Exec(ctx, c, keys[1].ForMarks(), nil).ToArray()))
 
 		require.ErrorIs(t, g.r.ReopenItem(ctx, "sp"), stock.ErrClosed)
 		for i, k := range keys {

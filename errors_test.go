@@ -21,6 +21,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -276,7 +277,7 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 		srv.Stop()
 		err := returnsWithin(t, stock.DefaultTimeout+30*time.Second, "Deduct", func() error {
-			return errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
+			return testkit.Err(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
 		})
 		require.ErrorIs(t, err, stock.ErrUnknownOutcome)
 		require.ErrorIs(t, err, context.DeadlineExceeded, "the call ran out of time: %v", err)
@@ -329,21 +330,21 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 				retrying bool // rueidis resends it until the time runs out
 				call     func() error
 			}{
-				{"Deduct", true, func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "A0", ID: "o2", Qty: 1})) }},
-				{"Deduct coalesced", true, func() error { return errOf(rc.Deduct(ctx, stock.Request{SKU: "A4", ID: "o2", Qty: 1})) }},
-				{"Restore", true, func() error { return errOf(r.Restore(ctx, "A0", "o1")) }},
-				{"Hold", true, func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "A0", ID: "h1", Qty: 1}, time.Minute)) }},
-				{"Confirm", true, func() error { return errOf(r.Confirm(ctx, "A0", "h1")) }},
-				{"Restock", true, func() error { return errOf(r.Restock(ctx, "A0", "s1", 1)) }},
-				{"Available", true, func() error { return errOf(available(r.Levels(ctx, "A0"))) }},
-				{"Levels", true, func() error { return errOf(r.Levels(ctx, "A0")) }},
-				{"Ledger", true, func() error { return errOf(r.Ledger(ctx, "A0", "o1")) }},
+				{"Deduct", true, func() error { return testkit.Err(r.Deduct(ctx, stock.Request{SKU: "A0", ID: "o2", Qty: 1})) }},
+				{"Deduct coalesced", true, func() error { return testkit.Err(rc.Deduct(ctx, stock.Request{SKU: "A4", ID: "o2", Qty: 1})) }},
+				{"Restore", true, func() error { return testkit.Err(r.Restore(ctx, "A0", "o1")) }},
+				{"Hold", true, func() error { return testkit.Err(r.Hold(ctx, stock.Request{SKU: "A0", ID: "h1", Qty: 1}, time.Minute)) }},
+				{"Confirm", true, func() error { return testkit.Err(r.Confirm(ctx, "A0", "h1")) }},
+				{"Restock", true, func() error { return testkit.Err(r.Restock(ctx, "A0", "s1", 1)) }},
+				{"Available", true, func() error { return testkit.Err(available(r.Levels(ctx, "A0"))) }},
+				{"Levels", true, func() error { return testkit.Err(r.Levels(ctx, "A0")) }},
+				{"Ledger", true, func() error { return testkit.Err(r.Ledger(ctx, "A0", "o1")) }},
 				{"Load", false, func() error { return r.Load(ctx, "B", 1) }},
 				{"DeductMany", false, func() error {
-					return errOf(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "A0", Qty: 1}, {SKU: "A4", Qty: 1}}}))
+					return testkit.Err(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "A0", Qty: 1}, {SKU: "A4", Qty: 1}}}))
 				}},
-				{"FailoverGuard.Check", false, func() error { return errOf(guard.Check(ctx)) }},
-				{"Reconciler.Once", false, func() error { return errOf(rec.Once(ctx)) }},
+				{"FailoverGuard.Check", false, func() error { return testkit.Err(guard.Check(ctx)) }},
+				{"Reconciler.Once", false, func() error { return testkit.Err(rec.Once(ctx)) }},
 			}
 			errs := make([]error, len(calls))
 			var wg sync.WaitGroup
@@ -371,9 +372,9 @@ func TestCallsBoundedWhileRedisDown(t *testing.T) {
 func TestWithTimeoutRange(t *testing.T) {
 	_, c := redistest.Miniredis(t)
 	for _, d := range []time.Duration{0, -time.Second, time.Microsecond, 2 * time.Hour} {
-		assert.ErrorIs(t, errOf(stock.New(c, stock.WithTimeout(d))), stock.ErrInvalid, "WithTimeout(%v)", d)
+		assert.ErrorIs(t, testkit.Err(stock.New(c, stock.WithTimeout(d))), stock.ErrInvalid, "WithTimeout(%v)", d)
 	}
-	assert.NoError(t, errOf(stock.New(c, stock.WithTimeout(time.Millisecond))))
+	assert.NoError(t, testkit.Err(stock.New(c, stock.WithTimeout(time.Millisecond))))
 }
 
 func TestObserver(t *testing.T) {
@@ -406,7 +407,7 @@ func TestObserver(t *testing.T) {
 	rl := newRelay(t, r, store, nil, nil)
 	drain(t, rl)
 	rec := newReconciler(t, r, store, nil)
-	require.NoError(t, errOf(rec.Once(ctx)))
+	require.NoError(t, testkit.Err(rec.Once(ctx)))
 	assert.Equal(t, map[string]int{
 		"deduct/ok": 3, "deduct/replayed": 1, "deduct/sold_out": 1, "deduct/invalid": 1,
 		"restore/ok": 1, "relay/ok": 1, "reconcile/ok": 1,
@@ -474,9 +475,9 @@ func TestStartObserver(t *testing.T) {
 	require.NoError(t, store.Load(ctx, "A", 2))
 	require.NoError(t, store.Load(ctx, "B", 2))
 	relay := newRelay(t, r, store, nil, nil)
-	require.NoError(t, errOf(relay.Once(ctx)))
+	require.NoError(t, testkit.Err(relay.Once(ctx)))
 	rc := newReconciler(t, r, store, &stock.ReconcileOptions{DryRun: true})
-	require.NoError(t, errOf(rc.Once(ctx)))
+	require.NoError(t, testkit.Err(rc.Once(ctx)))
 	dead, cancel := context.WithCancel(ctx)
 	cancel() // every call now fails before its outcome is known
 	_, _ = r.Deduct(dead, stock.Request{SKU: "A", ID: "o9", Qty: 1})

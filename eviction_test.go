@@ -95,21 +95,21 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "x", Qty: 1}, {SKU: "y", Qty: 1}}}
 		writes := map[string]func() error{
 			"Load":        func() error { return r.Load(ctx, "x", 10) },
-			"Deduct":      func() error { return errOf(r.Deduct(ctx, req)) },
-			"Hold":        func() error { return errOf(r.Hold(ctx, req, time.Minute)) },
-			"DeductMany":  func() error { return errOf(r.DeductMany(ctx, cart)) },
-			"HoldMany":    func() error { return errOf(r.HoldMany(ctx, cart, time.Minute)) },
-			"Restore":     func() error { return errOf(r.Restore(ctx, "x", "a")) },
-			"Cancel":      func() error { return errOf(r.Cancel(ctx, "x", "a")) },
-			"Confirm":     func() error { return errOf(r.Confirm(ctx, "x", "a")) },
-			"Extend":      func() error { return errOf(r.Extend(ctx, "x", "a", time.Minute)) },
-			"ConfirmMany": func() error { return errOf(r.ConfirmMany(ctx, "c", "x", "y")) },
-			"CancelMany":  func() error { return errOf(r.CancelMany(ctx, "c", "x", "y")) },
-			"Restock":     func() error { return errOf(r.Restock(ctx, "x", "r", 5)) },
+			"Deduct":      func() error { return testkit.Err(r.Deduct(ctx, req)) },
+			"Hold":        func() error { return testkit.Err(r.Hold(ctx, req, time.Minute)) },
+			"DeductMany":  func() error { return testkit.Err(r.DeductMany(ctx, cart)) },
+			"HoldMany":    func() error { return testkit.Err(r.HoldMany(ctx, cart, time.Minute)) },
+			"Restore":     func() error { return testkit.Err(r.Restore(ctx, "x", "a")) },
+			"Cancel":      func() error { return testkit.Err(r.Cancel(ctx, "x", "a")) },
+			"Confirm":     func() error { return testkit.Err(r.Confirm(ctx, "x", "a")) },
+			"Extend":      func() error { return testkit.Err(r.Extend(ctx, "x", "a", time.Minute)) },
+			"ConfirmMany": func() error { return testkit.Err(r.ConfirmMany(ctx, "c", "x", "y")) },
+			"CancelMany":  func() error { return testkit.Err(r.CancelMany(ctx, "c", "x", "y")) },
+			"Restock":     func() error { return testkit.Err(r.Restock(ctx, "x", "r", 5)) },
 			"CloseItem":   func() error { return r.CloseItem(ctx, "x") },
 			"ReopenItem":  func() error { return r.ReopenItem(ctx, "x") },
 			"Delist":      func() error { return r.Delist(ctx, "x") },
-			"Refuse":      func() error { return errOf(stockops.Refuse(ctx, r, "x", "a")) },
+			"Refuse":      func() error { return testkit.Err(stockops.Refuse(ctx, r, "x", "a")) },
 		}
 		for name, write := range writes {
 			assert.ErrorIs(t, write(), stock.ErrEvictionPolicy, name)

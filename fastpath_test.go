@@ -250,7 +250,7 @@ func TestSoldOutFilterBuild(t *testing.T) {
 		for w := range 8 {
 			wg.Go(func() {
 				for i := w; i < units; i += 8 {
-					assert.NoError(t, errOf(other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})))
+					assert.NoError(t, testkit.Err(other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})))
 				}
 			})
 		}

@@ -158,9 +158,6 @@ func (w *logRecords) String() string {
 	return strings.Join(w.msgs, "\n")
 }
 
-// errOf is the error of a call that returns a value and an error: errOf(r.Deduct(ctx, req)).
-func errOf[T any](_ T, err error) error { return err }
-
 // rig is a Reserver on c with a Store, a relay and a reconciler between them.
 type rig struct {
 	r     *stock.Reserver

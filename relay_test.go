@@ -18,6 +18,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -169,9 +170,9 @@ func TestRelaysConcurrent(t *testing.T) {
 			dw.Go(func() {
 				for i := range 40 {
 					id := fmt.Sprint("g", g, "-", i)
-					assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})))
+					assert.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})))
 					if i%5 == 0 {
-						assert.NoError(t, errOf(r.Restore(ctx, "A", id)))
+						assert.NoError(t, testkit.Err(r.Restore(ctx, "A", id)))
 					}
 				}
 			})
@@ -531,7 +532,7 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 			require.NoError(t, r.Load(ctx, "A", 5))
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 			rl := newRelay(t, r, memstore.New(), nil, nil)
-			require.ErrorIs(t, errOf(rl.Once(ctx)), stock.ErrNotLoaded)
+			require.ErrorIs(t, testkit.Err(rl.Once(ctx)), stock.ErrNotLoaded)
 			assert.Contains(t, logs.String(), notLoadedLog)
 			assert.Contains(t, logs.String(), "level=ERROR")
 		})
@@ -557,13 +558,13 @@ func TestPreheatLoadsStoreAndRedis(t *testing.T) {
 
 		// Again: a live sale is not clobbered.
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
-		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "A", 10)), stock.ErrLoaded)
+		require.ErrorIs(t, testkit.Err(stockops.Preheat(ctx, r, store, "A", 10)), stock.ErrLoaded)
 		assert.EqualValues(t, 9, levels(t, r, "A").Available)
 
 		// Bad input changes nothing.
-		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "C", -1)), stock.ErrInvalid)
-		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "bad{name", 1)), stock.ErrInvalid)
-		require.ErrorIs(t, errOf(store.Remaining(ctx, "bad{name")), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(stockops.Preheat(ctx, r, store, "C", -1)), stock.ErrInvalid)
+		require.ErrorIs(t, testkit.Err(stockops.Preheat(ctx, r, store, "bad{name", 1)), stock.ErrInvalid)
+		require.ErrorIs(t, testkit.Err(store.Remaining(ctx, "bad{name")), stock.ErrNotLoaded)
 
 		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 1, drain(t, rl).Delivered)
@@ -622,7 +623,7 @@ func TestStoppedWhileTakingTheLeaseGivesItBack(t *testing.T) {
 			rec := newReconciler(t, r, store, nil)
 			// Every script is loaded: the armed command runs, it is not refused as NOSCRIPT.
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
-			require.NoError(t, errOf(relay.Once(ctx)))
+			require.NoError(t, testkit.Err(relay.Once(ctx)))
 			_, err := rec.Pass(ctx)
 			require.NoError(t, err)
 
