@@ -17,15 +17,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 )
 
-// eachBucketBackend runs f with a Reserver on every backend.
-func eachBucketBackend(t *testing.T, f func(t *testing.T, r *Reserver)) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
-		r, err := New(c)
-		require.NoError(t, err)
-		f(t, r)
-	})
-}
-
 // transferred is how many units r.transfer moved, failing the test on an error.
 func transferred(t *testing.T, r *Reserver, sku, tid string, from, to int, want, least int64) int64 {
 	t.Helper()
@@ -71,7 +62,7 @@ func inFlight(t *testing.T, r *Reserver, sku string, i int) int64 {
 }
 
 func TestBucketTransfer(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "x:~1", 10, 0)
 		assert.Equal(t, int64(4), transferred(t, r, "x:~1", "t1", 0, 1, 4, 1))
@@ -113,7 +104,7 @@ func TestBucketTransfer(t *testing.T) {
 // TestBucketTransferCutRecovered: a process dies after the donor gave its units: the transfer
 // stays in flight, and recoverTransfers completes it, once.
 func TestBucketTransferCutRecovered(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "cut", 5, 5, 5)
 		o, err := decodeXOut(protocol.XOut.Exec(ctx, r.client, r.item(bucketName("cut", 2)).ForXOut(), []string{"tc", "0", "3", "1"}))
@@ -145,7 +136,7 @@ func TestBucketTransferCutRecovered(t *testing.T) {
 // TestBucketTransferConcurrent: many transfers out of one donor at once never take more than it
 // has, and every unit arrives once.
 func TestBucketTransferConcurrent(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "hot", 20, 0, 0)
 		var moved atomic.Int64
@@ -175,7 +166,7 @@ func TestBucketTransferConcurrent(t *testing.T) {
 // TestBucketTransferCorruptChangesNothing: a corrupt transfer entry or counter is an error
 // before any write.
 func TestBucketTransferCorruptChangesNothing(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "bad", 5, 5)
 		donor := r.item(bucketName("bad", 0))
@@ -196,7 +187,7 @@ func TestBucketTransferCorruptChangesNothing(t *testing.T) {
 // TestBucketRoute: the first request of an id claims its bucket; every later one, from whatever
 // bucket it would have gone to, gets that one.
 func TestBucketRoute(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		for _, step := range []struct {
 			id             string
@@ -245,15 +236,6 @@ func bucketedReserver(t *testing.T, c rueidis.Client, n int, opts ...Option) *Re
 	return r
 }
 
-func eachBucketClient(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, b.Client(t))
-		})
-	}
-}
-
 func bucketLevels(t *testing.T, r *Reserver, sku string) Levels {
 	t.Helper()
 	l, err := r.Levels(context.Background(), sku)
@@ -265,7 +247,7 @@ func bucketLevels(t *testing.T, r *Reserver, sku string) Levels {
 // TestBucketedSellsEveryUnit: many buyers over an item split in three: exactly its stock is sold,
 // whichever buckets the buyers land in (no unit stranded in a bucket), with coalescing on and off.
 func TestBucketedSellsEveryUnit(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		for _, inflight := range []int{0, 4} {
 			r := bucketedReserver(t, c, 3, WithCoalescing(inflight), WithPrefix("c"+strconv.Itoa(inflight)))
 			ctx := context.Background()
@@ -322,7 +304,7 @@ func TestBucketedSellsEveryUnit(t *testing.T) {
 // TestBucketedGathersScatteredUnits: the last units of an item, one per bucket, serve a request
 // for all of them.
 func TestBucketedGathersScatteredUnits(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		r := bucketedReserver(t, c, 3)
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "g", 3))
@@ -340,7 +322,7 @@ func TestBucketedGathersScatteredUnits(t *testing.T) {
 
 // TestBucketedContract: the answers of a plain item, on an item split over buckets.
 func TestBucketedContract(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		r := bucketedReserver(t, c, 4, WithUserLimit(2))
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "s", 20))
@@ -435,7 +417,7 @@ func TestBucketedContract(t *testing.T) {
 // TestBucketedRetryRecordsRefusal: a retry refused for lack of stock in the whole item records
 // its refusal in the id's bucket, so that the first attempt, arriving later, is refused too.
 func TestBucketedRetryRecordsRefusal(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		r := bucketedReserver(t, c, 2)
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "z", 1))
@@ -461,7 +443,7 @@ func TestBucketedRetryRecordsRefusal(t *testing.T) {
 // TestBucketedSweeperCompletesCutTransfer: a transfer whose process died after its first half
 // is completed by the sweeper once it is older than transferGrace, and not before.
 func TestBucketedSweeperCompletesCutTransfer(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 2)
 		require.NoError(t, r.Load(ctx, "sw", 10))
@@ -495,7 +477,7 @@ func TestBucketedSweeperCompletesCutTransfer(t *testing.T) {
 // TestBucketedDueHoldsInOtherBuckets: the stock of holds past their deadline in another bucket
 // serves a request, as a plain item's due holds do (no phantom sold-out).
 func TestBucketedDueHoldsInOtherBuckets(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 2)
 		require.NoError(t, r.Load(ctx, "dh", 2))
@@ -519,7 +501,7 @@ func TestBucketedDueHoldsInOtherBuckets(t *testing.T) {
 // does not split it, and an item Redis has plain is loaded for one that splits it: neither
 // makes a second stock beside the first.
 func TestBucketedLoadRefusesTheOtherForm(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		split := bucketedReserver(t, c, 3)
 		plain, err := New(c)
@@ -552,7 +534,7 @@ func idHomeIn(prefix string, b, n int) string {
 // no counter changed. A restock that brings the item to MaxQty exactly is accepted, and its
 // repeat is a replay even once the item is full.
 func TestBucketedRestockKeepsItemUnderMaxQty(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		const n = 3
 		ctx := context.Background()
 		r := bucketedReserver(t, c, n)

@@ -73,7 +73,7 @@ func relayUntilIdle(t *testing.T, rl *Relay) {
 // completed by recoverTransfers sets the same barrier in the target as a whole one: the
 // target's sales of the donor's restocked units reach the store after the restock.
 func TestBucketOrderCutTransferRecovered(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 3)
 		require.NoError(t, r.Load(ctx, "oc", 3)) // one unit in each bucket
@@ -110,7 +110,7 @@ func TestBucketOrderCutTransferRecovered(t *testing.T) {
 // its own, and on to bucket 0, where they are sold: bucket 0's sales wait for bucket 2's
 // restock through bucket 1's barrier.
 func TestBucketOrderChain(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 3)
 		require.NoError(t, r.Load(ctx, "ch", 3))

@@ -75,7 +75,7 @@ func queued(t *testing.T, r *Reserver, sku string, h, nb, n int) {
 // different buckets at once, all get the bucket the first of them claimed; distinct ids each get
 // their own.
 func TestCoalescedClaims(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		rc := &routeClient{Client: c}
 		r := bucketedReserver(t, rc, 3, WithCoalescing(1), WithPrefix("cc"))
@@ -136,7 +136,7 @@ func TestCoalescedClaims(t *testing.T) {
 // TestCoalescedClaimsDeductCopies: concurrent copies of one deduct on a split item take once and
 // all answer the same receipt; concurrent deducts of distinct ids all take.
 func TestCoalescedClaimsDeductCopies(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 3, WithCoalescing(1), WithPrefix("cd"))
 		require.NoError(t, r.Load(ctx, "cd", 1000))
@@ -175,7 +175,7 @@ func TestCoalescedClaimsDeductCopies(t *testing.T) {
 func TestCoalescedClaimsBatchBroken(t *testing.T) {
 	// A claim whose caller stopped waiting for its batch answers ErrUnknownOutcome.
 	require.ErrorIs(t, claimUnawaited(context.Canceled), ErrUnknownOutcome)
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		rc := &routeClient{Client: c}
 		r := bucketedReserver(t, rc, 2, WithCoalescing(1), WithPrefix("cb"))
@@ -231,7 +231,7 @@ func TestCoalescedClaimsBatchBroken(t *testing.T) {
 
 // TestRouteRefusesBadPairs: route.lua checks every pair before its first write.
 func TestRouteRefusesBadPairs(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		key := "rb:{x|0}:i"
 		for _, args := range [][]string{{"a", "1", "b", "x"}, {"a", "1", "", "2"}, {"a", "1", "b"}, {}} {
