@@ -210,12 +210,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	for end := time.Now().Add(time.Minute); ; {
 		st, err := rl.Once(ctx)
 		require.NoError(t, err)
-		final.Claimed += st.Claimed
-		final.Delivered += st.Delivered
-		final.Refused += st.Refused
-		final.Retried += st.Retried
-		final.Orphaned += st.Orphaned
-		final.Redelive += st.Redelive
+		final.Add(st)
 		if st.Claimed == 0 {
 			if testkit.OutboxLen(t, c, sku) == 0 {
 				break
