@@ -303,11 +303,19 @@ func loadBoth(t *testing.T, r *stock.Reserver, skus map[string]int64) *memstore.
 	return store
 }
 
-// deductEach deducts one unit of sku for each of the ids o0 … o<n-1>, in order.
-func deductEach(t *testing.T, r *stock.Reserver, sku string, n int) {
+// sellTo sells n units of sku to user, a request of one unit each: ids prefix0, prefix1, ...
+func sellTo(t *testing.T, r *stock.Reserver, sku, prefix, user string, n int) {
 	t.Helper()
 	for i := range n {
-		must(t)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1}))
+		must(t, "sale %d", i)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: prefix + strconv.Itoa(i), User: user, Qty: 1}))
+	}
+}
+
+// sellEach sells one unit of sku to each of n buyers: request o<i> of user u<i>.
+func sellEach(t *testing.T, r *stock.Reserver, sku string, n int) {
+	t.Helper()
+	for i := range n {
+		must(t, "sale %d", i)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
 	}
 }
 
