@@ -98,7 +98,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "rf", 1))
 		require.NoError(t, r.Load(ctx, "rf", 3))
-		sellEach(t, r, "rf", 3)
+		testkit.Sell(t, r, "rf", "o", "u", 3)
 		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 2, drain(t, rl).Refused)
 		assert.Equal(t, stock.Levels{Available: 2, Sold: 1, Loaded: 3}, levels(t, r, "rf"))
@@ -118,7 +118,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 			return nil
 		})
 		qstore := loadBoth(t, r, map[string]int64{"q": 12})
-		sellEach(t, r, "q", 9)
+		testkit.Sell(t, r, "q", "o", "u", 9)
 		for i := range 3 {
 			must(t)(r.Restore(ctx, "q", "o"+strconv.Itoa(i)))
 		}
@@ -156,7 +156,7 @@ func TestBucketedRelayItems(t *testing.T) {
 	opts := []stock.Option{stock.WithBuckets(func(string) int { return 3 })}
 	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := loadBoth(t, r, map[string]int64{"ri": 10})
-		sellEach(t, r, "ri", 6)
+		testkit.Sell(t, r, "ri", "o", "u", 6)
 		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
 		assert.Equal(t, 6, drain(t, rl).Delivered)
 		assert.Equal(t, int64(4), remaining(t, store, "ri"))
@@ -408,7 +408,7 @@ func assertRetired(t *testing.T, c rueidis.Client, sku string) {
 func delistedSplitItem(t *testing.T, c rueidis.Client, sku string) rig {
 	t.Helper()
 	g := newSplitRig(t, c, sku, 30)
-	sellEach(t, g.r, sku, 12)
+	testkit.Sell(t, g.r, sku, "o", "u", 12)
 	// More than a bucket holds: stock moves in from the others (transfers).
 	must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "big", User: "whale", Qty: 12}))
 	must(t)(g.r.Restore(ctx, sku, "o1"))
@@ -532,7 +532,7 @@ func TestBucketedRetireCut(t *testing.T) {
 func TestBucketedDelistCut(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newSplitRig(t, c, "sp", 9)
-		sellEach(t, g.r, "sp", 6)
+		testkit.Sell(t, g.r, "sp", "o", "u", 6)
 		drain(t, g.relay)
 		keys, _ := bucketKeys("sp")
 		require.NoError(t, g.r.CloseItem(ctx, "sp"))

@@ -36,7 +36,7 @@ func TestSoldOutFastPath(t *testing.T) {
 		})))
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "A", 5))
-		sellTo(t, r, "A", "o", "", 5)
+		testkit.Sell(t, r, "A", "o", "", 5)
 		mustFail(t, stock.ErrSoldOut, "Redis answers the first sold-out request")(
 			r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
 		mustFail(t, stock.ErrUnknownID)(other.Restore(ctx, "A", "ghost")) // a tombstone: "ghost" can never take stock

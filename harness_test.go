@@ -311,14 +311,6 @@ func sellTo(t *testing.T, r *stock.Reserver, sku, prefix, user string, n int) {
 	}
 }
 
-// sellEach sells one unit of sku to each of n buyers: request o<i> of user u<i>.
-func sellEach(t *testing.T, r *stock.Reserver, sku string, n int) {
-	t.Helper()
-	for i := range n {
-		must(t, "sale %d", i)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
-	}
-}
-
 // storeAgrees checks that the Store and Redis tell the same story of a split item after the
 // relay delivered everything: what the Store has left is what Redis has available and held.
 func storeAgrees(t *testing.T, r *stock.Reserver, store *memstore.Store, sku string) {

@@ -43,7 +43,7 @@ func TestReconcileClean(t *testing.T) {
 func TestReconcileLostKey(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newRig(t, c, map[string]int64{"A": 50})
-		sellTo(t, g.r, "A", "o", "", 10)
+		testkit.Sell(t, g.r, "A", "o", "", 10)
 		drain(t, g.relay)
 		for i := 10; i < 15; i++ { // in flight when the key goes
 			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1}))
@@ -156,7 +156,7 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 func TestReconcileTrims(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newRig(t, c, map[string]int64{"A": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		sellTo(t, g.r, "A", "o", "", 5)
+		testkit.Sell(t, g.r, "A", "o", "", 5)
 		mustFail(t, stock.ErrUnknownID)(g.r.Restore(ctx, "A", "ghost"))
 		drain(t, g.relay)
 		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "pending", Qty: 1}))
@@ -221,7 +221,7 @@ func TestReconcileRace(t *testing.T) {
 func TestDelistRetires(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		sellTo(t, g.r, "A", "o", "", 600) // more than one retire step of the ledger
+		testkit.Sell(t, g.r, "A", "o", "", 600) // more than one retire step of the ledger
 		// Sold out, and a refusal: the item gets its sold-out filter, which must go too.
 		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400}))
 		mustFail(t, stock.ErrSoldOut)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "one-more", Qty: 1}))

@@ -96,7 +96,7 @@ func TestRelayPublisherDown(t *testing.T) {
 		pub := newRecorder()
 		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		pub.down.Store(true)
-		sellTo(t, r, "A", "o", "", 30)
+		testkit.Sell(t, r, "A", "o", "", 30)
 		for range 3 {
 			st, err := rl.Once(ctx)
 			assert.Error(t, err)
@@ -135,7 +135,7 @@ func TestRelayCrashRedelivers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 200})
 		rec := newRecorder()
-		sellTo(t, r, "A", "o", "", 100)
+		testkit.Sell(t, r, "A", "o", "", 100)
 		// Crash points: mid-batch after the store applied, at several positions.
 		for _, at := range []int64{1, 7, 16} {
 			pub := &crashingPublisher{inner: rec, at: at}
@@ -196,7 +196,7 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 		var evs []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { evs = append(evs, ev); return nil })
 		rl := newRelay(t, r, nil, pub, nil)
-		sellTo(t, r, "A", "o", "", 5)
+		testkit.Sell(t, r, "A", "o", "", 5)
 		drain(t, rl)
 		require.Len(t, evs, 5)
 		// The consumer side: each message delivered twice, as queues do.
@@ -271,7 +271,7 @@ func TestRelayDeadLetters(t *testing.T) {
 func TestPending(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 5})
-		sellTo(t, r, "A", "o", "", 3)
+		testkit.Sell(t, r, "A", "o", "", 3)
 		p, d, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Equal(t, [2]int64{3, 0}, [2]int64{p, d})
@@ -334,7 +334,7 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "A", 100))
 		pub := &batchRecorder{}
 		rl := newRelay(t, r, nil, pub, &stock.RelayOptions{Batch: 16})
-		sellTo(t, r, "A", "o", "", 40)
+		testkit.Sell(t, r, "A", "o", "", 40)
 		st := drain(t, rl)
 		assert.Equal(t, 40, st.Delivered)
 		assert.Empty(t, pub.singles, "Publish is not used for batches of several events")
@@ -370,7 +370,7 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 			return false
 		}}
 		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
-		sellTo(t, r, "A", "o", "", 6)
+		testkit.Sell(t, r, "A", "o", "", 6)
 		st, err := rl.Once(ctx)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "broker refused o3")
@@ -404,7 +404,7 @@ func TestRelayBatchPublisherWrongLength(t *testing.T) {
 		short := true
 		bad := &shortBatch{batchRecorder: &batchRecorder{}, short: &short}
 		rl := newRelay(t, r, nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
-		sellTo(t, r, "A", "o", "", 3)
+		testkit.Sell(t, r, "A", "o", "", 3)
 		_, err := rl.Once(ctx)
 		require.ErrorContains(t, err, "2 results for 3 events")
 		assert.Equal(t, int64(3), outboxLen(t, c, "A"))

@@ -7,6 +7,7 @@ import (
 	"context"
 	"hash/fnv"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -175,4 +176,18 @@ func CartRefused(t *testing.T, err error, sku string, want error, msgAndArgs ...
 	require.ErrorAs(t, err, &ce, msgAndArgs...)
 	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
 	assert.ErrorIs(t, err, want, msgAndArgs...)
+}
+
+// Sell deducts one unit of sku n times, in order: request idPrefix<i>, of user userPrefix<i>
+// (no user when userPrefix is empty), failing the test on an error.
+func Sell(t *testing.T, r *stock.Reserver, sku, idPrefix, userPrefix string, n int) {
+	t.Helper()
+	for i := range n {
+		req := stock.Request{SKU: sku, ID: idPrefix + strconv.Itoa(i), Qty: 1}
+		if userPrefix != "" {
+			req.User = userPrefix + strconv.Itoa(i)
+		}
+		_, err := r.Deduct(context.Background(), req)
+		require.NoError(t, err, "sale %s", req.ID)
+	}
 }

@@ -775,9 +775,7 @@ func TestDueHoldsReleasedByNextTake(t *testing.T) {
 		}
 		e.advance(2500 * time.Millisecond)
 		for _, sku := range []string{"plain-due", "split-due"} {
-			for i := range 4 {
-				require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, fmt.Sprintf("d%d", i), fmt.Sprintf("buyer%d", i), 1))))
-			}
+			testkit.Sell(t, e.r, sku, "d", "buyer", 4)
 			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, "%s: the due holds are released by the item's next takes: %+v", sku, l)
 		}

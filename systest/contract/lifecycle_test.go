@@ -411,9 +411,7 @@ func TestHoldsLifecycle(t *testing.T) {
 			assert.Equal(t, stock.StateExpired, must(e.r.Ledger(ctx, "h", id))(t).State, id)
 		}
 		// The 7 units left serve takes in any bucket.
-		for i := range 7 {
-			require.NoError(t, testkit.Err(e.r.Deduct(ctx, req("h", fmt.Sprintf("d%d", i), fmt.Sprintf("w%d", i), 1))))
-		}
+		testkit.Sell(t, e.r, "h", "d", "w", 7)
 		require.ErrorIs(t, testkit.Err(e.r.Deduct(ctx, req("h", "d9", "w9", 1))), stock.ErrSoldOut)
 	})
 }
@@ -1000,9 +998,7 @@ func TestReloadInOtherForm(t *testing.T) {
 				require.ErrorIs(t, testkit.Err(second.Levels(ctx, sku)), stock.ErrNotLoaded)
 				require.NoError(t, second.Load(ctx, sku, 6), "%s retired, loaded again as %s", tc[0], tc[1])
 				require.Equal(t, stock.Levels{Available: 6, Loaded: 6}, testkit.Levels(t, second, sku))
-				for i := range 6 {
-					require.NoError(t, testkit.Err(second.Deduct(ctx, req(sku, fmt.Sprint("n", i), fmt.Sprint("n", i), 1))))
-				}
+				testkit.Sell(t, second, sku, "n", "n", 6)
 			})
 		}
 	})

@@ -1021,9 +1021,7 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		for _, sku := range []string{"plain-retry", "split-retry"} {
 			require.NoError(t, e.r.Load(ctx, sku, 3))
-			for i := range 3 {
-				require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, fmt.Sprintf("fill%d", i), fmt.Sprintf("f%d", i), 1))))
-			}
+			testkit.Sell(t, e.r, sku, "fill", "f", 3)
 			var outcomes []string
 			for i, user := range []string{"r0", "r1", "r2", ""} {
 				_, err := e.r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprintf("retry%d", i), User: user, Qty: 1, Retry: true})

@@ -703,9 +703,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		sku := sku("fp")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
-		for i := range 6 {
-			require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, fmt.Sprint("d", i), fmt.Sprint("u", i), 1))))
-		}
+		testkit.Sell(t, e.r, sku, "d", "u", 6)
 		seq := 0
 		soldOut := func() {
 			// sell-out is reached and the fast path primed
