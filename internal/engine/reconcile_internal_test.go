@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -26,10 +25,8 @@ func (s fixedStore) Records(context.Context, string, []string) (map[string]Recor
 // Redis restart kept it in the AOF, a failover copied it to the new primary) does not hold the
 // item until it expires; another Reconciler's lease does.
 func TestReconcileTakesBackItsOwnLease(t *testing.T) {
-	eachClient(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r, err := New(c)
-		require.NoError(t, err)
+	eachReserver(t, func(t *testing.T, r *Reserver) {
+		ctx, c := context.Background(), r.client
 		require.NoError(t, r.Load(ctx, "A", 5))
 		rc, err := r.newReconciler(fixedStore{5}, nil)
 		require.NoError(t, err)
@@ -75,10 +72,8 @@ func TestTrimCountsRetentionFromSettling(t *testing.T) {
 		{"reserved", "Dr|2|8|1000|", true}, // not settled: its sale is not in the store yet
 		{"held", "Hh|2|8|1000||2000", true},
 	}
-	eachClient(t, func(t *testing.T, c rueidis.Client) {
-		ctx := context.Background()
-		r, err := New(c)
-		require.NoError(t, err)
+	eachReserver(t, func(t *testing.T, r *Reserver) {
+		ctx, c := context.Background(), r.client
 		k := r.item("A")
 		args := []string{strconv.Itoa(cutoff)}
 		want := 0
