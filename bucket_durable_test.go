@@ -18,6 +18,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -51,7 +52,7 @@ func TestBucketedDurablePath(t *testing.T) {
 
 		rl := newRelay(t, r, store, nil, nil)
 		drain(t, rl)
-		assert.ErrorIs(t, errOf(store.Remaining(ctx, "b:~x|0")), stock.ErrNotLoaded, "the store sees the item, not its buckets")
+		assert.ErrorIs(t, testkit.Err(store.Remaining(ctx, "b:~x|0")), stock.ErrNotLoaded, "the store sees the item, not its buckets")
 		assert.LessOrEqual(t, store.MaxApplications(), 1)
 
 		// Loaded with one unit more in Redis than in the store: a pass finds it and takes it
@@ -97,9 +98,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 		store := memstore.New()
 		require.NoError(t, store.Load(ctx, "rf", 1))
 		require.NoError(t, r.Load(ctx, "rf", 3))
-		for i := range 3 {
-			must(t)(r.Deduct(ctx, stock.Request{SKU: "rf", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
-		}
+		testkit.Sell(t, r, "rf", "o", "u", 3)
 		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 2, drain(t, rl).Refused)
 		assert.Equal(t, stock.Levels{Available: 2, Sold: 1, Loaded: 3}, levels(t, r, "rf"))
@@ -119,9 +118,7 @@ func TestBucketedRefusalAndQueuePath(t *testing.T) {
 			return nil
 		})
 		qstore := loadBoth(t, r, map[string]int64{"q": 12})
-		for i := range 9 {
-			must(t)(r.Deduct(ctx, stock.Request{SKU: "q", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
-		}
+		testkit.Sell(t, r, "q", "o", "u", 9)
 		for i := range 3 {
 			must(t)(r.Restore(ctx, "q", "o"+strconv.Itoa(i)))
 		}
@@ -159,9 +156,7 @@ func TestBucketedRelayItems(t *testing.T) {
 	opts := []stock.Option{stock.WithBuckets(func(string) int { return 3 })}
 	eachReserver(t, opts, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := loadBoth(t, r, map[string]int64{"ri": 10})
-		for i := range 6 {
-			must(t)(r.Deduct(ctx, stock.Request{SKU: "ri", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
-		}
+		testkit.Sell(t, r, "ri", "o", "u", 6)
 		rl := newRelay(t, r, store, nil, &stock.RelayOptions{Items: []string{"ri"}})
 		assert.Equal(t, 6, drain(t, rl).Delivered)
 		assert.Equal(t, int64(4), remaining(t, store, "ri"))
@@ -180,9 +175,7 @@ func restockThenSales(t *testing.T, c rueidis.Client, sku string) (*stock.Reserv
 	store := loadBoth(t, r, map[string]int64{sku: 3})
 	must(t)(r.Restock(ctx, sku, keyIn("rs", 1, splitN), 5))
 	buyer := keyIn("u", 0, splitN)
-	for i := range 8 {
-		must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1}))
-	}
+	sellTo(t, r, sku, "o", buyer, 8)
 	return r, store
 }
 
@@ -210,18 +203,14 @@ func TestBucketedOrderRestoreThenSale(t *testing.T) {
 		rl := newRelay(t, r, store, nil, nil)
 		// Everything sold in bucket 1 and delivered: the Store has nothing left.
 		seller := keyIn("s", 1, n)
-		for i := range 6 {
-			must(t)(r.Deduct(ctx, stock.Request{SKU: "rso", ID: "a" + strconv.Itoa(i), User: seller, Qty: 1}))
-		}
+		sellTo(t, r, "rso", "a", seller, 6)
 		drain(t, rl)
 		// Four of them restored in bucket 1, then sold again to a buyer of bucket 0.
 		for i := range 4 {
 			must(t)(r.Restore(ctx, "rso", "a"+strconv.Itoa(i)))
 		}
 		buyer := keyIn("u", 0, n)
-		for i := range 4 {
-			must(t, "sale %d", i)(r.Deduct(ctx, stock.Request{SKU: "rso", ID: "b" + strconv.Itoa(i), User: buyer, Qty: 1}))
-		}
+		sellTo(t, r, "rso", "b", buyer, 4)
 		st := drain(t, rl)
 		assert.Zero(t, st.Refused, "no acknowledged sale is refused: %+v", st)
 		assert.Equal(t, stock.Levels{Sold: 6, Loaded: 6}, levels(t, r, "rso"))
@@ -299,10 +288,10 @@ func TestBucketedOrderConcurrent(t *testing.T) {
 					id := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
 					switch i % 5 {
 					case 0:
-						assert.NoError(t, errOf(r.Restock(ctx, "cc", id, int64(1+i%3))))
+						assert.NoError(t, testkit.Err(r.Restock(ctx, "cc", id, int64(1+i%3))))
 					case 3:
 						if len(mine) > 0 {
-							assert.NoError(t, errOf(r.Restore(ctx, "cc", mine[0])))
+							assert.NoError(t, testkit.Err(r.Restore(ctx, "cc", mine[0])))
 							mine = mine[1:]
 						}
 					default:
@@ -419,9 +408,7 @@ func assertRetired(t *testing.T, c rueidis.Client, sku string) {
 func delistedSplitItem(t *testing.T, c rueidis.Client, sku string) rig {
 	t.Helper()
 	g := newSplitRig(t, c, sku, 30)
-	for i := range 12 {
-		must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
-	}
+	testkit.Sell(t, g.r, sku, "o", "u", 12)
 	// More than a bucket holds: stock moves in from the others (transfers).
 	must(t)(g.r.Deduct(ctx, stock.Request{SKU: sku, ID: "big", User: "whale", Qty: 12}))
 	must(t)(g.r.Restore(ctx, sku, "o1"))
@@ -476,7 +463,7 @@ func TestBucketedDelistRetires(t *testing.T) {
 		assert.Zero(t, reps["sp"].Drift)
 		assert.Positive(t, reps["sp"].Trimmed, "ledger entries removed")
 		assertRetired(t, c, "sp")
-		assert.ErrorIs(t, errOf(g.r.Levels(ctx, "sp")), stock.ErrNotLoaded)
+		assert.ErrorIs(t, testkit.Err(g.r.Levels(ctx, "sp")), stock.ErrNotLoaded)
 		require.ErrorIs(t, g.r.ReopenItem(ctx, "sp"), stock.ErrNotLoaded)
 		require.ErrorIs(t, g.r.Delist(ctx, "sp"), stock.ErrNotLoaded)
 
@@ -545,13 +532,11 @@ func TestBucketedRetireCut(t *testing.T) {
 func TestBucketedDelistCut(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newSplitRig(t, c, "sp", 9)
-		for i := range 6 {
-			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "sp", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1}))
-		}
+		testkit.Sell(t, g.r, "sp", "o", "u", 6)
 		drain(t, g.relay)
 		keys, _ := bucketKeys("sp")
 		require.NoError(t, g.r.CloseItem(ctx, "sp"))
-		require.NoError(t, errOf(protocol.Delist.Exec(ctx, c, keys[1].ForMarks(), nil).ToArray()))
+		require.NoError(t, testkit.Err(protocol.Delist.Exec(ctx, c, keys[1].ForMarks(), nil).ToArray()))
 
 		require.ErrorIs(t, g.r.ReopenItem(ctx, "sp"), stock.ErrClosed)
 		for i, k := range keys {

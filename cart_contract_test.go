@@ -16,6 +16,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -86,10 +87,10 @@ func TestHoldMany(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "B", 5))
 		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}, time.Minute))
 		assert.Equal(t, int64(2), levels(t, r, "B").Held)
-		require.NoError(t, errOf(r.ConfirmMany(ctx, "h1", "B", "A")))
+		require.NoError(t, testkit.Err(r.ConfirmMany(ctx, "h1", "B", "A")))
 		assert.Equal(t, int64(2), levels(t, r, "B").Sold)
 		mustCart(t)(r.HoldMany(ctx, stock.Cart{ID: "h2", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 1}}}, time.Minute))
-		require.NoError(t, errOf(r.CancelMany(ctx, "h2", "A", "B")))
+		require.NoError(t, testkit.Err(r.CancelMany(ctx, "h2", "A", "B")))
 		assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, r, "B"))
 		mustFailCart(t, stock.ErrInsufficient)(
 			r.HoldMany(ctx, stock.Cart{ID: "h3", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 9}}}, time.Minute))
@@ -185,7 +186,7 @@ func TestGroupedCartOneScript(t *testing.T) {
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, "shoe-41", ce.SKU)
 		assert.ErrorIs(t, err, stock.ErrInsufficient)
-		assert.ErrorIs(t, errOf(r.Ledger(ctx, "shoe-40", "c2")), stock.ErrUnknownID)
+		assert.ErrorIs(t, testkit.Err(r.Ledger(ctx, "shoe-40", "c2")), stock.ErrUnknownID)
 		mustCart(t, "nothing was recorded for the refused cart: the id is free")(
 			r.DeductMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}))
 		mustFailCart(t, stock.ErrUserLimit, "the per-user limit per item")(
@@ -196,7 +197,7 @@ func TestGroupedCartOneScript(t *testing.T) {
 		// Holds in one script too; single operations work on grouped items.
 		mustCart(t)(
 			r.HoldMany(ctx, stock.Cart{ID: "h1", Lines: []stock.Line{{SKU: "shoe-40", Qty: 1}, {SKU: "shoe-41", Qty: 1}}}, time.Minute))
-		require.NoError(t, errOf(r.ConfirmMany(ctx, "h1", "shoe-40", "shoe-41")))
+		require.NoError(t, testkit.Err(r.ConfirmMany(ctx, "h1", "shoe-40", "shoe-41")))
 		must(t)(r.Restore(ctx, "shoe-40", "c1"))
 		for _, sku := range []string{"shoe-40", "shoe-41", "hat"} {
 			checkLedger(t, r, sku, 4)
@@ -260,7 +261,7 @@ func TestCartRetryAfterPartialRestore(t *testing.T) {
 		mustCart(t)(r.HoldMany(ctx, hc, time.Minute))
 		must(t)(r.Cancel(ctx, "A", "h1"))
 		_, err := r.HoldMany(ctx, hc, time.Minute)
-		requireCartRefusal(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
+		testkit.CartRefused(t, err, "A", stock.ErrRestored, "a cart of holds answers its holds' state")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 3, Loaded: 5}, levels(t, r, "C"), "C's hold kept")
 	})
 }
@@ -345,7 +346,7 @@ func TestCartRefusalSameForEveryCopy(t *testing.T) {
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
 		for i := range 2 {
 			_, err := r.DeductMany(ctx, cart)
-			requireCartRefusal(t, err, "B", stock.ErrInsufficient, "attempt %d", i)
+			testkit.CartRefused(t, err, "B", stock.ErrInsufficient, "attempt %d", i)
 		}
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, levels(t, r, "A"))
 	})
@@ -397,7 +398,7 @@ func TestKeysInjective(t *testing.T) {
 						require.NoError(t, err, "ledger %q/%q", sku, id)
 						assert.Equal(t, sku, e.SKU)
 					}
-					require.ErrorIs(t, errOf(r.Ledger(ctx, sku, "cart")), stock.ErrUnknownID, "%q has no cart entry", sku)
+					require.ErrorIs(t, testkit.Err(r.Ledger(ctx, sku, "cart")), stock.ErrUnknownID, "%q has no cart entry", sku)
 				}
 				rc := mustCart(t, "the cart log survives the items")(
 					r.DeductMany(ctx, stock.Cart{ID: "cart", User: "a", Lines: []stock.Line{{SKU: "x1", Qty: 1}, {SKU: "x2", Qty: 1}}}))
@@ -477,15 +478,15 @@ func TestRestoreChecksBeforeWriting(t *testing.T) {
 		must(t)(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", User: "u", Qty: 2}, time.Minute))
 		for _, field := range []string{"h", "s", "q"} {
 			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}").FieldValue().FieldValue(field, "x").Build()).Error())
-			require.Error(t, errOf(r.Restore(ctx, "A", "h1")), "corrupt %s", field)
-			require.Error(t, errOf(r.Restore(ctx, "A", "unknown")), "corrupt %s", field)
+			require.Error(t, testkit.Err(r.Restore(ctx, "A", "h1")), "corrupt %s", field)
+			require.Error(t, testkit.Err(r.Restore(ctx, "A", "unknown")), "corrupt %s", field)
 			_, err := r.Ledger(ctx, "A", "unknown")
 			require.ErrorIs(t, err, stock.ErrUnknownID, "no tombstone written with %s corrupt", field)
 			assertState(t, r, "A", "h1", stock.StateHeld, "the hold untouched with %s corrupt", field)
 			require.NoError(t, c.Do(ctx, c.B().Hdel().Key("stock:{A}").Field(field).Build()).Error())
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{A}:u").FieldValue().FieldValue("u", "x").Build()).Error())
-		require.Error(t, errOf(r.Restore(ctx, "A", "h1")), "corrupt user count")
+		require.Error(t, testkit.Err(r.Restore(ctx, "A", "h1")), "corrupt user count")
 		a, err := c.Do(ctx, c.B().Hget().Key("stock:{A}").Field("a").Build()).AsInt64()
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), a, "available untouched")
@@ -513,7 +514,7 @@ func TestDeductCorruptUserUnits(t *testing.T) {
 				_, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: "o2", User: "u", Qty: 1})
 				require.Error(t, err, "limit %d, units %q", limit, bad)
 				assert.Contains(t, err.Error(), "units of user u", "limit %d, units %q", limit, bad)
-				require.ErrorIs(t, errOf(r.Ledger(ctx, sku, "o2")), stock.ErrUnknownID, "limit %d, units %q: nothing written", limit, bad)
+				require.ErrorIs(t, testkit.Err(r.Ledger(ctx, sku, "o2")), stock.ErrUnknownID, "limit %d, units %q: nothing written", limit, bad)
 				assert.Equal(t, int64(4), levels(t, r, sku).Available, "limit %d, units %q", limit, bad)
 				got, err := c.Do(ctx, c.B().Hget().Key(units).Field("u").Build()).ToString()
 				require.NoError(t, err)

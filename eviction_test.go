@@ -17,6 +17,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -50,7 +51,7 @@ func dbsize(t *testing.T, c rueidis.Client) int64 {
 // maxmemory-policy (noeviction to begin with; see redistest.MiniredisConfig).
 func eachPolicyBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		if b.Real() {
 			f(t, b.Client(t))
 			return
@@ -94,21 +95,21 @@ func TestEvictingPolicyRefusesWrites(t *testing.T) {
 		cart := stock.Cart{ID: "c", Lines: []stock.Line{{SKU: "x", Qty: 1}, {SKU: "y", Qty: 1}}}
 		writes := map[string]func() error{
 			"Load":        func() error { return r.Load(ctx, "x", 10) },
-			"Deduct":      func() error { return errOf(r.Deduct(ctx, req)) },
-			"Hold":        func() error { return errOf(r.Hold(ctx, req, time.Minute)) },
-			"DeductMany":  func() error { return errOf(r.DeductMany(ctx, cart)) },
-			"HoldMany":    func() error { return errOf(r.HoldMany(ctx, cart, time.Minute)) },
-			"Restore":     func() error { return errOf(r.Restore(ctx, "x", "a")) },
-			"Cancel":      func() error { return errOf(r.Cancel(ctx, "x", "a")) },
-			"Confirm":     func() error { return errOf(r.Confirm(ctx, "x", "a")) },
-			"Extend":      func() error { return errOf(r.Extend(ctx, "x", "a", time.Minute)) },
-			"ConfirmMany": func() error { return errOf(r.ConfirmMany(ctx, "c", "x", "y")) },
-			"CancelMany":  func() error { return errOf(r.CancelMany(ctx, "c", "x", "y")) },
-			"Restock":     func() error { return errOf(r.Restock(ctx, "x", "r", 5)) },
+			"Deduct":      func() error { return testkit.Err(r.Deduct(ctx, req)) },
+			"Hold":        func() error { return testkit.Err(r.Hold(ctx, req, time.Minute)) },
+			"DeductMany":  func() error { return testkit.Err(r.DeductMany(ctx, cart)) },
+			"HoldMany":    func() error { return testkit.Err(r.HoldMany(ctx, cart, time.Minute)) },
+			"Restore":     func() error { return testkit.Err(r.Restore(ctx, "x", "a")) },
+			"Cancel":      func() error { return testkit.Err(r.Cancel(ctx, "x", "a")) },
+			"Confirm":     func() error { return testkit.Err(r.Confirm(ctx, "x", "a")) },
+			"Extend":      func() error { return testkit.Err(r.Extend(ctx, "x", "a", time.Minute)) },
+			"ConfirmMany": func() error { return testkit.Err(r.ConfirmMany(ctx, "c", "x", "y")) },
+			"CancelMany":  func() error { return testkit.Err(r.CancelMany(ctx, "c", "x", "y")) },
+			"Restock":     func() error { return testkit.Err(r.Restock(ctx, "x", "r", 5)) },
 			"CloseItem":   func() error { return r.CloseItem(ctx, "x") },
 			"ReopenItem":  func() error { return r.ReopenItem(ctx, "x") },
 			"Delist":      func() error { return r.Delist(ctx, "x") },
-			"Refuse":      func() error { return errOf(stockops.Refuse(ctx, r, "x", "a")) },
+			"Refuse":      func() error { return testkit.Err(stockops.Refuse(ctx, r, "x", "a")) },
 		}
 		for name, write := range writes {
 			assert.ErrorIs(t, write(), stock.ErrEvictionPolicy, name)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -44,7 +45,7 @@ func TestFailoverGuard(t *testing.T) {
 	must(t, "restores still work while fenced")(r.Restore(ctx, "A", "o1"))
 
 	rec := newReconciler(t, r, store, nil)
-	require.NoError(t, errOf(rec.Once(ctx)))
+	require.NoError(t, testkit.Err(rec.Once(ctx)))
 	checkFenced(t, g, false, "a complete pass lifts the fence")
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}))
 	// The other process learns of the pass from Redis.
@@ -59,7 +60,7 @@ func TestFreshDeploymentIsNotFenced(t *testing.T) {
 	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		store := memstore.New()
 		for _, sku := range []string{"A", "B"} {
-			require.NoError(t, errOf(stockops.Preheat(ctx, r, store, sku, 10)))
+			require.NoError(t, testkit.Err(stockops.Preheat(ctx, r, store, sku, 10)))
 		}
 		// The guard's first check, as Run makes it before its first reconcile pass.
 		if fenced, err := stockops.NewFailoverGuard(r).Check(ctx); err == nil {
@@ -94,7 +95,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	c := srv.Client(t)
 	r := newReserver(t, c)
 	store := memstore.New()
-	require.NoError(t, errOf(stockops.Preheat(ctx, r, store, "A", 10)))
+	require.NoError(t, testkit.Err(stockops.Preheat(ctx, r, store, "A", 10)))
 	g := stockops.NewFailoverGuard(r)
 	checkFenced(t, g, false)
 	require.NoError(t, r.Ready(ctx))
@@ -108,7 +109,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	assert.Contains(t, err.Error(), "reconcile pass")
 
 	rec := newReconciler(t, r, store, nil)
-	require.NoError(t, errOf(rec.Once(ctx)))
+	require.NoError(t, testkit.Err(rec.Once(ctx)))
 	require.NoError(t, r.Ready(ctx))
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 
@@ -123,7 +124,7 @@ func TestReadyWaitsForThePassAfterAFailover(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	store.Set("B", 5)
-	require.NoError(t, errOf(rec.Once(ctx)))
+	require.NoError(t, testkit.Err(rec.Once(ctx)))
 	require.NoError(t, other.Ready(ctx))
 }
 
@@ -188,7 +189,7 @@ func lostRegistryScenario(t *testing.T, c rueidis.Client, lose func()) {
 	}
 	assert.Equal(t, []string{"A", "B"}, registry(t, r), "registered again")
 	assert.Equal(t, int64(7), levels(t, r, "A").Available, "rebuilt from the store")
-	require.ErrorIs(t, errOf(available(r.Levels(ctx, "C"))), stock.ErrNotLoaded, "an item Redis never had is left alone")
+	require.ErrorIs(t, testkit.Err(available(r.Levels(ctx, "C"))), stock.ErrNotLoaded, "an item Redis never had is left alone")
 
 	// Sold and relayed again; the next pass finds nothing.
 	must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "a-after", Qty: 2}))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -35,7 +36,7 @@ func TestSoldOutFastPath(t *testing.T) {
 		})))
 		other := newReserver(t, c2)
 		require.NoError(t, r.Load(ctx, "A", 5))
-		deductEach(t, r, "A", 5)
+		testkit.Sell(t, r, "A", "o", "", 5)
 		mustFail(t, stock.ErrSoldOut, "Redis answers the first sold-out request")(
 			r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
 		mustFail(t, stock.ErrUnknownID)(other.Restore(ctx, "A", "ghost")) // a tombstone: "ghost" can never take stock
@@ -249,7 +250,7 @@ func TestSoldOutFilterBuild(t *testing.T) {
 		for w := range 8 {
 			wg.Go(func() {
 				for i := w; i < units; i += 8 {
-					assert.NoError(t, errOf(other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})))
+					assert.NoError(t, testkit.Err(other.Deduct(ctx, stock.Request{SKU: "F", ID: fmt.Sprintf("d%d", i), Qty: 1})))
 				}
 			})
 		}
@@ -391,7 +392,7 @@ func TestSoldOutFastPathSplit(t *testing.T) {
 		for _, req := range taken {
 			rc := must(t, "a repeat of a taken id is a replay, never sold out")(r.Deduct(ctx, req))
 			assert.True(t, rc.Replayed)
-			req.User = keyIn(req.ID+"-other", (bucketOf(req.User, n)+1)%n, n)
+			req.User = keyIn(req.ID+"-other", (testkit.HomeBucket(req.User, n)+1)%n, n)
 			mustFail(t, stock.ErrConflict, "a taken id used by a buyer of another bucket")(r.Deduct(ctx, req))
 			req.User = ""
 			mustFail(t, stock.ErrConflict, "a taken id used without its buyer")(r.Deduct(ctx, req))
@@ -483,7 +484,7 @@ func soldOutReserver(t *testing.T, c rueidis.Client, sku string) *stock.Reserver
 // not track: the fast path is off, the answers the same).
 func eachSoldOutBackend(t *testing.T, sku string, f func(t *testing.T, b redistest.Backend, r *stock.Reserver, tries int)) {
 	t.Helper()
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		tries := 1000
 		if !b.Real() {
 			tries = 50
@@ -550,7 +551,7 @@ func TestFastPathReplayOwnWrite(t *testing.T) {
 // TestFastPathReplayOwnWrite (this one rarely catches the stale answer: the repeat must come
 // before an invalidation that is usually already there).
 func TestFastPathConcurrentRepeats(t *testing.T) {
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := newReserver(t, b.Client(t))
 		const units, workers = 3, 16
 		rounds := 400

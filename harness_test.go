@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"strconv"
@@ -102,18 +101,10 @@ func remaining(t *testing.T, store stock.Store, sku string) int64 {
 	return n
 }
 
-// bucketOf is the bucket of n that a split item sends a user (or, without a user, a request id)
-// to: FNV-1a of it, mod n (README "Routing"; restated so that a test can pick its keys).
-func bucketOf(key string, n int) int {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
-}
-
 // keyIn returns the first name prefix-<j> that goes to bucket b of n.
 func keyIn(prefix string, b, n int) string {
 	for j := 0; ; j++ {
-		if k := fmt.Sprintf("%s-%d", prefix, j); bucketOf(k, n) == b {
+		if k := fmt.Sprintf("%s-%d", prefix, j); testkit.HomeBucket(k, n) == b {
 			return k
 		}
 	}
@@ -166,9 +157,6 @@ func (w *logRecords) String() string {
 	defer w.mu.Unlock()
 	return strings.Join(w.msgs, "\n")
 }
-
-// errOf is the error of a call that returns a value and an error: errOf(r.Deduct(ctx, req)).
-func errOf[T any](_ T, err error) error { return err }
 
 // rig is a Reserver on c with a Store, a relay and a reconciler between them.
 type rig struct {
@@ -315,11 +303,11 @@ func loadBoth(t *testing.T, r *stock.Reserver, skus map[string]int64) *memstore.
 	return store
 }
 
-// deductEach deducts one unit of sku for each of the ids o0 … o<n-1>, in order.
-func deductEach(t *testing.T, r *stock.Reserver, sku string, n int) {
+// sellTo sells n units of sku to user, a request of one unit each: ids prefix0, prefix1, ...
+func sellTo(t *testing.T, r *stock.Reserver, sku, prefix, user string, n int) {
 	t.Helper()
 	for i := range n {
-		must(t)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1}))
+		must(t, "sale %d", i)(r.Deduct(context.Background(), stock.Request{SKU: sku, ID: prefix + strconv.Itoa(i), User: user, Qty: 1}))
 	}
 }
 
@@ -351,15 +339,6 @@ func loadItems(t *testing.T, r *stock.Reserver, skus map[string]int64) {
 	}
 }
 
-// requireCartRefusal requires err to be a *CartError of the refusing item sku, wrapping want.
-func requireCartRefusal(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
-	t.Helper()
-	var ce *stock.CartError
-	require.ErrorAs(t, err, &ce, msgAndArgs...)
-	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
-	assert.ErrorIs(t, err, want, msgAndArgs...)
-}
-
 // commandCalls returns how many times a standalone server has run the named commands.
 func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
 	t.Helper()
@@ -383,21 +362,10 @@ func commandCalls(t *testing.T, c rueidis.Client, names ...string) int64 {
 // test, c2 for another process.
 func eachPair(t *testing.T, f func(t *testing.T, b redistest.Backend, c, c2 rueidis.Client)) {
 	t.Helper()
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, c2 := b.Pair(t)
 		f(t, b, c, c2)
 	})
-}
-
-// eachBackendOf runs f on every backend, the backends in parallel.
-func eachBackendOf(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, b)
-		})
-	}
 }
 
 // assertState asserts the state of id's ledger entry of sku.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
@@ -164,7 +165,7 @@ func TestHoldRace(t *testing.T) {
 		}
 		wg.Wait()
 		redistest.Sleep(c, 30*time.Millisecond)
-		require.NoError(t, errOf(stockops.Sweep(ctx, r, "A")))
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, r, "A")))
 		l, entries := checkLedger(t, r, "A", 100)
 		var sold, back int64
 		for _, e := range entries {
@@ -209,9 +210,7 @@ func TestHoldConcurrent(t *testing.T) {
 				id := fmt.Sprint("h", g)
 				_, err := r.Hold(ctx, stock.Request{SKU: "A", ID: id, Qty: 1}, time.Duration(1+rng.IntN(40))*time.Millisecond)
 				if err != nil {
-					if !errors.Is(err, stock.ErrSoldOut) {
-						t.Error(err)
-					}
+					assert.ErrorIs(t, err, stock.ErrSoldOut)
 					return
 				}
 				redistest.Sleep(c, time.Duration(rng.IntN(30))*time.Millisecond)
@@ -226,7 +225,7 @@ func TestHoldConcurrent(t *testing.T) {
 		close(stop)
 		watch.Wait()
 		redistest.Sleep(c, 50*time.Millisecond)
-		require.NoError(t, errOf(stockops.Sweep(ctx, r, "A")))
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, r, "A")))
 		l, _ := checkLedger(t, r, "A", 100)
 		assert.Zero(t, l.Held)
 		assert.Equal(t, confirmed.Load(), l.Sold)
@@ -297,7 +296,7 @@ func TestExpiredHoldAnswerIndependentOfOthers(t *testing.T) {
 			assertState(t, r, "H", id, stock.StateExpired, "%s: %s", call.name, call.released)
 		}
 
-		require.NoError(t, errOf(stockops.Sweep(ctx, r, "H")))
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, r, "H")))
 		assert.Equal(t, stock.Levels{Available: 1000, Loaded: 1000}, levels(t, r, "H"))
 		for id, e := range ledger(t, r, "H") {
 			assert.Equal(t, stock.StateExpired, e.State, id)
@@ -348,18 +347,18 @@ func TestCorruptEntryAmongDueHolds(t *testing.T) {
 	eachReserver(t, []stock.Option{stock.WithSoldOutCache(0)}, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "X", 10))
 		holdMany(t, r, "X", "x", 3, 1500*time.Millisecond) // long enough for the next steps on a busy machine
-		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "X", ID: "live", Qty: 2}, time.Minute)))
+		require.NoError(t, testkit.Err(r.Hold(ctx, stock.Request{SKU: "X", ID: "live", Qty: 2}, time.Minute)))
 		plantEntry(t, c, "X", "x1", "Hh|1|oops")
 		redistest.Sleep(c, 1600*time.Millisecond)
 		before := levels(t, r, "X")
 		assert.Equal(t, stock.Levels{Available: 5, Held: 5, Loaded: 10}, before)
 
 		calls := map[string]func() error{
-			"sweep":   func() error { return errOf(stockops.Sweep(ctx, r, "X")) },
-			"deduct":  func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "X", ID: "d", Qty: 1})) },
-			"hold":    func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "X", ID: "h", Qty: 1}, time.Minute)) },
-			"confirm": func() error { return errOf(r.Confirm(ctx, "X", "live")) },
-			"extend":  func() error { return errOf(r.Extend(ctx, "X", "live", time.Minute)) },
+			"sweep":   func() error { return testkit.Err(stockops.Sweep(ctx, r, "X")) },
+			"deduct":  func() error { return testkit.Err(r.Deduct(ctx, stock.Request{SKU: "X", ID: "d", Qty: 1})) },
+			"hold":    func() error { return testkit.Err(r.Hold(ctx, stock.Request{SKU: "X", ID: "h", Qty: 1}, time.Minute)) },
+			"confirm": func() error { return testkit.Err(r.Confirm(ctx, "X", "live")) },
+			"extend":  func() error { return testkit.Err(r.Extend(ctx, "X", "live", time.Minute)) },
 		}
 		for name, call := range calls {
 			err := call()

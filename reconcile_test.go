@@ -18,6 +18,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -42,13 +43,13 @@ func TestReconcileClean(t *testing.T) {
 func TestReconcileLostKey(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newRig(t, c, map[string]int64{"A": 50})
-		deductEach(t, g.r, "A", 10)
+		testkit.Sell(t, g.r, "A", "o", "", 10)
 		drain(t, g.relay)
 		for i := 10; i < 15; i++ { // in flight when the key goes
 			must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1}))
 		}
 		del(t, c, "stock:{A}")
-		require.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
 		mustFail(t, stock.ErrNotLoaded, "no sale on a lost item")(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "x", Qty: 1}))
 
 		dry := newReconciler(t, g.r, g.store, &stock.ReconcileOptions{DryRun: true})
@@ -56,7 +57,7 @@ func TestReconcileLostKey(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, reps[0].Missing)
 		assert.False(t, reps[0].Rebuilt)
-		require.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded, "a dry run repairs nothing")
+		require.ErrorIs(t, testkit.Err(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded, "a dry run repairs nothing")
 
 		rp := g.once(t)["A"]
 		assert.True(t, rp.Missing)
@@ -155,7 +156,7 @@ func TestReconcileLostEventsAndEntries(t *testing.T) {
 func TestReconcileTrims(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newRig(t, c, map[string]int64{"A": 50}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		deductEach(t, g.r, "A", 5)
+		testkit.Sell(t, g.r, "A", "o", "", 5)
 		mustFail(t, stock.ErrUnknownID)(g.r.Restore(ctx, "A", "ghost"))
 		drain(t, g.relay)
 		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "pending", Qty: 1}))
@@ -220,7 +221,7 @@ func TestReconcileRace(t *testing.T) {
 func TestDelistRetires(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		g := newRig(t, c, map[string]int64{"A": 1000, "B": 5}, &stock.ReconcileOptions{Retention: time.Millisecond})
-		deductEach(t, g.r, "A", 600) // more than one retire step of the ledger
+		testkit.Sell(t, g.r, "A", "o", "", 600) // more than one retire step of the ledger
 		// Sold out, and a refusal: the item gets its sold-out filter, which must go too.
 		must(t)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "rest", Qty: 400}))
 		mustFail(t, stock.ErrSoldOut)(g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "one-more", Qty: 1}))
@@ -242,7 +243,7 @@ func TestDelistRetires(t *testing.T) {
 		assert.Zero(t, reps["A"].Drift)
 		assert.False(t, reps["B"].Retired)
 		assertGone(t, c, "stock:{A}", ":l", ":u", ":o", ":h", ":r", ":rl", ":dl", ":b")
-		assert.ErrorIs(t, errOf(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
+		assert.ErrorIs(t, testkit.Err(available(g.r.Levels(ctx, "A"))), stock.ErrNotLoaded)
 		reps = g.once(t)
 		_, listed := reps["A"]
 		assert.False(t, listed, "a retired item leaves the registry")
@@ -284,7 +285,7 @@ func TestReconcileHoldConfirmedInStore(t *testing.T) {
 		assertState(t, g.r, "A", "h1", stock.StateApplied)
 		l := levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 1, Held: 1, Sold: 1, Loaded: 3}, l, "h2 released, h1 sold, h3 due")
-		require.NoError(t, errOf(stockops.Sweep(ctx, g.r, "A")))
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, g.r, "A")))
 		l = levels(t, g.r, "A")
 		assert.Equal(t, stock.Levels{Available: 2, Held: 0, Sold: 1, Loaded: 3}, l, "h3 expired")
 		g.agree(t, "A")
@@ -335,11 +336,11 @@ func TestReconcileRestoreSettledDuringPass(t *testing.T) {
 		relay := newRelay(t, r, nil, pub, nil)
 
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 2}))
-		require.NoError(t, errOf(relay.Once(ctx)))
+		require.NoError(t, testkit.Err(relay.Once(ctx)))
 		require.Len(t, queue, 1)
 		require.NoError(t, stock.Consume(ctx, r, db, queue[0])) // the deduct is in the store
 		must(t)(r.Restore(ctx, "A", "o1"))
-		require.NoError(t, errOf(relay.Once(ctx)))
+		require.NoError(t, testkit.Err(relay.Once(ctx)))
 		require.Len(t, queue, 2) // the restore is published, not applied yet
 
 		store := &lateConsumerStore{Store: db, r: r, id: "o1", ev: queue[1]}
@@ -561,7 +562,7 @@ func TestRetentionCountsFromSettling(t *testing.T) {
 				drain(t, g.relay)
 				move(tc.past)
 				assert.Equal(t, 1, g.once(t)["x"].Trimmed, "trimmed once the retention after it settled has passed")
-				assert.ErrorIs(t, errOf(g.r.Ledger(context.Background(), "x", "e")), stock.ErrUnknownID)
+				assert.ErrorIs(t, testkit.Err(g.r.Ledger(context.Background(), "x", "e")), stock.ErrUnknownID)
 			})
 		})
 	}
@@ -608,7 +609,7 @@ func TestDelistThenRetireRemovesAnItem(t *testing.T) {
 					require.NoError(t, err)
 					assert.LessOrEqual(t, len(fields), 2, "%s keeps only its retired mark: %v", base, fields)
 				}
-				assert.ErrorIs(t, errOf(g.r.Levels(ctx, "x")), stock.ErrNotLoaded)
+				assert.ErrorIs(t, testkit.Err(g.r.Levels(ctx, "x")), stock.ErrNotLoaded)
 				require.NoError(t, g.r.Load(ctx, "x", 3), "a retired item may be loaded again")
 				assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, g.r, "x"))
 			})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -95,7 +96,7 @@ func TestRelayPublisherDown(t *testing.T) {
 		pub := newRecorder()
 		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		pub.down.Store(true)
-		deductEach(t, r, "A", 30)
+		testkit.Sell(t, r, "A", "o", "", 30)
 		for range 3 {
 			st, err := rl.Once(ctx)
 			assert.Error(t, err)
@@ -134,7 +135,7 @@ func TestRelayCrashRedelivers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 200})
 		rec := newRecorder()
-		deductEach(t, r, "A", 100)
+		testkit.Sell(t, r, "A", "o", "", 100)
 		// Crash points: mid-batch after the store applied, at several positions.
 		for _, at := range []int64{1, 7, 16} {
 			pub := &crashingPublisher{inner: rec, at: at}
@@ -169,9 +170,9 @@ func TestRelaysConcurrent(t *testing.T) {
 			dw.Go(func() {
 				for i := range 40 {
 					id := fmt.Sprint("g", g, "-", i)
-					assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})))
+					assert.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "A", ID: id, Qty: 1})))
 					if i%5 == 0 {
-						assert.NoError(t, errOf(r.Restore(ctx, "A", id)))
+						assert.NoError(t, testkit.Err(r.Restore(ctx, "A", id)))
 					}
 				}
 			})
@@ -195,7 +196,7 @@ func TestConsumeGivesBackRefusals(t *testing.T) {
 		var evs []stock.Event
 		pub := stock.PublisherFunc(func(_ context.Context, ev stock.Event) error { evs = append(evs, ev); return nil })
 		rl := newRelay(t, r, nil, pub, nil)
-		deductEach(t, r, "A", 5)
+		testkit.Sell(t, r, "A", "o", "", 5)
 		drain(t, rl)
 		require.Len(t, evs, 5)
 		// The consumer side: each message delivered twice, as queues do.
@@ -270,7 +271,7 @@ func TestRelayDeadLetters(t *testing.T) {
 func TestPending(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c rueidis.Client) {
 		r, store := reserverAndStore(t, c, map[string]int64{"A": 5})
-		deductEach(t, r, "A", 3)
+		testkit.Sell(t, r, "A", "o", "", 3)
 		p, d, err := stockops.Pending(ctx, r, "A")
 		require.NoError(t, err)
 		assert.Equal(t, [2]int64{3, 0}, [2]int64{p, d})
@@ -333,7 +334,7 @@ func TestRelayUsesBatchPublisher(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "A", 100))
 		pub := &batchRecorder{}
 		rl := newRelay(t, r, nil, pub, &stock.RelayOptions{Batch: 16})
-		deductEach(t, r, "A", 40)
+		testkit.Sell(t, r, "A", "o", "", 40)
 		st := drain(t, rl)
 		assert.Equal(t, 40, st.Delivered)
 		assert.Empty(t, pub.singles, "Publish is not used for batches of several events")
@@ -369,7 +370,7 @@ func TestRelayBatchFailureRetriesFromIt(t *testing.T) {
 			return false
 		}}
 		rl := newRelay(t, r, store, pub, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
-		deductEach(t, r, "A", 6)
+		testkit.Sell(t, r, "A", "o", "", 6)
 		st, err := rl.Once(ctx)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "broker refused o3")
@@ -403,7 +404,7 @@ func TestRelayBatchPublisherWrongLength(t *testing.T) {
 		short := true
 		bad := &shortBatch{batchRecorder: &batchRecorder{}, short: &short}
 		rl := newRelay(t, r, nil, bad, &stock.RelayOptions{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
-		deductEach(t, r, "A", 3)
+		testkit.Sell(t, r, "A", "o", "", 3)
 		_, err := rl.Once(ctx)
 		require.ErrorContains(t, err, "2 results for 3 events")
 		assert.Equal(t, int64(3), outboxLen(t, c, "A"))
@@ -531,7 +532,7 @@ func TestDefaultLoggerIsSlogDefault(t *testing.T) {
 			require.NoError(t, r.Load(ctx, "A", 5))
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
 			rl := newRelay(t, r, memstore.New(), nil, nil)
-			require.ErrorIs(t, errOf(rl.Once(ctx)), stock.ErrNotLoaded)
+			require.ErrorIs(t, testkit.Err(rl.Once(ctx)), stock.ErrNotLoaded)
 			assert.Contains(t, logs.String(), notLoadedLog)
 			assert.Contains(t, logs.String(), "level=ERROR")
 		})
@@ -557,13 +558,13 @@ func TestPreheatLoadsStoreAndRedis(t *testing.T) {
 
 		// Again: a live sale is not clobbered.
 		must(t)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1}))
-		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "A", 10)), stock.ErrLoaded)
+		require.ErrorIs(t, testkit.Err(stockops.Preheat(ctx, r, store, "A", 10)), stock.ErrLoaded)
 		assert.EqualValues(t, 9, levels(t, r, "A").Available)
 
 		// Bad input changes nothing.
-		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "C", -1)), stock.ErrInvalid)
-		require.ErrorIs(t, errOf(stockops.Preheat(ctx, r, store, "bad{name", 1)), stock.ErrInvalid)
-		require.ErrorIs(t, errOf(store.Remaining(ctx, "bad{name")), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(stockops.Preheat(ctx, r, store, "C", -1)), stock.ErrInvalid)
+		require.ErrorIs(t, testkit.Err(stockops.Preheat(ctx, r, store, "bad{name", 1)), stock.ErrInvalid)
+		require.ErrorIs(t, testkit.Err(store.Remaining(ctx, "bad{name")), stock.ErrNotLoaded)
 
 		rl := newRelay(t, r, store, nil, nil)
 		assert.Equal(t, 1, drain(t, rl).Delivered)
@@ -622,7 +623,7 @@ func TestStoppedWhileTakingTheLeaseGivesItBack(t *testing.T) {
 			rec := newReconciler(t, r, store, nil)
 			// Every script is loaded: the armed command runs, it is not refused as NOSCRIPT.
 			must(t)(r.Deduct(ctx, stock.Request{SKU: "B", ID: "b1", Qty: 1}))
-			require.NoError(t, errOf(relay.Once(ctx)))
+			require.NoError(t, testkit.Err(relay.Once(ctx)))
 			_, err := rec.Pass(ctx)
 			require.NoError(t, err)
 

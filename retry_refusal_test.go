@@ -25,6 +25,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -166,7 +167,7 @@ func TestRetryRefusalMatrix(t *testing.T) {
 		cart := stock.Cart{ID: id, User: user, Lines: []stock.Line{{SKU: other, Qty: 1}, {SKU: sku, Qty: qty}}}
 		mustCart(t, "HoldMany of another id: there is stock")(
 			r.HoldMany(ctx, stock.Cart{ID: id + "h", User: user, Lines: []stock.Line{{SKU: sku, Qty: qty}}}, time.Hour))
-		require.NoError(t, errOf(r.CancelMany(ctx, id+"h", sku)))
+		require.NoError(t, testkit.Err(r.CancelMany(ctx, id+"h", sku)))
 		for i, rr := range []*stock.Reserver{r2, r} {
 			if op == "deduct" {
 				_, err = rr.DeductMany(ctx, cart)
@@ -282,7 +283,7 @@ func TestRetryRefusalHoldExpiry(t *testing.T) {
 		env.Advance(2 * time.Minute) // both holds are due
 		refused(t, "late hold after expiry", stock.ErrInsufficient, 1)(r2.Hold(ctx, request(sku, "x:in~", "x", 2), time.Minute))
 		refused(t, "late deduct after expiry", stock.ErrSoldOut, 0)(r2.Deduct(ctx, request(sku, "x:so~", "y", 1)))
-		require.NoError(t, errOf(stockops.Sweep(ctx, r, sku)))
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, r, sku)))
 		refused(t, "deduct retry after sweep", stock.ErrInsufficient, 1)(r.Deduct(ctx, retryRequest(sku, "x:in~", "x", 2)))
 		refused(t, "hold retry after sweep", stock.ErrSoldOut, 0)(r.Hold(ctx, retryRequest(sku, "x:so~", "y", 1), time.Minute))
 		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, r, sku), "levels after expiry and repeats")
@@ -550,7 +551,7 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 		stop := make(chan struct{})
 		wg.Go(func() { // restocker
 			for i := 0; i < restocks; i++ {
-				assert.NoError(t, errOf(r2.Restock(ctx, sku, fmt.Sprintf("rs:%d~", i), 1)))
+				assert.NoError(t, testkit.Err(r2.Restock(ctx, sku, fmt.Sprintf("rs:%d~", i), 1)))
 			}
 		})
 		var churned int64
@@ -558,9 +559,7 @@ func TestRetryRefusalRepeatConcurrentRestock(t *testing.T) {
 			for i := 0; !stopped(stop); i++ {
 				oid := fmt.Sprintf("o:%d~", i)
 				if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: oid, User: fmt.Sprintf("o%d", i%5), Qty: 1}); err == nil {
-					if _, err := r2.Restore(ctx, sku, oid); err != nil {
-						t.Error(err)
-					}
+					assert.NoError(t, testkit.Err(r2.Restore(ctx, sku, oid)))
 					churned++
 				}
 			}
@@ -658,7 +657,7 @@ func TestRetryRefusalRaceFirstAttempt(t *testing.T) {
 			}
 			wg.Go(func() {
 				<-start
-				assert.NoError(t, errOf(r2.Restock(ctx, sku, "rs:"+id, int64(1+round%2))))
+				assert.NoError(t, testkit.Err(r2.Restock(ctx, sku, "rs:"+id, int64(1+round%2))))
 			})
 			close(start)
 			wg.Wait()
@@ -744,9 +743,7 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 					switch {
 					case err == nil:
 						if i%4 == 0 {
-							if _, err := rr.Restore(ctx, sku, req.ID); err != nil {
-								t.Error(err)
-							}
+							assert.NoError(t, testkit.Err(rr.Restore(ctx, sku, req.ID)))
 						}
 					case errors.Is(err, stock.ErrSoldOut) || errors.Is(err, stock.ErrInsufficient):
 						mu.Lock()
@@ -760,7 +757,7 @@ func TestRetryRefusalBucketsConcurrentRefusals(t *testing.T) {
 		}
 		wg.Go(func() {
 			for i := 0; i < 10; i++ {
-				assert.NoError(t, errOf(r2.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 2)))
+				assert.NoError(t, testkit.Err(r2.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 2)))
 				time.Sleep(time.Millisecond)
 			}
 		})
@@ -854,7 +851,7 @@ func TestRetryRefusalReconcile(t *testing.T) {
 		rec := newReconciler(t, r, store, nil)
 		pass := func(label string) {
 			t.Helper()
-			require.NoError(t, errOf(relay.Once(ctx)), "%s: relay", label)
+			require.NoError(t, testkit.Err(relay.Once(ctx)), "%s: relay", label)
 			rep, err := rec.Item(ctx, sku)
 			require.NoError(t, err, "%s: reconcile", label)
 			if rep.Drift != 0 || rep.Adjusted != 0 || rep.Rebuilt || rep.Requeued != 0 || rep.Rerecorded != 0 || rep.Resynced != 0 || rep.NeedsHuman != "" {
@@ -1027,7 +1024,7 @@ func retryEachEnv(t *testing.T, f func(t *testing.T, cfg retryConfig, env *retry
 // with realOnly, a miniredis backend runs none of them (its leaf passes empty).
 func retryEach[C any](t *testing.T, realOnly bool, cases []C, name func(C) string, f func(t *testing.T, b redistest.Backend, c C)) {
 	t.Helper()
-	eachBackendOf(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		if realOnly && !b.Real() {
 			return
 		}
@@ -1125,7 +1122,7 @@ func TestRetryRefusalIsFinal(t *testing.T) {
 	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
 		require.NoError(t, r.Load(ctx, "A", 0))
 		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "first", Qty: 1}))
-		require.ErrorIs(t, errOf(r.Ledger(ctx, "A", "first")), stock.ErrUnknownID, "the sold-out path writes nothing")
+		require.ErrorIs(t, testkit.Err(r.Ledger(ctx, "A", "first")), stock.ErrUnknownID, "the sold-out path writes nothing")
 
 		mustFail(t, stock.ErrSoldOut)(r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1, Retry: true}))
 		e := entry(t, r, "A", "o1")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -128,16 +129,16 @@ func TestRelayOptionsDefaults(t *testing.T) {
 	r := newReserver(t, c)
 	db := memstore.New()
 	for _, o := range []*stock.RelayOptions{nil, {}, {MinBackoff: 2 * time.Minute}, {MaxBackoff: time.Millisecond}, {Lease: time.Millisecond}} {
-		assert.NoError(t, errOf(stockops.NewRelay(r, db, nil, o)), "%+v", o)
+		assert.NoError(t, testkit.Err(stockops.NewRelay(r, db, nil, o)), "%+v", o)
 	}
 	for _, o := range []*stock.RelayOptions{{Batch: 10001}, {Lease: time.Microsecond}, {MinBackoff: time.Second, MaxBackoff: time.Millisecond}, {Poll: -1}} {
-		assert.ErrorIs(t, errOf(stockops.NewRelay(r, db, nil, o)), stock.ErrInvalid, "%+v", o)
+		assert.ErrorIs(t, testkit.Err(stockops.NewRelay(r, db, nil, o)), stock.ErrInvalid, "%+v", o)
 	}
 	for _, o := range []*stock.ReconcileOptions{nil, {}, {Retention: -1}, {Interval: time.Second}, {Interval: -1}} {
-		assert.NoError(t, errOf(stockops.NewReconciler(r, db, o)), "%+v", o)
+		assert.NoError(t, testkit.Err(stockops.NewReconciler(r, db, o)), "%+v", o)
 	}
 	for _, o := range []*stock.ReconcileOptions{{RepairLimit: -5}, {Items: []string{""}}} {
-		assert.ErrorIs(t, errOf(stockops.NewReconciler(r, db, o)), stock.ErrInvalid, "%+v", o)
+		assert.ErrorIs(t, testkit.Err(stockops.NewReconciler(r, db, o)), stock.ErrInvalid, "%+v", o)
 	}
 	rc := newReconciler(t, r, db, &stock.ReconcileOptions{Interval: -1})
 	assert.ErrorIs(t, rc.Run(context.Background()), stock.ErrInvalid, "Reconciler.Run needs a positive interval")

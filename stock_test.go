@@ -16,13 +16,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/engine"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/stockops"
 )
 
 func TestLoadAvailableLevels(t *testing.T) {
 	eachReserver(t, nil, func(t *testing.T, c rueidis.Client, r *stock.Reserver) {
-		assert.ErrorIs(t, errOf(available(r.Levels(ctx, "ghost"))), stock.ErrNotLoaded)
-		assert.ErrorIs(t, errOf(r.Levels(ctx, "ghost")), stock.ErrNotLoaded)
+		assert.ErrorIs(t, testkit.Err(available(r.Levels(ctx, "ghost"))), stock.ErrNotLoaded)
+		assert.ErrorIs(t, testkit.Err(r.Levels(ctx, "ghost")), stock.ErrNotLoaded)
 
 		require.NoError(t, r.Load(ctx, "sku-1", 100))
 		n, err := available(r.Levels(ctx, "sku-1"))
@@ -88,7 +90,7 @@ func TestDeductOutcomes(t *testing.T) {
 		assert.False(t, e.At.IsZero())
 		e2 := entry(t, r, "A", "o1")
 		assert.Equal(t, e, e2)
-		assert.ErrorIs(t, errOf(r.Ledger(ctx, "A", "o5")), stock.ErrUnknownID)
+		assert.ErrorIs(t, testkit.Err(r.Ledger(ctx, "A", "o5")), stock.ErrUnknownID)
 	})
 }
 
@@ -250,10 +252,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 		assert.ErrorIs(t, r.Load(ctx, "B", stock.MaxQty+1), stock.ErrInvalid)
 		assert.ErrorIs(t, r.Load(ctx, "B{x}", 1), stock.ErrInvalid)
 		mustFail(t, stock.ErrInvalid)(r.Restock(ctx, "A", "r1", 0))
-		assert.ErrorIs(t, errOf(r.Ledger(ctx, "A", "")), stock.ErrInvalid)
-		assert.ErrorIs(t, errOf(stock.New(c, stock.WithPrefix("a{b"))), stock.ErrInvalid)
-		assert.ErrorIs(t, errOf(stock.New(c, stock.WithUserLimit(-1))), stock.ErrInvalid)
-		assert.ErrorIs(t, errOf(stock.New(nil)), stock.ErrInvalid)
+		assert.ErrorIs(t, testkit.Err(r.Ledger(ctx, "A", "")), stock.ErrInvalid)
+		assert.ErrorIs(t, testkit.Err(stock.New(c, stock.WithPrefix("a{b"))), stock.ErrInvalid)
+		assert.ErrorIs(t, testkit.Err(stock.New(c, stock.WithUserLimit(-1))), stock.ErrInvalid)
+		assert.ErrorIs(t, testkit.Err(stock.New(nil)), stock.ErrInvalid)
 		_, err := stock.New(c, stock.WithClock(time.Now), stock.WithClock(time.Now))
 		assert.ErrorIs(t, err, stock.ErrInvalid, "two clocks: one would be ignored")
 
@@ -263,7 +265,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		delete(after, "o")
 		assert.Equal(t, before, after)
 		assert.Equal(t, stock.Levels{Available: 9, Sold: 1, Loaded: 10}, levels(t, r, "A"))
-		assert.ErrorIs(t, errOf(available(r.Levels(ctx, "B"))), stock.ErrNotLoaded)
+		assert.ErrorIs(t, testkit.Err(available(r.Levels(ctx, "B"))), stock.ErrNotLoaded)
 	})
 }
 
@@ -535,9 +537,27 @@ func TestNamesRefuseFormatCharacters(t *testing.T) {
 			assert.Equal(t, int64(2), rc.Remaining, "%q", name)
 			must(t, "restore %q", name)(r.Restore(ctx, name, id))
 			assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, levels(t, r, name), "%q", name)
-			assert.NoError(t, errOf(stock.New(c, stock.WithPrefix(fmt.Sprintf("p%d%s", i, name)))), "prefix %q", name)
+			assert.NoError(t, testkit.Err(stock.New(c, stock.WithPrefix(fmt.Sprintf("p%d%s", i, name)))), "prefix %q", name)
 		}
 		// "café" precomposed and "cafe" + combining accent are two names: compared byte for byte.
 		assert.NotEqual(t, "caf\u00e9", "cafe\u0301")
 	})
+}
+
+// TestConstantsAreTheEngines: the limits and defaults package stock documents are the ones its
+// engine applies.
+func TestConstantsAreTheEngines(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		api, used int64
+	}{
+		{"MaxQty", stock.MaxQty, engine.MaxQty},
+		{"MaxNameLen", stock.MaxNameLen, engine.MaxNameLen},
+		{"MaxHoldTTL", int64(stock.MaxHoldTTL), int64(engine.MaxHoldTTL)},
+		{"DefaultTimeout", int64(stock.DefaultTimeout), int64(engine.DefaultTimeout)},
+	} {
+		if c.api != c.used {
+			t.Errorf("stock.%s = %d, the engine uses %d", c.name, c.api, c.used)
+		}
+	}
 }

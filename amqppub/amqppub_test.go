@@ -44,9 +44,7 @@ func url(t testing.TB) string {
 func dial(t testing.TB, u string) *amqp.Connection {
 	t.Helper()
 	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	if err != nil {
-		t.Fatalf("%s=%s: dial: %v", EnvAMQP, u, err)
-	}
+	require.NoError(t, err, "%s=%s: dial", EnvAMQP, u)
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
 }

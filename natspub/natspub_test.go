@@ -29,6 +29,7 @@ import (
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/queuetest"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/natspub"
 	"github.com/stockres/stock/sqlstore"
@@ -332,9 +333,7 @@ func silentServer(t *testing.T) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				defer c.Close()
 				info := `INFO {"server_id":"silent","server_name":"silent","version":"2.10.0","proto":1,` +
 					`"headers":true,"max_payload":1048576,"host":"127.0.0.1","port":0}` + "\r\n"
@@ -353,7 +352,7 @@ func silentServer(t *testing.T) string {
 						}
 					}
 				}
-			}()
+			})
 		}
 	})
 	return "nats://" + l.Addr().String()
@@ -428,17 +427,13 @@ func newEnv(t testing.TB) *env {
 		t.Skip("STOCK_TEST_NATS not set")
 	}
 	nc, err := nats.Connect(url, nats.Timeout(3*time.Second), nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatalf("STOCK_TEST_NATS=%s: connect: %v", url, err)
-	}
+	require.NoError(t, err, "STOCK_TEST_NATS=%s: connect", url)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.AccountInfo(ctx); err != nil {
-		t.Fatalf("STOCK_TEST_NATS=%s: JetStream unavailable: %v", url, err)
-	}
+	require.NoError(t, testkit.Err(js.AccountInfo(ctx)), "STOCK_TEST_NATS=%s: JetStream unavailable", url)
 	sfx := randSuffix(t)
 	e := &env{nc: nc, js: js, stream: "STOCKTEST_" + sfx, prefix: "stocktest." + sfx}
 	_, err = natspub.EnsureStream(ctx, js, e.stream, e.prefix)

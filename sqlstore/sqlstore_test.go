@@ -83,9 +83,7 @@ func openDB(ctx context.Context, t testing.TB, driver, dsn string) *sql.DB {
 	db, err := sql.Open(driver, dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("%s: server unreachable: %v", driver, err)
-	}
+	require.NoError(t, db.PingContext(ctx), "%s: server unreachable", driver)
 	return db
 }
 
@@ -817,9 +815,7 @@ func BenchmarkApplyBatch(b *testing.B) {
 							continue
 						}
 						for _, err := range e.s.ApplyBatch(ctx, evs) {
-							if err != nil {
-								b.Error(err)
-							}
+							assert.NoError(b, err)
 						}
 					}
 				})

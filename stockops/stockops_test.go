@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -73,9 +74,7 @@ func load(t *testing.T, r *stock.Reserver, db *memstore.Store, sku string, qty i
 func deduct(t *testing.T, r *stock.Reserver, sku, id string, qty int64) stock.Receipt {
 	t.Helper()
 	rc, err := r.Deduct(context.Background(), stock.Request{SKU: sku, ID: id, Qty: qty})
-	if err != nil {
-		t.Fatalf("deduct %s/%s: %v", sku, id, err)
-	}
+	require.NoError(t, err, "deduct %s/%s", sku, id)
 	return rc
 }
 
@@ -99,13 +98,9 @@ func TestNewRelayArguments(t *testing.T) {
 	if _, err := stockops.NewRelay(r, noStore, noPub, &stock.RelayOptions{}); !errors.Is(err, stock.ErrInvalid) {
 		t.Fatalf("nil interfaces: %v; want ErrInvalid", err)
 	}
-	if _, err := stockops.NewRelay(r, db, nil, nil); err != nil {
-		t.Fatalf("store only: %v", err)
-	}
+	require.NoError(t, testkit.Err(stockops.NewRelay(r, db, nil, nil)), "store only")
 	pub := stock.PublisherFunc(func(context.Context, stock.Event) error { return nil })
-	if _, err := stockops.NewRelay(r, nil, pub, (*stock.RelayOptions)(nil)); err != nil {
-		t.Fatalf("publisher only, typed-nil options: %v", err)
-	}
+	require.NoError(t, testkit.Err(stockops.NewRelay(r, nil, pub, (*stock.RelayOptions)(nil))), "publisher only, typed-nil options")
 	for _, o := range []stock.RelayOptions{
 		{Batch: 10001}, {Batch: -1}, {Lease: -time.Second}, {MinBackoff: time.Minute, MaxBackoff: time.Second},
 		{Items: []string{"bad{name}"}}, {Poll: -1},
@@ -129,9 +124,7 @@ func TestNewReconcilerArguments(t *testing.T) {
 	if rc, err := stockops.NewReconciler(nil, db, nil); !errors.Is(err, stock.ErrInvalid) || rc != nil {
 		t.Fatalf("NewReconciler(nil Reserver) = %v, %v; want nil, ErrInvalid", rc, err)
 	}
-	if _, err := stockops.NewReconciler(r, db, (*stock.ReconcileOptions)(nil)); err != nil {
-		t.Fatalf("typed-nil options: %v", err)
-	}
+	require.NoError(t, testkit.Err(stockops.NewReconciler(r, db, (*stock.ReconcileOptions)(nil))), "typed-nil options")
 	for _, o := range []stock.ReconcileOptions{{RepairLimit: -1}, {Items: []string{"a b"}}} {
 		if _, err := stockops.NewReconciler(r, db, &o); !errors.Is(err, stock.ErrInvalid) {
 			t.Errorf("NewReconciler(%+v) = %v; want ErrInvalid", o, err)
@@ -186,9 +179,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 	var wg sync.WaitGroup
 	stopOps := make(chan struct{})
 	opLoop := func(f func(i int)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; ; i++ {
 				select {
 				case <-stopOps:
@@ -197,7 +188,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 				}
 				f(i)
 			}
-		}()
+		})
 	}
 	opLoop(func(int) {
 		if _, err := rl.Once(ctx); err != nil && ctx.Err() == nil {
@@ -243,9 +234,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 	})
 	var workers sync.WaitGroup
 	for w := range 4 {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
+		workers.Go(func() {
 			for i := range 60 {
 				sku := skus[(w+i)%len(skus)]
 				id := fmt.Sprintf("w%d-%d", w, i)
@@ -270,7 +259,7 @@ func TestConcurrentBesideRun(t *testing.T) {
 					}
 				}
 			}
-		}()
+		})
 	}
 	workers.Wait()
 	time.Sleep(200 * time.Millisecond)
@@ -479,9 +468,8 @@ func TestSweep(t *testing.T) {
 			t.Fatalf("Sweep(%q) = %d, %v; want 0, ErrInvalid", skus, n, err)
 		}
 	}
-	if lv, _ := r.Levels(ctx, "a"); lv.Held != 3 {
-		t.Fatalf("an invalid Sweep released holds of a: %+v", lv)
-	}
+	lv, _ := r.Levels(ctx, "a")
+	require.EqualValues(t, 3, lv.Held, "an invalid Sweep released holds of a: %+v", lv)
 	if n, err := stockops.Sweep(ctx, r, "a", "a", "a"); n != 3 || err != nil {
 		t.Fatalf("Sweep(a, a, a) = %d, %v; want 3 units, nil", n, err)
 	}
@@ -493,9 +481,8 @@ func TestSweep(t *testing.T) {
 	if lv, _ := r.Levels(ctx, "b"); lv.Held != 0 || lv.Available != 10 {
 		t.Fatalf("b after the sweep: %+v", lv)
 	}
-	if lv, _ := r.Levels(ctx, "bad"); lv.Held != 3 {
-		t.Fatalf("bad after a failed sweep step: %+v; nothing released", lv)
-	}
+	lv, _ = r.Levels(ctx, "bad")
+	require.EqualValues(t, 3, lv.Held, "bad after a failed sweep step: %+v; nothing released", lv)
 }
 
 // ---- iteration ----
@@ -518,9 +505,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 		require.NoError(t, err)
 		items[s] = true
 	}
-	if len(items) != n+1 {
-		t.Fatalf("Items listed %d items, want %d", len(items), n+1)
-	}
+	require.Len(t, items, n+1, "Items listed %d items, want %d", len(items), n+1)
 	ids := map[string]bool{}
 	for e, err := range stockops.Entries(ctx, r, "big") {
 		require.NoError(t, err)
@@ -529,9 +514,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 		}
 		ids[e.ID] = true
 	}
-	if len(ids) != n {
-		t.Fatalf("Entries listed %d ids, want %d", len(ids), n)
-	}
+	require.Len(t, ids, n, "Entries listed %d ids, want %d", len(ids), n)
 	for _, stop := range []int{1, 300, 600} {
 		k := 0
 		for range stockops.Items(ctx, r) {
@@ -576,9 +559,7 @@ func TestItemsEntriesIteration(t *testing.T) {
 			t.Fatalf("an entry after the error: %+v", e)
 		}
 	}
-	if errs != 1 {
-		t.Fatalf("%d errors, want 1", errs)
-	}
+	require.EqualValues(t, 1, errs, "%d errors, want 1", errs)
 	// Items with an early break inside a nested Entries loop: no panic, no leak of state.
 	k := 0
 	for s := range stockops.Items(ctx, r) {
@@ -675,9 +656,8 @@ func TestRelayRefusal(t *testing.T) {
 	if p, d, _ := stockops.Pending(ctx, r, "a"); p != 0 || d != 0 {
 		t.Fatalf("pending %d, dead %d", p, d)
 	}
-	if n := db.Applications("a", "o2", stock.EventDeducted); n != 0 {
-		t.Fatalf("o2 applied %d times", n)
-	}
+	n := db.Applications("a", "o2", stock.EventDeducted)
+	require.EqualValues(t, 0, n, "o2 applied %d times", n)
 }
 
 // ---- cart recovery ----
@@ -710,9 +690,7 @@ func TestRecoverCartsConcurrent(t *testing.T) {
 	}
 	fail.Store(true)
 	for i := range carts {
-		if _, err := r.DeductMany(ctx, cart(i)); err == nil {
-			t.Fatalf("cart %d went through the injected error", i)
-		}
+		require.Error(t, testkit.Err(r.DeductMany(ctx, cart(i))), "cart %d went through the injected error", i)
 	}
 	fail.Store(false)
 	if lv, _ := r.Levels(ctx, "a"); lv.Available != 100-2*carts {
@@ -724,15 +702,11 @@ func TestRecoverCartsConcurrent(t *testing.T) {
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			n, err := stockops.RecoverCarts(ctx, r, 0)
-			if err != nil {
-				t.Error(err)
-			}
+			assert.NoError(t, err)
 			total.Add(int64(n))
-		}()
+		})
 	}
 	wg.Wait()
 	if total.Load() != carts {
@@ -776,13 +750,9 @@ func TestQueuePathInFlight(t *testing.T) {
 	if err != nil || rp.Published != 2 || rp.InFlight != 5 || rp.Drift != 0 || rp.Adjusted != 0 || rp.StoreRemaining != 10 {
 		t.Fatalf("consumers down: %#v, %v", rp, err)
 	}
-	if !strings.Contains(rp.String(), "2 published") {
-		t.Errorf("Report.String() = %q; want it to say 2 published", rp.String())
-	}
+	assert.Contains(t, rp.String(), "2 published", "Report.String() = %q; want it to say 2 published", rp.String())
 	for _, ev := range queue {
-		if err := stock.Consume(ctx, r, db, ev); err != nil {
-			t.Fatalf("consume %+v: %v", ev, err)
-		}
+		require.NoError(t, stock.Consume(ctx, r, db, ev), "consume %+v", ev)
 	}
 	rp, err = rec.Item(ctx, "a")
 	if err != nil || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.StoreRemaining != 5 {
@@ -890,13 +860,9 @@ func TestReportItemUnknownToStore(t *testing.T) {
 	}
 	line := rp.String()
 	for _, want := range []string{"ghost", "redis 5+1 held", "in flight 4", "2 pending", "NEEDS A HUMAN"} {
-		if !strings.Contains(line, want) {
-			t.Errorf("String() = %q; want it to contain %q", line, want)
-		}
+		assert.Contains(t, line, want, "String() = %q; want it to contain %q", line, want)
 	}
-	if strings.Contains(line, "\n") {
-		t.Errorf("String() is more than one line: %q", line)
-	}
+	assert.NotContains(t, line, "\n", "String() is more than one line: %q", line)
 	if lv, _ := r.Levels(ctx, "ghost"); lv.Available != 5 || lv.Held != 1 {
 		t.Fatalf("a pass changed an item the store does not know: %+v", lv)
 	}
@@ -933,9 +899,8 @@ func TestRelayOnceFailingItem(t *testing.T) {
 			t.Errorf("%s: %d pending, want %d", s, p, want)
 		}
 	}
-	if n, _ := db.Remaining(ctx, "c"); n != 10 {
-		t.Errorf("c (not in RelayOptions.Items) reached the store: remaining %d", n)
-	}
+	n, _ := db.Remaining(ctx, "c")
+	assert.EqualValues(t, 10, n, "c (not in RelayOptions.Items) reached the store: remaining %d", n)
 }
 
 // newRelay and newReconciler are stockops.NewRelay and NewReconciler, which must succeed.

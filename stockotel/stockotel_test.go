@@ -21,6 +21,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stockotel"
@@ -350,110 +351,107 @@ func attrs(s sdktrace.ReadOnlySpan) map[string]string {
 // replay flag and the units as attributes, and the Redis commands of the operation as its
 // children; no stock.sku unless asked for.
 func TestSpans(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			e := newTraceEnv(t, b.Client(t))
-			ctx, r := e.ctx, e.r
-			bg := context.Background() // Load records no span: its commands are left out of the trace
-			require.NoError(t, r.Load(bg, "A", 3))
-			require.NoError(t, r.Load(bg, "B", 3))
-			req := stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 2}
-			must := ok(t)
-			must(r.Deduct(ctx, req))
-			must(r.Deduct(ctx, req)) // a replay
-			_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 2})
-			require.ErrorIs(t, err, stock.ErrInsufficient)
-			must(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute))
-			must(r.Extend(ctx, "A", "h1", time.Minute))
-			must(r.Confirm(ctx, "A", "h1"))
-			must(r.Restore(ctx, "A", "o1"))
-			must(r.Restock(ctx, "A", "r1", 5))
-			must(r.Hold(ctx, stock.Request{SKU: "B", ID: "h2", Qty: 1}, time.Minute))
-			must(r.Cancel(ctx, "B", "h2"))
-			must(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}))
-			must(r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "B", Qty: 1}}}, time.Minute))
-			store := memstore.New()
-			require.NoError(t, store.Load(ctx, "A", 3))
-			require.NoError(t, store.Load(ctx, "B", 3))
-			relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: []string{"A"}})
-			require.NoError(t, err)
-			// The relay runs in a loop of its own: its batch span is a child of the loop's span,
-			// and the claims that look for events (before a batch starts) stay under the loop.
-			lctx, loop := e.tp.Tracer("app").Start(context.Background(), "relay-loop")
-			must(relay.Once(lctx))
-			loop.End()
-			rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}, DryRun: true})
-			require.NoError(t, err)
-			must(rec.Once(ctx))
-			e.parent.End()
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		e := newTraceEnv(t, b.Client(t))
+		ctx, r := e.ctx, e.r
+		bg := context.Background() // Load records no span: its commands are left out of the trace
+		require.NoError(t, r.Load(bg, "A", 3))
+		require.NoError(t, r.Load(bg, "B", 3))
+		req := stock.Request{SKU: "A", ID: "o1", User: "u", Qty: 2}
+		must := ok(t)
+		must(r.Deduct(ctx, req))
+		must(r.Deduct(ctx, req)) // a replay
+		_, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 2})
+		require.ErrorIs(t, err, stock.ErrInsufficient)
+		must(r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute))
+		must(r.Extend(ctx, "A", "h1", time.Minute))
+		must(r.Confirm(ctx, "A", "h1"))
+		must(r.Restore(ctx, "A", "o1"))
+		must(r.Restock(ctx, "A", "r1", 5))
+		must(r.Hold(ctx, stock.Request{SKU: "B", ID: "h2", Qty: 1}, time.Minute))
+		must(r.Cancel(ctx, "B", "h2"))
+		must(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "u", Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}))
+		must(r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: []stock.Line{{SKU: "B", Qty: 1}}}, time.Minute))
+		store := memstore.New()
+		require.NoError(t, store.Load(ctx, "A", 3))
+		require.NoError(t, store.Load(ctx, "B", 3))
+		relay, err := stockops.NewRelay(r, store, nil, &stock.RelayOptions{Items: []string{"A"}})
+		require.NoError(t, err)
+		// The relay runs in a loop of its own: its batch span is a child of the loop's span,
+		// and the claims that look for events (before a batch starts) stay under the loop.
+		lctx, loop := e.tp.Tracer("app").Start(context.Background(), "relay-loop")
+		must(relay.Once(lctx))
+		loop.End()
+		rec, err := stockops.NewReconciler(r, store, &stock.ReconcileOptions{Items: []string{"A"}, DryRun: true})
+		require.NoError(t, err)
+		must(rec.Once(ctx))
+		e.parent.End()
 
-			type want struct{ name, outcome, replayed, units string }
-			wants := []want{
-				{"stock.deduct", "ok", "false", "2"},
-				{"stock.deduct", "ok", "true", "2"},
-				{"stock.deduct", "insufficient", "false", ""},
-				{"stock.hold", "ok", "false", "1"},
-				{"stock.extend", "ok", "false", ""},
-				{"stock.confirm", "ok", "false", "1"},
-				{"stock.restore", "ok", "false", "2"},
-				{"stock.restock", "ok", "false", "5"},
-				{"stock.hold", "ok", "false", "1"},
-				{"stock.cancel", "ok", "false", "1"},
-				{"stock.deduct_many", "ok", "false", "3"},
-				{"stock.hold_many", "ok", "false", "1"},
-				{"stock.relay", "ok", "", ""},
-				{"stock.reconcile", "ok", "", ""},
+		type want struct{ name, outcome, replayed, units string }
+		wants := []want{
+			{"stock.deduct", "ok", "false", "2"},
+			{"stock.deduct", "ok", "true", "2"},
+			{"stock.deduct", "insufficient", "false", ""},
+			{"stock.hold", "ok", "false", "1"},
+			{"stock.extend", "ok", "false", ""},
+			{"stock.confirm", "ok", "false", "1"},
+			{"stock.restore", "ok", "false", "2"},
+			{"stock.restock", "ok", "false", "5"},
+			{"stock.hold", "ok", "false", "1"},
+			{"stock.cancel", "ok", "false", "1"},
+			{"stock.deduct_many", "ok", "false", "3"},
+			{"stock.hold_many", "ok", "false", "1"},
+			{"stock.relay", "ok", "", ""},
+			{"stock.reconcile", "ok", "", ""},
+		}
+		spans := e.ours()
+		require.Len(t, spans, len(wants), "one span per operation")
+		parent := e.parent.SpanContext()
+		for i, w := range wants {
+			s := spans[i]
+			a := attrs(s)
+			assert.Equal(t, w.name, s.Name(), "span %d", i)
+			caller := parent
+			if w.name == "stock.relay" {
+				caller = loop.SpanContext()
 			}
-			spans := e.ours()
-			require.Len(t, spans, len(wants), "one span per operation")
-			parent := e.parent.SpanContext()
-			for i, w := range wants {
-				s := spans[i]
-				a := attrs(s)
-				assert.Equal(t, w.name, s.Name(), "span %d", i)
-				caller := parent
-				if w.name == "stock.relay" {
-					caller = loop.SpanContext()
-				}
-				assert.Equal(t, caller.SpanID(), s.Parent().SpanID(), "%s: a child of the caller's span", w.name)
-				assert.Equal(t, caller.TraceID(), s.SpanContext().TraceID(), w.name)
-				assert.Equal(t, trace.SpanKindInternal, s.SpanKind(), w.name)
-				assert.Equal(t, strings.TrimPrefix(w.name, "stock."), a["stock.op"], w.name)
-				assert.Equal(t, w.outcome, a["stock.outcome"], w.name)
-				if w.replayed != "" {
-					assert.Equal(t, w.replayed, a["stock.replayed"], "%s %d", w.name, i)
-				}
-				if w.units != "" {
-					assert.Equal(t, w.units, a["stock.units"], "%s %d", w.name, i)
-				}
-				assert.NotContains(t, a, "stock.sku", "%s: no item unless asked for", w.name)
-				assert.Equal(t, codes.Unset, s.Status().Code, "%s: an answer is not a failure", w.name)
-				assert.False(t, s.EndTime().Before(s.StartTime()), w.name)
+			assert.Equal(t, caller.SpanID(), s.Parent().SpanID(), "%s: a child of the caller's span", w.name)
+			assert.Equal(t, caller.TraceID(), s.SpanContext().TraceID(), w.name)
+			assert.Equal(t, trace.SpanKindInternal, s.SpanKind(), w.name)
+			assert.Equal(t, strings.TrimPrefix(w.name, "stock."), a["stock.op"], w.name)
+			assert.Equal(t, w.outcome, a["stock.outcome"], w.name)
+			if w.replayed != "" {
+				assert.Equal(t, w.replayed, a["stock.replayed"], "%s %d", w.name, i)
 			}
-			relaySpan, recSpan := attrs(spans[12]), attrs(spans[13])
-			assert.NotEmpty(t, relaySpan["stock.relay.delivered"])
-			assert.Equal(t, "0", recSpan["stock.reconcile.drift"])
+			if w.units != "" {
+				assert.Equal(t, w.units, a["stock.units"], "%s %d", w.name, i)
+			}
+			assert.NotContains(t, a, "stock.sku", "%s: no item unless asked for", w.name)
+			assert.Equal(t, codes.Unset, s.Status().Code, "%s: an answer is not a failure", w.name)
+			assert.False(t, s.EndTime().Before(s.StartTime()), w.name)
+		}
+		relaySpan, recSpan := attrs(spans[12]), attrs(spans[13])
+		assert.NotEmpty(t, relaySpan["stock.relay.delivered"])
+		assert.Equal(t, "0", recSpan["stock.reconcile.drift"])
 
-			// The Redis commands of an operation are the children of its span.
-			children := map[trace.SpanID][]string{}
-			for _, s := range e.sr.Ended() {
-				if s.InstrumentationScope().Name == "redis" {
-					children[s.Parent().SpanID()] = append(children[s.Parent().SpanID()], s.Name())
-				}
+		// The Redis commands of an operation are the children of its span.
+		children := map[trace.SpanID][]string{}
+		for _, s := range e.sr.Ended() {
+			if s.InstrumentationScope().Name == "redis" {
+				children[s.Parent().SpanID()] = append(children[s.Parent().SpanID()], s.Name())
 			}
-			for i, s := range spans {
-				if (s.Name() == "stock.reconcile" || s.Name() == "stock.relay") && len(children[s.SpanContext().SpanID()]) == 0 {
-					t.Errorf("span %d %s has no Redis command under it", i, s.Name())
-				}
-				if s.Name() == "stock.deduct" || s.Name() == "stock.confirm" {
-					// FCALL where the server has functions, EVALSHA or EVAL where it has not.
-					assert.Regexp(t, `\b(FCALL|EVALSHA|EVAL)\b`, strings.Join(children[s.SpanContext().SpanID()], " "), "%s %d: its script call is its child", s.Name(), i)
-				}
+		}
+		for i, s := range spans {
+			if (s.Name() == "stock.reconcile" || s.Name() == "stock.relay") && len(children[s.SpanContext().SpanID()]) == 0 {
+				t.Errorf("span %d %s has no Redis command under it", i, s.Name())
 			}
-			assert.NotContains(t, children, parent.SpanID(), "no Redis command of an operation is left directly under the caller's span")
-		})
-	}
+			if s.Name() == "stock.deduct" || s.Name() == "stock.confirm" {
+				// FCALL where the server has functions, EVALSHA or EVAL where it has not.
+				assert.Regexp(t, `\b(FCALL|EVALSHA|EVAL)\b`, strings.Join(children[s.SpanContext().SpanID()], " "), "%s %d: its script call is its child", s.Name(), i)
+			}
+		}
+		assert.NotContains(t, children, parent.SpanID(), "no Redis command of an operation is left directly under the caller's span")
+	})
 }
 
 // With WithSKUAttribute the spans carry the item; a failure of unknown outcome sets the

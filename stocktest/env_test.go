@@ -398,9 +398,7 @@ func TestAdvanceConcurrentWithHolds(t *testing.T) {
 	var confirmed, expired, refused atomic.Int64
 	stop := make(chan struct{})
 	var adv sync.WaitGroup
-	adv.Add(1)
-	go func() {
-		defer adv.Done()
+	adv.Go(func() {
 		for {
 			select {
 			case <-stop:
@@ -410,12 +408,10 @@ func TestAdvanceConcurrentWithHolds(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 		}
-	}()
+	})
 	var wg sync.WaitGroup
 	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := range 40 {
 				id := fmt.Sprintf("g%d-%d", g, i)
 				req := stock.Request{SKU: "a", ID: id, User: fmt.Sprint("u", i%10), Qty: 1}
@@ -446,7 +442,7 @@ func TestAdvanceConcurrentWithHolds(t *testing.T) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(stop)
@@ -679,9 +675,7 @@ func TestGroupsCartAtomic(t *testing.T) {
 	var okN, replayN atomic.Int64
 	var wg sync.WaitGroup
 	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rc, err := e.Reserver.DeductMany(ctx, good)
 			if err != nil {
 				t.Errorf("copy of c2: %v", err)
@@ -692,7 +686,7 @@ func TestGroupsCartAtomic(t *testing.T) {
 			} else {
 				okN.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if okN.Load() != 1 || replayN.Load() != 7 {
@@ -715,9 +709,7 @@ func TestCoalescingCounts(t *testing.T) {
 			run := func(wantReplay bool) {
 				var wg sync.WaitGroup
 				for i := range 60 {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
+					wg.Go(func() {
 						rc, err := e.Reserver.Deduct(ctx, stock.Request{SKU: "hot", ID: fmt.Sprint("o", i), User: fmt.Sprint("u", i), Qty: 1})
 						switch {
 						case err == nil:
@@ -730,7 +722,7 @@ func TestCoalescingCounts(t *testing.T) {
 						default:
 							t.Errorf("o%d: %v", i, err)
 						}
-					}()
+					})
 				}
 				wg.Wait()
 			}

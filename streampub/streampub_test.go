@@ -275,15 +275,11 @@ func parallelBackends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
 func entries(t *testing.T, ctx context.Context, c rueidis.Client, stream string) []stock.Event {
 	t.Helper()
 	res, err := c.Do(ctx, c.B().Xrange().Key(stream).Start("-").End("+").Build()).AsXRange()
-	if err != nil {
-		t.Fatalf("XRANGE %s: %v", stream, err)
-	}
+	require.NoError(t, err, "XRANGE %s", stream)
 	var out []stock.Event
 	for _, e := range res {
 		ev, err := streampub.Decode([]byte(e.FieldValues[streampub.Field]))
-		if err != nil {
-			t.Fatalf("entry %s of %s does not decode: %v", e.ID, stream, err)
-		}
+		require.NoError(t, err, "entry %s of %s does not decode", e.ID, stream)
 		out = append(out, ev)
 	}
 	return out
@@ -591,9 +587,7 @@ func BenchmarkRelay(b *testing.B) {
 				start := time.Now()
 				for {
 					st, err := rl.Once(ctx)
-					if err != nil {
-						b.Fatal(err)
-					}
+					require.NoError(b, err)
 					if st.Claimed == 0 {
 						break
 					}

@@ -22,8 +22,8 @@
 //     each fault with a negative control the checks must catch (fault_test.go,
 //     fault_queue_test.go, storefault_test.go), relay processes killed with SIGKILL
 //     (crash_test.go, crashxfer_test.go) and the relay benchmark into sqlstore;
-//   - failover: failovers and replicas (failover_test.go, replica_test.go, fence_test.go), a
-//     real Sentinel deployment under traffic (sentinel_test.go) and cut off by a partition
+//   - failover: failovers, replicas and the failover guard's fence (failover_test.go), a real
+//     Sentinel deployment under traffic (sentinel_test.go) and cut off by a partition
 //     (partition_test.go), the repair after a failover that lost writes the store already
 //     has (repair_after_failover_test.go);
 //   - idle: what Run costs and does while nothing happens: commands per idle item, hints,

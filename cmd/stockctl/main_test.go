@@ -128,9 +128,7 @@ func loadAndSell(t *testing.T, addr string, r *stock.Reserver, qty int64) {
 func serverClient(t *testing.T, addr string) rueidis.Client {
 	t.Helper()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-	if err != nil {
-		t.Fatalf("client on %s: %v", addr, err)
-	}
+	require.NoError(t, err, "client on %s", addr)
 	t.Cleanup(c.Close)
 	return c
 }
@@ -151,9 +149,7 @@ func dumpKeys(t *testing.T, c rueidis.Client) map[string]string {
 	cursor := uint64(0)
 	for {
 		e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Count(1000).Build()).AsScanEntry()
-		if err != nil {
-			t.Fatalf("SCAN: %v", err)
-		}
+		require.NoError(t, err, "SCAN")
 		for _, k := range e.Elements {
 			d, err := c.Do(ctx, c.B().Dump().Key(k).Build()).ToString()
 			if err != nil && !rueidis.IsRedisNil(err) {
@@ -163,16 +159,12 @@ func dumpKeys(t *testing.T, c rueidis.Client) map[string]string {
 			// (SISMEMBER) can change by moving an incremental rehash on: compare its members.
 			if typ, _ := c.Do(ctx, c.B().Type().Key(k).Build()).ToString(); typ == "set" {
 				ms, err := c.Do(ctx, c.B().Smembers().Key(k).Build()).AsStrSlice()
-				if err != nil {
-					t.Fatalf("SMEMBERS %q: %v", k, err)
-				}
+				require.NoError(t, err, "SMEMBERS %q", k)
 				slices.Sort(ms)
 				d = "set:" + strings.Join(ms, "\x00")
 			}
 			ttl, err := c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
-			if err != nil {
-				t.Fatalf("PTTL %q: %v", k, err)
-			}
+			require.NoError(t, err, "PTTL %q", k)
 			ttlS := strconv.FormatInt(ttl, 10)
 			if ttl > 0 {
 				ttlS = "ttl"
@@ -279,9 +271,7 @@ func sqliteCount(t *testing.T, dsn, query string) int {
 	require.NoError(t, err)
 	defer db.Close()
 	var n int
-	if err := db.QueryRow(query).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
+	require.NoError(t, db.QueryRow(query).Scan(&n), "%s", query)
 	return n
 }
 

@@ -28,6 +28,7 @@ import (
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/sqlstore"
 	"github.com/stockres/stock/stockops"
 )
@@ -232,9 +233,7 @@ func TestUnreachableRedisIsBounded(t *testing.T) {
 			if res.code != exitFail || res.took > 30*time.Second || !strings.Contains(res.err, "Redis") {
 				t.Errorf("%v: want exit 1 within 30s and an error naming Redis\n%v", c, res)
 			}
-			if res.out != "" {
-				t.Errorf("%v: wrote to stdout\n%v", c, res)
-			}
+			assert.EqualValues(t, "", res.out, "%v: wrote to stdout\n%v", c, res)
 		}
 		// The error names the address it could not reach.
 		res := runCLI(t, "-redis", "127.0.0.1:1", "-timeout", "5s", "available", "A")
@@ -381,9 +380,8 @@ func TestBadNamesRefusedWholly(t *testing.T) {
 	}
 	wroteNothing(t, c, before, false, "refused commands")
 	// The store has nothing but "good".
-	if n := sqliteCount(t, dsn, "SELECT COUNT(*) FROM stock_items"); n != 1 {
-		t.Errorf("store items: %d; want 1 (good)", n)
-	}
+	n := sqliteCount(t, dsn, "SELECT COUNT(*) FROM stock_items")
+	assert.EqualValues(t, 1, n, "store items: %d; want 1 (good)", n)
 }
 
 // ':' '~', non-ASCII letters and 128 bytes are valid names (the README lists what is refused):
@@ -412,15 +410,12 @@ func TestOddValidNamesAreDistinctItems(t *testing.T) {
 	}
 	for _, n := range names {
 		lv, err := r.Levels(ctx, n)
-		if err != nil {
-			t.Fatalf("levels %q: %v", n, err)
-		}
+		require.NoError(t, err, "levels %q", n)
 		if lv.Loaded != want[n] || lv.Available != want[n]-1 || lv.Sold != 1 {
 			t.Errorf("%q: %+v, want loaded %d, available %d, sold 1", n, lv, want[n], want[n]-1)
 		}
-		if es := decode[[]entryJSON](t, mustCLI(t, "-redis", addr, "-json", "ledger", "--", n).out); len(es) != 2 {
-			t.Errorf("ledger %q: %d entries; want 2", n, len(es))
-		}
+		es := decode[[]entryJSON](t, mustCLI(t, "-redis", addr, "-json", "ledger", "--", n).out)
+		assert.Len(t, es, 2, "ledger %q: %d entries; want 2", n, len(es))
 		av := decode[map[string]any](t, runCLI(t, "-redis", addr, "-json", "available", "--", n).out)
 		if av["sku"] != n || av["available"] != float64(want[n]-1) {
 			t.Errorf("available %q: %v", n, av)
@@ -485,12 +480,8 @@ func TestQuantities(t *testing.T) {
 		}
 		lv, err := r.Levels(ctx, sku)
 		if tc.code != 0 {
-			if !errors.Is(err, stock.ErrNotLoaded) {
-				t.Errorf("load %s %q was refused but the item exists: %+v %v", sku, tc.qty, lv, err)
-			}
-			if !strings.Contains(res.err, "QTY") {
-				t.Errorf("load %s %q: the refusal does not name QTY\n%v", sku, tc.qty, res)
-			}
+			assert.ErrorIs(t, err, stock.ErrNotLoaded, "load %s %q was refused but the item exists: %+v %v", sku, tc.qty, lv, err)
+			assert.Contains(t, res.err, "QTY", "load %s %q: the refusal does not name QTY\n%v", sku, tc.qty, res)
 			continue
 		}
 		if err != nil || lv.Loaded != tc.want || lv.Available != tc.want {
@@ -502,9 +493,8 @@ func TestQuantities(t *testing.T) {
 	if res := runCLI(t, "-redis", addr, "restock", "q1", "po-max", "9007199254740991"); res.code == 0 {
 		t.Errorf("restock past 2^53-1 accepted\n%v", res)
 	}
-	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 1 {
-		t.Errorf("after a refused restock: %+v", lv)
-	}
+	lv, _ := r.Levels(ctx, "q1")
+	assert.EqualValues(t, 1, lv.Loaded, "after a refused restock: %+v", lv)
 	mustCLI(t, "-redis", addr, "restock", "q1", "po-max", "5") // the id of the refused restock is free
 	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 6 || lv.Available != 6 {
 		t.Errorf("after restock 5: %+v", lv)
@@ -517,9 +507,8 @@ func TestQuantities(t *testing.T) {
 	if res := runCLI(t, "-redis", addr, "restock", "q1", "po-max", "6"); res.code == 0 {
 		t.Errorf("the same restock id with another QTY accepted\n%v", res)
 	}
-	if lv, _ := r.Levels(ctx, "q1"); lv.Loaded != 6 {
-		t.Errorf("after replays: %+v", lv)
-	}
+	lv, _ = r.Levels(ctx, "q1")
+	assert.EqualValues(t, 6, lv.Loaded, "after replays: %+v", lv)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -607,9 +596,7 @@ func TestReadOnlyCommandsWriteNothing(t *testing.T) {
 	must(r.Hold(ctx, stock.Request{SKU: "b:c", ID: "h-exp", Qty: 1}, 50*time.Millisecond))
 	must(r.Restock(ctx, "b:c", "po1", 5))
 	must(r.Deduct(ctx, stock.Request{SKU: "redis-only", ID: "o1", Qty: 1}))
-	if _, err := r.Restore(ctx, "ünï", "never"); !errors.Is(err, stock.ErrUnknownID) {
-		t.Fatal(err)
-	}
+	require.ErrorIs(t, testkit.Err(r.Restore(ctx, "ünï", "never")), stock.ErrUnknownID)
 	require.NoError(t, r.CloseItem(ctx, "ünï"))
 	time.Sleep(300 * time.Millisecond) // the holds h-exp are past their deadline, not swept
 	before := stableDump(t, c)
@@ -753,9 +740,8 @@ func TestTablePrefixInjection(t *testing.T) {
 			t.Errorf("-table-prefix %q: want exit 2 naming -table-prefix\n%v", p, res)
 		}
 	}
-	if n := sqliteCount(t, dsn, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'"); n != 0 {
-		t.Errorf("tables after refused prefixes: %d", n)
-	}
+	n := sqliteCount(t, dsn, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'")
+	assert.EqualValues(t, 0, n, "tables after refused prefixes: %d", n)
 }
 
 const (
@@ -827,12 +813,8 @@ func TestServerDatabases(t *testing.T) {
 				if res.code != exitFail || res.took > 30*time.Second {
 					t.Errorf("%s: want exit 1 within 30s\n%v", what, res)
 				}
-				if !strings.Contains(res.err, "database") {
-					t.Errorf("%s: the error does not say the database failed\n%v", what, res)
-				}
-				if strings.Contains(res.err+res.out, "S3cretPW-op") {
-					t.Errorf("%s: the password is printed\n%v", what, res)
-				}
+				assert.Contains(t, res.err, "database", "%s: the error does not say the database failed\n%v", what, res)
+				assert.NotContains(t, res.err+res.out, "S3cretPW-op", "%s: the password is printed\n%v", what, res)
 			}
 
 			h := newHarness(t)
@@ -965,18 +947,14 @@ func TestEveryItemMany(t *testing.T) {
 		require.NoError(t, err)
 		held += lv.Held
 	}
-	if held != 0 {
-		t.Errorf("held after sweep: %d", held)
-	}
-	if sw := decode[sweepJSON](t, runCLI(t, "-redis", addr, "-json", "sweep").out); sw.Released != 0 {
-		t.Errorf("second sweep: released %d", sw.Released)
-	}
+	assert.EqualValues(t, 0, held, "held after sweep: %d", held)
+	sw := decode[sweepJSON](t, runCLI(t, "-redis", addr, "-json", "sweep").out)
+	assert.EqualValues(t, 0, sw.Released, "second sweep: released %d", sw.Released)
 	// relay-once delivers every sale (the expired holds queue nothing for the store, or their
 	// release with them).
 	type relayJSON struct{ Delivered, Claimed, Refused int }
-	if rl := decode[relayJSON](t, runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "relay-once").want(t, exitOK).out); rl.Refused != 0 {
-		t.Fatalf("relay-once: %+v", rl)
-	}
+	rl := decode[relayJSON](t, runCLI(t, "-redis", addr, "-dsn", dsn, "-json", "relay-once").want(t, exitOK).out)
+	require.EqualValues(t, 0, rl.Refused, "relay-once: %+v", rl)
 	for _, sku := range skus {
 		if p, d, err := stockops.Pending(ctx, r, sku); err != nil || p != 0 || d != 0 {
 			t.Fatalf("%s after relay-once: pending %d dead %d %v", sku, p, d, err)

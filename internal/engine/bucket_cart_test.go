@@ -63,7 +63,7 @@ func requireCartError(t *testing.T, err error, sku string, want error) {
 // whole cannot serve it; the refusal of any line gives every other line back; a cart's outcome
 // is decided once, and every retry answers it.
 func TestBucketedCartAllOrNothing(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := cartReserver(t, c, map[string]int64{"s": 3, "p": 10, "a": 1}) // s: one unit per bucket
 
@@ -125,7 +125,7 @@ func TestBucketedCartAllOrNothing(t *testing.T) {
 // undid the cart cannot take a split line afterwards, whichever bucket its buyer goes to, and
 // even when it routed the line before the undo.
 func TestBucketedCartSlowCopyAfterUndo(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := cartReserver(t, c, map[string]int64{"s": 9, "a": 0})
 		for i, id := range []string{"k0", "k1", "k2", "k3", "k4", "k5"} {
@@ -165,7 +165,7 @@ func TestBucketedCartSlowCopyAfterUndo(t *testing.T) {
 // retry, or undone by cart recovery (in the bucket the line was taken in), after which a retry
 // is refused and a slow copy cannot take the line.
 func TestBucketedCartRecovery(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := cartReserver(t, c, map[string]int64{"p": 10, "s": 10})
 		crash := func(id string, takeSplit bool) Cart {
@@ -212,7 +212,7 @@ func TestBucketedCartRecovery(t *testing.T) {
 // TestBucketedHoldManyConfirmCancel: carts of holds with a split line, confirmed and cancelled
 // whole; retries answer the holds' state.
 func TestBucketedHoldManyConfirmCancel(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := cartReserver(t, c, map[string]int64{"p": 4, "s": 4, "z": 4})
 
@@ -273,7 +273,7 @@ func TestBucketedHoldManyConfirmCancel(t *testing.T) {
 // TestBucketedCartNeverOneScript: a split item is in no group, whatever WithGroups says of it,
 // so a cart with a split line is a saga (the one script knows no buckets).
 func TestBucketedCartNeverOneScript(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := cartReserver(t, c, map[string]int64{"p": 3, "s": 3}, WithGroups(func(string) string { return "g" }))
 		rc, err := r.DeductMany(ctx, Cart{ID: "g1", Lines: []Line{{SKU: "p", Qty: 1}, {SKU: "s", Qty: 2}}})
@@ -295,7 +295,7 @@ func TestBucketedCartNeverOneScript(t *testing.T) {
 // agree (of a taken cart's copies exactly one is not Replayed), and the ledgers and Levels of
 // both items agree with the answers.
 func TestBucketedCartsConcurrent(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		const S, N = 12, 30
 		r := cartReserver(t, c, map[string]int64{"s": S, "p": 1000})
@@ -316,12 +316,10 @@ func TestBucketedCartsConcurrent(t *testing.T) {
 		for i := range N {
 			cart := Cart{ID: "c" + strconv.Itoa(i), User: users[i], Lines: []Line{{SKU: "p", Qty: 1}, {SKU: "s", Qty: 1}}}
 			for k := range 2 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					rc, err := r.DeductMany(ctx, cart)
 					answers[i][k] = answer{rc, err}
-				}()
+				})
 			}
 		}
 		wg.Wait()
@@ -357,5 +355,51 @@ func TestBucketedCartsConcurrent(t *testing.T) {
 			}
 		}
 		assert.Empty(t, none)
+	})
+}
+
+// TestCartSagaCrash: a saga that died between lines is finished by a retry, or undone by
+// RecoverCarts, after which a retry is refused.
+func TestCartSagaCrash(t *testing.T) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
+		ctx := context.Background()
+		for _, sku := range []string{"A", "B"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
+		}
+		crash := func(id string) Cart {
+			c := Cart{ID: id, Lines: []Line{{SKU: "A", Qty: 1}, {SKU: "B", Qty: 2}}}
+			lines, err := sumLines(c)
+			require.NoError(t, err)
+			// The saga's first steps, then the process "dies".
+			_, _, err = r.cartOp(ctx, "begin", c.ID, encodeCart("D", "", lines))
+			require.NoError(t, err)
+			_, err = r.take(ctx, "D", Request{SKU: "A", ID: id, Qty: 1}, 0)
+			require.NoError(t, err)
+			return c
+		}
+		c1 := crash("c1")
+		rc, err := r.DeductMany(ctx, c1) // the retry finishes the same cart
+		require.NoError(t, err)
+		assert.True(t, rc.Items[0].Replayed)
+		assert.False(t, rc.Items[1].Replayed)
+
+		c2 := crash("c2")
+		n, err := r.recoverCarts(ctx, time.Hour)
+		require.NoError(t, err)
+		assert.Zero(t, n, "too young to recover")
+		n, err = r.recoverCarts(ctx, -time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		_, err = r.DeductMany(ctx, c2)
+		assert.ErrorIs(t, err, ErrRestored)
+		la, err := r.Levels(ctx, "A")
+		require.NoError(t, err)
+		lb, err := r.Levels(ctx, "B")
+		require.NoError(t, err)
+		assert.Equal(t, Levels{Available: 4, Sold: 1, Loaded: 5}, la, "only c1")
+		assert.Equal(t, Levels{Available: 3, Sold: 2, Loaded: 5}, lb)
+		n, err = r.recoverCarts(ctx, -time.Second)
+		require.NoError(t, err)
+		assert.Zero(t, n, "nothing left pending")
 	})
 }

@@ -17,15 +17,6 @@ import (
 	"github.com/stockres/stock/internal/redistest"
 )
 
-// eachBucketBackend runs f with a Reserver on every backend.
-func eachBucketBackend(t *testing.T, f func(t *testing.T, r *Reserver)) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
-		r, err := New(c)
-		require.NoError(t, err)
-		f(t, r)
-	})
-}
-
 // transferred is how many units r.transfer moved, failing the test on an error.
 func transferred(t *testing.T, r *Reserver, sku, tid string, from, to int, want, least int64) int64 {
 	t.Helper()
@@ -71,7 +62,7 @@ func inFlight(t *testing.T, r *Reserver, sku string, i int) int64 {
 }
 
 func TestBucketTransfer(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "x:~1", 10, 0)
 		assert.Equal(t, int64(4), transferred(t, r, "x:~1", "t1", 0, 1, 4, 1))
@@ -113,7 +104,7 @@ func TestBucketTransfer(t *testing.T) {
 // TestBucketTransferCutRecovered: a process dies after the donor gave its units: the transfer
 // stays in flight, and recoverTransfers completes it, once.
 func TestBucketTransferCutRecovered(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "cut", 5, 5, 5)
 		o, err := decodeXOut(protocol.XOut.Exec(ctx, r.client, r.item(bucketName("cut", 2)).ForXOut(), []string{"tc", "0", "3", "1"}))
@@ -145,21 +136,19 @@ func TestBucketTransferCutRecovered(t *testing.T) {
 // TestBucketTransferConcurrent: many transfers out of one donor at once never take more than it
 // has, and every unit arrives once.
 func TestBucketTransferConcurrent(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "hot", 20, 0, 0)
 		var moved atomic.Int64
 		var wg sync.WaitGroup
 		for g := range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for j := range 3 {
 					k, err := r.transfer(ctx, "hot", newTransferID(), 0, 1+(g+j)%2, 3, 1)
 					assert.NoError(t, err)
 					moved.Add(k)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		assert.Equal(t, int64(20), moved.Load())
@@ -177,7 +166,7 @@ func TestBucketTransferConcurrent(t *testing.T) {
 // TestBucketTransferCorruptChangesNothing: a corrupt transfer entry or counter is an error
 // before any write.
 func TestBucketTransferCorruptChangesNothing(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		loadBuckets(t, r, "bad", 5, 5)
 		donor := r.item(bucketName("bad", 0))
@@ -198,7 +187,7 @@ func TestBucketTransferCorruptChangesNothing(t *testing.T) {
 // TestBucketRoute: the first request of an id claims its bucket; every later one, from whatever
 // bucket it would have gone to, gets that one.
 func TestBucketRoute(t *testing.T) {
-	eachBucketBackend(t, func(t *testing.T, r *Reserver) {
+	eachReserver(t, func(t *testing.T, r *Reserver) {
 		ctx := context.Background()
 		for _, step := range []struct {
 			id             string
@@ -247,15 +236,6 @@ func bucketedReserver(t *testing.T, c rueidis.Client, n int, opts ...Option) *Re
 	return r
 }
 
-func eachBucketClient(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, b.Client(t))
-		})
-	}
-}
-
 func bucketLevels(t *testing.T, r *Reserver, sku string) Levels {
 	t.Helper()
 	l, err := r.Levels(context.Background(), sku)
@@ -267,7 +247,7 @@ func bucketLevels(t *testing.T, r *Reserver, sku string) Levels {
 // TestBucketedSellsEveryUnit: many buyers over an item split in three: exactly its stock is sold,
 // whichever buckets the buyers land in (no unit stranded in a bucket), with coalescing on and off.
 func TestBucketedSellsEveryUnit(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		for _, inflight := range []int{0, 4} {
 			r := bucketedReserver(t, c, 3, WithCoalescing(inflight), WithPrefix("c"+strconv.Itoa(inflight)))
 			ctx := context.Background()
@@ -277,9 +257,7 @@ func TestBucketedSellsEveryUnit(t *testing.T) {
 			var ok, soldOut atomic.Int64
 			var wg sync.WaitGroup
 			for g := range 16 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					for j := range 5 {
 						id := "o" + strconv.Itoa(g*10+j)
 						_, err := r.Deduct(ctx, Request{SKU: "hot:~1", ID: id, User: "u" + id, Qty: 1})
@@ -292,7 +270,7 @@ func TestBucketedSellsEveryUnit(t *testing.T) {
 							t.Error(err)
 						}
 					}
-				}()
+				})
 			}
 			wg.Wait()
 			assert.Equal(t, int64(31), ok.Load())
@@ -326,7 +304,7 @@ func TestBucketedSellsEveryUnit(t *testing.T) {
 // TestBucketedGathersScatteredUnits: the last units of an item, one per bucket, serve a request
 // for all of them.
 func TestBucketedGathersScatteredUnits(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		r := bucketedReserver(t, c, 3)
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "g", 3))
@@ -344,7 +322,7 @@ func TestBucketedGathersScatteredUnits(t *testing.T) {
 
 // TestBucketedContract: the answers of a plain item, on an item split over buckets.
 func TestBucketedContract(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		r := bucketedReserver(t, c, 4, WithUserLimit(2))
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "s", 20))
@@ -439,7 +417,7 @@ func TestBucketedContract(t *testing.T) {
 // TestBucketedRetryRecordsRefusal: a retry refused for lack of stock in the whole item records
 // its refusal in the id's bucket, so that the first attempt, arriving later, is refused too.
 func TestBucketedRetryRecordsRefusal(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		r := bucketedReserver(t, c, 2)
 		ctx := context.Background()
 		require.NoError(t, r.Load(ctx, "z", 1))
@@ -465,7 +443,7 @@ func TestBucketedRetryRecordsRefusal(t *testing.T) {
 // TestBucketedSweeperCompletesCutTransfer: a transfer whose process died after its first half
 // is completed by the sweeper once it is older than transferGrace, and not before.
 func TestBucketedSweeperCompletesCutTransfer(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 2)
 		require.NoError(t, r.Load(ctx, "sw", 10))
@@ -499,7 +477,7 @@ func TestBucketedSweeperCompletesCutTransfer(t *testing.T) {
 // TestBucketedDueHoldsInOtherBuckets: the stock of holds past their deadline in another bucket
 // serves a request, as a plain item's due holds do (no phantom sold-out).
 func TestBucketedDueHoldsInOtherBuckets(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 2)
 		require.NoError(t, r.Load(ctx, "dh", 2))
@@ -523,7 +501,7 @@ func TestBucketedDueHoldsInOtherBuckets(t *testing.T) {
 // does not split it, and an item Redis has plain is loaded for one that splits it: neither
 // makes a second stock beside the first.
 func TestBucketedLoadRefusesTheOtherForm(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		split := bucketedReserver(t, c, 3)
 		plain, err := New(c)
@@ -537,4 +515,120 @@ func TestBucketedLoadRefusesTheOtherForm(t *testing.T) {
 		_, err = split.Levels(ctx, "p")
 		assert.ErrorIs(t, err, ErrNotLoaded)
 	})
+}
+
+// idHomeIn returns an id of the form prefix+N whose home bucket (of n) is b.
+func idHomeIn(prefix string, b, n int) string {
+	for i := 0; ; i++ {
+		id := prefix + strconv.Itoa(i)
+		if homeBucket(id, n) == b {
+			return id
+		}
+	}
+}
+
+// TestBucketedRestockKeepsItemUnderMaxQty: an item split over buckets holds at most MaxQty units
+// in all, as a plain item does. Load splits up to MaxQty over the buckets; a restock that would
+// take the sum of the buckets' loaded counts (what Levels reports) past MaxQty is refused with
+// ErrInvalid, whichever bucket its id goes to, and writes nothing: no ledger entry, no event,
+// no counter changed. A restock that brings the item to MaxQty exactly is accepted, and its
+// repeat is a replay even once the item is full.
+func TestBucketedRestockKeepsItemUnderMaxQty(t *testing.T) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
+		const n = 3
+		ctx := context.Background()
+		r := bucketedReserver(t, c, n)
+
+		// Load near and at MaxQty: the buckets' shares sum to what was loaded.
+		require.NoError(t, r.Load(ctx, "full", MaxQty))
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "full"))
+		assert.ErrorIs(t, r.Load(ctx, "over", MaxQty+1), ErrInvalid)
+		require.NoError(t, r.Load(ctx, "near", MaxQty-10))
+		near := Levels{Available: MaxQty - 10, Loaded: MaxQty - 10}
+		assert.Equal(t, near, bucketLevels(t, r, "near"))
+		pending, _, err := r.pendingCounts(ctx, "near")
+		require.NoError(t, err)
+
+		// Each bucket has room for 11 more of its own; the item has room for 10.
+		for b := range n {
+			id := idHomeIn("po-", b, n)
+			_, err := r.Restock(ctx, "near", id, 11)
+			require.ErrorIs(t, err, ErrInvalid, "a restock of 11 in bucket %d passes MaxQty in all", b)
+			assert.ErrorContains(t, err, "MaxQty")
+			_, err = r.Ledger(ctx, "near", id)
+			assert.ErrorIs(t, err, ErrUnknownID, "the refused restock %s left no entry", id)
+			_, err = r.Restock(ctx, "full", id, 1)
+			assert.ErrorIs(t, err, ErrInvalid, "a full item takes no unit more, in bucket %d", b)
+		}
+		assert.Equal(t, near, bucketLevels(t, r, "near"), "the refusals changed no counter")
+		p, _, err := r.pendingCounts(ctx, "near")
+		require.NoError(t, err)
+		assert.Equal(t, pending, p, "the refusals queued no event")
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "full"))
+
+		// Up to MaxQty exactly, in two buckets; then nothing more, and a repeat is a replay.
+		first, second := idHomeIn("ok-", 0, n), idHomeIn("ok-", 2, n)
+		_, err = r.Restock(ctx, "near", first, 4)
+		require.NoError(t, err)
+		_, err = r.Restock(ctx, "near", second, 6)
+		require.NoError(t, err)
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "near"))
+		for b := range n {
+			_, err = r.Restock(ctx, "near", idHomeIn("more-", b, n), 1)
+			assert.ErrorIs(t, err, ErrInvalid, "bucket %d", b)
+		}
+		rc, err := r.Restock(ctx, "near", first, 4)
+		require.NoError(t, err)
+		assert.True(t, rc.Replayed, "a repeat of an accepted restock is a replay at MaxQty too")
+		assert.Equal(t, Levels{Available: MaxQty, Loaded: MaxQty}, bucketLevels(t, r, "near"))
+	})
+}
+
+// TestBucketKeysSpreadOverSlots: bucket i of an item of n buckets keeps every key in the i-th of
+// n equal slot ranges, as Redis itself computes the slot (CLUSTER KEYSLOT), so that on a cluster
+// of n masters owning equal ranges each bucket has a master of its own; the keys a Load and a
+// deduct write are those keys; the bucket's name is unchanged.
+func TestBucketKeysSpreadOverSlots(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		if b.Name != "cluster" {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c := b.Client(t)
+			for _, n := range []int{2, 3, 5} {
+				r := bucketedReserver(t, c, n, WithPrefix("spread"+strconv.Itoa(n)))
+				sku := "hot-" + strconv.Itoa(n)
+				require.NoError(t, r.Load(ctx, sku, 100))
+				for i := range 20 {
+					_, err := r.Deduct(ctx, Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
+					require.NoError(t, err)
+				}
+				masters := map[int]bool{}
+				for i := range n {
+					k := r.item(bucketName(sku, i))
+					lo, hi := protocol.BucketSlots(i, n)
+					for _, key := range k.All() {
+						slot, err := c.Do(ctx, c.B().ClusterKeyslot().Key(key).Build()).AsInt64()
+						require.NoError(t, err)
+						assert.Equal(t, protocol.Slot(key), int(slot), "%s: Redis agrees", key)
+						assert.True(t, int(slot) >= lo && int(slot) < hi, "bucket %d of %d: %s in slot %d, not in [%d, %d)", i, n, key, slot, lo, hi)
+					}
+					on, err := c.Do(ctx, c.B().Exists().Key(k.Item).Build()).AsInt64()
+					require.NoError(t, err)
+					assert.EqualValues(t, 1, on, "bucket %d's hash is under its spread keys", i)
+					if n == 3 {
+						masters[protocol.Slot(k.Item)*3/protocol.Slots] = true
+					}
+				}
+				if n == 3 {
+					assert.Len(t, masters, 3, "3 buckets on the 3 masters")
+				}
+				l := bucketLevels(t, r, sku)
+				assert.EqualValues(t, 80, l.Available)
+				assert.EqualValues(t, 20, l.Sold)
+			}
+		})
+	}
 }

@@ -47,18 +47,37 @@ func (s *shortStore) Records(context.Context, string, []string) (map[string]Reco
 	return map[string]Record{}, nil
 }
 
+// sellInBucket0 sells n units of sku of 3 buckets, one a deduct, to a buyer of bucket 0.
+func sellInBucket0(t *testing.T, r *Reserver, sku string, n int) {
+	t.Helper()
+	buyer := idHomeIn("u", 0, 3)
+	for i := range n {
+		_, err := r.Deduct(context.Background(), Request{SKU: sku, ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
+		require.NoError(t, err, "sale %d", i)
+	}
+}
+
+// relayUntilIdle runs rl's passes until one claims nothing (at most 10).
+func relayUntilIdle(t *testing.T, rl *Relay) {
+	t.Helper()
+	for range 10 {
+		st, err := rl.Once(context.Background())
+		require.NoError(t, err)
+		if st.Claimed == 0 {
+			return
+		}
+	}
+}
+
 // TestBucketOrderCutTransferRecovered: a transfer cut after xout.lua (its process died) and
 // completed by recoverTransfers sets the same barrier in the target as a whole one: the
 // target's sales of the donor's restocked units reach the store after the restock.
 func TestBucketOrderCutTransferRecovered(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 3)
 		require.NoError(t, r.Load(ctx, "oc", 3)) // one unit in each bucket
-		rs := "rs0"
-		for i := 0; homeBucket(rs, 3) != 1; i++ {
-			rs = "rs" + strconv.Itoa(i)
-		}
+		rs := idHomeIn("rs", 1, 3)
 		_, err := r.Restock(ctx, "oc", rs, 5)
 		require.NoError(t, err)
 		o, err := decodeXOut(protocol.XOut.Exec(ctx, r.client, r.item(bucketName("oc", 1)).ForXOut(), []string{"tc", "0", "6", "1"}))
@@ -74,24 +93,11 @@ func TestBucketOrderCutTransferRecovered(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, []string{"1|" + strconv.FormatInt(o.seq, 10) + "|tc"}, bars)
 
-		buyer := "u0"
-		for i := 0; bucketOf(buyer, 3) != 0; i++ {
-			buyer = "u" + strconv.Itoa(i)
-		}
-		for i := range 7 {
-			_, err := r.Deduct(ctx, Request{SKU: "oc", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
-			require.NoError(t, err, "sale %d", i)
-		}
+		sellInBucket0(t, r, "oc", 7)
 		store := &shortStore{rem: 3}
 		rl, err := r.newRelay(store, nil, nil)
 		require.NoError(t, err)
-		for range 10 {
-			st, err := rl.Once(ctx)
-			require.NoError(t, err)
-			if st.Claimed == 0 {
-				break
-			}
-		}
+		relayUntilIdle(t, rl)
 		assert.Zero(t, store.refused, "no acknowledged sale refused")
 		rem, _ := store.Remaining(ctx, "oc")
 		assert.Equal(t, int64(1), rem)
@@ -104,14 +110,11 @@ func TestBucketOrderCutTransferRecovered(t *testing.T) {
 // its own, and on to bucket 0, where they are sold: bucket 0's sales wait for bucket 2's
 // restock through bucket 1's barrier.
 func TestBucketOrderChain(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 3)
 		require.NoError(t, r.Load(ctx, "ch", 3))
-		rs := "rs0"
-		for i := 0; homeBucket(rs, 3) != 2; i++ {
-			rs = "rs" + strconv.Itoa(i)
-		}
+		rs := idHomeIn("rs", 2, 3)
 		_, err := r.Restock(ctx, "ch", rs, 5)
 		require.NoError(t, err)
 		k, err := r.transfer(ctx, "ch", "t21", 2, 1, 6, 6)
@@ -120,14 +123,7 @@ func TestBucketOrderChain(t *testing.T) {
 		k, err = r.transfer(ctx, "ch", "t10", 1, 0, 7, 7)
 		require.NoError(t, err)
 		require.Equal(t, int64(7), k)
-		buyer := "u0"
-		for i := 0; bucketOf(buyer, 3) != 0; i++ {
-			buyer = "u" + strconv.Itoa(i)
-		}
-		for i := range 8 {
-			_, err := r.Deduct(ctx, Request{SKU: "ch", ID: "o" + strconv.Itoa(i), User: buyer, Qty: 1})
-			require.NoError(t, err, "sale %d", i)
-		}
+		sellInBucket0(t, r, "ch", 8)
 		store := &shortStore{rem: 3}
 		rl, err := r.newRelay(store, nil, &RelayOptions{Items: []string{"ch"}})
 		require.NoError(t, err)
@@ -135,13 +131,7 @@ func TestBucketOrderChain(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, store.refused)
 		assert.Equal(t, 1, st.Claimed, "only bucket 2's restock goes in the first pass")
-		for range 10 {
-			st, err := rl.Once(ctx)
-			require.NoError(t, err)
-			if st.Claimed == 0 {
-				break
-			}
-		}
+		relayUntilIdle(t, rl)
 		assert.Zero(t, store.refused, "no acknowledged sale refused")
 		rem, _ := store.Remaining(ctx, "ch")
 		assert.Zero(t, rem)

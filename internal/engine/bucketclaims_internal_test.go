@@ -75,7 +75,7 @@ func queued(t *testing.T, r *Reserver, sku string, h, nb, n int) {
 // different buckets at once, all get the bucket the first of them claimed; distinct ids each get
 // their own.
 func TestCoalescedClaims(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		rc := &routeClient{Client: c}
 		r := bucketedReserver(t, rc, 3, WithCoalescing(1), WithPrefix("cc"))
@@ -136,16 +136,14 @@ func TestCoalescedClaims(t *testing.T) {
 // TestCoalescedClaimsDeductCopies: concurrent copies of one deduct on a split item take once and
 // all answer the same receipt; concurrent deducts of distinct ids all take.
 func TestCoalescedClaimsDeductCopies(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		r := bucketedReserver(t, c, 3, WithCoalescing(1), WithPrefix("cd"))
 		require.NoError(t, r.Load(ctx, "cd", 1000))
 		var wg sync.WaitGroup
 		receipts := make(chan Receipt, 64)
 		for i := range 64 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				if i%2 == 0 { // copies of one request
 					rc, err := r.Deduct(ctx, Request{SKU: "cd", ID: "same", User: "alice", Qty: 3})
 					assert.NoError(t, err)
@@ -154,7 +152,7 @@ func TestCoalescedClaimsDeductCopies(t *testing.T) {
 				}
 				_, err := r.Deduct(ctx, Request{SKU: "cd", ID: "o" + strconv.Itoa(i), User: "u" + strconv.Itoa(i), Qty: 1})
 				assert.NoError(t, err)
-			}()
+			})
 		}
 		wg.Wait()
 		close(receipts)
@@ -177,7 +175,7 @@ func TestCoalescedClaimsDeductCopies(t *testing.T) {
 func TestCoalescedClaimsBatchBroken(t *testing.T) {
 	// A claim whose caller stopped waiting for its batch answers ErrUnknownOutcome.
 	require.ErrorIs(t, claimUnawaited(context.Canceled), ErrUnknownOutcome)
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		rc := &routeClient{Client: c}
 		r := bucketedReserver(t, rc, 2, WithCoalescing(1), WithPrefix("cb"))
@@ -191,21 +189,17 @@ func TestCoalescedClaimsBatchBroken(t *testing.T) {
 			}
 		}
 		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_, _, err := r.route(ctx, sku, ids[0], n, 0, false)
 			assert.NoError(t, err, "the call in flight reaches Redis")
-		}()
+		})
 		require.Eventually(t, func() bool { return rc.calls.Load() == 1 }, 10*time.Second, time.Millisecond)
 		errs := make(chan error, len(ids))
 		for _, id := range ids[1:7] {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				_, _, err := r.route(ctx, sku, id, n, 1, false)
 				errs <- err
-			}()
+			})
 		}
 		queued(t, r, sku, 1, n, 6)
 		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
@@ -237,7 +231,7 @@ func TestCoalescedClaimsBatchBroken(t *testing.T) {
 
 // TestRouteRefusesBadPairs: route.lua checks every pair before its first write.
 func TestRouteRefusesBadPairs(t *testing.T) {
-	eachBucketClient(t, func(t *testing.T, c rueidis.Client) {
+	eachClient(t, func(t *testing.T, c rueidis.Client) {
 		ctx := context.Background()
 		key := "rb:{x|0}:i"
 		for _, args := range [][]string{{"a", "1", "b", "x"}, {"a", "1", "", "2"}, {"a", "1", "b"}, {}} {

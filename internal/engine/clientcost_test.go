@@ -9,6 +9,7 @@ import (
 	"github.com/redis/rueidis"
 	"github.com/stockres/stock/internal/protocol"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkDeductClientCost measures what a Deduct costs the client over the script it sends:
@@ -38,13 +39,9 @@ func BenchmarkDeductClientCost(b *testing.B) {
 				opts = append(opts, WithUserLimit(2))
 			}
 			r, err := New(be.Client(b), opts...)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			sku := "cost-" + name
-			if err := r.Load(ctx, sku, MaxQty); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, r.Load(ctx, sku, MaxQty))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
@@ -65,13 +62,9 @@ func BenchmarkDeductClientCost(b *testing.B) {
 				opts = append(opts, WithUserLimit(2))
 			}
 			r, err := New(c, opts...)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			sku := "bare-" + name
-			if err := r.Load(ctx, sku, MaxQty); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, r.Load(ctx, sku, MaxQty))
 			k := r.item(sku)
 			limit := r.limitArg
 			var bc rueidis.Client = c // the caller's client, without the Reserver's wrappers
@@ -84,9 +77,7 @@ func BenchmarkDeductClientCost(b *testing.B) {
 					u += strconv.Itoa(i)
 				}
 				res := protocol.Deduct.Exec(ctx, bc, k.ForItem(), []string{limit, r.outboxFlag(), protocol.TakeDeduct, "0", r.clockArg(ctx), "o" + strconv.Itoa(i), "1", u, "0"})
-				if err := res.Error(); err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, res.Error())
 			}
 		})
 	}

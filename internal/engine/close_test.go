@@ -98,9 +98,7 @@ func TestCloseDuringCalls(t *testing.T) {
 		started := make(chan struct{})
 		var once sync.Once
 		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := 0; ; i++ {
 					_, err := r.Deduct(ctx, Request{SKU: "sku-1", ID: fmt.Sprintf("w%d-%d", w, i), User: fmt.Sprint("u", w), Qty: 1})
 					switch {
@@ -117,16 +115,14 @@ func TestCloseDuringCalls(t *testing.T) {
 						return
 					}
 				}
-			}()
+			})
 		}
 		<-started
 		var cwg sync.WaitGroup
 		for range 3 { // concurrent Closes: each returns once the work is done
-			cwg.Add(1)
-			go func() {
-				defer cwg.Done()
+			cwg.Go(func() {
 				assert.NoError(t, r.Close(ctx))
-			}()
+			})
 		}
 		cwg.Wait()
 		sent := cc.all.Load()

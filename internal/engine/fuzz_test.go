@@ -22,6 +22,7 @@ import (
 
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/mock"
+	"github.com/stretchr/testify/require"
 )
 
 // fzValidName is the documented rule for SKUs, ids, users and prefixes, written from the README
@@ -106,12 +107,8 @@ func FuzzValidation(f *testing.F) {
 			t.Fatalf("check(%#v) = %v, want nil: the request follows every documented rule", req, err)
 		}
 		if !want {
-			if err == nil {
-				t.Fatalf("check(%#v) = nil, want ErrInvalid: the request breaks a documented rule", req)
-			}
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("check(%#v) = %v, does not wrap ErrInvalid", req, err)
-			}
+			require.Error(t, err, "check(%#v) = nil, want ErrInvalid: the request breaks a documented rule", req)
+			require.ErrorIs(t, err, ErrInvalid, "check(%#v) = %v, does not wrap ErrInvalid", req, err)
 		}
 		// checkName alone, for every field, agrees with the rule.
 		for _, s := range []string{sku, id, user} {
@@ -122,9 +119,7 @@ func FuzzValidation(f *testing.F) {
 		if err := checkName("sku", sku); err != nil {
 			return
 		}
-		if err := fzBytesClean(sku); err != nil {
-			t.Fatalf("accepted sku %#v: %v", sku, err)
-		}
+		require.NoError(t, fzBytesClean(sku), "accepted sku %#v", sku)
 		// The keys of an accepted SKU, under the default prefix and under the user as a prefix
 		// (a prefix follows the same rule, WithPrefix).
 		prefixes := []string{"stock"}
@@ -148,9 +143,7 @@ func FuzzValidation(f *testing.F) {
 				}
 				seen[k] = true
 			}
-			if len(seen) != len(keys) {
-				t.Fatalf("prefix %#v sku %#v: %d distinct keys of %d suffixes: %q", p, sku, len(seen), len(keys), keys)
-			}
+			require.Len(t, seen, len(keys), "prefix %#v sku %#v: %d distinct keys of %d suffixes: %q", p, sku, len(seen), len(keys), keys)
 		}
 	})
 }
@@ -248,9 +241,7 @@ func FuzzParseEntry(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		e, err := parseEntry("sku", "id", s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("parseEntry(%q) = %v, does not wrap ErrInvalid", s, err)
-			}
+			require.ErrorIs(t, err, ErrInvalid, "parseEntry(%q) = %v, does not wrap ErrInvalid", s, err)
 			if e != (Entry{}) {
 				t.Fatalf("parseEntry(%q) failed but returned %+v", s, e)
 			}
@@ -265,14 +256,10 @@ func FuzzParseEntry(f *testing.F) {
 		if e.Qty < 0 || e.Before < 0 || e.After < 0 || e.At.UnixMilli() < 0 || (!e.Deadline.IsZero() && e.Deadline.UnixMilli() < 0) {
 			t.Fatalf("parseEntry(%q) = %+v: a negative number", s, e)
 		}
-		if strings.Contains(e.User, "|") {
-			t.Fatalf("parseEntry(%q): user %q holds a separator", s, e.User)
-		}
+		require.NotContains(t, e.User, "|", "parseEntry(%q): user %q holds a separator", s, e.User)
 		enc := fzEncodeEntry(t, e)
 		e2, err := parseEntry("sku", "id", enc)
-		if err != nil {
-			t.Fatalf("parseEntry(%q) = %+v, re-encoded as %q, which does not parse: %v", s, e, enc, err)
-		}
+		require.NoError(t, err, "parseEntry(%q) = %+v, re-encoded as %q, which does not parse", s, e, enc)
 		if e2 != e {
 			t.Fatalf("parseEntry(%q) = %+v; re-encoded %q parses as %+v", s, e, enc, e2)
 		}
@@ -439,9 +426,7 @@ func (r fzReply) result() rueidis.RedisResult {
 // never ErrInvalid (which says nothing changed).
 func fzCheckErr(t *testing.T, what string, r fzReply, err error) {
 	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: reply %s accepted, want an error", what, fzDescribe(r))
-	}
+	require.Error(t, err, "%s: reply %s accepted, want an error", what, fzDescribe(r))
 	switch {
 	case r.transport != nil:
 		if !errors.Is(err, r.transport) || errors.Is(err, ErrInvalid) {
@@ -657,20 +642,12 @@ func FuzzCartLines(f *testing.F) {
 			sums[l.SKU] += l.Qty
 		}
 		if !want {
-			if err == nil {
-				t.Fatalf("sumLines(%#v) = %v, want ErrInvalid", c, got)
-			}
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("sumLines(%#v) = %v, does not wrap ErrInvalid", c, err)
-			}
+			require.Error(t, err, "sumLines(%#v) = %v, want ErrInvalid", c, got)
+			require.ErrorIs(t, err, ErrInvalid, "sumLines(%#v) = %v, does not wrap ErrInvalid", c, err)
 			return
 		}
-		if err != nil {
-			t.Fatalf("sumLines(%#v) = %v, want the lines summed", c, err)
-		}
-		if len(got) != len(sums) {
-			t.Fatalf("sumLines(%#v) = %v: %d lines, want %d items", c, got, len(got), len(sums))
-		}
+		require.NoError(t, err, "sumLines(%#v) = %v, want the lines summed", c, err)
+		require.Len(t, got, len(sums), "sumLines(%#v) = %v: %d lines, want %d items", c, got, len(got), len(sums))
 		for i, l := range got {
 			if i > 0 && got[i-1].SKU >= l.SKU {
 				t.Fatalf("sumLines(%#v) = %v: not strictly in SKU order at %d", c, got, i)
@@ -686,9 +663,7 @@ func FuzzCartLines(f *testing.F) {
 				"u|1700000000000|" + encodeCart(kind, user, got) + "|{" + cause(got[0].SKU, ErrSoldOut) + "}",
 			} {
 				k, u, back, err := fzParseCartRecord(rec)
-				if err != nil {
-					t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts cannot parse it (%v): the cart can never be recovered and blocks RecoverCarts", c.ID, got, rec, err)
-				}
+				require.NoError(t, err, "cart %#v: lines %#v, record %q: RecoverCarts cannot parse it (%v): the cart can never be recovered and blocks RecoverCarts", c.ID, got, rec, err)
 				if k != kind || u != user || !slices.Equal(back, got) {
 					t.Fatalf("cart %#v: lines %#v, record %q: RecoverCarts reads kind %q user %q lines %#v: it would undo other items than the cart took", c.ID, got, rec, k, u, back)
 				}

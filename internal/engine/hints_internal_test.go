@@ -62,13 +62,10 @@ func newCounted(t *testing.T, c rueidis.Client) (*countingClient, *Reserver) {
 // countingClient around the backend's client (cc.Client).
 func eachCountedBackend(t *testing.T, f func(t *testing.T, b redistest.Backend, cc *countingClient, r *Reserver)) {
 	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			cc, r := newCounted(t, b.Client(t))
-			f(t, b, cc, r)
-		})
-	}
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		cc, r := newCounted(t, b.Client(t))
+		f(t, b, cc, r)
+	})
 }
 
 // loadMany loads n items named <p>-0 … through a pipeline of Load calls.
@@ -78,9 +75,7 @@ func loadMany(t *testing.T, r *Reserver, p string, n int) []string {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w; i < n; i += 8 {
 				skus[i] = p + "-" + strconv.Itoa(i)
 				if err := r.Load(context.Background(), skus[i], 100); err != nil {
@@ -88,7 +83,7 @@ func loadMany(t *testing.T, r *Reserver, p string, n int) []string {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)

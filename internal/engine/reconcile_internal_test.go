@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock/internal/protocol"
-	"github.com/stockres/stock/internal/redistest"
 )
 
 // fixedStore is a Store that has applied nothing and holds n units of every item.
@@ -26,37 +25,31 @@ func (s fixedStore) Records(context.Context, string, []string) (map[string]Recor
 // Redis restart kept it in the AOF, a failover copied it to the new primary) does not hold the
 // item until it expires; another Reconciler's lease does.
 func TestReconcileTakesBackItsOwnLease(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r, err := New(c)
-			require.NoError(t, err)
-			require.NoError(t, r.Load(ctx, "A", 5))
-			rc, err := r.newReconciler(fixedStore{5}, nil)
-			require.NoError(t, err)
-			other, err := r.newReconciler(fixedStore{5}, nil)
-			require.NoError(t, err)
-			lease := r.item("A").Lease
+	eachReserver(t, func(t *testing.T, r *Reserver) {
+		ctx, c := context.Background(), r.client
+		require.NoError(t, r.Load(ctx, "A", 5))
+		rc, err := r.newReconciler(fixedStore{5}, nil)
+		require.NoError(t, err)
+		other, err := r.newReconciler(fixedStore{5}, nil)
+		require.NoError(t, err)
+		lease := r.item("A").Lease
 
-			require.NoError(t, c.Do(ctx, c.B().Set().Key(lease).Value(rc.token).Px(time.Minute).Build()).Error())
-			rp, err := rc.Item(ctx, "A")
-			require.NoError(t, err)
-			assert.False(t, rp.Busy, "its own lease left behind: taken over")
-			n, err := c.Do(ctx, c.B().Exists().Key(lease).Build()).AsInt64()
-			require.NoError(t, err)
-			assert.Zero(t, n, "and released after the pass")
+		require.NoError(t, c.Do(ctx, c.B().Set().Key(lease).Value(rc.token).Px(time.Minute).Build()).Error())
+		rp, err := rc.Item(ctx, "A")
+		require.NoError(t, err)
+		assert.False(t, rp.Busy, "its own lease left behind: taken over")
+		n, err := c.Do(ctx, c.B().Exists().Key(lease).Build()).AsInt64()
+		require.NoError(t, err)
+		assert.Zero(t, n, "and released after the pass")
 
-			require.NoError(t, c.Do(ctx, c.B().Set().Key(lease).Value(other.token).Px(time.Minute).Build()).Error())
-			rp, err = rc.Item(ctx, "A")
-			require.NoError(t, err)
-			assert.True(t, rp.Busy, "another reconciler's lease holds the item")
-			owner, err := c.Do(ctx, c.B().Get().Key(lease).Build()).ToString()
-			require.NoError(t, err)
-			assert.Equal(t, other.token, owner, "and is left alone")
-		})
-	}
+		require.NoError(t, c.Do(ctx, c.B().Set().Key(lease).Value(other.token).Px(time.Minute).Build()).Error())
+		rp, err = rc.Item(ctx, "A")
+		require.NoError(t, err)
+		assert.True(t, rp.Busy, "another reconciler's lease holds the item")
+		owner, err := c.Do(ctx, c.B().Get().Key(lease).Build()).ToString()
+		require.NoError(t, err)
+		assert.Equal(t, other.token, owner, "and is left alone")
+	})
 }
 
 // TestTrimCountsRetentionFromSettling: the trim script judges each candidate by itself, whatever
@@ -79,31 +72,25 @@ func TestTrimCountsRetentionFromSettling(t *testing.T) {
 		{"reserved", "Dr|2|8|1000|", true}, // not settled: its sale is not in the store yet
 		{"held", "Hh|2|8|1000||2000", true},
 	}
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r, err := New(c)
-			require.NoError(t, err)
-			k := r.item("A")
-			args := []string{strconv.Itoa(cutoff)}
-			want := 0
-			for _, e := range entries {
-				require.NoError(t, c.Do(ctx, c.B().Hset().Key(k.Ledger).FieldValue().FieldValue(e.id, e.entry).Build()).Error())
-				args = append(args, e.id)
-				if !e.kept {
-					want++
-				}
+	eachReserver(t, func(t *testing.T, r *Reserver) {
+		ctx, c := context.Background(), r.client
+		k := r.item("A")
+		args := []string{strconv.Itoa(cutoff)}
+		want := 0
+		for _, e := range entries {
+			require.NoError(t, c.Do(ctx, c.B().Hset().Key(k.Ledger).FieldValue().FieldValue(e.id, e.entry).Build()).Error())
+			args = append(args, e.id)
+			if !e.kept {
+				want++
 			}
-			n, err := protocol.Trim.Exec(ctx, c, k.ForTrim(), args).AsInt64()
+		}
+		n, err := protocol.Trim.Exec(ctx, c, k.ForTrim(), args).AsInt64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(want), n, "entries removed")
+		for _, e := range entries {
+			got, err := c.Do(ctx, c.B().Hexists().Key(k.Ledger).Field(e.id).Build()).AsBool()
 			require.NoError(t, err)
-			assert.Equal(t, int64(want), n, "entries removed")
-			for _, e := range entries {
-				got, err := c.Do(ctx, c.B().Hexists().Key(k.Ledger).Field(e.id).Build()).AsBool()
-				require.NoError(t, err)
-				assert.Equal(t, e.kept, got, "%s (%s) kept", e.id, e.entry)
-			}
-		})
-	}
+			assert.Equal(t, e.kept, got, "%s (%s) kept", e.id, e.entry)
+		}
+	})
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/memstore"
@@ -43,9 +44,7 @@ func NewMiniredisPipeline(t *testing.T, skus []string) *Pipeline {
 	t.Helper()
 	m := miniredis.RunT(t)
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return NewPipeline(t, c, skus)
 }
@@ -54,18 +53,12 @@ func NewMiniredisPipeline(t *testing.T, skus []string) *Pipeline {
 func NewPipeline(t *testing.T, c rueidis.Client, skus []string) *Pipeline {
 	t.Helper()
 	r, err := stock.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
 	p := &Pipeline{R: r, Store: memstore.New(), deducted: map[string]map[string]int64{}, restored: map[string]map[string]bool{}, initial: map[string]int64{}}
 	for _, sku := range skus {
-		if err := r.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Store.Load(ctx, sku, 100000); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Load(ctx, sku, 100000))
+		require.NoError(t, p.Store.Load(ctx, sku, 100000))
 		p.initial[sku] = 100000
 		p.deducted[sku] = map[string]int64{}
 		p.restored[sku] = map[string]bool{}
@@ -128,9 +121,7 @@ func (p *Pipeline) Drain(t *testing.T, rl *stockops.Relay) {
 		var left int64
 		for _, sku := range p.skus {
 			n, _, err := stockops.Pending(ctx, p.R, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			left += n
 		}
 		if left == 0 {
@@ -146,9 +137,7 @@ func (p *Pipeline) Drain(t *testing.T, rl *stockops.Relay) {
 func (p *Pipeline) RunRelay(t *testing.T, pub stock.Publisher) (stop func()) {
 	t.Helper()
 	rl, err := stockops.NewRelay(p.R, nil, pub, &stock.RelayOptions{Batch: 16, Poll: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = rl.Run(ctx) }()
@@ -181,16 +170,12 @@ func (p *Pipeline) WaitApplied(t *testing.T, d time.Duration, between func()) {
 	t.Helper()
 	ctx := context.Background()
 	rec, err := stockops.NewReconciler(p.R, p.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
 		busy := false
 		for _, sku := range p.skus {
 			rp, err := rec.Item(ctx, sku)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if rp.Pending+rp.Published > 0 {
 				busy = true
 			}
@@ -223,9 +208,7 @@ func (p *Pipeline) Verify(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
 	rec, err := stockops.NewReconciler(p.R, p.Store, &stock.ReconcileOptions{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, sku := range p.skus {
 		want := p.initial[sku]
 		for id, q := range p.deducted[sku] {
@@ -234,20 +217,14 @@ func (p *Pipeline) Verify(t *testing.T) {
 			}
 		}
 		lv, err := p.R.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rem, err := p.Store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if rem != want || lv.Available != want {
 			t.Errorf("item %q: store %d, Redis %d, acknowledged answers %d", sku, rem, lv.Available, want)
 		}
 		rp, err := rec.Item(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if rp.Pending != 0 || rp.Published != 0 || rp.InFlight != 0 || rp.Drift != 0 || rp.DeadLetters != 0 {
 			t.Errorf("item %q after the drain: %s", sku, rp)
 		}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/stockres/stock"
 )
 
@@ -33,9 +35,7 @@ func BenchPublish(b *testing.B, p stock.BatchPublisher) {
 	b.Run("one", func(b *testing.B) {
 		events := 0
 		for b.Loop() {
-			if err := p.Publish(ctx, next()); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, p.Publish(ctx, next()))
 			events++
 		}
 		b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
@@ -48,9 +48,7 @@ func BenchPublish(b *testing.B, p stock.BatchPublisher) {
 				evs[i] = next()
 			}
 			for _, err := range p.PublishBatch(ctx, evs) {
-				if err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, err)
 			}
 			events += len(evs)
 		}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) { os.Exit(Run(m)) }
@@ -28,9 +30,7 @@ func requireServer(t *testing.T) {
 
 func noErr(t *testing.T, err error, what string) {
 	t.Helper()
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
+	require.NoError(t, err, "%s", what)
 }
 
 func eq[T comparable](t *testing.T, got, want T, what string) {
@@ -203,9 +203,7 @@ func TestServerStartFailureShowsLog(t *testing.T) {
 	ft := runFake(t, func(tb testing.TB) { StartServer(tb, "--no-such-option", "x") })
 	eq(t, ft.failed, true, "failed")
 	for _, s := range []string{"redis.log", "no-such-option"} {
-		if !strings.Contains(ft.msg, s) {
-			t.Errorf("failure message lacks %q:\n%s", s, ft.msg)
-		}
+		assert.Contains(t, ft.msg, s, "failure message lacks %q:\n%s", s, ft.msg)
 	}
 }
 
@@ -248,9 +246,7 @@ func TestServerBinaryMissingFails(t *testing.T) {
 	t.Setenv(EnvServer, "/nonexistent/redis-server")
 	ft := runFake(t, func(tb testing.TB) { ServerBinary(tb) })
 	eq(t, ft.failed, true, "failed")
-	if !strings.Contains(ft.msg, "/nonexistent/redis-server") {
-		t.Errorf("message %q lacks the path", ft.msg)
-	}
+	assert.Contains(t, ft.msg, "/nonexistent/redis-server", "message %q lacks the path", ft.msg)
 	t.Setenv(EnvServer, "")
 	eq(t, ServerBinary(t), "", "ServerBinary with the variable empty")
 }
@@ -358,9 +354,7 @@ func TestSentinelFailover(t *testing.T) {
 	noErr(t, d.WaitReady(30*time.Second), "WaitReady after SENTINEL FAILOVER")
 	info, err := do(p.Addr(), "INFO", "replication")
 	noErr(t, err, "INFO on the old primary")
-	if !strings.Contains(info, "role:slave") {
-		t.Errorf("the old primary did not become a replica:\n%s", info)
-	}
+	assert.Contains(t, info, "role:slave", "the old primary did not become a replica:\n%s", info)
 
 	// kill -9 of the primary.
 	noErr(t, c.Do(context.Background(), c.B().Wait().Numreplicas(2).Timeout(5000).Build()).Error(), "WAIT")

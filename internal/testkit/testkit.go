@@ -5,7 +5,9 @@ package testkit
 
 import (
 	"context"
+	"hash/fnv"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -21,10 +23,17 @@ import (
 // redis-server and a real 3-master cluster, each on a clean database.
 func EachBackend(t *testing.T, f func(t *testing.T, c rueidis.Client)) {
 	t.Helper()
+	Backends(t, func(t *testing.T, b redistest.Backend) { f(t, b.Client(t)) })
+}
+
+// Backends is EachBackend with the backend itself, for a test that needs more than one client
+// of it (Pair), its name or whether it is a real server.
+func Backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+	t.Helper()
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			f(t, b.Client(t))
+			f(t, b)
 		})
 	}
 }
@@ -128,6 +137,10 @@ func OutboxLen(t *testing.T, c rueidis.Client, sku string) int64 {
 	return n
 }
 
+// Err drops the first result of a call, for a check of its error alone:
+// require.NoError(t, testkit.Err(r.Deduct(ctx, req))).
+func Err[T any](_ T, err error) error { return err }
+
 // Available returns the available units of a Levels call.
 func Available(l stock.Levels, err error) (int64, error) { return l.Available, err }
 
@@ -145,4 +158,36 @@ func NewReconciler(t testing.TB, r *stock.Reserver, store stock.Store, o *stock.
 	rc, err := stockops.NewReconciler(r, store, o)
 	require.NoError(t, err)
 	return rc
+}
+
+// HomeBucket is the bucket of n that a split item sends a user (or, without a user, a request
+// id) to: FNV-1a of it, mod n (README "Routing"; restated so that a test can pick its keys).
+func HomeBucket(key string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}
+
+// CartRefused requires err to be a *stock.CartError naming the refusing item sku and wrapping
+// want.
+func CartRefused(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
+	t.Helper()
+	var ce *stock.CartError
+	require.ErrorAs(t, err, &ce, msgAndArgs...)
+	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
+	assert.ErrorIs(t, err, want, msgAndArgs...)
+}
+
+// Sell deducts one unit of sku n times, in order: request idPrefix<i>, of user userPrefix<i>
+// (no user when userPrefix is empty), failing the test on an error.
+func Sell(t *testing.T, r *stock.Reserver, sku, idPrefix, userPrefix string, n int) {
+	t.Helper()
+	for i := range n {
+		req := stock.Request{SKU: sku, ID: idPrefix + strconv.Itoa(i), Qty: 1}
+		if userPrefix != "" {
+			req.User = userPrefix + strconv.Itoa(i)
+		}
+		_, err := r.Deduct(context.Background(), req)
+		require.NoError(t, err, "sale %s", req.ID)
+	}
 }

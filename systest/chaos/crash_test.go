@@ -210,12 +210,7 @@ func killedRelay(t *testing.T, d crashDB) {
 	for end := time.Now().Add(time.Minute); ; {
 		st, err := rl.Once(ctx)
 		require.NoError(t, err)
-		final.Claimed += st.Claimed
-		final.Delivered += st.Delivered
-		final.Refused += st.Refused
-		final.Retried += st.Retried
-		final.Orphaned += st.Orphaned
-		final.Redelive += st.Redelive
+		final.Add(st)
 		if st.Claimed == 0 {
 			if testkit.OutboxLen(t, c, sku) == 0 {
 				break
@@ -495,9 +490,8 @@ func (k *crashChildren) end(ch *crashChild) {
 	t := k.t
 	killed := ch.kill()
 	delete(k.running, ch)
-	if out := ch.output(); strings.Contains(out, "WARNING: DATA RACE") {
-		t.Errorf("data race in a relay child:\n%s", out)
-	}
+	out := ch.output()
+	assert.NotContains(t, out, "WARNING: DATA RACE", "data race in a relay child:\n%s", out)
 	ch.mu.Lock()
 	k.calls += ch.calls
 	k.redelivered += ch.redelivered

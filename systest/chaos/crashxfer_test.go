@@ -108,18 +108,15 @@ func TestTransferKilledProcess(t *testing.T) {
 	if redistest.ServerBinary(t) == "" {
 		t.Skipf("%s is not set: the killed-transfer test needs a real redis-server that a child process can reach", redistest.EnvServer)
 	}
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			if !b.Real() {
-				t.Skip("miniredis lives in this process: a child process cannot share it")
-			}
-			if b.Sentinel() != nil {
-				t.Skip("the child reaches Redis by address (a standalone server or cluster nodes), not through sentinels")
-			}
-			killedTransfers(t, b)
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		if !b.Real() {
+			t.Skip("miniredis lives in this process: a child process cannot share it")
+		}
+		if b.Sentinel() != nil {
+			t.Skip("the child reaches Redis by address (a standalone server or cluster nodes), not through sentinels")
+		}
+		killedTransfers(t, b)
+	})
 }
 
 func killedTransfers(t *testing.T, b redistest.Backend) {
@@ -168,9 +165,8 @@ func killedTransfers(t *testing.T, b redistest.Backend) {
 			require.False(t, dup, "%s acknowledged by two children", id)
 			acks[id] = a
 		}
-		if msg := ch.failure(); msg != "" {
-			t.Fatalf("buyer child failed:\n%s", msg)
-		}
+		msg := ch.failure()
+		require.EqualValues(t, "", msg, "buyer child failed:\n%s", msg)
 		if !killed {
 			t.Fatalf("buyer child ended by itself (%v):\n%s", ch.cmd.ProcessState, ch.tail())
 		}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/systest/internal/kit"
@@ -98,9 +100,7 @@ func (h *faultHarness) runQueue(ctx context.Context) {
 	h.seqStore = &faultSeqStore{Store: h.store, h: h, last: map[string]int64{}, lastKey: map[string]string{},
 		seen: map[string]bool{}, failed: map[string]string{}}
 	rl, err := stockops.NewRelay(h.back, nil, h.broker, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: time.Second, Batch: 64})
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	require.NoError(h.t, err)
 	h.relay.Store(rl)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = rl.Run(ctx) })

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
@@ -351,17 +353,13 @@ func (h *faultHarness) setup() {
 			h.fo.adm[i] = kit.DirectClient(t, s.Addr())
 		}
 		px, err := faultproxy.Start(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { px.Close() })
 		h.fo.backPx, backAddr = px, px.Addr()
 	}
 	if h.sc.proxy {
 		px, err := faultproxy.Start(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { px.Close() })
 		h.px, addr = px, px.Addr()
 	}
@@ -384,9 +382,7 @@ func (h *faultHarness) setup() {
 	if h.ctl == ctlBareEvalsha {
 		lib, err1 := os.ReadFile("../../lua/lib.lua")
 		body, err2 := os.ReadFile("../../lua/deduct.lua")
-		if err := errors.Join(err1, err2); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, errors.Join(err1, err2))
 		h.deductSrc = string(lib) + "\n" + string(body)
 		sum := sha1.Sum([]byte(h.deductSrc))
 		h.deductSHA = hex.EncodeToString(sum[:])
@@ -397,20 +393,14 @@ func (h *faultHarness) setup() {
 		dsn = sqliteDSN(t.TempDir())
 	}
 	db, err := sql.Open(h.db.driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("%s is configured but cannot be reached: %v", h.db.name, err)
-	}
+	require.NoError(t, db.PingContext(ctx), "%s is configured but cannot be reached", h.db.name)
 	h.sqlDB, h.items, h.recs = db, prefix+"items", prefix+"records"
 	if h.store, err = sqlstore.New(db, h.db.dialect, sqlstore.WithTablePrefix(prefix)); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, h.store.Migrate(ctx))
 	if h.db.dialect != sqlstore.SQLite {
 		dropTables(t, db, prefix)
 	}
@@ -423,9 +413,7 @@ func (h *faultHarness) setup() {
 		}
 		h.fence = &kit.Fence{Guard: stockops.NewFailoverGuard(gr)}
 		// The first check of an empty Redis records its primaries as reconciled.
-		if _, err := h.fence.Guard.Check(ctx); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, testkit.Err(h.fence.Guard.Check(ctx)))
 	}
 	h.loaded = map[string]int64{}
 	for _, sku := range faultSKUs {
@@ -434,12 +422,8 @@ func (h *faultHarness) setup() {
 			n = kit.FaultScarce
 		}
 		h.loaded[sku] = n
-		if err := h.back.Load(ctx, sku, n); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.store.Load(ctx, sku, n); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, h.back.Load(ctx, sku, n))
+		require.NoError(t, h.store.Load(ctx, sku, n))
 	}
 }
 
@@ -748,9 +732,7 @@ func (h *faultHarness) newRelay(store stock.Store) *stockops.Relay {
 		lease = time.Second
 	}
 	rl, err := stockops.NewRelay(h.back, store, nil, &stock.RelayOptions{Poll: 5 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: lease, Batch: 64})
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	require.NoError(h.t, err)
 	return rl
 }
 
@@ -1143,9 +1125,7 @@ func (h *faultHarness) failover() {
 	h.fault("promote")
 	time.Sleep(100*time.Millisecond + rand.N(200*time.Millisecond)) // the old primary still takes writes
 	newL, err := faultLedgers(ctx, nc)                              // the promoted replica, as promoted: nobody writes to it yet
-	if err != nil {
-		t.Errorf("failover: %v", err)
-	}
+	assert.NoError(t, err, "failover")
 
 	// The switch. The guard's checks, which go through the clients' proxy, see the new primary.
 	h.recMu.Lock()
@@ -1170,9 +1150,7 @@ func (h *faultHarness) failover() {
 	// What the old primary acknowledged that the promoted replica never got. The proxies
 	// closed their connections to it: nothing it answers from now on reaches anyone.
 	oldL, err := faultLedgers(ctx, oc)
-	if err != nil {
-		t.Errorf("failover: %v", err)
-	}
+	assert.NoError(t, err, "failover")
 	fo.mu.Lock()
 	defer fo.mu.Unlock()
 	fo.cur = newI
@@ -1437,9 +1415,7 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	abandoned := h.abandonedHolds(ctx)
 	// One complete reconcile pass (an item is busy while a dead relay's lease lasts).
 	rec, err := stockops.NewReconciler(h.back, h.store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var found int64
 	for i := 0; ; i++ {
 		reps, err := rec.Once(ctx)
@@ -1493,14 +1469,10 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	final := map[string]stock.Levels{}
 	for _, sku := range faultSKUs {
 		l, err := h.back.Levels(ctx, sku)
-		if err != nil {
-			t.Fatalf("levels %s: %v", sku, err)
-		}
+		require.NoError(t, err, "levels %s", sku)
 		final[sku] = l
 		rem, err := h.store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatalf("store remaining %s: %v", sku, err)
-		}
+		require.NoError(t, err, "store remaining %s", sku)
 		drift[sku] = l.Available + l.Held - rem
 		r.DriftFinal += kit.FaultAbs(drift[sku])
 	}
@@ -1517,16 +1489,12 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	}
 	recs := map[string]recRow{} // sku/id
 	rows, err := h.sqlDB.QueryContext(ctx, "SELECT sku, id, type, qty, status FROM "+h.recs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	applied := map[string]int64{}
 	for rows.Next() {
 		var sku, id string
 		var x recRow
-		if err := rows.Scan(&sku, &id, &x.typ, &x.qty, &x.status); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, rows.Scan(&sku, &id, &x.typ, &x.qty, &x.status))
 		recs[sku+"/"+id] = x
 		if x.status == string(stock.StateApplied) && x.typ != string(stock.EventRestocked) {
 			applied[sku] += x.qty
@@ -1535,9 +1503,7 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 			r.Refused += x.qty
 		}
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, rows.Err())
 	rows.Close()
 	for _, sku := range faultSKUs {
 		rem, _ := h.store.Remaining(ctx, sku)
@@ -1552,9 +1518,7 @@ func (h *faultHarness) finish(traffic time.Duration) kit.FaultResult {
 	// pass makes such holds final (Reconciler: resyncHolds), so after the final pass there
 	// must be none.
 	ledgers, err := faultLedgers(ctx, h.bc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for key, e := range ledgers {
 		x, ok := recs[key]
 		if strings.HasPrefix(e, "Hh") && ok && x.typ == string(stock.EventConfirmed) && x.status == string(stock.StateApplied) {
@@ -1779,9 +1743,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 	var skus []string
 	for _, sku := range faultSKUs {
 		l, err := h.bc.Do(ctx, h.bc.B().Hgetall().Key("stock:{"+sku+"}:l").Build()).AsStrMap()
-		if err != nil {
-			t.Fatalf("ledger %s: %v", sku, err)
-		}
+		require.NoError(t, err, "ledger %s", sku)
 		var ids []string
 		for id, e := range l {
 			if o := settled[sku+"/"+id]; o != nil && strings.HasPrefix(e, "Hh") {
@@ -1792,9 +1754,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 			continue
 		}
 		recs, err := h.store.Records(ctx, sku, ids)
-		if err != nil {
-			t.Fatalf("store records %s: %v", sku, err)
-		}
+		require.NoError(t, err, "store records %s", sku)
 		var released bool
 		for _, id := range ids {
 			if _, ok := recs[id]; ok {
@@ -1805,9 +1765,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 			if !h.sc.loss {
 				continue
 			}
-			if _, err := h.back.Extend(ctx, sku, id, time.Millisecond); err != nil {
-				t.Fatalf("extend the abandoned hold %s/%s to its end: %v", sku, id, err)
-			}
+			require.NoError(t, testkit.Err(h.back.Extend(ctx, sku, id, time.Millisecond)), "extend the abandoned hold %s/%s to its end", sku, id)
 			released = true
 		}
 		if released {
@@ -1819,9 +1777,7 @@ func (h *faultHarness) abandonedHolds(ctx context.Context) []faultAbandoned {
 		// the item's due holds first): each is then expired in the ledger.
 		for deadline := time.Now().Add(5 * time.Second); ; {
 			time.Sleep(5 * time.Millisecond) // past the deadlines, by Redis's clock
-			if _, err := stockops.Sweep(ctx, h.back, skus...); err != nil {
-				t.Fatalf("sweep the abandoned holds: %v", err)
-			}
+			require.NoError(t, testkit.Err(stockops.Sweep(ctx, h.back, skus...)), "sweep the abandoned holds")
 			live := slices.ContainsFunc(out, func(a faultAbandoned) bool {
 				sku, id, _ := strings.Cut(a.key, "/")
 				e, err := h.bc.Do(ctx, h.bc.B().Hget().Key("stock:{"+sku+"}:l").Field(id).Build()).ToString()
@@ -1923,27 +1879,19 @@ func (h *faultHarness) check(r *kit.FaultResult) []string {
 func faultPair(t *testing.T) (*faultproxy.Proxy, *stock.Reserver, *stock.Reserver, rueidis.Client) {
 	srv := redistest.StartServer(t)
 	px, err := faultproxy.Start(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { px.Close() })
 	// One connection, opened now: a request sent later is on its way, not waiting for a dial.
 	opt := rueidis.ClientOption{ForceSingleClient: true, DisableCache: true, DisableRetry: true, PipelineMultiplex: -1}
 	opt.InitAddress = []string{px.Addr()}
 	sc := kit.FaultRedisClient(t, opt)
-	if err := sc.Do(context.Background(), sc.B().Ping().Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, sc.Do(context.Background(), sc.B().Ping().Build()).Error())
 	slow, err := stock.New(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	opt.InitAddress = []string{srv.Addr()}
 	dc := kit.FaultRedisClient(t, opt)
 	direct, err := stock.New(dc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return px, slow, direct, dc
 }
 
@@ -1960,9 +1908,7 @@ func TestFaultRefusalThenLateAttempt(t *testing.T) {
 	ctx := context.Background()
 	px, slow, direct, _ := faultPair(t)
 	const sku = "late"
-	if err := direct.Load(ctx, sku, 1); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, direct.Load(ctx, sku, 1))
 	if _, err := direct.Deduct(ctx, stock.Request{SKU: sku, ID: "other", Qty: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -1974,9 +1920,7 @@ func TestFaultRefusalThenLateAttempt(t *testing.T) {
 		t.Fatalf("first attempt: %v, want an unknown outcome", err)
 	}
 	_, err = direct.Deduct(ctx, stock.Request{SKU: sku, ID: "order-1", Qty: 1, Retry: true}) // the retry, marked as one
-	if !errors.Is(err, stock.ErrSoldOut) {
-		t.Fatalf("retry: %v, want ErrSoldOut", err)
-	}
+	require.ErrorIs(t, err, stock.ErrSoldOut, "retry: %v, want ErrSoldOut", err)
 	if _, err := direct.Restore(ctx, sku, "other"); err != nil { // a unit comes back
 		t.Fatal(err)
 	}
@@ -2009,19 +1953,13 @@ func TestFaultReconcileLockLeak(t *testing.T) {
 	px, slow, direct, dc := faultPair(t)
 	const sku = "leak"
 	store := memstore.New()
-	if err := direct.Load(ctx, sku, 10); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Load(ctx, sku, 10); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, direct.Load(ctx, sku, 10))
+	require.NoError(t, store.Load(ctx, sku, 10))
 	if _, err := direct.Deduct(ctx, stock.Request{SKU: sku, ID: "d-1", Qty: 1}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := stockops.NewReconciler(slow, store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	px.SetLatency(150 * time.Millisecond)
 	c, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, passErr := rec.Item(c, sku) // the context ends while the lock's SET is on its way
@@ -2031,13 +1969,9 @@ func TestFaultReconcileLockLeak(t *testing.T) {
 	}
 	time.Sleep(400 * time.Millisecond) // the SET has run
 	rl, err := stockops.NewRelay(direct, store, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	st, err := rl.Once(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if st.Delivered != 1 {
 		key := "stock:{" + sku + "}:rl"
 		holder, _ := dc.Do(ctx, dc.B().Get().Key(key).Build()).ToString()

@@ -12,7 +12,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the database/sql drivers of the SQL stores the tests open
+	_ "modernc.org/sqlite"
+
+	"github.com/stockres/stock/internal/redistest"
 )
+
+// TestMain starts and stops the real servers the tests ask for (redistest.Run).
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
 // The shared harness of the package: the SQL stores the suites drain into, and the child
 // processes the crash tests kill.

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
@@ -42,30 +43,18 @@ func BenchmarkRelay(b *testing.B) {
 					"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate", sqlstore.SQLite
 			}
 			db, err := sql.Open(st.driver, dsn)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			b.Cleanup(func() { db.Close() })
 			prefix := fmt.Sprintf("stock_b%08x_", rand.Uint32())
 			store, err := sqlstore.New(db, dialect, sqlstore.WithTablePrefix(prefix))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := store.Migrate(ctx); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
+			require.NoError(b, store.Migrate(ctx))
 			dropTables(b, db, prefix)
 			r, err := stock.New(c)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			loaded := int64(b.N) + 1
-			if err := r.Load(ctx, "hot", loaded); err != nil {
-				b.Fatal(err)
-			}
-			if err := store.Load(ctx, "hot", loaded); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, r.Load(ctx, "hot", loaded))
+			require.NoError(b, store.Load(ctx, "hot", loaded))
 			var wg sync.WaitGroup
 			for w := range 32 {
 				wg.Go(func() {
@@ -79,17 +68,13 @@ func BenchmarkRelay(b *testing.B) {
 			}
 			wg.Wait()
 			rl, err := stockops.NewRelay(r, store, nil, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			b.ReportAllocs()
 			b.ResetTimer()
 			delivered := 0
 			for delivered < b.N {
 				s, err := rl.Once(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, err)
 				if s.Delivered == 0 {
 					b.Fatalf("the relay stopped after %d of %d events", delivered, b.N)
 				}

@@ -35,21 +35,12 @@ func takeCart(ctx context.Context, r *stock.Reserver, c stock.Cart, hold bool, t
 	return r.DeductMany(ctx, c)
 }
 
-// requireCartRefused requires err to be a *CartError naming sku and wrapping want.
-func requireCartRefused(t *testing.T, err error, sku string, want error, msgAndArgs ...any) {
-	t.Helper()
-	var ce *stock.CartError
-	require.ErrorAs(t, err, &ce, msgAndArgs...)
-	assert.Equal(t, sku, ce.SKU, msgAndArgs...)
-	assert.ErrorIs(t, err, want, msgAndArgs...)
-}
-
 // sagaAndGrouped runs f on every backend twice: with every item apart (a cart is a saga;
 // subtest grouped=false) and with every item in one group (one script per cart; grouped=true).
 func sagaAndGrouped(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				var opts []stock.Option
 				if grouped {
 					opts = append(opts, stock.WithGroups(func(string) string { return "g" }))
@@ -64,7 +55,7 @@ func sagaAndGrouped(t *testing.T, f func(t *testing.T, r *stock.Reserver)) {
 // ErrConflict and changes nothing" — across kinds (DeductMany then HoldMany) and users, with an
 // empty user on one side, and for a cart whose lines are given in another order or split.
 func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		loadEach(t, r, 10, "a", "b", "c")
 		cart := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}
@@ -80,14 +71,14 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 			{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 2}, {SKU: "b", Qty: 1}}},
 		}
 		for i, c := range bad {
-			assert.ErrorIs(t, errFrom(r.DeductMany(ctx, c)), stock.ErrConflict, "deduct copy %d %+v", i, c)
+			assert.ErrorIs(t, testkit.Err(r.DeductMany(ctx, c)), stock.ErrConflict, "deduct copy %d %+v", i, c)
 			_, err = r.HoldMany(ctx, c, time.Minute)
 			assert.ErrorIs(t, err, stock.ErrConflict, "hold copy %d %+v", i, c)
 		}
 		// Same lines and user, but as a hold: another kind.
-		assert.ErrorIs(t, errFrom(r.HoldMany(ctx, cart, time.Minute)), stock.ErrConflict, "hold of a deducted cart")
-		assert.Error(t, errFrom(r.ConfirmMany(ctx, "order-7", "a", "b")), "confirm of a deducted cart")
-		assert.Error(t, errFrom(r.CancelMany(ctx, "order-7", "a", "b")), "cancel of a deducted cart")
+		assert.ErrorIs(t, testkit.Err(r.HoldMany(ctx, cart, time.Minute)), stock.ErrConflict, "hold of a deducted cart")
+		assert.Error(t, testkit.Err(r.ConfirmMany(ctx, "order-7", "a", "b")), "confirm of a deducted cart")
+		assert.Error(t, testkit.Err(r.CancelMany(ctx, "order-7", "a", "b")), "cancel of a deducted cart")
 
 		// The same cart, lines reordered and split: the same lines after summing.
 		same := stock.Cart{ID: "order-7", User: "alice", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
@@ -109,36 +100,36 @@ func TestCartIDReuseAcrossUsersKindsLines(t *testing.T) {
 // whatever is left and answers the *CartError" — here the undone cart is retried after the
 // short item was restocked: the retry must not take anything.
 func TestCartRetryAfterRestoreAndRestock(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		loadEach(t, r, 5, "a", "b")
 		loadEach(t, r, 0, "z")
 		taken := stock.Cart{ID: "t1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		require.NoError(t, errFrom(r.DeductMany(ctx, taken)))
-		require.NoError(t, errFrom(r.Restore(ctx, "a", "t1")))
+		require.NoError(t, testkit.Err(r.DeductMany(ctx, taken)))
+		require.NoError(t, testkit.Err(r.Restore(ctx, "a", "t1")))
 		for range 3 {
 			assert.True(t, must(r.DeductMany(ctx, taken))(t).Replayed)
 		}
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
 		// A single Deduct of the restored line's id is refused.
-		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("a", "t1", "u", 1))), stock.ErrRestored)
+		assert.ErrorIs(t, testkit.Err(r.Deduct(ctx, req("a", "t1", "u", 1))), stock.ErrRestored)
 
 		// An undone cart: z is sold out. Restock z, retry: still the refusal, nothing taken.
 		undone := stock.Cart{ID: "u1", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "z", Qty: 1}}}
-		requireCartRefused(t, errFrom(r.DeductMany(ctx, undone)), "z", stock.ErrSoldOut)
-		require.NoError(t, errFrom(r.Restock(ctx, "z", "rs1", 5)))
+		testkit.CartRefused(t, testkit.Err(r.DeductMany(ctx, undone)), "z", stock.ErrSoldOut)
+		require.NoError(t, testkit.Err(r.Restock(ctx, "z", "rs1", 5)))
 		for range 3 {
 			_, err := r.DeductMany(ctx, undone)
 			var ce *stock.CartError
 			require.ErrorAs(t, err, &ce, "retry of an undone cart")
 			assert.ErrorIs(t, err, stock.ErrSoldOut)
 		}
-		assert.Error(t, errFrom(r.HoldMany(ctx, undone, time.Minute)))
+		assert.Error(t, testkit.Err(r.HoldMany(ctx, undone, time.Minute)))
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(0), check(t, r, "z", 0).Sold+check(t, r, "z", 0).Held)
 		// The undone cart's lines are tombstoned: a single deduct of them is refused.
-		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("z", "u1", "u", 1))), stock.ErrRestored)
+		assert.ErrorIs(t, testkit.Err(r.Deduct(ctx, req("z", "u1", "u", 1))), stock.ErrRestored)
 		_, err := r.Deduct(ctx, req("a", "u1", "u", 1))
 		assert.ErrorIs(t, err, stock.ErrRestored)
 	})
@@ -157,7 +148,7 @@ func abReserver(t *testing.T, b redistest.Backend) (rueidis.Client, *stock.Reser
 // ErrUnknownOutcome) answers the same outcome and changes nothing. The first hold in SKU order
 // is live (extended) and the second expired, then the other order.
 func TestConfirmManyWholeOrNothing(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := abReserver(t, b)
 		nothingTaken := func(what string) {
 			la, lb := check(t, r, "a", 5), check(t, r, "b", 5)
@@ -167,8 +158,8 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 			id := "h-" + live
 			assert.ErrorIs(t, confirmPartlyExpired(t, c, r, id, live), stock.ErrExpired, "live %s", live)
 			nothingTaken("live " + live)
-			assert.ErrorIs(t, errFrom(r.ConfirmMany(ctx, id, "a", "b")), stock.ErrExpired, "the retry answers the cart's outcome")
-			assert.Error(t, errFrom(r.ConfirmMany(ctx, id, "b", "a")))
+			assert.ErrorIs(t, testkit.Err(r.ConfirmMany(ctx, id, "a", "b")), stock.ErrExpired, "the retry answers the cart's outcome")
+			assert.Error(t, testkit.Err(r.ConfirmMany(ctx, id, "b", "a")))
 			nothingTaken("live " + live + ", after the retries")
 		}
 	})
@@ -179,8 +170,8 @@ func TestConfirmManyWholeOrNothing(t *testing.T) {
 func confirmPartlyExpired(t *testing.T, c rueidis.Client, r *stock.Reserver, id, live string) error {
 	t.Helper()
 	cart := stock.Cart{ID: id, User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-	require.NoError(t, errFrom(r.HoldMany(ctx, cart, 300*time.Millisecond)))
-	require.NoError(t, errFrom(r.Extend(ctx, live, id, time.Hour)))
+	require.NoError(t, testkit.Err(r.HoldMany(ctx, cart, 300*time.Millisecond)))
+	require.NoError(t, testkit.Err(r.Extend(ctx, live, id, time.Hour)))
 	redistest.Sleep(c, 400*time.Millisecond)
 	_, err := r.ConfirmMany(ctx, id, "a", "b")
 	return err
@@ -239,7 +230,7 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 				}
 				mu.Unlock()
 			case 2:
-				assert.NoError(t, errFrom(r.Restock(ctx, "rc", fmt.Sprintf("rs-%d", round), 1)))
+				assert.NoError(t, testkit.Err(r.Restock(ctx, "rc", fmt.Sprintf("rs-%d", round), 1)))
 			case 3:
 				if round%3 == 0 {
 					assert.NoError(t, r.CloseItem(ctx, "rb"))
@@ -247,7 +238,7 @@ func cartRace(t *testing.T, r *stock.Reserver, round int, hold, grouped bool) {
 				}
 			case 4, 5:
 				if !grouped {
-					assert.NoError(t, errFrom(stockops.RecoverCarts(ctx, r, -time.Second)))
+					assert.NoError(t, testkit.Err(stockops.RecoverCarts(ctx, r, -time.Second)))
 				}
 			}
 		})
@@ -321,7 +312,7 @@ func TestCartConcurrentCopies(t *testing.T) {
 		{"mixed", mixed, func(round int) bool { return round%2 == 1 }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				var opts []stock.Option
 				if tc.group != nil {
 					opts = append(opts, stock.WithGroups(tc.group))
@@ -345,7 +336,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 		user  string
 		lines map[string]int64
 	}
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		loadEach(t, r, 1_000_000, skus...)
 		rng := rand.New(rand.NewPCG(12, 12))
@@ -397,7 +388,7 @@ func TestCartRecordsRandomNames(t *testing.T) {
 // item is sold out, makes that Reserver answer ErrRestored for the id, never ErrSoldOut.
 func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 1000))
 		require.NoError(t, r.Load(ctx, "z1", 0))
@@ -414,7 +405,7 @@ func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 				assert.ErrorIs(t, err, stock.ErrRestored, "%s %s", sku, id)
 			}
 			cid := fmt.Sprint("cancel", i)
-			require.ErrorIs(t, errFrom(r.Cancel(ctx, "z1", cid)), stock.ErrUnknownID)
+			require.ErrorIs(t, testkit.Err(r.Cancel(ctx, "z1", cid)), stock.ErrUnknownID)
 			_, err = r.Hold(ctx, req("z1", cid, "", 1), time.Minute)
 			assert.ErrorIs(t, err, stock.ErrRestored, cid)
 		}
@@ -426,7 +417,7 @@ func TestFastPathTombstonesFromCartsAndCancels(t *testing.T) {
 // Promise (ConfirmMany doc): "a cart is confirmed whole or not at all" — with a CancelMany of
 // the same cart racing it, the cart ends all confirmed or all given back, never split.
 func TestConfirmManyRacingCancelMany(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		_, _, r1, r2 := pairReservers(t, b)
 		skus := []string{"ca", "cb", "cc", "cd"}
 		loadEach(t, r1, 1000, skus...)
@@ -434,7 +425,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 		for round := range 60 {
 			id := fmt.Sprint("k", round)
 			cart := stock.Cart{ID: id, User: "u", Lines: unitLines(skus...)}
-			require.NoError(t, errFrom(r1.HoldMany(ctx, cart, time.Hour)))
+			require.NoError(t, testkit.Err(r1.HoldMany(ctx, cart, time.Hour)))
 			var wg sync.WaitGroup
 			var cerr, xerr error
 			wg.Add(2)
@@ -468,7 +459,7 @@ func TestConfirmManyRacingCancelMany(t *testing.T) {
 // Bad carts are ErrInvalid and change nothing: 101 lines, a zero or negative line, lines that
 // sum past MaxQty, an empty id.
 func TestCartBadInput(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "a", 10))
 		var many []stock.Line
@@ -485,11 +476,11 @@ func TestCartBadInput(t *testing.T) {
 			{ID: "c", Lines: nil},
 			{ID: "c", Lines: []stock.Line{{SKU: "", Qty: 1}}},
 		} {
-			assert.ErrorIs(t, errFrom(r.DeductMany(ctx, c)), stock.ErrInvalid, "deduct cart %d", i)
-			assert.ErrorIs(t, errFrom(r.HoldMany(ctx, c, time.Minute)), stock.ErrInvalid, "hold cart %d", i)
+			assert.ErrorIs(t, testkit.Err(r.DeductMany(ctx, c)), stock.ErrInvalid, "deduct cart %d", i)
+			assert.ErrorIs(t, testkit.Err(r.HoldMany(ctx, c, time.Minute)), stock.ErrInvalid, "hold cart %d", i)
 		}
 		// 100 lines of one item summed: a valid cart.
-		require.NoError(t, errFrom(r.DeductMany(ctx, stock.Cart{ID: "c", Lines: many[:10]})))
+		require.NoError(t, testkit.Err(r.DeductMany(ctx, stock.Cart{ID: "c", Lines: many[:10]})))
 		assert.Equal(t, stock.Levels{Available: 0, Sold: 10, Loaded: 10}, check(t, r, "a", 10))
 	})
 }
@@ -498,7 +489,7 @@ func TestCartBadInput(t *testing.T) {
 // are summed before any check, restores give the user's units back, and a replay of a taken
 // cart (after one of its lines was restored) takes nothing, the user's units included.
 func TestCartUserLimit(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1))
 		loadEach(t, r, 10, "a", "b")
 		_, err := r.DeductMany(ctx, stock.Cart{ID: "c0", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "a", Qty: 1}}})
@@ -507,8 +498,8 @@ func TestCartUserLimit(t *testing.T) {
 		require.NoError(t, err)
 		_, err = r.DeductMany(ctx, stock.Cart{ID: "c1", User: "mallory", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})
 		require.ErrorIs(t, err, stock.ErrConflict)
-		require.NoError(t, errFrom(r.Deduct(ctx, req("a", "m1", "mallory", 1))), "mallory's units untouched by the conflicting cart")
-		require.NoError(t, errFrom(r.Restore(ctx, "a", "c1")))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, req("a", "m1", "mallory", 1))), "mallory's units untouched by the conflicting cart")
+		require.NoError(t, testkit.Err(r.Restore(ctx, "a", "c1")))
 		rc := must(r.DeductMany(ctx, stock.Cart{ID: "c1", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}))(t)
 		assert.True(t, rc.Replayed)
 		_, err = r.Deduct(ctx, req("a", "a2", "alice", 1))
@@ -525,10 +516,10 @@ func TestCartUserLimit(t *testing.T) {
 // cart whose holds expired, or were cancelled, answers ErrExpired / ErrRestored as a single
 // Hold's replay does, never that the cart is held.
 func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := abReserver(t, b)
 		cart := stock.Cart{ID: "hc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		require.NoError(t, errFrom(r.HoldMany(ctx, cart, 200*time.Millisecond)))
+		require.NoError(t, testkit.Err(r.HoldMany(ctx, cart, 200*time.Millisecond)))
 		assert.Zero(t, must(stockops.RecoverCarts(ctx, r, -time.Second))(t), "a held cart is not for recovery")
 		assert.Equal(t, int64(1), check(t, r, "a", 5).Held)
 		redistest.Sleep(c, 300*time.Millisecond)
@@ -538,14 +529,14 @@ func TestHoldManyRetryAfterExpiryOrCancel(t *testing.T) {
 		t.Logf("after the retry: a %+v b %+v", la, lb)
 
 		cart2 := stock.Cart{ID: "hc2", User: "u", Lines: cart.Lines}
-		require.NoError(t, errFrom(r.HoldMany(ctx, cart2, time.Hour)))
-		require.NoError(t, errFrom(r.CancelMany(ctx, "hc2", "a", "b")))
+		require.NoError(t, testkit.Err(r.HoldMany(ctx, cart2, time.Hour)))
+		require.NoError(t, testkit.Err(r.CancelMany(ctx, "hc2", "a", "b")))
 		rc, err = r.HoldMany(ctx, cart2, time.Hour)
 		assert.ErrorIs(t, err, stock.ErrRestored, "retry of a cancelled held cart: %+v", rc)
 
 		cart3 := stock.Cart{ID: "hc3", User: "u", Lines: cart.Lines}
-		require.NoError(t, errFrom(r.HoldMany(ctx, cart3, time.Hour)))
-		require.NoError(t, errFrom(r.ConfirmMany(ctx, "hc3", "a", "b")))
+		require.NoError(t, testkit.Err(r.HoldMany(ctx, cart3, time.Hour)))
+		require.NoError(t, testkit.Err(r.ConfirmMany(ctx, "hc3", "a", "b")))
 		assert.Zero(t, must(stockops.RecoverCarts(ctx, r, -time.Second))(t))
 		rc, err = r.HoldMany(ctx, cart3, time.Hour)
 		assert.NoError(t, err, "retry of a confirmed held cart is a replay")
@@ -606,19 +597,19 @@ func TestCartIDTwoUsersConcurrent(t *testing.T) {
 // cart's entry answers Replayed"; when a line was restored since, the retry neither takes the
 // other lines again nor the restored one.
 func TestGroupedCartRetryAfterRestore(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(func(string) string { return "g" }))
 		loadEach(t, r, 5, "a", "b")
 		cart := stock.Cart{ID: "gc", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}}
-		require.NoError(t, errFrom(r.DeductMany(ctx, cart)))
-		require.NoError(t, errFrom(r.Restore(ctx, "a", "gc")))
+		require.NoError(t, testkit.Err(r.DeductMany(ctx, cart)))
+		require.NoError(t, testkit.Err(r.Restore(ctx, "a", "gc")))
 		for range 3 {
 			rc, err := r.DeductMany(ctx, cart)
 			t.Logf("retry: %+v %v", rc, err)
 		}
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold)
 		assert.Equal(t, int64(1), check(t, r, "b", 5).Sold)
-		assert.ErrorIs(t, errFrom(r.DeductMany(ctx, stock.Cart{ID: "gc", User: "v", Lines: cart.Lines})), stock.ErrConflict)
+		assert.ErrorIs(t, testkit.Err(r.DeductMany(ctx, stock.Cart{ID: "gc", User: "v", Lines: cart.Lines})), stock.ErrConflict)
 		_, err := r.HoldMany(ctx, cart, time.Minute)
 		assert.ErrorIs(t, err, stock.ErrConflict)
 		assert.Equal(t, int64(0), check(t, r, "a", 5).Sold+check(t, r, "a", 5).Held)
@@ -632,12 +623,12 @@ func TestGroupedCartRetryAfterRestore(t *testing.T) {
 func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 	sagaAndGrouped(t, func(t *testing.T, r *stock.Reserver) {
 		loadEach(t, r, 5, "a", "b", "c")
-		require.NoError(t, errFrom(r.Deduct(ctx, req("b", "k", "mallory", 1))))
-		require.NoError(t, errFrom(r.Hold(ctx, req("c", "k2", "mallory", 1), time.Hour)))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, req("b", "k", "mallory", 1))))
+		require.NoError(t, testkit.Err(r.Hold(ctx, req("c", "k2", "mallory", 1), time.Hour)))
 		for _, id := range []string{"k", "k2"} {
 			for _, hold := range []bool{false, true} {
 				c := stock.Cart{ID: id, User: "alice", Lines: unitLines("a", "b", "c")}
-				assert.ErrorIs(t, errFrom(takeCart(ctx, r, c, hold, time.Hour)), stock.ErrConflict, "id %s hold=%v", id, hold)
+				assert.ErrorIs(t, testkit.Err(takeCart(ctx, r, c, hold, time.Hour)), stock.ErrConflict, "id %s hold=%v", id, hold)
 			}
 		}
 		eb := must(r.Ledger(ctx, "b", "k"))(t)
@@ -655,7 +646,7 @@ func TestCartLineIDUsedBySingleOfAnotherUser(t *testing.T) {
 // line taken): 100-line carts, the last item short, many copies at once: every copy refused,
 // every line given back.
 func TestHundredLineCartCopies(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		var lines []stock.Line
 		for i := range 100 {
@@ -697,7 +688,7 @@ func TestHundredLineCartCopies(t *testing.T) {
 // RecoverCarts(-1s) while the callers retry: each cart has one outcome, the recoveries count
 // each undone cart once, and the stock matches.
 func TestRecoverCutSagas(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		if !b.Real() {
 			t.Skip("needs a real server: a deadline of microseconds cuts a miniredis saga only by chance")
 		}
@@ -791,39 +782,36 @@ func TestSagaCartErrNotReplicatedHalfTaken(t *testing.T) {
 // corrupt hash: whatever the error, if it is labelled ErrInvalid nothing may
 // have changed (the first item untouched, the cart id still usable).
 func TestErrInvalidCartChangedNothing(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c := b.Client(t)
-			r := must(stock.New(c, stock.WithCoalescing(0)))(t)
-			for _, sku := range []string{"ia", "ib"} {
-				require.NoError(t, r.Load(ctx, sku, 5))
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c := b.Client(t)
+		r := must(stock.New(c, stock.WithCoalescing(0)))(t)
+		for _, sku := range []string{"ia", "ib"} {
+			require.NoError(t, r.Load(ctx, sku, 5))
+		}
+		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "garbage").Build()).Error())
+		before := faultKeys(t, c)
+		_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
+		t.Logf("cart over a corrupt item: %v (outcome %s)", err, stock.Outcome(err))
+		_, derr := r.Deduct(ctx, req("ib", "single", "", 1))
+		t.Logf("deduct of the corrupt item: %v (outcome %s)", derr, stock.Outcome(derr))
+		if errors.Is(derr, stock.ErrInvalid) {
+			after := faultKeys(t, c)
+			for _, k := range []string{"stock:{ib}", "stock:{ib}:l", "stock:{ib}:o"} {
+				assert.Equal(t, before[k], after[k], "Deduct labelled ErrInvalid changed %s", k)
 			}
-			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "garbage").Build()).Error())
-			before := faultKeys(t, c)
-			_, err := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
-			t.Logf("cart over a corrupt item: %v (outcome %s)", err, stock.Outcome(err))
-			_, derr := r.Deduct(ctx, req("ib", "single", "", 1))
-			t.Logf("deduct of the corrupt item: %v (outcome %s)", derr, stock.Outcome(derr))
-			if errors.Is(derr, stock.ErrInvalid) {
-				after := faultKeys(t, c)
-				for _, k := range []string{"stock:{ib}", "stock:{ib}:l", "stock:{ib}:o"} {
-					assert.Equal(t, before[k], after[k], "Deduct labelled ErrInvalid changed %s", k)
-				}
+		}
+		if errors.Is(err, stock.ErrInvalid) {
+			lv, _ := r.Levels(ctx, "ia")
+			_, lerr := r.Ledger(ctx, "ia", "cart")
+			if lv.Available != 5 || !errors.Is(lerr, stock.ErrUnknownID) {
+				t.Errorf("a cart answered ErrInvalid (\"nothing was changed\") left ia at %d with a ledger entry (%v)", lv.Available, lerr)
 			}
-			if errors.Is(err, stock.ErrInvalid) {
-				lv, _ := r.Levels(ctx, "ia")
-				_, lerr := r.Ledger(ctx, "ia", "cart")
-				if lv.Available != 5 || !errors.Is(lerr, stock.ErrUnknownID) {
-					t.Errorf("a cart answered ErrInvalid (\"nothing was changed\") left ia at %d with a ledger entry (%v)", lv.Available, lerr)
-				}
-				// fix the item: the same cart id must now be takeable if nothing was changed
-				require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "5").Build()).Error())
-				_, err2 := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
-				assert.NoError(t, err2, "the cart id was burnt by a call answered ErrInvalid: retry after the repair")
-			}
-		})
-	}
+			// fix the item: the same cart id must now be takeable if nothing was changed
+			require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{ib}").FieldValue().FieldValue("a", "5").Build()).Error())
+			_, err2 := r.DeductMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: "ia", Qty: 1}, {SKU: "ib", Qty: 1}}})
+			assert.NoError(t, err2, "the cart id was burnt by a call answered ErrInvalid: retry after the repair")
+		}
+	})
 }
 
 // boughtCart is a cart sent and the answer it got.
@@ -913,61 +901,58 @@ func TestCartRecoveryRacesLiveCarts(t *testing.T) {
 // or none; "a late retry of such a cart returns ErrRestored".
 func TestRecoverCutCarts(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c1, _, r1, r2 := pairReservers(t, b)
-			skus, lines, errs := cutCarts(t, r1, "cut")
-			carts := len(errs)
-			// Two Runs (no Store: sweeping and cart recovery only) and two direct calls.
-			opts := stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond}
-			cancel1, done1 := runAsync(r1, opts)
-			cancel2, done2 := runAsync(r2, opts)
-			redistest.Sleep(c1, 150*time.Millisecond)
-			if b.Name == "miniredis" {
-				time.Sleep(150 * time.Millisecond) // redistest.Sleep moves only miniredis's clock
-			}
-			var wg sync.WaitGroup
-			var undone atomic.Int64
-			for _, r := range []*stock.Reserver{r1, r2} {
-				wg.Go(func() {
-					n := must(stockops.RecoverCarts(ctx, r, 100*time.Millisecond))(t)
-					undone.Add(int64(n))
-				})
-			}
-			wg.Wait()
-			time.Sleep(time.Second) // undoing carts on miniredis's Lua takes a while
-			cancel1()
-			cancel2()
-			t.Logf("Runs returned: %v / %v", <-done1, <-done2)
-			var cut int
-			for i := range carts {
-				id := fmt.Sprint("cart", i)
-				taken := 0
-				for _, s := range skus {
-					e, err := r1.Ledger(ctx, s, id)
-					if err == nil && e.Taken() {
-						taken++
-					}
-				}
-				assert.True(t, taken == 0 || taken == len(skus), "cart %s (first answer %v): %d of %d lines taken", id, errs[i], taken, len(skus))
-				if errs[i] != nil {
-					cut++
-					_, again := r1.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: lines})
-					if taken == 0 && again != nil {
-						assert.ErrorIs(t, again, stock.ErrRestored, "cart %s", id)
-					}
-					if taken == len(skus) {
-						assert.NoError(t, again, "cart %s was taken: a retry answers its receipts", id)
-					}
-				}
-			}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c1, _, r1, r2 := pairReservers(t, b)
+		skus, lines, errs := cutCarts(t, r1, "cut")
+		carts := len(errs)
+		// Two Runs (no Store: sweeping and cart recovery only) and two direct calls.
+		opts := stock.RunOptions{RecoverCartsAfter: 100 * time.Millisecond}
+		cancel1, done1 := runAsync(r1, opts)
+		cancel2, done2 := runAsync(r2, opts)
+		redistest.Sleep(c1, 150*time.Millisecond)
+		if b.Name == "miniredis" {
+			time.Sleep(150 * time.Millisecond) // redistest.Sleep moves only miniredis's clock
+		}
+		var wg sync.WaitGroup
+		var undone atomic.Int64
+		for _, r := range []*stock.Reserver{r1, r2} {
+			wg.Go(func() {
+				n := must(stockops.RecoverCarts(ctx, r, 100*time.Millisecond))(t)
+				undone.Add(int64(n))
+			})
+		}
+		wg.Wait()
+		time.Sleep(time.Second) // undoing carts on miniredis's Lua takes a while
+		cancel1()
+		cancel2()
+		t.Logf("Runs returned: %v / %v", <-done1, <-done2)
+		var cut int
+		for i := range carts {
+			id := fmt.Sprint("cart", i)
+			taken := 0
 			for _, s := range skus {
-				testkit.CheckLedger(t, r1, s, 1000)
+				e, err := r1.Ledger(ctx, s, id)
+				if err == nil && e.Taken() {
+					taken++
+				}
 			}
-			t.Logf("%d carts cut short; the direct RecoverCarts calls undid %d", cut, undone.Load())
-		})
-	}
+			assert.True(t, taken == 0 || taken == len(skus), "cart %s (first answer %v): %d of %d lines taken", id, errs[i], taken, len(skus))
+			if errs[i] != nil {
+				cut++
+				_, again := r1.DeductMany(ctx, stock.Cart{ID: id, User: "u", Lines: lines})
+				if taken == 0 && again != nil {
+					assert.ErrorIs(t, again, stock.ErrRestored, "cart %s", id)
+				}
+				if taken == len(skus) {
+					assert.NoError(t, again, "cart %s was taken: a retry answers its receipts", id)
+				}
+			}
+		}
+		for _, s := range skus {
+			testkit.CheckLedger(t, r1, s, 1000)
+		}
+		t.Logf("%d carts cut short; the direct RecoverCarts calls undid %d", cut, undone.Load())
+	})
 }
 
 // cutCarts loads 30 items (prefix:0 to prefix:29) with 1000 units each and sends 40 carts
@@ -1077,7 +1062,7 @@ func TestConfirmManyPartlyExpiredUnderRun(t *testing.T) {
 		require.NoError(t, err)
 		e.Advance(2 * time.Minute)
 		time.Sleep(time.Duration(i%4) * time.Millisecond) // let the sweeper run, or not
-		assert.ErrorIs(t, errFrom(r.ConfirmMany(ctx, id, skus...)), stock.ErrExpired, "cart %s", id)
+		assert.ErrorIs(t, testkit.Err(r.ConfirmMany(ctx, id, skus...)), stock.ErrExpired, "cart %s", id)
 		for _, s := range skus {
 			en := must(r.Ledger(ctx, s, id))(t)
 			assert.False(t, en.Taken(), "cart %s: line %s is %s, want given back", id, s, en.State)
@@ -1185,7 +1170,7 @@ func TestCartsAcrossKill9(t *testing.T) {
 	old := must(d.Primary())(t)
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
-	require.NoError(t, errFrom(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
+	require.NoError(t, testkit.Err(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
 	time.Sleep(time.Second)
 	faultPass(t, ctx, rec, 15*time.Second)
 	time.Sleep(2 * time.Second) // carts again on the new primary
@@ -1625,7 +1610,7 @@ func TestCartRefusedGivesBack(t *testing.T) {
 			{SKU: "gb-a", Qty: 5}, {SKU: "gb-b", Qty: 8}, {SKU: "plain-zz", Qty: 2},
 		}}
 		for attempt := range 3 {
-			requireCartRefused(t, errFrom(e.r.DeductMany(ctx, cart)), "plain-zz", stock.ErrInsufficient, "attempt %d", attempt)
+			testkit.CartRefused(t, testkit.Err(e.r.DeductMany(ctx, cart)), "plain-zz", stock.ErrInsufficient, "attempt %d", attempt)
 			for sku, b := range before {
 				assert.Equal(t, b, levels(t, e.r, sku), "attempt %d: %s back to before", attempt, sku)
 				assert.Equal(t, int64(0), cartTaken(t, e.r, sku, cart.ID), "%s", sku)
@@ -1663,9 +1648,7 @@ func TestCartSplitLineFromEveryBucket(t *testing.T) {
 		require.NoError(t, e.r.Load(ctx, "all-a", 37))
 		require.NoError(t, e.r.Load(ctx, "plain-all", 5))
 		// Other buyers first take a little in several buckets.
-		for i := range 5 {
-			require.NoError(t, errFrom(e.r.Deduct(ctx, req("all-a", fmt.Sprintf("pre-%d", i), fmt.Sprintf("pre-u%d", i), 1))))
-		}
+		testkit.Sell(t, e.r, "all-a", "pre-", "pre-u", 5)
 		rc, err := e.r.DeductMany(ctx, stock.Cart{ID: "whole", User: "whale", Lines: []stock.Line{
 			{SKU: "all-a", Qty: 32}, {SKU: "plain-all", Qty: 5},
 		}})
@@ -1690,7 +1673,7 @@ func TestCartWholeItemPlusOneRefused(t *testing.T) {
 		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "p1", User: "w", Lines: []stock.Line{
 			{SKU: "p1-a", Qty: 10}, {SKU: "p1-b", Qty: 11},
 		}})
-		requireCartRefused(t, err, "p1-b", stock.ErrInsufficient)
+		testkit.CartRefused(t, err, "p1-b", stock.ErrInsufficient)
 		assert.Equal(t, before, levels(t, e.r, "p1-a"))
 		assert.Equal(t, before, levels(t, e.r, "p1-b"))
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "p2", User: "other", Lines: []stock.Line{
@@ -1817,18 +1800,18 @@ func TestHoldManyExpiry(t *testing.T) {
 		loadEach(t, e.r, 10, "hx-a", "hx-b", "plain-hx")
 		lines := []stock.Line{{SKU: "hx-a", Qty: 3}, {SKU: "hx-b", Qty: 2}, {SKU: "plain-hx", Qty: 1}}
 		skus := []string{"hx-a", "hx-b", "plain-hx"}
-		require.NoError(t, errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, 500*time.Millisecond)))
-		require.NoError(t, errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "h2", User: "hv", Lines: lines}, time.Hour)))
+		require.NoError(t, testkit.Err(e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, 500*time.Millisecond)))
+		require.NoError(t, testkit.Err(e.r.HoldMany(ctx, stock.Cart{ID: "h2", User: "hv", Lines: lines}, time.Hour)))
 		assert.Equal(t, int64(4), levels(t, e.r, "hx-a").Available)
 		e.advance(1500 * time.Millisecond)
-		assert.ErrorIs(t, errFrom(e.r.ConfirmMany(ctx, "h1", skus...)), stock.ErrExpired)
-		assert.ErrorIs(t, errFrom(e.r.ConfirmMany(ctx, "h1", skus...)), stock.ErrExpired, "retry")
-		require.NoError(t, errFrom(stockops.Sweep(ctx, e.r)))
+		assert.ErrorIs(t, testkit.Err(e.r.ConfirmMany(ctx, "h1", skus...)), stock.ErrExpired)
+		assert.ErrorIs(t, testkit.Err(e.r.ConfirmMany(ctx, "h1", skus...)), stock.ErrExpired, "retry")
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, e.r)))
 		l := levels(t, e.r, "hx-a")
 		assert.Equal(t, int64(7), l.Available, "h1 given back: %+v", l)
 		assert.Equal(t, int64(3), l.Held)
 		// CancelMany twice: one give-back.
-		require.NoError(t, errFrom(e.r.CancelMany(ctx, "h2", skus...)))
+		require.NoError(t, testkit.Err(e.r.CancelMany(ctx, "h2", skus...)))
 		rcs := must(e.r.CancelMany(ctx, "h2", skus...))(t)
 		for _, rc := range rcs {
 			assert.True(t, rc.Replayed, "second cancel is a replay: %+v", rc)
@@ -1838,9 +1821,9 @@ func TestHoldManyExpiry(t *testing.T) {
 			assert.Equal(t, int64(10), l.Available, sku)
 			assert.Equal(t, int64(0), l.Held+l.Sold, sku)
 		}
-		assert.ErrorIs(t, errFrom(e.r.ConfirmMany(ctx, "h2", skus...)), stock.ErrRestored)
+		assert.ErrorIs(t, testkit.Err(e.r.ConfirmMany(ctx, "h2", skus...)), stock.ErrRestored)
 		// A retry of h1's HoldMany answers the expiry, takes nothing.
-		assert.ErrorIs(t, errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, testkit.Err(e.r.HoldMany(ctx, stock.Cart{ID: "h1", User: "hu", Lines: lines}, time.Hour)), stock.ErrExpired)
 		assert.Equal(t, int64(10), levels(t, e.r, "hx-a").Available)
 	})
 }
@@ -1910,7 +1893,7 @@ func cutAndRecover(t *testing.T, e *requestEnv, n int, rng *rand.Rand, send func
 	wg.Wait()
 	time.Sleep(200 * time.Millisecond) // let calls already sent land
 	e.advance(3 * time.Second)
-	require.NoError(t, errFrom(stockops.RecoverCarts(context.Background(), e.r, 2*time.Second)))
+	require.NoError(t, testkit.Err(stockops.RecoverCarts(context.Background(), e.r, 2*time.Second)))
 }
 
 // TestRecoverCutSagasOnSplitItems: carts with split lines sent under contexts that end at random
@@ -2064,7 +2047,7 @@ func TestRecoverRacesSagas(t *testing.T) {
 		close(stop)
 		recovering.Wait()
 		t.Logf("recovery undid %d carts", undid.Load())
-		require.NoError(t, errFrom(stockops.RecoverCarts(ctx, e.r, 0)))
+		require.NoError(t, testkit.Err(stockops.RecoverCarts(ctx, e.r, 0)))
 		var whole int64
 		for i := range carts {
 			id := fmt.Sprintf("rr-%d", i)
@@ -2279,12 +2262,12 @@ func TestConfirmManyOneLineGone(t *testing.T) {
 		skus := []string{"cg-a", "cg:b", "cg~z"}
 		loadEach(t, e.r, 10, skus...)
 		lines := []stock.Line{{SKU: "cg-a", Qty: 1}, {SKU: "cg:b", Qty: 2}, {SKU: "cg~z", Qty: 3}}
-		require.NoError(t, errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "cg-exp", User: "cu", Lines: lines}, 400*time.Millisecond)))
-		require.NoError(t, errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "cg-can", User: "cv", Lines: lines}, time.Hour)))
+		require.NoError(t, testkit.Err(e.r.HoldMany(ctx, stock.Cart{ID: "cg-exp", User: "cu", Lines: lines}, 400*time.Millisecond)))
+		require.NoError(t, testkit.Err(e.r.HoldMany(ctx, stock.Cart{ID: "cg-can", User: "cv", Lines: lines}, time.Hour)))
 		for _, sku := range skus[:2] {
-			require.NoError(t, errFrom(e.r.Extend(ctx, sku, "cg-exp", time.Hour)))
+			require.NoError(t, testkit.Err(e.r.Extend(ctx, sku, "cg-exp", time.Hour)))
 		}
-		require.NoError(t, errFrom(e.r.Cancel(ctx, "cg~z", "cg-can")))
+		require.NoError(t, testkit.Err(e.r.Cancel(ctx, "cg~z", "cg-can")))
 		e.advance(time.Second)
 		for _, c := range []struct {
 			id   string
@@ -2406,10 +2389,10 @@ func TestCartClosedAndSummedLimit(t *testing.T) {
 		require.NoError(t, e.r.Load(ctx, "cl-z", 10))
 		require.NoError(t, e.r.CloseItem(ctx, "cl-z"))
 		_, err := e.r.DeductMany(ctx, stock.Cart{ID: "cl-1", User: "u", Lines: []stock.Line{{SKU: "cl-a", Qty: 2}, {SKU: "cl-z", Qty: 1}}})
-		requireCartRefused(t, err, "cl-z", stock.ErrClosed)
+		testkit.CartRefused(t, err, "cl-z", stock.ErrClosed)
 		assert.Equal(t, int64(10), levels(t, e.r, "cl-a").Available)
 		// The give-back freed the buyer's limit.
-		require.NoError(t, errFrom(e.r.Deduct(ctx, req("cl-a", "cl-2", "u", 2))))
+		require.NoError(t, testkit.Err(e.r.Deduct(ctx, req("cl-a", "cl-2", "u", 2))))
 		require.NoError(t, e.r.ReopenItem(ctx, "cl-z"))
 		_, err = e.r.DeductMany(ctx, stock.Cart{ID: "cl-3", User: "v", Lines: []stock.Line{{SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}, {SKU: "cl-z", Qty: 1}}})
 		assert.ErrorIs(t, err, stock.ErrUserLimit)

@@ -138,19 +138,21 @@ func TestBlackholeEveryCallBounded(t *testing.T) {
 			t.Errorf("%s: did not return within %v", name, 30*bound)
 		}
 	}
-	check("Deduct", func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1})) }, true)
-	check("Restore", func() error { return errOf(r.Restore(ctx, "bh", "a")) }, true)
-	check("Hold", func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "bh", ID: "h", Qty: 1}, time.Minute)) }, true)
-	check("DeductMany", func() error { return errOf(r.DeductMany(ctx, stock.Cart{ID: "c", Lines: unitLines("bh", "bh2")})) }, true)
-	check("Levels", func() error { return errOf(r.Levels(ctx, "bh")) }, false)
-	check("Available", func() error { return errOf(testkit.Available(r.Levels(ctx, "bh"))) }, false)
+	check("Deduct", func() error { return testkit.Err(r.Deduct(ctx, stock.Request{SKU: "bh", ID: "a", Qty: 1})) }, true)
+	check("Restore", func() error { return testkit.Err(r.Restore(ctx, "bh", "a")) }, true)
+	check("Hold", func() error { return testkit.Err(r.Hold(ctx, stock.Request{SKU: "bh", ID: "h", Qty: 1}, time.Minute)) }, true)
+	check("DeductMany", func() error {
+		return testkit.Err(r.DeductMany(ctx, stock.Cart{ID: "c", Lines: unitLines("bh", "bh2")}))
+	}, true)
+	check("Levels", func() error { return testkit.Err(r.Levels(ctx, "bh")) }, false)
+	check("Available", func() error { return testkit.Err(testkit.Available(r.Levels(ctx, "bh"))) }, false)
 	check("Load", func() error { return r.Load(ctx, "bh3", 1) }, true)
-	check("Sweep", func() error { return errOf(stockops.Sweep(ctx, r, "bh")) }, false)
-	check("SweepAll", func() error { return errOf(stockops.Sweep(ctx, r)) }, false)
+	check("Sweep", func() error { return testkit.Err(stockops.Sweep(ctx, r, "bh")) }, false)
+	check("SweepAll", func() error { return testkit.Err(stockops.Sweep(ctx, r)) }, false)
 	check("Pending", func() error { _, _, err := stockops.Pending(ctx, r, "bh"); return err }, false)
-	check("FailoverGuard.Check", func() error { return errOf(stockops.NewFailoverGuard(r).Check(ctx)) }, false)
-	check("Relay.Once", func() error { return errOf(rl.Once(ctx)) }, false)
-	check("Reconciler.Pass", func() error { return errOf(rc.Pass(ctx)) }, false)
+	check("FailoverGuard.Check", func() error { return testkit.Err(stockops.NewFailoverGuard(r).Check(ctx)) }, false)
+	check("Relay.Once", func() error { return testkit.Err(rl.Once(ctx)) }, false)
+	check("Reconciler.Pass", func() error { return testkit.Err(rc.Pass(ctx)) }, false)
 	check("Consume", func() error {
 		return stock.Consume(ctx, r, st, stock.Event{Type: stock.EventDeducted, SKU: "bh", ID: "zz", Qty: 1, Seq: 1, At: time.Now()})
 	}, false)
@@ -192,7 +194,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	require.False(t, err != nil || !fenced, "after restart: fenced=%v err=%v", fenced, err)
-	require.ErrorIs(t, errOf(r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1})), stock.ErrFailover, "deduct while fenced")
+	require.ErrorIs(t, testkit.Err(r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1})), stock.ErrFailover, "deduct while fenced")
 	r2 := testkit.NewReserver(t, srv.Client(t)) // another process
 	for what, opts := range map[string]*stock.ReconcileOptions{
 		"a dry run":                                  {DryRun: true},
@@ -206,7 +208,7 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 		wantFenced(t, g, true, "fence lifted by "+what)
 	}
 	// A relay holds f2 (its Publish blocks): the pass finds it busy.
-	require.NoError(t, errOf(r2.Restock(ctx, "f2", "rs1", 1)))
+	require.NoError(t, testkit.Err(r2.Restock(ctx, "f2", "rs1", 1)))
 	block := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	rl, _ := stockops.NewRelay(r2, st, stock.PublisherFunc(func(ctx context.Context, ev stock.Event) error {
@@ -231,36 +233,33 @@ func TestFenceLiftedOnlyByCompletePass(t *testing.T) {
 	res, err = full.Pass(ctx)
 	require.False(t, err != nil || !res.Complete || !res.EpochRecorded, "complete pass: %v %+v", err, res)
 	wantFenced(t, g, false, "after a complete pass elsewhere")
-	require.NoError(t, errOf(r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1})), "deduct after the fence lifted")
+	require.NoError(t, testkit.Err(r1.Deduct(ctx, stock.Request{SKU: "f1", ID: "x", Qty: 1})), "deduct after the fence lifted")
 }
 
 // FailoverGuard.Check documents that a guard added to a live deployment (items loaded, no epoch
 // recorded) fences until a complete repairing pass: nothing tells which writes a restart lost.
 // (A test found the doc saying it records the epoch; the doc now says what the code does.)
 func TestGuardFirstCheckOnLiveItemsFencesUntilPass(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := b.Client(t)
-			r := testkit.NewReserver(t, c)
-			require.NoError(t, r.Load(ctx, "g1", 5))
-			// Loaded by a version that recorded no epoch (Load now records one on a Redis that
-			// has none and no item yet): a live deployment, not a fresh one.
-			require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
-			g := stockops.NewFailoverGuard(r)
-			fenced, err := g.Check(ctx)
-			if err != nil {
-				require.False(t, b.Real(), "guard check on a real Redis: %v", err)
-				t.Skipf("guard unusable on this backend: %v", err)
-			}
-			require.True(t, fenced, "a guard added to a live deployment with no epoch is not fenced")
-			require.ErrorIs(t, errOf(r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1})), stock.ErrFailover, "deduct while fenced")
-			rec := newReconciler(t, r, memstore.New(), nil)
-			_, _ = rec.Once(ctx) // the store does not know g1: the pass still records the primaries
-			wantFenced(t, g, false, "after a complete pass")
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		ctx := context.Background()
+		c := b.Client(t)
+		r := testkit.NewReserver(t, c)
+		require.NoError(t, r.Load(ctx, "g1", 5))
+		// Loaded by a version that recorded no epoch (Load now records one on a Redis that
+		// has none and no item yet): a live deployment, not a fresh one.
+		require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
+		g := stockops.NewFailoverGuard(r)
+		fenced, err := g.Check(ctx)
+		if err != nil {
+			require.False(t, b.Real(), "guard check on a real Redis: %v", err)
+			t.Skipf("guard unusable on this backend: %v", err)
+		}
+		require.True(t, fenced, "a guard added to a live deployment with no epoch is not fenced")
+		require.ErrorIs(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "g1", ID: "a", Qty: 1})), stock.ErrFailover, "deduct while fenced")
+		rec := newReconciler(t, r, memstore.New(), nil)
+		_, _ = rec.Once(ctx) // the store does not know g1: the pass still records the primaries
+		wantFenced(t, g, false, "after a complete pass")
+	})
 }
 
 // A stopped redis-server, or one busy for 2 s (DEBUG SLEEP), and a context with no deadline:
@@ -374,17 +373,15 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		}
 		return string(out), code
 	}
-	if out, code := run("load", "cli", "10"); code != 0 {
-		t.Fatalf("load: %d %s", code, out)
-	}
+	out, code := run("load", "cli", "10")
+	require.EqualValues(t, 0, code, "load: %d %s", code, out)
 	for i := 0; i < 3; i++ {
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})))
 	}
-	if out, code := run("relay-once"); code != 0 {
-		t.Fatalf("relay-once: %d %s", code, out)
-	}
+	out, code = run("relay-once")
+	require.EqualValues(t, 0, code, "relay-once: %d %s", code, out)
 	for i := 3; i < 5; i++ { // acknowledged, never delivered
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "cli", ID: fmt.Sprint("d", i), Qty: 1})))
 	}
 	srv.Restart() // no persistence: everything lost
 	var f bool
@@ -404,7 +401,7 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 		// saw the old run id a moment ago.
 		t.Errorf("a guard that saw the primary before its restart without persistence is not fenced after it")
 	}
-	out, code := run("reconcile")
+	out, code = run("reconcile")
 	t.Logf("reconcile (report): exit %d\n%s", code, out)
 	assert.EqualValues(t, 3, code, "report-only reconcile after a lost registry: exit %d, want 3", code)
 	out, code = run("reconcile", "-apply")
@@ -414,7 +411,7 @@ func TestRestartWithoutPersistenceGuardNotFencedCLIHeld(t *testing.T) {
 	require.NoError(t, err, "not rebuilt")
 	assert.EqualValues(t, 7, lv.Available, "rebuilt available %d, want 7 (the store's remaining)", lv.Available)
 	wantFenced(t, g, false, "fence not lifted by the CLI's complete pass")
-	assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "cli", ID: "after", Qty: 1})), "deduct after the CLI's repair")
+	assert.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "cli", ID: "after", Qty: 1})), "deduct after the CLI's repair")
 	out, code = run("reconcile")
 	t.Logf("reconcile again: exit %d\n%s", code, out)
 	assert.Zero(t, code, "after the repair, reconcile exits %d", code)
@@ -438,12 +435,12 @@ func TestErrFailoverSentNothingErrNotReplicatedWrote(t *testing.T) {
 		saga := unitLines("ea", "eb")
 		grouped := unitLines("ga", "gb")
 		calls := map[string]func() error{
-			"Deduct":             func() error { return errOf(r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})) },
-			"Hold":               func() error { return errOf(r.Hold(ctx, stock.Request{SKU: "ea", ID: "h", Qty: 1}, time.Minute)) },
-			"DeductMany saga":    func() error { return errOf(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: saga})) },
-			"HoldMany saga":      func() error { return errOf(r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: saga}, time.Minute)) },
-			"DeductMany grouped": func() error { return errOf(r.DeductMany(ctx, stock.Cart{ID: "c3", Lines: grouped})) },
-			"HoldMany grouped":   func() error { return errOf(r.HoldMany(ctx, stock.Cart{ID: "c4", Lines: grouped}, time.Minute)) },
+			"Deduct":             func() error { return testkit.Err(r.Deduct(ctx, stock.Request{SKU: "ea", ID: "x", Qty: 1})) },
+			"Hold":               func() error { return testkit.Err(r.Hold(ctx, stock.Request{SKU: "ea", ID: "h", Qty: 1}, time.Minute)) },
+			"DeductMany saga":    func() error { return testkit.Err(r.DeductMany(ctx, stock.Cart{ID: "c1", Lines: saga})) },
+			"HoldMany saga":      func() error { return testkit.Err(r.HoldMany(ctx, stock.Cart{ID: "c2", Lines: saga}, time.Minute)) },
+			"DeductMany grouped": func() error { return testkit.Err(r.DeductMany(ctx, stock.Cart{ID: "c3", Lines: grouped})) },
+			"HoldMany grouped":   func() error { return testkit.Err(r.HoldMany(ctx, stock.Cart{ID: "c4", Lines: grouped}, time.Minute)) },
 		}
 		for name, f := range calls {
 			err := f()
@@ -524,7 +521,7 @@ func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 		skus := []string{"f1", "f:2", "f~3"}
 		r, st := withStore(t, b.Client(t), 100000, skus)
 		for _, s := range skus {
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: s, ID: "before", Qty: 1})))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: s, ID: "before", Qty: 1})))
 		}
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, GuardInterval: 10 * time.Millisecond})
 		defer func() { cancel(); <-done }()
@@ -549,7 +546,7 @@ func TestRunStartOnLiveDeploymentFenceLifts(t *testing.T) {
 		}
 		t.Logf("ErrFailover %d times (first at %v, last at %v), %d sold", fenced, firstFence, lastFence, sold)
 		assert.Less(t, lastFence, 2*time.Second, "the fence lifted after Run's first reconcile pass")
-		assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "f1", ID: "after", Qty: 1})), "selling after Run's first pass")
+		assert.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "f1", ID: "after", Qty: 1})), "selling after Run's first pass")
 	})
 }
 
@@ -579,7 +576,7 @@ func TestFenceAfterRunEndsLiftedByPass(t *testing.T) {
 				}
 				st := memstore.New()
 				loadRedisAndStore(t, r, st, 1000, "g")
-				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "g", ID: "before", Qty: 1})))
+				require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "g", ID: "before", Qty: 1})))
 				cancel, done := runAsync(r, stock.RunOptions{Store: &onlyStore{s: st, delay: delay}, GuardInterval: time.Millisecond, Drain: time.Millisecond})
 				fenced := eventually(2*time.Second, func() bool {
 					_, err := r.Deduct(ctx, stock.Request{SKU: "g", ID: "probe", Qty: 1})
@@ -606,7 +603,7 @@ func TestFenceAfterRunEndsLiftedByPass(t *testing.T) {
 				if other {
 					time.Sleep(3 * time.Second) // longer than any check interval
 				}
-				assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-pass", Qty: 1})), "a complete repairing pass ran since the guard fenced (fenced: %v)", fenced)
+				assert.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "g", ID: "after-pass", Qty: 1})), "a complete repairing pass ran since the guard fenced (fenced: %v)", fenced)
 				// What lifts it: a guard's next check.
 				f, err := stockops.NewFailoverGuard(r).Check(ctx)
 				t.Logf("a new guard's Check: fenced=%v err=%v", f, err)
@@ -639,7 +636,7 @@ func TestRunRedisRestartFenceWindow(t *testing.T) {
 			defer func() { cancel(); <-done }()
 			time.Sleep(100 * time.Millisecond)
 			loadRedisAndStore(t, r, st, 100000, "rs")
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "rs", ID: "before", Qty: 1})))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "rs", ID: "before", Qty: 1})))
 			srv.Restart()
 			start := time.Now()
 			var fenced int
@@ -749,7 +746,7 @@ func TestRunLogsGuardOffOnMiniredis(t *testing.T) {
 	require.NoError(t, st.Load(ctx, "lg", 10))
 	cancel, done := runAsync(r, stock.RunOptions{Store: st})
 	time.Sleep(300 * time.Millisecond)
-	assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "lg", ID: "d", Qty: 1})), "no fence on miniredis")
+	assert.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "lg", ID: "d", Qty: 1})), "no fence on miniredis")
 	cancel()
 	<-done
 	out := buf.String()
@@ -816,7 +813,7 @@ func failOver(t *testing.T, d *redistest.Sentinel, what string) {
 	old, err := d.Primary()
 	require.NoError(t, err, what)
 	require.NoError(t, d.Failover(), "%s: failover", what)
-	require.NoError(t, errOf(d.WaitPrimary(old, 20*time.Second)), what)
+	require.NoError(t, testkit.Err(d.WaitPrimary(old, 20*time.Second)), what)
 }
 
 // faultLoad loads sku with qty units into Redis and the store. A Load answered ErrNotReplicated
@@ -1004,7 +1001,7 @@ func TestNotReplicatedRetryAckedBeforeReplication(t *testing.T) {
 	old := d.Servers()[0]
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
-	require.NoError(t, errOf(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
+	require.NoError(t, testkit.Err(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
 	var lerr error
 	for i := 0; i < 50; i++ {
 		_, lerr = r.Ledger(ctx, "fo-nr", "nr-kill")
@@ -1280,7 +1277,7 @@ func TestFailoverDuringPassDoesNotLiftFence(t *testing.T) {
 	// A pass wholly on the new primary lifts it.
 	faultPass(t, ctx, rec0, 10*time.Second)
 	wantFenced(t, g, false, "after a pass on the new primary")
-	assert.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "fo-p1", ID: "after-pass2", Qty: 1})), "deduct after the lifting pass")
+	assert.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "fo-p1", ID: "after-pass2", Qty: 1})), "deduct after the lifting pass")
 }
 
 // flakyStore applies and then, now and then, answers an error anyway (the commit went through,
@@ -1579,7 +1576,7 @@ func TestLibraryActuallyLoaded(t *testing.T) {
 	admin, r := serverReserver(t, nil)
 	ctx := context.Background()
 	require.NoError(t, r.Load(ctx, "a", 5))
-	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "a", ID: "o1", Qty: 1})))
+	require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "a", ID: "o1", Qty: 1})))
 	libs := faultLibs(t, admin)
 	require.Len(t, libs, 1, "libraries: %v", libs)
 	assert.True(t, strings.HasPrefix(libs[0], "stock_"), libs[0])
@@ -1659,7 +1656,7 @@ func TestFlushLoop(t *testing.T) {
 					loaded[sku] = 200
 				}
 				// Find the library's name.
-				require.NoError(t, errOf(rs[0].Deduct(ctx, stock.Request{SKU: "f1", ID: "warm", Qty: 1})))
+				require.NoError(t, testkit.Err(rs[0].Deduct(ctx, stock.Request{SKU: "f1", ID: "warm", Qty: 1})))
 				st := newStats()
 				st.acked["warm"] = "f1"
 				lib := faultLibs(t, admins[0])
@@ -1733,7 +1730,7 @@ func TestFlushLoop(t *testing.T) {
 							switch i % 4 {
 							case 0:
 								if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}, time.Minute); err == nil {
-									assert.NoError(t, errOf(r.Confirm(ctx, sku, id)), "confirm %s", id)
+									assert.NoError(t, testkit.Err(r.Confirm(ctx, sku, id)), "confirm %s", id)
 									if rc, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 1, Retry: true}, time.Minute); err != nil || !rc.Replayed {
 										fail("hold replay %s: %+v %v", id, rc, err)
 									}
@@ -1742,14 +1739,14 @@ func TestFlushLoop(t *testing.T) {
 								}
 							case 1:
 								if _, err := r.Hold(ctx, stock.Request{SKU: sku, ID: id, Qty: 2}, time.Minute); err == nil {
-									assert.NoError(t, errOf(r.Cancel(ctx, sku, id)), "cancel %s", id)
+									assert.NoError(t, testkit.Err(r.Cancel(ctx, sku, id)), "cancel %s", id)
 								} else if !ok(err) {
 									fail("hold %s: %v", id, err)
 								}
 							case 2:
 								if _, err := r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1}); err == nil {
-									assert.NoError(t, errOf(r.Restore(ctx, sku, id)), "restore %s", id)
-									assert.NoError(t, errOf(r.Restore(ctx, sku, id)), "restore replay %s", id)
+									assert.NoError(t, testkit.Err(r.Restore(ctx, sku, id)), "restore %s", id)
+									assert.NoError(t, testkit.Err(r.Restore(ctx, sku, id)), "restore replay %s", id)
 								} else if !ok(err) {
 									fail("deduct %s: %v", id, err)
 								}
@@ -1895,7 +1892,7 @@ func TestBoundedLoad(t *testing.T) {
 	r := testkit.NewReserver(t, c.Client(t), stock.WithTimeout(bound))
 	sku := ownerSKU(t, c, 0, "b")
 	require.NoError(t, r.Load(ctx, sku, 100))
-	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "w", Qty: 1})))
+	require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: sku, ID: "w", Qty: 1})))
 	require.NoError(t, faultDo(t, c.Servers()[0].Client(t), "FUNCTION", "FLUSH").Error())
 	var wg sync.WaitGroup
 	for _, i := range []int{1, 2} {
@@ -1912,7 +1909,7 @@ func TestBoundedLoad(t *testing.T) {
 	wg.Wait()
 	assert.LessOrEqual(t, took, bound+500*time.Millisecond, "call bounded by WithTimeout (%v), took %v", bound, took)
 	// The outcome: acknowledged or unknown; a retry settles it once.
-	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x", Qty: 1, Retry: true})))
+	require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: sku, ID: "x", Qty: 1, Retry: true})))
 	assert.Equal(t, int64(2), testkit.Levels(t, r, sku).Sold)
 }
 
@@ -1972,7 +1969,7 @@ func TestGuardLatchedByCancelledRun(t *testing.T) {
 		require.NoError(t, r.Load(ctx, sku, 10))
 		require.NoError(t, mem.Load(ctx, sku, 10))
 		rc := newReconciler(t, r, mem, nil)
-		require.NoError(t, errOf(rc.Pass(ctx)), "a pass before the cancelled Run")
+		require.NoError(t, testkit.Err(rc.Pass(ctx)), "a pass before the cancelled Run")
 
 		runCtx, cancel := context.WithCancel(ctx)
 		cancel()

@@ -30,10 +30,6 @@ func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 // ctx is the context of every call a test makes without a deadline of its own.
 var ctx = context.Background()
 
-// errFrom is the error of a call whose value the test does not need, so that one assertion
-// states what the call must answer: require.NoError(t, errFrom(r.Deduct(ctx, req))).
-func errFrom[T any](_ T, err error) error { return err }
-
 // must requires that a call answered no error and gives its value:
 // rc := must(r.Deduct(ctx, req))(t, "what the call is").
 func must[T any](v T, err error) func(t *testing.T, msgAndArgs ...any) T {
@@ -102,17 +98,6 @@ func eventuallyRemaining(t *testing.T, store *memstore.Store, d time.Duration, w
 		}
 		return true
 	}, d, 20*time.Millisecond, "the store reaches %d remaining of %v", want, skus)
-}
-
-// backends runs f on every backend with the backend handle (for Pair).
-func backends(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
-	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, b)
-		})
-	}
 }
 
 // check asserts loaded = available + held + sold, available >= 0, and that the ledger

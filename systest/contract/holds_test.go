@@ -31,7 +31,7 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 		if users != nil {
 			req.User = users[i]
 		}
-		require.NoError(t, errFrom(r.Hold(context.Background(), req, ttl)), "Hold %s %s", req.SKU, id)
+		require.NoError(t, testkit.Err(r.Hold(context.Background(), req, ttl)), "Hold %s %s", req.SKU, id)
 	}
 	redistest.Sleep(c, ttl+200*time.Millisecond)
 }
@@ -42,7 +42,7 @@ func holdsDue(t *testing.T, c rueidis.Client, r *stock.Reserver, req stock.Reque
 // reverse order before anything else touched the item.
 func TestManyHoldsDueAnswers(t *testing.T) {
 	const n = 600
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", User: "u", Qty: 1}, numbered("h", n), 500*time.Millisecond)
@@ -62,7 +62,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrExpired, "extend %s", id)
 			case 3:
 				// Its Replayed flag: TestCancelOfDueHoldIsReplay.
-				require.NoError(t, errFrom(r.Cancel(ctx, "h", id)), "cancel of an expired hold %s is a replay", id)
+				require.NoError(t, testkit.Err(r.Cancel(ctx, "h", id)), "cancel of an expired hold %s is a replay", id)
 			}
 		}
 		assert.Equal(t, stock.Levels{Available: n, Loaded: n}, check(t, r, "h", n))
@@ -78,7 +78,7 @@ func TestManyHoldsDueAnswers(t *testing.T) {
 // is not refused for want of stock that only expired holds keep; a Hold of every unit likewise.
 func TestDeductAfterManyHoldsDue(t *testing.T) {
 	const n = 600
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		require.NoError(t, r.Load(ctx, "h", n))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 500*time.Millisecond)
@@ -105,7 +105,7 @@ func TestHoldDeadlineEdges(t *testing.T) {
 			require.NoError(t, r.Load(ctx, "d", 10))
 			ops := []string{"replay", "confirm", "extend", "cancel", "sweep", "deduct"}
 			for _, op := range ops {
-				require.NoError(t, errFrom(r.Hold(ctx, req("d", op, "", 1), time.Second)))
+				require.NoError(t, testkit.Err(r.Hold(ctx, req("d", op, "", 1), time.Second)))
 			}
 			redistest.Sleep(c, time.Second+off)
 			live := map[string]bool{}
@@ -159,13 +159,13 @@ func TestHoldDeadlineEdges(t *testing.T) {
 // Promise: around the deadline on real servers, Confirm racing Sweep, Extend, Cancel and a
 // replay of the Hold: the answers agree with each other and with the ledger.
 func TestHoldDeadlineRaces(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "d", 1000))
 		confirmed, expired := 0, 0
 		for i := range 60 {
 			id := fmt.Sprint("d", i)
-			require.NoError(t, errFrom(r1.Hold(ctx, req("d", id, "u", 1), 20*time.Millisecond)))
+			require.NoError(t, testkit.Err(r1.Hold(ctx, req("d", id, "u", 1), 20*time.Millisecond)))
 			redistest.Sleep(c1, time.Duration(15+i%10)*time.Millisecond)
 			var wg sync.WaitGroup
 			var cerr, xerr, herr error
@@ -206,21 +206,21 @@ func TestHoldDeadlineRaces(t *testing.T) {
 // Promise (Extend doc): "ErrExpired past the deadline"; its units went back; afterwards every
 // call on the id agrees. Reservers sharing one Redis (caching clients) answer the same.
 func TestExtendExpiredAcrossReservers(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "e", 3))
-		require.NoError(t, errFrom(r1.Hold(ctx, req("e", "h", "u", 3), 200*time.Millisecond)))
+		require.NoError(t, testkit.Err(r1.Hold(ctx, req("e", "h", "u", 3), 200*time.Millisecond)))
 		// r2 caches the item as sold out.
-		require.ErrorIs(t, errFrom(r2.Deduct(ctx, req("e", "x", "", 1))), stock.ErrSoldOut)
+		require.ErrorIs(t, testkit.Err(r2.Deduct(ctx, req("e", "x", "", 1))), stock.ErrSoldOut)
 		redistest.Sleep(c1, 300*time.Millisecond)
-		require.ErrorIs(t, errFrom(r2.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
+		require.ErrorIs(t, testkit.Err(r2.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
 		assert.Equal(t, stock.Levels{Available: 3, Loaded: 3}, check(t, r1, "e", 3))
-		assert.ErrorIs(t, errFrom(r1.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
-		assert.ErrorIs(t, errFrom(r1.Confirm(ctx, "e", "h")), stock.ErrExpired)
-		assert.ErrorIs(t, errFrom(r2.Hold(ctx, req("e", "h", "u", 3), time.Hour)), stock.ErrExpired)
-		assert.ErrorIs(t, errFrom(r1.Hold(ctx, req("e", "h", "u", 3), time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, testkit.Err(r1.Extend(ctx, "e", "h", time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, testkit.Err(r1.Confirm(ctx, "e", "h")), stock.ErrExpired)
+		assert.ErrorIs(t, testkit.Err(r2.Hold(ctx, req("e", "h", "u", 3), time.Hour)), stock.ErrExpired)
+		assert.ErrorIs(t, testkit.Err(r1.Hold(ctx, req("e", "h", "u", 3), time.Hour)), stock.ErrExpired)
 		// r2 wrote (Extend released the hold): its own next deduct is not answered sold out.
-		assert.NoError(t, errFrom(r2.Deduct(ctx, req("e", "x", "", 1))), "r2 released 3 units itself, then said")
+		assert.NoError(t, testkit.Err(r2.Deduct(ctx, req("e", "x", "", 1))), "r2 released 3 units itself, then said")
 		assert.True(t, must(r1.Cancel(ctx, "e", "h"))(t).Replayed)
 		check(t, r1, "e", 3)
 	})
@@ -228,15 +228,15 @@ func TestExtendExpiredAcrossReservers(t *testing.T) {
 
 // Bad hold durations are ErrInvalid and change nothing.
 func TestHoldTTLBounds(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t))
 		require.NoError(t, r.Load(ctx, "t", 3))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond, 500 * time.Microsecond} {
-			assert.ErrorIs(t, errFrom(r.Hold(ctx, req("t", "h", "", 1), ttl)), stock.ErrInvalid, "ttl %v", ttl)
+			assert.ErrorIs(t, testkit.Err(r.Hold(ctx, req("t", "h", "", 1), ttl)), stock.ErrInvalid, "ttl %v", ttl)
 		}
-		require.NoError(t, errFrom(r.Hold(ctx, req("t", "h", "", 1), time.Minute)))
+		require.NoError(t, testkit.Err(r.Hold(ctx, req("t", "h", "", 1), time.Minute)))
 		for _, ttl := range []time.Duration{0, -time.Second, stock.MaxHoldTTL + time.Millisecond} {
-			assert.ErrorIs(t, errFrom(r.Extend(ctx, "t", "h", ttl)), stock.ErrInvalid, "extend ttl %v", ttl)
+			assert.ErrorIs(t, testkit.Err(r.Extend(ctx, "t", "h", ttl)), stock.ErrInvalid, "extend ttl %v", ttl)
 		}
 		assert.Equal(t, stock.Levels{Available: 2, Held: 1, Loaded: 3}, check(t, r, "t", 3))
 	})
@@ -247,7 +247,7 @@ func TestHoldTTLBounds(t *testing.T) {
 func TestCancelOfDueHoldIsReplay(t *testing.T) {
 	for _, n := range []int{1, 64, 65, 200} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				c, r := clientReserver(t, b)
 				require.NoError(t, r.Load(ctx, "h", int64(n)))
 				holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", n), 300*time.Millisecond)
@@ -266,10 +266,10 @@ func TestCancelOfDueHoldIsReplay(t *testing.T) {
 // Restore of it gives back nothing more (its units went back at the deadline) and the entry
 // ends expired; the item's counters stay right.
 func TestRestoreOfDueHold(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b, stock.WithUserLimit(2))
 		require.NoError(t, r.Load(ctx, "r", 5))
-		require.NoError(t, errFrom(r.Hold(ctx, req("r", "h", "u", 2), 200*time.Millisecond)))
+		require.NoError(t, testkit.Err(r.Hold(ctx, req("r", "h", "u", 2), 200*time.Millisecond)))
 		redistest.Sleep(c, 300*time.Millisecond)
 		rc, err := r.Restore(ctx, "r", "h")
 		t.Logf("restore of a due hold: %+v %v", rc, err)
@@ -281,7 +281,7 @@ func TestRestoreOfDueHold(t *testing.T) {
 		t.Logf("again: %+v %v", rc2, err2)
 		assert.Equal(t, stock.Levels{Available: 5, Loaded: 5}, check(t, r, "r", 5))
 		// The user's units came back once: u may hold 2 again, not 4.
-		require.NoError(t, errFrom(r.Deduct(ctx, req("r", "d", "u", 2))))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, req("r", "d", "u", 2))))
 		_, err = r.Deduct(ctx, req("r", "d2", "u", 1))
 		assert.ErrorIs(t, err, stock.ErrUserLimit)
 	})
@@ -291,16 +291,16 @@ func TestRestoreOfDueHold(t *testing.T) {
 // returns the units released" — all of them, with 600 due; SweepAll likewise over items; live
 // holds stay.
 func TestSweepManyDue(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b)
 		const ttl = 2 * time.Second
 		start := time.Now()
 		for _, sku := range []string{"s1", "s2"} {
 			require.NoError(t, r.Load(ctx, sku, 700))
 			for i := range 600 {
-				require.NoError(t, errFrom(r.Hold(ctx, req(sku, fmt.Sprint("h", i), "", 1), ttl)))
+				require.NoError(t, testkit.Err(r.Hold(ctx, req(sku, fmt.Sprint("h", i), "", 1), ttl)))
 			}
-			require.NoError(t, errFrom(r.Hold(ctx, req(sku, "live", "", 2), time.Hour)))
+			require.NoError(t, testkit.Err(r.Hold(ctx, req(sku, "live", "", 2), time.Hour)))
 		}
 		// On a slow machine the first holds may fall due while the last are taken, and those
 		// takes release them: the exact counts hold only when taking them all was quick.
@@ -327,11 +327,11 @@ func TestSweepManyDue(t *testing.T) {
 // holds due, is not refused with ErrUserLimit. Found with TestDeductAfterManyHoldsDue's
 // cause: only 64 due holds are released per call, the user's is not among them.
 func TestUserLimitAfterManyHoldsDue(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b, stock.WithUserLimit(1))
 		require.NoError(t, r.Load(ctx, "h", 1000))
 		holdsDue(t, c, r, stock.Request{SKU: "h", Qty: 1}, numbered("h", 200), 300*time.Millisecond, numbered("user", 200)...)
-		assert.NoError(t, errFrom(r.Deduct(ctx, req("h", "again", "user199", 1))), "user199's only hold expired")
+		assert.NoError(t, testkit.Err(r.Deduct(ctx, req("h", "again", "user199", 1))), "user199's only hold expired")
 		check(t, r, "h", 1000)
 	})
 }
@@ -343,7 +343,7 @@ func TestRunBothNilSweeps(t *testing.T) {
 	e := stocktest.New(t)
 	r := e.Reserver
 	require.NoError(t, r.Load(ctx, "h", 10))
-	require.NoError(t, errFrom(r.Hold(ctx, req("h", "a", "", 3), time.Minute)))
+	require.NoError(t, testkit.Err(r.Hold(ctx, req("h", "a", "", 3), time.Minute)))
 	cancel, done := runAsync(r, stock.RunOptions{SweepInterval: 10 * time.Millisecond})
 	e.Advance(2 * time.Minute)
 	ok := eventually(3*time.Second, func() bool { return testkit.Levels(t, r, "h").Held == 0 })
@@ -351,7 +351,7 @@ func TestRunBothNilSweeps(t *testing.T) {
 	stopRunWithin(t, cancel, done, 5*time.Second)
 
 	// A negative SweepInterval turns the sweeper off: the due hold stays until something sweeps.
-	require.NoError(t, errFrom(r.Hold(ctx, req("h", "b", "", 2), time.Minute)))
+	require.NoError(t, testkit.Err(r.Hold(ctx, req("h", "b", "", 2), time.Minute)))
 	cancel, done = runAsync(r, stock.RunOptions{SweepInterval: -1})
 	e.Advance(2 * time.Minute)
 	time.Sleep(300 * time.Millisecond)
@@ -369,8 +369,8 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		_, err := r.Levels(ctx, "nope")
 		assert.ErrorIs(t, err, stock.ErrNotLoaded)
 		for _, bad := range []string{"", "a{b", "a}b", "{a}", "a b", "a\nb", "a\x00b", strings.Repeat("x", stock.MaxNameLen+1)} {
-			assert.ErrorIs(t, errFrom(r.Levels(ctx, bad)), stock.ErrInvalid, "Levels(%q)", bad)
-			assert.ErrorIs(t, errFrom(stockops.Sweep(ctx, r, bad)), stock.ErrInvalid, "Sweep(%q)", bad)
+			assert.ErrorIs(t, testkit.Err(r.Levels(ctx, bad)), stock.ErrInvalid, "Levels(%q)", bad)
+			assert.ErrorIs(t, testkit.Err(stockops.Sweep(ctx, r, bad)), stock.ErrInvalid, "Sweep(%q)", bad)
 			err = r.CloseItem(ctx, bad)
 			assert.ErrorIs(t, err, stock.ErrInvalid, "CloseItem(%q)", bad)
 			err = r.ReopenItem(ctx, bad)
@@ -379,7 +379,7 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		_, err = r.Levels(ctx, strings.Repeat("x", stock.MaxNameLen))
 		assert.ErrorIs(t, err, stock.ErrNotLoaded, "a name of MaxNameLen bytes is valid")
 		// "An item that fails does not stop the others": a bad SKU beside a good one.
-		require.NoError(t, errFrom(r.Hold(ctx, req("ok", "h", "", 1), time.Millisecond)))
+		require.NoError(t, testkit.Err(r.Hold(ctx, req("ok", "h", "", 1), time.Millisecond)))
 		redistest.Sleep(c, 20*time.Millisecond)
 		n, err := stockops.Sweep(ctx, r, "ok", "nope")
 		t.Logf("Sweep(ok, nope) = %d, %v", n, err)
@@ -392,7 +392,7 @@ func TestLevelsSweepBadSKUs(t *testing.T) {
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		require.NoError(t, r.CloseItem(ctx, "cl"))
 		assert.True(t, testkit.Levels(t, r, "cl").Closed)
-		assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("cl", "x", "", 1))), stock.ErrClosed)
+		assert.ErrorIs(t, testkit.Err(r.Deduct(ctx, req("cl", "x", "", 1))), stock.ErrClosed)
 		require.NoError(t, r.ReopenItem(ctx, "cl"))
 		assert.False(t, testkit.Levels(t, r, "cl").Closed)
 		_, err = r.Deduct(ctx, req("cl", "x", "", 1))
@@ -415,7 +415,7 @@ func TestSweepManyDueHolds(t *testing.T) {
 	for _, s := range skus {
 		require.NoError(t, r.Load(ctx, s, 10*per))
 		for i := range per {
-			require.NoError(t, errFrom(r.Hold(ctx, req(s, fmt.Sprint("h", i), "", 2), time.Minute)))
+			require.NoError(t, testkit.Err(r.Hold(ctx, req(s, fmt.Sprint("h", i), "", 2), time.Minute)))
 		}
 	}
 	e.Advance(time.Minute + time.Millisecond)
@@ -437,7 +437,7 @@ func TestRunSweepsManyDueHolds(t *testing.T) {
 		require.NoError(t, r.Load(ctx, "many", n))
 		parallel(4, func(w int) {
 			for i := w; i < n; i += 4 {
-				assert.NoError(t, errFrom(r.Hold(ctx, req("many", fmt.Sprint("h", i), "", 1), 300*time.Millisecond)))
+				assert.NoError(t, testkit.Err(r.Hold(ctx, req("many", fmt.Sprint("h", i), "", 1), 300*time.Millisecond)))
 			}
 		})
 		redistest.Sleep(c, time.Second)
@@ -460,7 +460,7 @@ func TestSweepCorruptEntry(t *testing.T) {
 		for _, s := range []string{"bad", "good"} {
 			require.NoError(t, r.Load(ctx, s, 10))
 			for _, id := range []string{"h1", "h2"} {
-				require.NoError(t, errFrom(r.Hold(ctx, req(s, id, "", 1), 50*time.Millisecond)))
+				require.NoError(t, testkit.Err(r.Hold(ctx, req(s, id, "", 1), 50*time.Millisecond)))
 			}
 		}
 		require.NoError(t, c.Do(ctx, c.B().Hset().Key("stock:{bad}:l").FieldValue().FieldValue("h1", "garbage").Build()).Error())
@@ -499,9 +499,9 @@ func TestDeductReleasesManyDueHolds(t *testing.T) {
 	const n = 2500
 	require.NoError(t, r.Load(ctx, "due", n))
 	for i := range n {
-		require.NoError(t, errFrom(r.Hold(ctx, req("due", fmt.Sprint("h", i), "", 1), time.Minute)))
+		require.NoError(t, testkit.Err(r.Hold(ctx, req("due", fmt.Sprint("h", i), "", 1), time.Minute)))
 	}
-	assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("due", "early", "", 1))), stock.ErrSoldOut)
+	assert.ErrorIs(t, testkit.Err(r.Deduct(ctx, req("due", "early", "", 1))), stock.ErrSoldOut)
 	e.Advance(2 * time.Minute)
 	assert.Equal(t, int64(0), must(r.Deduct(ctx, req("due", "all", "", n)))(t, "every due hold released before the refusal").Remaining)
 	l := testkit.Levels(t, r, "due")
@@ -514,7 +514,7 @@ func TestSweepDuplicateSKUs(t *testing.T) {
 	e := stocktest.New(t)
 	r := e.Reserver
 	require.NoError(t, r.Load(ctx, "dup", 10))
-	require.NoError(t, errFrom(r.Hold(ctx, req("dup", "h", "", 4), time.Minute)))
+	require.NoError(t, testkit.Err(r.Hold(ctx, req("dup", "h", "", 4), time.Minute)))
 	e.Advance(2 * time.Minute)
 	assert.Equal(t, int64(4), must(stockops.Sweep(ctx, r, "dup", "dup", "dup"))(t))
 	assert.Equal(t, int64(10), testkit.Levels(t, r, "dup").Available)
@@ -576,7 +576,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	before1, before2 := fenced1.Load(), fenced2.Load()
 	old.Kill()
 	d.ReplicaProxy().ResetAll()
-	require.NoError(t, errFrom(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
+	require.NoError(t, testkit.Err(d.WaitPrimary(old, 20*time.Second)), "no failover after kill -9")
 	time.Sleep(1500 * time.Millisecond)
 	if fenced1.Load() == before1 || fenced2.Load() == before2 {
 		t.Errorf("after the failover, ErrFailover answers: instance one %d, instance two %d: both must fence",
@@ -603,7 +603,7 @@ func TestTwoRunsHoldsAcrossKill9(t *testing.T) {
 	time.Sleep(2 * time.Second) // every remaining hold past its deadline; the sweepers release them
 	stopRun()
 	runs.Wait()
-	assert.NoError(t, errFrom(stockops.Sweep(ctx, r1, sku)), "sweep")
+	assert.NoError(t, testkit.Err(stockops.Sweep(ctx, r1, sku)), "sweep")
 	faultDrain(t, ctx, r1, st, sku)
 	faultPass(t, ctx, rec, 15*time.Second)
 	assert.Zero(t, must(r1.Levels(ctx, sku))(t).Held, "units still held after every hold's deadline and a sweep")
@@ -650,9 +650,9 @@ func TestHoldsOnQueuePath(t *testing.T) {
 		}
 	}
 	e.Advance(2 * time.Minute)
-	require.NoError(t, errFrom(stockops.Sweep(ctx, e.Reserver)))
+	require.NoError(t, testkit.Err(stockops.Sweep(ctx, e.Reserver)))
 	for _, x := range expiring { // a late confirm of an expired hold changes nothing
-		assert.Error(t, errFrom(e.Reserver.Confirm(ctx, x.sku, x.id)), "Confirm of expired hold %s/%s", x.sku, x.id)
+		assert.Error(t, testkit.Err(e.Reserver.Confirm(ctx, x.sku, x.id)), "Confirm of expired hold %s/%s", x.sku, x.id)
 	}
 	q := &relayQueue{}
 	rl := must(stockops.NewRelay(e.Reserver, nil, q, &stock.RelayOptions{Batch: 8}))(t)
@@ -711,7 +711,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 			w := []*stock.Reserver{r, other}[i%2]
 			start := time.Now()
 			for h := range 8 {
-				require.NoError(t, errFrom(w.Hold(ctx, req(sku, fmt.Sprintf("h%d", h), "u", 1), ttl)))
+				require.NoError(t, testkit.Err(w.Hold(ctx, req(sku, fmt.Sprintf("h%d", h), "u", 1), ttl)))
 				holdsTaken++
 			}
 			// Before the deadline nothing is released. Checked per item, right after its holds:
@@ -721,12 +721,12 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 				assert.Equal(t, int64(8), l.Held, "%s: held before the deadline", sku)
 				checked++
 			}
-			require.NoError(t, errFrom(w.Hold(ctx, req(sku, "keep", "", 2), time.Hour)))
-			require.NoError(t, errFrom(w.Confirm(ctx, sku, "keep")))
+			require.NoError(t, testkit.Err(w.Hold(ctx, req(sku, "keep", "", 2), time.Hour)))
+			require.NoError(t, testkit.Err(w.Confirm(ctx, sku, "keep")))
 			for d := range 3 {
-				require.NoError(t, errFrom(w.Deduct(ctx, req(sku, fmt.Sprintf("d%d", d), "", 1))))
+				require.NoError(t, testkit.Err(w.Deduct(ctx, req(sku, fmt.Sprintf("d%d", d), "", 1))))
 			}
-			require.NoError(t, errFrom(w.Restore(ctx, sku, "d0")))
+			require.NoError(t, testkit.Err(w.Restore(ctx, sku, "d0")))
 		}
 		require.Positive(t, checked, "no item was checked before its holds' deadline")
 		redistest.Sleep(c1, ttl+100*time.Millisecond)
@@ -743,7 +743,7 @@ func TestRunLateItemsManyHoldsDue(t *testing.T) {
 		eventuallyRemaining(t, store, 15*time.Second, 26, skus...)
 		// A last sale, then stop: Drain delivers it.
 		for _, sku := range skus {
-			require.NoError(t, errFrom(other.Deduct(ctx, req(sku, "last", "", 1))))
+			require.NoError(t, testkit.Err(other.Deduct(ctx, req(sku, "last", "", 1))))
 		}
 		require.NoError(t, ignoreCanceled(stop()))
 		for _, sku := range skus {
@@ -770,14 +770,12 @@ func TestDueHoldsReleasedByNextTake(t *testing.T) {
 		for _, sku := range []string{"plain-due", "split-due"} {
 			require.NoError(t, e.r.Load(ctx, sku, 100))
 			for i := range 8 {
-				require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, fmt.Sprintf("h%d", i), fmt.Sprintf("holder%d", i), 1), time.Second)))
+				require.NoError(t, testkit.Err(e.r.Hold(ctx, req(sku, fmt.Sprintf("h%d", i), fmt.Sprintf("holder%d", i), 1), time.Second)))
 			}
 		}
 		e.advance(2500 * time.Millisecond)
 		for _, sku := range []string{"plain-due", "split-due"} {
-			for i := range 4 {
-				require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprintf("d%d", i), fmt.Sprintf("buyer%d", i), 1))))
-			}
+			testkit.Sell(t, e.r, sku, "d", "buyer", 4)
 			l := levels(t, e.r, sku)
 			assert.Equal(t, int64(0), l.Held, "%s: the due holds are released by the item's next takes: %+v", sku, l)
 		}
@@ -791,7 +789,7 @@ func TestHoldsExpireUnderRun(t *testing.T) {
 		defer cancel()
 		require.NoError(t, e.r.Load(ctx, "hrun", 30))
 		for i := range 12 {
-			require.NoError(t, errFrom(e.r.Hold(ctx, req("hrun", fmt.Sprintf("h%d", i), fmt.Sprintf("u%d", i%4), 2), time.Second)))
+			require.NoError(t, testkit.Err(e.r.Hold(ctx, req("hrun", fmt.Sprintf("h%d", i), fmt.Sprintf("u%d", i%4), 2), time.Second)))
 		}
 		done := make(chan error, 1)
 		go func() { done <- e.r.Run(ctx, stock.RunOptions{SweepInterval: 100 * time.Millisecond}) }()

@@ -30,7 +30,7 @@ var names = []string{
 // are not an item's": an operation on one item never changes another, whatever the names, and
 // Items lists exactly the loaded items.
 func TestKeyNamesDoNotCollide(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -49,8 +49,8 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 			user := names[(i+7)%len(names)]
 			id := names[(i+3)%len(names)]
 			assert.False(t, must(r.Deduct(ctx, req(n, id, user, 2)))(t, n).Replayed)
-			require.NoError(t, errFrom(r.Hold(ctx, req(n, id+":h", user, 1), time.Hour)), n)
-			require.NoError(t, errFrom(r.Restock(ctx, n, id+":rs", 3)), n)
+			require.NoError(t, testkit.Err(r.Hold(ctx, req(n, id+":h", user, 1), time.Hour)), n)
+			require.NoError(t, testkit.Err(r.Restock(ctx, n, id+":rs", 3)), n)
 			after := snapshot()
 			for _, m := range names {
 				if m == n {
@@ -81,7 +81,7 @@ func TestKeyNamesDoNotCollide(t *testing.T) {
 		}
 		for _, user := range []string{"x:1", "~", ":"} {
 			id := "cart:" + user
-			require.NoError(t, errFrom(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})))
+			require.NoError(t, testkit.Err(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines})))
 			assert.True(t, must(r.DeductMany(ctx, stock.Cart{ID: id, User: user, Lines: lines}))(t).Replayed)
 		}
 		assert.ElementsMatch(t, names, itemsOf(t, r))
@@ -112,7 +112,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		return "x:" + sku
 	}
 	names := []string{"tee", "x", "x:u", "x:l", "items", "carts", "u", "~carts", "l", "o", "h", "b"}
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		r := testkit.NewReserver(t, b.Client(t), stock.WithGroups(group), stock.WithUserLimit(1000))
 		initial := map[string]int64{}
 		for i, n := range names {
@@ -126,8 +126,8 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 		for i, n := range names {
 			user := names[(i+1)%len(names)]
 			id := names[(i+2)%len(names)]
-			require.NoError(t, errFrom(r.Deduct(ctx, req(n, id, user, 1))), n)
-			require.NoError(t, errFrom(r.Hold(ctx, req(n, user, id, 1), time.Hour)), n)
+			require.NoError(t, testkit.Err(r.Deduct(ctx, req(n, id, user, 1))), n)
+			require.NoError(t, testkit.Err(r.Hold(ctx, req(n, user, id, 1), time.Hour)), n)
 			for _, m := range names {
 				l := check(t, r, m, initial[m])
 				if m == n {
@@ -145,7 +145,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 			{ID: "c2", User: "x:u", Lines: []stock.Line{{SKU: "items", Qty: 1}, {SKU: "carts", Qty: 1}}},
 			{ID: "c3", User: "tee", Lines: []stock.Line{{SKU: "tee", Qty: 1}, {SKU: "x", Qty: 1}, {SKU: "u", Qty: 1}}},
 		} {
-			require.NoError(t, errFrom(r.DeductMany(ctx, c)), i)
+			require.NoError(t, testkit.Err(r.DeductMany(ctx, c)), i)
 			assert.True(t, must(r.DeductMany(ctx, c))(t, i).Replayed, i)
 			for _, ln := range c.Lines {
 				before[ln.SKU] = stock.Levels{Available: before[ln.SKU].Available - 1, Held: before[ln.SKU].Held, Sold: before[ln.SKU].Sold + 1, Loaded: before[ln.SKU].Loaded}
@@ -160,7 +160,7 @@ func TestGroupNamesDoNotCollide(t *testing.T) {
 // Promise (WithPrefix and the Keys section): two Reservers with prefixes "a" and "a:b" (and
 // "a:items", "a:carts") on one Redis never touch each other's items, registry or cart log.
 func TestPrefixesDoNotCollide(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c := b.Client(t)
 		prefixes := []string{"a", "a:b", "a:items", "a:carts", "a:b:c", "a:"}
 		rs := map[string]*stock.Reserver{}
@@ -172,11 +172,11 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 		}
 		for i, p := range prefixes {
 			r := rs[p]
-			require.NoError(t, errFrom(r.Deduct(ctx, req("x", "o1", "u", int64(i+1)))))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, req("x", "o1", "u", int64(i+1)))))
 			_, err := r.DeductMany(ctx, stock.Cart{ID: "k1", User: "u", Lines: []stock.Line{{SKU: "b", Qty: 1}, {SKU: "c", Qty: 1}}})
 			require.NoError(t, err)
 		}
-		require.NoError(t, errFrom(stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)))
+		require.NoError(t, testkit.Err(stockops.RecoverCarts(ctx, rs["a:b"], -time.Second)))
 		for i, p := range prefixes {
 			r := rs[p]
 			assert.Equal(t, int64(i+1), check(t, r, "x", int64(10+i)).Sold, "%s x", p)
@@ -206,11 +206,11 @@ func TestNames(t *testing.T) {
 					assert.Equal(t, sku, ent.SKU)
 					assert.Equal(t, user, ent.User)
 				}
-				require.NoError(t, errFrom(e.r.Restore(ctx, sku, "id:0~ü")))
+				require.NoError(t, testkit.Err(e.r.Restore(ctx, sku, "id:0~ü")))
 				assert.Equal(t, stock.Levels{Available: 62, Sold: 8, Loaded: 70}, levels(t, e.r, sku))
 				require.NoError(t, e.r.CloseItem(ctx, sku))
 				require.NoError(t, e.r.ReopenItem(ctx, sku))
-				require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "all", "", 62))))
+				require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, "all", "", 62))))
 			})
 		}
 	})
@@ -283,14 +283,14 @@ func TestNamesWithFormatCharactersRefused(t *testing.T) {
 			assert.ErrorContains(t, err, "1", "%s with %s: the message names the offset", what, code)
 		}
 		check("Load sku", e.r.Load(e.ctx, bad, 1))
-		check("Deduct id", errFrom(e.r.Deduct(e.ctx, req("ok", bad, "u", 1))))
-		check("Deduct user", errFrom(e.r.Deduct(e.ctx, req("ok", "i", bad, 1))))
-		check("Restore id", errFrom(e.r.Restore(e.ctx, "ok", bad)))
-		check("Restock id", errFrom(e.r.Restock(e.ctx, "ok", bad, 1)))
-		check("DeductMany id", errFrom(e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})))
+		check("Deduct id", testkit.Err(e.r.Deduct(e.ctx, req("ok", bad, "u", 1))))
+		check("Deduct user", testkit.Err(e.r.Deduct(e.ctx, req("ok", "i", bad, 1))))
+		check("Restore id", testkit.Err(e.r.Restore(e.ctx, "ok", bad)))
+		check("Restock id", testkit.Err(e.r.Restock(e.ctx, "ok", bad, 1)))
+		check("DeductMany id", testkit.Err(e.r.DeductMany(e.ctx, stock.Cart{ID: bad, User: "u", Lines: []stock.Line{{SKU: "ok", Qty: 1}}})))
 		_, err := e.r.HoldMany(e.ctx, stock.Cart{ID: "c", User: bad, Lines: []stock.Line{{SKU: "ok", Qty: 1}}}, time.Minute)
 		check("HoldMany user", err)
-		check("Ledger id", errFrom(e.r.Ledger(e.ctx, "ok", bad)))
+		check("Ledger id", testkit.Err(e.r.Ledger(e.ctx, "ok", bad)))
 		_, err = stock.New(e.c, stock.WithPrefix(bad))
 		check("WithPrefix", err)
 		check("RunOptions.Reconcile.Items", stock.RunOptions{Store: e.store, Reconcile: &stock.ReconcileOptions{Items: []string{bad}}}.Validate())
@@ -323,8 +323,8 @@ func TestGroupNameWithFormatCharacterIsNoGroup(t *testing.T) {
 	for _, k := range outsideKeys(t, e.c) {
 		assert.NotContains(t, k, "\u200D", "a key holds the group's format character")
 	}
-	require.NoError(t, errFrom(e.r.Levels(e.ctx, "a")))
-	require.NoError(t, errFrom(e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})))
+	require.NoError(t, testkit.Err(e.r.Levels(e.ctx, "a")))
+	require.NoError(t, testkit.Err(e.r.DeductMany(e.ctx, stock.Cart{ID: "c", User: "u", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 1}}})))
 	e.relay()
 	e.want("a", 5, 1, 0)
 }
@@ -349,10 +349,10 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			e.load("a", 100)
 			e.load("b", 100)
 			ctx := e.ctx
-			require.NoError(t, errFrom(e.r.Deduct(ctx, req("a", "d", "alice", 1))))
-			require.NoError(t, errFrom(e.r.Hold(ctx, req("a", "h", "alice", 2), time.Hour)))
-			require.NoError(t, errFrom(e.r.Restock(ctx, "a", "r", 5)))
-			require.NoError(t, errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})))
+			require.NoError(t, testkit.Err(e.r.Deduct(ctx, req("a", "d", "alice", 1))))
+			require.NoError(t, testkit.Err(e.r.Hold(ctx, req("a", "h", "alice", 2), time.Hour)))
+			require.NoError(t, testkit.Err(e.r.Restock(ctx, "a", "r", 5)))
+			require.NoError(t, testkit.Err(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})))
 
 			type tc struct {
 				name    string
@@ -364,30 +364,30 @@ func TestConflictMessagesNameWhatDiffers(t *testing.T) {
 			add := func(name string, err error, want []string, notWant ...string) {
 				cases = append(cases, tc{name, err, want, notWant})
 			}
-			add("deduct other qty", errFrom(e.r.Deduct(ctx, req("a", "d", "alice", 3))),
+			add("deduct other qty", testkit.Err(e.r.Deduct(ctx, req("a", "d", "alice", 3))),
 				[]string{"with quantity 1, not 3"}, "another user", "hold")
-			add("deduct other user", errFrom(e.r.Deduct(ctx, req("a", "d", "bob", 1))),
+			add("deduct other user", testkit.Err(e.r.Deduct(ctx, req("a", "d", "bob", 1))),
 				[]string{"another user"}, "units", "alice", "bob")
-			add("hold of a deduct", errFrom(e.r.Hold(ctx, req("a", "d", "alice", 1), time.Hour)),
+			add("hold of a deduct", testkit.Err(e.r.Hold(ctx, req("a", "d", "alice", 1), time.Hour)),
 				[]string{"deduct", "not a hold"}, "units", "another user")
-			add("deduct of a hold", errFrom(e.r.Deduct(ctx, req("a", "h", "alice", 2))),
+			add("deduct of a hold", testkit.Err(e.r.Deduct(ctx, req("a", "h", "alice", 2))),
 				[]string{"hold", "not a deduct"}, "units", "another user")
-			add("deduct of a hold, other qty", errFrom(e.r.Deduct(ctx, req("a", "h", "alice", 1))),
+			add("deduct of a hold, other qty", testkit.Err(e.r.Deduct(ctx, req("a", "h", "alice", 1))),
 				[]string{"hold", "not a deduct", "with quantity 2, not 1"}, "another user")
-			add("deduct of a restock", errFrom(e.r.Deduct(ctx, req("a", "r", "alice", 5))),
+			add("deduct of a restock", testkit.Err(e.r.Deduct(ctx, req("a", "r", "alice", 5))),
 				[]string{"restock"}, "another user")
-			add("restock of a deduct", errFrom(e.r.Restock(ctx, "a", "d", 1)), []string{"deduct"}, "another user")
-			add("restock other qty", errFrom(e.r.Restock(ctx, "a", "r", 6)), []string{"with quantity 5, not 6"})
-			add("confirm of a deduct", errFrom(e.r.Confirm(ctx, "a", "d")),
+			add("restock of a deduct", testkit.Err(e.r.Restock(ctx, "a", "d", 1)), []string{"deduct"}, "another user")
+			add("restock other qty", testkit.Err(e.r.Restock(ctx, "a", "r", 6)), []string{"with quantity 5, not 6"})
+			add("confirm of a deduct", testkit.Err(e.r.Confirm(ctx, "a", "d")),
 				[]string{"used for a deduct", "not a hold"}, "another user", "units")
-			add("cancel of a deduct", errFrom(e.r.Cancel(ctx, "a", "d")),
+			add("cancel of a deduct", testkit.Err(e.r.Cancel(ctx, "a", "d")),
 				[]string{"used for a deduct", "not a hold"}, "another user", "units")
-			add("restore of a restock", errFrom(e.r.Restore(ctx, "a", "r")), []string{"restock"})
-			add("cart other user", errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})),
+			add("restore of a restock", testkit.Err(e.r.Restore(ctx, "a", "r")), []string{"restock"})
+			add("cart other user", testkit.Err(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "bob", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}})),
 				[]string{"another user"}, "alice", "bob")
-			add("cart other lines", errFrom(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})),
+			add("cart other lines", testkit.Err(e.r.DeductMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 3}}})),
 				[]string{"line"}, "another user")
-			add("cart other kind", errFrom(e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)),
+			add("cart other kind", testkit.Err(e.r.HoldMany(ctx, stock.Cart{ID: "c", User: "alice", Lines: []stock.Line{{SKU: "a", Qty: 1}, {SKU: "b", Qty: 2}}}, time.Hour)),
 				[]string{"hold"}, "another user")
 			for _, c := range cases {
 				if !errors.Is(c.err, stock.ErrConflict) {

@@ -25,9 +25,6 @@ import (
 
 // The helpers the relay, reconcile, run and fault tests share.
 
-// errOf is the error of a call's two answers.
-func errOf(_ any, err error) error { return err }
-
 // remaining is the store's remaining stock of sku, failing t on an error.
 func remaining(t testing.TB, st stock.Store, sku string) int64 {
 	t.Helper()
@@ -122,7 +119,7 @@ func deductEach(t *testing.T, r *stock.Reserver, req stock.Request, ids ...strin
 	t.Helper()
 	for _, id := range ids {
 		req.ID = id
-		require.NoError(t, errOf(r.Deduct(context.Background(), req)), "Deduct %s %s", req.SKU, id)
+		require.NoError(t, testkit.Err(r.Deduct(context.Background(), req)), "Deduct %s %s", req.SKU, id)
 	}
 }
 

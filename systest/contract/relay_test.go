@@ -74,10 +74,10 @@ func TestNewRelayBounds(t *testing.T) {
 	assert.Error(t, err, "NewRelay with neither Store nor Publisher")
 	_, err = stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10001})
 	assert.Error(t, err, "Batch above 10,000")
-	assert.NoError(t, errOf(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})), "Batch of 10,000")
-	assert.NoError(t, errOf(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})), "zero options take the defaults")
-	assert.NoError(t, errOf(stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})), "a negative Retention never trims: it is valid")
-	assert.NoError(t, errOf(stockops.NewReconciler(e.Reserver, st, nil)))
+	assert.NoError(t, testkit.Err(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{Batch: 10000})), "Batch of 10,000")
+	assert.NoError(t, testkit.Err(stockops.NewRelay(e.Reserver, st, nil, &stock.RelayOptions{})), "zero options take the defaults")
+	assert.NoError(t, testkit.Err(stockops.NewReconciler(e.Reserver, st, &stock.ReconcileOptions{Retention: -1})), "a negative Retention never trims: it is valid")
+	assert.NoError(t, testkit.Err(stockops.NewReconciler(e.Reserver, st, nil)))
 }
 
 // "When ctx ends, Run stops the loops, lets the relay deliver what is due (see RunOptions.Drain),
@@ -148,7 +148,7 @@ func TestRunDeliversEverySale(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				ctx := context.Background()
 				c1, c2 := b.Pair(t)
 				rs := []*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}[:tc.runs]
@@ -167,9 +167,9 @@ func TestRunDeliversEverySale(t *testing.T) {
 				var net atomic.Int64 // units sold and not given back
 				sell := func(w, i int) {
 					r, sku, id := rs[w%len(rs)], tc.skus[(i+w)%len(tc.skus)], fmt.Sprintf("w%d-%d", w, i)
-					if errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})) == nil {
+					if testkit.Err(r.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: 1})) == nil {
 						net.Add(1)
-						if tc.restore && i%5 == 0 && errOf(r.Restore(ctx, sku, id)) == nil {
+						if tc.restore && i%5 == 0 && testkit.Err(r.Restore(ctx, sku, id)) == nil {
 							net.Add(-1)
 						}
 					}
@@ -333,7 +333,7 @@ func TestRunPublisherOnly(t *testing.T) {
 		pub := &queue{}
 		cancel, done := runAsync(r, stock.RunOptions{Publisher: pub})
 		deductEach(t, r, stock.Request{SKU: "q:1", Qty: 2}, numbered("d", 6)...)
-		require.NoError(t, errOf(r.Restore(ctx, "q:1", "d0")))
+		require.NoError(t, testkit.Err(r.Restore(ctx, "q:1", "d0")))
 		stopRunWithin(t, cancel, done, 10*time.Second)
 		assert.Equal(t, int64(0), testkit.OutboxLen(t, c, "q:1"))
 		evs := pub.take()
@@ -367,8 +367,8 @@ func TestRelayBatchOneDrainsInOnce(t *testing.T) {
 			assert.Equal(t, int64(0), testkit.OutboxLen(t, c, s))
 		}
 		// RelayOptions.Items: "limits the relay to these items".
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})))
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "b1", ID: "x", Qty: 1})))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "b:2", ID: "x", Qty: 1})))
 		rl = newRelay(t, r, st, nil, &stock.RelayOptions{Items: []string{"b:2"}})
 		stats, err = rl.Once(ctx)
 		require.NoError(t, err)
@@ -552,14 +552,14 @@ func traffic(t *testing.T, ctx context.Context, r *stock.Reserver, store *memsto
 				if a.restored[sku][id] {
 					continue
 				}
-				require.NoError(t, errOf(r.Restore(ctx, sku, id)), "Restore %q %s", sku, id)
+				require.NoError(t, testkit.Err(r.Restore(ctx, sku, id)), "Restore %q %s", sku, id)
 				a.restored[sku][id] = true
 				break
 			}
 		default:
 			id := fmt.Sprintf("r%d", i)
 			q := int64(1 + rng.IntN(4))
-			require.NoError(t, errOf(r.Restock(ctx, sku, id, q)), "Restock %q %s", sku, id)
+			require.NoError(t, testkit.Err(r.Restock(ctx, sku, id, q)), "Restock %q %s", sku, id)
 			a.restock[sku][id] = q
 		}
 	}
@@ -1109,7 +1109,7 @@ func TestRefusalsConcurrentConsumers(t *testing.T) {
 		if _, err := e.Reserver.Deduct(ctx, stock.Request{SKU: sku, ID: id, Qty: q}); err == nil {
 			taken[sku] += q
 			if i%5 == 4 {
-				require.NoError(t, errOf(e.Reserver.Restore(ctx, sku, id)))
+				require.NoError(t, testkit.Err(e.Reserver.Restore(ctx, sku, id)))
 				taken[sku] -= q
 			}
 		}
@@ -2012,9 +2012,9 @@ func TestDurablePathSQL(t *testing.T) {
 			require.NoError(t, r.Load(ctx, sku, 100))
 			require.NoError(t, store.Load(ctx, sku, 95)) // 5 units of drift: refusals
 			for i := range 100 {
-				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
+				require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
 				if i%10 == 0 {
-					require.NoError(t, errOf(r.Restore(ctx, sku, fmt.Sprint("o", i))))
+					require.NoError(t, testkit.Err(r.Restore(ctx, sku, fmt.Sprint("o", i))))
 				}
 			}
 			rl := newRelay(t, r, store, nil, &stock.RelayOptions{Batch: 32})
@@ -2027,7 +2027,7 @@ func TestDurablePathSQL(t *testing.T) {
 			assert.Equal(t, int64(10), avail)
 			assert.Equal(t, int64(5), rem)
 			for i := 100; i < 110; i++ {
-				require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
+				require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: sku, ID: fmt.Sprint("o", i), Qty: 1})))
 			}
 			st = testkit.Drain(t, rl)
 			assert.Equal(t, 5, st.Refused)
@@ -2059,9 +2059,9 @@ func TestConsumeInOrderAfterRedelivery(t *testing.T) {
 		eachStore(t, c, "order-", false, func(t *testing.T, r *stock.Reserver, store loadingStore, sku string) {
 			ctx := context.Background()
 			loadBoth(t, r, store, sku, 1)
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})))
-			require.NoError(t, errOf(r.Restore(ctx, sku, "a")))
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: sku, ID: "a", Qty: 1})))
+			require.NoError(t, testkit.Err(r.Restore(ctx, sku, "a")))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: sku, ID: "b", Qty: 1})))
 			q, _, msgs := publishToQueue(t, r)
 			require.Len(t, msgs, 3)
 			da, ra, db := msgs[0], msgs[1], msgs[2]
@@ -2122,7 +2122,7 @@ func TestConsumeCatchesUp(t *testing.T) {
 
 		// An earlier event whose entry Redis lost cannot be applied from Redis: wait for it.
 		for i := 3; i < 5; i++ {
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "A", ID: fmt.Sprint("o", i), Qty: 1})))
 		}
 		testkit.Drain(t, rl)
 		more := q.take()
@@ -2133,8 +2133,8 @@ func TestConsumeCatchesUp(t *testing.T) {
 		require.NoError(t, stock.Consume(ctx, r, store, more[1]))
 
 		// Held, cancelled and expired events are not kept after publishing and hold nothing back.
-		require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)))
-		require.NoError(t, errOf(r.Cancel(ctx, "A", "h")))
+		require.NoError(t, testkit.Err(r.Hold(ctx, stock.Request{SKU: "A", ID: "h", Qty: 1}, time.Minute)))
+		require.NoError(t, testkit.Err(r.Cancel(ctx, "A", "h")))
 		testkit.Drain(t, rl)
 		held := q.take()
 		require.Len(t, held, 2)
@@ -2181,13 +2181,13 @@ func TestConsumeInOrderBehindManyPublished(t *testing.T) {
 		loadBoth(t, r, store, "A", 1000)
 		id := func(i int) string { return fmt.Sprintf("o%04d", i) }
 		for i := range published {
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
 		}
 		q := &hookQueue{on: id(published + batch - 1)}
 		rl := newRelay(t, r, nil, q, nil)
 		testkit.Drain(t, rl)
 		for i := published; i < published+batch; i++ {
-			require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "A", ID: id(i), Qty: 1})))
 		}
 		var consumeErr error
 		q.hook = func(ev stock.Event) { consumeErr = stock.Consume(ctx, r, store, ev) }

@@ -217,9 +217,8 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				require.NoError(t, e.r.Load(e.ctx, "a", 10))
 				require.NoError(t, e.store.Load(e.ctx, "a", 1))
 				e.run("deduct a d1 2; advance 23h")
-				if st := e.relay(); st.Refused != 1 {
-					t.Fatalf("relay stats %+v, want one refusal", st)
-				}
+				st := e.relay()
+				require.EqualValues(t, 1, st.Refused, "relay stats %+v, want one refusal", st)
 			},
 			steps:   "relay; advance 20h",
 			opts:    &stock.ReconcileOptions{Retention: 24 * time.Hour, RepairLimit: 1000},
@@ -230,8 +229,8 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 			name: "tombstone and retry refusal",
 			before: func(t *testing.T, e *outsideEnv) {
 				e.run("load a 1; deduct a d0 1")
-				require.ErrorIs(t, errOf(e.r.Restore(e.ctx, "a", "t1")), stock.ErrUnknownID, "restore of unknown")
-				require.ErrorIs(t, errOf(e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true})), stock.ErrSoldOut, "retry on sold out")
+				require.ErrorIs(t, testkit.Err(e.r.Restore(e.ctx, "a", "t1")), stock.ErrUnknownID, "restore of unknown")
+				require.ErrorIs(t, testkit.Err(e.r.Deduct(e.ctx, stock.Request{SKU: "a", ID: "x1", User: "u", Qty: 1, Retry: true})), stock.ErrSoldOut, "retry on sold out")
 			},
 			steps: "relay; advance 23h",
 			kept:  []string{"t1", "x1"},
@@ -254,11 +253,11 @@ func TestRetentionKeepsLateSettledEntries(t *testing.T) {
 				e.run("load a 10; load b 10")
 				e.mustCart(e.r.HoldMany(e.ctx, cart, 48*time.Hour))
 				e.advance(30 * time.Hour)
-				require.NoError(t, errOf(e.r.CancelMany(e.ctx, "c1", "a", "b")))
+				require.NoError(t, testkit.Err(e.r.CancelMany(e.ctx, "c1", "a", "b")))
 			},
 			steps: "relay; advance 41h",
 			more: func(t *testing.T, e *outsideEnv) {
-				require.NoError(t, errOf(stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute)))
+				require.NoError(t, testkit.Err(stockops.RecoverCarts(e.ctx, e.r, 5*time.Minute)))
 				_, err := e.r.HoldMany(e.ctx, cart, time.Hour)
 				var ce *stock.CartError
 				assert.False(t, !errors.As(err, &ce) || !errors.Is(err, stock.ErrRestored), "repeat of a cancelled hold cart within retention: %v, want a *CartError wrapping ErrRestored", err)

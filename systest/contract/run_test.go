@@ -51,7 +51,7 @@ func TestRunReturnsLoopError(t *testing.T) {
 		ctx := context.Background()
 		r, st := withStore(t, c, 10, []string{"down"})
 		st.FailWith(memstore.Down)
-		require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "down", ID: "d1", Qty: 1})))
+		require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "down", ID: "d1", Qty: 1})))
 		cancel, done := runAsync(r, stock.RunOptions{Store: st, Drain: 200 * time.Millisecond})
 		time.Sleep(700 * time.Millisecond)
 		cancel()
@@ -184,8 +184,8 @@ func TestRunTwoPrefixes(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		loadRedisAndStore(t, ra, sa, 10, "~")
 		loadRedisAndStore(t, rb, sb, 20, "~")
-		require.NoError(t, errOf(ra.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 2}}})))
-		require.NoError(t, errOf(rb.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 5}}})), "the same cart id under another prefix is another cart")
+		require.NoError(t, testkit.Err(ra.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 2}}})))
+		require.NoError(t, testkit.Err(rb.DeductMany(ctx, stock.Cart{ID: "c1", Lines: []stock.Line{{SKU: "~", Qty: 5}}})), "the same cart id under another prefix is another cart")
 		ok := eventually(5*time.Second, func() bool {
 			a, _ := sa.Remaining(ctx, "~")
 			b, _ := sb.Remaining(ctx, "~")
@@ -329,7 +329,7 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 						continue
 					}
 					if rng.IntN(3) == 0 {
-						require.NoError(t, errOf(r.Restore(ctx, sku, id)))
+						require.NoError(t, testkit.Err(r.Restore(ctx, sku, id)))
 						continue
 					}
 				case 2:
@@ -337,10 +337,10 @@ func runTraffic(t *testing.T, r *stock.Reserver, sku string, workers, each int) 
 						continue
 					}
 					if rng.IntN(2) == 0 {
-						require.NoError(t, errOf(r.Cancel(ctx, sku, id)))
+						require.NoError(t, testkit.Err(r.Cancel(ctx, sku, id)))
 						continue
 					}
-					require.NoError(t, errOf(r.Confirm(ctx, sku, id)))
+					require.NoError(t, testkit.Err(r.Confirm(ctx, sku, id)))
 				default:
 					if _, err := r.Hold(ctx, req, time.Hour); err != nil {
 						continue

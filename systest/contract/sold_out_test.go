@@ -27,17 +27,17 @@ import (
 // tombstoned, expired, cancelled), a large ledger, and a second Reserver whose cache is warm.
 func TestFastPathIDsBeforeSellOut(t *testing.T) {
 	testkit.ParallelOnMiniredis(t)
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		const n = 3000
 		require.NoError(t, r1.Load(ctx, "f", n+2))
-		require.ErrorIs(t, errFrom(r1.Restore(ctx, "f", "tomb")), stock.ErrUnknownID)
-		require.NoError(t, errFrom(r1.Hold(ctx, req("f", "cancelled", "", 1), time.Hour)))
-		require.NoError(t, errFrom(r1.Cancel(ctx, "f", "cancelled")))
-		require.NoError(t, errFrom(r1.Hold(ctx, req("f", "expired", "", 1), 100*time.Millisecond)))
+		require.ErrorIs(t, testkit.Err(r1.Restore(ctx, "f", "tomb")), stock.ErrUnknownID)
+		require.NoError(t, testkit.Err(r1.Hold(ctx, req("f", "cancelled", "", 1), time.Hour)))
+		require.NoError(t, testkit.Err(r1.Cancel(ctx, "f", "cancelled")))
+		require.NoError(t, testkit.Err(r1.Hold(ctx, req("f", "expired", "", 1), 100*time.Millisecond)))
 		redistest.Sleep(c1, 200*time.Millisecond)
 		deductEach(t, r1, stock.Request{SKU: "f", Qty: 1}, numbered("o", n)...)
-		require.NoError(t, errFrom(r1.Deduct(ctx, req("f", "last", "", 2))))
+		require.NoError(t, testkit.Err(r1.Deduct(ctx, req("f", "last", "", 2))))
 		// Sold out. Warm the caches with refusals, then ask for every id the ledger has.
 		warmSoldOut(t, r2, "f", b.Real())
 		warmSoldOut(t, r1, "f", b.Real())
@@ -45,10 +45,10 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 			for i := range n {
 				require.True(t, must(r.Deduct(ctx, req("f", fmt.Sprint("o", i), "", 1)))(t, "replay of o%d", i).Replayed)
 			}
-			assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("f", "tomb", "", 1))), stock.ErrRestored)
-			assert.ErrorIs(t, errFrom(r.Hold(ctx, req("f", "cancelled", "", 1), time.Hour)), stock.ErrRestored)
-			assert.ErrorIs(t, errFrom(r.Hold(ctx, req("f", "expired", "", 1), time.Hour)), stock.ErrExpired)
-			assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("f", "last", "", 3))), stock.ErrConflict)
+			assert.ErrorIs(t, testkit.Err(r.Deduct(ctx, req("f", "tomb", "", 1))), stock.ErrRestored)
+			assert.ErrorIs(t, testkit.Err(r.Hold(ctx, req("f", "cancelled", "", 1), time.Hour)), stock.ErrRestored)
+			assert.ErrorIs(t, testkit.Err(r.Hold(ctx, req("f", "expired", "", 1), time.Hour)), stock.ErrExpired)
+			assert.ErrorIs(t, testkit.Err(r.Deduct(ctx, req("f", "last", "", 3))), stock.ErrConflict)
 		}
 		t.Logf("answered in-process: r1 %d, r2 %d", stockops.SoldOutAnswers(r1), stockops.SoldOutAnswers(r2))
 		check(t, r1, "f", n+2)
@@ -61,7 +61,7 @@ func TestFastPathIDsBeforeSellOut(t *testing.T) {
 // Refuse. The other Reserver only reads and is refused (it takes nothing), so the unit is
 // there for the next deduct.
 func TestFastPathOwnWritesGiveBack(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "g", 0))
 		stop := make(chan struct{})
@@ -79,17 +79,17 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 				// Set up one unit owned by an id of w, then sell out and warm the cache.
 				id := next()
 				if w != "restock" {
-					require.NoError(t, errFrom(r1.Restock(ctx, "g", next(), 1)))
+					require.NoError(t, testkit.Err(r1.Restock(ctx, "g", next(), 1)))
 				}
 				switch w {
 				case "restore", "refuse":
-					require.NoError(t, errFrom(r1.Deduct(ctx, req("g", id, "", 1))))
+					require.NoError(t, testkit.Err(r1.Deduct(ctx, req("g", id, "", 1))))
 				case "cancel", "sweep", "extend", "confirm":
 					ttl := time.Hour
 					if w != "cancel" {
 						ttl = 300 * time.Millisecond
 					}
-					require.NoError(t, errFrom(r1.Hold(ctx, req("g", id, "", 1), ttl)))
+					require.NoError(t, testkit.Err(r1.Hold(ctx, req("g", id, "", 1), ttl)))
 				}
 				warmSoldOut(t, r1, "g", false)
 				var err error
@@ -138,10 +138,10 @@ func TestFastPathOwnWritesGiveBack(t *testing.T) {
 // stock; no write happened when the deadline passed, so no invalidation is coming. A deduct on
 // the Reserver whose cache says sold out must still reach Redis and take the unit.
 func TestFastPathHoldDeadlinePassed(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c, r := clientReserver(t, b, stock.WithSoldOutCache(time.Hour))
 		require.NoError(t, r.Load(ctx, "p", 1))
-		require.NoError(t, errFrom(r.Hold(ctx, req("p", "h", "", 1), 200*time.Millisecond)))
+		require.NoError(t, testkit.Err(r.Hold(ctx, req("p", "h", "", 1), 200*time.Millisecond)))
 		refuseSoldOut(t, r, "p", numbered("x", 20)...)
 		redistest.Sleep(c, 400*time.Millisecond)
 		rc, err := r.Deduct(ctx, req("p", "after", "", 1))
@@ -157,7 +157,7 @@ func TestFastPathHoldDeadlinePassed(t *testing.T) {
 // time. A tombstoned id is always ErrRestored, a taken id always a replay, on the Reserver
 // that wrote them, and on a second Reserver sharing its client.
 func TestFastPathUnderChurn(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c1, c2 := b.Pair(t)
 		r1 := testkit.NewReserver(t, c1)
 		r1b := testkit.NewReserver(t, c1) // another Reserver on r1's client
@@ -231,7 +231,7 @@ func TestFastPathUnderChurn(t *testing.T) {
 // Promise (WithPrefix, fast path): two Reservers on one caching client, prefixes "a" and "a:b",
 // each with an item "x": one's sold-out state never answers for the other.
 func TestFastPathPerPrefix(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		c := b.Client(t)
 		ra := testkit.NewReserver(t, c, stock.WithPrefix("a"))
 		rb := testkit.NewReserver(t, c, stock.WithPrefix("a:b"))
@@ -241,8 +241,8 @@ func TestFastPathPerPrefix(t *testing.T) {
 		require.NoError(t, rg.Load(ctx, "x", 5))
 		warmSoldOut(t, ra, "x", b.Real())
 		for i := range 5 {
-			require.NoError(t, errFrom(rb.Deduct(ctx, req("x", fmt.Sprint("b", i), "", 1))))
-			require.NoError(t, errFrom(rg.Deduct(ctx, req("x", fmt.Sprint("g", i), "", 1))))
+			require.NoError(t, testkit.Err(rb.Deduct(ctx, req("x", fmt.Sprint("b", i), "", 1))))
+			require.NoError(t, testkit.Err(rg.Deduct(ctx, req("x", fmt.Sprint("g", i), "", 1))))
 		}
 		check(t, ra, "x", 0)
 		check(t, rb, "x", 5)
@@ -257,7 +257,7 @@ func TestFastPathPerPrefix(t *testing.T) {
 func TestFastPathLifecycle(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			backends(t, func(t *testing.T, b redistest.Backend) {
+			testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 				c := b.Client(t)
 				var opts []stock.Option
 				if grouped {
@@ -267,17 +267,17 @@ func TestFastPathLifecycle(t *testing.T) {
 				store := memstore.New()
 				require.NoError(t, r.Load(ctx, "life", 1))
 				require.NoError(t, store.Load(ctx, "life", 1))
-				require.NoError(t, errFrom(r.Deduct(ctx, req("life", "o1", "", 1))))
+				require.NoError(t, testkit.Err(r.Deduct(ctx, req("life", "o1", "", 1))))
 				warmSoldOut(t, r, "life", b.Real())
 				// Tombstone on the warm grouped/ungrouped item.
-				require.ErrorIs(t, errFrom(r.Restore(ctx, "life", "t1")), stock.ErrUnknownID)
-				assert.ErrorIs(t, errFrom(r.Deduct(ctx, req("life", "t1", "", 1))), stock.ErrRestored)
+				require.ErrorIs(t, testkit.Err(r.Restore(ctx, "life", "t1")), stock.ErrUnknownID)
+				assert.ErrorIs(t, testkit.Err(r.Deduct(ctx, req("life", "t1", "", 1))), stock.ErrRestored)
 				// Close, restock, reopen.
 				warmSoldOut(t, r, "life", b.Real())
 				require.NoError(t, r.CloseItem(ctx, "life"))
-				require.NoError(t, errFrom(r.Restock(ctx, "life", "rs1", 1)))
+				require.NoError(t, testkit.Err(r.Restock(ctx, "life", "rs1", 1)))
 				require.NoError(t, r.ReopenItem(ctx, "life"))
-				require.NoError(t, errFrom(r.Deduct(ctx, req("life", "o2", "", 1))), "after close, restock, reopen")
+				require.NoError(t, testkit.Err(r.Deduct(ctx, req("life", "o2", "", 1))), "after close, restock, reopen")
 				// Delist, retire, load again.
 				warmSoldOut(t, r, "life", b.Real())
 				drainOfLifecycle(t, r, store)
@@ -305,7 +305,7 @@ func TestFastPathLifecycle(t *testing.T) {
 // fast path is warm (a refusal answered in-process records nothing), for Hold, and for a second
 // Reserver.
 func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
-	backends(t, func(t *testing.T, b redistest.Backend) {
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
 		_, _, r1, r2 := pairReservers(t, b)
 		require.NoError(t, r1.Load(ctx, "rt", 0))
 		for i := range 30 {
@@ -322,7 +322,7 @@ func TestRetryRefusalRecordedWithFastPath(t *testing.T) {
 				return err
 			}
 			require.ErrorIs(t, take(r1, true), stock.ErrSoldOut)
-			require.NoError(t, errFrom(r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)))
+			require.NoError(t, testkit.Err(r1.Restock(ctx, "rt", fmt.Sprint("rs", i), 1)))
 			// The first attempt arrives late, on either Reserver.
 			err := take([]*stock.Reserver{r1, r2}[i%3%2], false)
 			assert.Error(t, err, "%s: the caller was told sold out, the late first attempt took stock", id)
@@ -368,7 +368,7 @@ func warmSoldOut(t *testing.T, r *stock.Reserver, sku string, must bool) {
 func refuseSoldOut(t *testing.T, r *stock.Reserver, sku string, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
-		require.ErrorIs(t, errFrom(r.Deduct(context.Background(), req(sku, id, "", 1))), stock.ErrSoldOut, "Deduct %s %s", sku, id)
+		require.ErrorIs(t, testkit.Err(r.Deduct(context.Background(), req(sku, id, "", 1))), stock.ErrSoldOut, "Deduct %s %s", sku, id)
 	}
 }
 
@@ -386,33 +386,33 @@ func TestFastPathDifferential(t *testing.T) {
 		var ids []string
 		for i := range 300 {
 			id := fmt.Sprintf("d%d", i)
-			require.NoError(t, errFrom(fast.Deduct(ctx, req(sku, id, user(i), 1))), id)
+			require.NoError(t, testkit.Err(fast.Deduct(ctx, req(sku, id, user(i), 1))), id)
 			ids = append(ids, id)
 		}
 		for i := range 20 {
 			id := fmt.Sprintf("h%d", i)
-			require.NoError(t, errFrom(fast.Hold(ctx, req(sku, id, user(i+300), 1), time.Hour)), id)
+			require.NoError(t, testkit.Err(fast.Hold(ctx, req(sku, id, user(i+300), 1), time.Hour)), id)
 			ids = append(ids, id)
 		}
 		for i := range 5 {
 			id := fmt.Sprintf("e%d", i)
-			require.NoError(t, errFrom(fast.Hold(ctx, req(sku, id, user(i+320), 1), 300*time.Millisecond)), id)
+			require.NoError(t, testkit.Err(fast.Hold(ctx, req(sku, id, user(i+320), 1), 300*time.Millisecond)), id)
 			ids = append(ids, id)
 		}
 		for i := range 20 { // restores of deducts
-			require.NoError(t, errFrom(fast.Restore(ctx, sku, fmt.Sprintf("d%d", i))))
+			require.NoError(t, testkit.Err(fast.Restore(ctx, sku, fmt.Sprintf("d%d", i))))
 		}
 		for i := range 5 { // cancels of holds
-			require.NoError(t, errFrom(fast.Cancel(ctx, sku, fmt.Sprintf("h%d", i))))
+			require.NoError(t, testkit.Err(fast.Cancel(ctx, sku, fmt.Sprintf("h%d", i))))
 		}
 		for i := range 10 { // tombstones
 			id := fmt.Sprintf("t%d", i)
-			require.ErrorIs(t, errFrom(fast.Restore(ctx, sku, id)), stock.ErrUnknownID)
+			require.ErrorIs(t, testkit.Err(fast.Restore(ctx, sku, id)), stock.ErrUnknownID)
 			ids = append(ids, id)
 		}
 		for i := range 3 { // restocks
 			id := fmt.Sprintf("r%d", i)
-			require.NoError(t, errFrom(fast.Restock(ctx, sku, id, 2)))
+			require.NoError(t, testkit.Err(fast.Restock(ctx, sku, id, 2)))
 			ids = append(ids, id)
 		}
 		redistest.Sleep(c1, 600*time.Millisecond) // the e holds pass their deadline
@@ -432,12 +432,12 @@ func TestFastPathDifferential(t *testing.T) {
 		// Retry refusals (Tf), recorded now that the item is sold out.
 		for i := range 5 {
 			id := fmt.Sprintf("x%d", i)
-			require.ErrorIs(t, errFrom(fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "ux", Qty: 1, Retry: true})), stock.ErrSoldOut)
+			require.ErrorIs(t, testkit.Err(fast.Deduct(ctx, stock.Request{SKU: sku, ID: id, User: "ux", Qty: 1, Retry: true})), stock.ErrSoldOut)
 			ids = append(ids, id)
 		}
 		// Build the filter: refusals of new ids, enough for a ledger of ~400 entries.
 		for i := range 40 {
-			require.ErrorIs(t, errFrom(fast.Deduct(ctx, req(sku, fmt.Sprintf("warm%d", i), "", 1))), stock.ErrSoldOut)
+			require.ErrorIs(t, testkit.Err(fast.Deduct(ctx, req(sku, fmt.Sprintf("warm%d", i), "", 1))), stock.ErrSoldOut)
 		}
 		testkit.Levels(t, fast, sku)
 
@@ -513,7 +513,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 		sku := "own:holds~é"
 		require.NoError(t, r.Load(ctx, sku, 4))
 		for i := range 4 {
-			require.NoError(t, errFrom(r.Hold(ctx, req(sku, fmt.Sprintf("H%d", i), "", 1), time.Hour)))
+			require.NoError(t, testkit.Err(r.Hold(ctx, req(sku, fmt.Sprintf("H%d", i), "", 1), time.Hour)))
 		}
 		live := []string{"H0", "H1", "H2", "H3"}
 		n := 0
@@ -521,7 +521,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 		soldOut := func() {
 			t.Helper()
 			for range 3 {
-				require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, newID(), "", 1))), stock.ErrSoldOut)
+				require.ErrorIs(t, testkit.Err(r.Deduct(ctx, req(sku, newID(), "", 1))), stock.ErrSoldOut)
 			}
 		}
 		rounds := 150
@@ -533,7 +533,7 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 			switch i % 5 {
 			case 0: // cancel a hold, then hold again with a new id
 				old := live[0]
-				require.NoError(t, errFrom(r.Cancel(ctx, sku, old)), "cancel %s", old)
+				require.NoError(t, testkit.Err(r.Cancel(ctx, sku, old)), "cancel %s", old)
 				nid := fmt.Sprintf("G%d", i)
 				_, err := r.Hold(ctx, req(sku, nid, "", 1), time.Hour)
 				require.NoError(t, err, "round %d: a hold right after this Reserver's cancel", i)
@@ -541,13 +541,13 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 				_, err = r.Hold(ctx, req(sku, old, "", 1), time.Hour)
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: the cancelled hold again", i)
 			case 1: // restock, then take it
-				require.NoError(t, errFrom(r.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 1)))
+				require.NoError(t, testkit.Err(r.Restock(ctx, sku, fmt.Sprintf("rs%d", i), 1)))
 				_, err := r.Deduct(ctx, req(sku, newID(), "", 1))
 				require.NoError(t, err, "round %d: a deduct right after this Reserver's restock", i)
 			case 2: // a tombstone, then its late deduct: ErrRestored, never ErrSoldOut
 				id := fmt.Sprintf("tomb%d", i)
-				require.ErrorIs(t, errFrom(r.Restore(ctx, sku, id)), stock.ErrUnknownID)
-				require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, id, "", 1))), stock.ErrRestored, "round %d: late deduct of a tombstone", i)
+				require.ErrorIs(t, testkit.Err(r.Restore(ctx, sku, id)), stock.ErrUnknownID)
+				require.ErrorIs(t, testkit.Err(r.Deduct(ctx, req(sku, id, "", 1))), stock.ErrRestored, "round %d: late deduct of a tombstone", i)
 				_, err := r.Hold(ctx, req(sku, id, "", 1), time.Minute)
 				require.ErrorIs(t, err, stock.ErrRestored, "round %d: late hold of a tombstone", i)
 			case 3: // close: ErrClosed; reopen: sold out again
@@ -558,11 +558,11 @@ func TestFastPathOwnWritesWithHolds(t *testing.T) {
 				require.ErrorIs(t, err, stock.ErrClosed, "round %d: hold right after close", i)
 				require.NoError(t, r.ReopenItem(ctx, sku))
 			case 4: // sell with a deduct restored at once: the restore frees one unit
-				require.NoError(t, errFrom(r.Restock(ctx, sku, fmt.Sprintf("rt%d", i), 1)))
+				require.NoError(t, testkit.Err(r.Restock(ctx, sku, fmt.Sprintf("rt%d", i), 1)))
 				id := newID()
-				require.NoError(t, errFrom(r.Deduct(ctx, req(sku, id, "", 1))))
+				require.NoError(t, testkit.Err(r.Deduct(ctx, req(sku, id, "", 1))))
 				soldOut()
-				require.NoError(t, errFrom(r.Restore(ctx, sku, id)))
+				require.NoError(t, testkit.Err(r.Restore(ctx, sku, id)))
 				_, err := r.Deduct(ctx, req(sku, newID(), "", 1))
 				require.NoError(t, err, "round %d: a deduct right after this Reserver's restore", i)
 				// the replay of the restored id: ErrRestored, never sold out
@@ -584,15 +584,15 @@ func TestFastPathExtendShortens(t *testing.T) {
 		sku := "ext:short"
 		require.NoError(t, r.Load(ctx, sku, 2))
 		for i := range 2 {
-			require.NoError(t, errFrom(r.Hold(ctx, req(sku, fmt.Sprintf("H%d", i), "", 1), time.Hour)))
+			require.NoError(t, testkit.Err(r.Hold(ctx, req(sku, fmt.Sprintf("H%d", i), "", 1), time.Hour)))
 		}
 		refuseSoldOut(t, r, sku, numbered("w", 20)...)
-		require.NoError(t, errFrom(r.Extend(ctx, sku, "H1", 1200*time.Millisecond)))
+		require.NoError(t, testkit.Err(r.Extend(ctx, sku, "H1", 1200*time.Millisecond)))
 		refuseSoldOut(t, r, sku, numbered("v", 20)...) // still live: sold out
 		redistest.Sleep(c1, 1500*time.Millisecond)
 		rc := must(r.Deduct(ctx, req(sku, "after", "", 1)))(t, "the extended hold is due: the script releases it and takes the request")
 		assert.Equal(t, int64(0), rc.Remaining)
-		require.ErrorIs(t, errFrom(r.Confirm(ctx, sku, "H1")), stock.ErrExpired)
+		require.ErrorIs(t, testkit.Err(r.Confirm(ctx, sku, "H1")), stock.ErrExpired)
 		testkit.Levels(t, r, sku)
 	})
 }
@@ -611,7 +611,7 @@ func TestFastPathOtherProcessBounded(t *testing.T) {
 		for round := range 10 {
 			for range 15 {
 				n++
-				require.ErrorIs(t, errFrom(r1.Deduct(ctx, req(sku, fmt.Sprintf("w%d", n), "", 1))), stock.ErrSoldOut)
+				require.ErrorIs(t, testkit.Err(r1.Deduct(ctx, req(sku, fmt.Sprintf("w%d", n), "", 1))), stock.ErrSoldOut)
 			}
 			var gave string
 			switch round % 3 {
@@ -679,7 +679,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 			}
 		}
 		require.True(t, retired, "the delisted item is retired")
-		require.ErrorIs(t, errFrom(r.Deduct(ctx, req(sku, "gone", "", 1))), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(r.Deduct(ctx, req(sku, "gone", "", 1))), stock.ErrNotLoaded)
 		require.NoError(t, r.Load(ctx, sku, 3))
 		assert.Equal(t, int64(2), must(r.Deduct(ctx, req(sku, "n1", "", 1)))(t, "a reloaded item sells").Remaining)
 		// Sold out again (second life), then a restock of this Reserver.
@@ -689,7 +689,7 @@ func TestFastPathRetiredReloaded(t *testing.T) {
 			rc := must(r.Deduct(ctx, req(sku, fmt.Sprintf("n%d", i+1), "", 1)))(t, "a repeat of a second-life sale is a replay")
 			assert.True(t, rc.Replayed)
 		}
-		require.NoError(t, errFrom(r.Restock(ctx, sku, "rs", 1)))
+		require.NoError(t, testkit.Err(r.Restock(ctx, sku, "rs", 1)))
 		_, err := r.Deduct(ctx, req(sku, "after-restock", "", 1))
 		require.NoError(t, err)
 		testkit.Levels(t, r, sku)
@@ -703,15 +703,13 @@ func TestFastPathOwnWrites(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		sku := sku("fp")
 		require.NoError(t, e.r.Load(ctx, sku, 6))
-		for i := range 6 {
-			require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprint("d", i), fmt.Sprint("u", i), 1))))
-		}
+		testkit.Sell(t, e.r, sku, "d", "u", 6)
 		seq := 0
 		soldOut := func() {
 			// sell-out is reached and the fast path primed
 			for range 5 {
 				seq++
-				require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprint("x", seq), fmt.Sprint("x", seq), 1))), stock.ErrSoldOut)
+				require.ErrorIs(t, testkit.Err(e.r.Deduct(ctx, req(sku, fmt.Sprint("x", seq), fmt.Sprint("x", seq), 1))), stock.ErrSoldOut)
 			}
 		}
 		soldOut()
@@ -723,7 +721,7 @@ func TestFastPathOwnWrites(t *testing.T) {
 		for round := range 30 {
 			var gone buyer
 			if round%3 == 1 {
-				require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)))
+				require.NoError(t, testkit.Err(e.r.Restock(ctx, sku, fmt.Sprint("rs", round), 1)))
 			} else {
 				gone, taken = taken[0], taken[1:]
 				require.False(t, must(e.r.Restore(ctx, sku, gone.id))(t).Replayed)
@@ -748,19 +746,19 @@ func TestFastPathOwnWrites(t *testing.T) {
 		// a taken id by another buyer: a conflict, never sold out
 		require.Zero(t, testkit.Levels(t, e.r, sku).Available)
 		// cancel of a hold after sell-out frees stock for the very next request
-		require.NoError(t, errFrom(e.r.Restock(ctx, sku, "rsh", 1)))
-		require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, "h", "hu", 1), time.Hour)))
+		require.NoError(t, testkit.Err(e.r.Restock(ctx, sku, "rsh", 1)))
+		require.NoError(t, testkit.Err(e.r.Hold(ctx, req(sku, "h", "hu", 1), time.Hour)))
 		soldOut()
-		require.NoError(t, errFrom(e.r.Cancel(ctx, sku, "h")))
-		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1))), "phantom sold-out after own cancel")
+		require.NoError(t, testkit.Err(e.r.Cancel(ctx, sku, "h")))
+		require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1))), "phantom sold-out after own cancel")
 		soldOut()
 		// the taken id by its own buyer: a replay; by another buyer: a conflict
 		assert.True(t, must(e.r.Deduct(ctx, req(sku, "afterCancel", "ac", 1)))(t).Replayed)
-		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "afterCancel", "other", 1))), stock.ErrConflict)
-		require.ErrorIs(t, errFrom(e.r.Hold(ctx, req(sku, "afterCancel", "ac", 1), time.Hour)), stock.ErrConflict)
+		require.ErrorIs(t, testkit.Err(e.r.Deduct(ctx, req(sku, "afterCancel", "other", 1))), stock.ErrConflict)
+		require.ErrorIs(t, testkit.Err(e.r.Hold(ctx, req(sku, "afterCancel", "ac", 1), time.Hour)), stock.ErrConflict)
 		// closed: ErrClosed, not sold out
 		require.NoError(t, e.r.CloseItem(ctx, sku))
-		require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "closed1", "c", 1))), stock.ErrClosed)
+		require.ErrorIs(t, testkit.Err(e.r.Deduct(ctx, req(sku, "closed1", "c", 1))), stock.ErrClosed)
 		require.NoError(t, e.r.ReopenItem(ctx, sku))
 		soldOut()
 		// another process restores: within the window it may say sold out; after it, no
@@ -793,14 +791,14 @@ func TestFastPathHoldDueOtherBucket(t *testing.T) {
 			if i == 0 {
 				ttl = time.Second
 			}
-			require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, fmt.Sprint("h", i), fmt.Sprint("u", i), 1), ttl)))
+			require.NoError(t, testkit.Err(e.r.Hold(ctx, req(sku, fmt.Sprint("h", i), fmt.Sprint("u", i), 1), ttl)))
 		}
 		for i := range 30 {
-			require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, fmt.Sprint("x", i), fmt.Sprint("x", i), 1))), stock.ErrSoldOut)
+			require.ErrorIs(t, testkit.Err(e.r.Deduct(ctx, req(sku, fmt.Sprint("x", i), fmt.Sprint("x", i), 1))), stock.ErrSoldOut)
 		}
 		e.advance(1500 * time.Millisecond)
 		// every new buyer, whatever its bucket: the first one must get the expired hold's unit
-		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "y0", "y0", 1))), "phantom sold-out: a hold due in some bucket")
+		require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, "y0", "y0", 1))), "phantom sold-out: a hold due in some bucket")
 		l := testkit.Levels(t, e.r, sku)
 		assert.Equal(t, int64(5), l.Held)
 		assert.Zero(t, l.Available)

@@ -40,7 +40,7 @@ func TestScatteredLastUnits(t *testing.T) {
 					rc = must(e.r.Deduct(ctx, req(sku, id, user, int64(n))))(t, "the buckets together hold %d units", n)
 					assert.Equal(t, int64(n), rc.Qty)
 					assert.Equal(t, stock.Levels{Available: 0, Sold: int64(n), Loaded: int64(n)}, levels(t, e.r, sku))
-					require.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, id+"y", user, 1))), stock.ErrSoldOut)
+					require.ErrorIs(t, testkit.Err(e.r.Deduct(ctx, req(sku, id+"y", user, 1))), stock.ErrSoldOut)
 					// A replay still answers the original receipt.
 					rc, err = e.r.Deduct(ctx, req(sku, id, user, int64(n)))
 					require.NoError(t, err)
@@ -62,7 +62,7 @@ func TestBucketCounts(t *testing.T) {
 			r := e.another(stock.WithBuckets(func(string) int { return n }))
 			sku := fmt.Sprintf("count%d", n+10)
 			require.NoError(t, r.Load(ctx, sku, 5))
-			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, "a", "u", 2))))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, req(sku, "a", "u", 2))))
 			assert.Equal(t, stock.Levels{Available: 3, Sold: 2, Loaded: 5}, levels(t, plain, sku), "%d buckets: not split", n)
 		}
 		r100 := e.another(stock.WithBuckets(func(string) int { return 100 }))
@@ -74,7 +74,7 @@ func TestBucketCounts(t *testing.T) {
 			if i%2 == 1 {
 				r = r64
 			}
-			require.NoError(t, errFrom(r.Deduct(ctx, req("big", fmt.Sprintf("b%d", i), fmt.Sprintf("u%d", i), 3))))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, req("big", fmt.Sprintf("b%d", i), fmt.Sprintf("u%d", i), 3))))
 		}
 		// Copies of the same ids through the other Reserver are replays.
 		for i := range 20 {
@@ -97,9 +97,9 @@ func TestUnsplitReserverOnSplitItem(t *testing.T) {
 	each(t, []stock.Option{split(3)}, func(t *testing.T, e *requestEnv) {
 		require.NoError(t, e.r.Load(ctx, "twice", 10))
 		plain := e.another()
-		require.ErrorIs(t, errFrom(plain.Deduct(ctx, req("twice", "p0", "a", 1))), stock.ErrNotLoaded)
-		require.ErrorIs(t, errFrom(plain.Hold(ctx, req("twice", "p1", "a", 1), time.Hour)), stock.ErrNotLoaded)
-		require.ErrorIs(t, errFrom(plain.Levels(ctx, "twice")), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(plain.Deduct(ctx, req("twice", "p0", "a", 1))), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(plain.Hold(ctx, req("twice", "p1", "a", 1), time.Hour)), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(plain.Levels(ctx, "twice")), stock.ErrNotLoaded)
 
 		// A preheat re-run by the process that does not split the item.
 		loadErr := plain.Load(ctx, "twice", 10)
@@ -243,14 +243,14 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 	lifecycleEach(t, []stock.Option{lifecycleSplit(3)}, func(t *testing.T, e *env) {
 		sku := sku("blk")
 		store := storeFor(t, e.r, sku, 9)
-		require.NoError(t, errFrom(e.r.Hold(ctx, req(sku, "h", "u", 1), time.Hour)))
-		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "d", "v", 1))))
+		require.NoError(t, testkit.Err(e.r.Hold(ctx, req(sku, "h", "u", 1), time.Hour)))
+		require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, "d", "v", 1))))
 		lifecycleDrain(t, e.r, store, sku)
 		require.NoError(t, e.r.Delist(ctx, sku))
 		require.NoError(t, e.r.Delist(ctx, sku), "delisting twice does nothing")
 		assert.ErrorIs(t, e.r.ReopenItem(ctx, sku), stock.ErrClosed)
 		assert.ErrorIs(t, e.r.Load(ctx, sku, 1), stock.ErrLoaded)
-		assert.ErrorIs(t, errFrom(e.r.Deduct(ctx, req(sku, "late", "w", 1))), stock.ErrClosed)
+		assert.ErrorIs(t, testkit.Err(e.r.Deduct(ctx, req(sku, "late", "w", 1))), stock.ErrClosed)
 		e.advance(20 * time.Millisecond)
 		for range 2 {
 			rp := pass(t, e, e.r, store, sku)[sku]
@@ -258,14 +258,14 @@ func TestRetireBlockedByOneBucket(t *testing.T) {
 		}
 		assert.Equal(t, int64(1), testkit.Levels(t, e.r, sku).Held)
 		// cancel the hold: an event pending in one bucket
-		require.NoError(t, errFrom(e.r.Cancel(ctx, sku, "h")))
+		require.NoError(t, testkit.Err(e.r.Cancel(ctx, sku, "h")))
 		rp := pass(t, e, e.r, store, sku)[sku]
 		require.False(t, rp.Retired, "retired with an undelivered event: %v", rp)
 		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
 		rp = pass(t, e, e.r, store, sku)[sku]
 		require.True(t, rp.Retired, "%v", rp)
-		require.ErrorIs(t, errFrom(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
+		require.ErrorIs(t, testkit.Err(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
 		assert.Equal(t, int64(8), must(store.Remaining(ctx, sku))(t))
 	})
 }
@@ -396,7 +396,7 @@ func TestUnevenCluster(t *testing.T) {
 		require.Equal(t, int64(S)-ok, l.Available)
 		// sell the rest: nothing stranded in any bucket
 		for i := 0; l.Available > 0 && i < 200; i++ {
-			require.NoError(t, errFrom(r.Deduct(ctx, req(sku, fmt.Sprint("rest", i), fmt.Sprint("r", i), 1))))
+			require.NoError(t, testkit.Err(r.Deduct(ctx, req(sku, fmt.Sprint("rest", i), fmt.Sprint("r", i), 1))))
 			l = testkit.Levels(t, r, sku)
 		}
 		require.Equal(t, stock.Levels{Sold: S, Loaded: S}, l)
@@ -450,7 +450,7 @@ func TestTransferCutThenDelist(t *testing.T) {
 		for n := 1; n < 30; n++ {
 			sku := sku("xc")
 			store := storeFor(t, e.r, sku, 3)
-			require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "w0", "whale", 1))))
+			require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, "w0", "whale", 1))))
 			cc := &cut{Client: e.c, n: n}
 			cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
 			_, cerr := cr.Deduct(ctx, req(sku, "w1", "whale", 1))
@@ -524,7 +524,7 @@ func cutTransfer(t *testing.T, e *env) (stuck bool) {
 	for n := 1; n < 30 && !stuck; n++ {
 		sku := sku("xs")
 		store := storeFor(t, e.r, sku, 3)
-		require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, "w0", "whale", 1))))
+		require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, "w0", "whale", 1))))
 		cc := &cut{Client: e.c, n: n}
 		cr := testkit.NewReserver(t, cc, lifecycleSplit(3))
 		_, _ = cr.Deduct(ctx, req(sku, "w1", "whale", 1))
@@ -539,7 +539,7 @@ func cutTransfer(t *testing.T, e *env) (stuck bool) {
 		}
 		stuck = true // a transfer in flight keeps it
 		e.advance(6 * time.Second)
-		require.NoError(t, errFrom(stockops.Sweep(ctx, e.r, sku)))
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, e.r, sku)))
 		lifecycleDrain(t, e.r, store, sku)
 		e.advance(20 * time.Millisecond)
 		rp := pass(t, e, e.r, store, sku)[sku]
@@ -653,13 +653,13 @@ func salesQ(t *testing.T, e *requestEnv, sku string, seed uint64, rounds int, ma
 		slices.Sort(ids)
 		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		for _, id := range ids[:min(len(ids), 1+rng.IntN(3))] {
-			require.NoError(t, errFrom(e.r.Restore(ctx, sku, id)))
+			require.NoError(t, testkit.Err(e.r.Restore(ctx, sku, id)))
 			delete(sold, id)
 		}
-		require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
+		require.NoError(t, testkit.Err(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
 		buy()
 		// Holds: taken from what a restock brings, half cancelled, half left to expire.
-		require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)))
+		require.NoError(t, testkit.Err(e.r.Restock(ctx, sku, fmt.Sprintf("rh%d", round), 4)))
 		for k := range 4 {
 			id := fmt.Sprintf("h%d-%d", round, k)
 			_, err := e.r.Hold(ctx, stock.Request{SKU: sku, ID: id, User: fmt.Sprintf("u%d", rng.IntN(50)), Qty: 1}, 2*time.Second)
@@ -883,7 +883,7 @@ func TestCutTransfers(t *testing.T) {
 		var ids []string
 		n := 0
 		for round := range 30 {
-			require.NoError(t, errFrom(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
+			require.NoError(t, testkit.Err(e.r.Restock(ctx, sku, fmt.Sprintf("rs%d", round), int64(1+rng.IntN(3)))))
 			for range 6 {
 				n++
 				id := fmt.Sprintf("c%d", n)
@@ -913,7 +913,7 @@ func TestCutTransfers(t *testing.T) {
 		}
 		t.Logf("transfers in flight before the sweep: %d", inFlight)
 		e.advance(6 * time.Second)
-		require.NoError(t, errFrom(stockops.Sweep(ctx, e.r, sku)))
+		require.NoError(t, testkit.Err(stockops.Sweep(ctx, e.r, sku)))
 		// Sell out whatever is left, through every bucket.
 		for k := range 60 {
 			id := fmt.Sprintf("z%d", k)
@@ -956,7 +956,7 @@ func TestRetireAfterTransfers(t *testing.T) {
 			assert.Len(t, m, 2, "%s: %v", k, m)
 			assert.Equal(t, "1", m["x"], "%s: %v", k, m)
 		}
-		assert.ErrorIs(t, errFrom(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
+		assert.ErrorIs(t, testkit.Err(e.r.Levels(ctx, sku)), stock.ErrNotLoaded)
 	})
 }
 
@@ -1056,7 +1056,7 @@ func manyBarriers(t *testing.T, transfers int) {
 		for i := 0; users[0] == "" || users[1] == ""; i++ {
 			require.Less(t, i, 50)
 			u := fmt.Sprintf("p%d", i)
-			require.NoError(t, errFrom(e.r.Deduct(ctx, req(sku, u, u, 1))))
+			require.NoError(t, testkit.Err(e.r.Deduct(ctx, req(sku, u, u, 1))))
 			if b := bucketOf(t, e, sku, u); users[b] == "" {
 				users[b] = u
 			}
@@ -1087,21 +1087,21 @@ func manyBarriers(t *testing.T, transfers int) {
 		// transfers 1 → 0: a unit given back in bucket 1, bought by bucket 0's buyer.
 		var zeros []string
 		for i := range transfers {
-			require.NoError(t, errFrom(e.r.Restore(ctx, sku, ones[i])))
+			require.NoError(t, testkit.Err(e.r.Restore(ctx, sku, ones[i])))
 			rc := must(buy(0, 1))(t, "transfer %d", i)
 			zeros = append(zeros, rc.ID)
 		}
 		// Then bucket 0 gives units back, and bucket 1's buyer takes them (a transfer 0 → 1).
 		for _, id := range zeros[:3] {
-			require.NoError(t, errFrom(e.r.Restore(ctx, sku, id)))
+			require.NoError(t, testkit.Err(e.r.Restore(ctx, sku, id)))
 		}
-		require.NoError(t, errFrom(buy(1, 3)))
+		require.NoError(t, testkit.Err(buy(1, 3)))
 		require.Zero(t, levels(t, e.r, sku).Available)
 		q := &queue{}
 		rl := must(stockops.NewRelay(e.r, nil, q, nil))(t)
 		passes := 0
 		for ; passes < 50 && !drained(t, e, sku); passes++ {
-			require.NoError(t, errFrom(rl.Once(ctx)))
+			require.NoError(t, testkit.Err(rl.Once(ctx)))
 			e.advance(200 * time.Millisecond)
 		}
 		p, _, err := stockops.Pending(ctx, e.r, sku)
@@ -1124,7 +1124,7 @@ func manyBarriers(t *testing.T, transfers int) {
 				}
 				require.NoError(t, err)
 			}
-			require.NoError(t, errFrom(rl.Once(ctx)))
+			require.NoError(t, testkit.Err(rl.Once(ctx)))
 			fresh := q.take()
 			queue = append(again, fresh...)
 			if len(queue) == 0 && drained(t, e, sku) {
@@ -1158,7 +1158,7 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 		e.load("a", stock.MaxQty-5)
 		require.Equal(t, int64(stock.MaxQty-5), e.levels("a").Loaded)
 		before := e.snapshot("stock:{a|*")
-		require.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", "r1", 6)), stock.ErrInvalid, "restock past MaxQty")
+		require.ErrorIs(t, testkit.Err(e.r.Restock(e.ctx, "a", "r1", 6)), stock.ErrInvalid, "restock past MaxQty")
 		after := e.snapshot("stock:{a|*")
 		for k, v := range after {
 			if strings.HasSuffix(k, ":i") { // the id's claim is documented to stay
@@ -1167,10 +1167,10 @@ func TestBucketsRestockPastMaxQtyRefusedNothingWritten(t *testing.T) {
 			assert.Equal(t, fmt.Sprint(before[k]), fmt.Sprint(v), "key %s changed by a refused restock", k)
 		}
 		assert.Zero(t, e.relay().Claimed, "a refused restock queued events")
-		require.NoError(t, errFrom(e.r.Restock(e.ctx, "a", "r2", 5)), "restock up to MaxQty")
+		require.NoError(t, testkit.Err(e.r.Restock(e.ctx, "a", "r2", 5)), "restock up to MaxQty")
 		e.relay()
 		e.want("a", stock.MaxQty, 0, 0)
-		assert.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", "r3", 1)), stock.ErrInvalid, "restock of a full item")
+		assert.ErrorIs(t, testkit.Err(e.r.Restock(e.ctx, "a", "r3", 1)), stock.ErrInvalid, "restock of a full item")
 		rc := must(e.r.Restock(e.ctx, "a", "r2", 5))(t, "repeat of a made restock once full")
 		assert.True(t, rc.Replayed, "repeat of a made restock once full is a replay")
 		e.deduct("a", "d1", 3)
@@ -1194,7 +1194,7 @@ func TestBucketsRestockWithBucketMissingIsNotLoaded(t *testing.T) {
 	require.NotEmpty(t, hash, "no bucket hash among %v", snap)
 	require.NoError(t, e.c.Do(e.ctx, e.c.B().Del().Key(hash).Build()).Error())
 	for i := 0; i < 4; i++ {
-		assert.ErrorIs(t, errFrom(e.r.Restock(e.ctx, "a", fmt.Sprintf("r%d", i), 1)), stock.ErrNotLoaded, "restock r%d with bucket 1 missing", i)
+		assert.ErrorIs(t, testkit.Err(e.r.Restock(e.ctx, "a", fmt.Sprintf("r%d", i), 1)), stock.ErrNotLoaded, "restock r%d with bucket 1 missing", i)
 	}
 }
 
@@ -1205,6 +1205,6 @@ func TestBucketsLoadMaxQtyAndPastIt(t *testing.T) {
 	assert.Equal(t, stock.Levels{Available: stock.MaxQty, Loaded: stock.MaxQty}, e.levels("a"), "an item loaded with MaxQty")
 	assert.ErrorIs(t, e.r.Load(e.ctx, "b", stock.MaxQty+1), stock.ErrInvalid, "Load past MaxQty")
 	// Take nearly all of it from one bucket's buyer: transfers must keep the sum exact.
-	require.NoError(t, errFrom(e.r.Deduct(e.ctx, req("a", "big", "u", stock.MaxQty-1))), "deduct of MaxQty-1 over 64 buckets")
+	require.NoError(t, testkit.Err(e.r.Deduct(e.ctx, req("a", "big", "u", stock.MaxQty-1))), "deduct of MaxQty-1 over 64 buckets")
 	assert.Equal(t, stock.Levels{Available: 1, Sold: stock.MaxQty - 1, Loaded: stock.MaxQty}, e.levels("a"))
 }

@@ -90,7 +90,7 @@ func childReserver(t *testing.T) *stock.Reserver {
 	t.Helper()
 	r := stocktest.New(t).Reserver
 	require.NoError(t, r.Load(context.Background(), "k", 10))
-	require.NoError(t, errOf(r.Deduct(context.Background(), stock.Request{SKU: "k", ID: "d", Qty: 1})))
+	require.NoError(t, testkit.Err(r.Deduct(context.Background(), stock.Request{SKU: "k", ID: "d", Qty: 1})))
 	return r
 }
 
@@ -407,7 +407,7 @@ func TestStocktestClock(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	assert.Equal(t, t0, e.Now(), "the clock stands still")
 	require.NoError(t, r.Load(ctx, "clk", 5))
-	require.NoError(t, errOf(r.Hold(ctx, stock.Request{SKU: "clk", ID: "h", Qty: 1}, 10*time.Minute)))
+	require.NoError(t, testkit.Err(r.Hold(ctx, stock.Request{SKU: "clk", ID: "h", Qty: 1}, 10*time.Minute)))
 	e.Advance(10*time.Minute - time.Millisecond)
 	assert.Equal(t, t0.Add(10*time.Minute-time.Millisecond), e.Now())
 	_, err := r.Extend(ctx, "clk", "h", time.Minute)
@@ -420,7 +420,7 @@ func TestStocktestClock(t *testing.T) {
 	// Backoff moves with Advance: a failed event waits MinBackoff (and no more than its jitter).
 	st := memstore.New()
 	require.NoError(t, st.Load(ctx, "clk", 5))
-	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "clk", ID: "d", Qty: 1})))
+	require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "clk", ID: "d", Qty: 1})))
 	rl := newRelay(t, r, st, nil, &stock.RelayOptions{MinBackoff: time.Hour, MaxBackoff: 2 * time.Hour})
 	st.FailWith(memstore.Down)
 	_, err = rl.Once(ctx)
@@ -482,8 +482,8 @@ func TestStocktestOneClock(t *testing.T) {
 		Reconcile: &stock.ReconcileOptions{Interval: time.Hour}, RecoverCartsAfter: 5 * time.Minute}, 30*time.Second)
 
 	// Holds: not released by wall-clock time; released by Advance, with no call but Run's.
-	require.NoError(t, errOf(r.HoldMany(ctx, stock.Cart{ID: "cart1", User: "u", Lines: []stock.Line{{SKU: skus[0], Qty: 2}, {SKU: skus[1], Qty: 1}}}, 10*time.Minute)))
-	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: skus[0], ID: "sale", Qty: 1})))
+	require.NoError(t, testkit.Err(r.HoldMany(ctx, stock.Cart{ID: "cart1", User: "u", Lines: []stock.Line{{SKU: skus[0], Qty: 2}, {SKU: skus[1], Qty: 1}}}, 10*time.Minute)))
+	require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: skus[0], ID: "sale", Qty: 1})))
 	time.Sleep(400 * time.Millisecond)
 	assert.Equal(t, int64(2), testkit.Levels(t, r, skus[0]).Held, "the clock stands still: the hold is live")
 	// The store is down: the relay backs off for 10-20 minutes of the kit's clock.
@@ -529,7 +529,7 @@ func TestStocktestLease(t *testing.T) {
 	e := stocktest.New(t)
 	r := e.Reserver
 	require.NoError(t, r.Load(ctx, "lease:x", 5))
-	require.NoError(t, errOf(r.Deduct(ctx, stock.Request{SKU: "lease:x", ID: "a", Qty: 1})))
+	require.NoError(t, testkit.Err(r.Deduct(ctx, stock.Request{SKU: "lease:x", ID: "a", Qty: 1})))
 
 	stuck := make(chan struct{})
 	hung := memstore.New()

@@ -6,19 +6,26 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
+	"github.com/stockres/stock/internal/testkit"
 	"github.com/stockres/stock/memstore"
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/systest/internal/kit"
 )
+
+// TestMain starts and stops the real servers the tests ask for (redistest.Run).
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
 // foOp is one deduct a buyer got an answer for.
 type foOp struct {
@@ -33,9 +40,7 @@ type foOp struct {
 func foInfo(t *testing.T, c rueidis.Client) map[string]string {
 	t.Helper()
 	m, err := kit.ReplicationInfo(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return m
 }
 
@@ -44,13 +49,9 @@ func foLedger(t *testing.T, c rueidis.Client, sku string) (map[string]string, []
 	t.Helper()
 	ctx := context.Background()
 	l, err := c.Do(ctx, c.B().Hgetall().Key("stock:{"+sku+"}:l").Build()).AsStrMap()
-	if err != nil {
-		t.Fatalf("ledger %s: %v", sku, err)
-	}
+	require.NoError(t, err, "ledger %s", sku)
 	o, err := c.Do(ctx, c.B().Zrange().Key("stock:{"+sku+"}:o").Min("0").Max("-1").Build()).AsStrSlice()
-	if err != nil {
-		t.Fatalf("outbox %s: %v", sku, err)
-	}
+	require.NoError(t, err, "outbox %s", sku)
 	return l, o
 }
 
@@ -59,9 +60,7 @@ func foLedger(t *testing.T, c rueidis.Client, sku string) (map[string]string, []
 func foDrain(t *testing.T, rl *stockops.Relay) stockops.RelayStats {
 	t.Helper()
 	st, err := kit.DrainRelay(context.Background(), rl, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return st
 }
 
@@ -73,9 +72,7 @@ func foReconcile(t *testing.T, rec *stockops.Reconciler, skus []string) []stocko
 	done := map[string]stockops.Report{}
 	for range 20 {
 		reps, err := rec.Once(context.Background())
-		if err != nil {
-			t.Fatalf("reconcile: %v", err)
-		}
+		require.NoError(t, err, "reconcile")
 		for _, rp := range reps {
 			if _, ok := done[rp.SKU]; !ok && !rp.Busy {
 				done[rp.SKU] = rp
@@ -110,16 +107,10 @@ func TestLossyFailover(t *testing.T) {
 	const initial = 1_000_000
 	store := memstore.New()
 	rOld, err := stock.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, sku := range skus {
-		if err := rOld.Load(ctx, sku, initial); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Load(ctx, sku, initial); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, rOld.Load(ctx, sku, initial))
+		require.NoError(t, store.Load(ctx, sku, initial))
 	}
 
 	// The replica has caught up: link up, same offset.
@@ -137,9 +128,7 @@ func TestLossyFailover(t *testing.T) {
 
 	// The relay of the old primary drains into the store the whole time the old primary lives.
 	relayOld, err := stockops.NewRelay(rOld, store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	var relayWG sync.WaitGroup
 	relayWG.Go(func() { _ = relayOld.Run(relayCtx) })
@@ -179,9 +168,7 @@ func TestLossyFailover(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	before := acked.Load()
-	if err := rc.Do(ctx, rc.B().Replicaof().No().One().Build()).Error(); err != nil {
-		t.Fatalf("REPLICAOF NO ONE: %v", err)
-	}
+	require.NoError(t, rc.Do(ctx, rc.B().Replicaof().No().One().Build()).Error(), "REPLICAOF NO ONE")
 	// The replication offset at which the replica stopped following the primary.
 	cut, _ := strconv.ParseInt(foInfo(t, rc)["second_repl_offset"], 10, 64)
 	promoted.Store(true)
@@ -210,9 +197,7 @@ func TestLossyFailover(t *testing.T) {
 	recs := map[string]map[string]stock.Record{}
 	for _, sku := range skus {
 		all, err := store.List(ctx, sku, "", 1<<30)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		recs[sku] = map[string]stock.Record{}
 		for _, r := range all {
 			recs[sku][r.ID] = r
@@ -265,13 +250,9 @@ func TestLossyFailover(t *testing.T) {
 	// The switch: a new Reserver on the promoted replica, buyers and a relay on it at once.
 	switchAt := time.Now()
 	rNew, err := stock.New(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	relayNew, err := stockops.NewRelay(rNew, store, nil, &stock.RelayOptions{Lease: time.Second, Poll: 5 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	relayCtx, stopRelay = context.WithCancel(ctx)
 	relayWG.Go(func() { _ = relayNew.Run(relayCtx) })
 	var firstOK atomic.Int64 // ns after the switch
@@ -292,9 +273,7 @@ func TestLossyFailover(t *testing.T) {
 		})
 	}
 	rec, err := stockops.NewReconciler(rNew, store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	reps := foReconcile(t, rec, skus) // under live traffic
 	reconciledIn := time.Since(switchAt)
 	stop.Store(true)
@@ -357,9 +336,7 @@ func TestLossyFailover(t *testing.T) {
 	var finalDrift int64
 	for _, rp := range foReconcile(t, rec, skus) {
 		t.Logf("final reconcile: %s", rp)
-		if rp.NeedsHuman != "" {
-			t.Errorf("final reconcile needs a human: %s", rp)
-		}
+		assert.EqualValues(t, "", rp.NeedsHuman, "final reconcile needs a human: %s", rp)
 		finalDrift += rp.Drift
 	}
 	// Drift here, after the pass under traffic, comes from deducts that were pending on the
@@ -370,13 +347,9 @@ func TestLossyFailover(t *testing.T) {
 	var mismatched int
 	for _, sku := range skus {
 		l, err := rNew.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rem, err := store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if rem < 0 {
 			t.Errorf("store remaining of %s is %d", sku, rem)
 		}
@@ -390,9 +363,7 @@ func TestLossyFailover(t *testing.T) {
 		// What the store has, Redis knows: an entry for every record.
 		newL[sku], _ = foLedger(t, rc, sku)
 		all, err := store.List(ctx, sku, "", 1<<30)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, r := range all {
 			e, ok := newL[sku][r.ID]
 			if !ok {
@@ -422,9 +393,7 @@ func TestLossyFailover(t *testing.T) {
 				continue
 			}
 			before, err := store.Records(ctx, op.sku, []string{op.id})
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			got, err := rNew.Restore(ctx, op.sku, op.id)
 			if err == nil && !got.Replayed && before[op.id].Status == stock.StateRestored {
 				giveBacks++
@@ -443,4 +412,106 @@ func TestLossyFailover(t *testing.T) {
 	if _, err := rNew.Deduct(ctx, stock.Request{SKU: "A", ID: "after-failover", Qty: 1}); err != nil {
 		t.Errorf("deduct after the failover: %v", err)
 	}
+}
+
+func TestReplicaAckOption(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	_, err := stock.New(c, stock.WithReplicaAck(1, 0))
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+	_, err = stock.New(c, stock.WithReplicaAck(-1, time.Second))
+	assert.ErrorIs(t, err, stock.ErrInvalid)
+}
+
+// TestReplicaAck: with WithReplicaAck a write reports whether a replica acknowledged it; the
+// write itself is made either way.
+func TestReplicaAck(t *testing.T) {
+	if redistest.ServerBinary(t) == "" {
+		t.Skip("real-server test: set STOCK_REDIS_SERVER to run it")
+	}
+	ctx := context.Background()
+	primary := redistest.StartServer(t)
+	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+	rc := replica.Client(t)
+	require.Eventually(t, func() bool {
+		info, err := rc.Do(ctx, rc.B().Info().Section("replication").Build()).ToString()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	}, 10*time.Second, 20*time.Millisecond)
+
+	r, err := stock.New(primary.Client(t), stock.WithReplicaAck(1, 2*time.Second)) // generous: a loaded machine
+	require.NoError(t, err)
+	require.NoError(t, r.Load(ctx, "A", 10))
+	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.NoError(t, err)
+	_, err = r.Hold(ctx, stock.Request{SKU: "A", ID: "h1", Qty: 1}, time.Minute)
+	require.NoError(t, err)
+	_, err = r.Confirm(ctx, "A", "h1")
+	require.NoError(t, err)
+	// SCRIPT FLUSH: the pipelined EVALSHA falls back to EVAL, still followed by the WAIT.
+	pc := primary.Client(t)
+	require.NoError(t, pc.Do(ctx, pc.B().ScriptFlush().Build()).Error())
+	_, err = r.Restore(ctx, "A", "o1")
+	require.NoError(t, err)
+
+	replica.Kill()
+	rcpt, err := r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 2})
+	require.ErrorIs(t, err, stock.ErrNotReplicated)
+	assert.Equal(t, int64(2), rcpt.Qty, "the write was made and its receipt is valid")
+	l, err := r.Levels(ctx, "A")
+	require.NoError(t, err)
+	assert.Equal(t, stock.Levels{Available: 7, Sold: 3, Loaded: 10}, l)
+	rcpt, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 2, Retry: true})
+	require.ErrorIs(t, err, stock.ErrNotReplicated, "a replay is no safer than the write it replays, which no replica has")
+	assert.True(t, rcpt.Replayed)
+	assert.Equal(t, int64(2), rcpt.Qty)
+	_, err = r.Deduct(ctx, stock.Request{SKU: "A", ID: "o3", Qty: 100})
+	require.ErrorIs(t, err, stock.ErrInsufficient, "a refusal is reported as such")
+}
+
+// TestFenceLiftedByAnyCompletePass: a guarded Reserver is fenced; a Reconciler on another
+// Reserver, which has no FailoverGuard (another process, the CLI), completes a repairing pass
+// over every item; the guard unfences at its next check. Before, only a Reconciler of a guarded
+// Reserver recorded the reconciled primaries. A dry run and a pass limited to some items do
+// not lift the fence.
+func TestFenceLiftedByAnyCompletePass(t *testing.T) {
+	if os.Getenv(redistest.EnvServer) == "" {
+		t.Skip("needs a real redis-server (INFO for the guard): set " + redistest.EnvServer)
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	guarded := testkit.NewReserver(t, c)
+	other := testkit.NewReserver(t, srv.Client(t))
+	store := memstore.New()
+	require.NoError(t, other.Load(ctx, "A", 10))
+	require.NoError(t, store.Load(ctx, "A", 10))
+	// The first Load recorded the epoch (a new deployment is not fenced); its loss, with the
+	// items still there, is what a guard cannot tell from lost writes.
+	require.NoError(t, c.Do(ctx, c.B().Del().Key("stock:epoch").Build()).Error())
+	g := stockops.NewFailoverGuard(guarded)
+	fenced, err := g.Check(ctx) // items, and no epoch recorded: fenced
+	require.NoError(t, err)
+	require.True(t, fenced)
+
+	for _, opts := range []*stock.ReconcileOptions{{DryRun: true}, {Items: []string{"A"}}} {
+		rec, err := stockops.NewReconciler(other, store, opts)
+		require.NoError(t, err)
+		res, err := rec.Pass(ctx)
+		require.NoError(t, err)
+		assert.False(t, res.EpochRecorded)
+		fenced, err = g.Check(ctx)
+		require.NoError(t, err)
+		require.True(t, fenced, "a dry run or a partial pass does not lift the fence")
+	}
+
+	rec, err := stockops.NewReconciler(other, store, nil)
+	require.NoError(t, err)
+	res, err := rec.Pass(ctx)
+	require.NoError(t, err)
+	assert.True(t, res.Complete)
+	assert.True(t, res.EpochRecorded)
+	fenced, err = g.Check(ctx)
+	require.NoError(t, err)
+	assert.False(t, fenced, "a complete pass lifts the fence, wherever it ran")
+	_, err = guarded.Deduct(ctx, stock.Request{SKU: "A", ID: "o1", Qty: 1})
+	require.NoError(t, err)
 }

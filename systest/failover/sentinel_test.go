@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/faultproxy"
@@ -234,12 +235,8 @@ func runSentinel(t *testing.T, sc snScenario, ctl snControl) *snRun {
 		t.Fatal(err)
 	}
 	for _, sku := range snSKUs {
-		if err := h.back.Load(ctx, sku, kit.FaultDeep); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.store.Load(ctx, sku, kit.FaultDeep); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, h.back.Load(ctx, sku, kit.FaultDeep))
+		require.NoError(t, h.store.Load(ctx, sku, kit.FaultDeep))
 	}
 
 	bgCtx, stopBg := context.WithCancel(ctx)
@@ -252,9 +249,7 @@ func runSentinel(t *testing.T, sc snScenario, ctl snControl) *snRun {
 	relay, err := stockops.NewRelay(h.back, relayStore, nil, &stock.RelayOptions{Poll: 5 * time.Millisecond,
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Lease: time.Second, Batch: 64})
 
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	bg.Go(func() { _ = relay.Run(bgCtx) })
 	bg.Go(func() { h.fence.Loop(bgCtx, 25*time.Millisecond) })
 	if ctl != snNoReconcile {
@@ -285,9 +280,7 @@ func runSentinel(t *testing.T, sc snScenario, ctl snControl) *snRun {
 func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 	t, d := h.t, h.d
 	old, err := d.Primary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	h.recMu.Lock() // no reconcile pass on the new primary before the guard has seen it
 	before := h.fence.State()
 	var pinnedStop atomic.Bool
@@ -295,9 +288,7 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 	switch h.sc.kind {
 	case snFailover:
 		h.setInjected(time.Now())
-		if err := d.Failover(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, d.Failover())
 	case snKill9:
 		// The replicas are snLag behind: what the primary sent them in its last snLag dies
 		// with it (the replication proxy's connections are reset at the kill).
@@ -307,15 +298,11 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 	case snPartition:
 		// Clients pinned to the old primary, through a proxy of their own, keep writing.
 		px, err := faultproxy.Start(old.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { px.Close() })
 		pc := kit.DirectClient(t, px.Addr())
 		pr, err := stock.New(pc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		h.setInjected(time.Now())
 		d.Proxy().Blackhole(time.Hour)
 		for w := range 2 {
@@ -323,9 +310,7 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 		}
 	}
 	p, err := d.WaitPrimary(old, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	h.mu.Lock()
 	h.switchAt = time.Now()
 	h.mu.Unlock()
@@ -337,9 +322,7 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 	snapAt := time.Now()
 	for _, sku := range snSKUs {
 		ids, err := pc.Do(context.Background(), pc.B().Hkeys().Key("stock:{"+sku+"}:l").Build()).AsStrSlice()
-		if err != nil {
-			t.Fatalf("HKEYS on the new primary: %v", err)
-		}
+		require.NoError(t, err, "HKEYS on the new primary")
 		snap[sku] = map[string]bool{}
 		for _, id := range ids {
 			snap[sku][id] = true
@@ -373,9 +356,7 @@ func (h *snRun) inject(stop *atomic.Bool, buyers *sync.WaitGroup) {
 		time.Sleep(snAfter / 2)
 		d.Proxy().ResetAll()
 		d.Proxy().Heal()
-		if err := d.WaitReady(30 * time.Second); err != nil {
-			t.Fatalf("the old primary did not rejoin: %v", err)
-		}
+		require.NoError(t, d.WaitReady(30*time.Second), "the old primary did not rejoin")
 		t.Logf("%s: the old primary rejoined as a replica %v after the heal", h.sc.name, time.Since(h.switchAt).Round(time.Millisecond))
 		pinnedStop.Store(true)
 		pinned.Wait()
@@ -515,9 +496,7 @@ func (h *snRun) quiesce(relay *stockops.Relay) {
 	f := snFinal{ledger: map[string]map[string]stock.Entry{}, records: map[string]map[string]stock.Record{}}
 	if h.ctl != snNoReconcile {
 		rec, err := stockops.NewReconciler(h.back, h.store, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, rp := range foReconcile(t, rec, snSKUs) {
 			f.driftFound += kit.FaultAbs(rp.Drift)
 			h.countRepairs([]stockops.Report{rp})
@@ -533,13 +512,9 @@ func (h *snRun) quiesce(relay *stockops.Relay) {
 	f.fencedAfter = fenced || err != nil
 	for _, sku := range snSKUs {
 		l, err := h.front.Levels(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rem, err := h.store.Remaining(ctx, sku)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if l.Available+l.Held != rem || l.Loaded != l.Available+l.Held+l.Sold {
 			f.mismatch = append(f.mismatch, fmt.Sprintf("%s: redis %+v, store remaining %d", sku, l, rem))
 		}
@@ -549,9 +524,7 @@ func (h *snRun) quiesce(relay *stockops.Relay) {
 		}
 		f.ledger[sku] = testkit.Ledger(t, h.front, sku)
 		recs, err := h.store.List(ctx, sku, "", 1<<30)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		f.records[sku] = map[string]stock.Record{}
 		for _, r := range recs {
 			f.records[sku][r.ID] = r

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
 	"github.com/stockres/stock/internal/redistest"
@@ -19,6 +22,9 @@ import (
 	"github.com/stockres/stock/stockops"
 	"github.com/stockres/stock/stocktest"
 )
+
+// TestMain starts and stops the real servers the tests ask for (redistest.Run).
+func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
 // aiEnv is a Reserver on stocktest's miniredis whose clock is moved forward by a goroutine in
 // step with the wall clock (so leases and backoff run out as they would on a real server),
@@ -41,9 +47,7 @@ func aiNew(t *testing.T, flow bool, opts ...stock.Option) *aiEnv {
 	e.r, e.c = e.env.Reserver, e.env.Client
 	if flow {
 		e.ticker = make(chan struct{})
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
+		e.wg.Go(func() {
 			tk := time.NewTicker(20 * time.Millisecond)
 			defer tk.Stop()
 			last := time.Now()
@@ -62,7 +66,7 @@ func aiNew(t *testing.T, flow bool, opts ...stock.Option) *aiEnv {
 					last = now
 				}
 			}
-		}()
+		})
 		t.Cleanup(e.stopFlow)
 	}
 	return e
@@ -103,13 +107,9 @@ func aiLoad(t *testing.T, r *stock.Reserver, store *memstore.Store, skus []strin
 	t.Helper()
 	ctx := context.Background()
 	for _, s := range skus {
-		if err := r.Load(ctx, s, qty); err != nil {
-			t.Fatalf("Load %q: %v", s, err)
-		}
+		require.NoError(t, r.Load(ctx, s, qty), "Load %q", s)
 		if store != nil {
-			if err := store.Load(ctx, s, qty); err != nil {
-				t.Fatalf("store Load %q: %v", s, err)
-			}
+			require.NoError(t, store.Load(ctx, s, qty), "store Load %q", s)
 		}
 	}
 }
@@ -259,9 +259,8 @@ type aiAck struct {
 func aiCheckOnce(t *testing.T, store *memstore.Store, acks []aiAck) {
 	t.Helper()
 	for _, a := range acks {
-		if n := store.Applications(a.sku, a.id, a.typ); n != 1 {
-			t.Errorf("%s %s %s applied %d times, want 1", a.sku, a.id, a.typ, n)
-		}
+		n := store.Applications(a.sku, a.id, a.typ)
+		assert.EqualValues(t, 1, n, "%s %s %s applied %d times, want 1", a.sku, a.id, a.typ, n)
 	}
 	if m := store.MaxApplications(); m > 1 {
 		t.Errorf("some event applied %d times", m)
@@ -312,9 +311,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 		{"restock", picked[4:8], func(s string) []aiAck {
 			n++
 			id := fmt.Sprintf("rs%d", n)
-			if _, err := e.r.Restock(ctx, s, id, 5); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.Restock(ctx, s, id, 5)))
 			return []aiAck{{s, id, stock.EventRestocked}}
 		}},
 		{"hold+confirm", picked[8:12], func(s string) []aiAck {
@@ -323,9 +320,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 			if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: id, Qty: 1}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.r.Confirm(ctx, s, id); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.Confirm(ctx, s, id)))
 			return []aiAck{{s, id, stock.EventConfirmed}}
 		}},
 		{"deductmany (saga)", picked[12:16], func(s string) []aiAck {
@@ -342,9 +337,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 			if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, Lines: []stock.Line{{SKU: s, Qty: 1}}}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.r.ConfirmMany(ctx, id, s); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.ConfirmMany(ctx, id, s)))
 			return []aiAck{{s, id, stock.EventConfirmed}}
 		}},
 		{"deductmany (group)", []string{"gx-a1", "gy-a2"}, func(s string) []aiAck {
@@ -363,9 +356,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 			if _, err := e.r.HoldMany(ctx, stock.Cart{ID: id, Lines: []stock.Line{{SKU: s, Qty: 1}, {SKU: other, Qty: 1}}}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.r.ConfirmMany(ctx, id, s, other); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.ConfirmMany(ctx, id, s, other)))
 			return []aiAck{{s, id, stock.EventConfirmed}, {other, id, stock.EventConfirmed}}
 		}},
 	}
@@ -386,9 +377,7 @@ func TestHintedOpsPrompt(t *testing.T) {
 	kinds = append(kinds, kind{"restore", restoreSKUs, func(s string) []aiAck {
 		for i, rs := range restoreSKUs {
 			if rs == s {
-				if _, err := e.r.Restore(ctx, s, restoreIDs[i]); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, testkit.Err(e.r.Restore(ctx, s, restoreIDs[i])))
 				return []aiAck{{s, restoreIDs[i], stock.EventDeducted}, {s, restoreIDs[i], stock.EventRestored}}
 			}
 		}
@@ -452,9 +441,7 @@ func aiDropHints(t *testing.T, c rueidis.Client, prefix string) int {
 	found := 0
 	for _, k := range keys {
 		v, err := c.Do(ctx, c.B().Del().Key(k).Build()).AsInt64()
-		if err != nil {
-			t.Fatalf("DEL %s: %v", k, err)
-		}
+		require.NoError(t, err, "DEL %s", k)
 		found += int(v)
 	}
 	return found
@@ -466,9 +453,7 @@ func aiHintCount(t *testing.T, c rueidis.Client, prefix, kind string) int64 {
 	var total int64
 	for n := 0; n < 16; n++ {
 		v, err := c.Do(context.Background(), c.B().Zcard().Key(fmt.Sprintf("%s:%s{~%d}", prefix, kind, n)).Build()).AsInt64()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		total += v
 	}
 	return total
@@ -492,9 +477,8 @@ func TestHintKeysExist(t *testing.T) {
 	if d, h := aiHintCount(t, e.c, "shop", "due"), aiHintCount(t, e.c, "shop", "holdsdue"); d == 0 || h == 0 {
 		t.Fatalf("hints after a deduct and a hold: due %d, holdsdue %d; want both > 0", d, h)
 	}
-	if d := aiHintCount(t, e.c, "stock", "due"); d != 0 {
-		t.Errorf("a Reserver with prefix shop wrote %d hints under stock:", d)
-	}
+	d := aiHintCount(t, e.c, "stock", "due")
+	assert.EqualValues(t, 0, d, "a Reserver with prefix shop wrote %d hints under stock:", d)
 }
 
 // aiHeld returns the units held on each sku.
@@ -503,9 +487,7 @@ func aiHeld(t *testing.T, r *stock.Reserver, skus []string) map[string]int64 {
 	out := map[string]int64{}
 	for _, s := range skus {
 		l, err := r.Levels(context.Background(), s)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		out[s] = l.Held
 	}
 	return out
@@ -580,9 +562,7 @@ func TestHoldsSweptPrompt(t *testing.T) {
 	}
 	extend := func(sku, id string, ttl time.Duration) {
 		t.Helper()
-		if _, err := e.r.Extend(ctx, sku, id, ttl); err != nil {
-			t.Fatalf("Extend %s %s: %v", sku, id, err)
-		}
+		require.NoError(t, testkit.Err(e.r.Extend(ctx, sku, id, ttl)), "Extend %s %s", sku, id)
 	}
 	// p[0]: one hold of 2m. p[1]: 2m extended to 10m (later). p[2]: 10m extended to 1m (earlier).
 	// p[3]: holds of 2m, 4m and 6m. p[4]: 600 holds of 2m. p[5], p[6]: a saga cart of 2m.
@@ -801,9 +781,7 @@ func TestLeaseHeldElsewhere(t *testing.T) {
 	bs := &aiBlockStore{Store: e.store, sku: target, entered: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { close(bs.release) })
 	hung, err := stockops.NewRelay(e.r, bs, nil, &stock.RelayOptions{Items: []string{target}, Lease: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	hctx, hcancel := context.WithCancel(context.Background())
 	defer hcancel()
 	go func() { _ = hung.Run(hctx) }()
@@ -832,13 +810,9 @@ func TestRestrictedRelayBeside(t *testing.T) {
 	e := aiNew(t, true)
 	skus := e.loadItems("rr", 3000, 100)
 	other := memstore.New()
-	if err := other.Load(context.Background(), skus[0], 100); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, other.Load(context.Background(), skus[0], 100))
 	lim, err := stockops.NewRelay(e.r, other, nil, &stock.RelayOptions{Items: []string{skus[0]}, Poll: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	lctx, lcancel := context.WithCancel(context.Background())
 	defer lcancel()
 	go func() { _ = lim.Run(lctx) }()
@@ -875,9 +849,7 @@ func TestHintsDeletedLive(t *testing.T) {
 	_ = aiRun(t, e.r, stock.RunOptions{Store: e.store})
 	stopDel := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		ctx := context.Background()
 		for {
 			select {
@@ -890,7 +862,7 @@ func TestHintsDeletedLive(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-	}()
+	})
 	picked := aiPick(skus, 30)
 	acks := aiDeductEach(t, e.r, picked, "z", 1)
 	took, why := aiWaitAll(e.r, e.store, picked, aiWalkBound(10*time.Second)+5*time.Second)
@@ -924,28 +896,21 @@ func TestCancelRefusePrompt(t *testing.T) {
 		if _, err := e.r.Hold(ctx, stock.Request{SKU: s, ID: id, Qty: 1}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.r.Cancel(ctx, s, id); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, testkit.Err(e.r.Cancel(ctx, s, id)))
 	}
 	if _, err := e.r.HoldMany(ctx, stock.Cart{ID: "cart", Lines: []stock.Line{{SKU: p[4], Qty: 1}, {SKU: p[5], Qty: 1}, {SKU: p[6], Qty: 1}, {SKU: p[7], Qty: 1}}}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.r.CancelMany(ctx, "cart", p[4], p[5], p[6], p[7]); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, testkit.Err(e.r.CancelMany(ctx, "cart", p[4], p[5], p[6], p[7])))
 	for i, s := range p[8:] {
-		if _, err := stockops.Refuse(ctx, e.r, s, fmt.Sprintf("d-%d", i)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, testkit.Err(stockops.Refuse(ctx, e.r, s, fmt.Sprintf("d-%d", i))))
 	}
 	aiSettles(t, e.r, e.store, p, 20*time.Second, aiPrompt, "cancel and refuse events")
 	aiCheckOnce(t, e.store, acks)
 	// memstore's Applications does not count a refusal's give-back: the remaining stock shows it.
 	for _, s := range p[8:] {
-		if rem, _ := e.store.Remaining(ctx, s); rem != 100 {
-			t.Errorf("%s: store %d after deduct + refusal, want 100", s, rem)
-		}
+		rem, _ := e.store.Remaining(ctx, s)
+		assert.EqualValues(t, 100, rem, "%s: store %d after deduct + refusal, want 100", s, rem)
 	}
 }
 
@@ -986,9 +951,8 @@ func TestPublisherOnly(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, a := range acks {
-		if c := got[a.sku+"/"+a.id+"/"+string(a.typ)]; c != 1 {
-			t.Errorf("%s %s published %d times", a.sku, a.id, c)
-		}
+		c := got[a.sku+"/"+a.id+"/"+string(a.typ)]
+		assert.EqualValues(t, 1, c, "%s %s published %d times", a.sku, a.id, c)
 	}
 	if took > aiPrompt {
 		t.Errorf("published only after %v (want < %v)", took, aiPrompt)
@@ -1015,24 +979,14 @@ func TestOnceAndSweepVisitAll(t *testing.T) {
 	}
 	e.advance(2 * time.Minute)
 	released, err := stockops.Sweep(ctx, e.r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if released != 40 {
-		t.Errorf("Sweep released %d units, want 40", released)
-	}
+	require.NoError(t, err)
+	assert.EqualValues(t, 40, released, "Sweep released %d units, want 40", released)
 	rl, err := stockops.NewRelay(e.r, e.store, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	st, err := rl.Once(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// 20 deducts, 20 held and 20 expired events.
-	if st.Delivered != 60 {
-		t.Errorf("Once delivered %d, want 60 (%+v)", st.Delivered, st)
-	}
+	assert.EqualValues(t, 60, st.Delivered, "Once delivered %d, want 60 (%+v)", st.Delivered, st)
 	for _, s := range p {
 		if ok, why := aiSettled(ctx, e.r, e.store, s); !ok {
 			t.Errorf("after Sweep and Once: %s", why)
@@ -1060,13 +1014,10 @@ func TestTwoPrefixes(t *testing.T) {
 	aiCheckOnce(t, e.store, acksA)
 	aiCheckOnce(t, storeB, acksB)
 	for _, a := range acksA {
-		if storeB.Applications(a.sku, a.id, a.typ) != 0 {
-			t.Errorf("pa's %s %s reached pb's store", a.sku, a.id)
-		}
+		assert.EqualValues(t, 0, storeB.Applications(a.sku, a.id, a.typ), "pa's %s %s reached pb's store", a.sku, a.id)
 	}
-	if rem, _ := storeB.Remaining(ctx, p[0]); rem != 100 {
-		t.Errorf("pb's store has %d of %s, want 100", rem, p[0])
-	}
+	rem, _ := storeB.Remaining(ctx, p[0])
+	assert.EqualValues(t, 100, rem, "pb's store has %d of %s, want 100", rem, p[0])
 }
 
 // TestRestockBeforeStoreRow: a restock of an item the Store has no row for is retried
@@ -1078,24 +1029,16 @@ func TestRestockBeforeStoreRow(t *testing.T) {
 	skus := aiSKUs("rsk", 3000)
 	aiLoad(t, e.r, e.store, skus[:2999], 10)
 	late := skus[2999]
-	if err := e.r.Load(ctx, late, 10); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.r.Load(ctx, late, 10))
 	_ = aiStart(t, e.r, stock.RunOptions{Store: e.store, Relay: &stock.RelayOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}})
-	if _, err := e.r.Restock(ctx, late, "rs", 5); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, testkit.Err(e.r.Restock(ctx, late, "rs", 5)))
 	time.Sleep(1500 * time.Millisecond)
-	if p, _, _ := stockops.Pending(ctx, e.r, late); p != 1 {
-		t.Fatalf("restock of an item the store lacks: pending %d, want 1", p)
-	}
-	if err := e.store.Load(ctx, late, 10); err != nil {
-		t.Fatal(err)
-	}
+	p, _, _ := stockops.Pending(ctx, e.r, late)
+	require.EqualValues(t, 1, p, "restock of an item the store lacks: pending %d, want 1", p)
+	require.NoError(t, e.store.Load(ctx, late, 10))
 	aiSettles(t, e.r, e.store, []string{late}, 25*time.Second, 300*time.Millisecond+aiPrompt, "after the store row appeared (backoff ≤ 300ms)")
-	if n := e.store.Applications(late, "rs", stock.EventRestocked); n != 1 {
-		t.Errorf("restock applied %d times", n)
-	}
+	n := e.store.Applications(late, "rs", stock.EventRestocked)
+	assert.EqualValues(t, 1, n, "restock applied %d times", n)
 }
 
 // TestRealBackends (STOCK_REDIS_SERVER): on redis-server standalone and Cluster, with
@@ -1143,9 +1086,7 @@ func TestRealBackends(t *testing.T) {
 func aiCommands(t *testing.T, c rueidis.Client) int64 {
 	t.Helper()
 	s, err := c.Do(context.Background(), c.B().Info().Section("stats").Build()).ToString()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, line := range strings.Split(s, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
 			var n int64
@@ -1296,9 +1237,7 @@ func TestHoldStreamLatency(t *testing.T) {
 		due[s+"/"+id] = before.Add(ttl)
 		if i%9 == 4 && ttl >= 900*time.Millisecond {
 			// shorten it: it is due before the holds made since
-			if _, err := e.r.Extend(ctx, s, id, 100*time.Millisecond); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, testkit.Err(e.r.Extend(ctx, s, id, 100*time.Millisecond)))
 			due[s+"/"+id] = time.Now().Add(100 * time.Millisecond)
 			ext = append(ext, s+"/"+id)
 		}
@@ -1358,13 +1297,9 @@ func TestACLWithoutHintKeys(t *testing.T) {
   +evalsha +eval +get +getrange +set +del +exists +pexpire +setbit +time +hget +hmget +hset
   +hsetnx +hdel +hexists +hincrby +hscan +zadd +zrem +zcard +zcount +zrange +zrangebyscore
   +zscore +sadd +srem +scard +sscan +sismember +wait +info`)
-	if err := admin.Do(ctx, admin.B().Arbitrary("ACL").Args(acl...).Build()).Error(); err != nil {
-		t.Fatalf("ACL SETUSER: %v", err)
-	}
+	require.NoError(t, admin.Do(ctx, admin.B().Arbitrary("ACL").Args(acl...).Build()).Error(), "ACL SETUSER")
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, Username: "shop-svc", Password: "pw", DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	r := testkit.NewReserver(t, c, stock.WithPrefix("shop"))
 	store := memstore.New()
@@ -1390,12 +1325,10 @@ func TestRunRelayItems(t *testing.T) {
 	aiSettles(t, e.r, e.store, p[:5], 20*time.Second, aiPrompt, "listed items")
 	time.Sleep(2 * time.Second)
 	for _, a := range acks[5:] {
-		if n := e.store.Applications(a.sku, a.id, a.typ); n != 0 {
-			t.Errorf("%s is not in RelayOptions.Items, yet its event was applied %d times", a.sku, n)
-		}
-		if pend, _, _ := stockops.Pending(context.Background(), e.r, a.sku); pend != 1 {
-			t.Errorf("%s: pending %d, want 1 (not relayed)", a.sku, pend)
-		}
+		n := e.store.Applications(a.sku, a.id, a.typ)
+		assert.EqualValues(t, 0, n, "%s is not in RelayOptions.Items, yet its event was applied %d times", a.sku, n)
+		pend, _, _ := stockops.Pending(context.Background(), e.r, a.sku)
+		assert.EqualValues(t, 1, pend, "%s: pending %d, want 1 (not relayed)", a.sku, pend)
 	}
 	aiCheckOnce(t, e.store, acks[:5])
 }
@@ -1497,9 +1430,8 @@ func TestFrozenClock(t *testing.T) {
 	fail = map[string]bool{}
 	mu.Unlock()
 	for _, s := range p[2:] {
-		if pend, _, _ := stockops.Pending(ctx, e.r, s); pend != 1 {
-			t.Fatalf("%s: pending %d before the backoff ran out, want 1", s, pend)
-		}
+		pend, _, _ := stockops.Pending(ctx, e.r, s)
+		require.EqualValues(t, 1, pend, "%s: pending %d before the backoff ran out, want 1", s, pend)
 	}
 	e.advance(2 * time.Second)
 	aiSettles(t, e.r, e.store, p[2:], 25*time.Second, aiPrompt, "retried after Advance passed the backoff")
@@ -1611,9 +1543,7 @@ func TestRunClockBehindRedisHoldsNeverSwept(t *testing.T) {
 	ctx := context.Background()
 	e := stocktest.New(t)
 	for i := 0; i < 10; i++ {
-		if err := e.Reserver.Load(ctx, fmt.Sprintf("s%d", i), 5); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, e.Reserver.Load(ctx, fmt.Sprintf("s%d", i), 5))
 	}
 	if _, err := e.Reserver.Hold(ctx, stock.Request{SKU: "s7", ID: "cart", Qty: 2}, time.Minute); err != nil {
 		t.Fatal(err)

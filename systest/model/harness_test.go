@@ -229,9 +229,7 @@ func wantEntry(t *testing.T, r *stock.Reserver, sku, id string, kind stock.Kind,
 	t.Helper()
 	e, err := r.Ledger(context.Background(), sku, id)
 	if len(state) == 0 {
-		if !errors.Is(err, stock.ErrUnknownID) {
-			t.Fatalf("Ledger(%s, %s) = %+v, %v; want none", sku, id, e, err)
-		}
+		require.ErrorIs(t, err, stock.ErrUnknownID, "Ledger(%s, %s) = %+v, %v; want none", sku, id, e, err)
 		return
 	}
 	require.NoError(t, err, "Ledger(%s, %s)", sku, id)

@@ -268,9 +268,7 @@ func linRecord(t *testing.T, target linTarget, sku string, seed uint64, workers 
 		return out
 	}
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(w)))
 			// A recently used id: a retry, a reuse with another quantity, a restore.
 			recent := func() int { return max(0, int(fresh.Load())-1-rng.IntN(12)) }
@@ -305,7 +303,7 @@ func linRecord(t *testing.T, target linTarget, sku string, seed uint64, workers 
 					mine = append(mine, in.id)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	call(workers, linInput{op: linRead}) // after everything: pins the final stock
@@ -341,46 +339,43 @@ func linCheck(t *testing.T, history []porcupine.Operation, want porcupine.CheckR
 // TestLinearizability records concurrent histories of one item on every backend and checks
 // that each has a linearization under the model, with coalescing on (the default) and off.
 func TestLinearizability(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			client := b.Client(t)
-			// The sold-out fast path is off: its answers may be stale by the invalidation delay
-			// (TestSoldOutWindow measures it), which a linearizability check cannot allow for
-			// without a search that does not end.
-			off := stock.WithSoldOutCache(0)
-			for i, opts := range [][]stock.Option{{off}, {off, stock.WithCoalescing(0)}} {
-				name := []string{"coalescing", "one-by-one"}[i]
-				t.Run(name, func(t *testing.T) {
-					ctx := context.Background()
-					r, err := stock.New(client, opts...)
-					require.NoError(t, err)
-					for round := range 2 {
-						sku := fmt.Sprintf("lin-%s-%d", name, round)
-						require.NoError(t, r.Load(ctx, sku, linUnits))
-						history, st := linRecord(t, r, sku, uint64(round)*7919+uint64(i), linWorkers, linOps)
-						t.Logf("%s: %s", sku, st)
-						linCheck(t, history, porcupine.Ok)
-						// The same history with its first read answering one unit more than
-						// the item ever had has no linearization. (An early op: proving a
-						// history Illegal searches every linearization before it.)
-						tampered := slices.Clone(history)
-						first := -1
-						for i, op := range tampered {
-							known := op.Output.(linOutput).code == linOK
-							if op.Input.(linInput).op == linRead && known && (first < 0 || op.Return < tampered[first].Return) {
-								first = i
-							}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		client := b.Client(t)
+		// The sold-out fast path is off: its answers may be stale by the invalidation delay
+		// (TestSoldOutWindow measures it), which a linearizability check cannot allow for
+		// without a search that does not end.
+		off := stock.WithSoldOutCache(0)
+		for i, opts := range [][]stock.Option{{off}, {off, stock.WithCoalescing(0)}} {
+			name := []string{"coalescing", "one-by-one"}[i]
+			t.Run(name, func(t *testing.T) {
+				ctx := context.Background()
+				r, err := stock.New(client, opts...)
+				require.NoError(t, err)
+				for round := range 2 {
+					sku := fmt.Sprintf("lin-%s-%d", name, round)
+					require.NoError(t, r.Load(ctx, sku, linUnits))
+					history, st := linRecord(t, r, sku, uint64(round)*7919+uint64(i), linWorkers, linOps)
+					t.Logf("%s: %s", sku, st)
+					linCheck(t, history, porcupine.Ok)
+					// The same history with its first read answering one unit more than
+					// the item ever had has no linearization. (An early op: proving a
+					// history Illegal searches every linearization before it.)
+					tampered := slices.Clone(history)
+					first := -1
+					for i, op := range tampered {
+						known := op.Output.(linOutput).code == linOK
+						if op.Input.(linInput).op == linRead && known && (first < 0 || op.Return < tampered[first].Return) {
+							first = i
 						}
-						out := tampered[first].Output.(linOutput)
-						out.remaining = linUnits + 1
-						tampered[first].Output = out
-						linCheck(t, tampered, porcupine.Illegal)
 					}
-				})
-			}
-		})
-	}
+					out := tampered[first].Output.(linOutput)
+					out.remaining = linUnits + 1
+					tampered[first].Output = out
+					linCheck(t, tampered, porcupine.Illegal)
+				}
+			})
+		}
+	})
 }
 
 // linFake is an in-memory item with the model's semantics and one optional fault.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stockres/stock"
@@ -20,14 +21,11 @@ const concN = 200
 // eachPair runs f in parallel on every backend with two Reservers on two clients of one empty
 // Redis, and a sleep that lets time pass for that Redis (on miniredis it moves its clock).
 func eachPair(t *testing.T, f func(t *testing.T, rs [2]*stock.Reserver, sleep func(time.Duration))) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c1, c2 := b.Pair(t)
-			rs := [2]*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}
-			f(t, rs, func(d time.Duration) { redistest.Sleep(c1, d) })
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c1, c2 := b.Pair(t)
+		rs := [2]*stock.Reserver{testkit.NewReserver(t, c1), testkit.NewReserver(t, c2)}
+		f(t, rs, func(d time.Duration) { redistest.Sleep(c1, d) })
+	})
 }
 
 // soldOrNone checks that the deduct of each id prefix+i that succeeded is sold in the ledger and
@@ -50,9 +48,7 @@ func firsts(t *testing.T, what string, rcs []stock.Receipt, errs []error) int {
 	t.Helper()
 	n := 0
 	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("%s copy %d: %v", what, i, err)
-		}
+		require.NoError(t, err, "%s copy %d", what, i)
 		if !rcs[i].Replayed {
 			n++
 		}
@@ -95,9 +91,8 @@ func TestModelConcurrency(t *testing.T) {
 					}
 					return err
 				})
-				if n := firsts(t, op, rcs, errs); n != 1 {
-					t.Fatalf("%s: %d copies not replayed, want 1", op, n)
-				}
+				n := firsts(t, op, rcs, errs)
+				require.EqualValues(t, 1, n, "%s: %d copies not replayed, want 1", op, n)
 				for i, rc := range rcs {
 					if rc.Remaining != rcs[0].Remaining || rc.Qty != 1 {
 						t.Fatalf("%s copy %d: %+v, copy 0: %+v", op, i, rc, rcs[0])
@@ -111,9 +106,8 @@ func TestModelConcurrency(t *testing.T) {
 				rcs[i], err = r(i).Restore(ctx, "s", "same-deduct")
 				return err
 			})
-			if n := firsts(t, "restore", rcs, errs); n != 1 {
-				t.Fatalf("restore: %d copies not replayed, want 1", n)
-			}
+			n := firsts(t, "restore", rcs, errs)
+			require.EqualValues(t, 1, n, "restore: %d copies not replayed, want 1", n)
 			wantLevels(t, rs[0], "s", stock.Levels{Available: 2, Held: 1, Loaded: 3})
 		})
 
@@ -149,9 +143,7 @@ func TestModelConcurrency(t *testing.T) {
 				_, err := r(i).Hold(ctx, stock.Request{SKU: "h", ID: fmt.Sprint("h", i), Qty: 1}, time.Hour)
 				return err
 			}))
-			if len(ok) != S {
-				t.Fatalf("%d holds acknowledged over %d units", len(ok), S)
-			}
+			require.Len(t, ok, S, "%d holds acknowledged over %d units", len(ok), S)
 			wantLevels(t, rs[0], "h", stock.Levels{Held: S, Loaded: S})
 			// Each held id gets four concurrent calls: two confirms and two cancels. Per id,
 			// either the confirms won (both confirms OK, cancels ErrConfirmed) or a cancel
@@ -194,9 +186,7 @@ func TestModelConcurrency(t *testing.T) {
 				_, err := r(i).Deduct(ctx, stock.Request{SKU: "x", ID: fmt.Sprint("xd", i), Qty: 1})
 				return err
 			}))
-			if len(ok) != H {
-				t.Fatalf("%d deducts acknowledged; %d units came back from expired holds", len(ok), H)
-			}
+			require.Len(t, ok, H, "%d deducts acknowledged; %d units came back from expired holds", len(ok), H)
 			wantLevels(t, rs[0], "x", stock.Levels{Sold: H, Loaded: H})
 			for i := range H {
 				wantEntry(t, rs[1], "x", fmt.Sprint("xh", i), stock.KindHold, stock.StateExpired)
@@ -214,9 +204,7 @@ func TestModelConcurrency(t *testing.T) {
 			}
 			errs := par(concN+1, func(i int) (err error) {
 				if i == concN {
-					if _, err := rs[1].Restock(ctx, "ro", "more", 20); err != nil {
-						t.Error(err)
-					}
+					assert.NoError(t, testkit.Err(rs[1].Restock(ctx, "ro", "more", 20)))
 					return nil
 				}
 				_, err = r(i).Deduct(ctx, stock.Request{SKU: "ro", ID: fmt.Sprint("ro", i), Qty: 1})
@@ -264,9 +252,7 @@ func TestModelConcurrency(t *testing.T) {
 					t.Fatalf("cart %d: %v, want a *CartError", i, err)
 				}
 			}
-			if len(ok) != B {
-				t.Fatalf("%d carts acknowledged, want %d (the short item's stock)", len(ok), B)
-			}
+			require.Len(t, ok, B, "%d carts acknowledged, want %d (the short item's stock)", len(ok), B)
 			wantLevels(t, rs[0], "ca", stock.Levels{Available: A - B, Sold: B, Loaded: A})
 			wantLevels(t, rs[0], "cb", stock.Levels{Sold: B, Loaded: B})
 		})
@@ -278,9 +264,7 @@ func TestModelConcurrency(t *testing.T) {
 				_, err := r(i).HoldMany(ctx, cartOf("hc", i, "ha", "hb"), time.Hour)
 				return err
 			}))
-			if len(ok) != B {
-				t.Fatalf("%d held carts acknowledged, want %d", len(ok), B)
-			}
+			require.Len(t, ok, B, "%d held carts acknowledged, want %d", len(ok), B)
 			wantLevels(t, rs[0], "hb", stock.Levels{Held: B, Loaded: B})
 			// Per cart, 5 ConfirmMany and 2 CancelMany at once: the cart ends confirmed
 			// whole or given back whole, and a ConfirmMany that answered nil saw it confirmed.

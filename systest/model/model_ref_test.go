@@ -3,7 +3,6 @@ package model_test
 import (
 	"cmp"
 	"errors"
-	"hash/fnv"
 	"maps"
 	"math"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/stockres/stock"
+	"github.com/stockres/stock/internal/testkit"
 )
 
 // mEntry is one ledger entry of the model: what one id did to one item.
@@ -254,7 +254,7 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 		if user != "" {
 			key = user
 		}
-		want := fnvBucket(key, n)
+		want := testkit.HomeBucket(key, n)
 		if b := w.claim(sku, id, want); b != want {
 			return w.claimedElsewhere(sku, id, o)
 		}
@@ -351,7 +351,7 @@ func (w *world) take(kind stock.Kind, sku, id, user string, qty int64, retry boo
 func (w *world) giveBack(sku, id string, cancel bool, now int64) outcome {
 	o := outcome{rc: stock.Receipt{SKU: sku, ID: id}}
 	if n := w.nb(sku); n > 0 {
-		w.claim(sku, id, fnvBucket(id, n)) // Restore and Cancel claim the id's home bucket
+		w.claim(sku, id, testkit.HomeBucket(id, n)) // Restore and Cancel claim the id's home bucket
 	}
 	it := w.item(sku)
 	if it == nil {
@@ -448,7 +448,7 @@ func (w *world) liveHold(sku, id string, confirm bool, ttl, now int64) outcome {
 func (w *world) restock(sku, id string, qty int64) outcome {
 	o := outcome{rc: stock.Receipt{SKU: sku, ID: id, Qty: qty}}
 	if n := w.nb(sku); n > 0 {
-		w.claim(sku, id, fnvBucket(id, n)) // Restock claims the id's home bucket
+		w.claim(sku, id, testkit.HomeBucket(id, n)) // Restock claims the id's home bucket
 	}
 	it := w.item(sku)
 	if it == nil {
@@ -648,7 +648,7 @@ func (w *world) cart(kind stock.Kind, id, user string, raw []stock.Line, ttl, no
 				// The undo's give-back claims the id's home bucket when no take did, and
 				// leaves the tombstone there: a slow copy of the saga, of whatever buyer's
 				// bucket, is refused with ErrRestored.
-				w.claim(l2.SKU, id, fnvBucket(id, n))
+				w.claim(l2.SKU, id, testkit.HomeBucket(id, n))
 			}
 			it := w.item(l2.SKU)
 			if it == nil || it.ledger[id] == nil {
@@ -731,13 +731,6 @@ func (w *world) nb(sku string) int {
 	return 0
 }
 
-// fnvBucket is the bucket of n a buyer or an id goes to (README "Routing": FNV-1a, mod n).
-func fnvBucket(key string, n int) int {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
-}
-
 func claimKey(sku, id string) string { return sku + "\x00" + id }
 
 // bucketOf is the bucket id is claimed for on sku (of n buckets), else the id's home bucket.
@@ -745,7 +738,7 @@ func (w *world) bucketOf(sku, id string, n int) int {
 	if b, ok := w.claims[claimKey(sku, id)]; ok {
 		return b
 	}
-	return fnvBucket(id, n)
+	return testkit.HomeBucket(id, n)
 }
 
 // claim returns the bucket id is claimed for on sku, claiming want when no request did.

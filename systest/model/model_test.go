@@ -16,6 +16,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/stockres/stock"
@@ -204,15 +205,11 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 		h.clk = realClock{}
 	} else {
 		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
-			t.Fatalf("miniredis: %v", err)
-		}
+		require.NoError(t, m.Start(), "miniredis")
 		t.Cleanup(m.Close)
 		for i := range clients {
 			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true})
-			if err != nil {
-				t.Fatalf("client: %v", err)
-			}
+			require.NoError(t, err, "client")
 			clients[i] = c
 			t.Cleanup(c.Close)
 		}
@@ -231,9 +228,7 @@ func (mb *mbackend) harness(t tb, cfg mconfig) *harness {
 			opts = append(opts, stock.WithClock(mc.nowTime))
 		}
 		r, err := stock.New(clients[ci], opts...)
-		if err != nil {
-			t.Fatalf("New: %v", err)
-		}
+		require.NoError(t, err, "New")
 		h.rs = append(h.rs, r)
 		h.clientOf = append(h.clientOf, ci)
 	}
@@ -1075,45 +1070,42 @@ func TestModel(t *testing.T) {
 	// The backends run in parallel (each its own server); rapid's flags are set once for all.
 	setFlag(t, "rapid.checks", strconv.Itoa(checks))
 	setFlag(t, "rapid.nofailfile", "true")
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			mb := newModelBackend(t, b)
-			start := time.Now()
-			var seqs, splitSeqs, splitAll, splitSteps, splitMaybe int
-			var retSeqs, passes, trims, repairs, resynced int
-			rapid.Check(t, func(rt *rapid.T) {
-				cfg := drawConfig(rt)
-				h := mb.harness(rt, cfg)
-				n := rapid.IntRange(1, steps).Draw(rt, "steps")
-				for range n {
-					h.run(h.draw(rt))
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		mb := newModelBackend(t, b)
+		start := time.Now()
+		var seqs, splitSeqs, splitAll, splitSteps, splitMaybe int
+		var retSeqs, passes, trims, repairs, resynced int
+		rapid.Check(t, func(rt *rapid.T) {
+			cfg := drawConfig(rt)
+			h := mb.harness(rt, cfg)
+			n := rapid.IntRange(1, steps).Draw(rt, "steps")
+			for range n {
+				h.run(h.draw(rt))
+			}
+			h.finish()
+			seqs++
+			if cfg.Buckets > 0 {
+				splitSeqs++
+				if len(cfg.Split) == len(modelSKUs) {
+					splitAll++
 				}
-				h.finish()
-				seqs++
-				if cfg.Buckets > 0 {
-					splitSeqs++
-					if len(cfg.Split) == len(modelSKUs) {
-						splitAll++
-					}
-				}
-				splitSteps += h.splitSteps
-				splitMaybe += h.splitMaybe
-				if h.rc != nil {
-					retSeqs++
-					passes += h.rc.passes
-					trims += h.rc.trims
-					repairs += h.rc.repairs
-					resynced += h.rc.resynced
-				}
-			})
-			t.Logf("%s: %d sequences of up to %d steps in %v", b.Name, checks, steps, time.Since(start).Round(time.Millisecond))
-			t.Logf("%s: WithBuckets: %d of %d sequences split items (%d every item); %d steps on split items; %d due holds of other buckets read back",
-				b.Name, splitSeqs, seqs, splitAll, splitSteps, splitMaybe)
-			t.Logf("%s: Retention: %d of %d sequences reconcile; %d passes trimmed %d entries, repaired %d drifts, resynced %d sales and holds",
-				b.Name, retSeqs, seqs, passes, trims, repairs, resynced)
+			}
+			splitSteps += h.splitSteps
+			splitMaybe += h.splitMaybe
+			if h.rc != nil {
+				retSeqs++
+				passes += h.rc.passes
+				trims += h.rc.trims
+				repairs += h.rc.repairs
+				resynced += h.rc.resynced
+			}
 		})
-	}
+		t.Logf("%s: %d sequences of up to %d steps in %v", b.Name, checks, steps, time.Since(start).Round(time.Millisecond))
+		t.Logf("%s: WithBuckets: %d of %d sequences split items (%d every item); %d steps on split items; %d due holds of other buckets read back",
+			b.Name, splitSeqs, seqs, splitAll, splitSteps, splitMaybe)
+		t.Logf("%s: Retention: %d of %d sequences reconcile; %d passes trimmed %d entries, repaired %d drifts, resynced %d sales and holds",
+			b.Name, retSeqs, seqs, passes, trims, repairs, resynced)
+	})
 }
 
 // modelCase is a named sequence: a shrunk counterexample of the random run, kept as a

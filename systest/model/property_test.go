@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
@@ -553,16 +554,13 @@ func TestPropertyInvariants(t *testing.T) {
 // with n units in both.
 func propBackends(t *testing.T, n int64, f func(t *testing.T, c rueidis.Client, g propRig)) {
 	t.Helper()
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c := b.Client(t)
-			g := propRig{r: testkit.NewReserver(t, c), store: memstore.New()}
-			loadBoth(t, g.r, g.store, "A", n)
-			g.relay, g.rec = pipeline(t, g.r, g.store, nil, nil)
-			f(t, c, g)
-		})
-	}
+	testkit.Backends(t, func(t *testing.T, b redistest.Backend) {
+		c := b.Client(t)
+		g := propRig{r: testkit.NewReserver(t, c), store: memstore.New()}
+		loadBoth(t, g.r, g.store, "A", n)
+		g.relay, g.rec = pipeline(t, g.r, g.store, nil, nil)
+		f(t, c, g)
+	})
 }
 
 type propRig struct {
@@ -597,9 +595,7 @@ func (g propRig) wantAgree(t *testing.T, when string) {
 
 func propDo(t *testing.T, c rueidis.Client, cmd rueidis.Completed) {
 	t.Helper()
-	if err := c.Do(context.Background(), cmd).Error(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.Do(context.Background(), cmd).Error())
 }
 
 // TestPropertyLostItemAndEvent: found by TestPropertyInvariants (fixed in 57ab49e). The item
@@ -620,12 +616,8 @@ func TestPropertyLostItemAndEvent(t *testing.T) {
 				t.Errorf("requeued %d events, want 1", rp.Requeued)
 			}
 			l, err := g.r.Levels(ctx, "A")
-			if err != nil {
-				t.Fatalf("pass %d: the item is still unreadable after the reconciler's rebuild (%v); report: %s", pass, err, rp)
-			}
-			if l.Available != 4 {
-				t.Errorf("available %d, want 4 (the store's 5 minus the requeued deduct)", l.Available)
-			}
+			require.NoError(t, err, "pass %d: the item is still unreadable after the reconciler's rebuild (%v); report: %s", pass, err, rp)
+			assert.EqualValues(t, 4, l.Available, "available %d, want 4 (the store's 5 minus the requeued deduct)", l.Available)
 		}
 		g.drain(t)
 		if _, err := g.r.Deduct(ctx, stock.Request{SKU: "A", ID: "o2", Qty: 1}); err != nil {
@@ -664,9 +656,7 @@ func TestPropertyOversoldReport(t *testing.T) {
 					t.Errorf("Redis has %d available + %d held, the store 2, and the report leaves nothing for a human: %s",
 						l.Available, l.Held, rp)
 				}
-				if strings.Contains(rp.NeedsHuman, "sold -") {
-					t.Errorf("negative count in %q: Redis is 1 unit over the store", rp.NeedsHuman)
-				}
+				assert.NotContains(t, rp.NeedsHuman, "sold -", "negative count in %q: Redis is 1 unit over the store", rp.NeedsHuman)
 			})
 		})
 	}

@@ -17,6 +17,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/require"
 	_ "modernc.org/sqlite"
 
 	"github.com/stockres/stock"
@@ -274,9 +275,7 @@ func Mean(xs []float64) float64 {
 
 func FaultRedisClient(t *testing.T, opt rueidis.ClientOption) rueidis.Client {
 	c, err := rueidis.NewClient(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return c
 }
