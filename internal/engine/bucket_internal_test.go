@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -630,5 +632,23 @@ func TestBucketKeysSpreadOverSlots(t *testing.T) {
 				assert.EqualValues(t, 20, l.Sold)
 			}
 		})
+	}
+}
+
+// TestHomeBucketIsFNV1aOfTheID: a request id's home bucket (where its claim is kept) is FNV-1a
+// (32 bits) of the id mod the number of buckets, as hash/fnv computes it. Every process, of
+// every version, must find an id's claim in the same bucket: two versions that route apart
+// during a rolling deploy would each take the id once.
+func TestHomeBucketIsFNV1aOfTheID(t *testing.T) {
+	ids := []string{"", "o1", "order-42", "cart-7", "h1", "x", "ünïcode", strings.Repeat("long-id-", 20)}
+	for _, n := range []int{1, 2, 3, 4, 7, 16, 64} {
+		for _, id := range ids {
+			h := fnv.New32a()
+			h.Write([]byte(id))
+			want := int(h.Sum32() % uint32(n))
+			if got := homeBucket(id, n); got != want {
+				t.Errorf("homeBucket(%q, %d) = %d, want %d (FNV-1a mod n)", id, n, got, want)
+			}
+		}
 	}
 }
